@@ -1,0 +1,277 @@
+/* cavsc.h: the compiler's one internal header, one section per .c file, in pipeline
+ * order (as chibicc.h and QBE's all.h). Nothing here is installed; the ABI that generated
+ * code links against is runtime/cavs.h. */
+#ifndef CAVSC_H
+#define CAVSC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CAVSC_VERSION "0.1.0"
+
+enum {
+  CV_MAX_DIMS = 16,       /* dims a model may declare (a Lin holds one coefficient each) */
+  CV_MAX_CHILDREN = 64,   /* largest `children N` */
+  CV_MAX_NEST = 256,      /* expression / bracket nesting */
+  CV_MAX_ERRORS = 20,     /* stop reporting after this many */
+  CV_MAX_UNROLL = 65536,  /* iterations of one `for` */
+  CV_MAX_NODES = 4000000, /* IR nodes of one function after unrolling */
+};
+
+/* ---- diag.c: source positions, diagnostics, arena ---- */
+
+/* A span of source text: first and last character, 1-based, columns in bytes. */
+typedef struct Loc {
+  int line, col;
+  int eline, ecol;
+} Loc;
+
+void diag_init(const char *path, const char *text, size_t len);
+void error_at(Loc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void note_at(Loc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An error with no source position (missing file, unwritable output). */
+void error_plain(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int diag_count(void);
+const char *diag_span(Loc loc); /* source text of a short span, or NULL */
+/* Silenced diagnostics are neither counted nor printed (sema's trial pass). */
+void diag_silence(bool on);
+_Noreturn void internal_error(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define unreachable() internal_error(__FILE__, __LINE__, "unreachable")
+#define cv_assert(c)                                                                  \
+  do {                                                                                \
+    if (!(c)) internal_error(__FILE__, __LINE__, "assertion '%s' failed", #c);        \
+  } while (0)
+
+void *arena_alloc(size_t n); /* zeroed; freed at exit */
+char *arena_strdup(const char *s);
+char *arena_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Grow a vector of `*cap` elements of `elem` bytes to hold at least `need`. */
+void *vec_grow(void *v, int *cap, int need, size_t elem);
+
+/* ---- ast.c: the tree the parser builds ---- */
+
+typedef enum {
+  N_NUM,     /* number literal: num, is_int */
+  N_NAME,    /* identifier: name */
+  N_DIMTERM, /* `2H`: ival (coefficient), name */
+  N_BINARY,  /* a op b: op is one of + - * / @ */
+  N_NEG,     /* -a */
+  N_CALL,    /* name(args) */
+  N_SUMFOR,  /* sum(var in a..b : body): name=var, a, b, c=body */
+  N_SLICE,   /* a[b:c] */
+  N_INDEX,   /* a[b] */
+  N_PULL,    /* pull() or pull(name) */
+} NodeKind;
+
+typedef struct Node Node;
+struct Node {
+  NodeKind kind;
+  Loc loc;
+  int op;
+  const char *name;
+  double num;
+  long ival;
+  bool is_int;
+  Node *a, *b, *c;
+  Node **args;
+  int nargs;
+  int depth; /* height of this subtree, bounded by CV_MAX_NEST */
+};
+
+typedef enum { S_ASSIGN, S_SCATTER, S_PUSH, S_LOSS, S_FOR } StmtKind;
+
+typedef struct Stmt Stmt;
+struct Stmt {
+  StmtKind kind;
+  Loc loc;
+  const char *name; /* S_ASSIGN target, S_LOSS function, S_FOR variable */
+  Loc name_loc;
+  Node *expr, *expr2; /* S_FOR: range bounds */
+  Node **args;        /* S_LOSS */
+  int nargs;
+  Stmt *body; /* S_FOR */
+  Stmt *next;
+};
+
+typedef enum { D_MODEL, D_DIM, D_INPUT, D_PARAM, D_PULL, D_VERTEX, D_PUSH } DeclKind;
+
+typedef struct ParamItem ParamItem;
+struct ParamItem {
+  const char *name;
+  Loc loc;
+  Node *d0, *d1; /* d1 == NULL for a vector */
+  Node *value;   /* `= NUMBER`, or NULL */
+  ParamItem *next;
+};
+
+typedef struct Decl Decl;
+struct Decl {
+  DeclKind kind;
+  Loc loc;
+  const char *name; /* model, dim, input, vertex name; push argument */
+  Loc name_loc;
+  Node *value;       /* D_DIM default, D_INPUT shape `kind[dim]`, D_VERTEX children */
+  ParamItem *items;  /* D_PARAM */
+  Node *init;        /* D_PARAM trailing `init X` */
+  Stmt *body;        /* blocks */
+  Decl *next;
+};
+
+Node *ast_node(NodeKind kind, Loc loc);
+Node *ast_binary(int op, Node *a, Node *b, Loc loc);
+Node *ast_unary(NodeKind kind, Node *a, Loc loc);
+void ast_push_arg(Node *call, Node *arg);
+Stmt *ast_stmt(StmtKind kind, Loc loc);
+Decl *ast_decl(DeclKind kind, Loc loc);
+void ast_dump(FILE *out, const Decl *decls);
+void ast_dump_expr(FILE *out, const Node *n);
+
+/* ---- parse (lexer.l, parser.y) ---- */
+
+/* Parses the whole buffer; returns the declarations in source order. Errors go through
+ * error_at(); the caller checks diag_count(). */
+Decl *parse_source(const char *path, const char *text, size_t len);
+
+/* ---- ir.c: the typed IR ---- */
+
+typedef enum {
+#define X(id, sp, ar, kind, f, da, db) OP_##id,
+#include "ops.def"
+#undef X
+  OP_COUNT
+} Op;
+
+typedef enum {
+  OK_LEAF,    /* constant, parameter or input reference */
+  OK_PULL,    /* value of the pull block at this vertex */
+  OK_GATHER,  /* row scattered by child k */
+  OK_PUSHARG, /* the push block's argument */
+  OK_EW,      /* elementwise over a row, with broadcasting of vectors and scalars */
+  OK_GEMM,    /* row @ param matrix */
+  OK_LOOKUP,  /* row of a param matrix chosen by an index input */
+  OK_CONCAT,
+  OK_SLICE,
+  OK_SINK, /* scatter, push */
+  OK_LOSS,
+} OpKind;
+
+typedef struct OpInfo {
+  const char *name;
+  int arity;
+  OpKind kind;
+  const char *fwd, *da, *db;
+} OpInfo;
+extern const OpInfo op_info[OP_COUNT];
+
+/* A width: k + sum_i c[i] * dim_i, with every coefficient a non-negative integer. */
+typedef struct Lin {
+  int32_t k;
+  int32_t c[CV_MAX_DIMS];
+} Lin;
+
+typedef enum {
+  T_NONE,   /* statements (scatter, push, loss) */
+  T_ROW,    /* one row of `width` per vertex */
+  T_SCALAR, /* a constant */
+  T_PARAM,  /* reference to a parameter */
+  T_INPUT,  /* reference to an input */
+} Type;
+
+typedef struct IrNode {
+  Op op;
+  Type type;
+  Lin width;     /* T_ROW */
+  int nargs;
+  int *args;     /* node indices within the same function, all smaller than this one */
+  double cval;   /* OP_CONST */
+  int ref;       /* OP_PARAM, OP_INPUT: index; OP_GATHER: child; OP_PULL: pull slot */
+  Lin lo, hi;    /* OP_SLICE */
+  const char *name; /* the .vf name bound to it, if any */
+  Loc loc;
+} IrNode;
+
+typedef enum { F_PULL, F_VERTEX, F_PUSH } FuncKind;
+
+typedef struct IrFunc {
+  FuncKind kind;
+  const char *name;
+  int children; /* F_VERTEX */
+  IrNode *nodes;
+  int n, cap;
+  Loc loc;
+} IrFunc;
+
+typedef enum { DIM_FIXED, DIM_VOCAB, DIM_FREE } DimKind;
+typedef struct Dim {
+  const char *name;
+  DimKind kind;
+  long value; /* DIM_FIXED default */
+  int input;  /* DIM_VOCAB: the index input */
+  Loc loc;
+} Dim;
+
+typedef enum { IN_INDEX, IN_CLASS, IN_REAL } InputKind;
+typedef struct Input {
+  const char *name;
+  InputKind kind;
+  Lin width; /* IN_REAL: row width; otherwise the range (a single dim) */
+  int dim;   /* IN_INDEX, IN_CLASS: the dim bounding the value */
+  Loc loc;
+} Input;
+
+typedef enum { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_XAVIER } InitKind;
+typedef struct Param {
+  const char *name;
+  int rank; /* 1 (vector) or 2 (matrix) */
+  Lin rows, cols; /* rank 1: cols only */
+  InitKind init;
+  double a, b;
+  Loc loc;
+} Param;
+
+typedef struct PullSlot {
+  const char *name;
+  int node; /* in the pull function */
+} PullSlot;
+
+typedef struct Model {
+  const char *name;
+  const char *path;
+  Dim dims[CV_MAX_DIMS];
+  int ndims;
+  Input *inputs;
+  int ninputs, capinputs;
+  Param *params;
+  int nparams, capparams;
+  IrFunc *pull;  /* NULL without a pull block */
+  IrFunc **vertex;
+  int nvertex;
+  IrFunc *push;  /* NULL without a push block */
+  PullSlot *pulls;
+  int npulls, cappulls;
+  Lin state;     /* width every vertex function scatters */
+  Lin pushed;    /* width every push() hands over */
+} Model;
+
+IrFunc *ir_func(FuncKind kind, const char *name, Loc loc);
+int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
+Lin lin_const(long k);
+Lin lin_dim(int dim, long coef);
+Lin lin_add(Lin a, Lin b);
+bool lin_eq(Lin a, Lin b);
+bool lin_le(Lin a, Lin b); /* a <= b for every positive binding of the dims */
+bool lin_is_zero(Lin a);
+Lin lin_sub(Lin a, Lin b); /* may have negative coefficients; check with lin_le first */
+/* Writes `2H+E` style text into buf. */
+const char *lin_str(const Model *m, Lin a, char *buf, size_t size);
+void ir_check(const Model *m);
+void ir_print(FILE *out, const Model *m);
+
+/* ---- sema.c: names, shapes, unrolling; builds the IR ---- */
+
+Model *sema(Decl *decls, const char *path);
+
+#endif

@@ -1,0 +1,221 @@
+/* ir.c: the typed IR: symbolic widths (Lin), node construction, the verifier that runs
+ * after every pass (ir_check), and the text printer behind `cavsc --dump=ir`. */
+#include "cavsc.h"
+
+#include <string.h>
+
+const OpInfo op_info[OP_COUNT] = {
+#define X(id, sp, ar, kind, f, da, db) [OP_##id] = {sp, ar, kind, f, da, db},
+#include "ops.def"
+#undef X
+};
+_Static_assert(OP_COUNT == 24, "ops.def changed: update the passes that switch on OpKind");
+
+/* ---- widths ---- */
+
+Lin lin_const(long k) {
+  Lin l = {0};
+  l.k = (int32_t)k;
+  return l;
+}
+
+Lin lin_dim(int dim, long coef) {
+  Lin l = {0};
+  l.c[dim] = (int32_t)coef;
+  return l;
+}
+
+Lin lin_add(Lin a, Lin b) {
+  a.k += b.k;
+  for (int i = 0; i < CV_MAX_DIMS; i++) a.c[i] += b.c[i];
+  return a;
+}
+
+Lin lin_sub(Lin a, Lin b) {
+  a.k -= b.k;
+  for (int i = 0; i < CV_MAX_DIMS; i++) a.c[i] -= b.c[i];
+  return a;
+}
+
+bool lin_eq(Lin a, Lin b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+bool lin_is_zero(Lin a) { return lin_eq(a, lin_const(0)); }
+
+/* Dims are positive integers, so a <= b for every binding exactly when no coefficient of
+ * b - a is negative (take each dim large in turn) and the constant part is non-negative
+ * once every dim is 1 (the smallest binding). */
+bool lin_le(Lin a, Lin b) {
+  Lin d = lin_sub(b, a);
+  long at_one = d.k;
+  for (int i = 0; i < CV_MAX_DIMS; i++) {
+    if (d.c[i] < 0) return false;
+    at_one += d.c[i];
+  }
+  return at_one >= 0;
+}
+
+const char *lin_str(const Model *m, Lin a, char *buf, size_t size) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int i = 0; i < CV_MAX_DIMS; i++) {
+    if (!a.c[i]) continue;
+    const char *name = m && i < m->ndims ? m->dims[i].name : "?";
+    const char *sign = a.c[i] < 0 ? "-" : len ? "+" : "";
+    long c = a.c[i] < 0 ? -(long)a.c[i] : a.c[i];
+    if (c == 1) len += (size_t)snprintf(buf + len, len < size ? size - len : 0, "%s%s", sign, name);
+    else len += (size_t)snprintf(buf + len, len < size ? size - len : 0, "%s%ld%s", sign, c, name);
+  }
+  if (a.k || !len)
+    snprintf(buf + len, len < size ? size - len : 0, len && a.k > 0 ? "+%d" : "%d", a.k);
+  return buf;
+}
+
+/* ---- construction ---- */
+
+IrFunc *ir_func(FuncKind kind, const char *name, Loc loc) {
+  IrFunc *f = arena_alloc(sizeof(IrFunc));
+  f->kind = kind;
+  f->name = name;
+  f->loc = loc;
+  return f;
+}
+
+int ir_add(IrFunc *f, IrNode node) {
+  if (f->n >= CV_MAX_NODES) {
+    error_at(node.loc, "'%s' is too large after unrolling (more than %d operations)",
+             f->name, CV_MAX_NODES);
+    return -1;
+  }
+  f->nodes = vec_grow(f->nodes, &f->cap, f->n + 1, sizeof(IrNode));
+  f->nodes[f->n] = node;
+  return f->n++;
+}
+
+/* ---- verifier: the invariants every pass relies on ---- */
+
+static void check_func(const Model *m, const IrFunc *f) {
+  int nscatter = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    cv_assert(n->op >= 0 && n->op < OP_COUNT);
+    const OpInfo *oi = &op_info[n->op];
+    if (oi->arity >= 0 && n->nargs != oi->arity)
+      internal_error(__FILE__, __LINE__, "%s %%%d: %s takes %d operands, has %d", f->name, i,
+                     oi->name, oi->arity, n->nargs);
+    for (int j = 0; j < n->nargs; j++)
+      if (n->args[j] < 0 || n->args[j] >= i)
+        internal_error(__FILE__, __LINE__, "%s %%%d: operand %d is %%%d (not defined before)",
+                       f->name, i, j, n->args[j]);
+    switch (n->op) {
+    case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
+    case OP_INPUT: cv_assert(n->type == T_INPUT && n->ref >= 0 && n->ref < m->ninputs); break;
+    case OP_GATHER:
+      cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
+      cv_assert(lin_eq(n->width, m->state));
+      break;
+    case OP_PULL: cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < m->npulls); break;
+    case OP_PUSHARG: cv_assert(f->kind == F_PUSH && lin_eq(n->width, m->pushed)); break;
+    case OP_SCATTER:
+      cv_assert(f->kind == F_VERTEX);
+      cv_assert(lin_eq(f->nodes[n->args[0]].width, m->state));
+      nscatter++;
+      break;
+    case OP_PUSH: cv_assert(f->kind == F_VERTEX); break;
+    case OP_XENT:
+    case OP_MSE: cv_assert(f->kind == F_PUSH); break;
+    case OP_MATMUL: {
+      const IrNode *w = &f->nodes[n->args[1]];
+      cv_assert(w->op == OP_PARAM && m->params[w->ref].rank == 2);
+      cv_assert(lin_eq(f->nodes[n->args[0]].width, m->params[w->ref].rows));
+      cv_assert(lin_eq(n->width, m->params[w->ref].cols));
+      break;
+    }
+    default:
+      if (oi->kind == OK_EW) {
+        cv_assert(n->type == T_ROW);
+        for (int j = 0; j < n->nargs; j++) {
+          const IrNode *a = &f->nodes[n->args[j]];
+          if (a->type == T_ROW) cv_assert(lin_eq(a->width, n->width));
+          else if (a->type == T_PARAM) cv_assert(lin_eq(m->params[a->ref].cols, n->width));
+          else cv_assert(a->type == T_SCALAR);
+        }
+      }
+      break;
+    }
+  }
+  if (f->kind == F_VERTEX) cv_assert(nscatter == 1);
+}
+
+void ir_check(const Model *m) {
+  if (m->pull) check_func(m, m->pull);
+  for (int i = 0; i < m->nvertex; i++) check_func(m, m->vertex[i]);
+  if (m->push) check_func(m, m->push);
+}
+
+/* ---- printer ---- */
+
+static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier"};
+static const char *input_kind[] = {"index", "class", "real"};
+
+static void print_func(FILE *out, const Model *m, const IrFunc *f) {
+  char w[128], lo[128], hi[128];
+  if (f->kind == F_PULL) fprintf(out, "\nfunc pull\n");
+  else if (f->kind == F_PUSH) fprintf(out, "\nfunc push\n");
+  else fprintf(out, "\nfunc vertex %s children %d\n", f->name, f->children);
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    int col = 0;
+    if (n->type == T_NONE) col = fprintf(out, "  %s", op_info[n->op].name);
+    else col = fprintf(out, "  %%%d = %s", i, op_info[n->op].name);
+    switch (n->op) {
+    case OP_CONST: col += fprintf(out, " %.9g", n->cval); break;
+    case OP_PARAM: col += fprintf(out, " %s", m->params[n->ref].name); break;
+    case OP_INPUT: col += fprintf(out, " %s", m->inputs[n->ref].name); break;
+    case OP_GATHER: col += fprintf(out, " %d", n->ref); break;
+    case OP_PULL: col += fprintf(out, " %s", m->pulls[n->ref].name); break;
+    case OP_SLICE:
+      col += fprintf(out, " %%%d[%s:%s]", n->args[0], lin_str(m, n->lo, lo, sizeof lo),
+                     lin_str(m, n->hi, hi, sizeof hi));
+      break;
+    default:
+      for (int j = 0; j < n->nargs; j++) col += fprintf(out, "%s%%%d", j ? ", " : " ", n->args[j]);
+      break;
+    }
+    if (n->type == T_ROW) col += fprintf(out, " : [%s]", lin_str(m, n->width, w, sizeof w));
+    else if (n->type == T_SCALAR) col += fprintf(out, " : scalar");
+    fprintf(out, "%*s# line %d", col < 40 ? 40 - col : 1, "", n->loc.line);
+    if (n->name) fprintf(out, " %s", n->name);
+    fputc('\n', out);
+  }
+}
+
+void ir_print(FILE *out, const Model *m) {
+  char a[128], b[128];
+  fprintf(out, "model %s\n", m->name);
+  for (int i = 0; i < m->ndims; i++) {
+    const Dim *d = &m->dims[i];
+    if (d->kind == DIM_FIXED) fprintf(out, "dim %s = %ld\n", d->name, d->value);
+    else if (d->kind == DIM_VOCAB) fprintf(out, "dim %s = vocab(%s)\n", d->name, m->inputs[d->input].name);
+    else fprintf(out, "dim %s\n", d->name);
+  }
+  for (int i = 0; i < m->ninputs; i++)
+    fprintf(out, "input %s : %s[%s]\n", m->inputs[i].name, input_kind[m->inputs[i].kind],
+            lin_str(m, m->inputs[i].width, a, sizeof a));
+  for (int i = 0; i < m->nparams; i++) {
+    const Param *p = &m->params[i];
+    if (p->rank == 2)
+      fprintf(out, "param %s[%s,%s] init %s", p->name, lin_str(m, p->rows, a, sizeof a),
+              lin_str(m, p->cols, b, sizeof b), init_name[p->init]);
+    else
+      fprintf(out, "param %s[%s] init %s", p->name, lin_str(m, p->cols, a, sizeof a),
+              init_name[p->init]);
+    if (p->init == INIT_CONSTANT) fprintf(out, "(%.9g)", p->a);
+    if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL) fprintf(out, "(%.9g, %.9g)", p->a, p->b);
+    fputc('\n', out);
+  }
+  if (m->nvertex) fprintf(out, "state [%s]\n", lin_str(m, m->state, a, sizeof a));
+  if (m->push) fprintf(out, "pushed [%s]\n", lin_str(m, m->pushed, a, sizeof a));
+  if (m->pull) print_func(out, m, m->pull);
+  for (int i = 0; i < m->nvertex; i++) print_func(out, m, m->vertex[i]);
+  if (m->push) print_func(out, m, m->push);
+}

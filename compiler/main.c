@@ -1,0 +1,158 @@
+/* main.c: the cavsc command. Options first, then the pipeline as a list of calls, each
+ * pass followed by the verifier, as QBE's main.c lists its passes. */
+#include "cavsc.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: cavsc [options] MODEL.vf\n"
+    "  -o PATH          where output goes (with --dump: the file to write)\n"
+    "  --dump=STAGE     print the program after a stage: ast, ir\n"
+    "  --version        print the version and exit\n"
+    "  --help           print this help and exit\n";
+
+enum { DUMP_NONE, DUMP_AST, DUMP_IR };
+
+static char *read_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    error_plain("cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    error_plain("'%s' is a directory", path);
+    fclose(f);
+    return NULL;
+  }
+  size_t cap = 1 << 16, n = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) {
+      error_plain("out of memory reading '%s'", path);
+      fclose(f);
+      return NULL;
+    }
+    n += fread(buf + n, 1, cap - n, f);
+    if (n < cap) break;
+    if (cap >= (size_t)1 << 30) {
+      error_plain("'%s' is larger than 1 GiB", path);
+      free(buf);
+      fclose(f);
+      return NULL;
+    }
+    cap *= 2;
+    buf = realloc(buf, cap);
+  }
+  if (ferror(f)) {
+    error_plain("cannot read '%s': %s", path, strerror(errno));
+    free(buf);
+    fclose(f);
+    return NULL;
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+/* Writes `data` to `path` through a temporary file in the same directory and a rename,
+ * so a reader never sees a half-written file and a failure leaves no file behind. */
+static bool write_atomic(const char *path, const char *data, size_t len) {
+  char *tmp = arena_printf("%s.tmpXXXXXX", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    error_plain("cannot write '%s': %s", path, strerror(errno));
+    return false;
+  }
+  FILE *f = fdopen(fd, "wb");
+  bool ok = f && fwrite(data, 1, len, f) == len;
+  ok = f && fflush(f) == 0 && ok;
+  ok = ok && fsync(fd) == 0;
+  int err = errno;
+  if (f) fclose(f);
+  else close(fd);
+  if (ok && rename(tmp, path) != 0) {
+    err = errno;
+    ok = false;
+  }
+  if (!ok) {
+    unlink(tmp);
+    error_plain("cannot write '%s': %s", path, strerror(err));
+  }
+  return ok;
+}
+
+int main(int argc, char **argv) {
+  const char *out_path = NULL;
+  int dump = DUMP_NONE;
+  static const struct option longopts[] = {
+      {"dump", required_argument, NULL, 'd'},
+      {"version", no_argument, NULL, 'V'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  int ch;
+  while ((ch = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'o': out_path = optarg; break;
+    case 'd':
+      if (!strcmp(optarg, "ast")) dump = DUMP_AST;
+      else if (!strcmp(optarg, "ir")) dump = DUMP_IR;
+      else {
+        fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir)\n", optarg);
+        return 1;
+      }
+      break;
+    case 'V': printf("cavsc %s\n", CAVSC_VERSION); return 0;
+    case 'h': fputs(usage, stdout); return 0;
+    default: fputs(usage, stderr); return 1;
+    }
+  }
+  if (optind != argc - 1) {
+    fputs(argc - optind > 1 ? "cavsc: error: more than one input file\n"
+                            : "cavsc: error: no input file\n",
+          stderr);
+    fputs(usage, stderr);
+    return 1;
+  }
+  const char *path = argv[optind];
+
+  size_t len;
+  char *text = read_file(path, &len);
+  if (!text) return 1;
+  diag_init(path, text, len);
+
+  Decl *decls = parse_source(path, text, len);
+  if (diag_count()) return 1;
+
+  char *buf = NULL;
+  size_t buflen = 0;
+  FILE *out = open_memstream(&buf, &buflen);
+  if (!out) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  if (dump == DUMP_AST) {
+    ast_dump(out, decls);
+  } else {
+    Model *m = sema(decls, path);
+    if (diag_count()) return 1;
+    ir_check(m);
+    if (dump == DUMP_IR) ir_print(out, m);
+  }
+  fclose(out);
+
+  if (dump != DUMP_NONE) {
+    if (out_path) {
+      if (!write_atomic(out_path, buf, buflen)) return 1;
+    } else if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {
+      error_plain("cannot write to standard output: %s", strerror(errno));
+      return 1;
+    }
+  }
+  free(buf);
+  free(text);
+  return 0;
+}

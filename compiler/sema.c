@@ -1,0 +1,1210 @@
+/* sema.c: names, shapes and compile-time loops. Walks the AST once per block, unrolls
+ * `for` and `sum(k in ..)`, checks every shape symbolically (widths are linear forms over
+ * the dims, so the result holds for any binding), and builds the typed IR as it goes.
+ *
+ * The width of the state a vertex scatters is not written down by the user: gather(k)
+ * reads it before the scatter defines it. A silent trial pass over the vertex blocks,
+ * with gather's width unknown (TOP, compatible with everything), infers it first. */
+#include "cavsc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a chained hash table from names to small records ---- */
+
+typedef struct Entry Entry;
+struct Entry {
+  const char *key;
+  int kind; /* Sym or, in scopes, unused */
+  int index; /* global: index in its kind's array; scope: IR node */
+  int depth; /* scope: loop nesting where it was defined */
+  Loc loc;
+  Entry *next;
+};
+
+typedef struct Table {
+  Entry **b;
+  int nb, n;
+  Entry **order; /* insertion order, for pull slots and undo */
+  int norder, caporder;
+} Table;
+
+static unsigned hash(const char *s) {
+  unsigned h = 2166136261u;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+static Entry *tab_get(Table *t, const char *key) {
+  if (!t->nb) return NULL;
+  for (Entry *e = t->b[hash(key) & (unsigned)(t->nb - 1)]; e; e = e->next)
+    if (!strcmp(e->key, key)) return e;
+  return NULL;
+}
+
+static Entry *tab_put(Table *t, const char *key) {
+  if (t->n * 2 >= t->nb) {
+    int nb = t->nb ? t->nb * 2 : 64;
+    Entry **b = calloc((size_t)nb, sizeof(Entry *));
+    if (!b) internal_error(__FILE__, __LINE__, "out of memory");
+    for (int i = 0; i < t->nb; i++)
+      for (Entry *e = t->b[i], *next; e; e = next) {
+        next = e->next;
+        unsigned h = hash(e->key) & (unsigned)(nb - 1);
+        e->next = b[h];
+        b[h] = e;
+      }
+    free(t->b);
+    t->b = b;
+    t->nb = nb;
+  }
+  Entry *e = arena_alloc(sizeof(Entry));
+  e->key = key;
+  unsigned h = hash(key) & (unsigned)(t->nb - 1);
+  e->next = t->b[h];
+  t->b[h] = e;
+  t->n++;
+  t->order = vec_grow(t->order, &t->caporder, t->norder + 1, sizeof(Entry *));
+  t->order[t->norder++] = e;
+  return e;
+}
+
+static void tab_del(Table *t, Entry *x) {
+  Entry **p = &t->b[hash(x->key) & (unsigned)(t->nb - 1)];
+  while (*p != x) p = &(*p)->next;
+  *p = x->next;
+  t->n--;
+}
+
+static void tab_free(Table *t) {
+  free(t->b);
+  free(t->order);
+  memset(t, 0, sizeof *t);
+}
+
+/* ---- context ---- */
+
+enum { SYM_MODEL, SYM_DIM, SYM_INPUT, SYM_PARAM, SYM_VERTEX };
+static const char *sym_what[] = {"the model", "a dim", "an input", "a param", "a vertex block"};
+
+typedef struct LoopVar {
+  const char *name;
+  long value;
+} LoopVar;
+
+typedef struct Ctx {
+  Model *m;
+  Table globals;
+  /* current block */
+  IrFunc *f;
+  Table scope;
+  LoopVar loops[CV_MAX_NEST + 1];
+  int nloops;
+  int *param_node, *input_node; /* per-function caches of reference nodes */
+  int scatter;
+  Loc scatter_loc;
+  int push;
+  Loc push_loc;
+  bool has_loss;
+  Stmt *rest; /* statements after the current one, to tell "used before definition" */
+  /* model-wide */
+  bool state_known, pushed_known;
+  Loc pushed_loc;
+  const char *pushed_by;
+} Ctx;
+
+static const Lin TOP = {.k = INT32_MIN}; /* width not known yet (trial pass only) */
+static bool is_top(Lin a) { return a.k == INT32_MIN; }
+
+static const char *wstr(Ctx *c, Lin a) {
+  if (is_top(a)) return "?";
+  char buf[256];
+  return arena_strdup(lin_str(c->m, a, buf, sizeof buf));
+}
+
+/* Quotes the source of an expression when it is short, else describes it by kind. */
+static const char *what(const Node *n) {
+  const char *s = diag_span(n->loc);
+  return s ? arena_printf("'%s'", s) : "the expression";
+}
+
+/* Widths agree when equal, or when either is still unknown. */
+static bool unify(Lin a, Lin b, Lin *out) {
+  if (is_top(a)) *out = b;
+  else if (is_top(b) || lin_eq(a, b)) *out = a;
+  else return false;
+  return true;
+}
+
+/* ---- IR construction ---- */
+
+static int mk(Ctx *c, Op op, Type type, Lin width, Loc loc, int nargs, const int *args) {
+  IrNode n = {.op = op, .type = type, .width = width, .nargs = nargs, .loc = loc};
+  if (nargs) {
+    n.args = arena_alloc(sizeof(int) * (size_t)nargs);
+    memcpy(n.args, args, sizeof(int) * (size_t)nargs);
+  }
+  return ir_add(c->f, n);
+}
+
+static IrNode *node(Ctx *c, int id) { return &c->f->nodes[id]; }
+
+static int mk_const(Ctx *c, double v, Loc loc) {
+  int id = mk(c, OP_CONST, T_SCALAR, lin_const(0), loc, 0, NULL);
+  if (id >= 0) node(c, id)->cval = v;
+  return id;
+}
+
+static int ref_param(Ctx *c, int p, Loc loc) {
+  if (c->param_node[p] < 0) {
+    int id = mk(c, OP_PARAM, T_PARAM, lin_const(0), loc, 0, NULL);
+    if (id < 0) return -1;
+    node(c, id)->ref = p;
+    node(c, id)->name = c->m->params[p].name;
+    c->param_node[p] = id;
+  }
+  return c->param_node[p];
+}
+
+static int ref_input(Ctx *c, int i, Loc loc) {
+  if (c->input_node[i] < 0) {
+    Input *in = &c->m->inputs[i];
+    Type t = in->kind == IN_REAL ? T_ROW : T_INPUT;
+    int id = mk(c, OP_INPUT, t, in->kind == IN_REAL ? in->width : lin_const(0), loc, 0, NULL);
+    if (id < 0) return -1;
+    node(c, id)->ref = i;
+    node(c, id)->name = in->name;
+    c->input_node[i] = id;
+  }
+  return c->input_node[i];
+}
+
+/* ---- compile-time integers and dim expressions ---- */
+
+static LoopVar *loop_var(Ctx *c, const char *name) {
+  for (int i = c->nloops - 1; i >= 0; i--)
+    if (!strcmp(c->loops[i].name, name)) return &c->loops[i];
+  return NULL;
+}
+
+static bool eval_int(Ctx *c, const Node *n, long *out) {
+  long a, b;
+  switch (n->kind) {
+  case N_NUM:
+    if (!n->is_int) break;
+    *out = n->ival;
+    return true;
+  case N_NAME: {
+    LoopVar *v = loop_var(c, n->name);
+    if (!v) break;
+    *out = v->value;
+    return true;
+  }
+  case N_NEG:
+    if (!eval_int(c, n->a, &a)) return false;
+    *out = -a;
+    return true;
+  case N_BINARY:
+    if (n->op == '/' || n->op == '@') break;
+    if (!eval_int(c, n->a, &a) || !eval_int(c, n->b, &b)) return false;
+    *out = n->op == '+' ? a + b : n->op == '-' ? a - b : a * b;
+    if (labs(*out) > 1000000000L) {
+      error_at(n->loc, "integer constant too large");
+      return false;
+    }
+    return true;
+  default: break;
+  }
+  error_at(n->loc, "expected an integer constant, found %s", what(n));
+  return false;
+}
+
+/* A dim expression: a linear form over the declared dims. The caller decides whether
+ * it must be positive (shapes) or only non-negative (slice bounds). */
+static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
+  Lin a, b;
+  long k;
+  switch (n->kind) {
+  case N_NUM:
+    if (!n->is_int) {
+      error_at(n->loc, "dim expression must be an integer combination of dims, not %g", n->num);
+      return false;
+    }
+    *out = lin_const(n->ival);
+    return true;
+  case N_DIMTERM:
+  case N_NAME: {
+    if (n->kind == N_NAME) {
+      LoopVar *v = loop_var(c, n->name);
+      if (v) {
+        *out = lin_const(v->value);
+        return true;
+      }
+    }
+    Entry *e = tab_get(&c->globals, n->name);
+    if (!e) {
+      error_at(n->loc, "unknown dim '%s'", n->name);
+      return false;
+    }
+    if (e->kind != SYM_DIM) {
+      error_at(n->loc, "'%s' is %s, not a dim", n->name, sym_what[e->kind]);
+      return false;
+    }
+    *out = lin_dim(e->index, n->kind == N_DIMTERM ? n->ival : 1);
+    return true;
+  }
+  case N_NEG:
+    if (!eval_lin(c, n->a, &a)) return false;
+    *out = lin_sub(lin_const(0), a);
+    return true;
+  case N_BINARY:
+    if (n->op == '+' || n->op == '-') {
+      if (!eval_lin(c, n->a, &a) || !eval_lin(c, n->b, &b)) return false;
+      *out = n->op == '+' ? lin_add(a, b) : lin_sub(a, b);
+      return true;
+    }
+    if (n->op == '*') {
+      /* one side must be an integer constant */
+      const Node *kn = n->a, *ln = n->b;
+      if (kn->kind != N_NUM && !(kn->kind == N_NAME && loop_var(c, kn->name))) {
+        kn = n->b;
+        ln = n->a;
+      }
+      bool silent_ok = kn->kind == N_NUM || (kn->kind == N_NAME && loop_var(c, kn->name));
+      if (!silent_ok) {
+        error_at(n->loc, "dim expression is not linear: only an integer may multiply a dim");
+        return false;
+      }
+      if (!eval_int(c, kn, &k) || !eval_lin(c, ln, &a)) return false;
+      Lin r = lin_const(0);
+      r.k = (int32_t)(a.k * k);
+      for (int i = 0; i < CV_MAX_DIMS; i++) r.c[i] = (int32_t)(a.c[i] * k);
+      *out = r;
+      return true;
+    }
+    error_at(n->loc, "'%c' is not allowed in a dim expression (only +, - and integer *)", n->op);
+    return false;
+  default:
+    error_at(n->loc, "expected a dim expression, found %s", what(n));
+    return false;
+  }
+}
+
+/* Shapes of params and inputs: a positive integer combination of dims. */
+static bool eval_shape(Ctx *c, const Node *n, Lin *out) {
+  if (!eval_lin(c, n, out)) return false;
+  bool ok = !lin_is_zero(*out) && out->k >= 0;
+  for (int i = 0; i < CV_MAX_DIMS; i++) ok = ok && out->c[i] >= 0;
+  if (!ok) {
+    error_at(n->loc, "shape %s is [%s], not a positive integer combination of dims", what(n),
+             wstr(c, *out));
+    return false;
+  }
+  return true;
+}
+
+/* A literal number, possibly negated (initializer arguments). */
+static bool eval_number(Ctx *c, const Node *n, double *out) {
+  (void)c;
+  if (n->kind == N_NUM) {
+    *out = n->num;
+    return true;
+  }
+  if (n->kind == N_NEG && n->a->kind == N_NUM) {
+    *out = -n->a->num;
+    return true;
+  }
+  error_at(n->loc, "expected a number, found %s", what(n));
+  return false;
+}
+
+/* ---- names in blocks ---- */
+
+/* Inside `for k`, every `_k` component of a name is replaced by the iteration's value:
+ * `h_k` -> `h_0`. Returns NULL when no component is a loop variable. */
+static const char *loop_rename(Ctx *c, const char *name) {
+  if (!c->nloops || !strchr(name, '_')) return NULL;
+  char buf[512];
+  size_t len = 0;
+  bool changed = false;
+  const char *p = name;
+  const char *us = strchr(p, '_');
+  len = (size_t)(us - p);
+  if (len >= sizeof buf) return NULL;
+  memcpy(buf, p, len);
+  p = us;
+  while (*p == '_') {
+    const char *start = p + 1;
+    const char *end = strchr(start, '_');
+    if (!end) end = start + strlen(start);
+    char comp[256];
+    size_t cl = (size_t)(end - start);
+    if (cl >= sizeof comp) return NULL;
+    memcpy(comp, start, cl);
+    comp[cl] = 0;
+    LoopVar *v = cl ? loop_var(c, comp) : NULL;
+    int w = v ? snprintf(buf + len, sizeof buf - len, "_%ld", v->value)
+              : snprintf(buf + len, sizeof buf - len, "_%s", comp);
+    if (w < 0 || (size_t)w >= sizeof buf - len) return NULL;
+    len += (size_t)w;
+    changed |= v != NULL;
+    p = end;
+  }
+  return changed ? arena_strdup(buf) : NULL;
+}
+
+static bool assigned_later(const Stmt *s, const char *name) {
+  for (; s; s = s->next) {
+    if (s->kind == S_ASSIGN && !strcmp(s->name, name)) return true;
+    if (s->kind == S_FOR && assigned_later(s->body, name)) return true;
+  }
+  return false;
+}
+
+static int eval(Ctx *c, const Node *n);
+
+static int eval_name(Ctx *c, const Node *n) {
+  LoopVar *v = loop_var(c, n->name);
+  if (v) return mk_const(c, (double)v->value, n->loc);
+  const char *renamed = loop_rename(c, n->name);
+  Entry *e = tab_get(&c->scope, renamed ? renamed : n->name);
+  if (e) return e->index;
+  e = tab_get(&c->globals, n->name);
+  if (e) {
+    switch (e->kind) {
+    case SYM_PARAM: return ref_param(c, e->index, n->loc);
+    case SYM_INPUT: return ref_input(c, e->index, n->loc);
+    default:
+      error_at(n->loc, "'%s' is %s, not a value", n->name, sym_what[e->kind]);
+      return -1;
+    }
+  }
+  if (assigned_later(c->rest, n->name))
+    error_at(n->loc, "'%s' is used before its definition", n->name);
+  else
+    error_at(n->loc, "unknown name '%s'", renamed ? renamed : n->name);
+  /* Bind it to an error value so that later uses stay quiet. */
+  Entry *x = tab_put(&c->scope, renamed ? renamed : n->name);
+  x->index = -1;
+  x->depth = -1; /* never reported as a redefinition */
+  x->loc = n->loc;
+  return -1;
+}
+
+static const char *op_spelling(int op) {
+  switch (op) {
+  case '+': return "+";
+  case '-': return "-";
+  case '*': return "*";
+  case '/': return "/";
+  default: return "@";
+  }
+}
+
+static double fold(Op op, double a, double b) {
+  switch (op) {
+  case OP_ADD: return a + b;
+  case OP_SUB: return a - b;
+  case OP_MUL: return a * b;
+  case OP_DIV: return a / b;
+  case OP_NEG: return -a;
+  case OP_SIGMOID: return 1 / (1 + exp(-a));
+  case OP_TANH: return tanh(a);
+  case OP_RELU: return a > 0 ? a : 0;
+  case OP_EXP: return exp(a);
+  case OP_LOG: return log(a);
+  default: unreachable();
+  }
+}
+
+/* Names the kind of a non-row operand in a message. */
+static const char *describe(Ctx *c, int id) {
+  IrNode *x = node(c, id);
+  if (x->type == T_PARAM) {
+    Param *p = &c->m->params[x->ref];
+    if (p->rank == 2) return arena_printf("the matrix '%s' [%s,%s]", p->name, wstr(c, p->rows), wstr(c, p->cols));
+    return arena_printf("the vector '%s' [%s]", p->name, wstr(c, p->cols));
+  }
+  if (x->type == T_INPUT) return arena_printf("the %s input '%s'", c->m->inputs[x->ref].kind == IN_INDEX ? "index" : "class", c->m->inputs[x->ref].name);
+  if (x->type == T_SCALAR) return "a scalar";
+  return arena_printf("a row [%s]", wstr(c, x->width));
+}
+
+/* Elementwise binary op with broadcasting of param vectors and scalars. */
+static int elementwise2(Ctx *c, Op op, int a, int b, const Node *n, const Node *na, const Node *nb) {
+  if (a < 0 || b < 0) return -1;
+  IrNode *x = node(c, a), *y = node(c, b);
+  if (x->type == T_SCALAR && y->type == T_SCALAR)
+    return mk_const(c, fold(op, x->cval, y->cval), n->loc);
+  const char *sp = op_spelling(n->op);
+  Lin w = TOP;
+  bool have_row = false;
+  const IrNode *ops[2] = {x, y};
+  const Node *srcs[2] = {na, nb};
+  for (int i = 0; i < 2; i++) {
+    const IrNode *o = ops[i];
+    if (o->type == T_INPUT) {
+      error_at(srcs[i]->loc, "%s is %s; it selects rows (e.g. emb[%s]) and is not a value",
+               what(srcs[i]), describe(c, (int)(o - c->f->nodes)), c->m->inputs[o->ref].name);
+      return -1;
+    }
+    if (o->type == T_PARAM && c->m->params[o->ref].rank == 2) {
+      error_at(srcs[i]->loc, "%s is %s; only '@' takes a matrix", what(srcs[i]),
+               describe(c, (int)(o - c->f->nodes)));
+      return -1;
+    }
+  }
+  for (int i = 0; i < 2; i++) {
+    const IrNode *o = ops[i];
+    Lin ow = o->type == T_ROW ? o->width : o->type == T_PARAM ? c->m->params[o->ref].cols : TOP;
+    if (o->type == T_ROW) have_row = true;
+    if (o->type == T_SCALAR) continue;
+    Lin u;
+    if (!unify(w, ow, &u)) {
+      error_at(n->loc, "shape mismatch in '%s': %s is [%s] but %s is [%s]", sp, what(na),
+               wstr(c, w), what(nb), wstr(c, ow));
+      return -1;
+    }
+    w = u;
+  }
+  if (!have_row) {
+    error_at(n->loc, "'%s' needs a per-vertex operand: %s and %s are both parameters or constants",
+             sp, what(na), what(nb));
+    return -1;
+  }
+  int args[2] = {a, b};
+  return mk(c, op, T_ROW, w, n->loc, 2, args);
+}
+
+static int matmul(Ctx *c, int a, int b, const Node *n) {
+  if (a < 0 || b < 0) return -1;
+  IrNode *x = node(c, a), *w = node(c, b);
+  if (w->type != T_PARAM || c->m->params[w->ref].rank != 2) {
+    error_at(n->b->loc, "right operand of '@' must be a param matrix, but %s is %s", what(n->b),
+             describe(c, b));
+    return -1;
+  }
+  if (x->type != T_ROW) {
+    error_at(n->a->loc, "left operand of '@' must be a per-vertex row, but %s is %s", what(n->a),
+             describe(c, a));
+    return -1;
+  }
+  Param *p = &c->m->params[w->ref];
+  Lin u;
+  if (!unify(x->width, p->rows, &u)) {
+    error_at(n->loc, "shape mismatch in '@': %s is [%s] but '%s' is [%s,%s] (expects [%s])",
+             what(n->a), wstr(c, x->width), p->name, wstr(c, p->rows), wstr(c, p->cols),
+             wstr(c, p->rows));
+    return -1;
+  }
+  int args[2] = {a, b};
+  return mk(c, OP_MATMUL, T_ROW, p->cols, n->loc, 2, args);
+}
+
+static int unary(Ctx *c, Op op, int a, const Node *n, const Node *na) {
+  if (a < 0) return -1;
+  IrNode *x = node(c, a);
+  if (x->type == T_SCALAR) return mk_const(c, fold(op, x->cval, 0), n->loc);
+  if (x->type != T_ROW) {
+    error_at(na->loc, "'%s' takes a per-vertex row, but %s is %s", op_info[op].name, what(na),
+             describe(c, a));
+    return -1;
+  }
+  return mk(c, op, T_ROW, x->width, n->loc, 1, &a);
+}
+
+static int require_row(Ctx *c, int id, const Node *n, const char *ctx) {
+  if (id < 0) return -1;
+  if (node(c, id)->type != T_ROW) {
+    error_at(n->loc, "%s takes a per-vertex row, but %s is %s", ctx, what(n), describe(c, id));
+    return -1;
+  }
+  return id;
+}
+
+static int eval_sumfor(Ctx *c, const Node *n) {
+  long lo, hi;
+  if (!eval_int(c, n->a, &lo) || !eval_int(c, n->b, &hi)) return -1;
+  if (hi < lo) {
+    error_at(n->loc, "empty range %ld..%ld in sum", lo, hi);
+    return -1;
+  }
+  if (hi - lo >= CV_MAX_UNROLL) {
+    error_at(n->loc, "range %ld..%ld too long to unroll (at most %d)", lo, hi, CV_MAX_UNROLL);
+    return -1;
+  }
+  if (c->nloops >= CV_MAX_NEST) {
+    error_at(n->loc, "loops nested too deeply");
+    return -1;
+  }
+  int acc = -1;
+  bool bad = false;
+  for (long k = lo; k <= hi; k++) {
+    c->loops[c->nloops++] = (LoopVar){n->name, k};
+    int t = eval(c, n->c);
+    c->nloops--;
+    if (t < 0) bad = true;
+    if (bad) continue;
+    if (acc < 0) acc = require_row(c, t, n->c, "sum");
+    else acc = elementwise2(c, OP_ADD, acc, t, n, n->c, n->c);
+    if (acc < 0) bad = true;
+  }
+  return bad ? -1 : acc;
+}
+
+static int eval_call(Ctx *c, const Node *n) {
+  const char *f = n->name;
+  /* the unary elementwise functions come from the op table */
+  for (int op = 0; op < OP_COUNT; op++) {
+    if (op_info[op].kind != OK_EW || op_info[op].arity != 1 || strcmp(op_info[op].name, f)) continue;
+    if (n->nargs != 1) {
+      error_at(n->loc, "'%s' takes 1 argument, given %d", f, n->nargs);
+      return -1;
+    }
+    return unary(c, (Op)op, eval(c, n->args[0]), n, n->args[0]);
+  }
+  if (!strcmp(f, "concat")) {
+    if (n->nargs < 1) {
+      error_at(n->loc, "'concat' needs at least one argument");
+      return -1;
+    }
+    int *args = arena_alloc(sizeof(int) * (size_t)n->nargs);
+    Lin w = lin_const(0);
+    bool bad = false;
+    for (int i = 0; i < n->nargs; i++) {
+      args[i] = require_row(c, eval(c, n->args[i]), n->args[i], "concat");
+      if (args[i] < 0) {
+        bad = true;
+        continue;
+      }
+      Lin aw = node(c, args[i])->width;
+      w = is_top(w) || is_top(aw) ? TOP : lin_add(w, aw);
+    }
+    if (bad) return -1;
+    return mk(c, OP_CONCAT, T_ROW, w, n->loc, n->nargs, args);
+  }
+  if (!strcmp(f, "sum")) {
+    if (n->nargs < 1) {
+      error_at(n->loc, "'sum' needs at least one argument");
+      return -1;
+    }
+    int acc = require_row(c, eval(c, n->args[0]), n->args[0], "sum");
+    for (int i = 1; i < n->nargs; i++) {
+      int t = eval(c, n->args[i]);
+      if (acc < 0 || t < 0) {
+        acc = -1;
+        continue;
+      }
+      Node tmp = *n;
+      tmp.op = '+';
+      acc = elementwise2(c, OP_ADD, acc, t, &tmp, n->args[0], n->args[i]);
+    }
+    return acc;
+  }
+  if (!strcmp(f, "gather")) {
+    if (c->f->kind != F_VERTEX) {
+      error_at(n->loc, "gather() is only allowed in a vertex block");
+      return -1;
+    }
+    if (n->nargs != 1) {
+      error_at(n->loc, "'gather' takes 1 argument (the child), given %d", n->nargs);
+      return -1;
+    }
+    long k;
+    if (!eval_int(c, n->args[0], &k)) return -1;
+    if (k < 0 || k >= c->f->children) {
+      if (c->f->children == 0)
+        error_at(n->loc, "gather(%ld) in vertex '%s', which has no children", k, c->f->name);
+      else
+        error_at(n->loc, "gather(%ld) but vertex '%s' has children %d (valid: 0..%d)", k,
+                 c->f->name, c->f->children, c->f->children - 1);
+      return -1;
+    }
+    int id = mk(c, OP_GATHER, T_ROW, c->state_known ? c->m->state : TOP, n->loc, 0, NULL);
+    if (id >= 0) node(c, id)->ref = (int)k;
+    return id;
+  }
+  if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
+    error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
+    return -1;
+  }
+  error_at(n->loc, "unknown function '%s'", f);
+  return -1;
+}
+
+static int eval_pull(Ctx *c, const Node *n) {
+  if (c->f->kind != F_VERTEX) {
+    error_at(n->loc, "pull() is only allowed in a vertex block");
+    return -1;
+  }
+  if (!c->m->pull) {
+    error_at(n->loc, "pull() but the model has no pull block");
+    return -1;
+  }
+  int slot = -1;
+  if (!n->name) {
+    slot = c->m->npulls - 1;
+    if (slot < 0) {
+      error_at(n->loc, "pull() but the pull block defines no value");
+      return -1;
+    }
+  } else {
+    for (int i = 0; i < c->m->npulls; i++)
+      if (!strcmp(c->m->pulls[i].name, n->name)) slot = i;
+    if (slot < 0) {
+      error_at(n->loc, "the pull block has no value named '%s'", n->name);
+      return -1;
+    }
+  }
+  IrNode *src = &c->m->pull->nodes[c->m->pulls[slot].node];
+  if (src->type != T_ROW) {
+    error_at(n->loc, "pull value '%s' is not a per-vertex row", c->m->pulls[slot].name);
+    return -1;
+  }
+  int id = mk(c, OP_PULL, T_ROW, src->width, n->loc, 0, NULL);
+  if (id >= 0) node(c, id)->ref = slot;
+  return id;
+}
+
+static int eval(Ctx *c, const Node *n) {
+  switch (n->kind) {
+  case N_NUM: return mk_const(c, n->num, n->loc);
+  case N_NAME: return eval_name(c, n);
+  case N_DIMTERM:
+    error_at(n->loc, "'%ld%s' is a dim expression, not a value", n->ival, n->name);
+    return -1;
+  case N_NEG: return unary(c, OP_NEG, eval(c, n->a), n, n->a);
+  case N_BINARY: {
+    int a = eval(c, n->a), b = eval(c, n->b);
+    switch (n->op) {
+    case '+': return elementwise2(c, OP_ADD, a, b, n, n->a, n->b);
+    case '-': return elementwise2(c, OP_SUB, a, b, n, n->a, n->b);
+    case '*': return elementwise2(c, OP_MUL, a, b, n, n->a, n->b);
+    case '/': return elementwise2(c, OP_DIV, a, b, n, n->a, n->b);
+    case '@': return matmul(c, a, b, n);
+    }
+    unreachable();
+  }
+  case N_CALL: return eval_call(c, n);
+  case N_SUMFOR:
+    if (strcmp((const char *)n->args, "sum")) {
+      error_at(n->loc, "only 'sum' takes a range, not '%s'", (const char *)n->args);
+      return -1;
+    }
+    return eval_sumfor(c, n);
+  case N_PULL: return eval_pull(c, n);
+  case N_SLICE: {
+    int a = require_row(c, eval(c, n->a), n->a, "slicing");
+    Lin lo, hi;
+    if (!eval_lin(c, n->b, &lo) || !eval_lin(c, n->c, &hi) || a < 0) return -1;
+    Lin w = node(c, a)->width;
+    if (!lin_le(lin_const(0), lo) || !lin_le(lo, hi) || lin_eq(lo, hi) ||
+        (!is_top(w) && !lin_le(hi, w))) {
+      error_at(n->loc, "slice [%s:%s] is out of range for %s of width [%s]", wstr(c, lo),
+               wstr(c, hi), what(n->a), wstr(c, w));
+      return -1;
+    }
+    int id = mk(c, OP_SLICE, T_ROW, lin_sub(hi, lo), n->loc, 1, &a);
+    if (id >= 0) {
+      node(c, id)->lo = lo;
+      node(c, id)->hi = hi;
+    }
+    return id;
+  }
+  case N_INDEX: {
+    int a = eval(c, n->a), b = eval(c, n->b);
+    if (a < 0 || b < 0) return -1;
+    IrNode *x = node(c, a), *y = node(c, b);
+    if (x->type == T_ROW) {
+      error_at(n->loc, "cannot index the row %s; take a slice, e.g. %s[0:H]", what(n->a),
+               diag_span(n->a->loc) ? diag_span(n->a->loc) : "s");
+      return -1;
+    }
+    if (x->type != T_PARAM || c->m->params[x->ref].rank != 2) {
+      error_at(n->a->loc, "row lookup needs a param matrix, but %s is %s", what(n->a), describe(c, a));
+      return -1;
+    }
+    if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_INDEX) {
+      error_at(n->b->loc, "row lookup needs an index input, but %s is %s", what(n->b), describe(c, b));
+      return -1;
+    }
+    Param *p = &c->m->params[x->ref];
+    Input *in = &c->m->inputs[y->ref];
+    if (!lin_eq(p->rows, in->width)) {
+      error_at(n->loc, "row lookup: '%s' has [%s] rows but '%s' indexes [%s]", p->name,
+               wstr(c, p->rows), in->name, wstr(c, in->width));
+      return -1;
+    }
+    int args[2] = {a, b};
+    return mk(c, OP_LOOKUP, T_ROW, p->cols, n->loc, 2, args);
+  }
+  }
+  unreachable();
+}
+
+/* ---- statements ---- */
+
+static void define(Ctx *c, const char *name, Loc loc, int id) {
+  Entry *g = tab_get(&c->globals, name);
+  if (g) {
+    error_at(loc, "redefinition of '%s', which is %s", name, sym_what[g->kind]);
+    note_at(g->loc, "'%s' was declared here", name);
+    return;
+  }
+  Entry *e = tab_get(&c->scope, name);
+  if (e) {
+    if (e->depth >= 0) {
+      error_at(loc, "redefinition of '%s'", name);
+      note_at(e->loc, "previous definition of '%s' was here", name);
+    }
+    return;
+  }
+  if (loop_var(c, name)) {
+    error_at(loc, "'%s' is a loop variable and cannot be assigned", name);
+    return;
+  }
+  e = tab_put(&c->scope, name);
+  e->index = id;
+  e->loc = loc;
+  /* names renamed by a loop (h_k -> h_0) outlive the iteration; others do not */
+  e->depth = c->nloops;
+  if (id >= 0 && !node(c, id)->name) node(c, id)->name = name;
+}
+
+static void stmts(Ctx *c, Stmt *s);
+
+static void stmt_for(Ctx *c, Stmt *s) {
+  long lo, hi;
+  if (!eval_int(c, s->expr, &lo) || !eval_int(c, s->expr2, &hi)) return;
+  if (hi < lo) {
+    error_at(s->loc, "empty range %ld..%ld", lo, hi);
+    return;
+  }
+  if (hi - lo >= CV_MAX_UNROLL) {
+    error_at(s->loc, "range %ld..%ld too long to unroll (at most %d iterations)", lo, hi,
+             CV_MAX_UNROLL);
+    return;
+  }
+  if (c->nloops >= CV_MAX_NEST) {
+    error_at(s->loc, "loops nested too deeply");
+    return;
+  }
+  if (tab_get(&c->scope, s->name) || tab_get(&c->globals, s->name)) {
+    error_at(s->name_loc, "loop variable '%s' hides a name already defined", s->name);
+    return;
+  }
+  int errs = diag_count();
+  for (long k = lo; k <= hi; k++) {
+    int mark = c->scope.norder;
+    c->loops[c->nloops++] = (LoopVar){s->name, k};
+    stmts(c, s->body);
+    c->nloops--;
+    /* drop this iteration's local names; keep the renamed ones (depth reset to outer) */
+    for (int i = mark; i < c->scope.norder; i++) {
+      Entry *e = c->scope.order[i];
+      if (e->depth > c->nloops) tab_del(&c->scope, e);
+    }
+    int keep = mark;
+    for (int i = mark; i < c->scope.norder; i++) {
+      Entry *e = c->scope.order[i];
+      if (e->depth <= c->nloops) c->scope.order[keep++] = e;
+    }
+    c->scope.norder = keep;
+    if (diag_count() != errs) break; /* one report per error, not one per iteration */
+  }
+}
+
+static void stmt(Ctx *c, Stmt *s) {
+  c->rest = s->next;
+  switch (s->kind) {
+  case S_ASSIGN: {
+    const char *renamed = loop_rename(c, s->name);
+    int id = eval(c, s->expr);
+    if (renamed) {
+      /* visible after the loop: defined at the block's own depth */
+      int saved = c->nloops;
+      c->nloops = 0;
+      define(c, renamed, s->name_loc, id);
+      c->nloops = saved;
+    } else {
+      define(c, s->name, s->name_loc, id);
+    }
+    return;
+  }
+  case S_SCATTER:
+  case S_PUSH: {
+    const char *what_ = s->kind == S_SCATTER ? "scatter" : "push";
+    if (c->f->kind != F_VERTEX) {
+      error_at(s->loc, "%s() is only allowed in a vertex block", what_);
+      return;
+    }
+    int id = require_row(c, eval(c, s->expr), s->expr, s->kind == S_SCATTER ? "scatter()" : "push()");
+    int *slot = s->kind == S_SCATTER ? &c->scatter : &c->push;
+    Loc *sloc = s->kind == S_SCATTER ? &c->scatter_loc : &c->push_loc;
+    if (*slot != -2) {
+      error_at(s->loc, "%s() given twice in vertex '%s'", what_, c->f->name);
+      note_at(*sloc, "the first %s() is here", what_);
+      return;
+    }
+    *sloc = s->loc;
+    if (id < 0) {
+      *slot = -1;
+      return;
+    }
+    *slot = mk(c, s->kind == S_SCATTER ? OP_SCATTER : OP_PUSH, T_NONE, lin_const(0), s->loc, 1, &id);
+    return;
+  }
+  case S_LOSS: {
+    if (c->f->kind != F_PUSH) {
+      error_at(s->loc, "'loss' is only allowed in the push block");
+      return;
+    }
+    bool xent = !strcmp(s->name, "softmax_xent");
+    if (!xent && strcmp(s->name, "mse")) {
+      error_at(s->name_loc, "unknown loss '%s' (expected softmax_xent or mse)", s->name);
+      return;
+    }
+    c->has_loss = true;
+    if (s->nargs != 2) {
+      error_at(s->name_loc, "'%s' takes 2 arguments, given %d", s->name, s->nargs);
+      return;
+    }
+    int a = require_row(c, eval(c, s->args[0]), s->args[0], s->name);
+    int b = eval(c, s->args[1]);
+    if (a < 0 || b < 0) return;
+    IrNode *y = node(c, b);
+    Lin aw = node(c, a)->width;
+    if (xent) {
+      if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_CLASS) {
+        error_at(s->args[1]->loc, "softmax_xent needs a class input as its target, but %s is %s",
+                 what(s->args[1]), describe(c, b));
+        return;
+      }
+      Lin cw = c->m->inputs[y->ref].width;
+      if (!lin_eq(aw, cw)) {
+        error_at(s->loc, "shape mismatch in softmax_xent: %s is [%s] but '%s' has [%s] classes",
+                 what(s->args[0]), wstr(c, aw), c->m->inputs[y->ref].name, wstr(c, cw));
+        return;
+      }
+    } else {
+      if (y->type != T_ROW) {
+        error_at(s->args[1]->loc, "mse needs a row target (e.g. a real input), but %s is %s",
+                 what(s->args[1]), describe(c, b));
+        return;
+      }
+      if (!lin_eq(aw, y->width)) {
+        error_at(s->loc, "shape mismatch in mse: %s is [%s] but %s is [%s]", what(s->args[0]),
+                 wstr(c, aw), what(s->args[1]), wstr(c, y->width));
+        return;
+      }
+    }
+    int args[2] = {a, b};
+    mk(c, xent ? OP_XENT : OP_MSE, T_NONE, lin_const(0), s->loc, 2, args);
+    return;
+  }
+  case S_FOR: stmt_for(c, s); return;
+  }
+  unreachable();
+}
+
+static void stmts(Ctx *c, Stmt *s) {
+  for (; s; s = s->next) stmt(c, s);
+}
+
+/* Runs one block into a fresh function. */
+static IrFunc *block(Ctx *c, FuncKind kind, const Decl *d, int children) {
+  IrFunc *f = ir_func(kind, kind == F_PULL ? "pull" : kind == F_PUSH ? "push" : d->name, d->loc);
+  f->children = children;
+  c->f = f;
+  tab_free(&c->scope);
+  c->nloops = 0;
+  c->scatter = c->push = -2;
+  c->has_loss = false;
+  for (int i = 0; i < c->m->nparams; i++) c->param_node[i] = -1;
+  for (int i = 0; i < c->m->ninputs; i++) c->input_node[i] = -1;
+  if (kind == F_PUSH) {
+    int id = mk(c, OP_PUSHARG, T_ROW, c->pushed_known ? c->m->pushed : TOP, d->name_loc, 0, NULL);
+    define(c, d->name, d->name_loc, id);
+  }
+  stmts(c, d->body);
+  return f;
+}
+
+/* ---- declarations ---- */
+
+static bool declare(Ctx *c, const char *name, Loc loc, int kind, int index) {
+  Entry *e = tab_get(&c->globals, name);
+  if (e) {
+    error_at(loc, "redefinition of '%s'", name);
+    note_at(e->loc, "previous definition of '%s' was here (%s)", name, sym_what[e->kind]);
+    return false;
+  }
+  e = tab_put(&c->globals, name);
+  e->kind = kind;
+  e->index = index;
+  e->loc = loc;
+  return true;
+}
+
+static void decl_dim(Ctx *c, Decl *d) {
+  Model *m = c->m;
+  if (m->ndims >= CV_MAX_DIMS) {
+    error_at(d->name_loc, "too many dims (at most %d)", CV_MAX_DIMS);
+    return;
+  }
+  if (!declare(c, d->name, d->name_loc, SYM_DIM, m->ndims)) return;
+  Dim *dim = &m->dims[m->ndims++];
+  dim->name = d->name;
+  dim->loc = d->name_loc;
+  dim->kind = DIM_FREE;
+  dim->input = -1;
+  Node *v = d->value;
+  if (!v) return;
+  if (v->kind == N_NUM && v->is_int && v->ival > 0) {
+    dim->kind = DIM_FIXED;
+    dim->value = v->ival;
+  } else if (v->kind == N_CALL && !strcmp(v->name, "vocab") && v->nargs == 1 &&
+             v->args[0]->kind == N_NAME) {
+    dim->kind = DIM_VOCAB;
+    dim->input = -2; /* resolved once every input is declared */
+    dim->value = (long)(intptr_t)v->args[0];
+  } else {
+    error_at(v->loc, "dim '%s' must be a positive integer or vocab(INPUT), not %s", d->name,
+             what(v));
+  }
+}
+
+static void decl_input(Ctx *c, Decl *d) {
+  Model *m = c->m;
+  Node *kn = d->value->a;
+  InputKind kind;
+  if (!strcmp(kn->name, "index")) kind = IN_INDEX;
+  else if (!strcmp(kn->name, "class")) kind = IN_CLASS;
+  else if (!strcmp(kn->name, "real")) kind = IN_REAL;
+  else {
+    error_at(kn->loc, "unknown input kind '%s' (expected index, class or real)", kn->name);
+    return;
+  }
+  Lin w;
+  if (!eval_shape(c, d->value->b, &w)) return;
+  if (!declare(c, d->name, d->name_loc, SYM_INPUT, m->ninputs)) return;
+  m->inputs = vec_grow(m->inputs, &m->capinputs, m->ninputs + 1, sizeof(Input));
+  m->inputs[m->ninputs++] = (Input){.name = d->name, .kind = kind, .width = w, .loc = d->name_loc};
+}
+
+static void decl_param(Ctx *c, Decl *d) {
+  Model *m = c->m;
+  for (ParamItem *it = d->items; it; it = it->next) {
+    Param p = {.name = it->name, .loc = it->loc};
+    if (!eval_shape(c, it->d0, it->d1 ? &p.rows : &p.cols)) continue;
+    if (it->d1 && !eval_shape(c, it->d1, &p.cols)) continue;
+    p.rank = it->d1 ? 2 : 1;
+    p.init = p.rank == 2 ? INIT_XAVIER : INIT_ZEROS;
+    if (it->value) {
+      if (!eval_number(c, it->value, &p.a)) continue;
+      p.init = INIT_CONSTANT;
+    } else if (d->init) {
+      Node *in = d->init;
+      const char *f = in->name;
+      int want = -1;
+      if (!strcmp(f, "xavier")) p.init = INIT_XAVIER, want = 0;
+      else if (!strcmp(f, "zeros")) p.init = INIT_ZEROS, want = 0;
+      else if (!strcmp(f, "constant")) p.init = INIT_CONSTANT, want = 1;
+      else if (!strcmp(f, "uniform")) p.init = INIT_UNIFORM, want = 2;
+      else if (!strcmp(f, "normal")) p.init = INIT_NORMAL, want = 2;
+      if (want < 0) {
+        error_at(in->loc, "unknown initializer '%s' (expected uniform, normal, xavier, constant or zeros)", f);
+        return;
+      }
+      if (in->nargs != want) {
+        error_at(in->loc, "initializer '%s' takes %d argument%s, given %d", f, want,
+                 want == 1 ? "" : "s", in->nargs);
+        return;
+      }
+      if (want >= 1 && !eval_number(c, in->args[0], &p.a)) return;
+      if (want >= 2 && !eval_number(c, in->args[1], &p.b)) return;
+      if (p.init == INIT_UNIFORM && !(p.a < p.b)) {
+        error_at(in->loc, "uniform(%g, %g): the low bound must be below the high bound", p.a, p.b);
+        return;
+      }
+      if (p.init == INIT_NORMAL && !(p.b > 0)) {
+        error_at(in->loc, "normal(%g, %g): the standard deviation must be positive", p.a, p.b);
+        return;
+      }
+      if (p.init == INIT_XAVIER && p.rank != 2) {
+        error_at(in->loc, "xavier needs a matrix, but '%s' is a vector", p.name);
+        return;
+      }
+    }
+    if (!declare(c, it->name, it->loc, SYM_PARAM, m->nparams)) continue;
+    m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
+    m->params[m->nparams++] = p;
+  }
+}
+
+Model *sema(Decl *decls, const char *path) {
+  Ctx ctx = {0};
+  Ctx *c = &ctx;
+  Model *m = arena_alloc(sizeof(Model));
+  c->m = m;
+  m->path = path;
+  Loc top = {1, 1, 1, 1};
+
+  if (!decls) {
+    error_at(top, "no declarations: a model file starts with 'model NAME;'");
+    return m;
+  }
+  /* globals first, in source order; blocks may then use any of them */
+  Decl *pull = NULL, *push = NULL;
+  int nvertex = 0;
+  for (Decl *d = decls; d; d = d->next) {
+    switch (d->kind) {
+    case D_MODEL:
+      if (m->name) {
+        error_at(d->loc, "the model is already named '%s'", m->name);
+        continue;
+      }
+      if (declare(c, d->name, d->name_loc, SYM_MODEL, 0)) m->name = d->name;
+      break;
+    case D_DIM: decl_dim(c, d); break;
+    case D_INPUT: decl_input(c, d); break;
+    case D_PARAM: decl_param(c, d); break;
+    case D_PULL:
+    case D_PUSH: {
+      Decl **slot = d->kind == D_PULL ? &pull : &push;
+      if (*slot) {
+        error_at(d->loc, "a second %s block", d->kind == D_PULL ? "pull" : "push");
+        note_at((*slot)->loc, "the first one is here");
+        continue;
+      }
+      *slot = d;
+      break;
+    }
+    case D_VERTEX:
+      if (declare(c, d->name, d->name_loc, SYM_VERTEX, nvertex)) nvertex++;
+      break;
+    }
+  }
+  if (!m->name) {
+    error_at(decls->loc, "missing 'model NAME;' declaration");
+    m->name = "model";
+  }
+  for (int i = 0; i < m->ndims; i++) {
+    Dim *dim = &m->dims[i];
+    if (dim->kind != DIM_VOCAB) continue;
+    Node *arg = (Node *)(intptr_t)dim->value;
+    dim->value = 0;
+    Entry *e = tab_get(&c->globals, arg->name);
+    if (!e || e->kind != SYM_INPUT || m->inputs[e->index].kind != IN_INDEX) {
+      error_at(arg->loc, "vocab() needs an index input, but '%s' is %s", arg->name,
+               e ? sym_what[e->kind] : "not declared");
+      continue;
+    }
+    dim->input = e->index;
+    if (!lin_eq(m->inputs[e->index].width, lin_dim(i, 1))) {
+      error_at(m->inputs[e->index].loc, "'%s' takes its values from vocab(%s), so it must be index[%s]",
+               dim->name, arg->name, dim->name);
+    }
+  }
+  if (diag_count()) return m;
+
+  c->param_node = arena_alloc(sizeof(int) * (size_t)(m->nparams + 1));
+  c->input_node = arena_alloc(sizeof(int) * (size_t)(m->ninputs + 1));
+
+  if (pull) {
+    m->pull = block(c, F_PULL, pull, 0);
+    for (int i = 0; i < c->scope.norder; i++) {
+      Entry *e = c->scope.order[i];
+      if (e->depth != 0 || e->index < 0) continue;
+      m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
+      m->pulls[m->npulls++] = (PullSlot){e->key, e->index};
+    }
+  }
+
+  /* vertex blocks: children counts, then the trial pass that infers the state width */
+  int *children = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
+  Decl **vdecl = arena_alloc(sizeof(Decl *) * (size_t)(nvertex + 1));
+  int nv = 0;
+  for (Decl *d = decls; d; d = d->next) {
+    if (d->kind != D_VERTEX || tab_get(&c->globals, d->name)->loc.line != d->name_loc.line ||
+        tab_get(&c->globals, d->name)->loc.col != d->name_loc.col)
+      continue;
+    long k = 0;
+    if (!eval_int(c, d->value, &k)) continue;
+    if (k < 0 || k > CV_MAX_CHILDREN) {
+      error_at(d->value->loc, "children must be between 0 and %d, not %ld", CV_MAX_CHILDREN, k);
+      continue;
+    }
+    children[nv] = (int)k;
+    vdecl[nv++] = d;
+  }
+  if (nvertex == 0) {
+    error_at(decls->loc, "the model has no vertex block");
+    return m;
+  }
+  if (diag_count()) return m;
+
+  diag_silence(true);
+  for (int i = 0; i < nv && !c->state_known; i++) {
+    block(c, F_VERTEX, vdecl[i], children[i]);
+    if (c->scatter >= 0) {
+      Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
+      if (!is_top(w)) {
+        m->state = w;
+        c->state_known = true;
+      }
+    }
+  }
+  diag_silence(false);
+
+  m->vertex = arena_alloc(sizeof(IrFunc *) * (size_t)nv);
+  const char *state_by = NULL;
+  Loc state_loc = {0};
+  for (int i = 0; i < nv; i++) {
+    IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
+    m->vertex[m->nvertex++] = f;
+    if (c->scatter == -2) {
+      error_at(vdecl[i]->name_loc, "vertex '%s' never calls scatter()", f->name);
+    } else if (c->scatter >= 0) {
+      Lin w = f->nodes[f->nodes[c->scatter].args[0]].width;
+      if (!c->state_known) {
+        error_at(c->scatter_loc, "cannot tell the width of the state that '%s' scatters; "
+                 "scatter a value of known width (e.g. a slice or a product)", f->name);
+      } else if (!lin_eq(w, m->state)) {
+        error_at(c->scatter_loc, "scatter() width differs between vertex blocks: '%s' scatters [%s] "
+                 "but the state is [%s]", f->name, wstr(c, w), wstr(c, m->state));
+      } else if (!state_by) {
+        state_by = f->name;
+        state_loc = c->scatter_loc;
+      }
+    }
+    if (c->push >= 0) {
+      Lin w = f->nodes[f->nodes[c->push].args[0]].width;
+      if (!push) {
+        error_at(c->push_loc, "push() but the model has no push block");
+      } else if (!c->pushed_known) {
+        m->pushed = w;
+        c->pushed_known = true;
+        c->pushed_loc = c->push_loc;
+        c->pushed_by = f->name;
+      } else if (!lin_eq(w, m->pushed)) {
+        error_at(c->push_loc, "push() width differs between vertex blocks: '%s' pushes [%s]", f->name,
+                 wstr(c, w));
+        note_at(c->pushed_loc, "but '%s' pushes [%s]", c->pushed_by, wstr(c, m->pushed));
+      }
+    }
+  }
+  (void)state_loc;
+  if (push) {
+    if (!c->pushed_known && diag_count() == 0) {
+      error_at(push->loc, "the push block is never fed: no vertex block calls push()");
+      return m;
+    }
+    m->push = block(c, F_PUSH, push, 0);
+    if (!c->has_loss) error_at(push->loc, "the push block has no 'loss' statement");
+  }
+  tab_free(&c->scope);
+  tab_free(&c->globals);
+  return m;
+}
