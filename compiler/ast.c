@@ -8,9 +8,12 @@ static int max2(int a, int b) { return a > b ? a : b; }
 /* Every constructor bounds the height of the tree, so the recursive passes after the
  * parser never run deeper than CV_MAX_NEST, whatever the input. */
 static void check_depth(Node *n) {
+  static bool reported;
   if (n->depth > CV_MAX_NEST) {
-    error_at(n->loc, "expression nested too deeply (more than %d levels)", CV_MAX_NEST);
-    n->depth = 1; /* reported once per offending subtree */
+    /* once is enough: the parse fails and no later pass sees the tree */
+    if (!reported) error_at(n->loc, "expression nested too deeply (more than %d levels)", CV_MAX_NEST);
+    reported = true;
+    n->depth = CV_MAX_NEST;
     n->a = n->b = n->c = NULL;
     n->kind = N_NUM;
     n->num = 0;
@@ -43,12 +46,15 @@ Node *ast_unary(NodeKind kind, Node *a, Loc loc) {
   return n;
 }
 
-/* Arguments are few; growing the array by one each time keeps Node small. */
 void ast_push_arg(Node *call, Node *arg) {
-  Node **args = arena_alloc(sizeof(Node *) * (size_t)(call->nargs + 1));
-  for (int i = 0; i < call->nargs; i++) args[i] = call->args[i];
-  args[call->nargs++] = arg;
-  call->args = args;
+  if (call->nargs == call->capargs) {
+    int cap = call->capargs ? call->capargs * 2 : 4;
+    Node **args = arena_alloc(sizeof(Node *) * (size_t)cap);
+    for (int i = 0; i < call->nargs; i++) args[i] = call->args[i];
+    call->args = args;
+    call->capargs = cap;
+  }
+  call->args[call->nargs++] = arg;
   call->depth = max2(call->depth, arg->depth + 1);
   check_depth(call);
 }

@@ -17,7 +17,8 @@ enum {
   CV_MAX_NEST = 256,      /* expression / bracket nesting */
   CV_MAX_ERRORS = 20,     /* stop reporting after this many */
   CV_MAX_UNROLL = 65536,  /* iterations of one `for` */
-  CV_MAX_NODES = 4000000, /* IR nodes of one function after unrolling */
+  CV_MAX_UNROLLED = 1000000, /* iterations of all loops of one block together */
+  CV_MAX_NODES = 2000000, /* IR nodes of one function after unrolling */
 };
 
 /* ---- diag.c: source positions, diagnostics, arena ---- */
@@ -77,7 +78,7 @@ struct Node {
   bool is_int;
   Node *a, *b, *c;
   Node **args;
-  int nargs;
+  int nargs, capargs;
   int depth; /* height of this subtree, bounded by CV_MAX_NEST */
 };
 
@@ -180,6 +181,18 @@ typedef enum {
   T_INPUT,  /* reference to an input */
 } Type;
 
+/* Where a value (or its gradient) lives, decided by plan.c: row r of it starts at
+ * base[buf] + r * ld + off. */
+typedef enum { PL_NONE, PL_ROW, PL_PARAM, PL_INPUT, PL_REG } PlaceKind;
+typedef struct Place {
+  PlaceKind kind; /* PL_ROW: per-row buffer; PL_PARAM: param group; PL_INPUT: real input;
+                     PL_REG: lives only inside its fused loop */
+  int buf;
+  Lin off, ld;
+} Place;
+
+typedef enum { CLS_EAGER, CLS_PATH, CLS_LAZY } Class;
+
 typedef struct IrNode {
   Op op;
   Type type;
@@ -191,7 +204,43 @@ typedef struct IrNode {
   Lin lo, hi;    /* OP_SLICE */
   const char *name; /* the .vf name bound to it, if any */
   Loc loc;
+  /* filled by the passes after sema */
+  Class cls;     /* classify.c */
+  bool dep_gather, feeds_scatter;
+  bool grad;     /* autodiff.c: a gradient flows to this node */
+  int uses;      /* number of operand slots that read it */
+  int group;     /* fuse.c: elementwise group, or -1 */
+  int mm;        /* fuse.c: merged matrix product this MATMUL belongs to, or -1 */
+  int unit;      /* plan.c: the execution unit that computes it */
+  Place val, dval; /* plan.c */
 } IrNode;
+
+/* A fused elementwise group: one loop. Members in topological order. */
+typedef struct Group {
+  int *members;
+  int n;
+  Lin width;
+  Class cls;
+} Group;
+
+/* Matrix products with one left operand, merged into one product against adjacent
+ * parameter columns. */
+typedef struct MatMerge {
+  int left;     /* node of the shared left operand */
+  int *members; /* MATMUL nodes, in column order */
+  int n;
+  Lin cols;     /* total */
+  Class cls;
+} MatMerge;
+
+/* One step of a function's schedule: an elementwise group, a merged product, or a
+ * single node with its own code. */
+typedef enum { U_GROUP, U_MATMUL, U_NODE } UnitKind;
+typedef struct Unit {
+  UnitKind kind;
+  int index; /* group, merge or node */
+  Class cls;
+} Unit;
 
 typedef enum { F_PULL, F_VERTEX, F_PUSH } FuncKind;
 
@@ -202,6 +251,14 @@ typedef struct IrFunc {
   IrNode *nodes;
   int n, cap;
   Loc loc;
+  int index;    /* vertex type index (F_VERTEX) */
+  Group *groups;
+  int ngroups;
+  MatMerge *merges;
+  int nmerges;
+  Unit *units;  /* in execution order */
+  int nunits;
+  bool pushes;
 } IrFunc;
 
 typedef enum { DIM_FIXED, DIM_VOCAB, DIM_FREE } DimKind;
@@ -230,7 +287,21 @@ typedef struct Param {
   InitKind init;
   double a, b;
   Loc loc;
+  int pgroup;  /* plan.c: the storage block it lives in */
+  Lin col_off; /* its first column there */
 } Param;
+
+/* Parameter storage: params merged by fuse.c sit side by side in one row-major block. */
+typedef struct PGroup {
+  Lin rows, cols;
+} PGroup;
+
+/* A per-row buffer: [rows of the minibatch, width]. */
+typedef struct Buf {
+  const char *name;
+  Lin width;
+  bool grad;
+} Buf;
 
 typedef struct PullSlot {
   const char *name;
@@ -254,6 +325,13 @@ typedef struct Model {
   int npulls, cappulls;
   Lin state;     /* width every vertex function scatters */
   Lin pushed;    /* width every push() hands over */
+  /* plan.c */
+  PGroup *pgroups;
+  int npgroups, cappgroups;
+  Buf *bufs;
+  int nbufs, capbufs;
+  int state_buf, push_buf;
+  int *pull_buf; /* per pull slot: the buffer holding it */
 } Model;
 
 IrFunc *ir_func(FuncKind kind, const char *name, Loc loc);
@@ -268,10 +346,31 @@ Lin lin_sub(Lin a, Lin b); /* may have negative coefficients; check with lin_le 
 /* Writes `2H+E` style text into buf. */
 const char *lin_str(const Model *m, Lin a, char *buf, size_t size);
 void ir_check(const Model *m);
+/* The model's functions in execution order: pull, vertex blocks, push. */
+IrFunc **model_funcs(const Model *m, int *n);
 void ir_print(FILE *out, const Model *m);
 
 /* ---- sema.c: names, shapes, unrolling; builds the IR ---- */
 
 Model *sema(Decl *decls, const char *path);
+
+/* ---- the passes after sema, in pipeline order ---- */
+
+void autodiff(Model *m);  /* which nodes receive a gradient (the rules are in ops.def) */
+void classify(Model *m);  /* eager | path | lazy for every node */
+void fuse(Model *m);      /* elementwise groups (union-find), merged matrix products */
+void plan(Model *m);      /* buffers, placements, units in execution order */
+void report(FILE *out, const Model *m); /* `cavsc --report` */
+void ad_print(FILE *out, const Model *m); /* `cavsc --dump=ad` */
+const char *cls_name(Class c);
+
+typedef enum { PREC_FLOAT, PREC_DOUBLE } Precision;
+typedef struct EmitOpts {
+  Precision prec;
+  const char *cmdline;
+  const char *source_name; /* as given on the command line */
+} EmitOpts;
+/* Writes the C header and source into memory streams. */
+void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c);
 
 #endif

@@ -91,6 +91,16 @@ int ir_add(IrFunc *f, IrNode node) {
   return f->n++;
 }
 
+IrFunc **model_funcs(const Model *m, int *n) {
+  IrFunc **fs = arena_alloc(sizeof(IrFunc *) * (size_t)(m->nvertex + 2));
+  int k = 0;
+  if (m->pull) fs[k++] = m->pull;
+  for (int i = 0; i < m->nvertex; i++) fs[k++] = m->vertex[i];
+  if (m->push) fs[k++] = m->push;
+  *n = k;
+  return fs;
+}
+
 /* ---- verifier: the invariants every pass relies on ---- */
 
 static void check_func(const Model *m, const IrFunc *f) {

@@ -36,6 +36,9 @@ struct LexState {
   Loc *braces;    /* open { */
   int nbraces, capbraces;
   Loc comment;    /* start of the comment being skipped */
+  Loc cur, prev;  /* the last two tokens */
+  int cur_tok, prev_tok;
+  int lex_error_line; /* line of the last lexical error: syntax errors there are noise */
   bool fatal;
 };
 
@@ -244,13 +247,41 @@ static const char *token_name(yysymbol_kind_t s) {
   return n;
 }
 
+static bool is_keyword(yysymbol_kind_t s) {
+  return s >= YYSYMBOL_MODEL && s <= YYSYMBOL_IN;
+}
+
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
                                  struct ParseOut *out) {
   (void)out;
-  if (yyget_extra(scanner)->fatal) return 0;
+  struct LexState *ls = yyget_extra(scanner);
+  if (ls->fatal) return 0;
   yysymbol_kind_t la = yypcontext_token(ctx);
+  Loc at = *yypcontext_location(ctx);
+  if (ls->lex_error_line && at.line == ls->lex_error_line) return 0;
   yysymbol_kind_t exp[YYNTOKENS];
   int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
+  bool want_semi = false, want_ident = false;
+  for (int i = 0; i < n; i++) {
+    want_semi |= !strcmp(yysymbol_name(exp[i]), "';'");
+    want_ident |= exp[i] == YYSYMBOL_IDENT;
+  }
+  /* a keyword where a name belongs: `loss = ...`, `input = ...` */
+  if (is_keyword(la) && want_ident) {
+    error_at(at, "'%s' is a keyword and cannot be used as a name", token_name(la));
+    return 0;
+  }
+  if (ls->prev_tok >= VF_MODEL && ls->prev_tok <= VF_IN && want_ident && ls->cur_tok == '=') {
+    error_at(ls->prev, "'%.20s' is a keyword and cannot be used as a name",
+             token_name((yysymbol_kind_t)(YYSYMBOL_MODEL + (ls->prev_tok - VF_MODEL))));
+    return 0;
+  }
+  /* a statement that ends at a line break without its ';' */
+  if (want_semi && la != YYSYMBOL_YYEOF && at.line > ls->prev.eline) {
+    Loc end = {ls->prev.eline, ls->prev.ecol, ls->prev.eline, ls->prev.ecol};
+    error_at(end, "expected ';' at the end of this line");
+    return 0;
+  }
   char buf[512];
   size_t len = 0;
   if (la == YYSYMBOL_YYEOF) {
@@ -260,6 +291,8 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
     const char *text = yyget_text(scanner);
     len += (size_t)snprintf(buf + len, sizeof buf - len, "unexpected %s '%.40s'",
                             token_name(la), text);
+  } else if (is_keyword(la)) {
+    len += (size_t)snprintf(buf + len, sizeof buf - len, "unexpected keyword '%s'", token_name(la));
   } else {
     len += (size_t)snprintf(buf + len, sizeof buf - len, "unexpected %s", token_name(la));
   }
@@ -270,6 +303,6 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
       len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s", sep, token_name(exp[i]));
     }
   }
-  error_at(*yypcontext_location(ctx), "%s", buf);
+  error_at(at, "%s", buf);
   return 0;
 }

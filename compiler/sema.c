@@ -95,6 +95,8 @@ typedef struct LoopVar {
 
 typedef struct Ctx {
   Model *m;
+  Decl *decls;
+  long unrolled; /* statements and terms produced by loops in this block */
   Table globals;
   /* current block */
   IrFunc *f;
@@ -108,6 +110,8 @@ typedef struct Ctx {
   Loc push_loc;
   bool has_loss;
   Stmt *rest; /* statements after the current one, to tell "used before definition" */
+  int *cse;   /* open-addressing table of node ids, for common subexpressions */
+  int ncse, capcse;
   /* model-wide */
   bool state_known, pushed_known;
   Loc pushed_loc;
@@ -139,29 +143,90 @@ static bool unify(Lin a, Lin b, Lin *out) {
 
 /* ---- IR construction ---- */
 
+static unsigned node_hash(const IrNode *n) {
+  unsigned h = 2166136261u;
+#define MIX(v) h = (h ^ (unsigned)(v)) * 16777619u
+  MIX(n->op);
+  MIX(n->ref);
+  MIX(n->nargs);
+  for (int i = 0; i < n->nargs; i++) MIX(n->args[i]);
+  uint64_t bits;
+  memcpy(&bits, &n->cval, sizeof bits);
+  MIX(bits);
+  MIX(bits >> 32);
+  MIX(n->lo.k);
+  MIX(n->hi.k);
+#undef MIX
+  return h;
+}
+
+static bool node_same(const IrNode *a, const IrNode *b) {
+  if (a->op != b->op || a->ref != b->ref || a->nargs != b->nargs || a->type != b->type ||
+      !lin_eq(a->width, b->width) || !lin_eq(a->lo, b->lo) || !lin_eq(a->hi, b->hi) ||
+      memcmp(&a->cval, &b->cval, sizeof a->cval))
+    return false;
+  for (int i = 0; i < a->nargs; i++)
+    if (a->args[i] != b->args[i]) return false;
+  return true;
+}
+
+/* Adds a node, or returns the existing node that computes the same value: `x @ Wf`
+ * written once per forget gate is computed once. Statements (scatter, push, loss) are
+ * never merged. */
+static int add_node(Ctx *c, IrNode n) {
+  bool pure = n.type != T_NONE;
+  if (pure && c->ncse * 2 >= c->capcse) {
+    int cap = c->capcse ? c->capcse * 2 : 256;
+    int *t = malloc(sizeof(int) * (size_t)cap);
+    if (!t) internal_error(__FILE__, __LINE__, "out of memory");
+    for (int i = 0; i < cap; i++) t[i] = -1;
+    for (int i = 0; i < c->capcse; i++) {
+      if (c->cse[i] < 0) continue;
+      unsigned h = node_hash(&c->f->nodes[c->cse[i]]) & (unsigned)(cap - 1);
+      while (t[h] >= 0) h = (h + 1) & (unsigned)(cap - 1);
+      t[h] = c->cse[i];
+    }
+    free(c->cse);
+    c->cse = t;
+    c->capcse = cap;
+  }
+  unsigned h = 0;
+  if (pure) {
+    h = node_hash(&n) & (unsigned)(c->capcse - 1);
+    for (; c->cse[h] >= 0; h = (h + 1) & (unsigned)(c->capcse - 1))
+      if (node_same(&c->f->nodes[c->cse[h]], &n)) return c->cse[h];
+  }
+  int id = ir_add(c->f, n);
+  if (pure && id >= 0) {
+    c->cse[h] = id;
+    c->ncse++;
+  }
+  return id;
+}
+
 static int mk(Ctx *c, Op op, Type type, Lin width, Loc loc, int nargs, const int *args) {
   IrNode n = {.op = op, .type = type, .width = width, .nargs = nargs, .loc = loc};
   if (nargs) {
     n.args = arena_alloc(sizeof(int) * (size_t)nargs);
     memcpy(n.args, args, sizeof(int) * (size_t)nargs);
   }
-  return ir_add(c->f, n);
+  return add_node(c, n);
 }
+
+/* Nodes whose identity depends on a field set after mk() go through here instead. */
+static int mk_with(Ctx *c, IrNode n) { return add_node(c, n); }
 
 static IrNode *node(Ctx *c, int id) { return &c->f->nodes[id]; }
 
 static int mk_const(Ctx *c, double v, Loc loc) {
-  int id = mk(c, OP_CONST, T_SCALAR, lin_const(0), loc, 0, NULL);
-  if (id >= 0) node(c, id)->cval = v;
-  return id;
+  return mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = v, .loc = loc});
 }
 
 static int ref_param(Ctx *c, int p, Loc loc) {
   if (c->param_node[p] < 0) {
-    int id = mk(c, OP_PARAM, T_PARAM, lin_const(0), loc, 0, NULL);
+    int id = mk_with(c, (IrNode){.op = OP_PARAM, .type = T_PARAM, .ref = p, .loc = loc,
+                                 .name = c->m->params[p].name});
     if (id < 0) return -1;
-    node(c, id)->ref = p;
-    node(c, id)->name = c->m->params[p].name;
     c->param_node[p] = id;
   }
   return c->param_node[p];
@@ -171,10 +236,9 @@ static int ref_input(Ctx *c, int i, Loc loc) {
   if (c->input_node[i] < 0) {
     Input *in = &c->m->inputs[i];
     Type t = in->kind == IN_REAL ? T_ROW : T_INPUT;
-    int id = mk(c, OP_INPUT, t, in->kind == IN_REAL ? in->width : lin_const(0), loc, 0, NULL);
+    int id = mk_with(c, (IrNode){.op = OP_INPUT, .type = t, .ref = i, .loc = loc, .name = in->name,
+                                 .width = in->kind == IN_REAL ? in->width : lin_const(0)});
     if (id < 0) return -1;
-    node(c, id)->ref = i;
-    node(c, id)->name = in->name;
     c->input_node[i] = id;
   }
   return c->input_node[i];
@@ -220,6 +284,15 @@ static bool eval_int(Ctx *c, const Node *n, long *out) {
   return false;
 }
 
+/* Keeps coefficients far from int32 overflow (a width of 2^24 floats is already 64 MB
+ * a row). */
+static bool lin_in_range(Ctx *c, const Node *n, Lin l) {
+  bool ok = labs((long)l.k) <= (1L << 24);
+  for (int i = 0; i < CV_MAX_DIMS; i++) ok = ok && labs((long)l.c[i]) <= (1L << 24);
+  if (!ok) error_at(n->loc, "dim expression %s is too large", what(n));
+  return ok;
+}
+
 /* A dim expression: a linear form over the declared dims. The caller decides whether
  * it must be positive (shapes) or only non-negative (slice bounds). */
 static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
@@ -244,6 +317,12 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
     }
     Entry *e = tab_get(&c->globals, n->name);
     if (!e) {
+      for (Decl *d = c->decls; d; d = d->next)
+        if (d->kind == D_DIM && !strcmp(d->name, n->name)) {
+          error_at(n->loc, "dim '%s' is used before its declaration", n->name);
+          note_at(d->name_loc, "'%s' is declared here", n->name);
+          return false;
+        }
       error_at(n->loc, "unknown dim '%s'", n->name);
       return false;
     }
@@ -252,7 +331,7 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
       return false;
     }
     *out = lin_dim(e->index, n->kind == N_DIMTERM ? n->ival : 1);
-    return true;
+    return lin_in_range(c, n, *out);
   }
   case N_NEG:
     if (!eval_lin(c, n->a, &a)) return false;
@@ -261,8 +340,9 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
   case N_BINARY:
     if (n->op == '+' || n->op == '-') {
       if (!eval_lin(c, n->a, &a) || !eval_lin(c, n->b, &b)) return false;
+      if (!lin_in_range(c, n->a, a) || !lin_in_range(c, n->b, b)) return false;
       *out = n->op == '+' ? lin_add(a, b) : lin_sub(a, b);
-      return true;
+      return lin_in_range(c, n, *out);
     }
     if (n->op == '*') {
       /* one side must be an integer constant */
@@ -277,6 +357,10 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
         return false;
       }
       if (!eval_int(c, kn, &k) || !eval_lin(c, ln, &a)) return false;
+      if (labs(k) > (1L << 24) || !lin_in_range(c, ln, a)) {
+        error_at(n->loc, "dim expression %s is too large", what(n));
+        return false;
+      }
       Lin r = lin_const(0);
       r.k = (int32_t)(a.k * k);
       for (int i = 0; i < CV_MAX_DIMS; i++) r.c[i] = (int32_t)(a.c[i] * k);
@@ -418,15 +502,16 @@ static double fold(Op op, double a, double b) {
   }
 }
 
-/* Names the kind of a non-row operand in a message. */
+/* Names the kind of an operand in a message; the caller quotes the name itself. */
 static const char *describe(Ctx *c, int id) {
   IrNode *x = node(c, id);
   if (x->type == T_PARAM) {
     Param *p = &c->m->params[x->ref];
-    if (p->rank == 2) return arena_printf("the matrix '%s' [%s,%s]", p->name, wstr(c, p->rows), wstr(c, p->cols));
-    return arena_printf("the vector '%s' [%s]", p->name, wstr(c, p->cols));
+    if (p->rank == 2) return arena_printf("a param matrix [%s,%s]", wstr(c, p->rows), wstr(c, p->cols));
+    return arena_printf("a param vector [%s]", wstr(c, p->cols));
   }
-  if (x->type == T_INPUT) return arena_printf("the %s input '%s'", c->m->inputs[x->ref].kind == IN_INDEX ? "index" : "class", c->m->inputs[x->ref].name);
+  if (x->type == T_INPUT)
+    return c->m->inputs[x->ref].kind == IN_INDEX ? "an index input" : "a class input";
   if (x->type == T_SCALAR) return "a scalar";
   return arena_printf("a row [%s]", wstr(c, x->width));
 }
@@ -445,8 +530,12 @@ static int elementwise2(Ctx *c, Op op, int a, int b, const Node *n, const Node *
   for (int i = 0; i < 2; i++) {
     const IrNode *o = ops[i];
     if (o->type == T_INPUT) {
-      error_at(srcs[i]->loc, "%s is %s; it selects rows (e.g. emb[%s]) and is not a value",
-               what(srcs[i]), describe(c, (int)(o - c->f->nodes)), c->m->inputs[o->ref].name);
+      if (c->m->inputs[o->ref].kind == IN_INDEX)
+        error_at(srcs[i]->loc, "%s is an index input: it selects rows (e.g. emb[%s]) and is not a value",
+                 what(srcs[i]), c->m->inputs[o->ref].name);
+      else
+        error_at(srcs[i]->loc, "%s is a class input: it is a loss target (softmax_xent) and not a value",
+                 what(srcs[i]));
       return -1;
     }
     if (o->type == T_PARAM && c->m->params[o->ref].rank == 2) {
@@ -541,6 +630,10 @@ static int eval_sumfor(Ctx *c, const Node *n) {
   int acc = -1;
   bool bad = false;
   for (long k = lo; k <= hi; k++) {
+    if (++c->unrolled > CV_MAX_UNROLLED) {
+      error_at(n->loc, "loops unroll to more than %d iterations in all", CV_MAX_UNROLLED);
+      return -1;
+    }
     c->loops[c->nloops++] = (LoopVar){n->name, k};
     int t = eval(c, n->c);
     c->nloops--;
@@ -621,9 +714,8 @@ static int eval_call(Ctx *c, const Node *n) {
                  c->f->name, c->f->children, c->f->children - 1);
       return -1;
     }
-    int id = mk(c, OP_GATHER, T_ROW, c->state_known ? c->m->state : TOP, n->loc, 0, NULL);
-    if (id >= 0) node(c, id)->ref = (int)k;
-    return id;
+    return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc,
+                               .width = c->state_known ? c->m->state : TOP});
   }
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
@@ -662,9 +754,8 @@ static int eval_pull(Ctx *c, const Node *n) {
     error_at(n->loc, "pull value '%s' is not a per-vertex row", c->m->pulls[slot].name);
     return -1;
   }
-  int id = mk(c, OP_PULL, T_ROW, src->width, n->loc, 0, NULL);
-  if (id >= 0) node(c, id)->ref = slot;
-  return id;
+  return mk_with(c, (IrNode){.op = OP_PULL, .type = T_ROW, .ref = slot, .width = src->width,
+                             .loc = n->loc});
 }
 
 static int eval(Ctx *c, const Node *n) {
@@ -699,18 +790,24 @@ static int eval(Ctx *c, const Node *n) {
     Lin lo, hi;
     if (!eval_lin(c, n->b, &lo) || !eval_lin(c, n->c, &hi) || a < 0) return -1;
     Lin w = node(c, a)->width;
-    if (!lin_le(lin_const(0), lo) || !lin_le(lo, hi) || lin_eq(lo, hi) ||
+    if (lin_eq(lo, hi)) {
+      error_at(n->loc, "empty slice [%s:%s]: the end must be past the start", wstr(c, lo), wstr(c, hi));
+      return -1;
+    }
+    if (lin_le(hi, lo)) {
+      error_at(n->loc, "slice [%s:%s] ends before it starts", wstr(c, lo), wstr(c, hi));
+      return -1;
+    }
+    if (!lin_le(lin_const(0), lo) || !lin_le(lo, hi) ||
         (!is_top(w) && !lin_le(hi, w))) {
       error_at(n->loc, "slice [%s:%s] is out of range for %s of width [%s]", wstr(c, lo),
                wstr(c, hi), what(n->a), wstr(c, w));
       return -1;
     }
-    int id = mk(c, OP_SLICE, T_ROW, lin_sub(hi, lo), n->loc, 1, &a);
-    if (id >= 0) {
-      node(c, id)->lo = lo;
-      node(c, id)->hi = hi;
-    }
-    return id;
+    int *args = arena_alloc(sizeof(int));
+    args[0] = a;
+    return mk_with(c, (IrNode){.op = OP_SLICE, .type = T_ROW, .width = lin_sub(hi, lo), .nargs = 1,
+                               .args = args, .lo = lo, .hi = hi, .loc = n->loc});
   }
   case N_INDEX: {
     int a = eval(c, n->a), b = eval(c, n->b);
@@ -796,6 +893,10 @@ static void stmt_for(Ctx *c, Stmt *s) {
   }
   int errs = diag_count();
   for (long k = lo; k <= hi; k++) {
+    if (++c->unrolled > CV_MAX_UNROLLED) {
+      error_at(s->loc, "loops unroll to more than %d iterations in all", CV_MAX_UNROLLED);
+      return;
+    }
     int mark = c->scope.norder;
     c->loops[c->nloops++] = (LoopVar){s->name, k};
     stmts(c, s->body);
@@ -861,6 +962,7 @@ static void stmt(Ctx *c, Stmt *s) {
       return;
     }
     bool xent = !strcmp(s->name, "softmax_xent");
+    c->has_loss = true;
     if (!xent && strcmp(s->name, "mse")) {
       error_at(s->name_loc, "unknown loss '%s' (expected softmax_xent or mse)", s->name);
       return;
@@ -921,6 +1023,10 @@ static IrFunc *block(Ctx *c, FuncKind kind, const Decl *d, int children) {
   c->nloops = 0;
   c->scatter = c->push = -2;
   c->has_loss = false;
+  c->unrolled = 0;
+  free(c->cse);
+  c->cse = NULL;
+  c->ncse = c->capcse = 0;
   for (int i = 0; i < c->m->nparams; i++) c->param_node[i] = -1;
   for (int i = 0; i < c->m->ninputs; i++) c->input_node[i] = -1;
   if (kind == F_PUSH) {
@@ -1046,6 +1152,7 @@ static void decl_param(Ctx *c, Decl *d) {
 Model *sema(Decl *decls, const char *path) {
   Ctx ctx = {0};
   Ctx *c = &ctx;
+  c->decls = decls;
   Model *m = arena_alloc(sizeof(Model));
   c->m = m;
   m->path = path;
@@ -1097,8 +1204,10 @@ Model *sema(Decl *decls, const char *path) {
     dim->value = 0;
     Entry *e = tab_get(&c->globals, arg->name);
     if (!e || e->kind != SYM_INPUT || m->inputs[e->index].kind != IN_INDEX) {
-      error_at(arg->loc, "vocab() needs an index input, but '%s' is %s", arg->name,
-               e ? sym_what[e->kind] : "not declared");
+      const char *is = !e ? "not declared"
+                       : e->kind != SYM_INPUT ? sym_what[e->kind]
+                       : m->inputs[e->index].kind == IN_CLASS ? "a class input" : "a real input";
+      error_at(arg->loc, "vocab() needs an index input, but '%s' is %s", arg->name, is);
       continue;
     }
     dim->input = e->index;
@@ -1172,8 +1281,10 @@ Model *sema(Decl *decls, const char *path) {
         error_at(c->scatter_loc, "cannot tell the width of the state that '%s' scatters; "
                  "scatter a value of known width (e.g. a slice or a product)", f->name);
       } else if (!lin_eq(w, m->state)) {
-        error_at(c->scatter_loc, "scatter() width differs between vertex blocks: '%s' scatters [%s] "
-                 "but the state is [%s]", f->name, wstr(c, w), wstr(c, m->state));
+        error_at(c->scatter_loc, "scatter() width differs between vertex blocks: '%s' scatters [%s]",
+                 f->name, wstr(c, w));
+        if (state_by) note_at(state_loc, "but '%s' scatters [%s]", state_by, wstr(c, m->state));
+        else note_at(vdecl[0]->name_loc, "children read the state as [%s] here and in other blocks", wstr(c, m->state));
       } else if (!state_by) {
         state_by = f->name;
         state_loc = c->scatter_loc;
@@ -1196,6 +1307,7 @@ Model *sema(Decl *decls, const char *path) {
     }
   }
   (void)state_loc;
+  if (diag_count()) return m; /* the push block's width depends on the vertex blocks */
   if (push) {
     if (!c->pushed_known && diag_count() == 0) {
       error_at(push->loc, "the push block is never fed: no vertex block calls push()");

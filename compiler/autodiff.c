@@ -1,0 +1,150 @@
+/* autodiff.c: symbolic differentiation, at compile time. The derivative of every op is
+ * a rule in ops.def (DA, DB for elementwise ops; the structural ops' rules are the duals
+ * listed below); this pass decides which nodes are live and which receive a gradient,
+ * and --dump=ad prints, for every node in reverse order, the gradient statements the
+ * emitters produce from those rules.
+ *
+ *   y = a @ W        da += dy @ W^T (in y's phase); dW += a^T dy (over all rows, lazily)
+ *   y = W[idx]       dW[idx] += dy   (a sparse row update)
+ *   y = concat(a..)  da += dy[:, off:off+w]   (free when `a` is placed inside y)
+ *   y = s[lo:hi]     ds[:, lo:hi] += dy       (a view: free)
+ *   y = gather(k)    dstate[child k] += dy    (gradients meet at a child by +=, so a
+ *                                              vertex with several parents is right)
+ *   scatter(x)       dx += dstate[this row]
+ *   y = pull()       dpull[row] += dy;   push(x): dx += dpush[row]
+ *   loss softmax_xent(z, t)   dz = (softmax(z) - onehot(t)) / labeled rows
+ *   loss mse(p, t)            dp = 2 (p - t) / (rows * width)
+ */
+#include "cavsc.h"
+
+#include <string.h>
+
+static void liveness(IrFunc *f) {
+  for (int i = f->n - 1; i >= 0; i--) {
+    IrNode *n = &f->nodes[i];
+    bool sink = n->type == T_NONE;
+    if (!sink && n->uses == 0) continue;
+    for (int j = 0; j < n->nargs; j++) f->nodes[n->args[j]].uses++;
+  }
+}
+
+/* Gradients flow to nodes that depend on something trainable or on another vertex. */
+static void gradients(const Model *m, IrFunc *f) {
+  for (int i = 0; i < f->n; i++) {
+    IrNode *n = &f->nodes[i];
+    switch (n->op) {
+    case OP_PARAM:
+    case OP_GATHER:
+    case OP_PUSHARG: n->grad = true; break;
+    case OP_PULL: n->grad = m->pull->nodes[m->pulls[n->ref].node].grad; break;
+    case OP_CONST:
+    case OP_INPUT: n->grad = false; break;
+    default:
+      if (n->type != T_ROW) break;
+      for (int j = 0; j < n->nargs; j++)
+        if (f->nodes[n->args[j]].grad) n->grad = true;
+      break;
+    }
+  }
+}
+
+void autodiff(Model *m) {
+  if (m->pull) gradients(m, m->pull);
+  for (int i = 0; i < m->nvertex; i++) {
+    liveness(m->vertex[i]);
+    gradients(m, m->vertex[i]);
+  }
+  if (m->push) {
+    liveness(m->push);
+    gradients(m, m->push);
+  }
+  /* the pull block has no sinks of its own: its values live when a vertex reads them */
+  if (m->pull) {
+    for (int v = 0; v < m->nvertex; v++)
+      for (int i = 0; i < m->vertex[v]->n; i++) {
+        const IrNode *n = &m->vertex[v]->nodes[i];
+        if (n->op == OP_PULL && n->uses) m->pull->nodes[m->pulls[n->ref].node].uses++;
+      }
+    liveness(m->pull);
+  }
+}
+
+/* Substitutes g, y, a, b in a derivative rule with the given operand texts. */
+const char *ad_rule(const char *rule, const char *g, const char *y, const char *a, const char *b) {
+  char out[1024];
+  size_t len = 0;
+  for (const char *p = rule; *p && len < sizeof out - 64; p++) {
+    bool word = (p == rule || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'))) &&
+                !(p[1] == '_' || (p[1] >= 'a' && p[1] <= 'z') || (p[1] >= '0' && p[1] <= '9'));
+    const char *sub = NULL;
+    if (word && *p == 'g') sub = g;
+    else if (word && *p == 'y') sub = y;
+    else if (word && *p == 'a') sub = a;
+    else if (word && *p == 'b') sub = b;
+    if (sub) len += (size_t)snprintf(out + len, sizeof out - len, "%s", sub);
+    else out[len++] = *p;
+  }
+  out[len] = 0;
+  return arena_strdup(out);
+}
+
+static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
+  char lo[64], hi[64];
+  if (f->kind == F_VERTEX) fprintf(out, "\nfunc vertex %s: backward\n", f->name);
+  else fprintf(out, "\nfunc %s: backward\n", f->kind == F_PULL ? "pull" : "push");
+  for (int i = f->n - 1; i >= 0; i--) {
+    const IrNode *n = &f->nodes[i];
+    if (n->uses == 0 && n->type != T_NONE) continue;
+    const OpInfo *oi = &op_info[n->op];
+    char g[32], y[32], a[32], b[32];
+    snprintf(g, sizeof g, "d%%%d", i);
+    snprintf(y, sizeof y, "%%%d", i);
+    if (n->nargs > 0) snprintf(a, sizeof a, "%%%d", n->args[0]);
+    if (n->nargs > 1) snprintf(b, sizeof b, "%%%d", n->args[1]);
+    const IrNode *na = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+    const IrNode *nb = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+    switch (oi->kind) {
+    case OK_EW:
+      if (!n->grad) break;
+      if (na->grad) fprintf(out, "  d%s += %s\n", a, ad_rule(oi->da, g, y, a, b));
+      if (nb && nb->grad) fprintf(out, "  d%s += %s%s\n", b, ad_rule(oi->db, g, y, a, b),
+                                  nb->type == T_PARAM ? "   (summed over rows)" : "");
+      break;
+    case OK_GEMM:
+      if (na->grad) fprintf(out, "  d%s += %s @ %s^T\n", a, g, b);
+      fprintf(out, "  d%s += %s^T @ %s   (over all rows)\n", b, a, g);
+      break;
+    case OK_LOOKUP: fprintf(out, "  d%s[%s] += %s\n", a, b, g); break;
+    case OK_CONCAT:
+      for (int j = 0, off = 0; j < n->nargs; j++) {
+        const IrNode *x = &f->nodes[n->args[j]];
+        if (x->grad) fprintf(out, "  d%%%d += %s[:, col %d of %d]\n", n->args[j], g, off, n->nargs);
+        (void)x;
+        off++;
+      }
+      break;
+    case OK_SLICE:
+      if (n->grad)
+        fprintf(out, "  d%s[:, %s:%s] += %s\n", a, lin_str(m, n->lo, lo, sizeof lo),
+                lin_str(m, n->hi, hi, sizeof hi), g);
+      break;
+    case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
+    case OK_PULL: fprintf(out, "  dpull %s += %s\n", m->pulls[n->ref].name, g); break;
+    case OK_PUSHARG: fprintf(out, "  dpush = %s\n", g); break;
+    case OK_SINK:
+      if (na->grad) fprintf(out, "  d%s += %s\n", a, n->op == OP_SCATTER ? "dstate" : "dpush");
+      break;
+    case OK_LOSS:
+      if (n->op == OP_XENT) fprintf(out, "  d%s += (softmax(%s) - onehot(%s)) / labeled\n", a, a, b);
+      else fprintf(out, "  d%s += 2 * (%s - %s) / count\n", a, a, b);
+      break;
+    case OK_LEAF: break;
+    }
+  }
+}
+
+void ad_print(FILE *out, const Model *m) {
+  if (m->push) print_func_ad(out, m, m->push);
+  for (int i = m->nvertex - 1; i >= 0; i--) print_func_ad(out, m, m->vertex[i]);
+  if (m->pull) print_func_ad(out, m, m->pull);
+}

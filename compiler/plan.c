@@ -1,0 +1,341 @@
+/* plan.c: the memory plan and the schedule.
+ *
+ * Every live value gets a Place. Values read outside the step that computes them (or by
+ * the backward pass) get a per-row buffer [rows of the minibatch, width]; values inside a
+ * fused loop that nothing else reads stay in registers (their backward recomputes them
+ * from the loop's inputs, which costs a few flops and saves a store and a load per
+ * element). Views cost nothing: a slice is its parent at a column offset, pull() is the
+ * pull block's buffer, a product of a merged group is a column range of the group's
+ * output. Placement removes copies: the operands of a concat are computed straight into
+ * their columns of it, the scattered value is computed straight into the state buffer
+ * (scatter only records the row), and a value pushed by the only pushing vertex type is
+ * computed straight into the push buffer. Gradients live at the same places in a parallel
+ * set of buffers.
+ *
+ * The schedule: units (a fused group, a merged product, or one node with code of its
+ * own) in a topological order that keeps source order where it can; each unit runs in
+ * the phase of its class. */
+#include "cavsc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int add_buf(Model *m, const char *name, Lin width) {
+  m->bufs = vec_grow(m->bufs, &m->capbufs, m->nbufs + 1, sizeof(Buf));
+  m->bufs[m->nbufs] = (Buf){.name = name, .width = width};
+  return m->nbufs++;
+}
+
+static void plan_params(Model *m) {
+  for (int i = 0; i < m->nparams; i++) m->params[i].pgroup = -1;
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    IrFunc *f = fs[k];
+    for (int g = 0; g < f->nmerges; g++) {
+      MatMerge *mg = &f->merges[g];
+      m->pgroups = vec_grow(m->pgroups, &m->cappgroups, m->npgroups + 1, sizeof(PGroup));
+      Lin off = lin_const(0);
+      for (int j = 0; j < mg->n; j++) {
+        Param *p = &m->params[f->nodes[f->nodes[mg->members[j]].args[1]].ref];
+        p->pgroup = m->npgroups;
+        p->col_off = off;
+        off = lin_add(off, p->cols);
+      }
+      Param *p0 = &m->params[f->nodes[f->nodes[mg->members[0]].args[1]].ref];
+      m->pgroups[m->npgroups++] = (PGroup){.rows = p0->rows, .cols = off};
+    }
+  }
+  for (int i = 0; i < m->nparams; i++) {
+    Param *p = &m->params[i];
+    if (p->pgroup >= 0) continue;
+    m->pgroups = vec_grow(m->pgroups, &m->cappgroups, m->npgroups + 1, sizeof(PGroup));
+    p->pgroup = m->npgroups;
+    p->col_off = lin_const(0);
+    m->pgroups[m->npgroups++] = (PGroup){.rows = p->rank == 2 ? p->rows : lin_const(1), .cols = p->cols};
+  }
+}
+
+/* Is node i a value that leaves its fused group (or has no group)? */
+static bool leaves_group(const IrFunc *f, int i) {
+  const IrNode *n = &f->nodes[i];
+  if (n->group < 0) return true;
+  for (int j = i + 1; j < f->n; j++) {
+    const IrNode *u = &f->nodes[j];
+    if (u->uses == 0 && u->type != T_NONE) continue;
+    for (int k = 0; k < u->nargs; k++)
+      if (u->args[k] == i && u->group != n->group) return true;
+  }
+  return false;
+}
+
+typedef struct FPlan {
+  bool *own;   /* has (or shares by redirection) a buffer of its own making */
+  int *redir;  /* placed inside this later node's buffer */
+  Lin *roff;   /* at this column offset */
+  int *rbuf;   /* placed straight into this model buffer (state, push) */
+  int *mbuf;   /* per merge: its output buffer */
+} FPlan;
+
+static Place row_place(const Model *m, int buf, Lin off) {
+  return (Place){.kind = PL_ROW, .buf = buf, .off = off, .ld = m->bufs[buf].width};
+}
+
+static Place shift(Place p, Lin by) {
+  p.off = lin_add(p.off, by);
+  return p;
+}
+
+static void plan_func(Model *m, IrFunc *f, int npushers) {
+  int n = f->n;
+  FPlan fp;
+  fp.own = arena_alloc(sizeof(bool) * (size_t)(n + 1));
+  fp.redir = arena_alloc(sizeof(int) * (size_t)(n + 1));
+  fp.roff = arena_alloc(sizeof(Lin) * (size_t)(n + 1));
+  fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
+  fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
+  for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
+  for (int g = 0; g < f->nmerges; g++) {
+    const IrNode *first = &f->nodes[f->merges[g].members[0]];
+    fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), f->merges[g].cols);
+    (void)first;
+  }
+  for (int i = 0; i < n; i++) {
+    IrNode *x = &f->nodes[i];
+    if (x->uses == 0 || x->type != T_ROW) continue;
+    switch (op_info[x->op].kind) {
+    case OK_GATHER:
+    case OK_LOOKUP:
+    case OK_CONCAT: fp.own[i] = true; break;
+    case OK_GEMM: fp.own[i] = x->mm < 0; break;
+    case OK_EW: fp.own[i] = leaves_group(f, i); break;
+    default: break;
+    }
+  }
+  /* concat operands computed in place */
+  for (int q = 0; q < n; q++) {
+    IrNode *c = &f->nodes[q];
+    if (c->op != OP_CONCAT || c->uses == 0) continue;
+    Lin off = lin_const(0);
+    for (int j = 0; j < c->nargs; j++) {
+      int a = c->args[j];
+      bool twice = false;
+      for (int k = 0; k < c->nargs; k++) twice |= k != j && c->args[k] == a;
+      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0 && !twice) {
+        fp.redir[a] = q;
+        fp.roff[a] = off;
+      }
+      off = lin_add(off, f->nodes[a].width);
+    }
+  }
+  /* scatter writes the state buffer; push the push buffer */
+  for (int i = 0; i < n; i++) {
+    IrNode *s = &f->nodes[i];
+    if (s->op != OP_SCATTER && s->op != OP_PUSH) continue;
+    int a = s->args[0];
+    if (s->op == OP_PUSH && npushers != 1) continue;
+    if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
+      fp.rbuf[a] = s->op == OP_SCATTER ? m->state_buf : m->push_buf;
+  }
+  /* resolve: redirect targets come later, so owners resolve backwards ... */
+  for (int i = n - 1; i >= 0; i--) {
+    IrNode *x = &f->nodes[i];
+    x->val.kind = PL_NONE;
+    if (x->uses == 0 && x->type != T_NONE) continue;
+    if (fp.redir[i] >= 0) x->val = shift(f->nodes[fp.redir[i]].val, fp.roff[i]);
+    else if (fp.rbuf[i] >= 0) x->val = row_place(m, fp.rbuf[i], lin_const(0));
+    else if (fp.own[i]) {
+      const char *name = x->name ? arena_printf("%s_%s", f->name, x->name) : arena_printf("%s_t%d", f->name, i);
+      x->val = row_place(m, add_buf(m, name, x->width), lin_const(0));
+    }
+  }
+  /* ... and views forwards */
+  Lin zero = lin_const(0);
+  for (int i = 0; i < n; i++) {
+    IrNode *x = &f->nodes[i];
+    if (x->uses == 0 && x->type != T_NONE) continue;
+    if (x->val.kind != PL_NONE) continue;
+    switch (x->op) {
+    case OP_SLICE: x->val = shift(f->nodes[x->args[0]].val, x->lo); break;
+    case OP_PULL: x->val = m->pull->nodes[m->pulls[x->ref].node].val; break;
+    case OP_PUSHARG: x->val = row_place(m, m->push_buf, zero); break;
+    case OP_MATMUL: {
+      const MatMerge *mg = &f->merges[x->mm];
+      Place p = row_place(m, fp.mbuf[x->mm], zero);
+      for (int k = 0; k < mg->n && mg->members[k] != i; k++)
+        p.off = lin_add(p.off, f->nodes[mg->members[k]].width);
+      x->val = p;
+      break;
+    }
+    case OP_INPUT:
+      if (x->type == T_ROW)
+        x->val = (Place){.kind = PL_INPUT, .buf = x->ref, .off = zero, .ld = x->width};
+      break;
+    case OP_PARAM: {
+      const Param *p = &m->params[x->ref];
+      x->val = (Place){.kind = PL_PARAM, .buf = p->pgroup, .off = p->col_off, .ld = m->pgroups[p->pgroup].cols};
+      break;
+    }
+    default:
+      if (op_info[x->op].kind == OK_EW) x->val.kind = PL_REG;
+      break;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    IrNode *x = &f->nodes[i];
+    x->dval = x->val;
+    if (x->grad && x->val.kind == PL_ROW) m->bufs[x->val.buf].grad = true;
+  }
+
+  /* units */
+  f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
+  int *gunit = arena_alloc(sizeof(int) * (size_t)(f->ngroups + 1));
+  int *munit = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
+  for (int g = 0; g < f->ngroups; g++) gunit[g] = -1;
+  for (int g = 0; g < f->nmerges; g++) munit[g] = -1;
+  Unit *raw = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
+  int nraw = 0;
+  for (int i = 0; i < n; i++) {
+    IrNode *x = &f->nodes[i];
+    x->unit = -1;
+    if (x->uses == 0 && x->type != T_NONE) continue;
+    if (x->group >= 0) {
+      if (gunit[x->group] < 0) {
+        gunit[x->group] = nraw;
+        raw[nraw++] = (Unit){U_GROUP, x->group, x->cls};
+      }
+      x->unit = gunit[x->group];
+      continue;
+    }
+    if (x->op == OP_MATMUL && x->mm >= 0) {
+      if (munit[x->mm] < 0) {
+        munit[x->mm] = nraw;
+        raw[nraw++] = (Unit){U_MATMUL, x->mm, x->cls};
+      }
+      x->unit = munit[x->mm];
+      continue;
+    }
+    bool code;
+    switch (op_info[x->op].kind) {
+    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: code = true; break;
+    case OK_SINK: {
+      /* only when the value was not computed in place */
+      const IrNode *a = &f->nodes[x->args[0]];
+      int want = x->op == OP_SCATTER ? m->state_buf : m->push_buf;
+      code = !(a->val.kind == PL_ROW && a->val.buf == want && lin_is_zero(a->val.off));
+      break;
+    }
+    default: code = false; break;
+    }
+    if (code) {
+      x->unit = nraw;
+      raw[nraw++] = (Unit){U_NODE, i, x->cls};
+    }
+  }
+  /* producer unit of each node (views: their parent's) */
+  int *prod = arena_alloc(sizeof(int) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    IrNode *x = &f->nodes[i];
+    prod[i] = x->unit;
+    if (x->unit < 0 && x->op == OP_SLICE) prod[i] = prod[x->args[0]];
+  }
+  /* nodes computed into a concat's buffer: the concat must not run before them (it
+     copies only its other operands, but the order keeps the dump readable) */
+  bool *done = arena_alloc(sizeof(bool) * (size_t)(nraw + 1));
+  bool *dep = arena_alloc(sizeof(bool) * (size_t)(nraw + 1));
+  for (int k = 0; k < nraw; k++) {
+    /* pick the first raw unit (in source order) whose inputs are all done */
+    for (int u = 0; u < nraw; u++) {
+      if (done[u]) continue;
+      memset(dep, 0, sizeof(bool) * (size_t)nraw);
+      bool ready = true;
+      for (int i = 0; i < n && ready; i++) {
+        IrNode *x = &f->nodes[i];
+        if (x->unit != u) continue;
+        for (int j = 0; j < x->nargs; j++) {
+          int p = prod[x->args[j]];
+          if (p >= 0 && p != u && !done[p]) ready = false;
+        }
+      }
+      if (!ready) continue;
+      done[u] = true;
+      f->units[f->nunits++] = raw[u];
+      break;
+    }
+  }
+  cv_assert(f->nunits == nraw);
+  /* renumber node->unit to the final order */
+  int *final = arena_alloc(sizeof(int) * (size_t)(nraw + 1));
+  for (int k = 0; k < f->nunits; k++)
+    for (int u = 0; u < nraw; u++)
+      if (raw[u].kind == f->units[k].kind && raw[u].index == f->units[k].index) final[u] = k;
+  for (int i = 0; i < n; i++)
+    if (f->nodes[i].unit >= 0) f->nodes[i].unit = final[f->nodes[i].unit];
+}
+
+void plan(Model *m) {
+  plan_params(m);
+  m->state_buf = add_buf(m, "state", m->state);
+  m->push_buf = m->push ? add_buf(m, "push", m->pushed) : -1;
+  int npushers = 0;
+  for (int v = 0; v < m->nvertex; v++) {
+    IrFunc *f = m->vertex[v];
+    f->index = v;
+    for (int i = 0; i < f->n; i++) f->pushes |= f->nodes[i].op == OP_PUSH;
+    npushers += f->pushes;
+  }
+  if (m->pull) plan_func(m, m->pull, npushers);
+  for (int v = 0; v < m->nvertex; v++) plan_func(m, m->vertex[v], npushers);
+  if (m->push) plan_func(m, m->push, npushers);
+  m->bufs[m->state_buf].grad = true;
+  if (m->push_buf >= 0) m->bufs[m->push_buf].grad = true;
+}
+
+/* ---- cavsc --report ---- */
+
+void report(FILE *out, const Model *m) {
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  char w[128];
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    if (f->kind == F_VERTEX) fprintf(out, "vertex %s (children %d)\n", f->name, f->children);
+    else fprintf(out, "%s\n", f->kind == F_PULL ? "pull" : "push");
+    fprintf(out, "  %-5s %-4s %-14s %-10s %-6s %-7s %s\n", "line", "node", "op", "name", "class", "group", "width");
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *x = &f->nodes[i];
+      if (x->uses == 0 && x->type != T_NONE) continue;
+      if (x->op == OP_PARAM || x->op == OP_CONST || x->op == OP_INPUT) continue;
+      char grp[32] = "-";
+      if (x->group >= 0) snprintf(grp, sizeof grp, "g%d", x->group);
+      else if (x->op == OP_MATMUL && x->mm >= 0) snprintf(grp, sizeof grp, "mm%d", x->mm);
+      const char *opn = op_info[x->op].name;
+      if (x->op == OP_MATMUL) opn = arena_printf("@ %s", f->nodes[x->args[1]].name);
+      fprintf(out, "  %-5d %%%-3d %-14s %-10s %-6s %-7s %s\n", x->loc.line, i, opn,
+              x->name ? x->name : "", cls_name(x->cls), grp,
+              x->type == T_ROW ? arena_printf("[%s]", lin_str(m, x->width, w, sizeof w)) : "");
+    }
+    fprintf(out, "  schedule:");
+    for (int u = 0; u < f->nunits; u++) {
+      const Unit *un = &f->units[u];
+      if (un->kind == U_GROUP) fprintf(out, " g%d", un->index);
+      else if (un->kind == U_MATMUL) fprintf(out, " mm%d", un->index);
+      else fprintf(out, " %%%d", un->index);
+      fprintf(out, "(%s)", cls_name(un->cls));
+    }
+    fputc('\n', out);
+    fprintf(out, "  backward:");
+    for (int u = f->nunits - 1; u >= 0; u--) {
+      const Unit *un = &f->units[u];
+      if (un->kind == U_GROUP) fprintf(out, " g%d'(%s)", un->index, cls_name(un->cls));
+      else if (un->kind == U_MATMUL) fprintf(out, " mm%d'(%s)", un->index, cls_name(un->cls));
+      else fprintf(out, " %%%d'(%s)", un->index, cls_name(un->cls));
+    }
+    fprintf(out, "; parameter gradients (lazy, over all rows):");
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *x = &f->nodes[i];
+      if (x->op == OP_PARAM && x->uses) fprintf(out, " d%s", x->name);
+    }
+    fprintf(out, "\n\n");
+  }
+}

@@ -1,0 +1,81 @@
+/* check_docs.c: every manual page renders without warnings, and every example in the
+ * pages that is a complete model compiles. */
+#include "testutil.h"
+
+static const char *pages[] = {"man/vf.5"};
+
+START_TEST(pages_render) {
+  const char *mandoc = tu_env("MANDOC", "");
+  if (!*mandoc) {
+    fprintf(stderr, "mandoc not found at configure time; skipping rendering\n");
+    return;
+  }
+  for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", tu_env("TOP_SRCDIR", "."), pages[i]);
+    char *lint[] = {(char *)mandoc, "-T", "lint", "-W", "warning", path, NULL};
+    RunResult r = tu_run(NULL, lint, 20);
+    ck_assert_msg(r.status == 0, "%s: mandoc -T lint says\n%s%s", pages[i], r.out, r.err);
+    tu_free(&r);
+    char *render[] = {(char *)mandoc, "-T", "markdown", path, NULL};
+    r = tu_run(NULL, render, 20);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_msg(strstr(r.out, "NAME") && strstr(r.out, "DESCRIPTION"), "%s rendered to\n%.500s",
+                  pages[i], r.out);
+    tu_free(&r);
+  }
+}
+END_TEST
+
+/* The models in man/vf.5's EXAMPLES (each between `model` and the end of the literal
+ * display) compile. */
+START_TEST(page_examples_compile) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/man/vf.5", tu_env("TOP_SRCDIR", "."));
+  char *page = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(page);
+  int compiled = 0;
+  for (char *p = page; (p = strstr(p, "\n.Bd -literal")); ) {
+    char *start = strchr(p + 1, '\n') + 1, *end = strstr(start, "\n.Ed");
+    ck_assert_ptr_nonnull(end);
+    p = end;
+    if (strncmp(start, "model ", 6)) continue;
+    /* undo the roff escapes used in displays */
+    char *src = malloc((size_t)(end - start) + 2), *q = src;
+    for (char *s = start; s < end; s++) {
+      if (s[0] == '\\' && s[1] == '&') { s++; continue; }
+      if (s[0] == '\\' && s[1] == 'e') { *q++ = '\\'; s++; continue; }
+      *q++ = *s;
+    }
+    *q++ = '\n';
+    char *dir = tu_tmpdir(), file[4200];
+    snprintf(file, sizeof file, "%s/example.vf", dir);
+    tu_write(file, src, (size_t)(q - src));
+    char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "--dump=ir", file, NULL};
+    RunResult r = tu_run(NULL, argv, 20);
+    ck_assert_msg(r.status == 0, "example in vf.5 does not compile:\n%s\n%s", src, r.err);
+    tu_free(&r);
+    unlink(file);
+    rmdir(dir);
+    free(dir);
+    free(src);
+    compiled++;
+  }
+  ck_assert_int_ge(compiled, 1);
+  free(page);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("docs");
+  TCase *tc = tcase_create("man");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, pages_render);
+  tcase_add_test(tc, page_examples_compile);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

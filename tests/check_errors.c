@@ -1,0 +1,245 @@
+/* check_errors.c: what a user who mistypes sees. Every tests/errors/NAME.vf is compiled
+ * and cavsc's stderr must equal tests/errors/NAME.err exactly (caret line included), with
+ * exit status 1 and no output file. Inputs too odd to keep as files (10 MB, 10,000-deep
+ * nesting, unreadable paths) are made here. */
+#include "testutil.h"
+
+#include <dirent.h>
+
+static const char *cavsc;
+static char errdir[4096];
+static char **cases;
+static int ncases;
+
+static int cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void load_cases(void) {
+  DIR *d = opendir(errdir);
+  if (!d) {
+    fprintf(stderr, "cannot open %s\n", errdir);
+    exit(1);
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n > 3 && !strcmp(e->d_name + n - 3, ".vf")) {
+      cases = realloc(cases, sizeof(char *) * (size_t)(ncases + 1));
+      cases[ncases++] = strdup(e->d_name);
+    }
+  }
+  closedir(d);
+  qsort(cases, (size_t)ncases, sizeof(char *), cmp);
+}
+
+START_TEST(error_case) {
+  const char *name = cases[_i];
+  char expect_path[8192], out_path[64];
+  snprintf(expect_path, sizeof expect_path, "%s/%.*s.err", errdir, (int)strlen(name) - 3, name);
+  char *expect = tu_slurp(expect_path, NULL);
+  ck_assert_msg(expect != NULL, "%s has no .err file", name);
+  char *tmp = tu_tmpdir();
+  snprintf(out_path, sizeof out_path, "%.40s/out.txt", tmp);
+  char *argv[] = {(char *)cavsc, "--dump=ir", "-o", out_path, (char *)name, NULL};
+  RunResult r = tu_run(errdir, argv, 20);
+  ck_assert_msg(r.status == 1, "%s: exit status %d, expected 1\n%s", name, r.status, r.err);
+  ck_assert_msg(!strcmp(r.err, expect), "%s: stderr differs.\n--- expected\n%s--- got\n%s", name,
+                expect, r.err);
+  ck_assert_msg(access(out_path, F_OK) != 0, "%s: an output file was written", name);
+  rmdir(tmp);
+  free(tmp);
+  free(expect);
+  tu_free(&r);
+}
+END_TEST
+
+START_TEST(at_least_thirty_cases) { ck_assert_int_ge(ncases, 30); }
+END_TEST
+
+/* Every example model compiles and dumps its IR. */
+START_TEST(examples_compile) {
+  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/dsl-examples", tu_env("TOP_SRCDIR", "."));
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char *argv[] = {(char *)cavsc, "--dump=ir", (char *)names[i], NULL};
+    RunResult r = tu_run(dir, argv, 20);
+    ck_assert_msg(r.status == 0, "%s: exit %d\n%s", names[i], r.status, r.err);
+    ck_assert_msg(strstr(r.out, "\nfunc vertex ") != NULL, "%s: no vertex function in the IR", names[i]);
+    ck_assert_str_eq(r.err, "");
+    tu_free(&r);
+  }
+}
+END_TEST
+
+/* Writes `data` as `name` in a fresh directory and compiles it there. */
+static RunResult compile_text(const char *name, const char *data, size_t len, int limit) {
+  char *dir = tu_tmpdir();
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  tu_write(path, data, len);
+  char *argv[] = {(char *)cavsc, "--dump=ir", (char *)name, NULL};
+  RunResult r = tu_run(dir, argv, limit);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+  return r;
+}
+
+static const char header[] =
+    "model deep;\ndim H = 4;\ninput y : class[H];\nparam W[H,H];\n"
+    "vertex v (children 1) {\n  s = gather(0);\n  h = ";
+static const char footer[] = ";\n  scatter(h);\n  push(h);\n}\npush (h) { loss softmax_xent(h, y); }\n";
+
+/* An expression nested 10,000 deep: a clear error, quickly, never a crash. */
+START_TEST(deep_nesting) {
+  const char *shapes[] = {"(", "sigmoid(", "-"};
+  for (int k = 0; k < 3; k++) {
+    size_t n = 10000, cap = sizeof header + sizeof footer + n * 16;
+    char *buf = malloc(cap), *p = buf;
+    p += sprintf(p, "%s", header);
+    for (size_t i = 0; i < n; i++) p += sprintf(p, "%s", shapes[k]);
+    p += sprintf(p, "s[0:H]");
+    for (size_t i = 0; k < 2 && i < n; i++) *p++ = ')';
+    p += sprintf(p, "%s", footer);
+    RunResult r = compile_text("deep.vf", buf, (size_t)(p - buf), 10);
+    ck_assert_msg(r.status == 1, "nesting '%s': status %d", shapes[k], r.status);
+    ck_assert_msg(strstr(r.err, "deep.vf:7:") && strstr(r.err, "nested too deeply"), "%s", r.err);
+    ck_assert_msg(r.secs < 5, "took %.1f s", r.secs);
+    tu_free(&r);
+    free(buf);
+  }
+}
+END_TEST
+
+/* A long flat sum is also bounded (the tree, not just the brackets). */
+START_TEST(long_chain) {
+  size_t n = 100000, cap = sizeof header + sizeof footer + n * 10;
+  char *buf = malloc(cap), *p = buf;
+  p += sprintf(p, "%s", header);
+  p += sprintf(p, "s[0:H]");
+  for (size_t i = 0; i < n; i++) p += sprintf(p, " + s[0:H]");
+  p += sprintf(p, "%s", footer);
+  RunResult r = compile_text("chain.vf", buf, (size_t)(p - buf), 10);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "nested too deeply"), "status %d\n%s", r.status, r.err);
+  tu_free(&r);
+  free(buf);
+}
+END_TEST
+
+/* 10 MB of source: a valid model with a huge vertex body compiles in seconds, and 10 MB
+ * of garbage stops after 20 errors. */
+START_TEST(ten_megabytes) {
+  size_t target = 10u << 20, cap = target + 4096;
+  char *buf = malloc(cap), *p = buf;
+  p += sprintf(p, "%s", header);
+  p += sprintf(p, "s[0:H];\n");
+  for (long i = 0; (size_t)(p - buf) < target; i++) p += sprintf(p, "  t%ld = tanh(h) * 0.5;\n", i);
+  p += sprintf(p, "  scatter(h);\n  push(h);\n}\npush (h) { loss softmax_xent(h, y); }\n");
+  /* h = s[0:H];   (the header's `h = ` takes the first line) */
+  RunResult r = compile_text("big.vf", buf, (size_t)(p - buf), 60);
+  ck_assert_msg(r.status == 0, "status %d\n%.2000s", r.status, r.err);
+  ck_assert_msg(r.secs < 20, "10 MB took %.1f s", r.secs);
+  tu_free(&r);
+
+  /* each line: a good declaration, then a broken one (bison reports an error only after
+     three tokens have been accepted since the last) */
+  p = buf;
+  for (long i = 0; (size_t)(p - buf) < target; i++) p += sprintf(p, "dim d%ld = 1; dim = ( ];\n", i);
+  r = compile_text("garbage.vf", buf, (size_t)(p - buf), 60);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "too many errors"), "%.2000s", r.err);
+  ck_assert_msg(r.secs < 20, "10 MB of garbage took %.1f s", r.secs);
+  tu_free(&r);
+  free(buf);
+}
+END_TEST
+
+START_TEST(missing_file) {
+  char *argv[] = {(char *)cavsc, "--dump=ir", "/nonexistent/model.vf", NULL};
+  RunResult r = tu_run(NULL, argv, 10);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_str_eq(r.err, "cavsc: error: cannot open '/nonexistent/model.vf': No such file or directory\n");
+  tu_free(&r);
+}
+END_TEST
+
+/* An output path that cannot be written: a clear error, status 1, nothing left behind. */
+START_TEST(unwritable_output) {
+  char model[4096];
+  snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
+  char *argv[] = {(char *)cavsc, "--dump=ir", "-o", "/nonexistent-dir/out.txt", model, NULL};
+  RunResult r = tu_run(NULL, argv, 10);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_str_eq(r.err, "cavsc: error: cannot write '/nonexistent-dir/out.txt': No such file or directory\n");
+  tu_free(&r);
+
+  /* a directory we may not write into (root ignores permissions, so use /proc) */
+  char *argv2[] = {(char *)cavsc, "--dump=ir", "-o", "/proc/out.txt", model, NULL};
+  r = tu_run(NULL, argv2, 10);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(!strncmp(r.err, "cavsc: error: cannot write '/proc/out.txt': ", 44), "%s", r.err);
+  tu_free(&r);
+
+  /* and a good path gets the whole dump */
+  char *dir = tu_tmpdir(), out[4200];
+  snprintf(out, sizeof out, "%s/ir.txt", dir);
+  char *argv3[] = {(char *)cavsc, "--dump=ir", "-o", out, model, NULL};
+  r = tu_run(NULL, argv3, 10);
+  ck_assert_int_eq(r.status, 0);
+  char *text = tu_slurp(out, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(!strncmp(text, "model treelstm\n", 15), "%.100s", text);
+  free(text);
+  unlink(out);
+  rmdir(dir);
+  free(dir);
+  tu_free(&r);
+}
+END_TEST
+
+/* Odd bytes anywhere: a message with a position, never a crash. */
+START_TEST(random_bytes) {
+  unsigned seed = 12345;
+  char buf[512];
+  for (int t = 0; t < 300; t++) {
+    size_t n = 1 + (size_t)(rand_r(&seed) % (int)sizeof buf);
+    for (size_t i = 0; i < n; i++) {
+      int k = rand_r(&seed) % 8;
+      buf[i] = k == 0 ? (char)(rand_r(&seed) & 0xff) : "model v(){}[];:=+-*/@.2H#\n "[rand_r(&seed) % 27];
+    }
+    RunResult r = compile_text("fuzz.vf", buf, n, 10);
+    ck_assert_msg(r.status == 0 || r.status == 1, "random input %d: status %d\n%s", t, r.status, r.err);
+    if (r.status == 1) ck_assert_msg(strstr(r.err, "fuzz.vf:") || strstr(r.err, "cavsc: error"), "%s", r.err);
+    tu_free(&r);
+  }
+}
+END_TEST
+
+int main(void) {
+  cavsc = tu_env("CAVSC", "./cavsc");
+  snprintf(errdir, sizeof errdir, "%s/tests/errors", tu_env("TOP_SRCDIR", "."));
+  load_cases();
+  Suite *s = suite_create("errors");
+  TCase *tc = tcase_create("files");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, at_least_thirty_cases);
+  tcase_add_loop_test(tc, error_case, 0, ncases);
+  tcase_add_test(tc, examples_compile);
+  suite_add_tcase(s, tc);
+  TCase *tg = tcase_create("generated");
+  tcase_set_timeout(tg, 300);
+  tcase_add_test(tg, deep_nesting);
+  tcase_add_test(tg, long_chain);
+  tcase_add_test(tg, ten_megabytes);
+  tcase_add_test(tg, missing_file);
+  tcase_add_test(tg, unwritable_output);
+  tcase_add_test(tg, random_bytes);
+  suite_add_tcase(s, tg);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

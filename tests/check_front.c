@@ -1,0 +1,189 @@
+/* check_front.c: the front end through its own API: widths, parsing, loops, and the
+ * shape of the IR it builds for the example models. */
+#include "cavsc.h"
+#include "testutil.h"
+
+static Model *compile_str(const char *src) {
+  diag_init("test.vf", src, strlen(src));
+  Decl *d = parse_source("test.vf", src, strlen(src));
+  ck_assert_int_eq(diag_count(), 0);
+  Model *m = sema(d, "test.vf");
+  ck_assert_int_eq(diag_count(), 0);
+  ir_check(m);
+  return m;
+}
+
+static Model *compile_file(const char *name) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/dsl-examples/%s", tu_env("TOP_SRCDIR", "."), name);
+  char *src = tu_slurp(path, NULL);
+  ck_assert_msg(src != NULL, "cannot read %s", path);
+  return compile_str(src);
+}
+
+static int count_op(const IrFunc *f, Op op) {
+  int n = 0;
+  for (int i = 0; i < f->n; i++) n += f->nodes[i].op == op;
+  return n;
+}
+
+static int dim_index(const Model *m, const char *name) {
+  for (int i = 0; i < m->ndims; i++)
+    if (!strcmp(m->dims[i].name, name)) return i;
+  ck_abort_msg("no dim %s", name);
+  return -1;
+}
+
+START_TEST(lin_order) {
+  Lin h = lin_dim(0, 1), e = lin_dim(1, 1);
+  ck_assert(lin_le(h, lin_add(h, h)));
+  ck_assert(!lin_le(lin_add(h, h), h));
+  ck_assert(!lin_le(h, e)); /* unrelated dims: not provable either way */
+  ck_assert(!lin_le(e, h));
+  ck_assert(lin_le(lin_const(0), h));
+  ck_assert(lin_le(lin_const(1), h));  /* dims are at least 1 */
+  ck_assert(!lin_le(lin_const(2), h)); /* but may be 1 */
+  ck_assert(lin_eq(lin_sub(lin_add(h, e), e), h));
+  char buf[64];
+  Model m = {.ndims = 2};
+  m.dims[0].name = "H";
+  m.dims[1].name = "E";
+  ck_assert_str_eq(lin_str(&m, lin_add(lin_add(h, h), e), buf, sizeof buf), "2H+E");
+  ck_assert_str_eq(lin_str(&m, lin_add(h, lin_const(3)), buf, sizeof buf), "H+3");
+  ck_assert_str_eq(lin_str(&m, lin_const(0), buf, sizeof buf), "0");
+}
+END_TEST
+
+START_TEST(precedence) {
+  const char *src = "model p; dim H = 2; param W[H,H];\n"
+                    "vertex v (children 1) { s = gather(0); a = -s * 2 + s @ W / 3 - s; scatter(a); }\n";
+  diag_init("p.vf", src, strlen(src));
+  Decl *d = parse_source("p.vf", src, strlen(src));
+  ck_assert_int_eq(diag_count(), 0);
+  char *buf;
+  size_t len;
+  FILE *f = open_memstream(&buf, &len);
+  ast_dump(f, d);
+  fclose(f);
+  ck_assert_msg(strstr(buf, "a = ((((-s) * 2) + ((s @ W) / 3)) - s);"), "%s", buf);
+  free(buf);
+}
+END_TEST
+
+/* The Tree-LSTM as DESIGN.md writes it: state [2H], pushed [H], nine distinct matrix
+ * products in the cell (x @ Wf is shared by both forget gates). */
+START_TEST(treelstm_ir) {
+  Model *m = compile_file("treelstm.vf");
+  int H = dim_index(m, "H"), E = dim_index(m, "E");
+  ck_assert(lin_eq(m->state, lin_dim(H, 2)));
+  ck_assert(lin_eq(m->pushed, lin_dim(H, 1)));
+  ck_assert_int_eq(m->nvertex, 1);
+  const IrFunc *f = m->vertex[0];
+  ck_assert_int_eq(f->children, 2);
+  ck_assert_int_eq(count_op(f, OP_GATHER), 2);
+  ck_assert_int_eq(count_op(f, OP_SCATTER), 1);
+  ck_assert_int_eq(count_op(f, OP_PUSH), 1);
+  ck_assert_int_eq(count_op(f, OP_MATMUL), 9);
+  ck_assert_int_eq(count_op(f, OP_PULL), 1);
+  ck_assert_int_eq(count_op(m->pull, OP_LOOKUP), 1);
+  ck_assert_int_eq(count_op(m->push, OP_XENT), 1);
+  ck_assert(lin_eq(m->pull->nodes[m->pulls[0].node].width, lin_dim(E, 1)));
+  /* bf = 1.0 only, the other biases zero, matrices xavier */
+  for (int i = 0; i < m->nparams; i++) {
+    const Param *p = &m->params[i];
+    if (!strcmp(p->name, "bf")) ck_assert(p->init == INIT_CONSTANT && p->a == 1.0);
+    else if (!strcmp(p->name, "emb")) ck_assert(p->init == INIT_UNIFORM && p->a == -0.05 && p->b == 0.05);
+    else if (p->rank == 1) ck_assert_int_eq(p->init, INIT_ZEROS);
+    else ck_assert_int_eq(p->init, INIT_XAVIER);
+  }
+  ck_assert(m->dims[dim_index(m, "V")].kind == DIM_VOCAB);
+}
+END_TEST
+
+START_TEST(all_examples) {
+  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    Model *m = compile_file(names[i]);
+    ck_assert_msg(m->nvertex >= 1 && m->push != NULL, "%s", names[i]);
+  }
+  Model *m = compile_file("twotype.vf");
+  ck_assert_int_eq(m->nvertex, 2);
+  ck_assert_int_eq(m->vertex[0]->children + m->vertex[1]->children, 2);
+}
+END_TEST
+
+/* `for` unrolls with `_k` names kept and iteration-local names dropped; sum(k in ..)
+ * builds a chain of adds; widths may be any positive combination of dims. */
+START_TEST(loops_and_sums) {
+  Model *m = compile_str(
+      "model n; dim H = 3; dim E = 2; dim C = 4; input y : class[C];\n"
+      "param W[E+2H, H], Wc[H,C];\n"
+      "vertex v (children 3) {\n"
+      "  for k in 0..2 { t = gather(k); h_k = t[0:H]; e_k = t[H:H+E]; }\n"
+      "  hs = sum(k in 0..2: h_k);\n"
+      "  x = concat(e_0, hs, h_2) @ W;\n"
+      "  scatter(concat(x, e_1));\n"
+      "  push(hs * 0.5);\n"
+      "}\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n");
+  const IrFunc *f = m->vertex[0];
+  ck_assert_int_eq(count_op(f, OP_GATHER), 3);
+  ck_assert_int_eq(count_op(f, OP_ADD), 2);
+  ck_assert(lin_eq(m->state, lin_add(lin_dim(dim_index(m, "H"), 1), lin_dim(dim_index(m, "E"), 1))));
+}
+END_TEST
+
+/* pull(name) picks a named value of the pull block; pull() the last one. */
+START_TEST(pull_slots) {
+  Model *m = compile_str(
+      "model p; dim H = 3; dim V = vocab(w); input w : index[V]; input y : class[H];\n"
+      "param A[V,H], B[V,H];\n"
+      "pull { a = A[w]; b = B[w]; }\n"
+      "vertex v (children 1) { s = gather(0); scatter(pull(a) + pull() + s); push(s); }\n"
+      "push (h) { loss softmax_xent(h, y); }\n");
+  ck_assert_int_eq(m->npulls, 2);
+  ck_assert_str_eq(m->pulls[0].name, "a");
+  ck_assert_str_eq(m->pulls[1].name, "b");
+  const IrFunc *f = m->vertex[0];
+  int refs[2], n = 0;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_PULL) refs[n++] = f->nodes[i].ref;
+  ck_assert_int_eq(n, 2);
+  ck_assert_int_eq(refs[0], 0);
+  ck_assert_int_eq(refs[1], 1);
+}
+END_TEST
+
+/* Constants fold; `1 - z` broadcasts a scalar. */
+START_TEST(constants) {
+  Model *m = compile_str(
+      "model c; dim H = 2; input y : class[H];\n"
+      "vertex v (children 1) { s = gather(0); z = sigmoid(s[0:H]); scatter((2 * 3 - 5) - z * exp(0)); push(z); }\n"
+      "push (h) { loss softmax_xent(h, y); }\n");
+  const IrFunc *f = m->vertex[0];
+  bool found_one = false;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_CONST && f->nodes[i].cval == 1.0) found_one = true;
+  ck_assert(found_one);
+  ck_assert_int_eq(count_op(f, OP_SUB), 1);
+  ck_assert_int_eq(count_op(f, OP_MUL), 1);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("front");
+  TCase *tc = tcase_create("core");
+  tcase_add_test(tc, lin_order);
+  tcase_add_test(tc, precedence);
+  tcase_add_test(tc, treelstm_ir);
+  tcase_add_test(tc, all_examples);
+  tcase_add_test(tc, loops_and_sums);
+  tcase_add_test(tc, pull_slots);
+  tcase_add_test(tc, constants);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,108 @@
+/* testutil.h: helpers shared by the Check suites: run a program with a time limit and
+ * capture what it prints, read whole files, find the source tree. */
+#ifndef TESTUTIL_H
+#define TESTUTIL_H
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct RunResult {
+  int status;   /* exit status, or 128 + signal, or -1 on timeout */
+  double secs;  /* wall time */
+  char *out, *err;
+} RunResult;
+
+static inline const char *tu_env(const char *name, const char *fallback) {
+  const char *v = getenv(name);
+  return v && *v ? v : fallback;
+}
+
+static inline char *tu_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap + 1);
+  size_t got;
+  while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+  }
+  fclose(f);
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+static inline void tu_write(const char *path, const char *data, size_t len) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "cannot create %s: %s", path, strerror(errno));
+  ck_assert(fwrite(data, 1, len, f) == len);
+  fclose(f);
+}
+
+static inline char *tu_tmpdir(void) {
+  char tmpl[] = "/tmp/cavs-test-XXXXXX";
+  char *d = mkdtemp(tmpl);
+  ck_assert(d != NULL);
+  return strdup(d);
+}
+
+/* Runs argv[0] with argv in directory `cwd` (NULL: here), killing it after `limit`
+ * seconds. Output is captured through temporary files (no pipe deadlock). */
+static inline RunResult tu_run(const char *cwd, char *const argv[], int limit) {
+  RunResult r = {0};
+  char outp[] = "/tmp/cavs-out-XXXXXX", errp[] = "/tmp/cavs-err-XXXXXX";
+  int fo = mkstemp(outp), fe = mkstemp(errp);
+  ck_assert(fo >= 0 && fe >= 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    dup2(fo, 1);
+    dup2(fe, 2);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, 0);
+    if (cwd && chdir(cwd) != 0) _exit(126);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  int st = 0;
+  for (int waited = 0;; waited++) {
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) break;
+    if (waited >= limit * 100) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      r.status = -1;
+      break;
+    }
+    usleep(10000);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  r.secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (r.status != -1) r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  close(fo);
+  close(fe);
+  r.out = tu_slurp(outp, NULL);
+  r.err = tu_slurp(errp, NULL);
+  unlink(outp);
+  unlink(errp);
+  return r;
+}
+
+static inline void tu_free(RunResult *r) {
+  free(r->out);
+  free(r->err);
+}
+
+#endif
