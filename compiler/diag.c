@@ -13,7 +13,13 @@ static size_t src_len;
 static int nerrors;
 static bool silenced;
 
+/* The source text, for the hash in the generated descriptor. */
+const char *cv_source_text;
+size_t cv_source_len;
+
 void diag_init(const char *path, const char *text, size_t len) {
+  cv_source_text = text;
+  cv_source_len = len;
   src_path = path;
   src_text = text;
   src_len = len;

@@ -118,7 +118,7 @@ static void check_func(const Model *m, const IrFunc *f) {
                        f->name, i, j, n->args[j]);
     switch (n->op) {
     case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
-    case OP_INPUT: cv_assert(n->type == T_INPUT && n->ref >= 0 && n->ref < m->ninputs); break;
+    case OP_INPUT: cv_assert((n->type == T_INPUT || n->type == T_ROW) && n->ref >= 0 && n->ref < m->ninputs); break;
     case OP_GATHER:
       cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
       cv_assert(lin_eq(n->width, m->state));

@@ -11,12 +11,16 @@
 
 static const char usage[] =
     "usage: cavsc [options] MODEL.vf\n"
-    "  -o PATH          where output goes (with --dump: the file to write)\n"
-    "  --dump=STAGE     print the program after a stage: ast, ir\n"
-    "  --version        print the version and exit\n"
-    "  --help           print this help and exit\n";
+    "  -o PATH            output directory for MODEL.h and MODEL.c (default: .);\n"
+    "                     with --dump or --report, the file to write instead of stdout\n"
+    "  --dump=STAGE       print the program after a stage: ast, ir, ad\n"
+    "  --report           print every node's class (eager, path, lazy) and fusion group\n"
+    "  --precision=P      float (default) or double (for gradient checks)\n"
+    "  --version          print the version and exit\n"
+    "  --help             print this help and exit\n";
 
-enum { DUMP_NONE, DUMP_AST, DUMP_IR };
+enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_AD, DUMP_REPORT };
+
 
 static char *read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
@@ -90,8 +94,11 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
 int main(int argc, char **argv) {
   const char *out_path = NULL;
   int dump = DUMP_NONE;
+  Precision prec = PREC_FLOAT;
   static const struct option longopts[] = {
       {"dump", required_argument, NULL, 'd'},
+      {"report", no_argument, NULL, 'r'},
+      {"precision", required_argument, NULL, 'p'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -103,8 +110,18 @@ int main(int argc, char **argv) {
     case 'd':
       if (!strcmp(optarg, "ast")) dump = DUMP_AST;
       else if (!strcmp(optarg, "ir")) dump = DUMP_IR;
+      else if (!strcmp(optarg, "ad")) dump = DUMP_AD;
       else {
-        fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir)\n", optarg);
+        fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir, ad)\n", optarg);
+        return 1;
+      }
+      break;
+    case 'r': dump = DUMP_REPORT; break;
+    case 'p':
+      if (!strcmp(optarg, "float")) prec = PREC_FLOAT;
+      else if (!strcmp(optarg, "double")) prec = PREC_DOUBLE;
+      else {
+        fprintf(stderr, "cavsc: error: unknown precision '%s' (float, double)\n", optarg);
         return 1;
       }
       break;
@@ -130,19 +147,38 @@ int main(int argc, char **argv) {
   Decl *decls = parse_source(path, text, len);
   if (diag_count()) return 1;
 
-  char *buf = NULL;
-  size_t buflen = 0;
+  char *buf = NULL, *hbuf = NULL;
+  size_t buflen = 0, hlen = 0;
   FILE *out = open_memstream(&buf, &buflen);
-  if (!out) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  FILE *hout = open_memstream(&hbuf, &hlen);
+  if (!out || !hout) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  Model *m = NULL;
   if (dump == DUMP_AST) {
     ast_dump(out, decls);
   } else {
-    Model *m = sema(decls, path);
+    m = sema(decls, path);
     if (diag_count()) return 1;
     ir_check(m);
-    if (dump == DUMP_IR) ir_print(out, m);
+    if (dump == DUMP_IR) {
+      ir_print(out, m);
+    } else {
+      autodiff(m);
+      classify(m);
+      fuse(m);
+      plan(m);
+      if (dump == DUMP_AD) ad_print(out, m);
+      else if (dump == DUMP_REPORT) report(out, m);
+      else {
+        /* the options that shape the code, not where it was written: golden files stay
+           the same whatever the output directory */
+        char *cmd = arena_printf("cavsc%s %s", prec == PREC_DOUBLE ? " --precision=double" : "", path);
+        EmitOpts eo = {.prec = prec, .cmdline = cmd, .source_name = path};
+        emit_c(m, &eo, hout, out);
+      }
+    }
   }
   fclose(out);
+  fclose(hout);
 
   if (dump != DUMP_NONE) {
     if (out_path) {
@@ -151,8 +187,22 @@ int main(int argc, char **argv) {
       error_plain("cannot write to standard output: %s", strerror(errno));
       return 1;
     }
+  } else {
+    const char *dir = out_path ? out_path : ".";
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      error_plain("output directory '%s' does not exist", dir);
+      return 1;
+    }
+    char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.c", dir, m->name);
+    if (!write_atomic(hp, hbuf, hlen)) return 1;
+    if (!write_atomic(cp, buf, buflen)) {
+      unlink(hp);
+      return 1;
+    }
   }
   free(buf);
+  free(hbuf);
   free(text);
   return 0;
 }

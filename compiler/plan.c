@@ -112,6 +112,12 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     default: break;
     }
   }
+  /* the pull block's values are read by the vertex functions */
+  if (f->kind == F_PULL)
+    for (int s = 0; s < m->npulls; s++) {
+      int i = m->pulls[s].node;
+      if (f->nodes[i].uses && op_info[f->nodes[i].op].kind == OK_EW) fp.own[i] = true;
+    }
   /* concat operands computed in place */
   for (int q = 0; q < n; q++) {
     IrNode *c = &f->nodes[q];

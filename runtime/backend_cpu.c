@@ -1,0 +1,92 @@
+/* backend_cpu.c: the CPU backend: matrix products through OpenBLAS, and the row kernels
+ * of kernels.h in the model's precision. The entry points are the ones cavs.h declares
+ * for generated code; the CUDA backend (backend_cuda.cu) provides the same, in the same
+ * order. */
+#include "cv.h"
+
+#include <cblas.h>
+#include <string.h>
+
+#define CV_NAME(x) x##_f
+#define R float
+#include "kernels.h"
+#undef R
+#undef CV_NAME
+#define CV_NAME(x) x##_d
+#define R double
+#include "kernels.h"
+#undef R
+#undef CV_NAME
+
+#define DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
+
+void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+               const void *b, long ldb, double beta, void *cm, long ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    /* an empty sum: C = beta C */
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) {
+        if (DBL(c)) ((double *)cm)[(size_t)i * ldc + j] *= beta;
+        else ((float *)cm)[(size_t)i * ldc + j] *= (float)beta;
+      }
+    return;
+  }
+  enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
+  if (DBL(c))
+    cblas_dgemm(CblasRowMajor, A, B, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, cm, (int)ldc);
+  else
+    cblas_sgemm(CblasRowMajor, A, B, m, n, k, (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, cm,
+                (int)ldc);
+}
+
+void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+  if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
+  else gather_fwd_f(c, k, dst, ld, r0, n);
+}
+
+void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
+  if (DBL(c)) gather_bwd_d(c, k, src, ld, r0, n);
+  else gather_bwd_f(c, k, src, ld, r0, n);
+}
+
+void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,
+                     int n, long width) {
+  if (DBL(c)) lookup_fwd_d(table, ldt, idx, dst, ld, r0, n, width);
+  else lookup_fwd_f(table, ldt, idx, dst, ld, r0, n, width);
+}
+
+void cavs_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0,
+                     int n, long width) {
+  if (DBL(c)) lookup_bwd_d(dtable, ldt, idx, src, ld, r0, n, width);
+  else lookup_bwd_f(dtable, ldt, idx, src, ld, r0, n, width);
+}
+
+void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
+  if (DBL(c)) copy_rows_d(dst, ldd, src, lds, n, w, add);
+  else copy_rows_f(dst, ldd, src, lds, n, w, add);
+}
+
+void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  if (DBL(c)) xent_fwd_d(c, loss, z, ld, label, r0, n, w);
+  else xent_fwd_f(c, loss, z, ld, label, r0, n, w);
+}
+
+void cavs_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd, int r0,
+                   int n, long w) {
+  if (DBL(c)) xent_bwd_d(c, loss, z, ld, label, dz, ldd, r0, n, w);
+  else xent_bwd_f(c, loss, z, ld, label, dz, ldd, r0, n, w);
+}
+
+void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w) {
+  if (DBL(c)) mse_fwd_d(c, loss, p, ld, t, ldt, r0, n, w);
+  else mse_fwd_f(c, loss, p, ld, t, ldt, r0, n, w);
+}
+
+void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
+                  int r0, int n, long w) {
+  if (DBL(c)) mse_bwd_d(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
+  else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
+}
+
+void cavs_set_threads(int n) { openblas_set_num_threads(n); }

@@ -1,0 +1,261 @@
+/* cavs.h: the one installed header of libcavs, and the ABI that cavsc's generated code
+ * is written against.
+ *
+ * A short tutorial. cavsc turns a model (man 5 vf) into C:
+ *
+ *     cavsc -o build dsl-examples/treelstm.vf     # build/treelstm.h, build/treelstm.c
+ *
+ * and an application trains it with libcavs:
+ *
+ *     #include "treelstm.h"
+ *     long dims[CAVS_MAX_DIMS];
+ *     cavs_dims_default(&treelstm_desc, dims);
+ *     dims[treelstm_dim_V] = vocab_size;             // dims bound from the data
+ *     char err[256];
+ *     cavs_model *m = cavs_model_new(&treelstm_desc, dims, err, sizeof err);
+ *     cavs_model_init(m, 42);                        // parameters from a seed
+ *     cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3};
+ *     for (each minibatch of graphs g[0..k-1]) {
+ *       cavs_stats st;
+ *       cavs_model_forward(m, g, k, &st);            // loss and accuracy in st
+ *       cavs_model_backward(m);                      // gradients of every parameter
+ *       cavs_model_step(m, &opt);                    // one optimizer update
+ *     }
+ *     cavs_model_free(m);
+ *
+ * A graph (cavs_graph) is a set of vertices, each with a type (the vertex block that
+ * computes it), up to `children` ordered children (-1: absent, which gathers zeros),
+ * integer features (index and class inputs, -1: none) and real features. Children are
+ * vertex numbers within the same graph; any acyclic graph works, including DAGs where a
+ * vertex has several parents.
+ *
+ * Ownership: the caller owns every cavs_graph and the arrays it points to; libcavs only
+ * reads them during the call that receives them. A cavs_model owns its parameters,
+ * gradients, optimizer state and minibatch buffers; cavs_model_free releases all of it.
+ * Pointers returned by cavs_model_param() and cavs_model_grad() point into the model and
+ * are valid until cavs_model_free(). Nothing is allocated per task; per minibatch, buffers
+ * only grow (never shrink) to the largest minibatch seen.
+ *
+ * Threads: a model is used by one thread at a time; BLAS may use several
+ * (cavs_set_threads).
+ */
+#ifndef CAVS_H
+#define CAVS_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CAVS_ABI_VERSION 1
+enum { CAVS_MAX_DIMS = 16 };
+
+/* Elementwise functions of the fused loops, shared by the C and CUDA output. */
+#ifdef __CUDACC__
+#define CAVS_HD __host__ __device__
+#else
+#define CAVS_HD
+#endif
+static inline CAVS_HD float cavs_sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline CAVS_HD double cavs_sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* ---- the model descriptor, written by cavsc ---- */
+
+/* A width or shape: k + sum_i c[i] * dims[i]. */
+typedef struct cavs_lin {
+  int k;
+  int c[CAVS_MAX_DIMS];
+} cavs_lin;
+
+enum cavs_dim_kind { CAVS_DIM_FIXED, CAVS_DIM_VOCAB, CAVS_DIM_FREE };
+enum cavs_input_kind { CAVS_IN_INDEX, CAVS_IN_CLASS, CAVS_IN_REAL };
+enum cavs_init { CAVS_INIT_ZEROS, CAVS_INIT_CONSTANT, CAVS_INIT_UNIFORM, CAVS_INIT_NORMAL, CAVS_INIT_XAVIER };
+enum cavs_precision { CAVS_FLOAT, CAVS_DOUBLE };
+
+typedef struct cavs_dim_desc {
+  const char *name;
+  int kind;
+  long value; /* CAVS_DIM_FIXED: the default */
+  int input;  /* CAVS_DIM_VOCAB: the index input it counts */
+} cavs_dim_desc;
+
+typedef struct cavs_input_desc {
+  const char *name;
+  int kind;
+  cavs_lin width; /* CAVS_IN_REAL: the row width; else the range of the values */
+  int slot;       /* index among the integer inputs, or among the real inputs */
+} cavs_input_desc;
+
+typedef struct cavs_param_desc {
+  const char *name;
+  int rank;
+  cavs_lin rows, cols;
+  int group;       /* storage block */
+  cavs_lin col_off;
+  int init;
+  double a, b;
+} cavs_param_desc;
+
+typedef struct cavs_pgroup_desc {
+  cavs_lin rows, cols;
+} cavs_pgroup_desc;
+
+typedef struct cavs_buf_desc {
+  const char *name;
+  cavs_lin width;
+  int grad; /* has a gradient buffer */
+} cavs_buf_desc;
+
+typedef struct cavs_ctx cavs_ctx;
+/* Every stage runs over rows [r0, r0 + n) of the minibatch. */
+typedef void (*cavs_stage)(cavs_ctx *c, int r0, int n);
+
+typedef struct cavs_vertex_desc {
+  const char *name;
+  int children;
+  int pushes;
+  cavs_stage fwd_eager, fwd_path, fwd_lazy;
+  cavs_stage bwd_lazy, bwd_path, bwd_eager;
+} cavs_vertex_desc;
+
+typedef struct cavs_loss_desc {
+  int kind;  /* 0 softmax_xent, 1 mse */
+  int input; /* target input */
+} cavs_loss_desc;
+
+typedef struct cavs_desc {
+  int abi;
+  const char *name;
+  const char *source;      /* the .vf file it was compiled from */
+  const char *source_hash; /* FNV-1a of the source text, hex */
+  int precision;
+  int ndims;
+  const cavs_dim_desc *dims;
+  int ninputs, nint, nreal;
+  const cavs_input_desc *inputs;
+  int nparams;
+  const cavs_param_desc *params;
+  int npgroups;
+  const cavs_pgroup_desc *pgroups;
+  int nbufs;
+  const cavs_buf_desc *bufs;
+  int state_buf, push_buf;
+  int nvertex;
+  const cavs_vertex_desc *vertex;
+  int nlosses;
+  const cavs_loss_desc *losses;
+  cavs_stage pull_fwd, pull_bwd, push_fwd, push_bwd;
+} cavs_desc;
+
+/* ---- what a stage sees ---- */
+
+typedef struct cavs_loss_acc {
+  double sum;    /* loss summed over counted rows */
+  long count;    /* rows counted (labeled) */
+  long correct;  /* argmax == label (softmax_xent) */
+  long root_count, root_correct;
+} cavs_loss_acc;
+
+struct cavs_ctx {
+  const cavs_desc *desc;
+  long dims[CAVS_MAX_DIMS];
+  int rows;        /* rows in this minibatch */
+  void **val;      /* per-row buffers, [rows, width] each */
+  void **grad;     /* their gradients (NULL where none) */
+  void **param;    /* parameter blocks */
+  void **pgrad;    /* their gradients */
+  const int *child; /* [rows * maxc]: the row of child k of row r, or -1 */
+  int maxc;
+  const int **iin;  /* integer inputs, [rows] each */
+  const void **rin; /* real inputs, [rows, width] each */
+  const unsigned char *root;   /* [rows]: 1 for a vertex without parents */
+  const unsigned char *pushed; /* [rows]: 1 where the vertex's type calls push() */
+  cavs_loss_acc *loss;       /* [nlosses] */
+  double loss_scale;         /* multiplies every loss gradient (1 / number of graphs ...) */
+  struct cavs_model *model;
+};
+
+/* ---- entry points for generated code ---- */
+
+/* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision. */
+void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a,
+               long lda, const void *b, long ldb, double beta, void *cm, long ldc);
+/* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
+void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
+/* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
+void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
+/* dst[r] = table[idx[r]] (zero row for -1); the backward adds into the table's gradient. */
+void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld,
+                     int r0, int n, long width);
+void cavs_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld,
+                     int r0, int n, long width);
+/* dst[r, 0:w] (+)= src[r, 0:w]. */
+void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add);
+void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w);
+void cavs_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd,
+                   int r0, int n, long w);
+void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w);
+void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp,
+                  long ldd, int r0, int n, long w);
+
+/* ---- the application's API ---- */
+
+typedef struct cavs_model cavs_model;
+
+typedef struct cavs_graph {
+  int n;               /* vertices */
+  int maxc;            /* slots per vertex in `child` */
+  const int *child;    /* [n * maxc], vertex numbers in this graph, -1 = absent */
+  const int *type;     /* [n], vertex block index; NULL: all 0 */
+  const int *feat;     /* [n * nint]: integer inputs, in descriptor slot order */
+  const float *real;   /* [n * total real width], in slot order; NULL if none */
+} cavs_graph;
+
+typedef struct cavs_stats {
+  double loss;          /* mean over counted rows, summed over the model's losses */
+  long count, correct;  /* all labeled vertices */
+  long root_count, root_correct;
+  int tasks;            /* path-phase tasks run */
+} cavs_stats;
+
+enum cavs_policy { CAVS_BFS = 0, CAVS_SERIAL = 1 };
+
+void cavs_dims_default(const cavs_desc *d, long *dims);
+cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen);
+void cavs_model_free(cavs_model *m);
+void cavs_model_init(cavs_model *m, uint64_t seed);
+/* The scheduling policy: BFS batching (default), or one vertex per task. */
+void cavs_model_set_policy(cavs_model *m, int policy);
+/* Forward pass over k graphs; returns 0, or -1 with a message in cavs_model_error(). */
+int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
+/* Backward pass of the last forward: fills every parameter gradient. */
+void cavs_model_backward(cavs_model *m);
+const cavs_desc *cavs_model_desc(const cavs_model *m);
+const char *cavs_model_error(const cavs_model *m);
+long cavs_model_dim(const cavs_model *m, int dim);
+/* Parameter i: its storage and gradient (row stride in *ld), in the model's precision. */
+void *cavs_model_param(cavs_model *m, int i, long *rows, long *cols, long *ld);
+void *cavs_model_grad(cavs_model *m, int i, long *rows, long *cols, long *ld);
+/* All parameters as one block of `count` scalars (for checkpoints and optimizers). */
+void *cavs_model_params_flat(cavs_model *m, size_t *count);
+void *cavs_model_grads_flat(cavs_model *m, size_t *count);
+
+enum cavs_optim_kind { CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM };
+typedef struct cavs_optim {
+  int kind;
+  double lr;
+  double clip;         /* global gradient-norm clip; 0: none */
+  double weight_decay; /* L2, added to the gradient */
+  double beta1, beta2, eps; /* Adam (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
+} cavs_optim;
+void cavs_model_step(cavs_model *m, const cavs_optim *o);
+
+void cavs_set_threads(int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

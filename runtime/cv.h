@@ -1,0 +1,58 @@
+/* cv.h: libcavs internals shared by the runtime's files (not installed). */
+#ifndef CV_H
+#define CV_H
+
+#include "cavs.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+
+struct cavs_model {
+  const cavs_desc *d;
+  cavs_ctx ctx;
+  size_t esize; /* 4 (float) or 8 (double) */
+  int policy;
+  char err[512];
+  /* parameters: one block, groups pointing into it */
+  size_t nflat;
+  void *pflat, *gflat;
+  size_t *pg_off; /* per group: offset in scalars */
+  long *pg_rows, *pg_cols;
+  void **param, **pgrad;
+  /* optimizer state */
+  void *m1, *m2;
+  long step;
+  /* per-row buffers */
+  int cap_rows;
+  long *bw; /* widths */
+  void **val, **grad;
+  cavs_loss_acc *loss;
+  /* the minibatch */
+  int rows, maxc;
+  int *child;      /* [cap * maxc] */
+  int **iin;       /* [nint][cap] */
+  void **rin;      /* [nreal][cap * w] */
+  long *rw;        /* real input widths */
+  unsigned char *root, *pushed;
+  int *type_r0, *type_n;
+  int ntask, captask;
+  int *task_r0, *task_n, *task_type;
+  /* scheduling scratch, grown only */
+  int capv;
+  int *level, *row_of, *pcount, *padj, *queue, *vtype;
+  int capcount;
+  int *count;
+  bool have_batch;
+};
+
+long cv_lin(const cavs_lin *l, const long *dims);
+/* printf into m->err; returns -1 */
+int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void *cv_xrealloc(void *p, size_t n);
+
+/* scheduler.c */
+int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
+/* tensor.c */
+int cv_grow_rows(cavs_model *m, int rows);
+
+#endif

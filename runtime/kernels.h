@@ -1,0 +1,135 @@
+/* kernels.h: the runtime's row kernels, written once and instantiated for float and for
+ * double by backend_cpu.c (#define R and SFX, then #include). Every kernel runs over rows
+ * [r0, r0 + n) of the minibatch. */
+
+static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
+  const cavs_desc *d = c->desc;
+  const R *S = (const R *)c->val[d->state_buf];
+  long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
+  for (int r = r0; r < r0 + n; r++) {
+    int ch = c->child[(size_t)r * c->maxc + k];
+    R *o = dst + (size_t)r * ld;
+    if (ch < 0) memset(o, 0, sizeof(R) * (size_t)w);
+    else memcpy(o, S + (size_t)ch * w, sizeof(R) * (size_t)w);
+  }
+}
+
+static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n) {
+  const cavs_desc *d = c->desc;
+  R *dS = (R *)c->grad[d->state_buf];
+  long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
+  for (int r = r0; r < r0 + n; r++) {
+    int ch = c->child[(size_t)r * c->maxc + k];
+    if (ch < 0) continue;
+    const R *s = src + (size_t)r * ld;
+    R *o = dS + (size_t)ch * w;
+    for (long j = 0; j < w; j++) o[j] += s[j];
+  }
+}
+
+static void CV_NAME(lookup_fwd)(const R *table, long ldt, const int *idx, R *dst, long ld, int r0,
+                                int n, long w) {
+  for (int r = r0; r < r0 + n; r++) {
+    R *o = dst + (size_t)r * ld;
+    if (idx[r] < 0) memset(o, 0, sizeof(R) * (size_t)w);
+    else memcpy(o, table + (size_t)idx[r] * ldt, sizeof(R) * (size_t)w);
+  }
+}
+
+static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *src, long ld, int r0,
+                                int n, long w) {
+  for (int r = r0; r < r0 + n; r++) {
+    if (idx[r] < 0) continue;
+    const R *s = src + (size_t)r * ld;
+    R *o = dtable + (size_t)idx[r] * ldt;
+    for (long j = 0; j < w; j++) o[j] += s[j];
+  }
+}
+
+static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
+  for (int r = 0; r < n; r++) {
+    R *o = dst + (size_t)r * ldd;
+    const R *s = src + (size_t)r * lds;
+    if (add)
+      for (long j = 0; j < w; j++) o[j] += s[j];
+    else
+      memcpy(o, s, sizeof(R) * (size_t)w);
+  }
+}
+
+/* Softmax cross-entropy of row z against label; fills p with the probabilities. */
+static double CV_NAME(xent_row)(const R *z, int label, long w, int *argmax) {
+  R mx = z[0];
+  int am = 0;
+  for (long j = 1; j < w; j++)
+    if (z[j] > mx) mx = z[j], am = (int)j;
+  double s = 0;
+  for (long j = 0; j < w; j++) s += exp((double)(z[j] - mx));
+  *argmax = am;
+  return log(s) + (double)mx - (double)z[label];
+}
+
+static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, int r0, int n,
+                              long w) {
+  cavs_loss_acc *a = &c->loss[loss];
+  for (int r = r0; r < r0 + n; r++) {
+    if (!c->pushed[r] || label[r] < 0) continue;
+    int am;
+    a->sum += CV_NAME(xent_row)(z + (size_t)r * ld, label[r], w, &am);
+    a->count++;
+    a->correct += am == label[r];
+    if (c->root[r]) {
+      a->root_count++;
+      a->root_correct += am == label[r];
+    }
+  }
+}
+
+static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, R *dz, long ldd,
+                              int r0, int n, long w) {
+  const cavs_loss_acc *a = &c->loss[loss];
+  if (!a->count) return;
+  double scale = c->loss_scale / (double)a->count;
+  for (int r = r0; r < r0 + n; r++) {
+    if (!c->pushed[r] || label[r] < 0) continue;
+    const R *zr = z + (size_t)r * ld;
+    R *g = dz + (size_t)r * ldd;
+    R mx = zr[0];
+    for (long j = 1; j < w; j++)
+      if (zr[j] > mx) mx = zr[j];
+    double s = 0;
+    for (long j = 0; j < w; j++) s += exp((double)(zr[j] - mx));
+    for (long j = 0; j < w; j++) {
+      double p = exp((double)(zr[j] - mx)) / s;
+      g[j] += (R)((p - (j == label[r])) * scale);
+    }
+  }
+}
+
+static void CV_NAME(mse_fwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, int r0, int n,
+                             long w) {
+  cavs_loss_acc *a = &c->loss[loss];
+  for (int r = r0; r < r0 + n; r++) {
+    if (!c->pushed[r]) continue;
+    double s = 0;
+    for (long j = 0; j < w; j++) {
+      double e = (double)p[(size_t)r * ld + j] - (double)t[(size_t)r * ldt + j];
+      s += e * e;
+    }
+    a->sum += s / (double)w;
+    a->count++;
+    if (c->root[r]) a->root_count++;
+  }
+}
+
+static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, R *dp, long ldd,
+                             int r0, int n, long w) {
+  const cavs_loss_acc *a = &c->loss[loss];
+  if (!a->count) return;
+  double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
+  for (int r = r0; r < r0 + n; r++) {
+    if (!c->pushed[r]) continue;
+    for (long j = 0; j < w; j++)
+      dp[(size_t)r * ldd + j] += (R)(scale * ((double)p[(size_t)r * ld + j] - (double)t[(size_t)r * ldt + j]));
+  }
+}

@@ -1,0 +1,244 @@
+/* scheduler.c: the BFS batching scheduler and the phase order of a training step.
+ *
+ * For a minibatch of K graphs: level(v) = 0 without children, else 1 + the largest level
+ * of its children (computed from the leaves up, without recursion, so any depth works).
+ * A task is every vertex of one type and one level across the K graphs. Rows are
+ * numbered type by type and, within a type, level by level: every task is a contiguous
+ * row range, and so are all the rows of one type, which lets the eager and lazy phases
+ * run over a type's rows in one call. Tasks run level by level (children first). All of
+ * it is O(V) with counting sorts, in scratch arrays that only grow.
+ *
+ * Forward:  pull (all rows) -> eager (per type) -> path (per task) -> lazy (per type)
+ *           -> push (all rows, losses).
+ * Backward: the same in reverse; every parameter gradient of a type is formed after its
+ *           path phase, as one product over all its rows. */
+#include "cv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void grow_int(int **p, int *cap, size_t need) {
+  (void)cap;
+  *p = cv_xrealloc(*p, sizeof(int) * (need ? need : 1));
+}
+
+int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
+  const cavs_desc *d = m->d;
+  long total = 0;
+  for (int g = 0; g < k; g++) {
+    if (graphs[g]->n < 0) return cv_fail(m, "graph %d has a negative vertex count", g);
+    total += graphs[g]->n;
+  }
+  if (total > (1L << 30)) return cv_fail(m, "minibatch too large (%ld vertices)", total);
+  int N = (int)total;
+  if (N > m->capv) {
+    grow_int(&m->level, NULL, (size_t)N);
+    grow_int(&m->row_of, NULL, (size_t)N);
+    grow_int(&m->pcount, NULL, (size_t)N + 1);
+    grow_int(&m->queue, NULL, (size_t)N);
+    grow_int(&m->vtype, NULL, (size_t)N);
+    m->capv = N;
+  }
+  /* parents in CSR form, to walk from the leaves up */
+  long nedges = 0;
+  for (int g = 0; g < k; g++) nedges += (long)graphs[g]->n * graphs[g]->maxc;
+  m->padj = cv_xrealloc(m->padj, sizeof(int) * (size_t)(nedges + 1));
+  memset(m->pcount, 0, sizeof(int) * ((size_t)N + 1));
+  int base = 0;
+  for (int g = 0; g < k; g++) {
+    const cavs_graph *G = graphs[g];
+    for (int v = 0; v < G->n; v++) {
+      int t = G->type ? G->type[v] : 0;
+      if (t < 0 || t >= d->nvertex)
+        return cv_fail(m, "graph %d, vertex %d: type %d is not a vertex block of '%s'", g, v, t, d->name);
+      m->vtype[base + v] = t;
+      for (int s = 0; s < G->maxc; s++) {
+        int ch = G->child[(size_t)v * G->maxc + s];
+        if (ch < 0) continue;
+        if (ch >= G->n) return cv_fail(m, "graph %d, vertex %d: child %d is out of range", g, v, ch);
+        if (s >= d->vertex[t].children)
+          return cv_fail(m, "graph %d, vertex %d: a child in slot %d, but '%s' takes %d", g, v, s,
+                         d->vertex[t].name, d->vertex[t].children);
+        m->pcount[base + ch + 1]++;
+      }
+    }
+    base += G->n;
+  }
+  for (int i = 0; i < N; i++) m->pcount[i + 1] += m->pcount[i];
+  /* fill: queue[] doubles as the fill cursor */
+  for (int i = 0; i < N; i++) m->queue[i] = m->pcount[i];
+  base = 0;
+  for (int g = 0; g < k; g++) {
+    const cavs_graph *G = graphs[g];
+    for (int v = 0; v < G->n; v++)
+      for (int s = 0; s < G->maxc; s++) {
+        int ch = G->child[(size_t)v * G->maxc + s];
+        if (ch >= 0) m->padj[m->queue[base + ch]++] = base + v;
+      }
+    base += G->n;
+  }
+  /* levels, leaves first (Kahn); row_of[] holds the number of children still pending */
+  int head = 0, tail = 0;
+  base = 0;
+  for (int g = 0; g < k; g++) {
+    const cavs_graph *G = graphs[g];
+    for (int v = 0; v < G->n; v++) {
+      int pending = 0;
+      for (int s = 0; s < G->maxc; s++) pending += G->child[(size_t)v * G->maxc + s] >= 0;
+      m->row_of[base + v] = pending;
+      m->level[base + v] = 0;
+      if (!pending) m->queue[tail++] = base + v;
+    }
+    base += G->n;
+  }
+  int maxlevel = 0;
+  while (head < tail) {
+    int v = m->queue[head++];
+    for (int e = m->pcount[v]; e < m->pcount[v + 1]; e++) {
+      int p = m->padj[e];
+      if (m->level[p] < m->level[v] + 1) m->level[p] = m->level[v] + 1;
+      if (m->level[p] > maxlevel) maxlevel = m->level[p];
+      if (--m->row_of[p] == 0) m->queue[tail++] = p;
+    }
+  }
+  if (tail < N) {
+    base = 0;
+    for (int g = 0; g < k; g++) {
+      for (int v = 0; v < graphs[g]->n; v++)
+        if (m->row_of[base + v] > 0) return cv_fail(m, "graph %d has a cycle through vertex %d", g, v);
+      base += graphs[g]->n;
+    }
+  }
+  /* rows: counting sort by (type, level) */
+  int L = maxlevel + 1, T = d->nvertex;
+  if ((size_t)T * (size_t)L + 1 > (size_t)m->capcount) {
+    m->capcount = T * L + 1;
+    m->count = cv_xrealloc(m->count, sizeof(int) * (size_t)m->capcount);
+  }
+  memset(m->count, 0, sizeof(int) * ((size_t)T * (size_t)L + 1));
+  for (int v = 0; v < N; v++) m->count[m->vtype[v] * L + m->level[v]]++;
+  int acc = 0;
+  for (int t = 0; t < T; t++) {
+    m->type_r0[t] = acc;
+    for (int l = 0; l < L; l++) {
+      int c = m->count[t * L + l];
+      m->count[t * L + l] = acc;
+      acc += c;
+    }
+    m->type_n[t] = acc - m->type_r0[t];
+  }
+  /* tasks: level by level, type by type */
+  int ntask = 0;
+  for (int l = 0; l < L; l++)
+    for (int t = 0; t < T; t++) {
+      int r0 = m->count[t * L + l];
+      int end = l + 1 < L ? m->count[t * L + l + 1] : m->type_r0[t] + m->type_n[t];
+      if (end == r0) continue;
+      int pieces = m->policy == CAVS_SERIAL ? end - r0 : 1;
+      if (ntask + pieces > m->captask) {
+        m->captask = (ntask + pieces) * 2;
+        m->task_r0 = cv_xrealloc(m->task_r0, sizeof(int) * (size_t)m->captask);
+        m->task_n = cv_xrealloc(m->task_n, sizeof(int) * (size_t)m->captask);
+        m->task_type = cv_xrealloc(m->task_type, sizeof(int) * (size_t)m->captask);
+      }
+      for (int p = 0; p < pieces; p++) {
+        m->task_r0[ntask] = m->policy == CAVS_SERIAL ? r0 + p : r0;
+        m->task_n[ntask] = m->policy == CAVS_SERIAL ? 1 : end - r0;
+        m->task_type[ntask] = t;
+        ntask++;
+      }
+    }
+  m->ntask = ntask;
+  for (int v = 0; v < N; v++) m->row_of[v] = m->count[m->vtype[v] * L + m->level[v]]++;
+  if (cv_grow_rows(m, N)) return -1;
+  m->rows = N;
+  m->ctx.rows = N;
+  /* per-row arrays */
+  int C = m->maxc;
+  base = 0;
+  for (int g = 0; g < k; g++) {
+    const cavs_graph *G = graphs[g];
+    for (int v = 0; v < G->n; v++) {
+      int r = m->row_of[base + v];
+      int t = m->vtype[base + v];
+      for (int s = 0; s < C; s++) {
+        int ch = s < G->maxc ? G->child[(size_t)v * G->maxc + s] : -1;
+        m->child[(size_t)r * C + s] = ch < 0 ? -1 : m->row_of[base + ch];
+      }
+      m->root[r] = m->pcount[base + v + 1] == m->pcount[base + v];
+      m->pushed[r] = (unsigned char)d->vertex[t].pushes;
+      for (int i = 0; i < d->ninputs; i++) {
+        const cavs_input_desc *in = &d->inputs[i];
+        if (in->kind == CAVS_IN_REAL) continue;
+        int x = G->feat ? G->feat[(size_t)v * d->nint + in->slot] : -1;
+        long bound = cv_lin(&in->width, m->ctx.dims);
+        if (x < -1 || x >= bound)
+          return cv_fail(m, "graph %d, vertex %d: input '%s' is %d, outside -1..%ld", g, v, in->name, x, bound - 1);
+        m->iin[in->slot][r] = x;
+      }
+      long off = 0;
+      for (int i = 0; i < d->ninputs; i++) {
+        const cavs_input_desc *in = &d->inputs[i];
+        if (in->kind != CAVS_IN_REAL) continue;
+        long w = m->rw[in->slot];
+        long total_w = 0;
+        for (int s = 0; s < d->nreal; s++) total_w += m->rw[s];
+        for (long j = 0; j < w; j++) {
+          double x = G->real ? G->real[(size_t)v * (size_t)total_w + (size_t)(off + j)] : 0;
+          if (m->esize == 8) ((double *)m->rin[in->slot])[(size_t)r * (size_t)w + (size_t)j] = x;
+          else ((float *)m->rin[in->slot])[(size_t)r * (size_t)w + (size_t)j] = (float)x;
+        }
+        off += w;
+      }
+    }
+    base += G->n;
+  }
+  return 0;
+}
+
+int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
+  const cavs_desc *d = m->d;
+  cavs_ctx *c = &m->ctx;
+  m->have_batch = false;
+  if (cv_schedule(m, graphs, k)) return -1;
+  memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
+  int N = m->rows;
+  if (d->pull_fwd) d->pull_fwd(c, 0, N);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) d->vertex[t].fwd_eager(c, m->type_r0[t], m->type_n[t]);
+  for (int i = 0; i < m->ntask; i++) d->vertex[m->task_type[i]].fwd_path(c, m->task_r0[i], m->task_n[i]);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) d->vertex[t].fwd_lazy(c, m->type_r0[t], m->type_n[t]);
+  if (d->push_fwd) d->push_fwd(c, 0, N);
+  if (st) {
+    memset(st, 0, sizeof *st);
+    for (int l = 0; l < d->nlosses; l++) {
+      const cavs_loss_acc *a = &m->loss[l];
+      if (a->count) st->loss += a->sum / (double)a->count;
+      st->count += a->count;
+      st->correct += a->correct;
+      st->root_count += a->root_count;
+      st->root_correct += a->root_correct;
+    }
+    st->tasks = m->ntask;
+  }
+  m->have_batch = true;
+  return 0;
+}
+
+void cavs_model_backward(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  cavs_ctx *c = &m->ctx;
+  if (!m->have_batch) return;
+  int N = m->rows;
+  for (int b = 0; b < d->nbufs; b++)
+    if (m->grad[b]) memset(m->grad[b], 0, (size_t)N * (size_t)m->bw[b] * m->esize);
+  memset(m->gflat, 0, m->nflat * m->esize);
+  if (d->push_bwd) d->push_bwd(c, 0, N);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) d->vertex[t].bwd_lazy(c, m->type_r0[t], m->type_n[t]);
+  for (int i = m->ntask - 1; i >= 0; i--) d->vertex[m->task_type[i]].bwd_path(c, m->task_r0[i], m->task_n[i]);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) d->vertex[t].bwd_eager(c, m->type_r0[t], m->type_n[t]);
+  if (d->pull_bwd) d->pull_bwd(c, 0, N);
+}

@@ -1,0 +1,177 @@
+/* check_gradcheck.c: every gradient the generated code computes agrees with central
+ * finite differences, in double precision: for one tiny model per operator, and for
+ * every example model, on small random graphs that include vertices with a missing child
+ * and a DAG in which vertices have two parents. Error measure per entry:
+ * |analytic - numeric| / max(|analytic| + |numeric|, 1e-4), required below 1e-6. */
+#include "engine.h"
+
+enum { NGRAPH = 3 };
+
+static void small_dims(const cavs_desc *d, long *dims) {
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 2 + i % 3 : 6;
+}
+
+/* Trees with holes, a chain, and a DAG; all vertex types used. */
+static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
+  int arity = 1, inner = 0, leaf = 0;
+  for (int t = 0; t < d->nvertex; t++) {
+    if (d->vertex[t].children > arity) arity = d->vertex[t].children;
+    if (d->vertex[t].children == 0) leaf = t;
+    else inner = t;
+  }
+  if (d->nvertex == 1) leaf = inner = 0;
+  tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
+  tg_tree(&g[1], 5, arity, false, &seed, leaf, inner);
+  /* a DAG: 0 and 1 are leaves; 2 = (0, 1), 3 = (1, 0) [or (1) / (0)], 4 = (2, 3) */
+  TGraph *t = &g[2];
+  tg_tree(t, 5, arity, false, &seed, leaf, inner);
+  for (int i = 0; i < 5 * arity; i++) t->child[i] = -1;
+  t->child[2 * arity + 0] = 0;
+  t->child[3 * arity + 0] = 1;
+  if (arity > 1) {
+    t->child[2 * arity + 1] = 1;
+    t->child[3 * arity + 1] = 0;
+    t->child[4 * arity + 1] = 3;
+  }
+  t->child[4 * arity + 0] = 2;
+  for (int v = 0; v < 5; v++) t->type[v] = v < 2 ? leaf : inner;
+  for (int k = 0; k < NGRAPH; k++) tg_features(&g[k], d, dims, &seed);
+}
+
+static double loss_at(cavs_model *m, const cavs_graph *const *gs) {
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, NGRAPH, &st) == 0, "%s", cavs_model_error(m));
+  return st.loss;
+}
+
+static double gradcheck(const cavs_desc *d) {
+  long dims[CAVS_MAX_DIMS];
+  small_dims(d, dims);
+  char err[256];
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  cavs_model_init(m, 7);
+  /* larger initial weights than the defaults, so no gradient is negligibly small */
+  size_t np;
+  double *p = cavs_model_params_flat(m, &np);
+  unsigned s = 99;
+  for (size_t i = 0; i < np; i++) p[i] += (double)(tg_rand(&s) % 2001) / 2000.0 - 0.5;
+  static TGraph g[NGRAPH];
+  make_graphs(d, dims, g, 1234);
+  const cavs_graph *gs[NGRAPH] = {&g[0].g, &g[1].g, &g[2].g};
+  loss_at(m, gs);
+  cavs_model_backward(m);
+  double *grad = malloc(sizeof(double) * np);
+  memcpy(grad, cavs_model_grads_flat(m, &np), sizeof(double) * np);
+  double worst = 0, eps = 1e-5;
+  int checked = 0, nonzero = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    double *w = cavs_model_param(m, i, &rows, &cols, &ld);
+    double *gw = grad + (w - p);
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++) {
+        double *x = &w[r * ld + j], keep = *x;
+        *x = keep + eps;
+        double lp = loss_at(m, gs);
+        *x = keep - eps;
+        double lm = loss_at(m, gs);
+        *x = keep;
+        double num = (lp - lm) / (2 * eps), ana = gw[r * ld + j];
+        double e = fabs(ana - num) / fmax(fabs(ana) + fabs(num), 1e-4);
+        if (e > worst) worst = e;
+        if (e > 1e-6)
+          fprintf(stderr, "%s: %s[%ld,%ld] analytic %.10g numeric %.10g\n", d->name, d->params[i].name, r, j, ana, num);
+        checked++;
+        nonzero += fabs(ana) > 1e-6;
+      }
+  }
+  /* the check means nothing if the gradients are all zero */
+  ck_assert_msg(nonzero * 4 > checked, "%s: only %d of %d gradients are nonzero", d->name, nonzero, checked);
+  free(grad);
+  cavs_model_free(m);
+  return worst;
+}
+
+#define HEAD                                                                                          \
+  "dim H = 3; dim C = 3; dim V = 5;\n"                                                                \
+  "input w : index[V]; input y : class[C];\n"                                                         \
+  "param emb[V,H] init uniform(-1, 1); param W[H,H], U[H,H] init uniform(-1, 1);\n"                   \
+  "param b[H] init uniform(-1, 1); param Wc[H,C] init uniform(-1, 1); param bc[C];\n"                 \
+  "pull { x = emb[w]; }\n"
+#define CELL(expr)                                                                                    \
+  "vertex v (children 2) {\n  x = pull(); s0 = gather(0); s1 = gather(1);\n  h = " expr ";\n"           \
+  "  scatter(h); push(h);\n}\npush (h) { loss softmax_xent(h @ Wc + bc, y); }\n"
+
+static const struct {
+  const char *name, *src;
+} op_models[] = {
+    {"add", "model op_add;\n" HEAD CELL("tanh(x + s0 + s1 @ W + b)")},
+    {"sub", "model op_sub;\n" HEAD CELL("tanh(x - s0 @ W - s1 - b)")},
+    {"mul", "model op_mul;\n" HEAD CELL("tanh(x * s0 + (s1 @ W) * b + x * 0.5)")},
+    {"div", "model op_div;\n" HEAD CELL("tanh(x / (2 + sigmoid(s0)) + s1 @ W / 3)")},
+    {"neg", "model op_neg;\n" HEAD CELL("tanh(-x + -(s0 @ W) - s1)")},
+    {"sigmoid", "model op_sigmoid;\n" HEAD CELL("sigmoid(x + s0 @ W + s1 * 0.5)")},
+    {"tanh", "model op_tanh;\n" HEAD CELL("tanh(x + (s0 + s1) @ W + b)")},
+    {"relu", "model op_relu;\n" HEAD CELL("tanh(relu(x + s0 @ W + b) + s1)")},
+    {"exp", "model op_exp;\n" HEAD CELL("tanh(exp(x * 0.5) * 0.1 + s0 @ W - s1)")},
+    {"log", "model op_log;\n" HEAD CELL("tanh(log(1 + sigmoid(x + s0)) + s1 @ W)")},
+    {"concat_slice", "model op_concat;\n" HEAD CELL("tanh(concat(x, s0)[1:H+1] @ W + concat(s1, x) @ concat_w)")
+                         "param concat_w[2H,H] init uniform(-1, 1);\n"},
+    {"sum", "model op_sum;\n" HEAD CELL("tanh(sum(x, s0, s1 @ W) + sum(k in 0..1: gather(k) @ U))")},
+    {"matmul_chain", "model op_mm;\n" HEAD CELL("tanh((tanh(x @ W + b) @ U) * (s0 + 1) + s1 @ U)")},
+    {"eager_lazy",
+     "model op_el;\n" HEAD
+     "vertex v (children 2) {\n  x = pull(); e = tanh(x @ W + b);\n"
+     "  h = tanh(e * gather(0) + gather(1) @ U);\n  scatter(h); push(tanh(h @ U) + e);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc + bc, y); }\n"},
+    {"mse",
+     "model op_mse; dim H = 3; dim V = 5; dim T = 2;\n"
+     "input w : index[V]; input t : real[T]; input f : real[H];\n"
+     "param emb[V,H] init uniform(-1, 1); param W[H,H] init uniform(-1, 1); param Wo[H,T] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; z = x * f; }\n"
+     "vertex v (children 2) { h = tanh(pull(z) + pull(x) + (gather(0) + gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss mse(h @ Wo, t); }\n"},
+    {"two_losses",
+     "model op_2l; dim H = 3; dim V = 5; dim C = 3;\n"
+     "input w : index[V]; input y : class[C]; input t : real[C];\n"
+     "param emb[V,H] init uniform(-1, 1); param W[H,H] init uniform(-1, 1); param Wo[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) { h = tanh(pull() + (gather(0) + gather(1)) @ W); scatter(concat(h, h)[0:H]); push(h); }\n"
+     "push (h) { z = h @ Wo; loss softmax_xent(z, y); loss mse(z, t); }\n"},
+};
+
+START_TEST(op_gradients) {
+  const char *name = op_models[_i].name;
+  const cavs_desc *d = load_model(op_models[_i].src, "double");
+  double worst = gradcheck(d);
+  ck_assert_msg(worst < 1e-6, "%s: worst relative error %.3g", name, worst);
+}
+END_TEST
+
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+
+START_TEST(example_gradients) {
+  const cavs_desc *d = load_model(examples[_i], "double");
+  double worst = gradcheck(d);
+  ck_assert_msg(worst < 1e-6, "%s: worst relative error %.3g", examples[_i], worst);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("gradcheck");
+  TCase *tc = tcase_create("ops");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, op_gradients, 0, (int)(sizeof op_models / sizeof *op_models));
+  suite_add_tcase(s, tc);
+  TCase *te = tcase_create("examples");
+  tcase_set_timeout(te, 600);
+  tcase_add_loop_test(te, example_gradients, 0, (int)(sizeof examples / sizeof *examples));
+  suite_add_tcase(s, te);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

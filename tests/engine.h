@@ -1,0 +1,157 @@
+/* engine.h: test helpers for generated models. A model is compiled the way a user's
+ * would be (cavsc, then the system C compiler into a shared object) and loaded with
+ * dlopen; graphs are made in memory. */
+#ifndef ENGINE_H
+#define ENGINE_H
+
+#include "cavs.h"
+#include "testutil.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdbool.h>
+
+/* Compiles `vf` (a path, or source text when it does not end in .vf) at `prec` and
+ * returns its descriptor. */
+static inline const cavs_desc *load_model(const char *vf, const char *prec) {
+  static int serial;
+  char *dir = tu_tmpdir();
+  char src[4300];
+  size_t n = strlen(vf);
+  if (n > 3 && !strcmp(vf + n - 3, ".vf") && !strchr(vf, '\n')) {
+    snprintf(src, sizeof src, "%s/dsl-examples/%s", tu_env("TOP_SRCDIR", "."), vf);
+  } else {
+    snprintf(src, sizeof src, "%s/model%d.vf", dir, serial++);
+    tu_write(src, vf, n);
+  }
+  char precopt[64];
+  snprintf(precopt, sizeof precopt, "--precision=%s", prec);
+  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), precopt, "-o", dir, src, NULL};
+  RunResult r = tu_run(NULL, argv, 30);
+  ck_assert_msg(r.status == 0, "cavsc failed on %s:\n%s", vf, r.err);
+  tu_free(&r);
+  /* the model's name: the generated .c file in dir */
+  char cmd[8192], name[256] = {0};
+  snprintf(cmd, sizeof cmd, "cd %s && ls *.c", dir);
+  FILE *p = popen(cmd, "r");
+  ck_assert(p && fgets(name, sizeof name, p));
+  pclose(p);
+  name[strcspn(name, ".\n")] = 0;
+  char csrc[4400], so[4400], inc[4400];
+  snprintf(csrc, sizeof csrc, "%s/%s.c", dir, name);
+  snprintf(so, sizeof so, "%s/%s.so", dir, name);
+  snprintf(inc, sizeof inc, "-I%s/runtime", tu_env("TOP_SRCDIR", "."));
+  char *cc[] = {"/bin/sh", "-c", NULL, NULL};
+  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -fPIC -shared -Wall -Werror %s %s -o %s", tu_env("CC", "cc"), inc,
+           csrc, so);
+  cc[2] = cmd;
+  r = tu_run(NULL, cc, 120);
+  ck_assert_msg(r.status == 0, "the C compiler failed on %s:\n%s%s", csrc, r.out, r.err);
+  tu_free(&r);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+  char sym[300];
+  snprintf(sym, sizeof sym, "%s_desc", name);
+  const cavs_desc *d = dlsym(h, sym);
+  ck_assert_msg(d != NULL, "no %s in %s", sym, so);
+  free(dir);
+  return d; /* the object stays loaded for the life of the test process */
+}
+
+static inline int find_dim(const cavs_desc *d, const char *name) {
+  for (int i = 0; i < d->ndims; i++)
+    if (!strcmp(d->dims[i].name, name)) return i;
+  return -1;
+}
+
+static inline int find_input(const cavs_desc *d, const char *name) {
+  for (int i = 0; i < d->ninputs; i++)
+    if (!strcmp(d->inputs[i].name, name)) return i;
+  return -1;
+}
+
+/* A graph whose arrays the test owns. */
+typedef struct TGraph {
+  cavs_graph g;
+  int child[4096], type[1024], feat[4096];
+  float real[8192];
+} TGraph;
+
+static inline unsigned tg_rand(unsigned *s) {
+  *s = *s * 1103515245u + 12345u;
+  return (*s >> 16) & 0x7fff;
+}
+
+/* Random features for every vertex: each integer input gets a value in its range, or -1
+ * with probability 1/5; real inputs get values in [-1, 1]. */
+static inline void tg_features(TGraph *t, const cavs_desc *d, const long *dims, unsigned *seed) {
+  for (int v = 0; v < t->g.n; v++) {
+    for (int i = 0; i < d->ninputs; i++) {
+      const cavs_input_desc *in = &d->inputs[i];
+      long w = in->width.k;
+      for (int k = 0; k < CAVS_MAX_DIMS; k++) w += (long)in->width.c[k] * dims[k];
+      if (in->kind == CAVS_IN_REAL) {
+        long off = 0;
+        for (int j = 0; j < i; j++)
+          if (d->inputs[j].kind == CAVS_IN_REAL) {
+            long wj = d->inputs[j].width.k;
+            for (int k = 0; k < CAVS_MAX_DIMS; k++) wj += (long)d->inputs[j].width.c[k] * dims[k];
+            off += wj;
+          }
+        long tot = 0;
+        for (int j = 0; j < d->ninputs; j++)
+          if (d->inputs[j].kind == CAVS_IN_REAL) {
+            long wj = d->inputs[j].width.k;
+            for (int k = 0; k < CAVS_MAX_DIMS; k++) wj += (long)d->inputs[j].width.c[k] * dims[k];
+            tot += wj;
+          }
+        for (long j = 0; j < w; j++) t->real[(size_t)v * tot + off + j] = (float)(tg_rand(seed) % 2001) / 1000.0f - 1.0f;
+        continue;
+      }
+      int x = tg_rand(seed) % 5 == 0 ? -1 : (int)(tg_rand(seed) % w);
+      t->feat[v * d->nint + in->slot] = x;
+    }
+  }
+  t->g.feat = t->feat;
+  t->g.real = t->real;
+}
+
+/* A random tree of n vertices with up to `arity` children each (children numbered before
+ * parents, vertex n-1 the root); with `holes`, some child slots stay empty. Types: leaf
+ * type for vertices without children when the model has two types. */
+static inline void tg_tree(TGraph *t, int n, int arity, bool holes, unsigned *seed, int leaf_type,
+                           int inner_type) {
+  memset(t, 0, sizeof *t);
+  t->g.n = n;
+  t->g.maxc = arity;
+  for (int i = 0; i < n * arity; i++) t->child[i] = -1;
+  /* attach each vertex v < n-1 to a random later parent with a free slot */
+  for (int v = 0; v < n - 1; v++) {
+    for (int tries = 0; tries < 100; tries++) {
+      int p = v + 1 + (int)(tg_rand(seed) % (unsigned)(n - 1 - v));
+      int s = (int)(tg_rand(seed) % (unsigned)arity);
+      if (t->child[p * arity + s] < 0) {
+        t->child[p * arity + s] = v;
+        break;
+      }
+    }
+  }
+  if (!holes) {
+    /* pack children to the front (no holes) */
+    for (int p = 0; p < n; p++) {
+      int k = 0;
+      for (int s = 0; s < arity; s++)
+        if (t->child[p * arity + s] >= 0) t->child[p * arity + k++] = t->child[p * arity + s];
+      for (; k < arity; k++) t->child[p * arity + k] = -1;
+    }
+  }
+  for (int v = 0; v < n; v++) {
+    bool leaf = true;
+    for (int s = 0; s < arity; s++) leaf &= t->child[v * arity + s] < 0;
+    t->type[v] = leaf ? leaf_type : inner_type;
+  }
+  t->g.child = t->child;
+  t->g.type = t->type;
+}
+
+#endif
