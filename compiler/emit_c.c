@@ -441,8 +441,9 @@ static void fn_open(const Em *e, const char *name, const char *what) {
     fprintf(o, "  const long D_%s = c->dims[%d];\n", e->m->dims[i].name, i);
   fprintf(o, "  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;\n");
   fprintf(o, "  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;\n");
-  fprintf(o, "  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0;\n");
-  for (int i = 0; i < e->m->ndims; i++) fprintf(o, "  (void)D_%s;\n", e->m->dims[i].name);
+  fprintf(o, "  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0;");
+  for (int i = 0; i < e->m->ndims; i++) fprintf(o, " (void)D_%s;", e->m->dims[i].name);
+  fputc('\n', o);
 }
 
 static void stage(const Em *e, const IrFunc *f, const char *name, const char *what, int cls, bool bwd,
@@ -537,10 +538,11 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
   }
 
   /* ---- descriptor ---- */
-  fprintf(c, "\nstatic const cavs_dim_desc dims[] = {\n");
+  fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1];\n");
   for (int i = 0; i < m->ndims; i++)
     fprintf(c, "  {\"%s\", %d, %ld, %d},\n", m->dims[i].name, (int)m->dims[i].kind, m->dims[i].value, m->dims[i].input);
-  fprintf(c, "};\nstatic const cavs_input_desc inputs[] = {\n");
+  if (m->ndims) fprintf(c, "};\n");
+  fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1];\n");
   int nint = 0, nreal = 0;
   for (int i = 0; i < m->ninputs; i++) {
     const Input *in = &m->inputs[i];
@@ -550,7 +552,8 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
     if (in->kind == IN_REAL) nreal++;
     else nint++;
   }
-  fprintf(c, "  {0}\n};\nstatic const cavs_param_desc params[] = {\n");
+  if (m->ninputs) fprintf(c, "};\n");
+  fprintf(c, m->nparams ? "static const cavs_param_desc params[] = {\n" : "static const cavs_param_desc params[1];\n");
   for (int i = 0; i < m->nparams; i++) {
     const Param *p = &m->params[i];
     fprintf(c, "  {\"%s\", %d, ", p->name, p->rank);
@@ -561,7 +564,8 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
     emit_lin(c, p->col_off);
     fprintf(c, ", %d, %.17g, %.17g},\n", (int)p->init, p->a, p->b);
   }
-  fprintf(c, "  {0}\n};\nstatic const cavs_pgroup_desc pgroups[] = {\n");
+  if (m->nparams) fprintf(c, "};\n");
+  fprintf(c, m->npgroups ? "static const cavs_pgroup_desc pgroups[] = {\n" : "static const cavs_pgroup_desc pgroups[1];\n");
   for (int i = 0; i < m->npgroups; i++) {
     fputs("  {", c);
     emit_lin(c, m->pgroups[i].rows);
@@ -569,7 +573,8 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
     emit_lin(c, m->pgroups[i].cols);
     fputs("},\n", c);
   }
-  fprintf(c, "  {{0}}\n};\nstatic const cavs_buf_desc bufs[] = {\n");
+  if (m->npgroups) fprintf(c, "};\n");
+  fprintf(c, "static const cavs_buf_desc bufs[] = {\n");
   for (int i = 0; i < m->nbufs; i++) {
     fprintf(c, "  {\"%s\", ", m->bufs[i].name);
     emit_lin(c, m->bufs[i].width);
@@ -582,17 +587,20 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
             fname(&e, f, "fwd_eager"), fname(&e, f, "fwd_path"), fname(&e, f, "fwd_lazy"),
             fname(&e, f, "bwd_lazy"), fname(&e, f, "bwd_path"), fname(&e, f, "bwd_eager"));
   }
-  fprintf(c, "};\nstatic const cavs_loss_desc losses[] = {\n");
+  fprintf(c, "};\n");
   int nlosses = 0;
+  if (m->push)
+    for (int i = 0; i < m->push->n; i++) nlosses += op_info[m->push->nodes[i].op].kind == OK_LOSS;
+  fprintf(c, nlosses ? "static const cavs_loss_desc losses[] = {\n" : "static const cavs_loss_desc losses[1];\n");
   if (m->push)
     for (int i = 0; i < m->push->n; i++) {
       const IrNode *n = &m->push->nodes[i];
       if (op_info[n->op].kind != OK_LOSS) continue;
       const IrNode *t = &m->push->nodes[n->args[1]];
       fprintf(c, "  {%d, %d},\n", n->op == OP_XENT ? 0 : 1, t->op == OP_INPUT ? t->ref : -1);
-      nlosses++;
     }
-  fprintf(c, "  {0}\n};\n\n");
+  if (nlosses) fprintf(c, "};\n");
+  fputc('\n', c);
   fprintf(c, "const cavs_desc %s_desc = {\n", M);
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .name = \"%s\",\n  .source = \"%s\",\n", M, o->source_name);
   fprintf(c, "  .source_hash = \"%016llx\",\n", fnv(cv_source_text, cv_source_len));

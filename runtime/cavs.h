@@ -44,6 +44,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -254,6 +255,35 @@ typedef struct cavs_optim {
 void cavs_model_step(cavs_model *m, const cavs_optim *o);
 
 void cavs_set_threads(int n);
+
+/* ---- data ---- */
+
+/* Token <-> id. Id 0 is <unk>, what unknown tokens map to when the vocabulary is not
+ * allowed to grow (evaluation data). */
+typedef struct cavs_vocab cavs_vocab;
+cavs_vocab *cavs_vocab_new(void);
+void cavs_vocab_free(cavs_vocab *v);
+int cavs_vocab_size(const cavs_vocab *v);
+int cavs_vocab_id(cavs_vocab *v, const char *word, size_t len, int add);
+const char *cavs_vocab_word(const cavs_vocab *v, int id);
+
+/* A file of graphs, read once: format "ptb-tree" or "text". Tokens go to the model's
+ * first index input, labels to its first class input; leaves get the first vertex type
+ * without children, inner vertices the first with children. `dims` (or NULL) bounds the
+ * labels. New tokens are added to the vocabulary when `grow` is set. On error returns
+ * NULL with "file:line: error: ..." in err. The dataset owns its graphs. */
+typedef struct cavs_dataset cavs_dataset;
+cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                                cavs_vocab *v, int grow, char *err, size_t errlen);
+int cavs_dataset_count(const cavs_dataset *s);
+const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i);
+long cavs_dataset_vertices(const cavs_dataset *s);
+void cavs_dataset_free(cavs_dataset *s);
+
+/* Synthetic data, as ptb-tree lines: a toy treebank with a learnable signal, and
+ * complete binary trees (the Tree-FC benchmark). */
+int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed);
+int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass, uint64_t seed);
 
 #ifdef __cplusplus
 }

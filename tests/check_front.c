@@ -170,6 +170,81 @@ START_TEST(constants) {
 }
 END_TEST
 
+/* The Tree-LSTM's classes match the Cavs paper's Figure 7 and its cell fuses into one
+ * loop: pull and the input projections eager (one merged product for all four gates),
+ * the products with the children's states, the gates and the cell update on the path,
+ * push and the head lazy. */
+START_TEST(treelstm_classes) {
+  Model *m = compile_file("treelstm.vf");
+  autodiff(m);
+  classify(m);
+  fuse(m);
+  plan(m);
+  for (int i = 0; i < m->pull->n; i++)
+    if (m->pull->nodes[i].uses) ck_assert_int_eq(m->pull->nodes[i].cls, CLS_EAGER);
+  for (int i = 0; i < m->push->n; i++)
+    if (m->push->nodes[i].uses || m->push->nodes[i].type == T_NONE) ck_assert_int_eq(m->push->nodes[i].cls, CLS_LAZY);
+  const IrFunc *f = m->vertex[0];
+  int cell_group = -1, eager_mm = 0, path_mm = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses && n->type != T_NONE) continue;
+    switch (n->op) {
+    case OP_PULL: ck_assert_int_eq(n->cls, CLS_EAGER); break;
+    case OP_MATMUL: {
+      bool from_x = f->nodes[n->args[0]].op == OP_PULL;
+      ck_assert_int_eq(n->cls, from_x ? CLS_EAGER : CLS_PATH);
+      if (from_x) {
+        ck_assert_int_ge(n->mm, 0);
+        ck_assert_int_eq(f->merges[n->mm].n, 4);
+        eager_mm++;
+      } else {
+        path_mm++;
+      }
+      break;
+    }
+    case OP_SIGMOID:
+    case OP_TANH:
+    case OP_MUL:
+      ck_assert_int_eq(n->cls, CLS_PATH);
+      if (cell_group < 0) cell_group = n->group;
+      ck_assert_msg(n->group == cell_group, "%%%d (%s) is in group %d, not the cell's %d", i,
+                    op_info[n->op].name, n->group, cell_group);
+      break;
+    case OP_PUSH: ck_assert_int_eq(n->cls, CLS_LAZY); break;
+    case OP_SCATTER:
+    case OP_GATHER: ck_assert_int_eq(n->cls, CLS_PATH); break;
+    default: break;
+    }
+  }
+  ck_assert_int_eq(eager_mm, 4);
+  ck_assert_int_eq(path_mm, 5);
+  /* one eager product: x @ [Wi|Wf|Wo|Wu]; the path: hs @ [Ui|Uo|Uu] and h_k @ Uf */
+  int units[3] = {0};
+  for (int u = 0; u < f->nunits; u++) units[f->units[u].cls]++;
+  ck_assert_int_eq(units[CLS_EAGER], 1);
+  /* the cell's forward is one loop, and so is its backward: the emitted code has one
+     forward and one backward loop for the cell's group */
+  char *hbuf, *cbuf;
+  size_t hl, cl;
+  FILE *h = open_memstream(&hbuf, &hl), *c = open_memstream(&cbuf, &cl);
+  EmitOpts eo = {.prec = PREC_FLOAT, .cmdline = "test", .source_name = "treelstm.vf"};
+  emit_c(m, &eo, h, c);
+  fclose(h);
+  fclose(c);
+  char fwd[64], bwd[64];
+  snprintf(fwd, sizeof fwd, "group g%d forward", cell_group);
+  snprintf(bwd, sizeof bwd, "group g%d backward", cell_group);
+  int nf = 0, nb = 0;
+  for (char *p = cbuf; (p = strstr(p, fwd)); p++) nf++;
+  for (char *p = cbuf; (p = strstr(p, bwd)); p++) nb++;
+  ck_assert_int_eq(nf, 1);
+  ck_assert_int_eq(nb, 1);
+  free(hbuf);
+  free(cbuf);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("front");
   TCase *tc = tcase_create("core");
@@ -180,6 +255,7 @@ int main(void) {
   tcase_add_test(tc, loops_and_sums);
   tcase_add_test(tc, pull_slots);
   tcase_add_test(tc, constants);
+  tcase_add_test(tc, treelstm_classes);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -31,7 +31,7 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
   ck_assert_msg(r.status == 0, "cavsc failed on %s:\n%s", vf, r.err);
   tu_free(&r);
   /* the model's name: the generated .c file in dir */
-  char cmd[8192], name[256] = {0};
+  char cmd[16384], name[256] = {0};
   snprintf(cmd, sizeof cmd, "cd %s && ls *.c", dir);
   FILE *p = popen(cmd, "r");
   ck_assert(p && fgets(name, sizeof name, p));

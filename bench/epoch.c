@@ -1,0 +1,123 @@
+/* epoch.c: times training epochs of a generated model on a ptb-tree or text file,
+ * without the driver: load, bind the vocabulary, then per minibatch forward, backward
+ * and an Adam step, exactly what training does. Prints one line per run:
+ *   model, policy, batch, E, H, threads, seconds per epoch, graphs/s, loss, accuracy.
+ *
+ *   bench/epoch [--policy bfs|serial] [--batch 64] [--dim H=256] [--threads 2]
+ *               [--epochs 1] [--limit N] MODEL FORMAT FILE
+ * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype). */
+#include "cavs.h"
+#include "../generated/lstm_lm.h"
+#include "../generated/treefc.h"
+#include "../generated/treegru.h"
+#include "../generated/treelstm.h"
+#include "../generated/twotype.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+  const char *policy = "bfs", *dimset[CAVS_MAX_DIMS];
+  int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; i += 2) {
+    if (i + 1 >= argc) break;
+    if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
+    else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--epochs")) epochs = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--limit")) limit = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--dim") && ndimset < CAVS_MAX_DIMS) dimset[ndimset++] = argv[i + 1];
+    else {
+      fprintf(stderr, "epoch: unknown option %s\n", argv[i]);
+      return 1;
+    }
+  }
+  if (argc - i != 3) {
+    fprintf(stderr, "usage: epoch [options] MODEL FORMAT FILE\n");
+    return 1;
+  }
+  const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
+  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc};
+  const cavs_desc *d = NULL;
+  for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
+    if (!strcmp(descs[k]->name, name)) d = descs[k];
+  if (!d) {
+    fprintf(stderr, "epoch: no model %s linked in\n", name);
+    return 1;
+  }
+  cavs_set_threads(threads);
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  for (int k = 0; k < ndimset; k++) {
+    const char *eq = strchr(dimset[k], '=');
+    for (int j = 0; eq && j < d->ndims; j++)
+      if (strlen(d->dims[j].name) == (size_t)(eq - dimset[k]) && !strncmp(d->dims[j].name, dimset[k], (size_t)(eq - dimset[k])))
+        dims[j] = atol(eq + 1);
+  }
+  char err[512];
+  cavs_vocab *v = cavs_vocab_new();
+  double t0 = now();
+  cavs_dataset *ds = cavs_dataset_load(path, format, d, dims, v, 1, err, sizeof err);
+  if (!ds) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  double tload = now() - t0;
+  for (int j = 0; j < d->ndims; j++)
+    if (d->dims[j].kind == CAVS_DIM_VOCAB) dims[j] = cavs_vocab_size(v) + 1;
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  if (!m) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  cavs_model_init(m, 1);
+  cavs_model_set_policy(m, strcmp(policy, "serial") ? CAVS_BFS : CAVS_SERIAL);
+  int n = cavs_dataset_count(ds);
+  if (limit && limit < n) n = limit;
+  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);
+  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3};
+  for (int e = 0; e < epochs; e++) {
+    double loss = 0;
+    long count = 0, correct = 0, vertices = 0;
+    int batches = 0;
+    double start = now();
+    for (int b = 0; b < n; b += batch) {
+      int k = n - b < batch ? n - b : batch;
+      for (int j = 0; j < k; j++) {
+        gs[j] = cavs_dataset_graph(ds, b + j);
+        vertices += gs[j]->n;
+      }
+      cavs_stats st;
+      if (cavs_model_forward(m, gs, k, &st)) {
+        fprintf(stderr, "%s\n", cavs_model_error(m));
+        return 1;
+      }
+      cavs_model_backward(m);
+      cavs_model_step(m, &opt);
+      loss += st.loss;
+      count += st.count;
+      correct += st.correct;
+      batches++;
+    }
+    double secs = now() - start;
+    printf("%s policy=%s batch=%d", name, policy, batch);
+    for (int j = 0; j < d->ndims; j++) printf(" %s=%ld", d->dims[j].name, dims[j]);
+    printf(" threads=%d graphs=%d vertices=%ld load=%.2fs epoch=%.2fs graphs/s=%.0f loss=%.4f acc=%.4f\n", threads,
+           n, vertices, tload, secs, n / secs, loss / batches, count ? (double)correct / (double)count : 0.0);
+    fflush(stdout);
+  }
+  free(gs);
+  cavs_model_free(m);
+  cavs_dataset_free(ds);
+  cavs_vocab_free(v);
+  return 0;
+}

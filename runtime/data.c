@@ -1,0 +1,455 @@
+/* data.c: datasets read once and kept as graphs, and the vocabulary that maps tokens to
+ * ids. Formats: `ptb-tree` (SST-style bracketed trees, a label on every node, tokens split
+ * on ASCII space only: SST has tokens with U+00A0 inside) and `text` (one sentence a line,
+ * each a chain whose vertex i reads token i and is labeled with token i+1, <eos> last).
+ * Parsers are iterative (an explicit stack), so depth is bounded by memory, not by the C
+ * stack; an error names the file and line and leaves nothing half-loaded. */
+#include "cv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- vocabulary: open addressing over interned strings ---- */
+
+struct cavs_vocab {
+  char **words;
+  int n, cap;
+  int *slots; /* ids, -1 empty */
+  int nslots;
+};
+
+static unsigned vhash(const char *s, size_t n) {
+  unsigned h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+  return h;
+}
+
+cavs_vocab *cavs_vocab_new(void) {
+  cavs_vocab *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  cavs_vocab_id(v, "<unk>", 5, 1);
+  return v;
+}
+
+void cavs_vocab_free(cavs_vocab *v) {
+  if (!v) return;
+  for (int i = 0; i < v->n; i++) free(v->words[i]);
+  free(v->words);
+  free(v->slots);
+  free(v);
+}
+
+int cavs_vocab_size(const cavs_vocab *v) { return v->n; }
+
+const char *cavs_vocab_word(const cavs_vocab *v, int id) { return id >= 0 && id < v->n ? v->words[id] : NULL; }
+
+int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
+  if (v->nslots) {
+    for (unsigned h = vhash(w, len) & (unsigned)(v->nslots - 1);; h = (h + 1) & (unsigned)(v->nslots - 1)) {
+      int id = v->slots[h];
+      if (id < 0) break;
+      if (strlen(v->words[id]) == len && !memcmp(v->words[id], w, len)) return id;
+    }
+  }
+  if (!add) return 0; /* <unk> */
+  if ((v->n + 1) * 2 > v->nslots) {
+    int ns = v->nslots ? v->nslots * 2 : 1024;
+    int *slots = cv_xrealloc(NULL, sizeof(int) * (size_t)ns);
+    for (int i = 0; i < ns; i++) slots[i] = -1;
+    for (int id = 0; id < v->n; id++) {
+      unsigned h = vhash(v->words[id], strlen(v->words[id])) & (unsigned)(ns - 1);
+      while (slots[h] >= 0) h = (h + 1) & (unsigned)(ns - 1);
+      slots[h] = id;
+    }
+    free(v->slots);
+    v->slots = slots;
+    v->nslots = ns;
+  }
+  if (v->n == v->cap) {
+    v->cap = v->cap ? v->cap * 2 : 1024;
+    v->words = cv_xrealloc(v->words, sizeof(char *) * (size_t)v->cap);
+  }
+  char *copy = cv_xrealloc(NULL, len + 1);
+  memcpy(copy, w, len);
+  copy[len] = 0;
+  v->words[v->n] = copy;
+  unsigned h = vhash(w, len) & (unsigned)(v->nslots - 1);
+  while (v->slots[h] >= 0) h = (h + 1) & (unsigned)(v->nslots - 1);
+  v->slots[h] = v->n;
+  return v->n++;
+}
+
+/* ---- datasets ---- */
+
+struct cavs_dataset {
+  cavs_graph *graphs;
+  int n, cap;
+  int maxc, nint;
+  int *child, *type, *feat; /* all graphs' vertices, back to back */
+  long nv, capv;
+};
+
+int cavs_dataset_count(const cavs_dataset *s) { return s->n; }
+const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i) { return &s->graphs[i]; }
+long cavs_dataset_vertices(const cavs_dataset *s) { return s->nv; }
+
+void cavs_dataset_free(cavs_dataset *s) {
+  if (!s) return;
+  free(s->graphs);
+  free(s->child);
+  free(s->type);
+  free(s->feat);
+  free(s);
+}
+
+/* What the loader needs to know of a model: where words and labels go, how many
+ * children a vertex may have, which type a leaf and an inner vertex get. */
+typedef struct Shape {
+  int nint, word_slot, label_slot, maxc, leaf_type, inner_type;
+  long nclass; /* labels must be below this (0: unchecked) */
+} Shape;
+
+static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, size_t errlen) {
+  memset(sh, 0, sizeof *sh);
+  sh->nint = d->nint;
+  sh->word_slot = sh->label_slot = -1;
+  for (int i = 0; i < d->ninputs; i++) {
+    const cavs_input_desc *in = &d->inputs[i];
+    if (in->kind == CAVS_IN_INDEX && sh->word_slot < 0) sh->word_slot = in->slot;
+    if (in->kind == CAVS_IN_CLASS && sh->label_slot < 0) {
+      sh->label_slot = in->slot;
+      sh->nclass = dims ? cv_lin(&in->width, dims) : 0;
+      /* a class range bound to the vocabulary is not known until the data is read */
+      for (int k = 0; k < d->ndims; k++)
+        if (in->width.c[k] && d->dims[k].kind == CAVS_DIM_VOCAB) sh->nclass = 0;
+    }
+  }
+  sh->leaf_type = sh->inner_type = -1;
+  for (int t = 0; t < d->nvertex; t++) {
+    if (d->vertex[t].children > sh->maxc) sh->maxc = d->vertex[t].children;
+    if (d->vertex[t].children == 0 && sh->leaf_type < 0) sh->leaf_type = t;
+    if (d->vertex[t].children > 0 && sh->inner_type < 0) sh->inner_type = t;
+  }
+  if (sh->inner_type < 0) sh->inner_type = 0;
+  if (sh->leaf_type < 0) sh->leaf_type = sh->inner_type;
+  if (sh->maxc < 1) {
+    snprintf(err, errlen, "model '%s' has no vertex block that takes children", d->name);
+    return -1;
+  }
+  return 0;
+}
+
+static void add_vertex(cavs_dataset *s) {
+  if (s->nv == s->capv) {
+    s->capv = s->capv ? s->capv * 2 : 4096;
+    s->child = cv_xrealloc(s->child, sizeof(int) * (size_t)s->capv * (size_t)s->maxc);
+    s->type = cv_xrealloc(s->type, sizeof(int) * (size_t)s->capv);
+    s->feat = cv_xrealloc(s->feat, sizeof(int) * (size_t)s->capv * (size_t)(s->nint ? s->nint : 1));
+  }
+  for (int k = 0; k < s->maxc; k++) s->child[s->nv * s->maxc + k] = -1;
+  for (int k = 0; k < s->nint; k++) s->feat[s->nv * s->nint + k] = -1;
+  s->type[s->nv] = 0;
+  s->nv++;
+}
+
+static void add_graph(cavs_dataset *s, long first) {
+  if (s->n == s->cap) {
+    s->cap = s->cap ? s->cap * 2 : 1024;
+    s->graphs = cv_xrealloc(s->graphs, sizeof(cavs_graph) * (size_t)s->cap);
+  }
+  s->graphs[s->n++] = (cavs_graph){.n = (int)(s->nv - first), .maxc = s->maxc, .child = (int *)(intptr_t)first};
+}
+
+/* Graph arrays were grown while reading; point the graphs into them at the end. */
+static void fix_graphs(cavs_dataset *s) {
+  for (int i = 0; i < s->n; i++) {
+    long first = (long)(intptr_t)s->graphs[i].child;
+    s->graphs[i].child = s->child + first * s->maxc;
+    s->graphs[i].type = s->type + first;
+    s->graphs[i].feat = s->feat + first * s->nint;
+  }
+}
+
+static bool valid_utf8(const char *p, size_t n) {
+  const unsigned char *s = (const unsigned char *)p;
+  for (size_t i = 0; i < n;) {
+    unsigned c = s[i];
+    size_t k = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3 : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+    if (!k || i + k > n) return false;
+    for (size_t j = 1; j < k; j++)
+      if ((s[i + j] & 0xc0) != 0x80) return false;
+    i += k;
+  }
+  return true;
+}
+
+typedef struct Open {
+  int label;
+  int nchild;
+  int word;
+  long first_child; /* index into the pending child list */
+} Open;
+
+/* One bracketed tree: `(label token)` or `(label tree tree ...)`. */
+static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
+                      const char *path, long lineno, char *err, size_t errlen) {
+  static Open *stack;
+  static long capstack;
+  static int *kids; /* children of the open nodes, back to back */
+  static long capkids;
+  long depth = 0, nkids = 0;
+  long first = s->nv;
+  size_t i = 0;
+#define FAIL(...)                                                                        \
+  do {                                                                                   \
+    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
+    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
+    s->nv = first;                                                                       \
+    return -1;                                                                           \
+  } while (0)
+  while (i < len && line[i] == ' ') i++;
+  if (i == len) FAIL("empty line");
+  bool done = false;
+  while (i < len) {
+    char ch = line[i];
+    if (ch == ' ') {
+      i++;
+      continue;
+    }
+    if (done) FAIL("text after the end of the tree at column %zu", i + 1);
+    if (ch == '(') {
+      i++;
+      size_t a = i;
+      while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
+      char *end;
+      long label = strtol(line + a, &end, 10);
+      if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a);
+      if (label < -1 || (sh->nclass && label >= sh->nclass))
+        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a, sh->nclass - 1);
+      if (depth == capstack) {
+        capstack = capstack ? capstack * 2 : 64;
+        stack = cv_xrealloc(stack, sizeof(Open) * (size_t)capstack);
+      }
+      stack[depth++] = (Open){.label = (int)label, .word = -2, .first_child = nkids};
+      continue;
+    }
+    if (ch == ')') {
+      if (!depth) FAIL("unbalanced ')' at column %zu", i + 1);
+      Open *o = &stack[depth - 1];
+      if (o->word == -2 && o->nchild == 0) FAIL("empty node at column %zu", i + 1);
+      if (o->nchild > sh->maxc)
+        FAIL("a node with %d children at column %zu, but the model takes at most %d", o->nchild, i + 1, sh->maxc);
+      add_vertex(s);
+      long id = s->nv - 1;
+      int *cp = s->child + id * s->maxc;
+      for (int k = 0; k < o->nchild; k++) cp[k] = (int)(kids[o->first_child + k] - first);
+      s->type[id] = o->nchild ? sh->inner_type : sh->leaf_type;
+      if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = o->word >= 0 ? o->word : -1;
+      if (sh->label_slot >= 0) s->feat[id * s->nint + sh->label_slot] = o->label;
+      nkids = o->first_child;
+      depth--;
+      i++;
+      if (depth) {
+        if (nkids == capkids) {
+          capkids = capkids ? capkids * 2 : 256;
+          kids = cv_xrealloc(kids, sizeof(int) * (size_t)capkids);
+        }
+        kids[nkids++] = id;
+        stack[depth - 1].nchild++;
+        if (stack[depth - 1].word != -2) FAIL("a node with both a word and children at column %zu", i);
+      } else {
+        done = true;
+      }
+      continue;
+    }
+    /* a token: the word of the innermost open node */
+    if (!depth) FAIL("expected '(' at column %zu", i + 1);
+    size_t a = i;
+    while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
+    Open *o = &stack[depth - 1];
+    if (o->word != -2 || o->nchild) FAIL("a second token or a token after children at column %zu", a + 1);
+    o->word = sh->word_slot >= 0 ? cavs_vocab_id(v, line + a, i - a, grow) : -1;
+  }
+  if (depth) FAIL("missing ')' at the end of the line (%ld open)", depth);
+  if (!done) FAIL("no tree on this line");
+  add_graph(s, first);
+  return 0;
+#undef FAIL
+}
+
+static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
+                      const char *path, long lineno, char *err, size_t errlen) {
+  long first = s->nv;
+  int prev_word = -1;
+  for (size_t i = 0; i < len;) {
+    while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+    if (i == len) break;
+    size_t a = i;
+    while (i < len && line[i] != ' ' && line[i] != '\t') i++;
+    int w = cavs_vocab_id(v, line + a, i - a, grow);
+    if (s->nv > first && sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = w;
+    add_vertex(s);
+    long id = s->nv - 1;
+    if (id > first) s->child[id * s->maxc] = (int)(id - 1 - first);
+    s->type[id] = sh->inner_type;
+    if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = w;
+    prev_word = w;
+  }
+  (void)prev_word;
+  if (s->nv == first) {
+    snprintf(err, errlen, "%s:%ld: error: empty line", path, lineno);
+    return -1;
+  }
+  if (sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = cavs_vocab_id(v, "<eos>", 5, 1);
+  add_graph(s, first);
+  return 0;
+}
+
+cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                                cavs_vocab *v, int grow, char *err, size_t errlen) {
+  Shape sh;
+  if (shape_of(d, dims, &sh, err, errlen)) return NULL;
+  bool tree = !strcmp(format, "ptb-tree");
+  if (!tree && strcmp(format, "text")) {
+    snprintf(err, errlen, "unknown data format '%s' (ptb-tree, text)", format);
+    return NULL;
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  cavs_dataset *s = calloc(1, sizeof *s);
+  s->maxc = sh.maxc;
+  s->nint = sh.nint;
+  /* the vocabulary grows as we go; on error, new words stay (harmless: ids only grow) */
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t got;
+  long lineno = 0;
+  int rc = 0;
+  while ((got = getline(&line, &cap, f)) >= 0) {
+    lineno++;
+    size_t n = (size_t)got;
+    if (n && line[n - 1] == '\n') n--;
+    if (n && line[n - 1] == '\r') n--;
+    if (memchr(line, 0, n)) {
+      snprintf(err, errlen, "%s:%ld: error: NUL byte", path, lineno);
+      rc = -1;
+      break;
+    }
+    if (!valid_utf8(line, n)) {
+      snprintf(err, errlen, "%s:%ld: error: invalid UTF-8", path, lineno);
+      rc = -1;
+      break;
+    }
+    rc = tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen)
+              : parse_text(s, &sh, v, grow, line, n, path, lineno, err, errlen);
+    if (rc) break;
+  }
+  if (!rc && ferror(f)) {
+    snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    rc = -1;
+  }
+  free(line);
+  fclose(f);
+  if (!rc && s->n == 0) {
+    snprintf(err, errlen, "%s: error: no graphs in the file", path);
+    rc = -1;
+  }
+  if (rc) {
+    cavs_dataset_free(s);
+    return NULL;
+  }
+  fix_graphs(s);
+  return s;
+}
+
+/* ---- synthetic data ---- */
+
+static uint64_t gen_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* A toy treebank with a learnable signal: words w0..w(W-1) carry a polarity of -1, 0 or
+ * +1 (by id mod 3); a node's label is its subtree's total polarity, clamped to -2..2 and
+ * shifted to 0..4 (five classes, as SST). Learning it needs the composition: the root
+ * label depends on every leaf. Trees are random binary trees of 2..maxleaves leaves. */
+int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 1;
+  int *pol = malloc(sizeof(int) * (size_t)(2 * maxleaves + 2));
+  char **txt = malloc(sizeof(char *) * (size_t)(2 * maxleaves + 2));
+  if (!pol || !txt) return -1;
+  for (int t = 0; t < ntrees; t++) {
+    int n = 2 + (int)(gen_next(&s) % (uint64_t)(maxleaves - 1));
+    /* leaves, then merge random neighbours until one tree is left */
+    for (int i = 0; i < n; i++) {
+      int w = (int)(gen_next(&s) % (uint64_t)nwords);
+      pol[i] = w % 3 == 0 ? -1 : w % 3 == 1 ? 1 : 0;
+      int lab = pol[i] + 2;
+      size_t len = (size_t)snprintf(NULL, 0, "(%d w%d)", lab, w) + 1;
+      txt[i] = malloc(len);
+      snprintf(txt[i], len, "(%d w%d)", lab, w);
+    }
+    for (int k = n; k > 1; k--) {
+      int i = (int)(gen_next(&s) % (uint64_t)(k - 1));
+      int p = pol[i] + pol[i + 1];
+      int lab = (p < -2 ? -2 : p > 2 ? 2 : p) + 2;
+      size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
+      char *m = malloc(len);
+      snprintf(m, len, "(%d %s %s)", lab, txt[i], txt[i + 1]);
+      free(txt[i]);
+      free(txt[i + 1]);
+      txt[i] = m;
+      pol[i] = p;
+      for (int j = i + 1; j < k - 1; j++) {
+        txt[j] = txt[j + 1];
+        pol[j] = pol[j + 1];
+      }
+    }
+    fprintf(out, "%s\n", txt[0]);
+    free(txt[0]);
+  }
+  free(pol);
+  free(txt);
+  return ferror(out) ? -1 : 0;
+}
+
+/* Complete binary trees with `leaves` leaves (rounded up to a power of two), as in
+ * TensorFlow Fold's Tree-FC benchmark; random words, a random label at the root only. The
+ * recursion is as deep as log2(leaves), at most 30. */
+static void complete_subtree(FILE *out, int level, int nwords, uint64_t *s) {
+  if (level == 0) {
+    fprintf(out, "(-1 w%d)", (int)(gen_next(s) % (uint64_t)nwords));
+    return;
+  }
+  fputs("(-1 ", out);
+  complete_subtree(out, level - 1, nwords, s);
+  fputc(' ', out);
+  complete_subtree(out, level - 1, nwords, s);
+  fputc(')', out);
+}
+
+int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 7;
+  int top = 0;
+  while ((1 << top) < leaves && top < 30) top++;
+  for (int t = 0; t < ntrees; t++) {
+    int lab = (int)(gen_next(&s) % (uint64_t)nclass);
+    if (top == 0) {
+      fprintf(out, "(%d w%d)\n", lab, (int)(gen_next(&s) % (uint64_t)nwords));
+      continue;
+    }
+    fprintf(out, "(%d ", lab);
+    complete_subtree(out, top - 1, nwords, &s);
+    fputc(' ', out);
+    complete_subtree(out, top - 1, nwords, &s);
+    fputs(")\n", out);
+  }
+  return ferror(out) ? -1 : 0;
+}
