@@ -66,6 +66,8 @@ static const char *ptr(const Em *e, const Place *p, const char *row, bool grad) 
 
 static const char *ld(const Em *e, const Place *p) { return paren(lin_c(e->m, p->ld)); }
 
+static const char *base(const Em *e, const Place *p, bool grad) { return ptr(e, p, "0", grad); }
+
 static int int_slot(const Model *m, int input) {
   int k = 0;
   for (int i = 0; i < input; i++) k += m->inputs[i].kind != IN_REAL;
@@ -102,10 +104,39 @@ static const char *operand(const Em *e, const IrFunc *f, int x, int g) {
   return arena_printf("a%d[j]", x);
 }
 
+/* Do two written gradient regions of a backward loop overlap (two different slices of
+ * one buffer)? Only then may the loop's pointers alias; otherwise they are `restrict`:
+ * outputs never overlap inputs (a member cannot read a view of what the group itself
+ * writes: fusion refuses such cycles), so the compiler may vectorize without run-time
+ * alias checks. Column ranges are compared symbolically: disjoint when one provably
+ * ends before the other starts. */
+static bool grads_may_alias(const IrFunc *f, const Group *g, int gi) {
+  const IrNode *seen[256];
+  int n = 0;
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *m = &f->nodes[g->members[k]];
+    for (int j = 0; j < m->nargs; j++) {
+      const IrNode *a = &f->nodes[m->args[j]];
+      if (in_group(f, m->args[j], gi) || !a->grad || (a->val.kind != PL_ROW && a->val.kind != PL_PARAM)) continue;
+      for (int i = 0; i < n; i++) {
+        const Place *p = &seen[i]->val, *q = &a->val;
+        if (p->kind != q->kind || p->buf != q->buf || seen[i] == a) continue;
+        Lin pw = p->kind == PL_ROW ? seen[i]->width : lin_const(0), qw = q->kind == PL_ROW ? a->width : lin_const(0);
+        if (p->kind == PL_PARAM) return true; /* two vectors in one group: keep it simple */
+        if (!lin_le(lin_add(p->off, pw), q->off) && !lin_le(lin_add(q->off, qw), p->off)) return true;
+      }
+      if (n < 256) seen[n++] = a;
+      else return true;
+    }
+  }
+  return false;
+}
+
 /* Declares, inside the row loop, a pointer for every outside operand the loop reads
  * (all of them forward; `reads` backward), and for the gradients it adds to. */
 static void group_pointers(const Em *e, const IrFunc *f, const Group *g, int gi, bool bwd, const bool *reads) {
   FILE *o = e->out;
+  const char *rs = bwd && grads_may_alias(f, g, gi) ? "" : "restrict ";
   bool *seen = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];
@@ -114,17 +145,17 @@ static void group_pointers(const Em *e, const IrFunc *f, const Group *g, int gi,
       const IrNode *a = &f->nodes[x];
       if (in_group(f, x, gi) || seen[x] || a->type == T_SCALAR) continue;
       seen[x] = true;
-      if (!reads || reads[x]) fprintf(o, "      const R *a%d = %s;\n", x, ptr(e, &a->val, "r", false));
+      if (!reads || reads[x]) fprintf(o, "    const R *%sa%d = %s;\n", rs, x, ptr(e, &a->val, "r", false));
       if (bwd && a->grad && (a->val.kind == PL_ROW || a->val.kind == PL_PARAM))
-        fprintf(o, "      R *d%d = %s;\n", x, ptr(e, &a->val, "r", true));
+        fprintf(o, "    R *%sd%d = %s;\n", rs, x, ptr(e, &a->val, "r", true));
     }
   }
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (n->val.kind != PL_ROW) continue;
-    if (!bwd) fprintf(o, "      R *o%d = %s;\n", x, ptr(e, &n->val, "r", false));
-    else if (n->grad) fprintf(o, "      const R *g%d_in = %s;\n", x, ptr(e, &n->val, "r", true));
+    if (!bwd) fprintf(o, "    R *%so%d = %s;\n", rs, x, ptr(e, &n->val, "r", false));
+    else if (n->grad) fprintf(o, "    const R *%sg%d_in = %s;\n", rs, x, ptr(e, &n->val, "r", true));
   }
 }
 
@@ -189,7 +220,7 @@ static void group_compute(const Em *e, const IrFunc *f, const Group *g, int gi, 
     if (need && !need[x]) continue;
     const char *a = operand(e, f, n->args[0], gi);
     const char *b = n->nargs > 1 ? operand(e, f, n->args[1], gi) : "";
-    fprintf(e->out, "        const R v%d = %s;", x, ad_rule(op_info[n->op].fwd, "", "", a, b));
+    fprintf(e->out, "      const R v%d = %s;", x, ad_rule(op_info[n->op].fwd, "", "", a, b));
     if (n->name) fprintf(e->out, "  /* %s */", n->name);
     fputc('\n', e->out);
   }
@@ -201,13 +232,13 @@ static void group_fwd(const Em *e, const IrFunc *f, int gi) {
   group_header(e, f, g, gi, "forward");
   fprintf(o, "  for (int r = r0; r < r0 + n; r++) {\n");
   group_pointers(e, f, g, gi, false, NULL);
-  fprintf(o, "      for (long j = 0; j < %s; j++) {\n", lin_c(e->m, g->width));
+  fprintf(o, "    CAVS_IVDEP\n    for (long j = 0; j < %s; j++) {\n", lin_c(e->m, g->width));
   group_compute(e, f, g, gi, NULL);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
-    if (f->nodes[x].val.kind == PL_ROW) fprintf(o, "        o%d[j] = v%d;\n", x, x);
+    if (f->nodes[x].val.kind == PL_ROW) fprintf(o, "      o%d[j] = v%d;\n", x, x);
   }
-  fprintf(o, "      }\n  }\n");
+  fprintf(o, "    }\n  }\n");
 }
 
 static void group_bwd(const Em *e, const IrFunc *f, int gi) {
@@ -233,14 +264,15 @@ static void group_bwd(const Em *e, const IrFunc *f, int gi) {
   }
   fprintf(o, "  for (int r = r0; r < r0 + n; r++) {\n");
   group_pointers(e, f, g, gi, true, reads);
-  fprintf(o, "      for (long j = 0; j < %s; j++) {\n", lin_c(e->m, g->width));
+  if (!grads_may_alias(f, g, gi)) fprintf(o, "    CAVS_IVDEP\n");
+  fprintf(o, "    for (long j = 0; j < %s; j++) {\n", lin_c(e->m, g->width));
   group_compute(e, f, g, gi, need);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (!n->grad) continue;
-    if (n->val.kind == PL_ROW) fprintf(o, "        R g%d = g%d_in[j];\n", x, x);
-    else fprintf(o, "        R g%d = 0;\n", x);
+    if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
+    else fprintf(o, "      R g%d = 0;\n", x);
   }
   for (int k = g->n - 1; k >= 0; k--) {
     int x = g->members[k];
@@ -254,12 +286,12 @@ static void group_bwd(const Em *e, const IrFunc *f, int gi) {
       const IrNode *ny = &f->nodes[y];
       if (!ny->grad) continue;
       const char *rule = ad_rule(j == 0 ? op_info[n->op].da : op_info[n->op].db, gs, ys, a, b);
-      if (in_group(f, y, gi)) fprintf(o, "        g%d += %s;\n", y, rule);
+      if (in_group(f, y, gi)) fprintf(o, "      g%d += %s;\n", y, rule);
       else if (ny->val.kind == PL_ROW || ny->val.kind == PL_PARAM)
-        fprintf(o, "        d%d[j] += %s;%s\n", y, rule, ny->val.kind == PL_PARAM ? "  /* summed over rows */" : "");
+        fprintf(o, "      d%d[j] += %s;%s\n", y, rule, ny->val.kind == PL_PARAM ? "  /* summed over rows */" : "");
     }
   }
-  fprintf(o, "      }\n  }\n");
+  fprintf(o, "    }\n  }\n");
 }
 
 /* ---- products ---- */
@@ -306,9 +338,29 @@ static Prod product(const Em *e, const IrFunc *f, const Unit *u) {
   return p;
 }
 
+/* The int-input slot whose -1 entries make the left operand a zero row (x = emb[word],
+ * pulled as it is), or -1. Products then skip those rows: on SST, the internal vertices,
+ * half of all rows, have no word. */
+static int zero_rows(const Em *e, const IrFunc *f, int left) {
+  const IrNode *x = &f->nodes[left];
+  if (x->op != OP_PULL) return -1;
+  const IrFunc *pf = e->m->pull;
+  const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
+  if (src->op != OP_LOOKUP) return -1;
+  return int_slot(e->m, pf->nodes[src->args[1]].ref);
+}
+
 static void prod_fwd(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   const Place *x = &f->nodes[p.left].val;
+  int zr = zero_rows(e, f, p.left);
+  if (zr >= 0) {
+    fprintf(e->out, "  /* line %d  %s: [n, %s], rows without a word stay zero */\n", p.line, p.what, wstr(e->m, p.cols));
+    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 0, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
+            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, x, false), ld(e, x), ptr(e, &p.w, "0", false), ld(e, &p.w),
+            base(e, p.out, false), ld(e, p.out));
+    return;
+  }
   fprintf(e->out, "  /* line %d  %s: [n, %s] */\n", p.line, p.what, wstr(e->m, p.cols));
   fprintf(e->out, "  cavs_gemm(c, 0, 0, n, %s, %s, 1, %s, %s,\n            %s, %s, 0, %s, %s);\n",
           lin_c(e->m, p.cols), lin_c(e->m, p.k), ptr(e, x, "r0", false), ld(e, x),
@@ -319,6 +371,14 @@ static void prod_bwd_input(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   if (!p.left_grad) return;
   const Place *x = &f->nodes[p.left].val;
+  int zr = zero_rows(e, f, p.left);
+  if (zr >= 0) {
+    fprintf(e->out, "  /* line %d  d%s += d(%s) W^T, rows with a word */\n", p.line, node_label(f, p.left), p.what);
+    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 1, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
+            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, p.out, true), ld(e, p.out), ptr(e, &p.w, "0", false),
+            ld(e, &p.w), base(e, x, true), ld(e, x));
+    return;
+  }
   fprintf(e->out, "  /* line %d  d%s += d(%s) W^T */\n", p.line, node_label(f, p.left), p.what);
   fprintf(e->out, "  cavs_gemm(c, 0, 1, n, %s, %s, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n",
           lin_c(e->m, p.k), lin_c(e->m, p.cols), ptr(e, p.out, "r0", true), ld(e, p.out),
@@ -328,6 +388,14 @@ static void prod_bwd_input(const Em *e, const IrFunc *f, const Unit *u) {
 static void prod_bwd_param(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   const Place *x = &f->nodes[p.left].val;
+  int zr = zero_rows(e, f, p.left);
+  if (zr >= 0) {
+    fprintf(e->out, "  /* line %d  dW += %s^T d(%s), over all rows with a word */\n", p.line, node_label(f, p.left), p.what);
+    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 2, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
+            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, x, false), ld(e, x), ptr(e, &p.w, "0", true), ld(e, &p.w),
+            base(e, p.out, true), ld(e, p.out));
+    return;
+  }
   fprintf(e->out, "  /* line %d  dW += %s^T d(%s), over all rows */\n", p.line, node_label(f, p.left), p.what);
   fprintf(e->out, "  cavs_gemm(c, 1, 0, %s, %s, n, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n",
           lin_c(e->m, p.k), lin_c(e->m, p.cols), ptr(e, x, "r0", false), ld(e, x),
@@ -342,7 +410,6 @@ static int loss_index(const IrFunc *f, int i) {
   return k;
 }
 
-static const char *base(const Em *e, const Place *p, bool grad) { return ptr(e, p, "0", grad); }
 
 static void node_code(const Em *e, const IrFunc *f, int i, bool bwd) {
   const Model *m = e->m;
@@ -477,6 +544,29 @@ static void emit_lin(FILE *o, Lin l) {
   fprintf(o, "}}");
 }
 
+/* The integer-input slot of a parameter block that is only ever a lookup table indexed
+ * by that one input, or -1. */
+static int sparse_input(const Model *m, int group) {
+  int slot = -1, nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *n = &f->nodes[i];
+      if (n->uses == 0 && n->type != T_NONE) continue;
+      for (int j = 0; j < n->nargs; j++) {
+        const IrNode *a = &f->nodes[n->args[j]];
+        if (a->op != OP_PARAM || m->params[a->ref].pgroup != group) continue;
+        if (n->op != OP_LOOKUP || j != 0) return -1;
+        int s = int_slot(m, f->nodes[n->args[1]].ref);
+        if (slot >= 0 && slot != s) return -1;
+        slot = s;
+      }
+    }
+  }
+  return slot;
+}
+
 static unsigned long long fnv(const char *s, size_t n) {
   unsigned long long h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
@@ -514,7 +604,7 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
   fprintf(c, "typedef %s R;\n", e.R);
   bool dbl = o->prec == PREC_DOUBLE;
   fprintf(c, "#define cv_sigmoid cavs_sigmoid_%c\n#define cv_tanh %s\n#define cv_exp %s\n#define cv_log %s\n",
-          dbl ? 'd' : 'f', dbl ? "tanh" : "tanhf", dbl ? "exp" : "expf", dbl ? "log" : "logf");
+          dbl ? 'd' : 'f', dbl ? "tanh" : "cavs_tanh_f", dbl ? "exp" : "cavs_exp_f", dbl ? "log" : "logf");
 
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
@@ -571,7 +661,7 @@ void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c) {
     emit_lin(c, m->pgroups[i].rows);
     fputs(", ", c);
     emit_lin(c, m->pgroups[i].cols);
-    fputs("},\n", c);
+    fprintf(c, ", %d},\n", sparse_input(m, i));
   }
   if (m->npgroups) fprintf(c, "};\n");
   fprintf(c, "static const cavs_buf_desc bufs[] = {\n");

@@ -6,8 +6,8 @@
 
 typedef float R;
 #define cv_sigmoid cavs_sigmoid_f
-#define cv_tanh tanhf
-#define cv_exp expf
+#define cv_tanh cavs_tanh_f
+#define cv_exp cavs_exp_f
 #define cv_log logf
 
 /* pull block, forward: all rows */
@@ -42,9 +42,9 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* line 35  x @ [Wi|Wf|Wo|Wu]: [n, 4H] */
-  cavs_gemm(c, 0, 0, n, 4*D_H, D_E, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            P[0], (4*D_H), 0, V[3] + (size_t)(r0) * (4*D_H), (4*D_H));
+  /* line 35  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
 /* vertex token, path phase: one task (rows of one level) */
@@ -62,42 +62,43 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
             P[1], (4*D_H), 0, V[4] + (size_t)(r0) * (4*D_H), (4*D_H));
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a5 = V[3] + (size_t)(r) * (4*D_H);
-      const R *a7 = V[4] + (size_t)(r) * (4*D_H);
-      const R *a9 = P[3];
-      const R *a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a17 = P[4];
-      const R *a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a25 = P[5];
-      const R *a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a33 = P[6];
-      const R *a2 = V[5] + (size_t)(r) * (2*D_H);
-      R *o38 = V[0] + (size_t)(r) * (2*D_H);
-      R *o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v8 = a5[j] + a7[j];
-        const R v10 = v8 + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* i */
-        const R v16 = a13[j] + a15[j];
-        const R v18 = v16 + a17[j];
-        const R v19 = cv_sigmoid(v18);  /* f */
-        const R v24 = a21[j] + a23[j];
-        const R v26 = v24 + a25[j];
-        const R v27 = cv_sigmoid(v26);  /* o */
-        const R v32 = a29[j] + a31[j];
-        const R v34 = v32 + a33[j];
-        const R v35 = cv_tanh(v34);  /* u */
-        const R v36 = v11 * v35;
-        const R v37 = v19 * a2[j];
-        const R v38 = v36 + v37;  /* c */
-        const R v39 = cv_tanh(v38);
-        const R v40 = v27 * v39;  /* h */
-        o38[j] = v38;
-        o40[j] = v40;
-      }
+    const R *restrict a5 = V[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a7 = V[4] + (size_t)(r) * (4*D_H);
+    const R *restrict a9 = P[3];
+    const R *restrict a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a17 = P[4];
+    const R *restrict a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a25 = P[5];
+    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a33 = P[6];
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v8 = a5[j] + a7[j];
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v16 = a13[j] + a15[j];
+      const R v18 = v16 + a17[j];
+      const R v19 = cv_sigmoid(v18);  /* f */
+      const R v24 = a21[j] + a23[j];
+      const R v26 = v24 + a25[j];
+      const R v27 = cv_sigmoid(v26);  /* o */
+      const R v32 = a29[j] + a31[j];
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_tanh(v34);  /* u */
+      const R v36 = v11 * v35;
+      const R v37 = v19 * a2[j];
+      const R v38 = v36 + v37;  /* c */
+      const R v39 = cv_tanh(v38);
+      const R v40 = v27 * v39;  /* h */
+      o38[j] = v38;
+      o40[j] = v40;
+    }
   }
   /* lstm_lm.vf:41  concat */
 }
@@ -137,98 +138,99 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:41  concat */
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a5 = V[3] + (size_t)(r) * (4*D_H);
-      R *d5 = G[3] + (size_t)(r) * (4*D_H);
-      const R *a7 = V[4] + (size_t)(r) * (4*D_H);
-      R *d7 = G[4] + (size_t)(r) * (4*D_H);
-      const R *a9 = P[3];
-      R *d9 = PG[3];
-      const R *a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-      R *d13 = G[3] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
-      R *d15 = G[4] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a17 = P[4];
-      R *d17 = PG[4];
-      const R *a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      R *d21 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-      R *d23 = G[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a25 = P[5];
-      R *d25 = PG[5];
-      const R *a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      R *d29 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-      R *d31 = G[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a33 = P[6];
-      R *d33 = PG[6];
-      const R *a2 = V[5] + (size_t)(r) * (2*D_H);
-      R *d2 = G[5] + (size_t)(r) * (2*D_H);
-      const R *g38_in = G[0] + (size_t)(r) * (2*D_H);
-      const R *g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v8 = a5[j] + a7[j];
-        const R v10 = v8 + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* i */
-        const R v16 = a13[j] + a15[j];
-        const R v18 = v16 + a17[j];
-        const R v19 = cv_sigmoid(v18);  /* f */
-        const R v24 = a21[j] + a23[j];
-        const R v26 = v24 + a25[j];
-        const R v27 = cv_sigmoid(v26);  /* o */
-        const R v32 = a29[j] + a31[j];
-        const R v34 = v32 + a33[j];
-        const R v35 = cv_tanh(v34);  /* u */
-        const R v36 = v11 * v35;
-        const R v37 = v19 * a2[j];
-        const R v38 = v36 + v37;  /* c */
-        const R v39 = cv_tanh(v38);
-        R g8 = 0;
-        R g10 = 0;
-        R g11 = 0;
-        R g16 = 0;
-        R g18 = 0;
-        R g19 = 0;
-        R g24 = 0;
-        R g26 = 0;
-        R g27 = 0;
-        R g32 = 0;
-        R g34 = 0;
-        R g35 = 0;
-        R g36 = 0;
-        R g37 = 0;
-        R g38 = g38_in[j];
-        R g39 = 0;
-        R g40 = g40_in[j];
-        g27 += g40 * v39;
-        g39 += g40 * v27;
-        g38 += g39 * (1 - v39 * v39);
-        g36 += g38;
-        g37 += g38;
-        g19 += g37 * a2[j];
-        d2[j] += g37 * v19;
-        g11 += g36 * v35;
-        g35 += g36 * v11;
-        g34 += g35 * (1 - v35 * v35);
-        g32 += g34;
-        d33[j] += g34;  /* summed over rows */
-        d29[j] += g32;
-        d31[j] += g32;
-        g26 += g27 * v27 * (1 - v27);
-        g24 += g26;
-        d25[j] += g26;  /* summed over rows */
-        d21[j] += g24;
-        d23[j] += g24;
-        g18 += g19 * v19 * (1 - v19);
-        g16 += g18;
-        d17[j] += g18;  /* summed over rows */
-        d13[j] += g16;
-        d15[j] += g16;
-        g10 += g11 * v11 * (1 - v11);
-        g8 += g10;
-        d9[j] += g10;  /* summed over rows */
-        d5[j] += g8;
-        d7[j] += g8;
-      }
+    const R *restrict a5 = V[3] + (size_t)(r) * (4*D_H);
+    R *restrict d5 = G[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a7 = V[4] + (size_t)(r) * (4*D_H);
+    R *restrict d7 = G[4] + (size_t)(r) * (4*D_H);
+    const R *restrict a9 = P[3];
+    R *restrict d9 = PG[3];
+    const R *restrict a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d13 = G[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d15 = G[4] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a17 = P[4];
+    R *restrict d17 = PG[4];
+    const R *restrict a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d21 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d23 = G[4] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a25 = P[5];
+    R *restrict d25 = PG[5];
+    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    R *restrict d29 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
+    R *restrict d31 = G[4] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a33 = P[6];
+    R *restrict d33 = PG[6];
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v8 = a5[j] + a7[j];
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v16 = a13[j] + a15[j];
+      const R v18 = v16 + a17[j];
+      const R v19 = cv_sigmoid(v18);  /* f */
+      const R v24 = a21[j] + a23[j];
+      const R v26 = v24 + a25[j];
+      const R v27 = cv_sigmoid(v26);  /* o */
+      const R v32 = a29[j] + a31[j];
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_tanh(v34);  /* u */
+      const R v36 = v11 * v35;
+      const R v37 = v19 * a2[j];
+      const R v38 = v36 + v37;  /* c */
+      const R v39 = cv_tanh(v38);
+      R g8 = 0;
+      R g10 = 0;
+      R g11 = 0;
+      R g16 = 0;
+      R g18 = 0;
+      R g19 = 0;
+      R g24 = 0;
+      R g26 = 0;
+      R g27 = 0;
+      R g32 = 0;
+      R g34 = 0;
+      R g35 = 0;
+      R g36 = 0;
+      R g37 = 0;
+      R g38 = g38_in[j];
+      R g39 = 0;
+      R g40 = g40_in[j];
+      g27 += g40 * v39;
+      g39 += g40 * v27;
+      g38 += g39 * (1 - v39 * v39);
+      g36 += g38;
+      g37 += g38;
+      g19 += g37 * a2[j];
+      d2[j] += g37 * v19;
+      g11 += g36 * v35;
+      g35 += g36 * v11;
+      g34 += g35 * (1 - v35 * v35);
+      g32 += g34;
+      d33[j] += g34;  /* summed over rows */
+      d29[j] += g32;
+      d31[j] += g32;
+      g26 += g27 * v27 * (1 - v27);
+      g24 += g26;
+      d25[j] += g26;  /* summed over rows */
+      d21[j] += g24;
+      d23[j] += g24;
+      g18 += g19 * v19 * (1 - v19);
+      g16 += g18;
+      d17[j] += g18;  /* summed over rows */
+      d13[j] += g16;
+      d15[j] += g16;
+      g10 += g11 * v11 * (1 - v11);
+      g8 += g10;
+      d9[j] += g10;  /* summed over rows */
+      d5[j] += g8;
+      d7[j] += g8;
+    }
   }
   /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T */
   cavs_gemm(c, 0, 1, n, D_H, 4*D_H, 1, G[4] + (size_t)(r0) * (4*D_H), (4*D_H),
@@ -245,12 +247,12 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* line 35  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T */
-  cavs_gemm(c, 0, 1, n, D_E, 4*D_H, 1, G[3] + (size_t)(r0) * (4*D_H), (4*D_H),
-            P[0], (4*D_H), 1, G[2] + (size_t)(r0) * D_E, D_E);
-  /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows */
-  cavs_gemm(c, 1, 0, D_E, 4*D_H, n, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            G[3] + (size_t)(r0) * (4*D_H), (4*D_H), 1, PG[0], (4*D_H));
+  /* line 35  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
+                 P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
   /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows */
   cavs_gemm(c, 1, 0, D_H, 4*D_H, n, 1, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             G[4] + (size_t)(r0) * (4*D_H), (4*D_H), 1, PG[1], (4*D_H));
@@ -269,13 +271,14 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
             P[7], D_V, 0, V[7] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[7] + (size_t)(r) * D_V;
-      const R *a3 = P[8];
-      R *o4 = V[6] + (size_t)(r) * D_V;
-      for (long j = 0; j < D_V; j++) {
-        const R v4 = a2[j] + a3[j];  /* logits */
-        o4[j] = v4;
-      }
+    const R *restrict a2 = V[7] + (size_t)(r) * D_V;
+    const R *restrict a3 = P[8];
+    R *restrict o4 = V[6] + (size_t)(r) * D_V;
+    CAVS_IVDEP
+    for (long j = 0; j < D_V; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
   }
   /* lstm_lm.vf:47  softmax_xent */
   cavs_xent_fwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
@@ -293,14 +296,15 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_xent_bwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], G[6] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d2 = G[7] + (size_t)(r) * D_V;
-      R *d3 = PG[8];
-      const R *g4_in = G[6] + (size_t)(r) * D_V;
-      for (long j = 0; j < D_V; j++) {
-        R g4 = g4_in[j];
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    R *restrict d2 = G[7] + (size_t)(r) * D_V;
+    R *restrict d3 = PG[8];
+    const R *restrict g4_in = G[6] + (size_t)(r) * D_V;
+    CAVS_IVDEP
+    for (long j = 0; j < D_V; j++) {
+      R g4 = g4_in[j];
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
   /* line 46  dh += d(h @ Wout) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_V, 1, G[7] + (size_t)(r0) * D_V, D_V,
@@ -337,15 +341,15 @@ static const cavs_param_desc params[] = {
   {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 8, {0, {0}}, 0, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 4}}},
-  {{0, {0, 1}}, {0, {0, 4}}},
-  {{0, {0, 0, 1}}, {0, {1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 0, 1}}},
-  {{1, {0}}, {0, {0, 0, 1}}},
+  {{0, {1}}, {0, {0, 4}}, -1},
+  {{0, {0, 1}}, {0, {0, 4}}, -1},
+  {{0, {0, 0, 1}}, {0, {1}}, 0},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 0, 1}}, -1},
+  {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},

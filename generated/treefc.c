@@ -6,8 +6,8 @@
 
 typedef float R;
 #define cv_sigmoid cavs_sigmoid_f
-#define cv_tanh tanhf
-#define cv_exp expf
+#define cv_tanh cavs_tanh_f
+#define cv_exp cavs_exp_f
 #define cv_log logf
 
 /* pull block, forward: all rows */
@@ -62,16 +62,17 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
             P[1], D_H, 0, V[3] + (size_t)(r0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a0 = V[2] + (size_t)(r) * D_H;
-      const R *a5 = V[3] + (size_t)(r) * D_H;
-      const R *a7 = P[2];
-      R *o9 = V[0] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v6 = a0[j] + a5[j];
-        const R v8 = v6 + a7[j];
-        const R v9 = (v8 > 0 ? v8 : 0);  /* h */
-        o9[j] = v9;
-      }
+    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[3] + (size_t)(r) * D_H;
+    const R *restrict a7 = P[2];
+    R *restrict o9 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v6 = a0[j] + a5[j];
+      const R v8 = v6 + a7[j];
+      const R v9 = (v8 > 0 ? v8 : 0);  /* h */
+      o9[j] = v9;
+    }
   }
 }
 
@@ -109,25 +110,26 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
   /* group g0 backward, [n, H]: h (lines 30) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a0 = V[2] + (size_t)(r) * D_H;
-      R *d0 = G[2] + (size_t)(r) * D_H;
-      const R *a5 = V[3] + (size_t)(r) * D_H;
-      R *d5 = G[3] + (size_t)(r) * D_H;
-      const R *a7 = P[2];
-      R *d7 = PG[2];
-      const R *g9_in = G[0] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v6 = a0[j] + a5[j];
-        const R v8 = v6 + a7[j];
-        R g6 = 0;
-        R g8 = 0;
-        R g9 = g9_in[j];
-        g8 += (v8 > 0 ? g9 : 0);
-        g6 += g8;
-        d7[j] += g8;  /* summed over rows */
-        d0[j] += g6;
-        d5[j] += g6;
-      }
+    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
+    R *restrict d0 = G[2] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[3] + (size_t)(r) * D_H;
+    R *restrict d5 = G[3] + (size_t)(r) * D_H;
+    const R *restrict a7 = P[2];
+    R *restrict d7 = PG[2];
+    const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v6 = a0[j] + a5[j];
+      const R v8 = v6 + a7[j];
+      R g6 = 0;
+      R g8 = 0;
+      R g9 = g9_in[j];
+      g8 += (v8 > 0 ? g9 : 0);
+      g6 += g8;
+      d7[j] += g8;  /* summed over rows */
+      d0[j] += g6;
+      d5[j] += g6;
+    }
   }
   /* line 30  d%3 += d(%3 @ W) W^T */
   cavs_gemm(c, 0, 1, n, 2*D_H, D_H, 1, G[3] + (size_t)(r0) * D_H, D_H,
@@ -165,13 +167,14 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
             P[3], D_C, 0, V[6] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 36) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[6] + (size_t)(r) * D_C;
-      const R *a3 = P[4];
-      R *o4 = V[5] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        const R v4 = a2[j] + a3[j];  /* logits */
-        o4[j] = v4;
-      }
+    const R *restrict a2 = V[6] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[4];
+    R *restrict o4 = V[5] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
   }
   /* treefc.vf:37  softmax_xent */
   cavs_xent_fwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
@@ -189,14 +192,15 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_xent_bwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], G[5] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 36) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d2 = G[6] + (size_t)(r) * D_C;
-      R *d3 = PG[4];
-      const R *g4_in = G[5] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        R g4 = g4_in[j];
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    R *restrict d2 = G[6] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[4];
+    const R *restrict g4_in = G[5] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      R g4 = g4_in[j];
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
   /* line 36  dh += d(h @ Wc) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[6] + (size_t)(r0) * D_C, D_C,
@@ -223,11 +227,11 @@ static const cavs_param_desc params[] = {
   {"bc", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, 0, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {0, 0, 1}}, {0, {1}}},
-  {{0, {2}}, {0, {1}}},
-  {{1, {0}}, {0, {1}}},
-  {{0, {1}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
+  {{0, {0, 0, 1}}, {0, {1}}, 0},
+  {{0, {2}}, {0, {1}}, -1},
+  {{1, {0}}, {0, {1}}, -1},
+  {{0, {1}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {1}}, 1},

@@ -6,8 +6,8 @@
 
 typedef float R;
 #define cv_sigmoid cavs_sigmoid_f
-#define cv_tanh tanhf
-#define cv_exp expf
+#define cv_tanh cavs_tanh_f
+#define cv_exp cavs_exp_f
 #define cv_log logf
 
 /* pull block, forward: all rows */
@@ -45,18 +45,19 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 34  x @ [Wz|Wr|Wn]: [n, 3H] */
-  cavs_gemm(c, 0, 0, n, 3*D_H, D_E, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            P[0], (3*D_H), 0, V[3] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 34  x @ [Wz|Wr|Wn]: [n, 3H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* group g2 forward, [n, H]: xr (lines 35) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a13 = V[3] + (size_t)(r) * (3*D_H) + D_H;
-      const R *a14 = P[6];
-      R *o15 = V[8] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v15 = a13[j] + a14[j];  /* xr */
-        o15[j] = v15;
-      }
+    const R *restrict a13 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a14 = P[6];
+    R *restrict o15 = V[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v15 = a13[j] + a14[j];  /* xr */
+      o15[j] = v15;
+    }
   }
 }
 
@@ -75,13 +76,14 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[11] + (size_t)(0) * D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a1 = V[12] + (size_t)(r) * D_H;
-      const R *a2 = V[11] + (size_t)(r) * D_H;
-      R *o3 = V[10] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v3 = a1[j] + a2[j];  /* hs */
-        o3[j] = v3;
-      }
+    const R *restrict a1 = V[12] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[11] + (size_t)(r) * D_H;
+    R *restrict o3 = V[10] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v3 = a1[j] + a2[j];  /* hs */
+      o3[j] = v3;
+    }
   }
   /* line 34  hs @ Uz: [n, H] */
   cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
@@ -94,49 +96,51 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
             P[3], D_H, 0, V[6] + (size_t)(r0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a15 = V[8] + (size_t)(r) * D_H;
-      const R *a17 = V[7] + (size_t)(r) * D_H;
-      const R *a20 = V[6] + (size_t)(r) * D_H;
-      const R *a1 = V[12] + (size_t)(r) * D_H;
-      const R *a2 = V[11] + (size_t)(r) * D_H;
-      R *o27 = V[5] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v18 = a15[j] + a17[j];
-        const R v19 = cv_sigmoid(v18);  /* r_0 */
-        const R v21 = a15[j] + a20[j];
-        const R v22 = cv_sigmoid(v21);  /* r_1 */
-        const R v25 = v19 * a1[j];
-        const R v26 = v22 * a2[j];
-        const R v27 = v25 + v26;
-        o27[j] = v27;
-      }
+    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a20 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[12] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[11] + (size_t)(r) * D_H;
+    R *restrict o27 = V[5] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v18 = a15[j] + a17[j];
+      const R v19 = cv_sigmoid(v18);  /* r_0 */
+      const R v21 = a15[j] + a20[j];
+      const R v22 = cv_sigmoid(v21);  /* r_1 */
+      const R v25 = v19 * a1[j];
+      const R v26 = v22 * a2[j];
+      const R v27 = v25 + v26;
+      o27[j] = v27;
+    }
   }
   /* line 37  %27 @ Un: [n, H] */
   cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[5] + (size_t)(r0) * D_H, D_H,
             P[4], D_H, 0, V[4] + (size_t)(r0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a5 = V[3] + (size_t)(r) * (3*D_H);
-      const R *a7 = V[9] + (size_t)(r) * D_H;
-      const R *a9 = P[5];
-      const R *a24 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-      const R *a29 = V[4] + (size_t)(r) * D_H;
-      const R *a31 = P[7];
-      const R *a3 = V[10] + (size_t)(r) * D_H;
-      R *o38 = V[0] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v8 = a5[j] + a7[j];
-        const R v10 = v8 + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* z */
-        const R v30 = a24[j] + a29[j];
-        const R v32 = v30 + a31[j];
-        const R v33 = cv_tanh(v32);  /* n */
-        const R v35 = (R)1 - v11;
-        const R v36 = v35 * v33;
-        const R v37 = v11 * a3[j];
-        const R v38 = v36 + v37;  /* h */
-        o38[j] = v38;
-      }
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a9 = P[5];
+    const R *restrict a24 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[4] + (size_t)(r) * D_H;
+    const R *restrict a31 = P[7];
+    const R *restrict a3 = V[10] + (size_t)(r) * D_H;
+    R *restrict o38 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v8 = a5[j] + a7[j];
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* z */
+      const R v30 = a24[j] + a29[j];
+      const R v32 = v30 + a31[j];
+      const R v33 = cv_tanh(v32);  /* n */
+      const R v35 = (R)1 - v11;
+      const R v36 = v35 * v33;
+      const R v37 = v11 * a3[j];
+      const R v38 = v36 + v37;  /* h */
+      o38[j] = v38;
+    }
   }
 }
 
@@ -177,99 +181,101 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a5 = V[3] + (size_t)(r) * (3*D_H);
-      R *d5 = G[3] + (size_t)(r) * (3*D_H);
-      const R *a7 = V[9] + (size_t)(r) * D_H;
-      R *d7 = G[9] + (size_t)(r) * D_H;
-      const R *a9 = P[5];
-      R *d9 = PG[5];
-      const R *a24 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-      R *d24 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-      const R *a29 = V[4] + (size_t)(r) * D_H;
-      R *d29 = G[4] + (size_t)(r) * D_H;
-      const R *a31 = P[7];
-      R *d31 = PG[7];
-      const R *a3 = V[10] + (size_t)(r) * D_H;
-      R *d3 = G[10] + (size_t)(r) * D_H;
-      const R *g38_in = G[0] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v8 = a5[j] + a7[j];
-        const R v10 = v8 + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* z */
-        const R v30 = a24[j] + a29[j];
-        const R v32 = v30 + a31[j];
-        const R v33 = cv_tanh(v32);  /* n */
-        const R v35 = (R)1 - v11;
-        R g8 = 0;
-        R g10 = 0;
-        R g11 = 0;
-        R g30 = 0;
-        R g32 = 0;
-        R g33 = 0;
-        R g35 = 0;
-        R g36 = 0;
-        R g37 = 0;
-        R g38 = g38_in[j];
-        g36 += g38;
-        g37 += g38;
-        g11 += g37 * a3[j];
-        d3[j] += g37 * v11;
-        g35 += g36 * v33;
-        g33 += g36 * v35;
-        g11 += -g35;
-        g32 += g33 * (1 - v33 * v33);
-        g30 += g32;
-        d31[j] += g32;  /* summed over rows */
-        d24[j] += g30;
-        d29[j] += g30;
-        g10 += g11 * v11 * (1 - v11);
-        g8 += g10;
-        d9[j] += g10;  /* summed over rows */
-        d5[j] += g8;
-        d7[j] += g8;
-      }
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[9] + (size_t)(r) * D_H;
+    R *restrict d7 = G[9] + (size_t)(r) * D_H;
+    const R *restrict a9 = P[5];
+    R *restrict d9 = PG[5];
+    const R *restrict a24 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d24 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[4] + (size_t)(r) * D_H;
+    R *restrict d29 = G[4] + (size_t)(r) * D_H;
+    const R *restrict a31 = P[7];
+    R *restrict d31 = PG[7];
+    const R *restrict a3 = V[10] + (size_t)(r) * D_H;
+    R *restrict d3 = G[10] + (size_t)(r) * D_H;
+    const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v8 = a5[j] + a7[j];
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* z */
+      const R v30 = a24[j] + a29[j];
+      const R v32 = v30 + a31[j];
+      const R v33 = cv_tanh(v32);  /* n */
+      const R v35 = (R)1 - v11;
+      R g8 = 0;
+      R g10 = 0;
+      R g11 = 0;
+      R g30 = 0;
+      R g32 = 0;
+      R g33 = 0;
+      R g35 = 0;
+      R g36 = 0;
+      R g37 = 0;
+      R g38 = g38_in[j];
+      g36 += g38;
+      g37 += g38;
+      g11 += g37 * a3[j];
+      d3[j] += g37 * v11;
+      g35 += g36 * v33;
+      g33 += g36 * v35;
+      g11 += -g35;
+      g32 += g33 * (1 - v33 * v33);
+      g30 += g32;
+      d31[j] += g32;  /* summed over rows */
+      d24[j] += g30;
+      d29[j] += g30;
+      g10 += g11 * v11 * (1 - v11);
+      g8 += g10;
+      d9[j] += g10;  /* summed over rows */
+      d5[j] += g8;
+      d7[j] += g8;
+    }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[4] + (size_t)(r0) * D_H, D_H,
             P[4], D_H, 1, G[5] + (size_t)(r0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a15 = V[8] + (size_t)(r) * D_H;
-      R *d15 = G[8] + (size_t)(r) * D_H;
-      const R *a17 = V[7] + (size_t)(r) * D_H;
-      R *d17 = G[7] + (size_t)(r) * D_H;
-      const R *a20 = V[6] + (size_t)(r) * D_H;
-      R *d20 = G[6] + (size_t)(r) * D_H;
-      const R *a1 = V[12] + (size_t)(r) * D_H;
-      R *d1 = G[12] + (size_t)(r) * D_H;
-      const R *a2 = V[11] + (size_t)(r) * D_H;
-      R *d2 = G[11] + (size_t)(r) * D_H;
-      const R *g27_in = G[5] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v18 = a15[j] + a17[j];
-        const R v19 = cv_sigmoid(v18);  /* r_0 */
-        const R v21 = a15[j] + a20[j];
-        const R v22 = cv_sigmoid(v21);  /* r_1 */
-        R g18 = 0;
-        R g19 = 0;
-        R g21 = 0;
-        R g22 = 0;
-        R g25 = 0;
-        R g26 = 0;
-        R g27 = g27_in[j];
-        g25 += g27;
-        g26 += g27;
-        g22 += g26 * a2[j];
-        d2[j] += g26 * v22;
-        g19 += g25 * a1[j];
-        d1[j] += g25 * v19;
-        g21 += g22 * v22 * (1 - v22);
-        d15[j] += g21;
-        d20[j] += g21;
-        g18 += g19 * v19 * (1 - v19);
-        d15[j] += g18;
-        d17[j] += g18;
-      }
+    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
+    R *restrict d15 = G[8] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
+    R *restrict d17 = G[7] + (size_t)(r) * D_H;
+    const R *restrict a20 = V[6] + (size_t)(r) * D_H;
+    R *restrict d20 = G[6] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[12] + (size_t)(r) * D_H;
+    R *restrict d1 = G[12] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[11] + (size_t)(r) * D_H;
+    R *restrict d2 = G[11] + (size_t)(r) * D_H;
+    const R *restrict g27_in = G[5] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v18 = a15[j] + a17[j];
+      const R v19 = cv_sigmoid(v18);  /* r_0 */
+      const R v21 = a15[j] + a20[j];
+      const R v22 = cv_sigmoid(v21);  /* r_1 */
+      R g18 = 0;
+      R g19 = 0;
+      R g21 = 0;
+      R g22 = 0;
+      R g25 = 0;
+      R g26 = 0;
+      R g27 = g27_in[j];
+      g25 += g27;
+      g26 += g27;
+      g22 += g26 * a2[j];
+      d2[j] += g26 * v22;
+      g19 += g25 * a1[j];
+      d1[j] += g25 * v19;
+      g21 += g22 * v22 * (1 - v22);
+      d15[j] += g21;
+      d20[j] += g21;
+      g18 += g19 * v19 * (1 - v19);
+      d15[j] += g18;
+      d17[j] += g18;
+    }
   }
   /* line 36  dh_1 += d(h_1 @ Ur) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[6] + (size_t)(r0) * D_H, D_H,
@@ -282,14 +288,15 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
             P[2], D_H, 1, G[10] + (size_t)(r0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d1 = G[12] + (size_t)(r) * D_H;
-      R *d2 = G[11] + (size_t)(r) * D_H;
-      const R *g3_in = G[10] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        R g3 = g3_in[j];
-        d1[j] += g3;
-        d2[j] += g3;
-      }
+    R *restrict d1 = G[12] + (size_t)(r) * D_H;
+    R *restrict d2 = G[11] + (size_t)(r) * D_H;
+    const R *restrict g3_in = G[10] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      R g3 = g3_in[j];
+      d1[j] += g3;
+      d2[j] += g3;
+    }
   }
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_bwd(c, 1, G[11] + (size_t)(0) * D_H, D_H, r0, n);
@@ -308,21 +315,22 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g2 backward, [n, H]: xr (lines 35) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d13 = G[3] + (size_t)(r) * (3*D_H) + D_H;
-      R *d14 = PG[6];
-      const R *g15_in = G[8] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        R g15 = g15_in[j];
-        d13[j] += g15;
-        d14[j] += g15;  /* summed over rows */
-      }
+    R *restrict d13 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d14 = PG[6];
+    const R *restrict g15_in = G[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      R g15 = g15_in[j];
+      d13[j] += g15;
+      d14[j] += g15;  /* summed over rows */
+    }
   }
-  /* line 34  dx += d(x @ [Wz|Wr|Wn]) W^T */
-  cavs_gemm(c, 0, 1, n, D_E, 3*D_H, 1, G[3] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[0], (3*D_H), 1, G[2] + (size_t)(r0) * D_E, D_E);
-  /* line 34  dW += x^T d(x @ [Wz|Wr|Wn]), over all rows */
-  cavs_gemm(c, 1, 0, D_E, 3*D_H, n, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            G[3] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[0], (3*D_H));
+  /* line 34  dx += d(x @ [Wz|Wr|Wn]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 34  dW += x^T d(x @ [Wz|Wr|Wn]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows */
   cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
             G[9] + (size_t)(r0) * D_H, D_H, 1, PG[2], D_H);
@@ -351,13 +359,14 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
             P[8], D_C, 0, V[14] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[14] + (size_t)(r) * D_C;
-      const R *a3 = P[9];
-      R *o4 = V[13] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        const R v4 = a2[j] + a3[j];  /* logits */
-        o4[j] = v4;
-      }
+    const R *restrict a2 = V[14] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[9];
+    R *restrict o4 = V[13] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
   }
   /* treegru.vf:45  softmax_xent */
   cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
@@ -376,14 +385,15 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], G[13] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d2 = G[14] + (size_t)(r) * D_C;
-      R *d3 = PG[9];
-      const R *g4_in = G[13] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        R g4 = g4_in[j];
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    R *restrict d2 = G[14] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[9];
+    const R *restrict g4_in = G[13] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      R g4 = g4_in[j];
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
   /* line 44  dh += d(h @ Wc) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[14] + (size_t)(r0) * D_C, D_C,
@@ -418,16 +428,16 @@ static const cavs_param_desc params[] = {
   {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, 0, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 3}}},
-  {{0, {0, 0, 0, 1}}, {0, {1}}},
-  {{0, {0, 1}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 0, 1}}},
-  {{1, {0}}, {0, {0, 0, 1}}},
+  {{0, {1}}, {0, {0, 3}}, -1},
+  {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 0, 1}}, -1},
+  {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 1}}, 1},

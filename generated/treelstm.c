@@ -6,8 +6,8 @@
 
 typedef float R;
 #define cv_sigmoid cavs_sigmoid_f
-#define cv_tanh tanhf
-#define cv_exp expf
+#define cv_tanh cavs_tanh_f
+#define cv_exp cavs_exp_f
 #define cv_log logf
 
 /* pull block, forward: all rows */
@@ -45,9 +45,9 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 28  x @ [Wi|Wf|Wo|Wu]: [n, 4H] */
-  cavs_gemm(c, 0, 0, n, 4*D_H, D_E, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            P[0], (4*D_H), 0, V[3] + (size_t)(r0) * (4*D_H), (4*D_H));
+  /* line 28  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
 /* vertex tree, path phase: one task (rows of one level) */
@@ -65,13 +65,14 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a3 = V[9] + (size_t)(r) * (2*D_H) + D_H;
-      const R *a6 = V[8] + (size_t)(r) * (2*D_H) + D_H;
-      R *o7 = V[7] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v7 = a3[j] + a6[j];  /* hs */
-        o7[j] = v7;
-      }
+    const R *restrict a3 = V[9] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a6 = V[8] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o7 = V[7] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v7 = a3[j] + a6[j];  /* hs */
+      o7[j] = v7;
+    }
   }
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H] */
   cavs_gemm(c, 0, 0, n, 3*D_H, D_H, 1, V[7] + (size_t)(r0) * D_H, D_H,
@@ -84,49 +85,50 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
             P[3], D_H, 0, V[5] + (size_t)(r0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a9 = V[3] + (size_t)(r) * (4*D_H);
-      const R *a11 = V[4] + (size_t)(r) * (3*D_H);
-      const R *a13 = P[4];
-      const R *a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a19 = V[6] + (size_t)(r) * D_H;
-      const R *a21 = P[5];
-      const R *a24 = V[5] + (size_t)(r) * D_H;
-      const R *a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
-      const R *a33 = P[6];
-      const R *a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-      const R *a41 = P[7];
-      const R *a2 = V[9] + (size_t)(r) * (2*D_H);
-      const R *a5 = V[8] + (size_t)(r) * (2*D_H);
-      R *o48 = V[0] + (size_t)(r) * (2*D_H);
-      R *o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v12 = a9[j] + a11[j];
-        const R v14 = v12 + a13[j];
-        const R v15 = cv_sigmoid(v14);  /* i */
-        const R v20 = a17[j] + a19[j];
-        const R v22 = v20 + a21[j];
-        const R v23 = cv_sigmoid(v22);  /* f_0 */
-        const R v25 = a17[j] + a24[j];
-        const R v26 = v25 + a21[j];
-        const R v27 = cv_sigmoid(v26);  /* f_1 */
-        const R v32 = a29[j] + a31[j];
-        const R v34 = v32 + a33[j];
-        const R v35 = cv_sigmoid(v34);  /* o */
-        const R v40 = a37[j] + a39[j];
-        const R v42 = v40 + a41[j];
-        const R v43 = cv_tanh(v42);  /* u */
-        const R v44 = v15 * v43;
-        const R v45 = v23 * a2[j];
-        const R v46 = v44 + v45;
-        const R v47 = v27 * a5[j];
-        const R v48 = v46 + v47;  /* c */
-        const R v49 = cv_tanh(v48);
-        const R v50 = v35 * v49;  /* h */
-        o48[j] = v48;
-        o50[j] = v50;
-      }
+    const R *restrict a9 = V[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a13 = P[4];
+    const R *restrict a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a19 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a21 = P[5];
+    const R *restrict a24 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a33 = P[6];
+    const R *restrict a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a41 = P[7];
+    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v12 = a9[j] + a11[j];
+      const R v14 = v12 + a13[j];
+      const R v15 = cv_sigmoid(v14);  /* i */
+      const R v20 = a17[j] + a19[j];
+      const R v22 = v20 + a21[j];
+      const R v23 = cv_sigmoid(v22);  /* f_0 */
+      const R v25 = a17[j] + a24[j];
+      const R v26 = v25 + a21[j];
+      const R v27 = cv_sigmoid(v26);  /* f_1 */
+      const R v32 = a29[j] + a31[j];
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_sigmoid(v34);  /* o */
+      const R v40 = a37[j] + a39[j];
+      const R v42 = v40 + a41[j];
+      const R v43 = cv_tanh(v42);  /* u */
+      const R v44 = v15 * v43;
+      const R v45 = v23 * a2[j];
+      const R v46 = v44 + v45;
+      const R v47 = v27 * a5[j];
+      const R v48 = v46 + v47;  /* c */
+      const R v49 = cv_tanh(v48);
+      const R v50 = v35 * v49;  /* h */
+      o48[j] = v48;
+      o50[j] = v50;
+    }
   }
   /* treelstm.vf:34  concat */
 }
@@ -169,121 +171,122 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:34  concat */
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a9 = V[3] + (size_t)(r) * (4*D_H);
-      R *d9 = G[3] + (size_t)(r) * (4*D_H);
-      const R *a11 = V[4] + (size_t)(r) * (3*D_H);
-      R *d11 = G[4] + (size_t)(r) * (3*D_H);
-      const R *a13 = P[4];
-      R *d13 = PG[4];
-      const R *a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-      R *d17 = G[3] + (size_t)(r) * (4*D_H) + D_H;
-      const R *a19 = V[6] + (size_t)(r) * D_H;
-      R *d19 = G[6] + (size_t)(r) * D_H;
-      const R *a21 = P[5];
-      R *d21 = PG[5];
-      const R *a24 = V[5] + (size_t)(r) * D_H;
-      R *d24 = G[5] + (size_t)(r) * D_H;
-      const R *a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      R *d29 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-      const R *a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
-      R *d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-      const R *a33 = P[6];
-      R *d33 = PG[6];
-      const R *a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      R *d37 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-      const R *a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-      R *d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-      const R *a41 = P[7];
-      R *d41 = PG[7];
-      const R *a2 = V[9] + (size_t)(r) * (2*D_H);
-      R *d2 = G[9] + (size_t)(r) * (2*D_H);
-      const R *a5 = V[8] + (size_t)(r) * (2*D_H);
-      R *d5 = G[8] + (size_t)(r) * (2*D_H);
-      const R *g48_in = G[0] + (size_t)(r) * (2*D_H);
-      const R *g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v12 = a9[j] + a11[j];
-        const R v14 = v12 + a13[j];
-        const R v15 = cv_sigmoid(v14);  /* i */
-        const R v20 = a17[j] + a19[j];
-        const R v22 = v20 + a21[j];
-        const R v23 = cv_sigmoid(v22);  /* f_0 */
-        const R v25 = a17[j] + a24[j];
-        const R v26 = v25 + a21[j];
-        const R v27 = cv_sigmoid(v26);  /* f_1 */
-        const R v32 = a29[j] + a31[j];
-        const R v34 = v32 + a33[j];
-        const R v35 = cv_sigmoid(v34);  /* o */
-        const R v40 = a37[j] + a39[j];
-        const R v42 = v40 + a41[j];
-        const R v43 = cv_tanh(v42);  /* u */
-        const R v44 = v15 * v43;
-        const R v45 = v23 * a2[j];
-        const R v46 = v44 + v45;
-        const R v47 = v27 * a5[j];
-        const R v48 = v46 + v47;  /* c */
-        const R v49 = cv_tanh(v48);
-        R g12 = 0;
-        R g14 = 0;
-        R g15 = 0;
-        R g20 = 0;
-        R g22 = 0;
-        R g23 = 0;
-        R g25 = 0;
-        R g26 = 0;
-        R g27 = 0;
-        R g32 = 0;
-        R g34 = 0;
-        R g35 = 0;
-        R g40 = 0;
-        R g42 = 0;
-        R g43 = 0;
-        R g44 = 0;
-        R g45 = 0;
-        R g46 = 0;
-        R g47 = 0;
-        R g48 = g48_in[j];
-        R g49 = 0;
-        R g50 = g50_in[j];
-        g35 += g50 * v49;
-        g49 += g50 * v35;
-        g48 += g49 * (1 - v49 * v49);
-        g46 += g48;
-        g47 += g48;
-        g27 += g47 * a5[j];
-        d5[j] += g47 * v27;
-        g44 += g46;
-        g45 += g46;
-        g23 += g45 * a2[j];
-        d2[j] += g45 * v23;
-        g15 += g44 * v43;
-        g43 += g44 * v15;
-        g42 += g43 * (1 - v43 * v43);
-        g40 += g42;
-        d41[j] += g42;  /* summed over rows */
-        d37[j] += g40;
-        d39[j] += g40;
-        g34 += g35 * v35 * (1 - v35);
-        g32 += g34;
-        d33[j] += g34;  /* summed over rows */
-        d29[j] += g32;
-        d31[j] += g32;
-        g26 += g27 * v27 * (1 - v27);
-        g25 += g26;
-        d21[j] += g26;  /* summed over rows */
-        d17[j] += g25;
-        d24[j] += g25;
-        g22 += g23 * v23 * (1 - v23);
-        g20 += g22;
-        d21[j] += g22;  /* summed over rows */
-        d17[j] += g20;
-        d19[j] += g20;
-        g14 += g15 * v15 * (1 - v15);
-        g12 += g14;
-        d13[j] += g14;  /* summed over rows */
-        d9[j] += g12;
-        d11[j] += g12;
-      }
+    const R *restrict a9 = V[3] + (size_t)(r) * (4*D_H);
+    R *restrict d9 = G[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
+    R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a13 = P[4];
+    R *restrict d13 = PG[4];
+    const R *restrict a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d17 = G[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a19 = V[6] + (size_t)(r) * D_H;
+    R *restrict d19 = G[6] + (size_t)(r) * D_H;
+    const R *restrict a21 = P[5];
+    R *restrict d21 = PG[5];
+    const R *restrict a24 = V[5] + (size_t)(r) * D_H;
+    R *restrict d24 = G[5] + (size_t)(r) * D_H;
+    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d29 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a33 = P[6];
+    R *restrict d33 = PG[6];
+    const R *restrict a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    R *restrict d37 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a41 = P[7];
+    R *restrict d41 = PG[7];
+    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[8] + (size_t)(r) * (2*D_H);
+    const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v12 = a9[j] + a11[j];
+      const R v14 = v12 + a13[j];
+      const R v15 = cv_sigmoid(v14);  /* i */
+      const R v20 = a17[j] + a19[j];
+      const R v22 = v20 + a21[j];
+      const R v23 = cv_sigmoid(v22);  /* f_0 */
+      const R v25 = a17[j] + a24[j];
+      const R v26 = v25 + a21[j];
+      const R v27 = cv_sigmoid(v26);  /* f_1 */
+      const R v32 = a29[j] + a31[j];
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_sigmoid(v34);  /* o */
+      const R v40 = a37[j] + a39[j];
+      const R v42 = v40 + a41[j];
+      const R v43 = cv_tanh(v42);  /* u */
+      const R v44 = v15 * v43;
+      const R v45 = v23 * a2[j];
+      const R v46 = v44 + v45;
+      const R v47 = v27 * a5[j];
+      const R v48 = v46 + v47;  /* c */
+      const R v49 = cv_tanh(v48);
+      R g12 = 0;
+      R g14 = 0;
+      R g15 = 0;
+      R g20 = 0;
+      R g22 = 0;
+      R g23 = 0;
+      R g25 = 0;
+      R g26 = 0;
+      R g27 = 0;
+      R g32 = 0;
+      R g34 = 0;
+      R g35 = 0;
+      R g40 = 0;
+      R g42 = 0;
+      R g43 = 0;
+      R g44 = 0;
+      R g45 = 0;
+      R g46 = 0;
+      R g47 = 0;
+      R g48 = g48_in[j];
+      R g49 = 0;
+      R g50 = g50_in[j];
+      g35 += g50 * v49;
+      g49 += g50 * v35;
+      g48 += g49 * (1 - v49 * v49);
+      g46 += g48;
+      g47 += g48;
+      g27 += g47 * a5[j];
+      d5[j] += g47 * v27;
+      g44 += g46;
+      g45 += g46;
+      g23 += g45 * a2[j];
+      d2[j] += g45 * v23;
+      g15 += g44 * v43;
+      g43 += g44 * v15;
+      g42 += g43 * (1 - v43 * v43);
+      g40 += g42;
+      d41[j] += g42;  /* summed over rows */
+      d37[j] += g40;
+      d39[j] += g40;
+      g34 += g35 * v35 * (1 - v35);
+      g32 += g34;
+      d33[j] += g34;  /* summed over rows */
+      d29[j] += g32;
+      d31[j] += g32;
+      g26 += g27 * v27 * (1 - v27);
+      g25 += g26;
+      d21[j] += g26;  /* summed over rows */
+      d17[j] += g25;
+      d24[j] += g25;
+      g22 += g23 * v23 * (1 - v23);
+      g20 += g22;
+      d21[j] += g22;  /* summed over rows */
+      d17[j] += g20;
+      d19[j] += g20;
+      g14 += g15 * v15 * (1 - v15);
+      g12 += g14;
+      d13[j] += g14;  /* summed over rows */
+      d9[j] += g12;
+      d11[j] += g12;
+    }
   }
   /* line 29  dh_1 += d(h_1 @ Uf) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[5] + (size_t)(r0) * D_H, D_H,
@@ -296,14 +299,15 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
             P[1], (3*D_H), 1, G[7] + (size_t)(r0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d3 = G[9] + (size_t)(r) * (2*D_H) + D_H;
-      R *d6 = G[8] + (size_t)(r) * (2*D_H) + D_H;
-      const R *g7_in = G[7] + (size_t)(r) * D_H;
-      for (long j = 0; j < D_H; j++) {
-        R g7 = g7_in[j];
-        d3[j] += g7;
-        d6[j] += g7;
-      }
+    R *restrict d3 = G[9] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d6 = G[8] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict g7_in = G[7] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      R g7 = g7_in[j];
+      d3[j] += g7;
+      d6[j] += g7;
+    }
   }
   /* treelstm.vf:26  s = gather */
   cavs_gather_bwd(c, 1, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
@@ -320,12 +324,12 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 28  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T */
-  cavs_gemm(c, 0, 1, n, D_E, 4*D_H, 1, G[3] + (size_t)(r0) * (4*D_H), (4*D_H),
-            P[0], (4*D_H), 1, G[2] + (size_t)(r0) * D_E, D_E);
-  /* line 28  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows */
-  cavs_gemm(c, 1, 0, D_E, 4*D_H, n, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            G[3] + (size_t)(r0) * (4*D_H), (4*D_H), 1, PG[0], (4*D_H));
+  /* line 28  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
+                 P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 28  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
   /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows */
   cavs_gemm(c, 1, 0, D_H, 3*D_H, n, 1, V[7] + (size_t)(r0) * D_H, D_H,
             G[4] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[1], (3*D_H));
@@ -351,13 +355,14 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
             P[8], D_C, 0, V[11] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[11] + (size_t)(r) * D_C;
-      const R *a3 = P[9];
-      R *o4 = V[10] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        const R v4 = a2[j] + a3[j];  /* logits */
-        o4[j] = v4;
-      }
+    const R *restrict a2 = V[11] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[9];
+    R *restrict o4 = V[10] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
   }
   /* treelstm.vf:40  softmax_xent */
   cavs_xent_fwd(c, 0, V[10] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
@@ -376,14 +381,15 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_xent_bwd(c, 0, V[10] + (size_t)(0) * D_C, D_C, c->iin[1], G[10] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d2 = G[11] + (size_t)(r) * D_C;
-      R *d3 = PG[9];
-      const R *g4_in = G[10] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        R g4 = g4_in[j];
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    R *restrict d2 = G[11] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[9];
+    const R *restrict g4_in = G[10] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      R g4 = g4_in[j];
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
   /* line 39  dh += d(h @ Wc) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[11] + (size_t)(r0) * D_C, D_C,
@@ -421,16 +427,16 @@ static const cavs_param_desc params[] = {
   {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, 0, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 4}}},
-  {{0, {0, 1}}, {0, {0, 3}}},
-  {{0, {0, 0, 0, 1}}, {0, {1}}},
-  {{0, {0, 1}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 0, 1}}},
-  {{1, {0}}, {0, {0, 0, 1}}},
+  {{0, {1}}, {0, {0, 4}}, -1},
+  {{0, {0, 1}}, {0, {0, 3}}, -1},
+  {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 0, 1}}, -1},
+  {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},

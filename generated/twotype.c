@@ -6,8 +6,8 @@
 
 typedef float R;
 #define cv_sigmoid cavs_sigmoid_f
-#define cv_tanh tanhf
-#define cv_exp expf
+#define cv_tanh cavs_tanh_f
+#define cv_exp cavs_exp_f
 #define cv_log logf
 
 /* pull block, forward: all rows */
@@ -45,26 +45,27 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 34  x @ [Wcl|Wol]: [n, 2H] */
-  cavs_gemm(c, 0, 0, n, 2*D_H, D_E, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            P[0], (2*D_H), 0, V[3] + (size_t)(r0) * (2*D_H), (2*D_H));
+  /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[3] + (size_t)(r) * (2*D_H);
-      const R *a3 = P[3];
-      const R *a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-      const R *a7 = P[4];
-      R *o4 = V[0] + (size_t)(r) * (2*D_H);
-      R *o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v4 = a2[j] + a3[j];  /* c */
-        const R v8 = a6[j] + a7[j];
-        const R v9 = cv_sigmoid(v8);
-        const R v10 = cv_tanh(v4);
-        const R v11 = v9 * v10;  /* h */
-        o4[j] = v4;
-        o11[j] = v11;
-      }
+    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = P[3];
+    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a7 = P[4];
+    R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v4 = a2[j] + a3[j];  /* c */
+      const R v8 = a6[j] + a7[j];
+      const R v9 = cv_sigmoid(v8);
+      const R v10 = cv_tanh(v4);
+      const R v11 = v9 * v10;  /* h */
+      o4[j] = v4;
+      o11[j] = v11;
+    }
   }
   /* twotype.vf:36  concat */
 }
@@ -129,42 +130,43 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:36  concat */
   /* group g0 backward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[3] + (size_t)(r) * (2*D_H);
-      R *d2 = G[3] + (size_t)(r) * (2*D_H);
-      const R *a3 = P[3];
-      R *d3 = PG[3];
-      const R *a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-      R *d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
-      const R *a7 = P[4];
-      R *d7 = PG[4];
-      const R *g4_in = G[0] + (size_t)(r) * (2*D_H);
-      const R *g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v4 = a2[j] + a3[j];  /* c */
-        const R v8 = a6[j] + a7[j];
-        const R v9 = cv_sigmoid(v8);
-        const R v10 = cv_tanh(v4);
-        R g4 = g4_in[j];
-        R g8 = 0;
-        R g9 = 0;
-        R g10 = 0;
-        R g11 = g11_in[j];
-        g9 += g11 * v10;
-        g10 += g11 * v9;
-        g4 += g10 * (1 - v10 * v10);
-        g8 += g9 * v9 * (1 - v9);
-        d6[j] += g8;
-        d7[j] += g8;  /* summed over rows */
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = P[3];
+    R *restrict d3 = PG[3];
+    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a7 = P[4];
+    R *restrict d7 = PG[4];
+    const R *restrict g4_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v4 = a2[j] + a3[j];  /* c */
+      const R v8 = a6[j] + a7[j];
+      const R v9 = cv_sigmoid(v8);
+      const R v10 = cv_tanh(v4);
+      R g4 = g4_in[j];
+      R g8 = 0;
+      R g9 = 0;
+      R g10 = 0;
+      R g11 = g11_in[j];
+      g9 += g11 * v10;
+      g10 += g11 * v9;
+      g4 += g10 * (1 - v10 * v10);
+      g8 += g9 * v9 * (1 - v9);
+      d6[j] += g8;
+      d7[j] += g8;  /* summed over rows */
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
-  /* line 34  dx += d(x @ [Wcl|Wol]) W^T */
-  cavs_gemm(c, 0, 1, n, D_E, 2*D_H, 1, G[3] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[0], (2*D_H), 1, G[2] + (size_t)(r0) * D_E, D_E);
-  /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows */
-  cavs_gemm(c, 1, 0, D_E, 2*D_H, n, 1, V[2] + (size_t)(r0) * D_E, D_E,
-            G[3] + (size_t)(r0) * (2*D_H), (2*D_H), 1, PG[0], (2*D_H));
+  /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* vertex internal, eager phase: every row of the type at once */
@@ -199,41 +201,42 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
             P[1], (5*D_H), 0, V[4] + (size_t)(r0) * (5*D_H), (5*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a8 = V[4] + (size_t)(r) * (5*D_H);
-      const R *a9 = P[5];
-      const R *a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
-      const R *a14 = P[6];
-      const R *a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-      const R *a19 = P[7];
-      const R *a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-      const R *a24 = P[8];
-      const R *a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-      const R *a29 = P[9];
-      const R *a1 = V[7] + (size_t)(r) * (2*D_H);
-      const R *a4 = V[6] + (size_t)(r) * (2*D_H);
-      R *o36 = V[0] + (size_t)(r) * (2*D_H);
-      R *o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v10 = a8[j] + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* i */
-        const R v15 = a13[j] + a14[j];
-        const R v16 = cv_sigmoid(v15);  /* f_0 */
-        const R v20 = a18[j] + a19[j];
-        const R v21 = cv_sigmoid(v20);  /* f_1 */
-        const R v25 = a23[j] + a24[j];
-        const R v26 = cv_sigmoid(v25);  /* o */
-        const R v30 = a28[j] + a29[j];
-        const R v31 = cv_tanh(v30);  /* u */
-        const R v32 = v11 * v31;
-        const R v33 = v16 * a1[j];
-        const R v34 = v32 + v33;
-        const R v35 = v21 * a4[j];
-        const R v36 = v34 + v35;  /* c */
-        const R v37 = cv_tanh(v36);
-        const R v38 = v26 * v37;  /* h */
-        o36[j] = v36;
-        o38[j] = v38;
-      }
+    const R *restrict a8 = V[4] + (size_t)(r) * (5*D_H);
+    const R *restrict a9 = P[5];
+    const R *restrict a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
+    const R *restrict a14 = P[6];
+    const R *restrict a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
+    const R *restrict a19 = P[7];
+    const R *restrict a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
+    const R *restrict a24 = P[8];
+    const R *restrict a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
+    const R *restrict a29 = P[9];
+    const R *restrict a1 = V[7] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v10 = a8[j] + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v15 = a13[j] + a14[j];
+      const R v16 = cv_sigmoid(v15);  /* f_0 */
+      const R v20 = a18[j] + a19[j];
+      const R v21 = cv_sigmoid(v20);  /* f_1 */
+      const R v25 = a23[j] + a24[j];
+      const R v26 = cv_sigmoid(v25);  /* o */
+      const R v30 = a28[j] + a29[j];
+      const R v31 = cv_tanh(v30);  /* u */
+      const R v32 = v11 * v31;
+      const R v33 = v16 * a1[j];
+      const R v34 = v32 + v33;
+      const R v35 = v21 * a4[j];
+      const R v36 = v34 + v35;  /* c */
+      const R v37 = cv_tanh(v36);
+      const R v38 = v26 * v37;  /* h */
+      o36[j] = v36;
+      o38[j] = v38;
+    }
   }
   /* twotype.vf:50  concat */
 }
@@ -276,95 +279,96 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:50  concat */
   /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a8 = V[4] + (size_t)(r) * (5*D_H);
-      R *d8 = G[4] + (size_t)(r) * (5*D_H);
-      const R *a9 = P[5];
-      R *d9 = PG[5];
-      const R *a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
-      R *d13 = G[4] + (size_t)(r) * (5*D_H) + D_H;
-      const R *a14 = P[6];
-      R *d14 = PG[6];
-      const R *a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-      R *d18 = G[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-      const R *a19 = P[7];
-      R *d19 = PG[7];
-      const R *a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-      R *d23 = G[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-      const R *a24 = P[8];
-      R *d24 = PG[8];
-      const R *a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-      R *d28 = G[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-      const R *a29 = P[9];
-      R *d29 = PG[9];
-      const R *a1 = V[7] + (size_t)(r) * (2*D_H);
-      R *d1 = G[7] + (size_t)(r) * (2*D_H);
-      const R *a4 = V[6] + (size_t)(r) * (2*D_H);
-      R *d4 = G[6] + (size_t)(r) * (2*D_H);
-      const R *g36_in = G[0] + (size_t)(r) * (2*D_H);
-      const R *g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-      for (long j = 0; j < D_H; j++) {
-        const R v10 = a8[j] + a9[j];
-        const R v11 = cv_sigmoid(v10);  /* i */
-        const R v15 = a13[j] + a14[j];
-        const R v16 = cv_sigmoid(v15);  /* f_0 */
-        const R v20 = a18[j] + a19[j];
-        const R v21 = cv_sigmoid(v20);  /* f_1 */
-        const R v25 = a23[j] + a24[j];
-        const R v26 = cv_sigmoid(v25);  /* o */
-        const R v30 = a28[j] + a29[j];
-        const R v31 = cv_tanh(v30);  /* u */
-        const R v32 = v11 * v31;
-        const R v33 = v16 * a1[j];
-        const R v34 = v32 + v33;
-        const R v35 = v21 * a4[j];
-        const R v36 = v34 + v35;  /* c */
-        const R v37 = cv_tanh(v36);
-        R g10 = 0;
-        R g11 = 0;
-        R g15 = 0;
-        R g16 = 0;
-        R g20 = 0;
-        R g21 = 0;
-        R g25 = 0;
-        R g26 = 0;
-        R g30 = 0;
-        R g31 = 0;
-        R g32 = 0;
-        R g33 = 0;
-        R g34 = 0;
-        R g35 = 0;
-        R g36 = g36_in[j];
-        R g37 = 0;
-        R g38 = g38_in[j];
-        g26 += g38 * v37;
-        g37 += g38 * v26;
-        g36 += g37 * (1 - v37 * v37);
-        g34 += g36;
-        g35 += g36;
-        g21 += g35 * a4[j];
-        d4[j] += g35 * v21;
-        g32 += g34;
-        g33 += g34;
-        g16 += g33 * a1[j];
-        d1[j] += g33 * v16;
-        g11 += g32 * v31;
-        g31 += g32 * v11;
-        g30 += g31 * (1 - v31 * v31);
-        d28[j] += g30;
-        d29[j] += g30;  /* summed over rows */
-        g25 += g26 * v26 * (1 - v26);
-        d23[j] += g25;
-        d24[j] += g25;  /* summed over rows */
-        g20 += g21 * v21 * (1 - v21);
-        d18[j] += g20;
-        d19[j] += g20;  /* summed over rows */
-        g15 += g16 * v16 * (1 - v16);
-        d13[j] += g15;
-        d14[j] += g15;  /* summed over rows */
-        g10 += g11 * v11 * (1 - v11);
-        d8[j] += g10;
-        d9[j] += g10;  /* summed over rows */
-      }
+    const R *restrict a8 = V[4] + (size_t)(r) * (5*D_H);
+    R *restrict d8 = G[4] + (size_t)(r) * (5*D_H);
+    const R *restrict a9 = P[5];
+    R *restrict d9 = PG[5];
+    const R *restrict a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
+    R *restrict d13 = G[4] + (size_t)(r) * (5*D_H) + D_H;
+    const R *restrict a14 = P[6];
+    R *restrict d14 = PG[6];
+    const R *restrict a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
+    R *restrict d18 = G[4] + (size_t)(r) * (5*D_H) + (2*D_H);
+    const R *restrict a19 = P[7];
+    R *restrict d19 = PG[7];
+    const R *restrict a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
+    R *restrict d23 = G[4] + (size_t)(r) * (5*D_H) + (3*D_H);
+    const R *restrict a24 = P[8];
+    R *restrict d24 = PG[8];
+    const R *restrict a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
+    R *restrict d28 = G[4] + (size_t)(r) * (5*D_H) + (4*D_H);
+    const R *restrict a29 = P[9];
+    R *restrict d29 = PG[9];
+    const R *restrict a1 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[7] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict d4 = G[6] + (size_t)(r) * (2*D_H);
+    const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = 0; j < D_H; j++) {
+      const R v10 = a8[j] + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v15 = a13[j] + a14[j];
+      const R v16 = cv_sigmoid(v15);  /* f_0 */
+      const R v20 = a18[j] + a19[j];
+      const R v21 = cv_sigmoid(v20);  /* f_1 */
+      const R v25 = a23[j] + a24[j];
+      const R v26 = cv_sigmoid(v25);  /* o */
+      const R v30 = a28[j] + a29[j];
+      const R v31 = cv_tanh(v30);  /* u */
+      const R v32 = v11 * v31;
+      const R v33 = v16 * a1[j];
+      const R v34 = v32 + v33;
+      const R v35 = v21 * a4[j];
+      const R v36 = v34 + v35;  /* c */
+      const R v37 = cv_tanh(v36);
+      R g10 = 0;
+      R g11 = 0;
+      R g15 = 0;
+      R g16 = 0;
+      R g20 = 0;
+      R g21 = 0;
+      R g25 = 0;
+      R g26 = 0;
+      R g30 = 0;
+      R g31 = 0;
+      R g32 = 0;
+      R g33 = 0;
+      R g34 = 0;
+      R g35 = 0;
+      R g36 = g36_in[j];
+      R g37 = 0;
+      R g38 = g38_in[j];
+      g26 += g38 * v37;
+      g37 += g38 * v26;
+      g36 += g37 * (1 - v37 * v37);
+      g34 += g36;
+      g35 += g36;
+      g21 += g35 * a4[j];
+      d4[j] += g35 * v21;
+      g32 += g34;
+      g33 += g34;
+      g16 += g33 * a1[j];
+      d1[j] += g33 * v16;
+      g11 += g32 * v31;
+      g31 += g32 * v11;
+      g30 += g31 * (1 - v31 * v31);
+      d28[j] += g30;
+      d29[j] += g30;  /* summed over rows */
+      g25 += g26 * v26 * (1 - v26);
+      d23[j] += g25;
+      d24[j] += g25;  /* summed over rows */
+      g20 += g21 * v21 * (1 - v21);
+      d18[j] += g20;
+      d19[j] += g20;  /* summed over rows */
+      g15 += g16 * v16 * (1 - v16);
+      d13[j] += g15;
+      d14[j] += g15;  /* summed over rows */
+      g10 += g11 * v11 * (1 - v11);
+      d8[j] += g10;
+      d9[j] += g10;  /* summed over rows */
+    }
   }
   /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T */
   cavs_gemm(c, 0, 1, n, 2*D_H, 5*D_H, 1, G[4] + (size_t)(r0) * (5*D_H), (5*D_H),
@@ -406,13 +410,14 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
             P[10], D_C, 0, V[9] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-      const R *a2 = V[9] + (size_t)(r) * D_C;
-      const R *a3 = P[11];
-      R *o4 = V[8] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        const R v4 = a2[j] + a3[j];  /* logits */
-        o4[j] = v4;
-      }
+    const R *restrict a2 = V[9] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[11];
+    R *restrict o4 = V[8] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
   }
   /* twotype.vf:56  softmax_xent */
   cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
@@ -431,14 +436,15 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], G[8] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-      R *d2 = G[9] + (size_t)(r) * D_C;
-      R *d3 = PG[11];
-      const R *g4_in = G[8] + (size_t)(r) * D_C;
-      for (long j = 0; j < D_C; j++) {
-        R g4 = g4_in[j];
-        d2[j] += g4;
-        d3[j] += g4;  /* summed over rows */
-      }
+    R *restrict d2 = G[9] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[11];
+    const R *restrict g4_in = G[8] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = 0; j < D_C; j++) {
+      R g4 = g4_in[j];
+      d2[j] += g4;
+      d3[j] += g4;  /* summed over rows */
+    }
   }
   /* line 55  dh += d(h @ Wc) W^T */
   cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[9] + (size_t)(r0) * D_C, D_C,
@@ -478,18 +484,18 @@ static const cavs_param_desc params[] = {
   {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 11, {0, {0}}, 0, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 2}}},
-  {{0, {0, 2}}, {0, {0, 5}}},
-  {{0, {0, 0, 0, 1}}, {0, {1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{1, {0}}, {0, {0, 1}}},
-  {{0, {0, 1}}, {0, {0, 0, 1}}},
-  {{1, {0}}, {0, {0, 0, 1}}},
+  {{0, {1}}, {0, {0, 2}}, -1},
+  {{0, {0, 2}}, {0, {0, 5}}, -1},
+  {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{1, {0}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 0, 1}}, -1},
+  {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},

@@ -5,6 +5,7 @@
 #include "cv.h"
 
 #include <cblas.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define CV_NAME(x) x##_f
@@ -38,6 +39,27 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
   else
     cblas_sgemm(CblasRowMajor, A, B, m, n, k, (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, cm,
                 (int)ldc);
+}
+
+void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy) {
+  size_t es = DBL(c) ? 8 : 4;
+  for (int r = r0; r < r0 + n;) {
+    int a = r;
+    bool on = idx[r] >= 0;
+    while (r < r0 + n && (idx[r] >= 0) == on) r++;
+    int len = r - a;
+    const char *xa = (const char *)x + (size_t)a * (size_t)ldx * es;
+    char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
+    if (!on) {
+      if (form == 0)
+        for (int i = 0; i < len; i++) memset(ya + (size_t)i * (size_t)ldy * es, 0, (size_t)cols * es);
+      continue;
+    }
+    if (form == 0) cavs_gemm(c, 0, 0, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
+    else if (form == 1) cavs_gemm(c, 0, 1, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
+    else cavs_gemm(c, 1, 0, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
+  }
 }
 
 void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {

@@ -19,6 +19,10 @@ struct cavs_model {
   size_t *pg_off; /* per group: offset in scalars */
   long *pg_rows, *pg_cols;
   void **param, **pgrad;
+  /* lookup tables: rows with a nonzero gradient (every other row's is zero) */
+  int **touched;
+  int *ntouched;
+  unsigned char **mark;
   /* optimizer state */
   void *m1, *m2;
   long step;
@@ -39,6 +43,7 @@ struct cavs_model {
   int *task_r0, *task_n, *task_type;
   /* scheduling scratch, grown only */
   int capv;
+  long capedges;
   int *level, *row_of, *pcount, *padj, *queue, *vtype;
   int capcount;
   int *count;
@@ -52,6 +57,8 @@ void *cv_xrealloc(void *p, size_t n);
 
 /* scheduler.c */
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
+/* optim.c */
+void cv_sparse_reset(cavs_model *m);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
 

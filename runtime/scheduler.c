@@ -42,7 +42,11 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   /* parents in CSR form, to walk from the leaves up */
   long nedges = 0;
   for (int g = 0; g < k; g++) nedges += (long)graphs[g]->n * graphs[g]->maxc;
-  m->padj = cv_xrealloc(m->padj, sizeof(int) * (size_t)(nedges + 1));
+  if (nedges + 1 > m->capedges) {
+    m->capedges = nedges + 1;
+    free(m->padj);
+    m->padj = cv_xrealloc(NULL, sizeof(int) * (size_t)m->capedges);
+  }
   memset(m->pcount, 0, sizeof(int) * ((size_t)N + 1));
   int base = 0;
   for (int g = 0; g < k; g++) {
@@ -233,7 +237,10 @@ void cavs_model_backward(cavs_model *m) {
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
     if (m->grad[b]) memset(m->grad[b], 0, (size_t)N * (size_t)m->bw[b] * m->esize);
-  memset(m->gflat, 0, m->nflat * m->esize);
+  for (int g = 0; g < d->npgroups; g++)
+    if (d->pgroups[g].sparse_input < 0)
+      memset(m->pgrad[g], 0, (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
+  cv_sparse_reset(m);
   if (d->push_bwd) d->push_bwd(c, 0, N);
   for (int t = 0; t < d->nvertex; t++)
     if (m->type_n[t]) d->vertex[t].bwd_lazy(c, m->type_r0[t], m->type_n[t]);

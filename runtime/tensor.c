@@ -91,6 +91,14 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   }
   c->param = m->param;
   c->pgrad = m->pgrad;
+  m->touched = calloc((size_t)d->npgroups + 1, sizeof(int *));
+  m->ntouched = calloc((size_t)d->npgroups + 1, sizeof(int));
+  m->mark = calloc((size_t)d->npgroups + 1, sizeof(unsigned char *));
+  for (int g = 0; g < d->npgroups; g++)
+    if (d->pgroups[g].sparse_input >= 0) {
+      m->touched[g] = calloc((size_t)m->pg_rows[g] + 1, sizeof(int));
+      m->mark[g] = calloc((size_t)m->pg_rows[g] + 1, 1);
+    }
   m->bw = calloc((size_t)d->nbufs + 1, sizeof(long));
   for (int b = 0; b < d->nbufs; b++) m->bw[b] = cv_lin(&d->bufs[b].width, c->dims);
   m->val = calloc((size_t)d->nbufs + 1, sizeof(void *));
@@ -134,6 +142,13 @@ void cavs_model_free(cavs_model *m) {
   free(m->task_r0); free(m->task_n); free(m->task_type);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
+  for (int g = 0; g < d->npgroups; g++) {
+    free(m->touched ? m->touched[g] : NULL);
+    free(m->mark ? m->mark[g] : NULL);
+  }
+  free(m->touched);
+  free(m->ntouched);
+  free(m->mark);
   free(m);
 }
 
