@@ -30,6 +30,7 @@ cavs_vocab *cavs_vocab_new(void) {
   cavs_vocab *v = calloc(1, sizeof *v);
   if (!v) return NULL;
   cavs_vocab_id(v, "<unk>", 5, 1);
+  cavs_vocab_id(v, "<eos>", 5, 1); /* ends every `text` sentence */
   return v;
 }
 
@@ -302,7 +303,7 @@ static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
     snprintf(err, errlen, "%s:%ld: error: empty line", path, lineno);
     return -1;
   }
-  if (sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = cavs_vocab_id(v, "<eos>", 5, 1);
+  if (sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = 1; /* <eos> */
   add_graph(s, first);
   return 0;
 }
