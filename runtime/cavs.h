@@ -209,6 +209,7 @@ struct cavs_ctx {
   const unsigned char *root;   /* [rows]: 1 for a vertex without parents */
   const unsigned char *pushed; /* [rows]: 1 where the vertex's type calls push() */
   cavs_loss_acc *loss;       /* [nlosses] */
+  int *pred;                 /* [rows]: argmax of the first softmax_xent, or -1 */
   double loss_scale;         /* multiplies every loss gradient (1 / number of graphs ...) */
   struct cavs_model *model;
 };
@@ -277,6 +278,9 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
 /* Backward pass of the last forward: fills every parameter gradient. */
 void cavs_model_backward(cavs_model *m);
 const cavs_desc *cavs_model_desc(const cavs_model *m);
+/* After a forward pass: the class predicted (argmax of the first softmax_xent) at the
+ * root of graph g of the minibatch (its last vertex without a parent), or -1. */
+int cavs_model_root_class(const cavs_model *m, int g);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Parameter i: its storage and gradient (row stride in *ld), in the model's precision. */
@@ -304,7 +308,8 @@ void cavs_set_threads(int n);
 /* ---- data ---- */
 
 /* Token <-> id. Id 0 is <unk>, what unknown tokens map to when the vocabulary is not
- * allowed to grow (evaluation data). */
+ * allowed to grow (evaluation data); id 1 is <eos>, the label after a sentence's last
+ * token in `text` data. */
 typedef struct cavs_vocab cavs_vocab;
 cavs_vocab *cavs_vocab_new(void);
 void cavs_vocab_free(cavs_vocab *v);
@@ -324,6 +329,39 @@ int cavs_dataset_count(const cavs_dataset *s);
 const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i);
 long cavs_dataset_vertices(const cavs_dataset *s);
 void cavs_dataset_free(cavs_dataset *s);
+
+/* ---- checkpoints ----
+ * One file: magic, format version, the model's name, source text and hash, precision,
+ * dims, vocabulary, parameters, optimizer state, training state, and a checksum over all
+ * of it. Written to a temporary file in the same directory, flushed and renamed, so a
+ * crash never leaves a torn checkpoint; reading checks everything before using any of it. */
+typedef struct cavs_train_state {
+  int epoch;          /* epochs completed */
+  uint64_t rng;       /* the shuffling generator */
+  double best;        /* best dev accuracy so far, or -1 */
+  uint64_t seed;
+  int threads, batch;
+  char format[32];    /* data format of the training file */
+  cavs_optim optim;
+} cavs_train_state;
+
+typedef struct cavs_ckpt cavs_ckpt;
+int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
+                   const cavs_train_state *ts, char *err, size_t errlen);
+cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen);
+void cavs_ckpt_free(cavs_ckpt *k);
+const char *cavs_ckpt_model(const cavs_ckpt *k);   /* model name */
+const char *cavs_ckpt_source(const cavs_ckpt *k);  /* the .vf text it was trained from */
+const char *cavs_ckpt_hash(const cavs_ckpt *k);
+int cavs_ckpt_precision(const cavs_ckpt *k);
+/* dims by name: fills dims[] in the order of d's dims; -1 on a mismatch (message in err) */
+int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err, size_t errlen);
+const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k);
+long cavs_ckpt_param_count(const cavs_ckpt *k);
+/* A new vocabulary with the checkpoint's words, in their ids. */
+cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);
+/* Copies parameters and optimizer state into m after checking that they fit. */
+int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen);
 
 /* Synthetic data, as ptb-tree lines: a toy treebank with a learnable signal, and
  * complete binary trees (the Tree-FC benchmark). */

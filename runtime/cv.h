@@ -38,6 +38,8 @@ struct cavs_model {
   void **rin;      /* [nreal][cap * w] */
   long *rw;        /* real input widths */
   unsigned char *root, *pushed;
+  int *pred;
+  int *gbase, capgraphs, ngraphs; /* first vertex of each graph of the minibatch */
   int *type_r0, *type_n;
   int ntask, captask;
   int *task_r0, *task_n, *task_type;

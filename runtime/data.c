@@ -377,46 +377,51 @@ static uint64_t gen_next(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-/* A toy treebank with a learnable signal: words w0..w(W-1) carry a polarity of -1, 0 or
- * +1 (by id mod 3); a node's label is its subtree's total polarity, clamped to -2..2 and
- * shifted to 0..4 (five classes, as SST). Learning it needs the composition: the root
- * label depends on every leaf. Trees are random binary trees of 2..maxleaves leaves. */
+/* A toy treebank with a learnable signal that needs composition, as SST does: words
+ * w0..w(W-1) carry a polarity of -1, 0 or +1 (by id mod 3), except every seventh word,
+ * a negator ("not") with polarity 0 that flips the polarity of the phrase it is merged
+ * with on its right. A node's label is its phrase's polarity clamped to -2..2, shifted to
+ * 0..4 (five classes, as SST). Trees are random binary trees of 2..maxleaves leaves. */
 int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed) {
   uint64_t s = seed * 2654435761u + 1;
   int *pol = malloc(sizeof(int) * (size_t)(2 * maxleaves + 2));
+  bool *neg = malloc(sizeof(bool) * (size_t)(2 * maxleaves + 2));
   char **txt = malloc(sizeof(char *) * (size_t)(2 * maxleaves + 2));
-  if (!pol || !txt) return -1;
+  if (!pol || !txt || !neg) return -1;
   for (int t = 0; t < ntrees; t++) {
     int n = 2 + (int)(gen_next(&s) % (uint64_t)(maxleaves - 1));
-    /* leaves, then merge random neighbours until one tree is left */
     for (int i = 0; i < n; i++) {
       int w = (int)(gen_next(&s) % (uint64_t)nwords);
-      pol[i] = w % 3 == 0 ? -1 : w % 3 == 1 ? 1 : 0;
-      int lab = pol[i] + 2;
-      size_t len = (size_t)snprintf(NULL, 0, "(%d w%d)", lab, w) + 1;
+      neg[i] = w % 7 == 6;
+      pol[i] = neg[i] ? 0 : w % 3 == 0 ? -1 : w % 3 == 1 ? 1 : 0;
+      size_t len = (size_t)snprintf(NULL, 0, "(%d w%d)", pol[i] + 2, w) + 1;
       txt[i] = malloc(len);
-      snprintf(txt[i], len, "(%d w%d)", lab, w);
+      snprintf(txt[i], len, "(%d w%d)", pol[i] + 2, w);
     }
+    /* merge random neighbours until one tree is left */
     for (int k = n; k > 1; k--) {
       int i = (int)(gen_next(&s) % (uint64_t)(k - 1));
-      int p = pol[i] + pol[i + 1];
-      int lab = (p < -2 ? -2 : p > 2 ? 2 : p) + 2;
+      int p = neg[i] ? -pol[i + 1] : pol[i] + pol[i + 1];
+      p = p < -2 ? -2 : p > 2 ? 2 : p;
       size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
       char *m = malloc(len);
-      snprintf(m, len, "(%d %s %s)", lab, txt[i], txt[i + 1]);
+      snprintf(m, len, "(%d %s %s)", p + 2, txt[i], txt[i + 1]);
       free(txt[i]);
       free(txt[i + 1]);
       txt[i] = m;
       pol[i] = p;
+      neg[i] = false;
       for (int j = i + 1; j < k - 1; j++) {
         txt[j] = txt[j + 1];
         pol[j] = pol[j + 1];
+        neg[j] = neg[j + 1];
       }
     }
     fprintf(out, "%s\n", txt[0]);
     free(txt[0]);
   }
   free(pol);
+  free(neg);
   free(txt);
   return ferror(out) ? -1 : 0;
 }

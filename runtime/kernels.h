@@ -73,6 +73,13 @@ static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const 
                               long w) {
   cavs_loss_acc *a = &c->loss[loss];
   for (int r = r0; r < r0 + n; r++) {
+    if (loss == 0 && c->pushed[r]) {
+      const R *zr = z + (size_t)r * ld;
+      int am = 0;
+      for (long j = 1; j < w; j++)
+        if (zr[j] > zr[am]) am = (int)j;
+      c->pred[r] = am;
+    }
     if (!c->pushed[r] || label[r] < 0) continue;
     int am;
     a->sum += CV_NAME(xent_row)(z + (size_t)r * ld, label[r], w, &am);

@@ -155,6 +155,16 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   m->ntask = ntask;
   for (int v = 0; v < N; v++) m->row_of[v] = m->count[m->vtype[v] * L + m->level[v]]++;
   if (cv_grow_rows(m, N)) return -1;
+  if (k + 1 > m->capgraphs) {
+    m->capgraphs = k + 1;
+    m->gbase = cv_xrealloc(m->gbase, sizeof(int) * (size_t)m->capgraphs);
+  }
+  m->ngraphs = k;
+  for (int g = 0, b = 0; g <= k; g++) {
+    m->gbase[g] = b;
+    if (g < k) b += graphs[g]->n;
+  }
+  for (int r = 0; r < N; r++) m->pred[r] = -1;
   m->rows = N;
   m->ctx.rows = N;
   /* per-row arrays */
@@ -228,6 +238,15 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   }
   m->have_batch = true;
   return 0;
+}
+
+int cavs_model_root_class(const cavs_model *m, int g) {
+  if (!m->have_batch || g < 0 || g >= m->ngraphs) return -1;
+  for (int v = m->gbase[g + 1] - 1; v >= m->gbase[g]; v--) {
+    int r = m->row_of[v];
+    if (m->root[r]) return m->pred[r];
+  }
+  return -1;
 }
 
 void cavs_model_backward(cavs_model *m) {

@@ -137,7 +137,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->iin); free(m->rin); free(m->rw);
   free(m->pflat); free(m->gflat); free(m->m1); free(m->m2);
   free(m->pg_off); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
-  free(m->child); free(m->root); free(m->pushed);
+  free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
   free(m->type_r0); free(m->type_n);
   free(m->task_r0); free(m->task_n); free(m->task_type);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
@@ -173,10 +173,12 @@ int cv_grow_rows(cavs_model *m, int rows) {
   m->child = cv_xrealloc(m->child, sizeof(int) * (size_t)cap * (size_t)m->maxc);
   m->root = cv_xrealloc(m->root, (size_t)cap);
   m->pushed = cv_xrealloc(m->pushed, (size_t)cap);
+  m->pred = cv_xrealloc(m->pred, sizeof(int) * (size_t)cap);
   m->cap_rows = cap;
   m->ctx.child = m->child;
   m->ctx.root = m->root;
   m->ctx.pushed = m->pushed;
+  m->ctx.pred = m->pred;
   return 0;
 }
 

@@ -1,0 +1,464 @@
+/* ckpt.c: checkpoints. The format (all integers little-endian):
+ *
+ *   "CAVSCKPT" u32 version
+ *   str model  str source_hash  str source_text  u32 precision
+ *   u32 ndims   { str name  i64 value }
+ *   u32 nwords  { str word }                       the vocabulary, in id order
+ *   u32 nparams { str name  i64 rows  i64 cols  values[rows*cols] }
+ *   i64 optimizer steps   u8 has_moments   [m1 values, m2 values, per parameter]
+ *   training state: i32 epoch  u64 rng  f64 best  u64 seed  i32 threads  i32 batch
+ *                   str format  i32 kind  f64 lr clip weight_decay beta1 beta2 eps
+ *   u64 FNV-1a of every byte before it
+ *
+ * Values are in the model's precision. A str is u32 length + bytes. The file is written
+ * to PATH.tmpXXXXXX in the same directory, flushed, fsync'ed and renamed over PATH, and the
+ * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix. */
+#include "cv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CKPT_MAGIC "CAVSCKPT"
+#define CKPT_VERSION 1
+
+/* ---- writing into a growing buffer ---- */
+
+typedef struct Buf {
+  unsigned char *p;
+  size_t n, cap;
+} Buf;
+
+static void put(Buf *b, const void *data, size_t n) {
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->n + n) cap *= 2;
+    b->p = cv_xrealloc(b->p, cap);
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, data, n);
+  b->n += n;
+}
+static void put_u32(Buf *b, uint32_t v) { put(b, &v, 4); }
+static void put_i64(Buf *b, int64_t v) { put(b, &v, 8); }
+static void put_f64(Buf *b, double v) { put(b, &v, 8); }
+static void put_str(Buf *b, const char *s) {
+  uint32_t n = s ? (uint32_t)strlen(s) : 0;
+  put_u32(b, n);
+  put(b, s ? s : "", n);
+}
+
+static uint64_t fnv64(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Packs parameter i of the block `base` (without the leading-dimension padding). */
+static void put_param(Buf *b, cavs_model *m, void *const *base, int i) {
+  const cavs_param_desc *p = &m->d->params[i];
+  long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
+  long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
+  const char *src = (const char *)base[p->group] + (size_t)off * m->esize;
+  for (long r = 0; r < rows; r++) put(b, src + (size_t)r * (size_t)ld * m->esize, (size_t)cols * m->esize);
+}
+
+static int write_file_atomic(const char *path, const Buf *b, char *err, size_t errlen) {
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 16);
+  memcpy(tmp, path, plen);
+  memcpy(tmp + plen, ".tmpXXXXXX", 11);
+  int fd = mkstemp(tmp);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+    free(tmp);
+    return -1;
+  }
+  /* mkstemp makes 0600; a checkpoint gets the usual mode */
+  mode_t mask = umask(0);
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
+  size_t done = 0;
+  while (done < b->n) {
+    ssize_t w = write(fd, b->p + done, b->n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += (size_t)w;
+  }
+  int e = errno;
+  bool ok = done == b->n && fsync(fd) == 0;
+  if (!ok && done == b->n) e = errno;
+  close(fd);
+  if (ok && rename(tmp, path) != 0) {
+    e = errno;
+    ok = false;
+  }
+  if (!ok) {
+    unlink(tmp);
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(e));
+    free(tmp);
+    return -1;
+  }
+  /* make the rename itself durable */
+  char *dir = strdup(path);
+  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  free(dir);
+  free(tmp);
+  return 0;
+}
+
+int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
+                   const cavs_train_state *ts, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  Buf b = {0};
+  put(&b, CKPT_MAGIC, 8);
+  put_u32(&b, CKPT_VERSION);
+  put_str(&b, d->name);
+  put_str(&b, d->source_hash);
+  put_str(&b, source);
+  put_u32(&b, (uint32_t)d->precision);
+  put_u32(&b, (uint32_t)d->ndims);
+  for (int i = 0; i < d->ndims; i++) {
+    put_str(&b, d->dims[i].name);
+    put_i64(&b, m->ctx.dims[i]);
+  }
+  int nw = v ? cavs_vocab_size(v) : 0;
+  put_u32(&b, (uint32_t)nw);
+  for (int i = 0; i < nw; i++) put_str(&b, cavs_vocab_word(v, i));
+  put_u32(&b, (uint32_t)d->nparams);
+  for (int i = 0; i < d->nparams; i++) {
+    put_str(&b, d->params[i].name);
+    put_i64(&b, cv_lin(&d->params[i].rows, m->ctx.dims));
+    put_i64(&b, cv_lin(&d->params[i].cols, m->ctx.dims));
+    put_param(&b, m, m->param, i);
+  }
+  put_i64(&b, m->step);
+  unsigned char has = m->m1 != NULL;
+  put(&b, &has, 1);
+  if (has) {
+    /* the moments have the parameters' layout: view them as parameter blocks */
+    void **m1 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1)), **m2 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1));
+    for (int g = 0; g < d->npgroups; g++) {
+      m1[g] = (char *)m->m1 + m->pg_off[g] * m->esize;
+      m2[g] = (char *)m->m2 + m->pg_off[g] * m->esize;
+    }
+    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m1, i);
+    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m2, i);
+    free(m1);
+    free(m2);
+  }
+  cavs_train_state z = {0};
+  if (!ts) ts = &z;
+  put_u32(&b, (uint32_t)ts->epoch);
+  put_i64(&b, (int64_t)ts->rng);
+  put_f64(&b, ts->best);
+  put_i64(&b, (int64_t)ts->seed);
+  put_u32(&b, (uint32_t)ts->threads);
+  put_u32(&b, (uint32_t)ts->batch);
+  put_str(&b, ts->format);
+  put_u32(&b, (uint32_t)ts->optim.kind);
+  put_f64(&b, ts->optim.lr);
+  put_f64(&b, ts->optim.clip);
+  put_f64(&b, ts->optim.weight_decay);
+  put_f64(&b, ts->optim.beta1);
+  put_f64(&b, ts->optim.beta2);
+  put_f64(&b, ts->optim.eps);
+  uint64_t sum = fnv64(b.p, b.n);
+  put(&b, &sum, 8);
+  int rc = write_file_atomic(path, &b, err, errlen);
+  free(b.p);
+  return rc;
+}
+
+/* ---- reading ---- */
+
+typedef struct KParam {
+  char *name;
+  long rows, cols;
+  size_t at; /* offset of the values in the file */
+} KParam;
+
+struct cavs_ckpt {
+  unsigned char *data;
+  size_t size;
+  char *model, *hash, *source;
+  int precision;
+  int ndims;
+  char *dim_name[CAVS_MAX_DIMS];
+  long dim_value[CAVS_MAX_DIMS];
+  int nwords;
+  char **words;
+  int nparams;
+  KParam *params;
+  long steps;
+  bool has_moments;
+  size_t m1_at, m2_at;
+  cavs_train_state ts;
+};
+
+typedef struct Rd {
+  const unsigned char *p;
+  size_t n, at;
+  bool bad;
+} Rd;
+
+static const void *take(Rd *r, size_t n) {
+  if (r->bad || n > r->n - r->at) {
+    r->bad = true;
+    return NULL;
+  }
+  const void *p = r->p + r->at;
+  r->at += n;
+  return p;
+}
+static uint32_t get_u32(Rd *r) {
+  uint32_t v = 0;
+  const void *p = take(r, 4);
+  if (p) memcpy(&v, p, 4);
+  return v;
+}
+static int64_t get_i64(Rd *r) {
+  int64_t v = 0;
+  const void *p = take(r, 8);
+  if (p) memcpy(&v, p, 8);
+  return v;
+}
+static double get_f64(Rd *r) {
+  double v = 0;
+  const void *p = take(r, 8);
+  if (p) memcpy(&v, p, 8);
+  return v;
+}
+static char *get_str(Rd *r) {
+  uint32_t n = get_u32(r);
+  const char *p = take(r, n);
+  if (!p) return NULL;
+  char *s = malloc((size_t)n + 1);
+  memcpy(s, p, n);
+  s[n] = 0;
+  return s;
+}
+
+void cavs_ckpt_free(cavs_ckpt *k) {
+  if (!k) return;
+  free(k->data);
+  free(k->model);
+  free(k->hash);
+  free(k->source);
+  for (int i = 0; i < k->ndims; i++) free(k->dim_name[i]);
+  for (int i = 0; i < k->nwords; i++) free(k->words ? k->words[i] : NULL);
+  free(k->words);
+  for (int i = 0; i < k->nparams; i++) free(k->params ? k->params[i].name : NULL);
+  free(k->params);
+  free(k);
+}
+
+cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  cavs_ckpt *k = calloc(1, sizeof *k);
+  size_t cap = 1 << 20;
+  k->data = malloc(cap);
+  size_t got;
+  while ((got = fread(k->data + k->size, 1, cap - k->size, f)) > 0) {
+    k->size += got;
+    if (k->size == cap) k->data = cv_xrealloc(k->data, cap *= 2);
+  }
+  fclose(f);
+#define BAD(...)                                 \
+  do {                                           \
+    snprintf(err, errlen, __VA_ARGS__);          \
+    cavs_ckpt_free(k);                           \
+    return NULL;                                 \
+  } while (0)
+  if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) BAD("'%s' is not a cavs checkpoint", path);
+  uint32_t version;
+  memcpy(&version, k->data + 8, 4);
+  if (version != CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
+  uint64_t want, have = fnv64(k->data, k->size - 8);
+  memcpy(&want, k->data + k->size - 8, 8);
+  if (want != have) BAD("'%s' is damaged: its checksum does not match (truncated or modified)", path);
+  Rd r = {k->data, k->size - 8, 12, false};
+  k->model = get_str(&r);
+  k->hash = get_str(&r);
+  k->source = get_str(&r);
+  k->precision = (int)get_u32(&r);
+  uint32_t nd = get_u32(&r);
+  if (nd > CAVS_MAX_DIMS) BAD("'%s': %u dims (at most %d)", path, nd, CAVS_MAX_DIMS);
+  k->ndims = (int)nd;
+  for (int i = 0; i < k->ndims; i++) {
+    k->dim_name[i] = get_str(&r);
+    k->dim_value[i] = (long)get_i64(&r);
+  }
+  uint32_t nw = get_u32(&r);
+  if (nw > r.n) BAD("'%s' is damaged (vocabulary size)", path);
+  k->words = calloc((size_t)nw + 1, sizeof(char *));
+  k->nwords = (int)nw;
+  for (int i = 0; i < k->nwords; i++) k->words[i] = get_str(&r);
+  uint32_t np = get_u32(&r);
+  if (np > r.n) BAD("'%s' is damaged (parameter count)", path);
+  k->params = calloc((size_t)np + 1, sizeof(KParam));
+  k->nparams = (int)np;
+  size_t es = k->precision == CAVS_DOUBLE ? 8 : 4;
+  for (int i = 0; i < k->nparams; i++) {
+    KParam *p = &k->params[i];
+    p->name = get_str(&r);
+    p->rows = (long)get_i64(&r);
+    p->cols = (long)get_i64(&r);
+    if (p->rows < 0 || p->cols < 0 || (double)p->rows * (double)p->cols * (double)es > (double)r.n)
+      BAD("'%s' is damaged (parameter shape)", path);
+    p->at = r.at;
+    take(&r, (size_t)p->rows * (size_t)p->cols * es);
+  }
+  k->steps = (long)get_i64(&r);
+  const unsigned char *has = take(&r, 1);
+  k->has_moments = has && *has;
+  if (k->has_moments) {
+    size_t total = 0;
+    for (int i = 0; i < k->nparams; i++) total += (size_t)k->params[i].rows * (size_t)k->params[i].cols * es;
+    k->m1_at = r.at;
+    take(&r, total);
+    k->m2_at = r.at;
+    take(&r, total);
+  }
+  k->ts.epoch = (int)get_u32(&r);
+  k->ts.rng = (uint64_t)get_i64(&r);
+  k->ts.best = get_f64(&r);
+  k->ts.seed = (uint64_t)get_i64(&r);
+  k->ts.threads = (int)get_u32(&r);
+  k->ts.batch = (int)get_u32(&r);
+  char *fmt = get_str(&r);
+  if (fmt) snprintf(k->ts.format, sizeof k->ts.format, "%s", fmt);
+  free(fmt);
+  k->ts.optim.kind = (int)get_u32(&r);
+  k->ts.optim.lr = get_f64(&r);
+  k->ts.optim.clip = get_f64(&r);
+  k->ts.optim.weight_decay = get_f64(&r);
+  k->ts.optim.beta1 = get_f64(&r);
+  k->ts.optim.beta2 = get_f64(&r);
+  k->ts.optim.eps = get_f64(&r);
+  if (r.bad || r.at != r.n || !k->model || !k->hash || !k->source) BAD("'%s' is damaged (bad structure)", path);
+#undef BAD
+  return k;
+}
+
+const char *cavs_ckpt_model(const cavs_ckpt *k) { return k->model; }
+const char *cavs_ckpt_source(const cavs_ckpt *k) { return k->source; }
+const char *cavs_ckpt_hash(const cavs_ckpt *k) { return k->hash; }
+int cavs_ckpt_precision(const cavs_ckpt *k) { return k->precision; }
+const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k) { return &k->ts; }
+
+long cavs_ckpt_param_count(const cavs_ckpt *k) {
+  long n = 0;
+  for (int i = 0; i < k->nparams; i++) n += k->params[i].rows * k->params[i].cols;
+  return n;
+}
+
+cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k) {
+  cavs_vocab *v = cavs_vocab_new();
+  for (int i = 0; i < k->nwords; i++) {
+    int id = cavs_vocab_id(v, k->words[i], strlen(k->words[i]), 1);
+    if (id != i) {
+      /* a damaged vocabulary (a duplicate word) cannot keep its ids */
+      cavs_vocab_free(v);
+      return NULL;
+    }
+  }
+  return v;
+}
+
+int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err, size_t errlen) {
+  if (k->ndims != d->ndims) {
+    snprintf(err, errlen, "the checkpoint has %d dims, model '%s' has %d", k->ndims, d->name, d->ndims);
+    return -1;
+  }
+  for (int i = 0; i < d->ndims; i++) {
+    if (strcmp(k->dim_name[i], d->dims[i].name)) {
+      snprintf(err, errlen, "the checkpoint's dim %d is '%s', the model's is '%s'", i, k->dim_name[i], d->dims[i].name);
+      return -1;
+    }
+    dims[i] = k->dim_value[i];
+  }
+  return 0;
+}
+
+static void get_param(cavs_model *m, void *const *base, int i, const unsigned char *src) {
+  const cavs_param_desc *p = &m->d->params[i];
+  long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
+  long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
+  char *dst = (char *)base[p->group] + (size_t)off * m->esize;
+  for (long r = 0; r < rows; r++)
+    memcpy(dst + (size_t)r * (size_t)ld * m->esize, src + (size_t)r * (size_t)cols * m->esize, (size_t)cols * m->esize);
+}
+
+int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  if (strcmp(k->model, d->name)) {
+    snprintf(err, errlen, "the checkpoint is of model '%s', not '%s'", k->model, d->name);
+    return -1;
+  }
+  if (strcmp(k->hash, d->source_hash)) {
+    snprintf(err, errlen, "the checkpoint was trained from another version of model '%s' (source hash %s, this one %s)",
+             d->name, k->hash, d->source_hash);
+    return -1;
+  }
+  if (k->precision != d->precision) {
+    snprintf(err, errlen, "the checkpoint is in %s precision, the model in %s", k->precision == CAVS_DOUBLE ? "double" : "float",
+             d->precision == CAVS_DOUBLE ? "double" : "float");
+    return -1;
+  }
+  for (int i = 0; i < d->ndims; i++)
+    if (i >= k->ndims || k->dim_value[i] != m->ctx.dims[i]) {
+      snprintf(err, errlen, "dim %s is %ld in the checkpoint but %ld here", d->dims[i].name,
+               i < k->ndims ? k->dim_value[i] : -1L, m->ctx.dims[i]);
+      return -1;
+    }
+  if (k->nparams != d->nparams) {
+    snprintf(err, errlen, "the checkpoint has %d parameters, the model %d", k->nparams, d->nparams);
+    return -1;
+  }
+  for (int i = 0; i < d->nparams; i++) {
+    long rows = cv_lin(&d->params[i].rows, m->ctx.dims), cols = cv_lin(&d->params[i].cols, m->ctx.dims);
+    if (strcmp(k->params[i].name, d->params[i].name) || k->params[i].rows != rows || k->params[i].cols != cols) {
+      snprintf(err, errlen, "parameter %d is %s[%ld,%ld] in the checkpoint but %s[%ld,%ld] in the model", i,
+               k->params[i].name, k->params[i].rows, k->params[i].cols, d->params[i].name, rows, cols);
+      return -1;
+    }
+  }
+  for (int i = 0; i < d->nparams; i++) get_param(m, m->param, i, k->data + k->params[i].at);
+  m->step = k->steps;
+  free(m->m1);
+  free(m->m2);
+  m->m1 = m->m2 = NULL;
+  if (k->has_moments) {
+    m->m1 = calloc(m->nflat + 1, m->esize);
+    m->m2 = calloc(m->nflat + 1, m->esize);
+    void **b1 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1)), **b2 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1));
+    for (int g = 0; g < d->npgroups; g++) {
+      b1[g] = (char *)m->m1 + m->pg_off[g] * m->esize;
+      b2[g] = (char *)m->m2 + m->pg_off[g] * m->esize;
+    }
+    size_t a1 = k->m1_at, a2 = k->m2_at;
+    for (int i = 0; i < d->nparams; i++) {
+      size_t bytes = (size_t)k->params[i].rows * (size_t)k->params[i].cols * m->esize;
+      get_param(m, b1, i, k->data + a1);
+      get_param(m, b2, i, k->data + a2);
+      a1 += bytes;
+      a2 += bytes;
+    }
+    free(b1);
+    free(b2);
+  }
+  return 0;
+}

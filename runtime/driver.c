@@ -1,0 +1,771 @@
+/* driver.c: the `cavs` command, a thin CLI over libcavs (as jq's main.c is over libjq).
+ *
+ *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
+ *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
+ *   cavs gen toy|complete [options] -o FILE        cavs info CKPT
+ *
+ * A .vf model is compiled through cavsc and the system C compiler into a shared object
+ * in a cache directory keyed by a hash of the source, cavsc's version and the flags, then
+ * loaded with dlopen. Both compilers run from argument vectors (fork + execvp), never a
+ * shell. Exit status: 0 success, 1 user error, 2 internal error. */
+#include "cavs.h"
+
+#include <stdbool.h>
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef CAVS_VERSION
+#define CAVS_VERSION "0.1.0"
+#endif
+
+static const char *prog = "cavs";
+
+static _Noreturn void die(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(status);
+}
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (!q) die(2, "out of memory");
+  return q;
+}
+
+static char *xstrdup(const char *s) {
+  char *p = strdup(s);
+  if (!p) die(2, "out of memory");
+  return p;
+}
+
+static char *fmt(const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  char *s = NULL;
+  if (vasprintf(&s, f, ap) < 0) die(2, "out of memory");
+  va_end(ap);
+  return s;
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0, got;
+  char *buf = malloc(cap + 1);
+  while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n == cap) buf = xrealloc(buf, (cap *= 2) + 1);
+  }
+  fclose(f);
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* ---- compiling a model ---- */
+
+/* Runs argv, waits; returns its exit status (or 128 + signal), -1 if it could not start.
+ * Its stderr goes to `errfile` when given. */
+static int run(char *const argv[], const char *errfile) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (errfile) {
+      FILE *e = freopen(errfile, "w", stderr);
+      (void)e;
+    }
+    execvp(argv[0], argv);
+    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char *exe_dir(void) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return xstrdup(".");
+  buf[n] = 0;
+  char *slash = strrchr(buf, '/');
+  if (slash) *slash = 0;
+  return xstrdup(buf);
+}
+
+/* cavsc and cavs.h: from the environment, beside this program (a build tree, where
+ * libtool puts the real binary in .libs/), or where `make install` put them. */
+static const char *find_cavsc(void) {
+  const char *e = getenv("CAVSC");
+  if (e && *e) return e;
+  char *dir = exe_dir();
+  const char *cands[] = {"%s/cavsc", "%s/../cavsc"};
+  for (int i = 0; i < 2; i++) {
+    char *p = fmt(cands[i], dir);
+    if (exists(p)) return p;
+    free(p);
+  }
+  return "cavsc";
+}
+
+static const char *find_include(void) {
+  const char *e = getenv("CAVS_INCLUDE");
+  if (e && *e) return e;
+  char *dir = exe_dir();
+  const char *cands[] = {"%s/runtime", "%s/../runtime"};
+  for (int i = 0; i < 2; i++) {
+    char *p = fmt(cands[i], dir);
+    char *h = fmt("%s/cavs.h", p);
+    if (exists(h)) return p;
+    free(p);
+  }
+#ifdef CAVS_SRCDIR
+  if (exists(CAVS_SRCDIR "/runtime/cavs.h")) return CAVS_SRCDIR "/runtime";
+#endif
+#ifdef CAVS_INCLUDEDIR
+  return CAVS_INCLUDEDIR;
+#else
+  return "/usr/local/include";
+#endif
+}
+
+static char *cache_root(void) {
+  const char *e = getenv("CAVS_CACHE");
+  if (e && *e) return xstrdup(e);
+  e = getenv("XDG_CACHE_HOME");
+  if (e && *e) return fmt("%s/cavs", e);
+  e = getenv("HOME");
+  return fmt("%s/.cache/cavs", e && *e ? e : "/tmp");
+}
+
+static int mkdirs(const char *path) {
+  char *p = xstrdup(path);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0755) && errno != EEXIST) {
+      free(p);
+      return -1;
+    }
+    *s = '/';
+  }
+  int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
+  free(p);
+  return rc;
+}
+
+static uint64_t fnv(const char *s, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+typedef struct Loaded {
+  const cavs_desc *desc;
+  char *source; /* the .vf text, NULL for a prebuilt .so */
+  char *name;
+} Loaded;
+
+/* The NAME of the NAME.c in dir, or NULL. */
+static char *find_c(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  char *name = NULL;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n > 2 && !strcmp(e->d_name + n - 2, ".c")) {
+      name = xstrdup(e->d_name);
+      name[n - 2] = 0;
+      break;
+    }
+  }
+  closedir(d);
+  return name;
+}
+
+static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared"};
+
+/* Compiles source text (read from `path`, which cavsc's messages will name) into the cache
+ * and loads it. */
+static Loaded load_vf(const char *path, const char *text, size_t len) {
+  Loaded L = {0};
+  const char *cavsc = find_cavsc(), *inc = find_include();
+  const char *cc = getenv("CC");
+  if (!cc || !*cc) cc = "cc";
+  uint64_t h = 1469598103934665603ull;
+  h = fnv(text, len, h);
+  h = fnv(CAVS_VERSION, strlen(CAVS_VERSION), h);
+  h = fnv(cc, strlen(cc), h);
+  for (size_t i = 0; i < sizeof cc_flags / sizeof *cc_flags; i++) h = fnv(cc_flags[i], strlen(cc_flags[i]), h);
+  char *root = cache_root();
+  char *dir = fmt("%s/%016llx", root, (unsigned long long)h);
+  char *so = fmt("%s/model.so", dir), *namefile = fmt("%s/name", dir);
+  if (!exists(so) || !exists(namefile)) {
+    if (mkdirs(root)) die(1, "cannot create the cache directory '%s': %s", root, strerror(errno));
+    char *tmp = fmt("%s/build-XXXXXX", root);
+    if (!mkdtemp(tmp)) die(1, "cannot create a directory in '%s': %s", root, strerror(errno));
+    char *errf = fmt("%s/cavsc.err", tmp);
+    char *argv1[] = {(char *)cavsc, "-o", tmp, (char *)path, NULL};
+    int st = run(argv1, errf);
+    if (st != 0) {
+      char *msg = slurp(errf, NULL);
+      if (msg) fputs(msg, stderr);
+      unlink(errf);
+      rmdir(tmp);
+      if (st == 127 || st < 0) die(2, "cannot run cavsc ('%s'); set CAVSC to its path", cavsc);
+      exit(st == 1 ? 1 : 2);
+    }
+    unlink(errf);
+    /* the model's name: cavsc wrote NAME.c and NAME.h */
+    char *name = find_c(tmp);
+    if (!name) die(2, "cavsc wrote no C file into %s", tmp);
+    char *csrc = fmt("%s/%s.c", tmp, name), *tso = fmt("%s/model.so", tmp), *incf = fmt("-I%s", inc);
+    char *argv2[16];
+    int k = 0;
+    argv2[k++] = (char *)cc;
+    for (size_t i = 0; i < sizeof cc_flags / sizeof *cc_flags; i++) argv2[k++] = (char *)cc_flags[i];
+    argv2[k++] = incf;
+    argv2[k++] = csrc;
+    argv2[k++] = "-o";
+    argv2[k++] = tso;
+    argv2[k] = NULL;
+    char *ccerr = fmt("%s/cc.err", tmp);
+    st = run(argv2, ccerr);
+    if (st != 0) {
+      char *msg = slurp(ccerr, NULL);
+      fprintf(stderr, "%s: the C compiler failed on the code cavsc generated from %s:\n%s", prog, path, msg ? msg : "");
+      exit(st == 127 || st < 0 ? 1 : 2);
+    }
+    unlink(ccerr);
+    FILE *nf = fopen(fmt("%s/name", tmp), "w");
+    if (!nf || fprintf(nf, "%s\n", name) < 0 || fclose(nf)) die(1, "cannot write into '%s'", tmp);
+    /* publish the whole directory at once; if another process won the race, use its */
+    if (rename(tmp, dir) != 0) {
+      char *rm[] = {"rm", "-rf", tmp, NULL};
+      run(rm, NULL);
+    }
+  }
+  char *name = slurp(namefile, NULL);
+  if (!name) die(1, "cannot read '%s'", namefile);
+  name[strcspn(name, "\n")] = 0;
+  void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) die(2, "cannot load '%s': %s", so, dlerror());
+  char *sym = fmt("%s_desc", name);
+  L.desc = dlsym(lib, sym);
+  if (!L.desc) die(2, "'%s' has no symbol %s", so, sym);
+  L.name = name;
+  L.source = malloc(len + 1);
+  memcpy(L.source, text, len);
+  L.source[len] = 0;
+  return L;
+}
+
+static Loaded load_model_arg(const char *path) {
+  size_t n = strlen(path);
+  if (n > 3 && !strcmp(path + n - 3, ".so")) {
+    Loaded L = {0};
+    void *lib = dlopen(strchr(path, '/') ? path : fmt("./%s", path), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) die(1, "cannot load '%s': %s", path, dlerror());
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char *name = xstrdup(base);
+    name[strlen(name) - 3] = 0;
+    const char *prefix = "lib";
+    if (!strncmp(name, prefix, 3) && !dlsym(lib, fmt("%s_desc", name))) name += 3;
+    L.desc = dlsym(lib, fmt("%s_desc", name));
+    if (!L.desc) die(1, "'%s' has no symbol %s_desc (build it from cavsc's MODEL.c)", path, name);
+    L.name = name;
+    return L;
+  }
+  size_t len;
+  char *text = slurp(path, &len);
+  if (!text) die(1, "cannot open '%s': %s", path, strerror(errno));
+  return load_vf(path, text, len);
+}
+
+/* For a checkpoint: the model's source is inside it. */
+static Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
+  const char *src = cavs_ckpt_source(k);
+  char *root = cache_root();
+  if (mkdirs(root)) die(1, "cannot create the cache directory '%s': %s", root, strerror(errno));
+  uint64_t h = fnv(src, strlen(src), 1469598103934665603ull);
+  char *path = fmt("%s/%s-%016llx.vf", root, cavs_ckpt_model(k), (unsigned long long)h);
+  if (!exists(path)) {
+    char *tmp = fmt("%s.tmpXXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) die(1, "cannot write into '%s': %s", root, strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    fputs(src, f);
+    if (fclose(f) || rename(tmp, path)) die(1, "cannot write '%s': %s", path, strerror(errno));
+  }
+  (void)ckpt_path;
+  return load_vf(path, src, strlen(src));
+}
+
+/* ---- data ---- */
+
+static cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                               cavs_vocab *v, int grow) {
+  char err[1024];
+  cavs_dataset *s = cavs_dataset_load(path, format, d, dims, v, grow, err, sizeof err);
+  if (!s) {
+    fprintf(stderr, "%s\n", err);
+    exit(1);
+  }
+  return s;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+typedef struct Totals {
+  double loss;
+  int batches;
+  long count, correct, root_count, root_correct, graphs;
+  double secs;
+} Totals;
+
+static void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
+  memset(t, 0, sizeof *t);
+  int n = cavs_dataset_count(s);
+  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);
+  double start = now();
+  for (int b = 0; b < n; b += batch) {
+    int k = 0;
+    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+    cavs_stats st;
+    if (cavs_model_forward(m, gs, k, &st)) die(1, "%s", cavs_model_error(m));
+    t->loss += st.loss * st.count;
+    t->count += st.count;
+    t->correct += st.correct;
+    t->root_count += st.root_count;
+    t->root_correct += st.root_correct;
+    t->graphs += k;
+    t->batches++;
+  }
+  if (t->count) t->loss /= (double)t->count;
+  t->secs = now() - start;
+  free(gs);
+}
+
+/* ---- train ---- */
+
+typedef struct TrainOpts {
+  const char *model, *format, *train, *dev, *save, *resume, *log;
+  int epochs, batch, threads, quiet;
+  uint64_t seed;
+  cavs_optim optim;
+  const char *dimset[64];
+  int ndimset;
+} TrainOpts;
+
+static void progress(int epoch, int epochs, long done, long total, double rate, double loss, double eta) {
+  int width = 24, fill = total ? (int)((double)width * (double)done / (double)total) : width;
+  char bar[64];
+  for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '-';
+  bar[width] = 0;
+  int em = (int)(eta / 60), es = (int)eta % 60;
+  fprintf(stdout, "\repoch %d/%d [%s] %ld/%ld graphs  %.0f graphs/s  loss %.3f  ETA %d:%02d ", epoch, epochs, bar,
+          done, total, rate, loss, em, es);
+  fflush(stdout);
+}
+
+static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
+  for (int i = 0; i < o->ndimset; i++) {
+    const char *eq = strchr(o->dimset[i], '=');
+    if (!eq) die(1, "--dim takes NAME=VALUE, not '%s'", o->dimset[i]);
+    int found = -1;
+    for (int j = 0; j < d->ndims; j++)
+      if (strlen(d->dims[j].name) == (size_t)(eq - o->dimset[i]) && !strncmp(d->dims[j].name, o->dimset[i], (size_t)(eq - o->dimset[i])))
+        found = j;
+    if (found < 0) die(1, "model '%s' has no dim '%.*s'", d->name, (int)(eq - o->dimset[i]), o->dimset[i]);
+    char *end;
+    long v = strtol(eq + 1, &end, 10);
+    if (*end || v <= 0 || v > (1L << 24)) die(1, "--dim %s: the value must be a positive integer", o->dimset[i]);
+    if (d->dims[found].kind == CAVS_DIM_VOCAB) die(1, "dim %s is bound by the data (vocab); it cannot be set", d->dims[found].name);
+    dims[found] = v;
+  }
+}
+
+static int cmd_train(TrainOpts *o) {
+  if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
+  if (!o->train) die(1, "train: --train FILE is required");
+  if (!o->format) die(1, "train: --format is required (ptb-tree, text)");
+  if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
+  cavs_set_threads(o->threads);
+  Loaded L = load_model_arg(o->model);
+  const cavs_desc *d = L.desc;
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  apply_dims(d, dims, o);
+  cavs_ckpt *ck = NULL;
+  cavs_vocab *v;
+  char err[1024];
+  if (o->resume) {
+    ck = cavs_ckpt_read(o->resume, err, sizeof err);
+    if (!ck) die(1, "%s", err);
+    long cd[CAVS_MAX_DIMS];
+    if (cavs_ckpt_dims(ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
+    for (int i = 0; i < o->ndimset; i++) (void)0;
+    for (int j = 0; j < d->ndims; j++)
+      if (d->dims[j].kind != CAVS_DIM_VOCAB && o->ndimset && dims[j] != cd[j])
+        die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], dims[j]);
+    memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
+    v = cavs_ckpt_vocab(ck);
+    if (!v) die(1, "%s: damaged vocabulary", o->resume);
+  } else {
+    v = cavs_vocab_new();
+  }
+  cavs_dataset *tr = load_data(o->train, o->format, d, dims, v, ck == NULL);
+  cavs_dataset *dev = o->dev ? load_data(o->dev, o->format, d, dims, v, 0) : NULL;
+  if (!ck)
+    for (int j = 0; j < d->ndims; j++)
+      if (d->dims[j].kind == CAVS_DIM_VOCAB) dims[j] = cavs_vocab_size(v);
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  if (!m) die(1, "%s", err);
+  cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
+                         .threads = o->threads, .batch = o->batch, .optim = o->optim};
+  snprintf(ts.format, sizeof ts.format, "%s", o->format);
+  if (ck) {
+    if (cavs_ckpt_apply(ck, m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
+    const cavs_train_state *cs = cavs_ckpt_state(ck);
+    ts.epoch = cs->epoch;
+    ts.rng = cs->rng;
+    ts.best = cs->best;
+    ts.seed = cs->seed;
+  } else {
+    cavs_model_init(m, o->seed);
+  }
+  FILE *log = NULL;
+  if (o->log) {
+    log = fopen(o->log, ck ? "a" : "w");
+    if (!log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
+  }
+  bool tty = isatty(1) && !o->quiet;
+  int n = cavs_dataset_count(tr);
+  int *order = malloc(sizeof(int) * (size_t)n);
+  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)o->batch);
+  char *best_path = o->save ? fmt("%s.best", o->save) : NULL;
+  long nparams = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long r, c;
+    cavs_model_param(m, i, &r, &c, NULL);
+    nparams += r * c;
+  }
+  if (!o->quiet)
+    printf("model %s: %ld parameters; %d training graphs (%ld vertices)%s\n", d->name, nparams, n,
+           cavs_dataset_vertices(tr), ck ? fmt("; resumed after epoch %d", ts.epoch) : "");
+  int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;
+  for (int epoch = first; epoch <= last_epoch; epoch++) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+      int j = (int)(rng_next(&ts.rng) % (uint64_t)(i + 1));
+      int t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+    Totals t = {0};
+    double start = now(), shown = 0;
+    for (int b = 0; b < n; b += o->batch) {
+      int k = 0;
+      for (; k < o->batch && b + k < n; k++) gs[k] = cavs_dataset_graph(tr, order[b + k]);
+      cavs_stats st;
+      if (cavs_model_forward(m, gs, k, &st)) die(1, "%s", cavs_model_error(m));
+      if (!isfinite(st.loss)) die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st.loss);
+      cavs_model_backward(m);
+      cavs_model_step(m, &o->optim);
+      t.loss += st.loss;
+      t.batches++;
+      t.count += st.count;
+      t.correct += st.correct;
+      t.root_count += st.root_count;
+      t.root_correct += st.root_correct;
+      t.graphs += k;
+      double el = now() - start;
+      if (tty && (el - shown > 0.1 || b + k >= n)) {
+        shown = el;
+        double rate = (double)t.graphs / (el > 0 ? el : 1e-9);
+        progress(epoch, last_epoch, t.graphs, n, rate, t.loss / t.batches, (double)(n - t.graphs) / (rate > 0 ? rate : 1));
+      }
+    }
+    t.secs = now() - start;
+    if (tty) printf("\r\033[K");
+    Totals dv = {0};
+    if (dev) evaluate(m, dev, o->batch, &dv);
+    double acc = dv.count ? (double)dv.correct / (double)dv.count : 0;
+    double racc = dv.root_count ? (double)dv.root_correct / (double)dv.root_count : 0;
+    bool better = dev && acc > ts.best;
+    if (better) ts.best = acc;
+    ts.epoch = epoch;
+    if (!o->quiet) {
+      printf("epoch %d/%d  train loss %.4f acc %.4f", epoch, last_epoch, t.loss / (t.batches ? t.batches : 1), t.count ? (double)t.correct / (double)t.count : 0);
+      if (dev) printf("  dev loss %.4f acc %.4f root %.4f", dv.loss, acc, racc);
+      printf("  %.1fs  %.0f graphs/s%s\n", t.secs, (double)t.graphs / t.secs, better && o->save ? "  (best, saved)" : "");
+      fflush(stdout);
+    }
+    if (log) {
+      fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.6f, \"dev_loss\": %.6f, \"dev_acc\": %.6f, "
+                   "\"dev_root_acc\": %.6f, \"graphs_per_s\": %.1f, \"seconds\": %.3f}\n",
+              epoch, t.loss / (t.batches ? t.batches : 1), t.count ? (double)t.correct / (double)t.count : 0, dv.loss, acc,
+              racc, (double)t.graphs / t.secs, t.secs);
+      fflush(log);
+    }
+    if (o->save) {
+      if (cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
+      if (better && cavs_ckpt_save(best_path, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
+    }
+  }
+  if (log) fclose(log);
+  free(order);
+  free(gs);
+  cavs_model_free(m);
+  cavs_dataset_free(tr);
+  cavs_dataset_free(dev);
+  cavs_vocab_free(v);
+  cavs_ckpt_free(ck);
+  return 0;
+}
+
+/* ---- eval, predict, info ---- */
+
+typedef struct CkptModel {
+  cavs_ckpt *ck;
+  Loaded L;
+  cavs_model *m;
+  cavs_vocab *v;
+} CkptModel;
+
+static CkptModel open_ckpt(const char *path) {
+  CkptModel c = {0};
+  char err[1024];
+  c.ck = cavs_ckpt_read(path, err, sizeof err);
+  if (!c.ck) die(1, "%s", err);
+  if (!*cavs_ckpt_source(c.ck)) die(1, "%s: the checkpoint does not carry its model's source", path);
+  c.L = load_from_ckpt(c.ck, path);
+  long dims[CAVS_MAX_DIMS];
+  if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
+  c.m = cavs_model_new(c.L.desc, dims, err, sizeof err);
+  if (!c.m) die(1, "%s: %s", path, err);
+  if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
+  c.v = cavs_ckpt_vocab(c.ck);
+  if (!c.v) die(1, "%s: damaged vocabulary", path);
+  return c;
+}
+
+static int cmd_eval(const char *ckpt, const char *data, const char *format, int batch, bool predict) {
+  if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
+  CkptModel c = open_ckpt(ckpt);
+  if (!format) format = cavs_ckpt_state(c.ck)->format;
+  long dims[CAVS_MAX_DIMS];
+  for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
+  cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
+  if (!predict) {
+    Totals t;
+    evaluate(c.m, s, batch, &t);
+    printf("graphs %ld  loss %.4f  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)  %.0f graphs/s\n",
+           t.graphs, t.loss, t.count ? (double)t.correct / (double)t.count : 0, t.count,
+           t.root_count ? (double)t.root_correct / (double)t.root_count : 0, t.root_count, (double)t.graphs / t.secs);
+  } else {
+    int n = cavs_dataset_count(s);
+    for (int b = 0; b < n; b += batch) {
+      const cavs_graph *gs[256];
+      int k = 0;
+      for (; k < batch && k < 256 && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+      cavs_stats st;
+      if (cavs_model_forward(c.m, gs, k, &st)) die(1, "%s", cavs_model_error(c.m));
+      for (int g = 0; g < k; g++) {
+        int cls = cavs_model_root_class(c.m, g);
+        printf("%d\n", cls);
+      }
+      b += k - batch; /* k may be below batch when capped at 256 */
+    }
+  }
+  cavs_dataset_free(s);
+  return 0;
+}
+
+static int cmd_info(const char *path) {
+  if (!path) die(1, "info: usage: cavs info CKPT");
+  char err[1024];
+  cavs_ckpt *k = cavs_ckpt_read(path, err, sizeof err);
+  if (!k) die(1, "%s", err);
+  const cavs_train_state *ts = cavs_ckpt_state(k);
+  cavs_vocab *v = cavs_ckpt_vocab(k);
+  printf("checkpoint  %s\nmodel       %s (source hash %s, %s)\n", path, cavs_ckpt_model(k), cavs_ckpt_hash(k),
+         cavs_ckpt_precision(k) == CAVS_DOUBLE ? "double" : "float");
+  printf("parameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
+  static const char *opt[] = {"sgd", "adagrad", "adam"};
+  printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
+         ts->batch, ts->optim.kind >= 0 && ts->optim.kind <= 2 ? opt[ts->optim.kind] : "?", ts->optim.lr,
+         (unsigned long long)ts->seed);
+  if (ts->best >= 0) printf("best dev    accuracy %.4f\n", ts->best);
+  cavs_vocab_free(v);
+  cavs_ckpt_free(k);
+  return 0;
+}
+
+/* ---- gen ---- */
+
+static int cmd_gen(int argc, char **argv) {
+  if (argc < 2) die(1, "gen: usage: cavs gen toy|complete [--graphs N] [--leaves L] [--words W] [--seed S] -o FILE");
+  const char *kind = argv[1], *out = NULL;
+  long graphs = 1000, leaves = 16, words = 24, seed = 1, classes = 5;
+  static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
+                                     {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
+                                     {0, 0, 0, 0}};
+  optind = 2;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
+    char *end = NULL;
+    long val = optarg && ch != 'o' ? strtol(optarg, &end, 10) : 0;
+    if (end && (*end || val <= 0)) die(1, "gen: --%s needs a positive integer", ch == 'n' ? "graphs" : ch == 'l' ? "leaves" : ch == 'w' ? "words" : ch == 's' ? "seed" : "classes");
+    switch (ch) {
+    case 'n': graphs = val; break;
+    case 'l': leaves = val; break;
+    case 'w': words = val; break;
+    case 's': seed = val; break;
+    case 'c': classes = val; break;
+    case 'o': out = optarg; break;
+    default: exit(1);
+    }
+  }
+  if (!out) die(1, "gen: -o FILE is required");
+  if (leaves < 2 || leaves > (1 << 20) || graphs > 10000000) die(1, "gen: --leaves must be 2..1048576 and --graphs at most 10^7");
+  char *tmp = fmt("%s.tmpXXXXXX", out);
+  int fd = mkstemp(tmp);
+  if (fd < 0) die(1, "cannot write '%s': %s", out, strerror(errno));
+  mode_t mask = umask(0);
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
+  FILE *f = fdopen(fd, "w");
+  int rc;
+  if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
+  else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
+  else {
+    fclose(f);
+    unlink(tmp);
+    die(1, "gen: unknown kind '%s' (toy, complete)", kind);
+  }
+  if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
+    unlink(tmp);
+    die(1, "cannot write '%s': %s", out, strerror(errno));
+  }
+  return 0;
+}
+
+static const char usage[] =
+    "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
+    "       cavs eval CKPT --data FILE [--format FMT]\n"
+    "       cavs predict CKPT --data FILE [--format FMT]\n"
+    "       cavs gen toy|complete [--graphs N] [--leaves L] [--words W] [--seed S] -o FILE\n"
+    "       cavs info CKPT\n"
+    "train options:\n"
+    "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
+    "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
+    "  --threads N  --log FILE  --quiet\n"
+    "See cavs(1).\n";
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    fputs(usage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 1 : 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("cavs %s\n", CAVS_VERSION);
+    return 0;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
+  TrainOpts o = {.epochs = 10, .batch = 64, .threads = 2, .seed = 1,
+                 .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
+  const char *data = NULL, *format = NULL;
+  bool lr_set = false;
+  static const struct option lo[] = {
+      {"format", 1, 0, 'f'}, {"train", 1, 0, 't'}, {"dev", 1, 0, 'd'}, {"epochs", 1, 0, 'e'},
+      {"batch", 1, 0, 'b'}, {"optimizer", 1, 0, 'O'}, {"lr", 1, 0, 'l'}, {"clip", 1, 0, 'c'},
+      {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
+      {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
+      {"data", 1, 0, 'x'}, {0, 0, 0, 0}};
+  optind = 2;
+  int ch;
+  const char *positional = NULL;
+  while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
+    char *end = NULL;
+    switch (ch) {
+    case 1:
+      if (positional) die(1, "%s: unexpected argument '%s'", cmd, optarg);
+      positional = optarg;
+      break;
+    case 'f': format = optarg; break;
+    case 't': o.train = optarg; break;
+    case 'd': o.dev = optarg; break;
+    case 'x': data = optarg; break;
+    case 'e': o.epochs = (int)strtol(optarg, &end, 10); break;
+    case 'b': o.batch = (int)strtol(optarg, &end, 10); break;
+    case 'j': o.threads = (int)strtol(optarg, &end, 10); break;
+    case 's': o.seed = strtoull(optarg, &end, 10); break;
+    case 'l': o.optim.lr = strtod(optarg, &end); lr_set = true; break;
+    case 'c': o.optim.clip = strtod(optarg, &end); break;
+    case 'w': o.optim.weight_decay = strtod(optarg, &end); break;
+    case 'O':
+      if (!strcmp(optarg, "sgd")) o.optim.kind = CAVS_SGD;
+      else if (!strcmp(optarg, "adagrad")) o.optim.kind = CAVS_ADAGRAD;
+      else if (!strcmp(optarg, "adam")) o.optim.kind = CAVS_ADAM;
+      else die(1, "unknown optimizer '%s' (sgd, adagrad, adam)", optarg);
+      break;
+    case 'D':
+      if (o.ndimset == 64) die(1, "too many --dim options");
+      o.dimset[o.ndimset++] = optarg;
+      break;
+    case 'S': o.save = optarg; break;
+    case 'r': o.resume = optarg; break;
+    case 'L': o.log = optarg; break;
+    case 'q': o.quiet = 1; break;
+    default: fputs(usage, stderr); return 1;
+    }
+    if (end && (*end || end == optarg)) die(1, "'%s' is not a number", optarg);
+  }
+  if (o.threads <= 0) die(1, "--threads must be positive");
+  if (!lr_set && o.optim.kind == CAVS_SGD) o.optim.lr = 0.05;
+  if (!lr_set && o.optim.kind == CAVS_ADAGRAD) o.optim.lr = 0.05;
+  if (!strcmp(cmd, "train")) {
+    o.model = positional;
+    o.format = format;
+    return cmd_train(&o);
+  }
+  if (!strcmp(cmd, "eval") || !strcmp(cmd, "predict")) {
+    cavs_set_threads(o.threads);
+    return cmd_eval(positional, data, format, o.batch > 256 ? 256 : o.batch, !strcmp(cmd, "predict"));
+  }
+  if (!strcmp(cmd, "info")) return cmd_info(positional);
+  die(1, "unknown command '%s' (train, eval, predict, gen, info)", cmd);
+}
