@@ -328,6 +328,8 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
 int cavs_dataset_count(const cavs_dataset *s);
 const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i);
 long cavs_dataset_vertices(const cavs_dataset *s);
+/* The largest value of an integer input (by slot) over the dataset, or -1. */
+int cavs_dataset_max_feature(const cavs_dataset *s, int slot);
 void cavs_dataset_free(cavs_dataset *s);
 
 /* ---- checkpoints ----

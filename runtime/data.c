@@ -89,6 +89,8 @@ struct cavs_dataset {
   int n, cap;
   int maxc, nint;
   int *child, *type, *feat; /* all graphs' vertices, back to back */
+  float *real;              /* [nv * realw] (cgf only) */
+  long realw;
   long nv, capv;
 };
 
@@ -96,12 +98,20 @@ int cavs_dataset_count(const cavs_dataset *s) { return s->n; }
 const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i) { return &s->graphs[i]; }
 long cavs_dataset_vertices(const cavs_dataset *s) { return s->nv; }
 
+int cavs_dataset_max_feature(const cavs_dataset *s, int slot) {
+  int mx = -1;
+  for (long v = 0; v < s->nv && slot < s->nint; v++)
+    if (s->feat[v * s->nint + slot] > mx) mx = s->feat[v * s->nint + slot];
+  return mx;
+}
+
 void cavs_dataset_free(cavs_dataset *s) {
   if (!s) return;
   free(s->graphs);
   free(s->child);
   free(s->type);
   free(s->feat);
+  free(s->real);
   free(s);
 }
 
@@ -148,7 +158,9 @@ static void add_vertex(cavs_dataset *s) {
     s->child = cv_xrealloc(s->child, sizeof(int) * (size_t)s->capv * (size_t)s->maxc);
     s->type = cv_xrealloc(s->type, sizeof(int) * (size_t)s->capv);
     s->feat = cv_xrealloc(s->feat, sizeof(int) * (size_t)s->capv * (size_t)(s->nint ? s->nint : 1));
+    if (s->realw) s->real = cv_xrealloc(s->real, sizeof(float) * (size_t)s->capv * (size_t)s->realw);
   }
+  for (long j = 0; j < s->realw; j++) s->real[s->nv * s->realw + j] = 0;
   for (int k = 0; k < s->maxc; k++) s->child[s->nv * s->maxc + k] = -1;
   for (int k = 0; k < s->nint; k++) s->feat[s->nv * s->nint + k] = -1;
   s->type[s->nv] = 0;
@@ -170,6 +182,7 @@ static void fix_graphs(cavs_dataset *s) {
     s->graphs[i].child = s->child + first * s->maxc;
     s->graphs[i].type = s->type + first;
     s->graphs[i].feat = s->feat + first * s->nint;
+    s->graphs[i].real = s->realw ? s->real + first * s->realw : NULL;
   }
 }
 
@@ -308,15 +321,206 @@ static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
   return 0;
 }
 
+/* ---- cgf: the generic graph format (man 5 cavs-data) ----
+ *
+ *   graph
+ *   ID TYPE [CHILD|- ...] [; NAME=VALUE ...]      one line per vertex, IDs 0, 1, ... in order
+ *   end
+ *
+ * TYPE names a vertex block; CHILD is another vertex's ID (any order: a DAG), `-` an empty
+ * slot; VALUE is an integer for index and class inputs, comma-separated numbers for real
+ * inputs. `#` starts a comment. A cycle is an error. */
+typedef struct Cgf {
+  const cavs_desc *d;
+  const long *dims;
+  long first;        /* first vertex of the open graph, or -1 */
+  long first_line;
+  int *pending;      /* scratch for the cycle check */
+  long cappending;
+  long *vline;       /* line of each vertex of the open graph */
+  long capvline;
+} Cgf;
+
+static char *next_word(char **p) {
+  while (**p == ' ' || **p == '\t') (*p)++;
+  if (!**p) return NULL;
+  char *w = *p;
+  while (**p && **p != ' ' && **p != '\t') (*p)++;
+  if (**p) *(*p)++ = 0;
+  return w;
+}
+
+static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, char *err, size_t errlen) {
+  long n = s->nv - c->first;
+  if (n == 0) {
+    snprintf(err, errlen, "%s:%ld: error: empty graph", path, c->first_line);
+    return -1;
+  }
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++) {
+      int ch = s->child[(c->first + v) * s->maxc + k];
+      if (ch >= n) {
+        snprintf(err, errlen, "%s:%ld: error: vertex %ld: child %d is not in this graph (it has %ld vertices)", path,
+                 c->vline[v], v, ch, n);
+        return -1;
+      }
+    }
+  /* Kahn from the leaves: whatever is left over lies on a cycle */
+  if (n + 1 > c->cappending) {
+    c->cappending = n + 1;
+    c->pending = cv_xrealloc(c->pending, sizeof(int) * (size_t)(3 * n + 3));
+  }
+  int *pend = c->pending, *queue = c->pending + n + 1, *nparents = queue + n + 1;
+  (void)nparents;
+  const int *ch = s->child + c->first * s->maxc;
+  long head = 0, tail = 0;
+  for (long v = 0; v < n; v++) {
+    pend[v] = 0;
+    for (int k = 0; k < s->maxc; k++) pend[v] += ch[v * s->maxc + k] >= 0;
+    if (!pend[v]) queue[tail++] = (int)v;
+  }
+  /* a parent's pending count drops when a child is done: walk parents by scanning is
+     O(n * maxc) per done vertex in the worst case, so build the reverse edges once */
+  long ne = 0;
+  for (long v = 0; v < n * s->maxc; v++) ne += ch[v] >= 0;
+  int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++)
+      if (ch[v * s->maxc + k] >= 0) off[ch[v * s->maxc + k] + 1]++;
+  for (long v = 0; v < n; v++) off[v + 1] += off[v];
+  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
+  memcpy(fill, off, sizeof(int) * (size_t)n);
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++)
+      if (ch[v * s->maxc + k] >= 0) adj[fill[ch[v * s->maxc + k]]++] = (int)v;
+  while (head < tail) {
+    int v = queue[head++];
+    for (int e = off[v]; e < off[v + 1]; e++)
+      if (--pend[adj[e]] == 0) queue[tail++] = adj[e];
+  }
+  free(off);
+  free(adj);
+  free(fill);
+  if (tail < n) {
+    long v = 0;
+    while (pend[v] == 0) v++;
+    snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
+    return -1;
+  }
+  add_graph(s, c->first);
+  c->first = -1;
+  return 0;
+}
+
+static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const char *path, long lineno, char *err,
+                    size_t errlen) {
+  const cavs_desc *d = c->d;
+#define CGF_FAIL(...)                                                                    \
+  do {                                                                                   \
+    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
+    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
+    return -1;                                                                           \
+  } while (0)
+  char *hash = strchr(line, '#');
+  if (hash) *hash = 0;
+  char *p = line;
+  char *w = next_word(&p);
+  if (!w) return 0; /* blank or comment */
+  if (!strcmp(w, "graph")) {
+    if (c->first >= 0) CGF_FAIL("'graph' inside a graph (missing 'end' for the graph at line %ld)", c->first_line);
+    c->first = s->nv;
+    c->first_line = lineno;
+    return 0;
+  }
+  if (!strcmp(w, "end")) {
+    if (c->first < 0) CGF_FAIL("'end' without 'graph'");
+    return cgf_close(s, c, path, lineno, err, errlen);
+  }
+  if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", w);
+  char *end;
+  long id = strtol(w, &end, 10);
+  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, w);
+  char *tname = next_word(&p);
+  if (!tname) CGF_FAIL("vertex %ld has no type", id);
+  int type = -1;
+  for (int t = 0; t < d->nvertex; t++)
+    if (!strcmp(d->vertex[t].name, tname)) type = t;
+  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", tname, d->name, d->nvertex);
+  add_vertex(s);
+  long v = s->nv - 1;
+  s->type[v] = type;
+  if (id + 1 > c->capvline) {
+    c->capvline = 2 * (id + 1);
+    c->vline = cv_xrealloc(c->vline, sizeof(long) * (size_t)c->capvline);
+  }
+  c->vline[id] = lineno;
+  int slot = 0;
+  while ((w = next_word(&p))) {
+    if (!strcmp(w, ";")) break;
+    if (slot >= d->vertex[type].children) CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, d->vertex[type].children, tname);
+    if (strcmp(w, "-")) {
+      long ch = strtol(w, &end, 10);
+      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, w);
+      s->child[v * s->maxc + slot] = (int)ch;
+    }
+    slot++;
+  }
+  while ((w = next_word(&p))) {
+    char *eq = strchr(w, '=');
+    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, w);
+    *eq = 0;
+    int in = -1;
+    for (int i = 0; i < d->ninputs; i++)
+      if (!strcmp(d->inputs[i].name, w)) in = i;
+    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, w);
+    const cavs_input_desc *desc = &d->inputs[in];
+    if (desc->kind == CAVS_IN_REAL) {
+      long off = 0;
+      for (int i = 0; i < in; i++)
+        if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
+      long width = cv_lin(&desc->width, c->dims), k = 0;
+      for (char *q = eq + 1; *q; k++) {
+        double x = strtod(q, &end);
+        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
+        if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
+        s->real[v * s->realw + off + k] = (float)x;
+        q = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, end);
+      }
+      if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
+      continue;
+    }
+    long x = strtol(eq + 1, &end, 10);
+    long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
+    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
+    if (x < -1 || (bound > 0 && x >= bound && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0)))
+      CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, bound - 1);
+    s->feat[v * s->nint + desc->slot] = (int)x;
+  }
+  /* children must name vertices of this graph, known once it ends; check what we can */
+  (void)sh;
+  return 0;
+#undef CGF_FAIL
+}
+
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen) {
   Shape sh;
   if (shape_of(d, dims, &sh, err, errlen)) return NULL;
-  bool tree = !strcmp(format, "ptb-tree");
-  if (!tree && strcmp(format, "text")) {
-    snprintf(err, errlen, "unknown data format '%s' (ptb-tree, text)", format);
+  bool tree = !strcmp(format, "ptb-tree"), cgf = !strcmp(format, "cgf");
+  if (!tree && !cgf && strcmp(format, "text")) {
+    snprintf(err, errlen, "unknown data format '%s' (ptb-tree, text, cgf)", format);
     return NULL;
   }
+  long realw = 0;
+  for (int i = 0; i < d->ninputs; i++)
+    if (d->inputs[i].kind == CAVS_IN_REAL) {
+      if (!dims) {
+        snprintf(err, errlen, "model '%s' has real inputs: its dims must be known to read data", d->name);
+        return NULL;
+      }
+      realw += cv_lin(&d->inputs[i].width, dims);
+    }
   FILE *f = fopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
@@ -325,6 +529,8 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
   cavs_dataset *s = calloc(1, sizeof *s);
   s->maxc = sh.maxc;
   s->nint = sh.nint;
+  s->realw = cgf ? realw : 0;
+  Cgf cg = {.d = d, .dims = dims, .first = -1};
   /* the vocabulary grows as we go; on error, new words stay (harmless: ids only grow) */
   char *line = NULL;
   size_t cap = 0;
@@ -346,10 +552,18 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
       rc = -1;
       break;
     }
-    rc = tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen)
-              : parse_text(s, &sh, v, grow, line, n, path, lineno, err, errlen);
+    line[n] = 0;
+    rc = cgf ? cgf_line(s, &cg, &sh, line, path, lineno, err, errlen)
+         : tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen)
+                : parse_text(s, &sh, v, grow, line, n, path, lineno, err, errlen);
     if (rc) break;
   }
+  if (!rc && cgf && cg.first >= 0) {
+    snprintf(err, errlen, "%s:%ld: error: the graph that starts here has no 'end'", path, cg.first_line);
+    rc = -1;
+  }
+  free(cg.pending);
+  free(cg.vline);
   if (!rc && ferror(f)) {
     snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     rc = -1;

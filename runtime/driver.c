@@ -446,9 +446,19 @@ static int cmd_train(TrainOpts *o) {
   }
   cavs_dataset *tr = load_data(o->train, o->format, d, dims, v, ck == NULL);
   cavs_dataset *dev = o->dev ? load_data(o->dev, o->format, d, dims, v, 0) : NULL;
+  /* a vocabulary dim counts the tokens read, or for cgf, whose features are numbers
+     already, the ids used */
   if (!ck)
-    for (int j = 0; j < d->ndims; j++)
-      if (d->dims[j].kind == CAVS_DIM_VOCAB) dims[j] = cavs_vocab_size(v);
+    for (int j = 0; j < d->ndims; j++) {
+      if (d->dims[j].kind != CAVS_DIM_VOCAB) continue;
+      dims[j] = cavs_vocab_size(v);
+      if (!strcmp(o->format, "cgf")) {
+        int mx = cavs_dataset_max_feature(tr, d->inputs[d->dims[j].input].slot);
+        if (dev && cavs_dataset_max_feature(dev, d->inputs[d->dims[j].input].slot) > mx)
+          mx = cavs_dataset_max_feature(dev, d->inputs[d->dims[j].input].slot);
+        dims[j] = mx + 1 > 1 ? mx + 1 : 1;
+      }
+    }
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
   if (!m) die(1, "%s", err);
   cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
