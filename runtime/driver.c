@@ -432,6 +432,11 @@ static int cmd_train(TrainOpts *o) {
   if (o->resume) {
     ck = cavs_ckpt_read(o->resume, err, sizeof err);
     if (!ck) die(1, "%s", err);
+    if (strcmp(cavs_ckpt_model(ck), d->name))
+      die(1, "%s: the checkpoint is of model '%s', not '%s'", o->resume, cavs_ckpt_model(ck), d->name);
+    if (strcmp(cavs_ckpt_hash(ck), d->source_hash))
+      die(1, "%s: the checkpoint was trained from another version of model '%s' (source hash %s, %s is %s)", o->resume,
+          d->name, cavs_ckpt_hash(ck), o->model, d->source_hash);
     long cd[CAVS_MAX_DIMS];
     if (cavs_ckpt_dims(ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
     for (int i = 0; i < o->ndimset; i++) (void)0;

@@ -5,6 +5,9 @@
 
 #include <check.h>
 #include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>

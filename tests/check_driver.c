@@ -1,0 +1,304 @@
+/* check_driver.c: the real `cavs` binary, as a user runs it: generate data, train, save,
+ * evaluate, predict, resume bit for bit, refuse damaged or foreign checkpoints, honour
+ * --dim, and the demo reaches the accuracy the README states. */
+#include "testutil.h"
+
+static const char *cavs_bin;
+static char *dir;        /* scratch for this run */
+static char top[4096];   /* the source tree */
+
+static char *path_in(const char *name) {
+  static char buf[8][4400];
+  static int k;
+  k = (k + 1) % 8;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
+static char *model(const char *name) {
+  static char buf[4][4400];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/dsl-examples/%s", top, name);
+  return buf[k];
+}
+
+/* Runs cavs with up to 31 arguments, NULL-terminated. */
+static RunResult cavs(const char *first, ...) {
+  char *argv[32];
+  int n = 0;
+  argv[n++] = (char *)cavs_bin;
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+  va_end(ap);
+  argv[n] = NULL;
+  return tu_run(NULL, argv, 300);
+}
+
+static void ok(RunResult *r, const char *what) {
+  ck_assert_msg(r->status == 0, "%s: exit %d\n%s%s", what, r->status, r->out, r->err);
+}
+
+static void gen_data(void) {
+  static bool done;
+  if (done) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "1500", "--leaves", "12", "--words", "60", "--seed", "1", "-o",
+                     path_in("train.txt"), NULL);
+  ok(&r, "gen train");
+  tu_free(&r);
+  r = cavs("gen", "toy", "--graphs", "300", "--leaves", "12", "--words", "60", "--seed", "2", "-o", path_in("dev.txt"), NULL);
+  ok(&r, "gen dev");
+  tu_free(&r);
+  done = true;
+}
+
+#define TRAIN(...)                                                                                     \
+  cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dev",   \
+       path_in("dev.txt"), "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--threads", "1", __VA_ARGS__)
+
+START_TEST(train_save_eval_predict) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "3", "--lr", "0.01", "--save", path_in("a.ckpt"), "--log", path_in("a.log"), NULL);
+  ok(&r, "train");
+  ck_assert_msg(strstr(r.out, "epoch 3/3") && strstr(r.out, "dev loss"), "%s", r.out);
+  /* plain lines, not a progress bar, when stdout is not a terminal */
+  ck_assert_ptr_null(strchr(r.out, '\r'));
+  /* the last epoch's dev accuracy, as printed, is what eval of the saved state says */
+  const char *last = strstr(r.out, "epoch 3/3");
+  double dev_acc = 0;
+  ck_assert(sscanf(strstr(last, "dev loss"), "dev loss %*f acc %lf", &dev_acc) == 1);
+  tu_free(&r);
+  r = cavs("eval", path_in("a.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "eval");
+  double acc = -1;
+  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  ck_assert_msg(fabs(acc - dev_acc) < 1e-4, "eval says %.4f, training printed %.4f", acc, dev_acc);
+  ck_assert_msg(acc > 0.6, "accuracy %.3f after 3 epochs", acc);
+  tu_free(&r);
+  ck_assert_msg(access(path_in("a.ckpt.best"), F_OK) == 0, "no best-on-dev checkpoint");
+  /* one JSON line per epoch */
+  char *log = tu_slurp(path_in("a.log"), NULL);
+  int lines = 0;
+  for (char *p = log; (p = strstr(p, "{\"epoch\": ")); p++) lines++;
+  ck_assert_int_eq(lines, 3);
+  free(log);
+  /* predict: one class per graph */
+  r = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "predict");
+  int n = 0, cls;
+  for (char *p = r.out; sscanf(p, "%d", &cls) == 1; p = strchr(p, '\n') + 1) {
+    ck_assert(cls >= 0 && cls < 5);
+    n++;
+    if (!strchr(p, '\n')) break;
+  }
+  ck_assert_int_eq(n, 300);
+  tu_free(&r);
+  r = cavs("info", path_in("a.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "model       treelstm") && strstr(r.out, "3 epochs done"), "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
+/* N epochs, or N/2 + resume + N/2: the same bytes. */
+START_TEST(resume_is_bit_identical) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "4", "--quiet", "--save", path_in("full.ckpt"), NULL);
+  ok(&r, "4 epochs");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--quiet", "--save", path_in("half.ckpt"), NULL);
+  ok(&r, "2 epochs");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in("half.ckpt"), "--save", path_in("resumed.ckpt"), NULL);
+  ok(&r, "resume 2 epochs");
+  tu_free(&r);
+  size_t na = 0, nb = 0;
+  char *a = tu_slurp(path_in("full.ckpt"), &na), *b = tu_slurp(path_in("resumed.ckpt"), &nb);
+  ck_assert(a && b);
+  ck_assert_msg(na == nb && !memcmp(a, b, na), "the resumed run differs from the uninterrupted one");
+  free(a);
+  free(b);
+}
+END_TEST
+
+START_TEST(damaged_checkpoints_rejected) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("d.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  size_t n;
+  char *data = tu_slurp(path_in("d.ckpt"), &n);
+  /* one flipped byte anywhere: the middle, the header, the checksum itself */
+  size_t at[] = {n / 2, 9, n - 1, 100};
+  for (size_t i = 0; i < sizeof at / sizeof *at; i++) {
+    data[at[i]] ^= 0x10;
+    tu_write(path_in("bad.ckpt"), data, n);
+    data[at[i]] ^= 0x10;
+    r = cavs("eval", path_in("bad.ckpt"), "--data", path_in("dev.txt"), NULL);
+    ck_assert_msg(r.status == 1, "flipped byte %zu: exit %d", at[i], r.status);
+    ck_assert_msg(strstr(r.err, "bad.ckpt"), "%s", r.err);
+    tu_free(&r);
+  }
+  tu_write(path_in("short.ckpt"), data, n / 3);
+  r = cavs("eval", path_in("short.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "damaged"), "%s", r.err);
+  tu_free(&r);
+  tu_write(path_in("empty.ckpt"), "", 0);
+  r = cavs("info", path_in("empty.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "not a cavs checkpoint"), "%s", r.err);
+  tu_free(&r);
+  free(data);
+}
+END_TEST
+
+START_TEST(wrong_model_rejected) {
+  gen_data();
+  RunResult r = cavs("train", model("treegru.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "E=8",
+                     "--dim", "H=8", "--epochs", "1", "--quiet", "--save", path_in("gru.ckpt"), NULL);
+  ok(&r, "train treegru");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("gru.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "treegru") && strstr(r.err, "treelstm"), "%s", r.err);
+  tu_free(&r);
+  /* the same model name from another source: refused by its hash */
+  char *src = tu_slurp(model("treelstm.vf"), NULL);
+  char *changed = malloc(strlen(src) + 64);
+  sprintf(changed, "%s\n# an edit\n", src);
+  tu_write(path_in("treelstm.vf"), changed, strlen(changed));
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("orig.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  r = cavs("train", path_in("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "E=12",
+           "--dim", "H=16", "--epochs", "1", "--resume", path_in("orig.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "another version"), "%s", r.err);
+  tu_free(&r);
+  free(src);
+  free(changed);
+}
+END_TEST
+
+/* --dim changes the parameter shapes: the count cavs info reports follows them. */
+START_TEST(dim_overrides) {
+  gen_data();
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim",
+                     "E=5", "--dim", "H=7", "--epochs", "1", "--quiet", "--save", path_in("dims.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  r = cavs("info", path_in("dims.ckpt"), NULL);
+  ok(&r, "info");
+  long params = 0, words = 0;
+  ck_assert(sscanf(strstr(r.out, "parameters"), "parameters %ld", &params) == 1);
+  ck_assert(sscanf(strstr(r.out, "vocabulary"), "vocabulary %ld", &words) == 1);
+  long E = 5, H = 7, C = 5;
+  long want = words * E + 4 * E * H + 4 * H * H + 4 * H + H * C + C;
+  ck_assert_int_eq(params, want);
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "Q=5", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "no dim 'Q'"), "%s", r.err);
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "H=zero", NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+}
+END_TEST
+
+/* What a user gets wrong: one line, naming the file, exit status 1. */
+START_TEST(user_errors) {
+  gen_data();
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("missing.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "missing.txt"), "%s", r.err);
+  tu_free(&r);
+  const char *bad = "(2 (1 a) (3 b))\n(2 (1 a) (3 b)\n";
+  tu_write(path_in("bad.txt"), bad, strlen(bad));
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("bad.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "bad.txt:2: error:"), "%s", r.err);
+  tu_free(&r);
+  tu_write(path_in("broken.vf"), "model m;\ndim H = 4\n", strlen("model m;\ndim H = 4\n"));
+  r = cavs("train", path_in("broken.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "broken.vf:2:"), "%s", r.err);
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "xml", "--train", path_in("train.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "unknown data format"), "%s", r.err);
+  tu_free(&r);
+  r = cavs("frobnicate", NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--save",
+           "/nonexistent-dir/x.ckpt", "--epochs", "1", "--dim", "H=4", "--dim", "E=4", "--quiet", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "cannot write '/nonexistent-dir/x.ckpt'"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
+/* The README's demo: the toy treebank and the Tree-LSTM, as `make demo` runs them. The
+ * README states all-node accuracy above 0.90 and root accuracy above 0.70. */
+START_TEST(demo_reaches_stated_accuracy) {
+  RunResult r = cavs("gen", "toy", "--graphs", "4000", "--leaves", "16", "--words", "200", "--seed", "1", "-o",
+                     path_in("demo-train.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  r = cavs("gen", "toy", "--graphs", "500", "--leaves", "16", "--words", "200", "--seed", "2", "-o", path_in("demo-dev.txt"),
+           NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("demo-train.txt"), "--dev",
+           path_in("demo-dev.txt"), "--dim", "E=64", "--dim", "H=64", "--epochs", "6", "--batch", "32", "--lr", "0.005",
+           "--save", path_in("demo.ckpt"), NULL);
+  ok(&r, "demo training");
+  tu_free(&r);
+  r = cavs("eval", path_in("demo.ckpt.best"), "--data", path_in("demo-dev.txt"), NULL);
+  ok(&r, "demo eval");
+  double acc = 0, root = 0;
+  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  ck_assert(sscanf(strstr(r.out, "root accuracy"), "root accuracy %lf", &root) == 1);
+  fprintf(stderr, "demo: dev accuracy %.4f, root %.4f\n", acc, root);
+  ck_assert_msg(acc > 0.90 && root > 0.70, "demo reached %.4f (root %.4f)", acc, root);
+  tu_free(&r);
+}
+END_TEST
+
+int main(void) {
+  cavs_bin = tu_env("CAVS", "./cavs");
+  snprintf(top, sizeof top, "%s", tu_env("TOP_SRCDIR", "."));
+  char tmpl[] = "/tmp/cavs-driver-XXXXXX";
+  dir = mkdtemp(tmpl);
+  if (!dir) return 1;
+  char cache[4400];
+  snprintf(cache, sizeof cache, "%s/cache", dir);
+  setenv("CAVS_CACHE", cache, 1);
+  Suite *s = suite_create("driver");
+  TCase *tc = tcase_create("driver");
+  tcase_set_timeout(tc, 600);
+  /* one process: the generated data and the compile cache are shared by the tests */
+  tcase_add_test(tc, train_save_eval_predict);
+  tcase_add_test(tc, resume_is_bit_identical);
+  tcase_add_test(tc, damaged_checkpoints_rejected);
+  tcase_add_test(tc, wrong_model_rejected);
+  tcase_add_test(tc, dim_overrides);
+  tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, demo_reaches_stated_accuracy);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_NOFORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl("/bin/rm", "rm", "-rf", dir, (char *)NULL);
+    _exit(127);
+  }
+  if (pid > 0) waitpid(pid, NULL, 0);
+  return failed ? 1 : 0;
+}
