@@ -369,6 +369,8 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
  * complete binary trees (the Tree-FC benchmark). */
 int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed);
 int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass, uint64_t seed);
+/* Random trees (ptb-tree), or with dag, random DAGs in cgf with types leaf/internal. */
+int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, int dag, uint64_t seed);
 
 #ifdef __cplusplus
 }

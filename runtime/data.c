@@ -673,3 +673,53 @@ int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass,
   }
   return ferror(out) ? -1 : 0;
 }
+
+/* Random graphs for tests and benchmarks. Without `dag`: random binary trees of 1..maxv
+ * vertices as ptb-tree lines, random words and labels on every node. With `dag`: cgf
+ * graphs of vertex types `leaf` and `internal` (as dsl-examples/twotype.vf) where every
+ * internal vertex takes two earlier vertices as children, so vertices have several
+ * parents; features `word` and `label`. */
+int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, int dag, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 11;
+  for (int g = 0; g < ngraphs; g++) {
+    int n = 1 + (int)(gen_next(&s) % (uint64_t)maxv);
+    if (!dag) {
+      /* a random tree: merge random neighbours, as cavs_gen_toy does */
+      int leaves = (n + 1) / 2;
+      char **txt = malloc(sizeof(char *) * (size_t)leaves);
+      if (!txt) return -1;
+      for (int i = 0; i < leaves; i++) {
+        txt[i] = malloc(32);
+        snprintf(txt[i], 32, "(%d w%d)", (int)(gen_next(&s) % (uint64_t)nclass), (int)(gen_next(&s) % (uint64_t)nwords));
+      }
+      for (int k = leaves; k > 1; k--) {
+        int i = (int)(gen_next(&s) % (uint64_t)(k - 1));
+        size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
+        char *m = malloc(len);
+        snprintf(m, len, "(%d %s %s)", (int)(gen_next(&s) % (uint64_t)nclass), txt[i], txt[i + 1]);
+        free(txt[i]);
+        free(txt[i + 1]);
+        txt[i] = m;
+        for (int j = i + 1; j < k - 1; j++) txt[j] = txt[j + 1];
+      }
+      fprintf(out, "%s\n", txt[0]);
+      free(txt[0]);
+      free(txt);
+      continue;
+    }
+    fprintf(out, "graph\n");
+    int nleaves = n < 2 ? n : 2 + (int)(gen_next(&s) % (uint64_t)((n + 1) / 2));
+    if (nleaves > n) nleaves = n;
+    for (int v = 0; v < n; v++) {
+      int label = (int)(gen_next(&s) % (uint64_t)nclass);
+      if (v < nleaves) {
+        fprintf(out, "%d leaf ; word=%d label=%d\n", v, (int)(gen_next(&s) % (uint64_t)nwords), label);
+      } else {
+        int a = (int)(gen_next(&s) % (uint64_t)v), b = (int)(gen_next(&s) % (uint64_t)v);
+        fprintf(out, "%d internal %d %d ; label=%d\n", v, a, b, label);
+      }
+    }
+    fprintf(out, "end\n");
+  }
+  return ferror(out) ? -1 : 0;
+}

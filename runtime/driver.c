@@ -650,17 +650,19 @@ static int cmd_info(const char *path) {
 /* ---- gen ---- */
 
 static int cmd_gen(int argc, char **argv) {
-  if (argc < 2) die(1, "gen: usage: cavs gen toy|complete [--graphs N] [--leaves L] [--words W] [--seed S] -o FILE");
+  if (argc < 2) die(1, "gen: usage: cavs gen toy|complete|random [--graphs N] [--leaves L] [--words W] [--seed S] [--dag] -o FILE");
   const char *kind = argv[1], *out = NULL;
-  long graphs = 1000, leaves = 16, words = 24, seed = 1, classes = 5;
+  long graphs = 1000, leaves = 16, words = 24, seed = 1, classes = 5, vertices = 31;
+  int dag = 0;
   static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
                                      {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
+                                     {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'},
                                      {0, 0, 0, 0}};
   optind = 2;
   int ch;
   while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
     char *end = NULL;
-    long val = optarg && ch != 'o' ? strtol(optarg, &end, 10) : 0;
+    long val = optarg && ch != 'o' && ch != 'g' ? strtol(optarg, &end, 10) : 0;
     if (end && (*end || val <= 0)) die(1, "gen: --%s needs a positive integer", ch == 'n' ? "graphs" : ch == 'l' ? "leaves" : ch == 'w' ? "words" : ch == 's' ? "seed" : "classes");
     switch (ch) {
     case 'n': graphs = val; break;
@@ -668,6 +670,8 @@ static int cmd_gen(int argc, char **argv) {
     case 'w': words = val; break;
     case 's': seed = val; break;
     case 'c': classes = val; break;
+    case 'v': vertices = val; break;
+    case 'g': dag = 1; break;
     case 'o': out = optarg; break;
     default: exit(1);
     }
@@ -684,10 +688,12 @@ static int cmd_gen(int argc, char **argv) {
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
   else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
+  else if (!strcmp(kind, "random"))
+    rc = cavs_gen_random(f, (int)graphs, (int)(vertices > 1000000 ? 1000000 : vertices), (int)words, (int)classes, dag, (uint64_t)seed);
   else {
     fclose(f);
     unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, complete)", kind);
+    die(1, "gen: unknown kind '%s' (toy, complete, random)", kind);
   }
   if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
     unlink(tmp);
@@ -700,7 +706,8 @@ static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
     "       cavs eval CKPT --data FILE [--format FMT]\n"
     "       cavs predict CKPT --data FILE [--format FMT]\n"
-    "       cavs gen toy|complete [--graphs N] [--leaves L] [--words W] [--seed S] -o FILE\n"
+    "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
+    "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"

@@ -2,7 +2,7 @@
  * pages that is a complete model compiles. */
 #include "testutil.h"
 
-static const char *pages[] = {"man/cavsc.1", "man/vf.5"};
+static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/vf.5", "man/cavs-data.5"};
 
 START_TEST(pages_render) {
   const char *mandoc = tu_env("MANDOC", "");

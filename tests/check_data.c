@@ -1,0 +1,748 @@
+/* check_data.c: the data loaders (runtime/data.c), format by format, with good files
+ * checked vertex by vertex and malformed ones checked for the exact error: NULL back, and
+ * "FILE:LINE: error: ..." naming the line at fault. Models are the examples, compiled
+ * once (in the parent process, by an unchecked fixture) and shared by every test. */
+#include "engine.h"
+
+#include <dirent.h>
+#include <libgen.h>
+
+static const cavs_desc *TL, *LM, *TT; /* treelstm, lstm_lm, twotype */
+static char g_dir[64];                /* this run's files */
+
+/* Removes every file in `dir` and the directory itself. */
+static void rm_dir(const char *dir) {
+  DIR *dp = opendir(dir);
+  if (!dp) return;
+  struct dirent *e;
+  char p[4400];
+  while ((e = readdir(dp)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+      unlink(p);
+    }
+  closedir(dp);
+  rmdir(dir);
+}
+
+/* load_model leaves its build directory behind; the object is mapped, so it can go. */
+static const cavs_desc *model(const char *vf) {
+  const cavs_desc *d = load_model(vf, "float");
+  Dl_info info;
+  if (dladdr(d, &info) && info.dli_fname && !strncmp(info.dli_fname, "/tmp/cavs-test-", 15)) {
+    char *copy = strdup(info.dli_fname);
+    rm_dir(dirname(copy));
+    free(copy);
+  }
+  return d;
+}
+
+static void setup_models(void) {
+  if (!TL) TL = model("treelstm.vf");
+  if (!LM) LM = model("lstm_lm.vf");
+  if (!TT) TT = model("twotype.vf");
+}
+
+static int slot_of(const cavs_desc *d, const char *input) {
+  int i = find_input(d, input);
+  ck_assert_msg(i >= 0, "model %s has no input %s", d->name, input);
+  return d->inputs[i].slot;
+}
+
+static int type_of(const cavs_desc *d, const char *name) {
+  for (int t = 0; t < d->nvertex; t++)
+    if (!strcmp(d->vertex[t].name, name)) return t;
+  ck_abort_msg("model %s has no vertex block %s", d->name, name);
+  return -1;
+}
+
+/* dims: the defaults with V = 100 (every dim positive). */
+static void dims_of(const cavs_desc *d, long *dims) {
+  cavs_dims_default(d, dims);
+  int v = find_dim(d, "V");
+  ck_assert(v >= 0);
+  dims[v] = 100;
+  for (int i = 0; i < d->ndims; i++) ck_assert(dims[i] > 0);
+}
+
+static void file_path(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", g_dir, name); }
+
+/* Writes `len` bytes to a file in g_dir and loads it. */
+static cavs_dataset *load_bytes(const char *name, const char *data, size_t len, const char *format,
+                                const cavs_desc *d, const long *dims, cavs_vocab *v, int grow, char *err,
+                                size_t errlen) {
+  char path[256];
+  file_path(path, sizeof path, name);
+  tu_write(path, data, len);
+  err[0] = 0;
+  return cavs_dataset_load(path, format, d, dims, v, grow, err, errlen);
+}
+
+static cavs_dataset *load_ok(const char *name, const char *data, size_t len, const char *format,
+                             const cavs_desc *d, const long *dims, cavs_vocab *v, int grow) {
+  char err[1024];
+  cavs_dataset *s = load_bytes(name, data, len, format, d, dims, v, grow, err, sizeof err);
+  ck_assert_msg(s != NULL, "%s failed to load: %s", name, err);
+  return s;
+}
+
+/* The load fails with "PATH:LINE: error: ..." (line 0: "PATH: error: ...") containing `sub`. */
+static void expect_error(const char *name, const char *data, size_t len, const char *format, const cavs_desc *d,
+                         const long *dims, long line, const char *sub) {
+  char err[1024], path[256], prefix[300];
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_bytes(name, data, len, format, d, dims, v, 1, err, sizeof err);
+  file_path(path, sizeof path, name);
+  ck_assert_msg(s == NULL, "%s loaded, but should fail with line %ld: %s", name, line, sub);
+  if (line > 0) snprintf(prefix, sizeof prefix, "%s:%ld: error: ", path, line);
+  else snprintf(prefix, sizeof prefix, "%s: error: ", path);
+  ck_assert_msg(!strncmp(err, prefix, strlen(prefix)), "%s: expected the prefix '%s', got '%s'", name, prefix, err);
+  ck_assert_msg(strstr(err + strlen(prefix), sub) != NULL, "%s: expected '%s' in '%s'", name, sub, err);
+  cavs_vocab_free(v);
+  unlink(path);
+}
+
+static void expect_word(const cavs_vocab *v, int id, const char *word) {
+  const char *w = cavs_vocab_word(v, id);
+  ck_assert_msg(w && !strcmp(w, word), "id %d is '%s', expected '%s'", id, w ? w : "(none)", word);
+}
+
+/* A tree in post-order: children before parents, packed to the front, every vertex but
+ * the last has exactly one parent, the last (the root) none; leaves carry a word, inner
+ * vertices none (-1). */
+static void check_tree(const cavs_graph *g, int nint, int word_slot) {
+  int *parents = calloc((size_t)g->n, sizeof(int));
+  for (int v = 0; v < g->n; v++) {
+    bool gap = false;
+    int nc = 0;
+    for (int k = 0; k < g->maxc; k++) {
+      int c = g->child[v * g->maxc + k];
+      if (c < 0) {
+        gap = true;
+        continue;
+      }
+      ck_assert_msg(!gap, "vertex %d: child slot %d used after an empty one", v, k);
+      ck_assert_msg(c < v, "vertex %d: child %d is not before its parent", v, c);
+      parents[c]++;
+      nc++;
+    }
+    int w = g->feat[v * nint + word_slot];
+    if (nc) ck_assert_msg(w == -1, "inner vertex %d has word %d", v, w);
+    else ck_assert_msg(w >= 2, "leaf %d has word %d", v, w);
+  }
+  for (int v = 0; v < g->n; v++)
+    ck_assert_msg(parents[v] == (v == g->n - 1 ? 0 : 1), "vertex %d has %d parents", v, parents[v]);
+  free(parents);
+}
+
+static void expect_children(const cavs_graph *g, int v, int c0, int c1) {
+  ck_assert_int_eq(g->maxc, 2);
+  ck_assert_msg(g->child[v * 2] == c0 && g->child[v * 2 + 1] == c1, "vertex %d: children %d %d, expected %d %d", v,
+                g->child[v * 2], g->child[v * 2 + 1], c0, c1);
+}
+
+/* Same vertices, children, types and features; words compared through the vocabularies. */
+static void expect_same(const cavs_dataset *a, const cavs_vocab *va, const cavs_dataset *b, const cavs_vocab *vb,
+                        int nint, int word_slot) {
+  ck_assert_int_eq(cavs_dataset_count(a), cavs_dataset_count(b));
+  ck_assert_int_eq(cavs_dataset_vertices(a), cavs_dataset_vertices(b));
+  for (int i = 0; i < cavs_dataset_count(a); i++) {
+    const cavs_graph *x = cavs_dataset_graph(a, i), *y = cavs_dataset_graph(b, i);
+    ck_assert_int_eq(x->n, y->n);
+    ck_assert_int_eq(x->maxc, y->maxc);
+    ck_assert(!memcmp(x->child, y->child, sizeof(int) * (size_t)(x->n * x->maxc)));
+    ck_assert(!memcmp(x->type, y->type, sizeof(int) * (size_t)x->n));
+    ck_assert(!memcmp(x->feat, y->feat, sizeof(int) * (size_t)(x->n * nint)));
+    for (int v = 0; v < x->n; v++) {
+      int w = x->feat[v * nint + word_slot];
+      if (w >= 0) ck_assert_str_eq(cavs_vocab_word(va, w), cavs_vocab_word(vb, w));
+    }
+  }
+  ck_assert_int_eq(cavs_vocab_size(va), cavs_vocab_size(vb));
+}
+
+#define S(lit) lit, sizeof(lit) - 1
+
+/* ================= ptb-tree ================= */
+
+static const char ptb_good[] = "(3 (2 a) (4 b))\n"
+                               "(1 (2 (0 c) (3 a)) (-1 d))\n"
+                               "(4 e)\n";
+
+START_TEST(ptb_good_file) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("good.txt", S(ptb_good), "ptb-tree", TL, dims, v, 1);
+  int nint = TL->nint, W = slot_of(TL, "word"), L = slot_of(TL, "label");
+  ck_assert_int_eq(cavs_dataset_count(s), 3);
+  ck_assert_int_eq(cavs_dataset_vertices(s), 3 + 5 + 1);
+  /* ids in order of first appearance after <unk> and <eos> */
+  ck_assert_int_eq(cavs_vocab_size(v), 7);
+  const char *words[] = {"<unk>", "<eos>", "a", "b", "c", "d", "e"};
+  for (int i = 0; i < 7; i++) expect_word(v, i, words[i]);
+  static const struct {
+    int n;
+    int child[5][2];
+    int word[5], label[5];
+  } want[3] = {
+      {3, {{-1, -1}, {-1, -1}, {0, 1}}, {2, 3, -1}, {2, 4, 3}},
+      {5, {{-1, -1}, {-1, -1}, {0, 1}, {-1, -1}, {2, 3}}, {4, 2, -1, 5, -1}, {0, 3, 2, -1, 1}},
+      {1, {{-1, -1}}, {6}, {4}},
+  };
+  for (int i = 0; i < 3; i++) {
+    const cavs_graph *g = cavs_dataset_graph(s, i);
+    ck_assert_int_eq(g->n, want[i].n);
+    check_tree(g, nint, W);
+    for (int x = 0; x < g->n; x++) {
+      expect_children(g, x, want[i].child[x][0], want[i].child[x][1]);
+      ck_assert_int_eq(g->feat[x * nint + W], want[i].word[x]);
+      ck_assert_int_eq(g->feat[x * nint + L], want[i].label[x]);
+      ck_assert_int_eq(g->type ? g->type[x] : 0, 0); /* treelstm has one vertex block */
+    }
+    ck_assert_ptr_null(g->real);
+  }
+  ck_assert_int_eq(cavs_dataset_max_feature(s, W), 6);
+  ck_assert_int_eq(cavs_dataset_max_feature(s, L), 4);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* With two vertex blocks, leaves get the block without children, inner vertices the other. */
+START_TEST(ptb_two_types) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TT, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("types.txt", S(ptb_good), "ptb-tree", TT, dims, v, 1);
+  int leaf = type_of(TT, "leaf"), inner = type_of(TT, "internal");
+  const cavs_graph *g = cavs_dataset_graph(s, 1);
+  ck_assert_int_eq(g->n, 5);
+  int want[5] = {leaf, leaf, inner, leaf, inner};
+  for (int x = 0; x < 5; x++) ck_assert_int_eq(g->type[x], want[x]);
+  ck_assert_int_eq(cavs_dataset_graph(s, 2)->type[0], leaf);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* SST has tokens with U+00A0 inside: split on ASCII space only. */
+START_TEST(ptb_nbsp_token) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("nbsp.txt", S("(2 (1 a\xc2\xa0" "b) (3 a))\n"), "ptb-tree", TL, dims, v, 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  int W = slot_of(TL, "word");
+  ck_assert_int_eq(g->n, 3);
+  ck_assert_int_eq(cavs_vocab_size(v), 4);
+  expect_word(v, g->feat[0 * TL->nint + W], "a\xc2\xa0" "b");
+  expect_word(v, g->feat[1 * TL->nint + W], "a");
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* CRLF line endings (and no newline at the end) give the same graphs and words as LF. */
+START_TEST(ptb_crlf) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  cavs_vocab *va = cavs_vocab_new(), *vb = cavs_vocab_new(), *vc = cavs_vocab_new();
+  cavs_dataset *a = load_ok("lf.txt", S(ptb_good), "ptb-tree", TL, dims, va, 1);
+  cavs_dataset *b = load_ok("crlf.txt",
+                            S("(3 (2 a) (4 b))\r\n"
+                              "(1 (2 (0 c) (3 a)) (-1 d))\r\n"
+                              "(4 e)\r\n"),
+                            "ptb-tree", TL, dims, vb, 1);
+  cavs_dataset *c = load_ok("noeol.txt",
+                            S("(3 (2 a) (4 b))\n"
+                              "(1 (2 (0 c) (3 a)) (-1 d))\r\n"
+                              "(4 e)"),
+                            "ptb-tree", TL, dims, vc, 1);
+  expect_same(a, va, b, vb, TL->nint, slot_of(TL, "word"));
+  expect_same(a, va, c, vc, TL->nint, slot_of(TL, "word"));
+  cavs_dataset_free(a);
+  cavs_dataset_free(b);
+  cavs_dataset_free(c);
+  cavs_vocab_free(va);
+  cavs_vocab_free(vb);
+  cavs_vocab_free(vc);
+}
+END_TEST
+
+/* Evaluation data: a fixed vocabulary maps unknown words to <unk> (0). */
+START_TEST(ptb_no_grow) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  int W = slot_of(TL, "word");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *tr = load_ok("train.txt", S("(3 (2 a) (4 b))\n"), "ptb-tree", TL, dims, v, 1);
+  ck_assert_int_eq(cavs_vocab_size(v), 4);
+  cavs_dataset *te = load_ok("test.txt", S("(3 (2 zzz) (4 (1 b) (1 a)))\n"), "ptb-tree", TL, dims, v, 0);
+  ck_assert_int_eq(cavs_vocab_size(v), 4);
+  const cavs_graph *g = cavs_dataset_graph(te, 0);
+  ck_assert_int_eq(g->n, 5);
+  expect_children(g, 3, 1, 2);
+  expect_children(g, 4, 0, 3);
+  ck_assert_int_eq(g->feat[0 * TL->nint + W], 0);
+  ck_assert_int_eq(g->feat[1 * TL->nint + W], 3);
+  ck_assert_int_eq(g->feat[2 * TL->nint + W], 2);
+  cavs_dataset_free(tr);
+  cavs_dataset_free(te);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* Without dims, labels are not bounded. */
+START_TEST(ptb_dims_null) {
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("nodims.txt", S("(7 (9 a) (3 b))\n"), "ptb-tree", TL, NULL, v, 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  int L = slot_of(TL, "label");
+  ck_assert_int_eq(g->feat[0 * TL->nint + L], 9);
+  ck_assert_int_eq(g->feat[2 * TL->nint + L], 7);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* Trees far deeper than the C stack would allow a recursive parser: 100,000 levels,
+ * leaning left, then leaning right. */
+enum { DEEP = 100000 };
+
+START_TEST(ptb_deep_left) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  size_t cap = (size_t)DEEP * 10 + 64, n = 0;
+  char *buf = malloc(cap);
+  for (int i = 0; i < DEEP; i++) n += (size_t)sprintf(buf + n, "(1 ");
+  n += (size_t)sprintf(buf + n, "(2 a)");
+  for (int i = 0; i < DEEP; i++) n += (size_t)sprintf(buf + n, " (3 b))");
+  n += (size_t)sprintf(buf + n, "\n");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("deep-left.txt", buf, n, "ptb-tree", TL, dims, v, 1);
+  free(buf);
+  ck_assert_int_eq(cavs_dataset_count(s), 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert_int_eq(g->n, 2 * DEEP + 1);
+  ck_assert_int_eq(cavs_dataset_vertices(s), 2 * DEEP + 1);
+  check_tree(g, TL->nint, slot_of(TL, "word"));
+  /* a = 0; level k (from the bottom) is the inner vertex 2k with children 2k-2 and b = 2k-1 */
+  expect_children(g, 0, -1, -1);
+  for (int k = 1; k <= DEEP; k++) expect_children(g, 2 * k, 2 * k - 2, 2 * k - 1);
+  ck_assert_int_eq(g->feat[(g->n - 1) * TL->nint + slot_of(TL, "label")], 1);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+START_TEST(ptb_deep_right) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  size_t cap = (size_t)DEEP * 12 + 64, n = 0;
+  char *buf = malloc(cap);
+  for (int i = 0; i < DEEP; i++) n += (size_t)sprintf(buf + n, "(1 (3 b) ");
+  n += (size_t)sprintf(buf + n, "(2 a)");
+  for (int i = 0; i < DEEP; i++) buf[n++] = ')';
+  buf[n++] = '\n';
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("deep-right.txt", buf, n, "ptb-tree", TL, dims, v, 1);
+  free(buf);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert_int_eq(g->n, 2 * DEEP + 1);
+  check_tree(g, TL->nint, slot_of(TL, "word"));
+  /* the b leaves are 0..DEEP-1, a is DEEP, then the inner vertices from the bottom up */
+  expect_children(g, DEEP + 1, DEEP - 1, DEEP);
+  for (int k = 2; k <= DEEP; k++) expect_children(g, DEEP + k, DEEP - k, DEEP + k - 1);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+typedef struct Bad {
+  const char *name, *text;
+  size_t len;
+  long line; /* 0: the message names no line */
+  const char *sub;
+} Bad;
+
+static const Bad ptb_bad[] = {
+    {"missing-paren", S("(3 (2 a) (4 b))\n(3 (2 a) (4 b)\n"), 2, "missing ')'"},
+    {"extra-paren", S("(3 (2 a) (4 b))\n(3 (2 a) (4 b)))\n"), 2, "text after the end of the tree at column 16"},
+    {"close-first", S("(2 a)\n)\n"), 2, "unbalanced ')' at column 1"},
+    {"label-range", S("(2 a)\n(2 b)\n(3 (7 c) (1 d))\n"), 3, "label 7"},
+    {"label-range-crlf", S("(2 a)\r\n(2 (1 b) (5 c))\r\n"), 2, "out of range (0..4, or -1 for none)"},
+    {"label-negative", S("(2 a)\n(-2 b)\n"), 2, "out of range"},
+    {"label-word", S("(2 a)\n(x a)\n"), 2, "expected a label"},
+    {"label-suffix", S("(2 a)\n(2x a)\n"), 2, "expected a label"},
+    {"label-real", S("(2 a)\n(2 (1.5 a) (1 b))\n"), 2, "expected a label"},
+    {"label-missing", S("(2 a)\n(2 () (1 b))\n"), 2, "expected a label"},
+    {"empty-line", S("(2 a)\n\n(2 b)\n"), 2, "empty line"},
+    {"blank-line", S("(2 a)\n(2 b)\n   \n(2 c)\n"), 3, "empty line"},
+    {"empty-line-crlf", S("(2 a)\r\n\r\n(2 b)\r\n"), 2, "empty line"},
+    {"invalid-utf8", S("(2 a)\n(2 b\xff)\n"), 2, "invalid UTF-8"},
+    {"truncated-utf8", S("(2 a)\n(2 (1 b) (1 c\xc3))\n"), 2, "invalid UTF-8"},
+    {"nul-byte", S("(2 a)\n(2 a\0b)\n"), 2, "NUL byte"},
+    {"three-children", S("(2 a)\n(2 (1 a) (1 b) (1 c))\n"), 2, "3 children"},
+    {"word-and-children", S("(2 a)\n(2 a (1 b))\n"), 2, "both a word and children"},
+    {"children-then-word", S("(2 a)\n(2 (1 b) a)\n"), 2, "token after children"},
+    {"two-words", S("(2 a b)\n"), 1, "a second token"},
+    {"empty-node", S("(2 a)\n(2 (1 a) (1))\n"), 2, "empty node"},
+    {"no-paren", S("(2 a)\nhello\n"), 2, "expected '('"},
+    {"two-trees", S("(2 a) (2 b)\n"), 1, "text after the end of the tree"},
+    {"empty-file", S(""), 0, "no graphs"},
+};
+
+START_TEST(ptb_errors) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  const Bad *b = &ptb_bad[_i];
+  char name[80];
+  snprintf(name, sizeof name, "%s.txt", b->name);
+  expect_error(name, b->text, b->len, "ptb-tree", TL, dims, b->line, b->sub);
+}
+END_TEST
+
+/* Encodings that are not UTF-8 although their bytes have the right shape: an overlong
+ * form, a UTF-16 surrogate, a code point above U+10FFFF (RFC 3629). */
+static const Bad utf8_bad[] = {
+    {"overlong", S("(2 a)\n(2 \xe0\x80\xaf)\n"), 2, "invalid UTF-8"},
+    {"surrogate", S("(2 a)\n(2 \xed\xa0\x80)\n"), 2, "invalid UTF-8"},
+    {"above-max", S("(2 a)\n(2 \xf4\x90\x80\x80)\n"), 2, "invalid UTF-8"},
+};
+
+START_TEST(ptb_utf8_strict) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  const Bad *b = &utf8_bad[_i];
+  char name[80];
+  snprintf(name, sizeof name, "%s.txt", b->name);
+  expect_error(name, b->text, b->len, "ptb-tree", TL, dims, b->line, b->sub);
+}
+END_TEST
+
+/* The column in a label message is where the label starts (1-based, as elsewhere). */
+START_TEST(ptb_label_column) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  expect_error("label-col.txt", S("(7 a)\n"), "ptb-tree", TL, dims, 1, "label 7 at column 2 ");
+}
+END_TEST
+
+/* ================= text ================= */
+
+START_TEST(text_chain) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("chain.txt", S("a b c\n"), "text", LM, dims, v, 1);
+  int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
+  ck_assert_int_eq(cavs_dataset_count(s), 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert_int_eq(g->n, 3);
+  ck_assert_int_eq(g->maxc, 1);
+  int want_word[3] = {2, 3, 4}, want_next[3] = {3, 4, 1};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(g->child[i], i - 1);
+    ck_assert_int_eq(g->feat[i * nint + W], want_word[i]);
+    ck_assert_int_eq(g->feat[i * nint + L], want_next[i]);
+    ck_assert_int_eq(g->type ? g->type[i] : 0, 0);
+  }
+  expect_word(v, 2, "a");
+  expect_word(v, 3, "b");
+  expect_word(v, 4, "c");
+  expect_word(v, 1, "<eos>");
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* Several lines, runs of spaces and tabs, CRLF: one chain a line, the same either way. */
+START_TEST(text_lines) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  cavs_vocab *va = cavs_vocab_new(), *vb = cavs_vocab_new();
+  cavs_dataset *a = load_ok("lines.txt", S("a b c\nb a\nc\n"), "text", LM, dims, va, 1);
+  cavs_dataset *b = load_ok("lines-crlf.txt", S("  a \t b   c \r\nb\ta\r\nc"), "text", LM, dims, vb, 1);
+  ck_assert_int_eq(cavs_dataset_count(a), 3);
+  ck_assert_int_eq(cavs_dataset_vertices(a), 6);
+  const cavs_graph *g = cavs_dataset_graph(a, 1);
+  int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
+  ck_assert_int_eq(g->n, 2);
+  ck_assert_int_eq(g->feat[0 * nint + W], 3);
+  ck_assert_int_eq(g->feat[0 * nint + L], 2);
+  ck_assert_int_eq(g->feat[1 * nint + L], 1);
+  g = cavs_dataset_graph(a, 2);
+  ck_assert_int_eq(g->n, 1);
+  ck_assert_int_eq(g->child[0], -1);
+  ck_assert_int_eq(g->feat[W], 4);
+  ck_assert_int_eq(g->feat[L], 1);
+  expect_same(a, va, b, vb, nint, W);
+  cavs_dataset_free(a);
+  cavs_dataset_free(b);
+  cavs_vocab_free(va);
+  cavs_vocab_free(vb);
+}
+END_TEST
+
+START_TEST(text_no_grow) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *tr = load_ok("lm-train.txt", S("a b\n"), "text", LM, dims, v, 1);
+  cavs_dataset *te = load_ok("lm-test.txt", S("b zzz a\n"), "text", LM, dims, v, 0);
+  ck_assert_int_eq(cavs_vocab_size(v), 4);
+  const cavs_graph *g = cavs_dataset_graph(te, 0);
+  int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
+  int want_word[3] = {3, 0, 2}, want_next[3] = {0, 2, 1};
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(g->feat[i * nint + W], want_word[i]);
+    ck_assert_int_eq(g->feat[i * nint + L], want_next[i]);
+  }
+  cavs_dataset_free(tr);
+  cavs_dataset_free(te);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* One line of a million tokens: a chain of a million vertices, in a few seconds. */
+START_TEST(text_long_line) {
+  enum { N = 1000000 };
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  char *buf = malloc((size_t)N * 8 + 16);
+  size_t n = 0;
+  for (int i = 0; i < N; i++) n += (size_t)sprintf(buf + n, i ? " w%d" : "w%d", i % 1000);
+  buf[n++] = '\n';
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("long.txt", buf, n, "text", LM, dims, v, 1);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  free(buf);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  ck_assert_msg(secs < 5, "a million tokens took %.2f s", secs);
+  ck_assert_int_eq(cavs_dataset_count(s), 1);
+  ck_assert_int_eq(cavs_dataset_vertices(s), N);
+  ck_assert_int_eq(cavs_vocab_size(v), 1002);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert_int_eq(g->n, N);
+  int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
+  for (int i = 0; i < N; i++) {
+    if (g->child[i] != i - 1) ck_abort_msg("vertex %d: child %d", i, g->child[i]);
+    if (g->feat[i * nint + W] != 2 + i % 1000) ck_abort_msg("vertex %d: word %d", i, g->feat[i * nint + W]);
+    int next = i + 1 < N ? g->feat[(i + 1) * nint + W] : 1;
+    if (g->feat[i * nint + L] != next) ck_abort_msg("vertex %d: label %d, expected %d", i, g->feat[i * nint + L], next);
+  }
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+static const Bad text_bad[] = {
+    {"text-empty-line", S("a b\n\nc\n"), 2, "empty line"},
+    {"text-blank-line", S("a b\nc\n \t \n"), 3, "empty line"},
+    {"text-empty-line-crlf", S("a b\r\nc\r\n\r\nd\r\n"), 3, "empty line"},
+    {"text-invalid-utf8", S("a b\nc \xfe d\n"), 2, "invalid UTF-8"},
+    {"text-nul", S("a b\nc\0d\n"), 2, "NUL byte"},
+    {"text-empty-file", S(""), 0, "no graphs"},
+};
+
+START_TEST(text_errors) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  const Bad *b = &text_bad[_i];
+  char name[80];
+  snprintf(name, sizeof name, "%s.txt", b->name);
+  expect_error(name, b->text, b->len, "text", LM, dims, b->line, b->sub);
+}
+END_TEST
+
+/* ================= cgf ================= */
+
+static const char cgf_good[] = "# three graphs\r\n"
+                               "graph\r\n"
+                               "0 leaf ; word=5 label=2\r\n"
+                               "1 leaf ; word=6\r\n"
+                               "2 internal 0 1 ; label=4   # the root\r\n"
+                               "end\r\n"
+                               "\r\n"
+                               "graph   # a DAG: vertex 0 has two parents\n"
+                               "0\tleaf ; label=0 word=7\n"
+                               "1 internal - 0\n"
+                               "2 internal 0 1 ;\n"
+                               "end\n"
+                               "# children may come after their parent\n"
+                               "graph\n"
+                               "  0 internal 2 1 ; label=-1 word=-1\n"
+                               "1 leaf ; word=99\n"
+                               "2 leaf\n"
+                               "end";
+
+START_TEST(cgf_good_file) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TT, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("good.cgf", S(cgf_good), "cgf", TT, dims, v, 1);
+  ck_assert_int_eq(cavs_vocab_size(v), 2); /* cgf features are ids, not words */
+  int W = slot_of(TT, "word"), L = slot_of(TT, "label"), nint = TT->nint;
+  int lf = type_of(TT, "leaf"), in = type_of(TT, "internal");
+  ck_assert_int_ne(lf, in);
+  ck_assert_int_eq(cavs_dataset_count(s), 3);
+  ck_assert_int_eq(cavs_dataset_vertices(s), 9);
+  static const struct {
+    int child[3][2];
+    int leaf[3], word[3], label[3];
+  } want[3] = {
+      {{{-1, -1}, {-1, -1}, {0, 1}}, {1, 1, 0}, {5, 6, -1}, {2, -1, 4}},
+      {{{-1, -1}, {-1, 0}, {0, 1}}, {1, 0, 0}, {7, -1, -1}, {0, -1, -1}},
+      {{{2, 1}, {-1, -1}, {-1, -1}}, {0, 1, 1}, {-1, 99, -1}, {-1, -1, -1}},
+  };
+  for (int i = 0; i < 3; i++) {
+    const cavs_graph *g = cavs_dataset_graph(s, i);
+    ck_assert_int_eq(g->n, 3);
+    ck_assert_ptr_nonnull(g->type);
+    for (int x = 0; x < 3; x++) {
+      expect_children(g, x, want[i].child[x][0], want[i].child[x][1]);
+      ck_assert_int_eq(g->type[x], want[i].leaf[x] ? lf : in);
+      ck_assert_int_eq(g->feat[x * nint + W], want[i].word[x]);
+      ck_assert_int_eq(g->feat[x * nint + L], want[i].label[x]);
+    }
+  }
+  ck_assert_int_eq(cavs_dataset_max_feature(s, W), 99);
+  ck_assert_int_eq(cavs_dataset_max_feature(s, L), 4);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+static const Bad cgf_bad[] = {
+    {"cycle", S("# c\ngraph\n0 leaf\n1 internal 0 2\n2 internal 1 -\nend\n"), 4, "cycle through vertex 1"},
+    {"self-loop", S("graph\n0 leaf\nend\ngraph\n0 leaf\n1 internal 1 0\nend\n"), 6, "cycle through vertex 1"},
+    {"child-range", S("graph\n0 leaf\n1 internal 0 5\n2 internal 0 1\nend\n"), 3, "child 5 is not in this graph"},
+    {"child-negative", S("graph\n0 leaf\n1 internal 0 -1\nend\n"), 3, "'-1' is not a vertex number"},
+    {"child-word", S("graph\n0 leaf\n1 internal 0 x\nend\n"), 3, "'x' is not a vertex number"},
+    {"unknown-type", S("graph\n0 leaf\n1 branch 0 0\nend\n"), 3, "unknown vertex type 'branch'"},
+    {"no-type", S("graph\n0\nend\n"), 2, "vertex 0 has no type"},
+    {"leaf-child", S("graph\n0 leaf\n1 leaf 0\nend\n"), 3, "more than 0 children for type 'leaf'"},
+    {"three-children", S("graph\n0 leaf\n1 internal 0 0 0\nend\n"), 3, "more than 2 children for type 'internal'"},
+    {"id-skipped", S("graph\n0 leaf\n2 leaf\nend\n"), 3, "expected vertex 1, found '2'"},
+    {"id-first", S("graph\n1 leaf\nend\n"), 2, "expected vertex 0, found '1'"},
+    {"id-word", S("graph\nzero leaf\nend\n"), 2, "expected vertex 0, found 'zero'"},
+    {"unknown-input", S("graph\n0 leaf ; word=1 colour=3\nend\n"), 2, "has no input 'colour'"},
+    {"not-name-value", S("graph\n0 leaf ; word\nend\n"), 2, "expected NAME=VALUE, found 'word'"},
+    {"missing-end", S("# m\ngraph\n0 leaf\n"), 2, "has no 'end'"},
+    {"graph-in-graph", S("graph\n0 leaf\nend\ngraph\n0 leaf\ngraph\n0 leaf\nend\n"), 6, "'graph' inside a graph"},
+    {"end-alone", S("graph\n0 leaf\nend\nend\n"), 4, "'end' without 'graph'"},
+    {"vertex-outside", S("# v\n0 leaf\n"), 2, "expected 'graph', found '0'"},
+    {"empty-graph", S("graph\n0 leaf\nend\ngraph # none\nend\n"), 4, "empty graph"},
+    {"feature-word", S("graph\n0 leaf ; word=abc\nend\n"), 2, "word=abc is not an integer"},
+    {"feature-empty", S("graph\n0 leaf ; word=\nend\n"), 2, "is not an integer"},
+    {"feature-suffix", S("graph\n0 leaf ; word=3x\nend\n"), 2, "word=3x is not an integer"},
+    {"feature-real", S("graph\n0 leaf ; label=1.5\nend\n"), 2, "label=1.5 is not an integer"},
+    {"word-range", S("graph\n0 leaf ; word=99\n1 leaf ; word=100\nend\n"), 3, "word=100 is outside -1..99"},
+    {"label-range", S("graph\n0 leaf ; label=5\nend\n"), 2, "label=5 is outside -1..4"},
+    {"word-negative", S("graph\n0 leaf ; word=-2\nend\n"), 2, "word=-2 is outside -1..99"},
+    {"cgf-invalid-utf8", S("graph\n0 leaf # caf\xe9\nend\n"), 2, "invalid UTF-8"},
+    {"cgf-nul", S("graph\n0 leaf\0\nend\n"), 2, "NUL byte"},
+    {"cgf-crlf-line", S("graph\r\n0 leaf\r\n1 internal 0 7\r\nend\r\n"), 3, "child 7 is not in this graph"},
+    {"cgf-comments-only", S("# nothing\n\n   # here\n"), 0, "no graphs"},
+    {"cgf-empty-file", S(""), 0, "no graphs"},
+};
+
+START_TEST(cgf_errors) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TT, dims);
+  const Bad *b = &cgf_bad[_i];
+  char name[80];
+  snprintf(name, sizeof name, "%s.cgf", b->name);
+  expect_error(name, b->text, b->len, "cgf", TT, dims, b->line, b->sub);
+}
+END_TEST
+
+/* A cycle error names a vertex on the cycle, not one that merely reaches it: 0 -> 1 <-> 2. */
+START_TEST(cgf_cycle_vertex) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TT, dims);
+  const char text[] = "graph\n0 internal 1 -\n1 internal 2 -\n2 internal 1 -\nend\n";
+  char err[1024], path[256];
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_bytes("cycle-tail.cgf", S(text), "cgf", TT, dims, v, 1, err, sizeof err);
+  ck_assert_ptr_null(s);
+  file_path(path, sizeof path, "cycle-tail.cgf");
+  long line = -1, vert = -1;
+  const char *p = err + strlen(path);
+  ck_assert_msg(sscanf(p, ":%ld: error: the graph has a cycle through vertex %ld", &line, &vert) == 2, "%s", err);
+  ck_assert_msg(vert == 1 || vert == 2, "vertex %ld is not on the cycle: %s", vert, err);
+  ck_assert_int_eq(line, vert + 2);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+/* ================= formats ================= */
+
+START_TEST(unknown_format) {
+  char err[256];
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_bytes("fmt.txt", S("(2 a)\n"), "json", TL, NULL, v, 1, err, sizeof err);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(err, "unknown data format 'json'") != NULL, "%s", err);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+START_TEST(missing_file) {
+  char err[512], path[256];
+  file_path(path, sizeof path, "no-such-file.txt");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = cavs_dataset_load(path, "ptb-tree", TL, NULL, v, 1, err, sizeof err);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(err, "cannot open") && strstr(err, path), "%s", err);
+  cavs_vocab_free(v);
+}
+END_TEST
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/cavs-data-XXXXXX");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  Suite *s = suite_create("data");
+  TCase *ptb = tcase_create("ptb-tree"), *text = tcase_create("text"), *cgf = tcase_create("cgf");
+  TCase *all[] = {ptb, text, cgf};
+  for (int i = 0; i < 3; i++) {
+    tcase_add_unchecked_fixture(all[i], setup_models, NULL);
+    tcase_set_timeout(all[i], 60);
+    suite_add_tcase(s, all[i]);
+  }
+  tcase_add_test(ptb, ptb_good_file);
+  tcase_add_test(ptb, ptb_two_types);
+  tcase_add_test(ptb, ptb_nbsp_token);
+  tcase_add_test(ptb, ptb_crlf);
+  tcase_add_test(ptb, ptb_no_grow);
+  tcase_add_test(ptb, ptb_dims_null);
+  tcase_add_test(ptb, ptb_deep_left);
+  tcase_add_test(ptb, ptb_deep_right);
+  tcase_add_loop_test(ptb, ptb_errors, 0, NELEM(ptb_bad));
+  tcase_add_loop_test(ptb, ptb_utf8_strict, 0, NELEM(utf8_bad));
+  tcase_add_test(ptb, ptb_label_column);
+  tcase_add_test(ptb, unknown_format);
+  tcase_add_test(ptb, missing_file);
+  tcase_add_test(text, text_chain);
+  tcase_add_test(text, text_lines);
+  tcase_add_test(text, text_no_grow);
+  tcase_add_test(text, text_long_line);
+  tcase_add_loop_test(text, text_errors, 0, NELEM(text_bad));
+  tcase_add_test(cgf, cgf_good_file);
+  tcase_add_loop_test(cgf, cgf_errors, 0, NELEM(cgf_bad));
+  tcase_add_test(cgf, cgf_cycle_vertex);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  rm_dir(g_dir);
+  return failed ? 1 : 0;
+}
