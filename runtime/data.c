@@ -239,9 +239,9 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
       char *end;
       long label = strtol(line + a, &end, 10);
-      if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a);
+      if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a + 1);
       if (label < -1 || (sh->nclass && label >= sh->nclass))
-        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a, sh->nclass - 1);
+        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, sh->nclass - 1);
       if (depth == capstack) {
         capstack = capstack ? capstack * 2 : 64;
         stack = cv_xrealloc(stack, sizeof(Open) * (size_t)capstack);

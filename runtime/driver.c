@@ -98,8 +98,7 @@ static int run(char *const argv[], const char *errfile) {
       (void)e;
     }
     execvp(argv[0], argv);
-    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
+    _exit(127); /* the parent says what could not run */
   }
   int st;
   while (waitpid(pid, &st, 0) < 0)
@@ -221,6 +220,18 @@ static Loaded load_vf(const char *path, const char *text, size_t len) {
   h = fnv(CAVS_VERSION, strlen(CAVS_VERSION), h);
   h = fnv(cc, strlen(cc), h);
   for (size_t i = 0; i < sizeof cc_flags / sizeof *cc_flags; i++) h = fnv(cc_flags[i], strlen(cc_flags[i]), h);
+  /* a rebuilt compiler or runtime header (same version, in a development tree) must not
+     reuse an old build */
+  size_t hl = 0;
+  char *hdr = slurp(fmt("%s/cavs.h", inc), &hl);
+  if (hdr) h = fnv(hdr, hl, h);
+  free(hdr);
+  struct stat cst;
+  if (stat(cavsc, &cst) == 0) {
+    char id[64];
+    snprintf(id, sizeof id, "%lld:%lld", (long long)cst.st_size, (long long)cst.st_mtime);
+    h = fnv(id, strlen(id), h);
+  }
   char *root = cache_root();
   char *dir = fmt("%s/%016llx", root, (unsigned long long)h);
   char *so = fmt("%s/model.so", dir), *namefile = fmt("%s/name", dir);
@@ -257,8 +268,11 @@ static Loaded load_vf(const char *path, const char *text, size_t len) {
     st = run(argv2, ccerr);
     if (st != 0) {
       char *msg = slurp(ccerr, NULL);
+      char *rm[] = {"rm", "-rf", tmp, NULL};
+      run(rm, NULL);
+      if (st == 127 || st < 0) die(1, "cannot run the C compiler '%s'; set CC to one", cc);
       fprintf(stderr, "%s: the C compiler failed on the code cavsc generated from %s:\n%s", prog, path, msg ? msg : "");
-      exit(st == 127 || st < 0 ? 1 : 2);
+      exit(2);
     }
     unlink(ccerr);
     FILE *nf = fopen(fmt("%s/name", tmp), "w");
@@ -385,6 +399,7 @@ typedef struct TrainOpts {
   cavs_optim optim;
   const char *dimset[64];
   int ndimset;
+  bool set_optim, set_batch; /* given on the command line (else a resume keeps them) */
 } TrainOpts;
 
 static void progress(int epoch, int epochs, long done, long total, double rate, double loss, double eta) {
@@ -418,7 +433,7 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
 static int cmd_train(TrainOpts *o) {
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
-  if (!o->format) die(1, "train: --format is required (ptb-tree, text)");
+  if (!o->format) die(1, "train: --format is required (ptb-tree, text, cgf)");
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
   cavs_set_threads(o->threads);
   Loaded L = load_model_arg(o->model);
@@ -439,10 +454,17 @@ static int cmd_train(TrainOpts *o) {
           d->name, cavs_ckpt_hash(ck), o->model, d->source_hash);
     long cd[CAVS_MAX_DIMS];
     if (cavs_ckpt_dims(ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
-    for (int i = 0; i < o->ndimset; i++) (void)0;
+    /* only the dims given on the command line must agree with the checkpoint */
+    long asked[CAVS_MAX_DIMS];
+    for (int j = 0; j < d->ndims; j++) asked[j] = -1;
+    apply_dims(d, asked, o);
     for (int j = 0; j < d->ndims; j++)
-      if (d->dims[j].kind != CAVS_DIM_VOCAB && o->ndimset && dims[j] != cd[j])
-        die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], dims[j]);
+      if (asked[j] >= 0 && asked[j] != cd[j])
+        die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
+    /* the training settings continue too, unless given again */
+    const cavs_train_state *cs = cavs_ckpt_state(ck);
+    if (!o->set_optim) o->optim = cs->optim;
+    if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
     memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
     v = cavs_ckpt_vocab(ck);
     if (!v) die(1, "%s: damaged vocabulary", o->resume);
@@ -468,6 +490,7 @@ static int cmd_train(TrainOpts *o) {
   if (!m) die(1, "%s", err);
   cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
                          .threads = o->threads, .batch = o->batch, .optim = o->optim};
+  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)o->batch);
   snprintf(ts.format, sizeof ts.format, "%s", o->format);
   if (ck) {
     if (cavs_ckpt_apply(ck, m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
@@ -487,7 +510,6 @@ static int cmd_train(TrainOpts *o) {
   bool tty = isatty(1) && !o->quiet;
   int n = cavs_dataset_count(tr);
   int *order = malloc(sizeof(int) * (size_t)n);
-  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)o->batch);
   char *best_path = o->save ? fmt("%s.best", o->save) : NULL;
   long nparams = 0;
   for (int i = 0; i < d->nparams; i++) {
@@ -663,7 +685,12 @@ static int cmd_gen(int argc, char **argv) {
   while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
     char *end = NULL;
     long val = optarg && ch != 'o' && ch != 'g' ? strtol(optarg, &end, 10) : 0;
-    if (end && (*end || val <= 0)) die(1, "gen: --%s needs a positive integer", ch == 'n' ? "graphs" : ch == 'l' ? "leaves" : ch == 'w' ? "words" : ch == 's' ? "seed" : "classes");
+    if (end && (*end || val < (ch == 's' ? 0 : 1))) {
+      const char *opt = "?";
+      for (const struct option *q = lo; q->name; q++)
+        if (q->val == ch) opt = q->name;
+      die(1, "gen: --%s needs a %s integer", opt, ch == 's' ? "non-negative" : "positive");
+    }
     switch (ch) {
     case 'n': graphs = val; break;
     case 'l': leaves = val; break;
@@ -717,10 +744,15 @@ static const char usage[] =
 
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    fputs(usage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 1 : 0;
+  if (argc < 2) {
+    fputs(usage, stderr);
+    return 1;
   }
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      fputs(usage, stdout);
+      return 0;
+    }
   if (!strcmp(argv[1], "--version")) {
     printf("cavs %s\n", CAVS_VERSION);
     return 0;
@@ -752,13 +784,14 @@ int main(int argc, char **argv) {
     case 'd': o.dev = optarg; break;
     case 'x': data = optarg; break;
     case 'e': o.epochs = (int)strtol(optarg, &end, 10); break;
-    case 'b': o.batch = (int)strtol(optarg, &end, 10); break;
+    case 'b': o.batch = (int)strtol(optarg, &end, 10); o.set_batch = true; break;
     case 'j': o.threads = (int)strtol(optarg, &end, 10); break;
     case 's': o.seed = strtoull(optarg, &end, 10); break;
-    case 'l': o.optim.lr = strtod(optarg, &end); lr_set = true; break;
-    case 'c': o.optim.clip = strtod(optarg, &end); break;
-    case 'w': o.optim.weight_decay = strtod(optarg, &end); break;
+    case 'l': o.optim.lr = strtod(optarg, &end); lr_set = o.set_optim = true; break;
+    case 'c': o.optim.clip = strtod(optarg, &end); o.set_optim = true; break;
+    case 'w': o.optim.weight_decay = strtod(optarg, &end); o.set_optim = true; break;
     case 'O':
+      o.set_optim = true;
       if (!strcmp(optarg, "sgd")) o.optim.kind = CAVS_SGD;
       else if (!strcmp(optarg, "adagrad")) o.optim.kind = CAVS_ADAGRAD;
       else if (!strcmp(optarg, "adam")) o.optim.kind = CAVS_ADAM;

@@ -117,6 +117,15 @@ START_TEST(resume_is_bit_identical) {
   char *a = tu_slurp(path_in("full.ckpt"), &na), *b = tu_slurp(path_in("resumed.ckpt"), &nb);
   ck_assert(a && b);
   ck_assert_msg(na == nb && !memcmp(a, b, na), "the resumed run differs from the uninterrupted one");
+  free(b);
+  /* a resume continues the checkpoint's settings (dims, batch, optimizer) unless given */
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dev",
+           path_in("dev.txt"), "--threads", "1", "--epochs", "2", "--quiet", "--resume", path_in("half.ckpt"), "--save",
+           path_in("resumed2.ckpt"), NULL);
+  ok(&r, "resume without flags");
+  tu_free(&r);
+  b = tu_slurp(path_in("resumed2.ckpt"), &nb);
+  ck_assert_msg(na == nb && !memcmp(a, b, na), "a resume without repeating the flags differs");
   free(a);
   free(b);
 }
