@@ -350,9 +350,60 @@ static int zero_rows(const Em *e, const IrFunc *f, int left) {
   return int_slot(e->m, pf->nodes[src->args[1]].ref);
 }
 
+/* Is node i zero at every vertex without children? Gathered rows are, and so is what
+ * keeps a zero a zero (sums of such, products with one, slices, tanh, relu, products
+ * against a matrix). A product whose left operand is one skips the level-0 rows, the
+ * leaves: half of all rows in a binary tree. Dropped there are only gradients that would
+ * flow to children that do not exist. */
+static bool zero_at_leaves(const IrFunc *f, int i) {
+  const IrNode *n = &f->nodes[i];
+  switch (n->op) {
+  case OP_GATHER: return true;
+  case OP_SLICE:
+  case OP_NEG:
+  case OP_TANH:
+  case OP_RELU: return zero_at_leaves(f, n->args[0]);
+  case OP_MATMUL: return zero_at_leaves(f, n->args[0]);
+  case OP_DIV: return f->nodes[n->args[0]].type == T_ROW && zero_at_leaves(f, n->args[0]);
+  case OP_MUL:
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].type == T_ROW && zero_at_leaves(f, n->args[j])) return true;
+    return false;
+  case OP_ADD:
+  case OP_SUB:
+  case OP_CONCAT:
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].type != T_ROW || !zero_at_leaves(f, n->args[j])) return false;
+    return true;
+  default: return false;
+  }
+}
+
+/* Emits a product through cavs_gemm_skip when its left operand is zero at the leaves. */
+static bool prod_skip(const Em *e, const IrFunc *f, const Prod *p, int form) {
+  if (f->kind != F_VERTEX || !zero_at_leaves(f, p->left)) return false;
+  const Place *x = &f->nodes[p->left].val;
+  const char *what[] = {"rows without children stay zero", "rows with children", "over all rows with children"};
+  if (form == 0)
+    fprintf(e->out, "  /* line %d  %s: [n, %s], %s */\n", p->line, p->what, wstr(e->m, p->cols), what[0]);
+  else if (form == 1)
+    fprintf(e->out, "  /* line %d  d%s += d(%s) W^T, %s */\n", p->line, node_label(f, p->left), p->what, what[1]);
+  else
+    fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p->line, node_label(f, p->left), p->what, what[2]);
+  const char *xs = form == 1 ? base(e, p->out, true) : base(e, x, false);
+  const char *xl = form == 1 ? ld(e, p->out) : ld(e, x);
+  const char *ws = ptr(e, &p->w, "0", form == 2);
+  const char *ys = form == 0 ? base(e, p->out, false) : form == 1 ? base(e, x, true) : base(e, p->out, true);
+  const char *yl = form == 1 ? ld(e, x) : ld(e, p->out);
+  fprintf(e->out, "  cavs_gemm_skip(c, c->leaf_rows, r0, n, %d, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", form,
+          lin_c(e->m, p->cols), lin_c(e->m, p->k), xs, xl, ws, ld(e, &p->w), ys, yl);
+  return true;
+}
+
 static void prod_fwd(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   const Place *x = &f->nodes[p.left].val;
+  if (prod_skip(e, f, &p, 0)) return;
   int zr = zero_rows(e, f, p.left);
   if (zr >= 0) {
     fprintf(e->out, "  /* line %d  %s: [n, %s], rows without a word stay zero */\n", p.line, p.what, wstr(e->m, p.cols));
@@ -371,6 +422,7 @@ static void prod_bwd_input(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   if (!p.left_grad) return;
   const Place *x = &f->nodes[p.left].val;
+  if (prod_skip(e, f, &p, 1)) return;
   int zr = zero_rows(e, f, p.left);
   if (zr >= 0) {
     fprintf(e->out, "  /* line %d  d%s += d(%s) W^T, rows with a word */\n", p.line, node_label(f, p.left), p.what);
@@ -388,6 +440,7 @@ static void prod_bwd_input(const Em *e, const IrFunc *f, const Unit *u) {
 static void prod_bwd_param(const Em *e, const IrFunc *f, const Unit *u) {
   Prod p = product(e, f, u);
   const Place *x = &f->nodes[p.left].val;
+  if (prod_skip(e, f, &p, 2)) return;
   int zr = zero_rows(e, f, p.left);
   if (zr >= 0) {
     fprintf(e->out, "  /* line %d  dW += %s^T d(%s), over all rows with a word */\n", p.line, node_label(f, p.left), p.what);

@@ -57,9 +57,9 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uf|Uo|Uu]: [n, 4H] */
-  cavs_gemm(c, 0, 0, n, 4*D_H, D_H, 1, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[1], (4*D_H), 0, V[4] + (size_t)(r0) * (4*D_H), (4*D_H));
+  /* line 35  h_prev @ [Ui|Uf|Uo|Uu]: [n, 4H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (4*D_H), V[4] + (size_t)(0) * (4*D_H), (4*D_H));
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (4*D_H);
@@ -232,9 +232,9 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
       d7[j] += g8;
     }
   }
-  /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, 4*D_H, 1, G[4] + (size_t)(r0) * (4*D_H), (4*D_H),
-            P[1], (4*D_H), 1, G[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 4*D_H, D_H, G[4] + (size_t)(0) * (4*D_H), (4*D_H),
+                 P[1], (4*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
@@ -253,9 +253,9 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
-  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows */
-  cavs_gemm(c, 1, 0, D_H, 4*D_H, n, 1, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[4] + (size_t)(r0) * (4*D_H), (4*D_H), 1, PG[1], (4*D_H));
+  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (4*D_H), G[4] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
 /* push block, forward: all rows */

@@ -57,9 +57,9 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treefc.vf:30  gather */
   cavs_gather_fwd(c, 1, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  concat */
-  /* line 30  %3 @ W: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, 2*D_H, 1, V[4] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[1], D_H, 0, V[3] + (size_t)(r0) * D_H, D_H);
+  /* line 30  %3 @ W: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a0 = V[2] + (size_t)(r) * D_H;
@@ -131,9 +131,9 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d5[j] += g6;
     }
   }
-  /* line 30  d%3 += d(%3 @ W) W^T */
-  cavs_gemm(c, 0, 1, n, 2*D_H, D_H, 1, G[3] + (size_t)(r0) * D_H, D_H,
-            P[1], D_H, 1, G[4] + (size_t)(r0) * (2*D_H), (2*D_H));
+  /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
+                 P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* treefc.vf:30  concat */
   /* treefc.vf:30  gather */
   cavs_gather_bwd(c, 1, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
@@ -149,9 +149,9 @@ static void treefc_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
-  /* line 30  dW += %3^T d(%3 @ W), over all rows */
-  cavs_gemm(c, 1, 0, 2*D_H, D_H, n, 1, V[4] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[3] + (size_t)(r0) * D_H, D_H, 1, PG[1], D_H);
+  /* line 30  dW += %3^T d(%3 @ W), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], D_H, G[3] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */

@@ -85,15 +85,15 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       o3[j] = v3;
     }
   }
-  /* line 34  hs @ Uz: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            P[2], D_H, 0, V[9] + (size_t)(r0) * D_H, D_H);
-  /* line 36  h_0 @ Ur: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[12] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
-  /* line 36  h_1 @ Ur: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[11] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 0, V[6] + (size_t)(r0) * D_H, D_H);
+  /* line 34  hs @ Uz: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  /* line 36  h_0 @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  /* line 36  h_1 @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a15 = V[8] + (size_t)(r) * D_H;
@@ -114,9 +114,9 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       o27[j] = v27;
     }
   }
-  /* line 37  %27 @ Un: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[5] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 0, V[4] + (size_t)(r0) * D_H, D_H);
+  /* line 37  %27 @ Un: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
@@ -234,9 +234,9 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d7[j] += g8;
     }
   }
-  /* line 37  d%27 += d(%27 @ Un) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[4] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 1, G[5] + (size_t)(r0) * D_H, D_H);
+  /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a15 = V[8] + (size_t)(r) * D_H;
@@ -277,15 +277,15 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d17[j] += g18;
     }
   }
-  /* line 36  dh_1 += d(h_1 @ Ur) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[6] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 1, G[11] + (size_t)(r0) * D_H, D_H);
-  /* line 36  dh_0 += d(h_0 @ Ur) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 1, G[12] + (size_t)(r0) * D_H, D_H);
-  /* line 34  dhs += d(hs @ Uz) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[9] + (size_t)(r0) * D_H, D_H,
-            P[2], D_H, 1, G[10] + (size_t)(r0) * D_H, D_H);
+  /* line 36  dh_1 += d(h_1 @ Ur) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  /* line 36  dh_0 += d(h_0 @ Ur) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[12] + (size_t)(0) * D_H, D_H);
+  /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[10] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d1 = G[12] + (size_t)(r) * D_H;
@@ -331,18 +331,18 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 34  dW += x^T d(x @ [Wz|Wr|Wn]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], r0, n, 2, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 34  dW += hs^T d(hs @ Uz), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            G[9] + (size_t)(r0) * D_H, D_H, 1, PG[2], D_H);
-  /* line 36  dW += h_0^T d(h_0 @ Ur), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[12] + (size_t)(r0) * D_H, D_H,
-            G[7] + (size_t)(r0) * D_H, D_H, 1, PG[3], D_H);
-  /* line 36  dW += h_1^T d(h_1 @ Ur), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[11] + (size_t)(r0) * D_H, D_H,
-            G[6] + (size_t)(r0) * D_H, D_H, 1, PG[3], D_H);
-  /* line 37  dW += %27^T d(%27 @ Un), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[5] + (size_t)(r0) * D_H, D_H,
-            G[4] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
+  /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 PG[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += h_0^T d(h_0 @ Ur), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += h_1^T d(h_1 @ Ur), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */

@@ -74,15 +74,15 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       o7[j] = v7;
     }
   }
-  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H] */
-  cavs_gemm(c, 0, 0, n, 3*D_H, D_H, 1, V[7] + (size_t)(r0) * D_H, D_H,
-            P[1], (3*D_H), 0, V[4] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 29  h_0 @ Uf: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[3], D_H, 0, V[6] + (size_t)(r0) * D_H, D_H);
-  /* line 29  h_1 @ Uf: [n, H] */
-  cavs_gemm(c, 0, 0, n, D_H, D_H, 1, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[3], D_H, 0, V[5] + (size_t)(r0) * D_H, D_H);
+  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 29  h_0 @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 29  h_1 @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (4*D_H);
@@ -288,15 +288,15 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d11[j] += g12;
     }
   }
-  /* line 29  dh_1 += d(h_1 @ Uf) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[5] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 1, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
-  /* line 29  dh_0 += d(h_0 @ Uf) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_H, 1, G[6] + (size_t)(r0) * D_H, D_H,
-            P[3], D_H, 1, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
-  /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, 3*D_H, 1, G[4] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[1], (3*D_H), 1, G[7] + (size_t)(r0) * D_H, D_H);
+  /* line 29  dh_1 += d(h_1 @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 29  dh_0 += d(h_0 @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d3 = G[9] + (size_t)(r) * (2*D_H) + D_H;
@@ -330,15 +330,15 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 28  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
-  /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows */
-  cavs_gemm(c, 1, 0, D_H, 3*D_H, n, 1, V[7] + (size_t)(r0) * D_H, D_H,
-            G[4] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[1], (3*D_H));
-  /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[6] + (size_t)(r0) * D_H, D_H, 1, PG[3], D_H);
-  /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_H, n, 1, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[5] + (size_t)(r0) * D_H, D_H, 1, PG[3], D_H);
+  /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */

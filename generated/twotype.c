@@ -196,9 +196,9 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:42  hh = concat */
   cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H), (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 43  hh @ [Ui|Uf0|Uf1|Uo|Uu]: [n, 5H] */
-  cavs_gemm(c, 0, 0, n, 5*D_H, 2*D_H, 1, V[5] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[1], (5*D_H), 0, V[4] + (size_t)(r0) * (5*D_H), (5*D_H));
+  /* line 43  hh @ [Ui|Uf0|Uf1|Uo|Uu]: [n, 5H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (5*D_H), V[4] + (size_t)(0) * (5*D_H), (5*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[4] + (size_t)(r) * (5*D_H);
@@ -370,9 +370,9 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
       d9[j] += g10;  /* summed over rows */
     }
   }
-  /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T */
-  cavs_gemm(c, 0, 1, n, 2*D_H, 5*D_H, 1, G[4] + (size_t)(r0) * (5*D_H), (5*D_H),
-            P[1], (5*D_H), 1, G[5] + (size_t)(r0) * (2*D_H), (2*D_H));
+  /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 5*D_H, 2*D_H, G[4] + (size_t)(0) * (5*D_H), (5*D_H),
+                 P[1], (5*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
   cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
   cavs_copy_rows(c, G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
@@ -391,9 +391,9 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 43  dW += hh^T d(hh @ [Ui|Uf0|Uf1|Uo|Uu]), over all rows */
-  cavs_gemm(c, 1, 0, 2*D_H, 5*D_H, n, 1, V[5] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[4] + (size_t)(r0) * (5*D_H), (5*D_H), 1, PG[1], (5*D_H));
+  /* line 43  dW += hh^T d(hh @ [Ui|Uf0|Uf1|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (5*D_H), G[4] + (size_t)(0) * (5*D_H), (5*D_H));
 }
 
 /* push block, forward: all rows */

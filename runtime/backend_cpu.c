@@ -62,6 +62,22 @@ void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int co
   }
 }
 
+void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy) {
+  size_t es = DBL(c) ? 8 : 4;
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  if (form == 0)
+    for (int r = r0; r < r0 + skip; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es);
+  int a = r0 + skip, len = n - skip;
+  if (len <= 0) return;
+  const char *xa = (const char *)x + (size_t)a * (size_t)ldx * es;
+  char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
+  if (form == 0) cavs_gemm(c, 0, 0, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
+  else if (form == 1) cavs_gemm(c, 0, 1, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
+  else cavs_gemm(c, 1, 0, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
+}
+
 void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
   if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
   else gather_fwd_f(c, k, dst, ld, r0, n);

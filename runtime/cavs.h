@@ -211,6 +211,9 @@ struct cavs_ctx {
   cavs_loss_acc *loss;       /* [nlosses] */
   int *pred;                 /* [rows]: argmax of the first softmax_xent, or -1 */
   double loss_scale;         /* multiplies every loss gradient (1 / number of graphs ...) */
+  int leaf_rows;             /* the first leaf_rows rows of the current stage's range have
+                                no children (level 0): values made only of gathered rows
+                                are zero there */
   struct cavs_model *model;
 };
 
@@ -226,6 +229,10 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  *   form 2: w += x^T y     (the parameter gradient; zero rows add nothing)
  * Pointers are to row 0; rows [r0, r0+n). */
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy);
+/* The same for a left operand built only from gathered rows (zero at a vertex without
+ * children): its first `skip` rows are zero. */
+void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
 /* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
 void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);

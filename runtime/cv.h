@@ -40,9 +40,9 @@ struct cavs_model {
   unsigned char *root, *pushed;
   int *pred;
   int *gbase, capgraphs, ngraphs; /* first vertex of each graph of the minibatch */
-  int *type_r0, *type_n;
+  int *type_r0, *type_n, *type_leaf; /* type_leaf: its level-0 rows, first in its range */
   int ntask, captask;
-  int *task_r0, *task_n, *task_type;
+  int *task_r0, *task_n, *task_type, *task_leaf;
   /* scheduling scratch, grown only */
   int capv;
   long capedges;

@@ -194,6 +194,10 @@ static bool valid_utf8(const char *p, size_t n) {
     if (!k || i + k > n) return false;
     for (size_t j = 1; j < k; j++)
       if ((s[i + j] & 0xc0) != 0x80) return false;
+    /* overlong forms, surrogates, and code points above U+10FFFF */
+    if ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] >= 0xa0) || (c == 0xf0 && s[i + 1] < 0x90) ||
+        (c == 0xf4 && s[i + 1] >= 0x90))
+      return false;
     i += k;
   }
   return true;
@@ -207,20 +211,31 @@ typedef struct Open {
 } Open;
 
 /* One bracketed tree: `(label token)` or `(label tree tree ...)`. */
+/* The parser's stacks, kept across the lines of one file (no statics: loads may run in
+ * several threads). */
+typedef struct TreeScratch {
+  Open *stack;
+  long capstack;
+  int *kids; /* children of the open nodes, back to back */
+  long capkids;
+} TreeScratch;
+
 static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
-                      const char *path, long lineno, char *err, size_t errlen) {
-  static Open *stack;
-  static long capstack;
-  static int *kids; /* children of the open nodes, back to back */
-  static long capkids;
+                      const char *path, long lineno, char *err, size_t errlen, TreeScratch *ts) {
+  Open *stack = ts->stack;
+  long capstack = ts->capstack;
+  int *kids = ts->kids;
+  long capkids = ts->capkids;
   long depth = 0, nkids = 0;
   long first = s->nv;
   size_t i = 0;
+#define SAVE() (ts->stack = stack, ts->capstack = capstack, ts->kids = kids, ts->capkids = capkids)
 #define FAIL(...)                                                                        \
   do {                                                                                   \
     int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
     snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
     s->nv = first;                                                                       \
+    SAVE();                                                                              \
     return -1;                                                                           \
   } while (0)
   while (i < len && line[i] == ' ') i++;
@@ -289,8 +304,10 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
   if (depth) FAIL("missing ')' at the end of the line (%ld open)", depth);
   if (!done) FAIL("no tree on this line");
   add_graph(s, first);
+  SAVE();
   return 0;
 #undef FAIL
+#undef SAVE
 }
 
 static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
@@ -402,8 +419,31 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
   free(adj);
   free(fill);
   if (tail < n) {
+    /* what is left waits on a cycle or on a vertex that does; following a child that is
+       still waiting n times lands on the cycle itself */
     long v = 0;
     while (pend[v] == 0) v++;
+    for (long step = 0; step < n; step++)
+      for (int k = 0; k < s->maxc; k++) {
+        int w = ch[v * s->maxc + k];
+        if (w >= 0 && pend[w] > 0) {
+          v = w;
+          break;
+        }
+      }
+    /* name the cycle by its smallest vertex: go round it once */
+    long best = v, u = v;
+    do {
+      for (int k = 0; k < s->maxc; k++) {
+        int w = ch[u * s->maxc + k];
+        if (w >= 0 && pend[w] > 0) {
+          u = w;
+          break;
+        }
+      }
+      if (u < best) best = u;
+    } while (u != v && best >= 0 && ++tail < 2 * n + 2);
+    v = best;
     snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
     return -1;
   }
@@ -423,6 +463,9 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
   } while (0)
   char *hash = strchr(line, '#');
   if (hash) *hash = 0;
+  /* the features follow ';', with or without spaces around it */
+  char *feats = strchr(line, ';');
+  if (feats) *feats++ = 0;
   char *p = line;
   char *w = next_word(&p);
   if (!w) return 0; /* blank or comment */
@@ -456,7 +499,6 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
   c->vline[id] = lineno;
   int slot = 0;
   while ((w = next_word(&p))) {
-    if (!strcmp(w, ";")) break;
     if (slot >= d->vertex[type].children) CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, d->vertex[type].children, tname);
     if (strcmp(w, "-")) {
       long ch = strtol(w, &end, 10);
@@ -465,6 +507,8 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
     }
     slot++;
   }
+  p = feats ? feats : p + strlen(p);
+  bool seen[64] = {false};
   while ((w = next_word(&p))) {
     char *eq = strchr(w, '=');
     if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, w);
@@ -474,6 +518,8 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
       if (!strcmp(d->inputs[i].name, w)) in = i;
     if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, w);
     const cavs_input_desc *desc = &d->inputs[in];
+    if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
+    if (in < 64) seen[in] = true;
     if (desc->kind == CAVS_IN_REAL) {
       long off = 0;
       for (int i = 0; i < in; i++)
@@ -531,6 +577,7 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
   s->nint = sh.nint;
   s->realw = cgf ? realw : 0;
   Cgf cg = {.d = d, .dims = dims, .first = -1};
+  TreeScratch tsc = {0};
   /* the vocabulary grows as we go; on error, new words stay (harmless: ids only grow) */
   char *line = NULL;
   size_t cap = 0;
@@ -554,7 +601,7 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
     }
     line[n] = 0;
     rc = cgf ? cgf_line(s, &cg, &sh, line, path, lineno, err, errlen)
-         : tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen)
+         : tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen, &tsc)
                 : parse_text(s, &sh, v, grow, line, n, path, lineno, err, errlen);
     if (rc) break;
   }
@@ -564,6 +611,8 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
   }
   free(cg.pending);
   free(cg.vline);
+  free(tsc.stack);
+  free(tsc.kids);
   if (!rc && ferror(f)) {
     snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     rc = -1;

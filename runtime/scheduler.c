@@ -124,6 +124,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   int acc = 0;
   for (int t = 0; t < T; t++) {
     m->type_r0[t] = acc;
+    m->type_leaf[t] = m->count[t * L];
     for (int l = 0; l < L; l++) {
       int c = m->count[t * L + l];
       m->count[t * L + l] = acc;
@@ -144,11 +145,13 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         m->task_r0 = cv_xrealloc(m->task_r0, sizeof(int) * (size_t)m->captask);
         m->task_n = cv_xrealloc(m->task_n, sizeof(int) * (size_t)m->captask);
         m->task_type = cv_xrealloc(m->task_type, sizeof(int) * (size_t)m->captask);
+        m->task_leaf = cv_xrealloc(m->task_leaf, sizeof(int) * (size_t)m->captask);
       }
       for (int p = 0; p < pieces; p++) {
         m->task_r0[ntask] = m->policy == CAVS_SERIAL ? r0 + p : r0;
         m->task_n[ntask] = m->policy == CAVS_SERIAL ? 1 : end - r0;
         m->task_type[ntask] = t;
+        m->task_leaf[ntask] = l == 0 ? m->task_n[ntask] : 0;
         ntask++;
       }
     }
@@ -217,12 +220,21 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   if (cv_schedule(m, graphs, k)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
   int N = m->rows;
+  c->leaf_rows = 0;
   if (d->pull_fwd) d->pull_fwd(c, 0, N);
-  for (int t = 0; t < d->nvertex; t++)
+  for (int t = 0; t < d->nvertex; t++) {
+    c->leaf_rows = m->type_leaf[t];
     if (m->type_n[t]) d->vertex[t].fwd_eager(c, m->type_r0[t], m->type_n[t]);
-  for (int i = 0; i < m->ntask; i++) d->vertex[m->task_type[i]].fwd_path(c, m->task_r0[i], m->task_n[i]);
-  for (int t = 0; t < d->nvertex; t++)
+  }
+  for (int i = 0; i < m->ntask; i++) {
+    c->leaf_rows = m->task_leaf[i];
+    d->vertex[m->task_type[i]].fwd_path(c, m->task_r0[i], m->task_n[i]);
+  }
+  for (int t = 0; t < d->nvertex; t++) {
+    c->leaf_rows = m->type_leaf[t];
     if (m->type_n[t]) d->vertex[t].fwd_lazy(c, m->type_r0[t], m->type_n[t]);
+  }
+  c->leaf_rows = 0;
   if (d->push_fwd) d->push_fwd(c, 0, N);
   if (st) {
     memset(st, 0, sizeof *st);
@@ -260,11 +272,20 @@ void cavs_model_backward(cavs_model *m) {
     if (d->pgroups[g].sparse_input < 0)
       memset(m->pgrad[g], 0, (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
   cv_sparse_reset(m);
+  c->leaf_rows = 0;
   if (d->push_bwd) d->push_bwd(c, 0, N);
-  for (int t = 0; t < d->nvertex; t++)
+  for (int t = 0; t < d->nvertex; t++) {
+    c->leaf_rows = m->type_leaf[t];
     if (m->type_n[t]) d->vertex[t].bwd_lazy(c, m->type_r0[t], m->type_n[t]);
-  for (int i = m->ntask - 1; i >= 0; i--) d->vertex[m->task_type[i]].bwd_path(c, m->task_r0[i], m->task_n[i]);
-  for (int t = 0; t < d->nvertex; t++)
+  }
+  for (int i = m->ntask - 1; i >= 0; i--) {
+    c->leaf_rows = m->task_leaf[i];
+    d->vertex[m->task_type[i]].bwd_path(c, m->task_r0[i], m->task_n[i]);
+  }
+  for (int t = 0; t < d->nvertex; t++) {
+    c->leaf_rows = m->type_leaf[t];
     if (m->type_n[t]) d->vertex[t].bwd_eager(c, m->type_r0[t], m->type_n[t]);
+  }
+  c->leaf_rows = 0;
   if (d->pull_bwd) d->pull_bwd(c, 0, N);
 }

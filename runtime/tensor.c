@@ -120,6 +120,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   c->maxc = m->maxc;
   m->type_r0 = calloc((size_t)d->nvertex + 1, sizeof(int));
   m->type_n = calloc((size_t)d->nvertex + 1, sizeof(int));
+  m->type_leaf = calloc((size_t)d->nvertex + 1, sizeof(int));
   c->loss_scale = 1;
   return m;
 }
@@ -138,8 +139,8 @@ void cavs_model_free(cavs_model *m) {
   free(m->pflat); free(m->gflat); free(m->m1); free(m->m2);
   free(m->pg_off); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
-  free(m->type_r0); free(m->type_n);
-  free(m->task_r0); free(m->task_n); free(m->task_type);
+  free(m->type_r0); free(m->type_n); free(m->type_leaf);
+  free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
   for (int g = 0; g < d->npgroups; g++) {
