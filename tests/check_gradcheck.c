@@ -140,6 +140,18 @@ static const struct {
      "pull { x = emb[w]; }\n"
      "vertex v (children 2) { h = tanh(pull() + (gather(0) + gather(1)) @ W); scatter(concat(h, h)[0:H]); push(h); }\n"
      "push (h) { z = h @ Wo; loss softmax_xent(z, y); loss mse(z, t); }\n"},
+    {"no_pull",
+     "model op_np; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
+     "param W[H,H], Wc[H,C] init uniform(-1, 1); param b[H] init uniform(-1, 1);\n"
+     "vertex v (children 2) { h = tanh(f + (gather(0) + gather(1)) @ W + b); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"leaf_type_without_push",
+     "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex leaf (children 0) { scatter(tanh(pull())); }\n"
+     "vertex inner (children 2) { h = tanh(concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
 };
 
 START_TEST(op_gradients) {
