@@ -284,6 +284,11 @@ void cavs_model_set_policy(cavs_model *m, int policy);
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
 /* Backward pass of the last forward: fills every parameter gradient. */
 void cavs_model_backward(cavs_model *m);
+/* After a forward pass: 0 if every parameter and every value of the minibatch is finite;
+ * else -1 with the first NaN or infinity named in msg (a parameter, or a value: buffers
+ * are named after the .vf block and the name that computes them) and, for a value, the
+ * graph (its index in the minibatch) and vertex in *graph and *vertex (else -1). */
+int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len);
 const cavs_desc *cavs_model_desc(const cavs_model *m);
 /* After a forward pass: the class predicted (argmax of the first softmax_xent) at the
  * root of graph g of the minibatch (its last vertex without a parent), or -1. */

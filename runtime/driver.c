@@ -536,7 +536,17 @@ static int cmd_train(TrainOpts *o) {
       for (; k < o->batch && b + k < n; k++) gs[k] = cavs_dataset_graph(tr, order[b + k]);
       cavs_stats st;
       if (cavs_model_forward(m, gs, k, &st)) die(1, "%s", cavs_model_error(m));
-      if (!isfinite(st.loss)) die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st.loss);
+      if (!isfinite(st.loss)) {
+        char why[512];
+        int bg, bv;
+        if (cavs_model_check_finite(m, &bg, &bv, why, sizeof why)) {
+          if (bg >= 0)
+            die(1, "epoch %d: %s at vertex %d of graph %d of %s; try a smaller --lr or --clip", epoch, why, bv,
+                order[b + bg] + 1, o->train);
+          die(1, "epoch %d: %s; try a smaller --lr or --clip", epoch, why);
+        }
+        die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st.loss);
+      }
       cavs_model_backward(m);
       cavs_model_step(m, &o->optim);
       t.loss += st.loss;

@@ -14,6 +14,7 @@
  *           path phase, as one product over all its rows. */
 #include "cv.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -288,4 +289,51 @@ void cavs_model_backward(cavs_model *m) {
   }
   c->leaf_rows = 0;
   if (d->pull_bwd) d->pull_bwd(c, 0, N);
+}
+
+static long first_bad(const void *p, size_t n, size_t esize) {
+  for (size_t i = 0; i < n; i++) {
+    double x = esize == 8 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+    if (!isfinite(x)) return (long)i;
+  }
+  return -1;
+}
+
+int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {
+  const cavs_desc *d = m->d;
+  *graph = *vertex = -1;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    const char *p = cavs_model_param(m, i, &rows, &cols, &ld);
+    for (long r = 0; r < rows; r++) {
+      long j = first_bad(p + (size_t)r * (size_t)ld * m->esize, (size_t)cols, m->esize);
+      if (j >= 0) {
+        snprintf(msg, len, "parameter %s[%ld,%ld] is not finite", d->params[i].name, r, j);
+        return -1;
+      }
+    }
+  }
+  if (!m->have_batch) return 0;
+  /* the model's own values first, the state and push buffers (copies) last */
+  for (int pass = 0; pass < 2; pass++)
+    for (int b = 0; b < d->nbufs; b++) {
+      bool shared = b == d->state_buf || b == d->push_buf;
+      if (shared != (pass == 1)) continue;
+      for (int r = 0; r < m->rows; r++) {
+        long j = first_bad((const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b], m->esize);
+        if (j < 0) continue;
+        int g = 0, v = -1;
+        for (g = 0; g < m->ngraphs && v < 0; g++)
+          for (int k = m->gbase[g]; k < m->gbase[g + 1]; k++)
+            if (m->row_of[k] == r) {
+              v = k - m->gbase[g];
+              break;
+            }
+        snprintf(msg, len, "value %s (column %ld) is not finite", d->bufs[b].name, j);
+        *graph = g - 1;
+        *vertex = v;
+        return -1;
+      }
+    }
+  return 0;
 }

@@ -239,6 +239,11 @@ START_TEST(user_errors) {
   ck_assert_int_eq(r.status, 1);
   ck_assert_msg(strstr(r.err, "unknown data format"), "%s", r.err);
   tu_free(&r);
+  /* divergence names the value, the vertex and the graph */
+  r = TRAIN("--epochs", "2", "--optimizer", "sgd", "--lr", "1e30", "--quiet", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "is not finite") && strstr(r.err, "of graph"), "%s", r.err);
+  tu_free(&r);
   r = cavs("frobnicate", NULL);
   ck_assert_int_eq(r.status, 1);
   tu_free(&r);
