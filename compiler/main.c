@@ -13,7 +13,8 @@ static const char usage[] =
     "usage: cavsc [options] MODEL.vf\n"
     "  -o PATH            output directory for MODEL.h and MODEL.c (default: .);\n"
     "                     with --dump or --report, the file to write instead of stdout\n"
-    "  --dump=STAGE       print the program after a stage: ast, ir, ad\n"
+    "  --dump=STAGE       print the program after a stage: ast, ir, ad, cls, fuse\n"
+    "                     (cls and fuse print the --report)\n"
     "  --report           print every node's class (eager, path, lazy) and fusion group\n"
     "  --precision=P      float (default) or double (for gradient checks)\n"
     "  --version          print the version and exit\n"
@@ -111,8 +112,9 @@ int main(int argc, char **argv) {
       if (!strcmp(optarg, "ast")) dump = DUMP_AST;
       else if (!strcmp(optarg, "ir")) dump = DUMP_IR;
       else if (!strcmp(optarg, "ad")) dump = DUMP_AD;
+      else if (!strcmp(optarg, "cls") || !strcmp(optarg, "fuse")) dump = DUMP_REPORT;
       else {
-        fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir, ad)\n", optarg);
+        fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir, ad, cls, fuse)\n", optarg);
         return 1;
       }
       break;
