@@ -73,9 +73,5 @@ int main(void) {
   tcase_add_test(tc, pages_render);
   tcase_add_test(tc, page_examples_compile);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -161,9 +161,5 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
   tcase_add_test(tc, treelstm_learns);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

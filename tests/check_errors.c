@@ -237,9 +237,5 @@ int main(void) {
   tcase_add_test(tg, unwritable_output);
   tcase_add_test(tg, random_bytes);
   suite_add_tcase(s, tg);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

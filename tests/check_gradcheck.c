@@ -181,9 +181,5 @@ int main(void) {
   tcase_set_timeout(te, 600);
   tcase_add_loop_test(te, example_gradients, 0, (int)(sizeof examples / sizeof *examples));
   suite_add_tcase(s, te);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }

@@ -454,9 +454,5 @@ int main(void) {
   tcase_add_test(tc, deep_tree_double);
   tcase_add_test(tc, mixed_tree_float);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return tu_run_suite(s);
 }
