@@ -10,14 +10,18 @@
 
 #define CV_NAME(x) x##_f
 #define R float
+#define CV_EXP cavs_exp_f
 #include "kernels.h"
 #undef R
 #undef CV_NAME
+#undef CV_EXP
 #define CV_NAME(x) x##_d
 #define R double
+#define CV_EXP exp
 #include "kernels.h"
 #undef R
 #undef CV_NAME
+#undef CV_EXP
 
 #define DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 

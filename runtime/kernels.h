@@ -57,32 +57,40 @@ static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, int n, 
   }
 }
 
-/* Softmax cross-entropy of row z against label; fills p with the probabilities. */
-static double CV_NAME(xent_row)(const R *z, int label, long w, int *argmax) {
+/* Softmax cross-entropy of row z against label. The exponentials run in the model's
+ * precision (the vectorizable cavs_exp_f in float): a language model's head has as many
+ * columns as words, and this loop is most of its time. */
+static R CV_NAME(row_max)(const R *z, long w) {
   R mx = z[0];
-  int am = 0;
-  for (long j = 1; j < w; j++)
-    if (z[j] > mx) mx = z[j], am = (int)j;
-  double s = 0;
-  for (long j = 0; j < w; j++) s += exp((double)(z[j] - mx));
-  *argmax = am;
-  return log(s) + (double)mx - (double)z[label];
+#pragma omp simd reduction(max : mx)
+  for (long j = 1; j < w; j++) mx = z[j] > mx ? z[j] : mx;
+  return mx;
+}
+
+static int CV_NAME(row_argmax)(const R *z, long w, R mx) {
+  for (long j = 0; j < w; j++)
+    if (z[j] == mx) return (int)j;
+  return 0;
+}
+
+static R CV_NAME(sum_exp)(const R *z, long w, R mx) {
+  R s = 0;
+#pragma omp simd reduction(+ : s)
+  for (long j = 0; j < w; j++) s += CV_EXP(z[j] - mx);
+  return s;
 }
 
 static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, int r0, int n,
                               long w) {
   cavs_loss_acc *a = &c->loss[loss];
   for (int r = r0; r < r0 + n; r++) {
-    if (loss == 0 && c->pushed[r]) {
-      const R *zr = z + (size_t)r * ld;
-      int am = 0;
-      for (long j = 1; j < w; j++)
-        if (zr[j] > zr[am]) am = (int)j;
-      c->pred[r] = am;
-    }
-    if (!c->pushed[r] || label[r] < 0) continue;
-    int am;
-    a->sum += CV_NAME(xent_row)(z + (size_t)r * ld, label[r], w, &am);
+    if (!c->pushed[r]) continue;
+    const R *zr = z + (size_t)r * ld;
+    R mx = CV_NAME(row_max)(zr, w);
+    int am = CV_NAME(row_argmax)(zr, w, mx);
+    if (loss == 0) c->pred[r] = am;
+    if (label[r] < 0) continue;
+    a->sum += log((double)CV_NAME(sum_exp)(zr, w, mx)) + (double)mx - (double)zr[label[r]];
     a->count++;
     a->correct += am == label[r];
     if (c->root[r]) {
@@ -96,20 +104,16 @@ static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const 
                               int r0, int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (!a->count) return;
-  double scale = c->loss_scale / (double)a->count;
+  R scale = (R)(c->loss_scale / (double)a->count);
   for (int r = r0; r < r0 + n; r++) {
     if (!c->pushed[r] || label[r] < 0) continue;
     const R *zr = z + (size_t)r * ld;
     R *g = dz + (size_t)r * ldd;
-    R mx = zr[0];
-    for (long j = 1; j < w; j++)
-      if (zr[j] > mx) mx = zr[j];
-    double s = 0;
-    for (long j = 0; j < w; j++) s += exp((double)(zr[j] - mx));
-    for (long j = 0; j < w; j++) {
-      double p = exp((double)(zr[j] - mx)) / s;
-      g[j] += (R)((p - (j == label[r])) * scale);
-    }
+    R mx = CV_NAME(row_max)(zr, w);
+    R k = scale / CV_NAME(sum_exp)(zr, w, mx);
+#pragma omp simd
+    for (long j = 0; j < w; j++) g[j] += k * CV_EXP(zr[j] - mx);
+    g[label[r]] -= scale;
   }
 }
 
