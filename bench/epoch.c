@@ -1,10 +1,12 @@
-/* epoch.c: times training epochs of a generated model on a ptb-tree or text file,
+/* epoch.c: times training epochs of a generated model on a ptb-tree, text or cgf file,
  * without the driver: load, bind the vocabulary, then per minibatch forward, backward
- * and an Adam step, exactly what training does. Prints one line per run:
- *   model, policy, batch, E, H, threads, seconds per epoch, graphs/s, loss, accuracy.
+ * and an Adam step, exactly what training does (or, with --infer, forward passes only).
+ * Prints one line per run: the settings, seconds per epoch, graphs/s, the share of time
+ * in matrix products, the products' GFLOP/s, and that against this machine's own sgemm
+ * rate (measured once, on a large product: the floor that batching aims for).
  *
  *   bench/epoch [--policy bfs|serial] [--batch 64] [--dim H=256] [--threads 2]
- *               [--epochs 1] [--limit N] MODEL FORMAT FILE
+ *               [--epochs 1] [--limit N] [--infer] MODEL FORMAT FILE
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
@@ -13,6 +15,7 @@
 #include "../generated/treelstm.h"
 #include "../generated/twotype.h"
 
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +27,33 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* GFLOP/s of one large sgemm, the rate the batched products are measured against. */
+static double sgemm_rate(void) {
+  const int M = 2048, N = 1024, K = 256;
+  float *a = calloc((size_t)M * K, 4), *b = calloc((size_t)K * N, 4), *c = calloc((size_t)M * N, 4);
+  int it = 0;
+  double t0 = now();
+  while (now() - t0 < 0.5 || it < 2) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, a, K, b, N, 0, c, N);
+    it++;
+  }
+  double r = 2.0 * M * N * K * it / (now() - t0) / 1e9;
+  free(a);
+  free(b);
+  free(c);
+  return r;
+}
+
 int main(int argc, char **argv) {
   const char *policy = "bfs", *dimset[CAVS_MAX_DIMS];
-  int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0;
+  int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0, infer = 0;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i += 2) {
+    if (!strcmp(argv[i], "--infer")) {
+      infer = 1;
+      i--;
+      continue;
+    }
     if (i + 1 >= argc) break;
     if (!strcmp(argv[i], "--policy")) policy = argv[i + 1];
     else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
@@ -55,6 +80,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   cavs_set_threads(threads);
+  double floor_rate = sgemm_rate();
   long dims[CAVS_MAX_DIMS];
   cavs_dims_default(d, dims);
   for (int k = 0; k < ndimset; k++) {
@@ -89,6 +115,7 @@ int main(int argc, char **argv) {
     double loss = 0;
     long count = 0, correct = 0, vertices = 0;
     int batches = 0;
+    cavs_gemm_counters(NULL, NULL, 1);
     double start = now();
     for (int b = 0; b < n; b += batch) {
       int k = n - b < batch ? n - b : batch;
@@ -101,18 +128,23 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", cavs_model_error(m));
         return 1;
       }
-      cavs_model_backward(m);
-      cavs_model_step(m, &opt);
+      if (!infer) {
+        cavs_model_backward(m);
+        cavs_model_step(m, &opt);
+      }
       loss += st.loss;
       count += st.count;
       correct += st.correct;
       batches++;
     }
-    double secs = now() - start;
-    printf("%s policy=%s batch=%d", name, policy, batch);
+    double secs = now() - start, gsecs, gflops;
+    cavs_gemm_counters(&gsecs, &gflops, 0);
+    printf("%s %s policy=%s batch=%d", name, infer ? "infer" : "train", policy, batch);
     for (int j = 0; j < d->ndims; j++) printf(" %s=%ld", d->dims[j].name, dims[j]);
-    printf(" threads=%d graphs=%d vertices=%ld load=%.2fs epoch=%.2fs graphs/s=%.0f loss=%.4f acc=%.4f\n", threads,
-           n, vertices, tload, secs, n / secs, loss / batches, count ? (double)correct / (double)count : 0.0);
+    printf(" threads=%d graphs=%d vertices=%ld load=%.2fs epoch=%.2fs graphs/s=%.0f loss=%.4f acc=%.4f", threads, n,
+           vertices, tload, secs, n / secs, loss / batches, count ? (double)correct / (double)count : 0.0);
+    printf(" gemm=%.0f%% gemm_gflops=%.1f overall_gflops=%.1f sgemm_floor=%.1f (%.0f%% of it)\n", 100 * gsecs / secs,
+           gflops / gsecs / 1e9, gflops / secs / 1e9, floor_rate, 100 * gflops / secs / 1e9 / floor_rate);
     fflush(stdout);
   }
   free(gs);

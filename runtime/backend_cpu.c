@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 #define CV_NAME(x) x##_f
 #define R float
@@ -25,6 +26,21 @@
 
 #define DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 
+/* Benchmark counters (a model is used by one thread at a time). */
+static double gemm_seconds, gemm_flops;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+void cavs_gemm_counters(double *seconds, double *flops, int reset) {
+  if (seconds) *seconds = gemm_seconds;
+  if (flops) *flops = gemm_flops;
+  if (reset) gemm_seconds = gemm_flops = 0;
+}
+
 void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                const void *b, long ldb, double beta, void *cm, long ldc) {
   if (m <= 0 || n <= 0) return;
@@ -38,11 +54,14 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
     return;
   }
   enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
+  double t0 = now_s();
   if (DBL(c))
     cblas_dgemm(CblasRowMajor, A, B, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, cm, (int)ldc);
   else
     cblas_sgemm(CblasRowMajor, A, B, m, n, k, (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, cm,
                 (int)ldc);
+  gemm_seconds += now_s() - t0;
+  gemm_flops += 2.0 * m * n * k;
 }
 
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,

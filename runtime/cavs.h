@@ -316,6 +316,9 @@ typedef struct cavs_optim {
 void cavs_model_step(cavs_model *m, const cavs_optim *o);
 
 void cavs_set_threads(int n);
+/* Time spent in matrix products and the flops they did (2mnk each) since the last reset,
+ * for benchmarks. */
+void cavs_gemm_counters(double *seconds, double *flops, int reset);
 
 /* ---- data ---- */
 
