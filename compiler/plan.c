@@ -95,11 +95,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
   fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
   for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
-  for (int g = 0; g < f->nmerges; g++) {
-    const IrNode *first = &f->nodes[f->merges[g].members[0]];
-    fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), f->merges[g].cols);
-    (void)first;
-  }
+  for (int g = 0; g < f->nmerges; g++) fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), f->merges[g].cols);
   for (int i = 0; i < n; i++) {
     IrNode *x = &f->nodes[i];
     if (x->uses == 0 || x->type != T_ROW) continue;

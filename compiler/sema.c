@@ -1306,7 +1306,6 @@ Model *sema(Decl *decls, const char *path) {
       }
     }
   }
-  (void)state_loc;
   if (diag_count()) return m; /* the push block's width depends on the vertex blocks */
   if (push) {
     if (!c->pushed_known && diag_count() == 0) {
