@@ -642,17 +642,14 @@ static int cmd_eval(const char *ckpt, const char *data, const char *format, int 
            t.root_count ? (double)t.root_correct / (double)t.root_count : 0, t.root_count, (double)t.graphs / t.secs);
   } else {
     int n = cavs_dataset_count(s);
+    /* batch is at most 256 (main caps it for eval and predict) */
     for (int b = 0; b < n; b += batch) {
       const cavs_graph *gs[256];
       int k = 0;
-      for (; k < batch && k < 256 && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+      for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
       cavs_stats st;
       if (cavs_model_forward(c.m, gs, k, &st)) die(1, "%s", cavs_model_error(c.m));
-      for (int g = 0; g < k; g++) {
-        int cls = cavs_model_root_class(c.m, g);
-        printf("%d\n", cls);
-      }
-      b += k - batch; /* k may be below batch when capped at 256 */
+      for (int g = 0; g < k; g++) printf("%d\n", cavs_model_root_class(c.m, g));
     }
   }
   cavs_dataset_free(s);
