@@ -610,13 +610,17 @@ typedef struct CkptModel {
   cavs_vocab *v;
 } CkptModel;
 
-static CkptModel open_ckpt(const char *path) {
+/* The model comes from the checkpoint's own source, or from --model (required for a
+ * checkpoint trained from a prebuilt .so); cavs_ckpt_apply checks that they match. */
+static CkptModel open_ckpt(const char *path, const char *model) {
   CkptModel c = {0};
   char err[1024];
   c.ck = cavs_ckpt_read(path, err, sizeof err);
   if (!c.ck) die(1, "%s", err);
-  if (!*cavs_ckpt_source(c.ck)) die(1, "%s: the checkpoint does not carry its model's source", path);
-  c.L = load_from_ckpt(c.ck, path);
+  if (model) c.L = load_model_arg(model);
+  else if (!*cavs_ckpt_source(c.ck))
+    die(1, "%s: the checkpoint was trained from a built model library; name it with --model MODEL.so", path);
+  else c.L = load_from_ckpt(c.ck, path);
   long dims[CAVS_MAX_DIMS];
   if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
   c.m = cavs_model_new(c.L.desc, dims, err, sizeof err);
@@ -627,9 +631,9 @@ static CkptModel open_ckpt(const char *path) {
   return c;
 }
 
-static int cmd_eval(const char *ckpt, const char *data, const char *format, int batch, bool predict) {
+static int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
-  CkptModel c = open_ckpt(ckpt);
+  CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
   long dims[CAVS_MAX_DIMS];
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
@@ -738,8 +742,8 @@ static int cmd_gen(int argc, char **argv) {
 
 static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
-    "       cavs eval CKPT --data FILE [--format FMT]\n"
-    "       cavs predict CKPT --data FILE [--format FMT]\n"
+    "       cavs eval CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so]\n"
+    "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so]\n"
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
@@ -768,14 +772,14 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
   TrainOpts o = {.epochs = 10, .batch = 64, .threads = 2, .seed = 1,
                  .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
-  const char *data = NULL, *format = NULL;
+  const char *data = NULL, *format = NULL, *model_opt = NULL;
   bool lr_set = false;
   static const struct option lo[] = {
       {"format", 1, 0, 'f'}, {"train", 1, 0, 't'}, {"dev", 1, 0, 'd'}, {"epochs", 1, 0, 'e'},
       {"batch", 1, 0, 'b'}, {"optimizer", 1, 0, 'O'}, {"lr", 1, 0, 'l'}, {"clip", 1, 0, 'c'},
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
-      {"data", 1, 0, 'x'}, {0, 0, 0, 0}};
+      {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {0, 0, 0, 0}};
   optind = 2;
   int ch;
   const char *positional = NULL;
@@ -790,6 +794,7 @@ int main(int argc, char **argv) {
     case 't': o.train = optarg; break;
     case 'd': o.dev = optarg; break;
     case 'x': data = optarg; break;
+    case 'M': model_opt = optarg; break;
     case 'e': o.epochs = (int)strtol(optarg, &end, 10); break;
     case 'b': o.batch = (int)strtol(optarg, &end, 10); o.set_batch = true; break;
     case 'j': o.threads = (int)strtol(optarg, &end, 10); break;
@@ -826,7 +831,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "eval") || !strcmp(cmd, "predict")) {
     cavs_set_threads(o.threads);
-    return cmd_eval(positional, data, format, o.batch > 256 ? 256 : o.batch, !strcmp(cmd, "predict"));
+    return cmd_eval(positional, model_opt, data, format, o.batch > 256 ? 256 : o.batch, !strcmp(cmd, "predict"));
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
   die(1, "unknown command '%s' (train, eval, predict, gen, info)", cmd);

@@ -255,6 +255,33 @@ START_TEST(user_errors) {
 }
 END_TEST
 
+/* A model built by hand into a shared object trains too; its checkpoint then needs
+ * --model to be evaluated (it carries no source). */
+START_TEST(prebuilt_library) {
+  gen_data();
+  char src[4400], inc[4400], cmd[16384];
+  snprintf(src, sizeof src, "%s/generated/treelstm.c", top);
+  snprintf(inc, sizeof inc, "-I%s/runtime", top);
+  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -fPIC -shared %s %s -o %s", tu_env("CC", "cc"), inc, src, path_in("treelstm.so"));
+  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+  RunResult r = tu_run(NULL, sh, 120);
+  ok(&r, "cc");
+  tu_free(&r);
+  r = cavs("train", path_in("treelstm.so"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "E=8",
+           "--dim", "H=8", "--epochs", "1", "--quiet", "--save", path_in("so.ckpt"), NULL);
+  ok(&r, "train from a .so");
+  tu_free(&r);
+  r = cavs("eval", path_in("so.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "--model"), "%s", r.err);
+  tu_free(&r);
+  r = cavs("eval", path_in("so.ckpt"), "--data", path_in("dev.txt"), "--model", path_in("treelstm.so"), NULL);
+  ok(&r, "eval with --model");
+  ck_assert_msg(strstr(r.out, "accuracy"), "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
 /* The README's demo: the toy treebank and the Tree-LSTM, as `make demo` runs them. The
  * README states all-node accuracy above 0.90 and root accuracy above 0.70. */
 START_TEST(demo_reaches_stated_accuracy) {
@@ -301,6 +328,7 @@ int main(void) {
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
