@@ -23,7 +23,9 @@ struct cavs_model {
   int **touched;
   int *ntouched;
   unsigned char **mark;
-  /* optimizer state */
+  /* optimizer state; spans: scratch of optim.c */
+  void *spans;
+  int capspans;
   void *m1, *m2;
   long step;
   /* per-row buffers */

@@ -35,12 +35,19 @@ typedef struct Span {
   size_t off, len; /* in scalars, within the flat block */
 } Span;
 
-/* The parts of the flat block this step changes. */
+/* The parts of the flat block this step changes (in an array that only grows: a
+ * steady-state step allocates nothing). */
 static Span *spans(cavs_model *m, int *count) {
   const cavs_desc *d = m->d;
   int n = 0;
   for (int g = 0; g < d->npgroups; g++) n += d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
-  Span *s = malloc(sizeof(Span) * (size_t)(n + 1));
+  if (n + 1 > m->capspans) {
+    m->capspans = 2 * (n + 1);
+    free(m->spans);
+    m->spans = malloc(sizeof(Span) * (size_t)m->capspans);
+    if (!m->spans) abort();
+  }
+  Span *s = m->spans;
   n = 0;
   for (int g = 0; g < d->npgroups; g++) {
     size_t cols = (size_t)m->pg_cols[g];
@@ -117,5 +124,4 @@ void cavs_model_step(cavs_model *m, const cavs_optim *o) {
     STEP(float);
 #undef SQRT
   }
-  free(sp);
 }

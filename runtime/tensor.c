@@ -136,7 +136,7 @@ void cavs_model_free(cavs_model *m) {
   for (int i = 0; i < d->nreal; i++) free(m->rin[i]);
   free(m->val); free(m->grad); free(m->bw); free(m->loss);
   free(m->iin); free(m->rin); free(m->rw);
-  free(m->pflat); free(m->gflat); free(m->m1); free(m->m2);
+  free(m->pflat); free(m->gflat); free(m->m1); free(m->m2); free(m->spans);
   free(m->pg_off); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
