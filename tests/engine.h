@@ -54,8 +54,12 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
   snprintf(sym, sizeof sym, "%s_desc", name);
   const cavs_desc *d = dlsym(h, sym);
   ck_assert_msg(d != NULL, "no %s in %s", sym, so);
+  /* the object stays loaded for the life of the test process; its files can go now */
+  char *rm[] = {"/bin/rm", "-rf", dir, NULL};
+  r = tu_run(NULL, rm, 60);
+  tu_free(&r);
   free(dir);
-  return d; /* the object stays loaded for the life of the test process */
+  return d;
 }
 
 static inline int find_dim(const cavs_desc *d, const char *name) {
