@@ -35,6 +35,8 @@ static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigne
     t->child[4 * arity + 1] = 3;
   }
   t->child[4 * arity + 0] = 2;
+  /* a parent that reads one child twice: both slots' gradients must add up */
+  if (arity > 1) t->child[3 * arity + 1] = 1;
   for (int v = 0; v < 5; v++) t->type[v] = v < 2 ? leaf : inner;
   for (int k = 0; k < NGRAPH; k++) tg_features(&g[k], d, dims, &seed);
 }
@@ -144,6 +146,14 @@ static const struct {
      "model op_np; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
      "param W[H,H], Wc[H,C] init uniform(-1, 1); param b[H] init uniform(-1, 1);\n"
      "vertex v (children 2) { h = tanh(f + (gather(0) + gather(1)) @ W + b); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"three_children",
+     "model op_3c; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[H,H], U[3H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 3) {\n  for k in 0..2 { s_k = gather(k); }\n"
+     "  h = tanh(pull() @ W + sum(k in 0..2: s_k) * 0.5 + concat(s_0, s_1, s_2) @ U);\n"
+     "  scatter(h); push(tanh(pull()) + h);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
