@@ -38,6 +38,7 @@ int diag_count(void);
 const char *diag_span(Loc loc); /* source text of a short span, or NULL */
 /* Silenced diagnostics are neither counted nor printed (sema's trial pass). */
 void diag_silence(bool on);
+extern bool cv_checking_user_ir; /* internal_error reports a user error while set */
 _Noreturn void internal_error(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 #define unreachable() internal_error(__FILE__, __LINE__, "unreachable")
@@ -349,6 +350,10 @@ void ir_check(const Model *m);
 /* The model's functions in execution order: pull, vertex blocks, push. */
 IrFunc **model_funcs(const Model *m, int *n);
 void ir_print(FILE *out, const Model *m);
+
+/* ---- ir_read.c: the text of ir_print, read back ---- */
+
+Model *ir_read(const char *path, const char *text, size_t len);
 
 /* ---- sema.c: names, shapes, unrolling; builds the IR ---- */
 

@@ -111,9 +111,20 @@ void error_plain(const char *fmt, ...) {
   va_end(ap);
 }
 
+/* Set while IR written by hand (a .ir file) is checked: a broken invariant is then the
+ * input's fault, not the compiler's. */
+bool cv_checking_user_ir;
+
 void internal_error(const char *file, int line, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
+  if (cv_checking_user_ir) {
+    fprintf(stderr, "%s: error: invalid IR: ", src_path ? src_path : "cavsc");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+  }
   fprintf(stderr, "cavsc: internal error at %s:%d: ", file, line);
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);

@@ -2,6 +2,7 @@
  * after every pass (ir_check), and the text printer behind `cavsc --dump=ir`. */
 #include "cavsc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 const OpInfo op_info[OP_COUNT] = {
@@ -103,8 +104,11 @@ IrFunc **model_funcs(const Model *m, int *n) {
 
 /* ---- verifier: the invariants every pass relies on ---- */
 
+/* Two widths agree, written for the checks below. */
+#define same(a, b) lin_eq((a), (b))
+
 static void check_func(const Model *m, const IrFunc *f) {
-  int nscatter = 0;
+  int nscatter = 0, npush = 0;
   for (int i = 0; i < f->n; i++) {
     const IrNode *n = &f->nodes[i];
     cv_assert(n->op >= 0 && n->op < OP_COUNT);
@@ -116,53 +120,113 @@ static void check_func(const Model *m, const IrFunc *f) {
       if (n->args[j] < 0 || n->args[j] >= i)
         internal_error(__FILE__, __LINE__, "%s %%%d: operand %d is %%%d (not defined before)",
                        f->name, i, j, n->args[j]);
+    const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+    const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
     switch (n->op) {
+    case OP_CONST: cv_assert(n->type == T_SCALAR); break;
     case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
-    case OP_INPUT: cv_assert((n->type == T_INPUT || n->type == T_ROW) && n->ref >= 0 && n->ref < m->ninputs); break;
+    case OP_INPUT:
+      cv_assert(n->ref >= 0 && n->ref < m->ninputs);
+      if (m->inputs[n->ref].kind == IN_REAL) cv_assert(n->type == T_ROW && same(n->width, m->inputs[n->ref].width));
+      else cv_assert(n->type == T_INPUT);
+      break;
     case OP_GATHER:
       cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
-      cv_assert(lin_eq(n->width, m->state));
+      cv_assert(n->type == T_ROW && same(n->width, m->state));
       break;
-    case OP_PULL: cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < m->npulls); break;
-    case OP_PUSHARG: cv_assert(f->kind == F_PUSH && lin_eq(n->width, m->pushed)); break;
+    case OP_PULL:
+      cv_assert(f->kind == F_VERTEX && m->pull && n->ref >= 0 && n->ref < m->npulls);
+      cv_assert(n->type == T_ROW && same(n->width, m->pull->nodes[m->pulls[n->ref].node].width));
+      break;
+    case OP_PUSHARG: cv_assert(f->kind == F_PUSH && n->type == T_ROW && same(n->width, m->pushed)); break;
     case OP_SCATTER:
-      cv_assert(f->kind == F_VERTEX);
-      cv_assert(lin_eq(f->nodes[n->args[0]].width, m->state));
+      cv_assert(f->kind == F_VERTEX && n->type == T_NONE);
+      cv_assert(a->type == T_ROW && same(a->width, m->state));
       nscatter++;
       break;
-    case OP_PUSH: cv_assert(f->kind == F_VERTEX); break;
+    case OP_PUSH:
+      cv_assert(f->kind == F_VERTEX && n->type == T_NONE && m->push);
+      cv_assert(a->type == T_ROW && same(a->width, m->pushed));
+      npush++;
+      break;
     case OP_XENT:
-    case OP_MSE: cv_assert(f->kind == F_PUSH); break;
+      cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW);
+      cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_CLASS && same(a->width, m->inputs[b->ref].width));
+      break;
+    case OP_MSE:
+      cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW && b->type == T_ROW);
+      cv_assert(same(a->width, b->width));
+      break;
     case OP_MATMUL: {
-      const IrNode *w = &f->nodes[n->args[1]];
-      cv_assert(w->op == OP_PARAM && m->params[w->ref].rank == 2);
-      cv_assert(lin_eq(f->nodes[n->args[0]].width, m->params[w->ref].rows));
-      cv_assert(lin_eq(n->width, m->params[w->ref].cols));
+      cv_assert(b->op == OP_PARAM && m->params[b->ref].rank == 2 && a->type == T_ROW);
+      cv_assert(same(a->width, m->params[b->ref].rows));
+      cv_assert(n->type == T_ROW && same(n->width, m->params[b->ref].cols));
       break;
     }
+    case OP_LOOKUP:
+      cv_assert(a->op == OP_PARAM && m->params[a->ref].rank == 2);
+      cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_INDEX);
+      cv_assert(same(m->params[a->ref].rows, m->inputs[b->ref].width));
+      cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
+      break;
+    case OP_CONCAT: {
+      Lin w = lin_const(0);
+      cv_assert(n->nargs >= 1);
+      for (int j = 0; j < n->nargs; j++) {
+        cv_assert(f->nodes[n->args[j]].type == T_ROW);
+        w = lin_add(w, f->nodes[n->args[j]].width);
+      }
+      cv_assert(n->type == T_ROW && same(n->width, w));
+      break;
+    }
+    case OP_SLICE:
+      cv_assert(a->type == T_ROW && n->type == T_ROW);
+      cv_assert(lin_le(lin_const(0), n->lo) && lin_le(n->lo, n->hi) && !same(n->lo, n->hi) && lin_le(n->hi, a->width));
+      cv_assert(same(n->width, lin_sub(n->hi, n->lo)));
+      break;
     default:
-      if (oi->kind == OK_EW) {
-        cv_assert(n->type == T_ROW);
-        for (int j = 0; j < n->nargs; j++) {
-          const IrNode *a = &f->nodes[n->args[j]];
-          if (a->type == T_ROW) cv_assert(lin_eq(a->width, n->width));
-          else if (a->type == T_PARAM) cv_assert(lin_eq(m->params[a->ref].cols, n->width));
-          else cv_assert(a->type == T_SCALAR);
-        }
+      cv_assert(oi->kind == OK_EW && n->type == T_ROW);
+      for (int j = 0; j < n->nargs; j++) {
+        const IrNode *x = &f->nodes[n->args[j]];
+        if (x->type == T_ROW) cv_assert(same(x->width, n->width));
+        else if (x->type == T_PARAM) cv_assert(m->params[x->ref].rank == 1 && same(m->params[x->ref].cols, n->width));
+        else cv_assert(x->type == T_SCALAR);
       }
       break;
     }
   }
-  if (f->kind == F_VERTEX) cv_assert(nscatter == 1);
+  if (f->kind == F_VERTEX) cv_assert(nscatter == 1 && npush <= 1);
 }
 
 void ir_check(const Model *m) {
+  cv_assert(m->nvertex >= 1 && m->ndims <= CV_MAX_DIMS);
+  for (int i = 0; i < m->npulls; i++)
+    cv_assert(m->pull && m->pulls[i].node >= 0 && m->pulls[i].node < m->pull->n &&
+              m->pull->nodes[m->pulls[i].node].type == T_ROW);
+  if (m->push) {
+    bool fed = false;
+    for (int v = 0; v < m->nvertex; v++)
+      for (int i = 0; i < m->vertex[v]->n; i++) fed |= m->vertex[v]->nodes[i].op == OP_PUSH;
+    cv_assert(fed);
+  }
   if (m->pull) check_func(m, m->pull);
   for (int i = 0; i < m->nvertex; i++) check_func(m, m->vertex[i]);
   if (m->push) check_func(m, m->push);
 }
 
 /* ---- printer ---- */
+
+/* The shortest decimal that reads back as the same double. */
+static const char *num(double v) {
+  static char buf[4][40];
+  static int k;
+  k = (k + 1) % 4;
+  for (int prec = 6; prec <= 17; prec++) {
+    snprintf(buf[k], sizeof buf[k], "%.*g", prec, v);
+    if (strtod(buf[k], NULL) == v) break;
+  }
+  return buf[k];
+}
 
 static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier"};
 static const char *input_kind[] = {"index", "class", "real"};
@@ -178,7 +242,7 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
     if (n->type == T_NONE) col = fprintf(out, "  %s", op_info[n->op].name);
     else col = fprintf(out, "  %%%d = %s", i, op_info[n->op].name);
     switch (n->op) {
-    case OP_CONST: col += fprintf(out, " %.9g", n->cval); break;
+    case OP_CONST: col += fprintf(out, " %s", num(n->cval)); break;
     case OP_PARAM: col += fprintf(out, " %s", m->params[n->ref].name); break;
     case OP_INPUT: col += fprintf(out, " %s", m->inputs[n->ref].name); break;
     case OP_GATHER: col += fprintf(out, " %d", n->ref); break;
@@ -202,6 +266,8 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
 void ir_print(FILE *out, const Model *m) {
   char a[128], b[128];
   fprintf(out, "model %s\n", m->name);
+  /* the .vf file the `# line` comments refer to */
+  if (m->path && !strchr(m->path, '\n')) fprintf(out, "source %s\n", m->path);
   for (int i = 0; i < m->ndims; i++) {
     const Dim *d = &m->dims[i];
     if (d->kind == DIM_FIXED) fprintf(out, "dim %s = %ld\n", d->name, d->value);
@@ -219,13 +285,16 @@ void ir_print(FILE *out, const Model *m) {
     else
       fprintf(out, "param %s[%s] init %s", p->name, lin_str(m, p->cols, a, sizeof a),
               init_name[p->init]);
-    if (p->init == INIT_CONSTANT) fprintf(out, "(%.9g)", p->a);
-    if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL) fprintf(out, "(%.9g, %.9g)", p->a, p->b);
+    if (p->init == INIT_CONSTANT) fprintf(out, "(%s)", num(p->a));
+    if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL) fprintf(out, "(%s, %s)", num(p->a), num(p->b));
     fputc('\n', out);
   }
   if (m->nvertex) fprintf(out, "state [%s]\n", lin_str(m, m->state, a, sizeof a));
   if (m->push) fprintf(out, "pushed [%s]\n", lin_str(m, m->pushed, a, sizeof a));
-  if (m->pull) print_func(out, m, m->pull);
+  if (m->pull) {
+    print_func(out, m, m->pull);
+    for (int i = 0; i < m->npulls; i++) fprintf(out, "  export %s = %%%d\n", m->pulls[i].name, m->pulls[i].node);
+  }
   for (int i = 0; i < m->nvertex; i++) print_func(out, m, m->vertex[i]);
   if (m->push) print_func(out, m, m->push);
 }

@@ -61,8 +61,16 @@ static char *read_file(const char *path, size_t *len) {
     return NULL;
   }
   fclose(f);
+  /* NUL-terminated as well, for the IR reader's strtol and strtod */
+  char *t = realloc(buf, n + 1);
+  if (!t) {
+    error_plain("out of memory reading '%s'", path);
+    free(buf);
+    return NULL;
+  }
+  t[n] = 0;
   *len = n;
-  return buf;
+  return t;
 }
 
 /* Writes `data` to `path` through a temporary file in the same directory and a rename,
@@ -146,8 +154,17 @@ int main(int argc, char **argv) {
   if (!text) return 1;
   diag_init(path, text, len);
 
-  Decl *decls = parse_source(path, text, len);
-  if (diag_count()) return 1;
+  /* a .ir file is what --dump=ir printed: it enters the pipeline after sema */
+  size_t plen = strlen(path);
+  bool is_ir = plen > 3 && !strcmp(path + plen - 3, ".ir");
+  Decl *decls = NULL;
+  if (!is_ir) {
+    decls = parse_source(path, text, len);
+    if (diag_count()) return 1;
+  } else if (dump == DUMP_AST) {
+    error_plain("--dump=ast needs a .vf file, not IR");
+    return 1;
+  }
 
   char *buf = NULL, *hbuf = NULL;
   size_t buflen = 0, hlen = 0;
@@ -158,9 +175,11 @@ int main(int argc, char **argv) {
   if (dump == DUMP_AST) {
     ast_dump(out, decls);
   } else {
-    m = sema(decls, path);
+    m = is_ir ? ir_read(path, text, len) : sema(decls, path);
     if (diag_count()) return 1;
+    cv_checking_user_ir = is_ir;
     ir_check(m);
+    cv_checking_user_ir = false;
     if (dump == DUMP_IR) {
       ir_print(out, m);
     } else {

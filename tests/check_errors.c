@@ -199,6 +199,21 @@ START_TEST(unwritable_output) {
 }
 END_TEST
 
+/* IR read back: a broken line is an error with its position; the good dump compiles. */
+START_TEST(ir_input) {
+  const char *bad = "model m\ndim H = 4\nstate [2Q]\n";
+  RunResult r = compile_text("bad.ir", bad, strlen(bad), 10);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "bad.ir:3:") && strstr(r.err, "unknown dim 'Q'"), "%s", r.err);
+  tu_free(&r);
+  const char *junk = "model m\nfunc vertex v children 1\n  %0 = gather 0 : [H] # line 1\n";
+  r = compile_text("junk.ir", junk, strlen(junk), 10);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "junk.ir:3:"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
 /* Odd bytes anywhere: a message with a position, never a crash. */
 START_TEST(random_bytes) {
   unsigned seed = 12345;
@@ -236,6 +251,7 @@ int main(void) {
   tcase_add_test(tg, missing_file);
   tcase_add_test(tg, unwritable_output);
   tcase_add_test(tg, random_bytes);
+  tcase_add_test(tg, ir_input);
   suite_add_tcase(s, tg);
   return tu_run_suite(s);
 }

@@ -245,6 +245,30 @@ START_TEST(treelstm_classes) {
 }
 END_TEST
 
+/* What --dump=ir prints reads back into the same IR: dump, read, dump again. */
+START_TEST(ir_round_trip) {
+  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    Model *m = compile_file(names[i]);
+    char *a, *b;
+    size_t la, lb;
+    FILE *f = open_memstream(&a, &la);
+    ir_print(f, m);
+    fclose(f);
+    diag_init("dump.ir", a, la);
+    Model *back = ir_read("dump.ir", a, la);
+    ck_assert_msg(diag_count() == 0, "%s: the dump does not read back", names[i]);
+    ir_check(back);
+    f = open_memstream(&b, &lb);
+    ir_print(f, back);
+    fclose(f);
+    ck_assert_msg(la == lb && !memcmp(a, b, la), "%s: the dump changes when read back:\n%s\n---\n%s", names[i], a, b);
+    free(a);
+    free(b);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("front");
   TCase *tc = tcase_create("core");
@@ -256,6 +280,7 @@ int main(void) {
   tcase_add_test(tc, pull_slots);
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
+  tcase_add_test(tc, ir_round_trip);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -1,0 +1,404 @@
+/* ir_read.c: reads back what `cavsc --dump=ir` prints, so that a dump can become a test
+ * and the passes after sema can run on IR written by hand (`cavsc -o DIR model.ir`).
+ * The text is line-oriented; a mistake is reported with its line and column like any
+ * other input error. The result goes through ir_check, as sema's does. */
+#include "cavsc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct Rd {
+  const char *p, *line_start;
+  int line;
+  const char *vocab_of[CV_MAX_DIMS]; /* the input each vocab dim counts, by name */
+  Model *m;
+  IrFunc *f;
+  bool bad;
+} Rd;
+
+static Loc here(const Rd *r) {
+  int col = (int)(r->p - r->line_start) + 1;
+  return (Loc){r->line, col, r->line, col};
+}
+
+#define FAIL(r, ...)                 \
+  do {                               \
+    if (!(r)->bad) error_at(here(r), __VA_ARGS__); \
+    (r)->bad = true;                 \
+    return false;                    \
+  } while (0)
+
+static void spaces(Rd *r) {
+  while (*r->p == ' ' || *r->p == '\t') r->p++;
+}
+
+static bool lit(Rd *r, const char *s) {
+  spaces(r);
+  size_t n = strlen(s);
+  if (strncmp(r->p, s, n)) return false;
+  r->p += n;
+  return true;
+}
+
+static bool want(Rd *r, const char *s) {
+  if (!lit(r, s)) FAIL(r, "expected '%s'", s);
+  return true;
+}
+
+static const char *ident(Rd *r) {
+  spaces(r);
+  const char *a = r->p;
+  while ((*r->p >= 'a' && *r->p <= 'z') || (*r->p >= 'A' && *r->p <= 'Z') || *r->p == '_' ||
+         (r->p > a && *r->p >= '0' && *r->p <= '9'))
+    r->p++;
+  if (r->p == a) return NULL;
+  char *s = arena_alloc((size_t)(r->p - a) + 1);
+  memcpy(s, a, (size_t)(r->p - a));
+  return s;
+}
+
+static bool integer(Rd *r, long *v) {
+  spaces(r);
+  char *end;
+  *v = strtol(r->p, &end, 10);
+  if (end == r->p) FAIL(r, "expected an integer");
+  r->p = end;
+  return true;
+}
+
+static bool number(Rd *r, double *v) {
+  spaces(r);
+  char *end;
+  *v = strtod(r->p, &end);
+  if (end == r->p) FAIL(r, "expected a number");
+  r->p = end;
+  return true;
+}
+
+static int dim_index(const Model *m, const char *name) {
+  for (int i = 0; i < m->ndims; i++)
+    if (!strcmp(m->dims[i].name, name)) return i;
+  return -1;
+}
+
+/* A width as lin_str prints it: 2H+E, H+3, 0. */
+static bool lin(Rd *r, Lin *out) {
+  Lin l = lin_const(0);
+  spaces(r);
+  int sign = 1;
+  for (;;) {
+    long k = 1;
+    bool have_k = *r->p >= '0' && *r->p <= '9';
+    if (have_k && !integer(r, &k)) return false;
+    const char *name = ident(r);
+    if (name) {
+      int d = dim_index(r->m, name);
+      if (d < 0) FAIL(r, "unknown dim '%s'", name);
+      l = lin_add(l, lin_dim(d, sign * k));
+    } else if (have_k) {
+      l = lin_add(l, lin_const(sign * k));
+    } else {
+      FAIL(r, "expected a width");
+    }
+    if (*r->p == '+') sign = 1;
+    else if (*r->p == '-') sign = -1;
+    else break;
+    r->p++;
+  }
+  *out = l;
+  return true;
+}
+
+static bool node_ref(Rd *r, int *id) {
+  if (!want(r, "%")) return false;
+  long v;
+  if (!integer(r, &v)) return false;
+  if (v < 0 || v >= r->f->n) FAIL(r, "%%%ld is not an earlier node", v);
+  *id = (int)v;
+  return true;
+}
+
+/* Every name of a model is declared once (sema guarantees it for .vf input). */
+static bool fresh_name(Rd *r, const char *name) {
+  const Model *m = r->m;
+  bool dup = false;
+  for (int i = 0; i < m->ndims; i++) dup |= !strcmp(m->dims[i].name, name);
+  for (int i = 0; i < m->ninputs; i++) dup |= !strcmp(m->inputs[i].name, name);
+  for (int i = 0; i < m->nparams; i++) dup |= !strcmp(m->params[i].name, name);
+  for (int i = 0; i < m->nvertex; i++) dup |= !strcmp(m->vertex[i]->name, name);
+  if (dup) FAIL(r, "'%s' is declared twice", name);
+  return true;
+}
+
+static bool header_line(Rd *r, const char *kw) {
+  Model *m = r->m;
+  if (!strcmp(kw, "model")) {
+    m->name = ident(r);
+    if (!m->name) FAIL(r, "expected the model's name");
+  } else if (!strcmp(kw, "source")) {
+    /* the rest of the line: the .vf file the line numbers refer to */
+    spaces(r);
+    const char *a = r->p;
+    while (*r->p && *r->p != '\n') r->p++;
+    const char *e = r->p;
+    while (e > a && (e[-1] == ' ' || e[-1] == '\r')) e--;
+    char *s = arena_alloc((size_t)(e - a) + 1);
+    memcpy(s, a, (size_t)(e - a));
+    m->path = s;
+  } else if (!strcmp(kw, "dim")) {
+    if (m->ndims >= CV_MAX_DIMS) FAIL(r, "too many dims");
+    Dim *d = &m->dims[m->ndims];
+    d->name = ident(r);
+    d->kind = DIM_FREE;
+    d->input = -1;
+    d->loc = here(r);
+    if (!d->name) FAIL(r, "expected a dim name");
+    if (!fresh_name(r, d->name)) return false;
+    if (lit(r, "=")) {
+      if (lit(r, "vocab(")) {
+        const char *in = ident(r);
+        if (!in || !want(r, ")")) FAIL(r, "expected vocab(INPUT)");
+        d->kind = DIM_VOCAB;
+        d->value = 0;
+        d->input = -2;
+        r->vocab_of[m->ndims] = in; /* resolved once the inputs are read */
+      } else {
+        d->kind = DIM_FIXED;
+        if (!integer(r, &d->value)) return false;
+      }
+    }
+    m->ndims++;
+  } else if (!strcmp(kw, "input")) {
+    Input in = {.loc = here(r)};
+    in.name = ident(r);
+    if (!in.name || !fresh_name(r, in.name) || !want(r, ":")) return false;
+    const char *kind = ident(r);
+    if (!kind) FAIL(r, "expected index, class or real");
+    in.kind = !strcmp(kind, "index") ? IN_INDEX : !strcmp(kind, "class") ? IN_CLASS : IN_REAL;
+    if (!want(r, "[") || !lin(r, &in.width) || !want(r, "]")) return false;
+    m->inputs = vec_grow(m->inputs, &m->capinputs, m->ninputs + 1, sizeof(Input));
+    m->inputs[m->ninputs++] = in;
+  } else if (!strcmp(kw, "param")) {
+    Param p = {.loc = here(r)};
+    p.name = ident(r);
+    Lin a, b;
+    if (!p.name || !fresh_name(r, p.name) || !want(r, "[") || !lin(r, &a)) return false;
+    if (lit(r, ",")) {
+      if (!lin(r, &b)) return false;
+      p.rank = 2;
+      p.rows = a;
+      p.cols = b;
+    } else {
+      p.rank = 1;
+      p.cols = a;
+    }
+    if (!want(r, "]") || !want(r, "init")) return false;
+    const char *init = ident(r);
+    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier"};
+    int k = -1;
+    for (int i = 0; init && i < 5; i++)
+      if (!strcmp(init, names[i])) k = i;
+    if (k < 0) FAIL(r, "unknown initializer");
+    p.init = (InitKind)k;
+    if (lit(r, "(")) {
+      if (!number(r, &p.a)) return false;
+      if (lit(r, ",") && !number(r, &p.b)) return false;
+      if (!want(r, ")")) return false;
+    }
+    m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
+    m->params[m->nparams++] = p;
+  } else if (!strcmp(kw, "state") || !strcmp(kw, "pushed")) {
+    Lin w;
+    if (!want(r, "[") || !lin(r, &w) || !want(r, "]")) return false;
+    if (!strcmp(kw, "state")) m->state = w;
+    else m->pushed = w;
+  } else {
+    FAIL(r, "unknown declaration '%s'", kw);
+  }
+  return true;
+}
+
+static int find_named(const char *name, int n, const char *(*get)(const Model *, int), const Model *m) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(get(m, i), name)) return i;
+  return -1;
+}
+static const char *param_name(const Model *m, int i) { return m->params[i].name; }
+static const char *input_name(const Model *m, int i) { return m->inputs[i].name; }
+static const char *pull_name(const Model *m, int i) { return m->pulls[i].name; }
+
+/* "  %I = OP ... [: [W] | : scalar]   # line L [NAME]" or "  OP %a[, %b]   # line L" */
+static bool node_line(Rd *r) {
+  IrFunc *f = r->f;
+  Model *m = r->m;
+  IrNode n = {.type = T_NONE};
+  bool value = lit(r, "%");
+  if (value) {
+    long id;
+    if (!integer(r, &id)) return false;
+    if (id != f->n) FAIL(r, "expected node %%%d", f->n);
+    if (!want(r, "=")) return false;
+  }
+  const char *op = ident(r);
+  int k = -1;
+  for (int i = 0; op && i < OP_COUNT; i++)
+    if (!strcmp(op_info[i].name, op)) k = i;
+  if (k < 0) FAIL(r, "unknown operation '%s'", op ? op : "");
+  n.op = (Op)k;
+  int args[64], nargs = 0;
+  switch (n.op) {
+  case OP_CONST:
+    if (!number(r, &n.cval)) return false;
+    break;
+  case OP_PARAM:
+  case OP_INPUT:
+  case OP_PULL: {
+    const char *name = ident(r);
+    if (!name) FAIL(r, "expected a name");
+    n.ref = n.op == OP_PARAM ? find_named(name, m->nparams, param_name, m)
+          : n.op == OP_INPUT ? find_named(name, m->ninputs, input_name, m)
+                             : find_named(name, m->npulls, pull_name, m);
+    if (n.ref < 0) FAIL(r, "unknown %s '%s'", op, name);
+    n.type = n.op == OP_PARAM ? T_PARAM : n.op == OP_INPUT ? T_INPUT : T_ROW;
+    break;
+  }
+  case OP_GATHER: {
+    long c;
+    if (!integer(r, &c)) return false;
+    n.ref = (int)c;
+    break;
+  }
+  case OP_SLICE:
+    if (!node_ref(r, &args[nargs++]) || !want(r, "[") || !lin(r, &n.lo) || !want(r, ":") || !lin(r, &n.hi) ||
+        !want(r, "]"))
+      return false;
+    break;
+  case OP_PUSHARG: break;
+  default:
+    do {
+      if (nargs == 64) FAIL(r, "too many operands");
+      if (!node_ref(r, &args[nargs++])) return false;
+    } while (lit(r, ","));
+    break;
+  }
+  if (lit(r, ":")) {
+    if (lit(r, "scalar")) {
+      n.type = T_SCALAR;
+    } else {
+      if (!want(r, "[") || !lin(r, &n.width) || !want(r, "]")) return false;
+      n.type = T_ROW;
+    }
+  }
+  if (value && n.type == T_NONE) FAIL(r, "a value needs a type");
+  if (!want(r, "#") || !want(r, "line")) return false;
+  long line;
+  if (!integer(r, &line)) return false;
+  n.loc = (Loc){(int)line, 1, (int)line, 1};
+  n.name = ident(r);
+  if (nargs) {
+    n.args = arena_alloc(sizeof(int) * (size_t)nargs);
+    memcpy(n.args, args, sizeof(int) * (size_t)nargs);
+    n.nargs = nargs;
+  }
+  return ir_add(f, n) >= 0;
+}
+
+static bool func_line(Rd *r) {
+  Model *m = r->m;
+  const char *kind = ident(r);
+  if (!kind) FAIL(r, "expected pull, vertex or push");
+  if (!strcmp(kind, "pull")) {
+    if (m->pull || m->nvertex || m->push) FAIL(r, "the pull function comes once, first");
+    m->pull = r->f = ir_func(F_PULL, "pull", here(r));
+  } else if (!strcmp(kind, "push")) {
+    if (m->push) FAIL(r, "a second push function");
+    m->push = r->f = ir_func(F_PUSH, "push", here(r));
+  } else if (!strcmp(kind, "vertex")) {
+    if (m->push) FAIL(r, "vertex functions come before the push function");
+    const char *name = ident(r);
+    long children;
+    if (!name || !fresh_name(r, name) || !want(r, "children") || !integer(r, &children)) return false;
+    if (children < 0 || children > CV_MAX_CHILDREN) FAIL(r, "children must be between 0 and %d", CV_MAX_CHILDREN);
+    r->f = ir_func(F_VERTEX, name, here(r));
+    r->f->children = (int)children;
+    m->vertex = realloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
+    m->vertex[m->nvertex++] = r->f;
+  } else {
+    FAIL(r, "unknown function kind '%s'", kind);
+  }
+  return true;
+}
+
+Model *ir_read(const char *path, const char *text, size_t len) {
+  Rd r = {.p = text, .line_start = text, .line = 1};
+  Model *m = arena_alloc(sizeof(Model));
+  m->path = path;
+  r.m = m;
+  const char *end = text + len;
+  while (r.p < end && !r.bad) {
+    const char *eol = memchr(r.p, '\n', (size_t)(end - r.p));
+    if (!eol) eol = end;
+    r.line_start = r.p;
+    spaces(&r);
+    bool ok = true;
+    if (r.p == eol) {
+      /* blank */
+    } else if (lit(&r, "func")) {
+      ok = func_line(&r);
+    } else if (lit(&r, "export")) {
+      const char *name = ident(&r);
+      int id;
+      ok = name && want(&r, "=") && r.f && r.f->kind == F_PULL && node_ref(&r, &id);
+      for (int i = 0; ok && i < m->npulls; i++)
+        if (!strcmp(m->pulls[i].name, name)) {
+          error_at(here(&r), "'%s' is exported twice", name);
+          r.bad = true;
+          ok = false;
+        }
+      if (ok) {
+        m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
+        m->pulls[m->npulls++] = (PullSlot){name, id};
+      } else if (!r.bad) {
+        error_at(here(&r), "expected 'export NAME = %%N' after the pull function");
+        r.bad = true;
+      }
+    } else if (r.f) {
+      ok = node_line(&r);
+    } else {
+      const char *kw = ident(&r);
+      ok = kw && header_line(&r, kw);
+      if (!kw && !r.bad) {
+        error_at(here(&r), "expected a declaration");
+        r.bad = true;
+      }
+    }
+    if (ok && !r.bad) {
+      spaces(&r);
+      if (r.p != eol && !r.bad) {
+        error_at(here(&r), "unexpected text at the end of the line");
+        r.bad = true;
+      }
+    }
+    r.p = eol + (eol < end);
+    r.line++;
+  }
+  if (r.bad) return m;
+  if (!m->name) {
+    error_at((Loc){1, 1, 1, 1}, "no 'model NAME' line");
+    return m;
+  }
+  /* vocab dims name their input */
+  for (int i = 0; i < m->ndims; i++) {
+    Dim *d = &m->dims[i];
+    if (d->kind != DIM_VOCAB) continue;
+    d->input = find_named(r.vocab_of[i], m->ninputs, input_name, m);
+    if (d->input < 0) error_at(d->loc, "vocab() of an unknown input");
+  }
+  /* pull() nodes take their width from the slot they read */
+  for (int v = 0; v < m->nvertex; v++)
+    for (int i = 0; i < m->vertex[v]->n; i++) {
+      IrNode *n = &m->vertex[v]->nodes[i];
+      if (n->op == OP_PULL) n->width = m->pull->nodes[m->pulls[n->ref].node].width;
+    }
+  return m;
+}
