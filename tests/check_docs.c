@@ -66,12 +66,55 @@ START_TEST(page_examples_compile) {
 }
 END_TEST
 
+/* Trailing spaces of every line and trailing blank lines go; roff escapes are undone. */
+static char *normalize(const char *in) {
+  char *out = malloc(strlen(in) + 2), *q = out;
+  for (const char *p = in; *p; p++) {
+    if (p[0] == '\\' && p[1] == '&') { p++; continue; }
+    if (p[0] == '\\' && p[1] == 'e') { *q++ = '\\'; p++; continue; }
+    if (*p == '\n')
+      while (q > out && q[-1] == ' ') q--;
+    *q++ = *p;
+  }
+  while (q > out && (q[-1] == '\n' || q[-1] == ' ')) q--;
+  *q = 0;
+  return out;
+}
+
+/* cavsc(1) shows the Tree-LSTM's --report verbatim: it must be what cavsc prints now. */
+START_TEST(report_in_manual_is_current) {
+  char path[4096], model[4096];
+  snprintf(path, sizeof path, "%s/man/cavsc.1", tu_env("TOP_SRCDIR", "."));
+  snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
+  char *page = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(page);
+  char *sec = strstr(page, "\n.Sh THE REPORT");
+  ck_assert_msg(sec != NULL, "cavsc.1 has no THE REPORT section");
+  char *start = strstr(sec, "\n.Bd -literal");
+  ck_assert_ptr_nonnull(start);
+  start = strchr(start + 1, '\n') + 1;
+  char *end = strstr(start, "\n.Ed");
+  ck_assert_ptr_nonnull(end);
+  *end = 0;
+  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "--report", model, NULL};
+  RunResult r = tu_run(NULL, argv, 20);
+  ck_assert_int_eq(r.status, 0);
+  char *shown = normalize(start), *now = normalize(r.out);
+  ck_assert_msg(!strcmp(shown, now), "cavsc.1's report differs from `cavsc --report`:\n%s\n---\n%s", shown, now);
+  free(shown);
+  free(now);
+  free(page);
+  tu_free(&r);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("docs");
   TCase *tc = tcase_create("man");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, pages_render);
   tcase_add_test(tc, page_examples_compile);
+  tcase_add_test(tc, report_in_manual_is_current);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
