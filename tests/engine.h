@@ -158,4 +158,19 @@ static inline void tg_tree(TGraph *t, int n, int arity, bool holes, unsigned *se
   t->g.type = t->type;
 }
 
+/* A random DAG: vertex v takes up to `arity` children among the vertices before it
+ * (repeats allowed), so vertices have several parents and parents sit at uneven levels. */
+static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_type, int inner_type) {
+  memset(t, 0, sizeof *t);
+  t->g.n = n;
+  t->g.maxc = arity;
+  for (int v = 0; v < n; v++) {
+    int k = v < 2 ? 0 : (int)(tg_rand(seed) % (unsigned)(arity + 1));
+    for (int s = 0; s < arity; s++) t->child[v * arity + s] = s < k ? (int)(tg_rand(seed) % (unsigned)v) : -1;
+    t->type[v] = k ? inner_type : leaf_type;
+  }
+  t->g.child = t->child;
+  t->g.type = t->type;
+}
+
 #endif
