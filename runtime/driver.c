@@ -240,7 +240,7 @@ static Loaded load_vf(const char *path, const char *text, size_t len) {
     char *tmp = fmt("%s/build-XXXXXX", root);
     if (!mkdtemp(tmp)) die(1, "cannot create a directory in '%s': %s", root, strerror(errno));
     char *errf = fmt("%s/cavsc.err", tmp);
-    char *argv1[] = {(char *)cavsc, "-o", tmp, (char *)path, NULL};
+    char *argv1[] = {(char *)cavsc, "-o", tmp, "--", (char *)path, NULL}; /* a path may start with - */
     int st = run(argv1, errf);
     if (st != 0) {
       char *msg = slurp(errf, NULL);
@@ -820,6 +820,11 @@ int main(int argc, char **argv) {
     default: fputs(usage, stderr); return 1;
     }
     if (end && (*end || end == optarg)) die(1, "'%s' is not a number", optarg);
+  }
+  /* after `--`, getopt stops: what is left is the positional argument */
+  for (; optind < argc; optind++) {
+    if (positional) die(1, "%s: unexpected argument '%s'", cmd, argv[optind]);
+    positional = argv[optind];
   }
   if (o.threads <= 0) die(1, "--threads must be positive");
   if (!lr_set && o.optim.kind == CAVS_SGD) o.optim.lr = 0.05;
