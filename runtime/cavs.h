@@ -374,6 +374,10 @@ int cavs_ckpt_precision(const cavs_ckpt *k);
 /* dims by name: fills dims[] in the order of d's dims; -1 on a mismatch (message in err) */
 int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err, size_t errlen);
 const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k);
+/* The dims as saved: their number, and each one's name and value. */
+int cavs_ckpt_ndims(const cavs_ckpt *k);
+const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i);
+long cavs_ckpt_dim_value(const cavs_ckpt *k, int i);
 long cavs_ckpt_param_count(const cavs_ckpt *k);
 /* A new vocabulary with the checkpoint's words, in their ids. */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);

@@ -358,6 +358,9 @@ const char *cavs_ckpt_source(const cavs_ckpt *k) { return k->source; }
 const char *cavs_ckpt_hash(const cavs_ckpt *k) { return k->hash; }
 int cavs_ckpt_precision(const cavs_ckpt *k) { return k->precision; }
 const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k) { return &k->ts; }
+int cavs_ckpt_ndims(const cavs_ckpt *k) { return k->ndims; }
+const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_name[i] : NULL; }
+long cavs_ckpt_dim_value(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_value[i] : -1; }
 
 long cavs_ckpt_param_count(const cavs_ckpt *k) {
   long n = 0;

@@ -669,7 +669,9 @@ static int cmd_info(const char *path) {
   cavs_vocab *v = cavs_ckpt_vocab(k);
   printf("checkpoint  %s\nmodel       %s (source hash %s, %s)\n", path, cavs_ckpt_model(k), cavs_ckpt_hash(k),
          cavs_ckpt_precision(k) == CAVS_DOUBLE ? "double" : "float");
-  printf("parameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
+  printf("dims       ");
+  for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
+  printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
   static const char *opt[] = {"sgd", "adagrad", "adam"};
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
          ts->batch, ts->optim.kind >= 0 && ts->optim.kind <= 2 ? opt[ts->optim.kind] : "?", ts->optim.lr,

@@ -206,6 +206,7 @@ START_TEST(dim_overrides) {
   long E = 5, H = 7, C = 5;
   long want = words * E + 4 * E * H + 4 * H * H + 4 * H + H * C + C;
   ck_assert_int_eq(params, want);
+  ck_assert_msg(strstr(r.out, " E=5 H=7 C=5 V="), "%s", r.out);
   tu_free(&r);
   r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "Q=5", NULL);
   ck_assert_int_eq(r.status, 1);
