@@ -2,7 +2,7 @@
  * pages that is a complete model compiles. */
 #include "testutil.h"
 
-static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/vf.5", "man/cavs-data.5"};
+static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/libcavs.3", "man/vf.5", "man/cavs-data.5"};
 
 START_TEST(pages_render) {
   const char *mandoc = tu_env("MANDOC", "");
@@ -108,6 +108,52 @@ START_TEST(report_in_manual_is_current) {
 }
 END_TEST
 
+/* libcavs(3)'s example program compiles against the generated Tree-LSTM and runs. */
+START_TEST(library_example_runs) {
+  const char *top = tu_env("TOP_SRCDIR", "."), *build = tu_env("BUILDDIR", ".");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/man/libcavs.3", top);
+  char *page = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(page);
+  char *start = NULL;
+  for (char *p = page; (p = strstr(p, "\n.Bd -literal")); p++) {
+    char *body = strchr(p + 1, '\n') + 1;
+    if (!strncmp(body, "#include \"treelstm.h\"", 21)) {
+      start = body;
+      break;
+    }
+  }
+  ck_assert_msg(start != NULL, "libcavs.3 has no example program");
+  char *end = strstr(start, "\n.Ed");
+  ck_assert_ptr_nonnull(end);
+  *end = 0;
+  char *src = malloc(strlen(start) + 2), *q = src;
+  for (char *p = start; *p; p++) {
+    if (p[0] == '\\' && p[1] == '&') { p++; continue; }
+    if (p[0] == '\\' && p[1] == 'e') { *q++ = '\\'; p++; continue; }
+    *q++ = *p;
+  }
+  *q++ = '\n';
+  char *dir = tu_tmpdir(), file[4200], cmd[16384];
+  snprintf(file, sizeof file, "%s/prog.c", dir);
+  tu_write(file, src, (size_t)(q - src));
+  snprintf(cmd, sizeof cmd,
+           "%s -std=c11 -I%s/runtime -I%s/generated %s %s/generated/treelstm.c -L%s/.libs -lcavs -lm -o %s/prog && "
+           "LD_LIBRARY_PATH=%s/.libs %s/prog",
+           tu_env("CC", "cc"), top, top, file, top, build, dir, build, dir);
+  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+  RunResult r = tu_run(NULL, sh, 120);
+  ck_assert_msg(r.status == 0, "the example failed (%d):\n%s%s", r.status, r.out, r.err);
+  tu_free(&r);
+  char *rm[] = {"/bin/rm", "-rf", dir, NULL};
+  r = tu_run(NULL, rm, 60);
+  tu_free(&r);
+  free(dir);
+  free(src);
+  free(page);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("docs");
   TCase *tc = tcase_create("man");
@@ -115,6 +161,7 @@ int main(void) {
   tcase_add_test(tc, pages_render);
   tcase_add_test(tc, page_examples_compile);
   tcase_add_test(tc, report_in_manual_is_current);
+  tcase_add_test(tc, library_example_runs);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
