@@ -349,6 +349,15 @@ const char *lin_str(const Model *m, Lin a, char *buf, size_t size);
 void ir_check(const Model *m);
 /* The model's functions in execution order: pull, vertex blocks, push. */
 IrFunc **model_funcs(const Model *m, int *n);
+/* A use of a parameter: operand `arg` of live node `user` in function f. */
+typedef struct ParamUse {
+  const IrFunc *f;
+  const IrNode *user;
+  int arg;
+  int param;
+} ParamUse;
+/* Every use of a parameter in the model, how many in *n; the caller frees the array. */
+ParamUse *param_uses(const Model *m, int *n);
 void ir_print(FILE *out, const Model *m);
 
 /* ---- ir_read.c: the text of ir_print, read back ---- */

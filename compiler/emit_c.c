@@ -8,6 +8,7 @@
  * (D_H, ...), bound when the model is created, so one build serves every --dim. */
 #include "cavsc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 const char *ad_rule(const char *rule, const char *g, const char *y, const char *a, const char *b);
@@ -600,23 +601,18 @@ static void emit_lin(FILE *o, Lin l) {
 /* The integer-input slot of a parameter block that is only ever a lookup table indexed
  * by that one input, or -1. */
 static int sparse_input(const Model *m, int group) {
-  int slot = -1, nf;
-  IrFunc **fs = model_funcs(m, &nf);
-  for (int k = 0; k < nf; k++) {
-    const IrFunc *f = fs[k];
-    for (int i = 0; i < f->n; i++) {
-      const IrNode *n = &f->nodes[i];
-      if (n->uses == 0 && n->type != T_NONE) continue;
-      for (int j = 0; j < n->nargs; j++) {
-        const IrNode *a = &f->nodes[n->args[j]];
-        if (a->op != OP_PARAM || m->params[a->ref].pgroup != group) continue;
-        if (n->op != OP_LOOKUP || j != 0) return -1;
-        int s = int_slot(m, f->nodes[n->args[1]].ref);
-        if (slot >= 0 && slot != s) return -1;
-        slot = s;
-      }
+  int slot = -1, n;
+  ParamUse *u = param_uses(m, &n);
+  for (int k = 0; k < n; k++) {
+    if (m->params[u[k].param].pgroup != group) continue;
+    int s = u[k].user->op == OP_LOOKUP && u[k].arg == 0 ? int_slot(m, u[k].f->nodes[u[k].user->args[1]].ref) : -1;
+    if (s < 0 || (slot >= 0 && slot != s)) {
+      slot = -1;
+      break;
     }
+    slot = s;
   }
+  free(u);
   return slot;
 }
 

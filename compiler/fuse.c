@@ -108,21 +108,13 @@ static void fuse_groups(IrFunc *f) {
 
 /* How many product nodes, and other uses, each parameter has across the model. */
 static void count_param_uses(const Model *m, int *mm_uses, int *other_uses) {
-  int nf;
-  IrFunc **fs = model_funcs(m, &nf);
-  for (int k = 0; k < nf; k++) {
-    const IrFunc *f = fs[k];
-    for (int i = 0; i < f->n; i++) {
-      const IrNode *n = &f->nodes[i];
-      if (n->uses == 0 && n->type != T_NONE) continue;
-      for (int j = 0; j < n->nargs; j++) {
-        const IrNode *a = &f->nodes[n->args[j]];
-        if (a->op != OP_PARAM) continue;
-        if (n->op == OP_MATMUL && j == 1) mm_uses[a->ref]++;
-        else other_uses[a->ref]++;
-      }
-    }
+  int n;
+  ParamUse *u = param_uses(m, &n);
+  for (int k = 0; k < n; k++) {
+    if (u[k].user->op == OP_MATMUL && u[k].arg == 1) mm_uses[u[k].param]++;
+    else other_uses[u[k].param]++;
   }
+  free(u);
 }
 
 static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const int *other_uses) {

@@ -102,6 +102,27 @@ IrFunc **model_funcs(const Model *m, int *n) {
   return fs;
 }
 
+ParamUse *param_uses(const Model *m, int *count) {
+  int nf, n = 0, cap = 0;
+  IrFunc **fs = model_funcs(m, &nf);
+  ParamUse *u = NULL;
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *x = &f->nodes[i];
+      if (x->uses == 0 && x->type != T_NONE) continue;
+      for (int j = 0; j < x->nargs; j++) {
+        const IrNode *a = &f->nodes[x->args[j]];
+        if (a->op != OP_PARAM) continue;
+        u = vec_grow(u, &cap, n + 1, sizeof(ParamUse));
+        u[n++] = (ParamUse){f, x, j, a->ref};
+      }
+    }
+  }
+  *count = n;
+  return u;
+}
+
 /* ---- verifier: the invariants every pass relies on ---- */
 
 /* Two widths agree, written for the checks below. */
