@@ -336,6 +336,7 @@ typedef struct Model {
 } Model;
 
 IrFunc *ir_func(FuncKind kind, const char *name, Loc loc);
+bool ir_is_ident(const char *s); /* [A-Za-z_][A-Za-z0-9_]* */
 int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
 Lin lin_const(long k);
 Lin lin_dim(int dim, long coef);
@@ -384,6 +385,9 @@ typedef struct EmitOpts {
   const char *cmdline;
   const char *source_name; /* as given on the command line */
 } EmitOpts;
+/* Any bytes as a C string literal (quotes included) or as text safe inside a comment. */
+const char *emit_c_string(const char *s);
+const char *emit_c_comment(const char *s);
 /* Writes the C header and source into memory streams. */
 void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c);
 

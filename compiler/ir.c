@@ -128,11 +128,28 @@ ParamUse *param_uses(const Model *m, int *count) {
 /* Two widths agree, written for the checks below. */
 #define same(a, b) lin_eq((a), (b))
 
+/* The language's identifier rule. Every name reaches the generated C (as part of a
+ * symbol, in a string or a comment), so the verifier holds IR read from a file to it
+ * too. */
+bool ir_is_ident(const char *s) {
+  if (!s || !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return false;
+  for (s++; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
+      return false;
+  return true;
+}
+
+#define check_ident(s, what)                                                              \
+  do {                                                                                    \
+    if (!ir_is_ident(s)) internal_error(__FILE__, __LINE__, "%s is not an identifier", what); \
+  } while (0)
+
 static void check_func(const Model *m, const IrFunc *f) {
   int nscatter = 0, npush = 0;
   for (int i = 0; i < f->n; i++) {
     const IrNode *n = &f->nodes[i];
     cv_assert(n->op >= 0 && n->op < OP_COUNT);
+    if (n->name) check_ident(n->name, "a value's name");
     const OpInfo *oi = &op_info[n->op];
     if (oi->arity >= 0 && n->nargs != oi->arity)
       internal_error(__FILE__, __LINE__, "%s %%%d: %s takes %d operands, has %d", f->name, i,
@@ -221,6 +238,12 @@ static void check_func(const Model *m, const IrFunc *f) {
 
 void ir_check(const Model *m) {
   cv_assert(m->nvertex >= 1 && m->ndims <= CV_MAX_DIMS);
+  check_ident(m->name, "the model's name");
+  for (int i = 0; i < m->ndims; i++) check_ident(m->dims[i].name, "a dim's name");
+  for (int i = 0; i < m->ninputs; i++) check_ident(m->inputs[i].name, "an input's name");
+  for (int i = 0; i < m->nparams; i++) check_ident(m->params[i].name, "a parameter's name");
+  for (int i = 0; i < m->npulls; i++) check_ident(m->pulls[i].name, "a pull slot's name");
+  for (int v = 0; v < m->nvertex; v++) check_ident(m->vertex[v]->name, "a vertex type's name");
   for (int i = 0; i < m->npulls; i++)
     cv_assert(m->pull && m->pulls[i].node >= 0 && m->pulls[i].node < m->pull->n &&
               m->pull->nodes[m->pulls[i].node].type == T_ROW);

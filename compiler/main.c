@@ -10,21 +10,26 @@
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: cavsc [options] MODEL.vf\n"
+    "usage: cavsc [options] MODEL.vf|MODEL.ir|-\n"
     "  -o PATH            output directory for MODEL.h and MODEL.c (default: .);\n"
     "                     with --dump or --report, the file to write instead of stdout\n"
     "  --dump=STAGE       print the program after a stage: ast, ir, ad, cls, fuse\n"
     "                     (cls and fuse print the --report)\n"
     "  --report           print every node's class (eager, path, lazy) and fusion group\n"
     "  --precision=P      float (default) or double (for gradient checks)\n"
+    "  --check            run every pass and write nothing: exit 0 when the model is valid\n"
+    "  --source-name=NAME the name messages and the generated code give the input\n"
+    "                     (for '-', standard input)\n"
     "  --version          print the version and exit\n"
     "  --help             print this help and exit\n";
 
 enum { DUMP_NONE, DUMP_AST, DUMP_IR, DUMP_AD, DUMP_REPORT };
 
 
+/* Reads `path` whole; "-" is standard input. */
 static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
+  bool in = !strcmp(path, "-");
+  FILE *f = in ? stdin : fopen(path, "rb");
   if (!f) {
     error_plain("cannot open '%s': %s", path, strerror(errno));
     return NULL;
@@ -40,7 +45,7 @@ static char *read_file(const char *path, size_t *len) {
   for (;;) {
     if (!buf) {
       error_plain("out of memory reading '%s'", path);
-      fclose(f);
+      if (!in) fclose(f);
       return NULL;
     }
     n += fread(buf + n, 1, cap - n, f);
@@ -48,7 +53,7 @@ static char *read_file(const char *path, size_t *len) {
     if (cap >= (size_t)1 << 30) {
       error_plain("'%s' is larger than 1 GiB", path);
       free(buf);
-      fclose(f);
+      if (!in) fclose(f);
       return NULL;
     }
     cap *= 2;
@@ -57,10 +62,10 @@ static char *read_file(const char *path, size_t *len) {
   if (ferror(f)) {
     error_plain("cannot read '%s': %s", path, strerror(errno));
     free(buf);
-    fclose(f);
+    if (!in) fclose(f);
     return NULL;
   }
-  fclose(f);
+  if (!in) fclose(f);
   /* NUL-terminated as well, for the IR reader's strtol and strtod */
   char *t = realloc(buf, n + 1);
   if (!t) {
@@ -101,13 +106,16 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
 }
 
 int main(int argc, char **argv) {
-  const char *out_path = NULL;
+  const char *out_path = NULL, *source_name = NULL;
   int dump = DUMP_NONE;
+  bool check_only = false;
   Precision prec = PREC_FLOAT;
   static const struct option longopts[] = {
       {"dump", required_argument, NULL, 'd'},
       {"report", no_argument, NULL, 'r'},
       {"precision", required_argument, NULL, 'p'},
+      {"check", no_argument, NULL, 'c'},
+      {"source-name", required_argument, NULL, 'n'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
@@ -127,6 +135,8 @@ int main(int argc, char **argv) {
       }
       break;
     case 'r': dump = DUMP_REPORT; break;
+    case 'c': check_only = true; break;
+    case 'n': source_name = optarg; break;
     case 'p':
       if (!strcmp(optarg, "float")) prec = PREC_FLOAT;
       else if (!strcmp(optarg, "double")) prec = PREC_DOUBLE;
@@ -147,14 +157,21 @@ int main(int argc, char **argv) {
     fputs(usage, stderr);
     return 1;
   }
-  const char *path = argv[optind];
+  const char *input = argv[optind];
+  if (check_only && (dump != DUMP_NONE || out_path)) {
+    fputs("cavsc: error: --check writes nothing; it takes no -o, --dump or --report\n", stderr);
+    return 1;
+  }
 
   size_t len;
-  char *text = read_file(path, &len);
+  char *text = read_file(input, &len);
   if (!text) return 1;
+  /* from here on the input is known by its name: its path, or what --source-name says */
+  const char *path = source_name ? source_name : strcmp(input, "-") ? input : "<stdin>";
   diag_init(path, text, len);
 
   /* a .ir file is what --dump=ir printed: it enters the pipeline after sema */
+  /* by its name: the driver hands a model file to cavsc on standard input, named */
   size_t plen = strlen(path);
   bool is_ir = plen > 3 && !strcmp(path + plen - 3, ".ir");
   Decl *decls = NULL;
@@ -187,7 +204,9 @@ int main(int argc, char **argv) {
       classify(m);
       fuse(m);
       plan(m);
-      if (dump == DUMP_AD) ad_print(out, m);
+      if (check_only) {
+        /* every pass has run and found nothing wrong */
+      } else if (dump == DUMP_AD) ad_print(out, m);
       else if (dump == DUMP_REPORT) report(out, m);
       else {
         /* the options that shape the code, not where it was written: golden files stay
@@ -201,7 +220,9 @@ int main(int argc, char **argv) {
   fclose(out);
   fclose(hout);
 
-  if (dump != DUMP_NONE) {
+  if (check_only) {
+    /* nothing to write */
+  } else if (dump != DUMP_NONE) {
     if (out_path) {
       if (!write_atomic(out_path, buf, buflen)) return 1;
     } else if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {

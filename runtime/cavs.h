@@ -362,6 +362,16 @@ typedef struct cavs_train_state {
   cavs_optim optim;
 } cavs_train_state;
 
+/* What a checkpoint may hold; anything beyond is refused as damaged. */
+#define CAVS_MAX_CKPT_BYTES ((uint64_t)1 << 36)
+#define CAVS_MAX_SOURCE_BYTES (64 << 20)
+#define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
+#define CAVS_MAX_PARAMS 65536
+#define CAVS_MAX_NAME 255
+/* Names (models, dims, inputs, parameters) follow the .vf language's identifier rule:
+ * [A-Za-z_][A-Za-z0-9_]*, at most CAVS_MAX_NAME bytes. 1 when s is one. */
+int cavs_is_identifier(const char *s);
+
 typedef struct cavs_ckpt cavs_ckpt;
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen);

@@ -17,6 +17,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sys/stat.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -261,27 +262,74 @@ void cavs_ckpt_free(cavs_ckpt *k) {
   free(k);
 }
 
+int cavs_is_identifier(const char *s) {
+  if (!s || !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return 0;
+  size_t n = 1;
+  for (s++; *s; s++, n++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_'))
+      return 0;
+  return n <= CAVS_MAX_NAME;
+}
+
+/* A checkpoint can come from anyone: every string in it is held to what the code that
+ * uses it expects (names become C symbols and cache entries, words vocabulary keys, the
+ * source cavsc's input), every number to its range, every size to the file's. */
+static bool no_nul(const char *s, size_t n) { return s && strlen(s) == n; }
+/* What the loaders can make a token of: anything but a space or a line break. */
+static bool word_ok(const char *s, size_t n) {
+  return no_nul(s, n) && n > 0 && !strchr(s, ' ') && !strchr(s, '\n');
+}
+static bool hash_ok(const char *s) {
+  if (!s || strlen(s) != 16) return false;
+  for (; *s; s++)
+    if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return false;
+  return true;
+}
+static bool unit(double x) { return x >= 0 && x < 1; }
+static bool nonneg(double x) { return isfinite(x) && x >= 0; }
+
 cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
     return NULL;
   }
-  cavs_ckpt *k = calloc(1, sizeof *k);
-  size_t cap = 1 << 20;
-  k->data = malloc(cap);
-  size_t got;
-  while ((got = fread(k->data + k->size, 1, cap - k->size, f)) > 0) {
-    k->size += got;
-    if (k->size == cap) k->data = cv_xrealloc(k->data, cap *= 2);
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "'%s' is not a cavs checkpoint (not a regular file)", path);
+    close(fd);
+    return NULL;
   }
-  fclose(f);
+  if ((uint64_t)st.st_size > CAVS_MAX_CKPT_BYTES) {
+    snprintf(err, errlen, "'%s' is %lld bytes; checkpoints are at most %llu", path, (long long)st.st_size,
+             (unsigned long long)CAVS_MAX_CKPT_BYTES);
+    close(fd);
+    return NULL;
+  }
+  cavs_ckpt *k = calloc(1, sizeof *k);
+  size_t cap = (size_t)st.st_size + 1; /* one more: a file that grew is read to its new size */
+  if (k) k->data = malloc(cap);
+  if (!k || !k->data) {
+    snprintf(err, errlen, "out of memory reading '%s' (%lld bytes)", path, (long long)st.st_size);
+    close(fd);
+    if (k) free(k);
+    return NULL;
+  }
+  for (;;) {
+    ssize_t got = read(fd, k->data + k->size, cap - k->size);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    k->size += (size_t)got;
+    if (k->size == cap) break;
+  }
+  close(fd);
 #define BAD(...)                                 \
   do {                                           \
     snprintf(err, errlen, __VA_ARGS__);          \
     cavs_ckpt_free(k);                           \
     return NULL;                                 \
   } while (0)
+  if (k->size == cap) BAD("'%s' changed while it was read", path);
   if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) BAD("'%s' is not a cavs checkpoint", path);
   uint32_t version;
   memcpy(&version, k->data + 8, 4);
@@ -290,43 +338,71 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   memcpy(&want, k->data + k->size - 8, 8);
   if (want != have) BAD("'%s' is damaged: its checksum does not match (truncated or modified)", path);
   Rd r = {k->data, k->size - 8, 12, false};
+  uint32_t slen = 0;
   k->model = get_str(&r);
   k->hash = get_str(&r);
+  if (r.at + 4 <= r.n) memcpy(&slen, r.p + r.at, 4);
   k->source = get_str(&r);
+  if (r.bad) BAD("'%s' is damaged (bad structure)", path);
+  /* the name becomes a C symbol and a cache entry: the language's identifier rule */
+  if (!cavs_is_identifier(k->model)) BAD("'%s' is damaged: the model name is not an identifier", path);
+  if (!hash_ok(k->hash)) BAD("'%s' is damaged: the source hash is not 16 hexadecimal digits", path);
+  if (!no_nul(k->source, slen) || slen > CAVS_MAX_SOURCE_BYTES)
+    BAD("'%s' is damaged: the model source holds a NUL byte or is longer than %d bytes", path, CAVS_MAX_SOURCE_BYTES);
   k->precision = (int)get_u32(&r);
+  if (k->precision != CAVS_FLOAT && k->precision != CAVS_DOUBLE) BAD("'%s' is damaged (precision)", path);
   uint32_t nd = get_u32(&r);
-  if (nd > CAVS_MAX_DIMS) BAD("'%s': %u dims (at most %d)", path, nd, CAVS_MAX_DIMS);
+  if (nd > CAVS_MAX_DIMS) BAD("'%s' is damaged: %u dims (at most %d)", path, nd, CAVS_MAX_DIMS);
   k->ndims = (int)nd;
   for (int i = 0; i < k->ndims; i++) {
     k->dim_name[i] = get_str(&r);
-    k->dim_value[i] = (long)get_i64(&r);
+    int64_t v = get_i64(&r);
+    if (r.bad) break;
+    if (!cavs_is_identifier(k->dim_name[i])) BAD("'%s' is damaged: dim %d's name is not an identifier", path, i);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(k->dim_name[i], k->dim_name[j])) BAD("'%s' is damaged: dim %s appears twice", path, k->dim_name[i]);
+    if (v < 1 || v > CAVS_MAX_DIM) BAD("'%s' is damaged: dim %s is %lld (1..%ld)", path, k->dim_name[i], (long long)v, CAVS_MAX_DIM);
+    k->dim_value[i] = (long)v;
   }
   uint32_t nw = get_u32(&r);
-  if (nw > r.n) BAD("'%s' is damaged (vocabulary size)", path);
+  if (nw > r.n / 4 || nw > CAVS_MAX_DIM) BAD("'%s' is damaged (vocabulary size)", path);
   k->words = calloc((size_t)nw + 1, sizeof(char *));
+  if (!k->words) BAD("out of memory reading '%s'", path);
   k->nwords = (int)nw;
-  for (int i = 0; i < k->nwords; i++) k->words[i] = get_str(&r);
+  for (int i = 0; i < k->nwords && !r.bad; i++) {
+    uint32_t wlen = 0;
+    if (r.at + 4 <= r.n) memcpy(&wlen, r.p + r.at, 4);
+    k->words[i] = get_str(&r);
+    if (!r.bad && !word_ok(k->words[i], wlen))
+      BAD("'%s' is damaged: vocabulary word %d is empty or holds a NUL, a space or a line break", path, i);
+  }
   uint32_t np = get_u32(&r);
-  if (np > r.n) BAD("'%s' is damaged (parameter count)", path);
+  if (np > r.n / 4 || np > CAVS_MAX_PARAMS) BAD("'%s' is damaged (parameter count)", path);
   k->params = calloc((size_t)np + 1, sizeof(KParam));
+  if (!k->params) BAD("out of memory reading '%s'", path);
   k->nparams = (int)np;
-  size_t es = k->precision == CAVS_DOUBLE ? 8 : 4;
-  for (int i = 0; i < k->nparams; i++) {
+  size_t es = k->precision == CAVS_DOUBLE ? 8 : 4, total = 0;
+  for (int i = 0; i < k->nparams && !r.bad; i++) {
     KParam *p = &k->params[i];
     p->name = get_str(&r);
-    p->rows = (long)get_i64(&r);
-    p->cols = (long)get_i64(&r);
-    if (p->rows < 0 || p->cols < 0 || (double)p->rows * (double)p->cols * (double)es > (double)r.n)
-      BAD("'%s' is damaged (parameter shape)", path);
+    int64_t rows = get_i64(&r), cols = get_i64(&r);
+    if (r.bad) break;
+    if (!cavs_is_identifier(p->name)) BAD("'%s' is damaged: parameter %d's name is not an identifier", path, i);
+    /* each factor at most the file's size, so the product cannot overflow */
+    if (rows < 1 || cols < 1 || (uint64_t)rows > r.n || (uint64_t)cols > r.n ||
+        (uint64_t)rows * (uint64_t)cols > (r.n - r.at) / es)
+      BAD("'%s' is damaged (the shape of parameter %s)", path, p->name);
+    p->rows = (long)rows;
+    p->cols = (long)cols;
     p->at = r.at;
-    take(&r, (size_t)p->rows * (size_t)p->cols * es);
+    take(&r, (size_t)rows * (size_t)cols * es);
+    total += (size_t)rows * (size_t)cols * es; /* at most the file's size: no overflow */
   }
   k->steps = (long)get_i64(&r);
   const unsigned char *has = take(&r, 1);
-  k->has_moments = has && *has;
+  if (r.bad || k->steps < 0 || *has > 1) BAD("'%s' is damaged (optimizer state)", path);
+  k->has_moments = *has;
   if (k->has_moments) {
-    size_t total = 0;
-    for (int i = 0; i < k->nparams; i++) total += (size_t)k->params[i].rows * (size_t)k->params[i].cols * es;
     k->m1_at = r.at;
     take(&r, total);
     k->m2_at = r.at;
@@ -339,7 +415,8 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   k->ts.threads = (int)get_u32(&r);
   k->ts.batch = (int)get_u32(&r);
   char *fmt = get_str(&r);
-  if (fmt) snprintf(k->ts.format, sizeof k->ts.format, "%s", fmt);
+  if (fmt && strlen(fmt) < sizeof k->ts.format) snprintf(k->ts.format, sizeof k->ts.format, "%s", fmt);
+  else r.bad = true;
   free(fmt);
   k->ts.optim.kind = (int)get_u32(&r);
   k->ts.optim.lr = get_f64(&r);
@@ -348,7 +425,16 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   k->ts.optim.beta1 = get_f64(&r);
   k->ts.optim.beta2 = get_f64(&r);
   k->ts.optim.eps = get_f64(&r);
-  if (r.bad || r.at != r.n || !k->model || !k->hash || !k->source) BAD("'%s' is damaged (bad structure)", path);
+  if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
+  const cavs_train_state *t = &k->ts;
+  const cavs_optim *o = &t->optim;
+  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || !(t->best == -1 || (t->best >= 0 && t->best <= 1)))
+    BAD("'%s' is damaged (training state)", path);
+  if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "cgf"))
+    BAD("'%s' is damaged (data format)", path);
+  if (o->kind < CAVS_SGD || o->kind > CAVS_ADAM || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
+      !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps))
+    BAD("'%s' is damaged (optimizer settings)", path);
 #undef BAD
   return k;
 }

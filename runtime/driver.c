@@ -9,6 +9,7 @@
  * loaded with dlopen. Both compilers run from argument vectors (fork + execvp), never a
  * shell. Exit status: 0 success, 1 user error, 2 internal error. */
 #include "cavs.h"
+#include "cache.h"
 
 #include <stdbool.h>
 
@@ -87,25 +88,6 @@ static bool exists(const char *path) { return access(path, F_OK) == 0; }
 
 /* ---- compiling a model ---- */
 
-/* Runs argv, waits; returns its exit status (or 128 + signal), -1 if it could not start.
- * Its stderr goes to `errfile` when given. */
-static int run(char *const argv[], const char *errfile) {
-  pid_t pid = fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    if (errfile) {
-      FILE *e = freopen(errfile, "w", stderr);
-      (void)e;
-    }
-    execvp(argv[0], argv);
-    _exit(127); /* the parent says what could not run */
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static char *exe_dir(void) {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -152,147 +134,34 @@ static const char *find_include(void) {
 #endif
 }
 
-static char *cache_root(void) {
-  const char *e = getenv("CAVS_CACHE");
-  if (e && *e) return xstrdup(e);
-  e = getenv("XDG_CACHE_HOME");
-  if (e && *e) return fmt("%s/cavs", e);
-  e = getenv("HOME");
-  return fmt("%s/.cache/cavs", e && *e ? e : "/tmp");
-}
-
-static int mkdirs(const char *path) {
-  char *p = xstrdup(path);
-  for (char *s = p + 1; *s; s++) {
-    if (*s != '/') continue;
-    *s = 0;
-    if (mkdir(p, 0755) && errno != EEXIST) {
-      free(p);
-      return -1;
-    }
-    *s = '/';
-  }
-  int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
-  free(p);
-  return rc;
-}
-
-static uint64_t fnv(const char *s, size_t n, uint64_t h) {
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
-}
-
 typedef struct Loaded {
   const cavs_desc *desc;
   char *source; /* the .vf text, NULL for a prebuilt .so */
   char *name;
 } Loaded;
 
-/* The NAME of the NAME.c in dir, or NULL. */
-static char *find_c(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d) return NULL;
-  char *name = NULL;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    size_t n = strlen(e->d_name);
-    if (n > 2 && !strcmp(e->d_name + n - 2, ".c")) {
-      name = xstrdup(e->d_name);
-      name[n - 2] = 0;
-      break;
-    }
-  }
-  closedir(d);
-  return name;
-}
-
 static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared"};
 
-/* Compiles source text (read from `path`, which cavsc's messages will name) into the cache
- * and loads it. */
-static Loaded load_vf(const char *path, const char *text, size_t len) {
-  Loaded L = {0};
-  const char *cavsc = find_cavsc(), *inc = find_include();
+static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect) {
   const char *cc = getenv("CC");
-  if (!cc || !*cc) cc = "cc";
-  uint64_t h = 1469598103934665603ull;
-  h = fnv(text, len, h);
-  h = fnv(CAVS_VERSION, strlen(CAVS_VERSION), h);
-  h = fnv(cc, strlen(cc), h);
-  for (size_t i = 0; i < sizeof cc_flags / sizeof *cc_flags; i++) h = fnv(cc_flags[i], strlen(cc_flags[i]), h);
-  /* a rebuilt compiler or runtime header (same version, in a development tree) must not
-     reuse an old build */
-  size_t hl = 0;
-  char *hdr = slurp(fmt("%s/cavs.h", inc), &hl);
-  if (hdr) h = fnv(hdr, hl, h);
-  free(hdr);
-  struct stat cst;
-  if (stat(cavsc, &cst) == 0) {
-    char id[64];
-    snprintf(id, sizeof id, "%lld:%lld", (long long)cst.st_size, (long long)cst.st_mtime);
-    h = fnv(id, strlen(id), h);
+  return (CacheReq){.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc",
+                    .cflags = cc_flags, .ncflags = (int)(sizeof cc_flags / sizeof *cc_flags),
+                    .version = CAVS_VERSION, .text = text, .len = len, .name = name, .expect = expect};
+}
+
+/* Compiles source text (which cavsc's messages call `name`) through the cache and loads
+ * it; `expect`, when set, is the model name the text must define. */
+static Loaded load_vf(const char *name, const char *text, size_t len, const char *expect) {
+  Loaded L = {0};
+  CacheReq q = cache_req(name, text, len, expect);
+  char err[2048];
+  int rc = cache_load(&q, &L.desc, &L.name, err, sizeof err);
+  if (rc) {
+    if (*err) die(rc, "%s", err);
+    exit(rc);
   }
-  char *root = cache_root();
-  char *dir = fmt("%s/%016llx", root, (unsigned long long)h);
-  char *so = fmt("%s/model.so", dir), *namefile = fmt("%s/name", dir);
-  if (!exists(so) || !exists(namefile)) {
-    if (mkdirs(root)) die(1, "cannot create the cache directory '%s': %s", root, strerror(errno));
-    char *tmp = fmt("%s/build-XXXXXX", root);
-    if (!mkdtemp(tmp)) die(1, "cannot create a directory in '%s': %s", root, strerror(errno));
-    char *errf = fmt("%s/cavsc.err", tmp);
-    char *argv1[] = {(char *)cavsc, "-o", tmp, "--", (char *)path, NULL}; /* a path may start with - */
-    int st = run(argv1, errf);
-    if (st != 0) {
-      char *msg = slurp(errf, NULL);
-      if (msg) fputs(msg, stderr);
-      unlink(errf);
-      rmdir(tmp);
-      if (st == 127 || st < 0) die(2, "cannot run cavsc ('%s'); set CAVSC to its path", cavsc);
-      exit(st == 1 ? 1 : 2);
-    }
-    unlink(errf);
-    /* the model's name: cavsc wrote NAME.c and NAME.h */
-    char *name = find_c(tmp);
-    if (!name) die(2, "cavsc wrote no C file into %s", tmp);
-    char *csrc = fmt("%s/%s.c", tmp, name), *tso = fmt("%s/model.so", tmp), *incf = fmt("-I%s", inc);
-    char *argv2[16];
-    int k = 0;
-    argv2[k++] = (char *)cc;
-    for (size_t i = 0; i < sizeof cc_flags / sizeof *cc_flags; i++) argv2[k++] = (char *)cc_flags[i];
-    argv2[k++] = incf;
-    argv2[k++] = csrc;
-    argv2[k++] = "-o";
-    argv2[k++] = tso;
-    argv2[k] = NULL;
-    char *ccerr = fmt("%s/cc.err", tmp);
-    st = run(argv2, ccerr);
-    if (st != 0) {
-      char *msg = slurp(ccerr, NULL);
-      char *rm[] = {"rm", "-rf", tmp, NULL};
-      run(rm, NULL);
-      if (st == 127 || st < 0) die(1, "cannot run the C compiler '%s'; set CC to one", cc);
-      fprintf(stderr, "%s: the C compiler failed on the code cavsc generated from %s:\n%s", prog, path, msg ? msg : "");
-      exit(2);
-    }
-    unlink(ccerr);
-    FILE *nf = fopen(fmt("%s/name", tmp), "w");
-    if (!nf || fprintf(nf, "%s\n", name) < 0 || fclose(nf)) die(1, "cannot write into '%s'", tmp);
-    /* publish the whole directory at once; if another process won the race, use its */
-    if (rename(tmp, dir) != 0) {
-      char *rm[] = {"rm", "-rf", tmp, NULL};
-      run(rm, NULL);
-    }
-  }
-  char *name = slurp(namefile, NULL);
-  if (!name) die(1, "cannot read '%s'", namefile);
-  name[strcspn(name, "\n")] = 0;
-  void *lib = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  if (!lib) die(2, "cannot load '%s': %s", so, dlerror());
-  char *sym = fmt("%s_desc", name);
-  L.desc = dlsym(lib, sym);
-  if (!L.desc) die(2, "'%s' has no symbol %s", so, sym);
-  L.name = name;
   L.source = malloc(len + 1);
+  if (!L.source) die(2, "out of memory");
   memcpy(L.source, text, len);
   L.source[len] = 0;
   return L;
@@ -318,26 +187,22 @@ static Loaded load_model_arg(const char *path) {
   size_t len;
   char *text = slurp(path, &len);
   if (!text) die(1, "cannot open '%s': %s", path, strerror(errno));
-  return load_vf(path, text, len);
+  return load_vf(path, text, len, NULL);
 }
 
-/* For a checkpoint: the model's source is inside it. */
+/* For a checkpoint: the model's source is inside it. The checkpoint has been read and
+ * checked whole; its source is parsed and checked by cavsc (which writes nothing) before
+ * it is compiled, and it must define the model the checkpoint names. Nothing from the
+ * file becomes a path: the cache entry is named by a hash. */
 static Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
   const char *src = cavs_ckpt_source(k);
-  char *root = cache_root();
-  if (mkdirs(root)) die(1, "cannot create the cache directory '%s': %s", root, strerror(errno));
-  uint64_t h = fnv(src, strlen(src), 1469598103934665603ull);
-  char *path = fmt("%s/%s-%016llx.vf", root, cavs_ckpt_model(k), (unsigned long long)h);
-  if (!exists(path)) {
-    char *tmp = fmt("%s.tmpXXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) die(1, "cannot write into '%s': %s", root, strerror(errno));
-    FILE *f = fdopen(fd, "w");
-    fputs(src, f);
-    if (fclose(f) || rename(tmp, path)) die(1, "cannot write '%s': %s", path, strerror(errno));
-  }
-  (void)ckpt_path;
-  return load_vf(path, src, strlen(src));
+  char *name = fmt("%s (the model source in the checkpoint)", ckpt_path);
+  CacheReq q = cache_req(name, src, strlen(src), cavs_ckpt_model(k));
+  char err[2048];
+  int rc = cache_check_source(&q, err, sizeof err);
+  if (rc == 1) die(1, "%s: the checkpoint's model source does not compile", ckpt_path);
+  if (rc) die(rc, "%s", err);
+  return load_vf(name, src, strlen(src), cavs_ckpt_model(k));
 }
 
 /* ---- data ---- */

@@ -313,12 +313,8 @@ END_TEST
 int main(void) {
   cavs_bin = tu_env("CAVS", "./cavs");
   snprintf(top, sizeof top, "%s", tu_env("TOP_SRCDIR", "."));
-  char tmpl[] = "/tmp/cavs-driver-XXXXXX";
-  dir = mkdtemp(tmpl);
+  dir = tu_scratch("driver");
   if (!dir) return 1;
-  char cache[4400];
-  snprintf(cache, sizeof cache, "%s/cache", dir);
-  setenv("CAVS_CACHE", cache, 1);
   Suite *s = suite_create("driver");
   TCase *tc = tcase_create("driver");
   tcase_set_timeout(tc, 600);
@@ -332,16 +328,5 @@ int main(void) {
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/rm", "rm", "-rf", dir, (char *)NULL);
-    _exit(127);
-  }
-  if (pid > 0) waitpid(pid, NULL, 0);
-  return failed ? 1 : 0;
+  return tu_run_suite_shared(s, dir);
 }

@@ -1,0 +1,563 @@
+/* cache.c: the compile cache of the `cavs` command. A model's source text goes to cavsc
+ * on its standard input, the C it writes to the system C compiler, and the shared object
+ * into a directory named by a SHA-256 key of everything that shaped it; later runs load
+ * that object instead of compiling again.
+ *
+ * Loading native code is where an attacker on the same machine would aim, so nothing in
+ * the cache is trusted until checked (docs/DESIGN.md, "Untrusted input"):
+ *   - the cache directory is a real directory (not a symbolic link), owned by the user
+ *     running cavs and writable by nobody else, created 0700; its ancestors are owned by
+ *     root or the user and not writable by others unless sticky (as /tmp is);
+ *   - entries and their files are opened without following symbolic links and checked
+ *     the same way (owner, mode, a regular file);
+ *   - each entry records the SHA-256 of its object, and the bytes that are hashed are the
+ *     bytes that are loaded (dlopen through /proc/self/fd of the verified descriptor);
+ *   - the model's name, which becomes a symbol name, must be an identifier;
+ *   - an entry that is ours but incomplete (a killed build, a deleted or truncated
+ *     object) is removed and rebuilt; one that is not safe is refused with a message.
+ * Both compilers run from argument vectors (fork + execvp), never through a shell.
+ * SHA-256 comes from nettle (Debian's libnettle): a key an attacker cannot collide, and
+ * less code of our own than a hand-written hash. */
+#include "cache.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <nettle/sha2.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define META_MAGIC "cavs cache entry 1"
+
+static char *fmt(const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  char *s = NULL;
+  if (vasprintf(&s, f, ap) < 0) s = NULL;
+  va_end(ap);
+  if (!s) {
+    fputs("cavs: out of memory\n", stderr);
+    exit(2);
+  }
+  return s;
+}
+
+/* ---- hashing ---- */
+
+static void hash_field(struct sha256_ctx *c, const void *p, size_t n) {
+  /* length first, so that no two lists of fields hash the same bytes */
+  unsigned char len[8];
+  for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)n >> (8 * i));
+  sha256_update(c, 8, len);
+  sha256_update(c, n, p);
+}
+
+static void hex(const unsigned char *d, char out[2 * SHA256_DIGEST_SIZE + 1]) {
+  for (int i = 0; i < SHA256_DIGEST_SIZE; i++) sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+/* Reads a whole file opened by the caller (at most `max` bytes); NULL on error. */
+static unsigned char *read_fd(int fd, size_t max, size_t *len) {
+  size_t cap = 1 << 16, n = 0;
+  unsigned char *buf = malloc(cap);
+  if (!buf) return NULL;
+  for (;;) {
+    if (n == cap) {
+      if (cap >= max) break;
+      unsigned char *b = realloc(buf, cap *= 2);
+      if (!b) break;
+      buf = b;
+    }
+    ssize_t got = read(fd, buf + n, cap - n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    if (got == 0) {
+      *len = n;
+      return buf;
+    }
+    n += (size_t)got;
+  }
+  free(buf);
+  return NULL;
+}
+
+static void hash_path(struct sha256_ctx *c, const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  size_t n = 0;
+  unsigned char *data = fd >= 0 ? read_fd(fd, (size_t)1 << 30, &n) : NULL;
+  if (fd >= 0) close(fd);
+  hash_field(c, data ? data : (const unsigned char *)"", data ? n : 0);
+  free(data);
+}
+
+/* The key: the source, the versions of everything that turns it into code, and the C
+ * compiler and its flags. */
+static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
+  struct sha256_ctx c;
+  sha256_init(&c);
+  hash_field(&c, META_MAGIC, strlen(META_MAGIC));
+  hash_field(&c, q->version, strlen(q->version));
+  hash_field(&c, q->cc, strlen(q->cc));
+  for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
+  /* a rebuilt compiler or runtime header (same version, in a development tree) must not
+     reuse an old build */
+  char *h = fmt("%s/cavs.h", q->include);
+  hash_path(&c, h);
+  free(h);
+  if (strchr(q->cavsc, '/')) hash_path(&c, q->cavsc);
+  hash_field(&c, q->text, q->len);
+  unsigned char d[SHA256_DIGEST_SIZE];
+  sha256_digest(&c, sizeof d, d);
+  hex(d, out);
+}
+
+/* ---- running the compilers ---- */
+
+/* Runs argv with `in` on its standard input (or /dev/null), its stderr into `errfile`
+ * when given; returns its exit status, 128 + signal, or -1 if it could not start. */
+static int run(char *const argv[], const char *in, size_t inlen, const char *errfile) {
+  int p[2] = {-1, -1};
+  if (pipe2(p, O_CLOEXEC)) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(p[0], 0);
+    if (errfile) {
+      int e = open(errfile, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (e >= 0) dup2(e, 2);
+    }
+    execvp(argv[0], argv);
+    _exit(127); /* the parent says what could not run */
+  }
+  close(p[0]);
+  /* cavsc reads all of its input before it writes anything, so this cannot deadlock;
+     SIGPIPE is ignored by the driver, so a child that exits early gives EPIPE here */
+  for (size_t done = 0; in && done < inlen;) {
+    ssize_t w = write(p[1], in + done, inlen - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += (size_t)w;
+  }
+  close(p[1]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int cache_check_source(const CacheReq *q, char *err, size_t errlen) {
+  char *argv[] = {(char *)q->cavsc, "--check", "--source-name", (char *)q->name, "-", NULL};
+  int st = run(argv, q->text, q->len, NULL);
+  if (st == 0) return 0;
+  if (st == 1) {
+    *err = 0;
+    return 1;
+  }
+  if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
+  else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
+  return 2;
+}
+
+/* ---- checking what is on disk ---- */
+
+/* Owned by us and writable by nobody else; `what` names it in the message. */
+static int check_owner(const struct stat *st, const char *path, const char *what, char *err, size_t errlen) {
+  if (st->st_uid != geteuid()) {
+    snprintf(err, errlen,
+             "refusing to use the cache: %s '%s' belongs to user %ld, not to you (user %ld); "
+             "set CAVS_CACHE to a directory of your own",
+             what, path, (long)st->st_uid, (long)geteuid());
+    return -1;
+  }
+  if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+    snprintf(err, errlen,
+             "refusing to use the cache: %s '%s' is writable by others (mode %04o); "
+             "remove it, or run chmod go-w on it",
+             what, path, (unsigned)(st->st_mode & 07777));
+    return -1;
+  }
+  return 0;
+}
+
+/* Every directory above `path` (resolved) is owned by root or by us, and not writable by
+ * others unless it is sticky: nobody else can rename the cache away and put theirs in
+ * its place. */
+static int check_ancestors(const char *path, char *err, size_t errlen) {
+  char *real = realpath(path, NULL);
+  if (!real) {
+    snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  int rc = 0;
+  for (char *slash = strrchr(real, '/'); slash && rc == 0; slash = strrchr(real, '/')) {
+    *slash = 0;
+    const char *dir = *real ? real : "/";
+    struct stat st;
+    if (stat(dir, &st)) {
+      snprintf(err, errlen, "cannot inspect '%s': %s", dir, strerror(errno));
+      rc = -1;
+    } else if (st.st_uid != 0 && st.st_uid != geteuid()) {
+      snprintf(err, errlen,
+               "refusing to use the cache '%s': the directory above it, '%s', belongs to user %ld; "
+               "set CAVS_CACHE to a directory of your own",
+               path, dir, (long)st.st_uid);
+      rc = -1;
+    } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+      snprintf(err, errlen,
+               "refusing to use the cache '%s': the directory above it, '%s', is writable by others "
+               "(mode %04o); set CAVS_CACHE to a directory of your own",
+               path, dir, (unsigned)(st.st_mode & 07777));
+      rc = -1;
+    }
+    if (!*real) break;
+  }
+  free(real);
+  return rc;
+}
+
+char *cache_root(void) {
+  const char *e = getenv("CAVS_CACHE");
+  if (e && *e) return fmt("%s", e);
+  e = getenv("XDG_CACHE_HOME");
+  if (e && *e == '/') return fmt("%s/cavs", e); /* the XDG spec ignores a relative one */
+  e = getenv("HOME");
+  if (e && *e == '/') return fmt("%s/.cache/cavs", e);
+  struct passwd *pw = getpwuid(geteuid());
+  struct stat st;
+  if (pw && pw->pw_dir && *pw->pw_dir == '/' && stat(pw->pw_dir, &st) == 0 && S_ISDIR(st.st_mode) &&
+      st.st_uid == geteuid())
+    return fmt("%s/.cache/cavs", pw->pw_dir);
+  /* a per-user name: checked like any other before it is used */
+  return fmt("/tmp/cavs-%ld", (long)geteuid());
+}
+
+/* Creates the cache directory (and its parents, 0700) when missing, then checks it. */
+static int open_root(const char *root, char *err, size_t errlen) {
+  char *p = fmt("%s", root);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0700) && errno != EEXIST) {
+      snprintf(err, errlen, "cannot create the cache directory '%s': %s", p, strerror(errno));
+      free(p);
+      return -1;
+    }
+    *s = '/';
+  }
+  free(p);
+  if (mkdir(root, 0700) && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create the cache directory '%s': %s", root, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (lstat(root, &st)) {
+    snprintf(err, errlen, "cannot inspect the cache directory '%s': %s", root, strerror(errno));
+    return -1;
+  }
+  if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen,
+             "refusing to use the cache: '%s' is %s, not a directory; set CAVS_CACHE to a directory of your own",
+             root, S_ISLNK(st.st_mode) ? "a symbolic link" : "a file");
+    return -1;
+  }
+  if (check_owner(&st, root, "the cache directory", err, errlen)) return -1;
+  return check_ancestors(root, err, errlen);
+}
+
+/* Removes a cache entry or a build directory: the files in it, then itself. Entries hold
+ * files only; anything else makes this fail. */
+static int remove_dir(const char *path) {
+  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return errno == ENOENT ? 0 : -1;
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return -1;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && unlinkat(dfd, e->d_name, 0)) rc = -1;
+  closedir(d);
+  if (rmdir(path) && errno != ENOENT) rc = -1;
+  return rc;
+}
+
+/* Opens `name` in the entry without following links and checks it is a regular file of
+ * ours. Returns the descriptor, -2 when it does not exist, -1 (message set) otherwise. */
+static int open_member(int dfd, const char *dir, const char *name, char *err, size_t errlen) {
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return -2;
+    snprintf(err, errlen, "refusing to use the cache: cannot open '%s/%s' safely: %s", dir, name,
+             errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  char *path = fmt("%s/%s", dir, name);
+  int bad = fstat(fd, &st) != 0;
+  if (!bad && !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "refusing to use the cache: '%s' is not a regular file", path);
+    bad = 1;
+  } else if (!bad) {
+    bad = check_owner(&st, path, "the cache file", err, errlen) != 0;
+  } else {
+    snprintf(err, errlen, "cannot inspect '%s': %s", path, strerror(errno));
+  }
+  free(path);
+  if (bad) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* What load_entry found: loaded; nothing there; ours but incomplete (rebuild it); not
+ * safe to touch, or a model of another name (user errors); a build that does not load. */
+enum { ENTRY_LOADED, ENTRY_MISSING, ENTRY_BROKEN, ENTRY_UNSAFE, ENTRY_FAILED };
+
+/* Loads the entry `dir` if it is complete and verified. */
+static int load_entry(const char *dir, const char *expect, const cavs_desc **desc, char **model, char *err,
+                      size_t errlen) {
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT) return ENTRY_MISSING;
+    snprintf(err, errlen, "refusing to use the cache entry '%s': %s", dir,
+             errno == ELOOP || errno == ENOTDIR ? "it is a symbolic link or not a directory" : strerror(errno));
+    return ENTRY_UNSAFE;
+  }
+  struct stat st;
+  if (fstat(dfd, &st) || check_owner(&st, dir, "the cache entry", err, errlen)) {
+    close(dfd);
+    return ENTRY_UNSAFE;
+  }
+  int rc = ENTRY_BROKEN;
+  char name[256], want[2 * SHA256_DIGEST_SIZE + 1], have[2 * SHA256_DIGEST_SIZE + 1];
+  unsigned char *meta = NULL, *obj = NULL;
+  size_t mlen = 0, olen = 0;
+  int mfd = open_member(dfd, dir, "meta", err, errlen), ofd = -2;
+  if (mfd == -1) rc = ENTRY_UNSAFE;
+  if (mfd < 0) goto out;
+  meta = read_fd(mfd, 4096, &mlen);
+  /* "cavs cache entry 1\nname NAME\nsha256 HEX\n" */
+  if (!meta || mlen >= 4096) goto out;
+  meta[mlen] = 0;
+  if (sscanf((char *)meta, META_MAGIC "\nname %255s\nsha256 %64s\n", name, want) != 2 || !cavs_is_identifier(name) ||
+      strlen(want) != 2 * SHA256_DIGEST_SIZE)
+    goto out;
+  ofd = open_member(dfd, dir, "model.so", err, errlen);
+  if (ofd == -1) rc = ENTRY_UNSAFE;
+  if (ofd < 0) goto out;
+  obj = read_fd(ofd, (size_t)1 << 30, &olen);
+  if (!obj) goto out;
+  unsigned char d[SHA256_DIGEST_SIZE];
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sha256_update(&c, olen, obj);
+  sha256_digest(&c, sizeof d, d);
+  hex(d, have);
+  if (strcmp(have, want)) goto out; /* truncated or changed since it was built */
+  if (expect && strcmp(expect, name)) {
+    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, expect);
+    rc = ENTRY_UNSAFE;
+    goto out;
+  }
+  /* load the very file that was hashed; the path is a fallback where /proc is missing
+     (the directory is ours alone, checked above) */
+  char fdpath[64];
+  snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", ofd);
+  char *so = fmt("%s/model.so", dir);
+  void *lib = dlopen(access(fdpath, F_OK) == 0 ? fdpath : so, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(err, errlen, "cannot load '%s': %s", so, dlerror());
+    free(so);
+    rc = ENTRY_FAILED;
+    goto out;
+  }
+  free(so);
+  char *sym = fmt("%s_desc", name);
+  *desc = dlsym(lib, sym);
+  free(sym);
+  if (!*desc) {
+    snprintf(err, errlen, "the cached model '%s/model.so' has no symbol %s_desc", dir, name);
+    rc = ENTRY_FAILED;
+    goto out;
+  }
+  *model = fmt("%s", name);
+  rc = ENTRY_LOADED;
+out:
+  free(meta);
+  free(obj);
+  if (mfd >= 0) close(mfd);
+  if (ofd >= 0) close(ofd);
+  close(dfd);
+  return rc;
+}
+
+/* The NAME of the NAME.c that cavsc wrote into dir, or NULL. */
+static char *find_c(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  char *name = NULL;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t n = strlen(e->d_name);
+    if (n > 2 && !strcmp(e->d_name + n - 2, ".c")) {
+      name = fmt("%.*s", (int)(n - 2), e->d_name);
+      break;
+    }
+  }
+  closedir(d);
+  return name;
+}
+
+static void print_file(const char *path) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  size_t n = 0;
+  unsigned char *s = fd >= 0 ? read_fd(fd, (size_t)1 << 20, &n) : NULL;
+  if (fd >= 0) close(fd);
+  if (s) fwrite(s, 1, n, stderr);
+  free(s);
+}
+
+/* Builds into a fresh directory beside the entry and renames it into place. */
+static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
+  char *tmp = fmt("%s/build-XXXXXX", root);
+  if (!mkdtemp(tmp)) {
+    snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
+    free(tmp);
+    return 1;
+  }
+  int rc = 2;
+  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *metap = NULL;
+  char *argv1[] = {(char *)q->cavsc, "-o", tmp, "--source-name", (char *)q->name, "-", NULL};
+  int st = run(argv1, q->text, q->len, NULL);
+  if (st != 0) {
+    if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
+    else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
+    else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
+    goto out;
+  }
+  name = find_c(tmp);
+  if (!name || !cavs_is_identifier(name)) {
+    snprintf(err, errlen, "cavsc wrote no model C file into %s", tmp);
+    goto out;
+  }
+  if (q->expect && strcmp(q->expect, name)) {
+    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, q->expect);
+    rc = 1;
+    goto out;
+  }
+  csrc = fmt("%s/%s.c", tmp, name);
+  tso = fmt("%s/model.so", tmp);
+  incf = fmt("-I%s", q->include);
+  ccerr = fmt("%s/cc.err", tmp);
+  char *argv2[32];
+  int k = 0;
+  argv2[k++] = (char *)q->cc;
+  for (int i = 0; i < q->ncflags && k < 26; i++) argv2[k++] = (char *)q->cflags[i];
+  argv2[k++] = incf;
+  argv2[k++] = csrc;
+  argv2[k++] = "-o";
+  argv2[k++] = tso;
+  argv2[k] = NULL;
+  st = run(argv2, NULL, 0, ccerr);
+  if (st != 0) {
+    if (st == 127 || st < 0) {
+      snprintf(err, errlen, "cannot run the C compiler '%s'; set CC to one", q->cc);
+      rc = 1;
+    } else {
+      fprintf(stderr, "cavs: the C compiler failed on the code cavsc generated from %s:\n", q->name);
+      print_file(ccerr);
+      snprintf(err, errlen, "the C compiler failed (status %d)", st);
+    }
+    goto out;
+  }
+  unlink(ccerr);
+  /* record the object's hash: a later load checks the bytes it maps */
+  int ofd = open(tso, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  size_t olen = 0;
+  unsigned char *obj = ofd >= 0 ? read_fd(ofd, (size_t)1 << 30, &olen) : NULL;
+  if (ofd >= 0) close(ofd);
+  if (!obj) {
+    snprintf(err, errlen, "cannot read the compiled model '%s'", tso);
+    goto out;
+  }
+  unsigned char d[SHA256_DIGEST_SIZE];
+  char digest[2 * SHA256_DIGEST_SIZE + 1];
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sha256_update(&c, olen, obj);
+  sha256_digest(&c, sizeof d, d);
+  free(obj);
+  hex(d, digest);
+  metap = fmt("%s/meta", tmp);
+  int mfd = open(metap, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  FILE *mf = mfd >= 0 ? fdopen(mfd, "w") : NULL;
+  if (!mf || fprintf(mf, META_MAGIC "\nname %s\nsha256 %s\n", name, digest) < 0 || fclose(mf)) {
+    if (!mf && mfd >= 0) close(mfd);
+    snprintf(err, errlen, "cannot write into '%s'", tmp);
+    goto out;
+  }
+  /* publish the whole directory at once; if another process won the race, keep its */
+  rename(tmp, dir);
+  rc = 0;
+out:
+  remove_dir(tmp); /* nothing left when the rename happened */
+  free(tmp);
+  free(name);
+  free(csrc);
+  free(tso);
+  free(incf);
+  free(ccerr);
+  free(metap);
+  return rc;
+}
+
+int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *err, size_t errlen) {
+  *err = 0;
+  char *root = cache_root();
+  if (open_root(root, err, errlen)) {
+    free(root);
+    return 1;
+  }
+  char key[2 * SHA256_DIGEST_SIZE + 1];
+  cache_key(q, key);
+  char *dir = fmt("%s/%s", root, key);
+  int rc = 2;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    int e = load_entry(dir, q->expect, desc, model, err, errlen);
+    if (e == ENTRY_LOADED) {
+      rc = 0;
+      break;
+    }
+    if (e == ENTRY_UNSAFE) {
+      rc = 1;
+      break;
+    }
+    if (e == ENTRY_FAILED) break;
+    if (e == ENTRY_BROKEN && remove_dir(dir)) {
+      snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, strerror(errno));
+      break;
+    }
+    rc = build(q, root, dir, err, errlen);
+    if (rc) break;
+    rc = 2;
+    snprintf(err, errlen, "the cache entry '%s' was not usable after building it", dir);
+  }
+  free(dir);
+  free(root);
+  return rc;
+}

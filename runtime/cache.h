@@ -1,0 +1,38 @@
+/* cache.h: the compile cache of the `cavs` command (cache.c): a model's source text in,
+ * a loaded model descriptor out. Not part of libcavs: only the driver compiles models. */
+#ifndef CAVS_CACHE_H
+#define CAVS_CACHE_H
+
+#include "cavs.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct CacheReq {
+  const char *cavsc;   /* the compiler, a path or a name looked up in PATH */
+  const char *include; /* the directory holding cavs.h */
+  const char *cc;      /* the C compiler */
+  const char *const *cflags;
+  int ncflags;
+  const char *version; /* of cavs: part of the key */
+  const char *text;    /* the model's source, handed to cavsc on its standard input */
+  size_t len;
+  const char *name;    /* what cavsc's messages and the generated code call the source */
+  const char *expect;  /* when set, the model must have this name (or nothing is loaded) */
+} CacheReq;
+
+/* Where the cache lives: $CAVS_CACHE, $XDG_CACHE_HOME/cavs, $HOME/.cache/cavs, the
+ * password database's home/.cache/cavs, else /tmp/cavs-UID. Freshly allocated. */
+char *cache_root(void);
+
+/* Runs cavsc on the source without writing anything: 0 when the model is valid, else 1
+ * (cavsc's messages went to stderr) or 2 (cavsc could not run; err says why). */
+int cache_check_source(const CacheReq *q, char *err, size_t errlen);
+
+/* Compiles the source into the cache unless a verified build is there, and loads it.
+ * Returns 0 and sets *desc and *model (the model's name, malloc'ed), or returns 1 for
+ * a user error (a bad model, an unsafe cache) or 2 for an internal one, with the
+ * message in err (empty when cavsc already printed it). */
+int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,515 @@
+/* check_trust.c: files from someone else. A checkpoint crafted to run code or to write
+ * outside the cache, a cache planted or opened up by another user, a broken cache entry,
+ * and file names that would break out of the generated code's strings and comments:
+ * each is refused with a message or handled, and none runs code or writes where it
+ * should not. The checkpoints are made by editing a real one field by field and
+ * recomputing its checksum, as an attacker would. */
+#include "cavs.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <stdint.h>
+
+static const char *cavs_bin;
+static char *dir;      /* scratch for this run */
+static char top[4096]; /* the source tree */
+
+static char *path_in(const char *name) {
+  static char buf[8][4400];
+  static int k;
+  k = (k + 1) % 8;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
+static RunResult cavs_env(char *const env[], const char *first, ...) {
+  char *argv[32];
+  int n = 0;
+  argv[n++] = (char *)cavs_bin;
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+  va_end(ap);
+  argv[n] = NULL;
+  /* env: NAME=VALUE to set, NAME alone to unset, for this run only */
+  char *saved[8][2] = {{0}};
+  int ns = 0;
+  for (int i = 0; env && env[i] && ns < 8; i++, ns++) {
+    char *eq = strchr(env[i], '=');
+    saved[ns][0] = eq ? strndup(env[i], (size_t)(eq - env[i])) : strdup(env[i]);
+    const char *old = getenv(saved[ns][0]);
+    saved[ns][1] = old ? strdup(old) : NULL;
+    if (eq) setenv(saved[ns][0], eq + 1, 1);
+    else unsetenv(saved[ns][0]);
+  }
+  RunResult r = tu_run(NULL, argv, 300);
+  for (int i = 0; i < ns; i++) {
+    if (saved[i][1]) setenv(saved[i][0], saved[i][1], 1);
+    else unsetenv(saved[i][0]);
+    free(saved[i][0]);
+    free(saved[i][1]);
+  }
+  return r;
+}
+#define cavs(...) cavs_env(NULL, __VA_ARGS__)
+
+static void ok(RunResult *r, const char *what) {
+  ck_assert_msg(r->status == 0, "%s: exit %d\n%s%s", what, r->status, r->out, r->err);
+}
+
+static void sh(const char *cmd) {
+  char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
+  RunResult r = tu_run(NULL, argv, 120);
+  ck_assert_msg(r.status == 0, "%s: exit %d\n%s%s", cmd, r.status, r.out, r.err);
+  tu_free(&r);
+}
+
+/* Entries in a directory, "." and ".." aside; -1 when it does not exist. */
+static int entries(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(d);
+  return n;
+}
+
+/* A small trained checkpoint, made once. */
+static void base_ckpt(void) {
+  static bool done;
+  if (done) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "60", "--leaves", "6", "--words", "20", "--seed", "3", "-o",
+                     path_in("data.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "E=4", "--dim", "H=4",
+           "--epochs", "1", "--quiet", "--threads", "1", "--save", path_in("base.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  done = true;
+}
+
+/* ---- editing a checkpoint as an attacker would (the layout is in ckpt.c) ---- */
+
+typedef struct Ckpt {
+  unsigned char *p;
+  size_t n;
+} Ckpt;
+
+static uint32_t rd32(const Ckpt *k, size_t at) {
+  uint32_t v;
+  memcpy(&v, k->p + at, 4);
+  return v;
+}
+
+/* Offset of field `which` of the header strings: 0 model, 1 hash, 2 source; 3 is the
+ * byte after them (the precision). */
+static size_t str_at(const Ckpt *k, int which) {
+  size_t at = 12;
+  for (int i = 0; i < which; i++) at += 4 + rd32(k, at);
+  return at;
+}
+
+/* Replaces bytes [at, at+len) with `with` (wlen bytes) and recomputes the checksum. */
+static void ck_splice(Ckpt *k, size_t at, size_t len, const void *with, size_t wlen) {
+  size_t n = k->n - len + wlen;
+  unsigned char *p = malloc(n);
+  memcpy(p, k->p, at);
+  memcpy(p + at, with, wlen);
+  memcpy(p + at + wlen, k->p + at + len, k->n - at - len);
+  free(k->p);
+  k->p = p;
+  k->n = n;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n - 8; i++) h = (h ^ p[i]) * 1099511628211ull;
+  memcpy(p + n - 8, &h, 8);
+}
+
+static void set_str(Ckpt *k, int which, const char *s) {
+  size_t at = str_at(k, which), old = 4 + rd32(k, at), n = strlen(s);
+  unsigned char *f = malloc(4 + n);
+  uint32_t len = (uint32_t)n;
+  memcpy(f, &len, 4);
+  memcpy(f + 4, s, n);
+  ck_splice(k, at, old, f, 4 + n);
+  free(f);
+}
+
+static Ckpt load_base(void) {
+  base_ckpt();
+  Ckpt k;
+  k.p = (unsigned char *)tu_slurp(path_in("base.ckpt"), &k.n);
+  return k;
+}
+
+static void save(const Ckpt *k, const char *name) { tu_write(path_in(name), (const char *)k->p, k->n); }
+
+/* eval on a crafted checkpoint with a fresh cache: exit 1, the message, and no file in
+ * the cache or beside it. */
+static void refused(const char *name, const char *msg) {
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = cavs("eval", path_in(name), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 1, "%s: exit %d\n%s", name, r.status, r.err);
+  ck_assert_msg(strstr(r.err, msg), "%s: expected '%s' in:\n%s", name, msg, r.err);
+  ck_assert_msg(entries(getenv("CAVS_CACHE")) <= 0, "%s: something was written into the cache", name);
+  ck_assert_msg(access(path_in("PWNED"), F_OK) != 0, "%s: the crafted checkpoint ran code", name);
+  tu_free(&r);
+}
+
+START_TEST(crafted_model_name_runs_nothing) {
+  Ckpt k = load_base();
+  /* a name that, unescaped, closes the string in the descriptor and adds a constructor */
+  char evil[1024];
+  snprintf(evil, sizeof evil,
+           "treelstm\";\n__attribute__((constructor)) static void p(void) { system(\"touch %s\"); }\n"
+           "static const char *q = \"",
+           path_in("PWNED"));
+  set_str(&k, 0, evil);
+  save(&k, "evil_name.ckpt");
+  refused("evil_name.ckpt", "not an identifier");
+  /* info reads the checkpoint too: it must say the same, not print the name */
+  RunResult r = cavs("info", path_in("evil_name.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "not an identifier"), "%s", r.err);
+  tu_free(&r);
+  /* the library refuses it as well, before anything else reads it */
+  char err[512];
+  ck_assert_ptr_null(cavs_ckpt_read(path_in("evil_name.ckpt"), err, sizeof err));
+  free(k.p);
+}
+END_TEST
+
+START_TEST(crafted_name_writes_nothing_outside) {
+  Ckpt k = load_base();
+  set_str(&k, 0, "../../escaped");
+  save(&k, "dots.ckpt");
+  refused("dots.ckpt", "not an identifier");
+  ck_assert_int_eq(access(path_in("escaped"), F_OK), -1);
+  char up[4400];
+  snprintf(up, sizeof up, "%s/../escaped", dir);
+  ck_assert_int_eq(access(up, F_OK), -1);
+  const char *bad[] = {"", "1abc", "a-b", "a b", "a/b", "\xc3\xa9t\xc3\xa9"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    set_str(&k, 0, bad[i]);
+    save(&k, "bad_name.ckpt");
+    refused("bad_name.ckpt", "not an identifier");
+  }
+  free(k.p);
+}
+END_TEST
+
+/* The source inside the checkpoint is the compiler's input: it is parsed and checked
+ * before anything is written, and must define the model the checkpoint names. */
+START_TEST(crafted_source_checked_first) {
+  Ckpt k = load_base();
+  set_str(&k, 2, "model treelstm;\ndim H = 4;\nthis is not a model\n");
+  save(&k, "bad_source.ckpt");
+  refused("bad_source.ckpt", "bad_source.ckpt (the model source in the checkpoint):3:");
+  set_str(&k, 2, "model treelstm;\0 hidden");
+  /* set_str stops at the NUL: write the length by hand to keep the hidden part */
+  size_t at = str_at(&k, 2);
+  const char src[] = "model treelstm;\0hidden";
+  unsigned char f[4 + sizeof src - 1];
+  uint32_t len = sizeof src - 1;
+  memcpy(f, &len, 4);
+  memcpy(f + 4, src, sizeof src - 1);
+  ck_splice(&k, at, 4 + rd32(&k, at), f, sizeof f);
+  save(&k, "nul_source.ckpt");
+  refused("nul_source.ckpt", "NUL byte");
+  /* a valid model of another name: compiled, never loaded */
+  char other[4400];
+  snprintf(other, sizeof other, "%s/dsl-examples/treegru.vf", top);
+  char *src2 = tu_slurp(other, NULL);
+  set_str(&k, 2, src2);
+  save(&k, "other_source.ckpt");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = cavs("eval", path_in("other_source.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "defines model 'treegru', not 'treelstm'"), "%s", r.err);
+  tu_free(&r);
+  free(src2);
+  free(k.p);
+}
+END_TEST
+
+/* Every other field is held to its range: damaged, not a crash or a huge allocation. */
+START_TEST(crafted_fields_refused) {
+  Ckpt k0 = load_base();
+  size_t dims = str_at(&k0, 3) + 4; /* u32 precision, then u32 ndims */
+  struct {
+    size_t at;
+    int64_t v;
+    int width;
+    const char *msg;
+  } cases[] = {
+      {str_at(&k0, 3), 7, 4, "precision"},
+      {dims, 17, 4, "dims (at most"},
+      /* the first dim's value: its name is a str after the count */
+      {0, 0, 8, "dim"},
+      {0, -5, 8, "dim"},
+      {0, (int64_t)1 << 40, 8, "dim"},
+      {1, 'x', 1, "hash"},
+  };
+  size_t first_val = dims + 4 + 4 + rd32(&k0, dims + 4);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    Ckpt k = {malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    if (cases[i].at == 0) cases[i].at = first_val;
+    if (cases[i].at == 1) cases[i].at = str_at(&k, 1) + 4; /* a byte of the hash */
+    unsigned char b[8];
+    memcpy(b, &cases[i].v, 8);
+    ck_splice(&k, cases[i].at, (size_t)cases[i].width, b, (size_t)cases[i].width);
+    save(&k, "field.ckpt");
+    char err[512];
+    cavs_ckpt *c = cavs_ckpt_read(path_in("field.ckpt"), err, sizeof err);
+    ck_assert_msg(c == NULL, "case %zu was accepted", i);
+    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
+    free(k.p);
+  }
+  /* a vocabulary word with a space in it: no loader makes one */
+  size_t at = dims + 4;
+  for (uint32_t i = 0, nd = rd32(&k0, dims); i < nd; i++) at += 4 + rd32(&k0, at) + 8;
+  ck_assert_uint_gt(rd32(&k0, at), 2); /* the word count, then the first word */
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  ck_splice(&k, at + 4 + 4, 1, " ", 1);
+  save(&k, "word.ckpt");
+  char werr[512];
+  ck_assert_ptr_null(cavs_ckpt_read(path_in("word.ckpt"), werr, sizeof werr));
+  ck_assert_msg(strstr(werr, "vocabulary word 0"), "%s", werr);
+  free(k.p);
+  /* not a regular file: refused at once, never read until memory runs out */
+  char err[512];
+  ck_assert_ptr_null(cavs_ckpt_read("/dev/zero", err, sizeof err));
+  ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+  free(k0.p);
+}
+END_TEST
+
+/* ---- the cache ---- */
+
+static char *entry_dir(const char *cache) {
+  DIR *d = opendir(cache);
+  ck_assert_ptr_nonnull(d);
+  struct dirent *e;
+  char *found = NULL;
+  while ((e = readdir(d)))
+    if (strlen(e->d_name) == 64) {
+      found = malloc(strlen(cache) + 70);
+      sprintf(found, "%s/%s", cache, e->d_name);
+    }
+  closedir(d);
+  ck_assert_msg(found, "no cache entry in %s", cache);
+  return found;
+}
+
+static RunResult eval_base(void) { return cavs("eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL); }
+
+START_TEST(unsafe_cache_refused) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  tu_free(&r);
+  struct stat st;
+  ck_assert(stat(cache, &st) == 0);
+  ck_assert_msg((st.st_mode & 0777) == 0700, "the cache was created %o", st.st_mode & 0777);
+  /* open to others */
+  sh("chmod 0777 \"$CAVS_CACHE\"");
+  r = eval_base();
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "writable by others"), "%s", r.err);
+  tu_free(&r);
+  sh("chmod 0700 \"$CAVS_CACHE\"");
+  /* a symbolic link in place of the cache, or of an entry */
+  char link[4400], env[4500];
+  snprintf(link, sizeof link, "%s/linked-cache", dir);
+  symlink(cache, link);
+  snprintf(env, sizeof env, "CAVS_CACHE=%s", link);
+  char *e1[] = {env, NULL};
+  r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "symbolic link"), "%s", r.err);
+  tu_free(&r);
+  char *entry = entry_dir(cache);
+  char moved[4500];
+  snprintf(moved, sizeof moved, "%s/elsewhere", dir);
+  ck_assert(rename(entry, moved) == 0);
+  ck_assert(symlink(moved, entry) == 0);
+  r = eval_base();
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "symbolic link"), "%s", r.err);
+  tu_free(&r);
+  unlink(entry);
+  ck_assert(rename(moved, entry) == 0);
+  /* a directory above the cache that others can write (and is not sticky) */
+  char open_dir[4400];
+  snprintf(open_dir, sizeof open_dir, "%s/open", dir);
+  mkdir(open_dir, 0700);
+  chmod(open_dir, 0777);
+  snprintf(env, sizeof env, "CAVS_CACHE=%s/cache", open_dir);
+  r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "directory above it") && strstr(r.err, "writable by others"), "%s", r.err);
+  tu_free(&r);
+  /* owned by someone else: only root can arrange that */
+  if (geteuid() == 0) {
+    ck_assert(chown(entry, 65534, 65534) == 0);
+    r = eval_base();
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.err, "belongs to user 65534"), "%s", r.err);
+    tu_free(&r);
+    ck_assert(chown(entry, 0, 0) == 0);
+    ck_assert(chown(cache, 65534, 65534) == 0);
+    r = eval_base();
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.err, "belongs to user 65534"), "%s", r.err);
+    tu_free(&r);
+    ck_assert(chown(cache, 0, 0) == 0);
+  } else {
+    fprintf(stderr, "unsafe_cache_refused: not root, the foreign-owner case is skipped\n");
+  }
+  r = eval_base();
+  ok(&r, "eval after the cache was made safe again");
+  tu_free(&r);
+  free(entry);
+}
+END_TEST
+
+/* Two eval outputs agree but for the speed at the end. */
+static void same_eval(const char *a, const char *b) {
+  const char *ea = strstr(a, "roots)"), *eb = strstr(b, "roots)");
+  ck_assert_msg(ea && eb && ea - a == eb - b && !strncmp(a, b, (size_t)(ea - a)), "%s\nagainst\n%s", a, b);
+}
+
+/* An object swapped in the cache is never loaded: its hash does not match the one
+ * recorded when it was built, so the entry is rebuilt. A deleted or truncated object is
+ * rebuilt too, not an error forever. */
+START_TEST(planted_or_broken_object_rebuilt) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  char *good = strdup(r.out);
+  tu_free(&r);
+  char *entry = entry_dir(cache), cmd[16384];
+  /* a shared object whose constructor leaves a mark */
+  tu_write(path_in("plant.c"), "", 0);
+  FILE *f = fopen(path_in("plant.c"), "w");
+  fprintf(f, "#include <stdio.h>\n__attribute__((constructor)) static void p(void) { FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f); }\n",
+          path_in("PLANTED"));
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -o '%s/model.so' '%s'", tu_env("CC", "cc"), entry, path_in("plant.c"));
+  sh(cmd);
+  r = eval_base();
+  ok(&r, "eval with a planted object");
+  same_eval(r.out, good);
+  ck_assert_msg(access(path_in("PLANTED"), F_OK) != 0, "the planted object was loaded");
+  tu_free(&r);
+  /* deleted, truncated, its record deleted: each rebuilt */
+  const char *breaks[] = {"rm '%s/model.so'", "truncate -s 100 '%s/model.so'", "rm '%s/meta'"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, breaks[i], entry);
+    sh(cmd);
+    r = eval_base();
+    ok(&r, breaks[i]);
+    same_eval(r.out, good);
+    tu_free(&r);
+  }
+  ck_assert_int_eq(entries(cache), 1); /* rebuilt in place, no leftovers */
+  free(entry);
+  free(good);
+}
+END_TEST
+
+/* Without CAVS_CACHE: $XDG_CACHE_HOME/cavs, then $HOME/.cache/cavs, each made 0700. */
+START_TEST(default_cache_is_per_user) {
+  base_ckpt();
+  char xdg[4500], home[4500];
+  snprintf(xdg, sizeof xdg, "XDG_CACHE_HOME=%s/xdg", dir);
+  snprintf(home, sizeof home, "HOME=%s/home", dir);
+  mkdir(path_in("home"), 0700);
+  char *e1[] = {"CAVS_CACHE", xdg, NULL};
+  RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ok(&r, "eval with XDG_CACHE_HOME");
+  tu_free(&r);
+  struct stat st;
+  ck_assert(stat(path_in("xdg/cavs"), &st) == 0 && (st.st_mode & 0777) == 0700);
+  ck_assert_int_eq(entries(path_in("xdg/cavs")), 1);
+  char *e2[] = {"CAVS_CACHE", "XDG_CACHE_HOME", home, NULL};
+  r = cavs_env(e2, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ok(&r, "eval with HOME");
+  tu_free(&r);
+  ck_assert(stat(path_in("home/.cache/cavs"), &st) == 0 && (st.st_mode & 0777) == 0700);
+  ck_assert(stat(path_in("home/.cache"), &st) == 0 && (st.st_mode & 0777) == 0700);
+}
+END_TEST
+
+/* A file name can hold any byte: what cavsc writes of it into the generated C (a string
+ * in the descriptor, the banner comment) is escaped, so the code compiles with warnings
+ * as errors and the string reads back as the exact name. */
+START_TEST(file_names_escaped_in_generated_code) {
+  /* directories, so that the slashes between them close and open comments */
+  const char *parts[] = {"ev*", "q\"\\?\?", "\n* int x = 1; ", "*z\t\x01\xff.vf"};
+  char vf[4600];
+  snprintf(vf, sizeof vf, "%s", dir);
+  for (int i = 0; i < 4; i++) {
+    size_t n = strlen(vf);
+    snprintf(vf + n, sizeof vf - n, "/%s", parts[i]);
+    if (i < 3) ck_assert(mkdir(vf, 0700) == 0);
+  }
+  ck_assert(strstr(vf, "*/") && strstr(vf, "/*") && strstr(vf, "?\?/"));
+  char src[4400];
+  snprintf(src, sizeof src, "%s/dsl-examples/treefc.vf", top);
+  char *text = tu_slurp(src, NULL);
+  tu_write(vf, text, strlen(text));
+  free(text);
+  char out[4400];
+  snprintf(out, sizeof out, "%s/gen", dir);
+  mkdir(out, 0700);
+  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "-o", out, vf, NULL};
+  RunResult r = tu_run(NULL, argv, 60);
+  ck_assert_msg(r.status == 0, "cavsc: %s", r.err);
+  tu_free(&r);
+  char cmd[16384];
+  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -Wall -Werror -fPIC -shared -I'%s/runtime' '%s/treefc.c' -o '%s/treefc.so'",
+           tu_env("CC", "cc"), top, out, out);
+  sh(cmd);
+  snprintf(cmd, sizeof cmd, "%s/treefc.so", out);
+  void *h = dlopen(cmd, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treefc_desc");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_str_eq(d->source, vf);
+  ck_assert_str_eq(d->name, "treefc");
+  /* the same through standard input and --source-name */
+  snprintf(cmd, sizeof cmd, "'%s' --check --source-name 'x\"*/' - < '%s'", tu_env("CAVSC", "./cavsc"), src);
+  sh(cmd);
+}
+END_TEST
+
+int main(void) {
+  cavs_bin = tu_env("CAVS", "./cavs");
+  snprintf(top, sizeof top, "%s", tu_env("TOP_SRCDIR", "."));
+  dir = tu_scratch("trust");
+  if (!dir) return 1;
+  Suite *s = suite_create("trust");
+  TCase *tc = tcase_create("trust");
+  tcase_set_timeout(tc, 600);
+  tcase_add_test(tc, crafted_model_name_runs_nothing);
+  tcase_add_test(tc, crafted_name_writes_nothing_outside);
+  tcase_add_test(tc, crafted_source_checked_first);
+  tcase_add_test(tc, crafted_fields_refused);
+  tcase_add_test(tc, unsafe_cache_refused);
+  tcase_add_test(tc, planted_or_broken_object_rebuilt);
+  tcase_add_test(tc, default_cache_is_per_user);
+  tcase_add_test(tc, file_names_escaped_in_generated_code);
+  suite_add_tcase(s, tc);
+  return tu_run_suite_shared(s, dir);
+}
