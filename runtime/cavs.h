@@ -313,9 +313,19 @@ typedef struct cavs_optim {
   double weight_decay; /* L2, added to the gradient */
   double beta1, beta2, eps; /* Adam (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
 } cavs_optim;
-void cavs_model_step(cavs_model *m, const cavs_optim *o);
+/* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated. */
+int cavs_model_step(cavs_model *m, const cavs_optim *o);
 
 void cavs_set_threads(int n);
+/* Memory: a model refuses to be made, and a minibatch to be run, when what it needs
+ * (computed before anything is allocated) exceeds the limit: by default 90% of the
+ * machine's physical memory, past which the kernel would let the allocation through and
+ * kill the process when the pages are touched. */
+void cavs_set_memory_limit(size_t bytes); /* 0: the default */
+size_t cavs_memory_limit(void);
+/* What m takes: its parameters, gradients and optimizer state, and a minibatch of
+ * `rows` vertices (every per-row buffer and the scheduler's scratch). -1 on overflow. */
+int cavs_model_memory(const cavs_model *m, long rows, size_t *model_bytes, size_t *row_bytes);
 /* Time spent in matrix products and the flops they did (2mnk each) since the last reset,
  * for benchmarks. */
 void cavs_gemm_counters(double *seconds, double *flops, int reset);

@@ -32,13 +32,20 @@
 typedef struct Buf {
   unsigned char *p;
   size_t n, cap;
+  bool oom; /* a put did not fit: the save fails, with nothing written */
 } Buf;
 
 static void put(Buf *b, const void *data, size_t n) {
+  if (b->oom) return;
   if (b->n + n > b->cap) {
     size_t cap = b->cap ? b->cap : 1 << 16;
     while (cap < b->n + n) cap *= 2;
-    b->p = cv_xrealloc(b->p, cap);
+    unsigned char *p = realloc(b->p, cap);
+    if (!p) {
+      b->oom = true;
+      return;
+    }
+    b->p = p;
     b->cap = cap;
   }
   memcpy(b->p + b->n, data, n);
@@ -59,18 +66,23 @@ static uint64_t fnv64(const unsigned char *p, size_t n) {
   return h;
 }
 
-/* Packs parameter i of the block `base` (without the leading-dimension padding). */
-static void put_param(Buf *b, cavs_model *m, void *const *base, int i) {
+/* Packs parameter i of `flat`, a block with the parameters' layout (the parameters
+ * themselves, or an optimizer moment), without the leading-dimension padding. */
+static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
   const cavs_param_desc *p = &m->d->params[i];
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
-  const char *src = (const char *)base[p->group] + (size_t)off * m->esize;
+  const char *src = (const char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
   for (long r = 0; r < rows; r++) put(b, src + (size_t)r * (size_t)ld * m->esize, (size_t)cols * m->esize);
 }
 
 static int write_file_atomic(const char *path, const Buf *b, char *err, size_t errlen) {
   size_t plen = strlen(path);
   char *tmp = malloc(plen + 16);
+  if (!tmp) {
+    snprintf(err, errlen, "cannot write '%s': out of memory", path);
+    return -1;
+  }
   memcpy(tmp, path, plen);
   memcpy(tmp + plen, ".tmpXXXXXX", 11);
   int fd = mkstemp(tmp);
@@ -139,22 +151,14 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
     put_str(&b, d->params[i].name);
     put_i64(&b, cv_lin(&d->params[i].rows, m->ctx.dims));
     put_i64(&b, cv_lin(&d->params[i].cols, m->ctx.dims));
-    put_param(&b, m, m->param, i);
+    put_param(&b, m, m->pflat, i);
   }
   put_i64(&b, m->step);
   unsigned char has = m->m1 != NULL;
   put(&b, &has, 1);
   if (has) {
-    /* the moments have the parameters' layout: view them as parameter blocks */
-    void **m1 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1)), **m2 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1));
-    for (int g = 0; g < d->npgroups; g++) {
-      m1[g] = (char *)m->m1 + m->pg_off[g] * m->esize;
-      m2[g] = (char *)m->m2 + m->pg_off[g] * m->esize;
-    }
-    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m1, i);
-    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m2, i);
-    free(m1);
-    free(m2);
+    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m->m1, i);
+    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m->m2, i);
   }
   cavs_train_state z = {0};
   if (!ts) ts = &z;
@@ -172,8 +176,13 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   put_f64(&b, ts->optim.beta1);
   put_f64(&b, ts->optim.beta2);
   put_f64(&b, ts->optim.eps);
-  uint64_t sum = fnv64(b.p, b.n);
+  uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
+  if (b.oom) {
+    free(b.p);
+    snprintf(err, errlen, "cannot write '%s': out of memory", path);
+    return -1;
+  }
   int rc = write_file_atomic(path, &b, err, errlen);
   free(b.p);
   return rc;
@@ -243,6 +252,10 @@ static char *get_str(Rd *r) {
   const char *p = take(r, n);
   if (!p) return NULL;
   char *s = malloc((size_t)n + 1);
+  if (!s) {
+    r->bad = true; /* reported as damaged: a string too large to hold */
+    return NULL;
+  }
   memcpy(s, p, n);
   s[n] = 0;
   return s;
@@ -482,11 +495,11 @@ int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err
   return 0;
 }
 
-static void get_param(cavs_model *m, void *const *base, int i, const unsigned char *src) {
+static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src) {
   const cavs_param_desc *p = &m->d->params[i];
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
-  char *dst = (char *)base[p->group] + (size_t)off * m->esize;
+  char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
   for (long r = 0; r < rows; r++)
     memcpy(dst + (size_t)r * (size_t)ld * m->esize, src + (size_t)r * (size_t)cols * m->esize, (size_t)cols * m->esize);
 }
@@ -525,7 +538,7 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
       return -1;
     }
   }
-  for (int i = 0; i < d->nparams; i++) get_param(m, m->param, i, k->data + k->params[i].at);
+  for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
   m->step = k->steps;
   free(m->m1);
   free(m->m2);
@@ -533,21 +546,21 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
   if (k->has_moments) {
     m->m1 = calloc(m->nflat + 1, m->esize);
     m->m2 = calloc(m->nflat + 1, m->esize);
-    void **b1 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1)), **b2 = malloc(sizeof(void *) * (size_t)(d->npgroups + 1));
-    for (int g = 0; g < d->npgroups; g++) {
-      b1[g] = (char *)m->m1 + m->pg_off[g] * m->esize;
-      b2[g] = (char *)m->m2 + m->pg_off[g] * m->esize;
+    if (!m->m1 || !m->m2) {
+      free(m->m1);
+      free(m->m2);
+      m->m1 = m->m2 = NULL;
+      snprintf(err, errlen, "out of memory for the optimizer's state");
+      return -1;
     }
     size_t a1 = k->m1_at, a2 = k->m2_at;
     for (int i = 0; i < d->nparams; i++) {
       size_t bytes = (size_t)k->params[i].rows * (size_t)k->params[i].cols * m->esize;
-      get_param(m, b1, i, k->data + a1);
-      get_param(m, b2, i, k->data + a2);
+      get_param(m, m->m1, i, k->data + a1);
+      get_param(m, m->m2, i, k->data + a2);
       a1 += bytes;
       a2 += bytes;
     }
-    free(b1);
-    free(b2);
   }
   return 0;
 }

@@ -25,11 +25,12 @@ struct cavs_model {
   unsigned char **mark;
   /* optimizer state; spans: scratch of optim.c */
   void *spans;
-  int capspans;
+  int capspans;   /* allocated with the model: a step allocates nothing but Adam's moments */
   void *m1, *m2;
   long step;
   /* per-row buffers */
   int cap_rows;
+  size_t model_bytes; /* parameters, gradients, optimizer state: counted against the limit */
   long *bw; /* widths */
   void **val, **grad;
   cavs_loss_acc *loss;
@@ -55,6 +56,11 @@ struct cavs_model {
 };
 
 long cv_lin(const cavs_lin *l, const long *dims);
+/* cv_lin in checked arithmetic: 0 and the value when it is in [0, LONG_MAX]. */
+int cv_lin_checked(const cavs_lin *l, const long *dims, long *out);
+/* *p grown to count elements of elem bytes, in checked arithmetic; on failure *p is
+ * untouched and the message is in m->err (-1). */
+int cv_grow(cavs_model *m, void *p, size_t elem, size_t count);
 /* printf into m->err; returns -1 */
 int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void *cv_xrealloc(void *p, size_t n);

@@ -41,12 +41,7 @@ static Span *spans(cavs_model *m, int *count) {
   const cavs_desc *d = m->d;
   int n = 0;
   for (int g = 0; g < d->npgroups; g++) n += d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
-  if (n + 1 > m->capspans) {
-    m->capspans = 2 * (n + 1);
-    free(m->spans);
-    m->spans = malloc(sizeof(Span) * (size_t)m->capspans);
-    if (!m->spans) abort();
-  }
+  if (n > m->capspans) return NULL; /* cavs_model_new made room for every group and row */
   Span *s = m->spans;
   n = 0;
   for (int g = 0; g < d->npgroups; g++) {
@@ -103,18 +98,25 @@ static Span *spans(cavs_model *m, int *count) {
     }                                                                                      \
   } while (0)
 
-void cavs_model_step(cavs_model *m, const cavs_optim *o) {
+int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   size_t n = m->nflat;
   if (!m->m1) {
+    /* counted in the model's memory from the start, so this fits under the limit */
     m->m1 = calloc(n + 1, m->esize);
     m->m2 = calloc(n + 1, m->esize);
-    if (!m->m1 || !m->m2) abort();
+    if (!m->m1 || !m->m2) {
+      free(m->m1);
+      free(m->m2);
+      m->m1 = m->m2 = NULL;
+      return cv_fail(m, "out of memory for the optimizer's state (%zu values)", 2 * n);
+    }
   }
   m->step++;
   double b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;
   double eps = o->eps ? o->eps : (o->kind == CAVS_ADAGRAD ? 1e-10 : 1e-8);
   int ns;
   Span *sp = spans(m, &ns);
+  if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
   if (m->esize == 8) {
 #define SQRT sqrt
     STEP(double);
@@ -124,4 +126,5 @@ void cavs_model_step(cavs_model *m, const cavs_optim *o) {
     STEP(float);
 #undef SQRT
   }
+  return 0;
 }

@@ -14,14 +14,11 @@
  *           path phase, as one product over all its rows. */
 #include "cv.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void grow_int(int **p, int *cap, size_t need) {
-  (void)cap;
-  *p = cv_xrealloc(*p, sizeof(int) * (need ? need : 1));
-}
 
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   const cavs_desc *d = m->d;
@@ -32,21 +29,22 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   }
   if (total > (1L << 30)) return cv_fail(m, "minibatch too large (%ld vertices)", total);
   int N = (int)total;
+  /* the per-row buffers first: they check the memory the minibatch needs, scratch
+     included, before anything is allocated */
+  if (cv_grow_rows(m, N)) return -1;
   if (N > m->capv) {
-    grow_int(&m->level, NULL, (size_t)N);
-    grow_int(&m->row_of, NULL, (size_t)N);
-    grow_int(&m->pcount, NULL, (size_t)N + 1);
-    grow_int(&m->queue, NULL, (size_t)N);
-    grow_int(&m->vtype, NULL, (size_t)N);
+    if (cv_grow(m, &m->level, sizeof(int), (size_t)N) || cv_grow(m, &m->row_of, sizeof(int), (size_t)N) ||
+        cv_grow(m, &m->pcount, sizeof(int), (size_t)N + 1) || cv_grow(m, &m->queue, sizeof(int), (size_t)N) ||
+        cv_grow(m, &m->vtype, sizeof(int), (size_t)N))
+      return -1;
     m->capv = N;
   }
   /* parents in CSR form, to walk from the leaves up */
   long nedges = 0;
   for (int g = 0; g < k; g++) nedges += (long)graphs[g]->n * graphs[g]->maxc;
   if (nedges + 1 > m->capedges) {
+    if (cv_grow(m, &m->padj, sizeof(int), (size_t)nedges + 1)) return -1;
     m->capedges = nedges + 1;
-    free(m->padj);
-    m->padj = cv_xrealloc(NULL, sizeof(int) * (size_t)m->capedges);
   }
   memset(m->pcount, 0, sizeof(int) * ((size_t)N + 1));
   int base = 0;
@@ -117,8 +115,9 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   /* rows: counting sort by (type, level) */
   int L = maxlevel + 1, T = d->nvertex;
   if ((size_t)T * (size_t)L + 1 > (size_t)m->capcount) {
+    if ((size_t)T * (size_t)L + 1 > INT_MAX) return cv_fail(m, "minibatch too deep (%d levels)", L);
+    if (cv_grow(m, &m->count, sizeof(int), (size_t)T * (size_t)L + 1)) return -1;
     m->capcount = T * L + 1;
-    m->count = cv_xrealloc(m->count, sizeof(int) * (size_t)m->capcount);
   }
   memset(m->count, 0, sizeof(int) * ((size_t)T * (size_t)L + 1));
   for (int v = 0; v < N; v++) m->count[m->vtype[v] * L + m->level[v]]++;
@@ -142,11 +141,11 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       if (end == r0) continue;
       int pieces = m->policy == CAVS_SERIAL ? end - r0 : 1;
       if (ntask + pieces > m->captask) {
-        m->captask = (ntask + pieces) * 2;
-        m->task_r0 = cv_xrealloc(m->task_r0, sizeof(int) * (size_t)m->captask);
-        m->task_n = cv_xrealloc(m->task_n, sizeof(int) * (size_t)m->captask);
-        m->task_type = cv_xrealloc(m->task_type, sizeof(int) * (size_t)m->captask);
-        m->task_leaf = cv_xrealloc(m->task_leaf, sizeof(int) * (size_t)m->captask);
+        size_t cap = ((size_t)ntask + (size_t)pieces) * 2;
+        if (cv_grow(m, &m->task_r0, sizeof(int), cap) || cv_grow(m, &m->task_n, sizeof(int), cap) ||
+            cv_grow(m, &m->task_type, sizeof(int), cap) || cv_grow(m, &m->task_leaf, sizeof(int), cap))
+          return -1;
+        m->captask = (int)cap;
       }
       for (int p = 0; p < pieces; p++) {
         m->task_r0[ntask] = m->policy == CAVS_SERIAL ? r0 + p : r0;
@@ -158,10 +157,9 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     }
   m->ntask = ntask;
   for (int v = 0; v < N; v++) m->row_of[v] = m->count[m->vtype[v] * L + m->level[v]]++;
-  if (cv_grow_rows(m, N)) return -1;
   if (k + 1 > m->capgraphs) {
+    if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1)) return -1;
     m->capgraphs = k + 1;
-    m->gbase = cv_xrealloc(m->gbase, sizeof(int) * (size_t)m->capgraphs);
   }
   m->ngraphs = k;
   for (int g = 0, b = 0; g <= k; g++) {

@@ -4,14 +4,24 @@
  * never shrunk, so steady-state training allocates nothing. */
 #include "cv.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 long cv_lin(const cavs_lin *l, const long *dims) {
   long v = l->k;
   for (int i = 0; i < CAVS_MAX_DIMS; i++) v += (long)l->c[i] * dims[i];
   return v;
+}
+
+int cv_lin_checked(const cavs_lin *l, const long *dims, long *out) {
+  long v = l->k, t;
+  for (int i = 0; i < CAVS_MAX_DIMS; i++)
+    if (__builtin_mul_overflow((long)l->c[i], dims[i], &t) || __builtin_add_overflow(v, t, &v)) return -1;
+  *out = v;
+  return v < 0 ? -1 : 0;
 }
 
 int cv_fail(cavs_model *m, const char *fmt, ...) {
@@ -31,10 +41,74 @@ void *cv_xrealloc(void *p, size_t n) {
   return q;
 }
 
+int cv_grow(cavs_model *m, void *p, size_t elem, size_t count) {
+  size_t bytes;
+  if (__builtin_mul_overflow(elem, count ? count : 1, &bytes)) return cv_fail(m, "out of memory (a size overflows)");
+  void *q = realloc(*(void **)p, bytes);
+  if (!q) return cv_fail(m, "out of memory (%zu bytes)", bytes);
+  *(void **)p = q;
+  return 0;
+}
+
+/* ---- memory: what a model and a minibatch need, known before anything is allocated ---- */
+
+static size_t mem_limit;
+
+void cavs_set_memory_limit(size_t bytes) { mem_limit = bytes; }
+
+size_t cavs_memory_limit(void) {
+  if (mem_limit) return mem_limit;
+  /* the default: most of the machine's memory; past it an allocation would succeed (the
+     kernel overcommits) and the process be killed later, when the pages are touched */
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || size <= 0) return (size_t)8 << 30;
+  return (size_t)((double)pages * (double)size * 0.9);
+}
+
+static double gib(size_t b) { return (double)b / (double)(1 << 30); }
+
+/* Bytes per row of the minibatch: every buffer and its gradient, the inputs, the
+ * children and flags, and the scheduler's scratch (about eight ints a vertex). */
+static int row_bytes(const cavs_model *m, size_t *out) {
+  const cavs_desc *d = m->d;
+  size_t b = (size_t)m->maxc * sizeof(int) + 2 + sizeof(int) + (size_t)d->nint * sizeof(int) + 8 * sizeof(int);
+  for (int i = 0; i < d->nbufs; i++) {
+    size_t w;
+    if (__builtin_mul_overflow((size_t)m->bw[i], m->esize * (d->bufs[i].grad ? 2 : 1), &w) ||
+        __builtin_add_overflow(b, w, &b))
+      return -1;
+  }
+  for (int i = 0; i < d->nreal; i++) {
+    size_t w;
+    if (__builtin_mul_overflow((size_t)m->rw[i], m->esize, &w) || __builtin_add_overflow(b, w, &b)) return -1;
+  }
+  *out = b;
+  return 0;
+}
+
+int cavs_model_memory(const cavs_model *m, long rows, size_t *model_bytes, size_t *row_total) {
+  size_t per;
+  if (model_bytes) *model_bytes = m->model_bytes;
+  if (rows < 0 || row_bytes(m, &per) || __builtin_mul_overflow(per, (size_t)rows, &per)) return -1;
+  if (row_total) *row_total = per;
+  return 0;
+}
+
 void cavs_dims_default(const cavs_desc *d, long *dims) {
   for (int i = 0; i < CAVS_MAX_DIMS; i++) dims[i] = 0;
   for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0;
 }
+
+/* Every array is allocated (and checked) before the model is used; cavs_model_free can
+ * take a model that failed half way. */
+#define NEW(p, n, what)                                                                   \
+  do {                                                                                    \
+    if (!((p) = calloc((size_t)(n) + 1, sizeof *(p)))) {                                  \
+      snprintf(err, errlen, "out of memory (%s)", what);                                  \
+      cavs_model_free(m);                                                                 \
+      return NULL;                                                                        \
+    }                                                                                     \
+  } while (0)
 
 cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen) {
   if (d->abi != CAVS_ABI_VERSION) {
@@ -44,9 +118,9 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   }
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
-    if (v <= 0 || v > (1L << 28)) {
+    if (v <= 0 || v > CAVS_MAX_DIM) {
       snprintf(err, errlen, "dim %s %s", d->dims[i].name,
-               v <= 0 ? "has no value (bind it from the data or with --dim)" : "is too large");
+               v <= 0 ? "has no value (bind it from the data or with --dim)" : "is too large (at most 16777216)");
       return NULL;
     }
   }
@@ -62,17 +136,43 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   c->model = m;
   for (int i = 0; i < d->ndims; i++) c->dims[i] = dims ? dims[i] : d->dims[i].value;
 
-  m->pg_off = calloc((size_t)d->npgroups + 1, sizeof(size_t));
-  m->pg_rows = calloc((size_t)d->npgroups + 1, sizeof(long));
-  m->pg_cols = calloc((size_t)d->npgroups + 1, sizeof(long));
-  size_t total = 0;
-  for (int g = 0; g < d->npgroups; g++) {
+  NEW(m->pg_off, d->npgroups, "parameter groups");
+  NEW(m->pg_rows, d->npgroups, "parameter groups");
+  NEW(m->pg_cols, d->npgroups, "parameter groups");
+  NEW(m->bw, d->nbufs, "buffers");
+  NEW(m->rw, d->nreal, "inputs");
+  /* sizes first, in checked arithmetic, against the memory limit */
+  size_t total = 0, sparse_rows = 0, nspans = 1;
+  bool ok = true;
+  for (int g = 0; g < d->npgroups && ok; g++) {
+    size_t n;
     m->pg_off[g] = total;
-    m->pg_rows[g] = cv_lin(&d->pgroups[g].rows, c->dims);
-    m->pg_cols[g] = cv_lin(&d->pgroups[g].cols, c->dims);
-    total += (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g];
-    total = (total + 15) & ~(size_t)15; /* 64-byte aligned groups */
+    ok = !cv_lin_checked(&d->pgroups[g].rows, c->dims, &m->pg_rows[g]) &&
+         !cv_lin_checked(&d->pgroups[g].cols, c->dims, &m->pg_cols[g]) &&
+         !__builtin_mul_overflow((size_t)m->pg_rows[g], (size_t)m->pg_cols[g], &n) &&
+         !__builtin_add_overflow(total, n + 15, &total);
+    total &= ~(size_t)15; /* 64-byte aligned groups */
+    if (d->pgroups[g].sparse_input >= 0) sparse_rows += (size_t)m->pg_rows[g], nspans += (size_t)m->pg_rows[g];
+    else nspans++;
   }
+  for (int b = 0; b < d->nbufs && ok; b++) ok = !cv_lin_checked(&d->bufs[b].width, c->dims, &m->bw[b]);
+  for (int i = 0; i < d->ninputs && ok; i++)
+    if (d->inputs[i].kind == CAVS_IN_REAL) ok = !cv_lin_checked(&d->inputs[i].width, c->dims, &m->rw[d->inputs[i].slot]);
+  /* parameters, gradients and two optimizer moments; the lookup tables' row lists */
+  size_t bytes = 0;
+  ok = ok && !__builtin_mul_overflow(total, 4 * m->esize, &bytes) &&
+       !__builtin_add_overflow(bytes, sparse_rows * (sizeof(int) + 1) + nspans * 2 * sizeof(size_t), &bytes);
+  if (!ok || bytes > cavs_memory_limit()) {
+    if (ok)
+      snprintf(err, errlen,
+               "model '%s' needs %.2f GiB for its parameters, gradients and optimizer state, more than the memory "
+               "limit of %.2f GiB (smaller dims, or raise the limit: --max-memory)",
+               d->name, gib(bytes), gib(cavs_memory_limit()));
+    else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
+    cavs_model_free(m);
+    return NULL;
+  }
+  m->model_bytes = bytes;
   m->nflat = total;
   m->pflat = aligned_alloc(64, (total * m->esize + 63) & ~(size_t)63);
   m->gflat = aligned_alloc(64, (total * m->esize + 63) & ~(size_t)63);
@@ -83,57 +183,61 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   }
   memset(m->pflat, 0, total * m->esize);
   memset(m->gflat, 0, total * m->esize);
-  m->param = calloc((size_t)d->npgroups + 1, sizeof(void *));
-  m->pgrad = calloc((size_t)d->npgroups + 1, sizeof(void *));
+  NEW(m->param, d->npgroups, "parameter groups");
+  NEW(m->pgrad, d->npgroups, "parameter groups");
   for (int g = 0; g < d->npgroups; g++) {
     m->param[g] = (char *)m->pflat + m->pg_off[g] * m->esize;
     m->pgrad[g] = (char *)m->gflat + m->pg_off[g] * m->esize;
   }
   c->param = m->param;
   c->pgrad = m->pgrad;
-  m->touched = calloc((size_t)d->npgroups + 1, sizeof(int *));
-  m->ntouched = calloc((size_t)d->npgroups + 1, sizeof(int));
-  m->mark = calloc((size_t)d->npgroups + 1, sizeof(unsigned char *));
+  NEW(m->touched, d->npgroups, "lookup tables");
+  NEW(m->ntouched, d->npgroups, "lookup tables");
+  NEW(m->mark, d->npgroups, "lookup tables");
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input >= 0) {
-      m->touched[g] = calloc((size_t)m->pg_rows[g] + 1, sizeof(int));
-      m->mark[g] = calloc((size_t)m->pg_rows[g] + 1, 1);
+      NEW(m->touched[g], m->pg_rows[g], "lookup tables");
+      NEW(m->mark[g], m->pg_rows[g], "lookup tables");
     }
-  m->bw = calloc((size_t)d->nbufs + 1, sizeof(long));
-  for (int b = 0; b < d->nbufs; b++) m->bw[b] = cv_lin(&d->bufs[b].width, c->dims);
-  m->val = calloc((size_t)d->nbufs + 1, sizeof(void *));
-  m->grad = calloc((size_t)d->nbufs + 1, sizeof(void *));
+  /* optim.c's spans ({offset, length} pairs): at most one a dense group and one a row of
+     a lookup table */
+  m->capspans = (int)(nspans < INT_MAX ? nspans : INT_MAX);
+  if (!(m->spans = calloc(nspans, 2 * sizeof(size_t)))) {
+    snprintf(err, errlen, "out of memory (optimizer)");
+    cavs_model_free(m);
+    return NULL;
+  }
+  NEW(m->val, d->nbufs, "buffers");
+  NEW(m->grad, d->nbufs, "buffers");
   c->val = m->val;
   c->grad = m->grad;
-  m->loss = calloc((size_t)d->nlosses + 1, sizeof(cavs_loss_acc));
+  NEW(m->loss, d->nlosses, "losses");
   c->loss = m->loss;
-  m->iin = calloc((size_t)d->nint + 1, sizeof(int *));
-  m->rin = calloc((size_t)d->nreal + 1, sizeof(void *));
-  m->rw = calloc((size_t)d->nreal + 1, sizeof(long));
-  for (int i = 0; i < d->ninputs; i++)
-    if (d->inputs[i].kind == CAVS_IN_REAL) m->rw[d->inputs[i].slot] = cv_lin(&d->inputs[i].width, c->dims);
+  NEW(m->iin, d->nint, "inputs");
+  NEW(m->rin, d->nreal, "inputs");
   c->iin = (const int **)m->iin;
   c->rin = (const void **)m->rin;
   m->maxc = 1;
   for (int v = 0; v < d->nvertex; v++)
     if (d->vertex[v].children > m->maxc) m->maxc = d->vertex[v].children;
   c->maxc = m->maxc;
-  m->type_r0 = calloc((size_t)d->nvertex + 1, sizeof(int));
-  m->type_n = calloc((size_t)d->nvertex + 1, sizeof(int));
-  m->type_leaf = calloc((size_t)d->nvertex + 1, sizeof(int));
+  NEW(m->type_r0, d->nvertex, "vertex types");
+  NEW(m->type_n, d->nvertex, "vertex types");
+  NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
   return m;
 }
+#undef NEW
 
 void cavs_model_free(cavs_model *m) {
   if (!m) return;
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
-    free(m->val[b]);
+    free(m->val ? m->val[b] : NULL);
     free(m->grad ? m->grad[b] : NULL);
   }
-  for (int i = 0; i < d->nint; i++) free(m->iin[i]);
-  for (int i = 0; i < d->nreal; i++) free(m->rin[i]);
+  for (int i = 0; i < d->nint; i++) free(m->iin ? m->iin[i] : NULL);
+  for (int i = 0; i < d->nreal; i++) free(m->rin ? m->rin[i] : NULL);
   free(m->val); free(m->grad); free(m->bw); free(m->loss);
   free(m->iin); free(m->rin); free(m->rw);
   free(m->pflat); free(m->gflat); free(m->m1); free(m->m2); free(m->spans);
@@ -155,8 +259,18 @@ void cavs_model_free(cavs_model *m) {
 
 int cv_grow_rows(cavs_model *m, int rows) {
   if (rows <= m->cap_rows) return 0;
-  int cap = m->cap_rows ? m->cap_rows : 256;
+  long cap = m->cap_rows ? m->cap_rows : 256;
   while (cap < rows) cap *= 2;
+  if (cap > INT_MAX) cap = rows;
+  size_t need, per = 0;
+  if (cavs_model_memory(m, cap, NULL, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
+      need > cavs_memory_limit()) {
+    row_bytes(m, &per);
+    return cv_fail(m,
+                   "a minibatch of %d vertices needs %.2f GiB (%zu bytes a vertex) besides the model's %.2f GiB, "
+                   "more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
+                   rows, gib(per * (size_t)rows), per, gib(m->model_bytes), gib(cavs_memory_limit()));
+  }
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
     size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
@@ -166,20 +280,27 @@ int cv_grow_rows(cavs_model *m, int rows) {
       free(m->grad[b]);
       m->grad[b] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     }
-    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) return cv_fail(m, "out of memory for %d rows", rows);
+    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
+      m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
+      return cv_fail(m, "out of memory for %d rows", rows);
+    }
   }
-  for (int i = 0; i < d->nint; i++) m->iin[i] = cv_xrealloc(m->iin[i], sizeof(int) * (size_t)cap);
-  for (int i = 0; i < d->nreal; i++)
-    m->rin[i] = cv_xrealloc(m->rin[i], (size_t)cap * (size_t)m->rw[i] * m->esize);
-  m->child = cv_xrealloc(m->child, sizeof(int) * (size_t)cap * (size_t)m->maxc);
-  m->root = cv_xrealloc(m->root, (size_t)cap);
-  m->pushed = cv_xrealloc(m->pushed, (size_t)cap);
-  m->pred = cv_xrealloc(m->pred, sizeof(int) * (size_t)cap);
-  m->cap_rows = cap;
+  int fail = 0;
+  for (int i = 0; i < d->nint; i++) fail |= cv_grow(m, &m->iin[i], sizeof(int), (size_t)cap);
+  for (int i = 0; i < d->nreal; i++) fail |= cv_grow(m, &m->rin[i], (size_t)m->rw[i] * m->esize, (size_t)cap);
+  fail |= cv_grow(m, &m->child, sizeof(int) * (size_t)m->maxc, (size_t)cap);
+  fail |= cv_grow(m, &m->root, 1, (size_t)cap);
+  fail |= cv_grow(m, &m->pushed, 1, (size_t)cap);
+  fail |= cv_grow(m, &m->pred, sizeof(int), (size_t)cap);
   m->ctx.child = m->child;
   m->ctx.root = m->root;
   m->ctx.pushed = m->pushed;
   m->ctx.pred = m->pred;
+  if (fail) {
+    m->cap_rows = 0;
+    return -1;
+  }
+  m->cap_rows = (int)cap;
   return 0;
 }
 
