@@ -267,7 +267,8 @@ typedef struct cavs_graph {
 
 typedef struct cavs_stats {
   double loss;          /* mean over counted rows, summed over the model's losses */
-  long count, correct;  /* all labeled vertices */
+  long count, correct;  /* all labeled vertices, of the softmax_xent losses (a
+                           regression loss has no accuracy: cavs_model_losses) */
   long root_count, root_correct;
   int tasks;            /* path-phase tasks run */
 } cavs_stats;
@@ -293,6 +294,9 @@ const cavs_desc *cavs_model_desc(const cavs_model *m);
 /* After a forward pass: the class predicted (argmax of the first softmax_xent) at the
  * root of graph g of the minibatch (its last vertex without a parent), or -1. */
 int cavs_model_root_class(const cavs_model *m, int g);
+/* After a forward pass: each loss of the model (in the order of desc->losses) summed
+ * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
+const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Parameter i: its storage and gradient (row stride in *ld), in the model's precision. */
@@ -322,6 +326,9 @@ void cavs_set_threads(int n);
  * machine's physical memory, past which the kernel would let the allocation through and
  * kill the process when the pages are touched. */
 void cavs_set_memory_limit(size_t bytes); /* 0: the default */
+/* A function that fails for want of memory (over the limit, or an allocation that
+ * failed) sets errno to ENOMEM: clear errno before the call and test it after a
+ * failure to tell these failures from the others. */
 size_t cavs_memory_limit(void);
 /* What m takes: its parameters, gradients and optimizer state, and a minibatch of
  * `rows` vertices (every per-row buffer and the scheduler's scratch). -1 on overflow. */

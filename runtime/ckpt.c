@@ -15,6 +15,7 @@
  * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix. */
 #include "cv.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -76,7 +77,32 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
   for (long r = 0; r < rows; r++) put(b, src + (size_t)r * (size_t)ld * m->esize, (size_t)cols * m->esize);
 }
 
+/* Removes what a save that was killed left behind: PATH.tmpXXXXXX files of ours beside
+ * PATH. (A save runs to completion or leaves one of these; the checkpoint itself is
+ * never touched.) */
+static void remove_leftovers(const char *path) {
+  char *copy = strdup(path), *copy2 = strdup(path);
+  if (!copy || !copy2) goto out;
+  const char *dir = dirname(copy), *base = basename(copy2);
+  size_t bl = strlen(base);
+  DIR *d = opendir(dir);
+  if (!d) goto out;
+  int dfd = dirfd(d);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strlen(e->d_name) != bl + 10 || strncmp(e->d_name, base, bl) || strncmp(e->d_name + bl, ".tmp", 4)) continue;
+    struct stat st;
+    if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+      unlinkat(dfd, e->d_name, 0);
+  }
+  closedir(d);
+out:
+  free(copy);
+  free(copy2);
+}
+
 static int write_file_atomic(const char *path, const Buf *b, char *err, size_t errlen) {
+  remove_leftovers(path);
   size_t plen = strlen(path);
   char *tmp = malloc(plen + 16);
   if (!tmp) {
@@ -441,7 +467,7 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
   const cavs_train_state *t = &k->ts;
   const cavs_optim *o = &t->optim;
-  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || !(t->best == -1 || (t->best >= 0 && t->best <= 1)))
+  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || !(t->best == -1 || nonneg(t->best)))
     BAD("'%s' is damaged (training state)", path);
   if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "cgf"))
     BAD("'%s' is damaged (data format)", path);

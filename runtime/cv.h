@@ -63,6 +63,8 @@ int cv_lin_checked(const cavs_lin *l, const long *dims, long *out);
 int cv_grow(cavs_model *m, void *p, size_t elem, size_t count);
 /* printf into m->err; returns -1 */
 int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* the same for a failure to get memory: also sets errno to ENOMEM */
+int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void *cv_xrealloc(void *p, size_t n);
 
 /* scheduler.c */

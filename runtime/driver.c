@@ -48,6 +48,16 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* A failure reported by libcavs: exit status 2 when memory ran out (the library sets
+ * errno to ENOMEM; errno is cleared before each call), 1 for anything else. */
+static _Noreturn void lib_die(const char *msg) { die(errno == ENOMEM ? 2 : 1, "%s", msg); }
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) die(2, "out of memory");
+  return p;
+}
+
 static void *xrealloc(void *p, size_t n) {
   void *q = realloc(p, n ? n : 1);
   if (!q) die(2, "out of memory");
@@ -69,11 +79,58 @@ static char *fmt(const char *f, ...) {
   return s;
 }
 
+/* ---- numbers on the command line: whole, in range, never silently cut ---- */
+
+static long parse_long(const char *opt, const char *s, long lo, long hi) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || errno == ERANGE || v < lo || v > hi)
+    die(1, "--%s: '%s' is not an integer from %ld to %ld", opt, s, lo, hi);
+  return v;
+}
+
+static uint64_t parse_u64(const char *opt, const char *s) {
+  char *end;
+  errno = 0;
+  uint64_t v = strtoull(s, &end, 10);
+  /* strtoull takes "-1" as 2^64 - 1: only digits are a count */
+  if (end == s || *end || errno == ERANGE || *s < '0' || *s > '9')
+    die(1, "--%s: '%s' is not an integer from 0 to %llu", opt, s, (unsigned long long)UINT64_MAX);
+  return v;
+}
+
+/* A finite real in [lo, hi]; with open_lo, lo itself is out. */
+static double parse_real(const char *opt, const char *s, double lo, double hi, bool open_lo) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi || (open_lo && v == lo))
+    die(1, "--%s: '%s' is not a number %s %g and at most %g", opt, s, open_lo ? "above" : "of at least", lo, hi);
+  return v;
+}
+
+/* Bytes, with an optional binary suffix: 512M, 8G, 1T. */
+static size_t parse_size(const char *opt, const char *s) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  double unit = 1;
+  if (*end && !end[1]) {
+    const char *u = strchr("KMGT", *end == 'k' ? 'K' : *end);
+    if (u && *u) unit = (double)(1ull << (10 * (1 + (u - "KMGT"))));
+    if (u && *u) end++;
+  }
+  if (end == s || *end || !isfinite(v) || v <= 0 || v * unit > 1e18)
+    die(1, "--%s: '%s' is not a size (bytes, or with K, M, G or T)", opt, s);
+  return (size_t)(v * unit);
+}
+
 static char *slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   size_t cap = 1 << 16, n = 0, got;
-  char *buf = malloc(cap + 1);
+  char *buf = xmalloc(cap + 1);
   while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
     n += got;
     if (n == cap) buf = xrealloc(buf, (cap *= 2) + 1);
@@ -160,8 +217,7 @@ static Loaded load_vf(const char *name, const char *text, size_t len, const char
     if (*err) die(rc, "%s", err);
     exit(rc);
   }
-  L.source = malloc(len + 1);
-  if (!L.source) die(2, "out of memory");
+  L.source = xmalloc(len + 1);
   memcpy(L.source, text, len);
   L.source[len] = 0;
   return L;
@@ -225,32 +281,77 @@ static uint64_t rng_next(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
+/* What a pass over data adds up to: the classification counts (softmax_xent losses) and
+ * every loss on its own, so that a regression loss never enters an accuracy and a model
+ * with several losses reports each. */
+enum { MAX_LOSSES = 64 };
 typedef struct Totals {
-  double loss;
-  int batches;
+  double batch_loss; /* the minibatches' mean losses, summed (training) */
+  int batches, nl;
   long count, correct, root_count, root_correct, graphs;
+  double lsum[MAX_LOSSES];
+  long lcount[MAX_LOSSES], lcorrect[MAX_LOSSES];
   double secs;
 } Totals;
+
+static void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
+  t->batch_loss += st->loss;
+  t->batches++;
+  t->count += st->count;
+  t->correct += st->correct;
+  t->root_count += st->root_count;
+  t->root_correct += st->root_correct;
+  t->graphs += k;
+  int n;
+  const cavs_loss_acc *a = cavs_model_losses(m, &n);
+  t->nl = n < MAX_LOSSES ? n : MAX_LOSSES;
+  for (int l = 0; l < t->nl; l++) {
+    t->lsum[l] += a[l].sum;
+    t->lcount[l] += a[l].count;
+    t->lcorrect[l] += a[l].correct;
+  }
+}
+
+/* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */
+static double total_loss(const Totals *t) {
+  double s = 0;
+  for (int l = 0; l < t->nl; l++) s += t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0;
+  return s;
+}
+
+static double ratio(long a, long b) { return b ? (double)a / (double)b : 0; }
+
+static bool has_accuracy(const cavs_desc *d) {
+  for (int l = 0; l < d->nlosses; l++)
+    if (d->losses[l].kind == 0) return true;
+  return false;
+}
+
+/* " (softmax_xent 0.4312 acc 0.8123, mse 0.0200)" for a model with several losses. */
+static void print_losses(FILE *f, const cavs_desc *d, const Totals *t) {
+  if (t->nl < 2) return;
+  fputs(" (", f);
+  for (int l = 0; l < t->nl; l++) {
+    bool xent = d->losses[l].kind == 0;
+    fprintf(f, "%s%s %.4f", l ? ", " : "", xent ? "softmax_xent" : "mse", (t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    if (xent) fprintf(f, " acc %.4f", ratio(t->lcorrect[l], t->lcount[l]));
+  }
+  fputc(')', f);
+}
 
 static void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
   memset(t, 0, sizeof *t);
   int n = cavs_dataset_count(s);
-  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);
+  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
   double start = now();
   for (int b = 0; b < n; b += batch) {
     int k = 0;
     for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
     cavs_stats st;
-    if (cavs_model_forward(m, gs, k, &st)) die(1, "%s", cavs_model_error(m));
-    t->loss += st.loss * st.count;
-    t->count += st.count;
-    t->correct += st.correct;
-    t->root_count += st.root_count;
-    t->root_correct += st.root_correct;
-    t->graphs += k;
-    t->batches++;
+    errno = 0;
+    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
+    add_batch(t, m, &st, k);
   }
-  if (t->count) t->loss /= (double)t->count;
   t->secs = now() - start;
   free(gs);
 }
@@ -264,8 +365,50 @@ typedef struct TrainOpts {
   cavs_optim optim;
   const char *dimset[64];
   int ndimset;
-  bool set_optim, set_batch; /* given on the command line (else a resume keeps them) */
+  /* given on the command line (else a resume keeps the checkpoint's) */
+  bool set_kind, set_lr, set_clip, set_wd, set_batch;
 } TrainOpts;
+
+/* An output of this run (--save, --log) must not be one of its inputs, nor a directory,
+ * and its directory must take a new file: found out before training, not after an
+ * epoch. */
+/* The path with its directory resolved (the file itself need not exist yet). */
+static char *canon(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? fmt("%.*s", (int)(slash - path), path) : xstrdup(".");
+  char *real = realpath(*dir ? dir : "/", NULL);
+  char *c = real ? fmt("%s/%s", real, slash ? slash + 1 : path) : xstrdup(path);
+  free(real);
+  free(dir);
+  return c;
+}
+
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  char *ca = canon(a), *cb = canon(b);
+  bool same = !strcmp(ca, cb);
+  free(ca);
+  free(cb);
+  return same;
+}
+
+static void check_output(const char *opt, const char *out, const char *const *inputs, int n) {
+  struct stat so;
+  if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "--%s %s: it is a directory", opt, out);
+  for (int i = 0; i < n; i++)
+    if (inputs[i] && same_file(out, inputs[i]))
+      die(1, "--%s %s would overwrite %s, an input or output of this run", opt, out, inputs[i]);
+  const char *slash = strrchr(out, '/');
+  char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - out), out) : xstrdup(".cavs-probe-XXXXXX");
+  int fd = mkstemp(probe);
+  if (fd < 0) die(1, "--%s %s: cannot write there: %s", opt, out, strerror(errno));
+  close(fd);
+  unlink(probe);
+  free(probe);
+}
+
+static double default_lr(int kind) { return kind == CAVS_ADAM ? 1e-3 : 0.05; }
 
 static void progress(int epoch, int epochs, long done, long total, double rate, double loss, double eta) {
   int width = 24, fill = total ? (int)((double)width * (double)done / (double)total) : width;
@@ -300,6 +443,15 @@ static int cmd_train(TrainOpts *o) {
   if (!o->train) die(1, "train: --train FILE is required");
   if (!o->format) die(1, "train: --format is required (ptb-tree, text, cgf)");
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
+  char *best_path = o->save ? fmt("%s.best", o->save) : NULL;
+  /* what --save may not write over (--resume it may: that is how a run goes on), then
+     what --log may not */
+  const char *inputs[] = {o->model, o->train, o->dev, o->log, o->resume, o->save, best_path};
+  if (o->save) {
+    check_output("save", o->save, inputs, 4);
+    check_output("save", best_path, inputs, 4);
+  }
+  if (o->log) check_output("log", o->log, inputs + 4, 3), check_output("log", o->log, inputs, 3);
   cavs_set_threads(o->threads);
   Loaded L = load_model_arg(o->model);
   const cavs_desc *d = L.desc;
@@ -328,7 +480,15 @@ static int cmd_train(TrainOpts *o) {
         die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
     /* the training settings continue too, unless given again */
     const cavs_train_state *cs = cavs_ckpt_state(ck);
-    if (!o->set_optim) o->optim = cs->optim;
+    cavs_optim c = cs->optim;
+    if (o->set_kind) {
+      c.kind = o->optim.kind;
+      c.lr = default_lr(c.kind); /* another optimizer: its own default rate */
+    }
+    if (o->set_lr) c.lr = o->optim.lr;
+    if (o->set_clip) c.clip = o->optim.clip;
+    if (o->set_wd) c.weight_decay = o->optim.weight_decay;
+    o->optim = c;
     if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
     memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
     v = cavs_ckpt_vocab(ck);
@@ -351,11 +511,12 @@ static int cmd_train(TrainOpts *o) {
         dims[j] = mx + 1 > 1 ? mx + 1 : 1;
       }
     }
+  errno = 0;
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
-  if (!m) die(1, "%s", err);
+  if (!m) lib_die(err);
   cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
                          .threads = o->threads, .batch = o->batch, .optim = o->optim};
-  const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)o->batch);
+  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
   snprintf(ts.format, sizeof ts.format, "%s", o->format);
   if (ck) {
     if (cavs_ckpt_apply(ck, m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
@@ -372,10 +533,9 @@ static int cmd_train(TrainOpts *o) {
     log = fopen(o->log, ck ? "a" : "w");
     if (!log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
-  bool tty = isatty(1) && !o->quiet;
+  bool tty = isatty(1) && !o->quiet, with_acc = has_accuracy(d);
   int n = cavs_dataset_count(tr);
-  int *order = malloc(sizeof(int) * (size_t)n);
-  char *best_path = o->save ? fmt("%s.best", o->save) : NULL;
+  int *order = xmalloc(sizeof(int) * (size_t)n);
   long nparams = 0;
   for (int i = 0; i < d->nparams; i++) {
     long r, c;
@@ -400,7 +560,8 @@ static int cmd_train(TrainOpts *o) {
       int k = 0;
       for (; k < o->batch && b + k < n; k++) gs[k] = cavs_dataset_graph(tr, order[b + k]);
       cavs_stats st;
-      if (cavs_model_forward(m, gs, k, &st)) die(1, "%s", cavs_model_error(m));
+      errno = 0;
+    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
       if (!isfinite(st.loss)) {
         char why[512];
         int bg, bv;
@@ -413,41 +574,52 @@ static int cmd_train(TrainOpts *o) {
         die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st.loss);
       }
       cavs_model_backward(m);
-      cavs_model_step(m, &o->optim);
-      t.loss += st.loss;
-      t.batches++;
-      t.count += st.count;
-      t.correct += st.correct;
-      t.root_count += st.root_count;
-      t.root_correct += st.root_correct;
-      t.graphs += k;
+      errno = 0;
+      if (cavs_model_step(m, &o->optim)) lib_die(cavs_model_error(m));
+      add_batch(&t, m, &st, k);
       double el = now() - start;
       if (tty && (el - shown > 0.1 || b + k >= n)) {
         shown = el;
         double rate = (double)t.graphs / (el > 0 ? el : 1e-9);
-        progress(epoch, last_epoch, t.graphs, n, rate, t.loss / t.batches, (double)(n - t.graphs) / (rate > 0 ? rate : 1));
+        progress(epoch, last_epoch, t.graphs, n, rate, t.batch_loss / t.batches, (double)(n - t.graphs) / (rate > 0 ? rate : 1));
       }
     }
     t.secs = now() - start;
     if (tty) printf("\r\033[K");
     Totals dv = {0};
     if (dev) evaluate(m, dev, o->batch, &dv);
-    double acc = dv.count ? (double)dv.correct / (double)dv.count : 0;
-    double racc = dv.root_count ? (double)dv.root_correct / (double)dv.root_count : 0;
-    bool better = dev && acc > ts.best;
-    if (better) ts.best = acc;
+    /* .best: by dev accuracy for a classifier, else by dev loss */
+    double acc = ratio(dv.correct, dv.count), racc = ratio(dv.root_correct, dv.root_count);
+    double dloss = total_loss(&dv), tloss = t.batch_loss / (t.batches ? t.batches : 1);
+    bool better = dev && (with_acc ? acc > ts.best : ts.best < 0 || dloss < ts.best);
+    if (better) ts.best = with_acc ? acc : dloss;
     ts.epoch = epoch;
     if (!o->quiet) {
-      printf("epoch %d/%d  train loss %.4f acc %.4f", epoch, last_epoch, t.loss / (t.batches ? t.batches : 1), t.count ? (double)t.correct / (double)t.count : 0);
-      if (dev) printf("  dev loss %.4f acc %.4f root %.4f", dv.loss, acc, racc);
+      printf("epoch %d/%d  train loss %.4f", epoch, last_epoch, tloss);
+      if (with_acc) printf(" acc %.4f", ratio(t.correct, t.count));
+      if (dev) {
+        printf("  dev loss %.4f", dloss);
+        if (with_acc) printf(" acc %.4f root %.4f", acc, racc);
+        print_losses(stdout, d, &dv);
+      }
       printf("  %.1fs  %.0f graphs/s%s\n", t.secs, (double)t.graphs / t.secs, better && o->save ? "  (best, saved)" : "");
       fflush(stdout);
     }
     if (log) {
-      fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %.6f, \"dev_loss\": %.6f, \"dev_acc\": %.6f, "
-                   "\"dev_root_acc\": %.6f, \"graphs_per_s\": %.1f, \"seconds\": %.3f}\n",
-              epoch, t.loss / (t.batches ? t.batches : 1), t.count ? (double)t.correct / (double)t.count : 0, dv.loss, acc,
-              racc, (double)t.graphs / t.secs, t.secs);
+      /* null where a value does not exist: no dev set, or no classifier */
+      char ta[32] = "null", dl[32] = "null", da[32] = "null", dr[32] = "null";
+      if (with_acc) snprintf(ta, sizeof ta, "%.6f", ratio(t.correct, t.count));
+      if (dev) snprintf(dl, sizeof dl, "%.6f", dloss);
+      if (dev && with_acc) snprintf(da, sizeof da, "%.6f", acc), snprintf(dr, sizeof dr, "%.6f", racc);
+      fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %s, \"dev_loss\": %s, \"dev_acc\": %s, "
+                   "\"dev_root_acc\": %s, ",
+              epoch, tloss, ta, dl, da, dr);
+      if (dev && dv.nl > 1) {
+        fputs("\"dev_losses\": [", log);
+        for (int l = 0; l < dv.nl; l++) fprintf(log, "%s%.6f", l ? ", " : "", dv.lcount[l] ? dv.lsum[l] / (double)dv.lcount[l] : 0);
+        fputs("], ", log);
+      }
+      fprintf(log, "\"graphs_per_s\": %.1f, \"seconds\": %.3f}\n", (double)t.graphs / t.secs, t.secs);
       fflush(log);
     }
     if (o->save) {
@@ -488,8 +660,9 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   else c.L = load_from_ckpt(c.ck, path);
   long dims[CAVS_MAX_DIMS];
   if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
+  errno = 0;
   c.m = cavs_model_new(c.L.desc, dims, err, sizeof err);
-  if (!c.m) die(1, "%s: %s", path, err);
+  if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
   if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
   c.v = cavs_ckpt_vocab(c.ck);
   if (!c.v) die(1, "%s: damaged vocabulary", path);
@@ -506,20 +679,24 @@ static int cmd_eval(const char *ckpt, const char *model, const char *data, const
   if (!predict) {
     Totals t;
     evaluate(c.m, s, batch, &t);
-    printf("graphs %ld  loss %.4f  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)  %.0f graphs/s\n",
-           t.graphs, t.loss, t.count ? (double)t.correct / (double)t.count : 0, t.count,
-           t.root_count ? (double)t.root_correct / (double)t.root_count : 0, t.root_count, (double)t.graphs / t.secs);
+    printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
+    print_losses(stdout, c.L.desc, &t);
+    if (has_accuracy(c.L.desc))
+      printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
+             ratio(t.root_correct, t.root_count), t.root_count);
+    printf("  %.0f graphs/s\n", (double)t.graphs / t.secs);
   } else {
     int n = cavs_dataset_count(s);
-    /* batch is at most 256 (main caps it for eval and predict) */
+    const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
     for (int b = 0; b < n; b += batch) {
-      const cavs_graph *gs[256];
       int k = 0;
       for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
       cavs_stats st;
-      if (cavs_model_forward(c.m, gs, k, &st)) die(1, "%s", cavs_model_error(c.m));
+      errno = 0;
+      if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
       for (int g = 0; g < k; g++) printf("%d\n", cavs_model_root_class(c.m, g));
     }
+    free(gs);
   }
   cavs_dataset_free(s);
   return 0;
@@ -541,7 +718,7 @@ static int cmd_info(const char *path) {
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
          ts->batch, ts->optim.kind >= 0 && ts->optim.kind <= 2 ? opt[ts->optim.kind] : "?", ts->optim.lr,
          (unsigned long long)ts->seed);
-  if (ts->best >= 0) printf("best dev    accuracy %.4f\n", ts->best);
+  if (ts->best >= 0) printf("best dev    %.4f (accuracy; dev loss for a model without a classifier)\n", ts->best);
   cavs_vocab_free(v);
   cavs_ckpt_free(k);
   return 0;
@@ -552,7 +729,8 @@ static int cmd_info(const char *path) {
 static int cmd_gen(int argc, char **argv) {
   if (argc < 2) die(1, "gen: usage: cavs gen toy|complete|random [--graphs N] [--leaves L] [--words W] [--seed S] [--dag] -o FILE");
   const char *kind = argv[1], *out = NULL;
-  long graphs = 1000, leaves = 16, words = 24, seed = 1, classes = 5, vertices = 31;
+  long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
+  uint64_t seed = 1;
   int dag = 0;
   static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
                                      {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
@@ -561,28 +739,19 @@ static int cmd_gen(int argc, char **argv) {
   optind = 2;
   int ch;
   while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
-    char *end = NULL;
-    long val = optarg && ch != 'o' && ch != 'g' ? strtol(optarg, &end, 10) : 0;
-    if (end && (*end || val < (ch == 's' ? 0 : 1))) {
-      const char *opt = "?";
-      for (const struct option *q = lo; q->name; q++)
-        if (q->val == ch) opt = q->name;
-      die(1, "gen: --%s needs a %s integer", opt, ch == 's' ? "non-negative" : "positive");
-    }
     switch (ch) {
-    case 'n': graphs = val; break;
-    case 'l': leaves = val; break;
-    case 'w': words = val; break;
-    case 's': seed = val; break;
-    case 'c': classes = val; break;
-    case 'v': vertices = val; break;
+    case 'n': graphs = parse_long("graphs", optarg, 1, 10000000); break;
+    case 'l': leaves = parse_long("leaves", optarg, 2, 1 << 20); break;
+    case 'w': words = parse_long("words", optarg, 1, 1000000); break;
+    case 's': seed = parse_u64("seed", optarg); break;
+    case 'c': classes = parse_long("classes", optarg, 1, 1000000); break;
+    case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
     case 'g': dag = 1; break;
     case 'o': out = optarg; break;
     default: exit(1);
     }
   }
   if (!out) die(1, "gen: -o FILE is required");
-  if (leaves < 2 || leaves > (1 << 20) || graphs > 10000000) die(1, "gen: --leaves must be 2..1048576 and --graphs at most 10^7");
   char *tmp = fmt("%s.tmpXXXXXX", out);
   int fd = mkstemp(tmp);
   if (fd < 0) die(1, "cannot write '%s': %s", out, strerror(errno));
@@ -594,7 +763,7 @@ static int cmd_gen(int argc, char **argv) {
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
   else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
   else if (!strcmp(kind, "random"))
-    rc = cavs_gen_random(f, (int)graphs, (int)(vertices > 1000000 ? 1000000 : vertices), (int)words, (int)classes, dag, (uint64_t)seed);
+    rc = cavs_gen_random(f, (int)graphs, (int)vertices, (int)words, (int)classes, dag, (uint64_t)seed);
   else {
     fclose(f);
     unlink(tmp);
@@ -617,7 +786,7 @@ static const char usage[] =
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
-    "  --threads N  --log FILE  --quiet\n"
+    "  --threads N  --max-memory SIZE  --log FILE  --quiet\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -640,18 +809,16 @@ int main(int argc, char **argv) {
   TrainOpts o = {.epochs = 10, .batch = 64, .threads = 2, .seed = 1,
                  .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
   const char *data = NULL, *format = NULL, *model_opt = NULL;
-  bool lr_set = false;
   static const struct option lo[] = {
       {"format", 1, 0, 'f'}, {"train", 1, 0, 't'}, {"dev", 1, 0, 'd'}, {"epochs", 1, 0, 'e'},
       {"batch", 1, 0, 'b'}, {"optimizer", 1, 0, 'O'}, {"lr", 1, 0, 'l'}, {"clip", 1, 0, 'c'},
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
-      {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {0, 0, 0, 0}};
+      {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {0, 0, 0, 0}};
   optind = 2;
   int ch;
   const char *positional = NULL;
   while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
-    char *end = NULL;
     switch (ch) {
     case 1:
       if (positional) die(1, "%s: unexpected argument '%s'", cmd, optarg);
@@ -662,15 +829,16 @@ int main(int argc, char **argv) {
     case 'd': o.dev = optarg; break;
     case 'x': data = optarg; break;
     case 'M': model_opt = optarg; break;
-    case 'e': o.epochs = (int)strtol(optarg, &end, 10); break;
-    case 'b': o.batch = (int)strtol(optarg, &end, 10); o.set_batch = true; break;
-    case 'j': o.threads = (int)strtol(optarg, &end, 10); break;
-    case 's': o.seed = strtoull(optarg, &end, 10); break;
-    case 'l': o.optim.lr = strtod(optarg, &end); lr_set = o.set_optim = true; break;
-    case 'c': o.optim.clip = strtod(optarg, &end); o.set_optim = true; break;
-    case 'w': o.optim.weight_decay = strtod(optarg, &end); o.set_optim = true; break;
+    case 'e': o.epochs = (int)parse_long("epochs", optarg, 1, 1000000); break;
+    case 'b': o.batch = (int)parse_long("batch", optarg, 1, 1 << 20); o.set_batch = true; break;
+    case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;
+    case 's': o.seed = parse_u64("seed", optarg); break;
+    case 'l': o.optim.lr = parse_real("lr", optarg, 0, 1e30, true); o.set_lr = true; break;
+    case 'c': o.optim.clip = parse_real("clip", optarg, 0, 1e30, false); o.set_clip = true; break;
+    case 'w': o.optim.weight_decay = parse_real("weight-decay", optarg, 0, 1e6, false); o.set_wd = true; break;
+    case 'X': cavs_set_memory_limit(parse_size("max-memory", optarg)); break;
     case 'O':
-      o.set_optim = true;
+      o.set_kind = true;
       if (!strcmp(optarg, "sgd")) o.optim.kind = CAVS_SGD;
       else if (!strcmp(optarg, "adagrad")) o.optim.kind = CAVS_ADAGRAD;
       else if (!strcmp(optarg, "adam")) o.optim.kind = CAVS_ADAM;
@@ -686,16 +854,13 @@ int main(int argc, char **argv) {
     case 'q': o.quiet = 1; break;
     default: fputs(usage, stderr); return 1;
     }
-    if (end && (*end || end == optarg)) die(1, "'%s' is not a number", optarg);
   }
   /* after `--`, getopt stops: what is left is the positional argument */
   for (; optind < argc; optind++) {
     if (positional) die(1, "%s: unexpected argument '%s'", cmd, argv[optind]);
     positional = argv[optind];
   }
-  if (o.threads <= 0) die(1, "--threads must be positive");
-  if (!lr_set && o.optim.kind == CAVS_SGD) o.optim.lr = 0.05;
-  if (!lr_set && o.optim.kind == CAVS_ADAGRAD) o.optim.lr = 0.05;
+  if (!o.set_lr) o.optim.lr = default_lr(o.optim.kind);
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;
@@ -703,7 +868,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "eval") || !strcmp(cmd, "predict")) {
     cavs_set_threads(o.threads);
-    return cmd_eval(positional, model_opt, data, format, o.batch > 256 ? 256 : o.batch, !strcmp(cmd, "predict"));
+    return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"));
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
   die(1, "unknown command '%s' (train, eval, predict, gen, info)", cmd);

@@ -108,7 +108,7 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
       free(m->m1);
       free(m->m2);
       m->m1 = m->m2 = NULL;
-      return cv_fail(m, "out of memory for the optimizer's state (%zu values)", 2 * n);
+      return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", 2 * n);
     }
   }
   m->step++;

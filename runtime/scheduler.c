@@ -240,6 +240,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
     for (int l = 0; l < d->nlosses; l++) {
       const cavs_loss_acc *a = &m->loss[l];
       if (a->count) st->loss += a->sum / (double)a->count;
+      if (d->losses[l].kind != 0) continue; /* accuracy is a classifier's: a regression has none */
       st->count += a->count;
       st->correct += a->correct;
       st->root_count += a->root_count;
@@ -249,6 +250,11 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   }
   m->have_batch = true;
   return 0;
+}
+
+const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n) {
+  if (n) *n = m->d->nlosses;
+  return m->loss;
 }
 
 int cavs_model_root_class(const cavs_model *m, int g) {

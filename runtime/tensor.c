@@ -4,6 +4,7 @@
  * never shrunk, so steady-state training allocates nothing. */
 #include "cv.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -32,6 +33,15 @@ int cv_fail(cavs_model *m, const char *fmt, ...) {
   return -1;
 }
 
+int cv_fail_mem(cavs_model *m, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m->err, sizeof m->err, fmt, ap);
+  va_end(ap);
+  errno = ENOMEM;
+  return -1;
+}
+
 void *cv_xrealloc(void *p, size_t n) {
   void *q = realloc(p, n ? n : 1);
   if (!q) {
@@ -43,9 +53,9 @@ void *cv_xrealloc(void *p, size_t n) {
 
 int cv_grow(cavs_model *m, void *p, size_t elem, size_t count) {
   size_t bytes;
-  if (__builtin_mul_overflow(elem, count ? count : 1, &bytes)) return cv_fail(m, "out of memory (a size overflows)");
+  if (__builtin_mul_overflow(elem, count ? count : 1, &bytes)) return cv_fail_mem(m, "out of memory (a size overflows)");
   void *q = realloc(*(void **)p, bytes);
-  if (!q) return cv_fail(m, "out of memory (%zu bytes)", bytes);
+  if (!q) return cv_fail_mem(m, "out of memory (%zu bytes)", bytes);
   *(void **)p = q;
   return 0;
 }
@@ -105,6 +115,7 @@ void cavs_dims_default(const cavs_desc *d, long *dims) {
   do {                                                                                    \
     if (!((p) = calloc((size_t)(n) + 1, sizeof *(p)))) {                                  \
       snprintf(err, errlen, "out of memory (%s)", what);                                  \
+      errno = ENOMEM;                                                                     \
       cavs_model_free(m);                                                                 \
       return NULL;                                                                        \
     }                                                                                     \
@@ -127,6 +138,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   cavs_model *m = calloc(1, sizeof *m);
   if (!m) {
     snprintf(err, errlen, "out of memory");
+    errno = ENOMEM;
     return NULL;
   }
   m->d = d;
@@ -170,6 +182,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
                d->name, gib(bytes), gib(cavs_memory_limit()));
     else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
     cavs_model_free(m);
+    errno = ENOMEM;
     return NULL;
   }
   m->model_bytes = bytes;
@@ -179,6 +192,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   if (!m->pflat || !m->gflat) {
     snprintf(err, errlen, "out of memory for %zu parameters", total);
     cavs_model_free(m);
+    errno = ENOMEM;
     return NULL;
   }
   memset(m->pflat, 0, total * m->esize);
@@ -205,6 +219,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   if (!(m->spans = calloc(nspans, 2 * sizeof(size_t)))) {
     snprintf(err, errlen, "out of memory (optimizer)");
     cavs_model_free(m);
+    errno = ENOMEM;
     return NULL;
   }
   NEW(m->val, d->nbufs, "buffers");
@@ -266,7 +281,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
   if (cavs_model_memory(m, cap, NULL, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
       need > cavs_memory_limit()) {
     row_bytes(m, &per);
-    return cv_fail(m,
+    return cv_fail_mem(m,
                    "a minibatch of %d vertices needs %.2f GiB (%zu bytes a vertex) besides the model's %.2f GiB, "
                    "more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
                    rows, gib(per * (size_t)rows), per, gib(m->model_bytes), gib(cavs_memory_limit()));
@@ -282,7 +297,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
     }
     if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
       m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
-      return cv_fail(m, "out of memory for %d rows", rows);
+      return cv_fail_mem(m, "out of memory for %d rows", rows);
     }
   }
   int fail = 0;

@@ -251,7 +251,177 @@ START_TEST(user_errors) {
   r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--save",
            "/nonexistent-dir/x.ckpt", "--epochs", "1", "--dim", "H=4", "--dim", "E=4", "--quiet", NULL);
   ck_assert_int_eq(r.status, 1);
-  ck_assert_msg(strstr(r.err, "cannot write '/nonexistent-dir/x.ckpt'"), "%s", r.err);
+  /* found before training starts, not after an epoch */
+  ck_assert_msg(strstr(r.err, "--save /nonexistent-dir/x.ckpt: cannot write there"), "%s", r.err);
+  ck_assert_ptr_null(strstr(r.out, "epoch"));
+  tu_free(&r);
+}
+END_TEST
+
+/* Numbers on the command line are whole and in range, everywhere: nothing is cut short
+ * or wrapped around, and nothing starts with a batch of 0. */
+START_TEST(numeric_options_strict) {
+  gen_data();
+  struct {
+    const char *opt, *val;
+  } bad[] = {
+      {"--epochs", "0"}, {"--epochs", "3x"}, {"--epochs", "99999999999999999999"}, {"--epochs", ""},
+      {"--batch", "0"}, {"--batch", "-4"}, {"--batch", "4294967297"}, {"--threads", "0"}, {"--threads", "1.5"},
+      {"--seed", "-1"}, {"--seed", "18446744073709551616"}, {"--lr", "-0.1"}, {"--lr", "0"}, {"--lr", "nan"},
+      {"--lr", "inf"}, {"--clip", "-1"}, {"--weight-decay", "-1e-3"}, {"--max-memory", "0"},
+      {"--max-memory", "12Q"}, {"--dim", "H=0"}, {"--dim", "H=99999999999999999999"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    RunResult r = TRAIN(bad[i].opt, bad[i].val, "--epochs", "1", "--quiet", NULL);
+    /* --epochs given twice: the bad one first, so the second cannot hide it */
+    if (!strcmp(bad[i].opt, "--epochs")) {
+      tu_free(&r);
+      r = TRAIN("--quiet", bad[i].opt, bad[i].val, NULL);
+    }
+    ck_assert_msg(r.status == 1, "%s %s: exit %d\n%s", bad[i].opt, bad[i].val, r.status, r.err);
+    ck_assert_msg(strstr(r.err, bad[i].opt + 2), "%s %s: %s", bad[i].opt, bad[i].val, r.err);
+    tu_free(&r);
+  }
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("n.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  const char *cmds[] = {"eval", "predict"};
+  for (int i = 0; i < 2; i++) {
+    r = cavs(cmds[i], path_in("n.ckpt"), "--data", path_in("dev.txt"), "--batch", "0", NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "--batch"), "%s --batch 0: %d %s", cmds[i], r.status, r.err);
+    tu_free(&r);
+  }
+  /* a batch above the old cap of 256 predicts every graph */
+  r = cavs("predict", path_in("n.ckpt"), "--data", path_in("dev.txt"), "--batch", "1000", NULL);
+  ok(&r, "predict --batch 1000");
+  int lines = 0;
+  for (const char *p = r.out; *p; p++) lines += *p == '\n';
+  ck_assert_int_eq(lines, 300);
+  tu_free(&r);
+}
+END_TEST
+
+/* An output of a run never overwrites one of its inputs; --resume X --save X is the
+ * one way to write over a file the run reads. A save that was killed leaves a
+ * temporary file that the next save removes. */
+START_TEST(outputs_never_clobber_inputs) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("train.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "would overwrite") && strstr(r.err, "input"), "%s", r.err);
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--log", path_in("dev.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "would overwrite"), "%s", r.err);
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("c.ckpt"), "--log", path_in("c.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+  /* and the data files are intact */
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("c.ckpt"), NULL);
+  ok(&r, "train after refusals");
+  tu_free(&r);
+  tu_write(path_in("c.ckpt.tmpAbC123"), "half a checkpoint", 17);
+  r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("c.ckpt"), "--save", path_in("c.ckpt"), NULL);
+  ok(&r, "resume and save over the same file");
+  tu_free(&r);
+  ck_assert_msg(access(path_in("c.ckpt.tmpAbC123"), F_OK) != 0, "the leftover temporary file is still there");
+  r = cavs("info", path_in("c.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "2 epochs done"), "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
+/* Resuming keeps each optimizer setting that is not given again, one by one. */
+START_TEST(resume_keeps_settings_not_given) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--optimizer", "sgd", "--lr", "0.02", "--clip", "5",
+                      "--weight-decay", "0.001", "--save", path_in("s.ckpt"), NULL);
+  ok(&r, "train sgd");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--lr", "0.03", "--resume", path_in("s.ckpt"), "--save", path_in("s2.ckpt"), NULL);
+  ok(&r, "resume with --lr");
+  tu_free(&r);
+  r = cavs("info", path_in("s2.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "optimizer sgd lr 0.03"), "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
+/* A model too large for memory is an error with status 2 before anything is
+ * allocated, not a crash; so is a minibatch that would not fit. */
+START_TEST(memory_limits) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--dim", "H=16000000", NULL);
+  ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+  ck_assert_msg(strstr(r.err, "memory limit"), "%s", r.err);
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--max-memory", "64K", NULL);
+  ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+  ck_assert_msg(strstr(r.err, "memory limit"), "%s", r.err);
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--max-memory", "1M", NULL);
+  ck_assert_msg(r.status == 2, "exit %d: %s", r.status, r.err);
+  ck_assert_msg(strstr(r.err, "a minibatch of"), "%s", r.err);
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--max-memory", "1G", NULL);
+  ok(&r, "train under 1G");
+  tu_free(&r);
+}
+END_TEST
+
+/* A regression loss has no accuracy: none is printed, .best follows the dev loss; a
+ * model with two losses reports each, and its accuracy is its classifier's. */
+START_TEST(regression_and_two_losses) {
+  FILE *f = fopen(path_in("reg.cgf"), "w");
+  ck_assert_ptr_nonnull(f);
+  for (int g = 0; g < 120; g++) {
+    int a = g % 7, b = (g * 3) % 11;
+    fprintf(f, "graph\n0 v ; w=%d t=%.3f y=%d\n1 v ; w=%d t=%.3f y=%d\n2 v 0 1 ; t=%.3f y=%d\nend\n", a,
+            a / 10.0, a % 3, b, b / 10.0, b % 3, (a + b) / 20.0, (a + b) % 3);
+  }
+  fclose(f);
+  const char *head = "dim H = 8; dim V = 12; dim C = 3;\ninput w : index[V]; input y : class[C]; input t : real[1];\n"
+                     "param emb[V,H] init uniform(-0.5, 0.5); param W[H,H], Wo[H,1], Wc[H,C] init xavier;\n"
+                     "pull { x = emb[w]; }\n"
+                     "vertex v (children 2) { h = tanh(pull() + (gather(0) + gather(1)) @ W); scatter(h); push(h); }\n";
+  char src[2048];
+  snprintf(src, sizeof src, "model reg;\n%spush (h) { loss mse(h @ Wo, t); }\n", head);
+  tu_write(path_in("reg.vf"), src, strlen(src));
+  snprintf(src, sizeof src, "model both;\n%spush (h) { loss softmax_xent(h @ Wc, y); loss mse(h @ Wo, t); }\n", head);
+  tu_write(path_in("both.vf"), src, strlen(src));
+  RunResult r = cavs("train", path_in("reg.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev",
+                     path_in("reg.cgf"), "--epochs", "3", "--lr", "0.01", "--save", path_in("reg.ckpt"), "--log",
+                     path_in("reg.log"), NULL);
+  ok(&r, "train a regression");
+  ck_assert_msg(strstr(r.out, "dev loss") && !strstr(r.out, "acc"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "(best, saved)"), "the dev loss picks .best:\n%s", r.out);
+  tu_free(&r);
+  char *log = tu_slurp(path_in("reg.log"), NULL);
+  ck_assert_msg(strstr(log, "\"dev_acc\": null") && strstr(log, "\"train_acc\": null"), "%s", log);
+  free(log);
+  ck_assert_int_eq(access(path_in("reg.ckpt.best"), F_OK), 0);
+  r = cavs("eval", path_in("reg.ckpt.best"), "--data", path_in("reg.cgf"), NULL);
+  ok(&r, "eval a regression");
+  ck_assert_msg(strstr(r.out, "loss") && !strstr(r.out, "accuracy"), "%s", r.out);
+  tu_free(&r);
+  r = cavs("train", path_in("both.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev", path_in("reg.cgf"),
+           "--epochs", "2", "--lr", "0.01", "--save", path_in("both.ckpt"), NULL);
+  ok(&r, "train two losses");
+  ck_assert_msg(strstr(r.out, "(softmax_xent ") && strstr(r.out, ", mse "), "%s", r.out);
+  tu_free(&r);
+  r = cavs("eval", path_in("both.ckpt"), "--data", path_in("reg.cgf"), NULL);
+  ok(&r, "eval two losses");
+  double xent_acc = -1, acc = -2;
+  const char *p = strstr(r.out, "(softmax_xent ");
+  ck_assert_ptr_nonnull(p);
+  ck_assert(sscanf(p, "(softmax_xent %*f acc %lf", &xent_acc) == 1);
+  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  /* the regression's rows do not dilute the classifier's accuracy */
+  ck_assert_msg(fabs(acc - xent_acc) < 1e-9, "accuracy %.4f, the classifier's %.4f\n%s", acc, xent_acc, r.out);
+  ck_assert_msg(strstr(r.out, "(all 360 vertices)"), "%s", r.out);
   tu_free(&r);
 }
 END_TEST
@@ -325,6 +495,11 @@ int main(void) {
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, numeric_options_strict);
+  tcase_add_test(tc, outputs_never_clobber_inputs);
+  tcase_add_test(tc, resume_keeps_settings_not_given);
+  tcase_add_test(tc, memory_limits);
+  tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
   suite_add_tcase(s, tc);
