@@ -377,6 +377,7 @@ typedef struct cavs_train_state {
   int threads, batch;
   char format[32];    /* data format of the training file */
   cavs_optim optim;
+  long graphs_done;   /* an interrupted epoch: the graphs of epoch+1 already trained on */
 } cavs_train_state;
 
 /* What a checkpoint may hold; anything beyond is refused as damaged. */

@@ -8,11 +8,13 @@
  *   i64 optimizer steps   u8 has_moments   [m1 values, m2 values, per parameter]
  *   training state: i32 epoch  u64 rng  f64 best  u64 seed  i32 threads  i32 batch
  *                   str format  i32 kind  f64 lr clip weight_decay beta1 beta2 eps
+ *                   i64 graphs_done                               (format 2 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
  * to PATH.tmpXXXXXX in the same directory, flushed, fsync'ed and renamed over PATH, and the
- * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix. */
+ * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix.
+ * Format 1 (no graphs_done) is still read. */
 #include "cv.h"
 
 #include <dirent.h>
@@ -26,7 +28,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 1
+#define CKPT_VERSION 2
 
 /* ---- writing into a growing buffer ---- */
 
@@ -202,6 +204,7 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   put_f64(&b, ts->optim.beta1);
   put_f64(&b, ts->optim.beta2);
   put_f64(&b, ts->optim.eps);
+  put_i64(&b, ts->graphs_done);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -372,7 +375,7 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) BAD("'%s' is not a cavs checkpoint", path);
   uint32_t version;
   memcpy(&version, k->data + 8, 4);
-  if (version != CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
+  if (version != 1 && version != CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
   uint64_t want, have = fnv64(k->data, k->size - 8);
   memcpy(&want, k->data + k->size - 8, 8);
   if (want != have) BAD("'%s' is damaged: its checksum does not match (truncated or modified)", path);
@@ -464,10 +467,11 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   k->ts.optim.beta1 = get_f64(&r);
   k->ts.optim.beta2 = get_f64(&r);
   k->ts.optim.eps = get_f64(&r);
+  if (version >= 2) k->ts.graphs_done = (long)get_i64(&r);
   if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
   const cavs_train_state *t = &k->ts;
   const cavs_optim *o = &t->optim;
-  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || !(t->best == -1 || nonneg(t->best)))
+  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || t->graphs_done < 0 || !(t->best == -1 || nonneg(t->best)))
     BAD("'%s' is damaged (training state)", path);
   if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "cgf"))
     BAD("'%s' is damaged (data format)", path);

@@ -393,12 +393,11 @@ static bool same_file(const char *a, const char *b) {
   return same;
 }
 
-static void check_output(const char *opt, const char *out, const char *const *inputs, int n) {
+static void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n) {
   struct stat so;
   if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "--%s %s: it is a directory", opt, out);
   for (int i = 0; i < n; i++)
-    if (inputs[i] && same_file(out, inputs[i]))
-      die(1, "--%s %s would overwrite %s, an input or output of this run", opt, out, inputs[i]);
+    if (inputs[i] && same_file(out, inputs[i])) die(1, "--%s %s would overwrite %s, %s", opt, out, inputs[i], what[i]);
   const char *slash = strrchr(out, '/');
   char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - out), out) : xstrdup(".cavs-probe-XXXXXX");
   int fd = mkstemp(probe);
@@ -407,6 +406,13 @@ static void check_output(const char *opt, const char *out, const char *const *in
   unlink(probe);
   free(probe);
 }
+
+/* SIGINT or SIGTERM during training: the step under way finishes, the state is saved
+ * (atomically, as always) and cavs exits with 128 + the signal. The handler only sets
+ * this; a second signal gets the default action (SA_RESETHAND), which is safe: a
+ * checkpoint is never torn. */
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig) { interrupted = sig; }
 
 static double default_lr(int kind) { return kind == CAVS_ADAM ? 1e-3 : 0.05; }
 
@@ -447,11 +453,13 @@ static int cmd_train(TrainOpts *o) {
   /* what --save may not write over (--resume it may: that is how a run goes on), then
      what --log may not */
   const char *inputs[] = {o->model, o->train, o->dev, o->log, o->resume, o->save, best_path};
+  const char *what[] = {"the model", "the --train data", "the --dev data", "the --log file", "the checkpoint resumed from",
+                        "the --save checkpoint", "the best checkpoint"};
   if (o->save) {
-    check_output("save", o->save, inputs, 4);
-    check_output("save", best_path, inputs, 4);
+    check_output("save", o->save, inputs, what, 4);
+    check_output("save", best_path, inputs, what, 4);
   }
-  if (o->log) check_output("log", o->log, inputs + 4, 3), check_output("log", o->log, inputs, 3);
+  if (o->log) check_output("log", o->log, inputs + 4, what + 4, 3), check_output("log", o->log, inputs, what, 3);
   cavs_set_threads(o->threads);
   Loaded L = load_model_arg(o->model);
   const cavs_desc *d = L.desc;
@@ -525,6 +533,7 @@ static int cmd_train(TrainOpts *o) {
     ts.rng = cs->rng;
     ts.best = cs->best;
     ts.seed = cs->seed;
+    ts.graphs_done = cs->graphs_done;
   } else {
     cavs_model_init(m, o->seed);
   }
@@ -542,11 +551,23 @@ static int cmd_train(TrainOpts *o) {
     cavs_model_param(m, i, &r, &c, NULL);
     nparams += r * c;
   }
-  if (!o->quiet)
-    printf("model %s: %ld parameters; %d training graphs (%ld vertices)%s\n", d->name, nparams, n,
-           cavs_dataset_vertices(tr), ck ? fmt("; resumed after epoch %d", ts.epoch) : "");
+  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  if (!o->quiet) {
+    printf("model %s: %ld parameters; %d training graphs (%ld vertices)", d->name, nparams, n, cavs_dataset_vertices(tr));
+    if (ck) printf("; resumed after epoch %d", ts.epoch);
+    if (ck && ts.graphs_done) printf(" and %ld graphs of the next", ts.graphs_done);
+    printf("\n");
+    fflush(stdout);
+  }
   int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;
   for (int epoch = first; epoch <= last_epoch; epoch++) {
+    /* an interrupted epoch goes on where it stopped, in the same order */
+    uint64_t rng_at_start = ts.rng;
+    int b0 = epoch == first && ts.graphs_done > 0 ? (int)(ts.graphs_done < n ? ts.graphs_done : n) : 0;
+    ts.graphs_done = 0;
     for (int i = 0; i < n; i++) order[i] = i;
     for (int i = n - 1; i > 0; i--) {
       int j = (int)(rng_next(&ts.rng) % (uint64_t)(i + 1));
@@ -556,7 +577,7 @@ static int cmd_train(TrainOpts *o) {
     }
     Totals t = {0};
     double start = now(), shown = 0;
-    for (int b = 0; b < n; b += o->batch) {
+    for (int b = b0; b < n; b += o->batch) {
       int k = 0;
       for (; k < o->batch && b + k < n; k++) gs[k] = cavs_dataset_graph(tr, order[b + k]);
       cavs_stats st;
@@ -577,6 +598,18 @@ static int cmd_train(TrainOpts *o) {
       errno = 0;
       if (cavs_model_step(m, &o->optim)) lib_die(cavs_model_error(m));
       add_batch(&t, m, &st, k);
+      if (interrupted && b + k < n) {
+        /* the epoch so far: the shuffling state it began with and how far it got */
+        ts.rng = rng_at_start;
+        ts.graphs_done = b + k;
+        if (tty) printf("\r\033[K");
+        if (o->save && cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
+        if (o->save)
+          fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
+                  prog, b + k, n, epoch, o->save, o->save);
+        else fprintf(stderr, "%s: interrupted in epoch %d; nothing saved (no --save)\n", prog, epoch);
+        exit(128 + interrupted);
+      }
       double el = now() - start;
       if (tty && (el - shown > 0.1 || b + k >= n)) {
         shown = el;
@@ -625,6 +658,10 @@ static int cmd_train(TrainOpts *o) {
     if (o->save) {
       if (cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
       if (better && cavs_ckpt_save(best_path, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
+    }
+    if (interrupted && epoch < last_epoch) {
+      fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");
+      exit(128 + interrupted);
     }
   }
   if (log) fclose(log);
@@ -715,6 +752,7 @@ static int cmd_info(const char *path) {
   for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
   printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
   static const char *opt[] = {"sgd", "adagrad", "adam"};
+  if (ts->graphs_done) printf("interrupted %ld graphs into epoch %d\n", ts->graphs_done, ts->epoch + 1);
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
          ts->batch, ts->optim.kind >= 0 && ts->optim.kind <= 2 ? opt[ts->optim.kind] : "?", ts->optim.lr,
          (unsigned long long)ts->seed);
