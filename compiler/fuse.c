@@ -1,7 +1,7 @@
 /* fuse.c: two rewrites that cut the number of loops and products.
  *
  * Elementwise fusion: union-find over the edges between live elementwise nodes of one
- * class; each group becomes one loop (C) or one kernel (CUDA) that keeps intermediate
+ * class; each group becomes one loop (C; one kernel in the CUDA emitter to come) that keeps intermediate
  * values in registers. A union is refused when it would make the group depend on itself
  * through an outside node (a group runs as one step, so no input of it may need one of
  * its members): checked with transitive-dependency bitsets.

@@ -1,5 +1,6 @@
-/* ir.c: the typed IR: symbolic widths (Lin), node construction, the verifier that runs
- * after every pass (ir_check), and the text printer behind `cavsc --dump=ir`. */
+/* ir.c: the typed IR: symbolic widths (Lin), node construction, the verifier (ir_check,
+ * run on the IR that sema built or ir_read read, before the passes), and the text printer
+ * behind `cavsc --dump=ir`. */
 #include "cavsc.h"
 
 #include <stdlib.h>

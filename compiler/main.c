@@ -1,5 +1,6 @@
-/* main.c: the cavsc command. Options first, then the pipeline as a list of calls, each
- * pass followed by the verifier, as QBE's main.c lists its passes. */
+/* main.c: the cavsc command. Options first, then the pipeline as a list of calls, as
+ * QBE's main.c lists its passes: the verifier checks the IR sema built (or ir_read read)
+ * before autodiff and the passes after it. */
 #include "cavsc.h"
 
 #include <errno.h>

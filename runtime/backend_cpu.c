@@ -1,7 +1,6 @@
 /* backend_cpu.c: the CPU backend: matrix products through OpenBLAS, and the row kernels
  * of kernels.h in the model's precision. The entry points are the ones cavs.h declares
- * for generated code; the CUDA backend (backend_cuda.cu) provides the same, in the same
- * order. */
+ * for generated code (a CUDA backend, not written yet, is to provide the same). */
 #include "cv.h"
 
 #include <cblas.h>

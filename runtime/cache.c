@@ -112,7 +112,21 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   char *h = fmt("%s/cavs.h", q->include);
   hash_path(&c, h);
   free(h);
-  if (strchr(q->cavsc, '/')) hash_path(&c, q->cavsc);
+  /* the compiler's own bytes: a path as given, or the first match in PATH */
+  if (strchr(q->cavsc, '/')) {
+    hash_path(&c, q->cavsc);
+  } else {
+    const char *path = getenv("PATH");
+    char *dirs = fmt("%s", path ? path : "/usr/local/bin:/usr/bin:/bin");
+    for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+      char *cand = fmt("%s/%s", *d ? d : ".", q->cavsc);
+      bool found = access(cand, X_OK) == 0;
+      if (found) hash_path(&c, cand);
+      free(cand);
+      if (found) break;
+    }
+    free(dirs);
+  }
   hash_field(&c, q->text, q->len);
   unsigned char d[SHA256_DIGEST_SIZE];
   sha256_digest(&c, sizeof d, d);

@@ -210,7 +210,7 @@ struct cavs_ctx {
   const unsigned char *pushed; /* [rows]: 1 where the vertex's type calls push() */
   cavs_loss_acc *loss;       /* [nlosses] */
   int *pred;                 /* [rows]: argmax of the first softmax_xent, or -1 */
-  double loss_scale;         /* multiplies every loss gradient (1 / number of graphs ...) */
+  double loss_scale;         /* multiplies every loss gradient (1: losses are means) */
   int leaf_rows;             /* the first leaf_rows rows of the current stage's range have
                                 no children (level 0): values made only of gathered rows
                                 are zero there */
@@ -349,7 +349,7 @@ int cavs_vocab_size(const cavs_vocab *v);
 int cavs_vocab_id(cavs_vocab *v, const char *word, size_t len, int add);
 const char *cavs_vocab_word(const cavs_vocab *v, int id);
 
-/* A file of graphs, read once: format "ptb-tree" or "text". Tokens go to the model's
+/* A file of graphs, read once: format "ptb-tree", "text" or "cgf" (cavs-data(5)). Tokens go to the model's
  * first index input, labels to its first class input; leaves get the first vertex type
  * without children, inner vertices the first with children. `dims` (or NULL) bounds the
  * labels. New tokens are added to the vocabulary when `grow` is set. On error returns

@@ -2,12 +2,11 @@
  *
  *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
- *   cavs gen toy|complete [options] -o FILE        cavs info CKPT
+ *   cavs gen toy|complete|random [options] -o FILE        cavs info CKPT
  *
- * A .vf model is compiled through cavsc and the system C compiler into a shared object
- * in a cache directory keyed by a hash of the source, cavsc's version and the flags, then
- * loaded with dlopen. Both compilers run from argument vectors (fork + execvp), never a
- * shell. Exit status: 0 success, 1 user error, 2 internal error. */
+ * A .vf model is compiled through cavsc and the system C compiler into a shared object in
+ * the compile cache (cache.c), then loaded. Exit status: 0 success, 1 user error, 2
+ * internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
 #include "cavs.h"
 #include "cache.h"
 
@@ -463,7 +462,7 @@ static int cmd_train(TrainOpts *o) {
   cavs_set_threads(o->threads);
   Loaded L = load_model_arg(o->model);
   const cavs_desc *d = L.desc;
-  long dims[CAVS_MAX_DIMS];
+  long dims[CAVS_MAX_DIMS] = {0};
   cavs_dims_default(d, dims);
   apply_dims(d, dims, o);
   cavs_ckpt *ck = NULL;
@@ -477,10 +476,10 @@ static int cmd_train(TrainOpts *o) {
     if (strcmp(cavs_ckpt_hash(ck), d->source_hash))
       die(1, "%s: the checkpoint was trained from another version of model '%s' (source hash %s, %s is %s)", o->resume,
           d->name, cavs_ckpt_hash(ck), o->model, d->source_hash);
-    long cd[CAVS_MAX_DIMS];
+    long cd[CAVS_MAX_DIMS] = {0};
     if (cavs_ckpt_dims(ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
     /* only the dims given on the command line must agree with the checkpoint */
-    long asked[CAVS_MAX_DIMS];
+    long asked[CAVS_MAX_DIMS] = {0};
     for (int j = 0; j < d->ndims; j++) asked[j] = -1;
     apply_dims(d, asked, o);
     for (int j = 0; j < d->ndims; j++)
@@ -695,7 +694,7 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   else if (!*cavs_ckpt_source(c.ck))
     die(1, "%s: the checkpoint was trained from a built model library; name it with --model MODEL.so", path);
   else c.L = load_from_ckpt(c.ck, path);
-  long dims[CAVS_MAX_DIMS];
+  long dims[CAVS_MAX_DIMS] = {0}; /* every slot: cv_lin reads all of them */
   if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
   errno = 0;
   c.m = cavs_model_new(c.L.desc, dims, err, sizeof err);
@@ -710,7 +709,7 @@ static int cmd_eval(const char *ckpt, const char *model, const char *data, const
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
-  long dims[CAVS_MAX_DIMS];
+  long dims[CAVS_MAX_DIMS] = {0};
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
   cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
   if (!predict) {

@@ -1,6 +1,6 @@
 /* kernels.h: the runtime's row kernels, written once and instantiated for float and for
- * double by backend_cpu.c (#define R and SFX, then #include). Every kernel runs over rows
- * [r0, r0 + n) of the minibatch. */
+ * double by backend_cpu.c (#define R, CV_NAME and CV_EXP, then #include). Every kernel
+ * runs over rows [r0, r0 + n) of the minibatch. */
 
 static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
