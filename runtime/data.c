@@ -119,6 +119,8 @@ void cavs_dataset_free(cavs_dataset *s) {
  * children a vertex may have, which type a leaf and an inner vertex get. */
 typedef struct Shape {
   int nint, word_slot, label_slot, maxc, leaf_type, inner_type;
+  int inner_children;     /* children the inner vertices' block takes (at most maxc) */
+  const char *inner_name; /* its name */
   long nclass; /* labels must be below this (0: unchecked) */
 } Shape;
 
@@ -145,6 +147,8 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   }
   if (sh->inner_type < 0) sh->inner_type = 0;
   if (sh->leaf_type < 0) sh->leaf_type = sh->inner_type;
+  sh->inner_children = d->nvertex ? d->vertex[sh->inner_type].children : 0;
+  sh->inner_name = d->nvertex ? d->vertex[sh->inner_type].name : "";
   if (sh->maxc < 1) {
     snprintf(err, errlen, "model '%s' has no vertex block that takes children", d->name);
     return -1;
@@ -270,6 +274,10 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       if (o->word == -2 && o->nchild == 0) FAIL("empty node at column %zu", i + 1);
       if (o->nchild > sh->maxc)
         FAIL("a node with %d children at column %zu, but the model takes at most %d", o->nchild, i + 1, sh->maxc);
+      /* every inner node gets one block, which may take fewer children than another */
+      if (o->nchild > sh->inner_children)
+        FAIL("a node with %d children at column %zu, but block '%s', which inner nodes get, takes %d", o->nchild,
+             i + 1, sh->inner_name, sh->inner_children);
       add_vertex(s);
       long id = s->nv - 1;
       int *cp = s->child + id * s->maxc;

@@ -431,6 +431,30 @@ START_TEST(ptb_label_column) {
 }
 END_TEST
 
+/* Every inner node gets the first block with children; when that block takes fewer
+ * children than another block of the model, a node with more is an error of the file
+ * (found by tests/fuzz: the loader took it, and training failed later on the scheduler's
+ * check that a child slot exists in the vertex's block). */
+START_TEST(ptb_inner_block_children) {
+  const cavs_desc *d = model(
+      "model pc; dim H = 2; dim C = 3; dim V = vocab(w); input w : index[V]; input y : class[C];\n"
+      "param emb[V,H], U[2H,H], Wc[H,C];\n"
+      "pull { x = emb[w]; }\n"
+      "vertex one (children 1) { h = tanh(pull() + gather(0)); scatter(h); push(h); }\n"
+      "vertex two (children 2) { h = tanh(concat(gather(0), gather(1)) @ U); scatter(h); push(h); }\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n");
+  long dims[CAVS_MAX_DIMS];
+  dims_of(d, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("one-child.txt", S("(1 (2 (0 a)))\n"), "ptb-tree", d, dims, v, 1);
+  ck_assert_int_eq(cavs_dataset_vertices(s), 3);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+  expect_error("two-children.txt", S("(1 (2 a))\n(1 (2 a) (0 b))\n"), "ptb-tree", d, dims, 2,
+               "a node with 2 children at column 15, but block 'one', which inner nodes get, takes 1");
+}
+END_TEST
+
 /* ================= text ================= */
 
 START_TEST(text_chain) {
@@ -733,6 +757,7 @@ int main(void) {
   tcase_add_loop_test(ptb, ptb_errors, 0, NELEM(ptb_bad));
   tcase_add_loop_test(ptb, ptb_utf8_strict, 0, NELEM(utf8_bad));
   tcase_add_test(ptb, ptb_label_column);
+  tcase_add_test(ptb, ptb_inner_block_children);
   tcase_add_test(ptb, unknown_format);
   tcase_add_test(ptb, missing_file);
   tcase_add_test(text, text_chain);
