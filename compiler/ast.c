@@ -5,17 +5,24 @@
 
 static int max2(int a, int b) { return a > b ? a : b; }
 
+/* A node cut by check_depth: a number standing for a subtree that was too deep, marked by
+ * an operator no other node has (the parser may still relabel it, as a slice). */
+enum { OP_CUT = -1 };
+static bool cut(const Node *n) { return n && n->op == OP_CUT; }
+
 /* Every constructor bounds the height of the tree, so the recursive passes after the
  * parser never run deeper than CV_MAX_NEST, whatever the input. */
 static void check_depth(Node *n) {
-  static bool reported;
   if (n->depth > CV_MAX_NEST) {
-    /* once is enough: the parse fails and no later pass sees the tree */
-    if (!reported) error_at(n->loc, "expression nested too deeply (more than %d levels)", CV_MAX_NEST);
-    reported = true;
+    /* once per expression: a node above one already cut is too deep because of it (no
+       state outside the tree, so every parse, not only a process's first, reports it) */
+    bool below = cut(n) || cut(n->a) || cut(n->b) || cut(n->c);
+    for (int i = 0; n->kind == N_CALL && i < n->nargs; i++) below |= cut(n->args[i]);
+    if (!below) error_at(n->loc, "expression nested too deeply (more than %d levels)", CV_MAX_NEST);
     n->depth = CV_MAX_NEST;
     n->a = n->b = n->c = NULL;
     n->kind = N_NUM;
+    n->op = OP_CUT;
     n->num = 0;
   }
 }

@@ -197,9 +197,11 @@ expr:
 
 postfix:
   primary
-| postfix '[' expr ':' expr ']'  { $$ = ast_binary(0, $1, $3, @$); $$->kind = N_SLICE;
-                                   $$->c = $5; }
-| postfix '[' expr ']'           { $$ = ast_binary(0, $1, $3, @$); $$->kind = N_INDEX; }
+/* ast_binary may have cut the node (too deep): it stays a number, not a slice */
+| postfix '[' expr ':' expr ']'  { $$ = ast_binary(0, $1, $3, @$);
+                                   if ($$->kind == N_BINARY) { $$->kind = N_SLICE; $$->c = $5; } }
+| postfix '[' expr ']'           { $$ = ast_binary(0, $1, $3, @$);
+                                   if ($$->kind == N_BINARY) $$->kind = N_INDEX; }
 ;
 
 primary:

@@ -269,6 +269,43 @@ START_TEST(ir_round_trip) {
 }
 END_TEST
 
+/* A source whose vertex block computes `expr`. */
+static char *with_expr(const char *expr) {
+  const char *head = "model d; dim H = 2; dim C = 2; input y : class[C];\nvertex v (children 1) { x = gather(0); h = ";
+  const char *tail = "; scatter(h); push(h); }\npush (h) { loss softmax_xent(h, y); }\n";
+  char *src = malloc(strlen(head) + strlen(expr) + strlen(tail) + 1);
+  sprintf(src, "%s%s%s", head, expr, tail);
+  return src;
+}
+
+/* x + x + ... with n terms: a tree n - 1 deep (+ is left-associative). */
+static char *chain(int n) {
+  char *s = malloc(4 * (size_t)n + 1), *p = s;
+  for (int i = 0; i < n; i++) p += sprintf(p, i ? " + x" : "x");
+  return s;
+}
+
+/* An expression too deep for the passes after the parser is one error, in every parse a
+ * process runs, not only its first (the compiler's in-process users parse many; found by
+ * tests/fuzz), and one error however the cut expression goes on. */
+START_TEST(too_deep_every_parse) {
+  char *c = chain(300), *inner = chain(CV_MAX_NEST + 1);
+  char *sliced = malloc(strlen(inner) + 64);
+  sprintf(sliced, "(%s)[0:H] + x + x", inner);
+  char *srcs[] = {with_expr(c), with_expr(c), with_expr(sliced), with_expr(sliced)};
+  for (int i = 0; i < 4; i++) {
+    diag_init("deep.vf", srcs[i], strlen(srcs[i]));
+    int before = diag_count();
+    parse_source("deep.vf", srcs[i], strlen(srcs[i]));
+    ck_assert_msg(diag_count() - before == 1, "parse %d: %d errors", i, diag_count() - before);
+  }
+  for (int i = 0; i < 4; i++) free(srcs[i]);
+  free(c);
+  free(inner);
+  free(sliced);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("front");
   TCase *tc = tcase_create("core");
@@ -281,6 +318,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, ir_round_trip);
+  tcase_add_test(tc, too_deep_every_parse);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
