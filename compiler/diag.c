@@ -17,7 +17,10 @@ static bool silenced;
 const char *cv_source_text;
 size_t cv_source_len;
 
+/* Starts the diagnostics of one input: its text, and no errors yet. */
 void diag_init(const char *path, const char *text, size_t len) {
+  nerrors = 0;
+  silenced = false;
   cv_source_text = text;
   cv_source_len = len;
   src_path = path;

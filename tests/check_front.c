@@ -306,6 +306,17 @@ START_TEST(too_deep_every_parse) {
 }
 END_TEST
 
+/* diag_init starts a new input: the errors of the last one are not counted. */
+START_TEST(diag_init_resets_count) {
+  const char *bad = "model b; dim H = 2 2;\n";
+  diag_init("bad.vf", bad, strlen(bad));
+  parse_source("bad.vf", bad, strlen(bad));
+  ck_assert_int_gt(diag_count(), 0);
+  Model *m = compile_file("treelstm.vf");
+  ck_assert_int_eq(m->nvertex, 1);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("front");
   TCase *tc = tcase_create("core");
@@ -319,6 +330,7 @@ int main(void) {
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, ir_round_trip);
   tcase_add_test(tc, too_deep_every_parse);
+  tcase_add_test(tc, diag_init_resets_count);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
