@@ -305,7 +305,7 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
       return false;
     }
     *out = lin_const(n->ival);
-    return true;
+    return lin_in_range(c, n, *out);
   case N_DIMTERM:
   case N_NAME: {
     if (n->kind == N_NAME) {
@@ -357,7 +357,10 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
         return false;
       }
       if (!eval_int(c, kn, &k) || !eval_lin(c, ln, &a)) return false;
-      if (labs(k) > (1L << 24) || !lin_in_range(c, ln, a)) {
+      /* the product too: 65536 * 65537H is not 65536H (int32 keeps the low bits) */
+      bool big = labs(k) > (1L << 24) || !lin_in_range(c, ln, a) || labs(a.k * k) > (1L << 24);
+      for (int i = 0; i < CV_MAX_DIMS; i++) big = big || labs(a.c[i] * k) > (1L << 24);
+      if (big) {
         error_at(n->loc, "dim expression %s is too large", what(n));
         return false;
       }
@@ -673,6 +676,13 @@ static int eval_call(Ctx *c, const Node *n) {
       }
       Lin aw = node(c, args[i])->width;
       w = is_top(w) || is_top(aw) ? TOP : lin_add(w, aw);
+      /* every width stays in range, so that the sums the passes make of them do too */
+      bool big = !is_top(w) && labs((long)w.k) > (1L << 24);
+      for (int j = 0; !is_top(w) && j < CV_MAX_DIMS; j++) big = big || labs((long)w.c[j]) > (1L << 24);
+      if (big) {
+        error_at(n->loc, "concat() is too wide: its arguments add up to more than %ld of a dim", 1L << 24);
+        return -1;
+      }
     }
     if (bad) return -1;
     return mk(c, OP_CONCAT, T_ROW, w, n->loc, n->nargs, args);
@@ -1144,6 +1154,21 @@ static void decl_param(Ctx *c, Decl *d) {
       }
     }
     if (!declare(c, it->name, it->loc, SYM_PARAM, m->nparams)) continue;
+    /* parameters may sit side by side (merged products, their storage blocks): their
+       columns together stay in range, as every width does */
+    long k = p.cols.k, cs[CV_MAX_DIMS];
+    for (int i = 0; i < CV_MAX_DIMS; i++) cs[i] = p.cols.c[i];
+    for (int j = 0; j < m->nparams; j++) {
+      k += m->params[j].cols.k;
+      for (int i = 0; i < CV_MAX_DIMS; i++) cs[i] += m->params[j].cols.c[i];
+    }
+    bool big = k > (1L << 24);
+    for (int i = 0; i < CV_MAX_DIMS; i++) big = big || cs[i] > (1L << 24);
+    if (big) {
+      error_at(it->loc, "the parameters are too large: with '%s', their columns add up to more than %ld "
+               "of a dim", it->name, 1L << 24);
+      continue;
+    }
     m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
     m->params[m->nparams++] = p;
   }
