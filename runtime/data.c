@@ -7,6 +7,7 @@
 #include "cv.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,8 +260,10 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       char *end;
       long label = strtol(line + a, &end, 10);
       if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a + 1);
-      if (label < -1 || (sh->nclass && label >= sh->nclass))
-        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, sh->nclass - 1);
+      /* unbounded (no dims, or a class range that is the vocabulary): still an int */
+      long hi = sh->nclass > 0 && sh->nclass <= INT_MAX ? sh->nclass - 1 : INT_MAX;
+      if (label < -1 || label > hi)
+        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, hi);
       if (depth == capstack) {
         capstack = capstack ? capstack * 2 : 64;
         stack = cv_xrealloc(stack, sizeof(Open) * (size_t)capstack);
@@ -547,8 +550,10 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
     long x = strtol(eq + 1, &end, 10);
     long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
     if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
-    if (x < -1 || (bound > 0 && x >= bound && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0)))
-      CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, bound - 1);
+    /* unbounded (no dims, or a class range bound to the data): still an int */
+    bool checked = bound > 0 && bound <= INT_MAX && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
+    long hi = checked ? bound - 1 : INT_MAX;
+    if (x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, hi);
     s->feat[v * s->nint + desc->slot] = (int)x;
   }
   /* children must name vertices of this graph, known once it ends; check what we can */

@@ -431,6 +431,22 @@ START_TEST(ptb_label_column) {
 }
 END_TEST
 
+/* Without dims (or when the class range is the vocabulary) a label has no upper bound
+ * but must still be an int: 99999999999 was cut to -1943132161 in the graph, and
+ * 4294967296 to 0 (found by tests/fuzz). */
+START_TEST(ptb_label_int_range) {
+  expect_error("big-label.txt", S("(2 a)\n(99999999999 (1 b))\n"), "ptb-tree", TL, NULL, 2,
+               "label 99999999999 at column 2 is out of range (0..2147483647, or -1 for none)");
+  expect_error("neg-label.txt", S("(-2 a)\n"), "ptb-tree", TL, NULL, 1,
+               "label -2 at column 2 is out of range (0..2147483647, or -1 for none)");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("max-label.txt", S("(2147483647 a)\n"), "ptb-tree", TL, NULL, v, 1);
+  ck_assert_int_eq(cavs_dataset_graph(s, 0)->feat[slot_of(TL, "label")], 2147483647);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 /* Every inner node gets the first block with children; when that block takes fewer
  * children than another block of the model, a node with more is an error of the file
  * (found by tests/fuzz: the loader took it, and training failed later on the scheduler's
@@ -686,6 +702,15 @@ START_TEST(cgf_errors) {
 }
 END_TEST
 
+/* The same for cgf features without dims. */
+START_TEST(cgf_feature_int_range) {
+  expect_error("big-word.cgf", S("graph\n0 leaf ; word=4294967296\nend\n"), "cgf", TT, NULL, 2,
+               "word=4294967296 is outside -1..2147483647");
+  expect_error("neg-label.cgf", S("graph\n0 leaf ; label=-2\nend\n"), "cgf", TT, NULL, 2,
+               "label=-2 is outside -1..2147483647");
+}
+END_TEST
+
 /* A cycle error names a vertex on the cycle, not one that merely reaches it: 0 -> 1 <-> 2. */
 START_TEST(cgf_cycle_vertex) {
   long dims[CAVS_MAX_DIMS];
@@ -758,6 +783,7 @@ int main(void) {
   tcase_add_loop_test(ptb, ptb_utf8_strict, 0, NELEM(utf8_bad));
   tcase_add_test(ptb, ptb_label_column);
   tcase_add_test(ptb, ptb_inner_block_children);
+  tcase_add_test(ptb, ptb_label_int_range);
   tcase_add_test(ptb, unknown_format);
   tcase_add_test(ptb, missing_file);
   tcase_add_test(text, text_chain);
@@ -768,6 +794,7 @@ int main(void) {
   tcase_add_test(cgf, cgf_good_file);
   tcase_add_loop_test(cgf, cgf_errors, 0, NELEM(cgf_bad));
   tcase_add_test(cgf, cgf_cycle_vertex);
+  tcase_add_test(cgf, cgf_feature_int_range);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
