@@ -13,6 +13,7 @@ typedef struct Rd {
   const char *vocab_of[CV_MAX_DIMS]; /* the input each vocab dim counts, by name */
   Model *m;
   IrFunc *f;
+  long param_cols[CV_MAX_DIMS + 1]; /* the parameters' columns together (acc_add) */
   bool bad;
 } Rd;
 
@@ -81,9 +82,13 @@ static int dim_index(const Model *m, const char *name) {
   return -1;
 }
 
+/* Every coefficient of a width stays within this, as sema keeps them (so that the sums
+ * the passes make of widths stay far from int32 overflow). */
+#define LIN_MAX (1L << 24)
+
 /* A width as lin_str prints it: 2H+E, H+3, 0. */
 static bool lin(Rd *r, Lin *out) {
-  Lin l = lin_const(0);
+  long c[CV_MAX_DIMS + 1] = {0}; /* the dims' coefficients, then the constant */
   spaces(r);
   int sign = 1;
   for (;;) {
@@ -91,21 +96,35 @@ static bool lin(Rd *r, Lin *out) {
     bool have_k = *r->p >= '0' && *r->p <= '9';
     if (have_k && !integer(r, &k)) return false;
     const char *name = ident(r);
+    int d = CV_MAX_DIMS;
     if (name) {
-      int d = dim_index(r->m, name);
+      d = dim_index(r->m, name);
       if (d < 0) FAIL(r, "unknown dim '%s'", name);
-      l = lin_add(l, lin_dim(d, sign * k));
-    } else if (have_k) {
-      l = lin_add(l, lin_const(sign * k));
-    } else {
+    } else if (!have_k) {
       FAIL(r, "expected a width");
     }
+    if (k > LIN_MAX || labs(c[d] += sign * k) > LIN_MAX) FAIL(r, "width too large (at most %ld of a dim)", LIN_MAX);
     if (*r->p == '+') sign = 1;
     else if (*r->p == '-') sign = -1;
     else break;
     r->p++;
   }
+  Lin l = lin_const(c[CV_MAX_DIMS]);
+  for (int i = 0; i < CV_MAX_DIMS; i++) l.c[i] = (int32_t)c[i];
   *out = l;
+  return true;
+}
+
+/* Sums of widths, what concat and merged products (fuse.c) make of them, must stay
+ * within LIN_MAX too: add them up in `acc` (the coefficients, then the constant). */
+static void acc_add(long *acc, Lin w) {
+  for (int i = 0; i < CV_MAX_DIMS; i++) acc[i] += w.c[i];
+  acc[CV_MAX_DIMS] += w.k;
+}
+
+static bool acc_in_range(const long *acc) {
+  for (int i = 0; i <= CV_MAX_DIMS; i++)
+    if (labs(acc[i]) > LIN_MAX) return false;
   return true;
 }
 
@@ -205,6 +224,8 @@ static bool header_line(Rd *r, const char *kw) {
       if (lit(r, ",") && !number(r, &p.b)) return false;
       if (!want(r, ")")) return false;
     }
+    acc_add(r->param_cols, p.cols);
+    if (!acc_in_range(r->param_cols)) FAIL(r, "the parameters' columns add up to more than %ld of a dim", LIN_MAX);
     m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
     m->params[m->nparams++] = p;
   } else if (!strcmp(kw, "state") || !strcmp(kw, "pushed")) {
@@ -295,6 +316,11 @@ static bool node_line(Rd *r) {
   if (!integer(r, &line)) return false;
   n.loc = (Loc){(int)line, 1, (int)line, 1};
   n.name = ident(r);
+  if (n.op == OP_CONCAT) {
+    long w[CV_MAX_DIMS + 1] = {0};
+    for (int i = 0; i < nargs; i++) acc_add(w, f->nodes[args[i]].width);
+    if (!acc_in_range(w)) FAIL(r, "concat's operands add up to more than %ld of a dim", LIN_MAX);
+  }
   if (nargs) {
     n.args = arena_alloc(sizeof(int) * (size_t)nargs);
     memcpy(n.args, args, sizeof(int) * (size_t)nargs);

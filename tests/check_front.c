@@ -317,6 +317,29 @@ START_TEST(diag_init_resets_count) {
 }
 END_TEST
 
+/* IR written by hand keeps its widths in range as sema does: a coefficient, the
+ * parameters' columns together (merged products put them side by side) and a concat's
+ * operands together. Each of these overflowed int32 in lin_add (found by tests/fuzz). */
+START_TEST(ir_read_widths_in_range) {
+  char cat[8192];
+  int n = snprintf(cat, sizeof cat, "model m\ndim H = 1\ninput f : real[16777216H]\nstate [H]\n"
+                                    "func vertex v children 1\n  %%0 = input f : [16777216H]  # line 1\n"
+                                    "  %%1 = concat %%0");
+  for (int i = 1; i < 64; i++) n += snprintf(cat + n, sizeof cat - (size_t)n, ", %%0");
+  snprintf(cat + n, sizeof cat - (size_t)n, " : [H]  # line 1\n");
+  char params[8192] = "model m\ndim H = 1\n";
+  for (int i = 0; i < 130; i++)
+    snprintf(params + strlen(params), sizeof params - strlen(params), "param W%d[H,16777216H] init xavier\n", i);
+  const char *srcs[] = {"model m\ndim H = 2\ninput a : real[2000000000H+2000000000H]\n", params, cat};
+  const char *what[] = {"the largest width", "the parameters' columns", "concat"};
+  for (int i = 0; i < 3; i++) {
+    diag_init("wide.ir", srcs[i], strlen(srcs[i]));
+    ir_read("wide.ir", srcs[i], strlen(srcs[i]));
+    ck_assert_msg(diag_count() == 1, "%s: %d errors", what[i], diag_count());
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("front");
   TCase *tc = tcase_create("core");
@@ -331,6 +354,7 @@ int main(void) {
   tcase_add_test(tc, ir_round_trip);
   tcase_add_test(tc, too_deep_every_parse);
   tcase_add_test(tc, diag_init_resets_count);
+  tcase_add_test(tc, ir_read_widths_in_range);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
