@@ -1197,6 +1197,9 @@ Model *sema(Decl *decls, const char *path) {
         error_at(d->loc, "the model is already named '%s'", m->name);
         continue;
       }
+      /* the generated MODEL.h includes the runtime's cavs.h, and MODEL_desc is a cavs_desc */
+      if (!strcmp(d->name, "cavs"))
+        error_at(d->name_loc, "a model cannot be named 'cavs': its header, cavs.h, would hide the runtime's");
       if (declare(c, d->name, d->name_loc, SYM_MODEL, 0)) m->name = d->name;
       break;
     case D_DIM: decl_dim(c, d); break;
