@@ -7,6 +7,7 @@
 #include "cv.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -539,6 +540,8 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
       for (char *q = eq + 1; *q; k++) {
         double x = strtod(q, &end);
         if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
+        /* graphs hold floats: a finite double beyond them would become an infinity */
+        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %.*s is out of the range of a float", id, (int)(end - q), q);
         if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
         s->real[v * s->realw + off + k] = (float)x;
         q = *end == ',' ? end + 1 : end;

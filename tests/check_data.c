@@ -711,6 +711,27 @@ START_TEST(cgf_feature_int_range) {
 }
 END_TEST
 
+/* A real feature is read as a double and kept as a float: one beyond FLT_MAX is an
+ * error, not an infinity in the graph (found by tests/fuzz). */
+START_TEST(cgf_real_float_range) {
+  const cavs_desc *d = model("model rf; dim H = 2; input f : real[H]; param U[H,H];\n"
+                             "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
+                             "push (h) { loss mse(h, f); }\n");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  expect_error("big.cgf", S("graph\n0 v ; f=1,2\nend\ngraph\n0 v ; f=2,1e39\nend\n"), "cgf", d, dims, 5,
+               "vertex 0: 1e39 is out of the range of a float");
+  expect_error("neg.cgf", S("graph\n0 v ; f=-1e300,0\nend\n"), "cgf", d, dims, 2,
+               "vertex 0: -1e300 is out of the range of a float");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("max.cgf", S("graph\n0 v ; f=3.4e38,-1e-45\nend\n"), "cgf", d, dims, v, 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert(isfinite(g->real[0]) && g->real[0] > 3e38f);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 /* A cycle error names a vertex on the cycle, not one that merely reaches it: 0 -> 1 <-> 2. */
 START_TEST(cgf_cycle_vertex) {
   long dims[CAVS_MAX_DIMS];
@@ -795,6 +816,7 @@ int main(void) {
   tcase_add_loop_test(cgf, cgf_errors, 0, NELEM(cgf_bad));
   tcase_add_test(cgf, cgf_cycle_vertex);
   tcase_add_test(cgf, cgf_feature_int_range);
+  tcase_add_test(cgf, cgf_real_float_range);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
