@@ -386,6 +386,7 @@ typedef struct cavs_train_state {
 #define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255
+#define CAVS_MAX_GRAPH_VERTICES (1L << 30) /* also the most vertices in one minibatch */
 /* Names (models, dims, inputs, parameters) follow the .vf language's identifier rule:
  * [A-Za-z_][A-Za-z0-9_]*, at most CAVS_MAX_NAME bytes. 1 when s is one. */
 int cavs_is_identifier(const char *s);

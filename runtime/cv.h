@@ -65,7 +65,6 @@ int cv_grow(cavs_model *m, void *p, size_t elem, size_t count);
 int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* the same for a failure to get memory: also sets errno to ENOMEM */
 int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void *cv_xrealloc(void *p, size_t n);
 
 /* scheduler.c */
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);

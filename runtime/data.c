@@ -22,6 +22,18 @@ struct cavs_vocab {
   int nslots;
 };
 
+/* *p grown to n elements of elem bytes, in checked arithmetic; false (and *p as it was)
+ * when that much memory cannot be had. Every loader reports that as an error, with
+ * errno set to ENOMEM: the library never aborts. */
+static bool grow_array(void *p, size_t elem, size_t n) {
+  size_t bytes;
+  if (__builtin_mul_overflow(elem, n ? n : 1, &bytes)) return errno = ENOMEM, false;
+  void *q = realloc(*(void **)p, bytes);
+  if (!q) return errno = ENOMEM, false;
+  *(void **)p = q;
+  return true;
+}
+
 static unsigned vhash(const char *s, size_t n) {
   unsigned h = 2166136261u;
   for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
@@ -31,8 +43,11 @@ static unsigned vhash(const char *s, size_t n) {
 cavs_vocab *cavs_vocab_new(void) {
   cavs_vocab *v = calloc(1, sizeof *v);
   if (!v) return NULL;
-  cavs_vocab_id(v, "<unk>", 5, 1);
-  cavs_vocab_id(v, "<eos>", 5, 1); /* ends every `text` sentence */
+  /* <eos> ends every `text` sentence */
+  if (cavs_vocab_id(v, "<unk>", 5, 1) < 0 || cavs_vocab_id(v, "<eos>", 5, 1) < 0) {
+    cavs_vocab_free(v);
+    return NULL;
+  }
   return v;
 }
 
@@ -57,9 +72,11 @@ int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
     }
   }
   if (!add) return 0; /* <unk> */
+  if (v->n >= CAVS_MAX_DIM) return errno = ERANGE, -1; /* a vocabulary is a dim */
   if ((v->n + 1) * 2 > v->nslots) {
     int ns = v->nslots ? v->nslots * 2 : 1024;
-    int *slots = cv_xrealloc(NULL, sizeof(int) * (size_t)ns);
+    int *slots = NULL;
+    if (!grow_array(&slots, sizeof(int), (size_t)ns)) return -1;
     for (int i = 0; i < ns; i++) slots[i] = -1;
     for (int id = 0; id < v->n; id++) {
       unsigned h = vhash(v->words[id], strlen(v->words[id])) & (unsigned)(ns - 1);
@@ -71,10 +88,12 @@ int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
     v->nslots = ns;
   }
   if (v->n == v->cap) {
-    v->cap = v->cap ? v->cap * 2 : 1024;
-    v->words = cv_xrealloc(v->words, sizeof(char *) * (size_t)v->cap);
+    int cap = v->cap ? v->cap * 2 : 1024;
+    if (!grow_array(&v->words, sizeof(char *), (size_t)cap)) return -1;
+    v->cap = cap;
   }
-  char *copy = cv_xrealloc(NULL, len + 1);
+  char *copy = malloc(len + 1);
+  if (!copy) return errno = ENOMEM, -1;
   memcpy(copy, w, len);
   copy[len] = 0;
   v->words[v->n] = copy;
@@ -158,27 +177,50 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   return 0;
 }
 
-static void add_vertex(cavs_dataset *s) {
+/* A new vertex in the graph that began at vertex `first`; -1 with the message in err when
+ * the graph would be too large or memory runs out. */
+static int add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
+  if (s->nv - first >= CAVS_MAX_GRAPH_VERTICES) {
+    snprintf(err, errlen, "a graph with more than %ld vertices", (long)CAVS_MAX_GRAPH_VERTICES);
+    return -1;
+  }
   if (s->nv == s->capv) {
-    s->capv = s->capv ? s->capv * 2 : 4096;
-    s->child = cv_xrealloc(s->child, sizeof(int) * (size_t)s->capv * (size_t)s->maxc);
-    s->type = cv_xrealloc(s->type, sizeof(int) * (size_t)s->capv);
-    s->feat = cv_xrealloc(s->feat, sizeof(int) * (size_t)s->capv * (size_t)(s->nint ? s->nint : 1));
-    if (s->realw) s->real = cv_xrealloc(s->real, sizeof(float) * (size_t)s->capv * (size_t)s->realw);
+    long cap = s->capv ? s->capv * 2 : 4096;
+    /* a dataset is held to the memory limit as a model is */
+    size_t per = sizeof(int) * ((size_t)s->maxc + 1 + (size_t)(s->nint ? s->nint : 1)) + sizeof(float) * (size_t)s->realw,
+           need;
+    if (__builtin_mul_overflow(per, (size_t)cap, &need) || need > cavs_memory_limit()) {
+      errno = ENOMEM;
+      snprintf(err, errlen, "after %ld vertices the data needs more than the memory limit of %.2f GiB (--max-memory)",
+               s->nv, (double)cavs_memory_limit() / (double)(1 << 30));
+      return -1;
+    }
+    if (!grow_array(&s->child, sizeof(int) * (size_t)s->maxc, (size_t)cap) || !grow_array(&s->type, sizeof(int), (size_t)cap) ||
+        !grow_array(&s->feat, sizeof(int) * (size_t)(s->nint ? s->nint : 1), (size_t)cap) ||
+        (s->realw && !grow_array(&s->real, sizeof(float) * (size_t)s->realw, (size_t)cap))) {
+      snprintf(err, errlen, "out of memory after %ld vertices", s->nv);
+      return -1;
+    }
+    s->capv = cap;
   }
   for (long j = 0; j < s->realw; j++) s->real[s->nv * s->realw + j] = 0;
   for (int k = 0; k < s->maxc; k++) s->child[s->nv * s->maxc + k] = -1;
   for (int k = 0; k < s->nint; k++) s->feat[s->nv * s->nint + k] = -1;
   s->type[s->nv] = 0;
   s->nv++;
+  return 0;
 }
 
-static void add_graph(cavs_dataset *s, long first) {
+static int add_graph(cavs_dataset *s, long first, char *err, size_t errlen) {
   if (s->n == s->cap) {
+    if (s->cap >= INT_MAX / 2 || !grow_array(&s->graphs, sizeof(cavs_graph), (size_t)(s->cap ? s->cap * 2 : 1024))) {
+      snprintf(err, errlen, "out of memory after %d graphs", s->n);
+      return -1;
+    }
     s->cap = s->cap ? s->cap * 2 : 1024;
-    s->graphs = cv_xrealloc(s->graphs, sizeof(cavs_graph) * (size_t)s->cap);
   }
   s->graphs[s->n++] = (cavs_graph){.n = (int)(s->nv - first), .maxc = s->maxc, .child = (int *)(intptr_t)first};
+  return 0;
 }
 
 /* Graph arrays were grown while reading; point the graphs into them at the end. */
@@ -226,7 +268,7 @@ typedef struct TreeScratch {
   long capkids;
 } TreeScratch;
 
-static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
+static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, const char *line, size_t len,
                       const char *path, long lineno, char *err, size_t errlen, TreeScratch *ts) {
   Open *stack = ts->stack;
   long capstack = ts->capstack;
@@ -266,8 +308,8 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       if (label < -1 || label > hi)
         FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, hi);
       if (depth == capstack) {
+        if (!grow_array(&stack, sizeof(Open), (size_t)(capstack ? capstack * 2 : 64))) FAIL("out of memory at column %zu", a);
         capstack = capstack ? capstack * 2 : 64;
-        stack = cv_xrealloc(stack, sizeof(Open) * (size_t)capstack);
       }
       stack[depth++] = (Open){.label = (int)label, .word = -2, .first_child = nkids};
       continue;
@@ -282,7 +324,8 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       if (o->nchild > sh->inner_children)
         FAIL("a node with %d children at column %zu, but block '%s', which inner nodes get, takes %d", o->nchild,
              i + 1, sh->inner_name, sh->inner_children);
-      add_vertex(s);
+      char why[128];
+      if (add_vertex(s, first, why, sizeof why)) FAIL("%s", why);
       long id = s->nv - 1;
       int *cp = s->child + id * s->maxc;
       for (int k = 0; k < o->nchild; k++) cp[k] = (int)(kids[o->first_child + k] - first);
@@ -294,8 +337,8 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
       i++;
       if (depth) {
         if (nkids == capkids) {
+          if (!grow_array(&kids, sizeof(int), (size_t)(capkids ? capkids * 2 : 256))) FAIL("out of memory at column %zu", i);
           capkids = capkids ? capkids * 2 : 256;
-          kids = cv_xrealloc(kids, sizeof(int) * (size_t)capkids);
         }
         kids[nkids++] = id;
         stack[depth - 1].nchild++;
@@ -311,29 +354,40 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
     while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
     Open *o = &stack[depth - 1];
     if (o->word != -2 || o->nchild) FAIL("a second token or a token after children at column %zu", a + 1);
-    o->word = sh->word_slot >= 0 ? cavs_vocab_id(v, line + a, i - a, grow) : -1;
+    o->word = sh->word_slot >= 0 ? cavs_vocab_id(v, line + a, i - a, add) : -1;
+    if (o->word < -1 || (sh->word_slot >= 0 && o->word < 0))
+      FAIL("%s", cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
   }
   if (depth) FAIL("missing ')' at the end of the line (%ld open)", depth);
   if (!done) FAIL("no tree on this line");
-  add_graph(s, first);
+  char why[128];
+  if (add_graph(s, first, why, sizeof why)) FAIL("%s", why);
   SAVE();
   return 0;
 #undef FAIL
 #undef SAVE
 }
 
-static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow, const char *line, size_t len,
+static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, const char *line, size_t len,
                       const char *path, long lineno, char *err, size_t errlen) {
   long first = s->nv;
+  char why[128];
+#define TEXT_FAIL(msg)                                                 \
+  do {                                                                 \
+    snprintf(err, errlen, "%s:%ld: error: %s", path, lineno, msg);   \
+    s->nv = first;                                                     \
+    return -1;                                                         \
+  } while (0)
   int prev_word = -1;
   for (size_t i = 0; i < len;) {
     while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
     if (i == len) break;
     size_t a = i;
     while (i < len && line[i] != ' ' && line[i] != '\t') i++;
-    int w = cavs_vocab_id(v, line + a, i - a, grow);
+    int w = cavs_vocab_id(v, line + a, i - a, add);
+    if (w < 0) TEXT_FAIL(cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
     if (s->nv > first && sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = w;
-    add_vertex(s);
+    if (add_vertex(s, first, why, sizeof why)) TEXT_FAIL(why);
     long id = s->nv - 1;
     if (id > first) s->child[id * s->maxc] = (int)(id - 1 - first);
     s->type[id] = sh->inner_type;
@@ -346,8 +400,9 @@ static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int grow,
     return -1;
   }
   if (sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = 1; /* <eos> */
-  add_graph(s, first);
+  if (add_graph(s, first, why, sizeof why)) TEXT_FAIL(why);
   return 0;
+#undef TEXT_FAIL
 }
 
 /* ---- cgf: the generic graph format (man 5 cavs-data) ----
@@ -396,8 +451,11 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
     }
   /* Kahn from the leaves: whatever is left over lies on a cycle */
   if (n + 1 > c->cappending) {
+    if (!grow_array(&c->pending, sizeof(int), (size_t)(3 * n + 3))) {
+      snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
+      return -1;
+    }
     c->cappending = n + 1;
-    c->pending = cv_xrealloc(c->pending, sizeof(int) * (size_t)(3 * n + 3));
   }
   int *pend = c->pending, *queue = c->pending + n + 1, *nparents = queue + n + 1;
   (void)nparents;
@@ -413,11 +471,19 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
   long ne = 0;
   for (long v = 0; v < n * s->maxc; v++) ne += ch[v] >= 0;
   int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
+  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!off || !adj || !fill) {
+    free(off);
+    free(adj);
+    free(fill);
+    errno = ENOMEM;
+    snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
+    return -1;
+  }
   for (long v = 0; v < n; v++)
     for (int k = 0; k < s->maxc; k++)
       if (ch[v * s->maxc + k] >= 0) off[ch[v * s->maxc + k] + 1]++;
   for (long v = 0; v < n; v++) off[v + 1] += off[v];
-  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
   memcpy(fill, off, sizeof(int) * (size_t)n);
   for (long v = 0; v < n; v++)
     for (int k = 0; k < s->maxc; k++)
@@ -459,7 +525,11 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
     snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
     return -1;
   }
-  add_graph(s, c->first);
+  char why[128];
+  if (add_graph(s, c->first, why, sizeof why)) {
+    snprintf(err, errlen, "%s:%ld: error: %s", path, lineno, why);
+    return -1;
+  }
   c->first = -1;
   return 0;
 }
@@ -501,12 +571,13 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
   for (int t = 0; t < d->nvertex; t++)
     if (!strcmp(d->vertex[t].name, tname)) type = t;
   if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", tname, d->name, d->nvertex);
-  add_vertex(s);
+  char why[128];
+  if (add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
   long v = s->nv - 1;
   s->type[v] = type;
   if (id + 1 > c->capvline) {
+    if (!grow_array(&c->vline, sizeof(long), (size_t)(2 * (id + 1)))) CGF_FAIL("out of memory after %ld vertices", id);
     c->capvline = 2 * (id + 1);
-    c->vline = cv_xrealloc(c->vline, sizeof(long) * (size_t)c->capvline);
   }
   c->vline[id] = lineno;
   int slot = 0;
@@ -589,6 +660,12 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
     return NULL;
   }
   cavs_dataset *s = calloc(1, sizeof *s);
+  if (!s) {
+    fclose(f);
+    errno = ENOMEM;
+    snprintf(err, errlen, "out of memory reading '%s'", path);
+    return NULL;
+  }
   s->maxc = sh.maxc;
   s->nint = sh.nint;
   s->realw = cgf ? realw : 0;
@@ -661,12 +738,16 @@ static uint64_t gen_next(uint64_t *s) {
  * a negator ("not") with polarity 0 that flips the polarity of the phrase it is merged
  * with on its right. A node's label is its phrase's polarity clamped to -2..2, shifted to
  * 0..4 (five classes, as SST). Trees are random binary trees of 2..maxleaves leaves. */
+static void free_strings(char **txt, int n) {
+  for (int i = 0; i < n; i++) free(txt[i]);
+}
+
 int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed) {
   uint64_t s = seed * 2654435761u + 1;
   int *pol = malloc(sizeof(int) * (size_t)(2 * maxleaves + 2));
   bool *neg = malloc(sizeof(bool) * (size_t)(2 * maxleaves + 2));
   char **txt = malloc(sizeof(char *) * (size_t)(2 * maxleaves + 2));
-  if (!pol || !txt || !neg) return -1;
+  if (!pol || !txt || !neg) goto oom;
   for (int t = 0; t < ntrees; t++) {
     int n = 2 + (int)(gen_next(&s) % (uint64_t)(maxleaves - 1));
     for (int i = 0; i < n; i++) {
@@ -675,6 +756,10 @@ int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed
       pol[i] = neg[i] ? 0 : w % 3 == 0 ? -1 : w % 3 == 1 ? 1 : 0;
       size_t len = (size_t)snprintf(NULL, 0, "(%d w%d)", pol[i] + 2, w) + 1;
       txt[i] = malloc(len);
+      if (!txt[i]) {
+        free_strings(txt, i);
+        goto oom;
+      }
       snprintf(txt[i], len, "(%d w%d)", pol[i] + 2, w);
     }
     /* merge random neighbours until one tree is left */
@@ -684,6 +769,10 @@ int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed
       p = p < -2 ? -2 : p > 2 ? 2 : p;
       size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
       char *m = malloc(len);
+      if (!m) {
+        free_strings(txt, k);
+        goto oom;
+      }
       snprintf(m, len, "(%d %s %s)", p + 2, txt[i], txt[i + 1]);
       free(txt[i]);
       free(txt[i + 1]);
@@ -703,6 +792,12 @@ int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed
   free(neg);
   free(txt);
   return ferror(out) ? -1 : 0;
+oom:
+  free(pol);
+  free(neg);
+  free(txt);
+  errno = ENOMEM;
+  return -1;
 }
 
 /* Complete binary trees with `leaves` leaves (rounded up to a power of two), as in
@@ -755,12 +850,22 @@ int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, in
       if (!txt) return -1;
       for (int i = 0; i < leaves; i++) {
         txt[i] = malloc(32);
+        if (!txt[i]) {
+          free_strings(txt, i);
+          free(txt);
+          return errno = ENOMEM, -1;
+        }
         snprintf(txt[i], 32, "(%d w%d)", (int)(gen_next(&s) % (uint64_t)nclass), (int)(gen_next(&s) % (uint64_t)nwords));
       }
       for (int k = leaves; k > 1; k--) {
         int i = (int)(gen_next(&s) % (uint64_t)(k - 1));
         size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
         char *m = malloc(len);
+        if (!m) {
+          free_strings(txt, k);
+          free(txt);
+          return errno = ENOMEM, -1;
+        }
         snprintf(m, len, "(%d %s %s)", (int)(gen_next(&s) % (uint64_t)nclass), txt[i], txt[i + 1]);
         free(txt[i]);
         free(txt[i + 1]);

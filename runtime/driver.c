@@ -265,10 +265,11 @@ static Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
 static cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                cavs_vocab *v, int grow) {
   char err[1024];
+  errno = 0;
   cavs_dataset *s = cavs_dataset_load(path, format, d, dims, v, grow, err, sizeof err);
   if (!s) {
     fprintf(stderr, "%s\n", err);
-    exit(1);
+    exit(errno == ENOMEM ? 2 : 1);
   }
   return s;
 }

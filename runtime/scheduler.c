@@ -27,7 +27,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     if (graphs[g]->n < 0) return cv_fail(m, "graph %d has a negative vertex count", g);
     total += graphs[g]->n;
   }
-  if (total > (1L << 30)) return cv_fail(m, "minibatch too large (%ld vertices)", total);
+  if (total > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "minibatch too large (%ld vertices)", total);
   int N = (int)total;
   /* the per-row buffers first: they check the memory the minibatch needs, scratch
      included, before anything is allocated */

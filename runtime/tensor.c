@@ -42,15 +42,6 @@ int cv_fail_mem(cavs_model *m, const char *fmt, ...) {
   return -1;
 }
 
-void *cv_xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n ? n : 1);
-  if (!q) {
-    fprintf(stderr, "cavs: out of memory (%zu bytes)\n", n);
-    abort();
-  }
-  return q;
-}
-
 int cv_grow(cavs_model *m, void *p, size_t elem, size_t count) {
   size_t bytes;
   if (__builtin_mul_overflow(elem, count ? count : 1, &bytes)) return cv_fail_mem(m, "out of memory (a size overflows)");

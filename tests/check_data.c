@@ -732,6 +732,36 @@ START_TEST(cgf_real_float_range) {
 }
 END_TEST
 
+/* Data that needs more memory than the limit is an error, with errno ENOMEM, not an
+ * abort; the limit (cavs_set_memory_limit) makes this the same on every machine. */
+START_TEST(loader_memory_limit) {
+  const cavs_desc *d = model("model big; dim H = 2; input f : real[H]; param U[H,H];\n"
+                             "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
+                             "push (h) { loss mse(h, f); }\n");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[0] = 1 << 14; /* 64 KiB of real features a vertex: 256 MiB for the first 4096 */
+  char path[256], err[1024];
+  snprintf(path, sizeof path, "%s/big.cgf", g_dir);
+  tu_write(path, "graph\n0 v\n1 v 0\nend\n", 20);
+  cavs_set_memory_limit((size_t)64 << 20);
+  cavs_vocab *v = cavs_vocab_new();
+  errno = 0;
+  cavs_dataset *s = cavs_dataset_load(path, "cgf", d, dims, v, 1, err, sizeof err);
+  ck_assert_ptr_null(s);
+  ck_assert_int_eq(errno, ENOMEM);
+  ck_assert_msg(strstr(err, "big.cgf:2: error:") && strstr(err, "memory limit"), "%s", err);
+  /* under a larger limit the same file loads */
+  cavs_set_memory_limit((size_t)512 << 20);
+  s = cavs_dataset_load(path, "cgf", d, dims, v, 1, err, sizeof err);
+  ck_assert_msg(s != NULL, "%s", err);
+  ck_assert_int_eq(cavs_dataset_vertices(s), 2);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+  cavs_set_memory_limit(0);
+}
+END_TEST
+
 /* A cycle error names a vertex on the cycle, not one that merely reaches it: 0 -> 1 <-> 2. */
 START_TEST(cgf_cycle_vertex) {
   long dims[CAVS_MAX_DIMS];
@@ -817,6 +847,7 @@ int main(void) {
   tcase_add_test(cgf, cgf_cycle_vertex);
   tcase_add_test(cgf, cgf_feature_int_range);
   tcase_add_test(cgf, cgf_real_float_range);
+  tcase_add_test(cgf, loader_memory_limit);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
