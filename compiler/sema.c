@@ -1174,9 +1174,7 @@ static void decl_param(Ctx *c, Decl *d) {
   }
 }
 
-Model *sema(Decl *decls, const char *path) {
-  Ctx ctx = {0};
-  Ctx *c = &ctx;
+static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   c->decls = decls;
   Model *m = arena_alloc(sizeof(Model));
   c->m = m;
@@ -1343,7 +1341,15 @@ Model *sema(Decl *decls, const char *path) {
     m->push = block(c, F_PUSH, push, 0);
     if (!c->has_loss) error_at(push->loc, "the push block has no 'loss' statement");
   }
-  tab_free(&c->scope);
-  tab_free(&c->globals);
+  return m;
+}
+
+/* The context's tables go on every path out, errors included (IR lives in the arena). */
+Model *sema(Decl *decls, const char *path) {
+  Ctx ctx = {0};
+  Model *m = sema_run(&ctx, decls, path);
+  tab_free(&ctx.scope);
+  tab_free(&ctx.globals);
+  free(ctx.cse);
   return m;
 }
