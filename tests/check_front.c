@@ -13,10 +13,13 @@ static Model *compile_str(const char *src) {
   return m;
 }
 
+/* The source stays alive while diagnostics may quote it: until the next file is read. */
 static Model *compile_file(const char *name) {
+  static char *src;
   char path[4096];
   snprintf(path, sizeof path, "%s/dsl-examples/%s", tu_env("TOP_SRCDIR", "."), name);
-  char *src = tu_slurp(path, NULL);
+  free(src);
+  src = tu_slurp(path, NULL);
   ck_assert_msg(src != NULL, "cannot read %s", path);
   return compile_str(src);
 }
