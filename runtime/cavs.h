@@ -71,25 +71,49 @@ enum { CAVS_MAX_DIMS = 16 };
 #define CAVS_IVDEP
 #endif
 
-/* exp in float without libm: 2^(x log2 e) split into an integer power (built in the
- * exponent bits) and 2^f, |f| <= 1/2, by a degree-7 polynomial (error below 1e-7
- * relative). Branch-free, so the compiler vectorizes the loops that call it; libm's
- * expf and tanhf are not. */
+/* exp in float without libm: 2^(x log2 e) split into an integer power n (built in the
+ * exponent bits) and e^f, |f| <= ln2/2, by a degree-7 polynomial; f = x - n ln2 in two
+ * steps (Cody and Waite), so the error stays within 1 ulp of expf over the whole range.
+ * 2^n is applied as two factors 2^(n/2), so results below FLT_MIN come out subnormal as
+ * libm's do, and above FLT_MAX as +Inf; -Inf gives 0, +Inf gives +Inf, NaN gives NaN.
+ * Branch-free, so the compiler vectorizes the loops that call it (libm's expf and tanhf
+ * are not): the clamp and the NaN test work on the bits with integer min and masks, as a
+ * float `x < lo ? lo : x` lets GCC thread a path with a constant through the rest, and a
+ * loop with control flow vectorizes only with AVX-512's masks. All arithmetic on the
+ * bits is unsigned or in range: no overflow, whatever the input. */
 static inline CAVS_HD float cavs_exp_f(float x) {
-  x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
+  uint32_t keep = -(uint32_t)(x == x); /* all ones, or zero for a NaN */
+  int32_t sx;
+  uint32_t ux, bits;
+  memcpy(&sx, &x, sizeof sx); /* memcpy, not a union: the vectorizer sees through it */
+  memcpy(&ux, &x, sizeof ux);
+  /* x = min(x, 100): as signed integers, positive floats order as their values, +Inf and
+     a positive NaN above them, and every negative float below */
+  sx = sx < 0x42c80000 ? sx : 0x42c80000;
+  /* x = max(x, -104): as unsigned, negative floats order by magnitude above the positive */
+  bits = (uint32_t)sx < 0xc2d00000u ? (uint32_t)sx : 0xc2d00000u;
+  memcpy(&x, &bits, sizeof x); /* e^-104 rounds to 0 and e^100 to +Inf, as in expf */
   const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-  float t = x * 1.44269504088896341f;
-  float r = t + magic;
+  float r = x * 1.44269504088896341f + magic;
   float fi = r - magic;
-  float f = (t - fi) * 0.693147180559945309f;
-  int32_t ir, im, si;
-  float scale;
-  memcpy(&ir, &r, sizeof ir); /* memcpy, not a union: the vectorizer sees through it */
+  float f = x - fi * 0.693359375f; /* ln 2 = 0.693359375 - 2.12194440e-4, the first exact */
+  f = f + fi * 2.12194440e-4f;
+  uint32_t ir, im, e1, e2;
+  memcpy(&ir, &r, sizeof ir);
   memcpy(&im, &magic, sizeof im);
-  si = (ir - im + 127) * (1 << 23);
-  memcpy(&scale, &si, sizeof scale);
+  uint32_t nb = ir - im + 256u; /* n + 256, in [106, 400] */
+  uint32_t h = nb >> 1;         /* floor(n / 2) + 128 */
+  e1 = (h - 1u) << 23;          /* 2^floor(n/2) */
+  e2 = (nb - h - 1u) << 23;     /* 2^(n - floor(n/2)) */
+  float s1, s2;
+  memcpy(&s1, &e1, sizeof s1);
+  memcpy(&s2, &e2, sizeof s2);
   float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
-  return p * scale;
+  float y = p * s1 * s2;
+  memcpy(&bits, &y, sizeof bits);
+  bits = (bits & keep) | (ux & ~keep); /* a NaN comes back as it came */
+  memcpy(&y, &bits, sizeof y);
+  return y;
 }
 static inline CAVS_HD float cavs_sigmoid_f(float x) { return 1.0f / (1.0f + cavs_exp_f(-x)); }
 static inline CAVS_HD float cavs_tanh_f(float x) { return 1.0f - 2.0f / (1.0f + cavs_exp_f(2.0f * x)); }
