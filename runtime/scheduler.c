@@ -234,7 +234,17 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
     if (m->type_n[t]) d->vertex[t].fwd_lazy(c, m->type_r0[t], m->type_n[t]);
   }
   c->leaf_rows = 0;
-  if (d->push_fwd) d->push_fwd(c, 0, N);
+  if (d->push_fwd) {
+    /* The push block runs over every row, its products included; the rows of a type
+       that does not push hold no value of this minibatch (uninitialised, or what an
+       earlier one left, a NaN perhaps). They contribute no loss, but their zero
+       gradients multiply them in the products' backward: 0 * NaN would poison it. */
+    size_t w = (size_t)m->bw[d->push_buf] * m->esize;
+    for (int t = 0; t < d->nvertex; t++)
+      if (!d->vertex[t].pushes && m->type_n[t])
+        memset((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, 0, (size_t)m->type_n[t] * w);
+    d->push_fwd(c, 0, N);
+  }
   if (st) {
     memset(st, 0, sizeof *st);
     for (int l = 0; l < d->nlosses; l++) {

@@ -171,6 +171,64 @@ START_TEST(treelstm_learns) {
 }
 END_TEST
 
+/* The push block runs over all rows; those of a vertex type that does not push hold no
+ * value of the minibatch. A NaN left there by an earlier minibatch (whose rows of a
+ * pushing type had NaN features) must not reach the gradients through 0 * NaN. */
+START_TEST(rows_that_do_not_push_stay_out) {
+  const cavs_desc *d = load_model("model stale; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
+                                  "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+                                  "vertex leaf (children 0) { scatter(tanh(f)); }\n"
+                                  "vertex inner (children 2) { h = tanh(f + concat(gather(0), gather(1)) @ W);\n"
+                                  "  scatter(h); push(h); }\n"
+                                  "push (h) { loss softmax_xent(h @ Wc, y); }\n",
+                                  "float");
+  int leaf = d->vertex[0].children ? 1 : 0, inner = 1 - leaf;
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  cavs_model *m = new_model(d, dims, 3);
+  static TGraph g;
+  /* first minibatch: eight inner vertices without children, features NaN; they take the
+     rows the leaves take next */
+  memset(&g, 0, sizeof g);
+  g.g.n = 8;
+  g.g.maxc = 2;
+  for (int v = 0; v < 8; v++) {
+    g.type[v] = inner;
+    g.child[2 * v] = g.child[2 * v + 1] = -1;
+    g.feat[v] = v % 3;
+    for (int j = 0; j < 3; j++) g.real[3 * v + j] = NAN;
+  }
+  g.g.child = g.child;
+  g.g.type = g.type;
+  g.g.feat = g.feat;
+  g.g.real = g.real;
+  const cavs_graph *gs[1] = {&g.g};
+  cavs_stats st;
+  ck_assert(cavs_model_forward(m, gs, 1, &st) == 0);
+  ck_assert(isnan(st.loss));
+  /* then a finite tree: four leaves under three inner vertices */
+  int kids[] = {0, 1, 2, 3, 4, 5};
+  g.g.n = 7;
+  for (int v = 0; v < 7; v++) {
+    g.type[v] = v < 4 ? leaf : inner;
+    g.child[2 * v] = v < 4 ? -1 : kids[2 * (v - 4)];
+    g.child[2 * v + 1] = v < 4 ? -1 : kids[2 * (v - 4) + 1];
+    g.feat[v] = v < 4 ? -1 : v % 3;
+    for (int j = 0; j < 3; j++) g.real[3 * v + j] = 0.25f * (float)(v - j);
+  }
+  ck_assert(cavs_model_forward(m, gs, 1, &st) == 0);
+  ck_assert_msg(isfinite(st.loss) && st.count == 3, "loss %g over %ld vertices", st.loss, st.count);
+  cavs_model_backward(m);
+  size_t n;
+  const float *grad = cavs_model_grads_flat(m, &n);
+  for (size_t i = 0; i < n; i++) ck_assert_msg(isfinite(grad[i]), "gradient %zu is %g", i, (double)grad[i]);
+  int gv = -1, vv = -1;
+  char why[256];
+  ck_assert_msg(cavs_model_check_finite(m, &gv, &vv, why, sizeof why) == 0, "%s", why);
+  cavs_model_free(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("engine");
@@ -179,6 +237,7 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
   tcase_add_test(tc, treelstm_learns);
+  tcase_add_test(tc, rows_that_do_not_push_stay_out);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
