@@ -376,7 +376,7 @@ const char *cavs_vocab_word(const cavs_vocab *v, int id);
 /* A file of graphs, read once: format "ptb-tree", "text" or "cgf" (cavs-data(5)). Tokens go to the model's
  * first index input, labels to its first class input; leaves get the first vertex type
  * without children, inner vertices the first with children. `dims` (or NULL) bounds the
- * labels. New tokens are added to the vocabulary when `grow` is set. On error returns
+ * labels; as everywhere in libcavs, only its first d->ndims entries are read. New tokens are added to the vocabulary when `grow` is set. On error returns
  * NULL with "file:line: error: ..." in err. The dataset owns its graphs. */
 typedef struct cavs_dataset cavs_dataset;
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,

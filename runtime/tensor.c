@@ -11,16 +11,20 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Both read only the dims the width depends on, all below the model's ndims: callers pass
+ * arrays filled that far (cavs_ckpt_dims, cavs eval), not always to CAVS_MAX_DIMS. */
 long cv_lin(const cavs_lin *l, const long *dims) {
   long v = l->k;
-  for (int i = 0; i < CAVS_MAX_DIMS; i++) v += (long)l->c[i] * dims[i];
+  for (int i = 0; i < CAVS_MAX_DIMS; i++)
+    if (l->c[i]) v += (long)l->c[i] * dims[i];
   return v;
 }
 
 int cv_lin_checked(const cavs_lin *l, const long *dims, long *out) {
   long v = l->k, t;
   for (int i = 0; i < CAVS_MAX_DIMS; i++)
-    if (__builtin_mul_overflow((long)l->c[i], dims[i], &t) || __builtin_add_overflow(v, t, &v)) return -1;
+    if (l->c[i] && (__builtin_mul_overflow((long)l->c[i], dims[i], &t) || __builtin_add_overflow(v, t, &v)))
+      return -1;
   *out = v;
   return v < 0 ? -1 : 0;
 }

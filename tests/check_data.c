@@ -308,6 +308,24 @@ START_TEST(ptb_dims_null) {
 }
 END_TEST
 
+/* dims as cavs_ckpt_dims fills them, the model's ndims values and nothing after: only
+ * those are read (with ASan or valgrind, a read past them is an error), and they still
+ * bound the labels. */
+START_TEST(ptb_dims_of_model_length) {
+  long full[CAVS_MAX_DIMS];
+  dims_of(TL, full);
+  long *dims = malloc(sizeof(long) * (size_t)TL->ndims);
+  memcpy(dims, full, sizeof(long) * (size_t)TL->ndims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("ndims.txt", S("(4 (0 a) (3 b))\n"), "ptb-tree", TL, dims, v, 1);
+  ck_assert_int_eq(cavs_dataset_count(s), 1);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+  expect_error("ndims_label.txt", S("(5 (0 a) (3 b))\n"), "ptb-tree", TL, dims, 1, "out of range");
+  free(dims);
+}
+END_TEST
+
 /* Trees far deeper than the C stack would allow a recursive parser: 100,000 levels,
  * leaning left, then leaning right. */
 enum { DEEP = 100000 };
@@ -828,6 +846,7 @@ int main(void) {
   tcase_add_test(ptb, ptb_crlf);
   tcase_add_test(ptb, ptb_no_grow);
   tcase_add_test(ptb, ptb_dims_null);
+  tcase_add_test(ptb, ptb_dims_of_model_length);
   tcase_add_test(ptb, ptb_deep_left);
   tcase_add_test(ptb, ptb_deep_right);
   tcase_add_loop_test(ptb, ptb_errors, 0, NELEM(ptb_bad));
