@@ -48,6 +48,7 @@ START_TEST(page_examples_compile) {
       *q++ = *s;
     }
     *q++ = '\n';
+    *q = 0; /* the failure message prints it */
     char *dir = tu_tmpdir(), file[4200];
     snprintf(file, sizeof file, "%s/example.vf", dir);
     tu_write(file, src, (size_t)(q - src));
@@ -134,6 +135,7 @@ START_TEST(library_example_runs) {
     *q++ = *p;
   }
   *q++ = '\n';
+  *q = 0;
   char *dir = tu_tmpdir(), file[4200], cmd[16384];
   snprintf(file, sizeof file, "%s/prog.c", dir);
   tu_write(file, src, (size_t)(q - src));
