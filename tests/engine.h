@@ -42,8 +42,9 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
   snprintf(so, sizeof so, "%s/%s.so", dir, name);
   snprintf(inc, sizeof inc, "-I%s/runtime", tu_env("TOP_SRCDIR", "."));
   char *cc[] = {"/bin/sh", "-c", NULL, NULL};
-  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -fPIC -shared -Wall -Werror %s %s -o %s", tu_env("CC", "cc"), inc,
-           csrc, so);
+  /* the generated code checked as the runtime is, when it is built with sanitizers */
+  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -fPIC -shared -Wall -Werror %s %s %s -o %s", tu_env("CC", "cc"),
+           tu_env("SAN_CFLAGS", ""), inc, csrc, so);
   cc[2] = cmd;
   r = tu_run(NULL, cc, 120);
   ck_assert_msg(r.status == 0, "the C compiler failed on %s:\n%s%s", csrc, r.out, r.err);
