@@ -144,6 +144,16 @@ static inline int tu_run_suite_shared(Suite *s, char *scratch) {
   return failed ? 1 : 0;
 }
 
+/* The end of a program's output, at most n bytes: what a failure message quotes. Check
+ * refuses messages over 4 kB, and where a suite runs unforked (tu_run_suite_shared) the
+ * refusal ends the whole suite without naming the test; a sanitizer's report easily
+ * passes that. */
+static inline const char *tu_tail(const char *s, size_t n) {
+  if (!s) return "(none)";
+  size_t len = strlen(s);
+  return len > n ? s + len - n : s;
+}
+
 static inline void tu_free(RunResult *r) {
   free(r->out);
   free(r->err);
