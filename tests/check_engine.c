@@ -174,6 +174,32 @@ END_TEST
 /* The push block runs over all rows; those of a vertex type that does not push hold no
  * value of the minibatch. A NaN left there by an earlier minibatch (whose rows of a
  * pushing type had NaN features) must not reach the gradients through 0 * NaN. */
+/* A model with no dims, no inputs and no push block is valid: its generated header must
+ * compile (C has no empty enum) and a forward pass runs. */
+START_TEST(model_without_dims_or_inputs) {
+  const cavs_desc *d = load_model("model bare;\nparam U[2,2] init uniform(-1, 1);\n"
+                                  "vertex v (children 1) { h = tanh(gather(0) @ U + 1); scatter(h); }\n",
+                                  "float");
+  ck_assert_int_eq(d->ndims, 0);
+  ck_assert_int_eq(d->ninputs, 0);
+  char err[256];
+  cavs_model *m = cavs_model_new(d, NULL, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  static TGraph g;
+  memset(&g, 0, sizeof g);
+  g.g.n = 3;
+  g.g.maxc = 1;
+  g.child[0] = -1, g.child[1] = 0, g.child[2] = 1;
+  g.g.child = g.child;
+  g.g.type = g.type;
+  const cavs_graph *gs[1] = {&g.g};
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, 1, &st) == 0, "%s", cavs_model_error(m));
+  ck_assert_int_eq(st.tasks, 3);
+  cavs_model_free(m);
+}
+END_TEST
+
 START_TEST(rows_that_do_not_push_stay_out) {
   const cavs_desc *d = load_model("model stale; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
                                   "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -238,6 +264,7 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
+  tcase_add_test(tc, model_without_dims_or_inputs);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
