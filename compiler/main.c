@@ -167,34 +167,37 @@ int main(int argc, char **argv) {
   size_t len;
   char *text = read_file(input, &len);
   if (!text) return 1;
+  /* from here on every way out goes through `done`, which frees what was made */
+  int status = 1;
+  char *buf = NULL, *hbuf = NULL;
+  size_t buflen = 0, hlen = 0;
+  FILE *out = NULL, *hout = NULL;
   /* from here on the input is known by its name: its path, or what --source-name says */
   const char *path = source_name ? source_name : strcmp(input, "-") ? input : "<stdin>";
   diag_init(path, text, len);
 
-  /* a .ir file is what --dump=ir printed: it enters the pipeline after sema */
-  /* by its name: the driver hands a model file to cavsc on standard input, named */
+  /* a .ir file is what --dump=ir printed: it enters the pipeline after sema; by its name,
+     since the driver hands a model file to cavsc on standard input, named */
   size_t plen = strlen(path);
   bool is_ir = plen > 3 && !strcmp(path + plen - 3, ".ir");
   Decl *decls = NULL;
   if (!is_ir) {
     decls = parse_source(path, text, len);
-    if (diag_count()) return 1;
+    if (diag_count()) goto done;
   } else if (dump == DUMP_AST) {
     error_plain("--dump=ast needs a .vf file, not IR");
-    return 1;
+    goto done;
   }
 
-  char *buf = NULL, *hbuf = NULL;
-  size_t buflen = 0, hlen = 0;
-  FILE *out = open_memstream(&buf, &buflen);
-  FILE *hout = open_memstream(&hbuf, &hlen);
+  out = open_memstream(&buf, &buflen);
+  hout = open_memstream(&hbuf, &hlen);
   if (!out || !hout) internal_error(__FILE__, __LINE__, "open_memstream failed");
   Model *m = NULL;
   if (dump == DUMP_AST) {
     ast_dump(out, decls);
   } else {
     m = is_ir ? ir_read(path, text, len) : sema(decls, path);
-    if (diag_count()) return 1;
+    if (diag_count()) goto done;
     cv_checking_user_ir = is_ir;
     ir_check(m);
     cv_checking_user_ir = false;
@@ -220,32 +223,37 @@ int main(int argc, char **argv) {
   }
   fclose(out);
   fclose(hout);
+  out = hout = NULL;
 
   if (check_only) {
     /* nothing to write */
   } else if (dump != DUMP_NONE) {
     if (out_path) {
-      if (!write_atomic(out_path, buf, buflen)) return 1;
+      if (!write_atomic(out_path, buf, buflen)) goto done;
     } else if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {
       error_plain("cannot write to standard output: %s", strerror(errno));
-      return 1;
+      goto done;
     }
   } else {
     const char *dir = out_path ? out_path : ".";
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
       error_plain("output directory '%s' does not exist", dir);
-      return 1;
+      goto done;
     }
     char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.c", dir, m->name);
-    if (!write_atomic(hp, hbuf, hlen)) return 1;
+    if (!write_atomic(hp, hbuf, hlen)) goto done;
     if (!write_atomic(cp, buf, buflen)) {
       unlink(hp);
-      return 1;
+      goto done;
     }
   }
+  status = 0;
+done:
+  if (out) fclose(out);
+  if (hout) fclose(hout);
   free(buf);
   free(hbuf);
   free(text);
-  return 0;
+  return status;
 }
