@@ -215,7 +215,11 @@ typedef struct Loaded {
   char *name;
 } Loaded;
 
-static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared"};
+static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared",
+#ifdef CAVS_MODEL_NO_AVX512
+                                  "-mno-avx512f", /* a --enable-valgrind build: valgrind has no AVX-512 */
+#endif
+};
 
 static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect) {
   const char *cc = getenv("CC");
@@ -715,7 +719,7 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   else if (!*cavs_ckpt_source(c.ck))
     die(1, "%s: the checkpoint was trained from a built model library; name it with --model MODEL.so", path);
   else c.L = load_from_ckpt(c.ck, path);
-  long dims[CAVS_MAX_DIMS] = {0}; /* every slot: cv_lin reads all of them */
+  long dims[CAVS_MAX_DIMS] = {0};
   if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
   errno = 0;
   c.m = keep(cavs_model_new(c.L.desc, dims, err, sizeof err));
