@@ -333,7 +333,12 @@ void *cavs_model_grads_flat(cavs_model *m, size_t *count);
 /* Lookup tables (cavs_pgroup_desc.sparse_input) are updated lazily: only the rows the
  * minibatch read, with Adam's moments of the other rows left as they are (as sparse Adam
  * does elsewhere); weight decay applies to those rows too. */
-enum cavs_optim_kind { CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM };
+enum cavs_optim_kind { CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM, CAVS_OPTIM_COUNT };
+/* The optimizers by name ("sgd", "adagrad", "adam"), from one table in optim.c: a kind's
+ * name (NULL for none), the kind of a name (-1 for none), a kind's default learning rate. */
+const char *cavs_optim_name(int kind);
+int cavs_optim_kind(const char *name);
+double cavs_optim_default_lr(int kind);
 typedef struct cavs_optim {
   int kind;
   double lr;

@@ -438,7 +438,6 @@ static void check_output(const char *opt, const char *out, const char *const *in
 static volatile sig_atomic_t interrupted;
 static void on_signal(int sig) { interrupted = sig; }
 
-static double default_lr(int kind) { return kind == CAVS_ADAM ? 1e-3 : 0.05; }
 
 static void progress(int epoch, int epochs, long done, long total, double rate, double loss, double eta) {
   int width = 24, fill = total ? (int)((double)width * (double)done / (double)total) : width;
@@ -515,7 +514,7 @@ static int cmd_train(TrainOpts *o) {
     cavs_optim c = cs->optim;
     if (o->set_kind) {
       c.kind = o->optim.kind;
-      c.lr = default_lr(c.kind); /* another optimizer: its own default rate */
+      c.lr = cavs_optim_default_lr(c.kind); /* another optimizer: its own default rate */
     }
     if (o->set_lr) c.lr = o->optim.lr;
     if (o->set_clip) c.clip = o->optim.clip;
@@ -775,10 +774,9 @@ static int cmd_info(const char *path) {
   printf("dims       ");
   for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
   printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
-  static const char *opt[] = {"sgd", "adagrad", "adam"};
   if (ts->graphs_done) printf("interrupted %ld graphs into epoch %d\n", ts->graphs_done, ts->epoch + 1);
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
-         ts->batch, ts->optim.kind >= 0 && ts->optim.kind <= 2 ? opt[ts->optim.kind] : "?", ts->optim.lr,
+         ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr,
          (unsigned long long)ts->seed);
   if (ts->best >= 0) printf("best dev    %.4f (accuracy; dev loss for a model without a classifier)\n", ts->best);
   cavs_vocab_free(v);
@@ -901,10 +899,13 @@ int main(int argc, char **argv) {
     case 'X': cavs_set_memory_limit(parse_size("max-memory", optarg)); break;
     case 'O':
       o.set_kind = true;
-      if (!strcmp(optarg, "sgd")) o.optim.kind = CAVS_SGD;
-      else if (!strcmp(optarg, "adagrad")) o.optim.kind = CAVS_ADAGRAD;
-      else if (!strcmp(optarg, "adam")) o.optim.kind = CAVS_ADAM;
-      else die(1, "unknown optimizer '%s' (sgd, adagrad, adam)", optarg);
+      o.optim.kind = cavs_optim_kind(optarg);
+      if (o.optim.kind < 0) {
+        char names[128] = "";
+        for (int k = 0; k < CAVS_OPTIM_COUNT; k++)
+          snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", cavs_optim_name(k));
+        die(1, "unknown optimizer '%s' (%s)", optarg, names);
+      }
       break;
     case 'D':
       if (o.ndimset == 64) die(1, "too many --dim options");
@@ -922,7 +923,7 @@ int main(int argc, char **argv) {
     if (positional) die(1, "%s: unexpected argument '%s'", cmd, argv[optind]);
     positional = argv[optind];
   }
-  if (!o.set_lr) o.optim.lr = default_lr(o.optim.kind);
+  if (!o.set_lr) o.optim.lr = cavs_optim_default_lr(o.optim.kind);
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;

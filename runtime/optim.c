@@ -98,6 +98,26 @@ static Span *spans(cavs_model *m, int *count) {
     }                                                                                      \
   } while (0)
 
+static const struct {
+  const char *name;
+  double lr; /* the default learning rate */
+} optims[] = {
+    [CAVS_SGD] = {"sgd", 0.05},
+    [CAVS_ADAGRAD] = {"adagrad", 0.05},
+    [CAVS_ADAM] = {"adam", 1e-3},
+};
+_Static_assert(sizeof optims / sizeof *optims == CAVS_OPTIM_COUNT, "one row per optimizer");
+
+const char *cavs_optim_name(int kind) { return kind >= 0 && kind < CAVS_OPTIM_COUNT ? optims[kind].name : NULL; }
+
+int cavs_optim_kind(const char *name) {
+  for (int k = 0; k < CAVS_OPTIM_COUNT; k++)
+    if (!strcmp(name, optims[k].name)) return k;
+  return -1;
+}
+
+double cavs_optim_default_lr(int kind) { return kind >= 0 && kind < CAVS_OPTIM_COUNT ? optims[kind].lr : 0; }
+
 int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   size_t n = m->nflat;
   if (!m->m1) {
