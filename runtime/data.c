@@ -1,17 +1,11 @@
-/* data.c: datasets read once and kept as graphs, and the vocabulary that maps tokens to
- * ids. Formats: `ptb-tree` (SST-style bracketed trees, a label on every node, tokens split
- * on ASCII space only: SST has tokens with U+00A0 inside) and `text` (one sentence a line,
- * each a chain whose vertex i reads token i and is labeled with token i+1, <eos> last).
- * Parsers are iterative (an explicit stack), so depth is bounded by memory, not by the C
- * stack; an error names the file and line and leaves nothing half-loaded. */
-#include "cv.h"
+/* data.c: datasets read once and kept as graphs, the vocabulary that maps tokens to ids,
+ * the loader that reads a file line by line for one of the formats of its table
+ * (data_ptb.c, data_text.c, data_cgf.c), and the synthetic data of `cavs gen`. Every
+ * parser is iterative, so depth is bounded by memory, not by the C stack; an error names
+ * the file and line and leaves nothing half-loaded. */
+#include "data.h"
 
-#include <errno.h>
-#include <float.h>
-#include <limits.h>
 #include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* ---- vocabulary: open addressing over interned strings ---- */
 
@@ -22,10 +16,9 @@ struct cavs_vocab {
   int nslots;
 };
 
-/* *p grown to n elements of elem bytes, in checked arithmetic; false (and *p as it was)
- * when that much memory cannot be had. Every loader reports that as an error, with
- * errno set to ENOMEM: the library never aborts. */
-static bool grow_array(void *p, size_t elem, size_t n) {
+/* Every loader reports a failed growth as an error, with errno set to ENOMEM: the library
+ * never aborts. */
+bool cv_grow_array(void *p, size_t elem, size_t n) {
   size_t bytes;
   if (__builtin_mul_overflow(elem, n ? n : 1, &bytes)) return errno = ENOMEM, false;
   void *q = realloc(*(void **)p, bytes);
@@ -76,7 +69,7 @@ int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
   if ((v->n + 1) * 2 > v->nslots) {
     int ns = v->nslots ? v->nslots * 2 : 1024;
     int *slots = NULL;
-    if (!grow_array(&slots, sizeof(int), (size_t)ns)) return -1;
+    if (!cv_grow_array(&slots, sizeof(int), (size_t)ns)) return -1;
     for (int i = 0; i < ns; i++) slots[i] = -1;
     for (int id = 0; id < v->n; id++) {
       unsigned h = vhash(v->words[id], strlen(v->words[id])) & (unsigned)(ns - 1);
@@ -89,7 +82,7 @@ int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
   }
   if (v->n == v->cap) {
     int cap = v->cap ? v->cap * 2 : 1024;
-    if (!grow_array(&v->words, sizeof(char *), (size_t)cap)) return -1;
+    if (!cv_grow_array(&v->words, sizeof(char *), (size_t)cap)) return -1;
     v->cap = cap;
   }
   char *copy = malloc(len + 1);
@@ -105,15 +98,6 @@ int cavs_vocab_id(cavs_vocab *v, const char *w, size_t len, int add) {
 
 /* ---- datasets ---- */
 
-struct cavs_dataset {
-  cavs_graph *graphs;
-  int n, cap;
-  int maxc, nint;
-  int *child, *type, *feat; /* all graphs' vertices, back to back */
-  float *real;              /* [nv * realw] (cgf only) */
-  long realw;
-  long nv, capv;
-};
 
 int cavs_dataset_count(const cavs_dataset *s) { return s->n; }
 const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i) { return &s->graphs[i]; }
@@ -136,14 +120,6 @@ void cavs_dataset_free(cavs_dataset *s) {
   free(s);
 }
 
-/* What the loader needs to know of a model: where words and labels go, how many
- * children a vertex may have, which type a leaf and an inner vertex get. */
-typedef struct Shape {
-  int nint, word_slot, label_slot, maxc, leaf_type, inner_type;
-  int inner_children;     /* children the inner vertices' block takes (at most maxc) */
-  const char *inner_name; /* its name */
-  long nclass; /* labels must be below this (0: unchecked) */
-} Shape;
 
 static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, size_t errlen) {
   memset(sh, 0, sizeof *sh);
@@ -177,9 +153,7 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   return 0;
 }
 
-/* A new vertex in the graph that began at vertex `first`; -1 with the message in err when
- * the graph would be too large or memory runs out. */
-static int add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
+int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
   if (s->nv - first >= CAVS_MAX_GRAPH_VERTICES) {
     snprintf(err, errlen, "a graph with more than %ld vertices", (long)CAVS_MAX_GRAPH_VERTICES);
     return -1;
@@ -195,9 +169,9 @@ static int add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
                s->nv, (double)cavs_memory_limit() / (double)(1 << 30));
       return -1;
     }
-    if (!grow_array(&s->child, sizeof(int) * (size_t)s->maxc, (size_t)cap) || !grow_array(&s->type, sizeof(int), (size_t)cap) ||
-        !grow_array(&s->feat, sizeof(int) * (size_t)(s->nint ? s->nint : 1), (size_t)cap) ||
-        (s->realw && !grow_array(&s->real, sizeof(float) * (size_t)s->realw, (size_t)cap))) {
+    if (!cv_grow_array(&s->child, sizeof(int) * (size_t)s->maxc, (size_t)cap) || !cv_grow_array(&s->type, sizeof(int), (size_t)cap) ||
+        !cv_grow_array(&s->feat, sizeof(int) * (size_t)(s->nint ? s->nint : 1), (size_t)cap) ||
+        (s->realw && !cv_grow_array(&s->real, sizeof(float) * (size_t)s->realw, (size_t)cap))) {
       snprintf(err, errlen, "out of memory after %ld vertices", s->nv);
       return -1;
     }
@@ -211,9 +185,9 @@ static int add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
   return 0;
 }
 
-static int add_graph(cavs_dataset *s, long first, char *err, size_t errlen) {
+int cv_add_graph(cavs_dataset *s, long first, char *err, size_t errlen) {
   if (s->n == s->cap) {
-    if (s->cap >= INT_MAX / 2 || !grow_array(&s->graphs, sizeof(cavs_graph), (size_t)(s->cap ? s->cap * 2 : 1024))) {
+    if (s->cap >= INT_MAX / 2 || !cv_grow_array(&s->graphs, sizeof(cavs_graph), (size_t)(s->cap ? s->cap * 2 : 1024))) {
       snprintf(err, errlen, "out of memory after %d graphs", s->n);
       return -1;
     }
@@ -251,398 +225,21 @@ static bool valid_utf8(const char *p, size_t n) {
   return true;
 }
 
-typedef struct Open {
-  int label;
-  int nchild;
-  int word;
-  long first_child; /* index into the pending child list */
-} Open;
-
-/* One bracketed tree: `(label token)` or `(label tree tree ...)`. */
-/* The parser's stacks, kept across the lines of one file (no statics: loads may run in
- * several threads). */
-typedef struct TreeScratch {
-  Open *stack;
-  long capstack;
-  int *kids; /* children of the open nodes, back to back */
-  long capkids;
-} TreeScratch;
-
-static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, const char *line, size_t len,
-                      const char *path, long lineno, char *err, size_t errlen, TreeScratch *ts) {
-  Open *stack = ts->stack;
-  long capstack = ts->capstack;
-  int *kids = ts->kids;
-  long capkids = ts->capkids;
-  long depth = 0, nkids = 0;
-  long first = s->nv;
-  size_t i = 0;
-#define SAVE() (ts->stack = stack, ts->capstack = capstack, ts->kids = kids, ts->capkids = capkids)
-#define FAIL(...)                                                                        \
-  do {                                                                                   \
-    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
-    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
-    s->nv = first;                                                                       \
-    SAVE();                                                                              \
-    return -1;                                                                           \
-  } while (0)
-  while (i < len && line[i] == ' ') i++;
-  if (i == len) FAIL("empty line");
-  bool done = false;
-  while (i < len) {
-    char ch = line[i];
-    if (ch == ' ') {
-      i++;
-      continue;
-    }
-    if (done) FAIL("text after the end of the tree at column %zu", i + 1);
-    if (ch == '(') {
-      i++;
-      size_t a = i;
-      while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
-      char *end;
-      long label = strtol(line + a, &end, 10);
-      if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a + 1);
-      /* unbounded (no dims, or a class range that is the vocabulary): still an int */
-      long hi = sh->nclass > 0 && sh->nclass <= INT_MAX ? sh->nclass - 1 : INT_MAX;
-      if (label < -1 || label > hi)
-        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, hi);
-      if (depth == capstack) {
-        if (!grow_array(&stack, sizeof(Open), (size_t)(capstack ? capstack * 2 : 64))) FAIL("out of memory at column %zu", a);
-        capstack = capstack ? capstack * 2 : 64;
-      }
-      stack[depth++] = (Open){.label = (int)label, .word = -2, .first_child = nkids};
-      continue;
-    }
-    if (ch == ')') {
-      if (!depth) FAIL("unbalanced ')' at column %zu", i + 1);
-      Open *o = &stack[depth - 1];
-      if (o->word == -2 && o->nchild == 0) FAIL("empty node at column %zu", i + 1);
-      if (o->nchild > sh->maxc)
-        FAIL("a node with %d children at column %zu, but the model takes at most %d", o->nchild, i + 1, sh->maxc);
-      /* every inner node gets one block, which may take fewer children than another */
-      if (o->nchild > sh->inner_children)
-        FAIL("a node with %d children at column %zu, but block '%s', which inner nodes get, takes %d", o->nchild,
-             i + 1, sh->inner_name, sh->inner_children);
-      char why[128];
-      if (add_vertex(s, first, why, sizeof why)) FAIL("%s", why);
-      long id = s->nv - 1;
-      int *cp = s->child + id * s->maxc;
-      for (int k = 0; k < o->nchild; k++) cp[k] = (int)(kids[o->first_child + k] - first);
-      s->type[id] = o->nchild ? sh->inner_type : sh->leaf_type;
-      if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = o->word >= 0 ? o->word : -1;
-      if (sh->label_slot >= 0) s->feat[id * s->nint + sh->label_slot] = o->label;
-      nkids = o->first_child;
-      depth--;
-      i++;
-      if (depth) {
-        if (nkids == capkids) {
-          if (!grow_array(&kids, sizeof(int), (size_t)(capkids ? capkids * 2 : 256))) FAIL("out of memory at column %zu", i);
-          capkids = capkids ? capkids * 2 : 256;
-        }
-        kids[nkids++] = id;
-        stack[depth - 1].nchild++;
-        if (stack[depth - 1].word != -2) FAIL("a node with both a word and children at column %zu", i);
-      } else {
-        done = true;
-      }
-      continue;
-    }
-    /* a token: the word of the innermost open node */
-    if (!depth) FAIL("expected '(' at column %zu", i + 1);
-    size_t a = i;
-    while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
-    Open *o = &stack[depth - 1];
-    if (o->word != -2 || o->nchild) FAIL("a second token or a token after children at column %zu", a + 1);
-    o->word = sh->word_slot >= 0 ? cavs_vocab_id(v, line + a, i - a, add) : -1;
-    if (o->word < -1 || (sh->word_slot >= 0 && o->word < 0))
-      FAIL("%s", cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
-  }
-  if (depth) FAIL("missing ')' at the end of the line (%ld open)", depth);
-  if (!done) FAIL("no tree on this line");
-  char why[128];
-  if (add_graph(s, first, why, sizeof why)) FAIL("%s", why);
-  SAVE();
-  return 0;
-#undef FAIL
-#undef SAVE
-}
-
-static int parse_text(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, const char *line, size_t len,
-                      const char *path, long lineno, char *err, size_t errlen) {
-  long first = s->nv;
-  char why[128];
-#define TEXT_FAIL(msg)                                                 \
-  do {                                                                 \
-    snprintf(err, errlen, "%s:%ld: error: %s", path, lineno, msg);   \
-    s->nv = first;                                                     \
-    return -1;                                                         \
-  } while (0)
-  int prev_word = -1;
-  for (size_t i = 0; i < len;) {
-    while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
-    if (i == len) break;
-    size_t a = i;
-    while (i < len && line[i] != ' ' && line[i] != '\t') i++;
-    int w = cavs_vocab_id(v, line + a, i - a, add);
-    if (w < 0) TEXT_FAIL(cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
-    if (s->nv > first && sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = w;
-    if (add_vertex(s, first, why, sizeof why)) TEXT_FAIL(why);
-    long id = s->nv - 1;
-    if (id > first) s->child[id * s->maxc] = (int)(id - 1 - first);
-    s->type[id] = sh->inner_type;
-    if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = w;
-    prev_word = w;
-  }
-  (void)prev_word;
-  if (s->nv == first) {
-    snprintf(err, errlen, "%s:%ld: error: empty line", path, lineno);
-    return -1;
-  }
-  if (sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = 1; /* <eos> */
-  if (add_graph(s, first, why, sizeof why)) TEXT_FAIL(why);
-  return 0;
-#undef TEXT_FAIL
-}
-
-/* ---- cgf: the generic graph format (man 5 cavs-data) ----
- *
- *   graph
- *   ID TYPE [CHILD|- ...] [; NAME=VALUE ...]      one line per vertex, IDs 0, 1, ... in order
- *   end
- *
- * TYPE names a vertex block; CHILD is another vertex's ID (any order: a DAG), `-` an empty
- * slot; VALUE is an integer for index and class inputs, comma-separated numbers for real
- * inputs. `#` starts a comment. A cycle is an error. */
-typedef struct Cgf {
-  const cavs_desc *d;
-  const long *dims;
-  long first;        /* first vertex of the open graph, or -1 */
-  long first_line;
-  int *pending;      /* scratch for the cycle check */
-  long cappending;
-  long *vline;       /* line of each vertex of the open graph */
-  long capvline;
-} Cgf;
-
-static char *next_word(char **p) {
-  while (**p == ' ' || **p == '\t') (*p)++;
-  if (!**p) return NULL;
-  char *w = *p;
-  while (**p && **p != ' ' && **p != '\t') (*p)++;
-  if (**p) *(*p)++ = 0;
-  return w;
-}
-
-static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, char *err, size_t errlen) {
-  long n = s->nv - c->first;
-  if (n == 0) {
-    snprintf(err, errlen, "%s:%ld: error: empty graph", path, c->first_line);
-    return -1;
-  }
-  for (long v = 0; v < n; v++)
-    for (int k = 0; k < s->maxc; k++) {
-      int ch = s->child[(c->first + v) * s->maxc + k];
-      if (ch >= n) {
-        snprintf(err, errlen, "%s:%ld: error: vertex %ld: child %d is not in this graph (it has %ld vertices)", path,
-                 c->vline[v], v, ch, n);
-        return -1;
-      }
-    }
-  /* Kahn from the leaves: whatever is left over lies on a cycle */
-  if (n + 1 > c->cappending) {
-    if (!grow_array(&c->pending, sizeof(int), (size_t)(3 * n + 3))) {
-      snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
-      return -1;
-    }
-    c->cappending = n + 1;
-  }
-  int *pend = c->pending, *queue = c->pending + n + 1, *nparents = queue + n + 1;
-  (void)nparents;
-  const int *ch = s->child + c->first * s->maxc;
-  long head = 0, tail = 0;
-  for (long v = 0; v < n; v++) {
-    pend[v] = 0;
-    for (int k = 0; k < s->maxc; k++) pend[v] += ch[v * s->maxc + k] >= 0;
-    if (!pend[v]) queue[tail++] = (int)v;
-  }
-  /* a parent's pending count drops when a child is done: walk parents by scanning is
-     O(n * maxc) per done vertex in the worst case, so build the reverse edges once */
-  long ne = 0;
-  for (long v = 0; v < n * s->maxc; v++) ne += ch[v] >= 0;
-  int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
-  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
-  if (!off || !adj || !fill) {
-    free(off);
-    free(adj);
-    free(fill);
-    errno = ENOMEM;
-    snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
-    return -1;
-  }
-  for (long v = 0; v < n; v++)
-    for (int k = 0; k < s->maxc; k++)
-      if (ch[v * s->maxc + k] >= 0) off[ch[v * s->maxc + k] + 1]++;
-  for (long v = 0; v < n; v++) off[v + 1] += off[v];
-  memcpy(fill, off, sizeof(int) * (size_t)n);
-  for (long v = 0; v < n; v++)
-    for (int k = 0; k < s->maxc; k++)
-      if (ch[v * s->maxc + k] >= 0) adj[fill[ch[v * s->maxc + k]]++] = (int)v;
-  while (head < tail) {
-    int v = queue[head++];
-    for (int e = off[v]; e < off[v + 1]; e++)
-      if (--pend[adj[e]] == 0) queue[tail++] = adj[e];
-  }
-  free(off);
-  free(adj);
-  free(fill);
-  if (tail < n) {
-    /* what is left waits on a cycle or on a vertex that does; following a child that is
-       still waiting n times lands on the cycle itself */
-    long v = 0;
-    while (pend[v] == 0) v++;
-    for (long step = 0; step < n; step++)
-      for (int k = 0; k < s->maxc; k++) {
-        int w = ch[v * s->maxc + k];
-        if (w >= 0 && pend[w] > 0) {
-          v = w;
-          break;
-        }
-      }
-    /* name the cycle by its smallest vertex: go round it once */
-    long best = v, u = v;
-    do {
-      for (int k = 0; k < s->maxc; k++) {
-        int w = ch[u * s->maxc + k];
-        if (w >= 0 && pend[w] > 0) {
-          u = w;
-          break;
-        }
-      }
-      if (u < best) best = u;
-    } while (u != v && best >= 0 && ++tail < 2 * n + 2);
-    v = best;
-    snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
-    return -1;
-  }
-  char why[128];
-  if (add_graph(s, c->first, why, sizeof why)) {
-    snprintf(err, errlen, "%s:%ld: error: %s", path, lineno, why);
-    return -1;
-  }
-  c->first = -1;
-  return 0;
-}
-
-static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const char *path, long lineno, char *err,
-                    size_t errlen) {
-  const cavs_desc *d = c->d;
-#define CGF_FAIL(...)                                                                    \
-  do {                                                                                   \
-    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
-    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
-    return -1;                                                                           \
-  } while (0)
-  char *hash = strchr(line, '#');
-  if (hash) *hash = 0;
-  /* the features follow ';', with or without spaces around it */
-  char *feats = strchr(line, ';');
-  if (feats) *feats++ = 0;
-  char *p = line;
-  char *w = next_word(&p);
-  if (!w) return 0; /* blank or comment */
-  if (!strcmp(w, "graph")) {
-    if (c->first >= 0) CGF_FAIL("'graph' inside a graph (missing 'end' for the graph at line %ld)", c->first_line);
-    c->first = s->nv;
-    c->first_line = lineno;
-    return 0;
-  }
-  if (!strcmp(w, "end")) {
-    if (c->first < 0) CGF_FAIL("'end' without 'graph'");
-    return cgf_close(s, c, path, lineno, err, errlen);
-  }
-  if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", w);
-  char *end;
-  long id = strtol(w, &end, 10);
-  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, w);
-  char *tname = next_word(&p);
-  if (!tname) CGF_FAIL("vertex %ld has no type", id);
-  int type = -1;
-  for (int t = 0; t < d->nvertex; t++)
-    if (!strcmp(d->vertex[t].name, tname)) type = t;
-  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", tname, d->name, d->nvertex);
-  char why[128];
-  if (add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
-  long v = s->nv - 1;
-  s->type[v] = type;
-  if (id + 1 > c->capvline) {
-    if (!grow_array(&c->vline, sizeof(long), (size_t)(2 * (id + 1)))) CGF_FAIL("out of memory after %ld vertices", id);
-    c->capvline = 2 * (id + 1);
-  }
-  c->vline[id] = lineno;
-  int slot = 0;
-  while ((w = next_word(&p))) {
-    if (slot >= d->vertex[type].children) CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, d->vertex[type].children, tname);
-    if (strcmp(w, "-")) {
-      long ch = strtol(w, &end, 10);
-      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, w);
-      s->child[v * s->maxc + slot] = (int)ch;
-    }
-    slot++;
-  }
-  p = feats ? feats : p + strlen(p);
-  bool seen[64] = {false};
-  while ((w = next_word(&p))) {
-    char *eq = strchr(w, '=');
-    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, w);
-    *eq = 0;
-    int in = -1;
-    for (int i = 0; i < d->ninputs; i++)
-      if (!strcmp(d->inputs[i].name, w)) in = i;
-    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, w);
-    const cavs_input_desc *desc = &d->inputs[in];
-    if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
-    if (in < 64) seen[in] = true;
-    if (desc->kind == CAVS_IN_REAL) {
-      long off = 0;
-      for (int i = 0; i < in; i++)
-        if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
-      long width = cv_lin(&desc->width, c->dims), k = 0;
-      for (char *q = eq + 1; *q; k++) {
-        double x = strtod(q, &end);
-        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
-        /* graphs hold floats: a finite double beyond them would become an infinity */
-        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %.*s is out of the range of a float", id, (int)(end - q), q);
-        if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
-        s->real[v * s->realw + off + k] = (float)x;
-        q = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, end);
-      }
-      if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
-      continue;
-    }
-    long x = strtol(eq + 1, &end, 10);
-    long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
-    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
-    /* unbounded (no dims, or a class range bound to the data): still an int */
-    bool checked = bound > 0 && bound <= INT_MAX && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
-    long hi = checked ? bound - 1 : INT_MAX;
-    if (x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, hi);
-    s->feat[v * s->nint + desc->slot] = (int)x;
-  }
-  /* children must name vertices of this graph, known once it ends; check what we can */
-  (void)sh;
-  return 0;
-#undef CGF_FAIL
-}
+/* The formats, by the name --format takes: one row each. */
+static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_format_cgf};
 
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen) {
   Shape sh;
   if (shape_of(d, dims, &sh, err, errlen)) return NULL;
-  bool tree = !strcmp(format, "ptb-tree"), cgf = !strcmp(format, "cgf");
-  if (!tree && !cgf && strcmp(format, "text")) {
-    snprintf(err, errlen, "unknown data format '%s' (ptb-tree, text, cgf)", format);
+  const CvFormat *fm = NULL;
+  for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+    if (!strcmp(format, formats[i]->name)) fm = formats[i];
+  if (!fm) {
+    char names[256] = "";
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", formats[i]->name);
+    snprintf(err, errlen, "unknown data format '%s' (%s)", format, names);
     return NULL;
   }
   long realw = 0;
@@ -668,9 +265,15 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
   }
   s->maxc = sh.maxc;
   s->nint = sh.nint;
-  s->realw = cgf ? realw : 0;
-  Cgf cg = {.d = d, .dims = dims, .first = -1};
-  TreeScratch tsc = {0};
+  s->realw = fm->real ? realw : 0;
+  CvLoad l = {.s = s, .sh = &sh, .d = d, .dims = dims, .v = v, .grow = grow, .path = path, .err = err, .errlen = errlen};
+  void *state = NULL;
+  if (fm->begin(&l, &state)) {
+    fclose(f);
+    cavs_dataset_free(s);
+    snprintf(err, errlen, "out of memory reading '%s'", path);
+    return NULL;
+  }
   /* the vocabulary grows as we go; on error, new words stay (harmless: ids only grow) */
   char *line = NULL;
   size_t cap = 0;
@@ -693,19 +296,11 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
       break;
     }
     line[n] = 0;
-    rc = cgf ? cgf_line(s, &cg, &sh, line, path, lineno, err, errlen)
-         : tree ? parse_tree(s, &sh, v, grow, line, n, path, lineno, err, errlen, &tsc)
-                : parse_text(s, &sh, v, grow, line, n, path, lineno, err, errlen);
+    l.lineno = lineno;
+    rc = fm->line(&l, state, line, n);
     if (rc) break;
   }
-  if (!rc && cgf && cg.first >= 0) {
-    snprintf(err, errlen, "%s:%ld: error: the graph that starts here has no 'end'", path, cg.first_line);
-    rc = -1;
-  }
-  free(cg.pending);
-  free(cg.vline);
-  free(tsc.stack);
-  free(tsc.kids);
+  rc = fm->end(&l, state, rc);
   if (!rc && ferror(f)) {
     snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     rc = -1;

@@ -1,0 +1,265 @@
+/* data_cgf.c: the `cgf` format (cavs-data(5)), any acyclic graph with vertices of
+ * several types and any of the model's inputs. */
+#include "data.h"
+
+#include <float.h>
+
+/* A file is a sequence of
+ *
+ *   graph
+ *   ID TYPE [CHILD|- ...] [; NAME=VALUE ...]      one line per vertex, IDs 0, 1, ... in order
+ *   end
+ *
+ * TYPE names a vertex block; CHILD is another vertex's ID (any order: a DAG), `-` an empty
+ * slot; VALUE is an integer for index and class inputs, comma-separated numbers for real
+ * inputs. `#` starts a comment. A cycle is an error. */
+typedef struct Cgf {
+  const cavs_desc *d;
+  const long *dims;
+  long first;        /* first vertex of the open graph, or -1 */
+  long first_line;
+  int *pending;      /* scratch for the cycle check */
+  long cappending;
+  long *vline;       /* line of each vertex of the open graph */
+  long capvline;
+} Cgf;
+
+static char *next_word(char **p) {
+  while (**p == ' ' || **p == '\t') (*p)++;
+  if (!**p) return NULL;
+  char *w = *p;
+  while (**p && **p != ' ' && **p != '\t') (*p)++;
+  if (**p) *(*p)++ = 0;
+  return w;
+}
+
+static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, char *err, size_t errlen) {
+  long n = s->nv - c->first;
+  if (n == 0) {
+    snprintf(err, errlen, "%s:%ld: error: empty graph", path, c->first_line);
+    return -1;
+  }
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++) {
+      int ch = s->child[(c->first + v) * s->maxc + k];
+      if (ch >= n) {
+        snprintf(err, errlen, "%s:%ld: error: vertex %ld: child %d is not in this graph (it has %ld vertices)", path,
+                 c->vline[v], v, ch, n);
+        return -1;
+      }
+    }
+  /* Kahn from the leaves: whatever is left over lies on a cycle */
+  if (n + 1 > c->cappending) {
+    if (!cv_grow_array(&c->pending, sizeof(int), (size_t)(3 * n + 3))) {
+      snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
+      return -1;
+    }
+    c->cappending = n + 1;
+  }
+  int *pend = c->pending, *queue = c->pending + n + 1, *nparents = queue + n + 1;
+  (void)nparents;
+  const int *ch = s->child + c->first * s->maxc;
+  long head = 0, tail = 0;
+  for (long v = 0; v < n; v++) {
+    pend[v] = 0;
+    for (int k = 0; k < s->maxc; k++) pend[v] += ch[v * s->maxc + k] >= 0;
+    if (!pend[v]) queue[tail++] = (int)v;
+  }
+  /* a parent's pending count drops when a child is done: walk parents by scanning is
+     O(n * maxc) per done vertex in the worst case, so build the reverse edges once */
+  long ne = 0;
+  for (long v = 0; v < n * s->maxc; v++) ne += ch[v] >= 0;
+  int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
+  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!off || !adj || !fill) {
+    free(off);
+    free(adj);
+    free(fill);
+    errno = ENOMEM;
+    snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
+    return -1;
+  }
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++)
+      if (ch[v * s->maxc + k] >= 0) off[ch[v * s->maxc + k] + 1]++;
+  for (long v = 0; v < n; v++) off[v + 1] += off[v];
+  memcpy(fill, off, sizeof(int) * (size_t)n);
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < s->maxc; k++)
+      if (ch[v * s->maxc + k] >= 0) adj[fill[ch[v * s->maxc + k]]++] = (int)v;
+  while (head < tail) {
+    int v = queue[head++];
+    for (int e = off[v]; e < off[v + 1]; e++)
+      if (--pend[adj[e]] == 0) queue[tail++] = adj[e];
+  }
+  free(off);
+  free(adj);
+  free(fill);
+  if (tail < n) {
+    /* what is left waits on a cycle or on a vertex that does; following a child that is
+       still waiting n times lands on the cycle itself */
+    long v = 0;
+    while (pend[v] == 0) v++;
+    for (long step = 0; step < n; step++)
+      for (int k = 0; k < s->maxc; k++) {
+        int w = ch[v * s->maxc + k];
+        if (w >= 0 && pend[w] > 0) {
+          v = w;
+          break;
+        }
+      }
+    /* name the cycle by its smallest vertex: go round it once */
+    long best = v, u = v;
+    do {
+      for (int k = 0; k < s->maxc; k++) {
+        int w = ch[u * s->maxc + k];
+        if (w >= 0 && pend[w] > 0) {
+          u = w;
+          break;
+        }
+      }
+      if (u < best) best = u;
+    } while (u != v && best >= 0 && ++tail < 2 * n + 2);
+    v = best;
+    snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
+    return -1;
+  }
+  char why[128];
+  if (cv_add_graph(s, c->first, why, sizeof why)) {
+    snprintf(err, errlen, "%s:%ld: error: %s", path, lineno, why);
+    return -1;
+  }
+  c->first = -1;
+  return 0;
+}
+
+static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const char *path, long lineno, char *err,
+                    size_t errlen) {
+  const cavs_desc *d = c->d;
+#define CGF_FAIL(...)                                                                    \
+  do {                                                                                   \
+    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
+    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
+    return -1;                                                                           \
+  } while (0)
+  char *hash = strchr(line, '#');
+  if (hash) *hash = 0;
+  /* the features follow ';', with or without spaces around it */
+  char *feats = strchr(line, ';');
+  if (feats) *feats++ = 0;
+  char *p = line;
+  char *w = next_word(&p);
+  if (!w) return 0; /* blank or comment */
+  if (!strcmp(w, "graph")) {
+    if (c->first >= 0) CGF_FAIL("'graph' inside a graph (missing 'end' for the graph at line %ld)", c->first_line);
+    c->first = s->nv;
+    c->first_line = lineno;
+    return 0;
+  }
+  if (!strcmp(w, "end")) {
+    if (c->first < 0) CGF_FAIL("'end' without 'graph'");
+    return cgf_close(s, c, path, lineno, err, errlen);
+  }
+  if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", w);
+  char *end;
+  long id = strtol(w, &end, 10);
+  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, w);
+  char *tname = next_word(&p);
+  if (!tname) CGF_FAIL("vertex %ld has no type", id);
+  int type = -1;
+  for (int t = 0; t < d->nvertex; t++)
+    if (!strcmp(d->vertex[t].name, tname)) type = t;
+  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", tname, d->name, d->nvertex);
+  char why[128];
+  if (cv_add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
+  long v = s->nv - 1;
+  s->type[v] = type;
+  if (id + 1 > c->capvline) {
+    if (!cv_grow_array(&c->vline, sizeof(long), (size_t)(2 * (id + 1)))) CGF_FAIL("out of memory after %ld vertices", id);
+    c->capvline = 2 * (id + 1);
+  }
+  c->vline[id] = lineno;
+  int slot = 0;
+  while ((w = next_word(&p))) {
+    if (slot >= d->vertex[type].children) CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, d->vertex[type].children, tname);
+    if (strcmp(w, "-")) {
+      long ch = strtol(w, &end, 10);
+      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, w);
+      s->child[v * s->maxc + slot] = (int)ch;
+    }
+    slot++;
+  }
+  p = feats ? feats : p + strlen(p);
+  bool seen[64] = {false};
+  while ((w = next_word(&p))) {
+    char *eq = strchr(w, '=');
+    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, w);
+    *eq = 0;
+    int in = -1;
+    for (int i = 0; i < d->ninputs; i++)
+      if (!strcmp(d->inputs[i].name, w)) in = i;
+    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, w);
+    const cavs_input_desc *desc = &d->inputs[in];
+    if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
+    if (in < 64) seen[in] = true;
+    if (desc->kind == CAVS_IN_REAL) {
+      long off = 0;
+      for (int i = 0; i < in; i++)
+        if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
+      long width = cv_lin(&desc->width, c->dims), k = 0;
+      for (char *q = eq + 1; *q; k++) {
+        double x = strtod(q, &end);
+        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
+        /* graphs hold floats: a finite double beyond them would become an infinity */
+        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %.*s is out of the range of a float", id, (int)(end - q), q);
+        if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
+        s->real[v * s->realw + off + k] = (float)x;
+        q = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, end);
+      }
+      if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
+      continue;
+    }
+    long x = strtol(eq + 1, &end, 10);
+    long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
+    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
+    /* unbounded (no dims, or a class range bound to the data): still an int */
+    bool checked = bound > 0 && bound <= INT_MAX && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
+    long hi = checked ? bound - 1 : INT_MAX;
+    if (x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, hi);
+    s->feat[v * s->nint + desc->slot] = (int)x;
+  }
+  /* children must name vertices of this graph, known once it ends; check what we can */
+  (void)sh;
+  return 0;
+#undef CGF_FAIL
+}
+
+static int cgf_begin(CvLoad *l, void **state) {
+  Cgf *c = calloc(1, sizeof *c);
+  if (!c) return -1;
+  c->d = l->d;
+  c->dims = l->dims;
+  c->first = -1;
+  *state = c;
+  return 0;
+}
+
+static int cgf_line_of(CvLoad *l, void *state, char *line, size_t len) {
+  (void)len;
+  return cgf_line(l->s, state, l->sh, line, l->path, l->lineno, l->err, l->errlen);
+}
+
+static int cgf_end(CvLoad *l, void *state, int rc) {
+  Cgf *c = state;
+  if (!rc && c->first >= 0) {
+    snprintf(l->err, l->errlen, "%s:%ld: error: the graph that starts here has no 'end'", l->path, c->first_line);
+    rc = -1;
+  }
+  free(c->pending);
+  free(c->vline);
+  free(c);
+  return rc;
+}
+
+const CvFormat cv_format_cgf = {"cgf", true, cgf_begin, cgf_line_of, cgf_end};
