@@ -79,6 +79,27 @@ static char *read_file(const char *path, size_t *len) {
   return t;
 }
 
+/* The output directory, and the ones above it, created when missing (as mkdir -p). */
+static bool make_dirs(const char *dir) {
+  char *p = arena_strdup(dir);
+  for (char *s = p + 1;; s++) {
+    if (*s && *s != '/') continue;
+    char c = *s;
+    *s = 0;
+    struct stat st;
+    if (stat(p, &st) != 0 && mkdir(p, 0777) != 0 && errno != EEXIST) {
+      error_plain("cannot create the output directory '%s': %s", p, strerror(errno));
+      return false;
+    }
+    if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      error_plain("'%s' is not a directory", p);
+      return false;
+    }
+    *s = c;
+    if (!c) return true;
+  }
+}
+
 /* Writes `data` to `path` through a temporary file in the same directory and a rename,
  * so a reader never sees a half-written file and a failure leaves no file behind. */
 static bool write_atomic(const char *path, const char *data, size_t len) {
@@ -88,6 +109,10 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
     error_plain("cannot write '%s': %s", path, strerror(errno));
     return false;
   }
+  /* mkstemp makes 0600; what cavsc writes gets the usual mode, as cc's output does */
+  mode_t mask = umask(0);
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
   FILE *f = fdopen(fd, "wb");
   bool ok = f && fwrite(data, 1, len, f) == len;
   ok = f && fflush(f) == 0 && ok;
@@ -236,11 +261,7 @@ int main(int argc, char **argv) {
     }
   } else {
     const char *dir = out_path ? out_path : ".";
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-      error_plain("output directory '%s' does not exist", dir);
-      goto done;
-    }
+    if (!make_dirs(dir)) goto done;
     char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.c", dir, m->name);
     if (!write_atomic(hp, hbuf, hlen)) goto done;
     if (!write_atomic(cp, buf, buflen)) {

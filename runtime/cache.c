@@ -500,6 +500,9 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     goto out;
   }
   unlink(ccerr);
+  /* whatever the umask, nobody else may write what will be loaded (a later load refuses
+     an object writable by others) */
+  chmod(tso, 0755);
   /* record the object's hash: a later load checks the bytes it maps */
   int ofd = open(tso, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   size_t olen = 0;

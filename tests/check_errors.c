@@ -182,6 +182,31 @@ START_TEST(unwritable_output) {
   ck_assert_msg(!strncmp(r.err, "cavsc: error: cannot write '/proc/out.txt': ", 44), "%s", r.err);
   tu_free(&r);
 
+  /* -o DIR for the C files: created with its parents, the files get the usual mode */
+  char *top = tu_tmpdir(), cdir[4300], cfile[4400];
+  snprintf(cdir, sizeof cdir, "%s/build/deeper", top);
+  char *argv4[] = {(char *)cavsc, "-o", cdir, model, NULL};
+  mode_t old = umask(022);
+  r = tu_run(NULL, argv4, 30);
+  umask(old);
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  snprintf(cfile, sizeof cfile, "%s/treelstm.c", cdir);
+  struct stat st;
+  ck_assert(stat(cfile, &st) == 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0644);
+  tu_free(&r);
+  /* a file in the way is an error */
+  snprintf(cdir, sizeof cdir, "%s/x", cfile);
+  char *argv5[] = {(char *)cavsc, "-o", cdir, model, NULL};
+  r = tu_run(NULL, argv5, 30);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "is not a directory"), "%s", r.err);
+  tu_free(&r);
+  char *rm[] = {"/bin/rm", "-rf", top, NULL};
+  r = tu_run(NULL, rm, 30);
+  tu_free(&r);
+  free(top);
+
   /* and a good path gets the whole dump */
   char *dir = tu_tmpdir(), out[4200];
   snprintf(out, sizeof out, "%s/ir.txt", dir);
