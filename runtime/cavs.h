@@ -401,7 +401,7 @@ void cavs_dataset_free(cavs_dataset *s);
 typedef struct cavs_train_state {
   int epoch;          /* epochs completed */
   uint64_t rng;       /* the shuffling generator */
-  double best;        /* best dev accuracy so far, or -1 */
+  double best;        /* best dev metric so far (accuracy; dev loss without a classifier), or -1 */
   uint64_t seed;
   int threads, batch;
   char format[32];    /* data format of the training file */

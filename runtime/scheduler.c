@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   const cavs_desc *d = m->d;
   long total = 0;

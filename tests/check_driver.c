@@ -1,44 +1,7 @@
 /* check_driver.c: the real `cavs` binary, as a user runs it: generate data, train, save,
  * evaluate, predict, resume bit for bit, refuse damaged or foreign checkpoints, honour
  * --dim, and the demo reaches the accuracy the README states. */
-#include "testutil.h"
-
-static const char *cavs_bin;
-static char *dir;        /* scratch for this run */
-static char top[4096];   /* the source tree */
-
-static char *path_in(const char *name) {
-  static char buf[8][4400];
-  static int k;
-  k = (k + 1) % 8;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-  return buf[k];
-}
-
-static char *model(const char *name) {
-  static char buf[4][4400];
-  static int k;
-  k = (k + 1) % 4;
-  snprintf(buf[k], sizeof buf[k], "%s/dsl-examples/%s", top, name);
-  return buf[k];
-}
-
-/* Runs cavs with up to 31 arguments, NULL-terminated. */
-static RunResult cavs(const char *first, ...) {
-  char *argv[32];
-  int n = 0;
-  argv[n++] = (char *)cavs_bin;
-  va_list ap;
-  va_start(ap, first);
-  for (const char *a = first; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
-  va_end(ap);
-  argv[n] = NULL;
-  return tu_run(NULL, argv, 300);
-}
-
-static void ok(RunResult *r, const char *what) {
-  ck_assert_msg(r->status == 0, "%s: exit %d\n%s%s", what, r->status, tu_tail(r->out, 1800), tu_tail(r->err, 1800));
-}
+#include "cli.h"
 
 static void gen_data(void) {
   static bool done;
@@ -622,10 +585,7 @@ START_TEST(demo_reaches_stated_accuracy) {
 END_TEST
 
 int main(void) {
-  cavs_bin = tu_env("CAVS", "./cavs");
-  snprintf(top, sizeof top, "%s", tu_env("TOP_SRCDIR", "."));
-  dir = tu_scratch("driver");
-  if (!dir) return 1;
+  if (cli_init("driver")) return 1;
   Suite *s = suite_create("driver");
   TCase *tc = tcase_create("driver");
   tcase_set_timeout(tc, 600);

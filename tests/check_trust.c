@@ -5,58 +5,11 @@
  * should not. The checkpoints are made by editing a real one field by field and
  * recomputing its checksum, as an attacker would. */
 #include "cavs.h"
-#include "testutil.h"
+#include "cli.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
 #include <stdint.h>
-
-static const char *cavs_bin;
-static char *dir;      /* scratch for this run */
-static char top[4096]; /* the source tree */
-
-static char *path_in(const char *name) {
-  static char buf[8][4400];
-  static int k;
-  k = (k + 1) % 8;
-  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-  return buf[k];
-}
-
-static RunResult cavs_env(char *const env[], const char *first, ...) {
-  char *argv[32];
-  int n = 0;
-  argv[n++] = (char *)cavs_bin;
-  va_list ap;
-  va_start(ap, first);
-  for (const char *a = first; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
-  va_end(ap);
-  argv[n] = NULL;
-  /* env: NAME=VALUE to set, NAME alone to unset, for this run only */
-  char *saved[8][2] = {{0}};
-  int ns = 0;
-  for (int i = 0; env && env[i] && ns < 8; i++, ns++) {
-    char *eq = strchr(env[i], '=');
-    saved[ns][0] = eq ? strndup(env[i], (size_t)(eq - env[i])) : strdup(env[i]);
-    const char *old = getenv(saved[ns][0]);
-    saved[ns][1] = old ? strdup(old) : NULL;
-    if (eq) setenv(saved[ns][0], eq + 1, 1);
-    else unsetenv(saved[ns][0]);
-  }
-  RunResult r = tu_run(NULL, argv, 300);
-  for (int i = 0; i < ns; i++) {
-    if (saved[i][1]) setenv(saved[i][0], saved[i][1], 1);
-    else unsetenv(saved[i][0]);
-    free(saved[i][0]);
-    free(saved[i][1]);
-  }
-  return r;
-}
-#define cavs(...) cavs_env(NULL, __VA_ARGS__)
-
-static void ok(RunResult *r, const char *what) {
-  ck_assert_msg(r->status == 0, "%s: exit %d\n%s%s", what, r->status, tu_tail(r->out, 1800), tu_tail(r->err, 1800));
-}
 
 static void sh(const char *cmd) {
   char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
@@ -495,10 +448,7 @@ START_TEST(file_names_escaped_in_generated_code) {
 END_TEST
 
 int main(void) {
-  cavs_bin = tu_env("CAVS", "./cavs");
-  snprintf(top, sizeof top, "%s", tu_env("TOP_SRCDIR", "."));
-  dir = tu_scratch("trust");
-  if (!dir) return 1;
+  if (cli_init("trust")) return 1;
   Suite *s = suite_create("trust");
   TCase *tc = tcase_create("trust");
   tcase_set_timeout(tc, 600);
