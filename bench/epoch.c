@@ -79,7 +79,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "epoch: no model %s linked in\n", name);
     return 1;
   }
-  cavs_set_threads(threads);
+  /* the floor is measured with the threads the model will be given */
+  openblas_set_num_threads(threads);
   double floor_rate = sgemm_rate();
   long dims[CAVS_MAX_DIMS];
   cavs_dims_default(d, dims);
@@ -100,7 +101,8 @@ int main(int argc, char **argv) {
   double tload = now() - t0;
   for (int j = 0; j < d->ndims; j++)
     if (d->dims[j].kind == CAVS_DIM_VOCAB) dims[j] = cavs_vocab_size(v) + 1;
-  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  cavs_model_opts mo = {.backend = "cpu", .threads = threads};
+  cavs_model *m = cavs_model_new_opts(d, dims, &mo, err, sizeof err);
   if (!m) {
     fprintf(stderr, "%s\n", err);
     return 1;
@@ -115,7 +117,7 @@ int main(int argc, char **argv) {
     double loss = 0;
     long count = 0, correct = 0, vertices = 0;
     int batches = 0;
-    cavs_gemm_counters(NULL, NULL, 1);
+    cavs_model_backend_stats(m, NULL, 1);
     double start = now();
     for (int b = 0; b < n; b += batch) {
       int k = n - b < batch ? n - b : batch;
@@ -137,8 +139,10 @@ int main(int argc, char **argv) {
       correct += st.correct;
       batches++;
     }
-    double secs = now() - start, gsecs, gflops;
-    cavs_gemm_counters(&gsecs, &gflops, 0);
+    double secs = now() - start;
+    cavs_backend_stats bs;
+    cavs_model_backend_stats(m, &bs, 0);
+    double gsecs = bs.gemm_seconds, gflops = bs.gemm_flops;
     printf("%s %s policy=%s batch=%d", name, infer ? "infer" : "train", policy, batch);
     for (int j = 0; j < d->ndims; j++) printf(" %s=%ld", d->dims[j].name, dims[j]);
     printf(" threads=%d graphs=%d vertices=%ld load=%.2fs epoch=%.2fs graphs/s=%.0f loss=%.4f acc=%.4f", threads, n,

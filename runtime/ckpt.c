@@ -51,7 +51,7 @@ static void put(Buf *b, const void *data, size_t n) {
     b->p = p;
     b->cap = cap;
   }
-  memcpy(b->p + b->n, data, n);
+  if (data) memcpy(b->p + b->n, data, n);
   b->n += n;
 }
 static void put_u32(Buf *b, uint32_t v) { put(b, &v, 4); }
@@ -76,7 +76,13 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
   const char *src = (const char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
-  for (long r = 0; r < rows; r++) put(b, src + (size_t)r * (size_t)ld * m->esize, (size_t)cols * m->esize);
+  size_t row = (size_t)cols * m->esize;
+  for (long r = 0; r < rows; r++) {
+    /* room first, then the row straight from the backend's memory into it */
+    size_t at = b->n;
+    put(b, NULL, row);
+    if (!b->oom) m->be->download(b->p + at, src + (size_t)r * (size_t)ld * m->esize, row);
+  }
 }
 
 /* Removes what a save that was killed left behind: PATH.tmpXXXXXX files of ours beside
@@ -531,7 +537,8 @@ static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
   char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
   for (long r = 0; r < rows; r++)
-    memcpy(dst + (size_t)r * (size_t)ld * m->esize, src + (size_t)r * (size_t)cols * m->esize, (size_t)cols * m->esize);
+    m->be->upload(dst + (size_t)r * (size_t)ld * m->esize, src + (size_t)r * (size_t)cols * m->esize,
+                  (size_t)cols * m->esize);
 }
 
 int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
@@ -570,17 +577,12 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
   }
   for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
   m->step = k->steps;
-  free(m->m1);
-  free(m->m2);
+  m->be->release(m->m1);
+  m->be->release(m->m2);
   m->m1 = m->m2 = NULL;
   if (k->has_moments) {
-    m->m1 = calloc(m->nflat + 1, m->esize);
-    m->m2 = calloc(m->nflat + 1, m->esize);
-    if (!m->m1 || !m->m2) {
-      free(m->m1);
-      free(m->m2);
-      m->m1 = m->m2 = NULL;
-      snprintf(err, errlen, "out of memory for the optimizer's state");
+    if (cv_alloc_moments(m)) {
+      snprintf(err, errlen, "%s", m->err);
       return -1;
     }
     size_t a1 = k->m1_at, a2 = k->m2_at;

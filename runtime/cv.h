@@ -2,6 +2,7 @@
 #ifndef CV_H
 #define CV_H
 
+#include "backend.h"
 #include "cavs.h"
 
 #include <stdbool.h>
@@ -9,6 +10,8 @@
 
 struct cavs_model {
   const cavs_desc *d;
+  const cv_backend *be; /* owns every buffer below that a kernel touches */
+  cavs_backend_stats stats;
   cavs_ctx ctx;
   size_t esize; /* 4 (float) or 8 (double) */
   int policy;
@@ -70,6 +73,8 @@ int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(print
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
 /* optim.c */
 void cv_sparse_reset(cavs_model *m);
+/* Adam's or Adagrad's moments, zeroed, unless the model has them; -1 (message in m->err) */
+int cv_alloc_moments(cavs_model *m);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
 

@@ -30,6 +30,8 @@
 #endif
 
 static const char *prog = "cavs";
+/* how models are made: the backend and its threads, from the command line */
+static cavs_model_opts model_opts;
 
 static _Noreturn void die(int status, const char *fmt, ...) {
   va_list ap;
@@ -483,7 +485,6 @@ static int cmd_train(TrainOpts *o) {
     check_output("save", best_path, inputs, what, 4);
   }
   if (o->log) check_output("log", o->log, inputs + 4, what + 4, 3), check_output("log", o->log, inputs, what, 3);
-  cavs_set_threads(o->threads);
   Loaded L = load_model_arg(o->model);
   const cavs_desc *d = L.desc;
   long dims[CAVS_MAX_DIMS] = {0};
@@ -543,7 +544,7 @@ static int cmd_train(TrainOpts *o) {
       }
     }
   errno = 0;
-  cavs_model *m = keep(cavs_model_new(d, dims, err, sizeof err));
+  cavs_model *m = keep(cavs_model_new_opts(d, dims, &model_opts, err, sizeof err));
   if (!m) lib_die(err);
   cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
                          .threads = o->threads, .batch = o->batch, .optim = o->optim};
@@ -721,7 +722,7 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   long dims[CAVS_MAX_DIMS] = {0};
   if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
   errno = 0;
-  c.m = keep(cavs_model_new(c.L.desc, dims, err, sizeof err));
+  c.m = keep(cavs_model_new_opts(c.L.desc, dims, &model_opts, err, sizeof err));
   if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
   if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
   c.v = keep(cavs_ckpt_vocab(c.ck));
@@ -924,13 +925,13 @@ int main(int argc, char **argv) {
     positional = argv[optind];
   }
   if (!o.set_lr) o.optim.lr = cavs_optim_default_lr(o.optim.kind);
+  model_opts.threads = o.threads;
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;
     return cmd_train(&o);
   }
   if (!strcmp(cmd, "eval") || !strcmp(cmd, "predict")) {
-    cavs_set_threads(o.threads);
     return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"));
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);

@@ -1,6 +1,6 @@
-/* kernels.h: the runtime's row kernels, written once and instantiated for float and for
- * double by backend_cpu.c (#define R, CV_NAME and CV_EXP, then #include). Every kernel
- * runs over rows [r0, r0 + n) of the minibatch. */
+/* kernels.h: the CPU backend's kernels, written once and instantiated for float and for
+ * double by backend_cpu.c (#define R, CV_NAME, CV_EXP and CV_SQRT, then #include). The
+ * row kernels run over rows [r0, r0 + n) of the minibatch. */
 
 static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
@@ -142,5 +142,54 @@ static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R
     if (!c->pushed[r]) continue;
     for (long j = 0; j < w; j++)
       dp[(size_t)r * ldd + j] += (R)(scale * ((double)p[(size_t)r * ld + j] - (double)t[(size_t)r * ldt + j]));
+  }
+}
+
+static long CV_NAME(first_bad)(const R *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(p[i])) return (long)i;
+  return -1;
+}
+
+/* One optimizer step over the spans of the flat blocks: weight decay (added to the
+ * gradient), the global norm clip, then the update (Adam with bias correction). */
+static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
+                          double eps) {
+  R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
+  double norm2 = 0, scale = 1;
+  for (int k = 0; k < ns; k++) {
+    R *p = P + sp[k].off, *g = G + sp[k].off;
+    if (o->weight_decay)
+      for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(o->weight_decay * p[i]);
+    if (o->clip > 0)
+      for (size_t i = 0; i < sp[k].len; i++) norm2 += (double)g[i] * g[i];
+  }
+  if (o->clip > 0 && sqrt(norm2) > o->clip) scale = o->clip / sqrt(norm2);
+  double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
+  R lr = (R)o->lr, sc = (R)scale;
+  for (int k = 0; k < ns; k++) {
+    R *p = P + sp[k].off, *g = G + sp[k].off, *m1 = M1 + sp[k].off, *m2 = M2 + sp[k].off;
+    size_t len = sp[k].len;
+    switch (o->kind) {
+    case CAVS_SGD:
+      for (size_t i = 0; i < len; i++) p[i] -= lr * sc * g[i];
+      break;
+    case CAVS_ADAGRAD:
+      for (size_t i = 0; i < len; i++) {
+        R gi = sc * g[i];
+        m1[i] += gi * gi;
+        p[i] -= lr * gi / (R)(sqrt((double)m1[i]) + eps);
+      }
+      break;
+    default: {
+      R a1 = (R)b1, a2 = (R)b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2), e = (R)eps;
+      for (size_t i = 0; i < len; i++) {
+        R gi = sc * g[i];
+        m1[i] = a1 * m1[i] + (1 - a1) * gi;
+        m2[i] = a2 * m2[i] + (1 - a2) * gi * gi;
+        p[i] -= lr * (m1[i] * ic1) / (CV_SQRT(m2[i] * ic2) + e);
+      }
+    }
+    }
   }
 }

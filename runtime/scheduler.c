@@ -215,7 +215,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   const cavs_desc *d = m->d;
   cavs_ctx *c = &m->ctx;
   m->have_batch = false;
-  if (cv_schedule(m, graphs, k)) return -1;
+  if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
   int N = m->rows;
   c->leaf_rows = 0;
@@ -241,15 +241,16 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
     size_t w = (size_t)m->bw[d->push_buf] * m->esize;
     for (int t = 0; t < d->nvertex; t++)
       if (!d->vertex[t].pushes && m->type_n[t])
-        memset((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, 0, (size_t)m->type_n[t] * w);
+        m->be->zero((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, (size_t)m->type_n[t] * w);
     d->push_fwd(c, 0, N);
   }
+  m->be->synchronize(m); /* the losses and predictions are complete */
   if (st) {
     memset(st, 0, sizeof *st);
     for (int l = 0; l < d->nlosses; l++) {
       const cavs_loss_acc *a = &m->loss[l];
       if (a->count) st->loss += a->sum / (double)a->count;
-      if (d->losses[l].kind != 0) continue; /* accuracy is a classifier's: a regression has none */
+      if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) continue; /* a regression has no accuracy */
       st->count += a->count;
       st->correct += a->correct;
       st->root_count += a->root_count;
@@ -281,10 +282,10 @@ void cavs_model_backward(cavs_model *m) {
   if (!m->have_batch) return;
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
-    if (m->grad[b]) memset(m->grad[b], 0, (size_t)N * (size_t)m->bw[b] * m->esize);
+    if (m->grad[b]) m->be->zero(m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
-      memset(m->pgrad[g], 0, (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
+      m->be->zero(m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
   cv_sparse_reset(m);
   c->leaf_rows = 0;
   if (d->push_bwd) d->push_bwd(c, 0, N);
@@ -302,14 +303,7 @@ void cavs_model_backward(cavs_model *m) {
   }
   c->leaf_rows = 0;
   if (d->pull_bwd) d->pull_bwd(c, 0, N);
-}
-
-static long first_bad(const void *p, size_t n, size_t esize) {
-  for (size_t i = 0; i < n; i++) {
-    double x = esize == 8 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-    if (!isfinite(x)) return (long)i;
-  }
-  return -1;
+  m->be->synchronize(m);
 }
 
 int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {
@@ -319,7 +313,7 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
     long rows, cols, ld;
     const char *p = cavs_model_param(m, i, &rows, &cols, &ld);
     for (long r = 0; r < rows; r++) {
-      long j = first_bad(p + (size_t)r * (size_t)ld * m->esize, (size_t)cols, m->esize);
+      long j = m->be->first_bad(m, p + (size_t)r * (size_t)ld * m->esize, (size_t)cols);
       if (j >= 0) {
         snprintf(msg, len, "parameter %s[%ld,%ld] is not finite", d->params[i].name, r, j);
         return -1;
@@ -333,7 +327,7 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
       bool shared = b == d->state_buf || b == d->push_buf;
       if (shared != (pass == 1)) continue;
       for (int r = 0; r < m->rows; r++) {
-        long j = first_bad((const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b], m->esize);
+        long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;
         int g = 0, v = -1;
         for (g = 0; g < m->ngraphs && v < 0; g++)

@@ -1,7 +1,9 @@
 /* tensor.c: a model's memory. All parameters in one block with the groups (and the
  * parameters in them) pointing into it, as llm.c does; gradients in a second block of the
  * same layout; per-row buffers for the minibatch, grown to the largest minibatch seen and
- * never shrunk, so steady-state training allocates nothing. */
+ * never shrunk, so steady-state training allocates nothing. What kernels touch is the
+ * backend's memory, allocated and filled through its operations (backend.h); the
+ * schedule and the bookkeeping are host arrays. */
 #include "cv.h"
 
 #include <errno.h>
@@ -117,9 +119,24 @@ void cavs_dims_default(const cavs_desc *d, long *dims) {
   } while (0)
 
 cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen) {
+  return cavs_model_new_opts(d, dims, NULL, err, errlen);
+}
+
+cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
+                                size_t errlen) {
+  /* the version first: a descriptor of another ABI may not even have these fields where
+     this one reads them (abi has been the first field from the start) */
   if (d->abi != CAVS_ABI_VERSION) {
-    snprintf(err, errlen, "model '%s' was generated for libcavs ABI %d, this is ABI %d", d->name,
-             d->abi, CAVS_ABI_VERSION);
+    snprintf(err, errlen,
+             "model '%s' was generated for libcavs ABI %d, but this libcavs is ABI %d: generate it again with "
+             "this version's cavsc",
+             d->abi >= 2 || d->abi == 1 ? d->name : "?", d->abi, CAVS_ABI_VERSION);
+    return NULL;
+  }
+  const char *bname = o && o->backend && *o->backend ? o->backend : "cpu";
+  const cv_backend *be = cv_backend_find(bname);
+  if (!be || be->probe(err, errlen)) {
+    if (!be) cavs_backend_probe(bname, err, errlen);
     return NULL;
   }
   for (int i = 0; i < d->ndims; i++) {
@@ -137,6 +154,7 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
     return NULL;
   }
   m->d = d;
+  m->be = be;
   m->esize = d->precision == CAVS_DOUBLE ? 8 : 4;
   cavs_ctx *c = &m->ctx;
   c->desc = d;
@@ -182,16 +200,16 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   }
   m->model_bytes = bytes;
   m->nflat = total;
-  m->pflat = aligned_alloc(64, (total * m->esize + 63) & ~(size_t)63);
-  m->gflat = aligned_alloc(64, (total * m->esize + 63) & ~(size_t)63);
+  m->pflat = be->alloc(total * m->esize);
+  m->gflat = be->alloc(total * m->esize);
   if (!m->pflat || !m->gflat) {
     snprintf(err, errlen, "out of memory for %zu parameters", total);
     cavs_model_free(m);
     errno = ENOMEM;
     return NULL;
   }
-  memset(m->pflat, 0, total * m->esize);
-  memset(m->gflat, 0, total * m->esize);
+  be->zero(m->pflat, total * m->esize);
+  be->zero(m->gflat, total * m->esize);
   NEW(m->param, d->npgroups, "parameter groups");
   NEW(m->pgrad, d->npgroups, "parameter groups");
   for (int g = 0; g < d->npgroups; g++) {
@@ -235,6 +253,11 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
   NEW(m->type_n, d->nvertex, "vertex types");
   NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
+  if (be->open(m, o)) {
+    snprintf(err, errlen, "%s", m->err);
+    cavs_model_free(m);
+    return NULL;
+  }
   return m;
 }
 #undef NEW
@@ -242,15 +265,17 @@ cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size
 void cavs_model_free(cavs_model *m) {
   if (!m) return;
   const cavs_desc *d = m->d;
+  const cv_backend *be = m->be;
   for (int b = 0; b < d->nbufs; b++) {
-    free(m->val ? m->val[b] : NULL);
-    free(m->grad ? m->grad[b] : NULL);
+    be->release(m->val ? m->val[b] : NULL);
+    be->release(m->grad ? m->grad[b] : NULL);
   }
   for (int i = 0; i < d->nint; i++) free(m->iin ? m->iin[i] : NULL);
   for (int i = 0; i < d->nreal; i++) free(m->rin ? m->rin[i] : NULL);
   free(m->val); free(m->grad); free(m->bw); free(m->loss);
   free(m->iin); free(m->rin); free(m->rw);
-  free(m->pflat); free(m->gflat); free(m->m1); free(m->m2); free(m->spans);
+  be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
+  free(m->spans);
   free(m->pg_off); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
@@ -284,11 +309,11 @@ int cv_grow_rows(cavs_model *m, int rows) {
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
     size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
-    free(m->val[b]);
-    m->val[b] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    m->be->release(m->val[b]);
+    m->val[b] = m->be->alloc(bytes);
     if (d->bufs[b].grad) {
-      free(m->grad[b]);
-      m->grad[b] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+      m->be->release(m->grad[b]);
+      m->grad[b] = m->be->alloc(bytes);
     }
     if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
       m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
@@ -360,33 +385,42 @@ static double uniform01(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0
 void cavs_model_init(cavs_model *m, uint64_t seed) {
   const cavs_desc *d = m->d;
   uint64_t s = seed;
+  /* values are made on the host, a piece of a row at a time, and uploaded */
+  enum { CHUNK = 1024 };
+  union {
+    double d[CHUNK];
+    float f[CHUNK];
+  } host;
   for (int i = 0; i < d->nparams; i++) {
     const cavs_param_desc *p = &d->params[i];
     long rows, cols, ld;
-    void *base = cavs_model_param(m, i, &rows, &cols, &ld);
+    char *base = cavs_model_param(m, i, &rows, &cols, &ld);
     double lim = sqrt(6.0 / (double)(rows + cols));
     for (long r = 0; r < rows; r++)
-      for (long j = 0; j < cols; j++) {
-        double v = 0;
-        switch (p->init) {
-        case CAVS_INIT_ZEROS: v = 0; break;
-        case CAVS_INIT_CONSTANT: v = p->a; break;
-        case CAVS_INIT_UNIFORM: v = p->a + (p->b - p->a) * uniform01(&s); break;
-        case CAVS_INIT_XAVIER: v = -lim + 2 * lim * uniform01(&s); break;
-        case CAVS_INIT_NORMAL: {
-          double u1 = uniform01(&s), u2 = uniform01(&s);
-          if (u1 < 1e-300) u1 = 1e-300;
-          v = p->a + p->b * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-          break;
+      for (long j0 = 0; j0 < cols; j0 += CHUNK) {
+        long len = cols - j0 < CHUNK ? cols - j0 : CHUNK;
+        for (long j = 0; j < len; j++) {
+          double v = 0;
+          switch (p->init) {
+          case CAVS_INIT_ZEROS: v = 0; break;
+          case CAVS_INIT_CONSTANT: v = p->a; break;
+          case CAVS_INIT_UNIFORM: v = p->a + (p->b - p->a) * uniform01(&s); break;
+          case CAVS_INIT_XAVIER: v = -lim + 2 * lim * uniform01(&s); break;
+          case CAVS_INIT_NORMAL: {
+            double u1 = uniform01(&s), u2 = uniform01(&s);
+            if (u1 < 1e-300) u1 = 1e-300;
+            v = p->a + p->b * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+            break;
+          }
+          }
+          if (m->esize == 8) host.d[j] = v;
+          else host.f[j] = (float)v;
         }
-        }
-        size_t at = (size_t)r * (size_t)ld + (size_t)j;
-        if (m->esize == 8) ((double *)base)[at] = v;
-        else ((float *)base)[at] = (float)v;
+        m->be->upload(base + ((size_t)r * (size_t)ld + (size_t)j0) * m->esize, &host, (size_t)len * m->esize);
       }
   }
-  free(m->m1);
-  free(m->m2);
+  m->be->release(m->m1);
+  m->be->release(m->m2);
   m->m1 = m->m2 = NULL;
   m->step = 0;
 }

@@ -200,6 +200,94 @@ START_TEST(model_without_dims_or_inputs) {
 }
 END_TEST
 
+/* The backend is chosen by name when a model is made: "cpu" is always there, an
+ * unknown name and a backend this build lacks are refused with a message saying so. */
+START_TEST(backends_by_name) {
+  ck_assert_int_ge(cavs_backend_count(), 1);
+  ck_assert_str_eq(cavs_backend_name(0), "cpu");
+  ck_assert_ptr_null(cavs_backend_name(cavs_backend_count()));
+  char msg[256];
+  ck_assert_int_eq(cavs_backend_probe("cpu", msg, sizeof msg), 0);
+  ck_assert_int_eq(cavs_backend_probe("tpu", msg, sizeof msg), -1);
+  ck_assert_msg(strstr(msg, "unknown backend 'tpu'") && strstr(msg, "cpu"), "%s", msg);
+  bool have_cuda = false;
+  for (int i = 0; i < cavs_backend_count(); i++) have_cuda |= !strcmp(cavs_backend_name(i), "cuda");
+  if (!have_cuda) {
+    ck_assert_int_eq(cavs_backend_probe("cuda", msg, sizeof msg), -1);
+    ck_assert_msg(strstr(msg, "without the CUDA backend"), "%s", msg);
+  }
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "V")] = 10;
+  char err[256] = "";
+  cavs_model_opts o = {.backend = "tpu"};
+  ck_assert_ptr_null(cavs_model_new_opts(d, dims, &o, err, sizeof err));
+  ck_assert_msg(strstr(err, "unknown backend 'tpu'"), "%s", err);
+  o.backend = "cpu";
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  ck_assert_str_eq(cavs_model_backend(m), "cpu");
+  cavs_model_free(m);
+  m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_str_eq(cavs_model_backend(m), "cpu");
+  cavs_model_free(m);
+}
+END_TEST
+
+/* The backend's statistics count the products a minibatch makes, and a reset clears
+ * them. A Tree-LSTM forward pass over one tree of three vertices makes products. */
+START_TEST(backend_stats_count_products) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "V")] = 10;
+  cavs_model *m = new_model(d, dims, 10);
+  cavs_backend_stats st;
+  cavs_model_backend_stats(m, &st, 0);
+  ck_assert_int_eq(st.gemm_calls, 0);
+  static TGraph g;
+  memset(&g, 0, sizeof g);
+  g.g.n = 3;
+  g.g.maxc = 2;
+  int ch[] = {-1, -1, -1, -1, 0, 1};
+  memcpy(g.child, ch, sizeof ch);
+  int feat[] = {1, -1, 2, -1, -1, 1};
+  memcpy(g.feat, feat, sizeof feat);
+  g.g.child = g.child;
+  g.g.feat = g.feat;
+  const cavs_graph *gs[1] = {&g.g};
+  cavs_stats s;
+  ck_assert_msg(cavs_model_forward(m, gs, 1, &s) == 0, "%s", cavs_model_error(m));
+  cavs_model_backend_stats(m, &st, 1);
+  ck_assert_int_gt(st.gemm_calls, 0);
+  ck_assert(st.gemm_flops > 0);
+  cavs_model_backend_stats(m, &st, 0);
+  ck_assert_int_eq(st.gemm_calls, 0);
+  ck_assert(st.gemm_flops == 0);
+  cavs_model_free(m);
+}
+END_TEST
+
+/* A descriptor generated against another ABI is refused before anything in it but its
+ * version is read, with a message that says what to do. */
+START_TEST(abi_mismatch_is_refused) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
+  cavs_desc old = *d;
+  old.abi = CAVS_ABI_VERSION - 1;
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "V")] = 10;
+  char err[512] = "";
+  ck_assert_ptr_null(cavs_model_new(&old, dims, err, sizeof err));
+  char want[128];
+  snprintf(want, sizeof want, "generated for libcavs ABI %d, but this libcavs is ABI %d", CAVS_ABI_VERSION - 1,
+           CAVS_ABI_VERSION);
+  ck_assert_msg(strstr(err, want) && strstr(err, "generate it again"), "%s", err);
+}
+END_TEST
+
 START_TEST(rows_that_do_not_push_stay_out) {
   const cavs_desc *d = load_model("model stale; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
                                   "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -265,6 +353,9 @@ int main(void) {
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, model_without_dims_or_inputs);
+  tcase_add_test(tc, backends_by_name);
+  tcase_add_test(tc, backend_stats_count_products);
+  tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -1,0 +1,97 @@
+/* backend.c: the registry of backends, and the entry points of generated code
+ * (cavs_abi.h), each of which hands its work to the model's backend. */
+#include "cv.h"
+
+#include <string.h>
+
+/* One row a backend, in the order `cavs_backend_name` lists them. */
+static const cv_backend *const backends[] = {
+    &cv_backend_cpu,
+};
+enum { NBACKENDS = sizeof backends / sizeof *backends };
+
+int cavs_backend_count(void) { return NBACKENDS; }
+
+const char *cavs_backend_name(int i) { return i >= 0 && i < NBACKENDS ? backends[i]->name : NULL; }
+
+const cv_backend *cv_backend_find(const char *name) {
+  for (int i = 0; i < NBACKENDS; i++)
+    if (!strcmp(name, backends[i]->name)) return backends[i];
+  return NULL;
+}
+
+int cavs_backend_probe(const char *name, char *msg, size_t len) {
+  const cv_backend *b = cv_backend_find(name);
+  if (b) return b->probe(msg, len);
+  char list[256] = "";
+  for (int i = 0; i < NBACKENDS; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", backends[i]->name);
+  if (!strcmp(name, "cuda"))
+    snprintf(msg, len, "this libcavs was built without the CUDA backend (backends: %s)", list);
+  else snprintf(msg, len, "unknown backend '%s' (backends: %s)", name, list);
+  return -1;
+}
+
+const char *cavs_model_backend(const cavs_model *m) { return m->be->name; }
+
+void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset) {
+  if (st) *st = m->stats;
+  if (reset) memset(&m->stats, 0, sizeof m->stats);
+}
+
+/* ---- the entry points of generated code ---- */
+
+#define BE(c) ((c)->model->be)
+
+void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+               const void *b, long ldb, double beta, void *cm, long ldc) {
+  BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
+}
+
+void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy) {
+  BE(c)->gemm_rows(c, idx, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy) {
+  BE(c)->gemm_skip(c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) { BE(c)->gather_fwd(c, k, dst, ld, r0, n); }
+
+void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
+  BE(c)->gather_bwd(c, k, src, ld, r0, n);
+}
+
+void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,
+                     long width) {
+  BE(c)->lookup_fwd(c, table, ldt, idx, dst, ld, r0, n, width);
+}
+
+void cavs_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0, int n,
+                     long width) {
+  BE(c)->lookup_bwd(c, dtable, ldt, idx, src, ld, r0, n, width);
+}
+
+void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
+  BE(c)->copy_rows(c, dst, ldd, src, lds, n, w, add);
+}
+
+void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  BE(c)->xent_fwd(c, loss, z, ld, label, r0, n, w);
+}
+
+void cavs_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd, int r0,
+                   int n, long w) {
+  BE(c)->xent_bwd(c, loss, z, ld, label, dz, ldd, r0, n, w);
+}
+
+void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w) {
+  BE(c)->mse_fwd(c, loss, p, ld, t, ldt, r0, n, w);
+}
+
+void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
+                  int r0, int n, long w) {
+  BE(c)->mse_bwd(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
+}

@@ -1,0 +1,94 @@
+/* backend.h: the backend seam of libcavs (private, not installed).
+ *
+ * A backend is where a model's state lives and where its arithmetic runs: one struct of
+ * operations per backend (as ggml's ggml_backend_i, or QBE's Target), listed in the
+ * registry of backend.c and chosen by name when a model is made (cavs_model_new_opts).
+ * Everything a model owns that a kernel reads or writes (parameters, gradients,
+ * optimizer moments, per-row buffers) is allocated, cleared, copied and freed through
+ * these operations, so no file outside a backend touches backend memory. The scheduler
+ * works in host arrays (the schedule: children, inputs, row flags); `schedule` hands a
+ * minibatch's to the backend in one go (the CPU's reads them where they are).
+ *
+ * The compute operations take the arguments of the calls in cavs_abi.h that generated
+ * code makes: backend.c's entry points forward each one to the model's backend.
+ *
+ * Adding a backend: one file in runtime/ that defines a cv_backend, one row in the
+ * registry in backend.c (under the configure conditional that builds the file), and the
+ * file in Makefile.am. */
+#ifndef CV_BACKEND_H
+#define CV_BACKEND_H
+
+#include "cavs.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct cavs_model cavs_model;
+
+/* Part of a flat parameter block (parameters, gradients, moments share one layout), in
+ * scalars: the parts an optimizer step changes. */
+typedef struct cv_span {
+  size_t off, len;
+} cv_span;
+
+typedef struct cv_backend {
+  const char *name;  /* what --device and cavs_model_opts.backend call it */
+  const char *about; /* one line for the user: "host memory, OpenBLAS" */
+  /* the generated C target's loops dereference state pointers on the host: only a
+     backend with host memory can run them */
+  bool host_memory;
+  /* 0 when it can run on this machine; else -1 with the reason in msg */
+  int (*probe)(char *msg, size_t len);
+  /* a model is being made on it: apply the options (threads); -1 with the message in
+     the model (cv_fail) */
+  int (*open)(cavs_model *m, const cavs_model_opts *o);
+
+  /* ---- memory ---- */
+  void *(*alloc)(size_t bytes); /* 64-byte aligned, uninitialised; NULL on failure */
+  void (*release)(void *p);     /* NULL is fine */
+  void (*zero)(void *p, size_t bytes);
+  void (*upload)(void *dst, const void *src, size_t bytes);   /* host to backend */
+  void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
+  /* the schedule of a minibatch is complete in the model's host arrays */
+  int (*schedule)(cavs_model *m);
+  /* every operation issued has finished (losses and predictions are readable) */
+  void (*synchronize)(cavs_model *m);
+
+  /* ---- compute: the calls of cavs_abi.h, with the same arguments ---- */
+  void (*gemm)(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+               const void *b, long ldb, double beta, void *cm, long ldc);
+  void (*gemm_rows)(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
+                    long ldx, const void *w, long ldw, void *y, long ldy);
+  void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy);
+  void (*gather_fwd)(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
+  void (*gather_bwd)(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
+  void (*lookup_fwd)(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,
+                     long width);
+  void (*lookup_bwd)(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0, int n,
+                     long width);
+  void (*copy_rows)(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add);
+  void (*xent_fwd)(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w);
+  void (*xent_bwd)(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd, int r0,
+                   int n, long w);
+  void (*mse_fwd)(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w);
+  void (*mse_bwd)(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
+                  int r0, int n, long w);
+
+  /* ---- whole-model operations ---- */
+  /* One optimizer step over the spans of the flat blocks (m->pflat, gflat, m1, m2):
+     weight decay, global-norm clipping, then o->kind's update with the step count in
+     m->step; b1, b2, eps are resolved (no zeros). */
+  void (*step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int nspans, double b1, double b2,
+               double eps);
+  /* The index of the first NaN or infinity among n scalars of the model's precision at
+     p, or -1. */
+  long (*first_bad)(cavs_model *m, const void *p, size_t n);
+} cv_backend;
+
+extern const cv_backend cv_backend_cpu;
+
+/* The backend of that name in this build, or NULL. */
+const cv_backend *cv_backend_find(const char *name);
+
+#endif

@@ -1,0 +1,270 @@
+/* cavs_abi.h: the contract between the code cavsc generates and libcavs: what a
+ * generated MODEL.c includes, and all it includes of libcavs. An application includes
+ * cavs.h (which includes this file for the descriptor types) and the generated MODEL.h.
+ *
+ * What is here: the model descriptor (cavs_desc and its parts, which cavsc writes as
+ * static data), the context a stage runs in (cavs_ctx), the calls a stage makes into
+ * the runtime (products, gathers, lookups, row copies, losses: the runtime hands each to
+ * the model's backend), and the elementwise functions the fused loops inline. Every
+ * kind, form and flag is a named enum, and generated code writes the names, never the
+ * numbers.
+ *
+ * CAVS_ABI_VERSION changes whenever any of it changes in a way old generated code could
+ * notice (a field moved, a call's meaning changed). A descriptor records the version it
+ * was generated against (cavs_desc.abi); cavs_model_new refuses a mismatch with a message
+ * that says to regenerate the model with this version's cavsc. */
+#ifndef CAVS_ABI_H
+#define CAVS_ABI_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 2: the contract moved out of cavs.h into this header; kinds and forms named. */
+#define CAVS_ABI_VERSION 2
+enum { CAVS_MAX_DIMS = 16 };
+
+/* Elementwise functions of the fused loops, shared by the C and CUDA output. */
+#ifdef __CUDACC__
+#define CAVS_HD __host__ __device__
+#else
+#define CAVS_HD
+#endif
+/* Before a fused loop whose pointers cannot alias: vectorize without run-time checks
+ * (GCC gives up on versioning past ten pointer pairs, and a Tree-LSTM cell has more). */
+#if defined(__clang__)
+#define CAVS_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define CAVS_IVDEP _Pragma("GCC ivdep")
+#else
+#define CAVS_IVDEP
+#endif
+
+/* exp in float without libm: 2^(x log2 e) split into an integer power n (built in the
+ * exponent bits) and e^f, |f| <= ln2/2, by a degree-7 polynomial; f = x - n ln2 in two
+ * steps (Cody and Waite), so the error stays within 1 ulp of expf over the whole range.
+ * 2^n is applied as two factors 2^(n/2), so results below FLT_MIN come out subnormal as
+ * libm's do, and above FLT_MAX as +Inf; -Inf gives 0, +Inf gives +Inf, NaN gives NaN.
+ * Branch-free, so the compiler vectorizes the loops that call it (libm's expf and tanhf
+ * are not): the clamp and the NaN test work on the bits with integer min and masks, as a
+ * float `x < lo ? lo : x` lets GCC thread a path with a constant through the rest, and a
+ * loop with control flow vectorizes only with AVX-512's masks. All arithmetic on the
+ * bits is unsigned or in range: no overflow, whatever the input. */
+static inline CAVS_HD float cavs_exp_f(float x) {
+  uint32_t keep = -(uint32_t)(x == x); /* all ones, or zero for a NaN */
+  int32_t sx;
+  uint32_t ux, bits;
+  memcpy(&sx, &x, sizeof sx); /* memcpy, not a union: the vectorizer sees through it */
+  memcpy(&ux, &x, sizeof ux);
+  /* x = min(x, 100): as signed integers, positive floats order as their values, +Inf and
+     a positive NaN above them, and every negative float below */
+  sx = sx < 0x42c80000 ? sx : 0x42c80000;
+  /* x = max(x, -104): as unsigned, negative floats order by magnitude above the positive */
+  bits = (uint32_t)sx < 0xc2d00000u ? (uint32_t)sx : 0xc2d00000u;
+  memcpy(&x, &bits, sizeof x); /* e^-104 rounds to 0 and e^100 to +Inf, as in expf */
+  const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+  float r = x * 1.44269504088896341f + magic;
+  float fi = r - magic;
+  float f = x - fi * 0.693359375f; /* ln 2 = 0.693359375 - 2.12194440e-4, the first exact */
+  f = f + fi * 2.12194440e-4f;
+  uint32_t ir, im, e1, e2;
+  memcpy(&ir, &r, sizeof ir);
+  memcpy(&im, &magic, sizeof im);
+  uint32_t nb = ir - im + 256u; /* n + 256, in [106, 400] */
+  uint32_t h = nb >> 1;         /* floor(n / 2) + 128 */
+  e1 = (h - 1u) << 23;          /* 2^floor(n/2) */
+  e2 = (nb - h - 1u) << 23;     /* 2^(n - floor(n/2)) */
+  float s1, s2;
+  memcpy(&s1, &e1, sizeof s1);
+  memcpy(&s2, &e2, sizeof s2);
+  float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
+  float y = p * s1 * s2;
+  memcpy(&bits, &y, sizeof bits);
+  bits = (bits & keep) | (ux & ~keep); /* a NaN comes back as it came */
+  memcpy(&y, &bits, sizeof y);
+  return y;
+}
+static inline CAVS_HD float cavs_sigmoid_f(float x) { return 1.0f / (1.0f + cavs_exp_f(-x)); }
+static inline CAVS_HD float cavs_tanh_f(float x) { return 1.0f - 2.0f / (1.0f + cavs_exp_f(2.0f * x)); }
+static inline CAVS_HD double cavs_sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* ---- the model descriptor, written by cavsc ---- */
+
+/* A width or shape: k + sum_i c[i] * dims[i]. */
+typedef struct cavs_lin {
+  int k;
+  int c[CAVS_MAX_DIMS];
+} cavs_lin;
+
+enum cavs_dim_kind { CAVS_DIM_FIXED, CAVS_DIM_VOCAB, CAVS_DIM_FREE };
+enum cavs_input_kind { CAVS_IN_INDEX, CAVS_IN_CLASS, CAVS_IN_REAL };
+enum cavs_init { CAVS_INIT_ZEROS, CAVS_INIT_CONSTANT, CAVS_INIT_UNIFORM, CAVS_INIT_NORMAL, CAVS_INIT_XAVIER };
+enum cavs_precision { CAVS_FLOAT, CAVS_DOUBLE };
+
+typedef struct cavs_dim_desc {
+  const char *name;
+  int kind;
+  long value; /* CAVS_DIM_FIXED: the default */
+  int input;  /* CAVS_DIM_VOCAB: the index input it counts */
+} cavs_dim_desc;
+
+typedef struct cavs_input_desc {
+  const char *name;
+  int kind;
+  cavs_lin width; /* CAVS_IN_REAL: the row width; else the range of the values */
+  int slot;       /* index among the integer inputs, or among the real inputs */
+} cavs_input_desc;
+
+typedef struct cavs_param_desc {
+  const char *name;
+  int rank;
+  cavs_lin rows, cols;
+  int group;       /* storage block */
+  cavs_lin col_off;
+  int init;
+  double a, b;
+} cavs_param_desc;
+
+typedef struct cavs_pgroup_desc {
+  cavs_lin rows, cols;
+  int sparse_input; /* a lookup table read only through this integer input's slot: its
+                       gradient and update touch only the rows a minibatch reads; -1 */
+} cavs_pgroup_desc;
+
+typedef struct cavs_buf_desc {
+  const char *name;
+  cavs_lin width;
+  int grad; /* has a gradient buffer */
+} cavs_buf_desc;
+
+typedef struct cavs_ctx cavs_ctx;
+/* Every stage runs over rows [r0, r0 + n) of the minibatch. */
+typedef void (*cavs_stage)(cavs_ctx *c, int r0, int n);
+
+typedef struct cavs_vertex_desc {
+  const char *name;
+  int children;
+  int pushes;
+  cavs_stage fwd_eager, fwd_path, fwd_lazy;
+  cavs_stage bwd_lazy, bwd_path, bwd_eager;
+} cavs_vertex_desc;
+
+enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
+
+typedef struct cavs_loss_desc {
+  int kind;  /* enum cavs_loss_kind */
+  int input; /* target input */
+} cavs_loss_desc;
+
+typedef struct cavs_desc {
+  int abi;
+  const char *name;
+  const char *source;      /* the .vf file it was compiled from */
+  const char *source_hash; /* FNV-1a of the source text, hex */
+  int precision;
+  int ndims;
+  const cavs_dim_desc *dims;
+  int ninputs, nint, nreal;
+  const cavs_input_desc *inputs;
+  int nparams;
+  const cavs_param_desc *params;
+  int npgroups;
+  const cavs_pgroup_desc *pgroups;
+  int nbufs;
+  const cavs_buf_desc *bufs;
+  int state_buf, push_buf;
+  int nvertex;
+  const cavs_vertex_desc *vertex;
+  int nlosses;
+  const cavs_loss_desc *losses;
+  cavs_stage pull_fwd, pull_bwd, push_fwd, push_bwd;
+} cavs_desc;
+
+/* ---- what a stage sees ---- */
+
+typedef struct cavs_loss_acc {
+  double sum;    /* loss summed over counted rows */
+  long count;    /* rows counted (labeled) */
+  long correct;  /* argmax == label (softmax_xent) */
+  long root_count, root_correct;
+} cavs_loss_acc;
+
+struct cavs_ctx {
+  const cavs_desc *desc;
+  long dims[CAVS_MAX_DIMS];
+  int rows;        /* rows in this minibatch */
+  void **val;      /* per-row buffers, [rows, width] each */
+  void **grad;     /* their gradients (NULL where none) */
+  void **param;    /* parameter blocks */
+  void **pgrad;    /* their gradients */
+  const int *child; /* [rows * maxc]: the row of child k of row r, or -1 */
+  int maxc;
+  const int **iin;  /* integer inputs, [rows] each */
+  const void **rin; /* real inputs, [rows, width] each */
+  const unsigned char *root;   /* [rows]: 1 for a vertex without parents */
+  const unsigned char *pushed; /* [rows]: 1 where the vertex's type calls push() */
+  cavs_loss_acc *loss;       /* [nlosses] */
+  int *pred;                 /* [rows]: argmax of the first softmax_xent, or -1 */
+  double loss_scale;         /* multiplies every loss gradient (1: losses are means) */
+  int leaf_rows;             /* the first leaf_rows rows of the current stage's range have
+                                no children (level 0): values made only of gathered rows
+                                are zero there */
+  struct cavs_model *model;
+};
+
+/* ---- entry points for generated code ---- */
+
+/* Each hands the work to the model's backend (the CPU's: OpenBLAS and row kernels). */
+
+enum cavs_trans { CAVS_NO_TRANS, CAVS_TRANS };
+/* The three products of a matrix multiply y = x w, over the rows of a stage. */
+enum cavs_prod_form {
+  CAVS_PROD_Y,  /* y = x w */
+  CAVS_PROD_DX, /* dx += dy w^T */
+  CAVS_PROD_DW, /* dw += x^T dy */
+};
+
+/* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision; ta and tb
+ * are enum cavs_trans. */
+void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a,
+               long lda, const void *b, long ldb, double beta, void *cm, long ldc);
+/* A product whose left operand is a looked-up row that is zero where idx[r] < 0 (a
+ * vertex without a word): only the runs of rows with a word are multiplied.
+ *   CAVS_PROD_Y:  y = x w        (y zeroed on the other rows)
+ *   CAVS_PROD_DX: y += x w^T     (x is dY, y is dX: the other rows' dX is never read)
+ *   CAVS_PROD_DW: w += x^T y     (the parameter gradient; zero rows add nothing)
+ * Pointers are to row 0; rows [r0, r0+n). */
+void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy);
+/* The same for a left operand built only from gathered rows (zero at a vertex without
+ * children): its first `skip` rows are zero. */
+void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                    const void *w, long ldw, void *y, long ldy);
+/* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
+void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
+/* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
+void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
+/* dst[r] = table[idx[r]] (zero row for -1); the backward adds into the table's gradient. */
+void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld,
+                     int r0, int n, long width);
+void cavs_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld,
+                     int r0, int n, long width);
+/* dst[r, 0:w] (+)= src[r, 0:w]. */
+void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add);
+void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w);
+void cavs_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd,
+                   int r0, int n, long w);
+void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w);
+void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp,
+                  long ldd, int r0, int n, long w);
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif
