@@ -417,80 +417,45 @@ static bool zero_at_leaves(const IrFunc *f, int i) {
   }
 }
 
-/* Emits a product through cavs_gemm_skip when its left operand is zero at the leaves. */
-static bool prod_skip(const Em *e, const IrFunc *f, const Prod *p, int form) {
-  if (f->kind != F_VERTEX || !zero_at_leaves(f, p->left)) return false;
-  const Place *x = &f->nodes[p->left].val;
-  const char *what[] = {"rows without children stay zero", "rows with children", "over all rows with children"};
+/* A product in one of the runtime's three forms: 0: y = x W; 1: dx += dy W^T; 2: dW +=
+ * x^T dy (over all rows). When the left operand is zero at the leaves
+ * (cavs_gemm_skip) or in the rows without a word (cavs_gemm_rows), those rows are
+ * skipped: they stay zero, or add nothing. */
+static void prod_code(const Em *e, const IrFunc *f, const Unit *u, int form) {
+  Prod p = product(e, f, u);
+  if (form == 1 && !p.left_grad) return;
+  const Place *x = &f->nodes[p.left].val;
+  enum { ALL, WITH_CHILDREN, WITH_WORD } rows = ALL;
+  int zr = -1;
+  if (f->kind == F_VERTEX && zero_at_leaves(f, p.left)) rows = WITH_CHILDREN;
+  else if ((zr = zero_rows(e, f, p.left)) >= 0) rows = WITH_WORD;
+  static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero"};
+  static const char *const input[] = {"", ", rows with children", ", rows with a word"};
+  static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word"};
+  const char *left = node_label(f, p.left);
+  if (form == 0) fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols), fwd[rows]);
+  else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[rows]);
+  else fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p.line, left, p.what, param[rows]);
+  /* the operands in the runtime's names: y = x W, y += x W^T, W += x^T y */
+  const Place *xp = form == 1 ? p.out : x, *yp = form == 1 ? x : p.out;
+  bool xg = form == 1, wg = form == 2, yg = form != 0;
+  const char *cols = lin_c(e->m, p.cols), *k = lin_c(e->m, p.k), *ws = ptr(e, &p.w, "0", wg);
+  if (rows != ALL) {
+    const char *which = rows == WITH_CHILDREN ? "skip(c, c->leaf_rows" : arena_printf("rows(c, c->iin[%d]", zr);
+    fprintf(e->out, "  cavs_gemm_%s, r0, n, %d, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", which, form,
+            cols, k, base(e, xp, xg), ld(e, xp), ws, ld(e, &p.w), base(e, yp, yg), ld(e, yp));
+    return;
+  }
+  const char *xs = ptr(e, xp, "r0", xg), *ys = ptr(e, yp, "r0", yg);
   if (form == 0)
-    fprintf(e->out, "  /* line %d  %s: [n, %s], %s */\n", p->line, p->what, wstr(e->m, p->cols), what[0]);
+    fprintf(e->out, "  cavs_gemm(c, 0, 0, n, %s, %s, 1, %s, %s,\n            %s, %s, 0, %s, %s);\n", cols, k, xs,
+            ld(e, xp), ws, ld(e, &p.w), ys, ld(e, yp));
   else if (form == 1)
-    fprintf(e->out, "  /* line %d  d%s += d(%s) W^T, %s */\n", p->line, node_label(f, p->left), p->what, what[1]);
+    fprintf(e->out, "  cavs_gemm(c, 0, 1, n, %s, %s, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n", k, cols, xs,
+            ld(e, xp), ws, ld(e, &p.w), ys, ld(e, yp));
   else
-    fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p->line, node_label(f, p->left), p->what, what[2]);
-  const char *xs = form == 1 ? base(e, p->out, true) : base(e, x, false);
-  const char *xl = form == 1 ? ld(e, p->out) : ld(e, x);
-  const char *ws = ptr(e, &p->w, "0", form == 2);
-  const char *ys = form == 0 ? base(e, p->out, false) : form == 1 ? base(e, x, true) : base(e, p->out, true);
-  const char *yl = form == 1 ? ld(e, x) : ld(e, p->out);
-  fprintf(e->out, "  cavs_gemm_skip(c, c->leaf_rows, r0, n, %d, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", form,
-          lin_c(e->m, p->cols), lin_c(e->m, p->k), xs, xl, ws, ld(e, &p->w), ys, yl);
-  return true;
-}
-
-static void prod_fwd(const Em *e, const IrFunc *f, const Unit *u) {
-  Prod p = product(e, f, u);
-  const Place *x = &f->nodes[p.left].val;
-  if (prod_skip(e, f, &p, 0)) return;
-  int zr = zero_rows(e, f, p.left);
-  if (zr >= 0) {
-    fprintf(e->out, "  /* line %d  %s: [n, %s], rows without a word stay zero */\n", p.line, p.what, wstr(e->m, p.cols));
-    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 0, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
-            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, x, false), ld(e, x), ptr(e, &p.w, "0", false), ld(e, &p.w),
-            base(e, p.out, false), ld(e, p.out));
-    return;
-  }
-  fprintf(e->out, "  /* line %d  %s: [n, %s] */\n", p.line, p.what, wstr(e->m, p.cols));
-  fprintf(e->out, "  cavs_gemm(c, 0, 0, n, %s, %s, 1, %s, %s,\n            %s, %s, 0, %s, %s);\n",
-          lin_c(e->m, p.cols), lin_c(e->m, p.k), ptr(e, x, "r0", false), ld(e, x),
-          ptr(e, &p.w, "0", false), ld(e, &p.w), ptr(e, p.out, "r0", false), ld(e, p.out));
-}
-
-static void prod_bwd_input(const Em *e, const IrFunc *f, const Unit *u) {
-  Prod p = product(e, f, u);
-  if (!p.left_grad) return;
-  const Place *x = &f->nodes[p.left].val;
-  if (prod_skip(e, f, &p, 1)) return;
-  int zr = zero_rows(e, f, p.left);
-  if (zr >= 0) {
-    fprintf(e->out, "  /* line %d  d%s += d(%s) W^T, rows with a word */\n", p.line, node_label(f, p.left), p.what);
-    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 1, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
-            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, p.out, true), ld(e, p.out), ptr(e, &p.w, "0", false),
-            ld(e, &p.w), base(e, x, true), ld(e, x));
-    return;
-  }
-  fprintf(e->out, "  /* line %d  d%s += d(%s) W^T */\n", p.line, node_label(f, p.left), p.what);
-  fprintf(e->out, "  cavs_gemm(c, 0, 1, n, %s, %s, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n",
-          lin_c(e->m, p.k), lin_c(e->m, p.cols), ptr(e, p.out, "r0", true), ld(e, p.out),
-          ptr(e, &p.w, "0", false), ld(e, &p.w), ptr(e, x, "r0", true), ld(e, x));
-}
-
-static void prod_bwd_param(const Em *e, const IrFunc *f, const Unit *u) {
-  Prod p = product(e, f, u);
-  const Place *x = &f->nodes[p.left].val;
-  if (prod_skip(e, f, &p, 2)) return;
-  int zr = zero_rows(e, f, p.left);
-  if (zr >= 0) {
-    fprintf(e->out, "  /* line %d  dW += %s^T d(%s), over all rows with a word */\n", p.line, node_label(f, p.left), p.what);
-    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], r0, n, 2, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", zr,
-            lin_c(e->m, p.cols), lin_c(e->m, p.k), base(e, x, false), ld(e, x), ptr(e, &p.w, "0", true), ld(e, &p.w),
-            base(e, p.out, true), ld(e, p.out));
-    return;
-  }
-  fprintf(e->out, "  /* line %d  dW += %s^T d(%s), over all rows */\n", p.line, node_label(f, p.left), p.what);
-  fprintf(e->out, "  cavs_gemm(c, 1, 0, %s, %s, n, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n",
-          lin_c(e->m, p.k), lin_c(e->m, p.cols), ptr(e, x, "r0", false), ld(e, x),
-          ptr(e, p.out, "r0", true), ld(e, p.out), ptr(e, &p.w, "0", true), ld(e, &p.w));
+    fprintf(e->out, "  cavs_gemm(c, 1, 0, %s, %s, n, 1, %s, %s,\n            %s, %s, 1, %s, %s);\n", k, cols, xs,
+            ld(e, xp), ys, ld(e, yp), ws, ld(e, &p.w));
 }
 
 /* ---- single nodes ---- */
@@ -583,8 +548,7 @@ static void unit_code(const Em *e, const IrFunc *f, const Unit *u, bool bwd) {
     if (bwd) group_bwd(e, f, u->index);
     else group_fwd(e, f, u->index);
   } else if (u->kind == U_MATMUL || f->nodes[u->index].op == OP_MATMUL) {
-    if (bwd) prod_bwd_input(e, f, u);
-    else prod_fwd(e, f, u);
+    prod_code(e, f, u, bwd ? 1 : 0);
   } else {
     node_code(e, f, u->index, bwd);
   }
@@ -617,7 +581,7 @@ static void stage(const Em *e, const IrFunc *f, const char *name, const char *wh
       for (int u = 0; u < f->nunits; u++) {
         const Unit *un = &f->units[u];
         if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))
-          prod_bwd_param(e, f, un);
+          prod_code(e, f, un, 2);
       }
   }
   fprintf(e->out, "}\n");
