@@ -379,16 +379,116 @@ void report(FILE *out, const Model *m); /* `cavsc --report` */
 void ad_print(FILE *out, const Model *m); /* `cavsc --dump=ad` */
 const char *cls_name(Class c);
 
+/* Substitutes the operand texts for g, y, a and b in a rule or body of ops.def. */
+const char *ad_rule(const char *rule, const char *g, const char *y, const char *a, const char *b);
+
+/* ---- emit.c: the emitter every target shares; emit_c.c: the C target ---- */
+
 typedef enum { PREC_FLOAT, PREC_DOUBLE } Precision;
 typedef struct EmitOpts {
   Precision prec;
   const char *cmdline;
   const char *source_name; /* as given on the command line */
 } EmitOpts;
+
+typedef struct Target Target;
+
+/* The emitter while it writes one model: what a target's hooks are handed. */
+typedef struct Emit {
+  const Model *m;
+  const EmitOpts *o;
+  const Target *t;
+  FILE *out; /* the source file */
+} Emit;
+
+/* A value, or its gradient, where plan.c placed it. */
+typedef struct Ref {
+  const Place *p;
+  bool grad;
+} Ref;
+
+/* A pointer a fused loop sets for each row: `name[j]` is column j of the row. */
+typedef struct LoopPtr {
+  const char *name; /* a<N> read, d<N> gradient added to, o<N> written, g<N>_in gradient read */
+  bool write;
+  Ref at;
+} LoopPtr;
+
+/* A fused group's loop over the rows r0..r0+n-1 and the group's columns. emit.c writes
+ * its body between loop_open and loop_close, in C that a CUDA kernel can hold too: it
+ * uses `R`, the cv_* functions, the column `j`, and `name[j]` of each pointer, set by
+ * loop_open to the row being computed. */
+typedef struct Loop {
+  const IrFunc *f;
+  int group;
+  bool bwd;
+  Lin width;      /* columns */
+  bool may_alias; /* two gradient regions it adds to may overlap */
+  LoopPtr *ptrs;  /* in the order to declare them */
+  int nptrs;
+} Loop;
+
+/* The rows a product skips: none, the rows without children (the left operand is zero
+ * there), or the rows whose index input is -1 (a lookup of no word). */
+typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX } ProdRows;
+
+/* A matrix product over the rows r0..r0+n-1, in the runtime's three forms:
+ * 0: y = x W; 1: y += x W^T; 2: W += x^T y (summed over the rows). W is [k, cols]. */
+typedef struct GemmCall {
+  int form;
+  ProdRows rows;
+  int index; /* ROWS_WITH_INDEX: the integer input's slot */
+  Lin cols, k;
+  Ref x, w, y;
+} GemmCall;
+
+/* A loss over the rows r0..r0+n-1, or its gradient (bwd: into a's gradient). */
+typedef struct LossCall {
+  Op op;          /* OP_XENT, OP_MSE */
+  int index;      /* among the model's losses */
+  const Place *a; /* the prediction */
+  const Place *t; /* a row of targets, or NULL */
+  int label;      /* the class input's slot, or -1 */
+  Lin width;
+  bool bwd;
+} LossCall;
+
+/* How one kind of output is written, as QBE's Target: emit.c decides what is computed,
+ * in which order and with which comments; a target's hooks only write it. A target is
+ * one file of hooks and one row in emit.c's table. */
+struct Target {
+  const char *name; /* --target=NAME */
+  const char *ext;  /* of the source file: MODEL.ext */
+  void (*header)(Emit *e, FILE *h); /* the whole MODEL.h */
+  void (*prologue)(Emit *e);        /* the source file up to its first function */
+  void (*fn_open)(Emit *e, const char *name, const char *what); /* a block's stage */
+  void (*fn_close)(Emit *e);
+  void (*loop_open)(Emit *e, const Loop *l);
+  void (*loop_close)(Emit *e, const Loop *l);
+  void (*gemm)(Emit *e, const GemmCall *g);
+  /* child `child`'s state into `state`; bwd: the gradient added back to it */
+  void (*gather)(Emit *e, int child, Ref state, bool bwd);
+  /* rows of `table` chosen by the integer input in slot `index`; bwd: gradient rows added */
+  void (*lookup)(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd);
+  void (*copy)(Emit *e, Ref to, Ref from, Lin width, bool add); /* `width` columns of each row */
+  void (*loss)(Emit *e, const LossCall *l);
+};
+extern const Target target_c;
+const Target *target_find(const char *name); /* NULL when there is none of that name */
+const char *target_names(void);              /* "c, ...", for messages */
+
+/* For the hooks: a width as an expression in the dims' values D_<dim>; a pointer to row
+ * `row` of a place, into V, G (row buffers and their gradients), P, PG (parameter blocks
+ * and theirs) or c->rin (real inputs), which fn_open binds; a place's leading dimension;
+ * a file's banner comment (source and command, "do not edit"). */
+const char *emit_lin(const Model *m, Lin l);
+const char *emit_ptr(const Emit *e, Ref r, const char *row);
+const char *emit_ld(const Emit *e, const Place *p);
+void emit_banner(const Emit *e, FILE *o, const char *file);
 /* Any bytes as a C string literal (quotes included) or as text safe inside a comment. */
 const char *emit_c_string(const char *s);
 const char *emit_c_comment(const char *s);
-/* Writes the C header and source into memory streams. */
-void emit_c(const Model *m, const EmitOpts *o, FILE *h, FILE *c);
+/* Writes the header and the source of target t into memory streams. */
+void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src);
 
 #endif

@@ -242,7 +242,7 @@ int main(int argc, char **argv) {
            the same whatever the output directory */
         char *cmd = arena_printf("cavsc%s %s", prec == PREC_DOUBLE ? " --precision=double" : "", path);
         EmitOpts eo = {.prec = prec, .cmdline = cmd, .source_name = path};
-        emit_c(m, &eo, hout, out);
+        emit(m, &target_c, &eo, hout, out);
       }
     }
   }

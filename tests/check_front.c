@@ -232,7 +232,7 @@ START_TEST(treelstm_classes) {
   size_t hl, cl;
   FILE *h = open_memstream(&hbuf, &hl), *c = open_memstream(&cbuf, &cl);
   EmitOpts eo = {.prec = PREC_FLOAT, .cmdline = "test", .source_name = "treelstm.vf"};
-  emit_c(m, &eo, h, c);
+  emit(m, &target_c, &eo, h, c);
   fclose(h);
   fclose(c);
   char fwd[64], bwd[64];

@@ -146,7 +146,7 @@ static void compile(const char *text, size_t len, Precision prec) {
   ad_print(stream(1), m);
   close_streams();
   EmitOpts eo = {.prec = prec, .cmdline = "cavsc " PATH, .source_name = PATH};
-  emit_c(m, &eo, stream(0), stream(1));
+  emit(m, &target_c, &eo, stream(0), stream(1));
   close_streams();
 }
 

@@ -1,0 +1,697 @@
+/* emit.c: what every target's output computes, in which order, with which comments.
+ *
+ * One function per block and stage, in a fixed order (pull, each vertex block, push;
+ * forward stages, then backward), so `git diff generated/` reads well. Each statement
+ * carries its .vf line and its shape. A fused group is one loop over rows and columns
+ * with the elementwise bodies of ops.def; its backward loop recomputes the group's values
+ * from its inputs, then walks the members in reverse applying the derivative rules.
+ * Products skip the rows where their left operand is known to be zero. The file ends with
+ * the model's descriptor. Widths are expressions in the dims (D_H, ...), bound when the
+ * model is created, so one build serves every --dim.
+ *
+ * How each piece is written (a function's opening, a loop, a call into libcavs) is the
+ * target's (struct Target in cavsc.h): emit_c.c for C. A new target is a file of hooks
+ * and a row in `targets` below. */
+#include "cavsc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *emit_lin(const Model *m, Lin l) {
+  char buf[512];
+  size_t len = 0;
+  buf[0] = 0;
+  for (int i = 0; i < CV_MAX_DIMS; i++) {
+    if (!l.c[i]) continue;
+    const char *sign = l.c[i] < 0 ? "-" : len ? "+" : "";
+    long c = l.c[i] < 0 ? -(long)l.c[i] : l.c[i];
+    if (c == 1) len += (size_t)snprintf(buf + len, sizeof buf - len, "%sD_%s", sign, m->dims[i].name);
+    else len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%ld*D_%s", sign, c, m->dims[i].name);
+  }
+  if (l.k || !len) snprintf(buf + len, sizeof buf - len, len && l.k > 0 ? "+%d" : "%d", l.k);
+  return arena_strdup(buf);
+}
+
+/* `(x)` unless x is a plain name or number */
+static const char *paren(const char *x) {
+  for (const char *p = x; *p; p++)
+    if (*p == '+' || *p == '-' || *p == '*') return arena_printf("(%s)", x);
+  return x;
+}
+
+static const char *wstr(const Model *m, Lin l) {
+  char buf[256];
+  return arena_strdup(lin_str(m, l, buf, sizeof buf));
+}
+
+static int int_slot(const Model *m, int input) {
+  int k = 0;
+  for (int i = 0; i < input; i++) k += m->inputs[i].kind != IN_REAL;
+  return k;
+}
+
+static int real_slot(const Model *m, int input) {
+  int k = 0;
+  for (int i = 0; i < input; i++) k += m->inputs[i].kind == IN_REAL;
+  return k;
+}
+
+const char *emit_ptr(const Emit *e, Ref r, const char *row) {
+  const Model *m = e->m;
+  const Place *p = r.p;
+  const char *off = lin_is_zero(p->off) ? "" : arena_printf(" + %s", paren(emit_lin(m, p->off)));
+  switch (p->kind) {
+  case PL_ROW:
+    return arena_printf("%s[%d] + (size_t)(%s) * %s%s", r.grad ? "G" : "V", p->buf, row,
+                        paren(emit_lin(m, p->ld)), off);
+  case PL_PARAM: return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
+  case PL_INPUT: /* p->buf is the input; real inputs have their own numbering */
+    return arena_printf("(const R *)c->rin[%d] + (size_t)(%s) * %s", real_slot(m, p->buf), row,
+                        paren(emit_lin(m, p->ld)));
+  default: internal_error(__FILE__, __LINE__, "no pointer for a place of kind %d", p->kind);
+  }
+}
+
+const char *emit_ld(const Emit *e, const Place *p) { return paren(emit_lin(e->m, p->ld)); }
+
+/* ---- text from outside the compiler ----
+ * A file name, a command line or an IR file's `source` line can hold any byte. What the
+ * emitter writes into the generated code from them goes through one of these two, so
+ * that no input can end a comment or a string early and become code. */
+
+/* Any bytes as a C string literal (with its quotes) or as text for a block comment.
+ * Printable ASCII stays itself, except: in a string `"`, `\` and `?` are escaped (no
+ * trigraphs) and every other byte is a three-digit octal escape (a shorter one could
+ * run into a following digit); in a comment every other byte and `\` are shown as
+ * \xNN, and `*` or `/` before `/` or `*`, and `?` before `?`, get a space after them,
+ * so that nothing closes or nests the comment or makes a trigraph. */
+static const char *escape(const char *s, bool string) {
+  size_t n = strlen(s);
+  char *out = arena_alloc(4 * n + 3), *p = out;
+  if (string) *p++ = '"';
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i], next = (unsigned char)s[i + 1];
+    bool plain = ch >= 0x20 && ch < 0x7f && ch != '\\';
+    if (string && (ch == '"' || ch == '\\' || ch == '?')) {
+      *p++ = '\\';
+      *p++ = (char)ch;
+    } else if (!string && (((ch == '*' || ch == '/') && (next == '/' || next == '*')) || (ch == '?' && next == '?'))) {
+      *p++ = (char)ch;
+      *p++ = ' ';
+    } else if (plain) {
+      *p++ = (char)ch;
+    } else {
+      p += sprintf(p, string ? "\\%03o" : "\\x%02x", ch);
+    }
+  }
+  if (string) *p++ = '"';
+  *p = 0;
+  return out;
+}
+const char *emit_c_string(const char *s) { return escape(s, true); }
+const char *emit_c_comment(const char *s) { return escape(s, false); }
+
+void emit_banner(const Emit *e, FILE *o, const char *file) {
+  fprintf(o, "/* %s: generated by cavsc %s from %s. Do not edit.\n", file, CAVSC_VERSION, emit_c_comment(e->o->source_name));
+  fprintf(o, " * Command: %s */\n", emit_c_comment(e->o->cmdline));
+}
+
+static const char *src_comment(const Emit *e, const IrNode *n) {
+  const char *base = strrchr(e->m->path, '/');
+  base = base ? base + 1 : e->m->path;
+  return arena_printf("%s:%d", emit_c_comment(base), n->loc.line);
+}
+
+static const char *node_label(const IrFunc *f, int i) {
+  const IrNode *n = &f->nodes[i];
+  return n->name ? n->name : arena_printf("%%%d", i);
+}
+
+/* ---- elementwise groups ---- */
+
+static bool in_group(const IrFunc *f, int x, int g) { return f->nodes[x].group == g; }
+
+/* The expression of operand x inside the loop of group g at column j. */
+static const char *operand(const IrFunc *f, int x, int g) {
+  const IrNode *n = &f->nodes[x];
+  if (in_group(f, x, g)) return arena_printf("v%d", x);
+  if (n->type == T_SCALAR) return arena_printf("(R)%.17g", n->cval);
+  return arena_printf("a%d[j]", x);
+}
+
+/* Do two written gradient regions of a backward loop overlap (two different slices of
+ * one buffer)? Only then may the loop's pointers alias; otherwise they are `restrict`:
+ * outputs never overlap inputs (a member cannot read a view of what the group itself
+ * writes: fusion refuses such cycles), so the compiler may vectorize without run-time
+ * alias checks. Column ranges are compared symbolically: disjoint when one provably
+ * ends before the other starts. */
+static bool grads_may_alias(const IrFunc *f, const Group *g, int gi) {
+  const IrNode *seen[256];
+  int n = 0;
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *m = &f->nodes[g->members[k]];
+    for (int j = 0; j < m->nargs; j++) {
+      const IrNode *a = &f->nodes[m->args[j]];
+      if (in_group(f, m->args[j], gi) || !a->grad || (a->val.kind != PL_ROW && a->val.kind != PL_PARAM)) continue;
+      for (int i = 0; i < n; i++) {
+        const Place *p = &seen[i]->val, *q = &a->val;
+        if (p->kind != q->kind || p->buf != q->buf || seen[i] == a) continue;
+        Lin pw = p->kind == PL_ROW ? seen[i]->width : lin_const(0), qw = q->kind == PL_ROW ? a->width : lin_const(0);
+        if (p->kind == PL_PARAM) return true; /* two vectors in one group: keep it simple */
+        if (!lin_le(lin_add(p->off, pw), q->off) && !lin_le(lin_add(q->off, qw), p->off)) return true;
+      }
+      if (n < 256) seen[n++] = a;
+      else return true;
+    }
+  }
+  return false;
+}
+
+/* The loop of group gi, with a pointer for every outside operand it reads (all of them
+ * forward; `reads` backward), for the gradients it adds to, and for the values (forward)
+ * or gradients (backward) of its members that live in buffers. */
+static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
+  const Group *g = &f->groups[gi];
+  Loop l = {.f = f, .group = gi, .bwd = bwd, .width = g->width, .may_alias = bwd && grads_may_alias(f, g, gi)};
+  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(3 * g->n + 1));
+  bool *seen = arena_alloc(sizeof(bool) * (size_t)f->n);
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *n = &f->nodes[g->members[k]];
+    for (int j = 0; j < n->nargs; j++) {
+      int x = n->args[j];
+      const IrNode *a = &f->nodes[x];
+      if (in_group(f, x, gi) || seen[x] || a->type == T_SCALAR) continue;
+      seen[x] = true;
+      if (!reads || reads[x]) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("a%d", x), false, {&a->val, false}};
+      if (bwd && a->grad && (a->val.kind == PL_ROW || a->val.kind == PL_PARAM))
+        l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("d%d", x), true, {&a->val, true}};
+    }
+  }
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (n->val.kind != PL_ROW) continue;
+    if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("o%d", x), true, {&n->val, false}};
+    else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("g%d_in", x), false, {&n->val, true}};
+  }
+  return l;
+}
+
+static void group_header(const Emit *e, const IrFunc *f, const Group *g, int gi, const char *what) {
+  fprintf(e->out, "  /* group g%d %s, [n, %s]:", gi, what, wstr(e->m, g->width));
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *n = &f->nodes[g->members[k]];
+    if (n->name) fprintf(e->out, " %s", n->name);
+  }
+  fprintf(e->out, " (lines");
+  int last = -1;
+  for (int k = 0; k < g->n; k++) {
+    int l = f->nodes[g->members[k]].loc.line;
+    if (l != last) fprintf(e->out, " %d", l);
+    last = l;
+  }
+  fprintf(e->out, ") */\n");
+}
+
+/* Does a derivative rule mention the variable `v` (as a whole word)? */
+static bool rule_uses(const char *rule, char v) {
+  if (!rule) return false;
+  for (const char *p = rule; *p; p++) {
+    if (*p != v) continue;
+    bool before = p > rule && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'));
+    bool after = p[1] == '_' || (p[1] >= 'a' && p[1] <= 'z') || (p[1] >= '0' && p[1] <= '9');
+    if (!before && !after) return true;
+  }
+  return false;
+}
+
+/* Which members the backward loop must recompute: those a derivative rule reads, and
+ * what they are computed from. NULL `need` computes every member (the forward loop). */
+static bool *group_needs(const IrFunc *f, const Group *g, int gi) {
+  bool *need = arena_alloc(sizeof(bool) * (size_t)f->n);
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (!n->grad) continue;
+    for (int j = 0; j < n->nargs; j++) {
+      const char *rule = j == 0 ? op_info[n->op].da : op_info[n->op].db;
+      if (!f->nodes[n->args[j]].grad) continue;
+      if (rule_uses(rule, 'y')) need[x] = true;
+      for (int i = 0; i < n->nargs; i++)
+        if (rule_uses(rule, i == 0 ? 'a' : 'b') && in_group(f, n->args[i], gi)) need[n->args[i]] = true;
+    }
+  }
+  for (int k = g->n - 1; k >= 0; k--) {
+    int x = g->members[k];
+    if (!need[x]) continue;
+    const IrNode *n = &f->nodes[x];
+    for (int i = 0; i < n->nargs; i++)
+      if (in_group(f, n->args[i], gi)) need[n->args[i]] = true;
+  }
+  return need;
+}
+
+static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi, const bool *need) {
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (need && !need[x]) continue;
+    const char *a = operand(f, n->args[0], gi);
+    const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
+    fprintf(e->out, "      const R v%d = %s;", x, ad_rule(op_info[n->op].fwd, "", "", a, b));
+    if (n->name) fprintf(e->out, "  /* %s */", n->name);
+    fputc('\n', e->out);
+  }
+}
+
+static void group_fwd(Emit *e, const IrFunc *f, int gi) {
+  const Group *g = &f->groups[gi];
+  FILE *o = e->out;
+  group_header(e, f, g, gi, "forward");
+  Loop l = group_loop(f, gi, false, NULL);
+  e->t->loop_open(e, &l);
+  group_compute(e, f, g, gi, NULL);
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    if (f->nodes[x].val.kind == PL_ROW) fprintf(o, "      o%d[j] = v%d;\n", x, x);
+  }
+  e->t->loop_close(e, &l);
+}
+
+static void group_bwd(Emit *e, const IrFunc *f, int gi) {
+  const Group *g = &f->groups[gi];
+  FILE *o = e->out;
+  bool any = false;
+  for (int k = 0; k < g->n; k++) any |= f->nodes[g->members[k]].grad;
+  if (!any) return;
+  group_header(e, f, g, gi, "backward");
+  bool *need = group_needs(f, g, gi);
+  /* outside operands read by a recomputed member or by a derivative rule */
+  bool *reads = arena_alloc(sizeof(bool) * (size_t)f->n);
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *n = &f->nodes[g->members[k]];
+    for (int i = 0; i < n->nargs; i++) {
+      bool used = need[g->members[k]];
+      for (int j = 0; j < n->nargs && n->grad; j++) {
+        const char *rule = j == 0 ? op_info[n->op].da : op_info[n->op].db;
+        if (f->nodes[n->args[j]].grad && rule_uses(rule, i == 0 ? 'a' : 'b')) used = true;
+      }
+      if (used && !in_group(f, n->args[i], gi)) reads[n->args[i]] = true;
+    }
+  }
+  Loop l = group_loop(f, gi, true, reads);
+  e->t->loop_open(e, &l);
+  group_compute(e, f, g, gi, need);
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (!n->grad) continue;
+    if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
+    else fprintf(o, "      R g%d = 0;\n", x);
+  }
+  for (int k = g->n - 1; k >= 0; k--) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (!n->grad) continue;
+    const char *gs = arena_printf("g%d", x), *ys = arena_printf("v%d", x);
+    const char *a = operand(f, n->args[0], gi);
+    const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
+    for (int j = 0; j < n->nargs; j++) {
+      int y = n->args[j];
+      const IrNode *ny = &f->nodes[y];
+      if (!ny->grad) continue;
+      const char *rule = ad_rule(j == 0 ? op_info[n->op].da : op_info[n->op].db, gs, ys, a, b);
+      if (in_group(f, y, gi)) fprintf(o, "      g%d += %s;\n", y, rule);
+      else if (ny->val.kind == PL_ROW || ny->val.kind == PL_PARAM)
+        fprintf(o, "      d%d[j] += %s;%s\n", y, rule, ny->val.kind == PL_PARAM ? "  /* summed over rows */" : "");
+    }
+  }
+  e->t->loop_close(e, &l);
+}
+
+/* ---- products ---- */
+
+typedef struct Prod {
+  int left;
+  const Place *out;   /* the product's output (all columns) */
+  Place w;            /* the parameter block (all columns) */
+  Lin k, cols;
+  const char *what;
+  bool left_grad;
+  int line;
+} Prod;
+
+static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
+  const Model *m = e->m;
+  Prod p = {0};
+  if (u->kind == U_MATMUL) {
+    const MatMerge *mg = &f->merges[u->index];
+    const IrNode *first = &f->nodes[mg->members[0]];
+    const Param *w = &m->params[f->nodes[first->args[1]].ref];
+    p.left = mg->left;
+    p.out = &first->val;
+    p.w = (Place){.kind = PL_PARAM, .buf = w->pgroup, .off = lin_const(0), .ld = m->pgroups[w->pgroup].cols};
+    p.cols = mg->cols;
+    char names[512];
+    size_t len = 0;
+    for (int k = 0; k < mg->n; k++)
+      len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? "|" : "",
+                              f->nodes[f->nodes[mg->members[k]].args[1]].name);
+    p.what = arena_printf("%s @ [%s]", node_label(f, mg->left), names);
+    p.line = first->loc.line;
+  } else {
+    const IrNode *n = &f->nodes[u->index];
+    p.left = n->args[0];
+    p.out = &n->val;
+    p.w = f->nodes[n->args[1]].val;
+    p.cols = n->width;
+    p.what = arena_printf("%s @ %s", node_label(f, n->args[0]), f->nodes[n->args[1]].name);
+    p.line = n->loc.line;
+  }
+  p.k = f->nodes[p.left].width;
+  p.left_grad = f->nodes[p.left].grad && f->nodes[p.left].val.kind == PL_ROW;
+  return p;
+}
+
+/* The int-input slot whose -1 entries make the left operand a zero row (x = emb[word],
+ * pulled as it is), or -1. Products then skip those rows: on SST, the internal vertices,
+ * half of all rows, have no word. */
+static int zero_rows(const Emit *e, const IrFunc *f, int left) {
+  const IrNode *x = &f->nodes[left];
+  if (x->op != OP_PULL) return -1;
+  const IrFunc *pf = e->m->pull;
+  const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
+  if (src->op != OP_LOOKUP) return -1;
+  return int_slot(e->m, pf->nodes[src->args[1]].ref);
+}
+
+/* Is node i zero at every vertex without children? Gathered rows are, and so is what
+ * keeps a zero a zero (sums of such, products with one, slices, tanh, relu, products
+ * against a matrix). A product whose left operand is one skips the level-0 rows, the
+ * leaves: half of all rows in a binary tree. Dropped there are only gradients that would
+ * flow to children that do not exist. */
+static bool zero_at_leaves(const IrFunc *f, int i) {
+  const IrNode *n = &f->nodes[i];
+  switch (n->op) {
+  case OP_GATHER: return true;
+  case OP_SLICE:
+  case OP_NEG:
+  case OP_TANH:
+  case OP_RELU: return zero_at_leaves(f, n->args[0]);
+  case OP_MATMUL: return zero_at_leaves(f, n->args[0]);
+  case OP_DIV: return f->nodes[n->args[0]].type == T_ROW && zero_at_leaves(f, n->args[0]);
+  case OP_MUL:
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].type == T_ROW && zero_at_leaves(f, n->args[j])) return true;
+    return false;
+  case OP_ADD:
+  case OP_SUB:
+  case OP_CONCAT:
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].type != T_ROW || !zero_at_leaves(f, n->args[j])) return false;
+    return true;
+  default: return false;
+  }
+}
+
+/* A product in one of the runtime's three forms: 0: y = x W; 1: dx += dy W^T; 2: dW +=
+ * x^T dy (over all rows). When the left operand is zero at the leaves or in the rows
+ * without a word, those rows are skipped: they stay zero, or add nothing. */
+static void prod_code(Emit *e, const IrFunc *f, const Unit *u, int form) {
+  Prod p = product(e, f, u);
+  if (form == 1 && !p.left_grad) return;
+  const Place *x = &f->nodes[p.left].val;
+  GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k};
+  if (f->kind == F_VERTEX && zero_at_leaves(f, p.left)) g.rows = ROWS_WITH_CHILDREN;
+  else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = ROWS_WITH_INDEX;
+  static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero"};
+  static const char *const input[] = {"", ", rows with children", ", rows with a word"};
+  static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word"};
+  const char *left = node_label(f, p.left);
+  if (form == 0) fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols), fwd[g.rows]);
+  else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[g.rows]);
+  else fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p.line, left, p.what, param[g.rows]);
+  /* the operands in the runtime's names: y = x W, y += x W^T, W += x^T y */
+  g.x = (Ref){form == 1 ? p.out : x, form == 1};
+  g.w = (Ref){&p.w, form == 2};
+  g.y = (Ref){form == 1 ? x : p.out, form != 0};
+  e->t->gemm(e, &g);
+}
+
+/* ---- single nodes ---- */
+
+static int loss_index(const IrFunc *f, int i) {
+  int k = 0;
+  for (int j = 0; j < i; j++) k += op_info[f->nodes[j].op].kind == OK_LOSS;
+  return k;
+}
+
+static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const Model *m = e->m;
+  const IrNode *n = &f->nodes[i];
+  const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+  const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  fprintf(e->out, "  /* %s  %s%s%s */\n", src_comment(e, n), n->name ? n->name : "",
+          n->name ? " = " : "", op_info[n->op].name);
+  switch (n->op) {
+  case OP_GATHER: e->t->gather(e, n->ref, (Ref){&n->val, bwd}, bwd); return;
+  case OP_LOOKUP:
+    e->t->lookup(e, (Ref){&a->val, bwd}, int_slot(m, b->ref), (Ref){&n->val, bwd}, n->width, bwd);
+    return;
+  case OP_CONCAT: {
+    Lin off = lin_const(0);
+    for (int k = 0; k < n->nargs; k++) {
+      const IrNode *x = &f->nodes[n->args[k]];
+      Place at = n->val;
+      at.off = lin_add(at.off, off);
+      bool placed = x->val.kind == PL_ROW && x->val.buf == at.buf && lin_eq(x->val.off, at.off);
+      if (!placed && !bwd) e->t->copy(e, (Ref){&at, false}, (Ref){&x->val, false}, x->width, false);
+      if (!placed && bwd && x->grad && x->val.kind == PL_ROW)
+        e->t->copy(e, (Ref){&x->val, true}, (Ref){&at, true}, x->width, true);
+      off = lin_add(off, x->width);
+    }
+    return;
+  }
+  case OP_SCATTER:
+  case OP_PUSH: {
+    int buf = n->op == OP_SCATTER ? m->state_buf : m->push_buf;
+    Place to = {.kind = PL_ROW, .buf = buf, .off = lin_const(0), .ld = m->bufs[buf].width};
+    if (!bwd) e->t->copy(e, (Ref){&to, false}, (Ref){&a->val, false}, a->width, false);
+    else if (a->grad && a->val.kind == PL_ROW) e->t->copy(e, (Ref){&a->val, true}, (Ref){&to, true}, a->width, true);
+    return;
+  }
+  case OP_XENT:
+  case OP_MSE: {
+    if (bwd && !a->grad) return;
+    LossCall l = {.op = n->op, .index = loss_index(f, i), .a = &a->val, .width = a->width, .bwd = bwd};
+    l.t = b->type == T_INPUT ? NULL : &b->val;
+    l.label = b->type == T_INPUT ? int_slot(m, b->ref) : -1;
+    e->t->loss(e, &l);
+    return;
+  }
+  default: internal_error(__FILE__, __LINE__, "no code for %s", op_info[n->op].name);
+  }
+}
+
+static void unit_code(Emit *e, const IrFunc *f, const Unit *u, bool bwd) {
+  if (u->kind == U_GROUP) {
+    if (bwd) group_bwd(e, f, u->index);
+    else group_fwd(e, f, u->index);
+  } else if (u->kind == U_MATMUL || f->nodes[u->index].op == OP_MATMUL) {
+    prod_code(e, f, u, bwd ? 1 : 0);
+  } else {
+    node_code(e, f, u->index, bwd);
+  }
+}
+
+/* ---- functions ---- */
+
+/* One stage: the units of class `cls` (all units when cls < 0), in order forward and in
+ * reverse backward; with `params`, then every parameter gradient of the block's products. */
+static void stage(Emit *e, const IrFunc *f, const char *name, const char *what, int cls, bool bwd, bool params) {
+  e->t->fn_open(e, name, what);
+  if (!bwd) {
+    for (int u = 0; u < f->nunits; u++)
+      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, &f->units[u], false);
+  } else {
+    for (int u = f->nunits - 1; u >= 0; u--)
+      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, &f->units[u], true);
+    if (params)
+      for (int u = 0; u < f->nunits; u++) {
+        const Unit *un = &f->units[u];
+        if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))
+          prod_code(e, f, un, 2);
+      }
+  }
+  e->t->fn_close(e);
+}
+
+static const char *fname(const Emit *e, const IrFunc *f, const char *stage_) {
+  return arena_printf("%s_%s_%s", e->m->name, f->kind == F_VERTEX ? f->name : f->kind == F_PULL ? "pull" : "push", stage_);
+}
+
+/* ---- the descriptor ---- */
+
+static void desc_lin(FILE *o, Lin l) {
+  fprintf(o, "{%d, {", l.k);
+  int last = CV_MAX_DIMS - 1;
+  while (last > 0 && !l.c[last]) last--;
+  for (int i = 0; i <= last; i++) fprintf(o, "%s%d", i ? ", " : "", l.c[i]);
+  fprintf(o, "}}");
+}
+
+/* The integer-input slot of a parameter block that is only ever a lookup table indexed
+ * by that one input, or -1. */
+static int sparse_input(const Model *m, int group) {
+  int slot = -1, n;
+  ParamUse *u = param_uses(m, &n);
+  for (int k = 0; k < n; k++) {
+    if (m->params[u[k].param].pgroup != group) continue;
+    int s = u[k].user->op == OP_LOOKUP && u[k].arg == 0 ? int_slot(m, u[k].f->nodes[u[k].user->args[1]].ref) : -1;
+    if (s < 0 || (slot >= 0 && slot != s)) {
+      slot = -1;
+      break;
+    }
+    slot = s;
+  }
+  free(u);
+  return slot;
+}
+
+static unsigned long long fnv(const char *s, size_t n) {
+  unsigned long long h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static void descriptor(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
+  extern const char *cv_source_text;
+  extern size_t cv_source_len;
+  fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1];\n");
+  for (int i = 0; i < m->ndims; i++)
+    fprintf(c, "  {%s, %d, %ld, %d},\n", emit_c_string(m->dims[i].name), (int)m->dims[i].kind, m->dims[i].value, m->dims[i].input);
+  if (m->ndims) fprintf(c, "};\n");
+  fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1];\n");
+  int nint = 0, nreal = 0;
+  for (int i = 0; i < m->ninputs; i++) {
+    const Input *in = &m->inputs[i];
+    fprintf(c, "  {%s, %d, ", emit_c_string(in->name), (int)in->kind);
+    desc_lin(c, in->width);
+    fprintf(c, ", %d},\n", in->kind == IN_REAL ? real_slot(m, i) : int_slot(m, i));
+    if (in->kind == IN_REAL) nreal++;
+    else nint++;
+  }
+  if (m->ninputs) fprintf(c, "};\n");
+  fprintf(c, m->nparams ? "static const cavs_param_desc params[] = {\n" : "static const cavs_param_desc params[1];\n");
+  for (int i = 0; i < m->nparams; i++) {
+    const Param *p = &m->params[i];
+    fprintf(c, "  {%s, %d, ", emit_c_string(p->name), p->rank);
+    desc_lin(c, p->rank == 2 ? p->rows : lin_const(1));
+    fputs(", ", c);
+    desc_lin(c, p->cols);
+    fprintf(c, ", %d, ", p->pgroup);
+    desc_lin(c, p->col_off);
+    fprintf(c, ", %d, %.17g, %.17g},\n", (int)p->init, p->a, p->b);
+  }
+  if (m->nparams) fprintf(c, "};\n");
+  fprintf(c, m->npgroups ? "static const cavs_pgroup_desc pgroups[] = {\n" : "static const cavs_pgroup_desc pgroups[1];\n");
+  for (int i = 0; i < m->npgroups; i++) {
+    fputs("  {", c);
+    desc_lin(c, m->pgroups[i].rows);
+    fputs(", ", c);
+    desc_lin(c, m->pgroups[i].cols);
+    fprintf(c, ", %d},\n", sparse_input(m, i));
+  }
+  if (m->npgroups) fprintf(c, "};\n");
+  fprintf(c, "static const cavs_buf_desc bufs[] = {\n");
+  for (int i = 0; i < m->nbufs; i++) {
+    fprintf(c, "  {%s, ", emit_c_string(m->bufs[i].name));
+    desc_lin(c, m->bufs[i].width);
+    fprintf(c, ", %d},\n", m->bufs[i].grad);
+  }
+  fprintf(c, "};\nstatic const cavs_vertex_desc vertex[] = {\n");
+  for (int i = 0; i < m->nvertex; i++) {
+    const IrFunc *f = m->vertex[i];
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s},\n", emit_c_string(f->name), f->children, f->pushes,
+            fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
+            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"));
+  }
+  fprintf(c, "};\n");
+  int nlosses = 0;
+  if (m->push)
+    for (int i = 0; i < m->push->n; i++) nlosses += op_info[m->push->nodes[i].op].kind == OK_LOSS;
+  fprintf(c, nlosses ? "static const cavs_loss_desc losses[] = {\n" : "static const cavs_loss_desc losses[1];\n");
+  if (m->push)
+    for (int i = 0; i < m->push->n; i++) {
+      const IrNode *n = &m->push->nodes[i];
+      if (op_info[n->op].kind != OK_LOSS) continue;
+      const IrNode *t = &m->push->nodes[n->args[1]];
+      fprintf(c, "  {%d, %d},\n", n->op == OP_XENT ? 0 : 1, t->op == OP_INPUT ? t->ref : -1);
+    }
+  if (nlosses) fprintf(c, "};\n");
+  fputc('\n', c);
+  fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
+  fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .name = %s,\n  .source = %s,\n", emit_c_string(m->name), emit_c_string(e->o->source_name));
+  fprintf(c, "  .source_hash = \"%016llx\",\n", fnv(cv_source_text, cv_source_len));
+  fprintf(c, "  .precision = %s,\n", e->o->prec == PREC_DOUBLE ? "CAVS_DOUBLE" : "CAVS_FLOAT");
+  fprintf(c, "  .ndims = %d, .dims = dims,\n", m->ndims);
+  fprintf(c, "  .ninputs = %d, .nint = %d, .nreal = %d, .inputs = inputs,\n", m->ninputs, nint, nreal);
+  fprintf(c, "  .nparams = %d, .params = params,\n", m->nparams);
+  fprintf(c, "  .npgroups = %d, .pgroups = pgroups,\n", m->npgroups);
+  fprintf(c, "  .nbufs = %d, .bufs = bufs,\n", m->nbufs);
+  fprintf(c, "  .state_buf = %d, .push_buf = %d,\n", m->state_buf, m->push_buf);
+  fprintf(c, "  .nvertex = %d, .vertex = vertex,\n", m->nvertex);
+  fprintf(c, "  .nlosses = %d, .losses = losses,\n", nlosses);
+  fprintf(c, "  .pull_fwd = %s, .pull_bwd = %s,\n", m->pull ? fname(e, m->pull, "fwd") : "0",
+          m->pull ? fname(e, m->pull, "bwd") : "0");
+  fprintf(c, "  .push_fwd = %s, .push_bwd = %s,\n", m->push ? fname(e, m->push, "fwd") : "0",
+          m->push ? fname(e, m->push, "bwd") : "0");
+  fprintf(c, "};\n");
+}
+
+/* ---- targets ---- */
+
+/* One row per target; the first is the default. */
+static const Target *const targets[] = {&target_c};
+enum { NTARGETS = sizeof targets / sizeof *targets };
+
+const Target *target_find(const char *name) {
+  for (int i = 0; i < NTARGETS; i++)
+    if (!strcmp(targets[i]->name, name)) return targets[i];
+  return NULL;
+}
+
+const char *target_names(void) {
+  const char *s = "";
+  for (int i = 0; i < NTARGETS; i++) s = arena_printf("%s%s%s", s, i ? ", " : "", targets[i]->name);
+  return s;
+}
+
+void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src) {
+  Emit e = {.m = m, .o = o, .t = t, .out = src};
+  t->header(&e, h);
+  t->prologue(&e);
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    if (f->kind == F_PULL) {
+      stage(&e, f, fname(&e, f, "fwd"), "pull block, forward: all rows", -1, false, false);
+      stage(&e, f, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
+    } else if (f->kind == F_PUSH) {
+      stage(&e, f, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
+      stage(&e, f, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
+    } else {
+      const char *v = f->name;
+      stage(&e, f, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
+      stage(&e, f, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
+      stage(&e, f, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
+      stage(&e, f, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
+      stage(&e, f, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
+      stage(&e, f, fname(&e, f, "bwd_eager"), arena_printf("vertex %s, eager phase backward, then every parameter gradient of the type", v), CLS_EAGER, true, true);
+    }
+  }
+  descriptor(&e);
+}
