@@ -18,6 +18,7 @@ static const char usage[] =
     "                     (cls and fuse print the --report)\n"
     "  --report           print every node's class (eager, path, lazy) and fusion group\n"
     "  --precision=P      float (default) or double (for gradient checks)\n"
+    "  --target=NAME      the code to write: c (default, MODEL.h and MODEL.c)\n"
     "  --check            run every pass and write nothing: exit 0 when the model is valid\n"
     "  --source-name=NAME the name messages and the generated code give the input\n"
     "                     (for '-', standard input)\n"
@@ -136,10 +137,12 @@ int main(int argc, char **argv) {
   int dump = DUMP_NONE;
   bool check_only = false;
   Precision prec = PREC_FLOAT;
+  const Target *target = &target_c;
   static const struct option longopts[] = {
       {"dump", required_argument, NULL, 'd'},
       {"report", no_argument, NULL, 'r'},
       {"precision", required_argument, NULL, 'p'},
+      {"target", required_argument, NULL, 't'},
       {"check", no_argument, NULL, 'c'},
       {"source-name", required_argument, NULL, 'n'},
       {"version", no_argument, NULL, 'V'},
@@ -168,6 +171,13 @@ int main(int argc, char **argv) {
       else if (!strcmp(optarg, "double")) prec = PREC_DOUBLE;
       else {
         fprintf(stderr, "cavsc: error: unknown precision '%s' (float, double)\n", optarg);
+        return 1;
+      }
+      break;
+    case 't':
+      target = target_find(optarg);
+      if (!target) {
+        fprintf(stderr, "cavsc: error: unknown target '%s' (targets: %s)\n", optarg, target_names());
         return 1;
       }
       break;
@@ -240,9 +250,10 @@ int main(int argc, char **argv) {
       else {
         /* the options that shape the code, not where it was written: golden files stay
            the same whatever the output directory */
-        char *cmd = arena_printf("cavsc%s %s", prec == PREC_DOUBLE ? " --precision=double" : "", path);
+        const char *t = target == &target_c ? "" : arena_printf(" --target=%s", target->name);
+        char *cmd = arena_printf("cavsc%s%s %s", t, prec == PREC_DOUBLE ? " --precision=double" : "", path);
         EmitOpts eo = {.prec = prec, .cmdline = cmd, .source_name = path};
-        emit(m, &target_c, &eo, hout, out);
+        emit(m, target, &eo, hout, out);
       }
     }
   }
@@ -262,7 +273,7 @@ int main(int argc, char **argv) {
   } else {
     const char *dir = out_path ? out_path : ".";
     if (!make_dirs(dir)) goto done;
-    char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.c", dir, m->name);
+    char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.%s", dir, m->name, target->ext);
     if (!write_atomic(hp, hbuf, hlen)) goto done;
     if (!write_atomic(cp, buf, buflen)) {
       unlink(hp);

@@ -224,6 +224,53 @@ START_TEST(unwritable_output) {
 }
 END_TEST
 
+/* --target=c writes what no --target writes; an unknown target is an error that names
+ * the targets there are, status 1, and nothing is written, not even the directory. */
+START_TEST(target_option) {
+  char model[4096];
+  snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
+  char *top = tu_tmpdir(), plain[4300], named[4300], bad[4300];
+  snprintf(plain, sizeof plain, "%s/plain", top);
+  snprintf(named, sizeof named, "%s/named", top);
+  snprintf(bad, sizeof bad, "%s/bad", top);
+  char *argv[] = {(char *)cavsc, "-o", plain, model, NULL};
+  RunResult r = tu_run(NULL, argv, 30);
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  tu_free(&r);
+  char *argv2[] = {(char *)cavsc, "--target=c", "-o", named, model, NULL};
+  r = tu_run(NULL, argv2, 30);
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  tu_free(&r);
+  const char *files[] = {"treelstm.h", "treelstm.c"};
+  for (int k = 0; k < 2; k++) {
+    char a[4400], b[4400];
+    snprintf(a, sizeof a, "%s/%s", plain, files[k]);
+    snprintf(b, sizeof b, "%s/%s", named, files[k]);
+    char *ta = tu_slurp(a, NULL), *tb = tu_slurp(b, NULL);
+    ck_assert_msg(ta && tb && !strcmp(ta, tb), "%s differs with --target=c", files[k]);
+    free(ta);
+    free(tb);
+  }
+  const char *names[] = {"cuda", "xyz", ""};
+  for (int k = 0; k < 3; k++) {
+    char opt[64], want[128];
+    snprintf(opt, sizeof opt, "--target=%s", names[k]);
+    snprintf(want, sizeof want, "cavsc: error: unknown target '%s' (targets: c)\n", names[k]);
+    char *argv3[] = {(char *)cavsc, opt, "-o", bad, model, NULL};
+    r = tu_run(NULL, argv3, 30);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_str_eq(r.err, want);
+    ck_assert_str_eq(r.out, "");
+    ck_assert_msg(access(bad, F_OK) != 0, "%s: something was written", opt);
+    tu_free(&r);
+  }
+  char *rm[] = {"/bin/rm", "-rf", top, NULL};
+  r = tu_run(NULL, rm, 30);
+  tu_free(&r);
+  free(top);
+}
+END_TEST
+
 /* IR read back: a broken line is an error with its position; the good dump compiles. */
 START_TEST(ir_input) {
   const char *bad = "model m\ndim H = 4\nstate [2Q]\n";
@@ -275,6 +322,7 @@ int main(void) {
   tcase_add_test(tg, ten_megabytes);
   tcase_add_test(tg, missing_file);
   tcase_add_test(tg, unwritable_output);
+  tcase_add_test(tg, target_option);
   tcase_add_test(tg, random_bytes);
   tcase_add_test(tg, ir_input);
   suite_add_tcase(s, tg);
