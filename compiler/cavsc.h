@@ -140,7 +140,7 @@ Decl *parse_source(const char *path, const char *text, size_t len);
 /* ---- ir.c: the typed IR ---- */
 
 typedef enum {
-#define X(id, sp, ar, kind, f, da, db) OP_##id,
+#define X(id, sp, ar, kind, zero, f, da, db) OP_##id,
 #include "ops.def"
 #undef X
   OP_COUNT
@@ -160,10 +160,20 @@ typedef enum {
   OK_LOSS,
 } OpKind;
 
+/* Where an op's output is known to be zero. */
+typedef enum {
+  ZERO_NONE, /* nowhere */
+  ZERO_LEAF, /* at the vertices without children */
+  ZERO_A,    /* where operand a is */
+  ZERO_ANY,  /* where any operand is */
+  ZERO_ALL,  /* where every operand is */
+} OpZero;
+
 typedef struct OpInfo {
   const char *name;
   int arity;
   OpKind kind;
+  OpZero zero;
   const char *fwd, *da, *db;
 } OpInfo;
 extern const OpInfo op_info[OP_COUNT];

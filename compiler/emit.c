@@ -386,32 +386,26 @@ static int zero_rows(const Emit *e, const IrFunc *f, int left) {
 }
 
 /* Is node i zero at every vertex without children? Gathered rows are, and so is what
- * keeps a zero a zero (sums of such, products with one, slices, tanh, relu, products
- * against a matrix). A product whose left operand is one skips the level-0 rows, the
- * leaves: half of all rows in a binary tree. Dropped there are only gradients that would
- * flow to children that do not exist. */
+ * keeps a zero a zero (ops.def's ZERO: sums of such, products with one, slices, tanh,
+ * relu, products against a matrix). A product whose left operand is one skips the
+ * level-0 rows, the leaves: half of all rows in a binary tree. Dropped there are only
+ * gradients that would flow to children that do not exist. */
 static bool zero_at_leaves(const IrFunc *f, int i) {
   const IrNode *n = &f->nodes[i];
-  switch (n->op) {
-  case OP_GATHER: return true;
-  case OP_SLICE:
-  case OP_NEG:
-  case OP_TANH:
-  case OP_RELU: return zero_at_leaves(f, n->args[0]);
-  case OP_MATMUL: return zero_at_leaves(f, n->args[0]);
-  case OP_DIV: return f->nodes[n->args[0]].type == T_ROW && zero_at_leaves(f, n->args[0]);
-  case OP_MUL:
+  switch (op_info[n->op].zero) {
+  case ZERO_NONE: return false;
+  case ZERO_LEAF: return true;
+  case ZERO_A: return zero_at_leaves(f, n->args[0]);
+  case ZERO_ANY:
     for (int j = 0; j < n->nargs; j++)
-      if (f->nodes[n->args[j]].type == T_ROW && zero_at_leaves(f, n->args[j])) return true;
+      if (zero_at_leaves(f, n->args[j])) return true;
     return false;
-  case OP_ADD:
-  case OP_SUB:
-  case OP_CONCAT:
+  case ZERO_ALL:
     for (int j = 0; j < n->nargs; j++)
-      if (f->nodes[n->args[j]].type != T_ROW || !zero_at_leaves(f, n->args[j])) return false;
+      if (!zero_at_leaves(f, n->args[j])) return false;
     return true;
-  default: return false;
   }
+  unreachable();
 }
 
 /* A product in one of the runtime's three forms: 0: y = x W; 1: dx += dy W^T; 2: dW +=

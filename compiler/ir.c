@@ -7,7 +7,7 @@
 #include <string.h>
 
 const OpInfo op_info[OP_COUNT] = {
-#define X(id, sp, ar, kind, f, da, db) [OP_##id] = {sp, ar, kind, f, da, db},
+#define X(id, sp, ar, kind, zero, f, da, db) [OP_##id] = {sp, ar, kind, zero, f, da, db},
 #include "ops.def"
 #undef X
 };
