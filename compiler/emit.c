@@ -385,38 +385,41 @@ static int zero_rows(const Emit *e, const IrFunc *f, int left) {
   return int_slot(e->m, pf->nodes[src->args[1]].ref);
 }
 
-/* Is node i zero at every vertex without children? Gathered rows are, and so is what
- * keeps a zero a zero (ops.def's ZERO: sums of such, products with one, slices, tanh,
- * relu, products against a matrix). A product whose left operand is one skips the
+/* Which nodes of f are zero at every vertex without children? Gathered rows are, and so
+ * is what keeps a zero a zero (ops.def's ZERO: sums of such, products with one, slices,
+ * tanh, relu, products against a matrix). A product whose left operand is one skips the
  * level-0 rows, the leaves: half of all rows in a binary tree. Dropped there are only
- * gradients that would flow to children that do not exist. */
-static bool zero_at_leaves(const IrFunc *f, int i) {
-  const IrNode *n = &f->nodes[i];
-  switch (op_info[n->op].zero) {
-  case ZERO_NONE: return false;
-  case ZERO_LEAF: return true;
-  case ZERO_A: return zero_at_leaves(f, n->args[0]);
-  case ZERO_ANY:
-    for (int j = 0; j < n->nargs; j++)
-      if (zero_at_leaves(f, n->args[j])) return true;
-    return false;
-  case ZERO_ALL:
-    for (int j = 0; j < n->nargs; j++)
-      if (!zero_at_leaves(f, n->args[j])) return false;
-    return true;
+ * gradients that would flow to children that do not exist. One pass in node order
+ * (operands come first): shared operands are looked at once, not once per path. */
+static const bool *zero_at_leaves(const IrFunc *f) {
+  bool *z = arena_alloc(sizeof(bool) * (size_t)f->n);
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    switch (op_info[n->op].zero) {
+    case ZERO_NONE: break;
+    case ZERO_LEAF: z[i] = true; break;
+    case ZERO_A: z[i] = z[n->args[0]]; break;
+    case ZERO_ANY:
+      for (int j = 0; j < n->nargs; j++) z[i] = z[i] || z[n->args[j]];
+      break;
+    case ZERO_ALL:
+      z[i] = n->nargs > 0;
+      for (int j = 0; j < n->nargs; j++) z[i] = z[i] && z[n->args[j]];
+      break;
+    }
   }
-  unreachable();
+  return z;
 }
 
 /* A product in one of the runtime's three forms: 0: y = x W; 1: dx += dy W^T; 2: dW +=
  * x^T dy (over all rows). When the left operand is zero at the leaves or in the rows
  * without a word, those rows are skipped: they stay zero, or add nothing. */
-static void prod_code(Emit *e, const IrFunc *f, const Unit *u, int form) {
+static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, int form) {
   Prod p = product(e, f, u);
   if (form == 1 && !p.left_grad) return;
   const Place *x = &f->nodes[p.left].val;
   GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k};
-  if (f->kind == F_VERTEX && zero_at_leaves(f, p.left)) g.rows = ROWS_WITH_CHILDREN;
+  if (f->kind == F_VERTEX && zero[p.left]) g.rows = ROWS_WITH_CHILDREN;
   else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = ROWS_WITH_INDEX;
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word"};
@@ -487,12 +490,12 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   }
 }
 
-static void unit_code(Emit *e, const IrFunc *f, const Unit *u, bool bwd) {
+static void unit_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, bool bwd) {
   if (u->kind == U_GROUP) {
     if (bwd) group_bwd(e, f, u->index);
     else group_fwd(e, f, u->index);
   } else if (u->kind == U_MATMUL || f->nodes[u->index].op == OP_MATMUL) {
-    prod_code(e, f, u, bwd ? 1 : 0);
+    prod_code(e, f, zero, u, bwd ? 1 : 0);
   } else {
     node_code(e, f, u->index, bwd);
   }
@@ -502,19 +505,20 @@ static void unit_code(Emit *e, const IrFunc *f, const Unit *u, bool bwd) {
 
 /* One stage: the units of class `cls` (all units when cls < 0), in order forward and in
  * reverse backward; with `params`, then every parameter gradient of the block's products. */
-static void stage(Emit *e, const IrFunc *f, const char *name, const char *what, int cls, bool bwd, bool params) {
+static void stage(Emit *e, const IrFunc *f, const bool *zero, const char *name, const char *what, int cls, bool bwd,
+                  bool params) {
   e->t->fn_open(e, name, what);
   if (!bwd) {
     for (int u = 0; u < f->nunits; u++)
-      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, &f->units[u], false);
+      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, zero, &f->units[u], false);
   } else {
     for (int u = f->nunits - 1; u >= 0; u--)
-      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, &f->units[u], true);
+      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, zero, &f->units[u], true);
     if (params)
       for (int u = 0; u < f->nunits; u++) {
         const Unit *un = &f->units[u];
         if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))
-          prod_code(e, f, un, 2);
+          prod_code(e, f, zero, un, 2);
       }
   }
   e->t->fn_close(e);
@@ -671,20 +675,21 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
   IrFunc **fs = model_funcs(m, &nf);
   for (int k = 0; k < nf; k++) {
     const IrFunc *f = fs[k];
+    const bool *z = zero_at_leaves(f);
     if (f->kind == F_PULL) {
-      stage(&e, f, fname(&e, f, "fwd"), "pull block, forward: all rows", -1, false, false);
-      stage(&e, f, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
+      stage(&e, f, z, fname(&e, f, "fwd"), "pull block, forward: all rows", -1, false, false);
+      stage(&e, f, z, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
     } else if (f->kind == F_PUSH) {
-      stage(&e, f, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
-      stage(&e, f, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
+      stage(&e, f, z, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
+      stage(&e, f, z, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
     } else {
       const char *v = f->name;
-      stage(&e, f, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
-      stage(&e, f, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
-      stage(&e, f, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
-      stage(&e, f, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
-      stage(&e, f, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
-      stage(&e, f, fname(&e, f, "bwd_eager"), arena_printf("vertex %s, eager phase backward, then every parameter gradient of the type", v), CLS_EAGER, true, true);
+      stage(&e, f, z, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
+      stage(&e, f, z, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
+      stage(&e, f, z, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
+      stage(&e, f, z, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
+      stage(&e, f, z, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
+      stage(&e, f, z, fname(&e, f, "bwd_eager"), arena_printf("vertex %s, eager phase backward, then every parameter gradient of the type", v), CLS_EAGER, true, true);
     }
   }
   descriptor(&e);

@@ -148,10 +148,7 @@ START_TEST(library_example_runs) {
   RunResult r = tu_run(NULL, sh, 120);
   ck_assert_msg(r.status == 0, "the example failed (%d):\n%s%s", r.status, r.out, r.err);
   tu_free(&r);
-  char *rm[] = {"/bin/rm", "-rf", dir, NULL};
-  r = tu_run(NULL, rm, 60);
-  tu_free(&r);
-  free(dir);
+  tu_rmtree(dir);
   free(src);
   free(page);
 }

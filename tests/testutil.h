@@ -159,4 +159,12 @@ static inline void tu_free(RunResult *r) {
   free(r->err);
 }
 
+/* Removes a directory tu_tmpdir made, and what is in it, and frees its name. */
+static inline void tu_rmtree(char *dir) {
+  char *argv[] = {"/bin/rm", "-rf", dir, NULL};
+  RunResult r = tu_run(NULL, argv, 60);
+  tu_free(&r);
+  free(dir);
+}
+
 #endif
