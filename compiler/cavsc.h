@@ -140,7 +140,7 @@ Decl *parse_source(const char *path, const char *text, size_t len);
 /* ---- ir.c: the typed IR ---- */
 
 typedef enum {
-#define X(id, sp, ar, kind, zero, f, da, db) OP_##id,
+#define X(id, sp, ar, kind, zero, fold, f, da, db) OP_##id,
 #include "ops.def"
 #undef X
   OP_COUNT

@@ -7,11 +7,11 @@
 #include <string.h>
 
 const OpInfo op_info[OP_COUNT] = {
-#define X(id, sp, ar, kind, zero, f, da, db) [OP_##id] = {sp, ar, kind, zero, f, da, db},
+#define X(id, sp, ar, kind, zero, fold, f, da, db) [OP_##id] = {sp, ar, kind, zero, f, da, db},
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 24, "ops.def changed: update the passes that switch on OpKind");
+_Static_assert(OP_COUNT == 24, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
