@@ -562,6 +562,14 @@ static unsigned long long fnv(const char *s, size_t n) {
   return h;
 }
 
+/* The descriptor's kinds by their names in cavs_abi.h, indexed by the compiler's enums
+ * (DimKind, InputKind, InitKind), which keep the same order. */
+static const char *const dim_kind[] = {"CAVS_DIM_FIXED", "CAVS_DIM_VOCAB", "CAVS_DIM_FREE"};
+static const char *const input_kind[] = {"CAVS_IN_INDEX", "CAVS_IN_CLASS", "CAVS_IN_REAL"};
+static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT", "CAVS_INIT_UNIFORM",
+                                        "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER"};
+_Static_assert(DIM_FREE == 2 && IN_REAL == 2 && INIT_XAVIER == 4, "one name per kind");
+
 static void descriptor(const Emit *e) {
   const Model *m = e->m;
   FILE *c = e->out;
@@ -569,13 +577,14 @@ static void descriptor(const Emit *e) {
   extern size_t cv_source_len;
   fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1];\n");
   for (int i = 0; i < m->ndims; i++)
-    fprintf(c, "  {%s, %d, %ld, %d},\n", emit_c_string(m->dims[i].name), (int)m->dims[i].kind, m->dims[i].value, m->dims[i].input);
+    fprintf(c, "  {%s, %s, %ld, %d},\n", emit_c_string(m->dims[i].name), dim_kind[m->dims[i].kind], m->dims[i].value,
+            m->dims[i].input);
   if (m->ndims) fprintf(c, "};\n");
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1];\n");
   int nint = 0, nreal = 0;
   for (int i = 0; i < m->ninputs; i++) {
     const Input *in = &m->inputs[i];
-    fprintf(c, "  {%s, %d, ", emit_c_string(in->name), (int)in->kind);
+    fprintf(c, "  {%s, %s, ", emit_c_string(in->name), input_kind[in->kind]);
     desc_lin(c, in->width);
     fprintf(c, ", %d},\n", in->kind == IN_REAL ? real_slot(m, i) : int_slot(m, i));
     if (in->kind == IN_REAL) nreal++;
@@ -591,7 +600,7 @@ static void descriptor(const Emit *e) {
     desc_lin(c, p->cols);
     fprintf(c, ", %d, ", p->pgroup);
     desc_lin(c, p->col_off);
-    fprintf(c, ", %d, %.17g, %.17g},\n", (int)p->init, p->a, p->b);
+    fprintf(c, ", %s, %.17g, %.17g},\n", init_kind[p->init], p->a, p->b);
   }
   if (m->nparams) fprintf(c, "};\n");
   fprintf(c, m->npgroups ? "static const cavs_pgroup_desc pgroups[] = {\n" : "static const cavs_pgroup_desc pgroups[1];\n");
@@ -626,7 +635,8 @@ static void descriptor(const Emit *e) {
       const IrNode *n = &m->push->nodes[i];
       if (op_info[n->op].kind != OK_LOSS) continue;
       const IrNode *t = &m->push->nodes[n->args[1]];
-      fprintf(c, "  {%d, %d},\n", n->op == OP_XENT ? 0 : 1, t->op == OP_INPUT ? t->ref : -1);
+      fprintf(c, "  {%s, %d},\n", n->op == OP_XENT ? "CAVS_LOSS_SOFTMAX_XENT" : "CAVS_LOSS_MSE",
+              t->op == OP_INPUT ? t->ref : -1);
     }
   if (nlosses) fprintf(c, "};\n");
   fputc('\n', c);

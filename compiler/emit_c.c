@@ -20,7 +20,8 @@ static void c_header(Emit *e, FILE *h) {
   const Model *m = e->m;
   const char *M = m->name;
   emit_banner(e, h, arena_printf("%s.h", M));
-  fprintf(h, "#ifndef CAVS_MODEL_%s_H\n#define CAVS_MODEL_%s_H\n\n#include \"cavs.h\"\n\n", M, M);
+  /* the ABI header only: an application includes cavs.h beside this */
+  fprintf(h, "#ifndef CAVS_MODEL_%s_H\n#define CAVS_MODEL_%s_H\n\n#include \"cavs_abi.h\"\n\n", M, M);
   fprintf(h, "extern const cavs_desc %s_desc;\n\n", M);
   const char **names = arena_alloc(sizeof(char *) * (size_t)(m->ndims + m->ninputs + m->nparams + m->nvertex + 1));
   for (int i = 0; i < m->ndims; i++) names[i] = m->dims[i].name;
@@ -75,6 +76,9 @@ static void c_loop_open(Emit *e, const Loop *l) {
 
 static void c_loop_close(Emit *e, const Loop *l) { fprintf(e->out, "    }\n  }\n"); }
 
+/* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */
+static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PROD_DW"};
+
 /* cavs_gemm over rows r0.. (row-major, BLAS argument order), or cavs_gemm_skip and
  * cavs_gemm_rows, which take row 0 and skip the rows themselves. */
 static void c_gemm(Emit *e, const GemmCall *g) {
@@ -83,15 +87,16 @@ static void c_gemm(Emit *e, const GemmCall *g) {
   const char *xl = emit_ld(e, g->x.p), *yl = emit_ld(e, g->y.p);
   if (g->rows != ROWS_ALL) {
     const char *which = g->rows == ROWS_WITH_CHILDREN ? "skip(c, c->leaf_rows" : arena_printf("rows(c, c->iin[%d]", g->index);
-    fprintf(e->out, "  cavs_gemm_%s, r0, n, %d, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", which, g->form,
-            cols, k, emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
+    fprintf(e->out, "  cavs_gemm_%s, r0, n, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", which,
+            prod_form[g->form], cols, k, emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
     return;
   }
   const char *xs = emit_ptr(e, g->x, "r0"), *ys = emit_ptr(e, g->y, "r0");
-  const char *fmt = "  cavs_gemm(c, %d, %d, %s, %s, %s, 1, %s, %s,\n            %s, %s, %d, %s, %s);\n";
-  if (g->form == 0) fprintf(e->out, fmt, 0, 0, "n", cols, k, xs, xl, ws, wl, 0, ys, yl);
-  else if (g->form == 1) fprintf(e->out, fmt, 0, 1, "n", k, cols, xs, xl, ws, wl, 1, ys, yl);
-  else fprintf(e->out, fmt, 1, 0, k, cols, "n", xs, xl, ys, yl, 1, ws, wl);
+  const char *fmt = "  cavs_gemm(c, %s, %s, %s, %s, %s, 1, %s, %s,\n            %s, %s, %d, %s, %s);\n";
+  const char *N = "CAVS_NO_TRANS", *T = "CAVS_TRANS";
+  if (g->form == 0) fprintf(e->out, fmt, N, N, "n", cols, k, xs, xl, ws, wl, 0, ys, yl);
+  else if (g->form == 1) fprintf(e->out, fmt, N, T, "n", k, cols, xs, xl, ws, wl, 1, ys, yl);
+  else fprintf(e->out, fmt, T, N, k, cols, "n", xs, xl, ys, yl, 1, ws, wl);
 }
 
 static void c_gather(Emit *e, int child, Ref state, bool bwd) {

@@ -43,7 +43,7 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 35  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
@@ -58,7 +58,7 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 35  h_prev @ [Ui|Uf|Uo|Uu]: [n, 4H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (4*D_H), V[4] + (size_t)(0) * (4*D_H), (4*D_H));
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
@@ -233,7 +233,7 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 4*D_H, D_H, G[4] + (size_t)(0) * (4*D_H), (4*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 4*D_H, D_H, G[4] + (size_t)(0) * (4*D_H), (4*D_H),
                  P[1], (4*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
@@ -248,13 +248,13 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 35  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
                  P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
   /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (4*D_H), G[4] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
@@ -267,7 +267,7 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 46  h @ Wout: [n, V] */
-  cavs_gemm(c, 0, 0, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[7], D_V, 0, V[7] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
@@ -307,38 +307,38 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_V, 1, G[7] + (size_t)(r0) * D_V, D_V,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[7] + (size_t)(r0) * D_V, D_V,
             P[7], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[7] + (size_t)(r0) * D_V, D_V, 1, PG[7], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", 0, 256, -1},
-  {"H", 0, 256, -1},
-  {"V", 1, 0, 0},
+  {"E", CAVS_DIM_FIXED, 256, -1},
+  {"H", CAVS_DIM_FIXED, 256, -1},
+  {"V", CAVS_DIM_VOCAB, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
-  {"word", 0, {0, {0, 0, 1}}, 0},
-  {"next", 1, {0, {0, 0, 1}}, 1},
+  {"word", CAVS_IN_INDEX, {0, {0, 0, 1}}, 0},
+  {"next", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 2, {0, {0}}, 2, -0.050000000000000003, 0.050000000000000003},
-  {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, 4, 0, 0},
-  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, 4, 0, 0},
-  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, 4, 0, 0},
-  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, 4, 0, 0},
-  {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, 4, 0, 0},
-  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, 4, 0, 0},
-  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, 4, 0, 0},
-  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 3}}, 4, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, 0, 0, 0},
-  {"bf", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, 0, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, 0, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, 0, 0, 0},
-  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 7, {0, {0}}, 4, 0, 0},
-  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 8, {0, {0}}, 0, 0, 0},
+  {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 7, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {1}}, {0, {0, 4}}, -1},
@@ -366,7 +366,7 @@ static const cavs_vertex_desc vertex[] = {
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager},
 };
 static const cavs_loss_desc losses[] = {
-  {0, 1},
+  {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 
 const cavs_desc lstm_lm_desc = {

@@ -3,7 +3,7 @@
 #ifndef CAVS_MODEL_lstm_lm_H
 #define CAVS_MODEL_lstm_lm_H
 
-#include "cavs.h"
+#include "cavs_abi.h"
 
 extern const cavs_desc lstm_lm_desc;
 

@@ -58,7 +58,7 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  concat */
   /* line 30  %3 @ W: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   for (int r = r0; r < r0 + n; r++) {
@@ -132,7 +132,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
                  P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* treefc.vf:30  concat */
   /* treefc.vf:30  gather */
@@ -150,7 +150,7 @@ static void treefc_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
   /* line 30  dW += %3^T d(%3 @ W), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
                  PG[1], D_H, G[3] + (size_t)(0) * D_H, D_H);
 }
 
@@ -163,7 +163,7 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
   /* line 36  h @ Wc: [n, C] */
-  cavs_gemm(c, 0, 0, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[3], D_C, 0, V[6] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 36) */
   for (int r = r0; r < r0 + n; r++) {
@@ -203,28 +203,28 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 36  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[6] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[6] + (size_t)(r0) * D_C, D_C,
             P[3], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 36  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[6] + (size_t)(r0) * D_C, D_C, 1, PG[3], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
-  {"H", 0, 256, -1},
-  {"C", 0, 2, -1},
-  {"V", 1, 0, 0},
+  {"H", CAVS_DIM_FIXED, 256, -1},
+  {"C", CAVS_DIM_FIXED, 2, -1},
+  {"V", CAVS_DIM_VOCAB, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
-  {"word", 0, {0, {0, 0, 1}}, 0},
-  {"label", 1, {0, {0, 1}}, 1},
+  {"word", CAVS_IN_INDEX, {0, {0, 0, 1}}, 0},
+  {"label", CAVS_IN_CLASS, {0, {0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 0, {0, {0}}, 2, -0.050000000000000003, 0.050000000000000003},
-  {"W", 2, {0, {2}}, {0, {1}}, 1, {0, {0}}, 4, 0, 0},
-  {"b", 1, {1, {0}}, {0, {1}}, 2, {0, {0}}, 0, 0, 0},
-  {"Wc", 2, {0, {1}}, {0, {0, 1}}, 3, {0, {0}}, 4, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, 0, 0, 0},
+  {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 0, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"W", 2, {0, {2}}, {0, {1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"b", 1, {1, {0}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {0, 0, 1}}, {0, {1}}, 0},
@@ -247,7 +247,7 @@ static const cavs_vertex_desc vertex[] = {
    treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager},
 };
 static const cavs_loss_desc losses[] = {
-  {0, 1},
+  {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 
 const cavs_desc treefc_desc = {

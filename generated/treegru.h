@@ -3,7 +3,7 @@
 #ifndef CAVS_MODEL_treegru_H
 #define CAVS_MODEL_treegru_H
 
-#include "cavs.h"
+#include "cavs_abi.h"
 
 extern const cavs_desc treegru_desc;
 

@@ -46,7 +46,7 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 28  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
 }
 
@@ -75,13 +75,13 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 29  h_0 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* line 29  h_1 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[3], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
@@ -289,13 +289,13 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 29  dh_1 += d(h_1 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 29  dh_0 += d(h_0 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[7] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
@@ -325,19 +325,19 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 28  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
                  P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 28  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
   /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
@@ -351,7 +351,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 39  h @ Wc: [n, C] */
-  cavs_gemm(c, 0, 0, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[8], D_C, 0, V[11] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
@@ -392,39 +392,39 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[11] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[11] + (size_t)(r0) * D_C, D_C,
             P[8], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[11] + (size_t)(r0) * D_C, D_C, 1, PG[8], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", 0, 256, -1},
-  {"H", 0, 256, -1},
-  {"C", 0, 5, -1},
-  {"V", 1, 0, 0},
+  {"E", CAVS_DIM_FIXED, 256, -1},
+  {"H", CAVS_DIM_FIXED, 256, -1},
+  {"C", CAVS_DIM_FIXED, 5, -1},
+  {"V", CAVS_DIM_VOCAB, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
-  {"word", 0, {0, {0, 0, 0, 1}}, 0},
-  {"label", 1, {0, {0, 0, 1}}, 1},
+  {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
+  {"label", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, 2, -0.050000000000000003, 0.050000000000000003},
-  {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, 4, 0, 0},
-  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, 4, 0, 0},
-  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, 4, 0, 0},
-  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, 4, 0, 0},
-  {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, 4, 0, 0},
-  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 3, {0, {0}}, 4, 0, 0},
-  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, 4, 0, 0},
-  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, 4, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, 0, 0, 0},
-  {"bf", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, 1, 1, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, 0, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, 0, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 8, {0, {0}}, 4, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, 0, 0, 0},
+  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_CONSTANT, 1, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {1}}, {0, {0, 4}}, -1},
@@ -457,7 +457,7 @@ static const cavs_vertex_desc vertex[] = {
    treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager},
 };
 static const cavs_loss_desc losses[] = {
-  {0, 1},
+  {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 
 const cavs_desc treelstm_desc = {

@@ -46,7 +46,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 0, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
@@ -162,10 +162,10 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 1, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, 2, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
@@ -197,7 +197,7 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H), (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   /* line 43  hh @ [Ui|Uf0|Uf1|Uo|Uu]: [n, 5H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 0, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (5*D_H), V[4] + (size_t)(0) * (5*D_H), (5*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
@@ -371,7 +371,7 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 1, 5*D_H, 2*D_H, G[4] + (size_t)(0) * (5*D_H), (5*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 5*D_H, 2*D_H, G[4] + (size_t)(0) * (5*D_H), (5*D_H),
                  P[1], (5*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
   cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
@@ -392,7 +392,7 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 43  dW += hh^T d(hh @ [Ui|Uf0|Uf1|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, 2, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
                  PG[1], (5*D_H), G[4] + (size_t)(0) * (5*D_H), (5*D_H));
 }
 
@@ -406,7 +406,7 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 55  h @ Wc: [n, C] */
-  cavs_gemm(c, 0, 0, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[10], D_C, 0, V[9] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
@@ -447,41 +447,41 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, 0, 1, n, D_H, D_C, 1, G[9] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[9] + (size_t)(r0) * D_C, D_C,
             P[10], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 55  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, 1, 0, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[9] + (size_t)(r0) * D_C, D_C, 1, PG[10], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", 0, 256, -1},
-  {"H", 0, 256, -1},
-  {"C", 0, 5, -1},
-  {"V", 1, 0, 0},
+  {"E", CAVS_DIM_FIXED, 256, -1},
+  {"H", CAVS_DIM_FIXED, 256, -1},
+  {"C", CAVS_DIM_FIXED, 5, -1},
+  {"V", CAVS_DIM_VOCAB, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
-  {"word", 0, {0, {0, 0, 0, 1}}, 0},
-  {"label", 1, {0, {0, 0, 1}}, 1},
+  {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
+  {"label", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, 2, -0.050000000000000003, 0.050000000000000003},
-  {"Wcl", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, 4, 0, 0},
-  {"Wol", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, 4, 0, 0},
-  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, 0, 0, 0},
-  {"bol", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, 0, 0, 0},
-  {"Ui", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0}}, 4, 0, 0},
-  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, 4, 0, 0},
-  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, 4, 0, 0},
-  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 3}}, 4, 0, 0},
-  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 4}}, 4, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, 0, 0, 0},
-  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, 0, 0, 0},
-  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, 0, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, 0, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, 0, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 10, {0, {0}}, 4, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 11, {0, {0}}, 0, 0, 0},
+  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"Wcl", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wol", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bol", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Ui", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 4}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 11, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {1}}, {0, {0, 2}}, -1},
@@ -516,7 +516,7 @@ static const cavs_vertex_desc vertex[] = {
    twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager},
 };
 static const cavs_loss_desc losses[] = {
-  {0, 1},
+  {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 
 const cavs_desc twotype_desc = {

@@ -3,7 +3,7 @@
 #ifndef CAVS_MODEL_twotype_H
 #define CAVS_MODEL_twotype_H
 
-#include "cavs.h"
+#include "cavs_abi.h"
 
 extern const cavs_desc twotype_desc;
 

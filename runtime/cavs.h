@@ -1,5 +1,5 @@
-/* cavs.h: the one installed header of libcavs, and the ABI that cavsc's generated code
- * is written against.
+/* cavs.h: libcavs for an application. (What cavsc's generated code is written against,
+ * the descriptor types included, is cavs_abi.h, which this header includes.)
  *
  * A short tutorial. cavsc turns a model (man 5 vf) into C:
  *
@@ -7,7 +7,8 @@
  *
  * and an application trains it with libcavs:
  *
- *     #include "treelstm.h"
+ *     #include "cavs.h"                              // the application's API
+ *     #include "treelstm.h"                          // the model: treelstm_desc, its enums
  *     long dims[CAVS_MAX_DIMS];
  *     cavs_dims_default(&treelstm_desc, dims);
  *     dims[treelstm_dim_V] = vocab_size;             // dims bound from the data
