@@ -215,6 +215,8 @@ struct cavs_ctx {
                                 no children (level 0): values made only of gathered rows
                                 are zero there */
   struct cavs_model *model;
+  void *stream;              /* the backend's queue for what a stage launches (a CUDA
+                                target's kernels: its cudaStream_t); NULL on the CPU */
 };
 
 /* ---- entry points for generated code ---- */
