@@ -1,6 +1,7 @@
 /* backend_cpu.c: the CPU backend: a model's state in host memory (64-byte aligned),
  * the products through OpenBLAS, and the kernels of kernels.h in the model's precision.
  * Its operations are the row of backend.c's registry named "cpu". */
+#include "arith.h"
 #include "cv.h"
 
 #include <cblas.h>
@@ -12,21 +13,17 @@
 #define CV_NAME(x) x##_f
 #define R float
 #define CV_EXP cavs_exp_f
-#define CV_SQRT sqrtf
 #include "kernels.h"
 #undef R
 #undef CV_NAME
 #undef CV_EXP
-#undef CV_SQRT
 #define CV_NAME(x) x##_d
 #define R double
 #define CV_EXP exp
-#define CV_SQRT sqrt
 #include "kernels.h"
 #undef R
 #undef CV_NAME
 #undef CV_EXP
-#undef CV_SQRT
 
 #define DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 

@@ -1,6 +1,7 @@
 /* kernels.h: the CPU backend's kernels, written once and instantiated for float and for
- * double by backend_cpu.c (#define R, CV_NAME, CV_EXP and CV_SQRT, then #include). The
- * row kernels run over rows [r0, r0 + n) of the minibatch. */
+ * double by backend_cpu.c (#define R, CV_NAME and CV_EXP, then #include). The row
+ * kernels run over rows [r0, r0 + n) of the minibatch. The per-element formulas every
+ * backend shares (optimizer updates, loss gradients) are arith.h's. */
 
 static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
@@ -141,7 +142,7 @@ static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R
   for (int r = r0; r < r0 + n; r++) {
     if (!c->pushed[r]) continue;
     for (long j = 0; j < w; j++)
-      dp[(size_t)r * ldd + j] += (R)(scale * ((double)p[(size_t)r * ld + j] - (double)t[(size_t)r * ldt + j]));
+      dp[(size_t)r * ldd + j] += CV_NAME(cv_mse_grad)(p[(size_t)r * ld + j], t[(size_t)r * ldt + j], scale);
   }
 }
 
@@ -172,23 +173,14 @@ static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp,
     size_t len = sp[k].len;
     switch (o->kind) {
     case CAVS_SGD:
-      for (size_t i = 0; i < len; i++) p[i] -= lr * sc * g[i];
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr);
       break;
     case CAVS_ADAGRAD:
-      for (size_t i = 0; i < len; i++) {
-        R gi = sc * g[i];
-        m1[i] += gi * gi;
-        p[i] -= lr * gi / (R)(sqrt((double)m1[i]) + eps);
-      }
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_adagrad)(&p[i], &m1[i], sc * g[i], lr, eps);
       break;
     default: {
       R a1 = (R)b1, a2 = (R)b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2), e = (R)eps;
-      for (size_t i = 0; i < len; i++) {
-        R gi = sc * g[i];
-        m1[i] = a1 * m1[i] + (1 - a1) * gi;
-        m2[i] = a2 * m2[i] + (1 - a2) * gi * gi;
-        p[i] -= lr * (m1[i] * ic1) / (CV_SQRT(m2[i] * ic2) + e);
-      }
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_adam)(&p[i], &m1[i], &m2[i], sc * g[i], lr, a1, a2, ic1, ic2, e);
     }
     }
   }

@@ -1,10 +1,13 @@
-/* check_math.c: the elementwise functions of cavs.h that the fused loops call, against
+/* check_math.c: the elementwise functions of cavs_abi.h that the fused loops call, against
  * libm, over the whole float range and at its edges: NaN, infinities, results that
  * overflow or underflow (subnormal, then zero), and arguments near zero. Each value is
- * checked called alone and from a loop the compiler vectorizes, as generated code does. */
+ * checked called alone and from a loop the compiler vectorizes, as generated code does.
+ * Then the index arithmetic of runtime/arith.h, which a GPU's kernels run and no GPU
+ * here can: executed on the CPU. */
 #include <float.h>
 #include <stdint.h>
 
+#include "arith.h"
 #include "cavs.h"
 #include "testutil.h"
 
@@ -97,7 +100,49 @@ START_TEST(sigmoid_tanh_edges) {
 }
 END_TEST
 
+/* cv_cell: the threads of a launch over n rows and w columns, in blocks of b, cover
+ * every cell once and no other, for shapes that fill the last block and shapes that
+ * leave a tail. */
+START_TEST(cells_cover_a_row_block_once) {
+  static const long shapes[][3] = {{1, 1, 32}, {3, 5, 32}, {64, 256, 256}, {7, 33, 128}, {1, 1000, 256}, {300, 1, 64}};
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    long n = shapes[s][0], w = shapes[s][1], b = shapes[s][2], r0 = 17;
+    long blocks = (n * w + b - 1) / b;
+    unsigned char *seen = calloc((size_t)(n * w), 1);
+    long hits = 0;
+    for (long t = 0; t < blocks * b; t++) {
+      long row = -1, col = -1;
+      if (!cv_cell(t, r0, n, w, &row, &col)) continue;
+      ck_assert(row >= r0 && row < r0 + n && col >= 0 && col < w);
+      ck_assert_int_eq(seen[(row - r0) * w + col]++, 0);
+      hits++;
+    }
+    ck_assert_int_eq(hits, n * w);
+    long row, col;
+    ck_assert(!cv_cell(-1, r0, n, w, &row, &col));
+    ck_assert(!cv_cell(0, r0, n, 0, &row, &col));
+    free(seen);
+  }
+}
+END_TEST
+
+/* cv_span_of: the span of every flat index, against a linear search, with empty spans
+ * among them. */
+START_TEST(spans_by_bisection) {
+  static const size_t len[] = {3, 0, 1, 7, 0, 0, 2, 5, 1};
+  enum { NS = sizeof len / sizeof *len };
+  size_t start[NS + 1] = {0};
+  for (int k = 0; k < NS; k++) start[k + 1] = start[k] + len[k];
+  for (size_t i = 0; i < start[NS]; i++) {
+    int want = 0;
+    while (!(start[want] <= i && i < start[want + 1])) want++;
+    ck_assert_int_eq(cv_span_of(start, NS, i), want);
+  }
+}
+END_TEST
+
 int main(void) {
+  
   Suite *s = suite_create("math");
   TCase *tc = tcase_create("exp");
   tcase_add_test(tc, exp_special_values);
@@ -105,6 +150,10 @@ int main(void) {
   tcase_add_test(tc, exp_tiny_arguments);
   tcase_add_test(tc, exp_whole_range);
   tcase_add_test(tc, sigmoid_tanh_edges);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("index arithmetic");
+  tcase_add_test(tc, cells_cover_a_row_block_once);
+  tcase_add_test(tc, spans_by_bisection);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

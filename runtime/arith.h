@@ -1,0 +1,59 @@
+/* arith.h: the arithmetic every backend shares, one element at a time, so a value on
+ * the CPU and on a GPU comes from the same formula: the optimizer updates, the loss
+ * gradients, and the map from a flat thread index to a (row, column) cell of a row
+ * block. CAVS_HD functions (cavs_abi.h): the CPU backend calls them in its loops
+ * (kernels.h), a CUDA backend in its kernels; the tests run them on the CPU. Written
+ * once for float and once for double by CV_ARITH. */
+#ifndef CV_ARITH_H
+#define CV_ARITH_H
+
+#include "cavs_abi.h"
+
+/* Thread t of a launch over the n rows [r0, r0 + n) and w columns of a row block: its
+ * row and column, and 1 when it has a cell (t < n * w), else 0 (the grid's tail). */
+static inline CAVS_HD int cv_cell(long t, long r0, long n, long w, long *row, long *col) {
+  if (t < 0 || w <= 0 || t >= n * w) return 0;
+  *row = r0 + t / w;
+  *col = t % w;
+  return 1;
+}
+
+/* The span of a flat index i among spans laid end to end (start[k] = where span k
+ * begins in the concatenation, start[ns] = the total): the k with start[k] <= i <
+ * start[k+1], by bisection. */
+static inline CAVS_HD int cv_span_of(const size_t *start, int ns, size_t i) {
+  int lo = 0, hi = ns; /* start[lo] <= i < start[hi] */
+  while (hi - lo > 1) {
+    int mid = lo + (hi - lo) / 2;
+    if (start[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+#define CV_ARITH(R, S)                                                                           \
+  /* SGD: p -= lr g */                                                                          \
+  static inline CAVS_HD void cv_sgd_##S(R *p, R g, R lr) { *p -= lr * g; }                       \
+  /* Adagrad: the squares summed in m1 */                                                       \
+  static inline CAVS_HD void cv_adagrad_##S(R *p, R *m1, R g, R lr, double eps) {              \
+    *m1 += g * g;                                                                               \
+    *p -= lr * g / (R)(sqrt((double)*m1) + eps);                                                \
+  }                                                                                             \
+  /* Adam with bias correction: ic1 = 1/(1 - b1^t), ic2 = 1/(1 - b2^t) */                       \
+  static inline CAVS_HD void cv_adam_##S(R *p, R *m1, R *m2, R g, R lr, R a1, R a2, R ic1, R ic2, \
+                                         R e) {                                                 \
+    *m1 = a1 * *m1 + (1 - a1) * g;                                                              \
+    *m2 = a2 * *m2 + (1 - a2) * g * g;                                                          \
+    *p -= lr * (*m1 * ic1) / (CV_ARITH_SQRT_##S(*m2 * ic2) + e);                                \
+  }                                                                                             \
+  /* d(mean squared error)/dp of one element: scale = loss_scale * 2 / (count * width) */      \
+  static inline CAVS_HD R cv_mse_grad_##S(R p, R t, double scale) {                            \
+    return (R)(scale * ((double)p - (double)t));                                                \
+  }
+
+#define CV_ARITH_SQRT_f sqrtf
+#define CV_ARITH_SQRT_d sqrt
+CV_ARITH(float, f)
+CV_ARITH(double, d)
+
+#endif
