@@ -2,34 +2,66 @@
  * (cavs_abi.h), each of which hands its work to the model's backend. */
 #include "cv.h"
 
+#include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
 
-/* One row a backend, in the order `cavs_backend_name` lists them. */
-static const cv_backend *const backends[] = {
-    &cv_backend_cpu,
+/* The CUDA backend is a module of its own (cavs-cuda.so, built when configure finds
+ * nvcc), loaded the first time a model asks for it: a CPU-only build, or a machine
+ * without the CUDA libraries, never links them. $CAVS_CUDA_MODULE names another copy
+ * (the build tree's, for the tests); like LD_LIBRARY_PATH, it is the user's own
+ * environment, not input. */
+#ifdef CAVS_CUDA_MODULE
+static const cv_backend *cuda_module(char *msg, size_t len) {
+  static const cv_backend *loaded;
+  if (loaded) return loaded;
+  const char *path = getenv("CAVS_CUDA_MODULE");
+  if (!path || !*path) path = CAVS_CUDA_MODULE;
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(msg, len, "the CUDA backend cannot be loaded: %s", dlerror());
+    return NULL;
+  }
+  loaded = dlsym(h, "cv_backend_cuda");
+  if (!loaded) snprintf(msg, len, "the CUDA backend cannot be loaded: %s has no cv_backend_cuda", path);
+  return loaded;
+}
+#endif
+
+static const cv_backend *cpu(char *msg, size_t len) { return &cv_backend_cpu; }
+
+/* One row a backend, in the order `cavs_backend_name` lists them: a name, and how to
+ * get its operations (NULL, with the reason in msg, when they cannot be had). */
+static const struct {
+  const char *name;
+  const cv_backend *(*get)(char *msg, size_t len);
+} backends[] = {
+    {"cpu", cpu},
+#ifdef CAVS_CUDA_MODULE
+    {"cuda", cuda_module},
+#endif
 };
 enum { NBACKENDS = sizeof backends / sizeof *backends };
 
 int cavs_backend_count(void) { return NBACKENDS; }
 
-const char *cavs_backend_name(int i) { return i >= 0 && i < NBACKENDS ? backends[i]->name : NULL; }
+const char *cavs_backend_name(int i) { return i >= 0 && i < NBACKENDS ? backends[i].name : NULL; }
 
-const cv_backend *cv_backend_find(const char *name) {
+const cv_backend *cv_backend_find(const char *name, char *msg, size_t len) {
   for (int i = 0; i < NBACKENDS; i++)
-    if (!strcmp(name, backends[i]->name)) return backends[i];
+    if (!strcmp(name, backends[i].name)) return backends[i].get(msg, len);
+  char list[256] = "";
+  for (int i = 0; i < NBACKENDS; i++)
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", backends[i].name);
+  if (!strcmp(name, "cuda"))
+    snprintf(msg, len, "this libcavs was built without the CUDA backend (backends: %s)", list);
+  else snprintf(msg, len, "unknown backend '%s' (backends: %s)", name, list);
   return NULL;
 }
 
 int cavs_backend_probe(const char *name, char *msg, size_t len) {
-  const cv_backend *b = cv_backend_find(name);
-  if (b) return b->probe(msg, len);
-  char list[256] = "";
-  for (int i = 0; i < NBACKENDS; i++)
-    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", backends[i]->name);
-  if (!strcmp(name, "cuda"))
-    snprintf(msg, len, "this libcavs was built without the CUDA backend (backends: %s)", list);
-  else snprintf(msg, len, "unknown backend '%s' (backends: %s)", name, list);
-  return -1;
+  const cv_backend *b = cv_backend_find(name, msg, len);
+  return b ? b->probe(msg, len) : -1;
 }
 
 const char *cavs_model_backend(const cavs_model *m) { return m->be->name; }

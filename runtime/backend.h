@@ -14,7 +14,8 @@
  *
  * Adding a backend: one file in runtime/ that defines a cv_backend, one row in the
  * registry in backend.c (under the configure conditional that builds the file), and the
- * file in Makefile.am. */
+ * file in Makefile.am. A backend that needs libraries a CPU-only machine lacks is built
+ * as a module, loaded by its registry row (as CUDA's is). */
 #ifndef CV_BACKEND_H
 #define CV_BACKEND_H
 
@@ -34,14 +35,16 @@ typedef struct cv_span {
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */
   const char *about; /* one line for the user: "host memory, OpenBLAS" */
-  /* the generated C target's loops dereference state pointers on the host: only a
-     backend with host memory can run them */
-  bool host_memory;
+  /* the cavsc target whose code runs on it (enum cavs_target): the C target's loops
+     dereference state on the host, the CUDA target's launch kernels */
+  int target;
   /* 0 when it can run on this machine; else -1 with the reason in msg */
   int (*probe)(char *msg, size_t len);
   /* a model is being made on it: apply the options (threads); -1 with the message in
      the model (cv_fail) */
   int (*open)(cavs_model *m, const cavs_model_opts *o);
+  /* the model is being freed: release what open made (m->bs) */
+  void (*close)(cavs_model *m);
 
   /* ---- memory ---- */
   void *(*alloc)(size_t bytes); /* 64-byte aligned, uninitialised; NULL on failure */
@@ -51,8 +54,9 @@ typedef struct cv_backend {
   void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
   /* the schedule of a minibatch is complete in the model's host arrays */
   int (*schedule)(cavs_model *m);
-  /* every operation issued has finished (losses and predictions are readable) */
-  void (*synchronize)(cavs_model *m);
+  /* every operation issued has finished (losses and predictions are readable in the
+     model's host arrays); -1 with the message in the model when one of them failed */
+  int (*synchronize)(cavs_model *m);
 
   /* ---- compute: the calls of cavs_abi.h, with the same arguments ---- */
   void (*gemm)(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
@@ -76,11 +80,12 @@ typedef struct cv_backend {
                   int r0, int n, long w);
 
   /* ---- whole-model operations ---- */
-  /* One optimizer step over the spans of the flat blocks (m->pflat, gflat, m1, m2):
+  /* One optimizer step over the spans of the flat blocks (m->pflat, gflat, m1, m2), -1
+     with the message in the model when it failed:
      weight decay, global-norm clipping, then o->kind's update with the step count in
      m->step; b1, b2, eps are resolved (no zeros). */
-  void (*step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int nspans, double b1, double b2,
-               double eps);
+  int (*step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int nspans, double b1, double b2,
+              double eps);
   /* The index of the first NaN or infinity among n scalars of the model's precision at
      p, or -1. */
   long (*first_bad)(cavs_model *m, const void *p, size_t n);
@@ -88,7 +93,8 @@ typedef struct cv_backend {
 
 extern const cv_backend cv_backend_cpu;
 
-/* The backend of that name in this build, or NULL. */
-const cv_backend *cv_backend_find(const char *name);
+/* The backend of that name in this build, loaded if it is a module; else NULL with the
+ * reason in msg (an unknown name, a backend not built, a module that cannot load). */
+const cv_backend *cv_backend_find(const char *name, char *msg, size_t len);
 
 #endif

@@ -48,8 +48,9 @@ static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~
 static void cpu_release(void *p) { free(p); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_close(cavs_model *m) {}
 static int cpu_schedule(cavs_model *m) { return 0; }
-static void cpu_synchronize(cavs_model *m) {}
+static int cpu_synchronize(cavs_model *m) { return 0; }
 
 static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                      const void *b, long ldb, double beta, void *cm, long ldc) {
@@ -162,10 +163,11 @@ static void cpu_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const voi
   else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
 }
 
-static void cpu_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
-                     double eps) {
+static int cpu_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
+                    double eps) {
   if (m->esize == 8) step_d(m, o, sp, ns, b1, b2, eps);
   else step_f(m, o, sp, ns, b1, b2, eps);
+  return 0;
 }
 
 static long cpu_first_bad(cavs_model *m, const void *p, size_t n) {
@@ -175,9 +177,10 @@ static long cpu_first_bad(cavs_model *m, const void *p, size_t n) {
 const cv_backend cv_backend_cpu = {
     .name = "cpu",
     .about = "host memory, OpenBLAS",
-    .host_memory = true,
+    .target = CAVS_TARGET_C,
     .probe = cpu_probe,
     .open = cpu_open,
+    .close = cpu_close,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .zero = cpu_zero,

@@ -161,8 +161,12 @@ typedef struct cavs_loss_desc {
   int input; /* target input */
 } cavs_loss_desc;
 
+/* What cavsc wrote the stages in: it decides the backends that can run them. */
+enum cavs_target { CAVS_TARGET_C, CAVS_TARGET_CUDA };
+
 typedef struct cavs_desc {
   int abi;
+  int target; /* enum cavs_target */
   const char *name;
   const char *source;      /* the .vf file it was compiled from */
   const char *source_hash; /* FNV-1a of the source text, hex */

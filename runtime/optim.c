@@ -99,6 +99,5 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   int ns;
   cv_span *sp = spans(m, &ns);
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
-  m->be->step(m, o, sp, ns, b1, b2, eps);
-  return 0;
+  return m->be->step(m, o, sp, ns, b1, b2, eps);
 }

@@ -244,7 +244,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
         m->be->zero((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, (size_t)m->type_n[t] * w);
     d->push_fwd(c, 0, N);
   }
-  m->be->synchronize(m); /* the losses and predictions are complete */
+  if (m->be->synchronize(m)) return -1; /* the losses and predictions are complete */
   if (st) {
     memset(st, 0, sizeof *st);
     for (int l = 0; l < d->nlosses; l++) {
@@ -303,6 +303,7 @@ void cavs_model_backward(cavs_model *m) {
   }
   c->leaf_rows = 0;
   if (d->pull_bwd) d->pull_bwd(c, 0, N);
+  /* a failure shows in the next call that returns a status (the step, a forward pass) */
   m->be->synchronize(m);
 }
 

@@ -134,9 +134,12 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     return NULL;
   }
   const char *bname = o && o->backend && *o->backend ? o->backend : "cpu";
-  const cv_backend *be = cv_backend_find(bname);
-  if (!be || be->probe(err, errlen)) {
-    if (!be) cavs_backend_probe(bname, err, errlen);
+  const cv_backend *be = cv_backend_find(bname, err, errlen);
+  if (!be || be->probe(err, errlen)) return NULL;
+  if (d->target != be->target) {
+    const char *t = d->target == CAVS_TARGET_CUDA ? "cuda" : "c";
+    snprintf(err, errlen, "model '%s' was compiled for the %s target, which the %s backend cannot run (compile it with "
+             "cavsc --target=%s)", d->name, t, be->name, be->target == CAVS_TARGET_CUDA ? "cuda" : "c");
     return NULL;
   }
   for (int i = 0; i < d->ndims; i++) {
@@ -266,6 +269,7 @@ void cavs_model_free(cavs_model *m) {
   if (!m) return;
   const cavs_desc *d = m->d;
   const cv_backend *be = m->be;
+  be->close(m);
   for (int b = 0; b < d->nbufs; b++) {
     be->release(m->val ? m->val[b] : NULL);
     be->release(m->grad ? m->grad[b] : NULL);
