@@ -1,4 +1,4 @@
-/* driver.c: the `cavs` command, a thin CLI over libcavs (as jq's main.c is over libjq).
+/* main.c: the `cavs` command, a thin CLI over libcavs (as jq's main.c is over libjq).
  *
  *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
