@@ -1,0 +1,131 @@
+/* build.c: from a model argument to a loaded model descriptor. A .vf (or a checkpoint's
+ * embedded source) is compiled through cavsc and the system C compiler into the compile
+ * cache (cache.c) and loaded from there; a .so is the user's own build, dlopen'ed as
+ * given. Here too: where cavsc and cavs.h are found, and the C compiler's flags. */
+#include "driver.h"
+#include "cache.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *exe_dir(void) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return xstrdup(".");
+  buf[n] = 0;
+  char *slash = strrchr(buf, '/');
+  if (slash) *slash = 0;
+  return xstrdup(buf);
+}
+
+/* DIR/what or DIR/../what, where DIR holds this program (a build tree, where libtool
+ * puts the real binary in .libs/): the first that exists, or NULL. */
+static char *beside_exe(const char *what) {
+  char *dir = exe_dir();
+  const char *cands[] = {"%s/%s", "%s/../%s"};
+  for (int i = 0; i < 2; i++) {
+    char *p = fmt(cands[i], dir, what);
+    if (exists(p)) return p;
+    free(p);
+  }
+  return NULL;
+}
+
+/* cavsc and cavs.h: from the environment, beside this program, or where `make install`
+ * put them. */
+static const char *find_cavsc(void) {
+  const char *e = getenv("CAVSC");
+  if (e && *e) return e;
+  char *p = beside_exe("cavsc");
+  return p ? p : "cavsc";
+}
+
+static const char *find_include(void) {
+  const char *e = getenv("CAVS_INCLUDE");
+  if (e && *e) return e;
+  char *h = beside_exe("runtime/cavs.h");
+  if (h) {
+    *strrchr(h, '/') = 0;
+    return h;
+  }
+#ifdef CAVS_SRCDIR
+  if (exists(CAVS_SRCDIR "/runtime/cavs.h")) return CAVS_SRCDIR "/runtime";
+#endif
+#ifdef CAVS_INCLUDEDIR
+  return CAVS_INCLUDEDIR;
+#else
+  return "/usr/local/include";
+#endif
+}
+
+static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared",
+#ifdef CAVS_MODEL_NO_AVX512
+                                  "-mno-avx512f", /* a --enable-valgrind build: valgrind has no AVX-512 */
+#endif
+};
+
+static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect) {
+  const char *cc = getenv("CC");
+  return (CacheReq){.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc",
+                    .cflags = cc_flags, .ncflags = (int)(sizeof cc_flags / sizeof *cc_flags),
+                    .version = CAVS_VERSION, .text = text, .len = len, .name = name, .expect = expect};
+}
+
+/* Compiles source text (which cavsc's messages call `name`) through the cache and loads
+ * it; `expect`, when set, is the model name the text must define. */
+static Loaded load_vf(const char *name, const char *text, size_t len, const char *expect) {
+  Loaded L = {0};
+  CacheReq q = cache_req(name, text, len, expect);
+  char err[2048];
+  int rc = cache_load(&q, &L.desc, &L.name, err, sizeof err);
+  keep(L.name);
+  if (rc) {
+    if (*err) die(rc, "%s", err);
+    exit(rc);
+  }
+  L.source = xmalloc(len + 1);
+  memcpy(L.source, text, len);
+  L.source[len] = 0;
+  return L;
+}
+
+Loaded load_model_arg(const char *path) {
+  size_t n = strlen(path);
+  if (n > 3 && !strcmp(path + n - 3, ".so")) {
+    Loaded L = {0};
+    void *lib = dlopen(strchr(path, '/') ? path : fmt("./%s", path), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) die(1, "cannot load '%s': %s", path, dlerror());
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    char *name = xstrdup(base);
+    name[strlen(name) - 3] = 0;
+    const char *prefix = "lib";
+    if (!strncmp(name, prefix, 3) && !dlsym(lib, fmt("%s_desc", name))) name += 3;
+    L.desc = dlsym(lib, fmt("%s_desc", name));
+    if (!L.desc) die(1, "'%s' has no symbol %s_desc (build it from cavsc's MODEL.c)", path, name);
+    L.name = name;
+    return L;
+  }
+  size_t len;
+  char *text = slurp(path, &len);
+  if (!text) die(1, "cannot open '%s': %s", path, strerror(errno));
+  return load_vf(path, text, len, NULL);
+}
+
+/* For a checkpoint: the model's source is inside it. The checkpoint has been read and
+ * checked whole; its source is parsed and checked by cavsc (which writes nothing) before
+ * it is compiled, and it must define the model the checkpoint names. Nothing from the
+ * file becomes a path: the cache entry is named by a hash. */
+Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
+  const char *src = cavs_ckpt_source(k);
+  char *name = fmt("%s (the model source in the checkpoint)", ckpt_path);
+  CacheReq q = cache_req(name, src, strlen(src), cavs_ckpt_model(k));
+  char err[2048];
+  int rc = cache_check_source(&q, err, sizeof err);
+  if (rc == 1) die(1, "%s: the checkpoint's model source does not compile", ckpt_path);
+  if (rc) die(rc, "%s", err);
+  return load_vf(name, src, strlen(src), cavs_ckpt_model(k));
+}

@@ -1,0 +1,112 @@
+/* driver.h: what the files of the `cavs` command share; a section per file. Not
+ * installed, not part of libcavs. Exit status throughout: 0 success, 1 user error, 2
+ * internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
+#ifndef CAVS_DRIVER_H
+#define CAVS_DRIVER_H
+
+#include "cavs.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifndef CAVS_VERSION
+#define CAVS_VERSION "0.1.0"
+#endif
+
+/* ---- util.c ---- */
+
+extern const char *prog;
+/* how models are made: the backend (--device) and its threads (--threads) */
+extern cavs_model_opts model_opts; /* "cavs": the start of every message */
+
+_Noreturn void die(int status, const char *fmt, ...);
+/* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */
+_Noreturn void lib_die(const char *msg);
+double now(void);
+
+/* The keep list: every block allocated here stays reachable until the command exits.
+ * keep() adds one (and returns it); the x* functions and fmt() keep what they return. */
+void *keep(void *p);
+void *xmalloc(size_t n);
+char *xstrdup(const char *s);
+char *fmt(const char *f, ...);
+
+/* A whole file, NUL-terminated and kept; NULL (errno set) when it cannot be opened. */
+char *slurp(const char *path, size_t *len);
+bool exists(const char *path);
+
+/* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,
+ * none of the n `inputs` (what[i] names each in the message), in a directory that
+ * takes a new file. */
+void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n);
+
+/* ---- main.c: numbers on the command line ---- */
+
+long parse_long(const char *opt, const char *s, long lo, long hi);
+uint64_t parse_u64(const char *opt, const char *s);
+
+/* ---- build.c ---- */
+
+typedef struct Loaded {
+  const cavs_desc *desc;
+  char *source; /* the .vf text, NULL for a prebuilt .so */
+  char *name;
+} Loaded;
+
+/* A model named on the command line: a .so loaded as given, else a .vf compiled. */
+Loaded load_model_arg(const char *path);
+/* The model whose source a checkpoint (read and checked whole) carries. */
+Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path);
+
+/* ---- eval.c ---- */
+
+cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
+                        int grow);
+
+/* What a pass over data adds up to: the classification counts (softmax_xent losses) and
+ * every loss on its own, so that a regression loss never enters an accuracy and a model
+ * with several losses reports each. */
+enum { MAX_LOSSES = 64 };
+typedef struct Totals {
+  double batch_loss; /* the minibatches' mean losses, summed (training) */
+  int batches, nl;
+  long count, correct, root_count, root_correct, graphs;
+  double lsum[MAX_LOSSES];
+  long lcount[MAX_LOSSES], lcorrect[MAX_LOSSES];
+  double secs;
+} Totals;
+
+void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
+double total_loss(const Totals *t);
+double ratio(long a, long b);
+bool has_accuracy(const cavs_desc *d);
+void print_losses(FILE *f, const cavs_desc *d, const Totals *t);
+/* A forward pass over the whole dataset, `batch` graphs at a time. */
+void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
+
+int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict);
+int cmd_info(const char *path);
+
+/* ---- train.c ---- */
+
+typedef struct TrainOpts {
+  const char *model, *format, *train, *dev, *save, *resume, *log;
+  int epochs, batch, threads, quiet;
+  uint64_t seed;
+  cavs_optim optim;
+  const char *dimset[64];
+  int ndimset;
+  /* given on the command line (else a resume keeps the checkpoint's) */
+  bool set_kind, set_lr, set_clip, set_wd, set_batch;
+} TrainOpts;
+
+int cmd_train(TrainOpts *o);
+
+/* ---- gen.c ---- */
+
+/* argv[0] is "gen" */
+int cmd_gen(int argc, char **argv);
+
+#endif

@@ -1,0 +1,172 @@
+/* eval.c: the commands that read a checkpoint (eval, predict, info), and what training
+ * shares with them: loading a data file, and a pass over data that adds up the losses
+ * and accuracies (Totals) and prints them. */
+#include "driver.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- data ---- */
+
+cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
+                        int grow) {
+  char err[1024];
+  errno = 0;
+  cavs_dataset *s = keep(cavs_dataset_load(path, format, d, dims, v, grow, err, sizeof err));
+  if (!s) {
+    fprintf(stderr, "%s\n", err);
+    exit(errno == ENOMEM ? 2 : 1);
+  }
+  return s;
+}
+
+/* ---- a pass over data, added up ---- */
+
+void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
+  t->batch_loss += st->loss;
+  t->batches++;
+  t->count += st->count;
+  t->correct += st->correct;
+  t->root_count += st->root_count;
+  t->root_correct += st->root_correct;
+  t->graphs += k;
+  int n;
+  const cavs_loss_acc *a = cavs_model_losses(m, &n);
+  t->nl = n < MAX_LOSSES ? n : MAX_LOSSES;
+  for (int l = 0; l < t->nl; l++) {
+    t->lsum[l] += a[l].sum;
+    t->lcount[l] += a[l].count;
+    t->lcorrect[l] += a[l].correct;
+  }
+}
+
+/* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */
+double total_loss(const Totals *t) {
+  double s = 0;
+  for (int l = 0; l < t->nl; l++) s += t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0;
+  return s;
+}
+
+double ratio(long a, long b) { return b ? (double)a / (double)b : 0; }
+
+bool has_accuracy(const cavs_desc *d) {
+  for (int l = 0; l < d->nlosses; l++)
+    if (d->losses[l].kind == 0) return true;
+  return false;
+}
+
+/* " (softmax_xent 0.4312 acc 0.8123, mse 0.0200)" for a model with several losses. */
+void print_losses(FILE *f, const cavs_desc *d, const Totals *t) {
+  if (t->nl < 2) return;
+  fputs(" (", f);
+  for (int l = 0; l < t->nl; l++) {
+    bool xent = d->losses[l].kind == 0;
+    fprintf(f, "%s%s %.4f", l ? ", " : "", xent ? "softmax_xent" : "mse", (t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    if (xent) fprintf(f, " acc %.4f", ratio(t->lcorrect[l], t->lcount[l]));
+  }
+  fputc(')', f);
+}
+
+void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
+  memset(t, 0, sizeof *t);
+  int n = cavs_dataset_count(s);
+  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
+  double start = now();
+  for (int b = 0; b < n; b += batch) {
+    int k = 0;
+    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+    cavs_stats st;
+    errno = 0;
+    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
+    add_batch(t, m, &st, k);
+  }
+  t->secs = now() - start;
+  free(gs);
+}
+
+/* ---- eval, predict, info ---- */
+
+typedef struct CkptModel {
+  cavs_ckpt *ck;
+  Loaded L;
+  cavs_model *m;
+  cavs_vocab *v;
+} CkptModel;
+
+/* The model comes from the checkpoint's own source, or from --model (required for a
+ * checkpoint trained from a prebuilt .so); cavs_ckpt_apply checks that they match. */
+static CkptModel open_ckpt(const char *path, const char *model) {
+  CkptModel c = {0};
+  char err[1024];
+  c.ck = keep(cavs_ckpt_read(path, err, sizeof err));
+  if (!c.ck) die(1, "%s", err);
+  if (model) c.L = load_model_arg(model);
+  else if (!*cavs_ckpt_source(c.ck))
+    die(1, "%s: the checkpoint was trained from a built model library; name it with --model MODEL.so", path);
+  else c.L = load_from_ckpt(c.ck, path);
+  long dims[CAVS_MAX_DIMS] = {0};
+  if (cavs_ckpt_dims(c.ck, c.L.desc, dims, err, sizeof err)) die(1, "%s: %s", path, err);
+  errno = 0;
+  c.m = keep(cavs_model_new_opts(c.L.desc, dims, &model_opts, err, sizeof err));
+  if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
+  if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
+  c.v = keep(cavs_ckpt_vocab(c.ck));
+  if (!c.v) die(1, "%s: damaged vocabulary", path);
+  return c;
+}
+
+int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict) {
+  if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
+  CkptModel c = open_ckpt(ckpt, model);
+  if (!format) format = cavs_ckpt_state(c.ck)->format;
+  long dims[CAVS_MAX_DIMS] = {0};
+  for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
+  cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
+  if (!predict) {
+    Totals t;
+    evaluate(c.m, s, batch, &t);
+    printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
+    print_losses(stdout, c.L.desc, &t);
+    if (has_accuracy(c.L.desc))
+      printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
+             ratio(t.root_correct, t.root_count), t.root_count);
+    printf("  %.0f graphs/s\n", (double)t.graphs / t.secs);
+  } else {
+    int n = cavs_dataset_count(s);
+    const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
+    for (int b = 0; b < n; b += batch) {
+      int k = 0;
+      for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+      cavs_stats st;
+      errno = 0;
+      if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
+      for (int g = 0; g < k; g++) printf("%d\n", cavs_model_root_class(c.m, g));
+    }
+    free(gs);
+  }
+  cavs_dataset_free(s);
+  return 0;
+}
+
+int cmd_info(const char *path) {
+  if (!path) die(1, "info: usage: cavs info CKPT");
+  char err[1024];
+  cavs_ckpt *k = keep(cavs_ckpt_read(path, err, sizeof err));
+  if (!k) die(1, "%s", err);
+  const cavs_train_state *ts = cavs_ckpt_state(k);
+  cavs_vocab *v = keep(cavs_ckpt_vocab(k));
+  printf("checkpoint  %s\nmodel       %s (source hash %s, %s)\n", path, cavs_ckpt_model(k), cavs_ckpt_hash(k),
+         cavs_ckpt_precision(k) == CAVS_DOUBLE ? "double" : "float");
+  printf("dims       ");
+  for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
+  printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
+  if (ts->graphs_done) printf("interrupted %ld graphs into epoch %d\n", ts->graphs_done, ts->epoch + 1);
+  printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
+         ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr,
+         (unsigned long long)ts->seed);
+  if (ts->best >= 0) printf("best dev    %.4f (accuracy; dev loss for a model without a classifier)\n", ts->best);
+  cavs_vocab_free(v);
+  cavs_ckpt_free(k);
+  return 0;
+}

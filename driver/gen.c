@@ -1,0 +1,60 @@
+/* gen.c: cavs gen, synthetic data sets (the generators are libcavs's cavs_gen_*),
+ * written through a temporary file renamed into place. */
+#include "driver.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int cmd_gen(int argc, char **argv) {
+  if (argc < 2) die(1, "gen: usage: cavs gen toy|complete|random [--graphs N] [--leaves L] [--words W] [--seed S] [--dag] -o FILE");
+  const char *kind = argv[1], *out = NULL;
+  long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
+  uint64_t seed = 1;
+  int dag = 0;
+  static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
+                                     {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
+                                     {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'},
+                                     {0, 0, 0, 0}};
+  optind = 2;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
+    switch (ch) {
+    case 'n': graphs = parse_long("graphs", optarg, 1, 10000000); break;
+    case 'l': leaves = parse_long("leaves", optarg, 2, 1 << 20); break;
+    case 'w': words = parse_long("words", optarg, 1, 1000000); break;
+    case 's': seed = parse_u64("seed", optarg); break;
+    case 'c': classes = parse_long("classes", optarg, 1, 1000000); break;
+    case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
+    case 'g': dag = 1; break;
+    case 'o': out = optarg; break;
+    default: exit(1);
+    }
+  }
+  if (!out) die(1, "gen: -o FILE is required");
+  char *tmp = fmt("%s.tmpXXXXXX", out);
+  int fd = mkstemp(tmp);
+  if (fd < 0) die(1, "cannot write '%s': %s", out, strerror(errno));
+  mode_t mask = umask(0);
+  umask(mask);
+  fchmod(fd, 0666 & ~mask);
+  FILE *f = fdopen(fd, "w");
+  int rc;
+  if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
+  else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
+  else if (!strcmp(kind, "random"))
+    rc = cavs_gen_random(f, (int)graphs, (int)vertices, (int)words, (int)classes, dag, (uint64_t)seed);
+  else {
+    fclose(f);
+    unlink(tmp);
+    die(1, "gen: unknown kind '%s' (toy, complete, random)", kind);
+  }
+  if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
+    unlink(tmp);
+    die(1, "cannot write '%s': %s", out, strerror(errno));
+  }
+  return 0;
+}

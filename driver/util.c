@@ -1,0 +1,143 @@
+/* util.c: what every command of the `cavs` command leans on: dying with a message and
+ * the right status, the keep list that holds what a command allocates until it exits,
+ * whole files read into memory, and the checks an output path passes before a run
+ * writes anything. */
+#include "driver.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *prog = "cavs";
+cavs_model_opts model_opts;
+
+_Noreturn void die(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", prog);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(status);
+}
+
+double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A failure reported by libcavs: exit status 2 when memory ran out (the library sets
+ * errno to ENOMEM; errno is cleared before each call), 1 for anything else. */
+_Noreturn void lib_die(const char *msg) { die(errno == ENOMEM ? 2 : 1, "%s", msg); }
+
+/* ---- the keep list ---- */
+
+/* What the command allocates lives until it exits, as the compiler's arena does: each
+ * block is kept in this list, so that it stays reachable however the command ends (a
+ * die() deep in a call included), and the leak checker of the sanitizer build sees no
+ * leak. The large blocks (datasets, the model) are still freed when a command is done
+ * with them; a freed block left in the list is never touched again. */
+static void **kept;
+static size_t nkept, capkept;
+
+void *keep(void *p) {
+  if (!p) return NULL;
+  if (nkept == capkept) {
+    size_t cap = capkept ? 2 * capkept : 256;
+    void **k = realloc(kept, cap * sizeof *k);
+    if (!k) die(2, "out of memory");
+    kept = k;
+    capkept = cap;
+  }
+  kept[nkept++] = p;
+  return p;
+}
+
+void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) die(2, "out of memory");
+  return keep(p);
+}
+
+char *xstrdup(const char *s) {
+  char *p = strdup(s);
+  if (!p) die(2, "out of memory");
+  return keep(p);
+}
+
+char *fmt(const char *f, ...) {
+  va_list ap;
+  va_start(ap, f);
+  char *s = NULL;
+  if (vasprintf(&s, f, ap) < 0) die(2, "out of memory");
+  va_end(ap);
+  return keep(s);
+}
+
+/* ---- files ---- */
+
+char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 1 << 16, n = 0, got;
+  char *buf = malloc(cap + 1);
+  if (!buf) die(2, "out of memory");
+  while ((got = fread(buf + n, 1, cap - n, f)) > 0) {
+    n += got;
+    if (n < cap) continue;
+    char *b = realloc(buf, (cap *= 2) + 1);
+    if (!b) die(2, "out of memory reading '%s'", path);
+    buf = b;
+  }
+  fclose(f);
+  buf[n] = 0;
+  if (len) *len = n;
+  return keep(buf);
+}
+
+bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* ---- outputs ---- */
+
+/* The path with its directory resolved (the file itself need not exist yet). */
+static char *canon(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *dir = slash ? fmt("%.*s", (int)(slash - path), path) : xstrdup(".");
+  char *real = realpath(*dir ? dir : "/", NULL);
+  char *c = real ? fmt("%s/%s", real, slash ? slash + 1 : path) : xstrdup(path);
+  free(real);
+  free(dir);
+  return c;
+}
+
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  char *ca = canon(a), *cb = canon(b);
+  bool same = !strcmp(ca, cb);
+  free(ca);
+  free(cb);
+  return same;
+}
+
+/* An output of this run (--save, --log) must not be one of its inputs, nor a directory,
+ * and its directory must take a new file: found out before training, not after an
+ * epoch. */
+void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n) {
+  struct stat so;
+  if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "--%s %s: it is a directory", opt, out);
+  for (int i = 0; i < n; i++)
+    if (inputs[i] && same_file(out, inputs[i])) die(1, "--%s %s would overwrite %s, %s", opt, out, inputs[i], what[i]);
+  const char *slash = strrchr(out, '/');
+  char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - out), out) : xstrdup(".cavs-probe-XXXXXX");
+  int fd = mkstemp(probe);
+  if (fd < 0) die(1, "--%s %s: cannot write there: %s", opt, out, strerror(errno));
+  close(fd);
+  unlink(probe);
+  free(probe);
+}
