@@ -61,17 +61,34 @@ static const char *find_include(void) {
 #endif
 }
 
-static const char *cc_flags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared",
+/* The C compiler's flags for a model, the same for every build: these, then the words of
+ * $CAVS_MODEL_CFLAGS (split at blanks, without quoting: the environment is the user's
+ * own), which is how the tests add -Wall -Werror and the sanitizers. Every flag is part
+ * of the cache key, so a build with other flags is never reused. */
+static const char *const base_cflags[] = {"-std=c11", "-O3", "-march=native", "-fPIC", "-shared",
 #ifdef CAVS_MODEL_NO_AVX512
-                                  "-mno-avx512f", /* a --enable-valgrind build: valgrind has no AVX-512 */
+                                          "-mno-avx512f", /* a --enable-valgrind build: valgrind has no AVX-512 */
 #endif
 };
 
+static const char *const *model_cflags(int *n) {
+  int nbase = (int)(sizeof base_cflags / sizeof *base_cflags), k = 0;
+  const char *e = getenv("CAVS_MODEL_CFLAGS");
+  char *words = xstrdup(e ? e : "");
+  const char **flags = xmalloc(sizeof *flags * (nbase + strlen(words) / 2 + 1));
+  for (int i = 0; i < nbase; i++) flags[k++] = base_cflags[i];
+  for (char *save = NULL, *w = strtok_r(words, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) flags[k++] = w;
+  *n = k;
+  return flags;
+}
+
 static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect) {
   const char *cc = getenv("CC");
+  int ncflags;
+  const char *const *cflags = model_cflags(&ncflags);
   return (CacheReq){.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc",
-                    .cflags = cc_flags, .ncflags = (int)(sizeof cc_flags / sizeof *cc_flags),
-                    .version = CAVS_VERSION, .text = text, .len = len, .name = name, .expect = expect};
+                    .cflags = cflags, .ncflags = ncflags, .version = CAVS_VERSION, .text = text, .len = len,
+                    .name = name, .expect = expect};
 }
 
 /* Compiles source text (which cavsc's messages call `name`) through the cache and loads

@@ -98,13 +98,15 @@ static void hash_path(struct sha256_ctx *c, const char *path) {
   free(data);
 }
 
-/* The key: the source, the versions of everything that turns it into code, and the C
- * compiler and its flags. */
+/* The key: the source, the versions of everything that turns it into code, cavsc's
+ * precision, and the C compiler and its flags. */
 static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   struct sha256_ctx c;
   sha256_init(&c);
   hash_field(&c, META_MAGIC, strlen(META_MAGIC));
   hash_field(&c, q->version, strlen(q->version));
+  const char *prec = q->precision ? q->precision : "float";
+  hash_field(&c, prec, strlen(prec));
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
@@ -446,6 +448,84 @@ static void print_file(const char *path) {
   free(s);
 }
 
+int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
+  *err = 0;
+  *model = NULL;
+  int rc = 2;
+  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, **argv2 = NULL;
+  char *argv1[8];
+  int k = 0;
+  argv1[k++] = (char *)q->cavsc;
+  argv1[k++] = "-o";
+  argv1[k++] = (char *)dir;
+  argv1[k++] = "--source-name";
+  argv1[k++] = (char *)q->name;
+  if (q->precision) argv1[k++] = precf = fmt("--precision=%s", q->precision);
+  argv1[k++] = "-";
+  argv1[k] = NULL;
+  int st = run(argv1, q->text, q->len, NULL);
+  if (st != 0) {
+    if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
+    else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
+    else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
+    goto out;
+  }
+  name = find_c(dir);
+  if (!name || !cavs_is_identifier(name)) {
+    snprintf(err, errlen, "cavsc wrote no model C file into %s", dir);
+    goto out;
+  }
+  if (q->expect && strcmp(q->expect, name)) {
+    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, q->expect);
+    rc = 1;
+    goto out;
+  }
+  if (object) {
+    csrc = fmt("%s/%s.c", dir, name);
+    tso = fmt("%s/model.so", dir);
+    incf = fmt("-I%s", q->include);
+    ccerr = fmt("%s/cc.err", dir);
+    argv2 = malloc(sizeof *argv2 * ((size_t)q->ncflags + 6));
+    if (!argv2) {
+      snprintf(err, errlen, "out of memory");
+      goto out;
+    }
+    k = 0;
+    argv2[k++] = (char *)q->cc;
+    for (int i = 0; i < q->ncflags; i++) argv2[k++] = (char *)q->cflags[i];
+    argv2[k++] = incf;
+    argv2[k++] = csrc;
+    argv2[k++] = "-o";
+    argv2[k++] = tso;
+    argv2[k] = NULL;
+    st = run(argv2, NULL, 0, ccerr);
+    if (st != 0) {
+      if (st == 127 || st < 0) {
+        snprintf(err, errlen, "cannot run the C compiler '%s'; set CC to one", q->cc);
+        rc = 1;
+      } else {
+        fprintf(stderr, "cavs: the C compiler failed on the code cavsc generated from %s:\n", q->name);
+        print_file(ccerr);
+        snprintf(err, errlen, "the C compiler failed (status %d)", st);
+      }
+      goto out;
+    }
+    unlink(ccerr);
+  }
+  *model = name;
+  name = NULL;
+  rc = 0;
+out:
+  free(name);
+  free(csrc);
+  free(tso);
+  free(incf);
+  free(ccerr);
+  free(precf);
+  free(argv2);
+  return rc;
+}
+
 /* Builds into a fresh directory beside the entry and renames it into place. */
 static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
   char *tmp = fmt("%s/build-XXXXXX", root);
@@ -454,52 +534,11 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     free(tmp);
     return 1;
   }
-  int rc = 2;
-  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *metap = NULL;
-  char *argv1[] = {(char *)q->cavsc, "-o", tmp, "--source-name", (char *)q->name, "-", NULL};
-  int st = run(argv1, q->text, q->len, NULL);
-  if (st != 0) {
-    if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
-    else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
-    else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
-    goto out;
-  }
-  name = find_c(tmp);
-  if (!name || !cavs_is_identifier(name)) {
-    snprintf(err, errlen, "cavsc wrote no model C file into %s", tmp);
-    goto out;
-  }
-  if (q->expect && strcmp(q->expect, name)) {
-    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, q->expect);
-    rc = 1;
-    goto out;
-  }
-  csrc = fmt("%s/%s.c", tmp, name);
+  char *name = NULL, *tso = NULL, *metap = NULL;
+  int rc = cache_compile(q, tmp, true, &name, err, errlen);
+  if (rc) goto out;
+  rc = 2;
   tso = fmt("%s/model.so", tmp);
-  incf = fmt("-I%s", q->include);
-  ccerr = fmt("%s/cc.err", tmp);
-  char *argv2[32];
-  int k = 0;
-  argv2[k++] = (char *)q->cc;
-  for (int i = 0; i < q->ncflags && k < 26; i++) argv2[k++] = (char *)q->cflags[i];
-  argv2[k++] = incf;
-  argv2[k++] = csrc;
-  argv2[k++] = "-o";
-  argv2[k++] = tso;
-  argv2[k] = NULL;
-  st = run(argv2, NULL, 0, ccerr);
-  if (st != 0) {
-    if (st == 127 || st < 0) {
-      snprintf(err, errlen, "cannot run the C compiler '%s'; set CC to one", q->cc);
-      rc = 1;
-    } else {
-      fprintf(stderr, "cavs: the C compiler failed on the code cavsc generated from %s:\n", q->name);
-      print_file(ccerr);
-      snprintf(err, errlen, "the C compiler failed (status %d)", st);
-    }
-    goto out;
-  }
-  unlink(ccerr);
   /* whatever the umask, nobody else may write what will be loaded (a later load refuses
      an object writable by others) */
   chmod(tso, 0755);
@@ -535,10 +574,7 @@ out:
   remove_dir(tmp); /* nothing left when the rename happened */
   free(tmp);
   free(name);
-  free(csrc);
   free(tso);
-  free(incf);
-  free(ccerr);
   free(metap);
   return rc;
 }

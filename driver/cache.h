@@ -15,6 +15,7 @@ typedef struct CacheReq {
   const char *const *cflags;
   int ncflags;
   const char *version; /* of cavs: part of the key */
+  const char *precision; /* cavsc's --precision (NULL: float): part of the key */
   const char *text;    /* the model's source, handed to cavsc on its standard input */
   size_t len;
   const char *name;    /* what cavsc's messages and the generated code call the source */
@@ -28,6 +29,11 @@ char *cache_root(void);
 /* Runs cavsc on the source without writing anything: 0 when the model is valid, else 1
  * (cavsc's messages went to stderr) or 2 (cavsc could not run; err says why). */
 int cache_check_source(const CacheReq *q, char *err, size_t errlen);
+
+/* How a model is built: cavsc on the source, into `dir` (a new, empty directory), then,
+ * with `object`, the C compiler on the NAME.c it wrote, into dir/model.so. Returns 0 and sets *model to NAME (malloc'ed), or 1 or 2 as
+ * cache_load does, with the message in err (empty when cavsc already printed it). */
+int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);
 
 /* Compiles the source into the cache unless a verified build is there, and loads it.
  * Returns 0 and sets *desc and *model (the model's name, malloc'ed), or returns 1 for

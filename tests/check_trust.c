@@ -381,6 +381,33 @@ START_TEST(planted_or_broken_object_rebuilt) {
 }
 END_TEST
 
+/* The C compiler's flags are part of the key: a model built with more flags
+ * ($CAVS_MODEL_CFLAGS) gets its own entry, and one whose flags fail leaves none. */
+START_TEST(model_cflags_in_cache_key) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE"), *flags = tu_env("CAVS_MODEL_CFLAGS", "");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  tu_free(&r);
+  ck_assert_int_eq(entries(cache), 1);
+  char more[4096];
+  snprintf(more, sizeof more, "CAVS_MODEL_CFLAGS=%s -DCAVS_TEST_FLAG", flags);
+  char *e1[] = {more, NULL};
+  for (int i = 0; i < 2; i++) {
+    r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+    ok(&r, "eval with another flag");
+    tu_free(&r);
+    ck_assert_int_eq(entries(cache), 2); /* built the first time, reused the second */
+  }
+  snprintf(more, sizeof more, "CAVS_MODEL_CFLAGS=%s --no-such-option", flags);
+  r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "the C compiler failed"), "exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  ck_assert_int_eq(entries(cache), 2);
+}
+END_TEST
+
 /* Without CAVS_CACHE: $XDG_CACHE_HOME/cavs, then $HOME/.cache/cavs, each made 0700. */
 START_TEST(default_cache_is_per_user) {
   base_ckpt();
@@ -458,6 +485,7 @@ int main(void) {
   tcase_add_test(tc, crafted_fields_refused);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
+  tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
   suite_add_tcase(s, tc);
