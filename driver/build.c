@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -145,4 +146,56 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
   if (rc == 1) die(1, "%s: the checkpoint's model source does not compile", ckpt_path);
   if (rc) die(rc, "%s", err);
   return load_vf(name, src, strlen(src), cavs_ckpt_model(k));
+}
+
+/* ---- cavs build ---- */
+
+/* The one way to build a model outside the cache (the tests and `make generated` use it):
+ * cavsc's NAME.h and NAME.c and, unless --emit-only, NAME.so, compiled with the flags
+ * and the compiler a cache entry gets, into -o DIR (default .). Prints the path of
+ * NAME.so (NAME.c with --emit-only). */
+int cmd_build(int argc, char **argv) {
+  static const char usage[] = "build: usage: cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]";
+  const char *out = ".", *prec = NULL, *model = NULL;
+  bool emit_only = false;
+  static const struct option lo[] = {{"precision", 1, 0, 'p'}, {"emit-only", 0, 0, 'e'}, {"output", 1, 0, 'o'},
+                                     {0, 0, 0, 0}};
+  optind = 1;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
+    switch (ch) {
+    case 1:
+      if (model) die(1, "build: unexpected argument '%s'", optarg);
+      model = optarg;
+      break;
+    case 'p':
+      if (strcmp(optarg, "float") && strcmp(optarg, "double")) die(1, "--precision: '%s' is not float or double", optarg);
+      prec = optarg;
+      break;
+    case 'e': emit_only = true; break;
+    case 'o': out = optarg; break;
+    default: die(1, "%s", usage);
+    }
+  }
+  /* after `--`, getopt stops: what is left is the model */
+  for (; optind < argc; optind++) {
+    if (model) die(1, "build: unexpected argument '%s'", argv[optind]);
+    model = argv[optind];
+  }
+  if (!model) die(1, "%s", usage);
+  if (!*out) die(1, "build: -o needs a directory");
+  size_t len;
+  char *text = slurp(model, &len);
+  if (!text) die(1, "cannot open '%s': %s", model, strerror(errno));
+  CacheReq q = cache_req(model, text, len, NULL);
+  q.precision = prec;
+  char err[2048], *name = NULL;
+  int rc = cache_build_into(&q, out, !emit_only, &name, err, sizeof err);
+  keep(name);
+  if (rc) {
+    if (*err) die(rc, "%s", err);
+    exit(rc);
+  }
+  printf("%s/%s.%s\n", out, name, emit_only ? "c" : "so");
+  return 0;
 }

@@ -1,7 +1,9 @@
 /* cache.c: the compile cache of the `cavs` command. A model's source text goes to cavsc
  * on its standard input, the C it writes to the system C compiler, and the shared object
  * into a directory named by a SHA-256 key of everything that shaped it; later runs load
- * that object instead of compiling again.
+ * that object instead of compiling again. Those two steps (cache_compile) are the one way
+ * a model is built: `cavs build` runs them too, into a directory of the user's
+ * (cache_build_into).
  *
  * Loading native code is where an attacker on the same machine would aim, so nothing in
  * the cache is trusted until checked (docs/DESIGN.md, "Untrusted input"):
@@ -523,6 +525,71 @@ out:
   free(ccerr);
   free(precf);
   free(argv2);
+  return rc;
+}
+
+/* Removes `dir` and the directories above it, up to `made` (an ancestor of it, or itself,
+ * that this process created): what cache_build_into made when its build fails. */
+static void unmake_dirs(const char *dir, const char *made) {
+  char *p = fmt("%s", dir);
+  for (;;) {
+    rmdir(p);
+    char *slash = strrchr(p, '/');
+    if (strlen(p) <= strlen(made) || !slash) break;
+    *slash = 0;
+  }
+  free(p);
+}
+
+int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
+  *err = 0;
+  *model = NULL;
+  int rc = 1;
+  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL;
+  for (char *s = *p ? p + 1 : p;; s++) {
+    if (*s && *s != '/') continue;
+    char c = *s;
+    *s = 0;
+    if (mkdir(p, 0777) == 0) {
+      if (!made) made = fmt("%s", p);
+    } else if (errno != EEXIST) {
+      snprintf(err, errlen, "cannot create the directory '%s': %s", p, strerror(errno));
+      goto out;
+    }
+    *s = c;
+    if (!c) break;
+  }
+  /* built beside its place, so that a rename puts each file there whole */
+  tmp = fmt("%s/.cavs-build-XXXXXX", dir);
+  if (!mkdtemp(tmp)) {
+    snprintf(err, errlen, "cannot write into '%s': %s", dir, strerror(errno));
+    free(tmp);
+    tmp = NULL;
+    goto out;
+  }
+  rc = cache_compile(q, tmp, object, &name, err, errlen);
+  if (rc) goto out;
+  const char *from[] = {"%s/%s.h", "%s/%s.c", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.c", "%s/%s.so"};
+  for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
+    char *a = fmt(from[i], tmp, name), *b = fmt(to[i], dir, name);
+    if (rename(a, b)) {
+      snprintf(err, errlen, "cannot write '%s': %s", b, strerror(errno));
+      rc = 1;
+    }
+    free(a);
+    free(b);
+  }
+  if (!rc) {
+    *model = name;
+    name = NULL;
+  }
+out:
+  if (tmp) remove_dir(tmp);
+  if (rc && made) unmake_dirs(dir, made);
+  free(p);
+  free(made);
+  free(tmp);
+  free(name);
   return rc;
 }
 

@@ -1,5 +1,6 @@
 /* cache.h: the compile cache of the `cavs` command (cache.c): a model's source text in,
- * a loaded model descriptor out. Not part of libcavs: only the driver compiles models. */
+ * a loaded model descriptor out; and the build it runs, for `cavs build`. Not part of
+ * libcavs: only the driver compiles models. */
 #ifndef CAVS_CACHE_H
 #define CAVS_CACHE_H
 
@@ -34,6 +35,12 @@ int cache_check_source(const CacheReq *q, char *err, size_t errlen);
  * with `object`, the C compiler on the NAME.c it wrote, into dir/model.so. Returns 0 and sets *model to NAME (malloc'ed), or 1 or 2 as
  * cache_load does, with the message in err (empty when cavsc already printed it). */
 int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);
+
+/* What `cavs build` runs: the model compiled as cache_compile does, in a new directory
+ * inside `dir` (created with its parents when missing), then NAME.h, NAME.c and, with
+ * `object`, NAME.so renamed into `dir`. Returns as cache_compile does; when it fails,
+ * nothing it made is left. */
+int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);
 
 /* Compiles the source into the cache unless a verified build is there, and loads it.
  * Returns 0 and sets *desc and *model (the model's name, malloc'ed), or returns 1 for

@@ -17,9 +17,9 @@
 
 /* ---- util.c ---- */
 
-extern const char *prog;
+extern const char *prog; /* "cavs": the start of every message */
 /* how models are made: the backend (--device) and its threads (--threads) */
-extern cavs_model_opts model_opts; /* "cavs": the start of every message */
+extern cavs_model_opts model_opts;
 
 _Noreturn void die(int status, const char *fmt, ...);
 /* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */
@@ -59,6 +59,8 @@ typedef struct Loaded {
 Loaded load_model_arg(const char *path);
 /* The model whose source a checkpoint (read and checked whole) carries. */
 Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path);
+/* argv[0] is "build" */
+int cmd_build(int argc, char **argv);
 
 /* ---- eval.c ---- */
 

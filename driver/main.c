@@ -4,11 +4,12 @@
  *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
  *   cavs gen toy|complete|random [options] -o FILE        cavs info CKPT
+ *   cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]
  *
- * Each command has its file (train.c, eval.c, gen.c). A .vf model is compiled through
- * cavsc and the system C compiler into a shared object in the compile cache (build.c,
- * cache.c), then loaded. Exit status: 0 success, 1 user error, 2 internal error or
- * memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
+ * Each command has its file (train.c, eval.c, gen.c; build is in build.c). A .vf model
+ * is compiled through cavsc and the system C compiler into a shared object in the
+ * compile cache (build.c, cache.c), then loaded. Exit status: 0 success, 1 user error,
+ * 2 internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
 #include "driver.h"
 
 #include <errno.h>
@@ -71,6 +72,7 @@ static const char usage[] =
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
+    "       cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]\n"
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
@@ -94,6 +96,7 @@ int main(int argc, char **argv) {
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
+  if (!strcmp(cmd, "build")) return cmd_build(argc - 1, argv + 1);
   TrainOpts o = {.epochs = 10, .batch = 64, .threads = 2, .seed = 1,
                  .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
   const char *data = NULL, *format = NULL, *model_opt = NULL;
@@ -152,6 +155,7 @@ int main(int argc, char **argv) {
     positional = argv[optind];
   }
   if (!o.set_lr) o.optim.lr = cavs_optim_default_lr(o.optim.kind);
+  model_opts.threads = o.threads;
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;
@@ -161,5 +165,5 @@ int main(int argc, char **argv) {
     return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"));
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
-  die(1, "unknown command '%s' (train, eval, predict, gen, info)", cmd);
+  die(1, "unknown command '%s' (train, eval, predict, gen, info, build)", cmd);
 }

@@ -1,5 +1,5 @@
-/* check_docs.c: every manual page renders without warnings, and every example in the
- * pages that is a complete model compiles. */
+/* check_docs.c: every manual page renders without warnings, every example in the pages
+ * that is a complete model compiles, and cavs(1) describes what `cavs --help` lists. */
 #include "testutil.h"
 
 static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/libcavs.3", "man/vf.5", "man/cavs-data.5"};
@@ -109,6 +109,36 @@ START_TEST(report_in_manual_is_current) {
 }
 END_TEST
 
+/* Every command and every long option that `cavs --help` lists has its entry in cavs(1). */
+START_TEST(cavs_help_documented) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/man/cavs.1", tu_env("TOP_SRCDIR", "."));
+  char *page = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(page);
+  char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "--help", NULL};
+  RunResult r = tu_run(NULL, argv, 20);
+  ck_assert_int_eq(r.status, 0);
+  int commands = 0, options = 0;
+  char word[64], want[80];
+  for (const char *p = r.out; (p = strstr(p, "cavs ")); p += 5)
+    if (sscanf(p + 5, "%63[a-z]", word) == 1) {
+      snprintf(want, sizeof want, "\n.It Cm %s ", word);
+      ck_assert_msg(strstr(page, want), "cavs.1 has no entry for the command '%s'", word);
+      commands++;
+    }
+  for (const char *p = r.out; (p = strstr(p, "--")); p += 2)
+    if (sscanf(p + 2, "%63[a-z-]", word) == 1) {
+      snprintf(want, sizeof want, "Fl -%s", word);
+      ck_assert_msg(strstr(page, want), "cavs.1 does not describe --%s", word);
+      options++;
+    }
+  ck_assert_int_ge(commands, 6);
+  ck_assert_int_ge(options, 20);
+  tu_free(&r);
+  free(page);
+}
+END_TEST
+
 /* libcavs(3)'s example program compiles against the generated Tree-LSTM and runs. */
 START_TEST(library_example_runs) {
   const char *top = tu_env("TOP_SRCDIR", "."), *build = tu_env("BUILDDIR", ".");
@@ -162,6 +192,7 @@ int main(void) {
   tcase_add_test(tc, page_examples_compile);
   tcase_add_test(tc, report_in_manual_is_current);
   tcase_add_test(tc, library_example_runs);
+  tcase_add_test(tc, cavs_help_documented);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -1,7 +1,11 @@
 /* check_driver.c: the real `cavs` binary, as a user runs it: generate data, train, save,
  * evaluate, predict, resume bit for bit, refuse damaged or foreign checkpoints, honour
- * --dim, and the demo reaches the accuracy the README states. */
+ * --dim, build a model into a directory, and the demo reaches the accuracy the README
+ * states. */
+#include "cavs.h"
 #include "cli.h"
+
+#include <dlfcn.h>
 
 static void gen_data(void) {
   static bool done;
@@ -557,6 +561,91 @@ START_TEST(prebuilt_library) {
 }
 END_TEST
 
+/* cavs build: cavsc's two files and the shared object, which loads and makes a model;
+ * --emit-only writes what cavsc writes and nothing more; a bad model, option or flag
+ * leaves nothing behind. */
+START_TEST(build_into_a_directory) {
+  char out[4400], so[4500];
+  snprintf(out, sizeof out, "%s", path_in("built/sub"));
+  RunResult r = cavs("build", model("treegru.vf"), "--precision", "double", "-o", out, NULL);
+  ok(&r, "build");
+  snprintf(so, sizeof so, "%s/treegru.so\n", out);
+  ck_assert_str_eq(r.out, so);
+  tu_free(&r);
+  ck_assert_int_eq(entries(out), 3);
+  so[strlen(so) - 1] = 0;
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treegru_desc");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_str_eq(d->name, "treegru");
+  ck_assert_int_eq(d->precision, CAVS_DOUBLE);
+  long dims[CAVS_MAX_DIMS] = {0};
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++)
+    if (dims[i] <= 0) dims[i] = 10; /* the vocabulary */
+  char err[256];
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  cavs_model_free(m);
+  /* --emit-only: the very files cavsc writes, and no object */
+  r = cavs("build", "--emit-only", model("treegru.vf"), "-o", path_in("emitted"), NULL);
+  ok(&r, "build --emit-only");
+  char want[4400];
+  snprintf(want, sizeof want, "%s/treegru.c\n", path_in("emitted"));
+  ck_assert_str_eq(r.out, want);
+  tu_free(&r);
+  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "-o", path_in("by-cavsc"), model("treegru.vf"), NULL};
+  r = tu_run(NULL, argv, 60);
+  ok(&r, "cavsc");
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("emitted")), 2);
+  const char *ext[] = {"c", "h"};
+  for (int k = 0; k < 2; k++) {
+    char a[4400], b[4400];
+    snprintf(a, sizeof a, "%s/treegru.%s", path_in("emitted"), ext[k]);
+    snprintf(b, sizeof b, "%s/treegru.%s", path_in("by-cavsc"), ext[k]);
+    char *ta = tu_slurp(a, NULL), *tb = tu_slurp(b, NULL);
+    ck_assert_msg(ta && tb && !strcmp(ta, tb), "%s differs from cavsc's %s", a, b);
+    free(ta);
+    free(tb);
+  }
+  /* a mistake in the model: cavsc's message, and no directory made */
+  tu_write(path_in("wrong.vf"), "model m;\ndim H = 4\n", strlen("model m;\ndim H = 4\n"));
+  r = cavs("build", path_in("wrong.vf"), "-o", path_in("never/made"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "wrong.vf:2:10: error:"), "%s", tu_tail(r.err, 1800));
+  ck_assert_str_eq(r.out, "");
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("never")), -1);
+  /* nor anything in a directory that was there */
+  r = cavs("build", path_in("wrong.vf"), "-o", out, NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+  ck_assert_int_eq(entries(out), 3);
+  /* flags the C compiler refuses: status 2, and nothing left either */
+  char *bad_flags[] = {"CAVS_MODEL_CFLAGS=--no-such-option", NULL};
+  r = cavs_env(bad_flags, "build", model("treegru.vf"), "-o", path_in("never/made"), NULL);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "the C compiler failed"), "exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("never")), -1);
+  /* options */
+  const char *bad[][3] = {{"--frobnicate", NULL}, {"--precision", "half"}, {"-o", ""}, {NULL}};
+  for (int i = 0; bad[i][0]; i++) {
+    r = cavs("build", model("treegru.vf"), bad[i][0], bad[i][1], NULL);
+    ck_assert_msg(r.status == 1 && *r.err, "build %s: exit %d %s", bad[i][0], r.status, tu_tail(r.err, 1800));
+    ck_assert_str_eq(r.out, "");
+    tu_free(&r);
+  }
+  r = cavs("build", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "usage: cavs build"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("build", model("treegru.vf"), model("treefc.vf"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "unexpected argument"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* The README's demo: the toy treebank and the Tree-LSTM, as `make demo` runs them. The
  * README states all-node accuracy above 0.90 and root accuracy above 0.70. */
 START_TEST(demo_reaches_stated_accuracy) {
@@ -604,6 +693,7 @@ int main(void) {
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);
+  tcase_add_test(tc, build_into_a_directory);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);

@@ -7,7 +7,6 @@
 #include "cavs.h"
 #include "cli.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdint.h>
 
@@ -16,17 +15,6 @@ static void sh(const char *cmd) {
   RunResult r = tu_run(NULL, argv, 120);
   ck_assert_msg(r.status == 0, "%s: exit %d\n%s%s", cmd, r.status, tu_tail(r.out, 1800), tu_tail(r.err, 1800));
   tu_free(&r);
-}
-
-/* Entries in a directory, "." and ".." aside; -1 when it does not exist. */
-static int entries(const char *path) {
-  DIR *d = opendir(path);
-  if (!d) return -1;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d))) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-  closedir(d);
-  return n;
 }
 
 /* A small trained checkpoint, made once. */

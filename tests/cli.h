@@ -1,10 +1,13 @@
 /* cli.h: helpers for the suites that run the `cavs` binary as a user does (check_driver,
  * check_trust): a scratch directory with the compile cache in it, paths there and in the
- * examples, and cavs run with a time limit (and, for one run, a changed environment). */
+ * examples, cavs run with a time limit (and, for one run, a changed environment), and
+ * what a directory holds. */
 #ifndef CLI_H
 #define CLI_H
 
 #include "testutil.h"
+
+#include <dirent.h>
 
 static const char *cavs_bin;
 static char *dir;      /* scratch for this run */
@@ -66,6 +69,17 @@ static inline RunResult cavs_env(char *const env[], const char *first, ...) {
   return r;
 }
 #define cavs(...) cavs_env(NULL, __VA_ARGS__)
+
+/* Entries in a directory, "." and ".." aside; -1 when it does not exist. */
+static inline int entries(const char *path) {
+  DIR *d = opendir(path);
+  if (!d) return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+  closedir(d);
+  return n;
+}
 
 static inline void ok(RunResult *r, const char *what) {
   ck_assert_msg(r->status == 0, "%s: exit %d\n%s%s", what, r->status, tu_tail(r->out, 1800), tu_tail(r->err, 1800));
