@@ -1,6 +1,7 @@
-/* engine.h: test helpers for generated models. A model is compiled the way a user's
- * would be (cavsc, then the system C compiler into a shared object) and loaded with
- * dlopen; graphs are made in memory. */
+/* engine.h: test helpers for generated models. A model is built by `cavs build`, the one
+ * way the project builds a model (cavsc, then the C compiler with the driver's flags, and
+ * whatever make check adds through CAVS_MODEL_CFLAGS), and loaded with dlopen; graphs are
+ * made in memory. */
 #ifndef ENGINE_H
 #define ENGINE_H
 
@@ -11,8 +12,8 @@
 #include <math.h>
 #include <stdbool.h>
 
-/* Compiles `vf` (a path, or source text when it does not end in .vf) at `prec` and
- * returns its descriptor. */
+/* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
+ * `prec` and returns its descriptor. */
 static inline const cavs_desc *load_model(const char *vf, const char *prec) {
   static int serial;
   char *dir = tu_tmpdir();
@@ -24,35 +25,17 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
     snprintf(src, sizeof src, "%s/model%d.vf", dir, serial++);
     tu_write(src, vf, n);
   }
-  char precopt[64];
-  snprintf(precopt, sizeof precopt, "--precision=%s", prec);
-  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), precopt, "-o", dir, src, NULL};
-  RunResult r = tu_run(NULL, argv, 30);
-  ck_assert_msg(r.status == 0, "cavsc failed on %s:\n%s", vf, r.err);
+  char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "build", "--precision", (char *)prec, "-o", dir, src, NULL};
+  RunResult r = tu_run(NULL, argv, 120);
+  ck_assert_msg(r.status == 0, "cavs build failed on %s:\n%s%s", vf, tu_tail(r.out, 1000), tu_tail(r.err, 1800));
+  /* it prints DIR/NAME.so */
+  char so[4400], sym[300];
+  snprintf(so, sizeof so, "%.*s", (int)strcspn(r.out, "\n"), r.out);
   tu_free(&r);
-  /* the model's name: the generated .c file in dir */
-  char cmd[16384], name[256] = {0};
-  snprintf(cmd, sizeof cmd, "cd %s && ls *.c", dir);
-  FILE *p = popen(cmd, "r");
-  ck_assert(p && fgets(name, sizeof name, p));
-  pclose(p);
-  name[strcspn(name, ".\n")] = 0;
-  char csrc[4400], so[4400], inc[4400];
-  snprintf(csrc, sizeof csrc, "%s/%s.c", dir, name);
-  snprintf(so, sizeof so, "%s/%s.so", dir, name);
-  snprintf(inc, sizeof inc, "-I%s/runtime", tu_env("TOP_SRCDIR", "."));
-  char *cc[] = {"/bin/sh", "-c", NULL, NULL};
-  /* the generated code checked as the runtime is, when it is built with sanitizers */
-  snprintf(cmd, sizeof cmd, "%s -std=c11 -O2 -fPIC -shared -Wall -Werror %s %s %s -o %s", tu_env("CC", "cc"),
-           tu_env("SAN_CFLAGS", ""), inc, csrc, so);
-  cc[2] = cmd;
-  r = tu_run(NULL, cc, 120);
-  ck_assert_msg(r.status == 0, "the C compiler failed on %s:\n%s%s", csrc, r.out, r.err);
-  tu_free(&r);
+  const char *base = strrchr(so, '/') + 1;
+  snprintf(sym, sizeof sym, "%.*s_desc", (int)(strlen(base) - 3), base);
   void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
   ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
-  char sym[300];
-  snprintf(sym, sizeof sym, "%s_desc", name);
   const cavs_desc *d = dlsym(h, sym);
   ck_assert_msg(d != NULL, "no %s in %s", sym, so);
   /* the object stays loaded for the life of the test process; its files can go now */
