@@ -199,3 +199,22 @@ int cmd_build(int argc, char **argv) {
   printf("%s/%s.%s\n", out, name, emit_only ? "c" : "so");
   return 0;
 }
+
+void check_device(const char *name) {
+  if (!name) return;
+  bool known = false;
+  char list[256] = "";
+  for (int i = 0; i < cavs_backend_count(); i++) {
+    known |= !strcmp(name, cavs_backend_name(i));
+    snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", cavs_backend_name(i));
+  }
+  char why[512];
+  if (!known && strcmp(name, "cuda")) die(1, "unknown device '%s' (devices: %s)", name, list);
+  if (cavs_backend_probe(name, why, sizeof why)) die(1, "device '%s' cannot be used: %s", name, why);
+}
+
+void say_device(FILE *f, const cavs_model *m) {
+  fprintf(f, "device: %s", cavs_model_backend(m));
+  if (model_opts.threads > 0 && !strcmp(cavs_model_backend(m), "cpu")) fprintf(f, ", %d threads", model_opts.threads);
+  fputc('\n', f);
+}

@@ -112,10 +112,12 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
-     reuse an old build */
-  char *h = fmt("%s/cavs.h", q->include);
-  hash_path(&c, h);
-  free(h);
+     reuse an old build: cavs_abi.h is what the generated code includes */
+  for (int i = 0; i < 2; i++) {
+    char *h = fmt("%s/%s", q->include, i ? "cavs_abi.h" : "cavs.h");
+    hash_path(&c, h);
+    free(h);
+  }
   /* the compiler's own bytes: a path as given, or the first match in PATH */
   if (strchr(q->cavsc, '/')) {
     hash_path(&c, q->cavsc);

@@ -123,6 +123,8 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   long dims[CAVS_MAX_DIMS] = {0};
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
   cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
+  /* a prediction's standard output is its data */
+  say_device(predict ? stderr : stdout, c.m);
   if (!predict) {
     Totals t;
     evaluate(c.m, s, batch, &t);

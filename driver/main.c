@@ -77,6 +77,7 @@ static const char usage[] =
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
     "  --threads N  --max-memory SIZE  --log FILE  --quiet\n"
+    "train, eval and predict: --device NAME (cpu; cuda where built and a GPU is present)\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -105,7 +106,8 @@ int main(int argc, char **argv) {
       {"batch", 1, 0, 'b'}, {"optimizer", 1, 0, 'O'}, {"lr", 1, 0, 'l'}, {"clip", 1, 0, 'c'},
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
-      {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {0, 0, 0, 0}};
+      {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
+      {0, 0, 0, 0}};
   optind = 2;
   int ch;
   const char *positional = NULL;
@@ -122,6 +124,7 @@ int main(int argc, char **argv) {
     case 'M': model_opt = optarg; break;
     case 'e': o.epochs = (int)parse_long("epochs", optarg, 1, 1000000); break;
     case 'b': o.batch = (int)parse_long("batch", optarg, 1, 1 << 20); o.set_batch = true; break;
+    case 'G': model_opts.backend = optarg; break;
     case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;
     case 's': o.seed = parse_u64("seed", optarg); break;
     case 'l': o.optim.lr = parse_real("lr", optarg, 0, 1e30, true); o.set_lr = true; break;
@@ -156,6 +159,7 @@ int main(int argc, char **argv) {
   }
   if (!o.set_lr) o.optim.lr = cavs_optim_default_lr(o.optim.kind);
   model_opts.threads = o.threads;
+  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "predict")) check_device(model_opts.backend);
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;

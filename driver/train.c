@@ -164,6 +164,7 @@ int cmd_train(TrainOpts *o) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   if (!o->quiet) {
+    say_device(stdout, m);
     printf("model %s: %ld parameters; %d training graphs (%ld vertices)", d->name, nparams, n, cavs_dataset_vertices(tr));
     if (ck) printf("; resumed after epoch %d", ts.epoch);
     if (ck && ts.graphs_done) printf(" and %ld graphs of the next", ts.graphs_done);

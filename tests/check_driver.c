@@ -186,6 +186,47 @@ START_TEST(dim_overrides) {
 END_TEST
 
 /* What a user gets wrong: one line, naming the file, exit status 1. */
+/* --device names the backend; the first line of the output says where the model runs
+ * (predict's on standard error: its output is data); an unknown device is refused
+ * before anything is read or written. */
+START_TEST(device_named) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--device", "cpu", "--save", path_in("dev.ckpt"), NULL);
+  ok(&r, "train --device cpu");
+  ck_assert_msg(!strncmp(r.out, "device: cpu, 1 threads\n", 23), "%s", tu_tail(r.out, 600));
+  tu_free(&r);
+  r = cavs("eval", path_in("dev.ckpt"), "--data", path_in("dev.txt"), "--device", "cpu", NULL);
+  ok(&r, "eval --device cpu");
+  ck_assert_msg(!strncmp(r.out, "device: cpu", 11), "%s", tu_tail(r.out, 600));
+  tu_free(&r);
+  r = cavs("predict", path_in("dev.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "predict");
+  int cls;
+  ck_assert_msg(sscanf(r.out, "%d\n", &cls) == 1, "%s", tu_tail(r.out, 600));
+  ck_assert_msg(strstr(r.err, "device: cpu"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--device", "tpu", "--save", path_in("tpu.ckpt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "cavs: unknown device 'tpu' (devices: cpu"), "%s", tu_tail(r.err, 600));
+  ck_assert_int_eq(access(path_in("tpu.ckpt"), F_OK), -1);
+  tu_free(&r);
+  r = cavs("eval", path_in("dev.ckpt"), "--data", path_in("dev.txt"), "--device", "", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "unknown device ''"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+  /* cuda: refused here with the reason (not built, or no GPU), or, on a machine with
+     both, the same training as on the CPU */
+  r = TRAIN("--epochs", "1", "--device", "cuda", NULL);
+  if (r.status) {
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(strstr(r.err, "cavs: device 'cuda' cannot be used: "), "%s", tu_tail(r.err, 600));
+  } else {
+    ck_assert_msg(!strncmp(r.out, "device: cuda", 12), "%s", tu_tail(r.out, 600));
+  }
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(user_errors) {
   gen_data();
   RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("missing.txt"), NULL);
@@ -685,6 +726,7 @@ int main(void) {
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, user_errors);
+  tcase_add_test(tc, device_named);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
   tcase_add_test(tc, resume_keeps_settings_not_given);
