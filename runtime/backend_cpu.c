@@ -3,6 +3,7 @@
  * Its operations are the row of backend.c's registry named "cpu". */
 #include "arith.h"
 #include "cv.h"
+#include "forms.h"
 
 #include <cblas.h>
 #include <stdbool.h>
@@ -78,17 +79,6 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
   st->gemm_calls++;
 }
 
-/* One product of a form over rows [a, a + len): x and y point to row 0. */
-static void form_gemm(cavs_ctx *c, int form, int a, int len, int cols, int k, const void *x, long ldx,
-                      const void *w, long ldw, void *y, long ldy) {
-  size_t es = DBL(c) ? 8 : 4;
-  const char *xa = (const char *)x + (size_t)a * (size_t)ldx * es;
-  char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
-  if (form == CAVS_PROD_Y) cpu_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
-  else if (form == CAVS_PROD_DX) cpu_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
-  else cpu_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
-}
-
 static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
   size_t es = DBL(c) ? 8 : 4;
   for (int r = a; r < a + len; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es);
@@ -96,21 +86,12 @@ static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) 
 
 static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
                           long ldx, const void *w, long ldw, void *y, long ldy) {
-  for (int r = r0; r < r0 + n;) {
-    int a = r;
-    bool on = idx[r] >= 0;
-    while (r < r0 + n && (idx[r] >= 0) == on) r++;
-    if (on) form_gemm(c, form, a, r - a, cols, k, x, ldx, w, ldw, y, ldy);
-    else if (form == CAVS_PROD_Y) zero_rows(c, y, ldy, a, r - a, cols);
-  }
+  cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
 static void cpu_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                           const void *w, long ldw, void *y, long ldy) {
-  if (skip > n) skip = n;
-  if (skip < 0) skip = 0;
-  if (form == CAVS_PROD_Y) zero_rows(c, y, ldy, r0, skip, cols);
-  if (n - skip > 0) form_gemm(c, form, r0 + skip, n - skip, cols, k, x, ldx, w, ldw, y, ldy);
+  cv_gemm_skip_with(cpu_gemm, zero_rows, c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
 static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {

@@ -135,13 +135,15 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   const char *bname = o && o->backend && *o->backend ? o->backend : "cpu";
   const cv_backend *be = cv_backend_find(bname, err, errlen);
-  if (!be || be->probe(err, errlen)) return NULL;
+  if (!be) return NULL;
+  /* before the probe: what the model can run on does not depend on the machine */
   if (d->target != be->target) {
     const char *t = d->target == CAVS_TARGET_CUDA ? "cuda" : "c";
     snprintf(err, errlen, "model '%s' was compiled for the %s target, which the %s backend cannot run (compile it with "
              "cavsc --target=%s)", d->name, t, be->name, be->target == CAVS_TARGET_CUDA ? "cuda" : "c");
     return NULL;
   }
+  if (be->probe(err, errlen)) return NULL;
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
     if (v <= 0 || v > CAVS_MAX_DIM) {

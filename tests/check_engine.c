@@ -215,6 +215,9 @@ START_TEST(backends_by_name) {
   if (!have_cuda) {
     ck_assert_int_eq(cavs_backend_probe("cuda", msg, sizeof msg), -1);
     ck_assert_msg(strstr(msg, "without the CUDA backend"), "%s", msg);
+  } else if (cavs_backend_probe("cuda", msg, sizeof msg)) {
+    /* built, but no GPU here (or no driver): it says so */
+    ck_assert_msg(strstr(msg, "no CUDA device"), "%s", msg);
   }
   const cavs_desc *d = load_model("treelstm.vf", "float");
   long dims[CAVS_MAX_DIMS];
@@ -224,6 +227,12 @@ START_TEST(backends_by_name) {
   cavs_model_opts o = {.backend = "tpu"};
   ck_assert_ptr_null(cavs_model_new_opts(d, dims, &o, err, sizeof err));
   ck_assert_msg(strstr(err, "unknown backend 'tpu'"), "%s", err);
+  if (have_cuda) {
+    /* the C target's loops run on the host: not on a device, whatever the machine */
+    o.backend = "cuda";
+    ck_assert_ptr_null(cavs_model_new_opts(d, dims, &o, err, sizeof err));
+    ck_assert_msg(strstr(err, "compiled for the c target, which the cuda backend cannot run"), "%s", err);
+  }
   o.backend = "cpu";
   cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);

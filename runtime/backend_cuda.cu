@@ -1,0 +1,681 @@
+/* backend_cuda.cu: the CUDA backend: a model's state in cudaMalloc'ed memory (no managed
+ * memory), the products through cuBLAS, and kernels for the rest. Built as its own
+ * module (cavs-cuda.so, when configure finds nvcc) that backend.c loads when a model
+ * asks for "cuda", so a CPU-only build or install never links the CUDA libraries.
+ *
+ * Everything runs on the legacy default stream, so every operation is ordered after the
+ * one before it without events (a second stream for the eager phase is the next step).
+ * Per minibatch, the schedule (children, inputs, row flags) goes up in one copy per
+ * array in `schedule`, and the loss sums and predictions come back once in
+ * `synchronize`. The per-element formulas and the thread-to-cell map are arith.h's, the
+ * ones the CPU backend runs and the tests check on the CPU.
+ *
+ * Every CUDA and cuBLAS call is checked: a failure is recorded in the model (file, line,
+ * CUDA's own message) and reported by the next call that returns a status (a forward
+ * pass, a step); the library never exits. */
+#include "arith.h"
+#include "cv.h"
+#include "forms.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { THREADS = 256 };
+
+/* The backend's state of one model (m->bs). */
+struct Dev {
+  cublasHandle_t blas;
+  bool failed;
+  /* the schedule, on the device, grown to the largest minibatch */
+  int cap;
+  int *child;
+  unsigned char *root, *pushed;
+  int *pred;
+  int **iin;  /* host array of device arrays, [nint] */
+  void **rin; /* host array of device arrays, [nreal] */
+  /* the losses of a minibatch: sums and counts per loss */
+  double *sum;              /* [nlosses] */
+  unsigned long long *cnt;  /* [nlosses * 4]: count, correct, root_count, root_correct */
+  /* an optimizer step's spans and its norm */
+  int capspans;
+  size_t *span_off, *span_start;
+  double *norm2;
+};
+
+static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
+
+static void record(cavs_model *m, const char *file, int line, const char *fmt, ...) {
+  Dev *d = dev(m);
+  if (d && d->failed) return; /* the first failure is the one to report */
+  char what[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  snprintf(m->err, sizeof m->err, "%s:%d: cuda: %s", file, line, what);
+  if (d) d->failed = true;
+}
+
+/* libcavs's own helpers are not exported to a module: this one says it in the model */
+static int no_memory(cavs_model *m) {
+  snprintf(m->err, sizeof m->err, "out of host memory (CUDA backend)");
+  errno = ENOMEM;
+  return -1;
+}
+
+#define CK(m, call)                                                                         \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) record((m), __FILE__, __LINE__, "%s", cudaGetErrorString(e_));   \
+  } while (0)
+#define CKB(m, call)                                                                        \
+  do {                                                                                     \
+    cublasStatus_t s_ = (call);                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      record((m), __FILE__, __LINE__, "cuBLAS: %s", cublasGetStatusString(s_));            \
+  } while (0)
+/* after a launch */
+#define CKL(m) CK(m, cudaGetLastError())
+
+static unsigned blocks(long cells) { return (unsigned)((cells + THREADS - 1) / THREADS); }
+static bool dbl(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE; }
+static cavs_model *model(cavs_ctx *c) { return c->model; }
+
+/* ---- identity ---- */
+
+static int cuda_probe(char *msg, size_t len) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(msg, len, "no CUDA device can be used: %s", cudaGetErrorString(e));
+    return -1;
+  }
+  if (n == 0) {
+    snprintf(msg, len, "no CUDA device on this machine");
+    return -1;
+  }
+  if (len) *msg = 0;
+  return 0;
+}
+
+static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
+  Dev *d = (Dev *)calloc(1, sizeof *d);
+  if (!d) return no_memory(m);
+  m->bs = d;
+  const cavs_desc *ds = m->d;
+  d->iin = (int **)calloc((size_t)ds->nint + 1, sizeof *d->iin);
+  d->rin = (void **)calloc((size_t)ds->nreal + 1, sizeof *d->rin);
+  if (!d->iin || !d->rin) return no_memory(m);
+  CKB(m, cublasCreate(&d->blas));
+  CK(m, cudaMalloc(&d->sum, sizeof(double) * ((size_t)ds->nlosses + 1)));
+  CK(m, cudaMalloc(&d->cnt, sizeof(unsigned long long) * 4 * ((size_t)ds->nlosses + 1)));
+  CK(m, cudaMalloc(&d->norm2, sizeof(double)));
+  return d->failed ? -1 : 0;
+}
+
+static void cuda_close(cavs_model *m) {
+  Dev *d = dev(m);
+  if (!d) return;
+  if (d->blas) cublasDestroy(d->blas);
+  cudaFree(d->child);
+  cudaFree(d->root);
+  cudaFree(d->pushed);
+  cudaFree(d->pred);
+  for (int i = 0; d->iin && i < m->d->nint; i++) cudaFree(d->iin[i]);
+  for (int i = 0; d->rin && i < m->d->nreal; i++) cudaFree(d->rin[i]);
+  free(d->iin);
+  free(d->rin);
+  cudaFree(d->sum);
+  cudaFree(d->cnt);
+  cudaFree(d->span_off);
+  cudaFree(d->span_start);
+  cudaFree(d->norm2);
+  free(d);
+  m->bs = NULL;
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(size_t bytes) {
+  void *p = NULL;
+  /* cudaMalloc aligns to 256 bytes */
+  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+static void cuda_release(void *p) {
+  if (p) cudaFree(p);
+}
+/* The three below have no model to report to: a failure here leaves the CUDA context
+   in an error state that the next checked call reports. */
+static void cuda_zero(void *p, size_t bytes) { (void)cudaMemsetAsync(p, 0, bytes, 0); }
+static void cuda_upload(void *dst, const void *src, size_t bytes) {
+  (void)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+}
+static void cuda_download(void *dst, const void *src, size_t bytes) {
+  (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+/* grows a device array to bytes (contents not kept) */
+static void regrow(cavs_model *m, void **p, size_t bytes) {
+  cudaFree(*p);
+  *p = NULL;
+  CK(m, cudaMalloc(p, bytes ? bytes : 1));
+}
+
+static int cuda_schedule(cavs_model *m) {
+  Dev *d = dev(m);
+  const cavs_desc *ds = m->d;
+  int N = m->rows;
+  if (N > d->cap) {
+    int cap = m->cap_rows;
+    regrow(m, (void **)&d->child, sizeof(int) * (size_t)cap * (size_t)m->maxc);
+    regrow(m, (void **)&d->root, (size_t)cap);
+    regrow(m, (void **)&d->pushed, (size_t)cap);
+    regrow(m, (void **)&d->pred, sizeof(int) * (size_t)cap);
+    for (int i = 0; i < ds->nint; i++) regrow(m, (void **)&d->iin[i], sizeof(int) * (size_t)cap);
+    for (int i = 0; i < ds->nreal; i++) regrow(m, &d->rin[i], (size_t)m->rw[i] * m->esize * (size_t)cap);
+    if (d->failed) return -1;
+    d->cap = cap;
+  }
+  CK(m, cudaMemcpy(d->child, m->child, sizeof(int) * (size_t)N * (size_t)m->maxc, cudaMemcpyHostToDevice));
+  CK(m, cudaMemcpy(d->root, m->root, (size_t)N, cudaMemcpyHostToDevice));
+  CK(m, cudaMemcpy(d->pushed, m->pushed, (size_t)N, cudaMemcpyHostToDevice));
+  for (int i = 0; i < ds->nint; i++)
+    CK(m, cudaMemcpy(d->iin[i], m->iin[i], sizeof(int) * (size_t)N, cudaMemcpyHostToDevice));
+  for (int i = 0; i < ds->nreal; i++)
+    CK(m, cudaMemcpy(d->rin[i], m->rin[i], (size_t)m->rw[i] * m->esize * (size_t)N, cudaMemcpyHostToDevice));
+  CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * (size_t)N, 0)); /* -1 */
+  CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
+  CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
+  /* what generated code and the kernels read: the device copies */
+  cavs_ctx *c = &m->ctx;
+  c->child = d->child;
+  c->root = d->root;
+  c->pushed = d->pushed;
+  c->iin = (const int **)d->iin;
+  c->rin = (const void **)d->rin;
+  c->stream = NULL;
+  return d->failed ? -1 : 0;
+}
+
+static int cuda_synchronize(cavs_model *m) {
+  Dev *d = dev(m);
+  CK(m, cudaStreamSynchronize(0));
+  const cavs_desc *ds = m->d;
+  if (ds->nlosses && !d->failed) {
+    double sum[64];
+    unsigned long long cnt[4 * 64];
+    int nl = ds->nlosses < 64 ? ds->nlosses : 64;
+    CK(m, cudaMemcpy(sum, d->sum, sizeof(double) * (size_t)nl, cudaMemcpyDeviceToHost));
+    CK(m, cudaMemcpy(cnt, d->cnt, sizeof cnt[0] * 4 * (size_t)nl, cudaMemcpyDeviceToHost));
+    for (int l = 0; l < nl; l++) {
+      cavs_loss_acc *a = &m->loss[l];
+      a->sum = sum[l];
+      a->count = (long)cnt[4 * l];
+      a->correct = (long)cnt[4 * l + 1];
+      a->root_count = (long)cnt[4 * l + 2];
+      a->root_correct = (long)cnt[4 * l + 3];
+    }
+    if (m->rows) CK(m, cudaMemcpy(m->pred, d->pred, sizeof(int) * (size_t)m->rows, cudaMemcpyDeviceToHost));
+  }
+  return d->failed ? -1 : 0;
+}
+
+/* ---- products: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T ---- */
+
+template <typename R> __global__ void scale_rows(R *c, long ldc, int m, int n, R beta) {
+  long row, col;
+  if (cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, 0, m, n, &row, &col)) c[row * ldc + col] *= beta;
+}
+
+static void cuda_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+                      const void *b, long ldb, double beta, void *cm, long ldc) {
+  cavs_model *md = model(c);
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (dbl(c)) scale_rows<double><<<blocks((long)m * n), THREADS>>>((double *)cm, ldc, m, n, beta);
+    else scale_rows<float><<<blocks((long)m * n), THREADS>>>((float *)cm, ldc, m, n, (float)beta);
+    CKL(md);
+    return;
+  }
+  cublasOperation_t A = ta == CAVS_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, B = tb == CAVS_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
+  Dev *d = dev(md);
+  if (dbl(c))
+    CKB(md, cublasDgemm(d->blas, B, A, n, m, k, &alpha, (const double *)b, (int)ldb, (const double *)a, (int)lda, &beta,
+                        (double *)cm, (int)ldc));
+  else {
+    float al = (float)alpha, be = (float)beta;
+    CKB(md, cublasSgemm(d->blas, B, A, n, m, k, &al, (const float *)b, (int)ldb, (const float *)a, (int)lda, &be,
+                        (float *)cm, (int)ldc));
+  }
+  md->stats.gemm_calls++;
+  md->stats.gemm_flops += 2.0 * m * n * k;
+}
+
+static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
+  size_t es = dbl(c) ? 8 : 4;
+  if (len > 0)
+    CK(model(c), cudaMemset2DAsync((char *)y + (size_t)a * (size_t)ldy * es, (size_t)ldy * es, 0, (size_t)cols * es,
+                                   (size_t)len, 0));
+}
+
+/* The runs of rows with and without an index are found on the host, in the scheduler's
+   copy of the index input the device array mirrors. */
+static const int *host_index(cavs_model *m, const int *idx) {
+  for (int i = 0; i < m->d->nint; i++)
+    if (dev(m)->iin[i] == idx) return m->iin[i];
+  return NULL;
+}
+
+static void cuda_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
+                           long ldx, const void *w, long ldw, void *y, long ldy) {
+  const int *h = host_index(model(c), idx);
+  if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+  else record(model(c), __FILE__, __LINE__, "a looked-up-row product on an array that is not an index input");
+}
+
+static void cuda_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
+                           const void *w, long ldw, void *y, long ldy) {
+  cv_gemm_skip_with(cuda_gemm, zero_rows, c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+/* ---- rows: gathers, lookups, copies; one thread a cell, every row of a task in one launch ---- */
+
+/* dst[r] = src[sel(r)] (zero where sel is -1), or with bwd, src-side += dst-side */
+template <typename R>
+__global__ void gather(R *dst, long ld, const R *S, long w, const int *sel, long stride, int r0, int n, bool bwd) {
+  long r, j;
+  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j)) return;
+  int s = sel[r * stride];
+  if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : S[(long)s * w + j];
+  else if (s >= 0) atomicAdd((R *)&S[(long)s * w + j], dst[r * ld + j]);
+}
+
+template <typename R>
+static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, const int *sel, long stride, int r0, int n,
+                          bool bwd) {
+  if (n <= 0 || w <= 0) return;
+  gather<R><<<blocks((long)n * w), THREADS>>>(rows, ld, S, w, sel, stride, r0, n, bwd);
+  CKL(model(c));
+}
+
+static void cuda_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+  const cavs_desc *d = c->desc;
+  long w = model(c)->bw[d->state_buf];
+  if (dbl(c))
+    launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[d->state_buf], w, c->child + k, c->maxc, r0, n,
+                          false);
+  else
+    launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[d->state_buf], w, c->child + k, c->maxc, r0, n,
+                         false);
+}
+
+static void cuda_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
+  const cavs_desc *d = c->desc;
+  long w = model(c)->bw[d->state_buf];
+  if (dbl(c))
+    launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[d->state_buf], w, c->child + k, c->maxc, r0,
+                          n, true);
+  else
+    launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[d->state_buf], w, c->child + k, c->maxc, r0, n,
+                         true);
+}
+
+/* A lookup is a gather from the table by an index input, whose rows have the table's
+   stride. */
+template <typename R>
+__global__ void lookup(R *dst, long ld, const R *T, long ldt, long w, const int *idx, int r0, int n, bool bwd) {
+  long r, j;
+  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j)) return;
+  int s = idx[r];
+  if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : T[(long)s * ldt + j];
+  else if (s >= 0) atomicAdd((R *)&T[(long)s * ldt + j], dst[r * ld + j]);
+}
+
+static void launch_lookup(cavs_ctx *c, const void *table, long ldt, const int *idx, const void *rows, long ld, int r0,
+                          int n, long w, bool bwd) {
+  if (n <= 0 || w <= 0) return;
+  if (dbl(c))
+    lookup<double><<<blocks((long)n * w), THREADS>>>((double *)rows, ld, (const double *)table, ldt, w, idx, r0, n, bwd);
+  else lookup<float><<<blocks((long)n * w), THREADS>>>((float *)rows, ld, (const float *)table, ldt, w, idx, r0, n, bwd);
+  CKL(model(c));
+}
+
+static void cuda_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,
+                            long width) {
+  launch_lookup(c, table, ldt, idx, dst, ld, r0, n, width, false);
+}
+
+static void cuda_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0,
+                            int n, long width) {
+  launch_lookup(c, dtable, ldt, idx, src, ld, r0, n, width, true);
+}
+
+template <typename R> __global__ void copy_rows(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
+  long r, j;
+  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, 0, n, w, &r, &j)) return;
+  if (add) dst[r * ldd + j] += src[r * lds + j];
+  else dst[r * ldd + j] = src[r * lds + j];
+}
+
+static void cuda_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
+  if (n <= 0 || w <= 0) return;
+  if (dbl(c)) copy_rows<double><<<blocks((long)n * w), THREADS>>>((double *)dst, ldd, (const double *)src, lds, n, w, add);
+  else copy_rows<float><<<blocks((long)n * w), THREADS>>>((float *)dst, ldd, (const float *)src, lds, n, w, add);
+  CKL(model(c));
+}
+
+/* ---- losses: one block a row, reductions in shared memory ---- */
+
+template <typename R> __device__ R block_max(R v, R *sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s && sh[threadIdx.x + s] > sh[threadIdx.x]) sh[threadIdx.x] = sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  R r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+template <typename R> __device__ R block_sum(R v, R *sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  R r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ float dev_exp(float x) { return cavs_exp_f(x); }
+__device__ double dev_exp(double x) { return exp(x); }
+
+/* the row's max, its first argmax, and the sum of exp(z - max) */
+template <typename R> __device__ void softmax_stats(const R *z, long w, R *sh, R *mx, long *am, R *se) {
+  R m = z[0];
+  for (long j = threadIdx.x; j < w; j += blockDim.x) m = z[j] > m ? z[j] : m;
+  *mx = block_max<R>(m, sh);
+  R first = (R)w; /* the least index holding the max, as a value of R (w < 2^24 in float) */
+  for (long j = threadIdx.x; j < w; j += blockDim.x)
+    if (z[j] == *mx && (R)j < first) first = (R)j;
+  *am = (long)-block_max<R>(-first, sh);
+  R s = 0;
+  for (long j = threadIdx.x; j < w; j += blockDim.x) s += dev_exp(z[j] - *mx);
+  *se = block_sum<R>(s, sh);
+}
+
+template <typename R>
+__global__ void xent_fwd(const R *z, long ld, const int *label, const unsigned char *pushed, const unsigned char *root,
+                         int *pred, bool first, double *sum, unsigned long long *cnt, int r0, long w) {
+  __shared__ R sh[THREADS];
+  long r = r0 + blockIdx.x;
+  if (!pushed[r]) return;
+  const R *zr = z + r * ld;
+  R mx, se;
+  long am;
+  softmax_stats<R>(zr, w, sh, &mx, &am, &se);
+  if (threadIdx.x) return;
+  if (first) pred[r] = (int)am;
+  int y = label[r];
+  if (y < 0) return;
+  atomicAdd(sum, log((double)se) + (double)mx - (double)zr[y]);
+  atomicAdd(&cnt[0], 1ull);
+  atomicAdd(&cnt[1], (unsigned long long)(am == y));
+  if (root[r]) {
+    atomicAdd(&cnt[2], 1ull);
+    atomicAdd(&cnt[3], (unsigned long long)(am == y));
+  }
+}
+
+template <typename R>
+__global__ void xent_bwd(const R *z, long ld, const int *label, const unsigned char *pushed, R *dz, long ldd, R scale,
+                         int r0, long w) {
+  __shared__ R sh[THREADS];
+  long r = r0 + blockIdx.x;
+  if (!pushed[r] || label[r] < 0) return;
+  const R *zr = z + r * ld;
+  R mx, se;
+  long am;
+  softmax_stats<R>(zr, w, sh, &mx, &am, &se);
+  R k = scale / se;
+  R *g = dz + r * ldd;
+  for (long j = threadIdx.x; j < w; j += blockDim.x) {
+    R v = g[j] + k * dev_exp(zr[j] - mx); /* as the CPU's: the label's share after the sum */
+    if (j == label[r]) v -= scale;
+    g[j] = v;
+  }
+}
+
+static void cuda_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  if (n <= 0) return;
+  Dev *d = dev(model(c));
+  if (dbl(c))
+    xent_fwd<double><<<n, THREADS>>>((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+                                     d->cnt + 4 * loss, r0, w);
+  else
+    xent_fwd<float><<<n, THREADS>>>((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+                                    d->cnt + 4 * loss, r0, w);
+  CKL(model(c));
+}
+
+/* The counts of the forward pass are on the host since its synchronize. */
+static void cuda_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd, int r0,
+                          int n, long w) {
+  const cavs_loss_acc *a = &c->loss[loss];
+  if (n <= 0 || !a->count) return;
+  double scale = c->loss_scale / (double)a->count;
+  if (dbl(c))
+    xent_bwd<double><<<n, THREADS>>>((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
+  else xent_bwd<float><<<n, THREADS>>>((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
+  CKL(model(c));
+}
+
+template <typename R>
+__global__ void mse_fwd(const R *p, long ld, const R *t, long ldt, const unsigned char *pushed,
+                        const unsigned char *root, double *sum, unsigned long long *cnt, int r0, long w) {
+  __shared__ double sh[THREADS];
+  long r = r0 + blockIdx.x;
+  if (!pushed[r]) return;
+  double s = 0;
+  for (long j = threadIdx.x; j < w; j += blockDim.x) {
+    double e = (double)p[r * ld + j] - (double)t[r * ldt + j];
+    s += e * e;
+  }
+  s = block_sum<double>(s, sh);
+  if (threadIdx.x) return;
+  atomicAdd(sum, s / (double)w);
+  atomicAdd(&cnt[0], 1ull);
+  if (root[r]) atomicAdd(&cnt[2], 1ull);
+}
+
+template <typename R>
+__global__ void mse_bwd(const R *p, long ld, const R *t, long ldt, const unsigned char *pushed, R *dp, long ldd,
+                        double scale, int r0, int n, long w);
+
+template <>
+__global__ void mse_bwd<float>(const float *p, long ld, const float *t, long ldt, const unsigned char *pushed, float *dp,
+                               long ldd, double scale, int r0, int n, long w) {
+  long r, j;
+  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j) || !pushed[r]) return;
+  dp[r * ldd + j] += cv_mse_grad_f(p[r * ld + j], t[r * ldt + j], scale);
+}
+
+template <>
+__global__ void mse_bwd<double>(const double *p, long ld, const double *t, long ldt, const unsigned char *pushed,
+                                double *dp, long ldd, double scale, int r0, int n, long w) {
+  long r, j;
+  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j) || !pushed[r]) return;
+  dp[r * ldd + j] += cv_mse_grad_d(p[r * ld + j], t[r * ldt + j], scale);
+}
+
+static void cuda_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w) {
+  if (n <= 0) return;
+  Dev *d = dev(model(c));
+  if (dbl(c))
+    mse_fwd<double><<<n, THREADS>>>((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
+                                    d->cnt + 4 * loss, r0, w);
+  else
+    mse_fwd<float><<<n, THREADS>>>((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
+                                   d->cnt + 4 * loss, r0, w);
+  CKL(model(c));
+}
+
+static void cuda_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
+                         int r0, int n, long w) {
+  const cavs_loss_acc *a = &c->loss[loss];
+  if (n <= 0 || !a->count) return;
+  double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
+  if (dbl(c))
+    mse_bwd<double><<<blocks((long)n * w), THREADS>>>((const double *)p, ld, (const double *)t, ldt, c->pushed,
+                                                      (double *)dp, ldd, scale, r0, n, w);
+  else
+    mse_bwd<float><<<blocks((long)n * w), THREADS>>>((const float *)p, ld, (const float *)t, ldt, c->pushed,
+                                                     (float *)dp, ldd, scale, r0, n, w);
+  CKL(model(c));
+}
+
+/* ---- the optimizer: the spans laid end to end, one thread an element ---- */
+
+/* The flat index of element i of the concatenated spans. */
+__device__ size_t flat_at(const size_t *off, const size_t *start, int ns, size_t i) {
+  int k = cv_span_of(start, ns, i);
+  return off[k] + (i - start[k]);
+}
+
+template <typename R>
+__global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, int ns, double wd, bool norm,
+                           double *norm2) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= start[ns]) return;
+  size_t f = flat_at(off, start, ns, i);
+  if (wd != 0) G[f] += (R)(wd * P[f]);
+  if (norm) atomicAdd(norm2, (double)G[f] * (double)G[f]);
+}
+
+template <typename R> struct Update {
+  int kind;
+  R lr, sc, a1, a2, ic1, ic2, e;
+  double eps;
+};
+
+template <typename R>
+__global__ void update(R *P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns, Update<R> u);
+
+#define CV_UPDATE(R, S)                                                                                   \
+  template <>                                                                                             \
+  __global__ void update<R>(R * P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start,       \
+                            int ns, Update<R> u) {                                                        \
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                             \
+    if (i >= start[ns]) return;                                                                           \
+    size_t f = flat_at(off, start, ns, i);                                                                \
+    R g = u.sc * G[f];                                                                                    \
+    if (u.kind == CAVS_SGD) cv_sgd_##S(&P[f], g, u.lr);                                                   \
+    else if (u.kind == CAVS_ADAGRAD) cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.eps);                      \
+    else cv_adam_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e);                     \
+  }
+CV_UPDATE(float, f)
+CV_UPDATE(double, d)
+
+template <typename R>
+static void step_as(cavs_model *m, const cavs_optim *o, int ns, size_t total, double b1, double b2, double eps) {
+  Dev *d = dev(m);
+  R *P = (R *)m->pflat, *G = (R *)m->gflat;
+  double norm2 = 0, scale = 1;
+  if (o->weight_decay || o->clip > 0) {
+    CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
+    decay_norm<R><<<blocks((long)total), THREADS>>>(P, G, d->span_off, d->span_start, ns, o->weight_decay, o->clip > 0,
+                                                    d->norm2);
+    CKL(m);
+    if (o->clip > 0) CK(m, cudaMemcpy(&norm2, d->norm2, sizeof norm2, cudaMemcpyDeviceToHost));
+  }
+  if (o->clip > 0 && sqrt(norm2) > o->clip) scale = o->clip / sqrt(norm2);
+  double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
+  Update<R> u = {o->kind, (R)o->lr, (R)scale, (R)b1, (R)b2, (R)(1 / c1), (R)(1 / c2), (R)eps, eps};
+  update<R><<<blocks((long)total), THREADS>>>(P, G, (R *)m->m1, (R *)m->m2, d->span_off, d->span_start, ns, u);
+  CKL(m);
+}
+
+static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2, double eps) {
+  Dev *d = dev(m);
+  if (ns + 1 > d->capspans) {
+    regrow(m, (void **)&d->span_off, sizeof(size_t) * ((size_t)ns + 1));
+    regrow(m, (void **)&d->span_start, sizeof(size_t) * ((size_t)ns + 1));
+    if (d->failed) return -1;
+    d->capspans = ns + 1;
+  }
+  /* the spans as offsets and starts in their concatenation: one copy each */
+  size_t *h = (size_t *)malloc(sizeof(size_t) * 2 * ((size_t)ns + 1));
+  if (!h) return no_memory(m);
+  size_t total = 0;
+  for (int k = 0; k < ns; k++) {
+    h[k] = sp[k].off;
+    h[ns + 1 + k] = total;
+    total += sp[k].len;
+  }
+  h[ns] = 0;
+  h[2 * ns + 1] = total;
+  CK(m, cudaMemcpy(d->span_off, h, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
+  CK(m, cudaMemcpy(d->span_start, h + ns + 1, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
+  free(h);
+  if (total) {
+    if (m->esize == 8) step_as<double>(m, o, ns, total, b1, b2, eps);
+    else step_as<float>(m, o, ns, total, b1, b2, eps);
+  }
+  CK(m, cudaStreamSynchronize(0));
+  return d->failed ? -1 : 0;
+}
+
+/* The first non-finite value: checked on the host, a piece at a time (this runs only
+   when a loss was not finite, to name the culprit). */
+static long cuda_first_bad(cavs_model *m, const void *p, size_t n) {
+  double buf[4096];
+  size_t per = sizeof buf / m->esize;
+  for (size_t at = 0; at < n; at += per) {
+    size_t len = n - at < per ? n - at : per;
+    if (cudaMemcpy(buf, (const char *)p + at * m->esize, len * m->esize, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return -1;
+    for (size_t i = 0; i < len; i++) {
+      double x = m->esize == 8 ? buf[i] : (double)((const float *)buf)[i];
+      if (!isfinite(x)) return (long)(at + i);
+    }
+  }
+  return -1;
+}
+
+/* What backend.c finds by name in this module. */
+extern "C" const cv_backend cv_backend_cuda = {
+    "cuda",
+    "device memory, cuBLAS",
+    CAVS_TARGET_CUDA,
+    cuda_probe,
+    cuda_open,
+    cuda_close,
+    cuda_alloc,
+    cuda_release,
+    cuda_zero,
+    cuda_upload,
+    cuda_download,
+    cuda_schedule,
+    cuda_synchronize,
+    cuda_gemm,
+    cuda_gemm_rows,
+    cuda_gemm_skip,
+    cuda_gather_fwd,
+    cuda_gather_bwd,
+    cuda_lookup_fwd,
+    cuda_lookup_bwd,
+    cuda_copy_rows,
+    cuda_xent_fwd,
+    cuda_xent_bwd,
+    cuda_mse_fwd,
+    cuda_mse_bwd,
+    cuda_step,
+    cuda_first_bad,
+};

@@ -1,0 +1,51 @@
+/* forms.h: the product forms of cavs_abi.h (enum cavs_prod_form) over the runs of rows
+ * that have a left operand, written once for every backend: a backend gives its own
+ * plain product and its own way to zero a block of rows. Static inline, so a backend
+ * built as a module (which cannot call libcavs's internals) has them too. */
+#ifndef CV_FORMS_H
+#define CV_FORMS_H
+
+#include "cavs_abi.h"
+
+#include <stdbool.h>
+
+typedef void (*cv_gemm_fn)(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+                           const void *b, long ldb, double beta, void *cm, long ldc);
+/* rows [a, a + len) of y, cols columns each, to zero */
+typedef void (*cv_zero_rows_fn)(cavs_ctx *c, void *y, long ldy, int a, int len, int cols);
+
+/* One product of a form over rows [a, a + len); x and y point to row 0. */
+static inline void cv_form_gemm(cv_gemm_fn gemm, cavs_ctx *c, int form, int a, int len, int cols, int k,
+                                const void *x, long ldx, const void *w, long ldw, void *y, long ldy) {
+  size_t es = c->desc->precision == CAVS_DOUBLE ? 8 : 4;
+  const char *xa = (const char *)x + (size_t)a * (size_t)ldx * es;
+  char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
+  if (form == CAVS_PROD_Y) gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
+  else if (form == CAVS_PROD_DX) gemm(c, CAVS_NO_TRANS, CAVS_TRANS, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
+  else gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
+}
+
+/* cavs_gemm_rows: the runs of rows whose index (in host memory) is >= 0. */
+static inline void cv_gemm_rows_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs_ctx *c, const int *idx, int r0,
+                                     int n, int form, int cols, int k, const void *x, long ldx, const void *w,
+                                     long ldw, void *y, long ldy) {
+  for (int r = r0; r < r0 + n;) {
+    int a = r;
+    bool on = idx[r] >= 0;
+    while (r < r0 + n && (idx[r] >= 0) == on) r++;
+    if (on) cv_form_gemm(gemm, c, form, a, r - a, cols, k, x, ldx, w, ldw, y, ldy);
+    else if (form == CAVS_PROD_Y) zero(c, y, ldy, a, r - a, cols);
+  }
+}
+
+/* cavs_gemm_skip: all rows but the first `skip`. */
+static inline void cv_gemm_skip_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs_ctx *c, int skip, int r0, int n,
+                                     int form, int cols, int k, const void *x, long ldx, const void *w, long ldw,
+                                     void *y, long ldy) {
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  if (form == CAVS_PROD_Y && skip) zero(c, y, ldy, r0, skip, cols);
+  if (n - skip > 0) cv_form_gemm(gemm, c, form, r0 + skip, n - skip, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+#endif
