@@ -398,7 +398,9 @@ typedef enum { PREC_FLOAT, PREC_DOUBLE } Precision;
 typedef struct EmitOpts {
   Precision prec;
   const char *cmdline;
-  const char *source_name; /* as given on the command line */
+  const char *header_cmdline; /* MODEL.h's, without --target (the header is the same for
+                                 every target); NULL: cmdline */
+  const char *source_name;    /* as given on the command line */
 } EmitOpts;
 
 typedef struct Target Target;
@@ -408,7 +410,7 @@ typedef struct Emit {
   const Model *m;
   const EmitOpts *o;
   const Target *t;
-  FILE *out; /* the source file */
+  FILE *out; /* the source file, or where a target's hooks send the text for now */
 } Emit;
 
 /* A value, or its gradient, where plan.c placed it. */
@@ -484,6 +486,15 @@ struct Target {
   void (*loss)(Emit *e, const LossCall *l);
 };
 extern const Target target_c;
+/* Hooks of the C target that another target may share: the header, the prologue
+ * (banner, includes, R and the cv_* functions) and the calls into libcavs. */
+void emit_c_header(Emit *e, FILE *h);
+void emit_c_prologue(Emit *e);
+void emit_c_gemm(Emit *e, const GemmCall *g);
+void emit_c_gather(Emit *e, int child, Ref state, bool bwd);
+void emit_c_lookup(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd);
+void emit_c_copy(Emit *e, Ref to, Ref from, Lin width, bool add);
+void emit_c_loss(Emit *e, const LossCall *l);
 const Target *target_find(const char *name); /* NULL when there is none of that name */
 const char *target_names(void);              /* "c, ...", for messages */
 

@@ -266,10 +266,10 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
 
 static void group_fwd(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
-  FILE *o = e->out;
   group_header(e, f, g, gi, "forward");
   Loop l = group_loop(f, gi, false, NULL);
   e->t->loop_open(e, &l);
+  FILE *o = e->out; /* the loop's body: loop_open may have sent it elsewhere (a kernel) */
   group_compute(e, f, g, gi, NULL);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
@@ -280,7 +280,6 @@ static void group_fwd(Emit *e, const IrFunc *f, int gi) {
 
 static void group_bwd(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
-  FILE *o = e->out;
   bool any = false;
   for (int k = 0; k < g->n; k++) any |= f->nodes[g->members[k]].grad;
   if (!any) return;
@@ -301,6 +300,7 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
   }
   Loop l = group_loop(f, gi, true, reads);
   e->t->loop_open(e, &l);
+  FILE *o = e->out;
   group_compute(e, f, g, gi, need);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
@@ -570,17 +570,19 @@ static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT",
                                         "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER"};
 _Static_assert(DIM_FREE == 2 && IN_REAL == 2 && INIT_XAVIER == 4, "one name per kind");
 
+/* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
+ * still gets an initializer. */
 static void descriptor(const Emit *e) {
   const Model *m = e->m;
   FILE *c = e->out;
   extern const char *cv_source_text;
   extern size_t cv_source_len;
-  fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1];\n");
+  fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1] = {0};\n");
   for (int i = 0; i < m->ndims; i++)
     fprintf(c, "  {%s, %s, %ld, %d},\n", emit_c_string(m->dims[i].name), dim_kind[m->dims[i].kind], m->dims[i].value,
             m->dims[i].input);
   if (m->ndims) fprintf(c, "};\n");
-  fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1];\n");
+  fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;
   for (int i = 0; i < m->ninputs; i++) {
     const Input *in = &m->inputs[i];
@@ -591,7 +593,7 @@ static void descriptor(const Emit *e) {
     else nint++;
   }
   if (m->ninputs) fprintf(c, "};\n");
-  fprintf(c, m->nparams ? "static const cavs_param_desc params[] = {\n" : "static const cavs_param_desc params[1];\n");
+  fprintf(c, m->nparams ? "static const cavs_param_desc params[] = {\n" : "static const cavs_param_desc params[1] = {0};\n");
   for (int i = 0; i < m->nparams; i++) {
     const Param *p = &m->params[i];
     fprintf(c, "  {%s, %d, ", emit_c_string(p->name), p->rank);
@@ -603,7 +605,7 @@ static void descriptor(const Emit *e) {
     fprintf(c, ", %s, %.17g, %.17g},\n", init_kind[p->init], p->a, p->b);
   }
   if (m->nparams) fprintf(c, "};\n");
-  fprintf(c, m->npgroups ? "static const cavs_pgroup_desc pgroups[] = {\n" : "static const cavs_pgroup_desc pgroups[1];\n");
+  fprintf(c, m->npgroups ? "static const cavs_pgroup_desc pgroups[] = {\n" : "static const cavs_pgroup_desc pgroups[1] = {0};\n");
   for (int i = 0; i < m->npgroups; i++) {
     fputs("  {", c);
     desc_lin(c, m->pgroups[i].rows);
@@ -629,7 +631,7 @@ static void descriptor(const Emit *e) {
   int nlosses = 0;
   if (m->push)
     for (int i = 0; i < m->push->n; i++) nlosses += op_info[m->push->nodes[i].op].kind == OK_LOSS;
-  fprintf(c, nlosses ? "static const cavs_loss_desc losses[] = {\n" : "static const cavs_loss_desc losses[1];\n");
+  fprintf(c, nlosses ? "static const cavs_loss_desc losses[] = {\n" : "static const cavs_loss_desc losses[1] = {0};\n");
   if (m->push)
     for (int i = 0; i < m->push->n; i++) {
       const IrNode *n = &m->push->nodes[i];
@@ -678,8 +680,10 @@ const char *target_names(void) {
 }
 
 void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src) {
-  Emit e = {.m = m, .o = o, .t = t, .out = src};
-  t->header(&e, h);
+  EmitOpts ho = *o;
+  if (o->header_cmdline) ho.cmdline = o->header_cmdline;
+  Emit he = {.m = m, .o = &ho, .t = t, .out = src}, e = {.m = m, .o = o, .t = t, .out = src};
+  t->header(&he, h);
   t->prologue(&e);
   int nf;
   IrFunc **fs = model_funcs(m, &nf);

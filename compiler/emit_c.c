@@ -4,7 +4,8 @@
  * stage as `static void MODEL_BLOCK_STAGE(cavs_ctx *c, int r0, int n)`, a fused group as
  * a `for` over the rows with a CAVS_IVDEP `for` over the columns inside, and each product,
  * gather, lookup, copy and loss as a call into libcavs. What is computed, in which order,
- * is emit.c's. */
+ * is emit.c's. The header, the prologue and the calls are exported (cavsc.h) for
+ * another target to share. */
 #include "cavsc.h"
 
 /* An enum of named indices in the header; none for an empty list (C has no empty
@@ -16,7 +17,7 @@ static void header_enum(FILE *h, const char *M, const char *what, const char *ki
   fprintf(h, "};\n");
 }
 
-static void c_header(Emit *e, FILE *h) {
+void emit_c_header(Emit *e, FILE *h) {
   const Model *m = e->m;
   const char *M = m->name;
   emit_banner(e, h, arena_printf("%s.h", M));
@@ -36,10 +37,10 @@ static void c_header(Emit *e, FILE *h) {
 }
 
 /* The element type R and the math functions the bodies in ops.def call (cv_*). */
-static void c_prologue(Emit *e) {
+void emit_c_prologue(Emit *e) {
   FILE *c = e->out;
   bool dbl = e->o->prec == PREC_DOUBLE;
-  emit_banner(e, c, arena_printf("%s.c", e->m->name));
+  emit_banner(e, c, arena_printf("%s.%s", e->m->name, e->t->ext));
   fprintf(c, "#include \"%s.h\"\n\n#include <math.h>\n\n", e->m->name);
   fprintf(c, "typedef %s R;\n", dbl ? "double" : "float");
   fprintf(c, "#define cv_sigmoid cavs_sigmoid_%c\n#define cv_tanh %s\n#define cv_exp %s\n#define cv_log %s\n",
@@ -81,7 +82,7 @@ static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PRO
 
 /* cavs_gemm over rows r0.. (row-major, BLAS argument order), or cavs_gemm_skip and
  * cavs_gemm_rows, which take row 0 and skip the rows themselves. */
-static void c_gemm(Emit *e, const GemmCall *g) {
+void emit_c_gemm(Emit *e, const GemmCall *g) {
   const char *cols = emit_lin(e->m, g->cols), *k = emit_lin(e->m, g->k);
   const char *ws = emit_ptr(e, g->w, "0"), *wl = emit_ld(e, g->w.p);
   const char *xl = emit_ld(e, g->x.p), *yl = emit_ld(e, g->y.p);
@@ -99,23 +100,23 @@ static void c_gemm(Emit *e, const GemmCall *g) {
   else fprintf(e->out, fmt, T, N, k, cols, "n", xs, xl, ys, yl, 1, ws, wl);
 }
 
-static void c_gather(Emit *e, int child, Ref state, bool bwd) {
+void emit_c_gather(Emit *e, int child, Ref state, bool bwd) {
   fprintf(e->out, "  cavs_gather_%s(c, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", child, emit_ptr(e, state, "0"),
           emit_ld(e, state.p));
 }
 
-static void c_lookup(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd) {
+void emit_c_lookup(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd) {
   fprintf(e->out, "  cavs_lookup_%s(c, %s, %s, c->iin[%d], %s, %s, r0, n, %s);\n", bwd ? "bwd" : "fwd",
           emit_ptr(e, table, "0"), emit_ld(e, table.p), index, emit_ptr(e, out, "0"), emit_ld(e, out.p),
           emit_lin(e->m, width));
 }
 
-static void c_copy(Emit *e, Ref to, Ref from, Lin width, bool add) {
+void emit_c_copy(Emit *e, Ref to, Ref from, Lin width, bool add) {
   fprintf(e->out, "  cavs_copy_rows(c, %s, %s, %s, %s, n, %s, %d);\n", emit_ptr(e, to, "r0"), emit_ld(e, to.p),
           emit_ptr(e, from, "r0"), emit_ld(e, from.p), emit_lin(e->m, width), add);
 }
 
-static void c_loss(Emit *e, const LossCall *l) {
+void emit_c_loss(Emit *e, const LossCall *l) {
   const char *a = emit_ptr(e, (Ref){l->a, false}, "0"), *al = emit_ld(e, l->a);
   const char *da = l->bwd ? arena_printf("%s, %s, ", emit_ptr(e, (Ref){l->a, true}, "0"), al) : "";
   const char *t = l->t ? arena_printf("%s, %s", emit_ptr(e, (Ref){l->t, false}, "0"), emit_ld(e, l->t))
@@ -127,15 +128,15 @@ static void c_loss(Emit *e, const LossCall *l) {
 const Target target_c = {
     .name = "c",
     .ext = "c",
-    .header = c_header,
-    .prologue = c_prologue,
+    .header = emit_c_header,
+    .prologue = emit_c_prologue,
     .fn_open = c_fn_open,
     .fn_close = c_fn_close,
     .loop_open = c_loop_open,
     .loop_close = c_loop_close,
-    .gemm = c_gemm,
-    .gather = c_gather,
-    .lookup = c_lookup,
-    .copy = c_copy,
-    .loss = c_loss,
+    .gemm = emit_c_gemm,
+    .gather = emit_c_gather,
+    .lookup = emit_c_lookup,
+    .copy = emit_c_copy,
+    .loss = emit_c_loss,
 };

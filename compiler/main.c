@@ -251,8 +251,9 @@ int main(int argc, char **argv) {
         /* the options that shape the code, not where it was written: golden files stay
            the same whatever the output directory */
         const char *t = target == &target_c ? "" : arena_printf(" --target=%s", target->name);
-        char *cmd = arena_printf("cavsc%s%s %s", t, prec == PREC_DOUBLE ? " --precision=double" : "", path);
-        EmitOpts eo = {.prec = prec, .cmdline = cmd, .source_name = path};
+        const char *p = prec == PREC_DOUBLE ? " --precision=double" : "";
+        char *cmd = arena_printf("cavsc%s%s %s", t, p, path), *hcmd = arena_printf("cavsc%s %s", p, path);
+        EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path};
         emit(m, target, &eo, hout, out);
       }
     }
