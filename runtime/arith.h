@@ -1,22 +1,13 @@
 /* arith.h: the arithmetic every backend shares, one element at a time, so a value on
  * the CPU and on a GPU comes from the same formula: the optimizer updates, the loss
- * gradients, and the map from a flat thread index to a (row, column) cell of a row
- * block. CAVS_HD functions (cavs_abi.h): the CPU backend calls them in its loops
+ * gradients, and the span an optimizer's element is in. (Which row and column a GPU
+ * thread takes is cavs_cuda_cell, in cavs_abi.h: generated kernels use it too.) CAVS_HD functions (cavs_abi.h): the CPU backend calls them in its loops
  * (kernels.h), a CUDA backend in its kernels; the tests run them on the CPU. Written
  * once for float and once for double by CV_ARITH. */
 #ifndef CV_ARITH_H
 #define CV_ARITH_H
 
 #include "cavs_abi.h"
-
-/* Thread t of a launch over the n rows [r0, r0 + n) and w columns of a row block: its
- * row and column, and 1 when it has a cell (t < n * w), else 0 (the grid's tail). */
-static inline CAVS_HD int cv_cell(long t, long r0, long n, long w, long *row, long *col) {
-  if (t < 0 || w <= 0 || t >= n * w) return 0;
-  *row = r0 + t / w;
-  *col = t % w;
-  return 1;
-}
 
 /* The span of a flat index i among spans laid end to end (start[k] = where span k
  * begins in the concatenation, start[ns] = the total): the k with start[k] <= i <

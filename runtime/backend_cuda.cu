@@ -81,7 +81,14 @@ static int no_memory(cavs_model *m) {
 /* after a launch */
 #define CKL(m) CK(m, cudaGetLastError())
 
-static unsigned blocks(long cells) { return (unsigned)((cells + THREADS - 1) / THREADS); }
+/* the grid over `cells` elements (UINT32_MAX past what a grid holds: the launch fails
+   loudly), and the row and column of this thread among rows [r0, r0 + n) of width w */
+static unsigned blocks(long cells) { return cavs_cuda_blocks(cells, 1, THREADS); }
+__device__ static bool cell(long r0, long n, long w, long *r, long *j) {
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, w, r, j)) return false;
+  *r += r0;
+  return true;
+}
 static bool dbl(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE; }
 static cavs_model *model(cavs_ctx *c) { return c->model; }
 
@@ -228,7 +235,7 @@ static int cuda_synchronize(cavs_model *m) {
 
 template <typename R> __global__ void scale_rows(R *c, long ldc, int m, int n, R beta) {
   long row, col;
-  if (cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, 0, m, n, &row, &col)) c[row * ldc + col] *= beta;
+  if (cell(0, m, n, &row, &col)) c[row * ldc + col] *= beta;
 }
 
 static void cuda_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
@@ -288,7 +295,7 @@ static void cuda_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int c
 template <typename R>
 __global__ void gather(R *dst, long ld, const R *S, long w, const int *sel, long stride, int r0, int n, bool bwd) {
   long r, j;
-  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j)) return;
+  if (!cell(r0, n, w, &r, &j)) return;
   int s = sel[r * stride];
   if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : S[(long)s * w + j];
   else if (s >= 0) atomicAdd((R *)&S[(long)s * w + j], dst[r * ld + j]);
@@ -329,7 +336,7 @@ static void cuda_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0
 template <typename R>
 __global__ void lookup(R *dst, long ld, const R *T, long ldt, long w, const int *idx, int r0, int n, bool bwd) {
   long r, j;
-  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j)) return;
+  if (!cell(r0, n, w, &r, &j)) return;
   int s = idx[r];
   if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : T[(long)s * ldt + j];
   else if (s >= 0) atomicAdd((R *)&T[(long)s * ldt + j], dst[r * ld + j]);
@@ -356,7 +363,7 @@ static void cuda_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx,
 
 template <typename R> __global__ void copy_rows(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
   long r, j;
-  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, 0, n, w, &r, &j)) return;
+  if (!cell(0, n, w, &r, &j)) return;
   if (add) dst[r * ldd + j] += src[r * lds + j];
   else dst[r * ldd + j] = src[r * lds + j];
 }
@@ -503,7 +510,7 @@ template <>
 __global__ void mse_bwd<float>(const float *p, long ld, const float *t, long ldt, const unsigned char *pushed, float *dp,
                                long ldd, double scale, int r0, int n, long w) {
   long r, j;
-  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j) || !pushed[r]) return;
+  if (!cell(r0, n, w, &r, &j) || !pushed[r]) return;
   dp[r * ldd + j] += cv_mse_grad_f(p[r * ld + j], t[r * ldt + j], scale);
 }
 
@@ -511,7 +518,7 @@ template <>
 __global__ void mse_bwd<double>(const double *p, long ld, const double *t, long ldt, const unsigned char *pushed,
                                 double *dp, long ldd, double scale, int r0, int n, long w) {
   long r, j;
-  if (!cv_cell((long)blockIdx.x * blockDim.x + threadIdx.x, r0, n, w, &r, &j) || !pushed[r]) return;
+  if (!cell(r0, n, w, &r, &j) || !pushed[r]) return;
   dp[r * ldd + j] += cv_mse_grad_d(p[r * ld + j], t[r * ldt + j], scale);
 }
 

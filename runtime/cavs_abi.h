@@ -93,6 +93,34 @@ static inline CAVS_HD float cavs_sigmoid_f(float x) { return 1.0f / (1.0f + cavs
 static inline CAVS_HD float cavs_tanh_f(float x) { return 1.0f - 2.0f / (1.0f + cavs_exp_f(2.0f * x)); }
 static inline CAVS_HD double cavs_sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+/* The cells of a CUDA target's fused kernel: one thread per row and column of the n
+ * rows of a stage and the group's `width` columns, numbered row by row (consecutive
+ * threads read consecutive columns, so a warp's loads coalesce), in blocks of
+ * CAVS_CUDA_BLOCK threads on a one-dimensional grid. Plain C, so the CPU tests run the
+ * arithmetic every kernel runs (tests/check_math.c). */
+enum { CAVS_CUDA_BLOCK = 256 };
+/* The blocks of a launch: 0 for no cells (a launch of none would fail: the stage skips
+ * it). Past what a grid holds (2^31 - 1 blocks, some 5 * 10^11 cells, more values than a
+ * GPU's memory) it gives UINT32_MAX, which the launch refuses and the check after it
+ * reports, never a count that wrapped around. */
+static inline CAVS_HD uint32_t cavs_cuda_blocks(long n, long width, uint32_t block) {
+  if (n <= 0 || width <= 0 || block == 0) return 0;
+  long max = 0x7fffffffL * (long)block; /* cells in the largest grid */
+  if (width > max / n) return UINT32_MAX;
+  long cells = n * width;
+  return (uint32_t)((cells + block - 1) / block);
+}
+/* The cell of thread `thread` of block `block` (blocks of `block_dim` threads): its row
+ * (0 to n-1, of the stage's rows) and column; 0 for a thread past the last cell. */
+static inline CAVS_HD int cavs_cuda_cell(uint32_t block, uint32_t block_dim, uint32_t thread, long n, long width,
+                                         long *row, long *col) {
+  long k = (long)block * block_dim + thread;
+  if (width <= 0 || k >= n * width) return 0;
+  *row = k / width;
+  *col = k - *row * width;
+  return 1;
+}
+
 /* ---- the model descriptor, written by cavsc ---- */
 
 /* A width or shape: k + sum_i c[i] * dims[i]. */
@@ -269,8 +297,36 @@ void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, 
 void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp,
                   long ldd, int r0, int n, long w);
 
+/* A kernel launch of a CUDA target's stage failed (`code`, a cudaError_t, at `file`:`line`
+ * of the generated MODEL.cu). A stage returns nothing, so it records the error and the
+ * backend reports it when the stage returns. Implemented by the CUDA backend; generated
+ * code calls it through CAVS_CUDA_CHECK_LAUNCH. */
+void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code);
+
 
 #ifdef __cplusplus
 }
+#endif
+
+#ifdef __CUDACC__
+/* After every kernel launch of a CUDA target's stage. */
+#define CAVS_CUDA_CHECK_LAUNCH(c)                                                                              \
+  do {                                                                                                         \
+    cudaError_t cavs_err_ = cudaGetLastError();                                                                \
+    if (cavs_err_ != cudaSuccess) cavs_cuda_launch_failed((c), __FILE__, __LINE__, (int)cavs_err_);           \
+  } while (0)
+
+/* A gradient that several threads of one fused kernel add to: a vector parameter's
+ * (summed over the rows) or one of two slices of a buffer that may overlap. `d[j] += x`
+ * is an atomicAdd, so the kernel's statements are the C loop's, word for word. */
+template <typename T> struct cavs_cuda_sum {
+  T *p;
+  struct cell {
+    T *q;
+    __device__ void operator+=(T x) const { atomicAdd(q, x); }
+  };
+  __host__ __device__ cavs_cuda_sum(T *p) : p(p) {}
+  __device__ cell operator[](long j) const { return cell{p + j}; }
+};
 #endif
 #endif

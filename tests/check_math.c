@@ -2,8 +2,9 @@
  * libm, over the whole float range and at its edges: NaN, infinities, results that
  * overflow or underflow (subnormal, then zero), and arguments near zero. Each value is
  * checked called alone and from a loop the compiler vectorizes, as generated code does.
- * Then the index arithmetic of runtime/arith.h, which a GPU's kernels run and no GPU
- * here can: executed on the CPU. */
+ * Also the index arithmetic of the kernels of a GPU (the CUDA target's, which row and
+ * column each thread computes; the CUDA backend's, which optimizer span an element is
+ * in), run on the CPU over whole grids. */
 #include <float.h>
 #include <stdint.h>
 
@@ -100,31 +101,63 @@ START_TEST(sigmoid_tanh_edges) {
 }
 END_TEST
 
-/* cv_cell: the threads of a launch over n rows and w columns, in blocks of b, cover
- * every cell once and no other, for shapes that fill the last block and shapes that
- * leave a tail. */
-START_TEST(cells_cover_a_row_block_once) {
-  static const long shapes[][3] = {{1, 1, 32}, {3, 5, 32}, {64, 256, 256}, {7, 33, 128}, {1, 1000, 256}, {300, 1, 64}};
-  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-    long n = shapes[s][0], w = shapes[s][1], b = shapes[s][2], r0 = 17;
-    long blocks = (n * w + b - 1) / b;
-    unsigned char *seen = calloc((size_t)(n * w), 1);
-    long hits = 0;
-    for (long t = 0; t < blocks * b; t++) {
-      long row = -1, col = -1;
-      if (!cv_cell(t, r0, n, w, &row, &col)) continue;
-      ck_assert(row >= r0 && row < r0 + n && col >= 0 && col < w);
-      ck_assert_int_eq(seen[(row - r0) * w + col]++, 0);
-      hits++;
+/* The cells of a CUDA target's fused kernel (cavs_cuda_blocks, cavs_cuda_cell), run here
+ * as the GPU runs them: every block of the grid, every thread of a block. Each cell of
+ * the n rows and `width` columns is taken by exactly one thread, none outside them, the
+ * last block is not idle, and consecutive threads take consecutive columns of a row.
+ * Returns what was wrong, or NULL (Check's assertions are too slow for every thread). */
+static const char *cells_once(long n, long width, uint32_t block) {
+  uint32_t blocks = cavs_cuda_blocks(n, width, block);
+  long cells = n > 0 && width > 0 ? n * width : 0;
+  if (blocks != (uint32_t)((cells + block - 1) / block)) return "the number of blocks";
+  unsigned char *seen = calloc((size_t)cells + 1, 1);
+  long taken = 0, last_block = 0;
+  const char *bad = NULL;
+  for (uint32_t b = 0; b < blocks && !bad; b++)
+    for (uint32_t t = 0; t < block && !bad; t++) {
+      long r = -1, c = -1, k = (long)b * block + t;
+      if (!cavs_cuda_cell(b, block, t, n, width, &r, &c)) continue;
+      if (r < 0 || r >= n || c < 0 || c >= width) bad = "a cell outside the rows and columns";
+      else if (seen[r * width + c]++) bad = "a cell taken twice";
+      else if (r != k / width || c != k % width) bad = "a cell out of row-major order";
+      taken++;
+      last_block += b == blocks - 1;
     }
-    ck_assert_int_eq(hits, n * w);
-    long row, col;
-    ck_assert(!cv_cell(-1, r0, n, w, &row, &col));
-    ck_assert(!cv_cell(0, r0, n, 0, &row, &col));
-    free(seen);
-  }
+  free(seen);
+  if (!bad && taken != cells) bad = "a cell nobody took";
+  if (!bad && blocks && !last_block) bad = "an idle last block";
+  return bad;
+}
+
+START_TEST(cuda_cells) {
+  const long ns[] = {0, 1, 2, 3, 7, 64, 255, 256, 257, 1000};
+  const long widths[] = {0, 1, 3, 5, 31, 32, 33, 256, 300};
+  const uint32_t blocks[] = {1, 32, 64, 128, 256, 1024};
+  for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+    for (size_t b = 0; b < sizeof widths / sizeof *widths; b++)
+      for (size_t k = 0; k < sizeof blocks / sizeof *blocks; k++) {
+        const char *bad = cells_once(ns[a], widths[b], blocks[k]);
+        if (bad) ck_abort_msg("n %ld, width %ld, block %u: %s", ns[a], widths[b], blocks[k], bad);
+      }
+  ck_assert_ptr_null(cells_once(513, 129, CAVS_CUDA_BLOCK));
 }
 END_TEST
+
+/* Nothing to launch for no rows or no columns; past what a grid holds, a count the launch
+ * refuses (UINT32_MAX blocks), never one that wrapped around to a small grid. */
+START_TEST(cuda_grid_limits) {
+  ck_assert_uint_eq(cavs_cuda_blocks(0, 100, 256), 0);
+  ck_assert_uint_eq(cavs_cuda_blocks(-1, 100, 256), 0);
+  ck_assert_uint_eq(cavs_cuda_blocks(100, 0, 256), 0);
+  ck_assert_uint_eq(cavs_cuda_blocks(1L << 30, 1L << 8, 256), 1u << 30);
+  ck_assert_uint_eq(cavs_cuda_blocks(0x7fffffffL, 256, 256), 0x7fffffffu); /* the largest grid */
+  ck_assert_uint_eq(cavs_cuda_blocks(0x7fffffffL, 257, 256), UINT32_MAX);
+  ck_assert_uint_eq(cavs_cuda_blocks(1L << 30, 1L << 40, 256), UINT32_MAX);
+  ck_assert_uint_eq(cavs_cuda_blocks(1L << 62, 1L << 62, 256), UINT32_MAX); /* n * width overflows */
+  long r, c;
+  ck_assert(!cavs_cuda_cell(0, 256, 0, 5, 0, &r, &c));
+  ck_assert(!cavs_cuda_cell(0, 256, 0, 0, 5, &r, &c));
+  ck_assert(cavs_cuda_cell(0x7ffffffeu, 256, 255, 0x7fffffffL, 256, &r, &c) && r == 0x7ffffffeL && c == 255);
 
 /* cv_span_of: the span of every flat index, against a linear search, with empty spans
  * among them. */
@@ -151,9 +184,10 @@ int main(void) {
   tcase_add_test(tc, exp_whole_range);
   tcase_add_test(tc, sigmoid_tanh_edges);
   suite_add_tcase(s, tc);
-  tc = tcase_create("index arithmetic");
-  tcase_add_test(tc, cells_cover_a_row_block_once);
-  tcase_add_test(tc, spans_by_bisection);
-  suite_add_tcase(s, tc);
+  TCase *cu = tcase_create("cuda cells");
+  tcase_add_test(cu, cuda_cells);
+  tcase_add_test(cu, cuda_grid_limits);
+  tcase_add_test(cu, spans_by_bisection);
+  suite_add_tcase(s, cu);
   return tu_run_suite(s);
 }
