@@ -392,7 +392,7 @@ const char *cls_name(Class c);
 /* Substitutes the operand texts for g, y, a and b in a rule or body of ops.def. */
 const char *ad_rule(const char *rule, const char *g, const char *y, const char *a, const char *b);
 
-/* ---- emit.c: the emitter every target shares; emit_c.c: the C target ---- */
+/* ---- emit.c: the emitter every target shares; emit_c.c, emit_cuda.c: the targets ---- */
 
 typedef enum { PREC_FLOAT, PREC_DOUBLE } Precision;
 typedef struct EmitOpts {
@@ -410,7 +410,8 @@ typedef struct Emit {
   const Model *m;
   const EmitOpts *o;
   const Target *t;
-  FILE *out; /* the source file, or where a target's hooks send the text for now */
+  FILE *out;   /* the source file, or where a target's hooks send the text for now */
+  void *state; /* a target's own, from its prologue on */
 } Emit;
 
 /* A value, or its gradient, where plan.c placed it. */
@@ -485,9 +486,9 @@ struct Target {
   void (*copy)(Emit *e, Ref to, Ref from, Lin width, bool add); /* `width` columns of each row */
   void (*loss)(Emit *e, const LossCall *l);
 };
-extern const Target target_c;
-/* Hooks of the C target that another target may share: the header, the prologue
- * (banner, includes, R and the cv_* functions) and the calls into libcavs. */
+extern const Target target_c, target_cuda;
+/* Hooks of the C target that the CUDA target shares: the header, the prologue (banner,
+ * includes, R and the cv_* functions) and the calls into libcavs. */
 void emit_c_header(Emit *e, FILE *h);
 void emit_c_prologue(Emit *e);
 void emit_c_gemm(Emit *e, const GemmCall *g);

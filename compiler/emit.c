@@ -10,8 +10,8 @@
  * model is created, so one build serves every --dim.
  *
  * How each piece is written (a function's opening, a loop, a call into libcavs) is the
- * target's (struct Target in cavsc.h): emit_c.c for C. A new target is a file of hooks
- * and a row in `targets` below. */
+ * target's (struct Target in cavsc.h): emit_c.c for C, emit_cuda.c for CUDA. A new
+ * target is a file of hooks and a row in `targets` below. */
 #include "cavsc.h"
 
 #include <stdlib.h>
@@ -664,7 +664,7 @@ static void descriptor(const Emit *e) {
 /* ---- targets ---- */
 
 /* One row per target; the first is the default. */
-static const Target *const targets[] = {&target_c};
+static const Target *const targets[] = {&target_c, &target_cuda};
 enum { NTARGETS = sizeof targets / sizeof *targets };
 
 const Target *target_find(const char *name) {

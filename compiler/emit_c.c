@@ -4,8 +4,8 @@
  * stage as `static void MODEL_BLOCK_STAGE(cavs_ctx *c, int r0, int n)`, a fused group as
  * a `for` over the rows with a CAVS_IVDEP `for` over the columns inside, and each product,
  * gather, lookup, copy and loss as a call into libcavs. What is computed, in which order,
- * is emit.c's. The header, the prologue and the calls are exported (cavsc.h) for
- * another target to share. */
+ * is emit.c's. The CUDA target (emit_cuda.c) shares the header, the prologue and the
+ * calls. */
 #include "cavsc.h"
 
 /* An enum of named indices in the header; none for an empty list (C has no empty
@@ -36,7 +36,8 @@ void emit_c_header(Emit *e, FILE *h) {
   fprintf(h, "\n#endif\n");
 }
 
-/* The element type R and the math functions the bodies in ops.def call (cv_*). */
+/* The element type R and the math functions the bodies in ops.def call (cv_*): the
+ * CUDA target's prologue too (nvcc has every one of them on the device). */
 void emit_c_prologue(Emit *e) {
   FILE *c = e->out;
   bool dbl = e->o->prec == PREC_DOUBLE;

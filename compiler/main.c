@@ -12,13 +12,14 @@
 
 static const char usage[] =
     "usage: cavsc [options] MODEL.vf|MODEL.ir|-\n"
-    "  -o PATH            output directory for MODEL.h and MODEL.c (default: .);\n"
+    "  -o PATH            output directory for MODEL.h and MODEL.c or .cu (default: .);\n"
     "                     with --dump or --report, the file to write instead of stdout\n"
     "  --dump=STAGE       print the program after a stage: ast, ir, ad, cls, fuse\n"
     "                     (cls and fuse print the --report)\n"
     "  --report           print every node's class (eager, path, lazy) and fusion group\n"
     "  --precision=P      float (default) or double (for gradient checks)\n"
-    "  --target=NAME      the code to write: c (default, MODEL.h and MODEL.c)\n"
+    "  --target=NAME      the code to write: c (default, MODEL.h and MODEL.c) or\n"
+    "                     cuda (MODEL.h and MODEL.cu: a kernel per fused group)\n"
     "  --check            run every pass and write nothing: exit 0 when the model is valid\n"
     "  --source-name=NAME the name messages and the generated code give the input\n"
     "                     (for '-', standard input)\n"

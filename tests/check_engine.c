@@ -5,27 +5,32 @@
 
 static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype"};
 
-/* generated/ matches the compiler, byte for byte */
+/* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,
+ * the same MODEL.h and MODEL.cu from the CUDA target */
 START_TEST(golden) {
   const char *top = tu_env("TOP_SRCDIR", ".");
   char *dir = tu_tmpdir();
   char src[256];
   snprintf(src, sizeof src, "dsl-examples/%s.vf", examples[_i]);
-  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "-o", dir, src, NULL};
-  RunResult r = tu_run(top, argv, 30);
-  ck_assert_msg(r.status == 0, "%s", r.err);
-  tu_free(&r);
-  const char *ext[] = {"h", "c"};
-  for (int k = 0; k < 2; k++) {
-    char a[4400], b[4400];
-    snprintf(a, sizeof a, "%s/%s.%s", dir, examples[_i], ext[k]);
-    snprintf(b, sizeof b, "%s/generated/%s.%s", top, examples[_i], ext[k]);
-    char *now = tu_slurp(a, NULL), *kept = tu_slurp(b, NULL);
-    ck_assert_msg(kept != NULL, "%s is missing: run `make generated`", b);
-    ck_assert_msg(!strcmp(now, kept), "%s differs from what cavsc writes now: run `make generated`", b);
-    free(now);
-    free(kept);
-    unlink(a);
+  const char *targets[][2] = {{"--target=c", "c"}, {"--target=cuda", "cu"}};
+  for (int t = 0; t < 2; t++) {
+    char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), (char *)targets[t][0], "-o", dir, src, NULL};
+    RunResult r = tu_run(top, argv, 30);
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    tu_free(&r);
+    const char *ext[] = {"h", targets[t][1]};
+    for (int k = 0; k < 2; k++) {
+      char a[4400], b[4400];
+      snprintf(a, sizeof a, "%s/%s.%s", dir, examples[_i], ext[k]);
+      snprintf(b, sizeof b, "%s/generated/%s.%s", top, examples[_i], ext[k]);
+      char *now = tu_slurp(a, NULL), *kept = tu_slurp(b, NULL);
+      ck_assert_msg(kept != NULL, "%s is missing: run `make generated`", b);
+      ck_assert_msg(!strcmp(now, kept), "%s differs from what cavsc %s writes now: run `make generated`", b,
+                    targets[t][0]);
+      free(now);
+      free(kept);
+      unlink(a);
+    }
   }
   rmdir(dir);
   free(dir);

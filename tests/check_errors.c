@@ -242,8 +242,9 @@ START_TEST(unwritable_output) {
 }
 END_TEST
 
-/* --target=c writes what no --target writes; an unknown target is an error that names
- * the targets there are, status 1, and nothing is written, not even the directory. */
+/* --target=c writes what no --target writes; --target=cuda the same header and MODEL.cu;
+ * an unknown target is an error that names the targets there are, status 1, and nothing
+ * is written, not even the directory. */
 START_TEST(target_option) {
   char model[4096];
   snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
@@ -269,11 +270,27 @@ START_TEST(target_option) {
     free(ta);
     free(tb);
   }
-  const char *names[] = {"cuda", "xyz", ""};
+  /* --target=cuda: the same header, MODEL.cu in place of MODEL.c */
+  char cu[4300], a[4400], b[4400];
+  snprintf(cu, sizeof cu, "%s/cuda", top);
+  char *argv4[] = {(char *)cavsc, "--target=cuda", "-o", cu, model, NULL};
+  r = tu_run(NULL, argv4, 30);
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  tu_free(&r);
+  snprintf(a, sizeof a, "%s/treelstm.h", plain);
+  snprintf(b, sizeof b, "%s/treelstm.h", cu);
+  char *ta = tu_slurp(a, NULL), *tb = tu_slurp(b, NULL);
+  ck_assert_msg(ta && tb && !strcmp(ta, tb), "treelstm.h differs with --target=cuda");
+  free(ta);
+  free(tb);
+  snprintf(a, sizeof a, "%s/treelstm.cu", cu);
+  snprintf(b, sizeof b, "%s/treelstm.c", cu);
+  ck_assert_msg(access(a, F_OK) == 0 && access(b, F_OK) != 0, "--target=cuda writes treelstm.cu, not treelstm.c");
+  const char *names[] = {"CUDA", "xyz", ""};
   for (int k = 0; k < 3; k++) {
     char opt[64], want[128];
     snprintf(opt, sizeof opt, "--target=%s", names[k]);
-    snprintf(want, sizeof want, "cavsc: error: unknown target '%s' (targets: c)\n", names[k]);
+    snprintf(want, sizeof want, "cavsc: error: unknown target '%s' (targets: c, cuda)\n", names[k]);
     char *argv3[] = {(char *)cavsc, opt, "-o", bad, model, NULL};
     r = tu_run(NULL, argv3, 30);
     ck_assert_int_eq(r.status, 1);
