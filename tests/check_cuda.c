@@ -1,0 +1,76 @@
+/* check_cuda.c: the CUDA target's output compiles. Every example model, at both
+ * precisions, written fresh by `cavsc --target=cuda` and compiled by nvcc with every
+ * warning an error (the kernels' and the host code's); also two models that take the
+ * target's rarer paths. Needs no GPU, only nvcc: without it (configure found none, or
+ * --disable-cuda) the suite exits 77, which automake reports as skipped.
+ *
+ * What the kernels compute is checked where it can be without a GPU: their statements are
+ * emit.c's, the same as the C loops' (check_gradcheck, check_reference), and the row and
+ * column each thread takes is cavs_cuda_cell's (check_math). */
+#include "testutil.h"
+
+static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype"};
+static const char *const precisions[] = {"float", "double"};
+
+/* Two rarer paths: a model without dims or inputs (its descriptor's empty arrays), and a
+ * backward kernel whose gradients may overlap (two slices of one buffer: atomic adds). */
+static const struct {
+  const char *name, *src;
+} extra[] = {
+    {"bare", "model bare;\nparam U[2,2] init uniform(-1, 1);\n"
+             "vertex v (children 1) { h = tanh(gather(0) @ U + 1); scatter(h); }\n"},
+    {"alias", "model alias; dim H = 4; dim C = 3; input y : class[C];\n"
+              "param W[H,2H], Wc[H,C] init uniform(-1, 1); param b[H];\n"
+              "vertex v (children 2) {\n  s = gather(0)[0:H] @ W;\n"
+              "  h = tanh(s[0:H] * s[1:H+1] + b + gather(1)[0:H]);\n  scatter(concat(h, h)); push(h);\n}\n"
+              "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+};
+
+/* cavsc --target=cuda on `vf` (a path, relative to `cwd`), then nvcc on what it wrote. */
+static void compiles(const char *cwd, const char *vf, const char *model, const char *prec) {
+  char *dir = tu_tmpdir(), popt[64], cu[4400], inc[4400];
+  snprintf(popt, sizeof popt, "--precision=%s", prec);
+  char *gen[] = {(char *)tu_env("CAVSC", "./cavsc"), "--target=cuda", popt, "-o", dir, (char *)vf, NULL};
+  RunResult r = tu_run(cwd, gen, 30);
+  ck_assert_msg(r.status == 0, "%s: %s", vf, r.err);
+  tu_free(&r);
+  snprintf(cu, sizeof cu, "%s/%s.cu", dir, model);
+  snprintf(inc, sizeof inc, "-I%s/runtime", tu_env("TOP_SRCDIR", "."));
+  char *nvcc[] = {(char *)tu_env("NVCC", "nvcc"), "-c", "-std=c++17", inc, "-Werror", "all-warnings",
+                  "-Xcompiler", "-Wall,-Werror", "-o", "/dev/null", cu, NULL};
+  r = tu_run(NULL, nvcc, 300);
+  ck_assert_msg(r.status == 0 && !*r.out && !*r.err, "nvcc %s (%s, status %d):\n%s%s", model, prec, r.status,
+                tu_tail(r.out, 1500), tu_tail(r.err, 1500));
+  tu_free(&r);
+  tu_rmtree(dir);
+}
+
+START_TEST(examples_compile) {
+  char vf[256];
+  snprintf(vf, sizeof vf, "dsl-examples/%s.vf", models[_i / 2]);
+  compiles(tu_env("TOP_SRCDIR", "."), vf, models[_i / 2], precisions[_i % 2]);
+}
+END_TEST
+
+START_TEST(rare_paths_compile) {
+  char *dir = tu_tmpdir(), vf[4400];
+  snprintf(vf, sizeof vf, "%s/%s.vf", dir, extra[_i / 2].name);
+  tu_write(vf, extra[_i / 2].src, strlen(extra[_i / 2].src));
+  compiles(NULL, vf, extra[_i / 2].name, precisions[_i % 2]);
+  tu_rmtree(dir);
+}
+END_TEST
+
+int main(void) {
+  if (!*tu_env("NVCC", "")) {
+    puts("check_cuda: skipped: configure found no nvcc (or was given --disable-cuda)");
+    return 77;
+  }
+  Suite *s = suite_create("cuda");
+  TCase *tc = tcase_create("nvcc");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, examples_compile, 0, 2 * 5);
+  tcase_add_loop_test(tc, rare_paths_compile, 0, 2 * 2);
+  suite_add_tcase(s, tc);
+  return tu_run_suite(s);
+}
