@@ -472,6 +472,7 @@ typedef struct LossCall {
 struct Target {
   const char *name; /* --target=NAME */
   const char *ext;  /* of the source file: MODEL.ext */
+  const char *abi;  /* its name in the descriptor (enum cavs_target of cavs_abi.h) */
   void (*header)(Emit *e, FILE *h); /* the whole MODEL.h */
   void (*prologue)(Emit *e);        /* the source file up to its first function */
   void (*fn_open)(Emit *e, const char *name, const char *what); /* a block's stage */

@@ -643,7 +643,8 @@ static void descriptor(const Emit *e) {
   if (nlosses) fprintf(c, "};\n");
   fputc('\n', c);
   fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
-  fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .name = %s,\n  .source = %s,\n", emit_c_string(m->name), emit_c_string(e->o->source_name));
+  fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);
+  fprintf(c, "  .name = %s,\n  .source = %s,\n", emit_c_string(m->name), emit_c_string(e->o->source_name));
   fprintf(c, "  .source_hash = \"%016llx\",\n", fnv(cv_source_text, cv_source_len));
   fprintf(c, "  .precision = %s,\n", e->o->prec == PREC_DOUBLE ? "CAVS_DOUBLE" : "CAVS_FLOAT");
   fprintf(c, "  .ndims = %d, .dims = dims,\n", m->ndims);

@@ -129,6 +129,7 @@ void emit_c_loss(Emit *e, const LossCall *l) {
 const Target target_c = {
     .name = "c",
     .ext = "c",
+    .abi = "CAVS_TARGET_C",
     .header = emit_c_header,
     .prologue = emit_c_prologue,
     .fn_open = c_fn_open,

@@ -139,6 +139,7 @@ static void cuda_loop_close(Emit *e, const Loop *l) {
 const Target target_cuda = {
     .name = "cuda",
     .ext = "cu",
+    .abi = "CAVS_TARGET_CUDA",
     .header = emit_c_header,
     .prologue = cuda_prologue,
     .fn_open = cuda_fn_open,

@@ -487,6 +487,7 @@ static const cavs_loss_desc losses[] = {
 
 const cavs_desc lstm_lm_desc = {
   .abi = CAVS_ABI_VERSION,
+  .target = CAVS_TARGET_CUDA,
   .name = "lstm_lm",
   .source = "dsl-examples/lstm_lm.vf",
   .source_hash = "717c0d6608a65bcc",

@@ -252,6 +252,7 @@ static const cavs_loss_desc losses[] = {
 
 const cavs_desc treefc_desc = {
   .abi = CAVS_ABI_VERSION,
+  .target = CAVS_TARGET_C,
   .name = "treefc",
   .source = "dsl-examples/treefc.vf",
   .source_hash = "15f3c48a0f5dd99c",

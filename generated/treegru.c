@@ -466,6 +466,7 @@ static const cavs_loss_desc losses[] = {
 
 const cavs_desc treegru_desc = {
   .abi = CAVS_ABI_VERSION,
+  .target = CAVS_TARGET_C,
   .name = "treegru",
   .source = "dsl-examples/treegru.vf",
   .source_hash = "2f3a8e921bd37120",

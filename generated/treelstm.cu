@@ -618,6 +618,7 @@ static const cavs_loss_desc losses[] = {
 
 const cavs_desc treelstm_desc = {
   .abi = CAVS_ABI_VERSION,
+  .target = CAVS_TARGET_CUDA,
   .name = "treelstm",
   .source = "dsl-examples/treelstm.vf",
   .source_hash = "ae4bd903a053252d",

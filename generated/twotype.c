@@ -521,6 +521,7 @@ static const cavs_loss_desc losses[] = {
 
 const cavs_desc twotype_desc = {
   .abi = CAVS_ABI_VERSION,
+  .target = CAVS_TARGET_C,
   .name = "twotype",
   .source = "dsl-examples/twotype.vf",
   .source_hash = "0044303ee4e0e3ae",

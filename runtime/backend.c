@@ -127,3 +127,13 @@ void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, 
                   int r0, int n, long w) {
   BE(c)->mse_bwd(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
 }
+
+/* A CUDA target's stage could not launch a kernel: the stage returns nothing, so the
+ * model keeps the first such failure, and the forward pass (or step) reports it. Here,
+ * not in the module: the generated code resolves it in libcavs, as its other calls. */
+void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code) {
+  cavs_model *m = c->model;
+  if (!m->launch_failed)
+    snprintf(m->err, sizeof m->err, "%s:%d: cuda: a kernel launch failed (cudaError_t %d)", file, line, code);
+  m->launch_failed = true;
+}

@@ -298,9 +298,9 @@ void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, 
                   long ldd, int r0, int n, long w);
 
 /* A kernel launch of a CUDA target's stage failed (`code`, a cudaError_t, at `file`:`line`
- * of the generated MODEL.cu). A stage returns nothing, so it records the error and the
- * backend reports it when the stage returns. Implemented by the CUDA backend; generated
- * code calls it through CAVS_CUDA_CHECK_LAUNCH. */
+ * of the generated MODEL.cu). A stage returns nothing, so it records the error, and
+ * the forward pass or the step after the backward pass that ran it reports it. Implemented in libcavs (backend.c);
+ * generated code calls it through CAVS_CUDA_CHECK_LAUNCH. */
 void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code);
 
 

@@ -12,6 +12,7 @@ struct cavs_model {
   const cavs_desc *d;
   const cv_backend *be; /* owns every buffer below that a kernel touches */
   void *bs;             /* the backend's own state (its streams, its copy of the schedule) */
+  bool launch_failed;   /* a kernel of generated code did not launch: m->err says where */
   cavs_backend_stats stats;
   cavs_ctx ctx;
   size_t esize; /* 4 (float) or 8 (double) */

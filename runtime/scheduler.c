@@ -244,7 +244,8 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
         m->be->zero((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, (size_t)m->type_n[t] * w);
     d->push_fwd(c, 0, N);
   }
-  if (m->be->synchronize(m)) return -1; /* the losses and predictions are complete */
+  /* the losses and predictions are complete */
+  if (m->be->synchronize(m) || m->launch_failed) return -1;
   if (st) {
     memset(st, 0, sizeof *st);
     for (int l = 0; l < d->nlosses; l++) {

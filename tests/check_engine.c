@@ -238,6 +238,12 @@ START_TEST(backends_by_name) {
     ck_assert_ptr_null(cavs_model_new_opts(d, dims, &o, err, sizeof err));
     ck_assert_msg(strstr(err, "compiled for the c target, which the cuda backend cannot run"), "%s", err);
   }
+  /* and a CUDA target's stages launch kernels: not on the CPU */
+  cavs_desc gpu = *d;
+  gpu.target = CAVS_TARGET_CUDA;
+  ck_assert_ptr_null(cavs_model_new(&gpu, dims, err, sizeof err));
+  ck_assert_msg(strstr(err, "compiled for the cuda target, which the cpu backend cannot run (compile it with "
+                            "cavsc --target=c)"), "%s", err);
   o.backend = "cpu";
   cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);

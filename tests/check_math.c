@@ -158,6 +158,8 @@ START_TEST(cuda_grid_limits) {
   ck_assert(!cavs_cuda_cell(0, 256, 0, 5, 0, &r, &c));
   ck_assert(!cavs_cuda_cell(0, 256, 0, 0, 5, &r, &c));
   ck_assert(cavs_cuda_cell(0x7ffffffeu, 256, 255, 0x7fffffffL, 256, &r, &c) && r == 0x7ffffffeL && c == 255);
+}
+END_TEST
 
 /* cv_span_of: the span of every flat index, against a linear search, with empty spans
  * among them. */
