@@ -72,6 +72,16 @@ static const char *const base_cflags[] = {"-std=c11", "-O3", "-march=native", "-
 #endif
 };
 
+/* nvcc's, for the cuda target: C++ as the generated .cu needs, a shared CUDA runtime (the
+ * one the CUDA backend module uses too, so both see the same device pointers and the same
+ * default stream), and the toolkit's library directory in the object's run path. The
+ * default architecture, whose PTX the driver compiles for a newer GPU when it loads. */
+#ifndef CAVS_CUDA_HOME
+#define CAVS_CUDA_HOME "/usr/local/cuda"
+#endif
+static const char *const nvcc_flags[] = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
+                                         "-Xlinker", "-rpath=" CAVS_CUDA_HOME "/lib64"};
+
 static const char *const *model_cflags(int *n) {
   int nbase = (int)(sizeof base_cflags / sizeof *base_cflags), k = 0;
   const char *e = getenv("CAVS_MODEL_CFLAGS");
@@ -83,20 +93,35 @@ static const char *const *model_cflags(int *n) {
   return flags;
 }
 
-static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect) {
+/* The target a model is built for: cuda for --device cuda, c for the rest. */
+static const char *model_target(void) {
+  return model_opts.backend && !strcmp(model_opts.backend, "cuda") ? "cuda" : NULL;
+}
+
+static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect, const char *target) {
   const char *cc = getenv("CC");
   int ncflags;
   const char *const *cflags = model_cflags(&ncflags);
-  return (CacheReq){.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc",
-                    .cflags = cflags, .ncflags = ncflags, .version = CAVS_VERSION, .text = text, .len = len,
-                    .name = name, .expect = expect};
+  CacheReq q = {.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc", .cflags = cflags,
+                .ncflags = ncflags, .version = CAVS_VERSION, .text = text, .len = len, .name = name,
+                .expect = expect, .target = target};
+  if (target && !strcmp(target, "cuda")) {
+    const char *nvcc = getenv("NVCC");
+#ifdef CAVS_NVCC
+    if (!nvcc || !*nvcc) nvcc = CAVS_NVCC;
+#endif
+    q.cc = nvcc && *nvcc ? nvcc : "nvcc";
+    q.cflags = nvcc_flags;
+    q.ncflags = (int)(sizeof nvcc_flags / sizeof *nvcc_flags);
+  }
+  return q;
 }
 
 /* Compiles source text (which cavsc's messages call `name`) through the cache and loads
  * it; `expect`, when set, is the model name the text must define. */
 static Loaded load_vf(const char *name, const char *text, size_t len, const char *expect) {
   Loaded L = {0};
-  CacheReq q = cache_req(name, text, len, expect);
+  CacheReq q = cache_req(name, text, len, expect, model_target());
   char err[2048];
   int rc = cache_load(&q, &L.desc, &L.name, err, sizeof err);
   keep(L.name);
@@ -140,7 +165,7 @@ Loaded load_model_arg(const char *path) {
 Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
   const char *src = cavs_ckpt_source(k);
   char *name = fmt("%s (the model source in the checkpoint)", ckpt_path);
-  CacheReq q = cache_req(name, src, strlen(src), cavs_ckpt_model(k));
+  CacheReq q = cache_req(name, src, strlen(src), cavs_ckpt_model(k), model_target());
   char err[2048];
   int rc = cache_check_source(&q, err, sizeof err);
   if (rc == 1) die(1, "%s: the checkpoint's model source does not compile", ckpt_path);
@@ -155,11 +180,12 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
  * and the compiler a cache entry gets, into -o DIR (default .). Prints the path of
  * NAME.so (NAME.c with --emit-only). */
 int cmd_build(int argc, char **argv) {
-  static const char usage[] = "build: usage: cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]";
-  const char *out = ".", *prec = NULL, *model = NULL;
+  static const char usage[] =
+      "build: usage: cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]";
+  const char *out = ".", *prec = NULL, *model = NULL, *target = NULL;
   bool emit_only = false;
   static const struct option lo[] = {{"precision", 1, 0, 'p'}, {"emit-only", 0, 0, 'e'}, {"output", 1, 0, 'o'},
-                                     {0, 0, 0, 0}};
+                                     {"target", 1, 0, 't'}, {0, 0, 0, 0}};
   optind = 1;
   int ch;
   while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
@@ -171,6 +197,10 @@ int cmd_build(int argc, char **argv) {
     case 'p':
       if (strcmp(optarg, "float") && strcmp(optarg, "double")) die(1, "--precision: '%s' is not float or double", optarg);
       prec = optarg;
+      break;
+    case 't':
+      if (strcmp(optarg, "c") && strcmp(optarg, "cuda")) die(1, "--target: '%s' is not c or cuda", optarg);
+      target = strcmp(optarg, "c") ? optarg : NULL;
       break;
     case 'e': emit_only = true; break;
     case 'o': out = optarg; break;
@@ -187,7 +217,7 @@ int cmd_build(int argc, char **argv) {
   size_t len;
   char *text = slurp(model, &len);
   if (!text) die(1, "cannot open '%s': %s", model, strerror(errno));
-  CacheReq q = cache_req(model, text, len, NULL);
+  CacheReq q = cache_req(model, text, len, NULL, target);
   q.precision = prec;
   char err[2048], *name = NULL;
   int rc = cache_build_into(&q, out, !emit_only, &name, err, sizeof err);
@@ -196,7 +226,7 @@ int cmd_build(int argc, char **argv) {
     if (*err) die(rc, "%s", err);
     exit(rc);
   }
-  printf("%s/%s.%s\n", out, name, emit_only ? "c" : "so");
+  printf("%s/%s.%s\n", out, name, emit_only ? (target ? "cu" : "c") : "so");
   return 0;
 }
 

@@ -52,6 +52,9 @@ static char *fmt(const char *f, ...) {
   return s;
 }
 
+/* The extension of the source cavsc writes for the request's target: "c" or "cu". */
+static const char *src_ext(const CacheReq *q) { return q->target && !strcmp(q->target, "cuda") ? "cu" : "c"; }
+
 /* ---- hashing ---- */
 
 static void hash_field(struct sha256_ctx *c, const void *p, size_t n) {
@@ -107,8 +110,9 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   sha256_init(&c);
   hash_field(&c, META_MAGIC, strlen(META_MAGIC));
   hash_field(&c, q->version, strlen(q->version));
-  const char *prec = q->precision ? q->precision : "float";
+  const char *prec = q->precision ? q->precision : "float", *target = src_ext(q);
   hash_field(&c, prec, strlen(prec));
+  hash_field(&c, target, strlen(target));
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
@@ -427,15 +431,17 @@ out:
 }
 
 /* The NAME of the NAME.c that cavsc wrote into dir, or NULL. */
-static char *find_c(const char *dir) {
+/* The model's name: that of the one NAME.ext file cavsc wrote into dir. */
+static char *find_src(const char *dir, const char *ext) {
   DIR *d = opendir(dir);
   if (!d) return NULL;
   char *name = NULL;
   struct dirent *e;
+  size_t x = strlen(ext) + 1;
   while ((e = readdir(d))) {
     size_t n = strlen(e->d_name);
-    if (n > 2 && !strcmp(e->d_name + n - 2, ".c")) {
-      name = fmt("%.*s", (int)(n - 2), e->d_name);
+    if (n > x && e->d_name[n - x] == '.' && !strcmp(e->d_name + n - x + 1, ext)) {
+      name = fmt("%.*s", (int)(n - x), e->d_name);
       break;
     }
   }
@@ -456,8 +462,9 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   *err = 0;
   *model = NULL;
   int rc = 2;
-  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, **argv2 = NULL;
-  char *argv1[8];
+  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, *targf = NULL;
+  char **argv2 = NULL;
+  char *argv1[9];
   int k = 0;
   argv1[k++] = (char *)q->cavsc;
   argv1[k++] = "-o";
@@ -465,6 +472,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   argv1[k++] = "--source-name";
   argv1[k++] = (char *)q->name;
   if (q->precision) argv1[k++] = precf = fmt("--precision=%s", q->precision);
+  if (q->target) argv1[k++] = targf = fmt("--target=%s", q->target);
   argv1[k++] = "-";
   argv1[k] = NULL;
   int st = run(argv1, q->text, q->len, NULL);
@@ -474,7 +482,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
     else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
     goto out;
   }
-  name = find_c(dir);
+  name = find_src(dir, src_ext(q));
   if (!name || !cavs_is_identifier(name)) {
     snprintf(err, errlen, "cavsc wrote no model C file into %s", dir);
     goto out;
@@ -485,7 +493,8 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
     goto out;
   }
   if (object) {
-    csrc = fmt("%s/%s.c", dir, name);
+    bool cuda = !strcmp(src_ext(q), "cu");
+    csrc = fmt("%s/%s.%s", dir, name, src_ext(q));
     tso = fmt("%s/model.so", dir);
     incf = fmt("-I%s", q->include);
     ccerr = fmt("%s/cc.err", dir);
@@ -505,12 +514,14 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
     st = run(argv2, NULL, 0, ccerr);
     if (st != 0) {
       if (st == 127 || st < 0) {
-        snprintf(err, errlen, "cannot run the C compiler '%s'; set CC to one", q->cc);
+        snprintf(err, errlen, "cannot run the %s compiler '%s'; set %s to one", cuda ? "CUDA" : "C", q->cc,
+                 cuda ? "NVCC" : "CC");
         rc = 1;
       } else {
-        fprintf(stderr, "cavs: the C compiler failed on the code cavsc generated from %s:\n", q->name);
+        fprintf(stderr, "cavs: the %s compiler failed on the code cavsc generated from %s:\n", cuda ? "CUDA" : "C",
+                q->name);
         print_file(ccerr);
-        snprintf(err, errlen, "the C compiler failed (status %d)", st);
+        snprintf(err, errlen, "the %s compiler failed (status %d)", cuda ? "CUDA" : "C", st);
       }
       goto out;
     }
@@ -526,6 +537,7 @@ out:
   free(incf);
   free(ccerr);
   free(precf);
+  free(targf);
   free(argv2);
   return rc;
 }
@@ -571,9 +583,9 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   }
   rc = cache_compile(q, tmp, object, &name, err, errlen);
   if (rc) goto out;
-  const char *from[] = {"%s/%s.h", "%s/%s.c", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.c", "%s/%s.so"};
+  const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
   for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
-    char *a = fmt(from[i], tmp, name), *b = fmt(to[i], dir, name);
+    char *a = fmt(from[i], tmp, name, src_ext(q)), *b = fmt(to[i], dir, name, src_ext(q));
     if (rename(a, b)) {
       snprintf(err, errlen, "cannot write '%s': %s", b, strerror(errno));
       rc = 1;

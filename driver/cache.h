@@ -17,6 +17,8 @@ typedef struct CacheReq {
   int ncflags;
   const char *version; /* of cavs: part of the key */
   const char *precision; /* cavsc's --precision (NULL: float): part of the key */
+  const char *target;  /* cavsc's --target (NULL: c; "cuda": MODEL.cu, which `cc` is nvcc
+                          for): part of the key */
   const char *text;    /* the model's source, handed to cavsc on its standard input */
   size_t len;
   const char *name;    /* what cavsc's messages and the generated code call the source */
@@ -32,12 +34,13 @@ char *cache_root(void);
 int cache_check_source(const CacheReq *q, char *err, size_t errlen);
 
 /* How a model is built: cavsc on the source, into `dir` (a new, empty directory), then,
- * with `object`, the C compiler on the NAME.c it wrote, into dir/model.so. Returns 0 and sets *model to NAME (malloc'ed), or 1 or 2 as
+ * with `object`, the compiler on the NAME.c (NAME.cu for the cuda target) it wrote, into
+ * dir/model.so. Returns 0 and sets *model to NAME (malloc'ed), or 1 or 2 as
  * cache_load does, with the message in err (empty when cavsc already printed it). */
 int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);
 
 /* What `cavs build` runs: the model compiled as cache_compile does, in a new directory
- * inside `dir` (created with its parents when missing), then NAME.h, NAME.c and, with
+ * inside `dir` (created with its parents when missing), then NAME.h, NAME.c (or .cu) and, with
  * `object`, NAME.so renamed into `dir`. Returns as cache_compile does; when it fails,
  * nothing it made is left. */
 int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);

@@ -4,7 +4,7 @@
  *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
  *   cavs gen toy|complete|random [options] -o FILE        cavs info CKPT
- *   cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]
+ *   cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]
  *
  * Each command has its file (train.c, eval.c, gen.c; build is in build.c). A .vf model
  * is compiled through cavsc and the system C compiler into a shared object in the
@@ -72,7 +72,7 @@ static const char usage[] =
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
-    "       cavs build MODEL.vf [--precision float|double] [--emit-only] [-o DIR]\n"
+    "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]\n"
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"

@@ -605,6 +605,43 @@ END_TEST
 /* cavs build: cavsc's two files and the shared object, which loads and makes a model;
  * --emit-only writes what cavsc writes and nothing more; a bad model, option or flag
  * leaves nothing behind. */
+/* The cuda target: cavsc's MODEL.cu compiled and linked by nvcc into an object that
+ * loads here (no GPU is needed to load it) and says its target, which the cpu backend
+ * refuses; an unknown target is an error. Without nvcc only the error is checked. */
+START_TEST(build_for_cuda) {
+  RunResult r = cavs("build", model("treelstm.vf"), "--target", "tpu", "-o", path_in("tpu"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "--target: 'tpu' is not c or cuda"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("tpu")), -1);
+  if (!*tu_env("NVCC", "")) return; /* configure found no nvcc */
+  char out[4400], so[4500];
+  snprintf(out, sizeof out, "%s", path_in("cuda"));
+  r = cavs("build", model("treelstm.vf"), "--target", "cuda", "-o", out, NULL);
+  ok(&r, "build --target cuda");
+  snprintf(so, sizeof so, "%s/treelstm.so\n", out);
+  ck_assert_str_eq(r.out, so);
+  tu_free(&r);
+  char cu[4500];
+  snprintf(cu, sizeof cu, "%s/treelstm.cu", out);
+  ck_assert_int_eq(access(cu, F_OK), 0);
+  ck_assert_int_eq(entries(out), 3);
+  so[strlen(so) - 1] = 0;
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treelstm_desc");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_int_eq(d->target, CAVS_TARGET_CUDA);
+  long dims[CAVS_MAX_DIMS] = {0};
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++)
+    if (dims[i] <= 0) dims[i] = 10;
+  char err[512];
+  ck_assert_ptr_null(cavs_model_new(d, dims, err, sizeof err));
+  ck_assert_msg(strstr(err, "compiled for the cuda target, which the cpu backend cannot run"), "%s", err);
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -727,6 +764,7 @@ int main(void) {
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, device_named);
+  tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
   tcase_add_test(tc, resume_keeps_settings_not_given);
