@@ -71,6 +71,18 @@ void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset) 
   if (reset) memset(&m->stats, 0, sizeof m->stats);
 }
 
+int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t bytes) {
+  if (m->be->synchronize(m)) return -1;
+  m->be->download(host, model_mem, bytes);
+  return m->be->synchronize(m);
+}
+
+int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes) {
+  if (m->be->synchronize(m)) return -1;
+  m->be->upload(model_mem, host, bytes);
+  return m->be->synchronize(m);
+}
+
 /* ---- the entry points of generated code ---- */
 
 #define BE(c) ((c)->model->be)

@@ -131,6 +131,12 @@ long cavs_model_dim(const cavs_model *m, int dim);
 /* Parameter i: its storage and gradient (row stride in *ld), in the model's precision. */
 void *cavs_model_param(cavs_model *m, int i, long *rows, long *cols, long *ld);
 void *cavs_model_grad(cavs_model *m, int i, long *rows, long *cols, long *ld);
+/* Those pointers are into the backend's memory: on the cpu backend, host memory an
+ * application may read and write; on another (cuda), device memory, which it reads and
+ * writes with these two: `bytes` from src to dst, one of them in the model's memory, the
+ * other in the host's. 0, or -1 with a message in cavs_model_error(). */
+int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t bytes);
+int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes);
 /* All parameters as one block of `count` scalars (for checkpoints and optimizers). */
 void *cavs_model_params_flat(cavs_model *m, size_t *count);
 void *cavs_model_grads_flat(cavs_model *m, size_t *count);

@@ -52,26 +52,9 @@ static void batched_vs_serial(const char *file, const char *prec, bool dags, dou
   const cavs_desc *d = load_model(file, prec);
   bool dbl = !strcmp(prec, "double");
   long dims[CAVS_MAX_DIMS];
-  cavs_dims_default(d, dims);
-  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 8 + 3 * i : 11;
-  enum { K = 8 };
-  static TGraph g[K];
-  unsigned seed = 77;
-  int arity = 1, leaf = 0, inner = 0;
-  for (int t = 0; t < d->nvertex; t++) {
-    if (d->vertex[t].children > arity) arity = d->vertex[t].children;
-    if (d->vertex[t].children == 0) leaf = t;
-    else inner = t;
-  }
-  if (d->nvertex == 1) leaf = inner = 0;
-  int k_graphs = dags ? K : 6;
-  for (int k = 0; k < k_graphs; k++) {
-    if (k < 6) tg_tree(&g[k], 5 + 7 * k, arity, k % 2, &seed, leaf, inner);
-    else tg_dag(&g[k], 30 + 10 * k, arity, &seed, leaf, inner);
-    tg_features(&g[k], d, dims, &seed);
-  }
-  const cavs_graph *gs[K];
-  for (int k = 0; k < k_graphs; k++) gs[k] = &g[k].g;
+  static TGraph g[TG_BATCH];
+  const cavs_graph *gs[TG_BATCH];
+  int k_graphs = tg_minibatch(d, dims, g, gs, dags);
   cavs_model *a = new_model(d, dims, 5), *b = new_model(d, dims, 5);
   cavs_model_set_policy(b, CAVS_SERIAL);
   cavs_stats sa, sb;
@@ -285,6 +268,19 @@ START_TEST(backend_stats_count_products) {
   cavs_model_backend_stats(m, &st, 0);
   ck_assert_int_eq(st.gemm_calls, 0);
   ck_assert(st.gemm_flops == 0);
+  /* what an application reads and writes on any backend: the same bytes the pointers
+     show on this one */
+  cavs_model_backward(m);
+  size_t n;
+  const float *gr = cavs_model_grads_flat(m, &n);
+  float *copy = malloc(n * sizeof *copy);
+  ck_assert_int_eq(cavs_model_read(m, copy, gr, n * sizeof *copy), 0);
+  ck_assert(!memcmp(copy, gr, n * sizeof *copy));
+  float *p = cavs_model_params_flat(m, &n);
+  for (size_t i = 0; i < n; i++) copy[i] = (float)i;
+  ck_assert_int_eq(cavs_model_write(m, p, copy, n * sizeof *copy), 0);
+  ck_assert(p[n - 1] == (float)(n - 1) && p[1] == 1);
+  free(copy);
   cavs_model_free(m);
 }
 END_TEST

@@ -14,13 +14,8 @@ static void small_dims(const cavs_desc *d, long *dims) {
 
 /* Trees with holes, a chain, and a DAG; all vertex types used. */
 static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
-  int arity = 1, inner = 0, leaf = 0;
-  for (int t = 0; t < d->nvertex; t++) {
-    if (d->vertex[t].children > arity) arity = d->vertex[t].children;
-    if (d->vertex[t].children == 0) leaf = t;
-    else inner = t;
-  }
-  if (d->nvertex == 1) leaf = inner = 0;
+  int arity, leaf, inner;
+  tg_types(d, &arity, &leaf, &inner);
   tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
   tg_tree(&g[1], 5, arity, false, &seed, leaf, inner);
   /* a DAG: 0 and 1 are leaves; 2 = (0, 1), 3 = (1, 0) [or (1) / (0)], 4 = (2, 3) */

@@ -13,8 +13,8 @@
 #include <stdbool.h>
 
 /* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
- * `prec` and returns its descriptor. */
-static inline const cavs_desc *load_model(const char *vf, const char *prec) {
+ * `prec` for `target` ("c" or "cuda") and returns its descriptor. */
+static inline const cavs_desc *load_model_for(const char *vf, const char *prec, const char *target) {
   static int serial;
   char *dir = tu_tmpdir();
   char src[4300];
@@ -25,7 +25,8 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
     snprintf(src, sizeof src, "%s/model%d.vf", dir, serial++);
     tu_write(src, vf, n);
   }
-  char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "build", "--precision", (char *)prec, "-o", dir, src, NULL};
+  char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "build", "--precision", (char *)prec, "--target", (char *)target,
+                  "-o", dir, src, NULL};
   RunResult r = tu_run(NULL, argv, 120);
   ck_assert_msg(r.status == 0, "cavs build failed on %s:\n%s%s", vf, tu_tail(r.out, 1000), tu_tail(r.err, 1800));
   /* it prints DIR/NAME.so */
@@ -45,6 +46,9 @@ static inline const cavs_desc *load_model(const char *vf, const char *prec) {
   free(dir);
   return d;
 }
+
+/* The same for the C target, which the cpu backend runs. */
+static inline const cavs_desc *load_model(const char *vf, const char *prec) { return load_model_for(vf, prec, "c"); }
 
 static inline int find_dim(const cavs_desc *d, const char *name) {
   for (int i = 0; i < d->ndims; i++)
@@ -155,6 +159,38 @@ static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_
   }
   t->g.child = t->child;
   t->g.type = t->type;
+}
+
+/* The most children a vertex type takes, and a type for the leaves and one for the inner
+ * vertices (the same when there is one type). */
+static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inner) {
+  *arity = 1, *leaf = *inner = 0;
+  for (int t = 0; t < d->nvertex; t++) {
+    if (d->vertex[t].children > *arity) *arity = d->vertex[t].children;
+    if (d->vertex[t].children == 0) *leaf = t;
+    else *inner = t;
+  }
+  if (d->nvertex == 1) *leaf = *inner = 0;
+}
+
+/* The minibatch the batched-against-serial checks use: dims bound (fixed dims 8, 11,
+ * 14, ...; the others 11), six random trees of 5 to 40 vertices and, with dags, two
+ * random DAGs, into g[0..7] and gs; returns how many. */
+enum { TG_BATCH = 8 };
+static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph *g, const cavs_graph **gs, bool dags) {
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 8 + 3 * i : 11;
+  unsigned seed = 77;
+  int arity, leaf, inner;
+  tg_types(d, &arity, &leaf, &inner);
+  int k_graphs = dags ? TG_BATCH : 6;
+  for (int k = 0; k < k_graphs; k++) {
+    if (k < 6) tg_tree(&g[k], 5 + 7 * k, arity, k % 2, &seed, leaf, inner);
+    else tg_dag(&g[k], 30 + 10 * k, arity, &seed, leaf, inner);
+    tg_features(&g[k], d, dims, &seed);
+    gs[k] = &g[k].g;
+  }
+  return k_graphs;
 }
 
 #endif

@@ -1,0 +1,155 @@
+/* check_gpu.c: the CUDA backend against the CPU backend, on a real GPU (`make
+ * check-cuda`; not part of `make check`, and skipped, exit 77, where the cuda backend
+ * cannot run: not built, no driver, no device).
+ *
+ * For every example model: the CUDA target's code on the cuda backend and the C
+ * target's on the cpu backend, same dims, same seed, same minibatch of random trees (and
+ * DAGs where the model has one vertex type with children): the loss and every parameter
+ * gradient agree (relative 1e-5 in double, 1e-3 in float); one vertex per task on the GPU
+ * gives what batching does; then `cavs train` for two epochs on each device prints the
+ * same losses (1e-3), and a checkpoint the GPU wrote evaluates on the CPU to the accuracy
+ * the GPU gives it. */
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine.h"
+
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+enum { NEX = sizeof examples / sizeof *examples };
+
+/* The model's parameters, or gradients, as doubles, read through cavs_model_read. */
+static double *flat(cavs_model *m, bool grads, bool dbl, size_t *n) {
+  const void *p = grads ? cavs_model_grads_flat(m, n) : cavs_model_params_flat(m, n);
+  size_t es = dbl ? 8 : 4;
+  void *raw = malloc(*n * es + 1);
+  double *out = malloc(*n * sizeof *out + 1);
+  ck_assert(raw && out);
+  ck_assert_msg(cavs_model_read(m, raw, p, *n * es) == 0, "%s", cavs_model_error(m));
+  for (size_t i = 0; i < *n; i++) out[i] = dbl ? ((double *)raw)[i] : (double)((float *)raw)[i];
+  free(raw);
+  return out;
+}
+
+static cavs_model *make(const cavs_desc *d, const long *dims, const char *backend) {
+  char err[512];
+  cavs_model_opts o = {.backend = backend};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s: %s", backend, err);
+  cavs_model_init(m, 5);
+  return m;
+}
+
+/* The same minibatch on two models: losses, then gradients, within tol. */
+static void same_step(cavs_model *a, cavs_model *b, const cavs_graph *const *gs, int k, bool dbl, double tol,
+                      const char *what) {
+  cavs_stats sa, sb;
+  ck_assert_msg(cavs_model_forward(a, gs, k, &sa) == 0, "%s", cavs_model_error(a));
+  ck_assert_msg(cavs_model_forward(b, gs, k, &sb) == 0, "%s", cavs_model_error(b));
+  ck_assert_msg(fabs(sa.loss - sb.loss) <= tol * fabs(sa.loss), "%s: loss %.10g vs %.10g", what, sa.loss, sb.loss);
+  cavs_model_backward(a);
+  cavs_model_backward(b);
+  size_t n, nb;
+  double *ga = flat(a, true, dbl, &n), *gb = flat(b, true, dbl, &nb);
+  ck_assert_int_eq(n, nb);
+  double scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ga[i]));
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(fabs(ga[i] - gb[i]) <= tol * fmax(fabs(ga[i]), 1e-2 * scale), "%s: gradient %zu: %.10g vs %.10g",
+                  what, i, ga[i], gb[i]);
+  free(ga);
+  free(gb);
+}
+
+static void against_cpu(const char *file, const char *prec, double tol) {
+  bool dbl = !strcmp(prec, "double");
+  const cavs_desc *dc = load_model_for(file, prec, "c"), *dg = load_model_for(file, prec, "cuda");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_BATCH];
+  const cavs_graph *gs[TG_BATCH];
+  /* DAGs in double, as check_engine's batched-against-serial check */
+  int k = tg_minibatch(dc, dims, g, gs, dbl);
+  char what[300];
+  cavs_model *cpu = make(dc, dims, "cpu"), *gpu = make(dg, dims, "cuda");
+  snprintf(what, sizeof what, "%s (%s), cpu vs cuda", file, prec);
+  same_step(cpu, gpu, gs, k, dbl, tol, what);
+  /* the same parameters after a step on each */
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2, .clip = 1};
+  ck_assert(cavs_model_step(cpu, &o) == 0);
+  ck_assert_msg(cavs_model_step(gpu, &o) == 0, "%s", cavs_model_error(gpu));
+  size_t n;
+  double *pc = flat(cpu, false, dbl, &n), *pg = flat(gpu, false, dbl, &n);
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(fabs(pc[i] - pg[i]) <= tol * fmax(fabs(pc[i]), 1e-2), "%s: parameter %zu after a step: %.10g vs %.10g",
+                  what, i, pc[i], pg[i]);
+  free(pc);
+  free(pg);
+  /* batched and one vertex a task, both on the GPU */
+  cavs_model *a = make(dg, dims, "cuda"), *b = make(dg, dims, "cuda");
+  cavs_model_set_policy(b, CAVS_SERIAL);
+  snprintf(what, sizeof what, "%s (%s), batched vs serial on cuda", file, prec);
+  same_step(a, b, gs, k, dbl, tol, what);
+  cavs_model_free(a);
+  cavs_model_free(b);
+  cavs_model_free(cpu);
+  cavs_model_free(gpu);
+}
+
+START_TEST(examples_double) { against_cpu(examples[_i], "double", 1e-5); }
+END_TEST
+
+START_TEST(examples_float) { against_cpu(examples[_i], "float", 1e-3); }
+END_TEST
+
+/* The losses `cavs train` prints, epoch by epoch. */
+static int losses(const char *out, double *l, int max) {
+  int n = 0;
+  for (const char *p = out; n < max && (p = strstr(p, "train loss ")); p++) l[n++] = atof(p + 11);
+  return n;
+}
+
+START_TEST(train_on_each_device) {
+  char *gen[] = {(char *)tu_env("CAVS", "./cavs"), "gen", "toy", "--graphs", "400", "--leaves", "12", "--words", "50",
+                 "--seed", "3", "-o", path_in("toy.txt"), NULL};
+  RunResult r = tu_run(NULL, gen, 60);
+  ok(&r, "gen");
+  tu_free(&r);
+  double l[2][2];
+  const char *dev[] = {"cpu", "cuda"}, *ck[] = {path_in("cpu.ckpt"), path_in("gpu.ckpt")};
+  for (int d = 0; d < 2; d++) {
+    r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=32",
+             "--dim", "H=32", "--epochs", "2", "--batch", "16", "--seed", "4", "--device", dev[d], "--save", ck[d], NULL);
+    ok(&r, dev[d]);
+    ck_assert_int_eq(losses(r.out, l[d], 2), 2);
+    tu_free(&r);
+  }
+  for (int e = 0; e < 2; e++)
+    ck_assert_msg(fabs(l[0][e] - l[1][e]) <= 1e-3 * fabs(l[0][e]), "epoch %d: cpu %.6f, cuda %.6f", e + 1, l[0][e],
+                  l[1][e]);
+  /* the GPU's checkpoint on the CPU: the accuracy the GPU gives it */
+  double acc[2];
+  for (int d = 0; d < 2; d++) {
+    r = cavs("eval", ck[1], "--data", path_in("toy.txt"), "--device", dev[d], NULL);
+    ok(&r, "eval");
+    ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc[d]) == 1);
+    tu_free(&r);
+  }
+  ck_assert_msg(fabs(acc[0] - acc[1]) < 1e-6, "cpu %.6f, cuda %.6f", acc[0], acc[1]);
+}
+END_TEST
+
+int main(void) {
+  char why[512];
+  if (cavs_backend_probe("cuda", why, sizeof why)) {
+    printf("check_gpu: skipped: %s\n", why);
+    return 77;
+  }
+  if (cli_init("gpu")) return 1;
+  Suite *s = suite_create("gpu");
+  TCase *tc = tcase_create("against the cpu");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, examples_double, 0, NEX);
+  tcase_add_loop_test(tc, examples_float, 0, NEX);
+  tcase_add_test(tc, train_on_each_device);
+  suite_add_tcase(s, tc);
+  return tu_run_suite_shared(s, dir);
+}
