@@ -232,6 +232,11 @@ int cmd_build(int argc, char **argv) {
 
 void check_device(const char *name) {
   if (!name) return;
+  /* a build tree's cavs uses the build tree's CUDA module, as it does its cavsc */
+  const char *e = getenv("CAVS_CUDA_MODULE");
+  char *mod = !e || !*e ? beside_exe("runtime/cavs-cuda.so") : NULL;
+  if (mod) setenv("CAVS_CUDA_MODULE", mod, 1);
+  free(mod);
   bool known = false;
   char list[256] = "";
   for (int i = 0; i < cavs_backend_count(); i++) {
