@@ -5,7 +5,9 @@
  * int r0, int n)`, same name, same order, same comments). A fused group becomes a
  * `__global__` kernel with one thread per row and column of the stage (cavs_cuda_cell in
  * cavs_abi.h, which the CPU tests run), holding the statements of the C loop's body as
- * emit.c writes them, launched on the model's stream and checked. The pointers of the ctx
+ * emit.c writes them, launched on the model's stream and checked. The launch is written
+ * through cavs_abi.h's CAVS_CUDA_LAUNCH, not `<<<...>>>`, so the file is also C++ a host
+ * compiler reads (and can run on the CPU with a launch of its own). The pointers of the ctx
  * are device pointers: the stage reads the host arrays that hold them and passes each
  * kernel its rows' pointers and the dims, never dereferencing one. Products, gathers,
  * lookups, copies and losses are the C target's calls into libcavs, whose CUDA backend
@@ -93,7 +95,7 @@ static void cuda_loop_open(Emit *e, const Loop *l) {
 
   FILE *o = s->fn;
   fprintf(o, "  {\n    const uint32_t blocks = cavs_cuda_blocks(n, %s, CAVS_CUDA_BLOCK); /* 0: no rows */\n", width);
-  fprintf(o, "    if (blocks) {\n      %s<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n%s", name, dims);
+  fprintf(o, "    if (blocks) {\n      CAVS_CUDA_LAUNCH(%s, blocks, (cudaStream_t)c->stream)(n%s", name, dims);
   for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", emit_ptr(e, l->ptrs[i].at, "r0"));
   fprintf(o, ");\n      CAVS_CUDA_CHECK_LAUNCH(c);\n    }\n  }\n");
 

@@ -115,7 +115,7 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      lstm_lm_token_fwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
           V[3] + (size_t)(r0) * (4*D_H),
           V[4] + (size_t)(r0) * (4*D_H),
           P[3],
@@ -290,7 +290,7 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      lstm_lm_token_bwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
           V[3] + (size_t)(r0) * (4*D_H),
           G[3] + (size_t)(r0) * (4*D_H),
           V[4] + (size_t)(r0) * (4*D_H),
@@ -376,7 +376,7 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      lstm_lm_push_fwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
           V[7] + (size_t)(r0) * D_V,
           P[8],
           V[6] + (size_t)(r0) * D_V);
@@ -415,7 +415,7 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      lstm_lm_push_bwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
           G[7] + (size_t)(r0) * D_V,
           PG[8],
           G[6] + (size_t)(r0) * D_V);

@@ -81,7 +81,7 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treefc_tree_fwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
           V[2] + (size_t)(r0) * D_H,
           V[3] + (size_t)(r0) * D_H,
           P[2],
@@ -155,7 +155,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treefc_tree_bwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
           V[2] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * D_H,
           V[3] + (size_t)(r0) * D_H,
@@ -217,7 +217,7 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treefc_push_fwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
           V[6] + (size_t)(r0) * D_C,
           P[4],
           V[5] + (size_t)(r0) * D_C);
@@ -256,7 +256,7 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treefc_push_bwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
           G[6] + (size_t)(r0) * D_C,
           PG[4],
           G[5] + (size_t)(r0) * D_C);

@@ -65,7 +65,7 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_fwd_eager_g2<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (3*D_H) + D_H,
           P[6],
           V[8] + (size_t)(r0) * D_H);
@@ -162,7 +162,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_fwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[12] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H);
@@ -182,7 +182,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_fwd_path_g3<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[8] + (size_t)(r0) * D_H,
           V[7] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H,
@@ -199,7 +199,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_fwd_path_g1<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (3*D_H),
           V[9] + (size_t)(r0) * D_H,
           P[5],
@@ -384,7 +384,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_bwd_path_g1<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (3*D_H),
           G[3] + (size_t)(r0) * (3*D_H),
           V[9] + (size_t)(r0) * D_H,
@@ -410,7 +410,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_bwd_path_g3<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[8] + (size_t)(r0) * D_H,
           G[8] + (size_t)(r0) * D_H,
           V[7] + (size_t)(r0) * D_H,
@@ -438,7 +438,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_bwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[12] + (size_t)(r0) * D_H,
           G[11] + (size_t)(r0) * D_H,
           G[10] + (size_t)(r0) * D_H);
@@ -478,7 +478,7 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_tree_bwd_eager_g2<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
           PG[6],
           G[8] + (size_t)(r0) * D_H);
@@ -534,7 +534,7 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_push_fwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[14] + (size_t)(r0) * D_C,
           P[9],
           V[13] + (size_t)(r0) * D_C);
@@ -574,7 +574,7 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treegru_push_bwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[14] + (size_t)(r0) * D_C,
           PG[9],
           G[13] + (size_t)(r0) * D_C);

@@ -141,7 +141,7 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_tree_fwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[9] + (size_t)(r0) * (2*D_H) + D_H,
           V[8] + (size_t)(r0) * (2*D_H) + D_H,
           V[7] + (size_t)(r0) * D_H);
@@ -161,7 +161,7 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_tree_fwd_path_g1<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (4*D_H),
           V[4] + (size_t)(r0) * (3*D_H),
           P[4],
@@ -383,7 +383,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_tree_bwd_path_g1<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (4*D_H),
           G[3] + (size_t)(r0) * (4*D_H),
           V[4] + (size_t)(r0) * (3*D_H),
@@ -432,7 +432,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_tree_bwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[9] + (size_t)(r0) * (2*D_H) + D_H,
           G[8] + (size_t)(r0) * (2*D_H) + D_H,
           G[7] + (size_t)(r0) * D_H);
@@ -500,7 +500,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_push_fwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[11] + (size_t)(r0) * D_C,
           P[9],
           V[10] + (size_t)(r0) * D_C);
@@ -540,7 +540,7 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      treelstm_push_bwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[11] + (size_t)(r0) * D_C,
           PG[9],
           G[10] + (size_t)(r0) * D_C);

@@ -75,7 +75,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_leaf_fwd_eager_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_leaf_fwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (2*D_H),
           P[3],
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
@@ -189,7 +189,7 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_leaf_bwd_eager_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_leaf_bwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (2*D_H),
           G[3] + (size_t)(r0) * (2*D_H),
           P[3],
@@ -293,7 +293,7 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_internal_fwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[4] + (size_t)(r0) * (5*D_H),
           P[5],
           V[4] + (size_t)(r0) * (5*D_H) + D_H,
@@ -463,7 +463,7 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_internal_bwd_path_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[4] + (size_t)(r0) * (5*D_H),
           G[4] + (size_t)(r0) * (5*D_H),
           P[5],
@@ -548,7 +548,7 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_push_fwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[9] + (size_t)(r0) * D_C,
           P[11],
           V[8] + (size_t)(r0) * D_C);
@@ -588,7 +588,7 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      twotype_push_bwd_g0<<<blocks, CAVS_CUDA_BLOCK, 0, (cudaStream_t)c->stream>>>(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(twotype_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[9] + (size_t)(r0) * D_C,
           PG[11],
           G[8] + (size_t)(r0) * D_C);

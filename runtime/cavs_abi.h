@@ -309,6 +309,12 @@ void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code);
 #endif
 
 #ifdef __CUDACC__
+/* The launch of a CUDA target's fused kernel on the stage's stream, written
+ * `CAVS_CUDA_LAUNCH(kernel, blocks, stream)(args...)`: the one construct of MODEL.cu
+ * that is not C++, kept in a macro so that a host C++ compiler can read the file too
+ * (with a launch of its own that runs every thread of the grid on the CPU). */
+#define CAVS_CUDA_LAUNCH(kernel, blocks, stream) kernel<<<(blocks), CAVS_CUDA_BLOCK, 0, (stream)>>>
+
 /* After every kernel launch of a CUDA target's stage. */
 #define CAVS_CUDA_CHECK_LAUNCH(c)                                                                              \
   do {                                                                                                         \
