@@ -37,14 +37,6 @@ START_TEST(golden) {
 }
 END_TEST
 
-static cavs_model *new_model(const cavs_desc *d, long *dims, uint64_t seed) {
-  char err[256];
-  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
-  ck_assert_msg(m != NULL, "%s", err);
-  cavs_model_init(m, seed);
-  return m;
-}
-
 /* BFS batching against one vertex per task: same loss, same gradients. In float on
  * trees, to 1e-5 relative; in double on trees and random DAGs, to 1e-11 (in float, a DAG's
  * many paths let rounding differ a little more: the double run shows it is only that). */
@@ -52,8 +44,8 @@ static void batched_vs_serial(const char *file, const char *prec, bool dags, dou
   const cavs_desc *d = load_model(file, prec);
   bool dbl = !strcmp(prec, "double");
   long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_BATCH];
-  const cavs_graph *gs[TG_BATCH];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
   int k_graphs = tg_minibatch(d, dims, g, gs, dags);
   cavs_model *a = new_model(d, dims, 5), *b = new_model(d, dims, 5);
   cavs_model_set_policy(b, CAVS_SERIAL);

@@ -64,8 +64,8 @@ static void against_cpu(const char *file, const char *prec, double tol) {
   bool dbl = !strcmp(prec, "double");
   const cavs_desc *dc = load_model_for(file, prec, "c"), *dg = load_model_for(file, prec, "cuda");
   long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_BATCH];
-  const cavs_graph *gs[TG_BATCH];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
   /* DAGs in double, as check_engine's batched-against-serial check */
   int k = tg_minibatch(dc, dims, g, gs, dbl);
   char what[300];

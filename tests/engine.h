@@ -12,6 +12,20 @@
 #include <math.h>
 #include <stdbool.h>
 
+/* Loads DIR/NAME.so and returns its NAME_desc. The object stays loaded for the life of
+ * the test process; `dir`, which tu_tmpdir made, and its files go now. */
+static inline const cavs_desc *open_model(const char *so, char *dir) {
+  char sym[300];
+  const char *base = strrchr(so, '/') + 1;
+  snprintf(sym, sizeof sym, "%.*s_desc", (int)(strlen(base) - 3), base);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+  const cavs_desc *d = dlsym(h, sym);
+  ck_assert_msg(d != NULL, "no %s in %s", sym, so);
+  tu_rmtree(dir);
+  return d;
+}
+
 /* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
  * `prec` for `target` ("c" or "cuda") and returns its descriptor. */
 static inline const cavs_desc *load_model_for(const char *vf, const char *prec, const char *target) {
@@ -30,21 +44,19 @@ static inline const cavs_desc *load_model_for(const char *vf, const char *prec, 
   RunResult r = tu_run(NULL, argv, 120);
   ck_assert_msg(r.status == 0, "cavs build failed on %s:\n%s%s", vf, tu_tail(r.out, 1000), tu_tail(r.err, 1800));
   /* it prints DIR/NAME.so */
-  char so[4400], sym[300];
+  char so[4400];
   snprintf(so, sizeof so, "%.*s", (int)strcspn(r.out, "\n"), r.out);
   tu_free(&r);
-  const char *base = strrchr(so, '/') + 1;
-  snprintf(sym, sizeof sym, "%.*s_desc", (int)(strlen(base) - 3), base);
-  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-  ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
-  const cavs_desc *d = dlsym(h, sym);
-  ck_assert_msg(d != NULL, "no %s in %s", sym, so);
-  /* the object stays loaded for the life of the test process; its files can go now */
-  char *rm[] = {"/bin/rm", "-rf", dir, NULL};
-  r = tu_run(NULL, rm, 60);
-  tu_free(&r);
-  free(dir);
-  return d;
+  return open_model(so, dir);
+}
+
+/* A model on the cpu backend, its parameters from `seed`. */
+static inline cavs_model *new_model(const cavs_desc *d, const long *dims, uint64_t seed) {
+  char err[256];
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  cavs_model_init(m, seed);
+  return m;
 }
 
 /* The same for the C target, which the cpu backend runs. */
@@ -161,10 +173,11 @@ static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_
   t->g.type = t->type;
 }
 
-/* The most children a vertex type takes, and a type for the leaves and one for the inner
- * vertices (the same when there is one type). */
+/* What random graphs of model d take: the most children of any vertex type (at least 1),
+ * the type for vertices without children and the type for the others (the same type
+ * when the model has one; with two, the one that takes no children for leaves). */
 static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inner) {
-  *arity = 1, *leaf = *inner = 0;
+  *arity = 1, *leaf = 0, *inner = 0;
   for (int t = 0; t < d->nvertex; t++) {
     if (d->vertex[t].children > *arity) *arity = d->vertex[t].children;
     if (d->vertex[t].children == 0) *leaf = t;
@@ -173,17 +186,20 @@ static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inne
   if (d->nvertex == 1) *leaf = *inner = 0;
 }
 
-/* The minibatch the batched-against-serial checks use: dims bound (fixed dims 8, 11,
- * 14, ...; the others 11), six random trees of 5 to 40 vertices and, with dags, two
- * random DAGs, into g[0..7] and gs; returns how many. */
-enum { TG_BATCH = 8 };
-static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph *g, const cavs_graph **gs, bool dags) {
+/* The minibatch on which two builds or two schedules of one model are compared: small
+ * dims (every fixed dim 8 + 3i, every other 11) and, from a fixed seed, six random trees
+ * of 5 to 40 vertices (every other one with empty child slots) and, with `dags`, two
+ * random DAGs of 90 and 100 vertices, typed as tg_types says. Returns how many graphs;
+ * gs[i] is &g[i].g. */
+enum { TG_MINIBATCH = 8 };
+static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIBATCH],
+                               const cavs_graph *gs[TG_MINIBATCH], bool dags) {
   cavs_dims_default(d, dims);
   for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 8 + 3 * i : 11;
   unsigned seed = 77;
   int arity, leaf, inner;
   tg_types(d, &arity, &leaf, &inner);
-  int k_graphs = dags ? TG_BATCH : 6;
+  int k_graphs = dags ? TG_MINIBATCH : 6;
   for (int k = 0; k < k_graphs; k++) {
     if (k < 6) tg_tree(&g[k], 5 + 7 * k, arity, k % 2, &seed, leaf, inner);
     else tg_dag(&g[k], 30 + 10 * k, arity, &seed, leaf, inner);
