@@ -7,11 +7,11 @@
  * cavs_abi.h, which the CPU tests run), holding the statements of the C loop's body as
  * emit.c writes them, launched on the model's stream and checked. The launch is written
  * through cavs_abi.h's CAVS_CUDA_LAUNCH, not `<<<...>>>`, so the file is also C++ a host
- * compiler reads (and can run on the CPU with a launch of its own). The pointers of the ctx
- * are device pointers: the stage reads the host arrays that hold them and passes each
- * kernel its rows' pointers and the dims, never dereferencing one. Products, gathers,
- * lookups, copies and losses are the C target's calls into libcavs, whose CUDA backend
- * runs them on the device.
+ * compiler reads (tests/cuda_host.h runs it on the CPU with a launch of its own). The
+ * pointers of the ctx are device pointers: the stage reads the host arrays that hold
+ * them and passes each kernel its rows' pointers and the dims, never dereferencing one.
+ * Products, gathers, lookups, copies and losses are the C target's calls into libcavs,
+ * whose CUDA backend runs them on the device.
  *
  * Kernels come before the host function that launches them: a stage's text is held in
  * memory until the stage closes, while its kernels go straight to the file. */

@@ -4,9 +4,9 @@
  * target's rarer paths. Needs no GPU, only nvcc: without it (configure found none, or
  * --disable-cuda) the suite exits 77, which automake reports as skipped.
  *
- * What the kernels compute is checked where it can be without a GPU: their statements are
- * emit.c's, the same as the C loops' (check_gradcheck, check_reference), and the row and
- * column each thread takes is cavs_cuda_cell's (check_math). */
+ * What the kernels compute is checked without a GPU (and without nvcc) in
+ * check_cuda_host: the same files compiled by g++ under cuda_host.h, each launch run
+ * thread by thread on the CPU, against the C target's model. */
 #include "testutil.h"
 
 static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype"};
