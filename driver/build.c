@@ -230,13 +230,23 @@ int cmd_build(int argc, char **argv) {
   return 0;
 }
 
-void check_device(const char *name) {
-  if (!name) return;
+const char *check_device(const char *name) {
   /* a build tree's cavs uses the build tree's CUDA module, as it does its cavsc */
   const char *e = getenv("CAVS_CUDA_MODULE");
   char *mod = !e || !*e ? beside_exe("runtime/cavs-cuda.so") : NULL;
   if (mod) setenv("CAVS_CUDA_MODULE", mod, 1);
   free(mod);
+  const char *env = getenv("CAVS_DEVICE");
+  if (!name && env && *env) name = env; /* what make check pins: the same device anywhere */
+  if (!name) {
+    /* the default: cuda where this build has it and the machine a GPU, else cpu. Only
+       a machine with NVIDIA's device files pays for loading the CUDA libraries to ask. */
+    char why[512];
+    bool built = false;
+    for (int i = 0; i < cavs_backend_count(); i++) built |= !strcmp(cavs_backend_name(i), "cuda");
+    return built && access("/dev/nvidiactl", F_OK) == 0 && !cavs_backend_probe("cuda", why, sizeof why) ? "cuda"
+                                                                                                        : NULL;
+  }
   bool known = false;
   char list[256] = "";
   for (int i = 0; i < cavs_backend_count(); i++) {
@@ -246,6 +256,7 @@ void check_device(const char *name) {
   char why[512];
   if (!known && strcmp(name, "cuda")) die(1, "unknown device '%s' (devices: %s)", name, list);
   if (cavs_backend_probe(name, why, sizeof why)) die(1, "device '%s' cannot be used: %s", name, why);
+  return name;
 }
 
 void say_device(FILE *f, const cavs_model *m) {

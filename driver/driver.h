@@ -55,8 +55,9 @@ typedef struct Loaded {
   char *name;
 } Loaded;
 
-/* --device NAME (NULL: the default): dies unless a backend of that name can run here. */
-void check_device(const char *name);
+/* --device NAME: dies unless a backend of that name can run here; returns it. For NULL
+ * (no --device), the default: "cuda" where it can run, else NULL (the cpu). */
+const char *check_device(const char *name);
 /* "device: cpu, 2 threads": the first line of a command's output says where it runs */
 void say_device(FILE *f, const cavs_model *m);
 /* A model named on the command line: a .so loaded as given, else a .vf compiled. */

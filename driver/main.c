@@ -77,7 +77,7 @@ static const char usage[] =
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
     "  --threads N  --max-memory SIZE  --log FILE  --quiet\n"
-    "train, eval and predict: --device NAME (cpu; cuda where built and a GPU is present)\n"
+    "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -159,7 +159,7 @@ int main(int argc, char **argv) {
   }
   if (!o.set_lr) o.optim.lr = cavs_optim_default_lr(o.optim.kind);
   model_opts.threads = o.threads;
-  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "predict")) check_device(model_opts.backend);
+  if (!strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "predict")) model_opts.backend = check_device(model_opts.backend);
   if (!strcmp(cmd, "train")) {
     o.model = positional;
     o.format = format;

@@ -210,6 +210,15 @@ START_TEST(device_named) {
   ck_assert_msg(strstr(r.err, "cavs: unknown device 'tpu' (devices: cpu"), "%s", tu_tail(r.err, 600));
   ck_assert_int_eq(access(path_in("tpu.ckpt"), F_OK), -1);
   tu_free(&r);
+  /* CAVS_DEVICE stands for --device, which wins over it */
+  char *env_tpu[] = {"CAVS_DEVICE=tpu", NULL};
+  r = cavs_env(env_tpu, "eval", path_in("dev.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "unknown device 'tpu'"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+  r = cavs_env(env_tpu, "eval", path_in("dev.ckpt"), "--data", path_in("dev.txt"), "--device", "cpu", NULL);
+  ok(&r, "eval --device cpu with CAVS_DEVICE=tpu");
+  tu_free(&r);
   r = cavs("eval", path_in("dev.ckpt"), "--data", path_in("dev.txt"), "--device", "", NULL);
   ck_assert_int_eq(r.status, 1);
   ck_assert_msg(strstr(r.err, "unknown device ''"), "%s", tu_tail(r.err, 600));
