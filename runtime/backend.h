@@ -50,6 +50,9 @@ typedef struct cv_backend {
   void *(*alloc)(size_t bytes); /* 64-byte aligned, uninitialised; NULL on failure */
   void (*release)(void *p);     /* NULL is fine */
   void (*zero)(void *p, size_t bytes);
+  /* rows[0..n) of a block of rows of `row` bytes each, to zero (a lookup table's
+     gradient rows a minibatch touched: hundreds of rows, one operation); -1 on failure */
+  int (*zero_rows)(cavs_model *m, void *base, size_t row, const int *rows, int n);
   void (*upload)(void *dst, const void *src, size_t bytes);   /* host to backend */
   void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
   /* the schedule of a minibatch is complete in the model's host arrays */

@@ -49,6 +49,10 @@ static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~
 static void cpu_release(void *p) { free(p); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static int cpu_zero_rows(cavs_model *m, void *base, size_t row, const int *rows, int n) {
+  for (int i = 0; i < n; i++) memset((char *)base + (size_t)rows[i] * row, 0, row);
+  return 0;
+}
 static void cpu_close(cavs_model *m) {}
 static int cpu_schedule(cavs_model *m) { return 0; }
 static int cpu_synchronize(cavs_model *m) { return 0; }
@@ -165,6 +169,7 @@ const cv_backend cv_backend_cpu = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .zero = cpu_zero,
+    .zero_rows = cpu_zero_rows,
     .upload = cpu_copy,
     .download = cpu_copy,
     .schedule = cpu_schedule,

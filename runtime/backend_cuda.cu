@@ -30,16 +30,22 @@ enum { THREADS = 256 };
 struct Dev {
   cublasHandle_t blas;
   bool failed;
-  /* the schedule, on the device, grown to the largest minibatch */
-  int cap;
+  /* the schedule: packed into one pinned host buffer and sent in one copy to one device
+     buffer, both grown to the largest minibatch; the pointers point into the device's */
+  size_t cap;
+  char *pack_host, *pack_dev;
   int *child;
   unsigned char *root, *pushed;
-  int *pred;
   int **iin;  /* host array of device arrays, [nint] */
   void **rin; /* host array of device arrays, [nreal] */
-  /* the losses of a minibatch: sums and counts per loss */
-  double *sum;              /* [nlosses] */
-  unsigned long long *cnt;  /* [nlosses * 4]: count, correct, root_count, root_correct */
+  int *pred;  /* what the first classifier predicts, read back in synchronize */
+  int cappred;
+  /* the losses of a minibatch: sums and counts per loss, and their host copies */
+  double *sum, *hsum;                 /* [nlosses] */
+  unsigned long long *cnt, *hcnt;     /* [nlosses * 4]: count, correct, root_count, root_correct */
+  /* the rows zero_rows clears */
+  int *rows;
+  int caprows;
   /* an optimizer step's spans and its norm */
   int capspans;
   size_t *span_off, *span_start;
@@ -116,7 +122,9 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   const cavs_desc *ds = m->d;
   d->iin = (int **)calloc((size_t)ds->nint + 1, sizeof *d->iin);
   d->rin = (void **)calloc((size_t)ds->nreal + 1, sizeof *d->rin);
-  if (!d->iin || !d->rin) return no_memory(m);
+  d->hsum = (double *)calloc((size_t)ds->nlosses + 1, sizeof *d->hsum);
+  d->hcnt = (unsigned long long *)calloc(4 * (size_t)ds->nlosses + 1, sizeof *d->hcnt);
+  if (!d->iin || !d->rin || !d->hsum || !d->hcnt) return no_memory(m);
   CKB(m, cublasCreate(&d->blas));
   CK(m, cudaMalloc(&d->sum, sizeof(double) * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->cnt, sizeof(unsigned long long) * 4 * ((size_t)ds->nlosses + 1)));
@@ -128,14 +136,14 @@ static void cuda_close(cavs_model *m) {
   Dev *d = dev(m);
   if (!d) return;
   if (d->blas) cublasDestroy(d->blas);
-  cudaFree(d->child);
-  cudaFree(d->root);
-  cudaFree(d->pushed);
+  cudaFreeHost(d->pack_host);
+  cudaFree(d->pack_dev);
   cudaFree(d->pred);
-  for (int i = 0; d->iin && i < m->d->nint; i++) cudaFree(d->iin[i]);
-  for (int i = 0; d->rin && i < m->d->nreal; i++) cudaFree(d->rin[i]);
+  cudaFree(d->rows);
   free(d->iin);
   free(d->rin);
+  free(d->hsum);
+  free(d->hcnt);
   cudaFree(d->sum);
   cudaFree(d->cnt);
   cudaFree(d->span_off);
@@ -165,6 +173,31 @@ static void cuda_download(void *dst, const void *src, size_t bytes) {
   (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+/* Rows rows[0..n) of a block of `row`-byte rows to zero: one launch, a thread a 4-byte
+   word (rows of a float or double table are whole words). */
+__global__ void zero_rows_k(unsigned *base, size_t words, const int *rows, int n) {
+  long r, j;
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, (long)words, &r, &j)) return;
+  base[(size_t)rows[r] * words + (size_t)j] = 0;
+}
+
+static void regrow(cavs_model *m, void **p, size_t bytes);
+
+static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows, int n) {
+  Dev *d = dev(m);
+  if (n <= 0) return 0;
+  if (n > d->caprows) {
+    regrow(m, (void **)&d->rows, sizeof(int) * (size_t)n);
+    if (d->failed) return -1;
+    d->caprows = n;
+  }
+  CK(m, cudaMemcpy(d->rows, rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
+  size_t words = row / 4;
+  zero_rows_k<<<cavs_cuda_blocks(n, (long)words, THREADS), THREADS>>>((unsigned *)base, words, d->rows, n);
+  CKL(m);
+  return d->failed ? -1 : 0;
+}
+
 /* grows a device array to bytes (contents not kept) */
 static void regrow(cavs_model *m, void **p, size_t bytes) {
   cudaFree(*p);
@@ -172,29 +205,58 @@ static void regrow(cavs_model *m, void **p, size_t bytes) {
   CK(m, cudaMalloc(p, bytes ? bytes : 1));
 }
 
+/* Where each array of the schedule sits in the packed buffer: 256-byte aligned. */
+static size_t place(size_t *at, size_t bytes) {
+  size_t here = *at;
+  *at += (bytes + 255) & ~(size_t)255;
+  return here;
+}
+
 static int cuda_schedule(cavs_model *m) {
   Dev *d = dev(m);
   const cavs_desc *ds = m->d;
-  int N = m->rows;
-  if (N > d->cap) {
-    int cap = m->cap_rows;
-    regrow(m, (void **)&d->child, sizeof(int) * (size_t)cap * (size_t)m->maxc);
-    regrow(m, (void **)&d->root, (size_t)cap);
-    regrow(m, (void **)&d->pushed, (size_t)cap);
-    regrow(m, (void **)&d->pred, sizeof(int) * (size_t)cap);
-    for (int i = 0; i < ds->nint; i++) regrow(m, (void **)&d->iin[i], sizeof(int) * (size_t)cap);
-    for (int i = 0; i < ds->nreal; i++) regrow(m, &d->rin[i], (size_t)m->rw[i] * m->esize * (size_t)cap);
+  size_t N = (size_t)m->rows, at = 0;
+  size_t o_child = place(&at, sizeof(int) * N * (size_t)m->maxc), o_root = place(&at, N), o_pushed = place(&at, N);
+  size_t o_iin = at;
+  for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
+  size_t o_rin = at;
+  for (int i = 0; i < ds->nreal; i++) place(&at, (size_t)m->rw[i] * m->esize * N);
+  if (at > d->cap) {
+    cudaFreeHost(d->pack_host);
+    d->pack_host = NULL;
+    CK(m, cudaMallocHost((void **)&d->pack_host, at));
+    regrow(m, (void **)&d->pack_dev, at);
     if (d->failed) return -1;
-    d->cap = cap;
+    d->cap = at;
   }
-  CK(m, cudaMemcpy(d->child, m->child, sizeof(int) * (size_t)N * (size_t)m->maxc, cudaMemcpyHostToDevice));
-  CK(m, cudaMemcpy(d->root, m->root, (size_t)N, cudaMemcpyHostToDevice));
-  CK(m, cudaMemcpy(d->pushed, m->pushed, (size_t)N, cudaMemcpyHostToDevice));
-  for (int i = 0; i < ds->nint; i++)
-    CK(m, cudaMemcpy(d->iin[i], m->iin[i], sizeof(int) * (size_t)N, cudaMemcpyHostToDevice));
-  for (int i = 0; i < ds->nreal; i++)
-    CK(m, cudaMemcpy(d->rin[i], m->rin[i], (size_t)m->rw[i] * m->esize * (size_t)N, cudaMemcpyHostToDevice));
-  CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * (size_t)N, 0)); /* -1 */
+  if (N > (size_t)d->cappred) {
+    regrow(m, (void **)&d->pred, sizeof(int) * (size_t)m->cap_rows);
+    if (d->failed) return -1;
+    d->cappred = m->cap_rows;
+  }
+  /* the host arrays into the pinned buffer, then one copy (the last minibatch's copy
+     has finished: its forward pass ended with a synchronize) */
+  memcpy(d->pack_host + o_child, m->child, sizeof(int) * N * (size_t)m->maxc);
+  memcpy(d->pack_host + o_root, m->root, N);
+  memcpy(d->pack_host + o_pushed, m->pushed, N);
+  size_t o = o_iin;
+  for (int i = 0; i < ds->nint; i++) {
+    memcpy(d->pack_host + o, m->iin[i], sizeof(int) * N);
+    d->iin[i] = (int *)(d->pack_dev + o);
+    o += (sizeof(int) * N + 255) & ~(size_t)255;
+  }
+  o = o_rin;
+  for (int i = 0; i < ds->nreal; i++) {
+    size_t bytes = (size_t)m->rw[i] * m->esize * N;
+    memcpy(d->pack_host + o, m->rin[i], bytes);
+    d->rin[i] = d->pack_dev + o;
+    o += (bytes + 255) & ~(size_t)255;
+  }
+  CK(m, cudaMemcpyAsync(d->pack_dev, d->pack_host, at, cudaMemcpyHostToDevice, 0));
+  d->child = (int *)(d->pack_dev + o_child);
+  d->root = (unsigned char *)(d->pack_dev + o_root);
+  d->pushed = (unsigned char *)(d->pack_dev + o_pushed);
+  CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
   CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
   CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
   /* what generated code and the kernels read: the device copies */
@@ -213,9 +275,9 @@ static int cuda_synchronize(cavs_model *m) {
   CK(m, cudaStreamSynchronize(0));
   const cavs_desc *ds = m->d;
   if (ds->nlosses && !d->failed) {
-    double sum[64];
-    unsigned long long cnt[4 * 64];
-    int nl = ds->nlosses < 64 ? ds->nlosses : 64;
+    double *sum = d->hsum;
+    unsigned long long *cnt = d->hcnt;
+    int nl = ds->nlosses;
     CK(m, cudaMemcpy(sum, d->sum, sizeof(double) * (size_t)nl, cudaMemcpyDeviceToHost));
     CK(m, cudaMemcpy(cnt, d->cnt, sizeof cnt[0] * 4 * (size_t)nl, cudaMemcpyDeviceToHost));
     for (int l = 0; l < nl; l++) {
@@ -667,6 +729,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_alloc,
     cuda_release,
     cuda_zero,
+    cuda_zero_rows,
     cuda_upload,
     cuda_download,
     cuda_schedule,

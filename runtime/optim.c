@@ -16,11 +16,8 @@ void cv_sparse_reset(cavs_model *m) {
     int slot = d->pgroups[g].sparse_input;
     if (slot < 0) continue;
     size_t row = (size_t)m->pg_cols[g] * m->esize;
-    for (int i = 0; i < m->ntouched[g]; i++) {
-      int r = m->touched[g][i];
-      m->be->zero((char *)m->pgrad[g] + (size_t)r * row, row);
-      m->mark[g][r] = 0;
-    }
+    m->be->zero_rows(m, m->pgrad[g], row, m->touched[g], m->ntouched[g]);
+    for (int i = 0; i < m->ntouched[g]; i++) m->mark[g][m->touched[g][i]] = 0;
     m->ntouched[g] = 0;
     const int *idx = m->iin[slot];
     for (int r = 0; r < m->rows; r++) {
