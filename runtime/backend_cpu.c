@@ -72,7 +72,24 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
   enum CBLAS_TRANSPOSE A = ta == CAVS_TRANS ? CblasTrans : CblasNoTrans;
   enum CBLAS_TRANSPOSE B = tb == CAVS_TRANS ? CblasTrans : CblasNoTrans;
   double t0 = now_s();
-  if (DBL(c))
+  /* A single row (one vertex: batch size 1, a tree's top levels, --policy serial) is a
+     matrix-vector product, and a single-row parameter gradient an outer product: gemv
+     and ger, without the packing gemm does for its blocks (most of an M=1 gemm's time).
+     op(A)'s one row, or op(A)'s one column, is read with A's stride where it is not
+     contiguous. */
+  if (m == 1) {
+    int inc = ta == CAVS_TRANS ? (int)lda : 1;
+    if (DBL(c))
+      cblas_dgemv(CblasRowMajor, B == CblasNoTrans ? CblasTrans : CblasNoTrans, B == CblasNoTrans ? k : n,
+                  B == CblasNoTrans ? n : k, alpha, b, (int)ldb, a, inc, beta, cm, 1);
+    else
+      cblas_sgemv(CblasRowMajor, B == CblasNoTrans ? CblasTrans : CblasNoTrans, B == CblasNoTrans ? k : n,
+                  B == CblasNoTrans ? n : k, (float)alpha, b, (int)ldb, a, inc, (float)beta, cm, 1);
+  } else if (k == 1 && beta == 1) {
+    int ia = ta == CAVS_TRANS ? 1 : (int)lda, ib = tb == CAVS_TRANS ? (int)ldb : 1;
+    if (DBL(c)) cblas_dger(CblasRowMajor, m, n, alpha, a, ia, b, ib, cm, (int)ldc);
+    else cblas_sger(CblasRowMajor, m, n, (float)alpha, a, ia, b, ib, cm, (int)ldc);
+  } else if (DBL(c))
     cblas_dgemm(CblasRowMajor, A, B, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, cm, (int)ldc);
   else
     cblas_sgemm(CblasRowMajor, A, B, m, n, k, (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, cm,

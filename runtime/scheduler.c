@@ -11,7 +11,8 @@
  * Forward:  pull (all rows) -> eager (per type) -> path (per task) -> lazy (per type)
  *           -> push (all rows, losses).
  * Backward: the same in reverse; every parameter gradient of a type is formed after its
- *           path phase, as one product over all its rows. */
+ *           path phase, as one product over all its rows.
+ * CAVS_SERIAL runs every phase one row at a time: the baseline without batching. */
 #include "cv.h"
 
 #include <limits.h>
@@ -211,28 +212,36 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   return 0;
 }
 
+/* A stage over rows [r0, r0 + n), whose first `leaf` rows have no children: in one call,
+ * or under CAVS_SERIAL one call a row, so that one vertex at a time is the honest
+ * baseline batching is measured against, in every phase (the path phase's tasks are cut
+ * into single rows by cv_schedule already). */
+static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
+  cavs_ctx *c = &m->ctx;
+  if (m->policy != CAVS_SERIAL) {
+    c->leaf_rows = leaf;
+    f(c, r0, n);
+  } else
+    for (int r = r0; r < r0 + n; r++) {
+      c->leaf_rows = r - r0 < leaf;
+      f(c, r, 1);
+    }
+  c->leaf_rows = 0;
+}
+
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
-  cavs_ctx *c = &m->ctx;
   m->have_batch = false;
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
   int N = m->rows;
-  c->leaf_rows = 0;
-  if (d->pull_fwd) d->pull_fwd(c, 0, N);
-  for (int t = 0; t < d->nvertex; t++) {
-    c->leaf_rows = m->type_leaf[t];
-    if (m->type_n[t]) d->vertex[t].fwd_eager(c, m->type_r0[t], m->type_n[t]);
-  }
-  for (int i = 0; i < m->ntask; i++) {
-    c->leaf_rows = m->task_leaf[i];
-    d->vertex[m->task_type[i]].fwd_path(c, m->task_r0[i], m->task_n[i]);
-  }
-  for (int t = 0; t < d->nvertex; t++) {
-    c->leaf_rows = m->type_leaf[t];
-    if (m->type_n[t]) d->vertex[t].fwd_lazy(c, m->type_r0[t], m->type_n[t]);
-  }
-  c->leaf_rows = 0;
+  if (d->pull_fwd) stage(m, d->pull_fwd, 0, N, 0);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) stage(m, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
+  for (int i = 0; i < m->ntask; i++)
+    stage(m, d->vertex[m->task_type[i]].fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) stage(m, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
   if (d->push_fwd) {
     /* The push block runs over every row, its products included; the rows of a type
        that does not push hold no value of this minibatch (uninitialised, or what an
@@ -242,7 +251,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
     for (int t = 0; t < d->nvertex; t++)
       if (!d->vertex[t].pushes && m->type_n[t])
         m->be->zero((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, (size_t)m->type_n[t] * w);
-    d->push_fwd(c, 0, N);
+    stage(m, d->push_fwd, 0, N, 0);
   }
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;
@@ -279,7 +288,6 @@ int cavs_model_root_class(const cavs_model *m, int g) {
 
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
-  cavs_ctx *c = &m->ctx;
   if (!m->have_batch) return;
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
@@ -288,22 +296,14 @@ void cavs_model_backward(cavs_model *m) {
     if (d->pgroups[g].sparse_input < 0)
       m->be->zero(m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
   cv_sparse_reset(m);
-  c->leaf_rows = 0;
-  if (d->push_bwd) d->push_bwd(c, 0, N);
-  for (int t = 0; t < d->nvertex; t++) {
-    c->leaf_rows = m->type_leaf[t];
-    if (m->type_n[t]) d->vertex[t].bwd_lazy(c, m->type_r0[t], m->type_n[t]);
-  }
-  for (int i = m->ntask - 1; i >= 0; i--) {
-    c->leaf_rows = m->task_leaf[i];
-    d->vertex[m->task_type[i]].bwd_path(c, m->task_r0[i], m->task_n[i]);
-  }
-  for (int t = 0; t < d->nvertex; t++) {
-    c->leaf_rows = m->type_leaf[t];
-    if (m->type_n[t]) d->vertex[t].bwd_eager(c, m->type_r0[t], m->type_n[t]);
-  }
-  c->leaf_rows = 0;
-  if (d->pull_bwd) d->pull_bwd(c, 0, N);
+  if (d->push_bwd) stage(m, d->push_bwd, 0, N, 0);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) stage(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
+  for (int i = m->ntask - 1; i >= 0; i--)
+    stage(m, d->vertex[m->task_type[i]].bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]);
+  for (int t = 0; t < d->nvertex; t++)
+    if (m->type_n[t]) stage(m, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
+  if (d->pull_bwd) stage(m, d->pull_bwd, 0, N, 0);
   /* a failure shows in the next call that returns a status (the step, a forward pass) */
   m->be->synchronize(m);
 }

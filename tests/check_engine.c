@@ -37,9 +37,11 @@ START_TEST(golden) {
 }
 END_TEST
 
-/* BFS batching against one vertex per task: same loss, same gradients. In float on
- * trees, to 1e-5 relative; in double on trees and random DAGs, to 1e-11 (in float, a DAG's
- * many paths let rounding differ a little more: the double run shows it is only that). */
+/* BFS batching against one vertex at a time (CAVS_SERIAL, in every phase): same loss,
+ * same gradients. In double on trees and random DAGs, to 1e-11; in float on trees, to
+ * 1e-4 relative: one row is a matrix-vector product (gemv, ger) and a batch a matrix
+ * product, whose sums run in other orders, and float keeps seven digits (in float, a DAG's
+ * many paths let rounding differ more still: the double run shows it is only that). */
 static void batched_vs_serial(const char *file, const char *prec, bool dags, double tol) {
   const cavs_desc *d = load_model(file, prec);
   bool dbl = !strcmp(prec, "double");
@@ -74,7 +76,7 @@ static void batched_vs_serial(const char *file, const char *prec, bool dags, dou
 START_TEST(batched_equals_serial) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
-  batched_vs_serial(file, "float", false, 1e-5);
+  batched_vs_serial(file, "float", false, 1e-4);
 }
 END_TEST
 
