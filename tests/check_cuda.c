@@ -1,13 +1,17 @@
-/* check_cuda.c: the CUDA target's output compiles. Every example model, at both
- * precisions, written fresh by `cavsc --target=cuda` and compiled by nvcc with every
- * warning an error (the kernels' and the host code's); also two models that take the
- * target's rarer paths. Needs no GPU, only nvcc: without it (configure found none, or
+/* check_cuda.c: the CUDA target's output compiles and links. Every example model, at
+ * both precisions, written fresh by `cavsc --target=cuda` and built by nvcc into a shared
+ * object as `cavs build --target cuda` builds one, with every warning an error (the
+ * kernels' and the host code's), then loaded here against libcavs: its descriptor says
+ * the cuda target; also two models that take the target's rarer paths. Needs no GPU, only nvcc: without it (configure found none, or
  * --disable-cuda) the suite exits 77, which automake reports as skipped.
  *
  * What the kernels compute is checked without a GPU (and without nvcc) in
  * check_cuda_host: the same files compiled by g++ under cuda_host.h, each launch run
  * thread by thread on the CPU, against the C target's model. */
+#include "cavs.h"
 #include "testutil.h"
+
+#include <dlfcn.h>
 
 static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype"};
 static const char *const precisions[] = {"float", "double"};
@@ -26,22 +30,43 @@ static const struct {
               "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
 };
 
-/* cavsc --target=cuda on `vf` (a path, relative to `cwd`), then nvcc on what it wrote. */
+/* cavsc --target=cuda on `vf` (a path, relative to `cwd`), then nvcc on what it wrote,
+ * into MODEL.so, which is loaded. */
 static void compiles(const char *cwd, const char *vf, const char *model, const char *prec) {
-  char *dir = tu_tmpdir(), popt[64], cu[4400], inc[4400];
+  char *dir = tu_tmpdir(), popt[64], cu[4400], inc[4400], so[4400], rpath[4400];
   snprintf(popt, sizeof popt, "--precision=%s", prec);
   char *gen[] = {(char *)tu_env("CAVSC", "./cavsc"), "--target=cuda", popt, "-o", dir, (char *)vf, NULL};
   RunResult r = tu_run(cwd, gen, 30);
   ck_assert_msg(r.status == 0, "%s: %s", vf, r.err);
   tu_free(&r);
   snprintf(cu, sizeof cu, "%s/%s.cu", dir, model);
+  snprintf(so, sizeof so, "%s/%s.so", dir, model);
   snprintf(inc, sizeof inc, "-I%s/runtime", tu_env("TOP_SRCDIR", "."));
-  char *nvcc[] = {(char *)tu_env("NVCC", "nvcc"), "-c", "-std=c++17", inc, "-Werror", "all-warnings",
-                  "-Xcompiler", "-Wall,-Werror", "-o", "/dev/null", cu, NULL};
+  /* the CUDA runtime shared, found beside nvcc's toolkit, as the driver links it */
+  const char *nvcc_path = tu_env("NVCC", "nvcc"), *slash = strrchr(nvcc_path, '/');
+  snprintf(rpath, sizeof rpath, "-rpath=%.*s/../lib64", slash ? (int)(slash - nvcc_path) : 1, slash ? nvcc_path : ".");
+  char *nvcc[] = {(char *)nvcc_path, "-shared", "-std=c++17", inc, "-Werror", "all-warnings", "-Xcompiler",
+                  "-fPIC,-Wall,-Werror", "-cudart", "shared", "-Xlinker", rpath, "-o", so, cu, NULL};
   r = tu_run(NULL, nvcc, 300);
   ck_assert_msg(r.status == 0 && !*r.out && !*r.err, "nvcc %s (%s, status %d):\n%s%s", model, prec, r.status,
                 tu_tail(r.out, 1500), tu_tail(r.err, 1500));
   tu_free(&r);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
+  char sym[300];
+  snprintf(sym, sizeof sym, "%s_desc", model);
+  const cavs_desc *d = dlsym(h, sym);
+  ck_assert_msg(d && d->target == CAVS_TARGET_CUDA && d->abi == CAVS_ABI_VERSION, "%s in %s", sym, so);
+  ck_assert_int_eq(d->precision, strcmp(prec, "double") ? CAVS_FLOAT : CAVS_DOUBLE);
+  /* and the cpu backend does not run it (this call is also what links libcavs, whose
+     entry points the object's stages call) */
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++)
+    if (dims[i] <= 0) dims[i] = 10;
+  char err[512];
+  ck_assert_ptr_null(cavs_model_new(d, dims, err, sizeof err));
+  ck_assert_msg(strstr(err, "compiled for the cuda target"), "%s", err);
   tu_rmtree(dir);
 }
 
