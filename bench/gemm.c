@@ -1,0 +1,64 @@
+/* gemm.c: single-precision products at the shapes one Tree-LSTM training step runs
+ * (E=H=256, a batch of 64 SST trees), timed through cblas_sgemm of whichever BLAS this
+ * is linked with; bench/gemms builds it against each BLAS and prints them side by side.
+ * GFLOP/s per shape (2mnk a product), the best of three timings of enough repetitions to
+ * take 0.2 s, after a warm-up. */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Row-major C[m,n] += op(A) op(B), as libcavs calls it (forms of cavs_abi.h). */
+static const struct {
+  const char *what;
+  int ta, tb, m, n, k;
+} shapes[] = {
+    {"eager  x @ [Wi|Wf|Wo|Wu]   (rows with a word)", 0, 0, 1200, 1024, 256},
+    {"path   hs @ [Ui|Uo|Uu]     (a low level)", 0, 0, 600, 768, 256},
+    {"path   hs @ [Ui|Uo|Uu]     (a high level)", 0, 0, 32, 768, 256},
+    {"path   h_k @ Uf            (a low level)", 0, 0, 600, 256, 256},
+    {"path   h_k @ Uf            (a high level)", 0, 0, 32, 256, 256},
+    {"bwd    dhs += d W^T        (a low level)", 0, 1, 600, 256, 768},
+    {"bwd    dx += d W^T         (eager)", 0, 1, 1200, 256, 1024},
+    {"bwd    dW += x^T d         (eager)", 1, 0, 256, 1024, 1200},
+    {"bwd    dU += hs^T d        (all inner rows)", 1, 0, 256, 768, 2400},
+    {"push   h @ Wc              (every row)", 0, 0, 4800, 5, 256},
+};
+
+int main(void) {
+  srand(1);
+  printf("%-48s %10s\n", "shape (m x n x k)", "GFLOP/s");
+  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    int m = shapes[s].m, n = shapes[s].n, k = shapes[s].k, ta = shapes[s].ta, tb = shapes[s].tb;
+    float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n),
+          *c = calloc((size_t)m * n, sizeof(float));
+    if (!a || !b || !c) return 1;
+    for (long i = 0; i < (long)m * k; i++) a[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (long i = 0; i < (long)k * n; i++) b[i] = (float)rand() / RAND_MAX - 0.5f;
+    int lda = ta ? m : k, ldb = tb ? k : n;
+    double best = 0;
+    for (int round = 0; round < 4; round++) {
+      int reps = 0;
+      double t0 = now(), t;
+      do {
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a,
+                    lda, b, ldb, 1, c, n);
+        reps++;
+      } while ((t = now() - t0) < 0.2);
+      double g = 2.0 * m * n * k * reps / t / 1e9;
+      if (round && g > best) best = g; /* round 0 warms up */
+    }
+    printf("%-38s %4dx%4dx%4d %7.1f\n", shapes[s].what, m, n, k, best);
+    free(a);
+    free(b);
+    free(c);
+  }
+  return 0;
+}
