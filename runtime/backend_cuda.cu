@@ -49,6 +49,7 @@ struct Dev {
   /* an optimizer step's spans and its norm */
   int capspans;
   size_t *span_off, *span_start;
+  size_t *span_host; /* their host side, [2 * capspans]: a step allocates nothing */
   double *norm2;
 };
 
@@ -146,6 +147,7 @@ static void cuda_close(cavs_model *m) {
   free(d->hcnt);
   cudaFree(d->sum);
   cudaFree(d->cnt);
+  free(d->span_host);
   cudaFree(d->span_off);
   cudaFree(d->span_start);
   cudaFree(d->norm2);
@@ -676,12 +678,14 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
   if (ns + 1 > d->capspans) {
     regrow(m, (void **)&d->span_off, sizeof(size_t) * ((size_t)ns + 1));
     regrow(m, (void **)&d->span_start, sizeof(size_t) * ((size_t)ns + 1));
+    size_t *h = (size_t *)realloc(d->span_host, sizeof(size_t) * 2 * ((size_t)ns + 1));
+    if (!h) return no_memory(m);
+    d->span_host = h;
     if (d->failed) return -1;
     d->capspans = ns + 1;
   }
   /* the spans as offsets and starts in their concatenation: one copy each */
-  size_t *h = (size_t *)malloc(sizeof(size_t) * 2 * ((size_t)ns + 1));
-  if (!h) return no_memory(m);
+  size_t *h = d->span_host;
   size_t total = 0;
   for (int k = 0; k < ns; k++) {
     h[k] = sp[k].off;
@@ -692,7 +696,6 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
   h[2 * ns + 1] = total;
   CK(m, cudaMemcpy(d->span_off, h, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
   CK(m, cudaMemcpy(d->span_start, h + ns + 1, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
-  free(h);
   if (total) {
     if (m->esize == 8) step_as<double>(m, o, ns, total, b1, b2, eps);
     else step_as<float>(m, o, ns, total, b1, b2, eps);
