@@ -412,6 +412,12 @@ typedef struct Emit {
   const Target *t;
   FILE *out;   /* the source file, or where a target's hooks send the text for now */
   void *state; /* a target's own, from its prologue on */
+  /* while a backward stage is written: marks[g] = 1 for each parameter block g whose
+     gradient it names (emit_ptr sets them); NULL otherwise */
+  unsigned char *pg_marks;
+  /* [nvertex]: 1 where the vertex type's backward eager stage names no parameter
+     gradient that a backward path, lazy, pull or push stage names (emit() finds it) */
+  unsigned char *eager_apart;
 } Emit;
 
 /* A value, or its gradient, where plan.c placed it. */

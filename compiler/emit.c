@@ -64,7 +64,9 @@ const char *emit_ptr(const Emit *e, Ref r, const char *row) {
   case PL_ROW:
     return arena_printf("%s[%d] + (size_t)(%s) * %s%s", r.grad ? "G" : "V", p->buf, row,
                         paren(emit_lin(m, p->ld)), off);
-  case PL_PARAM: return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
+  case PL_PARAM:
+    if (r.grad && e->pg_marks) e->pg_marks[p->buf] = 1;
+    return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
   case PL_INPUT: /* p->buf is the input; real inputs have their own numbering */
     return arena_printf("(const R *)c->rin[%d] + (size_t)(%s) * %s", real_slot(m, p->buf), row,
                         paren(emit_lin(m, p->ld)));
@@ -623,9 +625,9 @@ static void descriptor(const Emit *e) {
   fprintf(c, "};\nstatic const cavs_vertex_desc vertex[] = {\n");
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s},\n", emit_c_string(f->name), f->children, f->pushes,
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d},\n", emit_c_string(f->name), f->children, f->pushes,
             fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
-            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"));
+            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"), e->eager_apart[i]);
   }
   fprintf(c, "};\n");
   int nlosses = 0;
@@ -688,24 +690,41 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
   t->prologue(&e);
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
+  /* the parameter gradients each backward stage names: those of every stage but the
+     eager ones together, and each vertex type's eager one alone */
+  size_t ng = (size_t)m->npgroups + 1;
+  unsigned char *others = arena_alloc(ng), *eager = arena_alloc(ng * ((size_t)m->nvertex + 1));
+  e.eager_apart = arena_alloc((size_t)m->nvertex + 1);
   for (int k = 0; k < nf; k++) {
     const IrFunc *f = fs[k];
     const bool *z = zero_at_leaves(f);
     if (f->kind == F_PULL) {
       stage(&e, f, z, fname(&e, f, "fwd"), "pull block, forward: all rows", -1, false, false);
+      e.pg_marks = others;
       stage(&e, f, z, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
     } else if (f->kind == F_PUSH) {
       stage(&e, f, z, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
+      e.pg_marks = others;
       stage(&e, f, z, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
     } else {
       const char *v = f->name;
+      int t = 0;
+      while (t < m->nvertex && m->vertex[t] != f) t++;
       stage(&e, f, z, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
       stage(&e, f, z, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
       stage(&e, f, z, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
+      e.pg_marks = others;
       stage(&e, f, z, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
       stage(&e, f, z, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
+      e.pg_marks = eager + ng * (size_t)t;
       stage(&e, f, z, fname(&e, f, "bwd_eager"), arena_printf("vertex %s, eager phase backward, then every parameter gradient of the type", v), CLS_EAGER, true, true);
     }
+    e.pg_marks = NULL;
+  }
+  for (int t = 0; t < m->nvertex; t++) {
+    e.eager_apart[t] = 1;
+    for (size_t g = 0; g < ng; g++)
+      if (eager[ng * (size_t)t + g] && others[g]) e.eager_apart[t] = 0;
   }
   descriptor(&e);
 }

@@ -185,6 +185,7 @@ int cmd_train(TrainOpts *o) {
       order[j] = t;
     }
     Totals t = {0};
+    cavs_model_backend_stats(m, NULL, 1);
     double start = now(), shown = 0;
     for (int b = b0; b < n; b += o->batch) {
       int k = 0;
@@ -227,6 +228,8 @@ int cmd_train(TrainOpts *o) {
       }
     }
     t.secs = now() - start;
+    cavs_backend_stats bs;
+    cavs_model_backend_stats(m, &bs, 0);
     if (tty) printf("\r\033[K");
     Totals dv = {0};
     if (dev) evaluate(m, dev, o->batch, &dv);
@@ -244,7 +247,10 @@ int cmd_train(TrainOpts *o) {
         if (with_acc) printf(" acc %.4f root %.4f", acc, racc);
         print_losses(stdout, d, &dv);
       }
-      printf("  %.1fs  %.0f graphs/s%s\n", t.secs, (double)t.graphs / t.secs, better && o->save ? "  (best, saved)" : "");
+      printf("  %.1fs  %.0f graphs/s", t.secs, (double)t.graphs / t.secs);
+      /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
+      if (!strcmp(cavs_model_backend(m), "cuda")) printf("  %.0f launches/batch", (double)bs.launches / (t.batches ? t.batches : 1));
+      printf("%s\n", better && o->save ? "  (best, saved)" : "");
       fflush(stdout);
     }
     if (log) {

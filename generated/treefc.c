@@ -244,7 +244,7 @@ static const cavs_buf_desc bufs[] = {
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
-   treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager},
+   treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -458,7 +458,7 @@ static const cavs_buf_desc bufs[] = {
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
-   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager},
+   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

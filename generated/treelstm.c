@@ -454,7 +454,7 @@ static const cavs_buf_desc bufs[] = {
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
-   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager},
+   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -149,3 +149,8 @@ void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code) 
     snprintf(m->err, sizeof m->err, "%s:%d: cuda: a kernel launch failed (cudaError_t %d)", file, line, code);
   m->launch_failed = true;
 }
+
+void cavs_cuda_launched(cavs_ctx *c, const char *file, int line, int code) {
+  c->model->stats.launches++;
+  if (code) cavs_cuda_launch_failed(c, file, line, code);
+}

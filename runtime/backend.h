@@ -92,7 +92,20 @@ typedef struct cv_backend {
   /* The index of the first NaN or infinity among n scalars of the model's precision at
      p, or -1. */
   long (*first_bad)(cavs_model *m, const void *p, size_t n);
+
+  /* ---- streams (optional: NULL where everything runs in the order it is issued) ----
+     A pass issues to stream 0 unless it says otherwise; the scheduler (scheduler.c)
+     puts the eager phase on stream 1 and orders the two with events below CV_EVENTS,
+     each recorded before it is waited for and used once a pass. */
+  /* what is issued from now on goes to stream s (0 or 1) */
+  void (*stream)(cavs_model *m, int s);
+  /* event e marks everything issued to the current stream so far */
+  void (*record)(cavs_model *m, int e);
+  /* what is issued to the current stream from now on runs after event e */
+  void (*wait)(cavs_model *m, int e);
 } cv_backend;
+
+enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */
 
 extern const cv_backend cv_backend_cpu;
 

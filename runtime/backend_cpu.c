@@ -6,6 +6,7 @@
 #include "forms.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +50,12 @@ static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~
 static void cpu_release(void *p) { free(p); }
 static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+/* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
+   pass counts the same on both. */
+#define LAUNCH(c, cond) ((c)->model->stats.launches += (cond) ? 1 : 0)
+
 static int cpu_zero_rows(cavs_model *m, void *base, size_t row, const int *rows, int n) {
+  m->stats.launches += n > 0;
   for (int i = 0; i < n; i++) memset((char *)base + (size_t)rows[i] * row, 0, row);
   return 0;
 }
@@ -60,6 +66,7 @@ static int cpu_synchronize(cavs_model *m) { return 0; }
 static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                      const void *b, long ldb, double beta, void *cm, long ldc) {
   if (m <= 0 || n <= 0) return;
+  LAUNCH(c, 1);
   if (k <= 0) {
     /* an empty sum: C = beta C */
     for (int i = 0; i < m; i++)
@@ -102,12 +109,14 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
 
 static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
   size_t es = DBL(c) ? 8 : 4;
+  LAUNCH(c, len > 0);
   for (int r = a; r < a + len; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es);
 }
 
 static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
                           long ldx, const void *w, long ldw, void *y, long ldy) {
-  cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+  /* every run its own product: a zero row costs flops here, a call very little */
+  cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, INT_MAX);
 }
 
 static void cpu_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
@@ -116,51 +125,60 @@ static void cpu_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int co
 }
 
 static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+  LAUNCH(c, n > 0);
   if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
   else gather_fwd_f(c, k, dst, ld, r0, n);
 }
 
 static void cpu_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
+  LAUNCH(c, n > 0);
   if (DBL(c)) gather_bwd_d(c, k, src, ld, r0, n);
   else gather_bwd_f(c, k, src, ld, r0, n);
 }
 
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,
                            int n, long width) {
+  LAUNCH(c, n > 0 && width > 0);
   if (DBL(c)) lookup_fwd_d(table, ldt, idx, dst, ld, r0, n, width);
   else lookup_fwd_f(table, ldt, idx, dst, ld, r0, n, width);
 }
 
 static void cpu_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0,
                            int n, long width) {
+  LAUNCH(c, n > 0 && width > 0);
   if (DBL(c)) lookup_bwd_d(dtable, ldt, idx, src, ld, r0, n, width);
   else lookup_bwd_f(dtable, ldt, idx, src, ld, r0, n, width);
 }
 
 static void cpu_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
+  LAUNCH(c, n > 0 && w > 0);
   if (DBL(c)) copy_rows_d(dst, ldd, src, lds, n, w, add);
   else copy_rows_f(dst, ldd, src, lds, n, w, add);
 }
 
 static void cpu_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  LAUNCH(c, n > 0);
   if (DBL(c)) xent_fwd_d(c, loss, z, ld, label, r0, n, w);
   else xent_fwd_f(c, loss, z, ld, label, r0, n, w);
 }
 
 static void cpu_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd,
                          int r0, int n, long w) {
+  LAUNCH(c, n > 0 && c->loss[loss].count);
   if (DBL(c)) xent_bwd_d(c, loss, z, ld, label, dz, ldd, r0, n, w);
   else xent_bwd_f(c, loss, z, ld, label, dz, ldd, r0, n, w);
 }
 
 static void cpu_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n,
                         long w) {
+  LAUNCH(c, n > 0);
   if (DBL(c)) mse_fwd_d(c, loss, p, ld, t, ldt, r0, n, w);
   else mse_fwd_f(c, loss, p, ld, t, ldt, r0, n, w);
 }
 
 static void cpu_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
                         int r0, int n, long w) {
+  LAUNCH(c, n > 0 && c->loss[loss].count);
   if (DBL(c)) mse_bwd_d(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
   else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
 }
@@ -205,4 +223,8 @@ const cv_backend cv_backend_cpu = {
     .mse_bwd = cpu_mse_bwd,
     .step = cpu_step,
     .first_bad = cpu_first_bad,
+    /* one stream: the plan's steps run in the order issued */
+    .stream = NULL,
+    .record = NULL,
+    .wait = NULL,
 };

@@ -3,9 +3,11 @@
  * module (cavs-cuda.so, when configure finds nvcc) that backend.c loads when a model
  * asks for "cuda", so a CPU-only build or install never links the CUDA libraries.
  *
- * Everything runs on the legacy default stream, so every operation is ordered after the
- * one before it without events (a second stream for the eager phase is the next step).
- * Per minibatch, the schedule (children, inputs, row flags) goes up in one copy per
+ * Streams: a pass's stages go to two streams of the model's own (created blocking, so
+ * that the legacy default stream, where the clears, copies and the optimizer step go, is
+ * a barrier to both); the scheduler puts the eager phase on the second and orders the
+ * two with the events here (backend.h, scheduler.c). cuBLAS is pointed at the stage's
+ * stream before each product. Per minibatch, the schedule (children, inputs, row flags) goes up in one copy per
  * array in `schedule`, and the loss sums and predictions come back once in
  * `synchronize`. The per-element formulas and the thread-to-cell map are arith.h's, the
  * ones the CPU backend runs and the tests check on the CPU.
@@ -30,6 +32,8 @@ enum { THREADS = 256 };
 struct Dev {
   cublasHandle_t blas;
   bool failed;
+  cudaStream_t st[2]; /* a pass's two streams; ctx.stream is the current one */
+  cudaEvent_t ev[CV_EVENTS];
   /* the schedule: packed into one pinned host buffer and sent in one copy to one device
      buffer, both grown to the largest minibatch; the pointers point into the device's */
   size_t cap;
@@ -85,8 +89,12 @@ static int no_memory(cavs_model *m) {
     if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
       record((m), __FILE__, __LINE__, "cuBLAS: %s", cublasGetStatusString(s_));            \
   } while (0)
-/* after a launch */
-#define CKL(m) CK(m, cudaGetLastError())
+/* after a launch: counted, and checked */
+#define CKL(m)                                                                              \
+  do {                                                                                     \
+    (m)->stats.launches++;                                                                 \
+    CK(m, cudaGetLastError());                                                             \
+  } while (0)
 
 /* the grid over `cells` elements (UINT32_MAX past what a grid holds: the launch fails
    loudly), and the row and column of this thread among rows [r0, r0 + n) of width w */
@@ -97,6 +105,8 @@ __device__ static bool cell(long r0, long n, long w, long *r, long *j) {
   return true;
 }
 static bool dbl(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE; }
+/* the stream a stage issues to */
+static cudaStream_t on(const cavs_ctx *c) { return (cudaStream_t)c->stream; }
 static cavs_model *model(cavs_ctx *c) { return c->model; }
 
 /* ---- identity ---- */
@@ -127,6 +137,9 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   d->hcnt = (unsigned long long *)calloc(4 * (size_t)ds->nlosses + 1, sizeof *d->hcnt);
   if (!d->iin || !d->rin || !d->hsum || !d->hcnt) return no_memory(m);
   CKB(m, cublasCreate(&d->blas));
+  for (int s = 0; s < 2; s++) CK(m, cudaStreamCreate(&d->st[s]));
+  for (int e = 0; e < CV_EVENTS; e++) CK(m, cudaEventCreateWithFlags(&d->ev[e], cudaEventDisableTiming));
+  m->ctx.stream = d->st[0];
   CK(m, cudaMalloc(&d->sum, sizeof(double) * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->cnt, sizeof(unsigned long long) * 4 * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->norm2, sizeof(double)));
@@ -137,6 +150,10 @@ static void cuda_close(cavs_model *m) {
   Dev *d = dev(m);
   if (!d) return;
   if (d->blas) cublasDestroy(d->blas);
+  for (int e = 0; e < CV_EVENTS; e++)
+    if (d->ev[e]) cudaEventDestroy(d->ev[e]);
+  for (int s = 0; s < 2; s++)
+    if (d->st[s]) cudaStreamDestroy(d->st[s]);
   cudaFreeHost(d->pack_host);
   cudaFree(d->pack_dev);
   cudaFree(d->pred);
@@ -195,6 +212,7 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
   }
   CK(m, cudaMemcpy(d->rows, rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
   size_t words = row / 4;
+  /* on the legacy stream: between passes, after both streams */
   zero_rows_k<<<cavs_cuda_blocks(n, (long)words, THREADS), THREADS>>>((unsigned *)base, words, d->rows, n);
   CKL(m);
   return d->failed ? -1 : 0;
@@ -268,13 +286,19 @@ static int cuda_schedule(cavs_model *m) {
   c->pushed = d->pushed;
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
-  c->stream = NULL;
+  c->stream = d->st[0];
   return d->failed ? -1 : 0;
 }
 
+static void cuda_stream(cavs_model *m, int s) { m->ctx.stream = dev(m)->st[s]; }
+static void cuda_record(cavs_model *m, int e) { CK(m, cudaEventRecord(dev(m)->ev[e], on(&m->ctx))); }
+static void cuda_wait(cavs_model *m, int e) { CK(m, cudaStreamWaitEvent(on(&m->ctx), dev(m)->ev[e], 0)); }
+
 static int cuda_synchronize(cavs_model *m) {
   Dev *d = dev(m);
-  CK(m, cudaStreamSynchronize(0));
+  /* both streams and the legacy one */
+  CK(m, cudaDeviceSynchronize());
+  m->ctx.stream = d->st[0];
   const cavs_desc *ds = m->d;
   if (ds->nlosses && !d->failed) {
     double *sum = d->hsum;
@@ -307,13 +331,14 @@ static void cuda_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double a
   cavs_model *md = model(c);
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
-    if (dbl(c)) scale_rows<double><<<blocks((long)m * n), THREADS>>>((double *)cm, ldc, m, n, beta);
-    else scale_rows<float><<<blocks((long)m * n), THREADS>>>((float *)cm, ldc, m, n, (float)beta);
+    if (dbl(c)) scale_rows<double><<<blocks((long)m * n), THREADS, 0, on(c)>>>((double *)cm, ldc, m, n, beta);
+    else scale_rows<float><<<blocks((long)m * n), THREADS, 0, on(c)>>>((float *)cm, ldc, m, n, (float)beta);
     CKL(md);
     return;
   }
   cublasOperation_t A = ta == CAVS_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N, B = tb == CAVS_TRANS ? CUBLAS_OP_T : CUBLAS_OP_N;
   Dev *d = dev(md);
+  CKB(md, cublasSetStream(d->blas, on(c)));
   if (dbl(c))
     CKB(md, cublasDgemm(d->blas, B, A, n, m, k, &alpha, (const double *)b, (int)ldb, (const double *)a, (int)lda, &beta,
                         (double *)cm, (int)ldc));
@@ -323,14 +348,16 @@ static void cuda_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double a
                         (float *)cm, (int)ldc));
   }
   md->stats.gemm_calls++;
+  md->stats.launches++;
   md->stats.gemm_flops += 2.0 * m * n * k;
 }
 
 static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
   size_t es = dbl(c) ? 8 : 4;
-  if (len > 0)
-    CK(model(c), cudaMemset2DAsync((char *)y + (size_t)a * (size_t)ldy * es, (size_t)ldy * es, 0, (size_t)cols * es,
-                                   (size_t)len, 0));
+  if (len <= 0) return;
+  CK(model(c), cudaMemset2DAsync((char *)y + (size_t)a * (size_t)ldy * es, (size_t)ldy * es, 0, (size_t)cols * es,
+                                 (size_t)len, on(c)));
+  model(c)->stats.launches++;
 }
 
 /* The runs of rows with and without an index are found on the host, in the scheduler's
@@ -344,7 +371,10 @@ static const int *host_index(cavs_model *m, const int *idx) {
 static void cuda_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
                            long ldx, const void *w, long ldw, void *y, long ldy) {
   const int *h = host_index(model(c), idx);
-  if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+  /* a run of rows with a word is one product, up to two (the rows of a type: its leaves,
+     which have words, then the rest); past that one product over all, zero rows
+     included, so that the launches of a stage do not grow with its rows */
+  if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, 2);
   else record(model(c), __FILE__, __LINE__, "a looked-up-row product on an array that is not an index input");
 }
 
@@ -369,7 +399,7 @@ template <typename R>
 static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, const int *sel, long stride, int r0, int n,
                           bool bwd) {
   if (n <= 0 || w <= 0) return;
-  gather<R><<<blocks((long)n * w), THREADS>>>(rows, ld, S, w, sel, stride, r0, n, bwd);
+  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd);
   CKL(model(c));
 }
 
@@ -410,8 +440,8 @@ static void launch_lookup(cavs_ctx *c, const void *table, long ldt, const int *i
                           int n, long w, bool bwd) {
   if (n <= 0 || w <= 0) return;
   if (dbl(c))
-    lookup<double><<<blocks((long)n * w), THREADS>>>((double *)rows, ld, (const double *)table, ldt, w, idx, r0, n, bwd);
-  else lookup<float><<<blocks((long)n * w), THREADS>>>((float *)rows, ld, (const float *)table, ldt, w, idx, r0, n, bwd);
+    lookup<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((double *)rows, ld, (const double *)table, ldt, w, idx, r0, n, bwd);
+  else lookup<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((float *)rows, ld, (const float *)table, ldt, w, idx, r0, n, bwd);
   CKL(model(c));
 }
 
@@ -434,8 +464,8 @@ template <typename R> __global__ void copy_rows(R *dst, long ldd, const R *src, 
 
 static void cuda_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
   if (n <= 0 || w <= 0) return;
-  if (dbl(c)) copy_rows<double><<<blocks((long)n * w), THREADS>>>((double *)dst, ldd, (const double *)src, lds, n, w, add);
-  else copy_rows<float><<<blocks((long)n * w), THREADS>>>((float *)dst, ldd, (const float *)src, lds, n, w, add);
+  if (dbl(c)) copy_rows<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((double *)dst, ldd, (const double *)src, lds, n, w, add);
+  else copy_rows<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((float *)dst, ldd, (const float *)src, lds, n, w, add);
   CKL(model(c));
 }
 
@@ -528,10 +558,10 @@ static void cuda_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    xent_fwd<double><<<n, THREADS>>>((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    xent_fwd<double><<<n, THREADS, 0, on(c)>>>((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                      d->cnt + 4 * loss, r0, w);
   else
-    xent_fwd<float><<<n, THREADS>>>((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    xent_fwd<float><<<n, THREADS, 0, on(c)>>>((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }
@@ -543,8 +573,8 @@ static void cuda_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0 || !a->count) return;
   double scale = c->loss_scale / (double)a->count;
   if (dbl(c))
-    xent_bwd<double><<<n, THREADS>>>((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
-  else xent_bwd<float><<<n, THREADS>>>((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
+    xent_bwd<double><<<n, THREADS, 0, on(c)>>>((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
+  else xent_bwd<float><<<n, THREADS, 0, on(c)>>>((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
   CKL(model(c));
 }
 
@@ -590,10 +620,10 @@ static void cuda_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    mse_fwd<double><<<n, THREADS>>>((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
+    mse_fwd<double><<<n, THREADS, 0, on(c)>>>((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   else
-    mse_fwd<float><<<n, THREADS>>>((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
+    mse_fwd<float><<<n, THREADS, 0, on(c)>>>((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
                                    d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }
@@ -604,10 +634,10 @@ static void cuda_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
   if (n <= 0 || !a->count) return;
   double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
   if (dbl(c))
-    mse_bwd<double><<<blocks((long)n * w), THREADS>>>((const double *)p, ld, (const double *)t, ldt, c->pushed,
+    mse_bwd<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const double *)p, ld, (const double *)t, ldt, c->pushed,
                                                       (double *)dp, ldd, scale, r0, n, w);
   else
-    mse_bwd<float><<<blocks((long)n * w), THREADS>>>((const float *)p, ld, (const float *)t, ldt, c->pushed,
+    mse_bwd<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const float *)p, ld, (const float *)t, ldt, c->pushed,
                                                      (float *)dp, ldd, scale, r0, n, w);
   CKL(model(c));
 }
@@ -751,4 +781,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_mse_bwd,
     cuda_step,
     cuda_first_bad,
+    cuda_stream,
+    cuda_record,
+    cuda_wait,
 };

@@ -94,16 +94,22 @@ typedef struct cavs_model_opts {
   const char *backend; /* NULL or "": "cpu" */
   int threads;         /* the backend's threads (OpenBLAS's on the CPU, which are shared by
                           the whole process); 0: leave them as they are */
+  int one_stream;      /* 1: a backend with streams issues everything to one, so the eager
+                          phase does not overlap the path tasks (an ablation); 0: it
+                          overlaps where the backend can (CUDA) */
 } cavs_model_opts;
 cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
                                 size_t errlen);
 const char *cavs_model_backend(const cavs_model *m);
 /* What the backend did since the model was made or the last reset, for benchmarks: the
- * matrix products (calls, seconds, 2mnk flops each) and the other operations. */
+ * matrix products (calls, seconds, 2mnk flops each) and the launches: every kernel
+ * launch and cuBLAS call on a GPU; on the CPU, each operation that would be one (a BLAS
+ * call, a gather, a lookup, a row copy, a loss, a row clear; a fused loop of the C
+ * target is not one, of the CUDA target it is). */
 typedef struct cavs_backend_stats {
   long gemm_calls;
   double gemm_seconds, gemm_flops;
-  long other_calls;
+  long launches;
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);

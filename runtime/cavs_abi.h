@@ -25,8 +25,9 @@
 extern "C" {
 #endif
 
-/* 2: the contract moved out of cavs.h into this header; kinds and forms named. */
-#define CAVS_ABI_VERSION 2
+/* 2: the contract moved out of cavs.h into this header; kinds and forms named.
+ * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream). */
+#define CAVS_ABI_VERSION 3
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -180,6 +181,10 @@ typedef struct cavs_vertex_desc {
   int pushes;
   cavs_stage fwd_eager, fwd_path, fwd_lazy;
   cavs_stage bwd_lazy, bwd_path, bwd_eager;
+  /* 1 when bwd_eager adds to no parameter gradient that a backward path, lazy, pull or
+     push stage of any type adds to: the runtime may then run it on a second stream,
+     beside the path tasks still to come */
+  int eager_apart;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
@@ -302,6 +307,10 @@ void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, 
  * the forward pass or the step after the backward pass that ran it reports it. Implemented in libcavs (backend.c);
  * generated code calls it through CAVS_CUDA_CHECK_LAUNCH. */
 void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code);
+/* A kernel of a CUDA target's stage was launched, with status `code` (0: it launched):
+ * counted in the backend's statistics (cavs_model_backend_stats), and a failure
+ * recorded as cavs_cuda_launch_failed records it. CAVS_CUDA_CHECK_LAUNCH calls it. */
+void cavs_cuda_launched(cavs_ctx *c, const char *file, int line, int code);
 
 
 #ifdef __cplusplus
@@ -315,12 +324,8 @@ void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code);
  * (with a launch of its own that runs every thread of the grid on the CPU). */
 #define CAVS_CUDA_LAUNCH(kernel, blocks, stream) kernel<<<(blocks), CAVS_CUDA_BLOCK, 0, (stream)>>>
 
-/* After every kernel launch of a CUDA target's stage. */
-#define CAVS_CUDA_CHECK_LAUNCH(c)                                                                              \
-  do {                                                                                                         \
-    cudaError_t cavs_err_ = cudaGetLastError();                                                                \
-    if (cavs_err_ != cudaSuccess) cavs_cuda_launch_failed((c), __FILE__, __LINE__, (int)cavs_err_);           \
-  } while (0)
+/* After every kernel launch of a CUDA target's stage: counted, and a failure recorded. */
+#define CAVS_CUDA_CHECK_LAUNCH(c) cavs_cuda_launched((c), __FILE__, __LINE__, (int)cudaGetLastError())
 
 /* A gradient that several threads of one fused kernel add to: a vector parameter's
  * (summed over the rows) or one of two slices of a buffer that may overlap. `d[j] += x`

@@ -8,11 +8,31 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+/* One step of a pass as the scheduler issues it (scheduler.c): a stage over rows, a
+ * clear, or (with two streams) a switch of stream, an event recorded or waited for. */
+enum cv_op_kind { CV_STAGE, CV_ZERO, CV_STREAM, CV_RECORD, CV_WAIT };
+typedef struct cv_op {
+  int kind;
+  int on;          /* the stream it is issued to (the last CV_STREAM before it) */
+  int arg;         /* the stream (CV_STREAM), the event (CV_RECORD, CV_WAIT) */
+  cavs_stage f;    /* CV_STAGE: over rows [r0, r0 + n), the first `leaf` without children */
+  int r0, n, leaf;
+  void *p;         /* CV_ZERO: bytes at p */
+  size_t bytes;
+} cv_op;
+
+/* How a pass's two streams run when the backend has none (the tests' emulation of a
+ * GPU's): in the order issued, or one stream as far ahead of the other as the events
+ * allow, stream 0 first (the eager work as late as it may run) or stream 1 first (as
+ * early as it may). */
+enum cv_order { CV_ISSUED, CV_MAIN_FIRST, CV_SIDE_FIRST };
+
 struct cavs_model {
   const cavs_desc *d;
   const cv_backend *be; /* owns every buffer below that a kernel touches */
   void *bs;             /* the backend's own state (its streams, its copy of the schedule) */
-  bool launch_failed;   /* a kernel of generated code did not launch: m->err says where */
+  bool launch_failed;   /* a kernel of generated code did not launch, or a pass could not
+                           be issued whole: m->err says why */
   cavs_backend_stats stats;
   cavs_ctx ctx;
   size_t esize; /* 4 (float) or 8 (double) */
@@ -50,7 +70,15 @@ struct cavs_model {
   int *gbase, capgraphs, ngraphs; /* first vertex of each graph of the minibatch */
   int *type_r0, *type_n, *type_leaf; /* type_leaf: its level-0 rows, first in its range */
   int ntask, captask;
-  int *task_r0, *task_n, *task_type, *task_leaf;
+  int *task_r0, *task_n, *task_type, *task_leaf, *task_level;
+  int nlevels;
+  /* a pass as issued (scheduler.c): overlap puts the eager phase on a second stream,
+     beside the path tasks (on by default where the backend has streams); order is how
+     a backend without streams runs the two (tests) */
+  cv_op *plan;
+  int nplan, capplan;
+  bool overlap;
+  int order;
   /* scheduling scratch, grown only */
   int capv;
   long capedges;
@@ -73,6 +101,12 @@ int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(print
 
 /* scheduler.c */
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
+/* The steps of the forward or backward pass of the scheduled minibatch into m->plan;
+ * then run them (in m->order where the backend has no streams); -1 with the message
+ * in m->err. Named cavs_ so that libcavs exports them, for the tests; not in cavs.h. */
+int cavs_plan_forward(cavs_model *m);
+int cavs_plan_backward(cavs_model *m);
+int cavs_run_plan(cavs_model *m);
 /* optim.c */
 void cv_sparse_reset(cavs_model *m);
 /* Adam's or Adagrad's moments, zeroed, unless the model has them; -1 (message in m->err) */

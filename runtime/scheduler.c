@@ -143,7 +143,8 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       if (ntask + pieces > m->captask) {
         size_t cap = ((size_t)ntask + (size_t)pieces) * 2;
         if (cv_grow(m, &m->task_r0, sizeof(int), cap) || cv_grow(m, &m->task_n, sizeof(int), cap) ||
-            cv_grow(m, &m->task_type, sizeof(int), cap) || cv_grow(m, &m->task_leaf, sizeof(int), cap))
+            cv_grow(m, &m->task_type, sizeof(int), cap) || cv_grow(m, &m->task_leaf, sizeof(int), cap) ||
+            cv_grow(m, &m->task_level, sizeof(int), cap))
           return -1;
         m->captask = (int)cap;
       }
@@ -152,10 +153,13 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         m->task_n[ntask] = m->policy == CAVS_SERIAL ? 1 : end - r0;
         m->task_type[ntask] = t;
         m->task_leaf[ntask] = l == 0 ? m->task_n[ntask] : 0;
+        m->task_level[ntask] = l;
         ntask++;
       }
     }
   m->ntask = ntask;
+  m->nlevels = L;
+  /* count[t * L + l] moves from the first row of (t, l) to the first of (t, l + 1) */
   for (int v = 0; v < N; v++) m->row_of[v] = m->count[m->vtype[v] * L + m->level[v]]++;
   if (k + 1 > m->capgraphs) {
     if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1)) return -1;
@@ -229,30 +233,195 @@ static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
   c->leaf_rows = 0;
 }
 
-int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
+/* ---- a pass as a list of steps ----
+ *
+ * A pass is first written down (cavs_plan_forward, cavs_plan_backward), then run (cavs_run_plan). With
+ * overlap, the eager phase goes to stream 1 in chunks of levels, [0], [1], [2, 4),
+ * [4, 8)..., and the path tasks on stream 0 wait for the chunk of their level with an
+ * event: forward, the path tasks of level 0 run while the eager phase of the levels
+ * above is still being computed; backward, the eager phase (and the parameter gradients
+ * of the path products) of the levels at and above l runs once the path tasks down to
+ * level l are done, beside the tasks below. The last steps of a pass wait for both
+ * streams. A backend without streams runs the steps in order; the tests run them in
+ * the two orders furthest apart that the events allow (enum cv_order), which is how a
+ * missing event shows on a machine without a GPU. */
+
+static int add(cavs_model *m, cv_op o) {
+  if (m->nplan == m->capplan) {
+    if (cv_grow(m, &m->plan, sizeof(cv_op), (size_t)m->capplan * 2 + 16)) return -1;
+    m->capplan = m->capplan * 2 + 16;
+  }
+  o.on = m->nplan && m->plan[m->nplan - 1].kind == CV_STREAM ? m->plan[m->nplan - 1].arg
+         : m->nplan                                       ? m->plan[m->nplan - 1].on
+                                                          : 0;
+  m->plan[m->nplan++] = o;
+  return 0;
+}
+static int run(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
+  return f && n > 0 ? add(m, (cv_op){.kind = CV_STAGE, .f = f, .r0 = r0, .n = n, .leaf = leaf}) : 0;
+}
+static int ctl(cavs_model *m, int kind, int arg) { return add(m, (cv_op){.kind = kind, .arg = arg}); }
+
+/* The chunk of level l, and the first level of chunk c: [0], [1], [2, 4), [4, 8)... */
+static int chunk_of(int l) {
+  int c = 0;
+  while (l) {
+    l >>= 1;
+    c++;
+  }
+  return c;
+}
+static int chunk_start(int c) { return c ? 1 << (c - 1) : 0; }
+/* the first row of type t at level l (l <= nlevels) */
+static int level_row(const cavs_model *m, int t, int l) {
+  return l ? m->count[t * m->nlevels + l - 1] : m->type_r0[t];
+}
+enum { EV_START = CV_EVENTS - 2, EV_END = CV_EVENTS - 1 };
+
+/* every type's eager stage (fwd or bwd) over the rows of chunk c */
+static int eager_chunk(cavs_model *m, int c, bool bwd) {
   const cavs_desc *d = m->d;
-  m->have_batch = false;
-  if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
-  memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
-  int N = m->rows;
-  if (d->pull_fwd) stage(m, d->pull_fwd, 0, N, 0);
-  for (int t = 0; t < d->nvertex; t++)
-    if (m->type_n[t]) stage(m, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
-  for (int i = 0; i < m->ntask; i++)
-    stage(m, d->vertex[m->task_type[i]].fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]);
-  for (int t = 0; t < d->nvertex; t++)
-    if (m->type_n[t]) stage(m, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
+  int a = chunk_start(c), b = chunk_start(c + 1) < m->nlevels ? chunk_start(c + 1) : m->nlevels;
+  for (int t = 0; t < d->nvertex; t++) {
+    int r0 = level_row(m, t, a), r1 = level_row(m, t, b);
+    if (run(m, bwd ? d->vertex[t].bwd_eager : d->vertex[t].fwd_eager, r0, r1 - r0, a ? 0 : m->type_leaf[t]))
+      return -1;
+  }
+  return 0;
+}
+
+int cavs_plan_forward(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  int N = m->rows, T = d->nvertex;
+  bool two = m->overlap && m->nlevels > 1;
+  int last = chunk_of(m->nlevels - 1);
+  m->nplan = 0;
+  if (two) {
+    if (ctl(m, CV_RECORD, EV_START) || ctl(m, CV_STREAM, 1) || ctl(m, CV_WAIT, EV_START)) return -1;
+    if (run(m, d->pull_fwd, 0, N, 0)) return -1;
+    for (int c = 0; c <= last; c++)
+      if (eager_chunk(m, c, false) || ctl(m, CV_RECORD, c)) return -1;
+    if (ctl(m, CV_STREAM, 0)) return -1;
+  } else {
+    if (run(m, d->pull_fwd, 0, N, 0)) return -1;
+    for (int t = 0; t < T; t++)
+      if (run(m, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+  }
+  int waited = -1;
+  for (int i = 0; i < m->ntask; i++) {
+    int c = chunk_of(m->task_level[i]);
+    if (two && c > waited && ctl(m, CV_WAIT, waited = c)) return -1;
+    if (run(m, d->vertex[m->task_type[i]].fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i])) return -1;
+  }
+  if (two && waited < last && ctl(m, CV_WAIT, last)) return -1;
+  for (int t = 0; t < T; t++)
+    if (run(m, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   if (d->push_fwd) {
     /* The push block runs over every row, its products included; the rows of a type
        that does not push hold no value of this minibatch (uninitialised, or what an
        earlier one left, a NaN perhaps). They contribute no loss, but their zero
        gradients multiply them in the products' backward: 0 * NaN would poison it. */
     size_t w = (size_t)m->bw[d->push_buf] * m->esize;
-    for (int t = 0; t < d->nvertex; t++)
-      if (!d->vertex[t].pushes && m->type_n[t])
-        m->be->zero((char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w, (size_t)m->type_n[t] * w);
-    stage(m, d->push_fwd, 0, N, 0);
+    for (int t = 0; t < T; t++)
+      if (!d->vertex[t].pushes && m->type_n[t] &&
+          add(m, (cv_op){.kind = CV_ZERO, .p = (char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w,
+                         .bytes = (size_t)m->type_n[t] * w}))
+        return -1;
+    if (run(m, d->push_fwd, 0, N, 0)) return -1;
   }
+  return 0;
+}
+
+int cavs_plan_backward(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  int N = m->rows, T = d->nvertex;
+  /* the eager stages may run beside the path tasks only where they add to parameter
+     gradients no other stage adds to (two streams adding to one would race) */
+  bool two = m->overlap && m->nlevels > 1;
+  for (int t = 0; t < T; t++) two = two && d->vertex[t].eager_apart;
+  m->nplan = 0;
+  if (run(m, d->push_bwd, 0, N, 0)) return -1;
+  for (int t = 0; t < T; t++)
+    if (run(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+  for (int i = m->ntask - 1; i >= 0; i--) {
+    if (run(m, d->vertex[m->task_type[i]].bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i])) return -1;
+    int l = m->task_level[i];
+    /* the tasks of levels l and up are done when this is the first of level l; every
+       level has a task, so every chunk's first level comes */
+    if (two && (i == 0 || m->task_level[i - 1] < l) && chunk_start(chunk_of(l)) == l) {
+      int c = chunk_of(l);
+      if (ctl(m, CV_RECORD, c) || ctl(m, CV_STREAM, 1) || ctl(m, CV_WAIT, c) || eager_chunk(m, c, true) ||
+          ctl(m, CV_STREAM, 0))
+        return -1;
+    }
+  }
+  if (two) {
+    if (ctl(m, CV_STREAM, 1) || ctl(m, CV_RECORD, EV_END) || ctl(m, CV_STREAM, 0) || ctl(m, CV_WAIT, EV_END))
+      return -1;
+  } else
+    for (int t = 0; t < T; t++)
+      if (run(m, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+  return run(m, d->pull_bwd, 0, N, 0);
+}
+
+static void step_of(cavs_model *m, const cv_op *o) {
+  const cv_backend *be = m->be;
+  switch (o->kind) {
+  case CV_STAGE: stage(m, o->f, o->r0, o->n, o->leaf); break;
+  case CV_ZERO: be->zero(o->p, o->bytes); break;
+  case CV_STREAM:
+    if (be->stream) be->stream(m, o->arg);
+    break;
+  case CV_RECORD:
+    if (be->record) be->record(m, o->arg);
+    break;
+  case CV_WAIT:
+    if (be->wait) be->wait(m, o->arg);
+    break;
+  }
+}
+
+/* Run stream s's steps from *at until one waits for an event not yet recorded (1), the
+ * end (0), or, when `until` >= 0, event `until` is recorded (0). */
+static int advance(cavs_model *m, int s, int *at, bool *recorded, int until) {
+  for (; at[s] < m->nplan; at[s]++) {
+    const cv_op *o = &m->plan[at[s]];
+    if (o->kind == CV_STREAM || o->on != s) continue;
+    if (o->kind == CV_WAIT && !recorded[o->arg]) return 1;
+    if (o->kind == CV_RECORD) {
+      recorded[o->arg] = true;
+      if (o->arg == until) {
+        at[s]++;
+        return 0;
+      }
+    } else if (o->kind != CV_WAIT)
+      step_of(m, o);
+  }
+  return 0;
+}
+
+int cavs_run_plan(cavs_model *m) {
+  if (m->order == CV_ISSUED || m->be->stream) {
+    for (int i = 0; i < m->nplan; i++) step_of(m, &m->plan[i]);
+    return 0;
+  }
+  /* one stream first, as far as the events let it; the other only until the event it
+     waits for, then the first again */
+  bool recorded[CV_EVENTS] = {0};
+  int at[2] = {0, 0}, p = m->order == CV_MAIN_FIRST ? 0 : 1;
+  for (;;) {
+    if (!advance(m, p, at, recorded, -1)) return advance(m, !p, at, recorded, -1) ? cv_fail(m, "the plan deadlocks") : 0;
+    int want = m->plan[at[p]].arg;
+    if (advance(m, !p, at, recorded, want) || !recorded[want]) return cv_fail(m, "the plan deadlocks");
+  }
+}
+
+int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
+  const cavs_desc *d = m->d;
+  m->have_batch = false;
+  if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
+  memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
+  if (cavs_plan_forward(m) || cavs_run_plan(m)) return -1;
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;
   if (st) {
@@ -296,15 +465,9 @@ void cavs_model_backward(cavs_model *m) {
     if (d->pgroups[g].sparse_input < 0)
       m->be->zero(m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
   cv_sparse_reset(m);
-  if (d->push_bwd) stage(m, d->push_bwd, 0, N, 0);
-  for (int t = 0; t < d->nvertex; t++)
-    if (m->type_n[t]) stage(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
-  for (int i = m->ntask - 1; i >= 0; i--)
-    stage(m, d->vertex[m->task_type[i]].bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]);
-  for (int t = 0; t < d->nvertex; t++)
-    if (m->type_n[t]) stage(m, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t]);
-  if (d->pull_bwd) stage(m, d->pull_bwd, 0, N, 0);
-  /* a failure shows in the next call that returns a status (the step, a forward pass) */
+  /* a failure shows in the next call that returns a status (the step, a forward pass):
+     the plan's (memory for its steps) through launch_failed */
+  if (cavs_plan_backward(m) || cavs_run_plan(m)) m->launch_failed = true;
   m->be->synchronize(m);
 }
 

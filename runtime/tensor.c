@@ -258,6 +258,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   NEW(m->type_n, d->nvertex, "vertex types");
   NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
+  m->overlap = be->stream && !(o && o->one_stream);
   if (be->open(m, o)) {
     snprintf(err, errlen, "%s", m->err);
     cavs_model_free(m);
@@ -285,7 +286,8 @@ void cavs_model_free(cavs_model *m) {
   free(m->pg_off); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
-  free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf);
+  free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
+  free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
   for (int g = 0; g < d->npgroups; g++) {

@@ -164,6 +164,155 @@ START_TEST(overlapping_gradients) {
 }
 END_TEST
 
+/* ---- the eager phase on a second stream ----
+ *
+ * A GPU runs a pass's two streams in any order their events allow. Here the cpu
+ * backend, which has no streams, runs the same steps in the two orders furthest apart:
+ * stream 0 as far ahead as the events let it (the eager work as late as possible) and
+ * stream 1 as far ahead (as early as possible). With every event in place, each comes
+ * out bit for bit as the steps run in the order issued; a missing one shows (below). */
+
+static cavs_desc streams_desc;
+
+/* The CUDA target of example `model` in double, its kernels emulated, as a descriptor
+ * the cpu backend takes (see host_vs_c), and the minibatch to run it on. */
+static int streams_load(const char *model, long *dims, TGraph g[TG_MINIBATCH], const cavs_graph *gs[TG_MINIBATCH],
+                        bool dags) {
+  streams_desc = *load_host_cuda(model, NULL, "double");
+  streams_desc.target = CAVS_TARGET_C;
+  return tg_minibatch(&streams_desc, dims, g, gs, dags);
+}
+
+/* A model of it with two streams (order >= 0: how they run) or one (order -1). */
+static cavs_model *streams_model(const long *dims, int order) {
+  cavs_model *m = new_model(&streams_desc, dims, 9);
+  m->overlap = order >= 0;
+  m->order = order < 0 ? CV_ISSUED : order;
+  return m;
+}
+
+/* the plan has both streams in it */
+static bool two_streams(const cavs_model *m) {
+  for (int i = 0; i < m->nplan; i++)
+    if (m->plan[i].kind == CV_STREAM && m->plan[i].arg == 1) return true;
+  return false;
+}
+
+static void same_grads(cavs_model *a, cavs_model *b, double tol) {
+  same_buffers(a, b, true, tol);
+  for (int i = 0; i < a->d->nparams; i++) {
+    long rows, cols, ld;
+    const void *ga = cavs_model_grad(a, i, &rows, &cols, &ld), *gb = cavs_model_grad(b, i, &rows, &cols, &ld);
+    char what[300];
+    snprintf(what, sizeof what, "gradient of %s", a->d->params[i].name);
+    same_matrix(a, ga, gb, rows, cols, ld, what, tol);
+  }
+}
+
+START_TEST(streams_in_any_order) {
+  const char *model = examples[_i];
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = streams_load(model, dims, g, gs, true);
+  /* one stream; two, issued in order; two, in each of the orders furthest apart */
+  cavs_model *m[4];
+  for (int i = 0; i < 4; i++) {
+    m[i] = streams_model(dims, i == 0 ? -1 : i == 1 ? CV_ISSUED : i == 2 ? CV_MAIN_FIRST : CV_SIDE_FIRST);
+    ck_assert(cavs_model_forward(m[i], gs, k, NULL) == 0);
+    poison_values(m[i]);
+    ck_assert_msg(cavs_model_forward(m[i], gs, k, NULL) == 0, "%s", cavs_model_error(m[i]));
+    ck_assert_msg(i == 0 ? !two_streams(m[i]) : two_streams(m[i]), "%s: forward plan %d", model, i);
+  }
+  for (int i = 2; i < 4; i++) same_buffers(m[1], m[i], false, 0);
+  /* the eager products over chunks of rows, not all at once: the same sums */
+  same_buffers(m[0], m[1], false, 1e-13);
+  for (int i = 0; i < 4; i++) {
+    cavs_model_backward(m[i]);
+    ck_assert_msg(!m[i]->launch_failed, "%s", cavs_model_error(m[i]));
+    ck_assert_msg(i == 0 ? !two_streams(m[i]) : two_streams(m[i]), "%s: backward plan %d", model, i);
+  }
+  for (int i = 2; i < 4; i++) same_grads(m[1], m[i], 0);
+  /* the parameter gradients summed chunk by chunk */
+  same_grads(m[0], m[1], 1e-11);
+  for (int i = 0; i < 4; i++) cavs_model_free(m[i]);
+}
+END_TEST
+
+/* Without its events, the second stream's work runs too late (or too early) and the
+ * values or gradients come out wrong: what the test above would see of a missing one. */
+static bool plan_without_waits_differs(bool backward, int order) {
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = streams_load("treelstm", dims, g, gs, false);
+  cavs_model *ref = streams_model(dims, CV_ISSUED), *m = streams_model(dims, CV_ISSUED);
+  ck_assert(cavs_model_forward(ref, gs, k, NULL) == 0 && cavs_model_forward(m, gs, k, NULL) == 0);
+  if (backward) {
+    cavs_model_backward(ref);
+    ck_assert(cavs_plan_backward(m) == 0);
+  } else {
+    poison_values(m);
+    ck_assert(cavs_plan_forward(m) == 0);
+  }
+  int n = 0;
+  for (int i = 0; i < m->nplan; i++)
+    if (m->plan[i].kind != CV_WAIT) m->plan[n++] = m->plan[i];
+  ck_assert_int_lt(n, m->nplan);
+  m->nplan = n;
+  m->order = order;
+  if (backward)
+    for (int b = 0; b < m->d->nbufs; b++)
+      if (m->grad[b]) memset(m->grad[b], 0, (size_t)m->rows * (size_t)m->bw[b] * m->esize);
+  ck_assert(cavs_run_plan(m) == 0);
+  bool differs = false;
+  for (int b = 0; b < m->d->nbufs && !differs; b++) {
+    const void *x = backward ? ref->grad[b] : ref->val[b], *y = backward ? m->grad[b] : m->val[b];
+    if (x) differs = memcmp(x, y, (size_t)m->rows * (size_t)m->bw[b] * m->esize) != 0;
+  }
+  cavs_model_free(ref);
+  cavs_model_free(m);
+  return differs;
+}
+
+START_TEST(missing_events_show) {
+  ck_assert_msg(plan_without_waits_differs(false, CV_MAIN_FIRST), "forward, eager work late");
+  ck_assert_msg(plan_without_waits_differs(true, CV_SIDE_FIRST), "backward, eager work early");
+}
+END_TEST
+
+/* Launches per pass depend on the tasks, not on their rows: one tree, and the same tree
+ * sixteen times over, launch as many kernels (the aim: a gather, the products, a fused
+ * kernel and a scatter per task, whatever its width). Every vertex has a word here: the
+ * runs of rows with one are the cpu backend's to split (the CUDA backend's products
+ * over looked-up rows stop splitting past two). */
+START_TEST(launches_do_not_grow_with_rows) {
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  streams_load("treelstm", dims, g, gs, false);
+  for (int i = 0; i < g[5].g.n * streams_desc.nint; i++)
+    if (g[5].feat[i] < 0) g[5].feat[i] = 0;
+  const cavs_graph *same[16];
+  for (int i = 0; i < 16; i++) same[i] = gs[5];
+  cavs_model *m = streams_model(dims, CV_ISSUED);
+  cavs_backend_stats one, many;
+  cavs_stats s1, s16;
+  /* a pass first: each backward clears the embedding gradient rows the one before it
+     touched (one launch more after the first) */
+  for (int pass = 0; pass < 3; pass++) {
+    cavs_model_backend_stats(m, NULL, 1);
+    ck_assert(cavs_model_forward(m, same, pass == 2 ? 16 : 1, pass == 2 ? &s16 : &s1) == 0);
+    cavs_model_backward(m);
+    cavs_model_backend_stats(m, pass == 2 ? &many : &one, 0);
+  }
+  ck_assert_int_eq(s1.tasks, s16.tasks);
+  ck_assert_int_gt(one.launches, 2 * s1.tasks);
+  ck_assert_int_eq(one.launches, many.launches);
+  cavs_model_free(m);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cuda_host");
   TCase *tc = tcase_create("kernels on the CPU");
@@ -171,6 +320,10 @@ int main(void) {
   tcase_add_loop_test(tc, examples_double, 0, 5);
   tcase_add_test(tc, treelstm_float);
   tcase_add_test(tc, overlapping_gradients);
+  /* two streams */
+  tcase_add_loop_test(tc, streams_in_any_order, 0, 5);
+  tcase_add_test(tc, missing_events_show);
+  tcase_add_test(tc, launches_do_not_grow_with_rows);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

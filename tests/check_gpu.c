@@ -6,7 +6,7 @@
  * target's on the cpu backend, same dims, same seed, same minibatch of random trees (and
  * DAGs where the model has one vertex type with children): the loss and every parameter
  * gradient agree (relative 1e-5 in double, 1e-3 in float); one vertex per task on the GPU
- * gives what batching does; then `cavs train` for two epochs on each device prints the
+ * gives what batching does, and one stream what two do; then `cavs train` for two epochs on each device prints the
  * same losses (1e-3), and a checkpoint the GPU wrote evaluates on the CPU to the accuracy
  * the GPU gives it. */
 #include <unistd.h>
@@ -30,13 +30,16 @@ static double *flat(cavs_model *m, bool grads, bool dbl, size_t *n) {
   return out;
 }
 
-static cavs_model *make(const cavs_desc *d, const long *dims, const char *backend) {
+static cavs_model *make_opts(const cavs_desc *d, const long *dims, const char *backend, int one_stream) {
   char err[512];
-  cavs_model_opts o = {.backend = backend};
+  cavs_model_opts o = {.backend = backend, .one_stream = one_stream};
   cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
   ck_assert_msg(m != NULL, "%s: %s", backend, err);
   cavs_model_init(m, 5);
   return m;
+}
+static cavs_model *make(const cavs_desc *d, const long *dims, const char *backend) {
+  return make_opts(d, dims, backend, 0);
 }
 
 /* The same minibatch on two models: losses, then gradients, within tol. */
@@ -87,6 +90,13 @@ static void against_cpu(const char *file, const char *prec, double tol) {
   cavs_model *a = make(dg, dims, "cuda"), *b = make(dg, dims, "cuda");
   cavs_model_set_policy(b, CAVS_SERIAL);
   snprintf(what, sizeof what, "%s (%s), batched vs serial on cuda", file, prec);
+  same_step(a, b, gs, k, dbl, tol, what);
+  cavs_model_free(a);
+  cavs_model_free(b);
+  /* two streams (the default) and one */
+  a = make(dg, dims, "cuda");
+  b = make_opts(dg, dims, "cuda", 1);
+  snprintf(what, sizeof what, "%s (%s), two streams vs one on cuda", file, prec);
   same_step(a, b, gs, k, dbl, tol, what);
   cavs_model_free(a);
   cavs_model_free(b);
