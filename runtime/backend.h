@@ -49,7 +49,8 @@ typedef struct cv_backend {
   /* ---- memory ---- */
   void *(*alloc)(size_t bytes); /* 64-byte aligned, uninitialised; NULL on failure */
   void (*release)(void *p);     /* NULL is fine */
-  void (*zero)(void *p, size_t bytes);
+  /* bytes at p to zero, in order with what the model has issued (on its current stream) */
+  void (*zero)(cavs_model *m, void *p, size_t bytes);
   /* rows[0..n) of a block of rows of `row` bytes each, to zero (a lookup table's
      gradient rows a minibatch touched: hundreds of rows, one operation); -1 on failure */
   int (*zero_rows)(cavs_model *m, void *base, size_t row, const int *rows, int n);
@@ -103,6 +104,11 @@ typedef struct cv_backend {
   void (*record)(cavs_model *m, int e);
   /* what is issued to the current stream from now on runs after event e */
   void (*wait)(cavs_model *m, int e);
+  /* Around the steps of a pass (pass 0 forward, 1 backward), optional: the CUDA
+     backend, asked for graphs, captures them and launches the graph; -1 with the
+     message in the model when that failed */
+  int (*pass_begin)(cavs_model *m, int pass);
+  int (*pass_end)(cavs_model *m, int pass);
 } cv_backend;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */

@@ -48,7 +48,7 @@ static int cpu_open(cavs_model *m, const cavs_model_opts *o) {
 
 static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 static void cpu_release(void *p) { free(p); }
-static void cpu_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void cpu_zero(cavs_model *m, void *p, size_t bytes) { memset(p, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 /* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
    pass counts the same on both. */
@@ -227,4 +227,6 @@ const cv_backend cv_backend_cpu = {
     .stream = NULL,
     .record = NULL,
     .wait = NULL,
+    .pass_begin = NULL,
+    .pass_end = NULL,
 };

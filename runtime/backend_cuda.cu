@@ -34,6 +34,11 @@ struct Dev {
   bool failed;
   cudaStream_t st[2]; /* a pass's two streams; ctx.stream is the current one */
   cudaEvent_t ev[CV_EVENTS];
+  /* with graphs: each pass captured from stream 0 and launched whole; the executable
+     graph of the last forward and backward pass, updated in place when the new one
+     has its shape, else made again */
+  bool graphs;
+  cudaGraphExec_t exec[2];
   /* the schedule: packed into one pinned host buffer and sent in one copy to one device
      buffer, both grown to the largest minibatch; the pointers point into the device's */
   size_t cap;
@@ -140,6 +145,7 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   for (int s = 0; s < 2; s++) CK(m, cudaStreamCreate(&d->st[s]));
   for (int e = 0; e < CV_EVENTS; e++) CK(m, cudaEventCreateWithFlags(&d->ev[e], cudaEventDisableTiming));
   m->ctx.stream = d->st[0];
+  d->graphs = o && o->graphs;
   CK(m, cudaMalloc(&d->sum, sizeof(double) * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->cnt, sizeof(unsigned long long) * 4 * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->norm2, sizeof(double)));
@@ -149,6 +155,8 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
 static void cuda_close(cavs_model *m) {
   Dev *d = dev(m);
   if (!d) return;
+  for (int p = 0; p < 2; p++)
+    if (d->exec[p]) cudaGraphExecDestroy(d->exec[p]);
   if (d->blas) cublasDestroy(d->blas);
   for (int e = 0; e < CV_EVENTS; e++)
     if (d->ev[e]) cudaEventDestroy(d->ev[e]);
@@ -182,9 +190,11 @@ static void *cuda_alloc(size_t bytes) {
 static void cuda_release(void *p) {
   if (p) cudaFree(p);
 }
-/* The three below have no model to report to: a failure here leaves the CUDA context
+/* The two below have no model to report to: a failure here leaves the CUDA context
    in an error state that the next checked call reports. */
-static void cuda_zero(void *p, size_t bytes) { (void)cudaMemsetAsync(p, 0, bytes, 0); }
+static void cuda_zero(cavs_model *m, void *p, size_t bytes) {
+  CK(m, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)m->ctx.stream));
+}
 static void cuda_upload(void *dst, const void *src, size_t bytes) {
   (void)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
 }
@@ -293,6 +303,39 @@ static int cuda_schedule(cavs_model *m) {
 static void cuda_stream(cavs_model *m, int s) { m->ctx.stream = dev(m)->st[s]; }
 static void cuda_record(cavs_model *m, int e) { CK(m, cudaEventRecord(dev(m)->ev[e], on(&m->ctx))); }
 static void cuda_wait(cavs_model *m, int e) { CK(m, cudaStreamWaitEvent(on(&m->ctx), dev(m)->ev[e], 0)); }
+
+/* A pass as a graph: everything the steps issue to stream 0, and to stream 1 once it
+   waits for an event of stream 0 (each pass forks and joins it so), is captured, not
+   run; then launched as one graph. Nothing in a pass's steps synchronizes with the
+   host or uses the legacy stream (the clears before a pass and the step after it do,
+   outside the capture). */
+static int cuda_pass_begin(cavs_model *m, int pass) {
+  Dev *d = dev(m);
+  if (!d->graphs) return 0;
+  m->ctx.stream = d->st[0];
+  CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
+  return d->failed ? -1 : 0;
+}
+
+static int cuda_pass_end(cavs_model *m, int pass) {
+  Dev *d = dev(m);
+  if (!d->graphs) return 0;
+  cudaGraph_t g = NULL;
+  CK(m, cudaStreamEndCapture(d->st[0], &g));
+  if (!d->failed && d->exec[pass]) {
+    cudaGraphExecUpdateResultInfo info;
+    if (cudaGraphExecUpdate(d->exec[pass], g, &info) != cudaSuccess) {
+      (void)cudaGetLastError(); /* a new shape: not an error */
+      cudaGraphExecDestroy(d->exec[pass]);
+      d->exec[pass] = NULL;
+    }
+  }
+  if (!d->failed && !d->exec[pass]) CK(m, cudaGraphInstantiate(&d->exec[pass], g, 0));
+  if (g) cudaGraphDestroy(g);
+  if (!d->failed) CK(m, cudaGraphLaunch(d->exec[pass], d->st[0]));
+  m->stats.launches += !d->failed;
+  return d->failed ? -1 : 0;
+}
 
 static int cuda_synchronize(cavs_model *m) {
   Dev *d = dev(m);
@@ -784,4 +827,6 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_stream,
     cuda_record,
     cuda_wait,
+    cuda_pass_begin,
+    cuda_pass_end,
 };

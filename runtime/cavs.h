@@ -97,6 +97,8 @@ typedef struct cavs_model_opts {
   int one_stream;      /* 1: a backend with streams issues everything to one, so the eager
                           phase does not overlap the path tasks (an ablation); 0: it
                           overlaps where the backend can (CUDA) */
+  int graphs;          /* 1: (CUDA) each pass is captured as a CUDA graph and launched
+                          whole, the graph updated in place while its shape repeats */
 } cavs_model_opts;
 cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
                                 size_t errlen);

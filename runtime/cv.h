@@ -79,6 +79,7 @@ struct cavs_model {
   int nplan, capplan;
   bool overlap;
   int order;
+  int plan_pass; /* 0: the plan is a forward pass, 1: a backward one */
   /* scheduling scratch, grown only */
   int capv;
   long capedges;

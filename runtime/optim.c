@@ -83,8 +83,8 @@ int cv_alloc_moments(cavs_model *m) {
     m->m1 = m->m2 = NULL;
     return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", 2 * m->nflat);
   }
-  m->be->zero(m->m1, bytes);
-  m->be->zero(m->m2, bytes);
+  m->be->zero(m, m->m1, bytes);
+  m->be->zero(m, m->m2, bytes);
   return 0;
 }
 

@@ -296,6 +296,7 @@ int cavs_plan_forward(cavs_model *m) {
   bool two = m->overlap && m->nlevels > 1;
   int last = chunk_of(m->nlevels - 1);
   m->nplan = 0;
+  m->plan_pass = 0;
   if (two) {
     if (ctl(m, CV_RECORD, EV_START) || ctl(m, CV_STREAM, 1) || ctl(m, CV_WAIT, EV_START)) return -1;
     if (run(m, d->pull_fwd, 0, N, 0)) return -1;
@@ -340,6 +341,7 @@ int cavs_plan_backward(cavs_model *m) {
   bool two = m->overlap && m->nlevels > 1;
   for (int t = 0; t < T; t++) two = two && d->vertex[t].eager_apart;
   m->nplan = 0;
+  m->plan_pass = 1;
   if (run(m, d->push_bwd, 0, N, 0)) return -1;
   for (int t = 0; t < T; t++)
     if (run(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
@@ -368,7 +370,7 @@ static void step_of(cavs_model *m, const cv_op *o) {
   const cv_backend *be = m->be;
   switch (o->kind) {
   case CV_STAGE: stage(m, o->f, o->r0, o->n, o->leaf); break;
-  case CV_ZERO: be->zero(o->p, o->bytes); break;
+  case CV_ZERO: be->zero(m, o->p, o->bytes); break;
   case CV_STREAM:
     if (be->stream) be->stream(m, o->arg);
     break;
@@ -401,9 +403,11 @@ static int advance(cavs_model *m, int s, int *at, bool *recorded, int until) {
 }
 
 int cavs_run_plan(cavs_model *m) {
-  if (m->order == CV_ISSUED || m->be->stream) {
+  const cv_backend *be = m->be;
+  if (m->order == CV_ISSUED || be->stream) {
+    if (be->pass_begin && be->pass_begin(m, m->plan_pass)) return -1;
     for (int i = 0; i < m->nplan; i++) step_of(m, &m->plan[i]);
-    return 0;
+    return be->pass_end ? be->pass_end(m, m->plan_pass) : 0;
   }
   /* one stream first, as far as the events let it; the other only until the event it
      waits for, then the first again */
@@ -460,10 +464,10 @@ void cavs_model_backward(cavs_model *m) {
   if (!m->have_batch) return;
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
-    if (m->grad[b]) m->be->zero(m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
+    if (m->grad[b]) m->be->zero(m, m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
-      m->be->zero(m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
+      m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
   cv_sparse_reset(m);
   /* a failure shows in the next call that returns a status (the step, a forward pass):
      the plan's (memory for its steps) through launch_failed */

@@ -213,8 +213,8 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     errno = ENOMEM;
     return NULL;
   }
-  be->zero(m->pflat, total * m->esize);
-  be->zero(m->gflat, total * m->esize);
+  be->zero(m, m->pflat, total * m->esize);
+  be->zero(m, m->gflat, total * m->esize);
   NEW(m->param, d->npgroups, "parameter groups");
   NEW(m->pgrad, d->npgroups, "parameter groups");
   for (int g = 0; g < d->npgroups; g++) {

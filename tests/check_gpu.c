@@ -6,7 +6,8 @@
  * target's on the cpu backend, same dims, same seed, same minibatch of random trees (and
  * DAGs where the model has one vertex type with children): the loss and every parameter
  * gradient agree (relative 1e-5 in double, 1e-3 in float); one vertex per task on the GPU
- * gives what batching does, and one stream what two do; then `cavs train` for two epochs on each device prints the
+ * gives what batching does, one stream what two do, and a pass captured as a CUDA graph
+ * what one launched kernel by kernel; then `cavs train` for two epochs on each device prints the
  * same losses (1e-3), and a checkpoint the GPU wrote evaluates on the CPU to the accuracy
  * the GPU gives it. */
 #include <unistd.h>
@@ -30,16 +31,16 @@ static double *flat(cavs_model *m, bool grads, bool dbl, size_t *n) {
   return out;
 }
 
-static cavs_model *make_opts(const cavs_desc *d, const long *dims, const char *backend, int one_stream) {
+static cavs_model *make_opts(const cavs_desc *d, const long *dims, const char *backend, int one_stream, int graphs) {
   char err[512];
-  cavs_model_opts o = {.backend = backend, .one_stream = one_stream};
+  cavs_model_opts o = {.backend = backend, .one_stream = one_stream, .graphs = graphs};
   cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
   ck_assert_msg(m != NULL, "%s: %s", backend, err);
   cavs_model_init(m, 5);
   return m;
 }
 static cavs_model *make(const cavs_desc *d, const long *dims, const char *backend) {
-  return make_opts(d, dims, backend, 0);
+  return make_opts(d, dims, backend, 0, 0);
 }
 
 /* The same minibatch on two models: losses, then gradients, within tol. */
@@ -95,9 +96,15 @@ static void against_cpu(const char *file, const char *prec, double tol) {
   cavs_model_free(b);
   /* two streams (the default) and one */
   a = make(dg, dims, "cuda");
-  b = make_opts(dg, dims, "cuda", 1);
+  b = make_opts(dg, dims, "cuda", 1, 0);
   snprintf(what, sizeof what, "%s (%s), two streams vs one on cuda", file, prec);
   same_step(a, b, gs, k, dbl, tol, what);
+  cavs_model_free(b);
+  /* each pass as a CUDA graph: made, then updated in place for the same shape, then
+     made again for another */
+  b = make_opts(dg, dims, "cuda", 0, 1);
+  snprintf(what, sizeof what, "%s (%s), CUDA graphs vs launches", file, prec);
+  for (int round = 0; round < 3; round++) same_step(a, b, gs, round < 2 ? k : k - 1, dbl, tol, what);
   cavs_model_free(a);
   cavs_model_free(b);
   cavs_model_free(cpu);
