@@ -222,6 +222,10 @@ typedef struct IrNode {
   int uses;      /* number of operand slots that read it */
   int group;     /* fuse.c: elementwise group, or -1 */
   int mm;        /* fuse.c: merged matrix product this MATMUL belongs to, or -1 */
+  /* fuse.c, vertex functions: zero at every vertex without children (its value there is
+     0 whatever the parameters), and dead there (its value there, finite, changes
+     nothing the vertex scatters or pushes, and its gradient there is 0) */
+  bool zero_leaf, dead_leaf;
   int unit;      /* plan.c: the execution unit that computes it */
   Place val, dval; /* plan.c */
 } IrNode;
@@ -448,15 +452,16 @@ typedef struct Loop {
 } Loop;
 
 /* The rows a product skips: none, the rows without children (the left operand is zero
- * there), or the rows whose index input is -1 (a lookup of no word). */
-typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX } ProdRows;
+ * there, or the product is dead there), the rows whose index input is -1 (a lookup of
+ * no word), or both. */
+typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX, ROWS_WITH_INDEX_AND_CHILDREN } ProdRows;
 
 /* A matrix product over the rows r0..r0+n-1, in the runtime's three forms:
  * 0: y = x W; 1: y += x W^T; 2: W += x^T y (summed over the rows). W is [k, cols]. */
 typedef struct GemmCall {
   int form;
   ProdRows rows;
-  int index; /* ROWS_WITH_INDEX: the integer input's slot */
+  int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
   Lin cols, k;
   Ref x, w, y;
 } GemmCall;

@@ -340,6 +340,7 @@ typedef struct Prod {
   Lin k, cols;
   const char *what;
   bool left_grad;
+  bool dead_leaf; /* the product is dead at the leaves (fuse.c) */
   int line;
 } Prod;
 
@@ -371,6 +372,7 @@ static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
     p.line = n->loc.line;
   }
   p.k = f->nodes[p.left].width;
+  p.dead_leaf = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].dead_leaf;
   p.left_grad = f->nodes[p.left].grad && f->nodes[p.left].val.kind == PL_ROW;
   return p;
 }
@@ -387,45 +389,31 @@ static int zero_rows(const Emit *e, const IrFunc *f, int left) {
   return int_slot(e->m, pf->nodes[src->args[1]].ref);
 }
 
-/* Which nodes of f are zero at every vertex without children? Gathered rows are, and so
- * is what keeps a zero a zero (ops.def's ZERO: sums of such, products with one, slices,
- * tanh, relu, products against a matrix). A product whose left operand is one skips the
- * level-0 rows, the leaves: half of all rows in a binary tree. Dropped there are only
- * gradients that would flow to children that do not exist. One pass in node order
- * (operands come first): shared operands are looked at once, not once per path. */
+/* Which nodes of f are zero at every vertex without children (fuse.c). */
 static const bool *zero_at_leaves(const IrFunc *f) {
   bool *z = arena_alloc(sizeof(bool) * (size_t)f->n);
-  for (int i = 0; i < f->n; i++) {
-    const IrNode *n = &f->nodes[i];
-    switch (op_info[n->op].zero) {
-    case ZERO_NONE: break;
-    case ZERO_LEAF: z[i] = true; break;
-    case ZERO_A: z[i] = z[n->args[0]]; break;
-    case ZERO_ANY:
-      for (int j = 0; j < n->nargs; j++) z[i] = z[i] || z[n->args[j]];
-      break;
-    case ZERO_ALL:
-      z[i] = n->nargs > 0;
-      for (int j = 0; j < n->nargs; j++) z[i] = z[i] && z[n->args[j]];
-      break;
-    }
-  }
+  for (int i = 0; i < f->n; i++) z[i] = f->nodes[i].zero_leaf;
   return z;
 }
 
 /* A product in one of the runtime's three forms: 0: y = x W; 1: dx += dy W^T; 2: dW +=
  * x^T dy (over all rows). When the left operand is zero at the leaves or in the rows
- * without a word, those rows are skipped: they stay zero, or add nothing. */
+ * without a word, or the product is dead at the leaves (fuse.c), those rows are
+ * skipped: they stay zero, or add nothing. */
 static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, int form) {
   Prod p = product(e, f, u);
   if (form == 1 && !p.left_grad) return;
   const Place *x = &f->nodes[p.left].val;
   GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k};
+  bool leaves = f->kind == F_VERTEX && (zero[p.left] || p.dead_leaf);
   if (f->kind == F_VERTEX && zero[p.left]) g.rows = ROWS_WITH_CHILDREN;
-  else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = ROWS_WITH_INDEX;
-  static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero"};
-  static const char *const input[] = {"", ", rows with children", ", rows with a word"};
-  static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word"};
+  else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = leaves ? ROWS_WITH_INDEX_AND_CHILDREN : ROWS_WITH_INDEX;
+  else if (leaves) g.rows = ROWS_WITH_CHILDREN;
+  static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
+                                    ", rows without a word or children stay zero"};
+  static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
+  static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word",
+                                      "over all rows with a word and children"};
   const char *left = node_label(f, p.left);
   if (form == 0) fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols), fwd[g.rows]);
   else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[g.rows]);

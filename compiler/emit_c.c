@@ -88,7 +88,10 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
   const char *ws = emit_ptr(e, g->w, "0"), *wl = emit_ld(e, g->w.p);
   const char *xl = emit_ld(e, g->x.p), *yl = emit_ld(e, g->y.p);
   if (g->rows != ROWS_ALL) {
-    const char *which = g->rows == ROWS_WITH_CHILDREN ? "skip(c, c->leaf_rows" : arena_printf("rows(c, c->iin[%d]", g->index);
+    const char *which = g->rows == ROWS_WITH_CHILDREN
+                            ? "skip(c, c->leaf_rows"
+                            : arena_printf("rows(c, c->iin[%d], %s", g->index,
+                                           g->rows == ROWS_WITH_INDEX_AND_CHILDREN ? "c->leaf_rows" : "0");
     fprintf(e->out, "  cavs_gemm_%s, r0, n, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n", which,
             prod_form[g->form], cols, k, emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
     return;

@@ -117,6 +117,55 @@ static void count_param_uses(const Model *m, int *mm_uses, int *other_uses) {
   free(u);
 }
 
+/* Which nodes of a vertex function are zero at every vertex without children? Gathered
+ * rows are, and so is what keeps a zero a zero (ops.def's ZERO: sums of such, products
+ * with one, slices, tanh, relu, products against a matrix). A product whose left
+ * operand is one skips the level-0 rows, the leaves: half of all rows in a binary tree.
+ * Dropped there are only gradients that would flow to children that do not exist. One
+ * pass in node order (operands come first): shared operands are looked at once. */
+static void zero_at_leaves(IrFunc *f) {
+  for (int i = 0; i < f->n; i++) {
+    IrNode *n = &f->nodes[i];
+    bool z = false;
+    switch (op_info[n->op].zero) {
+    case ZERO_NONE: break;
+    case ZERO_LEAF: z = true; break;
+    case ZERO_A: z = f->nodes[n->args[0]].zero_leaf; break;
+    case ZERO_ANY:
+      for (int j = 0; j < n->nargs; j++) z = z || f->nodes[n->args[j]].zero_leaf;
+      break;
+    case ZERO_ALL:
+      z = n->nargs > 0;
+      for (int j = 0; j < n->nargs; j++) z = z && f->nodes[n->args[j]].zero_leaf;
+      break;
+    }
+    n->zero_leaf = z && f->kind == F_VERTEX;
+  }
+}
+
+/* Which nodes are dead at the leaves: every way from them to what the vertex scatters
+ * or pushes passes through a product with a value zero at the leaves (a * b, b zero
+ * there). In the Tree-LSTM, x @ Wf only meets f_k, and f_k only c_k, which is zero
+ * where there is no child k: the forget gates' input projection matters only at rows
+ * with a word and children, and SST has none (its internal vertices have no word).
+ * The value there must be finite (a skipped product's rows are zeroed); its gradient
+ * there is then 0 * finite. One pass in reverse node order (users come after). */
+static void dead_at_leaves(IrFunc *f) {
+  bool *live = calloc((size_t)f->n + 1, sizeof(bool));
+  for (int i = f->n - 1; i >= 0; i--) {
+    const IrNode *n = &f->nodes[i];
+    if (op_info[n->op].kind == OK_SINK || f->kind != F_VERTEX) live[i] = true;
+    if (!live[i]) continue;
+    for (int j = 0; j < n->nargs; j++) {
+      /* a * b where the other factor is zero at the leaves: 0 there, whatever a is */
+      bool masked = n->op == OP_MUL && n->nargs == 2 && f->nodes[n->args[1 - j]].zero_leaf;
+      if (!masked) live[n->args[j]] = true;
+    }
+  }
+  for (int i = 0; i < f->n; i++) f->nodes[i].dead_leaf = !live[i];
+  free(live);
+}
+
 static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const int *other_uses) {
   f->merges = arena_alloc(sizeof(MatMerge) * (size_t)(f->n + 1));
   f->nmerges = 0;
@@ -130,8 +179,9 @@ static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const 
     mg.members = arena_alloc(sizeof(int) * (size_t)f->n);
     for (int j = i; j < f->n; j++) {
       IrNode *nj = &f->nodes[j];
+      /* one row set: products dead at the leaves go apart from the others */
       if (nj->op != OP_MATMUL || nj->uses == 0 || nj->mm >= 0 || nj->args[0] != mg.left ||
-          nj->cls != mg.cls)
+          nj->cls != mg.cls || nj->dead_leaf != ni->dead_leaf)
         continue;
       int q = f->nodes[nj->args[1]].ref;
       if (mm_uses[q] != 1 || other_uses[q]) continue;
@@ -151,6 +201,8 @@ void fuse(Model *m) {
   int *other_uses = calloc((size_t)m->nparams + 1, sizeof(int));
   count_param_uses(m, mm_uses, other_uses);
   for (int k = 0; k < nf; k++) {
+    zero_at_leaves(fs[k]);
+    dead_at_leaves(fs[k]);
     fuse_groups(fs[k]);
     merge_products(m, fs[k], mm_uses, other_uses);
   }

@@ -42,9 +42,12 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* line 35  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  x @ Wf: [n, H], rows without a word or children stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex token, path phase: one task (rows of one level) */
@@ -56,25 +59,28 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uf|Uo|Uu]: [n, 4H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (4*D_H), V[4] + (size_t)(0) * (4*D_H), (4*D_H));
+  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  h_prev @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (4*D_H);
-    const R *restrict a7 = V[4] + (size_t)(r) * (4*D_H);
-    const R *restrict a9 = P[3];
-    const R *restrict a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-    const R *restrict a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
-    const R *restrict a17 = P[4];
-    const R *restrict a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict a25 = P[5];
-    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict a33 = P[6];
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = P[5];
+    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a17 = P[6];
+    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a25 = P[7];
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a33 = P[8];
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -138,32 +144,32 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:41  concat */
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (4*D_H);
-    R *restrict d5 = G[3] + (size_t)(r) * (4*D_H);
-    const R *restrict a7 = V[4] + (size_t)(r) * (4*D_H);
-    R *restrict d7 = G[4] + (size_t)(r) * (4*D_H);
-    const R *restrict a9 = P[3];
-    R *restrict d9 = PG[3];
-    const R *restrict a13 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-    R *restrict d13 = G[3] + (size_t)(r) * (4*D_H) + D_H;
-    const R *restrict a15 = V[4] + (size_t)(r) * (4*D_H) + D_H;
-    R *restrict d15 = G[4] + (size_t)(r) * (4*D_H) + D_H;
-    const R *restrict a17 = P[4];
-    R *restrict d17 = PG[4];
-    const R *restrict a21 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d21 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict a23 = V[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d23 = G[4] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict a25 = P[5];
-    R *restrict d25 = PG[5];
-    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-    R *restrict d29 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict a31 = V[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-    R *restrict d31 = G[4] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict a33 = P[6];
-    R *restrict d33 = PG[6];
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
+    R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = P[5];
+    R *restrict d9 = PG[5];
+    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
+    R *restrict d13 = G[6] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[5] + (size_t)(r) * D_H;
+    R *restrict d15 = G[5] + (size_t)(r) * D_H;
+    const R *restrict a17 = P[6];
+    R *restrict d17 = PG[6];
+    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a25 = P[7];
+    R *restrict d25 = PG[7];
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a33 = P[8];
+    R *restrict d33 = PG[8];
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -232,11 +238,14 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
       d7[j] += g8;
     }
   }
-  /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 4*D_H, D_H, G[4] + (size_t)(0) * (4*D_H), (4*D_H),
-                 P[1], (4*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 35  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -247,15 +256,24 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* line 35  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
-                 P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
-  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (4*D_H), G[4] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 36  dx += d(x @ Wf) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 35  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  dW += x^T d(x @ Wf), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */
@@ -268,12 +286,12 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 46  h @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[7], D_V, 0, V[7] + (size_t)(r0) * D_V, D_V);
+            P[9], D_V, 0, V[9] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[7] + (size_t)(r) * D_V;
-    const R *restrict a3 = P[8];
-    R *restrict o4 = V[6] + (size_t)(r) * D_V;
+    const R *restrict a2 = V[9] + (size_t)(r) * D_V;
+    const R *restrict a3 = P[10];
+    R *restrict o4 = V[8] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = 0; j < D_V; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -281,7 +299,7 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* push block, backward: all rows */
@@ -293,12 +311,12 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], G[6] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], G[8] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[7] + (size_t)(r) * D_V;
-    R *restrict d3 = PG[8];
-    const R *restrict g4_in = G[6] + (size_t)(r) * D_V;
+    R *restrict d2 = G[9] + (size_t)(r) * D_V;
+    R *restrict d3 = PG[10];
+    const R *restrict g4_in = G[8] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = 0; j < D_V; j++) {
       R g4 = g4_in[j];
@@ -307,11 +325,11 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[7] + (size_t)(r0) * D_V, D_V,
-            P[7], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[9] + (size_t)(r0) * D_V, D_V,
+            P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[7] + (size_t)(r0) * D_V, D_V, 1, PG[7], D_V);
+            G[9] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -326,24 +344,26 @@ static const cavs_input_desc inputs[] = {
 static const cavs_param_desc params[] = {
   {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
   {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 7, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 4}}, -1},
-  {{0, {0, 1}}, {0, {0, 4}}, -1},
+  {{0, {1}}, {0, {0, 3}}, -1},
+  {{0, {0, 1}}, {0, {0, 3}}, -1},
   {{0, {0, 0, 1}}, {0, {1}}, 0},
+  {{0, {1}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
@@ -355,8 +375,10 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
-  {"token_mm0", {0, {0, 4}}, 1},
-  {"token_mm1", {0, {0, 4}}, 1},
+  {"token_mm0", {0, {0, 3}}, 1},
+  {"token_mm1", {0, {0, 3}}, 1},
+  {"token_t15", {0, {0, 1}}, 1},
+  {"token_t13", {0, {0, 1}}, 1},
   {"token_s", {0, {0, 2}}, 1},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
@@ -379,8 +401,8 @@ const cavs_desc lstm_lm_desc = {
   .ndims = 3, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
-  .npgroups = 9, .pgroups = pgroups,
-  .nbufs = 8, .bufs = bufs,
+  .npgroups = 11, .pgroups = pgroups,
+  .nbufs = 10, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -42,9 +42,12 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 35  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  x @ Wf: [n, H], rows without a word or children stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward: a thread per row and column of [n, H] */
@@ -66,14 +69,14 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
     R *__restrict__ o40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a21 = a21_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
+  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
+  const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
@@ -107,28 +110,31 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uf|Uo|Uu]: [n, 4H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (4*D_H), V[4] + (size_t)(0) * (4*D_H), (4*D_H));
+  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  h_prev @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[3] + (size_t)(r0) * (4*D_H),
-          V[4] + (size_t)(r0) * (4*D_H),
-          P[3],
-          V[3] + (size_t)(r0) * (4*D_H) + D_H,
-          V[4] + (size_t)(r0) * (4*D_H) + D_H,
-          P[4],
-          V[3] + (size_t)(r0) * (4*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (4*D_H) + (2*D_H),
+          V[3] + (size_t)(r0) * (3*D_H),
+          V[4] + (size_t)(r0) * (3*D_H),
           P[5],
-          V[3] + (size_t)(r0) * (4*D_H) + (3*D_H),
-          V[4] + (size_t)(r0) * (4*D_H) + (3*D_H),
+          V[6] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * D_H,
           P[6],
-          V[5] + (size_t)(r0) * (2*D_H),
+          V[3] + (size_t)(r0) * (3*D_H) + D_H,
+          V[4] + (size_t)(r0) * (3*D_H) + D_H,
+          P[7],
+          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          P[8],
+          V[7] + (size_t)(r0) * (2*D_H),
           V[0] + (size_t)(r0) * (2*D_H),
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -193,22 +199,22 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
     const R *__restrict__ g40_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d5 = d5_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d13 = d13_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d15 = d15_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a21 = a21_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d21 = d21_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d29 = d29_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
+  R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
+  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
+  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
+  const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
@@ -291,42 +297,45 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[3] + (size_t)(r0) * (4*D_H),
-          G[3] + (size_t)(r0) * (4*D_H),
-          V[4] + (size_t)(r0) * (4*D_H),
-          G[4] + (size_t)(r0) * (4*D_H),
-          P[3],
-          PG[3],
-          V[3] + (size_t)(r0) * (4*D_H) + D_H,
-          G[3] + (size_t)(r0) * (4*D_H) + D_H,
-          V[4] + (size_t)(r0) * (4*D_H) + D_H,
-          G[4] + (size_t)(r0) * (4*D_H) + D_H,
-          P[4],
-          PG[4],
-          V[3] + (size_t)(r0) * (4*D_H) + (2*D_H),
-          G[3] + (size_t)(r0) * (4*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (4*D_H) + (2*D_H),
-          G[4] + (size_t)(r0) * (4*D_H) + (2*D_H),
+          V[3] + (size_t)(r0) * (3*D_H),
+          G[3] + (size_t)(r0) * (3*D_H),
+          V[4] + (size_t)(r0) * (3*D_H),
+          G[4] + (size_t)(r0) * (3*D_H),
           P[5],
           PG[5],
-          V[3] + (size_t)(r0) * (4*D_H) + (3*D_H),
-          G[3] + (size_t)(r0) * (4*D_H) + (3*D_H),
-          V[4] + (size_t)(r0) * (4*D_H) + (3*D_H),
-          G[4] + (size_t)(r0) * (4*D_H) + (3*D_H),
+          V[6] + (size_t)(r0) * D_H,
+          G[6] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * D_H,
+          G[5] + (size_t)(r0) * D_H,
           P[6],
           PG[6],
-          V[5] + (size_t)(r0) * (2*D_H),
-          G[5] + (size_t)(r0) * (2*D_H),
+          V[3] + (size_t)(r0) * (3*D_H) + D_H,
+          G[3] + (size_t)(r0) * (3*D_H) + D_H,
+          V[4] + (size_t)(r0) * (3*D_H) + D_H,
+          G[4] + (size_t)(r0) * (3*D_H) + D_H,
+          P[7],
+          PG[7],
+          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          P[8],
+          PG[8],
+          V[7] + (size_t)(r0) * (2*D_H),
+          G[7] + (size_t)(r0) * (2*D_H),
           G[0] + (size_t)(r0) * (2*D_H),
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 35  dh_prev += d(h_prev @ [Ui|Uf|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 4*D_H, D_H, G[4] + (size_t)(0) * (4*D_H), (4*D_H),
-                 P[1], (4*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 35  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -337,15 +346,24 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 35  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
-                 P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 35  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
-  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uf|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 4*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (4*D_H), G[4] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 36  dx += d(x @ Wf) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 35  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  dW += x^T d(x @ Wf), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_push_fwd, group g0 forward: a thread per row and column of [n, V] */
@@ -371,20 +389,20 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 46  h @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[7], D_V, 0, V[7] + (size_t)(r0) * D_V, D_V);
+            P[9], D_V, 0, V[9] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[7] + (size_t)(r0) * D_V,
-          P[8],
-          V[6] + (size_t)(r0) * D_V);
+          V[9] + (size_t)(r0) * D_V,
+          P[10],
+          V[8] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm_push_bwd, group g0 backward: a thread per row and column of [n, V] */
@@ -410,24 +428,24 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[6] + (size_t)(0) * D_V, D_V, c->iin[1], G[6] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], G[8] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          G[7] + (size_t)(r0) * D_V,
-          PG[8],
-          G[6] + (size_t)(r0) * D_V);
+          G[9] + (size_t)(r0) * D_V,
+          PG[10],
+          G[8] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[7] + (size_t)(r0) * D_V, D_V,
-            P[7], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[9] + (size_t)(r0) * D_V, D_V,
+            P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[7] + (size_t)(r0) * D_V, D_V, 1, PG[7], D_V);
+            G[9] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -442,24 +460,26 @@ static const cavs_input_desc inputs[] = {
 static const cavs_param_desc params[] = {
   {"emb", 2, {0, {0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
   {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 7, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wout", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bout", 1, {1, {0}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 4}}, -1},
-  {{0, {0, 1}}, {0, {0, 4}}, -1},
+  {{0, {1}}, {0, {0, 3}}, -1},
+  {{0, {0, 1}}, {0, {0, 3}}, -1},
   {{0, {0, 0, 1}}, {0, {1}}, 0},
+  {{0, {1}}, {0, {0, 1}}, -1},
+  {{0, {0, 1}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
@@ -471,8 +491,10 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
-  {"token_mm0", {0, {0, 4}}, 1},
-  {"token_mm1", {0, {0, 4}}, 1},
+  {"token_mm0", {0, {0, 3}}, 1},
+  {"token_mm1", {0, {0, 3}}, 1},
+  {"token_t15", {0, {0, 1}}, 1},
+  {"token_t13", {0, {0, 1}}, 1},
   {"token_s", {0, {0, 2}}, 1},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
@@ -495,8 +517,8 @@ const cavs_desc lstm_lm_desc = {
   .ndims = 3, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
-  .npgroups = 9, .pgroups = pgroups,
-  .nbufs = 8, .bufs = bufs,
+  .npgroups = 11, .pgroups = pgroups,
+  .nbufs = 10, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

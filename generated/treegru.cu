@@ -43,7 +43,7 @@ static __global__ void treegru_tree_fwd_eager_g2(int n, long D_E, long D_H, long
     R *__restrict__ o15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
   R *__restrict__ o15 = o15_r0 + (size_t)i * D_H;
   const R v15 = a13[j] + a14[j];  /* xr */
   o15[j] = v15;
@@ -58,16 +58,19 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 34  x @ [Wz|Wr|Wn]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 35  x @ Wr: [n, H], rows without a word or children stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (3*D_H) + D_H,
-          P[6],
+          V[9] + (size_t)(r0) * D_H,
+          P[7],
           V[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -126,9 +129,9 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
     R *__restrict__ o38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a7 = a7_r0 + (size_t)i * D_H;
-  const R *__restrict__ a24 = a24_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
@@ -155,29 +158,29 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, V[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, V[13] + (size_t)(0) * D_H, D_H, r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, V[11] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 1, V[12] + (size_t)(0) * D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          V[13] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H);
+          V[11] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 34  hs @ Uz: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_0 @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_1 @ Ur: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+                 P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
+  /* line 36  h_0 @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  /* line 36  h_1 @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -186,27 +189,27 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[8] + (size_t)(r0) * D_H,
           V[7] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  %27 @ Un: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
+                 P[5], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
-          V[9] + (size_t)(r0) * D_H,
-          P[5],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * D_H,
-          P[7],
+          V[3] + (size_t)(r0) * (2*D_H),
           V[10] + (size_t)(r0) * D_H,
+          P[6],
+          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          V[4] + (size_t)(r0) * D_H,
+          P[8],
+          V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -258,12 +261,12 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
     const R *__restrict__ g38_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a7 = a7_r0 + (size_t)i * D_H;
   R *__restrict__ d7 = d7_r0 + (size_t)i * D_H;
-  const R *__restrict__ a24 = a24_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d24 = d24_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * D_H;
   R *__restrict__ d29 = d29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
@@ -385,27 +388,27 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
-          G[3] + (size_t)(r0) * (3*D_H),
-          V[9] + (size_t)(r0) * D_H,
-          G[9] + (size_t)(r0) * D_H,
-          P[5],
-          PG[5],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * D_H,
-          G[4] + (size_t)(r0) * D_H,
-          P[7],
-          PG[7],
+          V[3] + (size_t)(r0) * (2*D_H),
+          G[3] + (size_t)(r0) * (2*D_H),
           V[10] + (size_t)(r0) * D_H,
           G[10] + (size_t)(r0) * D_H,
+          P[6],
+          PG[6],
+          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          G[3] + (size_t)(r0) * (2*D_H) + D_H,
+          V[4] + (size_t)(r0) * D_H,
+          G[4] + (size_t)(r0) * D_H,
+          P[8],
+          PG[8],
+          V[11] + (size_t)(r0) * D_H,
+          G[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+                 P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -417,38 +420,38 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[7] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
+          G[13] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           G[12] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
-          G[11] + (size_t)(r0) * D_H,
           G[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 36  dh_1 += d(h_1 @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
+                 P[4], D_H, G[12] + (size_t)(0) * D_H, D_H);
   /* line 36  dh_0 += d(h_0 @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[12] + (size_t)(0) * D_H, D_H);
+                 P[4], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          G[13] + (size_t)(r0) * D_H,
           G[12] + (size_t)(r0) * D_H,
-          G[11] + (size_t)(r0) * D_H,
-          G[10] + (size_t)(r0) * D_H);
+          G[11] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, G[11] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 1, G[12] + (size_t)(0) * D_H, D_H, r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, G[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, G[13] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward: a thread per row and column of [n, H] */
@@ -458,7 +461,7 @@ static __global__ void treegru_tree_bwd_eager_g2(int n, long D_E, long D_H, long
     const R *__restrict__ g15_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d13 = d13_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
   const R *__restrict__ g15_in = g15_in_r0 + (size_t)i * D_H;
   R g15 = g15_in[j];
   d13[j] += g15;
@@ -479,30 +482,36 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[3] + (size_t)(r0) * (3*D_H) + D_H,
-          PG[6],
+          G[9] + (size_t)(r0) * D_H,
+          PG[7],
           G[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 34  dx += d(x @ [Wz|Wr|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 34  dW += x^T d(x @ [Wz|Wr|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  /* line 34  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 34  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += h_0^T d(h_0 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += h_1^T d(h_1 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
+                 PG[5], D_H, G[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* treegru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -529,20 +538,20 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[8], D_C, 0, V[14] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[14] + (size_t)(r0) * D_C,
-          P[9],
-          V[13] + (size_t)(r0) * D_C);
+          V[15] + (size_t)(r0) * D_C,
+          P[10],
+          V[14] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -569,24 +578,24 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], G[13] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[14] + (size_t)(r0) * D_C,
-          PG[9],
-          G[13] + (size_t)(r0) * D_C);
+          G[15] + (size_t)(r0) * D_C,
+          PG[10],
+          G[14] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[14] + (size_t)(r0) * D_C, D_C,
-            P[8], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[14] + (size_t)(r0) * D_C, D_C, 1, PG[8], D_C);
+            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -602,20 +611,21 @@ static const cavs_input_desc inputs[] = {
 static const cavs_param_desc params[] = {
   {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 1, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wz", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wr", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wn", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uz", 2, {0, {0, 1}}, {0, {0, 1}}, 2, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Ur", 2, {0, {0, 1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Un", 2, {0, {0, 1}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bz", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"br", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bn", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wr", 2, {0, {1}}, {0, {0, 1}}, 2, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wn", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uz", 2, {0, {0, 1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Ur", 2, {0, {0, 1}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Un", 2, {0, {0, 1}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bz", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"br", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bn", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 3}}, -1},
+  {{0, {1}}, {0, {0, 2}}, -1},
   {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
+  {{0, {1}}, {0, {0, 1}}, -1},
   {{0, {0, 1}}, {0, {0, 1}}, -1},
   {{0, {0, 1}}, {0, {0, 1}}, -1},
   {{0, {0, 1}}, {0, {0, 1}}, -1},
@@ -629,12 +639,13 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 1}}, 1},
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
-  {"tree_mm0", {0, {0, 3}}, 1},
+  {"tree_mm0", {0, {0, 2}}, 1},
   {"tree_t29", {0, {0, 1}}, 1},
   {"tree_t27", {0, {0, 1}}, 1},
   {"tree_t20", {0, {0, 1}}, 1},
   {"tree_t17", {0, {0, 1}}, 1},
   {"tree_xr", {0, {0, 1}}, 1},
+  {"tree_t13", {0, {0, 1}}, 1},
   {"tree_t7", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_h_1", {0, {0, 1}}, 1},
@@ -660,8 +671,8 @@ const cavs_desc treegru_desc = {
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
-  .npgroups = 10, .pgroups = pgroups,
-  .nbufs = 15, .bufs = bufs,
+  .npgroups = 11, .pgroups = pgroups,
+  .nbufs = 16, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -45,9 +45,12 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 28  x @ [Wi|Wf|Wo|Wu]: [n, 4H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (4*D_H), V[3] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 28  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 29  x @ Wf: [n, H], rows without a word or children stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tree, path phase: one task (rows of one level) */
@@ -60,14 +63,14 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[9] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a6 = V[8] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict o7 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[10] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a6 = V[9] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o7 = V[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
       const R v7 = a3[j] + a6[j];  /* hs */
@@ -75,31 +78,31 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 29  h_0 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* line 29  h_1 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], D_H, V[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a13 = P[4];
-    const R *restrict a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a13 = P[5];
+    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
     const R *restrict a19 = V[6] + (size_t)(r) * D_H;
-    const R *restrict a21 = P[5];
+    const R *restrict a21 = P[6];
     const R *restrict a24 = V[5] + (size_t)(r) * D_H;
-    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a33 = P[6];
-    const R *restrict a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a33 = P[7];
+    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a41 = P[7];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    const R *restrict a5 = V[8] + (size_t)(r) * (2*D_H);
+    const R *restrict a41 = P[8];
+    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -171,36 +174,36 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:34  concat */
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[3] + (size_t)(r) * (4*D_H);
-    R *restrict d9 = G[3] + (size_t)(r) * (4*D_H);
+    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
+    R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
     R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a13 = P[4];
-    R *restrict d13 = PG[4];
-    const R *restrict a17 = V[3] + (size_t)(r) * (4*D_H) + D_H;
-    R *restrict d17 = G[3] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a13 = P[5];
+    R *restrict d13 = PG[5];
+    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
+    R *restrict d17 = G[7] + (size_t)(r) * D_H;
     const R *restrict a19 = V[6] + (size_t)(r) * D_H;
     R *restrict d19 = G[6] + (size_t)(r) * D_H;
-    const R *restrict a21 = P[5];
-    R *restrict d21 = PG[5];
+    const R *restrict a21 = P[6];
+    R *restrict d21 = PG[6];
     const R *restrict a24 = V[5] + (size_t)(r) * D_H;
     R *restrict d24 = G[5] + (size_t)(r) * D_H;
-    const R *restrict a29 = V[3] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d29 = G[3] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a33 = P[6];
-    R *restrict d33 = PG[6];
-    const R *restrict a37 = V[3] + (size_t)(r) * (4*D_H) + (3*D_H);
-    R *restrict d37 = G[3] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict a33 = P[7];
+    R *restrict d33 = PG[7];
+    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a41 = P[7];
-    R *restrict d41 = PG[7];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict a5 = V[8] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[8] + (size_t)(r) * (2*D_H);
+    const R *restrict a41 = P[8];
+    R *restrict d41 = PG[8];
+    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[10] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[9] + (size_t)(r) * (2*D_H);
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -290,18 +293,18 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   }
   /* line 29  dh_1 += d(h_1 @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+                 P[4], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 29  dh_0 += d(h_0 @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+                 P[4], D_H, G[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[7] + (size_t)(0) * D_H, D_H);
+                 P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[9] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d6 = G[8] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict g7_in = G[7] + (size_t)(r) * D_H;
+    R *restrict d3 = G[10] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d6 = G[9] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict g7_in = G[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
       R g7 = g7_in[j];
@@ -310,9 +313,9 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -324,21 +327,27 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 28  dx += d(x @ [Wi|Wf|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 4*D_H, D_E, G[3] + (size_t)(0) * (4*D_H), (4*D_H),
-                 P[0], (4*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 28  dW += x^T d(x @ [Wi|Wf|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 4*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (4*D_H), G[3] + (size_t)(0) * (4*D_H), (4*D_H));
+  /* line 29  dx += d(x @ Wf) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  /* line 28  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  /* line 28  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 29  dW += x^T d(x @ Wf), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */
@@ -352,12 +361,12 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 39  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[8], D_C, 0, V[11] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[11] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[9];
-    R *restrict o4 = V[10] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[12] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[10];
+    R *restrict o4 = V[11] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -365,7 +374,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[10] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -378,12 +387,12 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[10] + (size_t)(0) * D_C, D_C, c->iin[1], G[10] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], G[11] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[11] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[9];
-    const R *restrict g4_in = G[10] + (size_t)(r) * D_C;
+    R *restrict d2 = G[12] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[10];
+    const R *restrict g4_in = G[11] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -392,11 +401,11 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[11] + (size_t)(r0) * D_C, D_C,
-            P[8], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[11] + (size_t)(r0) * D_C, D_C, 1, PG[8], D_C);
+            G[12] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -412,24 +421,25 @@ static const cavs_input_desc inputs[] = {
 static const cavs_param_desc params[] = {
   {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wi", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wf", 2, {0, {1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wo", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Wu", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
   {"Ui", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf", 2, {0, {0, 1}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
   {"Uo", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
   {"Uu", 2, {0, {0, 1}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_CONSTANT, 1, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 8, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_CONSTANT, 1, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 9, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
-  {{0, {1}}, {0, {0, 4}}, -1},
+  {{0, {1}}, {0, {0, 3}}, -1},
   {{0, {0, 1}}, {0, {0, 3}}, -1},
   {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
+  {{0, {1}}, {0, {0, 1}}, -1},
   {{0, {0, 1}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
@@ -442,10 +452,11 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, 1},
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
-  {"tree_mm0", {0, {0, 4}}, 1},
+  {"tree_mm0", {0, {0, 3}}, 1},
   {"tree_mm1", {0, {0, 3}}, 1},
   {"tree_t24", {0, {0, 1}}, 1},
   {"tree_t19", {0, {0, 1}}, 1},
+  {"tree_t17", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
@@ -470,8 +481,8 @@ const cavs_desc treelstm_desc = {
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
-  .npgroups = 10, .pgroups = pgroups,
-  .nbufs = 12, .bufs = bufs,
+  .npgroups = 11, .pgroups = pgroups,
+  .nbufs = 13, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -20,7 +20,7 @@ static void twotype_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex leaf, eager phase: every row of the type at once */
@@ -46,14 +46,14 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a3 = P[3];
+    const R *restrict a3 = P[4];
     const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a7 = P[4];
+    const R *restrict a7 = P[5];
     R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -132,12 +132,12 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
     R *restrict d2 = G[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a3 = P[3];
-    R *restrict d3 = PG[3];
+    const R *restrict a3 = P[4];
+    R *restrict d3 = PG[4];
     const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a7 = P[4];
-    R *restrict d7 = PG[4];
+    const R *restrict a7 = P[5];
+    R *restrict d7 = PG[5];
     const R *restrict g4_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -162,10 +162,10 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
@@ -190,29 +190,32 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H), (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 43  hh @ [Ui|Uf0|Uf1|Uo|Uu]: [n, 5H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (5*D_H), V[4] + (size_t)(0) * (5*D_H), (5*D_H));
+  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H), (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[4] + (size_t)(r) * (5*D_H);
-    const R *restrict a9 = P[5];
-    const R *restrict a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
-    const R *restrict a14 = P[6];
-    const R *restrict a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-    const R *restrict a19 = P[7];
-    const R *restrict a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-    const R *restrict a24 = P[8];
-    const R *restrict a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-    const R *restrict a29 = P[9];
-    const R *restrict a1 = V[7] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[6] + (size_t)(r) * (2*D_H);
+    const R *restrict a8 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = P[6];
+    const R *restrict a13 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a14 = P[7];
+    const R *restrict a18 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a19 = P[8];
+    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = P[9];
+    const R *restrict a28 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = P[10];
+    const R *restrict a1 = V[8] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[7] + (size_t)(r) * (2*D_H);
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -279,30 +282,30 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:50  concat */
   /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[4] + (size_t)(r) * (5*D_H);
-    R *restrict d8 = G[4] + (size_t)(r) * (5*D_H);
-    const R *restrict a9 = P[5];
-    R *restrict d9 = PG[5];
-    const R *restrict a13 = V[4] + (size_t)(r) * (5*D_H) + D_H;
-    R *restrict d13 = G[4] + (size_t)(r) * (5*D_H) + D_H;
-    const R *restrict a14 = P[6];
-    R *restrict d14 = PG[6];
-    const R *restrict a18 = V[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-    R *restrict d18 = G[4] + (size_t)(r) * (5*D_H) + (2*D_H);
-    const R *restrict a19 = P[7];
-    R *restrict d19 = PG[7];
-    const R *restrict a23 = V[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-    R *restrict d23 = G[4] + (size_t)(r) * (5*D_H) + (3*D_H);
-    const R *restrict a24 = P[8];
-    R *restrict d24 = PG[8];
-    const R *restrict a28 = V[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-    R *restrict d28 = G[4] + (size_t)(r) * (5*D_H) + (4*D_H);
-    const R *restrict a29 = P[9];
-    R *restrict d29 = PG[9];
-    const R *restrict a1 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[7] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[6] + (size_t)(r) * (2*D_H);
-    R *restrict d4 = G[6] + (size_t)(r) * (2*D_H);
+    const R *restrict a8 = V[4] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = P[6];
+    R *restrict d9 = PG[6];
+    const R *restrict a13 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict d13 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a14 = P[7];
+    R *restrict d14 = PG[7];
+    const R *restrict a18 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d18 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a19 = P[8];
+    R *restrict d19 = PG[8];
+    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = P[9];
+    R *restrict d24 = PG[9];
+    const R *restrict a28 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d28 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = P[10];
+    R *restrict d29 = PG[10];
+    const R *restrict a1 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[8] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict d4 = G[7] + (size_t)(r) * (2*D_H);
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
@@ -370,16 +373,19 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
       d9[j] += g10;  /* summed over rows */
     }
   }
-  /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 5*D_H, 2*D_H, G[4] + (size_t)(0) * (5*D_H), (5*D_H),
-                 P[1], (5*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -391,9 +397,12 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 43  dW += hh^T d(hh @ [Ui|Uf0|Uf1|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (5*D_H), G[4] + (size_t)(0) * (5*D_H), (5*D_H));
+  /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* push block, forward: all rows */
@@ -407,12 +416,12 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 55  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[10], D_C, 0, V[9] + (size_t)(r0) * D_C, D_C);
+            P[11], D_C, 0, V[10] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[9] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[11];
-    R *restrict o4 = V[8] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[10] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[12];
+    R *restrict o4 = V[9] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -420,7 +429,7 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -433,12 +442,12 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], G[8] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], G[9] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[9] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[11];
-    const R *restrict g4_in = G[8] + (size_t)(r) * D_C;
+    R *restrict d2 = G[10] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[12];
+    const R *restrict g4_in = G[9] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -447,11 +456,11 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[9] + (size_t)(r0) * D_C, D_C,
-            P[10], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[10] + (size_t)(r0) * D_C, D_C,
+            P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 55  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[9] + (size_t)(r0) * D_C, D_C, 1, PG[10], D_C);
+            G[10] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -465,27 +474,28 @@ static const cavs_input_desc inputs[] = {
   {"label", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 3, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wcl", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
   {"Wol", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bol", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bol", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
   {"Ui", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 4}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 11, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 2, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 2, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 11, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 12, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {1}}, {0, {0, 2}}, -1},
-  {{0, {0, 2}}, {0, {0, 5}}, -1},
+  {{0, {0, 2}}, {0, {0, 3}}, -1},
+  {{0, {0, 2}}, {0, {0, 2}}, -1},
   {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
@@ -502,7 +512,8 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"leaf_mm0", {0, {0, 2}}, 1},
-  {"internal_mm0", {0, {0, 5}}, 1},
+  {"internal_mm0", {0, {0, 3}}, 1},
+  {"internal_mm1", {0, {0, 2}}, 1},
   {"internal_hh", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
@@ -529,8 +540,8 @@ const cavs_desc twotype_desc = {
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
-  .npgroups = 12, .pgroups = pgroups,
-  .nbufs = 10, .bufs = bufs,
+  .npgroups = 13, .pgroups = pgroups,
+  .nbufs = 11, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -20,7 +20,7 @@ static void twotype_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* twotype_leaf_fwd_eager, group g0 forward: a thread per row and column of [n, H] */
@@ -69,7 +69,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   {
@@ -77,9 +77,9 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_leaf_fwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (2*D_H),
-          P[3],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[4],
+          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          P[5],
           V[0] + (size_t)(r0) * (2*D_H),
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -192,22 +192,22 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(twotype_leaf_bwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (2*D_H),
           G[3] + (size_t)(r0) * (2*D_H),
-          P[3],
-          PG[3],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
-          G[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[4],
           PG[4],
+          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          G[3] + (size_t)(r0) * (2*D_H) + D_H,
+          P[5],
+          PG[5],
           G[0] + (size_t)(r0) * (2*D_H),
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
@@ -240,11 +240,11 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
     R *__restrict__ o38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a8 = a8_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a18 = a18_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a28 = a28_r0 + (size_t)i * (5*D_H);
+  const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a18 = a18_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a28 = a28_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o36 = o36_r0 + (size_t)i * (2*D_H);
@@ -280,32 +280,35 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H), (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 43  hh @ [Ui|Uf0|Uf1|Uo|Uu]: [n, 5H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (5*D_H), V[4] + (size_t)(0) * (5*D_H), (5*D_H));
+  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H), (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[4] + (size_t)(r0) * (5*D_H),
-          P[5],
-          V[4] + (size_t)(r0) * (5*D_H) + D_H,
+          V[4] + (size_t)(r0) * (3*D_H),
           P[6],
-          V[4] + (size_t)(r0) * (5*D_H) + (2*D_H),
+          V[5] + (size_t)(r0) * (2*D_H),
           P[7],
-          V[4] + (size_t)(r0) * (5*D_H) + (3*D_H),
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
           P[8],
-          V[4] + (size_t)(r0) * (5*D_H) + (4*D_H),
+          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[9],
+          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          P[10],
+          V[8] + (size_t)(r0) * (2*D_H),
           V[7] + (size_t)(r0) * (2*D_H),
-          V[6] + (size_t)(r0) * (2*D_H),
           V[0] + (size_t)(r0) * (2*D_H),
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -370,16 +373,16 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
     const R *__restrict__ g38_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a8 = a8_r0 + (size_t)i * (5*D_H);
-  R *__restrict__ d8 = d8_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (5*D_H);
-  R *__restrict__ d13 = d13_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a18 = a18_r0 + (size_t)i * (5*D_H);
-  R *__restrict__ d18 = d18_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (5*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (5*D_H);
-  const R *__restrict__ a28 = a28_r0 + (size_t)i * (5*D_H);
-  R *__restrict__ d28 = d28_r0 + (size_t)i * (5*D_H);
+  const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d13 = d13_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a18 = a18_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d18 = d18_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a28 = a28_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d28 = d28_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d1 = d1_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (2*D_H);
@@ -464,45 +467,48 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[4] + (size_t)(r0) * (5*D_H),
-          G[4] + (size_t)(r0) * (5*D_H),
-          P[5],
-          PG[5],
-          V[4] + (size_t)(r0) * (5*D_H) + D_H,
-          G[4] + (size_t)(r0) * (5*D_H) + D_H,
+          V[4] + (size_t)(r0) * (3*D_H),
+          G[4] + (size_t)(r0) * (3*D_H),
           P[6],
           PG[6],
-          V[4] + (size_t)(r0) * (5*D_H) + (2*D_H),
-          G[4] + (size_t)(r0) * (5*D_H) + (2*D_H),
+          V[5] + (size_t)(r0) * (2*D_H),
+          G[5] + (size_t)(r0) * (2*D_H),
           P[7],
           PG[7],
-          V[4] + (size_t)(r0) * (5*D_H) + (3*D_H),
-          G[4] + (size_t)(r0) * (5*D_H) + (3*D_H),
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
+          G[5] + (size_t)(r0) * (2*D_H) + D_H,
           P[8],
           PG[8],
-          V[4] + (size_t)(r0) * (5*D_H) + (4*D_H),
-          G[4] + (size_t)(r0) * (5*D_H) + (4*D_H),
+          V[4] + (size_t)(r0) * (3*D_H) + D_H,
+          G[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[9],
           PG[9],
+          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          P[10],
+          PG[10],
+          V[8] + (size_t)(r0) * (2*D_H),
+          G[8] + (size_t)(r0) * (2*D_H),
           V[7] + (size_t)(r0) * (2*D_H),
           G[7] + (size_t)(r0) * (2*D_H),
-          V[6] + (size_t)(r0) * (2*D_H),
-          G[6] + (size_t)(r0) * (2*D_H),
           G[0] + (size_t)(r0) * (2*D_H),
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 43  dhh += d(hh @ [Ui|Uf0|Uf1|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 5*D_H, 2*D_H, G[4] + (size_t)(0) * (5*D_H), (5*D_H),
-                 P[1], (5*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[5] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -514,9 +520,12 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 43  dW += hh^T d(hh @ [Ui|Uf0|Uf1|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 5*D_H, 2*D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (5*D_H), G[4] + (size_t)(0) * (5*D_H), (5*D_H));
+  /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* twotype_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -543,20 +552,20 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 55  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[10], D_C, 0, V[9] + (size_t)(r0) * D_C, D_C);
+            P[11], D_C, 0, V[10] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[9] + (size_t)(r0) * D_C,
-          P[11],
-          V[8] + (size_t)(r0) * D_C);
+          V[10] + (size_t)(r0) * D_C,
+          P[12],
+          V[9] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* twotype_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -583,24 +592,24 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_C, D_C, c->iin[1], G[8] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], G[9] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[9] + (size_t)(r0) * D_C,
-          PG[11],
-          G[8] + (size_t)(r0) * D_C);
+          G[10] + (size_t)(r0) * D_C,
+          PG[12],
+          G[9] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[9] + (size_t)(r0) * D_C, D_C,
-            P[10], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[10] + (size_t)(r0) * D_C, D_C,
+            P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 55  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[9] + (size_t)(r0) * D_C, D_C, 1, PG[10], D_C);
+            G[10] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -614,27 +623,28 @@ static const cavs_input_desc inputs[] = {
   {"label", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
 };
 static const cavs_param_desc params[] = {
-  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 2, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
+  {"emb", 2, {0, {0, 0, 0, 1}}, {0, {1}}, 3, {0, {0}}, CAVS_INIT_UNIFORM, -0.050000000000000003, 0.050000000000000003},
   {"Wcl", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
   {"Wol", 2, {0, {1}}, {0, {0, 1}}, 0, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 3, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bol", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bcl", 1, {1, {0}}, {0, {0, 1}}, 4, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bol", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
   {"Ui", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 3}}, CAVS_INIT_XAVIER, 0, 0},
-  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 4}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bi", 1, {1, {0}}, {0, {0, 1}}, 5, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bo", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"bu", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
-  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 10, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
-  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 11, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Uf0", 2, {0, {0, 2}}, {0, {0, 1}}, 2, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uf1", 2, {0, {0, 2}}, {0, {0, 1}}, 2, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uo", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 1}}, CAVS_INIT_XAVIER, 0, 0},
+  {"Uu", 2, {0, {0, 2}}, {0, {0, 1}}, 1, {0, {0, 2}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bi", 1, {1, {0}}, {0, {0, 1}}, 6, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf0", 1, {1, {0}}, {0, {0, 1}}, 7, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bf1", 1, {1, {0}}, {0, {0, 1}}, 8, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bo", 1, {1, {0}}, {0, {0, 1}}, 9, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"bu", 1, {1, {0}}, {0, {0, 1}}, 10, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
+  {"Wc", 2, {0, {0, 1}}, {0, {0, 0, 1}}, 11, {0, {0}}, CAVS_INIT_XAVIER, 0, 0},
+  {"bc", 1, {1, {0}}, {0, {0, 0, 1}}, 12, {0, {0}}, CAVS_INIT_ZEROS, 0, 0},
 };
 static const cavs_pgroup_desc pgroups[] = {
   {{0, {1}}, {0, {0, 2}}, -1},
-  {{0, {0, 2}}, {0, {0, 5}}, -1},
+  {{0, {0, 2}}, {0, {0, 3}}, -1},
+  {{0, {0, 2}}, {0, {0, 2}}, -1},
   {{0, {0, 0, 0, 1}}, {0, {1}}, 0},
   {{1, {0}}, {0, {0, 1}}, -1},
   {{1, {0}}, {0, {0, 1}}, -1},
@@ -651,7 +661,8 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"leaf_mm0", {0, {0, 2}}, 1},
-  {"internal_mm0", {0, {0, 5}}, 1},
+  {"internal_mm0", {0, {0, 3}}, 1},
+  {"internal_mm1", {0, {0, 2}}, 1},
   {"internal_hh", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
@@ -678,8 +689,8 @@ const cavs_desc twotype_desc = {
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
-  .npgroups = 12, .pgroups = pgroups,
-  .nbufs = 10, .bufs = bufs,
+  .npgroups = 13, .pgroups = pgroups,
+  .nbufs = 11, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -65,7 +65,7 @@ typedef struct cv_backend {
   /* ---- compute: the calls of cavs_abi.h, with the same arguments ---- */
   void (*gemm)(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                const void *b, long ldb, double beta, void *cm, long ldc);
-  void (*gemm_rows)(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
+  void (*gemm_rows)(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy);
   void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);

@@ -113,10 +113,10 @@ static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) 
   for (int r = a; r < a + len; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es);
 }
 
-static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
+static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                           long ldx, const void *w, long ldw, void *y, long ldy) {
   /* every run its own product: a zero row costs flops here, a call very little */
-  cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, INT_MAX);
+  cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, INT_MAX);
 }
 
 static void cpu_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,

@@ -411,13 +411,13 @@ static const int *host_index(cavs_model *m, const int *idx) {
   return NULL;
 }
 
-static void cuda_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x,
+static void cuda_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                            long ldx, const void *w, long ldw, void *y, long ldy) {
   const int *h = host_index(model(c), idx);
   /* a run of rows with a word is one product, up to two (the rows of a type: its leaves,
      which have words, then the rest); past that one product over all, zero rows
      included, so that the launches of a stage do not grow with its rows */
-  if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, 2);
+  if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, 2);
   else record(model(c), __FILE__, __LINE__, "a looked-up-row product on an array that is not an index input");
 }
 

@@ -26,7 +26,8 @@ extern "C" {
 #endif
 
 /* 2: the contract moved out of cavs.h into this header; kinds and forms named.
- * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream). */
+ * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
+ *    takes `skip`. */
 #define CAVS_ABI_VERSION 3
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -273,13 +274,15 @@ enum cavs_prod_form {
 void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a,
                long lda, const void *b, long ldb, double beta, void *cm, long ldc);
 /* A product whose left operand is a looked-up row that is zero where idx[r] < 0 (a
- * vertex without a word): only the runs of rows with a word are multiplied.
+ * vertex without a word): only the runs of rows with a word are multiplied. The first
+ * `skip` rows count as rows without one (the product is dead at the vertices without
+ * children, which come first: it matters only at rows with a word and children).
  *   CAVS_PROD_Y:  y = x w        (y zeroed on the other rows)
  *   CAVS_PROD_DX: y += x w^T     (x is dY, y is dX: the other rows' dX is never read)
  *   CAVS_PROD_DW: w += x^T y     (the parameter gradient; zero rows add nothing)
  * Pointers are to row 0; rows [r0, r0+n). */
-void cavs_gemm_rows(cavs_ctx *c, const int *idx, int r0, int n, int form, int cols, int k, const void *x, long ldx,
-                    const void *w, long ldw, void *y, long ldy);
+void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
+                    long ldx, const void *w, long ldw, void *y, long ldy);
 /* The same for a left operand built only from gathered rows (zero at a vertex without
  * children): its first `skip` rows are zero. */
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,

@@ -25,13 +25,19 @@ static inline void cv_form_gemm(cv_gemm_fn gemm, cavs_ctx *c, int form, int a, i
   else gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
 }
 
-/* cavs_gemm_rows: the runs of rows whose index (in host memory) is >= 0; past
- * `max_runs` such runs, one product over all the rows instead: the left operand is zero
- * where there is no index, so that is the same product (the same sums, with zeros added)
- * in fewer calls, which a device whose launches cost more than its flops prefers. */
-static inline void cv_gemm_rows_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs_ctx *c, const int *idx, int r0,
-                                     int n, int form, int cols, int k, const void *x, long ldx, const void *w,
+/* cavs_gemm_rows: the runs of rows past the first `skip` whose index (in host memory)
+ * is >= 0; past `max_runs` such runs, one product over all those rows instead: the left
+ * operand is zero where there is no index, so that is the same product (the same sums,
+ * with zeros added) in fewer calls, which a device whose launches cost more than its
+ * flops prefers. */
+static inline void cv_gemm_rows_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs_ctx *c, const int *idx, int skip,
+                                     int r0, int n, int form, int cols, int k, const void *x, long ldx, const void *w,
                                      long ldw, void *y, long ldy, int max_runs) {
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  if (form == CAVS_PROD_Y && skip) zero(c, y, ldy, r0, skip, cols);
+  r0 += skip;
+  n -= skip;
   int runs = 0;
   for (int r = r0; r < r0 + n && runs <= max_runs; r++) runs += idx[r] >= 0 && (r == r0 || idx[r - 1] < 0);
   if (runs > max_runs) {
