@@ -228,6 +228,11 @@ typedef struct IrNode {
   bool zero_leaf, dead_leaf;
   int unit;      /* plan.c: the execution unit that computes it */
   Place val, dval; /* plan.c */
+  /* plan.c: a fused group's member that its backward loop needs and that costs more to
+     compute again than to load (a sigmoid, tanh, exp or log): the forward loop keeps it
+     in a buffer of its own */
+  bool keep;
+  Place kval;
 } IrNode;
 
 /* A fused elementwise group: one loop. Members in topological order. */
@@ -389,6 +394,12 @@ void autodiff(Model *m);  /* which nodes receive a gradient (the rules are in op
 void classify(Model *m);  /* eager | path | lazy for every node */
 void fuse(Model *m);      /* elementwise groups (union-find), merged matrix products */
 void plan(Model *m);      /* buffers, placements, units in execution order */
+/* Does a derivative rule of ops.def mention the variable `v` ('a', 'b', 'y', 'g') as a
+ * whole word? */
+bool rule_uses(const char *rule, char v);
+/* need[x] = true for each member x of fused group gi whose value a derivative rule of
+ * the group reads (its own, through y, or its user's, through a or b) */
+void rule_needs(const IrFunc *f, int gi, bool *need);
 void report(FILE *out, const Model *m); /* `cavsc --report` */
 void ad_print(FILE *out, const Model *m); /* `cavsc --dump=ad` */
 const char *cls_name(Class c);

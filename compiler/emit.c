@@ -169,6 +169,13 @@ static bool grads_may_alias(const IrFunc *f, const Group *g, int gi) {
   return false;
 }
 
+/* Where the backward loop reads a member's value instead of computing it: the buffer
+ * the forward loop kept it in (plan.c), or the one it lives in anyway; NULL. */
+static const Place *loaded(const IrFunc *f, int x) {
+  const IrNode *n = &f->nodes[x];
+  return n->keep ? &n->kval : n->val.kind == PL_ROW ? &n->val : NULL;
+}
+
 /* The loop of group gi, with a pointer for every outside operand it reads (all of them
  * forward; `reads` backward), for the gradients it adds to, and for the values (forward)
  * or gradients (backward) of its members that live in buffers. */
@@ -192,6 +199,9 @@ static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
+    if (!bwd && n->keep) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), true, {&n->kval, false}};
+    if (bwd && loaded(f, x) && (!reads || reads[x]))
+      l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), false, {loaded(f, x), false}};
     if (n->val.kind != PL_ROW) continue;
     if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("o%d", x), true, {&n->val, false}};
     else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("g%d_in", x), false, {&n->val, true}};
@@ -215,37 +225,15 @@ static void group_header(const Emit *e, const IrFunc *f, const Group *g, int gi,
   fprintf(e->out, ") */\n");
 }
 
-/* Does a derivative rule mention the variable `v` (as a whole word)? */
-static bool rule_uses(const char *rule, char v) {
-  if (!rule) return false;
-  for (const char *p = rule; *p; p++) {
-    if (*p != v) continue;
-    bool before = p > rule && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'));
-    bool after = p[1] == '_' || (p[1] >= 'a' && p[1] <= 'z') || (p[1] >= '0' && p[1] <= '9');
-    if (!before && !after) return true;
-  }
-  return false;
-}
-
-/* Which members the backward loop must recompute: those a derivative rule reads, and
- * what they are computed from. NULL `need` computes every member (the forward loop). */
+/* Which members the backward loop must have: those a derivative rule reads, and, for
+ * those it computes rather than loads, what they are computed from. NULL `need` computes
+ * every member (the forward loop). */
 static bool *group_needs(const IrFunc *f, const Group *g, int gi) {
   bool *need = arena_alloc(sizeof(bool) * (size_t)f->n);
-  for (int k = 0; k < g->n; k++) {
-    int x = g->members[k];
-    const IrNode *n = &f->nodes[x];
-    if (!n->grad) continue;
-    for (int j = 0; j < n->nargs; j++) {
-      const char *rule = j == 0 ? op_info[n->op].da : op_info[n->op].db;
-      if (!f->nodes[n->args[j]].grad) continue;
-      if (rule_uses(rule, 'y')) need[x] = true;
-      for (int i = 0; i < n->nargs; i++)
-        if (rule_uses(rule, i == 0 ? 'a' : 'b') && in_group(f, n->args[i], gi)) need[n->args[i]] = true;
-    }
-  }
+  rule_needs(f, gi, need);
   for (int k = g->n - 1; k >= 0; k--) {
     int x = g->members[k];
-    if (!need[x]) continue;
+    if (!need[x] || loaded(f, x)) continue;
     const IrNode *n = &f->nodes[x];
     for (int i = 0; i < n->nargs; i++)
       if (in_group(f, n->args[i], gi)) need[n->args[i]] = true;
@@ -258,6 +246,12 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (need && !need[x]) continue;
+    if (need && loaded(f, x)) {
+      fprintf(e->out, "      const R v%d = k%d[j];", x, x);
+      if (n->name) fprintf(e->out, "  /* %s */", n->name);
+      fputc('\n', e->out);
+      continue;
+    }
     const char *a = operand(f, n->args[0], gi);
     const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
     fprintf(e->out, "      const R v%d = %s;", x, ad_rule(op_info[n->op].fwd, "", "", a, b));
@@ -276,6 +270,7 @@ static void group_fwd(Emit *e, const IrFunc *f, int gi) {
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     if (f->nodes[x].val.kind == PL_ROW) fprintf(o, "      o%d[j] = v%d;\n", x, x);
+    if (f->nodes[x].keep) fprintf(o, "      k%d[j] = v%d;  /* kept for the backward loop */\n", x, x);
   }
   e->t->loop_close(e, &l);
 }
@@ -287,12 +282,15 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
   if (!any) return;
   group_header(e, f, g, gi, "backward");
   bool *need = group_needs(f, g, gi);
-  /* outside operands read by a recomputed member or by a derivative rule */
+  /* outside operands read by a recomputed member or by a derivative rule, and the
+     members loaded rather than recomputed */
   bool *reads = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];
+    bool load = loaded(f, g->members[k]) != NULL;
+    reads[g->members[k]] = need[g->members[k]] && load;
     for (int i = 0; i < n->nargs; i++) {
-      bool used = need[g->members[k]];
+      bool used = need[g->members[k]] && !load;
       for (int j = 0; j < n->nargs && n->grad; j++) {
         const char *rule = j == 0 ? op_info[n->op].da : op_info[n->op].db;
         if (f->nodes[n->args[j]].grad && rule_uses(rule, i == 0 ? 'a' : 'b')) used = true;

@@ -86,6 +86,50 @@ static Place shift(Place p, Lin by) {
   return p;
 }
 
+bool rule_uses(const char *rule, char v) {
+  if (!rule) return false;
+  for (const char *p = rule; *p; p++) {
+    if (*p != v) continue;
+    bool before = p > rule && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z'));
+    bool after = p[1] == '_' || (p[1] >= 'a' && p[1] <= 'z') || (p[1] >= '0' && p[1] <= '9');
+    if (!before && !after) return true;
+  }
+  return false;
+}
+
+void rule_needs(const IrFunc *f, int gi, bool *need) {
+  const Group *g = &f->groups[gi];
+  for (int k = 0; k < g->n; k++) {
+    int x = g->members[k];
+    const IrNode *n = &f->nodes[x];
+    if (!n->grad) continue;
+    for (int j = 0; j < n->nargs; j++) {
+      const char *rule = j == 0 ? op_info[n->op].da : op_info[n->op].db;
+      if (!f->nodes[n->args[j]].grad) continue;
+      if (rule_uses(rule, 'y')) need[x] = true;
+      for (int i = 0; i < n->nargs; i++)
+        if (rule_uses(rule, i == 0 ? 'a' : 'b') && f->nodes[n->args[i]].group == gi) need[n->args[i]] = true;
+    }
+  }
+}
+
+/* The members of f's fused groups that the backward loop reads rather than computes
+ * again: a sigmoid, tanh, exp or log a derivative rule needs (in the Tree-LSTM, the
+ * five gates and tanh(c): six exponentials an element saved, for six stores forward and
+ * six loads backward, which read fewer operands than the recomputation did). */
+static void plan_keep(Model *m, IrFunc *f) {
+  bool *need = arena_alloc(sizeof(bool) * (size_t)(f->n + 1));
+  for (int gi = 0; gi < f->ngroups; gi++) rule_needs(f, gi, need);
+  for (int i = 0; i < f->n; i++) {
+    IrNode *x = &f->nodes[i];
+    bool costly = x->op == OP_SIGMOID || x->op == OP_TANH || x->op == OP_EXP || x->op == OP_LOG;
+    if (!need[i] || !costly || x->group < 0 || x->val.kind != PL_REG) continue;
+    x->keep = true;
+    const char *name = x->name ? arena_printf("%s_%s_kept", f->name, x->name) : arena_printf("%s_t%d_kept", f->name, i);
+    x->kval = row_place(m, add_buf(m, name, x->width), lin_const(0));
+  }
+}
+
 static void plan_func(Model *m, IrFunc *f, int npushers) {
   int n = f->n;
   FPlan fp;
@@ -188,6 +232,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     x->dval = x->val;
     if (x->grad && x->val.kind == PL_ROW) m->bufs[x->val.buf].grad = true;
   }
+  plan_keep(m, f);
 
   /* units */
   f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));

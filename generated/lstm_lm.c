@@ -81,7 +81,12 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
     const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    R *restrict k19 = V[9] + (size_t)(r) * D_H;
+    R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    R *restrict k35 = V[11] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -102,7 +107,12 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
       const R v38 = v36 + v37;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
     }
   }
@@ -144,52 +154,34 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:41  concat */
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
-    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
     R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a9 = P[5];
     R *restrict d9 = PG[5];
-    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
     R *restrict d13 = G[6] + (size_t)(r) * D_H;
-    const R *restrict a15 = V[5] + (size_t)(r) * D_H;
     R *restrict d15 = G[5] + (size_t)(r) * D_H;
-    const R *restrict a17 = P[6];
     R *restrict d17 = PG[6];
-    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a25 = P[7];
     R *restrict d25 = PG[7];
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a33 = P[8];
     R *restrict d33 = PG[8];
     const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
     R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v8 = a5[j] + a7[j];
-      const R v10 = v8 + a9[j];
-      const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
-      const R v18 = v16 + a17[j];
-      const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
-      const R v26 = v24 + a25[j];
-      const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + a31[j];
-      const R v34 = v32 + a33[j];
-      const R v35 = cv_tanh(v34);  /* u */
-      const R v36 = v11 * v35;
-      const R v37 = v19 * a2[j];
-      const R v38 = v36 + v37;  /* c */
-      const R v39 = cv_tanh(v38);
+      const R v11 = k11[j];  /* i */
+      const R v19 = k19[j];  /* f */
+      const R v27 = k27[j];  /* o */
+      const R v35 = k35[j];  /* u */
+      const R v39 = k39[j];
       R g8 = 0;
       R g10 = 0;
       R g11 = 0;
@@ -286,12 +278,12 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 46  h @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_V, 0, V[9] + (size_t)(r0) * D_V, D_V);
+            P[9], D_V, 0, V[14] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[9] + (size_t)(r) * D_V;
+    const R *restrict a2 = V[14] + (size_t)(r) * D_V;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[8] + (size_t)(r) * D_V;
+    R *restrict o4 = V[13] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = 0; j < D_V; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -299,7 +291,7 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* push block, backward: all rows */
@@ -311,12 +303,12 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], G[8] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], G[13] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[9] + (size_t)(r) * D_V;
+    R *restrict d2 = G[14] + (size_t)(r) * D_V;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[8] + (size_t)(r) * D_V;
+    const R *restrict g4_in = G[13] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = 0; j < D_V; j++) {
       R g4 = g4_in[j];
@@ -325,11 +317,11 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[9] + (size_t)(r0) * D_V, D_V,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[14] + (size_t)(r0) * D_V, D_V,
             P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[9] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
+            G[14] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -380,6 +372,11 @@ static const cavs_buf_desc bufs[] = {
   {"token_t15", {0, {0, 1}}, 1},
   {"token_t13", {0, {0, 1}}, 1},
   {"token_s", {0, {0, 2}}, 1},
+  {"token_i_kept", {0, {0, 1}}, 0},
+  {"token_f_kept", {0, {0, 1}}, 0},
+  {"token_o_kept", {0, {0, 1}}, 0},
+  {"token_u_kept", {0, {0, 1}}, 0},
+  {"token_t39_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -402,7 +399,7 @@ const cavs_desc lstm_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 10, .bufs = bufs,
+  .nbufs = 15, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

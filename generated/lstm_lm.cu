@@ -65,7 +65,12 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
     const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k19_r0,
+    R *__restrict__ k27_r0,
+    R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    R *__restrict__ k39_r0,
     R *__restrict__ o40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
@@ -78,7 +83,12 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
+  R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
@@ -97,7 +107,12 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
   const R v38 = v36 + v37;  /* c */
   const R v39 = cv_tanh(v38);
   const R v40 = v27 * v39;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k19[j] = v19;  /* kept for the backward loop */
+  k27[j] = v27;  /* kept for the backward loop */
+  k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
 }
 
@@ -135,7 +150,12 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
           V[7] + (size_t)(r0) * (2*D_H),
+          V[8] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -169,72 +189,51 @@ static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
 
 /* lstm_lm_token_bwd_path, group g0 backward: a thread per row and column of [n, H] */
 static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long D_V,
-    const R *__restrict__ a5_r0,
     R *__restrict__ d5_r0,
-    const R *__restrict__ a7_r0,
     R *__restrict__ d7_r0,
-    const R *__restrict__ a9,
     cavs_cuda_sum<R> d9,
-    const R *__restrict__ a13_r0,
     R *__restrict__ d13_r0,
-    const R *__restrict__ a15_r0,
     R *__restrict__ d15_r0,
-    const R *__restrict__ a17,
     cavs_cuda_sum<R> d17,
-    const R *__restrict__ a21_r0,
     R *__restrict__ d21_r0,
-    const R *__restrict__ a23_r0,
     R *__restrict__ d23_r0,
-    const R *__restrict__ a25,
     cavs_cuda_sum<R> d25,
-    const R *__restrict__ a29_r0,
     R *__restrict__ d29_r0,
-    const R *__restrict__ a31_r0,
     R *__restrict__ d31_r0,
-    const R *__restrict__ a33,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k19_r0,
+    const R *__restrict__ k27_r0,
+    const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
-  const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
+  const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
-  const R v8 = a5[j] + a7[j];
-  const R v10 = v8 + a9[j];
-  const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
-  const R v18 = v16 + a17[j];
-  const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
-  const R v26 = v24 + a25[j];
-  const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
-  const R v34 = v32 + a33[j];
-  const R v35 = cv_tanh(v34);  /* u */
-  const R v36 = v11 * v35;
-  const R v37 = v19 * a2[j];
-  const R v38 = v36 + v37;  /* c */
-  const R v39 = cv_tanh(v38);
+  const R v11 = k11[j];  /* i */
+  const R v19 = k19[j];  /* f */
+  const R v27 = k27[j];  /* o */
+  const R v35 = k35[j];  /* u */
+  const R v39 = k39[j];
   R g8 = 0;
   R g10 = 0;
   R g11 = 0;
@@ -297,33 +296,26 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
           G[3] + (size_t)(r0) * (3*D_H),
-          V[4] + (size_t)(r0) * (3*D_H),
           G[4] + (size_t)(r0) * (3*D_H),
-          P[5],
           PG[5],
-          V[6] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H,
           G[5] + (size_t)(r0) * D_H,
-          P[6],
           PG[6],
-          V[3] + (size_t)(r0) * (3*D_H) + D_H,
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           G[4] + (size_t)(r0) * (3*D_H) + D_H,
-          P[7],
           PG[7],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          P[8],
           PG[8],
           V[7] + (size_t)(r0) * (2*D_H),
           G[7] + (size_t)(r0) * (2*D_H),
+          V[8] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -389,20 +381,20 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 46  h @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_V, 0, V[9] + (size_t)(r0) * D_V, D_V);
+            P[9], D_V, 0, V[14] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[9] + (size_t)(r0) * D_V,
+          V[14] + (size_t)(r0) * D_V,
           P[10],
-          V[8] + (size_t)(r0) * D_V);
+          V[13] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm_push_bwd, group g0 backward: a thread per row and column of [n, V] */
@@ -428,24 +420,24 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[8] + (size_t)(0) * D_V, D_V, c->iin[1], G[8] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], G[13] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          G[9] + (size_t)(r0) * D_V,
+          G[14] + (size_t)(r0) * D_V,
           PG[10],
-          G[8] + (size_t)(r0) * D_V);
+          G[13] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[9] + (size_t)(r0) * D_V, D_V,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[14] + (size_t)(r0) * D_V, D_V,
             P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[9] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
+            G[14] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -496,6 +488,11 @@ static const cavs_buf_desc bufs[] = {
   {"token_t15", {0, {0, 1}}, 1},
   {"token_t13", {0, {0, 1}}, 1},
   {"token_s", {0, {0, 2}}, 1},
+  {"token_i_kept", {0, {0, 1}}, 0},
+  {"token_f_kept", {0, {0, 1}}, 0},
+  {"token_o_kept", {0, {0, 1}}, 0},
+  {"token_u_kept", {0, {0, 1}}, 0},
+  {"token_t39_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -518,7 +515,7 @@ const cavs_desc lstm_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 10, .bufs = bufs,
+  .nbufs = 15, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

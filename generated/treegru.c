@@ -104,6 +104,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict a20 = V[6] + (size_t)(r) * D_H;
     const R *restrict a1 = V[13] + (size_t)(r) * D_H;
     const R *restrict a2 = V[12] + (size_t)(r) * D_H;
+    R *restrict k19 = V[15] + (size_t)(r) * D_H;
+    R *restrict k22 = V[16] + (size_t)(r) * D_H;
     R *restrict o27 = V[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -114,6 +116,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       const R v25 = v19 * a1[j];
       const R v26 = v22 * a2[j];
       const R v27 = v25 + v26;
+      k19[j] = v19;  /* kept for the backward loop */
+      k22[j] = v22;  /* kept for the backward loop */
       o27[j] = v27;
     }
   }
@@ -129,6 +133,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict a29 = V[4] + (size_t)(r) * D_H;
     const R *restrict a31 = P[8];
     const R *restrict a3 = V[11] + (size_t)(r) * D_H;
+    R *restrict k11 = V[14] + (size_t)(r) * D_H;
+    R *restrict k33 = V[17] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -142,6 +148,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       const R v36 = v35 * v33;
       const R v37 = v11 * a3[j];
       const R v38 = v36 + v37;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k33[j] = v33;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }
@@ -184,29 +192,21 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
     R *restrict d5 = G[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a7 = V[10] + (size_t)(r) * D_H;
     R *restrict d7 = G[10] + (size_t)(r) * D_H;
-    const R *restrict a9 = P[6];
     R *restrict d9 = PG[6];
-    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d24 = G[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a29 = V[4] + (size_t)(r) * D_H;
     R *restrict d29 = G[4] + (size_t)(r) * D_H;
-    const R *restrict a31 = P[8];
     R *restrict d31 = PG[8];
     const R *restrict a3 = V[11] + (size_t)(r) * D_H;
     R *restrict d3 = G[11] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k33 = V[17] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v8 = a5[j] + a7[j];
-      const R v10 = v8 + a9[j];
-      const R v11 = cv_sigmoid(v10);  /* z */
-      const R v30 = a24[j] + a29[j];
-      const R v32 = v30 + a31[j];
-      const R v33 = cv_tanh(v32);  /* n */
+      const R v11 = k11[j];  /* z */
+      const R v33 = k33[j];  /* n */
       const R v35 = (R)1 - v11;
       R g8 = 0;
       R g10 = 0;
@@ -242,23 +242,20 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
     R *restrict d15 = G[8] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
     R *restrict d17 = G[7] + (size_t)(r) * D_H;
-    const R *restrict a20 = V[6] + (size_t)(r) * D_H;
     R *restrict d20 = G[6] + (size_t)(r) * D_H;
     const R *restrict a1 = V[13] + (size_t)(r) * D_H;
     R *restrict d1 = G[13] + (size_t)(r) * D_H;
     const R *restrict a2 = V[12] + (size_t)(r) * D_H;
     R *restrict d2 = G[12] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[16] + (size_t)(r) * D_H;
     const R *restrict g27_in = G[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v18 = a15[j] + a17[j];
-      const R v19 = cv_sigmoid(v18);  /* r_0 */
-      const R v21 = a15[j] + a20[j];
-      const R v22 = cv_sigmoid(v21);  /* r_1 */
+      const R v19 = k19[j];  /* r_0 */
+      const R v22 = k22[j];  /* r_1 */
       R g18 = 0;
       R g19 = 0;
       R g21 = 0;
@@ -365,12 +362,12 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[15] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[19] + (size_t)(r) * D_C;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[14] + (size_t)(r) * D_C;
+    R *restrict o4 = V[18] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -378,7 +375,7 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -391,12 +388,12 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[15] + (size_t)(r) * D_C;
+    R *restrict d2 = G[19] + (size_t)(r) * D_C;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[14] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[18] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -405,11 +402,11 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -464,6 +461,10 @@ static const cavs_buf_desc bufs[] = {
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_h_1", {0, {0, 1}}, 1},
   {"tree_h_0", {0, {0, 1}}, 1},
+  {"tree_z_kept", {0, {0, 1}}, 0},
+  {"tree_r_0_kept", {0, {0, 1}}, 0},
+  {"tree_r_1_kept", {0, {0, 1}}, 0},
+  {"tree_n_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -486,7 +487,7 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 16, .bufs = bufs,
+  .nbufs = 20, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -98,6 +98,8 @@ static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long 
     const R *__restrict__ a20_r0,
     const R *__restrict__ a1_r0,
     const R *__restrict__ a2_r0,
+    R *__restrict__ k19_r0,
+    R *__restrict__ k22_r0,
     R *__restrict__ o27_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
@@ -106,6 +108,8 @@ static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long 
   const R *__restrict__ a20 = a20_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   const R *__restrict__ a2 = a2_r0 + (size_t)i * D_H;
+  R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
+  R *__restrict__ k22 = k22_r0 + (size_t)i * D_H;
   R *__restrict__ o27 = o27_r0 + (size_t)i * D_H;
   const R v18 = a15[j] + a17[j];
   const R v19 = cv_sigmoid(v18);  /* r_0 */
@@ -114,6 +118,8 @@ static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long 
   const R v25 = v19 * a1[j];
   const R v26 = v22 * a2[j];
   const R v27 = v25 + v26;
+  k19[j] = v19;  /* kept for the backward loop */
+  k22[j] = v22;  /* kept for the backward loop */
   o27[j] = v27;
 }
 
@@ -126,6 +132,8 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
     const R *__restrict__ a29_r0,
     const R *__restrict__ a31,
     const R *__restrict__ a3_r0,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k33_r0,
     R *__restrict__ o38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
@@ -134,6 +142,8 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
   const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
@@ -145,6 +155,8 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
   const R v36 = v35 * v33;
   const R v37 = v11 * a3[j];
   const R v38 = v36 + v37;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k33[j] = v33;  /* kept for the backward loop */
   o38[j] = v38;
 }
 
@@ -191,6 +203,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[6] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -210,6 +224,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[4] + (size_t)(r0) * D_H,
           P[8],
           V[11] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -244,40 +260,30 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
 
 /* treegru_tree_bwd_path, group g1 backward: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a5_r0,
     R *__restrict__ d5_r0,
-    const R *__restrict__ a7_r0,
     R *__restrict__ d7_r0,
-    const R *__restrict__ a9,
     cavs_cuda_sum<R> d9,
-    const R *__restrict__ a24_r0,
     R *__restrict__ d24_r0,
-    const R *__restrict__ a29_r0,
     R *__restrict__ d29_r0,
-    const R *__restrict__ a31,
     cavs_cuda_sum<R> d31,
     const R *__restrict__ a3_r0,
     R *__restrict__ d3_r0,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k33_r0,
     const R *__restrict__ g38_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_H;
   R *__restrict__ d7 = d7_r0 + (size_t)i * D_H;
-  const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * D_H;
   R *__restrict__ d29 = d29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
   R *__restrict__ d3 = d3_r0 + (size_t)i * D_H;
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * D_H;
-  const R v8 = a5[j] + a7[j];
-  const R v10 = v8 + a9[j];
-  const R v11 = cv_sigmoid(v10);  /* z */
-  const R v30 = a24[j] + a29[j];
-  const R v32 = v30 + a31[j];
-  const R v33 = cv_tanh(v32);  /* n */
+  const R v11 = k11[j];  /* z */
+  const R v33 = k33[j];  /* n */
   const R v35 = (R)1 - v11;
   R g8 = 0;
   R g10 = 0;
@@ -310,34 +316,30 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
 
 /* treegru_tree_bwd_path, group g3 backward: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g3(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a15_r0,
     R *__restrict__ d15_r0,
-    const R *__restrict__ a17_r0,
     R *__restrict__ d17_r0,
-    const R *__restrict__ a20_r0,
     R *__restrict__ d20_r0,
     const R *__restrict__ a1_r0,
     R *__restrict__ d1_r0,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
+    const R *__restrict__ k19_r0,
+    const R *__restrict__ k22_r0,
     const R *__restrict__ g27_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
-  const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
-  const R *__restrict__ a20 = a20_r0 + (size_t)i * D_H;
   R *__restrict__ d20 = d20_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   R *__restrict__ d1 = d1_r0 + (size_t)i * D_H;
   const R *__restrict__ a2 = a2_r0 + (size_t)i * D_H;
   R *__restrict__ d2 = d2_r0 + (size_t)i * D_H;
+  const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
+  const R *__restrict__ k22 = k22_r0 + (size_t)i * D_H;
   const R *__restrict__ g27_in = g27_in_r0 + (size_t)i * D_H;
-  const R v18 = a15[j] + a17[j];
-  const R v19 = cv_sigmoid(v18);  /* r_0 */
-  const R v21 = a15[j] + a20[j];
-  const R v22 = cv_sigmoid(v21);  /* r_1 */
+  const R v19 = k19[j];  /* r_0 */
+  const R v22 = k22[j];  /* r_1 */
   R g18 = 0;
   R g19 = 0;
   R g21 = 0;
@@ -388,20 +390,16 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (2*D_H),
           G[3] + (size_t)(r0) * (2*D_H),
-          V[10] + (size_t)(r0) * D_H,
           G[10] + (size_t)(r0) * D_H,
-          P[6],
           PG[6],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
-          V[4] + (size_t)(r0) * D_H,
           G[4] + (size_t)(r0) * D_H,
-          P[8],
           PG[8],
           V[11] + (size_t)(r0) * D_H,
           G[11] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -414,16 +412,15 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[8] + (size_t)(r0) * D_H,
           G[8] + (size_t)(r0) * D_H,
-          V[7] + (size_t)(r0) * D_H,
           G[7] + (size_t)(r0) * D_H,
-          V[6] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[13] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           G[12] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           G[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -538,20 +535,20 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[15] + (size_t)(r0) * D_C,
+          V[19] + (size_t)(r0) * D_C,
           P[10],
-          V[14] + (size_t)(r0) * D_C);
+          V[18] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -578,24 +575,24 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[15] + (size_t)(r0) * D_C,
+          G[19] + (size_t)(r0) * D_C,
           PG[10],
-          G[14] + (size_t)(r0) * D_C);
+          G[18] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -650,6 +647,10 @@ static const cavs_buf_desc bufs[] = {
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_h_1", {0, {0, 1}}, 1},
   {"tree_h_0", {0, {0, 1}}, 1},
+  {"tree_z_kept", {0, {0, 1}}, 0},
+  {"tree_r_0_kept", {0, {0, 1}}, 0},
+  {"tree_r_1_kept", {0, {0, 1}}, 0},
+  {"tree_n_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -672,7 +673,7 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 16, .bufs = bufs,
+  .nbufs = 20, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -103,7 +103,13 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict a41 = P[8];
     const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
     const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict k15 = V[11] + (size_t)(r) * D_H;
+    R *restrict k23 = V[12] + (size_t)(r) * D_H;
+    R *restrict k27 = V[13] + (size_t)(r) * D_H;
+    R *restrict k35 = V[14] + (size_t)(r) * D_H;
+    R *restrict k43 = V[15] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k49 = V[16] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -129,7 +135,13 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       const R v48 = v46 + v47;  /* c */
       const R v49 = cv_tanh(v48);
       const R v50 = v35 * v49;  /* h */
+      k15[j] = v15;  /* kept for the backward loop */
+      k23[j] = v23;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+      k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
+      k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
     }
   }
@@ -174,61 +186,39 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:34  concat */
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
-    const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
     R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a13 = P[5];
     R *restrict d13 = PG[5];
-    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
     R *restrict d17 = G[7] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[6] + (size_t)(r) * D_H;
     R *restrict d19 = G[6] + (size_t)(r) * D_H;
-    const R *restrict a21 = P[6];
     R *restrict d21 = PG[6];
-    const R *restrict a24 = V[5] + (size_t)(r) * D_H;
     R *restrict d24 = G[5] + (size_t)(r) * D_H;
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a33 = P[7];
     R *restrict d33 = PG[7];
-    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a41 = P[8];
     R *restrict d41 = PG[8];
     const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
     R *restrict d2 = G[10] + (size_t)(r) * (2*D_H);
     const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
     R *restrict d5 = G[9] + (size_t)(r) * (2*D_H);
+    const R *restrict k15 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k23 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[15] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k49 = V[16] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v12 = a9[j] + a11[j];
-      const R v14 = v12 + a13[j];
-      const R v15 = cv_sigmoid(v14);  /* i */
-      const R v20 = a17[j] + a19[j];
-      const R v22 = v20 + a21[j];
-      const R v23 = cv_sigmoid(v22);  /* f_0 */
-      const R v25 = a17[j] + a24[j];
-      const R v26 = v25 + a21[j];
-      const R v27 = cv_sigmoid(v26);  /* f_1 */
-      const R v32 = a29[j] + a31[j];
-      const R v34 = v32 + a33[j];
-      const R v35 = cv_sigmoid(v34);  /* o */
-      const R v40 = a37[j] + a39[j];
-      const R v42 = v40 + a41[j];
-      const R v43 = cv_tanh(v42);  /* u */
-      const R v44 = v15 * v43;
-      const R v45 = v23 * a2[j];
-      const R v46 = v44 + v45;
-      const R v47 = v27 * a5[j];
-      const R v48 = v46 + v47;  /* c */
-      const R v49 = cv_tanh(v48);
+      const R v15 = k15[j];  /* i */
+      const R v23 = k23[j];  /* f_0 */
+      const R v27 = k27[j];  /* f_1 */
+      const R v35 = k35[j];  /* o */
+      const R v43 = k43[j];  /* u */
+      const R v49 = k49[j];
       R g12 = 0;
       R g14 = 0;
       R g15 = 0;
@@ -361,12 +351,12 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 39  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[12] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[11] + (size_t)(r) * D_C;
+    R *restrict o4 = V[17] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -374,7 +364,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -387,12 +377,12 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], G[11] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[12] + (size_t)(r) * D_C;
+    R *restrict d2 = G[18] + (size_t)(r) * D_C;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[11] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -401,11 +391,11 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[12] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -460,6 +450,12 @@ static const cavs_buf_desc bufs[] = {
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
+  {"tree_i_kept", {0, {0, 1}}, 0},
+  {"tree_f_0_kept", {0, {0, 1}}, 0},
+  {"tree_f_1_kept", {0, {0, 1}}, 0},
+  {"tree_o_kept", {0, {0, 1}}, 0},
+  {"tree_u_kept", {0, {0, 1}}, 0},
+  {"tree_t49_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -482,7 +478,7 @@ const cavs_desc treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 13, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

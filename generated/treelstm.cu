@@ -84,7 +84,13 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
     const R *__restrict__ a41,
     const R *__restrict__ a2_r0,
     const R *__restrict__ a5_r0,
+    R *__restrict__ k15_r0,
+    R *__restrict__ k23_r0,
+    R *__restrict__ k27_r0,
+    R *__restrict__ k35_r0,
+    R *__restrict__ k43_r0,
     R *__restrict__ o48_r0,
+    R *__restrict__ k49_r0,
     R *__restrict__ o50_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
@@ -99,7 +105,13 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   const R *__restrict__ a39 = a39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
+  R *__restrict__ k23 = k23_r0 + (size_t)i * D_H;
+  R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   R *__restrict__ o48 = o48_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
   const R v12 = a9[j] + a11[j];
   const R v14 = v12 + a13[j];
@@ -123,7 +135,13 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   const R v48 = v46 + v47;  /* c */
   const R v49 = cv_tanh(v48);
   const R v50 = v35 * v49;  /* h */
+  k15[j] = v15;  /* kept for the backward loop */
+  k23[j] = v23;  /* kept for the backward loop */
+  k27[j] = v27;  /* kept for the backward loop */
+  k35[j] = v35;  /* kept for the backward loop */
+  k43[j] = v43;  /* kept for the backward loop */
   o48[j] = v48;
+  k49[j] = v49;  /* kept for the backward loop */
   o50[j] = v50;
 }
 
@@ -180,7 +198,13 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[8],
           V[10] + (size_t)(r0) * (2*D_H),
           V[9] + (size_t)(r0) * (2*D_H),
+          V[11] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -216,85 +240,60 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
 
 /* treelstm_tree_bwd_path, group g1 backward: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a9_r0,
     R *__restrict__ d9_r0,
-    const R *__restrict__ a11_r0,
     R *__restrict__ d11_r0,
-    const R *__restrict__ a13,
     cavs_cuda_sum<R> d13,
-    const R *__restrict__ a17_r0,
     R *__restrict__ d17_r0,
-    const R *__restrict__ a19_r0,
     R *__restrict__ d19_r0,
-    const R *__restrict__ a21,
     cavs_cuda_sum<R> d21,
-    const R *__restrict__ a24_r0,
     R *__restrict__ d24_r0,
-    const R *__restrict__ a29_r0,
     R *__restrict__ d29_r0,
-    const R *__restrict__ a31_r0,
     R *__restrict__ d31_r0,
-    const R *__restrict__ a33,
     cavs_cuda_sum<R> d33,
-    const R *__restrict__ a37_r0,
     R *__restrict__ d37_r0,
-    const R *__restrict__ a39_r0,
     R *__restrict__ d39_r0,
-    const R *__restrict__ a41,
     cavs_cuda_sum<R> d41,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
     const R *__restrict__ a5_r0,
     R *__restrict__ d5_r0,
+    const R *__restrict__ k15_r0,
+    const R *__restrict__ k23_r0,
+    const R *__restrict__ k27_r0,
+    const R *__restrict__ k35_r0,
+    const R *__restrict__ k43_r0,
     const R *__restrict__ g48_in_r0,
+    const R *__restrict__ k49_r0,
     const R *__restrict__ g50_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a11 = a11_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d11 = d11_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
-  const R *__restrict__ a19 = a19_r0 + (size_t)i * D_H;
   R *__restrict__ d19 = d19_r0 + (size_t)i * D_H;
-  const R *__restrict__ a24 = a24_r0 + (size_t)i * D_H;
   R *__restrict__ d24 = d24_r0 + (size_t)i * D_H;
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a37 = a37_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d37 = d37_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a39 = a39_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d39 = d39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
+  const R *__restrict__ k23 = k23_r0 + (size_t)i * D_H;
+  const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  const R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   const R *__restrict__ g48_in = g48_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   const R *__restrict__ g50_in = g50_in_r0 + (size_t)i * (2*D_H);
-  const R v12 = a9[j] + a11[j];
-  const R v14 = v12 + a13[j];
-  const R v15 = cv_sigmoid(v14);  /* i */
-  const R v20 = a17[j] + a19[j];
-  const R v22 = v20 + a21[j];
-  const R v23 = cv_sigmoid(v22);  /* f_0 */
-  const R v25 = a17[j] + a24[j];
-  const R v26 = v25 + a21[j];
-  const R v27 = cv_sigmoid(v26);  /* f_1 */
-  const R v32 = a29[j] + a31[j];
-  const R v34 = v32 + a33[j];
-  const R v35 = cv_sigmoid(v34);  /* o */
-  const R v40 = a37[j] + a39[j];
-  const R v42 = v40 + a41[j];
-  const R v43 = cv_tanh(v42);  /* u */
-  const R v44 = v15 * v43;
-  const R v45 = v23 * a2[j];
-  const R v46 = v44 + v45;
-  const R v47 = v27 * a5[j];
-  const R v48 = v46 + v47;  /* c */
-  const R v49 = cv_tanh(v48);
+  const R v15 = k15[j];  /* i */
+  const R v23 = k23[j];  /* f_0 */
+  const R v27 = k27[j];  /* f_1 */
+  const R v35 = k35[j];  /* o */
+  const R v43 = k43[j];  /* u */
+  const R v49 = k49[j];
   R g12 = 0;
   R g14 = 0;
   R g15 = 0;
@@ -387,37 +386,30 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
           G[3] + (size_t)(r0) * (3*D_H),
-          V[4] + (size_t)(r0) * (3*D_H),
           G[4] + (size_t)(r0) * (3*D_H),
-          P[5],
           PG[5],
-          V[7] + (size_t)(r0) * D_H,
           G[7] + (size_t)(r0) * D_H,
-          V[6] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
-          P[6],
           PG[6],
-          V[5] + (size_t)(r0) * D_H,
           G[5] + (size_t)(r0) * D_H,
-          V[3] + (size_t)(r0) * (3*D_H) + D_H,
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           G[4] + (size_t)(r0) * (3*D_H) + D_H,
-          P[7],
           PG[7],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          P[8],
           PG[8],
           V[10] + (size_t)(r0) * (2*D_H),
           G[10] + (size_t)(r0) * (2*D_H),
           V[9] + (size_t)(r0) * (2*D_H),
           G[9] + (size_t)(r0) * (2*D_H),
+          V[11] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -504,20 +496,20 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 39  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[12] + (size_t)(r0) * D_C,
+          V[18] + (size_t)(r0) * D_C,
           P[10],
-          V[11] + (size_t)(r0) * D_C);
+          V[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treelstm_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -544,24 +536,24 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], G[11] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[12] + (size_t)(r0) * D_C,
+          G[18] + (size_t)(r0) * D_C,
           PG[10],
-          G[11] + (size_t)(r0) * D_C);
+          G[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[12] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -616,6 +608,12 @@ static const cavs_buf_desc bufs[] = {
   {"tree_hs", {0, {0, 1}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
   {"tree_s", {0, {0, 2}}, 1},
+  {"tree_i_kept", {0, {0, 1}}, 0},
+  {"tree_f_0_kept", {0, {0, 1}}, 0},
+  {"tree_f_1_kept", {0, {0, 1}}, 0},
+  {"tree_o_kept", {0, {0, 1}}, 0},
+  {"tree_u_kept", {0, {0, 1}}, 0},
+  {"tree_t49_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -638,7 +636,7 @@ const cavs_desc treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 13, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -55,6 +55,8 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
     const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a7 = P[5];
     R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k9 = V[4] + (size_t)(r) * D_H;
+    R *restrict k10 = V[5] + (size_t)(r) * D_H;
     R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -64,6 +66,8 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
       const R v10 = cv_tanh(v4);
       const R v11 = v9 * v10;  /* h */
       o4[j] = v4;
+      k9[j] = v9;  /* kept for the backward loop */
+      k10[j] = v10;  /* kept for the backward loop */
       o11[j] = v11;
     }
   }
@@ -130,22 +134,18 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:36  concat */
   /* group g0 backward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
     R *restrict d2 = G[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a3 = P[4];
     R *restrict d3 = PG[4];
-    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a7 = P[5];
     R *restrict d7 = PG[5];
     const R *restrict g4_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k9 = V[4] + (size_t)(r) * D_H;
+    const R *restrict k10 = V[5] + (size_t)(r) * D_H;
     const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v4 = a2[j] + a3[j];  /* c */
-      const R v8 = a6[j] + a7[j];
-      const R v9 = cv_sigmoid(v8);
-      const R v10 = cv_tanh(v4);
+      const R v9 = k9[j];
+      const R v10 = k10[j];
       R g4 = g4_in[j];
       R g8 = 0;
       R g9 = 0;
@@ -190,33 +190,39 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H), (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[6];
-    const R *restrict a13 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a13 = V[7] + (size_t)(r) * (2*D_H);
     const R *restrict a14 = P[7];
-    const R *restrict a18 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a18 = V[7] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a19 = P[8];
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[6] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a24 = P[9];
-    const R *restrict a28 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a28 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a29 = P[10];
-    const R *restrict a1 = V[8] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[7] + (size_t)(r) * (2*D_H);
+    const R *restrict a1 = V[10] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[11] + (size_t)(r) * D_H;
+    R *restrict k16 = V[12] + (size_t)(r) * D_H;
+    R *restrict k21 = V[13] + (size_t)(r) * D_H;
+    R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    R *restrict k31 = V[15] + (size_t)(r) * D_H;
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k37 = V[16] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -237,7 +243,13 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
       const R v36 = v34 + v35;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k16[j] = v16;  /* kept for the backward loop */
+      k21[j] = v21;  /* kept for the backward loop */
+      k26[j] = v26;  /* kept for the backward loop */
+      k31[j] = v31;  /* kept for the backward loop */
       o36[j] = v36;
+      k37[j] = v37;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }
@@ -282,50 +294,36 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:50  concat */
   /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[4] + (size_t)(r) * (3*D_H);
-    R *restrict d8 = G[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a9 = P[6];
+    R *restrict d8 = G[6] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[6];
-    const R *restrict a13 = V[5] + (size_t)(r) * (2*D_H);
-    R *restrict d13 = G[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a14 = P[7];
+    R *restrict d13 = G[7] + (size_t)(r) * (2*D_H);
     R *restrict d14 = PG[7];
-    const R *restrict a18 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d18 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a19 = P[8];
+    R *restrict d18 = G[7] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d19 = PG[8];
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a24 = P[9];
+    R *restrict d23 = G[6] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d24 = PG[9];
-    const R *restrict a28 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d28 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a29 = P[10];
+    R *restrict d28 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d29 = PG[10];
-    const R *restrict a1 = V[8] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[8] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict d4 = G[7] + (size_t)(r) * (2*D_H);
+    const R *restrict a1 = V[10] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[10] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict d4 = G[9] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k16 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k21 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[15] + (size_t)(r) * D_H;
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k37 = V[16] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
-      const R v10 = a8[j] + a9[j];
-      const R v11 = cv_sigmoid(v10);  /* i */
-      const R v15 = a13[j] + a14[j];
-      const R v16 = cv_sigmoid(v15);  /* f_0 */
-      const R v20 = a18[j] + a19[j];
-      const R v21 = cv_sigmoid(v20);  /* f_1 */
-      const R v25 = a23[j] + a24[j];
-      const R v26 = cv_sigmoid(v25);  /* o */
-      const R v30 = a28[j] + a29[j];
-      const R v31 = cv_tanh(v30);  /* u */
-      const R v32 = v11 * v31;
-      const R v33 = v16 * a1[j];
-      const R v34 = v32 + v33;
-      const R v35 = v21 * a4[j];
-      const R v36 = v34 + v35;  /* c */
-      const R v37 = cv_tanh(v36);
+      const R v11 = k11[j];  /* i */
+      const R v16 = k16[j];  /* f_0 */
+      const R v21 = k21[j];  /* f_1 */
+      const R v26 = k26[j];  /* o */
+      const R v31 = k31[j];  /* u */
+      const R v37 = k37[j];
       R g10 = 0;
       R g11 = 0;
       R g15 = 0;
@@ -374,18 +372,18 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -398,11 +396,11 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[2], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* push block, forward: all rows */
@@ -416,12 +414,12 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 55  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[11], D_C, 0, V[10] + (size_t)(r0) * D_C, D_C);
+            P[11], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[10] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
     const R *restrict a3 = P[12];
-    R *restrict o4 = V[9] + (size_t)(r) * D_C;
+    R *restrict o4 = V[17] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -429,7 +427,7 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -442,12 +440,12 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], G[9] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[10] + (size_t)(r) * D_C;
+    R *restrict d2 = G[18] + (size_t)(r) * D_C;
     R *restrict d3 = PG[12];
-    const R *restrict g4_in = G[9] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -456,11 +454,11 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[10] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 55  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[10] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
+            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -512,11 +510,19 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"leaf_mm0", {0, {0, 2}}, 1},
+  {"leaf_t9_kept", {0, {0, 1}}, 0},
+  {"leaf_t10_kept", {0, {0, 1}}, 0},
   {"internal_mm0", {0, {0, 3}}, 1},
   {"internal_mm1", {0, {0, 2}}, 1},
   {"internal_hh", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
+  {"internal_i_kept", {0, {0, 1}}, 0},
+  {"internal_f_0_kept", {0, {0, 1}}, 0},
+  {"internal_f_1_kept", {0, {0, 1}}, 0},
+  {"internal_o_kept", {0, {0, 1}}, 0},
+  {"internal_u_kept", {0, {0, 1}}, 0},
+  {"internal_t37_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -541,7 +547,7 @@ const cavs_desc twotype_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
   .npgroups = 13, .pgroups = pgroups,
-  .nbufs = 11, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -43,12 +43,16 @@ static __global__ void twotype_leaf_fwd_eager_g0(int n, long D_E, long D_H, long
     const R *__restrict__ a6_r0,
     const R *__restrict__ a7,
     R *__restrict__ o4_r0,
+    R *__restrict__ k9_r0,
+    R *__restrict__ k10_r0,
     R *__restrict__ o11_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a6 = a6_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o4 = o4_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
+  R *__restrict__ k10 = k10_r0 + (size_t)i * D_H;
   R *__restrict__ o11 = o11_r0 + (size_t)i * (2*D_H);
   const R v4 = a2[j] + a3[j];  /* c */
   const R v8 = a6[j] + a7[j];
@@ -56,6 +60,8 @@ static __global__ void twotype_leaf_fwd_eager_g0(int n, long D_E, long D_H, long
   const R v10 = cv_tanh(v4);
   const R v11 = v9 * v10;  /* h */
   o4[j] = v4;
+  k9[j] = v9;  /* kept for the backward loop */
+  k10[j] = v10;  /* kept for the backward loop */
   o11[j] = v11;
 }
 
@@ -81,6 +87,8 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[5],
           V[0] + (size_t)(r0) * (2*D_H),
+          V[4] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -138,28 +146,24 @@ static void twotype_leaf_bwd_path(cavs_ctx *c, int r0, int n) {
 
 /* twotype_leaf_bwd_eager, group g0 backward: a thread per row and column of [n, H] */
 static __global__ void twotype_leaf_bwd_eager_g0(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
-    const R *__restrict__ a3,
     cavs_cuda_sum<R> d3,
-    const R *__restrict__ a6_r0,
     R *__restrict__ d6_r0,
-    const R *__restrict__ a7,
     cavs_cuda_sum<R> d7,
     const R *__restrict__ g4_in_r0,
+    const R *__restrict__ k9_r0,
+    const R *__restrict__ k10_r0,
     const R *__restrict__ g11_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a6 = a6_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d6 = d6_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
+  const R *__restrict__ k10 = k10_r0 + (size_t)i * D_H;
   const R *__restrict__ g11_in = g11_in_r0 + (size_t)i * (2*D_H);
-  const R v4 = a2[j] + a3[j];  /* c */
-  const R v8 = a6[j] + a7[j];
-  const R v9 = cv_sigmoid(v8);
-  const R v10 = cv_tanh(v4);
+  const R v9 = k9[j];
+  const R v10 = k10[j];
   R g4 = g4_in[j];
   R g8 = 0;
   R g9 = 0;
@@ -190,15 +194,13 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_leaf_bwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (2*D_H),
           G[3] + (size_t)(r0) * (2*D_H),
-          P[4],
           PG[4],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
-          P[5],
           PG[5],
           G[0] + (size_t)(r0) * (2*D_H),
+          V[4] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -236,7 +238,13 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
     const R *__restrict__ a29,
     const R *__restrict__ a1_r0,
     const R *__restrict__ a4_r0,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k16_r0,
+    R *__restrict__ k21_r0,
+    R *__restrict__ k26_r0,
+    R *__restrict__ k31_r0,
     R *__restrict__ o36_r0,
+    R *__restrict__ k37_r0,
     R *__restrict__ o38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
@@ -247,7 +255,13 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
   const R *__restrict__ a28 = a28_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k16 = k16_r0 + (size_t)i * D_H;
+  R *__restrict__ k21 = k21_r0 + (size_t)i * D_H;
+  R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
+  R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ o36 = o36_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   const R v10 = a8[j] + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -266,7 +280,13 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
   const R v36 = v34 + v35;  /* c */
   const R v37 = cv_tanh(v36);
   const R v38 = v26 * v37;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k16[j] = v16;  /* kept for the backward loop */
+  k21[j] = v21;  /* kept for the backward loop */
+  k26[j] = v26;  /* kept for the backward loop */
+  k31[j] = v31;  /* kept for the backward loop */
   o36[j] = v36;
+  k37[j] = v37;  /* kept for the backward loop */
   o38[j] = v38;
 }
 
@@ -280,36 +300,42 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H), (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[4] + (size_t)(r0) * (3*D_H),
+          V[6] + (size_t)(r0) * (3*D_H),
           P[6],
-          V[5] + (size_t)(r0) * (2*D_H),
-          P[7],
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
-          P[8],
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
-          P[9],
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          P[10],
-          V[8] + (size_t)(r0) * (2*D_H),
           V[7] + (size_t)(r0) * (2*D_H),
+          P[7],
+          V[7] + (size_t)(r0) * (2*D_H) + D_H,
+          P[8],
+          V[6] + (size_t)(r0) * (3*D_H) + D_H,
+          P[9],
+          V[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          P[10],
+          V[10] + (size_t)(r0) * (2*D_H),
+          V[9] + (size_t)(r0) * (2*D_H),
+          V[11] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -345,66 +371,53 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
 
 /* twotype_internal_bwd_path, group g0 backward: a thread per row and column of [n, H] */
 static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a8_r0,
     R *__restrict__ d8_r0,
-    const R *__restrict__ a9,
     cavs_cuda_sum<R> d9,
-    const R *__restrict__ a13_r0,
     R *__restrict__ d13_r0,
-    const R *__restrict__ a14,
     cavs_cuda_sum<R> d14,
-    const R *__restrict__ a18_r0,
     R *__restrict__ d18_r0,
-    const R *__restrict__ a19,
     cavs_cuda_sum<R> d19,
-    const R *__restrict__ a23_r0,
     R *__restrict__ d23_r0,
-    const R *__restrict__ a24,
     cavs_cuda_sum<R> d24,
-    const R *__restrict__ a28_r0,
     R *__restrict__ d28_r0,
-    const R *__restrict__ a29,
     cavs_cuda_sum<R> d29,
     const R *__restrict__ a1_r0,
     R *__restrict__ d1_r0,
     const R *__restrict__ a4_r0,
     R *__restrict__ d4_r0,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k16_r0,
+    const R *__restrict__ k21_r0,
+    const R *__restrict__ k26_r0,
+    const R *__restrict__ k31_r0,
     const R *__restrict__ g36_in_r0,
+    const R *__restrict__ k37_r0,
     const R *__restrict__ g38_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a18 = a18_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d18 = d18_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a28 = a28_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d28 = d28_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d1 = d1_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d4 = d4_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k16 = k16_r0 + (size_t)i * D_H;
+  const R *__restrict__ k21 = k21_r0 + (size_t)i * D_H;
+  const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
+  const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   const R *__restrict__ g36_in = g36_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
-  const R v10 = a8[j] + a9[j];
-  const R v11 = cv_sigmoid(v10);  /* i */
-  const R v15 = a13[j] + a14[j];
-  const R v16 = cv_sigmoid(v15);  /* f_0 */
-  const R v20 = a18[j] + a19[j];
-  const R v21 = cv_sigmoid(v20);  /* f_1 */
-  const R v25 = a23[j] + a24[j];
-  const R v26 = cv_sigmoid(v25);  /* o */
-  const R v30 = a28[j] + a29[j];
-  const R v31 = cv_tanh(v30);  /* u */
-  const R v32 = v11 * v31;
-  const R v33 = v16 * a1[j];
-  const R v34 = v32 + v33;
-  const R v35 = v21 * a4[j];
-  const R v36 = v34 + v35;  /* c */
-  const R v37 = cv_tanh(v36);
+  const R v11 = k11[j];  /* i */
+  const R v16 = k16[j];  /* f_0 */
+  const R v21 = k21[j];  /* f_1 */
+  const R v26 = k26[j];  /* o */
+  const R v31 = k31[j];  /* u */
+  const R v37 = k37[j];
   R g10 = 0;
   R g11 = 0;
   R g15 = 0;
@@ -467,48 +480,44 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[4] + (size_t)(r0) * (3*D_H),
-          G[4] + (size_t)(r0) * (3*D_H),
-          P[6],
+          G[6] + (size_t)(r0) * (3*D_H),
           PG[6],
-          V[5] + (size_t)(r0) * (2*D_H),
-          G[5] + (size_t)(r0) * (2*D_H),
-          P[7],
-          PG[7],
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
-          P[8],
-          PG[8],
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
-          G[4] + (size_t)(r0) * (3*D_H) + D_H,
-          P[9],
-          PG[9],
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          P[10],
-          PG[10],
-          V[8] + (size_t)(r0) * (2*D_H),
-          G[8] + (size_t)(r0) * (2*D_H),
-          V[7] + (size_t)(r0) * (2*D_H),
           G[7] + (size_t)(r0) * (2*D_H),
+          PG[7],
+          G[7] + (size_t)(r0) * (2*D_H) + D_H,
+          PG[8],
+          G[6] + (size_t)(r0) * (3*D_H) + D_H,
+          PG[9],
+          G[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          PG[10],
+          V[10] + (size_t)(r0) * (2*D_H),
+          G[10] + (size_t)(r0) * (2*D_H),
+          V[9] + (size_t)(r0) * (2*D_H),
+          G[9] + (size_t)(r0) * (2*D_H),
+          V[11] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[6] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -521,11 +530,11 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[2], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* twotype_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -552,20 +561,20 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 55  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[11], D_C, 0, V[10] + (size_t)(r0) * D_C, D_C);
+            P[11], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[10] + (size_t)(r0) * D_C,
+          V[18] + (size_t)(r0) * D_C,
           P[12],
-          V[9] + (size_t)(r0) * D_C);
+          V[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* twotype_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -592,24 +601,24 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[9] + (size_t)(0) * D_C, D_C, c->iin[1], G[9] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[10] + (size_t)(r0) * D_C,
+          G[18] + (size_t)(r0) * D_C,
           PG[12],
-          G[9] + (size_t)(r0) * D_C);
+          G[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[10] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 55  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[10] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
+            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -661,11 +670,19 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"leaf_mm0", {0, {0, 2}}, 1},
+  {"leaf_t9_kept", {0, {0, 1}}, 0},
+  {"leaf_t10_kept", {0, {0, 1}}, 0},
   {"internal_mm0", {0, {0, 3}}, 1},
   {"internal_mm1", {0, {0, 2}}, 1},
   {"internal_hh", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
   {"internal_s", {0, {0, 2}}, 1},
+  {"internal_i_kept", {0, {0, 1}}, 0},
+  {"internal_f_0_kept", {0, {0, 1}}, 0},
+  {"internal_f_1_kept", {0, {0, 1}}, 0},
+  {"internal_o_kept", {0, {0, 1}}, 0},
+  {"internal_u_kept", {0, {0, 1}}, 0},
+  {"internal_t37_kept", {0, {0, 1}}, 0},
   {"push_logits", {0, {0, 0, 1}}, 1},
   {"push_t2", {0, {0, 0, 1}}, 1},
 };
@@ -690,7 +707,7 @@ const cavs_desc twotype_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
   .npgroups = 13, .pgroups = pgroups,
-  .nbufs = 11, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
