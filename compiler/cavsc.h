@@ -243,14 +243,18 @@ typedef struct Group {
   Class cls;
 } Group;
 
-/* Matrix products with one left operand, merged into one product against adjacent
- * parameter columns. */
+/* Matrix products merged into one: with one left operand, against adjacent parameter
+ * columns (stack 0); or, stacked, one parameter against the same columns of each child's
+ * gathered row (member k reads gather(k); plan.c puts the gathers side by side in one
+ * buffer, and the outputs too, so that the children's rows, interleaved, are one
+ * matrix of stack * n rows: the Tree-LSTM's [h_0; h_1] @ Uf). */
 typedef struct MatMerge {
-  int left;     /* node of the shared left operand */
-  int *members; /* MATMUL nodes, in column order */
+  int left;     /* node of the shared left operand (stacked: member 0's) */
+  int *members; /* MATMUL nodes, in column order (stacked: by child) */
   int n;
-  Lin cols;     /* total */
+  Lin cols;     /* total (stacked: one member's) */
   Class cls;
+  int stack;    /* stacked: the number of children (= n); else 0 */
 } MatMerge;
 
 /* One step of a function's schedule: an elementwise group, a merged product, or a
@@ -360,6 +364,8 @@ int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
 Lin lin_const(long k);
 Lin lin_dim(int dim, long coef);
 Lin lin_add(Lin a, Lin b);
+/* a times k, 0 < k <= CV_MAX_CHILDREN (widths are at most 2^24 of a dim: no overflow) */
+Lin lin_scale(Lin a, int k);
 bool lin_eq(Lin a, Lin b);
 bool lin_le(Lin a, Lin b); /* a <= b for every positive binding of the dims */
 bool lin_is_zero(Lin a);
@@ -473,6 +479,7 @@ typedef struct GemmCall {
   int form;
   ProdRows rows;
   int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
+  int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */
   Lin cols, k;
   Ref x, w, y;
 } GemmCall;

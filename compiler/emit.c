@@ -333,6 +333,9 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
 
 typedef struct Prod {
   int left;
+  const Place *x;     /* the left operand (stacked: every child's, ld one child's) */
+  int stack;          /* stacked: rows per vertex (its children); else 1 */
+  const char *label;  /* the left operand, as comments name it */
   const Place *out;   /* the product's output (all columns) */
   Place w;            /* the parameter block (all columns) */
   Lin k, cols;
@@ -345,7 +348,32 @@ typedef struct Prod {
 static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
   const Model *m = e->m;
   Prod p = {0};
-  if (u->kind == U_MATMUL) {
+  p.stack = 1;
+  if (u->kind == U_MATMUL && f->merges[u->index].stack) {
+    /* row r's children are rows S r .. S r + S - 1 of the matrices with one child's
+       width as their stride (plan.c laid the gathers and the outputs out so) */
+    const MatMerge *mg = &f->merges[u->index];
+    const IrNode *first = &f->nodes[mg->members[0]];
+    Place *x = arena_alloc(sizeof *x), *out = arena_alloc(sizeof *out);
+    *x = f->nodes[mg->left].val;
+    x->ld = m->state;
+    *out = first->val;
+    out->ld = mg->cols;
+    p.left = mg->left;
+    p.x = x;
+    p.out = out;
+    p.stack = mg->stack;
+    p.w = f->nodes[first->args[1]].val;
+    p.cols = mg->cols;
+    char names[512];
+    size_t len = 0;
+    for (int k = 0; k < mg->n; k++)
+      len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", k ? ";" : "",
+                              node_label(f, f->nodes[mg->members[k]].args[0]));
+    p.label = arena_printf("[%s]", names);
+    p.what = arena_printf("%s @ %s", p.label, f->nodes[first->args[1]].name);
+    p.line = first->loc.line;
+  } else if (u->kind == U_MATMUL) {
     const MatMerge *mg = &f->merges[u->index];
     const IrNode *first = &f->nodes[mg->members[0]];
     const Param *w = &m->params[f->nodes[first->args[1]].ref];
@@ -369,6 +397,8 @@ static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
     p.what = arena_printf("%s @ %s", node_label(f, n->args[0]), f->nodes[n->args[1]].name);
     p.line = n->loc.line;
   }
+  if (!p.x) p.x = &f->nodes[p.left].val;
+  if (!p.label) p.label = node_label(f, p.left);
   p.k = f->nodes[p.left].width;
   p.dead_leaf = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].dead_leaf;
   p.left_grad = f->nodes[p.left].grad && f->nodes[p.left].val.kind == PL_ROW;
@@ -401,8 +431,8 @@ static const bool *zero_at_leaves(const IrFunc *f) {
 static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, int form) {
   Prod p = product(e, f, u);
   if (form == 1 && !p.left_grad) return;
-  const Place *x = &f->nodes[p.left].val;
-  GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k};
+  const Place *x = p.x;
+  GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k, .stack = p.stack};
   bool leaves = f->kind == F_VERTEX && (zero[p.left] || p.dead_leaf);
   if (f->kind == F_VERTEX && zero[p.left]) g.rows = ROWS_WITH_CHILDREN;
   else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = leaves ? ROWS_WITH_INDEX_AND_CHILDREN : ROWS_WITH_INDEX;
@@ -412,7 +442,7 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
   static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word",
                                       "over all rows with a word and children"};
-  const char *left = node_label(f, p.left);
+  const char *left = p.label;
   if (form == 0) fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols), fwd[g.rows]);
   else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[g.rows]);
   else fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p.line, left, p.what, param[g.rows]);

@@ -87,6 +87,14 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
   const char *cols = emit_lin(e->m, g->cols), *k = emit_lin(e->m, g->k);
   const char *ws = emit_ptr(e, g->w, "0"), *wl = emit_ld(e, g->w.p);
   const char *xl = emit_ld(e, g->x.p), *yl = emit_ld(e, g->y.p);
+  if (g->stack > 1) {
+    /* every child's row: S rows a vertex, the leaves' first */
+    cv_assert(g->rows == ROWS_WITH_CHILDREN);
+    fprintf(e->out, "  cavs_gemm_skip(c, %d * c->leaf_rows, %d * r0, %d * n, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n",
+            g->stack, g->stack, g->stack, prod_form[g->form], cols, k, emit_ptr(e, g->x, "0"), xl, ws, wl,
+            emit_ptr(e, g->y, "0"), yl);
+    return;
+  }
   if (g->rows != ROWS_ALL) {
     const char *which = g->rows == ROWS_WITH_CHILDREN
                             ? "skip(c, c->leaf_rows"

@@ -194,6 +194,65 @@ static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const 
   }
 }
 
+/* The gather a product's left operand reads whole or in part (a slice of it), or -1;
+ * *lo, *hi: the columns. */
+static int gathered(const IrFunc *f, int x, Lin *lo, Lin *hi) {
+  const IrNode *n = &f->nodes[x];
+  if (n->op == OP_GATHER) {
+    *lo = lin_const(0);
+    *hi = n->width;
+    return x;
+  }
+  if (n->op != OP_SLICE || f->nodes[n->args[0]].op != OP_GATHER) return -1;
+  *lo = n->lo;
+  *hi = n->hi;
+  return n->args[0];
+}
+
+/* Stacked products: in a vertex function with C >= 2 children whose gathers are one
+ * node each, a parameter used by exactly C products, product k reading the same
+ * columns of gather(k), all of one class and alike at the leaves. */
+static void stack_products(IrFunc *f, const int *mm_uses, const int *other_uses) {
+  int C = f->children;
+  if (f->kind != F_VERTEX || C < 2) return;
+  int *gat = arena_alloc(sizeof(int) * (size_t)C);
+  for (int k = 0; k < C; k++) gat[k] = -1;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (n->op != OP_GATHER || n->uses == 0) continue;
+    if (n->ref < 0 || n->ref >= C || gat[n->ref] >= 0) return; /* two of one child */
+    gat[n->ref] = i;
+  }
+  for (int k = 0; k < C; k++)
+    if (gat[k] < 0) return;
+  for (int i = 0; i < f->n; i++) {
+    IrNode *ni = &f->nodes[i];
+    if (ni->op != OP_MATMUL || ni->uses == 0 || ni->mm >= 0) continue;
+    int p = f->nodes[ni->args[1]].ref;
+    Lin lo0, hi0;
+    if (mm_uses[p] != C || other_uses[p] || gathered(f, ni->args[0], &lo0, &hi0) != gat[0]) continue;
+    MatMerge mg = {.left = ni->args[0], .cls = ni->cls, .cols = ni->width, .stack = C};
+    mg.members = arena_alloc(sizeof(int) * (size_t)C);
+    for (int k = 0; k < C; k++) mg.members[k] = -1;
+    for (int j = 0; j < f->n; j++) {
+      IrNode *nj = &f->nodes[j];
+      Lin lo, hi;
+      if (nj->op != OP_MATMUL || nj->uses == 0 || nj->mm >= 0 || f->nodes[nj->args[1]].ref != p ||
+          nj->cls != ni->cls || nj->dead_leaf != ni->dead_leaf)
+        continue;
+      int g = gathered(f, nj->args[0], &lo, &hi);
+      for (int k = 0; k < C; k++)
+        if (g == gat[k] && lin_eq(lo, lo0) && lin_eq(hi, hi0) && mg.members[k] < 0) mg.members[k] = j;
+    }
+    bool all = true;
+    for (int k = 0; k < C; k++) all = all && mg.members[k] >= 0;
+    if (!all) continue;
+    mg.n = C;
+    for (int k = 0; k < C; k++) f->nodes[mg.members[k]].mm = f->nmerges;
+    f->merges[f->nmerges++] = mg;
+  }
+}
+
 void fuse(Model *m) {
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
@@ -205,6 +264,7 @@ void fuse(Model *m) {
     dead_at_leaves(fs[k]);
     fuse_groups(fs[k]);
     merge_products(m, fs[k], mm_uses, other_uses);
+    stack_products(fs[k], mm_uses, other_uses);
   }
   free(mm_uses);
   free(other_uses);

@@ -33,6 +33,12 @@ Lin lin_add(Lin a, Lin b) {
   return a;
 }
 
+Lin lin_scale(Lin a, int k) {
+  a.k *= k;
+  for (int i = 0; i < CV_MAX_DIMS; i++) a.c[i] *= k;
+  return a;
+}
+
 Lin lin_sub(Lin a, Lin b) {
   a.k -= b.k;
   for (int i = 0; i < CV_MAX_DIMS; i++) a.c[i] -= b.c[i];

@@ -34,6 +34,7 @@ static void plan_params(Model *m) {
     IrFunc *f = fs[k];
     for (int g = 0; g < f->nmerges; g++) {
       MatMerge *mg = &f->merges[g];
+      if (mg->stack) continue; /* one parameter */
       m->pgroups = vec_grow(m->pgroups, &m->cappgroups, m->npgroups + 1, sizeof(PGroup));
       Lin off = lin_const(0);
       for (int j = 0; j < mg->n; j++) {
@@ -139,7 +140,18 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
   fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
   for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
-  for (int g = 0; g < f->nmerges; g++) fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), f->merges[g].cols);
+  /* a stacked product's output: the children's side by side */
+  bool stacked = false;
+  for (int g = 0; g < f->nmerges; g++) {
+    const MatMerge *mg = &f->merges[g];
+    Lin cols = mg->stack ? lin_scale(mg->cols, mg->stack) : mg->cols;
+    fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), cols);
+    stacked |= mg->stack > 0;
+  }
+  /* with one, the gathered rows of all children side by side too, child k at k times
+     the state's width: read with the state's width as the stride, they are one matrix of
+     the children's rows, interleaved */
+  int gbuf = stacked ? add_buf(m, arena_printf("%s_children", f->name), lin_scale(m->state, f->children)) : -1;
   for (int i = 0; i < n; i++) {
     IrNode *x = &f->nodes[i];
     if (x->uses == 0 || x->type != T_ROW) continue;
@@ -167,7 +179,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
       int a = c->args[j];
       bool twice = false;
       for (int k = 0; k < c->nargs; k++) twice |= k != j && c->args[k] == a;
-      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0 && !twice) {
+      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0 && !twice && !(stacked && f->nodes[a].op == OP_GATHER)) {
         fp.redir[a] = q;
         fp.roff[a] = off;
       }
@@ -180,6 +192,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     if (s->op != OP_SCATTER && s->op != OP_PUSH) continue;
     int a = s->args[0];
     if (s->op == OP_PUSH && npushers != 1) continue;
+    if (stacked && f->nodes[a].op == OP_GATHER) continue;
     if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
       fp.rbuf[a] = s->op == OP_SCATTER ? m->state_buf : m->push_buf;
   }
@@ -188,7 +201,8 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     IrNode *x = &f->nodes[i];
     x->val.kind = PL_NONE;
     if (x->uses == 0 && x->type != T_NONE) continue;
-    if (fp.redir[i] >= 0) x->val = shift(f->nodes[fp.redir[i]].val, fp.roff[i]);
+    if (stacked && x->op == OP_GATHER) x->val = row_place(m, gbuf, lin_scale(m->state, x->ref));
+    else if (fp.redir[i] >= 0) x->val = shift(f->nodes[fp.redir[i]].val, fp.roff[i]);
     else if (fp.rbuf[i] >= 0) x->val = row_place(m, fp.rbuf[i], lin_const(0));
     else if (fp.own[i]) {
       const char *name = x->name ? arena_printf("%s_%s", f->name, x->name) : arena_printf("%s_t%d", f->name, i);

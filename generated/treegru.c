@@ -74,13 +74,13 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, V[13] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, V[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a1 = V[13] + (size_t)(r) * D_H;
-    const R *restrict a2 = V[12] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict o3 = V[11] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -91,22 +91,19 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 34  hs @ Uz: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_0 @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_1 @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  [h_0;h_1] @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a15 = V[8] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
-    const R *restrict a20 = V[6] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[13] + (size_t)(r) * D_H;
-    const R *restrict a2 = V[12] + (size_t)(r) * D_H;
-    R *restrict k19 = V[15] + (size_t)(r) * D_H;
-    R *restrict k22 = V[16] + (size_t)(r) * D_H;
-    R *restrict o27 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[4] + (size_t)(r) * (2*D_H);
+    const R *restrict a20 = V[4] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict k19 = V[13] + (size_t)(r) * D_H;
+    R *restrict k22 = V[14] + (size_t)(r) * D_H;
+    R *restrict o27 = V[7] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
       const R v18 = a15[j] + a17[j];
@@ -122,19 +119,19 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 37  %27 @ Un: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = V[10] + (size_t)(r) * D_H;
     const R *restrict a9 = P[6];
     const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a29 = V[4] + (size_t)(r) * D_H;
+    const R *restrict a29 = V[6] + (size_t)(r) * D_H;
     const R *restrict a31 = P[8];
     const R *restrict a3 = V[11] + (size_t)(r) * D_H;
-    R *restrict k11 = V[14] + (size_t)(r) * D_H;
-    R *restrict k33 = V[17] + (size_t)(r) * D_H;
+    R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    R *restrict k33 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -196,12 +193,12 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict d7 = G[10] + (size_t)(r) * D_H;
     R *restrict d9 = PG[6];
     R *restrict d24 = G[3] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d29 = G[4] + (size_t)(r) * D_H;
+    R *restrict d29 = G[6] + (size_t)(r) * D_H;
     R *restrict d31 = PG[8];
     const R *restrict a3 = V[11] + (size_t)(r) * D_H;
     R *restrict d3 = G[11] + (size_t)(r) * D_H;
-    const R *restrict k11 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k33 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -238,20 +235,20 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d15 = G[8] + (size_t)(r) * D_H;
-    R *restrict d17 = G[7] + (size_t)(r) * D_H;
-    R *restrict d20 = G[6] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[13] + (size_t)(r) * D_H;
-    R *restrict d1 = G[13] + (size_t)(r) * D_H;
-    const R *restrict a2 = V[12] + (size_t)(r) * D_H;
-    R *restrict d2 = G[12] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[15] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[16] + (size_t)(r) * D_H;
-    const R *restrict g27_in = G[5] + (size_t)(r) * D_H;
+    R *restrict d17 = G[4] + (size_t)(r) * (2*D_H);
+    R *restrict d20 = G[4] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict k19 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[14] + (size_t)(r) * D_H;
+    const R *restrict g27_in = G[7] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
       const R v19 = k19[j];  /* r_0 */
@@ -277,19 +274,16 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d17[j] += g18;
     }
   }
-  /* line 36  dh_1 += d(h_1 @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[12] + (size_t)(0) * D_H, D_H);
-  /* line 36  dh_0 += d(h_0 @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[13] + (size_t)(0) * D_H, D_H);
+  /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d1 = G[13] + (size_t)(r) * D_H;
-    R *restrict d2 = G[12] + (size_t)(r) * D_H;
+    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict g3_in = G[11] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -299,9 +293,9 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, G[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, G[13] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -340,15 +334,12 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
-  /* line 36  dW += h_0^T d(h_0 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 36  dW += h_1^T d(h_1 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* push block, forward: all rows */
@@ -362,12 +353,12 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[19] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[17] + (size_t)(r) * D_C;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[18] + (size_t)(r) * D_C;
+    R *restrict o4 = V[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -375,7 +366,7 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -388,12 +379,12 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[19] + (size_t)(r) * D_C;
+    R *restrict d2 = G[17] + (size_t)(r) * D_C;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[18] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -402,11 +393,11 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -451,16 +442,14 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"tree_mm0", {0, {0, 2}}, 1},
+  {"tree_mm1", {0, {0, 2}}, 1},
+  {"tree_children", {0, {0, 2}}, 1},
   {"tree_t29", {0, {0, 1}}, 1},
   {"tree_t27", {0, {0, 1}}, 1},
-  {"tree_t20", {0, {0, 1}}, 1},
-  {"tree_t17", {0, {0, 1}}, 1},
   {"tree_xr", {0, {0, 1}}, 1},
   {"tree_t13", {0, {0, 1}}, 1},
   {"tree_t7", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_h_1", {0, {0, 1}}, 1},
-  {"tree_h_0", {0, {0, 1}}, 1},
   {"tree_z_kept", {0, {0, 1}}, 0},
   {"tree_r_0_kept", {0, {0, 1}}, 0},
   {"tree_r_1_kept", {0, {0, 1}}, 0},
@@ -487,7 +476,7 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 20, .bufs = bufs,
+  .nbufs = 18, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -84,8 +84,8 @@ static __global__ void treegru_tree_fwd_path_g0(int n, long D_E, long D_H, long 
     R *__restrict__ o3_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * D_H;
+  const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o3 = o3_r0 + (size_t)i * D_H;
   const R v3 = a1[j] + a2[j];  /* hs */
   o3[j] = v3;
@@ -104,10 +104,10 @@ static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
-  const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
-  const R *__restrict__ a20 = a20_r0 + (size_t)i * D_H;
-  const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * D_H;
+  const R *__restrict__ a17 = a17_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a20 = a20_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   R *__restrict__ k22 = k22_r0 + (size_t)i * D_H;
   R *__restrict__ o27 = o27_r0 + (size_t)i * D_H;
@@ -170,16 +170,16 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, V[13] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, V[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[13] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * (2*D_H),
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
           V[11] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -187,31 +187,28 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 34  hs @ Uz: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_0 @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* line 36  h_1 @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  [h_0;h_1] @ Ur: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           V[8] + (size_t)(r0) * D_H,
-          V[7] + (size_t)(r0) * D_H,
-          V[6] + (size_t)(r0) * D_H,
+          V[4] + (size_t)(r0) * (2*D_H),
+          V[4] + (size_t)(r0) * (2*D_H) + D_H,
+          V[5] + (size_t)(r0) * (2*D_H),
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H);
+          V[14] + (size_t)(r0) * D_H,
+          V[7] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  %27 @ Un: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -221,11 +218,11 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           P[6],
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
-          V[4] + (size_t)(r0) * D_H,
+          V[6] + (size_t)(r0) * D_H,
           P[8],
           V[11] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[17] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -329,12 +326,12 @@ static __global__ void treegru_tree_bwd_path_g3(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
-  R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
-  R *__restrict__ d20 = d20_r0 + (size_t)i * D_H;
-  const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
-  R *__restrict__ d1 = d1_r0 + (size_t)i * D_H;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * D_H;
-  R *__restrict__ d2 = d2_r0 + (size_t)i * D_H;
+  R *__restrict__ d17 = d17_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d20 = d20_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a1 = a1_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d1 = d1_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   const R *__restrict__ k22 = k22_r0 + (size_t)i * D_H;
   const R *__restrict__ g27_in = g27_in_r0 + (size_t)i * D_H;
@@ -368,8 +365,8 @@ static __global__ void treegru_tree_bwd_path_g0(int n, long D_E, long D_H, long 
     const R *__restrict__ g3_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d1 = d1_r0 + (size_t)i * D_H;
-  R *__restrict__ d2 = d2_r0 + (size_t)i * D_H;
+  R *__restrict__ d1 = d1_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ g3_in = g3_in_r0 + (size_t)i * D_H;
   R g3 = g3_in[j];
   d1[j] += g3;
@@ -394,43 +391,40 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[10] + (size_t)(r0) * D_H,
           PG[6],
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
-          G[4] + (size_t)(r0) * D_H,
+          G[6] + (size_t)(r0) * D_H,
           PG[8],
           V[11] + (size_t)(r0) * D_H,
           G[11] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[17] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
           G[8] + (size_t)(r0) * D_H,
-          G[7] + (size_t)(r0) * D_H,
-          G[6] + (size_t)(r0) * D_H,
+          G[4] + (size_t)(r0) * (2*D_H),
+          G[4] + (size_t)(r0) * (2*D_H) + D_H,
+          V[5] + (size_t)(r0) * (2*D_H),
+          G[5] + (size_t)(r0) * (2*D_H),
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
+          G[5] + (size_t)(r0) * (2*D_H) + D_H,
           V[13] + (size_t)(r0) * D_H,
-          G[13] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          G[12] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
-          G[5] + (size_t)(r0) * D_H);
+          V[14] + (size_t)(r0) * D_H,
+          G[7] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 36  dh_1 += d(h_1 @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[12] + (size_t)(0) * D_H, D_H);
-  /* line 36  dh_0 += d(h_0 @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[13] + (size_t)(0) * D_H, D_H);
+  /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
@@ -439,16 +433,16 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[13] + (size_t)(r0) * D_H,
-          G[12] + (size_t)(r0) * D_H,
+          G[5] + (size_t)(r0) * (2*D_H),
+          G[5] + (size_t)(r0) * (2*D_H) + D_H,
           G[11] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, G[12] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, G[13] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward: a thread per row and column of [n, H] */
@@ -500,15 +494,12 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
-  /* line 36  dW += h_0^T d(h_0 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 36  dW += h_1^T d(h_1 @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[12] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* treegru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -535,20 +526,20 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[19] + (size_t)(r0) * D_C,
+          V[17] + (size_t)(r0) * D_C,
           P[10],
-          V[18] + (size_t)(r0) * D_C);
+          V[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -575,24 +566,24 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[19] + (size_t)(r0) * D_C,
+          G[17] + (size_t)(r0) * D_C,
           PG[10],
-          G[18] + (size_t)(r0) * D_C);
+          G[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -637,16 +628,14 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, 1},
   {"pull_x", {0, {1}}, 1},
   {"tree_mm0", {0, {0, 2}}, 1},
+  {"tree_mm1", {0, {0, 2}}, 1},
+  {"tree_children", {0, {0, 2}}, 1},
   {"tree_t29", {0, {0, 1}}, 1},
   {"tree_t27", {0, {0, 1}}, 1},
-  {"tree_t20", {0, {0, 1}}, 1},
-  {"tree_t17", {0, {0, 1}}, 1},
   {"tree_xr", {0, {0, 1}}, 1},
   {"tree_t13", {0, {0, 1}}, 1},
   {"tree_t7", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_h_1", {0, {0, 1}}, 1},
-  {"tree_h_0", {0, {0, 1}}, 1},
   {"tree_z_kept", {0, {0, 1}}, 0},
   {"tree_r_0_kept", {0, {0, 1}}, 0},
   {"tree_r_1_kept", {0, {0, 1}}, 0},
@@ -673,7 +662,7 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 20, .bufs = bufs,
+  .nbufs = 18, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -63,13 +63,13 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[10] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a6 = V[9] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a3 = V[6] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a6 = V[6] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict o7 = V[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -80,11 +80,8 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  h_0 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* line 29  h_1 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 29  [h_0;h_1] @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
@@ -92,24 +89,24 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
     const R *restrict a17 = V[7] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H);
     const R *restrict a21 = P[6];
-    const R *restrict a24 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a24 = V[5] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a33 = P[7];
     const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a41 = P[8];
-    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
-    const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict k15 = V[11] + (size_t)(r) * D_H;
-    R *restrict k23 = V[12] + (size_t)(r) * D_H;
-    R *restrict k27 = V[13] + (size_t)(r) * D_H;
-    R *restrict k35 = V[14] + (size_t)(r) * D_H;
-    R *restrict k43 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (4*D_H);
+    const R *restrict a5 = V[6] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict k15 = V[9] + (size_t)(r) * D_H;
+    R *restrict k23 = V[10] + (size_t)(r) * D_H;
+    R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    R *restrict k35 = V[12] + (size_t)(r) * D_H;
+    R *restrict k43 = V[13] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict k49 = V[16] + (size_t)(r) * D_H;
+    R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -190,26 +187,26 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d13 = PG[5];
     R *restrict d17 = G[7] + (size_t)(r) * D_H;
-    R *restrict d19 = G[6] + (size_t)(r) * D_H;
+    R *restrict d19 = G[5] + (size_t)(r) * (2*D_H);
     R *restrict d21 = PG[6];
-    R *restrict d24 = G[5] + (size_t)(r) * D_H;
+    R *restrict d24 = G[5] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d33 = PG[7];
     R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d41 = PG[8];
-    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[10] + (size_t)(r) * (2*D_H);
-    const R *restrict a5 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict k15 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k23 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[13] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k43 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (4*D_H);
+    R *restrict d2 = G[6] + (size_t)(r) * (4*D_H);
+    const R *restrict a5 = V[6] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d5 = G[6] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict k15 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k23 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[13] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict k49 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -281,19 +278,16 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d11[j] += g12;
     }
   }
-  /* line 29  dh_1 += d(h_1 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 29  dh_0 += d(h_0 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[10] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d6 = G[9] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d3 = G[6] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d6 = G[6] + (size_t)(r) * (4*D_H) + (3*D_H);
     const R *restrict g7_in = G[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
@@ -303,9 +297,9 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -332,11 +326,8 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 29  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
-  /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 29  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
@@ -351,12 +342,12 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 39  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[16] + (size_t)(r) * D_C;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[17] + (size_t)(r) * D_C;
+    R *restrict o4 = V[15] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -364,7 +355,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* push block, backward: all rows */
@@ -377,12 +368,12 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], G[15] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[18] + (size_t)(r) * D_C;
+    R *restrict d2 = G[16] + (size_t)(r) * D_C;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[15] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
@@ -391,11 +382,11 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[16] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -444,12 +435,10 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, 1},
   {"tree_mm0", {0, {0, 3}}, 1},
   {"tree_mm1", {0, {0, 3}}, 1},
-  {"tree_t24", {0, {0, 1}}, 1},
-  {"tree_t19", {0, {0, 1}}, 1},
+  {"tree_mm2", {0, {0, 2}}, 1},
+  {"tree_children", {0, {0, 4}}, 1},
   {"tree_t17", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_s", {0, {0, 2}}, 1},
-  {"tree_s", {0, {0, 2}}, 1},
   {"tree_i_kept", {0, {0, 1}}, 0},
   {"tree_f_0_kept", {0, {0, 1}}, 0},
   {"tree_f_1_kept", {0, {0, 1}}, 0},
@@ -478,7 +467,7 @@ const cavs_desc treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
+  .nbufs = 17, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -60,8 +60,8 @@ static __global__ void treelstm_tree_fwd_path_g0(int n, long D_E, long D_H, long
     R *__restrict__ o7_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a6 = a6_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a3 = a3_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ a6 = a6_r0 + (size_t)i * (4*D_H);
   R *__restrict__ o7 = o7_r0 + (size_t)i * D_H;
   const R v7 = a3[j] + a6[j];  /* hs */
   o7[j] = v7;
@@ -97,14 +97,14 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a11 = a11_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
-  const R *__restrict__ a19 = a19_r0 + (size_t)i * D_H;
-  const R *__restrict__ a24 = a24_r0 + (size_t)i * D_H;
+  const R *__restrict__ a19 = a19_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a37 = a37_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a39 = a39_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
   R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
   R *__restrict__ k23 = k23_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
@@ -155,16 +155,16 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[10] + (size_t)(r0) * (2*D_H) + D_H,
-          V[9] + (size_t)(r0) * (2*D_H) + D_H,
+          V[6] + (size_t)(r0) * (4*D_H) + D_H,
+          V[6] + (size_t)(r0) * (4*D_H) + (3*D_H),
           V[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -172,11 +172,8 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  h_0 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* line 29  h_1 @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 29  [h_0;h_1] @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   {
@@ -187,24 +184,24 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[4] + (size_t)(r0) * (3*D_H),
           P[5],
           V[7] + (size_t)(r0) * D_H,
-          V[6] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * (2*D_H),
           P[6],
-          V[5] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * (2*D_H) + D_H,
           V[3] + (size_t)(r0) * (3*D_H) + D_H,
           V[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[7],
           V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[10] + (size_t)(r0) * (2*D_H),
-          V[9] + (size_t)(r0) * (2*D_H),
+          V[6] + (size_t)(r0) * (4*D_H),
+          V[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          V[16] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
@@ -270,16 +267,16 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d11 = d11_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
-  R *__restrict__ d19 = d19_r0 + (size_t)i * D_H;
-  R *__restrict__ d24 = d24_r0 + (size_t)i * D_H;
+  R *__restrict__ d19 = d19_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d37 = d37_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d39 = d39_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
+  R *__restrict__ d2 = d2_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
+  R *__restrict__ d5 = d5_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
   const R *__restrict__ k23 = k23_r0 + (size_t)i * D_H;
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
@@ -363,8 +360,8 @@ static __global__ void treelstm_tree_bwd_path_g0(int n, long D_E, long D_H, long
     const R *__restrict__ g7_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d3 = d3_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d6 = d6_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d3 = d3_r0 + (size_t)i * (4*D_H);
+  R *__restrict__ d6 = d6_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ g7_in = g7_in_r0 + (size_t)i * D_H;
   R g7 = g7_in[j];
   d3[j] += g7;
@@ -390,36 +387,33 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[4] + (size_t)(r0) * (3*D_H),
           PG[5],
           G[7] + (size_t)(r0) * D_H,
-          G[6] + (size_t)(r0) * D_H,
+          G[5] + (size_t)(r0) * (2*D_H),
           PG[6],
-          G[5] + (size_t)(r0) * D_H,
+          G[5] + (size_t)(r0) * (2*D_H) + D_H,
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
           G[4] + (size_t)(r0) * (3*D_H) + D_H,
           PG[7],
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[10] + (size_t)(r0) * (2*D_H),
-          G[10] + (size_t)(r0) * (2*D_H),
-          V[9] + (size_t)(r0) * (2*D_H),
-          G[9] + (size_t)(r0) * (2*D_H),
+          V[6] + (size_t)(r0) * (4*D_H),
+          G[6] + (size_t)(r0) * (4*D_H),
+          V[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
+          G[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          V[16] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 29  dh_1 += d(h_1 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 29  dh_0 += d(h_0 @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
@@ -428,16 +422,16 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[10] + (size_t)(r0) * (2*D_H) + D_H,
-          G[9] + (size_t)(r0) * (2*D_H) + D_H,
+          G[6] + (size_t)(r0) * (4*D_H) + D_H,
+          G[6] + (size_t)(r0) * (4*D_H) + (3*D_H),
           G[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -464,11 +458,8 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 29  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 29  dW += h_0^T d(h_0 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
-  /* line 29  dW += h_1^T d(h_1 @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 29  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
@@ -496,20 +487,20 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 39  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[18] + (size_t)(r0) * D_C,
+          V[16] + (size_t)(r0) * D_C,
           P[10],
-          V[17] + (size_t)(r0) * D_C);
+          V[15] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treelstm_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -536,24 +527,24 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], G[15] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[18] + (size_t)(r0) * D_C,
+          G[16] + (size_t)(r0) * D_C,
           PG[10],
-          G[17] + (size_t)(r0) * D_C);
+          G[15] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 39  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[16] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -602,12 +593,10 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, 1},
   {"tree_mm0", {0, {0, 3}}, 1},
   {"tree_mm1", {0, {0, 3}}, 1},
-  {"tree_t24", {0, {0, 1}}, 1},
-  {"tree_t19", {0, {0, 1}}, 1},
+  {"tree_mm2", {0, {0, 2}}, 1},
+  {"tree_children", {0, {0, 4}}, 1},
   {"tree_t17", {0, {0, 1}}, 1},
   {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_s", {0, {0, 2}}, 1},
-  {"tree_s", {0, {0, 2}}, 1},
   {"tree_i_kept", {0, {0, 1}}, 0},
   {"tree_f_0_kept", {0, {0, 1}}, 0},
   {"tree_f_1_kept", {0, {0, 1}}, 0},
@@ -636,7 +625,7 @@ const cavs_desc treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
+  .nbufs = 17, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
