@@ -233,6 +233,9 @@ typedef struct IrNode {
      in a buffer of its own */
   bool keep;
   Place kval;
+  /* plan.c: a product whose every use is in one fused group, so that group's backward
+     loop is the only writer of its gradient: it sets it (=) rather than add to it */
+  bool grad_set;
 } IrNode;
 
 /* A fused elementwise group: one loop. Members in topological order. */
@@ -325,6 +328,8 @@ typedef struct Buf {
   const char *name;
   Lin width;
   bool grad;
+  bool grad_whole; /* its gradient is written whole by the backward pass, each cell set
+                      before anything adds to it: not cleared (plan.c) */
 } Buf;
 
 typedef struct PullSlot {

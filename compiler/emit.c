@@ -309,6 +309,8 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
     if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
     else fprintf(o, "      R g%d = 0;\n", x);
   }
+  /* a gradient this loop alone writes (plan.c: grad_set) is set by its first statement */
+  bool *set = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = g->n - 1; k >= 0; k--) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
@@ -322,7 +324,10 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
       if (!ny->grad) continue;
       const char *rule = ad_rule(j == 0 ? op_info[n->op].da : op_info[n->op].db, gs, ys, a, b);
       if (in_group(f, y, gi)) fprintf(o, "      g%d += %s;\n", y, rule);
-      else if (ny->val.kind == PL_ROW || ny->val.kind == PL_PARAM)
+      else if (ny->grad_set && !set[y]) {
+        fprintf(o, "      d%d[j] = %s;  /* this loop alone writes it */\n", y, rule);
+        set[y] = true;
+      } else if (ny->val.kind == PL_ROW || ny->val.kind == PL_PARAM)
         fprintf(o, "      d%d[j] += %s;%s\n", y, rule, ny->val.kind == PL_PARAM ? "  /* summed over rows */" : "");
     }
   }
@@ -636,7 +641,7 @@ static void descriptor(const Emit *e) {
   for (int i = 0; i < m->nbufs; i++) {
     fprintf(c, "  {%s, ", emit_c_string(m->bufs[i].name));
     desc_lin(c, m->bufs[i].width);
-    fprintf(c, ", %d},\n", m->bufs[i].grad);
+    fprintf(c, ", %s},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE");
   }
   fprintf(c, "};\nstatic const cavs_vertex_desc vertex[] = {\n");
   for (int i = 0; i < m->nvertex; i++) {

@@ -334,6 +334,49 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     if (f->nodes[i].unit >= 0) f->nodes[i].unit = final[f->nodes[i].unit];
 }
 
+/* Gradients set, not added to (IrNode.grad_set), and buffers that need no clearing
+ * (Buf.grad_whole): a product (a value with a buffer region of its own: nothing is a
+ * view of it) whose every use is in one fused group gets its gradient from that group's
+ * backward loop alone, which covers every row of the type; a buffer whose every
+ * gradient is such, side by side over its whole width, is written whole before it is
+ * read. In the Tree-LSTM that is half of the gradient bytes (the gates' pre-activations):
+ * no memset, and a store instead of a load and a store. */
+static void plan_grad_set(Model *m) {
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      IrNode *x = &f->nodes[i];
+      if (x->op != OP_MATMUL || !x->grad || x->val.kind != PL_ROW || x->uses == 0) continue;
+      int group = -2, uses = 0;
+      for (int j = i + 1; j < f->n; j++)
+        for (int a = 0; a < f->nodes[j].nargs; a++) {
+          if (f->nodes[j].args[a] != i) continue;
+          uses++;
+          if (group == -2) group = f->nodes[j].group;
+          else if (group != f->nodes[j].group) group = -1;
+        }
+      x->grad_set = uses == x->uses && group >= 0;
+    }
+  }
+  /* per buffer: the widths of its set gradients; any other gradient there spoils it */
+  Lin *set = arena_alloc(sizeof(Lin) * (size_t)(m->nbufs + 1));
+  bool *other = arena_alloc(sizeof(bool) * (size_t)(m->nbufs + 1));
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *x = &f->nodes[i];
+      if (!x->grad || x->dval.kind != PL_ROW) continue;
+      if (x->grad_set) set[x->dval.buf] = lin_add(set[x->dval.buf], x->width);
+      else other[x->dval.buf] = true;
+    }
+  }
+  for (int b = 0; b < m->nbufs; b++)
+    m->bufs[b].grad_whole = m->bufs[b].grad && !other[b] && b != m->state_buf && b != m->push_buf &&
+                            lin_eq(set[b], m->bufs[b].width);
+}
+
 void plan(Model *m) {
   plan_params(m);
   m->state_buf = add_buf(m, "state", m->state);
@@ -350,6 +393,7 @@ void plan(Model *m) {
   if (m->push) plan_func(m, m->push, npushers);
   m->bufs[m->state_buf].grad = true;
   if (m->push_buf >= 0) m->bufs[m->push_buf].grad = true;
+  plan_grad_set(m);
 }
 
 /* ---- cavsc --report ---- */

@@ -263,23 +263,23 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
   g34 += g35 * (1 - v35 * v35);
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
-  d29[j] += g32;
-  d31[j] += g32;
+  d29[j] = g32;  /* this loop alone writes it */
+  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
-  d21[j] += g24;
-  d23[j] += g24;
+  d21[j] = g24;  /* this loop alone writes it */
+  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
-  d13[j] += g16;
-  d15[j] += g16;
+  d13[j] = g16;  /* this loop alone writes it */
+  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
-  d5[j] += g8;
-  d7[j] += g8;
+  d5[j] = g8;  /* this loop alone writes it */
+  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex token, path phase backward: one task, in reverse order */
@@ -407,7 +407,7 @@ static __global__ void lstm_lm_push_bwd_g0(int n, long D_E, long D_H, long D_V,
   R *__restrict__ d2 = d2_r0 + (size_t)i * D_V;
   const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * D_V;
   R g4 = g4_in[j];
-  d2[j] += g4;
+  d2[j] = g4;  /* this loop alone writes it */
   d3[j] += g4;  /* summed over rows */
 }
 
@@ -480,21 +480,21 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, 1},
-  {"push", {0, {0, 1}}, 1},
-  {"pull_x", {0, {1}}, 1},
-  {"token_mm0", {0, {0, 3}}, 1},
-  {"token_mm1", {0, {0, 3}}, 1},
-  {"token_t15", {0, {0, 1}}, 1},
-  {"token_t13", {0, {0, 1}}, 1},
-  {"token_s", {0, {0, 2}}, 1},
-  {"token_i_kept", {0, {0, 1}}, 0},
-  {"token_f_kept", {0, {0, 1}}, 0},
-  {"token_o_kept", {0, {0, 1}}, 0},
-  {"token_u_kept", {0, {0, 1}}, 0},
-  {"token_t39_kept", {0, {0, 1}}, 0},
-  {"push_logits", {0, {0, 0, 1}}, 1},
-  {"push_t2", {0, {0, 0, 1}}, 1},
+  {"state", {0, {0, 2}}, CAVS_GRAD},
+  {"push", {0, {0, 1}}, CAVS_GRAD},
+  {"pull_x", {0, {1}}, CAVS_GRAD},
+  {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
+  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE},
+  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"token_s", {0, {0, 2}}, CAVS_GRAD},
+  {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
 };
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,

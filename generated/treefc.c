@@ -128,7 +128,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       g6 += g8;
       d7[j] += g8;  /* summed over rows */
       d0[j] += g6;
-      d5[j] += g6;
+      d5[j] = g6;  /* this loop alone writes it */
     }
   }
   /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
@@ -198,7 +198,7 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
-      d2[j] += g4;
+      d2[j] = g4;  /* this loop alone writes it */
       d3[j] += g4;  /* summed over rows */
     }
   }
@@ -234,13 +234,13 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {1}}, 1},
-  {"push", {0, {1}}, 1},
-  {"pull_x", {0, {1}}, 1},
-  {"tree_t5", {0, {1}}, 1},
-  {"tree_t3", {0, {2}}, 1},
-  {"push_logits", {0, {0, 1}}, 1},
-  {"push_t2", {0, {0, 1}}, 1},
+  {"state", {0, {1}}, CAVS_GRAD},
+  {"push", {0, {1}}, CAVS_GRAD},
+  {"pull_x", {0, {1}}, CAVS_GRAD},
+  {"tree_t5", {0, {1}}, CAVS_GRAD_WHOLE},
+  {"tree_t3", {0, {2}}, CAVS_GRAD},
+  {"push_logits", {0, {0, 1}}, CAVS_GRAD},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,

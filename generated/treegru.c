@@ -225,13 +225,13 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       g32 += g33 * (1 - v33 * v33);
       g30 += g32;
       d31[j] += g32;  /* summed over rows */
-      d24[j] += g30;
-      d29[j] += g30;
+      d24[j] = g30;  /* this loop alone writes it */
+      d29[j] = g30;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
-      d5[j] += g8;
-      d7[j] += g8;
+      d5[j] = g8;  /* this loop alone writes it */
+      d7[j] = g8;  /* this loop alone writes it */
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
@@ -268,10 +268,10 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d1[j] += g25 * v19;
       g21 += g22 * v22 * (1 - v22);
       d15[j] += g21;
-      d20[j] += g21;
+      d20[j] = g21;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       d15[j] += g18;
-      d17[j] += g18;
+      d17[j] = g18;  /* this loop alone writes it */
     }
   }
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
@@ -315,7 +315,7 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
     CAVS_IVDEP
     for (long j = 0; j < D_H; j++) {
       R g15 = g15_in[j];
-      d13[j] += g15;
+      d13[j] = g15;  /* this loop alone writes it */
       d14[j] += g15;  /* summed over rows */
     }
   }
@@ -388,7 +388,7 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
-      d2[j] += g4;
+      d2[j] = g4;  /* this loop alone writes it */
       d3[j] += g4;  /* summed over rows */
     }
   }
@@ -438,24 +438,24 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 1}}, 1},
-  {"push", {0, {0, 1}}, 1},
-  {"pull_x", {0, {1}}, 1},
-  {"tree_mm0", {0, {0, 2}}, 1},
-  {"tree_mm1", {0, {0, 2}}, 1},
-  {"tree_children", {0, {0, 2}}, 1},
-  {"tree_t29", {0, {0, 1}}, 1},
-  {"tree_t27", {0, {0, 1}}, 1},
-  {"tree_xr", {0, {0, 1}}, 1},
-  {"tree_t13", {0, {0, 1}}, 1},
-  {"tree_t7", {0, {0, 1}}, 1},
-  {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_z_kept", {0, {0, 1}}, 0},
-  {"tree_r_0_kept", {0, {0, 1}}, 0},
-  {"tree_r_1_kept", {0, {0, 1}}, 0},
-  {"tree_n_kept", {0, {0, 1}}, 0},
-  {"push_logits", {0, {0, 0, 1}}, 1},
-  {"push_t2", {0, {0, 0, 1}}, 1},
+  {"state", {0, {0, 1}}, CAVS_GRAD},
+  {"push", {0, {0, 1}}, CAVS_GRAD},
+  {"pull_x", {0, {1}}, CAVS_GRAD},
+  {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE},
+  {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE},
+  {"tree_children", {0, {0, 2}}, CAVS_GRAD},
+  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"tree_t27", {0, {0, 1}}, CAVS_GRAD},
+  {"tree_xr", {0, {0, 1}}, CAVS_GRAD},
+  {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD},
+  {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,

@@ -254,28 +254,28 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       g42 += g43 * (1 - v43 * v43);
       g40 += g42;
       d41[j] += g42;  /* summed over rows */
-      d37[j] += g40;
-      d39[j] += g40;
+      d37[j] = g40;  /* this loop alone writes it */
+      d39[j] = g40;  /* this loop alone writes it */
       g34 += g35 * v35 * (1 - v35);
       g32 += g34;
       d33[j] += g34;  /* summed over rows */
-      d29[j] += g32;
-      d31[j] += g32;
+      d29[j] = g32;  /* this loop alone writes it */
+      d31[j] = g32;  /* this loop alone writes it */
       g26 += g27 * v27 * (1 - v27);
       g25 += g26;
       d21[j] += g26;  /* summed over rows */
-      d17[j] += g25;
-      d24[j] += g25;
+      d17[j] = g25;  /* this loop alone writes it */
+      d24[j] = g25;  /* this loop alone writes it */
       g22 += g23 * v23 * (1 - v23);
       g20 += g22;
       d21[j] += g22;  /* summed over rows */
       d17[j] += g20;
-      d19[j] += g20;
+      d19[j] = g20;  /* this loop alone writes it */
       g14 += g15 * v15 * (1 - v15);
       g12 += g14;
       d13[j] += g14;  /* summed over rows */
-      d9[j] += g12;
-      d11[j] += g12;
+      d9[j] = g12;  /* this loop alone writes it */
+      d11[j] = g12;  /* this loop alone writes it */
     }
   }
   /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
@@ -377,7 +377,7 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
     CAVS_IVDEP
     for (long j = 0; j < D_C; j++) {
       R g4 = g4_in[j];
-      d2[j] += g4;
+      d2[j] = g4;  /* this loop alone writes it */
       d3[j] += g4;  /* summed over rows */
     }
   }
@@ -430,23 +430,23 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, 1},
-  {"push", {0, {0, 1}}, 1},
-  {"pull_x", {0, {1}}, 1},
-  {"tree_mm0", {0, {0, 3}}, 1},
-  {"tree_mm1", {0, {0, 3}}, 1},
-  {"tree_mm2", {0, {0, 2}}, 1},
-  {"tree_children", {0, {0, 4}}, 1},
-  {"tree_t17", {0, {0, 1}}, 1},
-  {"tree_hs", {0, {0, 1}}, 1},
-  {"tree_i_kept", {0, {0, 1}}, 0},
-  {"tree_f_0_kept", {0, {0, 1}}, 0},
-  {"tree_f_1_kept", {0, {0, 1}}, 0},
-  {"tree_o_kept", {0, {0, 1}}, 0},
-  {"tree_u_kept", {0, {0, 1}}, 0},
-  {"tree_t49_kept", {0, {0, 1}}, 0},
-  {"push_logits", {0, {0, 0, 1}}, 1},
-  {"push_t2", {0, {0, 0, 1}}, 1},
+  {"state", {0, {0, 2}}, CAVS_GRAD},
+  {"push", {0, {0, 1}}, CAVS_GRAD},
+  {"pull_x", {0, {1}}, CAVS_GRAD},
+  {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
+  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE},
+  {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE},
+  {"tree_children", {0, {0, 4}}, CAVS_GRAD},
+  {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD},
+  {"tree_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"tree_t49_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,

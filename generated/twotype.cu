@@ -173,9 +173,9 @@ static __global__ void twotype_leaf_bwd_eager_g0(int n, long D_E, long D_H, long
   g10 += g11 * v9;
   g4 += g10 * (1 - v10 * v10);
   g8 += g9 * v9 * (1 - v9);
-  d6[j] += g8;
+  d6[j] = g8;  /* this loop alone writes it */
   d7[j] += g8;  /* summed over rows */
-  d2[j] += g4;
+  d2[j] = g4;  /* this loop alone writes it */
   d3[j] += g4;  /* summed over rows */
 }
 
@@ -449,19 +449,19 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
   g11 += g32 * v31;
   g31 += g32 * v11;
   g30 += g31 * (1 - v31 * v31);
-  d28[j] += g30;
+  d28[j] = g30;  /* this loop alone writes it */
   d29[j] += g30;  /* summed over rows */
   g25 += g26 * v26 * (1 - v26);
-  d23[j] += g25;
+  d23[j] = g25;  /* this loop alone writes it */
   d24[j] += g25;  /* summed over rows */
   g20 += g21 * v21 * (1 - v21);
-  d18[j] += g20;
+  d18[j] = g20;  /* this loop alone writes it */
   d19[j] += g20;  /* summed over rows */
   g15 += g16 * v16 * (1 - v16);
-  d13[j] += g15;
+  d13[j] = g15;  /* this loop alone writes it */
   d14[j] += g15;  /* summed over rows */
   g10 += g11 * v11 * (1 - v11);
-  d8[j] += g10;
+  d8[j] = g10;  /* this loop alone writes it */
   d9[j] += g10;  /* summed over rows */
 }
 
@@ -587,7 +587,7 @@ static __global__ void twotype_push_bwd_g0(int n, long D_E, long D_H, long D_C, 
   R *__restrict__ d2 = d2_r0 + (size_t)i * D_C;
   const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * D_C;
   R g4 = g4_in[j];
-  d2[j] += g4;
+  d2[j] = g4;  /* this loop alone writes it */
   d3[j] += g4;  /* summed over rows */
 }
 
@@ -666,25 +666,25 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, 1},
-  {"push", {0, {0, 1}}, 1},
-  {"pull_x", {0, {1}}, 1},
-  {"leaf_mm0", {0, {0, 2}}, 1},
-  {"leaf_t9_kept", {0, {0, 1}}, 0},
-  {"leaf_t10_kept", {0, {0, 1}}, 0},
-  {"internal_mm0", {0, {0, 3}}, 1},
-  {"internal_mm1", {0, {0, 2}}, 1},
-  {"internal_hh", {0, {0, 2}}, 1},
-  {"internal_s", {0, {0, 2}}, 1},
-  {"internal_s", {0, {0, 2}}, 1},
-  {"internal_i_kept", {0, {0, 1}}, 0},
-  {"internal_f_0_kept", {0, {0, 1}}, 0},
-  {"internal_f_1_kept", {0, {0, 1}}, 0},
-  {"internal_o_kept", {0, {0, 1}}, 0},
-  {"internal_u_kept", {0, {0, 1}}, 0},
-  {"internal_t37_kept", {0, {0, 1}}, 0},
-  {"push_logits", {0, {0, 0, 1}}, 1},
-  {"push_t2", {0, {0, 0, 1}}, 1},
+  {"state", {0, {0, 2}}, CAVS_GRAD},
+  {"push", {0, {0, 1}}, CAVS_GRAD},
+  {"pull_x", {0, {1}}, CAVS_GRAD},
+  {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE},
+  {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"leaf_t10_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
+  {"internal_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE},
+  {"internal_hh", {0, {0, 2}}, CAVS_GRAD},
+  {"internal_s", {0, {0, 2}}, CAVS_GRAD},
+  {"internal_s", {0, {0, 2}}, CAVS_GRAD},
+  {"internal_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"internal_t37_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
 };
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,

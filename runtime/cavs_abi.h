@@ -27,7 +27,7 @@ extern "C" {
 
 /* 2: the contract moved out of cavs.h into this header; kinds and forms named.
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
- *    takes `skip`. */
+ *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind. */
 #define CAVS_ABI_VERSION 3
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -166,10 +166,14 @@ typedef struct cavs_pgroup_desc {
                        gradient and update touch only the rows a minibatch reads; -1 */
 } cavs_pgroup_desc;
 
+/* A per-row buffer's gradient: none; one the backward pass clears, then adds to; or one
+ * it writes whole, each cell set before anything adds to it, which it does not clear. */
+enum cavs_grad_kind { CAVS_GRAD_NONE, CAVS_GRAD, CAVS_GRAD_WHOLE };
+
 typedef struct cavs_buf_desc {
   const char *name;
   cavs_lin width;
-  int grad; /* has a gradient buffer */
+  int grad; /* enum cavs_grad_kind */
 } cavs_buf_desc;
 
 typedef struct cavs_ctx cavs_ctx;
@@ -338,6 +342,8 @@ template <typename T> struct cavs_cuda_sum {
   struct cell {
     T *q;
     __device__ void operator+=(T x) const { atomicAdd(q, x); }
+    /* a gradient only this thread writes (the first statement that writes it) */
+    __device__ void operator=(T x) const { *q = x; }
   };
   __host__ __device__ cavs_cuda_sum(T *p) : p(p) {}
   __device__ cell operator[](long j) const { return cell{p + j}; }

@@ -464,7 +464,8 @@ void cavs_model_backward(cavs_model *m) {
   if (!m->have_batch) return;
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
-    if (m->grad[b]) m->be->zero(m, m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
+    if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE)
+      m->be->zero(m, m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
       m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
