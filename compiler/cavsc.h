@@ -446,6 +446,21 @@ typedef struct Emit {
   unsigned char *eager_apart;
 } Emit;
 
+/* A stage whose text is held in memory until it closes, so that the functions it calls
+ * (a C loop, a CUDA kernel), written straight to the file meanwhile, come first. */
+typedef struct HeldFn {
+  FILE *file; /* MODEL.c or MODEL.cu */
+  FILE *fn;   /* the stage being written */
+  char *text;
+  size_t len;
+  const char *name;
+} HeldFn;
+/* open_memstream, or an internal error */
+FILE *emit_hold(char **text, size_t *len);
+/* e->out becomes the held stage `name`; then the stage, closed, goes to the file */
+void emit_hold_fn(Emit *e, HeldFn *h, const char *name);
+void emit_release_fn(Emit *e, HeldFn *h);
+
 /* A value, or its gradient, where plan.c placed it. */
 typedef struct Ref {
   const Place *p;

@@ -8,6 +8,8 @@
  * calls. */
 #include "cavsc.h"
 
+#include <stdlib.h>
+
 /* An enum of named indices in the header; none for an empty list (C has no empty
  * enum: a model without dims or inputs is valid). */
 static void header_enum(FILE *h, const char *M, const char *what, const char *kind, const char **names, int n) {
@@ -48,9 +50,39 @@ void emit_c_prologue(Emit *e) {
           dbl ? 'd' : 'f', dbl ? "tanh" : "cavs_tanh_f", dbl ? "exp" : "cavs_exp_f", dbl ? "log" : "logf");
 }
 
-static void c_fn_open(Emit *e, const char *name, const char *what) {
-  FILE *o = e->out;
-  fprintf(o, "\n/* %s */\nstatic void %s(cavs_ctx *c, int r0, int n) {\n", what, name);
+/* A fused group's loop is a function of its own, called through cavs_loop (which splits
+ * its columns over the backend's threads): it is written to the file while the stage
+ * that calls it is held in memory, so that it comes first. */
+FILE *emit_hold(char **text, size_t *len) {
+  FILE *f = open_memstream(text, len);
+  if (!f) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  return f;
+}
+
+void emit_hold_fn(Emit *e, HeldFn *h, const char *name) {
+  h->fn = e->out = emit_hold(&h->text, &h->len);
+  h->name = name;
+}
+
+void emit_release_fn(Emit *e, HeldFn *h) {
+  fprintf(h->fn, "}\n");
+  fclose(h->fn);
+  fwrite(h->text, 1, h->len, h->file);
+  free(h->text);
+  h->fn = NULL;
+  h->text = NULL;
+  e->out = h->file;
+}
+
+static void c_prologue(Emit *e) {
+  HeldFn *s = arena_alloc(sizeof *s);
+  s->file = e->out;
+  e->state = s;
+  emit_c_prologue(e);
+}
+
+/* the dims and the ctx's arrays, as every stage and loop function starts */
+static void c_locals(const Emit *e, FILE *o) {
   for (int i = 0; i < e->m->ndims; i++)
     fprintf(o, "  const long D_%s = c->dims[%d];\n", e->m->dims[i].name, i);
   fprintf(o, "  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;\n");
@@ -60,12 +92,28 @@ static void c_fn_open(Emit *e, const char *name, const char *what) {
   fputc('\n', o);
 }
 
-static void c_fn_close(Emit *e) { fprintf(e->out, "}\n"); }
+static void c_fn_open(Emit *e, const char *name, const char *what) {
+  emit_hold_fn(e, e->state, name);
+  fprintf(e->out, "\n/* %s */\nstatic void %s(cavs_ctx *c, int r0, int n) {\n", what, name);
+  c_locals(e, e->out);
+}
 
-/* The pointers are `restrict` and the column loop CAVS_IVDEP unless two gradients the
- * loop adds to may overlap: GCC gives up versioning loops past 10 pointer pairs. */
+static void c_fn_close(Emit *e) { emit_release_fn(e, e->state); }
+
+/* The call goes into the stage, the function into the file. The pointers are
+ * `restrict` and the column loop CAVS_IVDEP unless two gradients the loop adds to may
+ * overlap (GCC gives up versioning loops past 10 pointer pairs); then the loop runs in
+ * one call, not split over threads. */
 static void c_loop_open(Emit *e, const Loop *l) {
-  FILE *o = e->out;
+  HeldFn *s = e->state;
+  const char *name = arena_printf("%s_g%d", s->name, l->group), *width = emit_lin(e->m, l->width);
+  fprintf(s->fn, "  cavs_loop(c, %s, r0, n, %s, %d);\n", name, width, l->may_alias);
+  FILE *o = e->out = s->file;
+  char buf[256];
+  fprintf(o, "\n/* %s, group g%d %s: rows [r0, r0 + n), columns [j0, j1) of [n, %s] */\n", s->name, l->group,
+          l->bwd ? "backward" : "forward", lin_str(e->m, l->width, buf, sizeof buf));
+  fprintf(o, "static void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
+  c_locals(e, o);
   const char *rs = l->may_alias ? "" : "restrict ";
   fprintf(o, "  for (int r = r0; r < r0 + n; r++) {\n");
   for (int i = 0; i < l->nptrs; i++) {
@@ -73,10 +121,13 @@ static void c_loop_open(Emit *e, const Loop *l) {
     fprintf(o, "    %sR *%s%s = %s;\n", p->write ? "" : "const ", rs, p->name, emit_ptr(e, p->at, "r"));
   }
   if (!l->may_alias) fprintf(o, "    CAVS_IVDEP\n");
-  fprintf(o, "    for (long j = 0; j < %s; j++) {\n", emit_lin(e->m, l->width));
+  fprintf(o, "    for (long j = j0; j < j1; j++) {\n");
 }
 
-static void c_loop_close(Emit *e, const Loop *l) { fprintf(e->out, "    }\n  }\n"); }
+static void c_loop_close(Emit *e, const Loop *l) {
+  fprintf(e->out, "    }\n  }\n}\n");
+  e->out = ((HeldFn *)e->state)->fn;
+}
 
 /* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */
 static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PROD_DW"};
@@ -142,7 +193,7 @@ const Target target_c = {
     .ext = "c",
     .abi = "CAVS_TARGET_C",
     .header = emit_c_header,
-    .prologue = emit_c_prologue,
+    .prologue = c_prologue,
     .fn_open = c_fn_open,
     .fn_close = c_fn_close,
     .loop_open = c_loop_open,

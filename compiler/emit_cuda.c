@@ -21,25 +21,15 @@
 #include <string.h>
 
 typedef struct Cuda {
-  FILE *file; /* MODEL.cu */
-  FILE *fn;   /* the stage being written, held until its kernels are out */
-  char *fn_text;
-  size_t fn_len;
+  HeldFn h;   /* first: the stage, held until its kernels are out */
   FILE *body; /* a kernel's statements, as emit.c writes them for the C loop */
   char *body_text;
   size_t body_len;
-  const char *fn_name;
 } Cuda;
-
-static FILE *hold(char **text, size_t *len) {
-  FILE *f = open_memstream(text, len);
-  if (!f) internal_error(__FILE__, __LINE__, "open_memstream failed");
-  return f;
-}
 
 static void cuda_prologue(Emit *e) {
   Cuda *s = arena_alloc(sizeof *s);
-  s->file = e->out;
+  s->h.file = e->out;
   e->state = s;
   emit_c_prologue(e);
 }
@@ -48,8 +38,7 @@ static void cuda_prologue(Emit *e) {
  * says, so the declarations say [[maybe_unused]]. */
 static void cuda_fn_open(Emit *e, const char *name, const char *what) {
   Cuda *s = e->state;
-  s->fn = e->out = hold(&s->fn_text, &s->fn_len);
-  s->fn_name = name;
+  emit_hold_fn(e, &s->h, name);
   FILE *o = e->out;
   fprintf(o, "\n/* %s */\nstatic void %s(cavs_ctx *c, int r0, int n) {\n", what, name);
   for (int i = 0; i < e->m->ndims; i++)
@@ -60,14 +49,7 @@ static void cuda_fn_open(Emit *e, const char *name, const char *what) {
 }
 
 static void cuda_fn_close(Emit *e) {
-  Cuda *s = e->state;
-  fprintf(s->fn, "}\n");
-  fclose(s->fn);
-  fwrite(s->fn_text, 1, s->fn_len, s->file);
-  free(s->fn_text);
-  s->fn = NULL;
-  s->fn_text = NULL;
-  e->out = s->file;
+  emit_release_fn(e, &((Cuda *)e->state)->h);
 }
 
 /* Several threads add to a vector parameter's gradient (each row's share), and to one
@@ -89,19 +71,19 @@ static bool per_row(const LoopPtr *p) { return p->at.p->kind != PL_PARAM; }
 static void cuda_loop_open(Emit *e, const Loop *l) {
   Cuda *s = e->state;
   const Model *m = e->m;
-  const char *name = arena_printf("%s_g%d", s->fn_name, l->group), *width = emit_lin(m, l->width);
+  const char *name = arena_printf("%s_g%d", s->h.name, l->group), *width = emit_lin(m, l->width);
   const char *dims = "";
   for (int i = 0; i < m->ndims; i++) dims = arena_printf("%s, D_%s", dims, m->dims[i].name);
 
-  FILE *o = s->fn;
+  FILE *o = s->h.fn;
   fprintf(o, "  {\n    const uint32_t blocks = cavs_cuda_blocks(n, %s, CAVS_CUDA_BLOCK); /* 0: no rows */\n", width);
   fprintf(o, "    if (blocks) {\n      CAVS_CUDA_LAUNCH(%s, blocks, (cudaStream_t)c->stream)(n%s", name, dims);
   for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", emit_ptr(e, l->ptrs[i].at, "r0"));
   fprintf(o, ");\n      CAVS_CUDA_CHECK_LAUNCH(c);\n    }\n  }\n");
 
   char buf[256];
-  FILE *k = s->file;
-  fprintf(k, "\n/* %s, group g%d %s: a thread per row and column of [n, %s] */\n", s->fn_name, l->group,
+  FILE *k = s->h.file;
+  fprintf(k, "\n/* %s, group g%d %s: a thread per row and column of [n, %s] */\n", s->h.name, l->group,
           l->bwd ? "backward" : "forward", lin_str(m, l->width, buf, sizeof buf));
   fprintf(k, "static __global__ void %s(int n", name);
   for (int i = 0; i < m->ndims; i++) fprintf(k, ", long D_%s", m->dims[i].name);
@@ -117,7 +99,7 @@ static void cuda_loop_open(Emit *e, const Loop *l) {
     if (per_row(p))
       fprintf(k, "  %s%s = %s_r0 + (size_t)i * %s;\n", ptr_type(l, p, false), p->name, p->name, emit_ld(e, p->at.p));
   }
-  s->body = e->out = hold(&s->body_text, &s->body_len);
+  s->body = e->out = emit_hold(&s->body_text, &s->body_len);
 }
 
 /* The body, indented for the kernel (in C it sits two loops deep), and the kernel's end. */
@@ -128,14 +110,14 @@ static void cuda_loop_close(Emit *e, const Loop *l) {
     char *end = strchr(line, '\n');
     size_t len = end ? (size_t)(end - line) + 1 : strlen(line);
     size_t cut = strncmp(line, "    ", 4) ? 0 : 4;
-    fwrite(line + cut, 1, len - cut, s->file);
+    fwrite(line + cut, 1, len - cut, s->h.file);
     line += len;
   }
-  fprintf(s->file, "}\n");
+  fprintf(s->h.file, "}\n");
   free(s->body_text);
   s->body = NULL;
   s->body_text = NULL;
-  e->out = s->fn;
+  e->out = s->h.fn;
 }
 
 const Target target_cuda = {

@@ -50,23 +50,14 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
-/* vertex token, path phase: one task (rows of one level) */
-static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
+/* lstm_lm_token_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 36  h_prev @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
@@ -89,7 +80,7 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
@@ -116,6 +107,26 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
       o40[j] = v40;
     }
   }
+}
+
+/* vertex token, path phase: one task (rows of one level) */
+static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  /* lstm_lm.vf:32  s = gather */
+  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  h_prev @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
+  /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
+  cavs_loop(c, lstm_lm_token_fwd_path_g0, r0, n, D_H, 0);
   /* lstm_lm.vf:41  concat */
 }
 
@@ -143,16 +154,14 @@ static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* vertex token, path phase backward: one task, in reverse order */
-static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
+/* lstm_lm_token_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm.vf:41  concat */
-  /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
@@ -176,7 +185,7 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
       const R v19 = k19[j];  /* f */
       const R v27 = k27[j];  /* o */
@@ -230,6 +239,19 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
       d7[j] = g8;  /* this loop alone writes it */
     }
   }
+}
+
+/* vertex token, path phase backward: one task, in reverse order */
+static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  /* lstm_lm.vf:41  concat */
+  /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
+  cavs_loop(c, lstm_lm_token_bwd_path_g0, r0, n, D_H, 0);
   /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
@@ -268,6 +290,26 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
+/* lstm_lm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
+static void lstm_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[14] + (size_t)(r) * D_V;
+    const R *restrict a3 = P[10];
+    R *restrict o4 = V[13] + (size_t)(r) * D_V;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
+  }
+}
+
 /* push block, forward: all rows */
 static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -280,18 +322,30 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_V, 0, V[14] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[14] + (size_t)(r) * D_V;
-    const R *restrict a3 = P[10];
-    R *restrict o4 = V[13] + (size_t)(r) * D_V;
-    CAVS_IVDEP
-    for (long j = 0; j < D_V; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
-    }
-  }
+  cavs_loop(c, lstm_lm_push_fwd_g0, r0, n, D_V, 0);
   /* lstm_lm.vf:47  softmax_xent */
   cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+}
+
+/* lstm_lm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
+static void lstm_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d2 = G[14] + (size_t)(r) * D_V;
+    R *restrict d3 = PG[10];
+    const R *restrict g4_in = G[13] + (size_t)(r) * D_V;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g4 = g4_in[j];
+      d2[j] = g4;  /* this loop alone writes it */
+      d3[j] += g4;  /* summed over rows */
+    }
+  }
 }
 
 /* push block, backward: all rows */
@@ -305,17 +359,7 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:47  softmax_xent */
   cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], G[13] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[14] + (size_t)(r) * D_V;
-    R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[13] + (size_t)(r) * D_V;
-    CAVS_IVDEP
-    for (long j = 0; j < D_V; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, lstm_lm_push_bwd_g0, r0, n, D_V, 0);
   /* line 46  dh += d(h @ Wout) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[14] + (size_t)(r0) * D_V, D_V,
             P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);

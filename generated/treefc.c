@@ -44,6 +44,29 @@ static void treefc_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
 }
 
+/* treefc_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treefc_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[3] + (size_t)(r) * D_H;
+    const R *restrict a7 = P[2];
+    R *restrict o9 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v6 = a0[j] + a5[j];
+      const R v8 = v6 + a7[j];
+      const R v9 = (v8 > 0 ? v8 : 0);  /* h */
+      o9[j] = v9;
+    }
+  }
+}
+
 /* vertex tree, path phase: one task (rows of one level) */
 static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   const long D_H = c->dims[0];
@@ -61,19 +84,7 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
-    const R *restrict a5 = V[3] + (size_t)(r) * D_H;
-    const R *restrict a7 = P[2];
-    R *restrict o9 = V[0] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v6 = a0[j] + a5[j];
-      const R v8 = v6 + a7[j];
-      const R v9 = (v8 > 0 ? v8 : 0);  /* h */
-      o9[j] = v9;
-    }
-  }
+  cavs_loop(c, treefc_tree_fwd_path_g0, r0, n, D_H, 0);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -100,15 +111,14 @@ static void treefc_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* vertex tree, path phase backward: one task, in reverse order */
-static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+/* treefc_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treefc_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_H = c->dims[0];
   const long D_C = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
-  /* group g0 backward, [n, H]: h (lines 30) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a0 = V[2] + (size_t)(r) * D_H;
     R *restrict d0 = G[2] + (size_t)(r) * D_H;
@@ -118,7 +128,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict d7 = PG[2];
     const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + a5[j];
       const R v8 = v6 + a7[j];
       R g6 = 0;
@@ -131,6 +141,18 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d5[j] = g6;  /* this loop alone writes it */
     }
   }
+}
+
+/* vertex tree, path phase backward: one task, in reverse order */
+static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  /* group g0 backward, [n, H]: h (lines 30) */
+  cavs_loop(c, treefc_tree_bwd_path_g0, r0, n, D_H, 0);
   /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
                  P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -154,6 +176,26 @@ static void treefc_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[1], D_H, G[3] + (size_t)(0) * D_H, D_H);
 }
 
+/* treefc_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treefc_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[6] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[4];
+    R *restrict o4 = V[5] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
+  }
+}
+
 /* push block, forward: all rows */
 static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_H = c->dims[0];
@@ -166,18 +208,30 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[3], D_C, 0, V[6] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 36) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[6] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[4];
-    R *restrict o4 = V[5] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
-    }
-  }
+  cavs_loop(c, treefc_push_fwd_g0, r0, n, D_C, 0);
   /* treefc.vf:37  softmax_xent */
   cavs_xent_fwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+}
+
+/* treefc_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treefc_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d2 = G[6] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[4];
+    const R *restrict g4_in = G[5] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g4 = g4_in[j];
+      d2[j] = g4;  /* this loop alone writes it */
+      d3[j] += g4;  /* summed over rows */
+    }
+  }
 }
 
 /* push block, backward: all rows */
@@ -191,17 +245,7 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
   /* treefc.vf:37  softmax_xent */
   cavs_xent_bwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], G[5] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 36) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[6] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[4];
-    const R *restrict g4_in = G[5] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, treefc_push_bwd_g0, r0, n, D_C, 0);
   /* line 36  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[6] + (size_t)(r0) * D_C, D_C,
             P[3], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);

@@ -36,6 +36,27 @@ static void treegru_pull_bwd(cavs_ctx *c, int r0, int n) {
   cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
+/* treegru_tree_fwd_eager, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a13 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a14 = P[7];
+    R *restrict o15 = V[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = a13[j] + a14[j];  /* xr */
+      o15[j] = v15;
+    }
+  }
+}
+
 /* vertex tree, eager phase: every row of the type at once */
 static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -52,14 +73,99 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
+  cavs_loop(c, treegru_tree_fwd_eager_g2, r0, n, D_H, 0);
+}
+
+/* treegru_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a13 = V[9] + (size_t)(r) * D_H;
-    const R *restrict a14 = P[7];
-    R *restrict o15 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o3 = V[11] + (size_t)(r) * D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v15 = a13[j] + a14[j];  /* xr */
-      o15[j] = v15;
+    for (long j = j0; j < j1; j++) {
+      const R v3 = a1[j] + a2[j];  /* hs */
+      o3[j] = v3;
+    }
+  }
+}
+
+/* treegru_tree_fwd_path, group g3 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[4] + (size_t)(r) * (2*D_H);
+    const R *restrict a20 = V[4] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict k19 = V[13] + (size_t)(r) * D_H;
+    R *restrict k22 = V[14] + (size_t)(r) * D_H;
+    R *restrict o27 = V[7] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v18 = a15[j] + a17[j];
+      const R v19 = cv_sigmoid(v18);  /* r_0 */
+      const R v21 = a15[j] + a20[j];
+      const R v22 = cv_sigmoid(v21);  /* r_1 */
+      const R v25 = v19 * a1[j];
+      const R v26 = v22 * a2[j];
+      const R v27 = v25 + v26;
+      k19[j] = v19;  /* kept for the backward loop */
+      k22[j] = v22;  /* kept for the backward loop */
+      o27[j] = v27;
+    }
+  }
+}
+
+/* treegru_tree_fwd_path, group g1 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a7 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a9 = P[6];
+    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a29 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a31 = P[8];
+    const R *restrict a3 = V[11] + (size_t)(r) * D_H;
+    R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    R *restrict k33 = V[15] + (size_t)(r) * D_H;
+    R *restrict o38 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v8 = a5[j] + a7[j];
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* z */
+      const R v30 = a24[j] + a29[j];
+      const R v32 = v30 + a31[j];
+      const R v33 = cv_tanh(v32);  /* n */
+      const R v35 = (R)1 - v11;
+      const R v36 = v35 * v33;
+      const R v37 = v11 * a3[j];
+      const R v38 = v36 + v37;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k33[j] = v33;  /* kept for the backward loop */
+      o38[j] = v38;
     }
   }
 }
@@ -78,16 +184,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict o3 = V[11] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v3 = a1[j] + a2[j];  /* hs */
-      o3[j] = v3;
-    }
-  }
+  cavs_loop(c, treegru_tree_fwd_path_g0, r0, n, D_H, 0);
   /* line 34  hs @ Uz: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
@@ -95,61 +192,12 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[4] + (size_t)(r) * (2*D_H);
-    const R *restrict a20 = V[4] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict k19 = V[13] + (size_t)(r) * D_H;
-    R *restrict k22 = V[14] + (size_t)(r) * D_H;
-    R *restrict o27 = V[7] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v18 = a15[j] + a17[j];
-      const R v19 = cv_sigmoid(v18);  /* r_0 */
-      const R v21 = a15[j] + a20[j];
-      const R v22 = cv_sigmoid(v21);  /* r_1 */
-      const R v25 = v19 * a1[j];
-      const R v26 = v22 * a2[j];
-      const R v27 = v25 + v26;
-      k19[j] = v19;  /* kept for the backward loop */
-      k22[j] = v22;  /* kept for the backward loop */
-      o27[j] = v27;
-    }
-  }
+  cavs_loop(c, treegru_tree_fwd_path_g3, r0, n, D_H, 0);
   /* line 37  %27 @ Un: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a7 = V[10] + (size_t)(r) * D_H;
-    const R *restrict a9 = P[6];
-    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a29 = V[6] + (size_t)(r) * D_H;
-    const R *restrict a31 = P[8];
-    const R *restrict a3 = V[11] + (size_t)(r) * D_H;
-    R *restrict k11 = V[12] + (size_t)(r) * D_H;
-    R *restrict k33 = V[15] + (size_t)(r) * D_H;
-    R *restrict o38 = V[0] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v8 = a5[j] + a7[j];
-      const R v10 = v8 + a9[j];
-      const R v11 = cv_sigmoid(v10);  /* z */
-      const R v30 = a24[j] + a29[j];
-      const R v32 = v30 + a31[j];
-      const R v33 = cv_tanh(v32);  /* n */
-      const R v35 = (R)1 - v11;
-      const R v36 = v35 * v33;
-      const R v37 = v11 * a3[j];
-      const R v38 = v36 + v37;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k33[j] = v33;  /* kept for the backward loop */
-      o38[j] = v38;
-    }
-  }
+  cavs_loop(c, treegru_tree_fwd_path_g1, r0, n, D_H, 0);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -178,8 +226,8 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* vertex tree, path phase backward: one task, in reverse order */
-static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+/* treegru_tree_bwd_path, group g1 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -187,7 +235,6 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[3] + (size_t)(r) * (2*D_H);
     R *restrict d7 = G[10] + (size_t)(r) * D_H;
@@ -201,7 +248,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* z */
       const R v33 = k33[j];  /* n */
       const R v35 = (R)1 - v11;
@@ -234,10 +281,17 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d7[j] = g8;  /* this loop alone writes it */
     }
   }
-  /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
+}
+
+/* treegru_tree_bwd_path, group g3 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d15 = G[8] + (size_t)(r) * D_H;
     R *restrict d17 = G[4] + (size_t)(r) * (2*D_H);
@@ -250,7 +304,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict k22 = V[14] + (size_t)(r) * D_H;
     const R *restrict g27_in = G[7] + (size_t)(r) * D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v19 = k19[j];  /* r_0 */
       const R v22 = k22[j];  /* r_1 */
       R g18 = 0;
@@ -274,6 +328,46 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d17[j] = g18;  /* this loop alone writes it */
     }
   }
+}
+
+/* treegru_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict g3_in = G[11] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g3 = g3_in[j];
+      d1[j] += g3;
+      d2[j] += g3;
+    }
+  }
+}
+
+/* vertex tree, path phase backward: one task, in reverse order */
+static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
+  cavs_loop(c, treegru_tree_bwd_path_g1, r0, n, D_H, 0);
+  /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
+  cavs_loop(c, treegru_tree_bwd_path_g3, r0, n, D_H, 0);
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
@@ -281,21 +375,33 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict g3_in = G[11] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      R g3 = g3_in[j];
-      d1[j] += g3;
-      d2[j] += g3;
-    }
-  }
+  cavs_loop(c, treegru_tree_bwd_path_g0, r0, n, D_H, 0);
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
   cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+}
+
+/* treegru_tree_bwd_eager, group g2 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_bwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d13 = G[9] + (size_t)(r) * D_H;
+    R *restrict d14 = PG[7];
+    const R *restrict g15_in = G[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g15 = g15_in[j];
+      d13[j] = g15;  /* this loop alone writes it */
+      d14[j] += g15;  /* summed over rows */
+    }
+  }
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -308,17 +414,7 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g2 backward, [n, H]: xr (lines 35) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d13 = G[9] + (size_t)(r) * D_H;
-    R *restrict d14 = PG[7];
-    const R *restrict g15_in = G[8] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      R g15 = g15_in[j];
-      d13[j] = g15;  /* this loop alone writes it */
-      d14[j] += g15;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, treegru_tree_bwd_eager_g2, r0, n, D_H, 0);
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
                  P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);
@@ -342,6 +438,27 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
+/* treegru_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treegru_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[17] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[10];
+    R *restrict o4 = V[16] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
+  }
+}
+
 /* push block, forward: all rows */
 static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -355,18 +472,31 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[17] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[10];
-    R *restrict o4 = V[16] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
-    }
-  }
+  cavs_loop(c, treegru_push_fwd_g0, r0, n, D_C, 0);
   /* treegru.vf:45  softmax_xent */
   cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+}
+
+/* treegru_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treegru_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d2 = G[17] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[10];
+    const R *restrict g4_in = G[16] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g4 = g4_in[j];
+      d2[j] = g4;  /* this loop alone writes it */
+      d3[j] += g4;  /* summed over rows */
+    }
+  }
 }
 
 /* push block, backward: all rows */
@@ -381,17 +511,7 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   /* treegru.vf:45  softmax_xent */
   cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[17] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[16] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, treegru_push_bwd_g0, r0, n, D_C, 0);
   /* line 44  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);

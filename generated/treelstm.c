@@ -53,8 +53,8 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
-/* vertex tree, path phase: one task (rows of one level) */
-static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
+/* treelstm_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -62,28 +62,27 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* group g0 forward, [n, H]: hs (lines 27) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a3 = V[6] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict a6 = V[6] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict o7 = V[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v7 = a3[j] + a6[j];  /* hs */
       o7[j] = v7;
     }
   }
-  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  [h_0;h_1] @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
+}
+
+/* treelstm_tree_fwd_path, group g1 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
@@ -109,7 +108,7 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v12 = a9[j] + a11[j];
       const R v14 = v12 + a13[j];
       const R v15 = cv_sigmoid(v14);  /* i */
@@ -142,6 +141,31 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       o50[j] = v50;
     }
   }
+}
+
+/* vertex tree, path phase: one task (rows of one level) */
+static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* treelstm.vf:26  s = gather */
+  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* treelstm.vf:26  s = gather */
+  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  /* group g0 forward, [n, H]: hs (lines 27) */
+  cavs_loop(c, treelstm_tree_fwd_path_g0, r0, n, D_H, 0);
+  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 29  [h_0;h_1] @ Uf: [n, H], rows without children stay zero */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
+  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
+  cavs_loop(c, treelstm_tree_fwd_path_g1, r0, n, D_H, 0);
   /* treelstm.vf:34  concat */
 }
 
@@ -171,8 +195,8 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* vertex tree, path phase backward: one task, in reverse order */
-static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+/* treelstm_tree_bwd_path, group g1 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -180,8 +204,6 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:34  concat */
-  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
@@ -209,7 +231,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
       const R v23 = k23[j];  /* f_0 */
       const R v27 = k27[j];  /* f_1 */
@@ -278,6 +300,42 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       d11[j] = g12;  /* this loop alone writes it */
     }
   }
+}
+
+/* treelstm_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d3 = G[6] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d6 = G[6] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict g7_in = G[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g7 = g7_in[j];
+      d3[j] += g7;
+      d6[j] += g7;
+    }
+  }
+}
+
+/* vertex tree, path phase backward: one task, in reverse order */
+static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* treelstm.vf:34  concat */
+  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
+  cavs_loop(c, treelstm_tree_bwd_path_g1, r0, n, D_H, 0);
   /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
@@ -285,17 +343,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[6] + (size_t)(r) * (4*D_H) + D_H;
-    R *restrict d6 = G[6] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict g7_in = G[8] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      R g7 = g7_in[j];
-      d3[j] += g7;
-      d6[j] += g7;
-    }
-  }
+  cavs_loop(c, treelstm_tree_bwd_path_g0, r0, n, D_H, 0);
   /* treelstm.vf:26  s = gather */
   cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
@@ -331,6 +379,27 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
+/* treelstm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treelstm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[16] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[10];
+    R *restrict o4 = V[15] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
+  }
+}
+
 /* push block, forward: all rows */
 static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -344,18 +413,31 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 39) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[16] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[10];
-    R *restrict o4 = V[15] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
-    }
-  }
+  cavs_loop(c, treelstm_push_fwd_g0, r0, n, D_C, 0);
   /* treelstm.vf:40  softmax_xent */
   cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+}
+
+/* treelstm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void treelstm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d2 = G[16] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[10];
+    const R *restrict g4_in = G[15] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g4 = g4_in[j];
+      d2[j] = g4;  /* this loop alone writes it */
+      d3[j] += g4;  /* summed over rows */
+    }
+  }
 }
 
 /* push block, backward: all rows */
@@ -370,17 +452,7 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:40  softmax_xent */
   cavs_xent_bwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], G[15] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 39) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[16] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[15] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, treelstm_push_bwd_g0, r0, n, D_C, 0);
   /* line 39  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);

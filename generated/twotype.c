@@ -36,6 +36,39 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
   cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
+/* twotype_leaf_fwd_eager, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = P[4];
+    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a7 = P[5];
+    R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k9 = V[4] + (size_t)(r) * D_H;
+    R *restrict k10 = V[5] + (size_t)(r) * D_H;
+    R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* c */
+      const R v8 = a6[j] + a7[j];
+      const R v9 = cv_sigmoid(v8);
+      const R v10 = cv_tanh(v4);
+      const R v11 = v9 * v10;  /* h */
+      o4[j] = v4;
+      k9[j] = v9;  /* kept for the backward loop */
+      k10[j] = v10;  /* kept for the backward loop */
+      o11[j] = v11;
+    }
+  }
+}
+
 /* vertex leaf, eager phase: every row of the type at once */
 static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -49,28 +82,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
-    const R *restrict a3 = P[4];
-    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a7 = P[5];
-    R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict k9 = V[4] + (size_t)(r) * D_H;
-    R *restrict k10 = V[5] + (size_t)(r) * D_H;
-    R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
-      const R v4 = a2[j] + a3[j];  /* c */
-      const R v8 = a6[j] + a7[j];
-      const R v9 = cv_sigmoid(v8);
-      const R v10 = cv_tanh(v4);
-      const R v11 = v9 * v10;  /* h */
-      o4[j] = v4;
-      k9[j] = v9;  /* kept for the backward loop */
-      k10[j] = v10;  /* kept for the backward loop */
-      o11[j] = v11;
-    }
-  }
+  cavs_loop(c, twotype_leaf_fwd_eager_g0, r0, n, D_H, 0);
   /* twotype.vf:36  concat */
 }
 
@@ -122,8 +134,8 @@ static void twotype_leaf_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
-/* vertex leaf, eager phase backward, then every parameter gradient of the type */
-static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
+/* twotype_leaf_bwd_eager, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_leaf_bwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -131,8 +143,6 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:36  concat */
-  /* group g0 backward, [n, H]: c h (lines 34 35) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d2 = G[3] + (size_t)(r) * (2*D_H);
     R *restrict d3 = PG[4];
@@ -143,7 +153,7 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
     const R *restrict k10 = V[5] + (size_t)(r) * D_H;
     const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];
       const R v10 = k10[j];
       R g4 = g4_in[j];
@@ -161,6 +171,20 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
       d3[j] += g4;  /* summed over rows */
     }
   }
+}
+
+/* vertex leaf, eager phase backward, then every parameter gradient of the type */
+static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* twotype.vf:36  concat */
+  /* group g0 backward, [n, H]: c h (lines 34 35) */
+  cavs_loop(c, twotype_leaf_bwd_eager_g0, r0, n, D_H, 0);
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
@@ -180,8 +204,8 @@ static void twotype_internal_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
-/* vertex internal, path phase: one task (rows of one level) */
-static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
+/* twotype_internal_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -189,20 +213,6 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[6];
@@ -225,7 +235,7 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     R *restrict k37 = V[16] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v10 = a8[j] + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
       const R v15 = a13[j] + a14[j];
@@ -253,6 +263,32 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
       o38[j] = v38;
     }
   }
+}
+
+/* vertex internal, path phase: one task (rows of one level) */
+static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* twotype.vf:41  s = gather */
+  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* twotype.vf:41  s = gather */
+  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* twotype.vf:42  hh = concat */
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
+  cavs_loop(c, twotype_internal_fwd_path_g0, r0, n, D_H, 0);
   /* twotype.vf:50  concat */
 }
 
@@ -282,8 +318,8 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* vertex internal, path phase backward: one task, in reverse order */
-static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
+/* twotype_internal_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -291,8 +327,6 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:50  concat */
-  /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d8 = G[6] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[6];
@@ -317,7 +351,7 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const R *restrict k37 = V[16] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     CAVS_IVDEP
-    for (long j = 0; j < D_H; j++) {
+    for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
       const R v16 = k16[j];  /* f_0 */
       const R v21 = k21[j];  /* f_1 */
@@ -371,6 +405,20 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
       d9[j] += g10;  /* summed over rows */
     }
   }
+}
+
+/* vertex internal, path phase backward: one task, in reverse order */
+static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  /* twotype.vf:50  concat */
+  /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
+  cavs_loop(c, twotype_internal_bwd_path_g0, r0, n, D_H, 0);
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -403,6 +451,27 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
+/* twotype_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void twotype_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
+    const R *restrict a3 = P[12];
+    R *restrict o4 = V[17] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v4 = a2[j] + a3[j];  /* logits */
+      o4[j] = v4;
+    }
+  }
+}
+
 /* push block, forward: all rows */
 static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -416,18 +485,31 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[11], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[12];
-    R *restrict o4 = V[17] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
-    }
-  }
+  cavs_loop(c, twotype_push_fwd_g0, r0, n, D_C, 0);
   /* twotype.vf:56  softmax_xent */
   cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+}
+
+/* twotype_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
+static void twotype_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d2 = G[18] + (size_t)(r) * D_C;
+    R *restrict d3 = PG[12];
+    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      R g4 = g4_in[j];
+      d2[j] = g4;  /* this loop alone writes it */
+      d3[j] += g4;  /* summed over rows */
+    }
+  }
 }
 
 /* push block, backward: all rows */
@@ -442,17 +524,7 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:56  softmax_xent */
   cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[18] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[12];
-    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
-    CAVS_IVDEP
-    for (long j = 0; j < D_C; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
-    }
-  }
+  cavs_loop(c, twotype_push_bwd_g0, r0, n, D_C, 0);
   /* line 55  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);

@@ -87,6 +87,10 @@ int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t by
 
 #define BE(c) ((c)->model->be)
 
+void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
+  BE(c)->loop(c, f, r0, n, width, alone);
+}
+
 void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                const void *b, long ldb, double beta, void *cm, long ldc) {
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);

@@ -69,6 +69,7 @@ typedef struct cv_backend {
                     long ldx, const void *w, long ldw, void *y, long ldy);
   void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
+  void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
   void (*gather_fwd)(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
   void (*gather_bwd)(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
   void (*lookup_fwd)(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

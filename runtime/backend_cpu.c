@@ -4,8 +4,10 @@
 #include "arith.h"
 #include "cv.h"
 #include "forms.h"
+#include "pool.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -40,15 +42,52 @@ static int cpu_probe(char *msg, size_t len) {
   return 0;
 }
 
-/* OpenBLAS's threads are the process's, not the model's: the last model made sets them. */
+/* The backend's state of one model (m->bs): its threads. */
+typedef struct Cpu {
+  cv_pool *pool; /* NULL: one thread */
+  int threads;
+} Cpu;
+
+static cv_pool *pool_of(const cavs_ctx *c) { return c->model->bs ? ((Cpu *)c->model->bs)->pool : NULL; }
+
+/* With threads > 1 the model has a pool of its own (pool.h) that runs the products, each
+   split into column blocks with OpenBLAS single-threaded inside each, and the fused
+   loops and large clears: one set of threads for everything. OpenBLAS's thread count is
+   the process's, not the model's: a model made with threads sets it to 1 (with 1 too:
+   one thread means one). */
 static int cpu_open(cavs_model *m, const cavs_model_opts *o) {
-  if (o && o->threads > 0) openblas_set_num_threads(o->threads);
+  Cpu *s = calloc(1, sizeof *s);
+  if (!s) return cv_fail_mem(m, "out of memory");
+  m->bs = s;
+  s->threads = o && o->threads > 0 ? o->threads : 1;
+  if (o && o->threads > 0) openblas_set_num_threads(1);
+  if (s->threads > 1 && !(s->pool = cv_pool_new(s->threads)))
+    return cv_fail(m, "cannot start %d threads: %s", s->threads, strerror(errno));
   return 0;
 }
 
 static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 static void cpu_release(void *p) { free(p); }
-static void cpu_zero(cavs_model *m, void *p, size_t bytes) { memset(p, 0, bytes); }
+/* a clear of many bytes, split over the threads in 4 KiB-aligned pieces */
+typedef struct ZeroJob {
+  char *p;
+  size_t bytes, per;
+} ZeroJob;
+static void zero_part(void *arg, int i) {
+  ZeroJob *z = arg;
+  size_t at = (size_t)i * z->per;
+  if (at < z->bytes) memset(z->p + at, 0, z->bytes - at < z->per ? z->bytes - at : z->per);
+}
+static void cpu_zero(cavs_model *m, void *p, size_t bytes) {
+  cv_pool *pool = m->bs ? ((Cpu *)m->bs)->pool : NULL;
+  int parts = cv_pool_threads(pool);
+  if (!pool || bytes < ((size_t)1 << 20)) {
+    memset(p, 0, bytes);
+    return;
+  }
+  ZeroJob z = {p, bytes, ((bytes + (size_t)parts - 1) / (size_t)parts + 4095) & ~(size_t)4095};
+  cv_pool_run(pool, zero_part, &z, parts);
+}
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 /* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
    pass counts the same on both. */
@@ -59,9 +98,74 @@ static int cpu_zero_rows(cavs_model *m, void *base, size_t row, const int *rows,
   for (int i = 0; i < n; i++) memset((char *)base + (size_t)rows[i] * row, 0, row);
   return 0;
 }
-static void cpu_close(cavs_model *m) {}
+static void cpu_close(cavs_model *m) {
+  Cpu *s = m->bs;
+  if (s) cv_pool_free(s->pool);
+  free(s);
+  m->bs = NULL;
+}
 static int cpu_schedule(cavs_model *m) { return 0; }
 static int cpu_synchronize(cavs_model *m) { return 0; }
+
+/* A product split over the pool: C's columns in blocks (op(B)'s columns: B's own, or its
+   rows when transposed), or its rows when it has too few columns; each block one
+   single-threaded gemm. Every element of C is the same dot product, in the same order,
+   whatever the split: the result does not depend on the thread count. */
+typedef struct GemmJob {
+  bool dbl;
+  enum CBLAS_TRANSPOSE A, B;
+  int m, n, k;
+  double alpha, beta;
+  const char *a, *b;
+  char *c;
+  long lda, ldb, ldc;
+  int parts;
+  bool by_rows;
+} GemmJob;
+
+static void gemm_part(void *arg, int i) {
+  const GemmJob *g = arg;
+  size_t es = g->dbl ? 8 : 4;
+  int len = g->by_rows ? g->m : g->n;
+  /* blocks of whole 16-element groups (64 bytes of floats) */
+  int per = ((len + g->parts - 1) / g->parts + 15) & ~15, at = i * per;
+  if (at >= len) return;
+  int cnt = len - at < per ? len - at : per;
+  const char *a = g->a, *b = g->b;
+  char *c = g->c;
+  int m = g->m, n = g->n;
+  if (g->by_rows) {
+    a += (size_t)at * (g->A == CblasNoTrans ? (size_t)g->lda : 1) * es;
+    c += (size_t)at * (size_t)g->ldc * es;
+    m = cnt;
+  } else {
+    b += (size_t)at * (g->B == CblasNoTrans ? 1 : (size_t)g->ldb) * es;
+    c += (size_t)at * es;
+    n = cnt;
+  }
+  if (g->dbl)
+    cblas_dgemm(CblasRowMajor, g->A, g->B, m, n, g->k, g->alpha, (const double *)a, (int)g->lda, (const double *)b,
+                (int)g->ldb, g->beta, (double *)c, (int)g->ldc);
+  else
+    cblas_sgemm(CblasRowMajor, g->A, g->B, m, n, g->k, (float)g->alpha, (const float *)a, (int)g->lda,
+                (const float *)b, (int)g->ldb, (float)g->beta, (float *)c, (int)g->ldc);
+}
+
+static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
+                       double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
+                       long ldc) {
+  cv_pool *pool = pool_of(c);
+  int parts = cv_pool_threads(pool);
+  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false};
+  /* below a megaflop, or without 32 columns (rows) a thread, one call */
+  if (!pool || 2.0 * m * n * k < 1e6 || (n < 32 * parts && m < 32 * parts)) {
+    g.parts = 1;
+    gemm_part(&g, 0);
+    return;
+  }
+  g.by_rows = n < 32 * parts;
+  cv_pool_run(pool, gemm_part, &g, parts);
+}
 
 static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                      const void *b, long ldb, double beta, void *cm, long ldc) {
@@ -96,11 +200,8 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
     int ia = ta == CAVS_TRANS ? 1 : (int)lda, ib = tb == CAVS_TRANS ? (int)ldb : 1;
     if (DBL(c)) cblas_dger(CblasRowMajor, m, n, alpha, a, ia, b, ib, cm, (int)ldc);
     else cblas_sger(CblasRowMajor, m, n, (float)alpha, a, ia, b, ib, cm, (int)ldc);
-  } else if (DBL(c))
-    cblas_dgemm(CblasRowMajor, A, B, m, n, k, alpha, a, (int)lda, b, (int)ldb, beta, cm, (int)ldc);
-  else
-    cblas_sgemm(CblasRowMajor, A, B, m, n, k, (float)alpha, a, (int)lda, b, (int)ldb, (float)beta, cm,
-                (int)ldc);
+  } else
+    gemm_parts(c, A, B, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
   cavs_backend_stats *st = &c->model->stats;
   st->gemm_seconds += now_s() - t0;
   st->gemm_flops += 2.0 * m * n * k;
@@ -122,6 +223,30 @@ static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, 
 static void cpu_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                           const void *w, long ldw, void *y, long ldy) {
   cv_gemm_skip_with(cpu_gemm, zero_rows, c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+/* A fused loop in column blocks of 16 (64 bytes of floats), when there is enough of it */
+typedef struct LoopJob {
+  cavs_ctx *c;
+  cavs_cols f;
+  int r0, n, parts;
+  long width;
+} LoopJob;
+static void loop_part(void *arg, int i) {
+  const LoopJob *l = arg;
+  long per = ((l->width + l->parts - 1) / l->parts + 15) & ~15L, j0 = i * per;
+  if (j0 < l->width) l->f(l->c, l->r0, l->n, j0, l->width - j0 < per ? l->width : j0 + per);
+}
+static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
+  cv_pool *pool = pool_of(c);
+  int parts = cv_pool_threads(pool);
+  if (n <= 0 || width <= 0) return;
+  if (!pool || alone || width < 32L * parts || (long)n * width < 16384) {
+    f(c, r0, n, 0, width);
+    return;
+  }
+  LoopJob l = {c, f, r0, n, parts, width};
+  cv_pool_run(pool, loop_part, &l, parts);
 }
 
 static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
@@ -212,6 +337,7 @@ const cv_backend cv_backend_cpu = {
     .gemm = cpu_gemm,
     .gemm_rows = cpu_gemm_rows,
     .gemm_skip = cpu_gemm_skip,
+    .loop = cpu_loop,
     .gather_fwd = cpu_gather_fwd,
     .gather_bwd = cpu_gather_bwd,
     .lookup_fwd = cpu_lookup_fwd,

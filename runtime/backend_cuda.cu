@@ -446,6 +446,12 @@ static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, con
   CKL(model(c));
 }
 
+/* The C target's loops run on the host: never on this backend (the targets must match),
+   but the slot is filled */
+static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
+  record(model(c), __FILE__, __LINE__, "a C target's loop on the cuda backend");
+}
+
 static void cuda_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
   long w = model(c)->bw[d->state_buf];
@@ -813,6 +819,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_gemm,
     cuda_gemm_rows,
     cuda_gemm_skip,
+    cuda_loop,
     cuda_gather_fwd,
     cuda_gather_bwd,
     cuda_lookup_fwd,

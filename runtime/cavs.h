@@ -92,8 +92,11 @@ const char *cavs_backend_name(int i); /* i in [0, cavs_backend_count()), else NU
 int cavs_backend_probe(const char *name, char *msg, size_t len);
 typedef struct cavs_model_opts {
   const char *backend; /* NULL or "": "cpu" */
-  int threads;         /* the backend's threads (OpenBLAS's on the CPU, which are shared by
-                          the whole process); 0: leave them as they are */
+  int threads;         /* the model's threads: on the CPU a pool of its own that runs the
+                          products (split in blocks, OpenBLAS single-threaded inside each:
+                          a model made with threads sets OpenBLAS's, the process's, to 1),
+                          the fused loops and large clears; 0: one, and OpenBLAS's
+                          threads left as they are */
   int one_stream;      /* 1: a backend with streams issues everything to one, so the eager
                           phase does not overlap the path tasks (an ablation); 0: it
                           overlaps where the backend can (CUDA) */

@@ -27,7 +27,7 @@ extern "C" {
 
 /* 2: the contract moved out of cavs.h into this header; kinds and forms named.
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
- *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind. */
+ *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop. */
 #define CAVS_ABI_VERSION 3
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -291,6 +291,13 @@ void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int fo
  * children): its first `skip` rows are zero. */
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
+/* A fused loop of the C target over rows [r0, r0+n) and columns [j0, j1). */
+typedef void (*cavs_cols)(cavs_ctx *c, int r0, int n, long j0, long j1);
+/* Runs f over rows [r0, r0+n) and columns [0, width): in column blocks on the backend's
+ * threads where it has several (each column's cells, a vector parameter's gradient
+ * included, are one thread's), or in one call where `alone` (the loop adds to two
+ * gradients that may overlap). */
+void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
 /* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
 void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
 /* dstate[child k of row r] += src[r] for r in [r0, r0+n). */

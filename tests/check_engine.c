@@ -279,6 +279,61 @@ START_TEST(backend_stats_count_products) {
 }
 END_TEST
 
+/* Two threads split the products into column (or row) blocks and the fused loops into
+ * column blocks. Each block is one thread's, so two runs with two threads give the same
+ * bits (whichever thread takes which block), and one thread the same numbers but for
+ * rounding: OpenBLAS may sum a narrower product in another order. A lost or doubled
+ * update (two threads on one cell, a block run twice or never) would show. The sizes
+ * are past the splits' thresholds (a megaflop a product, 16384 cells a loop). */
+START_TEST(threads_do_not_change_results) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "E")] = 96;
+  dims[find_dim(d, "H")] = 160;
+  dims[find_dim(d, "V")] = 300;
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  unsigned seed = 5;
+  for (int k = 0; k < TG_MINIBATCH; k++) {
+    tg_tree(&g[k], 100 + 13 * k, 2, false, &seed, 0, 0);
+    tg_features(&g[k], d, dims, &seed);
+    gs[k] = &g[k].g;
+  }
+  /* one thread, two, two again */
+  cavs_model *m[3];
+  for (int t = 0; t < 3; t++) {
+    char err[512];
+    m[t] = cavs_model_new_opts(d, dims, &(cavs_model_opts){.backend = "cpu", .threads = t ? 2 : 1}, err, sizeof err);
+    ck_assert_msg(m[t] != NULL, "%s", err);
+    cavs_model_init(m[t], 3);
+  }
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
+  for (int step = 0; step < 2; step++) {
+    cavs_stats s[3];
+    for (int t = 0; t < 3; t++) {
+      ck_assert_msg(cavs_model_forward(m[t], gs, TG_MINIBATCH, &s[t]) == 0, "%s", cavs_model_error(m[t]));
+      cavs_model_backward(m[t]);
+    }
+    ck_assert_msg(s[1].loss == s[2].loss, "loss %.9g, then %.9g with two threads", s[1].loss, s[2].loss);
+    ck_assert_msg(fabs(s[0].loss - s[1].loss) <= 1e-6 * fabs(s[0].loss), "loss %.9g with one thread, %.9g with two",
+                  s[0].loss, s[1].loss);
+    size_t n[3];
+    const float *gr[3];
+    for (int t = 0; t < 3; t++) gr[t] = cavs_model_grads_flat(m[t], &n[t]);
+    ck_assert(n[0] == n[1] && n[1] == n[2]);
+    ck_assert_msg(!memcmp(gr[1], gr[2], n[1] * sizeof *gr[1]), "step %d: two runs with two threads differ", step);
+    double scale = 0;
+    for (size_t i = 0; i < n[0]; i++) scale = fmax(scale, fabs(gr[0][i]));
+    for (size_t i = 0; i < n[0]; i++)
+      if (fabs(gr[0][i] - gr[1][i]) > 1e-4 * fmax(fabs(gr[0][i]), 1e-2 * scale))
+        ck_abort_msg("step %d: gradient %zu: %.9g with one thread, %.9g with two", step, i, gr[0][i], gr[1][i]);
+    for (int t = 0; t < 3; t++) ck_assert(cavs_model_step(m[t], &o) == 0);
+  }
+  for (int t = 0; t < 3; t++) cavs_model_free(m[t]);
+}
+END_TEST
+
 /* A descriptor generated against another ABI is refused before anything in it but its
  * version is read, with a message that says what to do. */
 START_TEST(abi_mismatch_is_refused) {
@@ -365,6 +420,7 @@ int main(void) {
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
+  tcase_add_test(tc, threads_do_not_change_results);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);

@@ -231,8 +231,8 @@ START_TEST(treelstm_classes) {
   int units[3] = {0};
   for (int u = 0; u < f->nunits; u++) units[f->units[u].cls]++;
   ck_assert_int_eq(units[CLS_EAGER], 2);
-  /* the cell's forward is one loop, and so is its backward: the emitted code has one
-     forward and one backward loop for the cell's group */
+  /* the cell's forward is one loop, and so is its backward: the emitted code runs one
+     forward and one backward loop function for the cell's group */
   char *hbuf, *cbuf;
   size_t hl, cl;
   FILE *h = open_memstream(&hbuf, &hl), *c = open_memstream(&cbuf, &cl);
@@ -241,8 +241,8 @@ START_TEST(treelstm_classes) {
   fclose(h);
   fclose(c);
   char fwd[64], bwd[64];
-  snprintf(fwd, sizeof fwd, "group g%d forward", cell_group);
-  snprintf(bwd, sizeof bwd, "group g%d backward", cell_group);
+  snprintf(fwd, sizeof fwd, "cavs_loop(c, treelstm_tree_fwd_path_g%d,", cell_group);
+  snprintf(bwd, sizeof bwd, "cavs_loop(c, treelstm_tree_bwd_path_g%d,", cell_group);
   int nf = 0, nb = 0;
   for (char *p = cbuf; (p = strstr(p, fwd)); p++) nf++;
   for (char *p = cbuf; (p = strstr(p, bwd)); p++) nb++;
