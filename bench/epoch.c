@@ -3,10 +3,13 @@
  * and an Adam step, exactly what training does (or, with --infer, forward passes only).
  * Prints one line per run: the settings, seconds per epoch, graphs/s, the share of time
  * in matrix products, the products' GFLOP/s, and that against this machine's own sgemm
- * rate (measured once, on a large product: the floor that batching aims for).
+ * rate (measured once, on a large product: the floor that batching aims for); then
+ * where the time went (products, row operations, fused loops, clears, optimizer,
+ * scheduling, the rest) and the process's peak memory.
  *
  *   bench/epoch [--policy bfs|serial] [--batch 64] [--dim H=256] [--threads 2]
- *               [--epochs 1] [--limit N] [--infer] MODEL FORMAT FILE
+ *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] MODEL FORMAT FILE
+ * --no-eager and --no-lazy run those phases task by task (cavs_model_set_ablations). 
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
@@ -17,6 +20,7 @@
 
 #include <cblas.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -46,11 +50,16 @@ static double sgemm_rate(void) {
 
 int main(int argc, char **argv) {
   const char *policy = "bfs", *dimset[CAVS_MAX_DIMS];
-  int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0, infer = 0;
+  int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0, infer = 0, ablate = 0;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i += 2) {
-    if (!strcmp(argv[i], "--infer")) {
-      infer = 1;
+    int flag = !strcmp(argv[i], "--infer")      ? 1
+               : !strcmp(argv[i], "--no-eager") ? 2
+               : !strcmp(argv[i], "--no-lazy")  ? 3
+                                                : 0;
+    if (flag) {
+      if (flag == 1) infer = 1;
+      else ablate |= flag == 2 ? CAVS_NO_EAGER : CAVS_NO_LAZY;
       i--;
       continue;
     }
@@ -109,6 +118,7 @@ int main(int argc, char **argv) {
   }
   cavs_model_init(m, 1);
   cavs_model_set_policy(m, strcmp(policy, "serial") ? CAVS_BFS : CAVS_SERIAL);
+  cavs_model_set_ablations(m, ablate);
   int n = cavs_dataset_count(ds);
   if (limit && limit < n) n = limit;
   const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);
@@ -149,6 +159,14 @@ int main(int argc, char **argv) {
            vertices, tload, secs, n / secs, loss / batches, count ? (double)correct / (double)count : 0.0);
     printf(" gemm=%.0f%% gemm_gflops=%.1f overall_gflops=%.1f sgemm_floor=%.1f (%.0f%% of it)\n", 100 * gsecs / secs,
            gflops / gsecs / 1e9, gflops / secs / 1e9, floor_rate, 100 * gflops / secs / 1e9 / floor_rate);
+    double other = secs - gsecs - bs.rows_seconds - bs.loop_seconds - bs.zero_seconds - bs.step_seconds -
+                   bs.schedule_seconds;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs, fused loops %.2fs, clears %.2fs, "
+           "optimizer %.2fs, scheduling %.2fs, other %.2fs; %ld launches/batch; peak memory %.0f MB\n",
+           gsecs, bs.rows_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, other,
+           bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0);
     fflush(stdout);
   }
   free(gs);

@@ -20,6 +20,8 @@
 extern const char *prog; /* "cavs": the start of every message */
 /* how models are made: the backend (--device) and its threads (--threads) */
 extern cavs_model_opts model_opts;
+/* what --no-eager, --no-lazy and --policy ask of every model made (ablations) */
+extern int model_ablations, model_policy;
 
 _Noreturn void die(int status, const char *fmt, ...);
 /* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */

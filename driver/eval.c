@@ -110,6 +110,8 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   errno = 0;
   c.m = keep(cavs_model_new_opts(c.L.desc, dims, &model_opts, err, sizeof err));
   if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
+  cavs_model_set_policy(c.m, model_policy);
+  cavs_model_set_ablations(c.m, model_ablations);
   if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
   c.v = keep(cavs_ckpt_vocab(c.ck));
   if (!c.v) die(1, "%s: damaged vocabulary", path);

@@ -80,6 +80,7 @@ static const char usage[] =
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
+    "  ablations: --policy bfs|serial  --no-eager  --no-lazy\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -109,7 +110,8 @@ int main(int argc, char **argv) {
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
-      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {0, 0, 0, 0}};
+      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'},
+      {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {0, 0, 0, 0}};
   optind = 2;
   int ch;
   const char *positional = NULL;
@@ -129,6 +131,13 @@ int main(int argc, char **argv) {
     case 'G': model_opts.backend = optarg; break;
     case 'o': model_opts.one_stream = 1; break;
     case 'g': model_opts.graphs = 1; break;
+    case 'P':
+      if (!strcmp(optarg, "bfs")) model_policy = CAVS_BFS;
+      else if (!strcmp(optarg, "serial")) model_policy = CAVS_SERIAL;
+      else die(1, "--policy: '%s' is not bfs or serial", optarg);
+      break;
+    case 'E': model_ablations |= CAVS_NO_EAGER; break;
+    case 'Z': model_ablations |= CAVS_NO_LAZY; break;
     case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;
     case 's': o.seed = parse_u64("seed", optarg); break;
     case 'l': o.optim.lr = parse_real("lr", optarg, 0, 1e30, true); o.set_lr = true; break;

@@ -130,6 +130,8 @@ int cmd_train(TrainOpts *o) {
   errno = 0;
   cavs_model *m = keep(cavs_model_new_opts(d, dims, &model_opts, err, sizeof err));
   if (!m) lib_die(err);
+  cavs_model_set_policy(m, model_policy);
+  cavs_model_set_ablations(m, model_ablations);
   cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
                          .threads = o->threads, .batch = o->batch, .optim = o->optim};
   const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);

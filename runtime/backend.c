@@ -96,8 +96,8 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
 }
 
-void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
-                    const void *w, long ldw, void *y, long ldy) {
+void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
+                    long ldx, const void *w, long ldw, void *y, long ldy) {
   BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 

@@ -31,12 +31,6 @@
 
 #define DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int cpu_probe(char *msg, size_t len) {
   if (len) *msg = 0;
   return 0;
@@ -81,21 +75,29 @@ static void zero_part(void *arg, int i) {
 static void cpu_zero(cavs_model *m, void *p, size_t bytes) {
   cv_pool *pool = m->bs ? ((Cpu *)m->bs)->pool : NULL;
   int parts = cv_pool_threads(pool);
-  if (!pool || bytes < ((size_t)1 << 20)) {
-    memset(p, 0, bytes);
-    return;
+  double t0 = cv_now();
+  if (!pool || bytes < ((size_t)1 << 20)) memset(p, 0, bytes);
+  else {
+    ZeroJob z = {p, bytes, ((bytes + (size_t)parts - 1) / (size_t)parts + 4095) & ~(size_t)4095};
+    cv_pool_run(pool, zero_part, &z, parts);
   }
-  ZeroJob z = {p, bytes, ((bytes + (size_t)parts - 1) / (size_t)parts + 4095) & ~(size_t)4095};
-  cv_pool_run(pool, zero_part, &z, parts);
+  m->stats.zero_seconds += cv_now() - t0;
 }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 /* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
    pass counts the same on both. */
 #define LAUNCH(c, cond) ((c)->model->stats.launches += (cond) ? 1 : 0)
+/* the seconds a statement takes, added to one of the model's timers */
+#define TIMED(m, field, stmt)                                                                  \
+  do {                                                                                         \
+    double t0_ = cv_now();                                                                     \
+    stmt;                                                                                      \
+    (m)->stats.field += cv_now() - t0_;                                                        \
+  } while (0)
 
 static int cpu_zero_rows(cavs_model *m, void *base, size_t row, const int *rows, int n) {
   m->stats.launches += n > 0;
-  for (int i = 0; i < n; i++) memset((char *)base + (size_t)rows[i] * row, 0, row);
+  TIMED(m, zero_seconds, for (int i = 0; i < n; i++) memset((char *)base + (size_t)rows[i] * row, 0, row));
   return 0;
 }
 static void cpu_close(cavs_model *m) {
@@ -182,7 +184,7 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
   }
   enum CBLAS_TRANSPOSE A = ta == CAVS_TRANS ? CblasTrans : CblasNoTrans;
   enum CBLAS_TRANSPOSE B = tb == CAVS_TRANS ? CblasTrans : CblasNoTrans;
-  double t0 = now_s();
+  double t0 = cv_now();
   /* A single row (one vertex: batch size 1, a tree's top levels, --policy serial) is a
      matrix-vector product, and a single-row parameter gradient an outer product: gemv
      and ger, without the packing gemm does for its blocks (most of an M=1 gemm's time).
@@ -203,7 +205,7 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
   } else
     gemm_parts(c, A, B, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
   cavs_backend_stats *st = &c->model->stats;
-  st->gemm_seconds += now_s() - t0;
+  st->gemm_seconds += cv_now() - t0;
   st->gemm_flops += 2.0 * m * n * k;
   st->gemm_calls++;
 }
@@ -211,11 +213,12 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
 static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
   size_t es = DBL(c) ? 8 : 4;
   LAUNCH(c, len > 0);
-  for (int r = a; r < a + len; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es);
+  TIMED(c->model, zero_seconds,
+        for (int r = a; r < a + len; r++) memset((char *)y + (size_t)r * (size_t)ldy * es, 0, (size_t)cols * es));
 }
 
-static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
-                          long ldx, const void *w, long ldw, void *y, long ldy) {
+static void cpu_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
+                          const void *x, long ldx, const void *w, long ldw, void *y, long ldy) {
   /* every run its own product: a zero row costs flops here, a call very little */
   cv_gemm_rows_with(cpu_gemm, zero_rows, c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, INT_MAX);
 }
@@ -241,77 +244,88 @@ static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int al
   cv_pool *pool = pool_of(c);
   int parts = cv_pool_threads(pool);
   if (n <= 0 || width <= 0) return;
-  if (!pool || alone || width < 32L * parts || (long)n * width < 16384) {
-    f(c, r0, n, 0, width);
-    return;
+  double t0 = cv_now();
+  if (!pool || alone || width < 32L * parts || (long)n * width < 16384) f(c, r0, n, 0, width);
+  else {
+    LoopJob l = {c, f, r0, n, parts, width};
+    cv_pool_run(pool, loop_part, &l, parts);
   }
-  LoopJob l = {c, f, r0, n, parts, width};
-  cv_pool_run(pool, loop_part, &l, parts);
+  c->model->stats.loop_seconds += cv_now() - t0;
 }
 
 static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
-  else gather_fwd_f(c, k, dst, ld, r0, n);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
+        else gather_fwd_f(c, k, dst, ld, r0, n));
 }
 
 static void cpu_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  if (DBL(c)) gather_bwd_d(c, k, src, ld, r0, n);
-  else gather_bwd_f(c, k, src, ld, r0, n);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) gather_bwd_d(c, k, src, ld, r0, n);
+        else gather_bwd_f(c, k, src, ld, r0, n));
 }
 
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,
                            int n, long width) {
   LAUNCH(c, n > 0 && width > 0);
-  if (DBL(c)) lookup_fwd_d(table, ldt, idx, dst, ld, r0, n, width);
-  else lookup_fwd_f(table, ldt, idx, dst, ld, r0, n, width);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) lookup_fwd_d(table, ldt, idx, dst, ld, r0, n, width);
+        else lookup_fwd_f(table, ldt, idx, dst, ld, r0, n, width));
 }
 
 static void cpu_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0,
                            int n, long width) {
   LAUNCH(c, n > 0 && width > 0);
-  if (DBL(c)) lookup_bwd_d(dtable, ldt, idx, src, ld, r0, n, width);
-  else lookup_bwd_f(dtable, ldt, idx, src, ld, r0, n, width);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) lookup_bwd_d(dtable, ldt, idx, src, ld, r0, n, width);
+        else lookup_bwd_f(dtable, ldt, idx, src, ld, r0, n, width));
 }
 
 static void cpu_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
   LAUNCH(c, n > 0 && w > 0);
-  if (DBL(c)) copy_rows_d(dst, ldd, src, lds, n, w, add);
-  else copy_rows_f(dst, ldd, src, lds, n, w, add);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) copy_rows_d(dst, ldd, src, lds, n, w, add);
+        else copy_rows_f(dst, ldd, src, lds, n, w, add));
 }
 
 static void cpu_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
   LAUNCH(c, n > 0);
-  if (DBL(c)) xent_fwd_d(c, loss, z, ld, label, r0, n, w);
-  else xent_fwd_f(c, loss, z, ld, label, r0, n, w);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) xent_fwd_d(c, loss, z, ld, label, r0, n, w);
+        else xent_fwd_f(c, loss, z, ld, label, r0, n, w));
 }
 
 static void cpu_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd,
                          int r0, int n, long w) {
   LAUNCH(c, n > 0 && c->loss[loss].count);
-  if (DBL(c)) xent_bwd_d(c, loss, z, ld, label, dz, ldd, r0, n, w);
-  else xent_bwd_f(c, loss, z, ld, label, dz, ldd, r0, n, w);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) xent_bwd_d(c, loss, z, ld, label, dz, ldd, r0, n, w);
+        else xent_bwd_f(c, loss, z, ld, label, dz, ldd, r0, n, w));
 }
 
 static void cpu_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n,
                         long w) {
   LAUNCH(c, n > 0);
-  if (DBL(c)) mse_fwd_d(c, loss, p, ld, t, ldt, r0, n, w);
-  else mse_fwd_f(c, loss, p, ld, t, ldt, r0, n, w);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) mse_fwd_d(c, loss, p, ld, t, ldt, r0, n, w);
+        else mse_fwd_f(c, loss, p, ld, t, ldt, r0, n, w));
 }
 
 static void cpu_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
                         int r0, int n, long w) {
   LAUNCH(c, n > 0 && c->loss[loss].count);
-  if (DBL(c)) mse_bwd_d(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
-  else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
+  TIMED(c->model, rows_seconds,
+        if (DBL(c)) mse_bwd_d(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
+        else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w));
 }
 
 static int cpu_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
                     double eps) {
-  if (m->esize == 8) step_d(m, o, sp, ns, b1, b2, eps);
-  else step_f(m, o, sp, ns, b1, b2, eps);
+  TIMED(m, step_seconds,
+        if (m->esize == 8) step_d(m, o, sp, ns, b1, b2, eps);
+        else step_f(m, o, sp, ns, b1, b2, eps));
   return 0;
 }
 

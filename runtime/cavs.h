@@ -115,12 +115,25 @@ typedef struct cavs_backend_stats {
   long gemm_calls;
   double gemm_seconds, gemm_flops;
   long launches;
+  /* where the rest of the time went, on the cpu backend (on cuda, whose calls return
+     before the device is done, only the host's scheduling is timed): the row
+     operations (gathers, scatters, lookups, row copies, losses), the fused loops, the
+     clears, the optimizer steps, and the scheduler's own work (levels, rows, tasks, the
+     passes' plans) */
+  double rows_seconds, loop_seconds, zero_seconds, step_seconds, schedule_seconds;
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);
 void cavs_model_init(cavs_model *m, uint64_t seed);
 /* The scheduling policy: BFS batching (default), or one vertex per task. */
 void cavs_model_set_policy(cavs_model *m, int policy);
+/* Ablations, to measure what a phase is worth: the eager phase run task by task, each
+ * task's rows just before (forward) or after (backward) its path stage, instead of once
+ * over all rows of a type (CAVS_NO_EAGER); the lazy phase task by task too
+ * (CAVS_NO_LAZY). Same results but for the rounding of parameter gradients summed in
+ * pieces. */
+enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2 };
+void cavs_model_set_ablations(cavs_model *m, int flags);
 /* Forward pass over k graphs; returns 0, or -1 with a message in cavs_model_error(). */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
 /* Backward pass of the last forward: fills every parameter gradient. */

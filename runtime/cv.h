@@ -37,6 +37,7 @@ struct cavs_model {
   cavs_ctx ctx;
   size_t esize; /* 4 (float) or 8 (double) */
   int policy;
+  int ablate; /* enum cavs_ablation */
   char err[512];
   /* parameters: one block, groups pointing into it */
   size_t nflat;
@@ -100,6 +101,8 @@ int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2
 /* the same for a failure to get memory: also sets errno to ENOMEM */
 int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* seconds on the monotonic clock (tensor.c) */
+double cv_now(void);
 /* scheduler.c */
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
 /* The steps of the forward or backward pass of the scheduled minibatch into m->plan;

@@ -293,7 +293,8 @@ static int eager_chunk(cavs_model *m, int c, bool bwd) {
 int cavs_plan_forward(cavs_model *m) {
   const cavs_desc *d = m->d;
   int N = m->rows, T = d->nvertex;
-  bool two = m->overlap && m->nlevels > 1;
+  bool eager = !(m->ablate & CAVS_NO_EAGER), lazy = !(m->ablate & CAVS_NO_LAZY);
+  bool two = m->overlap && m->nlevels > 1 && eager;
   int last = chunk_of(m->nlevels - 1);
   m->nplan = 0;
   m->plan_pass = 0;
@@ -305,17 +306,21 @@ int cavs_plan_forward(cavs_model *m) {
     if (ctl(m, CV_STREAM, 0)) return -1;
   } else {
     if (run(m, d->pull_fwd, 0, N, 0)) return -1;
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T && eager; t++)
       if (run(m, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   }
   int waited = -1;
   for (int i = 0; i < m->ntask; i++) {
     int c = chunk_of(m->task_level[i]);
+    const cavs_vertex_desc *v = &d->vertex[m->task_type[i]];
     if (two && c > waited && ctl(m, CV_WAIT, waited = c)) return -1;
-    if (run(m, d->vertex[m->task_type[i]].fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i])) return -1;
+    if ((!eager && run(m, v->fwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
+        run(m, v->fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
+        (!lazy && run(m, v->fwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
+      return -1;
   }
   if (two && waited < last && ctl(m, CV_WAIT, last)) return -1;
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T && lazy; t++)
     if (run(m, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   if (d->push_fwd) {
     /* The push block runs over every row, its products included; the rows of a type
@@ -338,15 +343,20 @@ int cavs_plan_backward(cavs_model *m) {
   int N = m->rows, T = d->nvertex;
   /* the eager stages may run beside the path tasks only where they add to parameter
      gradients no other stage adds to (two streams adding to one would race) */
-  bool two = m->overlap && m->nlevels > 1;
+  bool eager = !(m->ablate & CAVS_NO_EAGER), lazy = !(m->ablate & CAVS_NO_LAZY);
+  bool two = m->overlap && m->nlevels > 1 && eager;
   for (int t = 0; t < T; t++) two = two && d->vertex[t].eager_apart;
   m->nplan = 0;
   m->plan_pass = 1;
   if (run(m, d->push_bwd, 0, N, 0)) return -1;
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T && lazy; t++)
     if (run(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   for (int i = m->ntask - 1; i >= 0; i--) {
-    if (run(m, d->vertex[m->task_type[i]].bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i])) return -1;
+    const cavs_vertex_desc *v = &d->vertex[m->task_type[i]];
+    if ((!lazy && run(m, v->bwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
+        run(m, v->bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
+        (!eager && run(m, v->bwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
+      return -1;
     int l = m->task_level[i];
     /* the tasks of levels l and up are done when this is the first of level l; every
        level has a task, so every chunk's first level comes */
@@ -361,7 +371,7 @@ int cavs_plan_backward(cavs_model *m) {
     if (ctl(m, CV_STREAM, 1) || ctl(m, CV_RECORD, EV_END) || ctl(m, CV_STREAM, 0) || ctl(m, CV_WAIT, EV_END))
       return -1;
   } else
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T && eager; t++)
       if (run(m, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   return run(m, d->pull_bwd, 0, N, 0);
 }
@@ -423,9 +433,12 @@ int cavs_run_plan(cavs_model *m) {
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
+  double t0 = cv_now();
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
-  if (cavs_plan_forward(m) || cavs_run_plan(m)) return -1;
+  if (cavs_plan_forward(m)) return -1;
+  m->stats.schedule_seconds += cv_now() - t0;
+  if (cavs_run_plan(m)) return -1;
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;
   if (st) {
@@ -472,7 +485,10 @@ void cavs_model_backward(cavs_model *m) {
   cv_sparse_reset(m);
   /* a failure shows in the next call that returns a status (the step, a forward pass):
      the plan's (memory for its steps) through launch_failed */
-  if (cavs_plan_backward(m) || cavs_run_plan(m)) m->launch_failed = true;
+  double t0 = cv_now();
+  if (cavs_plan_backward(m)) m->launch_failed = true;
+  m->stats.schedule_seconds += cv_now() - t0;
+  if (!m->launch_failed && cavs_run_plan(m)) m->launch_failed = true;
   m->be->synchronize(m);
 }
 

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Both read only the dims the width depends on, all below the model's ndims: callers pass
@@ -350,7 +351,14 @@ int cv_grow_rows(cavs_model *m, int rows) {
 const cavs_desc *cavs_model_desc(const cavs_model *m) { return m->d; }
 const char *cavs_model_error(const cavs_model *m) { return m->err; }
 long cavs_model_dim(const cavs_model *m, int dim) { return m->ctx.dims[dim]; }
+double cv_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 void cavs_model_set_policy(cavs_model *m, int policy) { m->policy = policy; }
+void cavs_model_set_ablations(cavs_model *m, int flags) { m->ablate = flags; }
 
 static void *param_at(cavs_model *m, void *const *base, int i, long *rows, long *cols, long *ld) {
   const cavs_param_desc *p = &m->d->params[i];

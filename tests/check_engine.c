@@ -42,7 +42,9 @@ END_TEST
  * 1e-4 relative: one row is a matrix-vector product (gemv, ger) and a batch a matrix
  * product, whose sums run in other orders, and float keeps seven digits (in float, a DAG's
  * many paths let rounding differ more still: the double run shows it is only that). */
-static void batched_vs_serial(const char *file, const char *prec, bool dags, double tol) {
+/* Batched against one vertex a task (ablate 0), or against the eager and lazy phases
+ * run task by task (ablate: enum cavs_ablation). */
+static void batched_vs(const char *file, const char *prec, bool dags, double tol, int ablate) {
   const cavs_desc *d = load_model(file, prec);
   bool dbl = !strcmp(prec, "double");
   long dims[CAVS_MAX_DIMS];
@@ -50,11 +52,12 @@ static void batched_vs_serial(const char *file, const char *prec, bool dags, dou
   const cavs_graph *gs[TG_MINIBATCH];
   int k_graphs = tg_minibatch(d, dims, g, gs, dags);
   cavs_model *a = new_model(d, dims, 5), *b = new_model(d, dims, 5);
-  cavs_model_set_policy(b, CAVS_SERIAL);
+  if (ablate) cavs_model_set_ablations(b, ablate);
+  else cavs_model_set_policy(b, CAVS_SERIAL);
   cavs_stats sa, sb;
   ck_assert(cavs_model_forward(a, gs, k_graphs, &sa) == 0);
   ck_assert(cavs_model_forward(b, gs, k_graphs, &sb) == 0);
-  ck_assert_msg(sb.tasks > sa.tasks, "serial ran %d tasks, batched %d", sb.tasks, sa.tasks);
+  ck_assert_msg(ablate || sb.tasks > sa.tasks, "serial ran %d tasks, batched %d", sb.tasks, sa.tasks);
   ck_assert_msg(fabs(sa.loss - sb.loss) <= tol * fabs(sa.loss), "%s: loss %.12g vs %.12g", file, sa.loss, sb.loss);
   ck_assert_int_eq(sa.correct, sb.correct);
   cavs_model_backward(a);
@@ -76,14 +79,23 @@ static void batched_vs_serial(const char *file, const char *prec, bool dags, dou
 START_TEST(batched_equals_serial) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
-  batched_vs_serial(file, "float", false, 1e-4);
+  batched_vs(file, "float", false, 1e-4, 0);
 }
 END_TEST
 
 START_TEST(batched_equals_serial_dags) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
-  batched_vs_serial(file, "double", true, 1e-11);
+  batched_vs(file, "double", true, 1e-11, 0);
+}
+END_TEST
+
+/* --no-eager and --no-lazy change where those phases run, not what they compute. */
+START_TEST(ablations_change_nothing) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  batched_vs(file, "double", true, 1e-11, CAVS_NO_EAGER | CAVS_NO_LAZY);
+  batched_vs(file, "double", true, 1e-11, CAVS_NO_EAGER);
 }
 END_TEST
 
@@ -415,6 +427,7 @@ int main(void) {
   tcase_add_loop_test(tc, golden, 0, 5);
   tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
+  tcase_add_loop_test(tc, ablations_change_nothing, 0, 5);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, model_without_dims_or_inputs);
