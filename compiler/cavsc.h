@@ -359,6 +359,9 @@ typedef struct Model {
   int npgroups, cappgroups;
   Buf *bufs;
   int nbufs, capbufs;
+  /* ablations (cavsc --no-fuse, --no-merge): every elementwise node a loop of its own;
+     no products merged or stacked */
+  bool no_fuse, no_merge;
   int state_buf, push_buf;
   int *pull_buf; /* per pull slot: the buffer holding it */
 } Model;

@@ -182,7 +182,10 @@ static const Place *loaded(const IrFunc *f, int x) {
 static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
   const Group *g = &f->groups[gi];
   Loop l = {.f = f, .group = gi, .bwd = bwd, .width = g->width, .may_alias = bwd && grads_may_alias(f, g, gi)};
-  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(3 * g->n + 1));
+  /* at most two a member (its kept or loaded value, and its value or gradient in a
+     buffer) and two an outside operand (its value and its gradient), of which there
+     are at most two a member */
+  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(6 * g->n + 1));
   bool *seen = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];

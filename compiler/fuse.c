@@ -26,11 +26,11 @@ static bool is_ew(const IrNode *n) {
   return op_info[n->op].kind == OK_EW && n->type == T_ROW && n->uses > 0;
 }
 
-static void fuse_groups(IrFunc *f) {
+static void fuse_groups(IrFunc *f, bool no_fuse) {
   int n = f->n;
   int *parent = malloc(sizeof(int) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) parent[i] = i;
-  bool can_fuse = n <= FUSE_MAX_NODES;
+  bool can_fuse = n <= FUSE_MAX_NODES && !no_fuse;
   size_t words = ((size_t)n + 63) / 64;
   uint64_t *reach = can_fuse ? calloc((size_t)n * words, sizeof(uint64_t)) : NULL;
   for (int i = 0; can_fuse && i < n; i++) {
@@ -170,6 +170,7 @@ static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const 
   f->merges = arena_alloc(sizeof(MatMerge) * (size_t)(f->n + 1));
   f->nmerges = 0;
   for (int i = 0; i < f->n; i++) f->nodes[i].mm = -1;
+  if (m->no_merge) return;
   for (int i = 0; i < f->n; i++) {
     IrNode *ni = &f->nodes[i];
     if (ni->op != OP_MATMUL || ni->uses == 0 || ni->mm >= 0) continue;
@@ -262,9 +263,9 @@ void fuse(Model *m) {
   for (int k = 0; k < nf; k++) {
     zero_at_leaves(fs[k]);
     dead_at_leaves(fs[k]);
-    fuse_groups(fs[k]);
+    fuse_groups(fs[k], m->no_fuse);
     merge_products(m, fs[k], mm_uses, other_uses);
-    stack_products(fs[k], mm_uses, other_uses);
+    if (!m->no_merge) stack_products(fs[k], mm_uses, other_uses);
   }
   free(mm_uses);
   free(other_uses);

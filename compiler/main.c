@@ -21,6 +21,8 @@ static const char usage[] =
     "  --target=NAME      the code to write: c (default, MODEL.h and MODEL.c) or\n"
     "                     cuda (MODEL.h and MODEL.cu: a kernel per fused group)\n"
     "  --check            run every pass and write nothing: exit 0 when the model is valid\n"
+    "  --no-fuse          ablation: every elementwise node a loop of its own\n"
+    "  --no-merge         ablation: no products merged (shared left operand) or stacked\n"
     "  --source-name=NAME the name messages and the generated code give the input\n"
     "                     (for '-', standard input)\n"
     "  --version          print the version and exit\n"
@@ -136,7 +138,7 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
 int main(int argc, char **argv) {
   const char *out_path = NULL, *source_name = NULL;
   int dump = DUMP_NONE;
-  bool check_only = false;
+  bool check_only = false, no_fuse = false, no_merge = false;
   Precision prec = PREC_FLOAT;
   const Target *target = &target_c;
   static const struct option longopts[] = {
@@ -145,6 +147,8 @@ int main(int argc, char **argv) {
       {"precision", required_argument, NULL, 'p'},
       {"target", required_argument, NULL, 't'},
       {"check", no_argument, NULL, 'c'},
+      {"no-fuse", no_argument, NULL, 'F'},
+      {"no-merge", no_argument, NULL, 'M'},
       {"source-name", required_argument, NULL, 'n'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
@@ -166,6 +170,8 @@ int main(int argc, char **argv) {
       break;
     case 'r': dump = DUMP_REPORT; break;
     case 'c': check_only = true; break;
+    case 'F': no_fuse = true; break;
+    case 'M': no_merge = true; break;
     case 'n': source_name = optarg; break;
     case 'p':
       if (!strcmp(optarg, "float")) prec = PREC_FLOAT;
@@ -242,6 +248,8 @@ int main(int argc, char **argv) {
     } else {
       autodiff(m);
       classify(m);
+      m->no_fuse = no_fuse;
+      m->no_merge = no_merge;
       fuse(m);
       plan(m);
       if (check_only) {
@@ -253,7 +261,8 @@ int main(int argc, char **argv) {
            the same whatever the output directory */
         const char *t = target == &target_c ? "" : arena_printf(" --target=%s", target->name);
         const char *p = prec == PREC_DOUBLE ? " --precision=double" : "";
-        char *cmd = arena_printf("cavsc%s%s %s", t, p, path), *hcmd = arena_printf("cavsc%s %s", p, path);
+        const char *a = arena_printf("%s%s", no_fuse ? " --no-fuse" : "", no_merge ? " --no-merge" : "");
+        char *cmd = arena_printf("cavsc%s%s%s %s", t, p, a, path), *hcmd = arena_printf("cavsc%s%s %s", p, a, path);
         EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path};
         emit(m, target, &eo, hout, out);
       }

@@ -104,7 +104,7 @@ static CacheReq cache_req(const char *name, const char *text, size_t len, const 
   const char *const *cflags = model_cflags(&ncflags);
   CacheReq q = {.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc", .cflags = cflags,
                 .ncflags = ncflags, .version = CAVS_VERSION, .text = text, .len = len, .name = name,
-                .expect = expect, .target = target};
+                .expect = expect, .target = target, .ablations = build_ablations};
   if (target && !strcmp(target, "cuda")) {
     const char *nvcc = getenv("NVCC");
 #ifdef CAVS_NVCC
@@ -181,11 +181,13 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
  * NAME.so (NAME.c with --emit-only). */
 int cmd_build(int argc, char **argv) {
   static const char usage[] =
-      "build: usage: cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]";
+      "build: usage: cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge] "
+      "[--emit-only] [-o DIR]";
   const char *out = ".", *prec = NULL, *model = NULL, *target = NULL;
   bool emit_only = false;
   static const struct option lo[] = {{"precision", 1, 0, 'p'}, {"emit-only", 0, 0, 'e'}, {"output", 1, 0, 'o'},
-                                     {"target", 1, 0, 't'}, {0, 0, 0, 0}};
+                                     {"target", 1, 0, 't'}, {"no-fuse", 0, 0, 'F'}, {"no-merge", 0, 0, 'M'},
+                                     {0, 0, 0, 0}};
   optind = 1;
   int ch;
   while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
@@ -204,6 +206,8 @@ int cmd_build(int argc, char **argv) {
       break;
     case 'e': emit_only = true; break;
     case 'o': out = optarg; break;
+    case 'F': build_ablations |= 1; break;
+    case 'M': build_ablations |= 2; break;
     default: die(1, "%s", usage);
     }
   }

@@ -113,6 +113,9 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   const char *prec = q->precision ? q->precision : "float", *target = src_ext(q);
   hash_field(&c, prec, strlen(prec));
   hash_field(&c, target, strlen(target));
+  char abl[16];
+  snprintf(abl, sizeof abl, "ablate %d", q->ablations);
+  hash_field(&c, abl, strlen(abl));
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
@@ -464,7 +467,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   int rc = 2;
   char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, *targf = NULL;
   char **argv2 = NULL;
-  char *argv1[9];
+  char *argv1[12];
   int k = 0;
   argv1[k++] = (char *)q->cavsc;
   argv1[k++] = "-o";
@@ -473,6 +476,8 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   argv1[k++] = (char *)q->name;
   if (q->precision) argv1[k++] = precf = fmt("--precision=%s", q->precision);
   if (q->target) argv1[k++] = targf = fmt("--target=%s", q->target);
+  if (q->ablations & 1) argv1[k++] = "--no-fuse";
+  if (q->ablations & 2) argv1[k++] = "--no-merge";
   argv1[k++] = "-";
   argv1[k] = NULL;
   int st = run(argv1, q->text, q->len, NULL);

@@ -72,7 +72,8 @@ static const char usage[] =
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
-    "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]\n"
+    "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge]\n"
+    "                [--emit-only] [-o DIR]\n"
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
@@ -80,7 +81,7 @@ static const char usage[] =
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
-    "  ablations: --policy bfs|serial  --no-eager  --no-lazy\n"
+    "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-fuse  --no-merge\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -111,7 +112,8 @@ int main(int argc, char **argv) {
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
       {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'},
-      {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {0, 0, 0, 0}};
+      {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
+      {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
   int ch;
   const char *positional = NULL;
@@ -138,6 +140,8 @@ int main(int argc, char **argv) {
       break;
     case 'E': model_ablations |= CAVS_NO_EAGER; break;
     case 'Z': model_ablations |= CAVS_NO_LAZY; break;
+    case 'F': build_ablations |= 1; break;
+    case 'N': build_ablations |= 2; break;
     case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;
     case 's': o.seed = parse_u64("seed", optarg); break;
     case 'l': o.optim.lr = parse_real("lr", optarg, 0, 1e30, true); o.set_lr = true; break;

@@ -15,6 +15,7 @@
 const char *prog = "cavs";
 cavs_model_opts model_opts;
 int model_ablations, model_policy = CAVS_BFS;
+int build_ablations;
 
 _Noreturn void die(int status, const char *fmt, ...) {
   va_list ap;

@@ -99,6 +99,44 @@ START_TEST(ablations_change_nothing) {
 }
 END_TEST
 
+/* Nor do --no-fuse and --no-merge (each elementwise node a loop of its own; no merged
+ * or stacked products): the loss and every gradient of a minibatch, in double. */
+START_TEST(build_ablations_change_nothing) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  const cavs_desc *ref = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(ref, dims, g, gs, true);
+  const char *flags[] = {"--no-fuse", "--no-merge"};
+  for (int f = 0; f < 2; f++) {
+    const cavs_desc *d = load_model_with(file, "double", "c", flags[f]);
+    cavs_model *a = new_model(ref, dims, 5), *b = new_model(d, dims, 5);
+    cavs_stats sa, sb;
+    ck_assert(cavs_model_forward(a, gs, k, &sa) == 0 && cavs_model_forward(b, gs, k, &sb) == 0);
+    ck_assert_msg(fabs(sa.loss - sb.loss) <= 1e-12 * fabs(sa.loss), "%s %s: loss %.15g vs %.15g", file, flags[f],
+                  sa.loss, sb.loss);
+    cavs_model_backward(a);
+    cavs_model_backward(b);
+    for (int i = 0; i < ref->nparams; i++) {
+      /* merged, a parameter is a column range of a wider block: its own stride */
+      long rows, cols, lda, ldb;
+      const double *ga = cavs_model_grad(a, i, &rows, &cols, &lda), *gb = cavs_model_grad(b, i, &rows, &cols, &ldb);
+      for (long r = 0; r < rows; r++)
+        for (long j = 0; j < cols; j++) {
+          double x = ga[r * lda + j], y = gb[r * ldb + j];
+          if (fabs(x - y) > 1e-10 * fmax(fabs(x), 1e-6))
+            ck_abort_msg("%s %s: gradient of %s[%ld, %ld]: %.15g vs %.15g", file, flags[f], ref->params[i].name, r, j,
+                         x, y);
+        }
+    }
+    cavs_model_free(a);
+    cavs_model_free(b);
+  }
+}
+END_TEST
+
 /* Train the generated Tree-LSTM on a toy treebank; test on held-out trees. */
 START_TEST(treelstm_learns) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
@@ -428,6 +466,7 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
   tcase_add_loop_test(tc, ablations_change_nothing, 0, 5);
+  tcase_add_loop_test(tc, build_ablations_change_nothing, 0, 5);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, model_without_dims_or_inputs);

@@ -27,8 +27,10 @@ static inline const cavs_desc *open_model(const char *so, char *dir) {
 }
 
 /* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
- * `prec` for `target` ("c" or "cuda") and returns its descriptor. */
-static inline const cavs_desc *load_model_for(const char *vf, const char *prec, const char *target) {
+ * `prec` for `target` ("c" or "cuda"), with `extra` (NULL, or one more option of cavs
+ * build: an ablation) and returns its descriptor. */
+static inline const cavs_desc *load_model_with(const char *vf, const char *prec, const char *target,
+                                               const char *extra) {
   static int serial;
   char *dir = tu_tmpdir();
   char src[4300];
@@ -40,7 +42,7 @@ static inline const cavs_desc *load_model_for(const char *vf, const char *prec, 
     tu_write(src, vf, n);
   }
   char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "build", "--precision", (char *)prec, "--target", (char *)target,
-                  "-o", dir, src, NULL};
+                  "-o", dir, src, (char *)extra, NULL};
   RunResult r = tu_run(NULL, argv, 120);
   ck_assert_msg(r.status == 0, "cavs build failed on %s:\n%s%s", vf, tu_tail(r.out, 1000), tu_tail(r.err, 1800));
   /* it prints DIR/NAME.so */
@@ -48,6 +50,10 @@ static inline const cavs_desc *load_model_for(const char *vf, const char *prec, 
   snprintf(so, sizeof so, "%.*s", (int)strcspn(r.out, "\n"), r.out);
   tu_free(&r);
   return open_model(so, dir);
+}
+
+static inline const cavs_desc *load_model_for(const char *vf, const char *prec, const char *target) {
+  return load_model_with(vf, prec, target, NULL);
 }
 
 /* A model on the cpu backend, its parameters from `seed`. */
