@@ -253,41 +253,98 @@ static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int al
   c->model->stats.loop_seconds += cv_now() - t0;
 }
 
+/* The row operations over the pool where there is enough of them (n w cells): those
+   that write their own rows split by rows, the scatter-adds (two rows may add to one
+   child's or one word's row) by columns in blocks of 16. */
+enum { ROW_GATHER_FWD, ROW_GATHER_BWD, ROW_LOOKUP_FWD, ROW_LOOKUP_BWD, ROW_COPY };
+typedef struct RowJob {
+  cavs_ctx *c;
+  int op, k, r0, n, parts, add;
+  void *dst;
+  const void *src;
+  long ld, lds, w;
+  const int *idx;
+} RowJob;
+
+static void row_part(void *arg, int i) {
+  const RowJob *q = arg;
+  cavs_ctx *c = q->c;
+  bool dbl = DBL(c), by_cols = q->op == ROW_GATHER_BWD || q->op == ROW_LOOKUP_BWD;
+  long len = by_cols ? q->w : q->n, per = (len + q->parts - 1) / q->parts;
+  if (by_cols) per = (per + 15) & ~15L;
+  long at = i * per, cnt = len - at < per ? len - at : per;
+  if (cnt <= 0) return;
+  int r0 = by_cols ? q->r0 : q->r0 + (int)at, n = by_cols ? q->n : (int)cnt;
+  switch (q->op) {
+  case ROW_GATHER_FWD:
+    if (dbl) gather_fwd_d(c, q->k, q->dst, q->ld, r0, n);
+    else gather_fwd_f(c, q->k, q->dst, q->ld, r0, n);
+    break;
+  case ROW_GATHER_BWD:
+    if (dbl) gather_bwd_d(c, q->k, q->src, q->ld, r0, n, at, at + cnt);
+    else gather_bwd_f(c, q->k, q->src, q->ld, r0, n, at, at + cnt);
+    break;
+  case ROW_LOOKUP_FWD: /* src: the table, lds its stride */
+    if (dbl) lookup_fwd_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
+    else lookup_fwd_f(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
+    break;
+  case ROW_LOOKUP_BWD: /* dst: the table's gradient, columns [at, at + cnt) */
+    if (dbl) lookup_bwd_d((double *)q->dst + at, q->lds, q->idx, (const double *)q->src + at, q->ld, r0, n, cnt);
+    else lookup_bwd_f((float *)q->dst + at, q->lds, q->idx, (const float *)q->src + at, q->ld, r0, n, cnt);
+    break;
+  case ROW_COPY: { /* rows counted from dst and src */
+    size_t d0 = (size_t)at * (size_t)q->ld, s0 = (size_t)at * (size_t)q->lds;
+    if (dbl) copy_rows_d((double *)q->dst + d0, q->ld, (const double *)q->src + s0, q->lds, n, q->w, q->add);
+    else copy_rows_f((float *)q->dst + d0, q->ld, (const float *)q->src + s0, q->lds, n, q->w, q->add);
+    break;
+  }
+  }
+}
+
+static void rows_run(RowJob *q) {
+  cv_pool *pool = pool_of(q->c);
+  q->parts = cv_pool_threads(pool);
+  double t0 = cv_now();
+  if (!pool || (long)q->n * q->w < 32768 || q->w < 32) {
+    q->parts = 1;
+    row_part(q, 0);
+  } else
+    cv_pool_run(pool, row_part, q, q->parts);
+  q->c->model->stats.rows_seconds += cv_now() - t0;
+}
+
+static long state_width(const cavs_ctx *c) { return c->model->bw[c->desc->state_buf]; }
+
 static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) gather_fwd_d(c, k, dst, ld, r0, n);
-        else gather_fwd_f(c, k, dst, ld, r0, n));
+  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_FWD, .k = k, .dst = dst, .ld = ld, .r0 = r0, .n = n,
+                     .w = state_width(c)});
 }
 
 static void cpu_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) gather_bwd_d(c, k, src, ld, r0, n);
-        else gather_bwd_f(c, k, src, ld, r0, n));
+  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_BWD, .k = k, .src = src, .ld = ld, .r0 = r0, .n = n,
+                     .w = state_width(c)});
 }
 
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,
                            int n, long width) {
   LAUNCH(c, n > 0 && width > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) lookup_fwd_d(table, ldt, idx, dst, ld, r0, n, width);
-        else lookup_fwd_f(table, ldt, idx, dst, ld, r0, n, width));
+  rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_FWD, .src = table, .lds = ldt, .idx = idx, .dst = dst, .ld = ld,
+                     .r0 = r0, .n = n, .w = width});
 }
 
 static void cpu_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0,
                            int n, long width) {
   LAUNCH(c, n > 0 && width > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) lookup_bwd_d(dtable, ldt, idx, src, ld, r0, n, width);
-        else lookup_bwd_f(dtable, ldt, idx, src, ld, r0, n, width));
+  rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_BWD, .dst = dtable, .lds = ldt, .idx = idx, .src = src, .ld = ld,
+                     .r0 = r0, .n = n, .w = width});
 }
 
 static void cpu_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
   LAUNCH(c, n > 0 && w > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) copy_rows_d(dst, ldd, src, lds, n, w, add);
-        else copy_rows_f(dst, ldd, src, lds, n, w, add));
+  rows_run(&(RowJob){.c = c, .op = ROW_COPY, .dst = dst, .ld = ldd, .src = src, .lds = lds, .n = n, .w = w,
+                     .add = add});
 }
 
 static void cpu_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {

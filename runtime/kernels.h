@@ -15,16 +15,19 @@ static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int
   }
 }
 
-static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n) {
+/* columns [j0, j1) of the state's (j1 < 0: all of them); two parents may share a child,
+   so threads split this by columns, not rows */
+static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n, long j0, long j1) {
   const cavs_desc *d = c->desc;
   R *dS = (R *)c->grad[d->state_buf];
   long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
+  if (j1 < 0) j1 = w;
   for (int r = r0; r < r0 + n; r++) {
     int ch = c->child[(size_t)r * c->maxc + k];
     if (ch < 0) continue;
     const R *s = src + (size_t)r * ld;
     R *o = dS + (size_t)ch * w;
-    for (long j = 0; j < w; j++) o[j] += s[j];
+    for (long j = j0; j < j1; j++) o[j] += s[j];
   }
 }
 
