@@ -17,13 +17,13 @@ struct cv_pool {
   pthread_t *th;
   pthread_mutex_t mu;
   pthread_cond_t wake;
-  /* the job: f, arg and parts are set and done cleared, then claim and gen name it */
+  /* the job: f and arg are set and done cleared, then claim and gen name it */
   cv_task f;
   void *arg;
-  int parts;
-  /* the job's generation (high 32 bits) and its next unclaimed part: a claim is a
-     compare-and-swap of both, so a thread still looking at the last job can never take
-     a part of this one by an index of that one */
+  /* the job's generation (bits 32-63), its number of parts (16-31) and its next
+     unclaimed part (0-15), in one word: a claim is a compare-and-swap of all three, so
+     a thread still looking at the last job reads that job's count with its index, and
+     its swap fails once this job is out: it can never take a part of this one */
   atomic_ullong claim;
   atomic_uint gen;
   atomic_int done, sleeping;
@@ -40,11 +40,11 @@ static inline void relax(void) {
 static void work(cv_pool *p, unsigned gen) {
   for (;;) {
     unsigned long long v = atomic_load(&p->claim);
-    unsigned idx = (unsigned)v;
-    /* a part of job gen is unclaimed only while the job is not done, and its caller
-       sets no other job before then: parts, f and arg are still this job's */
-    if ((unsigned)(v >> 32) != gen || idx >= (unsigned)p->parts) return;
+    unsigned idx = (unsigned)(v & 0xffff), parts = (unsigned)(v >> 16) & 0xffff;
+    if ((unsigned)(v >> 32) != gen || idx >= parts) return;
     if (!atomic_compare_exchange_weak(&p->claim, &v, v + 1)) continue;
+    /* a part of job gen was unclaimed, so the job is not done, and its caller sets no
+       other job before it is: f and arg are still this job's */
     p->f(p->arg, (int)idx);
     atomic_fetch_add(&p->done, 1);
   }
@@ -119,7 +119,7 @@ void cv_pool_free(cv_pool *p) {
 int cv_pool_threads(const cv_pool *p) { return p ? p->nworkers + 1 : 1; }
 
 void cv_pool_run(cv_pool *p, cv_task f, void *arg, int parts) {
-  if (!p || parts <= 1) {
+  if (!p || parts <= 1 || parts > 0xffff) {
     for (int i = 0; i < parts; i++) f(arg, i);
     return;
   }
@@ -127,9 +127,8 @@ void cv_pool_run(cv_pool *p, cv_task f, void *arg, int parts) {
   unsigned gen = atomic_load(&p->gen) + 1;
   p->f = f;
   p->arg = arg;
-  p->parts = parts;
   atomic_store(&p->done, 0);
-  atomic_store(&p->claim, (unsigned long long)gen << 32);
+  atomic_store(&p->claim, (unsigned long long)gen << 32 | (unsigned long long)parts << 16);
   atomic_store(&p->gen, gen);
   if (atomic_load(&p->sleeping)) {
     pthread_mutex_lock(&p->mu);

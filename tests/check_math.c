@@ -10,7 +10,11 @@
 
 #include "arith.h"
 #include "cavs.h"
+#include "pool.h"
 #include "testutil.h"
+
+#include <stdatomic.h>
+#include <unistd.h>
 
 enum { N = 1 << 16 };
 static float in[N], out[N];
@@ -176,8 +180,55 @@ START_TEST(spans_by_bisection) {
 }
 END_TEST
 
+/* ---- the CPU backend's pool (runtime/pool.c, compiled into this test) ---- */
+
+typedef struct PoolJob {
+  long gen;
+  atomic_int *ran; /* [64]: how often each part ran */
+  long *sum;       /* [64] */
+} PoolJob;
+
+static void pool_part(void *arg, int i) {
+  PoolJob *j = arg;
+  atomic_fetch_add(&j->ran[i], 1);
+  j->sum[i] += j->gen;
+}
+
+/* Every part of every job runs exactly once, and before cv_pool_run returns: jobs of
+ * changing sizes back to back (a worker still finishing one while the next is set up is
+ * where a part could run twice, or a job return early), with pauses long enough for
+ * the workers to fall asleep, on more threads than cores. */
+START_TEST(pool_runs_each_part_once) {
+  int threads[] = {2, 5};
+  for (int t = 0; t < 2; t++) {
+    cv_pool *p = cv_pool_new(threads[t]);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(cv_pool_threads(p), threads[t]);
+    static atomic_int ran[64];
+    static long sum[64], want[64];
+    for (int i = 0; i < 64; i++) {
+      atomic_store(&ran[i], 0);
+      sum[i] = want[i] = 0;
+    }
+    for (long g = 1; g <= 20000; g++) {
+      int parts = (int)(g % 9) + 1;
+      PoolJob j = {g, ran, sum};
+      cv_pool_run(p, pool_part, &j, parts);
+      for (int i = 0; i < parts; i++) {
+        want[i] += g;
+        /* the sum is read right after the run: each part done, and done once */
+        ck_assert_msg(sum[i] == want[i], "threads %d, job %ld, part %d: %ld, want %ld", threads[t], g, i, sum[i],
+                      want[i]);
+      }
+      if (g % 4000 == 0) usleep(3000);
+    }
+    cv_pool_free(p);
+  }
+  ck_assert_ptr_null(cv_pool_new(1)); /* one thread: no pool, run inline */
+}
+END_TEST
+
 int main(void) {
-  
   Suite *s = suite_create("math");
   TCase *tc = tcase_create("exp");
   tcase_add_test(tc, exp_special_values);
@@ -191,5 +242,8 @@ int main(void) {
   tcase_add_test(cu, cuda_grid_limits);
   tcase_add_test(cu, spans_by_bisection);
   suite_add_tcase(s, cu);
+  TCase *po = tcase_create("pool");
+  tcase_add_test(po, pool_runs_each_part_once);
+  suite_add_tcase(s, po);
   return tu_run_suite(s);
 }
