@@ -485,11 +485,23 @@ typedef struct Loop {
   const IrFunc *f;
   int group;
   bool bwd;
+  /* its rows: all of the stage's (LOOP_ALL), or, where the group is simpler at the
+     vertices without children (some of what it reads or computes is zero or dead
+     there: fuse.c), the stage's first c->leaf_rows (LOOP_LEAVES, a loop of its own
+     without those) and the rest (LOOP_INNER) */
+  int part;
   Lin width;      /* columns */
   bool may_alias; /* two gradient regions it adds to may overlap */
   LoopPtr *ptrs;  /* in the order to declare them */
   int nptrs;
 } Loop;
+
+enum { LOOP_ALL, LOOP_LEAVES, LOOP_INNER };
+/* The first row and the row count of a loop's part, as C expressions in r0, n and c. */
+const char *loop_r0(const Loop *l);
+const char *loop_n(const Loop *l);
+/* The suffix of a part's function or kernel name: "_leaves" for LOOP_LEAVES. */
+const char *loop_suffix(const Loop *l);
 
 /* The rows a product skips: none, the rows without children (the left operand is zero
  * there, or the product is dead there), the rows whose index input is -1 (a lookup of

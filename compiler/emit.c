@@ -134,8 +134,24 @@ static const char *node_label(const IrFunc *f, int i) {
 static bool in_group(const IrFunc *f, int x, int g) { return f->nodes[x].group == g; }
 
 /* The expression of operand x inside the loop of group g at column j. */
+/* The part of a loop being written (enum LOOP_*): in LOOP_LEAVES, what is zero at the
+ * vertices without children reads as 0, and what is dead there is not computed. */
+static int part;
+
+const char *loop_r0(const Loop *l) { return l->part == LOOP_INNER ? "(r0 + c->leaf_rows)" : "r0"; }
+const char *loop_n(const Loop *l) {
+  return l->part == LOOP_LEAVES ? "c->leaf_rows" : l->part == LOOP_INNER ? "(n - c->leaf_rows)" : "n";
+}
+const char *loop_suffix(const Loop *l) { return l->part == LOOP_LEAVES ? "_leaves" : ""; }
+
+/* Not read, computed or written in the leaves' part: zero or dead there. */
+static bool gone(const IrFunc *f, int x) {
+  return part == LOOP_LEAVES && (f->nodes[x].zero_leaf || f->nodes[x].dead_leaf);
+}
+
 static const char *operand(const IrFunc *f, int x, int g) {
   const IrNode *n = &f->nodes[x];
+  if (part == LOOP_LEAVES && n->zero_leaf) return "(R)0";
   if (in_group(f, x, g)) return arena_printf("v%d", x);
   if (n->type == T_SCALAR) return arena_printf("(R)%.17g", n->cval);
   return arena_printf("a%d[j]", x);
@@ -181,7 +197,8 @@ static const Place *loaded(const IrFunc *f, int x) {
  * or gradients (backward) of its members that live in buffers. */
 static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
   const Group *g = &f->groups[gi];
-  Loop l = {.f = f, .group = gi, .bwd = bwd, .width = g->width, .may_alias = bwd && grads_may_alias(f, g, gi)};
+  Loop l = {.f = f, .group = gi, .bwd = bwd, .part = part, .width = g->width,
+            .may_alias = bwd && grads_may_alias(f, g, gi)};
   /* at most two a member (its kept or loaded value, and its value or gradient in a
      buffer) and two an outside operand (its value and its gradient), of which there
      are at most two a member */
@@ -192,7 +209,7 @@ static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
     for (int j = 0; j < n->nargs; j++) {
       int x = n->args[j];
       const IrNode *a = &f->nodes[x];
-      if (in_group(f, x, gi) || seen[x] || a->type == T_SCALAR) continue;
+      if (in_group(f, x, gi) || seen[x] || a->type == T_SCALAR || gone(f, x)) continue;
       seen[x] = true;
       if (!reads || reads[x]) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("a%d", x), false, {&a->val, false}};
       if (bwd && a->grad && (a->val.kind == PL_ROW || a->val.kind == PL_PARAM))
@@ -202,7 +219,9 @@ static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    if (!bwd && n->keep) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), true, {&n->kval, false}};
+    /* the leaves' part writes a member zero there (as 0), not one dead there */
+    if (part == LOOP_LEAVES && (n->dead_leaf || (bwd && n->zero_leaf))) continue;
+    if (!bwd && n->keep && !gone(f, x)) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), true, {&n->kval, false}};
     if (bwd && loaded(f, x) && (!reads || reads[x]))
       l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), false, {loaded(f, x), false}};
     if (n->val.kind != PL_ROW) continue;
@@ -248,7 +267,7 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    if (need && !need[x]) continue;
+    if ((need && !need[x]) || gone(f, x)) continue;
     if (need && loaded(f, x)) {
       fprintf(e->out, "      const R v%d = k%d[j];", x, x);
       if (n->name) fprintf(e->out, "  /* %s */", n->name);
@@ -263,30 +282,85 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
   }
 }
 
-static void group_fwd(Emit *e, const IrFunc *f, int gi) {
+/* Does a pointer's name (`a9`, `g12_in`...) appear in the body, indexed? */
+static bool uses_ptr(const char *body, const char *name) {
+  size_t len = strlen(name);
+  for (const char *p = body; (p = strstr(p, name)); p++) {
+    bool start = p == body || !(p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') || (p[-1] >= '0' && p[-1] <= '9'));
+    if (start && p[len] == '[') return true;
+  }
+  return false;
+}
+
+/* The loop around a body already written: only the pointers the body uses (the leaves'
+ * part reads less), and nothing at all for an empty body. */
+static void loop_around(Emit *e, Loop *l, char *body) {
+  if (*body) {
+    int k = 0;
+    for (int i = 0; i < l->nptrs; i++)
+      if (uses_ptr(body, l->ptrs[i].name)) l->ptrs[k++] = l->ptrs[i];
+    l->nptrs = k;
+    e->t->loop_open(e, l);
+    fputs(body, e->out);
+    e->t->loop_close(e, l);
+  }
+  free(body);
+}
+
+/* Is group gi simpler at the vertices without children: does it read or compute a value
+ * that is zero or dead there (fuse.c)? Then it runs as two loops, the leaves' without
+ * those (the Tree-LSTM's leaves: no forget gates, no children's cells, no recurrent
+ * products), and the rest. */
+static bool leaf_simpler(const IrFunc *f, const Group *g) {
+  if (f->kind != F_VERTEX) return false;
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *n = &f->nodes[g->members[k]];
+    if (n->zero_leaf || n->dead_leaf) return true;
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].zero_leaf || f->nodes[n->args[j]].dead_leaf) return true;
+  }
+  return false;
+}
+
+static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
-  group_header(e, f, g, gi, "forward");
   Loop l = group_loop(f, gi, false, NULL);
-  e->t->loop_open(e, &l);
-  FILE *o = e->out; /* the loop's body: loop_open may have sent it elsewhere (a kernel) */
+  char *body;
+  size_t len;
+  FILE *saved = e->out, *o = e->out = emit_hold(&body, &len);
   group_compute(e, f, g, gi, NULL);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
-    if (f->nodes[x].val.kind == PL_ROW) fprintf(o, "      o%d[j] = v%d;\n", x, x);
-    if (f->nodes[x].keep) fprintf(o, "      k%d[j] = v%d;  /* kept for the backward loop */\n", x, x);
+    const IrNode *n = &f->nodes[x];
+    if (part == LOOP_LEAVES && n->dead_leaf) continue;
+    if (n->val.kind == PL_ROW) fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
+    if (n->keep && !gone(f, x)) fprintf(o, "      k%d[j] = v%d;  /* kept for the backward loop */\n", x, x);
   }
-  e->t->loop_close(e, &l);
+  fclose(o);
+  e->out = saved;
+  loop_around(e, &l, body);
 }
 
-static void group_bwd(Emit *e, const IrFunc *f, int gi) {
+static void group_fwd(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
-  bool any = false;
-  for (int k = 0; k < g->n; k++) any |= f->nodes[g->members[k]].grad;
-  if (!any) return;
-  group_header(e, f, g, gi, "backward");
+  group_header(e, f, g, gi, "forward");
+  if (!leaf_simpler(f, g)) {
+    group_fwd_part(e, f, gi);
+    return;
+  }
+  part = LOOP_LEAVES;
+  group_fwd_part(e, f, gi);
+  part = LOOP_INNER;
+  group_fwd_part(e, f, gi);
+  part = LOOP_ALL;
+}
+
+static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
+  const Group *g = &f->groups[gi];
   bool *need = group_needs(f, g, gi);
   /* outside operands read by a recomputed member or by a derivative rule, and the
-     members loaded rather than recomputed */
+     members loaded rather than recomputed (the pointers the body does not use are
+     dropped after it is written) */
   bool *reads = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];
@@ -302,29 +376,32 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
     }
   }
   Loop l = group_loop(f, gi, true, reads);
-  e->t->loop_open(e, &l);
-  FILE *o = e->out;
+  char *body;
+  size_t len;
+  FILE *saved = e->out, *o = e->out = emit_hold(&body, &len);
   group_compute(e, f, g, gi, need);
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    if (!n->grad) continue;
+    if (!n->grad || gone(f, x)) continue;
     if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
     else fprintf(o, "      R g%d = 0;\n", x);
   }
-  /* a gradient this loop alone writes (plan.c: grad_set) is set by its first statement */
+  /* a gradient this loop alone writes (plan.c: grad_set) is set by its first statement;
+     in the leaves' part, the gradients of what is zero or dead there are not formed: they
+     are zero, or reach only children that do not exist */
   bool *set = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = g->n - 1; k >= 0; k--) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    if (!n->grad) continue;
+    if (!n->grad || gone(f, x)) continue;
     const char *gs = arena_printf("g%d", x), *ys = arena_printf("v%d", x);
     const char *a = operand(f, n->args[0], gi);
     const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
     for (int j = 0; j < n->nargs; j++) {
       int y = n->args[j];
       const IrNode *ny = &f->nodes[y];
-      if (!ny->grad) continue;
+      if (!ny->grad || gone(f, y)) continue;
       const char *rule = ad_rule(j == 0 ? op_info[n->op].da : op_info[n->op].db, gs, ys, a, b);
       if (in_group(f, y, gi)) fprintf(o, "      g%d += %s;\n", y, rule);
       else if (ny->grad_set && !set[y]) {
@@ -334,7 +411,33 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
         fprintf(o, "      d%d[j] += %s;%s\n", y, rule, ny->val.kind == PL_PARAM ? "  /* summed over rows */" : "");
     }
   }
-  e->t->loop_close(e, &l);
+  /* the leaves' part drops statements, so a value or gradient may go unused there */
+  for (int k = 0; k < g->n && part == LOOP_LEAVES; k++) {
+    int x = g->members[k];
+    if (gone(f, x)) continue;
+    if (need[x]) fprintf(o, "      (void)v%d;\n", x);
+    if (f->nodes[x].grad) fprintf(o, "      (void)g%d;\n", x);
+  }
+  fclose(o);
+  e->out = saved;
+  loop_around(e, &l, body);
+}
+
+static void group_bwd(Emit *e, const IrFunc *f, int gi) {
+  const Group *g = &f->groups[gi];
+  bool any = false;
+  for (int k = 0; k < g->n; k++) any |= f->nodes[g->members[k]].grad;
+  if (!any) return;
+  group_header(e, f, g, gi, "backward");
+  if (!leaf_simpler(f, g)) {
+    group_bwd_part(e, f, gi);
+    return;
+  }
+  part = LOOP_LEAVES;
+  group_bwd_part(e, f, gi);
+  part = LOOP_INNER;
+  group_bwd_part(e, f, gi);
+  part = LOOP_ALL;
 }
 
 /* ---- products ---- */

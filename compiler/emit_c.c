@@ -106,12 +106,14 @@ static void c_fn_close(Emit *e) { emit_release_fn(e, e->state); }
  * one call, not split over threads. */
 static void c_loop_open(Emit *e, const Loop *l) {
   HeldFn *s = e->state;
-  const char *name = arena_printf("%s_g%d", s->name, l->group), *width = emit_lin(e->m, l->width);
-  fprintf(s->fn, "  cavs_loop(c, %s, r0, n, %s, %d);\n", name, width, l->may_alias);
+  const char *name = arena_printf("%s_g%d%s", s->name, l->group, loop_suffix(l)), *width = emit_lin(e->m, l->width);
+  fprintf(s->fn, "  cavs_loop(c, %s, %s, %s, %s, %d);\n", name, loop_r0(l), loop_n(l), width, l->may_alias);
   FILE *o = e->out = s->file;
   char buf[256];
-  fprintf(o, "\n/* %s, group g%d %s: rows [r0, r0 + n), columns [j0, j1) of [n, %s] */\n", s->name, l->group,
-          l->bwd ? "backward" : "forward", lin_str(e->m, l->width, buf, sizeof buf));
+  fprintf(o, "\n/* %s, group g%d %s%s: rows [r0, r0 + n), columns [j0, j1) of [n, %s] */\n", s->name, l->group,
+          l->bwd ? "backward" : "forward",
+          l->part == LOOP_LEAVES ? " at the vertices without children" : l->part == LOOP_INNER ? " at the others" : "",
+          lin_str(e->m, l->width, buf, sizeof buf));
   fprintf(o, "static void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
   c_locals(e, o);
   const char *rs = l->may_alias ? "" : "restrict ";

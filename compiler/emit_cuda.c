@@ -71,20 +71,23 @@ static bool per_row(const LoopPtr *p) { return p->at.p->kind != PL_PARAM; }
 static void cuda_loop_open(Emit *e, const Loop *l) {
   Cuda *s = e->state;
   const Model *m = e->m;
-  const char *name = arena_printf("%s_g%d", s->h.name, l->group), *width = emit_lin(m, l->width);
+  const char *name = arena_printf("%s_g%d%s", s->h.name, l->group, loop_suffix(l)), *width = emit_lin(m, l->width);
+  const char *r0 = loop_r0(l), *n = loop_n(l);
   const char *dims = "";
   for (int i = 0; i < m->ndims; i++) dims = arena_printf("%s, D_%s", dims, m->dims[i].name);
 
   FILE *o = s->h.fn;
-  fprintf(o, "  {\n    const uint32_t blocks = cavs_cuda_blocks(n, %s, CAVS_CUDA_BLOCK); /* 0: no rows */\n", width);
-  fprintf(o, "    if (blocks) {\n      CAVS_CUDA_LAUNCH(%s, blocks, (cudaStream_t)c->stream)(n%s", name, dims);
-  for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", emit_ptr(e, l->ptrs[i].at, "r0"));
+  fprintf(o, "  {\n    const uint32_t blocks = cavs_cuda_blocks(%s, %s, CAVS_CUDA_BLOCK); /* 0: no rows */\n", n, width);
+  fprintf(o, "    if (blocks) {\n      CAVS_CUDA_LAUNCH(%s, blocks, (cudaStream_t)c->stream)(%s%s", name, n, dims);
+  for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", emit_ptr(e, l->ptrs[i].at, r0));
   fprintf(o, ");\n      CAVS_CUDA_CHECK_LAUNCH(c);\n    }\n  }\n");
 
   char buf[256];
   FILE *k = s->h.file;
-  fprintf(k, "\n/* %s, group g%d %s: a thread per row and column of [n, %s] */\n", s->h.name, l->group,
-          l->bwd ? "backward" : "forward", lin_str(m, l->width, buf, sizeof buf));
+  fprintf(k, "\n/* %s, group g%d %s%s: a thread per row and column of [n, %s] */\n", s->h.name, l->group,
+          l->bwd ? "backward" : "forward",
+          l->part == LOOP_LEAVES ? " at the vertices without children" : l->part == LOOP_INNER ? " at the others" : "",
+          lin_str(m, l->width, buf, sizeof buf));
   fprintf(k, "static __global__ void %s(int n", name);
   for (int i = 0; i < m->ndims; i++) fprintf(k, ", long D_%s", m->dims[i].name);
   for (int i = 0; i < l->nptrs; i++) {

@@ -50,7 +50,53 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
-/* lstm_lm_token_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = P[5];
+    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a25 = P[7];
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a33 = P[8];
+    R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v8 = a5[j] + (R)0;
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v24 = a21[j] + (R)0;
+      const R v26 = v24 + a25[j];
+      const R v27 = cv_sigmoid(v26);  /* o */
+      const R v32 = a29[j] + (R)0;
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_tanh(v34);  /* u */
+      const R v36 = v11 * v35;
+      const R v38 = v36 + (R)0;  /* c */
+      const R v39 = cv_tanh(v38);
+      const R v40 = v27 * v39;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+      o38[j] = v38;
+      k39[j] = v39;  /* kept for the backward loop */
+      o40[j] = v40;
+    }
+  }
+}
+
+/* lstm_lm_token_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -126,7 +172,8 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
-  cavs_loop(c, lstm_lm_token_fwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, lstm_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lstm_lm.vf:41  concat */
 }
 
@@ -154,7 +201,86 @@ static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* lstm_lm_token_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* lstm_lm_token_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
+    R *restrict d9 = PG[5];
+    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d25 = PG[7];
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d33 = PG[8];
+    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* i */
+      const R v27 = k27[j];  /* o */
+      const R v35 = k35[j];  /* u */
+      const R v39 = k39[j];
+      R g8 = 0;
+      R g10 = 0;
+      R g11 = 0;
+      R g24 = 0;
+      R g26 = 0;
+      R g27 = 0;
+      R g32 = 0;
+      R g34 = 0;
+      R g35 = 0;
+      R g36 = 0;
+      R g38 = g38_in[j];
+      R g39 = 0;
+      R g40 = g40_in[j];
+      g27 += g40 * v39;
+      g39 += g40 * v27;
+      g38 += g39 * (1 - v39 * v39);
+      g36 += g38;
+      g11 += g36 * v35;
+      g35 += g36 * v11;
+      g34 += g35 * (1 - v35 * v35);
+      g32 += g34;
+      d33[j] += g34;  /* summed over rows */
+      d29[j] = g32;  /* this loop alone writes it */
+      g26 += g27 * v27 * (1 - v27);
+      g24 += g26;
+      d25[j] += g26;  /* summed over rows */
+      d21[j] = g24;  /* this loop alone writes it */
+      g10 += g11 * v11 * (1 - v11);
+      g8 += g10;
+      d9[j] += g10;  /* summed over rows */
+      d5[j] = g8;  /* this loop alone writes it */
+      (void)g8;
+      (void)g10;
+      (void)v11;
+      (void)g11;
+      (void)g24;
+      (void)g26;
+      (void)v27;
+      (void)g27;
+      (void)g32;
+      (void)g34;
+      (void)v35;
+      (void)g35;
+      (void)g36;
+      (void)g38;
+      (void)v39;
+      (void)g39;
+      (void)g40;
+    }
+  }
+}
+
+/* lstm_lm_token_bwd_path, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -251,7 +377,8 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:41  concat */
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
-  cavs_loop(c, lstm_lm_token_bwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, lstm_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, lstm_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));

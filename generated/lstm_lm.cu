@@ -50,7 +50,53 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
-/* lstm_lm_token_fwd_path, group g0 forward: a thread per row and column of [n, H] */
+/* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void lstm_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_H, long D_V,
+    const R *__restrict__ a5_r0,
+    const R *__restrict__ a9,
+    const R *__restrict__ a21_r0,
+    const R *__restrict__ a25,
+    const R *__restrict__ a29_r0,
+    const R *__restrict__ a33,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k27_r0,
+    R *__restrict__ k35_r0,
+    R *__restrict__ o38_r0,
+    R *__restrict__ k39_r0,
+    R *__restrict__ o40_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
+  R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
+  const R v8 = a5[j] + (R)0;
+  const R v10 = v8 + a9[j];
+  const R v11 = cv_sigmoid(v10);  /* i */
+  const R v24 = a21[j] + (R)0;
+  const R v26 = v24 + a25[j];
+  const R v27 = cv_sigmoid(v26);  /* o */
+  const R v32 = a29[j] + (R)0;
+  const R v34 = v32 + a33[j];
+  const R v35 = cv_tanh(v34);  /* u */
+  const R v36 = v11 * v35;
+  const R v38 = v36 + (R)0;  /* c */
+  const R v39 = cv_tanh(v38);
+  const R v40 = v27 * v39;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k27[j] = v27;  /* kept for the backward loop */
+  k35[j] = v35;  /* kept for the backward loop */
+  o38[j] = v38;
+  k39[j] = v39;  /* kept for the backward loop */
+  o40[j] = v40;
+}
+
+/* lstm_lm_token_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long D_V,
     const R *__restrict__ a5_r0,
     const R *__restrict__ a7_r0,
@@ -134,29 +180,48 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(lstm_lm_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_token_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
           V[3] + (size_t)(r0) * (3*D_H),
-          V[4] + (size_t)(r0) * (3*D_H),
           P[5],
-          V[6] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H,
-          P[6],
           V[3] + (size_t)(r0) * (3*D_H) + D_H,
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[7],
           V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[7] + (size_t)(r0) * (2*D_H),
           V[8] + (size_t)(r0) * D_H,
-          V[9] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(lstm_lm_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          P[5],
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[6],
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          P[7],
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          P[8],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -187,7 +252,86 @@ static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* lstm_lm_token_bwd_path, group g0 backward: a thread per row and column of [n, H] */
+/* lstm_lm_token_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_V,
+    R *__restrict__ d5_r0,
+    cavs_cuda_sum<R> d9,
+    R *__restrict__ d21_r0,
+    cavs_cuda_sum<R> d25,
+    R *__restrict__ d29_r0,
+    cavs_cuda_sum<R> d33,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k27_r0,
+    const R *__restrict__ k35_r0,
+    const R *__restrict__ g38_in_r0,
+    const R *__restrict__ k39_r0,
+    const R *__restrict__ g40_in_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
+  const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
+  const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
+  const R v11 = k11[j];  /* i */
+  const R v27 = k27[j];  /* o */
+  const R v35 = k35[j];  /* u */
+  const R v39 = k39[j];
+  R g8 = 0;
+  R g10 = 0;
+  R g11 = 0;
+  R g24 = 0;
+  R g26 = 0;
+  R g27 = 0;
+  R g32 = 0;
+  R g34 = 0;
+  R g35 = 0;
+  R g36 = 0;
+  R g38 = g38_in[j];
+  R g39 = 0;
+  R g40 = g40_in[j];
+  g27 += g40 * v39;
+  g39 += g40 * v27;
+  g38 += g39 * (1 - v39 * v39);
+  g36 += g38;
+  g11 += g36 * v35;
+  g35 += g36 * v11;
+  g34 += g35 * (1 - v35 * v35);
+  g32 += g34;
+  d33[j] += g34;  /* summed over rows */
+  d29[j] = g32;  /* this loop alone writes it */
+  g26 += g27 * v27 * (1 - v27);
+  g24 += g26;
+  d25[j] += g26;  /* summed over rows */
+  d21[j] = g24;  /* this loop alone writes it */
+  g10 += g11 * v11 * (1 - v11);
+  g8 += g10;
+  d9[j] += g10;  /* summed over rows */
+  d5[j] = g8;  /* this loop alone writes it */
+  (void)g8;
+  (void)g10;
+  (void)v11;
+  (void)g11;
+  (void)g24;
+  (void)g26;
+  (void)v27;
+  (void)g27;
+  (void)g32;
+  (void)g34;
+  (void)v35;
+  (void)g35;
+  (void)g36;
+  (void)g38;
+  (void)v39;
+  (void)g39;
+  (void)g40;
+}
+
+/* lstm_lm_token_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long D_V,
     R *__restrict__ d5_r0,
     R *__restrict__ d7_r0,
@@ -293,30 +437,49 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:41  concat */
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
+      CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
           G[3] + (size_t)(r0) * (3*D_H),
-          G[4] + (size_t)(r0) * (3*D_H),
           PG[5],
-          G[6] + (size_t)(r0) * D_H,
-          G[5] + (size_t)(r0) * D_H,
-          PG[6],
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
-          G[4] + (size_t)(r0) * (3*D_H) + D_H,
           PG[7],
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[7] + (size_t)(r0) * (2*D_H),
-          G[7] + (size_t)(r0) * (2*D_H),
           V[8] + (size_t)(r0) * D_H,
-          V[9] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(lstm_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          PG[5],
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          PG[6],
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          PG[7],
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          PG[8],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

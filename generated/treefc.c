@@ -44,7 +44,29 @@ static void treefc_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
 }
 
-/* treefc_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treefc_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treefc_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
+    const R *restrict a7 = P[2];
+    R *restrict o9 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v6 = a0[j] + (R)0;
+      const R v8 = v6 + a7[j];
+      const R v9 = (v8 > 0 ? v8 : 0);  /* h */
+      o9[j] = v9;
+    }
+  }
+}
+
+/* treefc_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treefc_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_H = c->dims[0];
   const long D_C = c->dims[1];
@@ -84,7 +106,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
-  cavs_loop(c, treefc_tree_fwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treefc_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treefc_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -111,7 +134,41 @@ static void treefc_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treefc_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treefc_tree_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treefc_tree_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_H = c->dims[0];
+  const long D_C = c->dims[1];
+  const long D_V = c->dims[2];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a0 = V[2] + (size_t)(r) * D_H;
+    R *restrict d0 = G[2] + (size_t)(r) * D_H;
+    const R *restrict a7 = P[2];
+    R *restrict d7 = PG[2];
+    const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v6 = a0[j] + (R)0;
+      const R v8 = v6 + a7[j];
+      R g6 = 0;
+      R g8 = 0;
+      R g9 = g9_in[j];
+      g8 += (v8 > 0 ? g9 : 0);
+      g6 += g8;
+      d7[j] += g8;  /* summed over rows */
+      d0[j] += g6;
+      (void)v6;
+      (void)g6;
+      (void)v8;
+      (void)g8;
+      (void)g9;
+    }
+  }
+}
+
+/* treefc_tree_bwd_path, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treefc_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_H = c->dims[0];
   const long D_C = c->dims[1];
@@ -152,7 +209,8 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_V;
   /* group g0 backward, [n, H]: h (lines 30) */
-  cavs_loop(c, treefc_tree_bwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treefc_tree_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treefc_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
                  P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));

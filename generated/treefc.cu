@@ -44,7 +44,22 @@ static void treefc_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
-/* treefc_tree_fwd_path, group g0 forward: a thread per row and column of [n, H] */
+/* treefc_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treefc_tree_fwd_path_g0_leaves(int n, long D_H, long D_C, long D_V,
+    const R *__restrict__ a0_r0,
+    const R *__restrict__ a7,
+    R *__restrict__ o9_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
+  R *__restrict__ o9 = o9_r0 + (size_t)i * D_H;
+  const R v6 = a0[j] + (R)0;
+  const R v8 = v6 + a7[j];
+  const R v9 = (v8 > 0 ? v8 : 0);  /* h */
+  o9[j] = v9;
+}
+
+/* treefc_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treefc_tree_fwd_path_g0(int n, long D_H, long D_C, long D_V,
     const R *__restrict__ a0_r0,
     const R *__restrict__ a5_r0,
@@ -79,13 +94,23 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_V,
           V[2] + (size_t)(r0) * D_H,
-          V[3] + (size_t)(r0) * D_H,
           P[2],
           V[0] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_V,
+          V[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[2],
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -115,7 +140,35 @@ static void treefc_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treefc_tree_bwd_path, group g0 backward: a thread per row and column of [n, H] */
+/* treefc_tree_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treefc_tree_bwd_path_g0_leaves(int n, long D_H, long D_C, long D_V,
+    const R *__restrict__ a0_r0,
+    R *__restrict__ d0_r0,
+    const R *__restrict__ a7,
+    cavs_cuda_sum<R> d7,
+    const R *__restrict__ g9_in_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
+  R *__restrict__ d0 = d0_r0 + (size_t)i * D_H;
+  const R *__restrict__ g9_in = g9_in_r0 + (size_t)i * D_H;
+  const R v6 = a0[j] + (R)0;
+  const R v8 = v6 + a7[j];
+  R g6 = 0;
+  R g8 = 0;
+  R g9 = g9_in[j];
+  g8 += (v8 > 0 ? g9 : 0);
+  g6 += g8;
+  d7[j] += g8;  /* summed over rows */
+  d0[j] += g6;
+  (void)v6;
+  (void)g6;
+  (void)v8;
+  (void)g8;
+  (void)g9;
+}
+
+/* treefc_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treefc_tree_bwd_path_g0(int n, long D_H, long D_C, long D_V,
     const R *__restrict__ a0_r0,
     R *__restrict__ d0_r0,
@@ -153,16 +206,28 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* group g0 backward, [n, H]: h (lines 30) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_V,
           V[2] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * D_H,
-          V[3] + (size_t)(r0) * D_H,
-          G[3] + (size_t)(r0) * D_H,
           P[2],
           PG[2],
           G[0] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_V,
+          V[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[2],
+          PG[2],
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

@@ -36,7 +36,7 @@ static void treegru_pull_bwd(cavs_ctx *c, int r0, int n) {
   cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
-/* treegru_tree_fwd_eager, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_fwd_eager, group g2 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_fwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -73,10 +73,28 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
-  cavs_loop(c, treegru_tree_fwd_eager_g2, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
 
-/* treegru_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict o3 = V[11] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      o3[j] = 0;
+    }
+  }
+}
+
+/* treegru_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -97,7 +115,25 @@ static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* treegru_tree_fwd_path, group g3 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_fwd_path, group g3 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict o27 = V[7] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      o27[j] = 0;
+    }
+  }
+}
+
+/* treegru_tree_fwd_path, group g3 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -131,7 +167,42 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* treegru_tree_fwd_path, group g1 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a9 = P[6];
+    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a31 = P[8];
+    R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    R *restrict k33 = V[15] + (size_t)(r) * D_H;
+    R *restrict o38 = V[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v8 = a5[j] + (R)0;
+      const R v10 = v8 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* z */
+      const R v30 = a24[j] + (R)0;
+      const R v32 = v30 + a31[j];
+      const R v33 = cv_tanh(v32);  /* n */
+      const R v35 = (R)1 - v11;
+      const R v36 = v35 * v33;
+      const R v38 = v36 + (R)0;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k33[j] = v33;  /* kept for the backward loop */
+      o38[j] = v38;
+    }
+  }
+}
+
+/* treegru_tree_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -184,7 +255,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
-  cavs_loop(c, treegru_tree_fwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 34  hs @ Uz: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
@@ -192,12 +264,14 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
-  cavs_loop(c, treegru_tree_fwd_path_g3, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 37  %27 @ Un: [n, H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
-  cavs_loop(c, treegru_tree_fwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -226,7 +300,66 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treegru_tree_bwd_path, group g1 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d5 = G[3] + (size_t)(r) * (2*D_H);
+    R *restrict d9 = PG[6];
+    R *restrict d24 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d31 = PG[8];
+    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k33 = V[15] + (size_t)(r) * D_H;
+    const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* z */
+      const R v33 = k33[j];  /* n */
+      const R v35 = (R)1 - v11;
+      R g8 = 0;
+      R g10 = 0;
+      R g11 = 0;
+      R g30 = 0;
+      R g32 = 0;
+      R g33 = 0;
+      R g35 = 0;
+      R g36 = 0;
+      R g38 = g38_in[j];
+      g36 += g38;
+      g35 += g36 * v33;
+      g33 += g36 * v35;
+      g11 += -g35;
+      g32 += g33 * (1 - v33 * v33);
+      g30 += g32;
+      d31[j] += g32;  /* summed over rows */
+      d24[j] = g30;  /* this loop alone writes it */
+      g10 += g11 * v11 * (1 - v11);
+      g8 += g10;
+      d9[j] += g10;  /* summed over rows */
+      d5[j] = g8;  /* this loop alone writes it */
+      (void)g8;
+      (void)g10;
+      (void)v11;
+      (void)g11;
+      (void)g30;
+      (void)g32;
+      (void)v33;
+      (void)g33;
+      (void)v35;
+      (void)g35;
+      (void)g36;
+      (void)g38;
+    }
+  }
+}
+
+/* treegru_tree_bwd_path, group g1 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -283,7 +416,7 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* treegru_tree_bwd_path, group g3 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_bwd_path, group g3 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -330,7 +463,7 @@ static void treegru_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* treegru_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_bwd_path, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -362,12 +495,13 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
-  cavs_loop(c, treegru_tree_bwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
-  cavs_loop(c, treegru_tree_bwd_path_g3, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
@@ -375,14 +509,14 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
-  cavs_loop(c, treegru_tree_bwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
   cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
-/* treegru_tree_bwd_eager, group g2 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treegru_tree_bwd_eager, group g2 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_bwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -414,7 +548,7 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* group g2 backward, [n, H]: xr (lines 35) */
-  cavs_loop(c, treegru_tree_bwd_eager_g2, r0, n, D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
                  P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);

@@ -36,7 +36,7 @@ static void treegru_pull_bwd(cavs_ctx *c, int r0, int n) {
   cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
-/* treegru_tree_fwd_eager, group g2 forward: a thread per row and column of [n, H] */
+/* treegru_tree_fwd_eager, group g2 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_eager_g2(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a13_r0,
     const R *__restrict__ a14,
@@ -66,18 +66,27 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[9] + (size_t)(r0) * D_H,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[7],
-          V[8] + (size_t)(r0) * D_H);
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
 }
 
-/* treegru_tree_fwd_path, group g0 forward: a thread per row and column of [n, H] */
+/* treegru_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treegru_tree_fwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    R *__restrict__ o3_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ o3 = o3_r0 + (size_t)i * D_H;
+  o3[j] = 0;
+}
+
+/* treegru_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a1_r0,
     const R *__restrict__ a2_r0,
@@ -91,7 +100,16 @@ static __global__ void treegru_tree_fwd_path_g0(int n, long D_E, long D_H, long 
   o3[j] = v3;
 }
 
-/* treegru_tree_fwd_path, group g3 forward: a thread per row and column of [n, H] */
+/* treegru_tree_fwd_path, group g3 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treegru_tree_fwd_path_g3_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    R *__restrict__ o27_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ o27 = o27_r0 + (size_t)i * D_H;
+  o27[j] = 0;
+}
+
+/* treegru_tree_fwd_path, group g3 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a15_r0,
     const R *__restrict__ a17_r0,
@@ -123,7 +141,37 @@ static __global__ void treegru_tree_fwd_path_g3(int n, long D_E, long D_H, long 
   o27[j] = v27;
 }
 
-/* treegru_tree_fwd_path, group g1 forward: a thread per row and column of [n, H] */
+/* treegru_tree_fwd_path, group g1 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    const R *__restrict__ a5_r0,
+    const R *__restrict__ a9,
+    const R *__restrict__ a24_r0,
+    const R *__restrict__ a31,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k33_r0,
+    R *__restrict__ o38_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
+  R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
+  const R v8 = a5[j] + (R)0;
+  const R v10 = v8 + a9[j];
+  const R v11 = cv_sigmoid(v10);  /* z */
+  const R v30 = a24[j] + (R)0;
+  const R v32 = v30 + a31[j];
+  const R v33 = cv_tanh(v32);  /* n */
+  const R v35 = (R)1 - v11;
+  const R v36 = v35 * v33;
+  const R v38 = v36 + (R)0;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k33[j] = v33;  /* kept for the backward loop */
+  o38[j] = v38;
+}
+
+/* treegru_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a5_r0,
     const R *__restrict__ a7_r0,
@@ -175,12 +223,20 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[5] + (size_t)(r0) * (2*D_H),
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           V[11] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -192,17 +248,25 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[8] + (size_t)(r0) * D_H,
-          V[4] + (size_t)(r0) * (2*D_H),
-          V[4] + (size_t)(r0) * (2*D_H) + D_H,
-          V[5] + (size_t)(r0) * (2*D_H),
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
-          V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           V[7] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -211,19 +275,33 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (2*D_H),
-          V[10] + (size_t)(r0) * D_H,
           P[6],
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
-          V[6] + (size_t)(r0) * D_H,
           P[8],
-          V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[6],
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[8],
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -255,7 +333,61 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treegru_tree_bwd_path, group g1 backward: a thread per row and column of [n, H] */
+/* treegru_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    R *__restrict__ d5_r0,
+    cavs_cuda_sum<R> d9,
+    R *__restrict__ d24_r0,
+    cavs_cuda_sum<R> d31,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k33_r0,
+    const R *__restrict__ g38_in_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
+  const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * D_H;
+  const R v11 = k11[j];  /* z */
+  const R v33 = k33[j];  /* n */
+  const R v35 = (R)1 - v11;
+  R g8 = 0;
+  R g10 = 0;
+  R g11 = 0;
+  R g30 = 0;
+  R g32 = 0;
+  R g33 = 0;
+  R g35 = 0;
+  R g36 = 0;
+  R g38 = g38_in[j];
+  g36 += g38;
+  g35 += g36 * v33;
+  g33 += g36 * v35;
+  g11 += -g35;
+  g32 += g33 * (1 - v33 * v33);
+  g30 += g32;
+  d31[j] += g32;  /* summed over rows */
+  d24[j] = g30;  /* this loop alone writes it */
+  g10 += g11 * v11 * (1 - v11);
+  g8 += g10;
+  d9[j] += g10;  /* summed over rows */
+  d5[j] = g8;  /* this loop alone writes it */
+  (void)g8;
+  (void)g10;
+  (void)v11;
+  (void)g11;
+  (void)g30;
+  (void)g32;
+  (void)v33;
+  (void)g33;
+  (void)v35;
+  (void)g35;
+  (void)g36;
+  (void)g38;
+}
+
+/* treegru_tree_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
     R *__restrict__ d7_r0,
@@ -311,7 +443,7 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   d7[j] = g8;  /* this loop alone writes it */
 }
 
-/* treegru_tree_bwd_path, group g3 backward: a thread per row and column of [n, H] */
+/* treegru_tree_bwd_path, group g3 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g3(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d15_r0,
     R *__restrict__ d17_r0,
@@ -358,7 +490,7 @@ static __global__ void treegru_tree_bwd_path_g3(int n, long D_E, long D_H, long 
   d17[j] = g18;  /* this loop alone writes it */
 }
 
-/* treegru_tree_bwd_path, group g0 backward: a thread per row and column of [n, H] */
+/* treegru_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d1_r0,
     R *__restrict__ d2_r0,
@@ -384,20 +516,34 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           G[3] + (size_t)(r0) * (2*D_H),
-          G[10] + (size_t)(r0) * D_H,
           PG[6],
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
-          G[6] + (size_t)(r0) * D_H,
           PG[8],
-          V[11] + (size_t)(r0) * D_H,
-          G[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          PG[6],
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          PG[8],
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -406,19 +552,19 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[8] + (size_t)(r0) * D_H,
-          G[4] + (size_t)(r0) * (2*D_H),
-          G[4] + (size_t)(r0) * (2*D_H) + D_H,
-          V[5] + (size_t)(r0) * (2*D_H),
-          G[5] + (size_t)(r0) * (2*D_H),
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
-          V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          G[7] + (size_t)(r0) * D_H);
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -430,12 +576,12 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[5] + (size_t)(r0) * (2*D_H),
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
-          G[11] + (size_t)(r0) * D_H);
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -445,7 +591,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
-/* treegru_tree_bwd_eager, group g2 backward: a thread per row and column of [n, H] */
+/* treegru_tree_bwd_eager, group g2 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_eager_g2(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d13_r0,
     cavs_cuda_sum<R> d14,
@@ -470,12 +616,12 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* group g2 backward, [n, H]: xr (lines 35) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[9] + (size_t)(r0) * D_H,
+      CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[7],
-          G[8] + (size_t)(r0) * D_H);
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

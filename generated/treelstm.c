@@ -53,7 +53,25 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
-/* treelstm_tree_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treelstm_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict o7 = V[8] + (size_t)(r) * D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      o7[j] = 0;
+    }
+  }
+}
+
+/* treelstm_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -74,7 +92,55 @@ static void treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   }
 }
 
-/* treelstm_tree_fwd_path, group g1 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treelstm_tree_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a13 = P[5];
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a33 = P[7];
+    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a41 = P[8];
+    R *restrict k15 = V[9] + (size_t)(r) * D_H;
+    R *restrict k35 = V[12] + (size_t)(r) * D_H;
+    R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v12 = a9[j] + (R)0;
+      const R v14 = v12 + a13[j];
+      const R v15 = cv_sigmoid(v14);  /* i */
+      const R v32 = a29[j] + (R)0;
+      const R v34 = v32 + a33[j];
+      const R v35 = cv_sigmoid(v34);  /* o */
+      const R v40 = a37[j] + (R)0;
+      const R v42 = v40 + a41[j];
+      const R v43 = cv_tanh(v42);  /* u */
+      const R v44 = v15 * v43;
+      const R v46 = v44 + (R)0;
+      const R v48 = v46 + (R)0;  /* c */
+      const R v49 = cv_tanh(v48);
+      const R v50 = v35 * v49;  /* h */
+      k15[j] = v15;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+      k43[j] = v43;  /* kept for the backward loop */
+      o48[j] = v48;
+      k49[j] = v49;  /* kept for the backward loop */
+      o50[j] = v50;
+    }
+  }
+}
+
+/* treelstm_tree_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -157,7 +223,8 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:26  s = gather */
   cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
-  cavs_loop(c, treelstm_tree_fwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
@@ -165,7 +232,8 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
-  cavs_loop(c, treelstm_tree_fwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treelstm.vf:34  concat */
 }
 
@@ -195,7 +263,90 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treelstm_tree_bwd_path, group g1 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treelstm_tree_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
+    R *restrict d13 = PG[5];
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d33 = PG[7];
+    R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d41 = PG[8];
+    const R *restrict k15 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = k15[j];  /* i */
+      const R v35 = k35[j];  /* o */
+      const R v43 = k43[j];  /* u */
+      const R v49 = k49[j];
+      R g12 = 0;
+      R g14 = 0;
+      R g15 = 0;
+      R g32 = 0;
+      R g34 = 0;
+      R g35 = 0;
+      R g40 = 0;
+      R g42 = 0;
+      R g43 = 0;
+      R g44 = 0;
+      R g46 = 0;
+      R g48 = g48_in[j];
+      R g49 = 0;
+      R g50 = g50_in[j];
+      g35 += g50 * v49;
+      g49 += g50 * v35;
+      g48 += g49 * (1 - v49 * v49);
+      g46 += g48;
+      g44 += g46;
+      g15 += g44 * v43;
+      g43 += g44 * v15;
+      g42 += g43 * (1 - v43 * v43);
+      g40 += g42;
+      d41[j] += g42;  /* summed over rows */
+      d37[j] = g40;  /* this loop alone writes it */
+      g34 += g35 * v35 * (1 - v35);
+      g32 += g34;
+      d33[j] += g34;  /* summed over rows */
+      d29[j] = g32;  /* this loop alone writes it */
+      g14 += g15 * v15 * (1 - v15);
+      g12 += g14;
+      d13[j] += g14;  /* summed over rows */
+      d9[j] = g12;  /* this loop alone writes it */
+      (void)g12;
+      (void)g14;
+      (void)v15;
+      (void)g15;
+      (void)g32;
+      (void)g34;
+      (void)v35;
+      (void)g35;
+      (void)g40;
+      (void)g42;
+      (void)v43;
+      (void)g43;
+      (void)g44;
+      (void)g46;
+      (void)g48;
+      (void)v49;
+      (void)g49;
+      (void)g50;
+    }
+  }
+}
+
+/* treelstm_tree_bwd_path, group g1 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -302,7 +453,7 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   }
 }
 
-/* treelstm_tree_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* treelstm_tree_bwd_path, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treelstm_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -335,7 +486,8 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:34  concat */
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
-  cavs_loop(c, treelstm_tree_bwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, treelstm_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, treelstm_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
@@ -343,7 +495,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
-  cavs_loop(c, treelstm_tree_bwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treelstm.vf:26  s = gather */
   cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */

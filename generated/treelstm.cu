@@ -53,7 +53,16 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                  P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
-/* treelstm_tree_fwd_path, group g0 forward: a thread per row and column of [n, H] */
+/* treelstm_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treelstm_tree_fwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    R *__restrict__ o7_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ o7 = o7_r0 + (size_t)i * D_H;
+  o7[j] = 0;
+}
+
+/* treelstm_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a3_r0,
     const R *__restrict__ a6_r0,
@@ -67,7 +76,54 @@ static __global__ void treelstm_tree_fwd_path_g0(int n, long D_E, long D_H, long
   o7[j] = v7;
 }
 
-/* treelstm_tree_fwd_path, group g1 forward: a thread per row and column of [n, H] */
+/* treelstm_tree_fwd_path, group g1 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    const R *__restrict__ a9_r0,
+    const R *__restrict__ a13,
+    const R *__restrict__ a29_r0,
+    const R *__restrict__ a33,
+    const R *__restrict__ a37_r0,
+    const R *__restrict__ a41,
+    R *__restrict__ k15_r0,
+    R *__restrict__ k35_r0,
+    R *__restrict__ k43_r0,
+    R *__restrict__ o48_r0,
+    R *__restrict__ k49_r0,
+    R *__restrict__ o50_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a37 = a37_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
+  R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
+  R *__restrict__ o48 = o48_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
+  R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
+  const R v12 = a9[j] + (R)0;
+  const R v14 = v12 + a13[j];
+  const R v15 = cv_sigmoid(v14);  /* i */
+  const R v32 = a29[j] + (R)0;
+  const R v34 = v32 + a33[j];
+  const R v35 = cv_sigmoid(v34);  /* o */
+  const R v40 = a37[j] + (R)0;
+  const R v42 = v40 + a41[j];
+  const R v43 = cv_tanh(v42);  /* u */
+  const R v44 = v15 * v43;
+  const R v46 = v44 + (R)0;
+  const R v48 = v46 + (R)0;  /* c */
+  const R v49 = cv_tanh(v48);
+  const R v50 = v35 * v49;  /* h */
+  k15[j] = v15;  /* kept for the backward loop */
+  k35[j] = v35;  /* kept for the backward loop */
+  k43[j] = v43;  /* kept for the backward loop */
+  o48[j] = v48;
+  k49[j] = v49;  /* kept for the backward loop */
+  o50[j] = v50;
+}
+
+/* treelstm_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a9_r0,
     const R *__restrict__ a11_r0,
@@ -160,12 +216,20 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[6] + (size_t)(r0) * (4*D_H) + D_H,
-          V[6] + (size_t)(r0) * (4*D_H) + (3*D_H),
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           V[8] + (size_t)(r0) * D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -177,32 +241,51 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           V[3] + (size_t)(r0) * (3*D_H),
-          V[4] + (size_t)(r0) * (3*D_H),
           P[5],
-          V[7] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * (2*D_H),
-          P[6],
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
           V[3] + (size_t)(r0) * (3*D_H) + D_H,
-          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[7],
           V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[6] + (size_t)(r0) * (4*D_H),
-          V[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
           V[9] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          P[5],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          P[6],
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          P[7],
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          P[8],
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -235,7 +318,89 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* treelstm_tree_bwd_path, group g1 backward: a thread per row and column of [n, H] */
+/* treelstm_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    R *__restrict__ d9_r0,
+    cavs_cuda_sum<R> d13,
+    R *__restrict__ d29_r0,
+    cavs_cuda_sum<R> d33,
+    R *__restrict__ d37_r0,
+    cavs_cuda_sum<R> d41,
+    const R *__restrict__ k15_r0,
+    const R *__restrict__ k35_r0,
+    const R *__restrict__ k43_r0,
+    const R *__restrict__ g48_in_r0,
+    const R *__restrict__ k49_r0,
+    const R *__restrict__ g50_in_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d37 = d37_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
+  const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
+  const R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
+  const R *__restrict__ g48_in = g48_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
+  const R *__restrict__ g50_in = g50_in_r0 + (size_t)i * (2*D_H);
+  const R v15 = k15[j];  /* i */
+  const R v35 = k35[j];  /* o */
+  const R v43 = k43[j];  /* u */
+  const R v49 = k49[j];
+  R g12 = 0;
+  R g14 = 0;
+  R g15 = 0;
+  R g32 = 0;
+  R g34 = 0;
+  R g35 = 0;
+  R g40 = 0;
+  R g42 = 0;
+  R g43 = 0;
+  R g44 = 0;
+  R g46 = 0;
+  R g48 = g48_in[j];
+  R g49 = 0;
+  R g50 = g50_in[j];
+  g35 += g50 * v49;
+  g49 += g50 * v35;
+  g48 += g49 * (1 - v49 * v49);
+  g46 += g48;
+  g44 += g46;
+  g15 += g44 * v43;
+  g43 += g44 * v15;
+  g42 += g43 * (1 - v43 * v43);
+  g40 += g42;
+  d41[j] += g42;  /* summed over rows */
+  d37[j] = g40;  /* this loop alone writes it */
+  g34 += g35 * v35 * (1 - v35);
+  g32 += g34;
+  d33[j] += g34;  /* summed over rows */
+  d29[j] = g32;  /* this loop alone writes it */
+  g14 += g15 * v15 * (1 - v15);
+  g12 += g14;
+  d13[j] += g14;  /* summed over rows */
+  d9[j] = g12;  /* this loop alone writes it */
+  (void)g12;
+  (void)g14;
+  (void)v15;
+  (void)g15;
+  (void)g32;
+  (void)g34;
+  (void)v35;
+  (void)g35;
+  (void)g40;
+  (void)g42;
+  (void)v43;
+  (void)g43;
+  (void)g44;
+  (void)g46;
+  (void)g48;
+  (void)v49;
+  (void)g49;
+  (void)g50;
+}
+
+/* treelstm_tree_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d9_r0,
     R *__restrict__ d11_r0,
@@ -353,7 +518,7 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   d11[j] = g12;  /* this loop alone writes it */
 }
 
-/* treelstm_tree_bwd_path, group g0 backward: a thread per row and column of [n, H] */
+/* treelstm_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d3_r0,
     R *__restrict__ d6_r0,
@@ -380,34 +545,53 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:34  concat */
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           G[3] + (size_t)(r0) * (3*D_H),
-          G[4] + (size_t)(r0) * (3*D_H),
           PG[5],
-          G[7] + (size_t)(r0) * D_H,
-          G[5] + (size_t)(r0) * (2*D_H),
-          PG[6],
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
           G[3] + (size_t)(r0) * (3*D_H) + D_H,
-          G[4] + (size_t)(r0) * (3*D_H) + D_H,
           PG[7],
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
-          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[6] + (size_t)(r0) * (4*D_H),
-          G[6] + (size_t)(r0) * (4*D_H),
-          V[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
-          G[6] + (size_t)(r0) * (4*D_H) + (2*D_H),
           V[9] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          PG[5],
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          PG[6],
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          PG[7],
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          PG[8],
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -419,12 +603,12 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 27) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[6] + (size_t)(r0) * (4*D_H) + D_H,
-          G[6] + (size_t)(r0) * (4*D_H) + (3*D_H),
-          G[8] + (size_t)(r0) * D_H);
+      CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

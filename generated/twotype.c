@@ -204,7 +204,49 @@ static void twotype_internal_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
-/* twotype_internal_fwd_path, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* twotype_internal_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    const R *restrict a9 = P[6];
+    const R *restrict a24 = P[9];
+    const R *restrict a29 = P[10];
+    R *restrict k11 = V[11] + (size_t)(r) * D_H;
+    R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v10 = (R)0 + a9[j];
+      const R v11 = cv_sigmoid(v10);  /* i */
+      const R v25 = (R)0 + a24[j];
+      const R v26 = cv_sigmoid(v25);  /* o */
+      const R v30 = (R)0 + a29[j];
+      const R v31 = cv_tanh(v30);  /* u */
+      const R v32 = v11 * v31;
+      const R v34 = v32 + (R)0;
+      const R v36 = v34 + (R)0;  /* c */
+      const R v37 = cv_tanh(v36);
+      const R v38 = v26 * v37;  /* h */
+      k11[j] = v11;  /* kept for the backward loop */
+      k26[j] = v26;  /* kept for the backward loop */
+      k31[j] = v31;  /* kept for the backward loop */
+      o36[j] = v36;
+      k37[j] = v37;  /* kept for the backward loop */
+      o38[j] = v38;
+    }
+  }
+}
+
+/* twotype_internal_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -288,7 +330,8 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
-  cavs_loop(c, twotype_internal_fwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, twotype_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, twotype_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* twotype.vf:50  concat */
 }
 
@@ -318,7 +361,75 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* twotype_internal_bwd_path, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+/* twotype_internal_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
+static void twotype_internal_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  const long D_E = c->dims[0];
+  const long D_H = c->dims[1];
+  const long D_C = c->dims[2];
+  const long D_V = c->dims[3];
+  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
+  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
+  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  for (int r = r0; r < r0 + n; r++) {
+    R *restrict d9 = PG[6];
+    R *restrict d24 = PG[9];
+    R *restrict d29 = PG[10];
+    const R *restrict k11 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* i */
+      const R v26 = k26[j];  /* o */
+      const R v31 = k31[j];  /* u */
+      const R v37 = k37[j];
+      R g10 = 0;
+      R g11 = 0;
+      R g25 = 0;
+      R g26 = 0;
+      R g30 = 0;
+      R g31 = 0;
+      R g32 = 0;
+      R g34 = 0;
+      R g36 = g36_in[j];
+      R g37 = 0;
+      R g38 = g38_in[j];
+      g26 += g38 * v37;
+      g37 += g38 * v26;
+      g36 += g37 * (1 - v37 * v37);
+      g34 += g36;
+      g32 += g34;
+      g11 += g32 * v31;
+      g31 += g32 * v11;
+      g30 += g31 * (1 - v31 * v31);
+      d29[j] += g30;  /* summed over rows */
+      g25 += g26 * v26 * (1 - v26);
+      d24[j] += g25;  /* summed over rows */
+      g10 += g11 * v11 * (1 - v11);
+      d9[j] += g10;  /* summed over rows */
+      (void)g10;
+      (void)v11;
+      (void)g11;
+      (void)g25;
+      (void)v26;
+      (void)g26;
+      (void)g30;
+      (void)v31;
+      (void)g31;
+      (void)g32;
+      (void)g34;
+      (void)g36;
+      (void)v37;
+      (void)g37;
+      (void)g38;
+    }
+  }
+}
+
+/* twotype_internal_bwd_path, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void twotype_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -418,7 +529,8 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:50  concat */
   /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
-  cavs_loop(c, twotype_internal_bwd_path_g0, r0, n, D_H, 0);
+  cavs_loop(c, twotype_internal_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
+  cavs_loop(c, twotype_internal_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));

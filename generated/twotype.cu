@@ -224,7 +224,45 @@ static void twotype_internal_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
-/* twotype_internal_fwd_path, group g0 forward: a thread per row and column of [n, H] */
+/* twotype_internal_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void twotype_internal_fwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    const R *__restrict__ a9,
+    const R *__restrict__ a24,
+    const R *__restrict__ a29,
+    R *__restrict__ k11_r0,
+    R *__restrict__ k26_r0,
+    R *__restrict__ k31_r0,
+    R *__restrict__ o36_r0,
+    R *__restrict__ k37_r0,
+    R *__restrict__ o38_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
+  R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
+  R *__restrict__ o36 = o36_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
+  R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  const R v10 = (R)0 + a9[j];
+  const R v11 = cv_sigmoid(v10);  /* i */
+  const R v25 = (R)0 + a24[j];
+  const R v26 = cv_sigmoid(v25);  /* o */
+  const R v30 = (R)0 + a29[j];
+  const R v31 = cv_tanh(v30);  /* u */
+  const R v32 = v11 * v31;
+  const R v34 = v32 + (R)0;
+  const R v36 = v34 + (R)0;  /* c */
+  const R v37 = cv_tanh(v36);
+  const R v38 = v26 * v37;  /* h */
+  k11[j] = v11;  /* kept for the backward loop */
+  k26[j] = v26;  /* kept for the backward loop */
+  k31[j] = v31;  /* kept for the backward loop */
+  o36[j] = v36;
+  k37[j] = v37;  /* kept for the backward loop */
+  o38[j] = v38;
+}
+
+/* twotype_internal_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a8_r0,
     const R *__restrict__ a9,
@@ -314,29 +352,45 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[6] + (size_t)(r0) * (3*D_H),
+      CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           P[6],
-          V[7] + (size_t)(r0) * (2*D_H),
-          P[7],
-          V[7] + (size_t)(r0) * (2*D_H) + D_H,
-          P[8],
-          V[6] + (size_t)(r0) * (3*D_H) + D_H,
           P[9],
-          V[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[10],
-          V[10] + (size_t)(r0) * (2*D_H),
-          V[9] + (size_t)(r0) * (2*D_H),
           V[11] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          P[6],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          P[7],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          P[8],
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          P[9],
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          P[10],
+          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -369,7 +423,71 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
-/* twotype_internal_bwd_path, group g0 backward: a thread per row and column of [n, H] */
+/* twotype_internal_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
+static __global__ void twotype_internal_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
+    cavs_cuda_sum<R> d9,
+    cavs_cuda_sum<R> d24,
+    cavs_cuda_sum<R> d29,
+    const R *__restrict__ k11_r0,
+    const R *__restrict__ k26_r0,
+    const R *__restrict__ k31_r0,
+    const R *__restrict__ g36_in_r0,
+    const R *__restrict__ k37_r0,
+    const R *__restrict__ g38_in_r0) {
+  long i, j; /* the row among the stage's, the column */
+  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
+  const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
+  const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
+  const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
+  const R *__restrict__ g36_in = g36_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
+  const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R v11 = k11[j];  /* i */
+  const R v26 = k26[j];  /* o */
+  const R v31 = k31[j];  /* u */
+  const R v37 = k37[j];
+  R g10 = 0;
+  R g11 = 0;
+  R g25 = 0;
+  R g26 = 0;
+  R g30 = 0;
+  R g31 = 0;
+  R g32 = 0;
+  R g34 = 0;
+  R g36 = g36_in[j];
+  R g37 = 0;
+  R g38 = g38_in[j];
+  g26 += g38 * v37;
+  g37 += g38 * v26;
+  g36 += g37 * (1 - v37 * v37);
+  g34 += g36;
+  g32 += g34;
+  g11 += g32 * v31;
+  g31 += g32 * v11;
+  g30 += g31 * (1 - v31 * v31);
+  d29[j] += g30;  /* summed over rows */
+  g25 += g26 * v26 * (1 - v26);
+  d24[j] += g25;  /* summed over rows */
+  g10 += g11 * v11 * (1 - v11);
+  d9[j] += g10;  /* summed over rows */
+  (void)g10;
+  (void)v11;
+  (void)g11;
+  (void)g25;
+  (void)v26;
+  (void)g26;
+  (void)g30;
+  (void)v31;
+  (void)g31;
+  (void)g32;
+  (void)g34;
+  (void)g36;
+  (void)v37;
+  (void)g37;
+  (void)g38;
+}
+
+/* twotype_internal_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d8_r0,
     cavs_cuda_sum<R> d9,
@@ -477,31 +595,47 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:50  concat */
   /* group g0 backward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
-      CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[6] + (size_t)(r0) * (3*D_H),
+      CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
           PG[6],
-          G[7] + (size_t)(r0) * (2*D_H),
-          PG[7],
-          G[7] + (size_t)(r0) * (2*D_H) + D_H,
-          PG[8],
-          G[6] + (size_t)(r0) * (3*D_H) + D_H,
           PG[9],
-          G[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[10],
-          V[10] + (size_t)(r0) * (2*D_H),
-          G[10] + (size_t)(r0) * (2*D_H),
-          V[9] + (size_t)(r0) * (2*D_H),
-          G[9] + (size_t)(r0) * (2*D_H),
           V[11] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H);
+      CAVS_CUDA_CHECK_LAUNCH(c);
+    }
+  }
+  {
+    const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
+    if (blocks) {
+      CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          PG[6],
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          PG[7],
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          PG[8],
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          PG[9],
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          PG[10],
+          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
