@@ -341,19 +341,23 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
   loop_around(e, &l, body);
 }
 
-static void group_fwd(Emit *e, const IrFunc *f, int gi) {
+/* A group's loop, or its two parts where it is simpler at the leaves. */
+static void group_parts(Emit *e, const IrFunc *f, int gi, const char *what,
+                        void (*one)(Emit *e, const IrFunc *f, int gi)) {
   const Group *g = &f->groups[gi];
-  group_header(e, f, g, gi, "forward");
+  group_header(e, f, g, gi, what);
   if (!leaf_simpler(f, g)) {
-    group_fwd_part(e, f, gi);
+    one(e, f, gi);
     return;
   }
   part = LOOP_LEAVES;
-  group_fwd_part(e, f, gi);
+  one(e, f, gi);
   part = LOOP_INNER;
-  group_fwd_part(e, f, gi);
+  one(e, f, gi);
   part = LOOP_ALL;
 }
+
+static void group_fwd(Emit *e, const IrFunc *f, int gi) { group_parts(e, f, gi, "forward", group_fwd_part); }
 
 static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
@@ -427,17 +431,7 @@ static void group_bwd(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
   bool any = false;
   for (int k = 0; k < g->n; k++) any |= f->nodes[g->members[k]].grad;
-  if (!any) return;
-  group_header(e, f, g, gi, "backward");
-  if (!leaf_simpler(f, g)) {
-    group_bwd_part(e, f, gi);
-    return;
-  }
-  part = LOOP_LEAVES;
-  group_bwd_part(e, f, gi);
-  part = LOOP_INNER;
-  group_bwd_part(e, f, gi);
-  part = LOOP_ALL;
+  if (any) group_parts(e, f, gi, "backward", group_bwd_part);
 }
 
 /* ---- products ---- */
