@@ -82,6 +82,7 @@ static const char usage[] =
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
     "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-fuse  --no-merge\n"
+    "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
 
 int main(int argc, char **argv) {
@@ -111,7 +112,7 @@ int main(int argc, char **argv) {
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
-      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'},
+      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
@@ -132,6 +133,7 @@ int main(int argc, char **argv) {
     case 'b': o.batch = (int)parse_long("batch", optarg, 1, 1 << 20); o.set_batch = true; break;
     case 'G': model_opts.backend = optarg; break;
     case 'o': model_opts.one_stream = 1; break;
+    case 'B': model_opts.blas = 1; break;
     case 'g': model_opts.graphs = 1; break;
     case 'P':
       if (!strcmp(optarg, "bfs")) model_policy = CAVS_BFS;

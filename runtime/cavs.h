@@ -102,6 +102,10 @@ typedef struct cavs_model_opts {
                           overlaps where the backend can (CUDA) */
   int graphs;          /* 1: (CUDA) each pass is captured as a CUDA graph and launched
                           whole, the graph updated in place while its shape repeats */
+  int blas;            /* 1: (CPU) every product through the BLAS, also where libcavs has
+                          its own (single precision on a processor with AVX-512; the
+                          environment variable CAVS_GEMM=blas does the same for the
+                          process): an ablation, and a second opinion */
 } cavs_model_opts;
 cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
                                 size_t errlen);

@@ -79,6 +79,7 @@ struct cavs_model {
   cv_op *plan;
   int nplan, capplan;
   bool overlap;
+  bool own_gemm; /* the CPU backend's single-precision products through sgemm.c */
   int order;
   int plan_pass; /* 0: the plan is a forward pass, 1: a backward one */
   /* scheduling scratch, grown only */

@@ -5,6 +5,7 @@
  * backend's memory, allocated and filled through its operations (backend.h); the
  * schedule and the bookkeeping are host arrays. */
 #include "cv.h"
+#include "sgemm.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -260,6 +261,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
   m->overlap = be->stream && !(o && o->one_stream);
+  m->own_gemm = !(o && o->blas) && cv_sgemm_usable();
   if (be->open(m, o)) {
     snprintf(err, errlen, "%s", m->err);
     cavs_model_free(m);

@@ -4,13 +4,15 @@
  * checked called alone and from a loop the compiler vectorizes, as generated code does.
  * Also the index arithmetic of the kernels of a GPU (the CUDA target's, which row and
  * column each thread computes; the CUDA backend's, which optimizer span an element is
- * in), run on the CPU over whole grids. */
+ * in), run on the CPU over whole grids. And libcavs's own single-precision product
+ * (sgemm.c) against sums in double, and split as the CPU backend splits it. */
 #include <float.h>
 #include <stdint.h>
 
 #include "arith.h"
 #include "cavs.h"
 #include "pool.h"
+#include "sgemm.h"
 #include "testutil.h"
 
 #include <stdatomic.h>
@@ -228,6 +230,109 @@ START_TEST(pool_runs_each_part_once) {
 }
 END_TEST
 
+/* A small generator of its own, so the cases are the same on every machine. */
+static uint64_t lcg = 88172645463325252u;
+static double rnd(void) {
+  lcg = lcg * 6364136223846793005u + 1442695040888963407u;
+  return (double)(lcg >> 11) / 9007199254740992.0; /* [0, 1) */
+}
+static float rnd_value(void) { return (float)(rnd() * 2 - 1); }
+
+/* op(X)(i, p) of a row-major X with leading dimension ld */
+static float at(const float *x, bool t, long ld, int i, int p) { return t ? x[(size_t)p * ld + i] : x[(size_t)i * ld + p]; }
+
+/* One product of m x k by k x n against sums in double: every element of C within a
+   bound of float rounding (k products and sums, then alpha and beta), the columns of
+   C past n and the rows of A and B past their shapes untouched and unread (NaN there
+   would show), C's old NaNs ignored where beta is 0, as BLAS does. */
+static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
+  long lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 7;
+  long ar = ta ? k : m, br = tb ? n : k;
+  float *a = malloc(sizeof(float) * (size_t)(ar * lda)), *b = malloc(sizeof(float) * (size_t)(br * ldb));
+  float *c = malloc(sizeof(float) * (size_t)m * (size_t)ldc), *c0 = malloc(sizeof(float) * (size_t)m * (size_t)ldc);
+  ck_assert(a && b && c && c0);
+  for (long i = 0; i < ar * lda; i++) a[i] = i % lda < (ta ? m : k) ? rnd_value() : NAN;
+  for (long i = 0; i < br * ldb; i++) b[i] = i % ldb < (tb ? k : n) ? rnd_value() : NAN;
+  for (long i = 0; i < (long)m * ldc; i++) c0[i] = c[i] = i % ldc < n ? (beta == 0 ? NAN : rnd_value()) : -7.0f;
+  ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 0);
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < ldc; j++) {
+      float got = c[(size_t)i * ldc + j];
+      if (j >= n) {
+        ck_assert_msg(got == -7.0f, "%d%d %dx%dx%d: C(%d,%d) past n written", ta, tb, m, n, k, i, j);
+        continue;
+      }
+      double want = 0, mag = 0;
+      for (int p = 0; p < k; p++) {
+        double x = at(a, ta, lda, i, p), y = at(b, tb, ldb, p, j);
+        want += x * y;
+        mag += fabs(x * y);
+      }
+      double old = beta == 0 ? 0 : c0[(size_t)i * ldc + j];
+      want = alpha * want + beta * old;
+      double tol = (k + 4) * FLT_EPSILON * (fabs(alpha) * mag + fabs(beta * old)) + FLT_MIN;
+      ck_assert_msg(fabs(got - want) <= tol, "%d%d %dx%dx%d alpha %g beta %g: C(%d,%d) = %.9g, want %.9g (tol %.3g)",
+                    ta, tb, m, n, k, alpha, beta, i, j, got, want, tol);
+    }
+  free(a);
+  free(b);
+  free(c);
+  free(c0);
+}
+
+/* Edges of every blocking sgemm.c does (6-row tiles, 64-column panels, 256-deep slices,
+   192-row and 1024-column blocks), each form of transposition, alpha and beta. */
+START_TEST(sgemm_matches_double) {
+  if (!cv_sgemm_usable()) {
+    fprintf(stderr, "check_math: no AVX-512 (or CAVS_GEMM=blas): libcavs's own product is not used here\n");
+    return;
+  }
+  static const int ms[] = {1, 2, 5, 6, 7, 13, 64, 193, 250}, ns[] = {1, 15, 16, 17, 63, 64, 65, 130, 1030},
+                   ks[] = {1, 3, 16, 17, 255, 256, 257, 530};
+  static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
+  for (int t = 0; t < 4; t++) /* each transposition with the largest shapes */
+    one_product(t & 1, t >> 1, 193, 1030, 530, 1, 1);
+  for (int c = 0; c < 400; c++) {
+    int m = ms[(int)(rnd() * 9)], n = ns[(int)(rnd() * 9)], k = ks[(int)(rnd() * 8)];
+    if ((double)m * n * k > 3e7) continue;
+    one_product(rnd() < 0.5, rnd() < 0.5, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+  }
+}
+END_TEST
+
+/* The CPU backend splits a product over its threads by column blocks (multiples of 16)
+   or by row blocks, each one call: every element must come out with the same bits as
+   from the whole product, or results would depend on the thread count. */
+START_TEST(sgemm_splits_change_no_bit) {
+  if (!cv_sgemm_usable()) return;
+  const int m = 301, n = 1000, k = 600;
+  for (int t = 0; t < 4; t++) {
+    bool ta = t & 1, tb = t >> 1;
+    long lda = ta ? m : k, ldb = tb ? k : n;
+    float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n);
+    float *whole = calloc((size_t)m * n, sizeof(float)), *part = calloc((size_t)m * n, sizeof(float));
+    ck_assert(a && b && whole && part);
+    for (long i = 0; i < (long)m * k; i++) a[i] = rnd_value();
+    for (long i = 0; i < (long)k * n; i++) b[i] = rnd_value();
+    ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
+    static const int cuts[] = {16, 80, 512, 592, 1000};
+    for (int j = 0, j0 = 0; j < 5; j0 = cuts[j++]) /* columns [j0, cuts[j]) */
+      cv_sgemm(ta, tb, m, cuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0, part + j0, n);
+    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d: split by columns differs", ta, tb);
+    memset(part, 0, sizeof(float) * (size_t)m * n);
+    static const int rcuts[] = {1, 7, 150, 301};
+    for (int j = 0, i0 = 0; j < 4; i0 = rcuts[j++])
+      cv_sgemm(ta, tb, rcuts[j] - i0, n, k, 1, a + (ta ? (size_t)i0 : (size_t)i0 * lda), lda, b, ldb, 0,
+               part + (size_t)i0 * n, n);
+    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d: split by rows differs", ta, tb);
+    free(a);
+    free(b);
+    free(whole);
+    free(part);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("math");
   TCase *tc = tcase_create("exp");
@@ -245,5 +350,10 @@ int main(void) {
   TCase *po = tcase_create("pool");
   tcase_add_test(po, pool_runs_each_part_once);
   suite_add_tcase(s, po);
+  TCase *mm = tcase_create("sgemm");
+  tcase_set_timeout(mm, 120);
+  tcase_add_test(mm, sgemm_matches_double);
+  tcase_add_test(mm, sgemm_splits_change_no_bit);
+  suite_add_tcase(s, mm);
   return tu_run_suite(s);
 }

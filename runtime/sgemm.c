@@ -1,0 +1,248 @@
+/* sgemm.c: libcavs's own single-precision product for x86-64 processors with AVX-512,
+ * C = alpha op(A) op(B) + beta C, row-major, single-threaded (backend_cpu.c splits a
+ * product over its pool and calls this once a block).
+ *
+ * Why a product of our own: the OpenBLAS of the target distribution (0.3.21) predates
+ * the processors it runs on here, so the environment pins its AVX2 kernels; at the
+ * Tree-LSTM's shapes those run at half of what the processor's AVX-512 units do
+ * (bench/gemms, bench/README). libcavs itself is built without -march (it must run
+ * anywhere): the functions below are compiled for AVX-512 through the target attribute
+ * and called only where cv_sgemm_usable() found the instructions at run time.
+ *
+ * The shape is the usual one (Goto; BLIS): for each KC-deep slice of k, op(B)'s slice is
+ * packed into panels NR columns wide, zero-padded; for each MC-row block of C, each
+ * MR x NR tile is one call of the micro-kernel, which keeps the tile in 24 registers and
+ * adds one rank-1 update per k: MR broadcasts of op(A), NR/16 loads of the panel. op(A)
+ * is read where it lies when its rows are contiguous in k (A not transposed, a whole
+ * tile of rows) and packed otherwise.
+ *
+ * Determinism: every element of C is the same sum in the same order wherever it falls:
+ * its dot product over each KC slice, k ascending, in one accumulator (fused
+ * multiply-adds), then added to C, slices in order. A partial tile is computed by the
+ * same kernel over zero-padded operands. So a product split by rows or columns over
+ * threads gives the bits of the whole product, as backend_cpu.c promises. */
+#include "sgemm.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* MR x NR = 6 x 64: 24 accumulators, 4 loads and 6 broadcasts a k. Measured against
+   12 x 32, 14 x 32 and 8 x 48 (bench/README): 12 and 14 rows spill registers under
+   GCC 12; KC and MC moved results less than the machine's noise. */
+enum { MR = 6, NV = 4, NR = 16 * NV, KC = 256, MC = 192, NC = 1024 };
+
+#define AVX512 __attribute__((target("avx512f")))
+
+/* The micro-kernel: c[0..mr) x [0..nr) += alpha * A(0..MR, 0..kc) B(0..kc, 0..NR), with
+   A(i, p) = a[i * ars + p * acs] and b packed (NR floats a k). All MR rows of a are
+   readable; rows past mr and columns past nr are computed and thrown away. */
+AVX512 static inline void kernel(int kc, const float *restrict a, long ars, long acs, const float *restrict b,
+                                 float *restrict c, long ldc, int mr, int nr, float alpha) {
+  __m512 acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int p = 0; p < kc; p++) {
+    __m512 bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) bv[v] = _mm512_load_ps(b + (size_t)p * NR + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+      __m512 ai = _mm512_set1_ps(a[i * ars + p * acs]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+  }
+  __m512 al = _mm512_set1_ps(alpha);
+  __mmask16 mask[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; v++) {
+    int left = nr - 16 * v;
+    mask[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++) {
+    if (i >= mr) break;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+      float *cp = c + (size_t)i * ldc + 16 * v;
+      __m512 old = _mm512_maskz_loadu_ps(mask[v], cp);
+      _mm512_mask_storeu_ps(cp, mask[v], _mm512_fmadd_ps(al, acc[i][v], old));
+    }
+  }
+}
+
+/* Two instances the compiler can specialise: rows read in place (k contiguous), and a
+   packed panel (MR floats a k). */
+AVX512 static void kernel_rows(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
+                               float alpha) {
+  kernel(kc, a, lda, 1, b, c, ldc, mr, nr, alpha);
+}
+AVX512 static void kernel_packed(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr,
+                                 float alpha) {
+  kernel(kc, a, 1, MR, b, c, ldc, mr, nr, alpha);
+}
+
+/* 16 rows of 16 floats (src[r * ld + j]) to dst[j * dld + r]: a 16 x 16 transpose in
+   registers. */
+AVX512 static void transpose16(const float *src, long ld, float *dst, long dld) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * ld);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  /* r[4q + s] now holds, in each 128-bit lane l, column 4l + s of rows 4q..4q+3 */
+  for (int s = 0; s < 4; s++) {
+    __m512 a0 = r[s], a1 = r[4 + s], a2 = r[8 + s], a3 = r[12 + s];
+    /* lanes (l of a0, l of a1) and (l of a2, l of a3), then interleave */
+    __m512 lo01 = _mm512_shuffle_f32x4(a0, a1, 0x44), hi01 = _mm512_shuffle_f32x4(a0, a1, 0xee);
+    __m512 lo23 = _mm512_shuffle_f32x4(a2, a3, 0x44), hi23 = _mm512_shuffle_f32x4(a2, a3, 0xee);
+    t[s] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);      /* lane 0 of each: column s */
+    t[4 + s] = _mm512_shuffle_f32x4(lo01, lo23, 0xdd);  /* lane 1: column 4 + s */
+    t[8 + s] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);  /* lane 2: column 8 + s */
+    t[12 + s] = _mm512_shuffle_f32x4(hi01, hi23, 0xdd); /* lane 3: column 12 + s */
+  }
+  for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (size_t)j * dld, t[j]);
+}
+
+/* op(B)(p, j) for p < kc, j < nc into panels of NR columns, each kc x NR, zero past nc. */
+AVX512 static void pack_b(bool tb, const float *b, long ldb, int kc, int nc, float *pb) {
+  for (int j0 = 0; j0 < nc; j0 += NR) {
+    float *dst = pb + (size_t)j0 * kc;
+    int w = nc - j0 < NR ? nc - j0 : NR;
+    if (!tb) {
+      for (int p = 0; p < kc; p++) {
+        const float *src = b + (size_t)p * ldb + j0;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) {
+          int left = w - 16 * v;
+          __mmask16 mk = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
+          _mm512_store_ps(dst + (size_t)p * NR + 16 * v, _mm512_maskz_loadu_ps(mk, src + 16 * v));
+        }
+      }
+      continue;
+    }
+    /* op(B)(p, j) = b[j * ldb + p]: 16 x 16 blocks transposed, the rest one by one */
+    int p16 = kc & ~15;
+    for (int jj = 0; jj < NR; jj += 16) {
+      if (jj + 16 <= w)
+        for (int p = 0; p < p16; p += 16) transpose16(b + (size_t)(j0 + jj) * ldb + p, ldb, dst + (size_t)p * NR + jj, NR);
+      else
+        for (int p = 0; p < p16; p++)
+          for (int j = jj; j < jj + 16; j++) dst[(size_t)p * NR + j] = j < w ? b[(size_t)(j0 + j) * ldb + p] : 0.0f;
+    }
+    for (int p = p16; p < kc; p++)
+      for (int j = 0; j < NR; j++) dst[(size_t)p * NR + j] = j < w ? b[(size_t)(j0 + j) * ldb + p] : 0.0f;
+  }
+}
+
+/* op(A)(i, p) for i < mc, p < kc into panels of MR rows, each kc x MR, zero past mc. */
+static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa) {
+  for (int i0 = 0; i0 < mc; i0 += MR) {
+    float *dst = pa + (size_t)i0 * kc;
+    int h = mc - i0 < MR ? mc - i0 : MR;
+    for (int p = 0; p < kc; p++)
+      for (int i = 0; i < MR; i++)
+        dst[(size_t)p * MR + i] =
+            i < h ? (ta ? a[(size_t)p * lda + i0 + i] : a[(size_t)(i0 + i) * lda + p]) : 0.0f;
+  }
+}
+
+AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                           const float *b, long ldb, float *c, long ldc, float *pb, float *pa) {
+  for (int j0 = 0; j0 < n; j0 += NC) {
+    int nc = n - j0 < NC ? n - j0 : NC;
+    for (int p0 = 0; p0 < k; p0 += KC) {
+      int kc = k - p0 < KC ? k - p0 : KC;
+      pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
+      for (int i0 = 0; i0 < m; i0 += MC) {
+        int mc = m - i0 < MC ? m - i0 : MC;
+        /* op(A)'s block: in place when its rows are k-contiguous, but for a last
+           partial tile (its missing rows must read as zeros) */
+        const float *ab = ta ? a + (size_t)p0 * lda + i0 : a + (size_t)i0 * lda + p0;
+        int whole = ta ? 0 : mc / MR * MR;
+        if (whole < mc) pack_a(ta, ab + (ta ? whole : (size_t)whole * lda), lda, mc - whole, kc, pa);
+        for (int j = 0; j < nc; j += NR) {
+          const float *bp = pb + (size_t)j * kc;
+          int nr = nc - j < NR ? nc - j : NR;
+          for (int i = 0; i < mc; i += MR) {
+            float *cp = c + (size_t)(i0 + i) * ldc + j0 + j;
+            int mr = mc - i < MR ? mc - i : MR;
+            if (i < whole) kernel_rows(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha);
+            else kernel_packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha);
+          }
+        }
+      }
+    }
+  }
+}
+
+bool cv_sgemm_usable(void) {
+  static int usable = -1;
+  if (usable < 0) {
+    const char *e = getenv("CAVS_GEMM");
+    __builtin_cpu_init();
+    usable = __builtin_cpu_supports("avx512f") && !(e && strcmp(e, "blas") == 0);
+  }
+  return usable;
+}
+
+/* Each thread's packing space, kept between products (a product of the Tree-LSTM needs
+   about 1 MB, which malloc would map and unmap each time) and freed when the thread
+   ends. */
+static pthread_key_t space_key;
+static pthread_once_t space_once = PTHREAD_ONCE_INIT;
+static _Thread_local float *space;
+static _Thread_local size_t space_floats;
+static void space_key_make(void) { (void)pthread_key_create(&space_key, free); }
+
+static float *space_for(size_t floats) {
+  if (floats <= space_floats) return space;
+  (void)pthread_once(&space_once, space_key_make);
+  void *p = NULL;
+  if (posix_memalign(&p, 64, floats * sizeof(float))) return NULL;
+  free(space);
+  space = p;
+  space_floats = floats;
+  (void)pthread_setspecific(space_key, p);
+  return space;
+}
+
+int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
+             float beta, float *c, long ldc) {
+  if (m <= 0 || n <= 0) return 0;
+  int nc = n < NC ? n : NC, kc = k < KC ? k : KC, mc = m < MC ? m : MC;
+  size_t nb = (size_t)((nc + NR - 1) / NR * NR) * (size_t)kc, na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
+  float *pb = k > 0 && alpha != 0.0f ? space_for(nb + na) : NULL;
+  if (k > 0 && alpha != 0.0f && !pb) return -1;
+  if (beta != 1.0f)
+    for (int i = 0; i < m; i++) {
+      float *row = c + (size_t)i * ldc;
+      if (beta == 0.0f) memset(row, 0, sizeof(float) * (size_t)n);
+      else
+        for (int j = 0; j < n; j++) row[j] *= beta;
+    }
+  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb);
+  return 0;
+}
+
+#else /* not x86-64 with GCC or clang: never used */
+bool cv_sgemm_usable(void) { return false; }
+int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
+             float beta, float *c, long ldc) {
+  return -1;
+}
+#endif
