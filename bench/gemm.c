@@ -2,8 +2,14 @@
  * (E=H=256, a batch of 64 SST trees), timed through cblas_sgemm of whichever BLAS this
  * is linked with; bench/gemms builds it against each BLAS and prints them side by side.
  * GFLOP/s per shape (2mnk a product), the best of three timings of enough repetitions to
- * take 0.2 s, after a warm-up. */
-#define _POSIX_C_SOURCE 200809L
+ * take 0.2 s, after a warm-up. Built with -DOWN it times libcavs's own product
+ * (runtime/sgemm.c) instead, split over OWN_THREADS threads as the CPU backend splits a
+ * product: by blocks of columns (multiples of 16), or of rows when there are too few. */
+#define _GNU_SOURCE
+#ifdef OWN
+#include "../runtime/sgemm.h"
+#include <pthread.h>
+#endif
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +38,65 @@ static const struct {
     {"push   h @ Wc              (every row)", 0, 0, 4800, 5, 256},
 };
 
+#ifdef OWN
+typedef struct Part {
+  int ta, tb, m, n, k, lda, ldb, i, parts;
+  const float *a, *b;
+  float *c;
+} Part;
+
+static void *part(void *arg) {
+  Part *p = arg;
+  int by_rows = p->n < 32 * p->parts, len = by_rows ? p->m : p->n;
+  int per = ((len + p->parts - 1) / p->parts + 15) & ~15, at = p->i * per;
+  if (at >= len) return NULL;
+  int cnt = len - at < per ? len - at : per;
+  if (by_rows)
+    cv_sgemm(p->ta, p->tb, cnt, p->n, p->k, 1, p->a + (size_t)at * (p->ta ? 1 : (size_t)p->lda), p->lda, p->b, p->ldb,
+             1, p->c + (size_t)at * p->n, p->n);
+  else
+    cv_sgemm(p->ta, p->tb, p->m, cnt, p->k, 1, p->a, p->lda, p->b + (size_t)at * (p->tb ? (size_t)p->ldb : 1), p->ldb,
+             1, p->c + at, p->n);
+  return NULL;
+}
+
+/* workers that live as long as the program, as libcavs's pool does: each product is
+   two barriers, not thread starts */
+static Part parts[16];
+static int threads;
+static pthread_barrier_t start, done;
+static void *worker(void *arg) {
+  for (;;) {
+    pthread_barrier_wait(&start);
+    part(arg);
+    pthread_barrier_wait(&done);
+  }
+  return NULL;
+}
+
+static void product(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c) {
+  if (!threads) {
+    threads = getenv("OWN_THREADS") ? atoi(getenv("OWN_THREADS")) : 1;
+    if (threads < 1 || threads > 16) threads = 1;
+    pthread_barrier_init(&start, NULL, (unsigned)threads);
+    pthread_barrier_init(&done, NULL, (unsigned)threads);
+    for (int i = 1; i < threads; i++) {
+      pthread_t t;
+      pthread_create(&t, NULL, worker, &parts[i]);
+    }
+  }
+  for (int i = 0; i < threads; i++) parts[i] = (Part){ta, tb, m, n, k, lda, ldb, i, threads, a, b, c};
+  if (threads > 1) pthread_barrier_wait(&start);
+  part(&parts[0]);
+  if (threads > 1) pthread_barrier_wait(&done);
+}
+#else
+static void product(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a, lda, b,
+              ldb, 1, c, n);
+}
+#endif
+
 int main(void) {
   srand(1);
   printf("%-48s %10s\n", "shape (m x n x k)", "GFLOP/s");
@@ -48,8 +113,7 @@ int main(void) {
       int reps = 0;
       double t0 = now(), t;
       do {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1, a,
-                    lda, b, ldb, 1, c, n);
+        product(ta, tb, m, n, k, a, lda, b, ldb, c);
         reps++;
       } while ((t = now() - t0) < 0.2);
       double g = 2.0 * m * n * k * reps / t / 1e9;
