@@ -320,7 +320,9 @@ static void rows_run(RowJob *q) {
     row_part(q, 0);
   } else
     cv_pool_run(pool, row_part, q, q->parts);
-  q->c->model->stats.rows_seconds += cv_now() - t0;
+  double t = cv_now() - t0;
+  q->c->model->stats.rows_seconds += t;
+  if (q->op == ROW_GATHER_FWD || q->op == ROW_GATHER_BWD) q->c->model->stats.gather_seconds += t;
 }
 
 static long state_width(const cavs_ctx *c) { return c->model->bw[c->desc->state_buf]; }

@@ -125,6 +125,8 @@ typedef struct cavs_backend_stats {
      clears, the optimizer steps, and the scheduler's own work (levels, rows, tasks, the
      passes' plans) */
   double rows_seconds, loop_seconds, zero_seconds, step_seconds, schedule_seconds;
+  double gather_seconds; /* the part of rows_seconds that the gathers of children's rows
+                            and their backward (the scatter-adds) took */
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);
