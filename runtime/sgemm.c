@@ -154,6 +154,10 @@ static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa)
   for (int i0 = 0; i0 < mc; i0 += MR) {
     float *dst = pa + (size_t)i0 * kc;
     int h = mc - i0 < MR ? mc - i0 : MR;
+    if (ta && h == MR) { /* a whole panel of a transposed A: MR contiguous floats a k */
+      for (int p = 0; p < kc; p++) memcpy(dst + (size_t)p * MR, a + (size_t)p * lda + i0, sizeof(float) * MR);
+      continue;
+    }
     for (int p = 0; p < kc; p++)
       for (int i = 0; i < MR; i++)
         dst[(size_t)p * MR + i] =
