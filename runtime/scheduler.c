@@ -8,6 +8,14 @@
  * run over a type's rows in one call. Tasks run level by level (children first). All of
  * it is O(V) with counting sorts, in scratch arrays that only grow.
  *
+ * Within a (type, level), rows are numbered from the top down so that a task's children
+ * at one slot are consecutive rows wherever the structure allows: the roots first, then,
+ * task by task from the highest level, slot by slot, each parent's child in the parent's
+ * row order takes the next row of its own (type, level). For chains and complete trees
+ * every slot's gather is then one contiguous range of the level below (the layout a
+ * gather needs to become a view); for a vertex with two parents the first one seen
+ * places it. cavs_backend_stats counts the gathered rows and those in such ranges.
+ *
  * Forward:  pull (all rows) -> eager (per type) -> path (per task) -> lazy (per type)
  *           -> push (all rows, losses).
  * Backward: the same in reverse; every parameter gradient of a type is formed after its
@@ -55,6 +63,8 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       if (t < 0 || t >= d->nvertex)
         return cv_fail(m, "graph %d, vertex %d: type %d is not a vertex block of '%s'", g, v, t, d->name);
       m->vtype[base + v] = t;
+      /* m->child holds each vertex's children by vertex until the rows are numbered */
+      for (int s = 0; s < m->maxc; s++) m->child[(size_t)(base + v) * m->maxc + s] = -1;
       for (int s = 0; s < G->maxc; s++) {
         int ch = G->child[(size_t)v * G->maxc + s];
         if (ch < 0) continue;
@@ -63,6 +73,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
           return cv_fail(m, "graph %d, vertex %d: a child in slot %d, but '%s' takes %d", g, v, s,
                          d->vertex[t].name, d->vertex[t].children);
         m->pcount[base + ch + 1]++;
+        m->child[(size_t)(base + v) * m->maxc + s] = base + ch;
       }
     }
     base += G->n;
@@ -159,8 +170,30 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     }
   m->ntask = ntask;
   m->nlevels = L;
-  /* count[t * L + l] moves from the first row of (t, l) to the first of (t, l + 1) */
-  for (int v = 0; v < N; v++) m->row_of[v] = m->count[m->vtype[v] * L + m->level[v]]++;
+  /* Rows, from the top down (the header): count[t * L + l] moves from the first row of
+     (t, l) to the first of (t, l + 1); queue[r] is the vertex of row r. A task's rows
+     are all numbered before it is reached: its vertices are roots or children of a
+     higher level's. */
+  int C = m->maxc;
+  for (int v = 0; v < N; v++) m->row_of[v] = -1;
+  for (int v = 0; v < N; v++)
+    if (m->pcount[v + 1] == m->pcount[v]) {
+      int r = m->count[m->vtype[v] * L + m->level[v]]++;
+      m->row_of[v] = r;
+      m->queue[r] = v;
+    }
+  for (int i = ntask - 1; i >= 0 && C > 0; i--) {
+    if (m->task_level[i] == 0) continue;
+    int r0 = m->task_r0[i], n = m->task_n[i];
+    for (int s = 0; s < C; s++)
+      for (int r = r0; r < r0 + n; r++) {
+        int ch = m->child[(size_t)m->queue[r] * C + s];
+        if (ch < 0 || m->row_of[ch] >= 0) continue;
+        int rr = m->count[m->vtype[ch] * L + m->level[ch]]++;
+        m->row_of[ch] = rr;
+        m->queue[rr] = ch;
+      }
+  }
   if (k + 1 > m->capgraphs) {
     if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1)) return -1;
     m->capgraphs = k + 1;
@@ -174,7 +207,6 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   m->rows = N;
   m->ctx.rows = N;
   /* per-row arrays */
-  int C = m->maxc;
   base = 0;
   for (int g = 0; g < k; g++) {
     const cavs_graph *G = graphs[g];
@@ -212,6 +244,26 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       }
     }
     base += G->n;
+  }
+  /* the gathers' layout: a task's slot is in place when every row of the task has a
+     child there and those children are consecutive rows, in the task's order */
+  for (int i = 0; i < ntask; i++) {
+    int r0 = m->task_r0[i], n = m->task_n[i];
+    for (int s = 0; s < d->vertex[m->task_type[i]].children; s++) {
+      long have = 0;
+      bool seq = true;
+      for (int r = r0; r < r0 + n; r++) {
+        int ch = m->child[(size_t)r * C + s];
+        if (ch < 0) {
+          seq = false;
+          continue;
+        }
+        have++;
+        if (ch != m->child[(size_t)r0 * C + s] + (r - r0)) seq = false;
+      }
+      m->stats.gathered_rows += have;
+      if (seq) m->stats.gathered_in_place += have;
+    }
   }
   return 0;
 }

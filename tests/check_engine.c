@@ -386,6 +386,73 @@ END_TEST
 
 /* A descriptor generated against another ABI is refused before anything in it but its
  * version is read, with a message that says what to do. */
+/* The scheduler numbers a level's rows from the top down (scheduler.c): in a minibatch of
+ * complete binary trees of different depths (roots at several levels) and one of chains
+ * of different lengths (sentences ending at every level), every child slot of every
+ * task is one contiguous range of rows in the parents' order. On random trees some are
+ * not, and the count says so without going past the rows gathered. */
+static void complete_tree(TGraph *t, int depth, unsigned *seed, const cavs_desc *d, const long *dims) {
+  memset(t, 0, sizeof *t);
+  int leaves = 1 << depth, n = 2 * leaves - 1;
+  t->g.n = n;
+  t->g.maxc = 2;
+  /* vertices bottom level first: level l's vertices follow level l - 1's */
+  for (int v = 0; v < n; v++) t->child[2 * v] = t->child[2 * v + 1] = -1;
+  for (int lo = 0, w = leaves; w > 1; lo += w, w /= 2)
+    for (int i = 0; i < w / 2; i++) {
+      t->child[2 * (lo + w + i)] = lo + 2 * i;
+      t->child[2 * (lo + w + i) + 1] = lo + 2 * i + 1;
+    }
+  t->g.child = t->child;
+  tg_features(t, d, dims, seed);
+}
+
+static void chain(TGraph *t, int n, unsigned *seed, const cavs_desc *d, const long *dims) {
+  memset(t, 0, sizeof *t);
+  t->g.n = n;
+  t->g.maxc = 1;
+  for (int v = 0; v < n; v++) t->child[v] = v - 1;
+  t->g.child = t->child;
+  tg_features(t, d, dims, seed);
+}
+
+static void layout_of(const char *file, int which, double *share, long *rows) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  unsigned seed = 5;
+  if (which == 1)
+    for (k = 0; k < 6; k++) complete_tree(&g[k], (int[]){3, 1, 4, 2, 0, 5}[k], &seed, d, dims);
+  if (which == 2)
+    for (k = 0; k < 7; k++) chain(&g[k], (int[]){9, 1, 4, 17, 4, 30, 2}[k], &seed, d, dims);
+  for (int i = 0; i < k; i++) gs[i] = &g[i].g;
+  cavs_model *m = new_model(d, dims, 3);
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, k, &st) == 0, "%s", cavs_model_error(m));
+  cavs_backend_stats bs;
+  cavs_model_backend_stats(m, &bs, 0);
+  ck_assert(bs.gathered_in_place >= 0 && bs.gathered_in_place <= bs.gathered_rows);
+  *share = bs.gathered_rows ? (double)bs.gathered_in_place / (double)bs.gathered_rows : -1;
+  *rows = bs.gathered_rows;
+  cavs_model_free(m);
+}
+
+START_TEST(layout_puts_slots_in_ranges) {
+  double share;
+  long rows;
+  layout_of("treefc.vf", 1, &share, &rows);
+  ck_assert_int_eq(rows, 2 * (7 + 1 + 15 + 3 + 0 + 31)); /* two children a parent */
+  ck_assert_msg(share == 1, "complete trees: %g of the gathered rows in ranges", share);
+  layout_of("lstm_lm.vf", 2, &share, &rows);
+  ck_assert_int_eq(rows, 8 + 0 + 3 + 16 + 3 + 29 + 1);
+  ck_assert_msg(share == 1, "chains: %g of the gathered rows in ranges", share);
+  layout_of("treefc.vf", 0, &share, &rows);
+  ck_assert(rows > 0 && share >= 0 && share < 1);
+}
+END_TEST
+
 START_TEST(abi_mismatch_is_refused) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
@@ -473,6 +540,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
+  tcase_add_test(tc, layout_puts_slots_in_ranges);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
