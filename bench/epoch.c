@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
            "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, other %.2fs; %ld "
-           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in contiguous ranges\n",
+           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks a view could read\n",
            gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, other,
            bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0);

@@ -128,8 +128,9 @@ typedef struct cavs_backend_stats {
   double gather_seconds; /* the part of rows_seconds that the gathers of children's rows
                             and their backward (the scatter-adds) took */
   /* the scheduler's layout: the rows gathered (a child's row read by its parent's task,
-     one a slot), and of those the rows of a task's slot whose children are consecutive
-     rows in the task's order (one contiguous range: a view would do, no copy) */
+     one a slot), and of those the rows of tasks whose children are one block of rows,
+     parent by parent and slot by slot (the task's gathered buffer read in place: a view
+     would do, no copy) */
   long gathered_rows, gathered_in_place;
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);

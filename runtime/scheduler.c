@@ -9,12 +9,14 @@
  * it is O(V) with counting sorts, in scratch arrays that only grow.
  *
  * Within a (type, level), rows are numbered from the top down so that a task's children
- * at one slot are consecutive rows wherever the structure allows: the roots first, then,
- * task by task from the highest level, slot by slot, each parent's child in the parent's
- * row order takes the next row of its own (type, level). For chains and complete trees
- * every slot's gather is then one contiguous range of the level below (the layout a
- * gather needs to become a view); for a vertex with two parents the first one seen
- * places it. cavs_backend_stats counts the gathered rows and those in such ranges.
+ * are consecutive rows wherever the structure allows: the roots first, then, task by
+ * task from the highest level, row by row, each parent's children in slot order take
+ * the next rows of their own (type, level). For chains and complete trees the children
+ * of a task's rows are then one block of the level below, parent by parent, slot by
+ * slot: the rows of the task's gathered buffer ([rows, C * width], slot k at column
+ * k * width) read as one [C * rows, width] block of the state buffer, which a gather
+ * needs to become a view. For a vertex with two parents the first one seen places it.
+ * cavs_backend_stats counts the gathered rows and those in such blocks.
  *
  * Forward:  pull (all rows) -> eager (per type) -> path (per task) -> lazy (per type)
  *           -> push (all rows, losses).
@@ -185,8 +187,8 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   for (int i = ntask - 1; i >= 0 && C > 0; i--) {
     if (m->task_level[i] == 0) continue;
     int r0 = m->task_r0[i], n = m->task_n[i];
-    for (int s = 0; s < C; s++)
-      for (int r = r0; r < r0 + n; r++) {
+    for (int r = r0; r < r0 + n; r++)
+      for (int s = 0; s < C; s++) {
         int ch = m->child[(size_t)m->queue[r] * C + s];
         if (ch < 0 || m->row_of[ch] >= 0) continue;
         int rr = m->count[m->vtype[ch] * L + m->level[ch]]++;
@@ -245,25 +247,22 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     }
     base += G->n;
   }
-  /* the gathers' layout: a task's slot is in place when every row of the task has a
-     child there and those children are consecutive rows, in the task's order */
+  /* the gathers' layout: a task's gathered rows are in place when its rows with
+     children (those past its first task_leaf) have every slot of their type filled and
+     child k of its i-th such row is row b + i * S + k, S its type's slots */
   for (int i = 0; i < ntask; i++) {
-    int r0 = m->task_r0[i], n = m->task_n[i];
-    for (int s = 0; s < d->vertex[m->task_type[i]].children; s++) {
-      long have = 0;
-      bool seq = true;
-      for (int r = r0; r < r0 + n; r++) {
+    int r0 = m->task_r0[i] + m->task_leaf[i], n = m->task_n[i] - m->task_leaf[i];
+    int S = d->vertex[m->task_type[i]].children;
+    long have = 0;
+    bool block = true;
+    for (int r = r0; r < r0 + n; r++)
+      for (int s = 0; s < S; s++) {
         int ch = m->child[(size_t)r * C + s];
-        if (ch < 0) {
-          seq = false;
-          continue;
-        }
-        have++;
-        if (ch != m->child[(size_t)r0 * C + s] + (r - r0)) seq = false;
+        have += ch >= 0;
+        if (ch < 0 || ch != m->child[(size_t)r0 * C] + (r - r0) * S + s) block = false;
       }
-      m->stats.gathered_rows += have;
-      if (seq) m->stats.gathered_in_place += have;
-    }
+    m->stats.gathered_rows += have;
+    if (block) m->stats.gathered_in_place += have;
   }
   return 0;
 }

@@ -388,9 +388,9 @@ END_TEST
  * version is read, with a message that says what to do. */
 /* The scheduler numbers a level's rows from the top down (scheduler.c): in a minibatch of
  * complete binary trees of different depths (roots at several levels) and one of chains
- * of different lengths (sentences ending at every level), every child slot of every
- * task is one contiguous range of rows in the parents' order. On random trees some are
- * not, and the count says so without going past the rows gathered. */
+ * of different lengths (sentences ending at every level), the children of every task's
+ * rows are one block of rows, parent by parent and slot by slot. On random trees some
+ * are not, and the count says so without going past the rows gathered. */
 static void complete_tree(TGraph *t, int depth, unsigned *seed, const cavs_desc *d, const long *dims) {
   memset(t, 0, sizeof *t);
   int leaves = 1 << depth, n = 2 * leaves - 1;
@@ -439,15 +439,15 @@ static void layout_of(const char *file, int which, double *share, long *rows) {
   cavs_model_free(m);
 }
 
-START_TEST(layout_puts_slots_in_ranges) {
+START_TEST(layout_puts_children_in_blocks) {
   double share;
   long rows;
   layout_of("treefc.vf", 1, &share, &rows);
   ck_assert_int_eq(rows, 2 * (7 + 1 + 15 + 3 + 0 + 31)); /* two children a parent */
-  ck_assert_msg(share == 1, "complete trees: %g of the gathered rows in ranges", share);
+  ck_assert_msg(share == 1, "complete trees: %g of the gathered rows in blocks", share);
   layout_of("lstm_lm.vf", 2, &share, &rows);
   ck_assert_int_eq(rows, 8 + 0 + 3 + 16 + 3 + 29 + 1);
-  ck_assert_msg(share == 1, "chains: %g of the gathered rows in ranges", share);
+  ck_assert_msg(share == 1, "chains: %g of the gathered rows in blocks", share);
   layout_of("treefc.vf", 0, &share, &rows);
   ck_assert(rows > 0 && share >= 0 && share < 1);
 }
@@ -540,7 +540,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
-  tcase_add_test(tc, layout_puts_slots_in_ranges);
+  tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
