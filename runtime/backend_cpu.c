@@ -37,10 +37,25 @@ static int cpu_probe(char *msg, size_t len) {
   return 0;
 }
 
-/* The backend's state of one model (m->bs): its threads. */
+/* A parameter packed for sgemm.c's products, as it was in pass `pass`: a product by a
+   parameter runs once a task, and packing it each time cost as much as a small task's
+   product (the top levels of a tree). Keyed by where op(B) starts and its shape. */
+typedef struct Packed {
+  const void *b;
+  long ldb;
+  int tb, n, k;
+  unsigned pass;
+  float *data;
+  size_t floats;
+} Packed;
+enum { PACKED_MAX = 32 };
+
+/* The backend's state of one model (m->bs): its threads, its packed parameters. */
 typedef struct Cpu {
   cv_pool *pool; /* NULL: one thread */
   int threads;
+  Packed packed[PACKED_MAX];
+  int npacked;
 } Cpu;
 
 static cv_pool *pool_of(const cavs_ctx *c) { return c->model->bs ? ((Cpu *)c->model->bs)->pool : NULL; }
@@ -103,7 +118,10 @@ static int cpu_zero_rows(cavs_model *m, void *base, size_t row, const int *rows,
 }
 static void cpu_close(cavs_model *m) {
   Cpu *s = m->bs;
-  if (s) cv_pool_free(s->pool);
+  if (s) {
+    cv_pool_free(s->pool);
+    for (int i = 0; i < s->npacked; i++) free(s->packed[i].data);
+  }
   free(s);
   m->bs = NULL;
 }
@@ -124,15 +142,18 @@ typedef struct GemmJob {
   long lda, ldb, ldc;
   int parts;
   bool by_rows;
-  bool own; /* sgemm.c's product rather than the BLAS's, decided for the whole product */
+  bool own;             /* sgemm.c's product rather than the BLAS's, decided for the whole product */
+  const float *packed;  /* with own: op(B) packed for this pass (a parameter), or NULL */
 } GemmJob;
 
 static void gemm_part(void *arg, int i) {
   const GemmJob *g = arg;
   size_t es = g->dbl ? 8 : 4;
   int len = g->by_rows ? g->m : g->n;
-  /* blocks of whole 16-element groups (64 bytes of floats) */
-  int per = ((len + g->parts - 1) / g->parts + 15) & ~15, at = i * per;
+  /* blocks of whole 16-element groups (64 bytes of floats); of whole 64-column panels
+     when they read a packed parameter */
+  int align = g->packed && !g->by_rows ? 64 : 16;
+  int per = ((len + g->parts - 1) / g->parts + align - 1) / align * align, at = i * per;
   if (at >= len) return;
   int cnt = len - at < per ? len - at : per;
   const char *a = g->a, *b = g->b;
@@ -147,6 +168,9 @@ static void gemm_part(void *arg, int i) {
     c += (size_t)at * es;
     n = cnt;
   }
+  if (g->packed && cv_sgemm_packed(g->A == CblasTrans, m, n, g->k, (float)g->alpha, (const float *)a, g->lda,
+                                    g->packed, g->n, g->by_rows ? 0 : at, (float)g->beta, (float *)c, g->ldc) == 0)
+    return;
   if (g->own && cv_sgemm(g->A == CblasTrans, g->B == CblasTrans, m, n, g->k, (float)g->alpha, (const float *)a,
                          g->lda, (const float *)b, g->ldb, (float)g->beta, (float *)c, g->ldc) == 0)
     return;
@@ -158,17 +182,50 @@ static void gemm_part(void *arg, int i) {
                 (const float *)b, (int)g->ldb, (float)g->beta, (float *)c, (int)g->ldc);
 }
 
+/* op(B) packed for this pass when it is one of the model's parameters (they do not
+   change within a pass: cavs_model_forward and cavs_model_backward count passes), or
+   NULL: not a parameter, no room in the table, no memory (the product packs it itself). */
+static const float *packed_param(cavs_model *m, bool tb, int n, int k, const void *b, long ldb) {
+  Cpu *s = m->bs;
+  const char *p = b, *lo = m->pflat, *hi = lo + m->nflat * m->esize;
+  if (!s || !lo || p < lo || p >= hi) return NULL;
+  Packed *e = NULL;
+  for (int i = 0; i < s->npacked && !e; i++) {
+    Packed *q = &s->packed[i];
+    if (q->b == b && q->ldb == ldb && q->tb == tb && q->n == n && q->k == k) e = q;
+  }
+  if (!e) {
+    if (s->npacked == PACKED_MAX) return NULL;
+    e = &s->packed[s->npacked++];
+    *e = (Packed){.b = b, .ldb = ldb, .tb = tb, .n = n, .k = k, .pass = m->pass - 1};
+  }
+  if (e->pass != m->pass) {
+    size_t need = cv_sgemm_packed_floats(n, k);
+    if (need > e->floats) {
+      void *d = NULL;
+      if (posix_memalign(&d, 64, need * sizeof(float))) return NULL;
+      free(e->data);
+      e->data = d;
+      e->floats = need;
+    }
+    cv_sgemm_pack(tb, n, k, b, ldb, e->data);
+    e->pass = m->pass;
+  }
+  return e->data;
+}
+
 static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
                        double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
                        long ldc) {
   cv_pool *pool = pool_of(c);
   int parts = cv_pool_threads(pool);
-  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false};
+  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, NULL};
   /* Single precision through sgemm.c where the processor has AVX-512 (twice the BLAS's
      rate here, bench/README), but for C narrower than one vector (a classifier's few
      classes), where its 64-column tiles would be mostly padding. Its one failure (no
      memory for packing) falls back to the BLAS, which computes the same product. */
   g.own = !g.dbl && n >= 16 && c->model->own_gemm;
+  if (g.own) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
   /* below a megaflop, or without 32 columns (rows) a thread, one call */
   if (!pool || 2.0 * m * n * k < 1e6 || (n < 32 * parts && m < 32 * parts)) {
     g.parts = 1;

@@ -80,6 +80,8 @@ struct cavs_model {
   int nplan, capplan;
   bool overlap;
   bool own_gemm; /* the CPU backend's single-precision products through sgemm.c */
+  unsigned pass; /* counts passes: the parameters do not change within one (the CPU
+                    backend keeps packed parameters for the pass) */
   int order;
   int plan_pass; /* 0: the plan is a forward pass, 1: a backward one */
   /* scheduling scratch, grown only */

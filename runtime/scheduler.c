@@ -484,6 +484,7 @@ int cavs_run_plan(cavs_model *m) {
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
+  m->pass++;
   double t0 = cv_now();
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
@@ -526,6 +527,7 @@ int cavs_model_root_class(const cavs_model *m, int g) {
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;
+  m->pass++;
   int N = m->rows;
   for (int b = 0; b < d->nbufs; b++)
     if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE)

@@ -165,13 +165,17 @@ static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa)
   }
 }
 
+/* With `pre` (cv_sgemm_pack's layout, npad columns a slice, this product's columns
+   starting at its column jo), op(B) is read from there instead of packed here. */
 AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
-                           const float *b, long ldb, float *c, long ldc, float *pb, float *pa) {
+                           const float *b, long ldb, float *c, long ldc, float *pb, float *pa, const float *pre,
+                           long npad, int jo) {
   for (int j0 = 0; j0 < n; j0 += NC) {
     int nc = n - j0 < NC ? n - j0 : NC;
     for (int p0 = 0; p0 < k; p0 += KC) {
       int kc = k - p0 < KC ? k - p0 : KC;
-      pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
+      if (pre) pb = (float *)pre + (size_t)p0 * (size_t)npad + (size_t)(jo + j0) * (size_t)kc;
+      else pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
       for (int i0 = 0; i0 < m; i0 += MC) {
         int mc = m - i0 < MC ? m - i0 : MC;
         /* op(A)'s block: in place when its rows are k-contiguous, but for a last
@@ -225,6 +229,18 @@ static float *space_for(size_t floats) {
   return space;
 }
 
+/* C = beta C, before the products add to it: 0 sets it (its old NaNs do not count, as in
+   BLAS) */
+static void scale(int m, int n, float beta, float *c, long ldc) {
+  if (beta == 1.0f) return;
+  for (int i = 0; i < m; i++) {
+    float *row = c + (size_t)i * ldc;
+    if (beta == 0.0f) memset(row, 0, sizeof(float) * (size_t)n);
+    else
+      for (int j = 0; j < n; j++) row[j] *= beta;
+  }
+}
+
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
              float beta, float *c, long ldc) {
   if (m <= 0 || n <= 0) return 0;
@@ -232,19 +248,46 @@ int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
   size_t nb = (size_t)((nc + NR - 1) / NR * NR) * (size_t)kc, na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
   float *pb = k > 0 && alpha != 0.0f ? space_for(nb + na) : NULL;
   if (k > 0 && alpha != 0.0f && !pb) return -1;
-  if (beta != 1.0f)
-    for (int i = 0; i < m; i++) {
-      float *row = c + (size_t)i * ldc;
-      if (beta == 0.0f) memset(row, 0, sizeof(float) * (size_t)n);
-      else
-        for (int j = 0; j < n; j++) row[j] *= beta;
-    }
-  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb);
+  scale(m, n, beta, c, ldc);
+  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb, NULL, 0, 0);
+  return 0;
+}
+
+/* A whole op(B) packed once: for each KC-deep slice, its panels side by side, the
+   columns padded to a multiple of NR: the panels product() packs for each block, at the
+   offsets it would read them from. */
+size_t cv_sgemm_packed_floats(int n, int k) { return (size_t)((n + NR - 1) / NR * NR) * (size_t)(k > 0 ? k : 0); }
+
+void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packed) {
+  long npad = (n + NR - 1) / NR * NR;
+  for (int p0 = 0; p0 < k; p0 += KC) {
+    int kc = k - p0 < KC ? k - p0 : KC;
+    pack_b(tb, tb ? b + p0 : b + (size_t)p0 * ldb, ldb, kc, n, packed + (size_t)p0 * (size_t)npad);
+  }
+}
+
+int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                    int ncols, int jo, float beta, float *c, long ldc) {
+  if (m <= 0 || n <= 0) return 0;
+  if (jo % NR || jo + n > ncols) return -1;
+  int mc = m < MC ? m : MC, kc = k < KC ? k : KC;
+  size_t na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
+  float *pa = k > 0 && alpha != 0.0f ? space_for(na) : NULL;
+  if (k > 0 && alpha != 0.0f && !pa) return -1;
+  scale(m, n, beta, c, ldc);
+  long npad = (ncols + NR - 1) / NR * NR;
+  if (pa) product(ta, false, m, n, k, alpha, a, lda, NULL, 0, c, ldc, NULL, pa, packed, npad, jo);
   return 0;
 }
 
 #else /* not x86-64 with GCC or clang: never used */
 bool cv_sgemm_usable(void) { return false; }
+size_t cv_sgemm_packed_floats(int n, int k) { return 0; }
+void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packed) {}
+int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                    int ncols, int jo, float beta, float *c, long ldc) {
+  return -1;
+}
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
              float beta, float *c, long ldc) {
   return -1;

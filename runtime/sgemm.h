@@ -3,6 +3,7 @@
 #ifndef CAVS_SGEMM_H
 #define CAVS_SGEMM_H
 #include <stdbool.h>
+#include <stddef.h>
 
 /* Whether this process can use cv_sgemm: the processor has AVX-512F and the
    environment does not ask for the BLAS (CAVS_GEMM=blas). Decided once. */
@@ -10,4 +11,13 @@ bool cv_sgemm_usable(void);
 /* 0, or -1 when out of memory (C untouched then only if beta is 1). */
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
              float beta, float *c, long ldc);
+/* op(B) (k x n) packed once, for many products that share it (a parameter within a
+   pass): the floats it needs, and the packing. */
+size_t cv_sgemm_packed_floats(int n, int k);
+void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packed);
+/* cv_sgemm's product over columns [jo, jo + n) of a packed op(B) of ncols columns (jo
+   a multiple of 64): the same bits as cv_sgemm over those columns. -1 when out of
+   memory or jo is not a panel's start. */
+int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                    int ncols, int jo, float beta, float *c, long ldc);
 #endif

@@ -333,6 +333,47 @@ START_TEST(sgemm_splits_change_no_bit) {
 }
 END_TEST
 
+/* A parameter packed once a pass (cv_sgemm_pack) and read by many products, over all of
+ * its columns or a thread's block of them, gives the bits of packing it each time. */
+START_TEST(sgemm_packed_changes_no_bit) {
+  if (!cv_sgemm_usable()) return;
+  static const int shapes[][3] = {{37, 1000, 600}, {6, 64, 256}, {1, 130, 17}, {200, 768, 256}, {5, 70, 530}};
+  for (int s = 0; s < 5; s++)
+    for (int t = 0; t < 4; t++) {
+      bool ta = t & 1, tb = t >> 1;
+      int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+      long lda = ta ? m : k, ldb = (tb ? k : n) + 3;
+      float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)(tb ? n : k) * ldb);
+      float *want = malloc(sizeof(float) * (size_t)m * n), *got = malloc(sizeof(float) * (size_t)m * n);
+      float *packed = NULL;
+      ck_assert(!posix_memalign((void **)&packed, 64, sizeof(float) * cv_sgemm_packed_floats(n, k)));
+      ck_assert(a && b && want && got);
+      for (long i = 0; i < (long)m * k; i++) a[i] = rnd_value();
+      for (long i = 0; i < (long)(tb ? n : k) * ldb; i++) b[i] = rnd_value();
+      for (long i = 0; i < (long)m * n; i++) want[i] = got[i] = rnd_value();
+      ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 1, want, n), 0);
+      cv_sgemm_pack(tb, n, k, b, ldb, packed);
+      /* columns in blocks that start on panels: [0, 64), [64, j1), [j1, n) */
+      int j1 = n > 128 ? (n / 2) / 64 * 64 : n;
+      static const int starts[] = {0, 64};
+      for (int q = 0; q < 3; q++) {
+        int j0 = q < 2 ? starts[q] : j1, je = q == 0 ? 64 : q == 1 ? j1 : n;
+        if (je > n) je = n;
+        if (j0 >= je) continue;
+        ck_assert_int_eq(cv_sgemm_packed(ta, m, je - j0, k, 0.5f, a, lda, packed, n, j0, 1, got + j0, n), 0);
+      }
+      ck_assert_msg(!memcmp(want, got, sizeof(float) * (size_t)m * n), "%d%d %dx%dx%d: packed differs", ta, tb, m, n,
+                    k);
+      ck_assert_int_eq(cv_sgemm_packed(ta, m, 1, k, 1, a, lda, packed, n, 16, 1, got, n), -1); /* not a panel */
+      free(a);
+      free(b);
+      free(want);
+      free(got);
+      free(packed);
+    }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("math");
   TCase *tc = tcase_create("exp");
@@ -354,6 +395,7 @@ int main(void) {
   tcase_set_timeout(mm, 120);
   tcase_add_test(mm, sgemm_matches_double);
   tcase_add_test(mm, sgemm_splits_change_no_bit);
+  tcase_add_test(mm, sgemm_packed_changes_no_bit);
   suite_add_tcase(s, mm);
   return tu_run_suite(s);
 }
