@@ -1,9 +1,22 @@
 /* kernels.h: the CPU backend's kernels, written once and instantiated for float and for
  * double by backend_cpu.c (#define R, CV_NAME and CV_EXP, then #include). The row
  * kernels run over rows [r0, r0 + n) of the minibatch. The per-element formulas every
- * backend shares (optimizer updates, loss gradients) are arith.h's. */
+ * backend shares (optimizer updates, loss gradients) are arith.h's.
+ *
+ * libcavs is built for its architecture's baseline (configure.ac): the kernels that
+ * compute over every parameter or every row (the optimizer step, the losses, the
+ * finiteness check, the gathers, lookups and row copies and their backward sums) are
+ * CV_HOT, compiled also for AVX2 and AVX-512, the version the processor can run chosen
+ * once when the library loads (GCC's target_clones). */
+#ifndef CV_HOT
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CV_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CV_HOT
+#endif
+#endif
 
-static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
+CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
   const R *S = (const R *)c->val[d->state_buf];
   long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
@@ -17,7 +30,7 @@ static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int
 
 /* columns [j0, j1) of the state's (j1 < 0: all of them); two parents may share a child,
    so threads split this by columns, not rows */
-static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n, long j0, long j1) {
+CV_HOT static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n, long j0, long j1) {
   const cavs_desc *d = c->desc;
   R *dS = (R *)c->grad[d->state_buf];
   long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
@@ -31,7 +44,7 @@ static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r
   }
 }
 
-static void CV_NAME(lookup_fwd)(const R *table, long ldt, const int *idx, R *dst, long ld, int r0,
+CV_HOT static void CV_NAME(lookup_fwd)(const R *table, long ldt, const int *idx, R *dst, long ld, int r0,
                                 int n, long w) {
   for (int r = r0; r < r0 + n; r++) {
     R *o = dst + (size_t)r * ld;
@@ -40,7 +53,7 @@ static void CV_NAME(lookup_fwd)(const R *table, long ldt, const int *idx, R *dst
   }
 }
 
-static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *src, long ld, int r0,
+CV_HOT static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *src, long ld, int r0,
                                 int n, long w) {
   for (int r = r0; r < r0 + n; r++) {
     if (idx[r] < 0) continue;
@@ -50,7 +63,7 @@ static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *sr
   }
 }
 
-static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
+CV_HOT static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
   for (int r = 0; r < n; r++) {
     R *o = dst + (size_t)r * ldd;
     const R *s = src + (size_t)r * lds;
@@ -84,7 +97,7 @@ static R CV_NAME(sum_exp)(const R *z, long w, R mx) {
   return s;
 }
 
-static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, int r0, int n,
+CV_HOT static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, int r0, int n,
                               long w) {
   cavs_loss_acc *a = &c->loss[loss];
   for (int r = r0; r < r0 + n; r++) {
@@ -104,7 +117,7 @@ static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const 
   }
 }
 
-static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, R *dz, long ldd,
+CV_HOT static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, R *dz, long ldd,
                               int r0, int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (!a->count) return;
@@ -121,7 +134,7 @@ static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const 
   }
 }
 
-static void CV_NAME(mse_fwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, int r0, int n,
+CV_HOT static void CV_NAME(mse_fwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, int r0, int n,
                              long w) {
   cavs_loss_acc *a = &c->loss[loss];
   for (int r = r0; r < r0 + n; r++) {
@@ -137,7 +150,7 @@ static void CV_NAME(mse_fwd)(cavs_ctx *c, int loss, const R *p, long ld, const R
   }
 }
 
-static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, R *dp, long ldd,
+CV_HOT static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R *t, long ldt, R *dp, long ldd,
                              int r0, int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (!a->count) return;
@@ -149,7 +162,7 @@ static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, const R
   }
 }
 
-static long CV_NAME(first_bad)(const R *p, size_t n) {
+CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (!isfinite(p[i])) return (long)i;
   return -1;
@@ -157,7 +170,7 @@ static long CV_NAME(first_bad)(const R *p, size_t n) {
 
 /* One optimizer step over the spans of the flat blocks: weight decay (added to the
  * gradient), the global norm clip, then the update (Adam with bias correction). */
-static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
+CV_HOT static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
                           double eps) {
   R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
   double norm2 = 0, scale = 1;
