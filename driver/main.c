@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- numbers on the command line: whole, in range, never silently cut ---- */
 
@@ -85,6 +86,23 @@ static const char usage[] =
     "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
 
+/* The default --threads: what the environment asks of a numerical program
+   (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
+   else the processors online. */
+static int default_threads(void) {
+  static const char *const vars[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *v = getenv(vars[i]);
+    char *end;
+    if (!v || !*v) continue;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (!errno && !*end && n >= 1 && n <= 1024) return (int)n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 1024 ? 1024 : (int)n;
+}
+
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
@@ -103,7 +121,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
   if (!strcmp(cmd, "build")) return cmd_build(argc - 1, argv + 1);
-  TrainOpts o = {.epochs = 10, .batch = 64, .threads = 2, .seed = 1,
+  TrainOpts o = {.epochs = 10, .batch = 64, .threads = default_threads(), .seed = 1,
                  .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
   const char *data = NULL, *format = NULL, *model_opt = NULL;
   static const struct option lo[] = {

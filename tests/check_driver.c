@@ -189,6 +189,39 @@ END_TEST
 /* --device names the backend; the first line of the output says where the model runs
  * (predict's on standard error: its output is data); an unknown device is refused
  * before anything is read or written. */
+/* Without --threads, what OMP_NUM_THREADS or OPENBLAS_NUM_THREADS say, else the
+ * processors online; a value that is not a thread count is passed over. */
+static void threads_shown(const char *omp, const char *openblas, long want) {
+  if (omp) setenv("OMP_NUM_THREADS", omp, 1);
+  else unsetenv("OMP_NUM_THREADS");
+  if (openblas) setenv("OPENBLAS_NUM_THREADS", openblas, 1);
+  else unsetenv("OPENBLAS_NUM_THREADS");
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim",
+                     "E=4", "--dim", "H=4", "--epochs", "1", NULL);
+  ok(&r, "train without --threads");
+  char line[64];
+  snprintf(line, sizeof line, "device: cpu, %ld threads\n", want);
+  ck_assert_msg(!strncmp(r.out, line, strlen(line)), "OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s, want %ld: %s",
+                omp ? omp : "(unset)", openblas ? openblas : "(unset)", want, tu_tail(r.out, 600));
+  tu_free(&r);
+}
+
+START_TEST(threads_default_from_the_machine) {
+  gen_data();
+  const char *omp = getenv("OMP_NUM_THREADS"), *ob = getenv("OPENBLAS_NUM_THREADS");
+  char *omp0 = omp ? strdup(omp) : NULL, *ob0 = ob ? strdup(ob) : NULL;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  threads_shown("3", "5", 3);
+  threads_shown(NULL, "5", 5);
+  threads_shown("0", "x", online < 1 ? 1 : online > 1024 ? 1024 : online);
+  threads_shown(NULL, NULL, online < 1 ? 1 : online > 1024 ? 1024 : online);
+  if (omp0) setenv("OMP_NUM_THREADS", omp0, 1);
+  if (ob0) setenv("OPENBLAS_NUM_THREADS", ob0, 1);
+  free(omp0);
+  free(ob0);
+}
+END_TEST
+
 START_TEST(device_named) {
   gen_data();
   RunResult r = TRAIN("--epochs", "1", "--device", "cpu", "--save", path_in("dev.ckpt"), NULL);
@@ -783,6 +816,7 @@ int main(void) {
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, device_named);
+  tcase_add_test(tc, threads_default_from_the_machine);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
