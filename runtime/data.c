@@ -5,6 +5,8 @@
  * the file and line and leaves nothing half-loaded. */
 #include "data.h"
 
+#include <locale.h>
+#include <pthread.h>
 #include <stdarg.h>
 
 /* ---- vocabulary: open addressing over interned strings ---- */
@@ -487,4 +489,18 @@ int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, in
     fprintf(out, "end\n");
   }
   return ferror(out) ? -1 : 0;
+}
+
+static locale_t c_numeric;
+static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
+static void c_numeric_make(void) { c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0); }
+
+double cv_strtod(const char *s, char **end) {
+  (void)pthread_once(&c_numeric_once, c_numeric_make);
+  /* without the locale object (out of memory), the thread's own: right unless the
+     application changed LC_NUMERIC */
+  locale_t old = c_numeric ? uselocale(c_numeric) : (locale_t)0;
+  double x = strtod(s, end);
+  if (old) uselocale(old);
+  return x;
 }

@@ -65,6 +65,9 @@ bool cv_grow_array(void *p, size_t elem, size_t n);
 /* A new vertex (all slots empty, features -1, reals 0) of the graph that began at vertex
  * `first`, and the end of that graph; -1 with a message (no FILE:LINE) in err. */
 int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen);
+/* strtod in the "C" locale, whatever locale the application has set (a German
+   LC_NUMERIC would read "0.5" as 0 and stop at the point). */
+double cv_strtod(const char *s, char **end);
 int cv_add_graph(cavs_dataset *s, long first, char *err, size_t errlen);
 
 #endif

@@ -208,7 +208,7 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
         if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
       long width = cv_lin(&desc->width, c->dims), k = 0;
       for (char *q = eq + 1; *q; k++) {
-        double x = strtod(q, &end);
+        double x = cv_strtod(q, &end);
         if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
         /* graphs hold floats: a finite double beyond them would become an infinity */
         if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %.*s is out of the range of a float", id, (int)(end - q), q);

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <libgen.h>
+#include <locale.h>
 
 static const cavs_desc *TL, *LM, *TT; /* treelstm, lstm_lm, twotype */
 static char g_dir[64];                /* this run's files */
@@ -750,6 +751,32 @@ START_TEST(cgf_real_float_range) {
 }
 END_TEST
 
+/* Numbers are read in the "C" locale whatever the application set: under a German
+ * LC_NUMERIC (built here with localedef into this run's directory, LOCPATH pointing at
+ * it), strtod reads "0,5" as a half, and a cgf file's "0.5" must still be a half. */
+START_TEST(cgf_reals_under_any_locale) {
+  char locdir[128], cmd[512];
+  snprintf(locdir, sizeof locdir, "%s/locales", g_dir);
+  snprintf(cmd, sizeof cmd, "mkdir -p %s && localedef -i de_DE -f UTF-8 %s/de_DE.UTF-8 >/dev/null 2>&1", locdir, locdir);
+  (void)system(cmd); /* localedef may exit 1 for warnings; the locale is checked below */
+  setenv("LOCPATH", locdir, 1);
+  ck_assert_msg(setlocale(LC_NUMERIC, "de_DE.UTF-8") != NULL, "no de_DE.UTF-8 from localedef in %s", locdir);
+  ck_assert(strtod("0,5", NULL) == 0.5); /* the application's locale is German */
+  const cavs_desc *d = model("model lc; dim H = 2; input f : real[H]; param U[H,H];\n"
+                             "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
+                             "push (h) { loss mse(h, f); }\n");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("de.cgf", S("graph\n0 v ; f=0.5,-2.25e1\nend\n"), "cgf", d, dims, v, 1);
+  const cavs_graph *g = cavs_dataset_graph(s, 0);
+  ck_assert(g->real[0] == 0.5f && g->real[1] == -22.5f);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+  setlocale(LC_NUMERIC, "C");
+}
+END_TEST
+
 /* Data that needs more memory than the limit is an error, with errno ENOMEM, not an
  * abort; the limit (cavs_set_memory_limit) makes this the same on every machine. */
 START_TEST(loader_memory_limit) {
@@ -866,6 +893,7 @@ int main(void) {
   tcase_add_test(cgf, cgf_cycle_vertex);
   tcase_add_test(cgf, cgf_feature_int_range);
   tcase_add_test(cgf, cgf_real_float_range);
+  tcase_add_test(cgf, cgf_reals_under_any_locale);
   tcase_add_test(cgf, loader_memory_limit);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
