@@ -732,10 +732,13 @@ END_TEST
 
 /* A real feature is read as a double and kept as a float: one beyond FLT_MAX is an
  * error, not an infinity in the graph (found by tests/fuzz). */
+/* a model with a real input of two values a vertex */
+static const char real_vf[] = "model rf; dim H = 2; input f : real[H]; param U[H,H];\n"
+                              "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
+                              "push (h) { loss mse(h, f); }\n";
+
 START_TEST(cgf_real_float_range) {
-  const cavs_desc *d = model("model rf; dim H = 2; input f : real[H]; param U[H,H];\n"
-                             "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
-                             "push (h) { loss mse(h, f); }\n");
+  const cavs_desc *d = model(real_vf);
   long dims[CAVS_MAX_DIMS];
   cavs_dims_default(d, dims);
   expect_error("big.cgf", S("graph\n0 v ; f=1,2\nend\ngraph\n0 v ; f=2,1e39\nend\n"), "cgf", d, dims, 5,
@@ -762,9 +765,7 @@ START_TEST(cgf_reals_under_any_locale) {
   setenv("LOCPATH", locdir, 1);
   ck_assert_msg(setlocale(LC_NUMERIC, "de_DE.UTF-8") != NULL, "no de_DE.UTF-8 from localedef in %s", locdir);
   ck_assert(strtod("0,5", NULL) == 0.5); /* the application's locale is German */
-  const cavs_desc *d = model("model lc; dim H = 2; input f : real[H]; param U[H,H];\n"
-                             "vertex v (children 1) { h = tanh(f + gather(0) @ U); scatter(h); push(h); }\n"
-                             "push (h) { loss mse(h, f); }\n");
+  const cavs_desc *d = model(real_vf);
   long dims[CAVS_MAX_DIMS];
   cavs_dims_default(d, dims);
   cavs_vocab *v = cavs_vocab_new();
