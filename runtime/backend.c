@@ -45,6 +45,8 @@ enum { NBACKENDS = sizeof backends / sizeof *backends };
 
 int cavs_backend_count(void) { return NBACKENDS; }
 
+const char *cavs_version(void) { return CAVS_VERSION; }
+
 const char *cavs_backend_name(int i) { return i >= 0 && i < NBACKENDS ? backends[i].name : NULL; }
 
 const cv_backend *cv_backend_find(const char *name, char *msg, size_t len) {

@@ -81,6 +81,9 @@ enum cavs_policy { CAVS_BFS = 0, CAVS_SERIAL = 1 };
 void cavs_dims_default(const cavs_desc *d, long *dims);
 cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen);
 
+/* The version of this libcavs ("0.1.0"), for an application to report or check. */
+const char *cavs_version(void);
+
 /* ---- backends ----
  * Where a model's state lives and its arithmetic runs, chosen when the model is made:
  * "cpu" (host memory, OpenBLAS for the products) and, in a build with the CUDA backend,

@@ -1,0 +1,52 @@
+#!/bin/sh
+# check_install.sh: cavs as an application developer meets it. `make install` into a
+# scratch DESTDIR; a model compiled by the installed cavsc; tests/install_app.c built
+# against the installed libcavs with `pkg-config --cflags --libs cavs` alone (no path
+# into the source or build tree), trained, saved and loaded back; then the installed
+# `cavs info` reads the checkpoint it saved.
+set -e
+top=${TOP_SRCDIR:-.}
+build=${BUILDDIR:-.}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cavs-install.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+root=$tmp/root
+if ! ${MAKE:-make} -s -C "$build" install DESTDIR="$root" >"$tmp/install.log" 2>&1; then
+  cat "$tmp/install.log"
+  exit 1
+fi
+prefix=$(sed -n 's/^prefix=//p' "$build/cavs.pc")
+pc=$(find "$root" -name cavs.pc | head -n 1)
+[ -n "$pc" ] || { echo "check_install: make install put no cavs.pc under $root"; exit 1; }
+for f in "$root$prefix/bin/cavsc" "$root$prefix/bin/cavs" "$root$prefix/include/cavs.h" \
+  "$root$prefix/include/cavs_abi.h" "$root$prefix/share/doc/cavs/LICENSE"; do
+  [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
+done
+PKG_CONFIG_PATH=$(dirname "$pc")
+PKG_CONFIG_SYSROOT_DIR=$root
+export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+flags=$(pkg-config --cflags --libs cavs)
+libdir=$(dirname "$(dirname "$pc")")
+mkdir "$tmp/app"
+cat >"$tmp/app.vf" <<'VF'
+model app;
+dim H = 16; dim C = 2; dim V = 10;
+input word : index[V];
+input label : class[C];
+param emb[V,H] init uniform(-0.1, 0.1);
+param W[2H,H], b[H];
+param Wc[H,C];
+pull { x = emb[word]; }
+vertex node (children 2) {
+  h = tanh(pull() + concat(gather(0), gather(1)) @ W + b);
+  scatter(h);
+  push(h);
+}
+push (h) { loss softmax_xent(h @ Wc, label); }
+VF
+"$root$prefix/bin/cavsc" -o "$tmp/app" "$tmp/app.vf"
+# shellcheck disable=SC2086 # the flags are words
+${CC:-cc} -std=c11 $SAN_CFLAGS -I"$tmp/app" -o "$tmp/app/install_app" "$top/tests/install_app.c" "$tmp/app/app.c" \
+  $flags -lm -Wl,-rpath,"$libdir"
+"$tmp/app/install_app" "$tmp/app.ckpt"
+LD_LIBRARY_PATH=$libdir "$root$prefix/bin/cavs" info "$tmp/app.ckpt" >"$tmp/info.txt"
+grep -q "^model  *app (" "$tmp/info.txt" || { echo "check_install: cavs info says:"; cat "$tmp/info.txt"; exit 1; }

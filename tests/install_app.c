@@ -1,0 +1,87 @@
+/* install_app.c: an application built against the installed libcavs (check_install.sh):
+ * its model (app.vf) compiled by the installed cavsc, its compile and link flags from
+ * pkg-config. It builds four small trees in memory, trains on them for 60 steps and
+ * fails unless the loss falls to a fifth; then it saves a checkpoint, loads it into a
+ * second model and checks that both give the same loss. */
+#include "app.h"
+#include "cavs.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* the slot of an integer input, by name */
+static int slot(const cavs_desc *d, const char *name) {
+  for (int i = 0; i < d->ninputs; i++)
+    if (!strcmp(d->inputs[i].name, name)) return d->inputs[i].slot;
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: install_app CKPT\n");
+    return 2;
+  }
+  const cavs_desc *d = &app_desc;
+  char err[512] = "";
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  if (!m) {
+    fprintf(stderr, "install_app: %s\n", err);
+    return 1;
+  }
+  cavs_model_init(m, 7);
+  /* four trees of three vertices: two leaves (words), a root whose class is whether the
+     first word is odd; every vertex labeled with the root's class */
+  int W = slot(d, "word"), L = slot(d, "label");
+  static int child[4][6], feat[4][3 * 8];
+  static cavs_graph g[4];
+  const cavs_graph *gs[4];
+  for (int t = 0; t < 4; t++) {
+    int c[6] = {-1, -1, -1, -1, 0, 1};
+    memcpy(child[t], c, sizeof c);
+    for (int v = 0; v < 3; v++) {
+      feat[t][v * d->nint + W] = v < 2 ? (t + v * 3) % 10 : -1;
+      feat[t][v * d->nint + L] = t % 2;
+    }
+    g[t] = (cavs_graph){.n = 3, .maxc = 2, .child = child[t], .feat = feat[t]};
+    gs[t] = &g[t];
+  }
+  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 0.05};
+  cavs_stats st;
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; step++) {
+    if (cavs_model_forward(m, gs, 4, &st)) {
+      fprintf(stderr, "install_app: %s\n", cavs_model_error(m));
+      return 1;
+    }
+    if (step == 0) first = st.loss;
+    last = st.loss;
+    cavs_model_backward(m);
+    if (cavs_model_step(m, &opt)) {
+      fprintf(stderr, "install_app: %s\n", cavs_model_error(m));
+      return 1;
+    }
+  }
+  printf("libcavs %s: loss %.4f -> %.4f\n", cavs_version(), first, last);
+  int bad = !(last < first / 5);
+  /* the trained parameters through a checkpoint (with the model's source, as cavs eval
+     wants it), into a model of their own */
+  cavs_ckpt *k = NULL;
+  cavs_model *m2 = NULL;
+  cavs_stats st2;
+  if (cavs_model_forward(m, gs, 4, &st) || cavs_ckpt_save(argv[1], m, d->source, NULL, NULL, err, sizeof err) ||
+      !(k = cavs_ckpt_read(argv[1], err, sizeof err)) || !(m2 = cavs_model_new(d, dims, err, sizeof err)) ||
+      cavs_ckpt_apply(k, m2, err, sizeof err) || cavs_model_forward(m2, gs, 4, &st2)) {
+    fprintf(stderr, "install_app: %s\n", *err ? err : cavs_model_error(m));
+    return 1;
+  }
+  cavs_ckpt_free(k);
+  if (st2.loss != st.loss) {
+    fprintf(stderr, "install_app: the checkpoint's model gives loss %.9g, the trained one %.9g\n", st2.loss, st.loss);
+    bad = 1;
+  }
+  cavs_model_free(m2);
+  cavs_model_free(m);
+  return bad;
+}
