@@ -9,13 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* the slot of an integer input, by name */
-static int slot(const cavs_desc *d, const char *name) {
-  for (int i = 0; i < d->ninputs; i++)
-    if (!strcmp(d->inputs[i].name, name)) return d->inputs[i].slot;
-  return -1;
-}
-
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: install_app CKPT\n");
@@ -33,7 +26,8 @@ int main(int argc, char **argv) {
   cavs_model_init(m, 7);
   /* four trees of three vertices: two leaves (words), a root whose class is whether the
      first word is odd; every vertex labeled with the root's class */
-  int W = slot(d, "word"), L = slot(d, "label");
+  /* the header's names for the inputs; an integer input's slot is its column in feat */
+  int W = d->inputs[app_input_word].slot, L = d->inputs[app_input_label].slot;
   static int child[4][6], feat[4][3 * 8];
   static cavs_graph g[4];
   const cavs_graph *gs[4];
