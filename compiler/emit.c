@@ -679,9 +679,33 @@ static int sparse_input(const Model *m, int group) {
   return slot;
 }
 
-static unsigned long long fnv(const char *s, size_t n) {
+static bool word_char(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '.'; }
+
+/* The model's identity, which a checkpoint records: FNV-1a of the source's tokens, not
+ * of its text, so that editing a comment or the layout keeps a checkpoint usable. The
+ * text is hashed without its comments (# or // to the end of the line) and without
+ * white space, but for one space where white space separates two characters of words
+ * or numbers ("a b" is not "ab"; "a+b" is "a + b"). */
+static unsigned long long model_hash(const char *s, size_t n) {
   unsigned long long h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  char last = 0; /* the last character hashed */
+  bool gap = false;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (c == '#' || (c == '/' && i + 1 < n && s[i + 1] == '/')) {
+      while (i < n && s[i] != '\n') i++;
+      gap = true;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+      gap = true;
+      continue;
+    }
+    if (gap && word_char(last) && word_char(c)) h = (h ^ (unsigned char)' ') * 1099511628211ull;
+    gap = false;
+    h = (h ^ (unsigned char)c) * 1099511628211ull;
+    last = c;
+  }
   return h;
 }
 
@@ -768,7 +792,7 @@ static void descriptor(const Emit *e) {
   fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);
   fprintf(c, "  .name = %s,\n  .source = %s,\n", emit_c_string(m->name), emit_c_string(e->o->source_name));
-  fprintf(c, "  .source_hash = \"%016llx\",\n", fnv(cv_source_text, cv_source_len));
+  fprintf(c, "  .source_hash = \"%016llx\",\n", model_hash(cv_source_text, cv_source_len));
   fprintf(c, "  .precision = %s,\n", e->o->prec == PREC_DOUBLE ? "CAVS_DOUBLE" : "CAVS_FLOAT");
   fprintf(c, "  .ndims = %d, .dims = dims,\n", m->ndims);
   fprintf(c, "  .ninputs = %d, .nint = %d, .nreal = %d, .inputs = inputs,\n", m->ninputs, nint, nreal);

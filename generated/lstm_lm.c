@@ -564,7 +564,7 @@ const cavs_desc lstm_lm_desc = {
   .target = CAVS_TARGET_C,
   .name = "lstm_lm",
   .source = "dsl-examples/lstm_lm.vf",
-  .source_hash = "717c0d6608a65bcc",
+  .source_hash = "46a52a1bb6555d84",
   .precision = CAVS_FLOAT,
   .ndims = 3, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,

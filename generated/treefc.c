@@ -357,7 +357,7 @@ const cavs_desc treefc_desc = {
   .target = CAVS_TARGET_C,
   .name = "treefc",
   .source = "dsl-examples/treefc.vf",
-  .source_hash = "15f3c48a0f5dd99c",
+  .source_hash = "204639af963cca10",
   .precision = CAVS_FLOAT,
   .ndims = 3, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,

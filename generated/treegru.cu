@@ -802,7 +802,7 @@ const cavs_desc treegru_desc = {
   .target = CAVS_TARGET_CUDA,
   .name = "treegru",
   .source = "dsl-examples/treegru.vf",
-  .source_hash = "2f3a8e921bd37120",
+  .source_hash = "3610056a71729a17",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,

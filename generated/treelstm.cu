@@ -803,7 +803,7 @@ const cavs_desc treelstm_desc = {
   .target = CAVS_TARGET_CUDA,
   .name = "treelstm",
   .source = "dsl-examples/treelstm.vf",
-  .source_hash = "ae4bd903a053252d",
+  .source_hash = "d65d55a3bc461cda",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,

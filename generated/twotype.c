@@ -725,7 +725,7 @@ const cavs_desc twotype_desc = {
   .target = CAVS_TARGET_C,
   .name = "twotype",
   .source = "dsl-examples/twotype.vf",
-  .source_hash = "0044303ee4e0e3ae",
+  .source_hash = "06ce43e54ae41fe7",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,

@@ -207,7 +207,8 @@ typedef struct cavs_desc {
   int target; /* enum cavs_target */
   const char *name;
   const char *source;      /* the .vf file it was compiled from */
-  const char *source_hash; /* FNV-1a of the source text, hex */
+  const char *source_hash; /* FNV-1a of the source's tokens (not its comments or
+                              layout), hex: the model's identity in a checkpoint */
   int precision;
   int ndims;
   const cavs_dim_desc *dims;
