@@ -2,6 +2,7 @@
  * QBE's main.c lists its passes: the verifier checks the IR sema built (or ir_read read)
  * before autodiff and the passes after it. */
 #include "cavsc.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -155,6 +156,7 @@ int main(int argc, char **argv) {
       {NULL, 0, NULL, 0},
   };
   int ch;
+  opterr = 0; /* opt_complain says what was wrong */
   while ((ch = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
     switch (ch) {
     case 'o': out_path = optarg; break;
@@ -190,6 +192,7 @@ int main(int argc, char **argv) {
       break;
     case 'V': printf("cavsc %s\n", CAVSC_VERSION); return 0;
     case 'h': fputs(usage, stdout); return 0;
+    case '?': opt_complain("cavsc", NULL, argv[optind - 1], longopts); return 1;
     default: fputs(usage, stderr); return 1;
     }
   }

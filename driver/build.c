@@ -4,6 +4,7 @@
  * given. Here too: where cavsc and cavs.h are found, and the C compiler's flags. */
 #include "driver.h"
 #include "cache.h"
+#include "options.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -189,6 +190,7 @@ int cmd_build(int argc, char **argv) {
                                      {"target", 1, 0, 't'}, {"no-fuse", 0, 0, 'F'}, {"no-merge", 0, 0, 'M'},
                                      {0, 0, 0, 0}};
   optind = 1;
+  opterr = 0; /* opt_complain says what was wrong */
   int ch;
   while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
     switch (ch) {
@@ -208,6 +210,7 @@ int cmd_build(int argc, char **argv) {
     case 'o': out = optarg; break;
     case 'F': build_ablations |= 1; break;
     case 'M': build_ablations |= 2; break;
+    case '?': opt_complain("cavs", "build", argv[optind - 1], lo); exit(1);
     default: die(1, "%s", usage);
     }
   }

@@ -1,6 +1,7 @@
 /* gen.c: cavs gen, synthetic data sets (the generators are libcavs's cavs_gen_*),
  * written through a temporary file renamed into place. */
 #include "driver.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -20,6 +21,7 @@ int cmd_gen(int argc, char **argv) {
                                      {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'},
                                      {0, 0, 0, 0}};
   optind = 2;
+  opterr = 0; /* opt_complain says what was wrong */
   int ch;
   while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
     switch (ch) {
@@ -31,6 +33,7 @@ int cmd_gen(int argc, char **argv) {
     case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
     case 'g': dag = 1; break;
     case 'o': out = optarg; break;
+    case '?': opt_complain("cavs", "gen", argv[optind - 1], lo); exit(1);
     default: exit(1);
     }
   }

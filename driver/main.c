@@ -11,6 +11,7 @@
  * compile cache (build.c, cache.c), then loaded. Exit status: 0 success, 1 user error,
  * 2 internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
 #include "driver.h"
+#include "options.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -134,6 +135,7 @@ int main(int argc, char **argv) {
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
+  opterr = 0; /* opt_complain says what was wrong */
   int ch;
   const char *positional = NULL;
   while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
@@ -186,6 +188,7 @@ int main(int argc, char **argv) {
     case 'r': o.resume = optarg; break;
     case 'L': o.log = optarg; break;
     case 'q': o.quiet = 1; break;
+    case '?': opt_complain("cavs", cmd, argv[optind - 1], lo); return 1;
     default: fputs(usage, stderr); return 1;
     }
   }

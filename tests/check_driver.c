@@ -276,6 +276,34 @@ START_TEST(device_named) {
 }
 END_TEST
 
+/* A command line getopt cannot take is named in the program's voice, with the option a
+ * typo was probably meant to be. */
+START_TEST(option_typos_suggest) {
+  gen_data();
+  static const struct {
+    const char *args[4], *want;
+  } cases[] = {
+      {{"train", "m.vf", "--epohcs", "3"}, "cavs: train: unknown option '--epohcs'; did you mean '--epochs'?\n"},
+      {{"train", "m.vf", "--quiet=1"}, "cavs: train: option '--quiet' takes no value\n"},
+      {{"train", "m.vf", "--epochs"}, "cavs: train: option '--epochs' needs a value\n"},
+      {{"train", "m.vf", "--zzzzzzzz"}, "cavs: train: unknown option '--zzzzzzzz'\n"},
+      {{"gen", "toy", "--grpahs", "3"}, "cavs: gen: unknown option '--grpahs'; did you mean '--graphs'?\n"},
+      {{"build", "--presicion", "double", "m.vf"}, "cavs: build: unknown option '--presicion'; did you mean '--precision'?\n"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    RunResult r = cavs(cases[i].args[0], cases[i].args[1], cases[i].args[2], cases[i].args[3], NULL);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(!strcmp(r.err, cases[i].want), "%s: %s", cases[i].want, r.err);
+    tu_free(&r);
+  }
+  char *argv[] = {(char *)tu_env("CAVSC", "./cavsc"), "--reprot", "m.vf", NULL};
+  RunResult r = tu_run(NULL, argv, 60);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_str_eq(r.err, "cavsc: unknown option '--reprot'; did you mean '--report'?\n");
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(user_errors) {
   gen_data();
   RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("missing.txt"), NULL);
@@ -824,6 +852,7 @@ int main(void) {
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, device_named);
   tcase_add_test(tc, threads_default_from_the_machine);
+  tcase_add_test(tc, option_typos_suggest);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
