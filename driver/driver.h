@@ -109,6 +109,9 @@ typedef struct TrainOpts {
   cavs_optim optim;
   const char *dimset[64];
   int ndimset;
+  /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
+  const char *init[8], *freeze[8];
+  int ninit, nfreeze;
   /* given on the command line (else a resume keeps the checkpoint's) */
   bool set_kind, set_lr, set_clip, set_wd, set_batch;
 } TrainOpts;

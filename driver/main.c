@@ -79,6 +79,7 @@ static const char usage[] =
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
+    "  --init PARAM=FILE (pre-trained vectors, GloVe or word2vec text)  --freeze PARAM\n"
     "  --threads N  --max-memory SIZE  --log FILE  --quiet\n"
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
@@ -86,6 +87,9 @@ static const char usage[] =
     "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-fuse  --no-merge\n"
     "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
+
+/* long options without a letter of their own */
+enum { OPT_FREEZE = 0x100 };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -131,7 +135,8 @@ int main(int argc, char **argv) {
       {"weight-decay", 1, 0, 'w'}, {"seed", 1, 0, 's'}, {"dim", 1, 0, 'D'}, {"save", 1, 0, 'S'},
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
-      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'},
+      {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'}, {"init", 1, 0, 'I'},
+      {"freeze", 1, 0, OPT_FREEZE},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
@@ -154,6 +159,14 @@ int main(int argc, char **argv) {
     case 'G': model_opts.backend = optarg; break;
     case 'o': model_opts.one_stream = 1; break;
     case 'B': model_opts.blas = 1; break;
+    case 'I':
+      if (o.ninit == 8) die(1, "--init: at most 8");
+      o.init[o.ninit++] = optarg;
+      break;
+    case OPT_FREEZE:
+      if (o.nfreeze == 8) die(1, "--freeze: at most 8");
+      o.freeze[o.nfreeze++] = optarg;
+      break;
     case 'g': model_opts.graphs = 1; break;
     case 'P':
       if (!strcmp(optarg, "bfs")) model_policy = CAVS_BFS;

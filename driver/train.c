@@ -53,6 +53,13 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
   }
 }
 
+/* the parameter of d called name[0..len), or -1 */
+static int param_named(const cavs_desc *d, const char *name, size_t len) {
+  for (int i = 0; i < d->nparams; i++)
+    if (strlen(d->params[i].name) == len && !memcmp(d->params[i].name, name, len)) return i;
+  return -1;
+}
+
 int cmd_train(TrainOpts *o) {
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
@@ -147,6 +154,23 @@ int cmd_train(TrainOpts *o) {
   } else {
     cavs_model_init(m, o->seed);
   }
+  /* pre-trained vectors into a new model's tables (a resumed one has its own), then
+     the parameters kept fixed */
+  long found[8] = {0};
+  int inited[8];
+  for (int i = 0; i < o->ninit && !ck; i++) {
+    const char *eq = strchr(o->init[i], '=');
+    int p = eq ? param_named(d, o->init[i], (size_t)(eq - o->init[i])) : -1;
+    if (!eq || !eq[1]) die(1, "--init: '%s' is not PARAM=FILE", o->init[i]);
+    if (p < 0) die(1, "--init: model '%s' has no parameter '%.*s'", d->name, (int)(eq - o->init[i]), o->init[i]);
+    if (cavs_model_load_vectors(m, p, eq + 1, v, &found[i], err, sizeof err)) die(1, "%s", err);
+    inited[i] = p;
+  }
+  for (int i = 0; i < o->nfreeze; i++) {
+    int p = param_named(d, o->freeze[i], strlen(o->freeze[i]));
+    if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
+    if (cavs_model_freeze(m, p, 1)) die(1, "--freeze: %s", cavs_model_error(m));
+  }
   FILE *log = NULL;
   if (o->log) {
     log = fopen(o->log, ck ? "a" : "w");
@@ -171,6 +195,9 @@ int cmd_train(TrainOpts *o) {
     if (ck) printf("; resumed after epoch %d", ts.epoch);
     if (ck && ts.graphs_done) printf(" and %ld graphs of the next", ts.graphs_done);
     printf("\n");
+    for (int i = 0; i < o->ninit && !ck; i++)
+      printf("init %s: %ld of the %d words from %s\n", d->params[inited[i]].name, found[i], cavs_vocab_size(v) - 2,
+             strchr(o->init[i], '=') + 1);
     fflush(stdout);
   }
   int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;

@@ -197,6 +197,10 @@ typedef struct cavs_optim {
 } cavs_optim;
 /* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated. */
 int cavs_model_step(cavs_model *m, const cavs_optim *o);
+/* Parameter `param` left as it is by every step from now (frozen 1) or updated again
+ * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with
+ * others (merged products) cannot be frozen alone: -1, message in cavs_model_error. */
+int cavs_model_freeze(cavs_model *m, int param, int frozen);
 
 /* Memory: a model refuses to be made, and a minibatch to be run, when what it needs
  * (computed before anything is allocated) exceeds the limit: by default 90% of the
@@ -222,6 +226,13 @@ void cavs_vocab_free(cavs_vocab *v);
 int cavs_vocab_size(const cavs_vocab *v);
 int cavs_vocab_id(cavs_vocab *v, const char *word, size_t len, int add);
 const char *cavs_vocab_word(const cavs_vocab *v, int id);
+/* Pre-trained vectors into lookup table `param` ([rows, cols]): a text file of lines
+ * "WORD x1 ... xcols" (GloVe; word2vec's text format, whose first line "COUNT DIM" is
+ * passed over), each word's vector into the row of its id in v (words v does not have
+ * are passed over). *found: the rows written. On a malformed file -1 with
+ * "path:line: error: ..." in err, and the table as it was. */
+int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
+                            size_t errlen);
 
 /* A file of graphs, read once: format "ptb-tree", "text" or "cgf" (cavs-data(5)). Tokens go to the model's
  * first index input, labels to its first class input; leaves get the first vertex type

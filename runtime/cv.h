@@ -49,6 +49,7 @@ struct cavs_model {
   int **touched;
   int *ntouched;
   unsigned char **mark;
+  unsigned char *frozen; /* per parameter group: the optimizer leaves it as it is */
   /* optimizer state; spans: scratch of optim.c */
   void *spans;
   int capspans;   /* allocated with the model: a step allocates nothing but Adam's moments */

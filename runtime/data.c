@@ -5,7 +5,9 @@
  * the file and line and leaves nothing half-loaded. */
 #include "data.h"
 
+#include <float.h>
 #include <locale.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 
@@ -503,4 +505,112 @@ double cv_strtod(const char *s, char **end) {
   double x = strtod(s, end);
   if (old) uselocale(old);
   return x;
+}
+
+/* ---- pre-trained vectors ---- */
+
+enum { VEC_LINE_MAX = 1 << 20 };
+
+int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
+                            size_t errlen) {
+  const cavs_desc *d = cavs_model_desc(m);
+  *found = 0;
+  if (errlen) *err = 0;
+  if (param < 0 || param >= d->nparams) {
+    snprintf(err, errlen, "%s: no parameter %d", path, param);
+    return -1;
+  }
+  long rows, cols, ld;
+  char *table = cavs_model_param(m, param, &rows, &cols, &ld);
+  size_t es = d->precision == CAVS_DOUBLE ? 8 : 4;
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  /* the table's rows on the host, changed there, written back only when the whole
+     file has been read without error */
+  char *host = malloc((size_t)rows * (size_t)cols * es + 1);
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len;
+  long lineno = 0, n = 0;
+  int rc = host ? 0 : -1;
+  if (!host) snprintf(err, errlen, "%s: out of memory for a copy of '%s'", path, d->params[param].name);
+  for (long r = 0; !rc && r < rows; r++)
+    if (cavs_model_read(m, host + (size_t)r * (size_t)cols * es, table + (size_t)r * (size_t)ld * es,
+                        (size_t)cols * es)) {
+      snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
+      rc = -1;
+    }
+  while (!rc && (len = getline(&line, &cap, f)) > 0) {
+    lineno++;
+    if (len > VEC_LINE_MAX) {
+      snprintf(err, errlen, "%s:%ld: error: a line longer than %d bytes", path, lineno, VEC_LINE_MAX);
+      rc = -1;
+      break;
+    }
+    if (memchr(line, 0, (size_t)len)) {
+      snprintf(err, errlen, "%s:%ld: error: a NUL byte", path, lineno);
+      rc = -1;
+      break;
+    }
+    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+    char *p = line;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!*p) continue;
+    size_t wl = strcspn(p, " \t");
+    char *q = p + wl, *end;
+    /* word2vec's header: "COUNT DIM" */
+    if (lineno == 1) {
+      long a = strtol(p, &end, 10);
+      if (end == q && a >= 0) {
+        long b = strtol(q, &end, 10);
+        while (*end == ' ' || *end == '\t') end++;
+        if (end != q && !*end && b == cols) continue;
+      }
+    }
+    int id = cavs_vocab_id(v, p, wl, 0);
+    bool known = id > 0 || (wl == 5 && !memcmp(p, "<unk>", 5));
+    char *row = known && id < rows ? host + (size_t)id * (size_t)cols * es : NULL;
+    long k = 0;
+    for (;; k++) {
+      while (*q == ' ' || *q == '\t') q++;
+      if (!*q) break;
+      double x = cv_strtod(q, &end);
+      if (end == q || (*end && *end != ' ' && *end != '\t') || !isfinite(x) || (es == 4 && fabs(x) > FLT_MAX)) {
+        size_t tl = strcspn(q, " \t");
+        snprintf(err, errlen, "%s:%ld:%ld: error: '%.*s' is not a finite number", path, lineno, (long)(q - line) + 1,
+                 (int)(tl > 40 ? 40 : tl), q);
+        rc = -1;
+        break;
+      }
+      if (k < cols && row) {
+        if (es == 8) ((double *)row)[k] = x;
+        else ((float *)row)[k] = (float)x;
+      }
+      q = end;
+    }
+    if (!rc && k != cols) {
+      snprintf(err, errlen, "%s:%ld: error: '%.*s' has %ld numbers; '%s' is %ld wide", path, lineno,
+               (int)(wl > 40 ? 40 : wl), p, k, d->params[param].name, cols);
+      rc = -1;
+    }
+    if (!rc && row) n++;
+  }
+  if (!rc && ferror(f)) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    rc = -1;
+  }
+  for (long r = 0; !rc && r < rows; r++)
+    if (cavs_model_write(m, table + (size_t)r * (size_t)ld * es, host + (size_t)r * (size_t)cols * es,
+                         (size_t)cols * es)) {
+      snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
+      rc = -1;
+    }
+  free(line);
+  free(host);
+  fclose(f);
+  if (!rc) *found = n;
+  return rc;
 }

@@ -34,12 +34,13 @@ void cv_sparse_reset(cavs_model *m) {
 static cv_span *spans(cavs_model *m, int *count) {
   const cavs_desc *d = m->d;
   int n = 0;
-  for (int g = 0; g < d->npgroups; g++) n += d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
+  for (int g = 0; g < d->npgroups; g++) n += m->frozen[g] ? 0 : d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
   if (n > m->capspans) return NULL; /* cavs_model_new made room for every group and row */
   cv_span *s = m->spans;
   n = 0;
   for (int g = 0; g < d->npgroups; g++) {
     size_t cols = (size_t)m->pg_cols[g];
+    if (m->frozen[g]) continue;
     if (d->pgroups[g].sparse_input < 0) {
       s[n++] = (cv_span){m->pg_off[g], (size_t)m->pg_rows[g] * cols};
       continue;
@@ -70,6 +71,18 @@ int cavs_optim_kind(const char *name) {
 }
 
 double cavs_optim_default_lr(int kind) { return kind >= 0 && kind < CAVS_OPTIM_COUNT ? optims[kind].lr : 0; }
+
+int cavs_model_freeze(cavs_model *m, int param, int frozen) {
+  const cavs_desc *d = m->d;
+  if (param < 0 || param >= d->nparams) return cv_fail(m, "no parameter %d", param);
+  int g = d->params[param].group;
+  for (int i = 0; i < d->nparams; i++)
+    if (i != param && d->params[i].group == g)
+      return cv_fail(m, "parameter '%s' shares its storage with '%s' (their products are merged): it cannot be frozen alone",
+                     d->params[param].name, d->params[i].name);
+  m->frozen[g] = frozen != 0;
+  return 0;
+}
 
 int cv_alloc_moments(cavs_model *m) {
   if (m->m1) return 0;

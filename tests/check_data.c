@@ -778,6 +778,92 @@ START_TEST(cgf_reals_under_any_locale) {
 }
 END_TEST
 
+/* ================= pre-trained vectors ================= */
+
+static int param_of(const cavs_desc *d, const char *name) {
+  for (int i = 0; i < d->nparams; i++)
+    if (!strcmp(d->params[i].name, name)) return i;
+  ck_abort_msg("model %s has no parameter %s", d->name, name);
+  return -1;
+}
+
+/* Vectors go into the rows of the words the vocabulary has (a word2vec header and
+ * words it lacks passed over), nothing else of the table changes, a malformed file
+ * changes nothing at all; then, frozen, the table stays through training steps that
+ * change the other parameters. */
+START_TEST(vectors_load_and_freeze) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  dims[find_dim(TL, "E")] = 4;
+  dims[find_dim(TL, "H")] = 8;
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("vec-trees.txt", S("(1 (2 w1) (3 w2))\n(0 (1 w3) (4 w4))\n"), "ptb-tree", TL, dims, v, 1);
+  cavs_model *m = cavs_model_new(TL, dims, NULL, 0);
+  ck_assert_ptr_nonnull(m);
+  cavs_model_init(m, 3);
+  int emb = param_of(TL, "emb"), wi = param_of(TL, "Wi");
+  long rows, cols, ld;
+  float *t = cavs_model_param(m, emb, &rows, &cols, &ld);
+  ck_assert_int_eq(cols, 4);
+  float *before = malloc(sizeof(float) * (size_t)(rows * ld));
+  memcpy(before, t, sizeof(float) * (size_t)(rows * ld));
+  char path[256], err[512];
+  long found = -1;
+  file_path(path, sizeof path, "vec.txt");
+  const char good[] = "7 4\nw3 0.5 -1 2e-1 3\nnot-here 1 1 1 1\n\nw1\t-0.25 0 0 1e1\n";
+  tu_write(path, good, strlen(good));
+  ck_assert_msg(cavs_model_load_vectors(m, emb, path, v, &found, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(found, 2);
+  int w1 = cavs_vocab_id(v, "w1", 2, 0), w3 = cavs_vocab_id(v, "w3", 2, 0);
+  static const float want1[] = {-0.25f, 0, 0, 10}, want3[] = {0.5f, -1, 0.2f, 3};
+  for (long r = 0; r < rows; r++)
+    for (long j = 0; j < cols; j++) {
+      float x = t[r * ld + j], w = r == w1 ? want1[j] : r == w3 ? want3[j] : before[r * ld + j];
+      ck_assert_msg(x == w, "emb[%ld][%ld] = %g, want %g", r, j, x, w);
+    }
+  memcpy(before, t, sizeof(float) * (size_t)(rows * ld));
+  static const struct {
+    const char *text, *msg;
+  } bad[] = {
+      {"w2 1 2 3 4\nw4 1 2 3\n", ":2: error: 'w4' has 3 numbers; 'emb' is 4 wide"},
+      {"w2 1 2 3 4\nw4 1 2 x 4\n", ":2:8: error: 'x' is not a finite number"},
+      {"w2 1 2 3 nan\n", ":1:10: error: 'nan' is not a finite number"},
+      {"w2 1 2 3 1e39\n", ":1:10: error: '1e39' is not a finite number"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    tu_write(path, bad[i].text, strlen(bad[i].text));
+    ck_assert_int_eq(cavs_model_load_vectors(m, emb, path, v, &found, err, sizeof err), -1);
+    ck_assert_msg(!strncmp(err, path, strlen(path)) && strstr(err, bad[i].msg), "%s: %s", bad[i].msg, err);
+    ck_assert_msg(!memcmp(before, t, sizeof(float) * (size_t)(rows * ld)), "%s changed the table", bad[i].msg);
+  }
+  ck_assert_int_eq(cavs_model_freeze(m, wi, 1), -1); /* merged with Wo and Wu */
+  ck_assert_int_eq(cavs_model_freeze(m, emb, 1), 0);
+  long wr, wc, wld;
+  float *W = cavs_model_param(m, wi, &wr, &wc, &wld);
+  float w0 = W[0];
+  const cavs_graph *gs[2] = {cavs_dataset_graph(s, 0), cavs_dataset_graph(s, 1)};
+  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 0.1};
+  for (int step = 0; step < 3; step++) {
+    cavs_stats st;
+    ck_assert(cavs_model_forward(m, gs, 2, &st) == 0);
+    cavs_model_backward(m);
+    ck_assert(cavs_model_step(m, &opt) == 0);
+  }
+  ck_assert_msg(!memcmp(before, t, sizeof(float) * (size_t)(rows * ld)), "a frozen table changed");
+  ck_assert(W[0] != w0);
+  ck_assert_int_eq(cavs_model_freeze(m, emb, 0), 0); /* and thawed, it learns */
+  cavs_stats st;
+  ck_assert(cavs_model_forward(m, gs, 2, &st) == 0);
+  cavs_model_backward(m);
+  ck_assert(cavs_model_step(m, &opt) == 0);
+  ck_assert(memcmp(before, t, sizeof(float) * (size_t)(rows * ld)));
+  free(before);
+  cavs_model_free(m);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 /* Data that needs more memory than the limit is an error, with errno ENOMEM, not an
  * abort; the limit (cavs_set_memory_limit) makes this the same on every machine. */
 START_TEST(loader_memory_limit) {
@@ -895,6 +981,7 @@ int main(void) {
   tcase_add_test(cgf, cgf_feature_int_range);
   tcase_add_test(cgf, cgf_real_float_range);
   tcase_add_test(cgf, cgf_reals_under_any_locale);
+  tcase_add_test(cgf, vectors_load_and_freeze);
   tcase_add_test(cgf, loader_memory_limit);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

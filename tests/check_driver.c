@@ -229,6 +229,30 @@ START_TEST(threads_default_from_the_machine) {
 }
 END_TEST
 
+/* Pre-trained vectors by word, kept fixed; a malformed file named with its line. */
+START_TEST(init_and_freeze) {
+  gen_data();
+  const char *vec = "2 12\nw3 1 2 3 4 5 6 7 8 9 10 11 12\nabsent 1 1 1 1 1 1 1 1 1 1 1 1\n"
+                    "w7 0 0 0 0 0 0 0 0 0 0 0 0.5\n";
+  tu_write(path_in("vec.txt"), vec, strlen(vec));
+  char init[512];
+  snprintf(init, sizeof init, "emb=%s", path_in("vec.txt"));
+  RunResult r = TRAIN("--epochs", "1", "--init", init, "--freeze", "emb", NULL);
+  ok(&r, "train --init --freeze");
+  ck_assert_msg(strstr(r.out, "init emb: 2 of the 60 words from "), "%s", tu_tail(r.out, 600));
+  tu_free(&r);
+  tu_write(path_in("vec.txt"), "w3 1 2\n", 7);
+  r = TRAIN("--epochs", "1", "--init", init, NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "vec.txt:1: error: 'w3' has 2 numbers; 'emb' is 12 wide"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--freeze", "Wi", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "cannot be frozen alone"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(device_named) {
   gen_data();
   RunResult r = TRAIN("--epochs", "1", "--device", "cpu", "--save", path_in("dev.ckpt"), NULL);
@@ -853,6 +877,7 @@ int main(void) {
   tcase_add_test(tc, device_named);
   tcase_add_test(tc, threads_default_from_the_machine);
   tcase_add_test(tc, option_typos_suggest);
+  tcase_add_test(tc, init_and_freeze);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
