@@ -97,7 +97,9 @@ void print_losses(FILE *f, const cavs_desc *d, const Totals *t);
 /* A forward pass over the whole dataset, `batch` graphs at a time. */
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 
-int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict);
+/* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph */
+int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
+             bool all_nodes);
 int cmd_info(const char *path);
 
 /* ---- train.c ---- */

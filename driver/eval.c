@@ -118,7 +118,8 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   return c;
 }
 
-int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict) {
+int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
+             bool all_nodes) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
@@ -145,7 +146,15 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
       cavs_stats st;
       errno = 0;
       if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
-      for (int g = 0; g < k; g++) printf("%d\n", cavs_model_root_class(c.m, g));
+      for (int g = 0; g < k; g++) {
+        if (!all_nodes) {
+          printf("%d\n", cavs_model_root_class(c.m, g));
+          continue;
+        }
+        /* every vertex's class, in the graph's own vertex order */
+        for (int v = 0; v < gs[g]->n; v++) printf("%s%d", v ? " " : "", cavs_model_vertex_class(c.m, g, v));
+        printf("\n");
+      }
     }
     free(gs);
   }

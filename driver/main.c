@@ -70,7 +70,7 @@ static size_t parse_size(const char *opt, const char *s) {
 static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
     "       cavs eval CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so]\n"
-    "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so]\n"
+    "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--all-nodes]\n"
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
@@ -89,7 +89,7 @@ static const char usage[] =
     "See cavs(1).\n";
 
 /* long options without a letter of their own */
-enum { OPT_FREEZE = 0x100 };
+enum { OPT_FREEZE = 0x100, OPT_ALL_NODES };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -136,13 +136,14 @@ int main(int argc, char **argv) {
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
       {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'}, {"init", 1, 0, 'I'},
-      {"freeze", 1, 0, OPT_FREEZE},
+      {"freeze", 1, 0, OPT_FREEZE}, {"all-nodes", 0, 0, OPT_ALL_NODES},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
   opterr = 0; /* opt_complain says what was wrong */
   int ch;
   const char *positional = NULL;
+  bool all_nodes = false;
   while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
     switch (ch) {
     case 1:
@@ -163,6 +164,7 @@ int main(int argc, char **argv) {
       if (o.ninit == 8) die(1, "--init: at most 8");
       o.init[o.ninit++] = optarg;
       break;
+    case OPT_ALL_NODES: all_nodes = true; break;
     case OPT_FREEZE:
       if (o.nfreeze == 8) die(1, "--freeze: at most 8");
       o.freeze[o.nfreeze++] = optarg;
@@ -219,7 +221,8 @@ int main(int argc, char **argv) {
     return cmd_train(&o);
   }
   if (!strcmp(cmd, "eval") || !strcmp(cmd, "predict")) {
-    return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"));
+    if (all_nodes && strcmp(cmd, "predict")) die(1, "%s: --all-nodes is an option of predict", cmd);
+    return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"), all_nodes);
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
   die(1, "unknown command '%s' (train, eval, predict, gen, info, build)", cmd);

@@ -161,6 +161,9 @@ const cavs_desc *cavs_model_desc(const cavs_model *m);
 /* After a forward pass: the class predicted (argmax of the first softmax_xent) at the
  * root of graph g of the minibatch (its last vertex without a parent), or -1. */
 int cavs_model_root_class(const cavs_model *m, int g);
+/* After a forward pass: the class predicted at vertex v of graph g of the minibatch (as
+ * the graph numbers its vertices), or -1 (no such vertex, or one without a prediction). */
+int cavs_model_vertex_class(const cavs_model *m, int g, int v);
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed
  * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);

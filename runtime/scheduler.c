@@ -524,6 +524,11 @@ int cavs_model_root_class(const cavs_model *m, int g) {
   return -1;
 }
 
+int cavs_model_vertex_class(const cavs_model *m, int g, int v) {
+  if (!m->have_batch || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g]) return -1;
+  return m->pred[m->row_of[m->gbase[g] + v]];
+}
+
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;

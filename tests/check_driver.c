@@ -60,6 +60,26 @@ START_TEST(train_save_eval_predict) {
     if (!strchr(p, '\n')) break;
   }
   ck_assert_int_eq(n, 300);
+  /* --all-nodes: a class for every vertex (every node of the tree, one '(' each), the
+     root's last and the same as above */
+  RunResult all = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--all-nodes", NULL);
+  ok(&all, "predict --all-nodes");
+  char *dev = tu_slurp(path_in("dev.txt"), NULL);
+  char *line = all.out, *root = r.out, *tree = dev;
+  for (int g = 0; g < 300; g++) {
+    int nodes = 0, classes = 0, last = -2, off;
+    for (char *t = tree; *t && *t != '\n'; t++) nodes += *t == '(';
+    for (char *p = line; *p != '\n' && sscanf(p, "%d%n", &cls, &off) == 1; p += off) {
+      ck_assert(cls >= 0 && cls < 5);
+      last = cls;
+      classes++;
+    }
+    ck_assert_msg(classes == nodes, "graph %d: %d classes for %d vertices", g, classes, nodes);
+    ck_assert_int_eq(last, atoi(root));
+    line = strchr(line, '\n') + 1, root = strchr(root, '\n') + 1, tree = strchr(tree, '\n') + 1;
+  }
+  free(dev);
+  tu_free(&all);
   tu_free(&r);
   r = cavs("info", path_in("a.ckpt"), NULL);
   ok(&r, "info");
