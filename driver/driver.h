@@ -111,6 +111,11 @@ typedef struct TrainOpts {
   cavs_optim optim;
   const char *dimset[64];
   int ndimset;
+  /* the schedule: lr times lr_decay every lr_step epochs, ramped up over the first
+     warmup minibatches; stop after `patience` epochs without a better dev metric
+     (0: never); the metric .best and patience follow: enum Select */
+  double lr_decay;
+  int lr_step, warmup, patience, select;
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];
   int ninit, nfreeze;
@@ -118,6 +123,7 @@ typedef struct TrainOpts {
   bool set_kind, set_lr, set_clip, set_wd, set_batch;
 } TrainOpts;
 
+enum Select { SELECT_DEFAULT, SELECT_ALL, SELECT_ROOT, SELECT_LOSS };
 int cmd_train(TrainOpts *o);
 
 /* ---- gen.c ---- */

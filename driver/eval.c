@@ -178,7 +178,7 @@ int cmd_info(const char *path) {
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
          ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr,
          (unsigned long long)ts->seed);
-  if (ts->best >= 0) printf("best dev    %.4f (accuracy; dev loss for a model without a classifier)\n", ts->best);
+  if (ts->best >= 0) printf("best dev    %.4f (the metric --select chose: accuracy by default; dev loss for a model without a classifier)\n", ts->best);
   cavs_vocab_free(v);
   cavs_ckpt_free(k);
   return 0;

@@ -80,6 +80,7 @@ static const char usage[] =
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
     "  --init PARAM=FILE (pre-trained vectors, GloVe or word2vec text)  --freeze PARAM\n"
+    "  --lr-decay X  --lr-step N  --warmup N  --patience N  --select all|root|loss\n"
     "  --threads N  --max-memory SIZE  --log FILE  --quiet\n"
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
@@ -89,7 +90,7 @@ static const char usage[] =
     "See cavs(1).\n";
 
 /* long options without a letter of their own */
-enum { OPT_FREEZE = 0x100, OPT_ALL_NODES };
+enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -136,7 +137,9 @@ int main(int argc, char **argv) {
       {"resume", 1, 0, 'r'}, {"threads", 1, 0, 'j'}, {"log", 1, 0, 'L'}, {"quiet", 0, 0, 'q'},
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
       {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'}, {"init", 1, 0, 'I'},
-      {"freeze", 1, 0, OPT_FREEZE}, {"all-nodes", 0, 0, OPT_ALL_NODES},
+      {"freeze", 1, 0, OPT_FREEZE}, {"all-nodes", 0, 0, OPT_ALL_NODES}, {"lr-decay", 1, 0, OPT_LR_DECAY},
+      {"lr-step", 1, 0, OPT_LR_STEP}, {"warmup", 1, 0, OPT_WARMUP}, {"patience", 1, 0, OPT_PATIENCE},
+      {"select", 1, 0, OPT_SELECT},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
@@ -165,6 +168,16 @@ int main(int argc, char **argv) {
       o.init[o.ninit++] = optarg;
       break;
     case OPT_ALL_NODES: all_nodes = true; break;
+    case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); break;
+    case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); break;
+    case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); break;
+    case OPT_PATIENCE: o.patience = (int)parse_long("patience", optarg, 1, 1000000); break;
+    case OPT_SELECT:
+      if (!strcmp(optarg, "all")) o.select = SELECT_ALL;
+      else if (!strcmp(optarg, "root")) o.select = SELECT_ROOT;
+      else if (!strcmp(optarg, "loss")) o.select = SELECT_LOSS;
+      else die(1, "--select: '%s' is not all, root or loss", optarg);
+      break;
     case OPT_FREEZE:
       if (o.nfreeze == 8) die(1, "--freeze: at most 8");
       o.freeze[o.nfreeze++] = optarg;

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static uint64_t rng_next(uint64_t *s) {
@@ -51,6 +52,16 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
     if (d->dims[found].kind == CAVS_DIM_VOCAB) die(1, "dim %s is bound by the data (vocab); it cannot be set", d->dims[found].name);
     dims[found] = v;
   }
+}
+
+/* The learning rate of minibatch `step` (counted from the first of the run, resumes
+   included) in `epoch`: the base rate, times lr_decay once every lr_step epochs, times
+   (step + 1) / warmup over the first warmup minibatches. */
+static double lr_at(const TrainOpts *o, int epoch, long step) {
+  double lr = o->optim.lr;
+  if (o->lr_decay > 0 && o->lr_decay < 1) lr *= pow(o->lr_decay, (double)((epoch - 1) / (o->lr_step > 0 ? o->lr_step : 1)));
+  if (o->warmup > 0 && step < o->warmup) lr *= (double)(step + 1) / (double)o->warmup;
+  return lr;
 }
 
 /* the parameter of d called name[0..len), or -1 */
@@ -201,6 +212,12 @@ int cmd_train(TrainOpts *o) {
     fflush(stdout);
   }
   int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;
+  if (o->patience && !dev) die(1, "--patience needs a --dev set to watch");
+  int select = o->select != SELECT_DEFAULT ? o->select : with_acc ? SELECT_ALL : SELECT_LOSS;
+  if (select != SELECT_LOSS && !with_acc) die(1, "--select %s: model '%s' has no classifier", select == SELECT_ROOT ? "root" : "all", d->name);
+  long nbatches = (n + o->batch - 1) / o->batch;
+  int since_best = 0, best_epoch = 0;
+  cavs_optim opt = o->optim;
   for (int epoch = first; epoch <= last_epoch; epoch++) {
     /* an interrupted epoch goes on where it stopped, in the same order */
     uint64_t rng_at_start = ts.rng;
@@ -235,7 +252,8 @@ int cmd_train(TrainOpts *o) {
       }
       cavs_model_backward(m);
       errno = 0;
-      if (cavs_model_step(m, &o->optim)) lib_die(cavs_model_error(m));
+      opt.lr = lr_at(o, epoch, (long)(epoch - 1) * nbatches + b / o->batch);
+      if (cavs_model_step(m, &opt)) lib_die(cavs_model_error(m));
       add_batch(&t, m, &st, k);
       if (interrupted && b + k < n) {
         /* the epoch so far: the shuffling state it began with and how far it got */
@@ -262,11 +280,14 @@ int cmd_train(TrainOpts *o) {
     if (tty) printf("\r\033[K");
     Totals dv = {0};
     if (dev) evaluate(m, dev, o->batch, &dv);
-    /* .best: by dev accuracy for a classifier, else by dev loss */
+    /* .best: by dev accuracy over all vertices for a classifier, else by dev loss, or
+       what --select names */
     double acc = ratio(dv.correct, dv.count), racc = ratio(dv.root_correct, dv.root_count);
     double dloss = total_loss(&dv), tloss = t.batch_loss / (t.batches ? t.batches : 1);
-    bool better = dev && (with_acc ? acc > ts.best : ts.best < 0 || dloss < ts.best);
-    if (better) ts.best = with_acc ? acc : dloss;
+    double metric = select == SELECT_ROOT ? racc : select == SELECT_ALL ? acc : dloss;
+    bool better = dev && (select != SELECT_LOSS ? metric > ts.best : ts.best < 0 || metric < ts.best);
+    if (better) ts.best = metric, best_epoch = epoch, since_best = 0;
+    else since_best++;
     ts.epoch = epoch;
     if (!o->quiet) {
       printf("epoch %d/%d  train loss %.4f", epoch, last_epoch, tloss);
@@ -296,12 +317,28 @@ int cmd_train(TrainOpts *o) {
         for (int l = 0; l < dv.nl; l++) fprintf(log, "%s%.6f", l ? ", " : "", dv.lcount[l] ? dv.lsum[l] / (double)dv.lcount[l] : 0);
         fputs("], ", log);
       }
-      fprintf(log, "\"graphs_per_s\": %.1f, \"seconds\": %.3f}\n", (double)t.graphs / t.secs, t.secs);
+      char when[32];
+      time_t now_s = time(NULL);
+      struct tm tm;
+      strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_s, &tm));
+      fprintf(log, "\"lr\": %.6g, \"graphs_per_s\": %.1f, \"seconds\": %.3f, \"time\": \"%s\"}\n", opt.lr,
+              (double)t.graphs / t.secs, t.secs, when);
       fflush(log);
     }
     if (o->save) {
       if (cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
       if (better && cavs_ckpt_save(best_path, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
+    }
+    if (o->patience && since_best >= o->patience && epoch < last_epoch) {
+      if (!o->quiet) {
+        printf("stopping after epoch %d: no better dev ", epoch);
+        if (best_epoch) printf("%s in %d epochs (best %.4f, epoch %d)\n",
+                               select == SELECT_ROOT ? "root accuracy" : select == SELECT_ALL ? "accuracy" : "loss",
+                               since_best, ts.best, best_epoch);
+        else printf("%s in %d epochs of this run\n",
+                    select == SELECT_ROOT ? "root accuracy" : select == SELECT_ALL ? "accuracy" : "loss", since_best);
+      }
+      break;
     }
     if (interrupted && epoch < last_epoch) {
       fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");

@@ -273,6 +273,48 @@ START_TEST(init_and_freeze) {
 }
 END_TEST
 
+/* The schedule and the stopping rule, on the program's own output: a learning rate of
+ * 1e-30 changes no parameter, so the dev accuracy never improves after the first epoch
+ * and --patience 2 stops after the third; --lr-decay halves the rate each epoch (the
+ * log's lr, past the warm-up); --select root keeps the best root accuracy. */
+START_TEST(schedules_and_stopping) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "10", "--lr", "1e-30", "--patience", "2", NULL);
+  ok(&r, "train --patience");
+  ck_assert_msg(strstr(r.out, "epoch 3/10") && !strstr(r.out, "epoch 4/10") &&
+                    strstr(r.out, "stopping after epoch 3: no better dev accuracy in 2 epochs (best "),
+                "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  r = TRAIN("--epochs", "3", "--lr", "0.1", "--lr-decay", "0.5", "--warmup", "3", "--select", "root", "--log",
+            path_in("sched.log"), "--save", path_in("sched.ckpt"), NULL);
+  ok(&r, "train --lr-decay --warmup --select root");
+  double best_root = -1, root;
+  for (char *p = r.out; (p = strstr(p, " root ")); p++)
+    if (sscanf(p, " root %lf", &root) == 1 && root > best_root) best_root = root;
+  tu_free(&r);
+  char *log = tu_slurp(path_in("sched.log"), NULL);
+  const char *lrs[] = {"\"lr\": 0.1,", "\"lr\": 0.05,", "\"lr\": 0.025,"};
+  char *at = log;
+  for (int e = 0; e < 3; e++) {
+    at = strstr(at, lrs[e]);
+    ck_assert_msg(at != NULL, "no %s in order in %s", lrs[e], log);
+    ck_assert_msg(strstr(at, "\"time\": \"20"), "no time after %s", lrs[e]);
+  }
+  free(log);
+  r = cavs("info", path_in("sched.ckpt"), NULL);
+  ok(&r, "info");
+  double best = -1;
+  ck_assert(strstr(r.out, "best dev") && sscanf(strstr(r.out, "best dev"), "best dev %lf", &best) == 1);
+  ck_assert_msg(fabs(best - best_root) < 1e-4, "best %.4f, the best root accuracy printed %.4f", best, best_root);
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--patience", "2",
+           NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "--patience needs a --dev set"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(device_named) {
   gen_data();
   RunResult r = TRAIN("--epochs", "1", "--device", "cpu", "--save", path_in("dev.ckpt"), NULL);
@@ -898,6 +940,7 @@ int main(void) {
   tcase_add_test(tc, threads_default_from_the_machine);
   tcase_add_test(tc, option_typos_suggest);
   tcase_add_test(tc, init_and_freeze);
+  tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
