@@ -87,6 +87,10 @@ typedef struct Totals {
   double lsum[MAX_LOSSES];
   long lcount[MAX_LOSSES], lcorrect[MAX_LOSSES];
   double secs;
+  /* with classes > 0 (cavs eval): per class of the first softmax_xent, the vertices
+     labeled with it and those predicted right */
+  int classes;
+  long *class_count, *class_correct;
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
@@ -99,7 +103,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph */
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes);
+             bool all_nodes, bool json);
 int cmd_info(const char *path);
 
 /* ---- train.c ---- */

@@ -68,8 +68,33 @@ void print_losses(FILE *f, const cavs_desc *d, const Totals *t) {
   fputc(')', f);
 }
 
+/* The first softmax_xent loss's label input, or -1. */
+static int first_xent_input(const cavs_desc *d) {
+  for (int l = 0; l < d->nlosses; l++)
+    if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) return d->losses[l].input;
+  return -1;
+}
+
+/* per-class counts of one minibatch's vertices, from their labels and predictions */
+static void count_classes(Totals *t, const cavs_model *m, const cavs_graph *const *gs, int k) {
+  const cavs_desc *d = cavs_model_desc(m);
+  int in = first_xent_input(d);
+  if (in < 0 || !t->classes) return;
+  int slot = d->inputs[in].slot;
+  for (int g = 0; g < k; g++)
+    for (int v = 0; v < gs[g]->n; v++) {
+      int y = gs[g]->feat ? gs[g]->feat[(size_t)v * (size_t)d->nint + (size_t)slot] : -1;
+      if (y < 0 || y >= t->classes) continue;
+      t->class_count[y]++;
+      t->class_correct[y] += cavs_model_vertex_class(m, g, v) == y;
+    }
+}
+
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
+  int classes = t->classes;
+  long *cc = t->class_count, *cr = t->class_correct;
   memset(t, 0, sizeof *t);
+  t->classes = classes, t->class_count = cc, t->class_correct = cr;
   int n = cavs_dataset_count(s);
   const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
   double start = now();
@@ -80,6 +105,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
     errno = 0;
     if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
     add_batch(t, m, &st, k);
+    count_classes(t, m, gs, k);
   }
   t->secs = now() - start;
   free(gs);
@@ -119,24 +145,67 @@ static CkptModel open_ckpt(const char *path, const char *model) {
 }
 
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes) {
+             bool all_nodes, bool json) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
   long dims[CAVS_MAX_DIMS] = {0};
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
   cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
-  /* a prediction's standard output is its data */
-  say_device(predict ? stderr : stdout, c.m);
+  /* a prediction's standard output is its data, and so is a JSON evaluation's */
+  say_device(predict || json ? stderr : stdout, c.m);
   if (!predict) {
-    Totals t;
+    const cavs_desc *d = c.L.desc;
+    Totals t = {0};
+    int in = first_xent_input(d);
+    if (in >= 0) {
+      /* a class input's range: its width in the model's dims */
+      long w = d->inputs[in].width.k;
+      for (int j = 0; j < d->ndims; j++) w += (long)d->inputs[in].width.c[j] * cavs_model_dim(c.m, j);
+      t.classes = w > 0 && w <= 100000 ? (int)w : 0;
+      t.class_count = xmalloc(sizeof(long) * (size_t)(t.classes + 1));
+      t.class_correct = xmalloc(sizeof(long) * (size_t)(t.classes + 1));
+      memset(t.class_count, 0, sizeof(long) * (size_t)(t.classes + 1));
+      memset(t.class_correct, 0, sizeof(long) * (size_t)(t.classes + 1));
+    }
     evaluate(c.m, s, batch, &t);
-    printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
-    print_losses(stdout, c.L.desc, &t);
-    if (has_accuracy(c.L.desc))
-      printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
-             ratio(t.root_correct, t.root_count), t.root_count);
-    printf("  %.0f graphs/s\n", (double)t.graphs / t.secs);
+    /* the first softmax_xent loss's mean, as a perplexity (a language model's measure) */
+    double xent = -1;
+    for (int l = 0; l < t.nl && xent < 0; l++)
+      if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) xent = t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0;
+    if (json) {
+      printf("{\"graphs\": %ld, \"loss\": %.6f", t.graphs, total_loss(&t));
+      if (xent >= 0) printf(", \"perplexity\": %.6f", exp(xent));
+      if (has_accuracy(d)) {
+        printf(", \"accuracy\": %.6f, \"vertices\": %ld, \"root_accuracy\": %.6f, \"roots\": %ld",
+               ratio(t.correct, t.count), t.count, ratio(t.root_correct, t.root_count), t.root_count);
+        printf(", \"classes\": [");
+        for (int k = 0; k < t.classes; k++)
+          printf("%s{\"count\": %ld, \"correct\": %ld}", k ? ", " : "", t.class_count[k], t.class_correct[k]);
+        printf("]");
+      }
+      if (t.nl > 1) {
+        printf(", \"losses\": [");
+        for (int l = 0; l < t.nl; l++) printf("%s%.6f", l ? ", " : "", t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0);
+        printf("]");
+      }
+      printf(", \"graphs_per_s\": %.1f}\n", (double)t.graphs / t.secs);
+    } else {
+      printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
+      print_losses(stdout, d, &t);
+      if (xent >= 0 && !strcmp(format, "text")) printf("  perplexity %.2f", exp(xent));
+      if (has_accuracy(d))
+        printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
+               ratio(t.root_correct, t.root_count), t.root_count);
+      printf("  %.0f graphs/s\n", (double)t.graphs / t.secs);
+      if (has_accuracy(d) && t.classes <= 20) {
+        printf("by class (correct/labeled):");
+        for (int k = 0; k < t.classes; k++) printf(" %d: %ld/%ld", k, t.class_correct[k], t.class_count[k]);
+        printf("\n");
+      }
+    }
+    free(t.class_count);
+    free(t.class_correct);
   } else {
     int n = cavs_dataset_count(s);
     const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);

@@ -43,6 +43,22 @@ START_TEST(train_save_eval_predict) {
   ck_assert_msg(fabs(acc - dev_acc) < 1e-4, "eval says %.4f, training printed %.4f", acc, dev_acc);
   ck_assert_msg(acc > 0.6, "accuracy %.3f after 3 epochs", acc);
   tu_free(&r);
+  /* --json: one object on stdout, the same accuracy, per-class counts that add up */
+  r = cavs("eval", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--json", NULL);
+  ok(&r, "eval --json");
+  ck_assert_msg(r.out[0] == '{' && !strchr(r.out, '\n')[1] && strstr(r.out, "}\n"), "%s", r.out);
+  double jacc = -1;
+  long vertices = -1, sum_count = 0, sum_correct = 0, cnt, cor;
+  ck_assert(sscanf(strstr(r.out, "\"accuracy\": "), "\"accuracy\": %lf", &jacc) == 1);
+  ck_assert(sscanf(strstr(r.out, "\"vertices\": "), "\"vertices\": %ld", &vertices) == 1);
+  ck_assert_msg(fabs(jacc - acc) < 1e-4, "json %.6f, text %.4f", jacc, acc);
+  for (char *p = strstr(r.out, "\"classes\": ["); p && (p = strstr(p, "{\"count\": ")); p++) {
+    ck_assert(sscanf(p, "{\"count\": %ld, \"correct\": %ld}", &cnt, &cor) == 2 && cor <= cnt);
+    sum_count += cnt, sum_correct += cor;
+  }
+  ck_assert_int_eq(sum_count, vertices);
+  ck_assert_msg(labs(sum_correct - lround(jacc * (double)vertices)) <= 1, "%ld of %ld", sum_correct, vertices);
+  tu_free(&r);
   ck_assert_msg(access(path_in("a.ckpt.best"), F_OK) == 0, "no best-on-dev checkpoint");
   /* one JSON line per epoch */
   char *log = tu_slurp(path_in("a.log"), NULL);
