@@ -164,6 +164,11 @@ int cavs_model_root_class(const cavs_model *m, int g);
 /* After a forward pass: the class predicted at vertex v of graph g of the minibatch (as
  * the graph numbers its vertices), or -1 (no such vertex, or one without a prediction). */
 int cavs_model_vertex_class(const cavs_model *m, int g, int v);
+/* After a forward pass: the value vertex v of graph g pushed (what the push block read
+ * from it: a Tree-LSTM's h), its first min(n, width) numbers into out (out may be
+ * NULL). Returns the width, or -1 (no such vertex, one whose type does not push, a
+ * model without a push block, or a failed read: cavs_model_error). */
+long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n);
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed
  * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);

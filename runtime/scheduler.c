@@ -529,6 +529,25 @@ int cavs_model_vertex_class(const cavs_model *m, int g, int v) {
   return m->pred[m->row_of[m->gbase[g] + v]];
 }
 
+long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n) {
+  int b = m->d->push_buf;
+  if (!m->have_batch || b < 0 || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g]) return -1;
+  int r = m->row_of[m->gbase[g] + v];
+  if (!m->pushed[r]) return -1;
+  long w = m->bw[b];
+  if (!out || n <= 0) return w;
+  long k = n < w ? n : w;
+  unsigned char *host = malloc((size_t)k * m->esize);
+  if (!host) return cv_fail_mem(m, "out of memory for a vertex's output"), -1;
+  if (cavs_model_read(m, host, (const char *)m->val[b] + ((size_t)r * (size_t)w) * m->esize, (size_t)k * m->esize)) {
+    free(host);
+    return -1;
+  }
+  for (long j = 0; j < k; j++) out[j] = m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j];
+  free(host);
+  return w;
+}
+
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;

@@ -96,6 +96,32 @@ START_TEST(train_save_eval_predict) {
   }
   free(dev);
   tu_free(&all);
+  /* --vectors: the root's pushed vector a line (H = 16 numbers); with --all-nodes every
+     vertex's, "GRAPH VERTEX x...", the root's the same numbers as above */
+  RunResult vec = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--vectors", NULL);
+  ok(&vec, "predict --vectors");
+  RunResult allv = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--vectors", "--all-nodes", NULL);
+  ok(&allv, "predict --vectors --all-nodes");
+  int vlines = 0, off;
+  double x;
+  for (char *p = vec.out; *p; p = strchr(p, '\n') + 1, vlines++) {
+    int k = 0;
+    for (char *q = p; *q != '\n' && sscanf(q, "%lf%n", &x, &off) == 1; q += off) k++;
+    ck_assert_int_eq(k, 16);
+  }
+  ck_assert_int_eq(vlines, 300);
+  /* graph 0's root line among every vertex's: "0 V" with V its last vertex */
+  char *first_root = strndup(vec.out, (size_t)(strchr(vec.out, '\n') - vec.out));
+  char *p = allv.out, *hit = NULL;
+  for (; *p; p = strchr(p, '\n') + 1) {
+    int g0, v0;
+    if (sscanf(p, "%d %d%n", &g0, &v0, &off) == 2 && g0 == 0) hit = p + off + 1;
+    if (g0 != 0) break;
+  }
+  ck_assert(hit && !strncmp(hit, first_root, strlen(first_root)) && hit[strlen(first_root)] == '\n');
+  free(first_root);
+  tu_free(&vec);
+  tu_free(&allv);
   tu_free(&r);
   r = cavs("info", path_in("a.ckpt"), NULL);
   ok(&r, "info");
