@@ -135,4 +135,9 @@ int cmd_train(TrainOpts *o);
 /* argv[0] is "gen" */
 int cmd_gen(int argc, char **argv);
 
+/* ---- plot.c ---- */
+
+/* argv[0] is "plot": cavs plot LOG -o FILE.png */
+int cmd_plot(int argc, char **argv);
+
 #endif

@@ -74,6 +74,7 @@ static const char usage[] =
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
+    "       cavs plot LOG -o FILE.png   (a training --log's curves, drawn by gnuplot)\n"
     "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge]\n"
     "                [--emit-only] [-o DIR]\n"
     "train options:\n"
@@ -127,6 +128,7 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "gen")) return cmd_gen(argc - 1, argv + 1);
   if (!strcmp(cmd, "build")) return cmd_build(argc - 1, argv + 1);
+  if (!strcmp(cmd, "plot")) return cmd_plot(argc - 1, argv + 1);
   TrainOpts o = {.epochs = 10, .batch = 64, .threads = default_threads(), .seed = 1,
                  .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
   const char *data = NULL, *format = NULL, *model_opt = NULL;
@@ -243,5 +245,5 @@ int main(int argc, char **argv) {
     return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"), all_nodes, json, vectors);
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
-  die(1, "unknown command '%s' (train, eval, predict, gen, info, build)", cmd);
+  die(1, "unknown command '%s' (train, eval, predict, gen, info, build, plot)", cmd);
 }

@@ -130,6 +130,30 @@ START_TEST(train_save_eval_predict) {
 }
 END_TEST
 
+/* cavs plot: the log's curves as a PNG (gnuplot draws it); a malformed log is named by
+ * its line and leaves no picture behind. */
+START_TEST(plot_a_log) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "2", "--quiet", "--log", path_in("p.log"), NULL);
+  ok(&r, "train --log");
+  tu_free(&r);
+  r = cavs("plot", path_in("p.log"), "-o", path_in("p.png"), NULL);
+  ok(&r, "plot");
+  tu_free(&r);
+  size_t n = 0;
+  char *png = tu_slurp(path_in("p.png"), &n);
+  ck_assert_msg(png && n > 1000 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8), "not a PNG (%zu bytes)", n);
+  free(png);
+  const char *bad = "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2, \"train_loss\": \"system('x')\"}\n";
+  tu_write(path_in("bad.log"), bad, strlen(bad));
+  r = cavs("plot", path_in("bad.log"), "-o", path_in("bad.png"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "bad.log:2:") && strstr(r.err, "\"train_loss\" is not a number or null"), "%s", r.err);
+  ck_assert_int_ne(access(path_in("bad.png"), F_OK), 0);
+  tu_free(&r);
+}
+END_TEST
+
 /* N epochs, or N/2 + resume + N/2: the same bytes. */
 START_TEST(resume_is_bit_identical) {
   gen_data();
@@ -983,6 +1007,7 @@ int main(void) {
   tcase_add_test(tc, option_typos_suggest);
   tcase_add_test(tc, init_and_freeze);
   tcase_add_test(tc, schedules_and_stopping);
+  tcase_add_test(tc, plot_a_log);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
