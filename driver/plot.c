@@ -10,7 +10,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,19 +48,19 @@ static void remove_all(char *dir, const char *const *names, int n) {
 int cmd_plot(int argc, char **argv) {
   const char *out = NULL, *log = NULL;
   static const struct option lo[] = {{"output", 1, 0, 'o'}, {0, 0, 0, 0}};
-  optind = 1;
-  opterr = 0; /* opt_complain says what was wrong */
-  int ch;
-  while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
-    switch (ch) {
-    case 1:
-      if (log) die(1, "plot: unexpected argument '%s'", optarg);
-      log = optarg;
-      break;
-    case 'o': out = optarg; break;
-    case '?': opt_complain("cavs", "plot", argv[optind - 1], lo); exit(1);
-    default: exit(1);
-    }
+  /* LOG and -o FILE (--output FILE, --output=FILE), in any order */
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+      if (i + 1 == argc) die(1, "plot: option '%s' needs a value", a);
+      out = argv[++i];
+    } else if (!strncmp(a, "--output=", 9)) out = a + 9;
+    else if (a[0] == '-' && a[1]) {
+      opterr = 0;
+      opt_complain("cavs", "plot", a, lo);
+      exit(1);
+    } else if (log) die(1, "plot: unexpected argument '%s'", a);
+    else log = a;
   }
   if (!log || !out) die(1, "plot: usage: cavs plot LOG -o FILE.png");
   FILE *in = fopen(log, "r");
