@@ -31,6 +31,12 @@ void emit_c_header(Emit *e, FILE *h) {
   header_enum(h, M, "dims", "dim", names, m->ndims);
   for (int i = 0; i < m->ninputs; i++) names[i] = m->inputs[i].name;
   header_enum(h, M, "inputs", "input", names, m->ninputs);
+  /* an integer input's column in cavs_graph.feat, which holds M_nfeat a vertex */
+  int nint = 0;
+  for (int i = 0; i < m->ninputs; i++)
+    if (m->inputs[i].kind != IN_REAL) names[nint++] = m->inputs[i].name;
+  header_enum(h, M, "columns of cavs_graph.feat: feat[v * nfeat + column]", "feat", names, nint);
+  if (nint) fprintf(h, "enum { %s_nfeat = %d };\n", M, nint);
   for (int i = 0; i < m->nparams; i++) names[i] = m->params[i].name;
   header_enum(h, M, "parameters", "param", names, m->nparams);
   for (int i = 0; i < m->nvertex; i++) names[i] = m->vertex[i]->name;

@@ -16,6 +16,11 @@ enum { /* inputs */
   lstm_lm_input_word = 0,
   lstm_lm_input_next = 1,
 };
+enum { /* columns of cavs_graph.feat: feat[v * nfeat + column] */
+  lstm_lm_feat_word = 0,
+  lstm_lm_feat_next = 1,
+};
+enum { lstm_lm_nfeat = 2 };
 enum { /* parameters */
   lstm_lm_param_emb = 0,
   lstm_lm_param_Wi = 1,

@@ -16,6 +16,11 @@ enum { /* inputs */
   treefc_input_word = 0,
   treefc_input_label = 1,
 };
+enum { /* columns of cavs_graph.feat: feat[v * nfeat + column] */
+  treefc_feat_word = 0,
+  treefc_feat_label = 1,
+};
+enum { treefc_nfeat = 2 };
 enum { /* parameters */
   treefc_param_emb = 0,
   treefc_param_W = 1,

@@ -17,6 +17,11 @@ enum { /* inputs */
   treegru_input_word = 0,
   treegru_input_label = 1,
 };
+enum { /* columns of cavs_graph.feat: feat[v * nfeat + column] */
+  treegru_feat_word = 0,
+  treegru_feat_label = 1,
+};
+enum { treegru_nfeat = 2 };
 enum { /* parameters */
   treegru_param_emb = 0,
   treegru_param_Wz = 1,

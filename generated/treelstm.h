@@ -17,6 +17,11 @@ enum { /* inputs */
   treelstm_input_word = 0,
   treelstm_input_label = 1,
 };
+enum { /* columns of cavs_graph.feat: feat[v * nfeat + column] */
+  treelstm_feat_word = 0,
+  treelstm_feat_label = 1,
+};
+enum { treelstm_nfeat = 2 };
 enum { /* parameters */
   treelstm_param_emb = 0,
   treelstm_param_Wi = 1,

@@ -17,6 +17,11 @@ enum { /* inputs */
   twotype_input_word = 0,
   twotype_input_label = 1,
 };
+enum { /* columns of cavs_graph.feat: feat[v * nfeat + column] */
+  twotype_feat_word = 0,
+  twotype_feat_label = 1,
+};
+enum { twotype_nfeat = 2 };
 enum { /* parameters */
   twotype_param_emb = 0,
   twotype_param_Wcl = 1,

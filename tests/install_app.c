@@ -26,17 +26,21 @@ int main(int argc, char **argv) {
   cavs_model_init(m, 7);
   /* four trees of three vertices: two leaves (words), a root whose class is whether the
      first word is odd; every vertex labeled with the root's class */
-  /* the header's names for the inputs; an integer input's slot is its column in feat */
-  int W = d->inputs[app_input_word].slot, L = d->inputs[app_input_label].slot;
-  static int child[4][6], feat[4][3 * 8];
+  /* the header's names for the columns of feat, which must be the descriptor's slots */
+  int W = app_feat_word, L = app_feat_label;
+  if (W != d->inputs[app_input_word].slot || L != d->inputs[app_input_label].slot || app_nfeat != d->nint) {
+    fprintf(stderr, "install_app: the header's feat columns disagree with the descriptor\n");
+    return 1;
+  }
+  static int child[4][6], feat[4][3 * app_nfeat];
   static cavs_graph g[4];
   const cavs_graph *gs[4];
   for (int t = 0; t < 4; t++) {
     int c[6] = {-1, -1, -1, -1, 0, 1};
     memcpy(child[t], c, sizeof c);
     for (int v = 0; v < 3; v++) {
-      feat[t][v * d->nint + W] = v < 2 ? (t + v * 3) % 10 : -1;
-      feat[t][v * d->nint + L] = t % 2;
+      feat[t][v * app_nfeat + W] = v < 2 ? (t + v * 3) % 10 : -1;
+      feat[t][v * app_nfeat + L] = t % 2;
     }
     g[t] = (cavs_graph){.n = 3, .maxc = 2, .child = child[t], .feat = feat[t]};
     gs[t] = &g[t];
