@@ -103,7 +103,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph */
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors);
+             bool all_nodes, bool json, bool vectors, bool probs);
 int cmd_info(const char *path);
 
 /* ---- train.c ---- */

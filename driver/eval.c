@@ -145,7 +145,7 @@ static CkptModel open_ckpt(const char *path, const char *model) {
 }
 
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors) {
+             bool all_nodes, bool json, bool vectors, bool probs) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
@@ -217,27 +217,29 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
       cavs_stats st;
       errno = 0;
       if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
-      for (int g = 0; g < k && vectors; g++)
+      /* vectors: what each vertex pushed, or its class probabilities */
+      long (*value)(cavs_model *, int, int, double *, long) = probs ? cavs_model_vertex_probs : cavs_model_vertex_output;
+      for (int g = 0; g < k && (vectors || probs); g++)
         for (int v = all_nodes ? 0 : -1; v < gs[g]->n; v++) {
           /* the root's vector a line, or every vertex's as "GRAPH VERTEX x1 ... xn" */
           int at = v;
           if (v < 0) {
             at = gs[g]->n - 1;
-            while (at > 0 && cavs_model_vertex_output(c.m, g, at, NULL, 0) < 0) at--;
+            while (at > 0 && value(c.m, g, at, NULL, 0) < 0) at--;
           }
-          long w = cavs_model_vertex_output(c.m, g, at, NULL, 0);
+          long w = value(c.m, g, at, NULL, 0);
           if (w > width) {
             free(vec);
             vec = xmalloc(sizeof *vec * (size_t)w);
             width = w;
           }
-          if (w > 0 && cavs_model_vertex_output(c.m, g, at, vec, w) < 0) lib_die(cavs_model_error(c.m));
+          if (w > 0 && value(c.m, g, at, vec, w) < 0) lib_die(cavs_model_error(c.m));
           if (all_nodes) printf("%d %d", b + g, v);
           for (long j = 0; j < w; j++) printf(j || all_nodes ? " %.6g" : "%.6g", vec[j]);
           printf("\n");
           if (v < 0) break;
         }
-      for (int g = 0; g < k && !vectors; g++) {
+      for (int g = 0; g < k && !vectors && !probs; g++) {
         if (!all_nodes) {
           printf("%d\n", cavs_model_root_class(c.m, g));
           continue;

@@ -129,6 +129,10 @@ void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds,
 }
 
 void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  const cavs_desc *d = c->desc;
+  int first = 0;
+  while (first < d->nlosses && d->losses[first].kind != CAVS_LOSS_SOFTMAX_XENT) first++;
+  if (loss == first) c->model->xent_z = z, c->model->xent_ld = ld, c->model->xent_w = w;
   BE(c)->xent_fwd(c, loss, z, ld, label, r0, n, w);
 }
 

@@ -169,6 +169,11 @@ int cavs_model_vertex_class(const cavs_model *m, int g, int v);
  * NULL). Returns the width, or -1 (no such vertex, one whose type does not push, a
  * model without a push block, or a failed read: cavs_model_error). */
 long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n);
+/* After a forward pass: the class probabilities at vertex v of graph g (the softmax of
+ * the first softmax_xent loss's logits), the first min(n, classes) into out (out may be
+ * NULL). Returns the number of classes, or -1 (no such vertex, one whose type does not
+ * push, a model without a softmax_xent loss, or a failed read: cavs_model_error). */
+long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n);
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed
  * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);

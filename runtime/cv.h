@@ -81,6 +81,10 @@ struct cavs_model {
   int nplan, capplan;
   bool overlap;
   bool own_gemm; /* the CPU backend's single-precision products through sgemm.c */
+  /* the last forward pass's logits of the first softmax_xent loss (generated code hands
+     their buffer to cavs_xent_fwd): row r at xent_z + r * xent_ld, xent_w classes */
+  const void *xent_z;
+  long xent_ld, xent_w;
   unsigned pass; /* counts passes: the parameters do not change within one (the CPU
                     backend keeps packed parameters for the pass) */
   int order;

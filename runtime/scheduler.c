@@ -548,6 +548,33 @@ long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n) 
   return w;
 }
 
+long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
+  if (!m->have_batch || !m->xent_z || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g])
+    return -1;
+  int r = m->row_of[m->gbase[g] + v];
+  if (!m->pushed[r]) return -1;
+  long w = m->xent_w;
+  if (!out || n <= 0) return w;
+  unsigned char *host = malloc((size_t)w * m->esize);
+  if (!host) return cv_fail_mem(m, "out of memory for a vertex's probabilities"), -1;
+  if (cavs_model_read(m, host, (const char *)m->xent_z + ((size_t)r * (size_t)m->xent_ld) * m->esize,
+                      (size_t)w * m->esize)) {
+    free(host);
+    return -1;
+  }
+  /* softmax in double, from the largest logit */
+  double mx = -INFINITY, sum = 0;
+  for (long j = 0; j < w; j++) {
+    double z = m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j];
+    if (z > mx) mx = z;
+  }
+  for (long j = 0; j < w; j++) sum += exp((m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j]) - mx);
+  for (long j = 0; j < w && j < n; j++)
+    out[j] = exp((m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j]) - mx) / sum;
+  free(host);
+  return w;
+}
+
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;

@@ -122,6 +122,26 @@ START_TEST(train_save_eval_predict) {
   free(first_root);
   tu_free(&vec);
   tu_free(&allv);
+  /* --probs: the root's class probabilities a line, summing to 1, largest at the class
+     predicted above */
+  RunResult pr = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--probs", NULL);
+  ok(&pr, "predict --probs");
+  char *cl = r.out;
+  int plines = 0;
+  for (char *p = pr.out; *p; p = strchr(p, '\n') + 1, cl = strchr(cl, '\n') + 1, plines++) {
+    double sum = 0, best = -1;
+    int k = 0, arg = -1;
+    for (char *q = p; *q != '\n' && sscanf(q, "%lf%n", &x, &off) == 1; q += off, k++) {
+      ck_assert(x >= 0 && x <= 1);
+      sum += x;
+      if (x > best) best = x, arg = k;
+    }
+    ck_assert_int_eq(k, 5);
+    ck_assert_msg(fabs(sum - 1) < 1e-4, "graph %d: probabilities sum to %g", plines, sum);
+    ck_assert_int_eq(arg, atoi(cl));
+  }
+  ck_assert_int_eq(plines, 300);
+  tu_free(&pr);
   tu_free(&r);
   r = cavs("info", path_in("a.ckpt"), NULL);
   ok(&r, "info");
