@@ -524,54 +524,53 @@ int cavs_model_root_class(const cavs_model *m, int g) {
   return -1;
 }
 
-int cavs_model_vertex_class(const cavs_model *m, int g, int v) {
+/* The row of vertex v of graph g of the last minibatch, or -1. */
+static int vertex_row(const cavs_model *m, int g, int v) {
   if (!m->have_batch || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g]) return -1;
-  return m->pred[m->row_of[m->gbase[g] + v]];
+  return m->row_of[m->gbase[g] + v];
+}
+
+int cavs_model_vertex_class(const cavs_model *m, int g, int v) {
+  int r = vertex_row(m, g, v);
+  return r < 0 ? -1 : m->pred[r];
+}
+
+/* The first k values of row r of a per-row buffer (at base, ld scalars a row, in the
+   backend's memory) into out, as doubles. */
+static int read_row(cavs_model *m, const void *base, long ld, int r, long k, double *out) {
+  unsigned char *host = malloc((size_t)k * m->esize);
+  if (!host) return cv_fail_mem(m, "out of memory for a vertex's values");
+  int rc = cavs_model_read(m, host, (const char *)base + (size_t)r * (size_t)ld * m->esize, (size_t)k * m->esize);
+  for (long j = 0; !rc && j < k; j++) out[j] = m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j];
+  free(host);
+  return rc;
 }
 
 long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n) {
-  int b = m->d->push_buf;
-  if (!m->have_batch || b < 0 || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g]) return -1;
-  int r = m->row_of[m->gbase[g] + v];
-  if (!m->pushed[r]) return -1;
+  int b = m->d->push_buf, r = vertex_row(m, g, v);
+  if (b < 0 || r < 0 || !m->pushed[r]) return -1;
   long w = m->bw[b];
-  if (!out || n <= 0) return w;
-  long k = n < w ? n : w;
-  unsigned char *host = malloc((size_t)k * m->esize);
-  if (!host) return cv_fail_mem(m, "out of memory for a vertex's output"), -1;
-  if (cavs_model_read(m, host, (const char *)m->val[b] + ((size_t)r * (size_t)w) * m->esize, (size_t)k * m->esize)) {
-    free(host);
-    return -1;
-  }
-  for (long j = 0; j < k; j++) out[j] = m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j];
-  free(host);
+  if (out && n > 0 && read_row(m, m->val[b], w, r, n < w ? n : w, out)) return -1;
   return w;
 }
 
 long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
-  if (!m->have_batch || !m->xent_z || g < 0 || g >= m->ngraphs || v < 0 || v >= m->gbase[g + 1] - m->gbase[g])
-    return -1;
-  int r = m->row_of[m->gbase[g] + v];
-  if (!m->pushed[r]) return -1;
+  int r = vertex_row(m, g, v);
+  if (!m->xent_z || r < 0 || !m->pushed[r]) return -1;
   long w = m->xent_w;
   if (!out || n <= 0) return w;
-  unsigned char *host = malloc((size_t)w * m->esize);
-  if (!host) return cv_fail_mem(m, "out of memory for a vertex's probabilities"), -1;
-  if (cavs_model_read(m, host, (const char *)m->xent_z + ((size_t)r * (size_t)m->xent_ld) * m->esize,
-                      (size_t)w * m->esize)) {
-    free(host);
+  double *z = malloc(sizeof *z * (size_t)w);
+  if (!z) return cv_fail_mem(m, "out of memory for a vertex's probabilities"), -1;
+  if (read_row(m, m->xent_z, m->xent_ld, r, w, z)) {
+    free(z);
     return -1;
   }
   /* softmax in double, from the largest logit */
   double mx = -INFINITY, sum = 0;
-  for (long j = 0; j < w; j++) {
-    double z = m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j];
-    if (z > mx) mx = z;
-  }
-  for (long j = 0; j < w; j++) sum += exp((m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j]) - mx);
-  for (long j = 0; j < w && j < n; j++)
-    out[j] = exp((m->esize == 8 ? ((double *)host)[j] : (double)((float *)host)[j]) - mx) / sum;
-  free(host);
+  for (long j = 0; j < w; j++) mx = z[j] > mx ? z[j] : mx;
+  for (long j = 0; j < w; j++) sum += exp(z[j] - mx);
+  for (long j = 0; j < w && j < n; j++) out[j] = exp(z[j] - mx) / sum;
+  free(z);
   return w;
 }
 
