@@ -416,19 +416,72 @@ static void cpu_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, lon
                      .add = add});
 }
 
+/* Softmax cross-entropy over the pool, in chunks of XENT_ROWS rows, whatever the
+   threads: a chunk's loss is summed in row order and the chunks' sums in chunk order,
+   so the reported loss has the same bits at every thread count (a language model's
+   head, as many columns as words, was a third of its epoch on one thread). */
+enum { XENT_ROWS = 16 };
+typedef struct XentJob {
+  cavs_ctx *c;
+  int loss, r0, n;
+  const void *z;
+  void *dz;
+  long ld, ldd, w, count;
+  const int *label;
+  cavs_loss_acc *acc; /* [chunks] (forward) */
+} XentJob;
+static void xent_part(void *arg, int i) {
+  const XentJob *q = arg;
+  int r0 = q->r0 + i * XENT_ROWS, n = q->r0 + q->n - r0 < XENT_ROWS ? q->r0 + q->n - r0 : XENT_ROWS;
+  if (q->acc) {
+    if (DBL(q->c)) xent_fwd_d(q->c, &q->acc[i], q->loss, q->z, q->ld, q->label, r0, n, q->w);
+    else xent_fwd_f(q->c, &q->acc[i], q->loss, q->z, q->ld, q->label, r0, n, q->w);
+  } else if (DBL(q->c))
+    xent_bwd_d(q->c, q->count, q->z, q->ld, q->label, q->dz, q->ldd, r0, n, q->w);
+  else
+    xent_bwd_f(q->c, q->count, q->z, q->ld, q->label, q->dz, q->ldd, r0, n, q->w);
+}
+/* the job's chunks on the pool where there is enough work, else in order here */
+static void xent_run(XentJob *q) {
+  cv_pool *pool = pool_of(q->c);
+  int chunks = (q->n + XENT_ROWS - 1) / XENT_ROWS;
+  if (pool && chunks > 1 && (long)q->n * q->w >= 32768) cv_pool_run(pool, xent_part, q, chunks);
+  else
+    for (int i = 0; i < chunks; i++) xent_part(q, i);
+}
+
+static void acc_add(cavs_loss_acc *a, const cavs_loss_acc *b) {
+  a->sum += b->sum, a->count += b->count, a->correct += b->correct;
+  a->root_count += b->root_count, a->root_correct += b->root_correct;
+}
+
 static void cpu_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
   LAUNCH(c, n > 0);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) xent_fwd_d(c, loss, z, ld, label, r0, n, w);
-        else xent_fwd_f(c, loss, z, ld, label, r0, n, w));
+  double t0 = cv_now();
+  int chunks = (n + XENT_ROWS - 1) / XENT_ROWS;
+  cavs_loss_acc *acc = chunks > 1 ? calloc((size_t)chunks, sizeof *acc) : NULL;
+  XentJob q = {.c = c, .loss = loss, .r0 = r0, .n = n, .z = z, .ld = ld, .w = w, .label = label, .acc = acc};
+  if (acc) {
+    xent_run(&q);
+    for (int i = 0; i < chunks; i++) acc_add(&c->loss[loss], &acc[i]);
+    free(acc);
+  } else /* one chunk, or no memory for the chunks' sums: the same sums, in order */
+    for (int i = 0; i < chunks; i++) {
+      cavs_loss_acc one = {0};
+      int a = r0 + i * XENT_ROWS, k = r0 + n - a < XENT_ROWS ? r0 + n - a : XENT_ROWS;
+      if (DBL(c)) xent_fwd_d(c, &one, loss, z, ld, label, a, k, w);
+      else xent_fwd_f(c, &one, loss, z, ld, label, a, k, w);
+      acc_add(&c->loss[loss], &one);
+    }
+  c->model->stats.rows_seconds += cv_now() - t0;
 }
 
 static void cpu_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd,
                          int r0, int n, long w) {
   LAUNCH(c, n > 0 && c->loss[loss].count);
-  TIMED(c->model, rows_seconds,
-        if (DBL(c)) xent_bwd_d(c, loss, z, ld, label, dz, ldd, r0, n, w);
-        else xent_bwd_f(c, loss, z, ld, label, dz, ldd, r0, n, w));
+  XentJob q = {.c = c, .r0 = r0, .n = n, .z = z, .dz = dz, .ld = ld, .ldd = ldd, .w = w, .label = label,
+               .count = c->loss[loss].count};
+  TIMED(c->model, rows_seconds, xent_run(&q));
 }
 
 static void cpu_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n,

@@ -15,6 +15,16 @@
 #define CV_HOT
 #endif
 #endif
+/* A helper of CV_HOT kernels: inlined into each clone, so that it is compiled for the
+   clone's instruction set (called, it would run the baseline's, SSE2 in a language
+   model's softmax, where it was a fifth of the epoch). */
+#ifndef CV_INLINE
+#if defined(__GNUC__)
+#define CV_INLINE static inline __attribute__((always_inline))
+#else
+#define CV_INLINE static inline
+#endif
+#endif
 
 CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
@@ -77,29 +87,29 @@ CV_HOT static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, 
 /* Softmax cross-entropy of row z against label. The exponentials run in the model's
  * precision (the vectorizable cavs_exp_f in float): a language model's head has as many
  * columns as words, and this loop is most of its time. */
-static R CV_NAME(row_max)(const R *z, long w) {
+CV_INLINE R CV_NAME(row_max)(const R *z, long w) {
   R mx = z[0];
 #pragma omp simd reduction(max : mx)
   for (long j = 1; j < w; j++) mx = z[j] > mx ? z[j] : mx;
   return mx;
 }
 
-static int CV_NAME(row_argmax)(const R *z, long w, R mx) {
+CV_INLINE int CV_NAME(row_argmax)(const R *z, long w, R mx) {
   for (long j = 0; j < w; j++)
     if (z[j] == mx) return (int)j;
   return 0;
 }
 
-static R CV_NAME(sum_exp)(const R *z, long w, R mx) {
+CV_INLINE R CV_NAME(sum_exp)(const R *z, long w, R mx) {
   R s = 0;
 #pragma omp simd reduction(+ : s)
   for (long j = 0; j < w; j++) s += CV_EXP(z[j] - mx);
   return s;
 }
 
-CV_HOT static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, int r0, int n,
-                              long w) {
-  cavs_loss_acc *a = &c->loss[loss];
+/* rows [r0, r0 + n) into *a (one chunk's sums: the caller adds the chunks in order) */
+CV_HOT static void CV_NAME(xent_fwd)(cavs_ctx *c, cavs_loss_acc *a, int loss, const R *z, long ld, const int *label,
+                                     int r0, int n, long w) {
   for (int r = r0; r < r0 + n; r++) {
     if (!c->pushed[r]) continue;
     const R *zr = z + (size_t)r * ld;
@@ -117,11 +127,10 @@ CV_HOT static void CV_NAME(xent_fwd)(cavs_ctx *c, int loss, const R *z, long ld,
   }
 }
 
-CV_HOT static void CV_NAME(xent_bwd)(cavs_ctx *c, int loss, const R *z, long ld, const int *label, R *dz, long ldd,
-                              int r0, int n, long w) {
-  const cavs_loss_acc *a = &c->loss[loss];
-  if (!a->count) return;
-  R scale = (R)(c->loss_scale / (double)a->count);
+CV_HOT static void CV_NAME(xent_bwd)(cavs_ctx *c, long count, const R *z, long ld, const int *label, R *dz, long ldd,
+                                     int r0, int n, long w) {
+  if (!count) return;
+  R scale = (R)(c->loss_scale / (double)count);
   for (int r = r0; r < r0 + n; r++) {
     if (!c->pushed[r] || label[r] < 0) continue;
     const R *zr = z + (size_t)r * ld;

@@ -384,6 +384,66 @@ START_TEST(threads_do_not_change_results) {
 }
 END_TEST
 
+/* A softmax as wide as a vocabulary runs over the pool in chunks of rows (backend_cpu.c):
+ * the loss, the counts and every prediction are those of the probabilities read back
+ * (cavs_model_vertex_probs, computed in double from the logits), row for row, with one
+ * thread and with two; a chunk lost, run twice or summed into the wrong loss would show.
+ * The gradient of the logits is the same with one thread and with two. */
+START_TEST(wide_softmax_over_threads) {
+  const cavs_desc *d = load_model("lstm_lm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "E")] = 24;
+  dims[find_dim(d, "H")] = 32;
+  dims[find_dim(d, "V")] = 1500;
+  static TGraph g[6];
+  const cavs_graph *gs[6];
+  unsigned seed = 11;
+  for (int k = 0; k < 6; k++) {
+    memset(&g[k], 0, sizeof g[k]);
+    int n = 20 + 9 * k;
+    g[k].g.n = n;
+    g[k].g.maxc = 1;
+    for (int v = 0; v < n; v++) g[k].child[v] = v - 1;
+    tg_features(&g[k], d, dims, &seed);
+    g[k].g.child = g[k].child;
+    gs[k] = &g[k].g;
+  }
+  double loss[2];
+  for (int t = 0; t < 2; t++) {
+    char err[512];
+    cavs_model *m = cavs_model_new_opts(d, dims, &(cavs_model_opts){.backend = "cpu", .threads = t + 1}, err,
+                                        sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    cavs_model_init(m, 4);
+    cavs_stats s;
+    ck_assert_msg(cavs_model_forward(m, gs, 6, &s) == 0, "%s", cavs_model_error(m));
+    double sum = 0;
+    long count = 0, correct = 0;
+    static double p[1500];
+    for (int k = 0; k < 6; k++)
+      for (int v = 0; v < gs[k]->n; v++) {
+        ck_assert_int_eq(cavs_model_vertex_probs(m, k, v, p, 1500), 1500);
+        int am = 0;
+        for (int j = 1; j < 1500; j++) am = p[j] > p[am] ? j : am;
+        ck_assert_int_eq(cavs_model_vertex_class(m, k, v), am);
+        int label = g[k].feat[v * d->nint + 1];
+        if (label < 0) continue;
+        sum -= log(p[label]);
+        count++;
+        correct += am == label;
+      }
+    ck_assert_int_eq(s.count, count);
+    ck_assert_int_eq(s.correct, correct);
+    ck_assert_msg(fabs(s.loss - sum / (double)count) <= 1e-5 * s.loss, "%d thread(s): loss %.9g, probabilities %.9g",
+                  t + 1, s.loss, sum / (double)count);
+    loss[t] = s.loss;
+    cavs_model_free(m);
+  }
+  ck_assert_msg(fabs(loss[0] - loss[1]) <= 1e-6 * loss[0], "loss %.9g, %.9g", loss[0], loss[1]);
+}
+END_TEST
+
 /* A descriptor generated against another ABI is refused before anything in it but its
  * version is read, with a message that says what to do. */
 /* The scheduler numbers a level's rows from the top down (scheduler.c): in a minibatch of
@@ -540,6 +600,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
+  tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
