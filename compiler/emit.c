@@ -717,6 +717,46 @@ static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT",
                                         "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER"};
 _Static_assert(DIM_FREE == 2 && IN_REAL == 2 && INIT_XAVIER == 4, "one name per kind");
 
+/* May buffer b, which holds f's gathers, be a view of the state buffer (the runtime
+ * points it at the children's rows where they lie in one block, cv_schedule)? Only if
+ * nothing touches it at a row without children, where a view would show another
+ * vertex's state rather than zeros: every value in it is a gather, a slice of one or a
+ * concat of them laid side by side where they are (Tree-FC's), and every reader is a fused loop (split at the leaves, which then read zero instead:
+ * emit.c's leaf_simpler) or the left operand of a product that skips the rows without
+ * children. Gradients follow the same uses, so they too are added only at rows with
+ * children, straight into the children's state gradient. */
+/* Is concat node x made of values computed in place (no copy): each operand in x's
+   buffer at its own columns? */
+static bool concat_in_place(const IrFunc *f, const IrNode *x) {
+  Lin off = x->val.off;
+  for (int k = 0; k < x->nargs; k++) {
+    const IrNode *a = &f->nodes[x->args[k]];
+    if (a->val.kind != PL_ROW || a->val.buf != x->val.buf || !lin_eq(a->val.off, off)) return false;
+    off = lin_add(off, a->width);
+  }
+  return true;
+}
+
+static bool gathers_viewable(const IrFunc *f, int b) {
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != b) continue;
+    bool view = x->op == OP_GATHER || op_info[x->op].kind == OK_SLICE || (x->op == OP_CONCAT && concat_in_place(f, x));
+    if (!view || !x->zero_leaf) return false;
+    for (int j = 0; j < f->n; j++) {
+      const IrNode *u = &f->nodes[j];
+      if (u->uses == 0 && u->type != T_NONE) continue;
+      for (int a = 0; a < u->nargs; a++) {
+        if (u->args[a] != i) continue;
+        bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
+                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u));
+        if (!ok) return false;
+      }
+    }
+  }
+  return true;
+}
+
 /* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
  * still gets an initializer. */
 static void descriptor(const Emit *e) {
@@ -767,12 +807,29 @@ static void descriptor(const Emit *e) {
     desc_lin(c, m->bufs[i].width);
     fprintf(c, ", %s},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE");
   }
-  fprintf(c, "};\nstatic const cavs_vertex_desc vertex[] = {\n");
+  fprintf(c, "};\n");
+  /* each vertex type's gathers: where child k's row goes, and whether it may be a view */
+  int *ngathers = arena_alloc(sizeof(int) * ((size_t)m->nvertex + 1));
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d},\n", emit_c_string(f->name), f->children, f->pushes,
-            fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
-            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"), e->eager_apart[i]);
+    for (int x = 0; x < f->n; x++) {
+      const IrNode *g = &f->nodes[x];
+      if (g->op != OP_GATHER || g->uses == 0 || g->val.kind != PL_ROW) continue;
+      if (!ngathers[i]) fprintf(c, "static const cavs_gather_desc %s[] = {\n", fname(e, f, "gathers"));
+      fprintf(c, "  {%d, %d, ", g->ref, g->val.buf);
+      desc_lin(c, g->val.off);
+      fprintf(c, ", %d},\n", gathers_viewable(f, g->val.buf));
+      ngathers[i]++;
+    }
+    if (ngathers[i]) fprintf(c, "};\n");
+  }
+  fprintf(c, "static const cavs_vertex_desc vertex[] = {\n");
+  for (int i = 0; i < m->nvertex; i++) {
+    const IrFunc *f = m->vertex[i];
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s},\n", emit_c_string(f->name), f->children,
+            f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
+            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"), e->eager_apart[i],
+            ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL");
   }
   fprintf(c, "};\n");
   int nlosses = 0;

@@ -86,7 +86,7 @@ static const char usage[] =
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
-    "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-fuse  --no-merge\n"
+    "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-views  --no-fuse  --no-merge\n"
     "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
 
@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
       {"vectors", 0, 0, OPT_VECTORS}, {"probs", 0, 0, OPT_PROBS}, {"lr-decay", 1, 0, OPT_LR_DECAY},
       {"lr-step", 1, 0, OPT_LR_STEP}, {"warmup", 1, 0, OPT_WARMUP}, {"patience", 1, 0, OPT_PATIENCE},
       {"select", 1, 0, OPT_SELECT},
-      {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-fuse", 0, 0, 'F'},
+      {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-views", 0, 0, 'W'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
   opterr = 0; /* opt_complain says what was wrong */
@@ -196,6 +196,7 @@ int main(int argc, char **argv) {
       break;
     case 'E': model_ablations |= CAVS_NO_EAGER; break;
     case 'Z': model_ablations |= CAVS_NO_LAZY; break;
+    case 'W': model_ablations |= CAVS_NO_VIEWS; break;
     case 'F': build_ablations |= 1; break;
     case 'N': build_ablations |= 2; break;
     case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;

@@ -672,9 +672,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
 };
+static const cavs_gather_desc treelstm_tree_gathers[] = {
+  {0, 6, {0, {0}}, 1},
+  {1, 6, {0, {0, 2}}, 1},
+};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
-   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1},
+   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -108,10 +108,17 @@ void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, in
   BE(c)->gemm_skip(c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
-void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) { BE(c)->gather_fwd(c, k, dst, ld, r0, n); }
+/* A type whose gathered buffers are views of the state (scheduler.c, plan_views) copies
+   nothing, and adds nothing back: its stages read the children's rows and add to their
+   gradients in place. */
+static bool viewed(const cavs_ctx *c) { return c->model->cur_type >= 0 && c->model->tview[c->model->cur_type]; }
+
+void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+  if (!viewed(c)) BE(c)->gather_fwd(c, k, dst, ld, r0, n);
+}
 
 void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
-  BE(c)->gather_bwd(c, k, src, ld, r0, n);
+  if (!viewed(c)) BE(c)->gather_bwd(c, k, src, ld, r0, n);
 }
 
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

@@ -133,8 +133,10 @@ typedef struct cavs_backend_stats {
   /* the scheduler's layout: the rows gathered (a child's row read by its parent's task,
      one a slot), and of those the rows of tasks whose children are one block of rows,
      parent by parent and slot by slot (the task's gathered buffer read in place: a view
-     would do, no copy) */
-  long gathered_rows, gathered_in_place;
+     would do, no copy), and of those the rows read in place, through a view of the
+     state buffer, with no copy: every task of a type is such a block, one after the
+     other, and the model's code allows it (cavs_gather_desc.view) */
+  long gathered_rows, gathered_in_place, gathered_viewed;
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);
@@ -145,8 +147,9 @@ void cavs_model_set_policy(cavs_model *m, int policy);
  * task's rows just before (forward) or after (backward) its path stage, instead of once
  * over all rows of a type (CAVS_NO_EAGER); the lazy phase task by task too
  * (CAVS_NO_LAZY). Same results but for the rounding of parameter gradients summed in
- * pieces. */
-enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2 };
+ * pieces. CAVS_NO_VIEWS: every gather copies its children's rows, even where they lie
+ * in one block of the state buffer that a view would read in place. */
+enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4 };
 void cavs_model_set_ablations(cavs_model *m, int flags);
 /* Forward pass over k graphs; returns 0, or -1 with a message in cavs_model_error(). */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);

@@ -27,8 +27,9 @@ extern "C" {
 
 /* 2: the contract moved out of cavs.h into this header; kinds and forms named.
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
- *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop. */
-#define CAVS_ABI_VERSION 3
+ *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop.
+ * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state). */
+#define CAVS_ABI_VERSION 4
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -180,6 +181,17 @@ typedef struct cavs_ctx cavs_ctx;
 /* Every stage runs over rows [r0, r0 + n) of the minibatch. */
 typedef void (*cavs_stage)(cavs_ctx *c, int r0, int n);
 
+/* A gather of a vertex type: child `slot`'s state row goes to buffer `buf` at column
+ * `off`, rows with the buffer's width as their stride. `view`: 1 when nothing reads or
+ * writes that buffer at a row without children (cavsc proves it), so the runtime may
+ * point the buffer at the state buffer itself, with no copy, where the children's rows
+ * lie in one block (cv_schedule); 0 where it must copy. */
+typedef struct cavs_gather_desc {
+  int slot, buf;
+  cavs_lin off;
+  int view;
+} cavs_gather_desc;
+
 typedef struct cavs_vertex_desc {
   const char *name;
   int children;
@@ -190,6 +202,8 @@ typedef struct cavs_vertex_desc {
      push stage of any type adds to: the runtime may then run it on a second stream,
      beside the path tasks still to come */
   int eager_apart;
+  int ngathers;
+  const cavs_gather_desc *gathers;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };

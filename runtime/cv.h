@@ -17,6 +17,7 @@ typedef struct cv_op {
   int arg;         /* the stream (CV_STREAM), the event (CV_RECORD, CV_WAIT) */
   cavs_stage f;    /* CV_STAGE: over rows [r0, r0 + n), the first `leaf` without children */
   int r0, n, leaf;
+  int type;        /* CV_STAGE: the vertex type, or -1 */
   void *p;         /* CV_ZERO: bytes at p */
   size_t bytes;
 } cv_op;
@@ -59,7 +60,14 @@ struct cavs_model {
   int cap_rows;
   size_t model_bytes; /* parameters, gradients, optimizer state: counted against the limit */
   long *bw; /* widths */
-  void **val, **grad;
+  void **val, **grad; /* the buffers as allocated */
+  /* what the stages see (ctx.val, ctx.grad): the buffers, but a gathered buffer of a
+     type in tview points at its children's rows of the state buffer, and its gradient
+     at theirs (cv_schedule: the gathers' views); cur_type is the type of the stage
+     running (-1: none, or the pull or push block), whose gathers then copy nothing */
+  void **cval, **cgrad;
+  unsigned char *tview;
+  int cur_type;
   cavs_loss_acc *loss;
   /* the minibatch */
   int rows, maxc;

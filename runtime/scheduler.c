@@ -30,6 +30,66 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The gathers' views. A vertex type's gathered buffers point at the state buffer itself
+ * (and their gradients at its gradient), so that its gathers copy nothing, when cavsc
+ * allows it (cavs_gather_desc.view: nothing touches them at a row without children)
+ * and the rows allow it: for each gather, child `slot` of the type's i-th row with
+ * children (its rows past the level-0 ones, which come first) is state row
+ * base + i * step, step being the buffer's width in state rows. Its buffer's row r is
+ * then state row base + (r - first) * step, at the gather's column: the pointer is the
+ * state's moved by base * W - first * ld - off scalars, which is the same for every
+ * gather into one buffer, and the rows of gathers into different buffers do not
+ * overlap (a fused loop's pointers to two of them are restrict). On chains and on
+ * minibatches of complete trees of one depth (the rows numbered top-down) every task of
+ * a type is such a block, one after the other; elsewhere the type copies. The pointer
+ * lies below the state buffer (children come first), where only rows at or past
+ * `first` are ever reached through it: it is formed in integer arithmetic. */
+enum { MAX_VIEWED = 16 };
+static void plan_views(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  int C = m->maxc, sb = d->state_buf;
+  long W = m->bw[sb];
+  for (int t = 0; t < d->nvertex; t++) {
+    const cavs_vertex_desc *v = &d->vertex[t];
+    for (int g = 0; g < v->ngathers; g++) {
+      int b = v->gathers[g].buf;
+      if (b >= 0 && b < d->nbufs) m->cval[b] = m->val[b], m->cgrad[b] = m->grad[b];
+    }
+    m->tview[t] = 0;
+    int first = m->type_r0[t] + m->type_leaf[t], end = m->type_r0[t] + m->type_n[t];
+    bool ok = !(m->ablate & CAVS_NO_VIEWS) && v->ngathers > 0 && v->ngathers <= MAX_VIEWED && first < end;
+    long delta[MAX_VIEWED], lo[MAX_VIEWED], hi[MAX_VIEWED], off[MAX_VIEWED];
+    for (int g = 0; ok && g < v->ngathers; g++) {
+      const cavs_gather_desc *q = &v->gathers[g];
+      ok = q->view && q->slot >= 0 && q->slot < v->children && q->slot < C && q->buf >= 0 && q->buf < d->nbufs &&
+           q->buf != sb && q->buf != d->push_buf && d->bufs[q->buf].grad == CAVS_GRAD;
+      if (!ok) break;
+      long ld = m->bw[q->buf];
+      off[g] = cv_lin(&q->off, m->ctx.dims);
+      ok = ld % W == 0 && off[g] >= 0 && off[g] % W == 0 && off[g] + W <= ld;
+      long step = ok ? ld / W : 0;
+      int base = m->child[(size_t)first * C + q->slot];
+      for (int r = first; ok && r < end; r++)
+        ok = base >= 0 && m->child[(size_t)r * C + q->slot] == base + (long)(r - first) * step;
+      if (!ok) break;
+      delta[g] = (long)base * W - (long)first * ld - off[g];
+      lo[g] = base;
+      hi[g] = base + (long)(end - first - 1) * step;
+      for (int h = 0; ok && h < g; h++)
+        ok = v->gathers[h].buf == q->buf ? delta[h] == delta[g] && off[h] != off[g] : hi[g] < lo[h] || hi[h] < lo[g];
+    }
+    if (!ok) continue;
+    for (int g = 0; g < v->ngathers; g++) {
+      int b = v->gathers[g].buf;
+      intptr_t by = (intptr_t)delta[g] * (intptr_t)m->esize;
+      m->cval[b] = (void *)((uintptr_t)m->val[sb] + (uintptr_t)by);
+      m->cgrad[b] = (void *)((uintptr_t)m->grad[sb] + (uintptr_t)by);
+    }
+    m->tview[t] = 1;
+    m->stats.gathered_viewed += (long)(end - first) * v->ngathers;
+  }
+}
+
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   const cavs_desc *d = m->d;
   long total = 0;
@@ -264,6 +324,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     m->stats.gathered_rows += have;
     if (block) m->stats.gathered_in_place += have;
   }
+  plan_views(m);
   return 0;
 }
 
@@ -271,8 +332,9 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
  * or under CAVS_SERIAL one call a row, so that one vertex at a time is the honest
  * baseline batching is measured against, in every phase (the path phase's tasks are cut
  * into single rows by cv_schedule already). */
-static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
+static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf, int type) {
   cavs_ctx *c = &m->ctx;
+  m->cur_type = type;
   if (m->policy != CAVS_SERIAL) {
     c->leaf_rows = leaf;
     f(c, r0, n);
@@ -282,6 +344,7 @@ static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
       f(c, r, 1);
     }
   c->leaf_rows = 0;
+  m->cur_type = -1;
 }
 
 /* ---- a pass as a list of steps ----
@@ -308,9 +371,11 @@ static int add(cavs_model *m, cv_op o) {
   m->plan[m->nplan++] = o;
   return 0;
 }
-static int run(cavs_model *m, cavs_stage f, int r0, int n, int leaf) {
-  return f && n > 0 ? add(m, (cv_op){.kind = CV_STAGE, .f = f, .r0 = r0, .n = n, .leaf = leaf}) : 0;
+/* a stage of vertex type `type` (-1: the pull or push block) */
+static int vrun(cavs_model *m, int type, cavs_stage f, int r0, int n, int leaf) {
+  return f && n > 0 ? add(m, (cv_op){.kind = CV_STAGE, .f = f, .r0 = r0, .n = n, .leaf = leaf, .type = type}) : 0;
 }
+static int run(cavs_model *m, cavs_stage f, int r0, int n, int leaf) { return vrun(m, -1, f, r0, n, leaf); }
 static int ctl(cavs_model *m, int kind, int arg) { return add(m, (cv_op){.kind = kind, .arg = arg}); }
 
 /* The chunk of level l, and the first level of chunk c: [0], [1], [2, 4), [4, 8)... */
@@ -335,7 +400,7 @@ static int eager_chunk(cavs_model *m, int c, bool bwd) {
   int a = chunk_start(c), b = chunk_start(c + 1) < m->nlevels ? chunk_start(c + 1) : m->nlevels;
   for (int t = 0; t < d->nvertex; t++) {
     int r0 = level_row(m, t, a), r1 = level_row(m, t, b);
-    if (run(m, bwd ? d->vertex[t].bwd_eager : d->vertex[t].fwd_eager, r0, r1 - r0, a ? 0 : m->type_leaf[t]))
+    if (vrun(m, t, bwd ? d->vertex[t].bwd_eager : d->vertex[t].fwd_eager, r0, r1 - r0, a ? 0 : m->type_leaf[t]))
       return -1;
   }
   return 0;
@@ -358,21 +423,21 @@ int cavs_plan_forward(cavs_model *m) {
   } else {
     if (run(m, d->pull_fwd, 0, N, 0)) return -1;
     for (int t = 0; t < T && eager; t++)
-      if (run(m, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+      if (vrun(m, t, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   }
   int waited = -1;
   for (int i = 0; i < m->ntask; i++) {
     int c = chunk_of(m->task_level[i]);
     const cavs_vertex_desc *v = &d->vertex[m->task_type[i]];
     if (two && c > waited && ctl(m, CV_WAIT, waited = c)) return -1;
-    if ((!eager && run(m, v->fwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
-        run(m, v->fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
-        (!lazy && run(m, v->fwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
+    if ((!eager && vrun(m, m->task_type[i], v->fwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
+        vrun(m, m->task_type[i], v->fwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
+        (!lazy && vrun(m, m->task_type[i], v->fwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
       return -1;
   }
   if (two && waited < last && ctl(m, CV_WAIT, last)) return -1;
   for (int t = 0; t < T && lazy; t++)
-    if (run(m, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+    if (vrun(m, t, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   if (d->push_fwd) {
     /* The push block runs over every row, its products included; the rows of a type
        that does not push hold no value of this minibatch (uninitialised, or what an
@@ -401,12 +466,12 @@ int cavs_plan_backward(cavs_model *m) {
   m->plan_pass = 1;
   if (run(m, d->push_bwd, 0, N, 0)) return -1;
   for (int t = 0; t < T && lazy; t++)
-    if (run(m, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+    if (vrun(m, t, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   for (int i = m->ntask - 1; i >= 0; i--) {
     const cavs_vertex_desc *v = &d->vertex[m->task_type[i]];
-    if ((!lazy && run(m, v->bwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
-        run(m, v->bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
-        (!eager && run(m, v->bwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
+    if ((!lazy && vrun(m, m->task_type[i], v->bwd_lazy, m->task_r0[i], m->task_n[i], m->task_leaf[i])) ||
+        vrun(m, m->task_type[i], v->bwd_path, m->task_r0[i], m->task_n[i], m->task_leaf[i]) ||
+        (!eager && vrun(m, m->task_type[i], v->bwd_eager, m->task_r0[i], m->task_n[i], m->task_leaf[i])))
       return -1;
     int l = m->task_level[i];
     /* the tasks of levels l and up are done when this is the first of level l; every
@@ -423,14 +488,14 @@ int cavs_plan_backward(cavs_model *m) {
       return -1;
   } else
     for (int t = 0; t < T && eager; t++)
-      if (run(m, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
+      if (vrun(m, t, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   return run(m, d->pull_bwd, 0, N, 0);
 }
 
 static void step_of(cavs_model *m, const cv_op *o) {
   const cv_backend *be = m->be;
   switch (o->kind) {
-  case CV_STAGE: stage(m, o->f, o->r0, o->n, o->leaf); break;
+  case CV_STAGE: stage(m, o->f, o->r0, o->n, o->leaf, o->type); break;
   case CV_ZERO: be->zero(m, o->p, o->bytes); break;
   case CV_STREAM:
     if (be->stream) be->stream(m, o->arg);
@@ -579,8 +644,9 @@ void cavs_model_backward(cavs_model *m) {
   if (!m->have_batch) return;
   m->pass++;
   int N = m->rows;
+  /* (a gathered buffer viewed in the state's is not used: its gradient is the state's) */
   for (int b = 0; b < d->nbufs; b++)
-    if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE)
+    if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE && m->cgrad[b] == m->grad[b])
       m->be->zero(m, m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
@@ -614,7 +680,7 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
   for (int pass = 0; pass < 2; pass++)
     for (int b = 0; b < d->nbufs; b++) {
       bool shared = b == d->state_buf || b == d->push_buf;
-      if (shared != (pass == 1)) continue;
+      if (shared != (pass == 1) || m->cval[b] != m->val[b]) continue; /* a view holds nothing of its own */
       for (int r = 0; r < m->rows; r++) {
         long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;

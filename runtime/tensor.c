@@ -245,8 +245,11 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   NEW(m->val, d->nbufs, "buffers");
   NEW(m->grad, d->nbufs, "buffers");
-  c->val = m->val;
-  c->grad = m->grad;
+  NEW(m->cval, d->nbufs, "buffers");
+  NEW(m->cgrad, d->nbufs, "buffers");
+  c->val = m->cval;
+  c->grad = m->cgrad;
+  m->cur_type = -1;
   NEW(m->loss, d->nlosses, "losses");
   c->loss = m->loss;
   NEW(m->iin, d->nint, "inputs");
@@ -258,6 +261,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     if (d->vertex[v].children > m->maxc) m->maxc = d->vertex[v].children;
   c->maxc = m->maxc;
   NEW(m->type_r0, d->nvertex, "vertex types");
+  NEW(m->tview, d->nvertex, "vertex types");
   NEW(m->type_n, d->nvertex, "vertex types");
   NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
@@ -283,7 +287,7 @@ void cavs_model_free(cavs_model *m) {
   }
   for (int i = 0; i < d->nint; i++) free(m->iin ? m->iin[i] : NULL);
   for (int i = 0; i < d->nreal; i++) free(m->rin ? m->rin[i] : NULL);
-  free(m->val); free(m->grad); free(m->bw); free(m->loss);
+  free(m->val); free(m->grad); free(m->cval); free(m->cgrad); free(m->tview); free(m->bw); free(m->loss);
   free(m->iin); free(m->rin); free(m->rw);
   be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
   free(m->spans);
@@ -327,6 +331,8 @@ int cv_grow_rows(cavs_model *m, int rows) {
       m->be->release(m->grad[b]);
       m->grad[b] = m->be->alloc(bytes);
     }
+    m->cval[b] = m->val[b];
+    m->cgrad[b] = m->grad[b];
     if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
       m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
       return cv_fail_mem(m, "out of memory for %d rows", rows);

@@ -513,6 +513,76 @@ START_TEST(layout_puts_children_in_blocks) {
 }
 END_TEST
 
+/* Gathers as views (scheduler.c, plan_views): on complete trees of one depth and on
+ * chains of one length a vertex type's children lie in one block of the state, task
+ * after task, and every gathered row is read in place; the forward pass reads the same
+ * numbers (the loss to the bit), the gradients add the same terms in another order
+ * (to rounding, in double), and an Adam step leaves the same parameters to rounding.
+ * Where cavsc cannot prove a buffer is untouched at the leaves (twotype.vf copies its
+ * gathered rows whole), or the rows do not line up (trees of several depths), nothing
+ * is viewed. */
+static void views_against_copies(const char *file, int shape, bool want_views) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  tg_minibatch(d, dims, g, gs, false);
+  unsigned seed = 9;
+  int k = 6;
+  for (int i = 0; i < k; i++) {
+    if (shape == 0) complete_tree(&g[i], 4, &seed, d, dims);
+    else if (shape == 1) complete_tree(&g[i], 1 + i % 4, &seed, d, dims);
+    else chain(&g[i], 12, &seed, d, dims);
+    if (d->nvertex == 2) { /* the leaves are the type without children */
+      int leaf = d->vertex[0].children ? 1 : 0;
+      for (int v = 0; v < g[i].g.n; v++) g[i].type[v] = g[i].child[v * g[i].g.maxc] < 0 ? leaf : 1 - leaf;
+      g[i].g.type = g[i].type;
+    }
+    gs[i] = &g[i].g;
+  }
+  cavs_model *m[2];
+  cavs_stats st[2];
+  cavs_backend_stats bs[2];
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
+  for (int v = 0; v < 2; v++) {
+    m[v] = new_model(d, dims, 21);
+    if (v) cavs_model_set_ablations(m[v], CAVS_NO_VIEWS);
+    ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+    cavs_model_backward(m[v]);
+    cavs_model_backend_stats(m[v], &bs[v], 0);
+  }
+  ck_assert_int_gt(bs[0].gathered_rows, 0);
+  ck_assert_int_eq(bs[1].gathered_viewed, 0);
+  ck_assert_msg(bs[0].gathered_viewed == (want_views ? bs[0].gathered_rows : 0), "%s, shape %d: %ld of %ld rows viewed",
+                file, shape, bs[0].gathered_viewed, bs[0].gathered_rows);
+  ck_assert_msg(st[0].loss == st[1].loss, "%s: loss %.17g with views, %.17g without", file, st[0].loss, st[1].loss);
+  for (int pass = 0; pass < 2; pass++) {
+    size_t n[2];
+    const double *x[2];
+    for (int v = 0; v < 2; v++)
+      x[v] = pass ? cavs_model_params_flat(m[v], &n[v]) : cavs_model_grads_flat(m[v], &n[v]);
+    ck_assert(n[0] == n[1]);
+    double scale = 0;
+    for (size_t i = 0; i < n[0]; i++) scale = fmax(scale, fabs(x[1][i]));
+    for (size_t i = 0; i < n[0]; i++)
+      if (fabs(x[0][i] - x[1][i]) > 1e-12 * scale)
+        ck_abort_msg("%s, shape %d: %s %zu: %.17g with views, %.17g without", file, shape, pass ? "parameter" : "gradient",
+                     i, x[0][i], x[1][i]);
+    for (int v = 0; v < 2 && !pass; v++) ck_assert(cavs_model_step(m[v], &o) == 0);
+  }
+  for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
+}
+
+START_TEST(views_read_children_in_place) {
+  views_against_copies("treelstm.vf", 0, true);
+  views_against_copies("treefc.vf", 0, true);
+  views_against_copies("treegru.vf", 0, true);
+  views_against_copies("lstm_lm.vf", 2, true);
+  views_against_copies("treelstm.vf", 1, false);
+  views_against_copies("twotype.vf", 0, false);
+}
+END_TEST
+
 START_TEST(abi_mismatch_is_refused) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
@@ -601,6 +671,7 @@ int main(void) {
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
   tcase_add_test(tc, wide_softmax_over_threads);
+  tcase_add_test(tc, views_read_children_in_place);
   tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
