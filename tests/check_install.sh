@@ -21,6 +21,13 @@ for f in "$root$prefix/bin/cavsc" "$root$prefix/bin/cavs" "$root$prefix/include/
   "$root$prefix/include/cavs_abi.h" "$root$prefix/share/doc/cavs/LICENSE"; do
   [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
 done
+# the example models the manual pages name, each compiled by the installed cavsc
+for m in treelstm treefc lstm_lm treegru twotype; do
+  f=$root$prefix/share/cavs/$m.vf
+  [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
+  cmp -s "$f" "$top/dsl-examples/$m.vf" || { echo "check_install: $f is not dsl-examples/$m.vf"; exit 1; }
+  "$root$prefix/bin/cavsc" -o "$tmp/examples" "$f" || { echo "check_install: the installed cavsc fails on $f"; exit 1; }
+done
 PKG_CONFIG_PATH=$(dirname "$pc")
 PKG_CONFIG_SYSROOT_DIR=$root
 export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
