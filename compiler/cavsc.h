@@ -327,6 +327,7 @@ typedef struct PGroup {
 typedef struct Buf {
   const char *name;
   Lin width;
+  int vertex; /* the vertex type whose function made it (only its rows hold values), or -1 */
   bool grad;
   bool grad_whole; /* its gradient is written whole by the backward pass, each cell set
                       before anything adds to it: not cleared (plan.c) */
@@ -511,7 +512,8 @@ typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX, ROWS_WITH_INDEX_AN
 /* A matrix product over the rows r0..r0+n-1, in the runtime's three forms:
  * 0: y = x W; 1: y += x W^T; 2: W += x^T y (summed over the rows). W is [k, cols]. */
 typedef struct GemmCall {
-  int form;
+  int form; /* 0: y = x W, 1: dx += dy W^T, 2: dW += x^T dy, 3: y = x W at the rows with
+               children only (the others are read by nothing: left as they are) */
   ProdRows rows;
   int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */

@@ -307,6 +307,60 @@ static void loop_around(Emit *e, Loop *l, char *body) {
   free(body);
 }
 
+/* Is concat node x made of values computed in place (no copy): each operand in x's
+   buffer at its own columns? */
+static bool concat_in_place(const IrFunc *f, const IrNode *x) {
+  Lin off = x->val.off;
+  for (int k = 0; k < x->nargs; k++) {
+    const IrNode *a = &f->nodes[x->args[k]];
+    if (a->val.kind != PL_ROW || a->val.buf != x->val.buf || !lin_eq(a->val.off, off)) return false;
+    off = lin_add(off, a->width);
+  }
+  return true;
+}
+
+/* Does nothing read or write buffer b of vertex function f at a row without children?
+ * Then its rows there need not be written (a product's output is not cleared there, a
+ * fused loop stores no zero there), a gather need not fill them, and a gathered buffer
+ * may even be a view of the state buffer (the runtime points it at the children's rows
+ * where they lie in one block: scheduler.c, plan_views), where those rows would show
+ * another vertex's state. It holds if every value in b is zero or dead there (fuse.c)
+ * and is a gather, a slice, a concat of values laid side by side where they are
+ * (Tree-FC's), a product (which skips those rows: prod_code), a fused loop's member
+ * (whose loop, split at the leaves, then stores nothing there: group_fwd_part) or a
+ * member's kept value (neither part at the leaves stores or loads it); and every reader
+ * is a fused loop (whose part at the leaves reads zero instead, or does not compute the
+ * value: leaf_simpler), the left operand of a product (which skips those rows too), or
+ * a slice or such a concat. Gradients follow the same uses, so they too are formed only
+ * at rows with children. */
+static bool leaves_untouched(const IrFunc *f, int b) {
+  if (f->kind != F_VERTEX) return false;
+  int held = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if (x->keep && x->kval.kind == PL_ROW && x->kval.buf == b) {
+      if (!(x->zero_leaf || x->dead_leaf)) return false;
+      held++;
+    }
+    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != b) continue;
+    held++;
+    bool kind = x->op == OP_GATHER || op_info[x->op].kind == OK_SLICE || x->op == OP_MATMUL ||
+                (op_info[x->op].kind == OK_EW && x->group >= 0) || (x->op == OP_CONCAT && concat_in_place(f, x));
+    if (!kind || !(x->zero_leaf || x->dead_leaf)) return false;
+    for (int j = 0; j < f->n; j++) {
+      const IrNode *u = &f->nodes[j];
+      if (u->uses == 0 && u->type != T_NONE) continue;
+      for (int a = 0; a < u->nargs; a++) {
+        if (u->args[a] != i) continue;
+        bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
+                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u));
+        if (!ok) return false;
+      }
+    }
+  }
+  return held > 0;
+}
+
 /* Is group gi simpler at the vertices without children: does it read or compute a value
  * that is zero or dead there (fuse.c)? Then it runs as two loops, the leaves' without
  * those (the Tree-LSTM's leaves: no forget gates, no children's cells, no recurrent
@@ -333,7 +387,9 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (part == LOOP_LEAVES && n->dead_leaf) continue;
-    if (n->val.kind == PL_ROW) fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
+    /* zero there, stored as 0, unless nothing reads it there */
+    if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf)))
+      fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
     if (n->keep && !gone(f, x)) fprintf(o, "      k%d[j] = v%d;  /* kept for the backward loop */\n", x, x);
   }
   fclose(o);
@@ -542,13 +598,22 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   if (f->kind == F_VERTEX && zero[p.left]) g.rows = ROWS_WITH_CHILDREN;
   else if ((g.index = zero_rows(e, f, p.left)) >= 0) g.rows = leaves ? ROWS_WITH_INDEX_AND_CHILDREN : ROWS_WITH_INDEX;
   else if (leaves) g.rows = ROWS_WITH_CHILDREN;
+  /* rows without children not written at all where nothing reads them there */
+  if (form == 0 && (g.rows == ROWS_WITH_CHILDREN || g.rows == ROWS_WITH_INDEX_AND_CHILDREN) &&
+      leaves_untouched(f, p.out->buf))
+    g.form = 3;
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
   static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word",
                                       "over all rows with a word and children"};
   const char *left = p.label;
-  if (form == 0) fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols), fwd[g.rows]);
+  if (form == 0)
+    fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols),
+            g.form == 3 ? (g.rows == ROWS_WITH_CHILDREN ? ", rows with children (nothing reads the others)"
+                                                         : ", rows with children (nothing reads the others); rows "
+                                                           "without a word stay zero")
+                        : fwd[g.rows]);
   else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[g.rows]);
   else fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p.line, left, p.what, param[g.rows]);
   /* the operands in the runtime's names: y = x W, y += x W^T, W += x^T y */
@@ -717,46 +782,6 @@ static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT",
                                         "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER"};
 _Static_assert(DIM_FREE == 2 && IN_REAL == 2 && INIT_XAVIER == 4, "one name per kind");
 
-/* May buffer b, which holds f's gathers, be a view of the state buffer (the runtime
- * points it at the children's rows where they lie in one block, cv_schedule)? Only if
- * nothing touches it at a row without children, where a view would show another
- * vertex's state rather than zeros: every value in it is a gather, a slice of one or a
- * concat of them laid side by side where they are (Tree-FC's), and every reader is a fused loop (split at the leaves, which then read zero instead:
- * emit.c's leaf_simpler) or the left operand of a product that skips the rows without
- * children. Gradients follow the same uses, so they too are added only at rows with
- * children, straight into the children's state gradient. */
-/* Is concat node x made of values computed in place (no copy): each operand in x's
-   buffer at its own columns? */
-static bool concat_in_place(const IrFunc *f, const IrNode *x) {
-  Lin off = x->val.off;
-  for (int k = 0; k < x->nargs; k++) {
-    const IrNode *a = &f->nodes[x->args[k]];
-    if (a->val.kind != PL_ROW || a->val.buf != x->val.buf || !lin_eq(a->val.off, off)) return false;
-    off = lin_add(off, a->width);
-  }
-  return true;
-}
-
-static bool gathers_viewable(const IrFunc *f, int b) {
-  for (int i = 0; i < f->n; i++) {
-    const IrNode *x = &f->nodes[i];
-    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != b) continue;
-    bool view = x->op == OP_GATHER || op_info[x->op].kind == OK_SLICE || (x->op == OP_CONCAT && concat_in_place(f, x));
-    if (!view || !x->zero_leaf) return false;
-    for (int j = 0; j < f->n; j++) {
-      const IrNode *u = &f->nodes[j];
-      if (u->uses == 0 && u->type != T_NONE) continue;
-      for (int a = 0; a < u->nargs; a++) {
-        if (u->args[a] != i) continue;
-        bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
-                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u));
-        if (!ok) return false;
-      }
-    }
-  }
-  return true;
-}
-
 /* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
  * still gets an initializer. */
 static void descriptor(const Emit *e) {
@@ -805,7 +830,9 @@ static void descriptor(const Emit *e) {
   for (int i = 0; i < m->nbufs; i++) {
     fprintf(c, "  {%s, ", emit_c_string(m->bufs[i].name));
     desc_lin(c, m->bufs[i].width);
-    fprintf(c, ", %s},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE");
+    int v = m->bufs[i].vertex;
+    fprintf(c, ", %s, %d, %d},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE",
+            v, v >= 0 && leaves_untouched(m->vertex[v], i));
   }
   fprintf(c, "};\n");
   /* each vertex type's gathers: where child k's row goes, and whether it may be a view */
@@ -818,7 +845,7 @@ static void descriptor(const Emit *e) {
       if (!ngathers[i]) fprintf(c, "static const cavs_gather_desc %s[] = {\n", fname(e, f, "gathers"));
       fprintf(c, "  {%d, %d, ", g->ref, g->val.buf);
       desc_lin(c, g->val.off);
-      fprintf(c, ", %d},\n", gathers_viewable(f, g->val.buf));
+      fprintf(c, ", %d},\n", leaves_untouched(f, g->val.buf));
       ngathers[i]++;
     }
     if (ngathers[i]) fprintf(c, "};\n");

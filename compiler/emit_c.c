@@ -138,7 +138,7 @@ static void c_loop_close(Emit *e, const Loop *l) {
 }
 
 /* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */
-static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PROD_DW"};
+static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PROD_DW", "CAVS_PROD_Y_INNER"};
 
 /* cavs_gemm over rows r0.. (row-major, BLAS argument order), or cavs_gemm_skip and
  * cavs_gemm_rows, which take row 0 and skip the rows themselves. */

@@ -22,7 +22,7 @@
 
 static int add_buf(Model *m, const char *name, Lin width) {
   m->bufs = vec_grow(m->bufs, &m->capbufs, m->nbufs + 1, sizeof(Buf));
-  m->bufs[m->nbufs] = (Buf){.name = name, .width = width};
+  m->bufs[m->nbufs] = (Buf){.name = name, .width = width, .vertex = -1};
   return m->nbufs++;
 }
 
@@ -132,7 +132,7 @@ static void plan_keep(Model *m, IrFunc *f) {
 }
 
 static void plan_func(Model *m, IrFunc *f, int npushers) {
-  int n = f->n;
+  int n = f->n, b0 = m->nbufs;
   FPlan fp;
   fp.own = arena_alloc(sizeof(bool) * (size_t)(n + 1));
   fp.redir = arena_alloc(sizeof(int) * (size_t)(n + 1));
@@ -247,6 +247,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     if (x->grad && x->val.kind == PL_ROW) m->bufs[x->val.buf].grad = true;
   }
   plan_keep(m, f);
+  for (int b = b0; b < m->nbufs && f->kind == F_VERTEX; b++) m->bufs[b].vertex = f->index;
 
   /* units */
   f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));

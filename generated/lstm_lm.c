@@ -45,8 +45,8 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 36  x @ Wf: [n, H], rows without a word or children stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
@@ -165,11 +165,11 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 36  h_prev @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 36  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
@@ -535,21 +535,21 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, CAVS_GRAD},
-  {"push", {0, {0, 1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE},
-  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"token_s", {0, {0, 2}}, CAVS_GRAD},
-  {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0},
+  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1},
+  {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
   {0, 7, {0, {0}}, 1},

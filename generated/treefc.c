@@ -102,8 +102,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treefc.vf:30  gather */
   cavs_gather_fwd(c, 1, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  concat */
-  /* line 30  %3 @ W: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
+  /* line 30  %3 @ W: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   cavs_loop(c, treefc_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
@@ -336,13 +336,13 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {1}}, CAVS_GRAD},
-  {"push", {0, {1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"tree_t5", {0, {1}}, CAVS_GRAD_WHOLE},
-  {"tree_t3", {0, {2}}, CAVS_GRAD},
-  {"push_logits", {0, {0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"tree_t5", {0, {1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_t3", {0, {2}}, CAVS_GRAD, 0, 1},
+  {"push_logits", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treefc_tree_gathers[] = {
   {0, 4, {0, {0}}, 1},

@@ -69,29 +69,11 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 35  x @ Wr: [n, H], rows without a word or children stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-}
-
-/* treegru_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treegru_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict o3 = V[11] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      o3[j] = 0;
-    }
-  }
 }
 
 /* treegru_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -111,24 +93,6 @@ static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
     for (long j = j0; j < j1; j++) {
       const R v3 = a1[j] + a2[j];  /* hs */
       o3[j] = v3;
-    }
-  }
-}
-
-/* treegru_tree_fwd_path, group g3 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treegru_tree_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict o27 = V[7] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      o27[j] = 0;
     }
   }
 }
@@ -255,19 +219,17 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
-  cavs_loop(c, treegru_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 34  hs @ Uz: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
+  /* line 34  hs @ Uz: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 36  [h_0;h_1] @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+  /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
-  cavs_loop(c, treegru_tree_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treegru_tree_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 37  %27 @ Un: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  /* line 37  %27 @ Un: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   cavs_loop(c, treegru_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
@@ -692,24 +654,24 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 1}}, CAVS_GRAD},
-  {"push", {0, {0, 1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"tree_children", {0, {0, 2}}, CAVS_GRAD},
-  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_t27", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_xr", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_hs", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0},
+  {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_children", {0, {0, 2}}, CAVS_GRAD, 0, 1},
+  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_t27", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_xr", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
   {0, 5, {0, {0}}, 1},

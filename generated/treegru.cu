@@ -61,8 +61,8 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 35  x @ Wr: [n, H], rows without a word or children stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   {
@@ -77,15 +77,6 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   }
 }
 
-/* treegru_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
-static __global__ void treegru_tree_fwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
-    R *__restrict__ o3_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ o3 = o3_r0 + (size_t)i * D_H;
-  o3[j] = 0;
-}
-
 /* treegru_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a1_r0,
@@ -98,15 +89,6 @@ static __global__ void treegru_tree_fwd_path_g0(int n, long D_E, long D_H, long 
   R *__restrict__ o3 = o3_r0 + (size_t)i * D_H;
   const R v3 = a1[j] + a2[j];  /* hs */
   o3[j] = v3;
-}
-
-/* treegru_tree_fwd_path, group g3 forward at the vertices without children: a thread per row and column of [n, H] */
-static __global__ void treegru_tree_fwd_path_g3_leaves(int n, long D_E, long D_H, long D_C, long D_V,
-    R *__restrict__ o27_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ o27 = o27_r0 + (size_t)i * D_H;
-  o27[j] = 0;
 }
 
 /* treegru_tree_fwd_path, group g3 forward at the others: a thread per row and column of [n, H] */
@@ -223,14 +205,6 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
-    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          V[11] + (size_t)(r0) * D_H);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
-  {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
@@ -240,21 +214,13 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 34  hs @ Uz: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
+  /* line 34  hs @ Uz: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 36  [h_0;h_1] @ Ur: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+  /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
-  {
-    const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          V[7] + (size_t)(r0) * D_H);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -270,8 +236,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 37  %27 @ Un: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  /* line 37  %27 @ Un: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
@@ -770,24 +736,24 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 1}}, CAVS_GRAD},
-  {"push", {0, {0, 1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"tree_children", {0, {0, 2}}, CAVS_GRAD},
-  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_t27", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_xr", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_hs", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0},
+  {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_children", {0, {0, 2}}, CAVS_GRAD, 0, 1},
+  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_t27", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_xr", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
   {0, 5, {0, {0}}, 1},

@@ -48,27 +48,9 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* line 28  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  x @ Wf: [n, H], rows without a word or children stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  /* line 29  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
-}
-
-/* treelstm_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    R *restrict o7 = V[8] + (size_t)(r) * D_H;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      o7[j] = 0;
-    }
-  }
 }
 
 /* treelstm_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -223,13 +205,12 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:26  s = gather */
   cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
-  cavs_loop(c, treelstm_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  [h_0;h_1] @ Uf: [n, H], rows without children stay zero */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 29  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
   cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
@@ -654,23 +635,23 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, CAVS_GRAD},
-  {"push", {0, {0, 1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
-  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE},
-  {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"tree_children", {0, {0, 4}}, CAVS_GRAD},
-  {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE},
-  {"tree_hs", {0, {0, 1}}, CAVS_GRAD},
-  {"tree_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"tree_t49_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0},
+  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1},
+  {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1},
+  {"tree_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"tree_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
+  {"tree_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"tree_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"tree_t49_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treelstm_tree_gathers[] = {
   {0, 6, {0, {0}}, 1},

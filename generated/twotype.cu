@@ -344,11 +344,11 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   /* twotype.vf:42  hh = concat */
   cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+  /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows without children stay zero */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
+  /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
@@ -800,25 +800,25 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, CAVS_GRAD},
-  {"push", {0, {0, 1}}, CAVS_GRAD},
-  {"pull_x", {0, {1}}, CAVS_GRAD},
-  {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"leaf_t10_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE},
-  {"internal_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE},
-  {"internal_hh", {0, {0, 2}}, CAVS_GRAD},
-  {"internal_s", {0, {0, 2}}, CAVS_GRAD},
-  {"internal_s", {0, {0, 2}}, CAVS_GRAD},
-  {"internal_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"internal_t37_kept", {0, {0, 1}}, CAVS_GRAD_NONE},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE},
+  {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
+  {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0},
+  {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"leaf_t10_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
+  {"internal_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 1},
+  {"internal_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 1, 1},
+  {"internal_hh", {0, {0, 2}}, CAVS_GRAD, 1, 0},
+  {"internal_s", {0, {0, 2}}, CAVS_GRAD, 1, 0},
+  {"internal_s", {0, {0, 2}}, CAVS_GRAD, 1, 0},
+  {"internal_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0},
+  {"internal_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 1},
+  {"internal_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 1},
+  {"internal_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0},
+  {"internal_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0},
+  {"internal_t37_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc twotype_internal_gathers[] = {
   {0, 10, {0, {0}}, 0},

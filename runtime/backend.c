@@ -113,8 +113,23 @@ void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, in
    gradients in place. */
 static bool viewed(const cavs_ctx *c) { return c->model->cur_type >= 0 && c->model->tview[c->model->cur_type]; }
 
+/* Do the current type's gathered buffers go unread at its rows without children
+   (cavs_gather_desc.view)? Then its gathers leave those rows, the first leaf_rows of a
+   stage, as they are. */
+static bool leaves_unread(const cavs_ctx *c) {
+  int t = c->model->cur_type;
+  if (t < 0) return false;
+  const cavs_vertex_desc *v = &c->desc->vertex[t];
+  for (int g = 0; g < v->ngathers; g++)
+    if (!v->gathers[g].view) return false;
+  return true;
+}
+
 void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
-  if (!viewed(c)) BE(c)->gather_fwd(c, k, dst, ld, r0, n);
+  if (viewed(c)) return;
+  int skip = leaves_unread(c) ? c->leaf_rows : 0;
+  if (skip > n) skip = n;
+  BE(c)->gather_fwd(c, k, dst, ld, r0 + skip, n - skip);
 }
 
 void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {

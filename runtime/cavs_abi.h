@@ -28,7 +28,8 @@ extern "C" {
 /* 2: the contract moved out of cavs.h into this header; kinds and forms named.
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
  *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop.
- * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state). */
+ * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state);
+ *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner. */
 #define CAVS_ABI_VERSION 4
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -174,7 +175,10 @@ enum cavs_grad_kind { CAVS_GRAD_NONE, CAVS_GRAD, CAVS_GRAD_WHOLE };
 typedef struct cavs_buf_desc {
   const char *name;
   cavs_lin width;
-  int grad; /* enum cavs_grad_kind */
+  int grad;   /* enum cavs_grad_kind */
+  int vertex; /* the vertex type whose stages alone use it (only its rows hold values), or
+                 -1 (the state, push and pull buffers) */
+  int inner;  /* 1: nothing writes or reads it at a row without children */
 } cavs_buf_desc;
 
 typedef struct cavs_ctx cavs_ctx;
@@ -286,6 +290,8 @@ enum cavs_prod_form {
   CAVS_PROD_Y,  /* y = x w */
   CAVS_PROD_DX, /* dx += dy w^T */
   CAVS_PROD_DW, /* dw += x^T dy */
+  CAVS_PROD_Y_INNER, /* y = x w at the rows past `skip` (cavs_gemm_skip, cavs_gemm_rows);
+                        the first `skip` are left as they are: nothing reads them */
 };
 
 /* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision; ta and tb

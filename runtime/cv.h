@@ -127,6 +127,9 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k);
 int cavs_plan_forward(cavs_model *m);
 int cavs_plan_backward(cavs_model *m);
 int cavs_run_plan(cavs_model *m);
+/* For the tests: every cell of every per-row buffer and its gradient, all the rows
+ * allocated, set to NaN, so that a pass reading a cell nothing wrote shows (tensor.c). */
+int cavs_model_poison(cavs_model *m);
 /* optim.c */
 void cv_sparse_reset(cavs_model *m);
 /* Adam's or Adagrad's moments, zeroed, unless the model has them; -1 (message in m->err) */

@@ -20,7 +20,8 @@ static inline void cv_form_gemm(cv_gemm_fn gemm, cavs_ctx *c, int form, int a, i
   size_t es = c->desc->precision == CAVS_DOUBLE ? 8 : 4;
   const char *xa = (const char *)x + (size_t)a * (size_t)ldx * es;
   char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
-  if (form == CAVS_PROD_Y) gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
+  if (form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER)
+    gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, len, cols, k, 1, xa, ldx, w, ldw, 0, ya, ldy);
   else if (form == CAVS_PROD_DX) gemm(c, CAVS_NO_TRANS, CAVS_TRANS, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
   else gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
 }
@@ -49,7 +50,7 @@ static inline void cv_gemm_rows_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs
     bool on = idx[r] >= 0;
     while (r < r0 + n && (idx[r] >= 0) == on) r++;
     if (on) cv_form_gemm(gemm, c, form, a, r - a, cols, k, x, ldx, w, ldw, y, ldy);
-    else if (form == CAVS_PROD_Y) zero(c, y, ldy, a, r - a, cols);
+    else if (form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER) zero(c, y, ldy, a, r - a, cols);
   }
 }
 

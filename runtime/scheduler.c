@@ -681,7 +681,14 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
     for (int b = 0; b < d->nbufs; b++) {
       bool shared = b == d->state_buf || b == d->push_buf;
       if (shared != (pass == 1) || m->cval[b] != m->val[b]) continue; /* a view holds nothing of its own */
-      for (int r = 0; r < m->rows; r++) {
+      /* a vertex type's buffer holds values at that type's rows alone, and an inner one
+         only at those with children (the first type_leaf rows of its range have none) */
+      int t = d->bufs[b].vertex, r0 = 0, r1 = m->rows;
+      if (t >= 0 && t < d->nvertex) {
+        r0 = m->type_r0[t] + (d->bufs[b].inner ? m->type_leaf[t] : 0);
+        r1 = m->type_r0[t] + m->type_n[t];
+      }
+      for (int r = r0; r < r1; r++) {
         long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;
         int g = 0, v = -1;

@@ -8,6 +8,7 @@
 #include "sgemm.h"
 
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -368,6 +369,23 @@ double cv_now(void) {
 
 void cavs_model_set_policy(cavs_model *m, int policy) { m->policy = policy; }
 void cavs_model_set_ablations(cavs_model *m, int flags) { m->ablate = flags; }
+
+int cavs_model_poison(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  for (int b = 0; b < d->nbufs; b++) {
+    size_t n = (size_t)m->cap_rows * (size_t)m->bw[b];
+    unsigned char *nan = malloc(n * m->esize + 1);
+    if (!nan) return cv_fail_mem(m, "out of memory");
+    for (size_t i = 0; i < n; i++)
+      if (m->esize == 8) ((double *)(void *)nan)[i] = NAN;
+      else ((float *)(void *)nan)[i] = NAN;
+    int rc = cavs_model_write(m, m->val[b], nan, n * m->esize);
+    if (!rc && m->grad[b]) rc = cavs_model_write(m, m->grad[b], nan, n * m->esize);
+    free(nan);
+    if (rc) return -1;
+  }
+  return 0;
+}
 
 static void *param_at(cavs_model *m, void *const *base, int i, long *rows, long *cols, long *ld) {
   const cavs_param_desc *p = &m->d->params[i];
