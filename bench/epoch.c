@@ -158,6 +158,7 @@ int main(int argc, char **argv) {
   cavs_model_init(m, 1);
   cavs_model_set_policy(m, strcmp(policy, "serial") ? CAVS_BFS : CAVS_SERIAL);
   cavs_model_set_ablations(m, ablate);
+  cavs_model_set_inference(m, infer);
   int n = cavs_dataset_count(ds);
   if (limit && limit < n) n = limit;
   const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);

@@ -519,6 +519,11 @@ typedef struct GemmCall {
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */
   Lin cols, k;
   Ref x, w, y;
+  /* ROWS_WITH_INDEX(_AND_CHILDREN), y = x W: the parameter table x's rows are looked up
+     in (x = table[index], pulled as it is) and its rows, or NULL: in inference the
+     runtime may look up rows of table W instead (cavs_gemm_table) */
+  const Place *table;
+  Lin table_rows;
 } GemmCall;
 
 /* A loss over the rows r0..r0+n-1, or its gradient (bwd: into a's gradient). */

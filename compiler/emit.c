@@ -390,7 +390,11 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
     /* zero there, stored as 0, unless nothing reads it there */
     if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf)))
       fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
-    if (n->keep && !gone(f, x)) fprintf(o, "      k%d[j] = v%d;  /* kept for the backward loop */\n", x, x);
+    /* in the C target only where a backward pass follows (cavs_ctx.keep) */
+    if (n->keep && !gone(f, x))
+      fprintf(o, e->t == &target_c ? "      if (keep) k%d[j] = v%d;  /* kept for the backward loop */\n"
+                                   : "      k%d[j] = v%d;  /* kept for the backward loop */\n",
+              x, x);
   }
   fclose(o);
   e->out = saved;
@@ -578,6 +582,20 @@ static int zero_rows(const Emit *e, const IrFunc *f, int left) {
   return int_slot(e->m, pf->nodes[src->args[1]].ref);
 }
 
+/* The parameter table the left operand is looked up in (x = emb[word], pulled as it
+ * is), and its rows; NULL. */
+static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+  const IrNode *x = &f->nodes[left];
+  if (x->op != OP_PULL) return NULL;
+  const IrFunc *pf = e->m->pull;
+  const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
+  if (src->op != OP_LOOKUP) return NULL;
+  const IrNode *t = &pf->nodes[src->args[0]];
+  if (t->op != OP_PARAM || t->val.kind != PL_PARAM) return NULL;
+  *rows = e->m->params[t->ref].rows;
+  return &t->val;
+}
+
 /* Which nodes of f are zero at every vertex without children (fuse.c). */
 static const bool *zero_at_leaves(const IrFunc *f) {
   bool *z = arena_alloc(sizeof(bool) * (size_t)f->n);
@@ -602,6 +620,7 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   if (form == 0 && (g.rows == ROWS_WITH_CHILDREN || g.rows == ROWS_WITH_INDEX_AND_CHILDREN) &&
       leaves_untouched(f, p.out->buf))
     g.form = 3;
+  if (form == 0 && g.index >= 0 && p.stack == 1) g.table = lookup_table(e, f, p.left, &g.table_rows);
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};

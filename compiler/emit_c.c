@@ -123,6 +123,9 @@ static void c_loop_open(Emit *e, const Loop *l) {
   fprintf(o, "static void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
   c_locals(e, o);
   const char *rs = l->may_alias ? "" : "restrict ";
+  bool keeps = false;
+  for (int i = 0; i < l->nptrs && !l->bwd; i++) keeps |= l->ptrs[i].write && l->ptrs[i].name[0] == 'k';
+  if (keeps) fprintf(o, "  const int keep = c->keep; /* 0 in inference: nothing kept */\n");
   fprintf(o, "  for (int r = r0; r < r0 + n; r++) {\n");
   for (int i = 0; i < l->nptrs; i++) {
     const LoopPtr *p = &l->ptrs[i];
@@ -152,6 +155,16 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
     fprintf(e->out, "  cavs_gemm_skip(c, %d * c->leaf_rows, %d * r0, %d * n, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n",
             g->stack, g->stack, g->stack, prod_form[g->form], cols, k, emit_ptr(e, g->x, "0"), xl, ws, wl,
             emit_ptr(e, g->y, "0"), yl);
+    return;
+  }
+  if (g->table) {
+    /* y = table[index] W, which inference may look up in table W (the runtime's) */
+    fprintf(e->out,
+            "  cavs_gemm_table(c, c->iin[%d], %s, r0, n, %s, %s, %s, %s, %s, %s,\n                  %s, %s, %s, %s, "
+            "%s, %s);\n",
+            g->index, g->rows == ROWS_WITH_INDEX_AND_CHILDREN ? "c->leaf_rows" : "0", prod_form[g->form], cols, k,
+            emit_ptr(e, (Ref){g->table, false}, "0"), emit_ld(e, g->table), emit_ld(e, &(Place){.ld = g->table_rows}),
+            emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
     return;
   }
   if (g->rows != ROWS_ALL) {

@@ -98,6 +98,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
   int n = cavs_dataset_count(s);
   const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
   double start = now();
+  cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
     int k = 0;
     for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
@@ -107,6 +108,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
     add_batch(t, m, &st, k);
     count_classes(t, m, gs, k);
   }
+  cavs_model_set_inference(m, 0);
   t->secs = now() - start;
   free(gs);
 }
@@ -211,6 +213,7 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
     const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
     long width = 0;
     double *vec = NULL;
+    cavs_model_set_inference(c.m, 1);
     for (int b = 0; b < n; b += batch) {
       int k = 0;
       for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);

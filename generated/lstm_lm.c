@@ -43,11 +43,11 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -58,6 +58,7 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
@@ -86,11 +87,11 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       const R v38 = v36 + (R)0;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k27[j] = v27;  /* kept for the backward loop */
-      k35[j] = v35;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k27[j] = v27;  /* kept for the backward loop */
+      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
-      k39[j] = v39;  /* kept for the backward loop */
+      if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
     }
   }
@@ -104,6 +105,7 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
@@ -144,12 +146,12 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       const R v38 = v36 + v37;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k19[j] = v19;  /* kept for the backward loop */
-      k27[j] = v27;  /* kept for the backward loop */
-      k35[j] = v35;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k19[j] = v19;  /* kept for the backward loop */
+      if (keep) k27[j] = v27;  /* kept for the backward loop */
+      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
-      k39[j] = v39;  /* kept for the backward loop */
+      if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
     }
   }

@@ -43,11 +43,11 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */

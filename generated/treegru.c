@@ -67,11 +67,11 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[1], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
@@ -106,6 +106,7 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a15 = V[8] + (size_t)(r) * D_H;
     const R *restrict a17 = V[4] + (size_t)(r) * (2*D_H);
@@ -124,8 +125,8 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
       const R v25 = v19 * a1[j];
       const R v26 = v22 * a2[j];
       const R v27 = v25 + v26;
-      k19[j] = v19;  /* kept for the backward loop */
-      k22[j] = v22;  /* kept for the backward loop */
+      if (keep) k19[j] = v19;  /* kept for the backward loop */
+      if (keep) k22[j] = v22;  /* kept for the backward loop */
       o27[j] = v27;
     }
   }
@@ -140,6 +141,7 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[6];
@@ -159,8 +161,8 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
       const R v35 = (R)1 - v11;
       const R v36 = v35 * v33;
       const R v38 = v36 + (R)0;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k33[j] = v33;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k33[j] = v33;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }
@@ -175,6 +177,7 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = V[10] + (size_t)(r) * D_H;
@@ -198,8 +201,8 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
       const R v36 = v35 * v33;
       const R v37 = v11 * a3[j];
       const R v38 = v36 + v37;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k33[j] = v33;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k33[j] = v33;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }

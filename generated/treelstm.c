@@ -46,11 +46,11 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 28  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 29  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* treelstm_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -83,6 +83,7 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -112,11 +113,11 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
       const R v48 = v46 + (R)0;  /* c */
       const R v49 = cv_tanh(v48);
       const R v50 = v35 * v49;  /* h */
-      k15[j] = v15;  /* kept for the backward loop */
-      k35[j] = v35;  /* kept for the backward loop */
-      k43[j] = v43;  /* kept for the backward loop */
+      if (keep) k15[j] = v15;  /* kept for the backward loop */
+      if (keep) k35[j] = v35;  /* kept for the backward loop */
+      if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
-      k49[j] = v49;  /* kept for the backward loop */
+      if (keep) k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
     }
   }
@@ -131,6 +132,7 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
@@ -179,13 +181,13 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       const R v48 = v46 + v47;  /* c */
       const R v49 = cv_tanh(v48);
       const R v50 = v35 * v49;  /* h */
-      k15[j] = v15;  /* kept for the backward loop */
-      k23[j] = v23;  /* kept for the backward loop */
-      k27[j] = v27;  /* kept for the backward loop */
-      k35[j] = v35;  /* kept for the backward loop */
-      k43[j] = v43;  /* kept for the backward loop */
+      if (keep) k15[j] = v15;  /* kept for the backward loop */
+      if (keep) k23[j] = v23;  /* kept for the backward loop */
+      if (keep) k27[j] = v27;  /* kept for the backward loop */
+      if (keep) k35[j] = v35;  /* kept for the backward loop */
+      if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
-      k49[j] = v49;  /* kept for the backward loop */
+      if (keep) k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
     }
   }

@@ -45,6 +45,7 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
     const R *restrict a3 = P[4];
@@ -62,8 +63,8 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
       const R v10 = cv_tanh(v4);
       const R v11 = v9 * v10;  /* h */
       o4[j] = v4;
-      k9[j] = v9;  /* kept for the backward loop */
-      k10[j] = v10;  /* kept for the backward loop */
+      if (keep) k9[j] = v9;  /* kept for the backward loop */
+      if (keep) k10[j] = v10;  /* kept for the backward loop */
       o11[j] = v11;
     }
   }
@@ -79,8 +80,8 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_V,
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   cavs_loop(c, twotype_leaf_fwd_eager_g0, r0, n, D_H, 0);
   /* twotype.vf:36  concat */
@@ -213,6 +214,7 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = P[6];
     const R *restrict a24 = P[9];
@@ -236,11 +238,11 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       const R v36 = v34 + (R)0;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k26[j] = v26;  /* kept for the backward loop */
-      k31[j] = v31;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k26[j] = v26;  /* kept for the backward loop */
+      if (keep) k31[j] = v31;  /* kept for the backward loop */
       o36[j] = v36;
-      k37[j] = v37;  /* kept for the backward loop */
+      if (keep) k37[j] = v37;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }
@@ -255,6 +257,7 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
+  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[6];
@@ -295,13 +298,13 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       const R v36 = v34 + v35;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
-      k11[j] = v11;  /* kept for the backward loop */
-      k16[j] = v16;  /* kept for the backward loop */
-      k21[j] = v21;  /* kept for the backward loop */
-      k26[j] = v26;  /* kept for the backward loop */
-      k31[j] = v31;  /* kept for the backward loop */
+      if (keep) k11[j] = v11;  /* kept for the backward loop */
+      if (keep) k16[j] = v16;  /* kept for the backward loop */
+      if (keep) k21[j] = v21;  /* kept for the backward loop */
+      if (keep) k26[j] = v26;  /* kept for the backward loop */
+      if (keep) k31[j] = v31;  /* kept for the backward loop */
       o36[j] = v36;
-      k37[j] = v37;  /* kept for the backward loop */
+      if (keep) k37[j] = v37;  /* kept for the backward loop */
       o38[j] = v38;
     }
   }

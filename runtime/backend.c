@@ -3,6 +3,7 @@
 #include "cv.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,6 +81,7 @@ int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t byt
 }
 
 int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes) {
+  cv_ptables_free(m); /* made of parameters this may change */
   if (m->be->synchronize(m)) return -1;
   m->be->upload(model_mem, host, bytes);
   return m->be->synchronize(m);
@@ -101,6 +103,62 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy) {
   BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+/* The product tables of inference: table[V, k] w[k, cols] as [V, cols], made when as
+   many rows as the table has went through the product since inference began (so that
+   an evaluation smaller than the vocabulary never pays for it), up to 256 MiB each. */
+enum { PTABLE_MAX = 256 << 20 };
+void cv_ptables_free(cavs_model *m) {
+  for (int i = 0; i < m->nptable; i++) m->be->release(m->ptable[i].mem);
+  m->nptable = 0;
+}
+
+static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, long trows, const void *w, long ldw,
+                                   int cols, int k, int rows) {
+  cavs_model *m = c->model;
+  struct cv_ptable *t = NULL;
+  for (int i = 0; i < m->nptable && !t; i++) {
+    struct cv_ptable *q = &m->ptable[i];
+    if (q->table == table && q->ldt == ldt && q->trows == trows && q->w == w && q->ldw == ldw && q->cols == cols &&
+        q->k == k)
+      t = q;
+  }
+  if (!t) {
+    if (m->nptable == (int)(sizeof m->ptable / sizeof *m->ptable)) return NULL;
+    t = &m->ptable[m->nptable++];
+    *t = (struct cv_ptable){table, w, ldt, trows, ldw, 0, cols, k, NULL};
+  }
+  if (t->mem || t->rows < 0) return t->mem ? t : NULL;
+  t->rows += rows;
+  if (t->rows < trows) return NULL;
+  size_t bytes = (size_t)trows * (size_t)cols * m->esize;
+  if (trows <= 0 || cols <= 0 || bytes / (size_t)cols / m->esize != (size_t)trows || bytes > PTABLE_MAX ||
+      !(t->mem = m->be->alloc(bytes))) {
+    t->rows = -1; /* never: the product, as in training */
+    return NULL;
+  }
+  BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)trows, cols, k, 1, table, ldt, w, ldw, 0, t->mem, cols);
+  return t;
+}
+
+void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
+                     const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
+                     void *y, long ldy) {
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER;
+  struct cv_ptable *t = !c->keep && y_form && trows <= INT_MAX
+                            ? ptable_of(c, table, ldt, trows, w, ldw, cols, k, n - skip)
+                            : NULL;
+  if (!t) {
+    BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+    return;
+  }
+  /* the skipped rows as the product leaves them (cleared for CAVS_PROD_Y), then a row
+     of the table for every row with an index and zeros for the others */
+  if (form == CAVS_PROD_Y && skip) BE(c)->gemm_rows(c, idx, skip, r0, skip, form, cols, k, x, ldx, w, ldw, y, ldy);
+  BE(c)->lookup_fwd(c, t->mem, cols, idx, y, ldy, r0 + skip, n - skip, cols);
 }
 
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,

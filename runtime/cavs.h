@@ -151,6 +151,16 @@ void cavs_model_set_policy(cavs_model *m, int policy);
  * in one block of the state buffer that a view would read in place. */
 enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4 };
 void cavs_model_set_ablations(cavs_model *m, int flags);
+/* Inference (on != 0): forward passes compute the same values and losses but store
+ * nothing only a backward pass would read (the gates a fused loop keeps for its
+ * backward loop), and a product of looked-up rows (x = emb[word], x @ W) becomes, once
+ * as many rows as the table has went through it, a lookup in the table emb @ W, made
+ * once (up to 256 MiB); so they take less time. cavs_model_backward after such a pass
+ * does nothing, and the next cavs_model_step fails with a message. Turning inference on
+ * or off, cavs_model_write, cavs_model_init and loading a checkpoint drop those tables;
+ * parameters changed through their pointers while it is on are not seen by them. Off
+ * by default; `cavs eval`, `cavs predict` and the dev set's evaluation turn it on. */
+void cavs_model_set_inference(cavs_model *m, int on);
 /* Forward pass over k graphs; returns 0, or -1 with a message in cavs_model_error(). */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
 /* Backward pass of the last forward: fills every parameter gradient. */

@@ -29,7 +29,7 @@ extern "C" {
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
  *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop.
  * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state);
- *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner. */
+ *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep. */
 #define CAVS_ABI_VERSION 4
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -275,6 +275,9 @@ struct cavs_ctx {
   int leaf_rows;             /* the first leaf_rows rows of the current stage's range have
                                 no children (level 0): values made only of gathered rows
                                 are zero there */
+  int keep;                  /* 1: a forward pass stores the values its backward pass reads
+                                rather than computes again (the C target's kept values);
+                                0 in inference (cavs_model_set_inference) */
   struct cavs_model *model;
   void *stream;              /* the backend's queue for what a stage launches (a CUDA
                                 target's kernels: its cudaStream_t); NULL on the CPU */
@@ -308,6 +311,14 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  * Pointers are to row 0; rows [r0, r0+n). */
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy);
+/* cavs_gemm_rows's y = x w (CAVS_PROD_Y or CAVS_PROD_Y_INNER) where x is rows of a
+ * parameter table looked up by idx (x = table[idx[r]], pulled as it is: `trows` rows
+ * of k, ldt scalars apart): in inference (ctx.keep == 0) the runtime may look up rows of
+ * the product table w instead, made once the lookups since inference began reach the
+ * table's size (the same numbers: each row is the same sum). */
+void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
+                     const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
+                     void *y, long ldy);
 /* The same for a left operand built only from gathered rows (zero at a vertex without
  * children): its first `skip` rows are zero. */
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,

@@ -543,6 +543,7 @@ static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src
 
 int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
   const cavs_desc *d = m->d;
+  cv_ptables_free(m); /* inference's tables: of the parameters this replaces */
   if (strcmp(k->model, d->name)) {
     snprintf(err, errlen, "the checkpoint is of model '%s', not '%s'", k->model, d->name);
     return -1;

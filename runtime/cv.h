@@ -104,7 +104,20 @@ struct cavs_model {
   int capcount;
   int *count;
   bool have_batch;
+  bool no_grads; /* cavs_model_backward refused (the forward pass was in inference) */
+  /* inference's product tables (cavs_gemm_table): table w for a lookup table and a
+     parameter, made once `rows` lookups went through the product; freed when inference
+     is turned on or off (the parameters may have changed) */
+  struct cv_ptable {
+    const void *table, *w;
+    long ldt, trows, ldw, rows;
+    int cols, k;
+    void *mem;
+  } ptable[8];
+  int nptable;
 };
+/* inference's product tables, freed (backend.c) */
+void cv_ptables_free(cavs_model *m);
 
 long cv_lin(const cavs_lin *l, const long *dims);
 /* cv_lin in checked arithmetic: 0 and the value when it is in [0, LONG_MAX]. */

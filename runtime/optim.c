@@ -103,6 +103,10 @@ int cv_alloc_moments(cavs_model *m) {
 
 int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   if (m->launch_failed) return -1; /* the backward pass's kernels: the message is in m->err */
+  if (m->no_grads) { /* the backward pass refused (inference): the message is in m->err */
+    m->no_grads = false;
+    return -1;
+  }
   if (cv_alloc_moments(m)) return -1;
   m->step++;
   double b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;

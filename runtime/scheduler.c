@@ -549,6 +549,7 @@ int cavs_run_plan(cavs_model *m) {
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
+  m->no_grads = false;
   m->pass++;
   double t0 = cv_now();
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
@@ -642,6 +643,12 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;
+  if (!m->ctx.keep) {
+    cv_fail(m, "a backward pass after a forward pass in inference (cavs_model_set_inference): it kept nothing to "
+               "differentiate");
+    m->no_grads = true;
+    return;
+  }
   m->pass++;
   int N = m->rows;
   /* (a gathered buffer viewed in the state's is not used: its gradient is the state's) */

@@ -250,6 +250,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   NEW(m->cgrad, d->nbufs, "buffers");
   c->val = m->cval;
   c->grad = m->cgrad;
+  c->keep = 1;
   m->cur_type = -1;
   NEW(m->loss, d->nlosses, "losses");
   c->loss = m->loss;
@@ -281,6 +282,7 @@ void cavs_model_free(cavs_model *m) {
   if (!m) return;
   const cavs_desc *d = m->d;
   const cv_backend *be = m->be;
+  cv_ptables_free(m);
   be->close(m);
   for (int b = 0; b < d->nbufs; b++) {
     be->release(m->val ? m->val[b] : NULL);
@@ -370,6 +372,11 @@ double cv_now(void) {
 void cavs_model_set_policy(cavs_model *m, int policy) { m->policy = policy; }
 void cavs_model_set_ablations(cavs_model *m, int flags) { m->ablate = flags; }
 
+void cavs_model_set_inference(cavs_model *m, int on) {
+  m->ctx.keep = !on;
+  cv_ptables_free(m); /* the parameters may have changed since they were made */
+}
+
 int cavs_model_poison(cavs_model *m) {
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
@@ -427,6 +434,7 @@ static double uniform01(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0
 
 void cavs_model_init(cavs_model *m, uint64_t seed) {
   const cavs_desc *d = m->d;
+  cv_ptables_free(m);
   uint64_t s = seed;
   /* values are made on the host, a piece of a row at a time, and uploaded */
   enum { CHUNK = 1024 };

@@ -650,6 +650,66 @@ START_TEST(passes_read_only_what_they_wrote) {
 }
 END_TEST
 
+/* Inference (cavs_model_set_inference): the same losses and predictions as a training
+ * model's forward pass, though it keeps nothing for a backward pass and, once as many
+ * rows as the vocabulary went through a product of looked-up rows, looks rows of
+ * emb @ W up instead (fewer flops then); after a step taken with inference off, turned
+ * on again, it uses the new parameters, not the old table; and a backward pass after
+ * an inference pass makes the step fail, saying why. */
+static void inference_like_training(const char *file) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  cavs_model *m[2];
+  for (int v = 0; v < 2; v++) m[v] = new_model(d, dims, 13);
+  cavs_model_set_inference(m[1], 1);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
+  for (int round = 0; round < 2; round++) {
+    cavs_backend_stats bs[2];
+    for (int pass = 0; pass < 3; pass++) {
+      cavs_stats st[2];
+      for (int v = 0; v < 2; v++) {
+        cavs_model_backend_stats(m[v], NULL, 1);
+        ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+        cavs_model_backend_stats(m[v], &bs[v], 0);
+      }
+      ck_assert_msg(fabs(st[0].loss - st[1].loss) <= 1e-12 * fabs(st[0].loss), "%s, round %d: loss %.17g, inference %.17g",
+                    file, round, st[0].loss, st[1].loss);
+      ck_assert_int_eq(st[0].correct, st[1].correct);
+      for (int i = 0; i < k; i++)
+        for (int v = 0; v < gs[i]->n; v++)
+          ck_assert_int_eq(cavs_model_vertex_class(m[0], i, v), cavs_model_vertex_class(m[1], i, v));
+    }
+    /* by the third pass the tables are made: fewer flops */
+    ck_assert_msg(bs[1].gemm_flops < bs[0].gemm_flops, "%s: %g flops in inference, %g in training", file,
+                  bs[1].gemm_flops, bs[0].gemm_flops);
+    /* a step on both, inference off for it */
+    cavs_model_set_inference(m[1], 0);
+    for (int v = 0; v < 2; v++) {
+      ck_assert_msg(cavs_model_forward(m[v], gs, k, NULL) == 0, "%s", cavs_model_error(m[v]));
+      cavs_model_backward(m[v]);
+      ck_assert(cavs_model_step(m[v], &o) == 0);
+    }
+    cavs_model_set_inference(m[1], 1);
+  }
+  /* no backward pass after an inference pass */
+  ck_assert(cavs_model_forward(m[1], gs, k, NULL) == 0);
+  cavs_model_backward(m[1]);
+  ck_assert(cavs_model_step(m[1], &o) != 0);
+  ck_assert_msg(strstr(cavs_model_error(m[1]), "inference"), "%s", cavs_model_error(m[1]));
+  for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
+}
+
+START_TEST(inference_matches_training) {
+  inference_like_training("treelstm.vf");
+  inference_like_training("lstm_lm.vf");
+  inference_like_training("treegru.vf");
+  inference_like_training("twotype.vf");
+}
+END_TEST
+
 START_TEST(abi_mismatch_is_refused) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
@@ -740,6 +800,7 @@ int main(void) {
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
+  tcase_add_test(tc, inference_matches_training);
   tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
