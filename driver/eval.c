@@ -195,7 +195,7 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
     } else {
       printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
       print_losses(stdout, d, &t);
-      if (xent >= 0 && !strcmp(format, "text")) printf("  perplexity %.2f", exp(xent));
+      if (xent >= 0 && (!strcmp(format, "text") || !strcmp(format, "text-bptt"))) printf("  perplexity %.2f", exp(xent));
       if (has_accuracy(d))
         printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
                ratio(t.root_correct, t.root_count), t.root_count);

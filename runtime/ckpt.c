@@ -479,7 +479,8 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   const cavs_optim *o = &t->optim;
   if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || t->graphs_done < 0 || !(t->best == -1 || nonneg(t->best)))
     BAD("'%s' is damaged (training state)", path);
-  if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "cgf"))
+  if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "text-bptt") &&
+      strcmp(t->format, "cgf"))
     BAD("'%s' is damaged (data format)", path);
   if (o->kind < CAVS_SGD || o->kind > CAVS_ADAM || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
       !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps))

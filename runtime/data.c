@@ -230,7 +230,7 @@ static bool valid_utf8(const char *p, size_t n) {
 }
 
 /* The formats, by the name --format takes: one row each. */
-static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_format_cgf};
+static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_format_text_bptt, &cv_format_cgf};
 
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen) {

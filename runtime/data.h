@@ -57,7 +57,7 @@ typedef struct CvFormat {
   int (*end)(CvLoad *l, void *state, int rc);
 } CvFormat;
 
-extern const CvFormat cv_format_ptb, cv_format_text, cv_format_cgf;
+extern const CvFormat cv_format_ptb, cv_format_text, cv_format_text_bptt, cv_format_cgf;
 
 /* *p grown to n elements of elem bytes, in checked arithmetic; false (errno ENOMEM, *p as
  * it was) when that much memory cannot be had. */

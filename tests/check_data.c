@@ -518,6 +518,44 @@ START_TEST(text_chain) {
 }
 END_TEST
 
+/* text-bptt: the file as one stream, <eos> after each line, in chains of 35 tokens,
+ * each labeled with the next token of the stream across lines and chains, the last
+ * token unlabeled. 40 lines of "t<i> x" are 120 tokens: chains of 35, 35, 35 and 15. */
+START_TEST(text_bptt_stream) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  cavs_vocab *v = cavs_vocab_new();
+  char buf[1024];
+  size_t n = 0;
+  for (int i = 0; i < 40; i++) n += (size_t)snprintf(buf + n, sizeof buf - n, "t%d x\n", i % 7);
+  cavs_dataset *s = load_ok("stream.txt", buf, n, "text-bptt", LM, dims, v, 1);
+  int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
+  ck_assert_int_eq(cavs_dataset_count(s), 4);
+  /* the stream, as the vocabulary numbers it */
+  int tok[120], k = 0;
+  for (int i = 0; i < 40; i++) {
+    char w[8];
+    snprintf(w, sizeof w, "t%d", i % 7);
+    tok[k++] = cavs_vocab_id(v, w, strlen(w), 0);
+    tok[k++] = cavs_vocab_id(v, "x", 1, 0);
+    tok[k++] = 1; /* <eos> */
+  }
+  k = 0;
+  for (int gi = 0; gi < 4; gi++) {
+    const cavs_graph *g = cavs_dataset_graph(s, gi);
+    ck_assert_int_eq(g->n, gi < 3 ? 35 : 15);
+    for (int i = 0; i < g->n; i++, k++) {
+      ck_assert_int_eq(g->child[i], i - 1);
+      ck_assert_int_eq(g->feat[i * nint + W], tok[k]);
+      ck_assert_int_eq(g->feat[i * nint + L], k + 1 < 120 ? tok[k + 1] : -1);
+    }
+  }
+  ck_assert_int_eq(k, 120);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 /* Several lines, runs of spaces and tabs, CRLF: one chain a line, the same either way. */
 START_TEST(text_lines) {
   long dims[CAVS_MAX_DIMS];
@@ -971,6 +1009,7 @@ int main(void) {
   tcase_add_test(ptb, unknown_format);
   tcase_add_test(ptb, missing_file);
   tcase_add_test(text, text_chain);
+  tcase_add_test(text, text_bptt_stream);
   tcase_add_test(text, text_lines);
   tcase_add_test(text, text_no_grow);
   tcase_add_test(text, text_long_line);
