@@ -431,6 +431,7 @@ typedef struct EmitOpts {
   const char *header_cmdline; /* MODEL.h's, without --target (the header is the same for
                                  every target); NULL: cmdline */
   const char *source_name;    /* as given on the command line */
+  bool from_ir;               /* the input was IR (--dump=ir's), not a .vf file */
 } EmitOpts;
 
 typedef struct Target Target;
@@ -581,6 +582,7 @@ const char *emit_ld(const Emit *e, const Place *p);
 void emit_banner(const Emit *e, FILE *o, const char *file);
 /* Any bytes as a C string literal (quotes included) or as text safe inside a comment. */
 const char *emit_c_string(const char *s);
+const char *emit_c_string_n(const char *s, size_t n);
 const char *emit_c_comment(const char *s);
 /* Writes the header and the source of target t into memory streams. */
 void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src);

@@ -111,6 +111,30 @@ static const char *escape(const char *s, bool string) {
   return out;
 }
 const char *emit_c_string(const char *s) { return escape(s, true); }
+
+/* n bytes (any, NUL too) as adjacent C string literals, one a line of the text, each on
+ * a line of its own after the first: a model's source, readable in the output. The
+ * bytes escaped as escape() does in a string. */
+const char *emit_c_string_n(const char *s, size_t n) {
+  if (!s || !n) return "\"\"";
+  char *out = arena_alloc(6 * n + 8), *p = out;
+  *p++ = '"';
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)s[i];
+    if (ch == '"' || ch == '\\' || ch == '?') {
+      *p++ = '\\';
+      *p++ = (char)ch;
+    } else if (ch >= 0x20 && ch < 0x7f) {
+      *p++ = (char)ch;
+    } else {
+      p += sprintf(p, "\\%03o", ch);
+    }
+    if (ch == '\n' && i + 1 < n) p += sprintf(p, "\"\n    \"");
+  }
+  *p++ = '"';
+  *p = 0;
+  return out;
+}
 const char *emit_c_comment(const char *s) { return escape(s, false); }
 
 void emit_banner(const Emit *e, FILE *o, const char *file) {
@@ -896,6 +920,9 @@ static void descriptor(const Emit *e) {
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);
   fprintf(c, "  .name = %s,\n  .source = %s,\n", emit_c_string(m->name), emit_c_string(e->o->source_name));
   fprintf(c, "  .source_hash = \"%016llx\",\n", model_hash(cv_source_text, cv_source_len));
+  /* the .vf text itself, so that a checkpoint an application saves carries it (what
+     `cavs eval` compiles the model from); none from IR */
+  fprintf(c, "  .source_text = %s,\n", e->o->from_ir ? "NULL" : emit_c_string_n(cv_source_text, cv_source_len));
   fprintf(c, "  .precision = %s,\n", e->o->prec == PREC_DOUBLE ? "CAVS_DOUBLE" : "CAVS_FLOAT");
   fprintf(c, "  .ndims = %d, .dims = dims,\n", m->ndims);
   fprintf(c, "  .ninputs = %d, .nint = %d, .nreal = %d, .inputs = inputs,\n", m->ninputs, nint, nreal);

@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
         const char *p = prec == PREC_DOUBLE ? " --precision=double" : "";
         const char *a = arena_printf("%s%s", no_fuse ? " --no-fuse" : "", no_merge ? " --no-merge" : "");
         char *cmd = arena_printf("cavsc%s%s%s %s", t, p, a, path), *hcmd = arena_printf("cavsc%s%s %s", p, a, path);
-        EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path};
+        EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path, .from_ir = is_ir};
         emit(m, target, &eo, hout, out);
       }
     }

@@ -260,7 +260,7 @@ const char *cavs_vocab_word(const cavs_vocab *v, int id);
 int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
                             size_t errlen);
 
-/* A file of graphs, read once: format "ptb-tree", "text" or "cgf" (cavs-data(5)). Tokens go to the model's
+/* A file of graphs, read once: format "ptb-tree", "text", "text-bptt" or "cgf" (cavs-data(5)). Tokens go to the model's
  * first index input, labels to its first class input; leaves get the first vertex type
  * without children, inner vertices the first with children. `dims` (or NULL) bounds the
  * labels; as everywhere in libcavs, only its first d->ndims entries are read. New tokens are added to the vocabulary when `grow` is set. On error returns
@@ -268,6 +268,11 @@ int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_voc
 typedef struct cavs_dataset cavs_dataset;
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen);
+/* The same from len bytes in memory (a tree an application holds as text), named `name`
+ * in messages ("<string>" when NULL); text is not kept. */
+cavs_dataset *cavs_dataset_parse(const char *text, size_t len, const char *name, const char *format,
+                                 const cavs_desc *d, const long *dims, cavs_vocab *v, int grow, char *err,
+                                 size_t errlen);
 int cavs_dataset_count(const cavs_dataset *s);
 const cavs_graph *cavs_dataset_graph(const cavs_dataset *s, int i);
 long cavs_dataset_vertices(const cavs_dataset *s);

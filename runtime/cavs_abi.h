@@ -29,6 +29,7 @@ extern "C" {
  * 3: cavs_vertex_desc.eager_apart (the eager phase on a second stream); cavs_gemm_rows
  *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop.
  * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state);
+ *    cavs_desc.source_text;
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep. */
 #define CAVS_ABI_VERSION 4
 enum { CAVS_MAX_DIMS = 16 };
@@ -227,6 +228,7 @@ typedef struct cavs_desc {
   const char *source;      /* the .vf file it was compiled from */
   const char *source_hash; /* FNV-1a of the source's tokens (not its comments or
                               layout), hex: the model's identity in a checkpoint */
+  const char *source_text; /* the .vf text it was compiled from (NULL from IR) */
   int precision;
   int ndims;
   const cavs_dim_desc *dims;

@@ -165,6 +165,7 @@ static int write_file_atomic(const char *path, const Buf *b, char *err, size_t e
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen) {
   const cavs_desc *d = m->d;
+  if (!source) source = d->source_text; /* the descriptor's own: the .vf it was made from */
   Buf b = {0};
   put(&b, CKPT_MAGIC, 8);
   put_u32(&b, CKPT_VERSION);

@@ -232,10 +232,40 @@ static bool valid_utf8(const char *p, size_t n) {
 /* The formats, by the name --format takes: one row each. */
 static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_format_text_bptt, &cv_format_cgf};
 
+static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
+                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen);
+
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  return load_from(f, path, format, d, dims, v, grow, err, errlen);
+}
+
+cavs_dataset *cavs_dataset_parse(const char *text, size_t len, const char *name, const char *format,
+                                 const cavs_desc *d, const long *dims, cavs_vocab *v, int grow, char *err,
+                                 size_t errlen) {
+  if (!name) name = "<string>";
+  static const char none[1] = "";
+  FILE *f = fmemopen((void *)(len ? text : none), len, "r"); /* of no bytes: glibc >= 2.22 */
+  if (!f) {
+    snprintf(err, errlen, "cannot read '%s': %s", name, strerror(errno));
+    return NULL;
+  }
+  return load_from(f, name, format, d, dims, v, grow, err, errlen);
+}
+
+/* the loader of both: reads f to its end and closes it */
+static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
+                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen) {
   Shape sh;
-  if (shape_of(d, dims, &sh, err, errlen)) return NULL;
+  if (shape_of(d, dims, &sh, err, errlen)) {
+    fclose(f);
+    return NULL;
+  }
   const CvFormat *fm = NULL;
   for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
     if (!strcmp(format, formats[i]->name)) fm = formats[i];
@@ -244,6 +274,7 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
     for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
       snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", formats[i]->name);
     snprintf(err, errlen, "unknown data format '%s' (%s)", format, names);
+    fclose(f);
     return NULL;
   }
   long realw = 0;
@@ -251,15 +282,11 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
     if (d->inputs[i].kind == CAVS_IN_REAL) {
       if (!dims) {
         snprintf(err, errlen, "model '%s' has real inputs: its dims must be known to read data", d->name);
+        fclose(f);
         return NULL;
       }
       realw += cv_lin(&d->inputs[i].width, dims);
     }
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-    return NULL;
-  }
   cavs_dataset *s = calloc(1, sizeof *s);
   if (!s) {
     fclose(f);

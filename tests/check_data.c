@@ -490,6 +490,35 @@ START_TEST(ptb_inner_block_children) {
 }
 END_TEST
 
+/* cavs_dataset_parse: the same graphs from a string as from a file of its bytes;
+ * messages name the string; no bytes, no graphs. */
+START_TEST(parse_from_string) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(TL, dims);
+  const char text[] = "(3 (2 good) (1 (0 not) (2 bad)))\n(1 (2 a) (3 film))\n";
+  cavs_vocab *va = cavs_vocab_new(), *vb = cavs_vocab_new();
+  cavs_dataset *a = load_ok("trees.txt", S(text), "ptb-tree", TL, dims, va, 1);
+  char err[512] = "";
+  cavs_dataset *b = cavs_dataset_parse(text, sizeof text - 1, "mine", "ptb-tree", TL, dims, vb, 1, err, sizeof err);
+  ck_assert_msg(b != NULL, "%s", err);
+  ck_assert_int_eq(cavs_dataset_count(a), cavs_dataset_count(b));
+  for (int i = 0; i < cavs_dataset_count(a); i++) {
+    const cavs_graph *x = cavs_dataset_graph(a, i), *y = cavs_dataset_graph(b, i);
+    ck_assert_int_eq(x->n, y->n);
+    ck_assert(!memcmp(x->child, y->child, sizeof(int) * (size_t)x->n * (size_t)x->maxc));
+    ck_assert(!memcmp(x->feat, y->feat, sizeof(int) * (size_t)x->n * (size_t)TL->nint));
+  }
+  cavs_dataset_free(a);
+  cavs_dataset_free(b);
+  ck_assert_ptr_null(cavs_dataset_parse("(3 (2 good)\n", 12, "mine", "ptb-tree", TL, dims, vb, 1, err, sizeof err));
+  ck_assert_msg(!strncmp(err, "mine:1:", 7), "%s", err);
+  ck_assert_ptr_null(cavs_dataset_parse("", 0, NULL, "ptb-tree", TL, dims, vb, 1, err, sizeof err));
+  ck_assert_msg(strstr(err, "<string>") && strstr(err, "no graphs"), "%s", err);
+  cavs_vocab_free(va);
+  cavs_vocab_free(vb);
+}
+END_TEST
+
 /* ================= text ================= */
 
 START_TEST(text_chain) {
@@ -1007,6 +1036,7 @@ int main(void) {
   tcase_add_test(ptb, ptb_inner_block_children);
   tcase_add_test(ptb, ptb_label_int_range);
   tcase_add_test(ptb, unknown_format);
+  tcase_add_test(ptb, parse_from_string);
   tcase_add_test(ptb, missing_file);
   tcase_add_test(text, text_chain);
   tcase_add_test(text, text_bptt_stream);

@@ -57,3 +57,21 @@ ${CC:-cc} -std=c11 $SAN_CFLAGS -I"$tmp/app" -o "$tmp/app/install_app" "$top/test
 "$tmp/app/install_app" "$tmp/app.ckpt"
 LD_LIBRARY_PATH=$libdir "$root$prefix/bin/cavs" info "$tmp/app.ckpt" >"$tmp/info.txt"
 grep -q "^model  *app (" "$tmp/info.txt" || { echo "check_install: cavs info says:"; cat "$tmp/info.txt"; exit 1; }
+# the checkpoint carries the model's source (the descriptor's): cavs eval rebuilds the
+# model from it, with no .vf beside it, on two trees in the cgf format (word ids as they
+# are: the application's checkpoint has no vocabulary)
+rm -f "$tmp/app.vf"
+printf 'graph
+0 node ; word=3 label=1
+1 node ; word=6 label=1
+2 node 0 1 ; label=1
+end
+graph
+0 node ; word=4 label=0
+1 node ; word=7 label=0
+2 node 0 1 ; label=0
+end
+' >"$tmp/two.cgf"
+CAVS_CACHE=$tmp/cache "$build/cavs" eval "$tmp/app.ckpt" --data "$tmp/two.cgf" --format cgf >"$tmp/eval.txt" 2>&1 ||
+  { echo "check_install: cavs eval on the application's checkpoint:"; cat "$tmp/eval.txt"; exit 1; }
+grep -q "accuracy" "$tmp/eval.txt" || { echo "check_install: cavs eval says:"; cat "$tmp/eval.txt"; exit 1; }

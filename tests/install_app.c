@@ -63,12 +63,13 @@ int main(int argc, char **argv) {
   }
   printf("libcavs %s: loss %.4f -> %.4f\n", cavs_version(), first, last);
   int bad = !(last < first / 5);
-  /* the trained parameters through a checkpoint (with the model's source, as cavs eval
-     wants it), into a model of their own */
+  /* the trained parameters through a checkpoint (with the model's source, which the
+     descriptor carries: NULL takes it; cavs eval compiles the model from it), into a
+     model of their own */
   cavs_ckpt *k = NULL;
   cavs_model *m2 = NULL;
   cavs_stats st2;
-  if (cavs_model_forward(m, gs, 4, &st) || cavs_ckpt_save(argv[1], m, d->source, NULL, NULL, err, sizeof err) ||
+  if (cavs_model_forward(m, gs, 4, &st) || cavs_ckpt_save(argv[1], m, NULL, NULL, NULL, err, sizeof err) ||
       !(k = cavs_ckpt_read(argv[1], err, sizeof err)) || !(m2 = cavs_model_new(d, dims, err, sizeof err)) ||
       cavs_ckpt_apply(k, m2, err, sizeof err) || cavs_model_forward(m2, gs, 4, &st2)) {
     fprintf(stderr, "install_app: %s\n", *err ? err : cavs_model_error(m));
