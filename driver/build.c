@@ -49,6 +49,7 @@ static const char *find_include(void) {
   const char *e = getenv("CAVS_INCLUDE");
   if (e && *e) return e;
   char *h = beside_exe("runtime/cavs.h");
+  if (!h) h = beside_exe("include/cavs.h"); /* PREFIX/bin/cavs: PREFIX/include, wherever it is now */
   if (h) {
     *strrchr(h, '/') = 0;
     return h;

@@ -4,6 +4,8 @@
 
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdbool.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,11 +15,24 @@
  * (the build tree's, for the tests); like LD_LIBRARY_PATH, it is the user's own
  * environment, not input. */
 #ifdef CAVS_CUDA_MODULE
+/* cavs/cavs-cuda.so beside this libcavs (the pkglibdir of the prefix it is installed
+   in, wherever that is now: a prefix changed since the build, a DESTDIR) into p, when
+   it is there */
+static bool module_beside_library(char *p, size_t cap) {
+  Dl_info info;
+  if (!dladdr((void *)cavs_version, &info) || !info.dli_fname) return false;
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (!slash) return false;
+  int n = snprintf(p, cap, "%.*s/cavs/cavs-cuda.so", (int)(slash - info.dli_fname), info.dli_fname);
+  return n > 0 && (size_t)n < cap && !access(p, R_OK);
+}
+
 static const cv_backend *cuda_module(char *msg, size_t len) {
   static const cv_backend *loaded;
   if (loaded) return loaded;
+  char beside[4096];
   const char *path = getenv("CAVS_CUDA_MODULE");
-  if (!path || !*path) path = CAVS_CUDA_MODULE;
+  if (!path || !*path) path = module_beside_library(beside, sizeof beside) ? beside : CAVS_CUDA_MODULE;
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     snprintf(msg, len, "the CUDA backend cannot be loaded: %s", dlerror());

@@ -57,9 +57,12 @@ ${CC:-cc} -std=c11 $SAN_CFLAGS -I"$tmp/app" -o "$tmp/app/install_app" "$top/test
 "$tmp/app/install_app" "$tmp/app.ckpt"
 LD_LIBRARY_PATH=$libdir "$root$prefix/bin/cavs" info "$tmp/app.ckpt" >"$tmp/info.txt"
 grep -q "^model  *app (" "$tmp/info.txt" || { echo "check_install: cavs info says:"; cat "$tmp/info.txt"; exit 1; }
-# the checkpoint carries the model's source (the descriptor's): cavs eval rebuilds the
-# model from it, with no .vf beside it, on two trees in the cgf format (word ids as they
-# are: the application's checkpoint has no vocabulary)
+# the checkpoint carries the model's source (the descriptor's): the installed cavs eval
+# rebuilds the model from it, with no .vf beside it, on two trees in the cgf format (word
+# ids as they are: the application's checkpoint has no vocabulary). It finds cavsc and
+# the headers beside itself (PREFIX/bin, PREFIX/include), not where the build said the
+# prefix would be: under DESTDIR they are not there, as after a reconfigure with
+# another --prefix they would not be.
 rm -f "$tmp/app.vf"
 printf 'graph
 0 node ; word=3 label=1
@@ -72,6 +75,7 @@ graph
 2 node 0 1 ; label=0
 end
 ' >"$tmp/two.cgf"
-CAVS_CACHE=$tmp/cache "$build/cavs" eval "$tmp/app.ckpt" --data "$tmp/two.cgf" --format cgf >"$tmp/eval.txt" 2>&1 ||
+CAVS_CACHE=$tmp/cache CAVS_INCLUDE= CAVSC= LD_LIBRARY_PATH=$libdir "$root$prefix/bin/cavs" eval "$tmp/app.ckpt" \
+  --data "$tmp/two.cgf" --format cgf >"$tmp/eval.txt" 2>&1 ||
   { echo "check_install: cavs eval on the application's checkpoint:"; cat "$tmp/eval.txt"; exit 1; }
 grep -q "accuracy" "$tmp/eval.txt" || { echo "check_install: cavs eval says:"; cat "$tmp/eval.txt"; exit 1; }
