@@ -4,7 +4,9 @@
  * GFLOP/s per shape (2mnk a product), the best of three timings of enough repetitions to
  * take 0.2 s, after a warm-up. Built with -DOWN it times libcavs's own product
  * (runtime/sgemm.c) instead, split over OWN_THREADS threads as the CPU backend splits a
- * product: by blocks of columns (multiples of 16), or of rows when there are too few. */
+ * product: by blocks of columns (multiples of 16), or of rows when there are too few.
+ * Built with -DXSMM it times LIBXSMM's libxsmm_sgemm (libxsmm-dev), one thread: a
+ * column-major product, so C^T = op(B)^T op(A)^T with the operands swapped. */
 #define _GNU_SOURCE
 #ifdef OWN
 #include "../runtime/sgemm.h"
@@ -89,6 +91,14 @@ static void product(int ta, int tb, int m, int n, int k, const float *a, int lda
   if (threads > 1) pthread_barrier_wait(&start);
   part(&parts[0]);
   if (threads > 1) pthread_barrier_wait(&done);
+}
+#elif defined(XSMM)
+#include <libxsmm.h>
+static void product(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c) {
+  const char *tA = ta ? "T" : "N", *tB = tb ? "T" : "N";
+  const float one = 1;
+  const libxsmm_blasint M = n, N = m, K = k, LA = ldb, LB = lda, LC = n;
+  libxsmm_sgemm(tB, tA, &M, &N, &K, &one, b, &LA, a, &LB, &one, c, &LC);
 }
 #else
 static void product(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c) {
