@@ -184,6 +184,41 @@ START_TEST(library_example_runs) {
 }
 END_TEST
 
+/* Every function cavs.h declares (a line's `cavs_NAME(` after its return type) is in
+ * libcavs(3)'s synopsis, `.Fn NAME`. */
+START_TEST(library_functions_documented) {
+  const char *top = tu_env("TOP_SRCDIR", ".");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/runtime/cavs.h", top);
+  char *h = tu_slurp(path, NULL);
+  snprintf(path, sizeof path, "%s/man/libcavs.3", top);
+  char *page = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(h);
+  ck_assert_ptr_nonnull(page);
+  int found = 0;
+  for (char *line = h; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    if (*line == ' ' || *line == '/' || *line == '*' || *line == '#' || !strncmp(line, "typedef", 7)) continue;
+    char *at = strstr(line, "cavs_"), *eol = strchr(line, '\n');
+    if (!at || (eol && at > eol)) continue;
+    char name[128];
+    int n = 0;
+    while (n < 127 && (at[n] == '_' || (at[n] >= 'a' && at[n] <= 'z') || (at[n] >= '0' && at[n] <= '9'))) {
+      name[n] = at[n];
+      n++;
+    }
+    name[n] = 0;
+    if (at[n] != '(') continue;
+    char want[160];
+    snprintf(want, sizeof want, "\n.Fn %s ", name);
+    ck_assert_msg(strstr(page, want), "libcavs.3's synopsis has no %s", name);
+    found++;
+  }
+  ck_assert_int_ge(found, 60);
+  free(h);
+  free(page);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("docs");
   TCase *tc = tcase_create("man");
@@ -193,6 +228,7 @@ int main(void) {
   tcase_add_test(tc, report_in_manual_is_current);
   tcase_add_test(tc, library_example_runs);
   tcase_add_test(tc, cavs_help_documented);
+  tcase_add_test(tc, library_functions_documented);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
