@@ -124,7 +124,7 @@ typedef struct TrainOpts {
   const char *init[8], *freeze[8];
   int ninit, nfreeze;
   /* given on the command line (else a resume keeps the checkpoint's) */
-  bool set_kind, set_lr, set_clip, set_wd, set_batch;
+  bool set_kind, set_lr, set_clip, set_wd, set_batch, set_sched;
 } TrainOpts;
 
 enum Select { SELECT_DEFAULT, SELECT_ALL, SELECT_ROOT, SELECT_LOSS };

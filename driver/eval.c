@@ -275,7 +275,15 @@ int cmd_info(const char *path) {
   printf("training    %d epochs done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch, ts->format,
          ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr,
          (unsigned long long)ts->seed);
-  if (ts->best >= 0) printf("best dev    %.4f (the metric --select chose: accuracy by default; dev loss for a model without a classifier)\n", ts->best);
+  static const char *const metric[] = {"the metric --select chose", "accuracy", "root accuracy", "loss"};
+  if (ts->best >= 0) {
+    printf("best dev    %.4f (%s", ts->best, metric[ts->select >= 0 && ts->select <= 3 ? ts->select : 0]);
+    if (ts->best_epoch) printf(", epoch %d, %d epochs since", ts->best_epoch, ts->since_best);
+    printf(")\n");
+  }
+  if (ts->lr_decay > 0 || ts->warmup || ts->patience)
+    printf("schedule    lr decay %g every %d epochs, warm-up %d minibatches, patience %d\n", ts->lr_decay,
+           ts->lr_step ? ts->lr_step : 1, ts->warmup, ts->patience);
   cavs_vocab_free(v);
   cavs_ckpt_free(k);
   return 0;

@@ -174,10 +174,10 @@ int main(int argc, char **argv) {
     case OPT_JSON: json = true; break;
     case OPT_VECTORS: vectors = true; break;
     case OPT_PROBS: probs = true; break;
-    case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); break;
-    case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); break;
-    case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); break;
-    case OPT_PATIENCE: o.patience = (int)parse_long("patience", optarg, 1, 1000000); break;
+    case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); o.set_sched = true; break;
+    case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); o.set_sched = true; break;
+    case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); o.set_sched = true; break;
+    case OPT_PATIENCE: o.patience = (int)parse_long("patience", optarg, 1, 1000000); o.set_sched = true; break;
     case OPT_SELECT:
       if (!strcmp(optarg, "all")) o.select = SELECT_ALL;
       else if (!strcmp(optarg, "root")) o.select = SELECT_ROOT;

@@ -124,6 +124,13 @@ int cmd_train(TrainOpts *o) {
     if (o->set_wd) c.weight_decay = o->optim.weight_decay;
     o->optim = c;
     if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
+    /* the schedule and the selection (format 3 on: select is then 1..3) */
+    if (cs->select && !o->set_sched) {
+      o->lr_decay = cs->lr_decay;
+      o->lr_step = cs->lr_step;
+      o->warmup = cs->warmup;
+      o->patience = cs->patience;
+    }
     memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
     v = keep(cavs_ckpt_vocab(ck));
     if (!v) die(1, "%s: damaged vocabulary", o->resume);
@@ -162,6 +169,9 @@ int cmd_train(TrainOpts *o) {
     ts.best = cs->best;
     ts.seed = cs->seed;
     ts.graphs_done = cs->graphs_done;
+    ts.select = cs->select;
+    ts.since_best = cs->since_best;
+    ts.best_epoch = cs->best_epoch;
   } else {
     cavs_model_init(m, o->seed);
   }
@@ -213,10 +223,22 @@ int cmd_train(TrainOpts *o) {
   }
   int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;
   if (o->patience && !dev) die(1, "--patience needs a --dev set to watch");
-  int select = o->select != SELECT_DEFAULT ? o->select : with_acc ? SELECT_ALL : SELECT_LOSS;
+  /* what picks .best: --select, else the checkpoint's, else by the model */
+  int select = o->select != SELECT_DEFAULT ? o->select : ts.select ? ts.select : with_acc ? SELECT_ALL : SELECT_LOSS;
   if (select != SELECT_LOSS && !with_acc) die(1, "--select %s: model '%s' has no classifier", select == SELECT_ROOT ? "root" : "all", d->name);
   long nbatches = (n + o->batch - 1) / o->batch;
-  int since_best = 0, best_epoch = 0;
+  int since_best = ts.since_best, best_epoch = ts.best_epoch;
+  if (ck && ts.best >= 0 && (ts.select ? ts.select != select : o->select != SELECT_DEFAULT)) {
+    /* the checkpoint's best is another metric's (or one an older format did not name) */
+    if (!o->quiet) printf("--select %s: the best of the checkpoint's runs is forgotten\n",
+                          select == SELECT_ROOT ? "root" : select == SELECT_ALL ? "all" : "loss");
+    ts.best = -1, since_best = 0, best_epoch = 0;
+  }
+  ts.select = select;
+  ts.lr_decay = o->lr_decay;
+  ts.lr_step = o->lr_step;
+  ts.warmup = o->warmup;
+  ts.patience = o->patience;
   cavs_optim opt = o->optim;
   for (int epoch = first; epoch <= last_epoch; epoch++) {
     /* an interrupted epoch goes on where it stopped, in the same order */
@@ -289,6 +311,8 @@ int cmd_train(TrainOpts *o) {
     if (better) ts.best = metric, best_epoch = epoch, since_best = 0;
     else since_best++;
     ts.epoch = epoch;
+    ts.since_best = since_best;
+    ts.best_epoch = best_epoch;
     if (!o->quiet) {
       printf("epoch %d/%d  train loss %.4f", epoch, last_epoch, tloss);
       if (with_acc) printf(" acc %.4f", ratio(t.correct, t.count));

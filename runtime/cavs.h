@@ -294,6 +294,12 @@ typedef struct cavs_train_state {
   char format[32];    /* data format of the training file */
   cavs_optim optim;
   long graphs_done;   /* an interrupted epoch: the graphs of epoch+1 already trained on */
+  /* the driver's schedule and selection (0 in checkpoints before format 3): which dev
+     metric `best` is (1 accuracy, 2 root accuracy, 3 loss), the learning rate's decay
+     and step, the warm-up, the patience and the epochs since the best (and its epoch) */
+  int select;
+  double lr_decay;
+  int lr_step, warmup, patience, since_best, best_epoch;
 } cavs_train_state;
 
 /* What a checkpoint may hold; anything beyond is refused as damaged. */

@@ -9,12 +9,15 @@
  *   training state: i32 epoch  u64 rng  f64 best  u64 seed  i32 threads  i32 batch
  *                   str format  i32 kind  f64 lr clip weight_decay beta1 beta2 eps
  *                   i64 graphs_done                               (format 2 on)
+ *                   i32 select  f64 lr_decay  i32 lr_step warmup patience since_best
+ *                   best_epoch  u32 nfrozen { i32 param }            (format 3 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
  * to PATH.tmpXXXXXX in the same directory, flushed, fsync'ed and renamed over PATH, and the
  * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix.
- * Format 1 (no graphs_done) is still read. */
+ * Formats 1 (no graphs_done) and 2 (no schedule, selection or frozen parameters) are
+ * still read. */
 #include "cv.h"
 
 #include <dirent.h>
@@ -28,7 +31,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 2
+#define CKPT_VERSION 3
 
 /* ---- writing into a growing buffer ---- */
 
@@ -212,6 +215,19 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   put_f64(&b, ts->optim.beta2);
   put_f64(&b, ts->optim.eps);
   put_i64(&b, ts->graphs_done);
+  put_u32(&b, (uint32_t)ts->select);
+  put_f64(&b, ts->lr_decay);
+  put_u32(&b, (uint32_t)ts->lr_step);
+  put_u32(&b, (uint32_t)ts->warmup);
+  put_u32(&b, (uint32_t)ts->patience);
+  put_u32(&b, (uint32_t)ts->since_best);
+  put_u32(&b, (uint32_t)ts->best_epoch);
+  /* the frozen parameters (cavs_model_freeze: a group of one parameter each) */
+  uint32_t nfrozen = 0;
+  for (int i = 0; i < d->nparams; i++) nfrozen += m->frozen[d->params[i].group] != 0;
+  put_u32(&b, nfrozen);
+  for (int i = 0; i < d->nparams; i++)
+    if (m->frozen[d->params[i].group]) put_u32(&b, (uint32_t)i);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -229,6 +245,7 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
 typedef struct KParam {
   char *name;
   long rows, cols;
+  bool frozen;
   size_t at; /* offset of the values in the file */
 } KParam;
 
@@ -382,7 +399,7 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) BAD("'%s' is not a cavs checkpoint", path);
   uint32_t version;
   memcpy(&version, k->data + 8, 4);
-  if (version != 1 && version != CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
+  if (version < 1 || version > CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
   uint64_t want, have = fnv64(k->data, k->size - 8);
   memcpy(&want, k->data + k->size - 8, 8);
   if (want != have) BAD("'%s' is damaged: its checksum does not match (truncated or modified)", path);
@@ -475,11 +492,31 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   k->ts.optim.beta2 = get_f64(&r);
   k->ts.optim.eps = get_f64(&r);
   if (version >= 2) k->ts.graphs_done = (long)get_i64(&r);
+  if (version >= 3) {
+    k->ts.select = (int)get_u32(&r);
+    k->ts.lr_decay = get_f64(&r);
+    k->ts.lr_step = (int)get_u32(&r);
+    k->ts.warmup = (int)get_u32(&r);
+    k->ts.patience = (int)get_u32(&r);
+    k->ts.since_best = (int)get_u32(&r);
+    k->ts.best_epoch = (int)get_u32(&r);
+    uint32_t nf = get_u32(&r);
+    if (!r.bad && nf > (uint32_t)k->nparams) BAD("'%s' is damaged (frozen parameters)", path);
+    for (uint32_t i = 0; i < nf && !r.bad; i++) {
+      uint32_t p = get_u32(&r);
+      if (r.bad) break;
+      if (p >= (uint32_t)k->nparams || k->params[p].frozen) BAD("'%s' is damaged (frozen parameters)", path);
+      k->params[p].frozen = true;
+    }
+  }
   if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
   const cavs_train_state *t = &k->ts;
   const cavs_optim *o = &t->optim;
   if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || t->graphs_done < 0 || !(t->best == -1 || nonneg(t->best)))
     BAD("'%s' is damaged (training state)", path);
+  if (t->select < 0 || t->select > 3 || !(t->lr_decay >= 0 && t->lr_decay <= 1) || t->lr_step < 0 || t->warmup < 0 || t->patience < 0 ||
+      t->since_best < 0 || t->best_epoch < 0 || t->best_epoch > t->epoch)
+    BAD("'%s' is damaged (training schedule)", path);
   if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "text-bptt") &&
       strcmp(t->format, "cgf"))
     BAD("'%s' is damaged (data format)", path);
@@ -579,6 +616,13 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
     }
   }
   for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
+  /* frozen as they were when saved (and the others not) */
+  for (int i = 0; i < d->nparams; i++) m->frozen[d->params[i].group] = 0;
+  for (int i = 0; i < d->nparams; i++)
+    if (k->params[i].frozen && cavs_model_freeze(m, i, 1)) {
+      snprintf(err, errlen, "%s", m->err);
+      return -1;
+    }
   m->step = k->steps;
   m->be->release(m->m1);
   m->be->release(m->m2);

@@ -204,6 +204,42 @@ START_TEST(resume_is_bit_identical) {
 }
 END_TEST
 
+/* The same with a frozen table, selection on root accuracy, a decaying rate, warm-up and
+ * patience: the checkpoint carries them (format 3), so a resume that does not repeat
+ * them goes on as the uninterrupted run did (a table no longer frozen, or another rate,
+ * would make other bytes). */
+START_TEST(resume_keeps_schedule_and_frozen) {
+  gen_data();
+#define SCHED "--freeze", "emb", "--select", "root", "--lr-decay", "0.5", "--lr-step", "1", "--warmup", "3", "--patience", "9"
+  RunResult r = TRAIN("--epochs", "4", "--quiet", SCHED, "--save", path_in("sfull.ckpt"), NULL);
+  ok(&r, "4 epochs");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--quiet", SCHED, "--save", path_in("shalf.ckpt"), NULL);
+  ok(&r, "2 epochs");
+  tu_free(&r);
+#undef SCHED
+  r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in("shalf.ckpt"), "--save", path_in("sresumed.ckpt"), NULL);
+  ok(&r, "resume 2 epochs");
+  tu_free(&r);
+  size_t na = 0, nb = 0;
+  char *a = tu_slurp(path_in("sfull.ckpt"), &na), *b = tu_slurp(path_in("sresumed.ckpt"), &nb);
+  ck_assert(a && b);
+  ck_assert_msg(na == nb && !memcmp(a, b, na), "the resumed run differs from the uninterrupted one");
+  free(a);
+  free(b);
+  r = cavs("info", path_in("sresumed.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "(root accuracy, epoch ") && strstr(r.out, "lr decay 0.5 every 1 epochs, warm-up 3"),
+                "%s", r.out);
+  tu_free(&r);
+  /* another --select forgets the checkpoint's best, saying so */
+  r = TRAIN("--epochs", "1", "--resume", path_in("shalf.ckpt"), "--select", "all", NULL);
+  ok(&r, "resume with another --select");
+  ck_assert_msg(strstr(r.out, "--select all: the best of the checkpoint's runs is forgotten"), "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(damaged_checkpoints_rejected) {
   gen_data();
   RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("d.ckpt"), NULL);
@@ -1018,6 +1054,7 @@ int main(void) {
   /* one process: the generated data and the compile cache are shared by the tests */
   tcase_add_test(tc, train_save_eval_predict);
   tcase_add_test(tc, resume_is_bit_identical);
+  tcase_add_test(tc, resume_keeps_schedule_and_frozen);
   tcase_add_test(tc, damaged_checkpoints_rejected);
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);

@@ -231,6 +231,56 @@ START_TEST(crafted_fields_refused) {
 }
 END_TEST
 
+/* Format 3's tail of the training state (select, the schedule, the frozen parameters:
+ * 36 bytes before the checksum when none is frozen) is checked like the rest; and a
+ * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
+START_TEST(format_3_fields) {
+  Ckpt k0 = load_base();
+  size_t tail = k0.n - 8 - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 3);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 12), 0); /* no frozen parameter */
+  struct {
+    size_t at, len;
+    uint32_t with[2];
+    size_t wlen;
+    const char *msg;
+  } cases[] = {
+      {tail, 4, {7}, 4, "training schedule"},                    /* select */
+      {tail + 4 + 8 + 12, 4, {0x80000000u}, 4, "training schedule"}, /* since_best < 0 */
+      {k0.n - 12, 4, {1, 4000}, 8, "frozen parameters"},           /* past the parameters */
+      {k0.n - 12, 4, {2, 0}, 8, "bad structure"},                  /* one index missing */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    Ckpt k = {malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    ck_splice(&k, cases[i].at, cases[i].len, cases[i].with, cases[i].wlen);
+    save(&k, "f3.ckpt");
+    char err[512];
+    ck_assert_msg(cavs_ckpt_read(path_in("f3.ckpt"), err, sizeof err) == NULL, "case %zu was accepted", i);
+    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
+    free(k.p);
+  }
+  /* format 2: the version, and no tail */
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t two = 2;
+  ck_splice(&k, tail, 36, "", 0);
+  ck_splice(&k, 8, 4, &two, 4);
+  save(&k, "v2.ckpt");
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in("v2.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_int_eq(cavs_ckpt_state(c)->select, 0);
+  ck_assert_int_eq(cavs_ckpt_state(c)->epoch, 1);
+  cavs_ckpt_free(c);
+  RunResult r = cavs("eval", path_in("v2.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
 /* ---- the cache ---- */
 
 static char *entry_dir(const char *cache) {
@@ -471,6 +521,7 @@ int main(void) {
   tcase_add_test(tc, crafted_name_writes_nothing_outside);
   tcase_add_test(tc, crafted_source_checked_first);
   tcase_add_test(tc, crafted_fields_refused);
+  tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
   tcase_add_test(tc, model_cflags_in_cache_key);

@@ -41,12 +41,12 @@ static inline char *model(const char *name) {
 /* Runs cavs with up to 31 arguments, NULL-terminated; env (or NULL) holds NAME=VALUE to
  * set and NAME alone to unset, for this run only. */
 static inline RunResult cavs_env(char *const env[], const char *first, ...) {
-  char *argv[32];
+  char *argv[64];
   int n = 0;
   argv[n++] = (char *)cavs_bin;
   va_list ap;
   va_start(ap, first);
-  for (const char *a = first; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+  for (const char *a = first; a && n < 63; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
   va_end(ap);
   argv[n] = NULL;
   char *saved[8][2] = {{0}};
