@@ -915,6 +915,31 @@ static void descriptor(const Emit *e) {
               t->op == OP_INPUT ? t->ref : -1);
     }
   if (nlosses) fprintf(c, "};\n");
+  /* the named values stored per row, by block: where a stage left them */
+  int nvalues = 0, nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *x = &f->nodes[i];
+      if (!x->name || (x->uses == 0 && x->type != T_NONE)) continue;
+      const Place *p = x->val.kind == PL_ROW ? &x->val : x->keep ? &x->kval : NULL;
+      if (!p || p->kind != PL_ROW) continue;
+      bool twice = false; /* a name given twice in the block (a loop's `s = gather(k)`): neither */
+      for (int j = 0; j < f->n && !twice; j++)
+        twice = j != i && f->nodes[j].name && !strcmp(f->nodes[j].name, x->name) &&
+                !(f->nodes[j].uses == 0 && f->nodes[j].type != T_NONE);
+      if (twice) continue;
+      if (!nvalues) fprintf(c, "static const cavs_value_desc values[] = {\n");
+      fprintf(c, "  {%s, %d, %d, ", emit_c_string(x->name), f->kind == F_VERTEX ? f->index : -1, p->buf);
+      desc_lin(c, p == &x->kval ? lin_const(0) : p->off);
+      fputs(", ", c);
+      desc_lin(c, x->width);
+      fprintf(c, ", %d},\n", p == &x->kval);
+      nvalues++;
+    }
+  }
+  fprintf(c, nvalues ? "};\n" : "static const cavs_value_desc values[1] = {0};\n");
   fputc('\n', c);
   fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);
@@ -936,6 +961,7 @@ static void descriptor(const Emit *e) {
           m->pull ? fname(e, m->pull, "bwd") : "0");
   fprintf(c, "  .push_fwd = %s, .push_bwd = %s,\n", m->push ? fname(e, m->push, "fwd") : "0",
           m->push ? fname(e, m->push, "bwd") : "0");
+  fprintf(c, "  .nvalues = %d, .values = values,\n", nvalues);
   fprintf(c, "};\n");
 }
 

@@ -563,6 +563,21 @@ static const cavs_vertex_desc vertex[] = {
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
+static const cavs_value_desc values[] = {
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 7, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+};
 
 const cavs_desc lstm_lm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -629,4 +644,5 @@ const cavs_desc lstm_lm_desc = {
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm_pull_fwd, .pull_bwd = lstm_lm_pull_bwd,
   .push_fwd = lstm_lm_push_fwd, .push_bwd = lstm_lm_push_bwd,
+  .nvalues = 13, .values = values,
 };

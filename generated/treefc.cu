@@ -379,6 +379,13 @@ static const cavs_vertex_desc vertex[] = {
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
+static const cavs_value_desc values[] = {
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"h", 0, 0, {0, {0}}, {0, {1}}, 0},
+  {"h", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"logits", -1, 5, {0, {0}}, {0, {0, 1}}, 0},
+};
 
 const cavs_desc treefc_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -435,4 +442,5 @@ const cavs_desc treefc_desc = {
   .nlosses = 1, .losses = losses,
   .pull_fwd = treefc_pull_fwd, .pull_bwd = treefc_pull_bwd,
   .push_fwd = treefc_push_fwd, .push_bwd = treefc_push_bwd,
+  .nvalues = 5, .values = values,
 };

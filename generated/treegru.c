@@ -687,6 +687,21 @@ static const cavs_vertex_desc vertex[] = {
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
+static const cavs_value_desc values[] = {
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"h_0", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hs", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
+  {"z", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"xr", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"r_0", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"r_1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"n", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"h", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+};
 
 const cavs_desc treegru_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -751,4 +766,5 @@ const cavs_desc treegru_desc = {
   .nlosses = 1, .losses = losses,
   .pull_fwd = treegru_pull_fwd, .pull_bwd = treegru_pull_bwd,
   .push_fwd = treegru_push_fwd, .push_bwd = treegru_push_bwd,
+  .nvalues = 13, .values = values,
 };

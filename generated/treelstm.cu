@@ -784,6 +784,24 @@ static const cavs_vertex_desc vertex[] = {
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
+static const cavs_value_desc values[] = {
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"c_0", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 0, 6, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 6, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"hs", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+};
 
 const cavs_desc treelstm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -843,4 +861,5 @@ const cavs_desc treelstm_desc = {
   .nlosses = 1, .losses = losses,
   .pull_fwd = treelstm_pull_fwd, .pull_bwd = treelstm_pull_bwd,
   .push_fwd = treelstm_push_fwd, .push_bwd = treelstm_push_bwd,
+  .nvalues = 16, .values = values,
 };

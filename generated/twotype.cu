@@ -833,6 +833,26 @@ static const cavs_vertex_desc vertex[] = {
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
+static const cavs_value_desc values[] = {
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_0", 1, 10, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 1, 10, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 1, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 1, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hh", 1, 8, {0, {0}}, {0, {0, 2}}, 0},
+  {"i", 1, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 1, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 1, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"c", 1, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 1, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+};
 
 const cavs_desc twotype_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -908,4 +928,5 @@ const cavs_desc twotype_desc = {
   .nlosses = 1, .losses = losses,
   .pull_fwd = twotype_pull_fwd, .pull_bwd = twotype_pull_bwd,
   .push_fwd = twotype_push_fwd, .push_bwd = twotype_push_bwd,
+  .nvalues = 18, .values = values,
 };

@@ -187,6 +187,13 @@ long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n);
  * NULL). Returns the number of classes, or -1 (no such vertex, one whose type does not
  * push, a model without a softmax_xent loss, or a failed read: cavs_model_error). */
 long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n);
+/* After a forward pass: the value the .vf names `name` at vertex v of graph g (that
+ * vertex's block's, else the pull or push block's), its first n entries into out (as
+ * doubles; out may be NULL to ask the width). Returns the width, or -1: no such vertex,
+ * no such value stored per row (one that lives only in a fused loop's registers, or a
+ * name the block gives twice), one not computed at a vertex without children, a
+ * kept gate after a pass in inference, or a failed read (cavs_model_error says which). */
+long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, double *out, long n);
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed
  * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);

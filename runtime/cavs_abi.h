@@ -30,7 +30,8 @@ extern "C" {
  *    takes `skip`; cavs_buf_desc.grad is an enum cavs_grad_kind; cavs_loop.
  * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state);
  *    cavs_desc.source_text;
- *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep. */
+ *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
+ *    cavs_desc.values. */
 #define CAVS_ABI_VERSION 4
 enum { CAVS_MAX_DIMS = 16 };
 
@@ -182,6 +183,17 @@ typedef struct cavs_buf_desc {
   int inner;  /* 1: nothing writes or reads it at a row without children */
 } cavs_buf_desc;
 
+/* A value the .vf names that is stored per row (cavs_model_vertex_value): block
+ * `vertex`'s (-1: the pull or push block's, at every row), columns [off, off + width)
+ * of buffer `buf`; `kept`: a fused loop's member kept for its backward loop (not stored
+ * in inference). */
+typedef struct cavs_value_desc {
+  const char *name;
+  int vertex, buf;
+  cavs_lin off, width;
+  int kept;
+} cavs_value_desc;
+
 typedef struct cavs_ctx cavs_ctx;
 /* Every stage runs over rows [r0, r0 + n) of the minibatch. */
 typedef void (*cavs_stage)(cavs_ctx *c, int r0, int n);
@@ -246,6 +258,8 @@ typedef struct cavs_desc {
   int nlosses;
   const cavs_loss_desc *losses;
   cavs_stage pull_fwd, pull_bwd, push_fwd, push_bwd;
+  int nvalues;
+  const cavs_value_desc *values;
 } cavs_desc;
 
 /* ---- what a stage sees ---- */

@@ -550,6 +550,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   const cavs_desc *d = m->d;
   m->have_batch = false;
   m->no_grads = false;
+  m->kept = m->ctx.keep;
   m->pass++;
   double t0 = cv_now();
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
@@ -620,6 +621,29 @@ long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n) 
   return w;
 }
 
+long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, double *out, long n) {
+  const cavs_desc *d = m->d;
+  int r = vertex_row(m, g, v);
+  if (r < 0 || !name) return cv_fail(m, "no vertex %d of graph %d in the last minibatch", v, g);
+  int t = 0;
+  while (t < d->nvertex && !(r >= m->type_r0[t] && r < m->type_r0[t] + m->type_n[t])) t++;
+  const cavs_value_desc *x = NULL;
+  for (int pass = 0; pass < 2 && !x; pass++) /* the vertex's block first, then pull and push */
+    for (int i = 0; i < d->nvalues && !x; i++)
+      if (d->values[i].vertex == (pass ? -1 : t) && !strcmp(d->values[i].name, name)) x = &d->values[i];
+  if (!x || x->buf < 0 || x->buf >= d->nbufs) return cv_fail(m, "no value '%s' stored per row at that vertex", name);
+  if (x->kept && !m->kept) return cv_fail(m, "value '%s' is not kept in inference", name);
+  if (x->vertex >= 0 && d->bufs[x->buf].inner && r < m->type_r0[t] + m->type_leaf[t])
+    return cv_fail(m, "value '%s' is not computed at a vertex without children", name);
+  long off = cv_lin(&x->off, m->ctx.dims), w = cv_lin(&x->width, m->ctx.dims), ld = m->bw[x->buf];
+  if (off < 0 || w < 0 || off + w > ld) return cv_fail(m, "value '%s' lies outside its buffer", name);
+  /* a gathered buffer viewed in the state: through the view, which is in range at rows
+     with children, the only rows it is read at (inner) */
+  const char *base = (const char *)m->cval[x->buf] + (size_t)off * m->esize;
+  if (out && n > 0 && read_row(m, base, ld, r, n < w ? n : w, out)) return -1;
+  return w;
+}
+
 long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
   int r = vertex_row(m, g, v);
   if (!m->xent_z || r < 0 || !m->pushed[r]) return -1;
@@ -643,7 +667,7 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
 void cavs_model_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   if (!m->have_batch) return;
-  if (!m->ctx.keep) {
+  if (!m->kept) {
     cv_fail(m, "a backward pass after a forward pass in inference (cavs_model_set_inference): it kept nothing to "
                "differentiate");
     m->no_grads = true;

@@ -710,6 +710,59 @@ START_TEST(inference_matches_training) {
 }
 END_TEST
 
+/* cavs_model_vertex_value: a named value at any vertex, read back where the stages left
+ * it: h equals what the vertex pushed; at an internal vertex, hs is the sum of its
+ * children's h; a kept gate is a sigmoid's; c and h at a vertex are the values its
+ * parent gathered (c_0/h_0 are not names a parent keeps: s is named twice); values
+ * not stored, not computed at a leaf or not kept in inference are refused, saying why. */
+START_TEST(vertex_values_by_name) {
+  const cavs_desc *d = load_model("treelstm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  long H = dims[find_dim(d, "H")];
+  cavs_model *m = new_model(d, dims, 6);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  double h[64], out[64], hs[64], a[64], b[64], gate[64];
+  int internal = 0, leaves = 0;
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "h", h, 64), H);
+      ck_assert_int_eq(cavs_model_vertex_output(m, i, v, out, 64), H);
+      for (long j = 0; j < H; j++) ck_assert(h[j] == out[j]);
+      const int *ch = gs[i]->child + (size_t)v * (size_t)gs[i]->maxc;
+      if (ch[0] < 0 && ch[1] < 0) {
+        leaves++;
+        ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "f_0", gate, 64), -1);
+        ck_assert_msg(strstr(cavs_model_error(m), "without children"), "%s", cavs_model_error(m));
+        continue;
+      }
+      internal++;
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "hs", hs, 64), H);
+      for (long j = 0; j < H; j++) a[j] = b[j] = 0;
+      if (ch[0] >= 0) ck_assert_int_eq(cavs_model_vertex_value(m, i, ch[0], "h", a, 64), H);
+      if (ch[1] >= 0) ck_assert_int_eq(cavs_model_vertex_value(m, i, ch[1], "h", b, 64), H);
+      for (long j = 0; j < H; j++) ck_assert_msg(fabs(hs[j] - (a[j] + b[j])) <= 1e-12, "hs[%ld]", j);
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "i", gate, 64), H);
+      for (long j = 0; j < H; j++) ck_assert(gate[j] > 0 && gate[j] < 1);
+    }
+  ck_assert(internal > 0 && leaves > 0);
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, 0, "s", NULL, 0), -1);
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, 0, "nonesuch", NULL, 0), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "no value 'nonesuch'"), "%s", cavs_model_error(m));
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, 100000, "h", NULL, 0), -1);
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, 0, "logits", NULL, 0), dims[find_dim(d, "C")]);
+  cavs_model_set_inference(m, 1);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  int root = gs[0]->n - 1;
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, root, "i", gate, 64), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "inference"), "%s", cavs_model_error(m));
+  ck_assert_int_eq(cavs_model_vertex_value(m, 0, root, "h", h, 64), H);
+  cavs_model_free(m);
+}
+END_TEST
+
 START_TEST(abi_mismatch_is_refused) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
@@ -801,6 +854,7 @@ int main(void) {
   tcase_add_test(tc, views_read_children_in_place);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
   tcase_add_test(tc, inference_matches_training);
+  tcase_add_test(tc, vertex_values_by_name);
   tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
   suite_add_tcase(s, tc);
