@@ -5,6 +5,7 @@
 #include "driver.h"
 #include "cache.h"
 #include "options.h"
+#include "cavs_paths.h" /* the configured directories (Makefile.am) */
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -54,14 +55,8 @@ static const char *find_include(void) {
     *strrchr(h, '/') = 0;
     return h;
   }
-#ifdef CAVS_SRCDIR
-  if (exists(CAVS_SRCDIR "/runtime/cavs.h")) return CAVS_SRCDIR "/runtime";
-#endif
-#ifdef CAVS_INCLUDEDIR
-  return CAVS_INCLUDEDIR;
-#else
-  return "/usr/local/include";
-#endif
+  if (exists(CAVS_CFG_SRCDIR "/runtime/cavs.h")) return CAVS_CFG_SRCDIR "/runtime";
+  return CAVS_CFG_INCLUDEDIR;
 }
 
 /* The C compiler's flags for a model, the same for every build: these, then the words of

@@ -1,6 +1,7 @@
 /* backend.c: the registry of backends, and the entry points of generated code
  * (cavs_abi.h), each of which hands its work to the model's backend. */
 #include "cv.h"
+#include "cavs_paths.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -32,7 +33,7 @@ static const cv_backend *cuda_module(char *msg, size_t len) {
   if (loaded) return loaded;
   char beside[4096];
   const char *path = getenv("CAVS_CUDA_MODULE");
-  if (!path || !*path) path = module_beside_library(beside, sizeof beside) ? beside : CAVS_CUDA_MODULE;
+  if (!path || !*path) path = module_beside_library(beside, sizeof beside) ? beside : CAVS_CFG_PKGLIBDIR "/cavs-cuda.so";
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     snprintf(msg, len, "the CUDA backend cannot be loaded: %s", dlerror());
