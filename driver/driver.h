@@ -101,9 +101,10 @@ void print_losses(FILE *f, const cavs_desc *d, const Totals *t);
 /* A forward pass over the whole dataset, `batch` graphs at a time. */
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 
-/* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph */
+/* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
+   with vectors, probs or a value name, those numbers instead */
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs);
+             bool all_nodes, bool json, bool vectors, bool probs, const char *value);
 int cmd_info(const char *path);
 
 /* ---- train.c ---- */

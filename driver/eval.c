@@ -146,8 +146,14 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   return c;
 }
 
+/* predict --value NAME: cavs_model_vertex_value in the shape of the other vectors */
+static const char *value_name;
+static long named_value(cavs_model *m, int g, int v, double *out, long n) {
+  return cavs_model_vertex_value(m, g, v, value_name, out, n);
+}
+
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs) {
+             bool all_nodes, bool json, bool vectors, bool probs, const char *value) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
@@ -213,36 +219,45 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
     const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
     long width = 0;
     double *vec = NULL;
-    cavs_model_set_inference(c.m, 1);
+    /* inference keeps no gates for a backward pass: --value may ask for one */
+    cavs_model_set_inference(c.m, value == NULL);
     for (int b = 0; b < n; b += batch) {
       int k = 0;
       for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
       cavs_stats st;
       errno = 0;
       if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
-      /* vectors: what each vertex pushed, or its class probabilities */
-      long (*value)(cavs_model *, int, int, double *, long) = probs ? cavs_model_vertex_probs : cavs_model_vertex_output;
-      for (int g = 0; g < k && (vectors || probs); g++)
+      /* vectors: what each vertex pushed, its class probabilities, or a value by name */
+      value_name = value;
+      long (*get)(cavs_model *, int, int, double *, long) =
+          value ? named_value : probs ? cavs_model_vertex_probs : cavs_model_vertex_output;
+      /* a name the model does not store anywhere: said once, not a line of nothing a graph */
+      if (value && b == 0 && k > 0) {
+        bool any = false;
+        for (int v = 0; v < gs[0]->n && !any; v++) any = get(c.m, 0, v, NULL, 0) >= 0;
+        if (!any) lib_die(cavs_model_error(c.m));
+      }
+      for (int g = 0; g < k && (vectors || probs || value); g++)
         for (int v = all_nodes ? 0 : -1; v < gs[g]->n; v++) {
           /* the root's vector a line, or every vertex's as "GRAPH VERTEX x1 ... xn" */
           int at = v;
           if (v < 0) {
             at = gs[g]->n - 1;
-            while (at > 0 && value(c.m, g, at, NULL, 0) < 0) at--;
+            while (at > 0 && get(c.m, g, at, NULL, 0) < 0) at--;
           }
-          long w = value(c.m, g, at, NULL, 0);
+          long w = get(c.m, g, at, NULL, 0);
           if (w > width) {
             free(vec);
             vec = xmalloc(sizeof *vec * (size_t)w);
             width = w;
           }
-          if (w > 0 && value(c.m, g, at, vec, w) < 0) lib_die(cavs_model_error(c.m));
+          if (w > 0 && get(c.m, g, at, vec, w) < 0) lib_die(cavs_model_error(c.m));
           if (all_nodes) printf("%d %d", b + g, v);
           for (long j = 0; j < w; j++) printf(j || all_nodes ? " %.6g" : "%.6g", vec[j]);
           printf("\n");
           if (v < 0) break;
         }
-      for (int g = 0; g < k && !vectors && !probs; g++) {
+      for (int g = 0; g < k && !vectors && !probs && !value; g++) {
         if (!all_nodes) {
           printf("%d\n", cavs_model_root_class(c.m, g));
           continue;

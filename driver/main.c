@@ -70,7 +70,7 @@ static size_t parse_size(const char *opt, const char *s) {
 static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
     "       cavs eval CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--json]\n"
-    "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--all-nodes] [--vectors|--probs]\n"
+    "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--all-nodes] [--vectors|--probs|--value NAME]\n"
     "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
     "                [--classes C] [--seed S] [--dag] -o FILE\n"
     "       cavs info CKPT\n"
@@ -91,7 +91,7 @@ static const char usage[] =
     "See cavs(1).\n";
 
 /* long options without a letter of their own */
-enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_JSON, OPT_VECTORS, OPT_PROBS, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT };
+enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_JSON, OPT_VECTORS, OPT_PROBS, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT, OPT_VALUE };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
       {"data", 1, 0, 'x'}, {"model", 1, 0, 'M'}, {"max-memory", 1, 0, 'X'}, {"device", 1, 0, 'G'},
       {"one-stream", 0, 0, 'o'}, {"cuda-graphs", 0, 0, 'g'}, {"blas", 0, 0, 'B'}, {"init", 1, 0, 'I'},
       {"freeze", 1, 0, OPT_FREEZE}, {"all-nodes", 0, 0, OPT_ALL_NODES}, {"json", 0, 0, OPT_JSON},
-      {"vectors", 0, 0, OPT_VECTORS}, {"probs", 0, 0, OPT_PROBS}, {"lr-decay", 1, 0, OPT_LR_DECAY},
+      {"vectors", 0, 0, OPT_VECTORS}, {"probs", 0, 0, OPT_PROBS}, {"value", 1, 0, OPT_VALUE}, {"lr-decay", 1, 0, OPT_LR_DECAY},
       {"lr-step", 1, 0, OPT_LR_STEP}, {"warmup", 1, 0, OPT_WARMUP}, {"patience", 1, 0, OPT_PATIENCE},
       {"select", 1, 0, OPT_SELECT},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-views", 0, 0, 'W'}, {"no-fuse", 0, 0, 'F'},
@@ -150,6 +150,7 @@ int main(int argc, char **argv) {
   int ch;
   const char *positional = NULL;
   bool all_nodes = false, json = false, vectors = false, probs = false;
+  const char *value = NULL;
   while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
     switch (ch) {
     case 1:
@@ -174,6 +175,7 @@ int main(int argc, char **argv) {
     case OPT_JSON: json = true; break;
     case OPT_VECTORS: vectors = true; break;
     case OPT_PROBS: probs = true; break;
+    case OPT_VALUE: value = optarg; break;
     case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); o.set_sched = true; break;
     case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); o.set_sched = true; break;
     case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); o.set_sched = true; break;
@@ -244,9 +246,10 @@ int main(int argc, char **argv) {
     if (all_nodes && strcmp(cmd, "predict")) die(1, "%s: --all-nodes is an option of predict", cmd);
     if (json && strcmp(cmd, "eval")) die(1, "%s: --json is an option of eval", cmd);
     if ((vectors || probs) && strcmp(cmd, "predict")) die(1, "%s: --%s is an option of predict", cmd, vectors ? "vectors" : "probs");
-    if (vectors && probs) die(1, "predict: --vectors or --probs, not both");
+    if (value && strcmp(cmd, "predict")) die(1, "%s: --value is an option of predict", cmd);
+    if ((vectors != 0) + (probs != 0) + (value != NULL) > 1) die(1, "predict: one of --vectors, --probs and --value");
     return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"), all_nodes, json, vectors,
-                    probs);
+                    probs, value);
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
   die(1, "unknown command '%s' (train, eval, predict, gen, info, build, plot)", cmd);

@@ -120,6 +120,27 @@ START_TEST(train_save_eval_predict) {
   }
   ck_assert(hit && !strncmp(hit, first_root, strlen(first_root)) && hit[strlen(first_root)] == '\n');
   free(first_root);
+  /* --value h: the same lines as --vectors (h is what the Tree-LSTM pushes), and with
+     --all-nodes too; a name the model does not store is an error, said once */
+  RunResult hv = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--value", "h", NULL);
+  ok(&hv, "predict --value h");
+  ck_assert_msg(!strcmp(hv.out, vec.out), "--value h differs from --vectors");
+  tu_free(&hv);
+  hv = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--value", "h", "--all-nodes", NULL);
+  ok(&hv, "predict --value h --all-nodes");
+  ck_assert_msg(!strcmp(hv.out, allv.out), "--value h --all-nodes differs from --vectors --all-nodes");
+  tu_free(&hv);
+  hv = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--value", "o", NULL);
+  ok(&hv, "predict --value o (a gate, kept for a backward pass)");
+  int gates = 0;
+  for (char *q = hv.out; *q != '\n' && sscanf(q, "%lf%n", &x, &off) == 1; q += off, gates++)
+    ck_assert_msg(x >= 0 && x <= 1, "gate o = %g", x); /* a sigmoid's */
+  ck_assert_int_eq(gates, 16);
+  tu_free(&hv);
+  hv = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--value", "nonesuch", NULL);
+  ck_assert_int_eq(hv.status, 1);
+  ck_assert_msg(strstr(hv.err, "no value 'nonesuch'"), "%s", hv.err);
+  tu_free(&hv);
   tu_free(&vec);
   tu_free(&allv);
   /* --probs: the root's class probabilities a line, summing to 1, largest at the class
