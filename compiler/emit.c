@@ -87,12 +87,11 @@ const char *emit_ld(const Emit *e, const Place *p) { return paren(emit_lin(e->m,
  * run into a following digit); in a comment every other byte and `\` are shown as
  * \xNN, and `*` or `/` before `/` or `*`, and `?` before `?`, get a space after them,
  * so that nothing closes or nests the comment or makes a trigraph. */
-static const char *escape(const char *s, bool string) {
-  size_t n = strlen(s);
-  char *out = arena_alloc(4 * n + 3), *p = out;
+static const char *escape_n(const char *s, size_t n, bool string, bool split) {
+  char *out = arena_alloc(6 * n + 8), *p = out;
   if (string) *p++ = '"';
   for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i], next = (unsigned char)s[i + 1];
+    unsigned char ch = (unsigned char)s[i], next = i + 1 < n ? (unsigned char)s[i + 1] : 0;
     bool plain = ch >= 0x20 && ch < 0x7f && ch != '\\';
     if (string && (ch == '"' || ch == '\\' || ch == '?')) {
       *p++ = '\\';
@@ -105,36 +104,19 @@ static const char *escape(const char *s, bool string) {
     } else {
       p += sprintf(p, string ? "\\%03o" : "\\x%02x", ch);
     }
+    /* split: a literal a line of the text, adjacent literals on lines of their own */
+    if (split && string && ch == '\n' && i + 1 < n) p += sprintf(p, "\"\n    \"");
   }
   if (string) *p++ = '"';
   *p = 0;
   return out;
 }
+static const char *escape(const char *s, bool string) { return escape_n(s, strlen(s), string, false); }
 const char *emit_c_string(const char *s) { return escape(s, true); }
 
-/* n bytes (any, NUL too) as adjacent C string literals, one a line of the text, each on
- * a line of its own after the first: a model's source, readable in the output. The
- * bytes escaped as escape() does in a string. */
-const char *emit_c_string_n(const char *s, size_t n) {
-  if (!s || !n) return "\"\"";
-  char *out = arena_alloc(6 * n + 8), *p = out;
-  *p++ = '"';
-  for (size_t i = 0; i < n; i++) {
-    unsigned char ch = (unsigned char)s[i];
-    if (ch == '"' || ch == '\\' || ch == '?') {
-      *p++ = '\\';
-      *p++ = (char)ch;
-    } else if (ch >= 0x20 && ch < 0x7f) {
-      *p++ = (char)ch;
-    } else {
-      p += sprintf(p, "\\%03o", ch);
-    }
-    if (ch == '\n' && i + 1 < n) p += sprintf(p, "\"\n    \"");
-  }
-  *p++ = '"';
-  *p = 0;
-  return out;
-}
+/* n bytes (any, NUL too) as adjacent C string literals, one a line of the text: a
+ * model's source, readable in the output. */
+const char *emit_c_string_n(const char *s, size_t n) { return s ? escape_n(s, n, true, true) : "\"\""; }
 const char *emit_c_comment(const char *s) { return escape(s, false); }
 
 void emit_banner(const Emit *e, FILE *o, const char *file) {

@@ -459,12 +459,17 @@ static void cpu_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const in
   LAUNCH(c, n > 0);
   double t0 = cv_now();
   int chunks = (n + XENT_ROWS - 1) / XENT_ROWS;
-  cavs_loss_acc *acc = chunks > 1 ? calloc((size_t)chunks, sizeof *acc) : NULL;
+  cavs_model *m = c->model;
+  if (chunks > 1 && chunks > m->capxent) { /* grown only: a pass allocates nothing after the first */
+    cavs_loss_acc *a = realloc(m->xent_acc, sizeof *a * (size_t)chunks);
+    if (a) m->xent_acc = a, m->capxent = chunks;
+  }
+  cavs_loss_acc *acc = chunks > 1 && chunks <= m->capxent ? m->xent_acc : NULL;
+  if (acc) memset(acc, 0, sizeof *acc * (size_t)chunks);
   XentJob q = {.c = c, .loss = loss, .r0 = r0, .n = n, .z = z, .ld = ld, .w = w, .label = label, .acc = acc};
   if (acc) {
     xent_run(&q);
     for (int i = 0; i < chunks; i++) acc_add(&c->loss[loss], &acc[i]);
-    free(acc);
   } else /* one chunk, or no memory for the chunks' sums: the same sums, in order */
     for (int i = 0; i < chunks; i++) {
       cavs_loss_acc one = {0};

@@ -106,6 +106,8 @@ struct cavs_model {
   bool have_batch;
   bool no_grads; /* cavs_model_backward refused (the forward pass was in inference) */
   bool kept;     /* the last forward pass kept the values a backward pass reads */
+  cavs_loss_acc *xent_acc; /* the CPU backend's softmax: a sum per chunk of rows, grown only */
+  int capxent;
   /* inference's product tables (cavs_gemm_table): table w for a lookup table and a
      parameter, made once `rows` lookups went through the product; freed when inference
      is turned on or off (the parameters may have changed) */

@@ -295,7 +295,7 @@ void cavs_model_free(cavs_model *m) {
   be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
   free(m->spans);
   free(m->pg_off); free(m->frozen); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
-  free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase);
+  free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->xent_acc);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->plan);
