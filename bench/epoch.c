@@ -7,7 +7,7 @@
  * where the time went (products, row operations, fused loops, clears, optimizer,
  * scheduling, the rest) and the process's peak memory.
  *
- *   bench/epoch [--policy bfs|serial] [--batch 64] [--dim H=256] [--threads 2]
+ *   bench/epoch [--policy bfs|depth|agenda|frontier|serial] [--batch 64] [--dim H=256] [--threads 2]
  *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--blas]
  *               MODEL FORMAT FILE
  * --no-eager and --no-lazy run those phases task by task, --no-views copies every
@@ -156,7 +156,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   cavs_model_init(m, 1);
-  cavs_model_set_policy(m, strcmp(policy, "serial") ? CAVS_BFS : CAVS_SERIAL);
+  const char *pnames[] = {"bfs", "serial", "depth", "agenda", "frontier"};
+  int pol = -1;
+  for (int i = 0; i < 5; i++)
+    if (!strcmp(policy, pnames[i])) pol = i; /* enum cavs_policy's order */
+  if (pol < 0) {
+    fprintf(stderr, "--policy: '%s' is not bfs, depth, agenda, frontier or serial\n", policy);
+    return 1;
+  }
+  cavs_model_set_policy(m, pol);
   cavs_model_set_ablations(m, ablate);
   cavs_model_set_inference(m, infer);
   int n = cavs_dataset_count(ds);
@@ -167,6 +175,7 @@ int main(int argc, char **argv) {
     double loss = 0;
     long count = 0, correct = 0, vertices = 0;
     int batches = 0;
+    long tasks = 0, bound = 0;
     cavs_model_backend_stats(m, NULL, 1);
     double start = now();
     for (int b = 0; b < n; b += batch) {
@@ -185,6 +194,8 @@ int main(int argc, char **argv) {
         cavs_model_step(m, &opt);
       }
       loss += st.loss;
+      tasks += st.tasks;
+      bound += st.lower_bound;
       count += st.count;
       correct += st.correct;
       batches++;
@@ -206,11 +217,14 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
            "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, other %.2fs; %ld "
-           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views)\n",
+           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views)\n"
+           "  batching: %.1f tasks/batch, longest path %.1f/batch, scheduling %.1f%% of the epoch\n",
            gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, other,
            bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0,
-           bs.gathered_rows ? 100.0 * (double)bs.gathered_viewed / (double)bs.gathered_rows : 0.0);
+           bs.gathered_rows ? 100.0 * (double)bs.gathered_viewed / (double)bs.gathered_rows : 0.0,
+           (double)tasks / (batches ? batches : 1), (double)bound / (batches ? batches : 1),
+           100 * bs.schedule_seconds / secs);
     fflush(stdout);
   }
   free(gs);

@@ -86,7 +86,8 @@ static const char usage[] =
     "train, eval and predict: --device cpu|cuda (default: cuda where it can run, else cpu)\n"
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
-    "  ablations: --policy bfs|serial  --no-eager  --no-lazy  --no-views  --no-fuse  --no-merge\n"
+    "  batching: --policy bfs|depth|agenda|frontier|serial\n"
+    "  ablations: --no-eager  --no-lazy  --no-views  --no-fuse  --no-merge\n"
     "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
 
@@ -193,8 +194,11 @@ int main(int argc, char **argv) {
     case 'g': model_opts.graphs = 1; break;
     case 'P':
       if (!strcmp(optarg, "bfs")) model_policy = CAVS_BFS;
+      else if (!strcmp(optarg, "depth")) model_policy = CAVS_DEPTH;
+      else if (!strcmp(optarg, "agenda")) model_policy = CAVS_AGENDA;
+      else if (!strcmp(optarg, "frontier")) model_policy = CAVS_FRONTIER;
       else if (!strcmp(optarg, "serial")) model_policy = CAVS_SERIAL;
-      else die(1, "--policy: '%s' is not bfs or serial", optarg);
+      else die(1, "--policy: '%s' is not bfs, depth, agenda, frontier or serial", optarg);
       break;
     case 'E': model_ablations |= CAVS_NO_EAGER; break;
     case 'Z': model_ablations |= CAVS_NO_LAZY; break;

@@ -74,9 +74,20 @@ typedef struct cavs_stats {
                            regression loss has no accuracy: cavs_model_losses) */
   long root_count, root_correct;
   int tasks;            /* path-phase tasks run */
+  int lower_bound;      /* the minibatch's longest path, in vertices: no policy runs
+                           fewer tasks */
 } cavs_stats;
 
-enum cavs_policy { CAVS_BFS = 0, CAVS_SERIAL = 1 };
+/* How vertices are batched into tasks (cavs_model_set_policy). A task is vertices of
+ * one type whose children have run. CAVS_BFS (the default) and CAVS_DEPTH (TensorFlow
+ * Fold's name for it): every vertex of one type and one level (the longest path from a
+ * vertex without children), level by level; CAVS_SERIAL: the same order, a vertex a
+ * task; CAVS_AGENDA (DyNet's): all ready vertices of the type whose ready vertices have
+ * the lowest mean level; CAVS_FRONTIER: all ready vertices of a type none of whose
+ * vertices wait for anything (ED-Batch's Lemma 1: that choice begins a shortest
+ * sequence), else of the type with the ready vertex furthest from a root (most ready
+ * vertices on a tie). Types in index order on ties. */
+enum cavs_policy { CAVS_BFS = 0, CAVS_SERIAL = 1, CAVS_DEPTH = 2, CAVS_AGENDA = 3, CAVS_FRONTIER = 4 };
 
 void cavs_dims_default(const cavs_desc *d, long *dims);
 cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen);
@@ -141,7 +152,8 @@ typedef struct cavs_backend_stats {
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);
 void cavs_model_init(cavs_model *m, uint64_t seed);
-/* The scheduling policy: BFS batching (default), or one vertex per task. */
+/* The scheduling policy (enum cavs_policy; CAVS_BFS by default; another value is
+ * ignored). */
 void cavs_model_set_policy(cavs_model *m, int policy);
 /* Ablations, to measure what a phase is worth: the eager phase run task by task, each
  * task's rows just before (forward) or after (backward) its path stage, instead of once

@@ -78,10 +78,16 @@ struct cavs_model {
   unsigned char *root, *pushed;
   int *pred;
   int *gbase, capgraphs, ngraphs; /* first vertex of each graph of the minibatch */
-  int *type_r0, *type_n, *type_leaf; /* type_leaf: its level-0 rows, first in its range */
+  int *type_r0, *type_n, *type_leaf; /* type_leaf: its rows without children, first in
+                                        its range and all in its first task */
   int ntask, captask;
-  int *task_r0, *task_n, *task_type, *task_leaf, *task_level;
-  int nlevels;
+  int *task_r0, *task_n, *task_type, *task_leaf, *task_level, *task_cur;
+  int nlevels;     /* distinct task_level values: levels (bfs, depth) or steps (agenda,
+                      frontier), 0..nlevels-1, nondecreasing over the tasks */
+  int lower_bound; /* the minibatch's longest path, in vertices */
+  int *crow, capcrow; /* [chunk * T + t]: the first row of type t at the chunk's levels */
+  long *tstate;           /* per type: the agenda and frontier policies' ready lists */
+  int captstate;
   /* a pass as issued (scheduler.c): overlap puts the eager phase on a second stream,
      beside the path tasks (on by default where the backend has streams); order is how
      a backend without streams runs the two (tests) */
@@ -101,6 +107,7 @@ struct cavs_model {
   int capv;
   long capedges;
   int *level, *row_of, *pcount, *padj, *queue, *vtype;
+  int *vtask, *urg; /* a vertex's task; its longest path up to a root */
   int capcount;
   int *count;
   bool have_batch;

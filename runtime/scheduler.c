@@ -1,8 +1,11 @@
-/* scheduler.c: the BFS batching scheduler and the phase order of a training step.
+/* scheduler.c: the batching scheduler and the phase order of a training step.
  *
  * For a minibatch of K graphs: level(v) = 0 without children, else 1 + the largest level
  * of its children (computed from the leaves up, without recursion, so any depth works).
- * A task is every vertex of one type and one level across the K graphs. Rows are
+ * Under BFS (and depth, the same) a task is every vertex of one type and one level
+ * across the K graphs; agenda and frontier choose one type a step and take every ready
+ * vertex of it (the policies, below), and what follows holds for them with "step" for
+ * "level". Rows are
  * numbered type by type and, within a type, level by level: every task is a contiguous
  * row range, and so are all the rows of one type, which lets the eager and lazy phases
  * run over a type's rows in one call. Tasks run level by level (children first). All of
@@ -90,6 +93,180 @@ static void plan_views(cavs_model *m) {
   }
 }
 
+/* ---- policies: which vertices make a task ----
+ * Each fills vtask[v] (the vertex's task), task_type and task_level for tasks in the
+ * order they run, children's tasks before their parents', and returns the count. Both
+ * keep what the rows need: a type's vertices without children all in its first task
+ * (they are ready from the start, and a task takes every ready vertex of its type). */
+
+static int grow_tasks(cavs_model *m, int need) {
+  if (need <= m->captask) return 0;
+  size_t cap = (size_t)need * 2;
+  if (cap > INT_MAX) cap = INT_MAX;
+  if (cv_grow(m, &m->task_r0, sizeof(int), cap) || cv_grow(m, &m->task_n, sizeof(int), cap) ||
+      cv_grow(m, &m->task_type, sizeof(int), cap) || cv_grow(m, &m->task_leaf, sizeof(int), cap) ||
+      cv_grow(m, &m->task_level, sizeof(int), cap) || cv_grow(m, &m->task_cur, sizeof(int), cap))
+    return -1;
+  m->captask = (int)cap;
+  return 0;
+}
+
+/* bfs and depth: a task per (level, type), level by level, type by type */
+static int level_tasks(cavs_model *m, int N, int L) {
+  int T = m->d->nvertex;
+  if ((size_t)T * (size_t)L + 1 > (size_t)m->capcount) {
+    if ((size_t)T * (size_t)L + 1 > INT_MAX) return cv_fail(m, "minibatch too deep (%d levels)", L);
+    if (cv_grow(m, &m->count, sizeof(int), (size_t)T * (size_t)L + 1)) return -1;
+    m->capcount = T * L + 1;
+  }
+  memset(m->count, 0, sizeof(int) * ((size_t)T * (size_t)L + 1));
+  for (int v = 0; v < N; v++) m->count[m->vtype[v] * L + m->level[v]] = 1;
+  int ntask = 0;
+  for (int l = 0; l < L; l++)
+    for (int t = 0; t < T; t++) {
+      if (!m->count[t * L + l]) continue;
+      if (grow_tasks(m, ntask + 1)) return -1;
+      m->task_type[ntask] = t;
+      m->task_level[ntask] = l;
+      m->count[t * L + l] = ntask++;
+    }
+  for (int v = 0; v < N; v++) m->vtask[v] = m->count[m->vtype[v] * L + m->level[v]];
+  m->nlevels = L;
+  return ntask;
+}
+
+/* agenda and frontier: one type a step, every ready vertex of it. A type's ready
+   vertices are a list through queue[] (free here), with their count, the sum of their
+   levels and the largest urg; row_of[] counts a vertex's children not yet run. */
+static int ready_tasks(cavs_model *m, int N) {
+  const cavs_desc *d = m->d;
+  int T = d->nvertex, C = m->maxc;
+  long *head = m->tstate, *cnt = head + T, *rem = cnt + T, *hsum = rem + T, *umax = hsum + T;
+  int *nxt = m->queue, *pending = m->row_of;
+  for (int t = 0; t < T; t++) head[t] = -1, cnt[t] = rem[t] = hsum[t] = 0, umax[t] = -1;
+#define READY(v)                                                                                  \
+  do {                                                                                            \
+    int t_ = m->vtype[v];                                                                         \
+    nxt[v] = (int)head[t_], head[t_] = v, cnt[t_]++, hsum[t_] += m->level[v];                    \
+    if (m->urg[v] > umax[t_]) umax[t_] = m->urg[v];                                              \
+  } while (0)
+  for (int v = 0; v < N; v++) {
+    rem[m->vtype[v]]++;
+    pending[v] = 0;
+    for (int s = 0; s < C; s++) pending[v] += m->child[(size_t)v * C + s] >= 0;
+    if (!pending[v]) READY(v);
+  }
+  int ntask = 0;
+  for (int done = 0; done < N;) {
+    int b = -1;
+    if (m->policy == CAVS_FRONTIER) {
+      /* Lemma 1: a type whose every vertex left is ready */
+      for (int t = 0; t < T && b < 0; t++)
+        if (cnt[t] && cnt[t] == rem[t]) b = t;
+      if (b < 0)
+        for (int t = 0; t < T; t++)
+          if (cnt[t] && (b < 0 || umax[t] > umax[b] || (umax[t] == umax[b] && cnt[t] > cnt[b]))) b = t;
+    } else
+      for (int t = 0; t < T; t++)
+        if (cnt[t] && (b < 0 || (double)hsum[t] / (double)cnt[t] < (double)hsum[b] / (double)cnt[b])) b = t;
+    if (b < 0) return cv_fail(m, "internal error: no vertex ready with %d of %d run", done, N);
+    if (grow_tasks(m, ntask + 1)) return -1;
+    int v = (int)head[b];
+    done += (int)cnt[b];
+    rem[b] -= cnt[b];
+    head[b] = -1, cnt[b] = hsum[b] = 0, umax[b] = -1;
+    while (v >= 0) {
+      int next = nxt[v];
+      m->vtask[v] = ntask;
+      for (int e = m->pcount[v]; e < m->pcount[v + 1]; e++)
+        if (--pending[m->padj[e]] == 0) READY(m->padj[e]);
+      v = next;
+    }
+    m->task_type[ntask] = b;
+    m->task_level[ntask] = ntask;
+    ntask++;
+  }
+#undef READY
+  m->nlevels = ntask;
+  return ntask;
+}
+
+/* Rows for the tasks: type by type, within a type task by task in the order they run,
+ * the type's vertices without children first (all in its first task); within a task
+ * from the top down (the header). task_cur[i] is the next free row of task i's
+ * vertices with children, tstate[t] of type t's without. queue[r] is the vertex of row
+ * r. A task's rows are all numbered before it is reached: its vertices are roots or
+ * children of a later task's. */
+static int number_rows(cavs_model *m, int N, int ntask) {
+  const cavs_desc *d = m->d;
+  int T = d->nvertex, C = m->maxc;
+  long *lcur = m->tstate;
+  for (int i = 0; i < ntask; i++) m->task_n[i] = 0;
+  for (int t = 0; t < T; t++) m->type_n[t] = m->type_leaf[t] = 0;
+  for (int v = 0; v < N; v++) {
+    m->task_n[m->vtask[v]]++;
+    m->type_n[m->vtype[v]]++;
+    m->type_leaf[m->vtype[v]] += m->level[v] == 0;
+  }
+  for (int t = 0, acc = 0; t < T; t++) {
+    m->type_r0[t] = acc;
+    lcur[t] = acc;
+    acc += m->type_n[t];
+  }
+  for (int i = 0; i < ntask; i++) {
+    int t = m->task_type[i];
+    m->task_r0[i] = (int)lcur[t];
+    m->task_leaf[i] = lcur[t] == m->type_r0[t] ? m->type_leaf[t] : 0;
+    m->task_cur[i] = m->task_r0[i] + m->task_leaf[i];
+    lcur[t] += m->task_n[i];
+  }
+  for (int t = 0; t < T; t++) lcur[t] = m->type_r0[t];
+  for (int v = 0; v < N; v++) {
+    m->row_of[v] = -1;
+    if (m->level[v] == 0 && m->task_r0[m->vtask[v]] != m->type_r0[m->vtype[v]])
+      return cv_fail(m, "internal error: a vertex without children outside its type's first task");
+  }
+#define NEXT_ROW(v) (m->level[v] == 0 ? (int)lcur[m->vtype[v]]++ : m->task_cur[m->vtask[v]]++)
+  for (int v = 0; v < N; v++)
+    if (m->pcount[v + 1] == m->pcount[v]) {
+      int r = NEXT_ROW(v);
+      m->row_of[v] = r;
+      m->queue[r] = v;
+    }
+  for (int i = ntask - 1; i >= 0 && C > 0; i--) {
+    int r0 = m->task_r0[i], n = m->task_n[i];
+    for (int r = r0 + m->task_leaf[i]; r < r0 + n; r++)
+      for (int s = 0; s < C; s++) {
+        int ch = m->child[(size_t)m->queue[r] * C + s];
+        if (ch < 0 || m->row_of[ch] >= 0) continue;
+        int rr = NEXT_ROW(ch);
+        m->row_of[ch] = rr;
+        m->queue[rr] = ch;
+      }
+  }
+#undef NEXT_ROW
+  return 0;
+}
+
+static int chunk_of(int l);
+/* crow[c * T + t]: the first row of type t at the levels of chunk c or later (the eager
+   phase's chunks beside the path tasks, below), c up to the last chunk + 1 */
+static int chunk_rows(cavs_model *m, int ntask) {
+  int T = m->d->nvertex, nc = m->nlevels ? chunk_of(m->nlevels - 1) + 2 : 1;
+  if ((size_t)nc * (size_t)T > (size_t)m->capcrow) {
+    if (cv_grow(m, &m->crow, sizeof(int), (size_t)nc * (size_t)T)) return -1;
+    m->capcrow = nc * T;
+  }
+  for (int c = 0; c < nc; c++)
+    for (int t = 0; t < T; t++) m->crow[c * T + t] = -1;
+  for (int i = ntask - 1; i >= 0; i--) m->crow[chunk_of(m->task_level[i]) * T + m->task_type[i]] = m->task_r0[i];
+  for (int t = 0; t < T; t++)
+    for (int c = nc - 1; c >= 0; c--)
+      if (m->crow[c * T + t] < 0)
+        m->crow[c * T + t] = c == nc - 1 ? m->type_r0[t] + m->type_n[t] : m->crow[(c + 1) * T + t];
+  return 0;
+}
+
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   const cavs_desc *d = m->d;
   long total = 0;
@@ -105,7 +282,8 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   if (N > m->capv) {
     if (cv_grow(m, &m->level, sizeof(int), (size_t)N) || cv_grow(m, &m->row_of, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->pcount, sizeof(int), (size_t)N + 1) || cv_grow(m, &m->queue, sizeof(int), (size_t)N) ||
-        cv_grow(m, &m->vtype, sizeof(int), (size_t)N))
+        cv_grow(m, &m->vtype, sizeof(int), (size_t)N) || cv_grow(m, &m->vtask, sizeof(int), (size_t)N) ||
+        cv_grow(m, &m->urg, sizeof(int), (size_t)N))
       return -1;
     m->capv = N;
   }
@@ -185,77 +363,41 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       base += graphs[g]->n;
     }
   }
-  /* rows: counting sort by (type, level) */
+  /* each vertex's longest path up to a root (the frontier policy's priority): the
+     Kahn order backwards */
+  if (m->policy == CAVS_FRONTIER)
+    for (int i = N - 1; i >= 0; i--) {
+      int v = m->queue[i], u = 0;
+      for (int e = m->pcount[v]; e < m->pcount[v + 1]; e++)
+        if (m->urg[m->padj[e]] + 1 > u) u = m->urg[m->padj[e]] + 1;
+      m->urg[v] = u;
+    }
   int L = maxlevel + 1, T = d->nvertex;
-  if ((size_t)T * (size_t)L + 1 > (size_t)m->capcount) {
-    if ((size_t)T * (size_t)L + 1 > INT_MAX) return cv_fail(m, "minibatch too deep (%d levels)", L);
-    if (cv_grow(m, &m->count, sizeof(int), (size_t)T * (size_t)L + 1)) return -1;
-    m->capcount = T * L + 1;
+  m->lower_bound = N ? L : 0;
+  if ((size_t)T * 5 + 1 > (size_t)m->captstate) {
+    if (cv_grow(m, &m->tstate, sizeof(long), (size_t)T * 5 + 1)) return -1;
+    m->captstate = T * 5 + 1;
   }
-  memset(m->count, 0, sizeof(int) * ((size_t)T * (size_t)L + 1));
-  for (int v = 0; v < N; v++) m->count[m->vtype[v] * L + m->level[v]]++;
-  int acc = 0;
-  for (int t = 0; t < T; t++) {
-    m->type_r0[t] = acc;
-    m->type_leaf[t] = m->count[t * L];
-    for (int l = 0; l < L; l++) {
-      int c = m->count[t * L + l];
-      m->count[t * L + l] = acc;
-      acc += c;
-    }
-    m->type_n[t] = acc - m->type_r0[t];
-  }
-  /* tasks: level by level, type by type */
-  int ntask = 0;
-  for (int l = 0; l < L; l++)
-    for (int t = 0; t < T; t++) {
-      int r0 = m->count[t * L + l];
-      int end = l + 1 < L ? m->count[t * L + l + 1] : m->type_r0[t] + m->type_n[t];
-      if (end == r0) continue;
-      int pieces = m->policy == CAVS_SERIAL ? end - r0 : 1;
-      if (ntask + pieces > m->captask) {
-        size_t cap = ((size_t)ntask + (size_t)pieces) * 2;
-        if (cv_grow(m, &m->task_r0, sizeof(int), cap) || cv_grow(m, &m->task_n, sizeof(int), cap) ||
-            cv_grow(m, &m->task_type, sizeof(int), cap) || cv_grow(m, &m->task_leaf, sizeof(int), cap) ||
-            cv_grow(m, &m->task_level, sizeof(int), cap))
-          return -1;
-        m->captask = (int)cap;
-      }
-      for (int p = 0; p < pieces; p++) {
-        m->task_r0[ntask] = m->policy == CAVS_SERIAL ? r0 + p : r0;
-        m->task_n[ntask] = m->policy == CAVS_SERIAL ? 1 : end - r0;
-        m->task_type[ntask] = t;
-        m->task_leaf[ntask] = l == 0 ? m->task_n[ntask] : 0;
-        m->task_level[ntask] = l;
-        ntask++;
+  int ntask = m->policy == CAVS_AGENDA || m->policy == CAVS_FRONTIER ? ready_tasks(m, N) : level_tasks(m, N, L);
+  if (ntask < 0 || number_rows(m, N, ntask) || chunk_rows(m, ntask)) return -1;
+  if (m->policy == CAVS_SERIAL) {
+    /* each task cut into single rows, from the last (a task's pieces lie at or past it) */
+    if (grow_tasks(m, N)) return -1;
+    for (int i = ntask - 1, w = N; i >= 0; i--) {
+      int r0 = m->task_r0[i], n = m->task_n[i], leaf = m->task_leaf[i], t = m->task_type[i], l = m->task_level[i];
+      w -= n;
+      for (int p = n - 1; p >= 0; p--) {
+        m->task_r0[w + p] = r0 + p;
+        m->task_n[w + p] = 1;
+        m->task_leaf[w + p] = p < leaf;
+        m->task_type[w + p] = t;
+        m->task_level[w + p] = l;
       }
     }
+    ntask = N;
+  }
   m->ntask = ntask;
-  m->nlevels = L;
-  /* Rows, from the top down (the header): count[t * L + l] moves from the first row of
-     (t, l) to the first of (t, l + 1); queue[r] is the vertex of row r. A task's rows
-     are all numbered before it is reached: its vertices are roots or children of a
-     higher level's. */
   int C = m->maxc;
-  for (int v = 0; v < N; v++) m->row_of[v] = -1;
-  for (int v = 0; v < N; v++)
-    if (m->pcount[v + 1] == m->pcount[v]) {
-      int r = m->count[m->vtype[v] * L + m->level[v]]++;
-      m->row_of[v] = r;
-      m->queue[r] = v;
-    }
-  for (int i = ntask - 1; i >= 0 && C > 0; i--) {
-    if (m->task_level[i] == 0) continue;
-    int r0 = m->task_r0[i], n = m->task_n[i];
-    for (int r = r0; r < r0 + n; r++)
-      for (int s = 0; s < C; s++) {
-        int ch = m->child[(size_t)m->queue[r] * C + s];
-        if (ch < 0 || m->row_of[ch] >= 0) continue;
-        int rr = m->count[m->vtype[ch] * L + m->level[ch]]++;
-        m->row_of[ch] = rr;
-        m->queue[rr] = ch;
-      }
-  }
   if (k + 1 > m->capgraphs) {
     if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1)) return -1;
     m->capgraphs = k + 1;
@@ -388,19 +530,16 @@ static int chunk_of(int l) {
   return c;
 }
 static int chunk_start(int c) { return c ? 1 << (c - 1) : 0; }
-/* the first row of type t at level l (l <= nlevels) */
-static int level_row(const cavs_model *m, int t, int l) {
-  return l ? m->count[t * m->nlevels + l - 1] : m->type_r0[t];
-}
 enum { EV_START = CV_EVENTS - 2, EV_END = CV_EVENTS - 1 };
 
 /* every type's eager stage (fwd or bwd) over the rows of chunk c */
 static int eager_chunk(cavs_model *m, int c, bool bwd) {
   const cavs_desc *d = m->d;
-  int a = chunk_start(c), b = chunk_start(c + 1) < m->nlevels ? chunk_start(c + 1) : m->nlevels;
-  for (int t = 0; t < d->nvertex; t++) {
-    int r0 = level_row(m, t, a), r1 = level_row(m, t, b);
-    if (vrun(m, t, bwd ? d->vertex[t].bwd_eager : d->vertex[t].fwd_eager, r0, r1 - r0, a ? 0 : m->type_leaf[t]))
+  int T = d->nvertex;
+  for (int t = 0; t < T; t++) {
+    int r0 = m->crow[c * T + t], r1 = m->crow[(c + 1) * T + t];
+    if (vrun(m, t, bwd ? d->vertex[t].bwd_eager : d->vertex[t].fwd_eager, r0, r1 - r0,
+             r0 == m->type_r0[t] ? m->type_leaf[t] : 0))
       return -1;
   }
   return 0;
@@ -572,6 +711,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
       st->root_correct += a->root_correct;
     }
     st->tasks = m->ntask;
+    st->lower_bound = m->lower_bound;
   }
   m->have_batch = true;
   return 0;

@@ -298,6 +298,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->xent_acc);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
+  free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
@@ -369,7 +370,9 @@ double cv_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-void cavs_model_set_policy(cavs_model *m, int policy) { m->policy = policy; }
+void cavs_model_set_policy(cavs_model *m, int policy) {
+  if (policy >= CAVS_BFS && policy <= CAVS_FRONTIER) m->policy = policy;
+}
 void cavs_model_set_ablations(cavs_model *m, int flags) { m->ablate = flags; }
 
 void cavs_model_set_inference(cavs_model *m, int on) {

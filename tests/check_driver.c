@@ -590,6 +590,20 @@ START_TEST(user_errors) {
   r = cavs("frobnicate", NULL);
   ck_assert_int_eq(r.status, 1);
   tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--policy", "fifo",
+           "--quiet", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "--policy: 'fifo' is not bfs, depth, agenda, frontier or serial"), "%s",
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  /* every policy trains (what each computes: check_engine) */
+  const char *pol[] = {"depth", "agenda", "frontier"};
+  for (int i = 0; i < 3; i++) {
+    r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--policy", pol[i],
+             "--epochs", "1", "--dim", "H=4", "--dim", "E=4", "--quiet", NULL);
+    ck_assert_msg(r.status == 0, "--policy %s: %s", pol[i], tu_tail(r.err, 1800));
+    tu_free(&r);
+  }
   r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--save",
            "/nonexistent-dir/x.ckpt", "--epochs", "1", "--dim", "H=4", "--dim", "E=4", "--quiet", NULL);
   ck_assert_int_eq(r.status, 1);

@@ -44,14 +44,21 @@ END_TEST
  * many paths let rounding differ more still: the double run shows it is only that). */
 /* Batched against one vertex a task (ablate 0), or against the eager and lazy phases
  * run task by task (ablate: enum cavs_ablation). */
-static void batched_vs(const char *file, const char *prec, bool dags, double tol, int ablate) {
+/* The batched side under `policy`; with `mixed`, every vertex's type drawn at random
+ * (for models whose types all take children). */
+static void batched_vs_policy(const char *file, const char *prec, bool dags, double tol, int ablate, int policy,
+                              bool mixed) {
   const cavs_desc *d = load_model(file, prec);
   bool dbl = !strcmp(prec, "double");
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
   int k_graphs = tg_minibatch(d, dims, g, gs, dags);
+  unsigned seed = 31;
+  for (int i = 0; mixed && i < k_graphs; i++)
+    for (int v = 0; v < g[i].g.n; v++) g[i].type[v] = (int)(tg_rand(&seed) % (unsigned)d->nvertex);
   cavs_model *a = new_model(d, dims, 5), *b = new_model(d, dims, 5);
+  cavs_model_set_policy(a, policy);
   if (ablate) cavs_model_set_ablations(b, ablate);
   else cavs_model_set_policy(b, CAVS_SERIAL);
   cavs_stats sa, sb;
@@ -75,6 +82,9 @@ static void batched_vs(const char *file, const char *prec, bool dags, double tol
   cavs_model_free(a);
   cavs_model_free(b);
 }
+static void batched_vs(const char *file, const char *prec, bool dags, double tol, int ablate) {
+  batched_vs_policy(file, prec, dags, tol, ablate, CAVS_BFS, false);
+}
 
 START_TEST(batched_equals_serial) {
   char file[64];
@@ -87,6 +97,30 @@ START_TEST(batched_equals_serial_dags) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
   batched_vs(file, "double", true, 1e-11, 0);
+}
+END_TEST
+
+/* Every batching policy computes what one vertex at a time does (in double, on trees
+ * and DAGs); on a model of two types that both take children, with types drawn at
+ * random, agenda and frontier make tasks that hold a type's vertices without children
+ * and some with (its first), which the rows must put first. */
+static const char *mixed_model =
+    "model mix; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
+    "param Wa[2H,H], Wb[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+    "vertex a (children 2) { h = tanh(f + concat(gather(0), gather(1)) @ Wa); scatter(h); push(h); }\n"
+    "vertex b (children 2) { u = concat(gather(0), gather(1)) @ Wb; h = sigmoid(f * u) - 0.5; scatter(h); push(h); }\n"
+    "push (p) { loss softmax_xent(p @ Wc, y); }\n";
+static const int policies[] = {CAVS_BFS, CAVS_DEPTH, CAVS_AGENDA, CAVS_FRONTIER};
+
+START_TEST(policies_equal_serial) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  for (int p = 1; p < 4; p++) batched_vs_policy(file, "double", true, 1e-11, 0, policies[p], false);
+}
+END_TEST
+
+START_TEST(policies_equal_serial_mixed_types) {
+  for (int p = 0; p < 4; p++) batched_vs_policy(mixed_model, "double", true, 1e-11, 0, policies[p], true);
 }
 END_TEST
 
@@ -591,7 +625,7 @@ END_TEST
  * the NaN into the loss or a gradient. On random trees with empty slots and DAGs, and
  * on complete trees, whose gathers are views. */
 int cavs_model_poison(cavs_model *m);
-static void poison_changes_nothing(const char *file, bool complete) {
+static void poison_changes_nothing_policy(const char *file, bool complete, int policy, bool mixed) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
@@ -606,10 +640,13 @@ static void poison_changes_nothing(const char *file, bool complete) {
     g[i].g.type = g[i].type;
     gs[i] = &g[i].g;
   }
+  for (int i = 0; mixed && i < k; i++)
+    for (int v = 0; v < g[i].g.n; v++) g[i].type[v] = (int)(tg_rand(&seed) % (unsigned)d->nvertex);
   cavs_model *m[2];
   cavs_stats st[2];
   for (int v = 0; v < 2; v++) {
     m[v] = new_model(d, dims, 8);
+    cavs_model_set_policy(m[v], policy);
     ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
     if (v) {
       ck_assert_int_eq(cavs_model_poison(m[v]), 0);
@@ -632,6 +669,10 @@ static void poison_changes_nothing(const char *file, bool complete) {
   for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
 }
 
+static void poison_changes_nothing(const char *file, bool complete) {
+  poison_changes_nothing_policy(file, complete, CAVS_BFS, false);
+}
+
 START_TEST(passes_read_only_what_they_wrote) {
   for (size_t i = 0; i < sizeof examples / sizeof *examples; i++) {
     char file[64];
@@ -647,6 +688,80 @@ START_TEST(passes_read_only_what_they_wrote) {
                          "  scatter(h); push(concat(h, a)); }\n"
                          "push (p) { loss softmax_xent(p @ Wc, y); }\n",
                          false);
+  /* tasks that mix a type's vertices without children and with: a leaves' loop over
+     their first rows only */
+  for (int p = 2; p < 4; p++) {
+    poison_changes_nothing_policy(mixed_model, false, policies[p], true);
+    poison_changes_nothing_policy("treelstm.vf", true, policies[p], false);
+  }
+}
+END_TEST
+
+/* Tasks a minibatch takes under each policy (cavs_stats.tasks) against its longest path
+ * (lower_bound). On chains, trees of one type and the two-type tree every policy takes
+ * the longest path's count. Where two types alternate along chains out of step
+ * (a0 <- b1 <- a2 and b0 <- a1 <- b2: level by level that is both types at each of 3
+ * levels), depth takes 6 tasks; frontier takes a{a0}, b{b0, b1}, then a{a1, a2}
+ * (every a left is ready: Lemma 1), b{b2}: 4, as does agenda (mean levels 0 against 0,
+ * then b alone, then a's 1.5 against nothing). */
+static int tasks_of(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, int policy, int *bound) {
+  cavs_model *m = new_model(d, dims, 3);
+  cavs_model_set_policy(m, policy);
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, k, &st) == 0, "%s", cavs_model_error(m));
+  *bound = st.lower_bound;
+  cavs_model_free(m);
+  return st.tasks;
+}
+
+START_TEST(policies_count_tasks) {
+  const char *files[] = {"lstm_lm.vf", "treelstm.vf", "twotype.vf"};
+  for (int f = 0; f < 3; f++) {
+    const cavs_desc *d = load_model(files[f], "double");
+    long dims[CAVS_MAX_DIMS];
+    static TGraph g[TG_MINIBATCH];
+    const cavs_graph *gs[TG_MINIBATCH];
+    int k = tg_minibatch(d, dims, g, gs, false), leaf, inner, arity;
+    tg_types(d, &arity, &leaf, &inner);
+    unsigned seed = 3;
+    if (f == 0)
+      for (int i = 0; i < k; i++) chain(&g[i], (int[]){9, 1, 4, 17, 4, 30}[i], &seed, d, dims);
+    for (int i = 0; i < k; i++) {
+      for (int v = 0; f == 2 && v < g[i].g.n; v++) {
+        bool none = true;
+        for (int c = 0; c < g[i].g.maxc; c++) none = none && g[i].child[v * g[i].g.maxc + c] < 0;
+        g[i].type[v] = none ? leaf : inner;
+      }
+      g[i].g.type = g[i].type;
+      gs[i] = &g[i].g;
+    }
+    int bound = 0, b2 = 0;
+    for (int p = 0; p < 4; p++) {
+      int n = tasks_of(d, dims, gs, k, policies[p], &b2);
+      if (p == 0) bound = b2;
+      ck_assert_int_eq(b2, bound);
+      ck_assert_msg(n == bound, "%s, policy %d: %d tasks, longest path %d", files[f], policies[p], n, bound);
+    }
+    if (f == 0) ck_assert_int_eq(bound, 30);
+  }
+  const cavs_desc *d = load_model(mixed_model, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[2];
+  const cavs_graph *gs[2];
+  unsigned seed = 1;
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < 2; i++) {
+    chain(&g[i], 3, &seed, d, dims);
+    for (int v = 0; v < 3; v++) g[i].type[v] = (v + i) % 2;
+    g[i].g.type = g[i].type;
+    gs[i] = &g[i].g;
+  }
+  int want[] = {6, 6, 4, 4}, bound;
+  for (int p = 0; p < 4; p++) {
+    int n = tasks_of(d, dims, gs, 2, policies[p], &bound);
+    ck_assert_msg(n == want[p], "alternating chains, policy %d: %d tasks, not %d", policies[p], n, want[p]);
+    ck_assert_int_eq(bound, 3);
+  }
 }
 END_TEST
 
@@ -843,6 +958,9 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
   tcase_add_loop_test(tc, ablations_change_nothing, 0, 5);
+  tcase_add_loop_test(tc, policies_equal_serial, 0, 5);
+  tcase_add_test(tc, policies_equal_serial_mixed_types);
+  tcase_add_test(tc, policies_count_tasks);
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, 5);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
