@@ -15,13 +15,14 @@
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
- * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype). */
+ * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
 #include "../generated/treefc.h"
 #include "../generated/treegru.h"
 #include "../generated/treelstm.h"
 #include "../generated/twotype.h"
+#include "../generated/tagger.h"
 
 #include "../runtime/sgemm.h"
 
@@ -118,7 +119,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
-  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc};
+  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
     if (!strcmp(descs[k]->name, name)) d = descs[k];
@@ -218,7 +219,7 @@ int main(int argc, char **argv) {
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
            "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, other %.2fs; %ld "
            "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views)\n"
-           "  batching: %.1f tasks/batch, longest path %.1f/batch, scheduling %.1f%% of the epoch\n",
+           "  batching: %.1f tasks/batch, lower bound %.1f/batch, scheduling %.1f%% of the epoch\n",
            gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, other,
            bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0,

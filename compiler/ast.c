@@ -224,7 +224,8 @@ void ast_dump(FILE *out, const Decl *d) {
       else if (d->kind == D_PUSH) fprintf(out, "push (%s) {", d->name);
       else {
         fprintf(out, "vertex %s (children ", d->name);
-        ast_dump_expr(out, d->value);
+        if (d->value) ast_dump_expr(out, d->value);
+        for (const Slot *s = d->slots; s; s = s->next) fprintf(out, "%s%s: %s", s == d->slots ? "" : ", ", s->name, s->type);
         fputs(") {", out);
       }
       fprintf(out, "  # line %d\n", d->loc.line);

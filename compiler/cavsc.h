@@ -109,6 +109,14 @@ struct ParamItem {
   ParamItem *next;
 };
 
+/* A named child slot of a vertex block: `children fwd: fcell, bwd: bcell` */
+typedef struct Slot Slot;
+struct Slot {
+  const char *name, *type;
+  Loc loc, type_loc;
+  Slot *next;
+};
+
 typedef struct Decl Decl;
 struct Decl {
   DeclKind kind;
@@ -116,6 +124,7 @@ struct Decl {
   const char *name; /* model, dim, input, vertex name; push argument */
   Loc name_loc;
   Node *value;       /* D_DIM default, D_INPUT shape `kind[dim]`, D_VERTEX children */
+  Slot *slots;       /* D_VERTEX with named, typed children (value is then NULL) */
   ParamItem *items;  /* D_PARAM */
   Node *init;        /* D_PARAM trailing `init X` */
   Stmt *body;        /* blocks */
@@ -275,6 +284,13 @@ typedef struct IrFunc {
   FuncKind kind;
   const char *name;
   int children; /* F_VERTEX */
+  /* F_VERTEX with named slots (Model.typed): slot k's name and the vertex type of the
+     child it holds; NULL otherwise */
+  const char **slot_name;
+  int *slot_type;
+  bool scatters;  /* F_VERTEX: it calls scatter() (always, unless Model.typed) */
+  Lin state;      /* F_VERTEX, Model.typed: the width it scatters */
+  int state_buf;  /* plan.c: the buffer its scatter writes */
   IrNode *nodes;
   int n, cap;
   Loc loc;
@@ -353,7 +369,10 @@ typedef struct Model {
   IrFunc *push;  /* NULL without a push block */
   PullSlot *pulls;
   int npulls, cappulls;
-  Lin state;     /* width every vertex function scatters */
+  Lin state;     /* width every vertex function scatters (not Model.typed) */
+  bool typed;    /* the vertex blocks name their children's types (`children a: T`):
+                    each type scatters a width of its own into a buffer of its own, and
+                    gather(a) reads T's; else one state that every block scatters */
   Lin pushed;    /* width every push() hands over */
   /* plan.c */
   PGroup *pgroups;
@@ -370,6 +389,9 @@ typedef struct Model {
 IrFunc *ir_func(FuncKind kind, const char *name, Loc loc);
 bool ir_is_ident(const char *s); /* [A-Za-z_][A-Za-z0-9_]* */
 int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
+/* The width of child k's state as f gathers it, and of what f scatters. */
+Lin ir_child_width(const Model *m, const IrFunc *f, int k);
+Lin ir_state_width(const Model *m, const IrFunc *f);
 Lin lin_const(long k);
 Lin lin_dim(int dim, long coef);
 Lin lin_add(Lin a, Lin b);
@@ -552,8 +574,9 @@ struct Target {
   void (*loop_open)(Emit *e, const Loop *l);
   void (*loop_close)(Emit *e, const Loop *l);
   void (*gemm)(Emit *e, const GemmCall *g);
-  /* child `child`'s state into `state`; bwd: the gradient added back to it */
-  void (*gather)(Emit *e, int child, Ref state, bool bwd);
+  /* child `child`'s state (a row of buffer `src`) into `state`; bwd: the gradient
+     added back to it */
+  void (*gather)(Emit *e, int child, int src, Ref state, bool bwd);
   /* rows of `table` chosen by the integer input in slot `index`; bwd: gradient rows added */
   void (*lookup)(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd);
   void (*copy)(Emit *e, Ref to, Ref from, Lin width, bool add); /* `width` columns of each row */
@@ -565,7 +588,7 @@ extern const Target target_c, target_cuda;
 void emit_c_header(Emit *e, FILE *h);
 void emit_c_prologue(Emit *e);
 void emit_c_gemm(Emit *e, const GemmCall *g);
-void emit_c_gather(Emit *e, int child, Ref state, bool bwd);
+void emit_c_gather(Emit *e, int child, int src, Ref state, bool bwd);
 void emit_c_lookup(Emit *e, Ref table, int index, Ref out, Lin width, bool bwd);
 void emit_c_copy(Emit *e, Ref to, Ref from, Lin width, bool add);
 void emit_c_loss(Emit *e, const LossCall *l);

@@ -339,6 +339,11 @@ static bool concat_in_place(const IrFunc *f, const IrNode *x) {
  * value: leaf_simpler), the left operand of a product (which skips those rows too), or
  * a slice or such a concat. Gradients follow the same uses, so they too are formed only
  * at rows with children. */
+/* the buffer gather(k) of f reads: the state of the child's type */
+static int gather_src(const Model *m, const IrFunc *f, int k) {
+  return m->typed && f->slot_type ? m->vertex[f->slot_type[k]]->state_buf : m->state_buf;
+}
+
 static bool leaves_untouched(const IrFunc *f, int b) {
   if (f->kind != F_VERTEX) return false;
   int held = 0;
@@ -527,7 +532,7 @@ static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
     const IrNode *first = &f->nodes[mg->members[0]];
     Place *x = arena_alloc(sizeof *x), *out = arena_alloc(sizeof *out);
     *x = f->nodes[mg->left].val;
-    x->ld = m->state;
+    x->ld = ir_child_width(m, f, 0);
     *out = first->val;
     out->ld = mg->cols;
     p.left = mg->left;
@@ -664,7 +669,7 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   fprintf(e->out, "  /* %s  %s%s%s */\n", src_comment(e, n), n->name ? n->name : "",
           n->name ? " = " : "", op_info[n->op].name);
   switch (n->op) {
-  case OP_GATHER: e->t->gather(e, n->ref, (Ref){&n->val, bwd}, bwd); return;
+  case OP_GATHER: e->t->gather(e, n->ref, gather_src(m, f, n->ref), (Ref){&n->val, bwd}, bwd); return;
   case OP_LOOKUP:
     e->t->lookup(e, (Ref){&a->val, bwd}, int_slot(m, b->ref), (Ref){&n->val, bwd}, n->width, bwd);
     return;
@@ -684,7 +689,7 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   }
   case OP_SCATTER:
   case OP_PUSH: {
-    int buf = n->op == OP_SCATTER ? m->state_buf : m->push_buf;
+    int buf = n->op == OP_SCATTER ? f->state_buf : m->push_buf;
     Place to = {.kind = PL_ROW, .buf = buf, .off = lin_const(0), .ld = m->bufs[buf].width};
     if (!bwd) e->t->copy(e, (Ref){&to, false}, (Ref){&a->val, false}, a->width, false);
     else if (a->grad && a->val.kind == PL_ROW) e->t->copy(e, (Ref){&a->val, true}, (Ref){&to, true}, a->width, true);
@@ -870,18 +875,26 @@ static void descriptor(const Emit *e) {
       if (!ngathers[i]) fprintf(c, "static const cavs_gather_desc %s[] = {\n", fname(e, f, "gathers"));
       fprintf(c, "  {%d, %d, ", g->ref, g->val.buf);
       desc_lin(c, g->val.off);
-      fprintf(c, ", %d},\n", leaves_untouched(f, g->val.buf));
+      fprintf(c, ", %d, %d},\n", leaves_untouched(f, g->val.buf), gather_src(m, f, g->ref));
       ngathers[i]++;
     }
     if (ngathers[i]) fprintf(c, "};\n");
+    if (!f->slot_type || !f->children) continue;
+    fprintf(c, "static const char *const %s[] = {", fname(e, f, "slot_names"));
+    for (int k = 0; k < f->children; k++) fprintf(c, "%s%s", k ? ", " : "", emit_c_string(f->slot_name[k]));
+    fprintf(c, "};\nstatic const int %s[] = {", fname(e, f, "slot_types"));
+    for (int k = 0; k < f->children; k++) fprintf(c, "%s%d", k ? ", " : "", f->slot_type[k]);
+    fprintf(c, "};\n");
   }
   fprintf(c, "static const cavs_vertex_desc vertex[] = {\n");
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s},\n", emit_c_string(f->name), f->children,
-            f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
+    bool named = f->slot_type && f->children;
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s},\n", emit_c_string(f->name),
+            f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
             fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"), e->eager_apart[i],
-            ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL");
+            ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
+            named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL");
   }
   fprintf(c, "};\n");
   int nlosses = 0;

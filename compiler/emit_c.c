@@ -184,8 +184,8 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
   else fprintf(e->out, fmt, T, N, k, cols, "n", xs, xl, ys, yl, 1, ws, wl);
 }
 
-void emit_c_gather(Emit *e, int child, Ref state, bool bwd) {
-  fprintf(e->out, "  cavs_gather_%s(c, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", child, emit_ptr(e, state, "0"),
+void emit_c_gather(Emit *e, int child, int src, Ref state, bool bwd) {
+  fprintf(e->out, "  cavs_gather_%s(c, %d, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", child, src, emit_ptr(e, state, "0"),
           emit_ld(e, state.p));
 }
 

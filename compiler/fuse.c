@@ -225,7 +225,7 @@ static void stack_products(IrFunc *f, const int *mm_uses, const int *other_uses)
     gat[n->ref] = i;
   }
   for (int k = 0; k < C; k++)
-    if (gat[k] < 0) return;
+    if (gat[k] < 0 || !lin_eq(f->nodes[gat[k]].width, f->nodes[gat[0]].width)) return; /* one stride */
   for (int i = 0; i < f->n; i++) {
     IrNode *ni = &f->nodes[i];
     if (ni->op != OP_MATMUL || ni->uses == 0 || ni->mm >= 0) continue;

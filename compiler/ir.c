@@ -177,7 +177,7 @@ static void check_func(const Model *m, const IrFunc *f) {
       break;
     case OP_GATHER:
       cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
-      cv_assert(n->type == T_ROW && same(n->width, m->state));
+      cv_assert(n->type == T_ROW && same(n->width, ir_child_width(m, f, n->ref)));
       break;
     case OP_PULL:
       cv_assert(f->kind == F_VERTEX && m->pull && n->ref >= 0 && n->ref < m->npulls);
@@ -185,8 +185,8 @@ static void check_func(const Model *m, const IrFunc *f) {
       break;
     case OP_PUSHARG: cv_assert(f->kind == F_PUSH && n->type == T_ROW && same(n->width, m->pushed)); break;
     case OP_SCATTER:
-      cv_assert(f->kind == F_VERTEX && n->type == T_NONE);
-      cv_assert(a->type == T_ROW && same(a->width, m->state));
+      cv_assert(f->kind == F_VERTEX && n->type == T_NONE && f->scatters);
+      cv_assert(a->type == T_ROW && same(a->width, ir_state_width(m, f)));
       nscatter++;
       break;
     case OP_PUSH:
@@ -240,8 +240,22 @@ static void check_func(const Model *m, const IrFunc *f) {
       break;
     }
   }
-  if (f->kind == F_VERTEX) cv_assert(nscatter == 1 && npush <= 1);
+  if (f->kind == F_VERTEX) {
+    cv_assert(nscatter == (f->scatters ? 1 : 0) && npush <= 1);
+    cv_assert(m->typed || f->scatters);
+    cv_assert(!m->typed == !f->slot_type || f->children == 0);
+    for (int k = 0; f->slot_type && k < f->children; k++) {
+      cv_assert(f->slot_type[k] >= 0 && f->slot_type[k] < m->nvertex && m->vertex[f->slot_type[k]]->scatters);
+      check_ident(f->slot_name[k], "a child slot's name");
+      for (int j = 0; j < k; j++) cv_assert(strcmp(f->slot_name[j], f->slot_name[k]));
+    }
+  }
 }
+
+Lin ir_child_width(const Model *m, const IrFunc *f, int k) {
+  return m->typed && f->slot_type ? m->vertex[f->slot_type[k]]->state : m->state;
+}
+Lin ir_state_width(const Model *m, const IrFunc *f) { return m->typed ? f->state : m->state; }
 
 void ir_check(const Model *m) {
   cv_assert(m->nvertex >= 1 && m->ndims <= CV_MAX_DIMS);
@@ -286,7 +300,13 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
   char w[128], lo[128], hi[128];
   if (f->kind == F_PULL) fprintf(out, "\nfunc pull\n");
   else if (f->kind == F_PUSH) fprintf(out, "\nfunc push\n");
-  else fprintf(out, "\nfunc vertex %s children %d\n", f->name, f->children);
+  else {
+    fprintf(out, "\nfunc vertex %s children %d", f->name, f->children);
+    if (m->typed && f->scatters) fprintf(out, " state [%s]", lin_str(m, f->state, w, sizeof w));
+    for (int k = 0; m->typed && f->slot_type && k < f->children; k++)
+      fprintf(out, "%s%s:%s", k ? " " : " slots ", f->slot_name[k], m->vertex[f->slot_type[k]]->name);
+    fputc('\n', out);
+  }
   for (int i = 0; i < f->n; i++) {
     const IrNode *n = &f->nodes[i];
     int col = 0;
@@ -340,7 +360,8 @@ void ir_print(FILE *out, const Model *m) {
     if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL) fprintf(out, "(%s, %s)", num(p->a), num(p->b));
     fputc('\n', out);
   }
-  if (m->nvertex) fprintf(out, "state [%s]\n", lin_str(m, m->state, a, sizeof a));
+  if (m->nvertex && !m->typed) fprintf(out, "state [%s]\n", lin_str(m, m->state, a, sizeof a));
+  if (m->typed) fprintf(out, "typed\n");
   if (m->push) fprintf(out, "pushed [%s]\n", lin_str(m, m->pushed, a, sizeof a));
   if (m->pull) {
     print_func(out, m, m->pull);

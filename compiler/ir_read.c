@@ -14,6 +14,8 @@ typedef struct Rd {
   Model *m;
   IrFunc *f;
   long param_cols[CV_MAX_DIMS + 1]; /* the parameters' columns together (acc_add) */
+  const char ***slot_tnames;         /* per vertex function: its slots' type names */
+  int capslots;
   bool bad;
 } Rd;
 
@@ -228,6 +230,9 @@ static bool header_line(Rd *r, const char *kw) {
     if (!acc_in_range(r->param_cols)) FAIL(r, "the parameters' columns add up to more than %ld of a dim", LIN_MAX);
     m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
     m->params[m->nparams++] = p;
+  } else if (!strcmp(kw, "typed")) {
+    if (m->typed) FAIL(r, "'typed' twice");
+    m->typed = true;
   } else if (!strcmp(kw, "state") || !strcmp(kw, "pushed")) {
     Lin w;
     if (!want(r, "[") || !lin(r, &w) || !want(r, "]")) return false;
@@ -347,6 +352,26 @@ static bool func_line(Rd *r) {
     if (children < 0 || children > CV_MAX_CHILDREN) FAIL(r, "children must be between 0 and %d", CV_MAX_CHILDREN);
     r->f = ir_func(F_VERTEX, name, here(r));
     r->f->children = (int)children;
+    r->f->scatters = !m->typed;
+    if (m->typed && lit(r, "state")) {
+      if (!want(r, "[") || !lin(r, &r->f->state) || !want(r, "]")) return false;
+      r->f->scatters = true;
+    }
+    r->slot_tnames = vec_grow(r->slot_tnames, &r->capslots, m->nvertex + 1, sizeof(const char **));
+    r->slot_tnames[m->nvertex] = NULL;
+    if (m->typed && children > 0) {
+      if (!want(r, "slots")) return false;
+      r->f->slot_name = arena_alloc(sizeof(const char *) * (size_t)children);
+      r->f->slot_type = arena_alloc(sizeof(int) * (size_t)children);
+      const char **tn = arena_alloc(sizeof(const char *) * (size_t)children);
+      for (int k = 0; k < children; k++) {
+        r->f->slot_name[k] = ident(r);
+        if (!r->f->slot_name[k] || !want(r, ":") || !(tn[k] = ident(r))) FAIL(r, "expected a slot 'NAME:TYPE'");
+        for (int j = 0; j < k; j++)
+          if (!strcmp(r->f->slot_name[j], r->f->slot_name[k])) FAIL(r, "slot '%s' twice", r->f->slot_name[k]);
+      }
+      r->slot_tnames[m->nvertex] = tn;
+    }
     m->vertex = realloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
     m->vertex[m->nvertex++] = r->f;
   } else {
@@ -420,6 +445,19 @@ Model *ir_read(const char *path, const char *text, size_t len) {
     d->input = find_named(r.vocab_of[i], m->ninputs, input_name, m);
     if (d->input < 0) error_at(d->loc, "vocab() of an unknown input");
   }
+  /* slots name vertex functions that scatter, in any order */
+  for (int v = 0; v < m->nvertex; v++)
+    for (int k = 0; r.slot_tnames && r.slot_tnames[v] && k < m->vertex[v]->children; k++) {
+      int t = -1;
+      for (int u = 0; u < m->nvertex; u++)
+        if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][k])) t = u;
+      if (t < 0 || !m->vertex[t]->scatters) {
+        error_at(m->vertex[v]->loc, "slot '%s' of '%s' holds '%s', %s", m->vertex[v]->slot_name[k], m->vertex[v]->name,
+                 r.slot_tnames[v][k], t < 0 ? "which is no vertex function" : "which scatters nothing");
+        return m;
+      }
+      m->vertex[v]->slot_type[k] = t;
+    }
   /* pull() nodes take their width from the slot they read */
   for (int v = 0; v < m->nvertex; v++)
     for (int i = 0; i < m->vertex[v]->n; i++) {

@@ -66,6 +66,7 @@ static void add_decl(struct ParseOut *out, Decl *d) {
   Stmt *stmt;
   Decl *decl;
   ParamItem *item;
+  Slot *slot;
   char *str;
   double num;
   struct { long coef; char *name; } dimterm;
@@ -84,6 +85,7 @@ static void add_decl(struct ParseOut *out, Decl *d) {
 %type <stmt> stmt
 %type <list> stmts block
 %type <item> pitem pitems
+%type <slot> slot slots
 
 %left '+' '-'
 %left '*' '/' '@'
@@ -118,6 +120,9 @@ decl:
 | VERTEX IDENT '(' CHILDREN expr ')' block
     { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->value = $5;
       d->body = $7.head; add_decl(out, d); }
+| VERTEX IDENT '(' CHILDREN slots ')' block
+    { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->slots = $5;
+      d->body = $7.head; add_decl(out, d); }
 | PUSH '(' IDENT ')' block
     { Decl *d = ast_decl(D_PUSH, @1); d->name = $3; d->name_loc = @3; d->body = $5.head;
       add_decl(out, d); }
@@ -144,6 +149,18 @@ pitem:
 | IDENT '[' expr ',' expr ']' '=' expr
     { $$ = arena_alloc(sizeof(ParamItem)); $$->name = $1; $$->loc = @1; $$->d0 = $3;
       $$->d1 = $5; $$->value = $8; }
+;
+
+/* slots: slot (',' slot)*, a slot `IDENT ':' IDENT` (its name, the vertex block of the
+   child it holds) */
+slots:
+  slot            { $$ = $1; }
+| slots ',' slot  { Slot *t = $1; while (t->next) t = t->next; t->next = $3; $$ = $1; }
+;
+
+slot:
+  IDENT ':' IDENT
+    { $$ = arena_alloc(sizeof(Slot)); $$->name = $1; $$->loc = @1; $$->type = $3; $$->type_loc = @3; }
 ;
 
 /* initspec: IDENT | IDENT '(' args ')' */

@@ -20,6 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+static bool is_state(const Model *m, int b) {
+  for (int v = 0; v < m->nvertex; v++)
+    if (m->vertex[v]->state_buf == b) return true;
+  return false;
+}
+
 static int add_buf(Model *m, const char *name, Lin width) {
   m->bufs = vec_grow(m->bufs, &m->capbufs, m->nbufs + 1, sizeof(Buf));
   m->bufs[m->nbufs] = (Buf){.name = name, .width = width, .vertex = -1};
@@ -151,7 +157,8 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   /* with one, the gathered rows of all children side by side too, child k at k times
      the state's width: read with the state's width as the stride, they are one matrix of
      the children's rows, interleaved */
-  int gbuf = stacked ? add_buf(m, arena_printf("%s_children", f->name), lin_scale(m->state, f->children)) : -1;
+  Lin cw = f->kind == F_VERTEX && f->children ? ir_child_width(m, f, 0) : lin_const(0);
+  int gbuf = stacked ? add_buf(m, arena_printf("%s_children", f->name), lin_scale(cw, f->children)) : -1;
   for (int i = 0; i < n; i++) {
     IrNode *x = &f->nodes[i];
     if (x->uses == 0 || x->type != T_ROW) continue;
@@ -194,14 +201,14 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     if (s->op == OP_PUSH && npushers != 1) continue;
     if (stacked && f->nodes[a].op == OP_GATHER) continue;
     if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
-      fp.rbuf[a] = s->op == OP_SCATTER ? m->state_buf : m->push_buf;
+      fp.rbuf[a] = s->op == OP_SCATTER ? f->state_buf : m->push_buf;
   }
   /* resolve: redirect targets come later, so owners resolve backwards ... */
   for (int i = n - 1; i >= 0; i--) {
     IrNode *x = &f->nodes[i];
     x->val.kind = PL_NONE;
     if (x->uses == 0 && x->type != T_NONE) continue;
-    if (stacked && x->op == OP_GATHER) x->val = row_place(m, gbuf, lin_scale(m->state, x->ref));
+    if (stacked && x->op == OP_GATHER) x->val = row_place(m, gbuf, lin_scale(cw, x->ref));
     else if (fp.redir[i] >= 0) x->val = shift(f->nodes[fp.redir[i]].val, fp.roff[i]);
     else if (fp.rbuf[i] >= 0) x->val = row_place(m, fp.rbuf[i], lin_const(0));
     else if (fp.own[i]) {
@@ -283,7 +290,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     case OK_SINK: {
       /* only when the value was not computed in place */
       const IrNode *a = &f->nodes[x->args[0]];
-      int want = x->op == OP_SCATTER ? m->state_buf : m->push_buf;
+      int want = x->op == OP_SCATTER ? f->state_buf : m->push_buf;
       code = !(a->val.kind == PL_ROW && a->val.buf == want && lin_is_zero(a->val.off));
       break;
     }
@@ -374,13 +381,21 @@ static void plan_grad_set(Model *m) {
     }
   }
   for (int b = 0; b < m->nbufs; b++)
-    m->bufs[b].grad_whole = m->bufs[b].grad && !other[b] && b != m->state_buf && b != m->push_buf &&
+    m->bufs[b].grad_whole = m->bufs[b].grad && !other[b] && !is_state(m, b) && b != m->push_buf &&
                             lin_eq(set[b], m->bufs[b].width);
 }
 
 void plan(Model *m) {
   plan_params(m);
-  m->state_buf = add_buf(m, "state", m->state);
+  /* the state: one every type scatters, or with named slots one per type that scatters
+     (only its rows hold values) */
+  m->state_buf = m->typed ? -1 : add_buf(m, "state", m->state);
+  for (int v = 0; v < m->nvertex; v++) {
+    IrFunc *f = m->vertex[v];
+    f->state_buf = !m->typed ? m->state_buf : f->scatters ? add_buf(m, arena_printf("%s_state", f->name), f->state) : -1;
+    if (f->state_buf >= 0) m->bufs[f->state_buf].grad = true;
+    if (m->typed && f->state_buf >= 0) m->bufs[f->state_buf].vertex = v;
+  }
   m->push_buf = m->push ? add_buf(m, "push", m->pushed) : -1;
   int npushers = 0;
   for (int v = 0; v < m->nvertex; v++) {
@@ -392,7 +407,6 @@ void plan(Model *m) {
   if (m->pull) plan_func(m, m->pull, npushers);
   for (int v = 0; v < m->nvertex; v++) plan_func(m, m->vertex[v], npushers);
   if (m->push) plan_func(m, m->push, npushers);
-  m->bufs[m->state_buf].grad = true;
   if (m->push_buf >= 0) m->bufs[m->push_buf].grad = true;
   plan_grad_set(m);
 }

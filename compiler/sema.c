@@ -4,7 +4,10 @@
  *
  * The width of the state a vertex scatters is not written down by the user: gather(k)
  * reads it before the scatter defines it. A silent trial pass over the vertex blocks,
- * with gather's width unknown (TOP, compatible with everything), infers it first. */
+ * with gather's width unknown (TOP, compatible with everything), infers it first. When
+ * the blocks name their children's types (`children prev: cell, word: chars`), each
+ * type scatters a width of its own: trial passes, repeated while they learn a type's
+ * width, give gather(prev) the width of what `cell` scatters. */
 #include "cavsc.h"
 
 #include <math.h>
@@ -114,6 +117,13 @@ typedef struct Ctx {
   int ncse, capcse;
   /* model-wide */
   bool state_known, pushed_known;
+  /* typed (Model.typed): per vertex block, its slots' names and types, what it
+     scatters (TOP until known) */
+  const char ***vslot_name;
+  int **vslot_type;
+  Loc **vslot_loc;
+  Lin *tstate;
+  int cur_vi; /* the vertex block `block` runs */
   Loc pushed_loc;
   const char *pushed_by;
 } Ctx;
@@ -710,8 +720,16 @@ static int eval_call(Ctx *c, const Node *n) {
       error_at(n->loc, "'gather' takes 1 argument (the child), given %d", n->nargs);
       return -1;
     }
-    long k;
-    if (!eval_int(c, n->args[0], &k)) return -1;
+    long k = -1;
+    const Node *arg = n->args[0];
+    for (int s = 0; arg->kind == N_NAME && c->f->slot_name && s < c->f->children; s++)
+      if (!strcmp(c->f->slot_name[s], arg->name)) k = s;
+    if (k < 0 && c->f->slot_name && arg->kind == N_NAME && !tab_get(&c->scope, arg->name) &&
+        !tab_get(&c->globals, arg->name) && !loop_var(c, arg->name)) {
+      error_at(arg->loc, "vertex '%s' has no child slot '%s'", c->f->name, arg->name);
+      return -1;
+    }
+    if (k < 0 && !eval_int(c, arg, &k)) return -1;
     if (k < 0 || k >= c->f->children) {
       if (c->f->children == 0)
         error_at(n->loc, "gather(%ld) in vertex '%s', which has no children", k, c->f->name);
@@ -720,8 +738,11 @@ static int eval_call(Ctx *c, const Node *n) {
                  c->f->name, c->f->children, c->f->children - 1);
       return -1;
     }
-    return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc,
-                               .width = c->state_known ? c->m->state : TOP});
+    Lin w = c->state_known ? c->m->state : TOP;
+    /* (a slot of a type that never scatters, or scatters a width not known, is an
+       error of its own: sema_run) */
+    if (c->m->typed) w = c->tstate[c->f->slot_type[k]];
+    return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc, .width = w});
   }
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
@@ -1024,6 +1045,10 @@ static void stmts(Ctx *c, Stmt *s) {
 static IrFunc *block(Ctx *c, FuncKind kind, const Decl *d, int children) {
   IrFunc *f = ir_func(kind, kind == F_PULL ? "pull" : kind == F_PUSH ? "push" : d->name, d->loc);
   f->children = children;
+  if (kind == F_VERTEX && c->vslot_name) {
+    f->slot_name = c->vslot_name[c->cur_vi];
+    f->slot_type = c->vslot_type[c->cur_vi];
+  }
   c->f = f;
   tab_free(&c->scope);
   c->nloops = 0;
@@ -1170,6 +1195,9 @@ static void decl_param(Ctx *c, Decl *d) {
   }
 }
 
+static void push_width(Ctx *c, IrFunc *f, const Decl *push);
+static Model *push_block(Ctx *c, Model *m, Decl *push);
+
 static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   c->decls = decls;
   Model *m = arena_alloc(sizeof(Model));
@@ -1253,19 +1281,61 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     }
   }
 
-  /* vertex blocks: children counts, then the trial pass that infers the state width */
+  /* vertex blocks: children counts or named slots, then the trial pass that infers the
+     state width */
   int *children = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
   Decl **vdecl = arena_alloc(sizeof(Decl *) * (size_t)(nvertex + 1));
+  c->vslot_name = arena_alloc(sizeof(const char **) * (size_t)(nvertex + 1));
+  c->vslot_type = arena_alloc(sizeof(int *) * (size_t)(nvertex + 1));
+  c->vslot_loc = arena_alloc(sizeof(Loc *) * (size_t)(nvertex + 1));
+  const Decl *typed_by = NULL, *untyped_by = NULL;
   int nv = 0;
   for (Decl *d = decls; d; d = d->next) {
     if (d->kind != D_VERTEX || tab_get(&c->globals, d->name)->loc.line != d->name_loc.line ||
         tab_get(&c->globals, d->name)->loc.col != d->name_loc.col)
       continue;
     long k = 0;
-    if (!eval_int(c, d->value, &k)) continue;
-    if (k < 0 || k > CV_MAX_CHILDREN) {
-      error_at(d->value->loc, "children must be between 0 and %d, not %ld", CV_MAX_CHILDREN, k);
-      continue;
+    if (d->slots) {
+      for (const Slot *s = d->slots; s; s = s->next) k++;
+      if (k > CV_MAX_CHILDREN) {
+        error_at(d->name_loc, "vertex '%s' has %ld child slots; at most %d", d->name, k, CV_MAX_CHILDREN);
+        continue;
+      }
+      const char **names = arena_alloc(sizeof(const char *) * (size_t)k);
+      int *types = arena_alloc(sizeof(int) * (size_t)k);
+      Loc *locs = arena_alloc(sizeof(Loc) * (size_t)k);
+      int i = 0;
+      for (const Slot *s = d->slots; s; s = s->next, i++) {
+        names[i] = s->name;
+        locs[i] = s->type_loc;
+        types[i] = 0;
+        for (int j = 0; j < i; j++)
+          if (!strcmp(names[j], s->name)) {
+            error_at(s->loc, "child slot '%s' twice in vertex '%s'", s->name, d->name);
+            note_at(locs[j], "the first one is here");
+          }
+        Entry *e = tab_get(&c->globals, s->type);
+        if (!e)
+          error_at(s->type_loc, "slot '%s' holds a '%s', but no vertex block is named '%s'", s->name, s->type, s->type);
+        else if (e->kind != SYM_VERTEX)
+          error_at(s->type_loc, "slot '%s' holds a '%s', which is %s, not a vertex block", s->name, s->type,
+                   sym_what[e->kind]);
+        else
+          types[i] = e->index;
+      }
+      c->vslot_name[nv] = names;
+      c->vslot_type[nv] = types;
+      c->vslot_loc[nv] = locs;
+      if (!typed_by) typed_by = d;
+    } else {
+      if (!eval_int(c, d->value, &k)) continue;
+      if (k < 0 || k > CV_MAX_CHILDREN) {
+        error_at(d->value->loc, "children must be between 0 and %d, not %ld", CV_MAX_CHILDREN, k);
+        continue;
+      }
+      c->vslot_name[nv] = NULL;
+      c->vslot_type[nv] = NULL;
+      if (k > 0 && !untyped_by) untyped_by = d;
     }
     children[nv] = (int)k;
     vdecl[nv++] = d;
@@ -1274,7 +1344,62 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     error_at(decls->loc, "the model has no vertex block");
     return m;
   }
+  if (typed_by && untyped_by) {
+    error_at(untyped_by->value->loc, "vertex '%s' takes children of any type, but '%s' names its children's types",
+             untyped_by->name, typed_by->name);
+    note_at(typed_by->name_loc, "name them in every block that takes children: children NAME: TYPE, ...");
+  }
   if (diag_count()) return m;
+  m->typed = typed_by != NULL;
+  if (!m->typed) c->vslot_name = NULL, c->vslot_type = NULL;
+  else {
+    /* what each type scatters: trial passes while they learn a width (a type's may
+       depend on what its children's types scatter) */
+    c->tstate = arena_alloc(sizeof(Lin) * (size_t)(nv + 1));
+    bool *scat = arena_alloc(sizeof(bool) * (size_t)(nv + 1));
+    for (int i = 0; i < nv; i++) c->tstate[i] = TOP;
+    diag_silence(true);
+    for (bool learnt = true; learnt;) {
+      learnt = false;
+      for (int i = 0; i < nv; i++) {
+        if (!is_top(c->tstate[i])) continue;
+        c->cur_vi = i;
+        block(c, F_VERTEX, vdecl[i], children[i]);
+        scat[i] = c->scatter != -2;
+        if (c->scatter >= 0) {
+          Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
+          if (!is_top(w)) c->tstate[i] = w, learnt = true;
+        }
+      }
+    }
+    diag_silence(false);
+    for (int i = 0; i < nv; i++)
+      for (int k = 0; k < children[i]; k++) {
+        int t = c->vslot_type[i][k];
+        if (!scat[t])
+          error_at(c->vslot_loc[i][k], "slot '%s' holds a '%s', which never calls scatter()", c->vslot_name[i][k],
+                   vdecl[t]->name);
+      }
+    if (diag_count()) return m;
+    m->vertex = arena_alloc(sizeof(IrFunc *) * (size_t)nv);
+    for (int i = 0; i < nv; i++) {
+      c->cur_vi = i;
+      IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
+      m->vertex[m->nvertex++] = f;
+      f->scatters = c->scatter != -2;
+      if (c->scatter >= 0) {
+        Lin w = f->nodes[f->nodes[c->scatter].args[0]].width;
+        if (is_top(c->tstate[i]))
+          error_at(c->scatter_loc, "cannot tell the width of the state that '%s' scatters; "
+                   "scatter a value of known width (e.g. a slice or a product)", f->name);
+        else if (!lin_eq(w, c->tstate[i])) /* cannot happen: the same block, widths known */
+          error_at(c->scatter_loc, "'%s' scatters [%s], not [%s]", f->name, wstr(c, w), wstr(c, c->tstate[i]));
+        f->state = w;
+      }
+      push_width(c, f, push);
+    }
+    return push_block(c, m, push);
+  }
 
   diag_silence(true);
   for (int i = 0; i < nv && !c->state_known; i++) {
@@ -1295,6 +1420,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   for (int i = 0; i < nv; i++) {
     IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
     m->vertex[m->nvertex++] = f;
+    f->scatters = true;
     if (c->scatter == -2) {
       error_at(vdecl[i]->name_loc, "vertex '%s' never calls scatter()", f->name);
     } else if (c->scatter >= 0) {
@@ -1312,22 +1438,33 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
         state_loc = c->scatter_loc;
       }
     }
-    if (c->push >= 0) {
-      Lin w = f->nodes[f->nodes[c->push].args[0]].width;
-      if (!push) {
-        error_at(c->push_loc, "push() but the model has no push block");
-      } else if (!c->pushed_known) {
-        m->pushed = w;
-        c->pushed_known = true;
-        c->pushed_loc = c->push_loc;
-        c->pushed_by = f->name;
-      } else if (!lin_eq(w, m->pushed)) {
-        error_at(c->push_loc, "push() width differs between vertex blocks: '%s' pushes [%s]", f->name,
-                 wstr(c, w));
-        note_at(c->pushed_loc, "but '%s' pushes [%s]", c->pushed_by, wstr(c, m->pushed));
-      }
+    push_width(c, f, push);
+  }
+  return push_block(c, m, push);
+}
+
+/* After vertex block f: the width it pushes, the same for every block. */
+static void push_width(Ctx *c, IrFunc *f, const Decl *push) {
+  Model *m = c->m;
+  if (c->push >= 0) {
+    Lin w = f->nodes[f->nodes[c->push].args[0]].width;
+    if (!push) {
+      error_at(c->push_loc, "push() but the model has no push block");
+    } else if (!c->pushed_known) {
+      m->pushed = w;
+      c->pushed_known = true;
+      c->pushed_loc = c->push_loc;
+      c->pushed_by = f->name;
+    } else if (!lin_eq(w, m->pushed)) {
+      error_at(c->push_loc, "push() width differs between vertex blocks: '%s' pushes [%s]", f->name,
+               wstr(c, w));
+      note_at(c->pushed_loc, "but '%s' pushes [%s]", c->pushed_by, wstr(c, m->pushed));
     }
   }
+}
+
+/* The push block, after every vertex block. */
+static Model *push_block(Ctx *c, Model *m, Decl *push) {
   if (diag_count()) return m; /* the push block's width depends on the vertex blocks */
   if (push) {
     if (!c->pushed_known && diag_count() == 0) {

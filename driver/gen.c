@@ -11,14 +11,17 @@
 #include <unistd.h>
 
 int cmd_gen(int argc, char **argv) {
-  if (argc < 2) die(1, "gen: usage: cavs gen toy|complete|random [--graphs N] [--leaves L] [--words W] [--seed S] [--dag] -o FILE");
+  if (argc < 2)
+    die(1, "gen: usage: cavs gen toy|complete|random|tagger [--graphs N] [--leaves L] [--words W] [--classes C] "
+           "[--seed S] [--dag] [--chars] -o FILE");
   const char *kind = argv[1], *out = NULL;
   long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
   uint64_t seed = 1;
-  int dag = 0;
+  int dag = 0, chars = 0;
+  bool words_given = false, classes_given = false;
   static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
                                      {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
-                                     {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'},
+                                     {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'}, {"chars", 0, 0, 'h'},
                                      {0, 0, 0, 0}};
   optind = 2;
   opterr = 0; /* opt_complain says what was wrong */
@@ -27,11 +30,12 @@ int cmd_gen(int argc, char **argv) {
     switch (ch) {
     case 'n': graphs = parse_long("graphs", optarg, 1, 10000000); break;
     case 'l': leaves = parse_long("leaves", optarg, 2, 1 << 20); break;
-    case 'w': words = parse_long("words", optarg, 1, 1000000); break;
+    case 'w': words = parse_long("words", optarg, 1, 1000000), words_given = true; break;
     case 's': seed = parse_u64("seed", optarg); break;
-    case 'c': classes = parse_long("classes", optarg, 1, 1000000); break;
+    case 'c': classes = parse_long("classes", optarg, 1, 1000000), classes_given = true; break;
     case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
     case 'g': dag = 1; break;
+    case 'h': chars = 1; break;
     case 'o': out = optarg; break;
     case '?': opt_complain("cavs", "gen", argv[optind - 1], lo); exit(1);
     default: exit(1);
@@ -48,12 +52,15 @@ int cmd_gen(int argc, char **argv) {
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
   else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
+  else if (!strcmp(kind, "tagger"))
+    rc = cavs_gen_tagger(f, (int)graphs, words_given ? (int)words : 1000, classes_given ? (int)classes : 12, chars,
+                         (uint64_t)seed);
   else if (!strcmp(kind, "random"))
     rc = cavs_gen_random(f, (int)graphs, (int)vertices, (int)words, (int)classes, dag, (uint64_t)seed);
   else {
     fclose(f);
     unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, complete, random)", kind);
+    die(1, "gen: unknown kind '%s' (toy, complete, random, tagger)", kind);
   }
   if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
     unlink(tmp);

@@ -171,7 +171,7 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
@@ -490,7 +490,7 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_bwd(c, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -660,11 +660,12 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
-  {0, 7, {0, {0}}, 1},
+  {0, 7, {0, {0}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
-   lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers},
+   lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

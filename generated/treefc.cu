@@ -85,9 +85,9 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treefc.vf:30  gather */
-  cavs_gather_fwd(c, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treefc.vf:30  gather */
-  cavs_gather_fwd(c, 1, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  concat */
   /* line 30  %3 @ W: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -236,9 +236,9 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* treefc.vf:30  concat */
   /* treefc.vf:30  gather */
-  cavs_gather_bwd(c, 1, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  gather */
-  cavs_gather_bwd(c, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -369,12 +369,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treefc_tree_gathers[] = {
-  {0, 4, {0, {0}}, 1},
-  {1, 4, {0, {1}}, 1},
+  {0, 4, {0, {0}}, 1, 0},
+  {1, 4, {0, {1}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
-   treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers},
+   treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -218,9 +218,9 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 34  hs @ Uz: [n, H], rows with children (nothing reads the others) */
@@ -476,9 +476,9 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: hs (lines 33) */
   cavs_loop(c, treegru_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -677,12 +677,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
-  {0, 5, {0, {0}}, 1},
-  {1, 5, {0, {0, 1}}, 1},
+  {0, 5, {0, {0}}, 1, 0},
+  {1, 5, {0, {0, 1}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
-   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers},
+   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

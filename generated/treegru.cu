@@ -200,9 +200,9 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -552,9 +552,9 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward at the others: a thread per row and column of [n, H] */
@@ -756,12 +756,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
-  {0, 5, {0, {0}}, 1},
-  {1, 5, {0, {0, 1}}, 1},
+  {0, 5, {0, {0}}, 1, 0},
+  {1, 5, {0, {0, 1}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
-   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers},
+   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -203,9 +203,9 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
@@ -480,9 +480,9 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: hs (lines 27) */
   cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -656,12 +656,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treelstm_tree_gathers[] = {
-  {0, 6, {0, {0}}, 1},
-  {1, 6, {0, {0, 2}}, 1},
+  {0, 6, {0, {0}}, 1, 0},
+  {1, 6, {0, {0, 2}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
-   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers},
+   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

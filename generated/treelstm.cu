@@ -202,9 +202,9 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 27) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -596,9 +596,9 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -774,12 +774,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc treelstm_tree_gathers[] = {
-  {0, 6, {0, {0}}, 1},
-  {1, 6, {0, {0, 2}}, 1},
+  {0, 6, {0, {0}}, 1, 0},
+  {1, 6, {0, {0, 2}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
-   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers},
+   treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -338,9 +338,9 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
   cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
@@ -649,9 +649,9 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
   cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -821,14 +821,16 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
 };
 static const cavs_gather_desc twotype_internal_gathers[] = {
-  {0, 10, {0, {0}}, 0},
-  {1, 9, {0, {0}}, 0},
+  {0, 10, {0, {0}}, 0, 0},
+  {1, 9, {0, {0}}, 0, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,
-   twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL},
+   twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
+   0, NULL, NULL},
   {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, twotype_internal_fwd_lazy,
-   twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers},
+   twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
+   0, NULL, NULL},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -199,15 +199,15 @@ static bool leaves_unread(const cavs_ctx *c) {
   return true;
 }
 
-void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
   if (viewed(c)) return;
   int skip = leaves_unread(c) ? c->leaf_rows : 0;
   if (skip > n) skip = n;
-  BE(c)->gather_fwd(c, k, dst, ld, r0 + skip, n - skip);
+  BE(c)->gather_fwd(c, k, state, dst, ld, r0 + skip, n - skip);
 }
 
-void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
-  if (!viewed(c)) BE(c)->gather_bwd(c, k, src, ld, r0, n);
+void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
+  if (!viewed(c)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
 }
 
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

@@ -70,8 +70,8 @@ typedef struct cv_backend {
   void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
   void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
-  void (*gather_fwd)(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
-  void (*gather_bwd)(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
+  void (*gather_fwd)(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
+  void (*gather_bwd)(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);
   void (*lookup_fwd)(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,
                      long width);
   void (*lookup_bwd)(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0, int n,

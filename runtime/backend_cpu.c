@@ -326,7 +326,7 @@ static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int al
 enum { ROW_GATHER_FWD, ROW_GATHER_BWD, ROW_LOOKUP_FWD, ROW_LOOKUP_BWD, ROW_COPY };
 typedef struct RowJob {
   cavs_ctx *c;
-  int op, k, r0, n, parts, add;
+  int op, k, r0, n, parts, add, state;
   void *dst;
   const void *src;
   long ld, lds, w;
@@ -344,12 +344,12 @@ static void row_part(void *arg, int i) {
   int r0 = by_cols ? q->r0 : q->r0 + (int)at, n = by_cols ? q->n : (int)cnt;
   switch (q->op) {
   case ROW_GATHER_FWD:
-    if (dbl) gather_fwd_d(c, q->k, q->dst, q->ld, r0, n);
-    else gather_fwd_f(c, q->k, q->dst, q->ld, r0, n);
+    if (dbl) gather_fwd_d(c, q->k, q->state, q->dst, q->ld, r0, n);
+    else gather_fwd_f(c, q->k, q->state, q->dst, q->ld, r0, n);
     break;
   case ROW_GATHER_BWD:
-    if (dbl) gather_bwd_d(c, q->k, q->src, q->ld, r0, n, at, at + cnt);
-    else gather_bwd_f(c, q->k, q->src, q->ld, r0, n, at, at + cnt);
+    if (dbl) gather_bwd_d(c, q->k, q->state, q->src, q->ld, r0, n, at, at + cnt);
+    else gather_bwd_f(c, q->k, q->state, q->src, q->ld, r0, n, at, at + cnt);
     break;
   case ROW_LOOKUP_FWD: /* src: the table, lds its stride */
     if (dbl) lookup_fwd_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
@@ -382,18 +382,16 @@ static void rows_run(RowJob *q) {
   if (q->op == ROW_GATHER_FWD || q->op == ROW_GATHER_BWD) q->c->model->stats.gather_seconds += t;
 }
 
-static long state_width(const cavs_ctx *c) { return c->model->bw[c->desc->state_buf]; }
-
-static void cpu_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
+static void cpu_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_FWD, .k = k, .dst = dst, .ld = ld, .r0 = r0, .n = n,
-                     .w = state_width(c)});
+  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_FWD, .k = k, .state = state, .dst = dst, .ld = ld, .r0 = r0, .n = n,
+                     .w = c->model->bw[state]});
 }
 
-static void cpu_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
+static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
   LAUNCH(c, n > 0);
-  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_BWD, .k = k, .src = src, .ld = ld, .r0 = r0, .n = n,
-                     .w = state_width(c)});
+  rows_run(&(RowJob){.c = c, .op = ROW_GATHER_BWD, .k = k, .state = state, .src = src, .ld = ld, .r0 = r0, .n = n,
+                     .w = c->model->bw[state]});
 }
 
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,

@@ -452,26 +452,20 @@ static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int a
   record(model(c), __FILE__, __LINE__, "a C target's loop on the cuda backend");
 }
 
-static void cuda_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n) {
-  const cavs_desc *d = c->desc;
-  long w = model(c)->bw[d->state_buf];
+static void cuda_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
+  long w = model(c)->bw[state];
   if (dbl(c))
-    launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[d->state_buf], w, c->child + k, c->maxc, r0, n,
-                          false);
+    launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[state], w, c->child + k, c->maxc, r0, n, false);
   else
-    launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[d->state_buf], w, c->child + k, c->maxc, r0, n,
-                         false);
+    launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[state], w, c->child + k, c->maxc, r0, n, false);
 }
 
-static void cuda_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n) {
-  const cavs_desc *d = c->desc;
-  long w = model(c)->bw[d->state_buf];
+static void cuda_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
+  long w = model(c)->bw[state];
   if (dbl(c))
-    launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[d->state_buf], w, c->child + k, c->maxc, r0,
-                          n, true);
+    launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
   else
-    launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[d->state_buf], w, c->child + k, c->maxc, r0, n,
-                         true);
+    launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
 }
 
 /* A lookup is a gather from the table by an index input, whose rows have the table's

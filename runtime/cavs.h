@@ -74,8 +74,9 @@ typedef struct cavs_stats {
                            regression loss has no accuracy: cavs_model_losses) */
   long root_count, root_correct;
   int tasks;            /* path-phase tasks run */
-  int lower_bound;      /* the minibatch's longest path, in vertices: no policy runs
-                           fewer tasks */
+  int lower_bound;      /* no policy runs fewer tasks: summed over the vertex types,
+                           the most vertices of the type on one path (at least the
+                           longest path) */
 } cavs_stats;
 
 /* How vertices are batched into tasks (cavs_model_set_policy). A task is vertices of
@@ -360,6 +361,14 @@ int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed
 int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass, uint64_t seed);
 /* Random trees (ptb-tree), or with dag, random DAGs in cgf with types leaf/internal. */
 int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, int dag, uint64_t seed);
+/* Sentences of 10 to 60 words for dsl-examples/tagger.vf (cgf: fwd, bwd and tok
+ * vertices; `word` on the first two, `label` on tok): each word has a fixed random key
+ * in 0..nclass-1 and says, a third of the words each, whether its tag is its own key,
+ * the word before's or the word after's (0 past either end); with `chars`, every word also
+ * spelled as a chain of `chr` vertices (input `char`, 3 to 8 of 26 letters fixed per
+ * word) that the fwd and bwd cells read in their slot `w`, as
+ * dsl-examples/tagger_chars.vf takes them. */
+int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uint64_t seed);
 
 #ifdef __cplusplus
 }

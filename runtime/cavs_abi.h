@@ -32,7 +32,7 @@ extern "C" {
  *    cavs_desc.source_text;
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
  *    cavs_desc.values. */
-#define CAVS_ABI_VERSION 4
+#define CAVS_ABI_VERSION 5
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -207,6 +207,7 @@ typedef struct cavs_gather_desc {
   int slot, buf;
   cavs_lin off;
   int view;
+  int src; /* the buffer it reads: the state of the child's type */
 } cavs_gather_desc;
 
 typedef struct cavs_vertex_desc {
@@ -221,6 +222,12 @@ typedef struct cavs_vertex_desc {
   int eager_apart;
   int ngathers;
   const cavs_gather_desc *gathers;
+  /* the buffer its scatter writes (-1: it scatters nothing); and, where the blocks
+     name their children's types (`children a: T`), each slot's name and the type of
+     the child it holds (NULL otherwise: a child of any type) */
+  int state;
+  const char *const *slot_names;
+  const int *slot_types;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
@@ -252,7 +259,8 @@ typedef struct cavs_desc {
   const cavs_pgroup_desc *pgroups;
   int nbufs;
   const cavs_buf_desc *bufs;
-  int state_buf, push_buf;
+  int state_buf, push_buf; /* state_buf: the state every type scatters, or -1 where
+                              each has its own (cavs_vertex_desc.state) */
   int nvertex;
   const cavs_vertex_desc *vertex;
   int nlosses;
@@ -347,9 +355,9 @@ typedef void (*cavs_cols)(cavs_ctx *c, int r0, int n, long j0, long j1);
  * gradients that may overlap). */
 void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
 /* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
-void cavs_gather_fwd(cavs_ctx *c, int k, void *dst, long ld, int r0, int n);
+void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
 /* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
-void cavs_gather_bwd(cavs_ctx *c, int k, const void *src, long ld, int r0, int n);
+void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);
 /* dst[r] = table[idx[r]] (zero row for -1); the backward adds into the table's gradient. */
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld,
                      int r0, int n, long width);

@@ -460,6 +460,52 @@ int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass,
   return ferror(out) ? -1 : 0;
 }
 
+/* a word's fixed random key and spelling (from the word alone) */
+static uint64_t word_key(int w, int salt) {
+  uint64_t s = (uint64_t)w * 0x9e3779b97f4a7c15u + (uint64_t)salt;
+  return gen_next(&s);
+}
+
+int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 13;
+  enum { MAXN = 60 };
+  int w[MAXN], len[MAXN];
+  for (int g = 0; g < nsent; g++) {
+    int n = 10 + (int)(gen_next(&s) % (uint64_t)(MAXN - 10 + 1));
+    for (int i = 0; i < n; i++) {
+      w[i] = (int)(gen_next(&s) % (uint64_t)nwords);
+      len[i] = 3 + (int)(word_key(w[i], 1) % 6);
+    }
+    /* vertices: fwd 0..n-1, bwd n..2n-1, tok 2n..3n-1, then each word's letters */
+    fprintf(out, "graph\n");
+    for (int dir = 0; dir < 2; dir++)
+      for (int i = 0, at = 3 * n; i < n; at += chars ? len[i] : 0, i++) {
+        int prev = dir ? (i + 1 < n ? n + i + 1 : -1) : i - 1;
+        fprintf(out, "%d %s ", dir * n + i, dir ? "bwd" : "fwd");
+        if (prev < 0) fputc('-', out);
+        else fprintf(out, "%d", prev);
+        if (chars) fprintf(out, " %d", at + len[i] - 1);
+        fprintf(out, " ; word=%d\n", w[i]);
+      }
+    /* a word's tag is its own key, the word before's or the word after's, as the word
+       says (a third of the words each): only a tagger that reads both ways learns it */
+    for (int i = 0; i < n; i++) {
+      int kind = (int)(word_key(w[i], 3) % 3), from = kind == 0 ? i : kind == 1 ? i - 1 : i + 1;
+      int tag = from < 0 || from >= n ? 0 : (int)(word_key(w[from], 0) % (uint64_t)nclass);
+      fprintf(out, "%d tok %d %d ; label=%d\n", 2 * n + i, i, n + i, tag);
+    }
+    for (int i = 0, at = 3 * n; chars && i < n; at += len[i], i++)
+      for (int j = 0; j < len[i]; j++) {
+        fprintf(out, "%d chr ", at + j);
+        if (j) fprintf(out, "%d", at + j - 1);
+        else fputc('-', out);
+        fprintf(out, " ; char=%d\n", (int)(word_key(w[i], 2 + j) % 26));
+      }
+    fprintf(out, "end\n");
+  }
+  return ferror(out) ? -1 : 0;
+}
+
 /* Random graphs for tests and benchmarks. Without `dag`: random binary trees of 1..maxv
  * vertices as ptb-tree lines, random words and labels on every node. With `dag`: cgf
  * graphs of vertex types `leaf` and `internal` (as dsl-examples/twotype.vf) where every

@@ -26,10 +26,10 @@
 #endif
 #endif
 
-CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int r0, int n) {
+CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, int state, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
-  const R *S = (const R *)c->val[d->state_buf];
-  long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
+  const R *S = (const R *)c->val[state];
+  long w = cv_lin(&d->bufs[state].width, c->dims);
   for (int r = r0; r < r0 + n; r++) {
     int ch = c->child[(size_t)r * c->maxc + k];
     R *o = dst + (size_t)r * ld;
@@ -40,10 +40,11 @@ CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, R *dst, long ld, int 
 
 /* columns [j0, j1) of the state's (j1 < 0: all of them); two parents may share a child,
    so threads split this by columns, not rows */
-CV_HOT static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, const R *src, long ld, int r0, int n, long j0, long j1) {
+CV_HOT static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, int state, const R *src, long ld, int r0, int n, long j0,
+                                       long j1) {
   const cavs_desc *d = c->desc;
-  R *dS = (R *)c->grad[d->state_buf];
-  long w = cv_lin(&d->bufs[d->state_buf].width, c->dims);
+  R *dS = (R *)c->grad[state];
+  long w = cv_lin(&d->bufs[state].width, c->dims);
   if (j1 < 0) j1 = w;
   for (int r = r0; r < r0 + n; r++) {
     int ch = c->child[(size_t)r * c->maxc + k];

@@ -50,8 +50,7 @@
 enum { MAX_VIEWED = 16 };
 static void plan_views(cavs_model *m) {
   const cavs_desc *d = m->d;
-  int C = m->maxc, sb = d->state_buf;
-  long W = m->bw[sb];
+  int C = m->maxc;
   for (int t = 0; t < d->nvertex; t++) {
     const cavs_vertex_desc *v = &d->vertex[t];
     for (int g = 0; g < v->ngathers; g++) {
@@ -62,14 +61,18 @@ static void plan_views(cavs_model *m) {
     int first = m->type_r0[t] + m->type_leaf[t], end = m->type_r0[t] + m->type_n[t];
     bool ok = !(m->ablate & CAVS_NO_VIEWS) && v->ngathers > 0 && v->ngathers <= MAX_VIEWED && first < end;
     long delta[MAX_VIEWED], lo[MAX_VIEWED], hi[MAX_VIEWED], off[MAX_VIEWED];
+    int src[MAX_VIEWED];
     for (int g = 0; ok && g < v->ngathers; g++) {
       const cavs_gather_desc *q = &v->gathers[g];
+      int sb = q->src; /* the state it reads (checked when the model was made) */
       ok = q->view && q->slot >= 0 && q->slot < v->children && q->slot < C && q->buf >= 0 && q->buf < d->nbufs &&
            q->buf != sb && q->buf != d->push_buf && d->bufs[q->buf].grad == CAVS_GRAD;
+      for (int u = 0; ok && u < d->nvertex; u++) ok = q->buf != d->vertex[u].state;
       if (!ok) break;
-      long ld = m->bw[q->buf];
+      long ld = m->bw[q->buf], W = m->bw[sb];
+      src[g] = sb;
       off[g] = cv_lin(&q->off, m->ctx.dims);
-      ok = ld % W == 0 && off[g] >= 0 && off[g] % W == 0 && off[g] + W <= ld;
+      ok = W > 0 && ld % W == 0 && off[g] >= 0 && off[g] % W == 0 && off[g] + W <= ld;
       long step = ok ? ld / W : 0;
       int base = m->child[(size_t)first * C + q->slot];
       for (int r = first; ok && r < end; r++)
@@ -79,14 +82,15 @@ static void plan_views(cavs_model *m) {
       lo[g] = base;
       hi[g] = base + (long)(end - first - 1) * step;
       for (int h = 0; ok && h < g; h++)
-        ok = v->gathers[h].buf == q->buf ? delta[h] == delta[g] && off[h] != off[g] : hi[g] < lo[h] || hi[h] < lo[g];
+        ok = v->gathers[h].buf == q->buf ? src[h] == sb && delta[h] == delta[g] && off[h] != off[g]
+             : src[h] != sb || hi[g] < lo[h] || hi[h] < lo[g];
     }
     if (!ok) continue;
     for (int g = 0; g < v->ngathers; g++) {
       int b = v->gathers[g].buf;
       intptr_t by = (intptr_t)delta[g] * (intptr_t)m->esize;
-      m->cval[b] = (void *)((uintptr_t)m->val[sb] + (uintptr_t)by);
-      m->cgrad[b] = (void *)((uintptr_t)m->grad[sb] + (uintptr_t)by);
+      m->cval[b] = (void *)((uintptr_t)m->val[src[g]] + (uintptr_t)by);
+      m->cgrad[b] = (void *)((uintptr_t)m->grad[src[g]] + (uintptr_t)by);
     }
     m->tview[t] = 1;
     m->stats.gathered_viewed += (long)(end - first) * v->ngathers;
@@ -312,6 +316,14 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         if (s >= d->vertex[t].children)
           return cv_fail(m, "graph %d, vertex %d: a child in slot %d, but '%s' takes %d", g, v, s,
                          d->vertex[t].name, d->vertex[t].children);
+        const int *st = d->vertex[t].slot_types;
+        int ct = G->type ? G->type[ch] : 0;
+        if (st && ct != st[s]) {
+          const char *cn = ct >= 0 && ct < d->nvertex ? d->vertex[ct].name : "?";
+          return cv_fail(m, "graph %d, vertex %d: the child in slot '%s' is a '%s' (vertex %d), but '%s' takes a '%s' there",
+                         g, v, d->vertex[t].slot_names ? d->vertex[t].slot_names[s] : "?", cn, ch, d->vertex[t].name,
+                         d->vertex[st[s]].name);
+        }
         m->pcount[base + ch + 1]++;
         m->child[(size_t)(base + v) * m->maxc + s] = base + ch;
       }
@@ -363,6 +375,24 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       base += graphs[g]->n;
     }
   }
+  /* No schedule runs fewer tasks than, summed over the types, the most vertices of the
+     type on one path (they need tasks of their own, one after the other; a task is of
+     one type): at least the longest path. Over the Kahn order, children first; urg
+     holds the count of type t so far. */
+  m->lower_bound = 0;
+  for (int t = 0; t < d->nvertex; t++) {
+    int best = 0;
+    for (int i = 0; i < N; i++) {
+      int v = m->queue[i], c = 0;
+      for (int s = 0; s < m->maxc; s++) {
+        int ch = m->child[(size_t)v * m->maxc + s];
+        if (ch >= 0 && m->urg[ch] > c) c = m->urg[ch];
+      }
+      m->urg[v] = c + (m->vtype[v] == t);
+      if (m->urg[v] > best) best = m->urg[v];
+    }
+    m->lower_bound += best;
+  }
   /* each vertex's longest path up to a root (the frontier policy's priority): the
      Kahn order backwards */
   if (m->policy == CAVS_FRONTIER)
@@ -373,7 +403,6 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       m->urg[v] = u;
     }
   int L = maxlevel + 1, T = d->nvertex;
-  m->lower_bound = N ? L : 0;
   if ((size_t)T * 5 + 1 > (size_t)m->captstate) {
     if (cv_grow(m, &m->tstate, sizeof(long), (size_t)T * 5 + 1)) return -1;
     m->captstate = T * 5 + 1;
@@ -851,6 +880,7 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
   for (int pass = 0; pass < 2; pass++)
     for (int b = 0; b < d->nbufs; b++) {
       bool shared = b == d->state_buf || b == d->push_buf;
+      for (int t = 0; t < d->nvertex; t++) shared = shared || b == d->vertex[t].state;
       if (shared != (pass == 1) || m->cval[b] != m->val[b]) continue; /* a view holds nothing of its own */
       /* a vertex type's buffer holds values at that type's rows alone, and an inner one
          only at those with children (the first type_leaf rows of its range have none) */

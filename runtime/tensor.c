@@ -136,6 +136,18 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
              d->abi >= 2 || d->abi == 1 ? d->name : "?", d->abi, CAVS_ABI_VERSION);
     return NULL;
   }
+  /* the states the gathers read and the slots' types are indices the runtime follows */
+  for (int t = 0; t < d->nvertex; t++) {
+    const cavs_vertex_desc *v = &d->vertex[t];
+    bool ok = v->state >= -1 && v->state < d->nbufs && (d->state_buf < 0 || v->state == d->state_buf);
+    for (int g = 0; ok && g < v->ngathers; g++) ok = v->gathers[g].src >= 0 && v->gathers[g].src < d->nbufs;
+    for (int k = 0; ok && v->slot_types && k < v->children; k++)
+      ok = v->slot_types[k] >= 0 && v->slot_types[k] < d->nvertex && d->vertex[v->slot_types[k]].state >= 0;
+    if (!ok) {
+      snprintf(err, errlen, "model '%s': vertex type %d's states or child slots are inconsistent", d->name, t);
+      return NULL;
+    }
+  }
   const char *bname = o && o->backend && *o->backend ? o->backend : "cpu";
   const cv_backend *be = cv_backend_find(bname, err, errlen);
   if (!be) return NULL;

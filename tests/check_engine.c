@@ -3,7 +3,8 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
-static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype"};
+static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger"};
+enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
 /* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,
  * the same MODEL.h and MODEL.cu from the CUDA target */
@@ -555,7 +556,48 @@ END_TEST
  * Where cavsc cannot prove a buffer is untouched at the leaves (twotype.vf copies its
  * gathered rows whole), or the rows do not line up (trees of several depths), nothing
  * is viewed. */
-static void views_against_copies(const char *file, int shape, bool want_views) {
+/* Sentences of n words for tagger.vf: fwd i (child i - 1), bwd i (child n + i + 1),
+ * tok i (children i and n + i), features at random. */
+static void sentence(TGraph *t, int n, unsigned *seed, const cavs_desc *d, const long *dims) {
+  memset(t, 0, sizeof *t);
+  t->g.n = 3 * n;
+  t->g.maxc = 2;
+  for (int i = 0; i < 6 * n; i++) t->child[i] = -1;
+  for (int i = 0; i < n; i++) {
+    t->type[i] = 0, t->type[n + i] = 1, t->type[2 * n + i] = 2;
+    t->child[2 * i] = i - 1;
+    t->child[2 * (n + i)] = i + 1 < n ? n + i + 1 : -1;
+    t->child[2 * (2 * n + i)] = i, t->child[2 * (2 * n + i) + 1] = n + i;
+  }
+  t->g.child = t->child;
+  t->g.type = t->type;
+  tg_features(t, d, dims, seed);
+}
+
+/* A vertex in a named slot must be of the slot's type: the minibatch is refused,
+ * naming the slot, both types and the vertex. */
+START_TEST(typed_slots_checked) {
+  const cavs_desc *d = load_model("tagger.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  tg_minibatch(d, dims, g, gs, false);
+  unsigned seed = 2;
+  sentence(&g[0], 5, &seed, d, dims);
+  gs[0] = &g[0].g;
+  cavs_model *m = new_model(d, dims, 1);
+  ck_assert_msg(cavs_model_forward(m, gs, 1, NULL) == 0, "%s", cavs_model_error(m));
+  g[0].child[2 * (2 * 5 + 3) + 1] = 2; /* tok 3's slot b: fwd 2, not a bwd */
+  ck_assert(cavs_model_forward(m, gs, 1, NULL) != 0);
+  ck_assert_msg(strstr(cavs_model_error(m), "graph 0, vertex 13: the child in slot 'b' is a 'fwd' (vertex 2), but 'tok' "
+                                            "takes a 'bwd' there"),
+                "%s", cavs_model_error(m));
+  cavs_model_free(m);
+}
+END_TEST
+
+/* want_views: 0 none, 1 every gathered row, 2 some */
+static void views_against_copies(const char *file, int shape, int want_views) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
@@ -566,6 +608,7 @@ static void views_against_copies(const char *file, int shape, bool want_views) {
   for (int i = 0; i < k; i++) {
     if (shape == 0) complete_tree(&g[i], 4, &seed, d, dims);
     else if (shape == 1) complete_tree(&g[i], 1 + i % 4, &seed, d, dims);
+    else if (shape == 3) sentence(&g[i], 12, &seed, d, dims);
     else chain(&g[i], 12, &seed, d, dims);
     if (d->nvertex == 2) { /* the leaves are the type without children */
       int leaf = d->vertex[0].children ? 1 : 0;
@@ -587,8 +630,9 @@ static void views_against_copies(const char *file, int shape, bool want_views) {
   }
   ck_assert_int_gt(bs[0].gathered_rows, 0);
   ck_assert_int_eq(bs[1].gathered_viewed, 0);
-  ck_assert_msg(bs[0].gathered_viewed == (want_views ? bs[0].gathered_rows : 0), "%s, shape %d: %ld of %ld rows viewed",
-                file, shape, bs[0].gathered_viewed, bs[0].gathered_rows);
+  ck_assert_msg(want_views == 2 ? bs[0].gathered_viewed > 0 && bs[0].gathered_viewed < bs[0].gathered_rows
+                                : bs[0].gathered_viewed == (want_views ? bs[0].gathered_rows : 0),
+                "%s, shape %d: %ld of %ld rows viewed", file, shape, bs[0].gathered_viewed, bs[0].gathered_rows);
   ck_assert_msg(st[0].loss == st[1].loss, "%s: loss %.17g with views, %.17g without", file, st[0].loss, st[1].loss);
   for (int pass = 0; pass < 2; pass++) {
     size_t n[2];
@@ -614,6 +658,9 @@ START_TEST(views_read_children_in_place) {
   views_against_copies("lstm_lm.vf", 2, true);
   views_against_copies("treelstm.vf", 1, false);
   views_against_copies("twotype.vf", 0, false);
+  /* sentences of one length: each chain's cells view the state of their own type (the
+     tok vertices, which read two types in sentence order, copy) */
+  views_against_copies("tagger.vf", 3, 2);
 }
 END_TEST
 
@@ -678,7 +725,7 @@ START_TEST(passes_read_only_what_they_wrote) {
     char file[64];
     snprintf(file, sizeof file, "%s.vf", examples[i]);
     poison_changes_nothing(file, false);
-    if (strcmp(examples[i], "lstm_lm")) poison_changes_nothing(file, true);
+    if (strcmp(examples[i], "lstm_lm") && strcmp(examples[i], "tagger")) poison_changes_nothing(file, true);
   }
   /* a value zero at the leaves that the push block reads there, through a concat that
      copies it: its loop must store the zeros */
@@ -697,13 +744,14 @@ START_TEST(passes_read_only_what_they_wrote) {
 }
 END_TEST
 
-/* Tasks a minibatch takes under each policy (cavs_stats.tasks) against its longest path
- * (lower_bound). On chains, trees of one type and the two-type tree every policy takes
- * the longest path's count. Where two types alternate along chains out of step
- * (a0 <- b1 <- a2 and b0 <- a1 <- b2: level by level that is both types at each of 3
- * levels), depth takes 6 tasks; frontier takes a{a0}, b{b0, b1}, then a{a1, a2}
- * (every a left is ready: Lemma 1), b{b2}: 4, as does agenda (mean levels 0 against 0,
- * then b alone, then a's 1.5 against nothing). */
+/* Tasks a minibatch takes under each policy (cavs_stats.tasks) against the lower bound
+ * (lower_bound: summed over the types, the most vertices of the type on one path). On
+ * chains, trees of one type and the two-type tree every policy takes the bound, the
+ * longest path. Where two types alternate along chains out of step (a0 <- b1 <- a2 and
+ * b0 <- a1 <- b2: level by level that is both types at each of 3 levels), depth takes 6
+ * tasks; frontier takes a{a0}, b{b0, b1}, then a{a1, a2} (every a left is ready: Lemma
+ * 1), b{b2}: 4, the bound, as does agenda (mean levels 0 against 0, then b alone, then
+ * a's 1.5 against nothing). */
 static int tasks_of(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, int policy, int *bound) {
   cavs_model *m = new_model(d, dims, 3);
   cavs_model_set_policy(m, policy);
@@ -760,8 +808,24 @@ START_TEST(policies_count_tasks) {
   for (int p = 0; p < 4; p++) {
     int n = tasks_of(d, dims, gs, 2, policies[p], &bound);
     ck_assert_msg(n == want[p], "alternating chains, policy %d: %d tasks, not %d", policies[p], n, want[p]);
-    ck_assert_int_eq(bound, 3);
+    ck_assert_int_eq(bound, 4); /* two a's on one path, two b's on another */
   }
+  /* tagger sentences: the forward and the backward chain need n tasks each, the tok
+     vertices one more; level by level takes about n / 2 more for the toks */
+  d = load_model("tagger.vf", "double");
+  static TGraph sg[3];
+  const cavs_graph *sgs[3];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "V")] = 50;
+  for (int i = 0; i < 3; i++) {
+    sentence(&sg[i], (int[]){7, 12, 9}[i], &seed, d, dims);
+    sgs[i] = &sg[i].g;
+  }
+  int n[4];
+  for (int p = 0; p < 4; p++) n[p] = tasks_of(d, dims, sgs, 3, policies[p], &bound);
+  ck_assert_int_eq(bound, 2 * 12 + 1);
+  ck_assert_msg(n[3] == bound && n[0] > bound && n[1] == n[0], "tagger: bfs %d, depth %d, agenda %d, frontier %d, bound %d",
+                n[0], n[1], n[2], n[3], bound);
 }
 END_TEST
 
@@ -954,14 +1018,15 @@ int main(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("engine");
   tcase_set_timeout(tc, 600);
-  tcase_add_loop_test(tc, golden, 0, 5);
-  tcase_add_loop_test(tc, batched_equals_serial, 0, 5);
-  tcase_add_loop_test(tc, batched_equals_serial_dags, 0, 5);
-  tcase_add_loop_test(tc, ablations_change_nothing, 0, 5);
-  tcase_add_loop_test(tc, policies_equal_serial, 0, 5);
+  tcase_add_loop_test(tc, golden, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, batched_equals_serial, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, batched_equals_serial_dags, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, ablations_change_nothing, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, policies_equal_serial, 0, NEXAMPLES);
   tcase_add_test(tc, policies_equal_serial_mixed_types);
   tcase_add_test(tc, policies_count_tasks);
-  tcase_add_loop_test(tc, build_ablations_change_nothing, 0, 5);
+  tcase_add_test(tc, typed_slots_checked);
+  tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, model_without_dims_or_inputs);

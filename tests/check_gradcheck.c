@@ -14,6 +14,13 @@ static void small_dims(const cavs_desc *d, long *dims) {
 
 /* Trees with holes, a chain, and a DAG; all vertex types used. */
 static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
+  if (tg_typed_model(d)) { /* two graphs whose vertices have one parent, one whose have several */
+    for (int k = 0; k < NGRAPH; k++) {
+      tg_typed(&g[k], d, 8 + 3 * k, k == 2, &seed);
+      tg_features(&g[k], d, dims, &seed);
+    }
+    return;
+  }
   int arity, leaf, inner;
   tg_types(d, &arity, &leaf, &inner);
   tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
@@ -167,7 +174,7 @@ START_TEST(op_gradients) {
 }
 END_TEST
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf"};
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf"};
 
 START_TEST(example_gradients) {
   const cavs_desc *d = load_model(examples[_i], "double");

@@ -179,6 +179,43 @@ static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_
   t->g.type = t->type;
 }
 
+/* Whether model d's vertex blocks name their children's types (`children a: T`). */
+static inline bool tg_typed_model(const cavs_desc *d) {
+  for (int t = 0; t < d->nvertex; t++)
+    if (d->vertex[t].slot_types) return true;
+  return false;
+}
+
+/* A random graph of n vertices for a model whose slots are typed: vertex v takes a
+ * random type; each of its slots, with probability 4/5, a random earlier vertex of the
+ * slot's type (with `shared`, any; else one no other slot has taken, when there is
+ * one). Types that take no children come first, so every type has children to take. */
+static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, unsigned *seed) {
+  memset(t, 0, sizeof *t);
+  int C = 1;
+  for (int u = 0; u < d->nvertex; u++)
+    if (d->vertex[u].children > C) C = d->vertex[u].children;
+  t->g.n = n;
+  t->g.maxc = C;
+  static unsigned char taken[1024];
+  memset(taken, 0, sizeof taken);
+  for (int v = 0; v < n; v++) {
+    int ty = (int)(tg_rand(seed) % (unsigned)d->nvertex);
+    t->type[v] = ty;
+    for (int s = 0; s < C; s++) t->child[v * C + s] = -1;
+    for (int s = 0; s < d->vertex[ty].children; s++) {
+      if (tg_rand(seed) % 5 == 0) continue;
+      int want = d->vertex[ty].slot_types[s], pick = -1, seen = 0;
+      for (int u = 0; u < v; u++) /* reservoir: a uniform choice among the candidates */
+        if (t->type[u] == want && (shared || !taken[u]) && tg_rand(seed) % (unsigned)++seen == 0) pick = u;
+      if (pick >= 0) taken[pick] = 1;
+      t->child[v * C + s] = pick;
+    }
+  }
+  t->g.child = t->child;
+  t->g.type = t->type;
+}
+
 /* What random graphs of model d take: the most children of any vertex type (at least 1),
  * the type for vertices without children and the type for the others (the same type
  * when the model has one; with two, the one that takes no children for leaves). */
@@ -207,7 +244,8 @@ static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIB
   tg_types(d, &arity, &leaf, &inner);
   int k_graphs = dags ? TG_MINIBATCH : 6;
   for (int k = 0; k < k_graphs; k++) {
-    if (k < 6) tg_tree(&g[k], 5 + 7 * k, arity, k % 2, &seed, leaf, inner);
+    if (tg_typed_model(d)) tg_typed(&g[k], d, k < 6 ? 5 + 7 * k : 30 + 10 * k, k >= 6, &seed);
+    else if (k < 6) tg_tree(&g[k], 5 + 7 * k, arity, k % 2, &seed, leaf, inner);
     else tg_dag(&g[k], 30 + 10 * k, arity, &seed, leaf, inner);
     tg_features(&g[k], d, dims, &seed);
     gs[k] = &g[k].g;
