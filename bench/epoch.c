@@ -15,7 +15,7 @@
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
- * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger). */
+ * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger, tagger_chars). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
 #include "../generated/treefc.h"
@@ -23,6 +23,7 @@
 #include "../generated/treelstm.h"
 #include "../generated/twotype.h"
 #include "../generated/tagger.h"
+#include "../generated/tagger_chars.h"
 
 #include "../runtime/sgemm.h"
 
@@ -119,7 +120,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
-  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc};
+  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
     if (!strcmp(descs[k]->name, name)) d = descs[k];
@@ -148,8 +149,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   double tload = now() - t0;
-  for (int j = 0; j < d->ndims; j++)
-    if (d->dims[j].kind == CAVS_DIM_VOCAB) dims[j] = cavs_vocab_size(v) + 1;
+  for (int j = 0; j < d->ndims; j++) /* cgf: the ids used, as cavs train binds them */
+    if (d->dims[j].kind == CAVS_DIM_VOCAB) {
+      int mx = cavs_dataset_max_feature(ds, d->inputs[d->dims[j].input].slot);
+      dims[j] = strcmp(format, "cgf") ? cavs_vocab_size(v) + 1 : mx + 1 > 1 ? mx + 1 : 1;
+    }
   cavs_model_opts mo = {.backend = "cpu", .threads = threads, .blas = blas};
   cavs_model *m = cavs_model_new_opts(d, dims, &mo, err, sizeof err);
   if (!m) {

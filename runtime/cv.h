@@ -108,6 +108,8 @@ struct cavs_model {
   long capedges;
   int *level, *row_of, *pcount, *padj, *queue, *vtype;
   int *vtask, *urg; /* a vertex's task; its longest path up to a root */
+  int *tcount;      /* [v * types + t]: the lower bound's counts */
+  size_t captcount;
   int capcount;
   int *count;
   bool have_batch;

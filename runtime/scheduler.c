@@ -377,22 +377,32 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   }
   /* No schedule runs fewer tasks than, summed over the types, the most vertices of the
      type on one path (they need tasks of their own, one after the other; a task is of
-     one type): at least the longest path. Over the Kahn order, children first; urg
-     holds the count of type t so far. */
-  m->lower_bound = 0;
-  for (int t = 0; t < d->nvertex; t++) {
-    int best = 0;
-    for (int i = 0; i < N; i++) {
-      int v = m->queue[i], c = 0;
-      for (int s = 0; s < m->maxc; s++) {
-        int ch = m->child[(size_t)v * m->maxc + s];
-        if (ch >= 0 && m->urg[ch] > c) c = m->urg[ch];
-      }
-      m->urg[v] = c + (m->vtype[v] == t);
-      if (m->urg[v] > best) best = m->urg[v];
-    }
-    m->lower_bound += best;
+     one type): at least the longest path. Over the Kahn order, children first:
+     tcount[v * T + t], the most vertices of type t on a path that ends at v. */
+  int T0 = d->nvertex;
+  if ((size_t)N * (size_t)T0 > (size_t)m->captcount) {
+    if (cv_grow(m, &m->tcount, sizeof(int), (size_t)N * (size_t)T0)) return -1;
+    m->captcount = (size_t)N * (size_t)T0;
   }
+  if ((size_t)T0 * 5 + 1 > (size_t)m->captstate) {
+    if (cv_grow(m, &m->tstate, sizeof(long), (size_t)T0 * 5 + 1)) return -1;
+    m->captstate = T0 * 5 + 1;
+  }
+  long *best = m->tstate;
+  for (int t = 0; t < T0; t++) best[t] = 0;
+  for (int i = 0; i < N; i++) {
+    int v = m->queue[i], *c = m->tcount + (size_t)v * (size_t)T0;
+    for (int t = 0; t < T0; t++) c[t] = 0;
+    for (int s = 0; s < m->maxc; s++) {
+      int ch = m->child[(size_t)v * m->maxc + s];
+      if (ch < 0) continue;
+      const int *cc = m->tcount + (size_t)ch * (size_t)T0;
+      for (int t = 0; t < T0; t++) c[t] = cc[t] > c[t] ? cc[t] : c[t];
+    }
+    if (++c[m->vtype[v]] > best[m->vtype[v]]) best[m->vtype[v]] = c[m->vtype[v]];
+  }
+  m->lower_bound = 0;
+  for (int t = 0; t < T0; t++) m->lower_bound += (int)best[t];
   /* each vertex's longest path up to a root (the frontier policy's priority): the
      Kahn order backwards */
   if (m->policy == CAVS_FRONTIER)
@@ -402,11 +412,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         if (m->urg[m->padj[e]] + 1 > u) u = m->urg[m->padj[e]] + 1;
       m->urg[v] = u;
     }
-  int L = maxlevel + 1, T = d->nvertex;
-  if ((size_t)T * 5 + 1 > (size_t)m->captstate) {
-    if (cv_grow(m, &m->tstate, sizeof(long), (size_t)T * 5 + 1)) return -1;
-    m->captstate = T * 5 + 1;
-  }
+  int L = maxlevel + 1;
   int ntask = m->policy == CAVS_AGENDA || m->policy == CAVS_FRONTIER ? ready_tasks(m, N) : level_tasks(m, N, L);
   if (ntask < 0 || number_rows(m, N, ntask) || chunk_rows(m, ntask)) return -1;
   if (m->policy == CAVS_SERIAL) {
