@@ -10,6 +10,10 @@
  *   y = s[lo:hi]     ds[:, lo:hi] += dy       (a view: free)
  *   y = gather(k)    dstate[child k] += dy    (gradients meet at a child by +=, so a
  *                                              vertex with several parents is right)
+ *   per edge e (parent p, child k) of a `children *` vertex:
+ *   y = echild       dstate[k] += dy[e]
+ *   y = ebcast(a)    da[p] += dy[e]            (summed over p's edges)
+ *   y = esum(a)      da[e] += dy[p]
  *   scatter(x)       dx += dstate[this row]
  *   y = pull()       dpull[row] += dy;   push(x): dx += dpush[row]
  *   loss softmax_xent(z, t)   dz = (softmax(z) - onehot(t)) / labeled rows
@@ -35,6 +39,7 @@ static void gradients(const Model *m, IrFunc *f) {
     switch (n->op) {
     case OP_PARAM:
     case OP_GATHER:
+    case OP_ECHILD:
     case OP_PUSHARG: n->grad = true; break;
     case OP_PULL: n->grad = m->pull->nodes[m->pulls[n->ref].node].grad; break;
     case OP_CONST:
@@ -129,6 +134,11 @@ static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
                 lin_str(m, n->hi, hi, sizeof hi), g);
       break;
     case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
+    case OK_EDGE:
+      if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);
+      else if (na->grad && n->op == OP_EBCAST) fprintf(out, "  d%s[parent of edge] += %s\n", a, g);
+      else if (na->grad) fprintf(out, "  d%s[each edge] += %s[parent]\n", a, g);
+      break;
     case OK_PULL: fprintf(out, "  dpull %s += %s\n", m->pulls[n->ref].name, g); break;
     case OK_PUSHARG: fprintf(out, "  dpush = %s\n", g); break;
     case OK_SINK:

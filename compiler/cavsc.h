@@ -109,7 +109,8 @@ struct ParamItem {
   ParamItem *next;
 };
 
-/* A named child slot of a vertex block: `children fwd: fcell, bwd: bcell` */
+/* A named child slot of a vertex block: `children fwd: fcell, bwd: bcell`; or, in
+ * Decl.star, `children *: TYPE` (name "*") */
 typedef struct Slot Slot;
 struct Slot {
   const char *name, *type;
@@ -125,6 +126,7 @@ struct Decl {
   Loc name_loc;
   Node *value;       /* D_DIM default, D_INPUT shape `kind[dim]`, D_VERTEX children */
   Slot *slots;       /* D_VERTEX with named, typed children (value is then NULL) */
+  bool star;         /* D_VERTEX `children *` (value NULL; slots: its type, if named) */
   ParamItem *items;  /* D_PARAM */
   Node *init;        /* D_PARAM trailing `init X` */
   Stmt *body;        /* blocks */
@@ -167,6 +169,9 @@ typedef enum {
   OK_SLICE,
   OK_SINK, /* scatter, push */
   OK_LOSS,
+  OK_EDGE, /* children as a set (`children *`): echild, the child's state row per edge;
+              ebcast, a vertex's row copied to each of its edges; esum, the sum over a
+              vertex's edges (`sum(s in children: e)`) */
 } OpKind;
 
 /* Where an op's output is known to be zero. */
@@ -221,6 +226,8 @@ typedef struct IrNode {
   int *args;     /* node indices within the same function, all smaller than this one */
   double cval;   /* OP_CONST */
   int ref;       /* OP_PARAM, OP_INPUT: index; OP_GATHER: child; OP_PULL: pull slot */
+  bool edge;     /* one row per edge (a child of a `children *` vertex), not per vertex:
+                    echild, ebcast and what is computed from them (not esum) */
   Lin lo, hi;    /* OP_SLICE */
   const char *name; /* the .vf name bound to it, if any */
   Loc loc;
@@ -284,6 +291,9 @@ typedef struct IrFunc {
   FuncKind kind;
   const char *name;
   int children; /* F_VERTEX */
+  bool edges;    /* F_VERTEX `children *`: any number of children, read as a set
+                    through sum(s in children: ...) (children is then 0) */
+  int edge_type; /* edges, Model.typed: the vertex type of every child; else -1 */
   /* F_VERTEX with named slots (Model.typed): slot k's name and the vertex type of the
      child it holds; NULL otherwise */
   const char **slot_name;
@@ -344,6 +354,7 @@ typedef struct Buf {
   const char *name;
   Lin width;
   int vertex; /* the vertex type whose function made it (only its rows hold values), or -1 */
+  bool edge;  /* one row per edge, not per vertex */
   bool grad;
   bool grad_whole; /* its gradient is written whole by the backward pass, each cell set
                       before anything adds to it: not cleared (plan.c) */

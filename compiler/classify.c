@@ -16,7 +16,8 @@ const char *cls_name(Class c) {
 static void func_classify(IrFunc *f) {
   for (int i = 0; i < f->n; i++) {
     IrNode *n = &f->nodes[i];
-    n->dep_gather = n->op == OP_GATHER;
+    /* an edge value depends on the children: it runs task by task, or lazily */
+    n->dep_gather = n->op == OP_GATHER || n->op == OP_ECHILD || n->op == OP_EBCAST;
     for (int j = 0; j < n->nargs; j++) n->dep_gather |= f->nodes[n->args[j]].dep_gather;
   }
   for (int i = f->n - 1; i >= 0; i--) {

@@ -337,11 +337,15 @@ static bool concat_in_place(const IrFunc *f, const IrNode *x) {
  * member's kept value (neither part at the leaves stores or loads it); and every reader
  * is a fused loop (whose part at the leaves reads zero instead, or does not compute the
  * value: leaf_simpler), the left operand of a product (which skips those rows too), or
- * a slice or such a concat. Gradients follow the same uses, so they too are formed only
+ * a slice or such a concat, or an ebcast (a row read on its edges only). Gradients follow the same uses, so they too are formed only
  * at rows with children. */
 /* the buffer gather(k) of f reads: the state of the child's type */
 static int gather_src(const Model *m, const IrFunc *f, int k) {
   return m->typed && f->slot_type ? m->vertex[f->slot_type[k]]->state_buf : m->state_buf;
+}
+/* the state buffer a `children *` vertex's edges read */
+static int edge_src(const Model *m, const IrFunc *f) {
+  return m->typed ? m->vertex[f->edge_type]->state_buf : m->state_buf;
 }
 
 static bool leaves_untouched(const IrFunc *f, int b) {
@@ -364,7 +368,8 @@ static bool leaves_untouched(const IrFunc *f, int b) {
       for (int a = 0; a < u->nargs; a++) {
         if (u->args[a] != i) continue;
         bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
-                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u));
+                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u)) ||
+                  u->op == OP_EBCAST; /* which reads only rows with edges: with children */
         if (!ok) return false;
       }
     }
@@ -670,6 +675,19 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
           n->name ? " = " : "", op_info[n->op].name);
   switch (n->op) {
   case OP_GATHER: e->t->gather(e, n->ref, gather_src(m, f, n->ref), (Ref){&n->val, bwd}, bwd); return;
+  case OP_ECHILD:
+    fprintf(e->out, "  cavs_echild_%s(c, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", edge_src(m, f),
+            emit_ptr(e, (Ref){&n->val, bwd}, "0"), emit_ld(e, &n->val));
+    return;
+  case OP_EBCAST:
+  case OP_ESUM:
+    /* ebcast: the vertex's row to each of its edges; esum: its edges' rows summed (the
+       runtime's edge lists of rows r0..r0+n); backward, the gradients the other way */
+    if (bwd && !a->grad) return;
+    fprintf(e->out, "  cavs_%s_%s(c, %s, %s, %s, %s, %s, r0, n);\n", n->op == OP_EBCAST ? "ebcast" : "esum",
+            bwd ? "bwd" : "fwd", emit_ptr(e, (Ref){&a->val, bwd}, "0"), emit_ld(e, &a->val),
+            emit_ptr(e, (Ref){&n->val, bwd}, "0"), emit_ld(e, &n->val), emit_lin(m, n->width));
+    return;
   case OP_LOOKUP:
     e->t->lookup(e, (Ref){&a->val, bwd}, int_slot(m, b->ref), (Ref){&n->val, bwd}, n->width, bwd);
     return;
@@ -708,6 +726,27 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   }
 }
 
+/* Whether a unit runs over edge rows (a fused group, a product or a concat of edge
+ * values): between edge_scope's braces r0 and n are the edges of the stage's rows. The
+ * edge ops themselves (echild, ebcast, esum) take the vertex rows. */
+static bool unit_on_edges(const IrFunc *f, const Unit *u) {
+  if (u->kind == U_GROUP) return f->nodes[f->groups[u->index].members[0]].edge;
+  if (u->kind == U_MATMUL) return f->nodes[f->merges[u->index].left].edge;
+  const IrNode *x = &f->nodes[u->index];
+  return x->edge && op_info[x->op].kind != OK_EDGE;
+}
+static void edge_scope(Emit *e, bool *open, bool want) {
+  if (*open == want) return;
+  if (want)
+    fputs("  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */\n"
+          "    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;\n"
+          "    {\n      const int r0 = e0_, n = en_;\n      (void)r0; (void)n;\n",
+          e->out);
+  else
+    fputs("    }\n  }\n", e->out);
+  *open = want;
+}
+
 static void unit_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, bool bwd) {
   if (u->kind == U_GROUP) {
     if (bwd) group_bwd(e, f, u->index);
@@ -726,19 +765,29 @@ static void unit_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
 static void stage(Emit *e, const IrFunc *f, const bool *zero, const char *name, const char *what, int cls, bool bwd,
                   bool params) {
   e->t->fn_open(e, name, what);
+  bool open = false;
   if (!bwd) {
     for (int u = 0; u < f->nunits; u++)
-      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, zero, &f->units[u], false);
+      if (cls < 0 || f->units[u].cls == (Class)cls) {
+        edge_scope(e, &open, unit_on_edges(f, &f->units[u]));
+        unit_code(e, f, zero, &f->units[u], false);
+      }
   } else {
     for (int u = f->nunits - 1; u >= 0; u--)
-      if (cls < 0 || f->units[u].cls == (Class)cls) unit_code(e, f, zero, &f->units[u], true);
+      if (cls < 0 || f->units[u].cls == (Class)cls) {
+        edge_scope(e, &open, unit_on_edges(f, &f->units[u]));
+        unit_code(e, f, zero, &f->units[u], true);
+      }
     if (params)
       for (int u = 0; u < f->nunits; u++) {
         const Unit *un = &f->units[u];
-        if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))
+        if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL)) {
+          edge_scope(e, &open, unit_on_edges(f, un));
           prod_code(e, f, zero, un, 2);
+        }
       }
   }
+  edge_scope(e, &open, false);
   e->t->fn_close(e);
 }
 
@@ -861,8 +910,8 @@ static void descriptor(const Emit *e) {
     fprintf(c, "  {%s, ", emit_c_string(m->bufs[i].name));
     desc_lin(c, m->bufs[i].width);
     int v = m->bufs[i].vertex;
-    fprintf(c, ", %s, %d, %d},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE",
-            v, v >= 0 && leaves_untouched(m->vertex[v], i));
+    fprintf(c, ", %s, %d, %d, %d},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE",
+            v, v >= 0 && !m->bufs[i].edge && leaves_untouched(m->vertex[v], i), m->bufs[i].edge);
   }
   fprintf(c, "};\n");
   /* each vertex type's gathers: where child k's row goes, and whether it may be a view */
@@ -890,11 +939,12 @@ static void descriptor(const Emit *e) {
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
     bool named = f->slot_type && f->children;
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s},\n", emit_c_string(f->name),
-            f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"), fname(e, f, "fwd_lazy"),
-            fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"), e->eager_apart[i],
-            ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
-            named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL");
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d},\n",
+            emit_c_string(f->name), f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"),
+            fname(e, f, "fwd_lazy"), fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"),
+            e->eager_apart[i], ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
+            named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
+            f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1);
   }
   fprintf(c, "};\n");
   int nlosses = 0;
@@ -917,7 +967,7 @@ static void descriptor(const Emit *e) {
     const IrFunc *f = fs[k];
     for (int i = 0; i < f->n; i++) {
       const IrNode *x = &f->nodes[i];
-      if (!x->name || (x->uses == 0 && x->type != T_NONE)) continue;
+      if (!x->name || (x->uses == 0 && x->type != T_NONE) || x->edge) continue; /* per vertex only */
       const Place *p = x->val.kind == PL_ROW ? &x->val : x->keep ? &x->kval : NULL;
       if (!p || p->kind != PL_ROW) continue;
       bool twice = false; /* a name given twice in the block (a loop's `s = gather(k)`): neither */

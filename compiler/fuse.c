@@ -52,7 +52,7 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
     for (int j = 0; j < nv->nargs; j++) {
       int u = nv->args[j];
       IrNode *nu = &f->nodes[u];
-      if (!is_ew(nu) || nu->cls != nv->cls) continue;
+      if (!is_ew(nu) || nu->cls != nv->cls || nu->edge != nv->edge) continue; /* one row set a loop */
       int gu = find(parent, u), gv = find(parent, v);
       if (gu == gv) continue;
       uint64_t *mu = mem + (size_t)gu * words, *mv = mem + (size_t)gv * words;
@@ -139,7 +139,7 @@ static void zero_at_leaves(IrFunc *f) {
       for (int j = 0; j < n->nargs; j++) z = z && f->nodes[n->args[j]].zero_leaf;
       break;
     }
-    n->zero_leaf = z && f->kind == F_VERTEX;
+    n->zero_leaf = z && f->kind == F_VERTEX && !n->edge; /* a vertex without children has no edges */
   }
 }
 
@@ -157,12 +157,13 @@ static void dead_at_leaves(IrFunc *f) {
     if (op_info[n->op].kind == OK_SINK || f->kind != F_VERTEX) live[i] = true;
     if (!live[i]) continue;
     for (int j = 0; j < n->nargs; j++) {
-      /* a * b where the other factor is zero at the leaves: 0 there, whatever a is */
-      bool masked = n->op == OP_MUL && n->nargs == 2 && f->nodes[n->args[1 - j]].zero_leaf;
+      /* a * b where the other factor is zero at the leaves: 0 there, whatever a is; and
+         a row read only on its edges, which a vertex without children has none of */
+      bool masked = (n->op == OP_MUL && n->nargs == 2 && f->nodes[n->args[1 - j]].zero_leaf) || n->op == OP_EBCAST;
       if (!masked) live[n->args[j]] = true;
     }
   }
-  for (int i = 0; i < f->n; i++) f->nodes[i].dead_leaf = !live[i];
+  for (int i = 0; i < f->n; i++) f->nodes[i].dead_leaf = !live[i] && !f->nodes[i].edge;
   free(live);
 }
 

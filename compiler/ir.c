@@ -11,7 +11,7 @@ const OpInfo op_info[OP_COUNT] = {
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 24, "ops.def changed: its header says what else a new op needs");
+_Static_assert(OP_COUNT == 27, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
@@ -167,7 +167,19 @@ static void check_func(const Model *m, const IrFunc *f) {
                        f->name, i, j, n->args[j]);
     const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
     const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+    /* per edge: echild and ebcast, and what reads an edge value but esum; only in a
+       vertex function whose children are a set, and never a statement's operand */
+    bool edge = n->op == OP_ECHILD || n->op == OP_EBCAST;
+    for (int j = 0; j < n->nargs && n->op != OP_ESUM && n->op != OP_EBCAST; j++) edge = edge || f->nodes[n->args[j]].edge;
+    cv_assert(n->edge == edge && (!edge || (f->kind == F_VERTEX && f->edges)));
+    cv_assert(!(n->type == T_NONE && edge));
     switch (n->op) {
+    case OP_ECHILD:
+      cv_assert(f->kind == F_VERTEX && f->edges && n->type == T_ROW);
+      cv_assert(same(n->width, m->typed ? m->vertex[f->edge_type]->state : m->state));
+      break;
+    case OP_EBCAST: cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width)); break;
+    case OP_ESUM: cv_assert(a->type == T_ROW && a->edge && n->type == T_ROW && same(a->width, n->width)); break;
     case OP_CONST: cv_assert(n->type == T_SCALAR); break;
     case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
     case OP_INPUT:
@@ -244,6 +256,8 @@ static void check_func(const Model *m, const IrFunc *f) {
     cv_assert(nscatter == (f->scatters ? 1 : 0) && npush <= 1);
     cv_assert(m->typed || f->scatters);
     cv_assert(!m->typed == !f->slot_type || f->children == 0);
+    cv_assert(!f->edges || (f->children == 0 && (!m->typed || (f->edge_type >= 0 && f->edge_type < m->nvertex &&
+                                                                m->vertex[f->edge_type]->scatters))));
     for (int k = 0; f->slot_type && k < f->children; k++) {
       cv_assert(f->slot_type[k] >= 0 && f->slot_type[k] < m->nvertex && m->vertex[f->slot_type[k]]->scatters);
       check_ident(f->slot_name[k], "a child slot's name");
@@ -301,7 +315,9 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
   if (f->kind == F_PULL) fprintf(out, "\nfunc pull\n");
   else if (f->kind == F_PUSH) fprintf(out, "\nfunc push\n");
   else {
-    fprintf(out, "\nfunc vertex %s children %d", f->name, f->children);
+    if (f->edges) fprintf(out, "\nfunc vertex %s children *", f->name);
+    else fprintf(out, "\nfunc vertex %s children %d", f->name, f->children);
+    if (f->edges && m->typed) fprintf(out, " of %s", m->vertex[f->edge_type]->name);
     if (m->typed && f->scatters) fprintf(out, " state [%s]", lin_str(m, f->state, w, sizeof w));
     for (int k = 0; m->typed && f->slot_type && k < f->children; k++)
       fprintf(out, "%s%s:%s", k ? " " : " slots ", f->slot_name[k], m->vertex[f->slot_type[k]]->name);

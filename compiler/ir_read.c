@@ -299,7 +299,8 @@ static bool node_line(Rd *r) {
         !want(r, "]"))
       return false;
     break;
-  case OP_PUSHARG: break;
+  case OP_PUSHARG:
+  case OP_ECHILD: break;
   default:
     do {
       if (nargs == 64) FAIL(r, "too many operands");
@@ -326,6 +327,8 @@ static bool node_line(Rd *r) {
     for (int i = 0; i < nargs; i++) acc_add(w, f->nodes[args[i]].width);
     if (!acc_in_range(w)) FAIL(r, "concat's operands add up to more than %ld of a dim", LIN_MAX);
   }
+  n.edge = n.op == OP_ECHILD || n.op == OP_EBCAST;
+  for (int j = 0; j < nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++) n.edge = n.edge || f->nodes[args[j]].edge;
   if (nargs) {
     n.args = arena_alloc(sizeof(int) * (size_t)nargs);
     memcpy(n.args, args, sizeof(int) * (size_t)nargs);
@@ -347,11 +350,17 @@ static bool func_line(Rd *r) {
   } else if (!strcmp(kind, "vertex")) {
     if (m->push) FAIL(r, "vertex functions come before the push function");
     const char *name = ident(r);
-    long children;
-    if (!name || !fresh_name(r, name) || !want(r, "children") || !integer(r, &children)) return false;
+    long children = 0;
+    if (!name || !fresh_name(r, name) || !want(r, "children")) return false;
+    bool star = lit(r, "*");
+    if (!star && !integer(r, &children)) return false;
     if (children < 0 || children > CV_MAX_CHILDREN) FAIL(r, "children must be between 0 and %d", CV_MAX_CHILDREN);
     r->f = ir_func(F_VERTEX, name, here(r));
     r->f->children = (int)children;
+    r->f->edges = star;
+    r->f->edge_type = -1;
+    const char *of = NULL;
+    if (star && m->typed && (!want(r, "of") || !(of = ident(r)))) return false;
     r->f->scatters = !m->typed;
     if (m->typed && lit(r, "state")) {
       if (!want(r, "[") || !lin(r, &r->f->state) || !want(r, "]")) return false;
@@ -370,6 +379,12 @@ static bool func_line(Rd *r) {
         for (int j = 0; j < k; j++)
           if (!strcmp(r->f->slot_name[j], r->f->slot_name[k])) FAIL(r, "slot '%s' twice", r->f->slot_name[k]);
       }
+      r->slot_tnames[m->nvertex] = tn;
+    }
+    if (of) {
+      r->f->slot_type = NULL;
+      const char **tn = arena_alloc(sizeof(const char *));
+      tn[0] = of;
       r->slot_tnames[m->nvertex] = tn;
     }
     m->vertex = realloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
@@ -447,7 +462,19 @@ Model *ir_read(const char *path, const char *text, size_t len) {
   }
   /* slots name vertex functions that scatter, in any order */
   for (int v = 0; v < m->nvertex; v++)
-    for (int k = 0; r.slot_tnames && r.slot_tnames[v] && k < m->vertex[v]->children; k++) {
+    if (m->vertex[v]->edges && r.slot_tnames && r.slot_tnames[v]) {
+      int t = -1;
+      for (int u = 0; u < m->nvertex; u++)
+        if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][0])) t = u;
+      if (t < 0 || !m->vertex[t]->scatters) {
+        error_at(m->vertex[v]->loc, "the children of '%s' are '%s', %s", m->vertex[v]->name, r.slot_tnames[v][0],
+                 t < 0 ? "which is no vertex function" : "which scatters nothing");
+        return m;
+      }
+      m->vertex[v]->edge_type = t;
+    }
+  for (int v = 0; v < m->nvertex; v++)
+    for (int k = 0; r.slot_tnames && r.slot_tnames[v] && !m->vertex[v]->edges && k < m->vertex[v]->children; k++) {
       int t = -1;
       for (int u = 0; u < m->nvertex; u++)
         if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][k])) t = u;

@@ -123,6 +123,13 @@ decl:
 | VERTEX IDENT '(' CHILDREN slots ')' block
     { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->slots = $5;
       d->body = $7.head; add_decl(out, d); }
+| VERTEX IDENT '(' CHILDREN '*' ')' block
+    { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->star = true;
+      d->body = $7.head; add_decl(out, d); }
+| VERTEX IDENT '(' CHILDREN '*' ':' IDENT ')' block
+    { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->star = true;
+      Slot *s = arena_alloc(sizeof(Slot)); s->name = "*"; s->loc = @5; s->type = $7; s->type_loc = @7;
+      d->slots = s; d->body = $9.head; add_decl(out, d); }
 | PUSH '(' IDENT ')' block
     { Decl *d = ast_decl(D_PUSH, @1); d->name = $3; d->name_loc = @3; d->body = $5.head;
       add_decl(out, d); }
@@ -233,6 +240,10 @@ primary:
 | IDENT '(' IDENT IN expr DOTDOT expr ':' expr ')'
     { $$ = ast_node(N_SUMFOR, @$); $$->op = 0; $$->name = $3; $$->a = $5; $$->b = $7;
       $$->c = $9; $$->args = (Node **)arena_strdup($1); $$->depth = $9->depth + 1;
+      if ($$->depth > CV_MAX_NEST) { error_at(@$, "expression nested too deeply"); YYABORT; } }
+| IDENT '(' IDENT IN CHILDREN ':' expr ')'
+    { $$ = ast_node(N_SUMFOR, @$); $$->op = 'c'; $$->name = $3; $$->c = $7;
+      $$->args = (Node **)arena_strdup($1); $$->depth = $7->depth + 1;
       if ($$->depth > CV_MAX_NEST) { error_at(@$, "expression nested too deeply"); YYABORT; } }
 ;
 

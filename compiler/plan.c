@@ -165,6 +165,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     switch (op_info[x->op].kind) {
     case OK_GATHER:
     case OK_LOOKUP:
+    case OK_EDGE:
     case OK_CONCAT: fp.own[i] = true; break;
     case OK_GEMM: fp.own[i] = x->mm < 0; break;
     case OK_EW: fp.own[i] = leaves_group(f, i); break;
@@ -255,6 +256,21 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   }
   plan_keep(m, f);
   for (int b = b0; b < m->nbufs && f->kind == F_VERTEX; b++) m->bufs[b].vertex = f->index;
+  /* a buffer holds edge rows or vertex rows, never both */
+  for (int i = 0; i < n; i++) {
+    const IrNode *x = &f->nodes[i];
+    const Place *ps[2] = {&x->val, x->keep ? &x->kval : NULL};
+    for (int k = 0; k < 2; k++) {
+      if (!ps[k] || ps[k]->kind != PL_ROW) continue;
+      Buf *b = &m->bufs[ps[k]->buf];
+      cv_assert(ps[k]->buf >= b0 || !x->edge);
+      if (x->edge) b->edge = true;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if (x->val.kind == PL_ROW) cv_assert(m->bufs[x->val.buf].edge == x->edge);
+  }
 
   /* units */
   f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
@@ -286,7 +302,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     }
     bool code;
     switch (op_info[x->op].kind) {
-    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: code = true; break;
+    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: code = true; break;
     case OK_SINK: {
       /* only when the value was not computed in place */
       const IrNode *a = &f->nodes[x->args[0]];

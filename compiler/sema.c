@@ -124,6 +124,11 @@ typedef struct Ctx {
   Loc **vslot_loc;
   Lin *tstate;
   int cur_vi; /* the vertex block `block` runs */
+  bool *vedges;   /* per vertex block: `children *` */
+  int *vedge_type; /* its children's type (typed), else -1 */
+  /* inside sum(s in children: e): s and the echild node it names */
+  const char *edge_var;
+  int edge_node;
   Loc pushed_loc;
   const char *pushed_by;
 } Ctx;
@@ -185,6 +190,24 @@ static bool node_same(const IrNode *a, const IrNode *b) {
  * never merged. */
 static int add_node(Ctx *c, IrNode n) {
   bool pure = n.type != T_NONE;
+  /* an op on an edge value reads every vertex row it takes on each edge (a lookup or a
+     pull written inside sum(s in children: ...)) */
+  bool on_edges = false;
+  for (int j = 0; j < n.nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++)
+    on_edges = on_edges || (n.args[j] >= 0 && c->f->nodes[n.args[j]].edge);
+  for (int j = 0; on_edges && j < n.nargs; j++) {
+    int a = n.args[j];
+    if (a < 0 || c->f->nodes[a].type != T_ROW || c->f->nodes[a].edge) continue;
+    int *one = arena_alloc(sizeof(int));
+    one[0] = a;
+    n.args[j] = add_node(c, (IrNode){.op = OP_EBCAST, .type = T_ROW, .width = c->f->nodes[a].width, .nargs = 1,
+                                     .args = one, .loc = c->f->nodes[a].loc});
+    if (n.args[j] < 0) return -1;
+  }
+  /* per edge: echild, ebcast, and what reads an edge value but the sum over edges */
+  n.edge = n.op == OP_ECHILD || n.op == OP_EBCAST;
+  for (int j = 0; j < n.nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++)
+    n.edge = n.edge || (n.args[j] >= 0 && c->f->nodes[n.args[j]].edge);
   if (pure && c->ncse * 2 >= c->capcse) {
     int cap = c->capcse ? c->capcse * 2 : 256;
     int *t = malloc(sizeof(int) * (size_t)cap);
@@ -461,7 +484,22 @@ static bool assigned_later(const Stmt *s, const char *name) {
 
 static int eval(Ctx *c, const Node *n);
 
+/* Inside sum(s in children: e), a row of the vertex is read on each of its edges. */
+static int bcast(Ctx *c, int id) {
+  if (id < 0 || !c->edge_var || c->f->nodes[id].type != T_ROW || c->f->nodes[id].edge) return id;
+  int *args = arena_alloc(sizeof(int));
+  args[0] = id;
+  return mk_with(c, (IrNode){.op = OP_EBCAST, .type = T_ROW, .width = c->f->nodes[id].width, .nargs = 1, .args = args,
+                             .loc = c->f->nodes[id].loc});
+}
+
+static int eval_name_at(Ctx *c, const Node *n);
 static int eval_name(Ctx *c, const Node *n) {
+  if (c->edge_var && !strcmp(n->name, c->edge_var) && !loop_var(c, n->name)) return c->edge_node;
+  return bcast(c, eval_name_at(c, n));
+}
+
+static int eval_name_at(Ctx *c, const Node *n) {
   LoopVar *v = loop_var(c, n->name);
   if (v) return mk_const(c, (double)v->value, n->loc);
   const char *renamed = loop_rename(c, n->name);
@@ -621,6 +659,40 @@ static int require_row(Ctx *c, int id, const Node *n, const char *ctx) {
   return id;
 }
 
+/* sum(s in children: e): e at every edge of the vertex, s the child's state row, a row
+ * of the vertex read on each of its edges; summed over the edges (zero at a vertex
+ * without children). */
+static int eval_sum_children(Ctx *c, const Node *n) {
+  if (c->f->kind != F_VERTEX || !c->f->edges) {
+    error_at(n->loc, "sum(%s in children: ...) needs a vertex block with 'children *'", n->name);
+    return -1;
+  }
+  if (c->edge_var) {
+    error_at(n->loc, "sum over children inside another one");
+    return -1;
+  }
+  Lin w = c->state_known ? c->m->state : TOP;
+  if (c->m->typed) w = c->tstate[c->f->edge_type];
+  int child = mk_with(c, (IrNode){.op = OP_ECHILD, .type = T_ROW, .width = w, .loc = n->loc, .name = n->name});
+  if (child < 0) return -1;
+  c->edge_var = n->name;
+  c->edge_node = child;
+  int t = require_row(c, eval(c, n->c), n->c, "sum over children");
+  c->edge_var = NULL;
+  if (t < 0) return -1;
+  if (!node(c, t)->edge) { /* the same row on every edge: summed, its count of children times */
+    int *a = arena_alloc(sizeof(int));
+    a[0] = t;
+    t = mk_with(c, (IrNode){.op = OP_EBCAST, .type = T_ROW, .width = node(c, t)->width, .nargs = 1, .args = a,
+                            .loc = n->loc});
+    if (t < 0) return -1;
+  }
+  int *args = arena_alloc(sizeof(int));
+  args[0] = t;
+  return mk_with(c, (IrNode){.op = OP_ESUM, .type = T_ROW, .width = node(c, t)->width, .nargs = 1, .args = args,
+                             .loc = n->loc});
+}
+
 static int eval_sumfor(Ctx *c, const Node *n) {
   long lo, hi;
   if (!eval_int(c, n->a, &lo) || !eval_int(c, n->b, &hi)) return -1;
@@ -712,6 +784,15 @@ static int eval_call(Ctx *c, const Node *n) {
     return acc;
   }
   if (!strcmp(f, "gather")) {
+    if (c->edge_var) {
+      error_at(n->loc, "gather() inside sum(%s in children: ...): the child there is '%s'", c->edge_var, c->edge_var);
+      return -1;
+    }
+    if (c->f->kind == F_VERTEX && c->f->edges) {
+      error_at(n->loc, "vertex '%s' takes its children as a set ('children *'): read them with sum(s in children: ...)",
+               c->f->name);
+      return -1;
+    }
     if (c->f->kind != F_VERTEX) {
       error_at(n->loc, "gather() is only allowed in a vertex block");
       return -1;
@@ -810,8 +891,8 @@ static int eval(Ctx *c, const Node *n) {
       error_at(n->loc, "only 'sum' takes a range, not '%s'", (const char *)n->args);
       return -1;
     }
-    return eval_sumfor(c, n);
-  case N_PULL: return eval_pull(c, n);
+    return n->op == 'c' ? eval_sum_children(c, n) : eval_sumfor(c, n);
+  case N_PULL: return bcast(c, eval_pull(c, n));
   case N_SLICE: {
     int a = require_row(c, eval(c, n->a), n->a, "slicing");
     Lin lo, hi;
@@ -1049,6 +1130,12 @@ static IrFunc *block(Ctx *c, FuncKind kind, const Decl *d, int children) {
     f->slot_name = c->vslot_name[c->cur_vi];
     f->slot_type = c->vslot_type[c->cur_vi];
   }
+  f->edge_type = -1;
+  if (kind == F_VERTEX && c->vedges) {
+    f->edges = c->vedges[c->cur_vi];
+    f->edge_type = c->vedge_type[c->cur_vi];
+  }
+  c->edge_var = NULL;
   c->f = f;
   tab_free(&c->scope);
   c->nloops = 0;
@@ -1288,6 +1375,9 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   c->vslot_name = arena_alloc(sizeof(const char **) * (size_t)(nvertex + 1));
   c->vslot_type = arena_alloc(sizeof(int *) * (size_t)(nvertex + 1));
   c->vslot_loc = arena_alloc(sizeof(Loc *) * (size_t)(nvertex + 1));
+  c->vedges = arena_alloc(sizeof(bool) * (size_t)(nvertex + 1));
+  c->vedge_type = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
+  Loc *vedge_loc = arena_alloc(sizeof(Loc) * (size_t)(nvertex + 1));
   const Decl *typed_by = NULL, *untyped_by = NULL;
   int nv = 0;
   for (Decl *d = decls; d; d = d->next) {
@@ -1295,6 +1385,29 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
         tab_get(&c->globals, d->name)->loc.col != d->name_loc.col)
       continue;
     long k = 0;
+    c->vedges[nv] = d->star;
+    c->vedge_type[nv] = -1;
+    if (d->star) {
+      c->vslot_name[nv] = NULL;
+      c->vslot_type[nv] = NULL;
+      if (d->slots) {
+        Entry *e = tab_get(&c->globals, d->slots->type);
+        if (!e)
+          error_at(d->slots->type_loc, "the children are '%s', but no vertex block is named '%s'", d->slots->type,
+                   d->slots->type);
+        else if (e->kind != SYM_VERTEX)
+          error_at(d->slots->type_loc, "the children are '%s', which is %s, not a vertex block", d->slots->type,
+                   sym_what[e->kind]);
+        else
+          c->vedge_type[nv] = e->index;
+        vedge_loc[nv] = d->slots->type_loc;
+        if (!typed_by) typed_by = d;
+      } else if (!untyped_by)
+        untyped_by = d;
+      children[nv] = 0;
+      vdecl[nv++] = d;
+      continue;
+    }
     if (d->slots) {
       for (const Slot *s = d->slots; s; s = s->next) k++;
       if (k > CV_MAX_CHILDREN) {
@@ -1345,7 +1458,8 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     return m;
   }
   if (typed_by && untyped_by) {
-    error_at(untyped_by->value->loc, "vertex '%s' takes children of any type, but '%s' names its children's types",
+    error_at(untyped_by->value ? untyped_by->value->loc : untyped_by->name_loc,
+             "vertex '%s' takes children of any type, but '%s' names its children's types",
              untyped_by->name, typed_by->name);
     note_at(typed_by->name_loc, "name them in every block that takes children: children NAME: TYPE, ...");
   }
@@ -1373,13 +1487,16 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
       }
     }
     diag_silence(false);
-    for (int i = 0; i < nv; i++)
+    for (int i = 0; i < nv; i++) {
       for (int k = 0; k < children[i]; k++) {
         int t = c->vslot_type[i][k];
         if (!scat[t])
           error_at(c->vslot_loc[i][k], "slot '%s' holds a '%s', which never calls scatter()", c->vslot_name[i][k],
                    vdecl[t]->name);
       }
+      if (c->vedges[i] && !scat[c->vedge_type[i]])
+        error_at(vedge_loc[i], "the children are '%s', which never calls scatter()", vdecl[c->vedge_type[i]]->name);
+    }
     if (diag_count()) return m;
     m->vertex = arena_alloc(sizeof(IrFunc *) * (size_t)nv);
     for (int i = 0; i < nv; i++) {
@@ -1403,6 +1520,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
 
   diag_silence(true);
   for (int i = 0; i < nv && !c->state_known; i++) {
+    c->cur_vi = i;
     block(c, F_VERTEX, vdecl[i], children[i]);
     if (c->scatter >= 0) {
       Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
@@ -1418,6 +1536,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   const char *state_by = NULL;
   Loc state_loc = {0};
   for (int i = 0; i < nv; i++) {
+    c->cur_vi = i;
     IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
     m->vertex[m->nvertex++] = f;
     f->scatters = true;

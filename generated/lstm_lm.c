@@ -537,21 +537,21 @@ static const cavs_pgroup_desc pgroups[] = {
   {{1, {0}}, {0, {0, 0, 1}}, -1},
 };
 static const cavs_buf_desc bufs[] = {
-  {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0},
-  {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1},
-  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
-  {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1},
-  {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1},
-  {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
-  {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1},
-  {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
-  {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
-  {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0},
+  {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
+  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
+  {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
+  {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
+  {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
+  {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
+  {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
+  {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
   {0, 7, {0, {0}}, 1, 0},
@@ -559,7 +559,7 @@ static const cavs_gather_desc lstm_lm_token_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
-   0, NULL, NULL},
+   0, NULL, NULL, 0, -1, -1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

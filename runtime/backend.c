@@ -199,6 +199,25 @@ static bool leaves_unread(const cavs_ctx *c) {
   return true;
 }
 
+void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
+  BE(c)->echild_fwd(c, state, dst, ld, r0, n);
+}
+void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
+  BE(c)->echild_bwd(c, state, src, ld, r0, n);
+}
+void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  BE(c)->ebcast_fwd(c, src, lds, dst, ldd, w, r0, n);
+}
+void cavs_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  BE(c)->ebcast_bwd(c, dsrc, lds, ddst, ldd, w, r0, n);
+}
+void cavs_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  BE(c)->esum_fwd(c, src, lds, dst, ldd, w, r0, n);
+}
+void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  BE(c)->esum_bwd(c, dsrc, lds, ddst, ldd, w, r0, n);
+}
+
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
   if (viewed(c)) return;
   int skip = leaves_unread(c) ? c->leaf_rows : 0;

@@ -110,6 +110,15 @@ typedef struct cv_backend {
      message in the model when that failed */
   int (*pass_begin)(cavs_model *m, int pass);
   int (*pass_end)(cavs_model *m, int pass);
+
+  /* ---- children as a set (`children *`; optional: a model with such a vertex is
+     refused on a backend without them): the cavs_e* calls of cavs_abi.h ---- */
+  void (*echild_fwd)(cavs_ctx *c, int state, void *dst, long ld, int r0, int n);
+  void (*echild_bwd)(cavs_ctx *c, int state, const void *src, long ld, int r0, int n);
+  void (*ebcast_fwd)(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
+  void (*ebcast_bwd)(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
+  void (*esum_fwd)(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
+  void (*esum_bwd)(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
 } cv_backend;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */

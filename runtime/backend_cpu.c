@@ -394,6 +394,78 @@ static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long 
                      .w = c->model->bw[state]});
 }
 
+/* Children as sets (`children *`): the edges of rows [r0, r0 + n), one thread, in edge
+ * order (a sum over a row's edges has the same bits at any thread count). */
+#define EDGE_OPS(R, S)                                                                                       \
+  static void echild_fwd_##S(cavs_ctx *c, int state, R *dst, long ld, int r0, int n) {                       \
+    const R *st = (const R *)c->val[state];                                                                  \
+    long w = c->model->bw[state];                                                                            \
+    for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++)                                                      \
+      memcpy(dst + (size_t)e * (size_t)ld, st + (size_t)c->echild[e] * (size_t)w, sizeof(R) * (size_t)w);    \
+  }                                                                                                          \
+  static void echild_bwd_##S(cavs_ctx *c, int state, const R *src, long ld, int r0, int n) {                 \
+    R *st = (R *)c->grad[state];                                                                             \
+    long w = c->model->bw[state];                                                                            \
+    for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++) {                                                    \
+      R *o = st + (size_t)c->echild[e] * (size_t)w;                                                          \
+      const R *s = src + (size_t)e * (size_t)ld;                                                             \
+      for (long j = 0; j < w; j++) o[j] += s[j];                                                             \
+    }                                                                                                        \
+  }                                                                                                          \
+  static void ebcast_##S(cavs_ctx *c, R *v, long ldv, R *ev, long lde, long w, int r0, int n, bool bwd) {     \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (int e = c->eoff[r]; e < c->eoff[r + 1]; e++) {                                                    \
+        R *a = v + (size_t)r * (size_t)ldv, *b = ev + (size_t)e * (size_t)lde;                               \
+        if (bwd)                                                                                             \
+          for (long j = 0; j < w; j++) a[j] += b[j];                                                         \
+        else                                                                                                 \
+          memcpy(b, a, sizeof(R) * (size_t)w);                                                               \
+      }                                                                                                      \
+  }                                                                                                          \
+  static void esum_fwd_##S(cavs_ctx *c, const R *src, long lds, R *dst, long ldd, long w, int r0, int n) {   \
+    for (int r = r0; r < r0 + n; r++) {                                                                      \
+      R *o = dst + (size_t)r * (size_t)ldd;                                                                  \
+      memset(o, 0, sizeof(R) * (size_t)w);                                                                   \
+      for (int e = c->eoff[r]; e < c->eoff[r + 1]; e++)                                                      \
+        for (long j = 0; j < w; j++) o[j] += src[(size_t)e * (size_t)lds + (size_t)j];                       \
+    }                                                                                                        \
+  }                                                                                                          \
+  static void esum_bwd_##S(cavs_ctx *c, R *dsrc, long lds, const R *ddst, long ldd, long w, int r0, int n) { \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (int e = c->eoff[r]; e < c->eoff[r + 1]; e++)                                                      \
+        for (long j = 0; j < w; j++) dsrc[(size_t)e * (size_t)lds + (size_t)j] += ddst[(size_t)r * (size_t)ldd + (size_t)j]; \
+  }
+EDGE_OPS(float, f)
+EDGE_OPS(double, d)
+#undef EDGE_OPS
+
+#define EDGE_CALL(c, name, ...)                                                                              \
+  do {                                                                                                       \
+    double t0_ = cv_now();                                                                                   \
+    LAUNCH(c, n > 0);                                                                                        \
+    if (DBL(c)) name##_d(__VA_ARGS__);                                                                       \
+    else name##_f(__VA_ARGS__);                                                                              \
+    c->model->stats.rows_seconds += cv_now() - t0_;                                                          \
+  } while (0)
+static void cpu_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
+  EDGE_CALL(c, echild_fwd, c, state, dst, ld, r0, n);
+}
+static void cpu_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
+  EDGE_CALL(c, echild_bwd, c, state, src, ld, r0, n);
+}
+static void cpu_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  EDGE_CALL(c, ebcast, c, (void *)src, lds, dst, ldd, w, r0, n, false);
+}
+static void cpu_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  EDGE_CALL(c, ebcast, c, dsrc, lds, (void *)ddst, ldd, w, r0, n, true);
+}
+static void cpu_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  EDGE_CALL(c, esum_fwd, c, src, lds, dst, ldd, w, r0, n);
+}
+static void cpu_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  EDGE_CALL(c, esum_bwd, c, dsrc, lds, ddst, ldd, w, r0, n);
+}
+
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,
                            int n, long width) {
   LAUNCH(c, n > 0 && width > 0);
@@ -551,4 +623,10 @@ const cv_backend cv_backend_cpu = {
     .wait = NULL,
     .pass_begin = NULL,
     .pass_end = NULL,
+    .echild_fwd = cpu_echild_fwd,
+    .echild_bwd = cpu_echild_bwd,
+    .ebcast_fwd = cpu_ebcast_fwd,
+    .ebcast_bwd = cpu_ebcast_bwd,
+    .esum_fwd = cpu_esum_fwd,
+    .esum_bwd = cpu_esum_bwd,
 };

@@ -830,4 +830,11 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_wait,
     cuda_pass_begin,
     cuda_pass_end,
+    /* children as sets: not yet on the GPU (a model with `children *` is refused here) */
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };

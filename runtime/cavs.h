@@ -325,6 +325,7 @@ typedef struct cavs_train_state {
 /* What a checkpoint may hold; anything beyond is refused as damaged. */
 #define CAVS_MAX_CKPT_BYTES ((uint64_t)1 << 36)
 #define CAVS_MAX_SOURCE_BYTES (64 << 20)
+#define CAVS_MAX_SET 32 /* children a data file gives a vertex whose block takes them as a set */
 #define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255

@@ -181,6 +181,7 @@ typedef struct cavs_buf_desc {
   int vertex; /* the vertex type whose stages alone use it (only its rows hold values), or
                  -1 (the state, push and pull buffers) */
   int inner;  /* 1: nothing writes or reads it at a row without children */
+  int edge;   /* 1: one row per edge (cavs_ctx.eoff), not per vertex */
 } cavs_buf_desc;
 
 /* A value the .vf names that is stored per row (cavs_model_vertex_value): block
@@ -228,6 +229,9 @@ typedef struct cavs_vertex_desc {
   int state;
   const char *const *slot_names;
   const int *slot_types;
+  /* `children *`: any number of children, each an edge (children is then 0); the type
+     every child must be (-1: any) and the state buffer its edges read */
+  int edges, edge_type, edge_state;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
@@ -299,6 +303,10 @@ struct cavs_ctx {
   int leaf_rows;             /* the first leaf_rows rows of the current stage's range have
                                 no children (level 0): values made only of gathered rows
                                 are zero there */
+  /* the edges (children of `children *` vertices), numbered row by row: row r's are
+     [eoff[r], eoff[r + 1]), each with its parent's row and its child's (host memory;
+     NULL in a model without such vertices) */
+  const int *eoff, *eparent, *echild;
   int keep;                  /* 1: a forward pass stores the values its backward pass reads
                                 rather than computes again (the C target's kept values);
                                 0 in inference (cavs_model_set_inference) */
@@ -355,6 +363,16 @@ typedef void (*cavs_cols)(cavs_ctx *c, int r0, int n, long j0, long j1);
  * gradients that may overlap). */
 void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
 /* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
+/* The edges of rows [r0, r0+n) (`children *`): the child's state row to each edge of
+ * the buffer at dst (echild); a row of src to each of its edges (ebcast); each row's
+ * edges summed (esum, zero where it has none); backward, the gradients the other way,
+ * added. Buffers are passed at their row 0, edge buffers at their edge 0. */
+void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n);
+void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n);
+void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
+void cavs_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
+void cavs_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
+void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
 /* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);

@@ -109,6 +109,13 @@ struct cavs_model {
   int *level, *row_of, *pcount, *padj, *queue, *vtype;
   int *vtask, *urg; /* a vertex's task; its longest path up to a root */
   int *tcount;      /* [v * types + t]: the lower bound's counts */
+  /* children as sets (`children *`): the edges, row by row (cavs_ctx.eoff); edge
+     buffers hold cap_edges rows */
+  int *eoff, *eparent, *echild;
+  long nedges, cap_edges;
+  int capeoff;
+  int maxc_fixed; /* the most children of a vertex type that names them */
+  bool has_edges; /* a type takes its children as a set */
   size_t captcount;
   int capcount;
   int *count;
@@ -161,5 +168,6 @@ void cv_sparse_reset(cavs_model *m);
 int cv_alloc_moments(cavs_model *m);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
+int cv_grow_edges(cavs_model *m, long edges);
 
 #endif

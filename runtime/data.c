@@ -142,13 +142,14 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   }
   sh->leaf_type = sh->inner_type = -1;
   for (int t = 0; t < d->nvertex; t++) {
-    if (d->vertex[t].children > sh->maxc) sh->maxc = d->vertex[t].children;
-    if (d->vertex[t].children == 0 && sh->leaf_type < 0) sh->leaf_type = t;
-    if (d->vertex[t].children > 0 && sh->inner_type < 0) sh->inner_type = t;
+    int kids = cv_type_children(d, t);
+    if (kids > sh->maxc) sh->maxc = kids;
+    if (kids == 0 && sh->leaf_type < 0) sh->leaf_type = t;
+    if (kids > 0 && sh->inner_type < 0) sh->inner_type = t;
   }
   if (sh->inner_type < 0) sh->inner_type = 0;
   if (sh->leaf_type < 0) sh->leaf_type = sh->inner_type;
-  sh->inner_children = d->nvertex ? d->vertex[sh->inner_type].children : 0;
+  sh->inner_children = d->nvertex ? cv_type_children(d, sh->inner_type) : 0;
   sh->inner_name = d->nvertex ? d->vertex[sh->inner_type].name : "";
   if (sh->maxc < 1) {
     snprintf(err, errlen, "model '%s' has no vertex block that takes children", d->name);
@@ -156,6 +157,8 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   }
   return 0;
 }
+
+int cv_type_children(const cavs_desc *d, int t) { return d->vertex[t].edges ? CAVS_MAX_SET : d->vertex[t].children; }
 
 int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
   if (s->nv - first >= CAVS_MAX_GRAPH_VERTICES) {

@@ -65,6 +65,9 @@ bool cv_grow_array(void *p, size_t elem, size_t n);
 /* A new vertex (all slots empty, features -1, reals 0) of the graph that began at vertex
  * `first`, and the end of that graph; -1 with a message (no FILE:LINE) in err. */
 int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen);
+/* the children a data file may give a vertex of type t: its slots, or CAVS_MAX_SET for a
+ * block that takes them as a set */
+int cv_type_children(const cavs_desc *d, int t);
 /* strtod in the "C" locale, whatever locale the application has set (a German
    LC_NUMERIC would read "0.5" as 0 and stop at the point). */
 double cv_strtod(const char *s, char **end);

@@ -181,7 +181,8 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
   c->vline[id] = lineno;
   int slot = 0;
   while ((w = next_word(&p))) {
-    if (slot >= d->vertex[type].children) CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, d->vertex[type].children, tname);
+    if (slot >= cv_type_children(d, type))
+      CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, cv_type_children(d, type), tname);
     if (strcmp(w, "-")) {
       long ch = strtol(w, &end, 10);
       if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, w);

@@ -282,6 +282,19 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   int N = (int)total;
   /* the per-row buffers first: they check the memory the minibatch needs, scratch
      included, before anything is allocated */
+  /* a type that takes its children as a set takes as many as a graph gives: the child
+     array's stride grows to the largest */
+  if (m->has_edges) {
+    int need = m->maxc_fixed;
+    for (int g = 0; g < k; g++)
+      if (graphs[g]->maxc > need) need = graphs[g]->maxc;
+    if (need > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "a graph with %d child slots a vertex", need);
+    if (need > m->maxc) {
+      if (m->cap_rows && cv_grow(m, &m->child, sizeof(int) * (size_t)need, (size_t)m->cap_rows)) return -1;
+      m->maxc = m->ctx.maxc = need;
+      m->ctx.child = m->child;
+    }
+  }
   if (cv_grow_rows(m, N)) return -1;
   if (N > m->capv) {
     if (cv_grow(m, &m->level, sizeof(int), (size_t)N) || cv_grow(m, &m->row_of, sizeof(int), (size_t)N) ||
@@ -313,9 +326,14 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         int ch = G->child[(size_t)v * G->maxc + s];
         if (ch < 0) continue;
         if (ch >= G->n) return cv_fail(m, "graph %d, vertex %d: child %d is out of range", g, v, ch);
-        if (s >= d->vertex[t].children)
+        if (s >= d->vertex[t].children && !d->vertex[t].edges)
           return cv_fail(m, "graph %d, vertex %d: a child in slot %d, but '%s' takes %d", g, v, s,
                          d->vertex[t].name, d->vertex[t].children);
+        int et = d->vertex[t].edge_type, cty = G->type ? G->type[ch] : 0;
+        if (d->vertex[t].edges && et >= 0 && cty != et)
+          return cv_fail(m, "graph %d, vertex %d: child %d is a '%s', but the children of '%s' are '%s'", g, v, ch,
+                         cty >= 0 && cty < d->nvertex ? d->vertex[cty].name : "?", d->vertex[t].name,
+                         d->vertex[et].name);
         const int *st = d->vertex[t].slot_types;
         int ct = G->type ? G->type[ch] : 0;
         if (st && ct != st[s]) {
@@ -483,6 +501,32 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       }
     }
     base += G->n;
+  }
+  /* the edges of the types that take their children as a set, row by row */
+  if (m->has_edges) {
+    if (cv_grow(m, &m->eoff, sizeof(int), (size_t)N + 1)) return -1;
+    long E = 0;
+    for (int t = 0; t < d->nvertex; t++)
+      for (int r = m->type_r0[t]; d->vertex[t].edges && r < m->type_r0[t] + m->type_n[t]; r++)
+        for (int s = 0; s < C; s++) E += m->child[(size_t)r * C + s] >= 0;
+    if (E > INT_MAX) return cv_fail(m, "minibatch too large (%ld edges)", E);
+    if (cv_grow_edges(m, E)) return -1;
+    int e = 0;
+    for (int t = 0; t < d->nvertex; t++)
+      for (int r = m->type_r0[t]; r < m->type_r0[t] + m->type_n[t]; r++) {
+        m->eoff[r] = e;
+        for (int s = 0; d->vertex[t].edges && s < C; s++) {
+          int ch = m->child[(size_t)r * C + s];
+          if (ch < 0) continue;
+          m->eparent[e] = r;
+          m->echild[e++] = ch;
+        }
+      }
+    m->eoff[N] = e;
+    m->nedges = E;
+    m->ctx.eoff = m->eoff;
+    m->ctx.eparent = m->eparent;
+    m->ctx.echild = m->echild;
   }
   /* the gathers' layout: a task's gathered rows are in place when its rows with
      children (those past its first task_leaf) have every slot of their type filled and
@@ -853,7 +897,7 @@ void cavs_model_backward(cavs_model *m) {
   /* (a gathered buffer viewed in the state's is not used: its gradient is the state's) */
   for (int b = 0; b < d->nbufs; b++)
     if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE && m->cgrad[b] == m->grad[b])
-      m->be->zero(m, m->grad[b], (size_t)N * (size_t)m->bw[b] * m->esize);
+      m->be->zero(m, m->grad[b], (size_t)(d->bufs[b].edge ? m->nedges : N) * (size_t)m->bw[b] * m->esize);
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
       m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
@@ -887,7 +931,9 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
     for (int b = 0; b < d->nbufs; b++) {
       bool shared = b == d->state_buf || b == d->push_buf;
       for (int t = 0; t < d->nvertex; t++) shared = shared || b == d->vertex[t].state;
-      if (shared != (pass == 1) || m->cval[b] != m->val[b]) continue; /* a view holds nothing of its own */
+      /* a view holds nothing of its own; an edge buffer's values are summed into its
+         vertices' (esum), where a NaN shows */
+      if (shared != (pass == 1) || m->cval[b] != m->val[b] || d->bufs[b].edge) continue;
       /* a vertex type's buffer holds values at that type's rows alone, and an inner one
          only at those with children (the first type_leaf rows of its range have none) */
       int t = d->bufs[b].vertex, r0 = 0, r1 = m->rows;

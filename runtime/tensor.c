@@ -84,6 +84,7 @@ static int row_bytes(const cavs_model *m, size_t *out) {
   size_t b = (size_t)m->maxc * sizeof(int) + 2 + sizeof(int) + (size_t)d->nint * sizeof(int) + 8 * sizeof(int);
   for (int i = 0; i < d->nbufs; i++) {
     size_t w;
+    if (d->bufs[i].edge) continue; /* cv_grow_edges */
     if (__builtin_mul_overflow((size_t)m->bw[i], m->esize * (d->bufs[i].grad ? 2 : 1), &w) ||
         __builtin_add_overflow(b, w, &b))
       return -1;
@@ -143,6 +144,10 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     for (int g = 0; ok && g < v->ngathers; g++) ok = v->gathers[g].src >= 0 && v->gathers[g].src < d->nbufs;
     for (int k = 0; ok && v->slot_types && k < v->children; k++)
       ok = v->slot_types[k] >= 0 && v->slot_types[k] < d->nvertex && d->vertex[v->slot_types[k]].state >= 0;
+    if (ok && v->edges)
+      ok = v->children == 0 && v->edge_state >= 0 && v->edge_state < d->nbufs &&
+           (v->edge_type < 0 ? v->edge_state == d->state_buf
+                             : v->edge_type < d->nvertex && d->vertex[v->edge_type].state == v->edge_state);
     if (!ok) {
       snprintf(err, errlen, "model '%s': vertex type %d's states or child slots are inconsistent", d->name, t);
       return NULL;
@@ -158,6 +163,12 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
              "cavsc --target=%s)", d->name, t, be->name, be->target == CAVS_TARGET_CUDA ? "cuda" : "c");
     return NULL;
   }
+  for (int t = 0; t < d->nvertex; t++)
+    if (d->vertex[t].edges && !be->esum_fwd) {
+      snprintf(err, errlen, "model '%s': vertex '%s' takes its children as a set (children *), which the %s backend "
+               "does not run yet", d->name, d->vertex[t].name, be->name);
+      return NULL;
+    }
   if (be->probe(err, errlen)) return NULL;
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
@@ -271,8 +282,11 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   c->iin = (const int **)m->iin;
   c->rin = (const void **)m->rin;
   m->maxc = 1;
-  for (int v = 0; v < d->nvertex; v++)
+  for (int v = 0; v < d->nvertex; v++) {
     if (d->vertex[v].children > m->maxc) m->maxc = d->vertex[v].children;
+    m->has_edges = m->has_edges || d->vertex[v].edges;
+  }
+  m->maxc_fixed = m->maxc;
   c->maxc = m->maxc;
   NEW(m->type_r0, d->nvertex, "vertex types");
   NEW(m->tview, d->nvertex, "vertex types");
@@ -311,6 +325,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->tcount);
+  free(m->eoff); free(m->eparent); free(m->echild);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
@@ -322,6 +337,46 @@ void cavs_model_free(cavs_model *m) {
   free(m->ntouched);
   free(m->mark);
   free(m);
+}
+
+/* The edge buffers (cavs_buf_desc.edge) for `edges` edges, grown by doubling; their
+ * bytes and the rows' together held to the memory limit. */
+int cv_grow_edges(cavs_model *m, long edges) {
+  if (edges <= m->cap_edges) return 0;
+  const cavs_desc *d = m->d;
+  long cap = m->cap_edges ? m->cap_edges : 256;
+  while (cap < edges) cap *= 2;
+  size_t per = 2 * sizeof(int), rows = 0, need;
+  for (int b = 0; b < d->nbufs; b++)
+    if (d->bufs[b].edge) per += (size_t)m->bw[b] * m->esize * (d->bufs[b].grad ? 2 : 1);
+  if (cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_mul_overflow(per, (size_t)cap, &need) ||
+      __builtin_add_overflow(need, rows, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
+      need > cavs_memory_limit())
+    return cv_fail_mem(m, "a minibatch of %ld edges needs %.2f GiB (%zu bytes an edge) besides its vertices' and the "
+                       "model's, more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
+                       edges, gib(per * (size_t)edges), per, gib(cavs_memory_limit()));
+  for (int b = 0; b < d->nbufs; b++) {
+    if (!d->bufs[b].edge) continue;
+    size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
+    m->be->release(m->val[b]);
+    m->val[b] = m->be->alloc(bytes);
+    if (d->bufs[b].grad) {
+      m->be->release(m->grad[b]);
+      m->grad[b] = m->be->alloc(bytes);
+    }
+    m->cval[b] = m->val[b];
+    m->cgrad[b] = m->grad[b];
+    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
+      m->cap_edges = 0;
+      return cv_fail_mem(m, "out of memory for %ld edges", edges);
+    }
+  }
+  if (cv_grow(m, &m->eparent, sizeof(int), (size_t)cap) || cv_grow(m, &m->echild, sizeof(int), (size_t)cap)) {
+    m->cap_edges = 0;
+    return -1;
+  }
+  m->cap_edges = cap;
+  return 0;
 }
 
 int cv_grow_rows(cavs_model *m, int rows) {
@@ -340,6 +395,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
   }
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
+    if (d->bufs[b].edge) continue; /* cv_grow_edges */
     size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
     m->be->release(m->val[b]);
     m->val[b] = m->be->alloc(bytes);
@@ -395,7 +451,7 @@ void cavs_model_set_inference(cavs_model *m, int on) {
 int cavs_model_poison(cavs_model *m) {
   const cavs_desc *d = m->d;
   for (int b = 0; b < d->nbufs; b++) {
-    size_t n = (size_t)m->cap_rows * (size_t)m->bw[b];
+    size_t n = (size_t)(d->bufs[b].edge ? m->cap_edges : m->cap_rows) * (size_t)m->bw[b];
     unsigned char *nan = malloc(n * m->esize + 1);
     if (!nan) return cv_fail_mem(m, "out of memory");
     for (size_t i = 0; i < n; i++)

@@ -222,8 +222,9 @@ static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, u
 static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inner) {
   *arity = 1, *leaf = 0, *inner = 0;
   for (int t = 0; t < d->nvertex; t++) {
-    if (d->vertex[t].children > *arity) *arity = d->vertex[t].children;
-    if (d->vertex[t].children == 0) *leaf = t;
+    int kids = d->vertex[t].edges ? 4 : d->vertex[t].children; /* a set: up to 4 here */
+    if (kids > *arity) *arity = kids;
+    if (kids == 0) *leaf = t;
     else *inner = t;
   }
   if (d->nvertex == 1) *leaf = *inner = 0;
