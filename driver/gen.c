@@ -12,16 +12,17 @@
 
 int cmd_gen(int argc, char **argv) {
   if (argc < 2)
-    die(1, "gen: usage: cavs gen toy|complete|random|tagger [--graphs N] [--leaves L] [--words W] [--classes C] "
-           "[--seed S] [--dag] [--chars] -o FILE");
+    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger [--graphs N] [--leaves L] [--words W] [--classes C] "
+           "[--arity A] [--seed S] [--dag] [--chars] -o FILE");
   const char *kind = argv[1], *out = NULL;
   long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
   uint64_t seed = 1;
-  int dag = 0, chars = 0;
+  int dag = 0, chars = 0, arity = 4;
   bool words_given = false, classes_given = false;
   static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
                                      {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
                                      {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'}, {"chars", 0, 0, 'h'},
+                                     {"arity", 1, 0, 'a'},
                                      {0, 0, 0, 0}};
   optind = 2;
   opterr = 0; /* opt_complain says what was wrong */
@@ -36,6 +37,7 @@ int cmd_gen(int argc, char **argv) {
     case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
     case 'g': dag = 1; break;
     case 'h': chars = 1; break;
+    case 'a': arity = (int)parse_long("arity", optarg, 2, CAVS_MAX_SET); break;
     case 'o': out = optarg; break;
     case '?': opt_complain("cavs", "gen", argv[optind - 1], lo); exit(1);
     default: exit(1);
@@ -51,6 +53,7 @@ int cmd_gen(int argc, char **argv) {
   FILE *f = fdopen(fd, "w");
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
+  else if (!strcmp(kind, "nary")) rc = cavs_gen_nary(f, (int)graphs, (int)leaves, (int)words, arity, (uint64_t)seed);
   else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
   else if (!strcmp(kind, "tagger"))
     rc = cavs_gen_tagger(f, (int)graphs, words_given ? (int)words : 1000, classes_given ? (int)classes : 12, chars,
@@ -60,7 +63,7 @@ int cmd_gen(int argc, char **argv) {
   else {
     fclose(f);
     unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, complete, random, tagger)", kind);
+    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger)", kind);
   }
   if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
     unlink(tmp);

@@ -19,7 +19,7 @@ static void childsum_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:30  x = lookup */
+  /* childsum.vf:33  x = lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -32,7 +32,7 @@ static void childsum_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:30  x = lookup */
+  /* childsum.vf:33  x = lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -66,13 +66,13 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 38  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 38  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: xf (lines 38) */
+  /* group g1 forward, [n, H]: xf (lines 41) */
   cavs_loop(c, childsum_node_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
 
@@ -212,33 +212,33 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:34  s = echild */
+  /* childsum.vf:37  s = echild */
   cavs_echild_fwd(c, 0, V[12] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* childsum.vf:34  hs = esum */
+  /* childsum.vf:37  hs = esum */
   cavs_esum_fwd(c, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[11] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 35  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* childsum.vf:38  ebcast */
+  /* childsum.vf:41  ebcast */
   cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 39  %2 @ Uf: [n, H] */
+  /* line 42  %2 @ Uf: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             P[4], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
-  /* group g2 forward, [n, H]: (lines 39) */
+  /* group g2 forward, [n, H]: (lines 42) */
   cavs_loop(c, childsum_node_fwd_path_g2, r0, n, D_H, 0);
     }
   }
-  /* childsum.vf:39  fc = esum */
+  /* childsum.vf:42  fc = esum */
   cavs_esum_fwd(c, V[6] + (size_t)(0) * D_H, D_H, V[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g0 forward, [n, H]: i o u c h (lines 35 36 37 40 41) */
+  /* group g0 forward, [n, H]: i o u c h (lines 38 39 40 43 44) */
   cavs_loop(c, childsum_node_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, childsum_node_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* childsum.vf:42  concat */
+  /* childsum.vf:45  concat */
 }
 
 /* vertex node, lazy phase: every row of the type at once */
@@ -250,7 +250,7 @@ static void childsum_node_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:43  push */
+  /* childsum.vf:46  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -263,7 +263,7 @@ static void childsum_node_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:43  push */
+  /* childsum.vf:46  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -458,32 +458,32 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:42  concat */
-  /* group g0 backward, [n, H]: i o u c h (lines 35 36 37 40 41) */
+  /* childsum.vf:45  concat */
+  /* group g0 backward, [n, H]: i o u c h (lines 38 39 40 43 44) */
   cavs_loop(c, childsum_node_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, childsum_node_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* childsum.vf:39  fc = esum */
+  /* childsum.vf:42  fc = esum */
   cavs_esum_bwd(c, G[6] + (size_t)(0) * D_H, D_H, G[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, H]: (lines 39) */
+  /* group g2 backward, [n, H]: (lines 42) */
   cavs_loop(c, childsum_node_bwd_path_g2, r0, n, D_H, 0);
-  /* line 39  d%2 += d(%2 @ Uf) W^T */
+  /* line 42  d%2 += d(%2 @ Uf) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
             P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
-  /* childsum.vf:38  ebcast */
+  /* childsum.vf:41  ebcast */
   cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 35  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 38  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[11] + (size_t)(0) * D_H, D_H);
-  /* childsum.vf:34  hs = esum */
+  /* childsum.vf:37  hs = esum */
   cavs_esum_bwd(c, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[11] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* childsum.vf:34  s = echild */
+  /* childsum.vf:37  s = echild */
   cavs_echild_bwd(c, 0, G[12] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
@@ -518,21 +518,21 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* group g1 backward, [n, H]: xf (lines 38) */
+  /* group g1 backward, [n, H]: xf (lines 41) */
   cavs_loop(c, childsum_node_bwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 38  dx += d(x @ Wf) W^T, rows with a word and children */
+  /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 38  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 35  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 38  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 35  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 38  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 38  dW += x^T d(x @ Wf), over all rows with a word and children */
+  /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[10] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
@@ -540,7 +540,7 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 39  dW += %2^T d(%2 @ Uf), over all rows */
+  /* line 42  dW += %2^T d(%2 @ Uf), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             G[7] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
     }
@@ -577,12 +577,12 @@ static void childsum_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 47  h @ Wc: [n, C] */
+  /* line 50  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 47) */
+  /* group g0 forward, [n, C]: logits (lines 50) */
   cavs_loop(c, childsum_push_fwd_g0, r0, n, D_C, 0);
-  /* childsum.vf:48  softmax_xent */
+  /* childsum.vf:51  softmax_xent */
   cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
@@ -617,14 +617,14 @@ static void childsum_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* childsum.vf:48  softmax_xent */
+  /* childsum.vf:51  softmax_xent */
   cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 47) */
+  /* group g0 backward, [n, C]: logits (lines 50) */
   cavs_loop(c, childsum_push_bwd_g0, r0, n, D_C, 0);
-  /* line 47  dh += d(h @ Wc) W^T */
+  /* line 50  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
-  /* line 47  dW += h^T d(h @ Wc), over all rows */
+  /* line 50  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
@@ -733,7 +733,10 @@ const cavs_desc childsum_desc = {
     "# of its edges. Fit for dependency trees, where a word has any number of dependents.\012"
     "#\012"
     "# Data: ptb-tree (any node may have up to 32 children) or cgf; e.g. `cavs gen nary`\012"
-    "#   (random trees of 1 to 6 children a node, labelled as the toy treebank).\012"
+    "#   (the toy treebank with 2 to 4 children a node). SST, the defaults, 5 epochs: dev\012"
+    "#   0.813 over all nodes, 0.454 at the root, 2.6 s an epoch (the binary Tree-LSTM:\012"
+    "#   the same, 2.0 s); nary trees (4000, 16 leaves, 200 words), E=H=64, batch 32, lr\012"
+    "#   0.005, 6 epochs: 0.944 / 0.744 (2 threads, 2-core AMD EPYC).\012"
     "# Dims: E = 256, H = 256, C = 5, V = vocab(word).\012"
     "\012"
     "model childsum;\012"

@@ -360,6 +360,10 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
  * complete binary trees (the Tree-FC benchmark). */
 int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed);
 int cavs_gen_complete(FILE *out, int ntrees, int leaves, int nwords, int nclass, uint64_t seed);
+/* The toy treebank with nodes of 2 to maxarity children (at most CAVS_MAX_SET): a node
+ * merges that many neighbouring phrases, a leading negator flipping the sum of the
+ * others' polarities; for models that take children as a set (childsum.vf). */
+int cavs_gen_nary(FILE *out, int ntrees, int maxleaves, int nwords, int maxarity, uint64_t seed);
 /* Random trees (ptb-tree), or with dag, random DAGs in cgf with types leaf/internal. */
 int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, int dag, uint64_t seed);
 /* Sentences of 10 to 60 words for dsl-examples/tagger.vf (cgf: fwd, bwd and tok

@@ -371,12 +371,15 @@ static void free_strings(char **txt, int n) {
   for (int i = 0; i < n; i++) free(txt[i]);
 }
 
-int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed) {
+/* maxk: the most phrases a node merges (2: binary, the toy treebank; more: cavs_gen_nary,
+ * whose merges of k > 2 phrases draw k and are written only then) */
+static int gen_toy_k(FILE *out, int ntrees, int maxleaves, int nwords, int maxk, uint64_t seed) {
   uint64_t s = seed * 2654435761u + 1;
   int *pol = malloc(sizeof(int) * (size_t)(2 * maxleaves + 2));
   bool *neg = malloc(sizeof(bool) * (size_t)(2 * maxleaves + 2));
   char **txt = malloc(sizeof(char *) * (size_t)(2 * maxleaves + 2));
   if (!pol || !txt || !neg) goto oom;
+  int q;
   for (int t = 0; t < ntrees; t++) {
     int n = 2 + (int)(gen_next(&s) % (uint64_t)(maxleaves - 1));
     for (int i = 0; i < n; i++) {
@@ -391,27 +394,37 @@ int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed
       }
       snprintf(txt[i], len, "(%d w%d)", pol[i] + 2, w);
     }
-    /* merge random neighbours until one tree is left */
-    for (int k = n; k > 1; k--) {
-      int i = (int)(gen_next(&s) % (uint64_t)(k - 1));
-      int p = neg[i] ? -pol[i + 1] : pol[i] + pol[i + 1];
+    /* merge random neighbours (q of them) until one tree is left: a leading negator
+       flips the polarity of the rest, which otherwise add up */
+    for (int k = n; k > 1; k -= q - 1) {
+      q = 2;
+      if (maxk > 2) q = 2 + (int)(gen_next(&s) % (uint64_t)(maxk - 1));
+      if (q > k) q = k;
+      int i = (int)(gen_next(&s) % (uint64_t)(k - q + 1));
+      int p = 0;
+      size_t len = 16;
+      for (int j = i + (neg[i] ? 1 : 0); j < i + q; j++) p += pol[j];
+      if (neg[i]) p = -p;
       p = p < -2 ? -2 : p > 2 ? 2 : p;
-      size_t len = strlen(txt[i]) + strlen(txt[i + 1]) + 16;
+      for (int j = i; j < i + q; j++) len += strlen(txt[j]) + 1;
       char *m = malloc(len);
       if (!m) {
         free_strings(txt, k);
         goto oom;
       }
-      snprintf(m, len, "(%d %s %s)", p + 2, txt[i], txt[i + 1]);
-      free(txt[i]);
-      free(txt[i + 1]);
+      size_t at = (size_t)snprintf(m, len, "(%d", p + 2);
+      for (int j = i; j < i + q; j++) {
+        at += (size_t)snprintf(m + at, len - at, " %s", txt[j]);
+        free(txt[j]);
+      }
+      snprintf(m + at, len - at, ")");
       txt[i] = m;
       pol[i] = p;
       neg[i] = false;
-      for (int j = i + 1; j < k - 1; j++) {
-        txt[j] = txt[j + 1];
-        pol[j] = pol[j + 1];
-        neg[j] = neg[j + 1];
+      for (int j = i + 1; j < k - q + 1; j++) {
+        txt[j] = txt[j + q - 1];
+        pol[j] = pol[j + q - 1];
+        neg[j] = neg[j + q - 1];
       }
     }
     fprintf(out, "%s\n", txt[0]);
@@ -427,6 +440,15 @@ oom:
   free(txt);
   errno = ENOMEM;
   return -1;
+}
+
+int cavs_gen_toy(FILE *out, int ntrees, int maxleaves, int nwords, uint64_t seed) {
+  return gen_toy_k(out, ntrees, maxleaves, nwords, 2, seed);
+}
+
+int cavs_gen_nary(FILE *out, int ntrees, int maxleaves, int nwords, int maxarity, uint64_t seed) {
+  if (maxarity < 2 || maxarity > CAVS_MAX_SET) return errno = EINVAL, -1;
+  return gen_toy_k(out, ntrees, maxleaves, nwords, maxarity, seed);
 }
 
 /* Complete binary trees with `leaves` leaves (rounded up to a power of two), as in
