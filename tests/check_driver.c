@@ -1081,6 +1081,23 @@ START_TEST(demo_reaches_stated_accuracy) {
 }
 END_TEST
 
+/* Trains `vf` (E = H = 32, 6 epochs, that batch and learning rate) on the files in the
+ * test's directory, saves it, and returns what `cavs eval` says of its accuracy on dev. */
+static double trained_accuracy(const char *vf, const char *format, const char *train, const char *dev,
+                               const char *batch, const char *lr) {
+  RunResult r = cavs("train", model(vf), "--format", format, "--train", path_in(train), "--dev", path_in(dev), "--dim",
+                     "E=32", "--dim", "H=32", "--epochs", "6", "--batch", batch, "--lr", lr, "--save",
+                     path_in("learns.ckpt"), "--quiet", NULL);
+  ok(&r, vf);
+  tu_free(&r);
+  r = cavs("eval", path_in("learns.ckpt"), "--data", path_in(dev), NULL);
+  ok(&r, "eval");
+  double acc = 0;
+  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  tu_free(&r);
+  return acc;
+}
+
 /* The BiLSTM tagger (typed child slots) on `cavs gen tagger` sentences: it learns tags
  * that depend on the word before or after (chance is 1/12; it reaches about 0.999
  * here); the sentences are 3n vertices of the shape cavs-data(5) describes. */
@@ -1094,17 +1111,8 @@ START_TEST(tagger_learns) {
   char *text = tu_slurp(path_in("tag-dev.cgf"), NULL);
   ck_assert(text && !strncmp(text, "graph\n0 fwd - ; word=", 21) && strstr(text, " tok ") && strstr(text, " bwd "));
   free(text);
-  r = cavs("train", model("tagger.vf"), "--format", "cgf", "--train", path_in("tag-train.cgf"), "--dev",
-           path_in("tag-dev.cgf"), "--dim", "E=32", "--dim", "H=32", "--epochs", "6", "--batch", "16", "--lr", "0.02",
-           "--save", path_in("tag.ckpt"), "--quiet", NULL);
-  ok(&r, "tagger training");
-  tu_free(&r);
-  r = cavs("eval", path_in("tag.ckpt"), "--data", path_in("tag-dev.cgf"), NULL);
-  ok(&r, "tagger eval");
-  double acc = 0;
-  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  double acc = trained_accuracy("tagger.vf", "cgf", "tag-train.cgf", "tag-dev.cgf", "16", "0.02");
   ck_assert_msg(acc > 0.8, "the tagger reached %.4f", acc);
-  tu_free(&r);
   r = cavs("gen", "tagger", "--chars", "--graphs", "2", "-o", path_in("tag-chars.cgf"), NULL);
   ok(&r, "gen tagger --chars");
   tu_free(&r);
@@ -1126,17 +1134,8 @@ START_TEST(childsum_learns) {
            path_in("nary-dev.txt"), NULL);
   ok(&r, "gen nary");
   tu_free(&r);
-  r = cavs("train", model("childsum.vf"), "--format", "ptb-tree", "--train", path_in("nary.txt"), "--dev",
-           path_in("nary-dev.txt"), "--dim", "E=32", "--dim", "H=32", "--epochs", "6", "--batch", "32", "--lr", "0.01",
-           "--save", path_in("cs.ckpt"), "--quiet", NULL);
-  ok(&r, "childsum training");
-  tu_free(&r);
-  r = cavs("eval", path_in("cs.ckpt"), "--data", path_in("nary-dev.txt"), NULL);
-  ok(&r, "childsum eval");
-  double acc = 0;
-  ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc) == 1);
+  double acc = trained_accuracy("childsum.vf", "ptb-tree", "nary.txt", "nary-dev.txt", "32", "0.01");
   ck_assert_msg(acc > 0.8, "the Child-Sum Tree-LSTM reached %.4f", acc);
-  tu_free(&r);
   r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("nary.txt"), "--epochs", "1",
            "--quiet", NULL);
   ck_assert_int_eq(r.status, 1);
