@@ -15,7 +15,8 @@
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
- * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger, tagger_chars, childsum). */
+ * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger, tagger_chars, childsum,
+ * lattice_lstm, lattice_gru). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
 #include "../generated/treefc.h"
@@ -25,6 +26,8 @@
 #include "../generated/tagger.h"
 #include "../generated/tagger_chars.h"
 #include "../generated/childsum.h"
+#include "../generated/lattice_lstm.h"
+#include "../generated/lattice_gru.h"
 
 #include "../runtime/sgemm.h"
 
@@ -121,7 +124,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
-  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc};
+  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc, &lattice_lstm_desc,
+                              &lattice_gru_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
     if (!strcmp(descs[k]->name, name)) d = descs[k];

@@ -226,7 +226,7 @@ void ast_dump(FILE *out, const Decl *d) {
         fprintf(out, "vertex %s (children ", d->name);
         if (d->value) ast_dump_expr(out, d->value);
         for (const Slot *s = d->slots; s; s = s->next) fprintf(out, "%s%s: %s", s == d->slots ? "" : ", ", s->name, s->type);
-        if (d->star && !d->slots) fputc('*', out);
+        if (d->star) fprintf(out, "%s*%s%s", d->slots ? ", " : "", d->star_type ? ": " : "", d->star_type ? d->star_type : "");
         fputs(") {", out);
       }
       fprintf(out, "  # line %d\n", d->loc.line);

@@ -109,8 +109,7 @@ struct ParamItem {
   ParamItem *next;
 };
 
-/* A named child slot of a vertex block: `children fwd: fcell, bwd: bcell`; or, in
- * Decl.star, `children *: TYPE` (name "*") */
+/* A named child slot of a vertex block: `children fwd: fcell, bwd: bcell` */
 typedef struct Slot Slot;
 struct Slot {
   const char *name, *type;
@@ -126,7 +125,10 @@ struct Decl {
   Loc name_loc;
   Node *value;       /* D_DIM default, D_INPUT shape `kind[dim]`, D_VERTEX children */
   Slot *slots;       /* D_VERTEX with named, typed children (value is then NULL) */
-  bool star;         /* D_VERTEX `children *` (value NULL; slots: its type, if named) */
+  bool star;         /* D_VERTEX `children *` or `children a: T, *`: the rest of its
+                        children as a set (value NULL) */
+  const char *star_type; /* `*: TYPE`, or NULL */
+  Loc star_type_loc;
   ParamItem *items;  /* D_PARAM */
   Node *init;        /* D_PARAM trailing `init X` */
   Stmt *body;        /* blocks */
@@ -291,8 +293,8 @@ typedef struct IrFunc {
   FuncKind kind;
   const char *name;
   int children; /* F_VERTEX */
-  bool edges;    /* F_VERTEX `children *`: any number of children, read as a set
-                    through sum(s in children: ...) (children is then 0) */
+  bool edges;    /* F_VERTEX `children *`: any number of children past the `children`
+                    named slots, read as a set through sum(s in children: ...) */
   int edge_type; /* edges, Model.typed: the vertex type of every child; else -1 */
   /* F_VERTEX with named slots (Model.typed): slot k's name and the vertex type of the
      child it holds; NULL otherwise */

@@ -157,9 +157,11 @@ static void dead_at_leaves(IrFunc *f) {
     if (op_info[n->op].kind == OK_SINK || f->kind != F_VERTEX) live[i] = true;
     if (!live[i]) continue;
     for (int j = 0; j < n->nargs; j++) {
-      /* a * b where the other factor is zero at the leaves: 0 there, whatever a is; and
-         a row read only on its edges, which a vertex without children has none of */
-      bool masked = (n->op == OP_MUL && n->nargs == 2 && f->nodes[n->args[1 - j]].zero_leaf) || n->op == OP_EBCAST;
+      /* a * b where the other factor is zero at the leaves: 0 there, whatever a is; the
+         divisor of a quotient whose dividend is; and a row read only on its edges,
+         which a vertex without children has none of */
+      bool masked = (n->op == OP_MUL && n->nargs == 2 && f->nodes[n->args[1 - j]].zero_leaf) || n->op == OP_EBCAST ||
+                    (n->op == OP_DIV && j == 1 && f->nodes[n->args[0]].zero_leaf); /* 0 / b */
       if (!masked) live[n->args[j]] = true;
     }
   }

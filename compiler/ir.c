@@ -256,8 +256,8 @@ static void check_func(const Model *m, const IrFunc *f) {
     cv_assert(nscatter == (f->scatters ? 1 : 0) && npush <= 1);
     cv_assert(m->typed || f->scatters);
     cv_assert(!m->typed == !f->slot_type || f->children == 0);
-    cv_assert(!f->edges || (f->children == 0 && (!m->typed || (f->edge_type >= 0 && f->edge_type < m->nvertex &&
-                                                                m->vertex[f->edge_type]->scatters))));
+    cv_assert(!f->edges || !m->typed ||
+              (f->edge_type >= 0 && f->edge_type < m->nvertex && m->vertex[f->edge_type]->scatters));
     for (int k = 0; f->slot_type && k < f->children; k++) {
       cv_assert(f->slot_type[k] >= 0 && f->slot_type[k] < m->nvertex && m->vertex[f->slot_type[k]]->scatters);
       check_ident(f->slot_name[k], "a child slot's name");
@@ -315,8 +315,8 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
   if (f->kind == F_PULL) fprintf(out, "\nfunc pull\n");
   else if (f->kind == F_PUSH) fprintf(out, "\nfunc push\n");
   else {
-    if (f->edges) fprintf(out, "\nfunc vertex %s children *", f->name);
-    else fprintf(out, "\nfunc vertex %s children %d", f->name, f->children);
+    fprintf(out, "\nfunc vertex %s children %d", f->name, f->children);
+    if (f->edges) fprintf(out, " set");
     if (f->edges && m->typed) fprintf(out, " of %s", m->vertex[f->edge_type]->name);
     if (m->typed && f->scatters) fprintf(out, " state [%s]", lin_str(m, f->state, w, sizeof w));
     for (int k = 0; m->typed && f->slot_type && k < f->children; k++)

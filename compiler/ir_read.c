@@ -352,8 +352,8 @@ static bool func_line(Rd *r) {
     const char *name = ident(r);
     long children = 0;
     if (!name || !fresh_name(r, name) || !want(r, "children")) return false;
-    bool star = lit(r, "*");
-    if (!star && !integer(r, &children)) return false;
+    if (!integer(r, &children)) return false;
+    bool star = lit(r, "set");
     if (children < 0 || children > CV_MAX_CHILDREN) FAIL(r, "children must be between 0 and %d", CV_MAX_CHILDREN);
     r->f = ir_func(F_VERTEX, name, here(r));
     r->f->children = (int)children;
@@ -366,26 +366,21 @@ static bool func_line(Rd *r) {
       if (!want(r, "[") || !lin(r, &r->f->state) || !want(r, "]")) return false;
       r->f->scatters = true;
     }
+    /* the type names of its slots, then of its set's children: resolved at the end */
     r->slot_tnames = vec_grow(r->slot_tnames, &r->capslots, m->nvertex + 1, sizeof(const char **));
-    r->slot_tnames[m->nvertex] = NULL;
+    const char **tn = arena_alloc(sizeof(const char *) * (size_t)(children + 1));
+    r->slot_tnames[m->nvertex] = tn;
+    tn[children] = of;
     if (m->typed && children > 0) {
       if (!want(r, "slots")) return false;
       r->f->slot_name = arena_alloc(sizeof(const char *) * (size_t)children);
       r->f->slot_type = arena_alloc(sizeof(int) * (size_t)children);
-      const char **tn = arena_alloc(sizeof(const char *) * (size_t)children);
       for (int k = 0; k < children; k++) {
         r->f->slot_name[k] = ident(r);
         if (!r->f->slot_name[k] || !want(r, ":") || !(tn[k] = ident(r))) FAIL(r, "expected a slot 'NAME:TYPE'");
         for (int j = 0; j < k; j++)
           if (!strcmp(r->f->slot_name[j], r->f->slot_name[k])) FAIL(r, "slot '%s' twice", r->f->slot_name[k]);
       }
-      r->slot_tnames[m->nvertex] = tn;
-    }
-    if (of) {
-      r->f->slot_type = NULL;
-      const char **tn = arena_alloc(sizeof(const char *));
-      tn[0] = of;
-      r->slot_tnames[m->nvertex] = tn;
     }
     m->vertex = realloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
     m->vertex[m->nvertex++] = r->f;
@@ -462,19 +457,20 @@ Model *ir_read(const char *path, const char *text, size_t len) {
   }
   /* slots name vertex functions that scatter, in any order */
   for (int v = 0; v < m->nvertex; v++)
-    if (m->vertex[v]->edges && r.slot_tnames && r.slot_tnames[v]) {
+    if (m->vertex[v]->edges && r.slot_tnames && r.slot_tnames[v][m->vertex[v]->children]) {
+      const char *of = r.slot_tnames[v][m->vertex[v]->children];
       int t = -1;
       for (int u = 0; u < m->nvertex; u++)
-        if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][0])) t = u;
+        if (!strcmp(m->vertex[u]->name, of)) t = u;
       if (t < 0 || !m->vertex[t]->scatters) {
-        error_at(m->vertex[v]->loc, "the children of '%s' are '%s', %s", m->vertex[v]->name, r.slot_tnames[v][0],
+        error_at(m->vertex[v]->loc, "the children of '%s' are '%s', %s", m->vertex[v]->name, of,
                  t < 0 ? "which is no vertex function" : "which scatters nothing");
         return m;
       }
       m->vertex[v]->edge_type = t;
     }
   for (int v = 0; v < m->nvertex; v++)
-    for (int k = 0; r.slot_tnames && r.slot_tnames[v] && !m->vertex[v]->edges && k < m->vertex[v]->children; k++) {
+    for (int k = 0; r.slot_tnames && m->vertex[v]->slot_type && k < m->vertex[v]->children; k++) {
       int t = -1;
       for (int u = 0; u < m->nvertex; u++)
         if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][k])) t = u;

@@ -128,8 +128,10 @@ decl:
       d->body = $7.head; add_decl(out, d); }
 | VERTEX IDENT '(' CHILDREN '*' ':' IDENT ')' block
     { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->star = true;
-      Slot *s = arena_alloc(sizeof(Slot)); s->name = "*"; s->loc = @5; s->type = $7; s->type_loc = @7;
-      d->slots = s; d->body = $9.head; add_decl(out, d); }
+      d->star_type = $7; d->star_type_loc = @7; d->body = $9.head; add_decl(out, d); }
+| VERTEX IDENT '(' CHILDREN slots ',' '*' ':' IDENT ')' block
+    { Decl *d = ast_decl(D_VERTEX, @2); d->name = $2; d->name_loc = @2; d->slots = $5; d->star = true;
+      d->star_type = $9; d->star_type_loc = @9; d->body = $11.head; add_decl(out, d); }
 | PUSH '(' IDENT ')' block
     { Decl *d = ast_decl(D_PUSH, @1); d->name = $3; d->name_loc = @3; d->body = $5.head;
       add_decl(out, d); }

@@ -788,7 +788,7 @@ static int eval_call(Ctx *c, const Node *n) {
       error_at(n->loc, "gather() inside sum(%s in children: ...): the child there is '%s'", c->edge_var, c->edge_var);
       return -1;
     }
-    if (c->f->kind == F_VERTEX && c->f->edges) {
+    if (c->f->kind == F_VERTEX && c->f->edges && c->f->children == 0) {
       error_at(n->loc, "vertex '%s' takes its children as a set ('children *'): read them with sum(s in children: ...)",
                c->f->name);
       return -1;
@@ -1390,23 +1390,25 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     if (d->star) {
       c->vslot_name[nv] = NULL;
       c->vslot_type[nv] = NULL;
-      if (d->slots) {
-        Entry *e = tab_get(&c->globals, d->slots->type);
+      if (d->star_type) {
+        Entry *e = tab_get(&c->globals, d->star_type);
         if (!e)
-          error_at(d->slots->type_loc, "the children are '%s', but no vertex block is named '%s'", d->slots->type,
-                   d->slots->type);
+          error_at(d->star_type_loc, "the children are '%s', but no vertex block is named '%s'", d->star_type,
+                   d->star_type);
         else if (e->kind != SYM_VERTEX)
-          error_at(d->slots->type_loc, "the children are '%s', which is %s, not a vertex block", d->slots->type,
+          error_at(d->star_type_loc, "the children are '%s', which is %s, not a vertex block", d->star_type,
                    sym_what[e->kind]);
         else
           c->vedge_type[nv] = e->index;
-        vedge_loc[nv] = d->slots->type_loc;
+        vedge_loc[nv] = d->star_type_loc;
         if (!typed_by) typed_by = d;
       } else if (!untyped_by)
         untyped_by = d;
-      children[nv] = 0;
-      vdecl[nv++] = d;
-      continue;
+      if (!d->slots) {
+        children[nv] = 0;
+        vdecl[nv++] = d;
+        continue;
+      }
     }
     if (d->slots) {
       for (const Slot *s = d->slots; s; s = s->next) k++;

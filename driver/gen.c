@@ -12,7 +12,7 @@
 
 int cmd_gen(int argc, char **argv) {
   if (argc < 2)
-    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger [--graphs N] [--leaves L] [--words W] [--classes C] "
+    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger|lattice [--graphs N] [--leaves L] [--words W] [--classes C] "
            "[--arity A] [--seed S] [--dag] [--chars] -o FILE");
   const char *kind = argv[1], *out = NULL;
   long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
@@ -53,6 +53,9 @@ int cmd_gen(int argc, char **argv) {
   FILE *f = fdopen(fd, "w");
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
+  else if (!strcmp(kind, "lattice"))
+    rc = cavs_gen_lattice(f, (int)graphs, 30, words_given ? (int)words : 3000, classes_given ? (int)classes : 8,
+                          (uint64_t)seed);
   else if (!strcmp(kind, "nary")) rc = cavs_gen_nary(f, (int)graphs, (int)leaves, (int)words, arity, (uint64_t)seed);
   else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
   else if (!strcmp(kind, "tagger"))
@@ -63,7 +66,7 @@ int cmd_gen(int argc, char **argv) {
   else {
     fclose(f);
     unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger)", kind);
+    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger, lattice)", kind);
   }
   if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
     unlink(tmp);

@@ -374,6 +374,13 @@ int cavs_gen_random(FILE *out, int ngraphs, int maxv, int nwords, int nclass, in
  * word) that the fwd and bwd cells read in their slot `w`, as
  * dsl-examples/tagger_chars.vf takes them. */
 int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uint64_t seed);
+/* Character lattices for dsl-examples/lattice_lstm.vf and lattice_gru.vf (cgf): 20 to 80
+ * `chr` vertices in a chain (input `char`, one of nchars; `label`), and at each
+ * position 0 to 3 words of 2, 3 or 4 letters starting there (`wrd`, input `word`: an id
+ * below nwords hashed from its letters), each with the letter it starts at as its
+ * child and a child of the letter it ends at; a letter's tag is a fixed random key
+ * (below nclass) of the longest word ending at it, else of the letter itself. */
+int cavs_gen_lattice(FILE *out, int ngraphs, int nchars, int nwords, int nclass, uint64_t seed);
 
 #ifdef __cplusplus
 }

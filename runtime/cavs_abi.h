@@ -229,8 +229,9 @@ typedef struct cavs_vertex_desc {
   int state;
   const char *const *slot_names;
   const int *slot_types;
-  /* `children *`: any number of children, each an edge (children is then 0); the type
-     every child must be (-1: any) and the state buffer its edges read */
+  /* `children *` (or `children a: T, *: U`): any number of children past the named
+     slots, each an edge; the type every such child must be (-1: any) and the state
+     buffer the edges read */
   int edges, edge_type, edge_state;
 } cavs_vertex_desc;
 

@@ -158,7 +158,9 @@ static int shape_of(const cavs_desc *d, const long *dims, Shape *sh, char *err, 
   return 0;
 }
 
-int cv_type_children(const cavs_desc *d, int t) { return d->vertex[t].edges ? CAVS_MAX_SET : d->vertex[t].children; }
+int cv_type_children(const cavs_desc *d, int t) {
+  return d->vertex[t].children + (d->vertex[t].edges ? CAVS_MAX_SET : 0);
+}
 
 int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
   if (s->nv - first >= CAVS_MAX_GRAPH_VERTICES) {
@@ -526,6 +528,43 @@ int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uin
         else fputc('-', out);
         fprintf(out, " ; char=%d\n", (int)(word_key(w[i], 2 + j) % 26));
       }
+    fprintf(out, "end\n");
+  }
+  return ferror(out) ? -1 : 0;
+}
+
+int cavs_gen_lattice(FILE *out, int ngraphs, int nchars, int nwords, int nclass, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 17;
+  enum { MAXN = 80, MAXW = 3 * MAXN };
+  int ch[MAXN], wb[MAXW], wl[MAXW], wid[MAXW], longest[MAXN];
+  for (int g = 0; g < ngraphs; g++) {
+    int n = 20 + (int)(gen_next(&s) % (uint64_t)(MAXN - 20 + 1)), nw = 0;
+    for (int j = 0; j < n; j++) ch[j] = (int)(gen_next(&s) % (uint64_t)nchars), longest[j] = -1;
+    /* at each position 0 to 3 words of 2, 3 or 4 letters start (each length at most
+       once), as a lexicon's matches would; a word's id is its letters' */
+    for (int b = 0; b < n; b++)
+      for (int len = 2; len <= 4; len++) {
+        if (b + len > n || gen_next(&s) % 2) continue;
+        uint64_t h = 1469598103934665603ull;
+        for (int j = b; j < b + len; j++) h = (h ^ (uint64_t)ch[j]) * 1099511628211ull;
+        wb[nw] = b, wl[nw] = len, wid[nw] = (int)(h % (uint64_t)nwords);
+        int e = b + len - 1;
+        if (longest[e] < 0 || wl[longest[e]] < len) longest[e] = nw;
+        nw++;
+      }
+    fprintf(out, "graph\n");
+    for (int j = 0; j < n; j++) {
+      /* a letter's tag: the key of the longest word that ends at it, else its own */
+      int key = longest[j] >= 0 ? (int)(word_key(wid[longest[j]], 5) % (uint64_t)nclass)
+                                : (int)(word_key(ch[j], 6) % (uint64_t)nclass);
+      fprintf(out, "%d chr ", j);
+      if (j) fprintf(out, "%d", j - 1);
+      else fputc('-', out);
+      for (int w = 0; w < nw; w++)
+        if (wb[w] + wl[w] - 1 == j) fprintf(out, " %d", n + w);
+      fprintf(out, " ; char=%d label=%d\n", ch[j], key);
+    }
+    for (int w = 0; w < nw; w++) fprintf(out, "%d wrd %d ; word=%d\n", n + w, wb[w], wid[w]);
     fprintf(out, "end\n");
   }
   return ferror(out) ? -1 : 0;

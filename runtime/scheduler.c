@@ -330,13 +330,13 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
           return cv_fail(m, "graph %d, vertex %d: a child in slot %d, but '%s' takes %d", g, v, s,
                          d->vertex[t].name, d->vertex[t].children);
         int et = d->vertex[t].edge_type, cty = G->type ? G->type[ch] : 0;
-        if (d->vertex[t].edges && et >= 0 && cty != et)
+        if (d->vertex[t].edges && s >= d->vertex[t].children && et >= 0 && cty != et)
           return cv_fail(m, "graph %d, vertex %d: child %d is a '%s', but the children of '%s' are '%s'", g, v, ch,
                          cty >= 0 && cty < d->nvertex ? d->vertex[cty].name : "?", d->vertex[t].name,
                          d->vertex[et].name);
         const int *st = d->vertex[t].slot_types;
         int ct = G->type ? G->type[ch] : 0;
-        if (st && ct != st[s]) {
+        if (st && s < d->vertex[t].children && ct != st[s]) {
           const char *cn = ct >= 0 && ct < d->nvertex ? d->vertex[ct].name : "?";
           return cv_fail(m, "graph %d, vertex %d: the child in slot '%s' is a '%s' (vertex %d), but '%s' takes a '%s' there",
                          g, v, d->vertex[t].slot_names ? d->vertex[t].slot_names[s] : "?", cn, ch, d->vertex[t].name,
@@ -508,14 +508,14 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     long E = 0;
     for (int t = 0; t < d->nvertex; t++)
       for (int r = m->type_r0[t]; d->vertex[t].edges && r < m->type_r0[t] + m->type_n[t]; r++)
-        for (int s = 0; s < C; s++) E += m->child[(size_t)r * C + s] >= 0;
+        for (int s = d->vertex[t].children; s < C; s++) E += m->child[(size_t)r * C + s] >= 0;
     if (E > INT_MAX) return cv_fail(m, "minibatch too large (%ld edges)", E);
     if (cv_grow_edges(m, E)) return -1;
     int e = 0;
     for (int t = 0; t < d->nvertex; t++)
       for (int r = m->type_r0[t]; r < m->type_r0[t] + m->type_n[t]; r++) {
         m->eoff[r] = e;
-        for (int s = 0; d->vertex[t].edges && s < C; s++) {
+        for (int s = d->vertex[t].children; d->vertex[t].edges && s < C; s++) {
           int ch = m->child[(size_t)r * C + s];
           if (ch < 0) continue;
           m->eparent[e] = r;

@@ -145,7 +145,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     for (int k = 0; ok && v->slot_types && k < v->children; k++)
       ok = v->slot_types[k] >= 0 && v->slot_types[k] < d->nvertex && d->vertex[v->slot_types[k]].state >= 0;
     if (ok && v->edges)
-      ok = v->children == 0 && v->edge_state >= 0 && v->edge_state < d->nbufs &&
+      ok = v->edge_state >= 0 && v->edge_state < d->nbufs &&
            (v->edge_type < 0 ? v->edge_state == d->state_buf
                              : v->edge_type < d->nvertex && d->vertex[v->edge_type].state == v->edge_state);
     if (!ok) {

@@ -187,14 +187,14 @@ static inline bool tg_typed_model(const cavs_desc *d) {
 }
 
 /* A random graph of n vertices for a model whose slots are typed: vertex v takes a
- * random type; each of its slots, with probability 4/5, a random earlier vertex of the
- * slot's type (with `shared`, any; else one no other slot has taken, when there is
- * one). Types that take no children come first, so every type has children to take. */
+ * random type; each of its slots (and 3 more for a type that takes a set), with
+ * probability 4/5, a random earlier vertex of the slot's type (with `shared`, any; else
+ * one no other slot has taken, when there is one). */
 static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, unsigned *seed) {
   memset(t, 0, sizeof *t);
   int C = 1;
   for (int u = 0; u < d->nvertex; u++)
-    if (d->vertex[u].children > C) C = d->vertex[u].children;
+    if (d->vertex[u].children + (d->vertex[u].edges ? 3 : 0) > C) C = d->vertex[u].children + (d->vertex[u].edges ? 3 : 0);
   t->g.n = n;
   t->g.maxc = C;
   static unsigned char taken[1024];
@@ -203,9 +203,11 @@ static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, u
     int ty = (int)(tg_rand(seed) % (unsigned)d->nvertex);
     t->type[v] = ty;
     for (int s = 0; s < C; s++) t->child[v * C + s] = -1;
-    for (int s = 0; s < d->vertex[ty].children; s++) {
+    /* the named slots, then up to 3 children of a set */
+    int slots = d->vertex[ty].children + (d->vertex[ty].edges ? 3 : 0);
+    for (int s = 0; s < slots; s++) {
       if (tg_rand(seed) % 5 == 0) continue;
-      int want = d->vertex[ty].slot_types[s], pick = -1, seen = 0;
+      int want = s < d->vertex[ty].children ? d->vertex[ty].slot_types[s] : d->vertex[ty].edge_type, pick = -1, seen = 0;
       for (int u = 0; u < v; u++) /* reservoir: a uniform choice among the candidates */
         if (t->type[u] == want && (shared || !taken[u]) && tg_rand(seed) % (unsigned)++seen == 0) pick = u;
       if (pick >= 0) taken[pick] = 1;
