@@ -21,9 +21,9 @@ static void lattice_gru_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:36  x = lookup */
+  /* lattice_gru.vf:37  x = lookup */
   cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* lattice_gru.vf:36  xw = lookup */
+  /* lattice_gru.vf:37  xw = lookup */
   cavs_lookup_fwd(c, P[4], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
@@ -38,9 +38,9 @@ static void lattice_gru_pull_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:36  xw = lookup */
+  /* lattice_gru.vf:37  xw = lookup */
   cavs_lookup_bwd(c, PG[4], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
-  /* lattice_gru.vf:36  x = lookup */
+  /* lattice_gru.vf:37  x = lookup */
   cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -55,10 +55,10 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 41  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
+  /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[4], D_W, D_V,
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 42  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
                   V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[9] + (size_t)(0) * D_H, D_H);
 }
@@ -164,15 +164,15 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:40  h_s = gather */
+  /* lattice_gru.vf:41  h_s = gather */
   cavs_gather_fwd(c, 0, 1, V[11] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 41  h_s @ Uwz: [n, H], rows with children (nothing reads the others) */
+  /* line 42  h_s @ Uwz: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 42  h_s @ Uwr: [n, H], rows with children (nothing reads the others) */
+  /* line 43  h_s @ Uwr: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, V[8] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: r (lines 42 43) */
+  /* group g1 forward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -186,10 +186,10 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 43  %20 @ Uwn: [n, H], rows with children (nothing reads the others) */
+  /* line 44  %20 @ Uwn: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[16], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: z n (lines 41 43 44) */
+  /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -401,7 +401,7 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* group g0 backward, [n, H]: z n (lines 41 43 44) */
+  /* group g0 backward, [n, H]: z n (lines 42 44 45) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -434,10 +434,10 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 43  d%20 += d(%20 @ Uwn) W^T, rows with children */
+  /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[16], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* group g1 backward, [n, H]: r (lines 42 43) */
+  /* group g1 backward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -452,13 +452,13 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 42  dh_s += d(h_s @ Uwr) W^T, rows with children */
+  /* line 43  dh_s += d(h_s @ Uwr) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, G[11] + (size_t)(0) * D_H, D_H);
-  /* line 41  dh_s += d(h_s @ Uwz) W^T, rows with children */
+  /* line 42  dh_s += d(h_s @ Uwz) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, G[11] + (size_t)(0) * D_H, D_H);
-  /* lattice_gru.vf:40  h_s = gather */
+  /* lattice_gru.vf:41  h_s = gather */
   cavs_gather_bwd(c, 0, 1, G[11] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
@@ -473,25 +473,25 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 42  dxw += d(xw @ Wwr) W^T, rows with a word and children */
+  /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[9] + (size_t)(0) * D_H, D_H,
                  P[13], D_H, G[3] + (size_t)(0) * D_W, D_W);
-  /* line 41  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
+  /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
-  /* line 41  dW += xw^T d(xw @ [Wwz|Wwn]), over all rows with a word */
+  /* line 42  dW += xw^T d(xw @ [Wwz|Wwn]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 41  dW += h_s^T d(h_s @ Uwz), over all rows with children */
+  /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  PG[14], D_H, G[10] + (size_t)(0) * D_H, D_H);
-  /* line 42  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
+  /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[13], D_H, G[9] + (size_t)(0) * D_H, D_H);
-  /* line 42  dW += h_s^T d(h_s @ Uwr), over all rows with children */
+  /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  PG[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 43  dW += %20^T d(%20 @ Uwn), over all rows with children */
+  /* line 44  dW += %20^T d(%20 @ Uwn), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  PG[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
@@ -520,10 +520,10 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 50  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 51  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
                   V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* group g0 forward, [n, H]: xg (lines 50) */
+  /* group g0 forward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -534,7 +534,7 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 55  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
+  /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
                   V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[16] + (size_t)(0) * (2*D_H), (2*D_H));
 }
@@ -697,24 +697,24 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:49  h_p = gather */
+  /* lattice_gru.vf:50  h_p = gather */
   cavs_gather_fwd(c, 0, 1, V[31] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 51  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
+  /* line 52  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
                  P[8], D_H, V[29] + (size_t)(0) * D_H, D_H);
-  /* lattice_gru.vf:52  h_w = echild */
+  /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * D_H, D_H, r0, n);
-  /* lattice_gru.vf:50  ebcast */
+  /* lattice_gru.vf:51  ebcast */
   cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 52  h_w @ Ug: [n, H] */
+  /* line 53  h_w @ Ug: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
             P[8], D_H, 0, V[26] + (size_t)(r0) * D_H, D_H);
-  /* group g2 forward, [n, H]: (lines 52) */
+  /* group g2 forward, [n, H]: (lines 53) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -730,11 +730,11 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   }
     }
   }
-  /* lattice_gru.vf:52  wsum = esum */
+  /* lattice_gru.vf:53  wsum = esum */
   cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_gru.vf:53  wden = esum */
+  /* lattice_gru.vf:54  wden = esum */
   cavs_esum_fwd(c, V[25] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g1 forward, [n, H]: g_p h_in (lines 51 54) */
+  /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -750,13 +750,13 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 55  h_in @ Uz: [n, H], rows with children (nothing reads the others) */
+  /* line 56  h_in @ Uz: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[20] + (size_t)(0) * D_H, D_H);
-  /* line 56  h_in @ Ur: [n, H], rows with children (nothing reads the others) */
+  /* line 57  h_in @ Ur: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, V[19] + (size_t)(0) * D_H, D_H);
-  /* group g4 forward, [n, H]: r (lines 56 57) */
+  /* group g4 forward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -770,10 +770,10 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 57  %42 @ Un: [n, H], rows with children (nothing reads the others) */
+  /* line 58  %42 @ Un: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, V[17] + (size_t)(0) * D_H, D_H);
-  /* group g3 forward, [n, H]: z n h (lines 55 57 58) */
+  /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -818,7 +818,7 @@ static void lattice_gru_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:60  push */
+  /* lattice_gru.vf:61  push */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
@@ -833,7 +833,7 @@ static void lattice_gru_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:60  push */
+  /* lattice_gru.vf:61  push */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * D_H, D_H, G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -1075,7 +1075,7 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* group g3 backward, [n, H]: z n h (lines 55 57 58) */
+  /* group g3 backward, [n, H]: z n h (lines 56 58 59) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1108,10 +1108,10 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 57  d%42 += d(%42 @ Un) W^T, rows with children */
+  /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[17] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, G[18] + (size_t)(0) * D_H, D_H);
-  /* group g4 backward, [n, H]: r (lines 56 57) */
+  /* group g4 backward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1126,13 +1126,13 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 56  dh_in += d(h_in @ Ur) W^T, rows with children */
+  /* line 57  dh_in += d(h_in @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[19] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, G[21] + (size_t)(0) * D_H, D_H);
-  /* line 55  dh_in += d(h_in @ Uz) W^T, rows with children */
+  /* line 56  dh_in += d(h_in @ Uz) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[20] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[21] + (size_t)(0) * D_H, D_H);
-  /* group g1 backward, [n, H]: g_p h_in (lines 51 54) */
+  /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1151,16 +1151,16 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* lattice_gru.vf:53  wden = esum */
+  /* lattice_gru.vf:54  wden = esum */
   cavs_esum_bwd(c, G[25] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_gru.vf:52  wsum = esum */
+  /* lattice_gru.vf:53  wsum = esum */
   cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, H]: (lines 52) */
+  /* group g2 backward, [n, H]: (lines 53) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1176,19 +1176,19 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 52  dh_w += d(h_w @ Ug) W^T */
+  /* line 53  dh_w += d(h_w @ Ug) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[26] + (size_t)(r0) * D_H, D_H,
             P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
     }
   }
-  /* lattice_gru.vf:50  ebcast */
+  /* lattice_gru.vf:51  ebcast */
   cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_gru.vf:52  h_w = echild */
+  /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 51  dh_p += d(h_p @ Ug) W^T, rows with children */
+  /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[29] + (size_t)(0) * D_H, D_H,
                  P[8], D_H, G[31] + (size_t)(0) * D_H, D_H);
-  /* lattice_gru.vf:49  h_p = gather */
+  /* lattice_gru.vf:50  h_p = gather */
   cavs_gather_bwd(c, 0, 1, G[31] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
@@ -1217,10 +1217,10 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 55  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
+  /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[16] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* group g0 backward, [n, H]: xg (lines 50) */
+  /* group g0 backward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1231,13 +1231,13 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 50  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
+  /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* line 50  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
+  /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
                  PG[1], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 51  dW += h_p^T d(h_p @ Ug), over all rows with children */
+  /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
                  PG[8], D_H, G[29] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
@@ -1245,21 +1245,21 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 52  dW += h_w^T d(h_w @ Ug), over all rows */
+  /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
             G[26] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
-  /* line 55  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
+  /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
                  PG[2], (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 55  dW += h_in^T d(h_in @ Uz), over all rows with children */
+  /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
                  PG[5], D_H, G[20] + (size_t)(0) * D_H, D_H);
-  /* line 56  dW += h_in^T d(h_in @ Ur), over all rows with children */
+  /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
                  PG[6], D_H, G[19] + (size_t)(0) * D_H, D_H);
-  /* line 57  dW += %42^T d(%42 @ Un), over all rows with children */
+  /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
                  PG[7], D_H, G[17] + (size_t)(0) * D_H, D_H);
 }
@@ -1288,10 +1288,10 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 64  h @ Wc: [n, C] */
+  /* line 65  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
             P[20], D_C, 0, V[39] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 64) */
+  /* group g0 forward, [n, C]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1302,7 +1302,7 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* lattice_gru.vf:65  softmax_xent */
+  /* lattice_gru.vf:66  softmax_xent */
   cavs_xent_fwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
@@ -1331,9 +1331,9 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lattice_gru.vf:65  softmax_xent */
+  /* lattice_gru.vf:66  softmax_xent */
   cavs_xent_bwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], G[38] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 64) */
+  /* group g0 backward, [n, C]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -1344,10 +1344,10 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 64  dh += d(h @ Wc) W^T */
+  /* line 65  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[39] + (size_t)(r0) * D_C, D_C,
             P[20], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
-  /* line 64  dW += h^T d(h @ Wc), over all rows */
+  /* line 65  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
             G[39] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
 }
@@ -1521,7 +1521,8 @@ const cavs_desc lattice_gru_desc = {
     "# the word's embedding as input. The same lattices as lattice_lstm.vf: chr\012"
     "# (children prev: chr, *: wrd), wrd (children start: chr).\012"
     "#\012"
-    "# Data: cgf, e.g. `cavs gen lattice`.\012"
+    "# Data: cgf, e.g. `cavs gen lattice`. 5000 lattices (dev: 500 of seed 2), the\012"
+    "#   defaults, 8 epochs: dev accuracy 0.878, 2.3 s an epoch (2 threads, 2-core EPYC).\012"
     "# Dims: E = 64 (letters), W = 64 (words), H = 128, C = 8, A = vocab(char),\012"
     "#   V = vocab(word).\012"
     "\012"

@@ -21,9 +21,9 @@ static void lattice_lstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:41  x = lookup */
+  /* lattice_lstm.vf:42  x = lookup */
   cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* lattice_lstm.vf:41  xw = lookup */
+  /* lattice_lstm.vf:42  xw = lookup */
   cavs_lookup_fwd(c, P[6], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
@@ -38,9 +38,9 @@ static void lattice_lstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:41  xw = lookup */
+  /* lattice_lstm.vf:42  xw = lookup */
   cavs_lookup_bwd(c, PG[6], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
-  /* lattice_lstm.vf:41  x = lookup */
+  /* lattice_lstm.vf:42  x = lookup */
   cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -55,10 +55,10 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 48  xw @ [Wwi|Wwu]: [n, 2H], rows without a word stay zero */
+  /* line 49  xw @ [Wwi|Wwu]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[6], D_W, D_V,
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 49  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
                   V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
@@ -160,15 +160,15 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:45  s = gather */
+  /* lattice_lstm.vf:46  s = gather */
   cavs_gather_fwd(c, 0, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 48  h_s @ [Uwi|Uwu]: [n, 2H], rows with children (nothing reads the others) */
+  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 49  h_s @ Uwf: [n, H], rows with children (nothing reads the others) */
+  /* line 50  h_s @ Uwf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f u (lines 48 49 50 51) */
+  /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
@@ -335,16 +335,16 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* group g0 backward, [n, H]: i f u (lines 48 49 50 51) */
+  /* group g0 backward, [n, H]: i f u (lines 49 50 51 52) */
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 49  dh_s += d(h_s @ Uwf) W^T, rows with children */
+  /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 48  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
+  /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (2*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* lattice_lstm.vf:45  s = gather */
+  /* lattice_lstm.vf:46  s = gather */
   cavs_gather_bwd(c, 0, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
@@ -359,22 +359,22 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 49  dxw += d(xw @ Wwf) W^T, rows with a word and children */
+  /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[8] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, G[3] + (size_t)(0) * D_W, D_W);
-  /* line 48  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
+  /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
-  /* line 48  dW += xw^T d(xw @ [Wwi|Wwu]), over all rows with a word */
+  /* line 49  dW += xw^T d(xw @ [Wwi|Wwu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 48  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
+  /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 49  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
+  /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 49  dW += h_s^T d(h_s @ Uwf), over all rows with children */
+  /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
 }
@@ -413,13 +413,13 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 59  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
                   V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 60  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
                   V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* group g1 forward, [n, H]: xl (lines 63) */
+  /* group g1 forward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
 
@@ -595,38 +595,38 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:56  s = gather */
+  /* lattice_lstm.vf:57  s = gather */
   cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 59  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 60  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
+  /* line 61  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[7], D_H, V[24] + (size_t)(0) * D_H, D_H);
-  /* lattice_lstm.vf:64  cw = echild */
+  /* lattice_lstm.vf:65  cw = echild */
   cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
-  /* lattice_lstm.vf:63  ebcast */
+  /* lattice_lstm.vf:64  ebcast */
   cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 64  cw @ Ul: [n, H] */
+  /* line 65  cw @ Ul: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
             P[8], D_H, 0, V[20] + (size_t)(r0) * D_H, D_H);
-  /* group g2 forward, [n, H]: (lines 64) */
+  /* group g2 forward, [n, H]: (lines 65) */
   cavs_loop(c, lattice_lstm_chr_fwd_path_g2, r0, n, D_H, 0);
     }
   }
-  /* lattice_lstm.vf:64  wsum = esum */
+  /* lattice_lstm.vf:65  wsum = esum */
   cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_lstm.vf:65  wden = esum */
+  /* lattice_lstm.vf:66  wden = esum */
   cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g0 forward, [n, H]: i f o u ei c h (lines 59 60 61 62 66 67 68) */
+  /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* lattice_lstm.vf:69  concat */
+  /* lattice_lstm.vf:70  concat */
 }
 
 /* vertex chr, lazy phase: every row of the type at once */
@@ -640,7 +640,7 @@ static void lattice_lstm_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:70  push */
+  /* lattice_lstm.vf:71  push */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -655,7 +655,7 @@ static void lattice_lstm_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:70  push */
+  /* lattice_lstm.vf:71  push */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -932,37 +932,37 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:69  concat */
-  /* group g0 backward, [n, H]: i f o u ei c h (lines 59 60 61 62 66 67 68) */
+  /* lattice_lstm.vf:70  concat */
+  /* group g0 backward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* lattice_lstm.vf:65  wden = esum */
+  /* lattice_lstm.vf:66  wden = esum */
   cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_lstm.vf:64  wsum = esum */
+  /* lattice_lstm.vf:65  wsum = esum */
   cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, H]: (lines 64) */
+  /* group g2 backward, [n, H]: (lines 65) */
   cavs_loop(c, lattice_lstm_chr_bwd_path_g2, r0, n, D_H, 0);
-  /* line 64  dcw += d(cw @ Ul) W^T */
+  /* line 65  dcw += d(cw @ Ul) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[20] + (size_t)(r0) * D_H, D_H,
             P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
     }
   }
-  /* lattice_lstm.vf:63  ebcast */
+  /* lattice_lstm.vf:64  ebcast */
   cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* lattice_lstm.vf:64  cw = echild */
+  /* lattice_lstm.vf:65  cw = echild */
   cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 60  dh_prev += d(h_prev @ Uf) W^T, rows with children */
+  /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 59  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[3], (3*D_H), G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* lattice_lstm.vf:56  s = gather */
+  /* lattice_lstm.vf:57  s = gather */
   cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
@@ -1001,24 +1001,24 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* group g1 backward, [n, H]: xl (lines 63) */
+  /* group g1 backward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_bwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 60  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
+  /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[4], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* line 59  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[2], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* line 59  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
                  PG[2], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 59  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 60  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
+  /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
                  PG[4], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 60  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
+  /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[7], D_H, G[24] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
@@ -1026,7 +1026,7 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 64  dW += cw^T d(cw @ Ul), over all rows */
+  /* line 65  dW += cw^T d(cw @ Ul), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
             G[20] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
@@ -1067,12 +1067,12 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 74  h @ Wc: [n, C] */
+  /* line 75  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
             P[19], D_C, 0, V[34] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 74) */
+  /* group g0 forward, [n, C]: logits (lines 75) */
   cavs_loop(c, lattice_lstm_push_fwd_g0, r0, n, D_C, 0);
-  /* lattice_lstm.vf:75  softmax_xent */
+  /* lattice_lstm.vf:76  softmax_xent */
   cavs_xent_fwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
@@ -1111,14 +1111,14 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* lattice_lstm.vf:75  softmax_xent */
+  /* lattice_lstm.vf:76  softmax_xent */
   cavs_xent_bwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], G[33] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 74) */
+  /* group g0 backward, [n, C]: logits (lines 75) */
   cavs_loop(c, lattice_lstm_push_bwd_g0, r0, n, D_C, 0);
-  /* line 74  dh += d(h @ Wc) W^T */
+  /* line 75  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[34] + (size_t)(r0) * D_C, D_C,
             P[19], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
-  /* line 74  dW += h^T d(h @ Wc), over all rows */
+  /* line 75  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
             G[34] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
 }
@@ -1299,7 +1299,8 @@ const cavs_desc lattice_lstm_desc = {
     "#\012"
     "# Data: cgf, e.g. `cavs gen lattice` (20 to 80 letters, at each 0 to 3 words of 2 to\012"
     "#   4 letters; a letter's tag is the key of the longest word ending at it, else its\012"
-    "#   own), cavs-data(5) gives the shape.\012"
+    "#   own), cavs-data(5) gives the shape. 5000 lattices (dev: 500 of seed 2), the\012"
+    "#   defaults, 8 epochs: dev accuracy 0.875, 2.3 s an epoch (2 threads, 2-core EPYC).\012"
     "# Dims: E = 64 (letters), W = 64 (words), H = 128, C = 8, A = vocab(char),\012"
     "#   V = vocab(word).\012"
     "\012"

@@ -271,6 +271,12 @@ static int chunk_rows(cavs_model *m, int ntask) {
   return 0;
 }
 
+/* The slots of G worth reading: all of them, unless the model takes children as sets,
+ * where cv_schedule found the last one filled (m->maxc) */
+static int gmaxc(const cavs_model *m, const cavs_graph *G) {
+  return m->has_edges && G->maxc > m->maxc ? m->maxc : G->maxc;
+}
+
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   const cavs_desc *d = m->d;
   long total = 0;
@@ -285,15 +291,23 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   /* a type that takes its children as a set takes as many as a graph gives: the child
      array's stride grows to the largest */
   if (m->has_edges) {
+    /* the last filled slot, not the graph's stride (a data set's is CAVS_MAX_SET): every
+       pass over the children below goes as far */
     int need = m->maxc_fixed;
-    for (int g = 0; g < k; g++)
-      if (graphs[g]->maxc > need) need = graphs[g]->maxc;
-    if (need > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "a graph with %d child slots a vertex", need);
-    if (need > m->maxc) {
-      if (m->cap_rows && cv_grow(m, &m->child, sizeof(int) * (size_t)need, (size_t)m->cap_rows)) return -1;
-      m->maxc = m->ctx.maxc = need;
-      m->ctx.child = m->child;
+    for (int g = 0; g < k; g++) {
+      const cavs_graph *G = graphs[g];
+      for (int v = 0; G->maxc > need && v < G->n; v++)
+        for (int s = G->maxc - 1; s >= need; s--)
+          if (G->child[(size_t)v * G->maxc + s] >= 0) {
+            need = s + 1;
+            break;
+          }
     }
+    if (need > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "a graph with %d child slots a vertex", need);
+    if (need > m->maxc && m->cap_rows && cv_grow(m, &m->child, sizeof(int) * (size_t)need, (size_t)m->cap_rows))
+      return -1;
+    m->maxc = m->ctx.maxc = need; /* (the array only grows) */
+    m->ctx.child = m->child;
   }
   if (cv_grow_rows(m, N)) return -1;
   if (N > m->capv) {
@@ -322,7 +336,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       m->vtype[base + v] = t;
       /* m->child holds each vertex's children by vertex until the rows are numbered */
       for (int s = 0; s < m->maxc; s++) m->child[(size_t)(base + v) * m->maxc + s] = -1;
-      for (int s = 0; s < G->maxc; s++) {
+      for (int s = 0; s < gmaxc(m, G); s++) {
         int ch = G->child[(size_t)v * G->maxc + s];
         if (ch < 0) continue;
         if (ch >= G->n) return cv_fail(m, "graph %d, vertex %d: child %d is out of range", g, v, ch);
@@ -355,7 +369,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   for (int g = 0; g < k; g++) {
     const cavs_graph *G = graphs[g];
     for (int v = 0; v < G->n; v++)
-      for (int s = 0; s < G->maxc; s++) {
+      for (int s = 0; s < gmaxc(m, G); s++) {
         int ch = G->child[(size_t)v * G->maxc + s];
         if (ch >= 0) m->padj[m->queue[base + ch]++] = base + v;
       }
@@ -368,7 +382,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     const cavs_graph *G = graphs[g];
     for (int v = 0; v < G->n; v++) {
       int pending = 0;
-      for (int s = 0; s < G->maxc; s++) pending += G->child[(size_t)v * G->maxc + s] >= 0;
+      for (int s = 0; s < gmaxc(m, G); s++) pending += G->child[(size_t)v * G->maxc + s] >= 0;
       m->row_of[base + v] = pending;
       m->level[base + v] = 0;
       if (!pending) m->queue[tail++] = base + v;
@@ -524,6 +538,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       }
     m->eoff[N] = e;
     m->nedges = E;
+    m->stats.gathered_rows += E; /* a set's children are copied to their edges, never viewed */
     m->ctx.eoff = m->eoff;
     m->ctx.eparent = m->eparent;
     m->ctx.echild = m->echild;
