@@ -14,6 +14,7 @@
  *   y = echild       dstate[k] += dy[e]
  *   y = ebcast(a)    da[p] += dy[e]            (summed over p's edges)
  *   y = esum(a)      da[e] += dy[p]
+ *   y = dropout(a, p)  da += dy * mask / (1 - p)   (training; in inference y = a)
  *   scatter(x)       dx += dstate[this row]
  *   y = pull()       dpull[row] += dy;   push(x): dx += dpush[row]
  *   loss softmax_xent(z, t)   dz = (softmax(z) - onehot(t)) / labeled rows
@@ -134,6 +135,9 @@ static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
                 lin_str(m, n->hi, hi, sizeof hi), g);
       break;
     case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
+    case OK_DROP:
+      if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
+      break;
     case OK_EDGE:
       if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);
       else if (na->grad && n->op == OP_EBCAST) fprintf(out, "  d%s[parent of edge] += %s\n", a, g);

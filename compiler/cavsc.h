@@ -171,6 +171,7 @@ typedef enum {
   OK_SLICE,
   OK_SINK, /* scatter, push */
   OK_LOSS,
+  OK_DROP, /* dropout(x, p): x times a random mask / (1 - p) in training, x otherwise */
   OK_EDGE, /* children as a set (`children *`): echild, the child's state row per edge;
               ebcast, a vertex's row copied to each of its edges; esum, the sum over a
               vertex's edges (`sum(s in children: e)`) */

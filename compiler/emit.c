@@ -679,6 +679,17 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     fprintf(e->out, "  cavs_echild_%s(c, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", edge_src(m, f),
             emit_ptr(e, (Ref){&n->val, bwd}, "0"), emit_ld(e, &n->val));
     return;
+  case OP_DROPOUT: {
+    /* the mask of a row is drawn from its vertex's key (cavs_ctx.rkey), this node (the
+       salt: the block and the node) and the column: the same however rows are batched */
+    if (bwd && !a->grad) return;
+    unsigned salt = (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
+    const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
+    fprintf(e->out, "  cavs_dropout_%s(c, %uu, %.17g, %s, %s, %s, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", salt, b->cval,
+            emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val), emit_ptr(e, (Ref){&to->val, bwd}, "0"),
+            emit_ld(e, &to->val), emit_lin(m, n->width));
+    return;
+  }
   case OP_EBCAST:
   case OP_ESUM:
     /* ebcast: the vertex's row to each of its edges; esum: its edges' rows summed (the

@@ -11,7 +11,7 @@ const OpInfo op_info[OP_COUNT] = {
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 27, "ops.def changed: its header says what else a new op needs");
+_Static_assert(OP_COUNT == 28, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
@@ -180,6 +180,10 @@ static void check_func(const Model *m, const IrFunc *f) {
       break;
     case OP_EBCAST: cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width)); break;
     case OP_ESUM: cv_assert(a->type == T_ROW && a->edge && n->type == T_ROW && same(a->width, n->width)); break;
+    case OP_DROPOUT:
+      cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width));
+      cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
+      break;
     case OP_CONST: cv_assert(n->type == T_SCALAR); break;
     case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
     case OP_INPUT:

@@ -367,7 +367,13 @@ static bool func_line(Rd *r) {
       r->f->scatters = true;
     }
     /* the type names of its slots, then of its set's children: resolved at the end */
-    r->slot_tnames = vec_grow(r->slot_tnames, &r->capslots, m->nvertex + 1, sizeof(const char **));
+    if (m->nvertex + 1 > r->capslots) { /* in the arena, as the model is: nothing to free */
+      int cap = r->capslots ? r->capslots * 2 : 8;
+      const char ***t = arena_alloc(sizeof(const char **) * (size_t)cap);
+      if (r->capslots) memcpy(t, r->slot_tnames, sizeof(const char **) * (size_t)r->capslots);
+      r->slot_tnames = t;
+      r->capslots = cap;
+    }
     const char **tn = arena_alloc(sizeof(const char *) * (size_t)(children + 1));
     r->slot_tnames[m->nvertex] = tn;
     tn[children] = of;

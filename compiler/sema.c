@@ -825,6 +825,25 @@ static int eval_call(Ctx *c, const Node *n) {
     if (c->m->typed) w = c->tstate[c->f->slot_type[k]];
     return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc, .width = w});
   }
+  if (!strcmp(f, "dropout")) {
+    if (n->nargs != 2) {
+      error_at(n->loc, "'dropout' takes 2 arguments (a row and the probability of dropping), given %d", n->nargs);
+      return -1;
+    }
+    if (c->edge_var) {
+      error_at(n->loc, "dropout() inside sum(%s in children: ...): drop the sum, or a value before it", c->edge_var);
+      return -1;
+    }
+    int a = require_row(c, eval(c, n->args[0]), n->args[0], "dropout");
+    int p = eval(c, n->args[1]);
+    if (a < 0 || p < 0) return -1;
+    if (node(c, p)->op != OP_CONST || !(node(c, p)->cval >= 0 && node(c, p)->cval < 1)) {
+      error_at(n->args[1]->loc, "dropout's probability must be a number in [0, 1)");
+      return -1;
+    }
+    int args[2] = {a, p};
+    return mk(c, OP_DROPOUT, T_ROW, node(c, a)->width, n->loc, 2, args);
+  }
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
     return -1;

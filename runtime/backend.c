@@ -199,6 +199,22 @@ static bool leaves_unread(const cavs_ctx *c) {
   return true;
 }
 
+static void no_dropout(cavs_ctx *c) {
+  if (!c->model->launch_failed)
+    cv_fail(c->model, "dropout() is not built for the %s backend yet", c->model->be->name);
+  c->model->launch_failed = true;
+}
+void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                      int n) {
+  if (BE(c)->dropout_fwd) BE(c)->dropout_fwd(c, salt, p, x, ldx, y, ldy, w, r0, n);
+  else no_dropout(c);
+}
+void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
+                      int n) {
+  if (BE(c)->dropout_bwd) BE(c)->dropout_bwd(c, salt, p, dy, ldy, dx, ldx, w, r0, n);
+  else no_dropout(c);
+}
+
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
   BE(c)->echild_fwd(c, state, dst, ld, r0, n);
 }

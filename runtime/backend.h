@@ -119,6 +119,11 @@ typedef struct cv_backend {
   void (*ebcast_bwd)(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
   void (*esum_fwd)(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
   void (*esum_bwd)(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
+  /* dropout (optional: NULL fails the pass) */
+  void (*dropout_fwd)(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                      int n);
+  void (*dropout_bwd)(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
+                      int n);
 } cv_backend;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */

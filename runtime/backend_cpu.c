@@ -439,6 +439,29 @@ EDGE_OPS(float, f)
 EDGE_OPS(double, d)
 #undef EDGE_OPS
 
+/* dropout: y = x * mask / (1 - p) in training (c->keep), y = x in inference */
+#define DROP_OPS(R, S)                                                                                       \
+  static void dropout_fwd_##S(cavs_ctx *c, unsigned salt, double p, const R *x, long ldx, R *y, long ldy,    \
+                              long w, int r0, int n) {                                                       \
+    R scale = (R)(1.0 / (1.0 - p));                                                                          \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (long j = 0; j < w; j++) {                                                                         \
+        R v = x[(size_t)r * (size_t)ldx + (size_t)j];                                                        \
+        y[(size_t)r * (size_t)ldy + (size_t)j] = !c->keep ? v : cavs_drop_keep(c->rkey[r], salt, j, p) ? v * scale : 0; \
+      }                                                                                                      \
+  }                                                                                                          \
+  static void dropout_bwd_##S(cavs_ctx *c, unsigned salt, double p, const R *dy, long ldy, R *dx, long ldx,  \
+                              long w, int r0, int n) {                                                       \
+    R scale = (R)(1.0 / (1.0 - p));                                                                          \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (long j = 0; j < w; j++)                                                                           \
+        if (cavs_drop_keep(c->rkey[r], salt, j, p))                                                          \
+          dx[(size_t)r * (size_t)ldx + (size_t)j] += dy[(size_t)r * (size_t)ldy + (size_t)j] * scale;        \
+  }
+DROP_OPS(float, f)
+DROP_OPS(double, d)
+#undef DROP_OPS
+
 #define EDGE_CALL(c, name, ...)                                                                              \
   do {                                                                                                       \
     double t0_ = cv_now();                                                                                   \
@@ -447,6 +470,14 @@ EDGE_OPS(double, d)
     else name##_f(__VA_ARGS__);                                                                              \
     c->model->stats.rows_seconds += cv_now() - t0_;                                                          \
   } while (0)
+static void cpu_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,
+                            int r0, int n) {
+  EDGE_CALL(c, dropout_fwd, c, salt, p, x, ldx, y, ldy, w, r0, n);
+}
+static void cpu_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w,
+                            int r0, int n) {
+  EDGE_CALL(c, dropout_bwd, c, salt, p, dy, ldy, dx, ldx, w, r0, n);
+}
 static void cpu_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
   EDGE_CALL(c, echild_fwd, c, state, dst, ld, r0, n);
 }
@@ -629,4 +660,6 @@ const cv_backend cv_backend_cpu = {
     .ebcast_bwd = cpu_ebcast_bwd,
     .esum_fwd = cpu_esum_fwd,
     .esum_bwd = cpu_esum_bwd,
+    .dropout_fwd = cpu_dropout_fwd,
+    .dropout_bwd = cpu_dropout_bwd,
 };

@@ -96,6 +96,22 @@ static inline CAVS_HD float cavs_exp_f(float x) {
   return y;
 }
 static inline CAVS_HD float cavs_sigmoid_f(float x) { return 1.0f / (1.0f + cavs_exp_f(-x)); }
+/* Dropout's draws (splitmix64): a row's key from the seed, the step and the vertex's
+ * index in the minibatch, and whether column j of node `salt` keeps its value with
+ * probability 1 - p: the same on every backend, in every batching of one minibatch. */
+static inline CAVS_HD uint64_t cavs_mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static inline CAVS_HD uint64_t cavs_drop_key(uint64_t seed, long step, long vertex) {
+  return cavs_mix64(cavs_mix64(seed + cavs_mix64((uint64_t)step)) ^ (uint64_t)vertex);
+}
+static inline CAVS_HD int cavs_drop_keep(uint64_t key, unsigned salt, long j, double p) {
+  uint64_t h = cavs_mix64(key ^ cavs_mix64(((uint64_t)salt << 32) ^ (uint64_t)j));
+  return (double)(h >> 11) * (1.0 / 9007199254740992.0) >= p;
+}
 static inline CAVS_HD float cavs_tanh_f(float x) { return 1.0f - 2.0f / (1.0f + cavs_exp_f(2.0f * x)); }
 static inline CAVS_HD double cavs_sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
 
@@ -308,6 +324,10 @@ struct cavs_ctx {
      [eoff[r], eoff[r + 1]), each with its parent's row and its child's (host memory;
      NULL in a model without such vertices) */
   const int *eoff, *eparent, *echild;
+  /* [rows]: each row's dropout key, from the model's seed (cavs_model_init's, or a
+     checkpoint's), the optimizer's step count and its vertex's place in the minibatch
+     (cavs_drop_key), host memory */
+  const uint64_t *rkey;
   int keep;                  /* 1: a forward pass stores the values its backward pass reads
                                 rather than computes again (the C target's kept values);
                                 0 in inference (cavs_model_set_inference) */
@@ -368,6 +388,13 @@ void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
  * the buffer at dst (echild); a row of src to each of its edges (ebcast); each row's
  * edges summed (esum, zero where it has none); backward, the gradients the other way,
  * added. Buffers are passed at their row 0, edge buffers at their edge 0. */
+/* dropout(x, p) over rows [r0, r0+n): y = x * mask / (1 - p) with a mask drawn per row
+ * (cavs_ctx.rkey), `salt` (the node) and column (cavs_drop_keep), y = x in inference;
+ * backward dx += dy * mask / (1 - p). */
+void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                      int n);
+void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
+                      int n);
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n);
 void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n);
 void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);

@@ -624,6 +624,7 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
       return -1;
     }
   m->step = k->steps;
+  m->drop_seed = k->ts.seed; /* dropout draws as the run that saved it would */
   m->be->release(m->m1);
   m->be->release(m->m2);
   m->m1 = m->m2 = NULL;

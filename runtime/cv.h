@@ -112,6 +112,8 @@ struct cavs_model {
   /* children as sets (`children *`): the edges, row by row (cavs_ctx.eoff); edge
      buffers hold cap_edges rows */
   int *eoff, *eparent, *echild;
+  uint64_t *rkey; /* [cap_rows]: dropout's key of each row (cavs_ctx.rkey) */
+  uint64_t drop_seed; /* cavs_model_init's seed, or a checkpoint's */
   long nedges, cap_edges;
   int capeoff;
   int maxc_fixed; /* the most children of a vertex type that names them */

@@ -489,6 +489,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         m->child[(size_t)r * C + s] = ch < 0 ? -1 : m->row_of[base + ch];
       }
       m->root[r] = m->pcount[base + v + 1] == m->pcount[base + v];
+      m->rkey[r] = cavs_drop_key(m->drop_seed, m->step, base + v); /* the vertex, not its row */
       m->pushed[r] = (unsigned char)d->vertex[t].pushes;
       for (int i = 0; i < d->ninputs; i++) {
         const cavs_input_desc *in = &d->inputs[i];

@@ -81,7 +81,8 @@ static double gib(size_t b) { return (double)b / (double)(1 << 30); }
  * children and flags, and the scheduler's scratch (about eight ints a vertex). */
 static int row_bytes(const cavs_model *m, size_t *out) {
   const cavs_desc *d = m->d;
-  size_t b = (size_t)m->maxc * sizeof(int) + 2 + sizeof(int) + (size_t)d->nint * sizeof(int) + 8 * sizeof(int);
+  size_t b = (size_t)m->maxc * sizeof(int) + 2 + sizeof(int) + (size_t)d->nint * sizeof(int) + 8 * sizeof(int) +
+             sizeof(uint64_t);
   for (int i = 0; i < d->nbufs; i++) {
     size_t w;
     if (d->bufs[i].edge) continue; /* cv_grow_edges */
@@ -325,7 +326,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->tcount);
-  free(m->eoff); free(m->eparent); free(m->echild);
+  free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
@@ -417,6 +418,8 @@ int cv_grow_rows(cavs_model *m, int rows) {
   fail |= cv_grow(m, &m->root, 1, (size_t)cap);
   fail |= cv_grow(m, &m->pushed, 1, (size_t)cap);
   fail |= cv_grow(m, &m->pred, sizeof(int), (size_t)cap);
+  fail |= cv_grow(m, &m->rkey, sizeof(uint64_t), (size_t)cap);
+  m->ctx.rkey = m->rkey;
   m->ctx.child = m->child;
   m->ctx.root = m->root;
   m->ctx.pushed = m->pushed;
@@ -505,6 +508,7 @@ static double uniform01(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0
 
 void cavs_model_init(cavs_model *m, uint64_t seed) {
   const cavs_desc *d = m->d;
+  m->drop_seed = seed;
   cv_ptables_free(m);
   uint64_t s = seed;
   /* values are made on the host, a piece of a row at a time, and uploaded */

@@ -574,6 +574,73 @@ static void sentence(TGraph *t, int n, unsigned *seed, const cavs_desc *d, const
   tg_features(t, d, dims, seed);
 }
 
+/* Dropout (training only): the same masks one vertex at a time, under every policy, as
+ * batched (a mask is drawn from the vertex's place in the minibatch, the step count, the
+ * node and the column, never the row); about p of the values dropped and the others
+ * scaled by 1 / (1 - p); new masks after a step; and in inference the model computes
+ * what it computes without dropout. */
+static const char *drop_model =
+    "model drop; dim H = 64; dim C = 3; input y : class[C]; input f : real[H];\n"
+    "param W[H,H], Wc[H,C] init uniform(-0.2, 0.2);\n"
+    "vertex v (children 2) { a = tanh(f + (gather(0) + gather(1)) @ W); d = dropout(a, 0.3); scatter(d); push(d); }\n"
+    "push (p) { loss softmax_xent(p @ Wc, y); }\n";
+
+START_TEST(dropout_masks) {
+  for (int p = 0; p < 4; p++) batched_vs_policy(drop_model, "double", true, 1e-11, 0, policies[p], false);
+  /* two types at random: agenda and frontier lay the rows out unlike one vertex a task */
+  static const char *mixed_drop =
+      "model mixdrop; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
+      "param Wa[2H,H], Wb[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+      "vertex a (children 2) { h = dropout(tanh(f + concat(gather(0), gather(1)) @ Wa), 0.5); scatter(h); push(h); }\n"
+      "vertex b (children 2) { u = concat(gather(0), gather(1)) @ Wb; h = sigmoid(f * u) - 0.5; scatter(h); push(h); }\n"
+      "push (p) { loss softmax_xent(dropout(p, 0.2) @ Wc, y); }\n";
+  for (int p = 0; p < 4; p++) batched_vs_policy(mixed_drop, "double", true, 1e-11, 0, policies[p], true);
+  const cavs_desc *d = load_model(drop_model, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m = new_model(d, dims, 4);
+  ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+  long dropped = 0, kept = 0, differ = 0, w = dims[find_dim(d, "H")];
+  double a[64], dv[64], before[64];
+  ck_assert(w <= 64);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "a", a, 64), w);
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "d", dv, 64), w);
+      for (int j = 0; j < w; j++) {
+        if (dv[j] == 0) dropped++;
+        else ck_assert_msg(fabs(dv[j] - a[j] / 0.7) <= 1e-12 * fabs(dv[j]), "kept %.17g of %.17g", dv[j], a[j]), kept++;
+      }
+    }
+  double share = (double)dropped / (double)(dropped + kept);
+  ck_assert_msg(share > 0.25 && share < 0.35, "dropped %.3f of the values, not about 0.3", share);
+  ck_assert(cavs_model_vertex_value(m, 5, 30, "d", before, 64) == w);
+  cavs_model_backward(m);
+  cavs_optim o = {.kind = CAVS_SGD, .lr = 1e-3};
+  ck_assert(cavs_model_step(m, &o) == 0);
+  ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+  ck_assert(cavs_model_vertex_value(m, 5, 30, "d", dv, 64) == w);
+  for (int j = 0; j < w; j++) differ += (dv[j] == 0) != (before[j] == 0);
+  ck_assert_msg(differ > 0, "the same mask after a step");
+  /* inference: no dropout */
+  char src[1024];
+  snprintf(src, sizeof src, "%s", drop_model);
+  char *at = strstr(src, "dropout(a, 0.3)");
+  memcpy(at, "(a)            ", 15);
+  const cavs_desc *plain = load_model(src, "double");
+  cavs_model *q = new_model(plain, dims, 4), *r = new_model(d, dims, 4);
+  cavs_model_set_inference(r, 1);
+  cavs_stats sq, sr;
+  ck_assert(cavs_model_forward(q, gs, k, &sq) == 0 && cavs_model_forward(r, gs, k, &sr) == 0);
+  ck_assert_msg(sq.loss == sr.loss, "inference %.17g, without dropout %.17g", sr.loss, sq.loss);
+  cavs_model_free(m);
+  cavs_model_free(q);
+  cavs_model_free(r);
+}
+END_TEST
+
 /* A vertex in a named slot must be of the slot's type: the minibatch is refused,
  * naming the slot, both types and the vertex. */
 START_TEST(typed_slots_checked) {
@@ -1028,6 +1095,7 @@ int main(void) {
   tcase_add_test(tc, policies_equal_serial_mixed_types);
   tcase_add_test(tc, policies_count_tasks);
   tcase_add_test(tc, typed_slots_checked);
+  tcase_add_test(tc, dropout_masks);
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);

@@ -157,6 +157,8 @@ static const struct {
      "  h = tanh(pull() @ W + sum(k in 0..2: s_k) * 0.5 + concat(s_0, s_1, s_2) @ U);\n"
      "  scatter(h); push(tanh(pull()) + h);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* masks drawn from the step and the vertex, the same in every forward pass here */
+    {"dropout", "model op_drop;\n" HEAD CELL("tanh(dropout(x, 0.4) + dropout(s0 @ W, 0.3) + dropout(s1, 0.5) @ U)")},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
      "param emb[V,H], W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
