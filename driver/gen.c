@@ -12,7 +12,7 @@
 
 int cmd_gen(int argc, char **argv) {
   if (argc < 2)
-    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger|lattice [--graphs N] [--leaves L] [--words W] [--classes C] "
+    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger|lattice|translation [--graphs N] [--leaves L] [--words W] [--classes C] "
            "[--arity A] [--seed S] [--dag] [--chars] -o FILE");
   const char *kind = argv[1], *out = NULL;
   long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
@@ -53,6 +53,8 @@ int cmd_gen(int argc, char **argv) {
   FILE *f = fdopen(fd, "w");
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
+  else if (!strcmp(kind, "translation"))
+    rc = cavs_gen_translation(f, (int)graphs, words_given ? (int)words : 30, (uint64_t)seed);
   else if (!strcmp(kind, "lattice"))
     rc = cavs_gen_lattice(f, (int)graphs, 30, words_given ? (int)words : 3000, classes_given ? (int)classes : 8,
                           (uint64_t)seed);
@@ -66,7 +68,7 @@ int cmd_gen(int argc, char **argv) {
   else {
     fclose(f);
     unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger, lattice)", kind);
+    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger, lattice, translation)", kind);
   }
   if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
     unlink(tmp);

@@ -732,7 +732,7 @@ const cavs_desc childsum_desc = {
     "# scattered) and sums; a vertex's own rows read inside it (xf) are the same on each\012"
     "# of its edges. Fit for dependency trees, where a word has any number of dependents.\012"
     "#\012"
-    "# Data: ptb-tree (any node may have up to 32 children) or cgf; e.g. `cavs gen nary`\012"
+    "# Data: ptb-tree (any node may have up to 64 children) or cgf; e.g. `cavs gen nary`\012"
     "#   (the toy treebank with 2 to 4 children a node). SST, the defaults, 5 epochs: dev\012"
     "#   0.813 over all nodes, 0.454 at the root, 2.6 s an epoch (the binary Tree-LSTM:\012"
     "#   the same, 2.0 s); nary trees (4000, 16 leaves, 200 words), E=H=64, batch 32, lr\012"

@@ -325,7 +325,7 @@ typedef struct cavs_train_state {
 /* What a checkpoint may hold; anything beyond is refused as damaged. */
 #define CAVS_MAX_CKPT_BYTES ((uint64_t)1 << 36)
 #define CAVS_MAX_SOURCE_BYTES (64 << 20)
-#define CAVS_MAX_SET 32 /* children a data file gives a vertex whose block takes them as a set */
+#define CAVS_MAX_SET 64 /* children a data file gives a vertex whose block takes them as a set */
 #define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255
@@ -381,6 +381,12 @@ int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uin
  * child and a child of the letter it ends at; a letter's tag is a fixed random key
  * (below nclass) of the longest word ending at it, else of the letter itself. */
 int cavs_gen_lattice(FILE *out, int ngraphs, int nchars, int nwords, int nclass, uint64_t seed);
+/* Sentence pairs for dsl-examples/seq2seq.vf (cgf): a source of 10 to 50 words (`enc`
+ * vertices in a chain, input `src` below nwords) and its translation, the source
+ * backwards with each word through a fixed random map to 1..nwords (`dec` vertices in a
+ * chain: the first takes the last `enc` in slot `start`, each takes every `enc` as its
+ * set; `prev` the target word before, 0 at the start; `next` the target word). */
+int cavs_gen_translation(FILE *out, int npairs, int nwords, uint64_t seed);
 
 #ifdef __cplusplus
 }

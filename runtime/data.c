@@ -533,6 +533,37 @@ int cavs_gen_tagger(FILE *out, int nsent, int nwords, int nclass, int chars, uin
   return ferror(out) ? -1 : 0;
 }
 
+int cavs_gen_translation(FILE *out, int npairs, int nwords, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 19;
+  enum { MAXN = 50 };
+  int src[MAXN];
+  for (int g = 0; g < npairs; g++) {
+    int n = 10 + (int)(gen_next(&s) % (uint64_t)(MAXN - 10 + 1));
+    for (int i = 0; i < n; i++) src[i] = (int)(gen_next(&s) % (uint64_t)nwords);
+    /* the target: the source backwards, each word through a fixed random map to
+       1..nwords (0 is the decoder's start) */
+    fprintf(out, "graph\n");
+    for (int i = 0; i < n; i++) {
+      fprintf(out, "%d enc ", i);
+      if (i) fprintf(out, "%d", i - 1);
+      else fputc('-', out);
+      fprintf(out, " ; src=%d\n", src[i]);
+    }
+    int prev = 0;
+    for (int i = 0; i < n; i++) {
+      int tgt = 1 + (int)(word_key(src[n - 1 - i], 7) % (uint64_t)nwords);
+      fprintf(out, "%d dec ", n + i);
+      if (i) fprintf(out, "%d -", n + i - 1);
+      else fprintf(out, "- %d", n - 1);
+      for (int k = 0; k < n; k++) fprintf(out, " %d", k);
+      fprintf(out, " ; prev=%d next=%d\n", prev, tgt);
+      prev = tgt;
+    }
+    fprintf(out, "end\n");
+  }
+  return ferror(out) ? -1 : 0;
+}
+
 int cavs_gen_lattice(FILE *out, int ngraphs, int nchars, int nwords, int nclass, uint64_t seed) {
   uint64_t s = seed * 2654435761u + 17;
   enum { MAXN = 80, MAXW = 3 * MAXN };

@@ -69,15 +69,16 @@ static void same_matrix(const cavs_model *mc, const void *c, const void *u, long
     }
 }
 
-/* Rows [0, rows) of every per-row buffer, values or gradients. */
+/* Rows [0, rows) of every per-row buffer (edges [0, nedges) of an edge buffer), values
+ * or gradients. */
 static void same_buffers(const cavs_model *c, const cavs_model *u, bool grads, double tol) {
   const cavs_desc *d = c->d;
   for (int b = 0; b < d->nbufs; b++) {
     char what[300];
     snprintf(what, sizeof what, "%s of buffer %d (%s)", grads ? "gradient" : "value", b, d->bufs[b].name);
     if (!grads || c->grad[b])
-      same_matrix(c, grads ? c->grad[b] : c->val[b], grads ? u->grad[b] : u->val[b], c->rows, c->bw[b], c->bw[b],
-                  what, tol);
+      same_matrix(c, grads ? c->grad[b] : c->val[b], grads ? u->grad[b] : u->val[b],
+                  d->bufs[b].edge ? c->nedges : c->rows, c->bw[b], c->bw[b], what, tol);
   }
 }
 
@@ -85,7 +86,8 @@ static void same_buffers(const cavs_model *c, const cavs_model *u, bool grads, d
  * models, so that a cell a kernel misses keeps it where the C loop writes the cell. */
 static void poison(cavs_model *m, void **bufs) {
   for (int b = 0; b < m->d->nbufs; b++)
-    for (size_t i = 0; bufs[b] && i < (size_t)m->cap_rows * (size_t)m->bw[b]; i++) {
+    for (size_t i = 0; bufs[b] && i < (size_t)(m->d->bufs[b].edge ? m->cap_edges : m->cap_rows) * (size_t)m->bw[b];
+         i++) {
       if (m->esize == 8) ((double *)bufs[b])[i] = -7.25;
       else ((float *)bufs[b])[i] = -7.25f;
     }
@@ -153,7 +155,7 @@ static void host_vs_c(const char *model, const char *src, const char *prec, doub
   cavs_model_free(mu);
 }
 
-static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru"};
+static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq"};
 
 START_TEST(examples_double) { host_vs_c(examples[_i], NULL, "double", 1e-12); }
 END_TEST
@@ -333,11 +335,11 @@ int main(void) {
   Suite *s = suite_create("cuda_host");
   TCase *tc = tcase_create("kernels on the CPU");
   tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, examples_double, 0, 10);
+  tcase_add_loop_test(tc, examples_double, 0, 11);
   tcase_add_test(tc, treelstm_float);
   tcase_add_test(tc, overlapping_gradients);
   /* two streams */
-  tcase_add_loop_test(tc, streams_in_any_order, 0, 10);
+  tcase_add_loop_test(tc, streams_in_any_order, 0, 11);
   tcase_add_test(tc, missing_events_show);
   tcase_add_test(tc, launches_do_not_grow_with_rows);
   suite_add_tcase(s, tc);

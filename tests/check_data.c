@@ -490,6 +490,34 @@ START_TEST(ptb_inner_block_children) {
 }
 END_TEST
 
+/* A block that takes its children as a set takes up to CAVS_MAX_SET of them from a
+ * ptb-tree file (and cgf, after its named slots); one more is an error. */
+START_TEST(set_children_limit) {
+  const cavs_desc *t = model(
+      "model st; dim H = 2; dim C = 3; dim V = vocab(w); input w : index[V]; input y : class[C];\n"
+      "param emb[V,H], Wc[H,C];\n"
+      "pull { x = emb[w]; }\n"
+      "vertex node (children *) { h = tanh(pull() + sum(s in children: s)); scatter(h); push(h); }\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n");
+  long dims[CAVS_MAX_DIMS];
+  dims_of(t, dims);
+  char text[8192];
+  size_t len = (size_t)snprintf(text, sizeof text, "(1");
+  for (int k = 0; k < CAVS_MAX_SET; k++) len += (size_t)snprintf(text + len, sizeof text - len, " (2 w%d)", k);
+  len += (size_t)snprintf(text + len, sizeof text - len, ")\n");
+  cavs_vocab *v = cavs_vocab_new();
+  cavs_dataset *s = load_ok("wide.txt", text, len, "ptb-tree", t, dims, v, 1);
+  ck_assert_int_eq(cavs_dataset_vertices(s), CAVS_MAX_SET + 1);
+  cavs_dataset_free(s);
+  cavs_vocab_free(v);
+  len -= 2; /* one more */
+  len += (size_t)snprintf(text + len, sizeof text - len, " (2 w0))\n");
+  char want[128];
+  snprintf(want, sizeof want, "a node with %d children", CAVS_MAX_SET + 1);
+  expect_error("wider.txt", text, len, "ptb-tree", t, dims, 1, want);
+}
+END_TEST
+
 /* cavs_dataset_parse: the same graphs from a string as from a file of its bytes;
  * messages name the string; no bytes, no graphs. */
 START_TEST(parse_from_string) {
@@ -1034,6 +1062,7 @@ int main(void) {
   tcase_add_loop_test(ptb, ptb_utf8_strict, 0, NELEM(utf8_bad));
   tcase_add_test(ptb, ptb_label_column);
   tcase_add_test(ptb, ptb_inner_block_children);
+  tcase_add_test(ptb, set_children_limit);
   tcase_add_test(ptb, ptb_label_int_range);
   tcase_add_test(ptb, unknown_format);
   tcase_add_test(ptb, parse_from_string);

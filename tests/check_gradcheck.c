@@ -176,7 +176,7 @@ START_TEST(op_gradients) {
 }
 END_TEST
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf"};
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf"};
 
 START_TEST(example_gradients) {
   const cavs_desc *d = load_model(examples[_i], "double");
