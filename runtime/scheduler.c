@@ -147,12 +147,13 @@ static int ready_tasks(cavs_model *m, int N) {
   int T = d->nvertex, C = m->maxc;
   long *head = m->tstate, *cnt = head + T, *rem = cnt + T, *hsum = rem + T, *umax = hsum + T;
   int *nxt = m->queue, *pending = m->row_of;
+  bool frontier = m->policy == CAVS_FRONTIER;
   for (int t = 0; t < T; t++) head[t] = -1, cnt[t] = rem[t] = hsum[t] = 0, umax[t] = -1;
 #define READY(v)                                                                                  \
   do {                                                                                            \
     int t_ = m->vtype[v];                                                                         \
     nxt[v] = (int)head[t_], head[t_] = v, cnt[t_]++, hsum[t_] += m->level[v];                    \
-    if (m->urg[v] > umax[t_]) umax[t_] = m->urg[v];                                              \
+    if (frontier && m->urg[v] > umax[t_]) umax[t_] = m->urg[v]; /* (urg: frontier's alone) */  \
   } while (0)
   for (int v = 0; v < N; v++) {
     rem[m->vtype[v]]++;
