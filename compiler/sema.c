@@ -484,22 +484,10 @@ static bool assigned_later(const Stmt *s, const char *name) {
 
 static int eval(Ctx *c, const Node *n);
 
-/* Inside sum(s in children: e), a row of the vertex is read on each of its edges. */
-static int bcast(Ctx *c, int id) {
-  if (id < 0 || !c->edge_var || c->f->nodes[id].type != T_ROW || c->f->nodes[id].edge) return id;
-  int *args = arena_alloc(sizeof(int));
-  args[0] = id;
-  return mk_with(c, (IrNode){.op = OP_EBCAST, .type = T_ROW, .width = c->f->nodes[id].width, .nargs = 1, .args = args,
-                             .loc = c->f->nodes[id].loc});
-}
-
-static int eval_name_at(Ctx *c, const Node *n);
+/* Inside sum(s in children: e), s names the child's row; a row of the vertex that e
+ * combines with it is read on each edge (add_node puts the ebcast in). */
 static int eval_name(Ctx *c, const Node *n) {
   if (c->edge_var && !strcmp(n->name, c->edge_var) && !loop_var(c, n->name)) return c->edge_node;
-  return bcast(c, eval_name_at(c, n));
-}
-
-static int eval_name_at(Ctx *c, const Node *n) {
   LoopVar *v = loop_var(c, n->name);
   if (v) return mk_const(c, (double)v->value, n->loc);
   const char *renamed = loop_rename(c, n->name);
@@ -911,7 +899,7 @@ static int eval(Ctx *c, const Node *n) {
       return -1;
     }
     return n->op == 'c' ? eval_sum_children(c, n) : eval_sumfor(c, n);
-  case N_PULL: return bcast(c, eval_pull(c, n));
+  case N_PULL: return eval_pull(c, n);
   case N_SLICE: {
     int a = require_row(c, eval(c, n->a), n->a, "slicing");
     Lin lo, hi;

@@ -87,14 +87,14 @@ static void childsum_node_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a32 = V[8] + (size_t)(r) * D_H;
     const R *restrict a34 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a33 = V[8] + (size_t)(r) * D_H;
     const R *restrict a37 = V[12] + (size_t)(r) * (2*D_H);
     R *restrict k36 = V[16] + (size_t)(r) * D_H;
     R *restrict o38 = V[6] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v35 = a32[j] + a34[j];
+      const R v35 = a34[j] + a33[j];
       const R v36 = cv_sigmoid(v35);
       const R v38 = v36 * a37[j];
       if (keep) k36[j] = v36;  /* kept for the backward loop */
@@ -219,8 +219,6 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* childsum.vf:41  ebcast */
-  cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -228,7 +226,16 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 42  %2 @ Uf: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[4], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
+            P[4], D_H, 0, V[8] + (size_t)(r0) * D_H, D_H);
+    }
+  }
+  /* childsum.vf:41  ebcast */
+  cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 42) */
   cavs_loop(c, childsum_node_fwd_path_g2, r0, n, D_H, 0);
     }
@@ -428,8 +435,8 @@ static void childsum_node_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d32 = G[8] + (size_t)(r) * D_H;
     R *restrict d34 = G[7] + (size_t)(r) * D_H;
+    R *restrict d33 = G[8] + (size_t)(r) * D_H;
     const R *restrict a37 = V[12] + (size_t)(r) * (2*D_H);
     R *restrict d37 = G[12] + (size_t)(r) * (2*D_H);
     const R *restrict k36 = V[16] + (size_t)(r) * D_H;
@@ -443,8 +450,8 @@ static void childsum_node_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
       g36 += g38 * a37[j];
       d37[j] += g38 * v36;
       g35 += g36 * v36 * (1 - v36);
-      d32[j] += g35;
-      d34[j] = g35;  /* this loop alone writes it */
+      d34[j] += g35;
+      d33[j] = g35;  /* this loop alone writes it */
     }
   }
 }
@@ -471,13 +478,20 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* group g2 backward, [n, H]: (lines 42) */
   cavs_loop(c, childsum_node_bwd_path_g2, r0, n, D_H, 0);
-  /* line 42  d%2 += d(%2 @ Uf) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
+  /* line 42  d%2 += d(%2 @ Uf) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[8] + (size_t)(r0) * D_H, D_H,
+            P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+    }
+  }
   /* line 38  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[11] + (size_t)(0) * D_H, D_H);
@@ -542,7 +556,7 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 42  dW += %2^T d(%2 @ Uf), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[7] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
+            G[8] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
     }
   }
 }
@@ -677,8 +691,8 @@ static const cavs_buf_desc bufs[] = {
   {"node_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"node_fc", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"node_t38", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
-  {"node_t34", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 0, 1},
-  {"node_t32", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
+  {"node_t34", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
+  {"node_t33", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 0, 1},
   {"node_xf", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"node_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"node_hs", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},

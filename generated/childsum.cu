@@ -79,19 +79,19 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
 
 /* childsum_node_fwd_path, group g2 forward: a thread per row and column of [n, H] */
 static __global__ void childsum_node_fwd_path_g2(int n, long D_E, long D_H, long D_C, long D_V,
-    const R *__restrict__ a32_r0,
     const R *__restrict__ a34_r0,
+    const R *__restrict__ a33_r0,
     const R *__restrict__ a37_r0,
     R *__restrict__ k36_r0,
     R *__restrict__ o38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a32 = a32_r0 + (size_t)i * D_H;
   const R *__restrict__ a34 = a34_r0 + (size_t)i * D_H;
+  const R *__restrict__ a33 = a33_r0 + (size_t)i * D_H;
   const R *__restrict__ a37 = a37_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k36 = k36_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
-  const R v35 = a32[j] + a34[j];
+  const R v35 = a34[j] + a33[j];
   const R v36 = cv_sigmoid(v35);
   const R v38 = v36 * a37[j];
   k36[j] = v36;  /* kept for the backward loop */
@@ -214,8 +214,6 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* childsum.vf:41  ebcast */
-  cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -223,14 +221,23 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 42  %2 @ Uf: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[4], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
+            P[4], D_H, 0, V[8] + (size_t)(r0) * D_H, D_H);
+    }
+  }
+  /* childsum.vf:41  ebcast */
+  cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 42) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[8] + (size_t)(r0) * D_H,
           V[7] + (size_t)(r0) * D_H,
+          V[8] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * (2*D_H),
           V[16] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H);
@@ -468,16 +475,16 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
 
 /* childsum_node_bwd_path, group g2 backward: a thread per row and column of [n, H] */
 static __global__ void childsum_node_bwd_path_g2(int n, long D_E, long D_H, long D_C, long D_V,
-    R *__restrict__ d32_r0,
     R *__restrict__ d34_r0,
+    R *__restrict__ d33_r0,
     const R *__restrict__ a37_r0,
     R *__restrict__ d37_r0,
     const R *__restrict__ k36_r0,
     const R *__restrict__ g38_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d32 = d32_r0 + (size_t)i * D_H;
   R *__restrict__ d34 = d34_r0 + (size_t)i * D_H;
+  R *__restrict__ d33 = d33_r0 + (size_t)i * D_H;
   const R *__restrict__ a37 = a37_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d37 = d37_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k36 = k36_r0 + (size_t)i * D_H;
@@ -489,8 +496,8 @@ static __global__ void childsum_node_bwd_path_g2(int n, long D_E, long D_H, long
   g36 += g38 * a37[j];
   d37[j] += g38 * v36;
   g35 += g36 * v36 * (1 - v36);
-  d32[j] += g35;
-  d34[j] = g35;  /* this loop alone writes it */
+  d34[j] += g35;
+  d33[j] = g35;  /* this loop alone writes it */
 }
 
 /* vertex node, path phase backward: one task, in reverse order */
@@ -558,8 +565,8 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[8] + (size_t)(r0) * D_H,
           G[7] + (size_t)(r0) * D_H,
+          G[8] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * (2*D_H),
           G[12] + (size_t)(r0) * (2*D_H),
           V[16] + (size_t)(r0) * D_H,
@@ -567,13 +574,20 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 42  d%2 += d(%2 @ Uf) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
+  /* line 42  d%2 += d(%2 @ Uf) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[8] + (size_t)(r0) * D_H, D_H,
+            P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+    }
+  }
   /* line 38  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[11] + (size_t)(0) * D_H, D_H);
@@ -639,7 +653,7 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 42  dW += %2^T d(%2 @ Uf), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[7] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
+            G[8] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
     }
   }
 }
@@ -776,8 +790,8 @@ static const cavs_buf_desc bufs[] = {
   {"node_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"node_fc", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"node_t38", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
-  {"node_t34", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 0, 1},
-  {"node_t32", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
+  {"node_t34", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
+  {"node_t33", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 0, 1},
   {"node_xf", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"node_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"node_hs", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},

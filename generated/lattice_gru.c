@@ -506,15 +506,15 @@ static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a12 = V[27] + (size_t)(r) * D_H;
     const R *restrict a13 = V[26] + (size_t)(r) * D_H;
+    const R *restrict a12 = V[27] + (size_t)(r) * D_H;
     const R *restrict a11 = V[28] + (size_t)(r) * D_H;
     R *restrict k15 = V[34] + (size_t)(r) * D_H;
     R *restrict o16 = V[25] + (size_t)(r) * D_H;
     R *restrict o17 = V[24] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v14 = a12[j] + a13[j];
+      const R v14 = a13[j] + a12[j];
       const R v15 = cv_sigmoid(v14);
       const R v16 = cv_exp(v15);
       const R v17 = v16 * a11[j];
@@ -691,8 +691,6 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[8], D_H, V[29] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * D_H, D_H, r0, n);
-  /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -700,7 +698,16 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[26] + (size_t)(r0) * D_H, D_H);
+            P[8], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
+    }
+  }
+  /* lattice_gru.vf:51  ebcast */
+  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 53) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g2, r0, n, D_H, 0);
     }
@@ -979,8 +986,8 @@ static void lattice_gru_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d12 = G[27] + (size_t)(r) * D_H;
     R *restrict d13 = G[26] + (size_t)(r) * D_H;
+    R *restrict d12 = G[27] + (size_t)(r) * D_H;
     const R *restrict a11 = V[28] + (size_t)(r) * D_H;
     R *restrict d11 = G[28] + (size_t)(r) * D_H;
     const R *restrict k15 = V[34] + (size_t)(r) * D_H;
@@ -999,8 +1006,8 @@ static void lattice_gru_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
       d11[j] += g17 * v16;
       g15 += g16 * v16;
       g14 += g15 * v15 * (1 - v15);
-      d12[j] += g14;
-      d13[j] = g14;  /* this loop alone writes it */
+      d13[j] += g14;
+      d12[j] = g14;  /* this loop alone writes it */
     }
   }
 }
@@ -1043,13 +1050,20 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* group g2 backward, [n, H]: (lines 53) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g2, r0, n, D_H, 0);
-  /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[26] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
+  /* line 53  dh_w += d(h_w @ Ug) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
+    }
+  }
   /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
@@ -1115,7 +1129,7 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[26] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
@@ -1313,8 +1327,8 @@ static const cavs_buf_desc bufs[] = {
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_t17", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_t16", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
-  {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
-  {"chr_t12", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t12", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_h_w", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_t7", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_xg", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},

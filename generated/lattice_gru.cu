@@ -541,21 +541,21 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
 
 /* lattice_gru_chr_fwd_path, group g2 forward: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_fwd_path_g2(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
-    const R *__restrict__ a12_r0,
     const R *__restrict__ a13_r0,
+    const R *__restrict__ a12_r0,
     const R *__restrict__ a11_r0,
     R *__restrict__ k15_r0,
     R *__restrict__ o16_r0,
     R *__restrict__ o17_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a12 = a12_r0 + (size_t)i * D_H;
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
+  const R *__restrict__ a12 = a12_r0 + (size_t)i * D_H;
   const R *__restrict__ a11 = a11_r0 + (size_t)i * D_H;
   R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
   R *__restrict__ o16 = o16_r0 + (size_t)i * D_H;
   R *__restrict__ o17 = o17_r0 + (size_t)i * D_H;
-  const R v14 = a12[j] + a13[j];
+  const R v14 = a13[j] + a12[j];
   const R v15 = cv_sigmoid(v14);
   const R v16 = cv_exp(v15);
   const R v17 = v16 * a11[j];
@@ -704,8 +704,6 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[8], D_H, V[29] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * D_H, D_H, r0, n);
-  /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -713,14 +711,23 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[26] + (size_t)(r0) * D_H, D_H);
+            P[8], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
+    }
+  }
+  /* lattice_gru.vf:51  ebcast */
+  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 53) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[27] + (size_t)(r0) * D_H,
           V[26] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
           V[28] + (size_t)(r0) * D_H,
           V[34] + (size_t)(r0) * D_H,
           V[25] + (size_t)(r0) * D_H,
@@ -1032,8 +1039,8 @@ static __global__ void lattice_gru_chr_bwd_path_g1(int n, long D_E, long D_W, lo
 
 /* lattice_gru_chr_bwd_path, group g2 backward: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_bwd_path_g2(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
-    R *__restrict__ d12_r0,
     R *__restrict__ d13_r0,
+    R *__restrict__ d12_r0,
     const R *__restrict__ a11_r0,
     R *__restrict__ d11_r0,
     const R *__restrict__ k15_r0,
@@ -1042,8 +1049,8 @@ static __global__ void lattice_gru_chr_bwd_path_g2(int n, long D_E, long D_W, lo
     const R *__restrict__ g17_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d12 = d12_r0 + (size_t)i * D_H;
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
+  R *__restrict__ d12 = d12_r0 + (size_t)i * D_H;
   const R *__restrict__ a11 = a11_r0 + (size_t)i * D_H;
   R *__restrict__ d11 = d11_r0 + (size_t)i * D_H;
   const R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
@@ -1060,8 +1067,8 @@ static __global__ void lattice_gru_chr_bwd_path_g2(int n, long D_E, long D_W, lo
   d11[j] += g17 * v16;
   g15 += g16 * v16;
   g14 += g15 * v15 * (1 - v15);
-  d12[j] += g14;
-  d13[j] = g14;  /* this loop alone writes it */
+  d13[j] += g14;
+  d12[j] = g14;  /* this loop alone writes it */
 }
 
 /* vertex chr, path phase backward: one task, in reverse order */
@@ -1165,8 +1172,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[27] + (size_t)(r0) * D_H,
           G[26] + (size_t)(r0) * D_H,
+          G[27] + (size_t)(r0) * D_H,
           V[28] + (size_t)(r0) * D_H,
           G[28] + (size_t)(r0) * D_H,
           V[34] + (size_t)(r0) * D_H,
@@ -1176,13 +1183,20 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[26] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
+  /* line 53  dh_w += d(h_w @ Ug) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
+    }
+  }
   /* lattice_gru.vf:53  h_w = echild */
   cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
@@ -1247,7 +1261,7 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[26] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
@@ -1443,8 +1457,8 @@ static const cavs_buf_desc bufs[] = {
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_t17", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_t16", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
-  {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
-  {"chr_t12", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t12", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_h_w", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_t7", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_xg", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},

@@ -474,21 +474,21 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
 
 /* lattice_lstm_chr_fwd_path, group g2 forward: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_chr_fwd_path_g2(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
-    const R *__restrict__ a41_r0,
     const R *__restrict__ a43_r0,
+    const R *__restrict__ a42_r0,
     const R *__restrict__ a40_r0,
     R *__restrict__ k45_r0,
     R *__restrict__ o46_r0,
     R *__restrict__ o47_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a41 = a41_r0 + (size_t)i * D_H;
   const R *__restrict__ a43 = a43_r0 + (size_t)i * D_H;
+  const R *__restrict__ a42 = a42_r0 + (size_t)i * D_H;
   const R *__restrict__ a40 = a40_r0 + (size_t)i * D_H;
   R *__restrict__ k45 = k45_r0 + (size_t)i * D_H;
   R *__restrict__ o46 = o46_r0 + (size_t)i * D_H;
   R *__restrict__ o47 = o47_r0 + (size_t)i * D_H;
-  const R v44 = a41[j] + a43[j];
+  const R v44 = a43[j] + a42[j];
   const R v45 = cv_sigmoid(v44);
   const R v46 = cv_exp(v45);
   const R v47 = v46 * a40[j];
@@ -650,8 +650,6 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
                  P[7], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* lattice_lstm.vf:65  cw = echild */
   cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
-  /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -659,14 +657,23 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 65  cw @ Ul: [n, H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[20] + (size_t)(r0) * D_H, D_H);
+            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
+    }
+  }
+  /* lattice_lstm.vf:64  ebcast */
+  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[21] + (size_t)(r0) * D_H,
           V[20] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
           V[22] + (size_t)(r0) * D_H,
           V[30] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
@@ -998,8 +1005,8 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
 
 /* lattice_lstm_chr_bwd_path, group g2 backward: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_chr_bwd_path_g2(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
-    R *__restrict__ d41_r0,
     R *__restrict__ d43_r0,
+    R *__restrict__ d42_r0,
     const R *__restrict__ a40_r0,
     R *__restrict__ d40_r0,
     const R *__restrict__ k45_r0,
@@ -1008,8 +1015,8 @@ static __global__ void lattice_lstm_chr_bwd_path_g2(int n, long D_E, long D_W, l
     const R *__restrict__ g47_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d41 = d41_r0 + (size_t)i * D_H;
   R *__restrict__ d43 = d43_r0 + (size_t)i * D_H;
+  R *__restrict__ d42 = d42_r0 + (size_t)i * D_H;
   const R *__restrict__ a40 = a40_r0 + (size_t)i * D_H;
   R *__restrict__ d40 = d40_r0 + (size_t)i * D_H;
   const R *__restrict__ k45 = k45_r0 + (size_t)i * D_H;
@@ -1026,8 +1033,8 @@ static __global__ void lattice_lstm_chr_bwd_path_g2(int n, long D_E, long D_W, l
   d40[j] += g47 * v46;
   g45 += g46 * v46;
   g44 += g45 * v45 * (1 - v45);
-  d41[j] += g44;
-  d43[j] = g44;  /* this loop alone writes it */
+  d43[j] += g44;
+  d42[j] = g44;  /* this loop alone writes it */
 }
 
 /* vertex chr, path phase backward: one task, in reverse order */
@@ -1110,8 +1117,8 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[21] + (size_t)(r0) * D_H,
           G[20] + (size_t)(r0) * D_H,
+          G[21] + (size_t)(r0) * D_H,
           V[22] + (size_t)(r0) * D_H,
           G[22] + (size_t)(r0) * D_H,
           V[30] + (size_t)(r0) * D_H,
@@ -1121,13 +1128,20 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 65  dcw += d(cw @ Ul) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[20] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
+    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
+    {
+      const int r0 = e0_, n = en_;
+      (void)r0; (void)n;
+  /* line 65  dcw += d(cw @ Ul) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
+    }
+  }
   /* lattice_lstm.vf:65  cw = echild */
   cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
@@ -1201,7 +1215,7 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
       (void)r0; (void)n;
   /* line 65  dW += cw^T d(cw @ Ul), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[20] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
 }
@@ -1381,8 +1395,8 @@ static const cavs_buf_desc bufs[] = {
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_t47", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_t46", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
-  {"chr_t43", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
-  {"chr_t41", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t43", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
+  {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_cw", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_xl", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
   {"chr_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},

@@ -462,7 +462,7 @@ DROP_OPS(float, f)
 DROP_OPS(double, d)
 #undef DROP_OPS
 
-#define EDGE_CALL(c, name, ...)                                                                              \
+#define ROW_OPS_CALL(c, name, ...)                                                                              \
   do {                                                                                                       \
     double t0_ = cv_now();                                                                                   \
     LAUNCH(c, n > 0);                                                                                        \
@@ -472,29 +472,29 @@ DROP_OPS(double, d)
   } while (0)
 static void cpu_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,
                             int r0, int n) {
-  EDGE_CALL(c, dropout_fwd, c, salt, p, x, ldx, y, ldy, w, r0, n);
+  ROW_OPS_CALL(c, dropout_fwd, c, salt, p, x, ldx, y, ldy, w, r0, n);
 }
 static void cpu_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w,
                             int r0, int n) {
-  EDGE_CALL(c, dropout_bwd, c, salt, p, dy, ldy, dx, ldx, w, r0, n);
+  ROW_OPS_CALL(c, dropout_bwd, c, salt, p, dy, ldy, dx, ldx, w, r0, n);
 }
 static void cpu_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
-  EDGE_CALL(c, echild_fwd, c, state, dst, ld, r0, n);
+  ROW_OPS_CALL(c, echild_fwd, c, state, dst, ld, r0, n);
 }
 static void cpu_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
-  EDGE_CALL(c, echild_bwd, c, state, src, ld, r0, n);
+  ROW_OPS_CALL(c, echild_bwd, c, state, src, ld, r0, n);
 }
 static void cpu_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
-  EDGE_CALL(c, ebcast, c, (void *)src, lds, dst, ldd, w, r0, n, false);
+  ROW_OPS_CALL(c, ebcast, c, (void *)src, lds, dst, ldd, w, r0, n, false);
 }
 static void cpu_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
-  EDGE_CALL(c, ebcast, c, dsrc, lds, (void *)ddst, ldd, w, r0, n, true);
+  ROW_OPS_CALL(c, ebcast, c, dsrc, lds, (void *)ddst, ldd, w, r0, n, true);
 }
 static void cpu_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
-  EDGE_CALL(c, esum_fwd, c, src, lds, dst, ldd, w, r0, n);
+  ROW_OPS_CALL(c, esum_fwd, c, src, lds, dst, ldd, w, r0, n);
 }
 static void cpu_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
-  EDGE_CALL(c, esum_bwd, c, dsrc, lds, ddst, ldd, w, r0, n);
+  ROW_OPS_CALL(c, esum_bwd, c, dsrc, lds, ddst, ldd, w, r0, n);
 }
 
 static void cpu_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0,

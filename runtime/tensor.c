@@ -340,6 +340,26 @@ void cavs_model_free(cavs_model *m) {
   free(m);
 }
 
+/* Every per-row buffer (edge: every edge buffer) and its gradient made anew for `cap`
+ * rows; -1 when one could not be had. */
+static int alloc_bufs(cavs_model *m, bool edge, long cap) {
+  const cavs_desc *d = m->d;
+  for (int b = 0; b < d->nbufs; b++) {
+    if ((bool)d->bufs[b].edge != edge) continue;
+    size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
+    m->be->release(m->val[b]);
+    m->val[b] = m->be->alloc(bytes);
+    if (d->bufs[b].grad) {
+      m->be->release(m->grad[b]);
+      m->grad[b] = m->be->alloc(bytes);
+    }
+    m->cval[b] = m->val[b];
+    m->cgrad[b] = m->grad[b];
+    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) return -1;
+  }
+  return 0;
+}
+
 /* The edge buffers (cavs_buf_desc.edge) for `edges` edges, grown by doubling; their
  * bytes and the rows' together held to the memory limit. */
 int cv_grow_edges(cavs_model *m, long edges) {
@@ -356,21 +376,9 @@ int cv_grow_edges(cavs_model *m, long edges) {
     return cv_fail_mem(m, "a minibatch of %ld edges needs %.2f GiB (%zu bytes an edge) besides its vertices' and the "
                        "model's, more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
                        edges, gib(per * (size_t)edges), per, gib(cavs_memory_limit()));
-  for (int b = 0; b < d->nbufs; b++) {
-    if (!d->bufs[b].edge) continue;
-    size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
-    m->be->release(m->val[b]);
-    m->val[b] = m->be->alloc(bytes);
-    if (d->bufs[b].grad) {
-      m->be->release(m->grad[b]);
-      m->grad[b] = m->be->alloc(bytes);
-    }
-    m->cval[b] = m->val[b];
-    m->cgrad[b] = m->grad[b];
-    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
-      m->cap_edges = 0;
-      return cv_fail_mem(m, "out of memory for %ld edges", edges);
-    }
+  if (alloc_bufs(m, true, cap)) {
+    m->cap_edges = 0;
+    return cv_fail_mem(m, "out of memory for %ld edges", edges);
   }
   if (cv_grow(m, &m->eparent, sizeof(int), (size_t)cap) || cv_grow(m, &m->echild, sizeof(int), (size_t)cap)) {
     m->cap_edges = 0;
@@ -395,21 +403,9 @@ int cv_grow_rows(cavs_model *m, int rows) {
                    rows, gib(per * (size_t)rows), per, gib(m->model_bytes), gib(cavs_memory_limit()));
   }
   const cavs_desc *d = m->d;
-  for (int b = 0; b < d->nbufs; b++) {
-    if (d->bufs[b].edge) continue; /* cv_grow_edges */
-    size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
-    m->be->release(m->val[b]);
-    m->val[b] = m->be->alloc(bytes);
-    if (d->bufs[b].grad) {
-      m->be->release(m->grad[b]);
-      m->grad[b] = m->be->alloc(bytes);
-    }
-    m->cval[b] = m->val[b];
-    m->cgrad[b] = m->grad[b];
-    if (!m->val[b] || (d->bufs[b].grad && !m->grad[b])) {
-      m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
-      return cv_fail_mem(m, "out of memory for %d rows", rows);
-    }
+  if (alloc_bufs(m, false, cap)) {
+    m->cap_rows = 0; /* what is left is smaller than it says: grow all of it next time */
+    return cv_fail_mem(m, "out of memory for %d rows", rows);
   }
   int fail = 0;
   for (int i = 0; i < d->nint; i++) fail |= cv_grow(m, &m->iin[i], sizeof(int), (size_t)cap);
