@@ -15,6 +15,8 @@
  *   y = ebcast(a)    da[p] += dy[e]            (summed over p's edges)
  *   y = esum(a)      da[e] += dy[p]
  *   y = dropout(a, p)  da += dy * mask / (1 - p)   (training; in inference y = a)
+ *   y = mv(x, M)     dx += dy M^T, dM += x^T dy   (per row; M a matrix [A, B] per vertex)
+ *   y = mm(M, W)     dM += dy W^T (per row); dW += M^T dy (summed over rows)
  *   scatter(x)       dx += dstate[this row]
  *   y = pull()       dpull[row] += dy;   push(x): dx += dpush[row]
  *   loss softmax_xent(z, t)   dz = (softmax(z) - onehot(t)) / labeled rows
@@ -135,6 +137,15 @@ static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
                 lin_str(m, n->hi, hi, sizeof hi), g);
       break;
     case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
+    case OK_RMAT:
+      if (n->op == OP_MV) {
+        if (na->grad) fprintf(out, "  d%s += %s @ %s^T   (per row: [A] = [B] [B, A])\n", a, g, b);
+        if (nb->grad) fprintf(out, "  d%s += %s^T %s   (per row: the outer product [A, B])\n", b, a, g);
+      } else {
+        if (na->grad) fprintf(out, "  d%s += %s %s^T   (per row: [A, B] = [A, C] [C, B])\n", a, g, b);
+        fprintf(out, "  d%s += %s^T %s   (summed over rows: [B, C])\n", b, a, g);
+      }
+      break;
     case OK_DROP:
       if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
       break;

@@ -172,6 +172,9 @@ typedef enum {
   OK_SINK, /* scatter, push */
   OK_LOSS,
   OK_DROP, /* dropout(x, p): x times a random mask / (1 - p) in training, x otherwise */
+  OK_RMAT, /* products with a matrix per vertex, a row [A * B] read as [A, B] (a product
+              dim's width): mv(x, M), row [A] times M -> [B]; mm(M, W), M times a
+              param [B, C] -> [A, C] */
   OK_EDGE, /* children as a set (`children *`): echild, the child's state row per edge;
               ebcast, a vertex's row copied to each of its edges; esum, the sum over a
               vertex's edges (`sum(s in children: e)`) */
@@ -317,12 +320,15 @@ typedef struct IrFunc {
   bool pushes;
 } IrFunc;
 
-typedef enum { DIM_FIXED, DIM_VOCAB, DIM_FREE } DimKind;
+/* DIM_PRODUCT: `dim HH = H * H;`, the product of two earlier dims (neither a vocab): the
+ * width of a per-vertex matrix [H, H] (mv, mm), while every width stays a linear form. */
+typedef enum { DIM_FIXED, DIM_VOCAB, DIM_FREE, DIM_PRODUCT } DimKind;
 typedef struct Dim {
   const char *name;
   DimKind kind;
-  long value; /* DIM_FIXED default */
+  long value; /* DIM_FIXED default; DIM_PRODUCT: the default product, or 0 */
   int input;  /* DIM_VOCAB: the index input */
+  int fa, fb; /* DIM_PRODUCT: the factors, earlier dims */
   Loc loc;
 } Dim;
 
@@ -335,7 +341,10 @@ typedef struct Input {
   Loc loc;
 } Input;
 
-typedef enum { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_XAVIER } InitKind;
+/* identity(S, STD): S on the diagonal plus normal(0, STD) noise; INIT_IDENTITY for a
+ * square matrix, INIT_IDENTITY_ROWS for a table whose every row is a square matrix (its
+ * columns a product dim A * A: MV-RNN's word matrices). */
+typedef enum { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_XAVIER, INIT_IDENTITY, INIT_IDENTITY_ROWS } InitKind;
 typedef struct Param {
   const char *name;
   int rank; /* 1 (vector) or 2 (matrix) */
@@ -406,6 +415,11 @@ int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
 /* The width of child k's state as f gathers it, and of what f scatters. */
 Lin ir_child_width(const Model *m, const IrFunc *f, int k);
 Lin ir_state_width(const Model *m, const IrFunc *f);
+/* The product dim (`dim HH = H * H`) that width w is exactly, or -1. */
+int ir_product_dim(const Model *m, Lin w);
+/* The shape of a per-vertex matrix product (mv, mm): its matrix operand is [A, B];
+ * mm's parameter [B, C] (C is 0 for mv). */
+void ir_rmat_shape(const Model *m, const IrFunc *f, const IrNode *n, Lin *A, Lin *B, Lin *C);
 Lin lin_const(long k);
 Lin lin_dim(int dim, long coef);
 Lin lin_add(Lin a, Lin b);

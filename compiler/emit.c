@@ -690,6 +690,29 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
             emit_ld(e, &to->val), emit_lin(m, n->width));
     return;
   }
+  case OP_MV:
+  case OP_MM: {
+    /* a matrix [A, B] per row (row-major in a row of a product dim's width): the
+       runtime's row-by-row products; backward, every gradient in one call (NULL where
+       an operand takes none) */
+    Lin A, B, C;
+    ir_rmat_shape(m, f, n, &A, &B, &C);
+    const char *dims = n->op == OP_MV ? arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B))
+                                      : arena_printf("%s, %s, %s", emit_lin(m, A), emit_lin(m, B), emit_lin(m, C));
+    const char *ops = arena_printf("%s, %s, %s, %s", emit_ptr(e, (Ref){&a->val, false}, "0"), emit_ld(e, &a->val),
+                                   emit_ptr(e, (Ref){&b->val, false}, "0"), emit_ld(e, &b->val));
+    const char *fn = n->op == OP_MV ? "rowmv" : "rowmm";
+    if (!bwd) {
+      fprintf(e->out, "  cavs_%s_fwd(c, %s, %s, %s, %s, r0, n);\n", fn, dims, ops, emit_ptr(e, (Ref){&n->val, false}, "0"),
+              emit_ld(e, &n->val));
+      return;
+    }
+    const char *da = a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL";
+    const char *db = b->grad && (b->val.kind == PL_ROW || b->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&b->val, true}, "0") : "NULL";
+    fprintf(e->out, "  cavs_%s_bwd(c, %s, %s,\n                %s, %s, %s, %s, %s, %s, r0, n);\n", fn, dims, ops,
+            emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val), da, emit_ld(e, &a->val), db, emit_ld(e, &b->val));
+    return;
+  }
   case OP_EBCAST:
   case OP_ESUM:
     /* ebcast: the vertex's row to each of its edges; esum: its edges' rows summed (the
@@ -866,11 +889,12 @@ static unsigned long long model_hash(const char *s, size_t n) {
 
 /* The descriptor's kinds by their names in cavs_abi.h, indexed by the compiler's enums
  * (DimKind, InputKind, InitKind), which keep the same order. */
-static const char *const dim_kind[] = {"CAVS_DIM_FIXED", "CAVS_DIM_VOCAB", "CAVS_DIM_FREE"};
+static const char *const dim_kind[] = {"CAVS_DIM_FIXED", "CAVS_DIM_VOCAB", "CAVS_DIM_FREE", "CAVS_DIM_PRODUCT"};
 static const char *const input_kind[] = {"CAVS_IN_INDEX", "CAVS_IN_CLASS", "CAVS_IN_REAL"};
 static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT", "CAVS_INIT_UNIFORM",
-                                        "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER"};
-_Static_assert(DIM_FREE == 2 && IN_REAL == 2 && INIT_XAVIER == 4, "one name per kind");
+                                        "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER", "CAVS_INIT_IDENTITY",
+                                        "CAVS_INIT_IDENTITY_ROWS"};
+_Static_assert(DIM_PRODUCT == 3 && IN_REAL == 2 && INIT_IDENTITY_ROWS == 6, "one name per kind");
 
 /* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
  * still gets an initializer. */
@@ -881,8 +905,9 @@ static void descriptor(const Emit *e) {
   extern size_t cv_source_len;
   fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1] = {0};\n");
   for (int i = 0; i < m->ndims; i++)
-    fprintf(c, "  {%s, %s, %ld, %d},\n", emit_c_string(m->dims[i].name), dim_kind[m->dims[i].kind], m->dims[i].value,
-            m->dims[i].input);
+    fprintf(c, "  {%s, %s, %ld, %d, %d, %d},\n", emit_c_string(m->dims[i].name), dim_kind[m->dims[i].kind],
+            m->dims[i].value, m->dims[i].input, m->dims[i].kind == DIM_PRODUCT ? m->dims[i].fa : 0,
+            m->dims[i].kind == DIM_PRODUCT ? m->dims[i].fb : 0);
   if (m->ndims) fprintf(c, "};\n");
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;

@@ -11,7 +11,7 @@ const OpInfo op_info[OP_COUNT] = {
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 28, "ops.def changed: its header says what else a new op needs");
+_Static_assert(OP_COUNT == 30, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
@@ -224,6 +224,22 @@ static void check_func(const Model *m, const IrFunc *f) {
       cv_assert(n->type == T_ROW && same(n->width, m->params[b->ref].cols));
       break;
     }
+    case OP_MV: {
+      /* row [A] times a matrix [A, B] per vertex */
+      cv_assert(a->type == T_ROW && b->type == T_ROW && n->type == T_ROW);
+      int p = ir_product_dim(m, b->width);
+      cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && same(n->width, lin_dim(m->dims[p].fb, 1)));
+      break;
+    }
+    case OP_MM: {
+      /* a matrix [A, B] per vertex times a param [B, C]: [A, C] per vertex */
+      cv_assert(a->type == T_ROW && b->op == OP_PARAM && m->params[b->ref].rank == 2 && n->type == T_ROW);
+      int p = ir_product_dim(m, a->width), q = ir_product_dim(m, n->width);
+      cv_assert(p >= 0 && q >= 0 && m->dims[p].fa == m->dims[q].fa);
+      cv_assert(same(m->params[b->ref].rows, lin_dim(m->dims[p].fb, 1)) &&
+                same(m->params[b->ref].cols, lin_dim(m->dims[q].fb, 1)));
+      break;
+    }
     case OP_LOOKUP:
       cv_assert(a->op == OP_PARAM && m->params[a->ref].rank == 2);
       cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_INDEX);
@@ -275,10 +291,31 @@ Lin ir_child_width(const Model *m, const IrFunc *f, int k) {
 }
 Lin ir_state_width(const Model *m, const IrFunc *f) { return m->typed ? f->state : m->state; }
 
+int ir_product_dim(const Model *m, Lin w) {
+  for (int i = 0; i < m->ndims; i++)
+    if (m->dims[i].kind == DIM_PRODUCT && lin_eq(w, lin_dim(i, 1))) return i;
+  return -1;
+}
+
+void ir_rmat_shape(const Model *m, const IrFunc *f, const IrNode *n, Lin *A, Lin *B, Lin *C) {
+  const IrNode *mat = &f->nodes[n->args[n->op == OP_MV ? 1 : 0]];
+  int p = ir_product_dim(m, mat->width);
+  cv_assert(p >= 0);
+  *A = lin_dim(m->dims[p].fa, 1);
+  *B = lin_dim(m->dims[p].fb, 1);
+  *C = n->op == OP_MM ? m->params[f->nodes[n->args[1]].ref].cols : lin_const(0);
+}
+
 void ir_check(const Model *m) {
   cv_assert(m->nvertex >= 1 && m->ndims <= CV_MAX_DIMS);
   check_ident(m->name, "the model's name");
-  for (int i = 0; i < m->ndims; i++) check_ident(m->dims[i].name, "a dim's name");
+  for (int i = 0; i < m->ndims; i++) {
+    check_ident(m->dims[i].name, "a dim's name");
+    const Dim *d = &m->dims[i];
+    if (d->kind == DIM_PRODUCT)
+      cv_assert(d->fa >= 0 && d->fa < i && d->fb >= 0 && d->fb < i && m->dims[d->fa].kind != DIM_VOCAB &&
+                m->dims[d->fb].kind != DIM_VOCAB);
+  }
   for (int i = 0; i < m->ninputs; i++) check_ident(m->inputs[i].name, "an input's name");
   for (int i = 0; i < m->nparams; i++) check_ident(m->params[i].name, "a parameter's name");
   for (int i = 0; i < m->npulls; i++) check_ident(m->pulls[i].name, "a pull slot's name");
@@ -311,7 +348,7 @@ static const char *num(double v) {
   return buf[k];
 }
 
-static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier"};
+static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows"};
 static const char *input_kind[] = {"index", "class", "real"};
 
 static void print_func(FILE *out, const Model *m, const IrFunc *f) {
@@ -363,6 +400,7 @@ void ir_print(FILE *out, const Model *m) {
     const Dim *d = &m->dims[i];
     if (d->kind == DIM_FIXED) fprintf(out, "dim %s = %ld\n", d->name, d->value);
     else if (d->kind == DIM_VOCAB) fprintf(out, "dim %s = vocab(%s)\n", d->name, m->inputs[d->input].name);
+    else if (d->kind == DIM_PRODUCT) fprintf(out, "dim %s = %s * %s\n", d->name, m->dims[d->fa].name, m->dims[d->fb].name);
     else fprintf(out, "dim %s\n", d->name);
   }
   for (int i = 0; i < m->ninputs; i++)
@@ -377,7 +415,7 @@ void ir_print(FILE *out, const Model *m) {
       fprintf(out, "param %s[%s] init %s", p->name, lin_str(m, p->cols, a, sizeof a),
               init_name[p->init]);
     if (p->init == INIT_CONSTANT) fprintf(out, "(%s)", num(p->a));
-    if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL) fprintf(out, "(%s, %s)", num(p->a), num(p->b));
+    if (p->init == INIT_UNIFORM || p->init == INIT_NORMAL || p->init == INIT_IDENTITY || p->init == INIT_IDENTITY_ROWS) fprintf(out, "(%s, %s)", num(p->a), num(p->b));
     fputc('\n', out);
   }
   if (m->nvertex && !m->typed) fprintf(out, "state [%s]\n", lin_str(m, m->state, a, sizeof a));

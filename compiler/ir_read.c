@@ -183,6 +183,23 @@ static bool header_line(Rd *r, const char *kw) {
         d->value = 0;
         d->input = -2;
         r->vocab_of[m->ndims] = in; /* resolved once the inputs are read */
+      } else if ((spaces(r), (*r->p >= 'a' && *r->p <= 'z') || (*r->p >= 'A' && *r->p <= 'Z') || *r->p == '_')) {
+        /* A * B: earlier dims, neither a vocab */
+        int f[2];
+        for (int k = 0; k < 2; k++) {
+          const char *fname = ident(r);
+          if (!fname || (k == 0 && !want(r, "*"))) FAIL(r, "expected a dim product A * B");
+          f[k] = -1;
+          for (int j = 0; j < m->ndims; j++)
+            if (!strcmp(m->dims[j].name, fname)) f[k] = j;
+          if (f[k] < 0 || m->dims[f[k]].kind == DIM_VOCAB) FAIL(r, "a product's factor must be an earlier dim, not a vocab");
+        }
+        d->kind = DIM_PRODUCT;
+        d->fa = f[0];
+        d->fb = f[1];
+        long a = m->dims[f[0]].value, b = m->dims[f[1]].value;
+        if (a > 0 && b > 0 && a * b > (1L << 24)) FAIL(r, "dim product too large");
+        d->value = a > 0 && b > 0 ? a * b : 0;
       } else {
         d->kind = DIM_FIXED;
         if (!integer(r, &d->value)) return false;
@@ -215,9 +232,9 @@ static bool header_line(Rd *r, const char *kw) {
     }
     if (!want(r, "]") || !want(r, "init")) return false;
     const char *init = ident(r);
-    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier"};
+    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows"};
     int k = -1;
-    for (int i = 0; init && i < 5; i++)
+    for (int i = 0; init && i < 7; i++)
       if (!strcmp(init, names[i])) k = i;
     if (k < 0) FAIL(r, "unknown initializer");
     p.init = (InitKind)k;

@@ -167,6 +167,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     case OK_LOOKUP:
     case OK_EDGE:
     case OK_DROP:
+    case OK_RMAT:
     case OK_CONCAT: fp.own[i] = true; break;
     case OK_GEMM: fp.own[i] = x->mm < 0; break;
     case OK_EW: fp.own[i] = leaves_group(f, i); break;
@@ -303,7 +304,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     }
     bool code;
     switch (op_info[x->op].kind) {
-    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: code = true; break;
+    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: case OK_RMAT: code = true; break;
     case OK_SINK: {
       /* only when the value was not computed in place */
       const IrNode *a = &f->nodes[x->args[0]];

@@ -715,6 +715,7 @@ static int eval_sumfor(Ctx *c, const Node *n) {
   return bad ? -1 : acc;
 }
 
+static int eval_rmat(Ctx *c, const Node *n, bool mv);
 static int eval_call(Ctx *c, const Node *n) {
   const char *f = n->name;
   /* the unary elementwise functions come from the op table */
@@ -832,12 +833,76 @@ static int eval_call(Ctx *c, const Node *n) {
     int args[2] = {a, p};
     return mk(c, OP_DROPOUT, T_ROW, node(c, a)->width, n->loc, 2, args);
   }
+  if (!strcmp(f, "mv") || !strcmp(f, "mm")) return eval_rmat(c, n, !strcmp(f, "mv"));
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
     return -1;
   }
   error_at(n->loc, "unknown function '%s'", f);
   return -1;
+}
+
+/* mv(x, M): a row [A] times a matrix [A, B] per vertex, M a row whose width is a product
+ * dim (`dim P = A * B`, row-major); mm(M, W): M [A, B] per vertex times a param [B, C],
+ * a matrix [A, C] per vertex, whose width must be a declared product dim too. */
+static int eval_rmat(Ctx *c, const Node *n, bool mv) {
+  const char *f = mv ? "mv" : "mm";
+  if (n->nargs != 2) {
+    error_at(n->loc, "'%s' takes 2 arguments (%s), given %d", f,
+             mv ? "a row and a matrix per vertex" : "a matrix per vertex and a param matrix", n->nargs);
+    return -1;
+  }
+  int a = eval(c, n->args[0]), b = eval(c, n->args[1]);
+  if (a < 0 || b < 0) return -1;
+  int mat = mv ? b : a;
+  const Node *mn = n->args[mv ? 1 : 0];
+  if (require_row(c, mat, mn, mv ? "mv's second argument (the matrix)" : "mm's first argument (the matrix)") < 0)
+    return -1;
+  Model *m = c->m;
+  Lin mw = node(c, mat)->width;
+  int args[2] = {a, b};
+  int p = is_top(mw) ? -1 : ir_product_dim(m, mw);
+  if (!is_top(mw) && p < 0) {
+    error_at(mn->loc, "%s: %s is a row [%s], not a matrix per vertex: its width must be a product dim (declare "
+             "'dim P = A * B;' for an [A, B] matrix)", f, what(mn), wstr(c, mw));
+    return -1;
+  }
+  if (mv) {
+    if (require_row(c, a, n->args[0], "mv's first argument") < 0) return -1;
+    if (p < 0) return mk(c, OP_MV, T_ROW, TOP, n->loc, 2, args);
+    Lin ra = lin_dim(m->dims[p].fa, 1), u;
+    if (!unify(node(c, a)->width, ra, &u)) {
+      error_at(n->loc, "shape mismatch in mv: %s is [%s] but %s is a [%s, %s] matrix per vertex (expects [%s])",
+               what(n->args[0]), wstr(c, node(c, a)->width), what(mn), m->dims[m->dims[p].fa].name,
+               m->dims[m->dims[p].fb].name, m->dims[m->dims[p].fa].name);
+      return -1;
+    }
+    return mk(c, OP_MV, T_ROW, lin_dim(m->dims[p].fb, 1), n->loc, 2, args);
+  }
+  IrNode *w = node(c, b);
+  if (w->type != T_PARAM || m->params[w->ref].rank != 2) {
+    error_at(n->args[1]->loc, "mm's second argument must be a param matrix, but %s is %s", what(n->args[1]),
+             describe(c, b));
+    return -1;
+  }
+  if (p < 0) return mk(c, OP_MM, T_ROW, TOP, n->loc, 2, args);
+  const Param *pw = &m->params[w->ref];
+  const char *an = m->dims[m->dims[p].fa].name, *bn = m->dims[m->dims[p].fb].name;
+  if (!lin_eq(pw->rows, lin_dim(m->dims[p].fb, 1))) {
+    error_at(n->loc, "shape mismatch in mm: %s is a [%s, %s] matrix per vertex but '%s' is [%s,%s] (expects [%s, ...])",
+             what(mn), an, bn, pw->name, wstr(c, pw->rows), wstr(c, pw->cols), bn);
+    return -1;
+  }
+  int q = -1;
+  for (int i = 0; i < m->ndims; i++)
+    if (m->dims[i].kind == DIM_PRODUCT && m->dims[i].fa == m->dims[p].fa && lin_eq(pw->cols, lin_dim(m->dims[i].fb, 1)))
+      q = i;
+  if (q < 0) {
+    error_at(n->loc, "mm: %s times '%s' is a [%s, %s] matrix per vertex, whose width needs a product dim: declare "
+             "'dim NAME = %s * %s;'", what(mn), pw->name, an, wstr(c, pw->cols), an, wstr(c, pw->cols));
+    return -1;
+  }
+  return mk(c, OP_MM, T_ROW, lin_dim(q, 1), n->loc, 2, args);
 }
 
 static int eval_pull(Ctx *c, const Node *n) {
@@ -1200,9 +1265,39 @@ static void decl_dim(Ctx *c, Decl *d) {
     dim->kind = DIM_VOCAB;
     dim->input = -2; /* resolved once every input is declared */
     dim->value = (long)(intptr_t)v->args[0];
+  } else if (v->kind == N_BINARY && v->op == '*' && v->a->kind == N_NAME && v->b->kind == N_NAME) {
+    /* a product of two dims: the width of a per-vertex matrix */
+    int f[2];
+    const Node *fn[2] = {v->a, v->b};
+    for (int k = 0; k < 2; k++) {
+      Entry *e = tab_get(&c->globals, fn[k]->name);
+      if (!e) {
+        error_at(fn[k]->loc, "unknown dim '%s' (a product's factors are dims declared before it)", fn[k]->name);
+        return;
+      }
+      if (e->kind != SYM_DIM) {
+        error_at(fn[k]->loc, "'%s' is %s, not a dim", fn[k]->name, sym_what[e->kind]);
+        return;
+      }
+      if (m->dims[e->index].kind == DIM_VOCAB) {
+        error_at(fn[k]->loc, "dim '%s' is a product of dims, and '%s' is bound by the data (vocab): a factor must be "
+                 "a fixed or free dim", d->name, fn[k]->name);
+        return;
+      }
+      f[k] = e->index;
+    }
+    dim->kind = DIM_PRODUCT;
+    dim->fa = f[0];
+    dim->fb = f[1];
+    long a = m->dims[f[0]].value, b = m->dims[f[1]].value;
+    if (a > 0 && b > 0 && a * b > (1L << 24)) {
+      error_at(v->loc, "dim '%s' = %ld * %ld is too large (at most 16777216)", d->name, a, b);
+      return;
+    }
+    dim->value = a > 0 && b > 0 ? a * b : 0;
   } else {
-    error_at(v->loc, "dim '%s' must be a positive integer or vocab(INPUT), not %s", d->name,
-             what(v));
+    error_at(v->loc, "dim '%s' must be a positive integer, vocab(INPUT) or a product of two dims (A * B), not %s",
+             d->name, what(v));
   }
 }
 
@@ -1244,8 +1339,9 @@ static void decl_param(Ctx *c, Decl *d) {
       else if (!strcmp(f, "constant")) p.init = INIT_CONSTANT, want = 1;
       else if (!strcmp(f, "uniform")) p.init = INIT_UNIFORM, want = 2;
       else if (!strcmp(f, "normal")) p.init = INIT_NORMAL, want = 2;
+      else if (!strcmp(f, "identity")) p.init = INIT_IDENTITY, want = 2;
       if (want < 0) {
-        error_at(in->loc, "unknown initializer '%s' (expected uniform, normal, xavier, constant or zeros)", f);
+        error_at(in->loc, "unknown initializer '%s' (expected uniform, normal, xavier, identity, constant or zeros)", f);
         return;
       }
       if (in->nargs != want) {
@@ -1266,6 +1362,21 @@ static void decl_param(Ctx *c, Decl *d) {
       if (p.init == INIT_XAVIER && p.rank != 2) {
         error_at(in->loc, "xavier needs a matrix, but '%s' is a vector", p.name);
         return;
+      }
+      if (p.init == INIT_IDENTITY) {
+        /* a square matrix, or a table of square matrices, one a row */
+        int q = p.rank == 2 ? ir_product_dim(m, p.cols) : -1;
+        if (p.rank == 2 && !lin_eq(p.rows, p.cols) && q >= 0 && m->dims[q].fa == m->dims[q].fb)
+          p.init = INIT_IDENTITY_ROWS;
+        else if (p.rank != 2 || !lin_eq(p.rows, p.cols)) {
+          error_at(in->loc, "identity needs a square matrix [A, A] or a table of them [N, P] with 'dim P = A * A;', "
+                   "but '%s' is %s", p.name, p.rank == 2 ? "a matrix of another shape" : "a vector");
+          return;
+        }
+        if (!(p.b >= 0)) {
+          error_at(in->loc, "identity(%g, %g): the noise's standard deviation must not be negative", p.a, p.b);
+          return;
+        }
       }
     }
     if (!declare(c, it->name, it->loc, SYM_PARAM, m->nparams)) continue;

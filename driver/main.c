@@ -3,7 +3,7 @@
  *
  *   cavs train MODEL.vf|MODEL.so --format F --train FILE [--dev FILE] [options]
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
- *   cavs gen toy|complete|random [options] -o FILE        cavs info CKPT
+ *   cavs gen KIND [options] -o FILE                            cavs info CKPT
  *   cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]
  *
  * Each command has its file (train.c, eval.c, gen.c; build is in build.c). A .vf model
@@ -71,8 +71,8 @@ static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
     "       cavs eval CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--json]\n"
     "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--all-nodes] [--vectors|--probs|--value NAME]\n"
-    "       cavs gen toy|complete|random [--graphs N] [--leaves L] [--vertices V] [--words W]\n"
-    "                [--classes C] [--seed S] [--dag] -o FILE\n"
+    "       cavs gen toy|nary|complete|random|tagger|lattice|translation [--graphs N] [--leaves L]\n"
+    "                [--vertices V] [--words W] [--classes C] [--arity A] [--seed S] [--dag] [--chars] -o FILE\n"
     "       cavs info CKPT\n"
     "       cavs plot LOG -o FILE.png   (a training --log's curves, drawn by gnuplot)\n"
     "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge]\n"

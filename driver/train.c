@@ -50,8 +50,12 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
     long v = strtol(eq + 1, &end, 10);
     if (*end || v <= 0 || v > (1L << 24)) die(1, "--dim %s: the value must be a positive integer", o->dimset[i]);
     if (d->dims[found].kind == CAVS_DIM_VOCAB) die(1, "dim %s is bound by the data (vocab); it cannot be set", d->dims[found].name);
+    if (d->dims[found].kind == CAVS_DIM_PRODUCT)
+      die(1, "dim %s is the product %s * %s; set its factors instead", d->dims[found].name,
+          d->dims[d->dims[found].a].name, d->dims[d->dims[found].b].name);
     dims[found] = v;
   }
+  cavs_dims_derive(d, dims);
 }
 
 /* The learning rate of minibatch `step` (counted from the first of the run, resumes

@@ -1138,12 +1138,12 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", CAVS_DIM_FIXED, 64, -1},
-  {"W", CAVS_DIM_FIXED, 64, -1},
-  {"H", CAVS_DIM_FIXED, 128, -1},
-  {"C", CAVS_DIM_FIXED, 8, -1},
-  {"A", CAVS_DIM_VOCAB, 0, 0},
-  {"V", CAVS_DIM_VOCAB, 0, 1},
+  {"E", CAVS_DIM_FIXED, 64, -1, 0, 0},
+  {"W", CAVS_DIM_FIXED, 64, -1, 0, 0},
+  {"H", CAVS_DIM_FIXED, 128, -1, 0, 0},
+  {"C", CAVS_DIM_FIXED, 8, -1, 0, 0},
+  {"A", CAVS_DIM_VOCAB, 0, 0, 0, 0},
+  {"V", CAVS_DIM_VOCAB, 0, 1, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"char", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 1}}, 0},

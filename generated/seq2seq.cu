@@ -1395,10 +1395,10 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", CAVS_DIM_FIXED, 64, -1},
-  {"H", CAVS_DIM_FIXED, 128, -1},
-  {"T", CAVS_DIM_FIXED, 128, -1},
-  {"V", CAVS_DIM_VOCAB, 0, 0},
+  {"E", CAVS_DIM_FIXED, 64, -1, 0, 0},
+  {"H", CAVS_DIM_FIXED, 128, -1, 0, 0},
+  {"T", CAVS_DIM_FIXED, 128, -1, 0, 0},
+  {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"src", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},

@@ -715,10 +715,10 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
 }
 
 static const cavs_dim_desc dims[] = {
-  {"E", CAVS_DIM_FIXED, 256, -1},
-  {"H", CAVS_DIM_FIXED, 256, -1},
-  {"C", CAVS_DIM_FIXED, 5, -1},
-  {"V", CAVS_DIM_VOCAB, 0, 0},
+  {"E", CAVS_DIM_FIXED, 256, -1, 0, 0},
+  {"H", CAVS_DIM_FIXED, 256, -1, 0, 0},
+  {"C", CAVS_DIM_FIXED, 5, -1, 0, 0},
+  {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},

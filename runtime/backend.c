@@ -116,6 +116,72 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
 }
 
+/* mv and mm: the backend's own products, row by row (a matrix-vector product and an
+ * outer product per row, which the CPU's gemm makes a gemv and a ger), or one product
+ * over all rows where their matrices lie one after another (ld the matrix's size):
+ * the same arithmetic on every backend. Pointers are to row 0. */
+#define AT(p, r, ld) ((char *)(p) + ((size_t)(r) * (size_t)(ld)) * es)
+static size_t esize_of(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE ? 8 : 4; }
+/* one product of n * a rows is fine when it fits an int */
+static bool stacked(long a, long lda, long b, long ldb, int n) { return lda == a && ldb == b && (long)n * a <= INT_MAX / 2; }
+
+void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                    int r0, int n) {
+  size_t es = esize_of(c);
+  for (int r = r0; r < r0 + n; r++)
+    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, 1, (int)b, (int)a, 1, AT(x, r, ldx), a, AT(m, r, ldm), b, 0,
+              AT(y, r, ldy), b);
+}
+
+void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                    long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  size_t es = esize_of(c);
+  for (int r = r0; r < r0 + n; r++) {
+    /* dx [1, a] += dy [1, b] M^T; dM [a, b] += x^T dy */
+    if (dx)
+      cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, 1, (int)a, (int)b, 1, AT(dy, r, lddy), b, AT(m, r, ldm), b, 1,
+                AT(dx, r, lddx), a);
+    if (dm)
+      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, 1, 1, AT(x, r, ldx), a, AT(dy, r, lddy), b, 1,
+                AT(dm, r, lddm), b);
+  }
+}
+
+void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                    long ldy, int r0, int n) {
+  size_t es = esize_of(c);
+  if (n <= 0) return;
+  if (stacked(a * b, ldm, a * cc, ldy, n))
+    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)(n * a), (int)cc, (int)b, 1, AT(m, r0, ldm), b, w, ldw, 0,
+              AT(y, r0, ldy), cc);
+  else
+    for (int r = r0; r < r0 + n; r++)
+      cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)a, (int)cc, (int)b, 1, AT(m, r, ldm), b, w, ldw, 0,
+                AT(y, r, ldy), cc);
+}
+
+void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                    const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  size_t es = esize_of(c);
+  if (n <= 0) return;
+  /* dM [a, b] += dy [a, cc] W^T; dW [b, cc] += M^T dy, summed over the rows */
+  if (dm && stacked(a * cc, lddy, a * b, lddm, n))
+    cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)(n * a), (int)b, (int)cc, 1, AT(dy, r0, lddy), cc, w, ldw, 1,
+              AT(dm, r0, lddm), b);
+  else if (dm)
+    for (int r = r0; r < r0 + n; r++)
+      cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)a, (int)b, (int)cc, 1, AT(dy, r, lddy), cc, w, ldw, 1,
+                AT(dm, r, lddm), b);
+  if (dw && stacked(a * b, ldm, a * cc, lddy, n))
+    cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)(n * a), 1, AT(m, r0, ldm), b, AT(dy, r0, lddy), cc, 1,
+              dw, lddw);
+  else if (dw)
+    for (int r = r0; r < r0 + n; r++)
+      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)a, 1, AT(m, r, ldm), b, AT(dy, r, lddy), cc, 1, dw,
+                lddw);
+}
+#undef AT
+
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy) {
   BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);

@@ -91,6 +91,10 @@ typedef struct cavs_stats {
 enum cavs_policy { CAVS_BFS = 0, CAVS_SERIAL = 1, CAVS_DEPTH = 2, CAVS_AGENDA = 3, CAVS_FRONTIER = 4 };
 
 void cavs_dims_default(const cavs_desc *d, long *dims);
+/* Sets every product dim (`dim HH = H * H`) of dims to the product of its factors, 0
+ * where a factor is unbound. cavs_dims_default does it too; so does cavs_model_new on
+ * its own copy, so a caller that sets H after the defaults gets HH right. */
+void cavs_dims_derive(const cavs_desc *d, long *dims);
 cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen);
 
 /* The version of this libcavs ("0.1.0"), for an application to report or check. */

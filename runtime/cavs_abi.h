@@ -31,8 +31,9 @@ extern "C" {
  * 4: cavs_vertex_desc.gathers (gathered buffers the runtime may point at the state);
  *    cavs_desc.source_text;
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
- *    cavs_desc.values. */
-#define CAVS_ABI_VERSION 5
+ *    cavs_desc.values.
+ * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*. */
+#define CAVS_ABI_VERSION 6
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -151,9 +152,14 @@ typedef struct cavs_lin {
   int c[CAVS_MAX_DIMS];
 } cavs_lin;
 
-enum cavs_dim_kind { CAVS_DIM_FIXED, CAVS_DIM_VOCAB, CAVS_DIM_FREE };
+/* CAVS_DIM_PRODUCT: dims[a] * dims[b] (earlier dims, neither a vocab), bound by
+ * cavs_dims_derive and by the model, never set: the width of a per-vertex matrix. */
+enum cavs_dim_kind { CAVS_DIM_FIXED, CAVS_DIM_VOCAB, CAVS_DIM_FREE, CAVS_DIM_PRODUCT };
 enum cavs_input_kind { CAVS_IN_INDEX, CAVS_IN_CLASS, CAVS_IN_REAL };
-enum cavs_init { CAVS_INIT_ZEROS, CAVS_INIT_CONSTANT, CAVS_INIT_UNIFORM, CAVS_INIT_NORMAL, CAVS_INIT_XAVIER };
+/* IDENTITY: a on the diagonal of a square matrix plus normal(0, b) noise; IDENTITY_ROWS
+ * the same in every row read as a square matrix (cols = k * k) */
+enum cavs_init { CAVS_INIT_ZEROS, CAVS_INIT_CONSTANT, CAVS_INIT_UNIFORM, CAVS_INIT_NORMAL, CAVS_INIT_XAVIER,
+                 CAVS_INIT_IDENTITY, CAVS_INIT_IDENTITY_ROWS };
 enum cavs_precision { CAVS_FLOAT, CAVS_DOUBLE };
 
 typedef struct cavs_dim_desc {
@@ -161,6 +167,7 @@ typedef struct cavs_dim_desc {
   int kind;
   long value; /* CAVS_DIM_FIXED: the default */
   int input;  /* CAVS_DIM_VOCAB: the index input it counts */
+  int a, b;   /* CAVS_DIM_PRODUCT: the factors */
 } cavs_dim_desc;
 
 typedef struct cavs_input_desc {
@@ -395,6 +402,19 @@ void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long 
                       int n);
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n);
+/* mv(x, M) over rows [r0, r0+n): y = x M, x [a], M an [a, b] matrix per row (row-major
+ * in a row of width a*b, rows ldm apart); backward dx += dy M^T and dM += x^T dy (an
+ * outer product), each skipped where its pointer is NULL. */
+void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                    int r0, int n);
+void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                    long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n);
+/* mm(M, W): y = M W per row, M [a, b], the parameter W [b, cc] (ldw), y [a, cc];
+ * backward dM += dy W^T per row and dW += M^T dy summed over the rows. */
+void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                    long ldy, int r0, int n);
+void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                    const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n);
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n);
 void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n);
 void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);

@@ -109,6 +109,19 @@ int cavs_model_memory(const cavs_model *m, long rows, size_t *model_bytes, size_
 void cavs_dims_default(const cavs_desc *d, long *dims) {
   for (int i = 0; i < CAVS_MAX_DIMS; i++) dims[i] = 0;
   for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0;
+  cavs_dims_derive(d, dims);
+}
+
+void cavs_dims_derive(const cavs_desc *d, long *dims) {
+  /* factors come first, each at most CAVS_MAX_DIM (cavs_model_new checks): no overflow;
+     a factor out of range (a bad descriptor) binds nothing */
+  for (int i = 0; i < d->ndims && i < CAVS_MAX_DIMS; i++) {
+    const cavs_dim_desc *x = &d->dims[i];
+    if (x->kind != CAVS_DIM_PRODUCT) continue;
+    bool ok = x->a >= 0 && x->a < i && x->b >= 0 && x->b < i;
+    long a = ok ? dims[x->a] : 0, b = ok ? dims[x->b] : 0;
+    dims[i] = a > 0 && b > 0 && a <= CAVS_MAX_DIM && b <= CAVS_MAX_DIM ? a * b : 0;
+  }
 }
 
 /* Every array is allocated (and checked) before the model is used; cavs_model_free can
@@ -171,13 +184,33 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
       return NULL;
     }
   if (be->probe(err, errlen)) return NULL;
+  if (d->ndims < 0 || d->ndims > CAVS_MAX_DIMS) {
+    snprintf(err, errlen, "model '%s' has %d dims (at most %d)", d->name, d->ndims, CAVS_MAX_DIMS);
+    return NULL;
+  }
+  long bound[CAVS_MAX_DIMS];
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
+    if (d->dims[i].kind == CAVS_DIM_PRODUCT) {
+      /* a product of earlier dims, already checked */
+      if (d->dims[i].a < 0 || d->dims[i].a >= i || d->dims[i].b < 0 || d->dims[i].b >= i) {
+        snprintf(err, errlen, "model '%s': dim %s is a product of dims that do not come before it", d->name,
+                 d->dims[i].name);
+        return NULL;
+      }
+      v = bound[d->dims[i].a] * bound[d->dims[i].b];
+      if (v > CAVS_MAX_DIM) {
+        snprintf(err, errlen, "dim %s = %s * %s = %ld is too large (at most 16777216)", d->dims[i].name,
+                 d->dims[d->dims[i].a].name, d->dims[d->dims[i].b].name, v);
+        return NULL;
+      }
+    }
     if (v <= 0 || v > CAVS_MAX_DIM) {
       snprintf(err, errlen, "dim %s %s", d->dims[i].name,
                v <= 0 ? "has no value (bind it from the data or with --dim)" : "is too large (at most 16777216)");
       return NULL;
     }
+    bound[i] = v;
   }
   cavs_model *m = calloc(1, sizeof *m);
   if (!m) {
@@ -191,7 +224,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   cavs_ctx *c = &m->ctx;
   c->desc = d;
   c->model = m;
-  for (int i = 0; i < d->ndims; i++) c->dims[i] = dims ? dims[i] : d->dims[i].value;
+  for (int i = 0; i < d->ndims; i++) c->dims[i] = bound[i];
 
   NEW(m->pg_off, d->npgroups, "parameter groups");
   NEW(m->frozen, d->npgroups, "parameter groups");
@@ -518,6 +551,9 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
     long rows, cols, ld;
     char *base = cavs_model_param(m, i, &rows, &cols, &ld);
     double lim = sqrt(6.0 / (double)(rows + cols));
+    long side = (long)sqrt((double)cols); /* IDENTITY_ROWS: a row is a side x side matrix */
+    while (side * side > cols) side--;
+    while ((side + 1) * (side + 1) <= cols) side++;
     for (long r = 0; r < rows; r++)
       for (long j0 = 0; j0 < cols; j0 += CHUNK) {
         long len = cols - j0 < CHUNK ? cols - j0 : CHUNK;
@@ -528,10 +564,16 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
           case CAVS_INIT_CONSTANT: v = p->a; break;
           case CAVS_INIT_UNIFORM: v = p->a + (p->b - p->a) * uniform01(&s); break;
           case CAVS_INIT_XAVIER: v = -lim + 2 * lim * uniform01(&s); break;
-          case CAVS_INIT_NORMAL: {
+          case CAVS_INIT_NORMAL:
+          case CAVS_INIT_IDENTITY:
+          case CAVS_INIT_IDENTITY_ROWS: {
             double u1 = uniform01(&s), u2 = uniform01(&s);
             if (u1 < 1e-300) u1 = 1e-300;
-            v = p->a + p->b * sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+            double z = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+            long col = j0 + j;
+            if (p->init == CAVS_INIT_NORMAL) v = p->a + p->b * z;
+            else if (p->init == CAVS_INIT_IDENTITY) v = (col == r ? p->a : 0) + p->b * z;
+            else v = (side * side == cols && col / side == col % side ? p->a : 0) + p->b * z;
             break;
           }
           }

@@ -13,7 +13,7 @@
 
 #include <dlfcn.h>
 
-static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq"};
+static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
 static const char *const precisions[] = {"float", "double"};
 
 /* Two rarer paths: a model without dims or inputs (its descriptor's empty arrays), and a
@@ -94,7 +94,7 @@ int main(void) {
   Suite *s = suite_create("cuda");
   TCase *tc = tcase_create("nvcc");
   tcase_set_timeout(tc, 600);
-  tcase_add_loop_test(tc, examples_compile, 0, 2 * 11);
+  tcase_add_loop_test(tc, examples_compile, 0, 2 * 12);
   tcase_add_loop_test(tc, rare_paths_compile, 0, 2 * 2);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);

@@ -155,7 +155,7 @@ static void host_vs_c(const char *model, const char *src, const char *prec, doub
   cavs_model_free(mu);
 }
 
-static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq"};
+static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
 
 START_TEST(examples_double) { host_vs_c(examples[_i], NULL, "double", 1e-12); }
 END_TEST
@@ -335,11 +335,11 @@ int main(void) {
   Suite *s = suite_create("cuda_host");
   TCase *tc = tcase_create("kernels on the CPU");
   tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, examples_double, 0, 11);
+  tcase_add_loop_test(tc, examples_double, 0, 12);
   tcase_add_test(tc, treelstm_float);
   tcase_add_test(tc, overlapping_gradients);
   /* two streams */
-  tcase_add_loop_test(tc, streams_in_any_order, 0, 11);
+  tcase_add_loop_test(tc, streams_in_any_order, 0, 12);
   tcase_add_test(tc, missing_events_show);
   tcase_add_test(tc, launches_do_not_grow_with_rows);
   suite_add_tcase(s, tc);

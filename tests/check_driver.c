@@ -328,18 +328,26 @@ START_TEST(wrong_model_rejected) {
 }
 END_TEST
 
+/* One epoch of `vf` with one --dim or two (dim2 may be NULL), saved to ckpt; cavs
+ * info's report of it, with the parameters and the vocabulary it counts. */
+static RunResult trained_info(const char *vf, const char *dim, const char *dim2, const char *ckpt, long *params,
+                              long *words) {
+  RunResult r = cavs("train", model(vf), "--format", "ptb-tree", "--train", path_in("train.txt"), "--epochs", "1",
+                     "--quiet", "--save", path_in(ckpt), "--dim", dim, dim2 ? "--dim" : NULL, dim2, NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  r = cavs("info", path_in(ckpt), NULL);
+  ok(&r, "info");
+  ck_assert(sscanf(strstr(r.out, "parameters"), "parameters %ld", params) == 1);
+  ck_assert(sscanf(strstr(r.out, "vocabulary"), "vocabulary %ld", words) == 1);
+  return r;
+}
+
 /* --dim changes the parameter shapes: the count cavs info reports follows them. */
 START_TEST(dim_overrides) {
   gen_data();
-  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim",
-                     "E=5", "--dim", "H=7", "--epochs", "1", "--quiet", "--save", path_in("dims.ckpt"), NULL);
-  ok(&r, "train");
-  tu_free(&r);
-  r = cavs("info", path_in("dims.ckpt"), NULL);
-  ok(&r, "info");
   long params = 0, words = 0;
-  ck_assert(sscanf(strstr(r.out, "parameters"), "parameters %ld", &params) == 1);
-  ck_assert(sscanf(strstr(r.out, "vocabulary"), "vocabulary %ld", &words) == 1);
+  RunResult r = trained_info("treelstm.vf", "E=5", "H=7", "dims.ckpt", &params, &words);
   long E = 5, H = 7, C = 5;
   long want = words * E + 4 * E * H + 4 * H * H + 4 * H + H * C + C;
   ck_assert_int_eq(params, want);
@@ -351,6 +359,23 @@ START_TEST(dim_overrides) {
   tu_free(&r);
   r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "H=zero", NULL);
   ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+}
+END_TEST
+
+/* A product dim (mvrnn's HH = H * H) follows its factors, and cannot be set itself. */
+START_TEST(product_dim_follows) {
+  gen_data();
+  long params = 0, words = 0;
+  RunResult r = trained_info("mvrnn.vf", "H=3", NULL, "mv.ckpt", &params, &words);
+  long H = 3, C = 5;
+  /* emb, wmat; Wl, Wr, b; Ml, Mr; Wc, bc */
+  ck_assert_int_eq(params, words * H + words * H * H + 2 * H * H + H + 2 * H * H + H * C + C);
+  ck_assert_msg(strstr(r.out, " H=3 C=5 HH=9 V="), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  r = cavs("train", model("mvrnn.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "HH=9", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "dim HH is the product H * H; set its factors instead"), "%s", tu_tail(r.err, 1800));
   tu_free(&r);
 }
 END_TEST
@@ -1156,6 +1181,7 @@ int main(void) {
   tcase_add_test(tc, damaged_checkpoints_rejected);
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
+  tcase_add_test(tc, product_dim_follows);
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, tagger_learns);
   tcase_add_test(tc, childsum_learns);

@@ -3,7 +3,7 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
-static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq"};
+static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
 /* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,

@@ -159,6 +159,29 @@ static const struct {
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     /* masks drawn from the step and the vertex, the same in every forward pass here */
     {"dropout", "model op_drop;\n" HEAD CELL("tanh(dropout(x, 0.4) + dropout(s0 @ W, 0.3) + dropout(s1, 0.5) @ U)")},
+    /* matrices per vertex: mm on a matrix with its own buffer (one product over all
+       rows) and on a slice of the gathered state (row by row); mv with either operand
+       from a child */
+    {"per_vertex_matrices",
+     "model op_rmat; dim H = 3; dim C = 3; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], wm[V,HH], W[H,H], M1[H,H], M2[H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; X = wm[w]; }\n"
+     "vertex v (children 2) {\n  for k in 0..1 { s_k = gather(k); a_k = s_k[0:H]; A_k = s_k[H:H+HH]; }\n"
+     "  T = tanh(A_0 + pull(X));\n  P = mm(T, M1) + mm(A_1, M2);\n"
+     "  a = tanh(mv(pull(x), T) + mv(a_1, A_0) @ W + mv(a_0, P));\n"
+     "  scatter(concat(a, tanh(P))); push(a);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* the same on the edges of a set of children */
+    {"per_vertex_matrices_on_edges",
+     "model op_rmat_set; dim H = 3; dim C = 3; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], wm[V,HH], M1[H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; X = wm[w]; }\n"
+     "vertex v (children *) {\n"
+     "  a = tanh(pull(x) + sum(s in children: mv(s[0:H], pull(X)) + mv(pull(x), mm(s[H:H+HH], M1))));\n"
+     "  scatter(concat(a, tanh(pull(X) + sum(s in children: s[H:H+HH])))); push(a);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
      "param emb[V,H], W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -176,7 +199,7 @@ START_TEST(op_gradients) {
 }
 END_TEST
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf"};
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf"};
 
 START_TEST(example_gradients) {
   const cavs_desc *d = load_model(examples[_i], "double");

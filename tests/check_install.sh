@@ -22,7 +22,7 @@ for f in "$root$prefix/bin/cavsc" "$root$prefix/bin/cavs" "$root$prefix/include/
   [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
 done
 # the example models the manual pages name, each compiled by the installed cavsc
-for m in treelstm treefc lstm_lm treegru twotype tagger tagger_chars childsum lattice_lstm lattice_gru seq2seq; do
+for m in treelstm treefc lstm_lm treegru twotype tagger tagger_chars childsum lattice_lstm lattice_gru seq2seq mvrnn; do
   f=$root$prefix/share/cavs/$m.vf
   [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
   cmp -s "$f" "$top/dsl-examples/$m.vf" || { echo "check_install: $f is not dsl-examples/$m.vf"; exit 1; }
