@@ -103,9 +103,21 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
    with vectors, probs or a value name, those numbers instead */
+struct GreedyOpts;
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs, const char *value);
+             bool all_nodes, bool json, bool vectors, bool probs, const char *value, const struct GreedyOpts *greedy);
 int cmd_info(const char *path);
+
+/* ---- decode.c ---- */
+
+/* predict --greedy INPUT [--stop CLASS] [--max-steps N]: each graph's decoder chain
+   grown from the model's own predictions, INPUT the index input they are fed back
+   into; stop -1: none, max_steps 0: the data's target length (100 without one). */
+typedef struct GreedyOpts {
+  const char *input;
+  int stop, max_steps;
+} GreedyOpts;
+int greedy_decode(cavs_model *m, const cavs_dataset *s, int batch, const GreedyOpts *o);
 
 /* ---- train.c ---- */
 

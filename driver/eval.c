@@ -153,7 +153,7 @@ static long named_value(cavs_model *m, int g, int v, double *out, long n) {
 }
 
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs, const char *value) {
+             bool all_nodes, bool json, bool vectors, bool probs, const char *value, const GreedyOpts *greedy) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
@@ -162,7 +162,9 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
   /* a prediction's standard output is its data, and so is a JSON evaluation's */
   say_device(predict || json ? stderr : stdout, c.m);
-  if (!predict) {
+  if (greedy) {
+    greedy_decode(c.m, s, batch, greedy);
+  } else if (!predict) {
     const cavs_desc *d = c.L.desc;
     Totals t = {0};
     int in = first_xent_input(d);

@@ -71,6 +71,7 @@ static const char usage[] =
     "usage: cavs train MODEL.vf|MODEL.so --format FMT --train FILE [--dev FILE] [options]\n"
     "       cavs eval CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--json]\n"
     "       cavs predict CKPT --data FILE [--format FMT] [--model MODEL.vf|MODEL.so] [--all-nodes] [--vectors|--probs|--value NAME]\n"
+    "                [--greedy INPUT [--stop CLASS] [--max-steps N]]   (decoding: seq2seq.vf)\n"
     "       cavs gen toy|nary|complete|random|tagger|lattice|translation [--graphs N] [--leaves L]\n"
     "                [--vertices V] [--words W] [--classes C] [--arity A] [--seed S] [--dag] [--chars] -o FILE\n"
     "       cavs info CKPT\n"
@@ -92,7 +93,8 @@ static const char usage[] =
     "See cavs(1).\n";
 
 /* long options without a letter of their own */
-enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_JSON, OPT_VECTORS, OPT_PROBS, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT, OPT_VALUE };
+enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_JSON, OPT_VECTORS, OPT_PROBS, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT, OPT_VALUE,
+       OPT_GREEDY, OPT_STOP, OPT_MAX_STEPS };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -143,7 +145,8 @@ int main(int argc, char **argv) {
       {"freeze", 1, 0, OPT_FREEZE}, {"all-nodes", 0, 0, OPT_ALL_NODES}, {"json", 0, 0, OPT_JSON},
       {"vectors", 0, 0, OPT_VECTORS}, {"probs", 0, 0, OPT_PROBS}, {"value", 1, 0, OPT_VALUE}, {"lr-decay", 1, 0, OPT_LR_DECAY},
       {"lr-step", 1, 0, OPT_LR_STEP}, {"warmup", 1, 0, OPT_WARMUP}, {"patience", 1, 0, OPT_PATIENCE},
-      {"select", 1, 0, OPT_SELECT},
+      {"select", 1, 0, OPT_SELECT}, {"greedy", 1, 0, OPT_GREEDY}, {"stop", 1, 0, OPT_STOP},
+      {"max-steps", 1, 0, OPT_MAX_STEPS},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-views", 0, 0, 'W'}, {"no-fuse", 0, 0, 'F'},
       {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
   optind = 2;
@@ -152,6 +155,8 @@ int main(int argc, char **argv) {
   const char *positional = NULL;
   bool all_nodes = false, json = false, vectors = false, probs = false;
   const char *value = NULL;
+  GreedyOpts greedy = {.stop = -1};
+  bool stop_set = false;
   while ((ch = getopt_long(argc, argv, "-", lo, NULL)) != -1) {
     switch (ch) {
     case 1:
@@ -177,6 +182,9 @@ int main(int argc, char **argv) {
     case OPT_VECTORS: vectors = true; break;
     case OPT_PROBS: probs = true; break;
     case OPT_VALUE: value = optarg; break;
+    case OPT_GREEDY: greedy.input = optarg; break;
+    case OPT_STOP: greedy.stop = (int)parse_long("stop", optarg, 0, 1 << 24); stop_set = true; break;
+    case OPT_MAX_STEPS: greedy.max_steps = (int)parse_long("max-steps", optarg, 1, 100000); break;
     case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); o.set_sched = true; break;
     case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); o.set_sched = true; break;
     case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); o.set_sched = true; break;
@@ -252,8 +260,12 @@ int main(int argc, char **argv) {
     if ((vectors || probs) && strcmp(cmd, "predict")) die(1, "%s: --%s is an option of predict", cmd, vectors ? "vectors" : "probs");
     if (value && strcmp(cmd, "predict")) die(1, "%s: --value is an option of predict", cmd);
     if ((vectors != 0) + (probs != 0) + (value != NULL) > 1) die(1, "predict: one of --vectors, --probs and --value");
+    if (greedy.input && strcmp(cmd, "predict")) die(1, "%s: --greedy is an option of predict", cmd);
+    if ((stop_set || greedy.max_steps) && !greedy.input) die(1, "%s: --stop and --max-steps go with --greedy", cmd);
+    if (greedy.input && (vectors || probs || value || all_nodes))
+      die(1, "predict: --greedy prints the decoded words; it takes no --vectors, --probs, --value or --all-nodes");
     return cmd_eval(positional, model_opt, data, format, o.batch, !strcmp(cmd, "predict"), all_nodes, json, vectors,
-                    probs, value);
+                    probs, value, greedy.input ? &greedy : NULL);
   }
   if (!strcmp(cmd, "info")) return cmd_info(positional);
   die(1, "unknown command '%s' (train, eval, predict, gen, info, build, plot)", cmd);

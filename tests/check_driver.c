@@ -1147,6 +1147,162 @@ START_TEST(tagger_learns) {
 }
 END_TEST
 
+/* The cgf text of `src` with the decoder chain of graph g fed words[g] (prev= of each
+ * dec vertex but the first: the word before it), written to dst. */
+static void feed_words(const char *src, const char *dst, int **words, int ngraphs) {
+  char *text = tu_slurp(src, NULL), *out = malloc(strlen(text) * 2 + 64), *o = out;
+  ck_assert(text && out);
+  int g = -1, step = 0;
+  for (char *line = text, *nl; *line; line = nl) {
+    nl = strchr(line, '\n');
+    nl = nl ? nl + 1 : line + strlen(line);
+    char *prev = strstr(line, "prev=");
+    if (!strncmp(line, "graph", 5)) g++, step = 0;
+    if (prev && prev < nl && strstr(line, " dec ") < nl && step++ > 0) {
+      ck_assert(g >= 0 && g < ngraphs);
+      char *end = prev + 5;
+      while (*end >= '0' && *end <= '9') end++;
+      o += sprintf(o, "%.*sprev=%d", (int)(prev - line), line, words[g][step - 2]);
+      memcpy(o, end, (size_t)(nl - end));
+      o += nl - end;
+    } else {
+      memcpy(o, line, (size_t)(nl - line));
+      o += nl - line;
+    }
+  }
+  tu_write(dst, out, (size_t)(o - out));
+  free(text);
+  free(out);
+}
+
+/* Whether the fed run's probabilities of words a and b at decoder step j of a graph
+ * (`probs`: that graph's decoder rows, C values each) are a tie to float rounding: a
+ * product of one row (a gemv) and of several (a gemm) may round differently, and so may
+ * another machine's BLAS; only there may two runs pick different words. */
+static bool near_tie(const double *probs, int C, int j, int a, int b) {
+  if (a == b) return true;
+  if (a < 0 || b < 0 || a >= C || b >= C) return false;
+  /* printed to 6 digits: a tie differs by a few in the last */
+  double pa = probs[j * C + a], pb = probs[j * C + b];
+  return fabs(pa - pb) <= 1e-5 * fmax(pa, pb);
+}
+
+/* predict --greedy grows each decoder chain from the model's own words: fed those words
+ * as its inputs instead (teacher forcing on its own output), the whole graph in one pass
+ * predicts the same words at every step (but for ties to rounding: near_tie); grown in
+ * batches of 5, whose graphs stop at different steps, the same words as one at a time;
+ * --max-steps and --stop end the chains. */
+START_TEST(greedy_decoding) {
+  enum { G = 12 };
+  RunResult r = cavs("gen", "translation", "--graphs", "300", "-o", path_in("tr.cgf"), NULL);
+  ok(&r, "gen translation");
+  tu_free(&r);
+  r = cavs("gen", "translation", "--graphs", "12", "--seed", "2", "-o", path_in("tr-dev.cgf"), NULL);
+  ok(&r, "gen translation");
+  tu_free(&r);
+  /* hardly trained (a trained one this small says one word over and over): its words
+     depend on the word fed back, which is what is checked */
+  r = cavs("train", model("seq2seq.vf"), "--format", "cgf", "--train", path_in("tr.cgf"), "--dim", "E=16", "--dim", "H=32",
+           "--epochs", "1", "--lr", "0.000001", "--threads", "1", "--quiet", "--save", path_in("s2s.ckpt"), NULL);
+  ok(&r, "train seq2seq");
+  tu_free(&r);
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--greedy", "prev", "--batch", "1", "--threads",
+           "1", NULL);
+  ok(&r, "predict --greedy");
+  ck_assert_msg(strstr(r.err, "greedy decoding: 12 graphs, "), "%s", tu_tail(r.err, 1800));
+  int *words[G], nwords[G];
+  char *line = r.out;
+  for (int g = 0; g < G; g++) {
+    words[g] = malloc(sizeof(int) * 64);
+    nwords[g] = 0;
+    char *nl = strchr(line, '\n');
+    ck_assert_msg(nl, "graph %d: no line", g);
+    for (char *p = line, *e; p < nl; p = e) {
+      long w = strtol(p, &e, 10);
+      if (e == p) break;
+      ck_assert(nwords[g] < 64 && w >= 0);
+      words[g][nwords[g]++] = (int)w;
+    }
+    line = nl + 1;
+  }
+  ck_assert_msg(!*line, "more lines than graphs");
+  tu_free(&r);
+  feed_words(path_in("tr-dev.cgf"), path_in("tr-fed.cgf"), words, G);
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-fed.cgf"), "--all-nodes", "--batch", "1", "--threads", "1",
+           NULL);
+  ok(&r, "predict --all-nodes");
+  RunResult rp = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-fed.cgf"), "--all-nodes", "--probs", "--batch",
+                      "1", "--threads", "1", NULL);
+  ok(&rp, "predict --all-nodes --probs");
+  /* each graph's line: every vertex's class; the decoder's are the last (the source
+     comes first in these files), as many as the target has words; --probs: a line a
+     vertex, "GRAPH VERTEX p0 ... p(C-1)" for the decoder's (C = seq2seq.vf's T, 128),
+     "GRAPH VERTEX" for the encoder's, which push nothing */
+  enum { C = 128 };
+  static double probs[G][64 * C];
+  line = r.out;
+  char *pl = rp.out;
+  for (int g = 0; g < G; g++) {
+    char *nl = strchr(line, '\n');
+    ck_assert(nl);
+    int cls[512], n = 0;
+    for (char *p = line, *e; p < nl && n < 512; p = e) {
+      long c = strtol(p, &e, 10);
+      if (e == p) break;
+      cls[n++] = (int)c;
+    }
+    ck_assert_msg(nwords[g] >= 10 && nwords[g] <= 50 && n > nwords[g], "graph %d: %d words, %d vertices", g, nwords[g], n);
+    for (int v = 0; v < n; v++) {
+      char *e;
+      ck_assert(strtol(pl, &e, 10) == g && strtol(e, &e, 10) == v);
+      for (int k = 0; k < C && v >= n - nwords[g]; k++) probs[g][(v - (n - nwords[g])) * C + k] = strtod(e, &e);
+      ck_assert_msg(*e == '\n', "graph %d vertex %d: not %d probabilities", g, v, C);
+      pl = e + 1;
+    }
+    for (int j = 0; j < nwords[g]; j++)
+      ck_assert_msg(near_tie(probs[g], C, j, cls[n - nwords[g] + j], words[g][j]), "graph %d step %d: greedy %d, fed its words %d",
+                    g, j, words[g][j], cls[n - nwords[g] + j]);
+    line = nl + 1;
+  }
+  tu_free(&r);
+  tu_free(&rp);
+  /* --max-steps 3: three words a line; --stop the first word: one */
+  char stop[16];
+  snprintf(stop, sizeof stop, "%d", words[0][0]);
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--greedy", "prev", "--max-steps", "3",
+           "--stop", stop, "--batch", "5", "--threads", "1", NULL);
+  ok(&r, "predict --greedy --max-steps --stop");
+  line = r.out;
+  for (int g = 0; g < G; g++) {
+    char *nl = strchr(line, '\n');
+    ck_assert(nl);
+    int n = 0, last = -1, got[3];
+    bool same = true; /* the same words so far: the same inputs */
+    for (char *p = line, *e; p < nl; p = e) {
+      long w = strtol(p, &e, 10);
+      if (e == p) break;
+      ck_assert(n < 3);
+      ck_assert_msg(!same || near_tie(probs[g], C, n, (int)w, words[g][n]), "graph %d step %d: %ld in a batch of 5, %d alone",
+                    g, n, w, words[g][n]);
+      same = same && w == words[g][n];
+      got[n++] = last = (int)w;
+    }
+    ck_assert_msg(n >= 1 && (last == words[0][0] || n == 3), "graph %d: %d words", g, n);
+    for (int j = 0; j < n - 1; j++) ck_assert(got[j] != words[0][0]);
+    line = nl + 1;
+  }
+  tu_free(&r);
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--greedy", "next", NULL);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "no index input 'next' to feed its predictions back into"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--stop", "3", NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+  for (int g = 0; g < G; g++) free(words[g]);
+}
+END_TEST
+
 /* The Child-Sum Tree-LSTM (children as a set) on `cavs gen nary` trees, whose nodes have
  * 2 to 4 children: it learns them (about 0.95 over all nodes here; the most common
  * label is 0.37 of the nodes, so 0.8 is well past guessing), and the binary Tree-LSTM
@@ -1182,6 +1338,7 @@ int main(void) {
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, product_dim_follows);
+  tcase_add_test(tc, greedy_decoding);
   tcase_add_test(tc, user_errors);
   tcase_add_test(tc, tagger_learns);
   tcase_add_test(tc, childsum_learns);
