@@ -155,12 +155,31 @@ static bool gone(const IrFunc *f, int x) {
   return part == LOOP_LEAVES && (f->nodes[x].zero_leaf || f->nodes[x].dead_leaf);
 }
 
+/* An outside row of width 1 that group g (of another width) broadcasts over its columns. */
+static bool broadcast(const IrFunc *f, int x, int g) {
+  const IrNode *n = &f->nodes[x];
+  return n->type == T_ROW && !in_group(f, x, g) && lin_eq(n->width, lin_const(1)) &&
+         !lin_eq(f->groups[g].width, lin_const(1));
+}
+
 static const char *operand(const IrFunc *f, int x, int g) {
   const IrNode *n = &f->nodes[x];
   if (part == LOOP_LEAVES && n->zero_leaf) return "(R)0";
   if (in_group(f, x, g)) return arena_printf("v%d", x);
   if (n->type == T_SCALAR) return arena_printf("(R)%.17g", n->cval);
-  return arena_printf("a%d[j]", x);
+  return arena_printf("a%d[%s]", x, broadcast(f, x, g) ? "0" : "j");
+}
+
+/* Does group g's backward loop add to the gradient of a row it broadcasts? Every
+ * column adds to that one cell: the loop runs whole (not split over threads), its adds
+ * atomic on the GPU, as when gradients may alias. */
+static bool broadcast_grad(const IrFunc *f, const Group *g, int gi) {
+  for (int k = 0; k < g->n; k++) {
+    const IrNode *m = &f->nodes[g->members[k]];
+    for (int j = 0; j < m->nargs; j++)
+      if (m->grad && f->nodes[m->args[j]].grad && broadcast(f, m->args[j], gi)) return true;
+  }
+  return false;
 }
 
 /* Do two written gradient regions of a backward loop overlap (two different slices of
@@ -204,7 +223,7 @@ static const Place *loaded(const IrFunc *f, int x) {
 static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
   const Group *g = &f->groups[gi];
   Loop l = {.f = f, .group = gi, .bwd = bwd, .part = part, .width = g->width,
-            .may_alias = bwd && grads_may_alias(f, g, gi)};
+            .may_alias = bwd && (grads_may_alias(f, g, gi) || broadcast_grad(f, g, gi))};
   /* at most two a member (its kept or loaded value, and its value or gradient in a
      buffer) and two an outside operand (its value and its gradient), of which there
      are at most two a member */
@@ -484,6 +503,8 @@ static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
       if (!ny->grad || gone(f, y)) continue;
       const char *rule = ad_rule(j == 0 ? op_info[n->op].da : op_info[n->op].db, gs, ys, a, b);
       if (in_group(f, y, gi)) fprintf(o, "      g%d += %s;\n", y, rule);
+      else if (broadcast(f, y, gi) && ny->val.kind == PL_ROW)
+        fprintf(o, "      d%d[0] += %s;  /* summed over columns */\n", y, rule);
       else if (ny->grad_set && !set[y]) {
         fprintf(o, "      d%d[j] = %s;  /* this loop alone writes it */\n", y, rule);
         set[y] = true;

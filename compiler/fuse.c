@@ -52,7 +52,8 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
     for (int j = 0; j < nv->nargs; j++) {
       int u = nv->args[j];
       IrNode *nu = &f->nodes[u];
-      if (!is_ew(nu) || nu->cls != nv->cls || nu->edge != nv->edge) continue; /* one row set a loop */
+      /* one row set a loop, and one width (a broadcast row of width 1 is an input) */
+      if (!is_ew(nu) || nu->cls != nv->cls || nu->edge != nv->edge || !lin_eq(nu->width, nv->width)) continue;
       int gu = find(parent, u), gv = find(parent, v);
       if (gu == gv) continue;
       uint64_t *mu = mem + (size_t)gu * words, *mv = mem + (size_t)gv * words;

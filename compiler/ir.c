@@ -265,7 +265,8 @@ static void check_func(const Model *m, const IrFunc *f) {
       cv_assert(oi->kind == OK_EW && n->type == T_ROW);
       for (int j = 0; j < n->nargs; j++) {
         const IrNode *x = &f->nodes[n->args[j]];
-        if (x->type == T_ROW) cv_assert(same(x->width, n->width));
+        /* a row of width 1 broadcasts over the columns */
+        if (x->type == T_ROW) cv_assert(same(x->width, n->width) || same(x->width, lin_const(1)));
         else if (x->type == T_PARAM) cv_assert(m->params[x->ref].rank == 1 && same(m->params[x->ref].cols, n->width));
         else cv_assert(x->type == T_SCALAR);
       }

@@ -383,7 +383,8 @@ static void plan_grad_set(Model *m) {
           if (group == -2) group = f->nodes[j].group;
           else if (group != f->nodes[j].group) group = -1;
         }
-      x->grad_set = uses == x->uses && group >= 0;
+      /* (not a row of width 1 the group broadcasts: every column adds to it) */
+      x->grad_set = uses == x->uses && group >= 0 && lin_eq(f->groups[group].width, x->width);
     }
   }
   /* per buffer: the widths of its set gradients; any other gradient there spoils it */

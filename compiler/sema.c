@@ -559,7 +559,7 @@ static int elementwise2(Ctx *c, Op op, int a, int b, const Node *n, const Node *
     return mk_const(c, fold(op, x->cval, y->cval), n->loc);
   const char *sp = op_spelling(n->op);
   Lin w = TOP;
-  bool have_row = false;
+  bool have_row = false, one = false;
   const IrNode *ops[2] = {x, y};
   const Node *srcs[2] = {na, nb};
   for (int i = 0; i < 2; i++) {
@@ -584,6 +584,11 @@ static int elementwise2(Ctx *c, Op op, int a, int b, const Node *n, const Node *
     Lin ow = o->type == T_ROW ? o->width : o->type == T_PARAM ? c->m->params[o->ref].cols : TOP;
     if (o->type == T_ROW) have_row = true;
     if (o->type == T_SCALAR) continue;
+    /* a row of width 1 (a score) is broadcast over the other operand's columns */
+    if (o->type == T_ROW && lin_eq(ow, lin_const(1))) {
+      one = true;
+      continue;
+    }
     Lin u;
     if (!unify(w, ow, &u)) {
       error_at(n->loc, "shape mismatch in '%s': %s is [%s] but %s is [%s]", sp, what(na),
@@ -597,6 +602,8 @@ static int elementwise2(Ctx *c, Op op, int a, int b, const Node *n, const Node *
              sp, what(na), what(nb));
     return -1;
   }
+  if (one && is_top(w) && (x->type != T_ROW || !is_top(x->width)) && (y->type != T_ROW || !is_top(y->width)))
+    w = lin_const(1);
   int args[2] = {a, b};
   return mk(c, op, T_ROW, w, n->loc, 2, args);
 }

@@ -182,6 +182,20 @@ static const struct {
      "  a = tanh(pull(x) + sum(s in children: mv(s[0:H], pull(X)) + mv(pull(x), mm(s[H:H+HH], M1))));\n"
      "  scatter(concat(a, tanh(pull(X) + sum(s in children: s[H:H+HH])))); push(a);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* rows of width 1 broadcast over the columns: a product's, a slice's, against a
+       param vector, as a divisor; and a softmax over a set's scores (attention) */
+    {"broadcast_width_one", "model op_b1;\n" HEAD
+     CELL("tanh(x * tanh(s0 @ v1) + s1 / (2 + sigmoid(s0[0:1])) + exp(s1 @ v1 * 0.5) * b)")
+     "param v1[H,1] init uniform(-1, 1);\n"},
+    {"softmax_over_children",
+     "model op_att; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], Wa[H,H], va[H,1], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children *) {\n  x = pull();\n"
+     "  den = sum(s in children: exp(tanh(s @ Wa + x) @ va));\n"
+     "  ctx = sum(s in children: exp(tanh(s @ Wa + x) @ va) * s) / (den + 1);\n"
+     "  h = tanh(x + ctx); scatter(h); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
      "param emb[V,H], W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
