@@ -224,14 +224,14 @@ int main(int argc, char **argv) {
            100 * gsecs / secs, gflops / gsecs / 1e9, gflops / secs / 1e9, floor_rate,
            100 * gflops / secs / 1e9 / floor_rate, own ? "own" : "blas");
     double other = secs - gsecs - bs.rows_seconds - bs.loop_seconds - bs.zero_seconds - bs.step_seconds -
-                   bs.schedule_seconds;
+                   bs.schedule_seconds - bs.grow_seconds;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
-           "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, other %.2fs; %ld "
+           "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, growing buffers %.2fs, other %.2fs; %ld "
            "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views)\n"
            "  batching: %.1f tasks/batch, lower bound %.1f/batch, scheduling %.1f%% of the epoch\n",
-           gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, other,
+           gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, bs.grow_seconds, other,
            bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_viewed / (double)bs.gathered_rows : 0.0,

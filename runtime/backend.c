@@ -265,6 +265,16 @@ static bool leaves_unread(const cavs_ctx *c) {
   return true;
 }
 
+/* Dropout's key of each row, from its vertex (queue[r]: the vertex of row r, as
+ * number_rows left it), the seed and the step: made once a minibatch, by its first
+ * dropout, so that models without one do not pay for them. */
+static void cv_drop_keys(cavs_ctx *c) {
+  cavs_model *m = c->model;
+  if (m->rkey_ready) return;
+  for (int r = 0; r < m->rows; r++) m->rkey[r] = cavs_drop_key(m->drop_seed, m->step, m->queue[r]);
+  m->rkey_ready = true;
+}
+
 static void no_dropout(cavs_ctx *c) {
   if (!c->model->launch_failed)
     cv_fail(c->model, "dropout() is not built for the %s backend yet", c->model->be->name);
@@ -272,11 +282,13 @@ static void no_dropout(cavs_ctx *c) {
 }
 void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
                       int n) {
+  if (c->keep) cv_drop_keys(c); /* (inference draws no mask) */
   if (BE(c)->dropout_fwd) BE(c)->dropout_fwd(c, salt, p, x, ldx, y, ldy, w, r0, n);
   else no_dropout(c);
 }
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n) {
+  cv_drop_keys(c);
   if (BE(c)->dropout_bwd) BE(c)->dropout_bwd(c, salt, p, dy, ldy, dx, ldx, w, r0, n);
   else no_dropout(c);
 }

@@ -66,6 +66,9 @@ typedef struct cavs_graph {
   const int *type;     /* [n], vertex block index; NULL: all 0 */
   const int *feat;     /* [n * nint]: integer inputs, in descriptor slot order */
   const float *real;   /* [n * total real width], in slot order; NULL if none */
+  int slots;           /* 0, or at least the last slot any vertex fills, plus one (the
+                          data sets set it: a model with children as a set then reads
+                          no slot past it; 0: the scheduler finds it) */
 } cavs_graph;
 
 typedef struct cavs_stats {
@@ -153,6 +156,10 @@ typedef struct cavs_backend_stats {
      state buffer, with no copy: every task of a type is such a block, one after the
      other, and the model's code allows it (cavs_gather_desc.view) */
   long gathered_rows, gathered_in_place, gathered_viewed;
+  /* growing the per-row and per-edge buffers to a larger minibatch than any before (the
+     first minibatches of a run; the pages the kernel zeroes): memory, not scheduling,
+     so not in schedule_seconds */
+  double grow_seconds;
 } cavs_backend_stats;
 void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset);
 void cavs_model_free(cavs_model *m);

@@ -108,11 +108,15 @@ struct cavs_model {
   long capedges;
   int *level, *row_of, *pcount, *padj, *queue, *vtype;
   int *vtask, *urg; /* a vertex's task; its longest path up to a root */
+  int *nkids;       /* a vertex's children (cv_schedule, before rows are numbered) */
+  int *kid_off, *kids; /* and which, in slot order: kids[kid_off[v] .. kid_off[v + 1]) */
   int *tcount;      /* [v * types + t]: the lower bound's counts */
   /* children as sets (`children *`): the edges, row by row (cavs_ctx.eoff); edge
      buffers hold cap_edges rows */
   int *eoff, *eparent, *echild;
-  uint64_t *rkey; /* [cap_rows]: dropout's key of each row (cavs_ctx.rkey) */
+  uint64_t *rkey; /* [cap_rows]: dropout's key of each row (cavs_ctx.rkey), made by the
+                     first dropout of a minibatch (cv_drop_keys): rkey_ready */
+  bool rkey_ready;
   uint64_t drop_seed; /* cavs_model_init's seed, or a checkpoint's */
   long nedges, cap_edges;
   int capeoff;

@@ -206,9 +206,35 @@ int cv_add_graph(cavs_dataset *s, long first, char *err, size_t errlen) {
   return 0;
 }
 
-/* Graph arrays were grown while reading; point the graphs into them at the end. */
+/* Graph arrays were grown while reading; point the graphs into them at the end. The
+ * child stride shrinks first to the slots the data fills: a set's CAVS_MAX_SET are
+ * mostly empty (a lattice's letter has a few words ending at it), and every pass over
+ * a graph's children, the scheduler's each minibatch, reads the whole stride. Rows
+ * move to lower addresses only, in order: in place. */
 static void fix_graphs(cavs_dataset *s) {
+  /* each graph's filled slots (cavs_graph.slots), and the most of any */
+  int used = 1;
   for (int i = 0; i < s->n; i++) {
+    long first = (long)(intptr_t)s->graphs[i].child;
+    int gs = 0;
+    for (long v = first; v < first + s->graphs[i].n; v++)
+      for (int k = s->maxc - 1; k >= gs; k--)
+        if (s->child[v * s->maxc + k] >= 0) {
+          gs = k + 1;
+          break;
+        }
+    s->graphs[i].slots = gs;
+    if (gs > used) used = gs;
+  }
+  if (used < s->maxc) {
+    for (long v = 0; v < s->nv; v++)
+      memmove(s->child + v * used, s->child + v * s->maxc, sizeof(int) * (size_t)used);
+    s->maxc = used;
+    int *shrunk = realloc(s->child, sizeof(int) * (size_t)used * (size_t)(s->nv ? s->nv : 1));
+    if (shrunk) s->child = shrunk;
+  }
+  for (int i = 0; i < s->n; i++) {
+    s->graphs[i].maxc = s->maxc;
     long first = (long)(intptr_t)s->graphs[i].child;
     s->graphs[i].child = s->child + first * s->maxc;
     s->graphs[i].type = s->type + first;

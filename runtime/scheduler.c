@@ -144,7 +144,7 @@ static int level_tasks(cavs_model *m, int N, int L) {
    levels and the largest urg; row_of[] counts a vertex's children not yet run. */
 static int ready_tasks(cavs_model *m, int N) {
   const cavs_desc *d = m->d;
-  int T = d->nvertex, C = m->maxc;
+  int T = d->nvertex;
   long *head = m->tstate, *cnt = head + T, *rem = cnt + T, *hsum = rem + T, *umax = hsum + T;
   int *nxt = m->queue, *pending = m->row_of;
   bool frontier = m->policy == CAVS_FRONTIER;
@@ -157,8 +157,7 @@ static int ready_tasks(cavs_model *m, int N) {
   } while (0)
   for (int v = 0; v < N; v++) {
     rem[m->vtype[v]]++;
-    pending[v] = 0;
-    for (int s = 0; s < C; s++) pending[v] += m->child[(size_t)v * C + s] >= 0;
+    pending[v] = m->nkids[v];
     if (!pending[v]) READY(v);
   }
   int ntask = 0;
@@ -241,9 +240,9 @@ static int number_rows(cavs_model *m, int N, int ntask) {
   for (int i = ntask - 1; i >= 0 && C > 0; i--) {
     int r0 = m->task_r0[i], n = m->task_n[i];
     for (int r = r0 + m->task_leaf[i]; r < r0 + n; r++)
-      for (int s = 0; s < C; s++) {
-        int ch = m->child[(size_t)m->queue[r] * C + s];
-        if (ch < 0 || m->row_of[ch] >= 0) continue;
+      for (int e = m->kid_off[m->queue[r]]; e < m->kid_off[m->queue[r] + 1]; e++) {
+        int ch = m->kids[e];
+        if (m->row_of[ch] >= 0) continue;
         int rr = NEXT_ROW(ch);
         m->row_of[ch] = rr;
         m->queue[rr] = ch;
@@ -297,6 +296,12 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     int need = m->maxc_fixed;
     for (int g = 0; g < k; g++) {
       const cavs_graph *G = graphs[g];
+      /* a data set's graph says how far its slots go (cavs_graph.slots: a slot past it
+         is not read) */
+      if (G->slots > 0 && G->slots <= G->maxc) {
+        if (G->slots > need) need = G->slots;
+        continue;
+      }
       for (int v = 0; G->maxc > need && v < G->n; v++)
         for (int s = G->maxc - 1; s >= need; s--)
           if (G->child[(size_t)v * G->maxc + s] >= 0) {
@@ -315,19 +320,22 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     if (cv_grow(m, &m->level, sizeof(int), (size_t)N) || cv_grow(m, &m->row_of, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->pcount, sizeof(int), (size_t)N + 1) || cv_grow(m, &m->queue, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->vtype, sizeof(int), (size_t)N) || cv_grow(m, &m->vtask, sizeof(int), (size_t)N) ||
-        cv_grow(m, &m->urg, sizeof(int), (size_t)N))
+        cv_grow(m, &m->urg, sizeof(int), (size_t)N) || cv_grow(m, &m->nkids, sizeof(int), (size_t)N) ||
+        cv_grow(m, &m->kid_off, sizeof(int), (size_t)N + 1))
       return -1;
     m->capv = N;
   }
-  /* parents in CSR form, to walk from the leaves up */
+  /* each vertex's children as a list (kids, in slot order), and its parents in CSR form,
+     to walk from the leaves up */
   long nedges = 0;
   for (int g = 0; g < k; g++) nedges += (long)graphs[g]->n * graphs[g]->maxc;
   if (nedges + 1 > m->capedges) {
-    if (cv_grow(m, &m->padj, sizeof(int), (size_t)nedges + 1)) return -1;
+    if (cv_grow(m, &m->padj, sizeof(int), (size_t)nedges + 1) || cv_grow(m, &m->kids, sizeof(int), (size_t)nedges + 1))
+      return -1;
     m->capedges = nedges + 1;
   }
   memset(m->pcount, 0, sizeof(int) * ((size_t)N + 1));
-  int base = 0;
+  int base = 0, nkid = 0;
   for (int g = 0; g < k; g++) {
     const cavs_graph *G = graphs[g];
     for (int v = 0; v < G->n; v++) {
@@ -335,8 +343,8 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       if (t < 0 || t >= d->nvertex)
         return cv_fail(m, "graph %d, vertex %d: type %d is not a vertex block of '%s'", g, v, t, d->name);
       m->vtype[base + v] = t;
-      /* m->child holds each vertex's children by vertex until the rows are numbered */
-      for (int s = 0; s < m->maxc; s++) m->child[(size_t)(base + v) * m->maxc + s] = -1;
+      m->nkids[base + v] = 0;
+      m->kid_off[base + v] = nkid;
       for (int s = 0; s < gmaxc(m, G); s++) {
         int ch = G->child[(size_t)v * G->maxc + s];
         if (ch < 0) continue;
@@ -358,60 +366,24 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
                          d->vertex[st[s]].name);
         }
         m->pcount[base + ch + 1]++;
-        m->child[(size_t)(base + v) * m->maxc + s] = base + ch;
+        m->nkids[base + v]++;
+        m->kids[nkid++] = base + ch;
       }
     }
     base += G->n;
   }
+  m->kid_off[N] = nkid;
   for (int i = 0; i < N; i++) m->pcount[i + 1] += m->pcount[i];
   /* fill: queue[] doubles as the fill cursor */
   for (int i = 0; i < N; i++) m->queue[i] = m->pcount[i];
-  base = 0;
-  for (int g = 0; g < k; g++) {
-    const cavs_graph *G = graphs[g];
-    for (int v = 0; v < G->n; v++)
-      for (int s = 0; s < gmaxc(m, G); s++) {
-        int ch = G->child[(size_t)v * G->maxc + s];
-        if (ch >= 0) m->padj[m->queue[base + ch]++] = base + v;
-      }
-    base += G->n;
-  }
-  /* levels, leaves first (Kahn); row_of[] holds the number of children still pending */
-  int head = 0, tail = 0;
-  base = 0;
-  for (int g = 0; g < k; g++) {
-    const cavs_graph *G = graphs[g];
-    for (int v = 0; v < G->n; v++) {
-      int pending = 0;
-      for (int s = 0; s < gmaxc(m, G); s++) pending += G->child[(size_t)v * G->maxc + s] >= 0;
-      m->row_of[base + v] = pending;
-      m->level[base + v] = 0;
-      if (!pending) m->queue[tail++] = base + v;
-    }
-    base += G->n;
-  }
-  int maxlevel = 0;
-  while (head < tail) {
-    int v = m->queue[head++];
-    for (int e = m->pcount[v]; e < m->pcount[v + 1]; e++) {
-      int p = m->padj[e];
-      if (m->level[p] < m->level[v] + 1) m->level[p] = m->level[v] + 1;
-      if (m->level[p] > maxlevel) maxlevel = m->level[p];
-      if (--m->row_of[p] == 0) m->queue[tail++] = p;
-    }
-  }
-  if (tail < N) {
-    base = 0;
-    for (int g = 0; g < k; g++) {
-      for (int v = 0; v < graphs[g]->n; v++)
-        if (m->row_of[base + v] > 0) return cv_fail(m, "graph %d has a cycle through vertex %d", g, v);
-      base += graphs[g]->n;
-    }
-  }
-  /* No schedule runs fewer tasks than, summed over the types, the most vertices of the
-     type on one path (they need tasks of their own, one after the other; a task is of
-     one type): at least the longest path. Over the Kahn order, children first:
-     tcount[v * T + t], the most vertices of type t on a path that ends at v. */
+  for (int v = 0; v < N; v++)
+    for (int e = m->kid_off[v]; e < m->kid_off[v + 1]; e++) m->padj[m->queue[m->kids[e]]++] = v;
+  /* Levels, leaves first (Kahn); row_of[] holds the number of children still pending.
+     And in the same walk, a lower bound: no schedule runs fewer tasks than, summed over
+     the types, the most vertices of the type on one path (they need tasks of their own,
+     one after the other; a task is of one type): at least the longest path.
+     tcount[v * T + t], the most vertices of type t on a path that ends at v, is final
+     when v leaves the queue, and is pushed to its parents then. */
   int T0 = d->nvertex;
   if ((size_t)N * (size_t)T0 > (size_t)m->captcount) {
     if (cv_grow(m, &m->tcount, sizeof(int), (size_t)N * (size_t)T0)) return -1;
@@ -423,19 +395,35 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   }
   long *best = m->tstate;
   for (int t = 0; t < T0; t++) best[t] = 0;
-  for (int i = 0; i < N; i++) {
-    int v = m->queue[i], *c = m->tcount + (size_t)v * (size_t)T0;
-    for (int t = 0; t < T0; t++) c[t] = 0;
-    for (int s = 0; s < m->maxc; s++) {
-      int ch = m->child[(size_t)v * m->maxc + s];
-      if (ch < 0) continue;
-      const int *cc = m->tcount + (size_t)ch * (size_t)T0;
-      for (int t = 0; t < T0; t++) c[t] = cc[t] > c[t] ? cc[t] : c[t];
-    }
+  memset(m->tcount, 0, sizeof(int) * (size_t)N * (size_t)T0);
+  int head = 0, tail = 0;
+  for (int v = 0; v < N; v++) {
+    m->row_of[v] = m->nkids[v];
+    m->level[v] = 0;
+    if (!m->nkids[v]) m->queue[tail++] = v;
+  }
+  int maxlevel = 0;
+  while (head < tail) {
+    int v = m->queue[head++], *c = m->tcount + (size_t)v * (size_t)T0;
     if (++c[m->vtype[v]] > best[m->vtype[v]]) best[m->vtype[v]] = c[m->vtype[v]];
+    for (int e = m->pcount[v]; e < m->pcount[v + 1]; e++) {
+      int p = m->padj[e], *pc = m->tcount + (size_t)p * (size_t)T0;
+      for (int t = 0; t < T0; t++) pc[t] = c[t] > pc[t] ? c[t] : pc[t];
+      if (m->level[p] < m->level[v] + 1) m->level[p] = m->level[v] + 1;
+      if (m->level[p] > maxlevel) maxlevel = m->level[p];
+      if (--m->row_of[p] == 0) m->queue[tail++] = p;
+    }
   }
   m->lower_bound = 0;
   for (int t = 0; t < T0; t++) m->lower_bound += (int)best[t];
+  if (tail < N) {
+    base = 0;
+    for (int g = 0; g < k; g++) {
+      for (int v = 0; v < graphs[g]->n; v++)
+        if (m->row_of[base + v] > 0) return cv_fail(m, "graph %d has a cycle through vertex %d", g, v);
+      base += graphs[g]->n;
+    }
+  }
   /* each vertex's longest path up to a root (the frontier policy's priority): the
      Kahn order backwards */
   if (m->policy == CAVS_FRONTIER)
@@ -478,7 +466,17 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   for (int r = 0; r < N; r++) m->pred[r] = -1;
   m->rows = N;
   m->ctx.rows = N;
-  /* per-row arrays */
+  m->rkey_ready = false; /* dropout's keys, made when a dropout asks (cv_drop_keys) */
+  /* per-row arrays; the index inputs' ranges and the real inputs' widths, once */
+  long *bound = m->tstate; /* (T0 * 5 + 1 longs; reused: the lower bound is summed) */
+  if ((size_t)d->ninputs + 1 > (size_t)m->captstate) {
+    if (cv_grow(m, &m->tstate, sizeof(long), (size_t)d->ninputs + 1)) return -1;
+    m->captstate = d->ninputs + 1;
+    bound = m->tstate;
+  }
+  long total_w = 0;
+  for (int s = 0; s < d->nreal; s++) total_w += m->rw[s];
+  for (int i = 0; i < d->ninputs; i++) bound[i] = d->inputs[i].kind == CAVS_IN_REAL ? 0 : cv_lin(&d->inputs[i].width, m->ctx.dims);
   base = 0;
   for (int g = 0; g < k; g++) {
     const cavs_graph *G = graphs[g];
@@ -490,15 +488,13 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         m->child[(size_t)r * C + s] = ch < 0 ? -1 : m->row_of[base + ch];
       }
       m->root[r] = m->pcount[base + v + 1] == m->pcount[base + v];
-      m->rkey[r] = cavs_drop_key(m->drop_seed, m->step, base + v); /* the vertex, not its row */
       m->pushed[r] = (unsigned char)d->vertex[t].pushes;
       for (int i = 0; i < d->ninputs; i++) {
         const cavs_input_desc *in = &d->inputs[i];
         if (in->kind == CAVS_IN_REAL) continue;
         int x = G->feat ? G->feat[(size_t)v * d->nint + in->slot] : -1;
-        long bound = cv_lin(&in->width, m->ctx.dims);
-        if (x < -1 || x >= bound)
-          return cv_fail(m, "graph %d, vertex %d: input '%s' is %d, outside -1..%ld", g, v, in->name, x, bound - 1);
+        if (x < -1 || x >= bound[i])
+          return cv_fail(m, "graph %d, vertex %d: input '%s' is %d, outside -1..%ld", g, v, in->name, x, bound[i] - 1);
         m->iin[in->slot][r] = x;
       }
       long off = 0;
@@ -506,8 +502,6 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         const cavs_input_desc *in = &d->inputs[i];
         if (in->kind != CAVS_IN_REAL) continue;
         long w = m->rw[in->slot];
-        long total_w = 0;
-        for (int s = 0; s < d->nreal; s++) total_w += m->rw[s];
         for (long j = 0; j < w; j++) {
           double x = G->real ? G->real[(size_t)v * (size_t)total_w + (size_t)(off + j)] : 0;
           if (m->esize == 8) ((double *)m->rin[in->slot])[(size_t)r * (size_t)w + (size_t)j] = x;
@@ -787,11 +781,11 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   m->no_grads = false;
   m->kept = m->ctx.keep;
   m->pass++;
-  double t0 = cv_now();
+  double t0 = cv_now(), g0 = m->stats.grow_seconds;
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
   if (cavs_plan_forward(m)) return -1;
-  m->stats.schedule_seconds += cv_now() - t0;
+  m->stats.schedule_seconds += cv_now() - t0 - (m->stats.grow_seconds - g0);
   if (cavs_run_plan(m)) return -1;
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;

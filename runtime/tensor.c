@@ -358,7 +358,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->xent_acc);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
-  free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->tcount);
+  free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->nkids); free(m->kid_off); free(m->kids); free(m->tcount);
   free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
@@ -397,6 +397,7 @@ static int alloc_bufs(cavs_model *m, bool edge, long cap) {
  * bytes and the rows' together held to the memory limit. */
 int cv_grow_edges(cavs_model *m, long edges) {
   if (edges <= m->cap_edges) return 0;
+  double t0 = cv_now();
   const cavs_desc *d = m->d;
   long cap = m->cap_edges ? m->cap_edges : 256;
   while (cap < edges) cap *= 2;
@@ -418,11 +419,13 @@ int cv_grow_edges(cavs_model *m, long edges) {
     return -1;
   }
   m->cap_edges = cap;
+  m->stats.grow_seconds += cv_now() - t0;
   return 0;
 }
 
 int cv_grow_rows(cavs_model *m, int rows) {
   if (rows <= m->cap_rows) return 0;
+  double t0 = cv_now();
   long cap = m->cap_rows ? m->cap_rows : 256;
   while (cap < rows) cap *= 2;
   if (cap > INT_MAX) cap = rows;
@@ -458,6 +461,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
     return -1;
   }
   m->cap_rows = (int)cap;
+  m->stats.grow_seconds += cv_now() - t0;
   return 0;
 }
 
