@@ -42,6 +42,21 @@ static inline CAVS_HD int cv_span_of(const size_t *start, int ns, size_t i) {
     return (R)(scale * ((double)p - (double)t));                                                \
   }
 
+/* esum's cell (children as a set): row r's edges [eoff[r], eoff[r + 1]) at column j,
+   added in edge order, on the CPU and in the CUDA kernel alike (the same bits) */
+#define CV_ESUM(R, S)                                                                            \
+  static inline CAVS_HD R cv_esum_cell_##S(const R *src, long lds, const int *eoff, long r, long j) { \
+    R s = 0;                                                                                    \
+    for (int e = eoff[r]; e < eoff[r + 1]; e++) s += src[(size_t)e * (size_t)lds + (size_t)j];  \
+    return s;                                                                                   \
+  }
+CV_ESUM(float, f)
+CV_ESUM(double, d)
+#ifdef __cplusplus
+static inline CAVS_HD float cv_esum_cell(const float *s, long l, const int *o, long r, long j) { return cv_esum_cell_f(s, l, o, r, j); }
+static inline CAVS_HD double cv_esum_cell(const double *s, long l, const int *o, long r, long j) { return cv_esum_cell_d(s, l, o, r, j); }
+#endif
+
 #define CV_ARITH_SQRT_f sqrtf
 #define CV_ARITH_SQRT_d sqrt
 CV_ARITH(float, f)

@@ -423,12 +423,8 @@ static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long 
       }                                                                                                      \
   }                                                                                                          \
   static void esum_fwd_##S(cavs_ctx *c, const R *src, long lds, R *dst, long ldd, long w, int r0, int n) {   \
-    for (int r = r0; r < r0 + n; r++) {                                                                      \
-      R *o = dst + (size_t)r * (size_t)ldd;                                                                  \
-      memset(o, 0, sizeof(R) * (size_t)w);                                                                   \
-      for (int e = c->eoff[r]; e < c->eoff[r + 1]; e++)                                                      \
-        for (long j = 0; j < w; j++) o[j] += src[(size_t)e * (size_t)lds + (size_t)j];                       \
-    }                                                                                                        \
+    for (int r = r0; r < r0 + n; r++) /* (arith.h's cell: the CUDA kernel's sum too) */                      \
+      for (long j = 0; j < w; j++) dst[(size_t)r * (size_t)ldd + (size_t)j] = cv_esum_cell_##S(src, lds, c->eoff, r, j);\
   }                                                                                                          \
   static void esum_bwd_##S(cavs_ctx *c, R *dsrc, long lds, const R *ddst, long ldd, long w, int r0, int n) { \
     for (int r = r0; r < r0 + n; r++)                                                                        \

@@ -45,6 +45,8 @@ struct Dev {
   char *pack_host, *pack_dev;
   int *child;
   unsigned char *root, *pushed;
+  int *rowvert;               /* the vertex of each row (dropout's keys are drawn from it) */
+  int *eoff, *eparent, *echild; /* a set's edges (cavs_ctx's, on the device) */
   int **iin;  /* host array of device arrays, [nint] */
   void **rin; /* host array of device arrays, [nreal] */
   int *pred;  /* what the first classifier predicts, read back in synchronize */
@@ -247,6 +249,9 @@ static int cuda_schedule(cavs_model *m) {
   const cavs_desc *ds = m->d;
   size_t N = (size_t)m->rows, at = 0;
   size_t o_child = place(&at, sizeof(int) * N * (size_t)m->maxc), o_root = place(&at, N), o_pushed = place(&at, N);
+  size_t E = m->has_edges ? (size_t)m->nedges : 0, o_rowvert = place(&at, sizeof(int) * N);
+  size_t o_eoff = place(&at, m->has_edges ? sizeof(int) * (N + 1) : 0), o_eparent = place(&at, sizeof(int) * E),
+         o_echild = place(&at, sizeof(int) * E);
   size_t o_iin = at;
   for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
   size_t o_rin = at;
@@ -269,6 +274,12 @@ static int cuda_schedule(cavs_model *m) {
   memcpy(d->pack_host + o_child, m->child, sizeof(int) * N * (size_t)m->maxc);
   memcpy(d->pack_host + o_root, m->root, N);
   memcpy(d->pack_host + o_pushed, m->pushed, N);
+  memcpy(d->pack_host + o_rowvert, m->queue, sizeof(int) * N); /* number_rows: row r's vertex */
+  if (m->has_edges) {
+    memcpy(d->pack_host + o_eoff, m->eoff, sizeof(int) * (N + 1));
+    memcpy(d->pack_host + o_eparent, m->eparent, sizeof(int) * E);
+    memcpy(d->pack_host + o_echild, m->echild, sizeof(int) * E);
+  }
   size_t o = o_iin;
   for (int i = 0; i < ds->nint; i++) {
     memcpy(d->pack_host + o, m->iin[i], sizeof(int) * N);
@@ -286,6 +297,10 @@ static int cuda_schedule(cavs_model *m) {
   d->child = (int *)(d->pack_dev + o_child);
   d->root = (unsigned char *)(d->pack_dev + o_root);
   d->pushed = (unsigned char *)(d->pack_dev + o_pushed);
+  d->rowvert = (int *)(d->pack_dev + o_rowvert);
+  d->eoff = (int *)(d->pack_dev + o_eoff);
+  d->eparent = (int *)(d->pack_dev + o_eparent);
+  d->echild = (int *)(d->pack_dev + o_echild);
   CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
   CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
   CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
@@ -466,6 +481,124 @@ static void cuda_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long
     launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
   else
     launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
+}
+
+/* ---- children as a set: a thread a cell of the edges (or rows) of a stage ---- */
+
+/* the edges [e0, e0 + ne) of rows [r0, r0 + n), from the host's copy of eoff */
+static void edges_of(cavs_ctx *c, int r0, int n, int *e0, int *ne) {
+  *e0 = c->eoff[r0];
+  *ne = c->eoff[r0 + n] - *e0;
+}
+
+/* per edge e, column j: echild copies the child's state row to the edge (backward adds
+   it back, atomically: a child is in several sets); ebcast the parent's row */
+template <typename R>
+__global__ void edge_copy(R *edge, long lde, R *rows, long ldr, const int *sel, int e0, int ne, long w, bool bwd) {
+  long e, j;
+  if (!cell(e0, ne, w, &e, &j)) return;
+  R *row = rows + (long)sel[e] * ldr;
+  if (!bwd) edge[e * lde + j] = row[j];
+  else atomicAdd(&row[j], edge[e * lde + j]);
+}
+
+/* esum: each row's edges added in edge order, as the CPU does (cv_esum_cell): the same
+   bits; backward, the row's gradient to each of its edges */
+template <typename R>
+__global__ void esum_fwd(const R *src, long lds, R *dst, long ldd, const int *eoff, int r0, int n, long w) {
+  long r, j;
+  if (!cell(r0, n, w, &r, &j)) return;
+  dst[r * ldd + j] = cv_esum_cell(src, lds, eoff, r, j);
+}
+template <typename R>
+__global__ void esum_bwd(R *dsrc, long lds, const R *ddst, long ldd, const int *eparent, int e0, int ne, long w) {
+  long e, j;
+  if (!cell(e0, ne, w, &e, &j)) return;
+  dsrc[e * lds + j] += ddst[(long)eparent[e] * ldd + j];
+}
+
+template <typename R>
+static void launch_edge_copy(cavs_ctx *c, void *edge, long lde, void *rows, long ldr, const int *sel, int r0, int n,
+                             long w, bool bwd) {
+  int e0, ne;
+  edges_of(c, r0, n, &e0, &ne);
+  if (ne <= 0 || w <= 0) return;
+  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd);
+  CKL(model(c));
+}
+
+static void cuda_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
+  long w = model(c)->bw[state];
+  if (dbl(c)) launch_edge_copy<double>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false);
+  else launch_edge_copy<float>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false);
+}
+static void cuda_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
+  long w = model(c)->bw[state];
+  if (dbl(c)) launch_edge_copy<double>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true);
+  else launch_edge_copy<float>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true);
+}
+static void cuda_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  if (dbl(c)) launch_edge_copy<double>(c, dst, ldd, (void *)src, lds, dev(model(c))->eparent, r0, n, w, false);
+  else launch_edge_copy<float>(c, dst, ldd, (void *)src, lds, dev(model(c))->eparent, r0, n, w, false);
+}
+static void cuda_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  if (dbl(c)) launch_edge_copy<double>(c, (void *)ddst, ldd, dsrc, lds, dev(model(c))->eparent, r0, n, w, true);
+  else launch_edge_copy<float>(c, (void *)ddst, ldd, dsrc, lds, dev(model(c))->eparent, r0, n, w, true);
+}
+static void cuda_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  if (n <= 0 || w <= 0) return;
+  if (dbl(c))
+    esum_fwd<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const double *)src, lds, (double *)dst, ldd,
+                                                                  dev(model(c))->eoff, r0, n, w);
+  else
+    esum_fwd<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const float *)src, lds, (float *)dst, ldd,
+                                                                dev(model(c))->eoff, r0, n, w);
+  CKL(model(c));
+}
+static void cuda_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  int e0, ne;
+  edges_of(c, r0, n, &e0, &ne);
+  if (ne <= 0 || w <= 0) return;
+  if (dbl(c))
+    esum_bwd<double><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((double *)dsrc, lds, (const double *)ddst, ldd,
+                                                                   dev(model(c))->eparent, e0, ne, w);
+  else
+    esum_bwd<float><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((float *)dsrc, lds, (const float *)ddst, ldd,
+                                                                 dev(model(c))->eparent, e0, ne, w);
+  CKL(model(c));
+}
+
+/* ---- dropout: the CPU's masks (cavs_drop_key of the row's vertex, the seed and the
+   step; cavs_drop_keep), drawn in the kernel from the row's vertex ---- */
+template <typename R>
+__global__ void dropout(const R *x, long ldx, R *y, long ldy, const int *rowvert, uint64_t seed, long step, unsigned salt,
+                        double p, long w, int r0, int n, int keep, bool bwd) {
+  long r, j;
+  if (!cell(r0, n, w, &r, &j)) return;
+  R scale = (R)(1.0 / (1.0 - p));
+  bool kept = !keep || cavs_drop_keep(cavs_drop_key(seed, step, rowvert[r]), salt, j, p);
+  if (!bwd) y[r * ldy + j] = !keep ? x[r * ldx + j] : kept ? x[r * ldx + j] * scale : (R)0;
+  else if (kept) y[r * ldy + j] += x[r * ldx + j] * scale; /* x: dy, y: dx */
+}
+
+template <typename R>
+static void launch_dropout(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                           int n, bool bwd) {
+  if (n <= 0 || w <= 0) return;
+  cavs_model *m = model(c);
+  dropout<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->drop_seed,
+                                                         m->step, salt, p, w, r0, n, bwd ? 1 : c->keep, bwd);
+  CKL(m);
+}
+static void cuda_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,
+                             int r0, int n) {
+  if (dbl(c)) launch_dropout<double>(c, salt, p, x, ldx, y, ldy, w, r0, n, false);
+  else launch_dropout<float>(c, salt, p, x, ldx, y, ldy, w, r0, n, false);
+}
+static void cuda_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w,
+                             int r0, int n) {
+  if (dbl(c)) launch_dropout<double>(c, salt, p, dy, ldy, dx, ldx, w, r0, n, true);
+  else launch_dropout<float>(c, salt, p, dy, ldy, dx, ldx, w, r0, n, true);
 }
 
 /* A lookup is a gather from the table by an index input, whose rows have the table's
@@ -830,14 +963,12 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_wait,
     cuda_pass_begin,
     cuda_pass_end,
-    /* children as sets: not yet on the GPU (a model with `children *` is refused here) */
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-    /* dropout: not yet on the GPU (a pass that reaches one fails, saying so) */
-    NULL,
-    NULL,
+    cuda_echild_fwd,
+    cuda_echild_bwd,
+    cuda_ebcast_fwd,
+    cuda_ebcast_bwd,
+    cuda_esum_fwd,
+    cuda_esum_bwd,
+    cuda_dropout_fwd,
+    cuda_dropout_bwd,
 };

@@ -209,11 +209,12 @@ int cv_add_graph(cavs_dataset *s, long first, char *err, size_t errlen) {
 /* Graph arrays were grown while reading; point the graphs into them at the end. The
  * child stride shrinks first to the slots the data fills: a set's CAVS_MAX_SET are
  * mostly empty (a lattice's letter has a few words ending at it), and every pass over
- * a graph's children, the scheduler's each minibatch, reads the whole stride. Rows
- * move to lower addresses only, in order: in place. */
-static void fix_graphs(cavs_dataset *s) {
+ * a graph's children, the scheduler's each minibatch, reads the whole stride. It keeps
+ * every named slot of the model (`named`: what code that grows a graph, as greedy
+ * decoding does, may fill). Rows move to lower addresses only, in order: in place. */
+static void fix_graphs(cavs_dataset *s, int named) {
   /* each graph's filled slots (cavs_graph.slots), and the most of any */
-  int used = 1;
+  int used = named > 1 ? named : 1;
   for (int i = 0; i < s->n; i++) {
     long first = (long)(intptr_t)s->graphs[i].child;
     int gs = 0;
@@ -377,7 +378,10 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
     cavs_dataset_free(s);
     return NULL;
   }
-  fix_graphs(s);
+  int named = 0;
+  for (int t = 0; t < d->nvertex; t++)
+    if (d->vertex[t].children > named) named = d->vertex[t].children;
+  fix_graphs(s, named);
   return s;
 }
 

@@ -102,7 +102,13 @@ static void check_dataset(const Config *c, const cavs_dataset *s, const long *di
   for (int g = 0; g < n; g++) {
     const cavs_graph *G = cavs_dataset_graph(s, g);
     CHECK(G->n > 0, "graph %d has %d vertices", g, G->n);
-    CHECK(G->maxc == maxc, "graph %d: maxc %d, the model's largest block takes %d", g, G->maxc, maxc);
+    /* (a set's slots shrink to what the data fills; every named slot stays) */
+    CHECK(G->maxc >= maxc && G->maxc >= 1, "graph %d: maxc %d, the model's largest block takes %d", g, G->maxc, maxc);
+    CHECK(G->slots >= 0 && G->slots <= G->maxc, "graph %d: slots %d of %d", g, G->slots, G->maxc);
+    for (int x = 0; x < G->n; x++)
+      for (int k = G->slots; k < G->maxc; k++)
+        CHECK(G->child[(size_t)x * (size_t)G->maxc + (size_t)k] < 0, "graph %d, vertex %d: slot %d past slots %d", g, x, k,
+              G->slots);
     total += G->n;
     for (int x = 0; x < G->n; x++) {
       int t = G->type ? G->type[x] : 0;
