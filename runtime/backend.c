@@ -116,16 +116,16 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
 }
 
-/* mv and mm: the backend's own products, row by row (a matrix-vector product and an
- * outer product per row, which the CPU's gemm makes a gemv and a ger), or one product
- * over all rows where their matrices lie one after another (ld the matrix's size):
- * the same arithmetic on every backend. Pointers are to row 0. */
+/* mv and mm through the backend's own gemm, for a backend without kernels of its own
+ * for them (CUDA's: cuBLAS): row by row (a matrix-vector product and an outer product
+ * per row), or one product over all rows where their matrices lie one after another
+ * (ld the matrix's size). Pointers are to row 0. */
 #define AT(p, r, ld) ((char *)(p) + ((size_t)(r) * (size_t)(ld)) * es)
 static size_t esize_of(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE ? 8 : 4; }
 /* one product of n * a rows is fine when it fits an int */
 static bool stacked(long a, long lda, long b, long ldb, int n) { return lda == a && ldb == b && (long)n * a <= INT_MAX / 2; }
 
-void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+static void by_gemm_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
                     int r0, int n) {
   size_t es = esize_of(c);
   for (int r = r0; r < r0 + n; r++)
@@ -133,7 +133,7 @@ void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const 
               AT(y, r, ldy), b);
 }
 
-void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+static void by_gemm_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
                     long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
   size_t es = esize_of(c);
   for (int r = r0; r < r0 + n; r++) {
@@ -147,7 +147,7 @@ void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const 
   }
 }
 
-void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+static void by_gemm_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
                     long ldy, int r0, int n) {
   size_t es = esize_of(c);
   if (n <= 0) return;
@@ -160,7 +160,7 @@ void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ld
                 AT(y, r, ldy), cc);
 }
 
-void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+static void by_gemm_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
                     const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
   size_t es = esize_of(c);
   if (n <= 0) return;
@@ -181,6 +181,30 @@ void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ld
                 lddw);
 }
 #undef AT
+
+/* the backend's own where it has them, but under CAVS_ROWMAT_BY_GEMM */
+#define OWN(c, f) (BE(c)->f && !((c)->model->ablate & CAVS_ROWMAT_BY_GEMM))
+void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                    int r0, int n) {
+  if (OWN(c, rowmv_fwd)) BE(c)->rowmv_fwd(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+  else by_gemm_rowmv_fwd(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+}
+void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                    long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  if (OWN(c, rowmv_bwd)) BE(c)->rowmv_bwd(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+  else by_gemm_rowmv_bwd(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+}
+void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                    long ldy, int r0, int n) {
+  if (OWN(c, rowmm_fwd)) BE(c)->rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+  else by_gemm_rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+}
+void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                    const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  if (OWN(c, rowmm_bwd)) BE(c)->rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+  else by_gemm_rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+}
+#undef OWN
 
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy) {

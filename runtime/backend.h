@@ -124,6 +124,16 @@ typedef struct cv_backend {
                       int n);
   void (*dropout_bwd)(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n);
+  /* mv and mm of their own (optional: NULL runs backend.c's products row by row through
+     gemm, which every backend has): the cavs_rowmv_* and cavs_rowmm_* calls */
+  void (*rowmv_fwd)(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                    int r0, int n);
+  void (*rowmv_bwd)(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                    long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n);
+  void (*rowmm_fwd)(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                    long ldy, int r0, int n);
+  void (*rowmm_bwd)(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                    const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n);
 } cv_backend;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */

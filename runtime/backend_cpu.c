@@ -466,6 +466,127 @@ DROP_OPS(double, d)
     else name##_f(__VA_ARGS__);                                                                              \
     c->model->stats.rows_seconds += cv_now() - t0_;                                                          \
   } while (0)
+/* mv and mm (matrices per vertex). mv: a row's vector times its matrix as loops over
+ * the row (a BLAS call a row costs more than the product at a model's sizes); backward,
+ * its dot products and outer product. mm: the rows' matrices packed one after another
+ * (rm_buf), so that the rows are one product through cpu_gemm, and its gradient. */
+#define RMAT_OPS(R, S)                                                                                     \
+  static void rowmv_fwd_##S(long a, long b, const R *x, long ldx, const R *m, long ldm, R *y, long ldy,    \
+                            int r0, int n) {                                                               \
+    for (int r = r0; r < r0 + n; r++) {                                                                    \
+      const R *xr = x + (size_t)r * (size_t)ldx, *mr = m + (size_t)r * (size_t)ldm;                        \
+      R *yr = y + (size_t)r * (size_t)ldy;                                                                 \
+      for (long j = 0; j < b; j++) yr[j] = 0;                                                              \
+      for (long i = 0; i < a; i++) {                                                                       \
+        const R xi = xr[i], *mi = mr + (size_t)i * (size_t)b;                                              \
+        for (long j = 0; j < b; j++) yr[j] += xi * mi[j];                                                  \
+      }                                                                                                    \
+    }                                                                                                      \
+  }                                                                                                        \
+  static void rowmv_bwd_##S(long a, long b, const R *x, long ldx, const R *m, long ldm, const R *dy,       \
+                            long lddy, R *dx, long lddx, R *dm, long lddm, int r0, int n) {                \
+    for (int r = r0; r < r0 + n; r++) {                                                                    \
+      const R *xr = x + (size_t)r * (size_t)ldx, *mr = m + (size_t)r * (size_t)ldm;                        \
+      const R *g = dy + (size_t)r * (size_t)lddy;                                                          \
+      for (long i = 0; i < a && dx; i++) {                                                                 \
+        const R *mi = mr + (size_t)i * (size_t)b;                                                          \
+        R s = 0;                                                                                           \
+        for (long j = 0; j < b; j++) s += g[j] * mi[j];                                                    \
+        dx[(size_t)r * (size_t)lddx + (size_t)i] += s;                                                     \
+      }                                                                                                    \
+      for (long i = 0; i < a && dm; i++) {                                                                 \
+        const R xi = xr[i];                                                                                \
+        R *di = dm + (size_t)r * (size_t)lddm + (size_t)i * (size_t)b;                                     \
+        for (long j = 0; j < b; j++) di[j] += xi * g[j];                                                   \
+      }                                                                                                    \
+    }                                                                                                      \
+  }
+RMAT_OPS(float, f)
+RMAT_OPS(double, d)
+#undef RMAT_OPS
+
+static void cpu_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y,
+                          long ldy, int r0, int n) {
+  ROW_OPS_CALL(c, rowmv_fwd, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+}
+static void cpu_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                          long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  ROW_OPS_CALL(c, rowmv_bwd, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+}
+
+/* rows [r0, r0 + n) of width w, ld apart, packed into `to` (w apart), or added back */
+static void pack_rows(size_t es, char *to, const char *from, long ld, long w, int r0, int n) {
+  for (int r = 0; r < n; r++)
+    memcpy(to + (size_t)r * (size_t)w * es, from + ((size_t)(r0 + r) * (size_t)ld) * es, (size_t)w * es);
+}
+#define ADD_ROWS(R)                                                                                        \
+  for (int r = 0; r < n; r++)                                                                              \
+    for (long j = 0; j < w; j++)                                                                           \
+      ((R *)to)[(size_t)(r0 + r) * (size_t)ld + (size_t)j] += ((const R *)from)[(size_t)r * (size_t)w + (size_t)j]
+static void add_rows(cavs_ctx *c, char *to, long ld, const char *from, long w, int r0, int n) {
+  if (DBL(c)) ADD_ROWS(double);
+  else ADD_ROWS(float);
+}
+#undef ADD_ROWS
+
+/* scratch for mm: `bytes`, or NULL with the failure in the model */
+static char *rm_scratch(cavs_ctx *c, size_t bytes) {
+  cavs_model *m = c->model;
+  if (bytes > m->rm_cap) {
+    void *p = realloc(m->rm_buf, bytes);
+    if (!p) {
+      if (!m->launch_failed) cv_fail_mem(m, "out of memory for mm's packed rows (%zu bytes)", bytes);
+      m->launch_failed = true;
+      return NULL;
+    }
+    m->rm_buf = p;
+    m->rm_cap = bytes;
+  }
+  return m->rm_buf;
+}
+
+static void cpu_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                          long ldy, int r0, int n) {
+  size_t es = DBL(c) ? 8 : 4, na = (size_t)n * (size_t)a;
+  if (n <= 0 || na > INT_MAX / 2) return;
+  bool pm = ldm != a * b, py = ldy != a * cc;
+  char *buf = rm_scratch(c, (pm ? na * (size_t)b : 0) * es + (py ? na * (size_t)cc : 0) * es + 1);
+  if (!buf) return;
+  const char *M = pm ? buf : (const char *)m + (size_t)r0 * (size_t)ldm * es;
+  char *Y = py ? buf + (pm ? na * (size_t)b * es : 0) : (char *)y + (size_t)r0 * (size_t)ldy * es;
+  if (pm) TIMED(c->model, rows_seconds, pack_rows(es, buf, m, ldm, a * b, r0, n));
+  cpu_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)na, (int)cc, (int)b, 1, M, b, w, ldw, 0, Y, cc);
+  if (py)
+    for (int r = 0; r < n; r++)
+      memcpy((char *)y + (size_t)(r0 + r) * (size_t)ldy * es, Y + (size_t)r * (size_t)(a * cc) * es,
+             (size_t)(a * cc) * es);
+}
+
+static void cpu_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                          const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  size_t es = DBL(c) ? 8 : 4, na = (size_t)n * (size_t)a;
+  if (n <= 0 || na > INT_MAX / 2) return;
+  /* packed where the rows are not one after another: M (for dW), dY, and dM's product
+     before it is added back */
+  bool pm = dw && ldm != a * b, pg = lddy != a * cc, pd = dm && lddm != a * b;
+  size_t om = 0, og = om + (pm ? na * (size_t)b : 0), od = og + (pg ? na * (size_t)cc : 0),
+         end = od + (pd ? na * (size_t)b : 0);
+  char *buf = rm_scratch(c, end * es + 1);
+  if (!buf) return;
+  const char *M = pm ? buf + om * es : (const char *)m + (size_t)r0 * (size_t)ldm * es;
+  const char *G = pg ? buf + og * es : (const char *)dy + (size_t)r0 * (size_t)lddy * es;
+  if (pm) TIMED(c->model, rows_seconds, pack_rows(es, buf + om * es, m, ldm, a * b, r0, n));
+  if (pg) TIMED(c->model, rows_seconds, pack_rows(es, buf + og * es, dy, lddy, a * cc, r0, n));
+  if (dm) {
+    /* dM += dY W^T */
+    char *D = pd ? buf + od * es : (char *)dm + (size_t)r0 * (size_t)lddm * es;
+    cpu_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)na, (int)b, (int)cc, 1, G, cc, w, ldw, pd ? 0 : 1, D, b);
+    if (pd) TIMED(c->model, rows_seconds, add_rows(c, dm, lddm, D, a * b, r0, n));
+  }
+  /* dW += M^T dY, over every row's matrix */
+  if (dw) cpu_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)na, 1, M, b, G, cc, 1, dw, lddw);
+}
+
 static void cpu_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,
                             int r0, int n) {
   ROW_OPS_CALL(c, dropout_fwd, c, salt, p, x, ldx, y, ldy, w, r0, n);
@@ -658,4 +779,8 @@ const cv_backend cv_backend_cpu = {
     .esum_bwd = cpu_esum_bwd,
     .dropout_fwd = cpu_dropout_fwd,
     .dropout_bwd = cpu_dropout_bwd,
+    .rowmv_fwd = cpu_rowmv_fwd,
+    .rowmv_bwd = cpu_rowmv_bwd,
+    .rowmm_fwd = cpu_rowmm_fwd,
+    .rowmm_bwd = cpu_rowmm_bwd,
 };

@@ -971,4 +971,9 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_esum_bwd,
     cuda_dropout_fwd,
     cuda_dropout_bwd,
+    /* mv and mm: backend.c's products row by row, through cuda_gemm (cuBLAS) */
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };

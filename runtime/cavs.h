@@ -170,10 +170,12 @@ void cavs_model_set_policy(cavs_model *m, int policy);
 /* Ablations, to measure what a phase is worth: the eager phase run task by task, each
  * task's rows just before (forward) or after (backward) its path stage, instead of once
  * over all rows of a type (CAVS_NO_EAGER); the lazy phase task by task too
- * (CAVS_NO_LAZY). Same results but for the rounding of parameter gradients summed in
+ * (CAVS_NO_LAZY). CAVS_ROWMAT_BY_GEMM: mv and mm row by row through the backend's gemm,
+ * as on a backend without kernels of its own for them (the CPU's pack the rows into one
+ * product). Same results but for the rounding of parameter gradients summed in
  * pieces. CAVS_NO_VIEWS: every gather copies its children's rows, even where they lie
  * in one block of the state buffer that a view would read in place. */
-enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4 };
+enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4, CAVS_ROWMAT_BY_GEMM = 8 };
 void cavs_model_set_ablations(cavs_model *m, int flags);
 /* Inference (on != 0): forward passes compute the same values and losses but store
  * nothing only a backward pass would read (the gates a fused loop keeps for its

@@ -117,6 +117,8 @@ struct cavs_model {
   uint64_t *rkey; /* [cap_rows]: dropout's key of each row (cavs_ctx.rkey), made by the
                      first dropout of a minibatch (cv_drop_keys): rkey_ready */
   bool rkey_ready;
+  void *rm_buf;   /* the CPU's mm: the rows' matrices packed into one, and its gradient */
+  size_t rm_cap;
   uint64_t drop_seed; /* cavs_model_init's seed, or a checkpoint's */
   long nedges, cap_edges;
   int capeoff;

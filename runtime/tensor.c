@@ -359,7 +359,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->nkids); free(m->kid_off); free(m->kids); free(m->tcount);
-  free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey);
+  free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey); free(m->rm_buf);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);

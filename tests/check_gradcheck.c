@@ -49,12 +49,15 @@ static double loss_at(cavs_model *m, const cavs_graph *const *gs) {
   return st.loss;
 }
 
+static int ablations; /* cavs_model_set_ablations of the model checked */
+
 static double gradcheck(const cavs_desc *d) {
   long dims[CAVS_MAX_DIMS];
   small_dims(d, dims);
   char err[256];
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);
+  cavs_model_set_ablations(m, ablations);
   cavs_model_init(m, 7);
   /* larger initial weights than the defaults, so no gradient is negligibly small */
   size_t np;
@@ -215,6 +218,19 @@ END_TEST
 
 static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf"};
 
+/* mv and mm as a backend without kernels of its own runs them (CUDA's): row by row
+ * through gemm, or one product where the rows' matrices lie one after another */
+START_TEST(rowmat_by_gemm) {
+  ablations = CAVS_ROWMAT_BY_GEMM;
+  for (size_t i = 0; i < sizeof op_models / sizeof *op_models; i++) {
+    if (strncmp(op_models[i].name, "per_vertex_matrices", 19)) continue;
+    double worst = gradcheck(load_model(op_models[i].src, "double"));
+    ck_assert_msg(worst < 1e-6, "%s, row by row: worst relative error %.3g", op_models[i].name, worst);
+  }
+  ablations = 0;
+}
+END_TEST
+
 START_TEST(example_gradients) {
   const cavs_desc *d = load_model(examples[_i], "double");
   double worst = gradcheck(d);
@@ -227,6 +243,7 @@ int main(void) {
   TCase *tc = tcase_create("ops");
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, op_gradients, 0, (int)(sizeof op_models / sizeof *op_models));
+  tcase_add_test(tc, rowmat_by_gemm);
   suite_add_tcase(s, tc);
   TCase *te = tcase_create("examples");
   tcase_set_timeout(te, 600);
