@@ -78,6 +78,8 @@ struct cavs_model {
   unsigned char *root, *pushed;
   int *pred;
   int *gbase, capgraphs, ngraphs; /* first vertex of each graph of the minibatch */
+  int *gorder;     /* the graphs, largest first (number_rows numbers their roots so) */
+  uint64_t *gkey;  /* (its sort keys) */
   int *type_r0, *type_n, *type_leaf; /* type_leaf: its rows without children, first in
                                         its range and all in its first task */
   int ntask, captask;

@@ -231,12 +231,18 @@ static int number_rows(cavs_model *m, int N, int ntask) {
       return cv_fail(m, "internal error: a vertex without children outside its type's first task");
   }
 #define NEXT_ROW(v) (m->level[v] == 0 ? (int)lcur[m->vtype[v]]++ : m->task_cur[m->vtask[v]]++)
-  for (int v = 0; v < N; v++)
-    if (m->pcount[v + 1] == m->pcount[v]) {
-      int r = NEXT_ROW(v);
-      m->row_of[v] = r;
-      m->queue[r] = v;
-    }
+  /* the roots graph by graph, the largest graph first (gorder): the rows of a chain's
+     k-th step are then the longer chains' first, so a task's children are a prefix of
+     the task before it, one block, where every chain is its own graph */
+  for (int i = 0; i < m->ngraphs; i++) {
+    int g = m->gorder[i];
+    for (int v = m->gbase[g]; v < m->gbase[g + 1]; v++)
+      if (m->pcount[v + 1] == m->pcount[v]) {
+        int r = NEXT_ROW(v);
+        m->row_of[v] = r;
+        m->queue[r] = v;
+      }
+  }
   for (int i = ntask - 1; i >= 0 && C > 0; i--) {
     int r0 = m->task_r0[i], n = m->task_n[i];
     for (int r = r0 + m->task_leaf[i]; r < r0 + n; r++)
@@ -273,6 +279,11 @@ static int chunk_rows(cavs_model *m, int ntask) {
 
 /* The slots of G worth reading: all of them, unless the model takes children as sets,
  * where cv_schedule found the last one filled (m->maxc) */
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int gmaxc(const cavs_model *m, const cavs_graph *G) {
   return m->has_edges && G->maxc > m->maxc ? m->maxc : G->maxc;
 }
@@ -435,6 +446,21 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     }
   int L = maxlevel + 1;
   int ntask = m->policy == CAVS_AGENDA || m->policy == CAVS_FRONTIER ? ready_tasks(m, N) : level_tasks(m, N, L);
+  if (k + 1 > m->capgraphs) {
+    if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1) || cv_grow(m, &m->gorder, sizeof(int), (size_t)k + 1) ||
+        cv_grow(m, &m->gkey, sizeof(uint64_t), (size_t)k + 1))
+      return -1;
+    m->capgraphs = k + 1;
+  }
+  m->ngraphs = k;
+  for (int g = 0, b = 0; g <= k; g++) {
+    m->gbase[g] = b;
+    if (g < k) b += graphs[g]->n;
+  }
+  /* the graphs by size, largest first, in their order on ties */
+  for (int g = 0; g < k; g++) m->gkey[g] = (uint64_t)(INT_MAX - graphs[g]->n) << 32 | (uint64_t)g;
+  qsort(m->gkey, (size_t)k, sizeof *m->gkey, cmp_u64);
+  for (int i = 0; i < k; i++) m->gorder[i] = (int)(m->gkey[i] & 0xffffffffu);
   if (ntask < 0 || number_rows(m, N, ntask) || chunk_rows(m, ntask)) return -1;
   if (m->policy == CAVS_SERIAL) {
     /* each task cut into single rows, from the last (a task's pieces lie at or past it) */
@@ -454,15 +480,6 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   }
   m->ntask = ntask;
   int C = m->maxc;
-  if (k + 1 > m->capgraphs) {
-    if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1)) return -1;
-    m->capgraphs = k + 1;
-  }
-  m->ngraphs = k;
-  for (int g = 0, b = 0; g <= k; g++) {
-    m->gbase[g] = b;
-    if (g < k) b += graphs[g]->n;
-  }
   for (int r = 0; r < N; r++) m->pred[r] = -1;
   m->rows = N;
   m->ctx.rows = N;

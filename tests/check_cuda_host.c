@@ -237,8 +237,11 @@ START_TEST(streams_in_any_order) {
     ck_assert_msg(i == 0 ? !two_streams(m[i]) : two_streams(m[i]), "%s: forward plan %d", model, i);
   }
   for (int i = 2; i < 4; i++) same_buffers(m[1], m[i], false, 0);
-  /* the eager products over chunks of rows, not all at once: the same sums */
-  same_buffers(m[0], m[1], false, 1e-13);
+  /* the eager products over chunks of rows, not all at once: the same sums but for the
+     last bits of a product over other row blocks, which the softmax of seq2seq's
+     attention turns into 2.5e-13 of a weight of 4e-5 (with the roots of the largest
+     graphs numbered first); a missing event leaves poison, off by far more */
+  same_buffers(m[0], m[1], false, 1e-11);
   for (int i = 0; i < 4; i++) {
     poison_grads(m[i]);
     cavs_model_backward(m[i]);
