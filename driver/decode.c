@@ -41,12 +41,6 @@ static void *alloc_or_die(size_t n) {
   return p;
 }
 
-static long lin_value(const cavs_model *m, const cavs_desc *d, cavs_lin l) {
-  long w = l.k;
-  for (int j = 0; j < d->ndims; j++) w += (long)l.c[j] * cavs_model_dim(m, j);
-  return w;
-}
-
 /* whether named slot k of type t holds the decoder's previous step */
 static bool prev_slot(const cavs_desc *d, int t, int k) {
   const cavs_vertex_desc *v = &d->vertex[t];
@@ -172,13 +166,13 @@ int greedy_decode(cavs_model *m, const cavs_dataset *s, int batch, const GreedyO
   if (in < 0 || d->inputs[in].kind != CAVS_IN_INDEX)
     die(1, "predict --greedy %s: the model has no index input '%s' to feed its predictions back into", o->input, o->input);
   int in_slot = d->inputs[in].slot, cls_slot = -1;
-  long range = lin_value(m, d, d->inputs[in].width);
+  long range = model_lin(m, d->inputs[in].width);
   for (int l = 0; l < d->nlosses && cls_slot < 0; l++)
     if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) cls_slot = d->inputs[d->losses[l].input].slot;
   if (cls_slot < 0) die(1, "predict --greedy: the model has no softmax_xent loss, so its vertices predict no word");
   int rw = 0;
   for (int i = 0; i < d->ninputs; i++)
-    if (d->inputs[i].kind == CAVS_IN_REAL) rw += (int)lin_value(m, d, d->inputs[i].width);
+    if (d->inputs[i].kind == CAVS_IN_REAL) rw += (int)model_lin(m, d->inputs[i].width);
   int n = cavs_dataset_count(s);
   Grow *gw = alloc_or_die(sizeof(Grow) * (size_t)(batch > n ? (n ? n : 1) : batch));
   const cavs_graph **gs = alloc_or_die(sizeof(cavs_graph *) * (size_t)batch);

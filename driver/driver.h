@@ -98,6 +98,8 @@ double total_loss(const Totals *t);
 double ratio(long a, long b);
 bool has_accuracy(const cavs_desc *d);
 void print_losses(FILE *f, const cavs_desc *d, const Totals *t);
+/* A width or range of the descriptor (cavs_lin) in a model's dims. */
+long model_lin(const cavs_model *m, cavs_lin l);
 /* A forward pass over the whole dataset, `batch` graphs at a time. */
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 

@@ -21,6 +21,14 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
   return s;
 }
 
+/* A width or range of the descriptor in a model's dims. */
+long model_lin(const cavs_model *m, cavs_lin l) {
+  const cavs_desc *d = cavs_model_desc(m);
+  long w = l.k;
+  for (int j = 0; j < d->ndims; j++) w += (long)l.c[j] * cavs_model_dim(m, j);
+  return w;
+}
+
 /* ---- a pass over data, added up ---- */
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
@@ -170,8 +178,7 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
     int in = first_xent_input(d);
     if (in >= 0) {
       /* a class input's range: its width in the model's dims */
-      long w = d->inputs[in].width.k;
-      for (int j = 0; j < d->ndims; j++) w += (long)d->inputs[in].width.c[j] * cavs_model_dim(c.m, j);
+      long w = model_lin(c.m, d->inputs[in].width);
       t.classes = w > 0 && w <= 100000 ? (int)w : 0;
       t.class_count = xmalloc(sizeof(long) * (size_t)(t.classes + 1));
       t.class_correct = xmalloc(sizeof(long) * (size_t)(t.classes + 1));

@@ -548,7 +548,12 @@ static char *rm_scratch(cavs_ctx *c, size_t bytes) {
 static void cpu_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
                           long ldy, int r0, int n) {
   size_t es = DBL(c) ? 8 : 4, na = (size_t)n * (size_t)a;
-  if (n <= 0 || na > INT_MAX / 2) return;
+  if (n <= 0) return;
+  if (na > INT_MAX / 2 && n > 1) { /* one product's rows fit an int: halves */
+    cpu_rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n / 2);
+    cpu_rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0 + n / 2, n - n / 2);
+    return;
+  }
   bool pm = ldm != a * b, py = ldy != a * cc;
   char *buf = rm_scratch(c, (pm ? na * (size_t)b : 0) * es + (py ? na * (size_t)cc : 0) * es + 1);
   if (!buf) return;
@@ -565,7 +570,12 @@ static void cpu_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, l
 static void cpu_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
                           const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
   size_t es = DBL(c) ? 8 : 4, na = (size_t)n * (size_t)a;
-  if (n <= 0 || na > INT_MAX / 2) return;
+  if (n <= 0) return;
+  if (na > INT_MAX / 2 && n > 1) {
+    cpu_rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n / 2);
+    cpu_rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0 + n / 2, n - n / 2);
+    return;
+  }
   /* packed where the rows are not one after another: M (for dW), dY, and dM's product
      before it is added back */
   bool pm = dw && ldm != a * b, pg = lddy != a * cc, pd = dm && lddm != a * b;
