@@ -8,10 +8,11 @@
  * scheduling, the rest) and the process's peak memory.
  *
  *   bench/epoch [--policy bfs|depth|agenda|frontier|serial] [--batch 64] [--dim H=256] [--threads 2]
- *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--blas]
- *               MODEL FORMAT FILE
+ *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--no-homes]
+ *               [--blas] MODEL FORMAT FILE
  * --no-eager and --no-lazy run those phases task by task, --no-views copies every
- * gather (cavs_model_set_ablations);
+ * gather that a view would read in place, --no-homes every one that a child's loops
+ * store at home (cavs_model_set_ablations);
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
@@ -101,11 +102,12 @@ int main(int argc, char **argv) {
                : !strcmp(argv[i], "--no-lazy")  ? 3
                : !strcmp(argv[i], "--blas")     ? 4
                : !strcmp(argv[i], "--no-views") ? 5
+               : !strcmp(argv[i], "--no-homes") ? 6
                                                 : 0;
     if (flag) {
       if (flag == 1) infer = 1;
       else if (flag == 4) blas = 1;
-      else ablate |= flag == 2 ? CAVS_NO_EAGER : flag == 3 ? CAVS_NO_LAZY : CAVS_NO_VIEWS;
+      else ablate |= flag == 2 ? CAVS_NO_EAGER : flag == 3 ? CAVS_NO_LAZY : flag == 5 ? CAVS_NO_VIEWS : CAVS_NO_HOMES;
       i--;
       continue;
     }
@@ -229,12 +231,14 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
            "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, growing buffers %.2fs, other %.2fs; %ld "
-           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views)\n"
+           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views), "
+           "%.1f%% stored at home\n"
            "  batching: %.1f tasks/batch, lower bound %.1f/batch, scheduling %.1f%% of the epoch\n",
            gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, bs.grow_seconds, other,
            bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_viewed / (double)bs.gathered_rows : 0.0,
+           bs.gathered_rows ? 100.0 * (double)bs.gathered_homed / (double)bs.gathered_rows : 0.0,
            (double)tasks / (batches ? batches : 1), (double)bound / (batches ? batches : 1),
            100 * bs.schedule_seconds / secs);
     fflush(stdout);

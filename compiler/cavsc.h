@@ -214,10 +214,12 @@ typedef enum {
 
 /* Where a value (or its gradient) lives, decided by plan.c: row r of it starts at
  * base[buf] + r * ld + off. */
-typedef enum { PL_NONE, PL_ROW, PL_PARAM, PL_INPUT, PL_REG } PlaceKind;
+typedef enum { PL_NONE, PL_ROW, PL_PARAM, PL_INPUT, PL_REG, PL_HOME } PlaceKind;
 typedef struct Place {
   PlaceKind kind; /* PL_ROW: per-row buffer; PL_PARAM: param group; PL_INPUT: real input;
-                     PL_REG: lives only inside its fused loop */
+                     PL_REG: lives only inside its fused loop; PL_HOME (emit.c alone): a
+                     row's state where its parent gathers it, row r at
+                     cavs_ctx.home_val[r] + off (home_grad: its gradient), buf the state */
   int buf;
   Lin off, ld;
 } Place;
@@ -402,9 +404,9 @@ typedef struct Model {
   int npgroups, cappgroups;
   Buf *bufs;
   int nbufs, capbufs;
-  /* ablations (cavsc --no-fuse, --no-merge): every elementwise node a loop of its own;
-     no products merged or stacked */
-  bool no_fuse, no_merge;
+  /* ablations (cavsc --no-fuse, --no-merge, --no-homes): every elementwise node a loop
+     of its own; no products merged or stacked; no cell stores its state at its home */
+  bool no_fuse, no_merge, no_homes;
   int state_buf, push_buf;
   int *pull_buf; /* per pull slot: the buffer holding it */
 } Model;
@@ -499,6 +501,9 @@ typedef struct Emit {
   /* [nvertex]: 1 where the vertex type's backward eager stage names no parameter
      gradient that a backward path, lazy, pull or push stage names (emit() finds it) */
   unsigned char *eager_apart;
+  /* [nvertex]: 1 where the type's fused loops write its whole state, so that they also
+     store it at each row's home and read the home's gradient (emit.c, state_homes) */
+  unsigned char *homes;
 } Emit;
 
 /* A stage whose text is held in memory until it closes, so that the functions it calls
@@ -524,7 +529,8 @@ typedef struct Ref {
 
 /* A pointer a fused loop sets for each row: `name[j]` is column j of the row. */
 typedef struct LoopPtr {
-  const char *name; /* a<N> read, d<N> gradient added to, o<N> written, g<N>_in gradient read */
+  const char *name; /* a<N> read, d<N> gradient added to, o<N> written, g<N>_in gradient read,
+                       h<N> written at home, hg<N> gradient read at home */
   bool write;
   Ref at;
 } LoopPtr;

@@ -67,6 +67,8 @@ const char *emit_ptr(const Emit *e, Ref r, const char *row) {
   case PL_PARAM:
     if (r.grad && e->pg_marks) e->pg_marks[p->buf] = 1;
     return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
+  case PL_HOME: /* the row's home: where its parent gathers its state, or a scratch row */
+    return arena_printf("(R *)c->home_%s[%s]%s", r.grad ? "grad" : "val", row, off);
   case PL_INPUT: /* p->buf is the input; real inputs have their own numbering */
     return arena_printf("(const R *)c->rin[%d] + (size_t)(%s) * %s", real_slot(m, p->buf), row,
                         paren(emit_lin(m, p->ld)));
@@ -217,17 +219,30 @@ static const Place *loaded(const IrFunc *f, int x) {
   return n->keep ? &n->kval : n->val.kind == PL_ROW ? &n->val : NULL;
 }
 
+/* Is member x of f's loops a piece of the state that the loops also store at the row's
+ * home (Emit.homes, state_homes)? Its home place: the same columns of the home row. */
+static bool at_home(const Emit *e, const IrFunc *f, int x) {
+  const IrNode *n = &f->nodes[x];
+  return f->kind == F_VERTEX && e->homes[f->index] && n->val.kind == PL_ROW && n->val.buf == f->state_buf;
+}
+static const Place *home_place(const IrFunc *f, int x) {
+  Place *p = arena_alloc(sizeof *p);
+  *p = (Place){.kind = PL_HOME, .buf = f->state_buf, .off = f->nodes[x].val.off, .ld = f->nodes[x].val.ld};
+  return p;
+}
+
 /* The loop of group gi, with a pointer for every outside operand it reads (all of them
  * forward; `reads` backward), for the gradients it adds to, and for the values (forward)
- * or gradients (backward) of its members that live in buffers. */
-static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
+ * or gradients (backward) of its members that live in buffers (and, for a piece of a
+ * state stored at home, at the row's home too). */
+static Loop group_loop(const Emit *e, const IrFunc *f, int gi, bool bwd, const bool *reads) {
   const Group *g = &f->groups[gi];
   Loop l = {.f = f, .group = gi, .bwd = bwd, .part = part, .width = g->width,
             .may_alias = bwd && (grads_may_alias(f, g, gi) || broadcast_grad(f, g, gi))};
   /* at most two a member (its kept or loaded value, and its value or gradient in a
      buffer) and two an outside operand (its value and its gradient), of which there
      are at most two a member */
-  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(6 * g->n + 1));
+  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(7 * g->n + 1));
   bool *seen = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];
@@ -252,6 +267,9 @@ static Loop group_loop(const IrFunc *f, int gi, bool bwd, const bool *reads) {
     if (n->val.kind != PL_ROW) continue;
     if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("o%d", x), true, {&n->val, false}};
     else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("g%d_in", x), false, {&n->val, true}};
+    if (!at_home(e, f, x)) continue;
+    if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("h%d", x), true, {home_place(f, x), false}};
+    else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("hg%d", x), false, {home_place(f, x), true}};
   }
   return l;
 }
@@ -344,6 +362,48 @@ static bool concat_in_place(const IrFunc *f, const IrNode *x) {
   return true;
 }
 
+/* Homes. A child's state is read by its parent's gather, which copies the child's state
+ * row into the parent's gathered buffer (and, backward, adds the gradient there back to
+ * the child's). Where vertex function f writes its whole state in fused loops, in place
+ * (the scatter copies nothing: every column of the state buffer is the store of one
+ * member of a loop), those loops store each row's state twice: at the row, and at its
+ * home, cavs_ctx.home_val[r], the columns of the parent's gathered row that the gather
+ * would have filled (the runtime's choice: scheduler.c, plan_homes; a scratch row where
+ * it has none). The parent's gather then copies nothing for that child; backward, the
+ * member's loop adds what the parent left at home_grad[r] to its gradient, and the
+ * parent's gather adds nothing back. No row order is needed for it, so it holds for
+ * any tree, chain or DAG (one parent of a vertex with several gets the home); a store
+ * from registers replaces a copy through memory. */
+static bool state_homes(const Model *m, const IrFunc *f) {
+  int S = f->state_buf;
+  if (m->no_homes || f->kind != F_VERTEX || S < 0 || S >= m->nbufs) return false;
+  const IrNode *sc = NULL;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_SCATTER) sc = &f->nodes[i];
+  if (!sc) return false;
+  const IrNode *a = &f->nodes[sc->args[0]];
+  Lin W = m->bufs[S].width;
+  if (a->val.kind != PL_ROW || a->val.buf != S || !lin_is_zero(a->val.off) || !lin_eq(a->width, W)) return false;
+  /* every value placed in the state: a view of it, a concat of what lies in place, or a
+     fused loop's member, the members' columns disjoint and together the state's */
+  const IrNode *stored[64];
+  int ns = 0;
+  Lin total = lin_const(0);
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != S) continue;
+    if (op_info[x->op].kind == OK_SLICE || (x->op == OP_CONCAT && concat_in_place(f, x))) continue;
+    if (op_info[x->op].kind != OK_EW || x->group < 0 || x->edge || ns == 64) return false;
+    for (int k = 0; k < ns; k++)
+      if (!lin_le(lin_add(stored[k]->val.off, stored[k]->width), x->val.off) &&
+          !lin_le(lin_add(x->val.off, x->width), stored[k]->val.off))
+        return false;
+    stored[ns++] = x;
+    total = lin_add(total, x->width);
+  }
+  return ns > 0 && lin_eq(total, W);
+}
+
 /* Does nothing read or write buffer b of vertex function f at a row without children?
  * Then its rows there need not be written (a product's output is not cleared there, a
  * fused loop stores no zero there), a gather need not fill them, and a gathered buffer
@@ -413,7 +473,7 @@ static bool leaf_simpler(const IrFunc *f, const Group *g) {
 
 static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
   const Group *g = &f->groups[gi];
-  Loop l = group_loop(f, gi, false, NULL);
+  Loop l = group_loop(e, f, gi, false, NULL);
   char *body;
   size_t len;
   FILE *saved = e->out, *o = e->out = emit_hold(&body, &len);
@@ -422,9 +482,13 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (part == LOOP_LEAVES && n->dead_leaf) continue;
-    /* zero there, stored as 0, unless nothing reads it there */
-    if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf)))
+    /* zero there, stored as 0, unless nothing reads it there; a piece of the state at
+       the row's home too, wherever it is stored at the row */
+    if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf))) {
       fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
+      if (at_home(e, f, x))
+        fprintf(o, gone(f, x) ? "      h%d[j] = 0;  /* at home */\n" : "      h%d[j] = v%d;  /* at home */\n", x, x);
+    }
     /* in the C target only where a backward pass follows (cavs_ctx.keep) */
     if (n->keep && !gone(f, x))
       fprintf(o, e->t == &target_c ? "      if (keep) k%d[j] = v%d;  /* kept for the backward loop */\n"
@@ -474,7 +538,7 @@ static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
       if (used && !in_group(f, n->args[i], gi)) reads[n->args[i]] = true;
     }
   }
-  Loop l = group_loop(f, gi, true, reads);
+  Loop l = group_loop(e, f, gi, true, reads);
   char *body;
   size_t len;
   FILE *saved = e->out, *o = e->out = emit_hold(&body, &len);
@@ -483,7 +547,9 @@ static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (!n->grad || gone(f, x)) continue;
-    if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
+    if (n->val.kind == PL_ROW && at_home(e, f, x))
+      fprintf(o, "      R g%d = g%d_in[j] + hg%d[j];  /* and what the parent left at home */\n", x, x, x);
+    else if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
     else fprintf(o, "      R g%d = 0;\n", x);
   }
   /* a gradient this loop alone writes (plan.c: grad_set) is set by its first statement;
@@ -996,12 +1062,12 @@ static void descriptor(const Emit *e) {
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
     bool named = f->slot_type && f->children;
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d},\n",
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d, %d},\n",
             emit_c_string(f->name), f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"),
             fname(e, f, "fwd_lazy"), fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"),
             e->eager_apart[i], ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
             named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
-            f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1);
+            f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i]);
   }
   fprintf(c, "};\n");
   int nlosses = 0;
@@ -1098,6 +1164,11 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
   size_t ng = (size_t)m->npgroups + 1;
   unsigned char *others = arena_alloc(ng), *eager = arena_alloc(ng * ((size_t)m->nvertex + 1));
   e.eager_apart = arena_alloc((size_t)m->nvertex + 1);
+  e.homes = arena_alloc((size_t)m->nvertex + 1);
+  for (int t = 0; t < m->nvertex; t++) {
+    cv_assert(m->vertex[t]->index == t);
+    e.homes[t] = state_homes(m, m->vertex[t]);
+  }
   for (int k = 0; k < nf; k++) {
     const IrFunc *f = fs[k];
     const bool *z = zero_at_leaves(f);

@@ -66,6 +66,15 @@ static const char *ptr_type(const Loop *l, const LoopPtr *p, bool plain) {
 
 static bool per_row(const LoopPtr *p) { return p->at.p->kind != PL_PARAM; }
 
+/* A row's home (emit.c, PL_HOME): not a stride from the stage's first row but a pointer
+ * of its own, from cavs_ctx.home_val (home_grad), which holds device pointers on the
+ * CUDA backend: the kernel gets the array from row r0 on and reads its row's. */
+static bool home_ptr(const LoopPtr *p) { return p->at.p->kind == PL_HOME; }
+static const char *launch_arg(Emit *e, const LoopPtr *p, const char *r0) {
+  if (!home_ptr(p)) return emit_ptr(e, p->at, r0);
+  return arena_printf("c->home_%s + (%s)", p->at.grad ? "grad" : "val", r0);
+}
+
 /* The launch goes into the stage; the kernel's head, and then its body (emit.c's
  * statements, caught in `body`), into the file. */
 static void cuda_loop_open(Emit *e, const Loop *l) {
@@ -79,7 +88,7 @@ static void cuda_loop_open(Emit *e, const Loop *l) {
   FILE *o = s->h.fn;
   fprintf(o, "  {\n    const uint32_t blocks = cavs_cuda_blocks(%s, %s, CAVS_CUDA_BLOCK); /* 0: no rows */\n", n, width);
   fprintf(o, "    if (blocks) {\n      CAVS_CUDA_LAUNCH(%s, blocks, (cudaStream_t)c->stream)(%s%s", name, n, dims);
-  for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", emit_ptr(e, l->ptrs[i].at, r0));
+  for (int i = 0; i < l->nptrs; i++) fprintf(o, ",\n          %s", launch_arg(e, &l->ptrs[i], r0));
   fprintf(o, ");\n      CAVS_CUDA_CHECK_LAUNCH(c);\n    }\n  }\n");
 
   char buf[256];
@@ -92,14 +101,19 @@ static void cuda_loop_open(Emit *e, const Loop *l) {
   for (int i = 0; i < m->ndims; i++) fprintf(k, ", long D_%s", m->dims[i].name);
   for (int i = 0; i < l->nptrs; i++) {
     const LoopPtr *p = &l->ptrs[i];
-    /* a row's pointer comes in at row r0, the kernel's row is NAME */
-    fprintf(k, ",\n    %s%s%s", ptr_type(l, p, per_row(p)), p->name, per_row(p) ? "_r0" : "");
+    /* a row's pointer comes in at row r0, the kernel's row is NAME; a home as the rows'
+       pointers from r0 on */
+    if (home_ptr(p)) fprintf(k, ",\n    void *const *%s_r0", p->name);
+    else fprintf(k, ",\n    %s%s%s", ptr_type(l, p, per_row(p)), p->name, per_row(p) ? "_r0" : "");
   }
   fprintf(k, ") {\n  long i, j; /* the row among the stage's, the column */\n");
   fprintf(k, "  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, %s, &i, &j)) return;\n", width);
   for (int i = 0; i < l->nptrs; i++) {
     const LoopPtr *p = &l->ptrs[i];
-    if (per_row(p))
+    if (home_ptr(p))
+      fprintf(k, "  %s%s = (R *)%s_r0[i]%s;\n", ptr_type(l, p, false), p->name, p->name,
+              lin_is_zero(p->at.p->off) ? "" : arena_printf(" + %s", emit_lin(m, p->at.p->off)));
+    else if (per_row(p))
       fprintf(k, "  %s%s = %s_r0 + (size_t)i * %s;\n", ptr_type(l, p, false), p->name, p->name, emit_ld(e, p->at.p));
   }
   s->body = e->out = emit_hold(&s->body_text, &s->body_len);

@@ -179,12 +179,12 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
 int cmd_build(int argc, char **argv) {
   static const char usage[] =
       "build: usage: cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge] "
-      "[--emit-only] [-o DIR]";
+      "[--no-homes] [--emit-only] [-o DIR]";
   const char *out = ".", *prec = NULL, *model = NULL, *target = NULL;
   bool emit_only = false;
   static const struct option lo[] = {{"precision", 1, 0, 'p'}, {"emit-only", 0, 0, 'e'}, {"output", 1, 0, 'o'},
                                      {"target", 1, 0, 't'}, {"no-fuse", 0, 0, 'F'}, {"no-merge", 0, 0, 'M'},
-                                     {0, 0, 0, 0}};
+                                     {"no-homes", 0, 0, 'H'}, {0, 0, 0, 0}};
   optind = 1;
   opterr = 0; /* opt_complain says what was wrong */
   int ch;
@@ -206,6 +206,7 @@ int cmd_build(int argc, char **argv) {
     case 'o': out = optarg; break;
     case 'F': build_ablations |= 1; break;
     case 'M': build_ablations |= 2; break;
+    case 'H': build_ablations |= 4; break;
     case '?': opt_complain("cavs", "build", argv[optind - 1], lo); exit(1);
     default: die(1, "%s", usage);
     }

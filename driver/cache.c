@@ -467,7 +467,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   int rc = 2;
   char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, *targf = NULL;
   char **argv2 = NULL;
-  char *argv1[12];
+  char *argv1[14];
   int k = 0;
   argv1[k++] = (char *)q->cavsc;
   argv1[k++] = "-o";
@@ -478,6 +478,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   if (q->target) argv1[k++] = targf = fmt("--target=%s", q->target);
   if (q->ablations & 1) argv1[k++] = "--no-fuse";
   if (q->ablations & 2) argv1[k++] = "--no-merge";
+  if (q->ablations & 4) argv1[k++] = "--no-homes";
   argv1[k++] = "-";
   argv1[k] = NULL;
   int st = run(argv1, q->text, q->len, NULL);

@@ -22,7 +22,7 @@ extern const char *prog; /* "cavs": the start of every message */
 extern cavs_model_opts model_opts;
 /* what --no-eager, --no-lazy and --policy ask of every model made (ablations) */
 extern int model_ablations, model_policy;
-/* what --no-fuse (1) and --no-merge (2) ask of every model built from a .vf */
+/* what --no-fuse (1), --no-merge (2) and --no-homes (4) ask of every model built from a .vf */
 extern int build_ablations;
 
 _Noreturn void die(int status, const char *fmt, ...);

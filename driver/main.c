@@ -77,7 +77,7 @@ static const char usage[] =
     "       cavs info CKPT\n"
     "       cavs plot LOG -o FILE.png   (a training --log's curves, drawn by gnuplot)\n"
     "       cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge]\n"
-    "                [--emit-only] [-o DIR]\n"
+    "                [--no-homes] [--emit-only] [-o DIR]\n"
     "train options:\n"
     "  --epochs N  --batch N  --optimizer sgd|adagrad|adam  --lr X  --clip X\n"
     "  --weight-decay X  --seed N  --dim NAME=VALUE  --save CKPT  --resume CKPT\n"
@@ -88,13 +88,13 @@ static const char usage[] =
     "  --one-stream (cuda: the eager phase does not overlap the path tasks)\n"
     "  --cuda-graphs (cuda: each pass captured as a CUDA graph, launched whole)\n"
     "  batching: --policy bfs|depth|agenda|frontier|serial\n"
-    "  ablations: --no-eager  --no-lazy  --no-views  --no-fuse  --no-merge\n"
+    "  ablations: --no-eager  --no-lazy  --no-views  --no-fuse  --no-merge  --no-homes\n"
     "  --blas (cpu: every product through the BLAS, not libcavs's own AVX-512 sgemm)\n"
     "See cavs(1).\n";
 
 /* long options without a letter of their own */
 enum { OPT_FREEZE = 0x100, OPT_ALL_NODES, OPT_JSON, OPT_VECTORS, OPT_PROBS, OPT_LR_DECAY, OPT_LR_STEP, OPT_WARMUP, OPT_PATIENCE, OPT_SELECT, OPT_VALUE,
-       OPT_GREEDY, OPT_STOP, OPT_MAX_STEPS };
+       OPT_GREEDY, OPT_STOP, OPT_MAX_STEPS, OPT_NO_HOMES };
 
 /* The default --threads: what the environment asks of a numerical program
    (OMP_NUM_THREADS, then OPENBLAS_NUM_THREADS) when it is a whole number from 1 to 1024,
@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
       {"select", 1, 0, OPT_SELECT}, {"greedy", 1, 0, OPT_GREEDY}, {"stop", 1, 0, OPT_STOP},
       {"max-steps", 1, 0, OPT_MAX_STEPS},
       {"policy", 1, 0, 'P'}, {"no-eager", 0, 0, 'E'}, {"no-lazy", 0, 0, 'Z'}, {"no-views", 0, 0, 'W'}, {"no-fuse", 0, 0, 'F'},
-      {"no-merge", 0, 0, 'N'}, {0, 0, 0, 0}};
+      {"no-merge", 0, 0, 'N'}, {"no-homes", 0, 0, OPT_NO_HOMES}, {0, 0, 0, 0}};
   optind = 2;
   opterr = 0; /* opt_complain says what was wrong */
   int ch;
@@ -213,6 +213,7 @@ int main(int argc, char **argv) {
     case 'W': model_ablations |= CAVS_NO_VIEWS; break;
     case 'F': build_ablations |= 1; break;
     case 'N': build_ablations |= 2; break;
+    case OPT_NO_HOMES: build_ablations |= 4; break;
     case 'j': o.threads = (int)parse_long("threads", optarg, 1, 1024); break;
     case 's': o.seed = parse_u64("seed", optarg); break;
     case 'l': o.optim.lr = parse_real("lr", optarg, 0, 1e30, true); o.set_lr = true; break;

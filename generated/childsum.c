@@ -124,8 +124,10 @@ static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k19 = V[14] + (size_t)(r) * D_H;
     R *restrict k27 = V[15] + (size_t)(r) * D_H;
     R *restrict o41 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h41 = (R *)c->home_val[r];
     R *restrict k42 = V[17] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h43 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -145,8 +147,10 @@ static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       if (keep) k19[j] = v19;  /* kept for the backward loop */
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       o41[j] = v41;
+      h41[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
+      h43[j] = v43;  /* at home */
     }
   }
 }
@@ -176,8 +180,10 @@ static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k19 = V[14] + (size_t)(r) * D_H;
     R *restrict k27 = V[15] + (size_t)(r) * D_H;
     R *restrict o41 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h41 = (R *)c->home_val[r];
     R *restrict k42 = V[17] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h43 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -197,8 +203,10 @@ static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       if (keep) k19[j] = v19;  /* kept for the backward loop */
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       o41[j] = v41;
+      h41[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
+      h43[j] = v43;  /* at home */
     }
   }
 }
@@ -294,8 +302,10 @@ static void childsum_node_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k19 = V[14] + (size_t)(r) * D_H;
     const R *restrict k27 = V[15] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg41 = (R *)c->home_grad[r];
     const R *restrict k42 = V[17] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -312,9 +322,9 @@ static void childsum_node_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       R g26 = 0;
       R g27 = 0;
       R g40 = 0;
-      R g41 = g41_in[j];
+      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
       R g42 = 0;
-      R g43 = g43_in[j];
+      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
       g19 += g43 * v42;
       g42 += g43 * v19;
       g41 += g42 * (1 - v42 * v42);
@@ -378,8 +388,10 @@ static void childsum_node_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k19 = V[14] + (size_t)(r) * D_H;
     const R *restrict k27 = V[15] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg41 = (R *)c->home_grad[r];
     const R *restrict k42 = V[17] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -396,9 +408,9 @@ static void childsum_node_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       R g26 = 0;
       R g27 = 0;
       R g40 = 0;
-      R g41 = g41_in[j];
+      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
       R g42 = 0;
-      R g43 = g43_in[j];
+      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
       g19 += g43 * v42;
       g42 += g43 * v19;
       g41 += g42 * (1 - v42 * v42);
@@ -708,7 +720,7 @@ static const cavs_buf_desc bufs[] = {
 static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
    childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 1, -1, 0},
+   0, NULL, NULL, 1, -1, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

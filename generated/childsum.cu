@@ -110,8 +110,10 @@ static __global__ void childsum_node_fwd_path_g0_leaves(int n, long D_E, long D_
     R *__restrict__ k19_r0,
     R *__restrict__ k27_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -121,8 +123,10 @@ static __global__ void childsum_node_fwd_path_g0_leaves(int n, long D_E, long D_
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -140,8 +144,10 @@ static __global__ void childsum_node_fwd_path_g0_leaves(int n, long D_E, long D_
   k19[j] = v19;  /* kept for the backward loop */
   k27[j] = v27;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* childsum_node_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -160,8 +166,10 @@ static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long
     R *__restrict__ k19_r0,
     R *__restrict__ k27_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -175,8 +183,10 @@ static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -194,8 +204,10 @@ static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long
   k19[j] = v19;  /* kept for the backward loop */
   k27[j] = v27;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* vertex node, path phase: one task (rows of one level) */
@@ -263,8 +275,10 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[17] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -286,8 +300,10 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -332,8 +348,10 @@ static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_
     const R *__restrict__ k19_r0,
     const R *__restrict__ k27_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -343,8 +361,10 @@ static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_
   const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* o */
   const R v27 = k27[j];  /* u */
@@ -359,9 +379,9 @@ static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_
   R g26 = 0;
   R g27 = 0;
   R g40 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g19 += g43 * v42;
   g42 += g43 * v19;
   g41 += g42 * (1 - v42 * v42);
@@ -415,8 +435,10 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
     const R *__restrict__ k19_r0,
     const R *__restrict__ k27_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -430,8 +452,10 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
   const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* o */
   const R v27 = k27[j];  /* u */
@@ -446,9 +470,9 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
   R g26 = 0;
   R g27 = 0;
   R g40 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g19 += g43 * v42;
   g42 += g43 * v19;
   g41 += g42 * (1 - v42 * v42);
@@ -525,8 +549,10 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[17] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -548,8 +574,10 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -807,7 +835,7 @@ static const cavs_buf_desc bufs[] = {
 static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
    childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 1, -1, 0},
+   0, NULL, NULL, 1, -1, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

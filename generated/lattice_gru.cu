@@ -94,7 +94,8 @@ static __global__ void lattice_gru_wrd_fwd_path_g0_leaves(int n, long D_E, long 
     const R *__restrict__ a24,
     R *__restrict__ k9_r0,
     R *__restrict__ k26_r0,
-    R *__restrict__ o31_r0) {
+    R *__restrict__ o31_r0,
+    void *const *h31_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
@@ -102,6 +103,7 @@ static __global__ void lattice_gru_wrd_fwd_path_g0_leaves(int n, long D_E, long 
   R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ o31 = o31_r0 + (size_t)i * D_H;
+  R *__restrict__ h31 = (R *)h31_r0[i];
   const R v6 = a3[j] + (R)0;
   const R v8 = v6 + a7[j];
   const R v9 = cv_sigmoid(v8);  /* z */
@@ -114,6 +116,7 @@ static __global__ void lattice_gru_wrd_fwd_path_g0_leaves(int n, long D_E, long 
   k9[j] = v9;  /* kept for the backward loop */
   k26[j] = v26;  /* kept for the backward loop */
   o31[j] = v31;
+  h31[j] = v31;  /* at home */
 }
 
 /* lattice_gru_wrd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -127,7 +130,8 @@ static __global__ void lattice_gru_wrd_fwd_path_g0(int n, long D_E, long D_W, lo
     const R *__restrict__ a1_r0,
     R *__restrict__ k9_r0,
     R *__restrict__ k26_r0,
-    R *__restrict__ o31_r0) {
+    R *__restrict__ o31_r0,
+    void *const *h31_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
@@ -138,6 +142,7 @@ static __global__ void lattice_gru_wrd_fwd_path_g0(int n, long D_E, long D_W, lo
   R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ o31 = o31_r0 + (size_t)i * D_H;
+  R *__restrict__ h31 = (R *)h31_r0[i];
   const R v6 = a3[j] + a5[j];
   const R v8 = v6 + a7[j];
   const R v9 = cv_sigmoid(v8);  /* z */
@@ -151,6 +156,7 @@ static __global__ void lattice_gru_wrd_fwd_path_g0(int n, long D_E, long D_W, lo
   k9[j] = v9;  /* kept for the backward loop */
   k26[j] = v26;  /* kept for the backward loop */
   o31[j] = v31;
+  h31[j] = v31;  /* at home */
 }
 
 /* vertex wrd, path phase: one task (rows of one level) */
@@ -200,7 +206,8 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           P[19],
           V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * D_H);
+          V[0] + (size_t)(r0) * D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -217,7 +224,8 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -257,7 +265,8 @@ static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long 
     cavs_cuda_sum<R> d24,
     const R *__restrict__ k9_r0,
     const R *__restrict__ k26_r0,
-    const R *__restrict__ g31_in_r0) {
+    const R *__restrict__ g31_in_r0,
+    void *const *hg31_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d3 = d3_r0 + (size_t)i * (2*D_H);
@@ -265,6 +274,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long 
   const R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   const R *__restrict__ g31_in = g31_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg31 = (R *)hg31_r0[i];
   const R v9 = k9[j];  /* z */
   const R v26 = k26[j];  /* n */
   const R v28 = (R)1 - v9;
@@ -276,7 +286,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long 
   R g26 = 0;
   R g28 = 0;
   R g29 = 0;
-  R g31 = g31_in[j];
+  R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
   g29 += g31;
   g28 += g29 * v26;
   g26 += g29 * v28;
@@ -315,7 +325,8 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
     R *__restrict__ d1_r0,
     const R *__restrict__ k9_r0,
     const R *__restrict__ k26_r0,
-    const R *__restrict__ g31_in_r0) {
+    const R *__restrict__ g31_in_r0,
+    void *const *hg31_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d3 = d3_r0 + (size_t)i * (2*D_H);
@@ -327,6 +338,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
   const R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   const R *__restrict__ g31_in = g31_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg31 = (R *)hg31_r0[i];
   const R v9 = k9[j];  /* z */
   const R v26 = k26[j];  /* n */
   const R v28 = (R)1 - v9;
@@ -339,7 +351,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
   R g28 = 0;
   R g29 = 0;
   R g30 = 0;
-  R g31 = g31_in[j];
+  R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
   g29 += g31;
   g30 += g31;
   g9 += g30 * a1[j];
@@ -412,7 +424,8 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[19],
           V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * D_H);
+          G[0] + (size_t)(r0) * D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -430,7 +443,8 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -627,7 +641,8 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
     const R *__restrict__ a46,
     R *__restrict__ k31_r0,
     R *__restrict__ k48_r0,
-    R *__restrict__ o53_r0) {
+    R *__restrict__ o53_r0,
+    void *const *h53_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
@@ -635,6 +650,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
   R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
+  R *__restrict__ h53 = (R *)h53_r0[i];
   const R v28 = a25[j] + (R)0;
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
@@ -647,6 +663,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
   k31[j] = v31;  /* kept for the backward loop */
   k48[j] = v48;  /* kept for the backward loop */
   o53[j] = v53;
+  h53[j] = v53;  /* at home */
 }
 
 /* lattice_gru_chr_fwd_path, group g3 forward at the others: a thread per row and column of [n, H] */
@@ -660,7 +677,8 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
     const R *__restrict__ a23_r0,
     R *__restrict__ k31_r0,
     R *__restrict__ k48_r0,
-    R *__restrict__ o53_r0) {
+    R *__restrict__ o53_r0,
+    void *const *h53_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
@@ -671,6 +689,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
   R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
+  R *__restrict__ h53 = (R *)h53_r0[i];
   const R v28 = a25[j] + a27[j];
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
@@ -684,6 +703,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
   k31[j] = v31;  /* kept for the backward loop */
   k48[j] = v48;  /* kept for the backward loop */
   o53[j] = v53;
+  h53[j] = v53;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -791,7 +811,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           P[11],
           V[35] + (size_t)(r0) * D_H,
           V[37] + (size_t)(r0) * D_H,
-          V[1] + (size_t)(r0) * D_H);
+          V[1] + (size_t)(r0) * D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -808,7 +829,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[1] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -852,7 +874,8 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
     cavs_cuda_sum<R> d46,
     const R *__restrict__ k31_r0,
     const R *__restrict__ k48_r0,
-    const R *__restrict__ g53_in_r0) {
+    const R *__restrict__ g53_in_r0,
+    void *const *hg53_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
@@ -860,6 +883,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
   const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ g53_in = g53_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg53 = (R *)hg53_r0[i];
   const R v31 = k31[j];  /* z */
   const R v48 = k48[j];  /* n */
   const R v50 = (R)1 - v31;
@@ -871,7 +895,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
   R g48 = 0;
   R g50 = 0;
   R g51 = 0;
-  R g53 = g53_in[j];
+  R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
   g51 += g53;
   g50 += g51 * v48;
   g48 += g51 * v50;
@@ -910,7 +934,8 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
     R *__restrict__ d23_r0,
     const R *__restrict__ k31_r0,
     const R *__restrict__ k48_r0,
-    const R *__restrict__ g53_in_r0) {
+    const R *__restrict__ g53_in_r0,
+    void *const *hg53_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
@@ -922,6 +947,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ g53_in = g53_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg53 = (R *)hg53_r0[i];
   const R v31 = k31[j];  /* z */
   const R v48 = k48[j];  /* n */
   const R v50 = (R)1 - v31;
@@ -934,7 +960,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   R g50 = 0;
   R g51 = 0;
   R g52 = 0;
-  R g53 = g53_in[j];
+  R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
   g51 += g53;
   g52 += g53;
   g31 += g52 * a23[j];
@@ -1093,7 +1119,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[11],
           V[35] + (size_t)(r0) * D_H,
           V[37] + (size_t)(r0) * D_H,
-          G[1] + (size_t)(r0) * D_H);
+          G[1] + (size_t)(r0) * D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1111,7 +1138,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           G[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[1] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1485,10 +1513,10 @@ static const int lattice_gru_chr_slot_types[] = {1};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, lattice_gru_wrd_fwd_lazy,
    lattice_gru_wrd_bwd_lazy, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
-   0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1},
+   0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

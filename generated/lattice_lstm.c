@@ -83,6 +83,7 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k11 = V[10] + (size_t)(r) * D_H;
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
+    R *restrict h30 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -96,6 +97,7 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k11[j] = v11;  /* kept for the backward loop */
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       o30[j] = v30;
+      h30[j] = v30;  /* at home */
     }
   }
 }
@@ -127,6 +129,7 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k19 = V[11] + (size_t)(r) * D_H;
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
+    R *restrict h30 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -145,6 +148,7 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k19[j] = v19;  /* kept for the backward loop */
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       o30[j] = v30;
+      h30[j] = v30;  /* at home */
     }
   }
 }
@@ -218,6 +222,7 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k11 = V[10] + (size_t)(r) * D_H;
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg30 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -229,7 +234,7 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g26 = 0;
       R g27 = 0;
       R g29 = 0;
-      R g30 = g30_in[j];
+      R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
       g29 += g30;
       g11 += g29 * v27;
       g27 += g29 * v11;
@@ -282,6 +287,7 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k19 = V[11] + (size_t)(r) * D_H;
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg30 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -298,7 +304,7 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g27 = 0;
       R g28 = 0;
       R g29 = 0;
-      R g30 = g30_in[j];
+      R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
       g28 += g30;
       g29 += g30;
       g11 += g29 * v27;
@@ -479,8 +485,10 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k35 = V[29] + (size_t)(r) * D_H;
     R *restrict k50 = V[31] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
+    R *restrict h57 = (R *)c->home_val[r];
     R *restrict k58 = V[32] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h59 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -506,8 +514,10 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       if (keep) k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
+      h57[j] = v57;  /* at home */
       if (keep) k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
+      h59[j] = v59;  /* at home */
     }
   }
 }
@@ -546,8 +556,10 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k35 = V[29] + (size_t)(r) * D_H;
     R *restrict k50 = V[31] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
+    R *restrict h57 = (R *)c->home_val[r];
     R *restrict k58 = V[32] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h59 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -578,8 +590,10 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       if (keep) k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
+      h57[j] = v57;  /* at home */
       if (keep) k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
+      h59[j] = v59;  /* at home */
     }
   }
 }
@@ -689,8 +703,10 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k35 = V[29] + (size_t)(r) * D_H;
     const R *restrict k50 = V[31] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
+    const R *restrict hg57 = (R *)c->home_grad[r];
     const R *restrict k58 = V[32] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg59 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -717,9 +733,9 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g54 = 0;
       R g55 = 0;
       R g56 = 0;
-      R g57 = g57_in[j];
+      R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
       R g58 = 0;
-      R g59 = g59_in[j];
+      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
       g27 += g59 * v58;
       g58 += g59 * v27;
       g57 += g58 * (1 - v58 * v58);
@@ -812,8 +828,10 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k35 = V[29] + (size_t)(r) * D_H;
     const R *restrict k50 = V[31] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
+    const R *restrict hg57 = (R *)c->home_grad[r];
     const R *restrict k58 = V[32] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg59 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -845,9 +863,9 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g54 = 0;
       R g55 = 0;
       R g56 = 0;
-      R g57 = g57_in[j];
+      R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
       R g58 = 0;
-      R g59 = g59_in[j];
+      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
       g27 += g59 * v58;
       g58 += g59 * v27;
       g57 += g58 * (1 - v58 * v58);
@@ -1253,10 +1271,10 @@ static const int lattice_lstm_chr_slot_types[] = {1};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_lstm_wrd_fwd_eager, lattice_lstm_wrd_fwd_path, lattice_lstm_wrd_fwd_lazy,
    lattice_lstm_wrd_bwd_lazy, lattice_lstm_wrd_bwd_path, lattice_lstm_wrd_bwd_eager, 1, 1, lattice_lstm_wrd_gathers,
-   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1},
+   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

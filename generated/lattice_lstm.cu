@@ -71,7 +71,8 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ a25,
     R *__restrict__ k11_r0,
     R *__restrict__ k27_r0,
-    R *__restrict__ o30_r0) {
+    R *__restrict__ o30_r0,
+    void *const *h30_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
@@ -79,6 +80,7 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o30 = o30_r0 + (size_t)i * D_H;
+  R *__restrict__ h30 = (R *)h30_r0[i];
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -90,6 +92,7 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0_leaves(int n, long D_E, long
   k11[j] = v11;  /* kept for the backward loop */
   k27[j] = v27;  /* kept for the backward loop */
   o30[j] = v30;
+  h30[j] = v30;  /* at home */
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -107,7 +110,8 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0(int n, long D_E, long D_W, l
     R *__restrict__ k11_r0,
     R *__restrict__ k19_r0,
     R *__restrict__ k27_r0,
-    R *__restrict__ o30_r0) {
+    R *__restrict__ o30_r0,
+    void *const *h30_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
@@ -121,6 +125,7 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0(int n, long D_E, long D_W, l
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o30 = o30_r0 + (size_t)i * D_H;
+  R *__restrict__ h30 = (R *)h30_r0[i];
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -137,6 +142,7 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0(int n, long D_E, long D_W, l
   k19[j] = v19;  /* kept for the backward loop */
   k27[j] = v27;  /* kept for the backward loop */
   o30[j] = v30;
+  h30[j] = v30;  /* at home */
 }
 
 /* vertex wrd, path phase: one task (rows of one level) */
@@ -169,7 +175,8 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           P[18],
           V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * D_H);
+          V[0] + (size_t)(r0) * D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -190,7 +197,8 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -230,7 +238,8 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0_leaves(int n, long D_E, long
     cavs_cuda_sum<R> d25,
     const R *__restrict__ k11_r0,
     const R *__restrict__ k27_r0,
-    const R *__restrict__ g30_in_r0) {
+    const R *__restrict__ g30_in_r0,
+    void *const *hg30_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
@@ -238,6 +247,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ g30_in = g30_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg30 = (R *)hg30_r0[i];
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* u */
   R g8 = 0;
@@ -247,7 +257,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0_leaves(int n, long D_E, long
   R g26 = 0;
   R g27 = 0;
   R g29 = 0;
-  R g30 = g30_in[j];
+  R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
   g29 += g30;
   g11 += g29 * v27;
   g27 += g29 * v11;
@@ -287,7 +297,8 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
     const R *__restrict__ k11_r0,
     const R *__restrict__ k19_r0,
     const R *__restrict__ k27_r0,
-    const R *__restrict__ g30_in_r0) {
+    const R *__restrict__ g30_in_r0,
+    void *const *hg30_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
@@ -302,6 +313,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ g30_in = g30_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg30 = (R *)hg30_r0[i];
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* u */
@@ -316,7 +328,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   R g27 = 0;
   R g28 = 0;
   R g29 = 0;
-  R g30 = g30_in[j];
+  R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
   g28 += g30;
   g29 += g30;
   g11 += g29 * v27;
@@ -362,7 +374,8 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[18],
           V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * D_H);
+          G[0] + (size_t)(r0) * D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -384,7 +397,8 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -510,8 +524,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k35_r0,
     R *__restrict__ k50_r0,
     R *__restrict__ o57_r0,
+    void *const *h57_r0,
     R *__restrict__ k58_r0,
-    R *__restrict__ o59_r0) {
+    R *__restrict__ o59_r0,
+    void *const *h59_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -522,8 +538,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o57 = o57_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h57 = (R *)h57_r0[i];
   R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -547,8 +565,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
   k35[j] = v35;  /* kept for the backward loop */
   k50[j] = v50;  /* kept for the backward loop */
   o57[j] = v57;
+  h57[j] = v57;  /* at home */
   k58[j] = v58;  /* kept for the backward loop */
   o59[j] = v59;
+  h59[j] = v59;  /* at home */
 }
 
 /* lattice_lstm_chr_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -574,8 +594,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
     R *__restrict__ k35_r0,
     R *__restrict__ k50_r0,
     R *__restrict__ o57_r0,
+    void *const *h57_r0,
     R *__restrict__ k58_r0,
-    R *__restrict__ o59_r0) {
+    R *__restrict__ o59_r0,
+    void *const *h59_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -595,8 +617,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o57 = o57_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h57 = (R *)h57_r0[i];
   R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -625,8 +649,10 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   k35[j] = v35;  /* kept for the backward loop */
   k50[j] = v50;  /* kept for the backward loop */
   o57[j] = v57;
+  h57[j] = v57;  /* at home */
   k58[j] = v58;  /* kept for the backward loop */
   o59[j] = v59;
+  h59[j] = v59;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -703,8 +729,10 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[32] + (size_t)(r0) * D_H,
-          V[1] + (size_t)(r0) * (2*D_H) + D_H);
+          V[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -733,8 +761,10 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -784,8 +814,10 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k35_r0,
     const R *__restrict__ k50_r0,
     const R *__restrict__ g57_in_r0,
+    void *const *hg57_r0,
     const R *__restrict__ k58_r0,
-    const R *__restrict__ g59_in_r0) {
+    const R *__restrict__ g59_in_r0,
+    void *const *hg59_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -796,8 +828,10 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   const R *__restrict__ g57_in = g57_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg57 = (R *)hg57_r0[i];
   const R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg59 = (R *)hg59_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -822,9 +856,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
   R g54 = 0;
   R g55 = 0;
   R g56 = 0;
-  R g57 = g57_in[j];
+  R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
   R g58 = 0;
-  R g59 = g59_in[j];
+  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
   g27 += g59 * v58;
   g58 += g59 * v27;
   g57 += g58 * (1 - v58 * v58);
@@ -905,8 +939,10 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
     const R *__restrict__ k35_r0,
     const R *__restrict__ k50_r0,
     const R *__restrict__ g57_in_r0,
+    void *const *hg57_r0,
     const R *__restrict__ k58_r0,
-    const R *__restrict__ g59_in_r0) {
+    const R *__restrict__ g59_in_r0,
+    void *const *hg59_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -929,8 +965,10 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   const R *__restrict__ g57_in = g57_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg57 = (R *)hg57_r0[i];
   const R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg59 = (R *)hg59_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -960,9 +998,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   R g54 = 0;
   R g55 = 0;
   R g56 = 0;
-  R g57 = g57_in[j];
+  R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
   R g58 = 0;
-  R g59 = g59_in[j];
+  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
   g27 += g59 * v58;
   g58 += g59 * v27;
   g57 += g58 * (1 - v58 * v58);
@@ -1065,8 +1103,10 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[32] + (size_t)(r0) * D_H,
-          G[1] + (size_t)(r0) * (2*D_H) + D_H);
+          G[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1098,8 +1138,10 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1424,10 +1466,10 @@ static const int lattice_lstm_chr_slot_types[] = {1};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_lstm_wrd_fwd_eager, lattice_lstm_wrd_fwd_path, lattice_lstm_wrd_fwd_lazy,
    lattice_lstm_wrd_bwd_lazy, lattice_lstm_wrd_bwd_path, lattice_lstm_wrd_bwd_eager, 1, 1, lattice_lstm_wrd_gathers,
-   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1},
+   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -70,8 +70,10 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict k35 = V[11] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -91,8 +93,10 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -125,8 +129,10 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict k35 = V[11] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -151,8 +157,10 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -222,8 +230,10 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict k35 = V[11] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -240,9 +250,9 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -310,8 +320,10 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict k35 = V[11] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -333,9 +345,9 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -559,7 +571,7 @@ static const cavs_gather_desc lstm_lm_token_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -62,8 +62,10 @@ static __global__ void lstm_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -73,8 +75,10 @@ static __global__ void lstm_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -92,8 +96,10 @@ static __global__ void lstm_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -116,8 +122,10 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -134,8 +142,10 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -158,8 +168,10 @@ static __global__ void lstm_lm_token_fwd_path_g0(int n, long D_E, long D_H, long
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* vertex token, path phase: one task (rows of one level) */
@@ -193,8 +205,10 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[12] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -220,8 +234,10 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -264,8 +280,10 @@ static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -275,8 +293,10 @@ static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -291,9 +311,9 @@ static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -352,8 +372,10 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -371,8 +393,10 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -392,9 +416,9 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -450,8 +474,10 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[12] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -478,8 +504,10 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -665,7 +693,7 @@ static const cavs_gather_desc lstm_lm_token_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

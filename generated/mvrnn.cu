@@ -130,13 +130,16 @@ static void mvrnn_internal_fwd_eager(cavs_ctx *c, int r0, int n) {
 /* mvrnn_internal_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void mvrnn_internal_fwd_path_g0_leaves(int n, long D_H, long D_C, long D_HH, long D_V,
     const R *__restrict__ a13,
-    R *__restrict__ o15_r0) {
+    R *__restrict__ o15_r0,
+    void *const *h15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ o15 = o15_r0 + (size_t)i * (D_H+D_HH);
+  R *__restrict__ h15 = (R *)h15_r0[i];
   const R v14 = (R)0 + a13[j];
   const R v15 = cv_tanh(v14);  /* p */
   o15[j] = v15;
+  h15[j] = v15;  /* at home */
 }
 
 /* mvrnn_internal_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -144,39 +147,48 @@ static __global__ void mvrnn_internal_fwd_path_g0(int n, long D_H, long D_C, lon
     const R *__restrict__ a8_r0,
     const R *__restrict__ a11_r0,
     const R *__restrict__ a13,
-    R *__restrict__ o15_r0) {
+    R *__restrict__ o15_r0,
+    void *const *h15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * D_H;
   const R *__restrict__ a11 = a11_r0 + (size_t)i * D_H;
   R *__restrict__ o15 = o15_r0 + (size_t)i * (D_H+D_HH);
+  R *__restrict__ h15 = (R *)h15_r0[i];
   const R v12 = a8[j] + a11[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_tanh(v14);  /* p */
   o15[j] = v15;
+  h15[j] = v15;  /* at home */
 }
 
 /* mvrnn_internal_fwd_path, group g1 forward at the vertices without children: a thread per row and column of [n, HH] */
 static __global__ void mvrnn_internal_fwd_path_g1_leaves(int n, long D_H, long D_C, long D_HH, long D_V,
-    R *__restrict__ o20_r0) {
+    R *__restrict__ o20_r0,
+    void *const *h20_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_HH, &i, &j)) return;
   R *__restrict__ o20 = o20_r0 + (size_t)i * (D_H+D_HH);
+  R *__restrict__ h20 = (R *)h20_r0[i] + D_H;
   o20[j] = 0;
+  h20[j] = 0;  /* at home */
 }
 
 /* mvrnn_internal_fwd_path, group g1 forward at the others: a thread per row and column of [n, HH] */
 static __global__ void mvrnn_internal_fwd_path_g1(int n, long D_H, long D_C, long D_HH, long D_V,
     const R *__restrict__ a17_r0,
     const R *__restrict__ a19_r0,
-    R *__restrict__ o20_r0) {
+    R *__restrict__ o20_r0,
+    void *const *h20_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_HH, &i, &j)) return;
   const R *__restrict__ a17 = a17_r0 + (size_t)i * D_HH;
   const R *__restrict__ a19 = a19_r0 + (size_t)i * D_HH;
   R *__restrict__ o20 = o20_r0 + (size_t)i * (D_H+D_HH);
+  R *__restrict__ h20 = (R *)h20_r0[i] + D_H;
   const R v20 = a17[j] + a19[j];  /* P */
   o20[j] = v20;
+  h20[j] = v20;  /* at home */
 }
 
 /* vertex internal, path phase: one task (rows of one level) */
@@ -208,7 +220,8 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_HH, D_V,
           P[4],
-          V[0] + (size_t)(r0) * (D_H+D_HH));
+          V[0] + (size_t)(r0) * (D_H+D_HH),
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -219,7 +232,8 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[4],
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH));
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -232,7 +246,8 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_HH, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_HH, D_V,
-          V[0] + (size_t)(r0) * (D_H+D_HH) + D_H);
+          V[0] + (size_t)(r0) * (D_H+D_HH) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -242,7 +257,8 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           V[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -279,13 +295,15 @@ static void mvrnn_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
 static __global__ void mvrnn_internal_bwd_path_g1(int n, long D_H, long D_C, long D_HH, long D_V,
     R *__restrict__ d17_r0,
     R *__restrict__ d19_r0,
-    const R *__restrict__ g20_in_r0) {
+    const R *__restrict__ g20_in_r0,
+    void *const *hg20_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_HH, &i, &j)) return;
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_HH;
   R *__restrict__ d19 = d19_r0 + (size_t)i * D_HH;
   const R *__restrict__ g20_in = g20_in_r0 + (size_t)i * (D_H+D_HH);
-  R g20 = g20_in[j];
+  const R *__restrict__ hg20 = (R *)hg20_r0[i] + D_H;
+  R g20 = g20_in[j] + hg20[j];  /* and what the parent left at home */
   d17[j] += g20;
   d19[j] += g20;
 }
@@ -294,14 +312,16 @@ static __global__ void mvrnn_internal_bwd_path_g1(int n, long D_H, long D_C, lon
 static __global__ void mvrnn_internal_bwd_path_g0_leaves(int n, long D_H, long D_C, long D_HH, long D_V,
     cavs_cuda_sum<R> d13,
     const R *__restrict__ k15_r0,
-    const R *__restrict__ g15_in_r0) {
+    const R *__restrict__ g15_in_r0,
+    void *const *hg15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ k15 = k15_r0 + (size_t)i * (D_H+D_HH);
   const R *__restrict__ g15_in = g15_in_r0 + (size_t)i * (D_H+D_HH);
+  const R *__restrict__ hg15 = (R *)hg15_r0[i];
   const R v15 = k15[j];  /* p */
   R g14 = 0;
-  R g15 = g15_in[j];
+  R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
   g14 += g15 * (1 - v15 * v15);
   d13[j] += g14;  /* summed over rows */
   (void)g14;
@@ -315,17 +335,19 @@ static __global__ void mvrnn_internal_bwd_path_g0(int n, long D_H, long D_C, lon
     R *__restrict__ d11_r0,
     cavs_cuda_sum<R> d13,
     const R *__restrict__ k15_r0,
-    const R *__restrict__ g15_in_r0) {
+    const R *__restrict__ g15_in_r0,
+    void *const *hg15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * D_H;
   R *__restrict__ d11 = d11_r0 + (size_t)i * D_H;
   const R *__restrict__ k15 = k15_r0 + (size_t)i * (D_H+D_HH);
   const R *__restrict__ g15_in = g15_in_r0 + (size_t)i * (D_H+D_HH);
+  const R *__restrict__ hg15 = (R *)hg15_r0[i];
   const R v15 = k15[j];  /* p */
   R g12 = 0;
   R g14 = 0;
-  R g15 = g15_in[j];
+  R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
   g14 += g15 * (1 - v15 * v15);
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
@@ -350,7 +372,8 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           G[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -367,7 +390,8 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_HH, D_V,
           PG[4],
           V[0] + (size_t)(r0) * (D_H+D_HH),
-          G[0] + (size_t)(r0) * (D_H+D_HH));
+          G[0] + (size_t)(r0) * (D_H+D_HH),
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -379,7 +403,8 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH));
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -557,10 +582,10 @@ static const cavs_gather_desc mvrnn_internal_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, mvrnn_leaf_fwd_eager, mvrnn_leaf_fwd_path, mvrnn_leaf_fwd_lazy,
    mvrnn_leaf_bwd_lazy, mvrnn_leaf_bwd_path, mvrnn_leaf_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 0},
   {"internal", 2, 1, mvrnn_internal_fwd_eager, mvrnn_internal_fwd_path, mvrnn_internal_fwd_lazy,
    mvrnn_internal_bwd_lazy, mvrnn_internal_bwd_path, mvrnn_internal_bwd_eager, 1, 2, mvrnn_internal_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

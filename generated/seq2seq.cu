@@ -69,8 +69,10 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -80,8 +82,10 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -99,8 +103,10 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -123,8 +129,10 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -141,8 +149,10 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -165,8 +175,10 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* vertex enc, path phase: one task (rows of one level) */
@@ -201,8 +213,10 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[14] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -228,8 +242,10 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -270,8 +286,10 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -281,8 +299,10 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -297,9 +317,9 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -358,8 +378,10 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -377,8 +399,10 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -398,9 +422,9 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -457,8 +481,10 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[14] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -485,8 +511,10 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -642,8 +670,10 @@ static __global__ void seq2seq_dec_fwd_path_g6_leaves(int n, long D_E, long D_H,
     R *__restrict__ k48_r0,
     R *__restrict__ k56_r0,
     R *__restrict__ o59_r0,
+    void *const *h59_r0,
     R *__restrict__ k60_r0,
-    R *__restrict__ o61_r0) {
+    R *__restrict__ o61_r0,
+    void *const *h61_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a26 = a26_r0 + (size_t)i * (3*D_H);
@@ -653,8 +683,10 @@ static __global__ void seq2seq_dec_fwd_path_g6_leaves(int n, long D_E, long D_H,
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ k56 = k56_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h59 = (R *)h59_r0[i];
   R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   R *__restrict__ o61 = o61_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h61 = (R *)h61_r0[i] + D_H;
   const R v29 = a26[j] + (R)0;
   const R v31 = v29 + a30[j];
   const R v32 = cv_sigmoid(v31);  /* i */
@@ -672,8 +704,10 @@ static __global__ void seq2seq_dec_fwd_path_g6_leaves(int n, long D_E, long D_H,
   k48[j] = v48;  /* kept for the backward loop */
   k56[j] = v56;  /* kept for the backward loop */
   o59[j] = v59;
+  h59[j] = v59;  /* at home */
   k60[j] = v60;  /* kept for the backward loop */
   o61[j] = v61;
+  h61[j] = v61;  /* at home */
 }
 
 /* seq2seq_dec_fwd_path, group g6 forward at the others: a thread per row and column of [n, H] */
@@ -696,8 +730,10 @@ static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D
     R *__restrict__ k48_r0,
     R *__restrict__ k56_r0,
     R *__restrict__ o59_r0,
+    void *const *h59_r0,
     R *__restrict__ k60_r0,
-    R *__restrict__ o61_r0) {
+    R *__restrict__ o61_r0,
+    void *const *h61_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a26 = a26_r0 + (size_t)i * (3*D_H);
@@ -714,8 +750,10 @@ static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ k56 = k56_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h59 = (R *)h59_r0[i];
   R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   R *__restrict__ o61 = o61_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h61 = (R *)h61_r0[i] + D_H;
   const R v29 = a26[j] + a28[j];
   const R v31 = v29 + a30[j];
   const R v32 = cv_sigmoid(v31);  /* i */
@@ -738,8 +776,10 @@ static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D
   k48[j] = v48;  /* kept for the backward loop */
   k56[j] = v56;  /* kept for the backward loop */
   o59[j] = v59;
+  h59[j] = v59;  /* at home */
   k60[j] = v60;  /* kept for the backward loop */
   o61[j] = v61;
+  h61[j] = v61;  /* at home */
 }
 
 /* vertex dec, path phase: one task (rows of one level) */
@@ -891,8 +931,10 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[36] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[37] + (size_t)(r0) * D_H,
-          V[1] + (size_t)(r0) * (2*D_H) + D_H);
+          V[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -918,8 +960,10 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -966,8 +1010,10 @@ static __global__ void seq2seq_dec_bwd_path_g6_leaves(int n, long D_E, long D_H,
     const R *__restrict__ k48_r0,
     const R *__restrict__ k56_r0,
     const R *__restrict__ g59_in_r0,
+    void *const *hg59_r0,
     const R *__restrict__ k60_r0,
-    const R *__restrict__ g61_in_r0) {
+    const R *__restrict__ g61_in_r0,
+    void *const *hg61_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d26 = d26_r0 + (size_t)i * (3*D_H);
@@ -977,8 +1023,10 @@ static __global__ void seq2seq_dec_bwd_path_g6_leaves(int n, long D_E, long D_H,
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ k56 = k56_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg59 = (R *)hg59_r0[i];
   const R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   const R *__restrict__ g61_in = g61_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg61 = (R *)hg61_r0[i] + D_H;
   const R v32 = k32[j];  /* i */
   const R v48 = k48[j];  /* o */
   const R v56 = k56[j];  /* u */
@@ -993,9 +1041,9 @@ static __global__ void seq2seq_dec_bwd_path_g6_leaves(int n, long D_E, long D_H,
   R g55 = 0;
   R g56 = 0;
   R g57 = 0;
-  R g59 = g59_in[j];
+  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
   R g60 = 0;
-  R g61 = g61_in[j];
+  R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
   g48 += g61 * v60;
   g60 += g61 * v48;
   g59 += g60 * (1 - v60 * v60);
@@ -1054,8 +1102,10 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
     const R *__restrict__ k48_r0,
     const R *__restrict__ k56_r0,
     const R *__restrict__ g59_in_r0,
+    void *const *hg59_r0,
     const R *__restrict__ k60_r0,
-    const R *__restrict__ g61_in_r0) {
+    const R *__restrict__ g61_in_r0,
+    void *const *hg61_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d26 = d26_r0 + (size_t)i * (3*D_H);
@@ -1073,8 +1123,10 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ k56 = k56_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg59 = (R *)hg59_r0[i];
   const R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   const R *__restrict__ g61_in = g61_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg61 = (R *)hg61_r0[i] + D_H;
   const R v32 = k32[j];  /* i */
   const R v40 = k40[j];  /* f */
   const R v48 = k48[j];  /* o */
@@ -1094,9 +1146,9 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   R g56 = 0;
   R g57 = 0;
   R g58 = 0;
-  R g59 = g59_in[j];
+  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
   R g60 = 0;
-  R g61 = g61_in[j];
+  R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
   g48 += g61 * v60;
   g60 += g61 * v48;
   g59 += g60 * (1 - v60 * v60);
@@ -1253,8 +1305,10 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[36] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[37] + (size_t)(r0) * D_H,
-          G[1] + (size_t)(r0) * (2*D_H) + D_H);
+          G[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1281,8 +1335,10 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1655,10 +1711,10 @@ static const int seq2seq_dec_slot_types[] = {1, 0};
 static const cavs_vertex_desc vertex[] = {
   {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
    seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
-   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1},
+   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 1},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

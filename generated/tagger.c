@@ -74,8 +74,10 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     R *restrict k27 = V[11] + (size_t)(r) * D_H;
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -95,8 +97,10 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -130,8 +134,10 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     R *restrict k27 = V[11] + (size_t)(r) * D_H;
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -156,8 +162,10 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -227,8 +235,10 @@ static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     const R *restrict k27 = V[11] + (size_t)(r) * D_H;
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -245,9 +255,9 @@ static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -316,8 +326,10 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     const R *restrict k27 = V[11] + (size_t)(r) * D_H;
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -339,9 +351,9 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -465,8 +477,10 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     R *restrict k27 = V[21] + (size_t)(r) * D_H;
     R *restrict k35 = V[22] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[23] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -486,8 +500,10 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -521,8 +537,10 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     R *restrict k27 = V[21] + (size_t)(r) * D_H;
     R *restrict k35 = V[22] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
+    R *restrict h38 = (R *)c->home_val[r];
     R *restrict k39 = V[23] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h40 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -547,8 +565,10 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
+      h40[j] = v40;  /* at home */
     }
   }
 }
@@ -618,8 +638,10 @@ static void tagger_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     const R *restrict k27 = V[21] + (size_t)(r) * D_H;
     const R *restrict k35 = V[22] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[23] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -636,9 +658,9 @@ static void tagger_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -707,8 +729,10 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     const R *restrict k27 = V[21] + (size_t)(r) * D_H;
     const R *restrict k35 = V[22] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
+    const R *restrict hg38 = (R *)c->home_grad[r];
     const R *restrict k39 = V[23] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -730,9 +754,9 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       R g39 = 0;
-      R g40 = g40_in[j];
+      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -1089,13 +1113,13 @@ static const int tagger_tok_slot_types[] = {0, 1};
 static const cavs_vertex_desc vertex[] = {
   {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
    tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
-   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1},
+   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 1},
   {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
    tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
-   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1},
+   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 1},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,
    tagger_tok_bwd_lazy, tagger_tok_bwd_path, tagger_tok_bwd_eager, 1, 2, tagger_tok_gathers,
-   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1},
+   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -78,8 +78,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_Hc);
@@ -89,8 +91,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_Hc;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_Hc);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_Hc);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_Hc;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -108,8 +112,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the others: a thread per row and column of [n, Hc] */
@@ -132,8 +138,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k27_r0,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
+    void *const *h38_r0,
     R *__restrict__ k39_r0,
-    R *__restrict__ o40_r0) {
+    R *__restrict__ o40_r0,
+    void *const *h40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_Hc);
@@ -150,8 +158,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_Hc;
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_Hc);
+  R *__restrict__ h38 = (R *)h38_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_Hc);
+  R *__restrict__ h40 = (R *)h40_r0[i] + D_Hc;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -174,8 +184,10 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
   k27[j] = v27;  /* kept for the backward loop */
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
+  h40[j] = v40;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -213,8 +225,10 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)(r0) * D_Hc,
           V[14] + (size_t)(r0) * D_Hc,
           V[0] + (size_t)(r0) * (2*D_Hc),
+          c->home_val + (r0),
           V[15] + (size_t)(r0) * D_Hc,
-          V[0] + (size_t)(r0) * (2*D_Hc) + D_Hc);
+          V[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -240,8 +254,10 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -288,8 +304,10 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_Hc);
@@ -299,8 +317,10 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_Hc;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_Hc);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_Hc);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_Hc;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -315,9 +335,9 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -376,8 +396,10 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k27_r0,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0,
     const R *__restrict__ k39_r0,
-    const R *__restrict__ g40_in_r0) {
+    const R *__restrict__ g40_in_r0,
+    void *const *hg40_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_Hc);
@@ -395,8 +417,10 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k27 = k27_r0 + (size_t)i * D_Hc;
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_Hc);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_Hc);
+  const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_Hc;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -416,9 +440,9 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   R g39 = 0;
-  R g40 = g40_in[j];
+  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -478,8 +502,10 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)(r0) * D_Hc,
           V[14] + (size_t)(r0) * D_Hc,
           G[0] + (size_t)(r0) * (2*D_Hc),
+          c->home_grad + (r0),
           V[15] + (size_t)(r0) * D_Hc,
-          G[0] + (size_t)(r0) * (2*D_Hc) + D_Hc);
+          G[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -506,8 +532,10 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -579,8 +607,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k30_r0,
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -590,8 +620,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v11 = a8[j] + (R)0;
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -609,8 +641,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
   k30[j] = v30;  /* kept for the backward loop */
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* tagger_chars_fwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -633,8 +667,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k30_r0,
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -651,8 +687,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v11 = a8[j] + a10[j];
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -675,8 +713,10 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
   k30[j] = v30;  /* kept for the backward loop */
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* vertex fwd, path phase: one task (rows of one level) */
@@ -725,8 +765,10 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)(r0) * D_H,
           V[26] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[27] + (size_t)(r0) * D_H,
-          V[1] + (size_t)(r0) * (2*D_H) + D_H);
+          V[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -752,8 +794,10 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -800,8 +844,10 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k30_r0,
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -811,8 +857,10 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v30 = k30[j];  /* o */
   const R v38 = k38[j];  /* u */
@@ -827,9 +875,9 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
   R g37 = 0;
   R g38 = 0;
   R g39 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -888,8 +936,10 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k30_r0,
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -907,8 +957,10 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v22 = k22[j];  /* f */
   const R v30 = k30[j];  /* o */
@@ -928,9 +980,9 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
   R g38 = 0;
   R g39 = 0;
   R g40 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -990,8 +1042,10 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)(r0) * D_H,
           V[26] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[27] + (size_t)(r0) * D_H,
-          G[1] + (size_t)(r0) * (2*D_H) + D_H);
+          G[1] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1018,8 +1072,10 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1096,8 +1152,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k30_r0,
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -1107,8 +1165,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v11 = a8[j] + (R)0;
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -1126,8 +1186,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
   k30[j] = v30;  /* kept for the backward loop */
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* tagger_chars_bwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -1150,8 +1212,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k30_r0,
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
+    void *const *h41_r0,
     R *__restrict__ k42_r0,
-    R *__restrict__ o43_r0) {
+    R *__restrict__ o43_r0,
+    void *const *h43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -1168,8 +1232,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h41 = (R *)h41_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
   const R v11 = a8[j] + a10[j];
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -1192,8 +1258,10 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
   k30[j] = v30;  /* kept for the backward loop */
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
+  h41[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
+  h43[j] = v43;  /* at home */
 }
 
 /* vertex bwd, path phase: one task (rows of one level) */
@@ -1242,8 +1310,10 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)(r0) * D_H,
           V[38] + (size_t)(r0) * D_H,
           V[2] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[39] + (size_t)(r0) * D_H,
-          V[2] + (size_t)(r0) * (2*D_H) + D_H);
+          V[2] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1269,8 +1339,10 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1317,8 +1389,10 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k30_r0,
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -1328,8 +1402,10 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v30 = k30[j];  /* o */
   const R v38 = k38[j];  /* u */
@@ -1344,9 +1420,9 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
   R g37 = 0;
   R g38 = 0;
   R g39 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -1405,8 +1481,10 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k30_r0,
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
+    void *const *hg41_r0,
     const R *__restrict__ k42_r0,
-    const R *__restrict__ g43_in_r0) {
+    const R *__restrict__ g43_in_r0,
+    void *const *hg43_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -1424,8 +1502,10 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k30 = k30_r0 + (size_t)i * D_H;
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg41 = (R *)hg41_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v22 = k22[j];  /* f */
   const R v30 = k30[j];  /* o */
@@ -1445,9 +1525,9 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
   R g38 = 0;
   R g39 = 0;
   R g40 = 0;
-  R g41 = g41_in[j];
+  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
   R g42 = 0;
-  R g43 = g43_in[j];
+  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -1507,8 +1587,10 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)(r0) * D_H,
           V[38] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[39] + (size_t)(r0) * D_H,
-          G[2] + (size_t)(r0) * (2*D_H) + D_H);
+          G[2] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1535,8 +1617,10 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1933,16 +2017,16 @@ static const int tagger_chars_tok_slot_types[] = {1, 2};
 static const cavs_vertex_desc vertex[] = {
   {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
    tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
-   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1},
+   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 1},
   {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
    tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
-   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1},
+   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 1},
   {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
    tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
-   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1},
+   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 1},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,
    tagger_chars_tok_bwd_lazy, tagger_chars_tok_bwd_path, tagger_chars_tok_bwd_eager, 1, 2, tagger_chars_tok_gathers,
-   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1},
+   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -56,12 +56,14 @@ static void treefc_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict a0 = V[2] + (size_t)(r) * D_H;
     const R *restrict a7 = P[2];
     R *restrict o9 = V[0] + (size_t)(r) * D_H;
+    R *restrict h9 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + (R)0;
       const R v8 = v6 + a7[j];
       const R v9 = (v8 > 0 ? v8 : 0);  /* h */
       o9[j] = v9;
+      h9[j] = v9;  /* at home */
     }
   }
 }
@@ -79,12 +81,14 @@ static void treefc_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict a5 = V[3] + (size_t)(r) * D_H;
     const R *restrict a7 = P[2];
     R *restrict o9 = V[0] + (size_t)(r) * D_H;
+    R *restrict h9 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + a5[j];
       const R v8 = v6 + a7[j];
       const R v9 = (v8 > 0 ? v8 : 0);  /* h */
       o9[j] = v9;
+      h9[j] = v9;  /* at home */
     }
   }
 }
@@ -148,13 +152,14 @@ static void treefc_tree_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict a7 = P[2];
     R *restrict d7 = PG[2];
     const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg9 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + (R)0;
       const R v8 = v6 + a7[j];
       R g6 = 0;
       R g8 = 0;
-      R g9 = g9_in[j];
+      R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
       g8 += (v8 > 0 ? g9 : 0);
       g6 += g8;
       d7[j] += g8;  /* summed over rows */
@@ -184,13 +189,14 @@ static void treefc_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict a7 = P[2];
     R *restrict d7 = PG[2];
     const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg9 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + a5[j];
       const R v8 = v6 + a7[j];
       R g6 = 0;
       R g8 = 0;
-      R g9 = g9_in[j];
+      R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
       g8 += (v8 > 0 ? g9 : 0);
       g6 += g8;
       d7[j] += g8;  /* summed over rows */
@@ -351,7 +357,7 @@ static const cavs_gather_desc treefc_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
    treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -48,15 +48,18 @@ static void treefc_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
 static __global__ void treefc_tree_fwd_path_g0_leaves(int n, long D_H, long D_C, long D_V,
     const R *__restrict__ a0_r0,
     const R *__restrict__ a7,
-    R *__restrict__ o9_r0) {
+    R *__restrict__ o9_r0,
+    void *const *h9_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
   R *__restrict__ o9 = o9_r0 + (size_t)i * D_H;
+  R *__restrict__ h9 = (R *)h9_r0[i];
   const R v6 = a0[j] + (R)0;
   const R v8 = v6 + a7[j];
   const R v9 = (v8 > 0 ? v8 : 0);  /* h */
   o9[j] = v9;
+  h9[j] = v9;  /* at home */
 }
 
 /* treefc_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -64,16 +67,19 @@ static __global__ void treefc_tree_fwd_path_g0(int n, long D_H, long D_C, long D
     const R *__restrict__ a0_r0,
     const R *__restrict__ a5_r0,
     const R *__restrict__ a7,
-    R *__restrict__ o9_r0) {
+    R *__restrict__ o9_r0,
+    void *const *h9_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * D_H;
   R *__restrict__ o9 = o9_r0 + (size_t)i * D_H;
+  R *__restrict__ h9 = (R *)h9_r0[i];
   const R v6 = a0[j] + a5[j];
   const R v8 = v6 + a7[j];
   const R v9 = (v8 > 0 ? v8 : 0);  /* h */
   o9[j] = v9;
+  h9[j] = v9;  /* at home */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */
@@ -99,7 +105,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_V,
           V[2] + (size_t)(r0) * D_H,
           P[2],
-          V[0] + (size_t)(r0) * D_H);
+          V[0] + (size_t)(r0) * D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -110,7 +117,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[2],
-          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -146,17 +154,19 @@ static __global__ void treefc_tree_bwd_path_g0_leaves(int n, long D_H, long D_C,
     R *__restrict__ d0_r0,
     const R *__restrict__ a7,
     cavs_cuda_sum<R> d7,
-    const R *__restrict__ g9_in_r0) {
+    const R *__restrict__ g9_in_r0,
+    void *const *hg9_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
   R *__restrict__ d0 = d0_r0 + (size_t)i * D_H;
   const R *__restrict__ g9_in = g9_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg9 = (R *)hg9_r0[i];
   const R v6 = a0[j] + (R)0;
   const R v8 = v6 + a7[j];
   R g6 = 0;
   R g8 = 0;
-  R g9 = g9_in[j];
+  R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
   g8 += (v8 > 0 ? g9 : 0);
   g6 += g8;
   d7[j] += g8;  /* summed over rows */
@@ -176,7 +186,8 @@ static __global__ void treefc_tree_bwd_path_g0(int n, long D_H, long D_C, long D
     R *__restrict__ d5_r0,
     const R *__restrict__ a7,
     cavs_cuda_sum<R> d7,
-    const R *__restrict__ g9_in_r0) {
+    const R *__restrict__ g9_in_r0,
+    void *const *hg9_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
@@ -184,11 +195,12 @@ static __global__ void treefc_tree_bwd_path_g0(int n, long D_H, long D_C, long D
   const R *__restrict__ a5 = a5_r0 + (size_t)i * D_H;
   R *__restrict__ d5 = d5_r0 + (size_t)i * D_H;
   const R *__restrict__ g9_in = g9_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg9 = (R *)hg9_r0[i];
   const R v6 = a0[j] + a5[j];
   const R v8 = v6 + a7[j];
   R g6 = 0;
   R g8 = 0;
-  R g9 = g9_in[j];
+  R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
   g8 += (v8 > 0 ? g9 : 0);
   g6 += g8;
   d7[j] += g8;  /* summed over rows */
@@ -213,7 +225,8 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[2] + (size_t)(r0) * D_H,
           P[2],
           PG[2],
-          G[0] + (size_t)(r0) * D_H);
+          G[0] + (size_t)(r0) * D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -227,7 +240,8 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[2],
           PG[2],
-          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -375,7 +389,7 @@ static const cavs_gather_desc treefc_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
    treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -150,6 +150,7 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
     R *restrict k11 = V[12] + (size_t)(r) * D_H;
     R *restrict k33 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
+    R *restrict h38 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -164,6 +165,7 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
       if (keep) k11[j] = v11;  /* kept for the backward loop */
       if (keep) k33[j] = v33;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
     }
   }
 }
@@ -189,6 +191,7 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
     R *restrict k11 = V[12] + (size_t)(r) * D_H;
     R *restrict k33 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
+    R *restrict h38 = (R *)c->home_val[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -204,6 +207,7 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
       if (keep) k11[j] = v11;  /* kept for the backward loop */
       if (keep) k33[j] = v33;  /* kept for the backward loop */
       o38[j] = v38;
+      h38[j] = v38;  /* at home */
     }
   }
 }
@@ -282,6 +286,7 @@ static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
     const R *restrict k11 = V[12] + (size_t)(r) * D_H;
     const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg38 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* z */
@@ -295,7 +300,7 @@ static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
       R g33 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       g36 += g38;
       g35 += g36 * v33;
       g33 += g36 * v35;
@@ -345,6 +350,7 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
     const R *restrict k11 = V[12] + (size_t)(r) * D_H;
     const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
+    const R *restrict hg38 = (R *)c->home_grad[r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* z */
@@ -359,7 +365,7 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j];
+      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
       g36 += g38;
       g37 += g38;
       g11 += g37 * a3[j];
@@ -683,7 +689,7 @@ static const cavs_gather_desc treegru_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
    treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -131,7 +131,8 @@ static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H
     const R *__restrict__ a31,
     R *__restrict__ k11_r0,
     R *__restrict__ k33_r0,
-    R *__restrict__ o38_r0) {
+    R *__restrict__ o38_r0,
+    void *const *h38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
@@ -139,6 +140,7 @@ static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
+  R *__restrict__ h38 = (R *)h38_r0[i];
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* z */
@@ -151,6 +153,7 @@ static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H
   k11[j] = v11;  /* kept for the backward loop */
   k33[j] = v33;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
 }
 
 /* treegru_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -164,7 +167,8 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
     const R *__restrict__ a3_r0,
     R *__restrict__ k11_r0,
     R *__restrict__ k33_r0,
-    R *__restrict__ o38_r0) {
+    R *__restrict__ o38_r0,
+    void *const *h38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
@@ -175,6 +179,7 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
+  R *__restrict__ h38 = (R *)h38_r0[i];
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* z */
@@ -188,6 +193,7 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
   k11[j] = v11;  /* kept for the backward loop */
   k33[j] = v33;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */
@@ -250,7 +256,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[8],
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * D_H);
+          V[0] + (size_t)(r0) * D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -267,7 +274,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -307,7 +315,8 @@ static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H
     cavs_cuda_sum<R> d31,
     const R *__restrict__ k11_r0,
     const R *__restrict__ k33_r0,
-    const R *__restrict__ g38_in_r0) {
+    const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
@@ -315,6 +324,7 @@ static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   const R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R v11 = k11[j];  /* z */
   const R v33 = k33[j];  /* n */
   const R v35 = (R)1 - v11;
@@ -326,7 +336,7 @@ static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H
   R g33 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   g36 += g38;
   g35 += g36 * v33;
   g33 += g36 * v35;
@@ -365,7 +375,8 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
     R *__restrict__ d3_r0,
     const R *__restrict__ k11_r0,
     const R *__restrict__ k33_r0,
-    const R *__restrict__ g38_in_r0) {
+    const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
@@ -377,6 +388,7 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   const R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * D_H;
+  const R *__restrict__ hg38 = (R *)hg38_r0[i];
   const R v11 = k11[j];  /* z */
   const R v33 = k33[j];  /* n */
   const R v35 = (R)1 - v11;
@@ -389,7 +401,7 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   g36 += g38;
   g37 += g38;
   g11 += g37 * a3[j];
@@ -491,7 +503,8 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[8],
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * D_H);
+          G[0] + (size_t)(r0) * D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -509,7 +522,8 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -762,7 +776,7 @@ static const cavs_gather_desc treegru_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
    treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

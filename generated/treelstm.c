@@ -95,8 +95,10 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict k43 = V[13] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h48 = (R *)c->home_val[r];
     R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h50 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j] + (R)0;
@@ -117,8 +119,10 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
+      h48[j] = v48;  /* at home */
       if (keep) k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
+      h50[j] = v50;  /* at home */
     }
   }
 }
@@ -155,8 +159,10 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict k43 = V[13] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
+    R *restrict h48 = (R *)c->home_val[r];
     R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h50 = (R *)c->home_val[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j] + a11[j];
@@ -187,8 +193,10 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
+      h48[j] = v48;  /* at home */
       if (keep) k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
+      h50[j] = v50;  /* at home */
     }
   }
 }
@@ -266,8 +274,10 @@ static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict k43 = V[13] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg48 = (R *)c->home_grad[r];
     const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg50 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -285,9 +295,9 @@ static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
       R g43 = 0;
       R g44 = 0;
       R g46 = 0;
-      R g48 = g48_in[j];
+      R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
       R g49 = 0;
-      R g50 = g50_in[j];
+      R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
       g35 += g50 * v49;
       g49 += g50 * v35;
       g48 += g49 * (1 - v49 * v49);
@@ -362,8 +372,10 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict k43 = V[13] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
+    const R *restrict hg48 = (R *)c->home_grad[r];
     const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg50 = (R *)c->home_grad[r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -391,9 +403,9 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       R g45 = 0;
       R g46 = 0;
       R g47 = 0;
-      R g48 = g48_in[j];
+      R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
       R g49 = 0;
-      R g50 = g50_in[j];
+      R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
       g35 += g50 * v49;
       g49 += g50 * v35;
       g48 += g49 * (1 - v49 * v49);
@@ -662,7 +674,7 @@ static const cavs_gather_desc treelstm_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
    treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -79,8 +79,10 @@ static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_
     R *__restrict__ k35_r0,
     R *__restrict__ k43_r0,
     R *__restrict__ o48_r0,
+    void *const *h48_r0,
     R *__restrict__ k49_r0,
-    R *__restrict__ o50_r0) {
+    R *__restrict__ o50_r0,
+    void *const *h50_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
@@ -90,8 +92,10 @@ static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   R *__restrict__ o48 = o48_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h48 = (R *)h48_r0[i];
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h50 = (R *)h50_r0[i] + D_H;
   const R v12 = a9[j] + (R)0;
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
@@ -110,8 +114,10 @@ static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_
   k35[j] = v35;  /* kept for the backward loop */
   k43[j] = v43;  /* kept for the backward loop */
   o48[j] = v48;
+  h48[j] = v48;  /* at home */
   k49[j] = v49;  /* kept for the backward loop */
   o50[j] = v50;
+  h50[j] = v50;  /* at home */
 }
 
 /* treelstm_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -137,8 +143,10 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
     R *__restrict__ k35_r0,
     R *__restrict__ k43_r0,
     R *__restrict__ o48_r0,
+    void *const *h48_r0,
     R *__restrict__ k49_r0,
-    R *__restrict__ o50_r0) {
+    R *__restrict__ o50_r0,
+    void *const *h50_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
@@ -158,8 +166,10 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   R *__restrict__ o48 = o48_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h48 = (R *)h48_r0[i];
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h50 = (R *)h50_r0[i] + D_H;
   const R v12 = a9[j] + a11[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
@@ -188,8 +198,10 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   k35[j] = v35;  /* kept for the backward loop */
   k43[j] = v43;  /* kept for the backward loop */
   o48[j] = v48;
+  h48[j] = v48;  /* at home */
   k49[j] = v49;  /* kept for the backward loop */
   o50[j] = v50;
+  h50[j] = v50;  /* at home */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */
@@ -237,8 +249,10 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[14] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -267,8 +281,10 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -313,8 +329,10 @@ static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_
     const R *__restrict__ k35_r0,
     const R *__restrict__ k43_r0,
     const R *__restrict__ g48_in_r0,
+    void *const *hg48_r0,
     const R *__restrict__ k49_r0,
-    const R *__restrict__ g50_in_r0) {
+    const R *__restrict__ g50_in_r0,
+    void *const *hg50_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
@@ -324,8 +342,10 @@ static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   const R *__restrict__ g48_in = g48_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg48 = (R *)hg48_r0[i];
   const R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   const R *__restrict__ g50_in = g50_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg50 = (R *)hg50_r0[i] + D_H;
   const R v15 = k15[j];  /* i */
   const R v35 = k35[j];  /* o */
   const R v43 = k43[j];  /* u */
@@ -341,9 +361,9 @@ static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_
   R g43 = 0;
   R g44 = 0;
   R g46 = 0;
-  R g48 = g48_in[j];
+  R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
   R g49 = 0;
-  R g50 = g50_in[j];
+  R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
   g35 += g50 * v49;
   g49 += g50 * v35;
   g48 += g49 * (1 - v49 * v49);
@@ -408,8 +428,10 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
     const R *__restrict__ k35_r0,
     const R *__restrict__ k43_r0,
     const R *__restrict__ g48_in_r0,
+    void *const *hg48_r0,
     const R *__restrict__ k49_r0,
-    const R *__restrict__ g50_in_r0) {
+    const R *__restrict__ g50_in_r0,
+    void *const *hg50_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
@@ -431,8 +453,10 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ k43 = k43_r0 + (size_t)i * D_H;
   const R *__restrict__ g48_in = g48_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg48 = (R *)hg48_r0[i];
   const R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   const R *__restrict__ g50_in = g50_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg50 = (R *)hg50_r0[i] + D_H;
   const R v15 = k15[j];  /* i */
   const R v23 = k23[j];  /* f_0 */
   const R v27 = k27[j];  /* f_1 */
@@ -458,9 +482,9 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   R g45 = 0;
   R g46 = 0;
   R g47 = 0;
-  R g48 = g48_in[j];
+  R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
   R g49 = 0;
-  R g50 = g50_in[j];
+  R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
   g35 += g50 * v49;
   g49 += g50 * v35;
   g48 += g49 * (1 - v49 * v49);
@@ -541,8 +565,10 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[14] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -573,8 +599,10 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -780,7 +808,7 @@ static const cavs_gather_desc treelstm_tree_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
    treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

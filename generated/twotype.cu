@@ -43,26 +43,32 @@ static __global__ void twotype_leaf_fwd_eager_g0(int n, long D_E, long D_H, long
     const R *__restrict__ a6_r0,
     const R *__restrict__ a7,
     R *__restrict__ o4_r0,
+    void *const *h4_r0,
     R *__restrict__ k9_r0,
     R *__restrict__ k10_r0,
-    R *__restrict__ o11_r0) {
+    R *__restrict__ o11_r0,
+    void *const *h11_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a6 = a6_r0 + (size_t)i * (2*D_H);
   R *__restrict__ o4 = o4_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h4 = (R *)h4_r0[i];
   R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   R *__restrict__ k10 = k10_r0 + (size_t)i * D_H;
   R *__restrict__ o11 = o11_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h11 = (R *)h11_r0[i] + D_H;
   const R v4 = a2[j] + a3[j];  /* c */
   const R v8 = a6[j] + a7[j];
   const R v9 = cv_sigmoid(v8);
   const R v10 = cv_tanh(v4);
   const R v11 = v9 * v10;  /* h */
   o4[j] = v4;
+  h4[j] = v4;  /* at home */
   k9[j] = v9;  /* kept for the backward loop */
   k10[j] = v10;  /* kept for the backward loop */
   o11[j] = v11;
+  h11[j] = v11;  /* at home */
 }
 
 /* vertex leaf, eager phase: every row of the type at once */
@@ -87,9 +93,11 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[5],
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[4] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -151,24 +159,28 @@ static __global__ void twotype_leaf_bwd_eager_g0(int n, long D_E, long D_H, long
     R *__restrict__ d6_r0,
     cavs_cuda_sum<R> d7,
     const R *__restrict__ g4_in_r0,
+    void *const *hg4_r0,
     const R *__restrict__ k9_r0,
     const R *__restrict__ k10_r0,
-    const R *__restrict__ g11_in_r0) {
+    const R *__restrict__ g11_in_r0,
+    void *const *hg11_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d6 = d6_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg4 = (R *)hg4_r0[i];
   const R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   const R *__restrict__ k10 = k10_r0 + (size_t)i * D_H;
   const R *__restrict__ g11_in = g11_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg11 = (R *)hg11_r0[i] + D_H;
   const R v9 = k9[j];
   const R v10 = k10[j];
-  R g4 = g4_in[j];
+  R g4 = g4_in[j] + hg4[j];  /* and what the parent left at home */
   R g8 = 0;
   R g9 = 0;
   R g10 = 0;
-  R g11 = g11_in[j];
+  R g11 = g11_in[j] + hg11[j];  /* and what the parent left at home */
   g9 += g11 * v10;
   g10 += g11 * v9;
   g4 += g10 * (1 - v10 * v10);
@@ -199,9 +211,11 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
           PG[5],
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[4] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -233,16 +247,20 @@ static __global__ void twotype_internal_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k26_r0,
     R *__restrict__ k31_r0,
     R *__restrict__ o36_r0,
+    void *const *h36_r0,
     R *__restrict__ k37_r0,
-    R *__restrict__ o38_r0) {
+    R *__restrict__ o38_r0,
+    void *const *h38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ o36 = o36_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h36 = (R *)h36_r0[i];
   R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i] + D_H;
   const R v10 = (R)0 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
   const R v25 = (R)0 + a24[j];
@@ -258,8 +276,10 @@ static __global__ void twotype_internal_fwd_path_g0_leaves(int n, long D_E, long
   k26[j] = v26;  /* kept for the backward loop */
   k31[j] = v31;  /* kept for the backward loop */
   o36[j] = v36;
+  h36[j] = v36;  /* at home */
   k37[j] = v37;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
 }
 
 /* twotype_internal_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -282,8 +302,10 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
     R *__restrict__ k26_r0,
     R *__restrict__ k31_r0,
     R *__restrict__ o36_r0,
+    void *const *h36_r0,
     R *__restrict__ k37_r0,
-    R *__restrict__ o38_r0) {
+    R *__restrict__ o38_r0,
+    void *const *h38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -299,8 +321,10 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ o36 = o36_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h36 = (R *)h36_r0[i];
   R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
+  R *__restrict__ h38 = (R *)h38_r0[i] + D_H;
   const R v10 = a8[j] + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
   const R v15 = a13[j] + a14[j];
@@ -324,8 +348,10 @@ static __global__ void twotype_internal_fwd_path_g0(int n, long D_E, long D_H, l
   k26[j] = v26;  /* kept for the backward loop */
   k31[j] = v31;  /* kept for the backward loop */
   o36[j] = v36;
+  h36[j] = v36;  /* at home */
   k37[j] = v37;  /* kept for the backward loop */
   o38[j] = v38;
+  h38[j] = v38;  /* at home */
 }
 
 /* vertex internal, path phase: one task (rows of one level) */
@@ -362,8 +388,10 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
+          c->home_val + (r0),
           V[16] + (size_t)(r0) * D_H,
-          V[0] + (size_t)(r0) * (2*D_H) + D_H);
+          V[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_val + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -389,8 +417,10 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_val + ((r0 + c->leaf_rows)),
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_val + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -432,16 +462,20 @@ static __global__ void twotype_internal_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k26_r0,
     const R *__restrict__ k31_r0,
     const R *__restrict__ g36_in_r0,
+    void *const *hg36_r0,
     const R *__restrict__ k37_r0,
-    const R *__restrict__ g38_in_r0) {
+    const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   const R *__restrict__ g36_in = g36_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg36 = (R *)hg36_r0[i];
   const R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v26 = k26[j];  /* o */
   const R v31 = k31[j];  /* u */
@@ -454,9 +488,9 @@ static __global__ void twotype_internal_bwd_path_g0_leaves(int n, long D_E, long
   R g31 = 0;
   R g32 = 0;
   R g34 = 0;
-  R g36 = g36_in[j];
+  R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   g26 += g38 * v37;
   g37 += g38 * v26;
   g36 += g37 * (1 - v37 * v37);
@@ -509,8 +543,10 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
     const R *__restrict__ k26_r0,
     const R *__restrict__ k31_r0,
     const R *__restrict__ g36_in_r0,
+    void *const *hg36_r0,
     const R *__restrict__ k37_r0,
-    const R *__restrict__ g38_in_r0) {
+    const R *__restrict__ g38_in_r0,
+    void *const *hg38_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -528,8 +564,10 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
   const R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   const R *__restrict__ g36_in = g36_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg36 = (R *)hg36_r0[i];
   const R *__restrict__ k37 = k37_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
+  const R *__restrict__ hg38 = (R *)hg38_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v16 = k16[j];  /* f_0 */
   const R v21 = k21[j];  /* f_1 */
@@ -550,9 +588,9 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
   R g33 = 0;
   R g34 = 0;
   R g35 = 0;
-  R g36 = g36_in[j];
+  R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
   R g37 = 0;
-  R g38 = g38_in[j];
+  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
   g26 += g38 * v37;
   g37 += g38 * v26;
   g36 += g37 * (1 - v37 * v37);
@@ -605,8 +643,10 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
+          c->home_grad + (r0),
           V[16] + (size_t)(r0) * D_H,
-          G[0] + (size_t)(r0) * (2*D_H) + D_H);
+          G[0] + (size_t)(r0) * (2*D_H) + D_H,
+          c->home_grad + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -634,8 +674,10 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          c->home_grad + ((r0 + c->leaf_rows)),
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H);
+          G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          c->home_grad + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -827,10 +869,10 @@ static const cavs_gather_desc twotype_internal_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,
    twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
   {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, twotype_internal_fwd_lazy,
    twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
-   0, NULL, NULL, 0, -1, -1},
+   0, NULL, NULL, 0, -1, -1, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

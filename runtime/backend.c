@@ -336,15 +336,29 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
   BE(c)->esum_bwd(c, dsrc, lds, ddst, ldd, w, r0, n);
 }
 
+/* Is anything left for the gather of slot k over rows [r0, r0 + n) to do, once the
+   children at home there (plan_homes) are left out: a child to copy (or, with zeros, a
+   slot without one to clear)? The host's arrays, so a backend launches nothing when
+   every child stored itself. */
+static bool gather_left(const cavs_ctx *c, int k, int r0, int n, bool zeros) {
+  const cavs_model *m = c->model;
+  if (!m->home_w) return n > 0;
+  for (int r = r0; r < r0 + n; r++) {
+    int ch = m->child[(size_t)r * m->maxc + k];
+    if (ch < 0 ? zeros : m->hkey[ch] != (long)r * m->maxc + k) return true;
+  }
+  return false;
+}
+
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
   if (viewed(c)) return;
   int skip = leaves_unread(c) ? c->leaf_rows : 0;
   if (skip > n) skip = n;
-  BE(c)->gather_fwd(c, k, state, dst, ld, r0 + skip, n - skip);
+  if (gather_left(c, k, r0 + skip, n - skip, true)) BE(c)->gather_fwd(c, k, state, dst, ld, r0 + skip, n - skip);
 }
 
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
-  if (!viewed(c)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
+  if (!viewed(c) && gather_left(c, k, r0, n, false)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
 }
 
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

@@ -47,6 +47,8 @@ struct Dev {
   unsigned char *root, *pushed;
   int *rowvert;               /* the vertex of each row (dropout's keys are drawn from it) */
   int *eoff, *eparent, *echild; /* a set's edges (cavs_ctx's, on the device) */
+  void **hval, **hgrad; /* each row's home and its gradient (cavs_ctx's, on the device) */
+  long *hkey;           /* which gathered slot a row is at home in (plan_homes), or -1 */
   int **iin;  /* host array of device arrays, [nint] */
   void **rin; /* host array of device arrays, [nreal] */
   int *pred;  /* what the first classifier predicts, read back in synchronize */
@@ -252,6 +254,9 @@ static int cuda_schedule(cavs_model *m) {
   size_t E = m->has_edges ? (size_t)m->nedges : 0, o_rowvert = place(&at, sizeof(int) * N);
   size_t o_eoff = place(&at, m->has_edges ? sizeof(int) * (N + 1) : 0), o_eparent = place(&at, sizeof(int) * E),
          o_echild = place(&at, sizeof(int) * E);
+  /* homes: the device pointers plan_homes wrote (into this backend's buffers) */
+  size_t H = m->home_w ? N : 0, o_hval = place(&at, sizeof(void *) * H), o_hgrad = place(&at, sizeof(void *) * H),
+         o_hkey = place(&at, sizeof(long) * H);
   size_t o_iin = at;
   for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
   size_t o_rin = at;
@@ -280,6 +285,11 @@ static int cuda_schedule(cavs_model *m) {
     memcpy(d->pack_host + o_eparent, m->eparent, sizeof(int) * E);
     memcpy(d->pack_host + o_echild, m->echild, sizeof(int) * E);
   }
+  if (H) {
+    memcpy(d->pack_host + o_hval, m->hval, sizeof(void *) * H);
+    memcpy(d->pack_host + o_hgrad, m->hgrad, sizeof(void *) * H);
+    memcpy(d->pack_host + o_hkey, m->hkey, sizeof(long) * H);
+  }
   size_t o = o_iin;
   for (int i = 0; i < ds->nint; i++) {
     memcpy(d->pack_host + o, m->iin[i], sizeof(int) * N);
@@ -301,6 +311,9 @@ static int cuda_schedule(cavs_model *m) {
   d->eoff = (int *)(d->pack_dev + o_eoff);
   d->eparent = (int *)(d->pack_dev + o_eparent);
   d->echild = (int *)(d->pack_dev + o_echild);
+  d->hval = H ? (void **)(d->pack_dev + o_hval) : NULL;
+  d->hgrad = H ? (void **)(d->pack_dev + o_hgrad) : NULL;
+  d->hkey = H ? (long *)(d->pack_dev + o_hkey) : NULL;
   CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
   CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
   CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
@@ -309,6 +322,8 @@ static int cuda_schedule(cavs_model *m) {
   c->child = d->child;
   c->root = d->root;
   c->pushed = d->pushed;
+  c->home_val = d->hval;
+  c->home_grad = d->hgrad;
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
   c->stream = d->st[0];
@@ -443,21 +458,25 @@ static void cuda_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int c
 
 /* ---- rows: gathers, lookups, copies; one thread a cell, every row of a task in one launch ---- */
 
-/* dst[r] = src[sel(r)] (zero where sel is -1), or with bwd, src-side += dst-side */
+/* dst[r] = src[sel(r)] (zero where sel is -1), or with bwd, src-side += dst-side; a
+   child at home in slot k of row r (hkey, plan_homes: its loops stored it there and read
+   the gradient there) is left alone */
 template <typename R>
-__global__ void gather(R *dst, long ld, const R *S, long w, const int *sel, long stride, int r0, int n, bool bwd) {
+__global__ void gather(R *dst, long ld, const R *S, long w, const int *sel, long stride, int r0, int n, bool bwd,
+                       const long *hkey, int k) {
   long r, j;
   if (!cell(r0, n, w, &r, &j)) return;
   int s = sel[r * stride];
+  if (s >= 0 && hkey && hkey[s] == r * stride + k) return;
   if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : S[(long)s * w + j];
   else if (s >= 0) atomicAdd((R *)&S[(long)s * w + j], dst[r * ld + j]);
 }
 
 template <typename R>
 static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, const int *sel, long stride, int r0, int n,
-                          bool bwd) {
+                          bool bwd, const long *hkey = NULL, int k = 0) {
   if (n <= 0 || w <= 0) return;
-  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd);
+  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd, hkey, k);
   CKL(model(c));
 }
 
@@ -470,17 +489,21 @@ static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int a
 static void cuda_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
   long w = model(c)->bw[state];
   if (dbl(c))
-    launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[state], w, c->child + k, c->maxc, r0, n, false);
+    launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[state], w, c->child + k, c->maxc, r0, n, false,
+                          dev(model(c))->hkey, k);
   else
-    launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[state], w, c->child + k, c->maxc, r0, n, false);
+    launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[state], w, c->child + k, c->maxc, r0, n, false,
+                         dev(model(c))->hkey, k);
 }
 
 static void cuda_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
   long w = model(c)->bw[state];
   if (dbl(c))
-    launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
+    launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[state], w, c->child + k, c->maxc, r0, n, true,
+                          dev(model(c))->hkey, k);
   else
-    launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[state], w, c->child + k, c->maxc, r0, n, true);
+    launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[state], w, c->child + k, c->maxc, r0, n, true,
+                         dev(model(c))->hkey, k);
 }
 
 /* ---- children as a set: a thread a cell of the edges (or rows) of a stage ---- */

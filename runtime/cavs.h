@@ -156,6 +156,10 @@ typedef struct cavs_backend_stats {
      state buffer, with no copy: every task of a type is such a block, one after the
      other, and the model's code allows it (cavs_gather_desc.view) */
   long gathered_rows, gathered_in_place, gathered_viewed;
+  /* of the rows gathered, those at home in their parent's gathered row: the child's
+     fused loops stored its state there (and read back the gradient the parent left
+     there), so the gather copied nothing for it (cavs_vertex_desc.homes) */
+  long gathered_homed;
   /* growing the per-row and per-edge buffers to a larger minibatch than any before (the
      first minibatches of a run; the pages the kernel zeroes): memory, not scheduling,
      so not in schedule_seconds */
@@ -174,8 +178,12 @@ void cavs_model_set_policy(cavs_model *m, int policy);
  * as on a backend without kernels of its own for them (the CPU's pack the rows into one
  * product). Same results but for the rounding of parameter gradients summed in
  * pieces. CAVS_NO_VIEWS: every gather copies its children's rows, even where they lie
- * in one block of the state buffer that a view would read in place. */
-enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4, CAVS_ROWMAT_BY_GEMM = 8 };
+ * in one block of the state buffer that a view would read in place. CAVS_NO_HOMES: no
+ * child is given a home in its parent's gathered row, so every gather copies (the
+ * children's loops still store their state at a scratch row: the same results, bit for
+ * bit on trees and chains, at a little more than the cost of the copies alone). */
+enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4, CAVS_ROWMAT_BY_GEMM = 8,
+                     CAVS_NO_HOMES = 16 };
 void cavs_model_set_ablations(cavs_model *m, int flags);
 /* Inference (on != 0): forward passes compute the same values and losses but store
  * nothing only a backward pass would read (the gates a fused loop keeps for its

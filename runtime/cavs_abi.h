@@ -32,8 +32,9 @@ extern "C" {
  *    cavs_desc.source_text;
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
  *    cavs_desc.values.
- * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*. */
-#define CAVS_ABI_VERSION 6
+ * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*.
+ * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes). */
+#define CAVS_ABI_VERSION 7
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -256,6 +257,11 @@ typedef struct cavs_vertex_desc {
      slots, each an edge; the type every such child must be (-1: any) and the state
      buffer the edges read */
   int edges, edge_type, edge_state;
+  /* 1: its fused loops write its whole state and store each row's at the row's home
+     too (cavs_ctx.home_val), and its backward loops add the gradient at the home
+     (home_grad) to the state's: the runtime may then give a child's home to the
+     parent's gathered row, whose gather copies nothing for it and adds nothing back */
+  int homes;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
@@ -338,6 +344,13 @@ struct cavs_ctx {
   int keep;                  /* 1: a forward pass stores the values its backward pass reads
                                 rather than computes again (the C target's kept values);
                                 0 in inference (cavs_model_set_inference) */
+  /* [rows]: row r's home, for a type with cavs_vertex_desc.homes: where its fused
+     loops store its state as well as at the row (the columns of its parent's gathered
+     row that the parent's gather would fill, or a scratch row of its own that nothing
+     reads), and where they read the gradient its parent added there (the same columns
+     of the gathered buffer's gradient, or a row of zeros). In the backend's memory: a
+     CUDA target's kernels are handed home_val + r0. */
+  void **home_val, **home_grad;
   struct cavs_model *model;
   void *stream;              /* the backend's queue for what a stage launches (a CUDA
                                 target's kernels: its cudaStream_t); NULL on the CPU */

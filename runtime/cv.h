@@ -68,6 +68,16 @@ struct cavs_model {
   void **cval, **cgrad;
   unsigned char *tview;
   int cur_type;
+  /* homes (scheduler.c, plan_homes; cavs_ctx.home_val, home_grad): each row's home and
+     its gradient, in backend memory, [cap_rows]; hkey[r] = p * maxc + k where row r is
+     at home in slot k of row p's gathered buffer, else -1; hdump, [cap_rows, home_w],
+     the rows without a home store their state to, which nothing reads; hzero,
+     [home_w], the zeros they read as their home's gradient; home_w the widest state of
+     a type with homes (0: no type has them) */
+  void **hval, **hgrad;
+  long *hkey;
+  void *hdump, *hzero;
+  long home_w;
   cavs_loss_acc *loss;
   /* the minibatch */
   int rows, maxc;

@@ -97,6 +97,55 @@ static void plan_views(cavs_model *m) {
   }
 }
 
+/* Homes (cavsc's, emit.c: state_homes). A type with cavs_vertex_desc.homes stores each
+ * row's state twice in its fused loops, at the row and at home_val[r]; backward, it adds
+ * what it finds at home_grad[r] to the state's gradient. A row's home is the columns of
+ * its parent's gathered row that the parent's gather would copy it to: the first
+ * gather, in the order of the types, their gathers and their rows, that reads it from
+ * the state its type writes, of a type whose gathered buffers are not views (a view is
+ * the state itself). Its key (hkey, parent row * maxc + slot) tells the gathers to copy
+ * nothing there and to add nothing back. Any other row of such a type (a root; a
+ * child whose parents all view, or read it through an edge of a set; a second parent's
+ * slot, which copies as before) stores to a scratch row of its own that nothing reads
+ * and reads a row of zeros. No row order is needed: on trees and chains every child
+ * but a set's is at home, whatever the levels its parents mix. O(rows). */
+static void plan_homes(cavs_model *m) {
+  if (!m->home_w) return;
+  const cavs_desc *d = m->d;
+  int C = m->maxc;
+  size_t step = (size_t)m->home_w * m->esize;
+  for (int r = 0; r < m->rows; r++) {
+    m->hval[r] = (char *)m->hdump + (size_t)r * step;
+    m->hgrad[r] = m->hzero;
+    m->hkey[r] = -1;
+  }
+  if (m->ablate & CAVS_NO_HOMES) return;
+  for (int t = 0; t < d->nvertex; t++) {
+    const cavs_vertex_desc *v = &d->vertex[t];
+    if (m->tview[t]) continue;
+    int first = m->type_r0[t] + m->type_leaf[t], end = m->type_r0[t] + m->type_n[t];
+    for (int g = 0; g < v->ngathers; g++) {
+      const cavs_gather_desc *q = &v->gathers[g];
+      bool again = false; /* a slot gathered twice: the first gather has its homes */
+      for (int h = 0; h < g; h++) again |= v->gathers[h].slot == q->slot;
+      if (again || q->slot < 0 || q->slot >= v->children || q->slot >= C || q->buf < 0 || q->buf >= d->nbufs) continue;
+      long ld = m->bw[q->buf], off = cv_lin(&q->off, m->ctx.dims);
+      if (off < 0 || off + m->bw[q->src] > ld) continue;
+      for (int r = first; r < end; r++) {
+        int ch = m->child[(size_t)r * C + q->slot];
+        if (ch < 0 || m->hkey[ch] >= 0) continue;
+        const cavs_vertex_desc *cv = &d->vertex[m->vtype[m->queue[ch]]];
+        if (!cv->homes || cv->state != q->src) continue;
+        size_t at = ((size_t)r * (size_t)ld + (size_t)off) * m->esize;
+        m->hkey[ch] = (long)r * C + q->slot;
+        m->hval[ch] = (char *)m->val[q->buf] + at;
+        m->hgrad[ch] = m->grad[q->buf] ? (char *)m->grad[q->buf] + at : m->hzero;
+        m->stats.gathered_homed++;
+      }
+    }
+  }
+}
+
 /* ---- policies: which vertices make a task ----
  * Each fills vtask[v] (the vertex's task), task_type and task_level for tasks in the
  * order they run, children's tasks before their parents', and returns the count. Both
@@ -574,6 +623,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     if (block) m->stats.gathered_in_place += have;
   }
   plan_views(m);
+  plan_homes(m);
   return 0;
 }
 

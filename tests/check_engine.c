@@ -134,8 +134,9 @@ START_TEST(ablations_change_nothing) {
 }
 END_TEST
 
-/* Nor do --no-fuse and --no-merge (each elementwise node a loop of its own; no merged
- * or stacked products): the loss and every gradient of a minibatch, in double. */
+/* Nor do --no-fuse, --no-merge and --no-homes (each elementwise node a loop of its own;
+ * no merged or stacked products; no state stored at home, every gather a copy): the loss
+ * and every gradient of a minibatch, in double. */
 START_TEST(build_ablations_change_nothing) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
@@ -144,8 +145,8 @@ START_TEST(build_ablations_change_nothing) {
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(ref, dims, g, gs, true);
-  const char *flags[] = {"--no-fuse", "--no-merge"};
-  for (int f = 0; f < 2; f++) {
+  const char *flags[] = {"--no-fuse", "--no-merge", "--no-homes"};
+  for (int f = 0; f < 3; f++) {
     const cavs_desc *d = load_model_with(file, "double", "c", flags[f]);
     cavs_model *a = new_model(ref, dims, 5), *b = new_model(d, dims, 5);
     cavs_stats sa, sb;
@@ -731,6 +732,92 @@ START_TEST(views_read_children_in_place) {
 }
 END_TEST
 
+/* The gradients of two models (double) after a backward pass: bit for bit (tol 0), or
+ * within tol of the largest. */
+static void grads_agree(const char *what, cavs_model *a, cavs_model *b, double tol) {
+  size_t n[2];
+  const double *x[2] = {cavs_model_grads_flat(a, &n[0]), cavs_model_grads_flat(b, &n[1])};
+  ck_assert(n[0] == n[1]);
+  double scale = 0;
+  for (size_t i = 0; i < n[0]; i++) scale = fmax(scale, fabs(x[1][i]));
+  ck_assert(scale > 0);
+  for (size_t i = 0; i < n[0]; i++)
+    if (tol == 0 ? memcmp(&x[0][i], &x[1][i], sizeof x[0][i]) != 0 : fabs(x[0][i] - x[1][i]) > tol * scale)
+      ck_abort_msg("%s: gradient %zu: %.17g, against %.17g", what, i, x[0][i], x[1][i]);
+}
+
+/* Homes (scheduler.c, plan_homes; cavsc's state_homes): a child whose type's loops write
+ * its whole state stores it in its parent's gathered row as well, and reads the gradient
+ * its parent leaves there, so that the gather copies nothing and adds nothing back.
+ * Against every gather copying (CAVS_NO_HOMES, under which the loops store to scratch
+ * rows and read zeros): the same loss, and the same gradients, bit for bit where every
+ * vertex has one parent (a child's gradient is the same two terms added: its own row's
+ * and the parent's), to 1e-12 on DAGs, where a second parent's term comes in another
+ * order. `want`: how many gathered rows are at home: 0 none, 1 all but the views', 2
+ * some but not all, -1 not checked. `shape`: 0 the random trees and DAGs (typed graphs)
+ * of tg_minibatch, 1 complete trees of one depth (views), 2 chains of several lengths,
+ * 3 tagger sentences; `dags` adds tg_minibatch's DAGs. */
+static void homes_against_copies(const char *file, int shape, bool dags, int want) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, dags);
+  unsigned seed = 12;
+  for (int i = 0; shape && i < k; i++) {
+    if (shape == 1) complete_tree(&g[i], 3, &seed, d, dims);
+    else if (shape == 2) chain(&g[i], 3 + 4 * i, &seed, d, dims);
+    else sentence(&g[i], 3 + 5 * i, &seed, d, dims);
+    gs[i] = &g[i].g;
+  }
+  cavs_model *m[2];
+  cavs_stats st[2];
+  cavs_backend_stats bs[2];
+  for (int v = 0; v < 2; v++) {
+    m[v] = new_model(d, dims, 17);
+    if (v) cavs_model_set_ablations(m[v], CAVS_NO_HOMES);
+    ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+    cavs_model_backward(m[v]);
+    cavs_model_backend_stats(m[v], &bs[v], 0);
+  }
+  long rows = bs[0].gathered_rows, home = bs[0].gathered_homed, viewed = bs[0].gathered_viewed;
+  ck_assert_int_gt(rows, 0);
+  ck_assert_int_eq(bs[1].gathered_homed, 0);
+  ck_assert_msg(want < 0 || (want == 0 && home == 0) || (want == 1 && home > 0 && home + viewed == rows) ||
+                    (want == 2 && home > 0 && home + viewed < rows),
+                "%s, shape %d: %ld of %ld gathered rows at home, %ld viewed", file, shape, home, rows, viewed);
+  ck_assert_msg(st[0].loss == st[1].loss, "%s: loss %.17g at home, %.17g copied", file, st[0].loss, st[1].loss);
+  grads_agree(file, m[0], m[1], dags ? 1e-12 : 0);
+  for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
+}
+
+/* Every example, on trees (bit for bit) and with DAGs */
+START_TEST(homes_change_nothing) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  homes_against_copies(file, 0, false, -1);
+  homes_against_copies(file, 0, true, -1);
+}
+END_TEST
+
+/* Who is at home: on trees of mixed depths (no views) every child of a Tree-LSTM, GRU
+ * or Tree-FC; on complete trees of one depth none (the views read them in place); on
+ * chains of several lengths every step; MV-RNN's children that are internal vertices
+ * (its leaves' state holds a looked-up matrix, copied into it: no home); the tagger's
+ * chain steps at home in the next step, the words' reads of them copied; none of a set's
+ * children (edges copy), so the Child-Sum Tree-LSTM none. */
+START_TEST(homes_store_children_at_home) {
+  homes_against_copies("treelstm.vf", 0, false, 1);
+  homes_against_copies("treegru.vf", 0, false, 1);
+  homes_against_copies("treefc.vf", 0, false, 1);
+  homes_against_copies("treelstm.vf", 1, false, 0);
+  homes_against_copies("lstm_lm.vf", 2, false, 1);
+  homes_against_copies("mvrnn.vf", 0, false, 2);
+  homes_against_copies("tagger.vf", 3, false, 2);
+  homes_against_copies("childsum.vf", 0, false, 0);
+}
+END_TEST
+
 /* What a pass reads it first writes: every per-row buffer and gradient set to NaN
  * between a first pass and a second over the same minibatch (cavs_model_poison), and
  * the second gives the loss and gradients of a model never poisoned, bit for bit. A
@@ -773,13 +860,7 @@ static void poison_changes_nothing_policy(const char *file, bool complete, int p
   char msg[256];
   ck_assert_msg(cavs_model_check_finite(m[1], &graph, &vertex, msg, sizeof msg) == 0, "%s: %s (graph %d, vertex %d)",
                 file, msg, graph, vertex);
-  size_t n[2];
-  const double *gr[2];
-  for (int v = 0; v < 2; v++) gr[v] = cavs_model_grads_flat(m[v], &n[v]);
-  ck_assert(n[0] == n[1]);
-  for (size_t i = 0; i < n[0]; i++)
-    if (memcmp(&gr[0][i], &gr[1][i], sizeof gr[0][i]))
-      ck_abort_msg("%s: gradient %zu: %.17g, poisoned %.17g", file, i, gr[0][i], gr[1][i]);
+  grads_agree(file, m[0], m[1], 0); /* (the second poisoned) */
   for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
 }
 
@@ -1106,6 +1187,8 @@ int main(void) {
   tcase_add_test(tc, threads_do_not_change_results);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
+  tcase_add_loop_test(tc, homes_change_nothing, 0, NEXAMPLES);
+  tcase_add_test(tc, homes_store_children_at_home);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
   tcase_add_test(tc, inference_matches_training);
   tcase_add_test(tc, vertex_values_by_name);
