@@ -1062,12 +1062,18 @@ static void descriptor(const Emit *e) {
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
     bool named = f->slot_type && f->children;
-    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d, %d},\n",
+    /* the edge buffer its set's children are copied to (echild), for their homes */
+    const IrNode *ec = NULL;
+    for (int x = 0; x < f->n && f->edges && !ec; x++)
+      if (f->nodes[x].op == OP_ECHILD && f->nodes[x].uses > 0 && f->nodes[x].val.kind == PL_ROW) ec = &f->nodes[x];
+    fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d, %d, %d, ",
             emit_c_string(f->name), f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"),
             fname(e, f, "fwd_lazy"), fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"),
             e->eager_apart[i], ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
             named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
-            f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i]);
+            f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i], ec ? ec->val.buf : -1);
+    desc_lin(c, ec ? ec->val.off : lin_const(0));
+    fprintf(c, "},\n");
   }
   fprintf(c, "};\n");
   int nlosses = 0;

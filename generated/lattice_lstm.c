@@ -1271,10 +1271,10 @@ static const int lattice_lstm_chr_slot_types[] = {1};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_lstm_wrd_fwd_eager, lattice_lstm_wrd_fwd_path, lattice_lstm_wrd_fwd_lazy,
    lattice_lstm_wrd_bwd_lazy, lattice_lstm_wrd_bwd_path, lattice_lstm_wrd_bwd_eager, 1, 1, lattice_lstm_wrd_gathers,
-   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1},
+   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1, 22, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

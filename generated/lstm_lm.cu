@@ -693,7 +693,7 @@ static const cavs_gather_desc lstm_lm_token_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
-   0, NULL, NULL, 0, -1, -1, 1},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -556,10 +556,10 @@ static const cavs_gather_desc mvrnn_internal_gathers[] = {
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, mvrnn_leaf_fwd_eager, mvrnn_leaf_fwd_path, mvrnn_leaf_fwd_lazy,
    mvrnn_leaf_bwd_lazy, mvrnn_leaf_bwd_path, mvrnn_leaf_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 0, -1, -1, 0},
+   0, NULL, NULL, 0, -1, -1, 0, -1, {0, {0}}},
   {"internal", 2, 1, mvrnn_internal_fwd_eager, mvrnn_internal_fwd_path, mvrnn_internal_fwd_lazy,
    mvrnn_internal_bwd_lazy, mvrnn_internal_bwd_path, mvrnn_internal_bwd_eager, 1, 2, mvrnn_internal_gathers,
-   0, NULL, NULL, 0, -1, -1, 1},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

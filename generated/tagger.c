@@ -1113,13 +1113,13 @@ static const int tagger_tok_slot_types[] = {0, 1};
 static const cavs_vertex_desc vertex[] = {
   {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
    tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
-   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 1},
+   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
    tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
-   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 1},
+   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,
    tagger_tok_bwd_lazy, tagger_tok_bwd_path, tagger_tok_bwd_eager, 1, 2, tagger_tok_gathers,
-   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0},
+   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -1715,16 +1715,16 @@ static const int tagger_chars_tok_slot_types[] = {1, 2};
 static const cavs_vertex_desc vertex[] = {
   {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
    tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
-   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 1},
+   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
    tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
-   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 1},
+   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
    tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
-   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 1},
+   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,
    tagger_chars_tok_bwd_lazy, tagger_chars_tok_bwd_path, tagger_chars_tok_bwd_eager, 1, 2, tagger_chars_tok_gathers,
-   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0},
+   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -317,11 +317,19 @@ void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long
   else no_dropout(c);
 }
 
+/* Is any edge of rows [r0, r0 + n) left to copy, once the children at home in their
+   edge's row (plan_homes) are left out? */
+static bool edges_left(const cavs_ctx *c, int r0, int n) {
+  const cavs_model *m = c->model;
+  for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++)
+    if (!m->hkey || m->hkey[m->echild[e]] != cv_edge_key(m, e)) return true;
+  return false;
+}
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
-  BE(c)->echild_fwd(c, state, dst, ld, r0, n);
+  if (edges_left(c, r0, n)) BE(c)->echild_fwd(c, state, dst, ld, r0, n);
 }
 void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
-  BE(c)->echild_bwd(c, state, src, ld, r0, n);
+  if (edges_left(c, r0, n)) BE(c)->echild_bwd(c, state, src, ld, r0, n);
 }
 void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
   BE(c)->ebcast_fwd(c, src, lds, dst, ldd, w, r0, n);

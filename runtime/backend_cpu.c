@@ -394,6 +394,12 @@ static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long 
                      .w = c->model->bw[state]});
 }
 
+/* Is edge e's child at home there (plan_homes): its loops stored its state in the edge's
+   row and read its gradient there? Then echild copies nothing and adds nothing back. */
+static inline bool edge_home(const cavs_model *m, int e) {
+  return m->hkey && m->hkey[m->echild[e]] == cv_edge_key(m, e);
+}
+
 /* Children as sets (`children *`): the edges of rows [r0, r0 + n), one thread, in edge
  * order (a sum over a row's edges has the same bits at any thread count). */
 #define EDGE_OPS(R, S)                                                                                       \
@@ -401,12 +407,14 @@ static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long 
     const R *st = (const R *)c->val[state];                                                                  \
     long w = c->model->bw[state];                                                                            \
     for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++)                                                      \
-      memcpy(dst + (size_t)e * (size_t)ld, st + (size_t)c->echild[e] * (size_t)w, sizeof(R) * (size_t)w);    \
+      if (!edge_home(c->model, e))                                                                           \
+        memcpy(dst + (size_t)e * (size_t)ld, st + (size_t)c->echild[e] * (size_t)w, sizeof(R) * (size_t)w);  \
   }                                                                                                          \
   static void echild_bwd_##S(cavs_ctx *c, int state, const R *src, long ld, int r0, int n) {                 \
     R *st = (R *)c->grad[state];                                                                             \
     long w = c->model->bw[state];                                                                            \
     for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++) {                                                    \
+      if (edge_home(c->model, e)) continue;                                                                  \
       R *o = st + (size_t)c->echild[e] * (size_t)w;                                                          \
       const R *s = src + (size_t)e * (size_t)ld;                                                             \
       for (long j = 0; j < w; j++) o[j] += s[j];                                                             \

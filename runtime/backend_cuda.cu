@@ -515,11 +515,14 @@ static void edges_of(cavs_ctx *c, int r0, int n, int *e0, int *ne) {
 }
 
 /* per edge e, column j: echild copies the child's state row to the edge (backward adds
-   it back, atomically: a child is in several sets); ebcast the parent's row */
+   it back, atomically: a child is in several sets), but for a child at home in the
+   edge's row (hkey[child] == key0 + e, plan_homes); ebcast the parent's row */
 template <typename R>
-__global__ void edge_copy(R *edge, long lde, R *rows, long ldr, const int *sel, int e0, int ne, long w, bool bwd) {
+__global__ void edge_copy(R *edge, long lde, R *rows, long ldr, const int *sel, int e0, int ne, long w, bool bwd,
+                          const long *hkey, long key0) {
   long e, j;
   if (!cell(e0, ne, w, &e, &j)) return;
+  if (hkey && hkey[sel[e]] == key0 + e) return;
   R *row = rows + (long)sel[e] * ldr;
   if (!bwd) edge[e * lde + j] = row[j];
   else atomicAdd(&row[j], edge[e * lde + j]);
@@ -542,23 +545,27 @@ __global__ void esum_bwd(R *dsrc, long lds, const R *ddst, long ldd, const int *
 
 template <typename R>
 static void launch_edge_copy(cavs_ctx *c, void *edge, long lde, void *rows, long ldr, const int *sel, int r0, int n,
-                             long w, bool bwd) {
+                             long w, bool bwd, bool homes = false) {
   int e0, ne;
   edges_of(c, r0, n, &e0, &ne);
   if (ne <= 0 || w <= 0) return;
-  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd);
-  CKL(model(c));
+  cavs_model *m = model(c);
+  const long *hkey = homes ? dev(m)->hkey : NULL;
+  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd, hkey,
+                                                            cv_edge_key(m, 0));
+  CKL(m);
 }
 
 static void cuda_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
   long w = model(c)->bw[state];
-  if (dbl(c)) launch_edge_copy<double>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false);
-  else launch_edge_copy<float>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false);
+  if (dbl(c)) launch_edge_copy<double>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false, true);
+  else launch_edge_copy<float>(c, dst, ld, c->val[state], w, dev(model(c))->echild, r0, n, w, false, true);
 }
 static void cuda_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
   long w = model(c)->bw[state];
-  if (dbl(c)) launch_edge_copy<double>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true);
-  else launch_edge_copy<float>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true);
+  if (dbl(c))
+    launch_edge_copy<double>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true, true);
+  else launch_edge_copy<float>(c, (void *)src, ld, c->grad[state], w, dev(model(c))->echild, r0, n, w, true, true);
 }
 static void cuda_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
   if (dbl(c)) launch_edge_copy<double>(c, dst, ldd, (void *)src, lds, dev(model(c))->eparent, r0, n, w, false);

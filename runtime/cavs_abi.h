@@ -33,8 +33,9 @@ extern "C" {
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
  *    cavs_desc.values.
  * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*.
- * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes). */
-#define CAVS_ABI_VERSION 7
+ * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes).
+ * 8: cavs_vertex_desc.edge_buf and .edge_off (homes on a set's edges). */
+#define CAVS_ABI_VERSION 8
 enum { CAVS_MAX_DIMS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
@@ -262,6 +263,11 @@ typedef struct cavs_vertex_desc {
      (home_grad) to the state's: the runtime may then give a child's home to the
      parent's gathered row, whose gather copies nothing for it and adds nothing back */
   int homes;
+  /* `children *`: the buffer each edge's copy of its child's state goes to (echild; one
+     row an edge) and at which column, so that a child may have its home there (-1:
+     none) */
+  int edge_buf;
+  cavs_lin edge_off;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };

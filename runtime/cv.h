@@ -75,7 +75,7 @@ struct cavs_model {
      [home_w], the zeros they read as their home's gradient; home_w the widest state of
      a type with homes (0: no type has them) */
   void **hval, **hgrad;
-  long *hkey;
+  long *hkey; /* (an edge e's key: rows * maxc + e, cv_edge_key) */
   void *hdump, *hzero;
   long home_w;
   cavs_loss_acc *loss;
@@ -157,6 +157,9 @@ struct cavs_model {
 };
 /* inference's product tables, freed (backend.c) */
 void cv_ptables_free(cavs_model *m);
+
+/* The home key (cavs_model.hkey) of edge e of the minibatch: past every slot's */
+static inline long cv_edge_key(const cavs_model *m, int e) { return (long)m->rows * m->maxc + e; }
 
 long cv_lin(const cavs_lin *l, const long *dims);
 /* cv_lin in checked arithmetic: 0 and the value when it is in [0, LONG_MAX]. */

@@ -100,15 +100,29 @@ static void plan_views(cavs_model *m) {
 /* Homes (cavsc's, emit.c: state_homes). A type with cavs_vertex_desc.homes stores each
  * row's state twice in its fused loops, at the row and at home_val[r]; backward, it adds
  * what it finds at home_grad[r] to the state's gradient. A row's home is the columns of
- * its parent's gathered row that the parent's gather would copy it to: the first
- * gather, in the order of the types, their gathers and their rows, that reads it from
- * the state its type writes, of a type whose gathered buffers are not views (a view is
- * the state itself). Its key (hkey, parent row * maxc + slot) tells the gathers to copy
- * nothing there and to add nothing back. Any other row of such a type (a root; a
- * child whose parents all view, or read it through an edge of a set; a second parent's
- * slot, which copies as before) stores to a scratch row of its own that nothing reads
- * and reads a row of zeros. No row order is needed: on trees and chains every child
- * but a set's is at home, whatever the levels its parents mix. O(rows). */
+ * its parent's gathered row that the parent's gather would copy it to, or the edge
+ * row of its parent's set that echild would copy it to: the first such read, in the
+ * order of the types, then each type's gathers and its set, then the rows, of the
+ * state its type writes, by a type whose gathered buffers are not views (a view is the
+ * state itself). Its key (hkey: parent row * maxc + slot, or cv_edge_key) tells the
+ * gathers and echild to copy nothing there and to add nothing back. Any other row of
+ * such a type (a root; a child whose parents all view; a second parent's read, which
+ * copies as before) stores to a scratch row of its own that nothing reads and reads a
+ * row of zeros. No row order is needed: on trees and chains every child is at home,
+ * whatever the levels its parents mix. O(rows + edges). */
+/* child row ch at home at byte `at` of buffer b (and its gradient), under `key` */
+static void set_home(cavs_model *m, int ch, long key, int b, size_t at) {
+  m->hkey[ch] = key;
+  m->hval[ch] = (char *)m->val[b] + at;
+  m->hgrad[ch] = m->grad[b] ? (char *)m->grad[b] + at : m->hzero;
+  m->stats.gathered_homed++;
+}
+/* may row ch, read from state `src`, take a home? */
+static bool homeless(const cavs_model *m, int ch, int src) {
+  const cavs_vertex_desc *cv = &m->d->vertex[m->vtype[m->queue[ch]]];
+  return ch >= 0 && m->hkey[ch] < 0 && cv->homes && cv->state == src;
+}
+
 static void plan_homes(cavs_model *m) {
   if (!m->home_w) return;
   const cavs_desc *d = m->d;
@@ -133,16 +147,18 @@ static void plan_homes(cavs_model *m) {
       if (off < 0 || off + m->bw[q->src] > ld) continue;
       for (int r = first; r < end; r++) {
         int ch = m->child[(size_t)r * C + q->slot];
-        if (ch < 0 || m->hkey[ch] >= 0) continue;
-        const cavs_vertex_desc *cv = &d->vertex[m->vtype[m->queue[ch]]];
-        if (!cv->homes || cv->state != q->src) continue;
-        size_t at = ((size_t)r * (size_t)ld + (size_t)off) * m->esize;
-        m->hkey[ch] = (long)r * C + q->slot;
-        m->hval[ch] = (char *)m->val[q->buf] + at;
-        m->hgrad[ch] = m->grad[q->buf] ? (char *)m->grad[q->buf] + at : m->hzero;
-        m->stats.gathered_homed++;
+        if (homeless(m, ch, q->src))
+          set_home(m, ch, (long)r * C + q->slot, q->buf, ((size_t)r * (size_t)ld + (size_t)off) * m->esize);
       }
     }
+    /* the set's edges: edge e's row of the buffer echild fills */
+    int eb = v->edge_buf;
+    if (!v->edges || eb < 0 || eb >= d->nbufs || !m->has_edges) continue;
+    long ld = m->bw[eb], off = cv_lin(&v->edge_off, m->ctx.dims);
+    if (off < 0 || off + m->bw[v->edge_state] > ld) continue;
+    for (int e = m->eoff[first]; e < m->eoff[end]; e++)
+      if (homeless(m, m->echild[e], v->edge_state))
+        set_home(m, m->echild[e], cv_edge_key(m, e), eb, ((size_t)e * (size_t)ld + (size_t)off) * m->esize);
   }
 }
 

@@ -163,7 +163,8 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     const cavs_vertex_desc *v = &d->vertex[t];
     bool ok = v->state >= -1 && v->state < d->nbufs && (d->state_buf < 0 || v->state == d->state_buf);
     for (int g = 0; ok && g < v->ngathers; g++) ok = v->gathers[g].src >= 0 && v->gathers[g].src < d->nbufs;
-    ok = ok && (v->homes == 0 || (v->homes == 1 && v->state >= 0));
+    ok = ok && (v->homes == 0 || (v->homes == 1 && v->state >= 0)) &&
+         (v->edge_buf == -1 || (v->edges && v->edge_buf >= 0 && v->edge_buf < d->nbufs && d->bufs[v->edge_buf].edge));
     for (int k = 0; ok && v->slot_types && k < v->children; k++)
       ok = v->slot_types[k] >= 0 && v->slot_types[k] < d->nvertex && d->vertex[v->slot_types[k]].state >= 0;
     if (ok && v->edges)
