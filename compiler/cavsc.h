@@ -14,6 +14,7 @@
 enum {
   CV_MAX_DIMS = 16,       /* dims a model may declare (a Lin holds one coefficient each) */
   CV_MAX_CHILDREN = 64,   /* largest `children N` */
+  CV_MAX_HOMES = 2,       /* homes a row's state is stored at (cavs_abi.h's CAVS_MAX_HOMES) */
   CV_MAX_NEST = 256,      /* expression / bracket nesting */
   CV_MAX_ERRORS = 20,     /* stop reporting after this many */
   CV_MAX_UNROLL = 65536,  /* iterations of one `for` */
@@ -218,8 +219,8 @@ typedef enum { PL_NONE, PL_ROW, PL_PARAM, PL_INPUT, PL_REG, PL_HOME } PlaceKind;
 typedef struct Place {
   PlaceKind kind; /* PL_ROW: per-row buffer; PL_PARAM: param group; PL_INPUT: real input;
                      PL_REG: lives only inside its fused loop; PL_HOME (emit.c alone): a
-                     row's state where its parent gathers it, row r at
-                     cavs_ctx.home_val[r] + off (home_grad: its gradient), buf the state */
+                     row's state where a parent gathers it, buf its home k: row r at
+                     cavs_ctx.home_val[k][r] + off (home_grad: its gradient) */
   int buf;
   Lin off, ld;
 } Place;
@@ -501,8 +502,8 @@ typedef struct Emit {
   /* [nvertex]: 1 where the vertex type's backward eager stage names no parameter
      gradient that a backward path, lazy, pull or push stage names (emit() finds it) */
   unsigned char *eager_apart;
-  /* [nvertex]: 1 where the type's fused loops write its whole state, so that they also
-     store it at each row's home and read the home's gradient (emit.c, state_homes) */
+  /* [nvertex]: how many homes the type's fused loops store its whole state at (and
+     read the gradients of) besides the row (emit.c, state_homes): 0 to CV_MAX_HOMES */
   unsigned char *homes;
 } Emit;
 
@@ -530,7 +531,8 @@ typedef struct Ref {
 /* A pointer a fused loop sets for each row: `name[j]` is column j of the row. */
 typedef struct LoopPtr {
   const char *name; /* a<N> read, d<N> gradient added to, o<N> written, g<N>_in gradient read,
-                       h<N> written at home, hg<N> gradient read at home */
+                       h<N> written at home, hg<N> gradient read at home (h<N>_2,
+                       hg<N>_2 at the second home) */
   bool write;
   Ref at;
 } LoopPtr;

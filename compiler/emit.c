@@ -67,8 +67,8 @@ const char *emit_ptr(const Emit *e, Ref r, const char *row) {
   case PL_PARAM:
     if (r.grad && e->pg_marks) e->pg_marks[p->buf] = 1;
     return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
-  case PL_HOME: /* the row's home: where its parent gathers its state, or a scratch row */
-    return arena_printf("(R *)c->home_%s[%s]%s", r.grad ? "grad" : "val", row, off);
+  case PL_HOME: /* the row's home p->buf: where a parent gathers its state, or a scratch row */
+    return arena_printf("(R *)c->home_%s[%d][%s]%s", r.grad ? "grad" : "val", p->buf, row, off);
   case PL_INPUT: /* p->buf is the input; real inputs have their own numbering */
     return arena_printf("(const R *)c->rin[%d] + (size_t)(%s) * %s", real_slot(m, p->buf), row,
                         paren(emit_lin(m, p->ld)));
@@ -219,16 +219,20 @@ static const Place *loaded(const IrFunc *f, int x) {
   return n->keep ? &n->kval : n->val.kind == PL_ROW ? &n->val : NULL;
 }
 
-/* Is member x of f's loops a piece of the state that the loops also store at the row's
- * home (Emit.homes, state_homes)? Its home place: the same columns of the home row. */
-static bool at_home(const Emit *e, const IrFunc *f, int x) {
+/* How many homes member x of f's loops, a piece of the state, is also stored at (0: it
+ * is not a piece of a state stored at home; Emit.homes, state_homes); its place at home
+ * k: the same columns of that home's row; the names of the pointers there. */
+static int at_home(const Emit *e, const IrFunc *f, int x) {
   const IrNode *n = &f->nodes[x];
-  return f->kind == F_VERTEX && e->homes[f->index] && n->val.kind == PL_ROW && n->val.buf == f->state_buf;
+  return f->kind == F_VERTEX && n->val.kind == PL_ROW && n->val.buf == f->state_buf ? e->homes[f->index] : 0;
 }
-static const Place *home_place(const IrFunc *f, int x) {
+static const Place *home_place(const IrFunc *f, int x, int k) {
   Place *p = arena_alloc(sizeof *p);
-  *p = (Place){.kind = PL_HOME, .buf = f->state_buf, .off = f->nodes[x].val.off, .ld = f->nodes[x].val.ld};
+  *p = (Place){.kind = PL_HOME, .buf = k, .off = f->nodes[x].val.off, .ld = f->nodes[x].val.ld};
   return p;
+}
+static const char *home_name(const char *what, int x, int k) {
+  return k ? arena_printf("%s%d_%d", what, x, k + 1) : arena_printf("%s%d", what, x);
 }
 
 /* The loop of group gi, with a pointer for every outside operand it reads (all of them
@@ -242,7 +246,7 @@ static Loop group_loop(const Emit *e, const IrFunc *f, int gi, bool bwd, const b
   /* at most two a member (its kept or loaded value, and its value or gradient in a
      buffer) and two an outside operand (its value and its gradient), of which there
      are at most two a member */
-  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)(7 * g->n + 1));
+  l.ptrs = arena_alloc(sizeof(LoopPtr) * (size_t)((6 + CV_MAX_HOMES) * g->n + 1));
   bool *seen = arena_alloc(sizeof(bool) * (size_t)f->n);
   for (int k = 0; k < g->n; k++) {
     const IrNode *n = &f->nodes[g->members[k]];
@@ -267,9 +271,9 @@ static Loop group_loop(const Emit *e, const IrFunc *f, int gi, bool bwd, const b
     if (n->val.kind != PL_ROW) continue;
     if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("o%d", x), true, {&n->val, false}};
     else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("g%d_in", x), false, {&n->val, true}};
-    if (!at_home(e, f, x)) continue;
-    if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("h%d", x), true, {home_place(f, x), false}};
-    else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("hg%d", x), false, {home_place(f, x), true}};
+    for (int k = 0; k < at_home(e, f, x); k++)
+      if (!bwd) l.ptrs[l.nptrs++] = (LoopPtr){home_name("h", x, k), true, {home_place(f, x, k), false}};
+      else if (n->grad) l.ptrs[l.nptrs++] = (LoopPtr){home_name("hg", x, k), false, {home_place(f, x, k), true}};
   }
   return l;
 }
@@ -374,7 +378,7 @@ static bool concat_in_place(const IrFunc *f, const IrNode *x) {
  * parent's gather adds nothing back. No row order is needed for it, so it holds for
  * any tree, chain or DAG (one parent of a vertex with several gets the home); a store
  * from registers replaces a copy through memory. */
-static bool state_homes(const Model *m, const IrFunc *f) {
+static bool state_in_loops(const Model *m, const IrFunc *f) {
   int S = f->state_buf;
   if (m->no_homes || f->kind != F_VERTEX || S < 0 || S >= m->nbufs) return false;
   const IrNode *sc = NULL;
@@ -402,6 +406,24 @@ static bool state_homes(const Model *m, const IrFunc *f) {
     total = lin_add(total, x->width);
   }
   return ns > 0 && lin_eq(total, W);
+}
+
+static int gather_src(const Model *m, const IrFunc *f, int k);
+static int edge_src(const Model *m, const IrFunc *f);
+/* How many homes: as many as there are vertex types that read f's state through a
+ * slot or a set (a tagger's chain step is read by the next step and by its word: a
+ * home in each), at most CV_MAX_HOMES; none where the loops do not make the whole
+ * state, or nothing reads it. */
+static int state_homes(const Model *m, const IrFunc *f) {
+  if (!state_in_loops(m, f)) return 0;
+  int readers = 0;
+  for (int t = 0; t < m->nvertex; t++) {
+    const IrFunc *g = m->vertex[t];
+    bool reads = g->edges && edge_src(m, g) == f->state_buf;
+    for (int k = 0; k < g->children && !reads; k++) reads = gather_src(m, g, k) == f->state_buf;
+    readers += reads;
+  }
+  return readers < CV_MAX_HOMES ? readers : CV_MAX_HOMES;
 }
 
 /* Does nothing read or write buffer b of vertex function f at a row without children?
@@ -486,8 +508,8 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
        the row's home too, wherever it is stored at the row */
     if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf))) {
       fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
-      if (at_home(e, f, x))
-        fprintf(o, gone(f, x) ? "      h%d[j] = 0;  /* at home */\n" : "      h%d[j] = v%d;  /* at home */\n", x, x);
+      for (int k = 0; k < at_home(e, f, x); k++)
+        fprintf(o, "      %s[j] = %s;  /* at home */\n", home_name("h", x, k), gone(f, x) ? "0" : arena_printf("v%d", x));
     }
     /* in the C target only where a backward pass follows (cavs_ctx.keep) */
     if (n->keep && !gone(f, x))
@@ -547,9 +569,11 @@ static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
     if (!n->grad || gone(f, x)) continue;
-    if (n->val.kind == PL_ROW && at_home(e, f, x))
-      fprintf(o, "      R g%d = g%d_in[j] + hg%d[j];  /* and what the parent left at home */\n", x, x, x);
-    else if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
+    if (n->val.kind == PL_ROW && at_home(e, f, x)) {
+      fprintf(o, "      R g%d = g%d_in[j]", x, x);
+      for (int k = 0; k < at_home(e, f, x); k++) fprintf(o, " + %s[j]", home_name("hg", x, k));
+      fprintf(o, ";  /* and what the parents left at home */\n");
+    } else if (n->val.kind == PL_ROW) fprintf(o, "      R g%d = g%d_in[j];\n", x, x);
     else fprintf(o, "      R g%d = 0;\n", x);
   }
   /* a gradient this loop alone writes (plan.c: grad_set) is set by its first statement;

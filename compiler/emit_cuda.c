@@ -68,11 +68,12 @@ static bool per_row(const LoopPtr *p) { return p->at.p->kind != PL_PARAM; }
 
 /* A row's home (emit.c, PL_HOME): not a stride from the stage's first row but a pointer
  * of its own, from cavs_ctx.home_val (home_grad), which holds device pointers on the
- * CUDA backend: the kernel gets the array from row r0 on and reads its row's. */
+ * CUDA backend: the kernel gets the array of its home from row r0 on and reads its
+ * row's. */
 static bool home_ptr(const LoopPtr *p) { return p->at.p->kind == PL_HOME; }
 static const char *launch_arg(Emit *e, const LoopPtr *p, const char *r0) {
   if (!home_ptr(p)) return emit_ptr(e, p->at, r0);
-  return arena_printf("c->home_%s + (%s)", p->at.grad ? "grad" : "val", r0);
+  return arena_printf("c->home_%s[%d] + (%s)", p->at.grad ? "grad" : "val", p->at.p->buf, r0);
 }
 
 /* The launch goes into the stage; the kernel's head, and then its body (emit.c's

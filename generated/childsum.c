@@ -124,10 +124,10 @@ static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k19 = V[14] + (size_t)(r) * D_H;
     R *restrict k27 = V[15] + (size_t)(r) * D_H;
     R *restrict o41 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict k42 = V[17] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -180,10 +180,10 @@ static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k19 = V[14] + (size_t)(r) * D_H;
     R *restrict k27 = V[15] + (size_t)(r) * D_H;
     R *restrict o41 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict k42 = V[17] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -302,10 +302,10 @@ static void childsum_node_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k19 = V[14] + (size_t)(r) * D_H;
     const R *restrict k27 = V[15] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict k42 = V[17] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -322,9 +322,9 @@ static void childsum_node_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       R g26 = 0;
       R g27 = 0;
       R g40 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j];  /* and what the parents left at home */
       g19 += g43 * v42;
       g42 += g43 * v19;
       g41 += g42 * (1 - v42 * v42);
@@ -388,10 +388,10 @@ static void childsum_node_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k19 = V[14] + (size_t)(r) * D_H;
     const R *restrict k27 = V[15] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict k42 = V[17] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -408,9 +408,9 @@ static void childsum_node_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       R g26 = 0;
       R g27 = 0;
       R g40 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j];  /* and what the parents left at home */
       g19 += g43 * v42;
       g42 += g43 * v19;
       g41 += g42 * (1 - v42 * v42);

@@ -275,10 +275,10 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[17] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -300,10 +300,10 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -379,9 +379,9 @@ static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_
   R g26 = 0;
   R g27 = 0;
   R g40 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j];  /* and what the parents left at home */
   g19 += g43 * v42;
   g42 += g43 * v19;
   g41 += g42 * (1 - v42 * v42);
@@ -470,9 +470,9 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
   R g26 = 0;
   R g27 = 0;
   R g40 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j];  /* and what the parents left at home */
   g19 += g43 * v42;
   g42 += g43 * v19;
   g41 += g42 * (1 - v42 * v42);
@@ -549,10 +549,10 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[17] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -574,10 +574,10 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

@@ -114,7 +114,7 @@ static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
     R *restrict k9 = V[12] + (size_t)(r) * D_H;
     R *restrict k26 = V[14] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
-    R *restrict h31 = (R *)c->home_val[r];
+    R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a3[j] + (R)0;
@@ -157,7 +157,7 @@ static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
     R *restrict k9 = V[12] + (size_t)(r) * D_H;
     R *restrict k26 = V[14] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
-    R *restrict h31 = (R *)c->home_val[r];
+    R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a3[j] + a5[j];
@@ -252,7 +252,7 @@ static void lattice_gru_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
     const R *restrict k9 = V[12] + (size_t)(r) * D_H;
     const R *restrict k26 = V[14] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg31 = (R *)c->home_grad[r];
+    const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];  /* z */
@@ -266,7 +266,7 @@ static void lattice_gru_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
       R g26 = 0;
       R g28 = 0;
       R g29 = 0;
-      R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
+      R g31 = g31_in[j] + hg31[j];  /* and what the parents left at home */
       g29 += g31;
       g28 += g29 * v26;
       g26 += g29 * v28;
@@ -318,7 +318,7 @@ static void lattice_gru_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
     const R *restrict k9 = V[12] + (size_t)(r) * D_H;
     const R *restrict k26 = V[14] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg31 = (R *)c->home_grad[r];
+    const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];  /* z */
@@ -333,7 +333,7 @@ static void lattice_gru_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
       R g28 = 0;
       R g29 = 0;
       R g30 = 0;
-      R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
+      R g31 = g31_in[j] + hg31[j];  /* and what the parents left at home */
       g29 += g31;
       g30 += g31;
       g9 += g30 * a1[j];
@@ -619,7 +619,8 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
     R *restrict k31 = V[35] + (size_t)(r) * D_H;
     R *restrict k48 = V[37] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
-    R *restrict h53 = (R *)c->home_val[r];
+    R *restrict h53 = (R *)c->home_val[0][r];
+    R *restrict h53_2 = (R *)c->home_val[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v28 = a25[j] + (R)0;
@@ -635,6 +636,7 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
       if (keep) k48[j] = v48;  /* kept for the backward loop */
       o53[j] = v53;
       h53[j] = v53;  /* at home */
+      h53_2[j] = v53;  /* at home */
     }
   }
 }
@@ -662,7 +664,8 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
     R *restrict k31 = V[35] + (size_t)(r) * D_H;
     R *restrict k48 = V[37] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
-    R *restrict h53 = (R *)c->home_val[r];
+    R *restrict h53 = (R *)c->home_val[0][r];
+    R *restrict h53_2 = (R *)c->home_val[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v28 = a25[j] + a27[j];
@@ -679,6 +682,7 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
       if (keep) k48[j] = v48;  /* kept for the backward loop */
       o53[j] = v53;
       h53[j] = v53;  /* at home */
+      h53_2[j] = v53;  /* at home */
     }
   }
 }
@@ -793,7 +797,8 @@ static void lattice_gru_chr_bwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
     const R *restrict k31 = V[35] + (size_t)(r) * D_H;
     const R *restrict k48 = V[37] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
-    const R *restrict hg53 = (R *)c->home_grad[r];
+    const R *restrict hg53 = (R *)c->home_grad[0][r];
+    const R *restrict hg53_2 = (R *)c->home_grad[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v31 = k31[j];  /* z */
@@ -807,7 +812,7 @@ static void lattice_gru_chr_bwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
       R g48 = 0;
       R g50 = 0;
       R g51 = 0;
-      R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
+      R g53 = g53_in[j] + hg53[j] + hg53_2[j];  /* and what the parents left at home */
       g51 += g53;
       g50 += g51 * v48;
       g48 += g51 * v50;
@@ -859,7 +864,8 @@ static void lattice_gru_chr_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
     const R *restrict k31 = V[35] + (size_t)(r) * D_H;
     const R *restrict k48 = V[37] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
-    const R *restrict hg53 = (R *)c->home_grad[r];
+    const R *restrict hg53 = (R *)c->home_grad[0][r];
+    const R *restrict hg53_2 = (R *)c->home_grad[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v31 = k31[j];  /* z */
@@ -874,7 +880,7 @@ static void lattice_gru_chr_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
       R g50 = 0;
       R g51 = 0;
       R g52 = 0;
-      R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
+      R g53 = g53_in[j] + hg53[j] + hg53_2[j];  /* and what the parents left at home */
       g51 += g53;
       g52 += g53;
       g31 += g52 * a23[j];
@@ -1370,7 +1376,7 @@ static const cavs_vertex_desc vertex[] = {
    0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 1, 28, {0, {0}}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -207,7 +207,7 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -225,7 +225,7 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -286,7 +286,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long 
   R g26 = 0;
   R g28 = 0;
   R g29 = 0;
-  R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
+  R g31 = g31_in[j] + hg31[j];  /* and what the parents left at home */
   g29 += g31;
   g28 += g29 * v26;
   g26 += g29 * v28;
@@ -351,7 +351,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
   R g28 = 0;
   R g29 = 0;
   R g30 = 0;
-  R g31 = g31_in[j] + hg31[j];  /* and what the parent left at home */
+  R g31 = g31_in[j] + hg31[j];  /* and what the parents left at home */
   g29 += g31;
   g30 += g31;
   g9 += g30 * a1[j];
@@ -425,7 +425,7 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -444,7 +444,7 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -642,7 +642,8 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
     R *__restrict__ k31_r0,
     R *__restrict__ k48_r0,
     R *__restrict__ o53_r0,
-    void *const *h53_r0) {
+    void *const *h53_r0,
+    void *const *h53_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
@@ -651,6 +652,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
   R *__restrict__ h53 = (R *)h53_r0[i];
+  R *__restrict__ h53_2 = (R *)h53_2_r0[i];
   const R v28 = a25[j] + (R)0;
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
@@ -664,6 +666,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
   k48[j] = v48;  /* kept for the backward loop */
   o53[j] = v53;
   h53[j] = v53;  /* at home */
+  h53_2[j] = v53;  /* at home */
 }
 
 /* lattice_gru_chr_fwd_path, group g3 forward at the others: a thread per row and column of [n, H] */
@@ -678,7 +681,8 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
     R *__restrict__ k31_r0,
     R *__restrict__ k48_r0,
     R *__restrict__ o53_r0,
-    void *const *h53_r0) {
+    void *const *h53_r0,
+    void *const *h53_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
@@ -690,6 +694,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
   R *__restrict__ h53 = (R *)h53_r0[i];
+  R *__restrict__ h53_2 = (R *)h53_2_r0[i];
   const R v28 = a25[j] + a27[j];
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
@@ -704,6 +709,7 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
   k48[j] = v48;  /* kept for the backward loop */
   o53[j] = v53;
   h53[j] = v53;  /* at home */
+  h53_2[j] = v53;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -812,7 +818,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[37] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -830,7 +837,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -875,7 +883,8 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
     const R *__restrict__ k31_r0,
     const R *__restrict__ k48_r0,
     const R *__restrict__ g53_in_r0,
-    void *const *hg53_r0) {
+    void *const *hg53_r0,
+    void *const *hg53_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
@@ -884,6 +893,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ g53_in = g53_in_r0 + (size_t)i * D_H;
   const R *__restrict__ hg53 = (R *)hg53_r0[i];
+  const R *__restrict__ hg53_2 = (R *)hg53_2_r0[i];
   const R v31 = k31[j];  /* z */
   const R v48 = k48[j];  /* n */
   const R v50 = (R)1 - v31;
@@ -895,7 +905,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
   R g48 = 0;
   R g50 = 0;
   R g51 = 0;
-  R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
+  R g53 = g53_in[j] + hg53[j] + hg53_2[j];  /* and what the parents left at home */
   g51 += g53;
   g50 += g51 * v48;
   g48 += g51 * v50;
@@ -935,7 +945,8 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
     const R *__restrict__ k31_r0,
     const R *__restrict__ k48_r0,
     const R *__restrict__ g53_in_r0,
-    void *const *hg53_r0) {
+    void *const *hg53_r0,
+    void *const *hg53_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
@@ -948,6 +959,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   const R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   const R *__restrict__ g53_in = g53_in_r0 + (size_t)i * D_H;
   const R *__restrict__ hg53 = (R *)hg53_r0[i];
+  const R *__restrict__ hg53_2 = (R *)hg53_2_r0[i];
   const R v31 = k31[j];  /* z */
   const R v48 = k48[j];  /* n */
   const R v50 = (R)1 - v31;
@@ -960,7 +972,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   R g50 = 0;
   R g51 = 0;
   R g52 = 0;
-  R g53 = g53_in[j] + hg53[j];  /* and what the parent left at home */
+  R g53 = g53_in[j] + hg53[j] + hg53_2[j];  /* and what the parents left at home */
   g51 += g53;
   g52 += g53;
   g31 += g52 * a23[j];
@@ -1120,7 +1132,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[37] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1139,7 +1152,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1516,7 +1530,7 @@ static const cavs_vertex_desc vertex[] = {
    0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 1, 28, {0, {0}}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -83,7 +83,7 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k11 = V[10] + (size_t)(r) * D_H;
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
-    R *restrict h30 = (R *)c->home_val[r];
+    R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -129,7 +129,7 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k19 = V[11] + (size_t)(r) * D_H;
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
-    R *restrict h30 = (R *)c->home_val[r];
+    R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -222,7 +222,7 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k11 = V[10] + (size_t)(r) * D_H;
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg30 = (R *)c->home_grad[r];
+    const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -234,7 +234,7 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g26 = 0;
       R g27 = 0;
       R g29 = 0;
-      R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
+      R g30 = g30_in[j] + hg30[j];  /* and what the parents left at home */
       g29 += g30;
       g11 += g29 * v27;
       g27 += g29 * v11;
@@ -287,7 +287,7 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k19 = V[11] + (size_t)(r) * D_H;
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg30 = (R *)c->home_grad[r];
+    const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -304,7 +304,7 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g27 = 0;
       R g28 = 0;
       R g29 = 0;
-      R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
+      R g30 = g30_in[j] + hg30[j];  /* and what the parents left at home */
       g28 += g30;
       g29 += g30;
       g11 += g29 * v27;
@@ -485,10 +485,12 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k35 = V[29] + (size_t)(r) * D_H;
     R *restrict k50 = V[31] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h57 = (R *)c->home_val[r];
+    R *restrict h57 = (R *)c->home_val[0][r];
+    R *restrict h57_2 = (R *)c->home_val[1][r];
     R *restrict k58 = V[32] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h59 = (R *)c->home_val[r] + D_H;
+    R *restrict h59 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -515,9 +517,11 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
       h57[j] = v57;  /* at home */
+      h57_2[j] = v57;  /* at home */
       if (keep) k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
+      h59_2[j] = v59;  /* at home */
     }
   }
 }
@@ -556,10 +560,12 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k35 = V[29] + (size_t)(r) * D_H;
     R *restrict k50 = V[31] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h57 = (R *)c->home_val[r];
+    R *restrict h57 = (R *)c->home_val[0][r];
+    R *restrict h57_2 = (R *)c->home_val[1][r];
     R *restrict k58 = V[32] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h59 = (R *)c->home_val[r] + D_H;
+    R *restrict h59 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -591,9 +597,11 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
       h57[j] = v57;  /* at home */
+      h57_2[j] = v57;  /* at home */
       if (keep) k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
+      h59_2[j] = v59;  /* at home */
     }
   }
 }
@@ -703,10 +711,12 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k35 = V[29] + (size_t)(r) * D_H;
     const R *restrict k50 = V[31] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg57 = (R *)c->home_grad[r];
+    const R *restrict hg57 = (R *)c->home_grad[0][r];
+    const R *restrict hg57_2 = (R *)c->home_grad[1][r];
     const R *restrict k58 = V[32] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg59 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -733,9 +743,9 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g54 = 0;
       R g55 = 0;
       R g56 = 0;
-      R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
+      R g57 = g57_in[j] + hg57[j] + hg57_2[j];  /* and what the parents left at home */
       R g58 = 0;
-      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+      R g59 = g59_in[j] + hg59[j] + hg59_2[j];  /* and what the parents left at home */
       g27 += g59 * v58;
       g58 += g59 * v27;
       g57 += g58 * (1 - v58 * v58);
@@ -828,10 +838,12 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k35 = V[29] + (size_t)(r) * D_H;
     const R *restrict k50 = V[31] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg57 = (R *)c->home_grad[r];
+    const R *restrict hg57 = (R *)c->home_grad[0][r];
+    const R *restrict hg57_2 = (R *)c->home_grad[1][r];
     const R *restrict k58 = V[32] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg59 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -863,9 +875,9 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g54 = 0;
       R g55 = 0;
       R g56 = 0;
-      R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
+      R g57 = g57_in[j] + hg57[j] + hg57_2[j];  /* and what the parents left at home */
       R g58 = 0;
-      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+      R g59 = g59_in[j] + hg59[j] + hg59_2[j];  /* and what the parents left at home */
       g27 += g59 * v58;
       g58 += g59 * v27;
       g57 += g58 * (1 - v58 * v58);
@@ -1274,7 +1286,7 @@ static const cavs_vertex_desc vertex[] = {
    0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1, 22, {0, {0}}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -176,7 +176,7 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -198,7 +198,7 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -257,7 +257,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0_leaves(int n, long D_E, long
   R g26 = 0;
   R g27 = 0;
   R g29 = 0;
-  R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
+  R g30 = g30_in[j] + hg30[j];  /* and what the parents left at home */
   g29 += g30;
   g11 += g29 * v27;
   g27 += g29 * v11;
@@ -328,7 +328,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   R g27 = 0;
   R g28 = 0;
   R g29 = 0;
-  R g30 = g30_in[j] + hg30[j];  /* and what the parent left at home */
+  R g30 = g30_in[j] + hg30[j];  /* and what the parents left at home */
   g28 += g30;
   g29 += g30;
   g11 += g29 * v27;
@@ -375,7 +375,7 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -398,7 +398,7 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -525,9 +525,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k50_r0,
     R *__restrict__ o57_r0,
     void *const *h57_r0,
+    void *const *h57_2_r0,
     R *__restrict__ k58_r0,
     R *__restrict__ o59_r0,
-    void *const *h59_r0) {
+    void *const *h59_r0,
+    void *const *h59_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -539,9 +541,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o57 = o57_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h57 = (R *)h57_r0[i];
+  R *__restrict__ h57_2 = (R *)h57_2_r0[i];
   R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
+  R *__restrict__ h59_2 = (R *)h59_2_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -566,9 +570,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
   k50[j] = v50;  /* kept for the backward loop */
   o57[j] = v57;
   h57[j] = v57;  /* at home */
+  h57_2[j] = v57;  /* at home */
   k58[j] = v58;  /* kept for the backward loop */
   o59[j] = v59;
   h59[j] = v59;  /* at home */
+  h59_2[j] = v59;  /* at home */
 }
 
 /* lattice_lstm_chr_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -595,9 +601,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
     R *__restrict__ k50_r0,
     R *__restrict__ o57_r0,
     void *const *h57_r0,
+    void *const *h57_2_r0,
     R *__restrict__ k58_r0,
     R *__restrict__ o59_r0,
-    void *const *h59_r0) {
+    void *const *h59_r0,
+    void *const *h59_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -618,9 +626,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o57 = o57_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h57 = (R *)h57_r0[i];
+  R *__restrict__ h57_2 = (R *)h57_2_r0[i];
   R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
+  R *__restrict__ h59_2 = (R *)h59_2_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -650,9 +660,11 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   k50[j] = v50;  /* kept for the backward loop */
   o57[j] = v57;
   h57[j] = v57;  /* at home */
+  h57_2[j] = v57;  /* at home */
   k58[j] = v58;  /* kept for the backward loop */
   o59[j] = v59;
   h59[j] = v59;  /* at home */
+  h59_2[j] = v59;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -729,10 +741,12 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[32] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -761,10 +775,12 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -815,9 +831,11 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k50_r0,
     const R *__restrict__ g57_in_r0,
     void *const *hg57_r0,
+    void *const *hg57_2_r0,
     const R *__restrict__ k58_r0,
     const R *__restrict__ g59_in_r0,
-    void *const *hg59_r0) {
+    void *const *hg59_r0,
+    void *const *hg59_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -829,9 +847,11 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   const R *__restrict__ g57_in = g57_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg57 = (R *)hg57_r0[i];
+  const R *__restrict__ hg57_2 = (R *)hg57_2_r0[i];
   const R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg59 = (R *)hg59_r0[i] + D_H;
+  const R *__restrict__ hg59_2 = (R *)hg59_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -856,9 +876,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
   R g54 = 0;
   R g55 = 0;
   R g56 = 0;
-  R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
+  R g57 = g57_in[j] + hg57[j] + hg57_2[j];  /* and what the parents left at home */
   R g58 = 0;
-  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+  R g59 = g59_in[j] + hg59[j] + hg59_2[j];  /* and what the parents left at home */
   g27 += g59 * v58;
   g58 += g59 * v27;
   g57 += g58 * (1 - v58 * v58);
@@ -940,9 +960,11 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
     const R *__restrict__ k50_r0,
     const R *__restrict__ g57_in_r0,
     void *const *hg57_r0,
+    void *const *hg57_2_r0,
     const R *__restrict__ k58_r0,
     const R *__restrict__ g59_in_r0,
-    void *const *hg59_r0) {
+    void *const *hg59_r0,
+    void *const *hg59_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -966,9 +988,11 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   const R *__restrict__ g57_in = g57_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg57 = (R *)hg57_r0[i];
+  const R *__restrict__ hg57_2 = (R *)hg57_2_r0[i];
   const R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
   const R *__restrict__ g59_in = g59_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg59 = (R *)hg59_r0[i] + D_H;
+  const R *__restrict__ hg59_2 = (R *)hg59_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -998,9 +1022,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   R g54 = 0;
   R g55 = 0;
   R g56 = 0;
-  R g57 = g57_in[j] + hg57[j];  /* and what the parent left at home */
+  R g57 = g57_in[j] + hg57[j] + hg57_2[j];  /* and what the parents left at home */
   R g58 = 0;
-  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+  R g59 = g59_in[j] + hg59[j] + hg59_2[j];  /* and what the parents left at home */
   g27 += g59 * v58;
   g58 += g59 * v27;
   g57 += g58 * (1 - v58 * v58);
@@ -1103,10 +1127,12 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[32] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1138,10 +1164,12 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1469,7 +1497,7 @@ static const cavs_vertex_desc vertex[] = {
    0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 1, 22, {0, {0}}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -70,10 +70,10 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict k35 = V[11] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -129,10 +129,10 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict k35 = V[11] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict k39 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -230,10 +230,10 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict k35 = V[11] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -250,9 +250,9 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -320,10 +320,10 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict k35 = V[11] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict k39 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -345,9 +345,9 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);

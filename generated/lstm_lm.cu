@@ -205,10 +205,10 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -234,10 +234,10 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -311,9 +311,9 @@ static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -416,9 +416,9 @@ static __global__ void lstm_lm_token_bwd_path_g0(int n, long D_E, long D_H, long
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -474,10 +474,10 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)(r0) * D_H,
           V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -504,10 +504,10 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

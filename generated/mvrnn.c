@@ -139,7 +139,7 @@ static void mvrnn_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a13 = P[4];
     R *restrict o15 = V[0] + (size_t)(r) * (D_H+D_HH);
-    R *restrict h15 = (R *)c->home_val[r];
+    R *restrict h15 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = (R)0 + a13[j];
@@ -164,7 +164,7 @@ static void mvrnn_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
     const R *restrict a11 = V[6] + (size_t)(r) * D_H;
     const R *restrict a13 = P[4];
     R *restrict o15 = V[0] + (size_t)(r) * (D_H+D_HH);
-    R *restrict h15 = (R *)c->home_val[r];
+    R *restrict h15 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a8[j] + a11[j];
@@ -187,7 +187,7 @@ static void mvrnn_internal_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict o20 = V[0] + (size_t)(r) * (D_H+D_HH) + D_H;
-    R *restrict h20 = (R *)c->home_val[r] + D_H;
+    R *restrict h20 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       o20[j] = 0;
@@ -209,7 +209,7 @@ static void mvrnn_internal_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
     const R *restrict a17 = V[5] + (size_t)(r) * D_HH;
     const R *restrict a19 = V[4] + (size_t)(r) * D_HH;
     R *restrict o20 = V[0] + (size_t)(r) * (D_H+D_HH) + D_H;
-    R *restrict h20 = (R *)c->home_val[r] + D_H;
+    R *restrict h20 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v20 = a17[j] + a19[j];  /* P */
@@ -294,10 +294,10 @@ static void mvrnn_internal_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
     R *restrict d17 = G[5] + (size_t)(r) * D_HH;
     R *restrict d19 = G[4] + (size_t)(r) * D_HH;
     const R *restrict g20_in = G[0] + (size_t)(r) * (D_H+D_HH) + D_H;
-    const R *restrict hg20 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg20 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g20 = g20_in[j] + hg20[j];  /* and what the parent left at home */
+      R g20 = g20_in[j] + hg20[j];  /* and what the parents left at home */
       d17[j] += g20;
       d19[j] += g20;
     }
@@ -317,12 +317,12 @@ static void mvrnn_internal_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
     R *restrict d13 = PG[4];
     const R *restrict k15 = V[0] + (size_t)(r) * (D_H+D_HH);
     const R *restrict g15_in = G[0] + (size_t)(r) * (D_H+D_HH);
-    const R *restrict hg15 = (R *)c->home_grad[r];
+    const R *restrict hg15 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* p */
       R g14 = 0;
-      R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
+      R g15 = g15_in[j] + hg15[j];  /* and what the parents left at home */
       g14 += g15 * (1 - v15 * v15);
       d13[j] += g14;  /* summed over rows */
       (void)g14;
@@ -347,13 +347,13 @@ static void mvrnn_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
     R *restrict d13 = PG[4];
     const R *restrict k15 = V[0] + (size_t)(r) * (D_H+D_HH);
     const R *restrict g15_in = G[0] + (size_t)(r) * (D_H+D_HH);
-    const R *restrict hg15 = (R *)c->home_grad[r];
+    const R *restrict hg15 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* p */
       R g12 = 0;
       R g14 = 0;
-      R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
+      R g15 = g15_in[j] + hg15[j];  /* and what the parents left at home */
       g14 += g15 * (1 - v15 * v15);
       g12 += g14;
       d13[j] += g14;  /* summed over rows */

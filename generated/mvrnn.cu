@@ -221,7 +221,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_HH, D_V,
           P[4],
           V[0] + (size_t)(r0) * (D_H+D_HH),
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -233,7 +233,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -247,7 +247,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_HH, D_V,
           V[0] + (size_t)(r0) * (D_H+D_HH) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -258,7 +258,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           V[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -303,7 +303,7 @@ static __global__ void mvrnn_internal_bwd_path_g1(int n, long D_H, long D_C, lon
   R *__restrict__ d19 = d19_r0 + (size_t)i * D_HH;
   const R *__restrict__ g20_in = g20_in_r0 + (size_t)i * (D_H+D_HH);
   const R *__restrict__ hg20 = (R *)hg20_r0[i] + D_H;
-  R g20 = g20_in[j] + hg20[j];  /* and what the parent left at home */
+  R g20 = g20_in[j] + hg20[j];  /* and what the parents left at home */
   d17[j] += g20;
   d19[j] += g20;
 }
@@ -321,7 +321,7 @@ static __global__ void mvrnn_internal_bwd_path_g0_leaves(int n, long D_H, long D
   const R *__restrict__ hg15 = (R *)hg15_r0[i];
   const R v15 = k15[j];  /* p */
   R g14 = 0;
-  R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
+  R g15 = g15_in[j] + hg15[j];  /* and what the parents left at home */
   g14 += g15 * (1 - v15 * v15);
   d13[j] += g14;  /* summed over rows */
   (void)g14;
@@ -347,7 +347,7 @@ static __global__ void mvrnn_internal_bwd_path_g0(int n, long D_H, long D_C, lon
   const R v15 = k15[j];  /* p */
   R g12 = 0;
   R g14 = 0;
-  R g15 = g15_in[j] + hg15[j];  /* and what the parent left at home */
+  R g15 = g15_in[j] + hg15[j];  /* and what the parents left at home */
   g14 += g15 * (1 - v15 * v15);
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
@@ -373,7 +373,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           G[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           G[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -391,7 +391,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[4],
           V[0] + (size_t)(r0) * (D_H+D_HH),
           G[0] + (size_t)(r0) * (D_H+D_HH),
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -404,7 +404,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
           G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

@@ -78,10 +78,12 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict k35 = V[13] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[14] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -102,9 +104,11 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -138,10 +142,12 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     R *restrict k27 = V[12] + (size_t)(r) * D_H;
     R *restrict k35 = V[13] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[14] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -167,9 +173,11 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -239,10 +247,12 @@ static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict k35 = V[13] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[14] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -259,9 +269,9 @@ static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -330,10 +340,12 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict k27 = V[12] + (size_t)(r) * D_H;
     const R *restrict k35 = V[13] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[14] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -355,9 +367,9 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -618,10 +630,10 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
     R *restrict k48 = V[35] + (size_t)(r) * D_H;
     R *restrict k56 = V[36] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h59 = (R *)c->home_val[r];
+    R *restrict h59 = (R *)c->home_val[0][r];
     R *restrict k60 = V[37] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h61 = (R *)c->home_val[r] + D_H;
+    R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v29 = a26[j] + (R)0;
@@ -678,10 +690,10 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
     R *restrict k48 = V[35] + (size_t)(r) * D_H;
     R *restrict k56 = V[36] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h59 = (R *)c->home_val[r];
+    R *restrict h59 = (R *)c->home_val[0][r];
     R *restrict k60 = V[37] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h61 = (R *)c->home_val[r] + D_H;
+    R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v29 = a26[j] + a28[j];
@@ -843,10 +855,10 @@ static void seq2seq_dec_bwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict k48 = V[35] + (size_t)(r) * D_H;
     const R *restrict k56 = V[36] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg59 = (R *)c->home_grad[r];
+    const R *restrict hg59 = (R *)c->home_grad[0][r];
     const R *restrict k60 = V[37] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg61 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v32 = k32[j];  /* i */
@@ -863,9 +875,9 @@ static void seq2seq_dec_bwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
       R g55 = 0;
       R g56 = 0;
       R g57 = 0;
-      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+      R g59 = g59_in[j] + hg59[j];  /* and what the parents left at home */
       R g60 = 0;
-      R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
+      R g61 = g61_in[j] + hg61[j];  /* and what the parents left at home */
       g48 += g61 * v60;
       g60 += g61 * v48;
       g59 += g60 * (1 - v60 * v60);
@@ -934,10 +946,10 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict k48 = V[35] + (size_t)(r) * D_H;
     const R *restrict k56 = V[36] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg59 = (R *)c->home_grad[r];
+    const R *restrict hg59 = (R *)c->home_grad[0][r];
     const R *restrict k60 = V[37] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg61 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v32 = k32[j];  /* i */
@@ -959,9 +971,9 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
       R g56 = 0;
       R g57 = 0;
       R g58 = 0;
-      R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+      R g59 = g59_in[j] + hg59[j];  /* and what the parents left at home */
       R g60 = 0;
-      R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
+      R g61 = g61_in[j] + hg61[j];  /* and what the parents left at home */
       g48 += g61 * v60;
       g60 += g61 * v48;
       g59 += g60 * (1 - v60 * v60);
@@ -1453,7 +1465,7 @@ static const int seq2seq_dec_slot_types[] = {1, 0};
 static const cavs_vertex_desc vertex[] = {
   {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
    seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
-   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
    1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 29, {0, {0}}},

@@ -70,9 +70,11 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -83,9 +85,11 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -104,9 +108,11 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -130,9 +136,11 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -150,9 +158,11 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -176,9 +186,11 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* vertex enc, path phase: one task (rows of one level) */
@@ -213,10 +225,12 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -242,10 +256,12 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -287,9 +303,11 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -300,9 +318,11 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -317,9 +337,9 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -379,9 +399,11 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -400,9 +422,11 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -422,9 +446,9 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -481,10 +505,12 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -511,10 +537,12 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -931,10 +959,10 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[36] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[37] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -960,10 +988,10 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1041,9 +1069,9 @@ static __global__ void seq2seq_dec_bwd_path_g6_leaves(int n, long D_E, long D_H,
   R g55 = 0;
   R g56 = 0;
   R g57 = 0;
-  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+  R g59 = g59_in[j] + hg59[j];  /* and what the parents left at home */
   R g60 = 0;
-  R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
+  R g61 = g61_in[j] + hg61[j];  /* and what the parents left at home */
   g48 += g61 * v60;
   g60 += g61 * v48;
   g59 += g60 * (1 - v60 * v60);
@@ -1146,9 +1174,9 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   R g56 = 0;
   R g57 = 0;
   R g58 = 0;
-  R g59 = g59_in[j] + hg59[j];  /* and what the parent left at home */
+  R g59 = g59_in[j] + hg59[j];  /* and what the parents left at home */
   R g60 = 0;
-  R g61 = g61_in[j] + hg61[j];  /* and what the parent left at home */
+  R g61 = g61_in[j] + hg61[j];  /* and what the parents left at home */
   g48 += g61 * v60;
   g60 += g61 * v48;
   g59 += g60 * (1 - v60 * v60);
@@ -1305,10 +1333,10 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)(r0) * D_H,
           V[36] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[37] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1335,10 +1363,10 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1711,7 +1739,7 @@ static const int seq2seq_dec_slot_types[] = {1, 0};
 static const cavs_vertex_desc vertex[] = {
   {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
    seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
-   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
    1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 29, {0, {0}}},

@@ -74,10 +74,12 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     R *restrict k27 = V[11] + (size_t)(r) * D_H;
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -98,9 +100,11 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -134,10 +138,12 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     R *restrict k27 = V[11] + (size_t)(r) * D_H;
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -163,9 +169,11 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -235,10 +243,12 @@ static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     const R *restrict k27 = V[11] + (size_t)(r) * D_H;
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -255,9 +265,9 @@ static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -326,10 +336,12 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     const R *restrict k27 = V[11] + (size_t)(r) * D_H;
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -351,9 +363,9 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -477,10 +489,12 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     R *restrict k27 = V[21] + (size_t)(r) * D_H;
     R *restrict k35 = V[22] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[23] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -501,9 +515,11 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -537,10 +553,12 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     R *restrict k27 = V[21] + (size_t)(r) * D_H;
     R *restrict k35 = V[22] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[23] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h40 = (R *)c->home_val[r] + D_H;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -566,9 +584,11 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -638,10 +658,12 @@ static void tagger_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
     const R *restrict k27 = V[21] + (size_t)(r) * D_H;
     const R *restrict k35 = V[22] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[23] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -658,9 +680,9 @@ static void tagger_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -729,10 +751,12 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
     const R *restrict k27 = V[21] + (size_t)(r) * D_H;
     const R *restrict k35 = V[22] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[23] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -754,9 +778,9 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -1113,10 +1137,10 @@ static const int tagger_tok_slot_types[] = {0, 1};
 static const cavs_vertex_desc vertex[] = {
   {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
    tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
-   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
    tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
-   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,
    tagger_tok_bwd_lazy, tagger_tok_bwd_path, tagger_tok_bwd_eager, 1, 2, tagger_tok_gathers,
    -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},

@@ -66,9 +66,11 @@ static __global__ void tagger_fwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -79,9 +81,11 @@ static __global__ void tagger_fwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -100,9 +104,11 @@ static __global__ void tagger_fwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* tagger_fwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -126,9 +132,11 @@ static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -146,9 +154,11 @@ static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -172,9 +182,11 @@ static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* vertex fwd, path phase: one task (rows of one level) */
@@ -209,10 +221,12 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -238,10 +252,12 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -283,9 +299,11 @@ static __global__ void tagger_fwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -296,9 +314,11 @@ static __global__ void tagger_fwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -313,9 +333,9 @@ static __global__ void tagger_fwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -375,9 +395,11 @@ static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -396,9 +418,11 @@ static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -418,9 +442,9 @@ static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -477,10 +501,12 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -507,10 +533,12 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -583,9 +611,11 @@ static __global__ void tagger_bwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -596,9 +626,11 @@ static __global__ void tagger_bwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -617,9 +649,11 @@ static __global__ void tagger_bwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* tagger_bwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -643,9 +677,11 @@ static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
@@ -663,9 +699,11 @@ static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -689,9 +727,11 @@ static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* vertex bwd, path phase: one task (rows of one level) */
@@ -726,10 +766,12 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[21] + (size_t)(r0) * D_H,
           V[22] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[23] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -755,10 +797,12 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -800,9 +844,11 @@ static __global__ void tagger_bwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -813,9 +859,11 @@ static __global__ void tagger_bwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -830,9 +878,9 @@ static __global__ void tagger_bwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -892,9 +940,11 @@ static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
@@ -913,9 +963,11 @@ static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_H;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_H;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_H;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -935,9 +987,9 @@ static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -994,10 +1046,12 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[21] + (size_t)(r0) * D_H,
           V[22] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[23] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1024,10 +1078,12 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1343,10 +1399,10 @@ static const int tagger_tok_slot_types[] = {0, 1};
 static const cavs_vertex_desc vertex[] = {
   {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
    tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
-   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
    tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
-   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,
    tagger_tok_bwd_lazy, tagger_tok_bwd_path, tagger_tok_bwd_eager, 1, 2, tagger_tok_gathers,
    -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},

@@ -90,10 +90,12 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
     R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
-    R *restrict h40 = (R *)c->home_val[r] + D_Hc;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -114,9 +116,11 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -153,10 +157,12 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
     R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
+    R *restrict h38_2 = (R *)c->home_val[1][r];
     R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
-    R *restrict h40 = (R *)c->home_val[r] + D_Hc;
+    R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
+    R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -182,9 +188,11 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
+      h38_2[j] = v38;  /* at home */
       if (keep) k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
+      h40_2[j] = v40;  /* at home */
     }
   }
 }
@@ -266,10 +274,12 @@ static void tagger_chars_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
     const R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_Hc;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -286,9 +296,9 @@ static void tagger_chars_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g34 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -360,10 +370,12 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
     const R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
+    const R *restrict hg38_2 = (R *)c->home_grad[1][r];
     const R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
-    const R *restrict hg40 = (R *)c->home_grad[r] + D_Hc;
+    const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
+    const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -385,9 +397,9 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
       R g39 = 0;
-      R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+      R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
       g27 += g40 * v39;
       g39 += g40 * v27;
       g38 += g39 * (1 - v39 * v39);
@@ -517,10 +529,12 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k30 = V[25] + (size_t)(r) * D_H;
     R *restrict k38 = V[26] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
+    R *restrict h41_2 = (R *)c->home_val[1][r];
     R *restrict k42 = V[27] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j] + (R)0;
@@ -541,9 +555,11 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
+      h41_2[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
+      h43_2[j] = v43;  /* at home */
     }
   }
 }
@@ -580,10 +596,12 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k30 = V[25] + (size_t)(r) * D_H;
     R *restrict k38 = V[26] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
+    R *restrict h41_2 = (R *)c->home_val[1][r];
     R *restrict k42 = V[27] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j] + a10[j];
@@ -609,9 +627,11 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
+      h41_2[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
+      h43_2[j] = v43;  /* at home */
     }
   }
 }
@@ -704,10 +724,12 @@ static void tagger_chars_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k30 = V[25] + (size_t)(r) * D_H;
     const R *restrict k38 = V[26] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
+    const R *restrict hg41_2 = (R *)c->home_grad[1][r];
     const R *restrict k42 = V[27] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = k14[j];  /* i */
@@ -724,9 +746,9 @@ static void tagger_chars_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g37 = 0;
       R g38 = 0;
       R g39 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
       g30 += g43 * v42;
       g42 += g43 * v30;
       g41 += g42 * (1 - v42 * v42);
@@ -798,10 +820,12 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k30 = V[25] + (size_t)(r) * D_H;
     const R *restrict k38 = V[26] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
+    const R *restrict hg41_2 = (R *)c->home_grad[1][r];
     const R *restrict k42 = V[27] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = k14[j];  /* i */
@@ -823,9 +847,9 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g38 = 0;
       R g39 = 0;
       R g40 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
       g30 += g43 * v42;
       g42 += g43 * v30;
       g41 += g42 * (1 - v42 * v42);
@@ -960,10 +984,12 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k30 = V[37] + (size_t)(r) * D_H;
     R *restrict k38 = V[38] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
+    R *restrict h41_2 = (R *)c->home_val[1][r];
     R *restrict k42 = V[39] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j] + (R)0;
@@ -984,9 +1010,11 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
+      h41_2[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
+      h43_2[j] = v43;  /* at home */
     }
   }
 }
@@ -1023,10 +1051,12 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k30 = V[37] + (size_t)(r) * D_H;
     R *restrict k38 = V[38] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
-    R *restrict h41 = (R *)c->home_val[r];
+    R *restrict h41 = (R *)c->home_val[0][r];
+    R *restrict h41_2 = (R *)c->home_val[1][r];
     R *restrict k42 = V[39] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h43 = (R *)c->home_val[r] + D_H;
+    R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j] + a10[j];
@@ -1052,9 +1082,11 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
+      h41_2[j] = v41;  /* at home */
       if (keep) k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
+      h43_2[j] = v43;  /* at home */
     }
   }
 }
@@ -1147,10 +1179,12 @@ static void tagger_chars_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k30 = V[37] + (size_t)(r) * D_H;
     const R *restrict k38 = V[38] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
+    const R *restrict hg41_2 = (R *)c->home_grad[1][r];
     const R *restrict k42 = V[39] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = k14[j];  /* i */
@@ -1167,9 +1201,9 @@ static void tagger_chars_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g37 = 0;
       R g38 = 0;
       R g39 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
       g30 += g43 * v42;
       g42 += g43 * v30;
       g41 += g42 * (1 - v42 * v42);
@@ -1241,10 +1275,12 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k30 = V[37] + (size_t)(r) * D_H;
     const R *restrict k38 = V[38] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
-    const R *restrict hg41 = (R *)c->home_grad[r];
+    const R *restrict hg41 = (R *)c->home_grad[0][r];
+    const R *restrict hg41_2 = (R *)c->home_grad[1][r];
     const R *restrict k42 = V[39] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg43 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
+    const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = k14[j];  /* i */
@@ -1266,9 +1302,9 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g38 = 0;
       R g39 = 0;
       R g40 = 0;
-      R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+      R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
       R g42 = 0;
-      R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+      R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
       g30 += g43 * v42;
       g42 += g43 * v30;
       g41 += g42 * (1 - v42 * v42);
@@ -1715,13 +1751,13 @@ static const int tagger_chars_tok_slot_types[] = {1, 2};
 static const cavs_vertex_desc vertex[] = {
   {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
    tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
-   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
    tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
-   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
    tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
-   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,
    tagger_chars_tok_bwd_lazy, tagger_chars_tok_bwd_path, tagger_chars_tok_bwd_eager, 1, 2, tagger_chars_tok_gathers,
    -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},

@@ -79,9 +79,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_Hc);
@@ -92,9 +94,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_Hc);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_Hc);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_Hc;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_Hc;
   const R v8 = a5[j] + (R)0;
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -113,9 +117,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0_leaves(int n, long D_E, long
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the others: a thread per row and column of [n, Hc] */
@@ -139,9 +145,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k35_r0,
     R *__restrict__ o38_r0,
     void *const *h38_r0,
+    void *const *h38_2_r0,
     R *__restrict__ k39_r0,
     R *__restrict__ o40_r0,
-    void *const *h40_r0) {
+    void *const *h40_r0,
+    void *const *h40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_Hc);
@@ -159,9 +167,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   R *__restrict__ o38 = o38_r0 + (size_t)i * (2*D_Hc);
   R *__restrict__ h38 = (R *)h38_r0[i];
+  R *__restrict__ h38_2 = (R *)h38_2_r0[i];
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_Hc);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_Hc;
+  R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_Hc;
   const R v8 = a5[j] + a7[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
@@ -185,9 +195,11 @@ static __global__ void tagger_chars_chr_fwd_path_g0(int n, long D_E, long D_K, l
   k35[j] = v35;  /* kept for the backward loop */
   o38[j] = v38;
   h38[j] = v38;  /* at home */
+  h38_2[j] = v38;  /* at home */
   k39[j] = v39;  /* kept for the backward loop */
   o40[j] = v40;
   h40[j] = v40;  /* at home */
+  h40_2[j] = v40;  /* at home */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -225,10 +237,12 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)(r0) * D_Hc,
           V[14] + (size_t)(r0) * D_Hc,
           V[0] + (size_t)(r0) * (2*D_Hc),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[15] + (size_t)(r0) * D_Hc,
           V[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -254,10 +268,12 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -305,9 +321,11 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_Hc);
@@ -318,9 +336,11 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_Hc);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_Hc);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_Hc;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_Hc;
   const R v11 = k11[j];  /* i */
   const R v27 = k27[j];  /* o */
   const R v35 = k35[j];  /* u */
@@ -335,9 +355,9 @@ static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long
   R g34 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -397,9 +417,11 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k35_r0,
     const R *__restrict__ g38_in_r0,
     void *const *hg38_r0,
+    void *const *hg38_2_r0,
     const R *__restrict__ k39_r0,
     const R *__restrict__ g40_in_r0,
-    void *const *hg40_r0) {
+    void *const *hg40_r0,
+    void *const *hg40_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_Hc, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_Hc);
@@ -418,9 +440,11 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k35 = k35_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g38_in = g38_in_r0 + (size_t)i * (2*D_Hc);
   const R *__restrict__ hg38 = (R *)hg38_r0[i];
+  const R *__restrict__ hg38_2 = (R *)hg38_2_r0[i];
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_Hc;
   const R *__restrict__ g40_in = g40_in_r0 + (size_t)i * (2*D_Hc);
   const R *__restrict__ hg40 = (R *)hg40_r0[i] + D_Hc;
+  const R *__restrict__ hg40_2 = (R *)hg40_2_r0[i] + D_Hc;
   const R v11 = k11[j];  /* i */
   const R v19 = k19[j];  /* f */
   const R v27 = k27[j];  /* o */
@@ -440,9 +464,9 @@ static __global__ void tagger_chars_chr_bwd_path_g0(int n, long D_E, long D_K, l
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j] + hg38_2[j];  /* and what the parents left at home */
   R g39 = 0;
-  R g40 = g40_in[j] + hg40[j];  /* and what the parent left at home */
+  R g40 = g40_in[j] + hg40[j] + hg40_2[j];  /* and what the parents left at home */
   g27 += g40 * v39;
   g39 += g40 * v27;
   g38 += g39 * (1 - v39 * v39);
@@ -502,10 +526,12 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)(r0) * D_Hc,
           V[14] + (size_t)(r0) * D_Hc,
           G[0] + (size_t)(r0) * (2*D_Hc),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[15] + (size_t)(r0) * D_Hc,
           G[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -532,10 +558,12 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -608,9 +636,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
     void *const *h41_r0,
+    void *const *h41_2_r0,
     R *__restrict__ k42_r0,
     R *__restrict__ o43_r0,
-    void *const *h43_r0) {
+    void *const *h43_r0,
+    void *const *h43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -621,9 +651,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h41 = (R *)h41_r0[i];
+  R *__restrict__ h41_2 = (R *)h41_2_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
+  R *__restrict__ h43_2 = (R *)h43_2_r0[i] + D_H;
   const R v11 = a8[j] + (R)0;
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -642,9 +674,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0_leaves(int n, long D_E, long
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
   h41[j] = v41;  /* at home */
+  h41_2[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
   h43[j] = v43;  /* at home */
+  h43_2[j] = v43;  /* at home */
 }
 
 /* tagger_chars_fwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -668,9 +702,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
     void *const *h41_r0,
+    void *const *h41_2_r0,
     R *__restrict__ k42_r0,
     R *__restrict__ o43_r0,
-    void *const *h43_r0) {
+    void *const *h43_r0,
+    void *const *h43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -688,9 +724,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h41 = (R *)h41_r0[i];
+  R *__restrict__ h41_2 = (R *)h41_2_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
+  R *__restrict__ h43_2 = (R *)h43_2_r0[i] + D_H;
   const R v11 = a8[j] + a10[j];
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -714,9 +752,11 @@ static __global__ void tagger_chars_fwd_fwd_path_g0(int n, long D_E, long D_K, l
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
   h41[j] = v41;  /* at home */
+  h41_2[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
   h43[j] = v43;  /* at home */
+  h43_2[j] = v43;  /* at home */
 }
 
 /* vertex fwd, path phase: one task (rows of one level) */
@@ -765,10 +805,12 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)(r0) * D_H,
           V[26] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[27] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -794,10 +836,12 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -845,9 +889,11 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
     void *const *hg41_r0,
+    void *const *hg41_2_r0,
     const R *__restrict__ k42_r0,
     const R *__restrict__ g43_in_r0,
-    void *const *hg43_r0) {
+    void *const *hg43_r0,
+    void *const *hg43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -858,9 +904,11 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg41 = (R *)hg41_r0[i];
+  const R *__restrict__ hg41_2 = (R *)hg41_2_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
+  const R *__restrict__ hg43_2 = (R *)hg43_2_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v30 = k30[j];  /* o */
   const R v38 = k38[j];  /* u */
@@ -875,9 +923,9 @@ static __global__ void tagger_chars_fwd_bwd_path_g0_leaves(int n, long D_E, long
   R g37 = 0;
   R g38 = 0;
   R g39 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -937,9 +985,11 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
     void *const *hg41_r0,
+    void *const *hg41_2_r0,
     const R *__restrict__ k42_r0,
     const R *__restrict__ g43_in_r0,
-    void *const *hg43_r0) {
+    void *const *hg43_r0,
+    void *const *hg43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -958,9 +1008,11 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg41 = (R *)hg41_r0[i];
+  const R *__restrict__ hg41_2 = (R *)hg41_2_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
+  const R *__restrict__ hg43_2 = (R *)hg43_2_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v22 = k22[j];  /* f */
   const R v30 = k30[j];  /* o */
@@ -980,9 +1032,9 @@ static __global__ void tagger_chars_fwd_bwd_path_g0(int n, long D_E, long D_K, l
   R g38 = 0;
   R g39 = 0;
   R g40 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -1042,10 +1094,12 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)(r0) * D_H,
           V[26] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[27] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1072,10 +1126,12 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1153,9 +1209,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
     void *const *h41_r0,
+    void *const *h41_2_r0,
     R *__restrict__ k42_r0,
     R *__restrict__ o43_r0,
-    void *const *h43_r0) {
+    void *const *h43_r0,
+    void *const *h43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -1166,9 +1224,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h41 = (R *)h41_r0[i];
+  R *__restrict__ h41_2 = (R *)h41_2_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
+  R *__restrict__ h43_2 = (R *)h43_2_r0[i] + D_H;
   const R v11 = a8[j] + (R)0;
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -1187,9 +1247,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0_leaves(int n, long D_E, long
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
   h41[j] = v41;  /* at home */
+  h41_2[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
   h43[j] = v43;  /* at home */
+  h43_2[j] = v43;  /* at home */
 }
 
 /* tagger_chars_bwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -1213,9 +1275,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
     R *__restrict__ k38_r0,
     R *__restrict__ o41_r0,
     void *const *h41_r0,
+    void *const *h41_2_r0,
     R *__restrict__ k42_r0,
     R *__restrict__ o43_r0,
-    void *const *h43_r0) {
+    void *const *h43_r0,
+    void *const *h43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * (3*D_H);
@@ -1233,9 +1297,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
   R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   R *__restrict__ o41 = o41_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h41 = (R *)h41_r0[i];
+  R *__restrict__ h41_2 = (R *)h41_2_r0[i];
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
+  R *__restrict__ h43_2 = (R *)h43_2_r0[i] + D_H;
   const R v11 = a8[j] + a10[j];
   const R v13 = v11 + a12[j];
   const R v14 = cv_sigmoid(v13);  /* i */
@@ -1259,9 +1325,11 @@ static __global__ void tagger_chars_bwd_fwd_path_g0(int n, long D_E, long D_K, l
   k38[j] = v38;  /* kept for the backward loop */
   o41[j] = v41;
   h41[j] = v41;  /* at home */
+  h41_2[j] = v41;  /* at home */
   k42[j] = v42;  /* kept for the backward loop */
   o43[j] = v43;
   h43[j] = v43;  /* at home */
+  h43_2[j] = v43;  /* at home */
 }
 
 /* vertex bwd, path phase: one task (rows of one level) */
@@ -1310,10 +1378,12 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)(r0) * D_H,
           V[38] + (size_t)(r0) * D_H,
           V[2] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0),
           V[39] + (size_t)(r0) * D_H,
           V[2] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0),
+          c->home_val[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1339,10 +1409,12 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)),
           V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)),
+          c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1390,9 +1462,11 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
     void *const *hg41_r0,
+    void *const *hg41_2_r0,
     const R *__restrict__ k42_r0,
     const R *__restrict__ g43_in_r0,
-    void *const *hg43_r0) {
+    void *const *hg43_r0,
+    void *const *hg43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -1403,9 +1477,11 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg41 = (R *)hg41_r0[i];
+  const R *__restrict__ hg41_2 = (R *)hg41_2_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
+  const R *__restrict__ hg43_2 = (R *)hg43_2_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v30 = k30[j];  /* o */
   const R v38 = k38[j];  /* u */
@@ -1420,9 +1496,9 @@ static __global__ void tagger_chars_bwd_bwd_path_g0_leaves(int n, long D_E, long
   R g37 = 0;
   R g38 = 0;
   R g39 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -1482,9 +1558,11 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
     const R *__restrict__ k38_r0,
     const R *__restrict__ g41_in_r0,
     void *const *hg41_r0,
+    void *const *hg41_2_r0,
     const R *__restrict__ k42_r0,
     const R *__restrict__ g43_in_r0,
-    void *const *hg43_r0) {
+    void *const *hg43_r0,
+    void *const *hg43_2_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * (3*D_H);
@@ -1503,9 +1581,11 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
   const R *__restrict__ k38 = k38_r0 + (size_t)i * D_H;
   const R *__restrict__ g41_in = g41_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg41 = (R *)hg41_r0[i];
+  const R *__restrict__ hg41_2 = (R *)hg41_2_r0[i];
   const R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   const R *__restrict__ g43_in = g43_in_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ hg43 = (R *)hg43_r0[i] + D_H;
+  const R *__restrict__ hg43_2 = (R *)hg43_2_r0[i] + D_H;
   const R v14 = k14[j];  /* i */
   const R v22 = k22[j];  /* f */
   const R v30 = k30[j];  /* o */
@@ -1525,9 +1605,9 @@ static __global__ void tagger_chars_bwd_bwd_path_g0(int n, long D_E, long D_K, l
   R g38 = 0;
   R g39 = 0;
   R g40 = 0;
-  R g41 = g41_in[j] + hg41[j];  /* and what the parent left at home */
+  R g41 = g41_in[j] + hg41[j] + hg41_2[j];  /* and what the parents left at home */
   R g42 = 0;
-  R g43 = g43_in[j] + hg43[j];  /* and what the parent left at home */
+  R g43 = g43_in[j] + hg43[j] + hg43_2[j];  /* and what the parents left at home */
   g30 += g43 * v42;
   g42 += g43 * v30;
   g41 += g42 * (1 - v42 * v42);
@@ -1587,10 +1667,12 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)(r0) * D_H,
           V[38] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0),
           V[39] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0),
+          c->home_grad[1] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1617,10 +1699,12 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
           V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)),
           V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
+          c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -2017,13 +2101,13 @@ static const int tagger_chars_tok_slot_types[] = {1, 2};
 static const cavs_vertex_desc vertex[] = {
   {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
    tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
-   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
    tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
-   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
    tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
-   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,
    tagger_chars_tok_bwd_lazy, tagger_chars_tok_bwd_path, tagger_chars_tok_bwd_eager, 1, 2, tagger_chars_tok_gathers,
    -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},

@@ -56,7 +56,7 @@ static void treefc_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict a0 = V[2] + (size_t)(r) * D_H;
     const R *restrict a7 = P[2];
     R *restrict o9 = V[0] + (size_t)(r) * D_H;
-    R *restrict h9 = (R *)c->home_val[r];
+    R *restrict h9 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + (R)0;
@@ -81,7 +81,7 @@ static void treefc_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict a5 = V[3] + (size_t)(r) * D_H;
     const R *restrict a7 = P[2];
     R *restrict o9 = V[0] + (size_t)(r) * D_H;
-    R *restrict h9 = (R *)c->home_val[r];
+    R *restrict h9 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + a5[j];
@@ -152,14 +152,14 @@ static void treefc_tree_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict a7 = P[2];
     R *restrict d7 = PG[2];
     const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg9 = (R *)c->home_grad[r];
+    const R *restrict hg9 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + (R)0;
       const R v8 = v6 + a7[j];
       R g6 = 0;
       R g8 = 0;
-      R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
+      R g9 = g9_in[j] + hg9[j];  /* and what the parents left at home */
       g8 += (v8 > 0 ? g9 : 0);
       g6 += g8;
       d7[j] += g8;  /* summed over rows */
@@ -189,14 +189,14 @@ static void treefc_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
     const R *restrict a7 = P[2];
     R *restrict d7 = PG[2];
     const R *restrict g9_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg9 = (R *)c->home_grad[r];
+    const R *restrict hg9 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a0[j] + a5[j];
       const R v8 = v6 + a7[j];
       R g6 = 0;
       R g8 = 0;
-      R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
+      R g9 = g9_in[j] + hg9[j];  /* and what the parents left at home */
       g8 += (v8 > 0 ? g9 : 0);
       g6 += g8;
       d7[j] += g8;  /* summed over rows */

@@ -106,7 +106,7 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[2] + (size_t)(r0) * D_H,
           P[2],
           V[0] + (size_t)(r0) * D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -118,7 +118,7 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[2],
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -166,7 +166,7 @@ static __global__ void treefc_tree_bwd_path_g0_leaves(int n, long D_H, long D_C,
   const R v8 = v6 + a7[j];
   R g6 = 0;
   R g8 = 0;
-  R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
+  R g9 = g9_in[j] + hg9[j];  /* and what the parents left at home */
   g8 += (v8 > 0 ? g9 : 0);
   g6 += g8;
   d7[j] += g8;  /* summed over rows */
@@ -200,7 +200,7 @@ static __global__ void treefc_tree_bwd_path_g0(int n, long D_H, long D_C, long D
   const R v8 = v6 + a7[j];
   R g6 = 0;
   R g8 = 0;
-  R g9 = g9_in[j] + hg9[j];  /* and what the parent left at home */
+  R g9 = g9_in[j] + hg9[j];  /* and what the parents left at home */
   g8 += (v8 > 0 ? g9 : 0);
   g6 += g8;
   d7[j] += g8;  /* summed over rows */
@@ -226,7 +226,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           P[2],
           PG[2],
           G[0] + (size_t)(r0) * D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -241,7 +241,7 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           P[2],
           PG[2],
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

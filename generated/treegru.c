@@ -150,7 +150,7 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
     R *restrict k11 = V[12] + (size_t)(r) * D_H;
     R *restrict k33 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + (R)0;
@@ -191,7 +191,7 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
     R *restrict k11 = V[12] + (size_t)(r) * D_H;
     R *restrict k33 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
-    R *restrict h38 = (R *)c->home_val[r];
+    R *restrict h38 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -286,7 +286,7 @@ static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
     const R *restrict k11 = V[12] + (size_t)(r) * D_H;
     const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* z */
@@ -300,7 +300,7 @@ static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
       R g33 = 0;
       R g35 = 0;
       R g36 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       g36 += g38;
       g35 += g36 * v33;
       g33 += g36 * v35;
@@ -350,7 +350,7 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
     const R *restrict k11 = V[12] + (size_t)(r) * D_H;
     const R *restrict k33 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
-    const R *restrict hg38 = (R *)c->home_grad[r];
+    const R *restrict hg38 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* z */
@@ -365,7 +365,7 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
       R g35 = 0;
       R g36 = 0;
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       g36 += g38;
       g37 += g38;
       g11 += g37 * a3[j];

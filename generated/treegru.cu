@@ -257,7 +257,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -275,7 +275,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -336,7 +336,7 @@ static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H
   R g33 = 0;
   R g35 = 0;
   R g36 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   g36 += g38;
   g35 += g36 * v33;
   g33 += g36 * v35;
@@ -401,7 +401,7 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   R g35 = 0;
   R g36 = 0;
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   g36 += g38;
   g37 += g38;
   g11 += g37 * a3[j];
@@ -504,7 +504,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -523,7 +523,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

@@ -95,10 +95,10 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict k43 = V[13] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h48 = (R *)c->home_val[r];
+    R *restrict h48 = (R *)c->home_val[0][r];
     R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h50 = (R *)c->home_val[r] + D_H;
+    R *restrict h50 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j] + (R)0;
@@ -159,10 +159,10 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict k43 = V[13] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h48 = (R *)c->home_val[r];
+    R *restrict h48 = (R *)c->home_val[0][r];
     R *restrict k49 = V[14] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h50 = (R *)c->home_val[r] + D_H;
+    R *restrict h50 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j] + a11[j];
@@ -274,10 +274,10 @@ static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict k43 = V[13] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg48 = (R *)c->home_grad[r];
+    const R *restrict hg48 = (R *)c->home_grad[0][r];
     const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg50 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg50 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -295,9 +295,9 @@ static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
       R g43 = 0;
       R g44 = 0;
       R g46 = 0;
-      R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
+      R g48 = g48_in[j] + hg48[j];  /* and what the parents left at home */
       R g49 = 0;
-      R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
+      R g50 = g50_in[j] + hg50[j];  /* and what the parents left at home */
       g35 += g50 * v49;
       g49 += g50 * v35;
       g48 += g49 * (1 - v49 * v49);
@@ -372,10 +372,10 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict k43 = V[13] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg48 = (R *)c->home_grad[r];
+    const R *restrict hg48 = (R *)c->home_grad[0][r];
     const R *restrict k49 = V[14] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg50 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg50 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -403,9 +403,9 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       R g45 = 0;
       R g46 = 0;
       R g47 = 0;
-      R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
+      R g48 = g48_in[j] + hg48[j];  /* and what the parents left at home */
       R g49 = 0;
-      R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
+      R g50 = g50_in[j] + hg50[j];  /* and what the parents left at home */
       g35 += g50 * v49;
       g49 += g50 * v35;
       g48 += g49 * (1 - v49 * v49);

@@ -249,10 +249,10 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -281,10 +281,10 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -361,9 +361,9 @@ static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_
   R g43 = 0;
   R g44 = 0;
   R g46 = 0;
-  R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
+  R g48 = g48_in[j] + hg48[j];  /* and what the parents left at home */
   R g49 = 0;
-  R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
+  R g50 = g50_in[j] + hg50[j];  /* and what the parents left at home */
   g35 += g50 * v49;
   g49 += g50 * v35;
   g48 += g49 * (1 - v49 * v49);
@@ -482,9 +482,9 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   R g45 = 0;
   R g46 = 0;
   R g47 = 0;
-  R g48 = g48_in[j] + hg48[j];  /* and what the parent left at home */
+  R g48 = g48_in[j] + hg48[j];  /* and what the parents left at home */
   R g49 = 0;
-  R g50 = g50_in[j] + hg50[j];  /* and what the parent left at home */
+  R g50 = g50_in[j] + hg50[j];  /* and what the parents left at home */
   g35 += g50 * v49;
   g49 += g50 * v35;
   g48 += g49 * (1 - v49 * v49);
@@ -565,10 +565,10 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -599,10 +599,10 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

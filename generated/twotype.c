@@ -52,11 +52,11 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
     const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a7 = P[5];
     R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h4 = (R *)c->home_val[r];
+    R *restrict h4 = (R *)c->home_val[0][r];
     R *restrict k9 = V[4] + (size_t)(r) * D_H;
     R *restrict k10 = V[5] + (size_t)(r) * D_H;
     R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h11 = (R *)c->home_val[r] + D_H;
+    R *restrict h11 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* c */
@@ -154,20 +154,20 @@ static void twotype_leaf_bwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d7 = PG[5];
     const R *restrict g4_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg4 = (R *)c->home_grad[r];
+    const R *restrict hg4 = (R *)c->home_grad[0][r];
     const R *restrict k9 = V[4] + (size_t)(r) * D_H;
     const R *restrict k10 = V[5] + (size_t)(r) * D_H;
     const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg11 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg11 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];
       const R v10 = k10[j];
-      R g4 = g4_in[j] + hg4[j];  /* and what the parent left at home */
+      R g4 = g4_in[j] + hg4[j];  /* and what the parents left at home */
       R g8 = 0;
       R g9 = 0;
       R g10 = 0;
-      R g11 = g11_in[j] + hg11[j];  /* and what the parent left at home */
+      R g11 = g11_in[j] + hg11[j];  /* and what the parents left at home */
       g9 += g11 * v10;
       g10 += g11 * v9;
       g4 += g10 * (1 - v10 * v10);
@@ -229,10 +229,10 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict k26 = V[14] + (size_t)(r) * D_H;
     R *restrict k31 = V[15] + (size_t)(r) * D_H;
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h36 = (R *)c->home_val[r];
+    R *restrict h36 = (R *)c->home_val[0][r];
     R *restrict k37 = V[16] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h38 = (R *)c->home_val[r] + D_H;
+    R *restrict h38 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = (R)0 + a9[j];
@@ -287,10 +287,10 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     R *restrict k26 = V[14] + (size_t)(r) * D_H;
     R *restrict k31 = V[15] + (size_t)(r) * D_H;
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
-    R *restrict h36 = (R *)c->home_val[r];
+    R *restrict h36 = (R *)c->home_val[0][r];
     R *restrict k37 = V[16] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h38 = (R *)c->home_val[r] + D_H;
+    R *restrict h38 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a8[j] + a9[j];
@@ -395,10 +395,10 @@ static void twotype_internal_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict k26 = V[14] + (size_t)(r) * D_H;
     const R *restrict k31 = V[15] + (size_t)(r) * D_H;
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg36 = (R *)c->home_grad[r];
+    const R *restrict hg36 = (R *)c->home_grad[0][r];
     const R *restrict k37 = V[16] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg38 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg38 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -413,9 +413,9 @@ static void twotype_internal_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       R g31 = 0;
       R g32 = 0;
       R g34 = 0;
-      R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
+      R g36 = g36_in[j] + hg36[j];  /* and what the parents left at home */
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       g26 += g38 * v37;
       g37 += g38 * v26;
       g36 += g37 * (1 - v37 * v37);
@@ -478,10 +478,10 @@ static void twotype_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
     const R *restrict k26 = V[14] + (size_t)(r) * D_H;
     const R *restrict k31 = V[15] + (size_t)(r) * D_H;
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
-    const R *restrict hg36 = (R *)c->home_grad[r];
+    const R *restrict hg36 = (R *)c->home_grad[0][r];
     const R *restrict k37 = V[16] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg38 = (R *)c->home_grad[r] + D_H;
+    const R *restrict hg38 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = k11[j];  /* i */
@@ -504,9 +504,9 @@ static void twotype_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       R g33 = 0;
       R g34 = 0;
       R g35 = 0;
-      R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
+      R g36 = g36_in[j] + hg36[j];  /* and what the parents left at home */
       R g37 = 0;
-      R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+      R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
       g26 += g38 * v37;
       g37 += g38 * v26;
       g36 += g37 * (1 - v37 * v37);

@@ -93,11 +93,11 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[5],
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[4] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -176,11 +176,11 @@ static __global__ void twotype_leaf_bwd_eager_g0(int n, long D_E, long D_H, long
   const R *__restrict__ hg11 = (R *)hg11_r0[i] + D_H;
   const R v9 = k9[j];
   const R v10 = k10[j];
-  R g4 = g4_in[j] + hg4[j];  /* and what the parent left at home */
+  R g4 = g4_in[j] + hg4[j];  /* and what the parents left at home */
   R g8 = 0;
   R g9 = 0;
   R g10 = 0;
-  R g11 = g11_in[j] + hg11[j];  /* and what the parent left at home */
+  R g11 = g11_in[j] + hg11[j];  /* and what the parents left at home */
   g9 += g11 * v10;
   g10 += g11 * v9;
   g4 += g10 * (1 - v10 * v10);
@@ -211,11 +211,11 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
           PG[5],
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[4] + (size_t)(r0) * D_H,
           V[5] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -388,10 +388,10 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
-          c->home_val + (r0),
+          c->home_val[0] + (r0),
           V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_val + (r0));
+          c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -417,10 +417,10 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_val + ((r0 + c->leaf_rows)),
+          c->home_val[0] + ((r0 + c->leaf_rows)),
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_val + ((r0 + c->leaf_rows)));
+          c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -488,9 +488,9 @@ static __global__ void twotype_internal_bwd_path_g0_leaves(int n, long D_E, long
   R g31 = 0;
   R g32 = 0;
   R g34 = 0;
-  R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
+  R g36 = g36_in[j] + hg36[j];  /* and what the parents left at home */
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   g26 += g38 * v37;
   g37 += g38 * v26;
   g36 += g37 * (1 - v37 * v37);
@@ -588,9 +588,9 @@ static __global__ void twotype_internal_bwd_path_g0(int n, long D_E, long D_H, l
   R g33 = 0;
   R g34 = 0;
   R g35 = 0;
-  R g36 = g36_in[j] + hg36[j];  /* and what the parent left at home */
+  R g36 = g36_in[j] + hg36[j];  /* and what the parents left at home */
   R g37 = 0;
-  R g38 = g38_in[j] + hg38[j];  /* and what the parent left at home */
+  R g38 = g38_in[j] + hg38[j];  /* and what the parents left at home */
   g26 += g38 * v37;
   g37 += g38 * v26;
   g36 += g37 * (1 - v37 * v37);
@@ -643,10 +643,10 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)(r0) * D_H,
           V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
-          c->home_grad + (r0),
+          c->home_grad[0] + (r0),
           V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
-          c->home_grad + (r0));
+          c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -674,10 +674,10 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          c->home_grad + ((r0 + c->leaf_rows)),
+          c->home_grad[0] + ((r0 + c->leaf_rows)),
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          c->home_grad + ((r0 + c->leaf_rows)));
+          c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }

@@ -322,7 +322,7 @@ void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long
 static bool edges_left(const cavs_ctx *c, int r0, int n) {
   const cavs_model *m = c->model;
   for (int e = c->eoff[r0]; e < c->eoff[r0 + n]; e++)
-    if (!m->hkey || m->hkey[m->echild[e]] != cv_edge_key(m, e)) return true;
+    if (!cv_at_home(m, m->echild[e], cv_edge_key(m, e))) return true;
   return false;
 }
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
@@ -350,10 +350,10 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
    every child stored itself. */
 static bool gather_left(const cavs_ctx *c, int k, int r0, int n, bool zeros) {
   const cavs_model *m = c->model;
-  if (!m->home_w) return n > 0;
+  if (!m->nhomes) return n > 0;
   for (int r = r0; r < r0 + n; r++) {
     int ch = m->child[(size_t)r * m->maxc + k];
-    if (ch < 0 ? zeros : m->hkey[ch] != (long)r * m->maxc + k) return true;
+    if (ch < 0 ? zeros : !cv_at_home(m, ch, (long)r * m->maxc + k)) return true;
   }
   return false;
 }

@@ -396,9 +396,7 @@ static void cpu_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long 
 
 /* Is edge e's child at home there (plan_homes): its loops stored its state in the edge's
    row and read its gradient there? Then echild copies nothing and adds nothing back. */
-static inline bool edge_home(const cavs_model *m, int e) {
-  return m->hkey && m->hkey[m->echild[e]] == cv_edge_key(m, e);
-}
+static inline bool edge_home(const cavs_model *m, int e) { return cv_at_home(m, m->echild[e], cv_edge_key(m, e)); }
 
 /* Children as sets (`children *`): the edges of rows [r0, r0 + n), one thread, in edge
  * order (a sum over a row's edges has the same bits at any thread count). */

@@ -47,8 +47,10 @@ struct Dev {
   unsigned char *root, *pushed;
   int *rowvert;               /* the vertex of each row (dropout's keys are drawn from it) */
   int *eoff, *eparent, *echild; /* a set's edges (cavs_ctx's, on the device) */
-  void **hval, **hgrad; /* each row's home and its gradient (cavs_ctx's, on the device) */
-  long *hkey;           /* which gathered slot a row is at home in (plan_homes), or -1 */
+  /* each row's homes and their gradients (cavs_ctx's, on the device), and where each
+     home is (plan_homes' keys) */
+  void **hval[CAVS_MAX_HOMES], **hgrad[CAVS_MAX_HOMES];
+  long *hkey[CAVS_MAX_HOMES];
   int **iin;  /* host array of device arrays, [nint] */
   void **rin; /* host array of device arrays, [nreal] */
   int *pred;  /* what the first classifier predicts, read back in synchronize */
@@ -255,8 +257,12 @@ static int cuda_schedule(cavs_model *m) {
   size_t o_eoff = place(&at, m->has_edges ? sizeof(int) * (N + 1) : 0), o_eparent = place(&at, sizeof(int) * E),
          o_echild = place(&at, sizeof(int) * E);
   /* homes: the device pointers plan_homes wrote (into this backend's buffers) */
-  size_t H = m->home_w ? N : 0, o_hval = place(&at, sizeof(void *) * H), o_hgrad = place(&at, sizeof(void *) * H),
-         o_hkey = place(&at, sizeof(long) * H);
+  size_t o_hval[CAVS_MAX_HOMES], o_hgrad[CAVS_MAX_HOMES], o_hkey[CAVS_MAX_HOMES];
+  for (int k = 0; k < m->nhomes; k++) {
+    o_hval[k] = place(&at, sizeof(void *) * N);
+    o_hgrad[k] = place(&at, sizeof(void *) * N);
+    o_hkey[k] = place(&at, sizeof(long) * N);
+  }
   size_t o_iin = at;
   for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
   size_t o_rin = at;
@@ -285,10 +291,10 @@ static int cuda_schedule(cavs_model *m) {
     memcpy(d->pack_host + o_eparent, m->eparent, sizeof(int) * E);
     memcpy(d->pack_host + o_echild, m->echild, sizeof(int) * E);
   }
-  if (H) {
-    memcpy(d->pack_host + o_hval, m->hval, sizeof(void *) * H);
-    memcpy(d->pack_host + o_hgrad, m->hgrad, sizeof(void *) * H);
-    memcpy(d->pack_host + o_hkey, m->hkey, sizeof(long) * H);
+  for (int k = 0; k < m->nhomes; k++) {
+    memcpy(d->pack_host + o_hval[k], m->hval[k], sizeof(void *) * N);
+    memcpy(d->pack_host + o_hgrad[k], m->hgrad[k], sizeof(void *) * N);
+    memcpy(d->pack_host + o_hkey[k], m->hkey[k], sizeof(long) * N);
   }
   size_t o = o_iin;
   for (int i = 0; i < ds->nint; i++) {
@@ -311,9 +317,12 @@ static int cuda_schedule(cavs_model *m) {
   d->eoff = (int *)(d->pack_dev + o_eoff);
   d->eparent = (int *)(d->pack_dev + o_eparent);
   d->echild = (int *)(d->pack_dev + o_echild);
-  d->hval = H ? (void **)(d->pack_dev + o_hval) : NULL;
-  d->hgrad = H ? (void **)(d->pack_dev + o_hgrad) : NULL;
-  d->hkey = H ? (long *)(d->pack_dev + o_hkey) : NULL;
+  for (int k = 0; k < CAVS_MAX_HOMES; k++) {
+    bool has = k < m->nhomes;
+    d->hval[k] = has ? (void **)(d->pack_dev + o_hval[k]) : NULL;
+    d->hgrad[k] = has ? (void **)(d->pack_dev + o_hgrad[k]) : NULL;
+    d->hkey[k] = has ? (long *)(d->pack_dev + o_hkey[k]) : NULL;
+  }
   CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
   CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
   CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
@@ -322,8 +331,10 @@ static int cuda_schedule(cavs_model *m) {
   c->child = d->child;
   c->root = d->root;
   c->pushed = d->pushed;
-  c->home_val = d->hval;
-  c->home_grad = d->hgrad;
+  for (int k = 0; k < CAVS_MAX_HOMES; k++) {
+    c->home_val[k] = d->hval[k];
+    c->home_grad[k] = d->hgrad[k];
+  }
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
   c->stream = d->st[0];
@@ -458,25 +469,41 @@ static void cuda_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int c
 
 /* ---- rows: gathers, lookups, copies; one thread a cell, every row of a task in one launch ---- */
 
+/* The keys of the rows' homes (plan_homes), by value into a kernel: is row s at home
+   where `key` says? */
+struct Homes {
+  const long *key[CAVS_MAX_HOMES];
+};
+__device__ static bool at_home(const Homes &h, int s, long key) {
+  for (int k = 0; k < CAVS_MAX_HOMES; k++)
+    if (h.key[k] && h.key[k][s] == key) return true;
+  return false;
+}
+static Homes homes_of(cavs_model *m) {
+  Homes h;
+  for (int k = 0; k < CAVS_MAX_HOMES; k++) h.key[k] = dev(m)->hkey[k];
+  return h;
+}
+
 /* dst[r] = src[sel(r)] (zero where sel is -1), or with bwd, src-side += dst-side; a
-   child at home in slot k of row r (hkey, plan_homes: its loops stored it there and read
-   the gradient there) is left alone */
+   child at home in slot k of row r (plan_homes: its loops stored it there and read the
+   gradient there) is left alone */
 template <typename R>
 __global__ void gather(R *dst, long ld, const R *S, long w, const int *sel, long stride, int r0, int n, bool bwd,
-                       const long *hkey, int k) {
+                       Homes h, int k) {
   long r, j;
   if (!cell(r0, n, w, &r, &j)) return;
   int s = sel[r * stride];
-  if (s >= 0 && hkey && hkey[s] == r * stride + k) return;
+  if (s >= 0 && at_home(h, s, r * stride + k)) return;
   if (!bwd) dst[r * ld + j] = s < 0 ? (R)0 : S[(long)s * w + j];
   else if (s >= 0) atomicAdd((R *)&S[(long)s * w + j], dst[r * ld + j]);
 }
 
 template <typename R>
 static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, const int *sel, long stride, int r0, int n,
-                          bool bwd, const long *hkey = NULL, int k = 0) {
+                          bool bwd, Homes h = Homes{}, int k = 0) {
   if (n <= 0 || w <= 0) return;
-  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd, hkey, k);
+  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd, h, k);
   CKL(model(c));
 }
 
@@ -490,20 +517,20 @@ static void cuda_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, i
   long w = model(c)->bw[state];
   if (dbl(c))
     launch_gather<double>(c, (double *)dst, ld, (const double *)c->val[state], w, c->child + k, c->maxc, r0, n, false,
-                          dev(model(c))->hkey, k);
+                          homes_of(model(c)), k);
   else
     launch_gather<float>(c, (float *)dst, ld, (const float *)c->val[state], w, c->child + k, c->maxc, r0, n, false,
-                         dev(model(c))->hkey, k);
+                         homes_of(model(c)), k);
 }
 
 static void cuda_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
   long w = model(c)->bw[state];
   if (dbl(c))
     launch_gather<double>(c, (double *)src, ld, (const double *)c->grad[state], w, c->child + k, c->maxc, r0, n, true,
-                          dev(model(c))->hkey, k);
+                          homes_of(model(c)), k);
   else
     launch_gather<float>(c, (float *)src, ld, (const float *)c->grad[state], w, c->child + k, c->maxc, r0, n, true,
-                         dev(model(c))->hkey, k);
+                         homes_of(model(c)), k);
 }
 
 /* ---- children as a set: a thread a cell of the edges (or rows) of a stage ---- */
@@ -516,13 +543,13 @@ static void edges_of(cavs_ctx *c, int r0, int n, int *e0, int *ne) {
 
 /* per edge e, column j: echild copies the child's state row to the edge (backward adds
    it back, atomically: a child is in several sets), but for a child at home in the
-   edge's row (hkey[child] == key0 + e, plan_homes); ebcast the parent's row */
+   edge's row (its key: key0 + e, plan_homes); ebcast the parent's row */
 template <typename R>
 __global__ void edge_copy(R *edge, long lde, R *rows, long ldr, const int *sel, int e0, int ne, long w, bool bwd,
-                          const long *hkey, long key0) {
+                          Homes h, long key0) {
   long e, j;
   if (!cell(e0, ne, w, &e, &j)) return;
-  if (hkey && hkey[sel[e]] == key0 + e) return;
+  if (at_home(h, sel[e], key0 + e)) return;
   R *row = rows + (long)sel[e] * ldr;
   if (!bwd) edge[e * lde + j] = row[j];
   else atomicAdd(&row[j], edge[e * lde + j]);
@@ -550,8 +577,8 @@ static void launch_edge_copy(cavs_ctx *c, void *edge, long lde, void *rows, long
   edges_of(c, r0, n, &e0, &ne);
   if (ne <= 0 || w <= 0) return;
   cavs_model *m = model(c);
-  const long *hkey = homes ? dev(m)->hkey : NULL;
-  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd, hkey,
+  Homes h = homes ? homes_of(m) : Homes{};
+  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd, h,
                                                             cv_edge_key(m, 0));
   CKL(m);
 }

@@ -34,9 +34,13 @@ extern "C" {
  *    cavs_desc.values.
  * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*.
  * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes).
- * 8: cavs_vertex_desc.edge_buf and .edge_off (homes on a set's edges). */
-#define CAVS_ABI_VERSION 8
+ * 8: cavs_vertex_desc.edge_buf and .edge_off (homes on a set's edges).
+ * 9: up to CAVS_MAX_HOMES homes a row: cavs_vertex_desc.homes counts them, and
+ *    cavs_ctx.home_val and .home_grad hold an array of each. */
+#define CAVS_ABI_VERSION 9
 enum { CAVS_MAX_DIMS = 16 };
+/* the most homes a row has (cavs_vertex_desc.homes) */
+enum { CAVS_MAX_HOMES = 2 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
 #ifdef __CUDACC__
@@ -258,10 +262,12 @@ typedef struct cavs_vertex_desc {
      slots, each an edge; the type every such child must be (-1: any) and the state
      buffer the edges read */
   int edges, edge_type, edge_state;
-  /* 1: its fused loops write its whole state and store each row's at the row's home
-     too (cavs_ctx.home_val), and its backward loops add the gradient at the home
-     (home_grad) to the state's: the runtime may then give a child's home to the
-     parent's gathered row, whose gather copies nothing for it and adds nothing back */
+  /* 0, or its fused loops write its whole state and store each row's at the row and
+     at `homes` homes too (cavs_ctx.home_val[0 .. homes)), and its backward loops add the
+     gradients at the homes (home_grad) to the state's: the runtime may then give a
+     child a home in a parent's gathered row, whose gather copies nothing for it and
+     adds nothing back. Two where two vertex types read the state (a tagger's chain
+     step, read by the next step and by its word): a home for each. */
   int homes;
   /* `children *`: the buffer each edge's copy of its child's state goes to (echild; one
      row an edge) and at which column, so that a child may have its home there (-1:
@@ -350,13 +356,13 @@ struct cavs_ctx {
   int keep;                  /* 1: a forward pass stores the values its backward pass reads
                                 rather than computes again (the C target's kept values);
                                 0 in inference (cavs_model_set_inference) */
-  /* [rows]: row r's home, for a type with cavs_vertex_desc.homes: where its fused
-     loops store its state as well as at the row (the columns of its parent's gathered
-     row that the parent's gather would fill, or a scratch row of its own that nothing
-     reads), and where they read the gradient its parent added there (the same columns
-     of the gathered buffer's gradient, or a row of zeros). In the backend's memory: a
-     CUDA target's kernels are handed home_val + r0. */
-  void **home_val, **home_grad;
+  /* [CAVS_MAX_HOMES][rows]: row r's k-th home, for a type with cavs_vertex_desc.homes
+     > k: where its fused loops store its state as well as at the row (the columns of
+     a parent's gathered row that its gather would fill, or a scratch row of its own
+     that nothing reads), and where they read the gradient that parent added there
+     (the same columns of the gathered buffer's gradient, or a row of zeros). In the
+     backend's memory: a CUDA target's kernels are handed home_val[k] + r0. */
+  void **home_val[CAVS_MAX_HOMES], **home_grad[CAVS_MAX_HOMES];
   struct cavs_model *model;
   void *stream;              /* the backend's queue for what a stage launches (a CUDA
                                 target's kernels: its cudaStream_t); NULL on the CPU */

@@ -68,16 +68,19 @@ struct cavs_model {
   void **cval, **cgrad;
   unsigned char *tview;
   int cur_type;
-  /* homes (scheduler.c, plan_homes; cavs_ctx.home_val, home_grad): each row's home and
-     its gradient, in backend memory, [cap_rows]; hkey[r] = p * maxc + k where row r is
-     at home in slot k of row p's gathered buffer, else -1; hdump, [cap_rows, home_w],
-     the rows without a home store their state to, which nothing reads; hzero,
-     [home_w], the zeros they read as their home's gradient; home_w the widest state of
-     a type with homes (0: no type has them) */
-  void **hval, **hgrad;
-  long *hkey; /* (an edge e's key: rows * maxc + e, cv_edge_key) */
-  void *hdump, *hzero;
+  /* homes (scheduler.c, plan_homes; cavs_ctx.home_val, home_grad), for k below nhomes
+     (the most homes of a type; 0: no type has them): each row's k-th home and its
+     gradient, in backend memory, [cap_rows]; hkey[k][r] = p * maxc + s where row r is
+     at home in slot s of row p's gathered buffer (an edge e's key: cv_edge_key), else
+     -1; hdump[k], [cap_rows, home_w], what a row without a k-th home stores its state
+     to, which nothing reads (one for each k: a row's two stores never alias); hzero,
+     [home_w], the zeros it reads as that home's gradient; home_w the widest state of a
+     type with homes */
+  void **hval[CAVS_MAX_HOMES], **hgrad[CAVS_MAX_HOMES];
+  long *hkey[CAVS_MAX_HOMES];
+  void *hdump[CAVS_MAX_HOMES], *hzero;
   long home_w;
+  int nhomes;
   cavs_loss_acc *loss;
   /* the minibatch */
   int rows, maxc;
@@ -160,6 +163,13 @@ void cv_ptables_free(cavs_model *m);
 
 /* The home key (cavs_model.hkey) of edge e of the minibatch: past every slot's */
 static inline long cv_edge_key(const cavs_model *m, int e) { return (long)m->rows * m->maxc + e; }
+/* Is row ch at home where `key` says (a slot of a gathered row, or an edge): did its
+   loops store its state there, and will they read its gradient there? */
+static inline bool cv_at_home(const cavs_model *m, int ch, long key) {
+  for (int k = 0; k < m->nhomes; k++)
+    if (m->hkey[k][ch] == key) return true;
+  return false;
+}
 
 long cv_lin(const cavs_lin *l, const long *dims);
 /* cv_lin in checked arithmetic: 0 and the value when it is in [0, LONG_MAX]. */

@@ -31,13 +31,12 @@
 CV_HOT static void CV_NAME(gather_fwd)(cavs_ctx *c, int k, int state, R *dst, long ld, int r0, int n) {
   const cavs_desc *d = c->desc;
   const R *S = (const R *)c->val[state];
-  const long *hk = c->model->hkey;
   long w = cv_lin(&d->bufs[state].width, c->dims);
   for (int r = r0; r < r0 + n; r++) {
     int ch = c->child[(size_t)r * c->maxc + k];
     R *o = dst + (size_t)r * ld;
     if (ch < 0) memset(o, 0, sizeof(R) * (size_t)w);
-    else if (!hk || hk[ch] != (long)r * c->maxc + k) memcpy(o, S + (size_t)ch * w, sizeof(R) * (size_t)w);
+    else if (!cv_at_home(c->model, ch, (long)r * c->maxc + k)) memcpy(o, S + (size_t)ch * w, sizeof(R) * (size_t)w);
   }
 }
 
@@ -47,12 +46,11 @@ CV_HOT static void CV_NAME(gather_bwd)(cavs_ctx *c, int k, int state, const R *s
                                        long j1) {
   const cavs_desc *d = c->desc;
   R *dS = (R *)c->grad[state];
-  const long *hk = c->model->hkey;
   long w = cv_lin(&d->bufs[state].width, c->dims);
   if (j1 < 0) j1 = w;
   for (int r = r0; r < r0 + n; r++) {
     int ch = c->child[(size_t)r * c->maxc + k];
-    if (ch < 0 || (hk && hk[ch] == (long)r * c->maxc + k)) continue;
+    if (ch < 0 || cv_at_home(c->model, ch, (long)r * c->maxc + k)) continue;
     const R *s = src + (size_t)r * ld;
     R *o = dS + (size_t)ch * w;
     for (long j = j0; j < j1; j++) o[j] += s[j];

@@ -110,29 +110,33 @@ static void plan_views(cavs_model *m) {
  * copies as before) stores to a scratch row of its own that nothing reads and reads a
  * row of zeros. No row order is needed: on trees and chains every child is at home,
  * whatever the levels its parents mix. O(rows + edges). */
-/* child row ch at home at byte `at` of buffer b (and its gradient), under `key` */
-static void set_home(cavs_model *m, int ch, long key, int b, size_t at) {
-  m->hkey[ch] = key;
-  m->hval[ch] = (char *)m->val[b] + at;
-  m->hgrad[ch] = m->grad[b] ? (char *)m->grad[b] + at : m->hzero;
-  m->stats.gathered_homed++;
-}
-/* may row ch, read from state `src`, take a home? */
-static bool homeless(const cavs_model *m, int ch, int src) {
+/* Row ch, read from state `src` where `key` says, at home there, at byte `at` of buffer b
+   (and its gradient), if its type has a home left */
+static void home(cavs_model *m, int ch, int src, long key, int b, size_t at) {
+  if (ch < 0) return;
   const cavs_vertex_desc *cv = &m->d->vertex[m->vtype[m->queue[ch]]];
-  return ch >= 0 && m->hkey[ch] < 0 && cv->homes && cv->state == src;
+  if (cv->state != src) return;
+  for (int k = 0; k < cv->homes; k++)
+    if (m->hkey[k][ch] < 0) {
+      m->hkey[k][ch] = key;
+      m->hval[k][ch] = (char *)m->val[b] + at;
+      m->hgrad[k][ch] = m->grad[b] ? (char *)m->grad[b] + at : m->hzero;
+      m->stats.gathered_homed++;
+      return;
+    }
 }
 
 static void plan_homes(cavs_model *m) {
-  if (!m->home_w) return;
+  if (!m->nhomes) return;
   const cavs_desc *d = m->d;
   int C = m->maxc;
   size_t step = (size_t)m->home_w * m->esize;
-  for (int r = 0; r < m->rows; r++) {
-    m->hval[r] = (char *)m->hdump + (size_t)r * step;
-    m->hgrad[r] = m->hzero;
-    m->hkey[r] = -1;
-  }
+  for (int k = 0; k < m->nhomes; k++)
+    for (int r = 0; r < m->rows; r++) {
+      m->hval[k][r] = (char *)m->hdump[k] + (size_t)r * step;
+      m->hgrad[k][r] = m->hzero;
+      m->hkey[k][r] = -1;
+    }
   if (m->ablate & CAVS_NO_HOMES) return;
   for (int t = 0; t < d->nvertex; t++) {
     const cavs_vertex_desc *v = &d->vertex[t];
@@ -145,11 +149,9 @@ static void plan_homes(cavs_model *m) {
       if (again || q->slot < 0 || q->slot >= v->children || q->slot >= C || q->buf < 0 || q->buf >= d->nbufs) continue;
       long ld = m->bw[q->buf], off = cv_lin(&q->off, m->ctx.dims);
       if (off < 0 || off + m->bw[q->src] > ld) continue;
-      for (int r = first; r < end; r++) {
-        int ch = m->child[(size_t)r * C + q->slot];
-        if (homeless(m, ch, q->src))
-          set_home(m, ch, (long)r * C + q->slot, q->buf, ((size_t)r * (size_t)ld + (size_t)off) * m->esize);
-      }
+      for (int r = first; r < end; r++)
+        home(m, m->child[(size_t)r * C + q->slot], q->src, (long)r * C + q->slot, q->buf,
+             ((size_t)r * (size_t)ld + (size_t)off) * m->esize);
     }
     /* the set's edges: edge e's row of the buffer echild fills */
     int eb = v->edge_buf;
@@ -157,8 +159,7 @@ static void plan_homes(cavs_model *m) {
     long ld = m->bw[eb], off = cv_lin(&v->edge_off, m->ctx.dims);
     if (off < 0 || off + m->bw[v->edge_state] > ld) continue;
     for (int e = m->eoff[first]; e < m->eoff[end]; e++)
-      if (homeless(m, m->echild[e], v->edge_state))
-        set_home(m, m->echild[e], cv_edge_key(m, e), eb, ((size_t)e * (size_t)ld + (size_t)off) * m->esize);
+      home(m, m->echild[e], v->edge_state, cv_edge_key(m, e), eb, ((size_t)e * (size_t)ld + (size_t)off) * m->esize);
   }
 }
 

@@ -94,11 +94,12 @@ static int row_bytes(const cavs_model *m, size_t *out) {
     size_t w;
     if (__builtin_mul_overflow((size_t)m->rw[i], m->esize, &w) || __builtin_add_overflow(b, w, &b)) return -1;
   }
-  if (m->home_w) {
-    /* a row's home pointers and key, and its scratch row */
+  if (m->nhomes) {
+    /* each home's pointers and key, and its scratch row */
     size_t w;
     if (__builtin_mul_overflow((size_t)m->home_w, m->esize, &w) ||
-        __builtin_add_overflow(b, w + 2 * sizeof(void *) + sizeof(long), &b))
+        __builtin_mul_overflow(w + 2 * sizeof(void *) + sizeof(long), (size_t)m->nhomes, &w) ||
+        __builtin_add_overflow(b, w, &b))
       return -1;
   }
   *out = b;
@@ -163,7 +164,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     const cavs_vertex_desc *v = &d->vertex[t];
     bool ok = v->state >= -1 && v->state < d->nbufs && (d->state_buf < 0 || v->state == d->state_buf);
     for (int g = 0; ok && g < v->ngathers; g++) ok = v->gathers[g].src >= 0 && v->gathers[g].src < d->nbufs;
-    ok = ok && (v->homes == 0 || (v->homes == 1 && v->state >= 0)) &&
+    ok = ok && v->homes >= 0 && v->homes <= CAVS_MAX_HOMES && (v->homes == 0 || v->state >= 0) &&
          (v->edge_buf == -1 || (v->edges && v->edge_buf >= 0 && v->edge_buf < d->nbufs && d->bufs[v->edge_buf].edge));
     for (int k = 0; ok && v->slot_types && k < v->children; k++)
       ok = v->slot_types[k] >= 0 && v->slot_types[k] < d->nvertex && d->vertex[v->slot_types[k]].state >= 0;
@@ -256,8 +257,10 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     else nspans++;
   }
   for (int b = 0; b < d->nbufs && ok; b++) ok = !cv_lin_checked(&d->bufs[b].width, c->dims, &m->bw[b]);
-  for (int t = 0; t < d->nvertex && ok; t++)
+  for (int t = 0; t < d->nvertex && ok; t++) {
     if (d->vertex[t].homes && m->bw[d->vertex[t].state] > m->home_w) m->home_w = m->bw[d->vertex[t].state];
+    if (d->vertex[t].homes > m->nhomes) m->nhomes = d->vertex[t].homes;
+  }
   for (int i = 0; i < d->ninputs && ok; i++)
     if (d->inputs[i].kind == CAVS_IN_REAL) ok = !cv_lin_checked(&d->inputs[i].width, c->dims, &m->rw[d->inputs[i].slot]);
   /* parameters, gradients and two optimizer moments; the lookup tables' row lists */
@@ -374,8 +377,11 @@ void cavs_model_free(cavs_model *m) {
   free(m->val); free(m->grad); free(m->cval); free(m->cgrad); free(m->tview); free(m->bw); free(m->loss);
   free(m->iin); free(m->rin); free(m->rw);
   be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
-  be->release(m->hdump); be->release(m->hzero);
-  free(m->hval); free(m->hgrad); free(m->hkey);
+  be->release(m->hzero);
+  for (int k = 0; k < CAVS_MAX_HOMES; k++) {
+    be->release(m->hdump[k]);
+    free(m->hval[k]); free(m->hgrad[k]); free(m->hkey[k]);
+  }
   free(m->spans);
   free(m->pg_off); free(m->frozen); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->gorder); free(m->gkey); free(m->xent_acc);
@@ -474,16 +480,16 @@ int cv_grow_rows(cavs_model *m, int rows) {
   fail |= cv_grow(m, &m->pushed, 1, (size_t)cap);
   fail |= cv_grow(m, &m->pred, sizeof(int), (size_t)cap);
   fail |= cv_grow(m, &m->rkey, sizeof(uint64_t), (size_t)cap);
-  if (m->home_w) {
-    fail |= cv_grow(m, &m->hval, sizeof(void *), (size_t)cap);
-    fail |= cv_grow(m, &m->hgrad, sizeof(void *), (size_t)cap);
-    fail |= cv_grow(m, &m->hkey, sizeof(long), (size_t)cap);
-    m->be->release(m->hdump);
-    if (!fail && !(m->hdump = m->be->alloc((size_t)cap * (size_t)m->home_w * m->esize)))
+  for (int k = 0; k < m->nhomes; k++) {
+    fail |= cv_grow(m, &m->hval[k], sizeof(void *), (size_t)cap);
+    fail |= cv_grow(m, &m->hgrad[k], sizeof(void *), (size_t)cap);
+    fail |= cv_grow(m, &m->hkey[k], sizeof(long), (size_t)cap);
+    m->be->release(m->hdump[k]);
+    if (!fail && !(m->hdump[k] = m->be->alloc((size_t)cap * (size_t)m->home_w * m->esize)))
       fail = cv_fail_mem(m, "out of memory for %d rows", rows);
+    m->ctx.home_val[k] = m->hval[k];
+    m->ctx.home_grad[k] = m->hgrad[k];
   }
-  m->ctx.home_val = m->hval;
-  m->ctx.home_grad = m->hgrad;
   m->ctx.rkey = m->rkey;
   m->ctx.child = m->child;
   m->ctx.root = m->root;

@@ -803,9 +803,11 @@ END_TEST
 /* Who is at home: on trees of mixed depths (no views) every child of a Tree-LSTM, GRU
  * or Tree-FC; on complete trees of one depth none (the views read them in place); on
  * chains of several lengths every step; MV-RNN's children that are internal vertices
- * (its leaves' state holds a looked-up matrix, copied into it: no home); the tagger's
- * chain steps at home in the next step, the words' reads of them copied; a set's
- * children in their edge's row: the Child-Sum Tree-LSTM's all of them. */
+ * (its leaves' state holds a looked-up matrix, copied into it: no home); every chain
+ * step of the tagger's sentences, each at home twice (in the next step's gathered row
+ * and in its word's); a set's children in their edge's row: the Child-Sum
+ * Tree-LSTM's all of them; with tg_minibatch's DAGs, whose shared vertices have more
+ * readers than homes, some of the lattice's. */
 START_TEST(homes_store_children_at_home) {
   homes_against_copies("treelstm.vf", 0, false, 1);
   homes_against_copies("treegru.vf", 0, false, 1);
@@ -813,8 +815,9 @@ START_TEST(homes_store_children_at_home) {
   homes_against_copies("treelstm.vf", 1, false, 0);
   homes_against_copies("lstm_lm.vf", 2, false, 1);
   homes_against_copies("mvrnn.vf", 0, false, 2);
-  homes_against_copies("tagger.vf", 3, false, 2);
+  homes_against_copies("tagger.vf", 3, false, 1);
   homes_against_copies("childsum.vf", 0, false, 1);
+  homes_against_copies("lattice_lstm.vf", 0, true, 2);
 }
 END_TEST
 
