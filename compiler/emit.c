@@ -376,8 +376,8 @@ static bool concat_in_place(const IrFunc *f, const IrNode *x) {
  * it has none). The parent's gather then copies nothing for that child; backward, the
  * member's loop adds what the parent left at home_grad[r] to its gradient, and the
  * parent's gather adds nothing back. No row order is needed for it, so it holds for
- * any tree, chain or DAG (one parent of a vertex with several gets the home); a store
- * from registers replaces a copy through memory. */
+ * any tree, chain or DAG; a store from registers replaces a copy through memory. A row
+ * has up to CV_MAX_HOMES homes (state_homes), each stored and read the same way. */
 static bool state_in_loops(const Model *m, const IrFunc *f) {
   int S = f->state_buf;
   if (m->no_homes || f->kind != F_VERTEX || S < 0 || S >= m->nbufs) return false;

@@ -97,19 +97,19 @@ static void plan_views(cavs_model *m) {
   }
 }
 
-/* Homes (cavsc's, emit.c: state_homes). A type with cavs_vertex_desc.homes stores each
- * row's state twice in its fused loops, at the row and at home_val[r]; backward, it adds
- * what it finds at home_grad[r] to the state's gradient. A row's home is the columns of
- * its parent's gathered row that the parent's gather would copy it to, or the edge
- * row of its parent's set that echild would copy it to: the first such read, in the
- * order of the types, then each type's gathers and its set, then the rows, of the
- * state its type writes, by a type whose gathered buffers are not views (a view is the
- * state itself). Its key (hkey: parent row * maxc + slot, or cv_edge_key) tells the
- * gathers and echild to copy nothing there and to add nothing back. Any other row of
- * such a type (a root; a child whose parents all view; a second parent's read, which
- * copies as before) stores to a scratch row of its own that nothing reads and reads a
- * row of zeros. No row order is needed: on trees and chains every child is at home,
- * whatever the levels its parents mix. O(rows + edges). */
+/* Homes (cavsc's, emit.c: state_homes). A type with cavs_vertex_desc.homes = H stores
+ * each row's state in its fused loops at the row and at home_val[k][r], k < H;
+ * backward, it adds what it finds at each home_grad[k][r] to the state's gradient. A
+ * row's homes are the columns of a parent's gathered row that the parent's gather would
+ * copy it to, or the edge row of a parent's set that echild would copy it to: the first
+ * H such reads, in the order of the types, then each type's gathers and its set, then
+ * the rows, of the state its type writes, by a type whose gathered buffers are not
+ * views (a view is the state itself). A home's key (hkey[k]: parent row * maxc + slot,
+ * or cv_edge_key) tells the gathers and echild to copy nothing there and to add
+ * nothing back. A home k not given (a root; a child whose parents all view; fewer
+ * reads than homes) is a scratch row of the row's own that nothing reads, and a row of
+ * zeros; reads past H copy as before. No row order is needed: on trees and chains
+ * every child is at home, whatever the levels its parents mix. O(rows + edges). */
 /* Row ch, read from state `src` where `key` says, at home there, at byte `at` of buffer b
    (and its gradient), if its type has a home left */
 static void home(cavs_model *m, int ch, int src, long key, int b, size_t at) {
