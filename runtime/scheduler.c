@@ -989,10 +989,20 @@ void cavs_model_backward(cavs_model *m) {
   }
   m->pass++;
   int N = m->rows;
-  /* (a gathered buffer viewed in the state's is not used: its gradient is the state's) */
-  for (int b = 0; b < d->nbufs; b++)
-    if (m->grad[b] && d->bufs[b].grad != CAVS_GRAD_WHOLE && m->cgrad[b] == m->grad[b])
-      m->be->zero(m, m->grad[b], (size_t)(d->bufs[b].edge ? m->nedges : N) * (size_t)m->bw[b] * m->esize);
+  /* The gradients added to, cleared: a vertex type's own buffer at its rows alone, and
+     one nothing touches at a row without children (inner) at its rows with children
+     (SST: half the rows are leaves; the tagger's types a third of the rows each). A
+     gathered buffer viewed in the state's is not used: its gradient is the state's. */
+  for (int b = 0; b < d->nbufs; b++) {
+    if (!m->grad[b] || d->bufs[b].grad == CAVS_GRAD_WHOLE || m->cgrad[b] != m->grad[b]) continue;
+    size_t r0 = 0, n = (size_t)(d->bufs[b].edge ? m->nedges : N), row = (size_t)m->bw[b] * m->esize;
+    int v = d->bufs[b].vertex;
+    if (!d->bufs[b].edge && v >= 0 && v < d->nvertex) {
+      r0 = (size_t)m->type_r0[v] + (d->bufs[b].inner ? (size_t)m->type_leaf[v] : 0);
+      n = (size_t)(m->type_r0[v] + m->type_n[v]) - r0;
+    }
+    m->be->zero(m, (char *)m->grad[b] + r0 * row, n * row);
+  }
   for (int g = 0; g < d->npgroups; g++)
     if (d->pgroups[g].sparse_input < 0)
       m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
