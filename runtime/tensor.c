@@ -485,6 +485,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
     fail |= cv_grow(m, &m->hgrad[k], sizeof(void *), (size_t)cap);
     fail |= cv_grow(m, &m->hkey[k], sizeof(long), (size_t)cap);
     m->be->release(m->hdump[k]);
+    m->hdump[k] = NULL; /* (not released twice when an earlier grow failed) */
     if (!fail && !(m->hdump[k] = m->be->alloc((size_t)cap * (size_t)m->home_w * m->esize)))
       fail = cv_fail_mem(m, "out of memory for %d rows", rows);
     m->ctx.home_val[k] = m->hval[k];
