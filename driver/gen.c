@@ -1,5 +1,6 @@
 /* gen.c: cavs gen, synthetic data sets (the generators are libcavs's cavs_gen_*),
- * written through a temporary file renamed into place. */
+ * written whole or not at all (afile.c). */
+#include "afile.h"
 #include "driver.h"
 #include "options.h"
 
@@ -44,13 +45,22 @@ int cmd_gen(int argc, char **argv) {
     }
   }
   if (!out) die(1, "gen: -o FILE is required");
-  char *tmp = fmt("%s.tmpXXXXXX", out);
-  int fd = mkstemp(tmp);
-  if (fd < 0) die(1, "cannot write '%s': %s", out, strerror(errno));
-  mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
-  FILE *f = fdopen(fd, "w");
+  static const char *const kinds[] = {"toy", "translation", "lattice", "nary", "complete", "tagger", "random"};
+  bool known = false;
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) known |= !strcmp(kind, kinds[i]);
+  if (!known) die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger, lattice, translation)", kind);
+  check_output("o", out, NULL, NULL, 0);
+  /* written whole or not at all (afile.c), through a stream of its own descriptor */
+  cv_afile a;
+  char err[1024];
+  if (cv_afile_open(&a, out, false, err, sizeof err)) die(1, "%s", err);
+  int fd = dup(a.fd);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    cv_afile_abort(&a);
+    die(1, "cannot write '%s': %s", out, strerror(errno));
+  }
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
   else if (!strcmp(kind, "translation"))
@@ -63,16 +73,13 @@ int cmd_gen(int argc, char **argv) {
   else if (!strcmp(kind, "tagger"))
     rc = cavs_gen_tagger(f, (int)graphs, words_given ? (int)words : 1000, classes_given ? (int)classes : 12, chars,
                          (uint64_t)seed);
-  else if (!strcmp(kind, "random"))
-    rc = cavs_gen_random(f, (int)graphs, (int)vertices, (int)words, (int)classes, dag, (uint64_t)seed);
-  else {
-    fclose(f);
-    unlink(tmp);
-    die(1, "gen: unknown kind '%s' (toy, nary, complete, random, tagger, lattice, translation)", kind);
+  else rc = cavs_gen_random(f, (int)graphs, (int)vertices, (int)words, (int)classes, dag, (uint64_t)seed);
+  int e = errno;
+  if (fclose(f) && !rc) rc = -1, e = errno;
+  if (rc) {
+    cv_afile_abort(&a);
+    die(1, "cannot write '%s': %s", out, strerror(e));
   }
-  if (rc || fflush(f) || fsync(fileno(f)) || fclose(f) || rename(tmp, out)) {
-    unlink(tmp);
-    die(1, "cannot write '%s': %s", out, strerror(errno));
-  }
+  if (cv_afile_commit(&a, err, sizeof err)) die(1, "%s", err);
   return 0;
 }

@@ -3,8 +3,9 @@
  * each line one record of known fields, numbers finite or null, nothing else. The
  * numbers go to gnuplot through a data file, never through its script; the script is
  * written by us and names only files we made, and gnuplot runs without a shell. The
- * picture is drawn into a temporary file renamed into place, so a failed plot leaves
- * no partial PNG. */
+ * picture is written whole or not at all (afile.c), so a failed plot leaves no partial
+ * PNG, and never over the log it reads. */
+#include "afile.h"
 #include "driver.h"
 #include "options.h"
 
@@ -63,6 +64,8 @@ int cmd_plot(int argc, char **argv) {
     else log = a;
   }
   if (!log || !out) die(1, "plot: usage: cavs plot LOG -o FILE.png");
+  const char *inputs[] = {log}, *what[] = {"the log"};
+  check_output("o", out, inputs, what, 1);
   FILE *in = fopen(log, "r");
   if (!in) die(1, "cannot read '%s': %s", log, strerror(errno));
   char dir[] = "/tmp/cavs-plot-XXXXXX";
@@ -143,23 +146,23 @@ int cmd_plot(int argc, char **argv) {
     remove_all(dir, made, 3);
     die(1, "plot: gnuplot failed%s", pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : " (see above)");
   }
-  /* into place: copied next to the target, then renamed over it */
-  char *tmp = fmt("%s.tmpXXXXXX", out);
-  int fd = mkstemp(tmp);
+  /* into place, whole (afile.c) */
+  cv_afile a;
+  char err[1024];
   FILE *png = fopen(fmt("%s/out.png", dir), "rb");
-  bool okay = fd >= 0 && png;
+  bool okay = png && !cv_afile_open(&a, out, false, err, sizeof err);
+  if (!png) snprintf(err, sizeof err, "cannot read what gnuplot drew: %s", strerror(errno));
   char buf[65536];
   size_t n;
-  while (okay && (n = fread(buf, 1, sizeof buf, png)) > 0) okay = write(fd, buf, n) == (ssize_t)n;
-  if (png) fclose(png);
-  if (fd >= 0) {
-    mode_t mask = umask(0);
-    umask(mask);
-    okay = okay && !fchmod(fd, 0666 & ~mask) && !fsync(fd);
-    okay = !close(fd) && okay && !rename(tmp, out);
-    if (!okay) unlink(tmp);
+  while (okay && (n = fread(buf, 1, sizeof buf, png)) > 0) okay = !cv_afile_write(&a, buf, n, err, sizeof err);
+  if (okay && ferror(png)) {
+    cv_afile_abort(&a);
+    snprintf(err, sizeof err, "cannot read what gnuplot drew");
+    okay = false;
   }
+  if (png) fclose(png);
+  okay = okay && !cv_afile_commit(&a, err, sizeof err);
   remove_all(dir, made, 3);
-  if (!okay) die(1, "cannot write '%s': %s", out, strerror(errno));
+  if (!okay) die(1, "%s", err);
   return 0;
 }

@@ -132,13 +132,14 @@ static bool same_file(const char *a, const char *b) {
  * epoch. */
 void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n) {
   struct stat so;
-  if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "--%s %s: it is a directory", opt, out);
+  const char *dash = opt[1] ? "--" : "-"; /* -o, --save */
+  if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "%s%s %s: it is a directory", dash, opt, out);
   for (int i = 0; i < n; i++)
-    if (inputs[i] && same_file(out, inputs[i])) die(1, "--%s %s would overwrite %s, %s", opt, out, inputs[i], what[i]);
+    if (inputs[i] && same_file(out, inputs[i])) die(1, "%s%s %s would overwrite %s, %s", dash, opt, out, inputs[i], what[i]);
   const char *slash = strrchr(out, '/');
   char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - out), out) : xstrdup(".cavs-probe-XXXXXX");
   int fd = mkstemp(probe);
-  if (fd < 0) die(1, "--%s %s: cannot write there: %s", opt, out, strerror(errno));
+  if (fd < 0) die(1, "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
   close(fd);
   unlink(probe);
   free(probe);

@@ -14,18 +14,18 @@
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
- * to PATH.tmpXXXXXX in the same directory, flushed, fsync'ed and renamed over PATH, and the
- * directory is fsync'ed: a crash leaves the old checkpoint or the new one, never a mix.
+ * whole by afile.c (an unnamed file in PATH's directory, flushed and renamed over PATH,
+ * the directory fsync'ed): a crash leaves the old checkpoint or the new one, never a mix,
+ * and any number of runs may save to one path at once.
  * Formats 1 (no graphs_done) and 2 (no schedule, selection or frozen parameters) are
  * still read. */
+#include "afile.h"
 #include "cv.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <sys/stat.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -88,81 +88,12 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
   }
 }
 
-/* Removes what a save that was killed left behind: PATH.tmpXXXXXX files of ours beside
- * PATH. (A save runs to completion or leaves one of these; the checkpoint itself is
- * never touched.) */
-static void remove_leftovers(const char *path) {
-  char *copy = strdup(path), *copy2 = strdup(path);
-  if (!copy || !copy2) goto out;
-  const char *dir = dirname(copy), *base = basename(copy2);
-  size_t bl = strlen(base);
-  DIR *d = opendir(dir);
-  if (!d) goto out;
-  int dfd = dirfd(d);
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    if (strlen(e->d_name) != bl + 10 || strncmp(e->d_name, base, bl) || strncmp(e->d_name + bl, ".tmp", 4)) continue;
-    struct stat st;
-    if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
-      unlinkat(dfd, e->d_name, 0);
-  }
-  closedir(d);
-out:
-  free(copy);
-  free(copy2);
-}
-
+/* The whole file at once, through afile.c: concurrent saves to one path all finish
+ * (the last wins), a killed one leaves the old checkpoint and no file of its own. */
 static int write_file_atomic(const char *path, const Buf *b, char *err, size_t errlen) {
-  remove_leftovers(path);
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 16);
-  if (!tmp) {
-    snprintf(err, errlen, "cannot write '%s': out of memory", path);
-    return -1;
-  }
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmpXXXXXX", 11);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
-    free(tmp);
-    return -1;
-  }
-  /* mkstemp makes 0600; a checkpoint gets the usual mode */
-  mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
-  size_t done = 0;
-  while (done < b->n) {
-    ssize_t w = write(fd, b->p + done, b->n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    done += (size_t)w;
-  }
-  int e = errno;
-  bool ok = done == b->n && fsync(fd) == 0;
-  if (!ok && done == b->n) e = errno;
-  close(fd);
-  if (ok && rename(tmp, path) != 0) {
-    e = errno;
-    ok = false;
-  }
-  if (!ok) {
-    unlink(tmp);
-    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(e));
-    free(tmp);
-    return -1;
-  }
-  /* make the rename itself durable */
-  char *dir = strdup(path);
-  int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
-  free(dir);
-  free(tmp);
-  return 0;
+  cv_afile a;
+  if (cv_afile_open(&a, path, false, err, errlen) || cv_afile_write(&a, b->p, b->n, err, errlen)) return -1;
+  return cv_afile_commit(&a, err, errlen);
 }
 
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,

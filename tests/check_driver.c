@@ -702,15 +702,62 @@ START_TEST(outputs_never_clobber_inputs) {
   r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("c.ckpt"), NULL);
   ok(&r, "train after refusals");
   tu_free(&r);
-  tu_write(path_in("c.ckpt.tmpAbC123"), "half a checkpoint", 17);
+  /* a file of the user's named as the earlier design named its temporary files */
+  tu_write(path_in("c.ckpt.tmpbackup"), "notes", 5);
   r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("c.ckpt"), "--save", path_in("c.ckpt"), NULL);
   ok(&r, "resume and save over the same file");
   tu_free(&r);
-  ck_assert_msg(access(path_in("c.ckpt.tmpAbC123"), F_OK) != 0, "the leftover temporary file is still there");
+  char *notes = tu_slurp(path_in("c.ckpt.tmpbackup"), NULL);
+  ck_assert_msg(notes && !strcmp(notes, "notes"), "a file of the user's was removed by a save beside it");
+  free(notes);
   r = cavs("info", path_in("c.ckpt"), NULL);
   ok(&r, "info");
   ck_assert_msg(strstr(r.out, "2 epochs done"), "%s", tu_tail(r.out, 1800));
   tu_free(&r);
+}
+END_TEST
+
+/* Four runs saving to one path at once, each every epoch (the issue a user met: each
+ * save removed the others' temporary files, and 8 runs of 12 died): all four finish, the
+ * path holds a whole checkpoint of one of them, and nothing else is left. */
+START_TEST(concurrent_saves_all_finish) {
+  RunResult r = cavs("gen", "toy", "--graphs", "40", "--leaves", "6", "--words", "20", "--seed", "5", "-o",
+                     path_in("small.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char *ck = strdup(path_in("same.ckpt")), *data = strdup(path_in("small.txt")), *vf = strdup(model("treelstm.vf"));
+  enum { RUNS = 4 };
+  pid_t pids[RUNS];
+  for (int k = 0; k < RUNS; k++) {
+    char seed[16];
+    snprintf(seed, sizeof seed, "%d", k + 1);
+    char *argv[] = {(char *)cavs_bin, "train", vf, "--format", "ptb-tree", "--train", data, "--dim", "E=4", "--dim",
+                    "H=4", "--batch", "8", "--epochs", "40", "--threads", "1", "--seed", seed, "--quiet", "--save", ck, NULL};
+    pids[k] = fork();
+    ck_assert(pids[k] >= 0);
+    if (pids[k] == 0) {
+      int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) dup2(null, 1);
+      execv(argv[0], argv);
+      _exit(127);
+    }
+  }
+  for (int k = 0; k < RUNS; k++) {
+    int st;
+    ck_assert(waitpid(pids[k], &st, 0) == pids[k]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "run %d of %d saving to one path: status %d", k + 1, RUNS, st);
+  }
+  r = cavs("info", ck, NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "40 epochs done"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while ((e = readdir(d))) ck_assert_msg(!strstr(e->d_name, "same.ckpt") || !strcmp(e->d_name, "same.ckpt"), "%s left", e->d_name);
+  closedir(d);
+  free(ck);
+  free(data);
+  free(vf);
 }
 END_TEST
 
@@ -863,7 +910,7 @@ START_TEST(sigkill_never_tears_a_checkpoint) {
   ok(&r, "resume after the kills");
   tu_free(&r);
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "ls %s | grep -c 'k.ckpt.tmp'", dir);
+  snprintf(cmd, sizeof cmd, "ls -a %s | grep -c 'k.ckpt.*cavs-tmp'", dir);
   FILE *p = popen(cmd, "r");
   int left = -1;
   ck_assert(p && fscanf(p, "%d", &left) == 1);
@@ -1351,6 +1398,7 @@ int main(void) {
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
+  tcase_add_test(tc, concurrent_saves_all_finish);
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);

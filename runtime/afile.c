@@ -1,0 +1,232 @@
+/* afile.c: a file written whole or not at all, by any number of processes at once.
+ *
+ * The contents are written to a file no other process can see (O_TMPFILE: an inode in
+ * the target's directory with no name), flushed, given a temporary name and renamed over
+ * the target: a reader sees the old file or the new one, never a mix, and of two writers
+ * the last to commit wins while both finish. A writer killed before its commit leaves
+ * nothing behind, since its file never had a name.
+ *
+ * Where the filesystem has no O_TMPFILE (or /proc is missing, which linking the unnamed
+ * inode needs), the contents carry the temporary name from the start, and a killed
+ * writer leaves it behind. Such leftovers are removed by the next writer of the same
+ * target, and only when they are provably ours and abandoned:
+ *   - the name is "." BASE ".cavs-tmp-" and 16 hexadecimal digits whose last 4 check the
+ *     rest against BASE, so that no file of the user's, whatever its name, passes for one
+ *     (an earlier design removed every BASE.tmp?????? and took a user's notes with it);
+ *   - it is a regular file of ours with one link;
+ *   - no process holds it: every writer holds an exclusive flock(2) on its file from
+ *     before the file is visible under its name (O_TMPFILE) or, in the named fallback,
+ *     from right after creating it, and checks once it holds the lock that the name is
+ *     still its file (a cleaner may have taken the instant between the two for a
+ *     leftover: the writer then starts again under a new name). The kernel drops the lock
+ *     when the writer dies, however it dies.
+ * Nothing else is ever removed. */
+#include "afile.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TEMP_INFIX ".cavs-tmp-"
+/* a base longer than this is cut in the temporary name, which must stay under NAME_MAX */
+enum { BASE_KEEP = 200, RAND_HEX = 12, TAG_HEX = 4 };
+
+static uint64_t fnv64(const char *s, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static unsigned tag_of(const char *base, size_t bl, const char *rnd) {
+  uint64_t h = fnv64(base, bl, 1469598103934665603ull);
+  h = fnv64("/", 1, h);
+  return (unsigned)(fnv64(rnd, RAND_HEX, h) & 0xffff);
+}
+
+static size_t kept_len(const char *base) {
+  size_t n = strlen(base);
+  return n > BASE_KEEP ? BASE_KEEP : n;
+}
+
+void cv_afile_temp_name(const char *base, uint64_t bits, char *out, size_t outlen) {
+  char rnd[RAND_HEX + 1];
+  snprintf(rnd, sizeof rnd, "%012llx", (unsigned long long)(bits & 0xffffffffffffull));
+  size_t bl = kept_len(base);
+  snprintf(out, outlen, ".%.*s" TEMP_INFIX "%s%04x", (int)bl, base, rnd, tag_of(base, bl, rnd));
+}
+
+/* A new temporary name for base: random digits from the kernel, else from the clock and
+   the process (a collision only costs a retry: names are created exclusively). */
+static void temp_name(const char *base, char *out, size_t outlen) {
+  uint64_t bits;
+  if (getrandom(&bits, sizeof bits, GRND_NONBLOCK) != (ssize_t)sizeof bits) {
+    static unsigned counter;
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    bits = (uint64_t)t.tv_nsec ^ ((uint64_t)t.tv_sec << 20) ^ ((uint64_t)getpid() << 32) ^ ++counter;
+  }
+  cv_afile_temp_name(base, bits, out, outlen);
+}
+
+static bool is_hex(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+  return true;
+}
+
+bool cv_afile_is_temp(const char *name, const char *base) {
+  size_t bl = kept_len(base), il = strlen(TEMP_INFIX);
+  if (strlen(name) != 1 + bl + il + RAND_HEX + TAG_HEX || name[0] != '.' || strncmp(name + 1, base, bl) ||
+      strncmp(name + 1 + bl, TEMP_INFIX, il))
+    return false;
+  const char *rnd = name + 1 + bl + il;
+  if (!is_hex(rnd, RAND_HEX + TAG_HEX)) return false;
+  return (unsigned)strtoul(rnd + RAND_HEX, NULL, 16) == tag_of(base, bl, rnd);
+}
+
+/* Removes the leftovers of killed writers of base in the directory dfd (see the top). */
+static void remove_leftovers(int dfd, const char *base) {
+  int d2 = dup(dfd);
+  DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
+  if (!d) {
+    if (d2 >= 0) close(d2);
+    return;
+  }
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!cv_afile_is_temp(e->d_name, base)) continue;
+    int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st, now;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && st.st_nlink == 1 &&
+        flock(fd, LOCK_EX | LOCK_NB) == 0 && fstatat(dfd, e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+        now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+      unlinkat(dfd, e->d_name, 0);
+    close(fd); /* and the lock with it */
+  }
+  closedir(d);
+}
+
+static void afile_free(cv_afile *a) {
+  if (a->fd >= 0) close(a->fd);
+  if (a->dfd >= 0) close(a->dfd);
+  free(a->base);
+  free(a->path);
+  free(a->tmp);
+  *a = (cv_afile){.fd = -1, .dfd = -1};
+}
+
+static int fail(cv_afile *a, int e, char *err, size_t errlen) {
+  snprintf(err, errlen, "cannot write '%s': %s", a->path ? a->path : "?", strerror(e));
+  cv_afile_abort(a);
+  return -1;
+}
+
+/* The named fallback: a new file under a temporary name, locked, still ours once locked. */
+static int open_named(cv_afile *a, mode_t mode) {
+  char name[BASE_KEEP + 64];
+  for (int attempt = 0; attempt < 100; attempt++) {
+    temp_name(a->base, name, sizeof name);
+    int fd = openat(a->dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      return -1;
+    }
+    struct stat st, now;
+    int rc;
+    while ((rc = flock(fd, LOCK_EX)) < 0 && errno == EINTR) {}
+    if (rc == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0 && fstatat(a->dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+        now.st_dev == st.st_dev && now.st_ino == st.st_ino) {
+      a->fd = fd;
+      a->tmp = strdup(name);
+      if (a->tmp) return 0;
+      unlinkat(a->dfd, name, 0);
+      close(fd);
+      errno = ENOMEM;
+      return -1;
+    }
+    close(fd); /* taken for a leftover in the instant before the lock: again, anew */
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+int cv_afile_open(cv_afile *a, const char *path, bool named, char *err, size_t errlen) {
+  *a = (cv_afile){.fd = -1, .dfd = -1};
+  a->path = strdup(path);
+  if (!a->path) return fail(a, ENOMEM, err, errlen);
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) return fail(a, EISDIR, err, errlen);
+  a->base = strdup(base);
+  char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+  if (!a->base || !dir) {
+    free(dir);
+    return fail(a, ENOMEM, err, errlen);
+  }
+  a->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(dir);
+  if (a->dfd < 0) return fail(a, errno, err, errlen);
+  remove_leftovers(a->dfd, a->base);
+  if (!named && access("/proc/self/fd", X_OK) == 0) {
+    a->fd = openat(a->dfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0666);
+    if (a->fd >= 0 && flock(a->fd, LOCK_EX) == 0) return 0;
+    if (a->fd >= 0) close(a->fd);
+    a->fd = -1;
+  }
+  /* no O_TMPFILE here (EOPNOTSUPP, EISDIR on old kernels, ...): the named fallback */
+  if (open_named(a, 0666)) return fail(a, errno, err, errlen);
+  return 0;
+}
+
+int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errlen) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t w = write(a->fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return fail(a, w < 0 ? errno : ENOSPC, err, errlen);
+    c += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int cv_afile_commit(cv_afile *a, char *err, size_t errlen) {
+  if (fsync(a->fd)) return fail(a, errno, err, errlen);
+  if (!a->tmp) {
+    /* give the unnamed file a temporary name (it is locked: no cleaner takes it) */
+    char name[BASE_KEEP + 64], proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", a->fd);
+    int rc = -1;
+    for (int attempt = 0; attempt < 100 && rc; attempt++) {
+      temp_name(a->base, name, sizeof name);
+      rc = linkat(AT_FDCWD, proc, a->dfd, name, AT_SYMLINK_FOLLOW);
+      if (rc && errno != EEXIST) break;
+    }
+    if (rc) return fail(a, errno, err, errlen);
+    a->tmp = strdup(name);
+    if (!a->tmp) {
+      unlinkat(a->dfd, name, 0);
+      return fail(a, ENOMEM, err, errlen);
+    }
+  }
+  if (renameat(a->dfd, a->tmp, a->dfd, a->base)) return fail(a, errno, err, errlen);
+  free(a->tmp);
+  a->tmp = NULL;
+  fsync(a->dfd); /* the rename itself, made durable */
+  afile_free(a);
+  return 0;
+}
+
+void cv_afile_abort(cv_afile *a) {
+  if (a->tmp && a->dfd >= 0) unlinkat(a->dfd, a->tmp, 0);
+  afile_free(a);
+}

@@ -1,0 +1,40 @@
+/* afile.h: a file written whole or not at all, by any number of processes at once
+ * (afile.c). libcavs writes its checkpoints through it, and the `cavs` command, which
+ * compiles afile.c in too, its generated data and its plots. Not installed. */
+#ifndef CAVS_AFILE_H
+#define CAVS_AFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cv_afile {
+  int fd;      /* write the contents here */
+  int dfd;     /* the directory the file goes into */
+  char *base;  /* its name there */
+  char *path;  /* as given, for messages */
+  char *tmp;   /* the temporary name the contents carry while unfinished (named mode) */
+} cv_afile;
+
+/* Opens a new, empty file to become `path` when committed; path's directory must exist.
+ * `named` asks for the fallback of filesystems without O_TMPFILE (the tests take both
+ * ways). Removes what saves to `path` that were killed left behind (only files provably
+ * ours and abandoned). Returns 0, or -1 with the message in err. */
+int cv_afile_open(cv_afile *a, const char *path, bool named, char *err, size_t errlen);
+/* Writes n bytes; -1 with the message in err on failure (the file is then aborted). */
+int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errlen);
+/* Flushes the contents to disk and puts them at the path in one step (a reader sees the
+ * old file or the new one; of two writers committing, the last wins), then makes that
+ * durable. Frees a; -1 with the message in err, the path left as it was. */
+int cv_afile_commit(cv_afile *a, char *err, size_t errlen);
+/* Drops the file: nothing of it stays. Frees a; a freed or never opened one is left. */
+void cv_afile_abort(cv_afile *a);
+
+/* Whether `name` (a directory entry) is what a save of `base` names its unfinished
+ * contents: "." base ".cavs-tmp-" and 16 hexadecimal digits, the last 4 a check of the
+ * rest, so that no file of the user's is ever taken for one. For the tests. */
+bool cv_afile_is_temp(const char *name, const char *base);
+/* The temporary name for base with the 48 random bits given (the tests' fixed ones). */
+void cv_afile_temp_name(const char *base, uint64_t bits, char *out, size_t outlen);
+
+#endif

@@ -1,0 +1,208 @@
+/* check_afile.c: files written whole (runtime/afile.c, compiled in), as checkpoints,
+ * generated data and plots are. A writer in the middle of its save survives another
+ * process saving to the same path (the earlier design removed its temporary file), and
+ * of the two the last to commit wins; a killed writer's leftover is removed by the next
+ * save, and no file of the user's ever is, whatever its name. Each case is run with the
+ * unnamed temporary file (O_TMPFILE) and with the named fallback of filesystems without
+ * it. The other writer is the `cavs` command (cavs gen), which saves as checkpoints do. */
+#include "afile.h"
+#include "cli.h"
+
+#include <dirent.h>
+
+static bool modes[] = {false, true}; /* O_TMPFILE, then the named fallback */
+
+/* Temporary files of `base` in the scratch directory. */
+static int temps(const char *base) {
+  DIR *d = opendir(dir);
+  ck_assert(d != NULL);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) n += cv_afile_is_temp(e->d_name, base);
+  closedir(d);
+  return n;
+}
+
+static void gen_into(const char *path) {
+  RunResult r = cavs("gen", "toy", "--graphs", "20", "--seed", "7", "-o", path, NULL);
+  ok(&r, "cavs gen");
+  tu_free(&r);
+}
+
+static bool starts(const char *path, const char *with) {
+  char *s = tu_slurp(path, NULL);
+  bool yes = s && !strncmp(s, with, strlen(with));
+  free(s);
+  return yes;
+}
+
+/* Another process saves to the path while a save is half written: both finish, the one
+ * that commits last is what the path holds. */
+START_TEST(live_writer_survives_another_save) {
+  char err[512], *p = strdup(path_in("live.ckpt"));
+  cv_afile a;
+  ck_assert_msg(cv_afile_open(&a, p, modes[_i], err, sizeof err) == 0, "%s", err);
+  ck_assert(cv_afile_write(&a, "MINE: first half, ", 18, err, sizeof err) == 0);
+  ck_assert_int_eq(temps("live.ckpt"), modes[_i] ? 1 : 0); /* only the fallback has a name */
+  gen_into(p); /* saves, and removes what it takes for leftovers */
+  ck_assert_msg(starts(p, "("), "the other save did not land");
+  ck_assert_int_eq(temps("live.ckpt"), modes[_i] ? 1 : 0);
+  ck_assert(cv_afile_write(&a, "second half", 11, err, sizeof err) == 0);
+  ck_assert_msg(cv_afile_commit(&a, err, sizeof err) == 0, "the first save failed: %s", err);
+  ck_assert_msg(starts(p, "MINE: first half, second half"), "the last save is not what the path holds");
+  ck_assert_int_eq(temps("live.ckpt"), 0);
+  free(p);
+}
+END_TEST
+
+/* A writer killed before its commit: the fallback's file is removed by the next save;
+ * the unnamed one never had a name. The path keeps what it held. */
+START_TEST(killed_writer_leaves_nothing) {
+  char *p = strdup(path_in("killed.ckpt"));
+  tu_write(p, "OLD", 3);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    char err[512];
+    cv_afile a;
+    if (cv_afile_open(&a, p, modes[_i], err, sizeof err) || cv_afile_write(&a, "NEW, unfinished", 15, err, sizeof err))
+      _exit(1);
+    _exit(0); /* killed, as far as the file can tell: no commit, no abort */
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ck_assert_int_eq(temps("killed.ckpt"), modes[_i] ? 1 : 0);
+  ck_assert(starts(p, "OLD"));
+  gen_into(p);
+  ck_assert_int_eq(temps("killed.ckpt"), 0);
+  free(p);
+}
+END_TEST
+
+/* Files that look like temporary files but are not provably ours and abandoned: each
+ * survives a save beside it. */
+START_TEST(user_files_never_removed) {
+  char *p = strdup(path_in("notes.ckpt"));
+  static const char *const names[] = {
+      "notes.ckpt.tmpbackup", /* the earlier design's pattern, a user's file */
+      "notes.ckpt.tmpAbC123",
+      ".notes.ckpt.cavs-tmp-0123456789abcdef", /* the right shape, not the right check */
+      ".notes.ckpt.cavs-tmp-0123456789ab",
+      "notes.ckpt.cavs-tmp-0123456789abcdef",
+  };
+  enum { N = sizeof names / sizeof *names };
+  for (int i = 0; i < N; i++) tu_write(path_in(names[i]), "the user's", 10);
+  /* a real temporary name, held by a file with a second link (the user's hard link),
+     and one that is a symbolic link: not removed either */
+  char err[512];
+  cv_afile a;
+  ck_assert(cv_afile_open(&a, p, true, err, sizeof err) == 0);
+  char *t1 = strdup(path_in(a.tmp)), *t2 = NULL;
+  cv_afile_abort(&a);
+  tu_write(path_in("kept"), "the user's", 10);
+  ck_assert(link(path_in("kept"), t1) == 0);
+  ck_assert(cv_afile_open(&a, p, true, err, sizeof err) == 0);
+  t2 = strdup(path_in(a.tmp));
+  cv_afile_abort(&a);
+  ck_assert(symlink(path_in("kept"), t2) == 0);
+  ck_assert_int_eq(temps("notes.ckpt"), 2);
+  gen_into(p);
+  for (int i = 0; i < N; i++) ck_assert_msg(starts(path_in(names[i]), "the user's"), "%s was removed", names[i]);
+  ck_assert_msg(starts(t1, "the user's"), "a temporary name with two links was removed");
+  struct stat st;
+  ck_assert_msg(lstat(t2, &st) == 0 && S_ISLNK(st.st_mode), "a symbolic link was removed");
+  ck_assert(starts(path_in("kept"), "the user's"));
+  unlink(t1);
+  unlink(t2);
+  free(t1);
+  free(t2);
+  free(p);
+}
+END_TEST
+
+/* The temporary names check themselves: one changed digit, or another base, is not one
+ * (fixed names: a 16-bit check misses a random change once in 65,536). */
+START_TEST(temporary_names_check_themselves) {
+  char err[512], name[300];
+  cv_afile a;
+  ck_assert(cv_afile_open(&a, path_in("n.ckpt"), true, err, sizeof err) == 0);
+  ck_assert(cv_afile_is_temp(a.tmp, "n.ckpt"));
+  cv_afile_abort(&a);
+  cv_afile_temp_name("n.ckpt", 0x0123456789abull, name, sizeof name);
+  ck_assert_msg(!strncmp(name, ".n.ckpt.cavs-tmp-0123456789ab", 29) && strlen(name) == 33, "%s", name);
+  ck_assert(cv_afile_is_temp(name, "n.ckpt"));
+  ck_assert(!cv_afile_is_temp(name, "m.ckpt"));
+  ck_assert(!cv_afile_is_temp(name, "n.ckp"));
+  for (size_t i = strlen(name) - 16; i < strlen(name); i++) {
+    char c = name[i];
+    name[i] = c == '0' ? '1' : '0';
+    ck_assert_msg(!cv_afile_is_temp(name, "n.ckpt"), "%s passes", name);
+    name[i] = c == 'a' ? 'A' : c; /* and no capitals */
+    ck_assert(cv_afile_is_temp(name, "n.ckpt") == (c != 'a'));
+    name[i] = c;
+  }
+  /* a base too long for a name of its own is cut, and still checked */
+  char base[256];
+  memset(base, 'b', 250);
+  base[250] = 0;
+  ck_assert(cv_afile_open(&a, path_in(base), true, err, sizeof err) == 0);
+  ck_assert(cv_afile_is_temp(a.tmp, base));
+  ck_assert(cv_afile_write(&a, "x", 1, err, sizeof err) == 0);
+  ck_assert_msg(cv_afile_commit(&a, err, sizeof err) == 0, "%s", err);
+  ck_assert(starts(path_in(base), "x"));
+}
+END_TEST
+
+/* Eight processes commit 40 saves each to one path at once: every save succeeds, and the
+ * path always holds one of them whole. */
+START_TEST(concurrent_commits_all_finish) {
+  char *p = strdup(path_in("many.ckpt"));
+  enum { PROCS = 8, SAVES = 40, SIZE = 1 << 16 };
+  pid_t pids[PROCS];
+  for (int k = 0; k < PROCS; k++) {
+    pids[k] = fork();
+    ck_assert(pids[k] >= 0);
+    if (pids[k] == 0) {
+      static char buf[SIZE];
+      memset(buf, 'a' + k, sizeof buf);
+      for (int s = 0; s < SAVES; s++) {
+        char err[512];
+        cv_afile a;
+        if (cv_afile_open(&a, p, modes[_i], err, sizeof err) || cv_afile_write(&a, buf, SIZE / 2, err, sizeof err) ||
+            cv_afile_write(&a, buf, SIZE / 2, err, sizeof err) || cv_afile_commit(&a, err, sizeof err)) {
+          fprintf(stderr, "writer %d, save %d: %s\n", k, s, err);
+          _exit(1);
+        }
+        /* the path is whole at every moment: one writer's bytes, all of them */
+        size_t n;
+        char *got = tu_slurp(p, &n);
+        if (!got || n != SIZE || (size_t)strspn(got, (char[]){got[0], 0}) != n) _exit(2);
+        free(got);
+      }
+      _exit(0);
+    }
+  }
+  for (int k = 0; k < PROCS; k++) {
+    int st;
+    waitpid(pids[k], &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer %d: status %d", k, st);
+  }
+  ck_assert_int_eq(temps("many.ckpt"), 0);
+  free(p);
+}
+END_TEST
+
+int main(void) {
+  if (cli_init("afile")) return 99;
+  Suite *s = suite_create("afile");
+  TCase *tc = tcase_create("afile");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, live_writer_survives_another_save, 0, 2);
+  tcase_add_loop_test(tc, killed_writer_leaves_nothing, 0, 2);
+  tcase_add_test(tc, user_files_never_removed);
+  tcase_add_test(tc, temporary_names_check_themselves);
+  tcase_add_loop_test(tc, concurrent_commits_all_finish, 0, 2);
+  suite_add_tcase(s, tc);
+  return tu_run_suite_shared(s, dir);
+}
