@@ -13,8 +13,9 @@
  * children (attention over the encoder) and its inputs, but INPUT = the word just
  * predicted and no class labels. Each step runs the whole graph again (n steps cost
  * n^2 / 2 vertex evaluations: a predict command's price for running unchanged
- * generated code); the graphs of the minibatch grow in lockstep, so each pass is
- * batched as training is.
+ * generated code), so --max-steps is at most GREEDY_MAX_STEPS, and on a terminal the
+ * steps are shown as they go; the graphs of the minibatch grow in lockstep, so each
+ * pass is batched as training is.
  *
  * Output: a line a graph, its words. Where the data carries the target chain (vertices
  * of the decoder's type, each in the named slot of the next), the number of steps
@@ -25,6 +26,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct Grow {
   cavs_graph g; /* the arrays below, n vertices */
@@ -178,6 +180,8 @@ int greedy_decode(cavs_model *m, const cavs_dataset *s, int batch, const GreedyO
   const cavs_graph **gs = alloc_or_die(sizeof(cavs_graph *) * (size_t)batch);
   int *act = alloc_or_die(sizeof(int) * (size_t)batch);
   long right = 0, scored = 0, steps = 0;
+  bool tty = isatty(2);
+  double shown = -1; /* the first pass is shown, then one every 0.1 s */
   cavs_model_set_inference(m, 1);
   for (int b = 0; b < n; b += batch) {
     int k = n - b < batch ? n - b : batch;
@@ -191,6 +195,11 @@ int greedy_decode(cavs_model *m, const cavs_dataset *s, int batch, const GreedyO
       errno = 0;
       if (cavs_model_forward(m, gs, na, &st)) lib_die(cavs_model_error(m));
       steps++;
+      if (tty && (shown < 0 || now() - shown > 0.1)) {
+        shown = now();
+        fprintf(stderr, "\rpredict --greedy: graphs %d-%d of %d: step %d, %d of them decoding\033[K", b + 1, b + k, n,
+                gw[act[0]].nwords + 1, na);
+      }
       int keepn = 0;
       for (int i = 0; i < na; i++) {
         Grow *w = &gw[act[i]];
@@ -221,6 +230,7 @@ int greedy_decode(cavs_model *m, const cavs_dataset *s, int batch, const GreedyO
     }
   }
   cavs_model_set_inference(m, 0);
+  if (tty) fprintf(stderr, "\r\033[K");
   if (scored)
     fprintf(stderr, "greedy decoding: %d graphs, %ld of %ld target words right (%.4f), %ld forward passes\n", n, right,
             scored, (double)right / (double)scored, steps);

@@ -87,6 +87,8 @@ typedef struct Totals {
   double lsum[MAX_LOSSES];
   long lcount[MAX_LOSSES], lcorrect[MAX_LOSSES];
   double secs;
+  double lr;      /* training: the learning rate of the last minibatch */
+  long launches;  /* training: the backend's launches (cavs_backend_stats) */
   /* with classes > 0 (cavs eval): per class of the first softmax_xent, the vertices
      labeled with it and those predicted right */
   int classes;
@@ -115,6 +117,8 @@ int cmd_info(const char *path);
 /* predict --greedy INPUT [--stop CLASS] [--max-steps N]: each graph's decoder chain
    grown from the model's own predictions, INPUT the index input they are fed back
    into; stop -1: none, max_steps 0: the data's target length (100 without one). */
+/* the most --max-steps: each step runs the whole graph again (n^2 / 2 vertex evaluations) */
+enum { GREEDY_MAX_STEPS = 1000 };
 typedef struct GreedyOpts {
   const char *input;
   int stop, max_steps;

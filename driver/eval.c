@@ -131,7 +131,10 @@ typedef struct CkptModel {
 } CkptModel;
 
 /* The model comes from the checkpoint's own source, or from --model (required for a
- * checkpoint trained from a prebuilt .so); cavs_ckpt_apply checks that they match. */
+ * checkpoint trained from a prebuilt .so); cavs_ckpt_apply_weights checks that they
+ * match. Only the weights: evaluation has no optimizer state to hold and nothing to
+ * freeze (a checkpoint of a --no-merge build with a frozen parameter evaluates on the
+ * default build). */
 static CkptModel open_ckpt(const char *path, const char *model) {
   CkptModel c = {0};
   char err[1024];
@@ -148,7 +151,7 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
   cavs_model_set_policy(c.m, model_policy);
   cavs_model_set_ablations(c.m, model_ablations);
-  if (cavs_ckpt_apply(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
+  if (cavs_ckpt_apply_weights(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
   c.v = keep(cavs_ckpt_vocab(c.ck));
   if (!c.v) die(1, "%s: damaged vocabulary", path);
   return c;

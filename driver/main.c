@@ -184,7 +184,12 @@ int main(int argc, char **argv) {
     case OPT_VALUE: value = optarg; break;
     case OPT_GREEDY: greedy.input = optarg; break;
     case OPT_STOP: greedy.stop = (int)parse_long("stop", optarg, 0, 1 << 24); stop_set = true; break;
-    case OPT_MAX_STEPS: greedy.max_steps = (int)parse_long("max-steps", optarg, 1, 100000); break;
+    case OPT_MAX_STEPS:
+      if (strtol(optarg, NULL, 10) > GREEDY_MAX_STEPS)
+        die(1, "--max-steps %s: at most %d (each step runs the whole graph again: n steps cost n^2/2 vertex evaluations)",
+            optarg, GREEDY_MAX_STEPS);
+      greedy.max_steps = (int)parse_long("max-steps", optarg, 1, GREEDY_MAX_STEPS);
+      break;
     case OPT_LR_DECAY: o.lr_decay = parse_real("lr-decay", optarg, 0, 1, true); o.set_sched = true; break;
     case OPT_LR_STEP: o.lr_step = (int)parse_long("lr-step", optarg, 1, 1000000); o.set_sched = true; break;
     case OPT_WARMUP: o.warmup = (int)parse_long("warmup", optarg, 0, 1 << 30); o.set_sched = true; break;

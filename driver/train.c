@@ -47,8 +47,10 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
         found = j;
     if (found < 0) die(1, "model '%s' has no dim '%.*s'", d->name, (int)(eq - o->dimset[i]), o->dimset[i]);
     char *end;
+    errno = 0;
     long v = strtol(eq + 1, &end, 10);
-    if (*end || v <= 0 || v > (1L << 24)) die(1, "--dim %s: the value must be a positive integer", o->dimset[i]);
+    if (end == eq + 1 || *end || errno == ERANGE || v <= 0 || v > CAVS_MAX_DIM)
+      die(1, "--dim %s: the value must be an integer from 1 to %ld (2^24)", o->dimset[i], CAVS_MAX_DIM);
     if (d->dims[found].kind == CAVS_DIM_VOCAB) die(1, "dim %s is bound by the data (vocab); it cannot be set", d->dims[found].name);
     if (d->dims[found].kind == CAVS_DIM_PRODUCT)
       die(1, "dim %s is the product %s * %s; set its factors instead", d->dims[found].name,
@@ -75,311 +77,417 @@ static int param_named(const cavs_desc *d, const char *name, size_t len) {
   return -1;
 }
 
+/* A training run: what the steps of cmd_train share. */
+typedef struct Run {
+  TrainOpts *o;
+  Loaded L;
+  const cavs_desc *d;
+  cavs_ckpt *ck; /* the checkpoint resumed from, or NULL */
+  cavs_vocab *v;
+  cavs_dataset *tr, *dev;
+  cavs_model *m;
+  cavs_train_state ts;
+  char *best_path;
+  FILE *log;
+  bool tty, with_acc;
+  int n, select, last_epoch;
+  long nbatches;
+  int *order;
+  const cavs_graph **gs;
+  long found[8]; /* --init i: the rows written into parameter inited[i] */
+  int inited[8];
+} Run;
+
+/* What the run writes (--save, its .best, --log) may not be what it reads (the model,
+ * the data, the --init vectors, the checkpoint resumed from, the log for --save and the
+ * checkpoints for --log), through links too: found out before training, not after an
+ * epoch. --save may be the checkpoint resumed from: that is how a run goes on. */
+static void check_outputs(const TrainOpts *o, const char *best_path) {
+  const char *in[16], *what[16];
+  int n = 0;
+  in[n] = o->model, what[n++] = "the model";
+  in[n] = o->train, what[n++] = "the --train data";
+  in[n] = o->dev, what[n++] = "the --dev data";
+  for (int i = 0; i < o->ninit; i++) {
+    const char *eq = strchr(o->init[i], '=');
+    in[n] = eq ? eq + 1 : NULL, what[n++] = "the --init vectors";
+  }
+  int common = n;
+  if (o->save) {
+    in[n] = o->log, what[n++] = "the --log file";
+    check_output("save", o->save, in, what, n);
+    /* .best is not what the run goes on from either */
+    in[n] = o->resume, what[n++] = "the checkpoint resumed from";
+    check_output("save", best_path, in, what, n);
+  }
+  if (o->log) {
+    n = common;
+    in[n] = o->resume, what[n++] = "the checkpoint resumed from";
+    in[n] = o->save, what[n++] = "the --save checkpoint";
+    in[n] = best_path, what[n++] = "the best checkpoint";
+    check_output("log", o->log, in, what, n);
+  }
+}
+
+/* --resume: the checkpoint, read and checked against the model; its dims into dims
+ * (those given again must agree), and the training settings not given again into o. */
+static void resume_settings(Run *r, long *dims) {
+  TrainOpts *o = r->o;
+  const cavs_desc *d = r->d;
+  char err[1024];
+  r->ck = keep(cavs_ckpt_read(o->resume, err, sizeof err));
+  if (!r->ck) die(1, "%s", err);
+  if (strcmp(cavs_ckpt_model(r->ck), d->name))
+    die(1, "%s: the checkpoint is of model '%s', not '%s'", o->resume, cavs_ckpt_model(r->ck), d->name);
+  if (strcmp(cavs_ckpt_hash(r->ck), d->source_hash))
+    die(1, "%s: the checkpoint was trained from another version of model '%s' (source hash %s, %s is %s)", o->resume,
+        d->name, cavs_ckpt_hash(r->ck), o->model, d->source_hash);
+  long cd[CAVS_MAX_DIMS] = {0};
+  if (cavs_ckpt_dims(r->ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
+  /* only the dims given on the command line must agree with the checkpoint */
+  long asked[CAVS_MAX_DIMS] = {0};
+  for (int j = 0; j < d->ndims; j++) asked[j] = -1;
+  apply_dims(d, asked, o);
+  for (int j = 0; j < d->ndims; j++)
+    if (asked[j] >= 0 && asked[j] != cd[j])
+      die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
+  const cavs_train_state *cs = cavs_ckpt_state(r->ck);
+  /* checked before an epoch runs: the run's last epoch must be one a checkpoint holds */
+  if (o->epochs > CAVS_MAX_EPOCHS - cs->epoch)
+    die(1, "%s: %d epochs are done; %d more would pass the most a run takes (%d)", o->resume, cs->epoch, o->epochs,
+        CAVS_MAX_EPOCHS);
+  cavs_optim c = cs->optim;
+  if (o->set_kind) {
+    c.kind = o->optim.kind;
+    c.lr = cavs_optim_default_lr(c.kind); /* another optimizer: its own default rate */
+  }
+  if (o->set_lr) c.lr = o->optim.lr;
+  if (o->set_clip) c.clip = o->optim.clip;
+  if (o->set_wd) c.weight_decay = o->optim.weight_decay;
+  o->optim = c;
+  if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
+  /* the schedule and the selection (format 3 on: select is then 1..3) */
+  if (cs->select && !o->set_sched) {
+    o->lr_decay = cs->lr_decay;
+    o->lr_step = cs->lr_step;
+    o->warmup = cs->warmup;
+    o->patience = cs->patience;
+  }
+  memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
+  r->v = keep(cavs_ckpt_vocab(r->ck));
+  if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
+}
+
+/* A new model's vocabulary dims: the tokens read, or for cgf, whose features are numbers
+ * already, the largest id used plus one (the loaders bound ids below CAVS_MAX_DIM). */
+static void vocab_dims(Run *r, long *dims) {
+  const cavs_desc *d = r->d;
+  for (int j = 0; j < d->ndims; j++) {
+    if (d->dims[j].kind != CAVS_DIM_VOCAB) continue;
+    dims[j] = cavs_vocab_size(r->v);
+    if (!strcmp(r->o->format, "cgf")) {
+      int slot = d->inputs[d->dims[j].input].slot;
+      long mx = cavs_dataset_max_feature(r->tr, slot);
+      if (r->dev && cavs_dataset_max_feature(r->dev, slot) > mx) mx = cavs_dataset_max_feature(r->dev, slot);
+      dims[j] = mx + 1 > 1 ? mx + 1 : 1;
+    }
+  }
+}
+
+/* The model made, and its state: the checkpoint's, or a new one initialized, with the
+ * --init vectors; then --freeze. */
+static void make_model(Run *r, const long *dims) {
+  TrainOpts *o = r->o;
+  const cavs_desc *d = r->d;
+  char err[1024];
+  errno = 0;
+  r->m = keep(cavs_model_new_opts(d, dims, &model_opts, err, sizeof err));
+  if (!r->m) lib_die(err);
+  cavs_model_set_policy(r->m, model_policy);
+  cavs_model_set_ablations(r->m, model_ablations);
+  r->ts = (cavs_train_state){.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
+                             .threads = o->threads, .batch = o->batch, .optim = o->optim};
+  snprintf(r->ts.format, sizeof r->ts.format, "%s", o->format);
+  if (r->ck) {
+    if (cavs_ckpt_apply(r->ck, r->m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
+    const cavs_train_state *cs = cavs_ckpt_state(r->ck);
+    r->ts.epoch = cs->epoch;
+    r->ts.rng = cs->rng;
+    r->ts.best = cs->best;
+    r->ts.seed = cs->seed;
+    r->ts.graphs_done = cs->graphs_done;
+    r->ts.select = cs->select;
+    r->ts.since_best = cs->since_best;
+    r->ts.best_epoch = cs->best_epoch;
+  } else {
+    cavs_model_init(r->m, o->seed);
+  }
+  /* pre-trained vectors into a new model's tables (a resumed one has its own), then
+     the parameters kept fixed */
+  for (int i = 0; i < o->ninit && !r->ck; i++) {
+    const char *eq = strchr(o->init[i], '=');
+    int p = eq ? param_named(d, o->init[i], (size_t)(eq - o->init[i])) : -1;
+    if (!eq || !eq[1]) die(1, "--init: '%s' is not PARAM=FILE", o->init[i]);
+    if (p < 0) die(1, "--init: model '%s' has no parameter '%.*s'", d->name, (int)(eq - o->init[i]), o->init[i]);
+    if (cavs_model_load_vectors(r->m, p, eq + 1, r->v, &r->found[i], err, sizeof err)) die(1, "%s", err);
+    r->inited[i] = p;
+  }
+  for (int i = 0; i < o->nfreeze; i++) {
+    int p = param_named(d, o->freeze[i], strlen(o->freeze[i]));
+    if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
+    if (cavs_model_freeze(r->m, p, 1)) die(1, "--freeze: %s", cavs_model_error(r->m));
+  }
+}
+
+/* The first lines: where it runs, the model's size, the data, how far a resume is. */
+static void say_start(const Run *r) {
+  long nparams = 0;
+  for (int i = 0; i < r->d->nparams; i++) {
+    long rows, cols;
+    cavs_model_param(r->m, i, &rows, &cols, NULL);
+    nparams += rows * cols;
+  }
+  say_device(stdout, r->m);
+  printf("model %s: %ld parameters; %d training graphs (%ld vertices)", r->d->name, nparams, r->n,
+         cavs_dataset_vertices(r->tr));
+  if (r->ck) printf("; resumed after epoch %d", r->ts.epoch);
+  if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
+  printf("\n");
+  for (int i = 0; i < r->o->ninit && !r->ck; i++)
+    printf("init %s: %ld of the %d words from %s\n", r->d->params[r->inited[i]].name, r->found[i],
+           cavs_vocab_size(r->v) - 2, strchr(r->o->init[i], '=') + 1);
+  fflush(stdout);
+}
+
+static const char *select_name(int select) {
+  return select == SELECT_ROOT ? "root" : select == SELECT_ALL ? "all" : "loss";
+}
+static const char *select_metric(int select) {
+  return select == SELECT_ROOT ? "root accuracy" : select == SELECT_ALL ? "accuracy" : "loss";
+}
+
+/* What picks .best: --select, else the checkpoint's, else by the model; a checkpoint's
+ * best of another metric is forgotten. */
+static void choose_selection(Run *r) {
+  TrainOpts *o = r->o;
+  r->select = o->select != SELECT_DEFAULT ? o->select : r->ts.select ? r->ts.select : r->with_acc ? SELECT_ALL : SELECT_LOSS;
+  if (r->select != SELECT_LOSS && !r->with_acc)
+    die(1, "--select %s: model '%s' has no classifier", select_name(r->select), r->d->name);
+  if (r->ck && r->ts.best >= 0 && (r->ts.select ? r->ts.select != r->select : o->select != SELECT_DEFAULT)) {
+    /* the checkpoint's best is another metric's (or one an older format did not name) */
+    if (!o->quiet) printf("--select %s: the best of the checkpoint's runs is forgotten\n", select_name(r->select));
+    r->ts.best = -1, r->ts.since_best = 0, r->ts.best_epoch = 0;
+  }
+  r->ts.select = r->select;
+  r->ts.lr_decay = o->lr_decay;
+  r->ts.lr_step = o->lr_step;
+  r->ts.warmup = o->warmup;
+  r->ts.patience = o->patience;
+}
+
+static void save(Run *r, const char *path) {
+  char err[1024];
+  if (cavs_ckpt_save(path, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
+}
+
+/* A forward pass whose loss is not finite: the op and vertex that made it, or the loss. */
+_Noreturn static void diverged(const Run *r, int epoch, int b, const cavs_stats *st) {
+  char why[512];
+  int bg, bv;
+  if (cavs_model_check_finite(r->m, &bg, &bv, why, sizeof why)) {
+    if (bg >= 0)
+      die(1, "epoch %d: %s at vertex %d of graph %d of %s; try a smaller --lr or --clip", epoch, why, bv,
+          r->order[b + bg] + 1, r->o->train);
+    die(1, "epoch %d: %s; try a smaller --lr or --clip", epoch, why);
+  }
+  die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st->loss);
+}
+
+/* One epoch's minibatches, shuffled (an interrupted epoch goes on where it stopped, in
+ * the same order), added up in t. A signal stops it between two steps, saved. */
+static void run_epoch(Run *r, int epoch, int first, Totals *t) {
+  TrainOpts *o = r->o;
+  int n = r->n;
+  uint64_t rng_at_start = r->ts.rng;
+  int b0 = epoch == first && r->ts.graphs_done > 0 ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
+  r->ts.graphs_done = 0;
+  for (int i = 0; i < n; i++) r->order[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)(rng_next(&r->ts.rng) % (uint64_t)(i + 1));
+    int tmp = r->order[i];
+    r->order[i] = r->order[j];
+    r->order[j] = tmp;
+  }
+  cavs_model_backend_stats(r->m, NULL, 1);
+  cavs_optim opt = o->optim;
+  double start = now(), shown = 0;
+  for (int b = b0; b < n; b += o->batch) {
+    int k = 0;
+    for (; k < o->batch && b + k < n; k++) r->gs[k] = cavs_dataset_graph(r->tr, r->order[b + k]);
+    cavs_stats st;
+    errno = 0;
+    if (cavs_model_forward(r->m, r->gs, k, &st)) lib_die(cavs_model_error(r->m));
+    if (!isfinite(st.loss)) diverged(r, epoch, b, &st);
+    cavs_model_backward(r->m);
+    errno = 0;
+    opt.lr = lr_at(o, epoch, (long)(epoch - 1) * r->nbatches + b / o->batch);
+    if (cavs_model_step(r->m, &opt)) lib_die(cavs_model_error(r->m));
+    add_batch(t, r->m, &st, k);
+    t->lr = opt.lr;
+    if (interrupted && b + k < n) {
+      /* the epoch so far: the shuffling state it began with and how far it got */
+      r->ts.rng = rng_at_start;
+      r->ts.graphs_done = b + k;
+      if (r->tty) printf("\r\033[K");
+      if (o->save) save(r, o->save);
+      if (o->save)
+        fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
+                prog, b + k, n, epoch, o->save, o->save);
+      else fprintf(stderr, "%s: interrupted in epoch %d; nothing saved (no --save)\n", prog, epoch);
+      exit(128 + interrupted);
+    }
+    double el = now() - start;
+    if (r->tty && (el - shown > 0.1 || b + k >= n)) {
+      shown = el;
+      double rate = (double)t->graphs / (el > 0 ? el : 1e-9);
+      progress(epoch, r->last_epoch, t->graphs, n, rate, t->batch_loss / t->batches,
+               (double)(n - t->graphs) / (rate > 0 ? rate : 1));
+    }
+  }
+  t->secs = now() - start;
+  cavs_backend_stats bs;
+  cavs_model_backend_stats(r->m, &bs, 0);
+  t->launches = (long)bs.launches;
+  if (r->tty) printf("\r\033[K");
+}
+
+/* The epoch's line on standard output. */
+static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better) {
+  double tloss = t->batch_loss / (t->batches ? t->batches : 1);
+  printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
+  if (r->with_acc) printf(" acc %.4f", ratio(t->correct, t->count));
+  if (r->dev) {
+    printf("  dev loss %.4f", total_loss(dv));
+    if (r->with_acc) printf(" acc %.4f root %.4f", ratio(dv->correct, dv->count), ratio(dv->root_correct, dv->root_count));
+    print_losses(stdout, r->d, dv);
+  }
+  printf("  %.1fs  %.0f graphs/s", t->secs, (double)t->graphs / t->secs);
+  /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
+  if (!strcmp(cavs_model_backend(r->m), "cuda")) printf("  %.0f launches/batch", (double)t->launches / (t->batches ? t->batches : 1));
+  printf("%s\n", better && r->o->save ? "  (best, saved)" : "");
+  fflush(stdout);
+}
+
+/* The epoch's record in --log: a JSON object on one line, null where a value does not
+ * exist (no dev set, or no classifier). */
+static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv) {
+  FILE *log = r->log;
+  char ta[32] = "null", dl[32] = "null", da[32] = "null", dr[32] = "null";
+  if (r->with_acc) snprintf(ta, sizeof ta, "%.6f", ratio(t->correct, t->count));
+  if (r->dev) snprintf(dl, sizeof dl, "%.6f", total_loss(dv));
+  if (r->dev && r->with_acc)
+    snprintf(da, sizeof da, "%.6f", ratio(dv->correct, dv->count)), snprintf(dr, sizeof dr, "%.6f", ratio(dv->root_correct, dv->root_count));
+  fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %s, \"dev_loss\": %s, \"dev_acc\": %s, "
+               "\"dev_root_acc\": %s, ",
+          epoch, t->batch_loss / (t->batches ? t->batches : 1), ta, dl, da, dr);
+  if (r->dev && dv->nl > 1) {
+    fputs("\"dev_losses\": [", log);
+    for (int l = 0; l < dv->nl; l++) fprintf(log, "%s%.6f", l ? ", " : "", dv->lcount[l] ? dv->lsum[l] / (double)dv->lcount[l] : 0);
+    fputs("], ", log);
+  }
+  char when[32];
+  time_t now_s = time(NULL);
+  struct tm tm;
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_s, &tm));
+  fprintf(log, "\"lr\": %.6g, \"graphs_per_s\": %.1f, \"seconds\": %.3f, \"time\": \"%s\"}\n", t->lr,
+          (double)t->graphs / t->secs, t->secs, when);
+  fflush(log);
+}
+
+/* After an epoch: the dev set evaluated, the best so far (by dev accuracy over all
+ * vertices for a classifier, else by dev loss, or what --select names), the epoch's line
+ * and record, the checkpoints. True when training should stop (--patience). */
+static bool end_epoch(Run *r, int epoch, const Totals *t) {
+  TrainOpts *o = r->o;
+  Totals dv = {0};
+  if (r->dev) evaluate(r->m, r->dev, o->batch, &dv);
+  double metric = r->select == SELECT_ROOT ? ratio(dv.root_correct, dv.root_count)
+                  : r->select == SELECT_ALL ? ratio(dv.correct, dv.count)
+                                            : total_loss(&dv);
+  bool better = r->dev && (r->select != SELECT_LOSS ? metric > r->ts.best : r->ts.best < 0 || metric < r->ts.best);
+  /* since_best is at most the epochs done (checkpoints are read so), which are bounded */
+  if (better) r->ts.best = metric, r->ts.best_epoch = epoch, r->ts.since_best = 0;
+  else r->ts.since_best++;
+  r->ts.epoch = epoch;
+  if (!o->quiet) print_epoch(r, epoch, t, &dv, better);
+  if (r->log) log_epoch(r, epoch, t, &dv);
+  if (o->save) {
+    save(r, o->save);
+    if (better) save(r, r->best_path);
+  }
+  if (!o->patience || r->ts.since_best < o->patience || epoch >= r->last_epoch) return false;
+  if (!o->quiet) {
+    printf("stopping after epoch %d: no better dev %s in %d epochs", epoch, select_metric(r->select), r->ts.since_best);
+    if (r->ts.best_epoch) printf(" (best %.4f, epoch %d)\n", r->ts.best, r->ts.best_epoch);
+    else printf(" of this run\n");
+  }
+  return true;
+}
+
 int cmd_train(TrainOpts *o) {
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
   if (!o->format) die(1, "train: --format is required (ptb-tree, text, cgf)");
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
-  char *best_path = o->save ? fmt("%s.best", o->save) : NULL;
-  /* what --save may not write over (--resume it may: that is how a run goes on), then
-     what --log may not */
-  const char *inputs[] = {o->model, o->train, o->dev, o->log, o->resume, o->save, best_path};
-  const char *what[] = {"the model", "the --train data", "the --dev data", "the --log file", "the checkpoint resumed from",
-                        "the --save checkpoint", "the best checkpoint"};
-  if (o->save) {
-    check_output("save", o->save, inputs, what, 4);
-    check_output("save", best_path, inputs, what, 4);
-  }
-  if (o->log) check_output("log", o->log, inputs + 4, what + 4, 3), check_output("log", o->log, inputs, what, 3);
-  Loaded L = load_model_arg(o->model);
-  const cavs_desc *d = L.desc;
+  Run r = {.o = o};
+  r.best_path = o->save ? fmt("%s.best", o->save) : NULL;
+  check_outputs(o, r.best_path);
+  r.L = load_model_arg(o->model);
+  r.d = r.L.desc;
   long dims[CAVS_MAX_DIMS] = {0};
-  cavs_dims_default(d, dims);
-  apply_dims(d, dims, o);
-  cavs_ckpt *ck = NULL;
-  cavs_vocab *v;
-  char err[1024];
-  if (o->resume) {
-    ck = keep(cavs_ckpt_read(o->resume, err, sizeof err));
-    if (!ck) die(1, "%s", err);
-    if (strcmp(cavs_ckpt_model(ck), d->name))
-      die(1, "%s: the checkpoint is of model '%s', not '%s'", o->resume, cavs_ckpt_model(ck), d->name);
-    if (strcmp(cavs_ckpt_hash(ck), d->source_hash))
-      die(1, "%s: the checkpoint was trained from another version of model '%s' (source hash %s, %s is %s)", o->resume,
-          d->name, cavs_ckpt_hash(ck), o->model, d->source_hash);
-    long cd[CAVS_MAX_DIMS] = {0};
-    if (cavs_ckpt_dims(ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
-    /* only the dims given on the command line must agree with the checkpoint */
-    long asked[CAVS_MAX_DIMS] = {0};
-    for (int j = 0; j < d->ndims; j++) asked[j] = -1;
-    apply_dims(d, asked, o);
-    for (int j = 0; j < d->ndims; j++)
-      if (asked[j] >= 0 && asked[j] != cd[j])
-        die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
-    /* the training settings continue too, unless given again */
-    const cavs_train_state *cs = cavs_ckpt_state(ck);
-    cavs_optim c = cs->optim;
-    if (o->set_kind) {
-      c.kind = o->optim.kind;
-      c.lr = cavs_optim_default_lr(c.kind); /* another optimizer: its own default rate */
-    }
-    if (o->set_lr) c.lr = o->optim.lr;
-    if (o->set_clip) c.clip = o->optim.clip;
-    if (o->set_wd) c.weight_decay = o->optim.weight_decay;
-    o->optim = c;
-    if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
-    /* the schedule and the selection (format 3 on: select is then 1..3) */
-    if (cs->select && !o->set_sched) {
-      o->lr_decay = cs->lr_decay;
-      o->lr_step = cs->lr_step;
-      o->warmup = cs->warmup;
-      o->patience = cs->patience;
-    }
-    memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
-    v = keep(cavs_ckpt_vocab(ck));
-    if (!v) die(1, "%s: damaged vocabulary", o->resume);
-  } else {
-    v = keep(cavs_vocab_new());
-  }
-  cavs_dataset *tr = load_data(o->train, o->format, d, dims, v, ck == NULL);
-  cavs_dataset *dev = o->dev ? load_data(o->dev, o->format, d, dims, v, 0) : NULL;
-  /* a vocabulary dim counts the tokens read, or for cgf, whose features are numbers
-     already, the ids used */
-  if (!ck)
-    for (int j = 0; j < d->ndims; j++) {
-      if (d->dims[j].kind != CAVS_DIM_VOCAB) continue;
-      dims[j] = cavs_vocab_size(v);
-      if (!strcmp(o->format, "cgf")) {
-        int mx = cavs_dataset_max_feature(tr, d->inputs[d->dims[j].input].slot);
-        if (dev && cavs_dataset_max_feature(dev, d->inputs[d->dims[j].input].slot) > mx)
-          mx = cavs_dataset_max_feature(dev, d->inputs[d->dims[j].input].slot);
-        dims[j] = mx + 1 > 1 ? mx + 1 : 1;
-      }
-    }
-  errno = 0;
-  cavs_model *m = keep(cavs_model_new_opts(d, dims, &model_opts, err, sizeof err));
-  if (!m) lib_die(err);
-  cavs_model_set_policy(m, model_policy);
-  cavs_model_set_ablations(m, model_ablations);
-  cavs_train_state ts = {.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
-                         .threads = o->threads, .batch = o->batch, .optim = o->optim};
-  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
-  snprintf(ts.format, sizeof ts.format, "%s", o->format);
-  if (ck) {
-    if (cavs_ckpt_apply(ck, m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
-    const cavs_train_state *cs = cavs_ckpt_state(ck);
-    ts.epoch = cs->epoch;
-    ts.rng = cs->rng;
-    ts.best = cs->best;
-    ts.seed = cs->seed;
-    ts.graphs_done = cs->graphs_done;
-    ts.select = cs->select;
-    ts.since_best = cs->since_best;
-    ts.best_epoch = cs->best_epoch;
-  } else {
-    cavs_model_init(m, o->seed);
-  }
-  /* pre-trained vectors into a new model's tables (a resumed one has its own), then
-     the parameters kept fixed */
-  long found[8] = {0};
-  int inited[8];
-  for (int i = 0; i < o->ninit && !ck; i++) {
-    const char *eq = strchr(o->init[i], '=');
-    int p = eq ? param_named(d, o->init[i], (size_t)(eq - o->init[i])) : -1;
-    if (!eq || !eq[1]) die(1, "--init: '%s' is not PARAM=FILE", o->init[i]);
-    if (p < 0) die(1, "--init: model '%s' has no parameter '%.*s'", d->name, (int)(eq - o->init[i]), o->init[i]);
-    if (cavs_model_load_vectors(m, p, eq + 1, v, &found[i], err, sizeof err)) die(1, "%s", err);
-    inited[i] = p;
-  }
-  for (int i = 0; i < o->nfreeze; i++) {
-    int p = param_named(d, o->freeze[i], strlen(o->freeze[i]));
-    if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
-    if (cavs_model_freeze(m, p, 1)) die(1, "--freeze: %s", cavs_model_error(m));
-  }
-  FILE *log = NULL;
+  cavs_dims_default(r.d, dims);
+  apply_dims(r.d, dims, o);
+  if (o->resume) resume_settings(&r, dims);
+  else r.v = keep(cavs_vocab_new());
+  r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
+  r.dev = o->dev ? load_data(o->dev, o->format, r.d, dims, r.v, 0) : NULL;
+  if (!r.ck) vocab_dims(&r, dims);
+  if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
+  r.n = cavs_dataset_count(r.tr);
+  make_model(&r, dims);
   if (o->log) {
-    log = fopen(o->log, ck ? "a" : "w");
-    if (!log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
+    r.log = fopen(o->log, r.ck ? "a" : "w");
+    if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
-  bool tty = isatty(1) && !o->quiet, with_acc = has_accuracy(d);
-  int n = cavs_dataset_count(tr);
-  int *order = xmalloc(sizeof(int) * (size_t)n);
-  long nparams = 0;
-  for (int i = 0; i < d->nparams; i++) {
-    long r, c;
-    cavs_model_param(m, i, &r, &c, NULL);
-    nparams += r * c;
-  }
+  if (!o->quiet) say_start(&r);
+  r.tty = isatty(1) && !o->quiet;
+  r.with_acc = has_accuracy(r.d);
+  r.order = xmalloc(sizeof(int) * (size_t)r.n);
+  r.gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  if (!o->quiet) {
-    say_device(stdout, m);
-    printf("model %s: %ld parameters; %d training graphs (%ld vertices)", d->name, nparams, n, cavs_dataset_vertices(tr));
-    if (ck) printf("; resumed after epoch %d", ts.epoch);
-    if (ck && ts.graphs_done) printf(" and %ld graphs of the next", ts.graphs_done);
-    printf("\n");
-    for (int i = 0; i < o->ninit && !ck; i++)
-      printf("init %s: %ld of the %d words from %s\n", d->params[inited[i]].name, found[i], cavs_vocab_size(v) - 2,
-             strchr(o->init[i], '=') + 1);
-    fflush(stdout);
-  }
-  int first = ts.epoch + 1, last_epoch = ts.epoch + o->epochs;
-  if (o->patience && !dev) die(1, "--patience needs a --dev set to watch");
-  /* what picks .best: --select, else the checkpoint's, else by the model */
-  int select = o->select != SELECT_DEFAULT ? o->select : ts.select ? ts.select : with_acc ? SELECT_ALL : SELECT_LOSS;
-  if (select != SELECT_LOSS && !with_acc) die(1, "--select %s: model '%s' has no classifier", select == SELECT_ROOT ? "root" : "all", d->name);
-  long nbatches = (n + o->batch - 1) / o->batch;
-  int since_best = ts.since_best, best_epoch = ts.best_epoch;
-  if (ck && ts.best >= 0 && (ts.select ? ts.select != select : o->select != SELECT_DEFAULT)) {
-    /* the checkpoint's best is another metric's (or one an older format did not name) */
-    if (!o->quiet) printf("--select %s: the best of the checkpoint's runs is forgotten\n",
-                          select == SELECT_ROOT ? "root" : select == SELECT_ALL ? "all" : "loss");
-    ts.best = -1, since_best = 0, best_epoch = 0;
-  }
-  ts.select = select;
-  ts.lr_decay = o->lr_decay;
-  ts.lr_step = o->lr_step;
-  ts.warmup = o->warmup;
-  ts.patience = o->patience;
-  cavs_optim opt = o->optim;
-  for (int epoch = first; epoch <= last_epoch; epoch++) {
-    /* an interrupted epoch goes on where it stopped, in the same order */
-    uint64_t rng_at_start = ts.rng;
-    int b0 = epoch == first && ts.graphs_done > 0 ? (int)(ts.graphs_done < n ? ts.graphs_done : n) : 0;
-    ts.graphs_done = 0;
-    for (int i = 0; i < n; i++) order[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-      int j = (int)(rng_next(&ts.rng) % (uint64_t)(i + 1));
-      int t = order[i];
-      order[i] = order[j];
-      order[j] = t;
-    }
+  int first = r.ts.epoch + 1;
+  r.last_epoch = r.ts.epoch + o->epochs; /* resume_settings bounded it */
+  r.nbatches = (r.n + o->batch - 1) / o->batch;
+  choose_selection(&r);
+  for (int epoch = first; epoch <= r.last_epoch; epoch++) {
     Totals t = {0};
-    cavs_model_backend_stats(m, NULL, 1);
-    double start = now(), shown = 0;
-    for (int b = b0; b < n; b += o->batch) {
-      int k = 0;
-      for (; k < o->batch && b + k < n; k++) gs[k] = cavs_dataset_graph(tr, order[b + k]);
-      cavs_stats st;
-      errno = 0;
-    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
-      if (!isfinite(st.loss)) {
-        char why[512];
-        int bg, bv;
-        if (cavs_model_check_finite(m, &bg, &bv, why, sizeof why)) {
-          if (bg >= 0)
-            die(1, "epoch %d: %s at vertex %d of graph %d of %s; try a smaller --lr or --clip", epoch, why, bv,
-                order[b + bg] + 1, o->train);
-          die(1, "epoch %d: %s; try a smaller --lr or --clip", epoch, why);
-        }
-        die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st.loss);
-      }
-      cavs_model_backward(m);
-      errno = 0;
-      opt.lr = lr_at(o, epoch, (long)(epoch - 1) * nbatches + b / o->batch);
-      if (cavs_model_step(m, &opt)) lib_die(cavs_model_error(m));
-      add_batch(&t, m, &st, k);
-      if (interrupted && b + k < n) {
-        /* the epoch so far: the shuffling state it began with and how far it got */
-        ts.rng = rng_at_start;
-        ts.graphs_done = b + k;
-        if (tty) printf("\r\033[K");
-        if (o->save && cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
-        if (o->save)
-          fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
-                  prog, b + k, n, epoch, o->save, o->save);
-        else fprintf(stderr, "%s: interrupted in epoch %d; nothing saved (no --save)\n", prog, epoch);
-        exit(128 + interrupted);
-      }
-      double el = now() - start;
-      if (tty && (el - shown > 0.1 || b + k >= n)) {
-        shown = el;
-        double rate = (double)t.graphs / (el > 0 ? el : 1e-9);
-        progress(epoch, last_epoch, t.graphs, n, rate, t.batch_loss / t.batches, (double)(n - t.graphs) / (rate > 0 ? rate : 1));
-      }
-    }
-    t.secs = now() - start;
-    cavs_backend_stats bs;
-    cavs_model_backend_stats(m, &bs, 0);
-    if (tty) printf("\r\033[K");
-    Totals dv = {0};
-    if (dev) evaluate(m, dev, o->batch, &dv);
-    /* .best: by dev accuracy over all vertices for a classifier, else by dev loss, or
-       what --select names */
-    double acc = ratio(dv.correct, dv.count), racc = ratio(dv.root_correct, dv.root_count);
-    double dloss = total_loss(&dv), tloss = t.batch_loss / (t.batches ? t.batches : 1);
-    double metric = select == SELECT_ROOT ? racc : select == SELECT_ALL ? acc : dloss;
-    bool better = dev && (select != SELECT_LOSS ? metric > ts.best : ts.best < 0 || metric < ts.best);
-    if (better) ts.best = metric, best_epoch = epoch, since_best = 0;
-    else since_best++;
-    ts.epoch = epoch;
-    ts.since_best = since_best;
-    ts.best_epoch = best_epoch;
-    if (!o->quiet) {
-      printf("epoch %d/%d  train loss %.4f", epoch, last_epoch, tloss);
-      if (with_acc) printf(" acc %.4f", ratio(t.correct, t.count));
-      if (dev) {
-        printf("  dev loss %.4f", dloss);
-        if (with_acc) printf(" acc %.4f root %.4f", acc, racc);
-        print_losses(stdout, d, &dv);
-      }
-      printf("  %.1fs  %.0f graphs/s", t.secs, (double)t.graphs / t.secs);
-      /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
-      if (!strcmp(cavs_model_backend(m), "cuda")) printf("  %.0f launches/batch", (double)bs.launches / (t.batches ? t.batches : 1));
-      printf("%s\n", better && o->save ? "  (best, saved)" : "");
-      fflush(stdout);
-    }
-    if (log) {
-      /* null where a value does not exist: no dev set, or no classifier */
-      char ta[32] = "null", dl[32] = "null", da[32] = "null", dr[32] = "null";
-      if (with_acc) snprintf(ta, sizeof ta, "%.6f", ratio(t.correct, t.count));
-      if (dev) snprintf(dl, sizeof dl, "%.6f", dloss);
-      if (dev && with_acc) snprintf(da, sizeof da, "%.6f", acc), snprintf(dr, sizeof dr, "%.6f", racc);
-      fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %s, \"dev_loss\": %s, \"dev_acc\": %s, "
-                   "\"dev_root_acc\": %s, ",
-              epoch, tloss, ta, dl, da, dr);
-      if (dev && dv.nl > 1) {
-        fputs("\"dev_losses\": [", log);
-        for (int l = 0; l < dv.nl; l++) fprintf(log, "%s%.6f", l ? ", " : "", dv.lcount[l] ? dv.lsum[l] / (double)dv.lcount[l] : 0);
-        fputs("], ", log);
-      }
-      char when[32];
-      time_t now_s = time(NULL);
-      struct tm tm;
-      strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_s, &tm));
-      fprintf(log, "\"lr\": %.6g, \"graphs_per_s\": %.1f, \"seconds\": %.3f, \"time\": \"%s\"}\n", opt.lr,
-              (double)t.graphs / t.secs, t.secs, when);
-      fflush(log);
-    }
-    if (o->save) {
-      if (cavs_ckpt_save(o->save, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
-      if (better && cavs_ckpt_save(best_path, m, L.source ? L.source : "", v, &ts, err, sizeof err)) die(1, "%s", err);
-    }
-    if (o->patience && since_best >= o->patience && epoch < last_epoch) {
-      if (!o->quiet) {
-        printf("stopping after epoch %d: no better dev ", epoch);
-        if (best_epoch) printf("%s in %d epochs (best %.4f, epoch %d)\n",
-                               select == SELECT_ROOT ? "root accuracy" : select == SELECT_ALL ? "accuracy" : "loss",
-                               since_best, ts.best, best_epoch);
-        else printf("%s in %d epochs of this run\n",
-                    select == SELECT_ROOT ? "root accuracy" : select == SELECT_ALL ? "accuracy" : "loss", since_best);
-      }
-      break;
-    }
-    if (interrupted && epoch < last_epoch) {
+    run_epoch(&r, epoch, first, &t);
+    if (end_epoch(&r, epoch, &t)) break;
+    if (interrupted && epoch < r.last_epoch) {
       fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");
       exit(128 + interrupted);
     }
   }
-  if (log) fclose(log);
-  free(order);
-  free(gs);
-  cavs_model_free(m);
-  cavs_dataset_free(tr);
-  cavs_dataset_free(dev);
-  cavs_vocab_free(v);
-  cavs_ckpt_free(ck);
+  if (r.log) fclose(r.log);
+  free(r.order);
+  free(r.gs);
+  cavs_model_free(r.m);
+  cavs_dataset_free(r.tr);
+  cavs_dataset_free(r.dev);
+  cavs_vocab_free(r.v);
+  cavs_ckpt_free(r.ck);
   return 0;
 }

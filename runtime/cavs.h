@@ -351,6 +351,11 @@ typedef struct cavs_train_state {
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255
 #define CAVS_MAX_GRAPH_VERTICES (1L << 30) /* also the most vertices in one minibatch */
+/* Training counters, far below their types' ends so that going on from any checkpoint
+ * cannot overflow them: the epochs of a run and its resumes together, and the
+ * optimizer's steps (cavs_model_step fails past it; exact in a double). */
+#define CAVS_MAX_EPOCHS (1 << 30)
+#define CAVS_MAX_STEPS (1L << 53)
 /* Names (models, dims, inputs, parameters) follow the .vf language's identifier rule:
  * [A-Za-z_][A-Za-z0-9_]*, at most CAVS_MAX_NAME bytes. 1 when s is one. */
 int cavs_is_identifier(const char *s);
@@ -374,8 +379,13 @@ long cavs_ckpt_dim_value(const cavs_ckpt *k, int i);
 long cavs_ckpt_param_count(const cavs_ckpt *k);
 /* A new vocabulary with the checkpoint's words, in their ids. */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);
-/* Copies parameters and optimizer state into m after checking that they fit. */
+/* Copies parameters and optimizer state into m after checking that they fit, and
+ * freezes what was frozen when it was saved: what going on training needs. */
 int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen);
+/* The parameters alone, after the same checks: no optimizer state (no memory for it),
+ * nothing frozen. What evaluation and prediction need; it takes a checkpoint whatever
+ * build of the model (merged products or not) saved it. */
+int cavs_ckpt_apply_weights(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen);
 
 /* Synthetic data, as ptb-tree lines: a toy treebank with a learnable signal, and
  * complete binary trees (the Tree-FC benchmark). */

@@ -443,10 +443,17 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
   const cavs_train_state *t = &k->ts;
   const cavs_optim *o = &t->optim;
-  if (t->epoch < 0 || t->threads < 0 || t->batch < 0 || t->graphs_done < 0 || !(t->best == -1 || nonneg(t->best)))
+  /* every counter within what the command line gives, or what a run can reach from it,
+     so that going on from here cannot overflow one (u32 fields read as int are already
+     refused when negative) */
+  if (k->steps > CAVS_MAX_STEPS) BAD("'%s' is damaged: %ld optimizer steps (at most %ld)", path, k->steps, CAVS_MAX_STEPS);
+  if (t->epoch < 0 || t->epoch > CAVS_MAX_EPOCHS || t->threads < 0 || t->threads > 1024 || t->batch < 0 ||
+      t->batch > (1 << 20) || t->graphs_done < 0 || t->graphs_done > CAVS_MAX_GRAPH_VERTICES ||
+      !(t->best == -1 || nonneg(t->best)))
     BAD("'%s' is damaged (training state)", path);
-  if (t->select < 0 || t->select > 3 || !(t->lr_decay >= 0 && t->lr_decay <= 1) || t->lr_step < 0 || t->warmup < 0 || t->patience < 0 ||
-      t->since_best < 0 || t->best_epoch < 0 || t->best_epoch > t->epoch)
+  if (t->select < 0 || t->select > 3 || !(t->lr_decay >= 0 && t->lr_decay <= 1) || t->lr_step < 0 ||
+      t->lr_step > 1000000 || t->warmup < 0 || t->warmup > (1 << 30) || t->patience < 0 || t->patience > 1000000 ||
+      t->since_best < 0 || t->since_best > t->epoch || t->best_epoch < 0 || t->best_epoch > t->epoch)
     BAD("'%s' is damaged (training schedule)", path);
   if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "text-bptt") &&
       strcmp(t->format, "cgf"))
@@ -511,9 +518,10 @@ static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src
                   (size_t)cols * m->esize);
 }
 
-int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
+/* Whether the checkpoint is of model m as it is (name, source, precision, dims, every
+ * parameter's name and shape); -1 with the message in err. */
+static int check_fits(const cavs_ckpt *k, const cavs_model *m, char *err, size_t errlen) {
   const cavs_desc *d = m->d;
-  cv_ptables_free(m); /* inference's tables: of the parameters this replaces */
   if (strcmp(k->model, d->name)) {
     snprintf(err, errlen, "the checkpoint is of model '%s', not '%s'", k->model, d->name);
     return -1;
@@ -546,16 +554,41 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
       return -1;
     }
   }
+  return 0;
+}
+
+int cavs_ckpt_apply_weights(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  cv_ptables_free(m); /* inference's tables: of the parameters this replaces */
+  if (check_fits(k, m, err, errlen)) return -1;
   for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
-  /* frozen as they were when saved (and the others not) */
   for (int i = 0; i < d->nparams; i++) m->frozen[d->params[i].group] = 0;
-  for (int i = 0; i < d->nparams; i++)
-    if (k->params[i].frozen && cavs_model_freeze(m, i, 1)) {
+  m->drop_seed = k->ts.seed; /* dropout draws as the run that saved it would */
+  return 0;
+}
+
+int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  if (cavs_ckpt_apply_weights(k, m, err, errlen)) return -1;
+  /* frozen as they were when saved (and the others not) */
+  for (int i = 0; i < d->nparams; i++) {
+    if (!k->params[i].frozen) continue;
+    int g = d->params[i].group;
+    for (int j = 0; j < d->nparams; j++)
+      if (j != i && d->params[j].group == g) {
+        snprintf(err, errlen,
+                 "parameter '%s' was frozen when the checkpoint was saved, but in this build of model '%s' it shares "
+                 "its storage with '%s' (their products are merged) and cannot be frozen alone: build the model with "
+                 "--no-merge, as it was built then",
+                 d->params[i].name, d->name, d->params[j].name);
+        return -1;
+      }
+    if (cavs_model_freeze(m, i, 1)) {
       snprintf(err, errlen, "%s", m->err);
       return -1;
     }
+  }
   m->step = k->steps;
-  m->drop_seed = k->ts.seed; /* dropout draws as the run that saved it would */
   m->be->release(m->m1);
   m->be->release(m->m2);
   m->m1 = m->m2 = NULL;

@@ -181,6 +181,9 @@ int cv_grow(cavs_model *m, void *p, size_t elem, size_t count);
 int cv_fail(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* the same for a failure to get memory: also sets errno to ENOMEM */
 int cv_fail_mem(cavs_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A size in the unit that shows it ("512 bytes", "1.00 KiB", "2.50 GiB"), into buf. */
+enum { CV_BYTES_LEN = 32 };
+const char *cv_bytes(char buf[CV_BYTES_LEN], size_t b);
 
 /* seconds on the monotonic clock (tensor.c) */
 double cv_now(void);

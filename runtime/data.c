@@ -11,6 +11,14 @@
 #include <pthread.h>
 #include <stdarg.h>
 
+/* A UTF-8 byte-order mark (what some editors put at the start of a text file) is not
+ * part of the first line: it is dropped, and the line's columns count from after it. */
+static size_t skip_bom(char *line, size_t n) {
+  if (n < 3 || memcmp(line, "\xEF\xBB\xBF", 3)) return n;
+  memmove(line, line + 3, n - 3 + 1); /* with getline's NUL */
+  return n - 3;
+}
+
 /* ---- vocabulary: open addressing over interned strings ---- */
 
 struct cavs_vocab {
@@ -174,8 +182,8 @@ int cv_add_vertex(cavs_dataset *s, long first, char *err, size_t errlen) {
            need;
     if (__builtin_mul_overflow(per, (size_t)cap, &need) || need > cavs_memory_limit()) {
       errno = ENOMEM;
-      snprintf(err, errlen, "after %ld vertices the data needs more than the memory limit of %.2f GiB (--max-memory)",
-               s->nv, (double)cavs_memory_limit() / (double)(1 << 30));
+      snprintf(err, errlen, "after %ld vertices the data needs more than the memory limit of %s (--max-memory)", s->nv,
+               cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
       return -1;
     }
     if (!cv_grow_array(&s->child, sizeof(int) * (size_t)s->maxc, (size_t)cap) || !cv_grow_array(&s->type, sizeof(int), (size_t)cap) ||
@@ -346,6 +354,7 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
   while ((got = getline(&line, &cap, f)) >= 0) {
     lineno++;
     size_t n = (size_t)got;
+    if (lineno == 1) n = skip_bom(line, n);
     if (n && line[n - 1] == '\n') n--;
     if (n && line[n - 1] == '\r') n--;
     if (memchr(line, 0, n)) {
@@ -743,6 +752,7 @@ int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_voc
     }
   while (!rc && (len = getline(&line, &cap, f)) > 0) {
     lineno++;
+    if (lineno == 1) len = (ssize_t)skip_bom(line, (size_t)len);
     if (len > VEC_LINE_MAX) {
       snprintf(err, errlen, "%s:%ld: error: a line longer than %d bytes", path, lineno, VEC_LINE_MAX);
       rc = -1;

@@ -2,6 +2,7 @@
  * several types and any of the model's inputs. */
 #include "data.h"
 
+#include <errno.h>
 #include <float.h>
 
 /* A file is a sequence of
@@ -221,13 +222,16 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
       if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
       continue;
     }
+    errno = 0;
     long x = strtol(eq + 1, &end, 10);
     long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
     if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
-    /* unbounded (no dims, or a class range bound to the data): still an int */
-    bool checked = bound > 0 && bound <= INT_MAX && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
-    long hi = checked ? bound - 1 : INT_MAX;
-    if (x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%ld is outside -1..%ld", id, w, x, hi);
+    /* unbounded (no dims, or a range bound to the data, as a vocabulary is): an id below
+       the most any dim can be, so that the dim made from it (the largest id plus one)
+       is one */
+    bool checked = bound > 0 && bound <= CAVS_MAX_DIM && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
+    long hi = checked ? bound - 1 : CAVS_MAX_DIM - 1;
+    if (errno == ERANGE || x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%s is outside -1..%ld", id, w, eq + 1, hi);
     s->feat[v * s->nint + desc->slot] = (int)x;
   }
   /* children must name vertices of this graph, known once it ends; check what we can */

@@ -4,6 +4,8 @@
  * inner nodes the first block with children. */
 #include "data.h"
 
+#include <errno.h>
+
 typedef struct Open {
   int label;
   int nchild;
@@ -54,12 +56,14 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, 
       size_t a = i;
       while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
       char *end;
+      errno = 0;
       long label = strtol(line + a, &end, 10);
       if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a + 1);
-      /* unbounded (no dims, or a class range that is the vocabulary): still an int */
-      long hi = sh->nclass > 0 && sh->nclass <= INT_MAX ? sh->nclass - 1 : INT_MAX;
-      if (label < -1 || label > hi)
-        FAIL("label %ld at column %zu is out of range (0..%ld, or -1 for none)", label, a + 1, hi);
+      /* unbounded (no dims, or a class range that is the vocabulary): below the most
+         any dim can be */
+      long hi = sh->nclass > 0 && sh->nclass <= CAVS_MAX_DIM ? sh->nclass - 1 : CAVS_MAX_DIM - 1;
+      if (errno == ERANGE || label < -1 || label > hi)
+        FAIL("label %.*s at column %zu is out of range (0..%ld, or -1 for none)", (int)(i - a < 40 ? i - a : 40), line + a, a + 1, hi);
       if (depth == capstack) {
         if (!cv_grow_array(&stack, sizeof(Open), (size_t)(capstack ? capstack * 2 : 64))) FAIL("out of memory at column %zu", a);
         capstack = capstack ? capstack * 2 : 64;

@@ -108,6 +108,9 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
     return -1;
   }
   if (cv_alloc_moments(m)) return -1;
+  /* never reached by training (2^53 steps), but a counter read from a file is bounded
+     and its increments checked */
+  if (m->step >= CAVS_MAX_STEPS) return cv_fail(m, "the optimizer has taken %ld steps, the most a model takes", m->step);
   m->step++;
   double b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;
   double eps = o->eps ? o->eps : (o->kind == CAVS_ADAGRAD ? 1e-10 : 1e-8);

@@ -75,7 +75,20 @@ size_t cavs_memory_limit(void) {
   return (size_t)((double)pages * (double)size * 0.9);
 }
 
-static double gib(size_t b) { return (double)b / (double)(1 << 30); }
+/* A size in the unit that shows it ("512 bytes", "1.00 KiB", "2.50 GiB"): a limit of
+   1K is not "0.00 GiB". Into buf, which it returns. */
+const char *cv_bytes(char buf[CV_BYTES_LEN], size_t b) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (b < 1024) {
+    snprintf(buf, CV_BYTES_LEN, "%zu bytes", b);
+    return buf;
+  }
+  double x = (double)b / 1024;
+  int u = 0;
+  while (x >= 1024 && u < 3) x /= 1024, u++;
+  snprintf(buf, CV_BYTES_LEN, "%.2f %s", x, units[u]);
+  return buf;
+}
 
 /* Bytes per row of the minibatch: every buffer and its gradient, the inputs, the
  * children and flags, and the scheduler's scratch (about eight ints a vertex). */
@@ -270,9 +283,9 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   if (!ok || bytes > cavs_memory_limit()) {
     if (ok)
       snprintf(err, errlen,
-               "model '%s' needs %.2f GiB for its parameters, gradients and optimizer state, more than the memory "
-               "limit of %.2f GiB (smaller dims, or raise the limit: --max-memory)",
-               d->name, gib(bytes), gib(cavs_memory_limit()));
+               "model '%s' needs %s for its parameters, gradients and optimizer state, more than the memory "
+               "limit of %s (smaller dims, or raise the limit: --max-memory)",
+               d->name, cv_bytes((char[CV_BYTES_LEN]){0}, bytes), cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
     else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
     cavs_model_free(m);
     errno = ENOMEM;
@@ -436,9 +449,10 @@ int cv_grow_edges(cavs_model *m, long edges) {
   if (cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_mul_overflow(per, (size_t)cap, &need) ||
       __builtin_add_overflow(need, rows, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
       need > cavs_memory_limit())
-    return cv_fail_mem(m, "a minibatch of %ld edges needs %.2f GiB (%zu bytes an edge) besides its vertices' and the "
-                       "model's, more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
-                       edges, gib(per * (size_t)edges), per, gib(cavs_memory_limit()));
+    return cv_fail_mem(m, "a minibatch of %ld edges needs %s (%zu bytes an edge) besides its vertices' and the "
+                       "model's, more than the memory limit of %s (a smaller --batch, or raise --max-memory)",
+                       edges, cv_bytes((char[CV_BYTES_LEN]){0}, per * (size_t)edges), per,
+                       cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
   if (alloc_bufs(m, true, cap)) {
     m->cap_edges = 0;
     return cv_fail_mem(m, "out of memory for %ld edges", edges);
@@ -463,9 +477,10 @@ int cv_grow_rows(cavs_model *m, int rows) {
       need > cavs_memory_limit()) {
     row_bytes(m, &per);
     return cv_fail_mem(m,
-                   "a minibatch of %d vertices needs %.2f GiB (%zu bytes a vertex) besides the model's %.2f GiB, "
-                   "more than the memory limit of %.2f GiB (a smaller --batch, or raise --max-memory)",
-                   rows, gib(per * (size_t)rows), per, gib(m->model_bytes), gib(cavs_memory_limit()));
+                   "a minibatch of %d vertices needs %s (%zu bytes a vertex) besides the model's %s, "
+                   "more than the memory limit of %s (a smaller --batch, or raise --max-memory)",
+                   rows, cv_bytes((char[CV_BYTES_LEN]){0}, per * (size_t)rows), per,
+                   cv_bytes((char[CV_BYTES_LEN]){0}, m->model_bytes), cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
   }
   const cavs_desc *d = m->d;
   if (alloc_bufs(m, false, cap)) {

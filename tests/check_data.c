@@ -450,18 +450,31 @@ START_TEST(ptb_label_column) {
 }
 END_TEST
 
-/* Without dims (or when the class range is the vocabulary) a label has no upper bound
- * but must still be an int: 99999999999 was cut to -1943132161 in the graph, and
- * 4294967296 to 0 (found by tests/fuzz). */
+/* Without dims (or when the class range is the vocabulary) a label is still below the
+ * most a dim can be (2^24), so that the dim made from the data is one: 99999999999 was
+ * cut to -1943132161 in the graph, and 4294967296 to 0 (found by tests/fuzz), and
+ * 2147483647 overflowed the largest id plus one; a label past a long is named as
+ * written, not as strtol clamps it (10^20 was 9223372036854775807). A UTF-8 byte-order
+ * mark before the first tree is not part of it. */
 START_TEST(ptb_label_int_range) {
   expect_error("big-label.txt", S("(2 a)\n(99999999999 (1 b))\n"), "ptb-tree", TL, NULL, 2,
-               "label 99999999999 at column 2 is out of range (0..2147483647, or -1 for none)");
+               "label 99999999999 at column 2 is out of range (0..16777215, or -1 for none)");
+  expect_error("huge-label.txt", S("(100000000000000000000 a)\n"), "ptb-tree", TL, NULL, 1,
+               "label 100000000000000000000 at column 2 is out of range (0..16777215, or -1 for none)");
   expect_error("neg-label.txt", S("(-2 a)\n"), "ptb-tree", TL, NULL, 1,
-               "label -2 at column 2 is out of range (0..2147483647, or -1 for none)");
+               "label -2 at column 2 is out of range (0..16777215, or -1 for none)");
+  expect_error("int-label.txt", S("(2147483647 a)\n"), "ptb-tree", TL, NULL, 1,
+               "label 2147483647 at column 2 is out of range (0..16777215, or -1 for none)");
   cavs_vocab *v = cavs_vocab_new();
-  cavs_dataset *s = load_ok("max-label.txt", S("(2147483647 a)\n"), "ptb-tree", TL, NULL, v, 1);
-  ck_assert_int_eq(cavs_dataset_graph(s, 0)->feat[slot_of(TL, "label")], 2147483647);
+  cavs_dataset *s = load_ok("max-label.txt", S("(16777215 a)\n"), "ptb-tree", TL, NULL, v, 1);
+  ck_assert_int_eq(cavs_dataset_graph(s, 0)->feat[slot_of(TL, "label")], 16777215);
   cavs_dataset_free(s);
+  s = load_ok("bom.txt", S("\xef\xbb\xbf(1 (2 a) (3 b))\n(4 c)\n"), "ptb-tree", TL, NULL, v, 1);
+  ck_assert_int_eq(cavs_dataset_count(s), 2);
+  ck_assert_int_eq(cavs_dataset_graph(s, 0)->n, 3);
+  cavs_dataset_free(s);
+  /* only at the start of the file */
+  expect_error("bom2.txt", S("(1 a)\n\xef\xbb\xbf(4 c)\n"), "ptb-tree", TL, NULL, 2, "expected '('");
   cavs_vocab_free(v);
 }
 END_TEST
@@ -819,9 +832,14 @@ END_TEST
 /* The same for cgf features without dims. */
 START_TEST(cgf_feature_int_range) {
   expect_error("big-word.cgf", S("graph\n0 leaf ; word=4294967296\nend\n"), "cgf", TT, NULL, 2,
-               "word=4294967296 is outside -1..2147483647");
+               "word=4294967296 is outside -1..16777215");
+  /* the largest int: its vocabulary (the largest id plus one) overflowed */
+  expect_error("int-word.cgf", S("graph\n0 leaf ; word=2147483647\nend\n"), "cgf", TT, NULL, 2,
+               "word=2147483647 is outside -1..16777215");
+  expect_error("long-word.cgf", S("graph\n0 leaf ; word=100000000000000000000\nend\n"), "cgf", TT, NULL, 2,
+               "word=100000000000000000000 is outside -1..16777215");
   expect_error("neg-label.cgf", S("graph\n0 leaf ; label=-2\nend\n"), "cgf", TT, NULL, 2,
-               "label=-2 is outside -1..2147483647");
+               "label=-2 is outside -1..16777215");
 }
 END_TEST
 

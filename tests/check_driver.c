@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include <dlfcn.h>
+#include <pty.h>
 
 static void gen_data(void) {
   static bool done;
@@ -663,7 +664,11 @@ START_TEST(numeric_options_strict) {
     ck_assert_msg(strstr(r.err, bad[i].opt + 2), "%s %s: %s", bad[i].opt, bad[i].val, tu_tail(r.err, 1800));
     tu_free(&r);
   }
-  RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("n.ckpt"), NULL);
+  /* a value past the limit is told the limit */
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--dim", "H=1000000000", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "an integer from 1 to 16777216"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("n.ckpt"), NULL);
   ok(&r, "train");
   tu_free(&r);
   const char *cmds[] = {"eval", "predict"};
@@ -698,6 +703,54 @@ START_TEST(outputs_never_clobber_inputs) {
   r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("c.ckpt"), "--log", path_in("c.ckpt"), NULL);
   ck_assert_int_eq(r.status, 1);
   tu_free(&r);
+  /* the --init vectors, as given, through a symbolic link and through a hard link; and
+     the --train data through a hard link */
+  const char *vec = "w3 1 2 3 4 5 6 7 8 9 10 11 12\n";
+  tu_write(path_in("glove.txt"), vec, strlen(vec));
+  unlink(path_in("glove-sym.txt"));
+  unlink(path_in("glove-hard.txt"));
+  unlink(path_in("train-hard.txt"));
+  ck_assert(symlink(path_in("glove.txt"), path_in("glove-sym.txt")) == 0);
+  ck_assert(link(path_in("glove.txt"), path_in("glove-hard.txt")) == 0);
+  ck_assert(link(path_in("train.txt"), path_in("train-hard.txt")) == 0);
+  char init[4500];
+  snprintf(init, sizeof init, "emb=%s", path_in("glove.txt"));
+  const char *opts[][2] = {{"--save", "glove.txt"}, {"--log", "glove.txt"}, {"--save", "glove-sym.txt"},
+                           {"--log", "glove-hard.txt"}, {"--log", "train-hard.txt"}};
+  for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+    r = TRAIN("--epochs", "1", "--quiet", "--init", init, opts[i][0], path_in(opts[i][1]), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "would overwrite"), "%s %s: exit %d %s", opts[i][0], opts[i][1], r.status,
+                  tu_tail(r.err, 1800));
+    ck_assert_msg(strstr(r.err, i == 4 ? "the --train data" : "the --init vectors"), "%s", tu_tail(r.err, 1800));
+    tu_free(&r);
+  }
+  char *v = tu_slurp(path_in("glove.txt"), NULL);
+  ck_assert_msg(!strcmp(v, vec), "the --init vectors were changed");
+  free(v);
+  /* the checkpoint resumed from is not where the best one goes */
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("r.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("r.ckpt.best"), "--save", path_in("r.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "the checkpoint resumed from"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  /* cavs plot never draws over the log it reads, nor through a link to it */
+  r = TRAIN("--epochs", "1", "--quiet", "--log", path_in("p.log"), NULL);
+  ok(&r, "train --log");
+  tu_free(&r);
+  unlink(path_in("p-sym.log"));
+  ck_assert(symlink(path_in("p.log"), path_in("p-sym.log")) == 0);
+  char *log0 = tu_slurp(path_in("p.log"), NULL);
+  for (int i = 0; i < 2; i++) {
+    r = cavs("plot", path_in("p.log"), "-o", path_in(i ? "p-sym.log" : "p.log"), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "-o ") && strstr(r.err, "would overwrite") && strstr(r.err, "the log"),
+                  "plot -o %d: exit %d %s", i, r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+  }
+  char *log1 = tu_slurp(path_in("p.log"), NULL);
+  ck_assert_msg(!strcmp(log0, log1), "the log was changed");
+  free(log0);
+  free(log1);
   /* and the data files are intact */
   r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("c.ckpt"), NULL);
   ok(&r, "train after refusals");
@@ -761,6 +814,34 @@ START_TEST(concurrent_saves_all_finish) {
 }
 END_TEST
 
+/* A checkpoint of a --no-merge build with a parameter frozen whose storage the default
+ * build merges with others': it evaluates and predicts on the default build (nothing is
+ * frozen in evaluation), and a resume without --no-merge says that it needs it. */
+START_TEST(frozen_no_merge_checkpoint) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--no-merge", "--freeze", "Wi", "--save", path_in("nm.ckpt"), NULL);
+  ok(&r, "train --no-merge --freeze Wi");
+  tu_free(&r);
+  r = cavs("eval", path_in("nm.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "eval");
+  ck_assert_msg(strstr(r.out, "accuracy"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  r = cavs("predict", path_in("nm.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "predict");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("nm.ckpt"), "--save", path_in("nm.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "'Wi' was frozen") && strstr(r.err, "--no-merge"), "exit %d: %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--no-merge", "--resume", path_in("nm.ckpt"), "--save", path_in("nm.ckpt"), NULL);
+  ok(&r, "resume with --no-merge");
+  tu_free(&r);
+  r = cavs("info", path_in("nm.ckpt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "2 epochs done"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* Resuming keeps each optimizer setting that is not given again, one by one. */
 START_TEST(resume_keeps_settings_not_given) {
   gen_data();
@@ -789,6 +870,8 @@ START_TEST(memory_limits) {
   r = TRAIN("--epochs", "1", "--quiet", "--max-memory", "64K", NULL);
   ck_assert_msg(r.status == 2, "exit %d: %s", r.status, tu_tail(r.err, 1800));
   ck_assert_msg(strstr(r.err, "memory limit"), "%s", tu_tail(r.err, 1800));
+  /* in the unit that shows the numbers, not "0.00 GiB" */
+  ck_assert_msg(strstr(r.err, "limit of 64.00 KiB") && !strstr(r.err, "0.00 GiB"), "%s", tu_tail(r.err, 1800));
   tu_free(&r);
   r = TRAIN("--epochs", "1", "--quiet", "--max-memory", "1M", NULL);
   ck_assert_msg(r.status == 2, "exit %d: %s", r.status, tu_tail(r.err, 1800));
@@ -1234,6 +1317,42 @@ static bool near_tie(const double *probs, int C, int j, int a, int b) {
   return fabs(pa - pb) <= 1e-5 * fmax(pa, pb);
 }
 
+/* Runs argv with its standard error on a terminal (a pseudo-terminal), its standard
+ * output into a file; returns the exit status, and what each received. */
+static int run_stderr_on_pty(char *const argv[], char **tty, char **out) {
+  int master = -1, slave = -1;
+  ck_assert(openpty(&master, &slave, NULL, NULL, NULL) == 0);
+  char *outp = strdup(path_in("pty.out"));
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    close(master);
+    int fd = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    dup2(slave, 2);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  close(slave);
+  size_t n = 0, cap = 1 << 16;
+  char *buf = malloc(cap + 1);
+  for (;;) { /* until the child's end of the terminal closes (EIO) */
+    if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+    ssize_t got = read(master, buf + n, cap - n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    n += (size_t)got;
+  }
+  buf[n] = 0;
+  close(master);
+  int st;
+  waitpid(pid, &st, 0);
+  *tty = buf;
+  *out = tu_slurp(outp, NULL);
+  free(outp);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* predict --greedy grows each decoder chain from the model's own words: fed those words
  * as its inputs instead (teacher forcing on its own output), the whole graph in one pass
  * predicts the same words at every step (but for ties to rounding: near_tie); grown in
@@ -1273,6 +1392,7 @@ START_TEST(greedy_decoding) {
     line = nl + 1;
   }
   ck_assert_msg(!*line, "more lines than graphs");
+  char *first_out = strdup(r.out);
   tu_free(&r);
   feed_words(path_in("tr-dev.cgf"), path_in("tr-fed.cgf"), words, G);
   r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-fed.cgf"), "--all-nodes", "--batch", "1", "--threads", "1",
@@ -1343,6 +1463,23 @@ START_TEST(greedy_decoding) {
   ck_assert_int_eq(r.status, 1);
   ck_assert_msg(strstr(r.err, "no index input 'next' to feed its predictions back into"), "%s", tu_tail(r.err, 1800));
   tu_free(&r);
+  /* each step runs the whole graph again: the steps are bounded, and the bound says why */
+  r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--greedy", "prev", "--max-steps", "100000", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "at most 1000") && strstr(r.err, "whole graph"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  /* on a terminal, the steps are shown as they go (and cleared): the same words */
+  char *argv[] = {(char *)cavs_bin, "predict", strdup(path_in("s2s.ckpt")), "--data", strdup(path_in("tr-dev.cgf")),
+                  "--greedy", "prev", "--batch", "1", "--threads", "1", NULL};
+  char *tty = NULL, *out = NULL;
+  ck_assert_int_eq(run_stderr_on_pty(argv, &tty, &out), 0);
+  ck_assert_msg(strstr(tty, "predict --greedy: graphs 1-1 of 12: step 1, 1 of them decoding"), "%s", tu_tail(tty, 1800));
+  ck_assert_msg(strstr(tty, "greedy decoding: 12 graphs"), "%s", tu_tail(tty, 1800));
+  ck_assert_msg(!strcmp(out, first_out), "the words differ on a terminal");
+  free(first_out);
+  free(tty);
+  free(out);
+  free(argv[2]);
+  free(argv[4]);
   r = cavs("predict", path_in("s2s.ckpt"), "--data", path_in("tr-dev.cgf"), "--stop", "3", NULL);
   ck_assert_int_eq(r.status, 1);
   tu_free(&r);
@@ -1399,6 +1536,7 @@ int main(void) {
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
   tcase_add_test(tc, concurrent_saves_all_finish);
+  tcase_add_test(tc, frozen_no_merge_checkpoint);
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);

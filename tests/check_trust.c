@@ -281,6 +281,101 @@ START_TEST(format_3_fields) {
 }
 END_TEST
 
+/* Where the optimizer's step count is: after the header, the dims, the vocabulary and
+ * the parameters (float: 4 bytes a value). */
+static size_t steps_at(const Ckpt *k) {
+  size_t at = str_at(k, 3) + 4;
+  uint32_t nd = rd32(k, at);
+  at += 4;
+  for (uint32_t i = 0; i < nd; i++) at += 4 + rd32(k, at) + 8;
+  uint32_t nw = rd32(k, at);
+  at += 4;
+  for (uint32_t i = 0; i < nw; i++) at += 4 + rd32(k, at);
+  uint32_t np = rd32(k, at);
+  at += 4;
+  for (uint32_t i = 0; i < np; i++) {
+    at += 4 + rd32(k, at);
+    int64_t rows, cols;
+    memcpy(&rows, k->p + at, 8);
+    memcpy(&cols, k->p + at + 8, 8);
+    at += 16 + (size_t)(rows * cols) * 4;
+  }
+  return at;
+}
+
+/* Counters at the ends of their types pass no more (a resume overflowed them, UBSan
+ * said, and wrote a checkpoint that `cavs info` called damaged): each is bounded on
+ * read, and at the bound itself, going on is refused or fails cleanly, and the
+ * checkpoint resumed from is untouched. */
+START_TEST(crafted_counters_refused) {
+  Ckpt k0 = load_base();
+  /* from the end: checksum 8, format 3's tail 36, graphs_done 8, six rates 48, the kind
+     4, the format "ptb-tree" 12, batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
+  size_t tail = k0.n - 8 - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
+  ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
+  int64_t st0;
+  memcpy(&st0, k0.p + steps, 8);
+  ck_assert_int_eq(st0, 1); /* 60 graphs, one minibatch of 64 */
+  struct {
+    size_t at;
+    int64_t v;
+    int width;
+    const char *msg;
+  } cases[] = {
+      {epoch, 0x7fffffff, 4, "training state"},
+      {epoch, CAVS_MAX_EPOCHS + 1L, 4, "training state"},
+      {epoch + 4 + 8 + 8 + 8 + 4, 0x7fffffff, 4, "training state"}, /* batch */
+      {tail + 4 + 8 + 12, 0x7fffffff, 4, "training schedule"},        /* since_best, past the epochs done */
+      {tail + 4 + 8 + 12, 2, 4, "training schedule"},
+      {tail + 4 + 8 + 4, 0x7fffffff, 4, "training schedule"}, /* patience */
+      {steps, INT64_MAX, 8, "optimizer steps"},
+      {steps, CAVS_MAX_STEPS + 1, 8, "optimizer steps"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    Ckpt k = {malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    unsigned char b[8];
+    memcpy(b, &cases[i].v, 8);
+    ck_splice(&k, cases[i].at, (size_t)cases[i].width, b, (size_t)cases[i].width);
+    save(&k, "counter.ckpt");
+    char err[512];
+    cavs_ckpt *c = cavs_ckpt_read(path_in("counter.ckpt"), err, sizeof err);
+    ck_assert_msg(c == NULL, "case %zu was accepted", i);
+    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
+    free(k.p);
+  }
+  /* at the bounds: read, but a run that would pass them stops with a message */
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  for (int which = 0; which < 2; which++) {
+    Ckpt k = {malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    if (which == 0) {
+      uint32_t e = CAVS_MAX_EPOCHS;
+      ck_splice(&k, epoch, 4, &e, 4);
+    } else {
+      int64_t n = CAVS_MAX_STEPS;
+      ck_splice(&k, steps, 8, &n, 8);
+    }
+    save(&k, "edge.ckpt");
+    RunResult r = cavs("info", path_in("edge.ckpt"), NULL);
+    ok(&r, "info at the bound");
+    tu_free(&r);
+    r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--quiet", "--threads",
+             "1", "--resume", path_in("edge.ckpt"), "--save", path_in("edge.ckpt"), NULL);
+    ck_assert_msg(r.status == 1, "bound %d: exit %d\n%s", which, r.status, tu_tail(r.err, 1800));
+    ck_assert_msg(strstr(r.err, which ? "the most a model takes" : "the most a run takes"), "%s", tu_tail(r.err, 1800));
+    tu_free(&r);
+    size_t n;
+    char *now = tu_slurp(path_in("edge.ckpt"), &n);
+    ck_assert_msg(n == k.n && !memcmp(now, k.p, n), "bound %d: the checkpoint resumed from was changed", which);
+    free(now);
+    free(k.p);
+  }
+  free(k0.p);
+}
+END_TEST
+
 /* ---- the cache ---- */
 
 static char *entry_dir(const char *cache) {
@@ -522,6 +617,7 @@ int main(void) {
   tcase_add_test(tc, crafted_source_checked_first);
   tcase_add_test(tc, crafted_fields_refused);
   tcase_add_test(tc, format_3_fields);
+  tcase_add_test(tc, crafted_counters_refused);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
   tcase_add_test(tc, model_cflags_in_cache_key);

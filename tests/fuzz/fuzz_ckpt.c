@@ -1,6 +1,6 @@
 /* fuzz_ckpt.c: libFuzzer target for the checkpoint reader, cavs_ckpt_read (runtime/ckpt.c),
  * and what the driver does with a checkpoint it has read: the accessors, cavs_ckpt_vocab,
- * cavs_ckpt_dims, and cavs_ckpt_apply to a model of the matching name (treelstm unless the
+ * cavs_ckpt_dims, and cavs_ckpt_apply_weights then cavs_ckpt_apply to a model of the matching name (treelstm unless the
  * checkpoint names another example), as `cavs eval` and `cavs train --resume` do.
  *
  * The file ends in an FNV-1a checksum of everything before it, and a file whose checksum
@@ -107,7 +107,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
     if (m) {
       err[0] = 0;
-      int rc = cavs_ckpt_apply(k, m, err, sizeof err);
+      /* the weights alone (evaluation), then the whole state (a resume) */
+      int rc = cavs_ckpt_apply_weights(k, m, err, sizeof err);
+      if (verbose) fprintf(stderr, "weights to %s: %s\n", d->name, rc ? err : "ok");
+      if (!rc) rc = cavs_ckpt_apply(k, m, err, sizeof err);
       if (verbose) fprintf(stderr, "apply to %s: %s\n", d->name, rc ? err : "ok");
       if (!rc) {
         /* applied: the parameters are readable */
