@@ -8,8 +8,10 @@
  * Loading native code is where an attacker on the same machine would aim, so nothing in
  * the cache is trusted until checked (docs/DESIGN.md, "Untrusted input"):
  *   - the cache directory is a real directory (not a symbolic link), owned by the user
- *     running cavs and writable by nobody else, created 0700; its ancestors are owned by
- *     root or the user and not writable by others unless sticky (as /tmp is);
+ *     running cavs and writable by nobody else, created 0700; the directories on the way
+ *     to it are owned by root or the user and not writable by others unless sticky (as
+ *     /tmp is), and so are the symbolic links on the way (whose owner could point them
+ *     elsewhere);
  *   - entries and their files are opened without following symbolic links and checked
  *     the same way (owner, mode, a regular file);
  *   - each entry records the SHA-256 of its object, and the bytes that are hashed are the
@@ -218,39 +220,108 @@ static int check_owner(const struct stat *st, const char *path, const char *what
   return 0;
 }
 
-/* Every directory above `path` (resolved) is owned by root or by us, and not writable by
- * others unless it is sticky: nobody else can rename the cache away and put theirs in
- * its place. */
-static int check_ancestors(const char *path, char *err, size_t errlen) {
-  char *real = realpath(path, NULL);
-  if (!real) {
-    snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(errno));
+/* A directory on the way to the cache `path`: owned by root or by us, and not writable by
+ * others unless it is sticky (as /tmp is). */
+static int check_above(const char *path, const char *dir, const struct stat *st, char *err, size_t errlen) {
+  if (st->st_uid != 0 && st->st_uid != geteuid()) {
+    snprintf(err, errlen,
+             "refusing to use the cache '%s': the directory above it, '%s', belongs to user %ld; "
+             "set CAVS_CACHE to a directory of your own",
+             path, dir, (long)st->st_uid);
     return -1;
   }
-  int rc = 0;
-  for (char *slash = strrchr(real, '/'); slash && rc == 0; slash = strrchr(real, '/')) {
-    *slash = 0;
-    const char *dir = *real ? real : "/";
-    struct stat st;
-    if (stat(dir, &st)) {
-      snprintf(err, errlen, "cannot inspect '%s': %s", dir, strerror(errno));
-      rc = -1;
-    } else if (st.st_uid != 0 && st.st_uid != geteuid()) {
-      snprintf(err, errlen,
-               "refusing to use the cache '%s': the directory above it, '%s', belongs to user %ld; "
-               "set CAVS_CACHE to a directory of your own",
-               path, dir, (long)st.st_uid);
-      rc = -1;
-    } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
-      snprintf(err, errlen,
-               "refusing to use the cache '%s': the directory above it, '%s', is writable by others "
-               "(mode %04o); set CAVS_CACHE to a directory of your own",
-               path, dir, (unsigned)(st.st_mode & 07777));
-      rc = -1;
-    }
-    if (!*real) break;
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+    snprintf(err, errlen,
+             "refusing to use the cache '%s': the directory above it, '%s', is writable by others "
+             "(mode %04o); set CAVS_CACHE to a directory of your own",
+             path, dir, (unsigned)(st->st_mode & 07777));
+    return -1;
   }
-  free(real);
+  return 0;
+}
+
+/* Nobody else can rename the cache away, or point the way to it elsewhere, and put theirs
+ * in its place. The directories above `path` are resolved here as the kernel resolves
+ * them, a component at a time from the working directory or /: every symbolic link met,
+ * in the path as given or in a link's target, must belong to root or to us (its owner can
+ * replace it by another whenever they like), and every directory passed through
+ * (check_above) is checked, those that hold a link included, the resolved ancestors
+ * among them. The last component is the cache itself, which open_root checks. */
+static int check_ancestors(const char *path, char *err, size_t errlen) {
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/') n--;
+  while (n > 0 && path[n - 1] != '/') n--;
+  char *rest; /* what is left to resolve */
+  if (*path == '/') {
+    rest = fmt("%.*s", (int)n, path);
+  } else {
+    char *cwd = getcwd(NULL, 0);
+    if (!cwd) {
+      snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(errno));
+      return -1;
+    }
+    rest = fmt("%s/%.*s", cwd, (int)n, path);
+    free(cwd);
+  }
+  char *done = fmt("%s", ""); /* the directories resolved so far; "" is / */
+  struct stat st;
+  int rc = 0, links = 0;
+  if (stat("/", &st)) {
+    snprintf(err, errlen, "cannot inspect '/': %s", strerror(errno));
+    rc = -1;
+  } else {
+    rc = check_above(path, "/", &st, err, errlen);
+  }
+  for (const char *p = rest; rc == 0;) {
+    while (*p == '/') p++;
+    if (!*p) break;
+    size_t len = strcspn(p, "/");
+    char *next = fmt("%s/%.*s", done, (int)len, p);
+    p += len;
+    if (!strcmp(next + strlen(done), "/.")) {
+      free(next);
+    } else if (!strcmp(next + strlen(done), "/..")) {
+      free(next);
+      char *up = strrchr(done, '/');
+      if (up) *up = 0;
+    } else if (lstat(next, &st)) {
+      snprintf(err, errlen, "cannot inspect '%s': %s", next, strerror(errno));
+      free(next);
+      rc = -1;
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX + 1];
+      ssize_t tlen = -1;
+      if (st.st_uid != 0 && st.st_uid != geteuid())
+        snprintf(err, errlen,
+                 "refusing to use the cache '%s': the way to it goes through '%s', a symbolic link of user %ld "
+                 "(who can point it elsewhere); set CAVS_CACHE to a directory of your own",
+                 path, next, (long)st.st_uid);
+      else if (++links > 40)
+        snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(ELOOP));
+      else if ((tlen = readlink(next, target, sizeof target - 1)) < 0)
+        snprintf(err, errlen, "cannot read the symbolic link '%s': %s", next, strerror(errno));
+      free(next);
+      if (tlen < 0) {
+        rc = -1;
+        break;
+      }
+      target[tlen] = 0;
+      char *more = fmt("%s/%s", target, p);
+      free(rest);
+      p = rest = more;
+      if (*target == '/') *done = 0;
+    } else if (!S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "cannot use the cache directory '%s': '%s' is not a directory", path, next);
+      free(next);
+      rc = -1;
+    } else {
+      rc = check_above(path, next, &st, err, errlen);
+      free(done);
+      done = next;
+    }
+  }
+  free(rest);
+  free(done);
   return rc;
 }
 

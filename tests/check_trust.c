@@ -372,6 +372,55 @@ START_TEST(unsafe_cache_refused) {
 }
 END_TEST
 
+/* eval of the base checkpoint with the cache at `cache`: its exit status, and its
+ * message must hold `msg` (when set). */
+static void eval_cache_at(const char *cache, int status, const char *msg) {
+  char env[4500];
+  snprintf(env, sizeof env, "CAVS_CACHE=%s", cache);
+  char *e1[] = {env, NULL};
+  RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == status && (!msg || strstr(r.err, msg)), "CAVS_CACHE=%s: exit %d, expected %d%s%s:\n%s",
+                cache, r.status, status, msg ? " and " : "", msg ? msg : "", tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+
+/* A symbolic link on the way to the cache is followed each time the cache is opened, and
+ * whoever owns it can point it elsewhere whenever they like: a link of another user's is
+ * refused wherever it is met (in the path as given, or in the target of a link of ours),
+ * and so is a directory of theirs holding a link of ours; a link of our own is followed.
+ * Only root can make a link that belongs to someone else (lchown). */
+START_TEST(foreign_link_above_cache_refused) {
+  base_ckpt();
+  char real[4400], mine[4400], cache[4600];
+  snprintf(real, sizeof real, "%s", path_in("real"));
+  snprintf(mine, sizeof mine, "%s", path_in("mine"));
+  ck_assert(mkdir(real, 0700) == 0 && symlink(real, mine) == 0);
+  snprintf(cache, sizeof cache, "%s/cache", mine);
+  eval_cache_at(cache, 0, NULL);
+  if (geteuid() != 0) {
+    fprintf(stderr, "foreign_link_above_cache_refused: not root, the links of another user are skipped\n");
+    return;
+  }
+  char theirs[4400], via[4400], foreign[4400], held[4500];
+  snprintf(theirs, sizeof theirs, "%s", path_in("theirs"));
+  snprintf(via, sizeof via, "%s", path_in("via-theirs"));
+  snprintf(foreign, sizeof foreign, "%s", path_in("foreign"));
+  snprintf(held, sizeof held, "%s/link", foreign);
+  ck_assert(symlink(real, theirs) == 0 && lchown(theirs, 65534, 65534) == 0);
+  ck_assert(symlink(theirs, via) == 0);
+  ck_assert(mkdir(foreign, 0755) == 0 && symlink(real, held) == 0 && chown(foreign, 65534, 65534) == 0);
+  snprintf(cache, sizeof cache, "%s/cache", theirs);
+  eval_cache_at(cache, 1, "a symbolic link of user 65534");
+  snprintf(cache, sizeof cache, "%s/cache", via);
+  eval_cache_at(cache, 1, "a symbolic link of user 65534");
+  snprintf(cache, sizeof cache, "%s/cache", held);
+  eval_cache_at(cache, 1, "belongs to user 65534");
+  /* the cache itself is still ours and usable through a path of our own */
+  snprintf(cache, sizeof cache, "%s/cache", real);
+  eval_cache_at(cache, 0, NULL);
+}
+END_TEST
+
 /* Two eval outputs agree but for the speed at the end. */
 static void same_eval(const char *a, const char *b) {
   const char *ea = strstr(a, "roots)"), *eb = strstr(b, "roots)");
@@ -523,6 +572,7 @@ int main(void) {
   tcase_add_test(tc, crafted_fields_refused);
   tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, unsafe_cache_refused);
+  tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
   tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
