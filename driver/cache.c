@@ -374,23 +374,75 @@ static int open_root(const char *root, char *err, size_t errlen) {
   return check_ancestors(root, err, errlen);
 }
 
-/* Removes a cache entry or a build directory: the files in it, then itself. Entries hold
- * files only; anything else makes this fail. */
-static int remove_dir(const char *path) {
-  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) return errno == ENOENT ? 0 : -1;
+/* Removes what the directory open as `dfd` (named `path` in messages; the descriptor is
+ * closed) holds: files, symbolic links (never what they point to) and, `depth` levels
+ * deep at most, directories, each opened without following links and emptied first.
+ * Everything must be ours: what belongs to someone else is left, and named in err. */
+static int empty_dir(int dfd, const char *path, int depth, char *err, size_t errlen) {
   DIR *d = fdopendir(dfd);
   if (!d) {
+    snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     close(dfd);
     return -1;
   }
   int rc = 0;
   struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && unlinkat(dfd, e->d_name, 0)) rc = -1;
+  while (rc == 0 && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char *sub = fmt("%s/%s", path, e->d_name);
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW)) {
+      snprintf(err, errlen, "cannot inspect '%s': %s", sub, strerror(errno));
+      rc = -1;
+    } else if (st.st_uid != geteuid()) {
+      snprintf(err, errlen, "'%s' belongs to user %ld, not to you", sub, (long)st.st_uid);
+      rc = -1;
+    } else if (!S_ISDIR(st.st_mode)) {
+      if (unlinkat(dirfd(d), e->d_name, 0)) {
+        snprintf(err, errlen, "cannot remove '%s': %s", sub, strerror(errno));
+        rc = -1;
+      }
+    } else if (depth <= 0) {
+      snprintf(err, errlen, "cannot remove '%s': directories nested too deep", sub);
+      rc = -1;
+    } else {
+      int sfd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sfd < 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", sub, strerror(errno));
+        rc = -1;
+      } else if ((rc = empty_dir(sfd, sub, depth - 1, err, errlen)) == 0 &&
+                 unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR)) {
+        snprintf(err, errlen, "cannot remove '%s': %s", sub, strerror(errno));
+        rc = -1;
+      }
+    }
+    free(sub);
+  }
   closedir(d);
-  if (rmdir(path) && errno != ENOENT) rc = -1;
   return rc;
+}
+
+/* Removes a directory of ours and what it holds (empty_dir): a broken entry, a build
+ * directory. 0 when it is gone (or was never there), else -1 with the reason in err. */
+static int remove_tree(const char *path, char *err, size_t errlen) {
+  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT) return 0;
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(dfd, &st) || st.st_uid != geteuid()) {
+    snprintf(err, errlen, "'%s' is not a directory of yours", path);
+    close(dfd);
+    return -1;
+  }
+  if (empty_dir(dfd, path, 16, err, errlen)) return -1;
+  if (rmdir(path) && errno != ENOENT) {
+    snprintf(err, errlen, "cannot remove '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
 }
 
 /* Opens `name` in the entry without following links and checks it is a regular file of
@@ -675,7 +727,8 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     name = NULL;
   }
 out:
-  if (tmp) remove_dir(tmp);
+  char why[512]; /* err says what failed; a directory left behind is not worth more */
+  if (tmp) remove_tree(tmp, why, sizeof why);
   if (rc && made) unmake_dirs(dir, made);
   free(p);
   free(made);
@@ -729,7 +782,8 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
   rename(tmp, dir);
   rc = 0;
 out:
-  remove_dir(tmp); /* nothing left when the rename happened */
+  char why[512]; /* err says what failed; a directory left behind is not worth more */
+  remove_tree(tmp, why, sizeof why); /* nothing left when the rename happened */
   free(tmp);
   free(name);
   free(tso);
@@ -759,8 +813,9 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
       break;
     }
     if (e == ENTRY_FAILED) break;
-    if (e == ENTRY_BROKEN && remove_dir(dir)) {
-      snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, strerror(errno));
+    char why[1024];
+    if (e == ENTRY_BROKEN && remove_tree(dir, why, sizeof why)) {
+      snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, why);
       break;
     }
     rc = build(q, root, dir, err, errlen);

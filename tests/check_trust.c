@@ -468,6 +468,56 @@ START_TEST(planted_or_broken_object_rebuilt) {
 }
 END_TEST
 
+/* A broken entry that holds directories (and a link out of it) is removed whole and
+ * rebuilt, not "Directory not empty" on every run; the link is removed, never followed. */
+START_TEST(entry_with_subdirectory_rebuilt) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  char *good = strdup(r.out);
+  tu_free(&r);
+  char *entry = entry_dir(cache), cmd[16384];
+  mkdir(path_in("outside"), 0700);
+  tu_write(path_in("outside/kept"), "kept\n", 5);
+  snprintf(cmd, sizeof cmd,
+           "rm '%s/model.so' && mkdir -p '%s/sub/deeper' && echo x > '%s/sub/deeper/file' && "
+           "ln -s '%s' '%s/sub/out' && ln -s '%s' '%s/sub/deeper/outfile'",
+           entry, entry, entry, path_in("outside"), entry, path_in("outside/kept"), entry);
+  sh(cmd);
+  r = eval_base();
+  ok(&r, "eval with a subdirectory in the broken entry");
+  same_eval(r.out, good);
+  tu_free(&r);
+  ck_assert_int_eq(entries(cache), 1);
+  snprintf(cmd, sizeof cmd, "%s/sub", entry);
+  ck_assert_msg(access(cmd, F_OK) != 0, "the entry was not rebuilt afresh");
+  char *kept = tu_slurp(path_in("outside/kept"), NULL);
+  ck_assert_msg(kept && !strcmp(kept, "kept\n"), "a link in the entry was followed");
+  free(kept);
+  /* what is not ours is left, and named (only root can give a file away) */
+  if (geteuid() == 0) {
+    snprintf(cmd, sizeof cmd, "rm '%s/model.so' && mkdir '%s/sub' && echo x > '%s/sub/theirs' && chown 65534 '%s/sub/theirs'",
+             entry, entry, entry, entry);
+    sh(cmd);
+    r = eval_base();
+    ck_assert_msg(r.status == 2 && strstr(r.err, "cannot remove the broken cache entry") &&
+                      strstr(r.err, "/sub/theirs' belongs to user 65534"),
+                  "exit %d: %s", r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+    snprintf(cmd, sizeof cmd, "%s/sub/theirs", entry);
+    ck_assert_msg(access(cmd, F_OK) == 0, "another user's file was removed");
+    ck_assert(chown(cmd, 0, 0) == 0);
+    r = eval_base();
+    ok(&r, "eval once the file is ours");
+    tu_free(&r);
+  }
+  free(entry);
+  free(good);
+}
+END_TEST
+
 /* The C compiler's flags are part of the key: a model built with more flags
  * ($CAVS_MODEL_CFLAGS) gets its own entry, and one whose flags fail leaves none. */
 START_TEST(model_cflags_in_cache_key) {
@@ -574,6 +624,7 @@ int main(void) {
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
+  tcase_add_test(tc, entry_with_subdirectory_rebuilt);
   tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
