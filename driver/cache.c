@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -688,7 +689,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   *err = 0;
   *model = NULL;
   int rc = 1;
-  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL;
+  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL, why[512];
   for (char *s = *p ? p + 1 : p;; s++) {
     if (*s && *s != '/') continue;
     char c = *s;
@@ -727,8 +728,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     name = NULL;
   }
 out:
-  char why[512]; /* err says what failed; a directory left behind is not worth more */
-  if (tmp) remove_tree(tmp, why, sizeof why);
+  if (tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
   if (rc && made) unmake_dirs(dir, made);
   free(p);
   free(made);
@@ -737,15 +737,101 @@ out:
   return rc;
 }
 
-/* Builds into a fresh directory beside the entry and renames it into place. */
-static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
-  char *tmp = fmt("%s/build-XXXXXX", root);
-  if (!mkdtemp(tmp)) {
-    snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
-    free(tmp);
-    return 1;
+/* ---- build directories ----
+ *
+ * An entry is built in root/build-XXXXXX (mkdtemp) and renamed into place, so a build
+ * killed midway leaves its directory behind. Its builder holds an flock on the directory
+ * (an open descriptor of it) from just after mkdtemp until it is done, and the kernel
+ * lets go of it when the process ends, however it ends. sweep_builds removes a build
+ * directory only while holding that lock itself: never one whose builder is alive.
+ * Between its mkdtemp and its builder's flock a directory is not locked yet, and a sweep
+ * may remove it then; so the builder, once it holds the lock, checks that the name still
+ * leads to the directory it locked, and makes another when it does not (lock_build_dir).
+ * A sweep that locked it first removed it before letting go, so the builder sees it gone;
+ * from then on the lock keeps every sweep out. Abandoned is proved by the lock alone: no
+ * age, no clock. */
+
+/* Whether `name` is one that mkdtemp makes of "build-XXXXXX". */
+static bool build_name(const char *name) {
+  static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  return !strncmp(name, "build-", 6) && strlen(name) == 12 && strspn(name + 6, alnum) == 6;
+}
+
+/* Whether the descriptor and the name in dfd are the same file, a link not followed. */
+static bool same_file(int fd, int dfd, const char *name) {
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && fstatat(dfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+/* Removes the build directories in root that no process holds, and nothing else: only a
+ * directory (not a link) of ours named as mkdtemp names them, emptied (empty_dir) and
+ * removed while this process holds its lock. What cannot be removed is left. */
+static void sweep_builds(const char *root) {
+  DIR *d = opendir(root);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!build_name(e->d_name)) continue;
+    int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), fd2 = -1;
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        same_file(fd, dirfd(d), e->d_name) && (fd2 = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+      char *path = fmt("%s/%s", root, e->d_name), why[512];
+      /* empty_dir closes the descriptor it is given; `fd` keeps the lock until the end */
+      if (empty_dir(fd2, path, 16, why, sizeof why) == 0) unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+      free(path);
+    }
+    if (fd >= 0) close(fd);
   }
-  char *name = NULL, *tso = NULL, *metap = NULL;
+  closedir(d);
+}
+
+/* Makes root/build-XXXXXX and locks it (see above): returns the descriptor that holds the
+ * lock and sets *tmp to the directory's name, or returns -1 with the message in err. */
+static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen) {
+  for (int attempt = 0; attempt < 8; attempt++) {
+    char *t = fmt("%s/build-XXXXXX", root);
+    if (!mkdtemp(t)) {
+      snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
+      free(t);
+      return -1;
+    }
+    int fd = open(t, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), locked = -1;
+    if (fd < 0 && errno != ENOENT) {
+      snprintf(err, errlen, "cannot open '%s': %s", t, strerror(errno));
+      free(t);
+      return -1;
+    }
+    while (fd >= 0 && (locked = flock(fd, LOCK_EX)) != 0 && errno == EINTR) continue;
+    if (fd >= 0 && locked != 0) {
+      snprintf(err, errlen, "cannot lock '%s': %s", t, strerror(errno));
+      close(fd);
+      rmdir(t);
+      free(t);
+      return -1;
+    }
+    if (fd >= 0 && same_file(fd, AT_FDCWD, t)) {
+      *tmp = t;
+      return fd;
+    }
+    /* a sweep removed it before it was locked: another */
+    if (fd >= 0) close(fd);
+    free(t);
+  }
+  snprintf(err, errlen, "cannot keep a build directory in '%s': each one made was removed at once", root);
+  return -1;
+}
+
+/* Builds into a fresh directory beside the entry and renames it into place; first removes
+ * the build directories that builds killed midway left (sweep_builds). */
+static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
+  sweep_builds(root);
+  char *tmp = NULL;
+  int lock = lock_build_dir(root, &tmp, err, errlen);
+  if (lock < 0) return 1;
+  char *name = NULL, *tso = NULL, *metap = NULL, why[512];
+  bool published = false;
   int rc = cache_compile(q, tmp, true, &name, err, errlen);
   if (rc) goto out;
   rc = 2;
@@ -779,11 +865,13 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     goto out;
   }
   /* publish the whole directory at once; if another process won the race, keep its */
-  rename(tmp, dir);
+  published = rename(tmp, dir) == 0;
   rc = 0;
 out:
-  char why[512]; /* err says what failed; a directory left behind is not worth more */
-  remove_tree(tmp, why, sizeof why); /* nothing left when the rename happened */
+  /* err says what failed; a directory left behind is not worth more. Removed before the
+     lock is let go, and only when it was not renamed: the name may be another's by now */
+  if (!published) remove_tree(tmp, why, sizeof why);
+  close(lock);
   free(tmp);
   free(name);
   free(tso);

@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
+#include <sys/file.h>
 
 static void sh(const char *cmd) {
   char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
@@ -518,6 +519,66 @@ START_TEST(entry_with_subdirectory_rebuilt) {
 }
 END_TEST
 
+/* eval of the base checkpoint with `flag` added to the model's compiler flags: a build
+ * of a new cache entry. */
+static void eval_building(const char *flag) {
+  char more[4096];
+  snprintf(more, sizeof more, "CAVS_MODEL_CFLAGS=%s %s", tu_env("CAVS_MODEL_CFLAGS", ""), flag);
+  char *e1[] = {more, NULL};
+  RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ok(&r, flag);
+  tu_free(&r);
+}
+
+/* Whether `name` is in the cache (not followed when a link). */
+static bool in_cache(const char *name) {
+  char p[4500];
+  snprintf(p, sizeof p, "%s/%s", getenv("CAVS_CACHE"), name);
+  struct stat st;
+  return lstat(p, &st) == 0;
+}
+
+/* A build killed midway leaves its build-XXXXXX directory; the next build of an entry
+ * removes it, since no process holds its lock. One whose lock a live process holds (a
+ * build under way) stays until that process lets go, and so does everything that is not
+ * a build directory of ours: another name, a file, a link, another user's directory. */
+START_TEST(abandoned_builds_removed) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  tu_free(&r);
+  mkdir(path_in("elsewhere"), 0700);
+  tu_write(path_in("elsewhere/kept"), "kept\n", 5);
+  char cmd[16384];
+  snprintf(cmd, sizeof cmd,
+           "cd \"$CAVS_CACHE\" && mkdir build-Kill01 build-Kill02 build-Live01 build-longername build-Ab.d01 && "
+           "echo 'int x;' > build-Kill01/treelstm.c && echo x > build-Kill01/treelstm.h && "
+           "echo partial > build-Kill01/model.so && : > build-Kill01/cc.err && mkdir build-Kill02/sub && "
+           "echo x > build-Live01/treelstm.c && echo x > build-File01 && ln -s '%s' build-Link01",
+           path_in("elsewhere"));
+  sh(cmd);
+  char live[4500];
+  snprintf(live, sizeof live, "%s/build-Live01", cache);
+  int lock = open(live, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ck_assert(lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0);
+  if (geteuid() == 0) sh("cd \"$CAVS_CACHE\" && mkdir build-Them01 && echo x > build-Them01/f && chown -R 65534 build-Them01");
+  eval_building("-DCAVS_TEST_ABANDONED_1");
+  ck_assert_msg(!in_cache("build-Kill01") && !in_cache("build-Kill02"), "an abandoned build directory was left");
+  const char *stay[] = {"build-Live01/treelstm.c", "build-longername", "build-Ab.d01", "build-File01", "build-Link01",
+                        "build-Them01/f"};
+  for (size_t i = 0; i < sizeof stay / sizeof *stay - (geteuid() != 0); i++)
+    ck_assert_msg(in_cache(stay[i]), "%s was removed", stay[i]);
+  ck_assert(access(path_in("elsewhere/kept"), F_OK) == 0);
+  /* its builder gone, the locked one goes at the next build */
+  close(lock);
+  eval_building("-DCAVS_TEST_ABANDONED_2");
+  ck_assert_msg(!in_cache("build-Live01"), "a build directory nobody holds was left");
+  sh("cd \"$CAVS_CACHE\" && rm -rf build-*");
+}
+END_TEST
+
 /* The C compiler's flags are part of the key: a model built with more flags
  * ($CAVS_MODEL_CFLAGS) gets its own entry, and one whose flags fail leaves none. */
 START_TEST(model_cflags_in_cache_key) {
@@ -625,6 +686,7 @@ int main(void) {
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
   tcase_add_test(tc, entry_with_subdirectory_rebuilt);
+  tcase_add_test(tc, abandoned_builds_removed);
   tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
