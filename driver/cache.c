@@ -36,11 +36,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define META_MAGIC "cavs cache entry 1"
+
+static _Noreturn void out_of_memory(void) {
+  fputs("cavs: out of memory\n", stderr);
+  exit(2);
+}
 
 static char *fmt(const char *f, ...) {
   va_list ap;
@@ -48,10 +54,7 @@ static char *fmt(const char *f, ...) {
   char *s = NULL;
   if (vasprintf(&s, f, ap) < 0) s = NULL;
   va_end(ap);
-  if (!s) {
-    fputs("cavs: out of memory\n", stderr);
-    exit(2);
-  }
+  if (!s) out_of_memory();
   return s;
 }
 
@@ -106,8 +109,10 @@ static void hash_path(struct sha256_ctx *c, const char *path) {
   free(data);
 }
 
+static void hash_native(struct sha256_ctx *key, const CacheReq *q);
+
 /* The key: the source, the versions of everything that turns it into code, cavsc's
- * precision, and the C compiler and its flags. */
+ * precision, the C compiler and its flags, and the CPU that -march=native means here. */
 static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   struct sha256_ctx c;
   sha256_init(&c);
@@ -121,6 +126,7 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   hash_field(&c, abl, strlen(abl));
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
+  hash_native(&c, q);
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
      reuse an old build: cavs_abi.h is what the generated code includes */
   for (int i = 0; i < 2; i++) {
@@ -151,9 +157,10 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
 
 /* ---- running the compilers ---- */
 
-/* Runs argv with `in` on its standard input (or /dev/null), its stderr into `errfile`
- * when given; returns its exit status, 128 + signal, or -1 if it could not start. */
-static int run(char *const argv[], const char *in, size_t inlen, const char *errfile) {
+/* Runs argv with `in` on its standard input (or nothing), its standard output and error
+ * into the descriptor `out` when there is one (else cavs's own); returns its exit status,
+ * 128 + signal, or -1 if it could not start. */
+static int run(char *const argv[], const char *in, size_t inlen, int out) {
   int p[2] = {-1, -1};
   if (pipe2(p, O_CLOEXEC)) return -1;
   pid_t pid = fork();
@@ -164,9 +171,9 @@ static int run(char *const argv[], const char *in, size_t inlen, const char *err
   }
   if (pid == 0) {
     dup2(p[0], 0);
-    if (errfile) {
-      int e = open(errfile, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (e >= 0) dup2(e, 2);
+    if (out >= 0) {
+      dup2(out, 1);
+      dup2(out, 2);
     }
     execvp(argv[0], argv);
     _exit(127); /* the parent says what could not run */
@@ -189,7 +196,7 @@ static int run(char *const argv[], const char *in, size_t inlen, const char *err
 
 int cache_check_source(const CacheReq *q, char *err, size_t errlen) {
   char *argv[] = {(char *)q->cavsc, "--check", "--source-name", (char *)q->name, "-", NULL};
-  int st = run(argv, q->text, q->len, NULL);
+  int st = run(argv, q->text, q->len, -1);
   if (st == 0) return 0;
   if (st == 1) {
     *err = 0;
@@ -198,6 +205,91 @@ int cache_check_source(const CacheReq *q, char *err, size_t errlen) {
   if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
   else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
   return 2;
+}
+
+/* ---- the CPU a -march=native build is for ---- */
+
+/* Whether the flag has the compiler build for the CPU it runs on. */
+static bool native_flag(const char *f) {
+  return !strcmp(f, "-march=native") || !strcmp(f, "-mcpu=native") || !strcmp(f, "-mtune=native");
+}
+
+/* Whether a word of the compiler driver's -### output names the CPU or one of its
+ * features: gcc's -m options (-march=znver3 -mavx512f -mno-xop ... -mtune=znver3), and
+ * the word after clang's -target-cpu, -tune-cpu and -target-feature (+avx512f). Paths,
+ * versions and the working directory are left out: they are not the CPU's. */
+static bool cpu_word(const char *w, const char *prev) {
+  return !strncmp(w, "-m", 2) || (prev && (!strcmp(prev, "-target-cpu") || !strcmp(prev, "-tune-cpu") ||
+                                           !strcmp(prev, "-target-feature")));
+}
+
+static int cmp_words(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Runs argv, a compiler driver asked what it would pass on (-###), and hashes into out
+ * its exit status and the CPU words (cpu_word) of what it prints, sorted: the order is
+ * nothing the drivers promise. */
+static void hash_cpu_words(char *const argv[], unsigned char out[SHA256_DIGEST_SIZE]) {
+  int fd = memfd_create("cavs-native", MFD_CLOEXEC);
+  int st = fd >= 0 ? run(argv, NULL, 0, fd) : -1;
+  size_t n = 0;
+  unsigned char *said = fd >= 0 && lseek(fd, 0, SEEK_SET) == 0 ? read_fd(fd, (size_t)1 << 20, &n) : NULL;
+  if (fd >= 0) close(fd);
+  char *text = fmt("%.*s", said ? (int)n : 0, said ? (const char *)said : "");
+  free(said);
+  char **words = malloc(sizeof *words * (strlen(text) / 2 + 1)), *prev = NULL;
+  if (!words) out_of_memory();
+  size_t nw = 0;
+  for (char *save = NULL, *w = strtok_r(text, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+    size_t len = strlen(w);
+    if (len >= 2 && w[0] == '"' && w[len - 1] == '"') w[len - 1] = 0, w++; /* gcc and clang quote some */
+    if (cpu_word(w, prev)) words[nw++] = w;
+    prev = w;
+  }
+  if (nw) qsort(words, nw, sizeof *words, cmp_words);
+  struct sha256_ctx c;
+  sha256_init(&c);
+  char status[32];
+  snprintf(status, sizeof status, "native: status %d", st);
+  hash_field(&c, status, strlen(status));
+  for (size_t i = 0; i < nw; i++) hash_field(&c, words[i], strlen(words[i]));
+  sha256_digest(&c, SHA256_DIGEST_SIZE, out);
+  free(words);
+  free(text);
+}
+
+/* What the native flags among the request's mean on this machine, hashed into the key:
+ * a cache in a home directory shared by machines of different CPUs (a cluster) must not
+ * load one's AVX-512 code on another without it. The compiler driver expands
+ * -march=native itself, so `cc FLAGS -### -E -x c /dev/null` says what it would pass on
+ * (gcc and clang alike: the -m options, or -target-cpu and -target-feature), running
+ * no compiler pass. Asked once a run for a given compiler and flags. Nothing is added
+ * when no flag is native (nvcc's, for one). */
+static void hash_native(struct sha256_ctx *key, const CacheReq *q) {
+  static unsigned char memo_in[SHA256_DIGEST_SIZE], memo_out[SHA256_DIGEST_SIZE];
+  static bool memo;
+  char **argv = malloc(sizeof *argv * ((size_t)q->ncflags + 7));
+  if (!argv) out_of_memory();
+  int k = 0;
+  argv[k++] = (char *)q->cc;
+  for (int i = 0; i < q->ncflags; i++)
+    if (native_flag(q->cflags[i])) argv[k++] = (char *)q->cflags[i];
+  if (k > 1) {
+    const char *probe[] = {"-###", "-E", "-x", "c", "/dev/null"};
+    for (int i = 0; i < 5; i++) argv[k++] = (char *)probe[i];
+    argv[k] = NULL;
+    unsigned char in[SHA256_DIGEST_SIZE];
+    struct sha256_ctx c;
+    sha256_init(&c);
+    for (int i = 0; i < k; i++) hash_field(&c, argv[i], strlen(argv[i]));
+    sha256_digest(&c, sizeof in, in);
+    if (!memo || memcmp(in, memo_in, sizeof in)) {
+      hash_cpu_words(argv, memo_out);
+      memcpy(memo_in, in, sizeof in);
+      memo = true;
+    }
+    hash_field(key, memo_out, sizeof memo_out);
+  }
+  free(argv);
 }
 
 /* ---- checking what is on disk ---- */
@@ -605,7 +697,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   if (q->ablations & 4) argv1[k++] = "--no-homes";
   argv1[k++] = "-";
   argv1[k] = NULL;
-  int st = run(argv1, q->text, q->len, NULL);
+  int st = run(argv1, q->text, q->len, -1);
   if (st != 0) {
     if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
     else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
@@ -641,7 +733,9 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
     argv2[k++] = "-o";
     argv2[k++] = tso;
     argv2[k] = NULL;
-    st = run(argv2, NULL, 0, ccerr);
+    int efd = open(ccerr, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    st = run(argv2, NULL, 0, efd);
+    if (efd >= 0) close(efd);
     if (st != 0) {
       if (st == 127 || st < 0) {
         snprintf(err, errlen, "cannot run the %s compiler '%s'; set %s to one", cuda ? "CUDA" : "C", q->cc,

@@ -606,6 +606,42 @@ START_TEST(model_cflags_in_cache_key) {
 }
 END_TEST
 
+/* Models are compiled -march=native, so the CPU is part of the key: a cache shared by
+ * machines of different CPUs never loads one's code on the other. The second CPU is a C
+ * compiler that, when asked what -march=native means (the driver's -###), answers with
+ * a feature more while the file second-cpu exists, and otherwise is the real one; its
+ * path stays the same, since the compiler's name is in the key too. */
+START_TEST(cpu_in_cache_key) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  FILE *f = fopen(path_in("cc-two-cpus"), "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f,
+          "#!/bin/sh\n"
+          "case \" $* \" in *\" -### \"*) ;; *) exec %s \"$@\" ;; esac\n"
+          ": > '%s'\n"
+          "%s \"$@\" || exit\n"
+          "if [ -e '%s' ]; then echo ' \"-mfeature-of-the-second-cpu\"' >&2; fi\n",
+          tu_env("CC", "cc"), path_in("asked"), tu_env("CC", "cc"), path_in("second-cpu"));
+  fclose(f);
+  ck_assert(chmod(path_in("cc-two-cpus"), 0755) == 0);
+  char env[4500];
+  snprintf(env, sizeof env, "CC=%s", path_in("cc-two-cpus"));
+  char *e1[] = {env, NULL};
+  for (int run = 0; run < 3; run++) {
+    if (run == 1) tu_write(path_in("second-cpu"), "", 0);
+    if (run == 2) ck_assert(unlink(path_in("second-cpu")) == 0);
+    RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+    ok(&r, run == 1 ? "eval on the second CPU" : "eval on the first CPU");
+    tu_free(&r);
+    /* a new entry for the second CPU; the first CPU's reused when back on it */
+    ck_assert_int_eq(entries(cache), (run ? 2 : 1));
+  }
+  ck_assert_msg(access(path_in("asked"), F_OK) == 0, "the compiler was never asked what -march=native means");
+}
+END_TEST
+
 /* Without CAVS_CACHE: $XDG_CACHE_HOME/cavs, then $HOME/.cache/cavs, each made 0700. */
 START_TEST(default_cache_is_per_user) {
   base_ckpt();
@@ -688,6 +724,7 @@ int main(void) {
   tcase_add_test(tc, entry_with_subdirectory_rebuilt);
   tcase_add_test(tc, abandoned_builds_removed);
   tcase_add_test(tc, model_cflags_in_cache_key);
+  tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
   suite_add_tcase(s, tc);
