@@ -422,6 +422,18 @@ START_TEST(foreign_link_above_cache_refused) {
 }
 END_TEST
 
+/* A fresh cache holding the base checkpoint's model alone: the path of its entry
+ * (malloc'ed), and eval's output in *good. */
+static char *fresh_entry(char **good) {
+  base_ckpt();
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  *good = strdup(r.out);
+  tu_free(&r);
+  return entry_dir(getenv("CAVS_CACHE"));
+}
+
 /* Two eval outputs agree but for the speed at the end. */
 static void same_eval(const char *a, const char *b) {
   const char *ea = strstr(a, "roots)"), *eb = strstr(b, "roots)");
@@ -432,14 +444,8 @@ static void same_eval(const char *a, const char *b) {
  * recorded when it was built, so the entry is rebuilt. A deleted or truncated object is
  * rebuilt too, not an error forever. */
 START_TEST(planted_or_broken_object_rebuilt) {
-  base_ckpt();
   const char *cache = getenv("CAVS_CACHE");
-  sh("rm -rf \"$CAVS_CACHE\"");
-  RunResult r = eval_base();
-  ok(&r, "eval");
-  char *good = strdup(r.out);
-  tu_free(&r);
-  char *entry = entry_dir(cache), cmd[16384];
+  char *good, *entry = fresh_entry(&good), cmd[16384];
   /* a shared object whose constructor leaves a mark */
   tu_write(path_in("plant.c"), "", 0);
   FILE *f = fopen(path_in("plant.c"), "w");
@@ -448,7 +454,7 @@ START_TEST(planted_or_broken_object_rebuilt) {
   fclose(f);
   snprintf(cmd, sizeof cmd, "%s -shared -fPIC -o '%s/model.so' '%s'", tu_env("CC", "cc"), entry, path_in("plant.c"));
   sh(cmd);
-  r = eval_base();
+  RunResult r = eval_base();
   ok(&r, "eval with a planted object");
   same_eval(r.out, good);
   ck_assert_msg(access(path_in("PLANTED"), F_OK) != 0, "the planted object was loaded");
@@ -472,14 +478,8 @@ END_TEST
 /* A broken entry that holds directories (and a link out of it) is removed whole and
  * rebuilt, not "Directory not empty" on every run; the link is removed, never followed. */
 START_TEST(entry_with_subdirectory_rebuilt) {
-  base_ckpt();
   const char *cache = getenv("CAVS_CACHE");
-  sh("rm -rf \"$CAVS_CACHE\"");
-  RunResult r = eval_base();
-  ok(&r, "eval");
-  char *good = strdup(r.out);
-  tu_free(&r);
-  char *entry = entry_dir(cache), cmd[16384];
+  char *good, *entry = fresh_entry(&good), cmd[16384];
   mkdir(path_in("outside"), 0700);
   tu_write(path_in("outside/kept"), "kept\n", 5);
   snprintf(cmd, sizeof cmd,
@@ -487,7 +487,7 @@ START_TEST(entry_with_subdirectory_rebuilt) {
            "ln -s '%s' '%s/sub/out' && ln -s '%s' '%s/sub/deeper/outfile'",
            entry, entry, entry, path_in("outside"), entry, path_in("outside/kept"), entry);
   sh(cmd);
-  r = eval_base();
+  RunResult r = eval_base();
   ok(&r, "eval with a subdirectory in the broken entry");
   same_eval(r.out, good);
   tu_free(&r);
@@ -543,12 +543,10 @@ static bool in_cache(const char *name) {
  * build under way) stays until that process lets go, and so does everything that is not
  * a build directory of ours: another name, a file, a link, another user's directory. */
 START_TEST(abandoned_builds_removed) {
-  base_ckpt();
   const char *cache = getenv("CAVS_CACHE");
-  sh("rm -rf \"$CAVS_CACHE\"");
-  RunResult r = eval_base();
-  ok(&r, "eval");
-  tu_free(&r);
+  char *good;
+  free(fresh_entry(&good));
+  free(good);
   mkdir(path_in("elsewhere"), 0700);
   tu_write(path_in("elsewhere/kept"), "kept\n", 5);
   char cmd[16384];
