@@ -8,8 +8,10 @@
  * Loading native code is where an attacker on the same machine would aim, so nothing in
  * the cache is trusted until checked (docs/DESIGN.md, "Untrusted input"):
  *   - the cache directory is a real directory (not a symbolic link), owned by the user
- *     running cavs and writable by nobody else, created 0700; its ancestors are owned by
- *     root or the user and not writable by others unless sticky (as /tmp is);
+ *     running cavs and writable by nobody else, created 0700; the directories on the way
+ *     to it are owned by root or the user and not writable by others unless sticky (as
+ *     /tmp is), and so are the symbolic links on the way (whose owner could point them
+ *     elsewhere);
  *   - entries and their files are opened without following symbolic links and checked
  *     the same way (owner, mode, a regular file);
  *   - each entry records the SHA-256 of its object, and the bytes that are hashed are the
@@ -33,11 +35,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define META_MAGIC "cavs cache entry 1"
+
+static _Noreturn void out_of_memory(void) {
+  fputs("cavs: out of memory\n", stderr);
+  exit(2);
+}
 
 static char *fmt(const char *f, ...) {
   va_list ap;
@@ -45,10 +54,7 @@ static char *fmt(const char *f, ...) {
   char *s = NULL;
   if (vasprintf(&s, f, ap) < 0) s = NULL;
   va_end(ap);
-  if (!s) {
-    fputs("cavs: out of memory\n", stderr);
-    exit(2);
-  }
+  if (!s) out_of_memory();
   return s;
 }
 
@@ -103,8 +109,10 @@ static void hash_path(struct sha256_ctx *c, const char *path) {
   free(data);
 }
 
+static void hash_native(struct sha256_ctx *key, const CacheReq *q);
+
 /* The key: the source, the versions of everything that turns it into code, cavsc's
- * precision, and the C compiler and its flags. */
+ * precision, the C compiler and its flags, and the CPU that -march=native means here. */
 static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   struct sha256_ctx c;
   sha256_init(&c);
@@ -118,6 +126,7 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
   hash_field(&c, abl, strlen(abl));
   hash_field(&c, q->cc, strlen(q->cc));
   for (int i = 0; i < q->ncflags; i++) hash_field(&c, q->cflags[i], strlen(q->cflags[i]));
+  hash_native(&c, q);
   /* a rebuilt compiler or runtime header (same version, in a development tree) must not
      reuse an old build: cavs_abi.h is what the generated code includes */
   for (int i = 0; i < 2; i++) {
@@ -148,9 +157,10 @@ static void cache_key(const CacheReq *q, char out[2 * SHA256_DIGEST_SIZE + 1]) {
 
 /* ---- running the compilers ---- */
 
-/* Runs argv with `in` on its standard input (or /dev/null), its stderr into `errfile`
- * when given; returns its exit status, 128 + signal, or -1 if it could not start. */
-static int run(char *const argv[], const char *in, size_t inlen, const char *errfile) {
+/* Runs argv with `in` on its standard input (or nothing), its standard output and error
+ * into the descriptor `out` when there is one (else cavs's own); returns its exit status,
+ * 128 + signal, or -1 if it could not start. */
+static int run(char *const argv[], const char *in, size_t inlen, int out) {
   int p[2] = {-1, -1};
   if (pipe2(p, O_CLOEXEC)) return -1;
   pid_t pid = fork();
@@ -161,9 +171,9 @@ static int run(char *const argv[], const char *in, size_t inlen, const char *err
   }
   if (pid == 0) {
     dup2(p[0], 0);
-    if (errfile) {
-      int e = open(errfile, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (e >= 0) dup2(e, 2);
+    if (out >= 0) {
+      dup2(out, 1);
+      dup2(out, 2);
     }
     execvp(argv[0], argv);
     _exit(127); /* the parent says what could not run */
@@ -186,7 +196,7 @@ static int run(char *const argv[], const char *in, size_t inlen, const char *err
 
 int cache_check_source(const CacheReq *q, char *err, size_t errlen) {
   char *argv[] = {(char *)q->cavsc, "--check", "--source-name", (char *)q->name, "-", NULL};
-  int st = run(argv, q->text, q->len, NULL);
+  int st = run(argv, q->text, q->len, -1);
   if (st == 0) return 0;
   if (st == 1) {
     *err = 0;
@@ -195,6 +205,91 @@ int cache_check_source(const CacheReq *q, char *err, size_t errlen) {
   if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
   else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
   return 2;
+}
+
+/* ---- the CPU a -march=native build is for ---- */
+
+/* Whether the flag has the compiler build for the CPU it runs on. */
+static bool native_flag(const char *f) {
+  return !strcmp(f, "-march=native") || !strcmp(f, "-mcpu=native") || !strcmp(f, "-mtune=native");
+}
+
+/* Whether a word of the compiler driver's -### output names the CPU or one of its
+ * features: gcc's -m options (-march=znver3 -mavx512f -mno-xop ... -mtune=znver3), and
+ * the word after clang's -target-cpu, -tune-cpu and -target-feature (+avx512f). Paths,
+ * versions and the working directory are left out: they are not the CPU's. */
+static bool cpu_word(const char *w, const char *prev) {
+  return !strncmp(w, "-m", 2) || (prev && (!strcmp(prev, "-target-cpu") || !strcmp(prev, "-tune-cpu") ||
+                                           !strcmp(prev, "-target-feature")));
+}
+
+static int cmp_words(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Runs argv, a compiler driver asked what it would pass on (-###), and hashes into out
+ * its exit status and the CPU words (cpu_word) of what it prints, sorted: the order is
+ * nothing the drivers promise. */
+static void hash_cpu_words(char *const argv[], unsigned char out[SHA256_DIGEST_SIZE]) {
+  int fd = memfd_create("cavs-native", MFD_CLOEXEC);
+  int st = fd >= 0 ? run(argv, NULL, 0, fd) : -1;
+  size_t n = 0;
+  unsigned char *said = fd >= 0 && lseek(fd, 0, SEEK_SET) == 0 ? read_fd(fd, (size_t)1 << 20, &n) : NULL;
+  if (fd >= 0) close(fd);
+  char *text = fmt("%.*s", said ? (int)n : 0, said ? (const char *)said : "");
+  free(said);
+  char **words = malloc(sizeof *words * (strlen(text) / 2 + 1)), *prev = NULL;
+  if (!words) out_of_memory();
+  size_t nw = 0;
+  for (char *save = NULL, *w = strtok_r(text, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+    size_t len = strlen(w);
+    if (len >= 2 && w[0] == '"' && w[len - 1] == '"') w[len - 1] = 0, w++; /* gcc and clang quote some */
+    if (cpu_word(w, prev)) words[nw++] = w;
+    prev = w;
+  }
+  if (nw) qsort(words, nw, sizeof *words, cmp_words);
+  struct sha256_ctx c;
+  sha256_init(&c);
+  char status[32];
+  snprintf(status, sizeof status, "native: status %d", st);
+  hash_field(&c, status, strlen(status));
+  for (size_t i = 0; i < nw; i++) hash_field(&c, words[i], strlen(words[i]));
+  sha256_digest(&c, SHA256_DIGEST_SIZE, out);
+  free(words);
+  free(text);
+}
+
+/* What the native flags among the request's mean on this machine, hashed into the key:
+ * a cache in a home directory shared by machines of different CPUs (a cluster) must not
+ * load one's AVX-512 code on another without it. The compiler driver expands
+ * -march=native itself, so `cc FLAGS -### -E -x c /dev/null` says what it would pass on
+ * (gcc and clang alike: the -m options, or -target-cpu and -target-feature), running
+ * no compiler pass. Asked once a run for a given compiler and flags. Nothing is added
+ * when no flag is native (nvcc's, for one). */
+static void hash_native(struct sha256_ctx *key, const CacheReq *q) {
+  static unsigned char memo_in[SHA256_DIGEST_SIZE], memo_out[SHA256_DIGEST_SIZE];
+  static bool memo;
+  char **argv = malloc(sizeof *argv * ((size_t)q->ncflags + 7));
+  if (!argv) out_of_memory();
+  int k = 0;
+  argv[k++] = (char *)q->cc;
+  for (int i = 0; i < q->ncflags; i++)
+    if (native_flag(q->cflags[i])) argv[k++] = (char *)q->cflags[i];
+  if (k > 1) {
+    const char *probe[] = {"-###", "-E", "-x", "c", "/dev/null"};
+    for (int i = 0; i < 5; i++) argv[k++] = (char *)probe[i];
+    argv[k] = NULL;
+    unsigned char in[SHA256_DIGEST_SIZE];
+    struct sha256_ctx c;
+    sha256_init(&c);
+    for (int i = 0; i < k; i++) hash_field(&c, argv[i], strlen(argv[i]));
+    sha256_digest(&c, sizeof in, in);
+    if (!memo || memcmp(in, memo_in, sizeof in)) {
+      hash_cpu_words(argv, memo_out);
+      memcpy(memo_in, in, sizeof in);
+      memo = true;
+    }
+    hash_field(key, memo_out, sizeof memo_out);
+  }
+  free(argv);
 }
 
 /* ---- checking what is on disk ---- */
@@ -218,39 +313,108 @@ static int check_owner(const struct stat *st, const char *path, const char *what
   return 0;
 }
 
-/* Every directory above `path` (resolved) is owned by root or by us, and not writable by
- * others unless it is sticky: nobody else can rename the cache away and put theirs in
- * its place. */
-static int check_ancestors(const char *path, char *err, size_t errlen) {
-  char *real = realpath(path, NULL);
-  if (!real) {
-    snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(errno));
+/* A directory on the way to the cache `path`: owned by root or by us, and not writable by
+ * others unless it is sticky (as /tmp is). */
+static int check_above(const char *path, const char *dir, const struct stat *st, char *err, size_t errlen) {
+  if (st->st_uid != 0 && st->st_uid != geteuid()) {
+    snprintf(err, errlen,
+             "refusing to use the cache '%s': the directory above it, '%s', belongs to user %ld; "
+             "set CAVS_CACHE to a directory of your own",
+             path, dir, (long)st->st_uid);
     return -1;
   }
-  int rc = 0;
-  for (char *slash = strrchr(real, '/'); slash && rc == 0; slash = strrchr(real, '/')) {
-    *slash = 0;
-    const char *dir = *real ? real : "/";
-    struct stat st;
-    if (stat(dir, &st)) {
-      snprintf(err, errlen, "cannot inspect '%s': %s", dir, strerror(errno));
-      rc = -1;
-    } else if (st.st_uid != 0 && st.st_uid != geteuid()) {
-      snprintf(err, errlen,
-               "refusing to use the cache '%s': the directory above it, '%s', belongs to user %ld; "
-               "set CAVS_CACHE to a directory of your own",
-               path, dir, (long)st.st_uid);
-      rc = -1;
-    } else if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
-      snprintf(err, errlen,
-               "refusing to use the cache '%s': the directory above it, '%s', is writable by others "
-               "(mode %04o); set CAVS_CACHE to a directory of your own",
-               path, dir, (unsigned)(st.st_mode & 07777));
-      rc = -1;
-    }
-    if (!*real) break;
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !(st->st_mode & S_ISVTX)) {
+    snprintf(err, errlen,
+             "refusing to use the cache '%s': the directory above it, '%s', is writable by others "
+             "(mode %04o); set CAVS_CACHE to a directory of your own",
+             path, dir, (unsigned)(st->st_mode & 07777));
+    return -1;
   }
-  free(real);
+  return 0;
+}
+
+/* Nobody else can rename the cache away, or point the way to it elsewhere, and put theirs
+ * in its place. The directories above `path` are resolved here as the kernel resolves
+ * them, a component at a time from the working directory or /: every symbolic link met,
+ * in the path as given or in a link's target, must belong to root or to us (its owner can
+ * replace it by another whenever they like), and every directory passed through
+ * (check_above) is checked, those that hold a link included, the resolved ancestors
+ * among them. The last component is the cache itself, which open_root checks. */
+static int check_ancestors(const char *path, char *err, size_t errlen) {
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/') n--;
+  while (n > 0 && path[n - 1] != '/') n--;
+  char *rest; /* what is left to resolve */
+  if (*path == '/') {
+    rest = fmt("%.*s", (int)n, path);
+  } else {
+    char *cwd = getcwd(NULL, 0);
+    if (!cwd) {
+      snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(errno));
+      return -1;
+    }
+    rest = fmt("%s/%.*s", cwd, (int)n, path);
+    free(cwd);
+  }
+  char *done = fmt("%s", ""); /* the directories resolved so far; "" is / */
+  struct stat st;
+  int rc = 0, links = 0;
+  if (stat("/", &st)) {
+    snprintf(err, errlen, "cannot inspect '/': %s", strerror(errno));
+    rc = -1;
+  } else {
+    rc = check_above(path, "/", &st, err, errlen);
+  }
+  for (const char *p = rest; rc == 0;) {
+    while (*p == '/') p++;
+    if (!*p) break;
+    size_t len = strcspn(p, "/");
+    char *next = fmt("%s/%.*s", done, (int)len, p);
+    p += len;
+    if (!strcmp(next + strlen(done), "/.")) {
+      free(next);
+    } else if (!strcmp(next + strlen(done), "/..")) {
+      free(next);
+      char *up = strrchr(done, '/');
+      if (up) *up = 0;
+    } else if (lstat(next, &st)) {
+      snprintf(err, errlen, "cannot inspect '%s': %s", next, strerror(errno));
+      free(next);
+      rc = -1;
+    } else if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX + 1];
+      ssize_t tlen = -1;
+      if (st.st_uid != 0 && st.st_uid != geteuid())
+        snprintf(err, errlen,
+                 "refusing to use the cache '%s': the way to it goes through '%s', a symbolic link of user %ld "
+                 "(who can point it elsewhere); set CAVS_CACHE to a directory of your own",
+                 path, next, (long)st.st_uid);
+      else if (++links > 40)
+        snprintf(err, errlen, "cannot resolve the cache directory '%s': %s", path, strerror(ELOOP));
+      else if ((tlen = readlink(next, target, sizeof target - 1)) < 0)
+        snprintf(err, errlen, "cannot read the symbolic link '%s': %s", next, strerror(errno));
+      free(next);
+      if (tlen < 0) {
+        rc = -1;
+        break;
+      }
+      target[tlen] = 0;
+      char *more = fmt("%s/%s", target, p);
+      free(rest);
+      p = rest = more;
+      if (*target == '/') *done = 0;
+    } else if (!S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "cannot use the cache directory '%s': '%s' is not a directory", path, next);
+      free(next);
+      rc = -1;
+    } else {
+      rc = check_above(path, next, &st, err, errlen);
+      free(done);
+      done = next;
+    }
+  }
+  free(rest);
+  free(done);
   return rc;
 }
 
@@ -303,23 +467,75 @@ static int open_root(const char *root, char *err, size_t errlen) {
   return check_ancestors(root, err, errlen);
 }
 
-/* Removes a cache entry or a build directory: the files in it, then itself. Entries hold
- * files only; anything else makes this fail. */
-static int remove_dir(const char *path) {
-  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) return errno == ENOENT ? 0 : -1;
+/* Removes what the directory open as `dfd` (named `path` in messages; the descriptor is
+ * closed) holds: files, symbolic links (never what they point to) and, `depth` levels
+ * deep at most, directories, each opened without following links and emptied first.
+ * Everything must be ours: what belongs to someone else is left, and named in err. */
+static int empty_dir(int dfd, const char *path, int depth, char *err, size_t errlen) {
   DIR *d = fdopendir(dfd);
   if (!d) {
+    snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     close(dfd);
     return -1;
   }
   int rc = 0;
   struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && unlinkat(dfd, e->d_name, 0)) rc = -1;
+  while (rc == 0 && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char *sub = fmt("%s/%s", path, e->d_name);
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW)) {
+      snprintf(err, errlen, "cannot inspect '%s': %s", sub, strerror(errno));
+      rc = -1;
+    } else if (st.st_uid != geteuid()) {
+      snprintf(err, errlen, "'%s' belongs to user %ld, not to you", sub, (long)st.st_uid);
+      rc = -1;
+    } else if (!S_ISDIR(st.st_mode)) {
+      if (unlinkat(dirfd(d), e->d_name, 0)) {
+        snprintf(err, errlen, "cannot remove '%s': %s", sub, strerror(errno));
+        rc = -1;
+      }
+    } else if (depth <= 0) {
+      snprintf(err, errlen, "cannot remove '%s': directories nested too deep", sub);
+      rc = -1;
+    } else {
+      int sfd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sfd < 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", sub, strerror(errno));
+        rc = -1;
+      } else if ((rc = empty_dir(sfd, sub, depth - 1, err, errlen)) == 0 &&
+                 unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR)) {
+        snprintf(err, errlen, "cannot remove '%s': %s", sub, strerror(errno));
+        rc = -1;
+      }
+    }
+    free(sub);
+  }
   closedir(d);
-  if (rmdir(path) && errno != ENOENT) rc = -1;
   return rc;
+}
+
+/* Removes a directory of ours and what it holds (empty_dir): a broken entry, a build
+ * directory. 0 when it is gone (or was never there), else -1 with the reason in err. */
+static int remove_tree(const char *path, char *err, size_t errlen) {
+  int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT) return 0;
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(dfd, &st) || st.st_uid != geteuid()) {
+    snprintf(err, errlen, "'%s' is not a directory of yours", path);
+    close(dfd);
+    return -1;
+  }
+  if (empty_dir(dfd, path, 16, err, errlen)) return -1;
+  if (rmdir(path) && errno != ENOENT) {
+    snprintf(err, errlen, "cannot remove '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
 }
 
 /* Opens `name` in the entry without following links and checks it is a regular file of
@@ -481,7 +697,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   if (q->ablations & 4) argv1[k++] = "--no-homes";
   argv1[k++] = "-";
   argv1[k] = NULL;
-  int st = run(argv1, q->text, q->len, NULL);
+  int st = run(argv1, q->text, q->len, -1);
   if (st != 0) {
     if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
     else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
@@ -517,7 +733,9 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
     argv2[k++] = "-o";
     argv2[k++] = tso;
     argv2[k] = NULL;
-    st = run(argv2, NULL, 0, ccerr);
+    int efd = open(ccerr, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    st = run(argv2, NULL, 0, efd);
+    if (efd >= 0) close(efd);
     if (st != 0) {
       if (st == 127 || st < 0) {
         snprintf(err, errlen, "cannot run the %s compiler '%s'; set %s to one", cuda ? "CUDA" : "C", q->cc,
@@ -565,7 +783,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   *err = 0;
   *model = NULL;
   int rc = 1;
-  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL;
+  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL, why[512];
   for (char *s = *p ? p + 1 : p;; s++) {
     if (*s && *s != '/') continue;
     char c = *s;
@@ -604,7 +822,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     name = NULL;
   }
 out:
-  if (tmp) remove_dir(tmp);
+  if (tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
   if (rc && made) unmake_dirs(dir, made);
   free(p);
   free(made);
@@ -613,15 +831,101 @@ out:
   return rc;
 }
 
-/* Builds into a fresh directory beside the entry and renames it into place. */
-static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
-  char *tmp = fmt("%s/build-XXXXXX", root);
-  if (!mkdtemp(tmp)) {
-    snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
-    free(tmp);
-    return 1;
+/* ---- build directories ----
+ *
+ * An entry is built in root/build-XXXXXX (mkdtemp) and renamed into place, so a build
+ * killed midway leaves its directory behind. Its builder holds an flock on the directory
+ * (an open descriptor of it) from just after mkdtemp until it is done, and the kernel
+ * lets go of it when the process ends, however it ends. sweep_builds removes a build
+ * directory only while holding that lock itself: never one whose builder is alive.
+ * Between its mkdtemp and its builder's flock a directory is not locked yet, and a sweep
+ * may remove it then; so the builder, once it holds the lock, checks that the name still
+ * leads to the directory it locked, and makes another when it does not (lock_build_dir).
+ * A sweep that locked it first removed it before letting go, so the builder sees it gone;
+ * from then on the lock keeps every sweep out. Abandoned is proved by the lock alone: no
+ * age, no clock. */
+
+/* Whether `name` is one that mkdtemp makes of "build-XXXXXX". */
+static bool build_name(const char *name) {
+  static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  return !strncmp(name, "build-", 6) && strlen(name) == 12 && strspn(name + 6, alnum) == 6;
+}
+
+/* Whether the descriptor and the name in dfd are the same file, a link not followed. */
+static bool same_file(int fd, int dfd, const char *name) {
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && fstatat(dfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+/* Removes the build directories in root that no process holds, and nothing else: only a
+ * directory (not a link) of ours named as mkdtemp names them, emptied (empty_dir) and
+ * removed while this process holds its lock. What cannot be removed is left. */
+static void sweep_builds(const char *root) {
+  DIR *d = opendir(root);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!build_name(e->d_name)) continue;
+    int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), fd2 = -1;
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+        same_file(fd, dirfd(d), e->d_name) && (fd2 = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+      char *path = fmt("%s/%s", root, e->d_name), why[512];
+      /* empty_dir closes the descriptor it is given; `fd` keeps the lock until the end */
+      if (empty_dir(fd2, path, 16, why, sizeof why) == 0) unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+      free(path);
+    }
+    if (fd >= 0) close(fd);
   }
-  char *name = NULL, *tso = NULL, *metap = NULL;
+  closedir(d);
+}
+
+/* Makes root/build-XXXXXX and locks it (see above): returns the descriptor that holds the
+ * lock and sets *tmp to the directory's name, or returns -1 with the message in err. */
+static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen) {
+  for (int attempt = 0; attempt < 8; attempt++) {
+    char *t = fmt("%s/build-XXXXXX", root);
+    if (!mkdtemp(t)) {
+      snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
+      free(t);
+      return -1;
+    }
+    int fd = open(t, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), locked = -1;
+    if (fd < 0 && errno != ENOENT) {
+      snprintf(err, errlen, "cannot open '%s': %s", t, strerror(errno));
+      free(t);
+      return -1;
+    }
+    while (fd >= 0 && (locked = flock(fd, LOCK_EX)) != 0 && errno == EINTR) continue;
+    if (fd >= 0 && locked != 0) {
+      snprintf(err, errlen, "cannot lock '%s': %s", t, strerror(errno));
+      close(fd);
+      rmdir(t);
+      free(t);
+      return -1;
+    }
+    if (fd >= 0 && same_file(fd, AT_FDCWD, t)) {
+      *tmp = t;
+      return fd;
+    }
+    /* a sweep removed it before it was locked: another */
+    if (fd >= 0) close(fd);
+    free(t);
+  }
+  snprintf(err, errlen, "cannot keep a build directory in '%s': each one made was removed at once", root);
+  return -1;
+}
+
+/* Builds into a fresh directory beside the entry and renames it into place; first removes
+ * the build directories that builds killed midway left (sweep_builds). */
+static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
+  sweep_builds(root);
+  char *tmp = NULL;
+  int lock = lock_build_dir(root, &tmp, err, errlen);
+  if (lock < 0) return 1;
+  char *name = NULL, *tso = NULL, *metap = NULL, why[512];
+  bool published = false;
   int rc = cache_compile(q, tmp, true, &name, err, errlen);
   if (rc) goto out;
   rc = 2;
@@ -655,10 +959,13 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     goto out;
   }
   /* publish the whole directory at once; if another process won the race, keep its */
-  rename(tmp, dir);
+  published = rename(tmp, dir) == 0;
   rc = 0;
 out:
-  remove_dir(tmp); /* nothing left when the rename happened */
+  /* err says what failed; a directory left behind is not worth more. Removed before the
+     lock is let go, and only when it was not renamed: the name may be another's by now */
+  if (!published) remove_tree(tmp, why, sizeof why);
+  close(lock);
   free(tmp);
   free(name);
   free(tso);
@@ -688,8 +995,9 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
       break;
     }
     if (e == ENTRY_FAILED) break;
-    if (e == ENTRY_BROKEN && remove_dir(dir)) {
-      snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, strerror(errno));
+    char why[1024];
+    if (e == ENTRY_BROKEN && remove_tree(dir, why, sizeof why)) {
+      snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, why);
       break;
     }
     rc = build(q, root, dir, err, errlen);

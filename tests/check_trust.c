@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
+#include <sys/file.h>
 
 static void sh(const char *cmd) {
   char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
@@ -467,6 +468,67 @@ START_TEST(unsafe_cache_refused) {
 }
 END_TEST
 
+/* eval of the base checkpoint with the cache at `cache`: its exit status, and its
+ * message must hold `msg` (when set). */
+static void eval_cache_at(const char *cache, int status, const char *msg) {
+  char env[4500];
+  snprintf(env, sizeof env, "CAVS_CACHE=%s", cache);
+  char *e1[] = {env, NULL};
+  RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == status && (!msg || strstr(r.err, msg)), "CAVS_CACHE=%s: exit %d, expected %d%s%s:\n%s",
+                cache, r.status, status, msg ? " and " : "", msg ? msg : "", tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+
+/* A symbolic link on the way to the cache is followed each time the cache is opened, and
+ * whoever owns it can point it elsewhere whenever they like: a link of another user's is
+ * refused wherever it is met (in the path as given, or in the target of a link of ours),
+ * and so is a directory of theirs holding a link of ours; a link of our own is followed.
+ * Only root can make a link that belongs to someone else (lchown). */
+START_TEST(foreign_link_above_cache_refused) {
+  base_ckpt();
+  char real[4400], mine[4400], cache[4600];
+  snprintf(real, sizeof real, "%s", path_in("real"));
+  snprintf(mine, sizeof mine, "%s", path_in("mine"));
+  ck_assert(mkdir(real, 0700) == 0 && symlink(real, mine) == 0);
+  snprintf(cache, sizeof cache, "%s/cache", mine);
+  eval_cache_at(cache, 0, NULL);
+  if (geteuid() != 0) {
+    fprintf(stderr, "foreign_link_above_cache_refused: not root, the links of another user are skipped\n");
+    return;
+  }
+  char theirs[4400], via[4400], foreign[4400], held[4500];
+  snprintf(theirs, sizeof theirs, "%s", path_in("theirs"));
+  snprintf(via, sizeof via, "%s", path_in("via-theirs"));
+  snprintf(foreign, sizeof foreign, "%s", path_in("foreign"));
+  snprintf(held, sizeof held, "%s/link", foreign);
+  ck_assert(symlink(real, theirs) == 0 && lchown(theirs, 65534, 65534) == 0);
+  ck_assert(symlink(theirs, via) == 0);
+  ck_assert(mkdir(foreign, 0755) == 0 && symlink(real, held) == 0 && chown(foreign, 65534, 65534) == 0);
+  snprintf(cache, sizeof cache, "%s/cache", theirs);
+  eval_cache_at(cache, 1, "a symbolic link of user 65534");
+  snprintf(cache, sizeof cache, "%s/cache", via);
+  eval_cache_at(cache, 1, "a symbolic link of user 65534");
+  snprintf(cache, sizeof cache, "%s/cache", held);
+  eval_cache_at(cache, 1, "belongs to user 65534");
+  /* the cache itself is still ours and usable through a path of our own */
+  snprintf(cache, sizeof cache, "%s/cache", real);
+  eval_cache_at(cache, 0, NULL);
+}
+END_TEST
+
+/* A fresh cache holding the base checkpoint's model alone: the path of its entry
+ * (malloc'ed), and eval's output in *good. */
+static char *fresh_entry(char **good) {
+  base_ckpt();
+  sh("rm -rf \"$CAVS_CACHE\"");
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  *good = strdup(r.out);
+  tu_free(&r);
+  return entry_dir(getenv("CAVS_CACHE"));
+}
+
 /* Two eval outputs agree but for the speed at the end. */
 static void same_eval(const char *a, const char *b) {
   const char *ea = strstr(a, "roots)"), *eb = strstr(b, "roots)");
@@ -477,14 +539,8 @@ static void same_eval(const char *a, const char *b) {
  * recorded when it was built, so the entry is rebuilt. A deleted or truncated object is
  * rebuilt too, not an error forever. */
 START_TEST(planted_or_broken_object_rebuilt) {
-  base_ckpt();
   const char *cache = getenv("CAVS_CACHE");
-  sh("rm -rf \"$CAVS_CACHE\"");
-  RunResult r = eval_base();
-  ok(&r, "eval");
-  char *good = strdup(r.out);
-  tu_free(&r);
-  char *entry = entry_dir(cache), cmd[16384];
+  char *good, *entry = fresh_entry(&good), cmd[16384];
   /* a shared object whose constructor leaves a mark */
   tu_write(path_in("plant.c"), "", 0);
   FILE *f = fopen(path_in("plant.c"), "w");
@@ -493,7 +549,7 @@ START_TEST(planted_or_broken_object_rebuilt) {
   fclose(f);
   snprintf(cmd, sizeof cmd, "%s -shared -fPIC -o '%s/model.so' '%s'", tu_env("CC", "cc"), entry, path_in("plant.c"));
   sh(cmd);
-  r = eval_base();
+  RunResult r = eval_base();
   ok(&r, "eval with a planted object");
   same_eval(r.out, good);
   ck_assert_msg(access(path_in("PLANTED"), F_OK) != 0, "the planted object was loaded");
@@ -511,6 +567,108 @@ START_TEST(planted_or_broken_object_rebuilt) {
   ck_assert_int_eq(entries(cache), 1); /* rebuilt in place, no leftovers */
   free(entry);
   free(good);
+}
+END_TEST
+
+/* A broken entry that holds directories (and a link out of it) is removed whole and
+ * rebuilt, not "Directory not empty" on every run; the link is removed, never followed. */
+START_TEST(entry_with_subdirectory_rebuilt) {
+  const char *cache = getenv("CAVS_CACHE");
+  char *good, *entry = fresh_entry(&good), cmd[16384];
+  mkdir(path_in("outside"), 0700);
+  tu_write(path_in("outside/kept"), "kept\n", 5);
+  snprintf(cmd, sizeof cmd,
+           "rm '%s/model.so' && mkdir -p '%s/sub/deeper' && echo x > '%s/sub/deeper/file' && "
+           "ln -s '%s' '%s/sub/out' && ln -s '%s' '%s/sub/deeper/outfile'",
+           entry, entry, entry, path_in("outside"), entry, path_in("outside/kept"), entry);
+  sh(cmd);
+  RunResult r = eval_base();
+  ok(&r, "eval with a subdirectory in the broken entry");
+  same_eval(r.out, good);
+  tu_free(&r);
+  ck_assert_int_eq(entries(cache), 1);
+  snprintf(cmd, sizeof cmd, "%s/sub", entry);
+  ck_assert_msg(access(cmd, F_OK) != 0, "the entry was not rebuilt afresh");
+  char *kept = tu_slurp(path_in("outside/kept"), NULL);
+  ck_assert_msg(kept && !strcmp(kept, "kept\n"), "a link in the entry was followed");
+  free(kept);
+  /* what is not ours is left, and named (only root can give a file away) */
+  if (geteuid() == 0) {
+    snprintf(cmd, sizeof cmd, "rm '%s/model.so' && mkdir '%s/sub' && echo x > '%s/sub/theirs' && chown 65534 '%s/sub/theirs'",
+             entry, entry, entry, entry);
+    sh(cmd);
+    r = eval_base();
+    ck_assert_msg(r.status == 2 && strstr(r.err, "cannot remove the broken cache entry") &&
+                      strstr(r.err, "/sub/theirs' belongs to user 65534"),
+                  "exit %d: %s", r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+    snprintf(cmd, sizeof cmd, "%s/sub/theirs", entry);
+    ck_assert_msg(access(cmd, F_OK) == 0, "another user's file was removed");
+    ck_assert(chown(cmd, 0, 0) == 0);
+    r = eval_base();
+    ok(&r, "eval once the file is ours");
+    tu_free(&r);
+  }
+  free(entry);
+  free(good);
+}
+END_TEST
+
+/* eval of the base checkpoint with `flag` added to the model's compiler flags: a build
+ * of a new cache entry. */
+static void eval_building(const char *flag) {
+  char more[4096];
+  snprintf(more, sizeof more, "CAVS_MODEL_CFLAGS=%s %s", tu_env("CAVS_MODEL_CFLAGS", ""), flag);
+  char *e1[] = {more, NULL};
+  RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  ok(&r, flag);
+  tu_free(&r);
+}
+
+/* Whether `name` is in the cache (not followed when a link). */
+static bool in_cache(const char *name) {
+  char p[4500];
+  snprintf(p, sizeof p, "%s/%s", getenv("CAVS_CACHE"), name);
+  struct stat st;
+  return lstat(p, &st) == 0;
+}
+
+/* A build killed midway leaves its build-XXXXXX directory; the next build of an entry
+ * removes it, since no process holds its lock. One whose lock a live process holds (a
+ * build under way) stays until that process lets go, and so does everything that is not
+ * a build directory of ours: another name, a file, a link, another user's directory. */
+START_TEST(abandoned_builds_removed) {
+  const char *cache = getenv("CAVS_CACHE");
+  char *good;
+  free(fresh_entry(&good));
+  free(good);
+  mkdir(path_in("elsewhere"), 0700);
+  tu_write(path_in("elsewhere/kept"), "kept\n", 5);
+  char cmd[16384];
+  snprintf(cmd, sizeof cmd,
+           "cd \"$CAVS_CACHE\" && mkdir build-Kill01 build-Kill02 build-Live01 build-longername build-Ab.d01 && "
+           "echo 'int x;' > build-Kill01/treelstm.c && echo x > build-Kill01/treelstm.h && "
+           "echo partial > build-Kill01/model.so && : > build-Kill01/cc.err && mkdir build-Kill02/sub && "
+           "echo x > build-Live01/treelstm.c && echo x > build-File01 && ln -s '%s' build-Link01",
+           path_in("elsewhere"));
+  sh(cmd);
+  char live[4500];
+  snprintf(live, sizeof live, "%s/build-Live01", cache);
+  int lock = open(live, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ck_assert(lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0);
+  if (geteuid() == 0) sh("cd \"$CAVS_CACHE\" && mkdir build-Them01 && echo x > build-Them01/f && chown -R 65534 build-Them01");
+  eval_building("-DCAVS_TEST_ABANDONED_1");
+  ck_assert_msg(!in_cache("build-Kill01") && !in_cache("build-Kill02"), "an abandoned build directory was left");
+  const char *stay[] = {"build-Live01/treelstm.c", "build-longername", "build-Ab.d01", "build-File01", "build-Link01",
+                        "build-Them01/f"};
+  for (size_t i = 0; i < sizeof stay / sizeof *stay - (geteuid() != 0); i++)
+    ck_assert_msg(in_cache(stay[i]), "%s was removed", stay[i]);
+  ck_assert(access(path_in("elsewhere/kept"), F_OK) == 0);
+  /* its builder gone, the locked one goes at the next build */
+  close(lock);
+  eval_building("-DCAVS_TEST_ABANDONED_2");
+  ck_assert_msg(!in_cache("build-Live01"), "a build directory nobody holds was left");
+  sh("cd \"$CAVS_CACHE\" && rm -rf build-*");
 }
 END_TEST
 
@@ -538,6 +696,42 @@ START_TEST(model_cflags_in_cache_key) {
   ck_assert_msg(r.status == 2 && strstr(r.err, "the C compiler failed"), "exit %d: %s", r.status, tu_tail(r.err, 1800));
   tu_free(&r);
   ck_assert_int_eq(entries(cache), 2);
+}
+END_TEST
+
+/* Models are compiled -march=native, so the CPU is part of the key: a cache shared by
+ * machines of different CPUs never loads one's code on the other. The second CPU is a C
+ * compiler that, when asked what -march=native means (the driver's -###), answers with
+ * a feature more while the file second-cpu exists, and otherwise is the real one; its
+ * path stays the same, since the compiler's name is in the key too. */
+START_TEST(cpu_in_cache_key) {
+  base_ckpt();
+  const char *cache = getenv("CAVS_CACHE");
+  sh("rm -rf \"$CAVS_CACHE\"");
+  FILE *f = fopen(path_in("cc-two-cpus"), "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f,
+          "#!/bin/sh\n"
+          "case \" $* \" in *\" -### \"*) ;; *) exec %s \"$@\" ;; esac\n"
+          ": > '%s'\n"
+          "%s \"$@\" || exit\n"
+          "if [ -e '%s' ]; then echo ' \"-mfeature-of-the-second-cpu\"' >&2; fi\n",
+          tu_env("CC", "cc"), path_in("asked"), tu_env("CC", "cc"), path_in("second-cpu"));
+  fclose(f);
+  ck_assert(chmod(path_in("cc-two-cpus"), 0755) == 0);
+  char env[4500];
+  snprintf(env, sizeof env, "CC=%s", path_in("cc-two-cpus"));
+  char *e1[] = {env, NULL};
+  for (int run = 0; run < 3; run++) {
+    if (run == 1) tu_write(path_in("second-cpu"), "", 0);
+    if (run == 2) ck_assert(unlink(path_in("second-cpu")) == 0);
+    RunResult r = cavs_env(e1, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+    ok(&r, run == 1 ? "eval on the second CPU" : "eval on the first CPU");
+    tu_free(&r);
+    /* a new entry for the second CPU; the first CPU's reused when back on it */
+    ck_assert_int_eq(entries(cache), (run ? 2 : 1));
+  }
+  ck_assert_msg(access(path_in("asked"), F_OK) == 0, "the compiler was never asked what -march=native means");
 }
 END_TEST
 
@@ -619,8 +813,12 @@ int main(void) {
   tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, crafted_counters_refused);
   tcase_add_test(tc, unsafe_cache_refused);
+  tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
+  tcase_add_test(tc, entry_with_subdirectory_rebuilt);
+  tcase_add_test(tc, abandoned_builds_removed);
   tcase_add_test(tc, model_cflags_in_cache_key);
+  tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
   suite_add_tcase(s, tc);
