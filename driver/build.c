@@ -223,6 +223,7 @@ int cmd_build(int argc, char **argv) {
   if (!text) die(1, "cannot open '%s': %s", model, strerror(errno));
   CacheReq q = cache_req(model, text, len, NULL, target);
   q.precision = prec;
+  q.input = model;
   char err[2048], *name = NULL;
   int rc = cache_build_into(&q, out, !emit_only, &name, err, sizeof err);
   keep(name);

@@ -808,6 +808,17 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   rc = cache_compile(q, tmp, object, &name, err, errlen);
   if (rc) goto out;
   const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
+  /* none of them over the model's own source (a model file named NAME.c, or a link to
+     it), found before any is moved: nothing is half done */
+  struct stat in, out;
+  for (int i = 0; i < (object ? 3 : 2) && !rc && q->input && stat(q->input, &in) == 0; i++) {
+    char *b = fmt(to[i], dir, name, src_ext(q));
+    if (stat(b, &out) == 0 && out.st_dev == in.st_dev && out.st_ino == in.st_ino) {
+      snprintf(err, errlen, "cannot write '%s': it is the model's source, %s", b, q->input);
+      rc = 1;
+    }
+    free(b);
+  }
   for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
     char *a = fmt(from[i], tmp, name, src_ext(q)), *b = fmt(to[i], dir, name, src_ext(q));
     if (rename(a, b)) {

@@ -24,6 +24,8 @@ typedef struct CacheReq {
   size_t len;
   const char *name;    /* what cavsc's messages and the generated code call the source */
   const char *expect;  /* when set, the model must have this name (or nothing is loaded) */
+  const char *input;   /* the file the source was read from, if any: cache_build_into
+                          never writes over it */
 } CacheReq;
 
 /* Where the cache lives: $CAVS_CACHE, $XDG_CACHE_HOME/cavs, $HOME/.cache/cavs, the

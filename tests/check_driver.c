@@ -1151,6 +1151,27 @@ START_TEST(build_into_a_directory) {
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);
   cavs_model_free(m);
+  /* never over the model's own source: a model file named NAME.c (of model NAME), or
+     NAME.h through a link; nothing of the build is left */
+  char *src = tu_slurp(model("treegru.vf"), NULL);
+  mkdir(path_in("own"), 0777);
+  tu_write(path_in("own/treegru.c"), src, strlen(src));
+  for (int i = 0; i < 2; i++) {
+    const char *arg = path_in(i ? "own/link.vf" : "own/treegru.c");
+    if (i) {
+      unlink(path_in("own/treegru.c"));
+      tu_write(path_in("own/treegru.h"), src, strlen(src));
+      ck_assert(symlink(path_in("own/treegru.h"), arg) == 0);
+    }
+    r = cavs("build", arg, "-o", path_in("own"), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "it is the model's source"), "exit %d: %s", r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+    char *now = tu_slurp(path_in(i ? "own/treegru.h" : "own/treegru.c"), NULL);
+    ck_assert_msg(now && !strcmp(now, src), "the model's source was written over");
+    free(now);
+    ck_assert_int_eq(entries(path_in("own")), i ? 2 : 1);
+  }
+  free(src);
   /* --emit-only: the very files cavsc writes, and no object */
   r = cavs("build", "--emit-only", model("treegru.vf"), "-o", path_in("emitted"), NULL);
   ok(&r, "build --emit-only");
