@@ -92,6 +92,25 @@ static double sgemm_rate(int own, int threads) {
   return r;
 }
 
+/* "AuthenticAMD family 25 model 17 (AMD EPYC)": what bench/cpu prints, from
+   /proc/cpuinfo */
+static void cpu_name(char *out, size_t n) {
+  char vendor[64] = "?", family[16] = "?", model[16] = "?", name[128] = "?", line[512];
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  while (f && fgets(line, sizeof line, f)) {
+    char *colon = strchr(line, ':');
+    if (!colon) continue;
+    char *v = colon + 1 + (colon[1] == ' ');
+    v[strcspn(v, "\n")] = 0;
+    if (!strncmp(line, "vendor_id", 9) && *vendor == '?') snprintf(vendor, sizeof vendor, "%s", v);
+    else if (!strncmp(line, "cpu family", 10) && *family == '?') snprintf(family, sizeof family, "%s", v);
+    else if (!strncmp(line, "model\t", 6) && *model == '?') snprintf(model, sizeof model, "%s", v);
+    else if (!strncmp(line, "model name", 10) && *name == '?') snprintf(name, sizeof name, "%s", v);
+  }
+  if (f) fclose(f);
+  snprintf(out, n, "%s family %s model %s (%s)", vendor, family, model, name);
+}
+
 int main(int argc, char **argv) {
   const char *policy = "bfs", *dimset[CAVS_MAX_DIMS];
   int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0, infer = 0, ablate = 0, blas = 0;
@@ -141,6 +160,11 @@ int main(int argc, char **argv) {
   openblas_set_num_threads(threads);
   int own = !blas && cv_sgemm_usable();
   double floor_rate = sgemm_rate(own, threads);
+  /* the floor at one and at two threads too, whatever this run's count: the CPU's own
+     numbers, printed with it on every line */
+  double floor1 = threads == 1 ? floor_rate : sgemm_rate(own, 1), floor2 = threads == 2 ? floor_rate : sgemm_rate(own, 2);
+  char cpu[256];
+  cpu_name(cpu, sizeof cpu);
   long dims[CAVS_MAX_DIMS];
   cavs_dims_default(d, dims);
   for (int k = 0; k < ndimset; k++) {
@@ -222,9 +246,10 @@ int main(int argc, char **argv) {
     for (int j = 0; j < d->ndims; j++) printf(" %s=%ld", d->dims[j].name, dims[j]);
     printf(" threads=%d graphs=%d vertices=%ld load=%.2fs epoch=%.2fs graphs/s=%.0f loss=%.4f acc=%.4f", threads, n,
            vertices, tload, secs, n / secs, loss / batches, count ? (double)correct / (double)count : 0.0);
-    printf(" gemm=%.0f%% gemm_gflops=%.1f overall_gflops=%.1f sgemm_floor=%.1f (%.0f%% of it) products=%s\n",
+    printf(" gemm=%.0f%% gemm_gflops=%.1f overall_gflops=%.1f sgemm_floor=%.1f (%.0f%% of it) products=%s"
+           " cpu=\"%s\" floor_1t=%.1f floor_2t=%.1f\n",
            100 * gsecs / secs, gflops / gsecs / 1e9, gflops / secs / 1e9, floor_rate,
-           100 * gflops / secs / 1e9 / floor_rate, own ? "own" : "blas");
+           100 * gflops / secs / 1e9 / floor_rate, own ? "own" : "blas", cpu, floor1, floor2);
     double other = secs - gsecs - bs.rows_seconds - bs.loop_seconds - bs.zero_seconds - bs.step_seconds -
                    bs.schedule_seconds - bs.grow_seconds;
     struct rusage ru;
