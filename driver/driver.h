@@ -6,6 +6,7 @@
 
 #include "cavs.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -40,6 +41,14 @@ char *fmt(const char *f, ...);
 /* A whole file, NUL-terminated and kept; NULL (errno set) when it cannot be opened. */
 char *slurp(const char *path, size_t *len);
 bool exists(const char *path);
+
+/* JSON (jansson): a real, or null where it is not finite; a value set in an object or
+ * appended to an array (dies when memory ran out); an object written on one line of f
+ * and flushed (and released), or die naming `what`. */
+json_t *json_num(double x);
+void json_set(json_t *obj, const char *key, json_t *v);
+void json_push(json_t *arr, json_t *v);
+void json_write_line(json_t *obj, FILE *f, const char *what);
 
 /* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,
  * none of the n `inputs` (what[i] names each in the message), in a directory that

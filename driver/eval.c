@@ -157,6 +157,35 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   return c;
 }
 
+/* eval --json: one object on one line (jansson) */
+static void print_eval_json(const cavs_desc *d, const Totals *t, double xent) {
+  json_t *o = json_object();
+  json_set(o, "graphs", json_integer(t->graphs));
+  json_set(o, "loss", json_num(total_loss(t)));
+  if (xent >= 0) json_set(o, "perplexity", json_num(exp(xent)));
+  if (has_accuracy(d)) {
+    json_set(o, "accuracy", json_num(ratio(t->correct, t->count)));
+    json_set(o, "vertices", json_integer(t->count));
+    json_set(o, "root_accuracy", json_num(ratio(t->root_correct, t->root_count)));
+    json_set(o, "roots", json_integer(t->root_count));
+    json_t *classes = json_array();
+    for (int k = 0; k < t->classes; k++) {
+      json_t *c = json_object();
+      json_set(c, "count", json_integer(t->class_count[k]));
+      json_set(c, "correct", json_integer(t->class_correct[k]));
+      json_push(classes, c);
+    }
+    json_set(o, "classes", classes);
+  }
+  if (t->nl > 1) {
+    json_t *losses = json_array();
+    for (int l = 0; l < t->nl; l++) json_push(losses, json_num(t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    json_set(o, "losses", losses);
+  }
+  json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
+  json_write_line(o, stdout, "the standard output");
+}
+
 /* predict --value NAME: cavs_model_vertex_value in the shape of the other vectors */
 static const char *value_name;
 static long named_value(cavs_model *m, int g, int v, double *out, long n) {
@@ -194,22 +223,7 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
     for (int l = 0; l < t.nl && xent < 0; l++)
       if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) xent = t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0;
     if (json) {
-      printf("{\"graphs\": %ld, \"loss\": %.6f", t.graphs, total_loss(&t));
-      if (xent >= 0) printf(", \"perplexity\": %.6f", exp(xent));
-      if (has_accuracy(d)) {
-        printf(", \"accuracy\": %.6f, \"vertices\": %ld, \"root_accuracy\": %.6f, \"roots\": %ld",
-               ratio(t.correct, t.count), t.count, ratio(t.root_correct, t.root_count), t.root_count);
-        printf(", \"classes\": [");
-        for (int k = 0; k < t.classes; k++)
-          printf("%s{\"count\": %ld, \"correct\": %ld}", k ? ", " : "", t.class_count[k], t.class_correct[k]);
-        printf("]");
-      }
-      if (t.nl > 1) {
-        printf(", \"losses\": [");
-        for (int l = 0; l < t.nl; l++) printf("%s%.6f", l ? ", " : "", t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0);
-        printf("]");
-      }
-      printf(", \"graphs_per_s\": %.1f}\n", (double)t.graphs / t.secs);
+      print_eval_json(d, &t, xent);
     } else {
       printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
       print_losses(stdout, d, &t);

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include <dlfcn.h>
+#include <jansson.h>
 #include <pty.h>
 
 static void gen_data(void) {
@@ -19,6 +20,22 @@ static void gen_data(void) {
   ok(&r, "gen dev");
   tu_free(&r);
   done = true;
+}
+
+/* A --log file's records, a JSON object a line (jansson, as strictly as it reads any
+ * JSON), in an array. */
+static json_t *log_records(const char *path) {
+  char *text = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(text);
+  json_t *all = json_array();
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    json_error_t e;
+    json_t *rec = json_loads(line, JSON_REJECT_DUPLICATES, &e);
+    ck_assert_msg(json_is_object(rec), "%s: not a JSON object (%s): %s", path, e.text, line);
+    json_array_append_new(all, rec);
+  }
+  free(text);
+  return all;
 }
 
 #define TRAIN(...)                                                                                     \
@@ -44,29 +61,41 @@ START_TEST(train_save_eval_predict) {
   ck_assert_msg(fabs(acc - dev_acc) < 1e-4, "eval says %.4f, training printed %.4f", acc, dev_acc);
   ck_assert_msg(acc > 0.6, "accuracy %.3f after 3 epochs", acc);
   tu_free(&r);
-  /* --json: one object on stdout, the same accuracy, per-class counts that add up */
+  /* --json: one object on stdout, on one line, the same accuracy, per-class counts that
+     add up */
   r = cavs("eval", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--json", NULL);
   ok(&r, "eval --json");
-  ck_assert_msg(r.out[0] == '{' && !strchr(r.out, '\n')[1] && strstr(r.out, "}\n"), "%s", r.out);
-  double jacc = -1;
-  long vertices = -1, sum_count = 0, sum_correct = 0, cnt, cor;
-  ck_assert(sscanf(strstr(r.out, "\"accuracy\": "), "\"accuracy\": %lf", &jacc) == 1);
-  ck_assert(sscanf(strstr(r.out, "\"vertices\": "), "\"vertices\": %ld", &vertices) == 1);
+  ck_assert_msg(r.out[0] == '{' && !strchr(r.out, '\n')[1], "%s", r.out);
+  json_error_t e;
+  json_t *j = json_loads(r.out, JSON_REJECT_DUPLICATES, &e);
+  ck_assert_msg(json_is_object(j), "eval --json: %s\n%s", e.text, r.out);
+  double jacc = json_real_value(json_object_get(j, "accuracy"));
+  long vertices = (long)json_integer_value(json_object_get(j, "vertices")), sum_count = 0, sum_correct = 0;
   ck_assert_msg(fabs(jacc - acc) < 1e-4, "json %.6f, text %.4f", jacc, acc);
-  for (char *p = strstr(r.out, "\"classes\": ["); p && (p = strstr(p, "{\"count\": ")); p++) {
-    ck_assert(sscanf(p, "{\"count\": %ld, \"correct\": %ld}", &cnt, &cor) == 2 && cor <= cnt);
+  size_t k;
+  json_t *c, *classes = json_object_get(j, "classes");
+  ck_assert_int_eq(json_array_size(classes), 5);
+  json_array_foreach(classes, k, c) {
+    long cnt = (long)json_integer_value(json_object_get(c, "count")), cor = (long)json_integer_value(json_object_get(c, "correct"));
+    ck_assert(cor <= cnt);
     sum_count += cnt, sum_correct += cor;
   }
   ck_assert_int_eq(sum_count, vertices);
   ck_assert_msg(labs(sum_correct - lround(jacc * (double)vertices)) <= 1, "%ld of %ld", sum_correct, vertices);
+  json_decref(j);
   tu_free(&r);
   ck_assert_msg(access(path_in("a.ckpt.best"), F_OK) == 0, "no best-on-dev checkpoint");
-  /* one JSON line per epoch */
-  char *log = tu_slurp(path_in("a.log"), NULL);
-  int lines = 0;
-  for (char *p = log; (p = strstr(p, "{\"epoch\": ")); p++) lines++;
-  ck_assert_int_eq(lines, 3);
-  free(log);
+  /* one JSON object per epoch, a line each, the epochs in order */
+  json_t *log = log_records(path_in("a.log")), *rec;
+  ck_assert_int_eq(json_array_size(log), 3);
+  json_array_foreach(log, k, rec) {
+    ck_assert_int_eq(json_integer_value(json_object_get(rec, "epoch")), (long)k + 1);
+    ck_assert(json_is_real(json_object_get(rec, "dev_acc")) && json_is_string(json_object_get(rec, "time")));
+  }
+  /* the last dev accuracy, exactly what training computed: the epoch line's, rounded */
+  double logged = json_real_value(json_object_get(json_array_get(log, 2), "dev_acc"));
+  ck_assert_msg(fabs(logged - dev_acc) <= 0.5e-4 + 1e-12, "log %.17g, printed %.4f", logged, dev_acc);
+  json_decref(log);
   /* predict: one class per graph */
   r = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), NULL);
   ok(&r, "predict");
@@ -172,8 +201,27 @@ START_TEST(train_save_eval_predict) {
 }
 END_TEST
 
-/* cavs plot: the log's curves as a PNG (gnuplot draws it); a malformed log is named by
- * its line and leaves no picture behind. */
+/* Plots LOG (text) into NAME.png: the run's result, the PNG checked when it succeeds and
+ * absent when it fails. */
+static RunResult plot_text(const char *name, const char *text) {
+  char log[4400], png[4400];
+  snprintf(log, sizeof log, "%s/%s.log", dir, name);
+  snprintf(png, sizeof png, "%s/%s.png", dir, name);
+  tu_write(log, text, strlen(text));
+  RunResult r = cavs("plot", log, "-o", png, NULL);
+  size_t n = 0;
+  char *pic = tu_slurp(png, &n);
+  if (!r.status)
+    ck_assert_msg(pic && n > 1000 && !memcmp(pic, "\x89PNG\r\n\x1a\n", 8), "%s: not a PNG (%zu bytes)", name, n);
+  else ck_assert_msg(!pic, "%s: a failed plot left a picture", name);
+  free(pic);
+  return r;
+}
+
+/* cavs plot: the log's curves as a PNG (gnuplot draws it). The log is read as JSON (any
+ * spacing, keys in any order, unknown keys passed over, a record over several lines);
+ * what is not JSON, or a known field that is not a number or null, is named by its line
+ * and leaves no picture behind. */
 START_TEST(plot_a_log) {
   gen_data();
   RunResult r = TRAIN("--epochs", "2", "--quiet", "--log", path_in("p.log"), NULL);
@@ -186,13 +234,37 @@ START_TEST(plot_a_log) {
   char *png = tu_slurp(path_in("p.png"), &n);
   ck_assert_msg(png && n > 1000 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8), "not a PNG (%zu bytes)", n);
   free(png);
-  const char *bad = "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2, \"train_loss\": \"system('x')\"}\n";
-  tu_write(path_in("bad.log"), bad, strlen(bad));
-  r = cavs("plot", path_in("bad.log"), "-o", path_in("bad.png"), NULL);
-  ck_assert_int_eq(r.status, 1);
-  ck_assert_msg(strstr(r.err, "bad.log:2:") && strstr(r.err, "\"train_loss\" is not a number or null"), "%s", r.err);
-  ck_assert_int_ne(access(path_in("bad.png"), F_OK), 0);
+  /* as jq prints a log: pretty, a key's order changed, numbers as integers, exponents
+     and null, keys cavs never writes, escapes, and compact records between */
+  r = plot_text("pretty", "{\n  \"train_loss\": 0.5,\n  \"epoch\": 1,\n  \"dev_loss\": null,\n"
+                          "  \"notes\": {\"by\": \"a \\\"q\\\" \\u00e9\", \"tags\": [1, true, null]}\n}\n"
+                          "{\"epoch\":2,\"train_loss\":4e-1,\"train_acc\":0.75,\"dev_acc\":null}\r\n\n"
+                          "\t{ \"dev_root_acc\" : 1 , \"epoch\" : 3 , \"train_loss\" : 0.25 }\n");
+  ok(&r, "plot a pretty-printed, reordered log");
   tu_free(&r);
+  /* broken JSON, each named by its line (the third: two good records before) */
+  static const char *const broken[][2] = {
+      {"{\"epoch\": 3, \"train_loss\": 0.2,}\n", "string or '}' expected"},   /* a trailing comma */
+      {"{\"epoch\": 3, \"time\": \"2024-01-01}\n{\"epoch\": 4}\n", "newline"}, /* an unterminated string */
+      {"{\"epoch\": 3, \"train_loss\": NaN}\n", "invalid token near 'NaN'"},
+      {"{\"epoch\": 3, \"train_loss\": Infinity}\n", "invalid token"},
+      {"{\"epoch\": 3, \"epoch\": 4}\n", "duplicate"},
+      {"{\"epoch\": 3, \"train_loss\": 0.2\n", "'}' expected"},
+      {"{\"epoch\": 3, \"train_loss\": \"system('x')\"}\n", "\"train_loss\" is not a number or null"},
+      {"{\"epoch\": null, \"train_loss\": 0.2}\n", "without a number for \"epoch\""},
+      {"[3, 0.2]\n", "not a record"},
+      {"epoch 3 loss 0.2\n", "expected near 'epoch'"},
+  };
+  for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
+    char *text = NULL;
+    ck_assert(asprintf(&text, "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2,\n\"train_loss\": 0.4}\n%s",
+                       broken[i][0]) > 0);
+    r = plot_text("bad", text);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "bad.log:4:") && strstr(r.err, broken[i][1]),
+                  "case %zu (%s): exit %d\n%s", i, broken[i][0], r.status, r.err);
+    tu_free(&r);
+    free(text);
+  }
 }
 END_TEST
 
@@ -461,15 +533,16 @@ START_TEST(schedules_and_stopping) {
   for (char *p = r.out; (p = strstr(p, " root ")); p++)
     if (sscanf(p, " root %lf", &root) == 1 && root > best_root) best_root = root;
   tu_free(&r);
-  char *log = tu_slurp(path_in("sched.log"), NULL);
-  const char *lrs[] = {"\"lr\": 0.1,", "\"lr\": 0.05,", "\"lr\": 0.025,"};
-  char *at = log;
+  json_t *log = log_records(path_in("sched.log"));
+  const double lrs[] = {0.1, 0.05, 0.025};
+  ck_assert_int_eq(json_array_size(log), 3);
   for (int e = 0; e < 3; e++) {
-    at = strstr(at, lrs[e]);
-    ck_assert_msg(at != NULL, "no %s in order in %s", lrs[e], log);
-    ck_assert_msg(strstr(at, "\"time\": \"20"), "no time after %s", lrs[e]);
+    json_t *rec = json_array_get(log, (size_t)e);
+    double lr = json_real_value(json_object_get(rec, "lr"));
+    ck_assert_msg(lr == lrs[e], "epoch %d: lr %.17g, not %g", e + 1, lr, lrs[e]);
+    ck_assert_msg(!strncmp(json_string_value(json_object_get(rec, "time")), "20", 2), "epoch %d: no time", e + 1);
   }
-  free(log);
+  json_decref(log);
   r = cavs("info", path_in("sched.ckpt"), NULL);
   ok(&r, "info");
   double best = -1;
