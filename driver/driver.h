@@ -55,6 +55,45 @@ void json_write_line(json_t *obj, FILE *f, const char *what);
  * takes a new file. */
 void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n);
 
+/* ---- options.c: the commands and their options, one table (options.def) ---- */
+
+/* the commands, in the table's order; CMD_TOP: `cavs --OPTION` without one */
+enum Command {
+#define CMD(id, name, operands, summary) CMD_##id,
+#include "options.def"
+  CMD_COUNT,
+  CMD_TOP = CMD_COUNT
+};
+/* a command as a bit of an option's mask */
+enum {
+#define CMD(id, name, operands, summary) C_##id = 1 << CMD_##id,
+#include "options.def"
+  C_TOP = 1 << CMD_COUNT
+};
+/* what next_option returns for each row: past every letter and getopt's 1 and '?' */
+enum OptionId {
+  OPT_FIRST = 0xff,
+#define OPT(id, commands, short_, name, arg, dflt, meaning) OPT_##id,
+#include "options.def"
+};
+
+/* The command named exactly so (commands take no abbreviation), or -1. */
+int command_of(const char *name);
+/* Dies: an unknown command, with the nearest one where the word looks like its typo. */
+_Noreturn void unknown_command(const char *word);
+/* The next option of `cmd` on the command line, getopt_long's way (any unambiguous
+ * prefix of the command's options; the value as the next word or after '='): its
+ * OPT_ id with optarg, 1 with optarg for an operand, -1 at the end (operands after `--`
+ * from optind on). A word that is no option of `cmd` dies, said as opt_complain says
+ * it, or naming the commands that take it; --help prints the command's help and exits
+ * 0. Start a command line with optind = 0. */
+int next_option(int argc, char **argv, int cmd);
+/* `cavs help` (cmd CMD_TOP) or `cavs help COMMAND`: usage, summary, every option with
+ * its meaning and default. */
+void print_help(FILE *f, int cmd);
+/* An argument that is exactly --help or -h, before any `--`: cmd's help, exit 0. */
+void help_if_asked(int argc, char **argv, int cmd);
+
 /* ---- main.c: numbers on the command line ---- */
 
 long parse_long(const char *opt, const char *s, long lo, long hi);

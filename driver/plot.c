@@ -9,7 +9,6 @@
  * no partial PNG, and never over the log it reads. */
 #include "afile.h"
 #include "driver.h"
-#include "options.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -184,20 +183,16 @@ static bool install_png(const char *dir, const char *out, char *err, size_t errl
 int cmd_plot(int argc, char **argv) {
   const char *out = NULL;
   static Log g;
-  static const struct option lo[] = {{"output", 1, 0, 'o'}, {0, 0, 0, 0}};
-  /* LOG and -o FILE (--output FILE, --output=FILE), in any order */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-      if (i + 1 == argc) die(1, "plot: option '%s' needs a value", a);
-      out = argv[++i];
-    } else if (!strncmp(a, "--output=", 9)) out = a + 9;
-    else if (a[0] == '-' && a[1]) {
-      opterr = 0;
-      opt_complain("cavs", "plot", a, lo);
-      exit(1);
-    } else if (g.path) die(1, "plot: unexpected argument '%s'", a);
-    else g.path = a;
+  /* LOG and -o FILE (--output FILE, --output=FILE, --out FILE), in any order */
+  optind = 0;
+  for (int ch; (ch = next_option(argc, argv, CMD_PLOT)) != -1;) {
+    if (ch == OPT_OUTPUT) out = optarg;
+    else if (g.path) die(1, "plot: unexpected argument '%s'", optarg);
+    else g.path = optarg;
+  }
+  for (; optind < argc; optind++) {
+    if (g.path) die(1, "plot: unexpected argument '%s'", argv[optind]);
+    g.path = argv[optind];
   }
   if (!g.path || !out) die(1, "plot: usage: cavs plot LOG -o FILE.png");
   const char *inputs[] = {g.path}, *what[] = {"the log"};

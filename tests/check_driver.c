@@ -632,6 +632,77 @@ START_TEST(option_typos_suggest) {
 }
 END_TEST
 
+/* cavs help, cavs help COMMAND and cavs COMMAND --help print the table's rows: each of a
+ * command's options with its meaning and default. Options take any unambiguous prefix
+ * among their command's (getopt's rule, plot's too); commands are spelled in full; an
+ * option of another command names the commands that take it. */
+START_TEST(help_and_prefixes) {
+  RunResult r = cavs("help", NULL), h;
+  ok(&r, "help");
+  const char *const cmds[] = {"train", "eval", "predict", "gen", "info", "plot", "build", "help"};
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "\n  cavs %s ", cmds[i]);
+    ck_assert_msg(strstr(r.out, want), "cavs help has no %s:\n%s", cmds[i], r.out);
+  }
+  h = cavs("--help", NULL);
+  ck_assert_msg(h.status == 0 && !strcmp(h.out, r.out), "cavs --help is not cavs help");
+  tu_free(&h);
+  tu_free(&r);
+  r = cavs("help", "train", NULL);
+  ok(&r, "help train");
+  ck_assert_msg(strstr(r.out, "usage: cavs train ") && strstr(r.out, "\n  --epochs N ") &&
+                    strstr(r.out, "default: 10\n") && strstr(r.out, "\n  --optimizer sgd|adagrad|adam") &&
+                    strstr(r.out, "\n  --quiet ") && !strstr(r.out, "--json") && !strstr(r.out, "--graphs"),
+                "%s", r.out);
+  const char *const same[][4] = {{"train", "--help"}, {"train", "m.vf", "--epochs", "--help"}, {"train", "--he"}, {"train", "-h"}};
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    h = cavs(same[i][0], same[i][1], same[i][2], same[i][3], NULL);
+    ck_assert_msg(h.status == 0 && !strcmp(h.out, r.out), "cavs %s %s differs from cavs help train", same[i][0], same[i][1]);
+    tu_free(&h);
+  }
+  tu_free(&r);
+  r = cavs("plot", "--help", NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "\n  -o, --output FILE ") && !strstr(r.out, "--epochs N"), "%s", r.out);
+  tu_free(&r);
+  r = cavs("--ver", NULL);
+  ck_assert_msg(r.status == 0 && !strncmp(r.out, "cavs ", 5), "cavs --ver: %d %s%s", r.status, r.out, r.err);
+  tu_free(&r);
+  static const struct {
+    const char *args[4], *want;
+  } bad[] = {
+      {{"tr", "m.vf"}, "cavs: unknown command 'tr'; did you mean 'train'? (commands are spelled in full)\n"},
+      {{"evaluate", "a.ckpt"}, "cavs: unknown command 'evaluate'; did you mean 'eval'? (commands are spelled in full)\n"},
+      {{"help", "tr"}, "cavs: unknown command 'tr'; did you mean 'train'? (commands are spelled in full)\n"},
+      {{"--v3rsion"}, "cavs: unknown option '--v3rsion'; did you mean '--version'?\n"},
+      {{"eval", "a.ckpt", "--epochs", "3"}, "cavs: eval: option '--epochs' is not one of eval's: train takes it\n"},
+      {{"info", "a.ckpt", "--batch=3"}, "cavs: info: option '--batch' is not one of info's: train, eval or predict takes it\n"},
+      {{"predict", "a.ckpt", "--p", "bfs"}, "cavs: predict: option '--p' is ambiguous: '--policy' or another\n"},
+      {{"plot", "p.log", "--out"}, "cavs: plot: option '--output' needs a value\n"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    r = cavs(bad[i].args[0], bad[i].args[1], bad[i].args[2], bad[i].args[3], NULL);
+    ck_assert_msg(r.status == 1 && !strcmp(r.err, bad[i].want), "cavs %s %s: exit %d\n%s", bad[i].args[0],
+                  bad[i].args[1] ? bad[i].args[1] : "", r.status, r.err);
+    tu_free(&r);
+  }
+  /* prefixes: eval's --p is --policy (predict's --probs is not eval's), gen's --gra is
+     --graphs, plot's --out is --output */
+  gen_data();
+  r = cavs("gen", "toy", "--gra", "3", "--out", path_in("three.txt"), NULL);
+  ok(&r, "gen --gra 3 --out");
+  tu_free(&r);
+  char *three = tu_slurp(path_in("three.txt"), NULL);
+  int lines = 0;
+  for (char *p = three; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) lines++;
+  ck_assert_int_eq(lines, 3);
+  free(three);
+  r = cavs("eval", path_in("nonesuch.ckpt"), "--data", path_in("dev.txt"), "--p", "nonesuch", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--policy: 'nonesuch' is not"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(user_errors) {
   gen_data();
   RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("missing.txt"), NULL);
@@ -1623,6 +1694,7 @@ int main(void) {
   tcase_add_test(tc, device_named);
   tcase_add_test(tc, threads_default_from_the_machine);
   tcase_add_test(tc, option_typos_suggest);
+  tcase_add_test(tc, help_and_prefixes);
   tcase_add_test(tc, init_and_freeze);
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
