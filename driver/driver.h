@@ -137,10 +137,7 @@ typedef struct Totals {
   double secs;
   double lr;      /* training: the learning rate of the last minibatch */
   long launches;  /* training: the backend's launches (cavs_backend_stats) */
-  /* with classes > 0 (cavs eval): per class of the first softmax_xent, the vertices
-     labeled with it and those predicted right */
-  int classes;
-  long *class_count, *class_correct;
+  struct Scores *scores; /* cavs eval: labels against predictions (metrics.c), or NULL */
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
@@ -156,9 +153,42 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
    with vectors, probs or a value name, those numbers instead */
 struct GreedyOpts;
+/* eval (predict false): json for --json, binary for --binary */
+typedef struct EvalOpts {
+  bool json, binary;
+} EvalOpts;
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs, const char *value, const struct GreedyOpts *greedy);
+             bool all_nodes, const EvalOpts *eo, bool vectors, bool probs, const char *value,
+             const struct GreedyOpts *greedy);
 int cmd_info(const char *path);
+
+/* ---- metrics.c: what a paper reports of a classifier ---- */
+
+/* Labels against predictions over a set of vertices: per class those labeled with it
+ * (support), predicted as it, and both (tp); the whole matrix (rows labels, columns
+ * predictions) too where there are at most CONFUSION_MAX classes. */
+enum { CONFUSION_MAX = 64 };
+typedef struct Confusion {
+  int rows, cols; /* the labels' classes; the predictions' (binary: neutral besides) */
+  long total, *support, *tp, *predicted, *matrix;
+} Confusion;
+
+/* cavs eval's: the vertices of the first softmax_xent (its label input at `slot`) that
+ * are labeled and have a prediction, all of them and the roots; with binary, SST's
+ * five classes as negative (0-1) and positive (3-4), neutral labels (2) dropped. */
+typedef struct Scores {
+  bool binary;
+  int slot;
+  Confusion all, roots;
+} Scores;
+Scores *scores_new(int classes, int slot, bool binary);
+/* a minibatch's k graphs, just run forward */
+void scores_add(Scores *s, const cavs_model *m, const cavs_graph *const *gs, int k);
+/* the vertices predicted right */
+long scores_correct(const Confusion *c);
+/* the matrices and the per-class table as text (at most 20 classes), or into an object */
+void scores_print(FILE *f, const Scores *s);
+void scores_json(json_t *o, const Scores *s);
 
 /* ---- decode.c ---- */
 

@@ -72,7 +72,8 @@ static size_t parse_size(const char *opt, const char *s) {
 typedef struct RunArgs {
   TrainOpts o;
   const char *data, *format, *model, *positional, *value;
-  bool all_nodes, json, vectors, probs, stop_set;
+  bool all_nodes, vectors, probs, stop_set;
+  EvalOpts eval;
   GreedyOpts greedy;
 } RunArgs;
 
@@ -176,7 +177,8 @@ static void run_option(RunArgs *a, int id, const char *arg) {
   case OPT_RESUME: o->resume = arg; break;
   case OPT_LOG: o->log = arg; break;
   case OPT_QUIET: o->quiet = 1; break;
-  case OPT_JSON: a->json = true; break;
+  case OPT_JSON: a->eval.json = true; break;
+  case OPT_BINARY: a->eval.binary = true; break;
   case OPT_ALL_NODES: a->all_nodes = true; break;
   case OPT_VECTORS: a->vectors = true; break;
   case OPT_PROBS: a->probs = true; break;
@@ -224,8 +226,8 @@ static int run_command(int cmd, int argc, char **argv) {
   if ((a.stop_set || a.greedy.max_steps) && !a.greedy.input) die(1, "predict: --stop and --max-steps go with --greedy");
   if (a.greedy.input && (a.vectors || a.probs || a.value || a.all_nodes))
     die(1, "predict: --greedy prints the decoded words; it takes no --vectors, --probs, --value or --all-nodes");
-  return cmd_eval(a.positional, a.model, a.data, a.format, o->batch, cmd == CMD_PREDICT, a.all_nodes, a.json, a.vectors,
-                  a.probs, a.value, a.greedy.input ? &a.greedy : NULL);
+  return cmd_eval(a.positional, a.model, a.data, a.format, o->batch, cmd == CMD_PREDICT, a.all_nodes, &a.eval,
+                  a.vectors, a.probs, a.value, a.greedy.input ? &a.greedy : NULL);
 }
 
 /* `cavs --version`, `cavs --help`, and any prefix of them (--ver) */

@@ -201,6 +201,144 @@ START_TEST(train_save_eval_predict) {
 }
 END_TEST
 
+/* Each vertex's label in a ptb-tree line, in the order cavs numbers them (children
+ * first, the root last: the order their brackets close); the count, at most max. */
+static int ptb_labels(const char *line, int *labels, int max) {
+  int stack[4096], depth = 0, n = 0;
+  for (const char *p = line; *p && *p != '\n'; p++) {
+    if (*p == '(' && depth < 4096) stack[depth++] = atoi(p + 1);
+    if (*p == ')' && depth > 0 && n < max) labels[n++] = stack[--depth];
+  }
+  return n;
+}
+
+/* Rows by columns of counts, as eval --json's "confusion" holds them. */
+static void expect_matrix(const json_t *j, const char *key, const long *want, int rows, int cols) {
+  const json_t *m = json_object_get(j, key);
+  ck_assert_msg(json_array_size(m) == (size_t)rows, "%s: %zu rows", key, json_array_size(m));
+  for (int y = 0; y < rows; y++) {
+    const json_t *row = json_array_get(m, (size_t)y);
+    ck_assert_int_eq(json_array_size(row), cols);
+    for (int p = 0; p < cols; p++)
+      ck_assert_msg(json_integer_value(json_array_get(row, (size_t)p)) == want[y * cols + p], "%s[%d][%d] is %lld, the predictions say %ld",
+                    key, y, p, (long long)json_integer_value(json_array_get(row, (size_t)p)), want[y * cols + p]);
+  }
+}
+
+/* Precision, recall and F1 by class, their macro (over the classes labeled or
+ * predicted) and weighted averages, and the accuracy, from a matrix counted here. */
+static void expect_scores(const json_t *j, const char *prefix, const long *cm, int rows, int cols, const char *acc,
+                          const char *count) {
+  long total = 0, right = 0;
+  double macro[3] = {0}, weighted[3] = {0};
+  int present = 0;
+  char key[64];
+  snprintf(key, sizeof key, "%sclasses", prefix);
+  const json_t *classes = json_object_get(j, key);
+  ck_assert_int_eq(json_array_size(classes), rows);
+  for (int k = 0; k < rows; k++) {
+    long support = 0, predicted = 0, tp = cm[k * cols + k];
+    for (int p = 0; p < cols; p++) support += cm[k * cols + p];
+    for (int y = 0; y < rows; y++) predicted += cm[y * cols + k];
+    total += support, right += tp;
+    double pr = predicted ? (double)tp / (double)predicted : 0, re = support ? (double)tp / (double)support : 0;
+    double f1 = pr + re > 0 ? 2 * pr * re / (pr + re) : 0, got[3];
+    const json_t *c = json_array_get(classes, (size_t)k);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "count")), support);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "correct")), tp);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "predicted")), predicted);
+    const char *names[] = {"precision", "recall", "f1"};
+    double want[3] = {pr, re, f1};
+    for (int i = 0; i < 3; i++) {
+      got[i] = json_real_value(json_object_get(c, names[i]));
+      ck_assert_msg(fabs(got[i] - want[i]) < 1e-12, "%sclass %d %s %.17g, counted %.17g", prefix, k, names[i], got[i], want[i]);
+      weighted[i] += (double)support * want[i];
+      if (support || predicted) macro[i] += want[i];
+    }
+    present += support || predicted;
+  }
+  for (int i = 0; i < 3; i++) {
+    const char *names[] = {"precision", "recall", "f1"};
+    snprintf(key, sizeof key, "%smacro", prefix);
+    double m = json_real_value(json_object_get(json_object_get(j, key), names[i]));
+    snprintf(key, sizeof key, "%sweighted", prefix);
+    double w = json_real_value(json_object_get(json_object_get(j, key), names[i]));
+    ck_assert_msg(fabs(m - macro[i] / present) < 1e-12 && fabs(w - weighted[i] / (double)total) < 1e-12,
+                  "%s %s: macro %.17g weighted %.17g", prefix, names[i], m, w);
+  }
+  ck_assert_int_eq(json_integer_value(json_object_get(j, count)), total);
+  ck_assert_msg(fabs(json_real_value(json_object_get(j, acc)) - (double)right / (double)total) < 1e-12, "%s", acc);
+}
+
+/* cavs eval's confusion matrices, per-class precision, recall and F1, macro and weighted
+ * averages, over all labeled vertices and the roots, five classes and SST's binary
+ * setting, against an independent count: cavs predict --all-nodes's classes and the
+ * data's own labels, tallied here. */
+START_TEST(eval_scores_match_predictions) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "2", "--lr", "0.01", "--quiet", "--save", path_in("m.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  RunResult pred = cavs("predict", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--all-nodes", NULL);
+  ok(&pred, "predict --all-nodes");
+  char *data = tu_slurp(path_in("dev.txt"), NULL);
+  long cm[25] = {0}, roots[25] = {0}, bin[6] = {0}, bin_roots[6] = {0};
+  static const int merge[] = {0, 0, 2, 1, 1}; /* negative, positive; 2: neutral */
+  const char *line = pred.out, *tree = data;
+  for (int g = 0; g < 300; g++, line = strchr(line, '\n') + 1, tree = strchr(tree, '\n') + 1) {
+    int labels[4096], n = ptb_labels(tree, labels, 4096), off, v = 0, p;
+    for (const char *q = line; *q != '\n' && sscanf(q, "%d%n", &p, &off) == 1; q += off, v++) {
+      ck_assert(v < n && p >= 0 && p < 5 && labels[v] >= 0 && labels[v] < 5);
+      bool root = v == n - 1;
+      cm[labels[v] * 5 + p]++;
+      if (root) roots[labels[v] * 5 + p]++;
+      if (labels[v] == 2) continue; /* the binary setting drops neutral labels */
+      bin[merge[labels[v]] * 3 + merge[p]]++;
+      if (root) bin_roots[merge[labels[v]] * 3 + merge[p]]++;
+    }
+    ck_assert_int_eq(v, n);
+  }
+  free(data);
+  tu_free(&pred);
+  for (int binary = 0; binary < 2; binary++) {
+    r = cavs("eval", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--json", binary ? "--binary" : NULL, NULL);
+    ok(&r, binary ? "eval --json --binary" : "eval --json");
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    ck_assert_msg(json_is_object(j), "%s: %s", e.text, r.out);
+    int rows = binary ? 2 : 5, cols = binary ? 3 : 5;
+    expect_matrix(j, "confusion", binary ? bin : cm, rows, cols);
+    expect_matrix(j, "root_confusion", binary ? bin_roots : roots, rows, cols);
+    expect_scores(j, "", binary ? bin : cm, rows, cols, "accuracy", "vertices");
+    expect_scores(j, "root_", binary ? bin_roots : roots, rows, cols, "root_accuracy", "roots");
+    ck_assert(!binary == !json_object_get(j, "binary"));
+    json_decref(j);
+    tu_free(&r);
+  }
+  /* the text: the same matrices and tables */
+  r = cavs("eval", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--binary", NULL);
+  ok(&r, "eval --binary");
+  char want[256];
+  snprintf(want, sizeof want, "\n     neg %8ld %8ld %8ld\n     pos %8ld %8ld %8ld\n", bin[0], bin[1], bin[2], bin[3], bin[4],
+           bin[5]);
+  ck_assert_msg(strstr(r.out, "binary accuracy ") && strstr(r.out, want) && strstr(r.out, "\n   macro ") &&
+                    strstr(r.out, "\nweighted "),
+                "no %s in\n%s", want, r.out);
+  tu_free(&r);
+  /* --binary merges SST's five classes: a model of three is refused */
+  r = cavs("gen", "complete", "--graphs", "20", "--leaves", "4", "--classes", "3", "-o", path_in("c3.txt"), NULL);
+  ok(&r, "gen complete --classes 3");
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("c3.txt"), "--dim", "C=3", "--dim",
+           "E=4", "--dim", "H=4", "--epochs", "1", "--quiet", "--threads", "1", "--save", path_in("c3.ckpt"), NULL);
+  ok(&r, "train C=3");
+  tu_free(&r);
+  r = cavs("eval", path_in("c3.ckpt"), "--data", path_in("c3.txt"), "--binary", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--binary: ") && strstr(r.err, "has 3"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
 /* Plots LOG (text) into NAME.png: the run's result, the PNG checked when it succeeds and
  * absent when it fails. */
 static RunResult plot_text(const char *name, const char *text) {
@@ -689,10 +827,10 @@ START_TEST(help_and_prefixes) {
   /* prefixes: eval's --p is --policy (predict's --probs is not eval's), gen's --gra is
      --graphs, plot's --out is --output */
   gen_data();
-  r = cavs("gen", "toy", "--gra", "3", "--out", path_in("three.txt"), NULL);
+  r = cavs("gen", "toy", "--gra", "3", "--out", path_in("toy3.txt"), NULL);
   ok(&r, "gen --gra 3 --out");
   tu_free(&r);
-  char *three = tu_slurp(path_in("three.txt"), NULL);
+  char *three = tu_slurp(path_in("toy3.txt"), NULL);
   int lines = 0;
   for (char *p = three; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) lines++;
   ck_assert_int_eq(lines, 3);
@@ -1698,6 +1836,7 @@ int main(void) {
   tcase_add_test(tc, init_and_freeze);
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
+  tcase_add_test(tc, eval_scores_match_predictions);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
