@@ -83,6 +83,16 @@ static int first_xent_input(const cavs_desc *d) {
   return -1;
 }
 
+/* The minibatch of s's graphs from b on (batch of them, or what is left) into gs, run
+   forward: how many. */
+static int forward_batch(cavs_model *m, const cavs_dataset *s, int b, int batch, const cavs_graph **gs, cavs_stats *st) {
+  int n = cavs_dataset_count(s), k = 0;
+  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+  errno = 0;
+  if (cavs_model_forward(m, gs, k, st)) lib_die(cavs_model_error(m));
+  return k;
+}
+
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
   Scores *scores = t->scores;
   memset(t, 0, sizeof *t);
@@ -92,11 +102,8 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
   double start = now();
   cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
-    int k = 0;
-    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
     cavs_stats st;
-    errno = 0;
-    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
+    int k = forward_batch(m, s, b, batch, gs, &st);
     add_batch(t, m, &st, k);
     if (t->scores) scores_add(t->scores, m, gs, k);
   }
@@ -257,11 +264,8 @@ static void run_predict(cavs_model *m, const cavs_dataset *s, int batch, bool al
   /* inference keeps no gates for a backward pass: --value may ask for one */
   cavs_model_set_inference(m, value == NULL);
   for (int b = 0; b < n; b += batch) {
-    int k = 0;
-    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
     cavs_stats st;
-    errno = 0;
-    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
+    int k = forward_batch(m, s, b, batch, gs, &st);
     /* a name the model does not store anywhere: said once, not a line of nothing a graph */
     if (value && b == 0 && k > 0) {
       bool any = false;
