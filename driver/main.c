@@ -7,8 +7,9 @@
  *   cavs eval CKPT --data FILE        cavs predict CKPT --data FILE
  *   cavs gen KIND [options] -o FILE                            cavs info CKPT
  *   cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--emit-only] [-o DIR]
+ *   cavs plot LOG -o FILE.png                                  cavs help [COMMAND]
  *
- * Each command has its file (train.c, eval.c, gen.c; build is in build.c). A .vf model
+ * Each command has its file (train.c, eval.c, gen.c, plot.c; build is in build.c). A .vf model
  * is compiled through cavsc and the system C compiler into a shared object in the
  * compile cache (build.c, cache.c), then loaded. Exit status: 0 success, 1 user error,
  * 2 internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */

@@ -3,7 +3,7 @@
  * its options, each by any unambiguous prefix among them (getopt's rule, the same for
  * every command, plot's included); commands spelled in full; and the help, `cavs help
  * [COMMAND]` or `cavs COMMAND --help`, printed from the same rows. tests/check_docs holds
- * cavs(1) and completion/cavs.bash to the table. */
+ * cavs(1) and driver/cavs.bash (the bash completion) to the table. */
 #include "driver.h"
 #include "options.h"
 
