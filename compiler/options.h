@@ -50,6 +50,7 @@ static inline void opt_complain(const char *prog, const char *cmd, const char *w
     int dist = opt_distance(name, o->name);
     if (dist < best) best = dist, near = o->name;
   }
+  if (!exact && prefixed == 1) exact = first; /* getopt took the prefix: its value was wrong */
   if (exact && !strchr(w, '='))
     fprintf(stderr, "option '--%s' needs a value\n", exact);
   else if (exact)

@@ -4,7 +4,6 @@
  * given. Here too: where cavsc and cavs.h are found, and the C compiler's flags. */
 #include "driver.h"
 #include "cache.h"
-#include "options.h"
 #include "cavs_paths.h" /* the configured directories (Makefile.am) */
 
 #include <dlfcn.h>
@@ -177,38 +176,29 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
  * and the compiler a cache entry gets, into -o DIR (default .). Prints the path of
  * NAME.so (NAME.c with --emit-only). */
 int cmd_build(int argc, char **argv) {
-  static const char usage[] =
-      "build: usage: cavs build MODEL.vf [--precision float|double] [--target c|cuda] [--no-fuse] [--no-merge] "
-      "[--no-homes] [--emit-only] [-o DIR]";
+  static const char usage[] = "build: usage: cavs build MODEL.vf [options] [-o DIR] (cavs help build)";
   const char *out = ".", *prec = NULL, *model = NULL, *target = NULL;
   bool emit_only = false;
-  static const struct option lo[] = {{"precision", 1, 0, 'p'}, {"emit-only", 0, 0, 'e'}, {"output", 1, 0, 'o'},
-                                     {"target", 1, 0, 't'}, {"no-fuse", 0, 0, 'F'}, {"no-merge", 0, 0, 'M'},
-                                     {"no-homes", 0, 0, 'H'}, {0, 0, 0, 0}};
-  optind = 1;
-  opterr = 0; /* opt_complain says what was wrong */
-  int ch;
-  while ((ch = getopt_long(argc, argv, "-o:", lo, NULL)) != -1) {
+  optind = 0;
+  for (int ch; (ch = next_option(argc, argv, CMD_BUILD)) != -1;) {
     switch (ch) {
     case 1:
       if (model) die(1, "build: unexpected argument '%s'", optarg);
       model = optarg;
       break;
-    case 'p':
+    case OPT_PRECISION:
       if (strcmp(optarg, "float") && strcmp(optarg, "double")) die(1, "--precision: '%s' is not float or double", optarg);
       prec = optarg;
       break;
-    case 't':
+    case OPT_TARGET:
       if (strcmp(optarg, "c") && strcmp(optarg, "cuda")) die(1, "--target: '%s' is not c or cuda", optarg);
       target = strcmp(optarg, "c") ? optarg : NULL;
       break;
-    case 'e': emit_only = true; break;
-    case 'o': out = optarg; break;
-    case 'F': build_ablations |= 1; break;
-    case 'M': build_ablations |= 2; break;
-    case 'H': build_ablations |= 4; break;
-    case '?': opt_complain("cavs", "build", argv[optind - 1], lo); exit(1);
-    default: die(1, "%s", usage);
+    case OPT_EMIT_ONLY: emit_only = true; break;
+    case OPT_OUTPUT_DIR: out = optarg; break;
+    case OPT_NO_FUSE: build_ablations |= 1; break;
+    case OPT_NO_MERGE: build_ablations |= 2; break;
+    case OPT_NO_HOMES: build_ablations |= 4; break;
     }
   }
   /* after `--`, getopt stops: what is left is the model */

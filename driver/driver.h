@@ -6,6 +6,7 @@
 
 #include "cavs.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,10 +42,57 @@ char *fmt(const char *f, ...);
 char *slurp(const char *path, size_t *len);
 bool exists(const char *path);
 
+/* JSON (jansson): a real, or null where it is not finite; a value set in an object or
+ * appended to an array (dies when memory ran out); an object written on one line of f
+ * and flushed (and released), or die naming `what`. */
+json_t *json_num(double x);
+void json_set(json_t *obj, const char *key, json_t *v);
+void json_push(json_t *arr, json_t *v);
+void json_write_line(json_t *obj, FILE *f, const char *what);
+
 /* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,
  * none of the n `inputs` (what[i] names each in the message), in a directory that
  * takes a new file. */
 void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n);
+
+/* ---- options.c: the commands and their options, one table (options.def) ---- */
+
+/* the commands, in the table's order; CMD_TOP: `cavs --OPTION` without one */
+enum Command {
+#define CMD(id, name, operands, summary) CMD_##id,
+#include "options.def"
+  CMD_COUNT,
+  CMD_TOP = CMD_COUNT
+};
+/* a command as a bit of an option's mask */
+enum {
+#define CMD(id, name, operands, summary) C_##id = 1 << CMD_##id,
+#include "options.def"
+  C_TOP = 1 << CMD_COUNT
+};
+/* what next_option returns for each row: past every letter and getopt's 1 and '?' */
+enum OptionId {
+  OPT_FIRST = 0xff,
+#define OPT(id, commands, short_, name, arg, dflt, meaning) OPT_##id,
+#include "options.def"
+};
+
+/* The command named exactly so (commands take no abbreviation), or -1. */
+int command_of(const char *name);
+/* Dies: an unknown command, with the nearest one where the word looks like its typo. */
+_Noreturn void unknown_command(const char *word);
+/* The next option of `cmd` on the command line, getopt_long's way (any unambiguous
+ * prefix of the command's options; the value as the next word or after '='): its
+ * OPT_ id with optarg, 1 with optarg for an operand, -1 at the end (operands after `--`
+ * from optind on). A word that is no option of `cmd` dies, said as opt_complain says
+ * it, or naming the commands that take it; --help prints the command's help and exits
+ * 0. Start a command line with optind = 0. */
+int next_option(int argc, char **argv, int cmd);
+/* `cavs help` (cmd CMD_TOP) or `cavs help COMMAND`: usage, summary, every option with
+ * its meaning and default. */
+void print_help(FILE *f, int cmd);
+/* An argument that is exactly --help or -h, before any `--`: cmd's help, exit 0. */
+void help_if_asked(int argc, char **argv, int cmd);
 
 /* ---- main.c: numbers on the command line ---- */
 
@@ -89,10 +137,7 @@ typedef struct Totals {
   double secs;
   double lr;      /* training: the learning rate of the last minibatch */
   long launches;  /* training: the backend's launches (cavs_backend_stats) */
-  /* with classes > 0 (cavs eval): per class of the first softmax_xent, the vertices
-     labeled with it and those predicted right */
-  int classes;
-  long *class_count, *class_correct;
+  struct Scores *scores; /* cavs eval: labels against predictions (metrics.c), or NULL */
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
@@ -108,9 +153,42 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
    with vectors, probs or a value name, those numbers instead */
 struct GreedyOpts;
+/* eval (predict false): json for --json, binary for --binary */
+typedef struct EvalOpts {
+  bool json, binary;
+} EvalOpts;
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs, const char *value, const struct GreedyOpts *greedy);
+             bool all_nodes, const EvalOpts *eo, bool vectors, bool probs, const char *value,
+             const struct GreedyOpts *greedy);
 int cmd_info(const char *path);
+
+/* ---- metrics.c: what a paper reports of a classifier ---- */
+
+/* Labels against predictions over a set of vertices: per class those labeled with it
+ * (support), predicted as it, and both (tp); the whole matrix (rows labels, columns
+ * predictions) too where there are at most CONFUSION_MAX classes. */
+enum { CONFUSION_MAX = 64 };
+typedef struct Confusion {
+  int rows, cols; /* the labels' classes; the predictions' (binary: neutral besides) */
+  long total, *support, *tp, *predicted, *matrix;
+} Confusion;
+
+/* cavs eval's: the vertices of the first softmax_xent (its label input at `slot`) that
+ * are labeled and have a prediction, all of them and the roots; with binary, SST's
+ * five classes as negative (0-1) and positive (3-4), neutral labels (2) dropped. */
+typedef struct Scores {
+  bool binary;
+  int slot;
+  Confusion all, roots;
+} Scores;
+Scores *scores_new(int classes, int slot, bool binary);
+/* a minibatch's k graphs, just run forward */
+void scores_add(Scores *s, const cavs_model *m, const cavs_graph *const *gs, int k);
+/* the vertices predicted right */
+long scores_correct(const Confusion *c);
+/* the matrices and the per-class table as text (at most 20 classes), or into an object */
+void scores_print(FILE *f, const Scores *s);
+void scores_json(json_t *o, const Scores *s);
 
 /* ---- decode.c ---- */
 

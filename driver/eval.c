@@ -83,38 +83,29 @@ static int first_xent_input(const cavs_desc *d) {
   return -1;
 }
 
-/* per-class counts of one minibatch's vertices, from their labels and predictions */
-static void count_classes(Totals *t, const cavs_model *m, const cavs_graph *const *gs, int k) {
-  const cavs_desc *d = cavs_model_desc(m);
-  int in = first_xent_input(d);
-  if (in < 0 || !t->classes) return;
-  int slot = d->inputs[in].slot;
-  for (int g = 0; g < k; g++)
-    for (int v = 0; v < gs[g]->n; v++) {
-      int y = gs[g]->feat ? gs[g]->feat[(size_t)v * (size_t)d->nint + (size_t)slot] : -1;
-      if (y < 0 || y >= t->classes) continue;
-      t->class_count[y]++;
-      t->class_correct[y] += cavs_model_vertex_class(m, g, v) == y;
-    }
+/* The minibatch of s's graphs from b on (batch of them, or what is left) into gs, run
+   forward: how many. */
+static int forward_batch(cavs_model *m, const cavs_dataset *s, int b, int batch, const cavs_graph **gs, cavs_stats *st) {
+  int n = cavs_dataset_count(s), k = 0;
+  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+  errno = 0;
+  if (cavs_model_forward(m, gs, k, st)) lib_die(cavs_model_error(m));
+  return k;
 }
 
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
-  int classes = t->classes;
-  long *cc = t->class_count, *cr = t->class_correct;
+  Scores *scores = t->scores;
   memset(t, 0, sizeof *t);
-  t->classes = classes, t->class_count = cc, t->class_correct = cr;
+  t->scores = scores;
   int n = cavs_dataset_count(s);
   const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
   double start = now();
   cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
-    int k = 0;
-    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
     cavs_stats st;
-    errno = 0;
-    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
+    int k = forward_batch(m, s, b, batch, gs, &st);
     add_batch(t, m, &st, k);
-    count_classes(t, m, gs, k);
+    if (t->scores) scores_add(t->scores, m, gs, k);
   }
   cavs_model_set_inference(m, 0);
   t->secs = now() - start;
@@ -157,14 +148,147 @@ static CkptModel open_ckpt(const char *path, const char *model) {
   return c;
 }
 
+/* What eval reports of one pass: the totals, the first softmax_xent loss's mean (-1:
+ * none), and the accuracies: the runtime's, or with --binary the binary setting's. */
+typedef struct Report {
+  const cavs_desc *d;
+  Totals t;
+  double xent;
+  long correct, count, root_correct, root_count;
+} Report;
+
+/* eval --json: one object on one line (jansson) */
+static void print_eval_json(const Report *r) {
+  const Totals *t = &r->t;
+  json_t *o = json_object();
+  json_set(o, "graphs", json_integer(t->graphs));
+  json_set(o, "loss", json_num(total_loss(t)));
+  if (r->xent >= 0) json_set(o, "perplexity", json_num(exp(r->xent)));
+  if (has_accuracy(r->d)) {
+    json_set(o, "accuracy", json_num(ratio(r->correct, r->count)));
+    json_set(o, "vertices", json_integer(r->count));
+    json_set(o, "root_accuracy", json_num(ratio(r->root_correct, r->root_count)));
+    json_set(o, "roots", json_integer(r->root_count));
+    if (t->scores) scores_json(o, t->scores);
+  }
+  if (t->nl > 1) {
+    json_t *losses = json_array();
+    for (int l = 0; l < t->nl; l++) json_push(losses, json_num(t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    json_set(o, "losses", losses);
+  }
+  json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
+  json_write_line(o, stdout, "the standard output");
+}
+
+static void print_eval_text(const Report *r, const char *format) {
+  const Totals *t = &r->t;
+  printf("graphs %ld  loss %.4f", t->graphs, total_loss(t));
+  print_losses(stdout, r->d, t);
+  if (r->xent >= 0 && (!strcmp(format, "text") || !strcmp(format, "text-bptt"))) printf("  perplexity %.2f", exp(r->xent));
+  bool binary = t->scores && t->scores->binary;
+  if (has_accuracy(r->d))
+    printf("  %saccuracy %.4f (all %ld %svertices)  root accuracy %.4f (%ld %sroots)", binary ? "binary " : "",
+           ratio(r->correct, r->count), r->count, binary ? "non-neutral " : "", ratio(r->root_correct, r->root_count),
+           r->root_count, binary ? "non-neutral " : "");
+  printf("  %.0f graphs/s\n", (double)t->graphs / t->secs);
+  if (has_accuracy(r->d) && t->scores) scores_print(stdout, t->scores);
+}
+
+/* cavs eval: one pass over the data, counted by class where the model classifies */
+static void run_eval(const CkptModel *c, const cavs_dataset *s, int batch, const char *format, const EvalOpts *eo) {
+  Report r = {.d = c->L.desc, .xent = -1};
+  const cavs_desc *d = r.d;
+  int in = first_xent_input(d);
+  /* a class input's range: its width in the model's dims */
+  long classes = in >= 0 ? model_lin(c->m, d->inputs[in].width) : 0;
+  if (eo->binary && classes != 5)
+    die(1, "--binary: SST's binary setting merges five classes, 0-4; model '%s' %s", d->name,
+        in < 0 ? "has no softmax_xent loss" : fmt("has %ld", classes));
+  if (classes > 0 && classes <= 100000) r.t.scores = scores_new((int)classes, d->inputs[in].slot, eo->binary);
+  evaluate(c->m, s, batch, &r.t);
+  /* the first softmax_xent loss's mean, as a perplexity (a language model's measure) */
+  for (int l = 0; l < r.t.nl && r.xent < 0; l++)
+    if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) r.xent = r.t.lcount[l] ? r.t.lsum[l] / (double)r.t.lcount[l] : 0;
+  r.correct = r.t.correct, r.count = r.t.count, r.root_correct = r.t.root_correct, r.root_count = r.t.root_count;
+  if (eo->binary) {
+    const Scores *sc = r.t.scores;
+    r.correct = scores_correct(&sc->all), r.count = sc->all.total;
+    r.root_correct = scores_correct(&sc->roots), r.root_count = sc->roots.total;
+  }
+  if (eo->json) print_eval_json(&r);
+  else print_eval_text(&r, format);
+}
+
 /* predict --value NAME: cavs_model_vertex_value in the shape of the other vectors */
 static const char *value_name;
 static long named_value(cavs_model *m, int g, int v, double *out, long n) {
   return cavs_model_vertex_value(m, g, v, value_name, out, n);
 }
 
+typedef long (*VertexGet)(cavs_model *, int, int, double *, long);
+
+/* Graph g's numbers (number b in the file): the root's a line, or with all_nodes every
+   vertex's as "GRAPH VERTEX x1 ... xn"; *vec (*width numbers) grows as needed. */
+static void print_vectors(cavs_model *m, VertexGet get, const cavs_graph *gr, int g, int b, bool all_nodes, double **vec,
+                          long *width) {
+  for (int v = all_nodes ? 0 : -1; v < gr->n; v++) {
+    int at = v;
+    if (v < 0) {
+      at = gr->n - 1;
+      while (at > 0 && get(m, g, at, NULL, 0) < 0) at--;
+    }
+    long w = get(m, g, at, NULL, 0);
+    if (w > *width) {
+      free(*vec);
+      *vec = xmalloc(sizeof **vec * (size_t)w);
+      *width = w;
+    }
+    if (w > 0 && get(m, g, at, *vec, w) < 0) lib_die(cavs_model_error(m));
+    if (all_nodes) printf("%d %d", b + g, v);
+    for (long j = 0; j < w; j++) printf(j || all_nodes ? " %.6g" : "%.6g", (*vec)[j]);
+    printf("\n");
+    if (v < 0) break;
+  }
+}
+
+/* cavs predict: a line a graph (or a vertex), of classes or, with vectors, probs or a
+   value name, of numbers: what each vertex pushed, its class probabilities, a value */
+static void run_predict(cavs_model *m, const cavs_dataset *s, int batch, bool all_nodes, bool vectors, bool probs,
+                        const char *value) {
+  int n = cavs_dataset_count(s);
+  const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
+  long width = 0;
+  double *vec = NULL;
+  value_name = value;
+  VertexGet get = value ? named_value : probs ? cavs_model_vertex_probs : cavs_model_vertex_output;
+  /* inference keeps no gates for a backward pass: --value may ask for one */
+  cavs_model_set_inference(m, value == NULL);
+  for (int b = 0; b < n; b += batch) {
+    cavs_stats st;
+    int k = forward_batch(m, s, b, batch, gs, &st);
+    /* a name the model does not store anywhere: said once, not a line of nothing a graph */
+    if (value && b == 0 && k > 0) {
+      bool any = false;
+      for (int v = 0; v < gs[0]->n && !any; v++) any = get(m, 0, v, NULL, 0) >= 0;
+      if (!any) lib_die(cavs_model_error(m));
+    }
+    for (int g = 0; g < k && (vectors || probs || value); g++) print_vectors(m, get, gs[g], g, b, all_nodes, &vec, &width);
+    for (int g = 0; g < k && !vectors && !probs && !value; g++) {
+      if (!all_nodes) {
+        printf("%d\n", cavs_model_root_class(m, g));
+        continue;
+      }
+      /* every vertex's class, in the graph's own vertex order */
+      for (int v = 0; v < gs[g]->n; v++) printf("%s%d", v ? " " : "", cavs_model_vertex_class(m, g, v));
+      printf("\n");
+    }
+  }
+  free(gs);
+  free(vec);
+}
+
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
-             bool all_nodes, bool json, bool vectors, bool probs, const char *value, const GreedyOpts *greedy) {
+             bool all_nodes, const EvalOpts *eo, bool vectors, bool probs, const char *value, const GreedyOpts *greedy) {
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
@@ -172,115 +296,13 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
   cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
   /* a prediction's standard output is its data, and so is a JSON evaluation's */
-  say_device(predict || json ? stderr : stdout, c.m);
+  say_device(predict || eo->json ? stderr : stdout, c.m);
   if (greedy) {
     greedy_decode(c.m, s, batch, greedy);
   } else if (!predict) {
-    const cavs_desc *d = c.L.desc;
-    Totals t = {0};
-    int in = first_xent_input(d);
-    if (in >= 0) {
-      /* a class input's range: its width in the model's dims */
-      long w = model_lin(c.m, d->inputs[in].width);
-      t.classes = w > 0 && w <= 100000 ? (int)w : 0;
-      t.class_count = xmalloc(sizeof(long) * (size_t)(t.classes + 1));
-      t.class_correct = xmalloc(sizeof(long) * (size_t)(t.classes + 1));
-      memset(t.class_count, 0, sizeof(long) * (size_t)(t.classes + 1));
-      memset(t.class_correct, 0, sizeof(long) * (size_t)(t.classes + 1));
-    }
-    evaluate(c.m, s, batch, &t);
-    /* the first softmax_xent loss's mean, as a perplexity (a language model's measure) */
-    double xent = -1;
-    for (int l = 0; l < t.nl && xent < 0; l++)
-      if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) xent = t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0;
-    if (json) {
-      printf("{\"graphs\": %ld, \"loss\": %.6f", t.graphs, total_loss(&t));
-      if (xent >= 0) printf(", \"perplexity\": %.6f", exp(xent));
-      if (has_accuracy(d)) {
-        printf(", \"accuracy\": %.6f, \"vertices\": %ld, \"root_accuracy\": %.6f, \"roots\": %ld",
-               ratio(t.correct, t.count), t.count, ratio(t.root_correct, t.root_count), t.root_count);
-        printf(", \"classes\": [");
-        for (int k = 0; k < t.classes; k++)
-          printf("%s{\"count\": %ld, \"correct\": %ld}", k ? ", " : "", t.class_count[k], t.class_correct[k]);
-        printf("]");
-      }
-      if (t.nl > 1) {
-        printf(", \"losses\": [");
-        for (int l = 0; l < t.nl; l++) printf("%s%.6f", l ? ", " : "", t.lcount[l] ? t.lsum[l] / (double)t.lcount[l] : 0);
-        printf("]");
-      }
-      printf(", \"graphs_per_s\": %.1f}\n", (double)t.graphs / t.secs);
-    } else {
-      printf("graphs %ld  loss %.4f", t.graphs, total_loss(&t));
-      print_losses(stdout, d, &t);
-      if (xent >= 0 && (!strcmp(format, "text") || !strcmp(format, "text-bptt"))) printf("  perplexity %.2f", exp(xent));
-      if (has_accuracy(d))
-        printf("  accuracy %.4f (all %ld vertices)  root accuracy %.4f (%ld roots)", ratio(t.correct, t.count), t.count,
-               ratio(t.root_correct, t.root_count), t.root_count);
-      printf("  %.0f graphs/s\n", (double)t.graphs / t.secs);
-      if (has_accuracy(d) && t.classes <= 20) {
-        printf("by class (correct/labeled):");
-        for (int k = 0; k < t.classes; k++) printf(" %d: %ld/%ld", k, t.class_correct[k], t.class_count[k]);
-        printf("\n");
-      }
-    }
-    free(t.class_count);
-    free(t.class_correct);
+    run_eval(&c, s, batch, format, eo);
   } else {
-    int n = cavs_dataset_count(s);
-    const cavs_graph **gs = xmalloc(sizeof *gs * (size_t)batch);
-    long width = 0;
-    double *vec = NULL;
-    /* inference keeps no gates for a backward pass: --value may ask for one */
-    cavs_model_set_inference(c.m, value == NULL);
-    for (int b = 0; b < n; b += batch) {
-      int k = 0;
-      for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
-      cavs_stats st;
-      errno = 0;
-      if (cavs_model_forward(c.m, gs, k, &st)) lib_die(cavs_model_error(c.m));
-      /* vectors: what each vertex pushed, its class probabilities, or a value by name */
-      value_name = value;
-      long (*get)(cavs_model *, int, int, double *, long) =
-          value ? named_value : probs ? cavs_model_vertex_probs : cavs_model_vertex_output;
-      /* a name the model does not store anywhere: said once, not a line of nothing a graph */
-      if (value && b == 0 && k > 0) {
-        bool any = false;
-        for (int v = 0; v < gs[0]->n && !any; v++) any = get(c.m, 0, v, NULL, 0) >= 0;
-        if (!any) lib_die(cavs_model_error(c.m));
-      }
-      for (int g = 0; g < k && (vectors || probs || value); g++)
-        for (int v = all_nodes ? 0 : -1; v < gs[g]->n; v++) {
-          /* the root's vector a line, or every vertex's as "GRAPH VERTEX x1 ... xn" */
-          int at = v;
-          if (v < 0) {
-            at = gs[g]->n - 1;
-            while (at > 0 && get(c.m, g, at, NULL, 0) < 0) at--;
-          }
-          long w = get(c.m, g, at, NULL, 0);
-          if (w > width) {
-            free(vec);
-            vec = xmalloc(sizeof *vec * (size_t)w);
-            width = w;
-          }
-          if (w > 0 && get(c.m, g, at, vec, w) < 0) lib_die(cavs_model_error(c.m));
-          if (all_nodes) printf("%d %d", b + g, v);
-          for (long j = 0; j < w; j++) printf(j || all_nodes ? " %.6g" : "%.6g", vec[j]);
-          printf("\n");
-          if (v < 0) break;
-        }
-      for (int g = 0; g < k && !vectors && !probs && !value; g++) {
-        if (!all_nodes) {
-          printf("%d\n", cavs_model_root_class(c.m, g));
-          continue;
-        }
-        /* every vertex's class, in the graph's own vertex order */
-        for (int v = 0; v < gs[g]->n; v++) printf("%s%d", v ? " " : "", cavs_model_vertex_class(c.m, g, v));
-        printf("\n");
-      }
-    }
-    free(gs);
-    free(vec);
+    run_predict(c.m, s, batch, all_nodes, vectors, probs, value);
   }
   cavs_dataset_free(s);
   return 0;

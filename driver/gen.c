@@ -2,48 +2,44 @@
  * written whole or not at all (afile.c). */
 #include "afile.h"
 #include "driver.h"
-#include "options.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 int cmd_gen(int argc, char **argv) {
-  if (argc < 2)
-    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger|lattice|translation [--graphs N] [--leaves L] [--words W] [--classes C] "
-           "[--arity A] [--seed S] [--dag] [--chars] -o FILE");
-  const char *kind = argv[1], *out = NULL;
+  const char *kind = NULL, *out = NULL;
   long graphs = 1000, leaves = 16, words = 24, classes = 5, vertices = 31;
   uint64_t seed = 1;
   int dag = 0, chars = 0, arity = 4;
   bool words_given = false, classes_given = false;
-  static const struct option lo[] = {{"graphs", 1, 0, 'n'}, {"leaves", 1, 0, 'l'}, {"words", 1, 0, 'w'},
-                                     {"seed", 1, 0, 's'}, {"classes", 1, 0, 'c'}, {"output", 1, 0, 'o'},
-                                     {"vertices", 1, 0, 'v'}, {"dag", 0, 0, 'g'}, {"chars", 0, 0, 'h'},
-                                     {"arity", 1, 0, 'a'},
-                                     {0, 0, 0, 0}};
-  optind = 2;
-  opterr = 0; /* opt_complain says what was wrong */
-  int ch;
-  while ((ch = getopt_long(argc, argv, "o:", lo, NULL)) != -1) {
+  optind = 0;
+  for (int ch; (ch = next_option(argc, argv, CMD_GEN)) != -1;) {
     switch (ch) {
-    case 'n': graphs = parse_long("graphs", optarg, 1, 10000000); break;
-    case 'l': leaves = parse_long("leaves", optarg, 2, 1 << 20); break;
-    case 'w': words = parse_long("words", optarg, 1, 1000000), words_given = true; break;
-    case 's': seed = parse_u64("seed", optarg); break;
-    case 'c': classes = parse_long("classes", optarg, 1, 1000000), classes_given = true; break;
-    case 'v': vertices = parse_long("vertices", optarg, 1, 1000000); break;
-    case 'g': dag = 1; break;
-    case 'h': chars = 1; break;
-    case 'a': arity = (int)parse_long("arity", optarg, 2, CAVS_MAX_SET); break;
-    case 'o': out = optarg; break;
-    case '?': opt_complain("cavs", "gen", argv[optind - 1], lo); exit(1);
-    default: exit(1);
+    case 1:
+      if (kind) die(1, "gen: unexpected argument '%s'", optarg);
+      kind = optarg;
+      break;
+    case OPT_GRAPHS: graphs = parse_long("graphs", optarg, 1, 10000000); break;
+    case OPT_LEAVES: leaves = parse_long("leaves", optarg, 2, 1 << 20); break;
+    case OPT_WORDS: words = parse_long("words", optarg, 1, 1000000), words_given = true; break;
+    case OPT_GEN_SEED: seed = parse_u64("seed", optarg); break;
+    case OPT_CLASSES: classes = parse_long("classes", optarg, 1, 1000000), classes_given = true; break;
+    case OPT_VERTICES: vertices = parse_long("vertices", optarg, 1, 1000000); break;
+    case OPT_DAG: dag = 1; break;
+    case OPT_CHARS: chars = 1; break;
+    case OPT_ARITY: arity = (int)parse_long("arity", optarg, 2, CAVS_MAX_SET); break;
+    case OPT_OUTPUT: out = optarg; break;
     }
   }
+  if (optind < argc) {
+    if (kind || optind + 1 < argc) die(1, "gen: unexpected argument '%s'", argv[optind + !kind]);
+    kind = argv[optind];
+  }
+  if (!kind)
+    die(1, "gen: usage: cavs gen toy|nary|complete|random|tagger|lattice|translation [options] -o FILE (cavs help gen)");
   if (!out) die(1, "gen: -o FILE is required");
   static const char *const kinds[] = {"toy", "translation", "lattice", "nary", "complete", "tagger", "random"};
   bool known = false;

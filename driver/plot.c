@@ -1,13 +1,14 @@
 /* plot.c: cavs plot, a training log's curves as a PNG drawn by gnuplot. The log (the
- * JSON lines of `cavs train --log`) is read strictly, as any file from someone else:
- * each line one record of known fields, numbers finite or null, nothing else. The
- * numbers go to gnuplot through a data file, never through its script; the script is
- * written by us and names only files we made, and gnuplot runs without a shell. The
- * picture is written whole or not at all (afile.c), so a failed plot leaves no partial
- * PNG, and never over the log it reads. */
+ * JSON lines of `cavs train --log`) is read as any file from someone else, through
+ * jansson: a sequence of JSON objects, one a line as cavs writes them or spread over
+ * lines (pretty-printed), keys in any order, unknown keys passed over; anything that is
+ * not JSON is an error naming its line and column, and the known fields must be numbers
+ * or null. The numbers go to gnuplot through a data file, never through its script; the
+ * script is written by us and names only files we made, and gnuplot runs without a
+ * shell. The picture is written whole or not at all (afile.c), so a failed plot leaves
+ * no partial PNG, and never over the log it reads. */
 #include "afile.h"
 #include "driver.h"
-#include "options.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,24 +22,95 @@
 /* the columns of the data file, in the order of the log's keys */
 static const char *const keys[] = {"epoch", "train_loss", "train_acc", "dev_loss", "dev_acc", "dev_root_acc"};
 enum { NKEYS = sizeof keys / sizeof *keys };
+/* the most a log may hold: 10^6 epochs of records are about 250 MB */
+#define LOG_MAX (1L << 30)
 
-/* The value of "key": in one line of the log, or die naming the line. A missing key or
-   null is NAN (gnuplot leaves the point out); the epoch must be there. */
-static double field(const char *line, const char *key, const char *path, long lineno) {
-  char pat[40];
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *p = strstr(line, pat);
-  if (!p) {
-    if (!strcmp(key, "epoch")) die(1, "%s:%ld: error: a record without \"epoch\"", path, lineno);
-    return NAN;
+typedef struct Log {
+  const char *path;
+  char *text;
+  size_t len;
+  double *rows; /* NKEYS numbers a record, NAN for null or missing (static: reachable) */
+  long nrows;
+  bool acc, dev; /* some record has a train accuracy, a dev loss */
+} Log;
+
+/* The whole log, at most LOG_MAX bytes (it may be a pipe or a device). */
+static void read_log(Log *g) {
+  FILE *f = fopen(g->path, "rb");
+  if (!f) die(1, "cannot read '%s': %s", g->path, strerror(errno));
+  size_t cap = 1 << 16, got;
+  char *text = malloc(cap + 1);
+  if (!text) die(2, "out of memory");
+  while ((got = fread(text + g->len, 1, cap - g->len, f)) > 0) {
+    g->len += got;
+    if (g->len < cap) continue;
+    if (cap > LOG_MAX) die(1, "%s: error: larger than %ld bytes, not a training log", g->path, LOG_MAX);
+    char *t = realloc(text, (cap *= 2) + 1);
+    if (!t) die(2, "out of memory reading '%s'", g->path);
+    text = t;
   }
-  p += strlen(pat);
-  if (!strncmp(p, "null", 4)) return NAN;
-  char *end;
-  double x = strtod(p, &end);
-  if (end == p || !isfinite(x) || (*end != ',' && *end != '}'))
-    die(1, "%s:%ld:%ld: error: \"%s\" is not a number or null", path, lineno, (long)(p - line) + 1, key);
-  return x;
+  bool bad = ferror(f);
+  fclose(f);
+  if (bad) die(1, "cannot read '%s'", g->path);
+  text[g->len] = 0;
+  g->text = keep(text);
+}
+
+/* Line and column (from 1, in bytes) of the byte at `at`. */
+static void position(const Log *g, size_t at, long *line, long *col) {
+  *line = 1, *col = 1;
+  for (size_t i = 0; i < at && i < g->len; i++) {
+    if (g->text[i] == '\n') ++*line, *col = 1;
+    else ++*col;
+  }
+}
+
+/* the record read last, held here until the next (so that a die() leaves it reachable) */
+static json_t *record;
+
+/* The record that starts at *off (white space skipped), or NULL at the end of the log;
+   *line is the line it starts on. What is not JSON dies at the place jansson stopped:
+   the last byte it read. Duplicate keys are refused: which "dev_acc" would count? */
+static json_t *next_record(const Log *g, size_t *off, long *line) {
+  *off += strspn(g->text + *off, " \t\r\n");
+  if (*off >= g->len) return NULL;
+  long col;
+  position(g, *off, line, &col);
+  json_error_t e;
+  size_t flags = JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL;
+  json_t *rec = json_loadb(g->text + *off, g->len - *off, flags, &e);
+  if (!rec) {
+    long eline, ecol;
+    position(g, *off + (size_t)(e.position > 0 ? e.position - 1 : 0), &eline, &ecol);
+    fprintf(stderr, "%s: %s:%ld:%ld: error: not JSON: %s\n", prog, g->path, eline, ecol, e.text);
+    if (eline != *line) fprintf(stderr, "%s: %s:%ld:%ld: note: the record begins here\n", prog, g->path, *line, col);
+    exit(1);
+  }
+  *off += (size_t)e.position;
+  if (!json_is_object(rec)) die(1, "%s:%ld:%ld: error: not a record (a training log holds JSON objects)", g->path, *line, col);
+  json_decref(record);
+  return record = rec;
+}
+
+/* One record's row: each known field a number or null (NAN: gnuplot leaves the point
+   out), the epoch a number. */
+static void add_row(Log *g, const json_t *rec, long line) {
+  if (!(g->nrows & (g->nrows - 1))) {
+    size_t cap = sizeof(double) * NKEYS * (size_t)(g->nrows ? 2 * g->nrows : 1);
+    double *rows = realloc(g->rows, cap);
+    if (!rows) die(2, "out of memory");
+    g->rows = rows;
+  }
+  double *row = g->rows + NKEYS * g->nrows++;
+  for (int k = 0; k < NKEYS; k++) {
+    json_t *v = json_object_get(rec, keys[k]);
+    if (!k && !json_is_number(v)) die(1, "%s:%ld: error: a record without a number for \"epoch\"", g->path, line);
+    if (v && !json_is_null(v) && !json_is_number(v))
+      die(1, "%s:%ld: error: \"%s\" is not a number or null", g->path, line, keys[k]);
+    row[k] = v && json_is_number(v) ? json_number_value(v) : NAN;
+  }
+  g->acc |= !isnan(row[2]);
+  g->dev |= !isnan(row[3]);
 }
 
 static void remove_all(char *dir, const char *const *names, int n) {
@@ -46,92 +118,35 @@ static void remove_all(char *dir, const char *const *names, int n) {
   rmdir(dir);
 }
 
-int cmd_plot(int argc, char **argv) {
-  const char *out = NULL, *log = NULL;
-  static const struct option lo[] = {{"output", 1, 0, 'o'}, {0, 0, 0, 0}};
-  /* LOG and -o FILE (--output FILE, --output=FILE), in any order */
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-      if (i + 1 == argc) die(1, "plot: option '%s' needs a value", a);
-      out = argv[++i];
-    } else if (!strncmp(a, "--output=", 9)) out = a + 9;
-    else if (a[0] == '-' && a[1]) {
-      opterr = 0;
-      opt_complain("cavs", "plot", a, lo);
-      exit(1);
-    } else if (log) die(1, "plot: unexpected argument '%s'", a);
-    else log = a;
-  }
-  if (!log || !out) die(1, "plot: usage: cavs plot LOG -o FILE.png");
-  const char *inputs[] = {log}, *what[] = {"the log"};
-  check_output("o", out, inputs, what, 1);
-  FILE *in = fopen(log, "r");
-  if (!in) die(1, "cannot read '%s': %s", log, strerror(errno));
-  char dir[] = "/tmp/cavs-plot-XXXXXX";
-  if (!mkdtemp(dir)) die(1, "cannot make a temporary directory: %s", strerror(errno));
-  static const char *const made[] = {"data", "script", "out.png"};
-  FILE *data = fopen(fmt("%s/data", dir), "w");
-  if (!data) {
-    remove_all(dir, made, 3);
-    die(1, "cannot write in '%s': %s", dir, strerror(errno));
-  }
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t len;
-  long lineno = 0, records = 0;
-  bool acc = false, dev = false;
-  while ((len = getline(&line, &cap, in)) > 0) {
-    lineno++;
-    if (len > 65536 || memchr(line, 0, (size_t)len)) {
-      remove_all(dir, made, 3);
-      die(1, "%s:%ld: error: not a line of a training log", log, lineno);
-    }
-    if (strspn(line, " \t\r\n") == (size_t)len) continue;
-    if (line[0] != '{' || !strchr(line, '}')) {
-      remove_all(dir, made, 3);
-      die(1, "%s:%ld: error: not a record (a training log has one JSON object a line)", log, lineno);
-    }
-    for (int k = 0; k < NKEYS; k++) {
-      double x = field(line, keys[k], log, lineno);
-      acc |= k == 2 && !isnan(x);
-      dev |= k == 3 && !isnan(x);
-      fprintf(data, k ? " %.9g" : "%.9g", x);
-    }
-    fputc('\n', data);
-    records++;
-  }
-  free(line);
-  fclose(in);
-  if (!records) {
-    remove_all(dir, made, 3);
-    die(1, "%s: error: no records", log);
-  }
-  if (fclose(data)) {
-    remove_all(dir, made, 3);
-    die(1, "cannot write in '%s': %s", dir, strerror(errno));
-  }
-  /* the script: loss on the left, accuracy (for a classifier) on the right */
+/* The data file: a row a record, "nan" where gnuplot leaves the point out. */
+static bool write_data(const Log *g, const char *path) {
+  FILE *data = fopen(path, "w");
+  if (!data) return false;
+  for (long r = 0; r < g->nrows; r++)
+    for (int k = 0; k < NKEYS; k++) fprintf(data, k ? " %.17g%s" : "%.17g%s", g->rows[NKEYS * r + k], k == NKEYS - 1 ? "\n" : "");
+  return !fclose(data);
+}
+
+/* The script: loss on the left, accuracy (for a classifier) on the right. */
+static bool write_script(const Log *g, const char *dir) {
   FILE *s = fopen(fmt("%s/script", dir), "w");
-  if (!s) {
-    remove_all(dir, made, 3);
-    die(1, "cannot write in '%s': %s", dir, strerror(errno));
-  }
-  fprintf(s, "set terminal png size %d,480\nset output '%s/out.png'\nset datafile missing 'nan'\n", acc ? 1100 : 640,
+  if (!s) return false;
+  fprintf(s, "set terminal png size %d,480\nset output '%s/out.png'\nset datafile missing 'nan'\n", g->acc ? 1100 : 640,
           dir);
-  fprintf(s, "set key bottom left\nset grid\nset xlabel 'epoch'\n%s", records <= 20 ? "set xtics 1\n" : "");
-  if (acc) fprintf(s, "set multiplot layout 1,2\n");
+  fprintf(s, "set key bottom left\nset grid\nset xlabel 'epoch'\n%s", g->nrows <= 20 ? "set xtics 1\n" : "");
+  if (g->acc) fprintf(s, "set multiplot layout 1,2\n");
   fprintf(s, "set ylabel 'loss'\nplot '%s/data' using 1:2 with linespoints title 'train loss'%s\n", dir,
-          dev ? fmt(", '' using 1:4 with linespoints title 'dev loss'") : "");
-  if (acc) {
+          g->dev ? ", '' using 1:4 with linespoints title 'dev loss'" : "");
+  if (g->acc) {
     fprintf(s, "set key bottom right\nset ylabel 'accuracy'\nplot '%s/data' using 1:3 with linespoints title 'train'", dir);
-    if (dev) fprintf(s, ", '' using 1:5 with linespoints title 'dev (all vertices)', '' using 1:6 with linespoints title 'dev (roots)'");
+    if (g->dev) fprintf(s, ", '' using 1:5 with linespoints title 'dev (all vertices)', '' using 1:6 with linespoints title 'dev (roots)'");
     fprintf(s, "\nunset multiplot\n");
   }
-  if (fclose(s)) {
-    remove_all(dir, made, 3);
-    die(1, "cannot write in '%s': %s", dir, strerror(errno));
-  }
+  return !fclose(s);
+}
+
+/* gnuplot on the script, without a shell; NULL, or what went wrong. */
+static const char *run_gnuplot(const char *dir) {
   fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
@@ -142,27 +157,67 @@ int cmd_plot(int argc, char **argv) {
     _exit(127);
   }
   int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
-    remove_all(dir, made, 3);
-    die(1, "plot: gnuplot failed%s", pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "" : " (see above)");
-  }
-  /* into place, whole (afile.c) */
+  if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+    return pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 127 ? "plot: gnuplot failed" : "plot: gnuplot failed (see above)";
+  return NULL;
+}
+
+/* What gnuplot drew, into place whole (afile.c); false with err said. */
+static bool install_png(const char *dir, const char *out, char *err, size_t errlen) {
   cv_afile a;
-  char err[1024];
   FILE *png = fopen(fmt("%s/out.png", dir), "rb");
-  bool okay = png && !cv_afile_open(&a, out, false, err, sizeof err);
-  if (!png) snprintf(err, sizeof err, "cannot read what gnuplot drew: %s", strerror(errno));
+  bool okay = png && !cv_afile_open(&a, out, false, err, errlen);
+  if (!png) snprintf(err, errlen, "cannot read what gnuplot drew: %s", strerror(errno));
   char buf[65536];
   size_t n;
-  while (okay && (n = fread(buf, 1, sizeof buf, png)) > 0) okay = !cv_afile_write(&a, buf, n, err, sizeof err);
+  while (okay && (n = fread(buf, 1, sizeof buf, png)) > 0) okay = !cv_afile_write(&a, buf, n, err, errlen);
   if (okay && ferror(png)) {
     cv_afile_abort(&a);
-    snprintf(err, sizeof err, "cannot read what gnuplot drew");
+    snprintf(err, errlen, "cannot read what gnuplot drew");
     okay = false;
   }
   if (png) fclose(png);
-  okay = okay && !cv_afile_commit(&a, err, sizeof err);
+  return okay && !cv_afile_commit(&a, err, errlen);
+}
+
+int cmd_plot(int argc, char **argv) {
+  const char *out = NULL;
+  static Log g;
+  /* LOG and -o FILE (--output FILE, --output=FILE, --out FILE), in any order */
+  optind = 0;
+  for (int ch; (ch = next_option(argc, argv, CMD_PLOT)) != -1;) {
+    if (ch == OPT_OUTPUT) out = optarg;
+    else if (g.path) die(1, "plot: unexpected argument '%s'", optarg);
+    else g.path = optarg;
+  }
+  for (; optind < argc; optind++) {
+    if (g.path) die(1, "plot: unexpected argument '%s'", argv[optind]);
+    g.path = argv[optind];
+  }
+  if (!g.path || !out) die(1, "plot: usage: cavs plot LOG -o FILE.png");
+  const char *inputs[] = {g.path}, *what[] = {"the log"};
+  check_output("o", out, inputs, what, 1);
+  read_log(&g);
+  if (g.len >= 3 && !memcmp(g.text, "\xef\xbb\xbf", 3)) g.text[0] = g.text[1] = g.text[2] = ' '; /* a UTF-8 BOM */
+  size_t off = 0;
+  long line;
+  for (json_t *rec; (rec = next_record(&g, &off, &line));) add_row(&g, rec, line);
+  json_decref(record);
+  record = NULL;
+  if (!g.nrows) die(1, "%s: error: no records", g.path);
+  char dir[] = "/tmp/cavs-plot-XXXXXX";
+  if (!mkdtemp(dir)) die(1, "cannot make a temporary directory: %s", strerror(errno));
+  static const char *const made[] = {"data", "script", "out.png"};
+  if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
+    int e = errno;
+    remove_all(dir, made, 3);
+    die(1, "cannot write in '%s': %s", dir, strerror(e));
+  }
+  const char *failed = run_gnuplot(dir);
+  char err[1024];
+  bool okay = !failed && install_png(dir, out, err, sizeof err);
   remove_all(dir, made, 3);
+  if (failed) die(1, "%s", failed);
   if (!okay) die(1, "%s", err);
   return 0;
 }

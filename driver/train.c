@@ -378,30 +378,32 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
   fflush(stdout);
 }
 
-/* The epoch's record in --log: a JSON object on one line, null where a value does not
- * exist (no dev set, or no classifier). */
+/* The epoch's record in --log: a JSON object on one line (jansson), null where a value
+ * does not exist (no dev set, or no classifier) or is not finite. */
 static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv) {
-  FILE *log = r->log;
-  char ta[32] = "null", dl[32] = "null", da[32] = "null", dr[32] = "null";
-  if (r->with_acc) snprintf(ta, sizeof ta, "%.6f", ratio(t->correct, t->count));
-  if (r->dev) snprintf(dl, sizeof dl, "%.6f", total_loss(dv));
-  if (r->dev && r->with_acc)
-    snprintf(da, sizeof da, "%.6f", ratio(dv->correct, dv->count)), snprintf(dr, sizeof dr, "%.6f", ratio(dv->root_correct, dv->root_count));
-  fprintf(log, "{\"epoch\": %d, \"train_loss\": %.6f, \"train_acc\": %s, \"dev_loss\": %s, \"dev_acc\": %s, "
-               "\"dev_root_acc\": %s, ",
-          epoch, t->batch_loss / (t->batches ? t->batches : 1), ta, dl, da, dr);
+  json_t *o = json_object();
+  json_set(o, "epoch", json_integer(epoch));
+  json_set(o, "train_loss", json_num(t->batch_loss / (t->batches ? t->batches : 1)));
+  json_set(o, "train_acc", r->with_acc ? json_num(ratio(t->correct, t->count)) : json_null());
+  json_set(o, "dev_loss", r->dev ? json_num(total_loss(dv)) : json_null());
+  bool dev_acc = r->dev && r->with_acc;
+  json_set(o, "dev_acc", dev_acc ? json_num(ratio(dv->correct, dv->count)) : json_null());
+  json_set(o, "dev_root_acc", dev_acc ? json_num(ratio(dv->root_correct, dv->root_count)) : json_null());
   if (r->dev && dv->nl > 1) {
-    fputs("\"dev_losses\": [", log);
-    for (int l = 0; l < dv->nl; l++) fprintf(log, "%s%.6f", l ? ", " : "", dv->lcount[l] ? dv->lsum[l] / (double)dv->lcount[l] : 0);
-    fputs("], ", log);
+    json_t *losses = json_array();
+    for (int l = 0; l < dv->nl; l++)
+      json_push(losses, json_num(dv->lcount[l] ? dv->lsum[l] / (double)dv->lcount[l] : 0));
+    json_set(o, "dev_losses", losses);
   }
   char when[32];
   time_t now_s = time(NULL);
   struct tm tm;
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_s, &tm));
-  fprintf(log, "\"lr\": %.6g, \"graphs_per_s\": %.1f, \"seconds\": %.3f, \"time\": \"%s\"}\n", t->lr,
-          (double)t->graphs / t->secs, t->secs, when);
-  fflush(log);
+  json_set(o, "lr", json_num(t->lr));
+  json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
+  json_set(o, "seconds", json_num(t->secs));
+  json_set(o, "time", json_string(when));
+  json_write_line(o, r->log, fmt("the log '%s'", r->o->log));
 }
 
 /* After an epoch: the dev set evaluated, the best so far (by dev accuracy over all

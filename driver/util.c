@@ -1,10 +1,11 @@
 /* util.c: what every command of the `cavs` command leans on: dying with a message and
  * the right status, the keep list that holds what a command allocates until it exits,
- * whole files read into memory, and the checks an output path passes before a run
- * writes anything. */
+ * whole files read into memory, JSON written through jansson, and the checks an output
+ * path passes before a run writes anything. */
 #include "driver.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,33 @@ char *slurp(const char *path, size_t *len) {
 }
 
 bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* ---- JSON, through jansson ---- */
+
+/* JSON has no NaN or infinity (jansson's json_real refuses them): such a value, a loss
+   that diverged or a speed over no time, is written null. */
+json_t *json_num(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* Into an object or an array; jansson returns -1 only when memory ran out (a value or
+   the container NULL), and a record short of a field is never written. */
+void json_set(json_t *obj, const char *key, json_t *v) {
+  if (json_object_set_new(obj, key, v)) die(2, "out of memory");
+}
+
+void json_push(json_t *arr, json_t *v) {
+  if (json_array_append_new(arr, v)) die(2, "out of memory");
+}
+
+/* jansson writes each real with 17 significant digits, which read back to the same
+   double, and escapes every string; keys come out in the order they were set. */
+void json_write_line(json_t *obj, FILE *f, const char *what) {
+  errno = 0;
+  int rc = json_dumpf(obj, f, 0);
+  if (!rc && fputc('\n', f) == EOF) rc = -1;
+  if (!rc && fflush(f)) rc = -1;
+  json_decref(obj);
+  if (rc) die(errno == ENOMEM || !errno ? 2 : 1, "cannot write %s: %s", what, errno ? strerror(errno) : "out of memory");
+}
 
 /* ---- outputs ---- */
 

@@ -1,5 +1,6 @@
 /* check_docs.c: every manual page renders without warnings, every example in the pages
- * that is a complete model compiles, and cavs(1) describes what `cavs --help` lists. */
+ * that is a complete model compiles, and cavs(1) and the bash completion have every
+ * command's options as the driver's one table (driver/options.def) has them. */
 #include "testutil.h"
 
 static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/libcavs.3", "man/vf.5", "man/cavs-data.5"};
@@ -109,33 +110,193 @@ START_TEST(report_in_manual_is_current) {
 }
 END_TEST
 
-/* Every command and every long option that `cavs --help` lists has its entry in cavs(1). */
-START_TEST(cavs_help_documented) {
-  char path[4096];
+/* ---- cavs(1) and driver/cavs.bash against the driver's one table of options ---- */
+
+/* driver/options.def: the commands, and each option with the commands that take it */
+enum {
+#define CMD(id, name, operands, summary) CMDI_##id,
+#include "../driver/options.def"
+  NCMD
+};
+enum {
+#define CMD(id, name, operands, summary) C_##id = 1 << CMDI_##id,
+#include "../driver/options.def"
+  C_TOP = 1 << NCMD
+};
+static const char *const cmd_names[] = {
+#define CMD(id, name, operands, summary) name,
+#include "../driver/options.def"
+};
+static const struct {
+  unsigned commands;
+  char short_;
+  const char *name, *arg;
+} rows[] = {
+#define OPT(id, commands, short_, name, arg, dflt, meaning) {commands, short_, name, arg},
+#include "../driver/options.def"
+};
+enum { NROWS = sizeof rows / sizeof *rows };
+
+/* The row of command c (NCMD: no command) that `flag` ("--epochs", "-o") names, or -1. */
+static int row_of(int c, const char *flag) {
+  for (int i = 0; i < NROWS; i++) {
+    if (!((rows[i].commands >> c) & 1)) continue;
+    if (flag[1] == '-' ? !strcmp(flag + 2, rows[i].name) : rows[i].short_ == flag[1] && !flag[2]) return i;
+  }
+  return -1;
+}
+
+/* The flags mdoc's Fl writes in [from, to): "Fl -a | -b" is --a and --b, "Fl o" is -o,
+   up to the next macro; at most 64 into flags. */
+static int flags_in(const char *from, const char *to, char flags[][80]) {
+  int n = 0;
+  for (const char *p = from; (p = strstr(p, "Fl ")) && p < to; p += 3) {
+    if (p > from && p[-1] != ' ' && p[-1] != '.') continue;
+    for (const char *w = p + 3; w < to && *w != '\n' && n < 64;) {
+      int len = (int)strcspn(w, " \n");
+      if (*w == '-' || (len == 1 && *w >= 'a' && *w <= 'z')) snprintf(flags[n++], 80, "-%.*s", len > 70 ? 70 : len, w);
+      else if (len != 1 || *w != '|') break;
+      w += len;
+      w += strspn(w, " ");
+    }
+  }
+  return n;
+}
+
+/* The part of the page from `start` to the first of `ends` after it (or the end). */
+static const char *until(const char *start, const char *const *ends) {
+  const char *end = start + strlen(start);
+  for (int i = 0; ends[i]; i++) {
+    const char *e = strstr(start + 1, ends[i]);
+    if (e && e < end) end = e;
+  }
+  return end;
+}
+
+/* Each command's SYNOPSIS lists exactly its options in driver/options.def (cavs without
+ * a command: --version and --help); each option of a command has its entry (an `.It`
+ * line with `Fl -NAME`) in the command's item, where every entry is one of its options,
+ * or in OPTIONS, where every entry is an option of train, eval, predict or of cavs
+ * alone. An option added, removed or moved to another command on one side fails. */
+START_TEST(options_match_manual) {
+  char path[4096], flags[64][80];
   snprintf(path, sizeof path, "%s/man/cavs.1", tu_env("TOP_SRCDIR", "."));
   char *page = tu_slurp(path, NULL);
   ck_assert_ptr_nonnull(page);
-  char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "--help", NULL};
-  RunResult r = tu_run(NULL, argv, 20);
-  ck_assert_int_eq(r.status, 0);
-  int commands = 0, options = 0;
-  char word[64], want[80];
-  for (const char *p = r.out; (p = strstr(p, "cavs ")); p += 5)
-    if (sscanf(p + 5, "%63[a-z]", word) == 1) {
-      snprintf(want, sizeof want, "\n.It Cm %s ", word);
-      ck_assert_msg(strstr(page, want), "cavs.1 has no entry for the command '%s'", word);
-      commands++;
+  const char *syn = strstr(page, "\n.Sh SYNOPSIS"), *opts = strstr(page, "\n.Sh OPTIONS");
+  const char *env = strstr(page, "\n.Sh ENVIRONMENT");
+  ck_assert(syn && opts && env);
+  static const char *const next_block[] = {"\n.Nm\n", "\n.Sh ", NULL}, *const next_item[] = {"\n.It Cm ", "\n.Sh ", NULL};
+  const unsigned in_options = C_TRAIN | C_EVAL | C_PREDICT | C_TOP;
+  for (int c = 0; c <= NCMD; c++) {
+    const char *who = c < NCMD ? cmd_names[c] : "cavs without a command";
+    bool listed[NROWS] = {false}, described[NROWS] = {false};
+    char head[64];
+    snprintf(head, sizeof head, c < NCMD ? "\n.Nm\n.Cm %s\n" : "\n.Nm\n.Fl -%s", c < NCMD ? cmd_names[c] : "version");
+    const char *block = strstr(syn, head);
+    ck_assert_msg(block && block < opts, "cavs.1's SYNOPSIS has no %s", who);
+    int n = flags_in(block, until(block, next_block), flags);
+    for (int k = 0; k < n; k++) {
+      int r = row_of(c, flags[k]);
+      ck_assert_msg(r >= 0, "cavs.1's SYNOPSIS of %s shows %s, which driver/options.def does not give it", who, flags[k]);
+      listed[r] = true;
     }
-  for (const char *p = r.out; (p = strstr(p, "--")); p += 2)
-    if (sscanf(p + 2, "%63[a-z-]", word) == 1) {
-      snprintf(want, sizeof want, "Fl -%s", word);
-      ck_assert_msg(strstr(page, want), "cavs.1 does not describe --%s", word);
-      options++;
+    snprintf(head, sizeof head, "\n.It Cm %s ", c < NCMD ? cmd_names[c] : "");
+    const char *item = c < NCMD ? strstr(page, head) : NULL, *item_end = item ? until(item, next_item) : NULL;
+    ck_assert_msg(item || c == NCMD, "cavs.1 has no entry for the command '%s'", who);
+    for (const char *p = item; p && (p = strstr(p, "\n.It ")) && p < item_end; p++) {
+      n = flags_in(p + 4, strchr(p + 1, '\n'), flags);
+      for (int k = 0; k < n; k++) {
+        int r = row_of(c, flags[k]);
+        ck_assert_msg(r >= 0, "cavs.1's entry of %s describes %s, which driver/options.def does not give it", who, flags[k]);
+        described[r] = true;
+      }
     }
-  ck_assert_int_ge(commands, 6);
-  ck_assert_int_ge(options, 20);
-  tu_free(&r);
+    for (const char *p = opts; (p = strstr(p, "\n.It ")) && p < env; p++) {
+      n = flags_in(p + 4, strchr(p + 1, '\n'), flags);
+      for (int k = 0; k < n; k++) {
+        bool known = false;
+        for (int d = 0; d <= NCMD; d++) known |= (in_options >> d & 1) && row_of(d, flags[k]) >= 0;
+        ck_assert_msg(known, "cavs.1's OPTIONS describes %s, which no command of driver/options.def has there", flags[k]);
+        if (row_of(c, flags[k]) >= 0 && (in_options >> c & 1)) described[row_of(c, flags[k])] = true;
+      }
+    }
+    for (int i = 0; i < NROWS; i++) {
+      if (!((rows[i].commands >> c) & 1)) continue;
+      ck_assert_msg(listed[i], "cavs.1's SYNOPSIS of %s lacks --%s, which driver/options.def gives it", who, rows[i].name);
+      ck_assert_msg(described[i], "cavs.1 has no entry for --%s of %s (an .It with Fl -%s in its item or OPTIONS)",
+                    rows[i].name, who, rows[i].name);
+    }
+  }
   free(page);
+}
+END_TEST
+
+/* The words of the first `key='...'` after `after` in text, NUL-separated in out;
+   NULL where there is none. */
+static char *quoted(const char *text, const char *after, const char *key, char *out, size_t cap) {
+  const char *p = strstr(text, after);
+  if (!p) return NULL;
+  char pat[64];
+  snprintf(pat, sizeof pat, "%s='", key);
+  p = strstr(p, pat);
+  if (!p) return NULL;
+  p += strlen(pat);
+  size_t len = strcspn(p, "'");
+  snprintf(out, cap, "%.*s", (int)(len < cap ? len : cap - 1), p);
+  return out;
+}
+
+/* Whether the words of `list` (space-separated) are exactly the n in `want`, any order. */
+static bool same_words(const char *list, const char *const *want, int n) {
+  int found = 0;
+  for (const char *w = list; *w; w += strspn(w, " ")) {
+    size_t len = strcspn(w, " ");
+    bool in = false;
+    for (int i = 0; i < n; i++) in |= strlen(want[i]) == len && !strncmp(want[i], w, len);
+    if (!in) return false;
+    found++;
+    w += len;
+  }
+  return found == n;
+}
+
+/* driver/cavs.bash, the bash completion: its commands, each command's options and each
+ * option's choices (an ARG of words separated by '|') are the table's. */
+START_TEST(completion_matches_table) {
+  char path[4096], list[2048], head[64];
+  snprintf(path, sizeof path, "%s/driver/cavs.bash", tu_env("TOP_SRCDIR", "."));
+  char *text = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert(quoted(text, "_cavs()", "commands", list, sizeof list));
+  ck_assert_msg(same_words(list, cmd_names, NCMD), "cavs.bash's commands are '%s'", list);
+  for (int c = 0; c < NCMD; c++) {
+    const char *want[NROWS + 1];
+    char names[NROWS + 1][40];
+    int n = 0;
+    for (int i = 0; i < NROWS; i++)
+      if ((rows[i].commands >> c & 1) || !strcmp(rows[i].name, "help")) snprintf(names[n], 40, "--%s", rows[i].name), want[n] = names[n], n++;
+    snprintf(head, sizeof head, "\n  %s) ", cmd_names[c]);
+    ck_assert_msg(quoted(text, head, "opts", list, sizeof list), "cavs.bash has no options of %s", cmd_names[c]);
+    ck_assert_msg(same_words(list, want, n), "cavs.bash's options of %s are not driver/options.def's: %s", cmd_names[c], list);
+  }
+  int with_choices = 0;
+  for (int i = 0; i < NROWS; i++) {
+    if (!rows[i].arg || !strchr(rows[i].arg, '|')) continue;
+    char args[256], *save = NULL;
+    const char *want[32];
+    int n = 0;
+    snprintf(args, sizeof args, "%s", rows[i].arg);
+    for (char *w = strtok_r(args, "|", &save); w && n < 32; w = strtok_r(NULL, "|", &save)) want[n++] = w;
+    snprintf(head, sizeof head, "\n  --%s) ", rows[i].name);
+    ck_assert_msg(quoted(text, head, "choices", list, sizeof list), "cavs.bash offers no choices for --%s", rows[i].name);
+    ck_assert_msg(same_words(list, want, n), "cavs.bash's choices for --%s are '%s', not %s", rows[i].name, list, rows[i].arg);
+    with_choices++;
+  }
+  int lines = 0;
+  for (const char *p = text; (p = strstr(p, ") choices='")); p++) lines++;
+  ck_assert_msg(lines == with_choices, "cavs.bash offers choices for %d options, driver/options.def has %d", lines, with_choices);
+  free(text);
 }
 END_TEST
 
@@ -227,7 +388,8 @@ int main(void) {
   tcase_add_test(tc, page_examples_compile);
   tcase_add_test(tc, report_in_manual_is_current);
   tcase_add_test(tc, library_example_runs);
-  tcase_add_test(tc, cavs_help_documented);
+  tcase_add_test(tc, options_match_manual);
+  tcase_add_test(tc, completion_matches_table);
   tcase_add_test(tc, library_functions_documented);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include <dlfcn.h>
+#include <jansson.h>
 #include <pty.h>
 
 static void gen_data(void) {
@@ -19,6 +20,22 @@ static void gen_data(void) {
   ok(&r, "gen dev");
   tu_free(&r);
   done = true;
+}
+
+/* A --log file's records, a JSON object a line (jansson, as strictly as it reads any
+ * JSON), in an array. */
+static json_t *log_records(const char *path) {
+  char *text = tu_slurp(path, NULL);
+  ck_assert_ptr_nonnull(text);
+  json_t *all = json_array();
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    json_error_t e;
+    json_t *rec = json_loads(line, JSON_REJECT_DUPLICATES, &e);
+    ck_assert_msg(json_is_object(rec), "%s: not a JSON object (%s): %s", path, e.text, line);
+    json_array_append_new(all, rec);
+  }
+  free(text);
+  return all;
 }
 
 #define TRAIN(...)                                                                                     \
@@ -44,29 +61,41 @@ START_TEST(train_save_eval_predict) {
   ck_assert_msg(fabs(acc - dev_acc) < 1e-4, "eval says %.4f, training printed %.4f", acc, dev_acc);
   ck_assert_msg(acc > 0.6, "accuracy %.3f after 3 epochs", acc);
   tu_free(&r);
-  /* --json: one object on stdout, the same accuracy, per-class counts that add up */
+  /* --json: one object on stdout, on one line, the same accuracy, per-class counts that
+     add up */
   r = cavs("eval", path_in("a.ckpt"), "--data", path_in("dev.txt"), "--json", NULL);
   ok(&r, "eval --json");
-  ck_assert_msg(r.out[0] == '{' && !strchr(r.out, '\n')[1] && strstr(r.out, "}\n"), "%s", r.out);
-  double jacc = -1;
-  long vertices = -1, sum_count = 0, sum_correct = 0, cnt, cor;
-  ck_assert(sscanf(strstr(r.out, "\"accuracy\": "), "\"accuracy\": %lf", &jacc) == 1);
-  ck_assert(sscanf(strstr(r.out, "\"vertices\": "), "\"vertices\": %ld", &vertices) == 1);
+  ck_assert_msg(r.out[0] == '{' && !strchr(r.out, '\n')[1], "%s", r.out);
+  json_error_t e;
+  json_t *j = json_loads(r.out, JSON_REJECT_DUPLICATES, &e);
+  ck_assert_msg(json_is_object(j), "eval --json: %s\n%s", e.text, r.out);
+  double jacc = json_real_value(json_object_get(j, "accuracy"));
+  long vertices = (long)json_integer_value(json_object_get(j, "vertices")), sum_count = 0, sum_correct = 0;
   ck_assert_msg(fabs(jacc - acc) < 1e-4, "json %.6f, text %.4f", jacc, acc);
-  for (char *p = strstr(r.out, "\"classes\": ["); p && (p = strstr(p, "{\"count\": ")); p++) {
-    ck_assert(sscanf(p, "{\"count\": %ld, \"correct\": %ld}", &cnt, &cor) == 2 && cor <= cnt);
+  size_t k;
+  json_t *c, *classes = json_object_get(j, "classes");
+  ck_assert_int_eq(json_array_size(classes), 5);
+  json_array_foreach(classes, k, c) {
+    long cnt = (long)json_integer_value(json_object_get(c, "count")), cor = (long)json_integer_value(json_object_get(c, "correct"));
+    ck_assert(cor <= cnt);
     sum_count += cnt, sum_correct += cor;
   }
   ck_assert_int_eq(sum_count, vertices);
   ck_assert_msg(labs(sum_correct - lround(jacc * (double)vertices)) <= 1, "%ld of %ld", sum_correct, vertices);
+  json_decref(j);
   tu_free(&r);
   ck_assert_msg(access(path_in("a.ckpt.best"), F_OK) == 0, "no best-on-dev checkpoint");
-  /* one JSON line per epoch */
-  char *log = tu_slurp(path_in("a.log"), NULL);
-  int lines = 0;
-  for (char *p = log; (p = strstr(p, "{\"epoch\": ")); p++) lines++;
-  ck_assert_int_eq(lines, 3);
-  free(log);
+  /* one JSON object per epoch, a line each, the epochs in order */
+  json_t *log = log_records(path_in("a.log")), *rec;
+  ck_assert_int_eq(json_array_size(log), 3);
+  json_array_foreach(log, k, rec) {
+    ck_assert_int_eq(json_integer_value(json_object_get(rec, "epoch")), (long)k + 1);
+    ck_assert(json_is_real(json_object_get(rec, "dev_acc")) && json_is_string(json_object_get(rec, "time")));
+  }
+  /* the last dev accuracy, exactly what training computed: the epoch line's, rounded */
+  double logged = json_real_value(json_object_get(json_array_get(log, 2), "dev_acc"));
+  ck_assert_msg(fabs(logged - dev_acc) <= 0.5e-4 + 1e-12, "log %.17g, printed %.4f", logged, dev_acc);
+  json_decref(log);
   /* predict: one class per graph */
   r = cavs("predict", path_in("a.ckpt"), "--data", path_in("dev.txt"), NULL);
   ok(&r, "predict");
@@ -172,8 +201,165 @@ START_TEST(train_save_eval_predict) {
 }
 END_TEST
 
-/* cavs plot: the log's curves as a PNG (gnuplot draws it); a malformed log is named by
- * its line and leaves no picture behind. */
+/* Each vertex's label in a ptb-tree line, in the order cavs numbers them (children
+ * first, the root last: the order their brackets close); the count, at most max. */
+static int ptb_labels(const char *line, int *labels, int max) {
+  int stack[4096], depth = 0, n = 0;
+  for (const char *p = line; *p && *p != '\n'; p++) {
+    if (*p == '(' && depth < 4096) stack[depth++] = atoi(p + 1);
+    if (*p == ')' && depth > 0 && n < max) labels[n++] = stack[--depth];
+  }
+  return n;
+}
+
+/* Rows by columns of counts, as eval --json's "confusion" holds them. */
+static void expect_matrix(const json_t *j, const char *key, const long *want, int rows, int cols) {
+  const json_t *m = json_object_get(j, key);
+  ck_assert_msg(json_array_size(m) == (size_t)rows, "%s: %zu rows", key, json_array_size(m));
+  for (int y = 0; y < rows; y++) {
+    const json_t *row = json_array_get(m, (size_t)y);
+    ck_assert_int_eq(json_array_size(row), cols);
+    for (int p = 0; p < cols; p++)
+      ck_assert_msg(json_integer_value(json_array_get(row, (size_t)p)) == want[y * cols + p], "%s[%d][%d] is %lld, the predictions say %ld",
+                    key, y, p, (long long)json_integer_value(json_array_get(row, (size_t)p)), want[y * cols + p]);
+  }
+}
+
+/* Precision, recall and F1 by class, their macro (over the classes labeled or
+ * predicted) and weighted averages, and the accuracy, from a matrix counted here. */
+static void expect_scores(const json_t *j, const char *prefix, const long *cm, int rows, int cols, const char *acc,
+                          const char *count) {
+  long total = 0, right = 0;
+  double macro[3] = {0}, weighted[3] = {0};
+  int present = 0;
+  char key[64];
+  snprintf(key, sizeof key, "%sclasses", prefix);
+  const json_t *classes = json_object_get(j, key);
+  ck_assert_int_eq(json_array_size(classes), rows);
+  for (int k = 0; k < rows; k++) {
+    long support = 0, predicted = 0, tp = cm[k * cols + k];
+    for (int p = 0; p < cols; p++) support += cm[k * cols + p];
+    for (int y = 0; y < rows; y++) predicted += cm[y * cols + k];
+    total += support, right += tp;
+    double pr = predicted ? (double)tp / (double)predicted : 0, re = support ? (double)tp / (double)support : 0;
+    double f1 = pr + re > 0 ? 2 * pr * re / (pr + re) : 0, got[3];
+    const json_t *c = json_array_get(classes, (size_t)k);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "count")), support);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "correct")), tp);
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "predicted")), predicted);
+    const char *names[] = {"precision", "recall", "f1"};
+    double want[3] = {pr, re, f1};
+    for (int i = 0; i < 3; i++) {
+      got[i] = json_real_value(json_object_get(c, names[i]));
+      ck_assert_msg(fabs(got[i] - want[i]) < 1e-12, "%sclass %d %s %.17g, counted %.17g", prefix, k, names[i], got[i], want[i]);
+      weighted[i] += (double)support * want[i];
+      if (support || predicted) macro[i] += want[i];
+    }
+    present += support || predicted;
+  }
+  for (int i = 0; i < 3; i++) {
+    const char *names[] = {"precision", "recall", "f1"};
+    snprintf(key, sizeof key, "%smacro", prefix);
+    double m = json_real_value(json_object_get(json_object_get(j, key), names[i]));
+    snprintf(key, sizeof key, "%sweighted", prefix);
+    double w = json_real_value(json_object_get(json_object_get(j, key), names[i]));
+    ck_assert_msg(fabs(m - macro[i] / present) < 1e-12 && fabs(w - weighted[i] / (double)total) < 1e-12,
+                  "%s %s: macro %.17g weighted %.17g", prefix, names[i], m, w);
+  }
+  ck_assert_int_eq(json_integer_value(json_object_get(j, count)), total);
+  ck_assert_msg(fabs(json_real_value(json_object_get(j, acc)) - (double)right / (double)total) < 1e-12, "%s", acc);
+}
+
+/* cavs eval's confusion matrices, per-class precision, recall and F1, macro and weighted
+ * averages, over all labeled vertices and the roots, five classes and SST's binary
+ * setting, against an independent count: cavs predict --all-nodes's classes and the
+ * data's own labels, tallied here. */
+START_TEST(eval_scores_match_predictions) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "2", "--lr", "0.01", "--quiet", "--save", path_in("m.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  RunResult pred = cavs("predict", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--all-nodes", NULL);
+  ok(&pred, "predict --all-nodes");
+  char *data = tu_slurp(path_in("dev.txt"), NULL);
+  long cm[25] = {0}, roots[25] = {0}, bin[6] = {0}, bin_roots[6] = {0};
+  static const int merge[] = {0, 0, 2, 1, 1}; /* negative, positive; 2: neutral */
+  const char *line = pred.out, *tree = data;
+  for (int g = 0; g < 300; g++, line = strchr(line, '\n') + 1, tree = strchr(tree, '\n') + 1) {
+    int labels[4096], n = ptb_labels(tree, labels, 4096), off, v = 0, p;
+    for (const char *q = line; *q != '\n' && sscanf(q, "%d%n", &p, &off) == 1; q += off, v++) {
+      ck_assert(v < n && p >= 0 && p < 5 && labels[v] >= 0 && labels[v] < 5);
+      bool root = v == n - 1;
+      cm[labels[v] * 5 + p]++;
+      if (root) roots[labels[v] * 5 + p]++;
+      if (labels[v] == 2) continue; /* the binary setting drops neutral labels */
+      bin[merge[labels[v]] * 3 + merge[p]]++;
+      if (root) bin_roots[merge[labels[v]] * 3 + merge[p]]++;
+    }
+    ck_assert_int_eq(v, n);
+  }
+  free(data);
+  tu_free(&pred);
+  for (int binary = 0; binary < 2; binary++) {
+    r = cavs("eval", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--json", binary ? "--binary" : NULL, NULL);
+    ok(&r, binary ? "eval --json --binary" : "eval --json");
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    ck_assert_msg(json_is_object(j), "%s: %s", e.text, r.out);
+    int rows = binary ? 2 : 5, cols = binary ? 3 : 5;
+    expect_matrix(j, "confusion", binary ? bin : cm, rows, cols);
+    expect_matrix(j, "root_confusion", binary ? bin_roots : roots, rows, cols);
+    expect_scores(j, "", binary ? bin : cm, rows, cols, "accuracy", "vertices");
+    expect_scores(j, "root_", binary ? bin_roots : roots, rows, cols, "root_accuracy", "roots");
+    ck_assert(!binary == !json_object_get(j, "binary"));
+    json_decref(j);
+    tu_free(&r);
+  }
+  /* the text: the same matrices and tables */
+  r = cavs("eval", path_in("m.ckpt"), "--data", path_in("dev.txt"), "--binary", NULL);
+  ok(&r, "eval --binary");
+  char want[256];
+  snprintf(want, sizeof want, "\n     neg %8ld %8ld %8ld\n     pos %8ld %8ld %8ld\n", bin[0], bin[1], bin[2], bin[3], bin[4],
+           bin[5]);
+  ck_assert_msg(strstr(r.out, "binary accuracy ") && strstr(r.out, want) && strstr(r.out, "\n   macro ") &&
+                    strstr(r.out, "\nweighted "),
+                "no %s in\n%s", want, r.out);
+  tu_free(&r);
+  /* --binary merges SST's five classes: a model of three is refused */
+  r = cavs("gen", "complete", "--graphs", "20", "--leaves", "4", "--classes", "3", "-o", path_in("c3.txt"), NULL);
+  ok(&r, "gen complete --classes 3");
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("c3.txt"), "--dim", "C=3", "--dim",
+           "E=4", "--dim", "H=4", "--epochs", "1", "--quiet", "--threads", "1", "--save", path_in("c3.ckpt"), NULL);
+  ok(&r, "train C=3");
+  tu_free(&r);
+  r = cavs("eval", path_in("c3.ckpt"), "--data", path_in("c3.txt"), "--binary", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--binary: ") && strstr(r.err, "has 3"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
+/* Plots LOG (text) into NAME.png: the run's result, the PNG checked when it succeeds and
+ * absent when it fails. */
+static RunResult plot_text(const char *name, const char *text) {
+  char log[4400], png[4400];
+  snprintf(log, sizeof log, "%s/%s.log", dir, name);
+  snprintf(png, sizeof png, "%s/%s.png", dir, name);
+  tu_write(log, text, strlen(text));
+  RunResult r = cavs("plot", log, "-o", png, NULL);
+  size_t n = 0;
+  char *pic = tu_slurp(png, &n);
+  if (!r.status)
+    ck_assert_msg(pic && n > 1000 && !memcmp(pic, "\x89PNG\r\n\x1a\n", 8), "%s: not a PNG (%zu bytes)", name, n);
+  else ck_assert_msg(!pic, "%s: a failed plot left a picture", name);
+  free(pic);
+  return r;
+}
+
+/* cavs plot: the log's curves as a PNG (gnuplot draws it). The log is read as JSON (any
+ * spacing, keys in any order, unknown keys passed over, a record over several lines);
+ * what is not JSON, or a known field that is not a number or null, is named by its line
+ * and leaves no picture behind. */
 START_TEST(plot_a_log) {
   gen_data();
   RunResult r = TRAIN("--epochs", "2", "--quiet", "--log", path_in("p.log"), NULL);
@@ -186,13 +372,37 @@ START_TEST(plot_a_log) {
   char *png = tu_slurp(path_in("p.png"), &n);
   ck_assert_msg(png && n > 1000 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8), "not a PNG (%zu bytes)", n);
   free(png);
-  const char *bad = "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2, \"train_loss\": \"system('x')\"}\n";
-  tu_write(path_in("bad.log"), bad, strlen(bad));
-  r = cavs("plot", path_in("bad.log"), "-o", path_in("bad.png"), NULL);
-  ck_assert_int_eq(r.status, 1);
-  ck_assert_msg(strstr(r.err, "bad.log:2:") && strstr(r.err, "\"train_loss\" is not a number or null"), "%s", r.err);
-  ck_assert_int_ne(access(path_in("bad.png"), F_OK), 0);
+  /* as jq prints a log: pretty, a key's order changed, numbers as integers, exponents
+     and null, keys cavs never writes, escapes, and compact records between */
+  r = plot_text("pretty", "{\n  \"train_loss\": 0.5,\n  \"epoch\": 1,\n  \"dev_loss\": null,\n"
+                          "  \"notes\": {\"by\": \"a \\\"q\\\" \\u00e9\", \"tags\": [1, true, null]}\n}\n"
+                          "{\"epoch\":2,\"train_loss\":4e-1,\"train_acc\":0.75,\"dev_acc\":null}\r\n\n"
+                          "\t{ \"dev_root_acc\" : 1 , \"epoch\" : 3 , \"train_loss\" : 0.25 }\n");
+  ok(&r, "plot a pretty-printed, reordered log");
   tu_free(&r);
+  /* broken JSON, each named by its line (the third: two good records before) */
+  static const char *const broken[][2] = {
+      {"{\"epoch\": 3, \"train_loss\": 0.2,}\n", "string or '}' expected"},   /* a trailing comma */
+      {"{\"epoch\": 3, \"time\": \"2024-01-01}\n{\"epoch\": 4}\n", "newline"}, /* an unterminated string */
+      {"{\"epoch\": 3, \"train_loss\": NaN}\n", "invalid token near 'NaN'"},
+      {"{\"epoch\": 3, \"train_loss\": Infinity}\n", "invalid token"},
+      {"{\"epoch\": 3, \"epoch\": 4}\n", "duplicate"},
+      {"{\"epoch\": 3, \"train_loss\": 0.2\n", "'}' expected"},
+      {"{\"epoch\": 3, \"train_loss\": \"system('x')\"}\n", "\"train_loss\" is not a number or null"},
+      {"{\"epoch\": null, \"train_loss\": 0.2}\n", "without a number for \"epoch\""},
+      {"[3, 0.2]\n", "not a record"},
+      {"epoch 3 loss 0.2\n", "expected near 'epoch'"},
+  };
+  for (size_t i = 0; i < sizeof broken / sizeof *broken; i++) {
+    char *text = NULL;
+    ck_assert(asprintf(&text, "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2,\n\"train_loss\": 0.4}\n%s",
+                       broken[i][0]) > 0);
+    r = plot_text("bad", text);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "bad.log:4:") && strstr(r.err, broken[i][1]),
+                  "case %zu (%s): exit %d\n%s", i, broken[i][0], r.status, r.err);
+    tu_free(&r);
+    free(text);
+  }
 }
 END_TEST
 
@@ -461,15 +671,16 @@ START_TEST(schedules_and_stopping) {
   for (char *p = r.out; (p = strstr(p, " root ")); p++)
     if (sscanf(p, " root %lf", &root) == 1 && root > best_root) best_root = root;
   tu_free(&r);
-  char *log = tu_slurp(path_in("sched.log"), NULL);
-  const char *lrs[] = {"\"lr\": 0.1,", "\"lr\": 0.05,", "\"lr\": 0.025,"};
-  char *at = log;
+  json_t *log = log_records(path_in("sched.log"));
+  const double lrs[] = {0.1, 0.05, 0.025};
+  ck_assert_int_eq(json_array_size(log), 3);
   for (int e = 0; e < 3; e++) {
-    at = strstr(at, lrs[e]);
-    ck_assert_msg(at != NULL, "no %s in order in %s", lrs[e], log);
-    ck_assert_msg(strstr(at, "\"time\": \"20"), "no time after %s", lrs[e]);
+    json_t *rec = json_array_get(log, (size_t)e);
+    double lr = json_real_value(json_object_get(rec, "lr"));
+    ck_assert_msg(lr == lrs[e], "epoch %d: lr %.17g, not %g", e + 1, lr, lrs[e]);
+    ck_assert_msg(!strncmp(json_string_value(json_object_get(rec, "time")), "20", 2), "epoch %d: no time", e + 1);
   }
-  free(log);
+  json_decref(log);
   r = cavs("info", path_in("sched.ckpt"), NULL);
   ok(&r, "info");
   double best = -1;
@@ -555,6 +766,77 @@ START_TEST(option_typos_suggest) {
   RunResult r = tu_run(NULL, argv, 60);
   ck_assert_int_eq(r.status, 1);
   ck_assert_str_eq(r.err, "cavsc: unknown option '--reprot'; did you mean '--report'?\n");
+  tu_free(&r);
+}
+END_TEST
+
+/* cavs help, cavs help COMMAND and cavs COMMAND --help print the table's rows: each of a
+ * command's options with its meaning and default. Options take any unambiguous prefix
+ * among their command's (getopt's rule, plot's too); commands are spelled in full; an
+ * option of another command names the commands that take it. */
+START_TEST(help_and_prefixes) {
+  RunResult r = cavs("help", NULL), h;
+  ok(&r, "help");
+  const char *const cmds[] = {"train", "eval", "predict", "gen", "info", "plot", "build", "help"};
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    char want[64];
+    snprintf(want, sizeof want, "\n  cavs %s ", cmds[i]);
+    ck_assert_msg(strstr(r.out, want), "cavs help has no %s:\n%s", cmds[i], r.out);
+  }
+  h = cavs("--help", NULL);
+  ck_assert_msg(h.status == 0 && !strcmp(h.out, r.out), "cavs --help is not cavs help");
+  tu_free(&h);
+  tu_free(&r);
+  r = cavs("help", "train", NULL);
+  ok(&r, "help train");
+  ck_assert_msg(strstr(r.out, "usage: cavs train ") && strstr(r.out, "\n  --epochs N ") &&
+                    strstr(r.out, "default: 10\n") && strstr(r.out, "\n  --optimizer sgd|adagrad|adam") &&
+                    strstr(r.out, "\n  --quiet ") && !strstr(r.out, "--json") && !strstr(r.out, "--graphs"),
+                "%s", r.out);
+  const char *const same[][4] = {{"train", "--help"}, {"train", "m.vf", "--epochs", "--help"}, {"train", "--he"}, {"train", "-h"}};
+  for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+    h = cavs(same[i][0], same[i][1], same[i][2], same[i][3], NULL);
+    ck_assert_msg(h.status == 0 && !strcmp(h.out, r.out), "cavs %s %s differs from cavs help train", same[i][0], same[i][1]);
+    tu_free(&h);
+  }
+  tu_free(&r);
+  r = cavs("plot", "--help", NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "\n  -o, --output FILE ") && !strstr(r.out, "--epochs N"), "%s", r.out);
+  tu_free(&r);
+  r = cavs("--ver", NULL);
+  ck_assert_msg(r.status == 0 && !strncmp(r.out, "cavs ", 5), "cavs --ver: %d %s%s", r.status, r.out, r.err);
+  tu_free(&r);
+  static const struct {
+    const char *args[4], *want;
+  } bad[] = {
+      {{"tr", "m.vf"}, "cavs: unknown command 'tr'; did you mean 'train'? (commands are spelled in full)\n"},
+      {{"evaluate", "a.ckpt"}, "cavs: unknown command 'evaluate'; did you mean 'eval'? (commands are spelled in full)\n"},
+      {{"help", "tr"}, "cavs: unknown command 'tr'; did you mean 'train'? (commands are spelled in full)\n"},
+      {{"--v3rsion"}, "cavs: unknown option '--v3rsion'; did you mean '--version'?\n"},
+      {{"eval", "a.ckpt", "--epochs", "3"}, "cavs: eval: option '--epochs' is not one of eval's: train takes it\n"},
+      {{"info", "a.ckpt", "--batch=3"}, "cavs: info: option '--batch' is not one of info's: train, eval or predict takes it\n"},
+      {{"predict", "a.ckpt", "--p", "bfs"}, "cavs: predict: option '--p' is ambiguous: '--policy' or another\n"},
+      {{"plot", "p.log", "--out"}, "cavs: plot: option '--output' needs a value\n"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    r = cavs(bad[i].args[0], bad[i].args[1], bad[i].args[2], bad[i].args[3], NULL);
+    ck_assert_msg(r.status == 1 && !strcmp(r.err, bad[i].want), "cavs %s %s: exit %d\n%s", bad[i].args[0],
+                  bad[i].args[1] ? bad[i].args[1] : "", r.status, r.err);
+    tu_free(&r);
+  }
+  /* prefixes: eval's --p is --policy (predict's --probs is not eval's), gen's --gra is
+     --graphs, plot's --out is --output */
+  gen_data();
+  r = cavs("gen", "toy", "--gra", "3", "--out", path_in("toy3.txt"), NULL);
+  ok(&r, "gen --gra 3 --out");
+  tu_free(&r);
+  char *three = tu_slurp(path_in("toy3.txt"), NULL);
+  int lines = 0;
+  for (char *p = three; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) lines++;
+  ck_assert_int_eq(lines, 3);
+  free(three);
+  r = cavs("eval", path_in("nonesuch.ckpt"), "--data", path_in("dev.txt"), "--p", "nonesuch", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--policy: 'nonesuch' is not"), "%s", r.err);
   tu_free(&r);
 }
 END_TEST
@@ -1550,9 +1832,11 @@ int main(void) {
   tcase_add_test(tc, device_named);
   tcase_add_test(tc, threads_default_from_the_machine);
   tcase_add_test(tc, option_typos_suggest);
+  tcase_add_test(tc, help_and_prefixes);
   tcase_add_test(tc, init_and_freeze);
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
+  tcase_add_test(tc, eval_scores_match_predictions);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);

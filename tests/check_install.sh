@@ -1,9 +1,10 @@
 #!/bin/sh
 # check_install.sh: cavs as an application developer meets it. `make install` into a
-# scratch DESTDIR; a model compiled by the installed cavsc; tests/install_app.c built
-# against the installed libcavs with `pkg-config --cflags --libs cavs` alone (no path
-# into the source or build tree), trained, saved and loaded back; then the installed
-# `cavs info` reads the checkpoint it saved.
+# scratch DESTDIR, bash completion included (bash sources it); a model compiled by the
+# installed cavsc; tests/install_app.c built against the installed libcavs with
+# `pkg-config --cflags --libs cavs` alone (no path into the source or build tree),
+# trained, saved and loaded back; then the installed `cavs info` reads the checkpoint
+# it saved.
 set -e
 top=${TOP_SRCDIR:-.}
 build=${BUILDDIR:-.}
@@ -21,6 +22,12 @@ for f in "$root$prefix/bin/cavsc" "$root$prefix/bin/cavs" "$root$prefix/include/
   "$root$prefix/include/cavs_abi.h" "$root$prefix/share/doc/cavs/LICENSE"; do
   [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
 done
+# bash completion, where bash-completion looks for it, and bash takes it
+comp=$root$prefix/share/bash-completion/completions/cavs
+[ -f "$comp" ] || { echo "check_install: $comp was not installed"; exit 1; }
+cmp -s "$comp" "$top/driver/cavs.bash" || { echo "check_install: $comp is not driver/cavs.bash"; exit 1; }
+spec=$(bash -c '. "$1" && complete -p cavs' sh "$comp") || { echo "check_install: bash cannot source $comp"; exit 1; }
+[ "$spec" = "complete -o default -F _cavs cavs" ] || { echo "check_install: complete -p cavs says: $spec"; exit 1; }
 # the example models the manual pages name, each compiled by the installed cavsc
 for m in treelstm treefc lstm_lm treegru twotype tagger tagger_chars childsum lattice_lstm lattice_gru seq2seq mvrnn; do
   f=$root$prefix/share/cavs/$m.vf
