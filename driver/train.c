@@ -94,7 +94,7 @@ typedef struct Run {
   long nbatches;
   int *order;
   const cavs_graph **gs;
-  long found[8]; /* --init i: the rows written into parameter inited[i] */
+  cavs_vectors_report found[8]; /* --init i: what it wrote into parameter inited[i] */
   int inited[8];
 } Run;
 
@@ -229,7 +229,7 @@ static void make_model(Run *r, const long *dims) {
     int p = eq ? param_named(d, o->init[i], (size_t)(eq - o->init[i])) : -1;
     if (!eq || !eq[1]) die(1, "--init: '%s' is not PARAM=FILE", o->init[i]);
     if (p < 0) die(1, "--init: model '%s' has no parameter '%.*s'", d->name, (int)(eq - o->init[i]), o->init[i]);
-    if (cavs_model_load_vectors(r->m, p, eq + 1, r->v, &r->found[i], err, sizeof err)) die(1, "%s", err);
+    if (cavs_model_load_vectors_report(r->m, p, eq + 1, r->v, &r->found[i], err, sizeof err)) die(1, "%s", err);
     r->inited[i] = p;
   }
   for (int i = 0; i < o->nfreeze; i++) {
@@ -237,6 +237,19 @@ static void make_model(Run *r, const long *dims) {
     if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
     if (cavs_model_freeze(r->m, p, 1)) die(1, "--freeze: %s", cavs_model_error(r->m));
   }
+}
+
+/* "init emb: 14021 of the 16580 words from glove.txt.gz (2.2M vectors); none for
+   2559, e.g. foo, bar": what --init i matched, and a sample of what it did not */
+static void say_init(const Run *r, int i) {
+  const cavs_vectors_report *f = &r->found[i];
+  printf("init %s: %ld of the %d words from %s (%ld vectors)", r->d->params[r->inited[i]].name, f->found,
+         cavs_vocab_size(r->v) - 2, strchr(r->o->init[i], '=') + 1, f->vectors);
+  if (f->missing) {
+    printf("; none for %ld, e.g.", f->missing);
+    for (int k = 0; k < f->nsample; k++) printf("%s %s", k ? "," : "", cavs_vocab_word(r->v, f->sample[k]));
+  }
+  printf("\n");
 }
 
 /* The first lines: where it runs, the model's size, the data, how far a resume is. */
@@ -254,8 +267,7 @@ static void say_start(const Run *r) {
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
   for (int i = 0; i < r->o->ninit && !r->ck; i++)
-    printf("init %s: %ld of the %d words from %s\n", r->d->params[r->inited[i]].name, r->found[i],
-           cavs_vocab_size(r->v) - 2, strchr(r->o->init[i], '=') + 1);
+    say_init(r, i);
   fflush(stdout);
 }
 

@@ -300,6 +300,19 @@ const char *cavs_vocab_word(const cavs_vocab *v, int id);
  * "path:line: error: ..." in err, and the table as it was. */
 int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
                             size_t errlen);
+/* The same, saying what it found. The file may be gzip-compressed (read through zlib);
+ * a line's numbers are its last cols fields and its word whatever comes before them
+ * (GloVe 840B has words with spaces, which match no vocabulary word). */
+#define CAVS_VECTORS_SAMPLE 8
+typedef struct cavs_vectors_report {
+  long vectors; /* lines with a vector */
+  long found;   /* rows of the table written: words of v the file has a vector for */
+  long missing; /* words of v (<unk> and <eos> aside) it has none for ... */
+  int nsample;  /* ... the first of them, by id */
+  int sample[CAVS_VECTORS_SAMPLE];
+} cavs_vectors_report;
+int cavs_model_load_vectors_report(cavs_model *m, int param, const char *path, cavs_vocab *v, cavs_vectors_report *r,
+                                   char *err, size_t errlen);
 
 /* A file of graphs, read once: format "ptb-tree", "text", "text-bptt" or "cgf" (cavs-data(5)). Tokens go to the model's
  * first index input, labels to its first class input; leaves get the first vertex type

@@ -5,6 +5,8 @@
  * the file and line and leaves nothing half-loaded. */
 #include "data.h"
 
+#include <zlib.h>
+
 #include <float.h>
 #include <locale.h>
 #include <math.h>
@@ -718,10 +720,125 @@ double cv_strtod(const char *s, char **end) {
 
 enum { VEC_LINE_MAX = 1 << 20 };
 
-int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
-                            size_t errlen) {
+/* One line of a file read through zlib (gzread reads a .gz file, and passes any other
+ * through as it is) into *line, grown to at most VEC_LINE_MAX + 2 bytes, without its
+ * line break. Returns the bytes read, 0 at the end of the file, -1 on an error (errno,
+ * or zlib's message in *why). *too_long: the line was longer (the rest is skipped);
+ * *nul: it held a NUL byte. */
+static ssize_t gz_line(gzFile f, char **line, size_t *cap, bool *too_long, bool *nul, const char **why) {
+  size_t n = 0;
+  *too_long = *nul = false;
+  *why = NULL;
+  for (;;) {
+    if (*cap - n < 2) {
+      size_t c = *cap ? *cap * 2 : 4096;
+      if (c > VEC_LINE_MAX + 2) c = VEC_LINE_MAX + 2;
+      if (c <= *cap) {
+        *too_long = true;
+        int ch;
+        while ((ch = gzgetc(f)) >= 0 && ch != '\n') {}
+        return (ssize_t)n;
+      }
+      char *l = realloc(*line, c);
+      if (!l) return errno = ENOMEM, -1;
+      *line = l;
+      *cap = c;
+    }
+    int ch = gzgetc(f);
+    if (ch < 0) {
+      int e = Z_OK;
+      const char *m = gzerror(f, &e);
+      if (e != Z_OK && e != Z_BUF_ERROR) {
+        *why = e == Z_ERRNO ? strerror(errno) : m;
+        return -1;
+      }
+      (*line)[n] = 0;
+      return (ssize_t)n;
+    }
+    if (ch == '\n') {
+      (*line)[n] = 0;
+      return (ssize_t)n + 1; /* counts the break: an empty line is not the end */
+    }
+    if (ch == 0) *nul = true;
+    (*line)[n++] = (char)ch;
+  }
+}
+
+typedef struct VecSpan {
+  const char *p;
+  size_t n;
+} VecSpan;
+
+static bool vec_number(const VecSpan *t, bool single, double *x) {
+  char *end;
+  *x = cv_strtod(t->p, &end);
+  return end == t->p + t->n && t->n > 0 && isfinite(*x) && !(single && fabs(*x) > FLT_MAX);
+}
+
+/* A line "WORD x1 ... xcols" split: the numbers are the last cols fields, the word is
+ * whatever comes before them, so that GloVe 840B's words with spaces in them (". . .")
+ * read (no vocabulary word holds a space: they match none). A line whose fields after
+ * the first are all numbers, but not cols of them, is of a file of another width. Sets
+ * *w and *wl (0 for a blank line) and *nums (cols spans into *spans); 0, or -1 with the
+ * message in err. */
+static int vec_split(const char *line, long cols, bool single, VecSpan **spans, size_t *capspans, const char **w,
+                     size_t *wl, const VecSpan **nums, const char *where, const char *pname, char *err, size_t errlen) {
+  size_t nt = 0;
+  for (const char *p = line; *p;) {
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    if (!*p) break;
+    size_t len = strcspn(p, " \t\r");
+    if (nt == *capspans) {
+      size_t c = *capspans ? *capspans * 2 : 512;
+      VecSpan *s2 = realloc(*spans, c * sizeof *s2);
+      if (!s2) {
+        snprintf(err, errlen, "%s: error: out of memory", where);
+        return -1;
+      }
+      *spans = s2;
+      *capspans = c;
+    }
+    (*spans)[nt++] = (VecSpan){p, len};
+    p += len;
+  }
+  const VecSpan *t = *spans;
+  *wl = 0;
+  if (nt == 0) return 0;
+  size_t nnum = 0; /* fields read as numbers, counted from the right */
+  double x;
+  while (nnum < nt - 1 && vec_number(&t[nt - 1 - nnum], single, &x)) nnum++;
+  int shown = (int)(t[0].n > 40 ? 40 : t[0].n);
+  if (nnum == nt - 1 && nnum != (size_t)cols) {
+    snprintf(err, errlen, "%s: error: '%.*s' has %zu numbers; '%s' is %ld wide", where, shown, t[0].p, nnum, pname, cols);
+    return -1;
+  }
+  if (nnum < (size_t)cols) {
+    const VecSpan *bad = &t[nt - 1 - nnum]; /* the last field that should be a number */
+    snprintf(err, errlen, "%s:%ld: error: '%.*s' is not a finite number", where, (long)(bad->p - line) + 1,
+             (int)(bad->n > 40 ? 40 : bad->n), bad->p);
+    return -1;
+  }
+  size_t first = nt - (size_t)cols;
+  *w = t[0].p;
+  *wl = (size_t)(t[first - 1].p + t[first - 1].n - t[0].p);
+  *nums = &t[first];
+  return 0;
+}
+
+/* word2vec's header, "COUNT DIM" on the first line, with DIM the table's width */
+static bool vec_header(const char *line, long cols) {
+  char *end;
+  long a = strtol(line, &end, 10);
+  if (end == line || a < 0 || (*end != ' ' && *end != '\t')) return false;
+  long b = strtol(end, &end, 10);
+  while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+  return !*end && b == cols;
+}
+
+int cavs_model_load_vectors_report(cavs_model *m, int param, const char *path, cavs_vocab *v, cavs_vectors_report *rep,
+                                   char *err, size_t errlen) {
   const cavs_desc *d = cavs_model_desc(m);
-  *found = 0;
+  *rep = (cavs_vectors_report){0};
   if (errlen) *err = 0;
   if (param < 0 || param >= d->nparams) {
     snprintf(err, errlen, "%s: no parameter %d", path, param);
@@ -730,84 +847,66 @@ int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_voc
   long rows, cols, ld;
   char *table = cavs_model_param(m, param, &rows, &cols, &ld);
   size_t es = d->precision == CAVS_DOUBLE ? 8 : 4;
-  FILE *f = fopen(path, "r");
+  errno = 0;
+  gzFile f = gzopen(path, "rb");
   if (!f) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    snprintf(err, errlen, "%s: %s", path, errno ? strerror(errno) : "out of memory");
     return -1;
   }
   /* the table's rows on the host, changed there, written back only when the whole
-     file has been read without error */
+     file has been read without error; which rows got a vector */
   char *host = malloc((size_t)rows * (size_t)cols * es + 1);
+  unsigned char *got = calloc((size_t)rows + 1, 1);
   char *line = NULL;
-  size_t cap = 0;
+  size_t cap = 0, capspans = 0;
+  VecSpan *spans = NULL;
   ssize_t len;
-  long lineno = 0, n = 0;
-  int rc = host ? 0 : -1;
-  if (!host) snprintf(err, errlen, "%s: out of memory for a copy of '%s'", path, d->params[param].name);
+  long lineno = 0;
+  int rc = host && got ? 0 : -1;
+  if (rc) snprintf(err, errlen, "%s: out of memory for a copy of '%s'", path, d->params[param].name);
   for (long r = 0; !rc && r < rows; r++)
     if (cavs_model_read(m, host + (size_t)r * (size_t)cols * es, table + (size_t)r * (size_t)ld * es,
                         (size_t)cols * es)) {
       snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
       rc = -1;
     }
-  while (!rc && (len = getline(&line, &cap, f)) > 0) {
+  bool too_long, nul;
+  const char *why;
+  while (!rc && (len = gz_line(f, &line, &cap, &too_long, &nul, &why)) > 0) {
     lineno++;
-    if (lineno == 1) len = (ssize_t)skip_bom(line, (size_t)len);
-    if (len > VEC_LINE_MAX) {
-      snprintf(err, errlen, "%s:%ld: error: a line longer than %d bytes", path, lineno, VEC_LINE_MAX);
+    char where[64 + PATH_MAX];
+    snprintf(where, sizeof where, "%s:%ld", path, lineno);
+    if (too_long || nul) {
+      snprintf(err, errlen, too_long ? "%s: error: a line longer than %d bytes" : "%s: error: a NUL byte", where,
+               VEC_LINE_MAX);
       rc = -1;
       break;
     }
-    if (memchr(line, 0, (size_t)len)) {
-      snprintf(err, errlen, "%s:%ld: error: a NUL byte", path, lineno);
+    if (lineno == 1) skip_bom(line, strlen(line));
+    if (lineno == 1 && vec_header(line, cols)) continue;
+    const char *w = NULL;
+    size_t wl;
+    const VecSpan *nums = NULL;
+    if (vec_split(line, cols, es == 4, &spans, &capspans, &w, &wl, &nums, where, d->params[param].name, err, errlen)) {
       rc = -1;
       break;
     }
-    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
-    char *p = line;
-    while (*p == ' ' || *p == '\t') p++;
-    if (!*p) continue;
-    size_t wl = strcspn(p, " \t");
-    char *q = p + wl, *end;
-    /* word2vec's header: "COUNT DIM" */
-    if (lineno == 1) {
-      long a = strtol(p, &end, 10);
-      if (end == q && a >= 0) {
-        long b = strtol(q, &end, 10);
-        while (*end == ' ' || *end == '\t') end++;
-        if (end != q && !*end && b == cols) continue;
-      }
+    if (!wl) continue;
+    rep->vectors++;
+    int id = cavs_vocab_id(v, w, wl, 0);
+    bool known = id > 0 || (wl == 5 && !memcmp(w, "<unk>", 5));
+    if (!known || id >= rows) continue;
+    char *row = host + (size_t)id * (size_t)cols * es;
+    for (long k = 0; k < cols; k++) {
+      double x;
+      vec_number(&nums[k], es == 4, &x);
+      if (es == 8) ((double *)row)[k] = x;
+      else ((float *)row)[k] = (float)x;
     }
-    int id = cavs_vocab_id(v, p, wl, 0);
-    bool known = id > 0 || (wl == 5 && !memcmp(p, "<unk>", 5));
-    char *row = known && id < rows ? host + (size_t)id * (size_t)cols * es : NULL;
-    long k = 0;
-    for (;; k++) {
-      while (*q == ' ' || *q == '\t') q++;
-      if (!*q) break;
-      double x = cv_strtod(q, &end);
-      if (end == q || (*end && *end != ' ' && *end != '\t') || !isfinite(x) || (es == 4 && fabs(x) > FLT_MAX)) {
-        size_t tl = strcspn(q, " \t");
-        snprintf(err, errlen, "%s:%ld:%ld: error: '%.*s' is not a finite number", path, lineno, (long)(q - line) + 1,
-                 (int)(tl > 40 ? 40 : tl), q);
-        rc = -1;
-        break;
-      }
-      if (k < cols && row) {
-        if (es == 8) ((double *)row)[k] = x;
-        else ((float *)row)[k] = (float)x;
-      }
-      q = end;
-    }
-    if (!rc && k != cols) {
-      snprintf(err, errlen, "%s:%ld: error: '%.*s' has %ld numbers; '%s' is %ld wide", path, lineno,
-               (int)(wl > 40 ? 40 : wl), p, k, d->params[param].name, cols);
-      rc = -1;
-    }
-    if (!rc && row) n++;
+    got[id] = 1;
   }
-  if (!rc && ferror(f)) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+  if (!rc && len < 0) {
+    snprintf(err, errlen, "%s: %s", path, why ? why : strerror(errno));
     rc = -1;
   }
   for (long r = 0; !rc && r < rows; r++)
@@ -816,9 +915,25 @@ int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_voc
       snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
       rc = -1;
     }
+  /* the words of the vocabulary (<unk> and <eos> aside) the file had no vector for */
+  for (long r = 0; !rc && r < rows; r++) {
+    rep->found += got[r];
+    if (got[r] || r < 2 || r >= cavs_vocab_size(v)) continue;
+    if (rep->nsample < CAVS_VECTORS_SAMPLE) rep->sample[rep->nsample++] = (int)r;
+    rep->missing++;
+  }
+  free(spans);
   free(line);
   free(host);
-  fclose(f);
-  if (!rc) *found = n;
+  free(got);
+  gzclose(f);
+  return rc;
+}
+
+int cavs_model_load_vectors(cavs_model *m, int param, const char *path, cavs_vocab *v, long *found, char *err,
+                            size_t errlen) {
+  cavs_vectors_report r;
+  int rc = cavs_model_load_vectors_report(m, param, path, v, &r, err, errlen);
+  *found = rc ? 0 : r.found;
   return rc;
 }

@@ -639,6 +639,40 @@ START_TEST(init_and_freeze) {
   RunResult r = TRAIN("--epochs", "1", "--init", init, "--freeze", "emb", NULL);
   ok(&r, "train --init --freeze");
   ck_assert_msg(strstr(r.out, "init emb: 2 of the 60 words from "), "%s", tu_tail(r.out, 600));
+  /* what did not match, a sample of it by id */
+  ck_assert_msg(strstr(r.out, "(3 vectors); none for 58, e.g. "), "%s", tu_tail(r.out, 600));
+  tu_free(&r);
+  /* GloVe 840B: words with spaces in them (split from the right by the width; they
+     match no vocabulary word), a byte-order mark, CR LF; and the same file gzipped */
+  const char *glove = "\xef\xbb\xbfw3 1 2 3 4 5 6 7 8 9 10 11 12\r\n. . . 1 1 1 1 1 1 1 1 1 1 1 1\r\n"
+                      "at name@domain.com 0 0 0 0 0 0 0 0 0 0 0 0\nw7 0 0 0 0 0 0 0 0 0 0 0 0.5\n";
+  tu_write(path_in("g840.txt"), glove, strlen(glove));
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd, "gzip -c '%s' > '%s'", path_in("g840.txt"), path_in("g840.txt.gz"));
+  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+  r = tu_run(NULL, sh, 60);
+  ok(&r, "gzip");
+  tu_free(&r);
+  for (int gz = 0; gz < 2; gz++) {
+    snprintf(init, sizeof init, "emb=%s", path_in(gz ? "g840.txt.gz" : "g840.txt"));
+    r = TRAIN("--epochs", "1", "--quiet", "--init", init, "--freeze", "emb", "--save", path_in("g.ckpt"), NULL);
+    ok(&r, gz ? "--init a .gz file" : "--init with spaces in words");
+    tu_free(&r);
+    /* the vectors are in the table: w3's row as given (frozen, so as trained) */
+    r = cavs("predict", path_in("g.ckpt"), "--data", path_in("dev.txt"), "--all-nodes", "--value", "x", NULL);
+    ok(&r, "predict --value x");
+    ck_assert_msg(strstr(r.out, "1 2 3 4 5 6 7 8 9 10 11 12"), "%s: w3's vector not in the table:\n%s",
+                  gz ? "gz" : "text", tu_tail(r.out, 600));
+    tu_free(&r);
+  }
+  snprintf(init, sizeof init, "emb=%s", path_in("vec.txt"));
+  /* a file of another width: named as such, not taken for words with spaces */
+  tu_write(path_in("w13.txt"), "w3 1 2 3 4 5 6 7 8 9 10 11 12 13\n", 33);
+  char init13[4500];
+  snprintf(init13, sizeof init13, "emb=%s", path_in("w13.txt"));
+  r = TRAIN("--epochs", "1", "--init", init13, NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "w13.txt:1: error: 'w3' has 13 numbers; 'emb' is 12 wide"), "%s",
+                tu_tail(r.err, 600));
   tu_free(&r);
   tu_write(path_in("vec.txt"), "w3 1 2\n", 7);
   r = TRAIN("--epochs", "1", "--init", init, NULL);
