@@ -21,9 +21,11 @@
  * Order. Work issued to a stream is queued with what it must follow: the work before it
  * in its stream, the events it waits for, and the legacy default stream's implicit
  * synchronization (an operation on the legacy stream follows everything issued before
- * it on the blocking streams, and those follow the legacy stream's). It runs when the
- * emulator decides (cavs_emu_set_order): as issued, or only when the host waits for
- * it, and then one stream as far ahead of the others as the dependencies allow. A
+ * it on the blocking streams, and those follow the legacy stream's). It runs only when
+ * the host waits for it (a synchronization, a synchronous copy), in the order the
+ * emulator is told (cavs_emu_set_order): as issued, or one stream as far ahead of the
+ * others as the dependencies allow. (Device memory is opened to the work and closed
+ * again once a wait, not once an operation: the host cannot see the difference.) A
  * device-to-host copy into pinned memory leaves poison (NaNs) there until it runs; a
  * host-to-device copy from pinned memory that the host changes before the copy has run
  * is an error. cudaFree and cudaFreeHost do not synchronize (the documentation says they
@@ -158,7 +160,14 @@ struct Alloc {
   size_t size;   /* what it asked for */
 };
 std::map<uintptr_t, Alloc *> allocs; /* by the start of their mapping */
-bool device_open;                    /* device memory accessible: device work runs */
+/* Device work runs (device_open): an allocation it touches is opened to it then, by the
+   fault handler (on_fault), and closed when the work stops; host code touching one
+   faults for good. Under valgrind, which cannot follow such faults, device memory stays
+   open: its guard pages alone catch what goes past an allocation. */
+bool device_open, never_close;
+enum { MAX_OPEN = 1 << 16 };
+Alloc *opened[MAX_OPEN];
+int nopened;
 
 Alloc *alloc_at(const void *p) {
   auto it = allocs.upper_bound((uintptr_t)p);
@@ -169,16 +178,14 @@ Alloc *alloc_at(const void *p) {
 }
 
 void protect(Alloc *a, int prot) {
+  if (never_close) return;
   if (a->device && a->live && mprotect(a->data, a->datalen, prot)) fatal("mprotect failed");
 }
-void open_device() {
-  if (device_open) return;
-  for (auto &e : allocs) protect(e.second, PROT_READ | PROT_WRITE);
-  device_open = true;
-}
+void open_device() { device_open = true; }
 void close_device() {
   if (!device_open) return;
-  for (auto &e : allocs) protect(e.second, PROT_NONE);
+  for (int i = 0; i < nopened; i++) protect(opened[i], PROT_NONE);
+  nopened = 0;
   device_open = false;
 }
 
@@ -419,8 +426,7 @@ OpP queue(CUstream_st *s, std::vector<OpP> deps, Work w) {
   return o;
 }
 
-/* Work for stream s: captured into its capture, or queued (and run at once in the
-   ISSUED order). */
+/* Work for stream s: captured into its capture, or queued. */
 cudaError_t issue(CUstream_st *s, Work w, OpP *out = nullptr) {
   if (s->cap) {
     if (s->cap->invalid) return fail(cudaErrorStreamCaptureInvalidated);
@@ -451,7 +457,6 @@ cudaError_t issue(CUstream_st *s, Work w, OpP *out = nullptr) {
   implicit_deps(s, deps);
   OpP o = queue(s, std::move(deps), std::move(w));
   if (out) *out = o;
-  if (order == CAVS_EMU_ISSUED) run_all();
   return cudaSuccess;
 }
 
@@ -696,6 +701,11 @@ struct sigaction old_segv, old_bus;
 void on_fault(int sig, siginfo_t *si, void *ctx) {
   const char *p = (const char *)si->si_addr;
   Alloc *a = alloc_at(p);
+  if (a && a->device && a->live && device_open && p >= a->data && p < a->data + a->datalen && nopened < MAX_OPEN &&
+      !mprotect(a->data, a->datalen, PROT_READ | PROT_WRITE)) { /* device work's: open it, and go on */
+    opened[nopened++] = a;
+    return;
+  }
   if (!a) { /* not the emulator's: whoever handled it before */
     struct sigaction *old = sig == SIGSEGV ? &old_segv : &old_bus;
     sigaction(sig, old, nullptr);
@@ -713,6 +723,9 @@ void on_fault(int sig, siginfo_t *si, void *ctx) {
 
 struct Init {
   Init() {
+#ifdef EMU_VALGRIND
+    never_close = RUNNING_ON_VALGRIND;
+#endif
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_fault;
@@ -1055,7 +1068,7 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   if (mprotect(a->data, datalen, PROT_READ | PROT_WRITE)) fatal("mprotect failed");
   memset(a->base, FILL, size);
   fill_slack(a);
-  if (!device_open && mprotect(a->data, datalen, PROT_NONE)) fatal("mprotect failed");
+  protect(a, PROT_NONE);
   a->id = new_serial(fmt("cudaMalloc of %zu bytes", size));
   live[a->id] = "device " + describe(a);
   allocs[(uintptr_t)m] = a;
@@ -1079,9 +1092,9 @@ cudaError_t cudaFree(void *p) {
       run_until({o}, false);
     }
   counts.frees++;
-  protect(a, PROT_READ);
+  mprotect(a->data, a->datalen, PROT_READ);
   check_slack(a, fmt("cudaFree(%p)", p).c_str());
-  protect(a, PROT_NONE);
+  mprotect(a->data, a->datalen, PROT_NONE); /* a later use faults */
   madvise(a->data, a->datalen, MADV_DONTNEED);
   a->live = false;
   live.erase(a->id);
@@ -1226,7 +1239,6 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   }
   e->cap = nullptr;
   e->op = marker(s, {}, "cudaEventRecord");
-  if (order == CAVS_EMU_ISSUED) run_all();
   return cudaSuccess;
 }
 
@@ -1260,7 +1272,6 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
     return fail(cudaErrorStreamCaptureImplicit);
   }
   marker(s, {e->op}, "cudaStreamWaitEvent");
-  if (order == CAVS_EMU_ISSUED) run_all();
   return cudaSuccess;
 }
 
@@ -1393,7 +1404,6 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t stream) {
     ops.push_back(o);
   }
   marker(s, ops, "cudaGraphLaunch's end");
-  if (order == CAVS_EMU_ISSUED) run_all();
   return cudaSuccess;
 }
 

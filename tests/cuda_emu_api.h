@@ -8,11 +8,11 @@
 extern "C" {
 #endif
 
-/* When queued work runs. ISSUED: at once, as it is issued (every stream in the order
- * issued). MAIN_FIRST and SIDE_FIRST: only when the host waits for it (a
- * synchronization, a synchronous copy), and then the ready work of the stream created
- * first (the legacy default stream before all) as far as its dependencies let it, or
- * of the stream created last: the two orders furthest apart that the events allow. */
+/* In what order queued work runs, when the host waits for it (a synchronization, a
+ * synchronous copy). ISSUED: in the order it was issued, every stream's interleaved.
+ * MAIN_FIRST and SIDE_FIRST: the ready work of the stream created first (the legacy
+ * default stream before all) as far as its dependencies let it, or of the stream created
+ * last: the two orders furthest apart that the events allow. */
 enum cavs_emu_order { CAVS_EMU_ISSUED, CAVS_EMU_MAIN_FIRST, CAVS_EMU_SIDE_FIRST };
 void cavs_emu_set_order(int order);
 
