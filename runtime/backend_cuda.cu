@@ -237,8 +237,12 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
   return d->failed ? -1 : 0;
 }
 
-/* grows a device array to bytes (contents not kept) */
+/* grows a device array to bytes (contents not kept). Work queued before may still read
+   the old one (zero_rows' launch of the step before), and cudaFree need not wait for it
+   (its documentation says it may synchronize, not that it does): wait first. Growth is
+   rare: buffers only grow. */
 static void regrow(cavs_model *m, void **p, size_t bytes) {
+  if (*p) CK(m, cudaDeviceSynchronize());
   cudaFree(*p);
   *p = NULL;
   CK(m, cudaMalloc(p, bytes ? bytes : 1));

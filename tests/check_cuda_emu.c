@@ -229,12 +229,96 @@ END_TEST
 START_TEST(examples_float) { cuda_vs_cpu(examples[_i], "float", 1e-5); }
 END_TEST
 
+/* ---- streams and graphs ---- */
+
+/* A forward and a backward pass of `m` on the minibatch, run in the emulator's `order`,
+   every per-row buffer poisoned first (a cell the pass leaves shows). */
+static void pass_in(cavs_model *m, const cavs_graph *const *gs, int k, int order) {
+  cavs_emu_set_order(order);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, false);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, true);
+  cavs_model_backward(m);
+  ck_assert_msg(!m->launch_failed, "%s", cavs_model_error(m));
+  cavs_emu_set_order(CAVS_EMU_ISSUED);
+}
+
+static void same_pass(cavs_model *a, cavs_model *b, double vtol, double gtol) {
+  same_buffers(a, b, NULL, vtol);
+  unsigned char **zero = zero_rows(a, b);
+  same_buffers(a, b, zero, gtol);
+  free_rows(a, zero);
+  same_param_grads(a, b, gtol);
+}
+
+/* A GPU runs a pass's two streams in any order their events allow: here the same pass
+ * runs with its work run as issued, and then only when the host waits for it, the
+ * first stream as far ahead as the events let it (the eager work as late as possible)
+ * or the second (as early as possible). Each gives the bits of the others, and what
+ * one stream gives (but for the eager products taken by chunks of levels: see
+ * check_cuda_host's streams_in_any_order). */
+START_TEST(streams_in_any_order) {
+  const char *model = examples[_i];
+  const cavs_desc *d = load_emu_model(model, NULL, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  static const int orders[] = {CAVS_EMU_ISSUED, CAVS_EMU_MAIN_FIRST, CAVS_EMU_SIDE_FIRST};
+  cavs_model *one = model_on(d, dims, "cuda", 1, 0), *two[3];
+  pass_in(one, gs, k, CAVS_EMU_SIDE_FIRST);
+  for (int i = 0; i < 3; i++) {
+    two[i] = model_on(d, dims, "cuda", 0, 0);
+    pass_in(two[i], gs, k, orders[i]);
+  }
+  for (int i = 1; i < 3; i++) same_pass(two[0], two[i], 0, 0);
+  same_pass(one, two[0], 1e-11, 1e-10);
+  for (int i = 0; i < 3; i++) cavs_model_free(two[i]);
+  free_all(one, since);
+}
+END_TEST
+
+/* Each pass captured as a CUDA graph and launched (cavs_model_opts.graphs): the graph
+ * made, updated in place for a minibatch of the same shape, made again for another
+ * (cudaGraphExecUpdate refuses a new topology), its nodes run in either order the
+ * edges allow; the same bits as the passes launched kernel by kernel. */
+START_TEST(graphs_as_launches) {
+  const char *model = examples[_i];
+  const cavs_desc *d = load_emu_model(model, NULL, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  cavs_model *plain = model_on(d, dims, "cuda", 0, 0), *graphs = model_on(d, dims, "cuda", 0, 1);
+  for (int round = 0; round < 4; round++) {
+    int kr = round < 2 ? k : k - 1 - (round & 1);
+    cavs_emu_counts c;
+    pass_in(plain, gs, kr, CAVS_EMU_ISSUED);
+    cavs_emu_counters(NULL, 1);
+    pass_in(graphs, gs, kr, round & 1 ? CAVS_EMU_SIDE_FIRST : CAVS_EMU_MAIN_FIRST);
+    cavs_emu_counters(&c, 1);
+    same_pass(plain, graphs, 0, 0);
+    /* two forward passes and a backward one, a graph each, and nothing else launched
+       in them */
+    ck_assert_int_eq(c.graph_launches, 3);
+    ck_assert_int_gt(c.graph_kernels, 3);
+  }
+  cavs_model_free(plain);
+  free_all(graphs, since);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cuda_emu");
   TCase *tc = tcase_create("the cuda backend on the emulator");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, examples_double, 0, NEX);
   tcase_add_loop_test(tc, examples_float, 0, NEX);
+  tcase_add_loop_test(tc, streams_in_any_order, 0, NEX);
+  tcase_add_loop_test(tc, graphs_as_launches, 0, NEX);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }
