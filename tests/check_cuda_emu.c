@@ -13,7 +13,10 @@
  * misuse recorded and nothing the model allocated left alive. Needs neither nvcc nor a
  * GPU: it runs in every configuration. */
 #include "cuda_emu_api.h"
+#include "cuda_emu_cases.h"
 #include "cudatest.h"
+
+#include <signal.h>
 
 /* ---- the models ---- */
 
@@ -311,6 +314,99 @@ START_TEST(graphs_as_launches) {
 }
 END_TEST
 
+/* ---- the emulator's own checks ---- */
+
+static void error_says(const char *what) {
+  const char *e = cavs_emu_errors();
+  ck_assert_msg(e && strstr(e, what), "no error saying \"%s\" in:\n%s", what, e ? e : "(none)");
+  cavs_emu_clear_errors();
+}
+
+START_TEST(copies_checked) {
+  ck_assert(emu_case_copy_kind());
+  error_says("cudaMemcpyDeviceToHost): the destination is device memory");
+  no_errors();
+}
+END_TEST
+
+/* column-major, computed as the documentation says; a leading dimension too small or a
+   negative size refused */
+START_TEST(gemm_column_major) {
+  double c[4];
+  ck_assert(emu_case_gemm(c));
+  /* A = [1 3 5; 2 4 6], B = [1 0; 0 1; 2 1] */
+  ck_assert(c[0] == 11 && c[1] == 14 && c[2] == 8 && c[3] == 10);
+  error_says("lda 1 is less than max(1, 2)");
+}
+END_TEST
+
+START_TEST(host_memory_launched) {
+  ck_assert(emu_case_host_pointer_launch());
+  error_says("pointer argument 1");
+}
+END_TEST
+
+/* these end the process, with the emulator's message */
+START_TEST(host_reads_device) { emu_case_host_reads_device(); }
+END_TEST
+START_TEST(kernel_past_end) { emu_case_kernel_past_end(); }
+END_TEST
+START_TEST(kernel_after_free) { emu_case_kernel_after_free(); }
+END_TEST
+
+START_TEST(barriers) {
+  double sum = 0;
+  emu_case_barriers(&sum);
+  ck_assert(sum == 255.0 * 256 / 2);
+  error_says("ended without it");
+}
+END_TEST
+
+START_TEST(poison_until_synchronized) {
+  double before, after;
+  emu_case_poison_until_sync(&before, &after);
+  ck_assert(isnan(before) && after == 2.5);
+  error_says("the host changed the pinned source before the copy ran");
+}
+END_TEST
+
+START_TEST(graph_update_rules) {
+  int bad = emu_case_graph_update();
+  ck_assert_msg(bad == 0, "graph update case: %#x", bad);
+  error_says("cudaMalloc during a stream capture");
+}
+END_TEST
+
+/* ---- what a minibatch costs on the device ---- */
+
+/* Once buffers have grown, a training step (forward, backward, Adam) allocates and frees
+ * nothing on the device; the counts of one such step go to the log. */
+START_TEST(steady_state_counts) {
+  const cavs_desc *d = load_emu_model("treelstm", NULL, "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  long since = cavs_emu_serial();
+  cavs_model *m = model_on(d, dims, "cuda", 0, 0);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  cavs_emu_counts c;
+  for (int step = 0; step < 3; step++) {
+    cavs_emu_counters(NULL, 1);
+    ck_assert_msg(cavs_model_forward(m, gs, step == 1 ? k - 1 : k, NULL) == 0, "%s", cavs_model_error(m));
+    cavs_model_backward(m);
+    ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
+    cavs_emu_counters(&c, 0);
+  }
+  printf("treelstm (float), a training step of %d trees: %ld launches, %ld cuBLAS calls, %ld memsets, %ld bytes "
+         "host to device, %ld device to host, %ld cudaMalloc, %ld cudaFree, %ld host synchronizations\n",
+         k, c.launches, c.blas_calls, c.memsets, c.bytes_htod, c.bytes_dtoh, c.mallocs, c.frees, c.syncs);
+  ck_assert_int_eq(c.mallocs + c.host_mallocs, 0);
+  ck_assert_int_eq(c.frees + c.host_frees, 0);
+  free_all(m, since);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("cuda_emu");
   TCase *tc = tcase_create("the cuda backend on the emulator");
@@ -319,6 +415,18 @@ int main(void) {
   tcase_add_loop_test(tc, examples_float, 0, NEX);
   tcase_add_loop_test(tc, streams_in_any_order, 0, NEX);
   tcase_add_loop_test(tc, graphs_as_launches, 0, NEX);
+  tcase_add_test(tc, steady_state_counts);
   suite_add_tcase(s, tc);
+  TCase *own = tcase_create("the emulator's checks");
+  tcase_add_test(own, copies_checked);
+  tcase_add_test(own, gemm_column_major);
+  tcase_add_test(own, host_memory_launched);
+  tcase_add_test_raise_signal(own, host_reads_device, SIGABRT);
+  tcase_add_test_raise_signal(own, kernel_past_end, SIGABRT);
+  tcase_add_test_raise_signal(own, kernel_after_free, SIGABRT);
+  tcase_add_test(own, barriers);
+  tcase_add_test(own, poison_until_synchronized);
+  tcase_add_test(own, graph_update_rules);
+  suite_add_tcase(s, own);
   return tu_run_suite(s);
 }
