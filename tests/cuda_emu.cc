@@ -101,10 +101,14 @@ const size_t MAX_ALLOC = (size_t)16 << 30;
 
 /* ---- what went wrong ---- */
 
-std::string errors;
+/* The emulator's state lives as long as the process (a device's does): every container
+   is made once and never destroyed, so that nothing runs its destructor at exit while
+   what it points to is still in use, and a leak checker sees everything it holds. */
+
+std::string &errors = *new std::string;
 long serial_now;
-std::map<long, std::string> live; /* serial -> what it is */
-std::vector<const void *> handles_alive; /* events, graphs, executable graphs */
+std::map<long, std::string> &live = *new std::map<long, std::string>; /* serial -> what it is */
+std::vector<const void *> &handles_alive = *new std::vector<const void *>; /* events, graphs, executables */
 bool alive(const void *h) { return h && std::find(handles_alive.begin(), handles_alive.end(), h) != handles_alive.end(); }
 void forget(const void *h) { handles_alive.erase(std::find(handles_alive.begin(), handles_alive.end(), h)); }
 
@@ -159,7 +163,7 @@ struct Alloc {
   char *base;    /* what the caller got */
   size_t size;   /* what it asked for */
 };
-std::map<uintptr_t, Alloc *> allocs; /* by the start of their mapping */
+std::map<uintptr_t, Alloc *> &allocs = *new std::map<uintptr_t, Alloc *>; /* by their mappings' starts */
 /* Device work runs (device_open): an allocation it touches is opened to it then, by the
    fault handler (on_fault), and closed when the work stops; host code touching one
    faults for good. Under valgrind, which cannot follow such faults, device memory stays
@@ -251,7 +255,7 @@ struct Op {
   bool done = false;
 };
 using OpP = std::shared_ptr<Op>;
-std::vector<OpP> pending; /* in the order issued */
+std::vector<OpP> &pending = *new std::vector<OpP>; /* in the order issued */
 long op_seq;
 const Op *running;        /* the device work that runs now */
 long run_block = -1, run_thread = -1;
@@ -275,7 +279,7 @@ struct CUevent_st {
 
 namespace {
 CUstream_st legacy_stream = {0, 0, nullptr, nullptr, {}};
-std::vector<CUstream_st *> streams; /* the blocking streams made by cudaStreamCreate */
+std::vector<CUstream_st *> &streams = *new std::vector<CUstream_st *>; /* cudaStreamCreate's */
 int stream_ords;
 
 long new_serial(const std::string &what) {
@@ -478,7 +482,7 @@ struct Kernel {
   std::string name;
   bool seen, shares, syncs;
 };
-std::map<const void *, Kernel> kernels;
+std::map<const void *, Kernel> &kernels = *new std::map<const void *, Kernel>;
 Kernel *kernel_now;
 
 /* fibers: the threads of a block that share memory */
@@ -857,7 +861,7 @@ struct cublasContext {
 };
 
 namespace {
-std::vector<cublasContext *> handles;
+std::vector<cublasContext *> &handles = *new std::vector<cublasContext *>;
 
 const char *op_name(int o) { return o == CUBLAS_OP_N ? "N" : o == CUBLAS_OP_T ? "T" : o == CUBLAS_OP_C ? "C" : "?"; }
 
