@@ -1510,6 +1510,8 @@ const char *cavs_emu_live_report(long since) {
   return r.c_str();
 }
 
+int cavs_emu_host_faults(void) { return !never_close; }
+
 void cavs_emu_fail_malloc(long n) { fail_malloc_at = n; }
 void cavs_emu_fail_launch(long n) { fail_launch_at = n; }
 }

@@ -50,6 +50,10 @@ long cavs_emu_serial(void);
 long cavs_emu_live(long since);
 const char *cavs_emu_live_report(long since);
 
+/* 1 when host code that touches device memory faults (everywhere but under valgrind,
+ * which cannot follow the faults that open device memory to device work). */
+int cavs_emu_host_faults(void);
+
 /* Faults on purpose: the n-th cudaMalloc from now fails with cudaErrorMemoryAllocation,
  * the n-th kernel launch from now fails when it runs with cudaErrorIllegalAddress (a
  * sticky error, as a GPU's); 0 turns either off. */
