@@ -14,8 +14,15 @@
  * nvcc), loaded the first time a model asks for it: a CPU-only build, or a machine
  * without the CUDA libraries, never links them. $CAVS_CUDA_MODULE names another copy
  * (the build tree's, for the tests); like LD_LIBRARY_PATH, it is the user's own
- * environment, not input. */
-#ifdef CAVS_CUDA_MODULE
+ * environment, not input.
+ *
+ * CAVS_CUDA_EMULATED is the tests' build of libcavs (tests/libcavs-emu.la, never
+ * installed): backend_cuda.cu compiled against the emulated CUDA runtime of tests/ is
+ * linked into it, and the "cuda" row is that backend, with nothing to load. */
+#if defined(CAVS_CUDA_EMULATED)
+extern const cv_backend cv_backend_cuda;
+static const cv_backend *cuda_module(char *msg, size_t len) { return &cv_backend_cuda; }
+#elif defined(CAVS_CUDA_MODULE)
 /* cavs/cavs-cuda.so beside this libcavs (the pkglibdir of the prefix it is installed
    in, wherever that is now: a prefix changed since the build, a DESTDIR) into p, when
    it is there */
@@ -54,7 +61,7 @@ static const struct {
   const cv_backend *(*get)(char *msg, size_t len);
 } backends[] = {
     {"cpu", cpu},
-#ifdef CAVS_CUDA_MODULE
+#if defined(CAVS_CUDA_MODULE) || defined(CAVS_CUDA_EMULATED)
     {"cuda", cuda_module},
 #endif
 };

@@ -26,7 +26,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { THREADS = 256 };
+/* every launch is CAVS_CUDA_LAUNCH (cavs_abi.h), blocks of CAVS_CUDA_BLOCK threads: the
+   one construct of CUDA C++ that a host compiler cannot read, in a macro, so that the
+   tests compile this file unchanged against their emulated CUDA (tests/cuda_emu.h) */
+enum { THREADS = CAVS_CUDA_BLOCK };
 
 /* The backend's state of one model (m->bs). */
 struct Dev {
@@ -229,13 +232,17 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
   CK(m, cudaMemcpy(d->rows, rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
   size_t words = row / 4;
   /* on the legacy stream: between passes, after both streams */
-  zero_rows_k<<<cavs_cuda_blocks(n, (long)words, THREADS), THREADS>>>((unsigned *)base, words, d->rows, n);
+  CAVS_CUDA_LAUNCH(zero_rows_k, cavs_cuda_blocks(n, (long)words, THREADS), 0)((unsigned *)base, words, d->rows, n);
   CKL(m);
   return d->failed ? -1 : 0;
 }
 
-/* grows a device array to bytes (contents not kept) */
+/* grows a device array to bytes (contents not kept). Work queued before may still read
+   the old one (zero_rows' launch of the step before), and cudaFree need not wait for it
+   (its documentation says it may synchronize, not that it does): wait first. Growth is
+   rare: buffers only grow. */
 static void regrow(cavs_model *m, void **p, size_t bytes) {
+  if (*p) CK(m, cudaDeviceSynchronize());
   cudaFree(*p);
   *p = NULL;
   CK(m, cudaMalloc(p, bytes ? bytes : 1));
@@ -415,8 +422,8 @@ static void cuda_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double a
   cavs_model *md = model(c);
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
-    if (dbl(c)) scale_rows<double><<<blocks((long)m * n), THREADS, 0, on(c)>>>((double *)cm, ldc, m, n, beta);
-    else scale_rows<float><<<blocks((long)m * n), THREADS, 0, on(c)>>>((float *)cm, ldc, m, n, (float)beta);
+    if (dbl(c)) CAVS_CUDA_LAUNCH(scale_rows<double>, blocks((long)m * n), on(c))((double *)cm, ldc, m, n, beta);
+    else CAVS_CUDA_LAUNCH(scale_rows<float>, blocks((long)m * n), on(c))((float *)cm, ldc, m, n, (float)beta);
     CKL(md);
     return;
   }
@@ -503,7 +510,7 @@ template <typename R>
 static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, const int *sel, long stride, int r0, int n,
                           bool bwd, Homes h = Homes{}, int k = 0) {
   if (n <= 0 || w <= 0) return;
-  gather<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>(rows, ld, S, w, sel, stride, r0, n, bwd, h, k);
+  CAVS_CUDA_LAUNCH(gather<R>, blocks((long)n * w), on(c))(rows, ld, S, w, sel, stride, r0, n, bwd, h, k);
   CKL(model(c));
 }
 
@@ -578,7 +585,7 @@ static void launch_edge_copy(cavs_ctx *c, void *edge, long lde, void *rows, long
   if (ne <= 0 || w <= 0) return;
   cavs_model *m = model(c);
   Homes h = homes ? homes_of(m) : Homes{};
-  edge_copy<R><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd, h,
+  CAVS_CUDA_LAUNCH(edge_copy<R>, blocks((long)ne * w), on(c))((R *)edge, lde, (R *)rows, ldr, sel, e0, ne, w, bwd, h,
                                                             cv_edge_key(m, 0));
   CKL(m);
 }
@@ -605,10 +612,10 @@ static void cuda_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst,
 static void cuda_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
   if (n <= 0 || w <= 0) return;
   if (dbl(c))
-    esum_fwd<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const double *)src, lds, (double *)dst, ldd,
+    CAVS_CUDA_LAUNCH(esum_fwd<double>, blocks((long)n * w), on(c))((const double *)src, lds, (double *)dst, ldd,
                                                                   dev(model(c))->eoff, r0, n, w);
   else
-    esum_fwd<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const float *)src, lds, (float *)dst, ldd,
+    CAVS_CUDA_LAUNCH(esum_fwd<float>, blocks((long)n * w), on(c))((const float *)src, lds, (float *)dst, ldd,
                                                                 dev(model(c))->eoff, r0, n, w);
   CKL(model(c));
 }
@@ -617,10 +624,10 @@ static void cuda_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, l
   edges_of(c, r0, n, &e0, &ne);
   if (ne <= 0 || w <= 0) return;
   if (dbl(c))
-    esum_bwd<double><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((double *)dsrc, lds, (const double *)ddst, ldd,
+    CAVS_CUDA_LAUNCH(esum_bwd<double>, blocks((long)ne * w), on(c))((double *)dsrc, lds, (const double *)ddst, ldd,
                                                                    dev(model(c))->eparent, e0, ne, w);
   else
-    esum_bwd<float><<<blocks((long)ne * w), THREADS, 0, on(c)>>>((float *)dsrc, lds, (const float *)ddst, ldd,
+    CAVS_CUDA_LAUNCH(esum_bwd<float>, blocks((long)ne * w), on(c))((float *)dsrc, lds, (const float *)ddst, ldd,
                                                                  dev(model(c))->eparent, e0, ne, w);
   CKL(model(c));
 }
@@ -643,7 +650,7 @@ static void launch_dropout(cavs_ctx *c, unsigned salt, double p, const void *x, 
                            int n, bool bwd) {
   if (n <= 0 || w <= 0) return;
   cavs_model *m = model(c);
-  dropout<R><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->drop_seed,
+  CAVS_CUDA_LAUNCH(dropout<R>, blocks((long)n * w), on(c))((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->drop_seed,
                                                          m->step, salt, p, w, r0, n, bwd ? 1 : c->keep, bwd);
   CKL(m);
 }
@@ -673,8 +680,8 @@ static void launch_lookup(cavs_ctx *c, const void *table, long ldt, const int *i
                           int n, long w, bool bwd) {
   if (n <= 0 || w <= 0) return;
   if (dbl(c))
-    lookup<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((double *)rows, ld, (const double *)table, ldt, w, idx, r0, n, bwd);
-  else lookup<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((float *)rows, ld, (const float *)table, ldt, w, idx, r0, n, bwd);
+    CAVS_CUDA_LAUNCH(lookup<double>, blocks((long)n * w), on(c))((double *)rows, ld, (const double *)table, ldt, w, idx, r0, n, bwd);
+  else CAVS_CUDA_LAUNCH(lookup<float>, blocks((long)n * w), on(c))((float *)rows, ld, (const float *)table, ldt, w, idx, r0, n, bwd);
   CKL(model(c));
 }
 
@@ -697,8 +704,8 @@ template <typename R> __global__ void copy_rows(R *dst, long ldd, const R *src, 
 
 static void cuda_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
   if (n <= 0 || w <= 0) return;
-  if (dbl(c)) copy_rows<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((double *)dst, ldd, (const double *)src, lds, n, w, add);
-  else copy_rows<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((float *)dst, ldd, (const float *)src, lds, n, w, add);
+  if (dbl(c)) CAVS_CUDA_LAUNCH(copy_rows<double>, blocks((long)n * w), on(c))((double *)dst, ldd, (const double *)src, lds, n, w, add);
+  else CAVS_CUDA_LAUNCH(copy_rows<float>, blocks((long)n * w), on(c))((float *)dst, ldd, (const float *)src, lds, n, w, add);
   CKL(model(c));
 }
 
@@ -791,10 +798,10 @@ static void cuda_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    xent_fwd<double><<<n, THREADS, 0, on(c)>>>((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    CAVS_CUDA_LAUNCH(xent_fwd<double>, n, on(c))((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                      d->cnt + 4 * loss, r0, w);
   else
-    xent_fwd<float><<<n, THREADS, 0, on(c)>>>((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    CAVS_CUDA_LAUNCH(xent_fwd<float>, n, on(c))((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }
@@ -806,8 +813,8 @@ static void cuda_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0 || !a->count) return;
   double scale = c->loss_scale / (double)a->count;
   if (dbl(c))
-    xent_bwd<double><<<n, THREADS, 0, on(c)>>>((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
-  else xent_bwd<float><<<n, THREADS, 0, on(c)>>>((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
+    CAVS_CUDA_LAUNCH(xent_bwd<double>, n, on(c))((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
+  else CAVS_CUDA_LAUNCH(xent_bwd<float>, n, on(c))((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
   CKL(model(c));
 }
 
@@ -853,10 +860,10 @@ static void cuda_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    mse_fwd<double><<<n, THREADS, 0, on(c)>>>((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
+    CAVS_CUDA_LAUNCH(mse_fwd<double>, n, on(c))((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   else
-    mse_fwd<float><<<n, THREADS, 0, on(c)>>>((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
+    CAVS_CUDA_LAUNCH(mse_fwd<float>, n, on(c))((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
                                    d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }
@@ -867,10 +874,10 @@ static void cuda_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
   if (n <= 0 || !a->count) return;
   double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
   if (dbl(c))
-    mse_bwd<double><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const double *)p, ld, (const double *)t, ldt, c->pushed,
+    CAVS_CUDA_LAUNCH(mse_bwd<double>, blocks((long)n * w), on(c))((const double *)p, ld, (const double *)t, ldt, c->pushed,
                                                       (double *)dp, ldd, scale, r0, n, w);
   else
-    mse_bwd<float><<<blocks((long)n * w), THREADS, 0, on(c)>>>((const float *)p, ld, (const float *)t, ldt, c->pushed,
+    CAVS_CUDA_LAUNCH(mse_bwd<float>, blocks((long)n * w), on(c))((const float *)p, ld, (const float *)t, ldt, c->pushed,
                                                      (float *)dp, ldd, scale, r0, n, w);
   CKL(model(c));
 }
@@ -924,7 +931,7 @@ static void step_as(cavs_model *m, const cavs_optim *o, int ns, size_t total, do
   double norm2 = 0, scale = 1;
   if (o->weight_decay || o->clip > 0) {
     CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
-    decay_norm<R><<<blocks((long)total), THREADS>>>(P, G, d->span_off, d->span_start, ns, o->weight_decay, o->clip > 0,
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, d->span_off, d->span_start, ns, o->weight_decay, o->clip > 0,
                                                     d->norm2);
     CKL(m);
     if (o->clip > 0) CK(m, cudaMemcpy(&norm2, d->norm2, sizeof norm2, cudaMemcpyDeviceToHost));
@@ -932,7 +939,7 @@ static void step_as(cavs_model *m, const cavs_optim *o, int ns, size_t total, do
   if (o->clip > 0 && sqrt(norm2) > o->clip) scale = o->clip / sqrt(norm2);
   double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
   Update<R> u = {o->kind, (R)o->lr, (R)scale, (R)b1, (R)b2, (R)(1 / c1), (R)(1 / c2), (R)eps, eps};
-  update<R><<<blocks((long)total), THREADS>>>(P, G, (R *)m->m1, (R *)m->m2, d->span_off, d->span_start, ns, u);
+  CAVS_CUDA_LAUNCH(update<R>, blocks((long)total), 0)(P, G, (R *)m->m1, (R *)m->m2, d->span_off, d->span_start, ns, u);
   CKL(m);
 }
 

@@ -8,65 +8,15 @@
  * cell: a kernel that takes a wrong row or column, or misses a cell, fails here. Needs
  * neither a GPU nor nvcc, so it runs in every configuration (the valgrind and sanitizer
  * builds too: the object gets $CAVS_MODEL_CFLAGS as every test model does). */
-#include "engine.h"
+#include "cudatest.h"
 
-#include "cv.h" /* the per-row buffers: the public API shows only what comes out of them */
-
-/* cavsc --target=cuda on dsl-examples/MODEL.vf (or on `src`, the text of model MODEL),
- * then the host C++ compiler on MODEL.cu with the flags every test model gets
- * ($CAVS_MODEL_CFLAGS: -Wall -Werror and, in a sanitizer build, the sanitizers); loaded
- * as load_model loads the C target's. No fused multiply-adds, as in the C target's build
- * (-std=c11 implies -ffp-contract=off; g++ contracts where the machine has them): each
- * value is then rounded as the C loop rounds it. */
 static const cavs_desc *load_host_cuda(const char *model, const char *src, const char *prec) {
-  const char *top = tu_env("TOP_SRCDIR", ".");
-  char *dir = tu_tmpdir(), popt[64], vf[4200], cmd[16384], so[4400];
-  snprintf(popt, sizeof popt, "--precision=%s", prec);
-  if (src) {
-    snprintf(vf, sizeof vf, "%s/%s.vf", dir, model);
-    tu_write(vf, src, strlen(src));
-  } else {
-    snprintf(vf, sizeof vf, "%s/dsl-examples/%s.vf", top, model);
-  }
-  char *gen[] = {(char *)tu_env("CAVSC", "./cavsc"), "--target=cuda", popt, "-o", dir, vf, NULL};
-  RunResult r = tu_run(NULL, gen, 30);
-  ck_assert_msg(r.status == 0, "cavsc --target=cuda %s: %s", vf, tu_tail(r.err, 1800));
-  tu_free(&r);
-  snprintf(so, sizeof so, "%s/%s.so", dir, model);
-  snprintf(cmd, sizeof cmd,
-           "%s -x c++ -std=c++17 -O2 -ffp-contract=off -fPIC -shared %s -include %s/tests/cuda_host.h -I%s/runtime "
-           "-o %s %s/%s.cu",
-           tu_env("CXX", "g++"), tu_env("CAVS_MODEL_CFLAGS", ""), top, top, so, dir, model);
-  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
-  r = tu_run(NULL, sh, 120);
-  ck_assert_msg(r.status == 0, "%s (status %d):\n%s%s", cmd, r.status, tu_tail(r.out, 800), tu_tail(r.err, 1800));
-  tu_free(&r);
-  return open_model(so, dir);
+  return load_host_cuda_with(model, src, prec, "cuda_host.h");
 }
 
-static double at(const cavs_model *m, const void *p, size_t i) {
-  return m->esize == 8 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-}
-
-/* The C target's value and the emulated kernel's, to `tol` relative (zero only to zero). */
-static bool agree(double want, double got, double tol) {
-  return fabs(want - got) <= tol * fmax(fabs(want), fabs(got));
-}
-
-/* rows x cols values at c and u (rows ld apart) agree, or the first that does not is
- * named: `what`[row, column]. Relative to each value, or (a sum whose terms cancel: its
- * rounding is the terms', not its own) to a thousandth of the matrix's largest. */
 static void same_matrix(const cavs_model *mc, const void *c, const void *u, long rows, long cols, long ld,
                         const char *what, double tol) {
-  double scale = 0;
-  for (long r = 0; r < rows; r++)
-    for (long j = 0; j < cols; j++) scale = fmax(scale, fabs(at(mc, c, (size_t)(r * ld + j))));
-  for (long r = 0; r < rows; r++)
-    for (long j = 0; j < cols; j++) {
-      double want = at(mc, c, (size_t)(r * ld + j)), got = at(mc, u, (size_t)(r * ld + j));
-      if (!agree(want, got, tol) && !(tol > 0 && fabs(want - got) <= tol * 1e-3 * scale))
-        ck_abort_msg("%s: %s[%ld, %ld]: C %.17g, CUDA %.17g", mc->d->name, what, r, j, want, got);
-    }
+  same_matrix_as(mc, c, u, rows, cols, ld, what, tol, "C", "CUDA", NULL, 0);
 }
 
 /* Rows [0, rows) of every per-row buffer (edges [0, nedges) of an edge buffer), values
@@ -83,20 +33,14 @@ static void same_buffers(const cavs_model *c, const cavs_model *u, bool grads, d
 }
 
 /* A pass sized the per-row buffers; set every value in them to one odd number, in both
- * models, so that a cell a kernel misses keeps it where the C loop writes the cell. */
-static void poison(cavs_model *m, void **bufs) {
-  for (int b = 0; b < m->d->nbufs; b++)
-    for (size_t i = 0; bufs[b] && i < (size_t)(m->d->bufs[b].edge ? m->cap_edges : m->cap_rows) * (size_t)m->bw[b];
-         i++) {
-      if (m->esize == 8) ((double *)bufs[b])[i] = -7.25;
-      else ((float *)bufs[b])[i] = -7.25f;
-    }
-}
-static void poison_values(cavs_model *m) { poison(m, m->val); }
+ * models, so that a cell a kernel misses keeps it where the C loop writes the cell (the
+ * cpu backend's memory is the host's: a plain copy). */
+static void host_write(cavs_model *m, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void poison_values(cavs_model *m) { poison_bufs(m, false, host_write); }
 /* The same for the gradients, before a backward pass: it clears those it adds to, but
  * not those it writes whole (CAVS_GRAD_WHOLE), whose rows of other vertex types it never
  * touches. */
-static void poison_grads(cavs_model *m) { poison(m, m->grad); }
+static void poison_grads(cavs_model *m) { poison_bufs(m, true, host_write); }
 
 /* Model MODEL of dsl-examples/, or the one `src` holds, at `prec`. */
 static void host_vs_c(const char *model, const char *src, const char *prec, double tol) {

@@ -1,0 +1,460 @@
+/* check_cuda_emu.c: the cuda backend, runtime/backend_cuda.cu as nvcc builds it, run on
+ * the CPU against an emulated CUDA device (tests/cuda_emu.cc) and compared with the cpu
+ * backend. This program links the tests' build of libcavs (tests/libcavs-emu.la), whose
+ * "cuda" backend is backend_cuda.cu compiled by the host C++ compiler against the
+ * emulated runtime and cuBLAS; each example's MODEL.cu is compiled the same way
+ * (tests/cuda_emu.h force-included), and runs beside the C target's model on the cpu
+ * backend, the same dims, seed and minibatch of random trees and DAGs.
+ *
+ * The emulator is strict where a GPU is (device memory the host cannot touch, copies
+ * whose kind must match their pointers, ranges inside their allocations, cuBLAS's
+ * argument checks, streams that run only what their events allow), so the comparison
+ * checks what the backend computes and how it uses the API: every test ends with no
+ * misuse recorded and nothing the model allocated left alive. Needs neither nvcc nor a
+ * GPU: it runs in every configuration. */
+#include "cuda_emu_api.h"
+#include "cuda_emu_cases.h"
+#include "cudatest.h"
+
+#include <signal.h>
+
+/* ---- the models ---- */
+
+static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger",
+                                       "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
+enum { NEX = sizeof examples / sizeof *examples };
+
+/* Each example's C target (cpu) and CUDA target (cuda, MODEL.cu under cuda_emu.h), in
+ * float and double, built once by main() before the tests fork: [example][double][cuda] */
+static const cavs_desc *built[NEX][2][2];
+
+static const cavs_desc *example(int i, const char *prec, bool cuda) {
+  const cavs_desc **d = &built[i][!strcmp(prec, "double")][cuda];
+  if (!*d) {
+    char vf[64];
+    snprintf(vf, sizeof vf, "%s.vf", examples[i]);
+    *d = cuda ? load_host_cuda_with(examples[i], NULL, prec, "cuda_emu.h") : load_model(vf, prec);
+  }
+  return *d;
+}
+
+static cavs_model *model_on(const cavs_desc *d, const long *dims, const char *backend, int one_stream, int graphs) {
+  char err[512];
+  cavs_model_opts o = {.backend = backend, .one_stream = one_stream, .graphs = graphs};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s: %s", backend, err);
+  cavs_model_init(m, 5);
+  return m;
+}
+
+/* No misuse of the CUDA API so far. */
+static void no_errors(void) {
+  const char *e = cavs_emu_errors();
+  ck_assert_msg(e == NULL, "the emulator found:\n%s", e ? e : "");
+}
+
+/* A model's free leaves nothing alive that was made after `since`. */
+static void free_all(cavs_model *m, long since) {
+  cavs_model_free(m);
+  ck_assert_msg(cavs_emu_live(since) == 0, "left alive by cavs_model_free:\n%s", cavs_emu_live_report(since));
+  no_errors();
+}
+
+/* ---- the model's memory, read back ---- */
+
+/* `bytes` of the model's memory at p, in a host copy the caller frees */
+static void *download(cavs_model *m, const void *p, size_t bytes) {
+  void *h = malloc(bytes + 1);
+  ck_assert(h != NULL);
+  ck_assert_msg(cavs_model_read(m, h, p, bytes) == 0, "%s", cavs_model_error(m));
+  return h;
+}
+
+static void device_write(cavs_model *m, void *dst, const void *src, size_t bytes) {
+  ck_assert_msg(cavs_model_write(m, dst, src, bytes) == 0, "%s", cavs_model_error(m));
+}
+static void host_write(cavs_model *m, void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void poison(cavs_model *m, bool grads) {
+  poison_bufs(m, grads, strcmp(cavs_model_backend(m), "cpu") ? device_write : host_write);
+}
+
+/* rows x cols at the same place of a's and b's memory (ld apart), either backend's, but
+   the rows `skip` sets (NULL: none) */
+static void same_memory(cavs_model *a, const void *pa, cavs_model *b, const void *pb, long rows, long cols, long ld,
+                        const char *what, double tol, const unsigned char *skip, double scale) {
+  size_t bytes = (size_t)(rows > 0 ? (rows - 1) * ld + cols : 0) * a->esize;
+  if (!bytes) return;
+  void *ha = download(a, pa, bytes), *hb = download(b, pb, bytes);
+  same_matrix_as(a, ha, hb, rows, cols, ld, what, tol, cavs_model_backend(a), cavs_model_backend(b), skip, scale);
+  free(ha);
+  free(hb);
+}
+
+static long buf_rows(const cavs_model *m, int b) { return m->d->bufs[b].edge ? m->nedges : m->rows; }
+
+/* The rows of each per-row buffer whose values are all zero on both models (a looked-up
+ * row of a vertex without a word, a gathered row without a child): their gradients are
+ * read by nothing, and each backend writes other cells of them (a product over
+ * looked-up rows takes the rows without an index along past two runs of rows with one
+ * on CUDA, never on the CPU, and with two streams the eager products run by chunks of
+ * levels): those rows are compared through what reads them. [nbufs][rows], freed by
+ * the caller. */
+static unsigned char **zero_rows(cavs_model *a, cavs_model *b) {
+  int nb = a->d->nbufs;
+  unsigned char **z = calloc((size_t)nb + 1, sizeof *z);
+  ck_assert(z != NULL);
+  for (int i = 0; i < nb; i++) {
+    long rows = buf_rows(a, i), w = a->bw[i];
+    z[i] = calloc((size_t)rows + 1, 1);
+    ck_assert(z[i] != NULL);
+    if (!rows || !w) continue;
+    void *ha = download(a, a->val[i], (size_t)(rows * w) * a->esize), *hb = download(b, b->val[i], (size_t)(rows * w) * a->esize);
+    for (long r = 0; r < rows; r++) {
+      z[i][r] = 1;
+      for (long j = 0; j < w && z[i][r]; j++) z[i][r] = cv_test_at(a, ha, (size_t)(r * w + j)) == 0 && cv_test_at(a, hb, (size_t)(r * w + j)) == 0;
+    }
+    free(ha);
+    free(hb);
+  }
+  return z;
+}
+static void free_rows(cavs_model *m, unsigned char **z) {
+  for (int i = 0; i < m->d->nbufs; i++) free(z[i]);
+  free(z);
+}
+
+/* Rows [0, rows) of every per-row buffer (edges [0, nedges) of an edge buffer), values
+ * or (with `zero`, the rows zero_rows found) gradients. */
+static void same_buffers(cavs_model *a, cavs_model *b, unsigned char **zero, double tol) {
+  const cavs_desc *d = a->d;
+  for (int i = 0; i < d->nbufs; i++) {
+    char what[300];
+    snprintf(what, sizeof what, "%s of buffer %d (%s)", zero ? "gradient" : "value", i, d->bufs[i].name);
+    if (!zero || a->grad[i])
+      same_memory(a, zero ? a->grad[i] : a->val[i], b, zero ? b->grad[i] : b->val[i], buf_rows(a, i), a->bw[i],
+                  a->bw[i], what, tol, zero ? zero[i] : NULL, 0);
+  }
+}
+
+/* every parameter's gradient, to the tolerance of its values or of the model's largest
+   gradient (some are sums that cancel to a millionth of the others) */
+static void same_param_grads(cavs_model *a, cavs_model *b, double tol) {
+  size_t n;
+  const void *flat = cavs_model_grads_flat(a, &n);
+  void *h = download(a, flat, n * a->esize);
+  double scale = 0;
+  for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(cv_test_at(a, h, i)));
+  free(h);
+  for (int i = 0; i < a->d->nparams; i++) {
+    long rows, cols, ld;
+    const void *ga = cavs_model_grad(a, i, &rows, &cols, &ld), *gb = cavs_model_grad(b, i, &rows, &cols, &ld);
+    char what[300];
+    snprintf(what, sizeof what, "gradient of %s", a->d->params[i].name);
+    same_memory(a, ga, b, gb, rows, cols, ld, what, tol, NULL, scale);
+  }
+}
+
+/* b's gradients made a's, so that a step compares the optimizers alone (Adam's first
+   step is about lr times the sign of each gradient: one that cancels to rounding noise
+   would flip) */
+static void same_grads_now(cavs_model *a, cavs_model *b) {
+  size_t n, nb;
+  const void *ga = cavs_model_grads_flat(a, &n);
+  void *gb = cavs_model_grads_flat(b, &nb), *h = download(a, ga, n * a->esize);
+  ck_assert(n == nb);
+  device_write(b, gb, h, n * a->esize);
+  free(h);
+}
+
+static void same_params(cavs_model *a, cavs_model *b, double tol) {
+  for (int i = 0; i < a->d->nparams; i++) {
+    long rows, cols, ld;
+    const void *pa = cavs_model_param(a, i, &rows, &cols, &ld), *pb = cavs_model_param(b, i, &rows, &cols, &ld);
+    char what[300];
+    snprintf(what, sizeof what, "parameter %s after a step", a->d->params[i].name);
+    same_memory(a, pa, b, pb, rows, cols, ld, what, tol, NULL, 0);
+  }
+}
+
+/* The same forward pass on both: losses, counts and predictions. */
+static void same_forward(cavs_model *a, cavs_model *b, const cavs_graph *const *gs, int k, double tol) {
+  cavs_stats sa, sb;
+  ck_assert_msg(cavs_model_forward(a, gs, k, &sa) == 0, "%s", cavs_model_error(a));
+  ck_assert_msg(cavs_model_forward(b, gs, k, &sb) == 0, "%s", cavs_model_error(b));
+  const char *name = a->d->name;
+  ck_assert_msg(agree(sa.loss, sb.loss, tol), "%s: loss: %.17g, %.17g", name, sa.loss, sb.loss);
+  ck_assert(sa.count == sb.count && sa.correct == sb.correct && sa.root_count == sb.root_count &&
+            sa.root_correct == sb.root_correct && sa.tasks == sb.tasks);
+  int na, nb;
+  const cavs_loss_acc *la = cavs_model_losses(a, &na), *lb = cavs_model_losses(b, &nb);
+  ck_assert_int_eq(na, nb);
+  for (int i = 0; i < na; i++)
+    ck_assert_msg(agree(la[i].sum, lb[i].sum, tol) && la[i].count == lb[i].count && la[i].correct == lb[i].correct,
+                  "%s: loss %d: %.17g over %ld, %.17g over %ld", name, i, la[i].sum, la[i].count, lb[i].sum,
+                  lb[i].count);
+  ck_assert_int_eq(a->rows, b->rows);
+  for (int r = 0; r < a->rows; r++)
+    if (a->pred[r] != b->pred[r]) ck_abort_msg("%s: prediction of row %d: %d, %d", name, r, a->pred[r], b->pred[r]);
+  for (int i = 0; i < k; i++) ck_assert_int_eq(cavs_model_root_class(a, i), cavs_model_root_class(b, i));
+}
+
+/* ---- the cuda backend against the cpu backend ---- */
+
+/* Example `i` at `prec` on each backend: a forward pass to size the buffers, then
+ * with every buffer poisoned, a forward pass (every value of every per-row buffer, the
+ * losses, counts and predictions), a backward pass (every gradient of a buffer and of
+ * a parameter), and an optimizer step (Adam, clipped: every parameter). */
+static void cuda_vs_cpu(int i, const char *prec, double tol) {
+  const cavs_desc *dc = example(i, prec, false), *du = example(i, prec, true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(dc, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
+  same_forward(mc, mu, gs, k, tol);
+  poison(mc, false);
+  poison(mu, false);
+  same_forward(mc, mu, gs, k, tol);
+  same_buffers(mc, mu, NULL, tol);
+  unsigned char **zero = zero_rows(mc, mu);
+  poison(mc, true);
+  poison(mu, true);
+  cavs_model_backward(mc);
+  cavs_model_backward(mu);
+  same_buffers(mc, mu, zero, tol);
+  free_rows(mc, zero);
+  same_param_grads(mc, mu, tol);
+  same_grads_now(mc, mu);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2, .clip = 1};
+  ck_assert(cavs_model_step(mc, &o) == 0);
+  ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
+  same_params(mc, mu, tol);
+  cavs_model_free(mc);
+  free_all(mu, since);
+}
+
+START_TEST(examples_double) { cuda_vs_cpu(_i, "double", 1e-12); }
+END_TEST
+
+START_TEST(examples_float) { cuda_vs_cpu(_i, "float", 1e-5); }
+END_TEST
+
+/* ---- streams and graphs ---- */
+
+/* A forward and a backward pass of `m` on the minibatch, run in the emulator's `order`,
+   every per-row buffer poisoned first (a cell the pass leaves shows). */
+static void pass_in(cavs_model *m, const cavs_graph *const *gs, int k, int order) {
+  cavs_emu_set_order(order);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, false);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, true);
+  cavs_model_backward(m);
+  ck_assert_msg(!m->launch_failed, "%s", cavs_model_error(m));
+  cavs_emu_set_order(CAVS_EMU_ISSUED);
+}
+
+static void same_pass(cavs_model *a, cavs_model *b, double vtol, double gtol) {
+  same_buffers(a, b, NULL, vtol);
+  unsigned char **zero = zero_rows(a, b);
+  same_buffers(a, b, zero, gtol);
+  free_rows(a, zero);
+  same_param_grads(a, b, gtol);
+}
+
+/* A GPU runs a pass's two streams in any order their events allow: here the same pass
+ * runs with its work run as issued, and then only when the host waits for it, the
+ * first stream as far ahead as the events let it (the eager work as late as possible)
+ * or the second (as early as possible). Each gives the bits of the others, and what
+ * one stream gives (but for the eager products taken by chunks of levels: see
+ * check_cuda_host's streams_in_any_order). */
+START_TEST(streams_in_any_order) {
+  const cavs_desc *d = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  static const int orders[] = {CAVS_EMU_ISSUED, CAVS_EMU_MAIN_FIRST, CAVS_EMU_SIDE_FIRST};
+  cavs_model *one = model_on(d, dims, "cuda", 1, 0), *two[3];
+  pass_in(one, gs, k, CAVS_EMU_SIDE_FIRST);
+  for (int i = 0; i < 3; i++) {
+    two[i] = model_on(d, dims, "cuda", 0, 0);
+    pass_in(two[i], gs, k, orders[i]);
+  }
+  for (int i = 1; i < 3; i++) same_pass(two[0], two[i], 0, 0);
+  same_pass(one, two[0], 1e-11, 1e-10);
+  for (int i = 0; i < 3; i++) cavs_model_free(two[i]);
+  free_all(one, since);
+}
+END_TEST
+
+/* Each pass captured as a CUDA graph and launched (cavs_model_opts.graphs): the graph
+ * made, updated in place for a minibatch of the same shape, made again for another
+ * (cudaGraphExecUpdate refuses a new topology), its nodes run in either order the
+ * edges allow; the same bits as the passes launched kernel by kernel. */
+START_TEST(graphs_as_launches) {
+  const cavs_desc *d = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  cavs_model *plain = model_on(d, dims, "cuda", 0, 0), *graphs = model_on(d, dims, "cuda", 0, 1);
+  for (int round = 0; round < 4; round++) {
+    int kr = round < 2 ? k : k - 1 - (round & 1);
+    cavs_emu_counts c;
+    pass_in(plain, gs, kr, CAVS_EMU_ISSUED);
+    cavs_emu_counters(NULL, 1);
+    pass_in(graphs, gs, kr, round & 1 ? CAVS_EMU_SIDE_FIRST : CAVS_EMU_MAIN_FIRST);
+    cavs_emu_counters(&c, 1);
+    same_pass(plain, graphs, 0, 0);
+    /* two forward passes and a backward one, a graph each, and nothing else launched
+       in them */
+    ck_assert_int_eq(c.graph_launches, 3);
+    ck_assert_int_gt(c.graph_kernels, 3);
+  }
+  cavs_model_free(plain);
+  free_all(graphs, since);
+}
+END_TEST
+
+/* ---- the emulator's own checks ---- */
+
+static void error_says(const char *what) {
+  const char *e = cavs_emu_errors();
+  ck_assert_msg(e && strstr(e, what), "no error saying \"%s\" in:\n%s", what, e ? e : "(none)");
+  cavs_emu_clear_errors();
+}
+
+START_TEST(copies_checked) {
+  ck_assert(emu_case_copy_kind());
+  error_says("cudaMemcpyDeviceToHost): the destination is device memory");
+  no_errors();
+}
+END_TEST
+
+/* column-major, computed as the documentation says; a leading dimension too small or a
+   negative size refused */
+START_TEST(gemm_column_major) {
+  double c[4];
+  ck_assert(emu_case_gemm(c));
+  /* A = [1 3 5; 2 4 6], B = [1 0; 0 1; 2 1] */
+  ck_assert(c[0] == 11 && c[1] == 14 && c[2] == 8 && c[3] == 10);
+  error_says("lda 1 is less than max(1, 2)");
+}
+END_TEST
+
+START_TEST(host_memory_launched) {
+  ck_assert(emu_case_host_pointer_launch());
+  error_says("pointer argument 1");
+}
+END_TEST
+
+/* these end the process, with the emulator's message */
+START_TEST(host_reads_device) { emu_case_host_reads_device(); }
+END_TEST
+START_TEST(kernel_past_end) { emu_case_kernel_past_end(); }
+END_TEST
+START_TEST(kernel_after_free) { emu_case_kernel_after_free(); }
+END_TEST
+
+START_TEST(barriers) {
+  double sum = 0;
+  emu_case_barriers(&sum);
+  ck_assert(sum == 255.0 * 256 / 2);
+  error_says("ended without it");
+}
+END_TEST
+
+START_TEST(poison_until_synchronized) {
+  double before, after;
+  emu_case_poison_until_sync(&before, &after);
+  ck_assert(isnan(before) && after == 2.5);
+  error_says("the host changed the pinned source before the copy ran");
+}
+END_TEST
+
+START_TEST(graph_update_rules) {
+  int bad = emu_case_graph_update();
+  ck_assert_msg(bad == 0, "graph update case: %#x", bad);
+  error_says("cudaMalloc during a stream capture");
+}
+END_TEST
+
+/* ---- what a minibatch costs on the device ---- */
+
+/* Once buffers have grown, a training step (forward, backward, Adam) allocates and frees
+ * nothing on the device; the counts of one such step go to the log. */
+START_TEST(steady_state_counts) {
+  const cavs_desc *d = example(0, "float", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  long since = cavs_emu_serial();
+  cavs_model *m = model_on(d, dims, "cuda", 0, 0);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  cavs_emu_counts c;
+  for (int step = 0; step < 3; step++) {
+    cavs_emu_counters(NULL, 1);
+    ck_assert_msg(cavs_model_forward(m, gs, step == 1 ? k - 1 : k, NULL) == 0, "%s", cavs_model_error(m));
+    cavs_model_backward(m);
+    ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
+    cavs_emu_counters(&c, 0);
+  }
+  printf("treelstm (float), a training step of %d trees: %ld launches, %ld cuBLAS calls, %ld memsets, %ld bytes "
+         "host to device, %ld device to host, %ld cudaMalloc, %ld cudaFree, %ld host synchronizations\n",
+         k, c.launches, c.blas_calls, c.memsets, c.bytes_htod, c.bytes_dtoh, c.mallocs, c.frees, c.syncs);
+  ck_assert_int_eq(c.mallocs + c.host_mallocs, 0);
+  ck_assert_int_eq(c.frees + c.host_frees, 0);
+  free_all(m, since);
+}
+END_TEST
+
+/* Under valgrind (where the emulator cannot close device memory to the host, and a pass
+   costs some fifty times as much), the examples whose code differs most: a Tree-LSTM,
+   children as a set (Child-Sum), attention over a set (seq2seq), and matrices per vertex
+   (MV-RNN) */
+static const int few[] = {0, 7, 10, 11};
+static bool all;
+static int nrun;
+
+/* in the parent, before the tests fork: each model they use built once */
+static void build_models(void) {
+  for (int i = 0; i < nrun; i++)
+    for (int p = 0; p < 2; p++)
+      for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
+}
+
+int main(void) {
+  all = cavs_emu_host_faults();
+  nrun = all ? NEX : (int)(sizeof few / sizeof *few);
+  int n = nrun;
+  Suite *s = suite_create("cuda_emu");
+  TCase *tc = tcase_create("the cuda backend on the emulator");
+  tcase_set_timeout(tc, 300);
+  tcase_add_unchecked_fixture(tc, build_models, NULL);
+  for (int i = 0; i < n; i++) {
+    int x = all ? i : few[i];
+    tcase_add_loop_test(tc, examples_double, x, x + 1);
+    tcase_add_loop_test(tc, examples_float, x, x + 1);
+    tcase_add_loop_test(tc, streams_in_any_order, x, x + 1);
+    if (all || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
+  }
+  tcase_add_test(tc, steady_state_counts);
+  suite_add_tcase(s, tc);
+  TCase *own = tcase_create("the emulator's checks");
+  tcase_add_test(own, copies_checked);
+  tcase_add_test(own, gemm_column_major);
+  tcase_add_test(own, host_memory_launched);
+  if (cavs_emu_host_faults()) tcase_add_test_raise_signal(own, host_reads_device, SIGABRT);
+  tcase_add_test_raise_signal(own, kernel_past_end, SIGABRT);
+  tcase_add_test_raise_signal(own, kernel_after_free, SIGABRT);
+  tcase_add_test(own, barriers);
+  tcase_add_test(own, poison_until_synchronized);
+  tcase_add_test(own, graph_update_rules);
+  suite_add_tcase(s, own);
+  return tu_run_suite(s);
+}
