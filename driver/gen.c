@@ -65,7 +65,8 @@ int cmd_gen(int argc, char **argv) {
     rc = cavs_gen_lattice(f, (int)graphs, 30, words_given ? (int)words : 3000, classes_given ? (int)classes : 8,
                           (uint64_t)seed);
   else if (!strcmp(kind, "nary")) rc = cavs_gen_nary(f, (int)graphs, (int)leaves, (int)words, arity, (uint64_t)seed);
-  else if (!strcmp(kind, "complete")) rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, (int)classes, (uint64_t)seed);
+  else if (!strcmp(kind, "complete")) /* two classes by default, as treefc.vf has */
+    rc = cavs_gen_complete(f, (int)graphs, (int)leaves, (int)words, classes_given ? (int)classes : 2, (uint64_t)seed);
   else if (!strcmp(kind, "tagger"))
     rc = cavs_gen_tagger(f, (int)graphs, words_given ? (int)words : 1000, classes_given ? (int)classes : 12, chars,
                          (uint64_t)seed);

@@ -3,6 +3,8 @@
  * command's options as the driver's one table (driver/options.def) has them. */
 #include "testutil.h"
 
+#include <dirent.h>
+
 static const char *pages[] = {"man/cavsc.1", "man/cavs.1", "man/libcavs.3", "man/vf.5", "man/cavs-data.5"};
 
 START_TEST(pages_render) {
@@ -25,6 +27,60 @@ START_TEST(pages_render) {
                   pages[i], r.out);
     tu_free(&r);
   }
+}
+END_TEST
+
+/* ... and through groff with every warning on, as Debian's man(1) runs it (-ww): a
+ * warning there is text a reader loses (a SEE ALSO citation dropped whole, a table row
+ * that does not fit). groff-base is one of bootstrap's packages. */
+START_TEST(pages_render_in_groff) {
+  for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", tu_env("TOP_SRCDIR", "."), pages[i]);
+    char *groff[] = {"/usr/bin/groff", "-ww", "-mandoc", "-Tutf8", "-z", path, NULL};
+    if (access(groff[0], X_OK)) {
+      fprintf(stderr, "no %s: groff's warnings not checked\n", groff[0]);
+      return;
+    }
+    RunResult r = tu_run(NULL, groff, 20);
+    ck_assert_msg(r.status == 0 && !*r.err && !*r.out, "%s: groff -ww says\n%s%s", pages[i], r.out, r.err);
+    tu_free(&r);
+  }
+}
+END_TEST
+
+/* The line that links an application is the same wherever it is shown (README,
+ * cavsc(1), libcavs(3)), and cavs(1)'s FILES names every example model. */
+START_TEST(one_link_line_every_example) {
+  static const char line[] = "cc -O2 -I build app.c build/treelstm.c $(pkg-config --cflags --libs cavs) -lm";
+  static const char *const where[] = {"README", "man/cavsc.1", "man/libcavs.3"};
+  char path[4096];
+  for (size_t i = 0; i < sizeof where / sizeof *where; i++) {
+    snprintf(path, sizeof path, "%s/%s", tu_env("TOP_SRCDIR", "."), where[i]);
+    char *text = tu_slurp(path, NULL);
+    ck_assert_msg(text && strstr(text, line), "%s does not show the link line\n%s", where[i], line);
+    free(text);
+  }
+  snprintf(path, sizeof path, "%s/man/cavs.1", tu_env("TOP_SRCDIR", "."));
+  char *page = tu_slurp(path, NULL);
+  char *files = page ? strstr(page, "\n.Sh FILES") : NULL;
+  ck_assert_ptr_nonnull(files);
+  snprintf(path, sizeof path, "%s/dsl-examples", tu_env("TOP_SRCDIR", "."));
+  DIR *d = opendir(path);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    size_t len = strlen(e->d_name);
+    if (len < 4 || strcmp(e->d_name + len - 3, ".vf")) continue;
+    char want[300];
+    snprintf(want, sizeof want, " %s ", e->d_name);
+    ck_assert_msg(strstr(files, want), "cavs(1)'s FILES does not name %s", e->d_name);
+    n++;
+  }
+  closedir(d);
+  ck_assert_int_ge(n, 12);
+  free(page);
 }
 END_TEST
 
@@ -385,6 +441,8 @@ int main(void) {
   TCase *tc = tcase_create("man");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, pages_render);
+  tcase_add_test(tc, pages_render_in_groff);
+  tcase_add_test(tc, one_link_line_every_example);
   tcase_add_test(tc, page_examples_compile);
   tcase_add_test(tc, report_in_manual_is_current);
   tcase_add_test(tc, library_example_runs);
