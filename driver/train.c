@@ -6,6 +6,7 @@
 #include "driver.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,7 @@ typedef struct Run {
   char *best_path;
   FILE *log;
   bool tty, with_acc;
+  bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
   int n, select, last_epoch;
   long nbatches;
   int *order;
@@ -282,7 +284,12 @@ static const char *select_metric(int select) {
  * best of another metric is forgotten. */
 static void choose_selection(Run *r) {
   TrainOpts *o = r->o;
-  r->select = o->select != SELECT_DEFAULT ? o->select : r->ts.select ? r->ts.select : r->with_acc ? SELECT_ALL : SELECT_LOSS;
+  /* a language model's best is by dev perplexity (the loss): its roots are the last
+     tokens of sentences, and its accuracy is not what it is judged by */
+  r->select = o->select != SELECT_DEFAULT ? o->select
+              : r->ts.select             ? r->ts.select
+              : r->with_acc && !r->lm    ? SELECT_ALL
+                                         : SELECT_LOSS;
   if (r->select != SELECT_LOSS && !r->with_acc)
     die(1, "--select %s: model '%s' has no classifier", select_name(r->select), r->d->name);
   if (r->ck && r->ts.best >= 0 && (r->ts.select ? r->ts.select != r->select : o->select != SELECT_DEFAULT)) {
@@ -377,10 +384,12 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better) {
   double tloss = t->batch_loss / (t->batches ? t->batches : 1);
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
+  if (r->lm) printf(" ppl %.2f", exp(tloss));
   if (r->with_acc) printf(" acc %.4f", ratio(t->correct, t->count));
   if (r->dev) {
     printf("  dev loss %.4f", total_loss(dv));
-    if (r->with_acc) printf(" acc %.4f root %.4f", ratio(dv->correct, dv->count), ratio(dv->root_correct, dv->root_count));
+    if (r->lm) printf(" ppl %.2f acc %.4f", exp(total_loss(dv)), ratio(dv->correct, dv->count));
+    else if (r->with_acc) printf(" acc %.4f root %.4f", ratio(dv->correct, dv->count), ratio(dv->root_correct, dv->root_count));
     print_losses(stdout, r->d, dv);
   }
   printf("  %.1fs  %.0f graphs/s", t->secs, (double)t->graphs / t->secs);
@@ -400,7 +409,8 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   json_set(o, "dev_loss", r->dev ? json_num(total_loss(dv)) : json_null());
   bool dev_acc = r->dev && r->with_acc;
   json_set(o, "dev_acc", dev_acc ? json_num(ratio(dv->correct, dv->count)) : json_null());
-  json_set(o, "dev_root_acc", dev_acc ? json_num(ratio(dv->root_correct, dv->root_count)) : json_null());
+  json_set(o, "dev_root_acc", dev_acc && !r->lm ? json_num(ratio(dv->root_correct, dv->root_count)) : json_null());
+  if (r->lm) json_set(o, "dev_ppl", r->dev ? json_num(exp(total_loss(dv))) : json_null());
   if (r->dev && dv->nl > 1) {
     json_t *losses = json_array();
     for (int l = 0; l < dv->nl; l++)
@@ -476,6 +486,7 @@ int cmd_train(TrainOpts *o) {
   if (!o->quiet) say_start(&r);
   r.tty = isatty(1) && !o->quiet;
   r.with_acc = has_accuracy(r.d);
+  r.lm = r.with_acc && (!strcmp(o->format, "text") || !strcmp(o->format, "text-bptt"));
   r.order = xmalloc(sizeof(int) * (size_t)r.n);
   r.gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};

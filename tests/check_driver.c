@@ -1171,6 +1171,34 @@ START_TEST(gen_complete_fits_treefc) {
 }
 END_TEST
 
+/* A language model (text data): the epoch line gives perplexities, exp of the losses it
+ * prints, and no root accuracy (its roots are the last tokens of sentences); the log has
+ * dev_ppl; .best follows the dev loss by default. */
+START_TEST(language_model_perplexity) {
+  static const char text[] = "the cat sat on the mat\nthe dog sat on the log\na cat and a dog\n"
+                             "the mat and the log\non the mat the cat sat\n";
+  tu_write(path_in("lm.txt"), text, strlen(text));
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text", "--train", path_in("lm.txt"), "--dev",
+                     path_in("lm.txt"), "--dim", "E=8", "--dim", "H=8", "--epochs", "2", "--threads", "1", "--save",
+                     path_in("lm.ckpt"), "--log", path_in("lm.log"), NULL);
+  ok(&r, "train lstm_lm");
+  const char *line = strstr(r.out, "epoch 2/2");
+  ck_assert_msg(line, "%s", tu_tail(r.out, 1800));
+  double tl, tp, dl, dp;
+  ck_assert_msg(sscanf(line, "epoch 2/2  train loss %lf ppl %lf acc %*f  dev loss %lf ppl %lf acc", &tl, &tp, &dl, &dp) == 4,
+                "%s", line);
+  ck_assert_msg(fabs(tp - exp(tl)) <= 0.01 * tp && fabs(dp - exp(dl)) <= 0.01 * dp, "%s", line);
+  ck_assert_msg(!strstr(line, "root"), "%s", line);
+  tu_free(&r);
+  char *log = tu_slurp(path_in("lm.log"), NULL);
+  ck_assert_msg(log && strstr(log, "\"dev_ppl\"") && strstr(log, "\"dev_root_acc\": null"), "%s", log);
+  free(log);
+  r = cavs("info", path_in("lm.ckpt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "loss"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* Resuming keeps each optimizer setting that is not given again, one by one. */
 START_TEST(resume_keeps_settings_not_given) {
   gen_data();
@@ -1890,6 +1918,7 @@ int main(void) {
   tcase_add_test(tc, concurrent_saves_all_finish);
   tcase_add_test(tc, frozen_no_merge_checkpoint);
   tcase_add_test(tc, gen_complete_fits_treefc);
+  tcase_add_test(tc, language_model_perplexity);
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
