@@ -179,6 +179,22 @@ START_TEST(crafted_source_checked_first) {
 END_TEST
 
 /* Every other field is held to its range: damaged, not a crash or a huge allocation. */
+/* The checkpoint k0 with `width` bytes at `at` set to v (little-endian), its checksum
+ * made right: read, it is refused as damaged, the message naming `msg`. */
+static void field_refused(const Ckpt *k0, size_t at, int64_t v, int width, const char *msg, size_t i) {
+  Ckpt k = {malloc(k0->n), k0->n};
+  memcpy(k.p, k0->p, k0->n);
+  unsigned char b[8];
+  memcpy(b, &v, 8);
+  ck_splice(&k, at, (size_t)width, b, (size_t)width);
+  save(&k, "field.ckpt");
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in("field.ckpt"), err, sizeof err);
+  ck_assert_msg(c == NULL, "case %zu was accepted", i);
+  ck_assert_msg(strstr(err, "damaged") && strstr(err, msg), "case %zu: %s", i, err);
+  free(k.p);
+}
+
 START_TEST(crafted_fields_refused) {
   Ckpt k0 = load_base();
   size_t dims = str_at(&k0, 3) + 4; /* u32 precision, then u32 ndims */
@@ -198,19 +214,9 @@ START_TEST(crafted_fields_refused) {
   };
   size_t first_val = dims + 4 + 4 + rd32(&k0, dims + 4);
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    Ckpt k = {malloc(k0.n), k0.n};
-    memcpy(k.p, k0.p, k0.n);
     if (cases[i].at == 0) cases[i].at = first_val;
-    if (cases[i].at == 1) cases[i].at = str_at(&k, 1) + 4; /* a byte of the hash */
-    unsigned char b[8];
-    memcpy(b, &cases[i].v, 8);
-    ck_splice(&k, cases[i].at, (size_t)cases[i].width, b, (size_t)cases[i].width);
-    save(&k, "field.ckpt");
-    char err[512];
-    cavs_ckpt *c = cavs_ckpt_read(path_in("field.ckpt"), err, sizeof err);
-    ck_assert_msg(c == NULL, "case %zu was accepted", i);
-    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
-    free(k.p);
+    if (cases[i].at == 1) cases[i].at = str_at(&k0, 1) + 4; /* a byte of the hash */
+    field_refused(&k0, cases[i].at, cases[i].v, cases[i].width, cases[i].msg, i);
   }
   /* a vocabulary word with a space in it: no loader makes one */
   size_t at = dims + 4;
@@ -332,19 +338,8 @@ START_TEST(crafted_counters_refused) {
       {steps, INT64_MAX, 8, "optimizer steps"},
       {steps, CAVS_MAX_STEPS + 1, 8, "optimizer steps"},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    Ckpt k = {malloc(k0.n), k0.n};
-    memcpy(k.p, k0.p, k0.n);
-    unsigned char b[8];
-    memcpy(b, &cases[i].v, 8);
-    ck_splice(&k, cases[i].at, (size_t)cases[i].width, b, (size_t)cases[i].width);
-    save(&k, "counter.ckpt");
-    char err[512];
-    cavs_ckpt *c = cavs_ckpt_read(path_in("counter.ckpt"), err, sizeof err);
-    ck_assert_msg(c == NULL, "case %zu was accepted", i);
-    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
-    free(k.p);
-  }
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    field_refused(&k0, cases[i].at, cases[i].v, cases[i].width, cases[i].msg, i);
   /* at the bounds: read, but a run that would pass them stops with a message */
   char vf[4400];
   snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
