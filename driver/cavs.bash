@@ -20,7 +20,7 @@ _cavs() {
   info) opts='--help' ;;
   export) opts='--help --model --output' ;;
   plot) opts='--help --output' ;;
-  build) opts='--help --no-fuse --no-merge --no-homes --precision --target --emit-only --output' ;;
+  build) opts='--help --no-fuse --no-merge --no-homes --precision --target --emit-only --cached --output' ;;
   help) opts='--help' ;;
   *) return ;;
   esac

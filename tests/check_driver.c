@@ -1847,6 +1847,33 @@ START_TEST(childsum_learns) {
 }
 END_TEST
 
+/* cavs build --cached: the model built into the compile cache (the same entry training
+ * uses: a second build finds it), the path of its model.so printed, which loads; not
+ * with -o or --emit-only. */
+START_TEST(build_cached) {
+  RunResult r = cavs("build", "--cached", model("treefc.vf"), NULL);
+  ok(&r, "build --cached");
+  char so[4400];
+  snprintf(so, sizeof so, "%s", r.out);
+  tu_free(&r);
+  ck_assert_msg(strlen(so) > 10 && so[strlen(so) - 1] == '\n', "%s", so);
+  so[strlen(so) - 1] = 0;
+  ck_assert_msg(!strncmp(so, getenv("CAVS_CACHE"), strlen(getenv("CAVS_CACHE"))) && strstr(so, "/model.so"), "%s", so);
+  r = cavs("build", model("treefc.vf"), "--cached", NULL);
+  ok(&r, "build --cached again");
+  ck_assert_msg(!strncmp(r.out, so, strlen(so)), "%s", r.out);
+  tu_free(&r);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treefc_desc");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_str_eq(d->name, "treefc");
+  r = cavs("build", "--cached", "--emit-only", model("treefc.vf"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--cached builds into the compile cache"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
 /* ---- cavs export and --init-all: the files read back without cavs's own reader ---- */
 
 #define TREEFC(...)                                                                                     \
@@ -2128,6 +2155,7 @@ int main(void) {
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, build_into_a_directory);
+  tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
