@@ -2025,27 +2025,37 @@ static void check_npz(cavs_model *m, const char *path, json_t *meta) {
   free(f);
 }
 
-/* cavs export: every parameter by name, shape and bytes in both formats, read here by
- * their specifications with jansson and zlib alone; refused outputs. */
-START_TEST(export_read_back) {
+/* treefc trained an epoch into STEM.ckpt, exported to STEM.safetensors and STEM.npz
+   (-o before the checkpoint, as options may come) */
+static void treefc_exported(const char *stem) {
+  char ckpt[64], st[64], npz[64];
+  snprintf(ckpt, sizeof ckpt, "%s.ckpt", stem);
+  snprintf(st, sizeof st, "%s.safetensors", stem);
+  snprintf(npz, sizeof npz, "%s.npz", stem);
   gen_data();
-  RunResult r = TREEFC("--epochs", "1", "--save", path_in("fc.ckpt"), NULL);
+  RunResult r = TREEFC("--epochs", "1", "--save", path_in(ckpt), NULL);
   ok(&r, "train treefc");
   tu_free(&r);
-  r = cavs("export", path_in("fc.ckpt"), "-o", path_in("fc.safetensors"), NULL);
+  r = cavs("export", path_in(ckpt), "-o", path_in(st), NULL);
   ok(&r, "export safetensors");
   ck_assert_msg(strstr(r.out, "5 parameters of model treefc") && strstr(r.out, "float32"), "%s", r.out);
   tu_free(&r);
-  r = cavs("export", "-o", path_in("fc.npz"), path_in("fc.ckpt"), NULL);
+  r = cavs("export", "-o", path_in(npz), path_in(ckpt), NULL);
   ok(&r, "export npz");
   tu_free(&r);
+}
+
+/* cavs export: every parameter by name, shape and bytes in both formats, read here by
+ * their specifications with jansson and zlib alone; refused outputs. */
+START_TEST(export_read_back) {
+  treefc_exported("fc");
   cavs_model *m = treefc_from(path_in("fc.ckpt"));
   json_t *meta = check_safetensors(m, path_in("fc.safetensors"));
   check_npz(m, path_in("fc.npz"), meta);
   json_decref(meta);
   cavs_model_free(m);
   /* the same checkpoint, the same bytes */
-  r = cavs("export", path_in("fc.ckpt"), "-o", path_in("fc2.npz"), NULL);
+  RunResult r = cavs("export", path_in("fc.ckpt"), "-o", path_in("fc2.npz"), NULL);
   ok(&r, "export again");
   tu_free(&r);
   size_t n1 = 0, n2 = 0;
@@ -2070,16 +2080,8 @@ END_TEST
  * parameter frozen, one epoch, exported again: the same bytes); a file that does not
  * fit the model is refused by name and shape, and nothing is saved. */
 START_TEST(init_all_round_trip) {
-  gen_data();
-  RunResult r = TREEFC("--epochs", "1", "--save", path_in("rt.ckpt"), NULL);
-  ok(&r, "train treefc");
-  tu_free(&r);
-  r = cavs("export", path_in("rt.ckpt"), "-o", path_in("rt.safetensors"), NULL);
-  ok(&r, "export");
-  tu_free(&r);
-  r = cavs("export", path_in("rt.ckpt"), "-o", path_in("rt.npz"), NULL);
-  ok(&r, "export");
-  tu_free(&r);
+  treefc_exported("rt");
+  RunResult r;
   size_t n0 = 0;
   char *want = tu_slurp(path_in("rt.safetensors"), &n0);
   static const char *const from[] = {"rt.safetensors", "rt.npz"};
