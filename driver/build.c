@@ -171,14 +171,31 @@ Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
 
 /* ---- cavs build ---- */
 
+/* cavs build --cached: the entry built (or found) and checked as any model a command
+ * loads (cache_load), then its model.so's path printed, for a program that loads models
+ * itself (the Python package, which checks the object against the entry's recorded
+ * hash again before it loads it). */
+static int build_cached(const CacheReq *q) {
+  const cavs_desc *desc;
+  char err[2048], *name = NULL;
+  int rc = cache_load(q, &desc, &name, err, sizeof err);
+  keep(name);
+  if (rc) {
+    if (*err) die(rc, "%s", err);
+    exit(rc);
+  }
+  printf("%s/model.so\n", (char *)keep(cache_entry(q)));
+  return 0;
+}
+
 /* The one way to build a model outside the cache (the tests and `make generated` use it):
  * cavsc's NAME.h and NAME.c and, unless --emit-only, NAME.so, compiled with the flags
  * and the compiler a cache entry gets, into -o DIR (default .). Prints the path of
  * NAME.so (NAME.c with --emit-only). */
 int cmd_build(int argc, char **argv) {
   static const char usage[] = "build: usage: cavs build MODEL.vf [options] [-o DIR] (cavs help build)";
-  const char *out = ".", *prec = NULL, *model = NULL, *target = NULL;
-  bool emit_only = false;
+  const char *out = NULL, *prec = NULL, *model = NULL, *target = NULL;
+  bool emit_only = false, cached = false;
   optind = 0;
   for (int ch; (ch = next_option(argc, argv, CMD_BUILD)) != -1;) {
     switch (ch) {
@@ -195,6 +212,7 @@ int cmd_build(int argc, char **argv) {
       target = strcmp(optarg, "c") ? optarg : NULL;
       break;
     case OPT_EMIT_ONLY: emit_only = true; break;
+    case OPT_CACHED: cached = true; break;
     case OPT_OUTPUT_DIR: out = optarg; break;
     case OPT_NO_FUSE: build_ablations |= 1; break;
     case OPT_NO_MERGE: build_ablations |= 2; break;
@@ -207,6 +225,8 @@ int cmd_build(int argc, char **argv) {
     model = argv[optind];
   }
   if (!model) die(1, "%s", usage);
+  if (cached && (out || emit_only)) die(1, "build: --cached builds into the compile cache: no -o, no --emit-only");
+  if (!out) out = ".";
   if (!*out) die(1, "build: -o needs a directory");
   size_t len;
   char *text = slurp(model, &len);
@@ -214,6 +234,7 @@ int cmd_build(int argc, char **argv) {
   CacheReq q = cache_req(model, text, len, NULL, target);
   q.precision = prec;
   q.input = model;
+  if (cached) return build_cached(&q);
   char err[2048], *name = NULL;
   int rc = cache_build_into(&q, out, !emit_only, &name, err, sizeof err);
   keep(name);

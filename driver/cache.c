@@ -984,6 +984,14 @@ out:
   return rc;
 }
 
+char *cache_entry(const CacheReq *q) {
+  char *root = cache_root(), key[2 * SHA256_DIGEST_SIZE + 1];
+  cache_key(q, key);
+  char *dir = fmt("%s/%s", root, key);
+  free(root);
+  return dir;
+}
+
 int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *err, size_t errlen) {
   *err = 0;
   char *root = cache_root();

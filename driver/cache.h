@@ -48,6 +48,10 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
  * nothing it made is left. */
 int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen);
 
+/* The directory of the cache entry the request names (it may not exist yet); its
+ * model.so is what cache_load loads. Freshly allocated. */
+char *cache_entry(const CacheReq *q);
+
 /* Compiles the source into the cache unless a verified build is there, and loads it.
  * Returns 0 and sets *desc and *model (the model's name, malloc'ed), or returns 1 for
  * a user error (a bad model, an unsafe cache) or 2 for an internal one, with the

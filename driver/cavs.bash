@@ -7,19 +7,20 @@
 
 _cavs() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
-  local commands='train eval predict gen info plot build help' opts= choices=
+  local commands='train eval predict gen info export plot build help' opts= choices=
   if ((COMP_CWORD == 1)); then
     COMPREPLY=($(compgen -W "$commands --help --version" -- "$cur"))
     return
   fi
   case ${COMP_WORDS[1]} in
-  train) opts='--help --format --train --dev --epochs --batch --optimizer --lr --clip --weight-decay --seed --dim --save --resume --lr-decay --lr-step --warmup --patience --select --init --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --log --quiet' ;;
+  train) opts='--help --format --train --dev --epochs --batch --optimizer --lr --clip --weight-decay --seed --dim --save --resume --lr-decay --lr-step --warmup --patience --select --init --init-all --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --log --quiet' ;;
   eval) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --json --binary' ;;
   predict) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --all-nodes --vectors --probs --value --greedy --stop --max-steps' ;;
   gen) opts='--help --graphs --leaves --vertices --words --classes --arity --seed --dag --chars --output' ;;
   info) opts='--help' ;;
+  export) opts='--help --model --output' ;;
   plot) opts='--help --output' ;;
-  build) opts='--help --no-fuse --no-merge --no-homes --precision --target --emit-only --output' ;;
+  build) opts='--help --no-fuse --no-merge --no-homes --precision --target --emit-only --cached --output' ;;
   help) opts='--help' ;;
   *) return ;;
   esac

@@ -157,6 +157,15 @@ struct GreedyOpts;
 typedef struct EvalOpts {
   bool json, binary;
 } EvalOpts;
+/* A checkpoint and a model made from it (its own source, or --model) holding its
+ * parameters (cavs_ckpt_apply_weights), with its vocabulary: eval, predict, export. */
+typedef struct CkptModel {
+  cavs_ckpt *ck;
+  Loaded L;
+  cavs_model *m;
+  cavs_vocab *v;
+} CkptModel;
+CkptModel open_ckpt(const char *path, const char *model);
 int cmd_eval(const char *ckpt, const char *model, const char *data, const char *format, int batch, bool predict,
              bool all_nodes, const EvalOpts *eo, bool vectors, bool probs, const char *value,
              const struct GreedyOpts *greedy);
@@ -220,12 +229,69 @@ typedef struct TrainOpts {
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];
   int ninit, nfreeze;
+  const char *init_all; /* --init-all FILE: every parameter from a safetensors or .npz file */
   /* given on the command line (else a resume keeps the checkpoint's) */
   bool set_kind, set_lr, set_clip, set_wd, set_batch, set_sched;
 } TrainOpts;
 
 enum Select { SELECT_DEFAULT, SELECT_ALL, SELECT_ROOT, SELECT_LOSS };
 int cmd_train(TrainOpts *o);
+
+/* ---- tensors.c: parameter files (safetensors, .npz) written and read ---- */
+
+/* A tensor to write: float32 or float64, 1 or 2 dimensions, its bytes row-major. */
+typedef struct Tensor {
+  const char *name;
+  bool f64;
+  int rank;
+  long shape[2];
+  const void *data;
+  size_t bytes;
+} Tensor;
+/* 1 for FILE.safetensors, 2 for FILE.npz, 0 for another name */
+int tensors_format(const char *path);
+/* The tensors, and the metadata (an object of strings), written whole to path in the
+ * format its name says (afile.c); dies on failure. */
+void tensors_write(const char *path, const Tensor *t, int n, json_t *meta);
+
+/* A tensor of a file being read: what its header says, checked (the file is untrusted:
+ * every size and place held to the file's and to the format's bounds). */
+enum { TENSOR_MAX_RANK = 8 };
+typedef struct TensorEntry {
+  char *name, *shown; /* as in the file; as messages show it (escaped, cut) */
+  char dtype[16];     /* as the file says it: F32, <f8 */
+  bool real, f64, swap; /* float32 or float64 (what cavs reads); big-endian */
+  int rank;
+  int64_t shape[TENSOR_MAX_RANK];
+  uint64_t count, bytes; /* elements; their bytes */
+  /* where: safetensors, bytes at off; .npz, the entry at off, csize bytes (deflated or
+     stored), usize uncompressed, skip of them the .npy header, crc its CRC-32 */
+  uint64_t off, csize, usize, skip;
+  bool zip, deflated;
+  uint32_t crc;
+} TensorEntry;
+typedef struct TensorFile {
+  const char *path;
+  int fd;
+  TensorEntry *e; /* sorted by name */
+  int n, cap;
+} TensorFile;
+/* The file's index, read and checked whole; dies with "FILE: error: ..." on anything
+ * malformed, a tensor of a dtype other than float32 and float64 included. */
+TensorFile *tensors_open(const char *path);
+/* The tensor of that name, or NULL. */
+const TensorEntry *tensors_find(const TensorFile *f, const char *name);
+/* Its values into dst (count of them, float or double): dies on damage (an .npz
+ * entry's CRC-32) and on a value that is not finite or not one in float's range. */
+void tensors_read(const TensorFile *f, const TensorEntry *e, void *dst, bool f64);
+
+/* ---- export.c ---- */
+
+/* argv[0] is "export": cavs export CKPT -o FILE.safetensors|FILE.npz [--model MODEL] */
+int cmd_export(int argc, char **argv);
+/* train --init-all FILE: every parameter of m from the file, names and shapes exactly
+ * the model's; nothing is written into m until all have been read. */
+void init_all(cavs_model *m, const char *path);
 
 /* ---- gen.c ---- */
 

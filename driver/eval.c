@@ -114,19 +114,12 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
 
 /* ---- eval, predict, info ---- */
 
-typedef struct CkptModel {
-  cavs_ckpt *ck;
-  Loaded L;
-  cavs_model *m;
-  cavs_vocab *v;
-} CkptModel;
-
 /* The model comes from the checkpoint's own source, or from --model (required for a
  * checkpoint trained from a prebuilt .so); cavs_ckpt_apply_weights checks that they
  * match. Only the weights: evaluation has no optimizer state to hold and nothing to
  * freeze (a checkpoint of a --no-merge build with a frozen parameter evaluates on the
  * default build). */
-static CkptModel open_ckpt(const char *path, const char *model) {
+CkptModel open_ckpt(const char *path, const char *model) {
   CkptModel c = {0};
   char err[1024];
   c.ck = keep(cavs_ckpt_read(path, err, sizeof err));

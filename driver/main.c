@@ -170,6 +170,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
     if (o->ninit == 8) die(1, "--init: at most 8");
     o->init[o->ninit++] = arg;
     break;
+  case OPT_INIT_ALL: o->init_all = arg; break;
   case OPT_FREEZE:
     if (o->nfreeze == 8) die(1, "--freeze: at most 8");
     o->freeze[o->nfreeze++] = arg;
@@ -275,6 +276,7 @@ int main(int argc, char **argv) {
   case CMD_GEN: return cmd_gen(argc - 1, argv + 1);
   case CMD_BUILD: return cmd_build(argc - 1, argv + 1);
   case CMD_PLOT: return cmd_plot(argc - 1, argv + 1);
+  case CMD_EXPORT: return cmd_export(argc - 1, argv + 1);
   default: return run_command(cmd, argc - 1, argv + 1);
   }
 }

@@ -114,6 +114,7 @@ static void check_outputs(const TrainOpts *o, const char *best_path) {
     const char *eq = strchr(o->init[i], '=');
     in[n] = eq ? eq + 1 : NULL, what[n++] = "the --init vectors";
   }
+  in[n] = o->init_all, what[n++] = "the --init-all parameters";
   int common = n;
   if (o->save) {
     in[n] = o->log, what[n++] = "the --log file";
@@ -223,6 +224,7 @@ static void make_model(Run *r, const long *dims) {
     r->ts.best_epoch = cs->best_epoch;
   } else {
     cavs_model_init(r->m, o->seed);
+    if (o->init_all) init_all(r->m, o->init_all);
   }
   /* pre-trained vectors into a new model's tables (a resumed one has its own), then
      the parameters kept fixed */
@@ -268,6 +270,7 @@ static void say_start(const Run *r) {
   if (r->ck) printf("; resumed after epoch %d", r->ts.epoch);
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
+  if (r->o->init_all) printf("init: every parameter from %s\n", r->o->init_all);
   for (int i = 0; i < r->o->ninit && !r->ck; i++)
     say_init(r, i);
   fflush(stdout);
@@ -463,6 +466,8 @@ int cmd_train(TrainOpts *o) {
   if (!o->train) die(1, "train: --train FILE is required");
   if (!o->format) die(1, "train: --format is required (ptb-tree, text, cgf)");
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
+  if (o->init_all && o->resume)
+    die(1, "train: --init-all starts a new model; --resume goes on from the checkpoint's parameters");
   Run r = {.o = o};
   r.best_path = o->save ? fmt("%s.best", o->save) : NULL;
   check_outputs(o, r.best_path);

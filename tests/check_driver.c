@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <jansson.h>
 #include <pty.h>
+#include <zlib.h>
 
 static void gen_data(void) {
   static bool done;
@@ -1887,6 +1888,279 @@ START_TEST(childsum_learns) {
 }
 END_TEST
 
+/* cavs build --cached: the model built into the compile cache (the same entry training
+ * uses: a second build finds it), the path of its model.so printed, which loads; not
+ * with -o or --emit-only. */
+START_TEST(build_cached) {
+  RunResult r = cavs("build", "--cached", model("treefc.vf"), NULL);
+  ok(&r, "build --cached");
+  char so[4400];
+  snprintf(so, sizeof so, "%s", r.out);
+  tu_free(&r);
+  ck_assert_msg(strlen(so) > 10 && so[strlen(so) - 1] == '\n', "%s", so);
+  so[strlen(so) - 1] = 0;
+  ck_assert_msg(!strncmp(so, getenv("CAVS_CACHE"), strlen(getenv("CAVS_CACHE"))) && strstr(so, "/model.so"), "%s", so);
+  r = cavs("build", model("treefc.vf"), "--cached", NULL);
+  ok(&r, "build --cached again");
+  ck_assert_msg(!strncmp(r.out, so, strlen(so)), "%s", r.out);
+  tu_free(&r);
+  void *h = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treefc_desc");
+  ck_assert_ptr_nonnull(d);
+  ck_assert_str_eq(d->name, "treefc");
+  r = cavs("build", "--cached", "--emit-only", model("treefc.vf"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--cached builds into the compile cache"), "%s", r.err);
+  tu_free(&r);
+}
+END_TEST
+
+/* ---- cavs export and --init-all: the files read back without cavs's own reader ---- */
+
+#define TREEFC(...)                                                                                     \
+  cavs("train", model("treefc.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "H=8",  \
+       "--dim", "C=5", "--batch", "32", "--threads", "1", "--quiet", __VA_ARGS__)
+
+static uint64_t le(const unsigned char *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+/* The model a checkpoint holds, as the library makes it from a build of treefc.vf (cavs
+ * build, dlopen): what cavs export must have written, parameter by parameter. */
+static cavs_model *treefc_from(const char *ckpt) {
+  RunResult r = cavs("build", model("treefc.vf"), "-o", path_in("treefc-built"), NULL);
+  ok(&r, "build treefc");
+  tu_free(&r);
+  void *h = dlopen(path_in("treefc-built/treefc.so"), RTLD_NOW | RTLD_LOCAL);
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  const cavs_desc *d = dlsym(h, "treefc_desc");
+  ck_assert_ptr_nonnull(d);
+  char err[512];
+  cavs_ckpt *k = cavs_ckpt_read(ckpt, err, sizeof err);
+  ck_assert_msg(k != NULL, "%s", err);
+  long dims[CAVS_MAX_DIMS] = {0};
+  ck_assert_msg(cavs_ckpt_dims(k, d, dims, err, sizeof err) == 0, "%s", err);
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  ck_assert_msg(cavs_ckpt_apply_weights(k, m, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt_free(k);
+  return m;
+}
+
+/* Parameter i's rows equal the n bytes at p, row-major without the model's padding. */
+static void same_values(cavs_model *m, int i, const unsigned char *p, uint64_t n) {
+  long rows, cols, ld;
+  const char *v = cavs_model_param(m, i, &rows, &cols, &ld);
+  ck_assert_uint_eq(n, (uint64_t)(rows * cols * 4));
+  for (long r = 0; r < rows; r++)
+    ck_assert_msg(!memcmp(p + r * cols * 4, v + r * ld * 4, (size_t)cols * 4), "parameter %s, row %ld differs",
+                  cavs_model_desc(m)->params[i].name, r);
+}
+
+/* The shape a parameter is exported as: [cols] for a vector, else [rows, cols]. */
+static int want_shape(cavs_model *m, int i, long *shape) {
+  long rows, cols;
+  cavs_model_param(m, i, &rows, &cols, NULL);
+  if (cavs_model_desc(m)->params[i].rank == 1) return shape[0] = cols, 1;
+  return shape[0] = rows, shape[1] = cols, 2;
+}
+
+/* The metadata: the model's name, hash, precision and dims (a JSON object as a string). */
+static void check_metadata(cavs_model *m, json_t *meta) {
+  const cavs_desc *d = cavs_model_desc(m);
+  ck_assert_str_eq(json_string_value(json_object_get(meta, "model")), "treefc");
+  ck_assert_str_eq(json_string_value(json_object_get(meta, "source_hash")), d->source_hash);
+  ck_assert_str_eq(json_string_value(json_object_get(meta, "precision")), "float");
+  json_t *dims = json_loads(json_string_value(json_object_get(meta, "dims")), 0, NULL);
+  ck_assert_ptr_nonnull(dims);
+  ck_assert_int_eq(json_object_size(dims), d->ndims);
+  for (int j = 0; j < d->ndims; j++)
+    ck_assert_int_eq(json_integer_value(json_object_get(dims, d->dims[j].name)), cavs_model_dim(m, j));
+  json_decref(dims);
+}
+
+/* safetensors by its specification: u64 header length, the JSON header (padded with
+   spaces so the data is 8-byte aligned), each tensor's dtype, shape and offsets, the
+   offsets covering the data exactly, every byte the model's. Returns the metadata. */
+static json_t *check_safetensors(cavs_model *m, const char *path) {
+  size_t len;
+  unsigned char *f = (unsigned char *)tu_slurp(path, &len);
+  ck_assert_ptr_nonnull(f);
+  uint64_t n = le(f, 8);
+  ck_assert(n % 8 == 0 && 8 + n <= len);
+  json_error_t e;
+  json_t *h = json_loadb((const char *)f + 8, n, JSON_REJECT_DUPLICATES, &e);
+  ck_assert_msg(json_is_object(h), "%s: the header is not JSON: %s", path, e.text);
+  const cavs_desc *d = cavs_model_desc(m);
+  ck_assert_int_eq(json_object_size(h), d->nparams + 1);
+  uint64_t at = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    json_t *t = json_object_get(h, d->params[i].name), *shape = json_object_get(t, "shape"),
+           *offs = json_object_get(t, "data_offsets");
+    ck_assert_msg(t != NULL, "no tensor %s", d->params[i].name);
+    ck_assert_str_eq(json_string_value(json_object_get(t, "dtype")), "F32");
+    long want[2];
+    int rank = want_shape(m, i, want);
+    ck_assert_int_eq(json_array_size(shape), rank);
+    for (int k = 0; k < rank; k++) ck_assert_int_eq(json_integer_value(json_array_get(shape, k)), want[k]);
+    uint64_t b = (uint64_t)json_integer_value(json_array_get(offs, 0)), end = (uint64_t)json_integer_value(json_array_get(offs, 1));
+    ck_assert_uint_eq(b, at); /* written in the model's order, one after another */
+    same_values(m, i, f + 8 + n + b, end - b);
+    at = end;
+  }
+  ck_assert_uint_eq(8 + n + at, len);
+  json_t *meta = json_incref(json_object_get(h, "__metadata__"));
+  check_metadata(m, meta);
+  json_decref(h);
+  free(f);
+  return meta;
+}
+
+/* .npz by the zip and .npy specifications: stored entries NAME.npy, each CRC-32 right
+   (zlib's), an .npy 1.0 header padded to 64 bytes, the model's bytes; then
+   __metadata__.json, the same object as safetensors'; the directory and its end. */
+static void check_npz(cavs_model *m, const char *path, json_t *meta) {
+  size_t len;
+  unsigned char *f = (unsigned char *)tu_slurp(path, &len);
+  ck_assert_ptr_nonnull(f);
+  const cavs_desc *d = cavs_model_desc(m);
+  size_t at = 0;
+  for (int i = 0; i <= d->nparams; i++) {
+    unsigned char *h = f + at;
+    ck_assert_uint_eq(le(h, 4), 0x04034b50);
+    ck_assert_uint_eq(le(h + 8, 2), 0); /* stored */
+    uint64_t size = le(h + 18, 4), nlen = le(h + 26, 2), xlen = le(h + 28, 2);
+    ck_assert_uint_eq(size, le(h + 22, 4));
+    unsigned char *data = h + 30 + nlen + xlen;
+    ck_assert_uint_eq(crc32(0, data, (uInt)size), le(h + 14, 4));
+    char name[300];
+    snprintf(name, sizeof name, "%s", i < d->nparams ? d->params[i].name : "__metadata__");
+    strcat(name, i < d->nparams ? ".npy" : ".json");
+    ck_assert_uint_eq(nlen, strlen(name));
+    ck_assert(!memcmp(h + 30, name, nlen));
+    if (i == d->nparams) {
+      json_t *j = json_loadb((const char *)data, size, 0, NULL);
+      ck_assert_msg(json_equal(j, meta), "__metadata__.json is not the safetensors header's __metadata__");
+      json_decref(j);
+    } else {
+      ck_assert(!memcmp(data, "\x93NUMPY\x01\x00", 8));
+      uint64_t hlen = le(data + 8, 2);
+      ck_assert_uint_eq((10 + hlen) % 64, 0);
+      long want[2];
+      char dict[200];
+      if (want_shape(m, i, want) == 1) snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld,), }", want[0]);
+      else snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld, %ld), }", want[0], want[1]);
+      ck_assert_msg(!memcmp(data + 10, dict, strlen(dict)), "%s: %.*s", name, (int)hlen, data + 10);
+      for (uint64_t k = strlen(dict); k + 1 < hlen; k++) ck_assert_int_eq(data[10 + k], ' ');
+      ck_assert_int_eq(data[10 + hlen - 1], '\n');
+      same_values(m, i, data + 10 + hlen, size - 10 - hlen);
+    }
+    at = (size_t)(data + size - f);
+  }
+  ck_assert_uint_eq(le(f + at, 4), 0x02014b50); /* the central directory */
+  ck_assert_uint_eq(le(f + len - 22, 4), 0x06054b50);
+  ck_assert_uint_eq(le(f + len - 12, 2), d->nparams + 1);
+  ck_assert_uint_eq(le(f + len - 6, 4), at);
+  free(f);
+}
+
+/* treefc trained an epoch into STEM.ckpt, exported to STEM.safetensors and STEM.npz
+   (-o before the checkpoint, as options may come) */
+static void treefc_exported(const char *stem) {
+  char ckpt[64], st[64], npz[64];
+  snprintf(ckpt, sizeof ckpt, "%s.ckpt", stem);
+  snprintf(st, sizeof st, "%s.safetensors", stem);
+  snprintf(npz, sizeof npz, "%s.npz", stem);
+  gen_data();
+  RunResult r = TREEFC("--epochs", "1", "--save", path_in(ckpt), NULL);
+  ok(&r, "train treefc");
+  tu_free(&r);
+  r = cavs("export", path_in(ckpt), "-o", path_in(st), NULL);
+  ok(&r, "export safetensors");
+  ck_assert_msg(strstr(r.out, "5 parameters of model treefc") && strstr(r.out, "float32"), "%s", r.out);
+  tu_free(&r);
+  r = cavs("export", "-o", path_in(npz), path_in(ckpt), NULL);
+  ok(&r, "export npz");
+  tu_free(&r);
+}
+
+/* cavs export: every parameter by name, shape and bytes in both formats, read here by
+ * their specifications with jansson and zlib alone; refused outputs. */
+START_TEST(export_read_back) {
+  treefc_exported("fc");
+  cavs_model *m = treefc_from(path_in("fc.ckpt"));
+  json_t *meta = check_safetensors(m, path_in("fc.safetensors"));
+  check_npz(m, path_in("fc.npz"), meta);
+  json_decref(meta);
+  cavs_model_free(m);
+  /* the same checkpoint, the same bytes */
+  RunResult r = cavs("export", path_in("fc.ckpt"), "-o", path_in("fc2.npz"), NULL);
+  ok(&r, "export again");
+  tu_free(&r);
+  size_t n1 = 0, n2 = 0;
+  char *a = tu_slurp(path_in("fc.npz"), &n1), *b = tu_slurp(path_in("fc2.npz"), &n2);
+  ck_assert(n1 == n2 && !memcmp(a, b, n1));
+  free(a);
+  free(b);
+  /* never over the checkpoint, through a link named as an output is */
+  ck_assert(symlink(path_in("fc.ckpt"), path_in("fc-link.npz")) == 0);
+  static const struct { const char *out, *msg; } bad[] = {
+      {"fc-link.npz", "would overwrite"}, {"fc.bin", "FILE.safetensors or FILE.npz"}, {NULL, "usage: cavs export"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    r = bad[i].out ? cavs("export", path_in("fc.ckpt"), "-o", path_in(bad[i].out), NULL) : cavs("export", path_in("fc.ckpt"), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, bad[i].msg), "%s: exit %d: %s", bad[i].msg, r.status, r.err);
+    tu_free(&r);
+  }
+  ck_assert_int_eq(access(path_in("fc.bin"), F_OK), -1);
+}
+END_TEST
+
+/* --init-all: a model started from each format holds exactly those values (every
+ * parameter frozen, one epoch, exported again: the same bytes); a file that does not
+ * fit the model is refused by name and shape, and nothing is saved. */
+START_TEST(init_all_round_trip) {
+  treefc_exported("rt");
+  RunResult r;
+  size_t n0 = 0;
+  char *want = tu_slurp(path_in("rt.safetensors"), &n0);
+  static const char *const from[] = {"rt.safetensors", "rt.npz"};
+  for (int i = 0; i < 2; i++) {
+    r = TREEFC("--epochs", "1", "--seed", "7", "--init-all", path_in(from[i]), "--freeze", "emb", "--freeze", "W",
+               "--freeze", "b", "--freeze", "Wc", "--freeze", "bc", "--save", path_in("rt2.ckpt"), NULL);
+    ok(&r, from[i]);
+    tu_free(&r);
+    r = cavs("export", path_in("rt2.ckpt"), "-o", path_in("rt2.safetensors"), NULL);
+    ok(&r, "export again");
+    tu_free(&r);
+    size_t n = 0;
+    char *got = tu_slurp(path_in("rt2.safetensors"), &n);
+    ck_assert_msg(n == n0 && !memcmp(got, want, n), "--init-all %s: the parameters are not the file's", from[i]);
+    free(got);
+  }
+  free(want);
+  /* another H: emb is [V, 8] in the file; the model's other dims and the message */
+  r = cavs("train", model("treefc.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "H=4", "--dim",
+           "C=5", "--epochs", "1", "--init-all", path_in("rt.npz"), "--save", path_in("rt3.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "rt.npz: error: tensor 'emb' is [") &&
+                    strstr(r.err, ", 8]; parameter emb of model treefc is [") && strstr(r.err, "H=4 C=5 V="),
+                "exit %d: %s", r.status, r.err);
+  tu_free(&r);
+  ck_assert_int_eq(access(path_in("rt3.ckpt"), F_OK), -1);
+  /* another model: the first parameter the file lacks */
+  r = TRAIN("--epochs", "1", "--init-all", path_in("rt.safetensors"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "rt.safetensors: error: "), "exit %d: %s", r.status, r.err);
+  tu_free(&r);
+  r = TREEFC("--epochs", "1", "--init-all", path_in("rt.npz"), "--resume", path_in("rt.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--init-all starts a new model"), "exit %d: %s", r.status, r.err);
+  tu_free(&r);
+  r = TREEFC("--epochs", "1", "--init-all", path_in("rt.npz"), "--save", path_in("rt.npz"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "would overwrite"), "exit %d: %s", r.status, r.err);
+  tu_free(&r);
+}
+END_TEST
+
 int main(void) {
   if (cli_init("driver")) return 1;
   Suite *s = suite_create("driver");
@@ -1926,6 +2200,9 @@ int main(void) {
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, build_into_a_directory);
+  tcase_add_test(tc, build_cached);
+  tcase_add_test(tc, export_read_back);
+  tcase_add_test(tc, init_all_round_trip);
   tcase_add_test(tc, demo_reaches_stated_accuracy);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);

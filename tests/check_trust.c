@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <sys/file.h>
+#include <zlib.h>
 
 static void sh(const char *cmd) {
   char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
@@ -796,6 +797,345 @@ START_TEST(file_names_escaped_in_generated_code) {
 }
 END_TEST
 
+/* ---- parameter files from someone else: cavs train --init-all ---- */
+
+/* treefc at H=2, C=5 on data.txt: emb [V, 2], W [4, 2], b [2], Wc [2, 5], bc [5] */
+typedef struct FcT {
+  const char *name, *dtype;
+  int rank;
+  long shape[2], b, e;
+} FcT;
+static FcT fc[5];
+static long fc_data; /* the bytes of the five */
+
+static void fc_layout(void) {
+  static bool done;
+  if (done) return;
+  base_ckpt();
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treefc.vf", top);
+  RunResult r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "H=2", "--dim", "C=5",
+                     "--epochs", "1", "--quiet", "--threads", "1", "--save", path_in("fc.ckpt"), NULL);
+  ok(&r, "train treefc");
+  tu_free(&r);
+  r = cavs("export", path_in("fc.ckpt"), "-o", path_in("fc.safetensors"), NULL);
+  ok(&r, "export");
+  tu_free(&r);
+  char *text = tu_slurp(path_in("fc.safetensors"), NULL);
+  long V = 0;
+  const char *emb = strstr(text + 8, "\"emb\":{\"dtype\":\"F32\",\"shape\":[");
+  ck_assert(emb && sscanf(strchr(emb, '[') + 1, "%ld", &V) == 1 && V > 2);
+  free(text);
+  FcT t[5] = {{"emb", "F32", 2, {V, 2}, 0, 0}, {"W", "F32", 2, {4, 2}, 0, 0}, {"b", "F32", 1, {2}, 0, 0},
+              {"Wc", "F32", 2, {2, 5}, 0, 0}, {"bc", "F32", 1, {5}, 0, 0}};
+  long at = 0;
+  for (int i = 0; i < 5; i++) {
+    t[i].b = at;
+    at = t[i].e = at + 4 * t[i].shape[0] * (t[i].rank == 2 ? t[i].shape[1] : 1);
+  }
+  memcpy(fc, t, sizeof fc);
+  fc_data = at;
+  done = true;
+}
+
+/* A safetensors header of the n tensors t, then `extra` (more entries) before its end. */
+static char *st_header(const FcT *t, int n, const char *extra) {
+  static char h[8192];
+  int k = snprintf(h, sizeof h, "{");
+  for (int i = 0; i < n; i++) {
+    char shape[64];
+    if (t[i].rank == 1) snprintf(shape, sizeof shape, "%ld", t[i].shape[0]);
+    else snprintf(shape, sizeof shape, "%ld,%ld", t[i].shape[0], t[i].shape[1]);
+    k += snprintf(h + k, sizeof h - k, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%ld,%ld]}", i ? "," : "",
+                  t[i].name, t[i].dtype, shape, t[i].b, t[i].e);
+  }
+  snprintf(h + k, sizeof h - k, "%s}", extra);
+  return h;
+}
+
+/* The file: the header's length (or hlen when not 0), the header, `data` bytes of 0.25f
+   with a NaN at float `nan_at` (-1: none). */
+static void st_write(const char *name, const char *header, long data, uint64_t hlen, long nan_at) {
+  size_t n = strlen(header);
+  unsigned char *f = calloc(1, 8 + n + (size_t)data + 1);
+  uint64_t len = hlen ? hlen : n;
+  for (int i = 0; i < 8; i++) f[i] = (unsigned char)(len >> (8 * i));
+  memcpy(f + 8, header, n);
+  for (long i = 0; i + 4 <= data; i += 4) {
+    float x = i / 4 == nan_at ? NAN : 0.25f;
+    memcpy(f + 8 + n + i, &x, 4);
+  }
+  tu_write(path_in(name), (const char *)f, 8 + n + (size_t)data);
+  free(f);
+}
+
+/* train --init-all on the file: refused with FILE: error: and the message, no escape
+   byte from the file on the terminal, nothing saved. */
+static void init_refused(const char *name, const char *msg) {
+  char vf[4400], want[300];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treefc.vf", top);
+  unlink(path_in("init.ckpt"));
+  RunResult r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "H=2", "--dim", "C=5",
+                     "--epochs", "1", "--quiet", "--threads", "1", "--init-all", path_in(name), "--save", path_in("init.ckpt"), NULL);
+  snprintf(want, sizeof want, "%s: error: ", name);
+  if (!msg) {
+    ok(&r, name);
+  } else {
+    ck_assert_msg(r.status == 1 && strstr(r.err, want) && strstr(r.err, msg) && !strchr(r.err, '\033'),
+                  "%s: expected '%s' (exit 1), got exit %d:\n%s", name, msg, r.status, tu_tail(r.err, 1800));
+    ck_assert_msg(access(path_in("init.ckpt"), F_OK) != 0, "%s: a checkpoint was saved", name);
+  }
+  tu_free(&r);
+}
+
+/* safetensors: every length, offset, shape and dtype held to the file and the format. */
+START_TEST(crafted_safetensors_refused) {
+  fc_layout();
+  FcT t[5];
+  char extra[512];
+  st_write("ok.safetensors", st_header(fc, 5, ""), fc_data, 0, -1);
+  init_refused("ok.safetensors", NULL);
+  st_write("big.safetensors", st_header(fc, 5, ""), fc_data, (uint64_t)1 << 40, -1);
+  init_refused("big.safetensors", "header length (1099511627776) is past 100 MiB");
+  st_write("past.safetensors", st_header(fc, 5, ""), fc_data, strlen(st_header(fc, 5, "")) + fc_data + 1, -1);
+  init_refused("past.safetensors", "is past the end of the file");
+  tu_write(path_in("short.safetensors"), "\x10\0\0", 3);
+  init_refused("short.safetensors", "shorter than 8 bytes");
+  st_write("array.safetensors", "[1, 2]", 0, 0, -1);
+  init_refused("array.safetensors", "the safetensors header is not a JSON object");
+  st_write("broken.safetensors", "{\"emb\": ", 0, 0, -1);
+  init_refused("broken.safetensors", "the safetensors header is not a JSON object: ");
+  memcpy(t, fc, sizeof t), t[1].b -= 4, t[1].e -= 4;
+  st_write("overlap.safetensors", st_header(t, 5, ""), fc_data, 0, -1);
+  init_refused("overlap.safetensors", "tensor 'W' starts at byte");
+  memcpy(t, fc, sizeof t), t[4].b += 4, t[4].e += 4;
+  st_write("gap.safetensors", st_header(t, 5, ""), fc_data + 4, 0, -1);
+  init_refused("gap.safetensors", "where a gap would be");
+  st_write("trailing.safetensors", st_header(fc, 5, ""), fc_data + 4, 0, -1);
+  init_refused("trailing.safetensors", "the tensors hold");
+  memcpy(t, fc, sizeof t), t[0].shape[0] = 1L << 62, t[0].shape[1] = 8;
+  st_write("overflow.safetensors", st_header(t, 5, ""), fc_data, 0, -1);
+  init_refused("overflow.safetensors", "do not hold a F32 tensor of its shape");
+  memcpy(t, fc, sizeof t), t[2].shape[0] = -2;
+  st_write("negative.safetensors", st_header(t, 5, ""), fc_data, 0, -1);
+  init_refused("negative.safetensors", "its shape is not a list of integers");
+  memcpy(t, fc, sizeof t), t[4].dtype = "BF16", t[4].e = t[4].b + 10;
+  st_write("bf16.safetensors", st_header(t, 5, ""), fc_data - 10, 0, -1);
+  init_refused("bf16.safetensors", "tensor 'bc' is BF16; cavs reads F32 and F64");
+  memcpy(t, fc, sizeof t), t[4].dtype = "Q7";
+  st_write("q7.safetensors", st_header(t, 5, ""), fc_data, 0, -1);
+  init_refused("q7.safetensors", "unknown dtype 'Q7'");
+  memcpy(t, fc, sizeof t), t[4].b = t[4].e, t[4].e = t[4].e - 20;
+  st_write("reversed.safetensors", st_header(t, 5, ""), fc_data, 0, -1);
+  init_refused("reversed.safetensors", "data_offsets is not [BEGIN, END]");
+  snprintf(extra, sizeof extra, ",\"foo\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%ld,%ld]}", fc_data, fc_data + 4);
+  st_write("extra.safetensors", st_header(fc, 5, extra), fc_data + 4, 0, -1);
+  init_refused("extra.safetensors", "tensor 'foo' is no parameter of model treefc (emb, W, b, Wc, bc)");
+  snprintf(extra, sizeof extra, ",\"\\u001b[2J\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%ld,%ld]}", fc_data, fc_data + 4);
+  st_write("escape.safetensors", st_header(fc, 5, extra), fc_data + 4, 0, -1);
+  init_refused("escape.safetensors", "tensor '\\x1b[2J' is no parameter");
+  st_write("missing.safetensors", st_header(fc, 4, ""), fc[4].b, 0, -1);
+  init_refused("missing.safetensors", "no tensor 'bc' (parameter bc [5] of model treefc, H=2 C=5 V=");
+  st_write("nan.safetensors", st_header(fc, 5, ""), fc_data, 0, 3);
+  init_refused("nan.safetensors", "tensor 'emb' holds a NaN at [1, 1]");
+  st_write("meta.safetensors", st_header(fc, 5, ",\"__metadata__\":{\"a\":1}"), fc_data, 0, -1);
+  init_refused("meta.safetensors", "__metadata__ is not an object of strings");
+  /* a float64 too large for the float model */
+  memcpy(t, fc, sizeof t), t[4].dtype = "F64", t[4].e = t[4].b + 40;
+  st_write("huge.safetensors", st_header(t, 5, ""), fc_data + 20, 0, -1);
+  {
+    size_t n = 0;
+    unsigned char *f = (unsigned char *)tu_slurp(path_in("huge.safetensors"), &n);
+    double x = 1e300;
+    memcpy(f + n - 40 + 8, &x, 8);
+    tu_write(path_in("huge.safetensors"), (const char *)f, n);
+    free(f);
+  }
+  init_refused("huge.safetensors", "tensor 'bc' holds 1e+300 at [1], past the range of float");
+  ck_assert(symlink("/dev/zero", path_in("dev.safetensors")) == 0);
+  init_refused("dev.safetensors", "not a regular file");
+}
+END_TEST
+
+/* ---- .npz: a zip written here, entry by entry, with what each case breaks ---- */
+
+typedef struct Zent {
+  char name[64];
+  unsigned char *data; /* the entry as stored (deflated for method 8) */
+  size_t n, usize;
+  uint32_t crc;
+  int method, flags;
+} Zent;
+
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* An .npy: magic, version 1.0, the dict padded to 64 bytes, `count` floats of 0.5. */
+static size_t npy(unsigned char *out, const char *magic, const char *dict, long count, long hlen) {
+  memcpy(out, magic, 8);
+  size_t dn = strlen(dict), total = (10 + dn + 1 + 63) / 64 * 64;
+  put_le(out + 8, hlen >= 0 ? (uint64_t)hlen : total - 10, 2);
+  memcpy(out + 10, dict, dn);
+  memset(out + 10 + dn, ' ', total - 10 - dn - 1);
+  out[total - 1] = '\n';
+  for (long i = 0; i < count; i++) memcpy(out + total + 4 * i, &(float){0.5f}, 4);
+  return total + 4 * (size_t)count;
+}
+
+/* fc's five as stored entries, or deflated (raw deflate, as zip has it). */
+static int fc_entries(Zent *z, bool deflated) {
+  for (int i = 0; i < 5; i++) {
+    char dict[128];
+    long count = fc[i].shape[0] * (fc[i].rank == 2 ? fc[i].shape[1] : 1);
+    if (fc[i].rank == 1) snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld,), }", fc[i].shape[0]);
+    else snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld, %ld), }", fc[i].shape[0], fc[i].shape[1]);
+    unsigned char *raw = malloc(256 + 4 * (size_t)count);
+    size_t n = npy(raw, "\x93NUMPY\x01\x00", dict, count, -1);
+    z[i] = (Zent){.data = raw, .n = n, .usize = n, .crc = (uint32_t)crc32(0, raw, (uInt)n)};
+    snprintf(z[i].name, sizeof z[i].name, "%s.npy", fc[i].name);
+    if (deflated) {
+      z_stream s = {0};
+      ck_assert(deflateInit2(&s, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+      unsigned char *out = malloc(deflateBound(&s, n));
+      s.next_in = raw, s.avail_in = (uInt)n, s.next_out = out, s.avail_out = (uInt)deflateBound(&s, n);
+      ck_assert(deflate(&s, Z_FINISH) == Z_STREAM_END);
+      z[i].n = s.total_out, z[i].data = out, z[i].method = 8;
+      deflateEnd(&s);
+      free(raw);
+    }
+  }
+  return 5;
+}
+
+/* The archive: local headers and data, the directory, its end (count as given when
+   count >= 0, the directory's offset moved by dir_shift, local offsets by off_shift). */
+static void zip_write(const char *name, const Zent *z, int n, long count, long dir_shift, long off_shift) {
+  size_t cap = 1 << 16;
+  for (int i = 0; i < n; i++) cap += z[i].n + 200;
+  unsigned char *f = calloc(1, cap), *p = f;
+  size_t *offs = calloc((size_t)n, sizeof *offs);
+  for (int i = 0; i < n; i++) {
+    offs[i] = (size_t)(p - f);
+    put_le(p, 0x04034b50, 4), put_le(p + 4, 20, 2), put_le(p + 6, (uint64_t)z[i].flags, 2), put_le(p + 8, (uint64_t)z[i].method, 2);
+    put_le(p + 14, z[i].crc, 4), put_le(p + 18, z[i].n, 4), put_le(p + 22, z[i].usize, 4), put_le(p + 26, strlen(z[i].name), 2);
+    memcpy(p + 30, z[i].name, strlen(z[i].name));
+    p += 30 + strlen(z[i].name);
+    memcpy(p, z[i].data, z[i].n);
+    p += z[i].n;
+  }
+  size_t dir = (size_t)(p - f);
+  for (int i = 0; i < n; i++) {
+    put_le(p, 0x02014b50, 4), put_le(p + 4, 20, 2), put_le(p + 6, 20, 2), put_le(p + 8, (uint64_t)z[i].flags, 2);
+    put_le(p + 10, (uint64_t)z[i].method, 2), put_le(p + 16, z[i].crc, 4), put_le(p + 20, z[i].n, 4);
+    put_le(p + 24, z[i].usize, 4), put_le(p + 28, strlen(z[i].name), 2), put_le(p + 42, offs[i] + (size_t)off_shift, 4);
+    memcpy(p + 46, z[i].name, strlen(z[i].name));
+    p += 46 + strlen(z[i].name);
+  }
+  put_le(p, 0x06054b50, 4), put_le(p + 8, count >= 0 ? (uint64_t)count : (uint64_t)n, 2);
+  put_le(p + 10, count >= 0 ? (uint64_t)count : (uint64_t)n, 2), put_le(p + 12, (size_t)(p - f) - dir, 4);
+  put_le(p + 16, dir + (size_t)dir_shift, 4);
+  p += 22;
+  tu_write(path_in(name), (const char *)f, (size_t)(p - f));
+  free(offs);
+  free(f);
+}
+
+static void free_entries(Zent *z, int n) {
+  for (int i = 0; i < n; i++) free(z[i].data);
+}
+
+/* An .npz whose entry `which` (0: emb, 1: W, ...) is made anew from magic, dict and
+   floats (and its header length when hlen >= 0). */
+static void npz_with(const char *name, int which, const char *magic, const char *dict, long count, long hlen) {
+  Zent z[5];
+  fc_entries(z, false);
+  free(z[which].data);
+  z[which].data = malloc(256 + 4 * (size_t)(count > 0 ? count : 1) + 70000);
+  z[which].n = z[which].usize = npy(z[which].data, magic, dict, count, hlen);
+  z[which].crc = (uint32_t)crc32(0, z[which].data, (uInt)z[which].n);
+  zip_write(name, z, 5, -1, 0, 0);
+  free_entries(z, 5);
+}
+
+/* .npz: the zip's structure, its CRC-32s and methods, each .npy's header and size, and a
+ * deflated entry that ends before or after the size its directory gives. */
+START_TEST(crafted_npz_refused) {
+  fc_layout();
+  Zent z[6];
+  int n = fc_entries(z, false);
+  zip_write("ok.npz", z, n, -1, 0, 0);
+  init_refused("ok.npz", NULL);
+  z[1].crc ^= 1;
+  zip_write("crc.npz", z, n, -1, 0, 0);
+  init_refused("crc.npz", "entry 'W.npy' is damaged (its CRC-32 does not match)");
+  z[1].crc ^= 1, z[1].method = 12;
+  zip_write("method.npz", z, n, -1, 0, 0);
+  init_refused("method.npz", "entry 'W.npy' is compressed by method 12");
+  z[1].method = 0, z[1].flags = 1;
+  zip_write("encrypted.npz", z, n, -1, 0, 0);
+  init_refused("encrypted.npz", "entry 'W.npy' is encrypted");
+  z[1].flags = 0;
+  z[5] = z[1];
+  zip_write("twice.npz", z, 6, -1, 0, 0);
+  init_refused("twice.npz", "it holds tensor 'W' twice");
+  zip_write("count.npz", z, n, 0xffff, 0, 0);
+  init_refused("count.npz", "ZIP64 locator");
+  zip_write("dirpast.npz", z, n, -1, 100000, 0);
+  init_refused("dirpast.npz", "its directory lies past its end");
+  zip_write("localpast.npz", z, n, -1, 0, 90000);
+  init_refused("localpast.npz", "lies past the archive's entries");
+  free_entries(z, n);
+  tu_write(path_in("text.npz"), "hello, not a zip at all: PK", 27);
+  init_refused("text.npz", "not an .npz file (no zip directory at its end)");
+  const char *w = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }";
+  npz_with("magic.npz", 1, "\x93NUMPX\x01\x00", w, 8, -1);
+  init_refused("magic.npz", "entry 'W.npy' is not an .npy array");
+  npz_with("hlen.npz", 1, "\x93NUMPY\x01\x00", w, 8, 60000);
+  init_refused("hlen.npz", "entry 'W.npy': its header length is past the entry's end");
+  npz_with("fortran.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<f4', 'fortran_order': True, 'shape': (4, 2), }", 8, -1);
+  init_refused("fortran.npz", "entry 'W.npy' is in Fortran order");
+  npz_with("int.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<i8', 'fortran_order': False, 'shape': (4, 2), }", 16, -1);
+  init_refused("int.npz", "entry 'W.npy' is of dtype '<i8'");
+  npz_with("short.npz", 1, "\x93NUMPY\x01\x00", w, 7, -1);
+  init_refused("short.npz", "entry 'W.npy' holds 28 bytes of data, not the 32");
+  npz_with("key.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), 'x': 1, }", 8, -1);
+  init_refused("key.npz", "entry 'W.npy' has no .npy header NumPy writes");
+  npz_with("shape.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }", 8, -1);
+  init_refused("shape.npz", "tensor 'W' is [2, 4]; parameter W of model treefc is [4, 2]");
+  /* deflated: as np.savez_compressed writes; then a stream cut short, and one longer
+     than its size (a zip bomb's way) */
+  n = fc_entries(z, true);
+  zip_write("deflated.npz", z, n, -1, 0, 0);
+  init_refused("deflated.npz", NULL);
+  z[0].n /= 2;
+  zip_write("cut.npz", z, n, -1, 0, 0);
+  init_refused("cut.npz", "entry 'emb.npy' does not inflate to the");
+  free_entries(z, n);
+  n = fc_entries(z, true);
+  {
+    /* emb's stream inflates to its .npy and 4096 bytes more; the directory says the .npy */
+    unsigned char *raw = malloc(z[0].usize + 4096), *out = malloc(2 * (z[0].usize + 4096) + 1024);
+    Zent plain[5];
+    fc_entries(plain, false);
+    memcpy(raw, plain[0].data, plain[0].n);
+    memset(raw + plain[0].n, 0x41, 4096);
+    z_stream s = {0};
+    ck_assert(deflateInit2(&s, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    s.next_in = raw, s.avail_in = (uInt)(plain[0].n + 4096), s.next_out = out, s.avail_out = (uInt)(2 * (z[0].usize + 4096) + 1024);
+    ck_assert(deflate(&s, Z_FINISH) == Z_STREAM_END);
+    free(z[0].data);
+    z[0].data = out, z[0].n = s.total_out;
+    deflateEnd(&s);
+    free(raw);
+    free_entries(plain, 5);
+  }
+  zip_write("longer.npz", z, n, -1, 0, 0);
+  init_refused("longer.npz", "entry 'emb.npy' does not inflate to the");
+  free_entries(z, n);
+}
+END_TEST
+
 int main(void) {
   if (cli_init("trust")) return 1;
   Suite *s = suite_create("trust");
@@ -816,6 +1156,8 @@ int main(void) {
   tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
+  tcase_add_test(tc, crafted_safetensors_refused);
+  tcase_add_test(tc, crafted_npz_refused);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);
 }

@@ -1,0 +1,723 @@
+"""cavs from Python: compile a .vf model, load data or build graphs, train, evaluate,
+predict, and read and write parameters and per-vertex values as NumPy arrays.
+
+    import cavs
+    spec = cavs.compile("dsl-examples/treelstm.vf")     # through the cavs compile cache
+    vocab = cavs.Vocab()
+    train = cavs.Dataset.load("train.txt", "ptb-tree", spec, vocab, grow=True)
+    model = cavs.Model(spec, dims={"E": 64, "H": 64}, vocab=vocab, seed=1)
+    cavs.train(model, train, epochs=3, lr=0.005)
+    h = model.values(train, "h", roots=True)             # [graphs, H]
+
+A thin layer over libcavs (ctypes, no compiled extension; _capi.py): every failure of
+the library is raised as cavs.Error with its message. Parameters and gradients are
+NumPy views of the model's own memory (the cpu backend), valid as long as the model,
+which each view keeps alive. python/README is the tutorial."""
+
+import ctypes
+import hashlib
+import json
+import os
+import re
+import stat
+import subprocess
+import tempfile
+
+import numpy as np
+
+from . import _capi as C
+
+__all__ = ["Error", "Spec", "Vocab", "Graph", "Dataset", "Model", "compile", "load", "train", "evaluate",
+           "version"]
+
+
+class Error(Exception):
+    """A failure libcavs or the cavs command reported, with its message."""
+
+
+def _s(b):
+    return b.decode() if isinstance(b, bytes) else b
+
+
+def _b(s):
+    return s.encode() if isinstance(s, str) else s
+
+
+def version():
+    """libcavs's version, as cavs_version() says it."""
+    return _s(C.lib().cavs_version())
+
+
+# ---- models: compiled by the cavs command into its cache, loaded here ----
+
+_META = re.compile(rb"cavs cache entry 1\nname ([A-Za-z_][A-Za-z0-9_]{0,254})\nsha256 ([0-9a-f]{64})\n")
+
+
+def _checked(st, path):
+    """A cache file or directory is ours and written by nobody else, as cavs requires."""
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise Error(f"refusing to load '{path}': not yours, or writable by others")
+
+
+_loaded_fds = []
+
+
+def _load_entry(so):
+    """The model.so of a cache entry, loaded only after its bytes match the SHA-256 the
+    entry recorded (the very descriptor that was hashed is the one loaded), and the name
+    of the model it holds."""
+    entry = os.path.dirname(so)
+    dfd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        _checked(os.fstat(dfd), entry)
+        mfd = os.open("meta", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        with os.fdopen(mfd, "rb") as f:
+            _checked(os.fstat(f.fileno()), entry + "/meta")
+            m = _META.fullmatch(f.read(4096))
+        if not m:
+            raise Error(f"'{entry}/meta' is not a cache entry's record")
+        ofd = os.open("model.so", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+        try:
+            st = os.fstat(ofd)
+            _checked(st, so)
+            if not stat.S_ISREG(st.st_mode):
+                raise Error(f"'{so}' is not a regular file")
+            h = hashlib.sha256()
+            while True:
+                chunk = os.read(ofd, 1 << 20)
+                if not chunk:
+                    break
+                h.update(chunk)
+            if h.hexdigest().encode() != m.group(2):
+                raise Error(f"'{so}' is not the object its cache entry recorded")
+            C.lib()  # libcavs first, globally: the model's calls resolve into it
+            handle = ctypes.CDLL(f"/proc/self/fd/{ofd}", mode=ctypes.RTLD_LOCAL)
+            # the descriptor stays open while the process lives: the loader knows the
+            # object by this name, and a later model loaded through a reused descriptor
+            # number would be taken for it
+            _loaded_fds.append(ofd)
+        except BaseException:
+            os.close(ofd)
+            raise
+    finally:
+        os.close(dfd)
+    return handle, m.group(1).decode()
+
+
+class Spec:
+    """A compiled model: its descriptor (what cavsc wrote) and what it names. Made by
+    cavs.compile."""
+
+    def __init__(self, handle, name, path=None):
+        self._handle = handle
+        self.desc = ctypes.pointer(C.Desc.from_address(ctypes.addressof(ctypes.c_char.in_dll(handle, name + "_desc"))))
+        d = self.desc.contents
+        if d.abi != C.ABI_VERSION:
+            raise Error(f"model '{name}' was compiled for ABI {d.abi}; this package reads ABI {C.ABI_VERSION}")
+        self.name = _s(d.name)
+        self.path = path
+        self.precision = "double" if d.precision == C.DOUBLE else "float"
+        self.dtype = np.float64 if d.precision == C.DOUBLE else np.float32
+        self.dims = [_s(d.dims[i].name) for i in range(d.ndims)]
+        self.params = [_s(d.params[i].name) for i in range(d.nparams)]
+        self.vertex_types = [_s(d.vertex[i].name) for i in range(d.nvertex)]
+        self.inputs = [_s(d.inputs[i].name) for i in range(d.ninputs)]
+        self.source_text = _s(d.source_text) if d.source_text else None
+
+    def default_dims(self):
+        """The model's dims as declared ({"E": 256, "V": 0, ...}: 0 for one the data binds)."""
+        dims = (ctypes.c_long * C.MAX_DIMS)()
+        C.lib().cavs_dims_default(self.desc, dims)
+        return {n: dims[i] for i, n in enumerate(self.dims)}
+
+    def _dims(self, given, bound=None):
+        """dims[] from the defaults, the bound vocabulary dims and the given ones (products
+        derived after; unknown names and products are errors), or a Model's."""
+        if isinstance(given, Model):
+            return given.dims_c
+        d = self.desc.contents
+        dims = (ctypes.c_long * C.MAX_DIMS)()
+        C.lib().cavs_dims_default(self.desc, dims)
+        for name, value in list((bound or {}).items()) + list((given or {}).items()):
+            if name not in self.dims:
+                raise Error(f"model '{self.name}' has no dim '{name}' (its dims: {', '.join(self.dims)})")
+            j = self.dims.index(name)
+            if d.dims[j].kind == C.DIM_PRODUCT:
+                raise Error(f"dim {name} is a product of two others; set its factors instead")
+            dims[j] = int(value)
+        C.lib().cavs_dims_derive(self.desc, dims)
+        return dims
+
+    def __repr__(self):
+        return f"<cavs.Spec {self.name}: dims {', '.join(self.dims)}; params {', '.join(self.params)}>"
+
+
+def compile(path, precision="float"):
+    """A .vf model compiled by `cavs build --cached` (cavsc and the C compiler, through
+    the compile cache the cavs command keeps: a model compiled before is not compiled
+    again) and loaded."""
+    exe = C.cavs_command()
+    if not exe:
+        raise Error("cannot find the cavs command (set CAVS to its path, or put it on PATH)")
+    if precision not in ("float", "double"):
+        raise Error(f"precision '{precision}' is not float or double")
+    r = subprocess.run([exe, "build", "--cached", "--precision", precision, os.fspath(path)], capture_output=True,
+                       text=True)
+    if r.returncode:
+        raise Error(r.stderr.strip() or f"cavs build failed (exit {r.returncode})")
+    handle, name = _load_entry(r.stdout.strip())
+    return Spec(handle, name, os.fspath(path))
+
+
+# ---- vocabularies and data ----
+
+class Vocab:
+    """Token <-> id (0 is <unk>, 1 <eos>): what data files' words are numbered by."""
+
+    def __init__(self, _ptr=None):
+        self._ptr = _ptr or C.lib().cavs_vocab_new()
+        if not self._ptr:
+            raise Error("out of memory")
+
+    def __del__(self):
+        if getattr(self, "_ptr", None):
+            C.lib().cavs_vocab_free(self._ptr)
+
+    def __len__(self):
+        return C.lib().cavs_vocab_size(self._ptr)
+
+    def id(self, word, add=False):
+        """The id of a word (0, <unk>, for an unknown one unless add)."""
+        w = _b(word)
+        i = C.lib().cavs_vocab_id(self._ptr, w, len(w), int(add))
+        if i < 0:
+            raise Error(f"cannot add '{word}' to the vocabulary")
+        return i
+
+    def word(self, i):
+        w = C.lib().cavs_vocab_word(self._ptr, int(i))
+        if w is None:
+            raise IndexError(i)
+        return _s(w)
+
+    def words(self):
+        return [self.word(i) for i in range(len(self))]
+
+
+class Graph:
+    """A graph made in Python: vertex types (names or indices), each vertex's children
+    (vertex numbers in this graph; a missing slot -1) and its inputs by name (an index or
+    class input a list of integers, -1 for none; a real input a list of rows). Vertices
+    are numbered as the lists are."""
+
+    def __init__(self, spec, children, types=None, inputs=None):
+        d = spec.desc.contents
+        n = len(children)
+        maxc = max([len(c) for c in children] + [1])
+        child = np.full((n, maxc), -1, dtype=np.int32)
+        for v, cs in enumerate(children):
+            child[v, :len(cs)] = cs
+        if types is None:
+            types = [0] * n
+        ty = np.array([spec.vertex_types.index(t) if isinstance(t, str) else int(t) for t in types], dtype=np.int32)
+        feat = np.full((n, max(d.nint, 1)), -1, dtype=np.int32)
+        reals = []
+        if len(ty) != n:
+            raise Error(f"{len(ty)} types for {n} vertices")
+        for name, values in (inputs or {}).items():
+            if name not in spec.inputs:
+                raise Error(f"model '{spec.name}' has no input '{name}' (its inputs: {', '.join(spec.inputs)})")
+            inp = d.inputs[spec.inputs.index(name)]
+            a = np.asarray(values, dtype=np.float32 if inp.kind == C.IN_REAL else np.int32)
+            if len(a) != n:
+                raise Error(f"input '{name}' has {len(a)} entries for {n} vertices")
+            if inp.kind == C.IN_REAL:
+                reals.append((inp.slot, a.reshape(n, -1)))
+            else:
+                feat[:, inp.slot] = a
+        # real inputs side by side in slot order (their widths are the model's: checked there)
+        real = np.ascontiguousarray(np.concatenate([r for _, r in sorted(reals, key=lambda x: x[0])], axis=1)) \
+            if reals else None
+        self._arrays = (child, ty, feat, real)
+        self.n = n
+        self._c = C.Graph(n=n, maxc=maxc, child=child.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                          type=ty.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                          feat=feat.ctypes.data_as(ctypes.POINTER(ctypes.c_int)),
+                          real=real.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if real is not None else None,
+                          slots=0)
+        self.ptr = ctypes.pointer(self._c)
+
+
+class Dataset:
+    """Graphs: a file in one of cavs-data(5)'s formats (load), text in memory (parse), or
+    Graphs made in Python (from_graphs). len() and iteration give the graphs (as the C
+    structures libcavs reads)."""
+
+    def __init__(self, ptr=None, graphs=None, fmt=None, owner=None):
+        self._ptr = ptr
+        self._graphs = graphs
+        self.format = fmt
+        self._owner = owner
+        if ptr:
+            n = C.lib().cavs_dataset_count(ptr)
+            self._gptrs = [C.lib().cavs_dataset_graph(ptr, i) for i in range(n)]
+        else:
+            self._gptrs = [g.ptr for g in graphs]
+
+    def __del__(self):
+        if getattr(self, "_ptr", None):
+            C.lib().cavs_dataset_free(self._ptr)
+
+    def __len__(self):
+        return len(self._gptrs)
+
+    def __iter__(self):
+        return iter(self._gptrs)
+
+    def __getitem__(self, i):
+        return self._gptrs[i]
+
+    def graph(self, i):
+        """Graph i as libcavs holds it: (children [n, maxc], types [n], inputs [n, nint]) copies."""
+        g = self._gptrs[i].contents
+        child = np.ctypeslib.as_array(g.child, (g.n * g.maxc,)).reshape(g.n, g.maxc).copy()
+        types = np.ctypeslib.as_array(g.type, (g.n,)).copy() if g.type else np.zeros(g.n, np.int32)
+        return child, types
+
+    def input(self, spec, name, roots=False):
+        """An index or class input's values (a label, a word id): an array per graph, -1
+        where a vertex has none; with roots, each graph's root's (its last vertex that is
+        no vertex's child, as libcavs picks it), as one array."""
+        d = spec.desc.contents
+        inp = d.inputs[spec.inputs.index(name)]
+        if inp.kind == C.IN_REAL:
+            raise Error(f"input '{name}' is real: not kept as integers")
+        out = []
+        for p in self._gptrs:
+            g = p.contents
+            feat = np.ctypeslib.as_array(g.feat, (g.n * d.nint,)).reshape(g.n, d.nint)[:, inp.slot]
+            if not roots:
+                out.append(feat.copy())
+                continue
+            child = np.ctypeslib.as_array(g.child, (g.n * g.maxc,))
+            is_child = np.zeros(g.n, dtype=bool)
+            is_child[child[child >= 0]] = True
+            out.append(int(feat[np.nonzero(~is_child)[0][-1]]))
+        return np.array(out, dtype=np.int64) if roots else out
+
+    def vertices(self):
+        return sum(p.contents.n for p in self._gptrs)
+
+    def max_feature(self, spec, input_name):
+        """The largest value of an index or class input over the data, or -1."""
+        slot = spec.desc.contents.inputs[spec.inputs.index(input_name)].slot
+        if self._ptr:
+            return C.lib().cavs_dataset_max_feature(self._ptr, slot)
+        return max([int(g._arrays[2][:, slot].max(initial=-1)) for g in self._graphs] + [-1])
+
+    @staticmethod
+    def load(path, format, spec, vocab=None, grow=False, dims=None):
+        """A data file: format "ptb-tree", "text", "text-bptt" or "cgf"; new words added
+        to vocab when grow (training data), else <unk>; dims bound the labels: the
+        model's defaults with those a dict changes, or a Model's own."""
+        err = ctypes.create_string_buffer(1024)
+        v = vocab or Vocab()
+        p = C.lib().cavs_dataset_load(_b(os.fspath(path)), _b(format), spec.desc, spec._dims(dims), v._ptr, int(grow),
+                                      err, len(err))
+        if not p:
+            raise Error(_s(err.value))
+        return Dataset(p, fmt=format, owner=v)
+
+    @staticmethod
+    def parse(text, format, spec, vocab=None, grow=False, dims=None, name="<string>"):
+        """The same from text in memory."""
+        err = ctypes.create_string_buffer(1024)
+        v = vocab or Vocab()
+        t = _b(text)
+        p = C.lib().cavs_dataset_parse(t, len(t), _b(name), _b(format), spec.desc, spec._dims(dims), v._ptr, int(grow),
+                                       err, len(err))
+        if not p:
+            raise Error(_s(err.value))
+        return Dataset(p, fmt=format, owner=v)
+
+    @staticmethod
+    def from_graphs(graphs):
+        return Dataset(graphs=list(graphs))
+
+
+# ---- the model ----
+
+def _view(owner, addr, rows, cols, ld, dtype):
+    """rows x cols of the model's memory at addr (rows ld apart) as an array that keeps
+    owner alive."""
+    ctype = ctypes.c_double if dtype == np.float64 else ctypes.c_float
+    buf = (ctype * (rows * ld)).from_address(addr)
+    buf._owner = owner
+    return np.ctypeslib.as_array(buf).reshape(rows, ld)[:, :cols]
+
+
+class Model:
+    """A model with its parameters, made from a Spec: dims by name (the vocabulary dims
+    from vocab, or for data whose inputs are numbers already, from `data`), parameters
+    from `seed` (as cavs train's --seed), `threads` for its products."""
+
+    def __init__(self, spec, dims=None, vocab=None, data=(), seed=1, threads=1, init=True):
+        self.spec = spec
+        self.vocab = vocab
+        d = spec.desc.contents
+        bound = {}
+        for j in range(d.ndims):
+            if d.dims[j].kind != C.DIM_VOCAB or (dims and spec.dims[j] in dims):
+                continue
+            inp = spec.inputs[d.dims[j].input]
+            if vocab is not None and not any(ds._ptr is None or ds.format == "cgf" for ds in data):
+                bound[spec.dims[j]] = len(vocab)
+            elif data:
+                bound[spec.dims[j]] = max(1, max(ds.max_feature(spec, inp) for ds in data) + 1)
+        self.dims_c = spec._dims(dims, bound)
+        missing = [n for i, n in enumerate(spec.dims) if self.dims_c[i] <= 0]
+        if missing:
+            raise Error(f"dims {', '.join(missing)} are bound by the data: give vocab=, data= or dims=")
+        err = ctypes.create_string_buffer(1024)
+        opts = C.ModelOpts(backend=None, threads=int(threads))
+        self._ptr = C.lib().cavs_model_new_opts(spec.desc, self.dims_c, ctypes.byref(opts), err, len(err))
+        if not self._ptr:
+            raise Error(_s(err.value))
+        self.threads = threads
+        self._optim = None
+        if init:
+            self.init(seed)
+
+    def __del__(self):
+        if getattr(self, "_ptr", None):
+            C.lib().cavs_model_free(self._ptr)
+            self._ptr = None
+
+    def _check(self, rc):
+        if rc:
+            raise Error(_s(C.lib().cavs_model_error(self._ptr)))
+
+    @property
+    def dims(self):
+        return {n: C.lib().cavs_model_dim(self._ptr, i) for i, n in enumerate(self.spec.dims)}
+
+    def init(self, seed=1):
+        """Parameters from a seed, as the model's init clauses say."""
+        C.lib().cavs_model_init(self._ptr, ctypes.c_uint64(seed))
+
+    # parameters and gradients: the model's memory
+
+    def _array(self, getter, i):
+        rows, cols, ld = ctypes.c_long(), ctypes.c_long(), ctypes.c_long()
+        addr = getter(self._ptr, i, ctypes.byref(rows), ctypes.byref(cols), ctypes.byref(ld))
+        if _s(C.lib().cavs_model_backend(self._ptr)) != "cpu":
+            raise Error("parameters are NumPy views only on the cpu backend")
+        a = _view(self, addr, rows.value, cols.value, ld.value, self.spec.dtype)
+        return a[0] if self.spec.desc.contents.params[i].rank == 1 else a
+
+    def param(self, name):
+        """Parameter `name` as an array over the model's own memory (no copy): writing it
+        changes the model. A vector [H] is shape (H,), a matrix (R, C)."""
+        return self._array(C.lib().cavs_model_param, self._index(name))
+
+    def grad(self, name):
+        """Its gradient after backward(), the same way."""
+        return self._array(C.lib().cavs_model_grad, self._index(name))
+
+    @property
+    def params(self):
+        return {n: self.param(n) for n in self.spec.params}
+
+    def _index(self, name):
+        try:
+            return self.spec.params.index(name)
+        except ValueError:
+            raise Error(f"model '{self.spec.name}' has no parameter '{name}' "
+                        f"(its parameters: {', '.join(self.spec.params)})") from None
+
+    def state_dict(self):
+        """Copies of every parameter, by name (what numpy.savez or safetensors write)."""
+        return {n: a.copy() for n, a in self.params.items()}
+
+    def load_state_dict(self, arrays):
+        """Every parameter from arrays by name, names and shapes exactly the model's (as
+        cavs train --init-all requires); nothing is written unless all fit."""
+        names = set(arrays.keys()) if hasattr(arrays, "keys") else set(arrays.files)
+        extra = sorted(names - set(self.spec.params) - {"__metadata__.json"})
+        if extra:
+            raise Error(f"'{extra[0]}' is no parameter of model {self.spec.name}")
+        vals = {}
+        for n, dst in self.params.items():
+            if n not in names:
+                raise Error(f"no array '{n}' (parameter {n} {list(dst.shape)} of model {self.spec.name})")
+            a = np.asarray(arrays[n])
+            if a.shape != dst.shape:
+                raise Error(f"array '{n}' is {list(a.shape)}; parameter {n} of model {self.spec.name} is "
+                            f"{list(dst.shape)}")
+            if not np.all(np.isfinite(a)):
+                raise Error(f"array '{n}' holds a NaN or an infinity")
+            vals[n] = a
+        for n, dst in self.params.items():
+            dst[...] = vals[n]
+
+    def freeze(self, name, frozen=True):
+        """Parameter `name` left as it is by every step (or updated again)."""
+        self._check(C.lib().cavs_model_freeze(self._ptr, self._index(name), int(frozen)))
+
+    def load_vectors(self, name, path, vocab=None):
+        """Pre-trained vectors (GloVe, word2vec text; gzip or not) into lookup table
+        `name`, rows by the vocabulary's ids: how many rows were written."""
+        found, err = ctypes.c_long(), ctypes.create_string_buffer(1024)
+        v = vocab or self.vocab
+        if C.lib().cavs_model_load_vectors(self._ptr, self._index(name), _b(os.fspath(path)), v._ptr,
+                                           ctypes.byref(found), err, len(err)):
+            raise Error(_s(err.value))
+        return found.value
+
+    # passes
+
+    def _batch(self, graphs):
+        ptrs = [g.ptr if isinstance(g, Graph) else g for g in graphs]
+        return (ctypes.POINTER(C.Graph) * len(ptrs))(*ptrs), len(ptrs)
+
+    def forward(self, graphs, inference=False):
+        """One forward pass over a minibatch (Graphs, or a Dataset's entries): a dict of
+        the loss (the mean over labeled rows, summed over the losses), count and correct
+        (labeled vertices and those predicted right), root_count and root_correct."""
+        arr, k = self._batch(graphs)
+        C.lib().cavs_model_set_inference(self._ptr, int(inference))
+        st = C.Stats()
+        rc = C.lib().cavs_model_forward(self._ptr, arr, k, ctypes.byref(st))
+        self._check(rc)
+        self._last = arr
+        return {"loss": st.loss, "count": st.count, "correct": st.correct, "root_count": st.root_count,
+                "root_correct": st.root_correct}
+
+    def losses(self):
+        """After a forward pass: each loss of the model, (sum, count, correct)."""
+        n = ctypes.c_int()
+        p = C.lib().cavs_model_losses(self._ptr, ctypes.byref(n))
+        return [(p[i].sum, p[i].count, p[i].correct) for i in range(n.value)]
+
+    def backward(self):
+        C.lib().cavs_model_backward(self._ptr)
+
+    def step(self, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0):
+        """One optimizer update ("sgd", "adagrad" or "adam"; lr by default the
+        optimizer's, as cavs train's)."""
+        kind = C.lib().cavs_optim_kind(_b(optimizer))
+        if kind < 0:
+            raise Error(f"unknown optimizer '{optimizer}' (sgd, adagrad, adam)")
+        o = C.Optim(kind=kind, lr=lr if lr is not None else C.lib().cavs_optim_default_lr(kind), clip=clip,
+                    weight_decay=weight_decay)
+        self._check(C.lib().cavs_model_step(self._ptr, ctypes.byref(o)))
+
+    # what a pass computed, per vertex
+
+    def _batches(self, data, batch):
+        gs = list(data._gptrs if isinstance(data, Dataset) else data)
+        for b in range(0, len(gs), batch):
+            yield b, gs[b:b + batch]
+
+    def _per_vertex(self, data, batch, get, roots, width_of, inference=True):
+        out = []
+        for b, gs in self._batches(data, batch):
+            self.forward(gs, inference=inference)
+            for g, gp in enumerate(gs):
+                n = gp.contents.n
+                verts = [self._root(g, n, get)] if roots else range(n)
+                w = width_of(g, verts)
+                a = np.full((len(verts), max(w, 0)), np.nan)
+                for row, v in enumerate(verts):
+                    if v >= 0 and get(self._ptr, g, v, a[row].ctypes.data_as(ctypes.POINTER(ctypes.c_double)), w) < 0:
+                        a[row] = np.nan
+                out.append(a[0] if roots else a)
+        return np.array(out) if roots else out
+
+    def _root(self, g, n, get):
+        """The graph's last vertex that has the value (cavs predict's choice)."""
+        v = n - 1
+        while v > 0 and get(self._ptr, g, v, None, 0) < 0:
+            v -= 1
+        return v
+
+    def _values_of(self, getter, data, batch, roots, inference=True):
+        def width_of(g, verts):
+            ws = [getter(self._ptr, g, v, None, 0) for v in verts]
+            w = max(ws + [-1])
+            if w < 0:
+                self._check(-1)
+            return w
+        return self._per_vertex(data, batch, getter, roots, width_of, inference)
+
+    def values(self, data, name, roots=False, batch=64):
+        """The value the .vf names `name` at every vertex (a list of [n, width] arrays, one
+        a graph; NaN rows where a vertex has none), or with roots each graph's root's (an
+        array [graphs, width])."""
+        lib = C.lib()
+        nm = _b(name)
+
+        def get(m, g, v, out, n):
+            return lib.cavs_model_vertex_value(m, g, v, nm, out, n)
+        return self._values_of(get, data, batch, roots, inference=False)
+
+    def outputs(self, data, roots=False, batch=64):
+        """What each vertex pushed (a Tree-LSTM's h), as values() gives them."""
+        return self._values_of(C.lib().cavs_model_vertex_output, data, batch, roots)
+
+    def probs(self, data, roots=False, batch=64):
+        """The class probabilities at each vertex (or root)."""
+        return self._values_of(C.lib().cavs_model_vertex_probs, data, batch, roots)
+
+    def predict(self, data, all_nodes=False, batch=64):
+        """Each graph's root class (an array), or with all_nodes every vertex's (a list of
+        arrays; -1 where a vertex has no prediction)."""
+        out = []
+        for b, gs in self._batches(data, batch):
+            self.forward(gs, inference=True)
+            for g, gp in enumerate(gs):
+                if all_nodes:
+                    out.append(np.array([C.lib().cavs_model_vertex_class(self._ptr, g, v)
+                                         for v in range(gp.contents.n)], dtype=np.int64))
+                else:
+                    out.append(C.lib().cavs_model_root_class(self._ptr, g))
+        return out if all_nodes else np.array(out, dtype=np.int64)
+
+    def save(self, path, epoch=0, format=""):
+        """A checkpoint, as cavs train writes them (cavs eval, predict, info and export
+        read it): the model's source, dims, vocabulary and parameters."""
+        err = ctypes.create_string_buffer(1024)
+        ts = C.TrainState(epoch=epoch, best=-1.0, format=_b(format or ""))
+        v = self.vocab._ptr if self.vocab else None
+        if C.lib().cavs_ckpt_save(_b(os.fspath(path)), self._ptr, None, v, ctypes.byref(ts), err, len(err)):
+            raise Error(_s(err.value))
+
+
+def load(path, threads=1):
+    """A checkpoint's model: its embedded source compiled (the model it names, or an
+    error), its dims, parameters and optimizer state, its vocabulary (model.vocab)."""
+    lib = C.lib()
+    err = ctypes.create_string_buffer(1024)
+    k = lib.cavs_ckpt_read(_b(os.fspath(path)), err, len(err))
+    if not k:
+        raise Error(_s(err.value))
+    try:
+        src, name = lib.cavs_ckpt_source(k), _s(lib.cavs_ckpt_model(k))
+        if not src:
+            raise Error(f"{path}: the checkpoint was trained from a built model library")
+        with tempfile.TemporaryDirectory() as tmp:
+            vf = os.path.join(tmp, name + ".vf")
+            with open(vf, "wb") as f:
+                f.write(src)
+            spec = compile(vf)
+        if spec.name != name:
+            raise Error(f"{path}: the checkpoint's source defines model '{spec.name}', not '{name}'")
+        dims = (ctypes.c_long * C.MAX_DIMS)()
+        if lib.cavs_ckpt_dims(k, spec.desc, dims, err, len(err)):
+            raise Error(f"{path}: {_s(err.value)}")
+        vocab = Vocab(lib.cavs_ckpt_vocab(k))
+        model = Model(spec, dims={n: dims[i] for i, n in enumerate(spec.dims)
+                                  if spec.desc.contents.dims[i].kind != C.DIM_PRODUCT},
+                      vocab=vocab, threads=threads, init=False)
+        if lib.cavs_ckpt_apply(k, model._ptr, err, len(err)):
+            raise Error(f"{path}: {_s(err.value)}")
+        model.format = _s(lib.cavs_ckpt_state(k).contents.format)
+        return model
+    finally:
+        lib.cavs_ckpt_free(k)
+
+
+# ---- training, as cavs train runs it ----
+
+def _splitmix(state):
+    """cavs train's shuffling generator (train.c rng_next): the next state and number."""
+    state = (state + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return state, z ^ (z >> 31)
+
+
+def evaluate(model, data, batch=64):
+    """One pass over data in inference: loss (each loss's mean over its rows, summed),
+    accuracy over labeled vertices and at the roots, as cavs eval counts them."""
+    sums, counts = {}, {}
+    tot = {"count": 0, "correct": 0, "root_count": 0, "root_correct": 0, "graphs": 0}
+    for b, gs in model._batches(data, batch):
+        st = model.forward(gs, inference=True)
+        for key in ("count", "correct", "root_count", "root_correct"):
+            tot[key] += st[key]
+        tot["graphs"] += len(gs)
+        for i, (s, c, _) in enumerate(model.losses()):
+            sums[i], counts[i] = sums.get(i, 0.0) + s, counts.get(i, 0) + c
+    C.lib().cavs_model_set_inference(model._ptr, 0)
+    loss = sum(sums[i] / counts[i] for i in sums if counts[i])
+    return {"loss": loss, "accuracy": tot["correct"] / tot["count"] if tot["count"] else 0.0,
+            "root_accuracy": tot["root_correct"] / tot["root_count"] if tot["root_count"] else 0.0, **tot}
+
+
+def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0,
+          seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None):
+    """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
+    seed, the same schedule: lr times lr_decay every lr_step epochs, ramped over the
+    first warmup minibatches; with dev, the best epoch by select ("all", "root" or
+    "loss"; accuracy for a classifier, else loss), and a stop after `patience` epochs
+    without a better one). callback(record) after each epoch, a dict with the keys of
+    cavs train --log's records; returning False stops. Returns the records; with dev,
+    model.best holds copies of the best epoch's parameters (model.best_epoch its
+    number)."""
+    kind = C.lib().cavs_optim_kind(_b(optimizer))
+    if kind < 0:
+        raise Error(f"unknown optimizer '{optimizer}' (sgd, adagrad, adam)")
+    base_lr = lr if lr is not None else C.lib().cavs_optim_default_lr(kind)
+    has_acc = any(model.spec.desc.contents.losses[i].kind == C.LOSS_SOFTMAX_XENT
+                  for i in range(model.spec.desc.contents.nlosses))
+    select = select or ("all" if has_acc else "loss")
+    if select not in ("all", "root", "loss") or (select != "loss" and not has_acc):
+        raise Error(f"select '{select}': not all, root or loss (all and root need a classifier)")
+    if patience and dev is None:
+        raise Error("patience needs a dev set to watch")
+    rng = (seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF
+    gs = list(data._gptrs if isinstance(data, Dataset) else [g.ptr for g in data])
+    n, nbatches, history, since = len(gs), (len(gs) + batch - 1) // batch, [], 0
+    best = None
+    for epoch in range(1, epochs + 1):
+        order = list(range(n))
+        for i in range(n - 1, 0, -1):
+            rng, r = _splitmix(rng)
+            j = r % (i + 1)
+            order[i], order[j] = order[j], order[i]
+        tl, tb, count, correct, step_lr = 0.0, 0, 0, 0, base_lr
+        for b in range(0, n, batch):
+            st = model.forward([gs[i] for i in order[b:b + batch]])
+            if not np.isfinite(st["loss"]):
+                raise Error(f"epoch {epoch}: the loss is {st['loss']} (diverged); try a smaller lr or clip")
+            model.backward()
+            step = (epoch - 1) * nbatches + b // batch
+            step_lr = base_lr
+            if lr_decay and 0 < lr_decay < 1:
+                step_lr *= lr_decay ** ((epoch - 1) // max(lr_step, 1))
+            if warmup > 0 and step < warmup:
+                step_lr *= (step + 1) / warmup
+            model.step(optimizer, step_lr, clip, weight_decay)
+            tl, tb, count, correct = tl + st["loss"], tb + 1, count + st["count"], correct + st["correct"]
+        rec = {"epoch": epoch, "train_loss": tl / max(tb, 1), "train_acc": correct / count if has_acc and count else None,
+               "dev_loss": None, "dev_acc": None, "dev_root_acc": None, "lr": step_lr}
+        better = False
+        if dev is not None:
+            ev = evaluate(model, dev, batch)
+            rec.update(dev_loss=ev["loss"], dev_acc=ev["accuracy"] if has_acc else None,
+                       dev_root_acc=ev["root_accuracy"] if has_acc else None)
+            metric = {"all": ev["accuracy"], "root": ev["root_accuracy"], "loss": ev["loss"]}[select]
+            better = best is None or (metric < best if select == "loss" else metric > best)
+            if better:
+                best, since = metric, 0
+                model.best, model.best_epoch = model.state_dict(), epoch
+            else:
+                since += 1
+        history.append(rec)
+        if callback is not None and callback(rec) is False:
+            break
+        if patience and since >= patience:
+            break
+    return history

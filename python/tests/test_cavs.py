@@ -1,0 +1,211 @@
+"""test_cavs.py: the package against the cavs command itself: the same training, step for
+step, as cavs train; checkpoints each reads of the other; parameters that are the
+model's memory; graphs from lists that are the data file's; per-vertex values; errors
+that carry libcavs's message."""
+import json
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+import cavs
+from cavs import _capi
+from conftest import TOP, cavs_cli, model_path
+
+
+def treefc(data, vocab=None):
+    spec = cavs.compile(model_path("treefc.vf"))
+    vocab = vocab or cavs.Vocab()
+    train = cavs.Dataset.load(data / "train.txt", "ptb-tree", spec, vocab, grow=True, dims={"C": 5})
+    dev = cavs.Dataset.load(data / "dev.txt", "ptb-tree", spec, vocab, dims={"C": 5})
+    return spec, vocab, train, dev
+
+
+def test_abi_is_the_headers():
+    text = open(os.path.join(TOP, "runtime", "cavs_abi.h")).read()
+    assert int(re.search(r"#define CAVS_ABI_VERSION (\d+)", text).group(1)) == _capi.ABI_VERSION
+    assert int(re.search(r"CAVS_MAX_DIMS = (\d+)", text).group(1)) == _capi.MAX_DIMS
+
+
+def test_spec(data):
+    spec = cavs.compile(model_path("treelstm.vf"))
+    assert spec.name == "treelstm" and spec.precision == "float"
+    assert spec.dims == ["E", "H", "C", "V"] and spec.params[:2] == ["emb", "Wi"]
+    assert spec.inputs == ["word", "label"] and spec.default_dims()["H"] == 256
+    assert cavs.compile(model_path("treefc.vf"), precision="double").dtype == np.float64
+
+
+def test_training_is_cavs_trains(data, tmp_path):
+    """Two epochs with a dev set: every number of cavs train --log's records, the same;
+    the checkpoint saved here evaluates in cavs eval as here."""
+    spec, vocab, train, dev = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
+    seen = []
+    hist = cavs.train(model, train, dev, epochs=2, batch=16, lr=0.01, clip=1.0, weight_decay=1e-4, seed=3,
+                      warmup=5, callback=seen.append)
+    assert seen == hist and len(hist) == 2
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dev",
+             data / "dev.txt", "--dim", "H=8", "--dim", "C=5", "--epochs", 2, "--batch", 16, "--lr", 0.01, "--clip", 1,
+             "--weight-decay", 1e-4, "--seed", 3, "--warmup", 5, "--threads", 1, "--quiet", "--log", tmp_path / "log")
+    logged = [json.loads(line) for line in open(tmp_path / "log")]
+    for mine, theirs in zip(hist, logged):
+        for key in ("epoch", "train_loss", "train_acc", "dev_loss", "dev_acc", "dev_root_acc", "lr"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-12, abs=1e-15), key
+    model.save(tmp_path / "py.ckpt", epoch=2, format="ptb-tree")
+    _, out, _ = cavs_cli("eval", tmp_path / "py.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
+    ev, mine = json.loads(out), cavs.evaluate(model, dev)
+    assert ev["loss"] == pytest.approx(mine["loss"], rel=1e-12)
+    assert ev["accuracy"] == pytest.approx(mine["accuracy"]) and ev["root_accuracy"] == pytest.approx(mine["root_accuracy"])
+
+
+def test_patience_and_callback_stop(data, tmp_path):
+    spec, vocab, train, dev = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab)
+    assert len(cavs.train(model, train, epochs=5, callback=lambda r: r["epoch"] < 2)) == 2
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab)
+    hist = cavs.train(model, train, dev, epochs=6, lr=1e-9, patience=1, optimizer="sgd")
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dev",
+             data / "dev.txt", "--dim", "H=8", "--dim", "C=5", "--epochs", 6, "--lr", 1e-9, "--optimizer", "sgd",
+             "--patience", 1, "--threads", 1, "--quiet", "--log", tmp_path / "log")
+    assert len(hist) == len(open(tmp_path / "log").readlines()) < 6
+    assert model.best_epoch == 1 and set(model.best) == set(spec.params)
+
+
+def test_checkpoint_from_cavs_train(data, tmp_path):
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "H=8",
+             "--dim", "C=5", "--epochs", 1, "--threads", 1, "--quiet", "--save", tmp_path / "c.ckpt")
+    model = cavs.load(tmp_path / "c.ckpt")
+    assert model.spec.name == "treefc" and model.dims["H"] == 8 and model.format == "ptb-tree"
+    dev = cavs.Dataset.load(data / "dev.txt", "ptb-tree", model.spec, model.vocab, dims=model)
+    _, out, _ = cavs_cli("eval", tmp_path / "c.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
+    assert json.loads(out)["loss"] == pytest.approx(cavs.evaluate(model, dev)["loss"], rel=1e-12)
+    _, out, _ = cavs_cli("predict", tmp_path / "c.ckpt", "--data", data / "dev.txt", "--threads", 1)
+    assert [int(x) for x in out.split()] == list(model.predict(dev))
+
+
+def test_parameters_are_the_models_memory(data):
+    spec, vocab, train, _ = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab)
+    W = model.param("W")
+    assert W.shape == (16, 8) and W.dtype == np.float32 and model.param("b").shape == (8,)
+    assert np.shares_memory(W, model.param("W"))
+    before = model.forward(list(train)[:8])["loss"]
+    W[...] = 0
+    assert model.forward(list(train)[:8])["loss"] != before
+    model.backward()
+    assert np.abs(model.grad("Wc")).sum() > 0
+    state = model.state_dict()
+    assert not np.shares_memory(state["W"], W) and (state["W"] == 0).all()
+    emb = model.param("emb")
+    del model
+    emb += 1  # the view keeps the model alive
+    assert emb.shape == (len(vocab), 8)
+
+
+def test_graphs_from_lists_are_the_files(data):
+    """A tree built from lists runs as the same tree read from text."""
+    spec = cavs.compile(model_path("treelstm.vf"))
+    vocab = cavs.Vocab()
+    parsed = cavs.Dataset.parse("(3 (1 good) (2 (4 not) (0 bad)))\n", "ptb-tree", spec, vocab, grow=True)
+    w = {x: vocab.id(x) for x in ("good", "not", "bad")}
+    child, types = parsed.graph(0)
+    words = parsed.input(spec, "word")[0]
+    labels = parsed.input(spec, "label")[0]
+    built = cavs.Dataset.from_graphs([cavs.Graph(spec, children=[list(c) for c in child], types=list(types),
+                                                 inputs={"word": words, "label": labels})])
+    assert sorted(words[words >= 0]) == sorted(w.values())
+    model = cavs.Model(spec, dims={"E": 6, "H": 5}, vocab=vocab)
+    a, b = model.forward(parsed), model.forward(built)
+    assert a == b
+    assert np.array_equal(model.outputs(parsed)[0], model.outputs(built)[0], equal_nan=True)
+    assert list(parsed.input(spec, "label", roots=True)) == [3]
+
+
+def test_per_vertex_values(data):
+    spec = cavs.compile(model_path("treelstm.vf"))
+    vocab = cavs.Vocab()
+    dev = cavs.Dataset.load(data / "dev.txt", "ptb-tree", spec, vocab, grow=True)
+    model = cavs.Model(spec, dims={"E": 6, "H": 5}, vocab=vocab)
+    h = model.outputs(dev, roots=True)
+    assert h.shape == (len(dev), 5)
+    assert np.allclose(model.values(dev, "h", roots=True), h)
+    c = model.values(dev, "c")
+    assert len(c) == len(dev) and c[0].shape == (dev.graph(0)[0].shape[0], 5)
+    p = model.probs(dev, roots=True)
+    assert np.allclose(p.sum(axis=1), 1) and list(p.argmax(axis=1)) == list(model.predict(dev))
+    every = model.predict(dev, all_nodes=True)
+    assert len(every[0]) == dev.graph(0)[0].shape[0]
+
+
+def test_errors_carry_the_message(data, tmp_path):
+    bad = tmp_path / "bad.vf"
+    bad.write_text("model bad;\nparam W[3, 3];\nvertex v (children 0) { x = W @ y; }\n")
+    with pytest.raises(cavs.Error, match=r"bad\.vf:\d+:\d+: error"):
+        cavs.compile(bad)
+    spec, vocab, _, _ = treefc(data)
+    (tmp_path / "broken.txt").write_text("(3 (1 a) (2 b)\n")
+    with pytest.raises(cavs.Error, match=r"broken\.txt:1: error"):
+        cavs.Dataset.load(tmp_path / "broken.txt", "ptb-tree", spec, vocab)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab)
+    with pytest.raises(cavs.Error, match="no parameter 'Wx'"):
+        model.param("Wx")
+    with pytest.raises(cavs.Error, match="no dim 'Q'"):
+        cavs.Model(spec, dims={"Q": 3}, vocab=vocab)
+    with pytest.raises(cavs.Error, match=r"parameter W of model treefc is \[16, 8\]"):
+        model.load_state_dict({**model.state_dict(), "W": np.zeros((8, 8))})
+    with pytest.raises(cavs.Error, match="unknown optimizer"):
+        model.step("lion")
+    with pytest.raises(cavs.Error):
+        cavs.load(tmp_path / "nothing.ckpt")
+
+
+def test_weights_out_and_in(data, tmp_path):
+    """cavs export's .npz is the model's parameters to the bit; arrays saved by NumPy
+    start a cavs train run (--init-all) and come back out the same."""
+    spec, vocab, train, _ = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=5)
+    cavs.train(model, train, epochs=1)
+    model.save(tmp_path / "m.ckpt", format="ptb-tree")
+    cavs_cli("export", tmp_path / "m.ckpt", "-o", tmp_path / "m.npz")
+    z = np.load(tmp_path / "m.npz")
+    assert set(z.files) == set(spec.params) | {"__metadata__.json"}
+    meta = json.loads(z["__metadata__.json"])
+    assert meta["model"] == "treefc" and json.loads(meta["dims"]) == model.dims
+    for name, a in model.state_dict().items():
+        assert z[name].dtype == a.dtype and np.array_equal(z[name], a)
+    # changed in NumPy (float64, compressed), into a new run, frozen, and out again
+    doubled = {n: z[n].astype(np.float64) * 2 for n in spec.params}
+    np.savez_compressed(tmp_path / "d.npz", **doubled)
+    freeze = [w for n in spec.params for w in ("--freeze", n)]
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "H=8",
+             "--dim", "C=5", "--epochs", 1, "--quiet", "--init-all", tmp_path / "d.npz", *freeze, "--save",
+             tmp_path / "d.ckpt")
+    back = cavs.load(tmp_path / "d.ckpt")
+    for n in spec.params:
+        assert np.array_equal(back.param(n), doubled[n].astype(np.float32))
+    other = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=9)
+    other.load_state_dict(np.load(tmp_path / "m.npz"))
+    assert all(np.array_equal(other.param(n), model.param(n)) for n in spec.params)
+
+
+def test_safetensors(data, tmp_path):
+    st = pytest.importorskip("safetensors.numpy")
+    from safetensors import safe_open
+    spec, vocab, train, _ = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=5)
+    model.save(tmp_path / "m.ckpt")
+    cavs_cli("export", tmp_path / "m.ckpt", "-o", tmp_path / "m.safetensors")
+    loaded = st.load_file(str(tmp_path / "m.safetensors"))
+    assert set(loaded) == set(spec.params)
+    assert all(np.array_equal(loaded[n], model.param(n)) for n in spec.params)
+    with safe_open(str(tmp_path / "m.safetensors"), "np") as f:
+        assert f.metadata()["model"] == "treefc" and f.metadata()["precision"] == "float"
+    st.save_file({n: a + 1 for n, a in loaded.items()}, str(tmp_path / "p.safetensors"))
+    freeze = [w for n in spec.params for w in ("--freeze", n)]
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "H=8",
+             "--dim", "C=5", "--epochs", 1, "--quiet", "--init-all", tmp_path / "p.safetensors", *freeze, "--save",
+             tmp_path / "p.ckpt")
+    back = cavs.load(tmp_path / "p.ckpt")
+    assert all(np.array_equal(back.param(n), loaded[n] + 1) for n in spec.params)
