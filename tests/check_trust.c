@@ -363,9 +363,9 @@ START_TEST(crafted_counters_refused) {
     ck_assert_msg(r.status == 1, "bound %d: exit %d\n%s", which, r.status, tu_tail(r.err, 1800));
     ck_assert_msg(strstr(r.err, which ? "the most a model takes" : "the most a run takes"), "%s", tu_tail(r.err, 1800));
     tu_free(&r);
-    size_t n;
+    size_t n = 0;
     char *now = tu_slurp(path_in("edge.ckpt"), &n);
-    ck_assert_msg(n == k.n && !memcmp(now, k.p, n), "bound %d: the checkpoint resumed from was changed", which);
+    ck_assert_msg(now && n == k.n && !memcmp(now, k.p, n), "bound %d: the checkpoint resumed from was changed", which);
     free(now);
     free(k.p);
   }
