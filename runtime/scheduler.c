@@ -1013,7 +1013,8 @@ void cavs_model_backward(cavs_model *m) {
   if (cavs_plan_backward(m)) m->launch_failed = true;
   m->stats.schedule_seconds += cv_now() - t0;
   if (!m->launch_failed && cavs_run_plan(m)) m->launch_failed = true;
-  m->be->synchronize(m);
+  /* no wait for the device: the step after it is issued in order behind it, and whatever
+     reads the gradients on the host waits first (cavs_model_read) */
 }
 
 int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {

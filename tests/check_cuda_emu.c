@@ -385,30 +385,116 @@ END_TEST
 
 /* ---- what a minibatch costs on the device ---- */
 
-/* Once buffers have grown, a training step (forward, backward, Adam) allocates and frees
- * nothing on the device; the counts of one such step go to the log. */
+/* What the device was asked to do in one training step, and what the step's minibatch
+ * is: its trees, rows, and the bytes of its schedule and inputs. */
+typedef struct StepCounts {
+  cavs_emu_counts c;
+  int trees;
+  long rows, sched, out;
+  double flops;
+} StepCounts;
+
+/* The bytes the host must send the device for the minibatch `m` holds: its schedule as
+ * the scheduler keeps it in host arrays (each row's children, root and pushed flags,
+ * vertex, homes; each edge's row, parent and child), its index and real inputs, each
+ * array rounded up to 16 bytes; and the rows of the lookup tables it and the minibatch
+ * before it touched (the ones a backward pass clears, cavs_sparse_reset: `before` of
+ * them; the optimizer's spans, {offset, start} a span: one a dense group and one a
+ * touched row). Nothing proportional to the parameters or the per-row buffers. */
+static long schedule_bytes(const cavs_model *m, long before) {
+  const cavs_desc *d = m->d;
+  long N = m->rows, E = m->has_edges ? m->nedges : 0, b = 0, spans = 0, touched = 0;
+#define ARRAY(bytes) (b += ((long)(bytes) + 15) / 16 * 16)
+  ARRAY(4 * N * m->maxc), ARRAY(N), ARRAY(N), ARRAY(4 * N);
+  if (m->has_edges) ARRAY(4 * (N + 1)), ARRAY(4 * E), ARRAY(4 * E);
+  for (int k = 0; k < m->nhomes; k++) ARRAY(sizeof(void *) * N), ARRAY(sizeof(void *) * N), ARRAY(sizeof(long) * N);
+  for (int i = 0; i < d->nint; i++) ARRAY(4 * N);
+  for (int i = 0; i < d->nreal; i++) ARRAY((long)m->rw[i] * (long)m->esize * N);
+#undef ARRAY
+  for (int g = 0; g < d->npgroups; g++) {
+    if (d->pgroups[g].sparse_input >= 0) touched += m->ntouched[g];
+    spans += m->frozen[g] ? 0 : d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
+  }
+  return b + 4 * before + 2 * (long)sizeof(size_t) * (spans + 1);
+}
+
+static long touched_rows(const cavs_model *m) {
+  long n = 0;
+  for (int g = 0; g < m->d->npgroups; g++)
+    if (m->d->pgroups[g].sparse_input >= 0) n += m->ntouched[g];
+  return n;
+}
+
+/* A training step (forward, backward, Adam with clipping) of `m` on gs[0..k), counted */
+static void counted_step(cavs_model *m, const cavs_graph *const *gs, int k, StepCounts *out) {
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  long before = touched_rows(m);
+  cavs_emu_counters(NULL, 1);
+  cavs_model_backend_stats(m, NULL, 1);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  cavs_model_backward(m);
+  ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
+  cavs_emu_counters(&out->c, 1);
+  cavs_backend_stats st;
+  cavs_model_backend_stats(m, &st, 1);
+  out->trees = k;
+  out->rows = m->rows;
+  out->sched = schedule_bytes(m, before);
+  /* the losses' sums and counts, and a prediction a row */
+  out->out = (8 + 32) * (long)m->d->nlosses + 4 * m->rows;
+  out->flops = st.gemm_flops;
+}
+
+static void counts_line(const char *name, const char *prec, const StepCounts *s) {
+  const cavs_emu_counts *c = &s->c;
+  printf("%-13s %-6s %5d %6ld %8ld %8ld %7ld %10ld %10ld %10ld %7ld %7ld %5ld %10.4g\n", name, prec, s->trees, s->rows,
+         c->launches, c->blas_calls, c->memsets, c->bytes_htod, s->sched, c->bytes_dtoh, c->mallocs + c->host_mallocs,
+         c->frees + c->host_frees, c->syncs, s->flops);
+}
+
+static void counts_header(void) {
+  printf("%-13s %-6s %5s %6s %8s %8s %7s %10s %10s %10s %7s %7s %5s %10s\n", "example", "prec", "trees", "rows",
+         "launches", "cuBLAS", "memsets", "H->D", "schedule", "D->H", "mallocs", "frees", "syncs", "flops");
+}
+
+/* The targets of a training step in the steady state, once buffers have grown: no device
+ * or pinned allocation or free, one host synchronization (the forward pass reading its
+ * losses back), no more bytes up than the minibatch's schedule and inputs, and down its
+ * losses and predictions. */
+static void steady(const char *name, const StepCounts *s) {
+  const cavs_emu_counts *c = &s->c;
+  ck_assert_msg(c->mallocs + c->host_mallocs + c->frees + c->host_frees == 0, "%s: %ld allocations, %ld frees", name,
+                c->mallocs + c->host_mallocs, c->frees + c->host_frees);
+  ck_assert_msg(c->syncs == 1, "%s: %ld host synchronizations in a training step", name, c->syncs);
+  ck_assert_msg(c->bytes_htod <= s->sched, "%s: %ld bytes up, the schedule and inputs are %ld", name, c->bytes_htod,
+                s->sched);
+  ck_assert_msg(c->bytes_dtoh <= s->out, "%s: %ld bytes down, the losses and predictions %ld", name, c->bytes_dtoh,
+                s->out);
+}
+
+/* Every example, a training step on its minibatch and on the minibatch twice over (the
+ * same trees again: as many levels, twice the trees and rows), after a step on the
+ * larger to grow the buffers: each meets the targets. The counts go to the log, a line
+ * a step. */
 START_TEST(steady_state_counts) {
-  const cavs_desc *d = example(0, "float", true);
+  const cavs_desc *d = example(_i, "float", true);
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, false);
+  const cavs_graph *gs[2 * TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  for (int i = 0; i < k; i++) gs[k + i] = gs[i];
   long since = cavs_emu_serial();
   cavs_model *m = model_on(d, dims, "cuda", 0, 0);
-  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
-  cavs_emu_counts c;
-  for (int step = 0; step < 3; step++) {
-    cavs_emu_counters(NULL, 1);
-    ck_assert_msg(cavs_model_forward(m, gs, step == 1 ? k - 1 : k, NULL) == 0, "%s", cavs_model_error(m));
-    cavs_model_backward(m);
-    ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
-    cavs_emu_counters(&c, 0);
-  }
-  printf("treelstm (float), a training step of %d trees: %ld launches, %ld cuBLAS calls, %ld memsets, %ld bytes "
-         "host to device, %ld device to host, %ld cudaMalloc, %ld cudaFree, %ld host synchronizations\n",
-         k, c.launches, c.blas_calls, c.memsets, c.bytes_htod, c.bytes_dtoh, c.mallocs, c.frees, c.syncs);
-  ck_assert_int_eq(c.mallocs + c.host_mallocs, 0);
-  ck_assert_int_eq(c.frees + c.host_frees, 0);
+  StepCounts once, twice;
+  counted_step(m, gs, 2 * k, &twice);
+  counted_step(m, gs, k, &once);
+  counted_step(m, gs, k, &once);
+  counted_step(m, gs, 2 * k, &twice);
+  counts_header();
+  counts_line(examples[_i], "float", &once);
+  counts_line(examples[_i], "float", &twice);
+  steady(examples[_i], &once);
+  steady(examples[_i], &twice);
   free_all(m, since);
 }
 END_TEST
@@ -428,6 +514,11 @@ static void build_models(void) {
       for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
 }
 
+/* the models the counts use */
+static void build_counted(void) {
+  for (int i = 0; i < nrun; i++) example(all ? i : few[i], "float", true);
+}
+
 int main(void) {
   all = cavs_emu_host_faults();
   nrun = all ? NEX : (int)(sizeof few / sizeof *few);
@@ -443,8 +534,12 @@ int main(void) {
     tcase_add_loop_test(tc, streams_in_any_order, x, x + 1);
     if (all || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
   }
-  tcase_add_test(tc, steady_state_counts);
   suite_add_tcase(s, tc);
+  TCase *counts = tcase_create("counts");
+  tcase_set_timeout(counts, 300);
+  tcase_add_unchecked_fixture(counts, build_counted, NULL);
+  for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
+  suite_add_tcase(s, counts);
   TCase *own = tcase_create("the emulator's checks");
   tcase_add_test(own, copies_checked);
   tcase_add_test(own, gemm_column_major);
