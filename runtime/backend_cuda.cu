@@ -771,6 +771,153 @@ static void cuda_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, lo
   CKL(model(c));
 }
 
+/* ---- mv and mm: a matrix per row (cavs_rowmv_*, cavs_rowmm_*), a launch or a product a
+   call whatever the rows (row by row through cuBLAS, a call a row, MV-RNN's launches grew
+   with its trees). A thread a cell, its sum in the order the CPU's loops take (mv), or
+   one cuBLAS product where the rows' matrices lie one after another (mm, as
+   backend.c's) ---- */
+
+/* mv: y_r [1, b] = x_r [1, a] M_r [a, b], M_r row-major at M + r ldm */
+template <typename R>
+__global__ void rowmv_fwd_k(const R *x, long ldx, const R *M, long ldm, R *y, long ldy, long a, long b, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, b, &r, &j)) return;
+  const R *xr = x + r * ldx, *mr = M + r * ldm;
+  R s = 0;
+  for (long i = 0; i < a; i++) s += xr[i] * mr[i * b + j];
+  y[r * ldy + j] = s;
+}
+/* dx_r [1, a] += dy_r M_r^T (a thread a cell of dx) */
+template <typename R>
+__global__ void rowmv_dx_k(const R *M, long ldm, const R *dy, long lddy, R *dx, long lddx, long a, long b, int r0, int n) {
+  long r, i;
+  if (!cell(r0, n, a, &r, &i)) return;
+  const R *g = dy + r * lddy, *mi = M + r * ldm + i * b;
+  R s = 0;
+  for (long j = 0; j < b; j++) s += g[j] * mi[j];
+  dx[r * lddx + i] += s;
+}
+/* dM_r [a, b] += x_r^T dy_r (a thread a cell of dM) */
+template <typename R>
+__global__ void rowmv_dm_k(const R *x, long ldx, const R *dy, long lddy, R *dM, long lddm, long a, long b, int r0, int n) {
+  long r, c;
+  if (!cell(r0, n, a * b, &r, &c)) return;
+  dM[r * lddm + c] += x[r * ldx + c / b] * dy[r * lddy + c % b];
+}
+
+/* mm: Y_r [a, cc] = M_r [a, b] W [b, cc] (a thread a cell of Y); backward dM_r += dY_r W^T
+   (a cell of dM) and dW += sum over rows of M_r^T dY_r (a cell of dW, over every row) */
+template <typename R>
+__global__ void rowmm_fwd_k(const R *M, long ldm, const R *W, long ldw, R *Y, long ldy, long a, long b, long cc, int r0,
+                            int n) {
+  long r, c;
+  if (!cell(r0, n, a * cc, &r, &c)) return;
+  long p = c / cc, q = c % cc;
+  const R *mp = M + r * ldm + p * b;
+  R s = 0;
+  for (long i = 0; i < b; i++) s += mp[i] * W[i * ldw + q];
+  Y[r * ldy + c] = s;
+}
+template <typename R>
+__global__ void rowmm_dm_k(const R *W, long ldw, const R *dY, long lddy, R *dM, long lddm, long a, long b, long cc, int r0,
+                           int n) {
+  long r, c;
+  if (!cell(r0, n, a * b, &r, &c)) return;
+  long p = c / b, i = c % b;
+  const R *gp = dY + r * lddy + p * cc, *wi = W + i * ldw;
+  R s = 0;
+  for (long q = 0; q < cc; q++) s += gp[q] * wi[q];
+  dM[r * lddm + c] += s;
+}
+template <typename R>
+__global__ void rowmm_dw_k(const R *M, long ldm, const R *dY, long lddy, R *dW, long lddw, long a, long b, long cc, int r0,
+                           int n) {
+  long i, q;
+  if (!cell(0, b, cc, &i, &q)) return;
+  R s = 0;
+  for (long r = r0; r < r0 + n; r++)
+    for (long p = 0; p < a; p++) s += M[r * ldm + p * b + i] * dY[r * lddy + p * cc + q];
+  dW[i * lddw + q] += s;
+}
+
+/* Each op at the model's precision R; pointers are to row 0. */
+template <typename R>
+static void rowmv_fwd_as(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                         int r0, int n) {
+  if (n <= 0 || b <= 0) return;
+  CAVS_CUDA_LAUNCH(rowmv_fwd_k<R>, blocks((long)n * b), on(c))((const R *)x, ldx, (const R *)m, ldm, (R *)y, ldy, a, b, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void rowmv_bwd_as(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                         long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  if (n <= 0 || a <= 0 || b <= 0) return;
+  if (dx) {
+    CAVS_CUDA_LAUNCH(rowmv_dx_k<R>, blocks((long)n * a), on(c))((const R *)m, ldm, (const R *)dy, lddy, (R *)dx, lddx, a, b,
+                                                               r0, n);
+    CKL(model(c));
+  }
+  if (dm) {
+    CAVS_CUDA_LAUNCH(rowmv_dm_k<R>, blocks((long)n * a * b), on(c))((const R *)x, ldx, (const R *)dy, lddy, (R *)dm, lddm,
+                                                                   a, b, r0, n);
+    CKL(model(c));
+  }
+}
+template <typename R>
+static void rowmm_fwd_as(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                         long ldy, int r0, int n) {
+  if (n <= 0 || a <= 0 || cc <= 0) return;
+  if (cv_rows_stacked(a * b, ldm, a * cc, ldy, n)) {
+    cuda_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)(n * a), (int)cc, (int)b, 1, (const R *)m + (size_t)r0 * ldm, b, w, ldw,
+              0, (R *)y + (size_t)r0 * ldy, cc);
+    return;
+  }
+  CAVS_CUDA_LAUNCH(rowmm_fwd_k<R>, blocks((long)n * a * cc), on(c))((const R *)m, ldm, (const R *)w, ldw, (R *)y, ldy, a, b,
+                                                                   cc, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void rowmm_bwd_as(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                         const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  if (n <= 0 || a <= 0 || b <= 0 || cc <= 0) return;
+  const R *M = (const R *)m, *W = (const R *)w, *G = (const R *)dy;
+  if (dm && cv_rows_stacked(a * cc, lddy, a * b, lddm, n))
+    cuda_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)(n * a), (int)b, (int)cc, 1, G + (size_t)r0 * lddy, cc, W, ldw, 1,
+              (R *)dm + (size_t)r0 * lddm, b);
+  else if (dm) {
+    CAVS_CUDA_LAUNCH(rowmm_dm_k<R>, blocks((long)n * a * b), on(c))(W, ldw, G, lddy, (R *)dm, lddm, a, b, cc, r0, n);
+    CKL(model(c));
+  }
+  if (dw && cv_rows_stacked(a * b, ldm, a * cc, lddy, n))
+    cuda_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)(n * a), 1, M + (size_t)r0 * ldm, b, G + (size_t)r0 * lddy,
+              cc, 1, dw, lddw);
+  else if (dw) {
+    CAVS_CUDA_LAUNCH(rowmm_dw_k<R>, blocks(b * cc), on(c))(M, ldm, G, lddy, (R *)dw, lddw, a, b, cc, r0, n);
+    CKL(model(c));
+  }
+}
+
+static void cuda_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y,
+                           long ldy, int r0, int n) {
+  if (dbl(c)) rowmv_fwd_as<double>(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+  else rowmv_fwd_as<float>(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+}
+static void cuda_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                           long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  if (dbl(c)) rowmv_bwd_as<double>(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+  else rowmv_bwd_as<float>(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+}
+static void cuda_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                           long ldy, int r0, int n) {
+  if (dbl(c)) rowmm_fwd_as<double>(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+  else rowmm_fwd_as<float>(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+}
+static void cuda_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                           const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  if (dbl(c)) rowmm_bwd_as<double>(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+  else rowmm_bwd_as<float>(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+}
+
 /* ---- losses: one block a row, reductions in shared memory ---- */
 
 template <typename R> __device__ R block_max(R v, R *sh) {
@@ -1109,9 +1256,8 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_esum_bwd,
     cuda_dropout_fwd,
     cuda_dropout_bwd,
-    /* mv and mm: backend.c's products row by row, through cuda_gemm (cuBLAS) */
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    cuda_rowmv_fwd,
+    cuda_rowmv_bwd,
+    cuda_rowmm_fwd,
+    cuda_rowmm_bwd,
 };

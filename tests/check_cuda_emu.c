@@ -474,8 +474,9 @@ static void steady(const char *name, const StepCounts *s) {
 
 /* Every example, a training step on its minibatch and on the minibatch twice over (the
  * same trees again: as many levels, twice the trees and rows), after a step on the
- * larger to grow the buffers: each meets the targets. The counts go to the log, a line
- * a step. */
+ * larger to grow the buffers: each meets the targets, and the second launches no more
+ * kernels, cuBLAS calls or memsets than the first. The counts go to the log, a line a
+ * step. */
 START_TEST(steady_state_counts) {
   const cavs_desc *d = example(_i, "float", true);
   long dims[CAVS_MAX_DIMS];
@@ -495,6 +496,9 @@ START_TEST(steady_state_counts) {
   counts_line(examples[_i], "float", &twice);
   steady(examples[_i], &once);
   steady(examples[_i], &twice);
+  long l1 = once.c.launches + once.c.blas_calls + once.c.memsets, l2 = twice.c.launches + twice.c.blas_calls + twice.c.memsets;
+  ck_assert_msg(l2 <= l1, "%s: %ld launches, cuBLAS calls and memsets for %d trees, %ld for %d", examples[_i], l1, k, l2,
+                2 * k);
   free_all(m, since);
 }
 END_TEST
