@@ -391,7 +391,7 @@ typedef struct StepCounts {
   cavs_emu_counts c;
   int trees;
   long rows, sched, out;
-  double flops;
+  double flops, host; /* the products' flops; the host's seconds scheduling (levels, rows, plans) */
 } StepCounts;
 
 /* The bytes the host must send the device for the minibatch `m` holds: its schedule as
@@ -434,7 +434,7 @@ static void counted_step(cavs_model *m, const cavs_graph *const *gs, int k, Step
   ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
   cavs_model_backward(m);
   ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
-  cavs_emu_counters(&out->c, 1);
+  cavs_emu_counters(&out->c, 0); /* (the log of its ops kept until the next step) */
   cavs_backend_stats st;
   cavs_model_backend_stats(m, &st, 1);
   out->trees = k;
@@ -443,6 +443,7 @@ static void counted_step(cavs_model *m, const cavs_graph *const *gs, int k, Step
   /* the losses' sums and counts, and a prediction a row */
   out->out = (8 + 32) * (long)m->d->nlosses + 4 * m->rows;
   out->flops = st.gemm_flops;
+  out->host = st.schedule_seconds;
 }
 
 static void counts_line(const char *name, const char *prec, const StepCounts *s) {
@@ -503,6 +504,71 @@ START_TEST(steady_state_counts) {
 }
 END_TEST
 
+/* Run by bench/counts, not by make check (CAVS_COUNTS_SST names SST's train.txt): the
+ * Tree-LSTM at E = H = $CAVS_COUNTS_H (512), float, on SST's minibatches of
+ * $CAVS_COUNTS_BATCH (64) trees in the file's order; after a step on the epoch's largest
+ * minibatch, twice (the buffers as they are after an epoch), $CAVS_COUNTS_STEPS (2) minibatches
+ * counted, each a line, and with CAVS_COUNTS_OPS set each kernel, product, memset and
+ * copy a line ("op KIND A B C", cavs_emu_op) for bench/counts' estimate. */
+static long env_long(const char *name, long def) {
+  const char *v = getenv(name);
+  return v && *v ? atol(v) : def;
+}
+
+START_TEST(sst_counts) {
+  const char *path = getenv("CAVS_COUNTS_SST");
+  long h = env_long("CAVS_COUNTS_H", 512), batch = env_long("CAVS_COUNTS_BATCH", 64), steps = env_long("CAVS_COUNTS_STEPS", 2);
+  const cavs_desc *d = example(0, "float", true);
+  char err[512];
+  cavs_vocab *v = cavs_vocab_new();
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  cavs_dataset *set = cavs_dataset_load(path, "ptb-tree", d, dims, v, 1, err, sizeof err);
+  ck_assert_msg(set != NULL, "%s", err);
+  for (int i = 0; i < d->ndims; i++) {
+    if (!strcmp(d->dims[i].name, "E") || !strcmp(d->dims[i].name, "H")) dims[i] = h;
+    if (!strcmp(d->dims[i].name, "V")) dims[i] = cavs_vocab_size(v);
+  }
+  int n = cavs_dataset_count(set), nb = (int)((n + batch - 1) / batch), largest = 0;
+  long most = -1;
+  const cavs_graph **gs = malloc(sizeof *gs * (size_t)n);
+  ck_assert(gs != NULL);
+  for (int i = 0; i < n; i++) gs[i] = cavs_dataset_graph(set, i);
+  for (int b = 0; b < nb; b++) {
+    long rows = 0;
+    for (int i = b * (int)batch; i < n && i < (b + 1) * (int)batch; i++) rows += gs[i]->n;
+    if (rows > most) most = rows, largest = b;
+  }
+  long since = cavs_emu_serial();
+  cavs_model *m = model_on(d, dims, "cuda", 0, 0);
+  StepCounts c;
+  int k0 = (int)(largest * batch), kl = n - k0 < batch ? n - k0 : (int)batch;
+  counted_step(m, gs + k0, kl, &c);
+  counted_step(m, gs + k0, kl, &c); /* (zero_rows clears the rows the last step touched) */
+  printf("# SST %s: %d trees, minibatches of %ld (%d), E=H=%ld; the largest (%ld vertices) first\n", path, n, batch, nb, h,
+         most);
+  counts_header();
+  bool ops = getenv("CAVS_COUNTS_OPS") != NULL;
+  cavs_emu_log(ops);
+  for (int b = 0; b < steps && b < nb; b++) {
+    int kb = n - b * (int)batch < batch ? n - b * (int)batch : (int)batch;
+    counted_step(m, gs + b * batch, kb, &c);
+    counts_line("treelstm-sst", "float", &c);
+    printf("# host scheduling: %.3f ms\n", 1e3 * c.host);
+    steady("treelstm on SST", &c);
+    const cavs_emu_op *op;
+    long nops = cavs_emu_ops(&op);
+    static const char *const kinds[] = {"kernel", "gemm", "memset", "copy"};
+    for (long i = 0; i < nops; i++) printf("op %s %ld %ld %ld\n", kinds[op[i].kind], op[i].a, op[i].b, op[i].c);
+  }
+  cavs_emu_log(0);
+  free(gs);
+  free_all(m, since);
+  cavs_dataset_free(set);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 /* Under valgrind (where the emulator cannot close device memory to the host, and a pass
    costs some fifty times as much), the examples whose code differs most: a Tree-LSTM,
    children as a set (Child-Sum), attention over a set (seq2seq), and matrices per vertex
@@ -543,6 +609,7 @@ int main(void) {
   tcase_set_timeout(counts, 300);
   tcase_add_unchecked_fixture(counts, build_counted, NULL);
   for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
+  if (getenv("CAVS_COUNTS_SST")) tcase_add_test(counts, sst_counts);
   suite_add_tcase(s, counts);
   TCase *own = tcase_create("the emulator's checks");
   tcase_add_test(own, copies_checked);
