@@ -246,8 +246,9 @@ static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, lon
   if (t->rows < trows) return NULL;
   size_t bytes = (size_t)trows * (size_t)cols * m->esize;
   if (trows <= 0 || cols <= 0 || bytes / (size_t)cols / m->esize != (size_t)trows || bytes > PTABLE_MAX ||
-      !(t->mem = m->be->alloc(bytes))) {
+      !(t->mem = m->be->alloc(m, bytes))) {
     t->rows = -1; /* never: the product, as in training */
+    m->alloc_why[0] = 0;    /* not an error */
     return NULL;
   }
   BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)trows, cols, k, 1, table, ldt, w, ldw, 0, t->mem, cols);

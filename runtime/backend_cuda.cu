@@ -109,16 +109,23 @@ static int no_memory(cavs_model *m) {
   return -1;
 }
 
+/* The message names the call (the macro argument's text up to its parenthesis). A
+   call's error is also the runtime's last error until cudaGetLastError reads it: read
+   here, so that the next launch's check (CKL) does not blame itself for it, in this
+   model or the next one the process makes. */
 #define CK(m, call)                                                                         \
   do {                                                                                     \
     cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) record((m), __FILE__, __LINE__, "%s", cudaGetErrorString(e_));   \
+    if (e_ != cudaSuccess) {                                                               \
+      (void)cudaGetLastError();                                                            \
+      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cudaGetErrorString(e_)); \
+    }                                                                                      \
   } while (0)
 #define CKB(m, call)                                                                        \
   do {                                                                                     \
     cublasStatus_t s_ = (call);                                                            \
     if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      record((m), __FILE__, __LINE__, "cuBLAS: %s", cublasGetStatusString(s_));            \
+      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cublasGetStatusString(s_)); \
   } while (0)
 /* after a launch: counted, and checked */
 #define CKL(m)                                                                              \
@@ -177,6 +184,7 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
 
 static void cuda_close(cavs_model *m) {
   Dev *d = dev(m);
+  (void)cudaDeviceSynchronize(); /* what was queued has run (or failed for good) before anything is freed */
   if (!d) return;
   for (int p = 0; p < 2; p++)
     if (d->exec[p]) cudaGraphExecDestroy(d->exec[p]);
@@ -185,8 +193,6 @@ static void cuda_close(cavs_model *m) {
     if (d->ev[e]) cudaEventDestroy(d->ev[e]);
   for (int s = 0; s < 2; s++)
     if (d->st[s]) cudaStreamDestroy(d->st[s]);
-  /* what the pinned buffers' copies still read or write has finished, or failed for
-     good (cublasDestroy waits for the device) */
   cudaFreeHost(d->pack_host);
   cudaFree(d->pack_dev);
   cudaFreeHost(d->out_host);
@@ -205,13 +211,22 @@ static void cuda_close(cavs_model *m) {
 
 /* ---- memory ---- */
 
-static void *cuda_alloc(size_t bytes) {
+static void *cuda_alloc(cavs_model *m, size_t bytes) {
   void *p = NULL;
   /* cudaMalloc aligns to 256 bytes */
-  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  if (e == cudaSuccess) return p;
+  snprintf(m->alloc_why, sizeof m->alloc_why, "cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+  (void)cudaGetLastError(); /* said here (or not an error: inference's product tables), as CK does */
+  return NULL;
 }
+/* Work queued before may still use it (a memset of the model's making, the last pass's
+   reads of the product tables), and cudaFree need not wait for it: wait first. Not in a
+   training step: buffers are freed when they grow, and with the model. */
 static void cuda_release(void *p) {
-  if (p) cudaFree(p);
+  if (!p) return;
+  (void)cudaDeviceSynchronize(); /* (an error of queued work is the next checked call's) */
+  cudaFree(p);
 }
 /* The two below have no model to report to: a failure here leaves the CUDA context
    in an error state that the next checked call reports. */

@@ -40,6 +40,7 @@ struct cavs_model {
   int policy;
   int ablate; /* enum cavs_ablation */
   char err[512];
+  char alloc_why[160]; /* a backend's word on an allocation that failed (backend.h alloc) */
   /* parameters: one block, groups pointing into it */
   size_t nflat;
   void *pflat, *gflat;

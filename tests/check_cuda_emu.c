@@ -17,6 +17,8 @@
 #include "cudatest.h"
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- the models ---- */
 
@@ -320,6 +322,133 @@ START_TEST(graphs_as_launches) {
 }
 END_TEST
 
+/* ---- faults ---- */
+
+static bool all; /* every example (not under valgrind) */
+
+/* 1, 2, and `parts` points spread to `total` (at has room for parts + 2): which of
+   `total` calls to fail */
+static int spread(long total, int parts, long *at) {
+  int n = 0;
+  for (long v = 1; v <= 2 && v <= total; v++) at[n++] = v;
+  for (int j = 1; j <= parts; j++)
+    if (total * j / parts > at[n - 1]) at[n++] = total * j / parts;
+  return n;
+}
+
+/* What a user does with a model: made on the cuda backend, two training steps, the
+ * gradients read, then inference twice (the second makes the product tables, an
+ * allocation that may fail: the products are then made as in training). 0, or -1
+ * with the first error (cavs_model_new_opts's or cavs_model_error's) in err. */
+static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err, size_t len) {
+  cavs_model_opts o = {.backend = "cuda"};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, len);
+  if (!m) return -1;
+  cavs_model_init(m, 5);
+  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  int rc = 0;
+  for (int step = 0; step < 2 && !rc; step++) {
+    rc = cavs_model_forward(m, gs, k, NULL);
+    if (!rc) cavs_model_backward(m);
+    if (!rc) rc = cavs_model_step(m, &opt);
+  }
+  size_t n;
+  const void *g = cavs_model_grads_flat(m, &n);
+  double first;
+  if (!rc) rc = cavs_model_read(m, &first, g, m->esize);
+  cavs_model_set_inference(m, 1);
+  for (int pass = 0; pass < 2 && !rc; pass++) rc = cavs_model_forward(m, gs, k, NULL);
+  if (rc) snprintf(err, len, "%s", cavs_model_error(m));
+  cavs_model_free(m);
+  return rc;
+}
+
+/* Every device allocation a model and its use make, failed in turn (the emulator fails
+ * the n-th cudaMalloc with cudaErrorMemoryAllocation; under valgrind a few): each comes back as an error that
+ * names cudaMalloc (from the model's making, or the pass or step that needed the
+ * memory), or, for the product tables of inference, as nothing at all; nothing the model
+ * made is left alive, and the emulator saw no misuse. */
+START_TEST(failed_malloc) {
+  const cavs_desc *d = example(_i, "float", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  char err[512];
+  cavs_emu_counters(NULL, 1);
+  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
+  cavs_emu_counts c;
+  cavs_emu_counters(&c, 1);
+  ck_assert_int_gt(c.mallocs, 3);
+  int failed = 0;
+  long at[12];
+  int nat = all ? 0 : spread(c.mallocs, 3, at);
+  for (long i = 0, n = 1; all ? n <= c.mallocs : i < nat; i++, n++) {
+    if (!all) n = at[i];
+    long since = cavs_emu_serial();
+    cavs_emu_fail_malloc(n);
+    err[0] = 0;
+    int rc = use_model(d, dims, gs, k, err, sizeof err);
+    cavs_emu_fail_malloc(0);
+    ck_assert_msg(rc == 0 || strstr(err, "cudaMalloc"), "%s: cudaMalloc %ld of %ld failed: \"%s\"", examples[_i], n,
+                  c.mallocs, err);
+    failed += rc != 0;
+    ck_assert_msg(cavs_emu_live(since) == 0, "%s: cudaMalloc %ld failed, left alive:\n%s", examples[_i], n,
+                  cavs_emu_live_report(since));
+    no_errors();
+  }
+  ck_assert_int_gt(failed, 0);
+}
+END_TEST
+
+/* Kernels a model's use launches, made to fault (cudaErrorIllegalAddress when it runs,
+ * sticky as on a GPU: the context is lost), each in a process of its own: the first
+ * two and every tenth of the way to the last (a fork and a model's use each: all of
+ * them would take a minute), in the forward and backward passes, the step and
+ * inference alike: the error comes back from the next call that waits for the device, naming the
+ * call that saw it and what CUDA said; the model frees, leaving nothing alive, and the
+ * emulator saw no misuse (no free of memory queued work still uses). */
+START_TEST(failed_launch) {
+  const cavs_desc *d = example(_i, "float", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  char err[512];
+  cavs_emu_counters(NULL, 1);
+  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
+  cavs_emu_counts c;
+  cavs_emu_counters(&c, 1);
+  ck_assert_int_gt(c.launches, 10);
+  long at[12];
+  int nat = spread(c.launches, all ? 10 : 3, at);
+  for (int i = 0; i < nat; i++) {
+    long n = at[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (!pid) {
+      long since = cavs_emu_serial();
+      cavs_emu_fail_launch(n);
+      int rc = use_model(d, dims, gs, k, err, sizeof err);
+      const char *bad = rc == 0                                            ? "no error"
+                        : !strstr(err, "an illegal memory access was encountered") ? "not CUDA's message"
+                        : !strstr(err, "cudaDeviceSynchronize")                ? "not the call"
+                        : cavs_emu_live(since)                                 ? "something left alive"
+                        : cavs_emu_errors()                                    ? "a misuse"
+                                                                               : NULL;
+      if (bad) fprintf(stderr, "%s: launch %ld faulted: %s: \"%s\"\n%s%s", examples[_i], n, bad, err,
+                       cavs_emu_live_report(since), cavs_emu_errors() ? cavs_emu_errors() : "");
+      _exit(bad ? 1 : 0);
+    }
+    int st;
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: launch %ld faulted (status %#x): see the log", examples[_i],
+                  n, st);
+  }
+}
+END_TEST
+
 /* ---- the emulator's own checks ---- */
 
 static void error_says(const char *what) {
@@ -474,8 +603,10 @@ static void steady(const char *name, const StepCounts *s) {
 }
 
 /* Every example, a training step on its minibatch and on the minibatch twice over (the
- * same trees again: as many levels, twice the trees and rows), after a step on the
- * larger to grow the buffers: each meets the targets, and the second launches no more
+ * same trees again: as many levels, twice the trees and rows), after a step on half of
+ * it and one on the larger to grow the buffers (freeing those the step before used, its
+ * work still queued: no wait for the device after a backward pass or a step): each
+ * meets the targets, and the second launches no more
  * kernels, cuBLAS calls or memsets than the first. The counts go to the log, a line a
  * step. */
 START_TEST(steady_state_counts) {
@@ -488,6 +619,7 @@ START_TEST(steady_state_counts) {
   long since = cavs_emu_serial();
   cavs_model *m = model_on(d, dims, "cuda", 0, 0);
   StepCounts once, twice;
+  counted_step(m, gs, k / 2, &once); /* then the buffers grow, the last step's work queued */
   counted_step(m, gs, 2 * k, &twice);
   counted_step(m, gs, k, &once);
   counted_step(m, gs, k, &once);
@@ -574,7 +706,6 @@ END_TEST
    children as a set (Child-Sum), attention over a set (seq2seq), and matrices per vertex
    (MV-RNN) */
 static const int few[] = {0, 7, 10, 11};
-static bool all;
 static int nrun;
 
 /* in the parent, before the tests fork: each model they use built once */
@@ -587,6 +718,12 @@ static void build_models(void) {
 /* the models the counts use */
 static void build_counted(void) {
   for (int i = 0; i < nrun; i++) example(all ? i : few[i], "float", true);
+}
+
+/* the models the faults use */
+static void build_faulted(void) {
+  example(0, "float", true);
+  example(7, "float", true);
 }
 
 int main(void) {
@@ -611,6 +748,16 @@ int main(void) {
   for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
   if (getenv("CAVS_COUNTS_SST")) tcase_add_test(counts, sst_counts);
   suite_add_tcase(s, counts);
+  /* a Tree-LSTM (lookup tables, two streams) and children as a set (edges); under
+     valgrind the Tree-LSTM, at a few points */
+  TCase *faults = tcase_create("faults");
+  tcase_set_timeout(faults, 300);
+  tcase_add_unchecked_fixture(faults, build_faulted, NULL);
+  for (int x = 0; x <= 7; x += all ? 7 : 8) {
+    tcase_add_loop_test(faults, failed_malloc, x, x + 1);
+    tcase_add_loop_test(faults, failed_launch, x, x + 1);
+  }
+  suite_add_tcase(s, faults);
   TCase *own = tcase_create("the emulator's checks");
   tcase_add_test(own, copies_checked);
   tcase_add_test(own, gemm_column_major);

@@ -29,7 +29,10 @@
  * device-to-host copy into pinned memory leaves poison (NaNs) there until it runs; a
  * host-to-device copy from pinned memory that the host changes before the copy has run
  * is an error. cudaFree and cudaFreeHost do not synchronize (the documentation says they
- * may): freeing memory that queued work still uses is an error.
+ * may): freeing memory that queued work still uses is an error. A fault (an illegal
+ * address) is sticky, as on a GPU: the context is lost, the work queued behind it is
+ * dropped unrun, and every later call fails (cudaFree and cudaFreeHost still free, so
+ * that a test sees what a model leaves).
  *
  * Capture and graphs. A stream being captured records nodes instead of queuing work,
  * streams joining through events recorded in it; calls that would synchronize, or use
@@ -346,8 +349,10 @@ void run_until(const std::vector<OpP> &targets, bool all) {
     best->done = true;
     best->deps.clear();
     best->run = nullptr;
+    if (sticky) break; /* a fault: the context is lost, and with it the rest of the queue */
   }
   if (!was_open) close_device();
+  if (sticky) pending.clear();
   pending.erase(std::remove_if(pending.begin(), pending.end(), [](const OpP &o) { return o->done; }), pending.end());
 }
 void run_all() { run_until({}, true); }
@@ -917,6 +922,7 @@ cublasStatus_t gemm(const char *name, cublasHandle_t h, cublasOperation_t ta, cu
   if (!why.empty()) { /* the product would read or write where it must not: on a GPU, a fault */
     violation(call + ": " + why);
     sticky = last_error = cudaErrorIllegalAddress;
+    pending.clear();
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   Work w;
@@ -993,6 +999,7 @@ void cavs_emu::launch(const char *name, const char *file, int line, const void *
     if (!why.empty()) { /* on a GPU the kernel faults when it reads it */
       violation(fmt("%s: pointer argument %d (%p) is ", what.c_str(), i + 1, ptrs[i]) + why);
       sticky = last_error = cudaErrorIllegalAddress;
+      pending.clear();
       return;
     }
     Alloc *a = alloc_at(ptrs[i]);

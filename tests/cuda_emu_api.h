@@ -67,7 +67,8 @@ int cavs_emu_host_faults(void);
 
 /* Faults on purpose: the n-th cudaMalloc from now fails with cudaErrorMemoryAllocation,
  * the n-th kernel launch from now fails when it runs with cudaErrorIllegalAddress (a
- * sticky error, as a GPU's); 0 turns either off. */
+ * sticky error, as a GPU's: what was queued is dropped, and the process's CUDA fails
+ * from then on); 0 turns either off. */
 void cavs_emu_fail_malloc(long n);
 void cavs_emu_fail_launch(long n);
 
