@@ -226,6 +226,22 @@ void cv_ptables_free(cavs_model *m) {
   m->nptable = 0;
 }
 
+/* Table t allocated and made; false (and the product from then on, as in training) when
+   it cannot be had */
+static bool ptable_make(cavs_ctx *c, struct cv_ptable *t) {
+  cavs_model *m = c->model;
+  size_t bytes = (size_t)t->trows * (size_t)t->cols * m->esize;
+  if (t->trows <= 0 || t->trows > INT_MAX || t->cols <= 0 || bytes / (size_t)t->cols / m->esize != (size_t)t->trows ||
+      bytes > PTABLE_MAX || !(t->mem = m->be->alloc(m, bytes))) {
+    t->rows = -1;
+    m->alloc_why[0] = 0; /* not an error */
+    return false;
+  }
+  BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)t->trows, t->cols, t->k, 1, t->table, t->ldt, t->w, t->ldw, 0,
+              t->mem, t->cols);
+  return true;
+}
+
 static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, long trows, const void *w, long ldw,
                                    int cols, int k, int rows) {
   cavs_model *m = c->model;
@@ -244,15 +260,16 @@ static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, lon
   if (t->mem || t->rows < 0) return t->mem ? t : NULL;
   t->rows += rows;
   if (t->rows < trows) return NULL;
-  size_t bytes = (size_t)trows * (size_t)cols * m->esize;
-  if (trows <= 0 || cols <= 0 || bytes / (size_t)cols / m->esize != (size_t)trows || bytes > PTABLE_MAX ||
-      !(t->mem = m->be->alloc(m, bytes))) {
-    t->rows = -1; /* never: the product, as in training */
-    m->alloc_why[0] = 0;    /* not an error */
-    return NULL;
+  /* a pass captured as a graph cannot allocate: made before the next pass */
+  if (m->no_alloc) return NULL;
+  return ptable_make(c, t) ? t : NULL;
+}
+
+void cv_ptables_ready(cavs_model *m) {
+  for (int i = 0; i < m->nptable; i++) {
+    struct cv_ptable *t = &m->ptable[i];
+    if (!t->mem && t->rows >= t->trows) ptable_make(&m->ctx, t);
   }
-  BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)trows, cols, k, 1, table, ldt, w, ldw, 0, t->mem, cols);
-  return t;
 }
 
 void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,

@@ -435,6 +435,7 @@ static int cuda_pass_begin(cavs_model *m, int pass) {
   if (!d->graphs) return 0;
   m->ctx.stream = d->st[0];
   CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
+  m->no_alloc = true; /* (cudaMalloc would invalidate the capture) */
   return d->failed ? -1 : 0;
 }
 
@@ -442,6 +443,7 @@ static int cuda_pass_end(cavs_model *m, int pass) {
   Dev *d = dev(m);
   if (!d->graphs) return 0;
   cudaGraph_t g = NULL;
+  m->no_alloc = false;
   CK(m, cudaStreamEndCapture(d->st[0], &g));
   if (!d->failed && d->exec[pass]) {
     cudaGraphExecUpdateResultInfo info;

@@ -868,6 +868,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   double t0 = cv_now(), g0 = m->stats.grow_seconds;
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
+  cv_ptables_ready(m);
   if (cavs_plan_forward(m)) return -1;
   m->stats.schedule_seconds += cv_now() - t0 - (m->stats.grow_seconds - g0);
   if (cavs_run_plan(m)) return -1;

@@ -206,8 +206,7 @@ static void same_forward(cavs_model *a, cavs_model *b, const cavs_graph *const *
  * with every buffer poisoned, a forward pass (every value of every per-row buffer, the
  * losses, counts and predictions), a backward pass (every gradient of a buffer and of
  * a parameter), and an optimizer step (Adam, clipped: every parameter). */
-static void cuda_vs_cpu(int i, const char *prec, double tol) {
-  const cavs_desc *dc = example(i, prec, false), *du = example(i, prec, true);
+static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) {
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
@@ -232,9 +231,13 @@ static void cuda_vs_cpu(int i, const char *prec, double tol) {
   ck_assert(cavs_model_step(mc, &o) == 0);
   ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
   same_params(mc, mu, tol);
+  /* (with dropout, the next forward pass draws new masks: the same on both) */
+  same_forward(mc, mu, gs, k, tol);
   cavs_model_free(mc);
   free_all(mu, since);
 }
+
+static void cuda_vs_cpu(int i, const char *prec, double tol) { models_agree(example(i, prec, false), example(i, prec, true), tol); }
 
 START_TEST(examples_double) { cuda_vs_cpu(_i, "double", 1e-12); }
 END_TEST
@@ -512,6 +515,148 @@ START_TEST(graph_update_rules) {
 }
 END_TEST
 
+/* ---- what check_gpu also asserts, on the emulator ---- */
+
+/* Dropout (no example has it): two vertex types at random, a dropout in one and one in
+ * the push block, as check_engine's dropout_masks; the masks (drawn from each row's
+ * vertex, the seed and the step) the cpu's, before a step and after it. */
+static const char *const drop_src =
+    "model mixdrop; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
+    "param Wa[2H,H], Wb[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+    "vertex a (children 2) { h = dropout(tanh(f + concat(gather(0), gather(1)) @ Wa), 0.5); scatter(h); push(h); }\n"
+    "vertex b (children 2) { u = concat(gather(0), gather(1)) @ Wb; h = sigmoid(f * u) - 0.5; scatter(h); push(h); }\n"
+    "push (p) { loss softmax_xent(dropout(p, 0.2) @ Wc, y); }\n";
+static const cavs_desc *drop_c, *drop_u;
+
+START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
+END_TEST
+
+/* A forward and a backward pass of a model of d on `backend` under `policy`, from seed 5,
+   every per-row buffer poisoned first (cells a pass leaves keep the poison) */
+static cavs_model *passes(const cavs_desc *d, const long *dims, const char *backend, int policy,
+                          const cavs_graph *const *gs, int k) {
+  cavs_model *m = model_on(d, dims, backend, 0, 0);
+  cavs_model_set_policy(m, policy);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, false);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, true);
+  cavs_model_backward(m);
+  ck_assert_msg(!m->launch_failed, "%s", cavs_model_error(m));
+  return m;
+}
+
+/* One vertex at a time (CAVS_SERIAL: every stage a row, products of one row) against
+ * batched, both on the cuda backend: the same loss, values and gradients. */
+START_TEST(serial_as_batched) {
+  const cavs_desc *d = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  cavs_model *b = passes(d, dims, "cuda", CAVS_BFS, gs, k), *s1 = passes(d, dims, "cuda", CAVS_SERIAL, gs, k);
+  int nb, ns;
+  const cavs_loss_acc *lb = cavs_model_losses(b, &nb), *ls = cavs_model_losses(s1, &ns);
+  for (int i = 0; i < nb; i++)
+    ck_assert_msg(agree(lb[i].sum, ls[i].sum, 1e-11) && lb[i].count == ls[i].count && lb[i].correct == ls[i].correct,
+                  "%s: loss %d: batched %.17g, serial %.17g", d->name, i, lb[i].sum, ls[i].sum);
+  same_pass(b, s1, 1e-11, 1e-10);
+  cavs_model_free(b);
+  free_all(s1, since);
+}
+END_TEST
+
+/* Every optimizer step of the cpu backend's, two steps from the same gradients (the
+ * moments too): SGD, Adagrad, Adam, Adam clipped (a clip below the gradients' norm),
+ * SGD with weight decay, Adam with weight decay and clipping, and Adam with a parameter
+ * frozen; lookup tables (the Tree-LSTM's: only the rows read) and dense groups. */
+START_TEST(optimizers_as_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(dc, dims, g, gs, true);
+  static const cavs_optim optims[] = {
+      {.kind = CAVS_SGD, .lr = 0.1},
+      {.kind = CAVS_ADAGRAD, .lr = 0.1},
+      {.kind = CAVS_ADAM, .lr = 1e-2},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .clip = 1e-3},
+      {.kind = CAVS_SGD, .lr = 0.1, .weight_decay = 0.01},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .weight_decay = 0.01, .clip = 1e-2},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6},
+  };
+  for (int o = 0; o <= (int)(sizeof optims / sizeof *optims); o++) {
+    long since = cavs_emu_serial();
+    cavs_model *mc = passes(dc, dims, "cpu", CAVS_BFS, gs, k), *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k);
+    const cavs_optim *op = &optims[o < (int)(sizeof optims / sizeof *optims) ? o : 2];
+    if (o == (int)(sizeof optims / sizeof *optims)) { /* the last: a parameter frozen */
+      int p = 0;
+      while (p < dc->nparams && cavs_model_freeze(mc, p, 1)) p++;
+      ck_assert_msg(p < dc->nparams, "%s: no parameter can be frozen alone", dc->name);
+      ck_assert(cavs_model_freeze(mu, p, 1) == 0);
+    }
+    same_grads_now(mc, mu);
+    for (int step = 0; step < 2; step++) {
+      ck_assert(cavs_model_step(mc, op) == 0);
+      ck_assert_msg(cavs_model_step(mu, op) == 0, "%s", cavs_model_error(mu));
+    }
+    same_params(mc, mu, 1e-12);
+    cavs_model_free(mc);
+    free_all(mu, since);
+  }
+}
+END_TEST
+
+/* Inference (cavs_model_set_inference): nothing kept for a backward pass, and from the
+ * second pass the product tables of looked-up rows (made on the device once as many
+ * rows went through the product as the table has): the cpu's losses, counts and
+ * predictions, with kernels launched one by one and with each pass a CUDA graph. */
+START_TEST(inference_as_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(dc, dims, g, gs, true);
+  for (int graphs = 0; graphs < 2; graphs++) {
+    long since = cavs_emu_serial();
+    cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, graphs);
+    cavs_model_set_inference(mc, 1);
+    cavs_model_set_inference(mu, 1);
+    for (int pass = 0; pass < 3; pass++) same_forward(mc, mu, gs, k, 1e-12);
+    cavs_model_free(mc);
+    free_all(mu, since);
+  }
+}
+END_TEST
+
+/* A checkpoint written from the cuda backend (cavs_ckpt_save after a training step),
+ * read back and applied to a model of the C target on the cpu backend: the cuda model's
+ * parameters, and its loss on the next minibatch. */
+START_TEST(checkpoint_to_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(dc, dims, g, gs, true);
+  long since = cavs_emu_serial();
+  cavs_model *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k), *mc = model_on(dc, dims, "cpu", 0, 0);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
+  ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
+  char path[4200], err[512];
+  snprintf(path, sizeof path, "%s/cuda.ckpt", tu_tmpdir());
+  ck_assert_msg(cavs_ckpt_save(path, mu, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  ck_assert_msg(cavs_ckpt_apply_weights(ck, mc, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt_free(ck);
+  same_params(mc, mu, 0);
+  same_forward(mc, mu, gs, k, 1e-12);
+  cavs_model_free(mc);
+  free_all(mu, since);
+}
+END_TEST
+
 /* ---- what a minibatch costs on the device ---- */
 
 /* What the device was asked to do in one training step, and what the step's minibatch
@@ -713,6 +858,8 @@ static void build_models(void) {
   for (int i = 0; i < nrun; i++)
     for (int p = 0; p < 2; p++)
       for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
+  drop_c = load_model(drop_src, "double");
+  drop_u = load_host_cuda_with("mixdrop", drop_src, "double", "cuda_emu.h");
 }
 
 /* the models the counts use */
@@ -740,7 +887,15 @@ int main(void) {
     tcase_add_loop_test(tc, examples_float, x, x + 1);
     tcase_add_loop_test(tc, streams_in_any_order, x, x + 1);
     if (all || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
+    tcase_add_loop_test(tc, inference_as_cpu, x, x + 1);
   }
+  /* a Tree-LSTM (lookup tables), children as a set, attention, matrices per vertex */
+  for (int i = 0; i < 4; i++) {
+    tcase_add_loop_test(tc, serial_as_batched, few[i], few[i] + 1);
+    tcase_add_loop_test(tc, optimizers_as_cpu, few[i], few[i] + 1);
+    tcase_add_loop_test(tc, checkpoint_to_cpu, few[i], few[i] + 1);
+  }
+  tcase_add_test(tc, dropout_as_cpu);
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");
   tcase_set_timeout(counts, 300);
