@@ -62,6 +62,14 @@ static void free_all(cavs_model *m, long since) {
   no_errors();
 }
 
+/* The tests' minibatch of trees and DAGs for model d, in the test's variables: dims,
+   the graphs g, gs pointing at them (room for them twice over), k of them */
+#define MINIBATCH(d)                                                                       \
+  long dims[CAVS_MAX_DIMS];                                                                \
+  static TGraph g[TG_MINIBATCH];                                                           \
+  const cavs_graph *gs[2 * TG_MINIBATCH];                                                  \
+  int k = tg_minibatch(d, dims, g, gs, true)
+
 /* ---- the model's memory, read back ---- */
 
 /* `bytes` of the model's memory at p, in a host copy the caller frees */
@@ -207,10 +215,7 @@ static void same_forward(cavs_model *a, cavs_model *b, const cavs_graph *const *
  * losses, counts and predictions), a backward pass (every gradient of a buffer and of
  * a parameter), and an optimizer step (Adam, clipped: every parameter). */
 static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) {
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
+  MINIBATCH(dc);
   long since = cavs_emu_serial();
   cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
   same_forward(mc, mu, gs, k, tol);
@@ -276,10 +281,7 @@ static void same_pass(cavs_model *a, cavs_model *b, double vtol, double gtol) {
  * check_cuda_host's streams_in_any_order). */
 START_TEST(streams_in_any_order) {
   const cavs_desc *d = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   long since = cavs_emu_serial();
   static const int orders[] = {CAVS_EMU_ISSUED, CAVS_EMU_MAIN_FIRST, CAVS_EMU_SIDE_FIRST};
   cavs_model *one = model_on(d, dims, "cuda", 1, 0), *two[3];
@@ -301,10 +303,7 @@ END_TEST
  * edges allow; the same bits as the passes launched kernel by kernel. */
 START_TEST(graphs_as_launches) {
   const cavs_desc *d = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   long since = cavs_emu_serial();
   cavs_model *plain = model_on(d, dims, "cuda", 0, 0), *graphs = model_on(d, dims, "cuda", 0, 1);
   for (int round = 0; round < 4; round++) {
@@ -366,6 +365,16 @@ static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *con
   return rc;
 }
 
+/* What the device is asked to do by a model's use without faults */
+static cavs_emu_counts use_counted(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k) {
+  char err[512];
+  cavs_emu_counts c;
+  cavs_emu_counters(NULL, 1);
+  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
+  cavs_emu_counters(&c, 1);
+  return c;
+}
+
 /* Every device allocation a model and its use make, failed in turn (the emulator fails
  * the n-th cudaMalloc with cudaErrorMemoryAllocation; under valgrind a few): each comes back as an error that
  * names cudaMalloc (from the model's making, or the pass or step that needed the
@@ -373,15 +382,9 @@ static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *con
  * made is left alive, and the emulator saw no misuse. */
 START_TEST(failed_malloc) {
   const cavs_desc *d = example(_i, "float", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   char err[512];
-  cavs_emu_counters(NULL, 1);
-  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
-  cavs_emu_counts c;
-  cavs_emu_counters(&c, 1);
+  cavs_emu_counts c = use_counted(d, dims, gs, k);
   ck_assert_int_gt(c.mallocs, 3);
   int failed = 0;
   long at[12];
@@ -408,20 +411,14 @@ END_TEST
  * sticky as on a GPU: the context is lost), each in a process of its own: the first
  * two and every tenth of the way to the last (a fork and a model's use each: all of
  * them would take a minute), in the forward and backward passes, the step and
- * inference alike: the error comes back from the next call that waits for the device, naming the
- * call that saw it and what CUDA said; the model frees, leaving nothing alive, and the
- * emulator saw no misuse (no free of memory queued work still uses). */
+ * inference alike: the error comes back from the next call that waits for the device,
+ * naming the call that saw it and what CUDA said; the model frees, leaving nothing
+ * alive, and the emulator saw no misuse (no free of memory queued work still uses). */
 START_TEST(failed_launch) {
   const cavs_desc *d = example(_i, "float", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   char err[512];
-  cavs_emu_counters(NULL, 1);
-  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
-  cavs_emu_counts c;
-  cavs_emu_counters(&c, 1);
+  cavs_emu_counts c = use_counted(d, dims, gs, k);
   ck_assert_int_gt(c.launches, 10);
   long at[12];
   int nat = spread(c.launches, all ? 10 : 3, at);
@@ -550,10 +547,7 @@ static cavs_model *passes(const cavs_desc *d, const long *dims, const char *back
  * batched, both on the cuda backend: the same loss, values and gradients. */
 START_TEST(serial_as_batched) {
   const cavs_desc *d = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   long since = cavs_emu_serial();
   cavs_model *b = passes(d, dims, "cuda", CAVS_BFS, gs, k), *s1 = passes(d, dims, "cuda", CAVS_SERIAL, gs, k);
   int nb, ns;
@@ -573,10 +567,7 @@ END_TEST
  * frozen; lookup tables (the Tree-LSTM's: only the rows read) and dense groups. */
 START_TEST(optimizers_as_cpu) {
   const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
+  MINIBATCH(dc);
   static const cavs_optim optims[] = {
       {.kind = CAVS_SGD, .lr = 0.1},
       {.kind = CAVS_ADAGRAD, .lr = 0.1},
@@ -614,10 +605,7 @@ END_TEST
  * predictions, with kernels launched one by one and with each pass a CUDA graph. */
 START_TEST(inference_as_cpu) {
   const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
+  MINIBATCH(dc);
   for (int graphs = 0; graphs < 2; graphs++) {
     long since = cavs_emu_serial();
     cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, graphs);
@@ -635,10 +623,7 @@ END_TEST
  * parameters, and its loss on the next minibatch. */
 START_TEST(checkpoint_to_cpu) {
   const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
+  MINIBATCH(dc);
   long since = cavs_emu_serial();
   cavs_model *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k), *mc = model_on(dc, dims, "cpu", 0, 0);
   cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
@@ -756,10 +741,7 @@ static void steady(const char *name, const StepCounts *s) {
  * step. */
 START_TEST(steady_state_counts) {
   const cavs_desc *d = example(_i, "float", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[2 * TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   for (int i = 0; i < k; i++) gs[k + i] = gs[i];
   long since = cavs_emu_serial();
   cavs_model *m = model_on(d, dims, "cuda", 0, 0);
