@@ -22,6 +22,13 @@ static inline CAVS_HD int cv_span_of(const size_t *start, int ns, size_t i) {
   return lo;
 }
 
+/* Global-norm clipping: what the gradients are scaled by, given the sum of their squares
+ * and the clip (0: none). On a GPU each thread of the update computes it from the norm
+ * the device summed, so that the host need not read the norm back. */
+static inline CAVS_HD double cv_clip_scale(double norm2, double clip) {
+  return clip > 0 && sqrt(norm2) > clip ? clip / sqrt(norm2) : 1;
+}
+
 #define CV_ARITH(R, S)                                                                           \
   /* SGD: p -= lr g */                                                                          \
   static inline CAVS_HD void cv_sgd_##S(R *p, R g, R lr) { *p -= lr * g; }                       \

@@ -2,6 +2,7 @@
  * (cavs_abi.h), each of which hands its work to the model's backend. */
 #include "cv.h"
 #include "cavs_paths.h"
+#include "forms.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -129,8 +130,6 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  * (ld the matrix's size). Pointers are to row 0. */
 #define AT(p, r, ld) ((char *)(p) + ((size_t)(r) * (size_t)(ld)) * es)
 static size_t esize_of(const cavs_ctx *c) { return c->desc->precision == CAVS_DOUBLE ? 8 : 4; }
-/* one product of n * a rows is fine when it fits an int */
-static bool stacked(long a, long lda, long b, long ldb, int n) { return lda == a && ldb == b && (long)n * a <= INT_MAX / 2; }
 
 static void by_gemm_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
                     int r0, int n) {
@@ -158,7 +157,7 @@ static void by_gemm_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *
                     long ldy, int r0, int n) {
   size_t es = esize_of(c);
   if (n <= 0) return;
-  if (stacked(a * b, ldm, a * cc, ldy, n))
+  if (cv_rows_stacked(a * b, ldm, a * cc, ldy, n))
     cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)(n * a), (int)cc, (int)b, 1, AT(m, r0, ldm), b, w, ldw, 0,
               AT(y, r0, ldy), cc);
   else
@@ -172,14 +171,14 @@ static void by_gemm_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *
   size_t es = esize_of(c);
   if (n <= 0) return;
   /* dM [a, b] += dy [a, cc] W^T; dW [b, cc] += M^T dy, summed over the rows */
-  if (dm && stacked(a * cc, lddy, a * b, lddm, n))
+  if (dm && cv_rows_stacked(a * cc, lddy, a * b, lddm, n))
     cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)(n * a), (int)b, (int)cc, 1, AT(dy, r0, lddy), cc, w, ldw, 1,
               AT(dm, r0, lddm), b);
   else if (dm)
     for (int r = r0; r < r0 + n; r++)
       cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)a, (int)b, (int)cc, 1, AT(dy, r, lddy), cc, w, ldw, 1,
                 AT(dm, r, lddm), b);
-  if (dw && stacked(a * b, ldm, a * cc, lddy, n))
+  if (dw && cv_rows_stacked(a * b, ldm, a * cc, lddy, n))
     cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)(n * a), 1, AT(m, r0, ldm), b, AT(dy, r0, lddy), cc, 1,
               dw, lddw);
   else if (dw)
@@ -227,6 +226,22 @@ void cv_ptables_free(cavs_model *m) {
   m->nptable = 0;
 }
 
+/* Table t allocated and made; false (and the product from then on, as in training) when
+   it cannot be had */
+static bool ptable_make(cavs_ctx *c, struct cv_ptable *t) {
+  cavs_model *m = c->model;
+  size_t bytes = (size_t)t->trows * (size_t)t->cols * m->esize;
+  if (t->trows <= 0 || t->trows > INT_MAX || t->cols <= 0 || bytes / (size_t)t->cols / m->esize != (size_t)t->trows ||
+      bytes > PTABLE_MAX || !(t->mem = m->be->alloc(m, bytes))) {
+    t->rows = -1;
+    m->alloc_why[0] = 0; /* not an error */
+    return false;
+  }
+  BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)t->trows, t->cols, t->k, 1, t->table, t->ldt, t->w, t->ldw, 0,
+              t->mem, t->cols);
+  return true;
+}
+
 static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, long trows, const void *w, long ldw,
                                    int cols, int k, int rows) {
   cavs_model *m = c->model;
@@ -245,14 +260,16 @@ static struct cv_ptable *ptable_of(cavs_ctx *c, const void *table, long ldt, lon
   if (t->mem || t->rows < 0) return t->mem ? t : NULL;
   t->rows += rows;
   if (t->rows < trows) return NULL;
-  size_t bytes = (size_t)trows * (size_t)cols * m->esize;
-  if (trows <= 0 || cols <= 0 || bytes / (size_t)cols / m->esize != (size_t)trows || bytes > PTABLE_MAX ||
-      !(t->mem = m->be->alloc(bytes))) {
-    t->rows = -1; /* never: the product, as in training */
-    return NULL;
+  /* a pass captured as a graph cannot allocate: made before the next pass */
+  if (m->no_alloc) return NULL;
+  return ptable_make(c, t) ? t : NULL;
+}
+
+void cv_ptables_ready(cavs_model *m) {
+  for (int i = 0; i < m->nptable; i++) {
+    struct cv_ptable *t = &m->ptable[i];
+    if (!t->mem && t->rows >= t->trows) ptable_make(&m->ctx, t);
   }
-  BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)trows, cols, k, 1, table, ldt, w, ldw, 0, t->mem, cols);
-  return t;
 }
 
 void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,

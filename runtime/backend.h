@@ -47,7 +47,10 @@ typedef struct cv_backend {
   void (*close)(cavs_model *m);
 
   /* ---- memory ---- */
-  void *(*alloc)(size_t bytes); /* 64-byte aligned, uninitialised; NULL on failure */
+  /* 64-byte aligned, uninitialised; NULL on failure, and what failed in m->alloc_why
+     when the backend can say more than "out of memory" (cudaMalloc's error), which the
+     model's message then ends with (cv_fail_mem) */
+  void *(*alloc)(cavs_model *m, size_t bytes);
   void (*release)(void *p);     /* NULL is fine */
   /* bytes at p to zero, in order with what the model has issued (on its current stream) */
   void (*zero)(cavs_model *m, void *p, size_t bytes);

@@ -76,7 +76,7 @@ static int cpu_open(cavs_model *m, const cavs_model_opts *o) {
   return 0;
 }
 
-static void *cpu_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+static void *cpu_alloc(cavs_model *m, size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 static void cpu_release(void *p) { free(p); }
 /* a clear of many bytes, split over the threads in 4 KiB-aligned pieces */
 typedef struct ZeroJob {

@@ -7,10 +7,16 @@
  * that the legacy default stream, where the clears, copies and the optimizer step go, is
  * a barrier to both); the scheduler puts the eager phase on the second and orders the
  * two with the events here (backend.h, scheduler.c). cuBLAS is pointed at the stage's
- * stream before each product. Per minibatch, the schedule (children, inputs, row flags) goes up in one copy per
- * array in `schedule`, and the loss sums and predictions come back once in
- * `synchronize`. The per-element formulas and the thread-to-cell map are arith.h's, the
- * ones the CPU backend runs and the tests check on the CPU.
+ * stream before each product.
+ *
+ * The host waits for the device once a training step: in the forward pass's
+ * `synchronize`, which reads the losses and predictions back. Everything else the host
+ * sends or fetches per minibatch goes through pinned buffers by copies on the stream
+ * (the schedule, the rows zero_rows clears, the optimizer's spans), none of which
+ * waits: a pinned buffer is written again only after the host has waited for the copy
+ * that read it (Dev.busy), and the clip norm stays on the device. Allocations happen
+ * only when a buffer grows. The per-element formulas and the thread-to-cell map are
+ * arith.h's, the ones the CPU backend runs and the tests check on the CPU.
  *
  * Every CUDA and cuBLAS call is checked: a failure is recorded in the model (file, line,
  * CUDA's own message) and reported by the next call that returns a status (a forward
@@ -22,6 +28,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +49,9 @@ struct Dev {
      has its shape, else made again */
   bool graphs;
   cudaGraphExec_t exec[2];
+  /* the pinned buffers a copy issued since the host last waited may still read (PIN_*
+     bits): written again only after a wait (pinned_for_host) */
+  unsigned busy;
   /* the schedule: packed into one pinned host buffer and sent in one copy to one device
      buffer, both grown to the largest minibatch; the pointers point into the device's */
   size_t cap;
@@ -56,20 +66,27 @@ struct Dev {
   long *hkey[CAVS_MAX_HOMES];
   int **iin;  /* host array of device arrays, [nint] */
   void **rin; /* host array of device arrays, [nreal] */
-  int *pred;  /* what the first classifier predicts, read back in synchronize */
-  int cappred;
-  /* the losses of a minibatch: sums and counts per loss, and their host copies */
-  double *sum, *hsum;                 /* [nlosses] */
-  unsigned long long *cnt, *hcnt;     /* [nlosses * 4]: count, correct, root_count, root_correct */
-  /* the rows zero_rows clears */
-  int *rows;
-  int caprows;
-  /* an optimizer step's spans and its norm */
-  int capspans;
-  size_t *span_off, *span_start;
-  size_t *span_host; /* their host side, [2 * capspans]: a step allocates nothing */
+  /* what a forward pass leaves for the host, in one device buffer (out_dev) read back
+     in one copy into its pinned mirror by synchronize (fresh: a forward pass has not
+     been read back yet): the sums and counts of each loss, then what the first
+     classifier predicts at each row */
+  char *out_dev, *out_host;
+  size_t capout;
+  bool fresh;
+  double *sum;                        /* [nlosses] */
+  unsigned long long *cnt;            /* [nlosses * 4]: count, correct, root_count, root_correct */
+  int *pred;                          /* [rows] */
+  /* the rows zero_rows clears, through pinned memory: each call of a pass its own part
+     (from rows_at), the parts reused once the host has waited */
+  int *rows, *rows_host;
+  int caprows, rows_at;
+  /* an optimizer step's spans (their offsets, then their starts in their
+     concatenation), sent when they differ from the last step's; and the clip norm */
+  int capspans, nspans_sent; /* -1: none sent */
+  size_t *spans_dev, *spans_host, *spans_new;
   double *norm2;
 };
+enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
 
 static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 
@@ -92,16 +109,23 @@ static int no_memory(cavs_model *m) {
   return -1;
 }
 
+/* The message names the call (the macro argument's text up to its parenthesis). A
+   call's error is also the runtime's last error until cudaGetLastError reads it: read
+   here, so that the next launch's check (CKL) does not blame itself for it, in this
+   model or the next one the process makes. */
 #define CK(m, call)                                                                         \
   do {                                                                                     \
     cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) record((m), __FILE__, __LINE__, "%s", cudaGetErrorString(e_));   \
+    if (e_ != cudaSuccess) {                                                               \
+      (void)cudaGetLastError();                                                            \
+      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cudaGetErrorString(e_)); \
+    }                                                                                      \
   } while (0)
 #define CKB(m, call)                                                                        \
   do {                                                                                     \
     cublasStatus_t s_ = (call);                                                            \
     if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      record((m), __FILE__, __LINE__, "cuBLAS: %s", cublasGetStatusString(s_));            \
+      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cublasGetStatusString(s_)); \
   } while (0)
 /* after a launch: counted, and checked */
 #define CKL(m)                                                                              \
@@ -145,24 +169,22 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   if (!d) return no_memory(m);
   m->bs = d;
   const cavs_desc *ds = m->d;
+  d->nspans_sent = -1;
   d->iin = (int **)calloc((size_t)ds->nint + 1, sizeof *d->iin);
   d->rin = (void **)calloc((size_t)ds->nreal + 1, sizeof *d->rin);
-  d->hsum = (double *)calloc((size_t)ds->nlosses + 1, sizeof *d->hsum);
-  d->hcnt = (unsigned long long *)calloc(4 * (size_t)ds->nlosses + 1, sizeof *d->hcnt);
-  if (!d->iin || !d->rin || !d->hsum || !d->hcnt) return no_memory(m);
+  if (!d->iin || !d->rin) return no_memory(m);
   CKB(m, cublasCreate(&d->blas));
   for (int s = 0; s < 2; s++) CK(m, cudaStreamCreate(&d->st[s]));
   for (int e = 0; e < CV_EVENTS; e++) CK(m, cudaEventCreateWithFlags(&d->ev[e], cudaEventDisableTiming));
   m->ctx.stream = d->st[0];
   d->graphs = o && o->graphs;
-  CK(m, cudaMalloc(&d->sum, sizeof(double) * ((size_t)ds->nlosses + 1)));
-  CK(m, cudaMalloc(&d->cnt, sizeof(unsigned long long) * 4 * ((size_t)ds->nlosses + 1)));
   CK(m, cudaMalloc(&d->norm2, sizeof(double)));
   return d->failed ? -1 : 0;
 }
 
 static void cuda_close(cavs_model *m) {
   Dev *d = dev(m);
+  (void)cudaDeviceSynchronize(); /* what was queued has run (or failed for good) before anything is freed */
   if (!d) return;
   for (int p = 0; p < 2; p++)
     if (d->exec[p]) cudaGraphExecDestroy(d->exec[p]);
@@ -173,17 +195,15 @@ static void cuda_close(cavs_model *m) {
     if (d->st[s]) cudaStreamDestroy(d->st[s]);
   cudaFreeHost(d->pack_host);
   cudaFree(d->pack_dev);
-  cudaFree(d->pred);
+  cudaFreeHost(d->out_host);
+  cudaFree(d->out_dev);
+  cudaFreeHost(d->rows_host);
   cudaFree(d->rows);
   free(d->iin);
   free(d->rin);
-  free(d->hsum);
-  free(d->hcnt);
-  cudaFree(d->sum);
-  cudaFree(d->cnt);
-  free(d->span_host);
-  cudaFree(d->span_off);
-  cudaFree(d->span_start);
+  free(d->spans_new);
+  cudaFreeHost(d->spans_host);
+  cudaFree(d->spans_dev);
   cudaFree(d->norm2);
   free(d);
   m->bs = NULL;
@@ -191,13 +211,22 @@ static void cuda_close(cavs_model *m) {
 
 /* ---- memory ---- */
 
-static void *cuda_alloc(size_t bytes) {
+static void *cuda_alloc(cavs_model *m, size_t bytes) {
   void *p = NULL;
   /* cudaMalloc aligns to 256 bytes */
-  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+  if (e == cudaSuccess) return p;
+  snprintf(m->alloc_why, sizeof m->alloc_why, "cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+  (void)cudaGetLastError(); /* said here (or not an error: inference's product tables), as CK does */
+  return NULL;
 }
+/* Work queued before may still use it (a memset of the model's making, the last pass's
+   reads of the product tables), and cudaFree need not wait for it: wait first. Not in a
+   training step: buffers are freed when they grow, and with the model. */
 static void cuda_release(void *p) {
-  if (p) cudaFree(p);
+  if (!p) return;
+  (void)cudaDeviceSynchronize(); /* (an error of queued work is the next checked call's) */
+  cudaFree(p);
 }
 /* The two below have no model to report to: a failure here leaves the CUDA context
    in an error state that the next checked call reports. */
@@ -211,6 +240,39 @@ static void cuda_download(void *dst, const void *src, size_t bytes) {
   (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+/* The host waits for everything issued (both streams and the legacy one): the copies
+   that read the pinned buffers have run, so they may be written again. */
+static void wait_device(cavs_model *m) {
+  Dev *d = dev(m);
+  CK(m, cudaDeviceSynchronize());
+  d->busy = 0;
+  d->rows_at = 0;
+}
+/* Before the host writes the pinned buffers `pins`: a copy issued from one since the
+   host last waited may not have run (it reads the bytes when it runs), so wait. In
+   training a forward pass's synchronize comes between two uses of each: no wait. */
+static void pinned_for_host(cavs_model *m, unsigned pins) {
+  if (dev(m)->busy & pins) wait_device(m);
+}
+
+/* grows a device array to bytes (contents not kept). Work queued before may still read
+   the old one (zero_rows' launch of the step before), and cudaFree need not wait for it
+   (its documentation says it may synchronize, not that it does): wait first. Growth is
+   rare: buffers only grow. */
+static void regrow(cavs_model *m, void **p, size_t bytes) {
+  if (*p) wait_device(m);
+  cudaFree(*p);
+  *p = NULL;
+  CK(m, cudaMalloc(p, bytes ? bytes : 1));
+}
+/* the same for a pinned host buffer (the copies that read it have run after a wait) */
+static void regrow_pinned(cavs_model *m, void **p, size_t bytes) {
+  if (*p) wait_device(m);
+  cudaFreeHost(*p);
+  *p = NULL;
+  CK(m, cudaMallocHost(p, bytes ? bytes : 1));
+}
+
 /* Rows rows[0..n) of a block of `row`-byte rows to zero: one launch, a thread a 4-byte
    word (rows of a float or double table are whole words). */
 __global__ void zero_rows_k(unsigned *base, size_t words, const int *rows, int n) {
@@ -219,40 +281,46 @@ __global__ void zero_rows_k(unsigned *base, size_t words, const int *rows, int n
   base[(size_t)rows[r] * words + (size_t)j] = 0;
 }
 
-static void regrow(cavs_model *m, void **p, size_t bytes);
-
+/* The rows go up by a copy on the stream from the pinned buffer's next free part: a
+   pass clears several tables before the host waits. */
 static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows, int n) {
   Dev *d = dev(m);
   if (n <= 0) return 0;
-  if (n > d->caprows) {
-    regrow(m, (void **)&d->rows, sizeof(int) * (size_t)n);
+  if (n > d->caprows - d->rows_at) {
+    /* room for the parts of this pass so far and this one (the tables of the next pass
+       then fit); growing waits, which frees every part */
+    long need = (long)d->rows_at + n, cap = need > 2L * d->caprows ? need : 2L * d->caprows;
+    if (cap > INT_MAX) return no_memory(m);
+    regrow(m, (void **)&d->rows, sizeof(int) * (size_t)cap);
+    regrow_pinned(m, (void **)&d->rows_host, sizeof(int) * (size_t)cap);
     if (d->failed) return -1;
-    d->caprows = n;
+    d->caprows = (int)cap;
   }
-  CK(m, cudaMemcpy(d->rows, rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
-  size_t words = row / 4;
+  int *h = d->rows_host + d->rows_at, *dv = d->rows + d->rows_at;
+  memcpy(h, rows, sizeof(int) * (size_t)n);
+  d->rows_at += n;
   /* on the legacy stream: between passes, after both streams */
-  CAVS_CUDA_LAUNCH(zero_rows_k, cavs_cuda_blocks(n, (long)words, THREADS), 0)((unsigned *)base, words, d->rows, n);
+  CK(m, cudaMemcpyAsync(dv, h, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, 0));
+  d->busy |= PIN_ROWS;
+  size_t words = row / 4;
+  CAVS_CUDA_LAUNCH(zero_rows_k, cavs_cuda_blocks(n, (long)words, THREADS), 0)((unsigned *)base, words, dv, n);
   CKL(m);
   return d->failed ? -1 : 0;
 }
 
-/* grows a device array to bytes (contents not kept). Work queued before may still read
-   the old one (zero_rows' launch of the step before), and cudaFree need not wait for it
-   (its documentation says it may synchronize, not that it does): wait first. Growth is
-   rare: buffers only grow. */
-static void regrow(cavs_model *m, void **p, size_t bytes) {
-  if (*p) CK(m, cudaDeviceSynchronize());
-  cudaFree(*p);
-  *p = NULL;
-  CK(m, cudaMalloc(p, bytes ? bytes : 1));
-}
-
-/* Where each array of the schedule sits in the packed buffer: 256-byte aligned. */
+/* Where each array of the schedule sits in the packed buffer: 16-byte aligned (every
+   array's element size divides it), so that the copy is the schedule's bytes. */
+enum { PACK_ALIGN = 16 };
 static size_t place(size_t *at, size_t bytes) {
   size_t here = *at;
-  *at += (bytes + 255) & ~(size_t)255;
+  *at += (bytes + PACK_ALIGN - 1) & ~(size_t)(PACK_ALIGN - 1);
   return here;
+}
+
+/* The bytes of what a forward pass leaves for the host (out_dev) for `rows` rows. */
+static size_t out_bytes(const cavs_model *m, size_t rows) {
+  size_t nl = (size_t)m->d->nlosses;
+  return sizeof(double) * nl + sizeof(unsigned long long) * 4 * nl + sizeof(int) * rows;
 }
 
 static int cuda_schedule(cavs_model *m) {
@@ -275,20 +343,24 @@ static int cuda_schedule(cavs_model *m) {
   size_t o_rin = at;
   for (int i = 0; i < ds->nreal; i++) place(&at, (size_t)m->rw[i] * m->esize * N);
   if (at > d->cap) {
-    cudaFreeHost(d->pack_host);
-    d->pack_host = NULL;
-    CK(m, cudaMallocHost((void **)&d->pack_host, at));
+    regrow_pinned(m, (void **)&d->pack_host, at);
     regrow(m, (void **)&d->pack_dev, at);
     if (d->failed) return -1;
     d->cap = at;
   }
-  if (N > (size_t)d->cappred) {
-    regrow(m, (void **)&d->pred, sizeof(int) * (size_t)m->cap_rows);
+  if (out_bytes(m, N) > d->capout) {
+    size_t bytes = out_bytes(m, (size_t)m->cap_rows);
+    regrow(m, (void **)&d->out_dev, bytes);
+    regrow_pinned(m, (void **)&d->out_host, bytes);
     if (d->failed) return -1;
-    d->cappred = m->cap_rows;
+    d->capout = bytes;
   }
-  /* the host arrays into the pinned buffer, then one copy (the last minibatch's copy
-     has finished: its forward pass ended with a synchronize) */
+  size_t nl = (size_t)ds->nlosses;
+  d->sum = (double *)d->out_dev;
+  d->cnt = (unsigned long long *)(d->out_dev + sizeof(double) * nl);
+  d->pred = (int *)(d->out_dev + sizeof(double) * nl + sizeof(unsigned long long) * 4 * nl);
+  pinned_for_host(m, PIN_PACK);
+  /* the host arrays into the pinned buffer, then one copy */
   memcpy(d->pack_host + o_child, m->child, sizeof(int) * N * (size_t)m->maxc);
   memcpy(d->pack_host + o_root, m->root, N);
   memcpy(d->pack_host + o_pushed, m->pushed, N);
@@ -307,16 +379,17 @@ static int cuda_schedule(cavs_model *m) {
   for (int i = 0; i < ds->nint; i++) {
     memcpy(d->pack_host + o, m->iin[i], sizeof(int) * N);
     d->iin[i] = (int *)(d->pack_dev + o);
-    o += (sizeof(int) * N + 255) & ~(size_t)255;
+    place(&o, sizeof(int) * N);
   }
   o = o_rin;
   for (int i = 0; i < ds->nreal; i++) {
     size_t bytes = (size_t)m->rw[i] * m->esize * N;
     memcpy(d->pack_host + o, m->rin[i], bytes);
     d->rin[i] = d->pack_dev + o;
-    o += (bytes + 255) & ~(size_t)255;
+    place(&o, bytes);
   }
   CK(m, cudaMemcpyAsync(d->pack_dev, d->pack_host, at, cudaMemcpyHostToDevice, 0));
+  d->busy |= PIN_PACK;
   d->child = (int *)(d->pack_dev + o_child);
   d->root = (unsigned char *)(d->pack_dev + o_root);
   d->pushed = (unsigned char *)(d->pack_dev + o_pushed);
@@ -330,9 +403,9 @@ static int cuda_schedule(cavs_model *m) {
     d->hgrad[k] = has ? (void **)(d->pack_dev + o_hgrad[k]) : NULL;
     d->hkey[k] = has ? (long *)(d->pack_dev + o_hkey[k]) : NULL;
   }
-  CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
-  CK(m, cudaMemsetAsync(d->sum, 0, sizeof(double) * (size_t)ds->nlosses, 0));
-  CK(m, cudaMemsetAsync(d->cnt, 0, sizeof(unsigned long long) * 4 * (size_t)ds->nlosses, 0));
+  if (N) CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
+  if (nl) CK(m, cudaMemsetAsync(d->sum, 0, out_bytes(m, 0), 0));    /* the sums and counts */
+  d->fresh = true;
   /* what generated code and the kernels read: the device copies */
   cavs_ctx *c = &m->ctx;
   c->child = d->child;
@@ -362,6 +435,7 @@ static int cuda_pass_begin(cavs_model *m, int pass) {
   if (!d->graphs) return 0;
   m->ctx.stream = d->st[0];
   CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
+  m->no_alloc = true; /* (cudaMalloc would invalidate the capture) */
   return d->failed ? -1 : 0;
 }
 
@@ -369,6 +443,7 @@ static int cuda_pass_end(cavs_model *m, int pass) {
   Dev *d = dev(m);
   if (!d->graphs) return 0;
   cudaGraph_t g = NULL;
+  m->no_alloc = false;
   CK(m, cudaStreamEndCapture(d->st[0], &g));
   if (!d->failed && d->exec[pass]) {
     cudaGraphExecUpdateResultInfo info;
@@ -385,27 +460,31 @@ static int cuda_pass_end(cavs_model *m, int pass) {
   return d->failed ? -1 : 0;
 }
 
+/* The one wait of a training step. After a forward pass, what it left for the host
+   comes back first, in one copy into pinned memory issued before the wait. */
 static int cuda_synchronize(cavs_model *m) {
   Dev *d = dev(m);
-  /* both streams and the legacy one */
-  CK(m, cudaDeviceSynchronize());
-  m->ctx.stream = d->st[0];
   const cavs_desc *ds = m->d;
-  if (ds->nlosses && !d->failed) {
-    double *sum = d->hsum;
-    unsigned long long *cnt = d->hcnt;
-    int nl = ds->nlosses;
-    CK(m, cudaMemcpy(sum, d->sum, sizeof(double) * (size_t)nl, cudaMemcpyDeviceToHost));
-    CK(m, cudaMemcpy(cnt, d->cnt, sizeof cnt[0] * 4 * (size_t)nl, cudaMemcpyDeviceToHost));
-    for (int l = 0; l < nl; l++) {
+  size_t nl = (size_t)ds->nlosses, bytes = d->fresh && nl && !d->failed ? out_bytes(m, (size_t)m->rows) : 0;
+  if (bytes) CK(m, cudaMemcpyAsync(d->out_host, d->out_dev, bytes, cudaMemcpyDeviceToHost, 0));
+  wait_device(m);
+  d->fresh = false;
+  m->ctx.stream = d->st[0];
+  if (bytes && !d->failed) {
+    const char *o = d->out_host;
+    for (size_t l = 0; l < nl; l++) {
+      double sum;
+      unsigned long long cnt[4];
+      memcpy(&sum, o + sizeof sum * l, sizeof sum);
+      memcpy(cnt, o + sizeof sum * nl + sizeof cnt * l, sizeof cnt);
       cavs_loss_acc *a = &m->loss[l];
-      a->sum = sum[l];
-      a->count = (long)cnt[4 * l];
-      a->correct = (long)cnt[4 * l + 1];
-      a->root_count = (long)cnt[4 * l + 2];
-      a->root_correct = (long)cnt[4 * l + 3];
+      a->sum = sum;
+      a->count = (long)cnt[0];
+      a->correct = (long)cnt[1];
+      a->root_count = (long)cnt[2];
+      a->root_correct = (long)cnt[3];
     }
-    if (m->rows) CK(m, cudaMemcpy(m->pred, d->pred, sizeof(int) * (size_t)m->rows, cudaMemcpyDeviceToHost));
+    memcpy(m->pred, o + out_bytes(m, 0), sizeof(int) * (size_t)m->rows);
   }
   return d->failed ? -1 : 0;
 }
@@ -709,6 +788,153 @@ static void cuda_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, lo
   CKL(model(c));
 }
 
+/* ---- mv and mm: a matrix per row (cavs_rowmv_*, cavs_rowmm_*), a launch or a product a
+   call whatever the rows (row by row through cuBLAS, a call a row, MV-RNN's launches grew
+   with its trees). A thread a cell, its sum in the order the CPU's loops take (mv), or
+   one cuBLAS product where the rows' matrices lie one after another (mm, as
+   backend.c's) ---- */
+
+/* mv: y_r [1, b] = x_r [1, a] M_r [a, b], M_r row-major at M + r ldm */
+template <typename R>
+__global__ void rowmv_fwd_k(const R *x, long ldx, const R *M, long ldm, R *y, long ldy, long a, long b, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, b, &r, &j)) return;
+  const R *xr = x + r * ldx, *mr = M + r * ldm;
+  R s = 0;
+  for (long i = 0; i < a; i++) s += xr[i] * mr[i * b + j];
+  y[r * ldy + j] = s;
+}
+/* dx_r [1, a] += dy_r M_r^T (a thread a cell of dx) */
+template <typename R>
+__global__ void rowmv_dx_k(const R *M, long ldm, const R *dy, long lddy, R *dx, long lddx, long a, long b, int r0, int n) {
+  long r, i;
+  if (!cell(r0, n, a, &r, &i)) return;
+  const R *g = dy + r * lddy, *mi = M + r * ldm + i * b;
+  R s = 0;
+  for (long j = 0; j < b; j++) s += g[j] * mi[j];
+  dx[r * lddx + i] += s;
+}
+/* dM_r [a, b] += x_r^T dy_r (a thread a cell of dM) */
+template <typename R>
+__global__ void rowmv_dm_k(const R *x, long ldx, const R *dy, long lddy, R *dM, long lddm, long a, long b, int r0, int n) {
+  long r, c;
+  if (!cell(r0, n, a * b, &r, &c)) return;
+  dM[r * lddm + c] += x[r * ldx + c / b] * dy[r * lddy + c % b];
+}
+
+/* mm: Y_r [a, cc] = M_r [a, b] W [b, cc] (a thread a cell of Y); backward dM_r += dY_r W^T
+   (a cell of dM) and dW += sum over rows of M_r^T dY_r (a cell of dW, over every row) */
+template <typename R>
+__global__ void rowmm_fwd_k(const R *M, long ldm, const R *W, long ldw, R *Y, long ldy, long a, long b, long cc, int r0,
+                            int n) {
+  long r, c;
+  if (!cell(r0, n, a * cc, &r, &c)) return;
+  long p = c / cc, q = c % cc;
+  const R *mp = M + r * ldm + p * b;
+  R s = 0;
+  for (long i = 0; i < b; i++) s += mp[i] * W[i * ldw + q];
+  Y[r * ldy + c] = s;
+}
+template <typename R>
+__global__ void rowmm_dm_k(const R *W, long ldw, const R *dY, long lddy, R *dM, long lddm, long a, long b, long cc, int r0,
+                           int n) {
+  long r, c;
+  if (!cell(r0, n, a * b, &r, &c)) return;
+  long p = c / b, i = c % b;
+  const R *gp = dY + r * lddy + p * cc, *wi = W + i * ldw;
+  R s = 0;
+  for (long q = 0; q < cc; q++) s += gp[q] * wi[q];
+  dM[r * lddm + c] += s;
+}
+template <typename R>
+__global__ void rowmm_dw_k(const R *M, long ldm, const R *dY, long lddy, R *dW, long lddw, long a, long b, long cc, int r0,
+                           int n) {
+  long i, q;
+  if (!cell(0, b, cc, &i, &q)) return;
+  R s = 0;
+  for (long r = r0; r < r0 + n; r++)
+    for (long p = 0; p < a; p++) s += M[r * ldm + p * b + i] * dY[r * lddy + p * cc + q];
+  dW[i * lddw + q] += s;
+}
+
+/* Each op at the model's precision R; pointers are to row 0. */
+template <typename R>
+static void rowmv_fwd_as(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
+                         int r0, int n) {
+  if (n <= 0 || b <= 0) return;
+  CAVS_CUDA_LAUNCH(rowmv_fwd_k<R>, blocks((long)n * b), on(c))((const R *)x, ldx, (const R *)m, ldm, (R *)y, ldy, a, b, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void rowmv_bwd_as(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                         long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  if (n <= 0 || a <= 0 || b <= 0) return;
+  if (dx) {
+    CAVS_CUDA_LAUNCH(rowmv_dx_k<R>, blocks((long)n * a), on(c))((const R *)m, ldm, (const R *)dy, lddy, (R *)dx, lddx, a, b,
+                                                               r0, n);
+    CKL(model(c));
+  }
+  if (dm) {
+    CAVS_CUDA_LAUNCH(rowmv_dm_k<R>, blocks((long)n * a * b), on(c))((const R *)x, ldx, (const R *)dy, lddy, (R *)dm, lddm,
+                                                                   a, b, r0, n);
+    CKL(model(c));
+  }
+}
+template <typename R>
+static void rowmm_fwd_as(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                         long ldy, int r0, int n) {
+  if (n <= 0 || a <= 0 || cc <= 0) return;
+  if (cv_rows_stacked(a * b, ldm, a * cc, ldy, n)) {
+    cuda_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)(n * a), (int)cc, (int)b, 1, (const R *)m + (size_t)r0 * ldm, b, w, ldw,
+              0, (R *)y + (size_t)r0 * ldy, cc);
+    return;
+  }
+  CAVS_CUDA_LAUNCH(rowmm_fwd_k<R>, blocks((long)n * a * cc), on(c))((const R *)m, ldm, (const R *)w, ldw, (R *)y, ldy, a, b,
+                                                                   cc, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void rowmm_bwd_as(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                         const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  if (n <= 0 || a <= 0 || b <= 0 || cc <= 0) return;
+  const R *M = (const R *)m, *W = (const R *)w, *G = (const R *)dy;
+  if (dm && cv_rows_stacked(a * cc, lddy, a * b, lddm, n))
+    cuda_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)(n * a), (int)b, (int)cc, 1, G + (size_t)r0 * lddy, cc, W, ldw, 1,
+              (R *)dm + (size_t)r0 * lddm, b);
+  else if (dm) {
+    CAVS_CUDA_LAUNCH(rowmm_dm_k<R>, blocks((long)n * a * b), on(c))(W, ldw, G, lddy, (R *)dm, lddm, a, b, cc, r0, n);
+    CKL(model(c));
+  }
+  if (dw && cv_rows_stacked(a * b, ldm, a * cc, lddy, n))
+    cuda_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)b, (int)cc, (int)(n * a), 1, M + (size_t)r0 * ldm, b, G + (size_t)r0 * lddy,
+              cc, 1, dw, lddw);
+  else if (dw) {
+    CAVS_CUDA_LAUNCH(rowmm_dw_k<R>, blocks(b * cc), on(c))(M, ldm, G, lddy, (R *)dw, lddw, a, b, cc, r0, n);
+    CKL(model(c));
+  }
+}
+
+static void cuda_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y,
+                           long ldy, int r0, int n) {
+  if (dbl(c)) rowmv_fwd_as<double>(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+  else rowmv_fwd_as<float>(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
+}
+static void cuda_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
+                           long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  if (dbl(c)) rowmv_bwd_as<double>(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+  else rowmv_bwd_as<float>(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
+}
+static void cuda_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
+                           long ldy, int r0, int n) {
+  if (dbl(c)) rowmm_fwd_as<double>(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+  else rowmm_fwd_as<float>(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
+}
+static void cuda_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
+                           const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  if (dbl(c)) rowmm_bwd_as<double>(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+  else rowmm_bwd_as<float>(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
+}
+
 /* ---- losses: one block a row, reductions in shared memory ---- */
 
 template <typename R> __device__ R block_max(R v, R *sh) {
@@ -902,21 +1128,25 @@ __global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, i
 
 template <typename R> struct Update {
   int kind;
-  R lr, sc, a1, a2, ic1, ic2, e;
-  double eps;
+  R lr, a1, a2, ic1, ic2, e;
+  double eps, clip;
 };
 
+/* norm2: the gradients' squares summed by decay_norm, with a clip (else NULL): each
+   thread scales by what cv_clip_scale makes of it, as the CPU's step does once */
 template <typename R>
-__global__ void update(R *P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns, Update<R> u);
+__global__ void update(R *P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns,
+                       const double *norm2, Update<R> u);
 
 #define CV_UPDATE(R, S)                                                                                   \
   template <>                                                                                             \
   __global__ void update<R>(R * P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start,       \
-                            int ns, Update<R> u) {                                                        \
+                            int ns, const double *norm2, Update<R> u) {                                   \
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                             \
     if (i >= start[ns]) return;                                                                           \
     size_t f = flat_at(off, start, ns, i);                                                                \
-    R g = u.sc * G[f];                                                                                    \
+    R sc = norm2 ? (R)cv_clip_scale(*norm2, u.clip) : (R)1;                                               \
+    R g = sc * G[f];                                                                                      \
     if (u.kind == CAVS_SGD) cv_sgd_##S(&P[f], g, u.lr);                                                   \
     else if (u.kind == CAVS_ADAGRAD) cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.eps);                      \
     else cv_adam_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e);                     \
@@ -924,39 +1154,42 @@ __global__ void update(R *P, const R *G, R *M1, R *M2, const size_t *off, const 
 CV_UPDATE(float, f)
 CV_UPDATE(double, d)
 
+/* off, start: the step's spans on the device */
 template <typename R>
-static void step_as(cavs_model *m, const cavs_optim *o, int ns, size_t total, double b1, double b2, double eps) {
+static void step_as(cavs_model *m, const cavs_optim *o, const size_t *off, const size_t *start, int ns, size_t total,
+                    double b1, double b2, double eps) {
   Dev *d = dev(m);
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
-  double norm2 = 0, scale = 1;
   if (o->weight_decay || o->clip > 0) {
-    CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, d->span_off, d->span_start, ns, o->weight_decay, o->clip > 0,
-                                                    d->norm2);
+    if (o->clip > 0) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, o->weight_decay, o->clip > 0, d->norm2);
     CKL(m);
-    if (o->clip > 0) CK(m, cudaMemcpy(&norm2, d->norm2, sizeof norm2, cudaMemcpyDeviceToHost));
   }
-  if (o->clip > 0 && sqrt(norm2) > o->clip) scale = o->clip / sqrt(norm2);
   double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
-  Update<R> u = {o->kind, (R)o->lr, (R)scale, (R)b1, (R)b2, (R)(1 / c1), (R)(1 / c2), (R)eps, eps};
-  CAVS_CUDA_LAUNCH(update<R>, blocks((long)total), 0)(P, G, (R *)m->m1, (R *)m->m2, d->span_off, d->span_start, ns, u);
+  Update<R> u = {o->kind, (R)o->lr, (R)b1, (R)b2, (R)(1 / c1), (R)(1 / c2), (R)eps, eps, o->clip};
+  CAVS_CUDA_LAUNCH(update<R>, blocks((long)total), 0)(P, G, (R *)m->m1, (R *)m->m2, off, start, ns,
+                                                     o->clip > 0 ? d->norm2 : NULL, u);
   CKL(m);
 }
 
+/* On the legacy stream, after both of the pass's streams; nothing waits for it (the
+   next forward pass's synchronize does). */
 static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2, double eps) {
   Dev *d = dev(m);
-  if (ns + 1 > d->capspans) {
-    regrow(m, (void **)&d->span_off, sizeof(size_t) * ((size_t)ns + 1));
-    regrow(m, (void **)&d->span_start, sizeof(size_t) * ((size_t)ns + 1));
-    size_t *h = (size_t *)realloc(d->span_host, sizeof(size_t) * 2 * ((size_t)ns + 1));
+  if (d->capspans < m->capspans + 1) { /* once: room for as many spans as the model can have */
+    size_t n = 2 * ((size_t)m->capspans + 1);
+    regrow(m, (void **)&d->spans_dev, sizeof(size_t) * n);
+    regrow_pinned(m, (void **)&d->spans_host, sizeof(size_t) * n);
+    size_t *h = (size_t *)realloc(d->spans_new, sizeof(size_t) * n);
     if (!h) return no_memory(m);
-    d->span_host = h;
+    d->spans_new = h;
     if (d->failed) return -1;
-    d->capspans = ns + 1;
+    d->capspans = m->capspans + 1;
+    d->nspans_sent = -1;
   }
-  /* the spans as offsets and starts in their concatenation: one copy each */
-  size_t *h = d->span_host;
-  size_t total = 0;
+  /* the spans as offsets and starts in their concatenation, sent in one copy when they
+     are not the last step's (a model without lookup tables: only the first step's) */
+  size_t *h = d->spans_new, total = 0, bytes = sizeof(size_t) * 2 * ((size_t)ns + 1);
   for (int k = 0; k < ns; k++) {
     h[k] = sp[k].off;
     h[ns + 1 + k] = total;
@@ -964,13 +1197,18 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
   }
   h[ns] = 0;
   h[2 * ns + 1] = total;
-  CK(m, cudaMemcpy(d->span_off, h, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
-  CK(m, cudaMemcpy(d->span_start, h + ns + 1, sizeof(size_t) * ((size_t)ns + 1), cudaMemcpyHostToDevice));
-  if (total) {
-    if (m->esize == 8) step_as<double>(m, o, ns, total, b1, b2, eps);
-    else step_as<float>(m, o, ns, total, b1, b2, eps);
+  if (ns != d->nspans_sent || memcmp(h, d->spans_host, bytes)) {
+    pinned_for_host(m, PIN_SPANS);
+    memcpy(d->spans_host, h, bytes);
+    CK(m, cudaMemcpyAsync(d->spans_dev, d->spans_host, bytes, cudaMemcpyHostToDevice, 0));
+    d->busy |= PIN_SPANS;
+    d->nspans_sent = ns;
   }
-  CK(m, cudaStreamSynchronize(0));
+  const size_t *off = d->spans_dev, *start = d->spans_dev + ns + 1;
+  if (total) {
+    if (m->esize == 8) step_as<double>(m, o, off, start, ns, total, b1, b2, eps);
+    else step_as<float>(m, o, off, start, ns, total, b1, b2, eps);
+  }
   return d->failed ? -1 : 0;
 }
 
@@ -1035,9 +1273,8 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_esum_bwd,
     cuda_dropout_fwd,
     cuda_dropout_bwd,
-    /* mv and mm: backend.c's products row by row, through cuda_gemm (cuBLAS) */
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    cuda_rowmv_fwd,
+    cuda_rowmv_bwd,
+    cuda_rowmm_fwd,
+    cuda_rowmm_bwd,
 };

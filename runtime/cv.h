@@ -40,6 +40,7 @@ struct cavs_model {
   int policy;
   int ablate; /* enum cavs_ablation */
   char err[512];
+  char alloc_why[160]; /* a backend's word on an allocation that failed (backend.h alloc) */
   /* parameters: one block, groups pointing into it */
   size_t nflat;
   void *pflat, *gflat;
@@ -157,9 +158,13 @@ struct cavs_model {
     void *mem;
   } ptable[8];
   int nptable;
+  /* the backend cannot allocate now (the CUDA backend captures a pass as a graph): a
+     product table due is made before the next pass instead */
+  bool no_alloc;
 };
-/* inference's product tables, freed (backend.c) */
+/* inference's product tables, freed; those due made (before a pass) (backend.c) */
 void cv_ptables_free(cavs_model *m);
+void cv_ptables_ready(cavs_model *m);
 
 /* The home key (cavs_model.hkey) of edge e of the minibatch: past every slot's */
 static inline long cv_edge_key(const cavs_model *m, int e) { return (long)m->rows * m->maxc + e; }

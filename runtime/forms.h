@@ -7,6 +7,7 @@
 
 #include "cavs_abi.h"
 
+#include <limits.h>
 #include <stdbool.h>
 
 typedef void (*cv_gemm_fn)(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
@@ -52,6 +53,13 @@ static inline void cv_gemm_rows_with(cv_gemm_fn gemm, cv_zero_rows_fn zero, cavs
     if (on) cv_form_gemm(gemm, c, form, a, r - a, cols, k, x, ldx, w, ldw, y, ldy);
     else if (form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER) zero(c, y, ldy, a, r - a, cols);
   }
+}
+
+/* mm (cavs_rowmm_*) over n rows whose matrices of `a` values (ld lda apart) lie one
+ * after another, and likewise the other operand's `b` (ldb): one product of n times the
+ * rows, when that fits an int. */
+static inline bool cv_rows_stacked(long a, long lda, long b, long ldb, int n) {
+  return lda == a && ldb == b && (long)n * a <= INT_MAX / 2;
 }
 
 /* cavs_gemm_skip: all rows but the first `skip`. */

@@ -185,7 +185,7 @@ CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
 CV_HOT static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
                           double eps) {
   R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
-  double norm2 = 0, scale = 1;
+  double norm2 = 0;
   for (int k = 0; k < ns; k++) {
     R *p = P + sp[k].off, *g = G + sp[k].off;
     if (o->weight_decay)
@@ -193,7 +193,7 @@ CV_HOT static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_sp
     if (o->clip > 0)
       for (size_t i = 0; i < sp[k].len; i++) norm2 += (double)g[i] * g[i];
   }
-  if (o->clip > 0 && sqrt(norm2) > o->clip) scale = o->clip / sqrt(norm2);
+  double scale = cv_clip_scale(norm2, o->clip);
   double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
   R lr = (R)o->lr, sc = (R)scale;
   for (int k = 0; k < ns; k++) {

@@ -88,8 +88,8 @@ int cv_alloc_moments(cavs_model *m) {
   if (m->m1) return 0;
   /* counted in the model's memory from the start, so this fits under the limit */
   size_t bytes = (m->nflat + 1) * m->esize;
-  m->m1 = m->be->alloc(bytes);
-  m->m2 = m->be->alloc(bytes);
+  m->m1 = m->be->alloc(m, bytes);
+  m->m2 = m->be->alloc(m, bytes);
   if (!m->m1 || !m->m2) {
     m->be->release(m->m1);
     m->be->release(m->m2);

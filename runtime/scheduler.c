@@ -868,6 +868,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   double t0 = cv_now(), g0 = m->stats.grow_seconds;
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
+  cv_ptables_ready(m);
   if (cavs_plan_forward(m)) return -1;
   m->stats.schedule_seconds += cv_now() - t0 - (m->stats.grow_seconds - g0);
   if (cavs_run_plan(m)) return -1;
@@ -1013,7 +1014,8 @@ void cavs_model_backward(cavs_model *m) {
   if (cavs_plan_backward(m)) m->launch_failed = true;
   m->stats.schedule_seconds += cv_now() - t0;
   if (!m->launch_failed && cavs_run_plan(m)) m->launch_failed = true;
-  m->be->synchronize(m);
+  /* no wait for the device: the step after it is issued in order behind it, and whatever
+     reads the gradients on the host waits first (cavs_model_read) */
 }
 
 int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {

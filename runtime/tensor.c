@@ -42,11 +42,21 @@ int cv_fail(cavs_model *m, const char *fmt, ...) {
   return -1;
 }
 
+/* " (what the backend said)" of a failed allocation, once, or "" */
+static const char *alloc_why(cavs_model *m, char *buf, size_t len) {
+  if (!m->alloc_why[0]) return "";
+  snprintf(buf, len, " (%s)", m->alloc_why);
+  m->alloc_why[0] = 0;
+  return buf;
+}
+
 int cv_fail_mem(cavs_model *m, const char *fmt, ...) {
+  char why[sizeof m->alloc_why + 4];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(m->err, sizeof m->err, fmt, ap);
+  int n = vsnprintf(m->err, sizeof m->err, fmt, ap);
   va_end(ap);
+  if (n >= 0 && (size_t)n < sizeof m->err) snprintf(m->err + n, sizeof m->err - (size_t)n, "%s", alloc_why(m, why, sizeof why));
   errno = ENOMEM;
   return -1;
 }
@@ -293,10 +303,11 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   m->model_bytes = bytes;
   m->nflat = total;
-  m->pflat = be->alloc(total * m->esize);
-  m->gflat = be->alloc(total * m->esize);
+  m->pflat = be->alloc(m, total * m->esize);
+  m->gflat = be->alloc(m, total * m->esize);
   if (!m->pflat || !m->gflat) {
-    snprintf(err, errlen, "out of memory for %zu parameters", total);
+    char why[sizeof m->alloc_why + 4];
+    snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
     cavs_model_free(m);
     errno = ENOMEM;
     return NULL;
@@ -305,8 +316,9 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   be->zero(m, m->gflat, total * m->esize);
   if (m->home_w) {
     /* what a row without a home reads as its home's gradient (homes, scheduler.c) */
-    if (!(m->hzero = be->alloc((size_t)m->home_w * m->esize))) {
-      snprintf(err, errlen, "out of memory");
+    if (!(m->hzero = be->alloc(m, (size_t)m->home_w * m->esize))) {
+      char why[sizeof m->alloc_why + 4];
+      snprintf(err, errlen, "out of memory%s", alloc_why(m, why, sizeof why));
       cavs_model_free(m);
       errno = ENOMEM;
       return NULL;
@@ -423,10 +435,10 @@ static int alloc_bufs(cavs_model *m, bool edge, long cap) {
     if ((bool)d->bufs[b].edge != edge) continue;
     size_t bytes = (size_t)cap * (size_t)m->bw[b] * m->esize;
     m->be->release(m->val[b]);
-    m->val[b] = m->be->alloc(bytes);
+    m->val[b] = m->be->alloc(m, bytes);
     if (d->bufs[b].grad) {
       m->be->release(m->grad[b]);
-      m->grad[b] = m->be->alloc(bytes);
+      m->grad[b] = m->be->alloc(m, bytes);
     }
     m->cval[b] = m->val[b];
     m->cgrad[b] = m->grad[b];
@@ -501,7 +513,7 @@ int cv_grow_rows(cavs_model *m, int rows) {
     fail |= cv_grow(m, &m->hkey[k], sizeof(long), (size_t)cap);
     m->be->release(m->hdump[k]);
     m->hdump[k] = NULL; /* (not released twice when an earlier grow failed) */
-    if (!fail && !(m->hdump[k] = m->be->alloc((size_t)cap * (size_t)m->home_w * m->esize)))
+    if (!fail && !(m->hdump[k] = m->be->alloc(m, (size_t)cap * (size_t)m->home_w * m->esize)))
       fail = cv_fail_mem(m, "out of memory for %d rows", rows);
     m->ctx.home_val[k] = m->hval[k];
     m->ctx.home_grad[k] = m->hgrad[k];

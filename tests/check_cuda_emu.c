@@ -17,6 +17,8 @@
 #include "cudatest.h"
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- the models ---- */
 
@@ -59,6 +61,14 @@ static void free_all(cavs_model *m, long since) {
   ck_assert_msg(cavs_emu_live(since) == 0, "left alive by cavs_model_free:\n%s", cavs_emu_live_report(since));
   no_errors();
 }
+
+/* The tests' minibatch of trees and DAGs for model d, in the test's variables: dims,
+   the graphs g, gs pointing at them (room for them twice over), k of them */
+#define MINIBATCH(d)                                                                       \
+  long dims[CAVS_MAX_DIMS];                                                                \
+  static TGraph g[TG_MINIBATCH];                                                           \
+  const cavs_graph *gs[2 * TG_MINIBATCH];                                                  \
+  int k = tg_minibatch(d, dims, g, gs, true)
 
 /* ---- the model's memory, read back ---- */
 
@@ -204,12 +214,8 @@ static void same_forward(cavs_model *a, cavs_model *b, const cavs_graph *const *
  * with every buffer poisoned, a forward pass (every value of every per-row buffer, the
  * losses, counts and predictions), a backward pass (every gradient of a buffer and of
  * a parameter), and an optimizer step (Adam, clipped: every parameter). */
-static void cuda_vs_cpu(int i, const char *prec, double tol) {
-  const cavs_desc *dc = example(i, prec, false), *du = example(i, prec, true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
+static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) {
+  MINIBATCH(dc);
   long since = cavs_emu_serial();
   cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
   same_forward(mc, mu, gs, k, tol);
@@ -230,9 +236,13 @@ static void cuda_vs_cpu(int i, const char *prec, double tol) {
   ck_assert(cavs_model_step(mc, &o) == 0);
   ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
   same_params(mc, mu, tol);
+  /* (with dropout, the next forward pass draws new masks: the same on both) */
+  same_forward(mc, mu, gs, k, tol);
   cavs_model_free(mc);
   free_all(mu, since);
 }
+
+static void cuda_vs_cpu(int i, const char *prec, double tol) { models_agree(example(i, prec, false), example(i, prec, true), tol); }
 
 START_TEST(examples_double) { cuda_vs_cpu(_i, "double", 1e-12); }
 END_TEST
@@ -271,10 +281,7 @@ static void same_pass(cavs_model *a, cavs_model *b, double vtol, double gtol) {
  * check_cuda_host's streams_in_any_order). */
 START_TEST(streams_in_any_order) {
   const cavs_desc *d = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   long since = cavs_emu_serial();
   static const int orders[] = {CAVS_EMU_ISSUED, CAVS_EMU_MAIN_FIRST, CAVS_EMU_SIDE_FIRST};
   cavs_model *one = model_on(d, dims, "cuda", 1, 0), *two[3];
@@ -296,10 +303,7 @@ END_TEST
  * edges allow; the same bits as the passes launched kernel by kernel. */
 START_TEST(graphs_as_launches) {
   const cavs_desc *d = example(_i, "double", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
+  MINIBATCH(d);
   long since = cavs_emu_serial();
   cavs_model *plain = model_on(d, dims, "cuda", 0, 0), *graphs = model_on(d, dims, "cuda", 0, 1);
   for (int round = 0; round < 4; round++) {
@@ -317,6 +321,131 @@ START_TEST(graphs_as_launches) {
   }
   cavs_model_free(plain);
   free_all(graphs, since);
+}
+END_TEST
+
+/* ---- faults ---- */
+
+static bool all; /* every example (not under valgrind) */
+
+/* 1, 2, and `parts` points spread to `total` (at has room for parts + 2): which of
+   `total` calls to fail */
+static int spread(long total, int parts, long *at) {
+  int n = 0;
+  for (long v = 1; v <= 2 && v <= total; v++) at[n++] = v;
+  for (int j = 1; j <= parts; j++)
+    if (total * j / parts > at[n - 1]) at[n++] = total * j / parts;
+  return n;
+}
+
+/* What a user does with a model: made on the cuda backend, two training steps, the
+ * gradients read, then inference twice (the second makes the product tables, an
+ * allocation that may fail: the products are then made as in training). 0, or -1
+ * with the first error (cavs_model_new_opts's or cavs_model_error's) in err. */
+static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err, size_t len) {
+  cavs_model_opts o = {.backend = "cuda"};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, len);
+  if (!m) return -1;
+  cavs_model_init(m, 5);
+  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  int rc = 0;
+  for (int step = 0; step < 2 && !rc; step++) {
+    rc = cavs_model_forward(m, gs, k, NULL);
+    if (!rc) cavs_model_backward(m);
+    if (!rc) rc = cavs_model_step(m, &opt);
+  }
+  size_t n;
+  const void *g = cavs_model_grads_flat(m, &n);
+  double first;
+  if (!rc) rc = cavs_model_read(m, &first, g, m->esize);
+  cavs_model_set_inference(m, 1);
+  for (int pass = 0; pass < 2 && !rc; pass++) rc = cavs_model_forward(m, gs, k, NULL);
+  if (rc) snprintf(err, len, "%s", cavs_model_error(m));
+  cavs_model_free(m);
+  return rc;
+}
+
+/* What the device is asked to do by a model's use without faults */
+static cavs_emu_counts use_counted(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k) {
+  char err[512];
+  cavs_emu_counts c;
+  cavs_emu_counters(NULL, 1);
+  ck_assert_msg(use_model(d, dims, gs, k, err, sizeof err) == 0, "%s", err);
+  cavs_emu_counters(&c, 1);
+  return c;
+}
+
+/* Every device allocation a model and its use make, failed in turn (the emulator fails
+ * the n-th cudaMalloc with cudaErrorMemoryAllocation; under valgrind a few): each comes back as an error that
+ * names cudaMalloc (from the model's making, or the pass or step that needed the
+ * memory), or, for the product tables of inference, as nothing at all; nothing the model
+ * made is left alive, and the emulator saw no misuse. */
+START_TEST(failed_malloc) {
+  const cavs_desc *d = example(_i, "float", true);
+  MINIBATCH(d);
+  char err[512];
+  cavs_emu_counts c = use_counted(d, dims, gs, k);
+  ck_assert_int_gt(c.mallocs, 3);
+  int failed = 0;
+  long at[12];
+  int nat = all ? 0 : spread(c.mallocs, 3, at);
+  for (long i = 0, n = 1; all ? n <= c.mallocs : i < nat; i++, n++) {
+    if (!all) n = at[i];
+    long since = cavs_emu_serial();
+    cavs_emu_fail_malloc(n);
+    err[0] = 0;
+    int rc = use_model(d, dims, gs, k, err, sizeof err);
+    cavs_emu_fail_malloc(0);
+    ck_assert_msg(rc == 0 || strstr(err, "cudaMalloc"), "%s: cudaMalloc %ld of %ld failed: \"%s\"", examples[_i], n,
+                  c.mallocs, err);
+    failed += rc != 0;
+    ck_assert_msg(cavs_emu_live(since) == 0, "%s: cudaMalloc %ld failed, left alive:\n%s", examples[_i], n,
+                  cavs_emu_live_report(since));
+    no_errors();
+  }
+  ck_assert_int_gt(failed, 0);
+}
+END_TEST
+
+/* Kernels a model's use launches, made to fault (cudaErrorIllegalAddress when it runs,
+ * sticky as on a GPU: the context is lost), each in a process of its own: the first
+ * two and every tenth of the way to the last (a fork and a model's use each: all of
+ * them would take a minute), in the forward and backward passes, the step and
+ * inference alike: the error comes back from the next call that waits for the device,
+ * naming the call that saw it and what CUDA said; the model frees, leaving nothing
+ * alive, and the emulator saw no misuse (no free of memory queued work still uses). */
+START_TEST(failed_launch) {
+  const cavs_desc *d = example(_i, "float", true);
+  MINIBATCH(d);
+  char err[512];
+  cavs_emu_counts c = use_counted(d, dims, gs, k);
+  ck_assert_int_gt(c.launches, 10);
+  long at[12];
+  int nat = spread(c.launches, all ? 10 : 3, at);
+  for (int i = 0; i < nat; i++) {
+    long n = at[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert(pid >= 0);
+    if (!pid) {
+      long since = cavs_emu_serial();
+      cavs_emu_fail_launch(n);
+      int rc = use_model(d, dims, gs, k, err, sizeof err);
+      const char *bad = rc == 0                                            ? "no error"
+                        : !strstr(err, "an illegal memory access was encountered") ? "not CUDA's message"
+                        : !strstr(err, "cudaDeviceSynchronize")                ? "not the call"
+                        : cavs_emu_live(since)                                 ? "something left alive"
+                        : cavs_emu_errors()                                    ? "a misuse"
+                                                                               : NULL;
+      if (bad) fprintf(stderr, "%s: launch %ld faulted: %s: \"%s\"\n%s%s", examples[_i], n, bad, err,
+                       cavs_emu_live_report(since), cavs_emu_errors() ? cavs_emu_errors() : "");
+      _exit(bad ? 1 : 0);
+    }
+    int st;
+    ck_assert(waitpid(pid, &st, 0) == pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: launch %ld faulted (status %#x): see the log", examples[_i],
+                  n, st);
+  }
 }
 END_TEST
 
@@ -383,33 +512,319 @@ START_TEST(graph_update_rules) {
 }
 END_TEST
 
+/* ---- what check_gpu also asserts, on the emulator ---- */
+
+/* Dropout (no example has it): two vertex types at random, a dropout in one and one in
+ * the push block, as check_engine's dropout_masks; the masks (drawn from each row's
+ * vertex, the seed and the step) the cpu's, before a step and after it. */
+static const char *const drop_src =
+    "model mixdrop; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
+    "param Wa[2H,H], Wb[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+    "vertex a (children 2) { h = dropout(tanh(f + concat(gather(0), gather(1)) @ Wa), 0.5); scatter(h); push(h); }\n"
+    "vertex b (children 2) { u = concat(gather(0), gather(1)) @ Wb; h = sigmoid(f * u) - 0.5; scatter(h); push(h); }\n"
+    "push (p) { loss softmax_xent(dropout(p, 0.2) @ Wc, y); }\n";
+static const cavs_desc *drop_c, *drop_u;
+
+START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
+END_TEST
+
+/* A forward and a backward pass of a model of d on `backend` under `policy`, from seed 5,
+   every per-row buffer poisoned first (cells a pass leaves keep the poison) */
+static cavs_model *passes(const cavs_desc *d, const long *dims, const char *backend, int policy,
+                          const cavs_graph *const *gs, int k) {
+  cavs_model *m = model_on(d, dims, backend, 0, 0);
+  cavs_model_set_policy(m, policy);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, false);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  poison(m, true);
+  cavs_model_backward(m);
+  ck_assert_msg(!m->launch_failed, "%s", cavs_model_error(m));
+  return m;
+}
+
+/* One vertex at a time (CAVS_SERIAL: every stage a row, products of one row) against
+ * batched, both on the cuda backend: the same loss, values and gradients. */
+START_TEST(serial_as_batched) {
+  const cavs_desc *d = example(_i, "double", true);
+  MINIBATCH(d);
+  long since = cavs_emu_serial();
+  cavs_model *b = passes(d, dims, "cuda", CAVS_BFS, gs, k), *s1 = passes(d, dims, "cuda", CAVS_SERIAL, gs, k);
+  int nb, ns;
+  const cavs_loss_acc *lb = cavs_model_losses(b, &nb), *ls = cavs_model_losses(s1, &ns);
+  for (int i = 0; i < nb; i++)
+    ck_assert_msg(agree(lb[i].sum, ls[i].sum, 1e-11) && lb[i].count == ls[i].count && lb[i].correct == ls[i].correct,
+                  "%s: loss %d: batched %.17g, serial %.17g", d->name, i, lb[i].sum, ls[i].sum);
+  same_pass(b, s1, 1e-11, 1e-10);
+  cavs_model_free(b);
+  free_all(s1, since);
+}
+END_TEST
+
+/* Every optimizer step of the cpu backend's, two steps from the same gradients (the
+ * moments too): SGD, Adagrad, Adam, Adam clipped (a clip below the gradients' norm),
+ * SGD with weight decay, Adam with weight decay and clipping, and Adam with a parameter
+ * frozen; lookup tables (the Tree-LSTM's: only the rows read) and dense groups. */
+START_TEST(optimizers_as_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  MINIBATCH(dc);
+  static const cavs_optim optims[] = {
+      {.kind = CAVS_SGD, .lr = 0.1},
+      {.kind = CAVS_ADAGRAD, .lr = 0.1},
+      {.kind = CAVS_ADAM, .lr = 1e-2},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .clip = 1e-3},
+      {.kind = CAVS_SGD, .lr = 0.1, .weight_decay = 0.01},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .weight_decay = 0.01, .clip = 1e-2},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6},
+  };
+  for (int o = 0; o <= (int)(sizeof optims / sizeof *optims); o++) {
+    long since = cavs_emu_serial();
+    cavs_model *mc = passes(dc, dims, "cpu", CAVS_BFS, gs, k), *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k);
+    const cavs_optim *op = &optims[o < (int)(sizeof optims / sizeof *optims) ? o : 2];
+    if (o == (int)(sizeof optims / sizeof *optims)) { /* the last: a parameter frozen */
+      int p = 0;
+      while (p < dc->nparams && cavs_model_freeze(mc, p, 1)) p++;
+      ck_assert_msg(p < dc->nparams, "%s: no parameter can be frozen alone", dc->name);
+      ck_assert(cavs_model_freeze(mu, p, 1) == 0);
+    }
+    same_grads_now(mc, mu);
+    for (int step = 0; step < 2; step++) {
+      ck_assert(cavs_model_step(mc, op) == 0);
+      ck_assert_msg(cavs_model_step(mu, op) == 0, "%s", cavs_model_error(mu));
+    }
+    same_params(mc, mu, 1e-12);
+    cavs_model_free(mc);
+    free_all(mu, since);
+  }
+}
+END_TEST
+
+/* Inference (cavs_model_set_inference): nothing kept for a backward pass, and from the
+ * second pass the product tables of looked-up rows (made on the device once as many
+ * rows went through the product as the table has): the cpu's losses, counts and
+ * predictions, with kernels launched one by one and with each pass a CUDA graph. */
+START_TEST(inference_as_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  MINIBATCH(dc);
+  for (int graphs = 0; graphs < 2; graphs++) {
+    long since = cavs_emu_serial();
+    cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, graphs);
+    cavs_model_set_inference(mc, 1);
+    cavs_model_set_inference(mu, 1);
+    for (int pass = 0; pass < 3; pass++) same_forward(mc, mu, gs, k, 1e-12);
+    cavs_model_free(mc);
+    free_all(mu, since);
+  }
+}
+END_TEST
+
+/* A checkpoint written from the cuda backend (cavs_ckpt_save after a training step),
+ * read back and applied to a model of the C target on the cpu backend: the cuda model's
+ * parameters, and its loss on the next minibatch. */
+START_TEST(checkpoint_to_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  MINIBATCH(dc);
+  long since = cavs_emu_serial();
+  cavs_model *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k), *mc = model_on(dc, dims, "cpu", 0, 0);
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
+  ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
+  char path[4200], err[512];
+  snprintf(path, sizeof path, "%s/cuda.ckpt", tu_tmpdir());
+  ck_assert_msg(cavs_ckpt_save(path, mu, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  ck_assert_msg(cavs_ckpt_apply_weights(ck, mc, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt_free(ck);
+  same_params(mc, mu, 0);
+  same_forward(mc, mu, gs, k, 1e-12);
+  cavs_model_free(mc);
+  free_all(mu, since);
+}
+END_TEST
+
 /* ---- what a minibatch costs on the device ---- */
 
-/* Once buffers have grown, a training step (forward, backward, Adam) allocates and frees
- * nothing on the device; the counts of one such step go to the log. */
+/* What the device was asked to do in one training step, and what the step's minibatch
+ * is: its trees, rows, and the bytes of its schedule and inputs. */
+typedef struct StepCounts {
+  cavs_emu_counts c;
+  int trees;
+  long rows, sched, out;
+  double flops, host; /* the products' flops; the host's seconds scheduling (levels, rows, plans) */
+} StepCounts;
+
+/* The bytes the host must send the device for the minibatch `m` holds: its schedule as
+ * the scheduler keeps it in host arrays (each row's children, root and pushed flags,
+ * vertex, homes; each edge's row, parent and child), its index and real inputs, each
+ * array rounded up to 16 bytes; and the rows of the lookup tables it and the minibatch
+ * before it touched (the ones a backward pass clears, cavs_sparse_reset: `before` of
+ * them; the optimizer's spans, {offset, start} a span: one a dense group and one a
+ * touched row). Nothing proportional to the parameters or the per-row buffers. */
+static long schedule_bytes(const cavs_model *m, long before) {
+  const cavs_desc *d = m->d;
+  long N = m->rows, E = m->has_edges ? m->nedges : 0, b = 0, spans = 0, touched = 0;
+#define ARRAY(bytes) (b += ((long)(bytes) + 15) / 16 * 16)
+  ARRAY(4 * N * m->maxc), ARRAY(N), ARRAY(N), ARRAY(4 * N);
+  if (m->has_edges) ARRAY(4 * (N + 1)), ARRAY(4 * E), ARRAY(4 * E);
+  for (int k = 0; k < m->nhomes; k++) ARRAY(sizeof(void *) * N), ARRAY(sizeof(void *) * N), ARRAY(sizeof(long) * N);
+  for (int i = 0; i < d->nint; i++) ARRAY(4 * N);
+  for (int i = 0; i < d->nreal; i++) ARRAY((long)m->rw[i] * (long)m->esize * N);
+#undef ARRAY
+  for (int g = 0; g < d->npgroups; g++) {
+    if (d->pgroups[g].sparse_input >= 0) touched += m->ntouched[g];
+    spans += m->frozen[g] ? 0 : d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
+  }
+  return b + 4 * before + 2 * (long)sizeof(size_t) * (spans + 1);
+}
+
+static long touched_rows(const cavs_model *m) {
+  long n = 0;
+  for (int g = 0; g < m->d->npgroups; g++)
+    if (m->d->pgroups[g].sparse_input >= 0) n += m->ntouched[g];
+  return n;
+}
+
+/* A training step (forward, backward, Adam with clipping) of `m` on gs[0..k), counted */
+static void counted_step(cavs_model *m, const cavs_graph *const *gs, int k, StepCounts *out) {
+  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
+  long before = touched_rows(m);
+  cavs_emu_counters(NULL, 1);
+  cavs_model_backend_stats(m, NULL, 1);
+  ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+  cavs_model_backward(m);
+  ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
+  cavs_emu_counters(&out->c, 0); /* (the log of its ops kept until the next step) */
+  cavs_backend_stats st;
+  cavs_model_backend_stats(m, &st, 1);
+  out->trees = k;
+  out->rows = m->rows;
+  out->sched = schedule_bytes(m, before);
+  /* the losses' sums and counts, and a prediction a row */
+  out->out = (8 + 32) * (long)m->d->nlosses + 4 * m->rows;
+  out->flops = st.gemm_flops;
+  out->host = st.schedule_seconds;
+}
+
+static void counts_line(const char *name, const char *prec, const StepCounts *s) {
+  const cavs_emu_counts *c = &s->c;
+  printf("%-13s %-6s %5d %6ld %8ld %8ld %7ld %10ld %10ld %10ld %7ld %7ld %5ld %10.4g\n", name, prec, s->trees, s->rows,
+         c->launches, c->blas_calls, c->memsets, c->bytes_htod, s->sched, c->bytes_dtoh, c->mallocs + c->host_mallocs,
+         c->frees + c->host_frees, c->syncs, s->flops);
+}
+
+static void counts_header(void) {
+  printf("%-13s %-6s %5s %6s %8s %8s %7s %10s %10s %10s %7s %7s %5s %10s\n", "example", "prec", "trees", "rows",
+         "launches", "cuBLAS", "memsets", "H->D", "schedule", "D->H", "mallocs", "frees", "syncs", "flops");
+}
+
+/* The targets of a training step in the steady state, once buffers have grown: no device
+ * or pinned allocation or free, one host synchronization (the forward pass reading its
+ * losses back), no more bytes up than the minibatch's schedule and inputs, and down its
+ * losses and predictions. */
+static void steady(const char *name, const StepCounts *s) {
+  const cavs_emu_counts *c = &s->c;
+  ck_assert_msg(c->mallocs + c->host_mallocs + c->frees + c->host_frees == 0, "%s: %ld allocations, %ld frees", name,
+                c->mallocs + c->host_mallocs, c->frees + c->host_frees);
+  ck_assert_msg(c->syncs == 1, "%s: %ld host synchronizations in a training step", name, c->syncs);
+  ck_assert_msg(c->bytes_htod <= s->sched, "%s: %ld bytes up, the schedule and inputs are %ld", name, c->bytes_htod,
+                s->sched);
+  ck_assert_msg(c->bytes_dtoh <= s->out, "%s: %ld bytes down, the losses and predictions %ld", name, c->bytes_dtoh,
+                s->out);
+}
+
+/* Every example, a training step on its minibatch and on the minibatch twice over (the
+ * same trees again: as many levels, twice the trees and rows), after a step on half of
+ * it and one on the larger to grow the buffers (freeing those the step before used, its
+ * work still queued: no wait for the device after a backward pass or a step): each
+ * meets the targets, and the second launches no more
+ * kernels, cuBLAS calls or memsets than the first. The counts go to the log, a line a
+ * step. */
 START_TEST(steady_state_counts) {
-  const cavs_desc *d = example(0, "float", true);
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, false);
+  const cavs_desc *d = example(_i, "float", true);
+  MINIBATCH(d);
+  for (int i = 0; i < k; i++) gs[k + i] = gs[i];
   long since = cavs_emu_serial();
   cavs_model *m = model_on(d, dims, "cuda", 0, 0);
-  cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
-  cavs_emu_counts c;
-  for (int step = 0; step < 3; step++) {
-    cavs_emu_counters(NULL, 1);
-    ck_assert_msg(cavs_model_forward(m, gs, step == 1 ? k - 1 : k, NULL) == 0, "%s", cavs_model_error(m));
-    cavs_model_backward(m);
-    ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
-    cavs_emu_counters(&c, 0);
-  }
-  printf("treelstm (float), a training step of %d trees: %ld launches, %ld cuBLAS calls, %ld memsets, %ld bytes "
-         "host to device, %ld device to host, %ld cudaMalloc, %ld cudaFree, %ld host synchronizations\n",
-         k, c.launches, c.blas_calls, c.memsets, c.bytes_htod, c.bytes_dtoh, c.mallocs, c.frees, c.syncs);
-  ck_assert_int_eq(c.mallocs + c.host_mallocs, 0);
-  ck_assert_int_eq(c.frees + c.host_frees, 0);
+  StepCounts once, twice;
+  counted_step(m, gs, k / 2, &once); /* then the buffers grow, the last step's work queued */
+  counted_step(m, gs, 2 * k, &twice);
+  counted_step(m, gs, k, &once);
+  counted_step(m, gs, k, &once);
+  counted_step(m, gs, 2 * k, &twice);
+  counts_header();
+  counts_line(examples[_i], "float", &once);
+  counts_line(examples[_i], "float", &twice);
+  steady(examples[_i], &once);
+  steady(examples[_i], &twice);
+  long l1 = once.c.launches + once.c.blas_calls + once.c.memsets, l2 = twice.c.launches + twice.c.blas_calls + twice.c.memsets;
+  ck_assert_msg(l2 <= l1, "%s: %ld launches, cuBLAS calls and memsets for %d trees, %ld for %d", examples[_i], l1, k, l2,
+                2 * k);
   free_all(m, since);
+}
+END_TEST
+
+/* Run by bench/counts, not by make check (CAVS_COUNTS_SST names SST's train.txt): the
+ * Tree-LSTM at E = H = $CAVS_COUNTS_H (512), float, on SST's minibatches of
+ * $CAVS_COUNTS_BATCH (64) trees in the file's order; after a step on the epoch's largest
+ * minibatch, twice (the buffers as they are after an epoch), $CAVS_COUNTS_STEPS (2) minibatches
+ * counted, each a line, and with CAVS_COUNTS_OPS set each kernel, product, memset and
+ * copy a line ("op KIND A B C", cavs_emu_op) for bench/counts' estimate. */
+static long env_long(const char *name, long def) {
+  const char *v = getenv(name);
+  return v && *v ? atol(v) : def;
+}
+
+START_TEST(sst_counts) {
+  const char *path = getenv("CAVS_COUNTS_SST");
+  long h = env_long("CAVS_COUNTS_H", 512), batch = env_long("CAVS_COUNTS_BATCH", 64), steps = env_long("CAVS_COUNTS_STEPS", 2);
+  const cavs_desc *d = example(0, "float", true);
+  char err[512];
+  cavs_vocab *v = cavs_vocab_new();
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  cavs_dataset *set = cavs_dataset_load(path, "ptb-tree", d, dims, v, 1, err, sizeof err);
+  ck_assert_msg(set != NULL, "%s", err);
+  for (int i = 0; i < d->ndims; i++) {
+    if (!strcmp(d->dims[i].name, "E") || !strcmp(d->dims[i].name, "H")) dims[i] = h;
+    if (!strcmp(d->dims[i].name, "V")) dims[i] = cavs_vocab_size(v);
+  }
+  int n = cavs_dataset_count(set), nb = (int)((n + batch - 1) / batch), largest = 0;
+  long most = -1;
+  const cavs_graph **gs = malloc(sizeof *gs * (size_t)n);
+  ck_assert(gs != NULL);
+  for (int i = 0; i < n; i++) gs[i] = cavs_dataset_graph(set, i);
+  for (int b = 0; b < nb; b++) {
+    long rows = 0;
+    for (int i = b * (int)batch; i < n && i < (b + 1) * (int)batch; i++) rows += gs[i]->n;
+    if (rows > most) most = rows, largest = b;
+  }
+  long since = cavs_emu_serial();
+  cavs_model *m = model_on(d, dims, "cuda", 0, 0);
+  StepCounts c;
+  int k0 = (int)(largest * batch), kl = n - k0 < batch ? n - k0 : (int)batch;
+  counted_step(m, gs + k0, kl, &c);
+  counted_step(m, gs + k0, kl, &c); /* (zero_rows clears the rows the last step touched) */
+  printf("# SST %s: %d trees, minibatches of %ld (%d), E=H=%ld; the largest (%ld vertices) first\n", path, n, batch, nb, h,
+         most);
+  counts_header();
+  bool ops = getenv("CAVS_COUNTS_OPS") != NULL;
+  cavs_emu_log(ops);
+  for (int b = 0; b < steps && b < nb; b++) {
+    int kb = n - b * (int)batch < batch ? n - b * (int)batch : (int)batch;
+    counted_step(m, gs + b * batch, kb, &c);
+    counts_line("treelstm-sst", "float", &c);
+    printf("# host scheduling: %.3f ms\n", 1e3 * c.host);
+    steady("treelstm on SST", &c);
+    const cavs_emu_op *op;
+    long nops = cavs_emu_ops(&op);
+    static const char *const kinds[] = {"kernel", "gemm", "memset", "copy"};
+    for (long i = 0; i < nops; i++) printf("op %s %ld %ld %ld\n", kinds[op[i].kind], op[i].a, op[i].b, op[i].c);
+  }
+  cavs_emu_log(0);
+  free(gs);
+  free_all(m, since);
+  cavs_dataset_free(set);
+  cavs_vocab_free(v);
 }
 END_TEST
 
@@ -418,7 +833,6 @@ END_TEST
    children as a set (Child-Sum), attention over a set (seq2seq), and matrices per vertex
    (MV-RNN) */
 static const int few[] = {0, 7, 10, 11};
-static bool all;
 static int nrun;
 
 /* in the parent, before the tests fork: each model they use built once */
@@ -426,6 +840,19 @@ static void build_models(void) {
   for (int i = 0; i < nrun; i++)
     for (int p = 0; p < 2; p++)
       for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
+  drop_c = load_model(drop_src, "double");
+  drop_u = load_host_cuda_with("mixdrop", drop_src, "double", "cuda_emu.h");
+}
+
+/* the models the counts use */
+static void build_counted(void) {
+  for (int i = 0; i < nrun; i++) example(all ? i : few[i], "float", true);
+}
+
+/* the models the faults use */
+static void build_faulted(void) {
+  example(0, "float", true);
+  example(7, "float", true);
 }
 
 int main(void) {
@@ -442,9 +869,32 @@ int main(void) {
     tcase_add_loop_test(tc, examples_float, x, x + 1);
     tcase_add_loop_test(tc, streams_in_any_order, x, x + 1);
     if (all || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
+    tcase_add_loop_test(tc, inference_as_cpu, x, x + 1);
   }
-  tcase_add_test(tc, steady_state_counts);
+  /* a Tree-LSTM (lookup tables), children as a set, attention, matrices per vertex */
+  for (int i = 0; i < 4; i++) {
+    tcase_add_loop_test(tc, serial_as_batched, few[i], few[i] + 1);
+    tcase_add_loop_test(tc, optimizers_as_cpu, few[i], few[i] + 1);
+    tcase_add_loop_test(tc, checkpoint_to_cpu, few[i], few[i] + 1);
+  }
+  tcase_add_test(tc, dropout_as_cpu);
   suite_add_tcase(s, tc);
+  TCase *counts = tcase_create("counts");
+  tcase_set_timeout(counts, 300);
+  tcase_add_unchecked_fixture(counts, build_counted, NULL);
+  for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
+  if (getenv("CAVS_COUNTS_SST")) tcase_add_test(counts, sst_counts);
+  suite_add_tcase(s, counts);
+  /* a Tree-LSTM (lookup tables, two streams) and children as a set (edges); under
+     valgrind the Tree-LSTM, at a few points */
+  TCase *faults = tcase_create("faults");
+  tcase_set_timeout(faults, 300);
+  tcase_add_unchecked_fixture(faults, build_faulted, NULL);
+  for (int x = 0; x <= 7; x += all ? 7 : 8) {
+    tcase_add_loop_test(faults, failed_malloc, x, x + 1);
+    tcase_add_loop_test(faults, failed_launch, x, x + 1);
+  }
+  suite_add_tcase(s, faults);
   TCase *own = tcase_create("the emulator's checks");
   tcase_add_test(own, copies_checked);
   tcase_add_test(own, gemm_column_major);

@@ -29,7 +29,10 @@
  * device-to-host copy into pinned memory leaves poison (NaNs) there until it runs; a
  * host-to-device copy from pinned memory that the host changes before the copy has run
  * is an error. cudaFree and cudaFreeHost do not synchronize (the documentation says they
- * may): freeing memory that queued work still uses is an error.
+ * may): freeing memory that queued work still uses is an error. A fault (an illegal
+ * address) is sticky, as on a GPU: the context is lost, the work queued behind it is
+ * dropped unrun, and every later call fails (cudaFree and cudaFreeHost still free, so
+ * that a test sees what a model leaves).
  *
  * Capture and graphs. A stream being captured records nodes instead of queuing work,
  * streams joining through events recorded in it; calls that would synchronize, or use
@@ -148,6 +151,12 @@ cudaError_t fail(cudaError_t e) {
 }
 
 cavs_emu_counts counts;
+/* with cavs_emu_log: what was issued to a stream since the counters' reset */
+bool logging;
+std::vector<cavs_emu_op> &oplog = *new std::vector<cavs_emu_op>;
+void log_op(int kind, long a, long b = 0, long c = 0) {
+  if (logging) oplog.push_back({kind, a, b, c});
+}
 int order = CAVS_EMU_ISSUED;
 long fail_malloc_at, fail_launch_at;
 
@@ -340,8 +349,10 @@ void run_until(const std::vector<OpP> &targets, bool all) {
     best->done = true;
     best->deps.clear();
     best->run = nullptr;
+    if (sticky) break; /* a fault: the context is lost, and with it the rest of the queue */
   }
   if (!was_open) close_device();
+  if (sticky) pending.clear();
   pending.erase(std::remove_if(pending.begin(), pending.end(), [](const OpP &o) { return o->done; }), pending.end());
 }
 void run_all() { run_until({}, true); }
@@ -800,6 +811,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
       w.run = [dst, staged, n] { memcpy(dst, staged->data(), n); };
     }
     counts.bytes_htod += (long)n;
+    if (!stream_of(stream)->cap) log_op(CAVS_EMU_OP_COPY, (long)n);
   } else {
     if (!want_d && async && pinned_dst) {
       /* until it runs, the host reads poison there */
@@ -809,6 +821,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
     w.run = [dst, src, n] { memcpy(dst, src, n); };
     if (want_d) counts.bytes_dtod += (long)n;
     else counts.bytes_dtoh += (long)n;
+    if (!stream_of(stream)->cap) log_op(CAVS_EMU_OP_COPY, (long)n);
   }
   CUstream_st *s = stream_of(stream);
   OpP op;
@@ -848,7 +861,7 @@ cudaError_t memset_work(void *p, int value, size_t pitch, size_t width, size_t h
     for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, value, width);
   };
   CUstream_st *s = stream_of(stream);
-  if (!s->cap) counts.memsets++;
+  if (!s->cap) counts.memsets++, log_op(CAVS_EMU_OP_MEMSET, (long)(width * height));
   return issue(s, std::move(w));
 }
 
@@ -898,7 +911,7 @@ cublasStatus_t gemm(const char *name, cublasHandle_t h, cublasOperation_t ta, cu
   }
   double al = (double)*alpha, be = (double)*beta;
   CUstream_st *s = stream_of(h->stream);
-  if (!s->cap) counts.blas_calls++;
+  if (!s->cap) counts.blas_calls++, log_op(CAVS_EMU_OP_GEMM, m, n, k);
   if (m == 0 || n == 0 || ((al == 0 || k == 0) && be == 1)) return CUBLAS_STATUS_SUCCESS;
   bool reads_ab = al != 0 && k > 0;
   auto extent = [](int rows, int cols, int ld) { return ((size_t)(cols - 1) * (size_t)ld + (size_t)rows) * sizeof(T); };
@@ -909,6 +922,7 @@ cublasStatus_t gemm(const char *name, cublasHandle_t h, cublasOperation_t ta, cu
   if (!why.empty()) { /* the product would read or write where it must not: on a GPU, a fault */
     violation(call + ": " + why);
     sticky = last_error = cudaErrorIllegalAddress;
+    pending.clear();
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   Work w;
@@ -985,6 +999,7 @@ void cavs_emu::launch(const char *name, const char *file, int line, const void *
     if (!why.empty()) { /* on a GPU the kernel faults when it reads it */
       violation(fmt("%s: pointer argument %d (%p) is ", what.c_str(), i + 1, ptrs[i]) + why);
       sticky = last_error = cudaErrorIllegalAddress;
+      pending.clear();
       return;
     }
     Alloc *a = alloc_at(ptrs[i]);
@@ -996,6 +1011,7 @@ void cavs_emu::launch(const char *name, const char *file, int line, const void *
   bool fault = false;
   if (!s->cap) {
     counts.launches++;
+    log_op(CAVS_EMU_OP_KERNEL, (long)grid * (long)block);
     fault = fail_launch_at > 0 && --fail_launch_at == 0;
   }
   w.what = what;
@@ -1482,7 +1498,19 @@ void cavs_emu_set_order(int o) {
 
 void cavs_emu_counters(cavs_emu_counts *out, int reset) {
   if (out) *out = counts;
-  if (reset) memset(&counts, 0, sizeof counts);
+  if (reset) {
+    memset(&counts, 0, sizeof counts);
+    oplog.clear();
+  }
+}
+
+void cavs_emu_log(int on) {
+  logging = on;
+  oplog.clear();
+}
+long cavs_emu_ops(const cavs_emu_op **ops) {
+  *ops = oplog.data();
+  return (long)oplog.size();
 }
 
 const char *cavs_emu_errors(void) { return errors.empty() ? nullptr : errors.c_str(); }

@@ -31,6 +31,17 @@ typedef struct cavs_emu_counts {
 } cavs_emu_counts;
 void cavs_emu_counters(cavs_emu_counts *out, int reset);
 
+/* With cavs_emu_log(1), each kernel launch, cuBLAS product, memset and copy issued to a
+ * stream since the counters were last reset, in order (what a timing model needs: how
+ * big each was). Off by default. */
+enum { CAVS_EMU_OP_KERNEL, CAVS_EMU_OP_GEMM, CAVS_EMU_OP_MEMSET, CAVS_EMU_OP_COPY };
+typedef struct cavs_emu_op {
+  int kind;
+  long a, b, c; /* a kernel: its threads; a product: m, n, k; a memset or copy: its bytes */
+} cavs_emu_op;
+void cavs_emu_log(int on);
+long cavs_emu_ops(const cavs_emu_op **ops);
+
 /* Every misuse found since the last clear (a copy whose kind does not match its
  * pointers, host memory passed as device memory, a range past its allocation, ...),
  * one line each naming the call and its arguments; NULL when there was none. A fault
@@ -56,7 +67,8 @@ int cavs_emu_host_faults(void);
 
 /* Faults on purpose: the n-th cudaMalloc from now fails with cudaErrorMemoryAllocation,
  * the n-th kernel launch from now fails when it runs with cudaErrorIllegalAddress (a
- * sticky error, as a GPU's); 0 turns either off. */
+ * sticky error, as a GPU's: what was queued is dropped, and the process's CUDA fails
+ * from then on); 0 turns either off. */
 void cavs_emu_fail_malloc(long n);
 void cavs_emu_fail_launch(long n);
 
