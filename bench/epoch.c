@@ -9,7 +9,7 @@
  *
  *   bench/epoch [--policy bfs|depth|agenda|frontier|serial] [--batch 64] [--dim H=256] [--threads 2]
  *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--no-homes]
- *               [--blas] MODEL FORMAT FILE
+ *               [--blas] [--optimizer adam|adagrad|sgd] MODEL FORMAT FILE
  * --no-eager and --no-lazy run those phases task by task, --no-views copies every
  * gather that a view would read in place, --no-homes every one that a child's loops
  * store at home (cavs_model_set_ablations);
@@ -112,7 +112,7 @@ static void cpu_name(char *out, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  const char *policy = "bfs", *dimset[CAVS_MAX_DIMS];
+  const char *policy = "bfs", *dimset[CAVS_MAX_DIMS], *optimizer = "adam";
   int ndimset = 0, batch = 64, threads = 2, epochs = 1, limit = 0, infer = 0, ablate = 0, blas = 0;
   int i = 1;
   for (; i < argc && argv[i][0] == '-'; i += 2) {
@@ -136,6 +136,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--epochs")) epochs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--limit")) limit = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--optimizer")) optimizer = argv[i + 1];
     else if (!strcmp(argv[i], "--dim") && ndimset < CAVS_MAX_DIMS) dimset[ndimset++] = argv[i + 1];
     else {
       fprintf(stderr, "epoch: unknown option %s\n", argv[i]);
@@ -208,7 +209,12 @@ int main(int argc, char **argv) {
   int n = cavs_dataset_count(ds);
   if (limit && limit < n) n = limit;
   const cavs_graph **gs = malloc(sizeof(cavs_graph *) * (size_t)batch);
-  cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3};
+  /* Adam by default, as cavs train; --optimizer adagrad is the hand-written anchor's */
+  cavs_optim opt = {.kind = cavs_optim_kind(optimizer), .lr = cavs_optim_default_lr(cavs_optim_kind(optimizer))};
+  if (opt.kind < 0) {
+    fprintf(stderr, "epoch: unknown optimizer %s\n", optimizer);
+    return 1;
+  }
   for (int e = 0; e < epochs; e++) {
     double loss = 0;
     long count = 0, correct = 0, vertices = 0;

@@ -33,9 +33,9 @@ static inline CAVS_HD double cv_clip_scale(double norm2, double clip) {
   /* SGD: p -= lr g */                                                                          \
   static inline CAVS_HD void cv_sgd_##S(R *p, R g, R lr) { *p -= lr * g; }                       \
   /* Adagrad: the squares summed in m1 */                                                       \
-  static inline CAVS_HD void cv_adagrad_##S(R *p, R *m1, R g, R lr, double eps) {              \
+  static inline CAVS_HD void cv_adagrad_##S(R *p, R *m1, R g, R lr, R e) {                    \
     *m1 += g * g;                                                                               \
-    *p -= lr * g / (R)(sqrt((double)*m1) + eps);                                                \
+    *p -= lr * g / (CV_ARITH_SQRT_##S(*m1) + e);                                                \
   }                                                                                             \
   /* Adam with bias correction: ic1 = 1/(1 - b1^t), ic2 = 1/(1 - b2^t) */                       \
   static inline CAVS_HD void cv_adam_##S(R *p, R *m1, R *m2, R g, R lr, R a1, R a2, R ic1, R ic2, \

@@ -91,7 +91,8 @@ typedef struct cv_backend {
   /* One optimizer step over the spans of the flat blocks (m->pflat, gflat, m1, m2), -1
      with the message in the model when it failed:
      weight decay, global-norm clipping, then o->kind's update with the step count in
-     m->step; b1, b2, eps are resolved (no zeros). */
+     m->step, each gradient zeroed as the update uses it (the next backward pass then
+     clears only what no step zeroed); b1, b2, eps are resolved (no zeros). */
   int (*step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int nspans, double b1, double b2,
               double eps);
   /* The index of the first NaN or infinity among n scalars of the model's precision at

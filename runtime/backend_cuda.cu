@@ -1135,20 +1135,21 @@ template <typename R> struct Update {
 /* norm2: the gradients' squares summed by decay_norm, with a clip (else NULL): each
    thread scales by what cv_clip_scale makes of it, as the CPU's step does once */
 template <typename R>
-__global__ void update(R *P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns,
+__global__ void update(R *P, R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns,
                        const double *norm2, Update<R> u);
 
 #define CV_UPDATE(R, S)                                                                                   \
   template <>                                                                                             \
-  __global__ void update<R>(R * P, const R *G, R *M1, R *M2, const size_t *off, const size_t *start,       \
+  __global__ void update<R>(R * P, R * G, R *M1, R *M2, const size_t *off, const size_t *start,             \
                             int ns, const double *norm2, Update<R> u) {                                   \
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                                             \
     if (i >= start[ns]) return;                                                                           \
     size_t f = flat_at(off, start, ns, i);                                                                \
     R sc = norm2 ? (R)cv_clip_scale(*norm2, u.clip) : (R)1;                                               \
     R g = sc * G[f];                                                                                      \
+    G[f] = 0; /* zeroed as it is used: the next backward pass need not clear it */                       \
     if (u.kind == CAVS_SGD) cv_sgd_##S(&P[f], g, u.lr);                                                   \
-    else if (u.kind == CAVS_ADAGRAD) cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.eps);                      \
+    else if (u.kind == CAVS_ADAGRAD) cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.e);                        \
     else cv_adam_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e);                     \
   }
 CV_UPDATE(float, f)

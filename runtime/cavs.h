@@ -262,7 +262,9 @@ typedef struct cavs_optim {
   double weight_decay; /* L2, added to the gradient */
   double beta1, beta2, eps; /* Adam (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
 } cavs_optim;
-/* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated. */
+/* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated.
+ * The step uses the gradients up and leaves them zero (read them, with
+ * cavs_model_grad, between the backward pass and the step). */
 int cavs_model_step(cavs_model *m, const cavs_optim *o);
 /* Parameter `param` left as it is by every step from now (frozen 1) or updated again
  * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with

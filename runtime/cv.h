@@ -52,6 +52,9 @@ struct cavs_model {
   int *ntouched;
   unsigned char **mark;
   unsigned char *frozen; /* per parameter group: the optimizer leaves it as it is */
+  /* per parameter group: its gradient is all zero (the step that used it zeroed it, in
+     the same pass over it), so the next backward pass need not clear it */
+  unsigned char *pg_clean;
   /* optimizer state; spans: scratch of optim.c */
   void *spans;
   int capspans;   /* allocated with the model: a step allocates nothing but Adam's moments */

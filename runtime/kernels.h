@@ -199,16 +199,19 @@ CV_HOT static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_sp
   for (int k = 0; k < ns; k++) {
     R *p = P + sp[k].off, *g = G + sp[k].off, *m1 = M1 + sp[k].off, *m2 = M2 + sp[k].off;
     size_t len = sp[k].len;
+    /* each gradient is zeroed as it is used: the next backward pass need not clear it */
+    R e = (R)eps;
     switch (o->kind) {
     case CAVS_SGD:
-      for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr);
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr), g[i] = 0;
       break;
     case CAVS_ADAGRAD:
-      for (size_t i = 0; i < len; i++) CV_NAME(cv_adagrad)(&p[i], &m1[i], sc * g[i], lr, eps);
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_adagrad)(&p[i], &m1[i], sc * g[i], lr, e), g[i] = 0;
       break;
     default: {
-      R a1 = (R)b1, a2 = (R)b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2), e = (R)eps;
-      for (size_t i = 0; i < len; i++) CV_NAME(cv_adam)(&p[i], &m1[i], &m2[i], sc * g[i], lr, a1, a2, ic1, ic2, e);
+      R a1 = (R)b1, a2 = (R)b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2);
+      for (size_t i = 0; i < len; i++)
+        CV_NAME(cv_adam)(&p[i], &m1[i], &m2[i], sc * g[i], lr, a1, a2, ic1, ic2, e), g[i] = 0;
     }
     }
   }

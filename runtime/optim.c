@@ -117,5 +117,10 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   int ns;
   cv_span *sp = spans(m, &ns);
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
-  return m->be->step(m, o, sp, ns, b1, b2, eps);
+  if (m->be->step(m, o, sp, ns, b1, b2, eps)) return -1;
+  /* the step zeroed the gradient of every span it updated: a dense group not frozen is
+     clean for the next backward pass (a lookup table's touched rows are cleared there) */
+  const cavs_desc *d = m->d;
+  for (int g = 0; g < d->npgroups; g++) m->pg_clean[g] = !m->frozen[g] && d->pgroups[g].sparse_input < 0;
+  return 0;
 }

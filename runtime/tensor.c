@@ -261,6 +261,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
 
   NEW(m->pg_off, d->npgroups, "parameter groups");
   NEW(m->frozen, d->npgroups, "parameter groups");
+  NEW(m->pg_clean, d->npgroups, "parameter groups");
   NEW(m->pg_rows, d->npgroups, "parameter groups");
   NEW(m->pg_cols, d->npgroups, "parameter groups");
   NEW(m->bw, d->nbufs, "buffers");
@@ -408,7 +409,7 @@ void cavs_model_free(cavs_model *m) {
     free(m->hval[k]); free(m->hgrad[k]); free(m->hkey[k]);
   }
   free(m->spans);
-  free(m->pg_off); free(m->frozen); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
+  free(m->pg_off); free(m->frozen); free(m->pg_clean); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
   free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->gorder); free(m->gkey); free(m->xent_acc);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);

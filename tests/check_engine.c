@@ -420,6 +420,53 @@ START_TEST(threads_do_not_change_results) {
 }
 END_TEST
 
+/* A step uses the gradients up and zeroes them as it goes, so a backward pass after a
+ * step clears only what no step zeroed. The gradients after step, forward, backward are
+ * bit for bit those of a new model given the stepped parameters; a second backward pass
+ * without a step gives the same gradients again (not twice them); a frozen group, which
+ * no step touches, is cleared all the same; every optimizer, the two-type model too (its
+ * two types' eager gradients are apart). */
+START_TEST(step_leaves_gradients_clean) {
+  static const char *const files[] = {"treelstm.vf", "twotype.vf"};
+  const cavs_desc *d = load_model(files[_i], "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  static const int kinds[] = {CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM};
+  for (int o = 0; o < 3; o++)
+    for (int frozen = 0; frozen < 2; frozen++) {
+      cavs_model *a = new_model(d, dims, 9), *b = new_model(d, dims, 9);
+      if (frozen) ck_assert(cavs_model_freeze(a, 0, 1) == 0); /* the embeddings' table */
+      cavs_optim opt = {.kind = kinds[o], .lr = 0.05, .weight_decay = 1e-3, .clip = 1};
+      cavs_stats st;
+      ck_assert_msg(cavs_model_forward(a, gs, k, &st) == 0, "%s", cavs_model_error(a));
+      cavs_model_backward(a);
+      ck_assert(cavs_model_step(a, &opt) == 0);
+      ck_assert(cavs_model_forward(a, gs, k, &st) == 0);
+      cavs_model_backward(a);
+      /* b: a's parameters now, nothing before */
+      size_t n, nb;
+      const float *pa = cavs_model_params_flat(a, &n);
+      float *pb = cavs_model_params_flat(b, &nb);
+      ck_assert(n == nb);
+      memcpy(pb, pa, n * sizeof *pb);
+      ck_assert(cavs_model_forward(b, gs, k, &st) == 0);
+      cavs_model_backward(b);
+      const float *ga = cavs_model_grads_flat(a, &n), *gb = cavs_model_grads_flat(b, &nb);
+      ck_assert_msg(!memcmp(ga, gb, n * sizeof *ga), "%s, optimizer %d%s: the gradients after a step are not a new model's",
+                    files[_i], kinds[o], frozen ? ", emb frozen" : "");
+      /* backward again, no step between: the same, not twice */
+      cavs_model_backward(a);
+      ck_assert_msg(!memcmp(cavs_model_grads_flat(a, &n), gb, n * sizeof *ga),
+                    "%s, optimizer %d%s: a second backward pass added to the first", files[_i], kinds[o],
+                    frozen ? ", emb frozen" : "");
+      cavs_model_free(a);
+      cavs_model_free(b);
+    }
+}
+END_TEST
+
 /* A softmax as wide as a vocabulary runs over the pool in chunks of rows (backend_cpu.c):
  * the loss, the counts and every prediction are those of the probabilities read back
  * (cavs_model_vertex_probs, computed in double from the logits), row for row, with one
@@ -1188,6 +1235,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
+  tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
   tcase_add_loop_test(tc, homes_change_nothing, 0, NEXAMPLES);
