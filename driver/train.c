@@ -468,6 +468,8 @@ int cmd_train(TrainOpts *o) {
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
   if (o->init_all && o->resume)
     die(1, "train: --init-all starts a new model; --resume goes on from the checkpoint's parameters");
+  if (o->ninit && o->resume) /* it was passed over without a word */
+    die(1, "train: --init starts a new model's tables; --resume goes on from the checkpoint's");
   Run r = {.o = o};
   r.best_path = o->save ? fmt("%s.best", o->save) : NULL;
   check_outputs(o, r.best_path);

@@ -671,6 +671,13 @@ START_TEST(init_and_freeze) {
   tu_write(path_in("w13.txt"), "w3 1 2 3 4 5 6 7 8 9 10 11 12 13\n", 33);
   char init13[4500];
   snprintf(init13, sizeof init13, "emb=%s", path_in("w13.txt"));
+  /* --init with --resume: refused, not passed over */
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("ir.ckpt"), NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--init", init, "--resume", path_in("ir.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--init starts a new model's tables"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
   r = TRAIN("--epochs", "1", "--init", init13, NULL);
   ck_assert_msg(r.status == 1 && strstr(r.err, "w13.txt:1: error: 'w3' has 13 numbers; 'emb' is 12 wide"), "%s",
                 tu_tail(r.err, 600));
