@@ -628,13 +628,16 @@ START_TEST(checkpoint_to_cpu) {
   cavs_model *mu = passes(du, dims, "cuda", CAVS_BFS, gs, k), *mc = model_on(dc, dims, "cpu", 0, 0);
   cavs_optim o = {.kind = CAVS_ADAM, .lr = 1e-2};
   ck_assert_msg(cavs_model_step(mu, &o) == 0, "%s", cavs_model_error(mu));
-  char path[4200], err[512];
-  snprintf(path, sizeof path, "%s/cuda.ckpt", tu_tmpdir());
+  char path[4200], err[512], *dir = tu_tmpdir();
+  snprintf(path, sizeof path, "%s/cuda.ckpt", dir);
   ck_assert_msg(cavs_ckpt_save(path, mu, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
   cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
   ck_assert_msg(ck != NULL, "%s", err);
   ck_assert_msg(cavs_ckpt_apply_weights(ck, mc, err, sizeof err) == 0, "%s", err);
   cavs_ckpt_free(ck);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
   same_params(mc, mu, 0);
   same_forward(mc, mu, gs, k, 1e-12);
   cavs_model_free(mc);
