@@ -78,12 +78,23 @@ static const char *const base_cflags[] = {"-std=c11", "-O3", "-march=native", "-
 static const char *const nvcc_flags[] = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
                                          "-Xlinker", "-rpath=" CAVS_CUDA_HOME "/lib64"};
 
-static const char *const *model_cflags(int *n) {
-  int nbase = (int)(sizeof base_cflags / sizeof *base_cflags), k = 0;
+#ifdef CAVS_DRIVER_EMULATED
+/* tests/cavs-emu, the tests' build of this command (never installed), whose cuda backend
+ * is backend_cuda.cu on the emulated CUDA runtime of tests/cuda_emu.h: a cuda-target
+ * model is MODEL.cu compiled by the host C++ compiler under that header, as
+ * check_cuda_emu compiles it (tests/cudatest.h), its CUDA calls resolved in the emulator
+ * that tests/libcavs-emu holds. */
+static const char *const emu_flags[] = {"-x", "c++", "-std=c++17", "-O2", "-ffp-contract=off", "-fPIC", "-shared",
+                                        "-include", CAVS_CFG_SRCDIR "/tests/cuda_emu.h", "-I" CAVS_CFG_SRCDIR "/tests"};
+#endif
+
+/* `base`, then the words of $CAVS_MODEL_CFLAGS */
+static const char *const *model_flags(const char *const *base, int nbase, int *n) {
+  int k = 0;
   const char *e = getenv("CAVS_MODEL_CFLAGS");
   char *words = xstrdup(e ? e : "");
   const char **flags = xmalloc(sizeof *flags * (nbase + strlen(words) / 2 + 1));
-  for (int i = 0; i < nbase; i++) flags[k++] = base_cflags[i];
+  for (int i = 0; i < nbase; i++) flags[k++] = base[i];
   for (char *save = NULL, *w = strtok_r(words, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) flags[k++] = w;
   *n = k;
   return flags;
@@ -97,10 +108,10 @@ static const char *model_target(void) {
 static CacheReq cache_req(const char *name, const char *text, size_t len, const char *expect, const char *target) {
   const char *cc = getenv("CC");
   int ncflags;
-  const char *const *cflags = model_cflags(&ncflags);
+  const char *const *cflags = model_flags(base_cflags, (int)(sizeof base_cflags / sizeof *base_cflags), &ncflags);
   CacheReq q = {.cavsc = find_cavsc(), .include = find_include(), .cc = cc && *cc ? cc : "cc", .cflags = cflags,
                 .ncflags = ncflags, .version = CAVS_VERSION, .text = text, .len = len, .name = name,
-                .expect = expect, .target = target, .ablations = build_ablations};
+                .expect = expect, .target = target, .ablations = build_ablations, .precision = model_precision};
   if (target && !strcmp(target, "cuda")) {
     const char *nvcc = getenv("NVCC");
 #ifdef CAVS_NVCC
@@ -109,6 +120,10 @@ static CacheReq cache_req(const char *name, const char *text, size_t len, const 
     q.cc = nvcc && *nvcc ? nvcc : "nvcc";
     q.cflags = nvcc_flags;
     q.ncflags = (int)(sizeof nvcc_flags / sizeof *nvcc_flags);
+#ifdef CAVS_DRIVER_EMULATED
+    q.cc = CAVS_EMU_CXX;
+    q.cflags = model_flags(emu_flags, (int)(sizeof emu_flags / sizeof *emu_flags), &q.ncflags);
+#endif
   }
   return q;
 }
@@ -161,6 +176,7 @@ Loaded load_model_arg(const char *path) {
 Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path) {
   const char *src = cavs_ckpt_source(k);
   char *name = fmt("%s (the model source in the checkpoint)", ckpt_path);
+  model_precision = cavs_ckpt_precision(k) == CAVS_DOUBLE ? "double" : NULL;
   CacheReq q = cache_req(name, src, strlen(src), cavs_ckpt_model(k), model_target());
   char err[2048];
   int rc = cache_check_source(&q, err, sizeof err);
@@ -247,11 +263,6 @@ int cmd_build(int argc, char **argv) {
 }
 
 const char *check_device(const char *name) {
-  /* a build tree's cavs uses the build tree's CUDA module, as it does its cavsc */
-  const char *e = getenv("CAVS_CUDA_MODULE");
-  char *mod = !e || !*e ? beside_exe("runtime/cavs-cuda.so") : NULL;
-  if (mod) setenv("CAVS_CUDA_MODULE", mod, 1);
-  free(mod);
   const char *env = getenv("CAVS_DEVICE");
   if (!name && env && *env) name = env; /* what make check pins: the same device anywhere */
   if (!name) {

@@ -23,6 +23,8 @@ extern const char *prog; /* "cavs": the start of every message */
 extern cavs_model_opts model_opts;
 /* what --no-eager, --no-lazy and --policy ask of every model made (ablations) */
 extern int model_ablations, model_policy;
+/* train --precision, or a checkpoint's: what a model is built in (NULL: float) */
+extern const char *model_precision;
 /* what --no-fuse (1), --no-merge (2) and --no-homes (4) ask of every model built from a .vf */
 extern int build_ablations;
 

@@ -129,6 +129,10 @@ static bool model_option(int id, const char *arg) {
   case OPT_NO_MERGE: build_ablations |= 2; break;
   case OPT_NO_HOMES: build_ablations |= 4; break;
   case OPT_MAX_MEMORY: cavs_set_memory_limit(parse_size("max-memory", arg)); break;
+  case OPT_PRECISION:
+    if (strcmp(arg, "float") && strcmp(arg, "double")) die(1, "--precision: '%s' is not float or double", arg);
+    model_precision = arg;
+    break;
   default: return false;
   }
   return true;

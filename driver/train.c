@@ -132,14 +132,21 @@ static void check_outputs(const TrainOpts *o, const char *best_path) {
   }
 }
 
-/* --resume: the checkpoint, read and checked against the model; its dims into dims
- * (those given again must agree), and the training settings not given again into o. */
+/* --resume: the checkpoint, read before the model is built, in the checkpoint's
+ * precision unless --precision is given (and resume_settings refuses another). */
+static void read_resumed(Run *r) {
+  char err[1024];
+  r->ck = keep(cavs_ckpt_read(r->o->resume, err, sizeof err));
+  if (!r->ck) die(1, "%s", err);
+  if (!model_precision && cavs_ckpt_precision(r->ck) == CAVS_DOUBLE) model_precision = "double";
+}
+
+/* --resume: the checkpoint checked against the model; its dims into dims (those given
+ * again must agree), and the training settings not given again into o. */
 static void resume_settings(Run *r, long *dims) {
   TrainOpts *o = r->o;
   const cavs_desc *d = r->d;
   char err[1024];
-  r->ck = keep(cavs_ckpt_read(o->resume, err, sizeof err));
-  if (!r->ck) die(1, "%s", err);
   if (strcmp(cavs_ckpt_model(r->ck), d->name))
     die(1, "%s: the checkpoint is of model '%s', not '%s'", o->resume, cavs_ckpt_model(r->ck), d->name);
   if (strcmp(cavs_ckpt_hash(r->ck), d->source_hash))
@@ -473,6 +480,7 @@ int cmd_train(TrainOpts *o) {
   Run r = {.o = o};
   r.best_path = o->save ? fmt("%s.best", o->save) : NULL;
   check_outputs(o, r.best_path);
+  if (o->resume) read_resumed(&r);
   r.L = load_model_arg(o->model);
   r.d = r.L.desc;
   long dims[CAVS_MAX_DIMS] = {0};

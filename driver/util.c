@@ -16,6 +16,7 @@
 const char *prog = "cavs";
 cavs_model_opts model_opts;
 int model_ablations, model_policy = CAVS_BFS;
+const char *model_precision; /* NULL: float */
 int build_ablations;
 
 _Noreturn void die(int status, const char *fmt, ...) {
@@ -34,9 +35,10 @@ double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* A failure reported by libcavs: exit status 2 when memory ran out (the library sets
- * errno to ENOMEM; errno is cleared before each call), 1 for anything else. */
-_Noreturn void lib_die(const char *msg) { die(errno == ENOMEM ? 2 : 1, "%s", msg); }
+/* A failure reported by libcavs: exit status 2 when memory ran out or the device failed
+ * (the library sets errno to ENOMEM or EIO; errno is cleared before each call), 1 for
+ * anything else. */
+_Noreturn void lib_die(const char *msg) { die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s", msg); }
 
 /* ---- the keep list ---- */
 

@@ -13,9 +13,9 @@
 
 /* The CUDA backend is a module of its own (cavs-cuda.so, built when configure finds
  * nvcc), loaded the first time a model asks for it: a CPU-only build, or a machine
- * without the CUDA libraries, never links them. $CAVS_CUDA_MODULE names another copy
- * (the build tree's, for the tests); like LD_LIBRARY_PATH, it is the user's own
- * environment, not input.
+ * without the CUDA libraries, never links them. Which module is fixed by where this
+ * libcavs is, never by the environment or an option: the one installed with it, or the
+ * build tree's for the build tree's libcavs (what make check runs).
  *
  * CAVS_CUDA_EMULATED is the tests' build of libcavs (tests/libcavs-emu.la, never
  * installed): backend_cuda.cu compiled against the emulated CUDA runtime of tests/ is
@@ -24,24 +24,39 @@
 extern const cv_backend cv_backend_cuda;
 static const cv_backend *cuda_module(char *msg, size_t len) { return &cv_backend_cuda; }
 #elif defined(CAVS_CUDA_MODULE)
-/* cavs/cavs-cuda.so beside this libcavs (the pkglibdir of the prefix it is installed
-   in, wherever that is now: a prefix changed since the build, a DESTDIR) into p, when
-   it is there */
-static bool module_beside_library(char *p, size_t cap) {
+/* The directory this libcavs was loaded from (its real path), into dir */
+static bool library_dir(char *dir, size_t cap) {
   Dl_info info;
-  if (!dladdr((void *)cavs_version, &info) || !info.dli_fname) return false;
-  const char *slash = strrchr(info.dli_fname, '/');
+  char real[PATH_MAX];
+  if (!dladdr((void *)cavs_version, &info) || !info.dli_fname || !realpath(info.dli_fname, real)) return false;
+  char *slash = strrchr(real, '/');
   if (!slash) return false;
-  int n = snprintf(p, cap, "%.*s/cavs/cavs-cuda.so", (int)(slash - info.dli_fname), info.dli_fname);
-  return n > 0 && (size_t)n < cap && !access(p, R_OK);
+  *slash = 0;
+  int n = snprintf(dir, cap, "%s", real);
+  return n > 0 && (size_t)n < cap;
+}
+
+/* The module for this libcavs, into p: the build tree's (runtime/cavs-cuda.so) when this
+   is the build tree's libcavs (libtool keeps it in .libs); else cavs/cavs-cuda.so beside
+   it (the pkglibdir of the prefix it is installed in, wherever that is now: a prefix
+   changed since the build, a DESTDIR) when it is there; else the configured pkglibdir. */
+static void module_path(char *p, size_t cap) {
+  char dir[PATH_MAX], build[PATH_MAX];
+  bool here = library_dir(dir, sizeof dir);
+  if (here && realpath(CAVS_CFG_BUILDDIR "/.libs", build) && !strcmp(dir, build)) {
+    snprintf(p, cap, "%s", CAVS_CFG_BUILDDIR "/runtime/cavs-cuda.so");
+    return;
+  }
+  int n = here ? snprintf(p, cap, "%s/cavs/cavs-cuda.so", dir) : -1;
+  if (n > 0 && (size_t)n < cap && !access(p, R_OK)) return;
+  snprintf(p, cap, "%s", CAVS_CFG_PKGLIBDIR "/cavs-cuda.so");
 }
 
 static const cv_backend *cuda_module(char *msg, size_t len) {
   static const cv_backend *loaded;
   if (loaded) return loaded;
-  char beside[4096];
-  const char *path = getenv("CAVS_CUDA_MODULE");
-  if (!path || !*path) path = module_beside_library(beside, sizeof beside) ? beside : CAVS_CFG_PKGLIBDIR "/cavs-cuda.so";
+  char path[PATH_MAX + 32];
+  module_path(path, sizeof path);
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     snprintf(msg, len, "the CUDA backend cannot be loaded: %s", dlerror());

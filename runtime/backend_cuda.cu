@@ -42,6 +42,7 @@ enum { THREADS = CAVS_CUDA_BLOCK };
 struct Dev {
   cublasHandle_t blas;
   bool failed;
+  int errnum; /* errno for the failure (record) */
   cudaStream_t st[2]; /* a pass's two streams; ctx.stream is the current one */
   cudaEvent_t ev[CV_EVENTS];
   /* with graphs: each pass captured from stream 0 and launched whole; the executable
@@ -90,9 +91,14 @@ enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
 
 static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 
-static void record(cavs_model *m, const char *file, int line, const char *fmt, ...) {
+/* The first failure, in the model's message, and what errno says of it when a call
+   returns it (status): ENOMEM when the device's memory ran out, EIO for a device that
+   failed (a fault, a lost device), EINVAL for a model the backend cannot run. */
+static void record(cavs_model *m, int errnum, const char *file, int line, const char *fmt, ...) {
   Dev *d = dev(m);
+  errno = errnum;
   if (d && d->failed) return; /* the first failure is the one to report */
+  if (d) d->errnum = errnum;
   char what[400];
   va_list ap;
   va_start(ap, fmt);
@@ -109,6 +115,13 @@ static int no_memory(cavs_model *m) {
   return -1;
 }
 
+/* -1 with errno saying what failed, once anything has: what a call returns */
+static int status(const Dev *d) {
+  if (!d->failed) return 0;
+  errno = d->errnum;
+  return -1;
+}
+
 /* The message names the call (the macro argument's text up to its parenthesis). A
    call's error is also the runtime's last error until cudaGetLastError reads it: read
    here, so that the next launch's check (CKL) does not blame itself for it, in this
@@ -118,14 +131,16 @@ static int no_memory(cavs_model *m) {
     cudaError_t e_ = (call);                                                               \
     if (e_ != cudaSuccess) {                                                               \
       (void)cudaGetLastError();                                                            \
-      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cudaGetErrorString(e_)); \
+      record((m), e_ == cudaErrorMemoryAllocation ? ENOMEM : EIO, __FILE__, __LINE__, "%.*s: %s",          \
+             (int)strcspn(#call, "("), #call, cudaGetErrorString(e_));                                     \
     }                                                                                      \
   } while (0)
 #define CKB(m, call)                                                                        \
   do {                                                                                     \
     cublasStatus_t s_ = (call);                                                            \
     if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
-      record((m), __FILE__, __LINE__, "%.*s: %s", (int)strcspn(#call, "("), #call, cublasGetStatusString(s_)); \
+      record((m), s_ == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : EIO, __FILE__, __LINE__, "%.*s: %s",         \
+             (int)strcspn(#call, "("), #call, cublasGetStatusString(s_));                                  \
   } while (0)
 /* after a launch: counted, and checked */
 #define CKL(m)                                                                              \
@@ -179,7 +194,7 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   m->ctx.stream = d->st[0];
   d->graphs = o && o->graphs;
   CK(m, cudaMalloc(&d->norm2, sizeof(double)));
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 static void cuda_close(cavs_model *m) {
@@ -293,7 +308,7 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
     if (cap > INT_MAX) return no_memory(m);
     regrow(m, (void **)&d->rows, sizeof(int) * (size_t)cap);
     regrow_pinned(m, (void **)&d->rows_host, sizeof(int) * (size_t)cap);
-    if (d->failed) return -1;
+    if (d->failed) return status(d);
     d->caprows = (int)cap;
   }
   int *h = d->rows_host + d->rows_at, *dv = d->rows + d->rows_at;
@@ -305,7 +320,7 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
   size_t words = row / 4;
   CAVS_CUDA_LAUNCH(zero_rows_k, cavs_cuda_blocks(n, (long)words, THREADS), 0)((unsigned *)base, words, dv, n);
   CKL(m);
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 /* Where each array of the schedule sits in the packed buffer: 16-byte aligned (every
@@ -345,14 +360,14 @@ static int cuda_schedule(cavs_model *m) {
   if (at > d->cap) {
     regrow_pinned(m, (void **)&d->pack_host, at);
     regrow(m, (void **)&d->pack_dev, at);
-    if (d->failed) return -1;
+    if (d->failed) return status(d);
     d->cap = at;
   }
   if (out_bytes(m, N) > d->capout) {
     size_t bytes = out_bytes(m, (size_t)m->cap_rows);
     regrow(m, (void **)&d->out_dev, bytes);
     regrow_pinned(m, (void **)&d->out_host, bytes);
-    if (d->failed) return -1;
+    if (d->failed) return status(d);
     d->capout = bytes;
   }
   size_t nl = (size_t)ds->nlosses;
@@ -418,7 +433,7 @@ static int cuda_schedule(cavs_model *m) {
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
   c->stream = d->st[0];
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 static void cuda_stream(cavs_model *m, int s) { m->ctx.stream = dev(m)->st[s]; }
@@ -436,7 +451,7 @@ static int cuda_pass_begin(cavs_model *m, int pass) {
   m->ctx.stream = d->st[0];
   CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
   m->no_alloc = true; /* (cudaMalloc would invalidate the capture) */
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 static int cuda_pass_end(cavs_model *m, int pass) {
@@ -457,7 +472,7 @@ static int cuda_pass_end(cavs_model *m, int pass) {
   if (g) cudaGraphDestroy(g);
   if (!d->failed) CK(m, cudaGraphLaunch(d->exec[pass], d->st[0]));
   m->stats.launches += !d->failed;
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 /* The one wait of a training step. After a forward pass, what it left for the host
@@ -486,7 +501,7 @@ static int cuda_synchronize(cavs_model *m) {
     }
     memcpy(m->pred, o + out_bytes(m, 0), sizeof(int) * (size_t)m->rows);
   }
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 /* ---- products: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T ---- */
@@ -545,7 +560,7 @@ static void cuda_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n,
      which have words, then the rest); past that one product over all, zero rows
      included, so that the launches of a stage do not grow with its rows */
   if (h) cv_gemm_rows_with(cuda_gemm, zero_rows, c, h, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy, 2);
-  else record(model(c), __FILE__, __LINE__, "a looked-up-row product on an array that is not an index input");
+  else record(model(c), EINVAL, __FILE__, __LINE__, "a looked-up-row product on an array that is not an index input");
 }
 
 static void cuda_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
@@ -596,7 +611,7 @@ static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, con
 /* The C target's loops run on the host: never on this backend (the targets must match),
    but the slot is filled */
 static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
-  record(model(c), __FILE__, __LINE__, "a C target's loop on the cuda backend");
+  record(model(c), EINVAL, __FILE__, __LINE__, "a C target's loop on the cuda backend");
 }
 
 static void cuda_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
@@ -1184,7 +1199,7 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
     size_t *h = (size_t *)realloc(d->spans_new, sizeof(size_t) * n);
     if (!h) return no_memory(m);
     d->spans_new = h;
-    if (d->failed) return -1;
+    if (d->failed) return status(d);
     d->capspans = m->capspans + 1;
     d->nspans_sent = -1;
   }
@@ -1210,7 +1225,7 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
     if (m->esize == 8) step_as<double>(m, o, off, start, ns, total, b1, b2, eps);
     else step_as<float>(m, o, off, start, ns, total, b1, b2, eps);
   }
-  return d->failed ? -1 : 0;
+  return status(d);
 }
 
 /* The first non-finite value: checked on the host, a piece at a time (this runs only

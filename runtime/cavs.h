@@ -277,8 +277,10 @@ int cavs_model_freeze(cavs_model *m, int param, int frozen);
  * kill the process when the pages are touched. */
 void cavs_set_memory_limit(size_t bytes); /* 0: the default */
 /* A function that fails for want of memory (over the limit, or an allocation that
- * failed) sets errno to ENOMEM: clear errno before the call and test it after a
- * failure to tell these failures from the others. */
+ * failed, on the host or the device) sets errno to ENOMEM, and one that fails because
+ * the device did (a kernel's fault, a lost GPU: the model can only be freed) to EIO:
+ * clear errno before the call and test it after a failure to tell these failures from
+ * the others. */
 size_t cavs_memory_limit(void);
 /* What m takes: its parameters, gradients and optimizer state, and a minibatch of
  * `rows` vertices (every per-row buffer and the scheduler's scratch). -1 on overflow. */

@@ -43,6 +43,34 @@ static json_t *log_records(const char *path) {
   cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dev",   \
        path_in("dev.txt"), "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--threads", "1", __VA_ARGS__)
 
+/* train --precision double: the model built and trained in double, which the checkpoint
+ * keeps: info names it, eval and a resume build the model in it without being told, and
+ * a resume told float is refused. */
+START_TEST(train_in_double) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--precision", "double", "--save", path_in("d.ckpt"), "--quiet", NULL);
+  ok(&r, "train --precision double");
+  tu_free(&r);
+  r = cavs("info", path_in("d.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, ", double)") && strstr(r.out, "1 epoch done"), "%s", tu_tail(r.out, 1200));
+  tu_free(&r);
+  r = cavs("eval", path_in("d.ckpt"), "--data", path_in("dev.txt"), NULL);
+  ok(&r, "eval of a double checkpoint");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--resume", path_in("d.ckpt"), "--save", path_in("d.ckpt"), "--quiet", NULL);
+  ok(&r, "resume of a double checkpoint");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--resume", path_in("d.ckpt"), "--precision", "float", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "the checkpoint is in double precision, the model in float"), "%s",
+                tu_tail(r.err, 600));
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--precision", "half", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--precision: 'half' is not float or double"), "%s", tu_tail(r.err, 600));
+  tu_free(&r);
+}
+END_TEST
+
 START_TEST(train_save_eval_predict) {
   gen_data();
   RunResult r = TRAIN("--epochs", "3", "--lr", "0.01", "--save", path_in("a.ckpt"), "--log", path_in("a.log"), NULL);
@@ -2190,6 +2218,7 @@ int main(void) {
   tcase_add_test(tc, option_typos_suggest);
   tcase_add_test(tc, help_and_prefixes);
   tcase_add_test(tc, init_and_freeze);
+  tcase_add_test(tc, train_in_double);
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
   tcase_add_test(tc, eval_scores_match_predictions);
