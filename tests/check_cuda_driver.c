@@ -223,6 +223,20 @@ START_TEST(trains_as_the_cpu) {
                 "%s: logged %.17g; evaluated on the cpu %.17g, on cuda %.17g", ex[_i].name, logged, on_cpu, on_cuda);
   tu_free(&c);
   tu_free(&g);
+  if (!strcmp(ex[_i].name, "seq2seq")) { /* greedy decoding: the same words on both devices */
+    const char *args[] = {"predict", gk, "--data", path_in(ex[_i].data), "--greedy", "prev", "--device", NULL, NULL};
+    args[7] = "cpu";
+    c = run_bin(cavs_bin, args);
+    args[7] = "cuda";
+    g = run_bin(emu_bin, args);
+    ok(&c, "predict --greedy on the cpu");
+    ok(&g, "predict --greedy on cuda");
+    const char *sc = strstr(c.err, "greedy decoding:"), *sg = strstr(g.err, "greedy decoding:");
+    ck_assert_msg(*c.out && !strcmp(c.out, g.out) && sc && sg && !strcmp(sc, sg), "cpu:\n%s%s\ncuda:\n%s%s",
+                  tu_tail(c.out, 600), tu_tail(c.err, 300), tu_tail(g.out, 600), tu_tail(g.err, 300));
+    tu_free(&c);
+    tu_free(&g);
+  }
 }
 END_TEST
 
