@@ -767,6 +767,33 @@ int cavs_plan_forward(cavs_model *m) {
   return 0;
 }
 
+/* The rows the push block's backward runs over, [*lo, *hi): where a loss has a target.
+ * At a row whose every softmax_xent label is -1 the losses' gradient is zero, and so is
+ * all the backward adds from it (to the pushed values' gradients, which start at zero,
+ * and to the parameters'), so a minibatch labeled at its roots alone (Fold's Tree-FC
+ * benchmark), whose roots are the last level's rows, runs its classifier's backward
+ * products over those rows only. All the rows where a loss (a regression) has no such
+ * label. */
+static void target_rows(const cavs_model *m, int *lo, int *hi) {
+  const cavs_desc *d = m->d;
+  int N = m->rows;
+  *lo = 0, *hi = N;
+  if (!d->nlosses) return;
+  for (int l = 0; l < d->nlosses; l++)
+    if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) return;
+  int a = N, b = 0;
+  for (int l = 0; l < d->nlosses; l++) {
+    const int *y = m->iin[d->inputs[d->losses[l].input].slot];
+    int r = 0;
+    while (r < a && y[r] < 0) r++;
+    a = r < a ? r : a;
+    r = N;
+    while (r > b && y[r - 1] < 0) r--;
+    b = r > b ? r : b;
+  }
+  *lo = a, *hi = a < b ? b : a;
+}
+
 int cavs_plan_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
   int N = m->rows, T = d->nvertex;
@@ -777,7 +804,9 @@ int cavs_plan_backward(cavs_model *m) {
   for (int t = 0; t < T; t++) two = two && d->vertex[t].eager_apart;
   m->nplan = 0;
   m->plan_pass = 1;
-  if (run(m, d->push_bwd, 0, N, 0)) return -1;
+  int lo, hi;
+  target_rows(m, &lo, &hi);
+  if (hi > lo && run(m, d->push_bwd, lo, hi - lo, 0)) return -1;
   for (int t = 0; t < T && lazy; t++)
     if (vrun(m, t, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   for (int i = m->ntask - 1; i >= 0; i--) {
