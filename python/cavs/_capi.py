@@ -94,7 +94,7 @@ class LossAcc(ctypes.Structure):
 
 class Optim(ctypes.Structure):
     _fields_ = [("kind", c_int), ("lr", c_double), ("clip", c_double), ("weight_decay", c_double),
-                ("beta1", c_double), ("beta2", c_double), ("eps", c_double)]
+                ("beta1", c_double), ("beta2", c_double), ("eps", c_double), ("momentum", c_double)]
 
 
 class ModelOpts(ctypes.Structure):
