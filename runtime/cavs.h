@@ -376,7 +376,27 @@ typedef struct cavs_train_state {
   int select;
   double lr_decay;
   int lr_step, warmup, patience, since_best, best_epoch;
+  /* the learning-rate schedule (0 in checkpoints before format 4, which read as step
+     when they have an lr_decay): enum cavs_schedule; cosine's and plateau's floor; the
+     epochs cosine anneals over; plateau's factor and patience; and its state: the rate
+     the next epoch runs at (before warm-up; 0: the base rate), its best dev metric (-1:
+     none yet) and the epochs since it improved or the rate was cut */
+  int schedule;
+  double lr_min;
+  int cosine_epochs;
+  double plateau_factor;
+  int plateau_patience;
+  double lr_now, plateau_best;
+  int plateau_bad;
 } cavs_train_state;
+/* The schedules of a training run's rate by epoch e (1, 2, ...), base rate lr:
+ * constant; step: lr * lr_decay^floor((e-1)/lr_step); cosine: lr_min + (lr - lr_min) *
+ * (1 + cos(pi * min(e-1, T)/T)) / 2 over T = cosine_epochs (PyTorch's CosineAnnealingLR,
+ * held at lr_min past T); plateau: the rate times plateau_factor (not below lr_min) after
+ * more than plateau_patience epochs without a better dev metric (PyTorch's
+ * ReduceLROnPlateau, threshold 0). cavs train applies them (cavs(1)); a checkpoint keeps
+ * the settings and the state. */
+enum cavs_schedule { CAVS_SCHED_CONSTANT, CAVS_SCHED_STEP, CAVS_SCHED_COSINE, CAVS_SCHED_PLATEAU, CAVS_SCHED_COUNT };
 
 /* What a checkpoint may hold; anything beyond is refused as damaged. */
 #define CAVS_MAX_CKPT_BYTES ((uint64_t)1 << 36)

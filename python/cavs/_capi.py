@@ -105,7 +105,10 @@ class TrainState(ctypes.Structure):
     _fields_ = [("epoch", c_int), ("rng", ctypes.c_uint64), ("best", c_double), ("seed", ctypes.c_uint64),
                 ("threads", c_int), ("batch", c_int), ("format", ctypes.c_char * 32), ("optim", Optim),
                 ("graphs_done", c_long), ("select", c_int), ("lr_decay", c_double), ("lr_step", c_int),
-                ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int)]
+                ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int),
+                ("schedule", c_int), ("lr_min", c_double), ("cosine_epochs", c_int), ("plateau_factor", c_double),
+                ("plateau_patience", c_int), ("lr_now", c_double), ("plateau_best", c_double),
+                ("plateau_bad", c_int)]
 
 
 P = ctypes.POINTER
