@@ -177,13 +177,13 @@ def _candidates():
         bindir = os.path.dirname(os.path.realpath(exe))
         for d in (os.path.join(bindir, ".libs"), os.path.join(bindir, "..", ".libs"),
                   os.path.join(bindir, "..", "lib"), os.path.join(bindir, "..", "lib64")):
-            for name in ("libcavs.so.0", "libcavs.so"):
+            for name in ("libcavs.so.2", "libcavs.so"):
                 if os.path.exists(os.path.join(d, name)):
                     yield os.path.join(d, name)
     found = ctypes.util.find_library("cavs")
     if found:
         yield found
-    yield "libcavs.so.0"
+    yield "libcavs.so.2"
 
 
 def cavs_command():
