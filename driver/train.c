@@ -343,7 +343,10 @@ static void choose_schedule(Run *r) {
   r->ts.cosine_epochs = s != CAVS_SCHED_COSINE ? 0 : o->cosine_epochs ? o->cosine_epochs : r->last_epoch;
   r->ts.plateau_factor = s != CAVS_SCHED_PLATEAU ? 0 : o->plateau_factor ? o->plateau_factor : 0.1;
   r->ts.plateau_patience = s != CAVS_SCHED_PLATEAU ? 0 : o->plateau_patience >= 0 ? o->plateau_patience : 10;
-  if (s != CAVS_SCHED_PLATEAU) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
+  /* a plateau goes on from the checkpoint's own plateau only (an application's state of
+     zeros would make 0 its best) */
+  bool going_on = r->ck && cavs_ckpt_state(r->ck)->schedule == CAVS_SCHED_PLATEAU;
+  if (s != CAVS_SCHED_PLATEAU || !going_on) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
 }
 
 static void save(Run *r, const char *path) {

@@ -293,6 +293,19 @@ START_TEST(format_3_fields) {
 }
 END_TEST
 
+/* k0 with the field at `at` (8 bytes) set to v, saved as `name`: one that is read. */
+static void field_set(const Ckpt *k0, size_t at, int64_t v, const char *name) {
+  Ckpt k = {malloc(k0->n), k0->n};
+  memcpy(k.p, k0->p, k0->n);
+  ck_splice(&k, at, 8, &v, 8);
+  save(&k, name);
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in(name), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  cavs_ckpt_free(c);
+  free(k.p);
+}
+
 /* The bits of a double, to write where a checkpoint holds one. */
 static int64_t bits(double x) {
   int64_t v;
@@ -363,6 +376,16 @@ START_TEST(format_4_fields) {
   ck_assert_msg(c != NULL, "%s", err);
   ck_assert(cavs_ckpt_state(c)->schedule == CAVS_SCHED_STEP && cavs_ckpt_state(c)->epoch == 2);
   cavs_ckpt_free(c);
+  /* a plateau best of 0 in a checkpoint of another schedule (an application's zeros) is
+     not where a plateau begun on a resume starts: no dev loss is below 0, and every
+     epoch would cut the rate */
+  field_set(&k0, t4 + 44, bits(0), "zero-best.ckpt");
+  r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dev", path_in("data.txt"), "--epochs",
+           "1", "--threads", "1", "--resume", path_in("zero-best.ckpt"), "--schedule", "plateau", "--select", "loss",
+           "--plateau-patience", "0", NULL);
+  ok(&r, "resume on a plateau");
+  ck_assert_msg(!strstr(r.out, "lr cut"), "%s", r.out);
+  tu_free(&r);
   free(k.p);
   free(k0.p);
 }
