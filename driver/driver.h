@@ -228,16 +228,36 @@ typedef struct TrainOpts {
      (0: never); the metric .best and patience follow: enum Select */
   double lr_decay;
   int lr_step, warmup, patience, select;
+  /* --schedule (enum cavs_schedule; -1 when not given) and its settings: cosine's and
+     plateau's floor, the epochs of the cosine (0: to the run's last), plateau's factor
+     and patience (-1 when not given) */
+  int schedule;
+  double lr_min;
+  int cosine_epochs;
+  double plateau_factor;
+  int plateau_patience;
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];
   int ninit, nfreeze;
   const char *init_all; /* --init-all FILE: every parameter from a safetensors or .npz file */
   /* given on the command line (else a resume keeps the checkpoint's) */
-  bool set_kind, set_lr, set_clip, set_wd, set_batch, set_sched;
+  bool set_kind, set_lr, set_clip, set_wd, set_momentum, set_batch, set_sched;
 } TrainOpts;
 
 enum Select { SELECT_DEFAULT, SELECT_ALL, SELECT_ROOT, SELECT_LOSS };
 int cmd_train(TrainOpts *o);
+
+/* ---- schedule.c: the learning rate by epoch, from the state a checkpoint keeps ---- */
+
+/* The rate of epoch `epoch` (1, 2, ...) before warm-up, by t's schedule from
+   t->optim.lr. */
+double sched_lr(const cavs_train_state *t, int epoch);
+/* The plateau schedule after an epoch whose dev metric is `metric` (higher is better
+   when `higher`): true when it cut the rate (t->lr_now). */
+bool sched_plateau(cavs_train_state *t, double metric, bool higher);
+/* The names --schedule takes, by enum cavs_schedule; -1 for another. */
+int sched_kind(const char *name);
+const char *sched_name(int kind);
 
 /* ---- tensors.c: parameter files (safetensors, .npz) written and read ---- */
 

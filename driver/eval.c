@@ -301,6 +301,17 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   return 0;
 }
 
+/* cavs info: the cosine's and the plateau's settings, and where the plateau is */
+static void info_schedule(const cavs_train_state *ts) {
+  if (ts->schedule == CAVS_SCHED_COSINE)
+    printf("lr schedule cosine to %g over %d epochs\n", ts->lr_min, ts->cosine_epochs);
+  if (ts->schedule != CAVS_SCHED_PLATEAU) return;
+  printf("lr schedule plateau: factor %g, patience %d, floor %g; now lr %g", ts->plateau_factor, ts->plateau_patience,
+         ts->lr_min, sched_lr(ts, ts->epoch + 1));
+  if (ts->plateau_best >= 0) printf(", best %.4f, %d epochs since it or the last cut", ts->plateau_best, ts->plateau_bad);
+  printf("\n");
+}
+
 int cmd_info(const char *path) {
   if (!path) die(1, "info: usage: cavs info CKPT");
   char err[1024];
@@ -314,9 +325,12 @@ int cmd_info(const char *path) {
   for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
   printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
   if (ts->graphs_done) printf("interrupted %ld graphs into epoch %d\n", ts->graphs_done, ts->epoch + 1);
-  printf("training    %d epoch%s done, data format %s, batch %d, optimizer %s lr %g, seed %llu\n", ts->epoch,
-         ts->epoch == 1 ? "" : "s", ts->format, ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr,
-         (unsigned long long)ts->seed);
+  printf("training    %d epoch%s done, data format %s, batch %d, optimizer %s lr %g", ts->epoch,
+         ts->epoch == 1 ? "" : "s", ts->format, ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr);
+  if (ts->optim.kind == CAVS_MOMENTUM || ts->optim.kind == CAVS_NESTEROV)
+    printf(" momentum %g", ts->optim.momentum ? ts->optim.momentum : 0.9);
+  if (ts->optim.weight_decay) printf(" weight decay %g", ts->optim.weight_decay);
+  printf(", seed %llu\n", (unsigned long long)ts->seed);
   static const char *const metric[] = {"the metric --select chose", "accuracy", "root accuracy", "loss"};
   if (ts->best >= 0) {
     printf("best dev    %.4f (%s", ts->best, metric[ts->select >= 0 && ts->select <= 3 ? ts->select : 0]);
@@ -326,6 +340,7 @@ int cmd_info(const char *path) {
   if (ts->lr_decay > 0 || ts->warmup || ts->patience)
     printf("schedule    lr decay %g every %d epochs, warm-up %d minibatches, patience %d\n", ts->lr_decay,
            ts->lr_step ? ts->lr_step : 1, ts->warmup, ts->patience);
+  info_schedule(ts);
   cavs_vocab_free(v);
   cavs_ckpt_free(k);
   return 0;

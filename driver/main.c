@@ -53,6 +53,13 @@ static double parse_real(const char *opt, const char *s, double lo, double hi, b
   return v;
 }
 
+/* A number above 0 and below 1. */
+static double parse_fraction(const char *opt, const char *s) {
+  double v = parse_real(opt, s, 0, 1, true);
+  if (v == 1) die(1, "--%s: '%s' is not a number above 0 and below 1", opt, s);
+  return v;
+}
+
 /* Bytes, with an optional binary suffix: 512M, 8G, 1T. */
 static size_t parse_size(const char *opt, const char *s) {
   char *end;
@@ -114,6 +121,13 @@ static int optimizer_of(const char *s) {
   die(1, "unknown optimizer '%s' (%s)", s, names);
 }
 
+/* --schedule NAME */
+static int schedule_of(const char *s) {
+  int k = sched_kind(s);
+  if (k < 0) die(1, "--schedule: '%s' is not constant, step, cosine or plateau", s);
+  return k;
+}
+
 /* What the model runs with, for train, eval and predict alike. */
 static bool model_option(int id, const char *arg) {
   switch (id) {
@@ -156,6 +170,14 @@ static void run_option(RunArgs *a, int id, const char *arg) {
   case OPT_CLIP: o->optim.clip = parse_real("clip", arg, 0, 1e30, false), o->set_clip = true; break;
   case OPT_WEIGHT_DECAY: o->optim.weight_decay = parse_real("weight-decay", arg, 0, 1e6, false), o->set_wd = true; break;
   case OPT_OPTIMIZER: o->optim.kind = optimizer_of(arg), o->set_kind = true; break;
+  case OPT_MOMENTUM: o->optim.momentum = parse_fraction("momentum", arg), o->set_momentum = true; break;
+  case OPT_SCHEDULE: o->schedule = schedule_of(arg), o->set_sched = true; break;
+  case OPT_LR_MIN: o->lr_min = parse_real("lr-min", arg, 0, 1e30, false), o->set_sched = true; break;
+  case OPT_COSINE_EPOCHS: o->cosine_epochs = (int)parse_long("cosine-epochs", arg, 1, 1000000), o->set_sched = true; break;
+  case OPT_PLATEAU_FACTOR: o->plateau_factor = parse_fraction("plateau-factor", arg), o->set_sched = true; break;
+  case OPT_PLATEAU_PATIENCE:
+    o->plateau_patience = (int)parse_long("plateau-patience", arg, 0, 1000000), o->set_sched = true;
+    break;
   case OPT_LR_DECAY: o->lr_decay = parse_real("lr-decay", arg, 0, 1, true), o->set_sched = true; break;
   case OPT_LR_STEP: o->lr_step = (int)parse_long("lr-step", arg, 1, 1000000), o->set_sched = true; break;
   case OPT_WARMUP: o->warmup = (int)parse_long("warmup", arg, 0, 1 << 30), o->set_sched = true; break;
@@ -204,7 +226,8 @@ static void run_option(RunArgs *a, int id, const char *arg) {
 /* train, eval, predict and info: the options, then the command. */
 static int run_command(int cmd, int argc, char **argv) {
   RunArgs a = {.o = {.epochs = 10, .batch = 64, .threads = default_threads(), .seed = 1,
-                     .optim = {.kind = CAVS_ADAM, .lr = 1e-3}},
+                     .optim = {.kind = CAVS_ADAM, .lr = 1e-3}, .schedule = -1,
+                     .plateau_patience = -1},
                .greedy = {.stop = -1}};
   const char *name = argv[0];
   optind = 0;

@@ -62,12 +62,11 @@ static void apply_dims(const cavs_desc *d, long *dims, const TrainOpts *o) {
 }
 
 /* The learning rate of minibatch `step` (counted from the first of the run, resumes
-   included) in `epoch`: the base rate, times lr_decay once every lr_step epochs, times
+   included) in `epoch`: the schedule's rate of the epoch (schedule.c), times
    (step + 1) / warmup over the first warmup minibatches. */
-static double lr_at(const TrainOpts *o, int epoch, long step) {
-  double lr = o->optim.lr;
-  if (o->lr_decay > 0 && o->lr_decay < 1) lr *= pow(o->lr_decay, (double)((epoch - 1) / (o->lr_step > 0 ? o->lr_step : 1)));
-  if (o->warmup > 0 && step < o->warmup) lr *= (double)(step + 1) / (double)o->warmup;
+static double lr_at(const cavs_train_state *ts, int epoch, long step) {
+  double lr = sched_lr(ts, epoch);
+  if (ts->warmup > 0 && step < ts->warmup) lr *= (double)(step + 1) / (double)ts->warmup;
   return lr;
 }
 
@@ -174,6 +173,7 @@ static void resume_settings(Run *r, long *dims) {
   if (o->set_lr) c.lr = o->optim.lr;
   if (o->set_clip) c.clip = o->optim.clip;
   if (o->set_wd) c.weight_decay = o->optim.weight_decay;
+  if (o->set_momentum) c.momentum = o->optim.momentum;
   o->optim = c;
   if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
   /* the schedule and the selection (format 3 on: select is then 1..3) */
@@ -182,6 +182,11 @@ static void resume_settings(Run *r, long *dims) {
     o->lr_step = cs->lr_step;
     o->warmup = cs->warmup;
     o->patience = cs->patience;
+    o->schedule = cs->schedule;
+    o->lr_min = cs->lr_min;
+    o->cosine_epochs = cs->cosine_epochs;
+    o->plateau_factor = cs->plateau_factor;
+    o->plateau_patience = cs->plateau_patience;
   }
   memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
   r->v = keep(cavs_ckpt_vocab(r->ck));
@@ -216,7 +221,7 @@ static void make_model(Run *r, const long *dims) {
   cavs_model_set_policy(r->m, model_policy);
   cavs_model_set_ablations(r->m, model_ablations);
   r->ts = (cavs_train_state){.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
-                             .threads = o->threads, .batch = o->batch, .optim = o->optim};
+                             .threads = o->threads, .batch = o->batch, .optim = o->optim, .plateau_best = -1};
   snprintf(r->ts.format, sizeof r->ts.format, "%s", o->format);
   if (r->ck) {
     if (cavs_ckpt_apply(r->ck, r->m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
@@ -229,6 +234,10 @@ static void make_model(Run *r, const long *dims) {
     r->ts.select = cs->select;
     r->ts.since_best = cs->since_best;
     r->ts.best_epoch = cs->best_epoch;
+    /* the plateau's state (a new --lr restarts its rate there) */
+    r->ts.lr_now = o->set_lr ? 0 : cs->lr_now;
+    r->ts.plateau_best = cs->plateau_best;
+    r->ts.plateau_bad = cs->plateau_bad;
   } else {
     cavs_model_init(r->m, o->seed);
     if (o->init_all) init_all(r->m, o->init_all);
@@ -306,12 +315,45 @@ static void choose_selection(Run *r) {
     /* the checkpoint's best is another metric's (or one an older format did not name) */
     if (!o->quiet) printf("--select %s: the best of the checkpoint's runs is forgotten\n", select_name(r->select));
     r->ts.best = -1, r->ts.since_best = 0, r->ts.best_epoch = 0;
+    r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
   }
   r->ts.select = r->select;
+  r->ts.patience = o->patience;
+}
+
+/* The schedule of the rate: --schedule, or step with --lr-decay, else constant (on a
+ * resume, the checkpoint's unless one of the schedule's options is given), each of its
+ * options held to the schedule it belongs to; into the training state, which the epochs
+ * read it from and the checkpoint keeps. */
+static void choose_schedule(Run *r) {
+  TrainOpts *o = r->o;
+  int s = o->schedule >= 0 ? o->schedule : o->lr_decay > 0 ? CAVS_SCHED_STEP : CAVS_SCHED_CONSTANT;
+  const char *name = sched_name(s);
+  if (o->set_sched) { /* a checkpoint's settings are its own schedule's */
+    if (o->lr_decay > 0 && s != CAVS_SCHED_STEP) die(1, "--lr-decay goes with --schedule step, not %s", name);
+    if (s == CAVS_SCHED_STEP && !(o->lr_decay > 0)) die(1, "--schedule step needs --lr-decay");
+    if (o->lr_step && s != CAVS_SCHED_STEP) die(1, "--lr-step goes with --schedule step, not %s", name);
+    if (o->cosine_epochs && s != CAVS_SCHED_COSINE) die(1, "--cosine-epochs goes with --schedule cosine, not %s", name);
+    if ((o->plateau_factor || o->plateau_patience >= 0) && s != CAVS_SCHED_PLATEAU)
+      die(1, "--plateau-factor and --plateau-patience go with --schedule plateau, not %s", name);
+    if (o->lr_min && s != CAVS_SCHED_COSINE && s != CAVS_SCHED_PLATEAU)
+      die(1, "--lr-min goes with --schedule cosine or plateau, not %s", name);
+  }
+  if (o->lr_min && o->lr_min >= o->optim.lr) die(1, "--lr-min %g is not below the rate, %g", o->lr_min, o->optim.lr);
+  if (s == CAVS_SCHED_PLATEAU && !r->dev) die(1, "--schedule plateau needs a --dev set to watch");
+  r->ts.schedule = s;
   r->ts.lr_decay = o->lr_decay;
   r->ts.lr_step = o->lr_step;
   r->ts.warmup = o->warmup;
-  r->ts.patience = o->patience;
+  r->ts.lr_min = o->lr_min;
+  /* the cosine reaches its floor at the end of this run, unless told otherwise */
+  r->ts.cosine_epochs = s != CAVS_SCHED_COSINE ? 0 : o->cosine_epochs ? o->cosine_epochs : r->last_epoch;
+  r->ts.plateau_factor = s != CAVS_SCHED_PLATEAU ? 0 : o->plateau_factor ? o->plateau_factor : 0.1;
+  r->ts.plateau_patience = s != CAVS_SCHED_PLATEAU ? 0 : o->plateau_patience >= 0 ? o->plateau_patience : 10;
+  /* a plateau goes on from the checkpoint's own plateau only (an application's state of
+     zeros would make 0 its best) */
+  bool going_on = r->ck && cavs_ckpt_state(r->ck)->schedule == CAVS_SCHED_PLATEAU;
+  if (s != CAVS_SCHED_PLATEAU || !going_on) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
 }
 
 static void save(Run *r, const char *path) {
@@ -359,7 +401,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     if (!isfinite(st.loss)) diverged(r, epoch, b, &st);
     cavs_model_backward(r->m);
     errno = 0;
-    opt.lr = lr_at(o, epoch, (long)(epoch - 1) * r->nbatches + b / o->batch);
+    opt.lr = lr_at(&r->ts, epoch, (long)(epoch - 1) * r->nbatches + b / o->batch);
     if (cavs_model_step(r->m, &opt)) lib_die(cavs_model_error(r->m));
     add_batch(t, r->m, &st, k);
     t->lr = opt.lr;
@@ -402,7 +444,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     else if (r->with_acc) printf(" acc %.4f root %.4f", ratio(dv->correct, dv->count), ratio(dv->root_correct, dv->root_count));
     print_losses(stdout, r->d, dv);
   }
-  printf("  %.1fs  %.0f graphs/s", t->secs, (double)t->graphs / t->secs);
+  printf("  lr %.3g  %.1fs  %.0f graphs/s", t->lr, t->secs, (double)t->graphs / t->secs);
   /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
   if (!strcmp(cavs_model_backend(r->m), "cuda")) printf("  %.0f launches/batch", (double)t->launches / (t->batches ? t->batches : 1));
   printf("%s\n", better && r->o->save ? "  (best, saved)" : "");
@@ -431,7 +473,11 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   time_t now_s = time(NULL);
   struct tm tm;
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now_s, &tm));
+  /* the rate of the epoch's last minibatch (past the warm-up, the epoch's rate), by
+     what optimizer and schedule */
   json_set(o, "lr", json_num(t->lr));
+  json_set(o, "optimizer", json_string(cavs_optim_name(r->ts.optim.kind)));
+  json_set(o, "schedule", json_string(sched_name(r->ts.schedule)));
   json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
   json_set(o, "seconds", json_num(t->secs));
   json_set(o, "time", json_string(when));
@@ -453,7 +499,11 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   if (better) r->ts.best = metric, r->ts.best_epoch = epoch, r->ts.since_best = 0;
   else r->ts.since_best++;
   r->ts.epoch = epoch;
+  bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
   if (!o->quiet) print_epoch(r, epoch, t, &dv, better);
+  if (cut && !o->quiet)
+    printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
+           r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");
   if (r->log) log_epoch(r, epoch, t, &dv);
   if (o->save) {
     save(r, o->save);
@@ -512,6 +562,9 @@ int cmd_train(TrainOpts *o) {
   r.last_epoch = r.ts.epoch + o->epochs; /* resume_settings bounded it */
   r.nbatches = (r.n + o->batch - 1) / o->batch;
   choose_selection(&r);
+  choose_schedule(&r);
+  if (o->set_momentum && o->optim.kind != CAVS_MOMENTUM && o->optim.kind != CAVS_NESTEROV)
+    die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
   for (int epoch = first; epoch <= r.last_epoch; epoch++) {
     Totals t = {0};
     run_epoch(&r, epoch, first, &t);

@@ -44,6 +44,23 @@ static inline CAVS_HD double cv_clip_scale(double norm2, double clip) {
     *m2 = a2 * *m2 + (1 - a2) * g * g;                                                          \
     *p -= lr * (*m1 * ic1) / (CV_ARITH_SQRT_##S(*m2 * ic2) + e);                                \
   }                                                                                             \
+  /* Momentum (PyTorch's SGD, no dampening): the buffer in m1 */                               \
+  static inline CAVS_HD void cv_momentum_##S(R *p, R *m1, R g, R lr, R mu) {                    \
+    *m1 = mu * *m1 + g;                                                                         \
+    *p -= lr * *m1;                                                                             \
+  }                                                                                             \
+  /* Nesterov (PyTorch's SGD with nesterov): a step along the gradient and the new buffer */   \
+  static inline CAVS_HD void cv_nesterov_##S(R *p, R *m1, R g, R lr, R mu) {                    \
+    *m1 = mu * *m1 + g;                                                                         \
+    *p -= lr * (g + mu * *m1);                                                                  \
+  }                                                                                             \
+  /* AdamW: Adam's step and the decay wd of the parameter as it was, apart from g */           \
+  static inline CAVS_HD void cv_adamw_##S(R *p, R *m1, R *m2, R g, R lr, R a1, R a2, R ic1, R ic2, \
+                                          R e, R wd) {                                          \
+    *m1 = a1 * *m1 + (1 - a1) * g;                                                              \
+    *m2 = a2 * *m2 + (1 - a2) * g * g;                                                          \
+    *p -= lr * ((*m1 * ic1) / (CV_ARITH_SQRT_##S(*m2 * ic2) + e) + wd * *p);                    \
+  }                                                                                             \
   /* d(mean squared error)/dp of one element: scale = loss_scale * 2 / (count * width) */      \
   static inline CAVS_HD R cv_mse_grad_##S(R p, R t, double scale) {                            \
     return (R)(scale * ((double)p - (double)t));                                                \

@@ -32,6 +32,16 @@ typedef struct cv_span {
   size_t off, len;
 } cv_span;
 
+/* An optimizer step's settings as the backends take them (optim.c resolves them from a
+ * cavs_optim): every default filled in, and weight decay split into what is added to the
+ * gradient (l2: every kind but AdamW) and what is decoupled from it (decoupled: AdamW). */
+typedef struct cv_hyper {
+  int kind; /* enum cavs_optim_kind */
+  double lr, clip, l2, decoupled;
+  double b1, b2, eps; /* Adam, AdamW; eps Adagrad's too */
+  double mu;          /* Momentum, Nesterov */
+} cv_hyper;
+
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */
   const char *about; /* one line for the user: "host memory, OpenBLAS" */
@@ -89,12 +99,11 @@ typedef struct cv_backend {
 
   /* ---- whole-model operations ---- */
   /* One optimizer step over the spans of the flat blocks (m->pflat, gflat, m1, m2), -1
-     with the message in the model when it failed:
-     weight decay, global-norm clipping, then o->kind's update with the step count in
-     m->step, each gradient zeroed as the update uses it (the next backward pass then
-     clears only what no step zeroed); b1, b2, eps are resolved (no zeros). */
-  int (*step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int nspans, double b1, double b2,
-              double eps);
+     with the message in the model when it failed: h->l2 weight decay, global-norm
+     clipping, then h->kind's update with the step count in m->step, each gradient
+     zeroed as the update uses it (the next backward pass then clears only what no step
+     zeroed). */
+  int (*step)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int nspans);
   /* The index of the first NaN or infinity among n scalars of the model's precision at
      p, or -1. */
   long (*first_bad)(cavs_model *m, const void *p, size_t n);

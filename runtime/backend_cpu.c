@@ -739,11 +739,10 @@ static void cpu_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const voi
         else mse_bwd_f(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w));
 }
 
-static int cpu_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
-                    double eps) {
+static int cpu_step(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
   TIMED(m, step_seconds,
-        if (m->esize == 8) step_d(m, o, sp, ns, b1, b2, eps);
-        else step_f(m, o, sp, ns, b1, b2, eps));
+        if (m->esize == 8) step_d(m, h, sp, ns);
+        else step_f(m, h, sp, ns));
   return 0;
 }
 

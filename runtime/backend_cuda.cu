@@ -1143,8 +1143,8 @@ __global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, i
 
 template <typename R> struct Update {
   int kind;
-  R lr, a1, a2, ic1, ic2, e;
-  double eps, clip;
+  R lr, a1, a2, ic1, ic2, e, mu, wd;
+  double clip;
 };
 
 /* norm2: the gradients' squares summed by decay_norm, with a clip (else NULL): each
@@ -1153,6 +1153,7 @@ template <typename R>
 __global__ void update(R *P, R *G, R *M1, R *M2, const size_t *off, const size_t *start, int ns,
                        const double *norm2, Update<R> u);
 
+/* the element's update: arith.h's, as the CPU's step calls it */
 #define CV_UPDATE(R, S)                                                                                   \
   template <>                                                                                             \
   __global__ void update<R>(R * P, R * G, R *M1, R *M2, const size_t *off, const size_t *start,             \
@@ -1163,34 +1164,41 @@ __global__ void update(R *P, R *G, R *M1, R *M2, const size_t *off, const size_t
     R sc = norm2 ? (R)cv_clip_scale(*norm2, u.clip) : (R)1;                                               \
     R g = sc * G[f];                                                                                      \
     G[f] = 0; /* zeroed as it is used: the next backward pass need not clear it */                       \
-    if (u.kind == CAVS_SGD) cv_sgd_##S(&P[f], g, u.lr);                                                   \
-    else if (u.kind == CAVS_ADAGRAD) cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.e);                        \
-    else cv_adam_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e);                     \
+    switch (u.kind) {                                                                                     \
+    case CAVS_SGD: cv_sgd_##S(&P[f], g, u.lr); break;                                                     \
+    case CAVS_ADAGRAD: cv_adagrad_##S(&P[f], &M1[f], g, u.lr, u.e); break;                                \
+    case CAVS_MOMENTUM: cv_momentum_##S(&P[f], &M1[f], g, u.lr, u.mu); break;                             \
+    case CAVS_NESTEROV: cv_nesterov_##S(&P[f], &M1[f], g, u.lr, u.mu); break;                             \
+    case CAVS_ADAMW:                                                                                      \
+      cv_adamw_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e, u.wd);                  \
+      break;                                                                                              \
+    default: cv_adam_##S(&P[f], &M1[f], &M2[f], g, u.lr, u.a1, u.a2, u.ic1, u.ic2, u.e);                  \
+    }                                                                                                     \
   }
 CV_UPDATE(float, f)
 CV_UPDATE(double, d)
 
 /* off, start: the step's spans on the device */
 template <typename R>
-static void step_as(cavs_model *m, const cavs_optim *o, const size_t *off, const size_t *start, int ns, size_t total,
-                    double b1, double b2, double eps) {
+static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const size_t *start, int ns, size_t total) {
   Dev *d = dev(m);
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
-  if (o->weight_decay || o->clip > 0) {
-    if (o->clip > 0) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, o->weight_decay, o->clip > 0, d->norm2);
+  if (h->l2 || h->clip > 0) {
+    if (h->clip > 0) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, h->clip > 0, d->norm2);
     CKL(m);
   }
-  double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
-  Update<R> u = {o->kind, (R)o->lr, (R)b1, (R)b2, (R)(1 / c1), (R)(1 / c2), (R)eps, eps, o->clip};
+  double c1 = 1 - pow(h->b1, (double)m->step), c2 = 1 - pow(h->b2, (double)m->step);
+  Update<R> u = {h->kind,   (R)h->lr, (R)h->b1, (R)h->b2, (R)(1 / c1), (R)(1 / c2), (R)h->eps,
+                 (R)h->mu, (R)h->decoupled, h->clip};
   CAVS_CUDA_LAUNCH(update<R>, blocks((long)total), 0)(P, G, (R *)m->m1, (R *)m->m2, off, start, ns,
-                                                     o->clip > 0 ? d->norm2 : NULL, u);
+                                                     h->clip > 0 ? d->norm2 : NULL, u);
   CKL(m);
 }
 
 /* On the legacy stream, after both of the pass's streams; nothing waits for it (the
    next forward pass's synchronize does). */
-static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2, double eps) {
+static int cuda_step(cavs_model *m, const cv_hyper *hy, const cv_span *sp, int ns) {
   Dev *d = dev(m);
   if (d->capspans < m->capspans + 1) { /* once: room for as many spans as the model can have */
     size_t n = 2 * ((size_t)m->capspans + 1);
@@ -1222,8 +1230,8 @@ static int cuda_step(cavs_model *m, const cavs_optim *o, const cv_span *sp, int 
   }
   const size_t *off = d->spans_dev, *start = d->spans_dev + ns + 1;
   if (total) {
-    if (m->esize == 8) step_as<double>(m, o, off, start, ns, total, b1, b2, eps);
-    else step_as<float>(m, o, off, start, ns, total, b1, b2, eps);
+    if (m->esize == 8) step_as<double>(m, hy, off, start, ns, total);
+    else step_as<float>(m, hy, off, start, ns, total);
   }
   return status(d);
 }

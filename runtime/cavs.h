@@ -247,20 +247,40 @@ void *cavs_model_params_flat(cavs_model *m, size_t *count);
 void *cavs_model_grads_flat(cavs_model *m, size_t *count);
 
 /* Lookup tables (cavs_pgroup_desc.sparse_input) are updated lazily: only the rows the
- * minibatch read, with Adam's moments of the other rows left as they are (as sparse Adam
- * does elsewhere); weight decay applies to those rows too. */
-enum cavs_optim_kind { CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM, CAVS_OPTIM_COUNT };
-/* The optimizers by name ("sgd", "adagrad", "adam"), from one table in optim.c: a kind's
- * name (NULL for none), the kind of a name (-1 for none), a kind's default learning rate. */
+ * minibatch read, with the optimizer's state of the other rows (Adam's moments, the
+ * momentum buffer) left as it is (as sparse Adam does elsewhere); weight decay applies
+ * to those rows too.
+ *
+ * Momentum and Nesterov are kinds of their own, not a momentum field on SGD with a
+ * nesterov flag: a kind is one update rule, one name in the table (what `cavs train
+ * --optimizer` takes) and one default rate, there is no combination to refuse (Nesterov
+ * without momentum), and a zero field keeps meaning "the default", as beta1's does. */
+enum cavs_optim_kind {
+  CAVS_SGD,      /* p -= lr g */
+  CAVS_ADAGRAD,  /* s += g^2; p -= lr g / (sqrt(s) + eps) */
+  CAVS_ADAM,     /* with bias correction (Kingma & Ba) */
+  CAVS_MOMENTUM, /* heavy ball, as PyTorch's SGD: b = mu b + g; p -= lr b */
+  CAVS_NESTEROV, /* as PyTorch's SGD with nesterov: b = mu b + g; p -= lr (g + mu b) */
+  CAVS_ADAMW,    /* Adam with decoupled weight decay (Loshchilov & Hutter):
+                    p -= lr (m^ / (sqrt(v^) + eps) + weight_decay p) */
+  CAVS_OPTIM_COUNT
+};
+/* The optimizers by name ("sgd", "adagrad", "adam", "momentum", "nesterov", "adamw"),
+ * from one table in optim.c: a kind's name (NULL for none), the kind of a name (-1 for
+ * none), a kind's default learning rate. */
 const char *cavs_optim_name(int kind);
 int cavs_optim_kind(const char *name);
 double cavs_optim_default_lr(int kind);
+/* A zero field is its default (weight_decay's and clip's: none), so an application that
+ * sets what it uses and leaves the rest zero gets what this header says. */
 typedef struct cavs_optim {
   int kind;
   double lr;
   double clip;         /* global gradient-norm clip; 0: none */
-  double weight_decay; /* L2, added to the gradient */
-  double beta1, beta2, eps; /* Adam (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
+  double weight_decay; /* L2, added to the gradient before the clip; AdamW: decoupled
+                          (the p term above, after the clip) */
+  double beta1, beta2, eps; /* Adam, AdamW (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
+  double momentum;          /* Momentum, Nesterov: mu, 0 to 1 (default 0.9) */
 } cavs_optim;
 /* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated.
  * The step uses the gradients up and leaves them zero (read them, with
@@ -358,7 +378,27 @@ typedef struct cavs_train_state {
   int select;
   double lr_decay;
   int lr_step, warmup, patience, since_best, best_epoch;
+  /* the learning-rate schedule (0 in checkpoints before format 4, which read as step
+     when they have an lr_decay): enum cavs_schedule; cosine's and plateau's floor; the
+     epochs cosine anneals over; plateau's factor and patience; and its state: the rate
+     the next epoch runs at (before warm-up; 0: the base rate), its best dev metric (-1:
+     none yet) and the epochs since it improved or the rate was cut */
+  int schedule;
+  double lr_min;
+  int cosine_epochs;
+  double plateau_factor;
+  int plateau_patience;
+  double lr_now, plateau_best;
+  int plateau_bad;
 } cavs_train_state;
+/* The schedules of a training run's rate by epoch e (1, 2, ...), base rate lr:
+ * constant; step: lr * lr_decay^floor((e-1)/lr_step); cosine: lr_min + (lr - lr_min) *
+ * (1 + cos(pi * min(e-1, T)/T)) / 2 over T = cosine_epochs (PyTorch's CosineAnnealingLR,
+ * held at lr_min past T); plateau: the rate times plateau_factor (not below lr_min) after
+ * more than plateau_patience epochs without a better dev metric (PyTorch's
+ * ReduceLROnPlateau, threshold 0). cavs train applies them (cavs(1)); a checkpoint keeps
+ * the settings and the state. */
+enum cavs_schedule { CAVS_SCHED_CONSTANT, CAVS_SCHED_STEP, CAVS_SCHED_COSINE, CAVS_SCHED_PLATEAU, CAVS_SCHED_COUNT };
 
 /* What a checkpoint may hold; anything beyond is refused as damaged. */
 #define CAVS_MAX_CKPT_BYTES ((uint64_t)1 << 36)

@@ -11,14 +11,17 @@
  *                   i64 graphs_done                               (format 2 on)
  *                   i32 select  f64 lr_decay  i32 lr_step warmup patience since_best
  *                   best_epoch  u32 nfrozen { i32 param }            (format 3 on)
+ *                   f64 momentum  i32 schedule  f64 lr_min  i32 cosine_epochs
+ *                   f64 plateau_factor  i32 plateau_patience  f64 lr_now
+ *                   f64 plateau_best  i32 plateau_bad                (format 4 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
  * whole by afile.c (an unnamed file in PATH's directory, flushed and renamed over PATH,
  * the directory fsync'ed): a crash leaves the old checkpoint or the new one, never a mix,
  * and any number of runs may save to one path at once.
- * Formats 1 (no graphs_done) and 2 (no schedule, selection or frozen parameters) are
- * still read. */
+ * Formats 1 (no graphs_done), 2 (no schedule, selection or frozen parameters) and 3 (no
+ * momentum, schedule kind or schedule state) are still read. */
 #include "afile.h"
 #include "cv.h"
 
@@ -31,7 +34,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 3
+#define CKPT_VERSION 4
 
 /* ---- writing into a growing buffer ---- */
 
@@ -159,6 +162,15 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   put_u32(&b, nfrozen);
   for (int i = 0; i < d->nparams; i++)
     if (m->frozen[d->params[i].group]) put_u32(&b, (uint32_t)i);
+  put_f64(&b, ts->optim.momentum);
+  put_u32(&b, (uint32_t)ts->schedule);
+  put_f64(&b, ts->lr_min);
+  put_u32(&b, (uint32_t)ts->cosine_epochs);
+  put_f64(&b, ts->plateau_factor);
+  put_u32(&b, (uint32_t)ts->plateau_patience);
+  put_f64(&b, ts->lr_now);
+  put_f64(&b, ts->plateau_best);
+  put_u32(&b, (uint32_t)ts->plateau_bad);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -285,7 +297,16 @@ static bool hash_ok(const char *s) {
 static bool unit(double x) { return x >= 0 && x < 1; }
 static bool nonneg(double x) { return isfinite(x) && x >= 0; }
 
-cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
+/* A step of reading a checkpoint: false with the message in err when the file is not one
+ * this reads. */
+#define FAIL(...)                       \
+  do {                                  \
+    snprintf(err, errlen, __VA_ARGS__); \
+    return false;                       \
+  } while (0)
+
+/* The file into memory, whole; NULL with the message in err. */
+static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
@@ -320,148 +341,233 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
     if (k->size == cap) break;
   }
   close(fd);
-#define BAD(...)                                 \
-  do {                                           \
-    snprintf(err, errlen, __VA_ARGS__);          \
-    cavs_ckpt_free(k);                           \
-    return NULL;                                 \
-  } while (0)
-  if (k->size == cap) BAD("'%s' changed while it was read", path);
-  if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) BAD("'%s' is not a cavs checkpoint", path);
-  uint32_t version;
-  memcpy(&version, k->data + 8, 4);
-  if (version < 1 || version > CKPT_VERSION) BAD("'%s' is checkpoint format %u; this cavs reads format %d", path, version, CKPT_VERSION);
+  if (k->size == cap) {
+    snprintf(err, errlen, "'%s' changed while it was read", path);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  return k;
+}
+
+/* The magic, the format version and the checksum; r then reads what they frame. */
+static bool read_frame(cavs_ckpt *k, Rd *r, uint32_t *version, const char *path, char *err, size_t errlen) {
+  if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) FAIL("'%s' is not a cavs checkpoint", path);
+  memcpy(version, k->data + 8, 4);
+  if (*version < 1 || *version > CKPT_VERSION)
+    FAIL("'%s' is checkpoint format %u; this cavs reads format %d", path, *version, CKPT_VERSION);
   uint64_t want, have = fnv64(k->data, k->size - 8);
   memcpy(&want, k->data + k->size - 8, 8);
-  if (want != have) BAD("'%s' is damaged: its checksum does not match (truncated or modified)", path);
-  Rd r = {k->data, k->size - 8, 12, false};
+  if (want != have) FAIL("'%s' is damaged: its checksum does not match (truncated or modified)", path);
+  *r = (Rd){k->data, k->size - 8, 12, false};
+  return true;
+}
+
+/* The model's name, hash, source, precision and dims. */
+static bool read_model(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
   uint32_t slen = 0;
-  k->model = get_str(&r);
-  k->hash = get_str(&r);
-  if (r.at + 4 <= r.n) memcpy(&slen, r.p + r.at, 4);
-  k->source = get_str(&r);
-  if (r.bad) BAD("'%s' is damaged (bad structure)", path);
+  k->model = get_str(r);
+  k->hash = get_str(r);
+  if (r->at + 4 <= r->n) memcpy(&slen, r->p + r->at, 4);
+  k->source = get_str(r);
+  if (r->bad) FAIL("'%s' is damaged (bad structure)", path);
   /* the name becomes a C symbol and a cache entry: the language's identifier rule */
-  if (!cavs_is_identifier(k->model)) BAD("'%s' is damaged: the model name is not an identifier", path);
-  if (!hash_ok(k->hash)) BAD("'%s' is damaged: the source hash is not 16 hexadecimal digits", path);
+  if (!cavs_is_identifier(k->model)) FAIL("'%s' is damaged: the model name is not an identifier", path);
+  if (!hash_ok(k->hash)) FAIL("'%s' is damaged: the source hash is not 16 hexadecimal digits", path);
   if (!no_nul(k->source, slen) || slen > CAVS_MAX_SOURCE_BYTES)
-    BAD("'%s' is damaged: the model source holds a NUL byte or is longer than %d bytes", path, CAVS_MAX_SOURCE_BYTES);
-  k->precision = (int)get_u32(&r);
-  if (k->precision != CAVS_FLOAT && k->precision != CAVS_DOUBLE) BAD("'%s' is damaged (precision)", path);
-  uint32_t nd = get_u32(&r);
-  if (nd > CAVS_MAX_DIMS) BAD("'%s' is damaged: %u dims (at most %d)", path, nd, CAVS_MAX_DIMS);
+    FAIL("'%s' is damaged: the model source holds a NUL byte or is longer than %d bytes", path, CAVS_MAX_SOURCE_BYTES);
+  k->precision = (int)get_u32(r);
+  if (k->precision != CAVS_FLOAT && k->precision != CAVS_DOUBLE) FAIL("'%s' is damaged (precision)", path);
+  uint32_t nd = get_u32(r);
+  if (nd > CAVS_MAX_DIMS) FAIL("'%s' is damaged: %u dims (at most %d)", path, nd, CAVS_MAX_DIMS);
   k->ndims = (int)nd;
   for (int i = 0; i < k->ndims; i++) {
-    k->dim_name[i] = get_str(&r);
-    int64_t v = get_i64(&r);
-    if (r.bad) break;
-    if (!cavs_is_identifier(k->dim_name[i])) BAD("'%s' is damaged: dim %d's name is not an identifier", path, i);
+    k->dim_name[i] = get_str(r);
+    int64_t v = get_i64(r);
+    if (r->bad) break;
+    if (!cavs_is_identifier(k->dim_name[i])) FAIL("'%s' is damaged: dim %d's name is not an identifier", path, i);
     for (int j = 0; j < i; j++)
-      if (!strcmp(k->dim_name[i], k->dim_name[j])) BAD("'%s' is damaged: dim %s appears twice", path, k->dim_name[i]);
-    if (v < 1 || v > CAVS_MAX_DIM) BAD("'%s' is damaged: dim %s is %lld (1..%ld)", path, k->dim_name[i], (long long)v, CAVS_MAX_DIM);
+      if (!strcmp(k->dim_name[i], k->dim_name[j])) FAIL("'%s' is damaged: dim %s appears twice", path, k->dim_name[i]);
+    if (v < 1 || v > CAVS_MAX_DIM)
+      FAIL("'%s' is damaged: dim %s is %lld (1..%ld)", path, k->dim_name[i], (long long)v, CAVS_MAX_DIM);
     k->dim_value[i] = (long)v;
   }
-  uint32_t nw = get_u32(&r);
-  if (nw > r.n / 4 || nw > CAVS_MAX_DIM) BAD("'%s' is damaged (vocabulary size)", path);
+  return true;
+}
+
+static bool read_vocab(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
+  uint32_t nw = get_u32(r);
+  if (nw > r->n / 4 || nw > CAVS_MAX_DIM) FAIL("'%s' is damaged (vocabulary size)", path);
   k->words = calloc((size_t)nw + 1, sizeof(char *));
-  if (!k->words) BAD("out of memory reading '%s'", path);
+  if (!k->words) FAIL("out of memory reading '%s'", path);
   k->nwords = (int)nw;
-  for (int i = 0; i < k->nwords && !r.bad; i++) {
+  for (int i = 0; i < k->nwords && !r->bad; i++) {
     uint32_t wlen = 0;
-    if (r.at + 4 <= r.n) memcpy(&wlen, r.p + r.at, 4);
-    k->words[i] = get_str(&r);
-    if (!r.bad && !word_ok(k->words[i], wlen))
-      BAD("'%s' is damaged: vocabulary word %d is empty or holds a NUL, a space or a line break", path, i);
+    if (r->at + 4 <= r->n) memcpy(&wlen, r->p + r->at, 4);
+    k->words[i] = get_str(r);
+    if (!r->bad && !word_ok(k->words[i], wlen))
+      FAIL("'%s' is damaged: vocabulary word %d is empty or holds a NUL, a space or a line break", path, i);
   }
-  uint32_t np = get_u32(&r);
-  if (np > r.n / 4 || np > CAVS_MAX_PARAMS) BAD("'%s' is damaged (parameter count)", path);
+  return true;
+}
+
+/* The parameters and the optimizer's state: where their values are in the file. */
+static bool read_params(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
+  uint32_t np = get_u32(r);
+  if (np > r->n / 4 || np > CAVS_MAX_PARAMS) FAIL("'%s' is damaged (parameter count)", path);
   k->params = calloc((size_t)np + 1, sizeof(KParam));
-  if (!k->params) BAD("out of memory reading '%s'", path);
+  if (!k->params) FAIL("out of memory reading '%s'", path);
   k->nparams = (int)np;
   size_t es = k->precision == CAVS_DOUBLE ? 8 : 4, total = 0;
-  for (int i = 0; i < k->nparams && !r.bad; i++) {
+  for (int i = 0; i < k->nparams && !r->bad; i++) {
     KParam *p = &k->params[i];
-    p->name = get_str(&r);
-    int64_t rows = get_i64(&r), cols = get_i64(&r);
-    if (r.bad) break;
-    if (!cavs_is_identifier(p->name)) BAD("'%s' is damaged: parameter %d's name is not an identifier", path, i);
+    p->name = get_str(r);
+    int64_t rows = get_i64(r), cols = get_i64(r);
+    if (r->bad) break;
+    if (!cavs_is_identifier(p->name)) FAIL("'%s' is damaged: parameter %d's name is not an identifier", path, i);
     /* each factor at most the file's size, so the product cannot overflow */
-    if (rows < 1 || cols < 1 || (uint64_t)rows > r.n || (uint64_t)cols > r.n ||
-        (uint64_t)rows * (uint64_t)cols > (r.n - r.at) / es)
-      BAD("'%s' is damaged (the shape of parameter %s)", path, p->name);
+    if (rows < 1 || cols < 1 || (uint64_t)rows > r->n || (uint64_t)cols > r->n ||
+        (uint64_t)rows * (uint64_t)cols > (r->n - r->at) / es)
+      FAIL("'%s' is damaged (the shape of parameter %s)", path, p->name);
     p->rows = (long)rows;
     p->cols = (long)cols;
-    p->at = r.at;
-    take(&r, (size_t)rows * (size_t)cols * es);
+    p->at = r->at;
+    take(r, (size_t)rows * (size_t)cols * es);
     total += (size_t)rows * (size_t)cols * es; /* at most the file's size: no overflow */
   }
-  k->steps = (long)get_i64(&r);
-  const unsigned char *has = take(&r, 1);
-  if (r.bad || k->steps < 0 || *has > 1) BAD("'%s' is damaged (optimizer state)", path);
+  k->steps = (long)get_i64(r);
+  const unsigned char *has = take(r, 1);
+  if (r->bad || k->steps < 0 || *has > 1) FAIL("'%s' is damaged (optimizer state)", path);
   k->has_moments = *has;
   if (k->has_moments) {
-    k->m1_at = r.at;
-    take(&r, total);
-    k->m2_at = r.at;
-    take(&r, total);
+    k->m1_at = r->at;
+    take(r, total);
+    k->m2_at = r->at;
+    take(r, total);
   }
-  k->ts.epoch = (int)get_u32(&r);
-  k->ts.rng = (uint64_t)get_i64(&r);
-  k->ts.best = get_f64(&r);
-  k->ts.seed = (uint64_t)get_i64(&r);
-  k->ts.threads = (int)get_u32(&r);
-  k->ts.batch = (int)get_u32(&r);
-  char *fmt = get_str(&r);
-  if (fmt && strlen(fmt) < sizeof k->ts.format) snprintf(k->ts.format, sizeof k->ts.format, "%s", fmt);
-  else r.bad = true;
+  return true;
+}
+
+/* The training state as formats 1 and 2 have it. */
+static void read_state_v1(cavs_ckpt *k, Rd *r, uint32_t version) {
+  cavs_train_state *t = &k->ts;
+  t->epoch = (int)get_u32(r);
+  t->rng = (uint64_t)get_i64(r);
+  t->best = get_f64(r);
+  t->seed = (uint64_t)get_i64(r);
+  t->threads = (int)get_u32(r);
+  t->batch = (int)get_u32(r);
+  char *fmt = get_str(r);
+  if (fmt && strlen(fmt) < sizeof t->format) snprintf(t->format, sizeof t->format, "%s", fmt);
+  else r->bad = true;
   free(fmt);
-  k->ts.optim.kind = (int)get_u32(&r);
-  k->ts.optim.lr = get_f64(&r);
-  k->ts.optim.clip = get_f64(&r);
-  k->ts.optim.weight_decay = get_f64(&r);
-  k->ts.optim.beta1 = get_f64(&r);
-  k->ts.optim.beta2 = get_f64(&r);
-  k->ts.optim.eps = get_f64(&r);
-  if (version >= 2) k->ts.graphs_done = (long)get_i64(&r);
-  if (version >= 3) {
-    k->ts.select = (int)get_u32(&r);
-    k->ts.lr_decay = get_f64(&r);
-    k->ts.lr_step = (int)get_u32(&r);
-    k->ts.warmup = (int)get_u32(&r);
-    k->ts.patience = (int)get_u32(&r);
-    k->ts.since_best = (int)get_u32(&r);
-    k->ts.best_epoch = (int)get_u32(&r);
-    uint32_t nf = get_u32(&r);
-    if (!r.bad && nf > (uint32_t)k->nparams) BAD("'%s' is damaged (frozen parameters)", path);
-    for (uint32_t i = 0; i < nf && !r.bad; i++) {
-      uint32_t p = get_u32(&r);
-      if (r.bad) break;
-      if (p >= (uint32_t)k->nparams || k->params[p].frozen) BAD("'%s' is damaged (frozen parameters)", path);
-      k->params[p].frozen = true;
-    }
+  t->optim.kind = (int)get_u32(r);
+  t->optim.lr = get_f64(r);
+  t->optim.clip = get_f64(r);
+  t->optim.weight_decay = get_f64(r);
+  t->optim.beta1 = get_f64(r);
+  t->optim.beta2 = get_f64(r);
+  t->optim.eps = get_f64(r);
+  if (version >= 2) t->graphs_done = (long)get_i64(r);
+}
+
+/* Format 3's schedule, selection and frozen parameters. */
+static bool read_state_v3(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
+  cavs_train_state *t = &k->ts;
+  t->select = (int)get_u32(r);
+  t->lr_decay = get_f64(r);
+  t->lr_step = (int)get_u32(r);
+  t->warmup = (int)get_u32(r);
+  t->patience = (int)get_u32(r);
+  t->since_best = (int)get_u32(r);
+  t->best_epoch = (int)get_u32(r);
+  uint32_t nf = get_u32(r);
+  if (!r->bad && nf > (uint32_t)k->nparams) FAIL("'%s' is damaged (frozen parameters)", path);
+  for (uint32_t i = 0; i < nf && !r->bad; i++) {
+    uint32_t p = get_u32(r);
+    if (r->bad) break;
+    if (p >= (uint32_t)k->nparams || k->params[p].frozen) FAIL("'%s' is damaged (frozen parameters)", path);
+    k->params[p].frozen = true;
   }
-  if (r.bad || r.at != r.n) BAD("'%s' is damaged (bad structure)", path);
+  return true;
+}
+
+/* Format 4's momentum and the schedule with its state; before it, a decay is the step
+ * schedule, and a plateau has no best yet. */
+static void read_state_v4(cavs_ckpt *k, Rd *r, uint32_t version) {
+  cavs_train_state *t = &k->ts;
+  if (version < 4) {
+    t->schedule = t->lr_decay > 0 && t->lr_decay < 1 ? CAVS_SCHED_STEP : CAVS_SCHED_CONSTANT;
+    t->plateau_best = -1;
+    return;
+  }
+  t->optim.momentum = get_f64(r);
+  t->schedule = (int)get_u32(r);
+  t->lr_min = get_f64(r);
+  t->cosine_epochs = (int)get_u32(r);
+  t->plateau_factor = get_f64(r);
+  t->plateau_patience = (int)get_u32(r);
+  t->lr_now = get_f64(r);
+  t->plateau_best = get_f64(r);
+  t->plateau_bad = (int)get_u32(r);
+}
+
+/* Every counter within what the command line gives, or what a run can reach from it, so
+ * that going on from here cannot overflow one (u32 fields read as int are already
+ * refused when negative); every rate finite. */
+static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t errlen) {
   const cavs_train_state *t = &k->ts;
   const cavs_optim *o = &t->optim;
-  /* every counter within what the command line gives, or what a run can reach from it,
-     so that going on from here cannot overflow one (u32 fields read as int are already
-     refused when negative) */
-  if (k->steps > CAVS_MAX_STEPS) BAD("'%s' is damaged: %ld optimizer steps (at most %ld)", path, k->steps, CAVS_MAX_STEPS);
+  if (k->steps > CAVS_MAX_STEPS) FAIL("'%s' is damaged: %ld optimizer steps (at most %ld)", path, k->steps, CAVS_MAX_STEPS);
   if (t->epoch < 0 || t->epoch > CAVS_MAX_EPOCHS || t->threads < 0 || t->threads > 1024 || t->batch < 0 ||
       t->batch > (1 << 20) || t->graphs_done < 0 || t->graphs_done > CAVS_MAX_GRAPH_VERTICES ||
       !(t->best == -1 || nonneg(t->best)))
-    BAD("'%s' is damaged (training state)", path);
+    FAIL("'%s' is damaged (training state)", path);
   if (t->select < 0 || t->select > 3 || !(t->lr_decay >= 0 && t->lr_decay <= 1) || t->lr_step < 0 ||
       t->lr_step > 1000000 || t->warmup < 0 || t->warmup > (1 << 30) || t->patience < 0 || t->patience > 1000000 ||
       t->since_best < 0 || t->since_best > t->epoch || t->best_epoch < 0 || t->best_epoch > t->epoch)
-    BAD("'%s' is damaged (training schedule)", path);
+    FAIL("'%s' is damaged (training schedule)", path);
+  /* format 4: a plateau's count is reset once past its patience, and is epochs */
+  if (t->schedule < 0 || t->schedule >= CAVS_SCHED_COUNT || !nonneg(t->lr_min) || t->cosine_epochs < 0 ||
+      t->cosine_epochs > CAVS_MAX_EPOCHS || !(t->plateau_factor >= 0 && t->plateau_factor < 1) ||
+      t->plateau_patience < 0 || t->plateau_patience > 1000000 || !nonneg(t->lr_now) ||
+      !(t->plateau_best == -1 || nonneg(t->plateau_best)) || t->plateau_bad < 0 ||
+      t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch)
+    FAIL("'%s' is damaged (learning-rate schedule)", path);
   if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "text-bptt") &&
       strcmp(t->format, "cgf"))
-    BAD("'%s' is damaged (data format)", path);
-  if (o->kind < CAVS_SGD || o->kind > CAVS_ADAM || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
-      !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps))
-    BAD("'%s' is damaged (optimizer settings)", path);
-#undef BAD
+    FAIL("'%s' is damaged (data format)", path);
+  if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
+      !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps) || !unit(o->momentum))
+    FAIL("'%s' is damaged (optimizer settings)", path);
+  return true;
+}
+#undef FAIL
+
+/* Reading checks everything before anything is used: a damaged or crafted file is
+ * refused with what is wrong with it. */
+cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
+  cavs_ckpt *k = slurp(path, err, errlen);
+  if (!k) return NULL;
+  Rd r;
+  uint32_t version;
+  bool ok = read_frame(k, &r, &version, path, err, errlen) && read_model(k, &r, path, err, errlen) &&
+            read_vocab(k, &r, path, err, errlen) && read_params(k, &r, path, err, errlen);
+  if (ok) {
+    read_state_v1(k, &r, version);
+    ok = version < 3 || read_state_v3(k, &r, path, err, errlen);
+  }
+  if (ok) {
+    read_state_v4(k, &r, version);
+    if (r.bad || r.at != r.n) {
+      snprintf(err, errlen, "'%s' is damaged (bad structure)", path);
+      ok = false;
+    }
+  }
+  if (ok) ok = check_state(k, path, err, errlen);
+  if (!ok) {
+    cavs_ckpt_free(k);
+    return NULL;
+  }
   return k;
 }
 

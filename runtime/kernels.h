@@ -180,39 +180,53 @@ CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
   return -1;
 }
 
-/* One optimizer step over the spans of the flat blocks: weight decay (added to the
- * gradient), the global norm clip, then the update (Adam with bias correction). */
-CV_HOT static void CV_NAME(step)(cavs_model *m, const cavs_optim *o, const cv_span *sp, int ns, double b1, double b2,
-                          double eps) {
-  R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
+/* The first part of an optimizer step: L2 weight decay added to the gradients, and their
+ * squares summed (in double) when there is a clip. */
+CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
+  R *P = (R *)m->pflat, *G = (R *)m->gflat;
   double norm2 = 0;
   for (int k = 0; k < ns; k++) {
     R *p = P + sp[k].off, *g = G + sp[k].off;
-    if (o->weight_decay)
-      for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(o->weight_decay * p[i]);
-    if (o->clip > 0)
+    if (h->l2)
+      for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(h->l2 * p[i]);
+    if (h->clip > 0)
       for (size_t i = 0; i < sp[k].len; i++) norm2 += (double)g[i] * g[i];
   }
-  double scale = cv_clip_scale(norm2, o->clip);
-  double c1 = 1 - pow(b1, (double)m->step), c2 = 1 - pow(b2, (double)m->step);
-  R lr = (R)o->lr, sc = (R)scale;
+  return norm2;
+}
+
+/* One optimizer step over the spans of the flat blocks: L2 weight decay (added to the
+ * gradient), the global norm clip, then the update. Each gradient is zeroed as it is
+ * used: the next backward pass need not clear it. */
+CV_HOT static void CV_NAME(step)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
+  R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
+  R sc = (R)cv_clip_scale(CV_NAME(decay_norm)(m, h, sp, ns), h->clip);
+  double c1 = 1 - pow(h->b1, (double)m->step), c2 = 1 - pow(h->b2, (double)m->step);
+  R lr = (R)h->lr, e = (R)h->eps, mu = (R)h->mu, wd = (R)h->decoupled;
+  R a1 = (R)h->b1, a2 = (R)h->b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2);
   for (int k = 0; k < ns; k++) {
     R *p = P + sp[k].off, *g = G + sp[k].off, *m1 = M1 + sp[k].off, *m2 = M2 + sp[k].off;
     size_t len = sp[k].len;
-    /* each gradient is zeroed as it is used: the next backward pass need not clear it */
-    R e = (R)eps;
-    switch (o->kind) {
+    switch (h->kind) {
     case CAVS_SGD:
       for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr), g[i] = 0;
       break;
     case CAVS_ADAGRAD:
       for (size_t i = 0; i < len; i++) CV_NAME(cv_adagrad)(&p[i], &m1[i], sc * g[i], lr, e), g[i] = 0;
       break;
-    default: {
-      R a1 = (R)b1, a2 = (R)b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2);
+    case CAVS_MOMENTUM:
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_momentum)(&p[i], &m1[i], sc * g[i], lr, mu), g[i] = 0;
+      break;
+    case CAVS_NESTEROV:
+      for (size_t i = 0; i < len; i++) CV_NAME(cv_nesterov)(&p[i], &m1[i], sc * g[i], lr, mu), g[i] = 0;
+      break;
+    case CAVS_ADAMW:
+      for (size_t i = 0; i < len; i++)
+        CV_NAME(cv_adamw)(&p[i], &m1[i], &m2[i], sc * g[i], lr, a1, a2, ic1, ic2, e, wd), g[i] = 0;
+      break;
+    default:
       for (size_t i = 0; i < len; i++)
         CV_NAME(cv_adam)(&p[i], &m1[i], &m2[i], sc * g[i], lr, a1, a2, ic1, ic2, e), g[i] = 0;
-    }
     }
   }
 }

@@ -2,7 +2,8 @@
  * updated whole, lookup tables only in the rows the minibatch read (their other rows
  * have a zero gradient), which on SST saves updating 18,000 embedding rows to touch a
  * few hundred. The update itself (weight decay, global gradient-norm clipping, then
- * SGD, Adagrad or Adam with bias correction) is the backend's `step`. */
+ * SGD, Adagrad, Adam, Momentum, Nesterov or AdamW) is the backend's `step`, from the
+ * settings resolved here. */
 #include "cv.h"
 
 #include <stdlib.h>
@@ -52,6 +53,8 @@ static cv_span *spans(cavs_model *m, int *count) {
   return s;
 }
 
+/* The optimizers: each kind one update rule with one name (AdamW and Nesterov are kinds,
+ * not flags on Adam and SGD: cavs.h says why). */
 static const struct {
   const char *name;
   double lr; /* the default learning rate */
@@ -59,6 +62,9 @@ static const struct {
     [CAVS_SGD] = {"sgd", 0.05},
     [CAVS_ADAGRAD] = {"adagrad", 0.05},
     [CAVS_ADAM] = {"adam", 1e-3},
+    [CAVS_MOMENTUM] = {"momentum", 0.01},
+    [CAVS_NESTEROV] = {"nesterov", 0.01},
+    [CAVS_ADAMW] = {"adamw", 1e-3},
 };
 _Static_assert(sizeof optims / sizeof *optims == CAVS_OPTIM_COUNT, "one row per optimizer");
 
@@ -101,23 +107,39 @@ int cv_alloc_moments(cavs_model *m) {
   return 0;
 }
 
+/* o with its defaults filled in, and its weight decay where its kind applies it */
+static cv_hyper hyper(const cavs_optim *o) {
+  bool decoupled = o->kind == CAVS_ADAMW;
+  return (cv_hyper){
+      .kind = o->kind,
+      .lr = o->lr,
+      .clip = o->clip,
+      .l2 = decoupled ? 0 : o->weight_decay,
+      .decoupled = decoupled ? o->weight_decay : 0,
+      .b1 = o->beta1 ? o->beta1 : 0.9,
+      .b2 = o->beta2 ? o->beta2 : 0.999,
+      .eps = o->eps ? o->eps : (o->kind == CAVS_ADAGRAD ? 1e-10 : 1e-8),
+      .mu = o->momentum ? o->momentum : 0.9,
+  };
+}
+
 int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   if (m->launch_failed) return -1; /* the backward pass's kernels: the message is in m->err */
   if (m->no_grads) { /* the backward pass refused (inference): the message is in m->err */
     m->no_grads = false;
     return -1;
   }
+  if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT) return cv_fail(m, "no optimizer of kind %d", o->kind);
   if (cv_alloc_moments(m)) return -1;
   /* never reached by training (2^53 steps), but a counter read from a file is bounded
      and its increments checked */
   if (m->step >= CAVS_MAX_STEPS) return cv_fail(m, "the optimizer has taken %ld steps, the most a model takes", m->step);
   m->step++;
-  double b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;
-  double eps = o->eps ? o->eps : (o->kind == CAVS_ADAGRAD ? 1e-10 : 1e-8);
+  cv_hyper h = hyper(o);
   int ns;
   cv_span *sp = spans(m, &ns);
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
-  if (m->be->step(m, o, sp, ns, b1, b2, eps)) return -1;
+  if (m->be->step(m, &h, sp, ns)) return -1;
   /* the step zeroed the gradient of every span it updated: a dense group not frozen is
      clean for the next backward pass (a lookup table's touched rows are cleared there) */
   const cavs_desc *d = m->d;

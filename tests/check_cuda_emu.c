@@ -562,9 +562,12 @@ START_TEST(serial_as_batched) {
 END_TEST
 
 /* Every optimizer step of the cpu backend's, two steps from the same gradients (the
- * moments too): SGD, Adagrad, Adam, Adam clipped (a clip below the gradients' norm),
- * SGD with weight decay, Adam with weight decay and clipping, and Adam with a parameter
- * frozen; lookup tables (the Tree-LSTM's: only the rows read) and dense groups. */
+ * moments and the momentum buffer too; the second step's gradients are zero, which
+ * momentum still moves by): SGD, Adagrad, Adam, Adam clipped (a clip below the
+ * gradients' norm), SGD with weight decay, Adam with weight decay and clipping, Adam's
+ * settings, Momentum and Nesterov plain and with weight decay and clipping, AdamW's
+ * decoupled decay alone and clipped, and Adam with a parameter frozen; lookup tables
+ * (the Tree-LSTM's: only the rows read) and dense groups. */
 START_TEST(optimizers_as_cpu) {
   const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
   MINIBATCH(dc);
@@ -576,6 +579,12 @@ START_TEST(optimizers_as_cpu) {
       {.kind = CAVS_SGD, .lr = 0.1, .weight_decay = 0.01},
       {.kind = CAVS_ADAM, .lr = 1e-2, .weight_decay = 0.01, .clip = 1e-2},
       {.kind = CAVS_ADAM, .lr = 1e-2, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6},
+      {.kind = CAVS_MOMENTUM, .lr = 0.1},
+      {.kind = CAVS_MOMENTUM, .lr = 0.1, .momentum = 0.5, .weight_decay = 0.01, .clip = 1e-2},
+      {.kind = CAVS_NESTEROV, .lr = 0.1, .momentum = 0.8},
+      {.kind = CAVS_NESTEROV, .lr = 0.1, .weight_decay = 0.01, .clip = 1e-3},
+      {.kind = CAVS_ADAMW, .lr = 1e-2, .weight_decay = 0.1},
+      {.kind = CAVS_ADAMW, .lr = 1e-2, .weight_decay = 0.1, .clip = 1e-2, .beta1 = 0.8, .eps = 1e-6},
   };
   for (int o = 0; o <= (int)(sizeof optims / sizeof *optims); o++) {
     long since = cavs_emu_serial();

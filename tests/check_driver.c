@@ -4,6 +4,7 @@
  * states. */
 #include "cavs.h"
 #include "cli.h"
+#include "driver.h" /* schedule.c's functions, compiled in */
 
 #include <dlfcn.h>
 #include <jansson.h>
@@ -462,6 +463,146 @@ START_TEST(resume_is_bit_identical) {
   ck_assert_msg(na == nb && !memcmp(a, b, na), "a resume without repeating the flags differs");
   free(a);
   free(b);
+}
+END_TEST
+
+/* ---- the optimizers and the schedules of the rate ---- */
+
+/* The schedules' rates, from the functions cavs train calls (driver/schedule.c, compiled
+ * in), against the formulas: step and cosine by epoch, and plateau's cuts on a crafted
+ * sequence of dev scores, higher better and lower better. */
+START_TEST(schedule_formulas) {
+  cavs_train_state t = {.optim = {.lr = 0.1}, .schedule = CAVS_SCHED_CONSTANT, .plateau_best = -1};
+  for (int e = 1; e < 5; e++) ck_assert(sched_lr(&t, e) == 0.1);
+  t.schedule = CAVS_SCHED_STEP, t.lr_decay = 0.5, t.lr_step = 2;
+  const double steps[] = {0.1, 0.1, 0.05, 0.05, 0.025};
+  for (int e = 1; e <= 5; e++) ck_assert_msg(sched_lr(&t, e) == steps[e - 1], "step, epoch %d: %.17g", e, sched_lr(&t, e));
+  t.schedule = CAVS_SCHED_COSINE, t.lr_min = 0.001, t.cosine_epochs = 5;
+  for (int e = 1; e <= 8; e++) {
+    int k = e - 1 < 5 ? e - 1 : 5; /* held at the floor past the last epoch */
+    double want = 0.001 + 0.5 * (0.1 - 0.001) * (1 + cos(M_PI * k / 5.0));
+    ck_assert_msg(fabs(sched_lr(&t, e) - want) <= 1e-15 * want, "cosine, epoch %d: %.17g, not %.17g", e, sched_lr(&t, e), want);
+  }
+  ck_assert(sched_lr(&t, 1) == 0.1 && fabs(sched_lr(&t, 6) - 0.001) < 1e-18);
+  /* plateau: patience 2, factor 0.5, floor 0.01, from 0.08; cut on the third epoch in a
+     row without a better score, the count then starting again; at the floor, no cut */
+  t = (cavs_train_state){.optim = {.lr = 0.08}, .schedule = CAVS_SCHED_PLATEAU, .plateau_factor = 0.5,
+                         .plateau_patience = 2, .lr_min = 0.01, .plateau_best = -1};
+  const double acc[] = {0.5, 0.6, 0.6, 0.55, 0.6, 0.7, 0.7, 0.7, 0.7, 0.65, 0.6, 0.6, 0.6, 0.6, 0.6};
+  const double lr[] = {0.08, 0.08, 0.08, 0.08, 0.04, 0.04, 0.04, 0.04, 0.02, 0.02, 0.02, 0.01, 0.01, 0.01, 0.01};
+  const int bad[] = {0, 0, 1, 2, 0, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0};
+  for (int e = 0; e < 15; e++) {
+    bool cut = sched_plateau(&t, acc[e], true);
+    ck_assert_msg(cut == (e == 4 || e == 8 || e == 11), "plateau, epoch %d: %s", e + 1, cut ? "cut" : "no cut");
+    ck_assert_msg(sched_lr(&t, e + 2) == lr[e] && t.plateau_bad == bad[e], "plateau after epoch %d: lr %.17g, count %d",
+                  e + 1, sched_lr(&t, e + 2), t.plateau_bad);
+  }
+  ck_assert(t.plateau_best == 0.7);
+  /* a loss: lower is better; patience 0 cuts on the first epoch that is not better */
+  t = (cavs_train_state){.optim = {.lr = 1}, .schedule = CAVS_SCHED_PLATEAU, .plateau_factor = 0.1, .plateau_best = -1};
+  const double loss[] = {1.0, 0.9, 0.95, 0.8, 0.8};
+  const double lr2[] = {1, 1, 0.1, 0.1, 0.01};
+  for (int e = 0; e < 5; e++) {
+    sched_plateau(&t, loss[e], false);
+    ck_assert_msg(fabs(sched_lr(&t, e + 2) - lr2[e]) < 1e-17, "plateau on a loss, after epoch %d: %.17g", e + 1,
+                  sched_lr(&t, e + 2));
+  }
+  ck_assert(sched_kind("cosine") == CAVS_SCHED_COSINE && sched_kind("plateau") == CAVS_SCHED_PLATEAU &&
+            sched_kind("linear") == -1);
+}
+END_TEST
+
+/* Momentum, Nesterov and AdamW over 4 epochs, or 2 + a resume of 2 that repeats none of
+ * their flags: the same bytes (parameters, the momentum buffer and the moments, the
+ * schedule's state) and the same rate in every epoch's --log record. Nesterov on the
+ * plateau schedule, which cuts the rate after epoch 2 (checked): the half run's
+ * checkpoint must carry the cut rate; AdamW on a cosine over the 4 epochs. */
+START_TEST(optimizers_resume_bit_identical) {
+  gen_data();
+  static const char *const runs[][12] = {
+      {"--optimizer", "momentum", "--momentum", "0.8", "--lr", "0.05", NULL},
+      {"--optimizer", "nesterov", "--lr", "0.05", "--schedule", "plateau", "--plateau-patience", "0", "--plateau-factor",
+       "0.5", "--select", "root"},
+      {"--optimizer", "adamw", "--lr", "0.02", "--weight-decay", "0.01", "--schedule", "cosine", "--cosine-epochs", "4",
+       "--lr-min", "1e-3"},
+  };
+  for (int i = 0; i < 3; i++) {
+    const char *const *a = runs[i];
+#define A a[0], a[1], a[2], a[3], a[4], a[5], a[6] ? a[6] : "--quiet", a[7] ? a[7] : "--quiet", \
+          a[8] ? a[8] : "--quiet", a[9] ? a[9] : "--quiet", a[10] ? a[10] : "--quiet", a[11] ? a[11] : "--quiet"
+    char full[64], half[64], flog[64], hlog[64];
+    snprintf(full, sizeof full, "o%d-full.ckpt", i);
+    snprintf(half, sizeof half, "o%d-half.ckpt", i);
+    snprintf(flog, sizeof flog, "o%d-full.log", i);
+    snprintf(hlog, sizeof hlog, "o%d-half.log", i);
+    RunResult r = TRAIN("--epochs", "4", "--quiet", A, "--save", path_in(full), "--log", path_in(flog), NULL);
+    ok(&r, "4 epochs");
+    tu_free(&r);
+    r = TRAIN("--epochs", "2", "--quiet", A, "--save", path_in(half), "--log", path_in(hlog), NULL);
+    ok(&r, "2 epochs");
+    tu_free(&r);
+#undef A
+    r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in(half), "--save", path_in(half), "--log", path_in(hlog), NULL);
+    ok(&r, "resume 2 epochs");
+    tu_free(&r);
+    size_t na = 0, nb = 0;
+    char *x = tu_slurp(path_in(full), &na), *y = tu_slurp(path_in(half), &nb);
+    ck_assert(x && y);
+    ck_assert_msg(na == nb && !memcmp(x, y, na), "%s: the resumed run differs from the uninterrupted one", a[1]);
+    free(x);
+    free(y);
+    json_t *lf = log_records(path_in(flog)), *lh = log_records(path_in(hlog));
+    ck_assert_int_eq(json_array_size(lf), 4);
+    ck_assert_int_eq(json_array_size(lh), 4);
+    for (size_t e = 0; e < 4; e++) {
+      json_t *rf = json_array_get(lf, e), *rh = json_array_get(lh, e);
+      double lrf = json_real_value(json_object_get(rf, "lr")), lrh = json_real_value(json_object_get(rh, "lr"));
+      ck_assert_msg(lrf == lrh, "%s, epoch %zu: lr %.17g, resumed %.17g", a[1], e + 1, lrf, lrh);
+      ck_assert_str_eq(json_string_value(json_object_get(rh, "optimizer")), a[1]);
+    }
+    double lr1 = json_real_value(json_object_get(json_array_get(lf, 0), "lr"));
+    double lr3 = json_real_value(json_object_get(json_array_get(lf, 2), "lr"));
+    if (i == 1) ck_assert_msg(lr3 == lr1 / 2, "plateau: epoch 3's rate %.17g, not the first's cut (%g)", lr3, lr1);
+    if (i == 2) /* the cosine's epoch 3: halfway down */
+      ck_assert_msg(fabs(lr3 - (1e-3 + 0.5 * (0.02 - 1e-3))) < 1e-15, "cosine: epoch 3's rate %.17g", lr3);
+    json_decref(lf);
+    json_decref(lh);
+  }
+  RunResult r = cavs("info", path_in("o1-half.ckpt"), NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "optimizer nesterov lr 0.05 momentum 0.9") &&
+                    strstr(r.out, "lr schedule plateau: factor 0.5, patience 0, floor 0; now lr "),
+                "%s", r.out);
+  tu_free(&r);
+}
+END_TEST
+
+/* Each option of the optimizers and the schedules belongs to some of them: given to
+ * another, it is refused, as is a plateau with no dev set to watch. */
+START_TEST(schedule_options_checked) {
+  gen_data();
+  static const struct {
+    const char *args[4], *msg;
+  } bad[] = {
+      {{"--momentum", "0.5"}, "--momentum goes with --optimizer momentum or nesterov, not adam"},
+      {{"--optimizer", "momentum", "--momentum", "1"}, "not a number above 0 and below 1"},
+      {{"--schedule", "linear"}, "--schedule: 'linear' is not constant, step, cosine or plateau"},
+      {{"--schedule", "cosine", "--lr-decay", "0.5"}, "--lr-decay goes with --schedule step, not cosine"},
+      {{"--schedule", "step"}, "--schedule step needs --lr-decay"},
+      {{"--cosine-epochs", "3"}, "--cosine-epochs goes with --schedule cosine, not constant"},
+      {{"--schedule", "cosine", "--plateau-factor", "0.5"}, "go with --schedule plateau, not cosine"},
+      {{"--lr-min", "0.1", "--schedule", "cosine"}, "--lr-min 0.1 is not below the rate, 0.001"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const char *const *a = bad[i].args;
+    RunResult r = TRAIN("--epochs", "1", a[0], a[1], a[2] ? a[2] : "--quiet", a[3] ? a[3] : "--quiet", NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, bad[i].msg), "case %zu: exit %d: %s", i, r.status, r.err);
+    tu_free(&r);
+  }
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--schedule",
+                     "plateau", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--schedule plateau needs a --dev set"), "%s", r.err);
+  tu_free(&r);
 }
 END_TEST
 
@@ -2205,6 +2346,9 @@ int main(void) {
   tcase_add_test(tc, train_save_eval_predict);
   tcase_add_test(tc, resume_is_bit_identical);
   tcase_add_test(tc, resume_keeps_schedule_and_frozen);
+  tcase_add_test(tc, schedule_formulas);
+  tcase_add_test(tc, optimizers_resume_bit_identical);
+  tcase_add_test(tc, schedule_options_checked);
   tcase_add_test(tc, damaged_checkpoints_rejected);
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);

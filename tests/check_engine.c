@@ -433,8 +433,8 @@ START_TEST(step_leaves_gradients_clean) {
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(d, dims, g, gs, false);
-  static const int kinds[] = {CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM};
-  for (int o = 0; o < 3; o++)
+  static const int kinds[] = {CAVS_SGD, CAVS_ADAGRAD, CAVS_ADAM, CAVS_MOMENTUM, CAVS_NESTEROV, CAVS_ADAMW};
+  for (int o = 0; o < (int)(sizeof kinds / sizeof *kinds); o++)
     for (int frozen = 0; frozen < 2; frozen++) {
       cavs_model *a = new_model(d, dims, 9), *b = new_model(d, dims, 9);
       if (frozen) ck_assert(cavs_model_freeze(a, 0, 1) == 0); /* the embeddings' table */
@@ -464,6 +464,114 @@ START_TEST(step_leaves_gradients_clean) {
       cavs_model_free(a);
       cavs_model_free(b);
     }
+}
+END_TEST
+
+/* ---- the optimizers against a reference written here ---- */
+
+/* The reference's state: parameters and the optimizer's two buffers, in double, over the
+ * flat block, and which elements a step updates. */
+typedef struct RefOpt {
+  size_t n;
+  double *p, *b1, *b2;
+  unsigned char *upd;
+  long t;
+  bool clipped; /* some step's clip scaled the gradients */
+} RefOpt;
+
+/* The elements a step on graphs gs[0..k) updates: every parameter not frozen, and of a
+ * lookup table only the rows the graphs' vertices read (their features, as given). */
+static void ref_mask(RefOpt *r, cavs_model *m, const cavs_desc *d, const TGraph *g, int k, int frozen) {
+  size_t n;
+  const double *flat = cavs_model_params_flat(m, &n);
+  memset(r->upd, 0, n);
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    const double *p = cavs_model_param(m, i, &rows, &cols, &ld);
+    int slot = d->pgroups[d->params[i].group].sparse_input;
+    for (long row = 0; row < rows && i != frozen; row++) {
+      bool read = slot < 0;
+      for (int gi = 0; gi < k && !read; gi++)
+        for (int v = 0; v < g[gi].g.n && !read; v++) read = g[gi].feat[v * d->nint + slot] == row;
+      if (read) memset(r->upd + (p - flat) + (size_t)row * (size_t)ld, 1, (size_t)cols);
+    }
+  }
+}
+
+/* One step of o in the reference from the gradients g, as its paper and PyTorch write it:
+ * L2 decay into the gradient (not AdamW's), the global norm over what is updated
+ * clipped, then the update; each element in double, one at a time. */
+static void ref_step(RefOpt *r, const cavs_optim *o, const double *grad) {
+  double l2 = o->kind == CAVS_ADAMW ? 0 : o->weight_decay, norm2 = 0;
+  double mu = o->momentum ? o->momentum : 0.9, b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;
+  double eps = o->eps ? o->eps : 1e-8;
+  r->t++;
+  for (size_t e = 0; e < r->n; e++)
+    if (r->upd[e]) norm2 += (grad[e] + l2 * r->p[e]) * (grad[e] + l2 * r->p[e]);
+  double scale = o->clip > 0 && sqrt(norm2) > o->clip ? o->clip / sqrt(norm2) : 1;
+  r->clipped |= scale < 1;
+  for (size_t e = 0; e < r->n; e++) {
+    if (!r->upd[e]) continue;
+    double g = scale * (grad[e] + l2 * r->p[e]);
+    if (o->kind == CAVS_MOMENTUM || o->kind == CAVS_NESTEROV) {
+      r->b1[e] = mu * r->b1[e] + g;
+      r->p[e] -= o->lr * (o->kind == CAVS_NESTEROV ? g + mu * r->b1[e] : r->b1[e]);
+      continue;
+    }
+    r->b1[e] = b1 * r->b1[e] + (1 - b1) * g;
+    r->b2[e] = b2 * r->b2[e] + (1 - b2) * g * g;
+    double mhat = r->b1[e] / (1 - pow(b1, (double)r->t)), vhat = r->b2[e] / (1 - pow(b2, (double)r->t));
+    r->p[e] -= o->lr * (mhat / (sqrt(vhat) + eps) + o->weight_decay * r->p[e]);
+  }
+}
+
+/* Momentum, Nesterov and AdamW, three steps each on the Tree-LSTM in double (the first
+ * and the last on a minibatch, the second on its first two graphs, so that some rows of
+ * the lookup table are read, left for a step and read again, their state waiting), with
+ * a dense parameter frozen: every parameter as the reference has it, to 1e-12
+ * relative, and the frozen one as it was. */
+START_TEST(optimizers_match_reference) {
+  static const cavs_optim optims[] = {
+      {.kind = CAVS_MOMENTUM, .lr = 0.05},
+      {.kind = CAVS_MOMENTUM, .lr = 0.05, .momentum = 0.7, .weight_decay = 0.01, .clip = 0.05},
+      {.kind = CAVS_NESTEROV, .lr = 0.05},
+      {.kind = CAVS_NESTEROV, .lr = 0.05, .momentum = 0.8, .weight_decay = 0.01, .clip = 0.05},
+      {.kind = CAVS_ADAMW, .lr = 1e-2, .weight_decay = 0.1},
+      {.kind = CAVS_ADAMW, .lr = 1e-2, .weight_decay = 0.1, .clip = 0.05, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6},
+  };
+  const cavs_desc *d = load_model("treelstm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  for (size_t o = 0; o < sizeof optims / sizeof *optims; o++) {
+    cavs_model *m = new_model(d, dims, 3);
+    int frozen = 1; /* the first that can be frozen alone, after the table */
+    while (frozen < d->nparams && cavs_model_freeze(m, frozen, 1)) frozen++;
+    ck_assert(frozen < d->nparams);
+    RefOpt r = {0};
+    const double *p = cavs_model_params_flat(m, &r.n);
+    r.p = malloc(r.n * sizeof *r.p), r.b1 = calloc(r.n, sizeof *r.b1), r.b2 = calloc(r.n, sizeof *r.b2);
+    r.upd = malloc(r.n);
+    double *grad = malloc(r.n * sizeof *grad);
+    memcpy(r.p, p, r.n * sizeof *r.p);
+    for (int step = 0; step < 3; step++) {
+      int kk = step == 1 ? 2 : k;
+      cavs_stats st;
+      ck_assert_msg(cavs_model_forward(m, gs, kk, &st) == 0, "%s", cavs_model_error(m));
+      cavs_model_backward(m);
+      memcpy(grad, cavs_model_grads_flat(m, &r.n), r.n * sizeof *grad);
+      ref_mask(&r, m, d, g, kk, frozen);
+      ref_step(&r, &optims[o], grad);
+      ck_assert(cavs_model_step(m, &optims[o]) == 0);
+      for (size_t e = 0; e < r.n; e++)
+        ck_assert_msg(fabs(p[e] - r.p[e]) <= 1e-12 * fabs(r.p[e]), "%s, case %zu, step %d: element %zu is %.17g, not %.17g",
+                      cavs_optim_name(optims[o].kind), o, step + 1, e, p[e], r.p[e]);
+    }
+    ck_assert_msg(r.clipped == (optims[o].clip > 0), "case %zu: the clip was%s used", o, r.clipped ? "" : " not");
+    free(r.p), free(r.b1), free(r.b2), free(r.upd), free(grad);
+    cavs_model_free(m);
+  }
 }
 END_TEST
 
@@ -1236,6 +1344,7 @@ int main(void) {
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
+  tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
   tcase_add_loop_test(tc, homes_change_nothing, 0, NEXAMPLES);

@@ -32,6 +32,6 @@ if "$py" -m pip --version >/dev/null 2>&1 && "$py" -c 'import setuptools' >/dev/
   pypath=$tmp/site
 fi
 echo "check_python: $("$py" --version 2>&1) at $py; the package from $pypath"
-CAVS=$build/cavs CAVS_LIB=$build/.libs/libcavs.so.0 CAVS_CACHE=$tmp/cache PYTHONPATH=$pypath \
+CAVS=$build/cavs CAVS_LIB=$build/.libs/libcavs.so.2 CAVS_CACHE=$tmp/cache PYTHONPATH=$pypath \
   PYTHONDONTWRITEBYTECODE=1 TOP_SRCDIR=$top \
   "$py" -m pytest -q -p no:cacheprovider --rootdir "$tmp" "$top/python/tests"

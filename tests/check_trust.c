@@ -239,14 +239,18 @@ START_TEST(crafted_fields_refused) {
 }
 END_TEST
 
+/* Format 4's tail of the training state: momentum 8, schedule 4, lr_min 8, cosine_epochs
+ * 4, plateau_factor 8, plateau_patience 4, lr_now 8, plateau_best 8, plateau_bad 4. */
+enum { V4_TAIL = 56 };
+
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
- * 36 bytes before the checksum when none is frozen) is checked like the rest; and a
+ * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 3);
-  ck_assert_uint_eq(rd32(&k0, k0.n - 12), 0); /* no frozen parameter */
+  size_t tail = k0.n - 8 - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 4);
+  ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
     uint32_t with[2];
@@ -255,8 +259,8 @@ START_TEST(format_3_fields) {
   } cases[] = {
       {tail, 4, {7}, 4, "training schedule"},                    /* select */
       {tail + 4 + 8 + 12, 4, {0x80000000u}, 4, "training schedule"}, /* since_best < 0 */
-      {k0.n - 12, 4, {1, 4000}, 8, "frozen parameters"},           /* past the parameters */
-      {k0.n - 12, 4, {2, 0}, 8, "bad structure"},                  /* one index missing */
+      {tail + 32, 4, {1, 4000}, 8, "frozen parameters"},           /* past the parameters */
+      {tail + 32, 4, {2, 0}, 8, "frozen parameters"}, /* one index missing: the next field's 0 read as a repeat */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     Ckpt k = {malloc(k0.n), k0.n};
@@ -272,7 +276,7 @@ START_TEST(format_3_fields) {
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t two = 2;
-  ck_splice(&k, tail, 36, "", 0);
+  ck_splice(&k, tail, 36 + V4_TAIL, "", 0);
   ck_splice(&k, 8, 4, &two, 4);
   save(&k, "v2.ckpt");
   char err[512];
@@ -283,6 +287,104 @@ START_TEST(format_3_fields) {
   cavs_ckpt_free(c);
   RunResult r = cavs("eval", path_in("v2.ckpt"), "--data", path_in("data.txt"), NULL);
   ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
+/* k0 with the field at `at` (8 bytes) set to v, saved as `name`: one that is read. */
+static void field_set(const Ckpt *k0, size_t at, int64_t v, const char *name) {
+  Ckpt k = {malloc(k0->n), k0->n};
+  memcpy(k.p, k0->p, k0->n);
+  ck_splice(&k, at, 8, &v, 8);
+  save(&k, name);
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in(name), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  cavs_ckpt_free(c);
+  free(k.p);
+}
+
+/* The bits of a double, to write where a checkpoint holds one. */
+static int64_t bits(double x) {
+  int64_t v;
+  memcpy(&v, &x, 8);
+  return v;
+}
+
+/* Format 4's tail (the momentum, the schedule and its state) is bounded like the rest,
+ * and so is the kind of optimizer; a format 3 checkpoint, which ends before it, is still
+ * read (its decay as the step schedule, no plateau best yet), and trained on. */
+START_TEST(format_4_fields) {
+  Ckpt k0 = load_base();
+  size_t t4 = k0.n - 8 - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 4);
+  ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
+  struct {
+    size_t at;
+    int64_t v;
+    int width;
+    const char *msg;
+  } cases[] = {
+      {kind, CAVS_OPTIM_COUNT, 4, "optimizer settings"},
+      {t4, bits(1.0), 8, "optimizer settings"}, /* momentum */
+      {t4, bits(NAN), 8, "optimizer settings"},
+      {t4 + 8, CAVS_SCHED_COUNT, 4, "learning-rate schedule"},
+      {t4 + 12, bits(-1), 8, "learning-rate schedule"}, /* lr_min */
+      {t4 + 12, bits(INFINITY), 8, "learning-rate schedule"},
+      {t4 + 20, CAVS_MAX_EPOCHS + 1L, 4, "learning-rate schedule"}, /* cosine_epochs */
+      {t4 + 24, bits(1.0), 8, "learning-rate schedule"},            /* plateau_factor */
+      {t4 + 32, 1000001, 4, "learning-rate schedule"},              /* plateau_patience */
+      {t4 + 32, 0x80000000u, 4, "learning-rate schedule"},
+      {t4 + 36, bits(NAN), 8, "learning-rate schedule"}, /* lr_now */
+      {t4 + 44, bits(-0.5), 8, "learning-rate schedule"}, /* plateau_best */
+      {t4 + 52, 1, 4, "learning-rate schedule"},          /* plateau_bad, past its patience (0) */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    field_refused(&k0, cases[i].at, cases[i].v, cases[i].width, cases[i].msg, i);
+  /* the tail cut short */
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  ck_splice(&k, t4 + 52, 4, "", 0);
+  save(&k, "short.ckpt");
+  char err[512];
+  ck_assert_ptr_null(cavs_ckpt_read(path_in("short.ckpt"), err, sizeof err));
+  ck_assert_msg(strstr(err, "bad structure"), "%s", err);
+  /* format 3, with a decay: the tail gone, the version 3 */
+  free(k.p);
+  k = (Ckpt){malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t three = 3;
+  double half = 0.5;
+  ck_splice(&k, t4, V4_TAIL, "", 0);
+  ck_splice(&k, t4 - 36 + 4, 8, &half, 8); /* lr_decay, after select */
+  ck_splice(&k, 8, 4, &three, 4);
+  save(&k, "v3.ckpt");
+  cavs_ckpt *c = cavs_ckpt_read(path_in("v3.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  const cavs_train_state *t = cavs_ckpt_state(c);
+  ck_assert(t->schedule == CAVS_SCHED_STEP && t->lr_decay == 0.5 && t->plateau_best == -1 && t->optim.momentum == 0);
+  cavs_ckpt_free(c);
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  RunResult r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--quiet",
+                     "--threads", "1", "--resume", path_in("v3.ckpt"), "--save", path_in("v4.ckpt"), NULL);
+  ok(&r, "resume from format 3");
+  tu_free(&r);
+  c = cavs_ckpt_read(path_in("v4.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert(cavs_ckpt_state(c)->schedule == CAVS_SCHED_STEP && cavs_ckpt_state(c)->epoch == 2);
+  cavs_ckpt_free(c);
+  /* a plateau best of 0 in a checkpoint of another schedule (an application's zeros) is
+     not where a plateau begun on a resume starts: no dev loss is below 0, and every
+     epoch would cut the rate */
+  field_set(&k0, t4 + 44, bits(0), "zero-best.ckpt");
+  r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dev", path_in("data.txt"), "--epochs",
+           "1", "--threads", "1", "--resume", path_in("zero-best.ckpt"), "--schedule", "plateau", "--select", "loss",
+           "--plateau-patience", "0", NULL);
+  ok(&r, "resume on a plateau");
+  ck_assert_msg(!strstr(r.out, "lr cut"), "%s", r.out);
   tu_free(&r);
   free(k.p);
   free(k0.p);
@@ -317,9 +419,10 @@ static size_t steps_at(const Ckpt *k) {
  * checkpoint resumed from is untouched. */
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  /* from the end: checksum 8, format 3's tail 36, graphs_done 8, six rates 48, the kind
-     4, the format "ptb-tree" 12, batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
-  size_t tail = k0.n - 8 - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
+  /* from the end: checksum 8, format 4's tail, format 3's 36, graphs_done 8, six rates
+     48, the kind 4, the format "ptb-tree" 12, batch 4, threads 4, seed 8, best 8, rng 8:
+     the epoch */
+  size_t tail = k0.n - 8 - V4_TAIL - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1147,6 +1250,7 @@ int main(void) {
   tcase_add_test(tc, crafted_fields_refused);
   tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, crafted_counters_refused);
+  tcase_add_test(tc, format_4_fields);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);

@@ -502,14 +502,12 @@ class Model:
     def backward(self):
         C.lib().cavs_model_backward(self._ptr)
 
-    def step(self, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0):
-        """One optimizer update ("sgd", "adagrad" or "adam"; lr by default the
-        optimizer's, as cavs train's)."""
-        kind = C.lib().cavs_optim_kind(_b(optimizer))
-        if kind < 0:
-            raise Error(f"unknown optimizer '{optimizer}' (sgd, adagrad, adam)")
+    def step(self, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0, momentum=0.0):
+        """One optimizer update ("sgd", "adagrad", "adam", "momentum", "nesterov" or
+        "adamw"; lr by default the optimizer's, as cavs train's; momentum 0: 0.9)."""
+        kind = _optim_kind(optimizer)
         o = C.Optim(kind=kind, lr=lr if lr is not None else C.lib().cavs_optim_default_lr(kind), clip=clip,
-                    weight_decay=weight_decay)
+                    weight_decay=weight_decay, momentum=momentum)
         self._check(C.lib().cavs_model_step(self._ptr, ctypes.byref(o)))
 
     # what a pass computed, per vertex
@@ -656,8 +654,15 @@ def evaluate(model, data, batch=64):
             "root_accuracy": tot["root_correct"] / tot["root_count"] if tot["root_count"] else 0.0, **tot}
 
 
+def _optim_kind(name):
+    kind = C.lib().cavs_optim_kind(_b(name))
+    if kind < 0:
+        raise Error(f"unknown optimizer '{name}' (sgd, adagrad, adam, momentum, nesterov, adamw)")
+    return kind
+
+
 def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0,
-          seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None):
+          seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
     seed, the same schedule: lr times lr_decay every lr_step epochs, ramped over the
     first warmup minibatches; with dev, the best epoch by select ("all", "root" or
@@ -666,9 +671,7 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     cavs train --log's records; returning False stops. Returns the records; with dev,
     model.best holds copies of the best epoch's parameters (model.best_epoch its
     number)."""
-    kind = C.lib().cavs_optim_kind(_b(optimizer))
-    if kind < 0:
-        raise Error(f"unknown optimizer '{optimizer}' (sgd, adagrad, adam)")
+    kind = _optim_kind(optimizer)
     base_lr = lr if lr is not None else C.lib().cavs_optim_default_lr(kind)
     has_acc = any(model.spec.desc.contents.losses[i].kind == C.LOSS_SOFTMAX_XENT
                   for i in range(model.spec.desc.contents.nlosses))
@@ -699,10 +702,11 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
                 step_lr *= lr_decay ** ((epoch - 1) // max(lr_step, 1))
             if warmup > 0 and step < warmup:
                 step_lr *= (step + 1) / warmup
-            model.step(optimizer, step_lr, clip, weight_decay)
+            model.step(optimizer, step_lr, clip, weight_decay, momentum)
             tl, tb, count, correct = tl + st["loss"], tb + 1, count + st["count"], correct + st["correct"]
         rec = {"epoch": epoch, "train_loss": tl / max(tb, 1), "train_acc": correct / count if has_acc and count else None,
-               "dev_loss": None, "dev_acc": None, "dev_root_acc": None, "lr": step_lr}
+               "dev_loss": None, "dev_acc": None, "dev_root_acc": None, "lr": step_lr,
+               "optimizer": optimizer, "schedule": "step" if lr_decay else "constant"}
         better = False
         if dev is not None:
             ev = evaluate(model, dev, batch)

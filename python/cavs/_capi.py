@@ -94,7 +94,7 @@ class LossAcc(ctypes.Structure):
 
 class Optim(ctypes.Structure):
     _fields_ = [("kind", c_int), ("lr", c_double), ("clip", c_double), ("weight_decay", c_double),
-                ("beta1", c_double), ("beta2", c_double), ("eps", c_double)]
+                ("beta1", c_double), ("beta2", c_double), ("eps", c_double), ("momentum", c_double)]
 
 
 class ModelOpts(ctypes.Structure):
@@ -105,7 +105,10 @@ class TrainState(ctypes.Structure):
     _fields_ = [("epoch", c_int), ("rng", ctypes.c_uint64), ("best", c_double), ("seed", ctypes.c_uint64),
                 ("threads", c_int), ("batch", c_int), ("format", ctypes.c_char * 32), ("optim", Optim),
                 ("graphs_done", c_long), ("select", c_int), ("lr_decay", c_double), ("lr_step", c_int),
-                ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int)]
+                ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int),
+                ("schedule", c_int), ("lr_min", c_double), ("cosine_epochs", c_int), ("plateau_factor", c_double),
+                ("plateau_patience", c_int), ("lr_now", c_double), ("plateau_best", c_double),
+                ("plateau_bad", c_int)]
 
 
 P = ctypes.POINTER
@@ -174,13 +177,13 @@ def _candidates():
         bindir = os.path.dirname(os.path.realpath(exe))
         for d in (os.path.join(bindir, ".libs"), os.path.join(bindir, "..", ".libs"),
                   os.path.join(bindir, "..", "lib"), os.path.join(bindir, "..", "lib64")):
-            for name in ("libcavs.so.0", "libcavs.so"):
+            for name in ("libcavs.so.2", "libcavs.so"):
                 if os.path.exists(os.path.join(d, name)):
                     yield os.path.join(d, name)
     found = ctypes.util.find_library("cavs")
     if found:
         yield found
-    yield "libcavs.so.0"
+    yield "libcavs.so.2"
 
 
 def cavs_command():
