@@ -16,10 +16,11 @@
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
- * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, treegru, twotype, tagger, tagger_chars, childsum,
+ * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, lstm_lm2, treegru, twotype, tagger, tagger_chars, childsum,
  * lattice_lstm, lattice_gru, seq2seq, mvrnn). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
+#include "../generated/lstm_lm2.h"
 #include "../generated/treefc.h"
 #include "../generated/treegru.h"
 #include "../generated/treelstm.h"
@@ -148,7 +149,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
-  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc, &lattice_lstm_desc,
+  const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &lstm_lm2_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc, &lattice_lstm_desc,
                               &lattice_gru_desc, &seq2seq_desc, &mvrnn_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)

@@ -81,6 +81,7 @@ static const struct {
     {"treelstm", "ptb-tree", "toy.txt", {"E=16", "H=16"}},
     {"treefc", "ptb-tree", "toy.txt", {"H=16", "C=5"}},
     {"lstm_lm", "text", "lm.txt", {"E=16", "H=16"}},
+    {"lstm_lm2", "text", "lm.txt", {"E=16", "H=16"}},
     {"treegru", "ptb-tree", "toy.txt", {"E=16", "H=16"}},
     {"twotype", "ptb-tree", "toy.txt", {"E=16", "H=16"}},
     {"tagger", "cgf", "tagger.cgf", {"E=16", "H=16"}},

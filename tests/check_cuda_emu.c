@@ -22,7 +22,7 @@
 
 /* ---- the models ---- */
 
-static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger",
+static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger",
                                        "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
 enum { NEX = sizeof examples / sizeof *examples };
 

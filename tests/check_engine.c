@@ -3,7 +3,7 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
-static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
+static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
 /* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,
@@ -942,7 +942,10 @@ static void homes_against_copies(const char *file, int shape, bool dags, int wan
                     (want == 2 && home > 0 && home + viewed < rows),
                 "%s, shape %d: %ld of %ld gathered rows at home, %ld viewed", file, shape, home, rows, viewed);
   ck_assert_msg(st[0].loss == st[1].loss, "%s: loss %.17g at home, %.17g copied", file, st[0].loss, st[1].loss);
-  grads_agree(file, m[0], m[1], dags ? 1e-12 : 0);
+  /* a stacked LSTM's first-layer h takes more than two terms (its parent's, and the
+     second layer's input products' at its own row), which a home adds in another
+     order: to 1e-12, as on DAGs */
+  grads_agree(file, m[0], m[1], dags || !strcmp(file, "lstm_lm2.vf") ? 1e-12 : 0);
   for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
 }
 
@@ -1031,7 +1034,7 @@ START_TEST(passes_read_only_what_they_wrote) {
     char file[64];
     snprintf(file, sizeof file, "%s.vf", examples[i]);
     poison_changes_nothing(file, false);
-    if (strcmp(examples[i], "lstm_lm") && strcmp(examples[i], "tagger") && strcmp(examples[i], "tagger_chars") &&
+    if (strcmp(examples[i], "lstm_lm") && strcmp(examples[i], "lstm_lm2") && strcmp(examples[i], "tagger") && strcmp(examples[i], "tagger_chars") &&
         strcmp(examples[i], "lattice_lstm") && strcmp(examples[i], "lattice_gru") &&
         strcmp(examples[i], "seq2seq"))
       poison_changes_nothing(file, true);
