@@ -1347,6 +1347,7 @@ static const cavs_dim_desc dims[] = {
   {"T", CAVS_DIM_FIXED, 128, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
+static const cavs_option_desc options[1] = {0};
 static const cavs_input_desc inputs[] = {
   {"src", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
   {"prev", CAVS_IN_INDEX, {0, {0, 0, 1}}, 1},
@@ -1597,6 +1598,7 @@ const cavs_desc seq2seq_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
+  .noptions = 0, .options = options,
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
