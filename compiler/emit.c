@@ -697,27 +697,32 @@ static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
   return p;
 }
 
-/* The int-input slot whose -1 entries make the left operand a zero row (x = emb[word],
- * pulled as it is), or -1. Products then skip those rows: on SST, the internal vertices,
- * half of all rows, have no word. */
-static int zero_rows(const Emit *e, const IrFunc *f, int left) {
-  const IrNode *x = &f->nodes[left];
-  if (x->op != OP_PULL) return -1;
-  const IrFunc *pf = e->m->pull;
-  const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
-  if (src->op != OP_LOOKUP) return -1;
-  return int_slot(e->m, pf->nodes[src->args[1]].ref);
-}
-
-/* The parameter table the left operand is looked up in (x = emb[word], pulled as it
- * is), and its rows; NULL. */
-static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+/* The lookup the left operand is, pulled as it is (x = emb[word]) or through a dropout
+ * (x = dropout(emb[word], p): a zero row stays zero, and in inference it is the lookup
+ * itself); NULL. */
+static const IrNode *pulled_lookup(const Emit *e, const IrFunc *f, int left) {
   const IrNode *x = &f->nodes[left];
   if (x->op != OP_PULL) return NULL;
   const IrFunc *pf = e->m->pull;
   const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
-  if (src->op != OP_LOOKUP) return NULL;
-  const IrNode *t = &pf->nodes[src->args[0]];
+  if (src->op == OP_DROPOUT) src = &pf->nodes[src->args[0]];
+  return src->op == OP_LOOKUP ? src : NULL;
+}
+
+/* The int-input slot whose -1 entries make the left operand a zero row (a pulled
+ * lookup), or -1. Products then skip those rows: on SST, the internal vertices, half of
+ * all rows, have no word. */
+static int zero_rows(const Emit *e, const IrFunc *f, int left) {
+  const IrNode *src = pulled_lookup(e, f, left);
+  return src ? int_slot(e->m, e->m->pull->nodes[src->args[1]].ref) : -1;
+}
+
+/* The parameter table the left operand is looked up in (a pulled lookup), and its
+ * rows; NULL. */
+static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+  const IrNode *src = pulled_lookup(e, f, left);
+  if (!src) return NULL;
+  const IrNode *t = &e->m->pull->nodes[src->args[0]];
   if (t->op != OP_PARAM || t->val.kind != PL_PARAM) return NULL;
   *rows = e->m->params[t->ref].rows;
   return &t->val;
