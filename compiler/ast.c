@@ -190,6 +190,11 @@ void ast_dump(FILE *out, const Decl *d) {
       }
       fputc(';', out);
       break;
+    case D_OPTION:
+      fprintf(out, "option %s = ", d->name);
+      ast_dump_expr(out, d->value);
+      fputc(';', out);
+      break;
     case D_INPUT:
       fprintf(out, "input %s : ", d->name);
       ast_dump_expr(out, d->value);

@@ -14,6 +14,7 @@
 enum {
   CV_MAX_DIMS = 16,       /* dims a model may declare (a Lin holds one coefficient each) */
   CV_MAX_CHILDREN = 64,   /* largest `children N` */
+  CV_MAX_OPTIONS = 16,    /* options a model may declare (cavs_abi.h's CAVS_MAX_OPTIONS) */
   CV_MAX_HOMES = 2,       /* homes a row's state is stored at (cavs_abi.h's CAVS_MAX_HOMES) */
   CV_MAX_NEST = 256,      /* expression / bracket nesting */
   CV_MAX_ERRORS = 20,     /* stop reporting after this many */
@@ -99,7 +100,7 @@ struct Stmt {
   Stmt *next;
 };
 
-typedef enum { D_MODEL, D_DIM, D_INPUT, D_PARAM, D_PULL, D_VERTEX, D_PUSH } DeclKind;
+typedef enum { D_MODEL, D_DIM, D_OPTION, D_INPUT, D_PARAM, D_PULL, D_VERTEX, D_PUSH } DeclKind;
 
 typedef struct ParamItem ParamItem;
 struct ParamItem {
@@ -124,7 +125,7 @@ struct Decl {
   Loc loc;
   const char *name; /* model, dim, input, vertex name; push argument */
   Loc name_loc;
-  Node *value;       /* D_DIM default, D_INPUT shape `kind[dim]`, D_VERTEX children */
+  Node *value;       /* D_DIM, D_OPTION default, D_INPUT shape `kind[dim]`, D_VERTEX children */
   Slot *slots;       /* D_VERTEX with named, typed children (value is then NULL) */
   bool star;         /* D_VERTEX `children *` or `children a: T, *`: the rest of its
                         children as a set (value NULL) */
@@ -234,7 +235,9 @@ typedef struct IrNode {
   int nargs;
   int *args;     /* node indices within the same function, all smaller than this one */
   double cval;   /* OP_CONST */
-  int ref;       /* OP_PARAM, OP_INPUT: index; OP_GATHER: child; OP_PULL: pull slot */
+  int ref;       /* OP_PARAM, OP_INPUT: index; OP_GATHER: child; OP_PULL: pull slot;
+                    OP_CONST: 1 + the option whose run-time value it is (dropout's p
+                    naming one; cval its default), 0 for a literal */
   bool edge;     /* one row per edge (a child of a `children *` vertex), not per vertex:
                     echild, ebcast and what is computed from them (not esum) */
   Lin lo, hi;    /* OP_SLICE */
@@ -335,6 +338,15 @@ typedef struct Dim {
   Loc loc;
 } Dim;
 
+/* `option NAME = NUMBER;`: a value the runtime holds and the user may set (cavs train
+ * --dropout, cavs_model_set_option), not part of the model's identity beyond its
+ * default; today a dropout probability, in [0, 1) */
+typedef struct Option {
+  const char *name;
+  double value; /* the default */
+  Loc loc;
+} Option;
+
 typedef enum { IN_INDEX, IN_CLASS, IN_REAL } InputKind;
 typedef struct Input {
   const char *name;
@@ -385,6 +397,8 @@ typedef struct Model {
   const char *path;
   Dim dims[CV_MAX_DIMS];
   int ndims;
+  Option options[CV_MAX_OPTIONS];
+  int noptions;
   Input *inputs;
   int ninputs, capinputs;
   Param *params;

@@ -697,27 +697,32 @@ static Prod product(const Emit *e, const IrFunc *f, const Unit *u) {
   return p;
 }
 
-/* The int-input slot whose -1 entries make the left operand a zero row (x = emb[word],
- * pulled as it is), or -1. Products then skip those rows: on SST, the internal vertices,
- * half of all rows, have no word. */
-static int zero_rows(const Emit *e, const IrFunc *f, int left) {
-  const IrNode *x = &f->nodes[left];
-  if (x->op != OP_PULL) return -1;
-  const IrFunc *pf = e->m->pull;
-  const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
-  if (src->op != OP_LOOKUP) return -1;
-  return int_slot(e->m, pf->nodes[src->args[1]].ref);
-}
-
-/* The parameter table the left operand is looked up in (x = emb[word], pulled as it
- * is), and its rows; NULL. */
-static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+/* The lookup the left operand is, pulled as it is (x = emb[word]) or through a dropout
+ * (x = dropout(emb[word], p): a zero row stays zero, and in inference it is the lookup
+ * itself); NULL. */
+static const IrNode *pulled_lookup(const Emit *e, const IrFunc *f, int left) {
   const IrNode *x = &f->nodes[left];
   if (x->op != OP_PULL) return NULL;
   const IrFunc *pf = e->m->pull;
   const IrNode *src = &pf->nodes[e->m->pulls[x->ref].node];
-  if (src->op != OP_LOOKUP) return NULL;
-  const IrNode *t = &pf->nodes[src->args[0]];
+  if (src->op == OP_DROPOUT) src = &pf->nodes[src->args[0]];
+  return src->op == OP_LOOKUP ? src : NULL;
+}
+
+/* The int-input slot whose -1 entries make the left operand a zero row (a pulled
+ * lookup), or -1. Products then skip those rows: on SST, the internal vertices, half of
+ * all rows, have no word. */
+static int zero_rows(const Emit *e, const IrFunc *f, int left) {
+  const IrNode *src = pulled_lookup(e, f, left);
+  return src ? int_slot(e->m, e->m->pull->nodes[src->args[1]].ref) : -1;
+}
+
+/* The parameter table the left operand is looked up in (a pulled lookup), and its
+ * rows; NULL. */
+static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+  const IrNode *src = pulled_lookup(e, f, left);
+  if (!src) return NULL;
+  const IrNode *t = &e->m->pull->nodes[src->args[0]];
   if (t->op != OP_PARAM || t->val.kind != PL_PARAM) return NULL;
   *rows = e->m->params[t->ref].rows;
   return &t->val;
@@ -796,7 +801,10 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     if (bwd && !a->grad) return;
     unsigned salt = (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
     const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
-    fprintf(e->out, "  cavs_dropout_%s(c, %uu, %.17g, %s, %s, %s, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", salt, b->cval,
+    /* a named probability: the option's value at run time (cavs_ctx.opt) */
+    const char *p = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
+                           : arena_printf("%.17g", b->cval);
+    fprintf(e->out, "  cavs_dropout_%s(c, %uu, %s, %s, %s, %s, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", salt, p,
             emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val), emit_ptr(e, (Ref){&to->val, bwd}, "0"),
             emit_ld(e, &to->val), emit_lin(m, n->width));
     return;
@@ -1020,6 +1028,11 @@ static void descriptor(const Emit *e) {
             m->dims[i].value, m->dims[i].input, m->dims[i].kind == DIM_PRODUCT ? m->dims[i].fa : 0,
             m->dims[i].kind == DIM_PRODUCT ? m->dims[i].fb : 0);
   if (m->ndims) fprintf(c, "};\n");
+  fprintf(c, m->noptions ? "static const cavs_option_desc options[] = {\n"
+                         : "static const cavs_option_desc options[1] = {0};\n");
+  for (int i = 0; i < m->noptions; i++)
+    fprintf(c, "  {%s, CAVS_OPTION_DROPOUT, %.17g},\n", emit_c_string(m->options[i].name), m->options[i].value);
+  if (m->noptions) fprintf(c, "};\n");
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;
   for (int i = 0; i < m->ninputs; i++) {
@@ -1148,6 +1161,7 @@ static void descriptor(const Emit *e) {
   fprintf(c, "  .source_text = %s,\n", e->o->from_ir ? "NULL" : emit_c_string_n(cv_source_text, cv_source_len));
   fprintf(c, "  .precision = %s,\n", e->o->prec == PREC_DOUBLE ? "CAVS_DOUBLE" : "CAVS_FLOAT");
   fprintf(c, "  .ndims = %d, .dims = dims,\n", m->ndims);
+  fprintf(c, "  .noptions = %d, .options = options,\n", m->noptions);
   fprintf(c, "  .ninputs = %d, .nint = %d, .nreal = %d, .inputs = inputs,\n", m->ninputs, nint, nreal);
   fprintf(c, "  .nparams = %d, .params = params,\n", m->nparams);
   fprintf(c, "  .npgroups = %d, .pgroups = pgroups,\n", m->npgroups);

@@ -165,6 +165,10 @@ static void check_func(const Model *m, const IrFunc *f) {
       if (n->args[j] < 0 || n->args[j] >= i)
         internal_error(__FILE__, __LINE__, "%s %%%d: operand %d is %%%d (not defined before)",
                        f->name, i, j, n->args[j]);
+    /* an option's value exists only at run time: dropout's p alone reads one */
+    for (int j = 0; j < n->nargs; j++)
+      if (f->nodes[n->args[j]].op == OP_CONST && f->nodes[n->args[j]].ref)
+        cv_assert(n->op == OP_DROPOUT && j == 1);
     const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
     const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
     /* per edge: echild and ebcast, and what reads an edge value but esum; only in a
@@ -184,7 +188,7 @@ static void check_func(const Model *m, const IrFunc *f) {
       cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width));
       cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
       break;
-    case OP_CONST: cv_assert(n->type == T_SCALAR); break;
+    case OP_CONST: cv_assert(n->type == T_SCALAR && n->ref >= 0 && n->ref <= m->noptions); break;
     case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
     case OP_INPUT:
       cv_assert(n->ref >= 0 && n->ref < m->ninputs);
@@ -371,7 +375,10 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
     if (n->type == T_NONE) col = fprintf(out, "  %s", op_info[n->op].name);
     else col = fprintf(out, "  %%%d = %s", i, op_info[n->op].name);
     switch (n->op) {
-    case OP_CONST: col += fprintf(out, " %s", num(n->cval)); break;
+    case OP_CONST:
+      col += fprintf(out, " %s", num(n->cval));
+      if (n->ref) col += fprintf(out, " option %s", m->options[n->ref - 1].name);
+      break;
     case OP_PARAM: col += fprintf(out, " %s", m->params[n->ref].name); break;
     case OP_INPUT: col += fprintf(out, " %s", m->inputs[n->ref].name); break;
     case OP_GATHER: col += fprintf(out, " %d", n->ref); break;
@@ -404,6 +411,7 @@ void ir_print(FILE *out, const Model *m) {
     else if (d->kind == DIM_PRODUCT) fprintf(out, "dim %s = %s * %s\n", d->name, m->dims[d->fa].name, m->dims[d->fb].name);
     else fprintf(out, "dim %s\n", d->name);
   }
+  for (int i = 0; i < m->noptions; i++) fprintf(out, "option %s = %s\n", m->options[i].name, num(m->options[i].value));
   for (int i = 0; i < m->ninputs; i++)
     fprintf(out, "input %s : %s[%s]\n", m->inputs[i].name, input_kind[m->inputs[i].kind],
             lin_str(m, m->inputs[i].width, a, sizeof a));

@@ -144,6 +144,7 @@ static bool fresh_name(Rd *r, const char *name) {
   const Model *m = r->m;
   bool dup = false;
   for (int i = 0; i < m->ndims; i++) dup |= !strcmp(m->dims[i].name, name);
+  for (int i = 0; i < m->noptions; i++) dup |= !strcmp(m->options[i].name, name);
   for (int i = 0; i < m->ninputs; i++) dup |= !strcmp(m->inputs[i].name, name);
   for (int i = 0; i < m->nparams; i++) dup |= !strcmp(m->params[i].name, name);
   for (int i = 0; i < m->nvertex; i++) dup |= !strcmp(m->vertex[i]->name, name);
@@ -206,6 +207,15 @@ static bool header_line(Rd *r, const char *kw) {
       }
     }
     m->ndims++;
+  } else if (!strcmp(kw, "option")) {
+    if (m->noptions >= CV_MAX_OPTIONS) FAIL(r, "too many options");
+    Option *o = &m->options[m->noptions];
+    o->loc = here(r);
+    o->name = ident(r);
+    if (!o->name) FAIL(r, "expected an option name");
+    if (!fresh_name(r, o->name) || !want(r, "=") || !number(r, &o->value)) return false;
+    if (!(o->value >= 0 && o->value < 1)) FAIL(r, "an option's default is a probability in [0, 1)");
+    m->noptions++;
   } else if (!strcmp(kw, "input")) {
     Input in = {.loc = here(r)};
     in.name = ident(r);
@@ -292,6 +302,12 @@ static bool node_line(Rd *r) {
   switch (n.op) {
   case OP_CONST:
     if (!number(r, &n.cval)) return false;
+    if (lit(r, "option")) { /* `const 0.5 option p_drop`: dropout's p, read at run time */
+      const char *name = ident(r);
+      for (int i = 0; name && i < m->noptions; i++)
+        if (!strcmp(m->options[i].name, name)) n.ref = i + 1;
+      if (!n.ref) FAIL(r, "unknown option '%s'", name ? name : "");
+    }
     break;
   case OP_PARAM:
   case OP_INPUT:

@@ -74,7 +74,7 @@ static void add_decl(struct ParseOut *out, Decl *d) {
 }
 
 %token END 0 "end of file"
-%token MODEL "model" DIM "dim" INPUT "input" PARAM "param" INIT "init"
+%token MODEL "model" DIM "dim" OPTION "option" INPUT "input" PARAM "param" INIT "init"
 %token PULL "pull" VERTEX "vertex" CHILDREN "children" PUSH "push"
 %token SCATTER "scatter" LOSS "loss" FOR "for" IN "in" DOTDOT ".."
 %token <str> IDENT "identifier"
@@ -106,6 +106,9 @@ decl:
     { Decl *d = ast_decl(D_DIM, @$); d->name = $2; d->name_loc = @2; add_decl(out, d); }
 | DIM IDENT '=' expr ';'
     { Decl *d = ast_decl(D_DIM, @$); d->name = $2; d->name_loc = @2; d->value = $4;
+      add_decl(out, d); }
+| OPTION IDENT '=' expr ';'
+    { Decl *d = ast_decl(D_OPTION, @$); d->name = $2; d->name_loc = @2; d->value = $4;
       add_decl(out, d); }
 | INPUT IDENT ':' IDENT '[' expr ']' ';'
     { Decl *d = ast_decl(D_INPUT, @$); d->name = $2; d->name_loc = @2;

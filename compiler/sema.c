@@ -88,8 +88,8 @@ static void tab_free(Table *t) {
 
 /* ---- context ---- */
 
-enum { SYM_MODEL, SYM_DIM, SYM_INPUT, SYM_PARAM, SYM_VERTEX };
-static const char *sym_what[] = {"the model", "a dim", "an input", "a param", "a vertex block"};
+enum { SYM_MODEL, SYM_DIM, SYM_OPTION, SYM_INPUT, SYM_PARAM, SYM_VERTEX };
+static const char *sym_what[] = {"the model", "a dim", "an option", "an input", "a param", "a vertex block"};
 
 typedef struct LoopVar {
   const char *name;
@@ -498,6 +498,10 @@ static int eval_name(Ctx *c, const Node *n) {
     switch (e->kind) {
     case SYM_PARAM: return ref_param(c, e->index, n->loc);
     case SYM_INPUT: return ref_input(c, e->index, n->loc);
+    case SYM_OPTION:
+      error_at(n->loc, "'%s' is an option, set at run time: it can only be dropout's probability, dropout(ROW, %s)",
+               n->name, n->name);
+      return -1;
     default:
       error_at(n->loc, "'%s' is %s, not a value", n->name, sym_what[e->kind]);
       return -1;
@@ -831,7 +835,20 @@ static int eval_call(Ctx *c, const Node *n) {
       return -1;
     }
     int a = require_row(c, eval(c, n->args[0]), n->args[0], "dropout");
-    int p = eval(c, n->args[1]);
+    /* a named option: a constant the generated code reads at run time (cavs_ctx.opt),
+       its default the value the passes see */
+    const Node *pn = n->args[1];
+    Entry *oe = pn->kind == N_NAME && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name)
+                    ? tab_get(&c->globals, pn->name) : NULL;
+    if (pn->kind == N_NAME && !oe && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name) &&
+        !tab_get(&c->scope, loop_rename(c, pn->name) ? loop_rename(c, pn->name) : pn->name)) {
+      error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
+      return -1;
+    }
+    int p = oe && oe->kind == SYM_OPTION
+                ? mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = c->m->options[oe->index].value,
+                                      .ref = oe->index + 1, .loc = pn->loc})
+                : eval(c, pn);
     if (a < 0 || p < 0) return -1;
     if (node(c, p)->op != OP_CONST || !(node(c, p)->cval >= 0 && node(c, p)->cval < 1)) {
       error_at(n->args[1]->loc, "dropout's probability must be a number in [0, 1)");
@@ -1250,6 +1267,25 @@ static bool declare(Ctx *c, const char *name, Loc loc, int kind, int index) {
   return true;
 }
 
+/* `option NAME = NUMBER;`: dropout's probability, set at run time; the default in [0, 1) */
+static void decl_option(Ctx *c, Decl *d) {
+  Model *m = c->m;
+  if (m->noptions >= CV_MAX_OPTIONS) {
+    error_at(d->name_loc, "too many options (at most %d)", CV_MAX_OPTIONS);
+    return;
+  }
+  const Node *v = d->value;
+  if (v->kind != N_NUM || !(v->num >= 0 && v->num < 1)) {
+    error_at(v->loc, "option '%s' is a dropout probability: its default must be a number in [0, 1)", d->name);
+    return;
+  }
+  if (!declare(c, d->name, d->name_loc, SYM_OPTION, m->noptions)) return;
+  Option *o = &m->options[m->noptions++];
+  o->name = d->name;
+  o->value = v->num;
+  o->loc = d->name_loc;
+}
+
 static void decl_dim(Ctx *c, Decl *d) {
   Model *m = c->m;
   if (m->ndims >= CV_MAX_DIMS) {
@@ -1437,6 +1473,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
       if (declare(c, d->name, d->name_loc, SYM_MODEL, 0)) m->name = d->name;
       break;
     case D_DIM: decl_dim(c, d); break;
+    case D_OPTION: decl_option(c, d); break;
     case D_INPUT: decl_input(c, d); break;
     case D_PARAM: decl_param(c, d); break;
     case D_PULL:

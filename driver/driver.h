@@ -223,6 +223,11 @@ typedef struct TrainOpts {
   cavs_optim optim;
   const char *dimset[64];
   int ndimset;
+  /* --dropout P (every option; -1 when not given) and --option NAME=P, applied in
+     that order: a new model or a resumed one, whose checkpoint does not keep them */
+  double dropout;
+  const char *optset[16];
+  int noptset;
   /* the schedule: lr times lr_decay every lr_step epochs, ramped up over the first
      warmup minibatches; stop after `patience` epochs without a better dev metric
      (0: never); the metric .best and patience follow: enum Select */

@@ -192,6 +192,14 @@ static void run_option(RunArgs *a, int id, const char *arg) {
     if (o->ndimset == 64) die(1, "too many --dim options");
     o->dimset[o->ndimset++] = arg;
     break;
+  case OPT_DROPOUT:
+    o->dropout = parse_real("dropout", arg, 0, 1, false);
+    if (o->dropout == 1) die(1, "--dropout: '%s' is not a probability from 0 to below 1", arg);
+    break;
+  case OPT_OPTION:
+    if (o->noptset == 16) die(1, "too many --option options");
+    o->optset[o->noptset++] = arg;
+    break;
   case OPT_INIT:
     if (o->ninit == 8) die(1, "--init: at most 8");
     o->init[o->ninit++] = arg;
@@ -225,7 +233,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
 
 /* train, eval, predict and info: the options, then the command. */
 static int run_command(int cmd, int argc, char **argv) {
-  RunArgs a = {.o = {.epochs = 10, .batch = 64, .threads = default_threads(), .seed = 1,
+  RunArgs a = {.o = {.epochs = 10, .batch = 64, .dropout = -1, .threads = default_threads(), .seed = 1,
                      .optim = {.kind = CAVS_ADAM, .lr = 1e-3}, .schedule = -1,
                      .plateau_patience = -1},
                .greedy = {.stop = -1}};

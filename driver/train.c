@@ -211,6 +211,32 @@ static void vocab_dims(Run *r, long *dims) {
 
 /* The model made, and its state: the checkpoint's, or a new one initialized, with the
  * --init vectors; then --freeze. */
+/* --dropout P: every option of the model (each a dropout probability); then each
+ * --option NAME=P. A checkpoint does not keep them: a resumed run has the model's
+ * defaults unless they are given again. */
+static void set_options(cavs_model *m, const TrainOpts *o) {
+  const cavs_desc *d = cavs_model_desc(m);
+  if (o->dropout >= 0) {
+    if (!d->noptions)
+      die(1, "--dropout: model '%s' has no dropout option: its dropouts, if any, have a fixed probability (declare "
+          "`option p_drop = P;` and write dropout(x, p_drop) to set it from the command line)", d->name);
+    for (int i = 0; i < d->noptions; i++)
+      if (d->options[i].kind == CAVS_OPTION_DROPOUT && cavs_model_set_option(m, d->options[i].name, o->dropout))
+        die(1, "--dropout: %s", cavs_model_error(m));
+  }
+  for (int i = 0; i < o->noptset; i++) {
+    const char *eq = strchr(o->optset[i], '=');
+    if (!eq || eq == o->optset[i]) die(1, "--option takes NAME=P, not '%s'", o->optset[i]);
+    char name[256], *end;
+    snprintf(name, sizeof name, "%.*s", (int)(eq - o->optset[i]), o->optset[i]);
+    errno = 0;
+    double v = strtod(eq + 1, &end);
+    if (end == eq + 1 || *end || errno == ERANGE || !(v >= 0 && v < 1))
+      die(1, "--option %s: the value must be a probability from 0 to below 1", o->optset[i]);
+    if (cavs_model_set_option(m, name, v)) die(1, "--option: %s", cavs_model_error(m));
+  }
+}
+
 static void make_model(Run *r, const long *dims) {
   TrainOpts *o = r->o;
   const cavs_desc *d = r->d;
@@ -252,6 +278,7 @@ static void make_model(Run *r, const long *dims) {
     if (cavs_model_load_vectors_report(r->m, p, eq + 1, r->v, &r->found[i], err, sizeof err)) die(1, "%s", err);
     r->inited[i] = p;
   }
+  set_options(r->m, o);
   for (int i = 0; i < o->nfreeze; i++) {
     int p = param_named(d, o->freeze[i], strlen(o->freeze[i]));
     if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
@@ -287,6 +314,11 @@ static void say_start(const Run *r) {
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
   if (r->o->init_all) printf("init: every parameter from %s\n", r->o->init_all);
+  if (r->o->dropout >= 0 || r->o->noptset) {
+    printf("options:");
+    for (int i = 0; i < r->d->noptions; i++) printf(" %s=%g", r->d->options[i].name, cavs_model_option(r->m, i));
+    printf("\n");
+  }
   for (int i = 0; i < r->o->ninit && !r->ck; i++)
     say_init(r, i);
   fflush(stdout);

@@ -1175,6 +1175,7 @@ static const cavs_dim_desc dims[] = {
   {"A", CAVS_DIM_VOCAB, 0, 0, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 1, 0, 0},
 };
+static const cavs_option_desc options[1] = {0};
 static const cavs_input_desc inputs[] = {
   {"char", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 1}}, 0},
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 1}}, 1},
@@ -1404,6 +1405,7 @@ const cavs_desc lattice_lstm_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 6, .dims = dims,
+  .noptions = 0, .options = options,
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 28, .params = params,
   .npgroups = 21, .pgroups = pgroups,

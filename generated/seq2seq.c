@@ -19,10 +19,14 @@ static void seq2seq_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:49  x = lookup */
-  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* seq2seq.vf:49  y = lookup */
-  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  x = dropout */
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[6] + (size_t)(0) * D_E, D_E, V[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  y = dropout */
+  cavs_dropout_fwd(c, 8u, c->opt[0] /* p_drop */, V[4] + (size_t)(0) * D_E, D_E, V[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -34,10 +38,14 @@ static void seq2seq_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:49  y = lookup */
-  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* seq2seq.vf:49  x = lookup */
-  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  y = dropout */
+  cavs_dropout_bwd(c, 8u, c->opt[0] /* p_drop */, G[3] + (size_t)(0) * D_E, D_E, G[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  x = dropout */
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[5] + (size_t)(0) * D_E, D_E, G[6] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex enc, eager phase: every row of the type at once */
@@ -49,12 +57,12 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* line 56  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
+  /* line 59  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+                  V[5] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[7], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[10] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -68,19 +76,19 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[7] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[7] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    R *restrict k27 = V[14] + (size_t)(r) * D_H;
+    R *restrict k35 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    R *restrict k39 = V[16] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -124,27 +132,27 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_H);
-    const R *restrict a7 = V[6] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[7] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[8] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
-    const R *restrict a15 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[9] + (size_t)(r) * D_H;
     const R *restrict a17 = P[10];
-    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a23 = V[6] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[7] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[8] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a31 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a31 = V[8] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[11] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    R *restrict k19 = V[13] + (size_t)(r) * D_H;
+    R *restrict k27 = V[14] + (size_t)(r) * D_H;
+    R *restrict k35 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    R *restrict k39 = V[16] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -191,18 +199,18 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:53  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 56  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[8], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f o u c h (lines 56 57 58 59 60 61) */
+  /* seq2seq.vf:56  s = gather */
+  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 59  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[8], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  /* group g0 forward, [n, H]: i f o u c h (lines 59 60 61 62 63 64) */
   cavs_loop(c, seq2seq_enc_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* seq2seq.vf:62  concat */
+  /* seq2seq.vf:65  concat */
 }
 
 /* vertex enc, lazy phase: every row of the type at once */
@@ -237,19 +245,19 @@ static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[7] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d21 = G[5] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[7] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[16] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -321,28 +329,28 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (3*D_H);
-    R *restrict d7 = G[6] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[7] + (size_t)(r) * (3*D_H);
+    R *restrict d7 = G[8] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d13 = G[8] + (size_t)(r) * D_H;
-    R *restrict d15 = G[7] + (size_t)(r) * D_H;
+    R *restrict d13 = G[10] + (size_t)(r) * D_H;
+    R *restrict d15 = G[9] + (size_t)(r) * D_H;
     R *restrict d17 = PG[10];
-    R *restrict d21 = G[5] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d23 = G[6] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[7] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[8] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d31 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d31 = G[8] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[11] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[11] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[16] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -412,18 +420,18 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:62  concat */
-  /* group g0 backward, [n, H]: i f o u c h (lines 56 57 58 59 60 61) */
+  /* seq2seq.vf:65  concat */
+  /* group g0 backward, [n, H]: i f o u c h (lines 59 60 61 62 63 64) */
   cavs_loop(c, seq2seq_enc_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 57  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 56  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* seq2seq.vf:53  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 60  dh_prev += d(h_prev @ Uef) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 59  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[8] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* seq2seq.vf:56  s = gather */
+  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex enc, eager phase backward, then every parameter gradient of the type */
@@ -435,24 +443,24 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* line 57  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[4] + (size_t)(0) * D_E, D_E);
-  /* line 56  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* line 56  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 56  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  dW += x^T d(x @ Wef), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[7], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 57  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[8], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  /* line 60  dx += d(x @ Wef) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, G[5] + (size_t)(0) * D_E, D_E);
+  /* line 59  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[5] + (size_t)(0) * D_E, D_E);
+  /* line 59  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 59  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  dW += x^T d(x @ Wef), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
+                 PG[7], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  /* line 60  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[8], D_H, G[9] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex dec, eager phase: every row of the type at once */
@@ -476,9 +484,9 @@ static void seq2seq_dec_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a0 = V[32] + (size_t)(r) * (2*D_H);
-    const R *restrict a1 = V[31] + (size_t)(r) * (2*D_H);
-    R *restrict o2 = V[30] + (size_t)(r) * (2*D_H);
+    const R *restrict a0 = V[34] + (size_t)(r) * (2*D_H);
+    const R *restrict a1 = V[33] + (size_t)(r) * (2*D_H);
+    R *restrict o2 = V[32] + (size_t)(r) * (2*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v2 = a0[j] + a1[j];  /* s */
@@ -497,9 +505,9 @@ static void seq2seq_dec_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a10 = V[28] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[27] + (size_t)(r) * D_H;
-    R *restrict o13 = V[26] + (size_t)(r) * D_H;
+    const R *restrict a10 = V[30] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[29] + (size_t)(r) * D_H;
+    R *restrict o13 = V[28] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a10[j] + a11[j];
@@ -519,8 +527,8 @@ static void seq2seq_dec_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[25] + (size_t)(r) * 1;
-    R *restrict o16 = V[24] + (size_t)(r) * 1;
+    const R *restrict a15 = V[27] + (size_t)(r) * 1;
+    R *restrict o16 = V[26] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v16 = cv_exp(a15[j]);
@@ -539,9 +547,9 @@ static void seq2seq_dec_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a16 = V[24] + (size_t)(r) * 1;
-    const R *restrict a8 = V[29] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict o18 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[26] + (size_t)(r) * 1;
+    const R *restrict a8 = V[31] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o18 = V[24] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v18 = a16[0] * a8[j];
@@ -560,8 +568,8 @@ static void seq2seq_dec_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a17 = V[23] + (size_t)(r) * 1;
-    R *restrict o21 = V[20] + (size_t)(r) * 1;
+    const R *restrict a17 = V[25] + (size_t)(r) * 1;
+    R *restrict o21 = V[22] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v21 = a17[j] + (R)9.9999999999999995e-07;
@@ -580,7 +588,7 @@ static void seq2seq_dec_fwd_path_g5_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict o22 = V[19] + (size_t)(r) * (D_E+D_H) + D_E;
+    R *restrict o22 = V[21] + (size_t)(r) * (D_E+D_H) + D_E;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       o22[j] = 0;
@@ -598,9 +606,9 @@ static void seq2seq_dec_fwd_path_g5(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a19 = V[21] + (size_t)(r) * D_H;
-    const R *restrict a21 = V[20] + (size_t)(r) * 1;
-    R *restrict o22 = V[19] + (size_t)(r) * (D_E+D_H) + D_E;
+    const R *restrict a19 = V[23] + (size_t)(r) * D_H;
+    const R *restrict a21 = V[22] + (size_t)(r) * 1;
+    R *restrict o22 = V[21] + (size_t)(r) * (D_E+D_H) + D_E;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v22 = a19[j] / a21[0];  /* ctx */
@@ -620,18 +628,18 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[18] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
-    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[18] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[18] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
-    R *restrict k32 = V[33] + (size_t)(r) * D_H;
-    R *restrict k48 = V[35] + (size_t)(r) * D_H;
-    R *restrict k56 = V[36] + (size_t)(r) * D_H;
+    R *restrict k32 = V[35] + (size_t)(r) * D_H;
+    R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    R *restrict k56 = V[38] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h59 = (R *)c->home_val[0][r];
-    R *restrict k60 = V[37] + (size_t)(r) * D_H;
+    R *restrict k60 = V[39] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -672,26 +680,26 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
-    const R *restrict a28 = V[17] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[18] + (size_t)(r) * (3*D_H);
+    const R *restrict a28 = V[19] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
-    const R *restrict a34 = V[18] + (size_t)(r) * D_H;
-    const R *restrict a36 = V[15] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a34 = V[20] + (size_t)(r) * D_H;
+    const R *restrict a36 = V[17] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a38 = P[17];
-    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a44 = V[17] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[18] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a44 = V[19] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a52 = V[17] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[18] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a52 = V[19] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
-    const R *restrict a3 = V[30] + (size_t)(r) * (2*D_H);
-    R *restrict k32 = V[33] + (size_t)(r) * D_H;
-    R *restrict k40 = V[34] + (size_t)(r) * D_H;
-    R *restrict k48 = V[35] + (size_t)(r) * D_H;
-    R *restrict k56 = V[36] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[32] + (size_t)(r) * (2*D_H);
+    R *restrict k32 = V[35] + (size_t)(r) * D_H;
+    R *restrict k40 = V[36] + (size_t)(r) * D_H;
+    R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    R *restrict k56 = V[38] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h59 = (R *)c->home_val[0][r];
-    R *restrict k60 = V[37] + (size_t)(r) * D_H;
+    R *restrict k60 = V[39] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -735,76 +743,76 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:66  gather */
-  cavs_gather_fwd(c, 0, 1, V[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* seq2seq.vf:66  gather */
-  cavs_gather_fwd(c, 1, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* group g0 forward, [n, 2H]: s (lines 66) */
+  /* seq2seq.vf:69  gather */
+  cavs_gather_fwd(c, 0, 1, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_fwd(c, 1, 0, V[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* group g0 forward, [n, 2H]: s (lines 69) */
   cavs_loop(c, seq2seq_dec_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
-  /* line 69  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[2], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* seq2seq.vf:70  k = echild */
-  cavs_echild_fwd(c, 0, V[29] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 72  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[2], (2*D_H), V[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* seq2seq.vf:73  k = echild */
+  cavs_echild_fwd(c, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  %8 @ Wa: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[13], D_H, 0, V[28] + (size_t)(r0) * D_H, D_H);
+  /* line 73  %8 @ Wa: [n, H] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[13], D_H, 0, V[30] + (size_t)(r0) * D_H, D_H);
     }
   }
-  /* seq2seq.vf:69  ebcast */
-  cavs_ebcast_fwd(c, V[15] + (size_t)(0) * (2*D_H), (2*D_H), V[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:72  ebcast */
+  cavs_ebcast_fwd(c, V[17] + (size_t)(0) * (2*D_H), (2*D_H), V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g1 forward, [n, H]: (lines 70) */
+  /* group g1 forward, [n, H]: (lines 73) */
   cavs_loop(c, seq2seq_dec_fwd_path_g1, r0, n, D_H, 0);
-  /* line 70  %13 @ va: [n, 1] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            P[14], 1, 0, V[25] + (size_t)(r0) * 1, 1);
-  /* group g2 forward, [n, 1]: (lines 70) */
+  /* line 73  %13 @ va: [n, 1] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
+            P[14], 1, 0, V[27] + (size_t)(r0) * 1, 1);
+  /* group g2 forward, [n, 1]: (lines 73) */
   cavs_loop(c, seq2seq_dec_fwd_path_g2, r0, n, 1, 0);
     }
   }
-  /* seq2seq.vf:70  den = esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * 1, 1, V[23] + (size_t)(0) * 1, 1, 1, r0, n);
+  /* seq2seq.vf:73  den = esum */
+  cavs_esum_fwd(c, V[26] + (size_t)(0) * 1, 1, V[25] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g3 forward, [n, H]: (lines 71) */
+  /* group g3 forward, [n, H]: (lines 74) */
   cavs_loop(c, seq2seq_dec_fwd_path_g3, r0, n, D_H, 0);
     }
   }
-  /* seq2seq.vf:71  esum */
-  cavs_esum_fwd(c, V[22] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g4 forward, [n, 1]: (lines 71) */
+  /* seq2seq.vf:74  esum */
+  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* group g4 forward, [n, 1]: (lines 74) */
   cavs_loop(c, seq2seq_dec_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
-  /* group g5 forward, [n, H]: ctx (lines 71) */
+  /* group g5 forward, [n, H]: ctx (lines 74) */
   cavs_loop(c, seq2seq_dec_fwd_path_g5_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_fwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* seq2seq.vf:72  x = concat */
-  cavs_copy_rows(c, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  /* line 73  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            P[3], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 73  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], (3*D_H), V[17] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 74  x @ Wdf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 P[15], D_H, V[18] + (size_t)(0) * D_H, D_H);
-  /* group g6 forward, [n, H]: i f o u c h (lines 73 74 75 76 77 78) */
+  /* seq2seq.vf:75  x = concat */
+  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  /* line 76  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            P[3], (3*D_H), 0, V[18] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 76  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], (3*D_H), V[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 77  x @ Wdf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 P[15], D_H, V[20] + (size_t)(0) * D_H, D_H);
+  /* group g6 forward, [n, H]: i f o u c h (lines 76 77 78 79 80 81) */
   cavs_loop(c, seq2seq_dec_fwd_path_g6_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_fwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* seq2seq.vf:79  concat */
+  /* seq2seq.vf:82  concat */
 }
 
 /* vertex dec, lazy phase: every row of the type at once */
@@ -816,9 +824,9 @@ static void seq2seq_dec_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:80  concat */
+  /* seq2seq.vf:83  concat */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[19] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
 }
 
 /* vertex dec, lazy phase backward */
@@ -830,9 +838,9 @@ static void seq2seq_dec_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:80  concat */
+  /* seq2seq.vf:83  concat */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[19] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
 }
 
 /* seq2seq_dec_bwd_path, group g6 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -845,18 +853,18 @@ static void seq2seq_dec_bwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[18] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
-    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[18] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[18] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
-    const R *restrict k32 = V[33] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k56 = V[36] + (size_t)(r) * D_H;
+    const R *restrict k32 = V[35] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    const R *restrict k56 = V[38] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg59 = (R *)c->home_grad[0][r];
-    const R *restrict k60 = V[37] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[39] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -927,27 +935,27 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
-    R *restrict d28 = G[17] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[18] + (size_t)(r) * (3*D_H);
+    R *restrict d28 = G[19] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
-    R *restrict d34 = G[18] + (size_t)(r) * D_H;
-    R *restrict d36 = G[15] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d34 = G[20] + (size_t)(r) * D_H;
+    R *restrict d36 = G[17] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d38 = PG[17];
-    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d44 = G[17] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[18] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d44 = G[19] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d52 = G[17] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[18] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d52 = G[19] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
-    const R *restrict a3 = V[30] + (size_t)(r) * (2*D_H);
-    R *restrict d3 = G[30] + (size_t)(r) * (2*D_H);
-    const R *restrict k32 = V[33] + (size_t)(r) * D_H;
-    const R *restrict k40 = V[34] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k56 = V[36] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[32] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[32] + (size_t)(r) * (2*D_H);
+    const R *restrict k32 = V[35] + (size_t)(r) * D_H;
+    const R *restrict k40 = V[36] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    const R *restrict k56 = V[38] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg59 = (R *)c->home_grad[0][r];
-    const R *restrict k60 = V[37] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[39] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -1017,11 +1025,11 @@ static void seq2seq_dec_bwd_path_g5(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *a19 = V[21] + (size_t)(r) * D_H;
-    R *d19 = G[21] + (size_t)(r) * D_H;
-    const R *a21 = V[20] + (size_t)(r) * 1;
-    R *d21 = G[20] + (size_t)(r) * 1;
-    const R *g22_in = G[19] + (size_t)(r) * (D_E+D_H) + D_E;
+    const R *a19 = V[23] + (size_t)(r) * D_H;
+    R *d19 = G[23] + (size_t)(r) * D_H;
+    const R *a21 = V[22] + (size_t)(r) * 1;
+    R *d21 = G[22] + (size_t)(r) * 1;
+    const R *g22_in = G[21] + (size_t)(r) * (D_E+D_H) + D_E;
     for (long j = j0; j < j1; j++) {
       R g22 = g22_in[j];
       d19[j] += g22 / a21[0];
@@ -1040,8 +1048,8 @@ static void seq2seq_dec_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d17 = G[23] + (size_t)(r) * 1;
-    const R *restrict g21_in = G[20] + (size_t)(r) * 1;
+    R *restrict d17 = G[25] + (size_t)(r) * 1;
+    const R *restrict g21_in = G[22] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g21 = g21_in[j];
@@ -1060,11 +1068,11 @@ static void seq2seq_dec_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *a16 = V[24] + (size_t)(r) * 1;
-    R *d16 = G[24] + (size_t)(r) * 1;
-    const R *a8 = V[29] + (size_t)(r) * (2*D_H) + D_H;
-    R *d8 = G[29] + (size_t)(r) * (2*D_H) + D_H;
-    const R *g18_in = G[22] + (size_t)(r) * D_H;
+    const R *a16 = V[26] + (size_t)(r) * 1;
+    R *d16 = G[26] + (size_t)(r) * 1;
+    const R *a8 = V[31] + (size_t)(r) * (2*D_H) + D_H;
+    R *d8 = G[31] + (size_t)(r) * (2*D_H) + D_H;
+    const R *g18_in = G[24] + (size_t)(r) * D_H;
     for (long j = j0; j < j1; j++) {
       R g18 = g18_in[j];
       d16[0] += g18 * a8[j];  /* summed over columns */
@@ -1083,9 +1091,9 @@ static void seq2seq_dec_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d15 = G[25] + (size_t)(r) * 1;
-    const R *restrict k16 = V[24] + (size_t)(r) * 1;
-    const R *restrict g16_in = G[24] + (size_t)(r) * 1;
+    R *restrict d15 = G[27] + (size_t)(r) * 1;
+    const R *restrict k16 = V[26] + (size_t)(r) * 1;
+    const R *restrict g16_in = G[26] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v16 = k16[j];
@@ -1105,10 +1113,10 @@ static void seq2seq_dec_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d10 = G[28] + (size_t)(r) * D_H;
-    R *restrict d11 = G[27] + (size_t)(r) * D_H;
-    const R *restrict k13 = V[26] + (size_t)(r) * D_H;
-    const R *restrict g13_in = G[26] + (size_t)(r) * D_H;
+    R *restrict d10 = G[30] + (size_t)(r) * D_H;
+    R *restrict d11 = G[29] + (size_t)(r) * D_H;
+    const R *restrict k13 = V[28] + (size_t)(r) * D_H;
+    const R *restrict g13_in = G[28] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v13 = k13[j];
@@ -1131,9 +1139,9 @@ static void seq2seq_dec_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d0 = G[32] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[31] + (size_t)(r) * (2*D_H);
-    const R *restrict g2_in = G[30] + (size_t)(r) * (2*D_H);
+    R *restrict d0 = G[34] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[33] + (size_t)(r) * (2*D_H);
+    const R *restrict g2_in = G[32] + (size_t)(r) * (2*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g2 = g2_in[j];
@@ -1152,75 +1160,75 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:79  concat */
-  /* group g6 backward, [n, H]: i f o u c h (lines 73 74 75 76 77 78) */
+  /* seq2seq.vf:82  concat */
+  /* group g6 backward, [n, H]: i f o u c h (lines 76 77 78 79 80 81) */
   cavs_loop(c, seq2seq_dec_bwd_path_g6_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_bwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 74  dx += d(x @ Wdf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[18] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
-  /* line 73  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[17] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[4], (3*D_H), G[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 73  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[3], (3*D_H), 1, G[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
-  /* seq2seq.vf:72  x = concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
-  /* group g5 backward, [n, H]: ctx (lines 71) */
+  /* line 77  dx += d(x @ Wdf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[20] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
+  /* line 76  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[19] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[4], (3*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 76  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[18] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[3], (3*D_H), 1, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
+  /* seq2seq.vf:75  x = concat */
+  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
+  /* group g5 backward, [n, H]: ctx (lines 74) */
   cavs_loop(c, seq2seq_dec_bwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 1);
-  /* group g4 backward, [n, 1]: (lines 71) */
+  /* group g4 backward, [n, 1]: (lines 74) */
   cavs_loop(c, seq2seq_dec_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
-  /* seq2seq.vf:71  esum */
-  cavs_esum_bwd(c, G[22] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:74  esum */
+  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g3 backward, [n, H]: (lines 71) */
+  /* group g3 backward, [n, H]: (lines 74) */
   cavs_loop(c, seq2seq_dec_bwd_path_g3, r0, n, D_H, 1);
     }
   }
-  /* seq2seq.vf:70  den = esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * 1, 1, G[23] + (size_t)(0) * 1, 1, 1, r0, n);
+  /* seq2seq.vf:73  den = esum */
+  cavs_esum_bwd(c, G[26] + (size_t)(0) * 1, 1, G[25] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, 1]: (lines 70) */
+  /* group g2 backward, [n, 1]: (lines 73) */
   cavs_loop(c, seq2seq_dec_bwd_path_g2, r0, n, 1, 0);
-  /* line 70  d%13 += d(%13 @ va) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[25] + (size_t)(r0) * 1, 1,
-            P[14], 1, 1, G[26] + (size_t)(r0) * D_H, D_H);
-  /* group g1 backward, [n, H]: (lines 70) */
+  /* line 73  d%13 += d(%13 @ va) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[27] + (size_t)(r0) * 1, 1,
+            P[14], 1, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  /* group g1 backward, [n, H]: (lines 73) */
   cavs_loop(c, seq2seq_dec_bwd_path_g1, r0, n, D_H, 0);
     }
   }
-  /* seq2seq.vf:69  ebcast */
-  cavs_ebcast_bwd(c, G[15] + (size_t)(0) * (2*D_H), (2*D_H), G[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:72  ebcast */
+  cavs_ebcast_bwd(c, G[17] + (size_t)(0) * (2*D_H), (2*D_H), G[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  d%8 += d(%8 @ Wa) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[28] + (size_t)(r0) * D_H, D_H,
-            P[13], D_H, 1, G[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  /* line 73  d%8 += d(%8 @ Wa) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[30] + (size_t)(r0) * D_H, D_H,
+            P[13], D_H, 1, G[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
-  /* seq2seq.vf:70  k = echild */
-  cavs_echild_bwd(c, 0, G[29] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 69  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* group g0 backward, [n, 2H]: s (lines 66) */
+  /* seq2seq.vf:73  k = echild */
+  cavs_echild_bwd(c, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 72  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[17] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* group g0 backward, [n, 2H]: s (lines 69) */
   cavs_loop(c, seq2seq_dec_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
-  /* seq2seq.vf:66  gather */
-  cavs_gather_bwd(c, 1, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* seq2seq.vf:66  gather */
-  cavs_gather_bwd(c, 0, 1, G[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_bwd(c, 1, 0, G[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_bwd(c, 0, 1, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex dec, eager phase backward, then every parameter gradient of the type */
@@ -1232,31 +1240,31 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* line 69  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[2], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 72  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[2], (2*D_H), G[17] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  dW += %8^T d(%8 @ Wa), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[28] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
-  /* line 70  dW += %13^T d(%13 @ va), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            G[25] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
+  /* line 73  dW += %8^T d(%8 @ Wa), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[30] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
+  /* line 73  dW += %13^T d(%13 @ va), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
+            G[27] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
     }
   }
-  /* line 73  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
-  /* line 73  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], (3*D_H), G[17] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 74  dW += x^T d(x @ Wdf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 PG[15], D_H, G[18] + (size_t)(0) * D_H, D_H);
+  /* line 76  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            G[18] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
+  /* line 76  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], (3*D_H), G[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 77  dW += x^T d(x @ Wdf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 PG[15], D_H, G[20] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, T] */
@@ -1269,13 +1277,13 @@ static void seq2seq_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[39] + (size_t)(r) * D_T;
-    const R *restrict a3 = P[21];
-    R *restrict o4 = V[38] + (size_t)(r) * D_T;
+    const R *restrict a4 = V[41] + (size_t)(r) * D_T;
+    const R *restrict a5 = P[21];
+    R *restrict o6 = V[40] + (size_t)(r) * D_T;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
+      const R v6 = a4[j] + a5[j];  /* logits */
+      o6[j] = v6;
     }
   }
 }
@@ -1289,13 +1297,15 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* line 84  p @ Wo: [n, T] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[2] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[20], D_T, 0, V[39] + (size_t)(r0) * D_T, D_T);
-  /* group g0 forward, [n, T]: logits (lines 84) */
+  /* seq2seq.vf:87  dropout */
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[42] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  /* line 87  %2 @ Wo: [n, T] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
+            P[20], D_T, 0, V[41] + (size_t)(r0) * D_T, D_T);
+  /* group g0 forward, [n, T]: logits (lines 87) */
   cavs_loop(c, seq2seq_push_fwd_g0, r0, n, D_T, 0);
-  /* seq2seq.vf:85  softmax_xent */
-  cavs_xent_fwd(c, 0, V[38] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
+  /* seq2seq.vf:88  softmax_xent */
+  cavs_xent_fwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
 }
 
 /* seq2seq_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, T] */
@@ -1308,14 +1318,14 @@ static void seq2seq_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[39] + (size_t)(r) * D_T;
-    R *restrict d3 = PG[21];
-    const R *restrict g4_in = G[38] + (size_t)(r) * D_T;
+    R *restrict d4 = G[41] + (size_t)(r) * D_T;
+    R *restrict d5 = PG[21];
+    const R *restrict g6_in = G[40] + (size_t)(r) * D_T;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
+      R g6 = g6_in[j];
+      d4[j] = g6;  /* this loop alone writes it */
+      d5[j] += g6;  /* summed over rows */
     }
   }
 }
@@ -1329,16 +1339,18 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  /* seq2seq.vf:85  softmax_xent */
-  cavs_xent_bwd(c, 0, V[38] + (size_t)(0) * D_T, D_T, c->iin[2], G[38] + (size_t)(0) * D_T, D_T, r0, n, D_T);
-  /* group g0 backward, [n, T]: logits (lines 84) */
+  /* seq2seq.vf:88  softmax_xent */
+  cavs_xent_bwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], G[40] + (size_t)(0) * D_T, D_T, r0, n, D_T);
+  /* group g0 backward, [n, T]: logits (lines 87) */
   cavs_loop(c, seq2seq_push_bwd_g0, r0, n, D_T, 0);
-  /* line 84  dp += d(p @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[39] + (size_t)(r0) * D_T, D_T,
-            P[20], D_T, 1, G[2] + (size_t)(r0) * (2*D_H), (2*D_H));
-  /* line 84  dW += p^T d(p @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[2] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[39] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
+  /* line 87  d%2 += d(%2 @ Wo) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[41] + (size_t)(r0) * D_T, D_T,
+            P[20], D_T, 1, G[42] + (size_t)(r0) * (2*D_H), (2*D_H));
+  /* seq2seq.vf:87  dropout */
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[42] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  /* line 87  dW += %2^T d(%2 @ Wo), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
+            G[41] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1346,6 +1358,9 @@ static const cavs_dim_desc dims[] = {
   {"H", CAVS_DIM_FIXED, 128, -1, 0, 0},
   {"T", CAVS_DIM_FIXED, 128, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
+};
+static const cavs_option_desc options[] = {
+  {"p_drop", CAVS_OPTION_DROPOUT, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"src", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
@@ -1414,7 +1429,9 @@ static const cavs_buf_desc bufs[] = {
   {"dec_state", {0, {0, 2}}, CAVS_GRAD, 1, 0, 0},
   {"push", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_y", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t7", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"enc_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -1449,16 +1466,17 @@ static const cavs_buf_desc bufs[] = {
   {"dec_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"dec_t60_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc seq2seq_enc_gathers[] = {
-  {0, 9, {0, {0}}, 1, 0},
+  {0, 11, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_enc_slot_names[] = {"prev"};
 static const int seq2seq_enc_slot_types[] = {0};
 static const cavs_gather_desc seq2seq_dec_gathers[] = {
-  {0, 32, {0, {0}}, 1, 1},
-  {1, 31, {0, {0}}, 1, 0},
+  {0, 34, {0, {0}}, 1, 1},
+  {1, 33, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_dec_slot_names[] = {"prev", "start"};
 static const int seq2seq_dec_slot_types[] = {1, 0};
@@ -1468,39 +1486,39 @@ static const cavs_vertex_desc vertex[] = {
    0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 29, {0, {0}}},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
+  {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
   {"y", -1, 3, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", 0, 5, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 11, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 11, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"s", 1, 30, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 1, 30, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 1, 30, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"q", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
-  {"den", 1, 23, {0, {0}}, {1, {0}}, 0},
-  {"ctx", 1, 19, {0, {1}}, {0, {0, 1}}, 0},
-  {"x", 1, 19, {0, {0}}, {0, {1, 1}}, 0},
-  {"i", 1, 33, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 34, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 1, 32, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 1, 32, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 1, 32, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"q", 1, 17, {0, {0}}, {0, {0, 1}}, 0},
+  {"den", 1, 25, {0, {0}}, {1, {0}}, 0},
+  {"ctx", 1, 21, {0, {1}}, {0, {0, 1}}, 0},
+  {"x", 1, 21, {0, {0}}, {0, {1, 1}}, 0},
+  {"i", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 37, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 38, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 38, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 40, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc seq2seq_desc = {
@@ -1508,7 +1526,7 @@ const cavs_desc seq2seq_desc = {
   .target = CAVS_TARGET_C,
   .name = "seq2seq",
   .source = "dsl-examples/seq2seq.vf",
-  .source_hash = "9782991ef820aff9",
+  .source_hash = "da4fc05c5f1295f6",
   .source_text = "# LSTM encoder-decoder with attention (Bahdanau, Cho, Bengio 2015, with an LSTM\012"
     "# decoder as Luong et al.), trained with teacher forcing: an encoder chain over the\012"
     "# source, a decoder chain over the target, its first cell started from the\012"
@@ -1537,10 +1555,13 @@ const cavs_desc seq2seq_desc = {
     "#   of the dev target words right. (Attention per feature, exp-normalized for each\012"
     "#   column of h without the score va, reached 0.45 in 10 epochs.)\012"
     "# Dims: E = 64, H = 128, T = 128 (target words + 1, the start), V = vocab(src).\012"
+    "# Dropout on the embeddings and before the softmax, p_drop: 0 by default (the\012"
+    "# results above), e.g. 0.2 or 0.3 as Luong et al. (cavs train --dropout 0.3).\012"
     "\012"
     "model seq2seq;\012"
     "dim E = 64; dim H = 128; dim T = 128;\012"
     "dim V = vocab(src);\012"
+    "option p_drop = 0;\012"
     "\012"
     "input src  : index[V];                  # on enc vertices\012"
     "input prev : index[T];                  # on dec vertices: the target word before (0: start)\012"
@@ -1557,7 +1578,7 @@ const cavs_desc seq2seq_desc = {
     "param Wo[2H,T] init xavier;                                             # head\012"
     "param bo[T];\012"
     "\012"
-    "pull { x = semb[src]; y = temb[prev]; }\012"
+    "pull { x = dropout(semb[src], p_drop); y = dropout(temb[prev], p_drop); }\012"
     "\012"
     "vertex enc (children prev: enc) {\012"
     "  x = pull(x);\012"
@@ -1592,15 +1613,16 @@ const cavs_desc seq2seq_desc = {
     "}\012"
     "\012"
     "push (p) {\012"
-    "  logits = p @ Wo + bo;\012"
+    "  logits = dropout(p, p_drop) @ Wo + bo;\012"
     "  loss softmax_xent(logits, next);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
+  .noptions = 1, .options = options,
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 40, .bufs = bufs,
+  .nbufs = 43, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -19,10 +19,14 @@ static void seq2seq_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:49  x = lookup */
-  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* seq2seq.vf:49  y = lookup */
-  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  x = dropout */
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[6] + (size_t)(0) * D_E, D_E, V[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  y = dropout */
+  cavs_dropout_fwd(c, 8u, c->opt[0] /* p_drop */, V[4] + (size_t)(0) * D_E, D_E, V[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -34,10 +38,14 @@ static void seq2seq_pull_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:49  y = lookup */
-  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* seq2seq.vf:49  x = lookup */
-  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  y = dropout */
+  cavs_dropout_bwd(c, 8u, c->opt[0] /* p_drop */, G[3] + (size_t)(0) * D_E, D_E, G[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* seq2seq.vf:52  x = dropout */
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[5] + (size_t)(0) * D_E, D_E, G[6] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* seq2seq.vf:52  lookup */
+  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex enc, eager phase: every row of the type at once */
@@ -49,12 +57,12 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 56  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
+  /* line 59  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+                  V[5] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[7], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[10] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -202,32 +210,32 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:53  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 56  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[8], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f o u c h (lines 56 57 58 59 60 61) */
+  /* seq2seq.vf:56  s = gather */
+  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 59  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[8], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  /* group g0 forward, [n, H]: i f o u c h (lines 59 60 61 62 63 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          V[5] + (size_t)(r0) * (3*D_H),
+          V[7] + (size_t)(r0) * (3*D_H),
           P[9],
-          V[5] + (size_t)(r0) * (3*D_H) + D_H,
+          V[7] + (size_t)(r0) * (3*D_H) + D_H,
           P[11],
-          V[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[7] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[12],
-          V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[14] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -238,34 +246,34 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[9],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          P[10],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          P[11],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          P[12],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[10],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          P[11],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          P[12],
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:62  concat */
+  /* seq2seq.vf:65  concat */
 }
 
 /* vertex enc, lazy phase: every row of the type at once */
@@ -489,25 +497,25 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:62  concat */
-  /* group g0 backward, [n, H]: i f o u c h (lines 56 57 58 59 60 61) */
+  /* seq2seq.vf:65  concat */
+  /* group g0 backward, [n, H]: i f o u c h (lines 59 60 61 62 63 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          G[5] + (size_t)(r0) * (3*D_H),
+          G[7] + (size_t)(r0) * (3*D_H),
           PG[9],
-          G[5] + (size_t)(r0) * (3*D_H) + D_H,
+          G[7] + (size_t)(r0) * (3*D_H) + D_H,
           PG[11],
-          G[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[7] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[12],
-          V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[14] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -518,42 +526,42 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[9],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[10],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[11],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[12],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 57  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 56  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* seq2seq.vf:53  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 60  dh_prev += d(h_prev @ Uef) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 59  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[8] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* seq2seq.vf:56  s = gather */
+  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex enc, eager phase backward, then every parameter gradient of the type */
@@ -565,24 +573,24 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 57  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[4] + (size_t)(0) * D_E, D_E);
-  /* line 56  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
-  /* line 56  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 56  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 57  dW += x^T d(x @ Wef), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[7], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 57  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[8], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  /* line 60  dx += d(x @ Wef) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, G[5] + (size_t)(0) * D_E, D_E);
+  /* line 59  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[5] + (size_t)(0) * D_E, D_E);
+  /* line 59  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 59  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 60  dW += x^T d(x @ Wef), over all rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
+                 PG[7], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  /* line 60  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[8], D_H, G[9] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex dec, eager phase: every row of the type at once */
@@ -819,107 +827,107 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:66  gather */
-  cavs_gather_fwd(c, 0, 1, V[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* seq2seq.vf:66  gather */
-  cavs_gather_fwd(c, 1, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* group g0 forward, [n, 2H]: s (lines 66) */
+  /* seq2seq.vf:69  gather */
+  cavs_gather_fwd(c, 0, 1, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_fwd(c, 1, 0, V[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* group g0 forward, [n, 2H]: s (lines 69) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 2*D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[31] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
+          V[34] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[33] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 69  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[2], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* seq2seq.vf:70  k = echild */
-  cavs_echild_fwd(c, 0, V[29] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 72  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[2], (2*D_H), V[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* seq2seq.vf:73  k = echild */
+  cavs_echild_fwd(c, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  %8 @ Wa: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[13], D_H, 0, V[28] + (size_t)(r0) * D_H, D_H);
+  /* line 73  %8 @ Wa: [n, H] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[13], D_H, 0, V[30] + (size_t)(r0) * D_H, D_H);
     }
   }
-  /* seq2seq.vf:69  ebcast */
-  cavs_ebcast_fwd(c, V[15] + (size_t)(0) * (2*D_H), (2*D_H), V[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:72  ebcast */
+  cavs_ebcast_fwd(c, V[17] + (size_t)(0) * (2*D_H), (2*D_H), V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g1 forward, [n, H]: (lines 70) */
+  /* group g1 forward, [n, H]: (lines 73) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[28] + (size_t)(r0) * D_H,
-          V[27] + (size_t)(r0) * D_H,
-          V[26] + (size_t)(r0) * D_H);
+          V[30] + (size_t)(r0) * D_H,
+          V[29] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 70  %13 @ va: [n, 1] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            P[14], 1, 0, V[25] + (size_t)(r0) * 1, 1);
-  /* group g2 forward, [n, 1]: (lines 70) */
+  /* line 73  %13 @ va: [n, 1] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
+            P[14], 1, 0, V[27] + (size_t)(r0) * 1, 1);
+  /* group g2 forward, [n, 1]: (lines 73) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[25] + (size_t)(r0) * 1,
-          V[24] + (size_t)(r0) * 1);
+          V[27] + (size_t)(r0) * 1,
+          V[26] + (size_t)(r0) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* seq2seq.vf:70  den = esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * 1, 1, V[23] + (size_t)(0) * 1, 1, 1, r0, n);
+  /* seq2seq.vf:73  den = esum */
+  cavs_esum_fwd(c, V[26] + (size_t)(0) * 1, 1, V[25] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g3 forward, [n, H]: (lines 71) */
+  /* group g3 forward, [n, H]: (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[24] + (size_t)(r0) * 1,
-          V[29] + (size_t)(r0) * (2*D_H) + D_H,
-          V[22] + (size_t)(r0) * D_H);
+          V[26] + (size_t)(r0) * 1,
+          V[31] + (size_t)(r0) * (2*D_H) + D_H,
+          V[24] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* seq2seq.vf:71  esum */
-  cavs_esum_fwd(c, V[22] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g4 forward, [n, 1]: (lines 71) */
+  /* seq2seq.vf:74  esum */
+  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* group g4 forward, [n, 1]: (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * 1,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * 1);
+          V[25] + (size_t)((r0 + c->leaf_rows)) * 1,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* group g5 forward, [n, H]: ctx (lines 71) */
+  /* group g5 forward, [n, H]: ctx (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g5_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          V[19] + (size_t)(r0) * (D_E+D_H) + D_E);
+          V[21] + (size_t)(r0) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -927,40 +935,40 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g5, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * 1,
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * 1,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:72  x = concat */
-  cavs_copy_rows(c, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  /* line 73  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            P[3], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 73  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], (3*D_H), V[17] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 74  x @ Wdf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 P[15], D_H, V[18] + (size_t)(0) * D_H, D_H);
-  /* group g6 forward, [n, H]: i f o u c h (lines 73 74 75 76 77 78) */
+  /* seq2seq.vf:75  x = concat */
+  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  /* line 76  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            P[3], (3*D_H), 0, V[18] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 76  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], (3*D_H), V[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 77  x @ Wdf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 P[15], D_H, V[20] + (size_t)(0) * D_H, D_H);
+  /* group g6 forward, [n, H]: i f o u c h (lines 76 77 78 79 80 81) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g6_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          V[16] + (size_t)(r0) * (3*D_H),
+          V[18] + (size_t)(r0) * (3*D_H),
           P[16],
-          V[16] + (size_t)(r0) * (3*D_H) + D_H,
+          V[18] + (size_t)(r0) * (3*D_H) + D_H,
           P[18],
-          V[16] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[18] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[19],
-          V[33] + (size_t)(r0) * D_H,
           V[35] + (size_t)(r0) * D_H,
-          V[36] + (size_t)(r0) * D_H,
+          V[37] + (size_t)(r0) * D_H,
+          V[38] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[37] + (size_t)(r0) * D_H,
+          V[39] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -970,32 +978,32 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g6, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[16],
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[17],
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[18],
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[19],
-          V[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[34] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:79  concat */
+  /* seq2seq.vf:82  concat */
 }
 
 /* vertex dec, lazy phase: every row of the type at once */
@@ -1007,9 +1015,9 @@ static void seq2seq_dec_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:80  concat */
+  /* seq2seq.vf:83  concat */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[19] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
 }
 
 /* vertex dec, lazy phase backward */
@@ -1021,9 +1029,9 @@ static void seq2seq_dec_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:80  concat */
+  /* seq2seq.vf:83  concat */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[19] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
 }
 
 /* seq2seq_dec_bwd_path, group g6 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1317,24 +1325,24 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:79  concat */
-  /* group g6 backward, [n, H]: i f o u c h (lines 73 74 75 76 77 78) */
+  /* seq2seq.vf:82  concat */
+  /* group g6 backward, [n, H]: i f o u c h (lines 76 77 78 79 80 81) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g6_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          G[16] + (size_t)(r0) * (3*D_H),
+          G[18] + (size_t)(r0) * (3*D_H),
           PG[16],
-          G[16] + (size_t)(r0) * (3*D_H) + D_H,
+          G[18] + (size_t)(r0) * (3*D_H) + D_H,
           PG[18],
-          G[16] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[18] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[19],
-          V[33] + (size_t)(r0) * D_H,
           V[35] + (size_t)(r0) * D_H,
-          V[36] + (size_t)(r0) * D_H,
+          V[37] + (size_t)(r0) * D_H,
+          V[38] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[37] + (size_t)(r0) * D_H,
+          V[39] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -1344,155 +1352,155 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g6, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[16],
-          G[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[17] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[17],
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[18],
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[17] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[19],
-          V[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[34] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 74  dx += d(x @ Wdf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[18] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
-  /* line 73  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[17] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[4], (3*D_H), G[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 73  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[3], (3*D_H), 1, G[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
-  /* seq2seq.vf:72  x = concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
-  /* group g5 backward, [n, H]: ctx (lines 71) */
+  /* line 77  dx += d(x @ Wdf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[20] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
+  /* line 76  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[19] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[4], (3*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 76  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[18] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[3], (3*D_H), 1, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
+  /* seq2seq.vf:75  x = concat */
+  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
+  /* group g5 backward, [n, H]: ctx (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g5, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[20] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[19] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[22] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[21] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* group g4 backward, [n, 1]: (lines 71) */
+  /* group g4 backward, [n, 1]: (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[23] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[20] + (size_t)((r0 + c->leaf_rows)) * 1);
+          G[25] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[22] + (size_t)((r0 + c->leaf_rows)) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:71  esum */
-  cavs_esum_bwd(c, G[22] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:74  esum */
+  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g3 backward, [n, H]: (lines 71) */
+  /* group g3 backward, [n, H]: (lines 74) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[24] + (size_t)(r0) * 1,
-          G[24] + (size_t)(r0) * 1,
-          V[29] + (size_t)(r0) * (2*D_H) + D_H,
-          G[29] + (size_t)(r0) * (2*D_H) + D_H,
-          G[22] + (size_t)(r0) * D_H);
+          V[26] + (size_t)(r0) * 1,
+          G[26] + (size_t)(r0) * 1,
+          V[31] + (size_t)(r0) * (2*D_H) + D_H,
+          G[31] + (size_t)(r0) * (2*D_H) + D_H,
+          G[24] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* seq2seq.vf:70  den = esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * 1, 1, G[23] + (size_t)(0) * 1, 1, 1, r0, n);
+  /* seq2seq.vf:73  den = esum */
+  cavs_esum_bwd(c, G[26] + (size_t)(0) * 1, 1, G[25] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, 1]: (lines 70) */
+  /* group g2 backward, [n, 1]: (lines 73) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[25] + (size_t)(r0) * 1,
-          V[24] + (size_t)(r0) * 1,
-          G[24] + (size_t)(r0) * 1);
+          G[27] + (size_t)(r0) * 1,
+          V[26] + (size_t)(r0) * 1,
+          G[26] + (size_t)(r0) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 70  d%13 += d(%13 @ va) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[25] + (size_t)(r0) * 1, 1,
-            P[14], 1, 1, G[26] + (size_t)(r0) * D_H, D_H);
-  /* group g1 backward, [n, H]: (lines 70) */
+  /* line 73  d%13 += d(%13 @ va) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[27] + (size_t)(r0) * 1, 1,
+            P[14], 1, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  /* group g1 backward, [n, H]: (lines 73) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[28] + (size_t)(r0) * D_H,
-          G[27] + (size_t)(r0) * D_H,
-          V[26] + (size_t)(r0) * D_H,
-          G[26] + (size_t)(r0) * D_H);
+          G[30] + (size_t)(r0) * D_H,
+          G[29] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
+          G[28] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* seq2seq.vf:69  ebcast */
-  cavs_ebcast_bwd(c, G[15] + (size_t)(0) * (2*D_H), (2*D_H), G[27] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* seq2seq.vf:72  ebcast */
+  cavs_ebcast_bwd(c, G[17] + (size_t)(0) * (2*D_H), (2*D_H), G[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  d%8 += d(%8 @ Wa) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[28] + (size_t)(r0) * D_H, D_H,
-            P[13], D_H, 1, G[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  /* line 73  d%8 += d(%8 @ Wa) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[30] + (size_t)(r0) * D_H, D_H,
+            P[13], D_H, 1, G[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
-  /* seq2seq.vf:70  k = echild */
-  cavs_echild_bwd(c, 0, G[29] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 69  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* group g0 backward, [n, 2H]: s (lines 66) */
+  /* seq2seq.vf:73  k = echild */
+  cavs_echild_bwd(c, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 72  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[17] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* group g0 backward, [n, 2H]: s (lines 69) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 2*D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[31] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
+          G[34] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[33] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:66  gather */
-  cavs_gather_bwd(c, 1, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* seq2seq.vf:66  gather */
-  cavs_gather_bwd(c, 0, 1, G[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_bwd(c, 1, 0, G[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* seq2seq.vf:69  gather */
+  cavs_gather_bwd(c, 0, 1, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex dec, eager phase backward, then every parameter gradient of the type */
@@ -1504,44 +1512,44 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 69  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[2], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 72  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[2], (2*D_H), G[17] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
-  /* line 70  dW += %8^T d(%8 @ Wa), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[29] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[28] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
-  /* line 70  dW += %13^T d(%13 @ va), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            G[25] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
+  /* line 73  dW += %8^T d(%8 @ Wa), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[30] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
+  /* line 73  dW += %13^T d(%13 @ va), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
+            G[27] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
     }
   }
-  /* line 73  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[19] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
-  /* line 73  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[30] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], (3*D_H), G[17] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 74  dW += x^T d(x @ Wdf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[19] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 PG[15], D_H, G[18] + (size_t)(0) * D_H, D_H);
+  /* line 76  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            G[18] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
+  /* line 76  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], (3*D_H), G[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 77  dW += x^T d(x @ Wdf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 PG[15], D_H, G[20] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_push_fwd, group g0 forward: a thread per row and column of [n, T] */
 static __global__ void seq2seq_push_fwd_g0(int n, long D_E, long D_H, long D_T, long D_V,
-    const R *__restrict__ a2_r0,
-    const R *__restrict__ a3,
-    R *__restrict__ o4_r0) {
+    const R *__restrict__ a4_r0,
+    const R *__restrict__ a5,
+    R *__restrict__ o6_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_T, &i, &j)) return;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * D_T;
-  R *__restrict__ o4 = o4_r0 + (size_t)i * D_T;
-  const R v4 = a2[j] + a3[j];  /* logits */
-  o4[j] = v4;
+  const R *__restrict__ a4 = a4_r0 + (size_t)i * D_T;
+  R *__restrict__ o6 = o6_r0 + (size_t)i * D_T;
+  const R v6 = a4[j] + a5[j];  /* logits */
+  o6[j] = v6;
 }
 
 /* push block, forward: all rows */
@@ -1553,36 +1561,38 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 84  p @ Wo: [n, T] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[2] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[20], D_T, 0, V[39] + (size_t)(r0) * D_T, D_T);
-  /* group g0 forward, [n, T]: logits (lines 84) */
+  /* seq2seq.vf:87  dropout */
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[42] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  /* line 87  %2 @ Wo: [n, T] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
+            P[20], D_T, 0, V[41] + (size_t)(r0) * D_T, D_T);
+  /* group g0 forward, [n, T]: logits (lines 87) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_T, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[39] + (size_t)(r0) * D_T,
+          V[41] + (size_t)(r0) * D_T,
           P[21],
-          V[38] + (size_t)(r0) * D_T);
+          V[40] + (size_t)(r0) * D_T);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* seq2seq.vf:85  softmax_xent */
-  cavs_xent_fwd(c, 0, V[38] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
+  /* seq2seq.vf:88  softmax_xent */
+  cavs_xent_fwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
 }
 
 /* seq2seq_push_bwd, group g0 backward: a thread per row and column of [n, T] */
 static __global__ void seq2seq_push_bwd_g0(int n, long D_E, long D_H, long D_T, long D_V,
-    R *__restrict__ d2_r0,
-    cavs_cuda_sum<R> d3,
-    const R *__restrict__ g4_in_r0) {
+    R *__restrict__ d4_r0,
+    cavs_cuda_sum<R> d5,
+    const R *__restrict__ g6_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_T, &i, &j)) return;
-  R *__restrict__ d2 = d2_r0 + (size_t)i * D_T;
-  const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * D_T;
-  R g4 = g4_in[j];
-  d2[j] = g4;  /* this loop alone writes it */
-  d3[j] += g4;  /* summed over rows */
+  R *__restrict__ d4 = d4_r0 + (size_t)i * D_T;
+  const R *__restrict__ g6_in = g6_in_r0 + (size_t)i * D_T;
+  R g6 = g6_in[j];
+  d4[j] = g6;  /* this loop alone writes it */
+  d5[j] += g6;  /* summed over rows */
 }
 
 /* push block, backward: all rows */
@@ -1594,25 +1604,27 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* seq2seq.vf:85  softmax_xent */
-  cavs_xent_bwd(c, 0, V[38] + (size_t)(0) * D_T, D_T, c->iin[2], G[38] + (size_t)(0) * D_T, D_T, r0, n, D_T);
-  /* group g0 backward, [n, T]: logits (lines 84) */
+  /* seq2seq.vf:88  softmax_xent */
+  cavs_xent_bwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], G[40] + (size_t)(0) * D_T, D_T, r0, n, D_T);
+  /* group g0 backward, [n, T]: logits (lines 87) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_T, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[39] + (size_t)(r0) * D_T,
+          G[41] + (size_t)(r0) * D_T,
           PG[21],
-          G[38] + (size_t)(r0) * D_T);
+          G[40] + (size_t)(r0) * D_T);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 84  dp += d(p @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[39] + (size_t)(r0) * D_T, D_T,
-            P[20], D_T, 1, G[2] + (size_t)(r0) * (2*D_H), (2*D_H));
-  /* line 84  dW += p^T d(p @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[2] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[39] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
+  /* line 87  d%2 += d(%2 @ Wo) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[41] + (size_t)(r0) * D_T, D_T,
+            P[20], D_T, 1, G[42] + (size_t)(r0) * (2*D_H), (2*D_H));
+  /* seq2seq.vf:87  dropout */
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[42] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  /* line 87  dW += %2^T d(%2 @ Wo), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
+            G[41] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1620,6 +1632,9 @@ static const cavs_dim_desc dims[] = {
   {"H", CAVS_DIM_FIXED, 128, -1, 0, 0},
   {"T", CAVS_DIM_FIXED, 128, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
+};
+static const cavs_option_desc options[] = {
+  {"p_drop", CAVS_OPTION_DROPOUT, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"src", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
@@ -1688,7 +1703,9 @@ static const cavs_buf_desc bufs[] = {
   {"dec_state", {0, {0, 2}}, CAVS_GRAD, 1, 0, 0},
   {"push", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_y", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t7", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"enc_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -1723,16 +1740,17 @@ static const cavs_buf_desc bufs[] = {
   {"dec_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"dec_t60_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc seq2seq_enc_gathers[] = {
-  {0, 9, {0, {0}}, 1, 0},
+  {0, 11, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_enc_slot_names[] = {"prev"};
 static const int seq2seq_enc_slot_types[] = {0};
 static const cavs_gather_desc seq2seq_dec_gathers[] = {
-  {0, 32, {0, {0}}, 1, 1},
-  {1, 31, {0, {0}}, 1, 0},
+  {0, 34, {0, {0}}, 1, 1},
+  {1, 33, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_dec_slot_names[] = {"prev", "start"};
 static const int seq2seq_dec_slot_types[] = {1, 0};
@@ -1742,39 +1760,39 @@ static const cavs_vertex_desc vertex[] = {
    0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 29, {0, {0}}},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
+  {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
   {"y", -1, 3, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", 0, 5, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 11, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 11, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"s", 1, 30, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 1, 30, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 1, 30, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"q", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
-  {"den", 1, 23, {0, {0}}, {1, {0}}, 0},
-  {"ctx", 1, 19, {0, {1}}, {0, {0, 1}}, 0},
-  {"x", 1, 19, {0, {0}}, {0, {1, 1}}, 0},
-  {"i", 1, 33, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 34, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 1, 32, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 1, 32, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 1, 32, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"q", 1, 17, {0, {0}}, {0, {0, 1}}, 0},
+  {"den", 1, 25, {0, {0}}, {1, {0}}, 0},
+  {"ctx", 1, 21, {0, {1}}, {0, {0, 1}}, 0},
+  {"x", 1, 21, {0, {0}}, {0, {1, 1}}, 0},
+  {"i", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 37, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 38, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 38, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 40, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc seq2seq_desc = {
@@ -1782,7 +1800,7 @@ const cavs_desc seq2seq_desc = {
   .target = CAVS_TARGET_CUDA,
   .name = "seq2seq",
   .source = "dsl-examples/seq2seq.vf",
-  .source_hash = "9782991ef820aff9",
+  .source_hash = "da4fc05c5f1295f6",
   .source_text = "# LSTM encoder-decoder with attention (Bahdanau, Cho, Bengio 2015, with an LSTM\012"
     "# decoder as Luong et al.), trained with teacher forcing: an encoder chain over the\012"
     "# source, a decoder chain over the target, its first cell started from the\012"
@@ -1811,10 +1829,13 @@ const cavs_desc seq2seq_desc = {
     "#   of the dev target words right. (Attention per feature, exp-normalized for each\012"
     "#   column of h without the score va, reached 0.45 in 10 epochs.)\012"
     "# Dims: E = 64, H = 128, T = 128 (target words + 1, the start), V = vocab(src).\012"
+    "# Dropout on the embeddings and before the softmax, p_drop: 0 by default (the\012"
+    "# results above), e.g. 0.2 or 0.3 as Luong et al. (cavs train --dropout 0.3).\012"
     "\012"
     "model seq2seq;\012"
     "dim E = 64; dim H = 128; dim T = 128;\012"
     "dim V = vocab(src);\012"
+    "option p_drop = 0;\012"
     "\012"
     "input src  : index[V];                  # on enc vertices\012"
     "input prev : index[T];                  # on dec vertices: the target word before (0: start)\012"
@@ -1831,7 +1852,7 @@ const cavs_desc seq2seq_desc = {
     "param Wo[2H,T] init xavier;                                             # head\012"
     "param bo[T];\012"
     "\012"
-    "pull { x = semb[src]; y = temb[prev]; }\012"
+    "pull { x = dropout(semb[src], p_drop); y = dropout(temb[prev], p_drop); }\012"
     "\012"
     "vertex enc (children prev: enc) {\012"
     "  x = pull(x);\012"
@@ -1866,15 +1887,16 @@ const cavs_desc seq2seq_desc = {
     "}\012"
     "\012"
     "push (p) {\012"
-    "  logits = p @ Wo + bo;\012"
+    "  logits = dropout(p, p_drop) @ Wo + bo;\012"
     "  loss softmax_xent(logits, next);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
+  .noptions = 1, .options = options,
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 40, .bufs = bufs,
+  .nbufs = 43, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -1602,6 +1602,7 @@ static const cavs_dim_desc dims[] = {
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
   {"A", CAVS_DIM_VOCAB, 0, 1, 0, 0},
 };
+static const cavs_option_desc options[1] = {0};
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 1}}, 0},
   {"char", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 0, 1}}, 1},
@@ -1908,6 +1909,7 @@ const cavs_desc tagger_chars_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 7, .dims = dims,
+  .noptions = 0, .options = options,
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 40, .params = params,
   .npgroups = 28, .pgroups = pgroups,

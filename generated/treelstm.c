@@ -19,8 +19,10 @@ static void treelstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:22  x = lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* treelstm.vf:26  lookup */
+  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* treelstm.vf:26  x = dropout */
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -32,8 +34,10 @@ static void treelstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:22  x = lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* treelstm.vf:26  x = dropout */
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* treelstm.vf:26  lookup */
+  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex tree, eager phase: every row of the type at once */
@@ -45,12 +49,12 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 28  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 32  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 33  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* treelstm_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -63,9 +67,9 @@ static void treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[6] + (size_t)(r) * (4*D_H) + D_H;
-    const R *restrict a6 = V[6] + (size_t)(r) * (4*D_H) + (3*D_H);
-    R *restrict o7 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[7] + (size_t)(r) * (4*D_H) + D_H;
+    const R *restrict a6 = V[7] + (size_t)(r) * (4*D_H) + (3*D_H);
+    R *restrict o7 = V[9] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v7 = a3[j] + a6[j];  /* hs */
@@ -85,18 +89,18 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a33 = P[7];
-    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a37 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a41 = P[8];
-    R *restrict k15 = V[9] + (size_t)(r) * D_H;
-    R *restrict k35 = V[12] + (size_t)(r) * D_H;
-    R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    R *restrict k15 = V[10] + (size_t)(r) * D_H;
+    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    R *restrict k43 = V[14] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h48 = (R *)c->home_val[0][r];
-    R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    R *restrict k49 = V[15] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h50 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -138,29 +142,29 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
-    const R *restrict a11 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a9 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a11 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
-    const R *restrict a17 = V[7] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a17 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[6] + (size_t)(r) * (2*D_H);
     const R *restrict a21 = P[6];
-    const R *restrict a24 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[6] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a31 = V[5] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a33 = P[7];
-    const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a39 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a37 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a39 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a41 = P[8];
-    const R *restrict a2 = V[6] + (size_t)(r) * (4*D_H);
-    const R *restrict a5 = V[6] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict k15 = V[9] + (size_t)(r) * D_H;
-    R *restrict k23 = V[10] + (size_t)(r) * D_H;
-    R *restrict k27 = V[11] + (size_t)(r) * D_H;
-    R *restrict k35 = V[12] + (size_t)(r) * D_H;
-    R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[7] + (size_t)(r) * (4*D_H);
+    const R *restrict a5 = V[7] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict k15 = V[10] + (size_t)(r) * D_H;
+    R *restrict k23 = V[11] + (size_t)(r) * D_H;
+    R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    R *restrict k43 = V[14] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h48 = (R *)c->home_val[0][r];
-    R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    R *restrict k49 = V[15] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h50 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -210,22 +214,22 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* group g0 forward, [n, H]: hs (lines 27) */
+  /* treelstm.vf:30  s = gather */
+  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* treelstm.vf:30  s = gather */
+  cavs_gather_fwd(c, 1, 0, V[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  /* group g0 forward, [n, H]: hs (lines 31) */
   cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 28  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
+  /* line 32  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 33  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 32 33 34 35 36 37) */
   cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treelstm_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* treelstm.vf:34  concat */
+  /* treelstm.vf:38  concat */
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -237,7 +241,7 @@ static void treelstm_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:35  push */
+  /* treelstm.vf:39  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -250,7 +254,7 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:35  push */
+  /* treelstm.vf:39  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -264,18 +268,18 @@ static void treelstm_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
+    R *restrict d9 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d13 = PG[5];
-    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d33 = PG[7];
-    R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d37 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d41 = PG[8];
-    const R *restrict k15 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k15 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[14] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg48 = (R *)c->home_grad[0][r];
-    const R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k49 = V[15] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg50 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -349,31 +353,31 @@ static void treelstm_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
-    R *restrict d11 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d9 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d11 = G[5] + (size_t)(r) * (3*D_H);
     R *restrict d13 = PG[5];
-    R *restrict d17 = G[7] + (size_t)(r) * D_H;
-    R *restrict d19 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d17 = G[8] + (size_t)(r) * D_H;
+    R *restrict d19 = G[6] + (size_t)(r) * (2*D_H);
     R *restrict d21 = PG[6];
-    R *restrict d24 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[6] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d31 = G[5] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d33 = PG[7];
-    R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d39 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d37 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d39 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d41 = PG[8];
-    const R *restrict a2 = V[6] + (size_t)(r) * (4*D_H);
-    R *restrict d2 = G[6] + (size_t)(r) * (4*D_H);
-    const R *restrict a5 = V[6] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d5 = G[6] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict k15 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k23 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k43 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[7] + (size_t)(r) * (4*D_H);
+    R *restrict d2 = G[7] + (size_t)(r) * (4*D_H);
+    const R *restrict a5 = V[7] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d5 = G[7] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict k15 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k23 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[14] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg48 = (R *)c->home_grad[0][r];
-    const R *restrict k49 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k49 = V[15] + (size_t)(r) * D_H;
     const R *restrict g50_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg50 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -458,9 +462,9 @@ static void treelstm_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[6] + (size_t)(r) * (4*D_H) + D_H;
-    R *restrict d6 = G[6] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict g7_in = G[8] + (size_t)(r) * D_H;
+    R *restrict d3 = G[7] + (size_t)(r) * (4*D_H) + D_H;
+    R *restrict d6 = G[7] + (size_t)(r) * (4*D_H) + (3*D_H);
+    const R *restrict g7_in = G[9] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g7 = g7_in[j];
@@ -479,22 +483,22 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:34  concat */
-  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 28 29 30 31 32 33) */
+  /* treelstm.vf:38  concat */
+  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 32 33 34 35 36 37) */
   cavs_loop(c, treelstm_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treelstm_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 29  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 28  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
-  /* group g0 backward, [n, H]: hs (lines 27) */
+  /* line 33  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 32  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * D_H, D_H);
+  /* group g0 backward, [n, H]: hs (lines 31) */
   cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* treelstm.vf:26  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* treelstm.vf:30  s = gather */
+  cavs_gather_bwd(c, 1, 0, G[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  /* treelstm.vf:30  s = gather */
+  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -506,24 +510,24 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 29  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+  /* line 33  dx += d(x @ Wf) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 28  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+  /* line 32  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 28  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 32  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 28  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 29  dW += x^T d(x @ Wf), over all rows with a word and children */
+                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 32  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 33  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 29  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  /* line 33  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* treelstm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -536,13 +540,13 @@ static void treelstm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[16] + (size_t)(r) * D_C;
-    const R *restrict a3 = P[10];
-    R *restrict o4 = V[15] + (size_t)(r) * D_C;
+    const R *restrict a4 = V[17] + (size_t)(r) * D_C;
+    const R *restrict a5 = P[10];
+    R *restrict o6 = V[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v4 = a2[j] + a3[j];  /* logits */
-      o4[j] = v4;
+      const R v6 = a4[j] + a5[j];  /* logits */
+      o6[j] = v6;
     }
   }
 }
@@ -556,13 +560,15 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 39  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 39) */
+  /* treelstm.vf:43  dropout */
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 43  %2 @ Wc: [n, C] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
+  /* group g0 forward, [n, C]: logits (lines 43) */
   cavs_loop(c, treelstm_push_fwd_g0, r0, n, D_C, 0);
-  /* treelstm.vf:40  softmax_xent */
-  cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  /* treelstm.vf:44  softmax_xent */
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treelstm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -575,14 +581,14 @@ static void treelstm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[16] + (size_t)(r) * D_C;
-    R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[15] + (size_t)(r) * D_C;
+    R *restrict d4 = G[17] + (size_t)(r) * D_C;
+    R *restrict d5 = PG[10];
+    const R *restrict g6_in = G[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g4 = g4_in[j];
-      d2[j] = g4;  /* this loop alone writes it */
-      d3[j] += g4;  /* summed over rows */
+      R g6 = g6_in[j];
+      d4[j] = g6;  /* this loop alone writes it */
+      d5[j] += g6;  /* summed over rows */
     }
   }
 }
@@ -596,16 +602,18 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:40  softmax_xent */
-  cavs_xent_bwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], G[15] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 39) */
+  /* treelstm.vf:44  softmax_xent */
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  /* group g0 backward, [n, C]: logits (lines 43) */
   cavs_loop(c, treelstm_push_bwd_g0, r0, n, D_C, 0);
-  /* line 39  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
-  /* line 39  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[16] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  /* line 43  d%2 += d(%2 @ Wc) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[18] + (size_t)(r0) * D_H, D_H);
+  /* treelstm.vf:43  dropout */
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[18] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 43  dW += %2^T d(%2 @ Wc), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -613,6 +621,9 @@ static const cavs_dim_desc dims[] = {
   {"H", CAVS_DIM_FIXED, 256, -1, 0, 0},
   {"C", CAVS_DIM_FIXED, 5, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
+};
+static const cavs_option_desc options[] = {
+  {"p_drop", CAVS_OPTION_DROPOUT, 0},
 };
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
@@ -652,6 +663,7 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -665,11 +677,12 @@ static const cavs_buf_desc bufs[] = {
   {"tree_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"tree_t49_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc treelstm_tree_gathers[] = {
-  {0, 6, {0, {0}}, 1, 0},
-  {1, 6, {0, {0, 2}}, 1, 0},
+  {0, 7, {0, {0}}, 1, 0},
+  {1, 7, {0, {0, 2}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
@@ -682,20 +695,20 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"c_0", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 0, 6, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 6, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"hs", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 0, 7, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 7, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc treelstm_desc = {
@@ -703,7 +716,7 @@ const cavs_desc treelstm_desc = {
   .target = CAVS_TARGET_C,
   .name = "treelstm",
   .source = "dsl-examples/treelstm.vf",
-  .source_hash = "d65d55a3bc461cda",
+  .source_hash = "5c511f0200d04233",
   .source_text = "# treelstm.vf: the binary Tree-LSTM of Tai, Socher and Manning (ACL 2015), the\012"
     "# N-ary variant with N = 2, as the Cavs paper (Xu et al., ATC 2018) benchmarks it.\012"
     "#\012"
@@ -711,10 +724,14 @@ const cavs_desc treelstm_desc = {
     "# A leaf `(2 The)` carries a word and no children; an internal node `(3 A B)` carries\012"
     "# two children and no word (its x is the zero row). Every node is classified.\012"
     "# Defaults: E = H = 256, C = 5; V is the training vocabulary.\012"
+    "# Dropout as Tai et al. use it, on the embeddings and before the softmax, with the\012"
+    "# probability p_drop: 0 by default (the results README states), 0.5 in the paper\012"
+    "# (cavs train --dropout 0.5).\012"
     "model treelstm;\012"
     "\012"
     "dim E = 256; dim H = 256; dim C = 5;\012"
     "dim V = vocab(word);\012"
+    "option p_drop = 0;\012"
     "\012"
     "input word  : index[V];     # -1 on internal nodes\012"
     "input label : class[C];     # -1 = unlabeled\012"
@@ -725,7 +742,7 @@ const cavs_desc treelstm_desc = {
     "param bi[H], bf[H] = 1.0, bo[H], bu[H];\012"
     "param Wc[H,C], bc[C];\012"
     "\012"
-    "pull { x = emb[word]; }\012"
+    "pull { x = dropout(emb[word], p_drop); }\012"
     "\012"
     "vertex tree (children 2) {\012"
     "  x = pull();\012"
@@ -742,15 +759,16 @@ const cavs_desc treelstm_desc = {
     "}\012"
     "\012"
     "push (h) {\012"
-    "  logits = h @ Wc + bc;\012"
+    "  logits = dropout(h, p_drop) @ Wc + bc;\012"
     "  loss softmax_xent(logits, label);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
+  .noptions = 1, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 17, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -672,6 +672,7 @@ static const cavs_dim_desc dims[] = {
   {"C", CAVS_DIM_FIXED, 5, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
+static const cavs_option_desc options[1] = {0};
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 1}}, 0},
   {"label", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
@@ -832,6 +833,7 @@ const cavs_desc twotype_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 4, .dims = dims,
+  .noptions = 0, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
   .npgroups = 13, .pgroups = pgroups,

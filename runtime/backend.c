@@ -343,14 +343,29 @@ static void no_dropout(cavs_ctx *c) {
     cv_fail(c->model, "dropout() is not built for the %s backend yet", c->model->be->name);
   c->model->launch_failed = true;
 }
+/* p = 0 (an option at 0, an example's default): y = x and dx += dy, which is what the
+ * masks compute then (every value kept, times 1), without drawing them. */
+static void drop_copy(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n, int add) {
+  size_t e = c->model->esize;
+  cavs_copy_rows(c, (char *)dst + (size_t)r0 * (size_t)ldd * e, ldd, (const char *)src + (size_t)r0 * (size_t)lds * e,
+                 lds, n, w, add);
+}
 void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
                       int n) {
+  if (p == 0) {
+    drop_copy(c, x, ldx, y, ldy, w, r0, n, 0);
+    return;
+  }
   if (c->keep) cv_drop_keys(c); /* (inference draws no mask) */
   if (BE(c)->dropout_fwd) BE(c)->dropout_fwd(c, salt, p, x, ldx, y, ldy, w, r0, n);
   else no_dropout(c);
 }
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n) {
+  if (p == 0) {
+    drop_copy(c, dy, ldy, dx, ldx, w, r0, n, 1);
+    return;
+  }
   cv_drop_keys(c);
   if (BE(c)->dropout_bwd) BE(c)->dropout_bwd(c, salt, p, dy, ldy, dx, ldx, w, r0, n);
   else no_dropout(c);

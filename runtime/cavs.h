@@ -233,6 +233,16 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
+/* Options (`option NAME = P;` in the .vf, cavs_desc.options): values the model reads at
+ * run time, today dropout probabilities, that are not part of its identity (the source
+ * hash a checkpoint records counts only the default). A new model holds the defaults.
+ * cavs_option_find: the index of option `name` in d->options, or -1.
+ * cavs_model_set_option: 0, or -1 with a message in cavs_model_error for a name the
+ * model does not declare or a value outside [0, 1). The next forward pass uses it.
+ * cavs_model_option: option k's value now (0 <= k < desc->noptions). */
+int cavs_option_find(const cavs_desc *d, const char *name);
+int cavs_model_set_option(cavs_model *m, const char *name, double value);
+double cavs_model_option(const cavs_model *m, int k);
 /* Parameter i: its storage and gradient (row stride in *ld), in the model's precision. */
 void *cavs_model_param(cavs_model *m, int i, long *rows, long *cols, long *ld);
 void *cavs_model_grad(cavs_model *m, int i, long *rows, long *cols, long *ld);

@@ -36,11 +36,15 @@ extern "C" {
  * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes).
  * 8: cavs_vertex_desc.edge_buf and .edge_off (homes on a set's edges).
  * 9: up to CAVS_MAX_HOMES homes a row: cavs_vertex_desc.homes counts them, and
- *    cavs_ctx.home_val and .home_grad hold an array of each. */
-#define CAVS_ABI_VERSION 9
+ *    cavs_ctx.home_val and .home_grad hold an array of each.
+ * 10: cavs_desc.noptions and .options (`option NAME = P;`), cavs_ctx.opt: a dropout
+ *    whose probability names an option reads c->opt[k]. */
+#define CAVS_ABI_VERSION 10
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
+/* the most options a model declares (cavs_desc.noptions) */
+enum { CAVS_MAX_OPTIONS = 16 };
 
 /* Elementwise functions of the fused loops, shared by the C and CUDA output. */
 #ifdef __CUDACC__
@@ -176,6 +180,16 @@ typedef struct cavs_dim_desc {
   int a, b;   /* CAVS_DIM_PRODUCT: the factors */
 } cavs_dim_desc;
 
+/* An option (`option NAME = P;` in the .vf): a value set at run time
+ * (cavs_model_set_option, `cavs train --dropout`), not part of the model's identity;
+ * `value` the default. CAVS_OPTION_DROPOUT: a dropout probability, in [0, 1). */
+enum cavs_option_kind { CAVS_OPTION_DROPOUT };
+typedef struct cavs_option_desc {
+  const char *name;
+  int kind; /* enum cavs_option_kind */
+  double value;
+} cavs_option_desc;
+
 typedef struct cavs_input_desc {
   const char *name;
   int kind;
@@ -297,6 +311,8 @@ typedef struct cavs_desc {
   int precision;
   int ndims;
   const cavs_dim_desc *dims;
+  int noptions;
+  const cavs_option_desc *options;
   int ninputs, nint, nreal;
   const cavs_input_desc *inputs;
   int nparams;
@@ -363,6 +379,9 @@ struct cavs_ctx {
      (the same columns of the gathered buffer's gradient, or a row of zeros). In the
      backend's memory: a CUDA target's kernels are handed home_val[k] + r0. */
   void **home_val[CAVS_MAX_HOMES], **home_grad[CAVS_MAX_HOMES];
+  /* [CAVS_MAX_OPTIONS]: the options' values (cavs_desc.options; their defaults until
+     cavs_model_set_option sets one) */
+  double opt[CAVS_MAX_OPTIONS];
   struct cavs_model *model;
   void *stream;              /* the backend's queue for what a stage launches (a CUDA
                                 target's kernels: its cudaStream_t); NULL on the CPU */

@@ -221,6 +221,16 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     snprintf(err, errlen, "model '%s' has %d dims (at most %d)", d->name, d->ndims, CAVS_MAX_DIMS);
     return NULL;
   }
+  if (d->noptions < 0 || d->noptions > CAVS_MAX_OPTIONS) {
+    snprintf(err, errlen, "model '%s' has %d options (at most %d)", d->name, d->noptions, CAVS_MAX_OPTIONS);
+    return NULL;
+  }
+  for (int i = 0; i < d->noptions; i++)
+    if (d->options[i].kind != CAVS_OPTION_DROPOUT || !(d->options[i].value >= 0 && d->options[i].value < 1)) {
+      snprintf(err, errlen, "model '%s': option %s's default %g is not a dropout probability in [0, 1)", d->name,
+               d->options[i].name, d->options[i].value);
+      return NULL;
+    }
   long bound[CAVS_MAX_DIMS];
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
@@ -258,6 +268,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   c->desc = d;
   c->model = m;
   for (int i = 0; i < d->ndims; i++) c->dims[i] = bound[i];
+  for (int i = 0; i < d->noptions; i++) c->opt[i] = d->options[i].value;
 
   NEW(m->pg_off, d->npgroups, "parameter groups");
   NEW(m->frozen, d->npgroups, "parameter groups");
@@ -536,6 +547,26 @@ int cv_grow_rows(cavs_model *m, int rows) {
 const cavs_desc *cavs_model_desc(const cavs_model *m) { return m->d; }
 const char *cavs_model_error(const cavs_model *m) { return m->err; }
 long cavs_model_dim(const cavs_model *m, int dim) { return m->ctx.dims[dim]; }
+
+int cavs_option_find(const cavs_desc *d, const char *name) {
+  for (int i = 0; name && i < d->noptions; i++)
+    if (!strcmp(d->options[i].name, name)) return i;
+  return -1;
+}
+int cavs_model_set_option(cavs_model *m, const char *name, double value) {
+  const cavs_desc *d = m->d;
+  int k = cavs_option_find(d, name);
+  if (k < 0) {
+    if (!d->noptions) return cv_fail(m, "model '%s' has no option '%s' (it declares none)", d->name, name ? name : "");
+    return cv_fail(m, "model '%s' has no option '%s' (it has %s%s)", d->name, name ? name : "", d->options[0].name,
+                   d->noptions > 1 ? " and others: cavs_desc.options" : "");
+  }
+  if (!(value >= 0 && value < 1))
+    return cv_fail(m, "option %s is a dropout probability: %g is not in [0, 1)", name, value);
+  m->ctx.opt[k] = value;
+  return 0;
+}
+double cavs_model_option(const cavs_model *m, int k) { return m->ctx.opt[k]; }
 double cv_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);

@@ -709,6 +709,67 @@ START_TEST(wrong_model_rejected) {
 }
 END_TEST
 
+/* --dropout P sets every option of the model (`option p_drop = 0;`, its dropouts' p)
+ * and --option NAME=P one: 0 trains as the default does, byte for byte; 0.3 changes the
+ * loss; and the checkpoints' source hash is the same, the model being the same. A model
+ * without options refuses --dropout, saying so; a name it lacks or a value that is no
+ * probability are refused too. */
+static const char *const drop_vf =
+    "model tdrop; dim E = 8; dim H = 8; dim C = 5; dim V = vocab(word);\n"
+    "input word : index[V]; input label : class[C];\n"
+    "option p_drop = 0;\n"
+    "param emb[V,E] init uniform(-0.1, 0.1); param U[E,H], W[2H,H], Wc[H,C] init xavier; param bc[C];\n"
+    "pull { x = emb[word]; }\n"
+    "vertex tree (children 2) { h = tanh(dropout(pull(), p_drop) @ U + concat(gather(0), gather(1)) @ W);\n"
+    "  scatter(h); push(h); }\n"
+    "push (h) { loss softmax_xent(dropout(h, p_drop) @ Wc + bc, label); }\n";
+
+static char *info_field(const char *ckpt, const char *key);
+
+static char *train_loss(const char *ckpt, const char *opt, const char *val) {
+  RunResult r = cavs("train", path_in("tdrop.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--epochs",
+                     "1", "--save", path_in(ckpt), opt, val, NULL);
+  ok(&r, "train tdrop");
+  const char *at = strstr(r.out, "train loss ");
+  ck_assert_msg(at, "%s", tu_tail(r.out, 1800));
+  char *loss = strndup(at, 11 + strcspn(at + 11, " \n"));
+  if (opt) ck_assert_msg(strstr(r.out, "options: p_drop="), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  return loss;
+}
+
+START_TEST(dropout_option) {
+  gen_data();
+  tu_write(path_in("tdrop.vf"), drop_vf, strlen(drop_vf));
+  char *l_default = train_loss("d_default.ckpt", NULL, NULL), *l0 = train_loss("d0.ckpt", "--dropout", "0"),
+       *l3 = train_loss("d3.ckpt", "--dropout", "0.3"), *l3o = train_loss("d3o.ckpt", "--option", "p_drop=0.3");
+  ck_assert_str_eq(l0, l_default);
+  ck_assert_str_eq(l3, l3o);
+  ck_assert_msg(strcmp(l0, l3), "--dropout 0.3 trains as 0 does: %s", l3);
+  char *h0 = info_field(path_in("d0.ckpt"), "source hash"), *h3 = info_field(path_in("d3.ckpt"), "source hash");
+  ck_assert_str_eq(h0, h3);
+  free(l_default), free(l0), free(l3), free(l3o), free(h0), free(h3);
+  /* refused */
+  struct {
+    const char *vf, *opt, *val, *says;
+  } bad[] = {
+      {"treegru.vf", "--dropout", "0.3", "has no dropout option"},
+      {NULL, "--dropout", "1", "--dropout: '1'"},
+      {NULL, "--dropout", "-0.1", "--dropout"},
+      {NULL, "--option", "p_dorp=0.1", "no option 'p_dorp'"},
+      {NULL, "--option", "p_drop=1.5", "probability"},
+      {NULL, "--option", "p_drop", "NAME=P"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    RunResult r = cavs("train", bad[i].vf ? model(bad[i].vf) : path_in("tdrop.vf"), "--format", "ptb-tree", "--train",
+                       path_in("train.txt"), "--epochs", "1", "--quiet", bad[i].opt, bad[i].val, NULL);
+    ck_assert_msg(r.status == 1, "%s %s: status %d", bad[i].opt, bad[i].val, r.status);
+    ck_assert_msg(strstr(r.err, bad[i].says), "%s %s: %s", bad[i].opt, bad[i].val, tu_tail(r.err, 1800));
+    tu_free(&r);
+  }
+}
+END_TEST
+
 /* One epoch of `vf` with one --dim or two (dim2 may be NULL), saved to ckpt; cavs
  * info's report of it, with the parameters and the vocabulary it counts. */
 static RunResult trained_info(const char *vf, const char *dim, const char *dim2, const char *ckpt, long *params,
@@ -2352,6 +2413,7 @@ int main(void) {
   tcase_add_test(tc, damaged_checkpoints_rejected);
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
+  tcase_add_test(tc, dropout_option);
   tcase_add_test(tc, product_dim_follows);
   tcase_add_test(tc, greedy_decoding);
   tcase_add_test(tc, user_errors);

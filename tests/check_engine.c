@@ -797,6 +797,86 @@ START_TEST(dropout_masks) {
 }
 END_TEST
 
+/* A dropout whose probability names an option (`option p = 0.3;`, dropout(a, p)) reads
+ * it at run time: at its default it computes what the literal 0.3 computes, bit for
+ * bit; set to 0 (cavs_model_set_option) what the model without the dropout computes;
+ * set to 0.5 what a literal 0.5 computes, dropping about half and scaling by 2. Names
+ * the model does not declare and values outside [0, 1) are refused. */
+static void drop_variant(char *out, size_t n, const char *name, const char *decl, const char *call) {
+  char src[1024];
+  snprintf(src, sizeof src, "%s", drop_model);
+  char *at = strstr(src, "dropout(a, 0.3)");
+  *at = 0;
+  snprintf(out, n, "model %s; %s%s%s%s", name, decl, strchr(src, ';') + 1, call, at + strlen("dropout(a, 0.3)"));
+}
+
+static double drop_loss(cavs_model *m, const cavs_graph **gs, int k) {
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, k, &st) == 0, "%s", cavs_model_error(m));
+  return st.loss;
+}
+
+START_TEST(dropout_option) {
+  char named[1024], lit5[1024], plain[1024];
+  drop_variant(named, sizeof named, "dropopt", "option p_drop = 0.3;", "dropout(a, p_drop)");
+  drop_variant(lit5, sizeof lit5, "droplit", "", "dropout(a, 0.5)");
+  drop_variant(plain, sizeof plain, "dropnone", "", "(a)");
+  const cavs_desc *d = load_model(drop_model, "double"), *dn = load_model(named, "double"),
+                  *d5 = load_model(lit5, "double"), *d0 = load_model(plain, "double");
+  ck_assert_int_eq(dn->noptions, 1);
+  ck_assert_str_eq(dn->options[0].name, "p_drop");
+  ck_assert(dn->options[0].kind == CAVS_OPTION_DROPOUT && dn->options[0].value == 0.3);
+  ck_assert_int_eq(d->noptions, 0);
+  ck_assert_int_eq(cavs_option_find(dn, "p_drop"), 0);
+  ck_assert_int_eq(cavs_option_find(dn, "p"), -1);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m = new_model(dn, dims, 4), *ml = new_model(d, dims, 4), *m5 = new_model(d5, dims, 4),
+             *m0 = new_model(d0, dims, 4);
+  ck_assert(cavs_model_option(m, 0) == 0.3);
+  double l_named = drop_loss(m, gs, k), l_lit = drop_loss(ml, gs, k);
+  ck_assert_msg(l_named == l_lit, "default 0.3: %.17g, literal 0.3: %.17g", l_named, l_lit);
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 0), 0);
+  double l0 = drop_loss(m, gs, k), lplain = drop_loss(m0, gs, k);
+  ck_assert_msg(l0 == lplain, "p_drop 0: %.17g, without dropout: %.17g", l0, lplain);
+  ck_assert_msg(l0 != l_named, "p_drop 0 and 0.3 give the same loss %.17g", l0);
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 0.5), 0);
+  ck_assert(cavs_model_option(m, 0) == 0.5);
+  double l5 = drop_loss(m, gs, k), llit5 = drop_loss(m5, gs, k);
+  ck_assert_msg(l5 == llit5, "p_drop 0.5: %.17g, literal 0.5: %.17g", l5, llit5);
+  long dropped = 0, kept = 0, w = dims[find_dim(d, "H")];
+  double a[64], dv[64];
+  ck_assert(w <= 64);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "a", a, 64), w);
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "d", dv, 64), w);
+      for (int j = 0; j < w; j++) {
+        if (dv[j] == 0) dropped++;
+        else ck_assert_msg(dv[j] == a[j] * 2, "kept %.17g of %.17g", dv[j], a[j]), kept++;
+      }
+    }
+  double share = (double)dropped / (double)(dropped + kept);
+  ck_assert_msg(share > 0.45 && share < 0.55, "dropped %.3f of the values, not about 0.5", share);
+  /* refused: a name it lacks, a value that is no probability; the value stays */
+  ck_assert_int_eq(cavs_model_set_option(m, "p_dorp", 0.1), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "no option 'p_dorp'"), "%s", cavs_model_error(m));
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 1), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "not in [0, 1)"), "%s", cavs_model_error(m));
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", -0.25), -1);
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", NAN), -1);
+  ck_assert(cavs_model_option(m, 0) == 0.5);
+  ck_assert_int_eq(cavs_model_set_option(ml, "p_drop", 0.1), -1);
+  ck_assert_msg(strstr(cavs_model_error(ml), "declares none"), "%s", cavs_model_error(ml));
+  cavs_model_free(m);
+  cavs_model_free(ml);
+  cavs_model_free(m5);
+  cavs_model_free(m0);
+}
+END_TEST
+
 /* A vertex in a named slot must be of the slot's type: the minibatch is refused,
  * naming the slot, both types and the vertex. */
 START_TEST(typed_slots_checked) {
@@ -1339,6 +1419,7 @@ int main(void) {
   tcase_add_test(tc, policies_count_tasks);
   tcase_add_test(tc, typed_slots_checked);
   tcase_add_test(tc, dropout_masks);
+  tcase_add_test(tc, dropout_option);
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);

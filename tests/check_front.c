@@ -277,6 +277,68 @@ START_TEST(ir_round_trip) {
 }
 END_TEST
 
+/* `option NAME = P;`: dropout's probability read at run time. The const node that holds
+ * it names the option (ref) and is never merged with a literal of the same value; the
+ * IR dump writes it and reads it back; every other use of the name is refused. */
+START_TEST(options) {
+  Model *m = compile_str("model o; dim H = 4; option p_in = 0.5; option p_out = 0;\n"
+                         "input f : real[H];\n"
+                         "vertex v (children 1) { a = dropout(f, p_in) + dropout(gather(0), 0.5);\n"
+                         "  b = dropout(a, p_in); scatter(dropout(b, p_out)); }\n");
+  ck_assert_int_eq(m->noptions, 2);
+  ck_assert_str_eq(m->options[0].name, "p_in");
+  ck_assert(m->options[0].value == 0.5 && m->options[1].value == 0);
+  const IrFunc *f = m->vertex[0];
+  int named[3] = {0}, drops = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (n->op != OP_DROPOUT) continue;
+    const IrNode *p = &f->nodes[n->args[1]];
+    ck_assert(p->op == OP_CONST && p->cval == (p->ref == 2 ? 0 : 0.5));
+    named[p->ref]++;
+    drops++;
+  }
+  ck_assert_int_eq(drops, 4);
+  ck_assert_int_eq(named[0], 1); /* the literal 0.5, apart from p_in's default 0.5 */
+  ck_assert_int_eq(named[1], 2);
+  ck_assert_int_eq(named[2], 1);
+  char *a, *b;
+  size_t la, lb;
+  FILE *o = open_memstream(&a, &la);
+  ir_print(o, m);
+  fclose(o);
+  ck_assert_msg(strstr(a, "option p_in = 0.5\n") && strstr(a, "const 0.5 option p_in : scalar"), "%s", a);
+  diag_init("o.ir", a, la);
+  Model *back = ir_read("o.ir", a, la);
+  ck_assert_int_eq(diag_count(), 0);
+  ir_check(back);
+  o = open_memstream(&b, &lb);
+  ir_print(o, back);
+  fclose(o);
+  ck_assert_msg(la == lb && !memcmp(a, b, la), "%s\n---\n%s", a, b);
+  free(a);
+  free(b);
+  /* refused: the name as a number, a default out of range, an option the IR lacks */
+  const char *bad[] = {
+      "model o; dim H = 4; option p = 0.5; input f : real[H];\nvertex v (children 0) { scatter(f * p); }\n",
+      "model o; dim H = 4; option p = 1; input f : real[H];\nvertex v (children 0) { scatter(f); }\n",
+      "model o; dim H = 4; option p = 0.5; input f : real[H];\nvertex v (children 0) { scatter(dropout(f, q)); }\n",
+      "model o; dim H = 4; option p = 0.5; option p = 0.1; input f : real[H];\nvertex v (children 0) { scatter(f); }\n",
+  };
+  for (int i = 0; i < 4; i++) {
+    diag_init("bad.vf", bad[i], strlen(bad[i]));
+    Decl *d = parse_source("bad.vf", bad[i], strlen(bad[i]));
+    if (diag_count() == 0) sema(d, "bad.vf");
+    ck_assert_msg(diag_count() == 1, "bad %d: %d errors", i, diag_count());
+  }
+  const char *ir = "model o\ndim H = 4\ninput f : real[H]\nstate [H]\nfunc vertex v children 0\n"
+                   "  %0 = input f : [H]  # line 1\n  %1 = const 0.5 option p : scalar  # line 1\n";
+  diag_init("bad.ir", ir, strlen(ir));
+  ir_read("bad.ir", ir, strlen(ir));
+  ck_assert_int_eq(diag_count(), 1);
+}
+END_TEST
+
 /* A source whose vertex block computes `expr`. */
 static char *with_expr(const char *expr) {
   const char *head = "model d; dim H = 2; dim C = 2; input y : class[C];\nvertex v (children 1) { x = gather(0); h = ";
@@ -360,6 +422,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, ir_round_trip);
+  tcase_add_test(tc, options);
   tcase_add_test(tc, too_deep_every_parse);
   tcase_add_test(tc, diag_init_resets_count);
   tcase_add_test(tc, ir_read_widths_in_range);

@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -30,6 +30,10 @@ class Lin(ctypes.Structure):
 
 class DimDesc(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("kind", c_int), ("value", c_long), ("input", c_int), ("a", c_int), ("b", c_int)]
+
+
+class OptionDesc(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("kind", c_int), ("value", c_double)]
 
 
 class InputDesc(ctypes.Structure):
@@ -62,6 +66,7 @@ class Desc(ctypes.Structure):
     _fields_ = [("abi", c_int), ("target", c_int), ("name", c_char_p), ("source", c_char_p),
                 ("source_hash", c_char_p), ("source_text", c_char_p), ("precision", c_int),
                 ("ndims", c_int), ("dims", ctypes.POINTER(DimDesc)),
+                ("noptions", c_int), ("options", ctypes.POINTER(OptionDesc)),
                 ("ninputs", c_int), ("nint", c_int), ("nreal", c_int), ("inputs", ctypes.POINTER(InputDesc)),
                 ("nparams", c_int), ("params", ctypes.POINTER(ParamDesc)),
                 ("npgroups", c_int), ("pgroups", c_void_p), ("nbufs", c_int), ("bufs", c_void_p),
