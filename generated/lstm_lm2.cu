@@ -1081,6 +1081,7 @@ static const cavs_dim_desc dims[] = {
   {"H", CAVS_DIM_FIXED, 256, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
+static const cavs_option_desc options[1] = {0};
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 1}}, 0},
   {"next", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
@@ -1265,6 +1266,7 @@ const cavs_desc lstm_lm2_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 3, .dims = dims,
+  .noptions = 0, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
