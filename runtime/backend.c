@@ -62,8 +62,10 @@ static const cv_backend *cuda_module(char *msg, size_t len) {
     snprintf(msg, len, "the CUDA backend cannot be loaded: %s", dlerror());
     return NULL;
   }
-  loaded = dlsym(h, "cv_backend_cuda");
-  if (!loaded) snprintf(msg, len, "the CUDA backend cannot be loaded: %s has no cv_backend_cuda", path);
+  loaded = dlsym(h, CV_BACKEND_CUDA_SYMBOL);
+  if (!loaded)
+    snprintf(msg, len, "the CUDA backend cannot be loaded: %s is not of this libcavs (it has no %s)", path,
+             CV_BACKEND_CUDA_SYMBOL);
   return loaded;
 }
 #endif

@@ -42,6 +42,12 @@ typedef struct cv_hyper {
   double mu;          /* Momentum, Nesterov */
 } cv_hyper;
 
+/* The CUDA module's table is named for this layout of cv_backend: a module built
+   against another layout (a stale install) is refused when it is loaded, not called
+   through the wrong slots. Bump the number when a slot is added, moved or changed. */
+#define cv_backend_cuda cv_backend_cuda_2
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_2"
+
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */
   const char *about; /* one line for the user: "host memory, OpenBLAS" */
@@ -69,6 +75,10 @@ typedef struct cv_backend {
   int (*zero_rows)(cavs_model *m, void *base, size_t row, const int *rows, int n);
   void (*upload)(void *dst, const void *src, size_t bytes);   /* host to backend */
   void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
+  /* host to backend, `rows` rows of `width` bytes, their starts `spitch` apart on the
+     host and `dpitch` in the backend's memory: one copy (a parameter's rows in its
+     group, whose rows are wider), where one a row would wait for the device a row */
+  void (*upload2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
   /* the schedule of a minibatch is complete in the model's host arrays */
   int (*schedule)(cavs_model *m);
   /* every operation issued has finished (losses and predictions are readable in the

@@ -100,6 +100,9 @@ static void cpu_zero(cavs_model *m, void *p, size_t bytes) {
   m->stats.zero_seconds += cv_now() - t0;
 }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+  for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
 /* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
    pass counts the same on both. */
 #define LAUNCH(c, cond) ((c)->model->stats.launches += (cond) ? 1 : 0)
@@ -763,6 +766,7 @@ const cv_backend cv_backend_cpu = {
     .zero_rows = cpu_zero_rows,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .upload2d = cpu_copy2d,
     .schedule = cpu_schedule,
     .synchronize = cpu_synchronize,
     .gemm = cpu_gemm,

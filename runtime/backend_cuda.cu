@@ -254,6 +254,9 @@ static void cuda_upload(void *dst, const void *src, size_t bytes) {
 static void cuda_download(void *dst, const void *src, size_t bytes) {
   (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
+static void cuda_upload2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+  (void)cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice);
+}
 
 /* The host waits for everything issued (both streams and the legacy one): the copies
    that read the pinned buffers have run, so they may be written again. */
@@ -1267,6 +1270,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_zero_rows,
     cuda_upload,
     cuda_download,
+    cuda_upload2d,
     cuda_schedule,
     cuda_synchronize,
     cuda_gemm,

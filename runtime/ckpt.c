@@ -619,9 +619,9 @@ static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
   char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
-  for (long r = 0; r < rows; r++)
-    m->be->upload(dst + (size_t)r * (size_t)ld * m->esize, src + (size_t)r * (size_t)cols * m->esize,
-                  (size_t)cols * m->esize);
+  /* one copy: a copy a row waited for the device a row */
+  if (rows > 0 && cols > 0)
+    m->be->upload2d(dst, (size_t)ld * m->esize, src, (size_t)cols * m->esize, (size_t)cols * m->esize, (size_t)rows);
 }
 
 /* Whether the checkpoint is of model m as it is (name, source, precision, dims, every

@@ -638,17 +638,45 @@ static uint64_t splitmix(uint64_t *s) {
 
 static double uniform01(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
 
+/* Parameter p's value at (r, col), drawn from s (in row-major order: the same values on
+   every backend and for any blocking of the rows) */
+static double init_value(const cavs_param_desc *p, uint64_t *s, long r, long col, double lim, long side, long cols) {
+  switch (p->init) {
+  case CAVS_INIT_ZEROS: return 0;
+  case CAVS_INIT_CONSTANT: return p->a;
+  case CAVS_INIT_UNIFORM: return p->a + (p->b - p->a) * uniform01(s);
+  case CAVS_INIT_XAVIER: return -lim + 2 * lim * uniform01(s);
+  case CAVS_INIT_NORMAL:
+  case CAVS_INIT_IDENTITY:
+  case CAVS_INIT_IDENTITY_ROWS: {
+    double u1 = uniform01(s), u2 = uniform01(s);
+    if (u1 < 1e-300) u1 = 1e-300;
+    double z = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+    if (p->init == CAVS_INIT_NORMAL) return p->a + p->b * z;
+    if (p->init == CAVS_INIT_IDENTITY) return (col == r ? p->a : 0) + p->b * z;
+    return (side * side == cols && col / side == col % side ? p->a : 0) + p->b * z;
+  }
+  }
+  return 0;
+}
+
 void cavs_model_init(cavs_model *m, uint64_t seed) {
   const cavs_desc *d = m->d;
   m->drop_seed = seed;
   cv_ptables_free(m);
   uint64_t s = seed;
-  /* values are made on the host, a piece of a row at a time, and uploaded */
-  enum { CHUNK = 1024 };
+  /* Values are made on the host and uploaded a block of rows at a time, one copy a
+     block (a parameter's rows lie ld apart in its group's): a copy a row made the host
+     wait for the device a row, 16 thousand times for SST's vocabulary. A row longer
+     than the block goes up in pieces. Without the heap's block, a small one on the
+     stack does (cavs_model_init cannot fail). */
+  enum { BLOCK = 1 << 20 };
   union {
-    double d[CHUNK];
-    float f[CHUNK];
-  } host;
+    double d[1024];
+    float f[2048];
+  } small;
+  char *heap = malloc(BLOCK), *buf = heap ? heap : (char *)&small;
+  size_t cap = heap ? BLOCK : sizeof small, es = m->esize;
   for (int i = 0; i < d->nparams; i++) {
     const cavs_param_desc *p = &d->params[i];
     long rows, cols, ld;
@@ -657,35 +685,29 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
     long side = (long)sqrt((double)cols); /* IDENTITY_ROWS: a row is a side x side matrix */
     while (side * side > cols) side--;
     while ((side + 1) * (side + 1) <= cols) side++;
-    for (long r = 0; r < rows; r++)
-      for (long j0 = 0; j0 < cols; j0 += CHUNK) {
-        long len = cols - j0 < CHUNK ? cols - j0 : CHUNK;
-        for (long j = 0; j < len; j++) {
-          double v = 0;
-          switch (p->init) {
-          case CAVS_INIT_ZEROS: v = 0; break;
-          case CAVS_INIT_CONSTANT: v = p->a; break;
-          case CAVS_INIT_UNIFORM: v = p->a + (p->b - p->a) * uniform01(&s); break;
-          case CAVS_INIT_XAVIER: v = -lim + 2 * lim * uniform01(&s); break;
-          case CAVS_INIT_NORMAL:
-          case CAVS_INIT_IDENTITY:
-          case CAVS_INIT_IDENTITY_ROWS: {
-            double u1 = uniform01(&s), u2 = uniform01(&s);
-            if (u1 < 1e-300) u1 = 1e-300;
-            double z = sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
-            long col = j0 + j;
-            if (p->init == CAVS_INIT_NORMAL) v = p->a + p->b * z;
-            else if (p->init == CAVS_INIT_IDENTITY) v = (col == r ? p->a : 0) + p->b * z;
-            else v = (side * side == cols && col / side == col % side ? p->a : 0) + p->b * z;
-            break;
+    if (rows <= 0 || cols <= 0) continue;
+    size_t row = (size_t)cols * es;
+    long per = row <= cap ? (long)(cap / row) : 0; /* whole rows a block */
+    for (long r0 = 0; r0 < rows;) {
+      long nr = per ? (rows - r0 < per ? rows - r0 : per) : 1;
+      long piece = per ? cols : (long)(cap / es);
+      for (long j0 = 0; j0 < cols; j0 += piece) {
+        long len = cols - j0 < piece ? cols - j0 : piece;
+        for (long r = r0; r < r0 + nr; r++)
+          for (long j = j0; j < j0 + len; j++) {
+            double v = init_value(p, &s, r, j, lim, side, cols);
+            size_t at = (size_t)(r - r0) * (size_t)len + (size_t)(j - j0);
+            if (es == 8) ((double *)buf)[at] = v;
+            else ((float *)buf)[at] = (float)v;
           }
-          }
-          if (m->esize == 8) host.d[j] = v;
-          else host.f[j] = (float)v;
-        }
-        m->be->upload(base + ((size_t)r * (size_t)ld + (size_t)j0) * m->esize, &host, (size_t)len * m->esize);
+        char *dst = base + ((size_t)r0 * (size_t)ld + (size_t)j0) * es;
+        if (nr == 1) m->be->upload(dst, buf, (size_t)len * es);
+        else m->be->upload2d(dst, (size_t)ld * es, buf, (size_t)len * es, (size_t)len * es, (size_t)nr);
       }
+      r0 += nr;
+    }
   }
+  free(heap);
   m->be->release(m->m1);
   m->be->release(m->m2);
   m->m1 = m->m2 = NULL;

@@ -461,6 +461,12 @@ START_TEST(copies_checked) {
   ck_assert(emu_case_copy_kind());
   error_says("cudaMemcpyDeviceToHost): the destination is device memory");
   no_errors();
+  ck_assert(emu_case_copy_2d());
+  const char *e = cavs_emu_errors(); /* both refusals said, each naming cudaMemcpy2D */
+  ck_assert_msg(e && strstr(e, "cudaMemcpy2D(") && strstr(e, "the width is more than a pitch") && strstr(e, "past its end"),
+                "%s", e ? e : "(none)");
+  cavs_emu_clear_errors();
+  no_errors();
 }
 END_TEST
 
@@ -775,6 +781,68 @@ START_TEST(steady_state_counts) {
 }
 END_TEST
 
+/* Setting a model up on the device: cavs_model_init's values and a checkpoint's weights
+ * go up a block of rows at a time, not a row at a time (which made the host wait for
+ * the device once a vocabulary word, 20000 times here: the H200 run of 2026-11-25's
+ * counts, bench/README). The bound: one copy a parameter, and one more for each half
+ * MiB of it; the values themselves are the cpu backend's (examples_float). */
+static long setup_bound(cavs_model *m, const cavs_desc *d) {
+  long bound = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    cavs_model_param(m, i, &rows, &cols, &ld);
+    bound += 1 + rows * cols * 4 / (1L << 19);
+  }
+  return bound;
+}
+
+START_TEST(setup_copies) {
+  const cavs_desc *d = example(0, "float", true);
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  int v = -1;
+  for (int i = 0; i < d->ndims; i++)
+    if (!strcmp(d->dims[i].name, "V")) v = i, dims[i] = 20000;
+  ck_assert_msg(v >= 0, "treelstm has no dim V");
+  for (int i = 0; i < d->ndims; i++)
+    if (i != v) dims[i] = 16;
+  long since = cavs_emu_serial();
+  char err[512], path[4200], *dir = tu_tmpdir();
+  cavs_model_opts o = {.backend = "cuda"};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err), *m2 = cavs_model_new_opts(d, dims, &o, err, sizeof err);
+  ck_assert_msg(m && m2, "%s", err);
+  long bound = setup_bound(m, d);
+  cavs_emu_counts c;
+  cavs_emu_counters(NULL, 1);
+  cavs_model_init(m, 5);
+  cavs_emu_counters(&c, 1);
+  ck_assert_msg(c.syncs <= bound, "cavs_model_init: %ld host synchronizations, more than %ld", c.syncs, bound);
+  ck_assert_msg(c.bytes_htod >= 20000L * 16 * 4, "cavs_model_init: %ld bytes up", c.bytes_htod);
+  snprintf(path, sizeof path, "%s/setup.ckpt", dir);
+  ck_assert_msg(cavs_ckpt_save(path, m, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  cavs_emu_counters(NULL, 1);
+  ck_assert_msg(cavs_ckpt_apply_weights(ck, m2, err, sizeof err) == 0, "%s", err);
+  cavs_emu_counters(&c, 1);
+  ck_assert_msg(c.syncs <= bound, "a checkpoint's weights: %ld host synchronizations, more than %ld", c.syncs, bound);
+  /* and they arrived where they belong: the two models' parameters are the same */
+  size_t n1, n2;
+  const void *p1 = cavs_model_params_flat(m, &n1), *p2 = cavs_model_params_flat(m2, &n2);
+  ck_assert(n1 == n2 && n1 > 0);
+  float *h1 = malloc(n1 * 4), *h2 = malloc(n2 * 4);
+  ck_assert(h1 && h2);
+  ck_assert(cavs_model_read(m, h1, p1, n1 * 4) == 0 && cavs_model_read(m2, h2, p2, n2 * 4) == 0);
+  ck_assert_msg(memcmp(h1, h2, n1 * 4) == 0, "the checkpoint's weights differ from the model's");
+  free(h1);
+  free(h2);
+  cavs_ckpt_free(ck);
+  cavs_model_free(m2);
+  free_all(m, since);
+  tu_rmtree(dir);
+}
+END_TEST
+
 /* Run by bench/counts, not by make check (CAVS_COUNTS_SST names SST's train.txt): the
  * Tree-LSTM at E = H = $CAVS_COUNTS_H (512), float, on SST's minibatches of
  * $CAVS_COUNTS_BATCH (64) trees in the file's order; after a step on the epoch's largest
@@ -895,6 +963,7 @@ int main(void) {
   tcase_set_timeout(counts, 300);
   tcase_add_unchecked_fixture(counts, build_counted, NULL);
   for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
+  tcase_add_test(counts, setup_copies);
   if (getenv("CAVS_COUNTS_SST")) tcase_add_test(counts, sst_counts);
   suite_add_tcase(s, counts);
   /* a Tree-LSTM (lookup tables, two streams) and children as a set (edges); under

@@ -759,31 +759,41 @@ const char *kind_name(int k) {
   return k >= 0 && k <= 4 ? names[k] : "an unknown cudaMemcpyKind";
 }
 
-cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t stream, bool async) {
-  std::string call =
-      async ? fmt("cudaMemcpyAsync(%p, %p, %zu, %s, stream %p)", dst, src, n, kind_name(kind), (void *)stream)
-            : fmt("cudaMemcpy(%p, %p, %zu, %s)", dst, src, n, kind_name(kind));
+/* A copy of `height` rows of `width` bytes, their starts `spitch` apart in the source and
+   `dpitch` in the destination (cudaMemcpy2D); the 1D copies are one row. Only the
+   synchronous copies have a 2D form here (cudaMemcpy2DAsync is not emulated). */
+cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                   cudaMemcpyKind kind, cudaStream_t stream, bool async, const std::string &call) {
   if (sticky) return sticky;
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  if (!async && unsafe_in_capture("cudaMemcpy")) return fail(cudaErrorStreamCaptureUnsupported);
+  if (!async && unsafe_in_capture(height > 1 ? "cudaMemcpy2D" : "cudaMemcpy")) return fail(cudaErrorStreamCaptureUnsupported);
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     violation(call + ": not a cudaMemcpyKind");
     return fail(cudaErrorInvalidMemcpyDirection);
   }
-  if (n == 0) return cudaSuccess;
+  if (height > 1 && (width > dpitch || width > spitch)) { /* as the runtime: a row must fit its pitch */
+    violation(call + ": the width is more than a pitch");
+    return fail(cudaErrorInvalidPitchValue);
+  }
+  if (width == 0 || height == 0) return cudaSuccess;
+  size_t n = width * height, dext = (height - 1) * dpitch + width, sext = (height - 1) * spitch + width;
   bool ddev = is_device(dst), sdev = is_device(src);
   if (kind == cudaMemcpyDefault) kind = (cudaMemcpyKind)(sdev ? ddev ? 3 : 2 : ddev ? 1 : 0);
   bool want_d = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   bool want_s = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  std::string why_d = want_d ? not_device(dst, n) : not_host(dst), why_s = want_s ? not_device(src, n) : not_host(src);
+  std::string why_d = want_d ? not_device(dst, dext) : not_host(dst), why_s = want_s ? not_device(src, sext) : not_host(src);
   if (!why_d.empty() || !why_s.empty()) {
     violation(call + ": " + (why_d.empty() ? "" : "the destination is " + why_d) +
               (!why_d.empty() && !why_s.empty() ? "; " : "") + (why_s.empty() ? "" : "the source is " + why_s));
     return fail(cudaErrorInvalidValue);
   }
+  /* the rows, from s to d */
+  auto rows = [dpitch, spitch, width, height](char *d, const char *s) {
+    for (size_t r = 0; r < height; r++) memmove(d + r * dpitch, s + r * spitch, width);
+  };
   if (kind == cudaMemcpyHostToHost) { /* no device work, but in stream order */
     if (!async) run_all();
-    memmove(dst, src, n);
+    rows((char *)dst, (const char *)src);
     return cudaSuccess;
   }
   Alloc *dh = want_d ? nullptr : alloc_at(dst), *sh = want_s ? nullptr : alloc_at(src);
@@ -792,8 +802,8 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
   w.kind = N_MEMCPY;
   w.what = call;
   w.src_device = want_s, w.dst_device = want_d;
-  if (want_d) w.uses.push_back({(const char *)dst, (const char *)dst + n});
-  if (want_s) w.uses.push_back({(const char *)src, (const char *)src + n});
+  if (want_d) w.uses.push_back({(const char *)dst, (const char *)dst + dext});
+  if (want_s) w.uses.push_back({(const char *)src, (const char *)src + sext});
   if (!want_s) { /* from the host */
     if (async && pinned_src) {
       /* read when it runs: the host must leave the bytes alone until then */
@@ -806,9 +816,12 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
                            "(an event, a synchronization) before writing there again");
         memcpy(dst, src, n);
       };
-    } else { /* pageable memory is staged as the call returns */
-      auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
-      w.run = [dst, staged, n] { memcpy(dst, staged->data(), n); };
+    } else { /* pageable memory is staged as the call returns: the rows, packed */
+      auto staged = std::make_shared<std::vector<char>>(n);
+      for (size_t r = 0; r < height; r++) memcpy(staged->data() + r * width, (const char *)src + r * spitch, width);
+      w.run = [dst, staged, dpitch, width, height] {
+        for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, staged->data() + r * width, width);
+      };
     }
     counts.bytes_htod += (long)n;
     if (!stream_of(stream)->cap) log_op(CAVS_EMU_OP_COPY, (long)n);
@@ -818,7 +831,7 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
       memset(dst, FILL, n);
       w.uses.push_back({(const char *)dst, (const char *)dst + n});
     }
-    w.run = [dst, src, n] { memcpy(dst, src, n); };
+    w.run = [dst, src, rows] { rows((char *)dst, (const char *)src); };
     if (want_d) counts.bytes_dtod += (long)n;
     else counts.bytes_dtoh += (long)n;
     if (!stream_of(stream)->cap) log_op(CAVS_EMU_OP_COPY, (long)n);
@@ -834,6 +847,13 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cuda
     run_until({op}, false);
   }
   return cudaSuccess;
+}
+
+cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t stream, bool async) {
+  std::string call =
+      async ? fmt("cudaMemcpyAsync(%p, %p, %zu, %s, stream %p)", dst, src, n, kind_name(kind), (void *)stream)
+            : fmt("cudaMemcpy(%p, %p, %zu, %s)", dst, src, n, kind_name(kind));
+  return copy2d(dst, n, src, n, n, 1, kind, stream, async, call);
 }
 
 cudaError_t memset_work(void *p, int value, size_t pitch, size_t width, size_t height, cudaStream_t stream,
@@ -1028,7 +1048,7 @@ const char *cudaGetErrorName(cudaError_t e) {
 #define N(x)                                                                                                           \
   case x: return #x;
     N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInvalidConfiguration)
-    N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice)
+    N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice)
     N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState) N(cudaErrorIllegalAddress) N(cudaErrorLaunchFailure)
     N(cudaErrorNotSupported) N(cudaErrorStreamCaptureUnsupported) N(cudaErrorStreamCaptureInvalidated)
     N(cudaErrorStreamCaptureUnjoined) N(cudaErrorStreamCaptureIsolation) N(cudaErrorStreamCaptureImplicit)
@@ -1044,6 +1064,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorMemoryAllocation: return "out of memory";
   case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  case cudaErrorInvalidPitchValue: return "invalid pitch argument";
   case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
   case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
@@ -1167,6 +1188,12 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
   return copy(dst, src, count, kind, stream, true);
+}
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                         enum cudaMemcpyKind kind) {
+  return copy2d(dst, dpitch, src, spitch, width, height, kind, nullptr, false,
+                fmt("cudaMemcpy2D(%p, pitch %zu, %p, pitch %zu, width %zu, height %zu, %s)", dst, dpitch, src, spitch,
+                    width, height, kind_name(kind)));
 }
 cudaError_t cudaMemset(void *p, int value, size_t count) {
   if (unsafe_in_capture("cudaMemset")) return fail(cudaErrorStreamCaptureUnsupported);

@@ -43,6 +43,24 @@ int emu_case_copy_kind(void) {
   return bad == cudaErrorInvalidValue && good == cudaSuccess && past == cudaErrorInvalidValue;
 }
 
+int emu_case_copy_2d(void) {
+  /* three rows of 2 values, packed on the host, into rows 4 apart on the device; the
+     gaps keep what was there */
+  double *d, h[6] = {1, 2, 3, 4, 5, 6}, back[12], fill[12];
+  for (int i = 0; i < 12; i++) fill[i] = -1;
+  cudaMalloc(&d, sizeof fill);
+  cudaMemcpy(d, fill, sizeof fill, cudaMemcpyHostToDevice);
+  int good = cudaMemcpy2D(d, 4 * sizeof *d, h, 2 * sizeof *h, 2 * sizeof *h, 3, cudaMemcpyHostToDevice);
+  cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost);
+  int rows_ok = 1;
+  for (int i = 0; i < 12; i++) rows_ok &= back[i] == (i % 4 < 2 && i / 4 < 3 ? h[(i / 4) * 2 + i % 4] : -1);
+  /* a row wider than the destination's pitch; rows that end past the allocation */
+  int wide = cudaMemcpy2D(d, sizeof *d, h, 2 * sizeof *h, 2 * sizeof *h, 3, cudaMemcpyHostToDevice);
+  int past = cudaMemcpy2D(d, 6 * sizeof *d, h, 2 * sizeof *h, 2 * sizeof *h, 3, cudaMemcpyHostToDevice);
+  cudaFree(d);
+  return good == cudaSuccess && rows_ok && wide == cudaErrorInvalidPitchValue && past == cudaErrorInvalidValue;
+}
+
 int emu_case_gemm(double *c_out) {
   /* column-major: A is 2x3, B is 3x2; C = A B is 2x2 */
   double A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 2, 0, 1, 1}, *dA, *dB, *dC, one = 1, zero = 0;

@@ -9,6 +9,7 @@ extern "C" {
 #endif
 
 int emu_case_copy_kind(void);
+int emu_case_copy_2d(void); /* cudaMemcpy2D: rows to their pitch, a too-narrow pitch, past the end */
 int emu_case_gemm(double *c_out);
 int emu_case_host_pointer_launch(void);
 void emu_case_host_reads_device(void);
