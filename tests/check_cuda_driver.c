@@ -7,7 +7,11 @@
  * checkpoint evaluates on the cpu device to the dev loss the cuda run logged. Then the
  * device failing (an allocation, a kernel's fault): exit status 2, one line naming the
  * call, every checkpoint already written left whole. And no environment variable makes
- * the installed cavs load another CUDA module than its own. */
+ * the installed cavs load another CUDA module than its own.
+ *
+ * On a GPU (`make check-cuda`, CAVS_CUDA_GPU=1), the cuda side is ./cavs itself on the
+ * device: the same runs and comparisons for every example, without the cases that need
+ * the emulator (its injected faults). */
 #include "cli.h"
 
 #include <jansson.h>
@@ -331,7 +335,7 @@ START_TEST(no_module_from_the_environment) {
   char text[4600];
   snprintf(text, sizeof text,
            "#include <stdio.h>\n__attribute__((constructor)) static void run(void) {\n"
-           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda;\n",
+           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda_2;\n",
            mark);
   tu_write(src, text, strlen(text));
   char *cc[] = {"/bin/sh", "-c", NULL, NULL};
@@ -353,13 +357,15 @@ END_TEST
 
 int main(void) {
   if (cli_init("cuda_driver")) return 1;
-  emu_bin = tu_env("CAVS_EMU", "./tests/cavs-emu");
+  const char *gpu = getenv("CAVS_CUDA_GPU");
+  bool on_gpu = gpu && !strcmp(gpu, "1");
+  emu_bin = on_gpu ? cavs_bin : tu_env("CAVS_EMU", "./tests/cavs-emu");
   Suite *s = suite_create("cuda_driver");
-  TCase *tc = tcase_create("cavs --device cuda on the emulator");
+  TCase *tc = tcase_create(on_gpu ? "cavs --device cuda on a GPU" : "cavs --device cuda on the emulator");
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, make_data); /* first: the others read what it writes */
   tcase_add_loop_test(tc, trains_as_the_cpu, 0, NEX);
-  tcase_add_test(tc, device_faults);
+  if (!on_gpu) tcase_add_test(tc, device_faults);
   tcase_add_test(tc, no_module_from_the_environment);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);
