@@ -341,6 +341,15 @@ int cmd_info(const char *path) {
     printf("schedule    lr decay %g every %d epochs, warm-up %d minibatches, patience %d\n", ts->lr_decay,
            ts->lr_step ? ts->lr_step : 1, ts->warmup, ts->patience);
   info_schedule(ts);
+  if (cavs_ckpt_noptions(k)) {
+    printf("options    ");
+    for (int i = 0; i < cavs_ckpt_noptions(k); i++) {
+      double val = 0;
+      const char *name = cavs_ckpt_option(k, i, &val);
+      printf(" %s=%g", name, val);
+    }
+    printf("\n");
+  }
   cavs_vocab_free(v);
   cavs_ckpt_free(k);
   return 0;

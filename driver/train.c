@@ -212,8 +212,8 @@ static void vocab_dims(Run *r, long *dims) {
 /* The model made, and its state: the checkpoint's, or a new one initialized, with the
  * --init vectors; then --freeze. */
 /* --dropout P: every option of the model (each a dropout probability); then each
- * --option NAME=P. A checkpoint does not keep them: a resumed run has the model's
- * defaults unless they are given again. */
+ * --option NAME=P. A checkpoint keeps them (format 5): a resumed run has the values it
+ * was saved with, unless they are given again. */
 static void set_options(cavs_model *m, const TrainOpts *o) {
   const cavs_desc *d = cavs_model_desc(m);
   if (o->dropout >= 0) {
@@ -314,7 +314,7 @@ static void say_start(const Run *r) {
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
   if (r->o->init_all) printf("init: every parameter from %s\n", r->o->init_all);
-  if (r->o->dropout >= 0 || r->o->noptset) {
+  if (r->o->dropout >= 0 || r->o->noptset || (r->ck && cavs_ckpt_noptions(r->ck))) {
     printf("options:");
     for (int i = 0; i < r->d->noptions; i++) printf(" %s=%g", r->d->options[i].name, cavs_model_option(r->m, i));
     printf("\n");

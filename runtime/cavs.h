@@ -443,11 +443,16 @@ const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k);
 int cavs_ckpt_ndims(const cavs_ckpt *k);
 const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i);
 long cavs_ckpt_dim_value(const cavs_ckpt *k, int i);
+/* The options' values as saved (format 5 on; a format 4 checkpoint has none): their
+ * number, and option i's name, its value in *value (NULL past the end). */
+int cavs_ckpt_noptions(const cavs_ckpt *k);
+const char *cavs_ckpt_option(const cavs_ckpt *k, int i, double *value);
 long cavs_ckpt_param_count(const cavs_ckpt *k);
 /* A new vocabulary with the checkpoint's words, in their ids. */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);
 /* Copies parameters and optimizer state into m after checking that they fit, and
- * freezes what was frozen when it was saved: what going on training needs. */
+ * freezes what was frozen when it was saved: what going on training needs. Both apply
+ * the options as saved (cavs_model_set_option), which the caller may set again. */
 int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen);
 /* The parameters alone, after the same checks: no optimizer state (no memory for it),
  * nothing frozen. What evaluation and prediction need; it takes a checkpoint whatever

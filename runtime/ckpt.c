@@ -14,6 +14,7 @@
  *                   f64 momentum  i32 schedule  f64 lr_min  i32 cosine_epochs
  *                   f64 plateau_factor  i32 plateau_patience  f64 lr_now
  *                   f64 plateau_best  i32 plateau_bad                (format 4 on)
+ *   u32 noptions { str name  f64 value }   the options as saved          (format 5 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -21,7 +22,8 @@
  * the directory fsync'ed): a crash leaves the old checkpoint or the new one, never a mix,
  * and any number of runs may save to one path at once.
  * Formats 1 (no graphs_done), 2 (no schedule, selection or frozen parameters) and 3 (no
- * momentum, schedule kind or schedule state) are still read. */
+ * momentum, schedule kind or schedule state) and 4 (no options: a resumed run had the
+ * model's defaults) are still read. */
 #include "afile.h"
 #include "cv.h"
 
@@ -34,7 +36,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 4
+#define CKPT_VERSION 5
 
 /* ---- writing into a growing buffer ---- */
 
@@ -171,6 +173,12 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   put_f64(&b, ts->lr_now);
   put_f64(&b, ts->plateau_best);
   put_u32(&b, (uint32_t)ts->plateau_bad);
+  /* the options (a dropout's probability): a resumed run keeps what was set */
+  put_u32(&b, (uint32_t)d->noptions);
+  for (int i = 0; i < d->noptions; i++) {
+    put_str(&b, d->options[i].name);
+    put_f64(&b, cavs_model_option(m, i));
+  }
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -208,6 +216,9 @@ struct cavs_ckpt {
   bool has_moments;
   size_t m1_at, m2_at;
   cavs_train_state ts;
+  int noptions; /* format 5 on: the options' values as saved */
+  char *opt_name[CAVS_MAX_OPTIONS];
+  double opt_value[CAVS_MAX_OPTIONS];
 };
 
 typedef struct Rd {
@@ -268,6 +279,7 @@ void cavs_ckpt_free(cavs_ckpt *k) {
   free(k->words);
   for (int i = 0; i < k->nparams; i++) free(k->params ? k->params[i].name : NULL);
   free(k->params);
+  for (int i = 0; i < k->noptions; i++) free(k->opt_name[i]);
   free(k);
 }
 
@@ -511,6 +523,26 @@ static void read_state_v4(cavs_ckpt *k, Rd *r, uint32_t version) {
   t->plateau_bad = (int)get_u32(r);
 }
 
+/* Format 5's options: each a name of the model's kind once, with a probability (what
+ * cavs_model_set_option takes); which names the model has is checked when applied. */
+static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
+  if (version < 5) return true;
+  uint32_t n = get_u32(r);
+  if (r->bad) return true; /* (reported as bad structure) */
+  if (n > CAVS_MAX_OPTIONS) FAIL("'%s' is damaged (options: %u, at most %d)", path, n, CAVS_MAX_OPTIONS);
+  for (uint32_t i = 0; i < n; i++) {
+    char *name = get_str(r);
+    double v = get_f64(r);
+    if (!name) return true;
+    k->opt_name[k->noptions] = name;
+    k->opt_value[k->noptions++] = v;
+    if (!cavs_is_identifier(name) || !(v >= 0 && v < 1)) FAIL("'%s' is damaged (options)", path);
+    for (int j = 0; j < k->noptions - 1; j++)
+      if (!strcmp(k->opt_name[j], name)) FAIL("'%s' is damaged (options: %s twice)", path, name);
+  }
+  return true;
+}
+
 /* Every counter within what the command line gives, or what a run can reach from it, so
  * that going on from here cannot overflow one (u32 fields read as int are already
  * refused when negative); every rate finite. */
@@ -558,6 +590,9 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   }
   if (ok) {
     read_state_v4(k, &r, version);
+    ok = read_options(k, &r, version, path, err, errlen);
+  }
+  if (ok) {
     if (r.bad || r.at != r.n) {
       snprintf(err, errlen, "'%s' is damaged (bad structure)", path);
       ok = false;
@@ -577,6 +612,12 @@ const char *cavs_ckpt_hash(const cavs_ckpt *k) { return k->hash; }
 int cavs_ckpt_precision(const cavs_ckpt *k) { return k->precision; }
 const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k) { return &k->ts; }
 int cavs_ckpt_ndims(const cavs_ckpt *k) { return k->ndims; }
+int cavs_ckpt_noptions(const cavs_ckpt *k) { return k->noptions; }
+const char *cavs_ckpt_option(const cavs_ckpt *k, int i, double *value) {
+  if (i < 0 || i >= k->noptions) return NULL;
+  if (value) *value = k->opt_value[i];
+  return k->opt_name[i];
+}
 const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_name[i] : NULL; }
 long cavs_ckpt_dim_value(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_value[i] : -1; }
 
@@ -670,6 +711,12 @@ int cavs_ckpt_apply_weights(const cavs_ckpt *k, cavs_model *m, char *err, size_t
   for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
   for (int i = 0; i < d->nparams; i++) m->frozen[d->params[i].group] = 0;
   m->drop_seed = k->ts.seed; /* dropout draws as the run that saved it would */
+  /* the options as saved (a format 4 checkpoint has none: the model's defaults stay) */
+  for (int i = 0; i < k->noptions; i++)
+    if (cavs_model_set_option(m, k->opt_name[i], k->opt_value[i])) {
+      snprintf(err, errlen, "the checkpoint's options: %s", m->err);
+      return -1;
+    }
   return 0;
 }
 

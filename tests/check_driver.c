@@ -466,6 +466,57 @@ START_TEST(resume_is_bit_identical) {
 }
 END_TEST
 
+/* Dropout's probability is kept by the checkpoint (format 5): 4 epochs at --dropout 0.3,
+ * or 2 and a resume of 2 that does not repeat it, are the same bytes; a resume that
+ * gives --dropout again gets what it gives (info says so), and a resume of a model
+ * saved without dropout stays without. */
+/* Files a and b (in the test's directory) hold the same bytes. */
+static void same_bytes(const char *a, const char *b, const char *what) {
+  size_t na = 0, nb = 0;
+  char *pa = tu_slurp(path_in(a), &na), *pb = tu_slurp(path_in(b), &nb);
+  ck_assert_msg(pa && pb, "%s: cannot read %s or %s", what, a, b);
+  ck_assert_msg(na == nb && !memcmp(pa, pb, na), "%s", what);
+  free(pa);
+  free(pb);
+}
+
+static char *info_field(const char *ckpt, const char *key);
+
+START_TEST(resume_keeps_dropout) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "4", "--quiet", "--dropout", "0.3", "--save", path_in("dfull.ckpt"), NULL);
+  ok(&r, "4 epochs with dropout");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--quiet", "--dropout", "0.3", "--save", path_in("dhalf.ckpt"), NULL);
+  ok(&r, "2 epochs with dropout");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--resume", path_in("dhalf.ckpt"), "--save", path_in("dres.ckpt"), NULL);
+  ok(&r, "resume without --dropout");
+  ck_assert_msg(strstr(r.out, "options: p_drop=0.3"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  same_bytes("dfull.ckpt", "dres.ckpt", "the resumed run with dropout differs from the uninterrupted one");
+  char *v = info_field(path_in("dres.ckpt"), "options");
+  ck_assert_msg(strstr(v, "p_drop=0.3"), "%s", v);
+  free(v);
+  r = TRAIN("--epochs", "1", "--quiet", "--dropout", "0.1", "--resume", path_in("dhalf.ckpt"), "--save",
+            path_in("d01.ckpt"), NULL);
+  ok(&r, "resume with --dropout 0.1");
+  tu_free(&r);
+  v = info_field(path_in("d01.ckpt"), "options");
+  ck_assert_msg(strstr(v, "p_drop=0.1"), "%s", v);
+  free(v);
+  r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("d0.ckpt"), NULL);
+  ok(&r, "without dropout");
+  tu_free(&r);
+  r = TRAIN("--epochs", "1", "--quiet", "--resume", path_in("d0.ckpt"), "--save", path_in("d0r.ckpt"), NULL);
+  ok(&r, "resume without dropout");
+  tu_free(&r);
+  v = info_field(path_in("d0r.ckpt"), "options");
+  ck_assert_msg(strstr(v, "p_drop=0") && !strstr(v, "p_drop=0."), "%s", v);
+  free(v);
+}
+END_TEST
+
 /* ---- the optimizers and the schedules of the rate ---- */
 
 /* The schedules' rates, from the functions cavs train calls (driver/schedule.c, compiled
@@ -623,12 +674,7 @@ START_TEST(resume_keeps_schedule_and_frozen) {
   r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in("shalf.ckpt"), "--save", path_in("sresumed.ckpt"), NULL);
   ok(&r, "resume 2 epochs");
   tu_free(&r);
-  size_t na = 0, nb = 0;
-  char *a = tu_slurp(path_in("sfull.ckpt"), &na), *b = tu_slurp(path_in("sresumed.ckpt"), &nb);
-  ck_assert(a && b);
-  ck_assert_msg(na == nb && !memcmp(a, b, na), "the resumed run differs from the uninterrupted one");
-  free(a);
-  free(b);
+  same_bytes("sfull.ckpt", "sresumed.ckpt", "the resumed run differs from the uninterrupted one");
   r = cavs("info", path_in("sresumed.ckpt"), NULL);
   ok(&r, "info");
   ck_assert_msg(strstr(r.out, "(root accuracy, epoch ") && strstr(r.out, "lr decay 0.5 every 1 epochs, warm-up 3"),
@@ -2406,6 +2452,7 @@ int main(void) {
   /* one process: the generated data and the compile cache are shared by the tests */
   tcase_add_test(tc, train_save_eval_predict);
   tcase_add_test(tc, resume_is_bit_identical);
+  tcase_add_test(tc, resume_keeps_dropout);
   tcase_add_test(tc, resume_keeps_schedule_and_frozen);
   tcase_add_test(tc, schedule_formulas);
   tcase_add_test(tc, optimizers_resume_bit_identical);

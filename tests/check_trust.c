@@ -242,14 +242,17 @@ END_TEST
 /* Format 4's tail of the training state: momentum 8, schedule 4, lr_min 8, cosine_epochs
  * 4, plateau_factor 8, plateau_patience 4, lr_now 8, plateau_best 8, plateau_bad 4. */
 enum { V4_TAIL = 56 };
+/* Format 5's options after it: base.ckpt's model (treelstm.vf) has one, p_drop: noptions
+ * 4, the name 4 + 6, the value 8. */
+enum { V5_TAIL = 4 + 4 + 6 + 8 };
 
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
  * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 4);
+  size_t tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 5);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -276,7 +279,7 @@ START_TEST(format_3_fields) {
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t two = 2;
-  ck_splice(&k, tail, 36 + V4_TAIL, "", 0);
+  ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL, "", 0);
   ck_splice(&k, 8, 4, &two, 4);
   save(&k, "v2.ckpt");
   char err[512];
@@ -318,8 +321,8 @@ static int64_t bits(double x) {
  * read (its decay as the step schedule, no plateau best yet), and trained on. */
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
-  size_t t4 = k0.n - 8 - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 4);
+  size_t t4 = k0.n - 8 - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 5);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -346,7 +349,7 @@ START_TEST(format_4_fields) {
   /* the tail cut short */
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
-  ck_splice(&k, t4 + 52, 4, "", 0);
+  ck_splice(&k, t4 + 52, 4 + V5_TAIL, "", 0);
   save(&k, "short.ckpt");
   char err[512];
   ck_assert_ptr_null(cavs_ckpt_read(path_in("short.ckpt"), err, sizeof err));
@@ -357,7 +360,7 @@ START_TEST(format_4_fields) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t three = 3;
   double half = 0.5;
-  ck_splice(&k, t4, V4_TAIL, "", 0);
+  ck_splice(&k, t4, V4_TAIL + V5_TAIL, "", 0);
   ck_splice(&k, t4 - 36 + 4, 8, &half, 8); /* lr_decay, after select */
   ck_splice(&k, 8, 4, &three, 4);
   save(&k, "v3.ckpt");
@@ -387,6 +390,76 @@ START_TEST(format_4_fields) {
   ck_assert_msg(!strstr(r.out, "lr cut"), "%s", r.out);
   tu_free(&r);
   free(k.p);
+  free(k0.p);
+}
+END_TEST
+
+/* Format 5's options: bounded and checked on read (a count past the most a model has,
+ * a name that is not one, a value that is not a probability, a name twice), and applied
+ * where they are read; a format 4 checkpoint, which has none, is still read and keeps
+ * the model's defaults. */
+START_TEST(format_5_options) {
+  Ckpt k0 = load_base();
+  size_t t5 = k0.n - 8 - V5_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 5);
+  ck_assert_uint_eq(rd32(&k0, t5), 1);
+  ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
+  struct {
+    size_t at;
+    int64_t v;
+    int width;
+    const char *msg;
+  } cases[] = {
+      {t5, CAVS_MAX_OPTIONS + 1, 4, "options"},
+      {t5 + 8 + 6, bits(1.0), 8, "options"},
+      {t5 + 8 + 6, bits(-0.1), 8, "options"},
+      {t5 + 8 + 6, bits(NAN), 8, "options"},
+      {t5 + 8, '-' | 'd' << 8 | 'r' << 16 | 'o' << 24, 4, "options"}, /* "-drop": not a name */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    field_refused(&k0, cases[i].at, cases[i].v, cases[i].width, cases[i].msg, i);
+  /* the option twice */
+  Ckpt k = {malloc(k0.n + V5_TAIL), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t two = 2;
+  ck_splice(&k, t5 + 4, 0, k0.p + t5 + 4, V5_TAIL - 4);
+  ck_splice(&k, t5, 4, &two, 4);
+  save(&k, "twice.ckpt");
+  char err[512];
+  ck_assert_ptr_null(cavs_ckpt_read(path_in("twice.ckpt"), err, sizeof err));
+  ck_assert_msg(strstr(err, "damaged") && strstr(err, "p_drop twice"), "%s", err);
+  free(k.p);
+  /* a value set, read back and applied to a model */
+  double half = 0.5;
+  k = (Ckpt){malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  ck_splice(&k, t5 + 8 + 6, 8, &half, 8);
+  save(&k, "half.ckpt");
+  cavs_ckpt *c = cavs_ckpt_read(path_in("half.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  double v = -1;
+  ck_assert_int_eq(cavs_ckpt_noptions(c), 1);
+  ck_assert_str_eq(cavs_ckpt_option(c, 0, &v), "p_drop");
+  ck_assert(v == 0.5 && cavs_ckpt_option(c, 1, &v) == NULL);
+  cavs_ckpt_free(c);
+  RunResult r = cavs("info", path_in("half.ckpt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "p_drop=0.5"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  /* format 4: no options */
+  k = (Ckpt){malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t four = 4;
+  ck_splice(&k, t5, V5_TAIL, "", 0);
+  ck_splice(&k, 8, 4, &four, 4);
+  save(&k, "v4.ckpt");
+  c = cavs_ckpt_read(path_in("v4.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_int_eq(cavs_ckpt_noptions(c), 0);
+  cavs_ckpt_free(c);
+  r = cavs("eval", path_in("v4.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
   free(k0.p);
 }
 END_TEST
@@ -422,7 +495,7 @@ START_TEST(crafted_counters_refused) {
   /* from the end: checksum 8, format 4's tail, format 3's 36, graphs_done 8, six rates
      48, the kind 4, the format "ptb-tree" 12, batch 4, threads 4, seed 8, best 8, rng 8:
      the epoch */
-  size_t tail = k0.n - 8 - V4_TAIL - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
+  size_t tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1251,6 +1324,7 @@ int main(void) {
   tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, crafted_counters_refused);
   tcase_add_test(tc, format_4_fields);
+  tcase_add_test(tc, format_5_options);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);

@@ -405,6 +405,28 @@ class Model:
         """Parameters from a seed, as the model's init clauses say."""
         C.lib().cavs_model_init(self._ptr, ctypes.c_uint64(seed))
 
+    @property
+    def options(self):
+        """The model's options (`option NAME = P;` in its .vf: a dropout's probability)
+        by name, their values now: the .vf's defaults, what set_option set, or what the
+        checkpoint load() read kept."""
+        d = self.spec.desc.contents
+        return {_s(d.options[k].name): C.lib().cavs_model_option(self._ptr, k) for k in range(d.noptions)}
+
+    def set_option(self, name, value):
+        """Sets option `name` to `value`, a probability from 0 to below 1 (cavs train's
+        --option NAME=P); save() keeps it."""
+        self._check(C.lib().cavs_model_set_option(self._ptr, _b(name), float(value)))
+
+    def set_dropout(self, p):
+        """Every option to p (cavs train's --dropout P); an error for a model without
+        options, whose dropouts, if any, have a fixed probability."""
+        names = list(self.options)
+        if not names:
+            raise Error(f"model '{self.spec.name}' has no dropout option")
+        for n in names:
+            self.set_option(n, p)
+
     # parameters and gradients: the model's memory
 
     def _array(self, getter, i):

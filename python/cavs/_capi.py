@@ -132,6 +132,8 @@ _PROTOS = {
     "cavs_model_error": (c_char_p, [c_void_p]),
     "cavs_model_backend": (c_char_p, [c_void_p]),
     "cavs_model_dim": (c_long, [c_void_p, c_int]),
+    "cavs_model_set_option": (c_int, [c_void_p, c_char_p, c_double]),
+    "cavs_model_option": (c_double, [c_void_p, c_int]),
     "cavs_model_param": (c_void_p, [c_void_p, c_int, P(c_long), P(c_long), P(c_long)]),
     "cavs_model_grad": (c_void_p, [c_void_p, c_int, P(c_long), P(c_long), P(c_long)]),
     "cavs_model_read": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),

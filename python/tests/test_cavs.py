@@ -209,3 +209,39 @@ def test_safetensors(data, tmp_path):
              tmp_path / "p.ckpt")
     back = cavs.load(tmp_path / "p.ckpt")
     assert all(np.array_equal(back.param(n), loaded[n] + 1) for n in spec.params)
+
+
+def test_dropout_options(data, tmp_path):
+    """A model's options from Python: read, set (as --dropout and --option), kept by a
+    checkpoint both ways; training with dropout set here is cavs train --dropout's,
+    record for record; a value that is not a probability, or a name the model lacks, is
+    an error that says so."""
+    spec = cavs.compile(model_path("treelstm.vf"))
+    vocab = cavs.Vocab()
+    train = cavs.Dataset.load(data / "train.txt", "ptb-tree", spec, vocab, grow=True, dims={"C": 5})
+    model = cavs.Model(spec, dims={"E": 8, "H": 8, "C": 5}, vocab=vocab, seed=4)
+    assert model.options == {"p_drop": 0.0}
+    model.set_dropout(0.3)
+    assert model.options == {"p_drop": 0.3}
+    hist = cavs.train(model, train, epochs=2, batch=16, seed=4)
+    cavs_cli("train", model_path("treelstm.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "E=8",
+             "--dim", "H=8", "--dim", "C=5", "--epochs", 2, "--batch", 16, "--seed", 4, "--dropout", 0.3, "--threads",
+             1, "--quiet", "--log", tmp_path / "log", "--save", tmp_path / "d.ckpt")
+    logged = [json.loads(line) for line in open(tmp_path / "log")]
+    assert len(logged) == 2
+    for mine, theirs in zip(hist, logged):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-12), mine["epoch"]
+    back = cavs.load(tmp_path / "d.ckpt")
+    assert back.options == {"p_drop": pytest.approx(0.3)}
+    back.set_option("p_drop", 0.25)
+    back.save(tmp_path / "e.ckpt", format="ptb-tree")
+    _, out, _ = cavs_cli("info", tmp_path / "e.ckpt")
+    assert "p_drop=0.25" in out
+    assert cavs.load(tmp_path / "e.ckpt").options == {"p_drop": 0.25}
+    with pytest.raises(cavs.Error, match="not in \\[0, 1\\)"):
+        back.set_option("p_drop", 1.5)
+    with pytest.raises(cavs.Error, match="no option 'nope'"):
+        back.set_option("nope", 0.1)
+    fc = cavs.Model(cavs.compile(model_path("treefc.vf")), dims={"H": 8, "C": 5}, vocab=vocab)
+    with pytest.raises(cavs.Error, match="no dropout option"):
+        fc.set_dropout(0.5)
