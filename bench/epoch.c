@@ -17,7 +17,7 @@
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's.
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, lstm_lm2, treegru, twotype, tagger, tagger_chars, childsum,
- * lattice_lstm, lattice_gru, seq2seq, mvrnn). */
+ * lattice_lstm, lattice_gru, seq2seq, mvrnn, nary_treelstm). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
 #include "../generated/lstm_lm2.h"
@@ -32,6 +32,7 @@
 #include "../generated/lattice_gru.h"
 #include "../generated/seq2seq.h"
 #include "../generated/mvrnn.h"
+#include "../generated/nary_treelstm.h"
 
 #include "../runtime/sgemm.h"
 
@@ -150,7 +151,7 @@ int main(int argc, char **argv) {
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
   const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &lstm_lm2_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc, &lattice_lstm_desc,
-                              &lattice_gru_desc, &seq2seq_desc, &mvrnn_desc};
+                              &lattice_gru_desc, &seq2seq_desc, &mvrnn_desc, &nary_treelstm_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
     if (!strcmp(descs[k]->name, name)) d = descs[k];

@@ -19,9 +19,9 @@ static void treelstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:26  lookup */
+  /* treelstm.vf:30  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* treelstm.vf:26  x = dropout */
+  /* treelstm.vf:30  x = dropout */
   cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
@@ -34,9 +34,9 @@ static void treelstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:26  x = dropout */
+  /* treelstm.vf:30  x = dropout */
   cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
-  /* treelstm.vf:26  lookup */
+  /* treelstm.vf:30  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -49,10 +49,10 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 32  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 36  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 33  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 37  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
@@ -214,22 +214,22 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:30  s = gather */
+  /* treelstm.vf:34  s = gather */
   cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* treelstm.vf:30  s = gather */
+  /* treelstm.vf:34  s = gather */
   cavs_gather_fwd(c, 1, 0, V[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* group g0 forward, [n, H]: hs (lines 31) */
+  /* group g0 forward, [n, H]: hs (lines 35) */
   cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 32  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 36  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 33  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
+  /* line 37  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 32 33 34 35 36 37) */
+  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 36 37 38 39 40 41) */
   cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treelstm_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* treelstm.vf:38  concat */
+  /* treelstm.vf:42  concat */
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -241,7 +241,7 @@ static void treelstm_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:39  push */
+  /* treelstm.vf:43  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -254,7 +254,7 @@ static void treelstm_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:39  push */
+  /* treelstm.vf:43  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -483,21 +483,21 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:38  concat */
-  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 32 33 34 35 36 37) */
+  /* treelstm.vf:42  concat */
+  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 36 37 38 39 40 41) */
   cavs_loop(c, treelstm_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treelstm_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 33  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
+  /* line 37  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 32  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 36  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[9] + (size_t)(0) * D_H, D_H);
-  /* group g0 backward, [n, H]: hs (lines 31) */
+  /* group g0 backward, [n, H]: hs (lines 35) */
   cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* treelstm.vf:30  s = gather */
+  /* treelstm.vf:34  s = gather */
   cavs_gather_bwd(c, 1, 0, G[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* treelstm.vf:30  s = gather */
+  /* treelstm.vf:34  s = gather */
   cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
@@ -510,22 +510,22 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* line 33  dx += d(x @ Wf) W^T, rows with a word and children */
+  /* line 37  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 32  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 36  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 32  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 36  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 32  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 36  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 33  dW += x^T d(x @ Wf), over all rows with a word and children */
+  /* line 37  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 33  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
+  /* line 37  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
@@ -560,14 +560,14 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:43  dropout */
+  /* treelstm.vf:47  dropout */
   cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 43  %2 @ Wc: [n, C] */
+  /* line 47  %2 @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 43) */
+  /* group g0 forward, [n, C]: logits (lines 47) */
   cavs_loop(c, treelstm_push_fwd_g0, r0, n, D_C, 0);
-  /* treelstm.vf:44  softmax_xent */
+  /* treelstm.vf:48  softmax_xent */
   cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
@@ -602,16 +602,16 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treelstm.vf:44  softmax_xent */
+  /* treelstm.vf:48  softmax_xent */
   cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 43) */
+  /* group g0 backward, [n, C]: logits (lines 47) */
   cavs_loop(c, treelstm_push_bwd_g0, r0, n, D_C, 0);
-  /* line 43  d%2 += d(%2 @ Wc) W^T */
+  /* line 47  d%2 += d(%2 @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[18] + (size_t)(r0) * D_H, D_H);
-  /* treelstm.vf:43  dropout */
+  /* treelstm.vf:47  dropout */
   cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[18] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 43  dW += %2^T d(%2 @ Wc), over all rows */
+  /* line 47  dW += %2^T d(%2 @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
             G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
@@ -717,8 +717,12 @@ const cavs_desc treelstm_desc = {
   .name = "treelstm",
   .source = "dsl-examples/treelstm.vf",
   .source_hash = "5c511f0200d04233",
-  .source_text = "# treelstm.vf: the binary Tree-LSTM of Tai, Socher and Manning (ACL 2015), the\012"
-    "# N-ary variant with N = 2, as the Cavs paper (Xu et al., ATC 2018) benchmarks it.\012"
+  .source_text = "# treelstm.vf: the Tree-LSTM on binary trees as the Cavs paper (Xu et al., ATC 2018)\012"
+    "# benchmarks it: one set of recurrent weights U shared by both children, whose h are\012"
+    "# summed (i, o, u read h_0 + h_1; each child's forget gate reads its own child), i.e.\012"
+    "# Tai, Socher and Manning's (ACL 2015) Child-Sum cell on two children: childsum.vf\012"
+    "# computes the same on SST. Their binary N-ary Tree-LSTM, with weights for each child\012"
+    "# position, is nary_treelstm.vf.\012"
     "#\012"
     "# Data: `ptb-tree`, SST-style bracketed trees with a sentiment label (0-4) on every node.\012"
     "# A leaf `(2 The)` carries a word and no children; an internal node `(3 A B)` carries\012"

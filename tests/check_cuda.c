@@ -13,7 +13,7 @@
 
 #include <dlfcn.h>
 
-static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
+static const char *const models[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm"};
 static const char *const precisions[] = {"float", "double"};
 
 /* Two rarer paths: a model without dims or inputs (its descriptor's empty arrays), and a

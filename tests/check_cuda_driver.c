@@ -95,6 +95,7 @@ static const struct {
     {"lattice_gru", "cgf", "lattice.cgf", {"E=16", "W=16", "H=16"}},
     {"seq2seq", "cgf", "translation.cgf", {"E=16", "H=16"}},
     {"mvrnn", "ptb-tree", "toy.txt", {"H=8"}},
+    {"nary_treelstm", "ptb-tree", "toy.txt", {"E=16", "H=16"}},
 };
 enum { NEX = sizeof ex / sizeof *ex };
 

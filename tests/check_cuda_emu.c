@@ -23,7 +23,7 @@
 /* ---- the models ---- */
 
 static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger",
-                                       "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
+                                       "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm"};
 enum { NEX = sizeof examples / sizeof *examples };
 
 /* Each example's C target (cpu) and CUDA target (cuda, MODEL.cu under cuda_emu.h), in

@@ -3,7 +3,7 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
-static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn"};
+static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
 /* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,
@@ -1056,6 +1056,7 @@ START_TEST(homes_store_children_at_home) {
   homes_against_copies("tagger.vf", 3, false, 1);
   homes_against_copies("childsum.vf", 0, false, 1);
   homes_against_copies("lattice_lstm.vf", 0, true, 2);
+  homes_against_copies("nary_treelstm.vf", 0, false, 1);
 }
 END_TEST
 

@@ -224,7 +224,7 @@ START_TEST(op_gradients) {
 }
 END_TEST
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf"};
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf"};
 
 /* mv and mm as a backend without kernels of its own runs them (CUDA's): row by row
  * through gemm, or one product where the rows' matrices lie one after another */
