@@ -17,6 +17,7 @@ which each view keeps alive. python/README is the tutorial."""
 import ctypes
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -683,18 +684,80 @@ def _optim_kind(name):
     return kind
 
 
+_SCHEDULES = ("constant", "step", "cosine", "plateau")
+
+
+def _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor, plateau_patience, base_lr, epochs,
+              dev):
+    """cavs train's choose_schedule: the schedule's name and its settings, each held to
+    the schedule it belongs to."""
+    s = schedule or ("step" if lr_decay else "constant")
+    if s not in _SCHEDULES:
+        raise Error(f"schedule '{s}': not one of {', '.join(_SCHEDULES)}")
+    if lr_decay and s != "step":
+        raise Error(f"lr_decay goes with schedule step, not {s}")
+    if s == "step" and not (lr_decay and 0 < lr_decay < 1):
+        raise Error("schedule step needs an lr_decay between 0 and 1")
+    if cosine_epochs is not None and s != "cosine":
+        raise Error(f"cosine_epochs goes with schedule cosine, not {s}")
+    if (plateau_factor is not None or plateau_patience is not None) and s != "plateau":
+        raise Error(f"plateau_factor and plateau_patience go with schedule plateau, not {s}")
+    if lr_min and s not in ("cosine", "plateau"):
+        raise Error(f"lr_min goes with schedule cosine or plateau, not {s}")
+    if lr_min and lr_min >= base_lr:
+        raise Error(f"lr_min {lr_min} is not below the rate, {base_lr}")
+    if s == "plateau" and dev is None:
+        raise Error("schedule plateau needs a dev set to watch")
+    return {"name": s, "decay": lr_decay or 0.0, "step": max(lr_step, 1), "min": lr_min or 0.0,
+            "T": max(cosine_epochs or epochs, 1), "factor": plateau_factor or 0.1,
+            "patience": 10 if plateau_patience is None else plateau_patience, "now": 0.0, "best": -1.0, "bad": 0}
+
+
+def _epoch_lr(sch, base_lr, epoch):
+    """driver/schedule.c sched_lr: the rate of an epoch (before the warm-up's ramp)."""
+    if sch["name"] == "step":
+        return base_lr * sch["decay"] ** ((epoch - 1) // sch["step"])
+    if sch["name"] == "cosine":  # PyTorch's CosineAnnealingLR stepped once an epoch, held at the floor past T
+        e = min(epoch - 1, sch["T"])
+        return sch["min"] + (base_lr - sch["min"]) * (1 + math.cos(math.pi * e / sch["T"])) / 2
+    if sch["name"] == "plateau":
+        return sch["now"] if sch["now"] > 0 else base_lr
+    return base_lr
+
+
+def _plateau(sch, base_lr, metric, higher):
+    """driver/schedule.c sched_plateau: ReduceLROnPlateau with threshold 0, no cool-down."""
+    if sch["best"] < 0 or (metric > sch["best"] if higher else metric < sch["best"]):
+        sch["best"], sch["bad"] = metric, 0
+        return
+    sch["bad"] += 1
+    if sch["bad"] <= sch["patience"]:
+        return
+    sch["bad"] = 0
+    lr = _epoch_lr(sch, base_lr, 0)
+    cut = max(lr * sch["factor"], sch["min"])
+    if cut < lr:
+        sch["now"] = cut
+
+
 def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0,
-          seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0):
+          seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0,
+          schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
-    seed, the same schedule: lr times lr_decay every lr_step epochs, ramped over the
-    first warmup minibatches; with dev, the best epoch by select ("all", "root" or
-    "loss"; accuracy for a classifier, else loss), and a stop after `patience` epochs
-    without a better one). callback(record) after each epoch, a dict with the keys of
-    cavs train --log's records; returning False stops. Returns the records; with dev,
-    model.best holds copies of the best epoch's parameters (model.best_epoch its
-    number)."""
+    seed, the same schedule of the rate: `schedule` "constant", "step" (lr times
+    lr_decay every lr_step epochs; the default when lr_decay is given), "cosine" (to
+    lr_min over cosine_epochs, by default the run's epochs) or "plateau" (cut by
+    plateau_factor, 0.1, after plateau_patience, 10, epochs without a better dev
+    metric, not below lr_min), ramped over the first warmup minibatches; with dev, the
+    best epoch by select ("all", "root" or "loss"; accuracy for a classifier, else
+    loss), and a stop after `patience` epochs without a better one). callback(record)
+    after each epoch, a dict with the keys of cavs train --log's records; returning
+    False stops. Returns the records; with dev, model.best holds copies of the best
+    epoch's parameters (model.best_epoch its number)."""
     kind = _optim_kind(optimizer)
     base_lr = lr if lr is not None else C.lib().cavs_optim_default_lr(kind)
+    sch = _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor, plateau_patience, base_lr,
+                    epochs, dev)
     has_acc = any(model.spec.desc.contents.losses[i].kind == C.LOSS_SOFTMAX_XENT
                   for i in range(model.spec.desc.contents.nlosses))
     select = select or ("all" if has_acc else "loss")
@@ -719,16 +782,14 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
                 raise Error(f"epoch {epoch}: the loss is {st['loss']} (diverged); try a smaller lr or clip")
             model.backward()
             step = (epoch - 1) * nbatches + b // batch
-            step_lr = base_lr
-            if lr_decay and 0 < lr_decay < 1:
-                step_lr *= lr_decay ** ((epoch - 1) // max(lr_step, 1))
+            step_lr = _epoch_lr(sch, base_lr, epoch)
             if warmup > 0 and step < warmup:
                 step_lr *= (step + 1) / warmup
             model.step(optimizer, step_lr, clip, weight_decay, momentum)
             tl, tb, count, correct = tl + st["loss"], tb + 1, count + st["count"], correct + st["correct"]
         rec = {"epoch": epoch, "train_loss": tl / max(tb, 1), "train_acc": correct / count if has_acc and count else None,
                "dev_loss": None, "dev_acc": None, "dev_root_acc": None, "lr": step_lr,
-               "optimizer": optimizer, "schedule": "step" if lr_decay else "constant"}
+               "optimizer": optimizer, "schedule": sch["name"]}
         better = False
         if dev is not None:
             ev = evaluate(model, dev, batch)
@@ -741,6 +802,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
                 model.best, model.best_epoch = model.state_dict(), epoch
             else:
                 since += 1
+            if sch["name"] == "plateau":
+                _plateau(sch, base_lr, metric, select != "loss")
         history.append(rec)
         if callback is not None and callback(rec) is False:
             break

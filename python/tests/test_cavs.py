@@ -245,3 +245,37 @@ def test_dropout_options(data, tmp_path):
     fc = cavs.Model(cavs.compile(model_path("treefc.vf")), dims={"H": 8, "C": 5}, vocab=vocab)
     with pytest.raises(cavs.Error, match="no dropout option"):
         fc.set_dropout(0.5)
+
+
+@pytest.mark.parametrize("schedule,lr,args,flags", [
+    ("cosine", 0.05, {"lr_min": 0.001}, ["--lr-min", 0.001]),
+    ("plateau", 0.5, {"plateau_patience": 0, "plateau_factor": 0.5, "select": "loss"},
+     ["--plateau-patience", 0, "--plateau-factor", 0.5, "--select", "loss"]),
+])
+def test_schedules_are_cavs_trains(data, tmp_path, schedule, lr, args, flags):
+    """The cosine and plateau schedules: every epoch's rate and losses the same as cavs
+    train --schedule's --log records (the plateau cuts at least once here: checked)."""
+    spec, vocab, train, dev = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
+    hist = cavs.train(model, train, dev, epochs=4, batch=32, lr=lr, seed=3, schedule=schedule, **args)
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dev",
+             data / "dev.txt", "--dim", "H=8", "--dim", "C=5", "--epochs", 4, "--batch", 32, "--lr", lr, "--seed", 3,
+             "--threads", 1, "--quiet", "--schedule", schedule, *flags, "--log", tmp_path / "log")
+    logged = [json.loads(line) for line in open(tmp_path / "log")]
+    assert len(hist) == len(logged) == 4
+    for mine, theirs in zip(hist, logged):
+        assert mine["schedule"] == theirs["schedule"] == schedule
+        for key in ("lr", "train_loss", "dev_loss"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-12), (mine["epoch"], key)
+    rates = [r["lr"] for r in hist]
+    assert rates[-1] < rates[0], rates  # the rate went down (cosine's floor; a plateau's cut)
+
+
+def test_schedule_settings_checked(data):
+    spec, vocab, train, dev = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
+    for kwargs, msg in (({"schedule": "linear"}, "not one of"), ({"schedule": "plateau"}, "needs a dev set"),
+                        ({"schedule": "cosine", "plateau_factor": 0.5}, "go with schedule plateau"),
+                        ({"schedule": "cosine", "lr_min": 1.0, "lr": 0.1}, "not below the rate")):
+        with pytest.raises(cavs.Error, match=msg):
+            cavs.train(model, train, epochs=1, **kwargs)
