@@ -460,6 +460,7 @@ START_TEST(format_5_options) {
   r = cavs("eval", path_in("v4.ckpt"), "--data", path_in("data.txt"), NULL);
   ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
   tu_free(&r);
+  free(k.p);
   free(k0.p);
 }
 END_TEST
