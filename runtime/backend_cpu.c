@@ -146,6 +146,7 @@ typedef struct GemmJob {
   int parts;
   bool by_rows;
   bool own;             /* sgemm.c's product rather than the BLAS's, decided for the whole product */
+  bool small;           /* with own: its few rows read op(B) in place (cv_sgemm_small) */
   const float *packed;  /* with own: op(B) packed for this pass (a parameter), or NULL */
 } GemmJob;
 
@@ -171,6 +172,10 @@ static void gemm_part(void *arg, int i) {
     c += (size_t)at * es;
     n = cnt;
   }
+  if (g->small && cv_sgemm_small(g->A == CblasTrans, g->B == CblasTrans, m, n, g->k, (float)g->alpha,
+                                  (const float *)a, g->lda, (const float *)b, g->ldb, (float)g->beta, (float *)c,
+                                  g->ldc) == 0)
+    return;
   if (g->packed && cv_sgemm_packed(g->A == CblasTrans, m, n, g->k, (float)g->alpha, (const float *)a, g->lda,
                                     g->packed, g->n, g->by_rows ? 0 : at, (float)g->beta, (float *)c, g->ldc) == 0)
     return;
@@ -222,13 +227,17 @@ static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE
                        long ldc) {
   cv_pool *pool = pool_of(c);
   int parts = cv_pool_threads(pool);
-  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, NULL};
+  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, false, NULL};
   /* Single precision through sgemm.c where the processor has AVX-512 (twice the BLAS's
      rate here, bench/README), but for C narrower than one vector (a classifier's few
      classes), where its 64-column tiles would be mostly padding. Its one failure (no
      memory for packing) falls back to the BLAS, which computes the same product. */
   g.own = !g.dbl && n >= 16 && c->model->own_gemm;
-  if (g.own) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
+  /* A few rows read op(B) once or a few times: packing it would cost as much (and a
+     parameter packed for a pass is read by few such products at batch size 1). Both
+     operands transposed (no model's product) go the packed way. */
+  g.small = g.own && m <= CV_SGEMM_SMALL_M && !(A == CblasTrans && B == CblasTrans);
+  if (g.own && !g.small) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
   /* below a megaflop, or without 32 columns (rows) a thread, one call */
   if (!pool || 2.0 * m * n * k < 1e6 || (n < 32 * parts && m < 32 * parts)) {
     g.parts = 1;
@@ -259,8 +268,10 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
      matrix-vector product, and a single-row parameter gradient an outer product: gemv
      and ger, without the packing gemm does for its blocks (most of an M=1 gemm's time).
      op(A)'s one row, or op(A)'s one column, is read with A's stride where it is not
-     contiguous. */
-  if (m == 1) {
+     contiguous. Where libcavs's own product runs, a row goes to its few-rows kernel
+     instead (gemm_parts: faster than the BLAS's gemv on Zen 4, bench/README). */
+  bool own_row = !DBL(c) && n >= 16 && c->model->own_gemm && !(ta == CAVS_TRANS && tb == CAVS_TRANS);
+  if (m == 1 && !own_row) {
     int inc = ta == CAVS_TRANS ? (int)lda : 1;
     if (DBL(c))
       cblas_dgemv(CblasRowMajor, B == CblasNoTrans ? CblasTrans : CblasNoTrans, B == CblasNoTrans ? k : n,

@@ -14,7 +14,8 @@
  * MR x NR tile is one call of the micro-kernel, which keeps the tile in 24 registers and
  * adds one rank-1 update per k: MR broadcasts of op(A), NR/16 loads of the panel. op(A)
  * is read where it lies when its rows are contiguous in k (A not transposed, a whole
- * tile of rows) and packed otherwise.
+ * tile of rows) and packed otherwise. A product of a few rows (cv_sgemm_small) packs
+ * nothing and reads op(B) in place.
  *
  * Determinism: every element of C is the same sum in the same order wherever it falls:
  * its dot product over each KC slice, k ascending, in one accumulator (fused
@@ -38,28 +39,16 @@ enum { MR = 6, NV = 4, NR = 16 * NV, KC = 256, MC = 192, NC = 1024 };
 
 #define AVX512 __attribute__((target("avx512f")))
 
-/* The micro-kernel: c[0..mr) x [0..nr) += alpha * A(0..MR, 0..kc) B(0..kc, 0..NR), with
-   A(i, p) = a[i * ars + p * acs] and b packed (NR floats a k). All MR rows of a are
-   readable; rows past mr and columns past nr are computed and thrown away. */
-AVX512 static inline void kernel(int kc, const float *restrict a, long ars, long acs, const float *restrict b,
-                                 float *restrict c, long ldc, int mr, int nr, float alpha) {
+/* The micro-kernel: c[0..mr) x [0..nr) += alpha * A(0..R, 0..kc) B(0..kc, 0..NR), with
+   A(i, p) = a[i * ars + p * acs]; b packed (NR floats a k), or with `direct` read in
+   place (B(p, j) = b[p * bs + j], loads masked past nr: zeros, as a packed panel's
+   padding). R (MR, or a few-rows product's count) and `direct` are constants in each
+   instance. All R rows of a are readable; rows past mr and columns past nr are
+   computed and thrown away. */
+AVX512 static inline __attribute__((always_inline)) void
+tile(int R, bool direct, int kc, const float *restrict a, long ars, long acs, const float *restrict b, long bs,
+     float *restrict c, long ldc, int mr, int nr, float alpha) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; i++)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
-  for (int p = 0; p < kc; p++) {
-    __m512 bv[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) bv[v] = _mm512_load_ps(b + (size_t)p * NR + 16 * v);
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; i++) {
-      __m512 ai = _mm512_set1_ps(a[i * ars + p * acs]);
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
-    }
-  }
-  __m512 al = _mm512_set1_ps(alpha);
   __mmask16 mask[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; v++) {
@@ -67,7 +56,24 @@ AVX512 static inline void kernel(int kc, const float *restrict a, long ars, long
     mask[v] = left >= 16 ? (__mmask16)0xffff : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1);
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; i++) {
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int p = 0; p < kc; p++) {
+    __m512 bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++)
+      bv[v] = direct ? _mm512_maskz_loadu_ps(mask[v], b + (size_t)p * bs + 16 * v) : _mm512_load_ps(b + (size_t)p * NR + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+      __m512 ai = _mm512_set1_ps(a[i * ars + p * acs]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+  }
+  __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++) {
     if (i >= mr) break;
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) {
@@ -82,11 +88,11 @@ AVX512 static inline void kernel(int kc, const float *restrict a, long ars, long
    packed panel (MR floats a k). */
 AVX512 static void kernel_rows(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
                                float alpha) {
-  kernel(kc, a, lda, 1, b, c, ldc, mr, nr, alpha);
+  tile(MR, false, kc, a, lda, 1, b, NR, c, ldc, mr, nr, alpha);
 }
 AVX512 static void kernel_packed(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr,
                                  float alpha) {
-  kernel(kc, a, 1, MR, b, c, ldc, mr, nr, alpha);
+  tile(MR, false, kc, a, 1, MR, b, NR, c, ldc, mr, nr, alpha);
 }
 
 /* 16 rows of 16 floats (src[r * ld + j]) to dst[j * dld + r]: a 16 x 16 transpose in
@@ -198,6 +204,112 @@ AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, c
   }
 }
 
+/* Products of a few rows (a tree's level at batch size 1, a short sentence's step): op(B)
+   read where it lies, not packed. Such a product reads each of B's elements once or a
+   few times, so packing it (reading it, writing it, reading it again; transposing it for
+   a transposed B) cost as much as the product: 18% of a batch-1 Tree-LSTM epoch went to
+   pack_b and its transposes (bench/README, Zen 4). */
+
+/* Not transposed: the micro-kernel's tiles of R rows, B read in place. Each element is
+   the same sum as in product(): over each KC slice in one accumulator, k ascending, then
+   alpha times it added to C. So these are cv_sgemm's bits. */
+#define SMALL_NN(R)                                                                                                  \
+  AVX512 static void small_nn_##R(int kc, const float *a, long ars, long acs, const float *b, long ldb, float *c,    \
+                                  long ldc, int nr, float alpha) {                                                   \
+    tile(R, true, kc, a, ars, acs, b, ldb, c, ldc, R, nr, alpha);                                                    \
+  }
+SMALL_NN(1)
+SMALL_NN(2)
+SMALL_NN(3)
+SMALL_NN(4)
+SMALL_NN(5)
+SMALL_NN(6)
+typedef void SmallNN(int, const float *, long, long, const float *, long, float *, long, int, float);
+static SmallNN *const small_nn[MR + 1] = {NULL, small_nn_1, small_nn_2, small_nn_3, small_nn_4, small_nn_5, small_nn_6};
+
+/* Transposed (op(B)(p, j) = b[j * ldb + p], the gradient of a product's input: dX = dY W'):
+   C(i, j) is the dot product of A's row i and B's row j, both contiguous. JR rows of B
+   at a time against mr rows of A, each pair one accumulator of 16 lanes, k in 16s,
+   summed across the lanes at the end. The order of the sum depends on k alone, so a
+   split over threads by rows or columns changes no bit; it is not cv_sgemm's order. */
+enum { TR = 4, JR = 4 };
+AVX512 static inline __attribute__((always_inline)) void
+small_nt_tile(int MRC, int k, const float *a, long lda, const float *b, long ldb, float *c, long ldc, int nr,
+              float alpha) {
+  __m512 acc[TR][JR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MRC; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < JR; j++) acc[i][j] = _mm512_setzero_ps();
+  /* rows of B past nr read as B's last row of the tile (in bounds; thrown away) */
+  const float *br[JR];
+#pragma GCC unroll 8
+  for (int j = 0; j < JR; j++) br[j] = b + (size_t)(j < nr ? j : nr - 1) * ldb;
+  for (int p = 0; p < k; p += 16) {
+    __mmask16 mk = k - p >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - p)) - 1);
+    __m512 bv[JR];
+#pragma GCC unroll 8
+    for (int j = 0; j < JR; j++) bv[j] = _mm512_maskz_loadu_ps(mk, br[j] + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < MRC; i++) {
+      __m512 ai = _mm512_maskz_loadu_ps(mk, a + (size_t)i * lda + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < JR; j++) acc[i][j] = _mm512_fmadd_ps(ai, bv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MRC; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < JR; j++)
+      if (j < nr) c[(size_t)i * ldc + j] += alpha * _mm512_reduce_add_ps(acc[i][j]);
+}
+
+#define SMALL_NT(R)                                                                                                  \
+  AVX512 static void small_nt_##R(int k, const float *a, long lda, const float *b, long ldb, float *c, long ldc,     \
+                                  int nr, float alpha) {                                                             \
+    small_nt_tile(R, k, a, lda, b, ldb, c, ldc, nr, alpha);                                                          \
+  }
+SMALL_NT(1)
+SMALL_NT(2)
+SMALL_NT(3)
+SMALL_NT(4)
+typedef void SmallNT(int, const float *, long, const float *, long, float *, long, int, float);
+static SmallNT *const small_nt[TR + 1] = {NULL, small_nt_1, small_nt_2, small_nt_3, small_nt_4};
+
+static void scale(int m, int n, float beta, float *c, long ldc);
+
+int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                   long ldb, float beta, float *c, long ldc) {
+  if (m <= 0 || n <= 0) return 0;
+  if (m > CV_SGEMM_SMALL_M || (tb && ta)) return -1;
+  scale(m, n, beta, c, ldc);
+  if (k <= 0 || alpha == 0.0f) return 0;
+  if (tb) {
+    /* JR rows of B (their k floats: 24 KB at the Tree-LSTM's 5H = 1536) stay in the
+       first-level cache while every block of A's rows reads them: B streams once */
+    for (int j = 0; j < n; j += JR)
+      for (int i0 = 0; i0 < m; i0 += TR) {
+        int mr = m - i0 < TR ? m - i0 : TR;
+        small_nt[mr](k, a + (size_t)i0 * lda, lda, b + (size_t)j * ldb, ldb, c + (size_t)i0 * ldc + j, ldc,
+                     n - j < JR ? n - j : JR, alpha);
+      }
+    return 0;
+  }
+  long ars = ta ? 1 : lda, acs = ta ? lda : 1;
+  /* a KC x 64 block of B (64 KB) stays in the second-level cache while every block of
+     A's rows reads it: B streams once; the slices in order, as product() adds them */
+  for (int p0 = 0; p0 < k; p0 += KC) {
+    int kc = k - p0 < KC ? k - p0 : KC;
+    for (int j = 0; j < n; j += NR)
+      for (int i0 = 0; i0 < m; i0 += MR) {
+        int mr = m - i0 < MR ? m - i0 : MR;
+        small_nn[mr](kc, a + (size_t)i0 * ars + (size_t)p0 * acs, ars, acs, b + (size_t)p0 * ldb + j, ldb,
+                     c + (size_t)i0 * ldc + j, ldc, n - j < NR ? n - j : NR, alpha);
+      }
+  }
+  return 0;
+}
+
 bool cv_sgemm_usable(void) {
   static int usable = -1;
   if (usable < 0) {
@@ -290,6 +402,10 @@ int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, l
 }
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
              float beta, float *c, long ldc) {
+  return -1;
+}
+int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                   long ldb, float beta, float *c, long ldc) {
   return -1;
 }
 #endif

@@ -20,4 +20,11 @@ void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packe
    memory or jo is not a panel's start. */
 int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
                     int ncols, int jo, float beta, float *c, long ldc);
+/* A product of at most CV_SGEMM_SMALL_M rows with op(B) read where it lies, not packed
+   (packing costs as much as such a product). Not transposed, cv_sgemm's bits; with B
+   transposed, a dot product a row (its own order, the same however the product is
+   split by rows or columns). -1 for more rows, or both operands transposed. */
+#define CV_SGEMM_SMALL_M 16
+int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                   long ldb, float beta, float *c, long ldc);
 #endif

@@ -245,7 +245,8 @@ static float at(const float *x, bool t, long ld, int i, int p) { return t ? x[(s
    bound of float rounding (k products and sums, then alpha and beta), the columns of
    C past n and the rows of A and B past their shapes untouched and unread (NaN there
    would show), C's old NaNs ignored where beta is 0, as BLAS does. */
-static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
+typedef int Gemm(bool, bool, int, int, int, float, const float *, long, const float *, long, float, float *, long);
+static void one_product_with(Gemm *f, bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
   long lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 7;
   long ar = ta ? k : m, br = tb ? n : k;
   float *a = malloc(sizeof(float) * (size_t)(ar * lda)), *b = malloc(sizeof(float) * (size_t)(br * ldb));
@@ -254,7 +255,7 @@ static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, floa
   for (long i = 0; i < ar * lda; i++) a[i] = i % lda < (ta ? m : k) ? rnd_value() : NAN;
   for (long i = 0; i < br * ldb; i++) b[i] = i % ldb < (tb ? k : n) ? rnd_value() : NAN;
   for (long i = 0; i < (long)m * ldc; i++) c0[i] = c[i] = i % ldc < n ? (beta == 0 ? NAN : rnd_value()) : -7.0f;
-  ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 0);
+  ck_assert_int_eq(f(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), 0);
   for (int i = 0; i < m; i++)
     for (int j = 0; j < ldc; j++) {
       float got = c[(size_t)i * ldc + j];
@@ -279,6 +280,9 @@ static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, floa
   free(c);
   free(c0);
 }
+static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
+  one_product_with(cv_sgemm, ta, tb, m, n, k, alpha, beta);
+}
 
 /* Edges of every blocking sgemm.c does (6-row tiles, 64-column panels, 256-deep slices,
    192-row and 1024-column blocks), each form of transposition, alpha and beta. */
@@ -300,6 +304,24 @@ START_TEST(sgemm_matches_double) {
 }
 END_TEST
 
+/* Random A (m x k) and B (k x n), and two zeroed m x n results */
+static void operands(int m, int n, int k, float **a, float **b, float **whole, float **part) {
+  *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n);
+  *whole = calloc((size_t)m * n, sizeof(float)), *part = calloc((size_t)m * n, sizeof(float));
+  ck_assert(*a && *b && *whole && *part);
+  for (long i = 0; i < (long)m * k; i++) (*a)[i] = rnd_value();
+  for (long i = 0; i < (long)k * n; i++) (*b)[i] = rnd_value();
+}
+
+/* f's product of m x k by k x n (n = 1000) into c in five column blocks: [0, 16), [16, 80),
+   [80, 512), [512, 592), [592, 1000), as a pool's threads might take them */
+static void by_columns(Gemm *f, bool ta, bool tb, int m, int n, int k, const float *a, long lda, const float *b,
+                       long ldb, float *c) {
+  static const int cuts[] = {16, 80, 512, 592, 1000};
+  for (int j = 0, j0 = 0; j < 5; j0 = cuts[j++]) /* columns [j0, cuts[j]) */
+    f(ta, tb, m, cuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0, c + j0, n);
+}
+
 /* The CPU backend splits a product over its threads by column blocks (multiples of 16)
    or by row blocks, each one call: every element must come out with the same bits as
    from the whole product, or results would depend on the thread count. */
@@ -309,15 +331,10 @@ START_TEST(sgemm_splits_change_no_bit) {
   for (int t = 0; t < 4; t++) {
     bool ta = t & 1, tb = t >> 1;
     long lda = ta ? m : k, ldb = tb ? k : n;
-    float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n);
-    float *whole = calloc((size_t)m * n, sizeof(float)), *part = calloc((size_t)m * n, sizeof(float));
-    ck_assert(a && b && whole && part);
-    for (long i = 0; i < (long)m * k; i++) a[i] = rnd_value();
-    for (long i = 0; i < (long)k * n; i++) b[i] = rnd_value();
+    float *a, *b, *whole, *part;
+    operands(m, n, k, &a, &b, &whole, &part);
     ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
-    static const int cuts[] = {16, 80, 512, 592, 1000};
-    for (int j = 0, j0 = 0; j < 5; j0 = cuts[j++]) /* columns [j0, cuts[j]) */
-      cv_sgemm(ta, tb, m, cuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0, part + j0, n);
+    by_columns(cv_sgemm, ta, tb, m, n, k, a, lda, b, ldb, part);
     ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d: split by columns differs", ta, tb);
     memset(part, 0, sizeof(float) * (size_t)m * n);
     static const int rcuts[] = {1, 7, 150, 301};
@@ -330,6 +347,71 @@ START_TEST(sgemm_splits_change_no_bit) {
     free(whole);
     free(part);
   }
+}
+END_TEST
+
+/* The few-rows product (cv_sgemm_small: op(B) read in place): every row count it takes,
+   the edges of its tiles (6 rows and 64 columns not transposed; 4 rows, 4 columns and
+   16-float steps of k transposed), against sums in double as cv_sgemm is; both operands
+   transposed and more than CV_SGEMM_SMALL_M rows refused. */
+START_TEST(sgemm_small_matches_double) {
+  if (!cv_sgemm_usable()) return;
+  static const int ns[] = {1, 3, 4, 5, 15, 16, 17, 63, 64, 65, 130, 1030},
+                   ks[] = {1, 3, 15, 16, 17, 255, 256, 257, 530};
+  static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
+  for (int m = 1; m <= CV_SGEMM_SMALL_M; m++)
+    for (int t = 0; t < 3; t++) /* NN, TN, NT */
+      one_product_with(cv_sgemm_small, t == 1, t == 2, m, 1030, 530, 1, 1);
+  for (int c = 0; c < 600; c++) {
+    int m = 1 + (int)(rnd() * CV_SGEMM_SMALL_M), n = ns[(int)(rnd() * 12)], k = ks[(int)(rnd() * 9)];
+    int t = (int)(rnd() * 3);
+    one_product_with(cv_sgemm_small, t == 1, t == 2, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+  }
+  float x[4] = {1, 2, 3, 4}, y[4] = {0};
+  ck_assert_int_eq(cv_sgemm_small(true, true, 2, 2, 2, 1, x, 2, x, 2, 0, y, 2), -1);
+  float *big = calloc((size_t)(CV_SGEMM_SMALL_M + 1) * 64, sizeof(float));
+  ck_assert(big);
+  ck_assert_int_eq(cv_sgemm_small(false, false, CV_SGEMM_SMALL_M + 1, 16, 4, 1, big, 4, big, 16, 0, big, 16), -1);
+  free(big);
+}
+END_TEST
+
+/* The few-rows product split by columns (over the pool's threads: blocks of 16) or by
+   rows gives the bits of the whole: results do not depend on the thread count. Not
+   transposed, they are cv_sgemm's bits too, so a level of a tree computes the same
+   whichever kernel its row count picks. */
+START_TEST(sgemm_small_splits_change_no_bit) {
+  if (!cv_sgemm_usable()) return;
+  const int n = 1000, k = 600;
+  for (int m = 1; m <= CV_SGEMM_SMALL_M; m += 3)
+    for (int t = 0; t < 3; t++) {
+      bool ta = t == 1, tb = t == 2;
+      long lda = ta ? m : k, ldb = tb ? k : n;
+      float *a, *b, *whole, *part;
+      operands(m, n, k, &a, &b, &whole, &part);
+      ck_assert_int_eq(cv_sgemm_small(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
+      if (!tb) {
+        ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, part, n), 0);
+        ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: not cv_sgemm's bits", ta, tb, m);
+        memset(part, 0, sizeof(float) * (size_t)m * n);
+      }
+      by_columns(cv_sgemm_small, ta, tb, m, n, k, a, lda, b, ldb, part);
+      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: split by columns differs", ta, tb,
+                    m);
+      if (m > 1) {
+        memset(part, 0, sizeof(float) * (size_t)m * n);
+        int i1 = m / 2;
+        cv_sgemm_small(ta, tb, i1, n, k, 1, a, lda, b, ldb, 0, part, n);
+        cv_sgemm_small(ta, tb, m - i1, n, k, 1, a + (ta ? (size_t)i1 : (size_t)i1 * lda), lda, b, ldb, 0,
+                       part + (size_t)i1 * n, n);
+        ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: split by rows differs", ta,
+                      tb, m);
+      }
+      free(a);
+      free(b);
+      free(whole);
+      free(part);
+    }
 }
 END_TEST
 
@@ -396,6 +478,8 @@ int main(void) {
   tcase_add_test(mm, sgemm_matches_double);
   tcase_add_test(mm, sgemm_splits_change_no_bit);
   tcase_add_test(mm, sgemm_packed_changes_no_bit);
+  tcase_add_test(mm, sgemm_small_matches_double);
+  tcase_add_test(mm, sgemm_small_splits_change_no_bit);
   suite_add_tcase(s, mm);
   return tu_run_suite(s);
 }
