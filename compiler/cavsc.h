@@ -340,12 +340,20 @@ typedef struct Dim {
 
 /* `option NAME = NUMBER;`: a value the runtime holds and the user may set (cavs train
  * --dropout, cavs_model_set_option), not part of the model's identity beyond its
- * default; today a dropout probability, in [0, 1) */
+ * default: a dropout probability, in [0, 1); or, the option named `clip`, the model's
+ * default gradient-norm clip for training (cavs train without --clip), 0 or more
+ * (cavs_abi.h's kinds, in the same order) */
+typedef enum { OPT_DROPOUT, OPT_CLIP } OptionKind;
+#define CV_MAX_CLIP 1e30
 typedef struct Option {
   const char *name;
-  double value; /* the default */
+  OptionKind kind; /* option_kind(name) */
+  double value;    /* the default */
   Loc loc;
 } Option;
+OptionKind option_kind(const char *name);
+/* NULL, or what is wrong with `v` as the default of an option of kind k */
+const char *option_value_error(OptionKind k, double v);
 
 typedef enum { IN_INDEX, IN_CLASS, IN_REAL } InputKind;
 typedef struct Input {

@@ -1031,7 +1031,8 @@ static void descriptor(const Emit *e) {
   fprintf(c, m->noptions ? "static const cavs_option_desc options[] = {\n"
                          : "static const cavs_option_desc options[1] = {0};\n");
   for (int i = 0; i < m->noptions; i++)
-    fprintf(c, "  {%s, CAVS_OPTION_DROPOUT, %.17g},\n", emit_c_string(m->options[i].name), m->options[i].value);
+    fprintf(c, "  {%s, %s, %.17g},\n", emit_c_string(m->options[i].name),
+            m->options[i].kind == OPT_CLIP ? "CAVS_OPTION_CLIP" : "CAVS_OPTION_DROPOUT", m->options[i].value);
   if (m->noptions) fprintf(c, "};\n");
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;

@@ -214,7 +214,8 @@ static bool header_line(Rd *r, const char *kw) {
     o->name = ident(r);
     if (!o->name) FAIL(r, "expected an option name");
     if (!fresh_name(r, o->name) || !want(r, "=") || !number(r, &o->value)) return false;
-    if (!(o->value >= 0 && o->value < 1)) FAIL(r, "an option's default is a probability in [0, 1)");
+    o->kind = option_kind(o->name);
+    if (option_value_error(o->kind, o->value)) FAIL(r, "an option's default is a probability in [0, 1), clip's 0 or more");
     m->noptions++;
   } else if (!strcmp(kw, "input")) {
     Input in = {.loc = here(r)};

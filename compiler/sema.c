@@ -845,6 +845,10 @@ static int eval_call(Ctx *c, const Node *n) {
       error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
       return -1;
     }
+    if (oe && oe->kind == SYM_OPTION && c->m->options[oe->index].kind == OPT_CLIP) {
+      error_at(pn->loc, "'%s' is the model's gradient-norm clip, not a dropout probability", pn->name);
+      return -1;
+    }
     int p = oe && oe->kind == SYM_OPTION
                 ? mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = c->m->options[oe->index].value,
                                       .ref = oe->index + 1, .loc = pn->loc})
@@ -1267,7 +1271,14 @@ static bool declare(Ctx *c, const char *name, Loc loc, int kind, int index) {
   return true;
 }
 
-/* `option NAME = NUMBER;`: dropout's probability, set at run time; the default in [0, 1) */
+OptionKind option_kind(const char *name) { return strcmp(name, "clip") == 0 ? OPT_CLIP : OPT_DROPOUT; }
+const char *option_value_error(OptionKind k, double v) {
+  if (k == OPT_CLIP) return v >= 0 && v <= CV_MAX_CLIP ? NULL : "is the gradient-norm clip: its default must be a number, 0 (none) or more";
+  return v >= 0 && v < 1 ? NULL : "is a dropout probability: its default must be a number in [0, 1)";
+}
+
+/* `option NAME = NUMBER;`: dropout's probability, set at run time, the default in
+   [0, 1); `option clip = NUMBER;` the model's default gradient-norm clip */
 static void decl_option(Ctx *c, Decl *d) {
   Model *m = c->m;
   if (m->noptions >= CV_MAX_OPTIONS) {
@@ -1275,13 +1286,16 @@ static void decl_option(Ctx *c, Decl *d) {
     return;
   }
   const Node *v = d->value;
-  if (v->kind != N_NUM || !(v->num >= 0 && v->num < 1)) {
-    error_at(v->loc, "option '%s' is a dropout probability: its default must be a number in [0, 1)", d->name);
+  OptionKind k = option_kind(d->name);
+  const char *why = v->kind == N_NUM ? option_value_error(k, v->num) : option_value_error(k, -1);
+  if (why) {
+    error_at(v->loc, "option '%s' %s", d->name, why);
     return;
   }
   if (!declare(c, d->name, d->name_loc, SYM_OPTION, m->noptions)) return;
   Option *o = &m->options[m->noptions++];
   o->name = d->name;
+  o->kind = k;
   o->value = v->num;
   o->loc = d->name_loc;
 }

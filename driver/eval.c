@@ -330,6 +330,7 @@ int cmd_info(const char *path) {
   if (ts->optim.kind == CAVS_MOMENTUM || ts->optim.kind == CAVS_NESTEROV)
     printf(" momentum %g", ts->optim.momentum ? ts->optim.momentum : 0.9);
   if (ts->optim.weight_decay) printf(" weight decay %g", ts->optim.weight_decay);
+  if (ts->optim.clip) printf(" clip %g", ts->optim.clip);
   printf(", seed %llu\n", (unsigned long long)ts->seed);
   static const char *const metric[] = {"the metric --select chose", "accuracy", "root accuracy", "loss"};
   if (ts->best >= 0) {

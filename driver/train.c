@@ -211,13 +211,15 @@ static void vocab_dims(Run *r, long *dims) {
 
 /* The model made, and its state: the checkpoint's, or a new one initialized, with the
  * --init vectors; then --freeze. */
-/* --dropout P: every option of the model (each a dropout probability); then each
- * --option NAME=P. A checkpoint keeps them (format 5): a resumed run has the values it
- * was saved with, unless they are given again. */
+/* --dropout P: every dropout option of the model; then each --option NAME=V. A
+ * checkpoint keeps them (format 5): a resumed run has the values it was saved with,
+ * unless they are given again. */
 static void set_options(cavs_model *m, const TrainOpts *o) {
   const cavs_desc *d = cavs_model_desc(m);
   if (o->dropout >= 0) {
-    if (!d->noptions)
+    int ndrop = 0;
+    for (int i = 0; i < d->noptions; i++) ndrop += d->options[i].kind == CAVS_OPTION_DROPOUT;
+    if (!ndrop)
       die(1, "--dropout: model '%s' has no dropout option: its dropouts, if any, have a fixed probability (declare "
           "`option p_drop = P;` and write dropout(x, p_drop) to set it from the command line)", d->name);
     for (int i = 0; i < d->noptions; i++)
@@ -231,8 +233,8 @@ static void set_options(cavs_model *m, const TrainOpts *o) {
     snprintf(name, sizeof name, "%.*s", (int)(eq - o->optset[i]), o->optset[i]);
     errno = 0;
     double v = strtod(eq + 1, &end);
-    if (end == eq + 1 || *end || errno == ERANGE || !(v >= 0 && v < 1))
-      die(1, "--option %s: the value must be a probability from 0 to below 1", o->optset[i]);
+    if (end == eq + 1 || *end || errno == ERANGE || !(v >= 0 && v <= CAVS_MAX_CLIP))
+      die(1, "--option %s: the value must be a number, 0 or more (a dropout's probability below 1)", o->optset[i]);
     if (cavs_model_set_option(m, name, v)) die(1, "--option: %s", cavs_model_error(m));
   }
 }
@@ -279,6 +281,9 @@ static void make_model(Run *r, const long *dims) {
     r->inited[i] = p;
   }
   set_options(r->m, o);
+  /* without --clip, the model's own (`option clip = N;`, as set or saved) */
+  int k = cavs_option_find(d, "clip");
+  if (!o->set_clip && k >= 0) r->ts.optim.clip = o->optim.clip = cavs_model_option(r->m, k);
   for (int i = 0; i < o->nfreeze; i++) {
     int p = param_named(d, o->freeze[i], strlen(o->freeze[i]));
     if (p < 0) die(1, "--freeze: model '%s' has no parameter '%s'", d->name, o->freeze[i]);
@@ -319,6 +324,9 @@ static void say_start(const Run *r) {
     for (int i = 0; i < r->d->noptions; i++) printf(" %s=%g", r->d->options[i].name, cavs_model_option(r->m, i));
     printf("\n");
   }
+  int k = cavs_option_find(r->d, "clip");
+  if (k >= 0 && !r->o->set_clip && cavs_model_option(r->m, k) > 0)
+    printf("gradient-norm clip %g, the model's (option clip; --clip 0 turns it off)\n", cavs_model_option(r->m, k));
   for (int i = 0; i < r->o->ninit && !r->ck; i++)
     say_init(r, i);
   fflush(stdout);

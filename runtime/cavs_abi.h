@@ -182,8 +182,20 @@ typedef struct cavs_dim_desc {
 
 /* An option (`option NAME = P;` in the .vf): a value set at run time
  * (cavs_model_set_option, `cavs train --dropout`), not part of the model's identity;
- * `value` the default. CAVS_OPTION_DROPOUT: a dropout probability, in [0, 1). */
-enum cavs_option_kind { CAVS_OPTION_DROPOUT };
+ * `value` the default. CAVS_OPTION_DROPOUT: a dropout probability, in [0, 1).
+ * CAVS_OPTION_CLIP (the option named `clip`): the model's default gradient-norm clip
+ * for training (`cavs train` without --clip), in [0, CAVS_MAX_CLIP]; 0: none. */
+enum cavs_option_kind { CAVS_OPTION_DROPOUT, CAVS_OPTION_CLIP };
+#define CAVS_MAX_CLIP 1e30
+/* Whether `value` is one an option of this kind takes */
+static inline int cavs_option_value_ok(int kind, double value) {
+  return kind == CAVS_OPTION_CLIP ? value >= 0 && value <= CAVS_MAX_CLIP
+                                  : kind == CAVS_OPTION_DROPOUT && value >= 0 && value < 1;
+}
+/* The kind of the option named `name` */
+static inline int cavs_option_kind_of(const char *name) {
+  return strcmp(name, "clip") == 0 ? CAVS_OPTION_CLIP : CAVS_OPTION_DROPOUT;
+}
 typedef struct cavs_option_desc {
   const char *name;
   int kind; /* enum cavs_option_kind */

@@ -523,8 +523,9 @@ static void read_state_v4(cavs_ckpt *k, Rd *r, uint32_t version) {
   t->plateau_bad = (int)get_u32(r);
 }
 
-/* Format 5's options: each a name of the model's kind once, with a probability (what
- * cavs_model_set_option takes); which names the model has is checked when applied. */
+/* Format 5's options: each a name of the model's kind once, with a value of its kind (a
+ * probability, or for `clip` a gradient-norm clip: what cavs_model_set_option takes);
+ * which names the model has is checked when applied. */
 static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   if (version < 5) return true;
   uint32_t n = get_u32(r);
@@ -536,7 +537,8 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
     if (!name) return true;
     k->opt_name[k->noptions] = name;
     k->opt_value[k->noptions++] = v;
-    if (!cavs_is_identifier(name) || !(v >= 0 && v < 1)) FAIL("'%s' is damaged (options)", path);
+    if (!cavs_is_identifier(name) || !cavs_option_value_ok(cavs_option_kind_of(name), v))
+      FAIL("'%s' is damaged (options)", path);
     for (int j = 0; j < k->noptions - 1; j++)
       if (!strcmp(k->opt_name[j], name)) FAIL("'%s' is damaged (options: %s twice)", path, name);
   }

@@ -226,9 +226,12 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     return NULL;
   }
   for (int i = 0; i < d->noptions; i++)
-    if (d->options[i].kind != CAVS_OPTION_DROPOUT || !(d->options[i].value >= 0 && d->options[i].value < 1)) {
-      snprintf(err, errlen, "model '%s': option %s's default %g is not a dropout probability in [0, 1)", d->name,
-               d->options[i].name, d->options[i].value);
+    if (!d->options[i].name || d->options[i].kind != cavs_option_kind_of(d->options[i].name) ||
+        !cavs_option_value_ok(d->options[i].kind, d->options[i].value)) {
+      snprintf(err, errlen, "model '%s': option %s's default %g is not %s", d->name,
+               d->options[i].name ? d->options[i].name : "(null)", d->options[i].value,
+               d->options[i].kind == CAVS_OPTION_CLIP ? "a gradient-norm clip (0 or more)"
+                                                      : "a dropout probability in [0, 1)");
       return NULL;
     }
   long bound[CAVS_MAX_DIMS];
@@ -561,7 +564,9 @@ int cavs_model_set_option(cavs_model *m, const char *name, double value) {
     return cv_fail(m, "model '%s' has no option '%s' (it has %s%s)", d->name, name ? name : "", d->options[0].name,
                    d->noptions > 1 ? " and others: cavs_desc.options" : "");
   }
-  if (!(value >= 0 && value < 1))
+  if (d->options[k].kind == CAVS_OPTION_CLIP && !cavs_option_value_ok(CAVS_OPTION_CLIP, value))
+    return cv_fail(m, "option %s is a gradient-norm clip: %g is not in [0, %g]", name, value, CAVS_MAX_CLIP);
+  if (d->options[k].kind != CAVS_OPTION_CLIP && !cavs_option_value_ok(CAVS_OPTION_DROPOUT, value))
     return cv_fail(m, "option %s is a dropout probability: %g is not in [0, 1)", name, value);
   m->ctx.opt[k] = value;
   return 0;

@@ -772,17 +772,65 @@ static const char *const drop_vf =
 
 static char *info_field(const char *ckpt, const char *key);
 
-static char *train_loss(const char *ckpt, const char *opt, const char *val) {
-  RunResult r = cavs("train", path_in("tdrop.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--epochs",
-                     "1", "--save", path_in(ckpt), opt, val, NULL);
-  ok(&r, "train tdrop");
+/* One epoch of the model in file vf (in the test's directory) with an optimizer and an
+   option or none, saved to ckpt: its "train loss X"; its output must say `says` (unless
+   NULL) */
+static char *train_loss_of(const char *vf, const char *optimizer, const char *says, const char *ckpt, const char *opt,
+                           const char *val) {
+  RunResult r = cavs("train", path_in(vf), "--format", "ptb-tree", "--train", path_in("train.txt"), "--epochs", "1",
+                     "--save", path_in(ckpt), "--optimizer", optimizer, opt, val, NULL);
+  ok(&r, vf);
   const char *at = strstr(r.out, "train loss ");
   ck_assert_msg(at, "%s", tu_tail(r.out, 1800));
   char *loss = strndup(at, 11 + strcspn(at + 11, " \n"));
-  if (opt) ck_assert_msg(strstr(r.out, "options: p_drop="), "%s", tu_tail(r.out, 1800));
+  if (says) ck_assert_msg(strstr(r.out, says), "%s", tu_tail(r.out, 1800));
   tu_free(&r);
   return loss;
 }
+static char *train_loss(const char *ckpt, const char *opt, const char *val) {
+  return train_loss_of("tdrop.vf", "adam", opt ? "options: p_drop=" : NULL, ckpt, opt, val);
+}
+
+/* `option clip = N;`: the model's default gradient-norm clip. Without --clip a run
+ * clips at N (the bytes of a run with --clip N), --clip 0 and --option clip=0 turn it
+ * off (another run: 0.05 clips this model's gradients; with SGD, as Adam's steps hardly
+ * change when every gradient is scaled), --dropout finds no dropout in it, and a
+ * negative clip is refused. */
+START_TEST(model_clip_option) {
+  gen_data();
+  static const char clip_vf[] =
+      "model tclip; dim E = 8; dim H = 8; dim C = 5; dim V = vocab(word);\n"
+      "input word : index[V]; input label : class[C];\n"
+      "option clip = 0.05;\n"
+      "param emb[V,E] init uniform(-0.1, 0.1); param U[E,H], W[2H,H], Wc[H,C] init xavier; param bc[C];\n"
+      "pull { x = emb[word]; }\n"
+      "vertex tree (children 2) { h = tanh(pull() @ U + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+      "push (h) { loss softmax_xent(h @ Wc + bc, label); }\n";
+  tu_write(path_in("tclip.vf"), clip_vf, strlen(clip_vf));
+  char *dflt = train_loss_of("tclip.vf", "sgd", "gradient-norm clip 0.05, the model's", "c_default.ckpt", NULL, NULL),
+       *given = train_loss_of("tclip.vf", "sgd", NULL, "c_given.ckpt", "--clip", "0.05"),
+       *off = train_loss_of("tclip.vf", "sgd", NULL, "c_off.ckpt", "--clip", "0"),
+       *off_opt = train_loss_of("tclip.vf", "sgd", "options: clip=0", "c_offopt.ckpt", "--option", "clip=0");
+  ck_assert_str_eq(dflt, given);
+  same_bytes("c_default.ckpt", "c_given.ckpt", "the model's clip trains otherwise than --clip 0.05");
+  ck_assert_msg(strcmp(dflt, off), "clipping at 0.05 changes nothing here: %s", off);
+  ck_assert_str_eq(off, off_opt);
+  free(dflt), free(given), free(off), free(off_opt);
+  char *t_on = info_field(path_in("c_default.ckpt"), "training"), *t_off = info_field(path_in("c_off.ckpt"), "training");
+  ck_assert_msg(strstr(t_on, " clip 0.05,") && !strstr(t_off, "clip"), "%s / %s", t_on, t_off);
+  free(t_on), free(t_off);
+  struct {
+    const char *opt, *val, *says;
+  } bad[] = {{"--dropout", "0.3", "has no dropout option"}, {"--option", "clip=-1", "--option clip=-1"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    RunResult r = cavs("train", path_in("tclip.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"),
+                       "--epochs", "1", "--quiet", bad[i].opt, bad[i].val, NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, bad[i].says), "%s %s: %d %s", bad[i].opt, bad[i].val, r.status,
+                  tu_tail(r.err, 1800));
+    tu_free(&r);
+  }
+}
+END_TEST
 
 START_TEST(dropout_option) {
   gen_data();
@@ -2461,6 +2509,7 @@ int main(void) {
   tcase_add_test(tc, wrong_model_rejected);
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, dropout_option);
+  tcase_add_test(tc, model_clip_option);
   tcase_add_test(tc, product_dim_follows);
   tcase_add_test(tc, greedy_decoding);
   tcase_add_test(tc, user_errors);

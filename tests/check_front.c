@@ -318,18 +318,26 @@ START_TEST(options) {
   ck_assert_msg(la == lb && !memcmp(a, b, la), "%s\n---\n%s", a, b);
   free(a);
   free(b);
-  /* refused: the name as a number, a default out of range, an option the IR lacks */
+  /* `option clip = N;`: the model's gradient-norm clip, a number of its own kind */
+  m = compile_str("model o; dim H = 4; option p = 0.5; option clip = 5;\ninput f : real[H];\n"
+                  "vertex v (children 0) { scatter(dropout(f, p)); }\n");
+  ck_assert_int_eq(m->noptions, 2);
+  ck_assert(m->options[0].kind == OPT_DROPOUT && m->options[1].kind == OPT_CLIP && m->options[1].value == 5);
+  /* refused: the name as a number, a default out of range, an option the IR lacks, the
+     clip negative or a dropout's probability */
   const char *bad[] = {
+      "model o; dim H = 4; option clip = -1; input f : real[H];\nvertex v (children 0) { scatter(f); }\n",
+      "model o; dim H = 4; option clip = 0.5; input f : real[H];\nvertex v (children 0) { scatter(dropout(f, clip)); }\n",
       "model o; dim H = 4; option p = 0.5; input f : real[H];\nvertex v (children 0) { scatter(f * p); }\n",
       "model o; dim H = 4; option p = 1; input f : real[H];\nvertex v (children 0) { scatter(f); }\n",
       "model o; dim H = 4; option p = 0.5; input f : real[H];\nvertex v (children 0) { scatter(dropout(f, q)); }\n",
       "model o; dim H = 4; option p = 0.5; option p = 0.1; input f : real[H];\nvertex v (children 0) { scatter(f); }\n",
   };
-  for (int i = 0; i < 4; i++) {
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     diag_init("bad.vf", bad[i], strlen(bad[i]));
     Decl *d = parse_source("bad.vf", bad[i], strlen(bad[i]));
     if (diag_count() == 0) sema(d, "bad.vf");
-    ck_assert_msg(diag_count() == 1, "bad %d: %d errors", i, diag_count());
+    ck_assert_msg(diag_count() == 1, "bad %zu: %d errors", i, diag_count());
   }
   const char *ir = "model o\ndim H = 4\ninput f : real[H]\nstate [H]\nfunc vertex v children 0\n"
                    "  %0 = input f : [H]  # line 1\n  %1 = const 0.5 option p : scalar  # line 1\n";

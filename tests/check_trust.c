@@ -446,6 +446,30 @@ START_TEST(format_5_options) {
   ck_assert_msg(r.status == 0 && strstr(r.out, "p_drop=0.5"), "%s%s", r.out, r.err);
   tu_free(&r);
   free(k.p);
+  /* `clip`, a gradient-norm clip: 3 is of its kind (read; refused when applied to a
+     model without the option), -1 is not */
+  for (int neg = 0; neg < 2; neg++) {
+    k = (Ckpt){malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    uint32_t four_chars = 4;
+    double clip = neg ? -1 : 3;
+    ck_splice(&k, t5 + 8 + 6, 8, &clip, 8);
+    ck_splice(&k, t5 + 8, 6, "clip", 4);
+    ck_splice(&k, t5 + 4, 4, &four_chars, 4);
+    save(&k, "clip.ckpt");
+    c = cavs_ckpt_read(path_in("clip.ckpt"), err, sizeof err);
+    if (neg) ck_assert_msg(c == NULL && strstr(err, "damaged (options)"), "%s", err);
+    else {
+      ck_assert_msg(c != NULL, "%s", err);
+      ck_assert_str_eq(cavs_ckpt_option(c, 0, &v), "clip");
+      ck_assert(v == 3);
+      cavs_ckpt_free(c);
+      r = cavs("eval", path_in("clip.ckpt"), "--data", path_in("data.txt"), NULL);
+      ck_assert_msg(r.status == 1 && strstr(r.err, "no option 'clip'"), "%s%s", r.out, r.err);
+      tu_free(&r);
+    }
+    free(k.p);
+  }
   /* format 4: no options */
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);

@@ -408,21 +408,22 @@ class Model:
 
     @property
     def options(self):
-        """The model's options (`option NAME = P;` in its .vf: a dropout's probability)
-        by name, their values now: the .vf's defaults, what set_option set, or what the
-        checkpoint load() read kept."""
+        """The model's options (`option NAME = P;` in its .vf: a dropout's probability,
+        or `clip`, its default gradient-norm clip for training) by name, their values
+        now: the .vf's defaults, what set_option set, or what the checkpoint load()
+        read kept."""
         d = self.spec.desc.contents
         return {_s(d.options[k].name): C.lib().cavs_model_option(self._ptr, k) for k in range(d.noptions)}
 
     def set_option(self, name, value):
-        """Sets option `name` to `value`, a probability from 0 to below 1 (cavs train's
-        --option NAME=P); save() keeps it."""
+        """Sets option `name` to `value`, a probability from 0 to below 1, or for `clip`
+        a norm, 0 or more (cavs train's --option NAME=V); save() keeps it."""
         self._check(C.lib().cavs_model_set_option(self._ptr, _b(name), float(value)))
 
     def set_dropout(self, p):
-        """Every option to p (cavs train's --dropout P); an error for a model without
-        options, whose dropouts, if any, have a fixed probability."""
-        names = list(self.options)
+        """Every dropout option to p (cavs train's --dropout P); an error for a model
+        without one, whose dropouts, if any, have a fixed probability."""
+        names = [n for n in self.options if n != "clip"]
         if not names:
             raise Error(f"model '{self.spec.name}' has no dropout option")
         for n in names:
@@ -740,7 +741,7 @@ def _plateau(sch, base_lr, metric, higher):
         sch["now"] = cut
 
 
-def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=0.0, weight_decay=0.0,
+def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=None, weight_decay=0.0,
           seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0,
           schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
@@ -750,12 +751,16 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     plateau_factor, 0.1, after plateau_patience, 10, epochs without a better dev
     metric, not below lr_min), ramped over the first warmup minibatches; with dev, the
     best epoch by select ("all", "root" or "loss"; accuracy for a classifier, else
-    loss), and a stop after `patience` epochs without a better one). callback(record)
+    loss), and a stop after `patience` epochs without a better one). clip, the
+    gradient-norm clip, is by default the model's `clip` option, where it has one, as
+    in cavs train, else none. callback(record)
     after each epoch, a dict with the keys of cavs train --log's records; returning
     False stops. Returns the records; with dev, model.best holds copies of the best
     epoch's parameters (model.best_epoch its number)."""
     kind = _optim_kind(optimizer)
     base_lr = lr if lr is not None else C.lib().cavs_optim_default_lr(kind)
+    if clip is None:
+        clip = model.options.get("clip", 0.0)
     sch = _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor, plateau_patience, base_lr,
                     epochs, dev)
     has_acc = any(model.spec.desc.contents.losses[i].kind == C.LOSS_SOFTMAX_XENT

@@ -247,6 +247,32 @@ def test_dropout_options(data, tmp_path):
         fc.set_dropout(0.5)
 
 
+def test_model_clip_is_cavs_trains(data, tmp_path):
+    """A model's own gradient-norm clip (`option clip = N;`): cavs.train without clip=
+    clips at it as cavs train without --clip does, record for record; clip=0 turns it
+    off (another run: 0.05 clips this model's gradients)."""
+    text = open(model_path("treefc.vf")).read()
+    vf = tmp_path / "fclip.vf"
+    vf.write_text(re.sub(r"(?m)^(model treefc;)$", r"\1\noption clip = 0.05;", text, count=1))
+    assert "option clip = 0.05;" in vf.read_text()
+    spec = cavs.compile(str(vf))
+    vocab = cavs.Vocab()
+    train = cavs.Dataset.load(data / "train.txt", "ptb-tree", spec, vocab, grow=True, dims={"C": 5})
+    runs = []
+    for clip in (None, 0):
+        model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
+        assert model.options == {"clip": 0.05}
+        runs.append(cavs.train(model, train, epochs=2, batch=16, lr=0.01, seed=3, clip=clip))
+    cavs_cli("train", vf, "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "H=8", "--dim", "C=5",
+             "--epochs", 2, "--batch", 16, "--lr", 0.01, "--seed", 3, "--threads", 1, "--quiet", "--log",
+             tmp_path / "log")
+    logged = [json.loads(line) for line in open(tmp_path / "log")]
+    assert len(logged) == 2
+    for mine, theirs in zip(runs[0], logged):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-12), mine["epoch"]
+    assert runs[1][1]["train_loss"] != pytest.approx(runs[0][1]["train_loss"], rel=1e-6)
+
+
 @pytest.mark.parametrize("schedule,lr,args,flags", [
     ("cosine", 0.05, {"lr_min": 0.001}, ["--lr-min", 0.001]),
     ("plateau", 0.5, {"plateau_patience": 0, "plateau_factor": 0.5, "select": "loss"},
