@@ -43,6 +43,8 @@ char *fmt(const char *f, ...);
 /* A whole file, NUL-terminated and kept; NULL (errno set) when it cannot be opened. */
 char *slurp(const char *path, size_t *len);
 bool exists(const char *path);
+/* Whether data format `f` is a language model's: text, text-bptt or text-bptt:N */
+bool lm_format(const char *f);
 
 /* JSON (jansson): a real, or null where it is not finite; a value set in an object or
  * appended to an array (dies when memory ran out); an object written on one line of f

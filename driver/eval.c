@@ -177,7 +177,7 @@ static void print_eval_text(const Report *r, const char *format) {
   const Totals *t = &r->t;
   printf("graphs %ld  loss %.4f", t->graphs, total_loss(t));
   print_losses(stdout, r->d, t);
-  if (r->xent >= 0 && (!strcmp(format, "text") || !strcmp(format, "text-bptt"))) printf("  perplexity %.2f", exp(r->xent));
+  if (r->xent >= 0 && lm_format(format)) printf("  perplexity %.2f", exp(r->xent));
   bool binary = t->scores && t->scores->binary;
   if (has_accuracy(r->d))
     printf("  %saccuracy %.4f (all %ld %svertices)  root accuracy %.4f (%ld %sroots)", binary ? "binary " : "",

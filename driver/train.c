@@ -561,7 +561,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
 int cmd_train(TrainOpts *o) {
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
-  if (!o->format) die(1, "train: --format is required (ptb-tree, text, cgf)");
+  if (!o->format) die(1, "train: --format is required (ptb-tree, text, text-bptt, text-bptt:N, cgf)");
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
   if (o->init_all && o->resume)
     die(1, "train: --init-all starts a new model; --resume goes on from the checkpoint's parameters");
@@ -591,7 +591,7 @@ int cmd_train(TrainOpts *o) {
   if (!o->quiet) say_start(&r);
   r.tty = isatty(1) && !o->quiet;
   r.with_acc = has_accuracy(r.d);
-  r.lm = r.with_acc && (!strcmp(o->format, "text") || !strcmp(o->format, "text-bptt"));
+  r.lm = r.with_acc && lm_format(o->format);
   r.order = xmalloc(sizeof(int) * (size_t)r.n);
   r.gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};

@@ -106,6 +106,9 @@ char *slurp(const char *path, size_t *len) {
 }
 
 bool exists(const char *path) { return access(path, F_OK) == 0; }
+bool lm_format(const char *f) {
+  return !strcmp(f, "text") || !strcmp(f, "text-bptt") || !strncmp(f, "text-bptt:", 10);
+}
 
 /* ---- JSON, through jansson ---- */
 

@@ -26,6 +26,7 @@
  * model's defaults) are still read. */
 #include "afile.h"
 #include "cv.h"
+#include "data.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -567,9 +568,8 @@ static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t 
       !(t->plateau_best == -1 || nonneg(t->plateau_best)) || t->plateau_bad < 0 ||
       t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch)
     FAIL("'%s' is damaged (learning-rate schedule)", path);
-  if (*t->format && strcmp(t->format, "ptb-tree") && strcmp(t->format, "text") && strcmp(t->format, "text-bptt") &&
-      strcmp(t->format, "cgf"))
-    FAIL("'%s' is damaged (data format)", path);
+  int bptt;
+  if (*t->format && !cv_format_named(t->format, &bptt)) FAIL("'%s' is damaged (data format)", path);
   if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
       !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps) || !unit(o->momentum))
     FAIL("'%s' is damaged (optimizer settings)", path);

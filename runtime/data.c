@@ -277,6 +277,27 @@ static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_f
 static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
                                const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen);
 
+const CvFormat *cv_format_named(const char *format, int *bptt) {
+  if (!format) return NULL;
+  *bptt = CV_BPTT;
+  if (!strncmp(format, "text-bptt:", 10)) {
+    const char *p = format + 10;
+    long n = 0;
+    if (!*p) return NULL;
+    for (; *p; p++) {
+      if (*p < '0' || *p > '9') return NULL;
+      n = n * 10 + (*p - '0');
+      if (n > CV_MAX_BPTT) return NULL;
+    }
+    if (n < 1) return NULL;
+    *bptt = (int)n;
+    return &cv_format_text_bptt;
+  }
+  for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+    if (!strcmp(format, formats[i]->name)) return formats[i];
+  return NULL;
+}
+
 cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs_desc *d, const long *dims,
                                 cavs_vocab *v, int grow, char *err, size_t errlen) {
   FILE *f = fopen(path, "rb");
@@ -308,14 +329,16 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
     fclose(f);
     return NULL;
   }
-  const CvFormat *fm = NULL;
-  for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
-    if (!strcmp(format, formats[i]->name)) fm = formats[i];
+  int bptt = CV_BPTT;
+  const CvFormat *fm = cv_format_named(format, &bptt);
   if (!fm) {
     char names[256] = "";
     for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
       snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", formats[i]->name);
-    snprintf(err, errlen, "unknown data format '%s' (%s)", format, names);
+    if (!strncmp(format, "text-bptt:", 10))
+      snprintf(err, errlen, "data format '%.40s': the chunk length after text-bptt: must be a number from 1 to %d",
+               format, CV_MAX_BPTT);
+    else snprintf(err, errlen, "unknown data format '%.40s' (%s, text-bptt:N)", format, names);
     fclose(f);
     return NULL;
   }
@@ -339,7 +362,8 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
   s->maxc = sh.maxc;
   s->nint = sh.nint;
   s->realw = fm->real ? realw : 0;
-  CvLoad l = {.s = s, .sh = &sh, .d = d, .dims = dims, .v = v, .grow = grow, .path = path, .err = err, .errlen = errlen};
+  CvLoad l = {.s = s, .sh = &sh, .d = d, .dims = dims, .v = v, .grow = grow, .path = path, .err = err, .errlen = errlen,
+              .bptt = bptt};
   void *state = NULL;
   if (fm->begin(&l, &state)) {
     fclose(f);

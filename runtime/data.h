@@ -43,6 +43,7 @@ typedef struct CvLoad {
   long lineno;      /* of the line being read */
   char *err;        /* "FILE:LINE: error: ..." on failure */
   size_t errlen;
+  int bptt;         /* text-bptt's chunk length (35, or N of "text-bptt:N") */
 } CvLoad;
 
 typedef struct CvFormat {
@@ -56,6 +57,13 @@ typedef struct CvFormat {
      an error; frees the state */
   int (*end)(CvLoad *l, void *state, int rc);
 } CvFormat;
+
+/* The chunks text-bptt cuts a stream into: 35 tokens by default (Zaremba et al.), N
+ * with "text-bptt:N", N from 1 to CV_MAX_BPTT. */
+enum { CV_BPTT = 35, CV_MAX_BPTT = 100000 };
+/* The format named `format` ("text-bptt:N" is text-bptt, its N in *bptt), or NULL: an
+ * unknown name, or an N that is not a number from 1 to CV_MAX_BPTT (digits only). */
+const CvFormat *cv_format_named(const char *format, int *bptt);
 
 extern const CvFormat cv_format_ptb, cv_format_text, cv_format_text_bptt, cv_format_cgf;
 

@@ -59,13 +59,13 @@ static int text_end(CvLoad *l, void *state, int rc) {
 const CvFormat cv_format_text = {"text", false, text_begin, text_line, text_end};
 
 /* The `text-bptt` format: the file as one stream of tokens, each line followed by
- * <eos>, cut into chains of CV_BPTT tokens (the last chain shorter), each vertex labeled
+ * <eos>, cut into chains of CV_BPTT tokens, or N with `text-bptt:N` (CvLoad.bptt; the
+ * last chain shorter), each vertex labeled
  * with the token after it in the stream, across lines and chains (the stream's last
  * token, with none after it, unlabeled): a language model trained as on PTB since
  * Zaremba et al. (2014), truncated back-propagation through time, each chain starting
  * from zero state. The chains of a minibatch are then of one length, so every task is
  * one step of all of them and every gather a view of the state (scheduler.c). */
-enum { CV_BPTT = 35 };
 typedef struct Bptt {
   long first; /* the open chain's first vertex, or -1 */
   int len;    /* its vertices */
@@ -87,7 +87,7 @@ static int bptt_token(CvLoad *l, Bptt *b, int w) {
   const Shape *sh = l->sh;
   char why[128];
   if (b->first >= 0 && sh->label_slot >= 0) s->feat[(s->nv - 1) * s->nint + sh->label_slot] = w;
-  if (b->first >= 0 && b->len == CV_BPTT) {
+  if (b->first >= 0 && b->len == l->bptt) {
     if (cv_add_graph(s, b->first, why, sizeof why)) goto fail;
     b->first = -1;
   }

@@ -588,19 +588,21 @@ START_TEST(text_chain) {
 }
 END_TEST
 
-/* text-bptt: the file as one stream, <eos> after each line, in chains of 35 tokens,
- * each labeled with the next token of the stream across lines and chains, the last
- * token unlabeled. 40 lines of "t<i> x" are 120 tokens: chains of 35, 35, 35 and 15. */
-START_TEST(text_bptt_stream) {
+/* text-bptt: the file as one stream, <eos> after each line, in chains of 35 tokens (N
+ * with text-bptt:N), each labeled with the next token of the stream across lines and
+ * chains, the last token unlabeled. 40 lines of "t<i> x" are 120 tokens: chains of 35,
+ * 35, 35 and 15; of 50, 50 and 20; of 120; of one each. */
+static void bptt_stream(const char *format, int chunk) {
   long dims[CAVS_MAX_DIMS];
   dims_of(LM, dims);
   cavs_vocab *v = cavs_vocab_new();
   char buf[1024];
   size_t n = 0;
   for (int i = 0; i < 40; i++) n += (size_t)snprintf(buf + n, sizeof buf - n, "t%d x\n", i % 7);
-  cavs_dataset *s = load_ok("stream.txt", buf, n, "text-bptt", LM, dims, v, 1);
+  cavs_dataset *s = load_ok("stream.txt", buf, n, format, LM, dims, v, 1);
   int W = slot_of(LM, "word"), L = slot_of(LM, "next"), nint = LM->nint;
-  ck_assert_int_eq(cavs_dataset_count(s), 4);
+  int chains = (120 + chunk - 1) / chunk;
+  ck_assert_int_eq(cavs_dataset_count(s), chains);
   /* the stream, as the vocabulary numbers it */
   int tok[120], k = 0;
   for (int i = 0; i < 40; i++) {
@@ -611,9 +613,9 @@ START_TEST(text_bptt_stream) {
     tok[k++] = 1; /* <eos> */
   }
   k = 0;
-  for (int gi = 0; gi < 4; gi++) {
+  for (int gi = 0; gi < chains; gi++) {
     const cavs_graph *g = cavs_dataset_graph(s, gi);
-    ck_assert_int_eq(g->n, gi < 3 ? 35 : 15);
+    ck_assert_int_eq(g->n, gi < chains - 1 ? chunk : 120 - chunk * (chains - 1));
     for (int i = 0; i < g->n; i++, k++) {
       ck_assert_int_eq(g->child[i], i - 1);
       ck_assert_int_eq(g->feat[i * nint + W], tok[k]);
@@ -623,6 +625,13 @@ START_TEST(text_bptt_stream) {
   ck_assert_int_eq(k, 120);
   cavs_dataset_free(s);
   cavs_vocab_free(v);
+}
+START_TEST(text_bptt_stream) {
+  bptt_stream("text-bptt", 35);
+  bptt_stream("text-bptt:50", 50);
+  bptt_stream("text-bptt:120", 120);
+  bptt_stream("text-bptt:1", 1);
+  bptt_stream("text-bptt:035", 35);
 }
 END_TEST
 
@@ -1037,6 +1046,20 @@ START_TEST(unknown_format) {
   cavs_vocab_free(v);
   ck_assert_ptr_null(s);
   ck_assert_msg(strstr(err, "unknown data format 'json'") != NULL, "%s", err);
+  /* text-bptt's chunk length: digits only, from 1 to 100000 */
+  static const char *const bad[] = {"text-bptt:", "text-bptt:0", "text-bptt:-3", "text-bptt:+3", "text-bptt:3x",
+                                    "text-bptt: 3", "text-bptt:100001", "text-bptt:99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    v = cavs_vocab_new();
+    s = load_bytes("fmt.txt", S("a b\n"), bad[i], LM, NULL, v, 1, err, sizeof err);
+    cavs_vocab_free(v);
+    ck_assert_msg(s == NULL && strstr(err, "must be a number from 1 to 100000"), "%s: %s", bad[i], err);
+  }
+  v = cavs_vocab_new();
+  s = load_bytes("fmt.txt", S("a b\n"), "text-bptt:100000", LM, NULL, v, 1, err, sizeof err);
+  cavs_vocab_free(v);
+  ck_assert_msg(s != NULL && cavs_dataset_count(s) == 1, "%s", err);
+  cavs_dataset_free(s);
 }
 END_TEST
 

@@ -791,6 +791,30 @@ static char *train_loss(const char *ckpt, const char *opt, const char *val) {
   return train_loss_of("tdrop.vf", "adam", opt ? "options: p_drop=" : NULL, ckpt, opt, val);
 }
 
+/* text-bptt:N: a language model's stream in chunks of N tokens (20 lines of 4 words and
+ * <eos> are 100 tokens: 10 chains of 10), its epoch line a perplexity, the checkpoint's
+ * format the same; a chunk length that is not a number from 1 to 100000 refused. */
+START_TEST(bptt_chunk_length) {
+  char text[512];
+  size_t n = 0;
+  for (int i = 0; i < 20; i++) n += (size_t)snprintf(text + n, sizeof text - n, "w%d a b c\n", i % 5);
+  tu_write(path_in("lm.txt"), text, n);
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim",
+                     "E=4", "--dim", "H=4", "--epochs", "1", "--threads", "1", "--save", path_in("lm.ckpt"), NULL);
+  ok(&r, "text-bptt:10");
+  ck_assert_msg(strstr(r.out, "10 training graphs (100 vertices)") && strstr(r.out, " ppl "), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  char *t = info_field(path_in("lm.ckpt"), "training");
+  ck_assert_msg(strstr(t, "data format text-bptt:10,"), "%s", t);
+  free(t);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:0", "--train", path_in("lm.txt"), "--epochs", "1",
+           "--quiet", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "must be a number from 1 to 100000"), "%d %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* `option clip = N;`: the model's default gradient-norm clip. Without --clip a run
  * clips at N (the bytes of a run with --clip N), --clip 0 and --option clip=0 turn it
  * off (another run: 0.05 clips this model's gradients; with SGD, as Adam's steps hardly
@@ -2510,6 +2534,7 @@ int main(void) {
   tcase_add_test(tc, dim_overrides);
   tcase_add_test(tc, dropout_option);
   tcase_add_test(tc, model_clip_option);
+  tcase_add_test(tc, bptt_chunk_length);
   tcase_add_test(tc, product_dim_follows);
   tcase_add_test(tc, greedy_decoding);
   tcase_add_test(tc, user_errors);

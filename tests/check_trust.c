@@ -515,12 +515,43 @@ static size_t steps_at(const Ckpt *k) {
  * said, and wrote a checkpoint that `cavs info` called damaged): each is bounded on
  * read, and at the bound itself, going on is refused or fails cleanly, and the
  * checkpoint resumed from is untouched. */
+/* Where base.ckpt's epoch count is, from the end: checksum 8, format 5's tail, format
+   4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
+   batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
+static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+
+/* The data format a checkpoint records (the one --resume reads data in): a known name,
+ * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
+START_TEST(data_format_names) {
+  Ckpt k0 = load_base();
+  size_t at = epoch_at(&k0) + 4 + 8 + 8 + 8 + 4 + 4; /* the format's length, then its bytes */
+  ck_assert_uint_eq(rd32(&k0, at), 8);
+  ck_assert(!memcmp(k0.p + at + 4, "ptb-tree", 8));
+  static const char *const names[] = {"text-bptt:20", "text-bptt", "cgf", "text-bptt:0", "text-bptt:x", "json"};
+  for (int i = 0; i < 6; i++) {
+    Ckpt k = {malloc(k0.n + 16), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    uint32_t len = (uint32_t)strlen(names[i]);
+    ck_splice(&k, at + 4, 8, names[i], len);
+    ck_splice(&k, at, 4, &len, 4);
+    save(&k, "fmt.ckpt");
+    char err[512];
+    cavs_ckpt *c = cavs_ckpt_read(path_in("fmt.ckpt"), err, sizeof err);
+    if (i < 3) {
+      ck_assert_msg(c != NULL, "%s: %s", names[i], err);
+      ck_assert_str_eq(cavs_ckpt_state(c)->format, names[i]);
+      cavs_ckpt_free(c);
+    } else
+      ck_assert_msg(c == NULL && strstr(err, "damaged (data format)"), "%s: %s", names[i], c ? "read" : err);
+    free(k.p);
+  }
+  free(k0.p);
+}
+END_TEST
+
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  /* from the end: checksum 8, format 4's tail, format 3's 36, graphs_done 8, six rates
-     48, the kind 4, the format "ptb-tree" 12, batch 4, threads 4, seed 8, best 8, rng 8:
-     the epoch */
-  size_t tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36, epoch = tail - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4, steps = steps_at(&k0);
+  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1349,6 +1380,7 @@ int main(void) {
   tcase_add_test(tc, format_3_fields);
   tcase_add_test(tc, crafted_counters_refused);
   tcase_add_test(tc, format_4_fields);
+  tcase_add_test(tc, data_format_names);
   tcase_add_test(tc, format_5_options);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);

@@ -318,7 +318,8 @@ class Dataset:
 
     @staticmethod
     def load(path, format, spec, vocab=None, grow=False, dims=None):
-        """A data file: format "ptb-tree", "text", "text-bptt" or "cgf"; new words added
+        """A data file: format "ptb-tree", "text", "text-bptt" (or "text-bptt:N", chunks
+        of N tokens) or "cgf"; new words added
         to vocab when grow (training data), else <unk>; dims bound the labels: the
         model's defaults with those a dict changes, or a Model's own."""
         err = ctypes.create_string_buffer(1024)
