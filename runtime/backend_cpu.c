@@ -733,7 +733,7 @@ static void cpu_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const in
                          int r0, int n, long w) {
   LAUNCH(c, n > 0 && c->loss[loss].count);
   XentJob q = {.c = c, .r0 = r0, .n = n, .z = z, .dz = dz, .ld = ld, .ldd = ldd, .w = w, .label = label,
-               .count = c->loss[loss].count};
+               .count = c->loss[loss].count ? cv_loss_count(c->model, loss) : 0};
   TIMED(c->model, rows_seconds, xent_run(&q));
 }
 

@@ -1055,7 +1055,7 @@ static void cuda_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const i
                           int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (n <= 0 || !a->count) return;
-  double scale = c->loss_scale / (double)a->count;
+  double scale = c->loss_scale / (double)cv_loss_count(c->model, loss);
   if (dbl(c))
     CAVS_CUDA_LAUNCH(xent_bwd<double>, n, on(c))((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
   else CAVS_CUDA_LAUNCH(xent_bwd<float>, n, on(c))((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
@@ -1116,7 +1116,7 @@ static void cuda_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
                          int r0, int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (n <= 0 || !a->count) return;
-  double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
+  double scale = c->loss_scale * 2.0 / ((double)cv_loss_count(c->model, loss) * (double)w);
   if (dbl(c))
     CAVS_CUDA_LAUNCH(mse_bwd<double>, blocks((long)n * w), on(c))((const double *)p, ld, (const double *)t, ldt, c->pushed,
                                                       (double *)dp, ldd, scale, r0, n, w);

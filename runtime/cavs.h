@@ -231,6 +231,13 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed
  * over the minibatch, *n of them; correct counts stay 0 for a regression loss. */
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);
+/* Data parallelism: after a forward pass over one part of a minibatch, the rows each
+ * loss counted over the whole minibatch (counts[l] for loss l, in the order of
+ * desc->losses; 0, or counts NULL: the part's own count), so that the next backward
+ * pass divides by them: the parts' gradients then sum to the whole minibatch's (each
+ * loss a mean over all its rows). A count below the part's own is refused (-1, with a
+ * message). The next forward pass forgets them. */
+int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Options (`option NAME = P;` in the .vf, cavs_desc.options): values the model reads at

@@ -86,6 +86,9 @@ struct cavs_model {
   long home_w;
   int nhomes;
   cavs_loss_acc *loss;
+  /* [nlosses]: the rows each loss's mean divides by in the next backward pass
+     (cavs_model_set_loss_counts: all ranks' rows); 0: this pass's own (loss[l].count) */
+  long *loss_den;
   /* the minibatch */
   int rows, maxc;
   int *child;      /* [cap * maxc] */
@@ -213,5 +216,8 @@ int cv_alloc_moments(cavs_model *m);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
 int cv_grow_edges(cavs_model *m, long edges);
+
+/* The rows loss l's gradient divides by: cavs_model_set_loss_counts's, else the pass's */
+static inline long cv_loss_count(const cavs_model *m, int l) { return m->loss_den[l] ? m->loss_den[l] : m->loss[l].count; }
 
 #endif

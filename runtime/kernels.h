@@ -166,7 +166,7 @@ CV_HOT static void CV_NAME(mse_bwd)(cavs_ctx *c, int loss, const R *p, long ld, 
                              int r0, int n, long w) {
   const cavs_loss_acc *a = &c->loss[loss];
   if (!a->count) return;
-  double scale = c->loss_scale * 2.0 / ((double)a->count * (double)w);
+  double scale = c->loss_scale * 2.0 / ((double)cv_loss_count(c->model, loss) * (double)w);
   for (int r = r0; r < r0 + n; r++) {
     if (!c->pushed[r]) continue;
     for (long j = 0; j < w; j++)

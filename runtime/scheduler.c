@@ -897,6 +897,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   double t0 = cv_now(), g0 = m->stats.grow_seconds;
   if (cv_schedule(m, graphs, k) || m->be->schedule(m)) return -1;
   memset(m->loss, 0, sizeof(cavs_loss_acc) * (size_t)d->nlosses);
+  memset(m->loss_den, 0, sizeof(long) * (size_t)d->nlosses);
   cv_ptables_ready(m);
   if (cavs_plan_forward(m)) return -1;
   m->stats.schedule_seconds += cv_now() - t0 - (m->stats.grow_seconds - g0);
@@ -924,6 +925,17 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
 const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n) {
   if (n) *n = m->d->nlosses;
   return m->loss;
+}
+
+int cavs_model_set_loss_counts(cavs_model *m, const long *counts) {
+  const cavs_desc *d = m->d;
+  for (int l = 0; l < d->nlosses && counts; l++)
+    /* a count is a double's divisor: exact below 2^53 */
+    if (counts[l] && (counts[l] < m->loss[l].count || counts[l] > (1L << 53)))
+      return cv_fail(m, "loss %d: %ld rows in all, fewer than the %ld this pass counted, or past 2^53", l, counts[l],
+                     m->loss[l].count);
+  for (int l = 0; l < d->nlosses; l++) m->loss_den[l] = counts ? counts[l] : 0;
+  return 0;
 }
 
 int cavs_model_root_class(const cavs_model *m, int g) {

@@ -374,6 +374,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   c->keep = 1;
   m->cur_type = -1;
   NEW(m->loss, d->nlosses, "losses");
+  NEW(m->loss_den, d->nlosses, "losses");
   c->loss = m->loss;
   NEW(m->iin, d->nint, "inputs");
   NEW(m->rin, d->nreal, "inputs");
@@ -414,7 +415,7 @@ void cavs_model_free(cavs_model *m) {
   }
   for (int i = 0; i < d->nint; i++) free(m->iin ? m->iin[i] : NULL);
   for (int i = 0; i < d->nreal; i++) free(m->rin ? m->rin[i] : NULL);
-  free(m->val); free(m->grad); free(m->cval); free(m->cgrad); free(m->tview); free(m->bw); free(m->loss);
+  free(m->val); free(m->grad); free(m->cval); free(m->cgrad); free(m->tview); free(m->bw); free(m->loss); free(m->loss_den);
   free(m->iin); free(m->rin); free(m->rw);
   be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
   be->release(m->hzero);

@@ -173,6 +173,88 @@ START_TEST(build_ablations_change_nothing) {
 }
 END_TEST
 
+/* Data parallelism's arithmetic (cavs_model_set_loss_counts): a minibatch run in two
+ * parts, each on a model of the same parameters told the rows each loss counted over the
+ * whole, gives gradients that sum to the whole minibatch's (1e-11 in double; a lookup
+ * table's rows a part did not touch are zero in its model). Without the counts they do
+ * not (each part's mean over its own rows). A count below the part's own is refused.
+ * On every example and on a model of two losses, one a regression. */
+static const char *two_losses =
+    "model two; dim H = 4; dim C = 3; input y : class[C]; input f : real[H]; input t : real[2];\n"
+    "param Wa[2H,H], Wc[H,C], Wr[H,2] init uniform(-1, 1);\n"
+    "vertex a (children 2) { h = tanh(f + concat(gather(0), gather(1)) @ Wa); scatter(h); push(h); }\n"
+    "push (p) { loss softmax_xent(p @ Wc, y); loss mse(p @ Wr, t); }\n";
+
+static double max_gap(const cavs_desc *d, cavs_model *whole, cavs_model *p1, cavs_model *p2, int *at) {
+  double worst = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld, ld1, ld2;
+    const double *g = cavs_model_grad(whole, i, &rows, &cols, &ld), *g1 = cavs_model_grad(p1, i, &rows, &cols, &ld1),
+                 *g2 = cavs_model_grad(p2, i, &rows, &cols, &ld2);
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++) {
+        double x = g[r * ld + j], y = g1[r * ld1 + j] + g2[r * ld2 + j];
+        double gap = fabs(x - y) / fmax(fabs(x), 1e-6);
+        if (gap > worst) worst = gap, *at = i;
+      }
+  }
+  return worst;
+}
+
+static void parts_sum_to_whole(const char *file) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), h = k / 2;
+  cavs_model *whole = new_model(d, dims, 9);
+  cavs_stats st;
+  ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
+  cavs_model_backward(whole);
+  int nl;
+  const cavs_loss_acc *acc = cavs_model_losses(whole, &nl);
+  long counts[8] = {0};
+  ck_assert(nl <= 8);
+  for (int l = 0; l < nl; l++) counts[l] = acc[l].count;
+  for (int told = 1; told >= 0; told--) {
+    cavs_model *p1 = new_model(d, dims, 9), *p2 = new_model(d, dims, 9);
+    ck_assert_int_eq(cavs_model_forward(p1, gs, h, &st), 0);
+    if (told) ck_assert_int_eq(cavs_model_set_loss_counts(p1, counts), 0);
+    cavs_model_backward(p1);
+    ck_assert_int_eq(cavs_model_forward(p2, gs + h, k - h, &st), 0);
+    if (told) ck_assert_int_eq(cavs_model_set_loss_counts(p2, counts), 0);
+    cavs_model_backward(p2);
+    int at = -1;
+    double gap = max_gap(d, whole, p1, p2, &at);
+    if (told) ck_assert_msg(gap <= 1e-11, "%s: the parts' gradient of %s is %.3g off the whole's", file,
+                            d->params[at].name, gap);
+    else ck_assert_msg(gap > 1e-6, "%s: the parts' own means sum to the whole's", file);
+    if (told) {
+      /* refused: fewer rows than the part counted (when it counted any) */
+      const cavs_loss_acc *a1 = cavs_model_losses(p1, NULL);
+      long few[8] = {0};
+      few[0] = a1[0].count - 1;
+      if (a1[0].count > 1) {
+        ck_assert_int_eq(cavs_model_set_loss_counts(p1, few), -1);
+        ck_assert_msg(strstr(cavs_model_error(p1), "fewer than"), "%s", cavs_model_error(p1));
+      }
+    }
+    cavs_model_free(p1);
+    cavs_model_free(p2);
+  }
+  cavs_model_free(whole);
+}
+
+START_TEST(parts_sum_to_the_whole) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  parts_sum_to_whole(file);
+}
+END_TEST
+
+START_TEST(parts_sum_to_the_whole_two_losses) { parts_sum_to_whole(two_losses); }
+END_TEST
+
 /* Train the generated Tree-LSTM on a toy treebank; test on held-out trees. */
 START_TEST(treelstm_learns) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
@@ -1414,6 +1496,8 @@ int main(void) {
   tcase_add_loop_test(tc, golden, 0, NEXAMPLES);
   tcase_add_loop_test(tc, batched_equals_serial, 0, NEXAMPLES);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, parts_sum_to_the_whole, 0, NEXAMPLES);
+  tcase_add_test(tc, parts_sum_to_the_whole_two_losses);
   tcase_add_loop_test(tc, ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_loop_test(tc, policies_equal_serial, 0, NEXAMPLES);
   tcase_add_test(tc, policies_equal_serial_mixed_types);
