@@ -307,6 +307,17 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o);
  * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with
  * others (merged products) cannot be frozen alone: -1, message in cavs_model_error. */
 int cavs_model_freeze(cavs_model *m, int param, int frozen);
+/* Lookup tables in data parallelism: a table's step updates only the rows the
+ * minibatch read (lazily: Adam's moments of the others not decayed), so parts of one
+ * minibatch run by separate models must each update the union of the parts' rows.
+ * cavs_model_touched_rows: the rows of table `param` the last backward pass read (and
+ * the next step updates), their number (*rows pointing at them, valid until the next
+ * pass), or -1 for a parameter that is not a lookup table. cavs_model_touch_rows, after
+ * the backward pass: rows the other parts read, added (each a zero gradient here until
+ * the application sums the parts' gradients into it). 0, or -1 with a message: not a
+ * lookup table, a row out of range. */
+int cavs_model_touched_rows(const cavs_model *m, int param, const int **rows);
+int cavs_model_touch_rows(cavs_model *m, int param, const int *rows, int n);
 
 /* Memory: a model refuses to be made, and a minibatch to be run, when what it needs
  * (computed before anything is allocated) exceeds the limit: by default 90% of the

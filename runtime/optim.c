@@ -78,6 +78,42 @@ int cavs_optim_kind(const char *name) {
 
 double cavs_optim_default_lr(int kind) { return kind >= 0 && kind < CAVS_OPTIM_COUNT ? optims[kind].lr : 0; }
 
+/* the lookup table parameter `param` is stored in: its group, or -1 */
+static int table_group(const cavs_model *m, int param) {
+  const cavs_desc *d = m->d;
+  if (param < 0 || param >= d->nparams) return -1;
+  int g = d->params[param].group;
+  return d->pgroups[g].sparse_input >= 0 ? g : -1;
+}
+
+int cavs_model_touched_rows(const cavs_model *m, int param, const int **rows) {
+  int g = table_group(m, param);
+  if (g < 0) return -1;
+  *rows = m->touched[g];
+  return m->ntouched[g];
+}
+
+int cavs_model_touch_rows(cavs_model *m, int param, const int *rows, int n) {
+  int g = table_group(m, param);
+  if (g < 0) return cv_fail(m, "parameter %d is not a lookup table", param);
+  for (int i = 0; i < n; i++)
+    if (rows[i] < 0 || rows[i] >= m->pg_rows[g])
+      return cv_fail(m, "row %d of lookup table '%s' is out of range (0 to %ld)", rows[i], m->d->params[param].name,
+                     m->pg_rows[g] - 1);
+  size_t row = (size_t)m->pg_cols[g] * m->esize;
+  for (int i = 0; i < n; i++) {
+    int id = rows[i];
+    if (m->mark[g][id]) continue;
+    m->mark[g][id] = 1;
+    int at = m->ntouched[g]++;
+    m->touched[g][at] = id;
+    /* zero already (every row a step updates is zeroed, and reset clears the rows read),
+       but a new row's gradient is made sure of: it is what the application adds to */
+    if (m->be->zero_rows(m, m->pgrad[g], row, m->touched[g] + at, 1)) return -1;
+  }
+  return 0;
+}
+
 int cavs_model_freeze(cavs_model *m, int param, int frozen) {
   const cavs_desc *d = m->d;
   if (param < 0 || param >= d->nparams) return cv_fail(m, "no parameter %d", param);

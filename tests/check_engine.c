@@ -255,6 +255,93 @@ END_TEST
 START_TEST(parts_sum_to_the_whole_two_losses) { parts_sum_to_whole(two_losses); }
 END_TEST
 
+/* Sums part b's gradients into part a's and the reverse, after each has added the other's
+   table rows to its own (with `touch`), as an allreduce would leave them */
+static void exchange(const cavs_desc *d, cavs_model *a, cavs_model *b, bool touch) {
+  for (int i = 0; i < d->nparams; i++) {
+    const int *ra, *rb;
+    int na = cavs_model_touched_rows(a, i, &ra), nb = cavs_model_touched_rows(b, i, &rb);
+    if (touch && na >= 0) {
+      int *copy = malloc(sizeof(int) * (size_t)(na + 1));
+      memcpy(copy, ra, sizeof(int) * (size_t)na);
+      ck_assert_int_eq(cavs_model_touch_rows(a, i, rb, nb), 0);
+      ck_assert_int_eq(cavs_model_touch_rows(b, i, copy, na), 0);
+      free(copy);
+    }
+    long rows, cols, lda, ldb;
+    double *ga = cavs_model_grad(a, i, &rows, &cols, &lda), *gb = cavs_model_grad(b, i, &rows, &cols, &ldb);
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++) ga[r * lda + j] = gb[r * ldb + j] = ga[r * lda + j] + gb[r * ldb + j];
+  }
+}
+
+/* A step after the exchange: two parts' models, each stepping on the summed gradients
+ * over the union of the table rows the parts read, hold the parameters one model holds
+ * after a step over the whole minibatch (1e-12 in double; SGD and lazy Adam); without
+ * the union, the rows only the other part read are left behind. A dense parameter has
+ * no touched rows; a row out of range is refused. */
+START_TEST(parts_step_as_the_whole) {
+  const cavs_desc *d = load_model("treelstm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), h = k / 2, emb = -1;
+  /* words from a vocabulary of 500: the parts read rows the other does not */
+  unsigned seed = 5;
+  dims[find_dim(d, "V")] = 500;
+  for (int i = 0; i < k; i++) tg_features(&g[i], d, dims, &seed);
+  for (int i = 0; i < d->nparams; i++)
+    if (!strcmp(d->params[i].name, "emb")) emb = i;
+  ck_assert_int_ge(emb, 0);
+  const cavs_optim opts[] = {{.kind = CAVS_SGD, .lr = 0.5}, {.kind = CAVS_ADAM, .lr = 0.01}};
+  for (int o = 0; o < 2; o++)
+    for (int touch = 1; touch >= 0; touch--) {
+      cavs_model *whole = new_model(d, dims, 9), *a = new_model(d, dims, 9), *b = new_model(d, dims, 9);
+      cavs_stats st;
+      ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
+      cavs_model_backward(whole);
+      long counts[1] = {cavs_model_losses(whole, NULL)[0].count};
+      ck_assert_int_eq(cavs_model_forward(a, gs, h, &st), 0);
+      ck_assert_int_eq(cavs_model_set_loss_counts(a, counts), 0);
+      cavs_model_backward(a);
+      ck_assert_int_eq(cavs_model_forward(b, gs + h, k - h, &st), 0);
+      ck_assert_int_eq(cavs_model_set_loss_counts(b, counts), 0);
+      cavs_model_backward(b);
+      const int *rw, *ra;
+      int nw = cavs_model_touched_rows(whole, emb, &rw), na = cavs_model_touched_rows(a, emb, &ra);
+      ck_assert_msg(nw > na && na > 0, "the parts read %d and the whole %d rows of emb", na, nw);
+      exchange(d, a, b, touch);
+      if (touch) ck_assert_int_eq(cavs_model_touched_rows(a, emb, &ra), nw);
+      ck_assert(cavs_model_step(whole, &opts[o]) == 0 && cavs_model_step(a, &opts[o]) == 0 &&
+                cavs_model_step(b, &opts[o]) == 0);
+      double worst = 0;
+      for (int i = 0; i < d->nparams; i++) {
+        long rows, cols, ldw, lda, ldb;
+        const double *pw = cavs_model_param(whole, i, &rows, &cols, &ldw), *pa = cavs_model_param(a, i, &rows, &cols, &lda),
+                     *pb = cavs_model_param(b, i, &rows, &cols, &ldb);
+        for (long r = 0; r < rows; r++)
+          for (long j = 0; j < cols; j++) {
+            if (touch) ck_assert(pa[r * lda + j] == pb[r * ldb + j]);
+            worst = fmax(worst, fabs(pa[r * lda + j] - pw[r * ldw + j]) / fmax(fabs(pw[r * ldw + j]), 1e-3));
+          }
+      }
+      if (touch) ck_assert_msg(worst <= 1e-12, "%s: the parts' step is %.3g off the whole's", opts[o].kind ? "adam" : "sgd", worst);
+      else ck_assert_msg(worst > 1e-6, "%s: without the union the parts step as the whole", opts[o].kind ? "adam" : "sgd");
+      cavs_model_free(whole);
+      cavs_model_free(a);
+      cavs_model_free(b);
+    }
+  cavs_model *m = new_model(d, dims, 9);
+  const int *r;
+  int bad = 1 << 30;
+  ck_assert_int_eq(cavs_model_touched_rows(m, emb == 0 ? 1 : 0, &r), -1);
+  ck_assert_int_eq(cavs_model_touch_rows(m, emb == 0 ? 1 : 0, &bad, 1), -1);
+  ck_assert_int_eq(cavs_model_touch_rows(m, emb, &bad, 1), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "out of range"), "%s", cavs_model_error(m));
+  cavs_model_free(m);
+}
+END_TEST
+
 /* Train the generated Tree-LSTM on a toy treebank; test on held-out trees. */
 START_TEST(treelstm_learns) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
@@ -1498,6 +1585,7 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, NEXAMPLES);
   tcase_add_loop_test(tc, parts_sum_to_the_whole, 0, NEXAMPLES);
   tcase_add_test(tc, parts_sum_to_the_whole_two_losses);
+  tcase_add_test(tc, parts_step_as_the_whole);
   tcase_add_loop_test(tc, ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_loop_test(tc, policies_equal_serial, 0, NEXAMPLES);
   tcase_add_test(tc, policies_equal_serial_mixed_types);
