@@ -100,18 +100,17 @@ int cavs_model_touch_rows(cavs_model *m, int param, const int *rows, int n) {
     if (rows[i] < 0 || rows[i] >= m->pg_rows[g])
       return cv_fail(m, "row %d of lookup table '%s' is out of range (0 to %ld)", rows[i], m->d->params[param].name,
                      m->pg_rows[g] - 1);
-  size_t row = (size_t)m->pg_cols[g] * m->esize;
+  int first = m->ntouched[g];
   for (int i = 0; i < n; i++) {
     int id = rows[i];
     if (m->mark[g][id]) continue;
     m->mark[g][id] = 1;
-    int at = m->ntouched[g]++;
-    m->touched[g][at] = id;
-    /* zero already (every row a step updates is zeroed, and reset clears the rows read),
-       but a new row's gradient is made sure of: it is what the application adds to */
-    if (m->be->zero_rows(m, m->pgrad[g], row, m->touched[g] + at, 1)) return -1;
+    m->touched[g][m->ntouched[g]++] = id;
   }
-  return 0;
+  /* zero already (every row a step updates is zeroed, and reset clears the rows read),
+     but the new rows' gradients are made sure of, in one call: the application adds to them */
+  int added = m->ntouched[g] - first;
+  return added ? m->be->zero_rows(m, m->pgrad[g], (size_t)m->pg_cols[g] * m->esize, m->touched[g] + first, added) : 0;
 }
 
 int cavs_model_freeze(cavs_model *m, int param, int frozen) {

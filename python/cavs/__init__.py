@@ -424,7 +424,8 @@ class Model:
     def set_dropout(self, p):
         """Every dropout option to p (cavs train's --dropout P); an error for a model
         without one, whose dropouts, if any, have a fixed probability."""
-        names = [n for n in self.options if n != "clip"]
+        d = self.spec.desc.contents
+        names = [_s(d.options[k].name) for k in range(d.noptions) if d.options[k].kind == C.OPTION_DROPOUT]
         if not names:
             raise Error(f"model '{self.spec.name}' has no dropout option")
         for n in names:

@@ -32,6 +32,9 @@ class DimDesc(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("kind", c_int), ("value", c_long), ("input", c_int), ("a", c_int), ("b", c_int)]
 
 
+OPTION_DROPOUT, OPTION_CLIP = 0, 1  # enum cavs_option_kind
+
+
 class OptionDesc(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("kind", c_int), ("value", c_double)]
 
