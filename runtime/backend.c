@@ -336,7 +336,7 @@ static bool leaves_unread(const cavs_ctx *c) {
 static void cv_drop_keys(cavs_ctx *c) {
   cavs_model *m = c->model;
   if (m->rkey_ready) return;
-  for (int r = 0; r < m->rows; r++) m->rkey[r] = cavs_drop_key(m->drop_seed, m->step, m->queue[r]);
+  for (int r = 0; r < m->rows; r++) m->rkey[r] = cavs_drop_key(m->drop_seed, m->step, m->voff + m->queue[r]);
   m->rkey_ready = true;
 }
 

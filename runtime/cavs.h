@@ -238,6 +238,12 @@ const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);
  * loss a mean over all its rows). A count below the part's own is refused (-1, with a
  * message). The next forward pass forgets them. */
 int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
+/* Data parallelism: the forward passes from now on run a part of a minibatch whose first
+ * vertex is vertex `first` of the whole (the whole's graphs' vertices numbered in order),
+ * so that dropout draws at each vertex the mask the whole minibatch's pass draws there
+ * (a mask is keyed by the seed, the step and the vertex's number). 0 (the default): the
+ * pass is the whole. 0, or -1 with a message for a number below 0 or past 2^53. */
+int cavs_model_set_vertex_offset(cavs_model *m, long first);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Options (`option NAME = P;` in the .vf, cavs_desc.options): values the model reads at

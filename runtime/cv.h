@@ -89,6 +89,7 @@ struct cavs_model {
   /* [nlosses]: the rows each loss's mean divides by in the next backward pass
      (cavs_model_set_loss_counts: all ranks' rows); 0: this pass's own (loss[l].count) */
   long *loss_den;
+  long voff; /* cavs_model_set_vertex_offset: the part's first vertex in the whole minibatch */
   /* the minibatch */
   int rows, maxc;
   int *child;      /* [cap * maxc] */

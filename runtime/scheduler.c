@@ -938,6 +938,14 @@ int cavs_model_set_loss_counts(cavs_model *m, const long *counts) {
   return 0;
 }
 
+int cavs_model_set_vertex_offset(cavs_model *m, long first) {
+  /* a vertex number of the whole minibatch: the rows of many parts, each at most
+     CAVS_MAX_ROWS, fit a long many times over, but one of 2^53 would be no count */
+  if (first < 0 || first > (1L << 53)) return cv_fail(m, "vertex offset %ld: not from 0 to 2^53", first);
+  m->voff = first;
+  return 0;
+}
+
 int cavs_model_root_class(const cavs_model *m, int g) {
   if (!m->have_batch || g < 0 || g >= m->ngraphs) return -1;
   for (int v = m->gbase[g + 1] - 1; v >= m->gbase[g]; v--) {
