@@ -138,7 +138,7 @@ static Loaded load_vf(const char *name, const char *text, size_t len, const char
   keep(L.name);
   if (rc) {
     if (*err) die(rc, "%s", err);
-    exit(rc);
+    quit(rc);
   }
   L.source = xmalloc(len + 1);
   memcpy(L.source, text, len);
@@ -198,7 +198,7 @@ static int build_cached(const CacheReq *q) {
   keep(name);
   if (rc) {
     if (*err) die(rc, "%s", err);
-    exit(rc);
+    quit(rc);
   }
   printf("%s/model.so\n", (char *)keep(cache_entry(q)));
   return 0;
@@ -256,7 +256,7 @@ int cmd_build(int argc, char **argv) {
   keep(name);
   if (rc) {
     if (*err) die(rc, "%s", err);
-    exit(rc);
+    quit(rc);
   }
   printf("%s/%s.%s\n", out, name, emit_only ? (target ? "cu" : "c") : "so");
   return 0;

@@ -19,6 +19,14 @@
 /* ---- util.c ---- */
 
 extern const char *prog; /* "cavs": the start of every message */
+/* called by die() before it exits: cavs train under mpirun ends every rank (dist.c) */
+extern void (*die_hook)(int status);
+/* "" or, under mpirun, "cavs: rank N: ": the start of a message that does not start with
+   prog (a data file's file:line:col: error) */
+extern const char *rank_tag;
+/* the command line, as main() got it (cavs train under mpirun compares the ranks') */
+extern int main_argc;
+extern const char *const *main_argv;
 /* how models are made: the backend (--device) and its threads (--threads) */
 extern cavs_model_opts model_opts;
 /* what --no-eager, --no-lazy and --policy ask of every model made (ablations) */
@@ -29,6 +37,8 @@ extern const char *model_precision;
 extern int build_ablations;
 
 _Noreturn void die(int status, const char *fmt, ...);
+/* exit(status), ending every rank under mpirun (die_hook): for a message already printed */
+_Noreturn void quit(int status);
 /* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */
 _Noreturn void lib_die(const char *msg);
 double now(void);
@@ -141,10 +151,15 @@ typedef struct Totals {
   double secs;
   double lr;      /* training: the learning rate of the last minibatch */
   long launches;  /* training: the backend's launches (cavs_backend_stats) */
+  double reduce_secs; /* training under mpirun: this rank's time summing gradients, */
+  long tables_rows, tables_dense; /* its lookup tables' reductions as rows, and whole, */
+  double reduce_bytes;            /* and the bytes it put into them */
   struct Scores *scores; /* cavs eval: labels against predictions (metrics.c), or NULL */
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
+/* the same from a minibatch's statistics and its losses' sums, a[0..n) */
+void add_sums(Totals *t, const cavs_stats *st, const cavs_loss_acc *a, int n, int k);
 double total_loss(const Totals *t);
 double ratio(long a, long b);
 bool has_accuracy(const cavs_desc *d);

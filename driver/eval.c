@@ -15,8 +15,8 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
   errno = 0;
   cavs_dataset *s = keep(cavs_dataset_load(path, format, d, dims, v, grow, err, sizeof err));
   if (!s) {
-    fprintf(stderr, "%s\n", err);
-    exit(errno == ENOMEM ? 2 : 1);
+    fprintf(stderr, "%s%s\n", rank_tag, err);
+    quit(errno == ENOMEM ? 2 : 1);
   }
   return s;
 }
@@ -31,7 +31,7 @@ long model_lin(const cavs_model *m, cavs_lin l) {
 
 /* ---- a pass over data, added up ---- */
 
-void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
+void add_sums(Totals *t, const cavs_stats *st, const cavs_loss_acc *a, int n, int k) {
   t->batch_loss += st->loss;
   t->batches++;
   t->count += st->count;
@@ -39,14 +39,18 @@ void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
   t->root_count += st->root_count;
   t->root_correct += st->root_correct;
   t->graphs += k;
-  int n;
-  const cavs_loss_acc *a = cavs_model_losses(m, &n);
   t->nl = n < MAX_LOSSES ? n : MAX_LOSSES;
   for (int l = 0; l < t->nl; l++) {
     t->lsum[l] += a[l].sum;
     t->lcount[l] += a[l].count;
     t->lcorrect[l] += a[l].correct;
   }
+}
+
+void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
+  int n;
+  const cavs_loss_acc *a = cavs_model_losses(m, &n);
+  add_sums(t, st, a, n, k);
 }
 
 /* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */

@@ -4,6 +4,7 @@
  * a line per epoch, a JSON line per epoch in --log, and the checkpoints. SIGINT and
  * SIGTERM stop it between two steps, saved. */
 #include "driver.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <math.h>
@@ -398,6 +399,7 @@ static void choose_schedule(Run *r) {
 
 static void save(Run *r, const char *path) {
   char err[1024];
+  if (dist_rank) return; /* rank 0 writes for all: their states are the same */
   if (cavs_ckpt_save(path, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
 }
 
@@ -412,6 +414,122 @@ _Noreturn static void diverged(const Run *r, int epoch, int b, const cavs_stats 
     die(1, "epoch %d: %s; try a smaller --lr or --clip", epoch, why);
   }
   die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st->loss);
+}
+
+/* One process's step over the minibatch gs[0..k) (graphs b.. of the epoch's order):
+ * forward, backward, the optimizer's step, added up in t. The signal that asks to stop
+ * (0: none). */
+static int whole_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Totals *t) {
+  cavs_stats st;
+  errno = 0;
+  if (cavs_model_forward(r->m, r->gs, k, &st)) lib_die(cavs_model_error(r->m));
+  if (!isfinite(st.loss)) diverged(r, epoch, b, &st);
+  cavs_model_backward(r->m);
+  errno = 0;
+  if (cavs_model_step(r->m, opt)) lib_die(cavs_model_error(r->m));
+  add_batch(t, r->m, &st, k);
+  return interrupted;
+}
+
+/* the model's scalars' size: 8 in double, else 4 */
+static size_t es_of_model(void) { return model_precision && !strcmp(model_precision, "double") ? 8 : 4; }
+
+/* memory a step uses and frees (xmalloc's keep list would grow with every step) */
+static void *scratch(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) die(2, "out of memory");
+  return p;
+}
+
+/* A loss's sums as the scheduler makes a minibatch's statistics of them (st->loss the
+ * means summed, accuracy over the softmax_xent losses). */
+static void stats_of(const cavs_desc *d, const cavs_loss_acc *a, cavs_stats *st) {
+  memset(st, 0, sizeof *st);
+  for (int l = 0; l < d->nlosses; l++) {
+    if (a[l].count) st->loss += a[l].sum / (double)a[l].count;
+    if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) continue;
+    st->count += a[l].count, st->correct += a[l].correct;
+    st->root_count += a[l].root_count, st->root_correct += a[l].root_correct;
+  }
+}
+
+/* The same step as one of dist_size ranks (mpirun): this rank's part of the minibatch
+ * (dist_part: by vertices) forward; the losses' counts and sums, and whether a rank was
+ * asked to stop, summed over the ranks; the backward pass divided by the whole's counts;
+ * the gradients summed (dist_reduce_grads); the same step on every rank; the whole
+ * minibatch's numbers in t. A rank without a graph of its own (a last minibatch of
+ * fewer graphs than ranks) runs the first graph and sends zeros: every rank makes one
+ * forward pass a step, as the dropout keys and the touched rows expect. */
+static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Totals *t) {
+  const cavs_desc *d = r->d;
+  int lo, hi, nl = d->nlosses;
+  long before;
+  dist_part(r->gs, k, &lo, &hi, &before);
+  bool none = lo == hi;
+  if (none) lo = 0, hi = 1, before = 0;
+  cavs_stats st;
+  errno = 0;
+  if (cavs_model_set_vertex_offset(r->m, before) || cavs_model_forward(r->m, r->gs + lo, hi - lo, &st))
+    lib_die(cavs_model_error(r->m));
+  int n;
+  const cavs_loss_acc *a = cavs_model_losses(r->m, &n);
+  long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 1));
+  double *sums = scratch(sizeof(double) * (size_t)(nl + 1));
+  for (int l = 0; l < nl; l++) {
+    lv[4 * l] = none ? 0 : a[l].count, lv[4 * l + 1] = none ? 0 : a[l].correct;
+    lv[4 * l + 2] = none ? 0 : a[l].root_count, lv[4 * l + 3] = none ? 0 : a[l].root_correct;
+    sums[l] = none ? 0 : a[l].sum;
+  }
+  lv[4 * nl] = interrupted != 0;
+  sums[nl] = none ? 0 : isfinite(st.loss) ? 0 : 1; /* ranks whose part diverged */
+  dist_sum_long(lv, 4 * nl + 1);
+  dist_sum_double(sums, nl + 1);
+  if (sums[nl] > 0) {
+    if (!none && !isfinite(st.loss)) diverged(r, epoch, b + lo, &st);
+    die(1, "epoch %d: the loss is not finite on another rank (diverged); try a smaller --lr or --clip", epoch);
+  }
+  cavs_loss_acc *whole = scratch(sizeof(cavs_loss_acc) * (size_t)nl);
+  long *counts = scratch(sizeof(long) * (size_t)nl);
+  for (int l = 0; l < nl; l++) {
+    whole[l] = (cavs_loss_acc){.sum = sums[l], .count = lv[4 * l], .correct = lv[4 * l + 1],
+                               .root_count = lv[4 * l + 2], .root_correct = lv[4 * l + 3]};
+    counts[l] = lv[4 * l];
+  }
+  errno = 0;
+  if (cavs_model_set_loss_counts(r->m, counts)) lib_die(cavs_model_error(r->m));
+  cavs_model_backward(r->m);
+  if (none) { /* its pass counted for nothing */
+    size_t count;
+    void *g = cavs_model_grads_flat(r->m, &count);
+    void *zero = scratch(count * es_of_model());
+    memset(zero, 0, count * es_of_model());
+    errno = 0;
+    if (cavs_model_write(r->m, g, zero, count * es_of_model())) lib_die(cavs_model_error(r->m));
+    free(zero);
+  }
+  errno = 0;
+  if (dist_reduce_grads(r->m, es_of_model()) || cavs_model_step(r->m, opt)) lib_die(cavs_model_error(r->m));
+  stats_of(d, whole, &st);
+  add_sums(t, &st, whole, nl, k);
+  int stop = lv[4 * nl] ? (interrupted ? interrupted : SIGTERM) : 0;
+  free(lv), free(sums), free(whole), free(counts);
+  return stop;
+}
+
+/* Every SAME_EVERY steps and at the end of each epoch the ranks compare a hash of their
+ * parameters: the same gradients and steps keep them the same bits, and a rank that
+ * drifted (another BLAS, another CPU's kernels) is an error, not a quiet divergence. */
+enum { SAME_EVERY = 256 };
+static void same_params(Run *r, long step) {
+  size_t count, es = es_of_model();
+  void *p = cavs_model_params_flat(r->m, &count);
+  char *host = scratch(count * es);
+  errno = 0;
+  if (cavs_model_read(r->m, host, p, count * es)) lib_die(cavs_model_error(r->m));
+  uint64_t h = dist_hash(dist_hash(0, NULL, 0), host, count * es);
+  free(host);
+  dist_same(h, fmt("their parameters after step %ld (not the same bits: another CPU's or library's arithmetic on a "
+                   "rank?)", step));
 }
 
 /* One epoch's minibatches, shuffled (an interrupted epoch goes on where it stopped, in
@@ -431,31 +549,29 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   }
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
+  DistStats reduced = dist_stats;
   double start = now(), shown = 0;
   for (int b = b0; b < n; b += o->batch) {
     int k = 0;
     for (; k < o->batch && b + k < n; k++) r->gs[k] = cavs_dataset_graph(r->tr, r->order[b + k]);
-    cavs_stats st;
-    errno = 0;
-    if (cavs_model_forward(r->m, r->gs, k, &st)) lib_die(cavs_model_error(r->m));
-    if (!isfinite(st.loss)) diverged(r, epoch, b, &st);
-    cavs_model_backward(r->m);
-    errno = 0;
-    opt.lr = lr_at(&r->ts, epoch, (long)(epoch - 1) * r->nbatches + b / o->batch);
-    if (cavs_model_step(r->m, &opt)) lib_die(cavs_model_error(r->m));
-    add_batch(t, r->m, &st, k);
+    long step = (long)(epoch - 1) * r->nbatches + b / o->batch;
+    opt.lr = lr_at(&r->ts, epoch, step);
+    int stop = dist_size > 1 ? part_step(r, epoch, b, k, &opt, t) : whole_step(r, epoch, b, k, &opt, t);
     t->lr = opt.lr;
-    if (interrupted && b + k < n) {
+    if (dist_size > 1 && (step + 1) % SAME_EVERY == 0) same_params(r, step + 1);
+    if (stop && b + k < n) {
       /* the epoch so far: the shuffling state it began with and how far it got */
       r->ts.rng = rng_at_start;
       r->ts.graphs_done = b + k;
       if (r->tty) printf("\r\033[K");
       if (o->save) save(r, o->save);
-      if (o->save)
+      if (dist_rank) { /* rank 0 says it */
+      } else if (o->save)
         fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
                 prog, b + k, n, epoch, o->save, o->save);
       else fprintf(stderr, "%s: interrupted in epoch %d; nothing saved (no --save)\n", prog, epoch);
-      exit(128 + interrupted);
+      dist_end();
+      exit(128 + stop);
     }
     double el = now() - start;
     if (r->tty && (el - shown > 0.1 || b + k >= n)) {
@@ -466,6 +582,10 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     }
   }
   t->secs = now() - start;
+  t->reduce_secs = dist_stats.seconds - reduced.seconds;
+  t->tables_rows = dist_stats.sparse_tables - reduced.sparse_tables;
+  t->tables_dense = dist_stats.dense_tables - reduced.dense_tables;
+  t->reduce_bytes = dist_stats.bytes - reduced.bytes;
   cavs_backend_stats bs;
   cavs_model_backend_stats(r->m, &bs, 0);
   t->launches = (long)bs.launches;
@@ -487,6 +607,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
   printf("  lr %.3g  %.1fs  %.0f graphs/s", t->lr, t->secs, (double)t->graphs / t->secs);
   /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
   if (!strcmp(cavs_model_backend(r->m), "cuda")) printf("  %.0f launches/batch", (double)t->launches / (t->batches ? t->batches : 1));
+  if (dist_size > 1) printf("  %d ranks, %.2fs summing gradients", dist_size, t->reduce_secs);
   printf("%s\n", better && r->o->save ? "  (best, saved)" : "");
   fflush(stdout);
 }
@@ -520,6 +641,13 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   json_set(o, "schedule", json_string(sched_name(r->ts.schedule)));
   json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
   json_set(o, "seconds", json_num(t->secs));
+  if (dist_size > 1) {
+    json_set(o, "ranks", json_integer(dist_size));
+    json_set(o, "reduce_seconds", json_num(t->reduce_secs));
+    json_set(o, "tables_as_rows", json_integer(t->tables_rows));
+    json_set(o, "tables_whole", json_integer(t->tables_dense));
+    json_set(o, "reduce_bytes", json_num(t->reduce_bytes));
+  }
   json_set(o, "time", json_string(when));
   json_write_line(o, r->log, fmt("the log '%s'", r->o->log));
 }
@@ -558,7 +686,29 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   return true;
 }
 
+/* Under mpirun: every rank must run the same training, or the sums mean nothing. The
+ * command line, the model's source, the data's size and the first parameters compared
+ * (a hash each), and a minibatch big enough to give every rank a graph. Rank 0 alone
+ * prints and writes. */
+static void check_ranks(Run *r) {
+  if (dist_size == 1) return;
+  if (r->o->batch < dist_size)
+    dist_die_all(1, fmt("--batch %d is smaller than the %d ranks: each needs a graph of a minibatch", r->o->batch,
+                        dist_size));
+  uint64_t h = dist_hash(0, NULL, 0);
+  for (int i = 0; i < main_argc; i++) h = dist_hash(h, main_argv[i], strlen(main_argv[i]) + 1);
+  dist_same(h, "their command lines (mpirun must start the same cavs train on every rank)");
+  const char *src = r->L.source ? r->L.source : r->d->name;
+  dist_same(dist_hash(dist_hash(0, NULL, 0), src, strlen(src)), "the model's source");
+  long sizes[4] = {r->n, cavs_dataset_vertices(r->tr), r->dev ? cavs_dataset_count(r->dev) : 0,
+                   r->dev ? cavs_dataset_vertices(r->dev) : 0};
+  dist_same(dist_hash(dist_hash(0, NULL, 0), sizes, sizeof sizes), "their data (another --train or --dev file)");
+  same_params(r, 0);
+}
+
 int cmd_train(TrainOpts *o) {
+  dist_start();
+  if (dist_rank) o->quiet = true, o->log = NULL; /* rank 0 prints and writes */
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
   if (!o->format) die(1, "train: --format is required (ptb-tree, text, text-bptt, text-bptt:N, cgf)");
@@ -584,12 +734,14 @@ int cmd_train(TrainOpts *o) {
   if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
   r.n = cavs_dataset_count(r.tr);
   make_model(&r, dims);
+  check_ranks(&r);
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");
     if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
   if (!o->quiet) say_start(&r);
-  r.tty = isatty(1) && !o->quiet;
+  /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */
+  r.tty = isatty(1) && !o->quiet && dist_size == 1;
   r.with_acc = has_accuracy(r.d);
   r.lm = r.with_acc && lm_format(o->format);
   r.order = xmalloc(sizeof(int) * (size_t)r.n);
@@ -608,10 +760,15 @@ int cmd_train(TrainOpts *o) {
   for (int epoch = first; epoch <= r.last_epoch; epoch++) {
     Totals t = {0};
     run_epoch(&r, epoch, first, &t);
+    if (dist_size > 1) same_params(&r, (long)epoch * r.nbatches);
     if (end_epoch(&r, epoch, &t)) break;
-    if (interrupted && epoch < r.last_epoch) {
-      fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");
-      exit(128 + interrupted);
+    long stop = interrupted != 0;
+    dist_sum_long(&stop, 1); /* the ranks stop together */
+    if (stop && epoch < r.last_epoch) {
+      if (!dist_rank)
+        fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");
+      dist_end();
+      exit(128 + (interrupted ? interrupted : SIGTERM));
     }
   }
   if (r.log) fclose(r.log);
@@ -622,5 +779,6 @@ int cmd_train(TrainOpts *o) {
   cavs_dataset_free(r.dev);
   cavs_vocab_free(r.v);
   cavs_ckpt_free(r.ck);
+  dist_end();
   return 0;
 }

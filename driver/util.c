@@ -14,6 +14,10 @@
 #include <unistd.h>
 
 const char *prog = "cavs";
+void (*die_hook)(int status);
+const char *rank_tag = "";
+int main_argc;
+const char *const *main_argv;
 cavs_model_opts model_opts;
 int model_ablations, model_policy = CAVS_BFS;
 const char *model_precision; /* NULL: float */
@@ -26,6 +30,11 @@ _Noreturn void die(int status, const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
+  quit(status);
+}
+
+_Noreturn void quit(int status) {
+  if (die_hook) die_hook(status);
   exit(status);
 }
 

@@ -1,0 +1,309 @@
+/* dist.c: cavs train over MPI (see dist.h). Every collective here is called by every
+ * rank in the same order, from the same point of the same step: the ranks hold the same
+ * parameters, options and data, so they take the same branches; what could differ
+ * (the model, the options, the data) is compared before training (train.c), and the
+ * parameters every few hundred steps. */
+#include "dist.h"
+
+#include "driver.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef CAVS_MPI
+#include <mpi.h>
+#endif
+
+int dist_rank, dist_size = 1;
+DistStats dist_stats;
+
+uint64_t dist_hash(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  if (!b) return 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+/* the number of processes a launcher started, from its environment (Open MPI's mpirun,
+   or a PMI launcher: MPICH's, Slurm's), or 0 outside one */
+static long launched(void) {
+  const char *e = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!e) e = getenv("PMI_SIZE");
+  return e ? strtol(e, NULL, 10) : 0;
+}
+
+void dist_part(const cavs_graph *const *gs, int k, int *lo, int *hi, long *before) {
+  long total = 0;
+  for (int i = 0; i < k; i++) total += gs[i]->n;
+  /* rank q's part starts at the first graph whose vertices before it reach q/N of
+     the whole; a graph is kept whole, and where there are graphs enough each part
+     gets one (at least one left for each later rank) */
+  int start[2] = {0, k};
+  for (int e = 0; e < 2; e++) {
+    int q = dist_rank + e;
+    if (q == 0 || q == dist_size) {
+      start[e] = q == 0 ? 0 : k;
+      continue;
+    }
+    long prefix = 0;
+    int i = 0;
+    while (i < k && prefix * dist_size < (long)q * total) prefix += gs[i++]->n;
+    if (k >= dist_size) {
+      if (i < q) i = q;
+      if (i > k - (dist_size - q)) i = k - (dist_size - q);
+    }
+    start[e] = i;
+  }
+  /* a part's bounds are computed alone, so they must agree with the neighbours': they
+     do, as rank q's end is computed as rank q+1's start */
+  *lo = start[0], *hi = start[1] > start[0] ? start[1] : start[0];
+  *before = 0;
+  for (int i = 0; i < *lo; i++) *before += gs[i]->n;
+}
+
+#ifndef CAVS_MPI
+
+void dist_start(void) {
+  if (launched() > 1)
+    die(1, "this cavs is built without MPI (configure --enable-mpi, with Open MPI installed): it cannot train "
+           "as one of %ld processes",
+        launched());
+}
+void dist_end(void) {}
+void dist_sum_long(long *v, int n) { (void)v, (void)n; }
+void dist_sum_double(double *v, int n) { (void)v, (void)n; }
+void dist_same(uint64_t v, const char *what) { (void)v, (void)what; }
+void dist_die_all(int status, const char *what) { die(status, "%s", what); }
+int dist_reduce_grads(cavs_model *m, size_t es) {
+  (void)m, (void)es;
+  return 0;
+}
+
+#else
+
+static bool started;
+static const char *prog_of_all = "cavs"; /* the message prefix of what every rank says */
+
+static void abort_all(int status) {
+  if (started && dist_size > 1) {
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+}
+
+/* an MPI call that failed (the communicator returns errors instead of aborting, so
+   that the message is ours) */
+static void check(int rc, const char *what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  die(1, "%s: %.*s", what, len, msg);
+}
+
+void dist_start(void) {
+  if (!launched()) return;
+  int rc = MPI_Init(NULL, NULL);
+  if (rc != MPI_SUCCESS) die(1, "MPI_Init failed (%d)", rc);
+  started = true;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &dist_rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &dist_size), "MPI_Comm_size");
+  prog_of_all = prog;
+  if (dist_size > 1) {
+    prog = xstrdup(fmt("%s: rank %d", prog, dist_rank));
+    rank_tag = xstrdup(fmt("%s: ", prog));
+  }
+  die_hook = abort_all;
+}
+
+void dist_end(void) {
+  if (!started) return;
+  die_hook = NULL;
+  MPI_Finalize();
+  started = false;
+}
+
+void dist_sum_long(long *v, int n) {
+  if (dist_size == 1 || n <= 0) return;
+  check(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_LONG, MPI_SUM, MPI_COMM_WORLD), "summing counts over the ranks");
+}
+
+void dist_sum_double(double *v, int n) {
+  if (dist_size == 1 || n <= 0) return;
+  check(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "summing over the ranks");
+}
+
+/* An error every rank finds at once: rank 0 says it, and all end without an abort. */
+_Noreturn static void die_all(int status, const char *what) {
+  if (!dist_rank) fprintf(stderr, "%s: %s\n", prog_of_all, what);
+  dist_end();
+  exit(status);
+}
+
+void dist_die_all(int status, const char *what) {
+  if (dist_size == 1) die(status, "%s", what);
+  die_all(status, what);
+}
+
+void dist_same(uint64_t v, const char *what) {
+  if (dist_size == 1) return;
+  unsigned long long mm[2] = {v, ~v};
+  check(MPI_Allreduce(MPI_IN_PLACE, mm, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD), "comparing the ranks");
+  if (mm[0] != v || ~mm[1] != v) {
+    /* every rank knows it: they all stop with the message, and rank 0's is the one
+       that counts (the others end with the abort) */
+    die_all(1, fmt("the ranks differ in %s", what));
+  }
+}
+
+/* A lookup table's part of the reduction. */
+typedef struct Table {
+  int param;
+  char *base; /* its gradient, in the model's memory */
+  long rows, cols, ld;
+  int n;           /* this rank's rows (cavs_model_touched_rows) */
+  const int *mine;
+  int *ids;        /* every rank's, rank 0's first: total */
+  int *counts, *displ; /* [dist_size]: each rank's number of them, and where they start */
+  long total;
+  bool dense; /* its whole gradient in the dense allreduce instead of as rows */
+} Table;
+
+static void *alloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) die(2, "out of memory");
+  return p;
+}
+
+/* Table t's rows, summed in rank order on every rank: every rank's rows gathered (after
+   the union was touched: this rank's rows hold its own gradient, the others zero), each
+   row summed starting from the first rank that has it, and written back. */
+static int reduce_rows(cavs_model *m, Table *t, size_t es, MPI_Datatype type) {
+  int N = dist_size;
+  if (t->total > (long)INT32_MAX / (t->cols > 0 ? t->cols : 1)) die(1, "a table's touched rows overflow one gather");
+  size_t rowb = (size_t)t->cols * es;
+  char *mine = alloc(rowb * (size_t)t->n), *all = alloc(rowb * (size_t)t->total);
+  for (int i = 0; i < t->n; i++)
+    if (cavs_model_read(m, mine + (size_t)i * rowb, t->base + (size_t)t->mine[i] * (size_t)t->ld * es, rowb))
+      return -1;
+  int *vcounts = alloc(sizeof(int) * (size_t)N), *vdispl = alloc(sizeof(int) * (size_t)N);
+  for (int q = 0; q < N; q++) vcounts[q] = t->counts[q] * (int)t->cols, vdispl[q] = t->displ[q] * (int)t->cols;
+  check(MPI_Allgatherv(mine, t->n * (int)t->cols, type, all, vcounts, vdispl, type, MPI_COMM_WORLD),
+        "gathering a table's gradient rows");
+  dist_stats.bytes += (double)t->n * (double)rowb;
+  long *first = alloc(sizeof(long) * (size_t)t->rows); /* a row's first entry: its sum */
+  for (long i = 0; i < t->total; i++) first[t->ids[i]] = -1;
+  for (long i = 0; i < t->total; i++) {
+    long f = first[t->ids[i]];
+    if (f < 0) {
+      first[t->ids[i]] = i;
+      continue;
+    }
+    char *dst = all + (size_t)f * rowb, *src = all + (size_t)i * rowb;
+    if (es == 8)
+      for (long j = 0; j < t->cols; j++) ((double *)dst)[j] += ((const double *)src)[j];
+    else
+      for (long j = 0; j < t->cols; j++) ((float *)dst)[j] += ((const float *)src)[j];
+  }
+  int rc = 0;
+  for (long i = 0; i < t->total && !rc; i++)
+    if (first[t->ids[i]] == i)
+      rc = cavs_model_write(m, t->base + (size_t)t->ids[i] * (size_t)t->ld * es, all + (size_t)i * rowb, rowb);
+  free(first), free(mine), free(all), free(vcounts), free(vdispl);
+  return rc;
+}
+
+/* The bytes of the flat gradient block outside the tables sent as rows, [from, next),
+   one span after another: `next` the start of the next such table at or after from
+   (nb: none), *end its end. */
+static size_t span_end(const Table *tab, int nt, const char *flat, size_t nb, size_t from, size_t es, size_t *end) {
+  size_t next = nb;
+  *end = nb;
+  for (int i = 0; i < nt; i++) {
+    if (tab[i].dense) continue;
+    size_t off = (size_t)(tab[i].base - flat), len = (size_t)tab[i].rows * (size_t)tab[i].ld * es;
+    if (off < from || off >= next) continue;
+    next = off, *end = off + len;
+  }
+  return next;
+}
+
+/* the dense part of the flat block into pack (out) or back from it */
+static int move_dense(cavs_model *m, const Table *tab, int nt, char *flat, size_t nb, size_t es, char *pack, bool out,
+                      size_t *bytes) {
+  size_t at = 0, from = 0, end;
+  for (;;) {
+    size_t next = span_end(tab, nt, flat, nb, from, es, &end);
+    if (next > from) {
+      if (out ? cavs_model_read(m, pack + at, flat + from, next - from) : cavs_model_write(m, flat + from, pack + at, next - from))
+        return -1;
+      at += next - from;
+    }
+    if (next >= nb) break;
+    from = end;
+  }
+  *bytes = at;
+  return 0;
+}
+
+int dist_reduce_grads(cavs_model *m, size_t es) {
+  if (dist_size == 1) return 0;
+  double t0 = now();
+  const cavs_desc *d = cavs_model_desc(m);
+  MPI_Datatype type = es == 8 ? MPI_DOUBLE : MPI_FLOAT;
+  size_t count;
+  char *flat = cavs_model_grads_flat(m, &count);
+  size_t nb = count * es;
+  int N = dist_size, nt = 0;
+  Table *tab = alloc(sizeof(Table) * (size_t)d->nparams);
+  /* the tables first: every rank's rows gathered, and the union made each rank's step's
+     (new rows zeroed: nothing is summed into them yet) */
+  for (int i = 0; i < d->nparams; i++) {
+    const int *rows;
+    int n = cavs_model_touched_rows(m, i, &rows);
+    if (n < 0) continue;
+    Table *t = &tab[nt++];
+    *t = (Table){.param = i, .n = n, .mine = rows};
+    t->base = cavs_model_grad(m, i, &t->rows, &t->cols, &t->ld);
+    t->counts = alloc(sizeof(int) * (size_t)N), t->displ = alloc(sizeof(int) * (size_t)N);
+    check(MPI_Allgather(&t->n, 1, MPI_INT, t->counts, 1, MPI_INT, MPI_COMM_WORLD), "gathering a table's row counts");
+    for (int q = 0; q < N; q++) t->displ[q] = (int)t->total, t->total += t->counts[q];
+    t->ids = alloc(sizeof(int) * (size_t)t->total);
+    check(MPI_Allgatherv(t->mine, t->n, MPI_INT, t->ids, t->counts, t->displ, MPI_INT, MPI_COMM_WORLD),
+          "gathering a table's rows");
+    dist_stats.bytes += (double)t->n * sizeof(int);
+    if (cavs_model_touch_rows(m, i, t->ids, (int)t->total)) return -1;
+    /* as rows or whole, by the bytes each rank sends (in the flat block only: the dense
+       allreduce is of that block) */
+    size_t off = (size_t)(t->base - flat), len = (size_t)t->rows * (size_t)t->ld * es;
+    t->dense = t->base >= flat && off + len <= nb && (double)t->total * (double)t->cols * (double)es >= (double)len;
+    if (t->dense) dist_stats.dense_tables++;
+    else dist_stats.sparse_tables++;
+  }
+  /* the dense part: every parameter's gradient but the tables sent as rows, in one
+     buffer and one allreduce */
+  char *pack = alloc(nb);
+  size_t at;
+  if (move_dense(m, tab, nt, flat, nb, es, pack, true, &at)) return -1;
+  /* (in pieces an int counts) */
+  for (size_t done = 0, step = ((size_t)1 << 30) * es; done < at; done += step) {
+    size_t len = at - done < step ? at - done : step;
+    check(MPI_Allreduce(MPI_IN_PLACE, pack + done, (int)(len / es), type, MPI_SUM, MPI_COMM_WORLD),
+          "summing the gradients over the ranks");
+  }
+  dist_stats.bytes += (double)at;
+  if (move_dense(m, tab, nt, flat, nb, es, pack, false, &at)) return -1;
+  free(pack);
+  int rc = 0;
+  for (int i = 0; i < nt; i++) {
+    if (!rc && !tab[i].dense) rc = reduce_rows(m, &tab[i], es, type);
+    free(tab[i].ids), free(tab[i].counts), free(tab[i].displ);
+  }
+  free(tab);
+  dist_stats.seconds += now() - t0;
+  return rc;
+}
+
+#endif

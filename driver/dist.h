@@ -1,0 +1,60 @@
+/* dist.h: cavs train over MPI (data parallelism), the driver's side. libcavs knows
+ * nothing of MPI: it gives a part of a minibatch the whole's loss counts, dropout masks
+ * and table rows (cavs_model_set_loss_counts, cavs_model_set_vertex_offset,
+ * cavs_model_touch_rows), and this file moves the numbers between the processes. Built
+ * without MPI (configure found no Open MPI, or --disable-mpi), every function here is
+ * the one process's: dist_size is 1 and nothing is linked. */
+#ifndef DIST_H
+#define DIST_H
+
+#include "cavs.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern int dist_rank, dist_size; /* this process among dist_size; 0 of 1 without mpirun */
+
+/* Under mpirun (Open MPI's or a PMI launcher's environment): MPI started, the ranks
+ * known, messages of die() prefixed with the rank, and a die() on any rank ends them
+ * all (MPI_Abort). Without MPI support under a launcher of several processes: exit 1
+ * with a message. Elsewhere nothing. */
+void dist_start(void);
+/* MPI finished (before a normal exit of every rank); nothing without it */
+void dist_end(void);
+
+/* Sums over the ranks, in place, the same result on every rank. */
+void dist_sum_long(long *v, int n);
+void dist_sum_double(double *v, int n);
+/* Dies on every rank, naming `what`, unless every rank passed the same value. */
+void dist_same(uint64_t v, const char *what);
+/* An error every rank finds at the same point (the same check of the same numbers):
+ * rank 0 says it, and every rank ends with `status`, MPI finished, no abort. */
+_Noreturn void dist_die_all(int status, const char *what);
+/* FNV-1a of n bytes, folded into h (start with dist_hash(0, NULL, 0)). */
+uint64_t dist_hash(uint64_t h, const void *p, size_t n);
+
+/* A minibatch of k graphs split into dist_size parts by their vertices, in order: this
+ * rank's part is graphs [*lo, *hi), the first *before vertices of the whole before it.
+ * Each rank gets a graph when k >= dist_size. */
+void dist_part(const cavs_graph *const *gs, int k, int *lo, int *hi, long *before);
+
+/* After every rank's backward pass of its part: the parameters' gradients summed over
+ * the ranks in place, the same bits on every rank. Dense parameters go in one
+ * allreduce; a lookup table's gradient as the rows each rank touched (gathered, and
+ * summed in rank order), or dense when that is fewer bytes; each rank's step then
+ * updates the union of the rows (cavs_model_touch_rows). es: the model's scalar size
+ * (4 or 8). 0, or -1 with a message in cavs_model_error. */
+int dist_reduce_grads(cavs_model *m, size_t es);
+
+/* What the reductions of this run cost: seconds in them, and the bytes this rank put in
+ * (its dense gradient buffer, its tables' row ids and rows; what the wire carries is
+ * that times what MPI's algorithm makes of it, about 2 (N - 1) / N for an allreduce). */
+typedef struct DistStats {
+  double seconds;
+  double bytes;
+  long dense_tables, sparse_tables; /* table reductions sent dense, and as rows */
+} DistStats;
+extern DistStats dist_stats;
+
+#endif

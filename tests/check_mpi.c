@@ -1,0 +1,391 @@
+/* check_mpi.c: cavs train under mpirun (data parallelism over Open MPI), two ranks on
+ * this machine: the parameters after training equal one process's with the same
+ * minibatches (to 1e-9 relative in double: only the order of the sums differs; 1e-4 in
+ * float), on the Tree-LSTM (its table's gradient summed whole, dropout on, a last
+ * minibatch of fewer graphs than ranks), the LSTM language model in text-bptt chunks (its
+ * table's gradient as rows), the tagger with characters and seq2seq; checkpoints go on
+ * across the number of ranks; a killed rank ends the job with the last checkpoint
+ * intact; ranks started differently, a minibatch smaller than the ranks and a rank that
+ * cannot read its data are errors before training, with nothing written. In a build
+ * without MPI (configure found no Open MPI, or a sanitizer or valgrind build), only that
+ * cavs refuses to run as one of several processes. */
+#include "cli.h"
+
+#include <jansson.h>
+#include <stdint.h>
+
+static const char *mpirun;
+
+/* mpirun -np 2 (with --oversubscribe: the machine may have fewer cores) running argv's
+   words, NULL-terminated; root is let through (containers, CI) by Open MPI's two
+   variables */
+static RunResult mpi_env(const char *np, const char *first, ...) {
+  char *argv[80];
+  int n = 0;
+  argv[n++] = (char *)mpirun;
+  argv[n++] = "-np";
+  argv[n++] = (char *)np;
+  argv[n++] = "--oversubscribe";
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a && n < 79; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+  va_end(ap);
+  argv[n] = NULL;
+  return tu_run(NULL, argv, 300);
+}
+#define MPI2(...) mpi_env("2", cavs_bin, __VA_ARGS__, NULL)
+
+/* A parameter file as `cavs export` writes it (safetensors: a little-endian u64 header
+   length, a JSON header naming each tensor's dtype and byte range, the bytes): the
+   largest difference between a and b's parameters, each relative to b's largest
+   magnitude. Both files must hold the same parameters, of the same shapes. */
+static double worst_difference(const char *a_path, const char *b_path) {
+  size_t la = 0, lb = 0;
+  char *a = tu_slurp(a_path, &la), *b = tu_slurp(b_path, &lb);
+  ck_assert_msg(a && b && la > 8 && lb > 8, "%s, %s: not read", a_path, b_path);
+  uint64_t ha = 0, hb = 0;
+  for (int i = 7; i >= 0; i--) ha = ha << 8 | (unsigned char)a[i], hb = hb << 8 | (unsigned char)b[i];
+  ck_assert(ha < la - 8 && hb < lb - 8);
+  json_error_t e;
+  json_t *ja = json_loadb(a + 8, ha, 0, &e), *jb = json_loadb(b + 8, hb, 0, &e);
+  ck_assert_msg(json_is_object(ja) && json_is_object(jb), "%s", e.text);
+  double worst = 0;
+  int tensors = 0;
+  const char *name;
+  json_t *ta;
+  json_object_foreach(ja, name, ta) {
+    if (!strcmp(name, "__metadata__")) continue;
+    json_t *tb = json_object_get(jb, name);
+    ck_assert_msg(tb, "%s: no %s", b_path, name);
+    const char *dt = json_string_value(json_object_get(ta, "dtype"));
+    ck_assert(dt && (!strcmp(dt, "F64") || !strcmp(dt, "F32")));
+    ck_assert_str_eq(dt, json_string_value(json_object_get(tb, "dtype")));
+    ck_assert(json_equal(json_object_get(ta, "shape"), json_object_get(tb, "shape")));
+    size_t es = dt[1] == '6' ? 8 : 4;
+    json_t *oa = json_object_get(ta, "data_offsets"), *ob = json_object_get(tb, "data_offsets");
+    size_t a0 = (size_t)json_integer_value(json_array_get(oa, 0)), a1 = (size_t)json_integer_value(json_array_get(oa, 1));
+    size_t b0 = (size_t)json_integer_value(json_array_get(ob, 0)), b1 = (size_t)json_integer_value(json_array_get(ob, 1));
+    ck_assert(a1 - a0 == b1 - b0 && (a1 - a0) % es == 0 && 8 + ha + a1 <= la && 8 + hb + b1 <= lb);
+    const char *pa = a + 8 + ha + a0, *pb = b + 8 + hb + b0;
+    double big = 0, diff = 0;
+    for (size_t i = 0; i < (a1 - a0) / es; i++) {
+      double x, y;
+      if (es == 8) {
+        memcpy(&x, pa + i * 8, 8), memcpy(&y, pb + i * 8, 8);
+      } else {
+        float fx, fy;
+        memcpy(&fx, pa + i * 4, 4), memcpy(&fy, pb + i * 4, 4);
+        x = fx, y = fy;
+      }
+      ck_assert_msg(isfinite(x) && isfinite(y), "%s: not finite", name);
+      if (fabs(y) > big) big = fabs(y);
+      if (fabs(x - y) > diff) diff = fabs(x - y);
+    }
+    if (big > 0 && diff / big > worst) worst = diff / big;
+    tensors++;
+  }
+  ck_assert_int_gt(tensors, 0);
+  json_decref(ja), json_decref(jb);
+  free(a), free(b);
+  return worst;
+}
+
+/* the parameters of a checkpoint, exported to name.safetensors */
+static const char *exported(const char *ckpt, const char *name) {
+  static char out[2][4400];
+  static int k;
+  k ^= 1;
+  snprintf(out[k], sizeof out[k], "%s/%s.safetensors", dir, name);
+  RunResult r = cavs("export", ckpt, "-o", out[k], NULL);
+  ok(&r, "export");
+  tu_free(&r);
+  return out[k];
+}
+
+/* the last record of a --log file: a field's integer */
+static long last_log_int(const char *log, const char *field) {
+  char *text = tu_slurp(log, NULL);
+  ck_assert_ptr_nonnull(text);
+  char *last = text, *nl;
+  while ((nl = strchr(last, '\n')) && nl[1]) last = nl + 1;
+  json_error_t e;
+  json_t *rec = json_loads(last, JSON_DISABLE_EOF_CHECK, &e);
+  ck_assert_msg(json_is_object(rec), "%s: %s", log, e.text);
+  json_t *v = json_object_get(rec, field);
+  ck_assert_msg(json_is_integer(v), "%s: no integer '%s' in %s", log, field, last);
+  long x = (long)json_integer_value(v);
+  json_decref(rec);
+  free(text);
+  return x;
+}
+
+static void gen(const char *kind, const char *graphs, const char *seed, const char *out, const char *extra) {
+  RunResult r = extra ? cavs("gen", kind, "--graphs", graphs, "--seed", seed, extra, "-o", path_in(out), NULL)
+                      : cavs("gen", kind, "--graphs", graphs, "--seed", seed, "-o", path_in(out), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+}
+
+/* One process, then two ranks, the same command and --save; their parameters' worst
+   relative difference. */
+#define BOTH(name, ...)                                                                                 \
+  do {                                                                                                  \
+    RunResult one = cavs("train", __VA_ARGS__, "--threads", "1", "--quiet", "--save", path_in(name ".1"), \
+                         "--log", path_in(name ".1.log"), NULL);                                        \
+    ok(&one, name ": one process");                                                                      \
+    tu_free(&one);                                                                                      \
+    RunResult two = MPI2("train", __VA_ARGS__, "--threads", "1", "--quiet", "--save", path_in(name ".2"),  \
+                         "--log", path_in(name ".2.log"));                                             \
+    ok(&two, name ": two ranks");                                                                        \
+    tu_free(&two);                                                                                      \
+  } while (0)
+
+static double differ(const char *name) {
+  char a[4400], b[4400];
+  snprintf(a, sizeof a, "%s/%s.1", dir, name);
+  snprintf(b, sizeof b, "%s/%s.2", dir, name);
+  char ea[4400];
+  snprintf(ea, sizeof ea, "%s", exported(a, "one"));
+  return worst_difference(exported(b, "two"), ea);
+}
+
+/* The Tree-LSTM, in double, with dropout (masks keyed by the whole minibatch's vertex
+   numbers: the ranks draw the one process's), 33 graphs in minibatches of 32 (the last
+   has one graph: one rank runs none of its own). Its table (62 words) is summed whole;
+   the log says so, and that two ranks ran. */
+START_TEST(treelstm_equals_one_process) {
+  gen("toy", "300", "1", "toy.txt", NULL);
+  gen("toy", "33", "3", "toy33.txt", NULL);
+  BOTH("tree", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=12", "--dim",
+       "H=16", "--batch", "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3");
+  double w = differ("tree");
+  ck_assert_msg(w < 1e-9, "two ranks' parameters differ from one process's by %g", w);
+  ck_assert_int_eq(last_log_int(path_in("tree.2.log"), "ranks"), 2);
+  ck_assert_int_gt(last_log_int(path_in("tree.2.log"), "tables_whole"), 0);
+  BOTH("tree33", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
+       "H=16", "--batch", "32", "--epochs", "3", "--precision", "double", "--dropout", "0.2");
+  w = differ("tree33");
+  ck_assert_msg(w < 1e-9, "with a rank without graphs: %g", w);
+  /* in float: the order of the sums is all that differs, at float's precision */
+  BOTH("treef", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=12", "--dim",
+       "H=16", "--batch", "32", "--epochs", "1");
+  w = differ("treef");
+  ck_assert_msg(w < 1e-4, "in float: %g", w);
+}
+END_TEST
+
+/* The LSTM language model in text-bptt chunks, a vocabulary of 3000 words: each
+   minibatch touches a few rows of its table, which go between the ranks as rows. */
+START_TEST(lstm_lm_table_as_rows) {
+  char *text = malloc(1 << 20);
+  size_t n = 0;
+  uint64_t s = 1;
+  for (int line = 0; line < 300; line++) {
+    int words = 3 + (int)(line % 9);
+    for (int w = 0; w < words; w++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      n += (size_t)snprintf(text + n, 64, "%sw%u", w ? " " : "", (unsigned)(s >> 33) % 3000);
+    }
+    text[n++] = '\n';
+  }
+  tu_write(path_in("lm.txt"), text, n);
+  free(text);
+  BOTH("lm", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim", "E=8", "--dim",
+       "H=8", "--batch", "16", "--epochs", "1", "--precision", "double");
+  double w = differ("lm");
+  ck_assert_msg(w < 1e-9, "%g", w);
+  ck_assert_int_gt(last_log_int(path_in("lm.2.log"), "tables_as_rows"), 0);
+}
+END_TEST
+
+START_TEST(tagger_and_seq2seq_equal_one_process) {
+  gen("tagger", "200", "1", "tag.cgf", "--chars");
+  BOTH("tag", model("tagger_chars.vf"), "--format", "cgf", "--train", path_in("tag.cgf"), "--batch", "16", "--epochs",
+       "1", "--precision", "double");
+  double w = differ("tag");
+  ck_assert_msg(w < 1e-9, "tagger_chars: %g", w);
+  gen("translation", "200", "1", "tr.cgf", NULL);
+  BOTH("s2s", model("seq2seq.vf"), "--format", "cgf", "--train", path_in("tr.cgf"), "--dim", "E=16", "--dim", "H=32",
+       "--batch", "16", "--epochs", "1", "--precision", "double");
+  w = differ("s2s");
+  ck_assert_msg(w < 1e-9, "seq2seq: %g", w);
+}
+END_TEST
+
+/* A checkpoint goes on with another number of ranks: one epoch on two ranks then one on
+   one process, and one epoch on one process then one on two, each equal to two epochs
+   of one process. */
+START_TEST(checkpoints_cross_the_number_of_ranks) {
+  gen("toy", "300", "1", "toy.txt", NULL);
+#define TREE(...)                                                                                                \
+  "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=12", "--dim", \
+      "H=16", "--batch", "32", "--precision", "double", "--threads", "1", "--quiet", __VA_ARGS__
+  RunResult r = cavs(TREE("--epochs", "2", "--save", path_in("whole.ckpt")), NULL);
+  ok(&r, "two epochs");
+  tu_free(&r);
+  r = MPI2(TREE("--epochs", "1", "--save", path_in("x.ckpt")));
+  ok(&r, "epoch 1 on two ranks");
+  tu_free(&r);
+  r = cavs(TREE("--epochs", "1", "--resume", path_in("x.ckpt"), "--save", path_in("x.ckpt")), NULL);
+  ok(&r, "epoch 2 on one");
+  tu_free(&r);
+  char whole[4400];
+  snprintf(whole, sizeof whole, "%s", exported(path_in("whole.ckpt"), "whole"));
+  double w = worst_difference(exported(path_in("x.ckpt"), "x"), whole);
+  ck_assert_msg(w < 1e-9, "2 ranks then 1: %g", w);
+  r = cavs(TREE("--epochs", "1", "--save", path_in("y.ckpt")), NULL);
+  ok(&r, "epoch 1 on one");
+  tu_free(&r);
+  r = MPI2(TREE("--epochs", "1", "--resume", path_in("y.ckpt"), "--save", path_in("y.ckpt")));
+  ok(&r, "epoch 2 on two ranks");
+  tu_free(&r);
+  w = worst_difference(exported(path_in("y.ckpt"), "y"), whole);
+  ck_assert_msg(w < 1e-9, "1 then 2 ranks: %g", w);
+#undef TREE
+}
+END_TEST
+
+/* Errors every rank meets before training, each with its message and nothing written:
+   a minibatch smaller than the ranks; ranks started with different options (mpirun's
+   MPMD form: one command line a rank); a rank that cannot read its data. */
+START_TEST(errors_before_training) {
+  gen("toy", "40", "1", "small.txt", NULL);
+#define ARGS(lr, data)                                                                                         \
+  cavs_bin, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", data, "--dim", "E=8", "--dim", "H=8", \
+      "--threads", "1", "--lr", lr, "--save", path_in("never.ckpt")
+  RunResult r = mpi_env("2", ARGS("0.001", path_in("small.txt")), "--batch", "1", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--batch 1 is smaller than the 2 ranks"), "%d %s", r.status,
+                tu_tail(r.err, 1500));
+  tu_free(&r);
+  r = mpi_env("1", ARGS("0.001", path_in("small.txt")), ":", "-np", "1", ARGS("0.002", path_in("small.txt")), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "the ranks differ in their command lines"), "%d %s", r.status,
+                tu_tail(r.err, 1500));
+  tu_free(&r);
+  r = mpi_env("1", ARGS("0.001", path_in("small.txt")), ":", "-np", "1", ARGS("0.001", path_in("missing.txt")), NULL);
+  ck_assert_msg(r.status != 0 && strstr(r.err, "rank 1: ") && strstr(r.err, "missing.txt"), "%d %s", r.status,
+                tu_tail(r.err, 1500));
+  tu_free(&r);
+  ck_assert_msg(access(path_in("never.ckpt"), F_OK) != 0, "a checkpoint was written");
+#undef ARGS
+}
+END_TEST
+
+/* the pid of the cavs process of rank `rank` among the children of mpirun `parent`, or 0 */
+static pid_t rank_pid(pid_t parent, int rank) {
+  char want[64];
+  snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  pid_t found = 0;
+  while (d && !found && (e = readdir(d))) {
+    char path[300], *stat;
+    pid_t pid = (pid_t)atol(e->d_name);
+    if (pid <= 0) continue;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (!(stat = tu_slurp(path, NULL))) continue;
+    char *close = strrchr(stat, ')');
+    int ppid = 0;
+    bool child = close && sscanf(close + 2, "%*c %d", &ppid) == 1 && ppid == parent;
+    free(stat);
+    if (!child) continue;
+    size_t len;
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    char *env = tu_slurp(path, &len);
+    for (size_t i = 0; env && i < len; i += strlen(env + i) + 1)
+      if (!strcmp(env + i, want)) found = pid;
+    free(env);
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+/* Rank 1 killed (SIGKILL, as the kernel's OOM killer does) in the middle of training:
+   the job ends within 10 s, not hanging, with a message naming the rank, and the
+   checkpoint on disk is a complete one that resumes. */
+START_TEST(killed_rank_ends_the_job) {
+  gen("toy", "3000", "1", "many.txt", NULL);
+  char *argv[] = {(char *)mpirun, "-np", "2", "--oversubscribe", (char *)cavs_bin, "train", model("treelstm.vf"),
+                  "--format", "ptb-tree", "--train", path_in("many.txt"), "--dim", "E=16", "--dim", "H=16", "--batch", "4",
+                  "--epochs", "1000", "--threads", "1", "--quiet", "--save", path_in("k.ckpt"), NULL};
+  char errp[] = "/tmp/cavs-mpi-err-XXXXXX";
+  int fe = mkstemp(errp);
+  ck_assert(fe >= 0);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    dup2(fe, 2);
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0), dup2(null, 1);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  /* a checkpoint written (the first epoch done), then rank 1 found and killed */
+  pid_t victim = 0;
+  for (int i = 0; i < 6000 && !victim; i++) {
+    if (access(path_in("k.ckpt"), F_OK) == 0) victim = rank_pid(pid, 1);
+    if (!victim) usleep(10000);
+  }
+  ck_assert_msg(victim > 0, "no checkpoint, or no rank 1, after 60 s");
+  ck_assert(kill(victim, SIGKILL) == 0);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int st = 0;
+  pid_t w = 0;
+  for (int i = 0; i < 3000 && w != pid; i++) {
+    w = waitpid(pid, &st, WNOHANG);
+    if (w != pid) usleep(10000);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (w != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+  }
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  char *err = tu_slurp(errp, NULL);
+  close(fe), unlink(errp);
+  ck_assert_msg(w == pid && secs < 10, "the job went on %.1f s after rank 1 was killed", secs);
+  ck_assert_msg(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the job ended well");
+  ck_assert_msg(err && strstr(err, "rank 1"), "%s", tu_tail(err, 1500));
+  free(err);
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("many.txt"), "--epochs",
+                     "1", "--threads", "1", "--quiet", "--resume", path_in("k.ckpt"), NULL);
+  ok(&r, "resume from the checkpoint left");
+  tu_free(&r);
+}
+END_TEST
+
+/* Built without MPI: a launcher's environment of several processes is refused. */
+START_TEST(without_mpi_refuses_ranks) {
+  gen("toy", "40", "1", "small.txt", NULL);
+  char *env[] = {"OMPI_COMM_WORLD_SIZE=2", NULL};
+  RunResult r = cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("small.txt"),
+                         "--epochs", "1", "--threads", "1", "--save", path_in("never.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "built without MPI") && strstr(r.err, "2 processes"), "%d %s", r.status,
+                tu_tail(r.err, 1500));
+  ck_assert(access(path_in("never.ckpt"), F_OK) != 0);
+  tu_free(&r);
+}
+END_TEST
+
+int main(void) {
+  if (cli_init("mpi")) return 1;
+  mpirun = getenv("MPIRUN");
+  /* Open MPI refuses root unless told both of these (CI and containers run as root) */
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  Suite *s = suite_create("mpi");
+  TCase *tc = tcase_create("mpi");
+  tcase_set_timeout(tc, 600);
+  if (mpirun && *mpirun) {
+    tcase_add_test(tc, treelstm_equals_one_process);
+    tcase_add_test(tc, lstm_lm_table_as_rows);
+    tcase_add_test(tc, tagger_and_seq2seq_equal_one_process);
+    tcase_add_test(tc, checkpoints_cross_the_number_of_ranks);
+    tcase_add_test(tc, errors_before_training);
+    tcase_add_test(tc, killed_rank_ends_the_job);
+  } else {
+    tcase_add_test(tc, without_mpi_refuses_ranks);
+  }
+  suite_add_tcase(s, tc);
+  return tu_run_suite_shared(s, dir);
+}
