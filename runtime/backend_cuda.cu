@@ -730,14 +730,15 @@ static void cuda_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, l
 }
 
 /* ---- dropout: the CPU's masks (cavs_drop_key of the row's vertex, the seed and the
-   step; cavs_drop_keep), drawn in the kernel from the row's vertex ---- */
+   step; cavs_drop_keep), drawn in the kernel from the row's vertex, numbered in the whole
+   minibatch (voff: cavs_model_set_vertex_offset) ---- */
 template <typename R>
-__global__ void dropout(const R *x, long ldx, R *y, long ldy, const int *rowvert, uint64_t seed, long step, unsigned salt,
-                        double p, long w, int r0, int n, int keep, bool bwd) {
+__global__ void dropout(const R *x, long ldx, R *y, long ldy, const int *rowvert, long voff, uint64_t seed, long step,
+                        unsigned salt, double p, long w, int r0, int n, int keep, bool bwd) {
   long r, j;
   if (!cell(r0, n, w, &r, &j)) return;
   R scale = (R)(1.0 / (1.0 - p));
-  bool kept = !keep || cavs_drop_keep(cavs_drop_key(seed, step, rowvert[r]), salt, j, p);
+  bool kept = !keep || cavs_drop_keep(cavs_drop_key(seed, step, voff + rowvert[r]), salt, j, p);
   if (!bwd) y[r * ldy + j] = !keep ? x[r * ldx + j] : kept ? x[r * ldx + j] * scale : (R)0;
   else if (kept) y[r * ldy + j] += x[r * ldx + j] * scale; /* x: dy, y: dx */
 }
@@ -747,8 +748,9 @@ static void launch_dropout(cavs_ctx *c, unsigned salt, double p, const void *x, 
                            int n, bool bwd) {
   if (n <= 0 || w <= 0) return;
   cavs_model *m = model(c);
-  CAVS_CUDA_LAUNCH(dropout<R>, blocks((long)n * w), on(c))((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->drop_seed,
-                                                         m->step, salt, p, w, r0, n, bwd ? 1 : c->keep, bwd);
+  CAVS_CUDA_LAUNCH(dropout<R>, blocks((long)n * w), on(c))((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->voff,
+                                                         m->drop_seed, m->step, salt, p, w, r0, n, bwd ? 1 : c->keep,
+                                                         bwd);
   CKL(m);
 }
 static void cuda_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,

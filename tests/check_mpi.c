@@ -4,7 +4,8 @@
  * float), on the Tree-LSTM (its table's gradient summed whole, dropout on, a last
  * minibatch of fewer graphs than ranks), the LSTM language model in text-bptt chunks (its
  * table's gradient as rows), the tagger with characters and seq2seq; checkpoints go on
- * across the number of ranks; a killed rank ends the job with the last checkpoint
+ * across the number of ranks; the cuda backend's ranks (on the emulated device) equal
+ * one process on the CPU; a killed rank ends the job with the last checkpoint
  * intact; ranks started differently, a minibatch smaller than the ranks and a rank that
  * cannot read its data are errors before training, with nothing written. In a build
  * without MPI (configure found no Open MPI, or a sanitizer or valgrind build), only that
@@ -354,6 +355,47 @@ START_TEST(killed_rank_ends_the_job) {
 }
 END_TEST
 
+/* The cuda backend's ranks, on the emulated device (tests/cavs-emu: the cuda backend
+   over tests/cuda_emu.cc, no GPU needed): the gradients staged through host memory
+   (cavs_model_read, cavs_model_write), the dense allreduce and a table's rows; two
+   ranks on the device equal one process on the CPU. */
+START_TEST(cuda_ranks_on_the_emulator) {
+  const char *emu = getenv("CAVS_EMU");
+  ck_assert_msg(emu && access(emu, X_OK) == 0, "no tests/cavs-emu (CAVS_EMU)");
+  gen("toy", "300", "1", "toy.txt", NULL);
+  RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=12",
+                     "--dim", "H=16", "--batch", "32", "--epochs", "1", "--precision", "double", "--dropout", "0.3",
+                     "--threads", "1", "--quiet", "--save", path_in("cpu.ckpt"), NULL);
+  ok(&r, "one process on the cpu");
+  tu_free(&r);
+  r = mpi_env("2", emu, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim",
+              "E=12", "--dim", "H=16", "--batch", "32", "--epochs", "1", "--precision", "double", "--dropout", "0.3",
+              "--threads", "1", "--quiet", "--device", "cuda", "--save", path_in("emu.ckpt"), "--log", path_in("emu.log"),
+              NULL);
+  ok(&r, "two ranks on the emulated cuda device");
+  tu_free(&r);
+  char cpu[4400];
+  snprintf(cpu, sizeof cpu, "%s", exported(path_in("cpu.ckpt"), "cpu"));
+  double w = worst_difference(exported(path_in("emu.ckpt"), "emu"), cpu);
+  ck_assert_msg(w < 1e-9, "two cuda ranks against one cpu process: %g", w);
+  /* the language model's table as rows, read and written a row at a time on the device */
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim", "E=8", "--dim",
+           "H=8", "--batch", "16", "--epochs", "1", "--precision", "double", "--threads", "1", "--quiet", "--save",
+           path_in("lmcpu.ckpt"), NULL);
+  ok(&r, "the LM, one process on the cpu");
+  tu_free(&r);
+  r = mpi_env("2", emu, "train", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim",
+              "E=8", "--dim", "H=8", "--batch", "16", "--epochs", "1", "--precision", "double", "--threads", "1", "--quiet",
+              "--device", "cuda", "--save", path_in("lmemu.ckpt"), "--log", path_in("lmemu.log"), NULL);
+  ok(&r, "the LM, two ranks on the emulated cuda device");
+  tu_free(&r);
+  ck_assert_int_gt(last_log_int(path_in("lmemu.log"), "tables_as_rows"), 0);
+  snprintf(cpu, sizeof cpu, "%s", exported(path_in("lmcpu.ckpt"), "cpu"));
+  w = worst_difference(exported(path_in("lmemu.ckpt"), "emu"), cpu);
+  ck_assert_msg(w < 1e-9, "the LM, two cuda ranks against one cpu process: %g", w);
+}
+END_TEST
+
 /* Built without MPI: a launcher's environment of several processes is refused. */
 START_TEST(without_mpi_refuses_ranks) {
   gen("toy", "40", "1", "small.txt", NULL);
@@ -381,6 +423,7 @@ int main(void) {
     tcase_add_test(tc, lstm_lm_table_as_rows);
     tcase_add_test(tc, tagger_and_seq2seq_equal_one_process);
     tcase_add_test(tc, checkpoints_cross_the_number_of_ranks);
+    tcase_add_test(tc, cuda_ranks_on_the_emulator);
     tcase_add_test(tc, errors_before_training);
     tcase_add_test(tc, killed_rank_ends_the_job);
   } else {
