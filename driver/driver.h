@@ -154,6 +154,8 @@ typedef struct Totals {
   double reduce_secs; /* training under mpirun: this rank's time summing gradients, */
   long tables_rows, tables_dense; /* its lookup tables' reductions as rows, and whole, */
   double reduce_bytes;            /* and the bytes it put into them */
+  double norm_sum, norm_max; /* training with --log: the steps' global gradient norms, */
+  long norms;                /* summed, the largest, and how many */
   struct Scores *scores; /* cavs eval: labels against predictions (metrics.c), or NULL */
 } Totals;
 

@@ -416,6 +416,15 @@ _Noreturn static void diverged(const Run *r, int epoch, int b, const cavs_stats 
   die(1, "epoch %d: the loss is %g (diverged); try a smaller --lr or --clip", epoch, st->loss);
 }
 
+/* The step's global gradient norm into the epoch's (with --log, which tracks it). */
+static void add_norm(Run *r, Totals *t) {
+  if (!r->log) return;
+  double n = cavs_model_grad_norm(r->m);
+  if (n < 0) return;
+  t->norm_sum += n, t->norms++;
+  if (n > t->norm_max) t->norm_max = n;
+}
+
 /* One process's step over the minibatch gs[0..k) (graphs b.. of the epoch's order):
  * forward, backward, the optimizer's step, added up in t. The signal that asks to stop
  * (0: none). */
@@ -428,6 +437,7 @@ static int whole_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, To
   errno = 0;
   if (cavs_model_step(r->m, opt)) lib_die(cavs_model_error(r->m));
   add_batch(t, r->m, &st, k);
+  add_norm(r, t);
   return interrupted;
 }
 
@@ -511,6 +521,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   if (dist_reduce_grads(r->m, es_of_model()) || cavs_model_step(r->m, opt)) lib_die(cavs_model_error(r->m));
   stats_of(d, whole, &st);
   add_sums(t, &st, whole, nl, k);
+  add_norm(r, t);
   int stop = lv[4 * nl] ? (interrupted ? interrupted : SIGTERM) : 0;
   free(lv), free(sums), free(whole), free(counts);
   return stop;
@@ -641,6 +652,10 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   json_set(o, "schedule", json_string(sched_name(r->ts.schedule)));
   json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
   json_set(o, "seconds", json_num(t->secs));
+  /* the gradient's global norm over the epoch's steps (before a clip): a spike shows in
+     the largest long before the loss diverges */
+  json_set(o, "grad_norm_mean", t->norms ? json_num(t->norm_sum / (double)t->norms) : json_null());
+  json_set(o, "grad_norm_max", t->norms ? json_num(t->norm_max) : json_null());
   if (dist_size > 1) {
     json_set(o, "ranks", json_integer(dist_size));
     json_set(o, "reduce_seconds", json_num(t->reduce_secs));
@@ -738,6 +753,7 @@ int cmd_train(TrainOpts *o) {
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");
     if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
+    cavs_model_track_grad_norm(r.m, 1); /* for the log's grad_norm fields */
   }
   if (!o->quiet) say_start(&r);
   /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */

@@ -40,13 +40,16 @@ typedef struct cv_hyper {
   double lr, clip, l2, decoupled;
   double b1, b2, eps; /* Adam, AdamW; eps Adagrad's too */
   double mu;          /* Momentum, Nesterov */
+  int norm;           /* the gradients' global norm wanted without a clip too
+                         (cavs_model_track_grad_norm): into m->grad_norm2 */
 } cv_hyper;
 
 /* The CUDA module's table is named for this layout of cv_backend: a module built
    against another layout (a stale install) is refused when it is loaded, not called
-   through the wrong slots. Bump the number when a slot is added, moved or changed. */
-#define cv_backend_cuda cv_backend_cuda_2
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_2"
+   through the wrong slots. Bump the number when a slot is added, moved or changed, or
+   when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
+#define cv_backend_cuda cv_backend_cuda_3
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_3"
 
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */

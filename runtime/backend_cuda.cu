@@ -85,7 +85,7 @@ struct Dev {
      concatenation), sent when they differ from the last step's; and the clip norm */
   int capspans, nspans_sent; /* -1: none sent */
   size_t *spans_dev, *spans_host, *spans_new;
-  double *norm2;
+  double *norm2, *norm2_host; /* (pinned: the tracked norm comes back with the step) */
 };
 enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
 
@@ -194,6 +194,7 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   m->ctx.stream = d->st[0];
   d->graphs = o && o->graphs;
   CK(m, cudaMalloc(&d->norm2, sizeof(double)));
+  CK(m, cudaMallocHost(&d->norm2_host, sizeof(double)));
   return status(d);
 }
 
@@ -220,6 +221,7 @@ static void cuda_close(cavs_model *m) {
   cudaFreeHost(d->spans_host);
   cudaFree(d->spans_dev);
   cudaFree(d->norm2);
+  cudaFreeHost(d->norm2_host);
   free(d);
   m->bs = NULL;
 }
@@ -488,6 +490,7 @@ static int cuda_synchronize(cavs_model *m) {
   wait_device(m);
   d->fresh = false;
   m->ctx.stream = d->st[0];
+  if (m->norm_pending) m->grad_norm2 = d->failed ? -1 : *d->norm2_host, m->norm_pending = false;
   if (bytes && !d->failed) {
     const char *o = d->out_host;
     for (size_t l = 0; l < nl; l++) {
@@ -1188,10 +1191,16 @@ template <typename R>
 static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const size_t *start, int ns, size_t total) {
   Dev *d = dev(m);
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
-  if (h->l2 || h->clip > 0) {
-    if (h->clip > 0) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, h->clip > 0, d->norm2);
+  bool norm = h->clip > 0 || h->norm;
+  if (h->l2 || norm) {
+    if (norm) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, norm, d->norm2);
     CKL(m);
+  }
+  if (h->norm) { /* to the host behind the step (only when asked: a step's bytes down are
+                    the losses and predictions); cuda_synchronize hands it to the model */
+    CK(m, cudaMemcpyAsync(d->norm2_host, d->norm2, sizeof(double), cudaMemcpyDeviceToHost, 0));
+    m->norm_pending = true;
   }
   double c1 = 1 - pow(h->b1, (double)m->step), c2 = 1 - pow(h->b2, (double)m->step);
   Update<R> u = {h->kind,   (R)h->lr, (R)h->b1, (R)h->b2, (R)(1 / c1), (R)(1 / c2), (R)h->eps,

@@ -309,6 +309,14 @@ typedef struct cavs_optim {
  * The step uses the gradients up and leaves them zero (read them, with
  * cavs_model_grad, between the backward pass and the step). */
 int cavs_model_step(cavs_model *m, const cavs_optim *o);
+/* The global gradient norm the last step saw: the L2 norm over every gradient it used
+ * (weight decay added, before the clip; a lookup table's rows the minibatch read), or -1
+ * when it kept none: steps keep it after cavs_model_track_grad_norm(m, 1) (0 turns that
+ * off; it costs a pass over the gradients where there is no clip to take it for, and on
+ * the cuda backend 8 bytes down a step). On the cuda backend, reading it waits for the
+ * step. */
+int cavs_model_track_grad_norm(cavs_model *m, int on);
+double cavs_model_grad_norm(cavs_model *m);
 /* Parameter `param` left as it is by every step from now (frozen 1) or updated again
  * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with
  * others (merged products) cannot be frozen alone: -1, message in cavs_model_error. */

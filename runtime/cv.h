@@ -90,6 +90,11 @@ struct cavs_model {
      (cavs_model_set_loss_counts: all ranks' rows); 0: this pass's own (loss[l].count) */
   long *loss_den;
   long voff; /* cavs_model_set_vertex_offset: the part's first vertex in the whole minibatch */
+  /* the last step's squared global gradient norm (cavs_model_grad_norm), -1 when it
+     computed none; a backend that keeps it on the device fills it in its synchronize,
+     and norm_pending says one is on its way */
+  double grad_norm2;
+  bool track_norm, norm_pending;
   /* the minibatch */
   int rows, maxc;
   int *child;      /* [cap * maxc] */

@@ -181,7 +181,7 @@ CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
 }
 
 /* The first part of an optimizer step: L2 weight decay added to the gradients, and their
- * squares summed (in double) when there is a clip. */
+ * squares summed (in double) when there is a clip or the norm is tracked. */
 CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
   double norm2 = 0;
@@ -189,7 +189,7 @@ CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const
     R *p = P + sp[k].off, *g = G + sp[k].off;
     if (h->l2)
       for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(h->l2 * p[i]);
-    if (h->clip > 0)
+    if (h->clip > 0 || h->norm)
       for (size_t i = 0; i < sp[k].len; i++) norm2 += (double)g[i] * g[i];
   }
   return norm2;
@@ -200,7 +200,9 @@ CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const
  * used: the next backward pass need not clear it. */
 CV_HOT static void CV_NAME(step)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
   R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
-  R sc = (R)cv_clip_scale(CV_NAME(decay_norm)(m, h, sp, ns), h->clip);
+  double norm2 = CV_NAME(decay_norm)(m, h, sp, ns);
+  m->grad_norm2 = h->norm ? norm2 : -1;
+  R sc = (R)cv_clip_scale(norm2, h->clip);
   double c1 = 1 - pow(h->b1, (double)m->step), c2 = 1 - pow(h->b2, (double)m->step);
   R lr = (R)h->lr, e = (R)h->eps, mu = (R)h->mu, wd = (R)h->decoupled;
   R a1 = (R)h->b1, a2 = (R)h->b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2);

@@ -6,6 +6,7 @@
  * settings resolved here. */
 #include "cv.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,6 +159,17 @@ static cv_hyper hyper(const cavs_optim *o) {
   };
 }
 
+int cavs_model_track_grad_norm(cavs_model *m, int on) {
+  m->track_norm = on != 0;
+  return 0;
+}
+
+double cavs_model_grad_norm(cavs_model *m) {
+  /* on the device until the step has run: the backend's synchronize brings it */
+  if (m->norm_pending && m->be->synchronize(m)) return -1;
+  return m->grad_norm2 >= 0 ? sqrt(m->grad_norm2) : -1;
+}
+
 int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   if (m->launch_failed) return -1; /* the backward pass's kernels: the message is in m->err */
   if (m->no_grads) { /* the backward pass refused (inference): the message is in m->err */
@@ -171,6 +183,8 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   if (m->step >= CAVS_MAX_STEPS) return cv_fail(m, "the optimizer has taken %ld steps, the most a model takes", m->step);
   m->step++;
   cv_hyper h = hyper(o);
+  h.norm = m->track_norm;
+  m->grad_norm2 = -1, m->norm_pending = false;
   int ns;
   cv_span *sp = spans(m, &ns);
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");

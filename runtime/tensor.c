@@ -267,6 +267,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   m->d = d;
   m->be = be;
   m->esize = d->precision == CAVS_DOUBLE ? 8 : 4;
+  m->grad_norm2 = -1; /* no step yet */
   cavs_ctx *c = &m->ctx;
   c->desc = d;
   c->model = m;

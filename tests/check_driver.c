@@ -115,12 +115,16 @@ START_TEST(train_save_eval_predict) {
   json_decref(j);
   tu_free(&r);
   ck_assert_msg(access(path_in("a.ckpt.best"), F_OK) == 0, "no best-on-dev checkpoint");
-  /* one JSON object per epoch, a line each, the epochs in order */
+  /* one JSON object per epoch, a line each, the epochs in order; the steps' gradient
+     norms (libcavs's against a reference: check_engine), their mean at most their largest */
   json_t *log = log_records(path_in("a.log")), *rec;
   ck_assert_int_eq(json_array_size(log), 3);
   json_array_foreach(log, k, rec) {
     ck_assert_int_eq(json_integer_value(json_object_get(rec, "epoch")), (long)k + 1);
     ck_assert(json_is_real(json_object_get(rec, "dev_acc")) && json_is_string(json_object_get(rec, "time")));
+    double mean = json_real_value(json_object_get(rec, "grad_norm_mean")),
+           most = json_real_value(json_object_get(rec, "grad_norm_max"));
+    ck_assert_msg(mean > 0 && mean <= most && isfinite(most), "grad norms %g, %g", mean, most);
   }
   /* the last dev accuracy, exactly what training computed: the epoch line's, rounded */
   double logged = json_real_value(json_object_get(json_array_get(log, 2), "dev_acc"));

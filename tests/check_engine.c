@@ -669,8 +669,9 @@ static void ref_mask(RefOpt *r, cavs_model *m, const cavs_desc *d, const TGraph 
 
 /* One step of o in the reference from the gradients g, as its paper and PyTorch write it:
  * L2 decay into the gradient (not AdamW's), the global norm over what is updated
- * clipped, then the update; each element in double, one at a time. */
-static void ref_step(RefOpt *r, const cavs_optim *o, const double *grad) {
+ * clipped, then the update; each element in double, one at a time. The norm before the
+ * clip. */
+static double ref_step(RefOpt *r, const cavs_optim *o, const double *grad) {
   double l2 = o->kind == CAVS_ADAMW ? 0 : o->weight_decay, norm2 = 0;
   double mu = o->momentum ? o->momentum : 0.9, b1 = o->beta1 ? o->beta1 : 0.9, b2 = o->beta2 ? o->beta2 : 0.999;
   double eps = o->eps ? o->eps : 1e-8;
@@ -692,13 +693,16 @@ static void ref_step(RefOpt *r, const cavs_optim *o, const double *grad) {
     double mhat = r->b1[e] / (1 - pow(b1, (double)r->t)), vhat = r->b2[e] / (1 - pow(b2, (double)r->t));
     r->p[e] -= o->lr * (mhat / (sqrt(vhat) + eps) + o->weight_decay * r->p[e]);
   }
+  return sqrt(norm2);
 }
 
 /* Momentum, Nesterov and AdamW, three steps each on the Tree-LSTM in double (the first
  * and the last on a minibatch, the second on its first two graphs, so that some rows of
  * the lookup table are read, left for a step and read again, their state waiting), with
  * a dense parameter frozen: every parameter as the reference has it, to 1e-12
- * relative, and the frozen one as it was. */
+ * relative, and the frozen one as it was. The global norm each step reports
+ * (cavs_model_grad_norm, tracked) is the reference's, over
+ * what the step updates; untracked, none (-1), clipped or not. */
 START_TEST(optimizers_match_reference) {
   static const cavs_optim optims[] = {
       {.kind = CAVS_MOMENTUM, .lr = 0.05},
@@ -715,6 +719,9 @@ START_TEST(optimizers_match_reference) {
   int k = tg_minibatch(d, dims, g, gs, false);
   for (size_t o = 0; o < sizeof optims / sizeof *optims; o++) {
     cavs_model *m = new_model(d, dims, 3);
+    bool tracked = o != 2 && o != 3; /* (3 clips: a norm taken, not kept) */
+    ck_assert_int_eq(cavs_model_track_grad_norm(m, tracked), 0);
+    ck_assert(cavs_model_grad_norm(m) == -1); /* no step yet */
     int frozen = 1; /* the first that can be frozen alone, after the table */
     while (frozen < d->nparams && cavs_model_freeze(m, frozen, 1)) frozen++;
     ck_assert(frozen < d->nparams);
@@ -731,8 +738,12 @@ START_TEST(optimizers_match_reference) {
       cavs_model_backward(m);
       memcpy(grad, cavs_model_grads_flat(m, &r.n), r.n * sizeof *grad);
       ref_mask(&r, m, d, g, kk, frozen);
-      ref_step(&r, &optims[o], grad);
+      double norm = ref_step(&r, &optims[o], grad);
       ck_assert(cavs_model_step(m, &optims[o]) == 0);
+      double got = cavs_model_grad_norm(m);
+      if (tracked)
+        ck_assert_msg(fabs(got - norm) <= 1e-12 * norm, "case %zu, step %d: norm %.17g, not %.17g", o, step + 1, got, norm);
+      else ck_assert_msg(got == -1, "case %zu: a norm (%g) nobody asked for", o, got);
       for (size_t e = 0; e < r.n; e++)
         ck_assert_msg(fabs(p[e] - r.p[e]) <= 1e-12 * fabs(r.p[e]), "%s, case %zu, step %d: element %zu is %.17g, not %.17g",
                       cavs_optim_name(optims[o].kind), o, step + 1, e, p[e], r.p[e]);

@@ -536,6 +536,16 @@ class Model:
                     weight_decay=weight_decay, momentum=momentum)
         self._check(C.lib().cavs_model_step(self._ptr, ctypes.byref(o)))
 
+    def track_grad_norm(self, on=True):
+        """Have every step keep the gradients' global norm: grad_norm() reads it."""
+        C.lib().cavs_model_track_grad_norm(self._ptr, 1 if on else 0)
+
+    def grad_norm(self):
+        """The last step's global gradient norm (before the clip), or None when it kept
+        none (see track_grad_norm)."""
+        n = C.lib().cavs_model_grad_norm(self._ptr)
+        return n if n >= 0 else None
+
     # what a pass computed, per vertex
 
     def _batches(self, data, batch):
@@ -783,6 +793,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
             j = r % (i + 1)
             order[i], order[j] = order[j], order[i]
         tl, tb, count, correct, step_lr = 0.0, 0, 0, 0, base_lr
+        norms = []
+        model.track_grad_norm(True)
         for b in range(0, n, batch):
             st = model.forward([gs[i] for i in order[b:b + batch]])
             if not np.isfinite(st["loss"]):
@@ -793,10 +805,12 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
             if warmup > 0 and step < warmup:
                 step_lr *= (step + 1) / warmup
             model.step(optimizer, step_lr, clip, weight_decay, momentum)
+            norms.append(model.grad_norm())
             tl, tb, count, correct = tl + st["loss"], tb + 1, count + st["count"], correct + st["correct"]
         rec = {"epoch": epoch, "train_loss": tl / max(tb, 1), "train_acc": correct / count if has_acc and count else None,
                "dev_loss": None, "dev_acc": None, "dev_root_acc": None, "lr": step_lr,
-               "optimizer": optimizer, "schedule": sch["name"]}
+               "optimizer": optimizer, "schedule": sch["name"],
+               "grad_norm_mean": sum(norms) / len(norms) if norms else None, "grad_norm_max": max(norms, default=None)}
         better = False
         if dev is not None:
             ev = evaluate(model, dev, batch)

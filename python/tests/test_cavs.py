@@ -51,7 +51,8 @@ def test_training_is_cavs_trains(data, tmp_path):
              "--weight-decay", 1e-4, "--seed", 3, "--warmup", 5, "--threads", 1, "--quiet", "--log", tmp_path / "log")
     logged = [json.loads(line) for line in open(tmp_path / "log")]
     for mine, theirs in zip(hist, logged):
-        for key in ("epoch", "train_loss", "train_acc", "dev_loss", "dev_acc", "dev_root_acc", "lr"):
+        for key in ("epoch", "train_loss", "train_acc", "dev_loss", "dev_acc", "dev_root_acc", "lr", "grad_norm_mean",
+                    "grad_norm_max"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-12, abs=1e-15), key
     model.save(tmp_path / "py.ckpt", epoch=2, format="ptb-tree")
     _, out, _ = cavs_cli("eval", tmp_path / "py.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
