@@ -82,6 +82,10 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
 #else
 
 static bool started;
+/* the dense gradients' buffer, kept from step to step (a block of megabytes allocated a
+   step would be mapped and faulted in a step) */
+static char *pack;
+static size_t cappack;
 static const char *prog_of_all = "cavs"; /* the message prefix of what every rank says */
 
 static void abort_all(int status) {
@@ -119,6 +123,8 @@ void dist_start(void) {
 }
 
 void dist_end(void) {
+  free(pack);
+  pack = NULL, cappack = 0;
   if (!started) return;
   die_hook = NULL;
   MPI_Finalize();
@@ -176,6 +182,7 @@ static void *alloc(size_t n) {
   if (!p) die(2, "out of memory");
   return p;
 }
+
 
 /* Table t's rows, summed in rank order on every rank: every rank's rows gathered (after
    the union was touched: this rank's rows hold its own gradient, the others zero), each
@@ -284,7 +291,10 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   }
   /* the dense part: every parameter's gradient but the tables sent as rows, in one
      buffer and one allreduce */
-  char *pack = alloc(nb);
+  if (nb > cappack) {
+    free(pack);
+    pack = alloc(nb), cappack = nb;
+  }
   size_t at;
   if (move_dense(m, tab, nt, flat, nb, es, pack, true, &at)) return -1;
   /* (in pieces an int counts) */
@@ -295,7 +305,6 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   }
   dist_stats.bytes += (double)at;
   if (move_dense(m, tab, nt, flat, nb, es, pack, false, &at)) return -1;
-  free(pack);
   int rc = 0;
   for (int i = 0; i < nt; i++) {
     if (!rc && !tab[i].dense) rc = reduce_rows(m, &tab[i], es, type);

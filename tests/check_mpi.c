@@ -141,13 +141,18 @@ static void gen(const char *kind, const char *graphs, const char *seed, const ch
     tu_free(&two);                                                                                      \
   } while (0)
 
+/* two checkpoints' parameters (exported), b's worst relative difference from a's */
+static double ckpt_difference(const char *a, const char *b) {
+  char ea[4400];
+  snprintf(ea, sizeof ea, "%s", exported(a, "a"));
+  return worst_difference(exported(b, "b"), ea);
+}
+
 static double differ(const char *name) {
   char a[4400], b[4400];
   snprintf(a, sizeof a, "%s/%s.1", dir, name);
   snprintf(b, sizeof b, "%s/%s.2", dir, name);
-  char ea[4400];
-  snprintf(ea, sizeof ea, "%s", exported(a, "one"));
-  return worst_difference(exported(b, "two"), ea);
+  return ckpt_difference(a, b);
 }
 
 /* The Tree-LSTM, in double, with dropout (masks keyed by the whole minibatch's vertex
@@ -230,9 +235,7 @@ START_TEST(checkpoints_cross_the_number_of_ranks) {
   r = cavs(TREE("--epochs", "1", "--resume", path_in("x.ckpt"), "--save", path_in("x.ckpt")), NULL);
   ok(&r, "epoch 2 on one");
   tu_free(&r);
-  char whole[4400];
-  snprintf(whole, sizeof whole, "%s", exported(path_in("whole.ckpt"), "whole"));
-  double w = worst_difference(exported(path_in("x.ckpt"), "x"), whole);
+  double w = ckpt_difference(path_in("whole.ckpt"), path_in("x.ckpt"));
   ck_assert_msg(w < 1e-9, "2 ranks then 1: %g", w);
   r = cavs(TREE("--epochs", "1", "--save", path_in("y.ckpt")), NULL);
   ok(&r, "epoch 1 on one");
@@ -240,7 +243,7 @@ START_TEST(checkpoints_cross_the_number_of_ranks) {
   r = MPI2(TREE("--epochs", "1", "--resume", path_in("y.ckpt"), "--save", path_in("y.ckpt")));
   ok(&r, "epoch 2 on two ranks");
   tu_free(&r);
-  w = worst_difference(exported(path_in("y.ckpt"), "y"), whole);
+  w = ckpt_difference(path_in("whole.ckpt"), path_in("y.ckpt"));
   ck_assert_msg(w < 1e-9, "1 then 2 ranks: %g", w);
 #undef TREE
 }
@@ -374,9 +377,7 @@ START_TEST(cuda_ranks_on_the_emulator) {
               NULL);
   ok(&r, "two ranks on the emulated cuda device");
   tu_free(&r);
-  char cpu[4400];
-  snprintf(cpu, sizeof cpu, "%s", exported(path_in("cpu.ckpt"), "cpu"));
-  double w = worst_difference(exported(path_in("emu.ckpt"), "emu"), cpu);
+  double w = ckpt_difference(path_in("cpu.ckpt"), path_in("emu.ckpt"));
   ck_assert_msg(w < 1e-9, "two cuda ranks against one cpu process: %g", w);
   /* the language model's table as rows, read and written a row at a time on the device */
   r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim", "E=8", "--dim",
@@ -390,8 +391,7 @@ START_TEST(cuda_ranks_on_the_emulator) {
   ok(&r, "the LM, two ranks on the emulated cuda device");
   tu_free(&r);
   ck_assert_int_gt(last_log_int(path_in("lmemu.log"), "tables_as_rows"), 0);
-  snprintf(cpu, sizeof cpu, "%s", exported(path_in("lmcpu.ckpt"), "cpu"));
-  w = worst_difference(exported(path_in("lmemu.ckpt"), "emu"), cpu);
+  w = ckpt_difference(path_in("lmcpu.ckpt"), path_in("lmemu.ckpt"));
   ck_assert_msg(w < 1e-9, "the LM, two cuda ranks against one cpu process: %g", w);
 }
 END_TEST
