@@ -13,8 +13,8 @@ _cavs() {
     return
   fi
   case ${COMP_WORDS[1]} in
-  train) opts='--help --format --train --dev --epochs --batch --optimizer --lr --momentum --clip --weight-decay --seed --dim --dropout --option --save --resume --schedule --lr-decay --lr-step --lr-min --cosine-epochs --plateau-factor --plateau-patience --warmup --patience --select --init --init-all --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --log --quiet --precision' ;;
-  eval) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --json --binary' ;;
+  train) opts='--help --format --train --dev --epochs --batch --bptt-state --optimizer --lr --momentum --clip --weight-decay --seed --dim --dropout --option --save --resume --schedule --lr-decay --lr-step --lr-min --cosine-epochs --plateau-factor --plateau-patience --warmup --patience --select --init --init-all --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --log --quiet --precision' ;;
+  eval) opts='--help --format --data --model --batch --bptt-state --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --json --binary' ;;
   predict) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --max-memory --all-nodes --vectors --probs --value --greedy --stop --max-steps' ;;
   gen) opts='--help --graphs --leaves --vertices --words --classes --arity --seed --dag --chars --output' ;;
   info) opts='--help' ;;
@@ -28,6 +28,7 @@ _cavs() {
   --format) choices='ptb-tree text text-bptt cgf' ;;
   --optimizer) choices='sgd adagrad adam momentum nesterov adamw' ;;
   --schedule) choices='constant step cosine plateau' ;;
+  --bptt-state) choices='carry reset' ;;
   --select) choices='all root loss' ;;
   --device) choices='cpu cuda' ;;
   --policy) choices='bfs depth agenda frontier serial' ;;

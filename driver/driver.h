@@ -55,6 +55,18 @@ char *slurp(const char *path, size_t *len);
 bool exists(const char *path);
 /* Whether data format `f` is a language model's: text, text-bptt or text-bptt:N */
 bool lm_format(const char *f);
+/* --bptt-state: text-bptt's chunks carry the LSTM state from one to the next
+   (stateful truncated BPTT, the default) or start from zeros */
+enum { BPTT_DEFAULT, BPTT_CARRY, BPTT_RESET };
+extern int bptt_state;
+/* Whether a run on format `f` carries the state (dies for --bptt-state carry on a format
+   whose graphs do not continue one another) */
+bool carries(const char *f);
+/* The order of n chunks of one stream as `batch` streams side by side: stream s takes a
+   contiguous run of the chunks (the first n % batch streams one more), and minibatch j
+   (order[j * batch ...]) is the j-th chunk of every stream, so that graph g of a
+   minibatch continues graph g of the one before (cavs_model_carry_state). Allocated. */
+int *stream_order(int n, int batch);
 
 /* JSON (jansson): a real, or null where it is not finite; a value set in an object or
  * appended to an array (dies when memory ran out); an object written on one line of f
@@ -168,8 +180,10 @@ bool has_accuracy(const cavs_desc *d);
 void print_losses(FILE *f, const cavs_desc *d, const Totals *t);
 /* A width or range of the descriptor (cavs_lin) in a model's dims. */
 long model_lin(const cavs_model *m, cavs_lin l);
-/* A forward pass over the whole dataset, `batch` graphs at a time. */
-void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t);
+/* A forward pass over the whole dataset, `batch` graphs at a time; with carry, as
+   `batch` streams whose state is carried (stream_order; the model is left carrying,
+   from zeros). */
+void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t);
 
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
    with vectors, probs or a value name, those numbers instead */

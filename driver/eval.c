@@ -87,33 +87,44 @@ static int first_xent_input(const cavs_desc *d) {
   return -1;
 }
 
-/* The minibatch of s's graphs from b on (batch of them, or what is left) into gs, run
-   forward: how many. */
-static int forward_batch(cavs_model *m, const cavs_dataset *s, int b, int batch, const cavs_graph **gs, cavs_stats *st) {
+/* The minibatch of s's graphs from b on (batch of them, or what is left; in `order`
+   when not NULL) into gs, run forward: how many. */
+static int forward_batch(cavs_model *m, const cavs_dataset *s, const int *order, int b, int batch,
+                         const cavs_graph **gs, cavs_stats *st) {
   int n = cavs_dataset_count(s), k = 0;
-  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
+  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, order ? order[b + k] : b + k);
   errno = 0;
   if (cavs_model_forward(m, gs, k, st)) lib_die(cavs_model_error(m));
   return k;
 }
 
-void evaluate(cavs_model *m, const cavs_dataset *s, int batch, Totals *t) {
+void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t) {
   Scores *scores = t->scores;
   memset(t, 0, sizeof *t);
   t->scores = scores;
   int n = cavs_dataset_count(s);
   const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
+  /* carried: the data as `batch` streams, each from zeros, its state carried from chunk
+     to chunk (what training left is forgotten before, and what this leaves after) */
+  errno = 0;
+  if (carry && cavs_model_carry_state(m, 1)) {
+    if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(m));
+    carry = false; /* a model that cannot (several states): each chunk from zeros */
+  }
+  int *order = carry ? stream_order(n, batch) : NULL;
   double start = now();
   cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
     cavs_stats st;
-    int k = forward_batch(m, s, b, batch, gs, &st);
+    int k = forward_batch(m, s, order, b, batch, gs, &st);
     add_batch(t, m, &st, k);
     if (t->scores) scores_add(t->scores, m, gs, k);
   }
   cavs_model_set_inference(m, 0);
+  if (carry) cavs_model_reset_state(m);
   t->secs = now() - start;
   free(gs);
+  free(order);
 }
 
 /* ---- eval, predict, info ---- */
@@ -202,7 +213,7 @@ static void run_eval(const CkptModel *c, const cavs_dataset *s, int batch, const
     die(1, "--binary: SST's binary setting merges five classes, 0-4; model '%s' %s", d->name,
         in < 0 ? "has no softmax_xent loss" : fmt("has %ld", classes));
   if (classes > 0 && classes <= 100000) r.t.scores = scores_new((int)classes, d->inputs[in].slot, eo->binary);
-  evaluate(c->m, s, batch, &r.t);
+  evaluate(c->m, s, batch, carries(format), &r.t);
   /* the first softmax_xent loss's mean, as a perplexity (a language model's measure) */
   for (int l = 0; l < r.t.nl && r.xent < 0; l++)
     if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) r.xent = r.t.lcount[l] ? r.t.lsum[l] / (double)r.t.lcount[l] : 0;
@@ -262,7 +273,7 @@ static void run_predict(cavs_model *m, const cavs_dataset *s, int batch, bool al
   cavs_model_set_inference(m, value == NULL);
   for (int b = 0; b < n; b += batch) {
     cavs_stats st;
-    int k = forward_batch(m, s, b, batch, gs, &st);
+    int k = forward_batch(m, s, NULL, b, batch, gs, &st);
     /* a name the model does not store anywhere: said once, not a line of nothing a graph */
     if (value && b == 0 && k > 0) {
       bool any = false;

@@ -182,6 +182,11 @@ static void run_option(RunArgs *a, int id, const char *arg) {
   case OPT_LR_STEP: o->lr_step = (int)parse_long("lr-step", arg, 1, 1000000), o->set_sched = true; break;
   case OPT_WARMUP: o->warmup = (int)parse_long("warmup", arg, 0, 1 << 30), o->set_sched = true; break;
   case OPT_PATIENCE: o->patience = (int)parse_long("patience", arg, 1, 1000000), o->set_sched = true; break;
+  case OPT_BPTT_STATE:
+    if (!strcmp(arg, "carry")) bptt_state = BPTT_CARRY;
+    else if (!strcmp(arg, "reset")) bptt_state = BPTT_RESET;
+    else die(1, "--bptt-state: '%s' is not carry or reset", arg);
+    break;
   case OPT_SELECT:
     if (!strcmp(arg, "all")) o->select = SELECT_ALL;
     else if (!strcmp(arg, "root")) o->select = SELECT_ROOT;

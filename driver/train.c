@@ -92,6 +92,7 @@ typedef struct Run {
   FILE *log;
   bool tty, with_acc;
   bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
+  bool carry; /* text-bptt's streams carry their state (--bptt-state): stream_order */
   int n, select, last_epoch;
   long nbatches;
   int *order;
@@ -325,6 +326,9 @@ static void say_start(const Run *r) {
     for (int i = 0; i < r->d->noptions; i++) printf(" %s=%g", r->d->options[i].name, cavs_model_option(r->m, i));
     printf("\n");
   }
+  if (r->carry)
+    printf("state carried from chunk to chunk: %d streams side by side, in order (--bptt-state reset: each chunk "
+           "from zeros, shuffled)\n", r->o->batch);
   int k = cavs_option_find(r->d, "clip");
   if (k >= 0 && !r->o->set_clip && cavs_model_option(r->m, k) > 0)
     printf("gradient-norm clip %g, the model's (option clip; --clip 0 turns it off)\n", cavs_model_option(r->m, k));
@@ -474,7 +478,11 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   const cavs_desc *d = r->d;
   int lo, hi, nl = d->nlosses;
   long before;
-  dist_part(r->gs, k, &lo, &hi, &before);
+  if (r->carry) { /* a rank's graphs keep their places from minibatch to minibatch */
+    lo = (int)((long)r->o->batch * dist_rank / dist_size), hi = (int)((long)r->o->batch * (dist_rank + 1) / dist_size);
+    lo = lo < k ? lo : k, hi = hi < k ? hi : k, before = 0;
+    for (int i = 0; i < lo; i++) before += r->gs[i]->n;
+  } else dist_part(r->gs, k, &lo, &hi, &before);
   bool none = lo == hi;
   if (none) lo = 0, hi = 1, before = 0;
   cavs_stats st;
@@ -543,14 +551,18 @@ static void same_params(Run *r, long step) {
                    "rank?)", step));
 }
 
-/* One epoch's minibatches, shuffled (an interrupted epoch goes on where it stopped, in
- * the same order), added up in t. A signal stops it between two steps, saved. */
-static void run_epoch(Run *r, int epoch, int first, Totals *t) {
-  TrainOpts *o = r->o;
+/* One epoch's minibatches in their order: shuffled, or the streams side by side where the
+ * state is carried (from zeros at the epoch's start; an epoch resumed in its middle
+ * starts its streams from zeros there). */
+static void epoch_order(Run *r) {
   int n = r->n;
-  uint64_t rng_at_start = r->ts.rng;
-  int b0 = epoch == first && r->ts.graphs_done > 0 ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
-  r->ts.graphs_done = 0;
+  if (r->carry) {
+    int *order = stream_order(n, r->o->batch);
+    memcpy(r->order, order, sizeof(int) * (size_t)n);
+    free(order);
+    cavs_model_reset_state(r->m);
+    return;
+  }
   for (int i = 0; i < n; i++) r->order[i] = i;
   for (int i = n - 1; i > 0; i--) {
     int j = (int)(rng_next(&r->ts.rng) % (uint64_t)(i + 1));
@@ -558,6 +570,17 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     r->order[i] = r->order[j];
     r->order[j] = tmp;
   }
+}
+
+/* One epoch's minibatches (an interrupted epoch goes on where it stopped, in the same
+ * order), added up in t. A signal stops it between two steps, saved. */
+static void run_epoch(Run *r, int epoch, int first, Totals *t) {
+  TrainOpts *o = r->o;
+  int n = r->n;
+  uint64_t rng_at_start = r->ts.rng;
+  int b0 = epoch == first && r->ts.graphs_done > 0 ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
+  r->ts.graphs_done = 0;
+  epoch_order(r);
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
@@ -673,7 +696,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
 static bool end_epoch(Run *r, int epoch, const Totals *t) {
   TrainOpts *o = r->o;
   Totals dv = {0};
-  if (r->dev) evaluate(r->m, r->dev, o->batch, &dv);
+  if (r->dev) evaluate(r->m, r->dev, o->batch, r->carry, &dv);
   double metric = r->select == SELECT_ROOT ? ratio(dv.root_correct, dv.root_count)
                   : r->select == SELECT_ALL ? ratio(dv.correct, dv.count)
                                             : total_loss(&dv);
@@ -749,6 +772,11 @@ int cmd_train(TrainOpts *o) {
   if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
   r.n = cavs_dataset_count(r.tr);
   make_model(&r, dims);
+  r.carry = carries(o->format);
+  if (r.carry && cavs_model_carry_state(r.m, 1)) {
+    if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(r.m));
+    r.carry = false; /* a model that cannot (several states): each chunk from zeros */
+  }
   check_ranks(&r);
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");

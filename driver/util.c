@@ -119,6 +119,25 @@ bool lm_format(const char *f) {
   return !strcmp(f, "text") || !strcmp(f, "text-bptt") || !strncmp(f, "text-bptt:", 10);
 }
 
+int bptt_state = BPTT_DEFAULT;
+bool carries(const char *f) {
+  bool bptt = !strcmp(f, "text-bptt") || !strncmp(f, "text-bptt:", 10);
+  if (bptt_state == BPTT_CARRY && !bptt)
+    die(1, "--bptt-state carry: the graphs of format %s do not continue one another (text-bptt's chunks do)", f);
+  return bptt && bptt_state != BPTT_RESET;
+}
+
+int *stream_order(int n, int batch) {
+  int *order = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+  int per = n / batch, extra = n % batch;
+  for (int s = 0, start = 0; s < batch && start < n; s++) {
+    int len = per + (s < extra);
+    for (int j = 0; j < len; j++) order[j * batch + s] = start + j;
+    start += len;
+  }
+  return order;
+}
+
 /* ---- JSON, through jansson ---- */
 
 /* JSON has no NaN or infinity (jansson's json_real refuses them): such a value, a loss

@@ -353,10 +353,13 @@ static int cuda_schedule(cavs_model *m) {
          o_echild = place(&at, sizeof(int) * E);
   /* homes: the device pointers plan_homes wrote (into this backend's buffers) */
   size_t o_hval[CAVS_MAX_HOMES], o_hgrad[CAVS_MAX_HOMES], o_hkey[CAVS_MAX_HOMES];
+  /* (and the carried states' rows past the minibatch's, which a gather reads: never at
+     home) */
+  size_t NH = N + (size_t)m->carry_in;
   for (int k = 0; k < m->nhomes; k++) {
-    o_hval[k] = place(&at, sizeof(void *) * N);
-    o_hgrad[k] = place(&at, sizeof(void *) * N);
-    o_hkey[k] = place(&at, sizeof(long) * N);
+    o_hval[k] = place(&at, sizeof(void *) * NH);
+    o_hgrad[k] = place(&at, sizeof(void *) * NH);
+    o_hkey[k] = place(&at, sizeof(long) * NH);
   }
   size_t o_iin = at;
   for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
@@ -391,9 +394,9 @@ static int cuda_schedule(cavs_model *m) {
     memcpy(d->pack_host + o_echild, m->echild, sizeof(int) * E);
   }
   for (int k = 0; k < m->nhomes; k++) {
-    memcpy(d->pack_host + o_hval[k], m->hval[k], sizeof(void *) * N);
-    memcpy(d->pack_host + o_hgrad[k], m->hgrad[k], sizeof(void *) * N);
-    memcpy(d->pack_host + o_hkey[k], m->hkey[k], sizeof(long) * N);
+    memcpy(d->pack_host + o_hval[k], m->hval[k], sizeof(void *) * NH);
+    memcpy(d->pack_host + o_hgrad[k], m->hgrad[k], sizeof(void *) * NH);
+    memcpy(d->pack_host + o_hkey[k], m->hkey[k], sizeof(long) * NH);
   }
   size_t o = o_iin;
   for (int i = 0; i < ds->nint; i++) {

@@ -244,6 +244,20 @@ int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
  * (a mask is keyed by the seed, the step and the vertex's number). 0 (the default): the
  * pass is the whole. 0, or -1 with a message for a number below 0 or past 2^53. */
 int cavs_model_set_vertex_offset(cavs_model *m, long first);
+/* Carried state: stateful truncated backpropagation through time, for a language model
+ * over a stream cut into chunks (one chain a chunk). On (on != 0), every forward pass
+ * keeps, for each of its graphs g, the state the graph's last vertex scattered, and in
+ * the next forward pass graph g's first vertex, when it has no children, gathers that
+ * state as its child 0 instead of zeros: minibatch j + 1's graph g must then be the
+ * chunk after minibatch j's graph g. No gradient flows back into the earlier pass
+ * (truncated). A graph with no graph at its place in the last pass (the first pass, a
+ * larger minibatch, after cavs_model_reset_state) starts from zeros. The model's vertex
+ * types must scatter one state buffer, and one of them gather its child 0: 0, or -1
+ * with a message. Off (the default) forgets the state. */
+int cavs_model_carry_state(cavs_model *m, int on);
+/* The carried state forgotten: the next pass starts from zeros (at an epoch's or an
+ * evaluation's start). */
+void cavs_model_reset_state(cavs_model *m);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Options (`option NAME = P;` in the .vf, cavs_desc.options): values the model reads at

@@ -90,6 +90,15 @@ struct cavs_model {
      (cavs_model_set_loss_counts: all ranks' rows); 0: this pass's own (loss[l].count) */
   long *loss_den;
   long voff; /* cavs_model_set_vertex_offset: the part's first vertex in the whole minibatch */
+  /* carried state (cavs_model_carry_state): carry_state, the state buffer every vertex
+     type scatters (-1: not carrying); carry, [capcarry, its width] in backend memory,
+     row g the state graph g's last vertex left in the last pass, for its first ncarry
+     graphs; carry_in, the rows of it this pass copied to state rows [rows, rows +
+     carry_in), which its graphs' first vertices read as child 0 (vcar[v]: vertex v of
+     the minibatch is such a first vertex) */
+  int carry_state, ncarry, capcarry, carry_in;
+  void *carry;
+  unsigned char *vcar;
   /* the last step's squared global gradient norm (cavs_model_grad_norm), -1 when it
      computed none; a backend that keeps it on the device fills it in its synchronize,
      and norm_pending says one is on its way */

@@ -113,7 +113,7 @@ static void plan_views(cavs_model *m) {
 /* Row ch, read from state `src` where `key` says, at home there, at byte `at` of buffer b
    (and its gradient), if its type has a home left */
 static void home(cavs_model *m, int ch, int src, long key, int b, size_t at) {
-  if (ch < 0) return;
+  if (ch < 0 || ch >= m->rows) return; /* (a carried state's row runs no loops) */
   const cavs_vertex_desc *cv = &m->d->vertex[m->vtype[m->queue[ch]]];
   if (cv->state != src) return;
   for (int k = 0; k < cv->homes; k++)
@@ -131,8 +131,10 @@ static void plan_homes(cavs_model *m) {
   const cavs_desc *d = m->d;
   int C = m->maxc;
   size_t step = (size_t)m->home_w * m->esize;
+  /* (the carried states' rows too: a gather asks whether they are at home; they never
+     are, running no loops) */
   for (int k = 0; k < m->nhomes; k++)
-    for (int r = 0; r < m->rows; r++) {
+    for (int r = 0; r < m->rows + m->carry_in; r++) {
       m->hval[k][r] = (char *)m->hdump[k] + (size_t)r * step;
       m->hgrad[k][r] = m->hzero;
       m->hkey[k][r] = -1;
@@ -267,6 +269,9 @@ static int ready_tasks(cavs_model *m, int N) {
  * vertices with children, tstate[t] of type t's without. queue[r] is the vertex of row
  * r. A task's rows are all numbered before it is reached: its vertices are roots or
  * children of a later task's. */
+/* A vertex without children, whose rows come first in its type (a first vertex that
+   gathers a carried state is at level 0 but has a child: the carried row) */
+#define LEAF(v) (m->level[v] == 0 && !m->vcar[v])
 static int number_rows(cavs_model *m, int N, int ntask) {
   const cavs_desc *d = m->d;
   int T = d->nvertex, C = m->maxc;
@@ -276,7 +281,7 @@ static int number_rows(cavs_model *m, int N, int ntask) {
   for (int v = 0; v < N; v++) {
     m->task_n[m->vtask[v]]++;
     m->type_n[m->vtype[v]]++;
-    m->type_leaf[m->vtype[v]] += m->level[v] == 0;
+    m->type_leaf[m->vtype[v]] += LEAF(v);
   }
   for (int t = 0, acc = 0; t < T; t++) {
     m->type_r0[t] = acc;
@@ -293,10 +298,10 @@ static int number_rows(cavs_model *m, int N, int ntask) {
   for (int t = 0; t < T; t++) lcur[t] = m->type_r0[t];
   for (int v = 0; v < N; v++) {
     m->row_of[v] = -1;
-    if (m->level[v] == 0 && m->task_r0[m->vtask[v]] != m->type_r0[m->vtype[v]])
+    if (LEAF(v) && m->task_r0[m->vtask[v]] != m->type_r0[m->vtype[v]])
       return cv_fail(m, "internal error: a vertex without children outside its type's first task");
   }
-#define NEXT_ROW(v) (m->level[v] == 0 ? (int)lcur[m->vtype[v]]++ : m->task_cur[m->vtask[v]]++)
+#define NEXT_ROW(v) (LEAF(v) ? (int)lcur[m->vtype[v]]++ : m->task_cur[m->vtask[v]]++)
   /* the roots graph by graph, the largest graph first (gorder): the rows of a chain's
      k-th step are then the longer chains' first, so a task's children are a prefix of
      the task before it, one block, where every chain is its own graph */
@@ -321,6 +326,7 @@ static int number_rows(cavs_model *m, int N, int ntask) {
       }
   }
 #undef NEXT_ROW
+#undef LEAF
   return 0;
 }
 
@@ -352,6 +358,18 @@ static int cmp_u64(const void *a, const void *b) {
 
 static int gmaxc(const cavs_model *m, const cavs_graph *G) {
   return m->has_edges && G->maxc > m->maxc ? m->maxc : G->maxc;
+}
+
+/* Does G's first vertex gather a carried state: a vertex without children, of a type
+ * with a child slot 0 (its state, when carrying, the earlier pass's; checked against
+ * the graph's other errors later) */
+static bool carried(const cavs_model *m, const cavs_graph *G) {
+  if (m->carry_state < 0 || G->n <= 0) return false;
+  int t = G->type ? G->type[0] : 0;
+  if (t < 0 || t >= m->d->nvertex || m->d->vertex[t].children < 1) return false;
+  for (int s = 0; s < G->maxc; s++)
+    if (G->child[s] >= 0) return false;
+  return true;
 }
 
 int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
@@ -392,16 +410,24 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     m->maxc = m->ctx.maxc = need; /* (the array only grows) */
     m->ctx.child = m->child;
   }
-  if (cv_grow_rows(m, N)) return -1;
+  /* carried states (cavs_model_carry_state): graph g's at row N + g */
+  int K = 0;
+  for (int g = 0; g < k && g < m->ncarry; g++)
+    if (carried(m, graphs[g])) K = g + 1;
+  if (cv_grow_rows(m, N + K)) return -1;
   if (N > m->capv) {
     if (cv_grow(m, &m->level, sizeof(int), (size_t)N) || cv_grow(m, &m->row_of, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->pcount, sizeof(int), (size_t)N + 1) || cv_grow(m, &m->queue, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->vtype, sizeof(int), (size_t)N) || cv_grow(m, &m->vtask, sizeof(int), (size_t)N) ||
         cv_grow(m, &m->urg, sizeof(int), (size_t)N) || cv_grow(m, &m->nkids, sizeof(int), (size_t)N) ||
-        cv_grow(m, &m->kid_off, sizeof(int), (size_t)N + 1))
+        cv_grow(m, &m->kid_off, sizeof(int), (size_t)N + 1) || cv_grow(m, &m->vcar, 1, (size_t)N))
       return -1;
     m->capv = N;
   }
+  if (N) memset(m->vcar, 0, (size_t)N);
+  for (int g = 0, b = 0; g < K; b += graphs[g++]->n)
+    if (carried(m, graphs[g])) m->vcar[b] = 1;
+  m->carry_in = K;
   /* each vertex's children as a list (kids, in slot order), and its parents in CSR form,
      to walk from the leaves up */
   long nedges = 0;
@@ -570,6 +596,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         int ch = s < G->maxc ? G->child[(size_t)v * G->maxc + s] : -1;
         m->child[(size_t)r * C + s] = ch < 0 ? -1 : m->row_of[base + ch];
       }
+      if (m->vcar[base + v]) m->child[(size_t)r * C] = N + g; /* v = 0, its carried state */
       m->root[r] = m->pcount[base + v + 1] == m->pcount[base + v];
       m->pushed[r] = (unsigned char)d->vertex[t].pushes;
       for (int i = 0; i < d->ninputs; i++) {
@@ -888,6 +915,63 @@ int cavs_run_plan(cavs_model *m) {
   }
 }
 
+/* Carried state: the last pass's states to rows [rows, rows + carry_in) of the state
+ * buffer, where this pass's first vertices find them as their child 0 (cv_schedule) */
+static void carry_in(cavs_model *m) {
+  if (m->carry_state < 0 || !m->carry_in) return;
+  long w = m->bw[m->carry_state];
+  m->be->copy_rows(&m->ctx, (char *)m->val[m->carry_state] + (size_t)m->rows * (size_t)w * m->esize, w, m->carry,
+                   w, m->carry_in, w, 0);
+}
+
+/* and this pass's: graph g's last vertex's state to row g of the carry */
+static int carry_out(cavs_model *m) {
+  if (m->carry_state < 0) return 0;
+  int k = m->ngraphs;
+  long w = m->bw[m->carry_state];
+  size_t row = (size_t)w * m->esize;
+  if (k > m->capcarry) { /* (what it held, this pass has read) */
+    m->be->release(m->carry);
+    m->capcarry = m->ncarry = 0;
+    if (!(m->carry = m->be->alloc(m, (size_t)k * row))) return cv_fail_mem(m, "out of memory for the carried state");
+    m->capcarry = k;
+  }
+  for (int g = 0; g < k; g++) {
+    if (m->gbase[g + 1] == m->gbase[g]) { /* an empty graph: zeros for the next one there */
+      m->be->zero(m, (char *)m->carry + (size_t)g * row, row);
+      continue;
+    }
+    int r = m->row_of[m->gbase[g + 1] - 1];
+    m->be->copy_rows(&m->ctx, (char *)m->carry + (size_t)g * row, w,
+                     (const char *)m->val[m->carry_state] + (size_t)r * row, w, 1, w, 0);
+  }
+  m->ncarry = k;
+  return 0;
+}
+
+int cavs_model_carry_state(cavs_model *m, int on) {
+  const cavs_desc *d = m->d;
+  m->ncarry = 0;
+  if (!on) {
+    m->carry_state = -1;
+    return 0;
+  }
+  int s = d->nvertex ? d->vertex[0].state : -1;
+  for (int t = 0; t < d->nvertex; t++)
+    if (d->vertex[t].state != s || s < 0)
+      return cv_fail(m, "carried state: the vertex types of '%s' do not scatter one state (it needs a chain's)",
+                     d->name);
+  bool read = false;
+  for (int t = 0; t < d->nvertex; t++)
+    for (int g = 0; g < d->vertex[t].ngathers; g++)
+      read |= d->vertex[t].gathers[g].slot == 0 && d->vertex[t].gathers[g].src == s;
+  if (!read) return cv_fail(m, "carried state: no vertex of '%s' gathers its child 0", d->name);
+  m->carry_state = s;
+  return 0;
+}
+
+void cavs_model_reset_state(cavs_model *m) { m->ncarry = 0; }
+
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
@@ -901,7 +985,8 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   cv_ptables_ready(m);
   if (cavs_plan_forward(m)) return -1;
   m->stats.schedule_seconds += cv_now() - t0 - (m->stats.grow_seconds - g0);
-  if (cavs_run_plan(m)) return -1;
+  carry_in(m);
+  if (cavs_run_plan(m) || carry_out(m)) return -1;
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;
   if (st) {
@@ -1052,6 +1137,12 @@ void cavs_model_backward(cavs_model *m) {
       n = (size_t)(m->type_r0[v] + m->type_n[v]) - r0;
     }
     m->be->zero(m, (char *)m->grad[b] + r0 * row, n * row);
+  }
+  /* the carried states' rows, which the first vertices' gathers add to and nothing reads
+     (no gradient flows into the earlier pass) */
+  if (m->carry_state >= 0 && m->carry_in && m->grad[m->carry_state]) {
+    size_t row = (size_t)m->bw[m->carry_state] * m->esize;
+    m->be->zero(m, (char *)m->grad[m->carry_state] + (size_t)N * row, (size_t)m->carry_in * row);
   }
   /* a dense group's gradient, unless the last step zeroed it as it used it (at batch 1
      the clear was a pass over every parameter a step: 0.4 of 8 s an epoch at E=H=512) */

@@ -268,6 +268,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   m->be = be;
   m->esize = d->precision == CAVS_DOUBLE ? 8 : 4;
   m->grad_norm2 = -1; /* no step yet */
+  m->carry_state = -1;
   cavs_ctx *c = &m->ctx;
   c->desc = d;
   c->model = m;
@@ -420,6 +421,8 @@ void cavs_model_free(cavs_model *m) {
   free(m->iin); free(m->rin); free(m->rw);
   be->release(m->pflat); be->release(m->gflat); be->release(m->m1); be->release(m->m2);
   be->release(m->hzero);
+  be->release(m->carry);
+  free(m->vcar);
   for (int k = 0; k < CAVS_MAX_HOMES; k++) {
     be->release(m->hdump[k]);
     free(m->hval[k]); free(m->hgrad[k]); free(m->hkey[k]);

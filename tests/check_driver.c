@@ -819,6 +819,56 @@ START_TEST(bptt_chunk_length) {
 }
 END_TEST
 
+/* --bptt-state: one stream (--batch 1) in chunks of 7 tokens, each chunk starting from
+ * the state the one before left (carry, the default), evaluates as the whole stream as
+ * one chain (text-bptt:100000, an independent reference: nothing to carry), token for
+ * token: the same loss to float's rounding; with reset it does not. Training carries
+ * by default and says so, and under reset says nothing; carry on a format whose graphs
+ * do not continue one another is refused, and so is a word that is not carry or reset. */
+static double eval_loss(const char *fmt_, const char *batch, const char *state) {
+  RunResult r = cavs("eval", path_in("lmc.ckpt"), "--data", path_in("lmc.txt"), "--format", fmt_, "--batch", batch,
+                     "--bptt-state", state, "--json", NULL);
+  ok(&r, fmt_);
+  const char *at = strstr(r.out, "\"loss\":");
+  ck_assert_msg(at, "%s", r.out);
+  double loss = strtod(at + 7, NULL);
+  tu_free(&r);
+  return loss;
+}
+START_TEST(bptt_state_carried) {
+  char text[2048];
+  size_t n = 0;
+  for (int i = 0; i < 40; i++) n += (size_t)snprintf(text + n, sizeof text - n, "w%d a w%d b c\n", i % 7, i % 3);
+  tu_write(path_in("lmc.txt"), text, n);
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:7", "--train", path_in("lmc.txt"), "--dim",
+                     "E=6", "--dim", "H=6", "--epochs", "3", "--batch", "4", "--lr", "0.02", "--threads", "1", "--save",
+                     path_in("lmc.ckpt"), NULL);
+  ok(&r, "carried training");
+  ck_assert_msg(strstr(r.out, "state carried from chunk to chunk: 4 streams"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  double carried = eval_loss("text-bptt:7", "1", "carry"), whole = eval_loss("text-bptt:100000", "1", "carry");
+  double reset = eval_loss("text-bptt:7", "1", "reset"), streams = eval_loss("text-bptt:7", "3", "carry");
+  ck_assert_msg(fabs(carried - whole) <= 2e-5 * whole, "carried %.9g, the whole stream %.9g", carried, whole);
+  ck_assert_msg(fabs(reset - whole) > 1e-3 * whole, "reset %.9g, the whole stream %.9g", reset, whole);
+  /* three streams from zeros: each restarts once, unlike the one stream */
+  ck_assert_msg(fabs(streams - whole) > 1e-5 * whole && fabs(streams - reset) > 1e-5 * whole, "%.9g %.9g %.9g",
+                streams, whole, reset);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:7", "--train", path_in("lmc.txt"), "--dim", "E=6",
+           "--dim", "H=6", "--epochs", "1", "--bptt-state", "reset", "--threads", "1", NULL);
+  ok(&r, "reset training");
+  ck_assert_msg(!strstr(r.out, "state carried"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text", "--train", path_in("lmc.txt"), "--epochs", "1",
+           "--bptt-state", "carry", "--quiet", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "do not continue one another"), "%d %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt", "--train", path_in("lmc.txt"), "--epochs", "1",
+           "--bptt-state", "keep", "--quiet", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "not carry or reset"), "%d %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* `option clip = N;`: the model's default gradient-norm clip. Without --clip a run
  * clips at N (the bytes of a run with --clip N), --clip 0 and --option clip=0 turn it
  * off (another run: 0.05 clips this model's gradients; with SGD, as Adam's steps hardly
@@ -2539,6 +2589,7 @@ int main(void) {
   tcase_add_test(tc, dropout_option);
   tcase_add_test(tc, model_clip_option);
   tcase_add_test(tc, bptt_chunk_length);
+  tcase_add_test(tc, bptt_state_carried);
   tcase_add_test(tc, product_dim_follows);
   tcase_add_test(tc, greedy_decoding);
   tcase_add_test(tc, user_errors);

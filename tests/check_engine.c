@@ -1515,6 +1515,164 @@ START_TEST(vertex_values_by_name) {
 }
 END_TEST
 
+/* Carried state (cavs_model_carry_state): chains cut in two, the second halves run in
+ * the pass after the first halves, against each whole chain in one pass (an independent
+ * reference: the carried state is what the whole chain's vertex before the cut
+ * scattered). Each second half's pushed values must match the whole chain's there (to
+ * 1e-12: the same arithmetic, another batching), a graph without a first half (its
+ * place empty in the last pass) starts from zeros as it would alone, and the gradient
+ * is the truncated one: finite differences of the second pass's loss with the carried
+ * state held (the first pass at the unperturbed parameters each time). The first pass
+ * after a reset is the uncarried pass, bit for bit. */
+static void halves(const cavs_desc *d, const long *dims, TGraph *whole, TGraph *a, TGraph *b, int n, int cut,
+                   unsigned *seed) {
+  chain(whole, n, seed, d, dims);
+  chain(a, cut, seed, d, dims);
+  chain(b, n - cut, seed, d, dims);
+  memcpy(a->feat, whole->feat, sizeof(int) * (size_t)(cut * d->nint));
+  memcpy(b->feat, whole->feat + cut * d->nint, sizeof(int) * (size_t)((n - cut) * d->nint));
+}
+
+static double carried_loss(cavs_model *m, const cavs_graph **ga, int ka, const cavs_graph **gb, int kb, bool back) {
+  cavs_stats st;
+  cavs_model_reset_state(m);
+  ck_assert_msg(cavs_model_forward(m, ga, ka, &st) == 0, "%s", cavs_model_error(m));
+  ck_assert_msg(cavs_model_forward(m, gb, kb, &st) == 0, "%s", cavs_model_error(m));
+  if (back) cavs_model_backward(m);
+  return st.loss;
+}
+
+static void carry_against_whole(const char *file, int policy) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH], w[4], a[4], b[5];
+  const cavs_graph *gs[TG_MINIBATCH], *gw[4], *ga[4], *gb[5];
+  tg_minibatch(d, dims, g, gs, false);
+  unsigned seed = 5;
+  int len[4] = {9, 14, 6, 11}, cut[4] = {4, 7, 1, 10};
+  for (int i = 0; i < 4; i++) {
+    halves(d, dims, &w[i], &a[i], &b[i], len[i], cut[i], &seed);
+    gw[i] = &w[i].g, ga[i] = &a[i].g, gb[i] = &b[i].g;
+  }
+  chain(&b[4], 5, &seed, d, dims); /* no first half: from zeros */
+  gb[4] = &b[4].g;
+  cavs_model *m = new_model(d, dims, 3), *ref = new_model(d, dims, 3);
+  cavs_model_set_policy(m, policy);
+  ck_assert_msg(cavs_model_carry_state(m, 1) == 0, "%s", cavs_model_error(m));
+  ck_assert_msg(cavs_model_forward(ref, gw, 4, NULL) == 0, "%s", cavs_model_error(ref));
+  /* one chain on a new model first: its first vertex is row 0, whose home key is 0, what
+     rows past the minibatch's held in fresh memory (the carried row must never be at
+     home) */
+  double x[256], y[256];
+  for (int inf = 0; inf < 2; inf++) {
+    cavs_model *one = new_model(d, dims, 3);
+    cavs_model_set_policy(one, policy);
+    cavs_model_set_inference(one, inf);
+    ck_assert(cavs_model_carry_state(one, 1) == 0);
+    carried_loss(one, &ga[1], 1, &gb[1], 1, false);
+    for (int v = 0; v < len[1] - cut[1]; v++) {
+      long n = cavs_model_vertex_output(one, 0, v, x, 256);
+      ck_assert_int_eq(cavs_model_vertex_output(ref, 1, cut[1] + v, y, 256), n);
+      for (long j = 0; j < n; j++)
+        ck_assert_msg(fabs(x[j] - y[j]) <= 1e-12, "%s: one chain, vertex %d: %.17g carried, %.17g whole", file,
+                      cut[1] + v, x[j], y[j]);
+    }
+    cavs_model_free(one);
+  }
+  /* a larger minibatch first, in training and in inference, so that the rows past the
+     carried ones hold an earlier pass's (homes, above all) */
+  for (int inf = 0; inf < 2; inf++) {
+    cavs_model_set_inference(m, inf);
+    ck_assert(cavs_model_forward(m, gw, 4, NULL) == 0);
+    carried_loss(m, gw, 4, gw, 4, false);
+    carried_loss(m, ga, 4, gb, 5, false);
+    carried_loss(m, ga, 4, gb, 5, false);
+  }
+  cavs_model_set_inference(m, 0);
+  carried_loss(m, gw, 4, gw, 4, false);
+  carried_loss(m, ga, 4, gb, 5, false);
+  for (int i = 0; i < 4; i++)
+    for (int v = 0; v < len[i] - cut[i]; v++) {
+      long n = cavs_model_vertex_output(m, i, v, x, 256);
+      ck_assert_int_eq(cavs_model_vertex_output(ref, i, cut[i] + v, y, 256), n);
+      ck_assert(n > 0);
+      for (long j = 0; j < n; j++)
+        ck_assert_msg(fabs(x[j] - y[j]) <= 1e-12, "%s: chain %d, vertex %d of %d: %.17g carried, %.17g whole", file, i,
+                      cut[i] + v, len[i], x[j], y[j]);
+    }
+  /* the fifth graph alone, uncarried */
+  ck_assert_msg(cavs_model_forward(ref, &gb[4], 1, NULL) == 0, "%s", cavs_model_error(ref));
+  for (int v = 0; v < 5; v++) {
+    long n = cavs_model_vertex_output(m, 4, v, x, 256);
+    ck_assert_int_eq(cavs_model_vertex_output(ref, 0, v, y, 256), n);
+    for (long j = 0; j < n; j++) ck_assert_msg(fabs(x[j] - y[j]) <= 1e-12, "%s: the graph from zeros", file);
+  }
+  /* the truncated gradient against finite differences, the carried state held */
+  carried_loss(m, ga, 4, gb, 5, true);
+  size_t np;
+  double *p = cavs_model_params_flat(m, &np);
+  const double *gr = cavs_model_grads_flat(m, &np);
+  double *grad = malloc(sizeof(double) * np);
+  memcpy(grad, gr, sizeof(double) * np);
+  int checked = 0;
+  for (size_t i = 0; i < np; i += np / 40 + 1) {
+    double keep = p[i], h = 1e-6, lo, hi;
+    cavs_model_reset_state(m);
+    ck_assert(cavs_model_forward(m, ga, 4, NULL) == 0);
+    p[i] = keep + h;
+    cavs_stats st;
+    ck_assert(cavs_model_forward(m, gb, 5, &st) == 0);
+    hi = st.loss;
+    cavs_model_reset_state(m);
+    p[i] = keep;
+    ck_assert(cavs_model_forward(m, ga, 4, NULL) == 0);
+    p[i] = keep - h;
+    ck_assert(cavs_model_forward(m, gb, 5, &st) == 0);
+    lo = st.loss;
+    p[i] = keep;
+    double fd = (hi - lo) / (2 * h);
+    ck_assert_msg(fabs(fd - grad[i]) <= 1e-6 * (1 + fabs(fd)), "%s: parameter %zu: gradient %.10g, differences %.10g",
+                  file, i, grad[i], fd);
+    checked += grad[i] != 0;
+  }
+  ck_assert_int_gt(checked, 5);
+  free(grad);
+  /* after a reset, the pass is the uncarried one, bit for bit */
+  cavs_stats s1, s2;
+  cavs_model_reset_state(m);
+  ck_assert(cavs_model_forward(m, gb, 5, &s1) == 0);
+  cavs_model_backward(m);
+  ck_assert(cavs_model_carry_state(ref, 0) == 0);
+  cavs_model_set_policy(ref, policy);
+  ck_assert(cavs_model_forward(ref, gb, 5, &s2) == 0);
+  cavs_model_backward(ref);
+  ck_assert(s1.loss == s2.loss);
+  grads_agree("the first pass carried", m, ref, 0);
+  cavs_model_free(m);
+  cavs_model_free(ref);
+}
+
+START_TEST(carried_state_continues_chains) {
+  carry_against_whole("lstm_lm.vf", CAVS_BFS);
+  carry_against_whole("lstm_lm2.vf", CAVS_BFS);
+  carry_against_whole("lstm_lm.vf", CAVS_SERIAL);
+  carry_against_whole("lstm_lm.vf", CAVS_AGENDA);
+}
+END_TEST
+
+START_TEST(carried_state_needs_one_state) {
+  const cavs_desc *d = load_model("tagger.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m = new_model(d, dims, 3);
+  ck_assert_int_eq(cavs_model_carry_state(m, 1), -1);
+  ck_assert_msg(strstr(cavs_model_error(m), "one state"), "%s", cavs_model_error(m));
+  cavs_model_free(m);
+}
+END_TEST
+
 START_TEST(abi_mismatch_is_refused) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   ck_assert_int_eq(d->abi, CAVS_ABI_VERSION);
@@ -1622,6 +1780,8 @@ int main(void) {
   tcase_add_test(tc, vertex_values_by_name);
   tcase_add_test(tc, layout_puts_children_in_blocks);
   tcase_add_test(tc, abi_mismatch_is_refused);
+  tcase_add_test(tc, carried_state_continues_chains);
+  tcase_add_test(tc, carried_state_needs_one_state);
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

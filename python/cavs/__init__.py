@@ -546,6 +546,16 @@ class Model:
         n = C.lib().cavs_model_grad_norm(self._ptr)
         return n if n >= 0 else None
 
+    def carry_state(self, on=True):
+        """Stateful truncated BPTT (cavs_model_carry_state): each forward pass's graph g
+        starts, where its first vertex has no children, from the state the last pass's
+        graph g ended in, with no gradient into that pass. False forgets it."""
+        self._check(C.lib().cavs_model_carry_state(self._ptr, 1 if on else 0))
+
+    def reset_state(self):
+        """The carried state forgotten: the next pass starts from zeros."""
+        C.lib().cavs_model_reset_state(self._ptr)
+
     # what a pass computed, per vertex
 
     def _batches(self, data, batch):
@@ -672,12 +682,55 @@ def _splitmix(state):
     return state, z ^ (z >> 31)
 
 
-def evaluate(model, data, batch=64):
+def _carries(model, data, bptt_state):
+    """cavs train's carries(): text-bptt's chunks carry the state unless bptt_state is
+    "reset" (the model then carrying: True), "carry" on another format or on a model
+    that cannot (several states) an error; by default such a model does not carry."""
+    if bptt_state not in (None, "carry", "reset"):
+        raise Error(f"bptt_state '{bptt_state}': not carry or reset")
+    fmt = getattr(data, "format", None) or ""
+    bptt = fmt == "text-bptt" or fmt.startswith("text-bptt:")
+    if bptt_state == "carry" and not bptt:
+        raise Error(f"bptt_state carry: the graphs of format {fmt or '(in memory)'} do not continue one another "
+                    "(text-bptt's chunks do)")
+    if not bptt or bptt_state == "reset":
+        return False
+    try:
+        model.carry_state(True)
+    except Error:
+        if bptt_state == "carry":
+            raise
+        return False
+    return True
+
+
+def stream_order(n, batch):
+    """driver/util.c stream_order: n chunks of one stream as `batch` streams side by
+    side; minibatch j (order[j * batch:...]) is the j-th chunk of every stream."""
+    per, extra = divmod(n, batch)
+    order, start = [0] * n, 0
+    for s in range(min(batch, n)):
+        length = per + (s < extra)
+        for j in range(length):
+            order[j * batch + s] = start + j
+        start += length
+    return order
+
+
+def evaluate(model, data, batch=64, bptt_state=None):
     """One pass over data in inference: loss (each loss's mean over its rows, summed),
-    accuracy over labeled vertices and at the roots, as cavs eval counts them."""
+    accuracy over labeled vertices and at the roots, as cavs eval counts them. text-bptt
+    data is read as `batch` streams whose state is carried (bptt_state "reset": each
+    chunk from zeros), as cavs eval reads it."""
     sums, counts = {}, {}
     tot = {"count": 0, "correct": 0, "root_count": 0, "root_correct": 0, "graphs": 0}
-    for b, gs in model._batches(data, batch):
+    carry = _carries(model, data, bptt_state)
+    batches = model._batches(data, batch)
+    if carry:
+        gp = list(data._gptrs)
+        order = stream_order(len(gp), batch)
+        batches = ((b, [gp[i] for i in order[b:b + batch]]) for b in range(0, len(gp), batch))
+    for b, gs in batches:
         st = model.forward(gs, inference=True)
         for key in ("count", "correct", "root_count", "root_correct"):
             tot[key] += st[key]
@@ -685,6 +738,8 @@ def evaluate(model, data, batch=64):
         for i, (s, c, _) in enumerate(model.losses()):
             sums[i], counts[i] = sums.get(i, 0.0) + s, counts.get(i, 0) + c
     C.lib().cavs_model_set_inference(model._ptr, 0)
+    if carry:
+        model.reset_state()
     loss = sum(sums[i] / counts[i] for i in sums if counts[i])
     return {"loss": loss, "accuracy": tot["correct"] / tot["count"] if tot["count"] else 0.0,
             "root_accuracy": tot["root_correct"] / tot["root_count"] if tot["root_count"] else 0.0, **tot}
@@ -755,7 +810,8 @@ def _plateau(sch, base_lr, metric, higher):
 
 def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=None, weight_decay=0.0,
           seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0,
-          schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None):
+          schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None,
+          bptt_state=None):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
     seed, the same schedule of the rate: `schedule` "constant", "step" (lr times
     lr_decay every lr_step epochs; the default when lr_decay is given), "cosine" (to
@@ -765,7 +821,10 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     best epoch by select ("all", "root" or "loss"; accuracy for a classifier, else
     loss), and a stop after `patience` epochs without a better one). clip, the
     gradient-norm clip, is by default the model's `clip` option, where it has one, as
-    in cavs train, else none. callback(record)
+    in cavs train, else none. text-bptt data carries the LSTM state from chunk to chunk
+    as cavs train does (`batch` streams side by side, unshuffled, from zeros at each
+    epoch and evaluation; bptt_state "reset": every chunk from zeros, shuffled).
+    callback(record)
     after each epoch, a dict with the keys of cavs train --log's records; returning
     False stops. Returns the records; with dev, model.best holds copies of the best
     epoch's parameters (model.best_epoch its number)."""
@@ -784,14 +843,19 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
         raise Error("patience needs a dev set to watch")
     rng = (seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF
     gs = list(data._gptrs if isinstance(data, Dataset) else [g.ptr for g in data])
+    carry = _carries(model, data, bptt_state)
     n, nbatches, history, since = len(gs), (len(gs) + batch - 1) // batch, [], 0
     best = None
     for epoch in range(1, epochs + 1):
-        order = list(range(n))
-        for i in range(n - 1, 0, -1):
-            rng, r = _splitmix(rng)
-            j = r % (i + 1)
-            order[i], order[j] = order[j], order[i]
+        if carry:
+            order = stream_order(n, batch)
+            model.reset_state()
+        else:
+            order = list(range(n))
+            for i in range(n - 1, 0, -1):
+                rng, r = _splitmix(rng)
+                j = r % (i + 1)
+                order[i], order[j] = order[j], order[i]
         tl, tb, count, correct, step_lr = 0.0, 0, 0, 0, base_lr
         norms = []
         model.track_grad_norm(True)
@@ -813,7 +877,7 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
                "grad_norm_mean": sum(norms) / len(norms) if norms else None, "grad_norm_max": max(norms, default=None)}
         better = False
         if dev is not None:
-            ev = evaluate(model, dev, batch)
+            ev = evaluate(model, dev, batch, "carry" if carry else "reset")
             rec.update(dev_loss=ev["loss"], dev_acc=ev["accuracy"] if has_acc else None,
                        dev_root_acc=ev["root_accuracy"] if has_acc else None)
             metric = {"all": ev["accuracy"], "root": ev["root_accuracy"], "loss": ev["loss"]}[select]
