@@ -34,4 +34,16 @@ fi
 echo "check_python: $("$py" --version 2>&1) at $py; the package from $pypath"
 CAVS=$build/cavs CAVS_LIB=$build/.libs/libcavs.so.2 CAVS_CACHE=$tmp/cache PYTHONPATH=$pypath \
   PYTHONDONTWRITEBYTECODE=1 TOP_SRCDIR=$top \
-  "$py" -m pytest -q -p no:cacheprovider --rootdir "$tmp" "$top/python/tests"
+  "$py" -m pytest -q -p no:cacheprovider --rootdir "$tmp" "$top/python/tests" || exit 1
+# The package on the cuda backend (python/tests/test_cuda.py), against the cpu backend:
+# libcavs built on the emulated device (tests/libcavs-emu, make check's), and the cavs
+# command built on it, whose `build --target cuda` compiles MODEL.cu for that device.
+emu=$build/tests/.libs/libcavs-emu.so.0
+if [ -x "$build/tests/cavs-emu" ] && [ -f "$emu" ]; then
+  echo "check_python: the package on the emulated cuda device ($emu)"
+  CAVS=$build/tests/cavs-emu CAVSC=$build/cavsc CAVS_LIB=$emu CAVS_TEST_CUDA=1 CAVS_CACHE=$tmp/cache-emu \
+    PYTHONPATH=$pypath PYTHONDONTWRITEBYTECODE=1 TOP_SRCDIR=$top \
+    "$py" -m pytest -q -p no:cacheprovider --rootdir "$tmp" "$top/python/tests/test_cuda.py"
+else
+  echo "check_python: no emulated cuda device built: the package on cuda not tested"
+fi

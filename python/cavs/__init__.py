@@ -153,17 +153,20 @@ class Spec:
         return f"<cavs.Spec {self.name}: dims {', '.join(self.dims)}; params {', '.join(self.params)}>"
 
 
-def compile(path, precision="float"):
+def compile(path, precision="float", target="c"):
     """A .vf model compiled by `cavs build --cached` (cavsc and the C compiler, through
     the compile cache the cavs command keeps: a model compiled before is not compiled
-    again) and loaded."""
+    again) and loaded. target "cuda": its CUDA code through nvcc, for a Model on
+    device "cuda"."""
     exe = C.cavs_command()
     if not exe:
         raise Error("cannot find the cavs command (set CAVS to its path, or put it on PATH)")
     if precision not in ("float", "double"):
         raise Error(f"precision '{precision}' is not float or double")
-    r = subprocess.run([exe, "build", "--cached", "--precision", precision, os.fspath(path)], capture_output=True,
-                       text=True)
+    if target not in ("c", "cuda"):
+        raise Error(f"target '{target}' is not c or cuda")
+    r = subprocess.run([exe, "build", "--cached", "--precision", precision, "--target", target, os.fspath(path)],
+                       capture_output=True, text=True)
     if r.returncode:
         raise Error(r.stderr.strip() or f"cavs build failed (exit {r.returncode})")
     handle, name = _load_entry(r.stdout.strip())
@@ -361,9 +364,11 @@ def _view(owner, addr, rows, cols, ld, dtype):
 class Model:
     """A model with its parameters, made from a Spec: dims by name (the vocabulary dims
     from vocab, or for data whose inputs are numbers already, from `data`), parameters
-    from `seed` (as cavs train's --seed), `threads` for its products."""
+    from `seed` (as cavs train's --seed), `threads` for its products, on `device` "cpu"
+    or "cuda" (a Spec compiled with target="cuda"; its parameters are then copies, not
+    views: see param)."""
 
-    def __init__(self, spec, dims=None, vocab=None, data=(), seed=1, threads=1, init=True):
+    def __init__(self, spec, dims=None, vocab=None, data=(), seed=1, threads=1, init=True, device="cpu"):
         self.spec = spec
         self.vocab = vocab
         d = spec.desc.contents
@@ -381,7 +386,9 @@ class Model:
         if missing:
             raise Error(f"dims {', '.join(missing)} are bound by the data: give vocab=, data= or dims=")
         err = ctypes.create_string_buffer(1024)
-        opts = C.ModelOpts(backend=None, threads=int(threads))
+        if device not in ("cpu", "cuda"):
+            raise Error(f"device '{device}' is not cpu or cuda")
+        opts = C.ModelOpts(backend=_b(device), threads=int(threads))
         self._ptr = C.lib().cavs_model_new_opts(spec.desc, self.dims_c, ctypes.byref(opts), err, len(err))
         if not self._ptr:
             raise Error(_s(err.value))
@@ -433,18 +440,38 @@ class Model:
 
     # parameters and gradients: the model's memory
 
+    @property
+    def device(self):
+        """"cpu" or "cuda": where the model's memory is."""
+        return _s(C.lib().cavs_model_backend(self._ptr))
+
     def _array(self, getter, i):
         rows, cols, ld = ctypes.c_long(), ctypes.c_long(), ctypes.c_long()
         addr = getter(self._ptr, i, ctypes.byref(rows), ctypes.byref(cols), ctypes.byref(ld))
-        if _s(C.lib().cavs_model_backend(self._ptr)) != "cpu":
-            raise Error("parameters are NumPy views only on the cpu backend")
-        a = _view(self, addr, rows.value, cols.value, ld.value, self.spec.dtype)
+        if self.device == "cpu":
+            a = _view(self, addr, rows.value, cols.value, ld.value, self.spec.dtype)
+        else:  # device memory: a copy, its rows ld apart as they are there
+            host = np.empty((rows.value, ld.value), dtype=self.spec.dtype)
+            self._check(C.lib().cavs_model_read(self._ptr, host.ctypes.data, addr, host.nbytes))
+            a = host[:, :cols.value]
         return a[0] if self.spec.desc.contents.params[i].rank == 1 else a
 
     def param(self, name):
         """Parameter `name` as an array over the model's own memory (no copy): writing it
-        changes the model. A vector [H] is shape (H,), a matrix (R, C)."""
+        changes the model. A vector [H] is shape (H,), a matrix (R, C). On the cuda
+        backend a copy: set_param writes one back."""
         return self._array(C.lib().cavs_model_param, self._index(name))
+
+    def set_param(self, name, value):
+        """Parameter `name` set from an array of its shape (on any device)."""
+        i = self._index(name)
+        rows, cols, ld = ctypes.c_long(), ctypes.c_long(), ctypes.c_long()
+        addr = C.lib().cavs_model_param(self._ptr, i, ctypes.byref(rows), ctypes.byref(cols), ctypes.byref(ld))
+        a = np.asarray(value, dtype=self.spec.dtype).reshape(rows.value, cols.value)
+        host = np.empty((rows.value, ld.value), dtype=self.spec.dtype)  # (what lies past cols kept)
+        self._check(C.lib().cavs_model_read(self._ptr, host.ctypes.data, addr, host.nbytes))
+        host[:, :cols.value] = a
+        self._check(C.lib().cavs_model_write(self._ptr, addr, host.ctypes.data, host.nbytes))
 
     def grad(self, name):
         """Its gradient after backward(), the same way."""
@@ -483,8 +510,8 @@ class Model:
             if not np.all(np.isfinite(a)):
                 raise Error(f"array '{n}' holds a NaN or an infinity")
             vals[n] = a
-        for n, dst in self.params.items():
-            dst[...] = vals[n]
+        for n in self.spec.params:
+            self.set_param(n, vals[n])
 
     def freeze(self, name, frozen=True):
         """Parameter `name` left as it is by every step (or updated again)."""
