@@ -111,6 +111,7 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Total
     if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(m));
     carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
+  if (carry) cavs_model_reset_state(m);
   int *order = carry ? stream_order(n, batch) : NULL;
   double start = now();
   cavs_model_set_inference(m, 1); /* no backward pass follows these */

@@ -552,15 +552,16 @@ static void same_params(Run *r, long step) {
 }
 
 /* One epoch's minibatches in their order: shuffled, or the streams side by side where the
- * state is carried (from zeros at the epoch's start; an epoch resumed in its middle
- * starts its streams from zeros there). */
-static void epoch_order(Run *r) {
+ * state is carried (from zeros at the epoch's start, unless it is not fresh: an epoch
+ * resumed in its middle goes on from the state its checkpoint carried; under mpirun,
+ * where a rank's graphs are a part of the minibatch, from zeros). */
+static void epoch_order(Run *r, bool fresh) {
   int n = r->n;
   if (r->carry) {
     int *order = stream_order(n, r->o->batch);
     memcpy(r->order, order, sizeof(int) * (size_t)n);
     free(order);
-    cavs_model_reset_state(r->m);
+    if (fresh) cavs_model_reset_state(r->m); /* (else the checkpoint's state goes on) */
     return;
   }
   for (int i = 0; i < n; i++) r->order[i] = i;
@@ -580,7 +581,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   uint64_t rng_at_start = r->ts.rng;
   int b0 = epoch == first && r->ts.graphs_done > 0 ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
   r->ts.graphs_done = 0;
-  epoch_order(r);
+  epoch_order(r, b0 == 0 || dist_size > 1);
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
@@ -597,6 +598,9 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       /* the epoch so far: the shuffling state it began with and how far it got */
       r->ts.rng = rng_at_start;
       r->ts.graphs_done = b + k;
+      /* (under mpirun each rank carries its own graphs' state, rank 0's model not the
+         others': the resumed run starts its streams from zeros there) */
+      if (dist_size > 1) cavs_model_reset_state(r->m);
       if (r->tty) printf("\r\033[K");
       if (o->save) save(r, o->save);
       if (dist_rank) { /* rank 0 says it */
@@ -777,6 +781,7 @@ int cmd_train(TrainOpts *o) {
     if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(r.m));
     r.carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
+  if (!r.carry) cavs_model_carry_state(r.m, 0); /* (what a checkpoint carried, not used) */
   check_ranks(&r);
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");

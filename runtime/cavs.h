@@ -253,7 +253,9 @@ int cavs_model_set_vertex_offset(cavs_model *m, long first);
  * (truncated). A graph with no graph at its place in the last pass (the first pass, a
  * larger minibatch, after cavs_model_reset_state) starts from zeros. The model's vertex
  * types must scatter one state buffer, and one of them gather its child 0: 0, or -1
- * with a message. Off (the default) forgets the state. */
+ * with a message. On again keeps the state; off (the default) forgets it.
+ * cavs_ckpt_save keeps it and cavs_ckpt_apply turns carrying on with it, so a run
+ * stopped between two minibatches goes on as it would have. */
 int cavs_model_carry_state(cavs_model *m, int on);
 /* The carried state forgotten: the next pass starts from zeros (at an epoch's or an
  * evaluation's start). */

@@ -15,6 +15,9 @@
  *                   f64 plateau_factor  i32 plateau_patience  f64 lr_now
  *                   f64 plateau_best  i32 plateau_bad                (format 4 on)
  *   u32 noptions { str name  f64 value }   the options as saved          (format 5 on)
+ *   u32 rows  u32 width  values[rows*width]   the carried state: row g what graph g of
+ *                                the last minibatch left (cavs_model_carry_state; 0
+ *                                rows when the model carries none)          (format 6 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -22,8 +25,9 @@
  * the directory fsync'ed): a crash leaves the old checkpoint or the new one, never a mix,
  * and any number of runs may save to one path at once.
  * Formats 1 (no graphs_done), 2 (no schedule, selection or frozen parameters) and 3 (no
- * momentum, schedule kind or schedule state) and 4 (no options: a resumed run had the
- * model's defaults) are still read. */
+ * momentum, schedule kind or schedule state), 4 (no options: a resumed run had the
+ * model's defaults) and 5 (no carried state: a run resumed inside an epoch started its
+ * streams from zeros) are still read. */
 #include "afile.h"
 #include "cv.h"
 #include "data.h"
@@ -37,7 +41,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 5
+#define CKPT_VERSION 6
 
 /* ---- writing into a growing buffer ---- */
 
@@ -180,6 +184,14 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
     put_str(&b, d->options[i].name);
     put_f64(&b, cavs_model_option(m, i));
   }
+  /* the carried state, so that a run stopped inside an epoch goes on from it */
+  uint32_t crows = m->carry_state >= 0 ? (uint32_t)m->ncarry : 0;
+  long cw = crows ? m->bw[m->carry_state] : 0;
+  put_u32(&b, crows);
+  put_u32(&b, (uint32_t)cw);
+  size_t at = b.n, cbytes = (size_t)crows * (size_t)cw * m->esize;
+  put(&b, NULL, cbytes);
+  if (!b.oom && cbytes) m->be->download(b.p + at, m->carry, cbytes);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -220,6 +232,9 @@ struct cavs_ckpt {
   int noptions; /* format 5 on: the options' values as saved */
   char *opt_name[CAVS_MAX_OPTIONS];
   double opt_value[CAVS_MAX_OPTIONS];
+  int carry_rows; /* format 6 on: the carried state, [carry_rows, carry_w] at carry_at */
+  long carry_w;
+  size_t carry_at;
 };
 
 typedef struct Rd {
@@ -546,6 +561,34 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
   return true;
 }
 
+/* Format 6's carried state: at most a minibatch's graphs (2^20) of a state no wider
+ * than a model's buffer can be, every value finite; whether its width is the model's
+ * is checked when applied. */
+static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
+  if (version < 6) return true;
+  uint32_t rows = get_u32(r), w = get_u32(r);
+  if (r->bad) return true; /* (reported as bad structure) */
+  if (rows > (1u << 20) || w > (1u << 28) || (rows && !w) || (!rows && w))
+    FAIL("'%s' is damaged (carried state: %u rows of %u)", path, rows, w);
+  size_t n = (size_t)rows * w, es = k->precision == CAVS_DOUBLE ? 8 : 4;
+  const unsigned char *p = take(r, n * es);
+  if (!p) return true;
+  for (size_t i = 0; i < n; i++) {
+    double x;
+    if (es == 8) memcpy(&x, p + i * 8, 8);
+    else {
+      float f;
+      memcpy(&f, p + i * 4, 4);
+      x = f;
+    }
+    if (!isfinite(x)) FAIL("'%s' is damaged (carried state: a value that is not finite)", path);
+  }
+  k->carry_rows = (int)rows;
+  k->carry_w = w;
+  k->carry_at = (size_t)(p - k->data);
+  return true;
+}
+
 /* Every counter within what the command line gives, or what a run can reach from it, so
  * that going on from here cannot overflow one (u32 fields read as int are already
  * refused when negative); every rate finite. */
@@ -592,7 +635,7 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
   }
   if (ok) {
     read_state_v4(k, &r, version);
-    ok = read_options(k, &r, version, path, err, errlen);
+    ok = read_options(k, &r, version, path, err, errlen) && read_carry(k, &r, version, path, err, errlen);
   }
   if (ok) {
     if (r.bad || r.at != r.n) {
@@ -760,6 +803,26 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
       a1 += bytes;
       a2 += bytes;
     }
+  }
+  /* the carried state: the model carries from it (its one state of that width) */
+  if (k->carry_rows) {
+    if (cavs_model_carry_state(m, 1) || m->bw[m->carry_state] != k->carry_w) {
+      snprintf(err, errlen, "the checkpoint carries a state of %ld values a graph, which model '%s' %s", k->carry_w,
+               d->name, m->carry_state < 0 ? "cannot carry" : "does not scatter");
+      return -1;
+    }
+    size_t bytes = (size_t)k->carry_rows * (size_t)k->carry_w * m->esize;
+    if (k->carry_rows > m->capcarry) {
+      m->be->release(m->carry);
+      m->capcarry = m->ncarry = 0;
+      if (!(m->carry = m->be->alloc(m, bytes))) {
+        snprintf(err, errlen, "out of memory for the carried state");
+        return -1;
+      }
+      m->capcarry = k->carry_rows;
+    }
+    m->be->upload(m->carry, k->data + k->carry_at, bytes);
+    m->ncarry = k->carry_rows;
   }
   return 0;
 }

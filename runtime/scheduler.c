@@ -951,6 +951,7 @@ static int carry_out(cavs_model *m) {
 
 int cavs_model_carry_state(cavs_model *m, int on) {
   const cavs_desc *d = m->d;
+  if (on && m->carry_state >= 0) return 0; /* (on already: what it carries kept) */
   m->ncarry = 0;
   if (!on) {
     m->carry_state = -1;

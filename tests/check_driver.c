@@ -1724,6 +1724,48 @@ START_TEST(sigint_saves_and_resumes_exactly) {
 }
 END_TEST
 
+/* The same for a language model whose state is carried from chunk to chunk: the
+ * checkpoint saved inside an epoch carries each stream's state (format 6), and the
+ * resumed run goes on from it, to the bytes of a run never interrupted. */
+START_TEST(sigint_resumes_carried_state_exactly) {
+  FILE *f = fopen(path_in("lmi.txt"), "w");
+  ck_assert(f != NULL);
+  for (int i = 0; i < 3000; i++) fprintf(f, "w%d a w%d b c%d\n", i % 11, i % 7, i % 5);
+  fclose(f);
+  char epochs[16] = "1000";
+  char *argv[] = {(char *)cavs_bin, "train", strdup(model("lstm_lm.vf")), "--format", "text-bptt:9", "--train",
+                  strdup(path_in("lmi.txt")), "--dim", "E=8", "--dim", "H=8", "--batch", "8", "--threads", "1",
+                  "--epochs", epochs, "--save", strdup(path_in("lmi.ckpt")), NULL};
+  int st = run_and_signal(argv, path_in("lmi.out"), "state carried", 0.3, SIGINT);
+  ck_assert_msg(st == 130, "exit %d", st);
+  char *e = info_field(path_in("lmi.ckpt"), "training");
+  int done = -1;
+  ck_assert(sscanf(e, "training %d epochs done", &done) == 1);
+  free(e);
+  ck_assert_msg(done >= 0 && done < 1000, "%d epochs done", done);
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"),
+                     "--threads", "1", "--epochs", "1", "--quiet", "--resume", path_in("lmi.ckpt"), "--save",
+                     path_in("lmi2.ckpt"), NULL);
+  ok(&r, "resume");
+  tu_free(&r);
+  snprintf(epochs, sizeof epochs, "%d", done + 1);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"), "--dim", "E=8",
+           "--dim", "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save",
+           path_in("lmw.ckpt"), NULL);
+  ok(&r, "uninterrupted");
+  tu_free(&r);
+  same_bytes("lmw.ckpt", "lmi2.ckpt", "the language model interrupted and resumed differs from the uninterrupted one");
+  /* and resumed with --bptt-state reset, the carried state is not used: another run */
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"), "--threads", "1",
+           "--epochs", "1", "--quiet", "--bptt-state", "reset", "--resume", path_in("lmi.ckpt"), NULL);
+  ok(&r, "resume without carrying");
+  tu_free(&r);
+  free(argv[2]);
+  free(argv[6]);
+  free(argv[18]);
+}
+END_TEST
+
 /* SIGKILL at any moment of `train --resume X --save X`, 50 times at moments drawn from
  * a fixed seed: X and X.best always load, epochs never go back, and what a killed save
  * leaves behind is gone after the next one. */
@@ -2614,6 +2656,7 @@ int main(void) {
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
+  tcase_add_test(tc, sigint_resumes_carried_state_exactly);
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);

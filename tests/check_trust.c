@@ -245,14 +245,16 @@ enum { V4_TAIL = 56 };
 /* Format 5's options after it: base.ckpt's model (treelstm.vf) has one, p_drop: noptions
  * 4, the name 4 + 6, the value 8. */
 enum { V5_TAIL = 4 + 4 + 6 + 8 };
+/* Format 6's carried state after them: none in base.ckpt, rows 4 and width 4. */
+enum { V6_TAIL = 8 };
 
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
  * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 5);
+  size_t tail = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 6);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -279,7 +281,7 @@ START_TEST(format_3_fields) {
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t two = 2;
-  ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL, "", 0);
+  ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL + V6_TAIL, "", 0);
   ck_splice(&k, 8, 4, &two, 4);
   save(&k, "v2.ckpt");
   char err[512];
@@ -321,8 +323,8 @@ static int64_t bits(double x) {
  * read (its decay as the step schedule, no plateau best yet), and trained on. */
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
-  size_t t4 = k0.n - 8 - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 5);
+  size_t t4 = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 6);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -349,7 +351,7 @@ START_TEST(format_4_fields) {
   /* the tail cut short */
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
-  ck_splice(&k, t4 + 52, 4 + V5_TAIL, "", 0);
+  ck_splice(&k, t4 + 52, 4 + V5_TAIL + V6_TAIL, "", 0);
   save(&k, "short.ckpt");
   char err[512];
   ck_assert_ptr_null(cavs_ckpt_read(path_in("short.ckpt"), err, sizeof err));
@@ -360,7 +362,7 @@ START_TEST(format_4_fields) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t three = 3;
   double half = 0.5;
-  ck_splice(&k, t4, V4_TAIL + V5_TAIL, "", 0);
+  ck_splice(&k, t4, V4_TAIL + V5_TAIL + V6_TAIL, "", 0);
   ck_splice(&k, t4 - 36 + 4, 8, &half, 8); /* lr_decay, after select */
   ck_splice(&k, 8, 4, &three, 4);
   save(&k, "v3.ckpt");
@@ -400,8 +402,8 @@ END_TEST
  * the model's defaults. */
 START_TEST(format_5_options) {
   Ckpt k0 = load_base();
-  size_t t5 = k0.n - 8 - V5_TAIL;
-  ck_assert_uint_eq(rd32(&k0, 8), 5);
+  size_t t5 = k0.n - 8 - V6_TAIL - V5_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 6);
   ck_assert_uint_eq(rd32(&k0, t5), 1);
   ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
   struct {
@@ -474,7 +476,7 @@ START_TEST(format_5_options) {
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t four = 4;
-  ck_splice(&k, t5, V5_TAIL, "", 0);
+  ck_splice(&k, t5, V5_TAIL + V6_TAIL, "", 0);
   ck_splice(&k, 8, 4, &four, 4);
   save(&k, "v4.ckpt");
   c = cavs_ckpt_read(path_in("v4.ckpt"), err, sizeof err);
@@ -511,14 +513,91 @@ static size_t steps_at(const Ckpt *k) {
   return at;
 }
 
+/* Format 6's carried state: bounded (rows, a width, both or neither), every value finite,
+ * no shorter than it says; one of another width than the model's state refused when a
+ * resume applies it; a format 5 checkpoint, which has none, still read. base.ckpt is in
+ * float. */
+static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *vals, size_t nvals) {
+  Ckpt k = {malloc(k0->n), k0->n};
+  memcpy(k.p, k0->p, k0->n);
+  size_t n = 8 + sizeof(float) * nvals;
+  unsigned char *f = malloc(n);
+  memcpy(f, &rows, 4);
+  memcpy(f + 4, &w, 4);
+  if (nvals) memcpy(f + 8, vals, sizeof(float) * nvals);
+  ck_splice(&k, k0->n - 8 - V6_TAIL, V6_TAIL, f, n);
+  free(f);
+  return k;
+}
+START_TEST(format_6_carried_state) {
+  Ckpt k0 = load_base();
+  ck_assert_uint_eq(rd32(&k0, 8), 6);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V6_TAIL), 0);
+  float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
+  struct {
+    uint32_t rows, w;
+    size_t nvals;
+    bool nan;
+    const char *msg;
+  } cases[] = {
+      {(1u << 20) + 1, 1, 0, false, "carried state"},
+      {1, 0, 0, false, "carried state"},
+      {0, 3, 0, false, "carried state"},
+      {1, (1u << 28) + 1, 0, false, "carried state"},
+      {2, 3, 6, true, "not finite"},
+      {2, 3, 5, false, "bad structure"},
+  };
+  char err[512];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    float w[6];
+    memcpy(w, v, sizeof w);
+    if (cases[i].nan) w[4] = NAN;
+    Ckpt k = with_carry(&k0, cases[i].rows, cases[i].w, w, cases[i].nvals);
+    save(&k, "carry.ckpt");
+    ck_assert_msg(cavs_ckpt_read(path_in("carry.ckpt"), err, sizeof err) == NULL, "case %zu was accepted", i);
+    ck_assert_msg(strstr(err, "damaged") && strstr(err, cases[i].msg), "case %zu: %s", i, err);
+    free(k.p);
+  }
+  /* read, but not the width of treelstm.vf's state (2H): a resume refuses it */
+  Ckpt k = with_carry(&k0, 2, 3, v, 6);
+  save(&k, "carry.ckpt");
+  cavs_ckpt *c = cavs_ckpt_read(path_in("carry.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  cavs_ckpt_free(c);
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  RunResult r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--quiet",
+                     "--threads", "1", "--resume", path_in("carry.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "carries a state of 3 values a graph"), "%d %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  free(k.p);
+  /* format 5: no carried state */
+  k = (Ckpt){malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t five = 5;
+  ck_splice(&k, k0.n - 8 - V6_TAIL, V6_TAIL, "", 0);
+  ck_splice(&k, 8, 4, &five, 4);
+  save(&k, "v5.ckpt");
+  c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  cavs_ckpt_free(c);
+  r = cavs("eval", path_in("v5.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
 /* Counters at the ends of their types pass no more (a resume overflowed them, UBSan
  * said, and wrote a checkpoint that `cavs info` called damaged): each is bounded on
  * read, and at the bound itself, going on is refused or fails cleanly, and the
  * checkpoint resumed from is untouched. */
-/* Where base.ckpt's epoch count is, from the end: checksum 8, format 5's tail, format
+/* Where base.ckpt's epoch count is, from the end: checksum 8, format 6's and 5's tails, format
    4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
    batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
-static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
 
 /* The data format a checkpoint records (the one --resume reads data in): a known name,
  * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
@@ -551,7 +630,7 @@ END_TEST
 
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
+  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1382,6 +1461,7 @@ int main(void) {
   tcase_add_test(tc, format_4_fields);
   tcase_add_test(tc, data_format_names);
   tcase_add_test(tc, format_5_options);
+  tcase_add_test(tc, format_6_carried_state);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);

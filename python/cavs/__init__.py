@@ -720,15 +720,16 @@ def _carries(model, data, bptt_state):
     if bptt_state == "carry" and not bptt:
         raise Error(f"bptt_state carry: the graphs of format {fmt or '(in memory)'} do not continue one another "
                     "(text-bptt's chunks do)")
-    if not bptt or bptt_state == "reset":
-        return False
-    try:
-        model.carry_state(True)
-    except Error:
-        if bptt_state == "carry":
-            raise
-        return False
-    return True
+    if bptt and bptt_state != "reset":
+        try:
+            model.carry_state(True)
+            model.reset_state()
+            return True
+        except Error:
+            if bptt_state == "carry":
+                raise
+    model.carry_state(False)  # (what a loaded checkpoint carried, not used)
+    return False
 
 
 def stream_order(n, batch):
