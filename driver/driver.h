@@ -184,6 +184,14 @@ long model_lin(const cavs_model *m, cavs_lin l);
    `batch` streams whose state is carried (stream_order; the model is left carrying,
    from zeros). */
 void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t);
+/* The minibatches' order evaluate reads n graphs in (stream_order's when carried, else
+   as they are), allocated; and evaluate over n graphs in a given order, `batch` a
+   minibatch (a part of every minibatch, under mpirun). */
+int *eval_order(int n, int batch, bool carry);
+void evaluate_order(cavs_model *m, const cavs_dataset *s, const int *order, int n, int batch, bool carry, Totals *t);
+/* Carrying turned on (carry, and a model that can: cavs_model_carry_state; dies for one
+   that cannot under --bptt-state carry), from zeros: whether it is. */
+bool carry_on(cavs_model *m, bool carry);
 
 /* predict prints each graph's root class, or with all_nodes every vertex's, a line a graph;
    with vectors, probs or a value name, those numbers instead */

@@ -87,37 +87,40 @@ static int first_xent_input(const cavs_desc *d) {
   return -1;
 }
 
-/* The minibatch of s's graphs from b on (batch of them, or what is left; in `order`
-   when not NULL) into gs, run forward: how many. */
-static int forward_batch(cavs_model *m, const cavs_dataset *s, const int *order, int b, int batch,
-                         const cavs_graph **gs, cavs_stats *st) {
+/* The minibatch of s's graphs from b on (batch of them, or what is left) into gs, run
+   forward: how many. */
+static int forward_batch(cavs_model *m, const cavs_dataset *s, int b, int batch, const cavs_graph **gs, cavs_stats *st) {
   int n = cavs_dataset_count(s), k = 0;
-  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, order ? order[b + k] : b + k);
+  for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, b + k);
   errno = 0;
   if (cavs_model_forward(m, gs, k, st)) lib_die(cavs_model_error(m));
   return k;
 }
 
-void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t) {
-  Scores *scores = t->scores;
-  memset(t, 0, sizeof *t);
-  t->scores = scores;
-  int n = cavs_dataset_count(s);
-  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
-  /* carried: the data as `batch` streams, each from zeros, its state carried from chunk
-     to chunk (what training left is forgotten before, and what this leaves after) */
+bool carry_on(cavs_model *m, bool carry) {
   errno = 0;
   if (carry && cavs_model_carry_state(m, 1)) {
     if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(m));
     carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
   if (carry) cavs_model_reset_state(m);
-  int *order = carry ? stream_order(n, batch) : NULL;
+  return carry;
+}
+
+void evaluate_order(cavs_model *m, const cavs_dataset *s, const int *order, int n, int batch, bool carry, Totals *t) {
+  Scores *scores = t->scores;
+  memset(t, 0, sizeof *t);
+  t->scores = scores;
+  const cavs_graph **gs = xmalloc(sizeof(cavs_graph *) * (size_t)batch);
+  carry = carry_on(m, carry);
   double start = now();
   cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
     cavs_stats st;
-    int k = forward_batch(m, s, order, b, batch, gs, &st);
+    int k = 0;
+    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, order[b + k]);
+    errno = 0;
+    if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
     add_batch(t, m, &st, k);
     if (t->scores) scores_add(t->scores, m, gs, k);
   }
@@ -125,6 +128,20 @@ void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Total
   if (carry) cavs_model_reset_state(m);
   t->secs = now() - start;
   free(gs);
+}
+
+int *eval_order(int n, int batch, bool carry) {
+  if (carry) return stream_order(n, batch);
+  int *order = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+  for (int i = 0; i < n; i++) order[i] = i;
+  return order;
+}
+
+void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t) {
+  /* carried: the data as `batch` streams, each from zeros, its state carried from chunk
+     to chunk (what training left is forgotten before, and what this leaves after) */
+  int n = cavs_dataset_count(s), *order = eval_order(n, batch, carry);
+  evaluate_order(m, s, order, n, batch, carry, t);
   free(order);
 }
 
@@ -274,7 +291,7 @@ static void run_predict(cavs_model *m, const cavs_dataset *s, int batch, bool al
   cavs_model_set_inference(m, value == NULL);
   for (int b = 0; b < n; b += batch) {
     cavs_stats st;
-    int k = forward_batch(m, s, NULL, b, batch, gs, &st);
+    int k = forward_batch(m, s, b, batch, gs, &st);
     /* a name the model does not store anywhere: said once, not a line of nothing a graph */
     if (value && b == 0 && k > 0) {
       bool any = false;

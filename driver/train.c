@@ -694,13 +694,40 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   json_write_line(o, r->log, fmt("the log '%s'", r->o->log));
 }
 
+/* The dev set evaluated: under mpirun each rank runs its places of every minibatch (as in
+ * training, so that a carried state keeps its place) and the sums are added up, so that
+ * every rank holds the whole's, and decides .best, the plateau and --patience alike. */
+static void evaluate_dev(Run *r, Totals *dv) {
+  int n = cavs_dataset_count(r->dev), B = r->o->batch;
+  if (dist_size == 1) {
+    evaluate(r->m, r->dev, B, r->carry, dv);
+    return;
+  }
+  int *order = eval_order(n, B, r->carry), *mine = xmalloc(sizeof(int) * (size_t)(n ? n : 1)), k = 0;
+  int lo = (int)((long)B * dist_rank / dist_size), hi = (int)((long)B * (dist_rank + 1) / dist_size);
+  for (int b = 0; b < n; b += B)
+    for (int i = lo; i < hi && b + i < n; i++) mine[k++] = order[b + i];
+  evaluate_order(r->m, r->dev, mine, k, hi - lo, r->carry, dv);
+  free(order);
+  free(mine);
+  int nl = r->d->nlosses < MAX_LOSSES ? r->d->nlosses : MAX_LOSSES;
+  long lv[5 + 2 * MAX_LOSSES] = {dv->count, dv->correct, dv->root_count, dv->root_correct, dv->graphs};
+  double sums[MAX_LOSSES];
+  for (int l = 0; l < nl; l++) lv[5 + l] = dv->lcount[l], lv[5 + nl + l] = dv->lcorrect[l], sums[l] = dv->lsum[l];
+  dist_sum_long(lv, 5 + 2 * nl);
+  dist_sum_double(sums, nl);
+  dv->count = lv[0], dv->correct = lv[1], dv->root_count = lv[2], dv->root_correct = lv[3], dv->graphs = lv[4];
+  dv->nl = nl;
+  for (int l = 0; l < nl; l++) dv->lcount[l] = lv[5 + l], dv->lcorrect[l] = lv[5 + nl + l], dv->lsum[l] = sums[l];
+}
+
 /* After an epoch: the dev set evaluated, the best so far (by dev accuracy over all
  * vertices for a classifier, else by dev loss, or what --select names), the epoch's line
  * and record, the checkpoints. True when training should stop (--patience). */
 static bool end_epoch(Run *r, int epoch, const Totals *t) {
   TrainOpts *o = r->o;
   Totals dv = {0};
-  if (r->dev) evaluate(r->m, r->dev, o->batch, r->carry, &dv);
+  if (r->dev) evaluate_dev(r, &dv);
   double metric = r->select == SELECT_ROOT ? ratio(dv.root_correct, dv.root_count)
                   : r->select == SELECT_ALL ? ratio(dv.correct, dv.count)
                                             : total_loss(&dv);

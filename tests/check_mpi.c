@@ -103,8 +103,8 @@ static const char *exported(const char *ckpt, const char *name) {
   return out[k];
 }
 
-/* the last record of a --log file: a field's integer */
-static long last_log_int(const char *log, const char *field) {
+/* the last record of a --log file: a field's integer, or a number */
+static double last_log_num(const char *log, const char *field, bool integer) {
   char *text = tu_slurp(log, NULL);
   ck_assert_ptr_nonnull(text);
   char *last = text, *nl;
@@ -113,11 +113,25 @@ static long last_log_int(const char *log, const char *field) {
   json_t *rec = json_loads(last, JSON_DISABLE_EOF_CHECK, &e);
   ck_assert_msg(json_is_object(rec), "%s: %s", log, e.text);
   json_t *v = json_object_get(rec, field);
-  ck_assert_msg(json_is_integer(v), "%s: no integer '%s' in %s", log, field, last);
-  long x = (long)json_integer_value(v);
+  ck_assert_msg(integer ? json_is_integer(v) : json_is_number(v), "%s: no %s '%s' in %s", log,
+                integer ? "integer" : "number", field, last);
+  double x = json_number_value(v);
   json_decref(rec);
   free(text);
   return x;
+}
+static long last_log_int(const char *log, const char *field) { return (long)last_log_num(log, field, true); }
+
+/* The dev set under mpirun: each rank evaluates its part of every minibatch, the sums
+   added up: the one process's dev loss (to rounding: the sums' order differs) and
+   accuracy (the same counts) */
+static void same_dev(const char *name, double tol) {
+  char a[4400], b[4400];
+  snprintf(a, sizeof a, "%s/%s.1.log", dir, name);
+  snprintf(b, sizeof b, "%s/%s.2.log", dir, name);
+  double la = last_log_num(a, "dev_loss", false), lb = last_log_num(b, "dev_loss", false);
+  ck_assert_msg(fabs(la - lb) <= tol * fabs(la), "%s: dev loss %.17g, one process %.17g", name, lb, la);
+  ck_assert_msg(last_log_num(a, "dev_acc", false) == last_log_num(b, "dev_acc", false), "%s: dev accuracy", name);
 }
 
 static void gen(const char *kind, const char *graphs, const char *seed, const char *out, const char *extra) {
@@ -162,10 +176,11 @@ static double differ(const char *name) {
 START_TEST(treelstm_equals_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
   gen("toy", "33", "3", "toy33.txt", NULL);
-  BOTH("tree", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dim", "E=12", "--dim",
-       "H=16", "--batch", "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3");
+  BOTH("tree", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dev", path_in("toy33.txt"),
+       "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3");
   double w = differ("tree");
   ck_assert_msg(w < 1e-9, "two ranks' parameters differ from one process's by %g", w);
+  same_dev("tree", 1e-12);
   ck_assert_int_eq(last_log_int(path_in("tree.2.log"), "ranks"), 2);
   ck_assert_int_gt(last_log_int(path_in("tree.2.log"), "tables_whole"), 0);
   BOTH("tree33", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
@@ -196,10 +211,11 @@ START_TEST(lstm_lm_table_as_rows) {
   }
   tu_write(path_in("lm.txt"), text, n);
   free(text);
-  BOTH("lm", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dim", "E=8", "--dim",
-       "H=8", "--batch", "16", "--epochs", "1", "--precision", "double");
+  BOTH("lm", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dev", path_in("lm.txt"),
+       "--dim", "E=8", "--dim", "H=8", "--batch", "16", "--epochs", "1", "--precision", "double");
   double w = differ("lm");
   ck_assert_msg(w < 1e-9, "%g", w);
+  same_dev("lm", 1e-12);
   ck_assert_int_gt(last_log_int(path_in("lm.2.log"), "tables_as_rows"), 0);
 }
 END_TEST
