@@ -319,6 +319,50 @@ static pid_t rank_pid(pid_t parent, int rank) {
   return found;
 }
 
+/* A job started in the background, its standard error to a scratch file (*fe, errp). */
+static pid_t start_job(char *const argv[], char *errp, int *fe) {
+  *fe = mkstemp(errp);
+  ck_assert(*fe >= 0);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    dup2(*fe, 2);
+    int null = open("/dev/null", O_RDWR);
+    dup2(null, 0), dup2(null, 1);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Waits until `path` exists (the first epoch's checkpoint), at most a minute. */
+static bool wait_for(const char *path) {
+  for (int i = 0; i < 6000; i++) {
+    if (access(path, F_OK) == 0) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+/* Waits for the job up to `limit` seconds (then kills it): whether it ended by itself,
+   its status and the seconds it took. */
+static bool wait_job(pid_t pid, double limit, int *st, double *secs) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pid_t w = 0;
+  for (int i = 0; i < (int)(limit * 100) && w != pid; i++) {
+    w = waitpid(pid, st, WNOHANG);
+    if (w != pid) usleep(10000);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (w != pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, st, 0);
+  }
+  *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  return w == pid;
+}
+
 /* Rank 1 killed (SIGKILL, as the kernel's OOM killer does) in the middle of training:
    the job ends within 10 s, not hanging, with a message naming the rank, and the
    checkpoint on disk is a complete one that resumes. */
@@ -328,42 +372,21 @@ START_TEST(killed_rank_ends_the_job) {
                   "--format", "ptb-tree", "--train", path_in("many.txt"), "--dim", "E=16", "--dim", "H=16", "--batch", "4",
                   "--epochs", "1000", "--threads", "1", "--quiet", "--save", path_in("k.ckpt"), NULL};
   char errp[] = "/tmp/cavs-mpi-err-XXXXXX";
-  int fe = mkstemp(errp);
-  ck_assert(fe >= 0);
-  pid_t pid = fork();
-  ck_assert(pid >= 0);
-  if (pid == 0) {
-    dup2(fe, 2);
-    int null = open("/dev/null", O_RDWR);
-    dup2(null, 0), dup2(null, 1);
-    execv(argv[0], argv);
-    _exit(127);
-  }
+  int fe, st = 0;
+  pid_t pid = start_job(argv, errp, &fe);
   /* a checkpoint written (the first epoch done), then rank 1 found and killed */
-  pid_t victim = 0;
+  pid_t victim = wait_for(path_in("k.ckpt")) ? rank_pid(pid, 1) : 0;
   for (int i = 0; i < 6000 && !victim; i++) {
-    if (access(path_in("k.ckpt"), F_OK) == 0) victim = rank_pid(pid, 1);
-    if (!victim) usleep(10000);
+    usleep(10000);
+    victim = rank_pid(pid, 1);
   }
   ck_assert_msg(victim > 0, "no checkpoint, or no rank 1, after 60 s");
   ck_assert(kill(victim, SIGKILL) == 0);
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  int st = 0;
-  pid_t w = 0;
-  for (int i = 0; i < 3000 && w != pid; i++) {
-    w = waitpid(pid, &st, WNOHANG);
-    if (w != pid) usleep(10000);
-  }
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  if (w != pid) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-  }
-  double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  double secs;
+  bool ended = wait_job(pid, 30, &st, &secs);
   char *err = tu_slurp(errp, NULL);
   close(fe), unlink(errp);
-  ck_assert_msg(w == pid && secs < 10, "the job went on %.1f s after rank 1 was killed", secs);
+  ck_assert_msg(ended && secs < 10, "the job went on %.1f s after rank 1 was killed", secs);
   ck_assert_msg(!(WIFEXITED(st) && WEXITSTATUS(st) == 0), "the job ended well");
   ck_assert_msg(err && strstr(err, "rank 1"), "%s", tu_tail(err, 1500));
   free(err);
@@ -371,6 +394,53 @@ START_TEST(killed_rank_ends_the_job) {
                      "1", "--threads", "1", "--quiet", "--resume", path_in("k.ckpt"), NULL);
   ok(&r, "resume from the checkpoint left");
   tu_free(&r);
+}
+END_TEST
+
+/* SIGTERM to mpirun in the middle of training (what a scheduler's time limit or ^C
+   does): mpirun passes it to the ranks, which stop after the same step (the stop flag is
+   summed with the losses), rank 0 saves and says so, and the job ends; resumed by two
+   ranks, the run ends in the bytes of a run never interrupted, wherever the signal
+   landed. */
+START_TEST(sigterm_stops_every_rank_at_one_step) {
+  gen("toy", "3000", "1", "many.txt", NULL);
+  char *argv[] = {(char *)mpirun, "-np", "2", "--oversubscribe", (char *)cavs_bin, "train", model("treelstm.vf"),
+                  "--format", "ptb-tree", "--train", path_in("many.txt"), "--dim", "E=8", "--dim", "H=8", "--batch", "16",
+                  "--epochs", "1000", "--threads", "1", "--quiet", "--save", path_in("t.ckpt"), NULL};
+  char errp[] = "/tmp/cavs-mpi-err-XXXXXX";
+  int fe, st = 0;
+  pid_t pid = start_job(argv, errp, &fe);
+  ck_assert_msg(wait_for(path_in("t.ckpt")), "no checkpoint after 60 s");
+  usleep(100000);
+  ck_assert(kill(pid, SIGTERM) == 0);
+  double secs;
+  bool ended = wait_job(pid, 60, &st, &secs);
+  char *err = tu_slurp(errp, NULL);
+  close(fe), unlink(errp);
+  ck_assert_msg(ended, "the job went on %.1f s after SIGTERM", secs);
+  ck_assert_msg(err && strstr(err, "interrupted") && strstr(err, "rank 0"), "%s", tu_tail(err, 1500));
+  free(err);
+  RunResult r = cavs("info", path_in("t.ckpt"), NULL);
+  ok(&r, "info");
+  int done = -1;
+  const char *at = strstr(r.out, "training ");
+  ck_assert_msg(at && sscanf(at, "training %d epochs done", &done) == 1 && done >= 1, "%s", r.out);
+  tu_free(&r);
+  r = MPI2("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("many.txt"), "--epochs", "1",
+           "--threads", "1", "--quiet", "--resume", path_in("t.ckpt"), "--save", path_in("t2.ckpt"));
+  ok(&r, "resumed by two ranks");
+  tu_free(&r);
+  char epochs[16];
+  snprintf(epochs, sizeof epochs, "%d", done + 1);
+  r = MPI2("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("many.txt"), "--dim", "E=8", "--dim",
+           "H=8", "--batch", "16", "--epochs", epochs, "--threads", "1", "--quiet", "--save", path_in("tw.ckpt"));
+  ok(&r, "never interrupted");
+  tu_free(&r);
+  size_t na = 0, nb = 1;
+  char *a = tu_slurp(path_in("tw.ckpt"), &na), *b = tu_slurp(path_in("t2.ckpt"), &nb);
+  ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "stopped after %d epochs and resumed: not the same bytes",
+                done);
+  free(a), free(b);
 }
 END_TEST
 
@@ -442,6 +512,7 @@ int main(void) {
     tcase_add_test(tc, cuda_ranks_on_the_emulator);
     tcase_add_test(tc, errors_before_training);
     tcase_add_test(tc, killed_rank_ends_the_job);
+    tcase_add_test(tc, sigterm_stops_every_rank_at_one_step);
   } else {
     tcase_add_test(tc, without_mpi_refuses_ranks);
   }
