@@ -692,6 +692,7 @@ def load(path, threads=1):
                       vocab=vocab, threads=threads, init=False)
         if lib.cavs_ckpt_apply(k, model._ptr, err, len(err)):
             raise Error(f"{path}: {_s(err.value)}")
+        model.carry_state(False)  # (a state carried when it was saved: not until asked)
         model.format = _s(lib.cavs_ckpt_state(k).contents.format)
         return model
     finally:
