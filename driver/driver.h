@@ -273,7 +273,7 @@ typedef struct TrainOpts {
      warmup minibatches; stop after `patience` epochs without a better dev metric
      (0: never); the metric .best and patience follow: enum Select */
   double lr_decay;
-  int lr_step, warmup, patience, select;
+  int lr_step, lr_decay_start, warmup, patience, select;
   /* --schedule (enum cavs_schedule; -1 when not given) and its settings: cosine's and
      plateau's floor, the epochs of the cosine (0: to the run's last), plateau's factor
      and patience (-1 when not given) */

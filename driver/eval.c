@@ -371,9 +371,12 @@ int cmd_info(const char *path) {
     if (ts->best_epoch) printf(", epoch %d, %d epochs since", ts->best_epoch, ts->since_best);
     printf(")\n");
   }
-  if (ts->lr_decay > 0 || ts->warmup || ts->patience)
-    printf("schedule    lr decay %g every %d epochs, warm-up %d minibatches, patience %d\n", ts->lr_decay,
-           ts->lr_step ? ts->lr_step : 1, ts->warmup, ts->patience);
+  if (ts->lr_decay > 0 || ts->warmup || ts->patience) {
+    int step = ts->lr_step ? ts->lr_step : 1;
+    printf("schedule    lr decay %g every %d epochs", ts->lr_decay, step);
+    if (ts->lr_decay_start && ts->lr_decay_start != step) printf(" after epoch %d", ts->lr_decay_start);
+    printf(", warm-up %d minibatches, patience %d\n", ts->warmup, ts->patience);
+  }
   info_schedule(ts);
   if (cavs_ckpt_noptions(k)) {
     printf("options    ");

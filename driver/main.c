@@ -180,6 +180,9 @@ static void run_option(RunArgs *a, int id, const char *arg) {
     break;
   case OPT_LR_DECAY: o->lr_decay = parse_real("lr-decay", arg, 0, 1, true), o->set_sched = true; break;
   case OPT_LR_STEP: o->lr_step = (int)parse_long("lr-step", arg, 1, 1000000), o->set_sched = true; break;
+  case OPT_LR_DECAY_START:
+    o->lr_decay_start = (int)parse_long("lr-decay-start", arg, 1, 1000000), o->set_sched = true;
+    break;
   case OPT_WARMUP: o->warmup = (int)parse_long("warmup", arg, 0, 1 << 30), o->set_sched = true; break;
   case OPT_PATIENCE: o->patience = (int)parse_long("patience", arg, 1, 1000000), o->set_sched = true; break;
   case OPT_BPTT_STATE:

@@ -22,10 +22,12 @@ const char *sched_name(int kind) { return kind >= 0 && kind < CAVS_SCHED_COUNT ?
 double sched_lr(const cavs_train_state *t, int epoch) {
   double lr = t->optim.lr;
   switch (t->schedule) {
-  case CAVS_SCHED_STEP:
-    if (t->lr_decay > 0 && t->lr_decay < 1)
-      lr *= pow(t->lr_decay, (double)((epoch - 1) / (t->lr_step > 0 ? t->lr_step : 1)));
+  case CAVS_SCHED_STEP: {
+    int step = t->lr_step > 0 ? t->lr_step : 1, start = t->lr_decay_start > 0 ? t->lr_decay_start : step;
+    if (t->lr_decay > 0 && t->lr_decay < 1 && epoch > start)
+      lr *= pow(t->lr_decay, (double)((epoch - 1 - start) / step + 1));
     return lr;
+  }
   case CAVS_SCHED_COSINE: {
     /* PyTorch's CosineAnnealingLR stepped once an epoch, held at the floor past T */
     int T = t->cosine_epochs > 0 ? t->cosine_epochs : 1, e = epoch - 1 < T ? epoch - 1 : T;

@@ -182,6 +182,7 @@ static void resume_settings(Run *r, long *dims) {
   if (cs->select && !o->set_sched) {
     o->lr_decay = cs->lr_decay;
     o->lr_step = cs->lr_step;
+    o->lr_decay_start = cs->lr_decay_start;
     o->warmup = cs->warmup;
     o->patience = cs->patience;
     o->schedule = cs->schedule;
@@ -378,6 +379,8 @@ static void choose_schedule(Run *r) {
     if (o->lr_decay > 0 && s != CAVS_SCHED_STEP) die(1, "--lr-decay goes with --schedule step, not %s", name);
     if (s == CAVS_SCHED_STEP && !(o->lr_decay > 0)) die(1, "--schedule step needs --lr-decay");
     if (o->lr_step && s != CAVS_SCHED_STEP) die(1, "--lr-step goes with --schedule step, not %s", name);
+    if (o->lr_decay_start && s != CAVS_SCHED_STEP)
+      die(1, "--lr-decay-start goes with --schedule step, not %s", name);
     if (o->cosine_epochs && s != CAVS_SCHED_COSINE) die(1, "--cosine-epochs goes with --schedule cosine, not %s", name);
     if ((o->plateau_factor || o->plateau_patience >= 0) && s != CAVS_SCHED_PLATEAU)
       die(1, "--plateau-factor and --plateau-patience go with --schedule plateau, not %s", name);
@@ -389,6 +392,7 @@ static void choose_schedule(Run *r) {
   r->ts.schedule = s;
   r->ts.lr_decay = o->lr_decay;
   r->ts.lr_step = o->lr_step;
+  r->ts.lr_decay_start = o->lr_decay_start;
   r->ts.warmup = o->warmup;
   r->ts.lr_min = o->lr_min;
   /* the cosine reaches its floor at the end of this run, unless told otherwise */

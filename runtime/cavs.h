@@ -448,9 +448,14 @@ typedef struct cavs_train_state {
   int plateau_patience;
   double lr_now, plateau_best;
   int plateau_bad;
+  /* step: the epoch after which the first decay comes (0 in checkpoints before format
+     6, and by default: lr_step) */
+  int lr_decay_start;
 } cavs_train_state;
 /* The schedules of a training run's rate by epoch e (1, 2, ...), base rate lr:
- * constant; step: lr * lr_decay^floor((e-1)/lr_step); cosine: lr_min + (lr - lr_min) *
+ * constant; step: lr * lr_decay^n, n = 0 up to epoch s = lr_decay_start (lr_step when
+ * 0), then floor((e-1-s)/lr_step) + 1 (with s = lr_step: floor((e-1)/lr_step); Zaremba et
+ * al.'s 4 epochs at the rate, then halved every epoch: s = 4, lr_step 1); cosine: lr_min + (lr - lr_min) *
  * (1 + cos(pi * min(e-1, T)/T)) / 2 over T = cosine_epochs (PyTorch's CosineAnnealingLR,
  * held at lr_min past T); plateau: the rate times plateau_factor (not below lr_min) after
  * more than plateau_patience epochs without a better dev metric (PyTorch's

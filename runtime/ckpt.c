@@ -15,6 +15,7 @@
  *                   f64 plateau_factor  i32 plateau_patience  f64 lr_now
  *                   f64 plateau_best  i32 plateau_bad                (format 4 on)
  *   u32 noptions { str name  f64 value }   the options as saved          (format 5 on)
+ *   i32 lr_decay_start                                                   (format 6 on)
  *   u32 rows  u32 width  values[rows*width]   the carried state: row g what graph g of
  *                                the last minibatch left (cavs_model_carry_state; 0
  *                                rows when the model carries none)          (format 6 on)
@@ -184,6 +185,7 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
     put_str(&b, d->options[i].name);
     put_f64(&b, cavs_model_option(m, i));
   }
+  put_u32(&b, (uint32_t)ts->lr_decay_start);
   /* the carried state, so that a run stopped inside an epoch goes on from it */
   uint32_t crows = m->carry_state >= 0 ? (uint32_t)m->ncarry : 0;
   long cw = crows ? m->bw[m->carry_state] : 0;
@@ -561,11 +563,12 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
   return true;
 }
 
-/* Format 6's carried state: at most a minibatch's graphs (2^20) of a state no wider
+/* Format 6's first decay of the step schedule, and its carried state: at most a minibatch's graphs (2^20) of a state no wider
  * than a model's buffer can be, every value finite; whether its width is the model's
  * is checked when applied. */
 static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   if (version < 6) return true;
+  k->ts.lr_decay_start = (int)get_u32(r); /* (checked with the schedule) */
   uint32_t rows = get_u32(r), w = get_u32(r);
   if (r->bad) return true; /* (reported as bad structure) */
   if (rows > (1u << 20) || w > (1u << 28) || (rows && !w) || (!rows && w))
@@ -609,7 +612,8 @@ static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t 
       t->cosine_epochs > CAVS_MAX_EPOCHS || !(t->plateau_factor >= 0 && t->plateau_factor < 1) ||
       t->plateau_patience < 0 || t->plateau_patience > 1000000 || !nonneg(t->lr_now) ||
       !(t->plateau_best == -1 || nonneg(t->plateau_best)) || t->plateau_bad < 0 ||
-      t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch)
+      t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch || t->lr_decay_start < 0 ||
+      t->lr_decay_start > 1000000)
     FAIL("'%s' is damaged (learning-rate schedule)", path);
   int bptt;
   if (*t->format && !cv_format_named(t->format, &bptt)) FAIL("'%s' is damaged (data format)", path);

@@ -532,6 +532,16 @@ START_TEST(schedule_formulas) {
   t.schedule = CAVS_SCHED_STEP, t.lr_decay = 0.5, t.lr_step = 2;
   const double steps[] = {0.1, 0.1, 0.05, 0.05, 0.025};
   for (int e = 1; e <= 5; e++) ck_assert_msg(sched_lr(&t, e) == steps[e - 1], "step, epoch %d: %.17g", e, sched_lr(&t, e));
+  /* Zaremba et al.'s: 4 epochs at the rate, then halved every epoch */
+  t.lr_step = 1, t.lr_decay_start = 4;
+  const double zaremba[] = {0.1, 0.1, 0.1, 0.1, 0.05, 0.025, 0.0125};
+  for (int e = 1; e <= 7; e++)
+    ck_assert_msg(sched_lr(&t, e) == zaremba[e - 1], "step from 4, epoch %d: %.17g", e, sched_lr(&t, e));
+  t.lr_step = 3, t.lr_decay_start = 1; /* after epoch 1, then every 3 */
+  const double late[] = {0.1, 0.05, 0.05, 0.05, 0.025};
+  for (int e = 1; e <= 5; e++)
+    ck_assert_msg(sched_lr(&t, e) == late[e - 1], "step 3 from 1, epoch %d: %.17g", e, sched_lr(&t, e));
+  t.lr_decay_start = 0;
   t.schedule = CAVS_SCHED_COSINE, t.lr_min = 0.001, t.cosine_epochs = 5;
   for (int e = 1; e <= 8; e++) {
     int k = e - 1 < 5 ? e - 1 : 5; /* held at the floor past the last epoch */
@@ -667,7 +677,9 @@ END_TEST
  * would make other bytes). */
 START_TEST(resume_keeps_schedule_and_frozen) {
   gen_data();
-#define SCHED "--freeze", "emb", "--select", "root", "--lr-decay", "0.5", "--lr-step", "1", "--warmup", "3", "--patience", "9"
+#define SCHED                                                                                                   \
+  "--freeze", "emb", "--select", "root", "--lr-decay", "0.5", "--lr-step", "1", "--lr-decay-start", "2", "--warmup", "3", \
+      "--patience", "9"
   RunResult r = TRAIN("--epochs", "4", "--quiet", SCHED, "--save", path_in("sfull.ckpt"), NULL);
   ok(&r, "4 epochs");
   tu_free(&r);
@@ -681,7 +693,8 @@ START_TEST(resume_keeps_schedule_and_frozen) {
   same_bytes("sfull.ckpt", "sresumed.ckpt", "the resumed run differs from the uninterrupted one");
   r = cavs("info", path_in("sresumed.ckpt"), NULL);
   ok(&r, "info");
-  ck_assert_msg(strstr(r.out, "(root accuracy, epoch ") && strstr(r.out, "lr decay 0.5 every 1 epochs, warm-up 3"),
+  ck_assert_msg(strstr(r.out, "(root accuracy, epoch ") &&
+                    strstr(r.out, "lr decay 0.5 every 1 epochs after epoch 2, warm-up 3"),
                 "%s", r.out);
   tu_free(&r);
   /* another --select forgets the checkpoint's best, saying so */

@@ -245,8 +245,9 @@ enum { V4_TAIL = 56 };
 /* Format 5's options after it: base.ckpt's model (treelstm.vf) has one, p_drop: noptions
  * 4, the name 4 + 6, the value 8. */
 enum { V5_TAIL = 4 + 4 + 6 + 8 };
-/* Format 6's carried state after them: none in base.ckpt, rows 4 and width 4. */
-enum { V6_TAIL = 8 };
+/* Format 6's after them: the step schedule's first decay 4, the carried state (none in
+   base.ckpt: rows 4 and width 4). */
+enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
 
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
  * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
@@ -513,10 +514,10 @@ static size_t steps_at(const Ckpt *k) {
   return at;
 }
 
-/* Format 6's carried state: bounded (rows, a width, both or neither), every value finite,
- * no shorter than it says; one of another width than the model's state refused when a
- * resume applies it; a format 5 checkpoint, which has none, still read. base.ckpt is in
- * float. */
+/* Format 6's first decay of the step schedule, bounded, and its carried state: bounded
+ * (rows, a width, both or neither), every value finite, no shorter than it says; one of
+ * another width than the model's state refused when a resume applies it; a format 5
+ * checkpoint, which has neither, still read. base.ckpt is in float. */
 static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *vals, size_t nvals) {
   Ckpt k = {malloc(k0->n), k0->n};
   memcpy(k.p, k0->p, k0->n);
@@ -525,14 +526,15 @@ static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *v
   memcpy(f, &rows, 4);
   memcpy(f + 4, &w, 4);
   if (nvals) memcpy(f + 8, vals, sizeof(float) * nvals);
-  ck_splice(&k, k0->n - 8 - V6_TAIL, V6_TAIL, f, n);
+  ck_splice(&k, k0->n - 8 - V6_CARRY, V6_CARRY, f, n);
   free(f);
   return k;
 }
 START_TEST(format_6_carried_state) {
   Ckpt k0 = load_base();
   ck_assert_uint_eq(rd32(&k0, 8), 6);
-  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V6_TAIL), 0);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V6_CARRY), 0);
+  field_refused(&k0, k0.n - 8 - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
   float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
   struct {
     uint32_t rows, w;

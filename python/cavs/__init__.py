@@ -785,7 +785,7 @@ _SCHEDULES = ("constant", "step", "cosine", "plateau")
 
 
 def _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor, plateau_patience, base_lr, epochs,
-              dev):
+              dev, lr_decay_start=None):
     """cavs train's choose_schedule: the schedule's name and its settings, each held to
     the schedule it belongs to."""
     s = schedule or ("step" if lr_decay else "constant")
@@ -795,6 +795,8 @@ def _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor
         raise Error(f"lr_decay goes with schedule step, not {s}")
     if s == "step" and not (lr_decay and 0 < lr_decay < 1):
         raise Error("schedule step needs an lr_decay between 0 and 1")
+    if lr_decay_start is not None and s != "step":
+        raise Error(f"lr_decay_start goes with schedule step, not {s}")
     if cosine_epochs is not None and s != "cosine":
         raise Error(f"cosine_epochs goes with schedule cosine, not {s}")
     if (plateau_factor is not None or plateau_patience is not None) and s != "plateau":
@@ -805,15 +807,17 @@ def _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor
         raise Error(f"lr_min {lr_min} is not below the rate, {base_lr}")
     if s == "plateau" and dev is None:
         raise Error("schedule plateau needs a dev set to watch")
-    return {"name": s, "decay": lr_decay or 0.0, "step": max(lr_step, 1), "min": lr_min or 0.0,
+    return {"name": s, "decay": lr_decay or 0.0, "step": max(lr_step, 1), "start": lr_decay_start or max(lr_step, 1),
+            "min": lr_min or 0.0,
             "T": max(cosine_epochs or epochs, 1), "factor": plateau_factor or 0.1,
             "patience": 10 if plateau_patience is None else plateau_patience, "now": 0.0, "best": -1.0, "bad": 0}
 
 
 def _epoch_lr(sch, base_lr, epoch):
     """driver/schedule.c sched_lr: the rate of an epoch (before the warm-up's ramp)."""
-    if sch["name"] == "step":
-        return base_lr * sch["decay"] ** ((epoch - 1) // sch["step"])
+    if sch["name"] == "step":  # the first decay after epoch "start", then every "step" epochs
+        n = (epoch - 1 - sch["start"]) // sch["step"] + 1 if epoch > sch["start"] else 0
+        return base_lr * sch["decay"] ** n
     if sch["name"] == "cosine":  # PyTorch's CosineAnnealingLR stepped once an epoch, held at the floor past T
         e = min(epoch - 1, sch["T"])
         return sch["min"] + (base_lr - sch["min"]) * (1 + math.cos(math.pi * e / sch["T"])) / 2
@@ -840,10 +844,11 @@ def _plateau(sch, base_lr, metric, higher):
 def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=None, weight_decay=0.0,
           seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0,
           schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None,
-          bptt_state=None):
+          bptt_state=None, lr_decay_start=None):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
     seed, the same schedule of the rate: `schedule` "constant", "step" (lr times
-    lr_decay every lr_step epochs; the default when lr_decay is given), "cosine" (to
+    lr_decay every lr_step epochs, the first time after epoch lr_decay_start, by default
+    lr_step; the default when lr_decay is given), "cosine" (to
     lr_min over cosine_epochs, by default the run's epochs) or "plateau" (cut by
     plateau_factor, 0.1, after plateau_patience, 10, epochs without a better dev
     metric, not below lr_min), ramped over the first warmup minibatches; with dev, the
@@ -862,7 +867,7 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     if clip is None:
         clip = model.options.get("clip", 0.0)
     sch = _schedule(schedule, lr_decay, lr_step, lr_min, cosine_epochs, plateau_factor, plateau_patience, base_lr,
-                    epochs, dev)
+                    epochs, dev, lr_decay_start)
     has_acc = any(model.spec.desc.contents.losses[i].kind == C.LOSS_SOFTMAX_XENT
                   for i in range(model.spec.desc.contents.nlosses))
     select = select or ("all" if has_acc else "loss")

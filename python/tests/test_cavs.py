@@ -302,13 +302,15 @@ def test_model_clip_is_cavs_trains(data, tmp_path):
 
 
 @pytest.mark.parametrize("schedule,lr,args,flags", [
+    ("step", 0.05, {"lr_decay": 0.5, "lr_decay_start": 2}, ["--lr-decay", 0.5, "--lr-decay-start", 2]),
     ("cosine", 0.05, {"lr_min": 0.001}, ["--lr-min", 0.001]),
     ("plateau", 0.5, {"plateau_patience": 0, "plateau_factor": 0.5, "select": "loss"},
      ["--plateau-patience", 0, "--plateau-factor", 0.5, "--select", "loss"]),
 ])
 def test_schedules_are_cavs_trains(data, tmp_path, schedule, lr, args, flags):
-    """The cosine and plateau schedules: every epoch's rate and losses the same as cavs
-    train --schedule's --log records (the plateau cuts at least once here: checked)."""
+    """The step (its first decay after epoch 2), cosine and plateau schedules: every
+    epoch's rate and losses the same as cavs train --schedule's --log records (the
+    plateau cuts at least once here: checked)."""
     spec, vocab, train, dev = treefc(data)
     model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
     hist = cavs.train(model, train, dev, epochs=4, batch=32, lr=lr, seed=3, schedule=schedule, **args)
