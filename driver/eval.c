@@ -378,6 +378,9 @@ int cmd_info(const char *path) {
     printf(", warm-up %d minibatches, patience %d\n", ts->warmup, ts->patience);
   }
   info_schedule(ts);
+  long cw;
+  int crows = cavs_ckpt_carried(k, &cw);
+  if (crows) printf("carried     the state of %d streams, %ld values each (a resume goes on from it)\n", crows, cw);
   if (cavs_ckpt_noptions(k)) {
     printf("options    ");
     for (int i = 0; i < cavs_ckpt_noptions(k); i++) {

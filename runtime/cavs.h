@@ -500,6 +500,9 @@ long cavs_ckpt_dim_value(const cavs_ckpt *k, int i);
  * number, and option i's name, its value in *value (NULL past the end). */
 int cavs_ckpt_noptions(const cavs_ckpt *k);
 const char *cavs_ckpt_option(const cavs_ckpt *k, int i, double *value);
+/* The carried state as saved (format 6 on; cavs_model_carry_state): its rows, one a
+ * graph of the last minibatch (0: none), each of *width values (width may be NULL). */
+int cavs_ckpt_carried(const cavs_ckpt *k, long *width);
 long cavs_ckpt_param_count(const cavs_ckpt *k);
 /* A new vocabulary with the checkpoint's words, in their ids. */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);

@@ -656,6 +656,10 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
 }
 
 const char *cavs_ckpt_model(const cavs_ckpt *k) { return k->model; }
+int cavs_ckpt_carried(const cavs_ckpt *k, long *width) {
+  if (width) *width = k->carry_w;
+  return k->carry_rows;
+}
 const char *cavs_ckpt_source(const cavs_ckpt *k) { return k->source; }
 const char *cavs_ckpt_hash(const cavs_ckpt *k) { return k->hash; }
 int cavs_ckpt_precision(const cavs_ckpt *k) { return k->precision; }

@@ -1756,6 +1756,11 @@ START_TEST(sigint_resumes_carried_state_exactly) {
   ck_assert(sscanf(e, "training %d epochs done", &done) == 1);
   free(e);
   ck_assert_msg(done >= 0 && done < 1000, "%d epochs done", done);
+  /* 8 streams (--batch) of c and h (2H): mid-epoch or at an epoch's end (no --dev, so
+     nothing evaluated it away), the last minibatch's state */
+  e = info_field(path_in("lmi.ckpt"), "carried");
+  ck_assert_msg(strstr(e, "the state of 8 streams, 16 values each"), "%s", e);
+  free(e);
   RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"),
                      "--threads", "1", "--epochs", "1", "--quiet", "--resume", path_in("lmi.ckpt"), "--save",
                      path_in("lmi2.ckpt"), NULL);
