@@ -68,6 +68,32 @@ bool carries(const char *f);
    minibatch continues graph g of the one before (cavs_model_carry_state). Allocated. */
 int *stream_order(int n, int batch);
 
+/* ---- bptt.c: chunks of lengths that vary (--bptt-vary), and the generator of the
+ * shuffles and the draws ---- */
+uint64_t rng_next(uint64_t *s);
+/* The lengths a chunk may be drawn at: at least 5 (N when the format's N is shorter), at
+   most the longest text-bptt:N chunk */
+enum { BPTT_VARY_MIN = 5, BPTT_VARY_MAX = 100000 };
+/* A chunk length around n, as AWD-LSTM draws it: n with probability 0.95, else n / 2,
+   plus a normal deviation of sd; truncated, and held to the bounds above. */
+int bptt_draw(uint64_t *rng, int n, double sd);
+/* An epoch's cut: its chunks, minibatch by minibatch (graph j * batch + s is stream s's
+   j-th, and only the last minibatch has fewer than batch), the length each minibatch
+   was drawn at, and N, the length of the data's chunks (the longest). */
+typedef struct BpttCut {
+  cavs_graph *g;
+  int n, cap;
+  int *len, nmb, capmb;
+  int base;
+  int *chain, chain_n; /* the child slots every chunk shares, for chain_n vertices */
+} BpttCut;
+/* The n graphs of a text-bptt data set (each `nint` integer inputs a vertex) cut again,
+   by lengths drawn from *rng with deviation sd: 0, or -1 with why (graphs that are not
+   chains back to back, or no memory). The graphs point into the data set's arrays. */
+int bptt_cut(BpttCut *c, const cavs_graph *const *gs, int n, int nint, int batch, double sd, uint64_t *rng, char *why,
+             size_t whylen);
+void bptt_cut_free(BpttCut *c);
+
 /* JSON (jansson): a real, or null where it is not finite; a value set in an object or
  * appended to an array (dies when memory ran out); an object written on one line of f
  * and flushed (and released), or die naming `what`. */
@@ -282,12 +308,13 @@ typedef struct TrainOpts {
   int cosine_epochs;
   double plateau_factor;
   int plateau_patience;
+  double bptt_vary; /* --bptt-vary SD (0: chunks of the format's length) */
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];
   int ninit, nfreeze;
   const char *init_all; /* --init-all FILE: every parameter from a safetensors or .npz file */
   /* given on the command line (else a resume keeps the checkpoint's) */
-  bool set_kind, set_lr, set_clip, set_wd, set_momentum, set_batch, set_sched;
+  bool set_kind, set_lr, set_clip, set_wd, set_momentum, set_batch, set_sched, set_vary;
 } TrainOpts;
 
 enum Select { SELECT_DEFAULT, SELECT_ALL, SELECT_ROOT, SELECT_LOSS };

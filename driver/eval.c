@@ -378,6 +378,8 @@ int cmd_info(const char *path) {
     printf(", warm-up %d minibatches, patience %d\n", ts->warmup, ts->patience);
   }
   info_schedule(ts);
+  if (ts->bptt_vary > 0)
+    printf("chunks      cut afresh each epoch, lengths drawn with deviation %g (--bptt-vary)\n", ts->bptt_vary);
   long cw;
   int crows = cavs_ckpt_carried(k, &cw);
   if (crows) printf("carried     the state of %d streams, %ld values each (a resume goes on from it)\n", crows, cw);

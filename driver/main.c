@@ -185,6 +185,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
     break;
   case OPT_WARMUP: o->warmup = (int)parse_long("warmup", arg, 0, 1 << 30), o->set_sched = true; break;
   case OPT_PATIENCE: o->patience = (int)parse_long("patience", arg, 1, 1000000), o->set_sched = true; break;
+  case OPT_BPTT_VARY: o->bptt_vary = parse_real("bptt-vary", arg, 0, CAVS_MAX_BPTT_VARY, false), o->set_vary = true; break;
   case OPT_BPTT_STATE:
     if (!strcmp(arg, "carry")) bptt_state = BPTT_CARRY;
     else if (!strcmp(arg, "reset")) bptt_state = BPTT_RESET;

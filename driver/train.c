@@ -14,13 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t rng_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* SIGINT or SIGTERM during training: the step under way finishes, the state is saved
  * (atomically, as always) and cavs exits with 128 + the signal. The handler only sets
  * this; a second signal gets the default action (SA_RESETHAND), which is safe: a
@@ -93,6 +86,8 @@ typedef struct Run {
   bool tty, with_acc;
   bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
   bool carry; /* text-bptt's streams carry their state (--bptt-state): stream_order */
+  BpttCut cut; /* --bptt-vary: the epoch's chunks (else the data set's, in `order`) */
+  const cavs_graph **chunks; /* (the data set's graphs, which it cuts again) */
   int n, select, last_epoch;
   long nbatches;
   int *order;
@@ -191,6 +186,7 @@ static void resume_settings(Run *r, long *dims) {
     o->plateau_factor = cs->plateau_factor;
     o->plateau_patience = cs->plateau_patience;
   }
+  if (!o->set_vary) o->bptt_vary = cs->bptt_vary;
   memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
   r->v = keep(cavs_ckpt_vocab(r->ck));
   if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
@@ -330,6 +326,9 @@ static void say_start(const Run *r) {
   if (r->carry)
     printf("state carried from chunk to chunk: %d streams side by side, in order (--bptt-state reset: each chunk "
            "from zeros, shuffled)\n", r->o->batch);
+  if (r->ts.bptt_vary > 0)
+    printf("chunks cut afresh each epoch, each minibatch's length drawn around %d (deviation %g; --bptt-vary)\n",
+           r->cut.base, r->ts.bptt_vary);
   int k = cavs_option_find(r->d, "clip");
   if (k >= 0 && !r->o->set_clip && cavs_model_option(r->m, k) > 0)
     printf("gradient-norm clip %g, the model's (option clip; --clip 0 turns it off)\n", cavs_model_option(r->m, k));
@@ -416,6 +415,9 @@ _Noreturn static void diverged(const Run *r, int epoch, int b, const cavs_stats 
   char why[512];
   int bg, bv;
   if (cavs_model_check_finite(r->m, &bg, &bv, why, sizeof why)) {
+    if (bg >= 0 && r->ts.bptt_vary > 0) /* (a chunk of the cut: where in the stream) */
+      die(1, "epoch %d: %s at token %ld of %s; try a smaller --lr or --clip", epoch, why,
+          (long)(r->cut.g[b + bg].type - r->chunks[0]->type) + bv + 1, r->o->train);
     if (bg >= 0)
       die(1, "epoch %d: %s at vertex %d of graph %d of %s; try a smaller --lr or --clip", epoch, why, bv,
           r->order[b + bg] + 1, r->o->train);
@@ -558,15 +560,24 @@ static void same_params(Run *r, long step) {
 /* One epoch's minibatches in their order: shuffled, or the streams side by side where the
  * state is carried (from zeros at the epoch's start, unless it is not fresh: an epoch
  * resumed in its middle goes on from the state its checkpoint carried; under mpirun,
- * where a rank's graphs are a part of the minibatch, from zeros). */
-static void epoch_order(Run *r, bool fresh) {
+ * where a rank's graphs are a part of the minibatch, from zeros), the chunks cut afresh
+ * with --bptt-vary (lengths drawn from the shuffling generator, which an interrupted
+ * epoch's checkpoint keeps as the epoch began: the resumed epoch cuts the same). The
+ * epoch's graphs: epoch_graph. */
+static int epoch_order(Run *r, bool fresh) {
   int n = r->n;
   if (r->carry) {
+    if (fresh) cavs_model_reset_state(r->m); /* (else the checkpoint's state goes on) */
+    if (r->ts.bptt_vary > 0) {
+      char why[256];
+      if (bptt_cut(&r->cut, r->chunks, n, r->d->nint, r->o->batch, r->ts.bptt_vary, &r->ts.rng, why, sizeof why))
+        die(1, "--bptt-vary: %s", why);
+      return r->cut.n;
+    }
     int *order = stream_order(n, r->o->batch);
     memcpy(r->order, order, sizeof(int) * (size_t)n);
     free(order);
-    if (fresh) cavs_model_reset_state(r->m); /* (else the checkpoint's state goes on) */
-    return;
+    return n;
   }
   for (int i = 0; i < n; i++) r->order[i] = i;
   for (int i = n - 1; i > 0; i--) {
@@ -575,28 +586,36 @@ static void epoch_order(Run *r, bool fresh) {
     r->order[i] = r->order[j];
     r->order[j] = tmp;
   }
+  return n;
+}
+
+static const cavs_graph *epoch_graph(const Run *r, int i) {
+  return r->ts.bptt_vary > 0 ? &r->cut.g[i] : cavs_dataset_graph(r->tr, r->order[i]);
 }
 
 /* One epoch's minibatches (an interrupted epoch goes on where it stopped, in the same
  * order), added up in t. A signal stops it between two steps, saved. */
 static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   TrainOpts *o = r->o;
-  int n = r->n;
   uint64_t rng_at_start = r->ts.rng;
-  int b0 = epoch == first && r->ts.graphs_done > 0 ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
+  bool going_on = epoch == first && r->ts.graphs_done > 0;
+  int n = epoch_order(r, !going_on || dist_size > 1);
+  int b0 = going_on ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
   r->ts.graphs_done = 0;
-  epoch_order(r, b0 == 0 || dist_size > 1);
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
   double start = now(), shown = 0;
   for (int b = b0; b < n; b += o->batch) {
     int k = 0;
-    for (; k < o->batch && b + k < n; k++) r->gs[k] = cavs_dataset_graph(r->tr, r->order[b + k]);
+    for (; k < o->batch && b + k < n; k++) r->gs[k] = epoch_graph(r, b + k);
     long step = (long)(epoch - 1) * r->nbatches + b / o->batch;
-    opt.lr = lr_at(&r->ts, epoch, step);
+    double lr = lr_at(&r->ts, epoch, step);
+    /* a chunk of another length than N: the rate scaled by it (AWD-LSTM's), so that a
+       token weighs as much in a short chunk's mean loss as in a long one's */
+    opt.lr = r->ts.bptt_vary > 0 ? lr * r->cut.len[b / o->batch] / r->cut.base : lr;
     int stop = dist_size > 1 ? part_step(r, epoch, b, k, &opt, t) : whole_step(r, epoch, b, k, &opt, t);
-    t->lr = opt.lr;
+    t->lr = lr;
     if (dist_size > 1 && (step + 1) % SAME_EVERY == 0) same_params(r, step + 1);
     if (stop && b + k < n) {
       /* the epoch so far: the shuffling state it began with and how far it got */
@@ -759,6 +778,25 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   return true;
 }
 
+/* --bptt-vary (or the checkpoint's): on text-bptt's carried streams only; the first cut
+ * made to find the chunks' length N (and whether the data is chains), from a copy of the
+ * generator, so that the first epoch draws its own. */
+static void choose_cut(Run *r) {
+  TrainOpts *o = r->o;
+  r->ts.bptt_vary = o->bptt_vary;
+  if (!(o->bptt_vary > 0)) return;
+  if (!r->carry)
+    die(1, "--bptt-vary%s: the chunks vary on text-bptt with the state carried (--bptt-state carry), not %s",
+        o->set_vary ? "" : fmt(" %g (the checkpoint's)", o->bptt_vary),
+        strncmp(o->format, "text-bptt", 9) ? fmt("format %s", o->format) : "--bptt-state reset");
+  r->chunks = xmalloc(sizeof(cavs_graph *) * (size_t)(r->n ? r->n : 1));
+  for (int i = 0; i < r->n; i++) r->chunks[i] = cavs_dataset_graph(r->tr, i);
+  uint64_t rng = r->ts.rng;
+  char why[256];
+  if (bptt_cut(&r->cut, r->chunks, r->n, r->d->nint, o->batch, o->bptt_vary, &rng, why, sizeof why))
+    die(1, "--bptt-vary: %s", why);
+}
+
 /* Under mpirun: every rank must run the same training, or the sums mean nothing. The
  * command line, the model's source, the data's size and the first parameters compared
  * (a hash each), and a minibatch big enough to give every rank a graph. Rank 0 alone
@@ -813,6 +851,7 @@ int cmd_train(TrainOpts *o) {
     r.carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
   if (!r.carry) cavs_model_carry_state(r.m, 0); /* (what a checkpoint carried, not used) */
+  choose_cut(&r);
   check_ranks(&r);
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");
@@ -854,6 +893,8 @@ int cmd_train(TrainOpts *o) {
   if (r.log) fclose(r.log);
   free(r.order);
   free(r.gs);
+  free(r.chunks);
+  bptt_cut_free(&r.cut);
   cavs_model_free(r.m);
   cavs_dataset_free(r.tr);
   cavs_dataset_free(r.dev);

@@ -451,6 +451,10 @@ typedef struct cavs_train_state {
   /* step: the epoch after which the first decay comes (0 in checkpoints before format
      6, and by default: lr_step) */
   int lr_decay_start;
+  /* text-bptt with the state carried: the deviation of the chunk lengths cavs train
+     draws each minibatch (--bptt-vary; 0, every chunk the format's length, in
+     checkpoints before format 7 and by default) */
+  double bptt_vary;
 } cavs_train_state;
 /* The schedules of a training run's rate by epoch e (1, 2, ...), base rate lr:
  * constant; step: lr * lr_decay^n, n = 0 up to epoch s = lr_decay_start (lr_step when
@@ -470,6 +474,7 @@ enum cavs_schedule { CAVS_SCHED_CONSTANT, CAVS_SCHED_STEP, CAVS_SCHED_COSINE, CA
 #define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255
+#define CAVS_MAX_BPTT_VARY 1e6 /* cavs_train_state.bptt_vary, the most a checkpoint holds */
 #define CAVS_MAX_GRAPH_VERTICES (1L << 30) /* also the most vertices in one minibatch */
 /* Training counters, far below their types' ends so that going on from any checkpoint
  * cannot overflow them: the epochs of a run and its resumes together, and the

@@ -19,6 +19,7 @@
  *   u32 rows  u32 width  values[rows*width]   the carried state: row g what graph g of
  *                                the last minibatch left (cavs_model_carry_state; 0
  *                                rows when the model carries none)          (format 6 on)
+ *   f64 bptt_vary                                                         (format 7 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -28,7 +29,7 @@
  * Formats 1 (no graphs_done), 2 (no schedule, selection or frozen parameters) and 3 (no
  * momentum, schedule kind or schedule state), 4 (no options: a resumed run had the
  * model's defaults) and 5 (no carried state: a run resumed inside an epoch started its
- * streams from zeros) are still read. */
+ * streams from zeros) and 6 (no bptt_vary: chunks of one length) are still read. */
 #include "afile.h"
 #include "cv.h"
 #include "data.h"
@@ -42,7 +43,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 6
+#define CKPT_VERSION 7
 
 /* ---- writing into a growing buffer ---- */
 
@@ -194,6 +195,7 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   size_t at = b.n, cbytes = (size_t)crows * (size_t)cw * m->esize;
   put(&b, NULL, cbytes);
   if (!b.oom && cbytes) m->be->download(b.p + at, m->carry, cbytes);
+  put_f64(&b, ts->bptt_vary);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {
@@ -563,9 +565,10 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
   return true;
 }
 
-/* Format 6's first decay of the step schedule, and its carried state: at most a minibatch's graphs (2^20) of a state no wider
- * than a model's buffer can be, every value finite; whether its width is the model's
- * is checked when applied. */
+/* Format 6's first decay of the step schedule, and its carried state: at most a
+ * minibatch's graphs (2^20) of a state no wider than a model's buffer can be, every
+ * value finite; whether its width is the model's is checked when applied. Then format
+ * 7's deviation of the chunk lengths. */
 static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   if (version < 6) return true;
   k->ts.lr_decay_start = (int)get_u32(r); /* (checked with the schedule) */
@@ -589,6 +592,7 @@ static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, 
   k->carry_rows = (int)rows;
   k->carry_w = w;
   k->carry_at = (size_t)(p - k->data);
+  if (version >= 7) k->ts.bptt_vary = get_f64(r); /* (checked with the schedule) */
   return true;
 }
 
@@ -615,6 +619,7 @@ static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t 
       t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch || t->lr_decay_start < 0 ||
       t->lr_decay_start > 1000000)
     FAIL("'%s' is damaged (learning-rate schedule)", path);
+  if (!(t->bptt_vary >= 0 && t->bptt_vary <= CAVS_MAX_BPTT_VARY)) FAIL("'%s' is damaged (chunk lengths)", path);
   int bptt;
   if (*t->format && !cv_format_named(t->format, &bptt)) FAIL("'%s' is damaged (data format)", path);
   if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||

@@ -1737,50 +1737,192 @@ START_TEST(sigint_saves_and_resumes_exactly) {
 }
 END_TEST
 
-/* The same for a language model whose state is carried from chunk to chunk: the
- * checkpoint saved inside an epoch carries each stream's state (format 6), and the
- * resumed run goes on from it, to the bytes of a run never interrupted. */
-START_TEST(sigint_resumes_carried_state_exactly) {
-  FILE *f = fopen(path_in("lmi.txt"), "w");
+/* A language model trained on text-bptt:9 in 8 streams, with `vary` the --bptt-vary
+ * (NULL: none), stopped by SIGINT inside an epoch and resumed for one epoch into
+ * NAME2.ckpt (not told --bptt-vary again: the checkpoint keeps it), and the same run
+ * never interrupted into NAMEw.ckpt: the same bytes. The epochs the stopped run had done. */
+static int lm_stopped_and_resumed(const char *name, const char *vary) {
+  char txt[64], ckpt[64], again[64], whole[64], out[64];
+  snprintf(txt, sizeof txt, "%s.txt", name);
+  snprintf(ckpt, sizeof ckpt, "%s.ckpt", name);
+  snprintf(again, sizeof again, "%s2.ckpt", name);
+  snprintf(whole, sizeof whole, "%sw.ckpt", name);
+  snprintf(out, sizeof out, "%s.out", name);
+  FILE *f = fopen(path_in(txt), "w");
   ck_assert(f != NULL);
   for (int i = 0; i < 3000; i++) fprintf(f, "w%d a w%d b c%d\n", i % 11, i % 7, i % 5);
   fclose(f);
   char epochs[16] = "1000";
   char *argv[] = {(char *)cavs_bin, "train", strdup(model("lstm_lm.vf")), "--format", "text-bptt:9", "--train",
-                  strdup(path_in("lmi.txt")), "--dim", "E=8", "--dim", "H=8", "--batch", "8", "--threads", "1",
-                  "--epochs", epochs, "--save", strdup(path_in("lmi.ckpt")), NULL};
-  int st = run_and_signal(argv, path_in("lmi.out"), "state carried", 0.3, SIGINT);
+                  strdup(path_in(txt)), "--dim", "E=8", "--dim", "H=8", "--batch", "8", "--threads", "1",
+                  "--epochs", epochs, "--save", strdup(path_in(ckpt)), vary ? "--bptt-vary" : NULL, (char *)vary, NULL};
+  int st = run_and_signal(argv, path_in(out), vary ? "cut afresh" : "state carried", 0.3, SIGINT);
   ck_assert_msg(st == 130, "exit %d", st);
-  char *e = info_field(path_in("lmi.ckpt"), "training");
+  char *e = info_field(path_in(ckpt), "training");
   int done = -1;
   ck_assert(sscanf(e, "training %d epochs done", &done) == 1);
   free(e);
   ck_assert_msg(done >= 0 && done < 1000, "%d epochs done", done);
-  /* 8 streams (--batch) of c and h (2H): mid-epoch or at an epoch's end (no --dev, so
-     nothing evaluated it away), the last minibatch's state */
-  e = info_field(path_in("lmi.ckpt"), "carried");
-  ck_assert_msg(strstr(e, "the state of 8 streams, 16 values each"), "%s", e);
-  free(e);
-  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"),
-                     "--threads", "1", "--epochs", "1", "--quiet", "--resume", path_in("lmi.ckpt"), "--save",
-                     path_in("lmi2.ckpt"), NULL);
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in(txt), "--threads",
+                     "1", "--epochs", "1", "--quiet", "--resume", path_in(ckpt), "--save", path_in(again), NULL);
   ok(&r, "resume");
   tu_free(&r);
   snprintf(epochs, sizeof epochs, "%d", done + 1);
-  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"), "--dim", "E=8",
-           "--dim", "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save",
-           path_in("lmw.ckpt"), NULL);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in(txt), "--dim", "E=8", "--dim",
+           "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save", path_in(whole),
+           vary ? "--bptt-vary" : NULL, vary, NULL);
   ok(&r, "uninterrupted");
   tu_free(&r);
-  same_bytes("lmw.ckpt", "lmi2.ckpt", "the language model interrupted and resumed differs from the uninterrupted one");
-  /* and resumed with --bptt-state reset, the carried state is not used: another run */
-  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"), "--threads", "1",
-           "--epochs", "1", "--quiet", "--bptt-state", "reset", "--resume", path_in("lmi.ckpt"), NULL);
-  ok(&r, "resume without carrying");
-  tu_free(&r);
+  same_bytes(whole, again, "the language model interrupted and resumed differs from the uninterrupted one");
   free(argv[2]);
   free(argv[6]);
   free(argv[18]);
+  return done;
+}
+
+/* The same for a language model whose state is carried from chunk to chunk: the
+ * checkpoint saved inside an epoch carries each stream's state (format 6), and the
+ * resumed run goes on from it, to the bytes of a run never interrupted. */
+START_TEST(sigint_resumes_carried_state_exactly) {
+  lm_stopped_and_resumed("lmi", NULL);
+  /* 8 streams (--batch) of c and h (2H): mid-epoch or at an epoch's end (no --dev, so
+     nothing evaluated it away), the last minibatch's state */
+  char *e = info_field(path_in("lmi.ckpt"), "carried");
+  ck_assert_msg(strstr(e, "the state of 8 streams, 16 values each"), "%s", e);
+  free(e);
+  /* and resumed with --bptt-state reset, the carried state is not used: another run */
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"),
+                     "--threads", "1", "--epochs", "1", "--quiet", "--bptt-state", "reset", "--resume",
+                     path_in("lmi.ckpt"), NULL);
+  ok(&r, "resume without carrying");
+  tu_free(&r);
+}
+END_TEST
+
+/* --bptt-vary: the same, the chunks cut afresh each epoch; the checkpoint keeps the
+ * deviation and the cut, drawn from the generator it keeps as the interrupted epoch
+ * began, is the same. The same run in chunks of one length is another run. A checkpoint
+ * that varies resumed with each chunk from zeros is refused, as is the option on chunks
+ * not carried. */
+START_TEST(sigint_resumes_varied_chunks_exactly) {
+  int done = lm_stopped_and_resumed("lmv", "3");
+  char *e = info_field(path_in("lmv.ckpt"), "chunks");
+  ck_assert_msg(strstr(e, "deviation 3 (--bptt-vary)"), "%s", e);
+  free(e);
+  char epochs[16];
+  snprintf(epochs, sizeof epochs, "%d", done + 1);
+  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmv.txt"), "--dim",
+                     "E=8", "--dim", "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save",
+                     path_in("lmvf.ckpt"), NULL);
+  ok(&r, "chunks of one length");
+  tu_free(&r);
+  size_t na = 0, nb = 0;
+  char *a = tu_slurp(path_in("lmvw.ckpt"), &na), *b = tu_slurp(path_in("lmvf.ckpt"), &nb);
+  ck_assert_msg(na != nb || memcmp(a, b, na), "--bptt-vary 3 trained as chunks of one length");
+  free(a);
+  free(b);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmv.txt"), "--threads", "1",
+           "--epochs", "1", "--quiet", "--bptt-state", "reset", "--resume", path_in("lmv.ckpt"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--bptt-vary 3 (the checkpoint's): the chunks vary on text-bptt with the "
+                                             "state carried (--bptt-state carry), not --bptt-state reset"),
+                "%d %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text", "--train", path_in("lmv.txt"), "--epochs", "1",
+           "--bptt-vary", "2", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--bptt-vary: the chunks vary on text-bptt with the state carried "
+                                             "(--bptt-state carry), not format text"),
+                "%d %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+END_TEST
+
+/* bptt.c's cut, compiled in, on chains laid out as text-bptt loads them (50 chunks of 9
+ * tokens and one of 4, back to back, two integer inputs a vertex): the streams partition
+ * the tokens, each a contiguous run in order; every minibatch but the last holds one
+ * chunk of every stream, all of the length drawn for it (a stream's last chunk may be
+ * shorter); each chunk is a chain; the same generator cuts the same; and data that is
+ * not chains back to back is refused. Then the draws: 0.95 around N, 0.05 around N/2. */
+START_TEST(bptt_cut_partitions_the_stream) {
+  enum { NG = 51, N = 9, NINT = 2 };
+  long total = (NG - 1) * N + 4;
+  int *child = malloc(sizeof(int) * (size_t)total), *type = calloc((size_t)total, sizeof(int)),
+      *feat = malloc(sizeof(int) * NINT * (size_t)total);
+  cavs_graph g[NG];
+  const cavs_graph *gp[NG];
+  for (long v = 0; v < total; v++) feat[v * NINT] = (int)v, feat[v * NINT + 1] = -1;
+  for (int i = 0; i < NG; i++) {
+    long first = (long)i * N;
+    int n = i < NG - 1 ? N : 4;
+    for (int k = 0; k < n; k++) child[first + k] = k - 1;
+    g[i] = (cavs_graph){.n = n, .maxc = 1, .child = child + first, .type = type + first, .feat = feat + first * NINT,
+                        .slots = 1};
+    gp[i] = &g[i];
+  }
+  for (int batch = 1; batch <= 13; batch += 4) {
+    BpttCut c = {0}, c2 = {0};
+    uint64_t rng = 7, rng2 = 7;
+    char why[256];
+    ck_assert_int_eq(bptt_cut(&c, gp, NG, NINT, batch, 2.5, &rng, why, sizeof why), 0);
+    ck_assert_int_eq(c.base, N);
+    ck_assert_int_eq((c.n + batch - 1) / batch, c.nmb);
+    long per = total / batch, extra = total % batch;
+    for (int s = 0; s < batch; s++) {
+      long next = s * per + (s < extra ? s : extra), end = next + per + (s < extra);
+      for (int j = 0; j < c.nmb; j++) {
+        ck_assert_msg(c.len[j] >= 5, "minibatch %d drawn at %d", j, c.len[j]);
+        if (j < c.nmb - 1) ck_assert_int_eq(c.n - j * batch >= batch, 1);
+        if (j * batch + s >= c.n || next >= end) continue;
+        const cavs_graph *h = &c.g[j * batch + s];
+        ck_assert_msg(h->feat[0] == next, "batch %d stream %d chunk %d starts at %d, not %ld", batch, s, j, h->feat[0],
+                      next);
+        ck_assert_int_eq(h->n, end - next < c.len[j] ? end - next : c.len[j]);
+        for (int k = 0; k < h->n; k++) {
+          ck_assert_int_eq(h->child[k], k - 1);
+          ck_assert_int_eq(h->feat[k * NINT], next + k);
+          ck_assert_ptr_eq(&h->type[k], type + next + k);
+        }
+        next += h->n;
+      }
+      ck_assert_msg(next == end, "batch %d stream %d: its tokens end at %ld, not %ld", batch, s, next, end);
+    }
+    ck_assert_int_eq(bptt_cut(&c2, gp, NG, NINT, batch, 2.5, &rng2, why, sizeof why), 0);
+    ck_assert_int_eq(c2.n, c.n);
+    ck_assert_int_eq(rng2, rng);
+    for (int i = 0; i < c.n; i++) ck_assert(c2.g[i].n == c.g[i].n && c2.g[i].feat == c.g[i].feat);
+    bptt_cut_free(&c);
+    bptt_cut_free(&c2);
+  }
+  child[3 * N + 2] = 0; /* vertex 2 of chunk 3 points back past its parent */
+  BpttCut c = {0};
+  uint64_t rng = 7;
+  char why[256];
+  ck_assert_int_eq(bptt_cut(&c, gp, NG, NINT, 4, 2.5, &rng, why, sizeof why), -1);
+  ck_assert_msg(strstr(why, "graph 3 of the data is not a chain"), "%s", why);
+  child[3 * N + 2] = 1;
+  g[5].feat += NINT; /* not where the chunk before ends */
+  ck_assert_int_eq(bptt_cut(&c, gp, NG, NINT, 4, 2.5, &rng, why, sizeof why), -1);
+  ck_assert_msg(strstr(why, "graph 5"), "%s", why);
+  bptt_cut_free(&c);
+  free(child);
+  free(type);
+  free(feat);
+  /* 20000 draws around 35 with deviation 5, from one seed: how many came below 26 (0.95
+     of the draws around 35, of which 3.6% fall there, and 0.05 around 17.5, of which
+     95%: 1640, give or take 40) and the mean (0.95 * 35 + 0.05 * 17.5, less the
+     truncation's half) */
+  rng = 99;
+  long half = 0;
+  double sum = 0;
+  for (int i = 0; i < 20000; i++) {
+    int len = bptt_draw(&rng, 35, 5);
+    ck_assert(len >= 5 && len <= BPTT_VARY_MAX);
+    half += len < 26;
+    sum += len;
+  }
+  ck_assert_msg(half > 1500 && half < 1780, "%ld of 20000 below 26", half);
+  ck_assert_msg(sum / 20000 > 33.3 && sum / 20000 < 34, "mean %g", sum / 20000);
+  /* short chunks: at least N itself */
+  for (int i = 0; i < 100; i++) ck_assert_int_ge(bptt_draw(&rng, 3, 10), 3);
 }
 END_TEST
 
@@ -2641,6 +2783,7 @@ int main(void) {
   tcase_add_test(tc, resume_keeps_dropout);
   tcase_add_test(tc, resume_keeps_schedule_and_frozen);
   tcase_add_test(tc, schedule_formulas);
+  tcase_add_test(tc, bptt_cut_partitions_the_stream);
   tcase_add_test(tc, optimizers_resume_bit_identical);
   tcase_add_test(tc, schedule_options_checked);
   tcase_add_test(tc, damaged_checkpoints_rejected);
@@ -2675,6 +2818,7 @@ int main(void) {
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
   tcase_add_test(tc, sigint_resumes_carried_state_exactly);
+  tcase_add_test(tc, sigint_resumes_varied_chunks_exactly);
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);

@@ -196,7 +196,8 @@ START_TEST(treelstm_equals_one_process) {
 END_TEST
 
 /* The LSTM language model in text-bptt chunks, a vocabulary of 3000 words: each
-   minibatch touches a few rows of its table, which go between the ranks as rows. */
+   minibatch touches a few rows of its table, which go between the ranks as rows; and
+   with the chunks cut afresh each epoch. */
 START_TEST(lstm_lm_table_as_rows) {
   char *text = malloc(1 << 20);
   size_t n = 0;
@@ -217,6 +218,12 @@ START_TEST(lstm_lm_table_as_rows) {
   ck_assert_msg(w < 1e-9, "%g", w);
   same_dev("lm", 1e-12);
   ck_assert_int_gt(last_log_int(path_in("lm.2.log"), "tables_as_rows"), 0);
+  /* chunks of lengths that vary (--bptt-vary): every rank cuts the same, each its places */
+  BOTH("lmv", model("lstm_lm.vf"), "--format", "text-bptt:10", "--train", path_in("lm.txt"), "--dev", path_in("lm.txt"),
+       "--dim", "E=8", "--dim", "H=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--bptt-vary", "4");
+  w = differ("lmv");
+  ck_assert_msg(w < 1e-9, "--bptt-vary: %g", w);
+  same_dev("lmv", 1e-12);
 }
 END_TEST
 

@@ -248,14 +248,16 @@ enum { V5_TAIL = 4 + 4 + 6 + 8 };
 /* Format 6's after them: the step schedule's first decay 4, the carried state (none in
    base.ckpt: rows 4 and width 4). */
 enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
+/* Format 7's after them: the deviation of the chunk lengths, 8. */
+enum { V7_TAIL = 8 };
 
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
  * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 6);
+  size_t tail = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 7);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -282,7 +284,7 @@ START_TEST(format_3_fields) {
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t two = 2;
-  ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL + V6_TAIL, "", 0);
+  ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
   ck_splice(&k, 8, 4, &two, 4);
   save(&k, "v2.ckpt");
   char err[512];
@@ -324,8 +326,8 @@ static int64_t bits(double x) {
  * read (its decay as the step schedule, no plateau best yet), and trained on. */
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
-  size_t t4 = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 6);
+  size_t t4 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 7);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -352,7 +354,7 @@ START_TEST(format_4_fields) {
   /* the tail cut short */
   Ckpt k = {malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
-  ck_splice(&k, t4 + 52, 4 + V5_TAIL + V6_TAIL, "", 0);
+  ck_splice(&k, t4 + 52, 4 + V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
   save(&k, "short.ckpt");
   char err[512];
   ck_assert_ptr_null(cavs_ckpt_read(path_in("short.ckpt"), err, sizeof err));
@@ -363,7 +365,7 @@ START_TEST(format_4_fields) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t three = 3;
   double half = 0.5;
-  ck_splice(&k, t4, V4_TAIL + V5_TAIL + V6_TAIL, "", 0);
+  ck_splice(&k, t4, V4_TAIL + V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
   ck_splice(&k, t4 - 36 + 4, 8, &half, 8); /* lr_decay, after select */
   ck_splice(&k, 8, 4, &three, 4);
   save(&k, "v3.ckpt");
@@ -403,8 +405,8 @@ END_TEST
  * the model's defaults. */
 START_TEST(format_5_options) {
   Ckpt k0 = load_base();
-  size_t t5 = k0.n - 8 - V6_TAIL - V5_TAIL;
-  ck_assert_uint_eq(rd32(&k0, 8), 6);
+  size_t t5 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 7);
   ck_assert_uint_eq(rd32(&k0, t5), 1);
   ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
   struct {
@@ -477,7 +479,7 @@ START_TEST(format_5_options) {
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t four = 4;
-  ck_splice(&k, t5, V5_TAIL + V6_TAIL, "", 0);
+  ck_splice(&k, t5, V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
   ck_splice(&k, 8, 4, &four, 4);
   save(&k, "v4.ckpt");
   c = cavs_ckpt_read(path_in("v4.ckpt"), err, sizeof err);
@@ -526,15 +528,15 @@ static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *v
   memcpy(f, &rows, 4);
   memcpy(f + 4, &w, 4);
   if (nvals) memcpy(f + 8, vals, sizeof(float) * nvals);
-  ck_splice(&k, k0->n - 8 - V6_CARRY, V6_CARRY, f, n);
+  ck_splice(&k, k0->n - 8 - V7_TAIL - V6_CARRY, V6_CARRY, f, n);
   free(f);
   return k;
 }
 START_TEST(format_6_carried_state) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 6);
-  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V6_CARRY), 0);
-  field_refused(&k0, k0.n - 8 - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
+  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V7_TAIL - V6_CARRY), 0);
+  field_refused(&k0, k0.n - 8 - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
   float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
   struct {
     uint32_t rows, w;
@@ -578,13 +580,53 @@ START_TEST(format_6_carried_state) {
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t five = 5;
-  ck_splice(&k, k0.n - 8 - V6_TAIL, V6_TAIL, "", 0);
+  ck_splice(&k, k0.n - 8 - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
   ck_splice(&k, 8, 4, &five, 4);
   save(&k, "v5.ckpt");
   c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
   cavs_ckpt_free(c);
   r = cavs("eval", path_in("v5.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
+/* Format 7's deviation of the chunk lengths (--bptt-vary): finite, 0 to 10^6, or refused;
+ * one within read back; a format 6 checkpoint, which has none, read as chunks of one
+ * length. */
+START_TEST(format_7_chunk_lengths) {
+  Ckpt k0 = load_base();
+  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  size_t at = k0.n - 8 - V7_TAIL;
+  double bad[] = {-1, 1e6 * 2, NAN, INFINITY};
+  char err[512];
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int64_t bits;
+    memcpy(&bits, &bad[i], 8);
+    field_refused(&k0, at, bits, 8, "chunk lengths", i);
+  }
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  double good = 2.5;
+  ck_splice(&k, at, 8, &good, 8);
+  save(&k, "v7.ckpt");
+  cavs_ckpt *c = cavs_ckpt_read(path_in("v7.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert(cavs_ckpt_state(c)->bptt_vary == 2.5);
+  cavs_ckpt_free(c);
+  /* format 6: the tail gone, the version 6; and it still evaluates */
+  uint32_t six = 6;
+  ck_splice(&k, at, V7_TAIL, "", 0);
+  ck_splice(&k, 8, 4, &six, 4);
+  save(&k, "v6.ckpt");
+  c = cavs_ckpt_read(path_in("v6.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert(cavs_ckpt_state(c)->bptt_vary == 0);
+  cavs_ckpt_free(c);
+  RunResult r = cavs("eval", path_in("v6.ckpt"), "--data", path_in("data.txt"), NULL);
   ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
   tu_free(&r);
   free(k.p);
@@ -599,7 +641,7 @@ END_TEST
 /* Where base.ckpt's epoch count is, from the end: checksum 8, format 6's and 5's tails, format
    4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
    batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
-static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
 
 /* The data format a checkpoint records (the one --resume reads data in): a known name,
  * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
@@ -632,7 +674,7 @@ END_TEST
 
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
+  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1464,6 +1506,7 @@ int main(void) {
   tcase_add_test(tc, data_format_names);
   tcase_add_test(tc, format_5_options);
   tcase_add_test(tc, format_6_carried_state);
+  tcase_add_test(tc, format_7_chunk_lengths);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);

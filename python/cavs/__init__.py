@@ -746,6 +746,60 @@ def stream_order(n, batch):
     return order
 
 
+def _unit_open(rng):
+    rng, z = _splitmix(rng)
+    return rng, ((z >> 11) + 0.5) * 2.0 ** -53
+
+
+def bptt_draw(rng, n, sd):
+    """driver/bptt.c bptt_draw: a chunk length around n as AWD-LSTM draws it (n, or n / 2
+    one time in 20, plus a normal deviate of sd, truncated, at least min(5, n), at most
+    100000) from cavs train's generator: the next state and the length."""
+    rng, u = _unit_open(rng)
+    base = n if u < 0.95 else n / 2.0
+    rng, u1 = _unit_open(rng)
+    rng, u2 = _unit_open(rng)
+    x = base + sd * math.sqrt(-2 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+    lo = min(n, 5)
+    return rng, (lo if not x >= lo else 100000 if x >= 100000 else int(x))
+
+
+def _bptt_cut(gs, nint, batch, sd, rng):
+    """driver/bptt.c bptt_cut: text-bptt's chunks (chains back to back) as `batch` streams of
+    as many tokens, cut into minibatches of one drawn length each. Returns the next
+    generator state, the chunks (Graph structures pointing into the data's arrays, and
+    what keeps them alive), each minibatch's length and N, the data's chunk length."""
+    heads = [g.contents for g in gs]
+    total, base, at = sum(h.n for h in heads), max([h.n for h in heads] + [0]), 0
+    if not heads:
+        return rng, [], [], 0
+    t0, f0 = ctypes.addressof(heads[0].type.contents), ctypes.addressof(heads[0].feat.contents)
+    for i, h in enumerate(heads):
+        if (h.real or ctypes.addressof(h.type.contents) != t0 + 4 * at
+                or ctypes.addressof(h.feat.contents) != f0 + 4 * at * nint
+                or any(h.child[k * h.maxc + c] != (k - 1 if c == 0 else -1) for k in range(h.n) for c in range(h.maxc))):
+            raise Error(f"bptt_vary: graph {i} of the data is not a chain that goes on from the one before "
+                        "(text-bptt's are)")
+        at += h.n
+    per, extra = divmod(total, batch)
+    cuts, lens, off, maxc = [], [], 0, heads[0].maxc
+    while off < per + (extra > 0):
+        rng, length = bptt_draw(rng, base, sd)
+        lens.append(length)
+        for s in range(batch):
+            start, have = s * per + min(s, extra), per + (s < extra) - off
+            if have > 0:
+                cuts.append((start + off, min(have, length)))
+        off += length
+    longest = max(lens)
+    chain = np.full((longest, maxc), -1, dtype=np.int32)
+    chain[:, 0] = np.arange(-1, longest - 1, dtype=np.int32)
+    ip = ctypes.POINTER(ctypes.c_int)
+    graphs = [C.Graph(n=n, maxc=maxc, child=chain.ctypes.data_as(ip), type=ctypes.cast(t0 + 4 * v, ip),
+                      feat=ctypes.cast(f0 + 4 * v * nint, ip), real=None, slots=heads[0].slots) for v, n in cuts]
+    return rng, (graphs, chain, gs), lens, base
+
+
 def evaluate(model, data, batch=64, bptt_state=None):
     """One pass over data in inference: loss (each loss's mean over its rows, summed),
     accuracy over labeled vertices and at the roots, as cavs eval counts them. text-bptt
@@ -844,7 +898,7 @@ def _plateau(sch, base_lr, metric, higher):
 def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None, clip=None, weight_decay=0.0,
           seed=1, lr_decay=None, lr_step=1, warmup=0, patience=0, select=None, callback=None, momentum=0.0,
           schedule=None, lr_min=0.0, cosine_epochs=None, plateau_factor=None, plateau_patience=None,
-          bptt_state=None, lr_decay_start=None):
+          bptt_state=None, lr_decay_start=None, bptt_vary=0.0):
     """Trains as `cavs train` does, minibatch for minibatch (the same shuffling from
     seed, the same schedule of the rate: `schedule` "constant", "step" (lr times
     lr_decay every lr_step epochs, the first time after epoch lr_decay_start, by default
@@ -857,7 +911,9 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     gradient-norm clip, is by default the model's `clip` option, where it has one, as
     in cavs train, else none. text-bptt data carries the LSTM state from chunk to chunk
     as cavs train does (`batch` streams side by side, unshuffled, from zeros at each
-    epoch and evaluation; bptt_state "reset": every chunk from zeros, shuffled).
+    epoch and evaluation; bptt_state "reset": every chunk from zeros, shuffled), and with
+    bptt_vary > 0 cuts the chunks afresh each epoch, each minibatch's length drawn as
+    cavs train --bptt-vary draws it (the rate scaled by length / N).
     callback(record)
     after each epoch, a dict with the keys of cavs train --log's records; returning
     False stops. Returns the records; with dev, model.best holds copies of the best
@@ -878,14 +934,24 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     rng = (seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF
     gs = list(data._gptrs if isinstance(data, Dataset) else [g.ptr for g in data])
     carry = _carries(model, data, bptt_state)
+    if not (0 <= bptt_vary <= 1e6):
+        raise Error(f"bptt_vary {bptt_vary}: not a number from 0 to 10^6")
+    if bptt_vary and not carry:
+        raise Error("bptt_vary: the chunks vary on text-bptt with the state carried (bptt_state carry)")
+    nint = model.spec.desc.contents.nint
     n, nbatches, history, since = len(gs), (len(gs) + batch - 1) // batch, [], 0
     best = None
     for epoch in range(1, epochs + 1):
-        if carry:
-            order = stream_order(n, batch)
+        lens = None
+        if carry and bptt_vary:
+            rng, (cut, _chain, _data), lens, base = _bptt_cut(gs, nint, batch, bptt_vary, rng)
+            model.reset_state()
+            epoch_gs, order = [ctypes.pointer(g) for g in cut], list(range(len(cut)))
+        elif carry:
+            epoch_gs, order = gs, stream_order(n, batch)
             model.reset_state()
         else:
-            order = list(range(n))
+            epoch_gs, order = gs, list(range(n))
             for i in range(n - 1, 0, -1):
                 rng, r = _splitmix(rng)
                 j = r % (i + 1)
@@ -893,8 +959,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
         tl, tb, count, correct, step_lr = 0.0, 0, 0, 0, base_lr
         norms = []
         model.track_grad_norm(True)
-        for b in range(0, n, batch):
-            st = model.forward([gs[i] for i in order[b:b + batch]])
+        for b in range(0, len(order), batch):
+            st = model.forward([epoch_gs[i] for i in order[b:b + batch]])
             if not np.isfinite(st["loss"]):
                 raise Error(f"epoch {epoch}: the loss is {st['loss']} (diverged); try a smaller lr or clip")
             model.backward()
@@ -902,7 +968,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
             step_lr = _epoch_lr(sch, base_lr, epoch)
             if warmup > 0 and step < warmup:
                 step_lr *= (step + 1) / warmup
-            model.step(optimizer, step_lr, clip, weight_decay, momentum)
+            # (a chunk of another length than N: the rate scaled by it, as cavs train does)
+            model.step(optimizer, step_lr * lens[b // batch] / base if lens else step_lr, clip, weight_decay, momentum)
             norms.append(model.grad_norm())
             tl, tb, count, correct = tl + st["loss"], tb + 1, count + st["count"], correct + st["correct"]
         rec = {"epoch": epoch, "train_loss": tl / max(tb, 1), "train_acc": correct / count if has_acc and count else None,

@@ -116,7 +116,7 @@ class TrainState(ctypes.Structure):
                 ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int),
                 ("schedule", c_int), ("lr_min", c_double), ("cosine_epochs", c_int), ("plateau_factor", c_double),
                 ("plateau_patience", c_int), ("lr_now", c_double), ("plateau_best", c_double),
-                ("plateau_bad", c_int), ("lr_decay_start", c_int)]
+                ("plateau_bad", c_int), ("lr_decay_start", c_int), ("bptt_vary", c_double)]
 
 
 P = ctypes.POINTER

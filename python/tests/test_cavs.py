@@ -61,21 +61,24 @@ def test_training_is_cavs_trains(data, tmp_path):
     assert ev["accuracy"] == pytest.approx(mine["accuracy"]) and ev["root_accuracy"] == pytest.approx(mine["root_accuracy"])
 
 
-@pytest.mark.parametrize("state", ["carry", "reset"])
+@pytest.mark.parametrize("state", ["carry", "reset", "vary"])
 def test_language_model_is_cavs_trains(tmp_path, state):
     """text-bptt as cavs train reads it: the state carried from chunk to chunk (streams
-    side by side) or each chunk from zeros, shuffled; the same --log numbers either way,
-    and cavs eval's loss of the saved model."""
+    side by side), the chunks cut afresh each epoch too (--bptt-vary), or each chunk from
+    zeros, shuffled; the same --log numbers each way, and cavs eval's loss of the saved
+    model."""
+    vary = 2.5 if state == "vary" else 0.0
+    state = "carry" if state == "vary" else state
     text = "".join(f"w{i % 7} a w{i % 3} b c\n" for i in range(60))
     (tmp_path / "lm.txt").write_text(text)
     spec = cavs.compile(model_path("lstm_lm.vf"))
     vocab = cavs.Vocab()
     train = cavs.Dataset.load(tmp_path / "lm.txt", "text-bptt:7", spec, vocab, grow=True)
     model = cavs.Model(spec, dims={"E": 6, "H": 6}, vocab=vocab, seed=2)
-    hist = cavs.train(model, train, train, epochs=2, batch=4, lr=0.02, seed=2, bptt_state=state)
+    hist = cavs.train(model, train, train, epochs=2, batch=4, lr=0.02, seed=2, bptt_state=state, bptt_vary=vary)
     cavs_cli("train", model_path("lstm_lm.vf"), "--format", "text-bptt:7", "--train", tmp_path / "lm.txt", "--dev",
              tmp_path / "lm.txt", "--dim", "E=6", "--dim", "H=6", "--epochs", 2, "--batch", 4, "--lr", 0.02, "--seed",
-             2, "--bptt-state", state, "--threads", 1, "--quiet", "--log", tmp_path / "log")
+             2, "--bptt-state", state, "--bptt-vary", vary, "--threads", 1, "--quiet", "--log", tmp_path / "log")
     logged = [json.loads(line) for line in open(tmp_path / "log")]
     for mine, theirs in zip(hist, logged):
         for key in ("train_loss", "dev_loss", "dev_acc", "grad_norm_max"):
@@ -86,6 +89,11 @@ def test_language_model_is_cavs_trains(tmp_path, state):
     assert json.loads(out)["loss"] == pytest.approx(cavs.evaluate(model, train, 3, state)["loss"], rel=1e-12)
     with pytest.raises(cavs.Error, match="not carry or reset"):
         cavs.evaluate(model, train, 3, "keep")
+    if vary:  # another cut than chunks of one length: another run
+        assert hist[-1]["train_loss"] != cavs.train(cavs.Model(spec, dims={"E": 6, "H": 6}, vocab=vocab, seed=2), train,
+                                                    epochs=2, batch=4, lr=0.02, seed=2)[-1]["train_loss"]
+        with pytest.raises(cavs.Error, match="state carried"):
+            cavs.train(model, train, epochs=1, bptt_state="reset", bptt_vary=vary)
 
 
 def test_patience_and_callback_stop(data, tmp_path):
