@@ -78,6 +78,13 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   (void)m, (void)es;
   return 0;
 }
+void *dist_gather(const void *mine, size_t n, size_t *total) {
+  void *all = malloc(n ? n : 1);
+  if (!all) die(2, "out of memory");
+  if (n) memcpy(all, mine, n);
+  *total = n;
+  return all;
+}
 
 #else
 
@@ -139,6 +146,26 @@ void dist_sum_long(long *v, int n) {
 void dist_sum_double(double *v, int n) {
   if (dist_size == 1 || n <= 0) return;
   check(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "summing over the ranks");
+}
+
+void *dist_gather(const void *mine, size_t n, size_t *total) {
+  int N = dist_size;
+  if (n > INT32_MAX) die(1, "%zu bytes are too many for one gather", n);
+  int len = (int)n, *counts = malloc(sizeof(int) * (size_t)N), *displ = malloc(sizeof(int) * (size_t)N);
+  if (!counts || !displ) die(2, "out of memory");
+  check(MPI_Gather(&len, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD), "gathering the sizes of the parts");
+  long sum = 0;
+  for (int q = 0; !dist_rank && q < N; q++) {
+    displ[q] = (int)sum;
+    sum += counts[q];
+    if (sum > INT32_MAX) die(1, "%ld bytes are too many for one gather", sum);
+  }
+  char *all = malloc(dist_rank || !sum ? 1 : (size_t)sum);
+  if (!all) die(2, "out of memory");
+  check(MPI_Gatherv(mine, len, MPI_BYTE, all, counts, displ, MPI_BYTE, 0, MPI_COMM_WORLD), "gathering the parts");
+  free(counts), free(displ);
+  *total = dist_rank ? 0 : (size_t)sum;
+  return all;
 }
 
 /* An error every rank finds at once: rank 0 says it, and all end without an abort. */

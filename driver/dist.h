@@ -26,6 +26,9 @@ void dist_end(void);
 /* Sums over the ranks, in place, the same result on every rank. */
 void dist_sum_long(long *v, int n);
 void dist_sum_double(double *v, int n);
+/* Every rank's n bytes (n may differ), concatenated in rank order on rank 0: allocated,
+ * *total its bytes (on other ranks 0, and the buffer empty). Called by every rank. */
+void *dist_gather(const void *mine, size_t n, size_t *total);
 /* Dies on every rank, naming `what`, unless every rank passed the same value. */
 void dist_same(uint64_t v, const char *what);
 /* An error every rank finds at the same point (the same check of the same numbers):

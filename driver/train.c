@@ -86,6 +86,7 @@ typedef struct Run {
   bool tty, with_acc;
   bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
   bool carry; /* text-bptt's streams carry their state (--bptt-state): stream_order */
+  int carry_n; /* under mpirun, carrying: the graphs of this rank's part of the last step */
   BpttCut cut; /* --bptt-vary: the epoch's chunks (else the data set's, in `order`) */
   const cavs_graph **chunks; /* (the data set's graphs, which it cuts again) */
   int n, select, last_epoch;
@@ -490,6 +491,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
     for (int i = 0; i < lo; i++) before += r->gs[i]->n;
   } else dist_part(r->gs, k, &lo, &hi, &before);
   bool none = lo == hi;
+  r->carry_n = hi - lo;
   if (none) lo = 0, hi = 1, before = 0;
   cavs_stats st;
   errno = 0;
@@ -557,10 +559,41 @@ static void same_params(Run *r, long step) {
                    "rank?)", step));
 }
 
+/* Under mpirun, carrying: each rank's rows of the carried state (the streams at its places
+ * of the minibatch, [B * rank / N, B * (rank + 1) / N)) gathered, in rank order, which
+ * is the places' order, into rank 0's model, which saves them (after an epoch, whose end
+ * the next one does not go on from, or interrupted); every rank calls it. */
+static void gather_carried(Run *r) {
+  if (dist_size == 1 || !r->carry) return;
+  long w;
+  cavs_model_carried(r->m, &w);
+  size_t row = (size_t)w * es_of_model(), total;
+  char *mine = scratch((size_t)r->carry_n * row + 1);
+  if (cavs_model_read_carried(r->m, 0, r->carry_n, mine)) lib_die(cavs_model_error(r->m));
+  char *all = dist_gather(mine, (size_t)r->carry_n * row, &total);
+  free(mine);
+  if (!dist_rank && cavs_model_set_carried(r->m, all, (int)(total / (row ? row : 1)))) lib_die(cavs_model_error(r->m));
+  free(all);
+}
+
+/* ... and given back, a checkpoint's state resumed under mpirun (saved by any number of
+ * ranks, or by one process): each rank keeps the rows of its places. */
+static void part_carried(Run *r) {
+  if (dist_size == 1 || !r->carry) return;
+  long w;
+  int rows = cavs_model_carried(r->m, &w), B = r->o->batch;
+  int lo = (int)((long)B * dist_rank / dist_size), hi = (int)((long)B * (dist_rank + 1) / dist_size);
+  lo = lo < rows ? lo : rows, hi = hi < rows ? hi : rows;
+  char *mine = scratch((size_t)(hi - lo) * (size_t)w * es_of_model() + 1);
+  if (cavs_model_read_carried(r->m, lo, hi - lo, mine) || cavs_model_set_carried(r->m, mine, hi - lo))
+    lib_die(cavs_model_error(r->m));
+  free(mine);
+}
+
 /* One epoch's minibatches in their order: shuffled, or the streams side by side where the
  * state is carried (from zeros at the epoch's start, unless it is not fresh: an epoch
- * resumed in its middle goes on from the state its checkpoint carried; under mpirun,
- * where a rank's graphs are a part of the minibatch, from zeros), the chunks cut afresh
+ * resumed in its middle goes on from the state its checkpoint carried, under mpirun each
+ * rank from its places' rows: part_carried), the chunks cut afresh
  * with --bptt-vary (lengths drawn from the shuffling generator, which an interrupted
  * epoch's checkpoint keeps as the epoch began: the resumed epoch cuts the same). The
  * epoch's graphs: epoch_graph. */
@@ -599,7 +632,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   TrainOpts *o = r->o;
   uint64_t rng_at_start = r->ts.rng;
   bool going_on = epoch == first && r->ts.graphs_done > 0;
-  int n = epoch_order(r, !going_on || dist_size > 1);
+  int n = epoch_order(r, !going_on);
+  if (going_on) part_carried(r);
   int b0 = going_on ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
   r->ts.graphs_done = 0;
   cavs_model_backend_stats(r->m, NULL, 1);
@@ -621,9 +655,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       /* the epoch so far: the shuffling state it began with and how far it got */
       r->ts.rng = rng_at_start;
       r->ts.graphs_done = b + k;
-      /* (under mpirun each rank carries its own graphs' state, rank 0's model not the
-         others': the resumed run starts its streams from zeros there) */
-      if (dist_size > 1) cavs_model_reset_state(r->m);
+      gather_carried(r); /* (under mpirun: every rank's streams into rank 0's checkpoint) */
       if (r->tty) printf("\r\033[K");
       if (o->save) save(r, o->save);
       if (dist_rank) { /* rank 0 says it */

@@ -260,6 +260,15 @@ int cavs_model_carry_state(cavs_model *m, int on);
 /* The carried state forgotten: the next pass starts from zeros (at an epoch's or an
  * evaluation's start). */
 void cavs_model_reset_state(cavs_model *m);
+/* The carried state on the host, to move it between processes (cavs train under mpirun
+ * gathers its ranks' parts into the checkpoint and gives each its part back): the rows
+ * it holds (graphs of the last pass; 0 when the model does not carry) and a row's
+ * values; rows [first, first + rows) copied into host ([rows, width], in the model's
+ * precision); the state replaced by `rows` rows from host (at most CAVS_MAX_CARRIED;
+ * the model must carry). 0, or -1 with a message. */
+int cavs_model_carried(const cavs_model *m, long *width);
+int cavs_model_read_carried(cavs_model *m, int first, int rows, void *host);
+int cavs_model_set_carried(cavs_model *m, const void *host, int rows);
 const char *cavs_model_error(const cavs_model *m);
 long cavs_model_dim(const cavs_model *m, int dim);
 /* Options (`option NAME = P;` in the .vf, cavs_desc.options): values the model reads at
@@ -474,6 +483,7 @@ enum cavs_schedule { CAVS_SCHED_CONSTANT, CAVS_SCHED_STEP, CAVS_SCHED_COSINE, CA
 #define CAVS_MAX_DIM (1L << 24) /* a dim's value, also the largest vocabulary */
 #define CAVS_MAX_PARAMS 65536
 #define CAVS_MAX_NAME 255
+#define CAVS_MAX_CARRIED (1 << 20) /* rows of carried state: a minibatch's graphs */
 #define CAVS_MAX_BPTT_VARY 1e6 /* cavs_train_state.bptt_vary, the most a checkpoint holds */
 #define CAVS_MAX_GRAPH_VERTICES (1L << 30) /* also the most vertices in one minibatch */
 /* Training counters, far below their types' ends so that going on from any checkpoint

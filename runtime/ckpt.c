@@ -574,7 +574,7 @@ static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, 
   k->ts.lr_decay_start = (int)get_u32(r); /* (checked with the schedule) */
   uint32_t rows = get_u32(r), w = get_u32(r);
   if (r->bad) return true; /* (reported as bad structure) */
-  if (rows > (1u << 20) || w > (1u << 28) || (rows && !w) || (!rows && w))
+  if (rows > CAVS_MAX_CARRIED || w > (1u << 28) || (rows && !w) || (!rows && w))
     FAIL("'%s' is damaged (carried state: %u rows of %u)", path, rows, w);
   size_t n = (size_t)rows * w, es = k->precision == CAVS_DOUBLE ? 8 : 4;
   const unsigned char *p = take(r, n * es);
@@ -824,18 +824,10 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
                d->name, m->carry_state < 0 ? "cannot carry" : "does not scatter");
       return -1;
     }
-    size_t bytes = (size_t)k->carry_rows * (size_t)k->carry_w * m->esize;
-    if (k->carry_rows > m->capcarry) {
-      m->be->release(m->carry);
-      m->capcarry = m->ncarry = 0;
-      if (!(m->carry = m->be->alloc(m, bytes))) {
-        snprintf(err, errlen, "out of memory for the carried state");
-        return -1;
-      }
-      m->capcarry = k->carry_rows;
+    if (cavs_model_set_carried(m, k->data + k->carry_at, k->carry_rows)) {
+      snprintf(err, errlen, "%s", cavs_model_error(m));
+      return -1;
     }
-    m->be->upload(m->carry, k->data + k->carry_at, bytes);
-    m->ncarry = k->carry_rows;
   }
   return 0;
 }

@@ -973,6 +973,36 @@ int cavs_model_carry_state(cavs_model *m, int on) {
 
 void cavs_model_reset_state(cavs_model *m) { m->ncarry = 0; }
 
+int cavs_model_carried(const cavs_model *m, long *width) {
+  if (width) *width = m->carry_state >= 0 ? m->bw[m->carry_state] : 0;
+  return m->carry_state >= 0 ? m->ncarry : 0;
+}
+
+int cavs_model_read_carried(cavs_model *m, int first, int rows, void *host) {
+  if (m->carry_state < 0 || first < 0 || rows < 0 || first > m->ncarry - rows)
+    return cv_fail(m, "carried state: rows %d to %d asked of the %d it holds", first, first + rows,
+                   m->carry_state < 0 ? 0 : m->ncarry);
+  size_t row = (size_t)m->bw[m->carry_state] * m->esize;
+  if (rows) m->be->download(host, (const char *)m->carry + (size_t)first * row, (size_t)rows * row);
+  return 0;
+}
+
+int cavs_model_set_carried(cavs_model *m, const void *host, int rows) {
+  if (m->carry_state < 0) return cv_fail(m, "carried state: model '%s' does not carry (cavs_model_carry_state)", m->d->name);
+  if (rows < 0 || rows > CAVS_MAX_CARRIED)
+    return cv_fail(m, "carried state: %d rows (0 to %d)", rows, CAVS_MAX_CARRIED);
+  size_t row = (size_t)m->bw[m->carry_state] * m->esize;
+  if (rows > m->capcarry) {
+    m->be->release(m->carry);
+    m->capcarry = m->ncarry = 0;
+    if (!(m->carry = m->be->alloc(m, (size_t)rows * row))) return cv_fail_mem(m, "out of memory for the carried state");
+    m->capcarry = rows;
+  }
+  if (rows) m->be->upload(m->carry, host, (size_t)rows * row);
+  m->ncarry = rows;
+  return 0;
+}
+
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
