@@ -18,8 +18,10 @@ static void lstm_lm2_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:39  x = lookup */
-  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* lstm_lm2.vf:44  lookup */
+  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* lstm_lm2.vf:44  x = dropout */
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -30,8 +32,10 @@ static void lstm_lm2_pull_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:39  x = lookup */
-  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  /* lstm_lm2.vf:44  x = dropout */
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  /* lstm_lm2.vf:44  lookup */
+  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex token, eager phase: every row of the type at once */
@@ -42,12 +46,12 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 48  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[10] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[12] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -176,126 +180,126 @@ static __global__ void lstm_lm2_token_fwd_path_g0(int n, long D_E, long D_H, lon
 
 /* lstm_lm2_token_fwd_path, group g1 forward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_fwd_path_g1_leaves(int n, long D_E, long D_H, long D_V,
-    const R *__restrict__ a44_r0,
-    const R *__restrict__ a48,
-    const R *__restrict__ a60_r0,
-    const R *__restrict__ a64,
-    const R *__restrict__ a68_r0,
-    const R *__restrict__ a72,
-    R *__restrict__ k50_r0,
-    R *__restrict__ k66_r0,
-    R *__restrict__ k74_r0,
-    R *__restrict__ o77_r0,
-    void *const *h77_r0,
-    R *__restrict__ k78_r0,
+    const R *__restrict__ a46_r0,
+    const R *__restrict__ a50,
+    const R *__restrict__ a62_r0,
+    const R *__restrict__ a66,
+    const R *__restrict__ a70_r0,
+    const R *__restrict__ a74,
+    R *__restrict__ k52_r0,
+    R *__restrict__ k68_r0,
+    R *__restrict__ k76_r0,
     R *__restrict__ o79_r0,
-    void *const *h79_r0) {
+    void *const *h79_r0,
+    R *__restrict__ k80_r0,
+    R *__restrict__ o81_r0,
+    void *const *h81_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a44 = a44_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a60 = a60_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a68 = a68_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
-  R *__restrict__ k66 = k66_r0 + (size_t)i * D_H;
-  R *__restrict__ k74 = k74_r0 + (size_t)i * D_H;
-  R *__restrict__ o77 = o77_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ h77 = (R *)h77_r0[i] + 2*D_H;
-  R *__restrict__ k78 = k78_r0 + (size_t)i * D_H;
+  const R *__restrict__ a46 = a46_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a62 = a62_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a70 = a70_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
+  R *__restrict__ k68 = k68_r0 + (size_t)i * D_H;
+  R *__restrict__ k76 = k76_r0 + (size_t)i * D_H;
   R *__restrict__ o79 = o79_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ h79 = (R *)h79_r0[i] + 3*D_H;
-  const R v47 = a44[j] + (R)0;
-  const R v49 = v47 + a48[j];
-  const R v50 = cv_sigmoid(v49);  /* i2 */
-  const R v63 = a60[j] + (R)0;
-  const R v65 = v63 + a64[j];
-  const R v66 = cv_sigmoid(v65);  /* o2 */
-  const R v71 = a68[j] + (R)0;
-  const R v73 = v71 + a72[j];
-  const R v74 = cv_tanh(v73);  /* u2 */
-  const R v75 = v50 * v74;
-  const R v77 = v75 + (R)0;  /* c2 */
-  const R v78 = cv_tanh(v77);
-  const R v79 = v66 * v78;  /* h2 */
-  k50[j] = v50;  /* kept for the backward loop */
-  k66[j] = v66;  /* kept for the backward loop */
-  k74[j] = v74;  /* kept for the backward loop */
-  o77[j] = v77;
-  h77[j] = v77;  /* at home */
-  k78[j] = v78;  /* kept for the backward loop */
+  R *__restrict__ h79 = (R *)h79_r0[i] + 2*D_H;
+  R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
+  R *__restrict__ o81 = o81_r0 + (size_t)i * (4*D_H);
+  R *__restrict__ h81 = (R *)h81_r0[i] + 3*D_H;
+  const R v49 = a46[j] + (R)0;
+  const R v51 = v49 + a50[j];
+  const R v52 = cv_sigmoid(v51);  /* i2 */
+  const R v65 = a62[j] + (R)0;
+  const R v67 = v65 + a66[j];
+  const R v68 = cv_sigmoid(v67);  /* o2 */
+  const R v73 = a70[j] + (R)0;
+  const R v75 = v73 + a74[j];
+  const R v76 = cv_tanh(v75);  /* u2 */
+  const R v77 = v52 * v76;
+  const R v79 = v77 + (R)0;  /* c2 */
+  const R v80 = cv_tanh(v79);
+  const R v81 = v68 * v80;  /* h2 */
+  k52[j] = v52;  /* kept for the backward loop */
+  k68[j] = v68;  /* kept for the backward loop */
+  k76[j] = v76;  /* kept for the backward loop */
   o79[j] = v79;
   h79[j] = v79;  /* at home */
+  k80[j] = v80;  /* kept for the backward loop */
+  o81[j] = v81;
+  h81[j] = v81;  /* at home */
 }
 
 /* lstm_lm2_token_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_fwd_path_g1(int n, long D_E, long D_H, long D_V,
-    const R *__restrict__ a44_r0,
     const R *__restrict__ a46_r0,
-    const R *__restrict__ a48,
-    const R *__restrict__ a52_r0,
+    const R *__restrict__ a48_r0,
+    const R *__restrict__ a50,
     const R *__restrict__ a54_r0,
-    const R *__restrict__ a56,
-    const R *__restrict__ a60_r0,
+    const R *__restrict__ a56_r0,
+    const R *__restrict__ a58,
     const R *__restrict__ a62_r0,
-    const R *__restrict__ a64,
-    const R *__restrict__ a68_r0,
+    const R *__restrict__ a64_r0,
+    const R *__restrict__ a66,
     const R *__restrict__ a70_r0,
-    const R *__restrict__ a72,
+    const R *__restrict__ a72_r0,
+    const R *__restrict__ a74,
     const R *__restrict__ a4_r0,
-    R *__restrict__ k50_r0,
-    R *__restrict__ k58_r0,
-    R *__restrict__ k66_r0,
-    R *__restrict__ k74_r0,
-    R *__restrict__ o77_r0,
-    void *const *h77_r0,
-    R *__restrict__ k78_r0,
+    R *__restrict__ k52_r0,
+    R *__restrict__ k60_r0,
+    R *__restrict__ k68_r0,
+    R *__restrict__ k76_r0,
     R *__restrict__ o79_r0,
-    void *const *h79_r0) {
+    void *const *h79_r0,
+    R *__restrict__ k80_r0,
+    R *__restrict__ o81_r0,
+    void *const *h81_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a44 = a44_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a46 = a46_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a52 = a52_r0 + (size_t)i * D_H;
+  const R *__restrict__ a48 = a48_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a54 = a54_r0 + (size_t)i * D_H;
-  const R *__restrict__ a60 = a60_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a56 = a56_r0 + (size_t)i * D_H;
   const R *__restrict__ a62 = a62_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a68 = a68_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a64 = a64_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a70 = a70_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ a72 = a72_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
-  R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
-  R *__restrict__ k66 = k66_r0 + (size_t)i * D_H;
-  R *__restrict__ k74 = k74_r0 + (size_t)i * D_H;
-  R *__restrict__ o77 = o77_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ h77 = (R *)h77_r0[i] + 2*D_H;
-  R *__restrict__ k78 = k78_r0 + (size_t)i * D_H;
+  R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
+  R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
+  R *__restrict__ k68 = k68_r0 + (size_t)i * D_H;
+  R *__restrict__ k76 = k76_r0 + (size_t)i * D_H;
   R *__restrict__ o79 = o79_r0 + (size_t)i * (4*D_H);
-  R *__restrict__ h79 = (R *)h79_r0[i] + 3*D_H;
-  const R v47 = a44[j] + a46[j];
-  const R v49 = v47 + a48[j];
-  const R v50 = cv_sigmoid(v49);  /* i2 */
-  const R v55 = a52[j] + a54[j];
-  const R v57 = v55 + a56[j];
-  const R v58 = cv_sigmoid(v57);  /* f2 */
-  const R v63 = a60[j] + a62[j];
-  const R v65 = v63 + a64[j];
-  const R v66 = cv_sigmoid(v65);  /* o2 */
-  const R v71 = a68[j] + a70[j];
-  const R v73 = v71 + a72[j];
-  const R v74 = cv_tanh(v73);  /* u2 */
-  const R v75 = v50 * v74;
-  const R v76 = v58 * a4[j];
-  const R v77 = v75 + v76;  /* c2 */
-  const R v78 = cv_tanh(v77);
-  const R v79 = v66 * v78;  /* h2 */
-  k50[j] = v50;  /* kept for the backward loop */
-  k58[j] = v58;  /* kept for the backward loop */
-  k66[j] = v66;  /* kept for the backward loop */
-  k74[j] = v74;  /* kept for the backward loop */
-  o77[j] = v77;
-  h77[j] = v77;  /* at home */
-  k78[j] = v78;  /* kept for the backward loop */
+  R *__restrict__ h79 = (R *)h79_r0[i] + 2*D_H;
+  R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
+  R *__restrict__ o81 = o81_r0 + (size_t)i * (4*D_H);
+  R *__restrict__ h81 = (R *)h81_r0[i] + 3*D_H;
+  const R v49 = a46[j] + a48[j];
+  const R v51 = v49 + a50[j];
+  const R v52 = cv_sigmoid(v51);  /* i2 */
+  const R v57 = a54[j] + a56[j];
+  const R v59 = v57 + a58[j];
+  const R v60 = cv_sigmoid(v59);  /* f2 */
+  const R v65 = a62[j] + a64[j];
+  const R v67 = v65 + a66[j];
+  const R v68 = cv_sigmoid(v67);  /* o2 */
+  const R v73 = a70[j] + a72[j];
+  const R v75 = v73 + a74[j];
+  const R v76 = cv_tanh(v75);  /* u2 */
+  const R v77 = v52 * v76;
+  const R v78 = v60 * a4[j];
+  const R v79 = v77 + v78;  /* c2 */
+  const R v80 = cv_tanh(v79);
+  const R v81 = v68 * v80;  /* h2 */
+  k52[j] = v52;  /* kept for the backward loop */
+  k60[j] = v60;  /* kept for the backward loop */
+  k68[j] = v68;  /* kept for the backward loop */
+  k76[j] = v76;  /* kept for the backward loop */
   o79[j] = v79;
   h79[j] = v79;  /* at home */
+  k80[j] = v80;  /* kept for the backward loop */
+  o81[j] = v81;
+  h81[j] = v81;  /* at home */
 }
 
 /* vertex token, path phase: one task (rows of one level) */
@@ -306,31 +310,31 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:43  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* line 48  h1_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  h1_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[6], D_H, V[9] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 48 49 50 51 52 53) */
+  /* lstm_lm2.vf:48  s = gather */
+  cavs_gather_fwd(c, 0, 0, V[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  h1_prev @ Uf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[6], D_H, V[11] + (size_t)(0) * D_H, D_H);
+  /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
+          V[4] + (size_t)(r0) * (3*D_H),
           P[7],
-          V[3] + (size_t)(r0) * (3*D_H) + D_H,
+          V[4] + (size_t)(r0) * (3*D_H) + D_H,
           P[9],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[10],
-          V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H),
           c->home_val[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -340,60 +344,62 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[7],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          P[8],
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          P[9],
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          P[10],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          P[8],
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          P[9],
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          P[10],
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 54  h1 @ [Vi|Vo|Vu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[0] + (size_t)(r0) * (4*D_H) + D_H, (4*D_H),
-            P[2], (3*D_H), 0, V[5] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 54  h2_prev @ [Ri|Ro|Ru]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[3], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 55  h1 @ Vf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[11], D_H, V[8] + (size_t)(0) * D_H, D_H);
-  /* line 55  h2_prev @ Rf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[12], D_H, V[7] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 54 55 56 57 58 59) */
+  /* lstm_lm2.vf:59  d1 = dropout */
+  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
+            P[2], (3*D_H), 0, V[6] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[3], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 61  d1 @ Vf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  /* line 61  h2_prev @ Rf: [n, H], rows with children (nothing reads the others) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[12], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          V[5] + (size_t)(r0) * (3*D_H),
+          V[6] + (size_t)(r0) * (3*D_H),
           P[13],
-          V[5] + (size_t)(r0) * (3*D_H) + D_H,
+          V[6] + (size_t)(r0) * (3*D_H) + D_H,
           P[15],
-          V[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[16],
-          V[17] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
-          V[20] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + (2*D_H),
           c->home_val[0] + (r0),
-          V[21] + (size_t)(r0) * D_H,
+          V[23] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + (3*D_H),
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -403,32 +409,32 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[13],
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[14],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[15],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[16],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* lstm_lm2.vf:60  concat */
+  /* lstm_lm2.vf:66  concat */
 }
 
 /* vertex token, lazy phase: every row of the type at once */
@@ -439,7 +445,7 @@ static void lstm_lm2_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:61  push */
+  /* lstm_lm2.vf:67  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (4*D_H) + (3*D_H), (4*D_H), n, D_H, 0);
 }
 
@@ -451,190 +457,190 @@ static void lstm_lm2_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:61  push */
+  /* lstm_lm2.vf:67  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (4*D_H) + (3*D_H), (4*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lstm_lm2_token_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_bwd_path_g1_leaves(int n, long D_E, long D_H, long D_V,
-    R *__restrict__ d44_r0,
-    cavs_cuda_sum<R> d48,
-    R *__restrict__ d60_r0,
-    cavs_cuda_sum<R> d64,
-    R *__restrict__ d68_r0,
-    cavs_cuda_sum<R> d72,
-    const R *__restrict__ k50_r0,
-    const R *__restrict__ k66_r0,
-    const R *__restrict__ k74_r0,
-    const R *__restrict__ g77_in_r0,
-    void *const *hg77_r0,
-    const R *__restrict__ k78_r0,
+    R *__restrict__ d46_r0,
+    cavs_cuda_sum<R> d50,
+    R *__restrict__ d62_r0,
+    cavs_cuda_sum<R> d66,
+    R *__restrict__ d70_r0,
+    cavs_cuda_sum<R> d74,
+    const R *__restrict__ k52_r0,
+    const R *__restrict__ k68_r0,
+    const R *__restrict__ k76_r0,
     const R *__restrict__ g79_in_r0,
-    void *const *hg79_r0) {
+    void *const *hg79_r0,
+    const R *__restrict__ k80_r0,
+    const R *__restrict__ g81_in_r0,
+    void *const *hg81_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d44 = d44_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d60 = d60_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d68 = d68_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
-  const R *__restrict__ k66 = k66_r0 + (size_t)i * D_H;
-  const R *__restrict__ k74 = k74_r0 + (size_t)i * D_H;
-  const R *__restrict__ g77_in = g77_in_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ hg77 = (R *)hg77_r0[i] + 2*D_H;
-  const R *__restrict__ k78 = k78_r0 + (size_t)i * D_H;
+  R *__restrict__ d46 = d46_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d62 = d62_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d70 = d70_r0 + (size_t)i * (3*D_H);
+  const R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
+  const R *__restrict__ k68 = k68_r0 + (size_t)i * D_H;
+  const R *__restrict__ k76 = k76_r0 + (size_t)i * D_H;
   const R *__restrict__ g79_in = g79_in_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ hg79 = (R *)hg79_r0[i] + 3*D_H;
-  const R v50 = k50[j];  /* i2 */
-  const R v66 = k66[j];  /* o2 */
-  const R v74 = k74[j];  /* u2 */
-  const R v78 = k78[j];
-  R g47 = 0;
+  const R *__restrict__ hg79 = (R *)hg79_r0[i] + 2*D_H;
+  const R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
+  const R *__restrict__ g81_in = g81_in_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ hg81 = (R *)hg81_r0[i] + 3*D_H;
+  const R v52 = k52[j];  /* i2 */
+  const R v68 = k68[j];  /* o2 */
+  const R v76 = k76[j];  /* u2 */
+  const R v80 = k80[j];
   R g49 = 0;
-  R g50 = 0;
-  R g63 = 0;
+  R g51 = 0;
+  R g52 = 0;
   R g65 = 0;
-  R g66 = 0;
-  R g71 = 0;
+  R g67 = 0;
+  R g68 = 0;
   R g73 = 0;
-  R g74 = 0;
   R g75 = 0;
-  R g77 = g77_in[j] + hg77[j];  /* and what the parents left at home */
-  R g78 = 0;
+  R g76 = 0;
+  R g77 = 0;
   R g79 = g79_in[j] + hg79[j];  /* and what the parents left at home */
-  g66 += g79 * v78;
-  g78 += g79 * v66;
-  g77 += g78 * (1 - v78 * v78);
-  g75 += g77;
-  g50 += g75 * v74;
-  g74 += g75 * v50;
-  g73 += g74 * (1 - v74 * v74);
-  g71 += g73;
-  d72[j] += g73;  /* summed over rows */
-  d68[j] = g71;  /* this loop alone writes it */
-  g65 += g66 * v66 * (1 - v66);
-  g63 += g65;
-  d64[j] += g65;  /* summed over rows */
-  d60[j] = g63;  /* this loop alone writes it */
-  g49 += g50 * v50 * (1 - v50);
-  g47 += g49;
-  d48[j] += g49;  /* summed over rows */
-  d44[j] = g47;  /* this loop alone writes it */
-  (void)g47;
+  R g80 = 0;
+  R g81 = g81_in[j] + hg81[j];  /* and what the parents left at home */
+  g68 += g81 * v80;
+  g80 += g81 * v68;
+  g79 += g80 * (1 - v80 * v80);
+  g77 += g79;
+  g52 += g77 * v76;
+  g76 += g77 * v52;
+  g75 += g76 * (1 - v76 * v76);
+  g73 += g75;
+  d74[j] += g75;  /* summed over rows */
+  d70[j] = g73;  /* this loop alone writes it */
+  g67 += g68 * v68 * (1 - v68);
+  g65 += g67;
+  d66[j] += g67;  /* summed over rows */
+  d62[j] = g65;  /* this loop alone writes it */
+  g51 += g52 * v52 * (1 - v52);
+  g49 += g51;
+  d50[j] += g51;  /* summed over rows */
+  d46[j] = g49;  /* this loop alone writes it */
   (void)g49;
-  (void)v50;
-  (void)g50;
-  (void)g63;
+  (void)g51;
+  (void)v52;
+  (void)g52;
   (void)g65;
-  (void)v66;
-  (void)g66;
-  (void)g71;
+  (void)g67;
+  (void)v68;
+  (void)g68;
   (void)g73;
-  (void)v74;
-  (void)g74;
   (void)g75;
+  (void)v76;
+  (void)g76;
   (void)g77;
-  (void)v78;
-  (void)g78;
   (void)g79;
+  (void)v80;
+  (void)g80;
+  (void)g81;
 }
 
 /* lstm_lm2_token_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_bwd_path_g1(int n, long D_E, long D_H, long D_V,
-    R *__restrict__ d44_r0,
     R *__restrict__ d46_r0,
-    cavs_cuda_sum<R> d48,
-    R *__restrict__ d52_r0,
+    R *__restrict__ d48_r0,
+    cavs_cuda_sum<R> d50,
     R *__restrict__ d54_r0,
-    cavs_cuda_sum<R> d56,
-    R *__restrict__ d60_r0,
+    R *__restrict__ d56_r0,
+    cavs_cuda_sum<R> d58,
     R *__restrict__ d62_r0,
-    cavs_cuda_sum<R> d64,
-    R *__restrict__ d68_r0,
+    R *__restrict__ d64_r0,
+    cavs_cuda_sum<R> d66,
     R *__restrict__ d70_r0,
-    cavs_cuda_sum<R> d72,
+    R *__restrict__ d72_r0,
+    cavs_cuda_sum<R> d74,
     const R *__restrict__ a4_r0,
     R *__restrict__ d4_r0,
-    const R *__restrict__ k50_r0,
-    const R *__restrict__ k58_r0,
-    const R *__restrict__ k66_r0,
-    const R *__restrict__ k74_r0,
-    const R *__restrict__ g77_in_r0,
-    void *const *hg77_r0,
-    const R *__restrict__ k78_r0,
+    const R *__restrict__ k52_r0,
+    const R *__restrict__ k60_r0,
+    const R *__restrict__ k68_r0,
+    const R *__restrict__ k76_r0,
     const R *__restrict__ g79_in_r0,
-    void *const *hg79_r0) {
+    void *const *hg79_r0,
+    const R *__restrict__ k80_r0,
+    const R *__restrict__ g81_in_r0,
+    void *const *hg81_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d44 = d44_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d46 = d46_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d52 = d52_r0 + (size_t)i * D_H;
+  R *__restrict__ d48 = d48_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d54 = d54_r0 + (size_t)i * D_H;
-  R *__restrict__ d60 = d60_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d56 = d56_r0 + (size_t)i * D_H;
   R *__restrict__ d62 = d62_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d68 = d68_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d64 = d64_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d70 = d70_r0 + (size_t)i * (3*D_H);
+  R *__restrict__ d72 = d72_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (4*D_H);
   R *__restrict__ d4 = d4_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
-  const R *__restrict__ k58 = k58_r0 + (size_t)i * D_H;
-  const R *__restrict__ k66 = k66_r0 + (size_t)i * D_H;
-  const R *__restrict__ k74 = k74_r0 + (size_t)i * D_H;
-  const R *__restrict__ g77_in = g77_in_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ hg77 = (R *)hg77_r0[i] + 2*D_H;
-  const R *__restrict__ k78 = k78_r0 + (size_t)i * D_H;
+  const R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
+  const R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
+  const R *__restrict__ k68 = k68_r0 + (size_t)i * D_H;
+  const R *__restrict__ k76 = k76_r0 + (size_t)i * D_H;
   const R *__restrict__ g79_in = g79_in_r0 + (size_t)i * (4*D_H);
-  const R *__restrict__ hg79 = (R *)hg79_r0[i] + 3*D_H;
-  const R v50 = k50[j];  /* i2 */
-  const R v58 = k58[j];  /* f2 */
-  const R v66 = k66[j];  /* o2 */
-  const R v74 = k74[j];  /* u2 */
-  const R v78 = k78[j];
-  R g47 = 0;
+  const R *__restrict__ hg79 = (R *)hg79_r0[i] + 2*D_H;
+  const R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
+  const R *__restrict__ g81_in = g81_in_r0 + (size_t)i * (4*D_H);
+  const R *__restrict__ hg81 = (R *)hg81_r0[i] + 3*D_H;
+  const R v52 = k52[j];  /* i2 */
+  const R v60 = k60[j];  /* f2 */
+  const R v68 = k68[j];  /* o2 */
+  const R v76 = k76[j];  /* u2 */
+  const R v80 = k80[j];
   R g49 = 0;
-  R g50 = 0;
-  R g55 = 0;
+  R g51 = 0;
+  R g52 = 0;
   R g57 = 0;
-  R g58 = 0;
-  R g63 = 0;
+  R g59 = 0;
+  R g60 = 0;
   R g65 = 0;
-  R g66 = 0;
-  R g71 = 0;
+  R g67 = 0;
+  R g68 = 0;
   R g73 = 0;
-  R g74 = 0;
   R g75 = 0;
   R g76 = 0;
-  R g77 = g77_in[j] + hg77[j];  /* and what the parents left at home */
+  R g77 = 0;
   R g78 = 0;
   R g79 = g79_in[j] + hg79[j];  /* and what the parents left at home */
-  g66 += g79 * v78;
-  g78 += g79 * v66;
-  g77 += g78 * (1 - v78 * v78);
-  g75 += g77;
-  g76 += g77;
-  g58 += g76 * a4[j];
-  d4[j] += g76 * v58;
-  g50 += g75 * v74;
-  g74 += g75 * v50;
-  g73 += g74 * (1 - v74 * v74);
-  g71 += g73;
-  d72[j] += g73;  /* summed over rows */
-  d68[j] = g71;  /* this loop alone writes it */
-  d70[j] = g71;  /* this loop alone writes it */
-  g65 += g66 * v66 * (1 - v66);
-  g63 += g65;
-  d64[j] += g65;  /* summed over rows */
-  d60[j] = g63;  /* this loop alone writes it */
-  d62[j] = g63;  /* this loop alone writes it */
-  g57 += g58 * v58 * (1 - v58);
-  g55 += g57;
-  d56[j] += g57;  /* summed over rows */
-  d52[j] = g55;  /* this loop alone writes it */
-  d54[j] = g55;  /* this loop alone writes it */
-  g49 += g50 * v50 * (1 - v50);
-  g47 += g49;
-  d48[j] += g49;  /* summed over rows */
-  d44[j] = g47;  /* this loop alone writes it */
-  d46[j] = g47;  /* this loop alone writes it */
+  R g80 = 0;
+  R g81 = g81_in[j] + hg81[j];  /* and what the parents left at home */
+  g68 += g81 * v80;
+  g80 += g81 * v68;
+  g79 += g80 * (1 - v80 * v80);
+  g77 += g79;
+  g78 += g79;
+  g60 += g78 * a4[j];
+  d4[j] += g78 * v60;
+  g52 += g77 * v76;
+  g76 += g77 * v52;
+  g75 += g76 * (1 - v76 * v76);
+  g73 += g75;
+  d74[j] += g75;  /* summed over rows */
+  d70[j] = g73;  /* this loop alone writes it */
+  d72[j] = g73;  /* this loop alone writes it */
+  g67 += g68 * v68 * (1 - v68);
+  g65 += g67;
+  d66[j] += g67;  /* summed over rows */
+  d62[j] = g65;  /* this loop alone writes it */
+  d64[j] = g65;  /* this loop alone writes it */
+  g59 += g60 * v60 * (1 - v60);
+  g57 += g59;
+  d58[j] += g59;  /* summed over rows */
+  d54[j] = g57;  /* this loop alone writes it */
+  d56[j] = g57;  /* this loop alone writes it */
+  g51 += g52 * v52 * (1 - v52);
+  g49 += g51;
+  d50[j] += g51;  /* summed over rows */
+  d46[j] = g49;  /* this loop alone writes it */
+  d48[j] = g49;  /* this loop alone writes it */
 }
 
 /* lstm_lm2_token_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -827,24 +833,24 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:60  concat */
-  /* group g1 backward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 54 55 56 57 58 59) */
+  /* lstm_lm2.vf:66  concat */
+  /* group g1 backward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          G[5] + (size_t)(r0) * (3*D_H),
+          G[6] + (size_t)(r0) * (3*D_H),
           PG[13],
-          G[5] + (size_t)(r0) * (3*D_H) + D_H,
+          G[6] + (size_t)(r0) * (3*D_H) + D_H,
           PG[15],
-          G[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[16],
-          V[17] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
-          V[20] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + (2*D_H),
           c->home_grad[0] + (r0),
-          V[21] + (size_t)(r0) * D_H,
+          V[23] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + (3*D_H),
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -854,61 +860,63 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[13],
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[14],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[15],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[16],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 55  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
-  /* line 55  dh1 += d(h1 @ Vf) W^T, rows with children */
+  /* line 61  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
-  /* line 54  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
-  /* line 54  dh1 += d(h1 @ [Vi|Vo|Vu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[5] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[0] + (size_t)(r0) * (4*D_H) + D_H, (4*D_H));
-  /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 48 49 50 51 52 53) */
+                 P[12], D_H, G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  /* line 60  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  /* line 60  dd1 += d(d1 @ [Vi|Vo|Vu]) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[6] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[10] + (size_t)(r0) * D_H, D_H);
+  /* lstm_lm2.vf:59  d1 = dropout */
+  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[10] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
+  /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          G[3] + (size_t)(r0) * (3*D_H),
+          G[4] + (size_t)(r0) * (3*D_H),
           PG[7],
-          G[3] + (size_t)(r0) * (3*D_H) + D_H,
+          G[4] + (size_t)(r0) * (3*D_H) + D_H,
           PG[9],
-          G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[10],
-          V[12] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H),
           c->home_grad[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -918,40 +926,40 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[7],
-          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[8],
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[9],
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[10],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 49  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
-  /* line 48  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
-  /* lstm_lm2.vf:43  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* line 54  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  /* line 53  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  /* lstm_lm2.vf:48  s = gather */
+  cavs_gather_bwd(c, 0, 0, G[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -962,49 +970,49 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 49  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+  /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[12] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 48  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+  /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 48  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 48  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  dW += x^T d(x @ Wf), over all rows with a word and children */
+                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 53  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[10] + (size_t)(0) * D_H, D_H);
-  /* line 49  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[6], D_H, G[9] + (size_t)(0) * D_H, D_H);
-  /* line 54  dW += h1^T d(h1 @ [Vi|Vo|Vu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[0] + (size_t)(r0) * (4*D_H) + D_H, (4*D_H),
-            G[5] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
-  /* line 54  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[3], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 55  dW += h1^T d(h1 @ Vf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[11], D_H, G[8] + (size_t)(0) * D_H, D_H);
-  /* line 55  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[12], D_H, G[7] + (size_t)(0) * D_H, D_H);
+                 PG[5], D_H, G[12] + (size_t)(0) * D_H, D_H);
+  /* line 54  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[6], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  /* line 60  dW += d1^T d(d1 @ [Vi|Vo|Vu]), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
+            G[6] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  /* line 60  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[3], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 61  dW += d1^T d(d1 @ Vf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 PG[11], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  /* line 61  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[12], D_H, G[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_push_fwd, group g0 forward: a thread per row and column of [n, V] */
 static __global__ void lstm_lm2_push_fwd_g0(int n, long D_E, long D_H, long D_V,
-    const R *__restrict__ a2_r0,
-    const R *__restrict__ a3,
-    R *__restrict__ o4_r0) {
+    const R *__restrict__ a4_r0,
+    const R *__restrict__ a5,
+    R *__restrict__ o6_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_V, &i, &j)) return;
-  const R *__restrict__ a2 = a2_r0 + (size_t)i * D_V;
-  R *__restrict__ o4 = o4_r0 + (size_t)i * D_V;
-  const R v4 = a2[j] + a3[j];  /* logits */
-  o4[j] = v4;
+  const R *__restrict__ a4 = a4_r0 + (size_t)i * D_V;
+  R *__restrict__ o6 = o6_r0 + (size_t)i * D_V;
+  const R v6 = a4[j] + a5[j];  /* logits */
+  o6[j] = v6;
 }
 
 /* push block, forward: all rows */
@@ -1015,36 +1023,38 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 65  h @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[17], D_V, 0, V[23] + (size_t)(r0) * D_V, D_V);
-  /* group g0 forward, [n, V]: logits (lines 65) */
+  /* lstm_lm2.vf:71  dropout */
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 71  %2 @ Wout: [n, V] */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
+            P[17], D_V, 0, V[25] + (size_t)(r0) * D_V, D_V);
+  /* group g0 forward, [n, V]: logits (lines 71) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[23] + (size_t)(r0) * D_V,
+          V[25] + (size_t)(r0) * D_V,
           P[18],
-          V[22] + (size_t)(r0) * D_V);
+          V[24] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* lstm_lm2.vf:66  softmax_xent */
-  cavs_xent_fwd(c, 0, V[22] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  /* lstm_lm2.vf:72  softmax_xent */
+  cavs_xent_fwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm2_push_bwd, group g0 backward: a thread per row and column of [n, V] */
 static __global__ void lstm_lm2_push_bwd_g0(int n, long D_E, long D_H, long D_V,
-    R *__restrict__ d2_r0,
-    cavs_cuda_sum<R> d3,
-    const R *__restrict__ g4_in_r0) {
+    R *__restrict__ d4_r0,
+    cavs_cuda_sum<R> d5,
+    const R *__restrict__ g6_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_V, &i, &j)) return;
-  R *__restrict__ d2 = d2_r0 + (size_t)i * D_V;
-  const R *__restrict__ g4_in = g4_in_r0 + (size_t)i * D_V;
-  R g4 = g4_in[j];
-  d2[j] = g4;  /* this loop alone writes it */
-  d3[j] += g4;  /* summed over rows */
+  R *__restrict__ d4 = d4_r0 + (size_t)i * D_V;
+  const R *__restrict__ g6_in = g6_in_r0 + (size_t)i * D_V;
+  R g6 = g6_in[j];
+  d4[j] = g6;  /* this loop alone writes it */
+  d5[j] += g6;  /* summed over rows */
 }
 
 /* push block, backward: all rows */
@@ -1055,25 +1065,27 @@ static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* lstm_lm2.vf:66  softmax_xent */
-  cavs_xent_bwd(c, 0, V[22] + (size_t)(0) * D_V, D_V, c->iin[1], G[22] + (size_t)(0) * D_V, D_V, r0, n, D_V);
-  /* group g0 backward, [n, V]: logits (lines 65) */
+  /* lstm_lm2.vf:72  softmax_xent */
+  cavs_xent_bwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], G[24] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  /* group g0 backward, [n, V]: logits (lines 71) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          G[23] + (size_t)(r0) * D_V,
+          G[25] + (size_t)(r0) * D_V,
           PG[18],
-          G[22] + (size_t)(r0) * D_V);
+          G[24] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 65  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[23] + (size_t)(r0) * D_V, D_V,
-            P[17], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
-  /* line 65  dW += h^T d(h @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[23] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
+  /* line 71  d%2 += d(%2 @ Wout) W^T */
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[25] + (size_t)(r0) * D_V, D_V,
+            P[17], D_V, 1, G[26] + (size_t)(r0) * D_H, D_H);
+  /* lstm_lm2.vf:71  dropout */
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[26] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 71  dW += %2^T d(%2 @ Wout), over all rows */
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
+            G[25] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1081,7 +1093,9 @@ static const cavs_dim_desc dims[] = {
   {"H", CAVS_DIM_FIXED, 256, -1, 0, 0},
   {"V", CAVS_DIM_VOCAB, 0, 0, 0, 0},
 };
-static const cavs_option_desc options[1] = {0};
+static const cavs_option_desc options[] = {
+  {"p_drop", CAVS_OPTION_DROPOUT, 0},
+};
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 1}}, 0},
   {"next", CAVS_IN_CLASS, {0, {0, 0, 1}}, 1},
@@ -1140,12 +1154,14 @@ static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 4}}, CAVS_GRAD, -1, 0, 0},
   {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_mm2", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_mm3", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
+  {"token_t56", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t54", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_t52", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
+  {"token_d1", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"token_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
@@ -1158,12 +1174,13 @@ static const cavs_buf_desc bufs[] = {
   {"token_f2_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"token_o2_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_u2_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"token_t78_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
+  {"token_t80_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc lstm_lm2_token_gathers[] = {
-  {0, 11, {0, {0}}, 1, 0},
+  {0, 13, {0, {0}}, 1, 0},
 };
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm2_token_fwd_eager, lstm_lm2_token_fwd_path, lstm_lm2_token_fwd_lazy,
@@ -1176,25 +1193,26 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 11, {0, {0}}, {0, {0, 4}}, 0},
-  {"c1_prev", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
-  {"h1_prev", 0, 11, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c2_prev", 0, 11, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h2_prev", 0, 11, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"i1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f1", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u1", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 13, {0, {0}}, {0, {0, 4}}, 0},
+  {"c1_prev", 0, 13, {0, {0}}, {0, {0, 1}}, 0},
+  {"h1_prev", 0, 13, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c2_prev", 0, 13, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h2_prev", 0, 13, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"i1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"f1", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"o1", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"u1", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
   {"c1", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h1", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i2", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
-  {"f2", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
-  {"o2", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
-  {"u2", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
+  {"d1", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
+  {"i2", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
+  {"f2", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
+  {"o2", 0, 21, {0, {0}}, {0, {0, 1}}, 1},
+  {"u2", 0, 22, {0, {0}}, {0, {0, 1}}, 1},
   {"c2", 0, 0, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h2", 0, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 22, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm2_desc = {
@@ -1202,7 +1220,7 @@ const cavs_desc lstm_lm2_desc = {
   .target = CAVS_TARGET_CUDA,
   .name = "lstm_lm2",
   .source = "dsl-examples/lstm_lm2.vf",
-  .source_hash = "e1d2c2da0ce20fe5",
+  .source_hash = "0103a84f29578fe2",
   .source_text = "# Two-layer (stacked) LSTM language model over chains, as Zaremba, Sutskever and\012"
     "# Vinyals (\"Recurrent neural network regularization\", 2014) train on PTB: the\012"
     "# second layer reads the first layer's h at the same token, and the softmax reads\012"
@@ -1219,10 +1237,15 @@ const cavs_desc lstm_lm2_desc = {
     "# Data: text or text-bptt (one sentence per line, or one stream cut in chains),\012"
     "#   next-token labels in `next`, e.g. PTB from Mikolov's simple-examples.\012"
     "# Dims: E = 256, H = 256, V = vocab(word) (the class count of `next` is V too).\012"
+    "# Dropout where their regularized models put it, on the connections that are not\012"
+    "# recurrent only: the embedding into layer 1, h1 into layer 2 (the h1 that layer 1\012"
+    "# carries to the next token is not dropped) and h2 into the softmax, each with the\012"
+    "# probability p_drop: 0 by default (their small model has none; cavs train --dropout).\012"
     "\012"
     "model lstm_lm2;\012"
     "dim E = 256; dim H = 256;\012"
     "dim V = vocab(word);\012"
+    "option p_drop = 0;\012"
     "\012"
     "input word : index[V];                  # this token\012"
     "input next : class[V];                  # the token after it (-1 = none)\012"
@@ -1241,7 +1264,7 @@ const cavs_desc lstm_lm2_desc = {
     "param Wout[H,V] init uniform(-0.1, 0.1);\012"
     "param bout[V];\012"
     "\012"
-    "pull { x = emb[word]; }\012"
+    "pull { x = dropout(emb[word], p_drop); }\012"
     "\012"
     "vertex token (children 1) {\012"
     "  x = pull();\012"
@@ -1256,10 +1279,11 @@ const cavs_desc lstm_lm2_desc = {
     "  u1 = tanh(x @ Wu + h1_prev @ Uu + bu);\012"
     "  c1 = i1 * u1 + f1 * c1_prev;\012"
     "  h1 = o1 * tanh(c1);\012"
-    "  i2 = sigmoid(h1 @ Vi + h2_prev @ Ri + ci);\012"
-    "  f2 = sigmoid(h1 @ Vf + h2_prev @ Rf + cf);\012"
-    "  o2 = sigmoid(h1 @ Vo + h2_prev @ Ro + co);\012"
-    "  u2 = tanh(h1 @ Vu + h2_prev @ Ru + cu);\012"
+    "  d1 = dropout(h1, p_drop);\012"
+    "  i2 = sigmoid(d1 @ Vi + h2_prev @ Ri + ci);\012"
+    "  f2 = sigmoid(d1 @ Vf + h2_prev @ Rf + cf);\012"
+    "  o2 = sigmoid(d1 @ Vo + h2_prev @ Ro + co);\012"
+    "  u2 = tanh(d1 @ Vu + h2_prev @ Ru + cu);\012"
     "  c2 = i2 * u2 + f2 * c2_prev;\012"
     "  h2 = o2 * tanh(c2);\012"
     "  scatter(concat(c1, h1, c2, h2));\012"
@@ -1267,20 +1291,20 @@ const cavs_desc lstm_lm2_desc = {
     "}\012"
     "\012"
     "push (h) {\012"
-    "  logits = h @ Wout + bout;\012"
+    "  logits = dropout(h, p_drop) @ Wout + bout;\012"
     "  loss softmax_xent(logits, next);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 3, .dims = dims,
-  .noptions = 0, .options = options,
+  .noptions = 1, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
-  .nbufs = 24, .bufs = bufs,
+  .nbufs = 27, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm2_pull_fwd, .pull_bwd = lstm_lm2_pull_bwd,
   .push_fwd = lstm_lm2_push_fwd, .push_bwd = lstm_lm2_push_bwd,
-  .nvalues = 21, .values = values,
+  .nvalues = 22, .values = values,
 };
