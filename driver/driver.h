@@ -173,8 +173,12 @@ int cmd_build(int argc, char **argv);
 
 /* ---- eval.c ---- */
 
+/* A data file loaded, or streamed (cavs train --stream: indexed, read back a minibatch at
+   a time); dies with the loader's message */
 cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
                         int grow);
+cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
+                         int grow);
 
 /* What a pass over data adds up to: the classification counts (softmax_xent losses) and
  * every loss on its own, so that a regression loss never enters an accuracy and a model
@@ -309,6 +313,7 @@ typedef struct TrainOpts {
   double plateau_factor;
   int plateau_patience;
   double bptt_vary; /* --bptt-vary SD (0: chunks of the format's length) */
+  bool stream;      /* --stream: the training file indexed and read a minibatch at a time */
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];
   int ninit, nfreeze;

@@ -21,6 +21,18 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
   return s;
 }
 
+cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
+                         int grow) {
+  char err[1024];
+  errno = 0;
+  cavs_stream *st = cavs_stream_open(path, format, d, dims, v, grow, err, sizeof err);
+  if (!st) {
+    fprintf(stderr, "%s%s\n", rank_tag, err);
+    quit(errno == ENOMEM ? 2 : 1);
+  }
+  return st;
+}
+
 /* A width or range of the descriptor in a model's dims. */
 long model_lin(const cavs_model *m, cavs_lin l) {
   const cavs_desc *d = cavs_model_desc(m);

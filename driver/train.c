@@ -79,6 +79,11 @@ typedef struct Run {
   cavs_ckpt *ck; /* the checkpoint resumed from, or NULL */
   cavs_vocab *v;
   cavs_dataset *tr, *dev;
+  /* --stream: the training file indexed, not loaded (tr NULL); the graphs of the step
+     under way read from it into `part`, the minibatch's sizes in `sizes` until then */
+  cavs_stream *st;
+  cavs_dataset *part;
+  cavs_graph *sizes;
   cavs_model *m;
   cavs_train_state ts;
   char *best_path;
@@ -193,6 +198,9 @@ static void resume_settings(Run *r, long *dims) {
   if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
 }
 
+/* The training data's vertices, loaded or streamed. */
+static long train_vertices(const Run *r) { return r->st ? cavs_stream_vertices(r->st) : cavs_dataset_vertices(r->tr); }
+
 /* A new model's vocabulary dims: the tokens read, or for cgf, whose features are numbers
  * already, the largest id used plus one (the loaders bound ids below CAVS_MAX_DIM). */
 static void vocab_dims(Run *r, long *dims) {
@@ -202,7 +210,7 @@ static void vocab_dims(Run *r, long *dims) {
     dims[j] = cavs_vocab_size(r->v);
     if (!strcmp(r->o->format, "cgf")) {
       int slot = d->inputs[d->dims[j].input].slot;
-      long mx = cavs_dataset_max_feature(r->tr, slot);
+      long mx = r->st ? cavs_stream_max_feature(r->st, slot) : cavs_dataset_max_feature(r->tr, slot);
       if (r->dev && cavs_dataset_max_feature(r->dev, slot) > mx) mx = cavs_dataset_max_feature(r->dev, slot);
       dims[j] = mx + 1 > 1 ? mx + 1 : 1;
     }
@@ -314,7 +322,7 @@ static void say_start(const Run *r) {
   }
   say_device(stdout, r->m);
   printf("model %s: %ld parameters; %d training graphs (%ld vertices)", r->d->name, nparams, r->n,
-         cavs_dataset_vertices(r->tr));
+         train_vertices(r));
   if (r->ck) printf("; resumed after epoch %d", r->ts.epoch);
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
@@ -436,11 +444,25 @@ static void add_norm(Run *r, Totals *t) {
   if (n > t->norm_max) t->norm_max = n;
 }
 
+/* --stream: graphs [lo, hi) of the minibatch at b of the epoch's order read from the
+ * training file, in place of their sizes in r->gs (the last step's freed); a file that
+ * changed under the run is an error. */
+static void read_part(Run *r, int b, int lo, int hi) {
+  if (!r->st) return;
+  cavs_dataset_free(r->part);
+  r->part = NULL;
+  char err[1024];
+  errno = 0;
+  if (!(r->part = cavs_stream_read(r->st, r->order + b + lo, hi - lo, err, sizeof err))) die(errno == ENOMEM ? 2 : 1, "%s", err);
+  for (int i = lo; i < hi; i++) r->gs[i] = cavs_dataset_graph(r->part, i - lo);
+}
+
 /* One process's step over the minibatch gs[0..k) (graphs b.. of the epoch's order):
  * forward, backward, the optimizer's step, added up in t. The signal that asks to stop
  * (0: none). */
 static int whole_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Totals *t) {
   cavs_stats st;
+  read_part(r, b, 0, k);
   errno = 0;
   if (cavs_model_forward(r->m, r->gs, k, &st)) lib_die(cavs_model_error(r->m));
   if (!isfinite(st.loss)) diverged(r, epoch, b, &st);
@@ -493,6 +515,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   bool none = lo == hi;
   r->carry_n = hi - lo;
   if (none) lo = 0, hi = 1, before = 0;
+  read_part(r, b, lo, hi); /* (only this rank's graphs, where the data is streamed) */
   cavs_stats st;
   errno = 0;
   if (cavs_model_set_vertex_offset(r->m, before) || cavs_model_forward(r->m, r->gs + lo, hi - lo, &st))
@@ -623,6 +646,10 @@ static int epoch_order(Run *r, bool fresh) {
 }
 
 static const cavs_graph *epoch_graph(const Run *r, int i) {
+  if (r->st) { /* (the graph's size alone, until the step reads it: read_part) */
+    r->sizes[i % r->o->batch] = (cavs_graph){.n = cavs_stream_graph_vertices(r->st, r->order[i])};
+    return &r->sizes[i % r->o->batch];
+  }
   return r->ts.bptt_vary > 0 ? &r->cut.g[i] : cavs_dataset_graph(r->tr, r->order[i]);
 }
 
@@ -843,7 +870,7 @@ static void check_ranks(Run *r) {
   dist_same(h, "their command lines (mpirun must start the same cavs train on every rank)");
   const char *src = r->L.source ? r->L.source : r->d->name;
   dist_same(dist_hash(dist_hash(0, NULL, 0), src, strlen(src)), "the model's source");
-  long sizes[4] = {r->n, cavs_dataset_vertices(r->tr), r->dev ? cavs_dataset_count(r->dev) : 0,
+  long sizes[4] = {r->n, train_vertices(r), r->dev ? cavs_dataset_count(r->dev) : 0,
                    r->dev ? cavs_dataset_vertices(r->dev) : 0};
   dist_same(dist_hash(dist_hash(0, NULL, 0), sizes, sizeof sizes), "their data (another --train or --dev file)");
   same_params(r, 0);
@@ -871,11 +898,12 @@ int cmd_train(TrainOpts *o) {
   apply_dims(r.d, dims, o);
   if (o->resume) resume_settings(&r, dims);
   else r.v = keep(cavs_vocab_new());
-  r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
+  if (o->stream) r.st = stream_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
+  else r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
   r.dev = o->dev ? load_data(o->dev, o->format, r.d, dims, r.v, 0) : NULL;
   if (!r.ck) vocab_dims(&r, dims);
   if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
-  r.n = cavs_dataset_count(r.tr);
+  r.n = r.st ? cavs_stream_count(r.st) : cavs_dataset_count(r.tr);
   make_model(&r, dims);
   r.carry = carries(o->format);
   if (r.carry && cavs_model_carry_state(r.m, 1)) {
@@ -896,6 +924,7 @@ int cmd_train(TrainOpts *o) {
   r.with_acc = has_accuracy(r.d);
   r.lm = r.with_acc && lm_format(o->format);
   r.order = xmalloc(sizeof(int) * (size_t)r.n);
+  if (r.st) r.sizes = xmalloc(sizeof(cavs_graph) * (size_t)o->batch);
   r.gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};
   sigemptyset(&sa.sa_mask);
@@ -929,6 +958,9 @@ int cmd_train(TrainOpts *o) {
   bptt_cut_free(&r.cut);
   cavs_model_free(r.m);
   cavs_dataset_free(r.tr);
+  cavs_dataset_free(r.part);
+  cavs_stream_close(r.st);
+  free(r.sizes);
   cavs_dataset_free(r.dev);
   cavs_vocab_free(r.v);
   cavs_ckpt_free(r.ck);

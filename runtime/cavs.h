@@ -425,6 +425,26 @@ long cavs_dataset_vertices(const cavs_dataset *s);
 int cavs_dataset_max_feature(const cavs_dataset *s, int slot);
 void cavs_dataset_free(cavs_dataset *s);
 
+/* A data file streamed, for data larger than memory: cavs_stream_open reads it once
+ * through (growing the vocabulary when grow, checking every line as a load does) and
+ * keeps only an index: each graph's place in the file, its vertices and a hash of its
+ * bytes (24 bytes a graph). cavs_stream_read reads graphs which[0..n) back from the file
+ * into a data set of their own, graph j being which[j], and fails, naming the file,
+ * where a graph's bytes are not what they were. Formats whose graphs stand alone on
+ * their lines (ptb-tree, text, cgf; not text-bptt). The descriptor, dims and vocabulary
+ * must outlive the stream. */
+typedef struct cavs_stream cavs_stream;
+cavs_stream *cavs_stream_open(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                              cavs_vocab *v, int grow, char *err, size_t errlen);
+int cavs_stream_count(const cavs_stream *st);
+long cavs_stream_vertices(const cavs_stream *st);
+/* graph i's vertices (-1 past the end), known without reading it */
+int cavs_stream_graph_vertices(const cavs_stream *st, int i);
+/* the largest value of an integer input (by slot) over the file, or -1 */
+int cavs_stream_max_feature(const cavs_stream *st, int slot);
+cavs_dataset *cavs_stream_read(cavs_stream *st, const int *which, int n, char *err, size_t errlen);
+void cavs_stream_close(cavs_stream *st);
+
 /* ---- checkpoints ----
  * One file: magic, format version, the model's name, source text and hash, precision,
  * dims, vocabulary, parameters, optimizer state, training state, and a checksum over all

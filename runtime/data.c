@@ -7,11 +7,13 @@
 
 #include <zlib.h>
 
+#include <fcntl.h>
 #include <float.h>
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <unistd.h>
 
 /* A UTF-8 byte-order mark (what some editors put at the start of a text file) is not
  * part of the first line: it is dropped, and the line's columns count from after it. */
@@ -274,8 +276,18 @@ static bool valid_utf8(const char *p, size_t n) {
 /* The formats, by the name --format takes: one row each. */
 static const CvFormat *const formats[] = {&cv_format_ptb, &cv_format_text, &cv_format_text_bptt, &cv_format_cgf};
 
+/* A streamed file's index (cavs_stream): each graph's bytes in the file, its vertices and
+ * a hash of the bytes; the largest value of each integer input. */
+typedef struct Records {
+  long n, cap;
+  long *off;
+  int *len, *nv;
+  uint32_t *hash;
+  int nint;
+  int *maxf;
+} Records;
 static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
-                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen);
+                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen, Records *rec);
 
 const CvFormat *cv_format_named(const char *format, int *bptt) {
   if (!format) return NULL;
@@ -305,7 +317,7 @@ cavs_dataset *cavs_dataset_load(const char *path, const char *format, const cavs
     snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
     return NULL;
   }
-  return load_from(f, path, format, d, dims, v, grow, err, errlen);
+  return load_from(f, path, format, d, dims, v, grow, err, errlen, NULL);
 }
 
 cavs_dataset *cavs_dataset_parse(const char *text, size_t len, const char *name, const char *format,
@@ -318,12 +330,60 @@ cavs_dataset *cavs_dataset_parse(const char *text, size_t len, const char *name,
     snprintf(err, errlen, "cannot read '%s': %s", name, strerror(errno));
     return NULL;
   }
-  return load_from(f, name, format, d, dims, v, grow, err, errlen);
+  return load_from(f, name, format, d, dims, v, grow, err, errlen, NULL);
 }
 
-/* the loader of both: reads f to its end and closes it */
+static uint32_t fnv32(uint32_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 16777619u;
+  return h;
+}
+#define FNV32_START 2166136261u
+
+/* rec: the graph the last line closed recorded (its bytes [start, end) in the file,
+ * hashed as h) and the scratch data set emptied for the next: a file streamed is read
+ * once through, a graph at a time. 0, or -1 with a message. */
+static int record(Records *rec, cavs_dataset *s, long start, long end, uint32_t h, const char *path, long lineno,
+                  char *err, size_t errlen) {
+  if (s->n != 1) {
+    snprintf(err, errlen, "%s:%ld: error: %d graphs end on this line; a streamed file has one a record", path, lineno,
+             s->n);
+    return -1;
+  }
+  if (rec->n == rec->cap) {
+    size_t cap = rec->cap ? 2 * (size_t)rec->cap : 1024, per = sizeof(long) + 2 * sizeof(int) + sizeof(uint32_t), need;
+    if (__builtin_mul_overflow(per, cap, &need) || need > cavs_memory_limit() || rec->n >= INT_MAX / 2) {
+      errno = ENOMEM;
+      snprintf(err, errlen, "%s:%ld: error: the index of %ld graphs needs more than the memory limit", path, lineno,
+               rec->n);
+      return -1;
+    }
+    if (!cv_grow_array(&rec->off, sizeof(long), cap) || !cv_grow_array(&rec->len, sizeof(int), cap) ||
+        !cv_grow_array(&rec->nv, sizeof(int), cap) || !cv_grow_array(&rec->hash, sizeof(uint32_t), cap)) {
+      snprintf(err, errlen, "%s:%ld: error: out of memory indexing the file", path, lineno);
+      return -1;
+    }
+    rec->cap = (long)cap;
+  }
+  if (end - start > INT_MAX) {
+    snprintf(err, errlen, "%s:%ld: error: a graph of more than %d bytes", path, lineno, INT_MAX);
+    return -1;
+  }
+  rec->off[rec->n] = start;
+  rec->len[rec->n] = (int)(end - start);
+  rec->nv[rec->n] = s->graphs[0].n;
+  rec->hash[rec->n++] = h;
+  for (long v = 0; v < s->nv; v++)
+    for (int k = 0; k < rec->nint; k++)
+      if (s->feat[v * s->nint + k] > rec->maxf[k]) rec->maxf[k] = s->feat[v * s->nint + k];
+  s->n = 0, s->nv = 0;
+  return 0;
+}
+
+/* the loader of both, and of cavs_stream_open (rec: the graphs recorded, not kept):
+ * reads f to its end and closes it */
 static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
-                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen) {
+                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen, Records *rec) {
   Shape sh;
   if (shape_of(d, dims, &sh, err, errlen)) {
     fclose(f);
@@ -342,6 +402,12 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
     fclose(f);
     return NULL;
   }
+  if (rec && !fm->records) {
+    snprintf(err, errlen, "data format %.40s cannot be streamed: its graphs run across lines (%s's)", format,
+             fm->name);
+    fclose(f);
+    return NULL;
+  }
   long realw = 0;
   for (int i = 0; i < d->ninputs; i++)
     if (d->inputs[i].kind == CAVS_IN_REAL) {
@@ -353,7 +419,13 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
       realw += cv_lin(&d->inputs[i].width, dims);
     }
   cavs_dataset *s = calloc(1, sizeof *s);
-  if (!s) {
+  if (rec) {
+    rec->nint = sh.nint;
+    if ((rec->maxf = malloc(sizeof(int) * (size_t)(sh.nint ? sh.nint : 1))))
+      for (int k = 0; k < sh.nint; k++) rec->maxf[k] = -1;
+  }
+  if (!s || (rec && !rec->maxf)) {
+    free(s);
     fclose(f);
     errno = ENOMEM;
     snprintf(err, errlen, "out of memory reading '%s'", path);
@@ -375,12 +447,16 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
   char *line = NULL;
   size_t cap = 0;
   ssize_t got;
-  long lineno = 0;
+  long lineno = 0, at = 0, start = 0;
+  uint32_t h = FNV32_START;
   int rc = 0;
   while ((got = getline(&line, &cap, f)) >= 0) {
     lineno++;
-    size_t n = (size_t)got;
+    size_t n = (size_t)got, bom = n;
     if (lineno == 1) n = skip_bom(line, n);
+    if (lineno == 1) start = at = (long)(bom - n); /* (the first graph's bytes begin after it) */
+    if (rec) h = fnv32(h, line, n); /* (the line's bytes as in the file, line break and all) */
+    at += (long)n;
     if (n && line[n - 1] == '\n') n--;
     if (n && line[n - 1] == '\r') n--;
     if (memchr(line, 0, n)) {
@@ -397,6 +473,10 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
     l.lineno = lineno;
     rc = fm->line(&l, state, line, n);
     if (rc) break;
+    if (rec && s->n) {
+      if ((rc = record(rec, s, start, at, h, path, lineno, err, errlen))) break;
+      start = at, h = FNV32_START;
+    }
   }
   rc = fm->end(&l, state, rc);
   if (!rc && ferror(f)) {
@@ -405,7 +485,7 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
   }
   free(line);
   fclose(f);
-  if (!rc && s->n == 0) {
+  if (!rc && (rec ? rec->n : s->n) == 0) {
     snprintf(err, errlen, "%s: error: no graphs in the file", path);
     rc = -1;
   }
@@ -417,6 +497,115 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
   for (int t = 0; t < d->nvertex; t++)
     if (d->vertex[t].children > named) named = d->vertex[t].children;
   fix_graphs(s, named);
+  return s;
+}
+
+/* ---- a file streamed: indexed once, its graphs read back a minibatch at a time ---- */
+
+struct cavs_stream {
+  char *path, *format;
+  int fd;
+  const cavs_desc *d;
+  long dims[CAVS_MAX_DIMS];
+  bool have_dims;
+  cavs_vocab *v;
+  Records rec;
+  long vertices;
+};
+
+void cavs_stream_close(cavs_stream *st) {
+  if (!st) return;
+  if (st->fd >= 0) close(st->fd);
+  free(st->path), free(st->format);
+  free(st->rec.off), free(st->rec.len), free(st->rec.nv), free(st->rec.hash), free(st->rec.maxf);
+  free(st);
+}
+
+cavs_stream *cavs_stream_open(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                              cavs_vocab *v, int grow, char *err, size_t errlen) {
+  cavs_stream *st = calloc(1, sizeof *st);
+  if (!st || !(st->path = strdup(path)) || !(st->format = strdup(format))) {
+    cavs_stream_close(st);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  st->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (st->fd < 0) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    cavs_stream_close(st);
+    return NULL;
+  }
+  st->d = d, st->v = v;
+  if (dims) memcpy(st->dims, dims, sizeof(long) * (size_t)d->ndims), st->have_dims = true;
+  /* the index: the file read once through (the descriptor kept for the reading back,
+     a stream of its own for this pass) */
+  FILE *f = fdopen(dup(st->fd), "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    cavs_stream_close(st);
+    return NULL;
+  }
+  cavs_dataset *scratch = load_from(f, path, format, d, dims ? st->dims : NULL, v, grow, err, errlen, &st->rec);
+  if (!scratch) {
+    cavs_stream_close(st);
+    return NULL;
+  }
+  cavs_dataset_free(scratch);
+  for (long i = 0; i < st->rec.n; i++) st->vertices += st->rec.nv[i];
+  return st;
+}
+
+int cavs_stream_count(const cavs_stream *st) { return (int)st->rec.n; }
+long cavs_stream_vertices(const cavs_stream *st) { return st->vertices; }
+int cavs_stream_graph_vertices(const cavs_stream *st, int i) { return i >= 0 && i < st->rec.n ? st->rec.nv[i] : -1; }
+int cavs_stream_max_feature(const cavs_stream *st, int slot) {
+  return slot >= 0 && slot < st->rec.nint ? st->rec.maxf[slot] : -1;
+}
+
+cavs_dataset *cavs_stream_read(cavs_stream *st, const int *which, int n, char *err, size_t errlen) {
+  size_t total = 0;
+  for (int j = 0; j < n; j++) {
+    if (which[j] < 0 || which[j] >= st->rec.n) {
+      snprintf(err, errlen, "graph %d of '%s' asked: it has %ld", which[j], st->path, st->rec.n);
+      return NULL;
+    }
+    total += (size_t)st->rec.len[which[j]] + 1;
+  }
+  char *buf = malloc(total ? total : 1);
+  if (!buf) {
+    snprintf(err, errlen, "out of memory reading '%s'", st->path);
+    return NULL;
+  }
+  size_t pos = 0;
+  for (int j = 0; j < n; j++) {
+    int i = which[j], len = st->rec.len[i];
+    for (int got = 0; got < len;) {
+      ssize_t r = pread(st->fd, buf + pos + got, (size_t)(len - got), st->rec.off[i] + got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        snprintf(err, errlen, "cannot read '%s': %s", st->path, r < 0 ? strerror(errno) : "it is shorter than it was");
+        free(buf);
+        return NULL;
+      }
+      got += (int)r;
+    }
+    if (fnv32(FNV32_START, buf + pos, (size_t)len) != st->rec.hash[i]) {
+      snprintf(err, errlen, "'%s' changed since it was read first (graph %d, at byte %ld, is not what it was)",
+               st->path, i + 1, st->rec.off[i]);
+      free(buf);
+      return NULL;
+    }
+    pos += (size_t)len;
+    if (!len || buf[pos - 1] != '\n') buf[pos++] = '\n'; /* (the file's last line, without one) */
+  }
+  cavs_dataset *s = cavs_dataset_parse(buf, pos, st->path, st->format, st->d, st->have_dims ? st->dims : NULL, st->v,
+                                       0, err, errlen);
+  free(buf);
+  if (s && s->n != n) {
+    snprintf(err, errlen, "'%s': %d graphs read back for %d", st->path, s->n, n);
+    cavs_dataset_free(s);
+    return NULL;
+  }
   return s;
 }
 

@@ -56,6 +56,9 @@ typedef struct CvFormat {
   /* after the last line (rc: 0 if every line was read, else -1): whatever is left open is
      an error; frees the state */
   int (*end)(CvLoad *l, void *state, int rc);
+  /* each graph's lines stand alone, so that a graph can be read again from its lines
+     (cavs_stream): not text-bptt's, whose chunks run across lines */
+  bool records;
 } CvFormat;
 
 /* The chunks text-bptt cuts a stream into: 35 tokens by default (Zaremba et al.), N

@@ -267,4 +267,4 @@ static int cgf_end(CvLoad *l, void *state, int rc) {
   return rc;
 }
 
-const CvFormat cv_format_cgf = {"cgf", true, cgf_begin, cgf_line_of, cgf_end};
+const CvFormat cv_format_cgf = {"cgf", true, cgf_begin, cgf_line_of, cgf_end, true};

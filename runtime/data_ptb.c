@@ -143,4 +143,4 @@ static int ptb_end(CvLoad *l, void *state, int rc) {
   return rc;
 }
 
-const CvFormat cv_format_ptb = {"ptb-tree", false, ptb_begin, ptb_line, ptb_end};
+const CvFormat cv_format_ptb = {"ptb-tree", false, ptb_begin, ptb_line, ptb_end, true};

@@ -56,7 +56,7 @@ static int text_end(CvLoad *l, void *state, int rc) {
   return rc;
 }
 
-const CvFormat cv_format_text = {"text", false, text_begin, text_line, text_end};
+const CvFormat cv_format_text = {"text", false, text_begin, text_line, text_end, true};
 
 /* The `text-bptt` format: the file as one stream of tokens, each line followed by
  * <eos>, cut into chains of CV_BPTT tokens, or N with `text-bptt:N` (CvLoad.bptt; the
@@ -136,4 +136,4 @@ static int bptt_end(CvLoad *l, void *state, int rc) {
   return rc;
 }
 
-const CvFormat cv_format_text_bptt = {"text-bptt", false, bptt_begin, bptt_line, bptt_end};
+const CvFormat cv_format_text_bptt = {"text-bptt", false, bptt_begin, bptt_line, bptt_end, false};

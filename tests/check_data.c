@@ -794,6 +794,84 @@ START_TEST(cgf_good_file) {
 }
 END_TEST
 
+/* A file streamed (cavs_stream) reads back, in any order asked, what loading it whole
+ * gives, graph for graph and vertex for vertex: SST-like trees with a BOM and a CRLF,
+ * text, and cgf with a comment and reals, the last line without its line break; the
+ * vocabulary grows as a load's does, and the largest features are the load's. A graph
+ * whose bytes changed after the index is refused, naming the file; text-bptt cannot be
+ * streamed. */
+static void same_graph(const cavs_graph *a, const cavs_graph *b, int nint, long realw) {
+  ck_assert_int_eq(a->n, b->n);
+  ck_assert_int_eq(a->maxc, b->maxc);
+  for (int x = 0; x < a->n; x++) {
+    for (int k = 0; k < a->maxc; k++) ck_assert_int_eq(a->child[x * a->maxc + k], b->child[x * b->maxc + k]);
+    ck_assert_int_eq(a->type ? a->type[x] : 0, b->type ? b->type[x] : 0);
+    for (int k = 0; k < nint; k++) ck_assert_int_eq(a->feat[x * nint + k], b->feat[x * nint + k]);
+    for (long k = 0; k < realw; k++) ck_assert(a->real[x * realw + k] == b->real[x * realw + k]);
+  }
+}
+
+static void stream_matches(const char *name, const char *data, size_t len, const char *format, const cavs_desc *d,
+                           long realw) {
+  long dims[CAVS_MAX_DIMS];
+  dims_of(d, dims);
+  char err[1024], path[256];
+  cavs_vocab *v1 = cavs_vocab_new(), *v2 = cavs_vocab_new();
+  cavs_dataset *whole = load_ok(name, data, len, format, d, dims, v1, 1);
+  file_path(path, sizeof path, name);
+  cavs_stream *st = cavs_stream_open(path, format, d, dims, v2, 1, err, sizeof err);
+  ck_assert_msg(st != NULL, "%s: %s", name, err);
+  int n = cavs_dataset_count(whole);
+  ck_assert_int_eq(cavs_stream_count(st), n);
+  ck_assert_int_eq(cavs_stream_vertices(st), cavs_dataset_vertices(whole));
+  ck_assert_int_eq(cavs_vocab_size(v2), cavs_vocab_size(v1));
+  for (int k = 0; k < d->nint; k++) ck_assert_int_eq(cavs_stream_max_feature(st, k), cavs_dataset_max_feature(whole, k));
+  int *which = malloc(sizeof(int) * (size_t)n);
+  for (int j = 0; j < n; j++) which[j] = (j * 7 + 3) % n; /* (a permutation when 7 and n are coprime) */
+  cavs_dataset *part = cavs_stream_read(st, which, n, err, sizeof err);
+  ck_assert_msg(part != NULL, "%s: %s", name, err);
+  for (int j = 0; j < n; j++) {
+    ck_assert_int_eq(cavs_stream_graph_vertices(st, which[j]), cavs_dataset_graph(whole, which[j])->n);
+    same_graph(cavs_dataset_graph(part, j), cavs_dataset_graph(whole, which[j]), d->nint, realw);
+  }
+  cavs_dataset_free(part);
+  free(which);
+  /* one byte of the last graph changed (the same length): that graph is refused */
+  char *changed = malloc(len);
+  memcpy(changed, data, len);
+  size_t at = len - 1;
+  while (changed[at] == '\n' || changed[at] == ')' || changed[at] == '\r') at--;
+  changed[at] = changed[at] == '7' ? '8' : '7';
+  tu_write(path, changed, len);
+  int last = n - 1;
+  ck_assert_ptr_null(cavs_stream_read(st, &last, 1, err, sizeof err));
+  ck_assert_msg(strstr(err, path) && strstr(err, "changed since it was read first"), "%s", err);
+  free(changed);
+  cavs_stream_close(st);
+  cavs_dataset_free(whole);
+  cavs_vocab_free(v1);
+  cavs_vocab_free(v2);
+}
+
+START_TEST(stream_reads_back_what_a_load_reads) {
+  static const char ptb[] = "\xEF\xBB\xBF(3 (2 a) (4 (2 b) (3 c)))\n(1 (0 d) (2 e))\r\n(2 f)\n(4 (2 a) (1 (3 g) (2 h)))\n"
+                            "(0 (1 b) (2 i))\n(3 j)\n(2 (2 k) (2 a))\n";
+  stream_matches("s.txt", ptb, sizeof ptb - 1, "ptb-tree", TL, 0);
+  static const char text[] = "the cat sat\nthe dog\na b c d e\nsat on the mat\nx\n";
+  stream_matches("s.lm", text, sizeof text - 1, "text", LM, 0);
+  stream_matches("s.cgf", S(cgf_good), "cgf", TT, 0);
+  long dims[CAVS_MAX_DIMS];
+  dims_of(LM, dims);
+  char err[1024], path[256];
+  file_path(path, sizeof path, "s.lm");
+  tu_write(path, text, sizeof text - 1);
+  cavs_vocab *v = cavs_vocab_new();
+  ck_assert_ptr_null(cavs_stream_open(path, "text-bptt", LM, dims, v, 1, err, sizeof err));
+  ck_assert_msg(strstr(err, "cannot be streamed"), "%s", err);
+  cavs_vocab_free(v);
+}
+END_TEST
+
 static const Bad cgf_bad[] = {
     {"cycle", S("# c\ngraph\n0 leaf\n1 internal 0 2\n2 internal 1 -\nend\n"), 4, "cycle through vertex 1"},
     {"self-loop", S("graph\n0 leaf\nend\ngraph\n0 leaf\n1 internal 1 0\nend\n"), 6, "cycle through vertex 1"},
@@ -1122,6 +1200,7 @@ int main(void) {
   tcase_add_test(cgf, cgf_reals_under_any_locale);
   tcase_add_test(cgf, vectors_load_and_freeze);
   tcase_add_test(cgf, loader_memory_limit);
+  tcase_add_test(cgf, stream_reads_back_what_a_load_reads);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

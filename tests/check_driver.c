@@ -1737,6 +1737,65 @@ START_TEST(sigint_saves_and_resumes_exactly) {
 }
 END_TEST
 
+/* --stream: the training file indexed and read back a minibatch at a time trains to the
+ * bytes of the file loaded whole (the same graphs in the same order): the Tree-LSTM with a
+ * dev set, two epochs or one and a resume, and the language model on text. A file whose
+ * data is more than --max-memory fails to load and trains streamed; text-bptt, whose
+ * chunks run across lines, is refused. */
+START_TEST(stream_trains_as_loaded) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "2", "--quiet", "--save", path_in("ld.ckpt"), NULL);
+  ok(&r, "loaded");
+  tu_free(&r);
+  r = TRAIN("--epochs", "2", "--quiet", "--stream", "--save", path_in("sd.ckpt"), NULL);
+  ok(&r, "streamed");
+  tu_free(&r);
+  same_bytes("ld.ckpt", "sd.ckpt", "--stream trained otherwise than the file loaded");
+  same_bytes("ld.ckpt.best", "sd.ckpt.best", "--stream's best is not the loaded run's");
+  r = TRAIN("--epochs", "1", "--quiet", "--stream", "--save", path_in("s1.ckpt"), NULL);
+  ok(&r, "streamed, epoch 1");
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dev",
+           path_in("dev.txt"), "--threads", "1", "--epochs", "1", "--quiet", "--stream", "--resume", path_in("s1.ckpt"),
+           "--save", path_in("s1.ckpt"), NULL);
+  ok(&r, "streamed, resumed");
+  tu_free(&r);
+  same_bytes("ld.ckpt", "s1.ckpt", "--stream resumed trained otherwise");
+  FILE *f = fopen(path_in("lines.txt"), "w");
+  ck_assert(f != NULL);
+  for (int i = 0; i < 400; i++) fprintf(f, "w%d a w%d b%s\n", i % 13, i % 7, i % 3 ? " c" : "");
+  fclose(f);
+  for (int streamed = 0; streamed < 2; streamed++) {
+    r = cavs("train", model("lstm_lm.vf"), "--format", "text", "--train", path_in("lines.txt"), "--dim", "E=8", "--dim",
+             "H=8", "--epochs", "2", "--batch", "16", "--threads", "1", "--quiet", "--save",
+             path_in(streamed ? "lms.ckpt" : "lml.ckpt"), streamed ? "--stream" : NULL, NULL);
+    ok(&r, "text");
+    tu_free(&r);
+  }
+  same_bytes("lml.ckpt", "lms.ckpt", "--stream on text trained otherwise");
+  /* 30000 trees of up to 31 vertices: more than 8 MiB loaded, a minibatch at a time streamed */
+  r = cavs("gen", "toy", "--graphs", "30000", "--leaves", "16", "--words", "60", "--seed", "3", "-o", path_in("big.txt"),
+           NULL);
+  ok(&r, "gen big");
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("big.txt"), "--dim", "E=8",
+           "--dim", "H=8", "--epochs", "1", "--threads", "1", "--quiet", "--max-memory", "8M", NULL);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "needs more than the memory limit of 8.00 MiB"), "%d %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("big.txt"), "--dim", "E=8",
+           "--dim", "H=8", "--epochs", "1", "--threads", "1", "--max-memory", "8M", "--stream", NULL);
+  ok(&r, "streamed under --max-memory 8M");
+  ck_assert_msg(strstr(r.out, "30000 training graphs ("), "%s", r.out);
+  tu_free(&r);
+  r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt", "--train", path_in("lines.txt"), "--epochs", "1",
+           "--stream", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "data format text-bptt cannot be streamed"), "%d %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+END_TEST
+
 /* A language model trained on text-bptt:9 in 8 streams, with `vary` the --bptt-vary
  * (NULL: none), stopped by SIGINT inside an epoch and resumed for one epoch into
  * NAME2.ckpt (not told --bptt-vary again: the checkpoint keeps it), and the same run
@@ -2817,6 +2876,7 @@ int main(void) {
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
+  tcase_add_test(tc, stream_trains_as_loaded);
   tcase_add_test(tc, sigint_resumes_carried_state_exactly);
   tcase_add_test(tc, sigint_resumes_varied_chunks_exactly);
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);

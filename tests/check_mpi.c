@@ -172,7 +172,7 @@ static double differ(const char *name) {
 /* The Tree-LSTM, in double, with dropout (masks keyed by the whole minibatch's vertex
    numbers: the ranks draw the one process's), 33 graphs in minibatches of 32 (the last
    has one graph: one rank runs none of its own). Its table (62 words) is summed whole;
-   the log says so, and that two ranks ran. */
+   the log says so, and that two ranks ran. And the same with the file streamed. */
 START_TEST(treelstm_equals_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
   gen("toy", "33", "3", "toy33.txt", NULL);
@@ -183,6 +183,16 @@ START_TEST(treelstm_equals_one_process) {
   same_dev("tree", 1e-12);
   ck_assert_int_eq(last_log_int(path_in("tree.2.log"), "ranks"), 2);
   ck_assert_int_gt(last_log_int(path_in("tree.2.log"), "tables_whole"), 0);
+  /* the training file streamed (--stream): each rank reads only its part of a minibatch */
+  BOTH("trees", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dev", path_in("toy33.txt"),
+       "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3",
+       "--stream");
+  w = differ("trees");
+  ck_assert_msg(w < 1e-9, "--stream: two ranks' parameters differ from one process's by %g", w);
+  size_t na = 0, nb = 1;
+  char *a = tu_slurp(path_in("tree.1"), &na), *b = tu_slurp(path_in("trees.1"), &nb);
+  ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "one process: --stream trained otherwise than loaded");
+  free(a), free(b);
   BOTH("tree33", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
        "H=16", "--batch", "32", "--epochs", "3", "--precision", "double", "--dropout", "0.2");
   w = differ("tree33");
