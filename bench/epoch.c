@@ -15,7 +15,11 @@
  * store at home (cavs_model_set_ablations);
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
- * into this program for the purpose) or the BLAS's.
+ * into this program for the purpose) or the BLAS's. products= says which kernels ran
+ * and why: own(avx512) (libcavs's products; few rows through its kernel in place),
+ * blas+small(avx2) (no AVX-512: the BLAS's, but few rows through libcavs's AVX2
+ * kernel), blas(--blas) or blas(no-avx2). CAVS_GEMM=avx2 in the environment runs an
+ * AVX-512 processor as one without it.
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, lstm_lm2, treegru, twotype, tagger, tagger_chars, childsum,
  * lattice_lstm, lattice_gru, seq2seq, mvrnn, nary_treelstm). */
 #include "cavs.h"
@@ -68,9 +72,11 @@ static void *floor_part(void *arg) {
 /* GFLOP/s of one large sgemm, the rate the batched products are measured against:
    through the BLAS with its threads, or libcavs's own product split by columns over
    as many threads. */
+static int run_threads = 1; /* the BLAS's threads for the run */
 static double sgemm_rate(int own, int threads) {
   float *a = calloc((size_t)FM * FK, 4), *b = calloc((size_t)FK * FN, 4), *c = calloc((size_t)FM * FN, 4);
   int it = 0;
+  openblas_set_num_threads(threads); /* the floor of this count, whatever the run's */
   double t0 = now();
   while (now() - t0 < 0.5 || it < 2) {
     if (!own) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, FM, FN, FK, 1, a, FK, b, FN, 0, c, FN);
@@ -88,6 +94,7 @@ static double sgemm_rate(int own, int threads) {
     it++;
   }
   double r = 2.0 * FM * FN * FK * it / (now() - t0) / 1e9;
+  openblas_set_num_threads(run_threads);
   free(a);
   free(b);
   free(c);
@@ -160,8 +167,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   /* the floor is measured with the threads the model will be given */
+  run_threads = threads;
   openblas_set_num_threads(threads);
   int own = !blas && cv_sgemm_usable();
+  const char *genv = getenv("CAVS_GEMM");
+  const char *products = blas                                ? "blas(--blas)"
+                         : genv && !strcmp(genv, "blas")     ? "blas(CAVS_GEMM=blas)"
+                         : own                               ? "own(avx512)"
+                         : cv_sgemm_small_usable()           ? "blas+small(avx2)"
+                                                             : "blas(no-avx2)";
   double floor_rate = sgemm_rate(own, threads);
   /* the floor at one and at two threads too, whatever this run's count: the CPU's own
      numbers, printed with it on every line */
@@ -257,7 +271,7 @@ int main(int argc, char **argv) {
     printf(" gemm=%.0f%% gemm_gflops=%.1f overall_gflops=%.1f sgemm_floor=%.1f (%.0f%% of it) products=%s"
            " cpu=\"%s\" floor_1t=%.1f floor_2t=%.1f\n",
            100 * gsecs / secs, gflops / gsecs / 1e9, gflops / secs / 1e9, floor_rate,
-           100 * gflops / secs / 1e9 / floor_rate, own ? "own" : "blas", cpu, floor1, floor2);
+           100 * gflops / secs / 1e9 / floor_rate, products, cpu, floor1, floor2);
     double other = secs - gsecs - bs.rows_seconds - bs.loop_seconds - bs.zero_seconds - bs.step_seconds -
                    bs.schedule_seconds - bs.grow_seconds;
     struct rusage ru;

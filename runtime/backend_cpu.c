@@ -146,7 +146,7 @@ typedef struct GemmJob {
   int parts;
   bool by_rows;
   bool own;             /* sgemm.c's product rather than the BLAS's, decided for the whole product */
-  bool small;           /* with own: its few rows read op(B) in place (cv_sgemm_small) */
+  bool small;           /* its few rows read op(B) in place (cv_sgemm_small; AVX2 without own) */
   const float *packed;  /* with own: op(B) packed for this pass (a parameter), or NULL */
 } GemmJob;
 
@@ -235,8 +235,10 @@ static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE
   g.own = !g.dbl && n >= 16 && c->model->own_gemm;
   /* A few rows read op(B) once or a few times: packing it would cost as much (and a
      parameter packed for a pass is read by few such products at batch size 1). Both
-     operands transposed (no model's product) go the packed way. */
-  g.small = g.own && m <= CV_SGEMM_SMALL_M && !(A == CblasTrans && B == CblasTrans);
+     operands transposed (no model's product) go the packed way. Without AVX-512 the
+     few-rows kernel runs in AVX2 and the rest goes to the BLAS (bench/README, Zen 3). */
+  g.small = !g.dbl && n >= 16 && c->model->small_gemm && m <= CV_SGEMM_SMALL_M &&
+            !(A == CblasTrans && B == CblasTrans);
   if (g.own && !g.small) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
   /* below a megaflop, or without 32 columns (rows) a thread, one call */
   if (!pool || 2.0 * m * n * k < 1e6 || (n < 32 * parts && m < 32 * parts)) {
@@ -268,9 +270,9 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
      matrix-vector product, and a single-row parameter gradient an outer product: gemv
      and ger, without the packing gemm does for its blocks (most of an M=1 gemm's time).
      op(A)'s one row, or op(A)'s one column, is read with A's stride where it is not
-     contiguous. Where libcavs's own product runs, a row goes to its few-rows kernel
-     instead (gemm_parts: faster than the BLAS's gemv on Zen 4, bench/README). */
-  bool own_row = !DBL(c) && n >= 16 && c->model->own_gemm && !(ta == CAVS_TRANS && tb == CAVS_TRANS);
+     contiguous. Where libcavs's few-rows kernel runs, a row goes to it instead
+     (gemm_parts: faster than the BLAS's gemv on Zen 4 and Zen 3, bench/README). */
+  bool own_row = !DBL(c) && n >= 16 && c->model->small_gemm && !(ta == CAVS_TRANS && tb == CAVS_TRANS);
   if (m == 1 && !own_row) {
     int inc = ta == CAVS_TRANS ? (int)lda : 1;
     if (DBL(c))

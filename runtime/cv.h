@@ -131,7 +131,8 @@ struct cavs_model {
   cv_op *plan;
   int nplan, capplan;
   bool overlap;
-  bool own_gemm; /* the CPU backend's single-precision products through sgemm.c */
+  bool own_gemm;   /* the CPU backend's single-precision products through sgemm.c */
+  bool small_gemm; /* its products of a few rows through cv_sgemm_small (AVX-512 or AVX2) */
   /* the last forward pass's logits of the first softmax_xent loss (generated code hands
      their buffer to cavs_xent_fwd): row r at xent_z + r * xent_ld, xent_w classes */
   const void *xent_z;

@@ -1,6 +1,7 @@
 /* sgemm.c: libcavs's own single-precision product for x86-64 processors with AVX-512,
- * C = alpha op(A) op(B) + beta C, row-major, single-threaded (backend_cpu.c splits a
- * product over its pool and calls this once a block).
+ * and its products of a few rows with AVX-512 or AVX2, C = alpha op(A) op(B) + beta C,
+ * row-major, single-threaded (backend_cpu.c splits a product over its pool and calls
+ * this once a block).
  *
  * Why a product of our own: the OpenBLAS of the target distribution (0.3.21) predates
  * the processors it runs on here, so the environment pins its AVX2 kernels; at the
@@ -278,36 +279,212 @@ static SmallNT *const small_nt[TR + 1] = {NULL, small_nt_1, small_nt_2, small_nt
 
 static void scale(int m, int n, float beta, float *c, long ldc);
 
-int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
-                   long ldb, float beta, float *c, long ldc) {
-  if (m <= 0 || n <= 0) return 0;
-  if (m > CV_SGEMM_SMALL_M || (tb && ta)) return -1;
-  scale(m, n, beta, c, ldc);
-  if (k <= 0 || alpha == 0.0f) return 0;
+/* The few-rows product in AVX2 with FMA, for processors without AVX-512 (Zen 2 and 3,
+   Intel client cores): there OpenBLAS runs every product, and at a few rows it packs
+   op(B) (gemm) or reads it at a dot product's pace (gemv), as on Zen 4 before
+   cv_sgemm_small. The same sums as small512: not transposed, each element one chain of
+   fused multiply-adds over each KC slice, k ascending, then alpha times it added to C
+   (so the bits of small512 and of cv_sgemm, where those run); transposed, a dot product
+   in 8 lanes, k in steps of 8, summed across the lanes at the end in a fixed order: its
+   own order, depending on k alone. Tiles of R2 rows (up to 3) and 32 columns: 12
+   accumulators of the 16 registers. */
+#define AVX2 __attribute__((target("avx2,fma")))
+enum { R2 = 3, NV2 = 4, NR2 = 8 * NV2, TR2 = 2, JR2 = 4 };
+
+/* lanes [0, left) set */
+AVX2 static inline __attribute__((always_inline)) __m256i lanes(int left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* c[0..R) x [0..nr) += alpha * A(0..R, 0..kc) B(0..kc, 0..nr), B(p, j) = b[p * bs + j];
+   `full`: nr is NR2 and nothing is masked. Lanes past nr load as zeros (a masked load
+   does not touch them) and are not stored. */
+AVX2 static inline __attribute__((always_inline)) void
+tile2(int R, bool full, int kc, const float *restrict a, long ars, long acs, const float *restrict b, long bs,
+      float *restrict c, long ldc, int nr, float alpha) {
+  __m256 acc[R2][NV2];
+  __m256i mask[NV2];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV2; v++) mask[v] = lanes(nr - 8 * v);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV2; v++) acc[i][v] = _mm256_setzero_ps();
+  for (int p = 0; p < kc; p++) {
+    __m256 ai[R2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) ai[i] = _mm256_broadcast_ss(a + i * ars + p * acs);
+#pragma GCC unroll 8
+    for (int v = 0; v < NV2; v++) {
+      const float *bp = b + (size_t)p * bs + 8 * v;
+      __m256 bv = full ? _mm256_loadu_ps(bp) : _mm256_maskload_ps(bp, mask[v]);
+#pragma GCC unroll 8
+      for (int i = 0; i < R; i++) acc[i][v] = _mm256_fmadd_ps(ai[i], bv, acc[i][v]);
+    }
+  }
+  __m256 al = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV2; v++) {
+      float *cp = c + (size_t)i * ldc + 8 * v;
+      if (full) _mm256_storeu_ps(cp, _mm256_fmadd_ps(al, acc[i][v], _mm256_loadu_ps(cp)));
+      else if (nr > 8 * v)
+        _mm256_maskstore_ps(cp, mask[v], _mm256_fmadd_ps(al, acc[i][v], _mm256_maskload_ps(cp, mask[v])));
+    }
+}
+
+#define SMALL2_NN(R)                                                                                                 \
+  AVX2 static void small2_nn_##R(int kc, const float *a, long ars, long acs, const float *b, long ldb, float *c,     \
+                                 long ldc, int nr, float alpha) {                                                    \
+    if (nr == NR2) tile2(R, true, kc, a, ars, acs, b, ldb, c, ldc, nr, alpha);                                       \
+    else tile2(R, false, kc, a, ars, acs, b, ldb, c, ldc, nr, alpha);                                                \
+  }
+SMALL2_NN(1)
+SMALL2_NN(2)
+SMALL2_NN(3)
+static SmallNN *const small2_nn[R2 + 1] = {NULL, small2_nn_1, small2_nn_2, small2_nn_3};
+
+/* The 8 lanes' sum, always in the same order */
+AVX2 static inline __attribute__((always_inline)) float lanes_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* C(i, j) += alpha * dot(A's row i, B's row j) for MRC rows of A and nr (up to JR2)
+   rows of B; k's last partial step of 8 through masked loads. */
+AVX2 static inline __attribute__((always_inline)) void
+small2_nt_tile(int MRC, int k, const float *a, long lda, const float *b, long ldb, float *c, long ldc, int nr,
+               float alpha) {
+  __m256 acc[TR2][JR2];
+#pragma GCC unroll 8
+  for (int i = 0; i < MRC; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < JR2; j++) acc[i][j] = _mm256_setzero_ps();
+  /* rows of B past nr read as B's last row of the tile (in bounds; thrown away) */
+  const float *br[JR2];
+#pragma GCC unroll 8
+  for (int j = 0; j < JR2; j++) br[j] = b + (size_t)(j < nr ? j : nr - 1) * ldb;
+  int p = 0;
+  for (; p + 8 <= k; p += 8) {
+    __m256 ai[TR2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MRC; i++) ai[i] = _mm256_loadu_ps(a + (size_t)i * lda + p);
+#pragma GCC unroll 8
+    for (int j = 0; j < JR2; j++) {
+      __m256 bv = _mm256_loadu_ps(br[j] + p);
+#pragma GCC unroll 8
+      for (int i = 0; i < MRC; i++) acc[i][j] = _mm256_fmadd_ps(ai[i], bv, acc[i][j]);
+    }
+  }
+  if (p < k) {
+    __m256i mk = lanes(k - p);
+    __m256 ai[TR2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MRC; i++) ai[i] = _mm256_maskload_ps(a + (size_t)i * lda + p, mk);
+#pragma GCC unroll 8
+    for (int j = 0; j < JR2; j++) {
+      __m256 bv = _mm256_maskload_ps(br[j] + p, mk);
+#pragma GCC unroll 8
+      for (int i = 0; i < MRC; i++) acc[i][j] = _mm256_fmadd_ps(ai[i], bv, acc[i][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MRC; i++)
+#pragma GCC unroll 8
+    for (int j = 0; j < JR2; j++)
+      if (j < nr) c[(size_t)i * ldc + j] += alpha * lanes_sum(acc[i][j]);
+}
+
+#define SMALL2_NT(R)                                                                                                 \
+  AVX2 static void small2_nt_##R(int k, const float *a, long lda, const float *b, long ldb, float *c, long ldc,      \
+                                 int nr, float alpha) {                                                              \
+    small2_nt_tile(R, k, a, lda, b, ldb, c, ldc, nr, alpha);                                                         \
+  }
+SMALL2_NT(1)
+SMALL2_NT(2)
+static SmallNT *const small2_nt[TR2 + 1] = {NULL, small2_nt_1, small2_nt_2};
+
+/* A few-rows product's kernels and their tiles: rows and columns of a tile not
+   transposed (nn[r] computes r rows), rows of A and of B a dot-product tile (nt[r]). */
+typedef struct SmallIsa {
+  int rows, cols, trows, tcols;
+  SmallNN *const *nn;
+  SmallNT *const *nt;
+} SmallIsa;
+static const SmallIsa isa512 = {MR, NR, TR, JR, small_nn, small_nt}, isa256 = {R2, NR2, TR2, JR2, small2_nn, small2_nt};
+
+static int small_run(const SmallIsa *x, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                     const float *b, long ldb, float *c, long ldc) {
   if (tb) {
-    /* JR rows of B (their k floats: 24 KB at the Tree-LSTM's 5H = 1536) stay in the
-       first-level cache while every block of A's rows reads them: B streams once */
-    for (int j = 0; j < n; j += JR)
-      for (int i0 = 0; i0 < m; i0 += TR) {
-        int mr = m - i0 < TR ? m - i0 : TR;
-        small_nt[mr](k, a + (size_t)i0 * lda, lda, b + (size_t)j * ldb, ldb, c + (size_t)i0 * ldc + j, ldc,
-                     n - j < JR ? n - j : JR, alpha);
+    /* tcols rows of B (their k floats: 24 KB at the Tree-LSTM's 5H = 1536, four rows)
+       stay in the first- or second-level cache while every block of A's rows reads
+       them: B streams once */
+    for (int j = 0; j < n; j += x->tcols)
+      for (int i0 = 0; i0 < m; i0 += x->trows) {
+        int mr = m - i0 < x->trows ? m - i0 : x->trows;
+        x->nt[mr](k, a + (size_t)i0 * lda, lda, b + (size_t)j * ldb, ldb, c + (size_t)i0 * ldc + j, ldc,
+                  n - j < x->tcols ? n - j : x->tcols, alpha);
       }
     return 0;
   }
   long ars = ta ? 1 : lda, acs = ta ? lda : 1;
-  /* a KC x 64 block of B (64 KB) stays in the second-level cache while every block of
-     A's rows reads it: B streams once; the slices in order, as product() adds them */
+  /* a KC-deep block of B's columns (64 KB, or 32 in AVX2) stays in cache while every
+     block of A's rows reads it: B streams once; the slices in order, as product() adds
+     them */
   for (int p0 = 0; p0 < k; p0 += KC) {
     int kc = k - p0 < KC ? k - p0 : KC;
-    for (int j = 0; j < n; j += NR)
-      for (int i0 = 0; i0 < m; i0 += MR) {
-        int mr = m - i0 < MR ? m - i0 : MR;
-        small_nn[mr](kc, a + (size_t)i0 * ars + (size_t)p0 * acs, ars, acs, b + (size_t)p0 * ldb + j, ldb,
-                     c + (size_t)i0 * ldc + j, ldc, n - j < NR ? n - j : NR, alpha);
+    for (int j = 0; j < n; j += x->cols)
+      for (int i0 = 0; i0 < m; i0 += x->rows) {
+        int mr = m - i0 < x->rows ? m - i0 : x->rows;
+        x->nn[mr](kc, a + (size_t)i0 * ars + (size_t)p0 * acs, ars, acs, b + (size_t)p0 * ldb + j, ldb,
+                  c + (size_t)i0 * ldc + j, ldc, n - j < x->cols ? n - j : x->cols, alpha);
       }
   }
   return 0;
+}
+
+/* Which instruction set the few-rows product runs in: 2 AVX-512, 1 AVX2 with FMA, 0
+   none (or CAVS_GEMM=blas); decided once. CAVS_GEMM=avx2 asks for the AVX2 kernels
+   where AVX-512 would run (to measure them, or to test them on such a machine). */
+static int small_isa(void) {
+  static int isa = -1;
+  if (isa < 0) {
+    const char *e = getenv("CAVS_GEMM");
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (e && strcmp(e, "blas") == 0) isa = 0;
+    else if (__builtin_cpu_supports("avx512f") && !(e && strcmp(e, "avx2") == 0)) isa = 2;
+    else isa = avx2 ? 1 : 0;
+  }
+  return isa;
+}
+
+bool cv_sgemm_small_usable(void) { return small_isa() > 0; }
+
+const char *cv_sgemm_small_isa(void) { return small_isa() == 2 ? "avx512" : small_isa() == 1 ? "avx2" : "none"; }
+
+static int small_with(int isa, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                      const float *b, long ldb, float beta, float *c, long ldc) {
+  if (m <= 0 || n <= 0) return 0;
+  if (m > CV_SGEMM_SMALL_M || (tb && ta) || isa <= 0) return -1;
+  scale(m, n, beta, c, ldc);
+  if (k <= 0 || alpha == 0.0f) return 0;
+  return small_run(isa == 2 ? &isa512 : &isa256, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc);
+}
+
+int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                   long ldb, float beta, float *c, long ldc) {
+  return small_with(small_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                        const float *b, long ldb, float beta, float *c, long ldc) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1;
+  return small_with(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 bool cv_sgemm_usable(void) {
@@ -315,7 +492,7 @@ bool cv_sgemm_usable(void) {
   if (usable < 0) {
     const char *e = getenv("CAVS_GEMM");
     __builtin_cpu_init();
-    usable = __builtin_cpu_supports("avx512f") && !(e && strcmp(e, "blas") == 0);
+    usable = __builtin_cpu_supports("avx512f") && !(e && (strcmp(e, "blas") == 0 || strcmp(e, "avx2") == 0));
   }
   return usable;
 }
@@ -408,4 +585,10 @@ int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const flo
                    long ldb, float beta, float *c, long ldc) {
   return -1;
 }
+int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                        const float *b, long ldb, float beta, float *c, long ldc) {
+  return -1;
+}
+bool cv_sgemm_small_usable(void) { return false; }
+const char *cv_sgemm_small_isa(void) { return "none"; }
 #endif

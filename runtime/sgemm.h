@@ -1,12 +1,14 @@
 /* sgemm.h: libcavs's own single-precision product (sgemm.c), for processors with
- * AVX-512: C = alpha op(A) op(B) + beta C, row-major, one thread. */
+ * AVX-512, and its few-rows product with AVX-512 or AVX2: C = alpha op(A) op(B) + beta
+ * C, row-major, one thread. */
 #ifndef CAVS_SGEMM_H
 #define CAVS_SGEMM_H
 #include <stdbool.h>
 #include <stddef.h>
 
 /* Whether this process can use cv_sgemm: the processor has AVX-512F and the
-   environment does not ask for the BLAS (CAVS_GEMM=blas). Decided once. */
+   environment does not ask for the BLAS (CAVS_GEMM=blas) or for what a processor with
+   AVX2 alone runs (CAVS_GEMM=avx2). Decided once. */
 bool cv_sgemm_usable(void);
 /* 0, or -1 when out of memory (C untouched then only if beta is 1). */
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
@@ -23,8 +25,19 @@ int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, l
 /* A product of at most CV_SGEMM_SMALL_M rows with op(B) read where it lies, not packed
    (packing costs as much as such a product). Not transposed, cv_sgemm's bits; with B
    transposed, a dot product a row (its own order, the same however the product is
-   split by rows or columns). -1 for more rows, or both operands transposed. */
+   split by rows or columns). -1 for more rows, both operands transposed, or a
+   processor with neither AVX-512 nor AVX2 and FMA (or CAVS_GEMM=blas). In AVX-512
+   where the processor has it (and CAVS_GEMM is not avx2), else in AVX2; the two give
+   the same bits not transposed (and the transposed sums differ between them). */
 #define CV_SGEMM_SMALL_M 16
 int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
                    long ldb, float beta, float *c, long ldc);
+/* Whether cv_sgemm_small runs here, and in which instruction set ("avx512", "avx2",
+   "none"). */
+bool cv_sgemm_small_usable(void);
+const char *cv_sgemm_small_isa(void);
+/* cv_sgemm_small's AVX2 version whatever the processor has beyond it (for tests); -1
+   without AVX2 and FMA. */
+int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                        const float *b, long ldb, float beta, float *c, long ldc);
 #endif

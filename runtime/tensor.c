@@ -396,6 +396,7 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   c->loss_scale = 1;
   m->overlap = be->stream && !(o && o->one_stream);
   m->own_gemm = !(o && o->blas) && cv_sgemm_usable();
+  m->small_gemm = !(o && o->blas) && cv_sgemm_small_usable();
   if (be->open(m, o)) {
     snprintf(err, errlen, "%s", m->err);
     cavs_model_free(m);

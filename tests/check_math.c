@@ -350,68 +350,91 @@ START_TEST(sgemm_splits_change_no_bit) {
 }
 END_TEST
 
+/* The few-rows kernels this processor runs: the one libcavs picks (AVX-512 or AVX2), and
+   the AVX2 one where that is not it (an AVX-512 processor runs AVX2 too, so the kernel
+   that processors without AVX-512 use is tested on every machine that can run it). */
+static int small_kernels(Gemm **f, const char **name) {
+  int n = 0;
+  if (cv_sgemm_small_usable()) f[n] = cv_sgemm_small, name[n++] = cv_sgemm_small_isa();
+  float x = 1, y = 0;
+  if (strcmp(cv_sgemm_small_isa(), "avx2") && cv_sgemm_small_avx2(false, false, 1, 1, 1, 1, &x, 1, &x, 1, 0, &y, 1) == 0)
+    f[n] = cv_sgemm_small_avx2, name[n++] = "avx2 (forced)";
+  if (!n) fprintf(stderr, "check_math: neither AVX-512 nor AVX2 with FMA: no few-rows kernel runs here\n");
+  return n;
+}
+
 /* The few-rows product (cv_sgemm_small: op(B) read in place): every row count it takes,
-   the edges of its tiles (6 rows and 64 columns not transposed; 4 rows, 4 columns and
-   16-float steps of k transposed), against sums in double as cv_sgemm is; both operands
+   the edges of its tiles (6 rows and 64 columns not transposed, 4 rows, 4 columns and
+   16-float steps of k transposed in AVX-512; 3 rows and 32 columns, 2 rows, 4 columns
+   and 8-float steps in AVX2), against sums in double as cv_sgemm is; both operands
    transposed and more than CV_SGEMM_SMALL_M rows refused. */
 START_TEST(sgemm_small_matches_double) {
-  if (!cv_sgemm_usable()) return;
-  static const int ns[] = {1, 3, 4, 5, 15, 16, 17, 63, 64, 65, 130, 1030},
-                   ks[] = {1, 3, 15, 16, 17, 255, 256, 257, 530};
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = small_kernels(fs, names);
+  static const int ns[] = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130, 1030},
+                   ks[] = {1, 3, 7, 8, 9, 15, 16, 17, 255, 256, 257, 530};
   static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
-  for (int m = 1; m <= CV_SGEMM_SMALL_M; m++)
-    for (int t = 0; t < 3; t++) /* NN, TN, NT */
-      one_product_with(cv_sgemm_small, t == 1, t == 2, m, 1030, 530, 1, 1);
-  for (int c = 0; c < 600; c++) {
-    int m = 1 + (int)(rnd() * CV_SGEMM_SMALL_M), n = ns[(int)(rnd() * 12)], k = ks[(int)(rnd() * 9)];
-    int t = (int)(rnd() * 3);
-    one_product_with(cv_sgemm_small, t == 1, t == 2, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+  for (int f = 0; f < nk; f++) {
+    fprintf(stderr, "check_math: few-rows kernel %s\n", names[f]);
+    for (int m = 1; m <= CV_SGEMM_SMALL_M; m++)
+      for (int t = 0; t < 3; t++) /* NN, TN, NT */
+        one_product_with(fs[f], t == 1, t == 2, m, 1030, 530, 1, 1);
+    for (int c = 0; c < 600; c++) {
+      int m = 1 + (int)(rnd() * CV_SGEMM_SMALL_M), n = ns[(int)(rnd() * 18)], k = ks[(int)(rnd() * 12)];
+      int t = (int)(rnd() * 3);
+      one_product_with(fs[f], t == 1, t == 2, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+    }
+    float x[4] = {1, 2, 3, 4}, y[4] = {0};
+    ck_assert_int_eq(fs[f](true, true, 2, 2, 2, 1, x, 2, x, 2, 0, y, 2), -1);
+    float *big = calloc((size_t)(CV_SGEMM_SMALL_M + 1) * 64, sizeof(float));
+    ck_assert(big);
+    ck_assert_int_eq(fs[f](false, false, CV_SGEMM_SMALL_M + 1, 16, 4, 1, big, 4, big, 16, 0, big, 16), -1);
+    free(big);
   }
-  float x[4] = {1, 2, 3, 4}, y[4] = {0};
-  ck_assert_int_eq(cv_sgemm_small(true, true, 2, 2, 2, 1, x, 2, x, 2, 0, y, 2), -1);
-  float *big = calloc((size_t)(CV_SGEMM_SMALL_M + 1) * 64, sizeof(float));
-  ck_assert(big);
-  ck_assert_int_eq(cv_sgemm_small(false, false, CV_SGEMM_SMALL_M + 1, 16, 4, 1, big, 4, big, 16, 0, big, 16), -1);
-  free(big);
 }
 END_TEST
 
 /* The few-rows product split by columns (over the pool's threads: blocks of 16) or by
    rows gives the bits of the whole: results do not depend on the thread count. Not
-   transposed, they are cv_sgemm's bits too, so a level of a tree computes the same
-   whichever kernel its row count picks. */
+   transposed, they are cv_sgemm's bits too (the AVX2 kernel's included), so a level of
+   a tree computes the same whichever kernel its row count picks where cv_sgemm runs. */
 START_TEST(sgemm_small_splits_change_no_bit) {
-  if (!cv_sgemm_usable()) return;
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = small_kernels(fs, names);
   const int n = 1000, k = 600;
-  for (int m = 1; m <= CV_SGEMM_SMALL_M; m += 3)
-    for (int t = 0; t < 3; t++) {
-      bool ta = t == 1, tb = t == 2;
-      long lda = ta ? m : k, ldb = tb ? k : n;
-      float *a, *b, *whole, *part;
-      operands(m, n, k, &a, &b, &whole, &part);
-      ck_assert_int_eq(cv_sgemm_small(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
-      if (!tb) {
-        ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, part, n), 0);
-        ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: not cv_sgemm's bits", ta, tb, m);
-        memset(part, 0, sizeof(float) * (size_t)m * n);
+  for (int f = 0; f < nk; f++)
+    for (int m = 1; m <= CV_SGEMM_SMALL_M; m += 3)
+      for (int t = 0; t < 3; t++) {
+        bool ta = t == 1, tb = t == 2;
+        long lda = ta ? m : k, ldb = tb ? k : n;
+        float *a, *b, *whole, *part;
+        operands(m, n, k, &a, &b, &whole, &part);
+        ck_assert_int_eq(fs[f](ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
+        if (!tb && cv_sgemm_usable()) {
+          ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, part, n), 0);
+          ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d m=%d: not cv_sgemm's bits",
+                        names[f], ta, tb, m);
+          memset(part, 0, sizeof(float) * (size_t)m * n);
+        }
+        by_columns(fs[f], ta, tb, m, n, k, a, lda, b, ldb, part);
+        ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d m=%d: split by columns differs",
+                      names[f], ta, tb, m);
+        if (m > 1) {
+          memset(part, 0, sizeof(float) * (size_t)m * n);
+          int i1 = m / 2;
+          fs[f](ta, tb, i1, n, k, 1, a, lda, b, ldb, 0, part, n);
+          fs[f](ta, tb, m - i1, n, k, 1, a + (ta ? (size_t)i1 : (size_t)i1 * lda), lda, b, ldb, 0,
+                part + (size_t)i1 * n, n);
+          ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d m=%d: split by rows differs",
+                        names[f], ta, tb, m);
+        }
+        free(a);
+        free(b);
+        free(whole);
+        free(part);
       }
-      by_columns(cv_sgemm_small, ta, tb, m, n, k, a, lda, b, ldb, part);
-      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: split by columns differs", ta, tb,
-                    m);
-      if (m > 1) {
-        memset(part, 0, sizeof(float) * (size_t)m * n);
-        int i1 = m / 2;
-        cv_sgemm_small(ta, tb, i1, n, k, 1, a, lda, b, ldb, 0, part, n);
-        cv_sgemm_small(ta, tb, m - i1, n, k, 1, a + (ta ? (size_t)i1 : (size_t)i1 * lda), lda, b, ldb, 0,
-                       part + (size_t)i1 * n, n);
-        ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d m=%d: split by rows differs", ta,
-                      tb, m);
-      }
-      free(a);
-      free(b);
-      free(whole);
-      free(part);
-    }
 }
 END_TEST
 
