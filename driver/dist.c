@@ -78,6 +78,10 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   (void)m, (void)es;
   return 0;
 }
+void *dist_share(void *buf, size_t *n) {
+  (void)n;
+  return buf;
+}
 void *dist_gather(const void *mine, size_t n, size_t *total) {
   void *all = malloc(n ? n : 1);
   if (!all) die(2, "out of memory");
@@ -166,6 +170,21 @@ void *dist_gather(const void *mine, size_t n, size_t *total) {
   free(counts), free(displ);
   *total = dist_rank ? 0 : (size_t)sum;
   return all;
+}
+
+void *dist_share(void *buf, size_t *n) {
+  if (dist_size == 1) return buf;
+  unsigned long long len = *n;
+  check(MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD), "sharing rank 0's bytes");
+  char *p = buf;
+  if (dist_rank && !(p = malloc(len ? (size_t)len : 1))) die(2, "out of memory");
+  /* (in pieces an int counts) */
+  for (size_t done = 0, step = (size_t)1 << 30; done < len; done += step) {
+    size_t part = len - done < step ? (size_t)(len - done) : step;
+    check(MPI_Bcast(p + done, (int)part, MPI_BYTE, 0, MPI_COMM_WORLD), "sharing rank 0's bytes");
+  }
+  *n = (size_t)len;
+  return p;
 }
 
 /* An error every rank finds at once: rank 0 says it, and all end without an abort. */

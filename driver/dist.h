@@ -29,6 +29,10 @@ void dist_sum_double(double *v, int n);
 /* Every rank's n bytes (n may differ), concatenated in rank order on rank 0: allocated,
  * *total its bytes (on other ranks 0, and the buffer empty). Called by every rank. */
 void *dist_gather(const void *mine, size_t n, size_t *total);
+/* Rank 0's *n bytes at buf to every rank: on rank 0 buf itself, on the others an
+ * allocation of them (*n set); the caller frees what it returns. Called by every rank;
+ * without MPI (or one rank) buf. */
+void *dist_share(void *buf, size_t *n);
 /* Dies on every rank, naming `what`, unless every rank passed the same value. */
 void dist_same(uint64_t v, const char *what);
 /* An error every rank finds at the same point (the same check of the same numbers):

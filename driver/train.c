@@ -198,6 +198,43 @@ static void resume_settings(Run *r, long *dims) {
   if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
 }
 
+/* --stream: the training file indexed. Under mpirun rank 0 alone reads it through, and
+   sends the index and the vocabulary it grew to the other ranks, which then read only
+   their graphs of each step: a file read once by the job, not once by every rank. */
+static cavs_stream *stream_train(Run *r, const long *dims) {
+  const TrainOpts *o = r->o;
+  if (dist_size == 1) return stream_data(o->train, o->format, r->d, dims, r->v, r->ck == NULL);
+  cavs_stream *st = NULL;
+  char *idx = NULL, *words = NULL;
+  size_t nidx = 0, nwords = 0;
+  if (!dist_rank) {
+    st = stream_data(o->train, o->format, r->d, dims, r->v, r->ck == NULL);
+    nidx = cavs_stream_index(st, NULL, 0);
+    idx = xmalloc(nidx);
+    cavs_stream_index(st, idx, nidx);
+    /* the words in id order, each ended by a NUL (data holds none) */
+    for (int i = 0; i < cavs_vocab_size(r->v); i++) nwords += strlen(cavs_vocab_word(r->v, i)) + 1;
+    char *w = words = xmalloc(nwords ? nwords : 1);
+    for (int i = 0; i < cavs_vocab_size(r->v); i++) w = stpcpy(w, cavs_vocab_word(r->v, i)) + 1;
+  }
+  char *wv = dist_share(words, &nwords), *iv = dist_share(idx, &nidx);
+  if (dist_rank) {
+    int id = 0;
+    for (size_t at = 0; at < nwords; id++) {
+      size_t len = strnlen(wv + at, nwords - at);
+      if (at + len == nwords || cavs_vocab_id(r->v, wv + at, len, 1) != id)
+        die(1, "rank 0's vocabulary of '%s' does not extend this rank's (word %d)", o->train, id);
+      at += len + 1;
+    }
+    char err[1024];
+    errno = 0;
+    if (!(st = cavs_stream_open_index(o->train, o->format, r->d, dims, r->v, iv, nidx, err, sizeof err)))
+      die(errno == ENOMEM ? 2 : 1, "%s", err);
+  }
+  free(wv), free(iv);
+  return st;
+}
+
 /* The training data's vertices, loaded or streamed. */
 static long train_vertices(const Run *r) { return r->st ? cavs_stream_vertices(r->st) : cavs_dataset_vertices(r->tr); }
 
@@ -898,7 +935,7 @@ int cmd_train(TrainOpts *o) {
   apply_dims(r.d, dims, o);
   if (o->resume) resume_settings(&r, dims);
   else r.v = keep(cavs_vocab_new());
-  if (o->stream) r.st = stream_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
+  if (o->stream) r.st = stream_train(&r, dims);
   else r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
   r.dev = o->dev ? load_data(o->dev, o->format, r.d, dims, r.v, 0) : NULL;
   if (!r.ck) vocab_dims(&r, dims);

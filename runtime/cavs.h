@@ -444,6 +444,16 @@ int cavs_stream_graph_vertices(const cavs_stream *st, int i);
 int cavs_stream_max_feature(const cavs_stream *st, int slot);
 cavs_dataset *cavs_stream_read(cavs_stream *st, const int *which, int n, char *err, size_t errlen);
 void cavs_stream_close(cavs_stream *st);
+/* The index, to open the same file in another process without reading it through (the
+ * ranks of a job: one indexes, the others read only their graphs): cavs_stream_index
+ * returns the bytes it takes and writes them to buf when cap is enough;
+ * cavs_stream_open_index opens path with such an index, checked (the file's size the
+ * index's, every graph inside it) but not the file's bytes, which each read checks
+ * against their hash as cavs_stream_read does. v must already hold the words of the
+ * vocabulary that indexed the file, with the same ids. */
+size_t cavs_stream_index(const cavs_stream *st, void *buf, size_t cap);
+cavs_stream *cavs_stream_open_index(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                                    cavs_vocab *v, const void *index, size_t n, char *err, size_t errlen);
 
 /* ---- checkpoints ----
  * One file: magic, format version, the model's name, source text and hash, precision,

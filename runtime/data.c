@@ -13,6 +13,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* A UTF-8 byte-order mark (what some editors put at the start of a text file) is not
@@ -511,6 +512,7 @@ struct cavs_stream {
   cavs_vocab *v;
   Records rec;
   long vertices;
+  long long size; /* the file's bytes when it was indexed */
 };
 
 void cavs_stream_close(cavs_stream *st) {
@@ -552,6 +554,13 @@ cavs_stream *cavs_stream_open(const char *path, const char *format, const cavs_d
   }
   cavs_dataset_free(scratch);
   for (long i = 0; i < st->rec.n; i++) st->vertices += st->rec.nv[i];
+  struct stat sb;
+  if (fstat(st->fd, &sb)) {
+    snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    cavs_stream_close(st);
+    return NULL;
+  }
+  st->size = (long long)sb.st_size;
   return st;
 }
 
@@ -607,6 +616,122 @@ cavs_dataset *cavs_stream_read(cavs_stream *st, const int *which, int n, char *e
     return NULL;
   }
   return s;
+}
+
+/* ---- a stream's index, carried to another process ----
+ *
+ * "CAVSIDX1", then in the machine's byte order: u64 the file's size, u64 the number of
+ * graphs n, u32 the integer slots nint, nint i32 each slot's largest value, and n
+ * records of u64 offset, u32 length, u32 vertices, u32 hash. The processes of one job
+ * run one build on one kind of machine, so the order is theirs; what is read is still
+ * checked, as anything read is (offsets within the file, counts within the bytes). */
+static const char idx_magic[8] = "CAVSIDX1";
+enum { IDX_HEAD = 8 + 8 + 8 + 4, IDX_REC = 8 + 4 + 4 + 4 };
+
+static void put(char **p, const void *x, size_t n) {
+  memcpy(*p, x, n);
+  *p += n;
+}
+static void get(const char **p, void *x, size_t n) {
+  memcpy(x, *p, n);
+  *p += n;
+}
+
+size_t cavs_stream_index(const cavs_stream *st, void *buf, size_t cap) {
+  size_t need = IDX_HEAD + 4 * (size_t)st->rec.nint + IDX_REC * (size_t)st->rec.n;
+  if (!buf || cap < need) return need;
+  char *p = buf;
+  uint64_t size = (uint64_t)st->size, n = (uint64_t)st->rec.n;
+  uint32_t nint = (uint32_t)st->rec.nint;
+  put(&p, idx_magic, 8), put(&p, &size, 8), put(&p, &n, 8), put(&p, &nint, 4);
+  for (int k = 0; k < st->rec.nint; k++) put(&p, &st->rec.maxf[k], 4);
+  for (long i = 0; i < st->rec.n; i++) {
+    uint64_t off = (uint64_t)st->rec.off[i];
+    uint32_t len = (uint32_t)st->rec.len[i], nv = (uint32_t)st->rec.nv[i];
+    put(&p, &off, 8), put(&p, &len, 4), put(&p, &nv, 4), put(&p, &st->rec.hash[i], 4);
+  }
+  return need;
+}
+
+/* The index's records into st, checked against the file's size and the model's slots */
+static int index_read(cavs_stream *st, const char *idx, size_t n, int nint, char *err, size_t errlen) {
+  const char *p = idx;
+  uint64_t size, count;
+  uint32_t slots;
+  if (n < IDX_HEAD || memcmp(idx, idx_magic, 8)) {
+    snprintf(err, errlen, "index of '%s': not a stream's index", st->path);
+    return -1;
+  }
+  p += 8;
+  get(&p, &size, 8), get(&p, &count, 8), get(&p, &slots, 4);
+  if (size != (uint64_t)st->size) {
+    snprintf(err, errlen, "'%s' is not the file that was indexed (%lld bytes, the index's %llu)", st->path,
+             (long long)st->size, (unsigned long long)size);
+    return -1;
+  }
+  if (slots != (uint32_t)nint || count > (uint64_t)INT_MAX || count == 0 ||
+      (n - IDX_HEAD) / IDX_REC < count || n != IDX_HEAD + 4 * (size_t)slots + IDX_REC * (size_t)count) {
+    snprintf(err, errlen, "index of '%s': its sizes do not add up (%llu graphs, %u slots, %zu bytes)", st->path,
+             (unsigned long long)count, slots, n);
+    return -1;
+  }
+  Records *r = &st->rec;
+  r->n = r->cap = (long)count, r->nint = nint;
+  r->off = malloc(sizeof(long) * (size_t)count), r->len = malloc(sizeof(int) * (size_t)count);
+  r->nv = malloc(sizeof(int) * (size_t)count), r->hash = malloc(sizeof(uint32_t) * (size_t)count);
+  r->maxf = malloc(sizeof(int) * (size_t)(nint ? nint : 1));
+  if (!r->off || !r->len || !r->nv || !r->hash || !r->maxf) {
+    errno = ENOMEM;
+    snprintf(err, errlen, "out of memory reading the index of '%s'", st->path);
+    return -1;
+  }
+  for (int k = 0; k < nint; k++) get(&p, &r->maxf[k], 4);
+  for (long i = 0; i < r->n; i++) {
+    uint64_t off;
+    uint32_t len, nv;
+    get(&p, &off, 8), get(&p, &len, 4), get(&p, &nv, 4), get(&p, &r->hash[i], 4);
+    if (off > size || len > size - off || len > INT_MAX || nv == 0 || nv > INT_MAX) {
+      snprintf(err, errlen, "index of '%s': graph %ld lies outside the file or has no vertices", st->path, i + 1);
+      return -1;
+    }
+    r->off[i] = (long)off, r->len[i] = (int)len, r->nv[i] = (int)nv;
+    st->vertices += nv;
+  }
+  return 0;
+}
+
+cavs_stream *cavs_stream_open_index(const char *path, const char *format, const cavs_desc *d, const long *dims,
+                                    cavs_vocab *v, const void *index, size_t n, char *err, size_t errlen) {
+  Shape sh;
+  int bptt;
+  const CvFormat *fm = cv_format_named(format, &bptt);
+  if (!fm || !fm->records) {
+    snprintf(err, errlen, "data format %.40s cannot be streamed", format);
+    return NULL;
+  }
+  if (shape_of(d, dims, &sh, err, errlen)) return NULL;
+  cavs_stream *st = calloc(1, sizeof *st);
+  if (!st || !(st->path = strdup(path)) || !(st->format = strdup(format))) {
+    cavs_stream_close(st);
+    errno = ENOMEM;
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  struct stat sb;
+  st->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (st->fd < 0 || fstat(st->fd, &sb)) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    cavs_stream_close(st);
+    return NULL;
+  }
+  st->size = (long long)sb.st_size;
+  st->d = d, st->v = v;
+  if (dims) memcpy(st->dims, dims, sizeof(long) * (size_t)d->ndims), st->have_dims = true;
+  if (index_read(st, index, n, sh.nint, err, errlen)) {
+    cavs_stream_close(st);
+    return NULL;
+  }
+  return st;
 }
 
 /* ---- synthetic data ---- */

@@ -835,6 +835,72 @@ static void stream_matches(const char *name, const char *data, size_t len, const
     same_graph(cavs_dataset_graph(part, j), cavs_dataset_graph(whole, which[j]), d->nint, realw);
   }
   cavs_dataset_free(part);
+  /* its index carried to a stream of its own (another rank's): the same graphs, and
+     the file not read through to open it */
+  size_t ni = cavs_stream_index(st, NULL, 0);
+  char *idx = malloc(ni), *bad = malloc(ni);
+  ck_assert_uint_eq(cavs_stream_index(st, idx, ni), ni);
+  cavs_vocab *v3 = cavs_vocab_new();
+  for (int i = 0; i < cavs_vocab_size(v2); i++)
+    ck_assert_int_eq(cavs_vocab_id(v3, cavs_vocab_word(v2, i), strlen(cavs_vocab_word(v2, i)), 1), i);
+  cavs_stream *sti = cavs_stream_open_index(path, format, d, dims, v3, idx, ni, err, sizeof err);
+  ck_assert_msg(sti != NULL, "%s: %s", name, err);
+  ck_assert_int_eq(cavs_stream_count(sti), n);
+  ck_assert_int_eq(cavs_stream_vertices(sti), cavs_dataset_vertices(whole));
+  for (int k = 0; k < d->nint; k++) ck_assert_int_eq(cavs_stream_max_feature(sti, k), cavs_dataset_max_feature(whole, k));
+  part = cavs_stream_read(sti, which, n, err, sizeof err);
+  ck_assert_msg(part != NULL, "%s: %s", name, err);
+  for (int j = 0; j < n; j++) {
+    ck_assert_int_eq(cavs_stream_graph_vertices(sti, which[j]), cavs_dataset_graph(whole, which[j])->n);
+    same_graph(cavs_dataset_graph(part, j), cavs_dataset_graph(whole, which[j]), d->nint, realw);
+  }
+  cavs_dataset_free(part);
+  cavs_stream_close(sti);
+  /* indexes that do not fit: short, not one, a graph past the file's end, another file */
+  ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, idx, ni - 1, err, sizeof err));
+  ck_assert_msg(strstr(err, "do not add up"), "%s", err);
+  memcpy(bad, idx, ni);
+  bad[0] = 'X';
+  ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, bad, ni, err, sizeof err));
+  ck_assert_msg(strstr(err, "not a stream's index"), "%s", err);
+  memcpy(bad, idx, ni);
+  memset(bad + ni - 20, 0x7f, 8); /* the last graph's offset */
+  ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, bad, ni, err, sizeof err));
+  ck_assert_msg(strstr(err, "outside the file"), "%s", err);
+  ck_assert_ptr_null(cavs_stream_open_index(path, "text-bptt", d, dims, v3, idx, ni, err, sizeof err));
+  ck_assert_msg(strstr(err, "cannot be streamed"), "%s", err);
+  char *longer = malloc(len + 1);
+  memcpy(longer, data, len);
+  longer[len] = '\n';
+  tu_write(path, longer, len + 1);
+  ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, idx, ni, err, sizeof err));
+  ck_assert_msg(strstr(err, "not the file that was indexed"), "%s", err);
+  free(longer);
+  /* the last graph's bytes made NULs: a stream that reads the file through refuses it,
+     one opened from the index reads the other graphs and refuses that one when read */
+  char *nul = malloc(len);
+  memcpy(nul, data, len);
+  size_t z = len - 2;
+  while (z > 0 && nul[z - 1] != '\n') z--;
+  memset(nul + z, 0, len - 1 - z);
+  tu_write(path, nul, len);
+  cavs_vocab *v4 = cavs_vocab_new();
+  ck_assert_ptr_null(cavs_stream_open(path, format, d, dims, v4, 1, err, sizeof err));
+  ck_assert_msg(strstr(err, "NUL"), "%s", err);
+  cavs_vocab_free(v4);
+  sti = cavs_stream_open_index(path, format, d, dims, v3, idx, ni, err, sizeof err);
+  ck_assert_msg(sti != NULL, "%s: %s", name, err);
+  int first = 0, last_g = n - 1;
+  part = cavs_stream_read(sti, &first, 1, err, sizeof err);
+  ck_assert_msg(part != NULL, "%s: %s", name, err);
+  same_graph(cavs_dataset_graph(part, 0), cavs_dataset_graph(whole, 0), d->nint, realw);
+  cavs_dataset_free(part);
+  ck_assert_ptr_null(cavs_stream_read(sti, &last_g, 1, err, sizeof err));
+  ck_assert_msg(strstr(err, "changed since it was read first"), "%s", err);
+  cavs_stream_close(sti);
+  free(nul), free(idx), free(bad);
+  cavs_vocab_free(v3);
+  tu_write(path, data, len);
   free(which);
   /* one byte of the last graph changed (the same length): that graph is refused */
   char *changed = malloc(len);

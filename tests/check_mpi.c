@@ -183,7 +183,8 @@ START_TEST(treelstm_equals_one_process) {
   same_dev("tree", 1e-12);
   ck_assert_int_eq(last_log_int(path_in("tree.2.log"), "ranks"), 2);
   ck_assert_int_gt(last_log_int(path_in("tree.2.log"), "tables_whole"), 0);
-  /* the training file streamed (--stream): each rank reads only its part of a minibatch */
+  /* the training file streamed (--stream): rank 0 indexes it, and each rank reads only
+     its part of a minibatch */
   BOTH("trees", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy.txt"), "--dev", path_in("toy33.txt"),
        "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3",
        "--stream");
@@ -192,6 +193,11 @@ START_TEST(treelstm_equals_one_process) {
   size_t na = 0, nb = 1;
   char *a = tu_slurp(path_in("tree.1"), &na), *b = tu_slurp(path_in("trees.1"), &nb);
   ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "one process: --stream trained otherwise than loaded");
+  free(a), free(b);
+  /* rank 1 opened the file with rank 0's index and vocabulary, not reading it through:
+     the bits of two ranks that loaded it (checkpoints: the parameters and the words) */
+  a = tu_slurp(path_in("tree.2"), &na), b = tu_slurp(path_in("trees.2"), &nb);
+  ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "two ranks: --stream trained otherwise than loaded");
   free(a), free(b);
   BOTH("tree33", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
        "H=16", "--batch", "32", "--epochs", "3", "--precision", "double", "--dropout", "0.2");
