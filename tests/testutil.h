@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -21,6 +22,7 @@
 typedef struct RunResult {
   int status;   /* exit status, or 128 + signal, or -1 on timeout */
   double secs;  /* wall time */
+  long maxrss;  /* its peak resident memory, KiB (its own or a waited-for child's) */
   char *out, *err;
 } RunResult;
 
@@ -80,17 +82,19 @@ static inline RunResult tu_run(const char *cwd, char *const argv[], int limit) {
     _exit(127);
   }
   int st = 0;
+  struct rusage ru = {0};
   for (int waited = 0;; waited++) {
-    pid_t w = waitpid(pid, &st, WNOHANG);
+    pid_t w = wait4(pid, &st, WNOHANG, &ru);
     if (w == pid) break;
     if (waited >= limit * 100) {
       kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
+      wait4(pid, &st, 0, &ru);
       r.status = -1;
       break;
     }
     usleep(10000);
   }
+  r.maxrss = ru.ru_maxrss;
   clock_gettime(CLOCK_MONOTONIC, &t1);
   r.secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   if (r.status != -1) r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
