@@ -70,6 +70,7 @@ void dist_start(void) {
         launched());
 }
 void dist_end(void) {}
+void dist_release(void) {}
 void dist_sum_long(long *v, int n) { (void)v, (void)n; }
 void dist_sum_double(double *v, int n) { (void)v, (void)n; }
 void dist_same(uint64_t v, const char *what) { (void)v, (void)what; }
@@ -97,6 +98,23 @@ static bool started;
    step would be mapped and faulted in a step) */
 static char *pack;
 static size_t cappack;
+/* ...and the table rows' two, this rank's and every rank's; all three from
+   cavs_host_alloc (pinned on the cuda backend, whose copies to and from them then run
+   at the bus's rate) of the model they were made for */
+static char *rows_mine, *rows_all;
+static size_t cap_mine, cap_all;
+static cavs_model *host_of;
+
+/* *p holding at least n bytes of m's host memory, kept from step to step */
+static char *host_grow(cavs_model *m, char **p, size_t *cap, size_t n) {
+  if (n <= *cap && host_of == m) return *p;
+  if (*p) cavs_host_free(host_of, *p);
+  *p = NULL, *cap = 0;
+  host_of = m;
+  if (!(*p = cavs_host_alloc(m, n))) die(2, "out of memory (%zu bytes of host memory for the gradients)", n);
+  *cap = n;
+  return *p;
+}
 static const char *prog_of_all = "cavs"; /* the message prefix of what every rank says */
 
 static void abort_all(int status) {
@@ -117,6 +135,14 @@ static void check(int rc, const char *what) {
   die(1, "%s: %.*s", what, len, msg);
 }
 
+void dist_release(void) {
+  if (host_of) {
+    cavs_host_free(host_of, pack), cavs_host_free(host_of, rows_mine), cavs_host_free(host_of, rows_all);
+  }
+  pack = rows_mine = rows_all = NULL, cappack = cap_mine = cap_all = 0;
+  host_of = NULL;
+}
+
 void dist_start(void) {
   if (!launched()) return;
   int rc = MPI_Init(NULL, NULL);
@@ -134,8 +160,7 @@ void dist_start(void) {
 }
 
 void dist_end(void) {
-  free(pack);
-  pack = NULL, cappack = 0;
+  dist_release();
   if (!started) return;
   die_hook = NULL;
   MPI_Finalize();
@@ -237,7 +262,8 @@ static int reduce_rows(cavs_model *m, Table *t, size_t es, MPI_Datatype type) {
   int N = dist_size;
   if (t->total > (long)INT32_MAX / (t->cols > 0 ? t->cols : 1)) die(1, "a table's touched rows overflow one gather");
   size_t rowb = (size_t)t->cols * es;
-  char *mine = alloc(rowb * (size_t)t->n), *all = alloc(rowb * (size_t)t->total);
+  char *mine = host_grow(m, &rows_mine, &cap_mine, rowb * (size_t)t->n);
+  char *all = host_grow(m, &rows_all, &cap_all, rowb * (size_t)t->total);
   for (int i = 0; i < t->n; i++)
     if (cavs_model_read(m, mine + (size_t)i * rowb, t->base + (size_t)t->mine[i] * (size_t)t->ld * es, rowb))
       return -1;
@@ -264,7 +290,7 @@ static int reduce_rows(cavs_model *m, Table *t, size_t es, MPI_Datatype type) {
   for (long i = 0; i < t->total && !rc; i++)
     if (first[t->ids[i]] == i)
       rc = cavs_model_write(m, t->base + (size_t)t->ids[i] * (size_t)t->ld * es, all + (size_t)i * rowb, rowb);
-  free(first), free(mine), free(all), free(vcounts), free(vdispl);
+  free(first), free(vcounts), free(vdispl);
   return rc;
 }
 
@@ -337,10 +363,7 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   }
   /* the dense part: every parameter's gradient but the tables sent as rows, in one
      buffer and one allreduce */
-  if (nb > cappack) {
-    free(pack);
-    pack = alloc(nb), cappack = nb;
-  }
+  host_grow(m, &pack, &cappack, nb);
   size_t at;
   if (move_dense(m, tab, nt, flat, nb, es, pack, true, &at)) return -1;
   /* (in pieces an int counts) */

@@ -22,6 +22,9 @@ extern int dist_rank, dist_size; /* this process among dist_size; 0 of 1 without
 void dist_start(void);
 /* MPI finished (before a normal exit of every rank); nothing without it */
 void dist_end(void);
+/* The host buffers the reductions keep, freed (before the model they were allocated
+   for is: they are its backend's, pinned on cuda); dist_end does it too */
+void dist_release(void);
 
 /* Sums over the ranks, in place, the same result on every rank. */
 void dist_sum_long(long *v, int n);

@@ -993,6 +993,7 @@ int cmd_train(TrainOpts *o) {
   free(r.gs);
   free(r.chunks);
   bptt_cut_free(&r.cut);
+  dist_release(); /* (its buffers are the model's backend's) */
   cavs_model_free(r.m);
   cavs_dataset_free(r.tr);
   cavs_dataset_free(r.part);

@@ -5,6 +5,7 @@
 #include "forms.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <unistd.h>
@@ -119,6 +120,17 @@ int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t byt
   if (m->be->synchronize(m)) return -1;
   m->be->download(host, model_mem, bytes);
   return m->be->synchronize(m);
+}
+
+void *cavs_host_alloc(cavs_model *m, size_t bytes) {
+  void *p = m->be->host_alloc ? m->be->host_alloc(bytes) : malloc(bytes ? bytes : 1);
+  if (!p) errno = ENOMEM;
+  return p;
+}
+
+void cavs_host_free(cavs_model *m, void *p) {
+  if (m->be->host_free) m->be->host_free(p);
+  else free(p);
 }
 
 int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes) {

@@ -160,6 +160,10 @@ typedef struct cv_backend {
                     long ldy, int r0, int n);
   void (*rowmm_bwd)(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
                     const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n);
+  /* host memory that upload and download copy fastest from and to (optional: NULL is
+     malloc and free): CUDA's pinned memory */
+  void *(*host_alloc)(size_t bytes);
+  void (*host_free)(void *p);
 } cv_backend;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */

@@ -256,6 +256,15 @@ static void cuda_upload(void *dst, const void *src, size_t bytes) {
 static void cuda_download(void *dst, const void *src, size_t bytes) {
   (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
 }
+/* pinned: a copy from or to it runs at the bus's rate, without the driver staging it
+   through a pinned buffer of its own a piece at a time */
+static void *cuda_host_alloc(size_t bytes) {
+  void *p = NULL;
+  return cudaMallocHost(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+static void cuda_host_free(void *p) {
+  if (p) (void)cudaFreeHost(p);
+}
 static void cuda_upload2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
   (void)cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice);
 }
@@ -1319,4 +1328,6 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_rowmv_bwd,
     cuda_rowmm_fwd,
     cuda_rowmm_bwd,
+    cuda_host_alloc,
+    cuda_host_free,
 };

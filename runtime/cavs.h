@@ -290,6 +290,12 @@ void *cavs_model_grad(cavs_model *m, int i, long *rows, long *cols, long *ld);
  * other in the host's. 0, or -1 with a message in cavs_model_error(). */
 int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t bytes);
 int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes);
+/* Host memory for those copies: pinned (page-locked) on the cuda backend, where copies
+ * from and to it run at the bus's rate (a pageable buffer is staged through the driver's
+ * own a piece at a time); malloc's on the cpu. Free it with cavs_host_free on a model of
+ * the same backend. NULL (errno ENOMEM) when it cannot be had. */
+void *cavs_host_alloc(cavs_model *m, size_t bytes);
+void cavs_host_free(cavs_model *m, void *p);
 /* All parameters as one block of `count` scalars (for checkpoints and optimizers). */
 void *cavs_model_params_flat(cavs_model *m, size_t *count);
 void *cavs_model_grads_flat(cavs_model *m, size_t *count);

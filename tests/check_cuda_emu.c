@@ -796,6 +796,48 @@ static long setup_bound(cavs_model *m, const cavs_desc *d) {
   return bound;
 }
 
+/* cavs_host_alloc: pinned memory on the cuda backend (cudaMallocHost, freed by
+   cudaFreeHost), which the model's copies read and write; malloc's on the cpu. */
+START_TEST(host_memory_pinned) {
+  const cavs_desc *d = example(0, "float", true), *dc = example(0, "float", false);
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++) dims[i] = 16;
+  long since = cavs_emu_serial();
+  char err[512];
+  cavs_model_opts o = {.backend = "cuda"}, oc = {.backend = "cpu"};
+  cavs_model *m = cavs_model_new_opts(d, dims, &o, err, sizeof err), *mc = cavs_model_new_opts(dc, dims, &oc, err, sizeof err);
+  ck_assert_msg(m && mc, "%s", err);
+  cavs_model_init(m, 3);
+  cavs_model_init(mc, 3);
+  size_t n, nc;
+  void *flat = cavs_model_params_flat(m, &n), *flatc = cavs_model_params_flat(mc, &nc);
+  ck_assert_uint_eq(n, nc);
+  cavs_emu_counts c;
+  cavs_emu_counters(NULL, 1);
+  float *h = cavs_host_alloc(m, n * 4), *hc = cavs_host_alloc(mc, n * 4);
+  ck_assert(h && hc);
+  cavs_emu_counters(&c, 1);
+  ck_assert_int_eq(c.host_mallocs, 1); /* the cuda model's; the cpu's is malloc's */
+  ck_assert_int_eq(cavs_model_read(m, h, flat, n * 4), 0);
+  ck_assert_int_eq(cavs_model_read(mc, hc, flatc, n * 4), 0);
+  ck_assert_msg(!memcmp(h, hc, n * 4), "the parameters read through pinned memory differ from the cpu model's");
+  for (size_t i = 0; i < n; i++) h[i] *= 2;
+  ck_assert_int_eq(cavs_model_write(m, flat, h, n * 4), 0);
+  memset(h, 0, n * 4);
+  ck_assert_int_eq(cavs_model_read(m, h, flat, n * 4), 0);
+  for (size_t i = 0; i < n; i++) ck_assert_msg(h[i] == 2 * hc[i], "parameter %zu written through pinned memory", i);
+  cavs_host_free(m, h);
+  cavs_host_free(mc, hc);
+  cavs_emu_counters(&c, 1);
+  ck_assert_int_eq(c.host_frees, 1);
+  cavs_model_free(m);
+  cavs_model_free(mc);
+  ck_assert_msg(cavs_emu_live(since) == 0, "left alive:\n%s", cavs_emu_live_report(since));
+  no_errors();
+}
+END_TEST
+
 START_TEST(setup_copies) {
   const cavs_desc *d = example(0, "float", true);
   long dims[CAVS_MAX_DIMS];
@@ -975,6 +1017,7 @@ int main(void) {
   tcase_add_unchecked_fixture(counts, build_counted, NULL);
   for (int i = 0; i < n; i++) tcase_add_loop_test(counts, steady_state_counts, all ? i : few[i], (all ? i : few[i]) + 1);
   tcase_add_test(counts, setup_copies);
+  tcase_add_test(counts, host_memory_pinned);
   if (getenv("CAVS_COUNTS_SST")) tcase_add_test(counts, sst_counts);
   suite_add_tcase(s, counts);
   /* a Tree-LSTM (lookup tables, two streams) and children as a set (edges); under
