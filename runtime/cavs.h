@@ -454,7 +454,7 @@ void cavs_stream_close(cavs_stream *st);
  * ranks of a job: one indexes, the others read only their graphs): cavs_stream_index
  * returns the bytes it takes and writes them to buf when cap is enough;
  * cavs_stream_open_index opens path with such an index, checked (the file's size the
- * index's, every graph inside it) but not the file's bytes, which each read checks
+ * index's, every graph inside it, each slot's largest value a dim's) but not the file's bytes, which each read checks
  * against their hash as cavs_stream_read does. v must already hold the words of the
  * vocabulary that indexed the file, with the same ids. */
 size_t cavs_stream_index(const cavs_stream *st, void *buf, size_t cap);

@@ -685,7 +685,14 @@ static int index_read(cavs_stream *st, const char *idx, size_t n, int nint, char
     snprintf(err, errlen, "out of memory reading the index of '%s'", st->path);
     return -1;
   }
-  for (int k = 0; k < nint; k++) get(&p, &r->maxf[k], 4);
+  for (int k = 0; k < nint; k++) {
+    get(&p, &r->maxf[k], 4);
+    if (r->maxf[k] < -1 || r->maxf[k] >= CAVS_MAX_DIM) { /* (a vocabulary's size comes from it) */
+      snprintf(err, errlen, "index of '%s': slot %d's largest value %d is outside -1..%ld", st->path, k, r->maxf[k],
+               CAVS_MAX_DIM - 1);
+      return -1;
+    }
+  }
   for (long i = 0; i < r->n; i++) {
     uint64_t off;
     uint32_t len, nv;

@@ -867,6 +867,12 @@ static void stream_matches(const char *name, const char *data, size_t len, const
   memset(bad + ni - 20, 0x7f, 8); /* the last graph's offset */
   ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, bad, ni, err, sizeof err));
   ck_assert_msg(strstr(err, "outside the file"), "%s", err);
+  if (d->nint) { /* a slot's largest value, which sizes a vocabulary */
+    memcpy(bad, idx, ni);
+    memset(bad + 28, 0x7f, 4);
+    ck_assert_ptr_null(cavs_stream_open_index(path, format, d, dims, v3, bad, ni, err, sizeof err));
+    ck_assert_msg(strstr(err, "largest value") && strstr(err, "outside -1.."), "%s", err);
+  }
   ck_assert_ptr_null(cavs_stream_open_index(path, "text-bptt", d, dims, v3, idx, ni, err, sizeof err));
   ck_assert_msg(strstr(err, "cannot be streamed"), "%s", err);
   char *longer = malloc(len + 1);
