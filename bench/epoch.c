@@ -21,7 +21,7 @@
  * kernel), blas(--blas) or blas(no-avx2). CAVS_GEMM=avx2 in the environment runs an
  * AVX-512 processor as one without it.
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, lstm_lm2, treegru, twotype, tagger, tagger_chars, childsum,
- * lattice_lstm, lattice_gru, seq2seq, mvrnn, nary_treelstm). */
+ * lattice_lstm, lattice_gru, seq2seq, mvrnn, nary_treelstm, moe_lm, moe_tree). */
 #include "cavs.h"
 #include "../generated/lstm_lm.h"
 #include "../generated/lstm_lm2.h"
@@ -37,6 +37,8 @@
 #include "../generated/seq2seq.h"
 #include "../generated/mvrnn.h"
 #include "../generated/nary_treelstm.h"
+#include "../generated/moe_lm.h"
+#include "../generated/moe_tree.h"
 
 #include "../runtime/sgemm.h"
 
@@ -158,7 +160,8 @@ int main(int argc, char **argv) {
   }
   const char *name = argv[i], *format = argv[i + 1], *path = argv[i + 2];
   const cavs_desc *descs[] = {&treelstm_desc, &treefc_desc, &lstm_lm_desc, &lstm_lm2_desc, &treegru_desc, &twotype_desc, &tagger_desc, &tagger_chars_desc, &childsum_desc, &lattice_lstm_desc,
-                              &lattice_gru_desc, &seq2seq_desc, &mvrnn_desc, &nary_treelstm_desc};
+                              &lattice_gru_desc, &seq2seq_desc, &mvrnn_desc, &nary_treelstm_desc,
+                              &moe_lm_desc, &moe_tree_desc};
   const cavs_desc *d = NULL;
   for (size_t k = 0; k < sizeof descs / sizeof *descs; k++)
     if (!strcmp(descs[k]->name, name)) d = descs[k];

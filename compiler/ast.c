@@ -116,7 +116,19 @@ void ast_dump_expr(FILE *out, const Node *n) {
     return;
   case N_SUMFOR:
     fprintf(out, "%s(%s in ", (const char *)n->args, n->name);
+    if (n->op == 'c') {
+      fputs("children: ", out);
+      ast_dump_expr(out, n->c);
+      fputc(')', out);
+      return;
+    }
     ast_dump_expr(out, n->a);
+    if (n->op == 'm') {
+      fputs(": ", out);
+      ast_dump_expr(out, n->c);
+      fputc(')', out);
+      return;
+    }
     fputs("..", out);
     ast_dump_expr(out, n->b);
     fputs(": ", out);

@@ -15,6 +15,12 @@
  *   y = ebcast(a)    da[p] += dy[e]            (summed over p's edges)
  *   y = esum(a)      da[e] += dy[p]
  *   y = dropout(a, p)  da += dy * mask / (1 - p)   (training; in inference y = a)
+ *   a mixture of experts, per slot s (row r, expert e) of a row's K:
+ *   w = topk(g)      dg[r, i] += w[i] (dw[r, i] - sum_j w[j] dw[r, j])   (i, j kept)
+ *   y = sbcast(a)    da[r] += dy[s]            (summed over r's slots)
+ *   y = emm(a, T)    da[s] += dy[s] T[e]^T; dT[e] += a[s]^T dy[s]   (T[e] = [A, B])
+ *   y = erow(T)      dT[e] += dy[s]
+ *   y = scomb(v, w)  dv[s] = w[r, e] dy[r]; dw[r, e] += dy[r] . v[s]
  *   y = mv(x, M)     dx += dy M^T, dM += x^T dy   (per row; M a matrix [A, B] per vertex)
  *   y = mm(M, W)     dM += dy W^T (per row); dW += M^T dy (summed over rows)
  *   scatter(x)       dx += dstate[this row]
@@ -153,6 +159,25 @@ static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
       if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);
       else if (na->grad && n->op == OP_EBCAST) fprintf(out, "  d%s[parent of edge] += %s\n", a, g);
       else if (na->grad) fprintf(out, "  d%s[each edge] += %s[parent]\n", a, g);
+      break;
+    case OK_MOE:
+      switch (n->op) {
+      case OP_TOPK:
+        if (na->grad) fprintf(out, "  d%s[kept] += %s * (%s - sum(%s * %s))   (the %d kept)\n", a, y, g, y, g, n->ref);
+        break;
+      case OP_SBCAST:
+        if (na->grad) fprintf(out, "  d%s[row of slot] += %s\n", a, g);
+        break;
+      case OP_EMM:
+        if (na->grad) fprintf(out, "  d%s += %s @ %s[expert]^T   (per expert, its slots)\n", a, g, b);
+        fprintf(out, "  d%s[expert] += %s^T @ %s   (per expert, its slots)\n", b, a, g);
+        break;
+      case OP_EROW: fprintf(out, "  d%s[expert] += %s   (summed over its slots)\n", a, g); break;
+      default:
+        if (na->grad) fprintf(out, "  d%s = %s[row, expert] * %s[row]\n", a, b, g);
+        if (nb->grad) fprintf(out, "  d%s[row, expert] += %s[row] . %s\n", b, g, a);
+        break;
+      }
       break;
     case OK_PULL: fprintf(out, "  dpull %s += %s\n", m->pulls[n->ref].name, g); break;
     case OK_PUSHARG: fprintf(out, "  dpush = %s\n", g); break;

@@ -180,6 +180,12 @@ typedef enum {
   OK_EDGE, /* children as a set (`children *`): echild, the child's state row per edge;
               ebcast, a vertex's row copied to each of its edges; esum, the sum over a
               vertex's edges (`sum(s in children: e)`) */
+  OK_MOE,  /* a mixture of experts, moe(e in top(g, K): body): topk, the gate's top K
+              softmax-renormalized (zeros elsewhere), which routes each row to K slots
+              grouped by expert; sbcast, a row copied to its slots; emm, a slot row times
+              its expert's matrix (a param table [X, A * B], row e the [A, B] matrix of
+              expert e); erow, its expert's row of a param table [X, B]; scomb, each
+              row's slots weighted by the gate and summed */
 } OpKind;
 
 /* Where an op's output is known to be zero. */
@@ -236,10 +242,13 @@ typedef struct IrNode {
   int *args;     /* node indices within the same function, all smaller than this one */
   double cval;   /* OP_CONST */
   int ref;       /* OP_PARAM, OP_INPUT: index; OP_GATHER: child; OP_PULL: pull slot;
+                    OP_TOPK: K, the experts each row is routed to;
                     OP_CONST: 1 + the option whose run-time value it is (dropout's p
                     naming one; cval its default), 0 for a literal */
   bool edge;     /* one row per edge (a child of a `children *` vertex), not per vertex:
                     echild, ebcast and what is computed from them (not esum) */
+  bool slot;     /* one row per routed slot (K per row) of the function's mixture of
+                    experts: sbcast, emm, erow and what reads a slot value (not scomb) */
   Lin lo, hi;    /* OP_SLICE */
   const char *name; /* the .vf name bound to it, if any */
   Loc loc;
@@ -324,6 +333,9 @@ typedef struct IrFunc {
   Unit *units;  /* in execution order */
   int nunits;
   bool pushes;
+  /* a mixture of experts (at most one per function): the OP_TOPK node that routes, or
+     -1; K; and the model-wide index of its routing (the runtime's arrays of it) */
+  int route, route_k, route_id;
 } IrFunc;
 
 /* DIM_PRODUCT: `dim HH = H * H;`, the product of two earlier dims (neither a vocab): the
@@ -367,7 +379,9 @@ typedef struct Input {
 /* identity(S, STD): S on the diagonal plus normal(0, STD) noise; INIT_IDENTITY for a
  * square matrix, INIT_IDENTITY_ROWS for a table whose every row is a square matrix (its
  * columns a product dim A * A: MV-RNN's word matrices). */
-typedef enum { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_XAVIER, INIT_IDENTITY, INIT_IDENTITY_ROWS } InitKind;
+/* INIT_XAVIER_ROWS: xavier in each row of a table [X, A * B] read as a matrix [A, B] (a
+ * mixture of experts' table of matrices: sema makes a table xavier so once emm reads it) */
+typedef enum { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_XAVIER, INIT_IDENTITY, INIT_IDENTITY_ROWS, INIT_XAVIER_ROWS } InitKind;
 typedef struct Param {
   const char *name;
   int rank; /* 1 (vector) or 2 (matrix) */
@@ -390,6 +404,7 @@ typedef struct Buf {
   Lin width;
   int vertex; /* the vertex type whose function made it (only its rows hold values), or -1 */
   bool edge;  /* one row per edge, not per vertex */
+  bool slot;  /* the K slots of a mixture of experts side by side in each row (plan.c) */
   bool grad;
   bool grad_whole; /* its gradient is written whole by the backward pass, each cell set
                       before anything adds to it: not cleared (plan.c) */
@@ -435,6 +450,8 @@ typedef struct Model {
 } Model;
 
 IrFunc *ir_func(FuncKind kind, const char *name, Loc loc);
+/* IrFunc.route_id: the functions with a mixture of experts, numbered in execution order */
+void ir_number_routes(Model *m);
 bool ir_is_ident(const char *s); /* [A-Za-z_][A-Za-z0-9_]* */
 int ir_add(IrFunc *f, IrNode node); /* returns the new node's index */
 /* The width of child k's state as f gathers it, and of what f scatters. */
@@ -453,6 +470,7 @@ Lin lin_scale(Lin a, int k);
 bool lin_eq(Lin a, Lin b);
 bool lin_le(Lin a, Lin b); /* a <= b for every positive binding of the dims */
 bool lin_is_zero(Lin a);
+bool lin_is_const(Lin a); /* no dim in it */
 Lin lin_sub(Lin a, Lin b); /* may have negative coefficients; check with lin_le first */
 /* Writes `2H+E` style text into buf. */
 const char *lin_str(const Model *m, Lin a, char *buf, size_t size);

@@ -9,6 +9,8 @@
  * except parameter gradients, which are lazy: one product over all rows. */
 #include "cavsc.h"
 
+#include <stdlib.h>
+
 const char *cls_name(Class c) {
   return c == CLS_EAGER ? "eager" : c == CLS_PATH ? "path" : "lazy";
 }
@@ -33,6 +35,30 @@ static void func_classify(IrFunc *f) {
     else if (n->op == OP_PUSH) n->cls = CLS_LAZY;
     else if (!n->dep_gather) n->cls = CLS_EAGER;
     else n->cls = n->feeds_scatter ? CLS_PATH : CLS_LAZY;
+  }
+  /* a mixture of experts runs in one stage: its topk groups the stage's rows by expert
+     for the slots that follow, so the routing, every slot value and the sum over slots
+     take the latest class among them (and what reads them, a class at least that) */
+  if (f->route < 0) return;
+  bool *in = calloc((size_t)f->n + 1, sizeof(bool)), scat = false;
+  if (!in) internal_error(__FILE__, __LINE__, "out of memory");
+  Class rc = CLS_EAGER;
+  for (int i = f->route; i < f->n; i++) {
+    IrNode *n = &f->nodes[i];
+    bool reads = false;
+    for (int j = 0; j < n->nargs; j++) reads = reads || in[n->args[j]];
+    in[i] = i == f->route || reads;
+    scat = scat || (in[i] && n->feeds_scatter);
+    if (i == f->route || n->slot || n->op == OP_SCOMB) rc = n->cls > rc ? n->cls : rc;
+  }
+  free(in);
+  /* a lazy node may run task by task, an eager one too; a path one never lazily */
+  if (rc == CLS_LAZY && scat) rc = CLS_PATH;
+  for (int i = f->route; i < f->n; i++) {
+    IrNode *n = &f->nodes[i];
+    if (i == f->route || n->slot || n->op == OP_SCOMB) n->cls = rc;
+    for (int j = 0; j < n->nargs && n->type != T_NONE; j++)
+      if (f->nodes[n->args[j]].cls > n->cls && i > f->route) n->cls = f->nodes[n->args[j]].cls;
   }
 }
 

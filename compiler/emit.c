@@ -397,7 +397,7 @@ static bool state_in_loops(const Model *m, const IrFunc *f) {
     const IrNode *x = &f->nodes[i];
     if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != S) continue;
     if (op_info[x->op].kind == OK_SLICE || (x->op == OP_CONCAT && concat_in_place(f, x))) continue;
-    if (op_info[x->op].kind != OK_EW || x->group < 0 || x->edge || ns == 64) return false;
+    if (op_info[x->op].kind != OK_EW || x->group < 0 || x->edge || x->slot || ns == 64) return false;
     for (int k = 0; k < ns; k++)
       if (!lin_le(lin_add(stored[k]->val.off, stored[k]->width), x->val.off) &&
           !lin_le(lin_add(x->val.off, x->width), stored[k]->val.off))
@@ -782,6 +782,65 @@ static int loss_index(const IrFunc *f, int i) {
   return k;
 }
 
+/* A mixture of experts' op over the stage's rows r0..r0+n-1 and their K slots each (the
+ * runtime's routing `route`: which expert and row each slot has, grouped by expert). A
+ * slot value's place has the slot's width as its stride: slot s at row s. Backward,
+ * NULL for a gradient nothing takes. */
+static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const Model *m = e->m;
+  const IrNode *n = &f->nodes[i];
+  const IrNode *a = &f->nodes[n->args[0]];
+  const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  const char *rk = arena_printf("%d, %d", f->route_id, f->route_k);
+  const char *X = emit_lin(m, f->nodes[f->route].width);
+#define P(node, g) emit_ptr(e, (Ref){&(node)->val, (g)}, "0"), emit_ld(e, &(node)->val)
+#define GP(node) ((node)->grad && ((node)->val.kind == PL_ROW || (node)->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&(node)->val, true}, "0") : "NULL")
+  switch (n->op) {
+  case OP_TOPK:
+    if (!bwd) fprintf(e->out, "  cavs_topk_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(a, false), P(n, false));
+    else if (a->grad)
+      fprintf(e->out, "  cavs_topk_bwd(c, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(n, false),
+              emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val), emit_ptr(e, (Ref){&a->val, true}, "0"),
+              emit_ld(e, &a->val));
+    return;
+  case OP_SBCAST:
+    if (!bwd) fprintf(e->out, "  cavs_sbcast_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, false), P(n, false), emit_lin(m, n->width));
+    else if (a->grad && a->val.kind == PL_ROW)
+      fprintf(e->out, "  cavs_sbcast_bwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, true), P(n, true), emit_lin(m, n->width));
+    return;
+  case OP_EROW:
+    if (!bwd) fprintf(e->out, "  cavs_erow_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, false), P(n, false), emit_lin(m, n->width));
+    else fprintf(e->out, "  cavs_erow_bwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, true), P(n, true), emit_lin(m, n->width));
+    return;
+  case OP_EMM: {
+    Lin A, B;
+    int d = ir_product_dim(m, m->params[b->ref].cols);
+    A = lin_dim(m->dims[d].fa, 1);
+    B = lin_dim(m->dims[d].fb, 1);
+    const char *ab = arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B));
+    if (!bwd)
+      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, ab, P(a, false), P(b, false), P(n, false));
+    else
+      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %s, %s, r0, n);\n", rk, ab,
+              P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",
+              emit_ld(e, &a->val), GP(b), emit_ld(e, &b->val));
+    return;
+  }
+  case OP_SCOMB:
+    if (!bwd)
+      fprintf(e->out, "  cavs_scomb_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(a, false), P(b, false),
+              P(n, false), emit_lin(m, n->width));
+    else
+      fprintf(e->out, "  cavs_scomb_bwd(c, %s, %s, %s, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s, %s, r0, n);\n",
+              rk, X, P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",
+              emit_ld(e, &a->val), GP(b), emit_ld(e, &b->val), emit_lin(m, n->width));
+    return;
+  default: unreachable();
+  }
+#undef P
+#undef GP
+}
+
 static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   const Model *m = e->m;
   const IrNode *n = &f->nodes[i];
@@ -844,6 +903,13 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   case OP_LOOKUP:
     e->t->lookup(e, (Ref){&a->val, bwd}, int_slot(m, b->ref), (Ref){&n->val, bwd}, n->width, bwd);
     return;
+  case OP_TOPK:
+  case OP_SBCAST:
+  case OP_EMM:
+  case OP_EROW:
+  case OP_SCOMB:
+    moe_code(e, f, i, bwd);
+    return;
   case OP_CONCAT: {
     Lin off = lin_const(0);
     for (int k = 0; k < n->nargs; k++) {
@@ -882,21 +948,36 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
 /* Whether a unit runs over edge rows (a fused group, a product or a concat of edge
  * values): between edge_scope's braces r0 and n are the edges of the stage's rows. The
  * edge ops themselves (echild, ebcast, esum) take the vertex rows. */
-static bool unit_on_edges(const IrFunc *f, const Unit *u) {
-  if (u->kind == U_GROUP) return f->nodes[f->groups[u->index].members[0]].edge;
-  if (u->kind == U_MATMUL) return f->nodes[f->merges[u->index].left].edge;
-  const IrNode *x = &f->nodes[u->index];
-  return x->edge && op_info[x->op].kind != OK_EDGE;
+static const IrNode *unit_first(const IrFunc *f, const Unit *u) {
+  if (u->kind == U_GROUP) return &f->nodes[f->groups[u->index].members[0]];
+  if (u->kind == U_MATMUL) return &f->nodes[f->merges[u->index].left];
+  return &f->nodes[u->index];
 }
-static void edge_scope(Emit *e, bool *open, bool want) {
+static bool unit_on_edges(const IrFunc *f, const Unit *u) {
+  const IrNode *x = unit_first(f, u);
+  return x->edge && (u->kind != U_NODE || op_info[x->op].kind != OK_EDGE);
+}
+/* Likewise on the slots of a mixture of experts, the K of each row side by side: the
+ * stage's are K r0 .. K (r0 + n) - 1. Its own ops take the vertex rows. */
+static bool unit_on_slots(const IrFunc *f, const Unit *u) {
+  const IrNode *x = unit_first(f, u);
+  return x->slot && (u->kind != U_NODE || op_info[x->op].kind != OK_MOE);
+}
+/* scope 0: the stage's rows; 1: their edges; 2: their slots */
+static int unit_scope(const IrFunc *f, const Unit *u) { return unit_on_edges(f, u) ? 1 : unit_on_slots(f, u) ? 2 : 0; }
+static void edge_scope(Emit *e, const IrFunc *f, int *open, int want) {
   if (*open == want) return;
-  if (want)
+  if (*open) fputs("    }\n  }\n", e->out);
+  if (want == 1)
     fputs("  { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */\n"
           "    const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;\n"
           "    {\n      const int r0 = e0_, n = en_;\n      (void)r0; (void)n;\n",
           e->out);
-  else
-    fputs("    }\n  }\n", e->out);
+  else if (want == 2)
+    fprintf(e->out, "  { /* on the %d slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */\n"
+                    "    int s0_, sn_;\n    cavs_slots(c, %d, %d, r0, n, &s0_, &sn_);\n"
+                    "    {\n      const int r0 = s0_, n = sn_;\n      (void)r0; (void)n;\n",
+            f->route_k, f->route_id, f->route_k);
   *open = want;
 }
 
@@ -918,29 +999,29 @@ static void unit_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
 static void stage(Emit *e, const IrFunc *f, const bool *zero, const char *name, const char *what, int cls, bool bwd,
                   bool params) {
   e->t->fn_open(e, name, what);
-  bool open = false;
+  int open = 0;
   if (!bwd) {
     for (int u = 0; u < f->nunits; u++)
       if (cls < 0 || f->units[u].cls == (Class)cls) {
-        edge_scope(e, &open, unit_on_edges(f, &f->units[u]));
+        edge_scope(e, f, &open, unit_scope(f, &f->units[u]));
         unit_code(e, f, zero, &f->units[u], false);
       }
   } else {
     for (int u = f->nunits - 1; u >= 0; u--)
       if (cls < 0 || f->units[u].cls == (Class)cls) {
-        edge_scope(e, &open, unit_on_edges(f, &f->units[u]));
+        edge_scope(e, f, &open, unit_scope(f, &f->units[u]));
         unit_code(e, f, zero, &f->units[u], true);
       }
     if (params)
       for (int u = 0; u < f->nunits; u++) {
         const Unit *un = &f->units[u];
         if (un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL)) {
-          edge_scope(e, &open, unit_on_edges(f, un));
+          edge_scope(e, f, &open, unit_scope(f, un));
           prod_code(e, f, zero, un, 2);
         }
       }
   }
-  edge_scope(e, &open, false);
+  edge_scope(e, f, &open, 0);
   e->t->fn_close(e);
 }
 
@@ -1012,8 +1093,8 @@ static const char *const dim_kind[] = {"CAVS_DIM_FIXED", "CAVS_DIM_VOCAB", "CAVS
 static const char *const input_kind[] = {"CAVS_IN_INDEX", "CAVS_IN_CLASS", "CAVS_IN_REAL"};
 static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT", "CAVS_INIT_UNIFORM",
                                         "CAVS_INIT_NORMAL", "CAVS_INIT_XAVIER", "CAVS_INIT_IDENTITY",
-                                        "CAVS_INIT_IDENTITY_ROWS"};
-_Static_assert(DIM_PRODUCT == 3 && IN_REAL == 2 && INIT_IDENTITY_ROWS == 6, "one name per kind");
+                                        "CAVS_INIT_IDENTITY_ROWS", "CAVS_INIT_XAVIER_ROWS"};
+_Static_assert(DIM_PRODUCT == 3 && IN_REAL == 2 && INIT_XAVIER_ROWS == 7, "one name per kind");
 
 /* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
  * still gets an initializer. */
@@ -1134,7 +1215,7 @@ static void descriptor(const Emit *e) {
     const IrFunc *f = fs[k];
     for (int i = 0; i < f->n; i++) {
       const IrNode *x = &f->nodes[i];
-      if (!x->name || (x->uses == 0 && x->type != T_NONE) || x->edge) continue; /* per vertex only */
+      if (!x->name || (x->uses == 0 && x->type != T_NONE) || x->edge || x->slot) continue; /* per vertex only */
       const Place *p = x->val.kind == PL_ROW ? &x->val : x->keep ? &x->kval : NULL;
       if (!p || p->kind != PL_ROW) continue;
       bool twice = false; /* a name given twice in the block (a loop's `s = gather(k)`): neither */

@@ -53,7 +53,7 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
       int u = nv->args[j];
       IrNode *nu = &f->nodes[u];
       /* one row set a loop, and one width (a broadcast row of width 1 is an input) */
-      if (!is_ew(nu) || nu->cls != nv->cls || nu->edge != nv->edge || !lin_eq(nu->width, nv->width)) continue;
+      if (!is_ew(nu) || nu->cls != nv->cls || nu->edge != nv->edge || nu->slot != nv->slot || !lin_eq(nu->width, nv->width)) continue;
       int gu = find(parent, u), gv = find(parent, v);
       if (gu == gv) continue;
       uint64_t *mu = mem + (size_t)gu * words, *mv = mem + (size_t)gv * words;
@@ -140,7 +140,7 @@ static void zero_at_leaves(IrFunc *f) {
       for (int j = 0; j < n->nargs; j++) z = z && f->nodes[n->args[j]].zero_leaf;
       break;
     }
-    n->zero_leaf = z && f->kind == F_VERTEX && !n->edge; /* a vertex without children has no edges */
+    n->zero_leaf = z && f->kind == F_VERTEX && !n->edge && !n->slot; /* a vertex without children has no edges */
   }
 }
 
@@ -166,7 +166,7 @@ static void dead_at_leaves(IrFunc *f) {
       if (!masked) live[n->args[j]] = true;
     }
   }
-  for (int i = 0; i < f->n; i++) f->nodes[i].dead_leaf = !live[i] && !f->nodes[i].edge;
+  for (int i = 0; i < f->n; i++) f->nodes[i].dead_leaf = !live[i] && !f->nodes[i].edge && !f->nodes[i].slot;
   free(live);
 }
 

@@ -11,7 +11,7 @@ const OpInfo op_info[OP_COUNT] = {
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 30, "ops.def changed: its header says what else a new op needs");
+_Static_assert(OP_COUNT == 35, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
@@ -48,6 +48,7 @@ Lin lin_sub(Lin a, Lin b) {
 bool lin_eq(Lin a, Lin b) { return memcmp(&a, &b, sizeof a) == 0; }
 
 bool lin_is_zero(Lin a) { return lin_eq(a, lin_const(0)); }
+bool lin_is_const(Lin a) { return lin_eq(a, lin_const(a.k)); }
 
 /* Dims are positive integers, so a <= b for every binding exactly when no coefficient of
  * b - a is negative (take each dim large in turn) and the constant part is non-negative
@@ -80,11 +81,18 @@ const char *lin_str(const Model *m, Lin a, char *buf, size_t size) {
 
 /* ---- construction ---- */
 
+void ir_number_routes(Model *m) {
+  int nf, id = 0;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int i = 0; i < nf; i++) fs[i]->route_id = fs[i]->route >= 0 ? id++ : -1;
+}
+
 IrFunc *ir_func(FuncKind kind, const char *name, Loc loc) {
   IrFunc *f = arena_alloc(sizeof(IrFunc));
   f->kind = kind;
   f->name = name;
   f->loc = loc;
+  f->route = f->route_id = -1;
   return f;
 }
 
@@ -177,7 +185,37 @@ static void check_func(const Model *m, const IrFunc *f) {
     for (int j = 0; j < n->nargs && n->op != OP_ESUM && n->op != OP_EBCAST; j++) edge = edge || f->nodes[n->args[j]].edge;
     cv_assert(n->edge == edge && (!edge || (f->kind == F_VERTEX && f->edges)));
     cv_assert(!(n->type == T_NONE && edge));
+    /* per slot of a mixture of experts: sbcast, emm and erow, and what reads a slot
+       value but scomb; after the function's topk, never a statement's operand */
+    bool slot = n->op == OP_SBCAST || n->op == OP_EMM || n->op == OP_EROW;
+    for (int j = 0; j < n->nargs && n->op != OP_SCOMB; j++) slot = slot || f->nodes[n->args[j]].slot;
+    cv_assert(n->slot == slot && (!slot || (f->route >= 0 && i > f->route && !edge)));
+    cv_assert(!(n->type == T_NONE && slot));
+    const IrNode *gate = f->route >= 0 ? &f->nodes[f->route] : NULL;
     switch (n->op) {
+    case OP_TOPK:
+      cv_assert(f->route == i && f->kind != F_PULL && !f->edges && a->type == T_ROW && !a->slot);
+      cv_assert(n->type == T_ROW && same(n->width, a->width) && n->ref == f->route_k);
+      cv_assert(n->ref >= 1 && n->ref <= CV_MAX_CHILDREN && (!lin_is_const(a->width) || n->ref <= a->width.k));
+      break;
+    case OP_SBCAST: cv_assert(a->type == T_ROW && !a->slot && n->type == T_ROW && same(a->width, n->width)); break;
+    case OP_EMM: {
+      /* a slot row [A] times its expert's [A, B]: row e of a table [X, A * B] */
+      cv_assert(gate && a->type == T_ROW && a->slot && b->op == OP_PARAM && m->params[b->ref].rank == 2);
+      cv_assert(same(m->params[b->ref].rows, gate->width));
+      int p = ir_product_dim(m, m->params[b->ref].cols);
+      cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && n->type == T_ROW &&
+                same(n->width, lin_dim(m->dims[p].fb, 1)));
+      break;
+    }
+    case OP_EROW:
+      cv_assert(gate && a->op == OP_PARAM && m->params[a->ref].rank == 2 && same(m->params[a->ref].rows, gate->width));
+      cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
+      break;
+    case OP_SCOMB:
+      cv_assert(a->type == T_ROW && a->slot && n->nargs == 2 && n->args[1] == f->route);
+      cv_assert(n->type == T_ROW && same(n->width, a->width));
+      break;
     case OP_ECHILD:
       cv_assert(f->kind == F_VERTEX && f->edges && n->type == T_ROW);
       cv_assert(same(n->width, m->typed ? m->vertex[f->edge_type]->state : m->state));
@@ -353,7 +391,7 @@ static const char *num(double v) {
   return buf[k];
 }
 
-static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows"};
+static const char *init_name[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows", "xavier_rows"};
 static const char *input_kind[] = {"index", "class", "real"};
 
 static void print_func(FILE *out, const Model *m, const IrFunc *f) {
@@ -383,6 +421,7 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
     case OP_INPUT: col += fprintf(out, " %s", m->inputs[n->ref].name); break;
     case OP_GATHER: col += fprintf(out, " %d", n->ref); break;
     case OP_PULL: col += fprintf(out, " %s", m->pulls[n->ref].name); break;
+    case OP_TOPK: col += fprintf(out, " %%%d k %d", n->args[0], n->ref); break;
     case OP_SLICE:
       col += fprintf(out, " %%%d[%s:%s]", n->args[0], lin_str(m, n->lo, lo, sizeof lo),
                      lin_str(m, n->hi, hi, sizeof hi));

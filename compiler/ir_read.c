@@ -243,9 +243,9 @@ static bool header_line(Rd *r, const char *kw) {
     }
     if (!want(r, "]") || !want(r, "init")) return false;
     const char *init = ident(r);
-    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows"};
+    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows", "xavier_rows"};
     int k = -1;
-    for (int i = 0; init && i < 7; i++)
+    for (int i = 0; init && i < 8; i++)
       if (!strcmp(init, names[i])) k = i;
     if (k < 0) FAIL(r, "unknown initializer");
     p.init = (InitKind)k;
@@ -333,6 +333,16 @@ static bool node_line(Rd *r) {
         !want(r, "]"))
       return false;
     break;
+  case OP_TOPK: { /* `topk %g k K`: the function's one routing */
+    long k;
+    if (!node_ref(r, &args[nargs++]) || !want(r, "k") || !integer(r, &k)) return false;
+    if (k < 1 || k > CV_MAX_CHILDREN) FAIL(r, "k must be between 1 and %d", CV_MAX_CHILDREN);
+    if (f->route >= 0) FAIL(r, "a second topk in one function");
+    n.ref = (int)k;
+    f->route = f->n;
+    f->route_k = (int)k;
+    break;
+  }
   case OP_PUSHARG:
   case OP_ECHILD: break;
   default:
@@ -363,6 +373,8 @@ static bool node_line(Rd *r) {
   }
   n.edge = n.op == OP_ECHILD || n.op == OP_EBCAST;
   for (int j = 0; j < nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++) n.edge = n.edge || f->nodes[args[j]].edge;
+  n.slot = n.op == OP_SBCAST || n.op == OP_EMM || n.op == OP_EROW;
+  for (int j = 0; j < nargs && n.op != OP_SCOMB; j++) n.slot = n.slot || f->nodes[args[j]].slot;
   if (nargs) {
     n.args = arena_alloc(sizeof(int) * (size_t)nargs);
     memcpy(n.args, args, sizeof(int) * (size_t)nargs);
@@ -527,5 +539,6 @@ Model *ir_read(const char *path, const char *text, size_t len) {
       IrNode *n = &m->vertex[v]->nodes[i];
       if (n->op == OP_PULL) n->width = m->pull->nodes[m->pulls[n->ref].node].width;
     }
+  ir_number_routes(m);
   return m;
 }

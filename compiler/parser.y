@@ -246,6 +246,10 @@ primary:
     { $$ = ast_node(N_SUMFOR, @$); $$->op = 0; $$->name = $3; $$->a = $5; $$->b = $7;
       $$->c = $9; $$->args = (Node **)arena_strdup($1); $$->depth = $9->depth + 1;
       if ($$->depth > CV_MAX_NEST) { error_at(@$, "expression nested too deeply"); YYABORT; } }
+| IDENT '(' IDENT IN expr ':' expr ')'
+    { $$ = ast_node(N_SUMFOR, @$); $$->op = 'm'; $$->name = $3; $$->a = $5; $$->c = $7;
+      $$->args = (Node **)arena_strdup($1); $$->depth = ($5->depth > $7->depth ? $5->depth : $7->depth) + 1;
+      if ($$->depth > CV_MAX_NEST) { error_at(@$, "expression nested too deeply"); YYABORT; } }
 | IDENT '(' IDENT IN CHILDREN ':' expr ')'
     { $$ = ast_node(N_SUMFOR, @$); $$->op = 'c'; $$->name = $3; $$->c = $7;
       $$->args = (Node **)arena_strdup($1); $$->depth = $7->depth + 1;

@@ -168,6 +168,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     case OK_EDGE:
     case OK_DROP:
     case OK_RMAT:
+    case OK_MOE:
     case OK_CONCAT: fp.own[i] = true; break;
     case OK_GEMM: fp.own[i] = x->mm < 0; break;
     case OK_EW: fp.own[i] = leaves_group(f, i); break;
@@ -271,8 +272,22 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   }
   for (int i = 0; i < n; i++) {
     const IrNode *x = &f->nodes[i];
-    if (x->val.kind == PL_ROW) cv_assert(m->bufs[x->val.buf].edge == x->edge);
+    const Place *ps[2] = {&x->val, x->keep ? &x->kval : NULL};
+    for (int k = 0; k < 2; k++) {
+      if (!ps[k] || ps[k]->kind != PL_ROW) continue;
+      cv_assert(ps[k]->buf >= b0 || !x->slot);
+      if (x->slot) m->bufs[ps[k]->buf].slot = true;
+    }
   }
+  for (int i = 0; i < n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if (x->val.kind == PL_ROW) cv_assert(m->bufs[x->val.buf].edge == x->edge && m->bufs[x->val.buf].slot == x->slot);
+  }
+  /* a buffer of slot values holds a row's K slots side by side, [rows, K * width]: slot
+     s of the stage's rows [r0, r0 + n) is its row K r0 + s, read with the width (the
+     places' ld, set above) as the stride; K r0 ... K (r0 + n) - 1 are the stage's */
+  for (int b = b0; b < m->nbufs; b++)
+    if (m->bufs[b].slot) m->bufs[b].width = lin_scale(m->bufs[b].width, f->route_k);
 
   /* units */
   f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
@@ -304,7 +319,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     }
     bool code;
     switch (op_info[x->op].kind) {
-    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: case OK_RMAT: code = true; break;
+    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: case OK_RMAT: case OK_MOE: code = true; break;
     case OK_SINK: {
       /* only when the value was not computed in place */
       const IrNode *a = &f->nodes[x->args[0]];

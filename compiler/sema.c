@@ -129,6 +129,9 @@ typedef struct Ctx {
   /* inside sum(s in children: e): s and the echild node it names */
   const char *edge_var;
   int edge_node;
+  /* inside moe(e in top(g, K): body): e, and where the block's moe is */
+  const char *moe_var;
+  Loc moe_loc;
   Loc pushed_loc;
   const char *pushed_by;
 } Ctx;
@@ -204,6 +207,23 @@ static int add_node(Ctx *c, IrNode n) {
                                      .args = one, .loc = c->f->nodes[a].loc});
     if (n.args[j] < 0) return -1;
   }
+  /* an op on a slot value (or an expert's product) reads every row it takes on each of
+     the row's slots */
+  bool on_slots = n.op == OP_EMM;
+  for (int j = 0; j < n.nargs && n.op != OP_SCOMB && n.op != OP_SBCAST; j++)
+    on_slots = on_slots || (n.args[j] >= 0 && c->f->nodes[n.args[j]].slot);
+  for (int j = 0; on_slots && j < n.nargs; j++) {
+    int a = n.args[j];
+    if (a < 0 || c->f->nodes[a].type != T_ROW || c->f->nodes[a].slot) continue;
+    int *one = arena_alloc(sizeof(int));
+    one[0] = a;
+    n.args[j] = add_node(c, (IrNode){.op = OP_SBCAST, .type = T_ROW, .width = c->f->nodes[a].width, .nargs = 1,
+                                     .args = one, .loc = c->f->nodes[a].loc});
+    if (n.args[j] < 0) return -1;
+  }
+  n.slot = n.op == OP_SBCAST || n.op == OP_EMM || n.op == OP_EROW;
+  for (int j = 0; j < n.nargs && n.op != OP_SCOMB; j++)
+    n.slot = n.slot || (n.args[j] >= 0 && c->f->nodes[n.args[j]].slot);
   /* per edge: echild, ebcast, and what reads an edge value but the sum over edges */
   n.edge = n.op == OP_ECHILD || n.op == OP_EBCAST;
   for (int j = 0; j < n.nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++)
@@ -488,6 +508,11 @@ static int eval(Ctx *c, const Node *n);
  * combines with it is read on each edge (add_node puts the ebcast in). */
 static int eval_name(Ctx *c, const Node *n) {
   if (c->edge_var && !strcmp(n->name, c->edge_var) && !loop_var(c, n->name)) return c->edge_node;
+  if (c->moe_var && !strcmp(n->name, c->moe_var) && !loop_var(c, n->name)) {
+    error_at(n->loc, "'%s' names a row's expert: it only picks an expert's part of a param table, "
+             "as %s @ W[%s] or b[%s]", n->name, "x", n->name, n->name);
+    return -1;
+  }
   LoopVar *v = loop_var(c, n->name);
   if (v) return mk_const(c, (double)v->value, n->loc);
   const char *renamed = loop_rename(c, n->name);
@@ -635,6 +660,122 @@ static int matmul(Ctx *c, int a, int b, const Node *n) {
   }
   int args[2] = {a, b};
   return mk(c, OP_MATMUL, T_ROW, p->cols, n->loc, 2, args);
+}
+
+static int require_row(Ctx *c, int id, const Node *n, const char *ctx);
+
+/* Is n `T[e]`, e the expert variable of the moe being read? */
+static bool expert_index(Ctx *c, const Node *n) {
+  return n->kind == N_INDEX && c->moe_var && n->b->kind == N_NAME && !strcmp(n->b->name, c->moe_var) &&
+         !loop_var(c, n->b->name);
+}
+
+/* The param table T of `T[e]`, whose rows are the experts: its index, or -1 (reported). */
+static int expert_table(Ctx *c, const Node *n) {
+  int t = eval(c, n->a);
+  if (t < 0) return -1;
+  IrNode *x = node(c, t);
+  if (x->type != T_PARAM || c->m->params[x->ref].rank != 2) {
+    error_at(n->a->loc, "'%s[%s]' needs a param table with a row per expert, but %s is %s",
+             diag_span(n->a->loc) ? diag_span(n->a->loc) : "T", n->b->name, what(n->a), describe(c, t));
+    return -1;
+  }
+  Param *p = &c->m->params[x->ref];
+  Lin gw = node(c, c->f->route)->width;
+  if (!is_top(gw) && !lin_eq(p->rows, gw)) {
+    error_at(n->loc, "'%s' has [%s] rows, but the gate routes among [%s] experts: a table of experts has a row each",
+             p->name, wstr(c, p->rows), wstr(c, gw));
+    return -1;
+  }
+  return t;
+}
+
+/* x @ T[e]: the slot's row times its expert's matrix, row e of T [X, A * B] read as [A, B] */
+static int expert_matmul(Ctx *c, const Node *n) {
+  int a = eval(c, n->a), t = expert_table(c, n->b);
+  if (a < 0 || t < 0) return -1;
+  IrNode *x = node(c, a);
+  const Param *p = &c->m->params[node(c, t)->ref];
+  if (x->type != T_ROW) {
+    error_at(n->a->loc, "left operand of '@' must be a per-vertex row, but %s is %s", what(n->a), describe(c, a));
+    return -1;
+  }
+  int d = ir_product_dim(c->m, p->cols);
+  if (d < 0) {
+    error_at(n->b->loc, "'%s' holds a vector per expert ([%s] columns): an expert's matrix [A, B] is a row of "
+             "a table [X, P] with 'dim P = A * B;'", p->name, wstr(c, p->cols));
+    return -1;
+  }
+  const Dim *pd = &c->m->dims[d];
+  Lin u;
+  if (!unify(x->width, lin_dim(pd->fa, 1), &u)) {
+    error_at(n->loc, "shape mismatch in '@': %s is [%s] but each expert's matrix in '%s' is [%s,%s]", what(n->a),
+             wstr(c, x->width), p->name, c->m->dims[pd->fa].name, c->m->dims[pd->fb].name);
+    return -1;
+  }
+  /* xavier for a table of experts' matrices: each [A, B] its own */
+  if (p->init == INIT_XAVIER) c->m->params[node(c, t)->ref].init = INIT_XAVIER_ROWS;
+  int args[2] = {a, t};
+  return mk(c, OP_EMM, T_ROW, lin_dim(pd->fb, 1), n->loc, 2, args);
+}
+
+/* moe(e in top(g, K): body): each row routed to the K experts of largest gate g (the
+ * lower index first among equals), body evaluated at each of its K slots with e the
+ * slot's expert, the K results weighted by the softmax of their gate values and summed */
+static int eval_moe(Ctx *c, const Node *n) {
+  const Node *top = n->a;
+  if (top->kind != N_CALL || strcmp(top->name, "top") || top->nargs != 2) {
+    error_at(top->loc, "moe routes each row by 'top(GATE, K)': the K experts of largest GATE");
+    return -1;
+  }
+  if (c->f->kind == F_PULL) {
+    error_at(n->loc, "a mixture of experts in the pull block: write it in a vertex block or the push block");
+    return -1;
+  }
+  if (c->f->edges) {
+    error_at(n->loc, "a mixture of experts in a vertex block whose children are a set ('children *')");
+    return -1;
+  }
+  if (c->moe_var || c->edge_var) {
+    error_at(n->loc, "moe inside %s", c->moe_var ? "another moe" : "a sum over children");
+    return -1;
+  }
+  if (c->f->route >= 0) {
+    error_at(n->loc, "a second moe in one block: a block routes its rows once");
+    note_at(c->moe_loc, "the first is here");
+    return -1;
+  }
+  int g = require_row(c, eval(c, top->args[0]), top->args[0], "top");
+  long k;
+  if (!eval_int(c, top->args[1], &k) || g < 0) return -1;
+  Lin gw = node(c, g)->width;
+  if (k < 1 || k > CV_MAX_CHILDREN || (!is_top(gw) && lin_is_const(gw) && k > gw.k)) {
+    error_at(top->args[1]->loc, "top(GATE, %ld): K must be between 1 and %s", k,
+             !is_top(gw) && lin_is_const(gw) && gw.k < CV_MAX_CHILDREN ? arena_printf("%d, the gate's width", gw.k)
+                                                                       : arena_printf("%d", CV_MAX_CHILDREN));
+    return -1;
+  }
+  int *ga = arena_alloc(sizeof(int));
+  ga[0] = g;
+  int route = mk_with(c, (IrNode){.op = OP_TOPK, .type = T_ROW, .width = gw, .ref = (int)k, .nargs = 1, .args = ga,
+                                  .loc = top->loc});
+  if (route < 0) return -1;
+  c->f->route = route;
+  c->f->route_k = (int)k;
+  c->moe_loc = n->loc;
+  c->moe_var = n->name;
+  int t = require_row(c, eval(c, n->c), n->c, "moe");
+  c->moe_var = NULL;
+  if (t < 0) return -1;
+  if (!node(c, t)->slot) { /* the same row at every slot: the weights sum to 1 */
+    int *a = arena_alloc(sizeof(int));
+    a[0] = t;
+    t = mk_with(c, (IrNode){.op = OP_SBCAST, .type = T_ROW, .width = node(c, t)->width, .nargs = 1, .args = a,
+                            .loc = n->loc});
+    if (t < 0) return -1;
+  }
+  int args[2] = {t, route};
+  return mk(c, OP_SCOMB, T_ROW, node(c, t)->width, n->loc, 2, args);
 }
 
 static int unary(Ctx *c, Op op, int a, const Node *n, const Node *na) {
@@ -825,6 +966,14 @@ static int eval_call(Ctx *c, const Node *n) {
     if (c->m->typed) w = c->tstate[c->f->slot_type[k]];
     return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc, .width = w});
   }
+  if (!strcmp(f, "top")) {
+    error_at(n->loc, "top(GATE, K) routes rows only as a moe's range: moe(e in top(GATE, K): EXPR)");
+    return -1;
+  }
+  if (!strcmp(f, "dropout") && c->moe_var) {
+    error_at(n->loc, "dropout inside moe: drop the moe's input or its result instead");
+    return -1;
+  }
   if (!strcmp(f, "dropout")) {
     if (n->nargs != 2) {
       error_at(n->loc, "'dropout' takes 2 arguments (a row and the probability of dropping), given %d", n->nargs);
@@ -975,6 +1124,7 @@ static int eval(Ctx *c, const Node *n) {
     return -1;
   case N_NEG: return unary(c, OP_NEG, eval(c, n->a), n, n->a);
   case N_BINARY: {
+    if (n->op == '@' && expert_index(c, n->b)) return expert_matmul(c, n);
     int a = eval(c, n->a), b = eval(c, n->b);
     switch (n->op) {
     case '+': return elementwise2(c, OP_ADD, a, b, n, n->a, n->b);
@@ -987,6 +1137,17 @@ static int eval(Ctx *c, const Node *n) {
   }
   case N_CALL: return eval_call(c, n);
   case N_SUMFOR:
+    if (n->op == 'm') {
+      if (strcmp((const char *)n->args, "moe")) {
+        error_at(n->loc, "'%s(%s in top(...): ...)': only 'moe' routes rows to experts", (const char *)n->args, n->name);
+        return -1;
+      }
+      return eval_moe(c, n);
+    }
+    if (!strcmp((const char *)n->args, "moe")) {
+      error_at(n->loc, "moe takes 'top(GATE, K)', not a range or children: moe(%s in top(GATE, K): EXPR)", n->name);
+      return -1;
+    }
     if (strcmp((const char *)n->args, "sum")) {
       error_at(n->loc, "only 'sum' takes a range, not '%s'", (const char *)n->args);
       return -1;
@@ -1018,6 +1179,11 @@ static int eval(Ctx *c, const Node *n) {
                                .args = args, .lo = lo, .hi = hi, .loc = n->loc});
   }
   case N_INDEX: {
+    if (expert_index(c, n)) { /* T[e]: the slot's expert's row of the table */
+      int t = expert_table(c, n);
+      if (t < 0) return -1;
+      return mk(c, OP_EROW, T_ROW, c->m->params[node(c, t)->ref].cols, n->loc, 1, &t);
+    }
     int a = eval(c, n->a), b = eval(c, n->b);
     if (a < 0 || b < 0) return -1;
     IrNode *x = node(c, a), *y = node(c, b);
@@ -1778,6 +1944,7 @@ static Model *push_block(Ctx *c, Model *m, Decl *push) {
 Model *sema(Decl *decls, const char *path) {
   Ctx ctx = {0};
   Model *m = sema_run(&ctx, decls, path);
+  if (m && !diag_count()) ir_number_routes(m);
   tab_free(&ctx.scope);
   tab_free(&ctx.globals);
   free(ctx.cse);

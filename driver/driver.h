@@ -184,6 +184,7 @@ cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *
  * every loss on its own, so that a regression loss never enters an accuracy and a model
  * with several losses reports each. */
 enum { MAX_LOSSES = 64 };
+enum { MAX_ROUTES = 16 }; /* libcavs's routings a model may hold */
 typedef struct Totals {
   double batch_loss; /* the minibatches' mean losses, summed (training) */
   int batches, nl;
@@ -199,6 +200,11 @@ typedef struct Totals {
   double norm_sum, norm_max; /* training with --log: the steps' global gradient norms, */
   long norms;                /* summed, the largest, and how many */
   struct Scores *scores; /* cavs eval: labels against predictions (metrics.c), or NULL */
+  /* training, a model with a mixture of experts: per routing (up to MAX_ROUTES), the
+     share of the epoch's slots its least and most loaded expert received, and the
+     coefficient of variation of the experts' loads (0: even) */
+  int routes;
+  double load_min[MAX_ROUTES], load_max[MAX_ROUTES], load_cv[MAX_ROUTES];
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);

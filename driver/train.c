@@ -690,6 +690,39 @@ static const cavs_graph *epoch_graph(const Run *r, int i) {
   return r->ts.bptt_vary > 0 ? &r->cut.g[i] : cavs_dataset_graph(r->tr, r->order[i]);
 }
 
+/* How the epoch's training passes spread the slots of each mixture of experts over its
+ * experts (under mpirun, every rank's added up): the least and most loaded expert's
+ * share, and the loads' coefficient of variation. */
+static void expert_loads(Run *r, Totals *t) {
+  t->routes = 0;
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    int X = cavs_model_expert_load(r->m, k, NULL, 0);
+    if (dist_size > 1) { /* (a rank that ran none of it says 0) */
+      long x = X;
+      dist_sum_long(&x, 1);
+      X = x > 0 ? (int)(x / dist_size) : 0;
+    }
+    if (X <= 0) break;
+    long *load = xmalloc(sizeof(long) * (size_t)X);
+    for (int e = 0; e < X; e++) load[e] = 0;
+    cavs_model_expert_load(r->m, k, load, X);
+    if (dist_size > 1) dist_sum_long(load, X);
+    double sum = 0, sq = 0, lo = -1, hi = 0;
+    for (int e = 0; e < X; e++) {
+      sum += (double)load[e];
+      lo = lo < 0 || load[e] < lo ? (double)load[e] : lo;
+      hi = load[e] > hi ? (double)load[e] : hi;
+    }
+    double mean = sum / X;
+    for (int e = 0; e < X; e++) sq += ((double)load[e] - mean) * ((double)load[e] - mean);
+    free(load);
+    t->load_min[k] = sum > 0 ? lo / sum : 0;
+    t->load_max[k] = sum > 0 ? hi / sum : 0;
+    t->load_cv[k] = mean > 0 ? sqrt(sq / X) / mean : 0;
+    t->routes = k + 1;
+  }
+}
+
 /* One epoch's minibatches (an interrupted epoch goes on where it stopped, in the same
  * order), added up in t. A signal stops it between two steps, saved. */
 static void run_epoch(Run *r, int epoch, int first, Totals *t) {
@@ -701,6 +734,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   int b0 = going_on ? (int)(r->ts.graphs_done < n ? r->ts.graphs_done : n) : 0;
   r->ts.graphs_done = 0;
   cavs_model_backend_stats(r->m, NULL, 1);
+  cavs_model_expert_load_reset(r->m);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
   double start = now(), shown = 0;
@@ -746,6 +780,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   cavs_backend_stats bs;
   cavs_model_backend_stats(r->m, &bs, 0);
   t->launches = (long)bs.launches;
+  expert_loads(r, t);
   if (r->tty) printf("\r\033[K");
 }
 
@@ -765,6 +800,12 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
   /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
   if (!strcmp(cavs_model_backend(r->m), "cuda")) printf("  %.0f launches/batch", (double)t->launches / (t->batches ? t->batches : 1));
   if (dist_size > 1) printf("  %d ranks, %.2fs summing gradients", dist_size, t->reduce_secs);
+  /* a mixture of experts: its least and most loaded expert's share of the slots */
+  for (int k = 0; k < t->routes; k++) {
+    if (t->routes > 1) printf("  experts[%d]", k);
+    else printf("  experts");
+    printf(" %.3f-%.3f cv %.2f", t->load_min[k], t->load_max[k], t->load_cv[k]);
+  }
   printf("%s\n", better && r->o->save ? "  (best, saved)" : "");
   fflush(stdout);
 }
@@ -808,6 +849,17 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
     json_set(o, "tables_as_rows", json_integer(t->tables_rows));
     json_set(o, "tables_whole", json_integer(t->tables_dense));
     json_set(o, "reduce_bytes", json_num(t->reduce_bytes));
+  }
+  if (t->routes) { /* per mixture of experts: its loads' least and largest share, their cv */
+    json_t *lo = json_array(), *hi = json_array(), *cv = json_array();
+    for (int k = 0; k < t->routes; k++) {
+      json_push(lo, json_num(t->load_min[k]));
+      json_push(hi, json_num(t->load_max[k]));
+      json_push(cv, json_num(t->load_cv[k]));
+    }
+    json_set(o, "expert_share_min", lo);
+    json_set(o, "expert_share_max", hi);
+    json_set(o, "expert_load_cv", cv);
   }
   json_set(o, "time", json_string(when));
   json_write_line(o, r->log, fmt("the log '%s'", r->o->log));

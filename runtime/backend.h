@@ -48,9 +48,10 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_4
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_4"
+#define cv_backend_cuda cv_backend_cuda_5
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_5"
 
+struct cv_moe_ops;
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */
   const char *about; /* one line for the user: "host memory, OpenBLAS" */
@@ -164,7 +165,31 @@ typedef struct cv_backend {
      malloc and free): CUDA's pinned memory */
   void *(*host_alloc)(size_t bytes);
   void (*host_free)(void *p);
+  /* a mixture of experts' kernels (optional: NULL fails the pass; moe.c), below */
+  const struct cv_moe_ops *moe;
 } cv_backend;
+
+/* A mixture of experts' kernels over a stage's rows r0..r0+n-1 and their K slots each,
+ * given the route's arrays (cv.h's struct cv_route; host memory). topk_fwd also fills
+ * them. The products (emm) go through the backend's gemm. */
+struct cv_route;
+typedef struct cv_moe_ops {
+  void (*topk_fwd)(cavs_ctx *c, struct cv_route *rt, int K, long X, const void *g, long ldg, void *w, long ldw, int r0,
+                   int n);
+  void (*topk_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *w, long ldw, const void *dw, long lddw,
+                   void *dg, long lddg, int r0, int n);
+  /* forward, x's rows to their slots s; backward, the slots' gradients added to x's */
+  void (*sbcast)(cavs_ctx *c, const struct cv_route *rt, int K, void *x, long ldx, void *s, long lds, long w, int r0,
+                 int n, bool bwd);
+  /* forward, each slot's expert's row of table t to y; backward, y's added to t's rows */
+  void (*erow)(cavs_ctx *c, const struct cv_route *rt, int K, void *t, long ldt, void *y, long ldy, long w, int r0,
+               int n, bool bwd);
+  void (*scomb_fwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
+                    void *y, long ldy, long w, int r0, int n);
+  void (*scomb_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
+                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n);
+} cv_moe_ops;
+extern const cv_moe_ops cv_moe_cpu;
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */
 

@@ -815,4 +815,5 @@ const cv_backend cv_backend_cpu = {
     .rowmv_bwd = cpu_rowmv_bwd,
     .rowmm_fwd = cpu_rowmm_fwd,
     .rowmm_bwd = cpu_rowmm_bwd,
+    .moe = &cv_moe_cpu,
 };

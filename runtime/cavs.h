@@ -347,6 +347,12 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o);
  * the cuda backend 8 bytes down a step). On the cuda backend, reading it waits for the
  * step. */
 int cavs_model_track_grad_norm(cavs_model *m, int on);
+/* A mixture of experts' load: how many of the rows' slots (K a row) each expert of
+ * routing `route` (the model's moe blocks in order: pull, vertex types, push) received
+ * in the passes since cavs_model_expert_load_reset, into counts[0..cap); returns the
+ * number of experts (0 for a routing that has not run), -1 on bad arguments. */
+int cavs_model_expert_load(cavs_model *m, int route, long *counts, int cap);
+void cavs_model_expert_load_reset(cavs_model *m);
 double cavs_model_grad_norm(cavs_model *m);
 /* Parameter `param` left as it is by every step from now (frozen 1) or updated again
  * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with

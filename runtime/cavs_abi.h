@@ -38,8 +38,10 @@ extern "C" {
  * 9: up to CAVS_MAX_HOMES homes a row: cavs_vertex_desc.homes counts them, and
  *    cavs_ctx.home_val and .home_grad hold an array of each.
  * 10: cavs_desc.noptions and .options (`option NAME = P;`), cavs_ctx.opt: a dropout
- *    whose probability names an option reads c->opt[k]. */
-#define CAVS_ABI_VERSION 10
+ *    whose probability names an option reads c->opt[k].
+ * 11: a mixture of experts: CAVS_INIT_XAVIER_ROWS, cavs_slots, cavs_topk_*, cavs_sbcast_*, cavs_emm_*, cavs_erow_*,
+ *    cavs_scomb_*. */
+#define CAVS_ABI_VERSION 11
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -168,8 +170,10 @@ enum cavs_dim_kind { CAVS_DIM_FIXED, CAVS_DIM_VOCAB, CAVS_DIM_FREE, CAVS_DIM_PRO
 enum cavs_input_kind { CAVS_IN_INDEX, CAVS_IN_CLASS, CAVS_IN_REAL };
 /* IDENTITY: a on the diagonal of a square matrix plus normal(0, b) noise; IDENTITY_ROWS
  * the same in every row read as a square matrix (cols = k * k) */
+/* XAVIER_ROWS: xavier in each row read as a matrix [a, b] (cols a product dim a * b: a
+ * mixture of experts' table of matrices), uniform in +-sqrt(6 / (a + b)) */
 enum cavs_init { CAVS_INIT_ZEROS, CAVS_INIT_CONSTANT, CAVS_INIT_UNIFORM, CAVS_INIT_NORMAL, CAVS_INIT_XAVIER,
-                 CAVS_INIT_IDENTITY, CAVS_INIT_IDENTITY_ROWS };
+                 CAVS_INIT_IDENTITY, CAVS_INIT_IDENTITY_ROWS, CAVS_INIT_XAVIER_ROWS };
 enum cavs_precision { CAVS_FLOAT, CAVS_DOUBLE };
 
 typedef struct cavs_dim_desc {
@@ -477,6 +481,38 @@ void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd
 void cavs_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
 void cavs_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n);
 void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n);
+/* A mixture of experts (moe(e in top(g, K): body)), over the rows [r0, r0+n) and their K
+ * slots each, K r0 .. K (r0 + n) - 1, which a slot value (a row of slot width per slot:
+ * slot s at v + s * ld) holds. `route` names the routing (one per function that has a
+ * moe, numbered in the model's order); X is the experts' count, the gate's width.
+ * topk: w[r] = the softmax of g[r]'s K largest values (the lower index first among
+ *   equals) at their columns, 0 elsewhere; and the rows' slots, grouped by expert
+ *   (backward: dg += the softmax's gradient at the kept columns);
+ * sbcast: x[r] to each of r's slots (backward: the slots' gradients added to dx[r]);
+ * emm: y[s] = x[s] times slot s's expert's matrix [a, b], row e of the table t (one
+ *   product per expert over its slots; backward dx and dt, NULL where none);
+ * erow: y[s] = row e of table t (backward: added to dt's row e);
+ * scomb: y[r] = the sum over r's slots s of w[r, expert of s] v[s] (backward dv, dw). */
+/* The slots of rows [r0, r0 + n), [*s0, *s0 + *sn): K r0 .. K (r0 + n) - 1, or in a
+ * backward pass over part of the rows a routing grouped, all of that routing's. */
+void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn);
+void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, const void *g, long ldg, void *w, long ldw, int r0, int n);
+void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, const void *w, long ldw, const void *dw, long lddw, void *dg,
+                   long lddg, int r0, int n);
+void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n);
+void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
+                     int n);
+void cavs_emm_fwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
+                  void *y, long ldy, int r0, int n);
+void cavs_emm_bwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
+                  const void *dy, long lddy, void *dx, long lddx, void *dt, long lddt, int r0, int n);
+void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n);
+void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
+                   int n);
+void cavs_scomb_fwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *w, long ldw, void *y,
+                    long ldy, long width, int r0, int n);
+void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *w, long ldw,
+                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long width, int r0, int n);
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
 /* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);

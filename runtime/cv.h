@@ -28,6 +28,20 @@ typedef struct cv_op {
  * early as it may). */
 enum cv_order { CV_ISSUED, CV_MAIN_FIRST, CV_SIDE_FIRST };
 
+/* A mixture of experts' routing (moe.c): per slot (K a row of the minibatch's rows), its
+ * expert and row; per row, its choices' slots; the experts' slot counts since
+ * cavs_model_expert_load_reset; scratch */
+enum { CV_MAX_ROUTES = 16, CV_MAX_K = 64 };
+struct cv_route {
+  int *sexp, *srow, *rslot;
+  long cap; /* entries of each */
+  int *rbeg, *rend; /* per row: the rows its routing grouped, [rbeg, rend) */
+  int caprows;
+  long nx;  /* experts that load and cnt hold */
+  long *load, *cnt;
+};
+void cv_routes_free(cavs_model *m);
+
 struct cavs_model {
   const cavs_desc *d;
   const cv_backend *be; /* owns every buffer below that a kernel touches */
@@ -183,6 +197,7 @@ struct cavs_model {
   /* the backend cannot allocate now (the CUDA backend captures a pass as a graph): a
      product table due is made before the next pass instead */
   bool no_alloc;
+  struct cv_route route[CV_MAX_ROUTES];
 };
 /* inference's product tables, freed; those due made (before a pass) (backend.c) */
 void cv_ptables_free(cavs_model *m);

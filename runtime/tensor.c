@@ -435,6 +435,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->nkids); free(m->kid_off); free(m->kids); free(m->tcount);
   free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey); free(m->rm_buf);
+  cv_routes_free(m);
   free(m->plan);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
@@ -656,7 +657,8 @@ static double init_value(const cavs_param_desc *p, uint64_t *s, long r, long col
   case CAVS_INIT_ZEROS: return 0;
   case CAVS_INIT_CONSTANT: return p->a;
   case CAVS_INIT_UNIFORM: return p->a + (p->b - p->a) * uniform01(s);
-  case CAVS_INIT_XAVIER: return -lim + 2 * lim * uniform01(s);
+  case CAVS_INIT_XAVIER:
+  case CAVS_INIT_XAVIER_ROWS: return -lim + 2 * lim * uniform01(s);
   case CAVS_INIT_NORMAL:
   case CAVS_INIT_IDENTITY:
   case CAVS_INIT_IDENTITY_ROWS: {
@@ -669,6 +671,17 @@ static double init_value(const cavs_param_desc *p, uint64_t *s, long r, long col
   }
   }
   return 0;
+}
+
+/* XAVIER_ROWS: a row is a matrix [a, b], its columns the product dim a * b */
+static double xavier_rows_lim(const cavs_model *m, const cavs_param_desc *p, double whole) {
+  const cavs_desc *d = m->d;
+  for (int i = 0; i < d->ndims && i < CAVS_MAX_DIMS; i++) {
+    if (p->cols.c[i] != 1 || d->dims[i].kind != CAVS_DIM_PRODUCT) continue;
+    long a = m->ctx.dims[d->dims[i].a], b = m->ctx.dims[d->dims[i].b];
+    if (a > 0 && b > 0) return sqrt(6.0 / (double)(a + b));
+  }
+  return whole;
 }
 
 void cavs_model_init(cavs_model *m, uint64_t seed) {
@@ -693,6 +706,7 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
     long rows, cols, ld;
     char *base = cavs_model_param(m, i, &rows, &cols, &ld);
     double lim = sqrt(6.0 / (double)(rows + cols));
+    if (p->init == CAVS_INIT_XAVIER_ROWS) lim = xavier_rows_lim(m, p, lim);
     long side = (long)sqrt((double)cols); /* IDENTITY_ROWS: a row is a side x side matrix */
     while (side * side > cols) side--;
     while ((side + 1) * (side + 1) <= cols) side++;

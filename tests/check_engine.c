@@ -3,7 +3,7 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
-static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm"};
+static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm", "moe_lm", "moe_tree"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
 /* generated/ matches the compiler, byte for byte: MODEL.h and MODEL.c from the C target,
@@ -1297,7 +1297,7 @@ START_TEST(passes_read_only_what_they_wrote) {
     poison_changes_nothing(file, false);
     if (strcmp(examples[i], "lstm_lm") && strcmp(examples[i], "lstm_lm2") && strcmp(examples[i], "tagger") && strcmp(examples[i], "tagger_chars") &&
         strcmp(examples[i], "lattice_lstm") && strcmp(examples[i], "lattice_gru") &&
-        strcmp(examples[i], "seq2seq"))
+        strcmp(examples[i], "seq2seq") && strcmp(examples[i], "moe_lm"))
       poison_changes_nothing(file, true);
   }
   /* a value zero at the leaves that the push block reads there, through a concat that
@@ -1690,6 +1690,88 @@ START_TEST(abi_mismatch_is_refused) {
 }
 END_TEST
 
+/* A mixture of experts is dropless and padding-free, and an expert without rows costs
+ * nothing: in the push block (one stage over every row), a forward pass runs the gate's
+ * product and one product per expert that received a slot, of exactly its slots (the
+ * flops count K slots a row, no more), at 8 experts and at 64 (where some receive none:
+ * their gradients stay exactly zero). The per-row memory grows with the experts' count
+ * only by the gate's own rows (its values and weights, with their gradients): the
+ * experts' activations are K slots a row whatever their count. Among equal gate values
+ * the lower index is taken: top 1 of a gate of two equal halves never routes to the
+ * second. */
+static const char *moe_count_src =
+    "model moe_count; dim H = 4; dim X = 8; dim C = 4; dim HC = H * C;\n"
+    "input y : class[C]; input f : real[H];\n"
+    "param Wg[H,X], E[X,HC] init uniform(-1, 1);\n"
+    "vertex v (children 2) { h = tanh(f + gather(0) + gather(1)); scatter(h); push(h); }\n"
+    "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): h @ E[e]), y); }\n";
+START_TEST(moe_groups_by_expert) {
+  const cavs_desc *d = load_model(moe_count_src, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  long H = dims[find_dim(d, "H")], C = dims[find_dim(d, "C")], K = 2, N = 0;
+  for (int i = 0; i < k; i++) N += g[i].g.n;
+  size_t rb[2];
+  const long experts[2] = {8, 64};
+  for (int t = 0; t < 2; t++) {
+    long X = experts[t];
+    dims[find_dim(d, "X")] = X;
+    cavs_model *m = new_model(d, dims, 3);
+    cavs_backend_stats st;
+    cavs_model_backend_stats(m, &st, 1);
+    cavs_stats s;
+    ck_assert_msg(cavs_model_forward(m, gs, k, &s) == 0, "%s", cavs_model_error(m));
+    cavs_model_backend_stats(m, &st, 1);
+    long load[64], slots = 0, used = 0;
+    ck_assert_int_eq(cavs_model_expert_load(m, 0, load, 64), X);
+    for (long e = 0; e < X; e++) slots += load[e], used += load[e] > 0;
+    ck_assert_int_eq(slots, K * N);
+    ck_assert_msg(st.gemm_calls == 1 + used, "X = %ld: %ld products, %ld experts received slots", X, st.gemm_calls, used);
+    ck_assert(st.gemm_flops == 2.0 * N * H * X + 2.0 * K * N * H * C);
+    if (X == 64) ck_assert_msg(used < X, "every expert received a slot: no empty one checked");
+    cavs_model_backward(m);
+    int ie = -1;
+    for (int i = 0; i < d->nparams; i++) ie = strcmp(d->params[i].name, "E") ? ie : i;
+    long rows, cols, ld;
+    double *gE = (double *)cavs_model_grad(m, ie, &rows, &cols, &ld), nonzero = 0;
+    ck_assert_int_eq(rows, X);
+    for (long e = 0; e < X; e++)
+      for (long j = 0; j < cols; j++) {
+        if (!load[e]) ck_assert_msg(gE[e * ld + j] == 0, "expert %ld received no slot, its gradient is %g", e, gE[e * ld + j]);
+        nonzero += gE[e * ld + j] != 0;
+      }
+    ck_assert(nonzero > 0);
+    size_t mb;
+    ck_assert_int_eq(cavs_model_memory(m, 1000, &mb, &rb[t]), 0);
+    cavs_model_free(m);
+  }
+  ck_assert_msg(rb[1] - rb[0] <= (size_t)(64 - 8) * 4 * sizeof(double) * 1000, "%zu bytes a 1000 rows at 64 experts, %zu at 8",
+                rb[1], rb[0]);
+  /* ties: the second half of the gate equals the first, and is never taken */
+  const cavs_desc *t1 = load_model(
+      "model moe_tie; dim H = 3; dim C = 3; dim G = 3; dim HH = H * H; input y : class[C]; input f : real[H];\n"
+      "param Wg[H,G], E[2G,HH], Wc[H,C] init uniform(-1, 1);\n"
+      "vertex v (children 2) { h = tanh(f + gather(0) + gather(1)); scatter(h); push(h); }\n"
+      "push (h) { loss softmax_xent(moe(e in top(concat(h @ Wg, h @ Wg), 1): h @ E[e]) @ Wc, y); }\n",
+      "double");
+  k = tg_minibatch(t1, dims, g, gs, true);
+  cavs_model *m = new_model(t1, dims, 3);
+  cavs_stats s;
+  ck_assert_msg(cavs_model_forward(m, gs, k, &s) == 0, "%s", cavs_model_error(m));
+  long load[64], G = dims[find_dim(t1, "G")], first = 0, N1 = 0;
+  for (int i = 0; i < k; i++) N1 += g[i].g.n;
+  ck_assert_int_eq(cavs_model_expert_load(m, 0, load, 64), 2 * G);
+  for (long e = 0; e < G; e++) {
+    ck_assert_int_eq(load[G + e], 0);
+    first += load[e];
+  }
+  ck_assert_int_eq(first, N1);
+  cavs_model_free(m);
+}
+END_TEST
+
 START_TEST(rows_that_do_not_push_stay_out) {
   const cavs_desc *d = load_model("model stale; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
                                   "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -1765,6 +1847,7 @@ int main(void) {
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
+  tcase_add_test(tc, moe_groups_by_expert);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);

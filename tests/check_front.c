@@ -104,7 +104,7 @@ START_TEST(treelstm_ir) {
 END_TEST
 
 START_TEST(all_examples) {
-  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf"};
+  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf", "moe_lm.vf", "moe_tree.vf"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     Model *m = compile_file(names[i]);
     ck_assert_msg(m->nvertex >= 1 && m->push != NULL, "%s", names[i]);
@@ -255,7 +255,7 @@ END_TEST
 
 /* What --dump=ir prints reads back into the same IR: dump, read, dump again. */
 START_TEST(ir_round_trip) {
-  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf"};
+  const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf", "moe_lm.vf", "moe_tree.vf"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     Model *m = compile_file(names[i]);
     char *a, *b;

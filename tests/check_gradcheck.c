@@ -207,6 +207,44 @@ static const struct {
      "  ctx = sum(s in children: exp(tanh(s @ Wa + x) @ va) * s) / (den + 1);\n"
      "  h = tanh(x + ctx); scatter(h); push(h);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* mixtures of experts: top 2 of 4 two-layer experts at every vertex (on the path),
+       the gate's gradient through the kept weights; in the push block (lazy) with an
+       eager gate; ties: a gate of two equal halves, so that every row's largest value
+       has a twin (K = 3: both kept, and the third choice between twins, the lower index
+       first) and the twins past the lower index never receive a row (K = 1) */
+    {"moe_path",
+     "model op_moe; dim H = 3; dim C = 3; dim V = 5; dim F = 2; dim X = 4; dim HF = H * F; dim FH = F * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], W1[X,HF], b1[X,F], W2[X,FH], b2[X,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  m = moe(e in top(h @ Wg, 2): tanh(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\n"
+     "  scatter(tanh(h + m)); push(h + m);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"moe_push",
+     "model op_moe_push; dim H = 3; dim C = 3; dim V = 5; dim X = 3; dim HC = H * C;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], E[X,HC], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h) @ E[e] + h @ Wc), y); }\n"},
+    {"moe_ties_k3",
+     "model op_moe_t3; dim H = 3; dim C = 3; dim V = 5; dim G = 2; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,G], E[2G,HH], b[2G,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  m = moe(e in top(concat(h @ Wg, h @ Wg), 3): tanh(h @ E[e]) * b[e]);\n"
+     "  scatter(tanh(h + m)); push(h + m);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"moe_ties_k1",
+     "model op_moe_t1; dim H = 3; dim C = 3; dim V = 5; dim G = 2; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,G], E[2G,HH], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  scatter(tanh(h + moe(e in top(concat(h @ Wg, h @ Wg), 1): h @ E[e]))); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"
      "param emb[V,H], W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -224,7 +262,7 @@ START_TEST(op_gradients) {
 }
 END_TEST
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf"};
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf", "moe_lm.vf", "moe_tree.vf"};
 
 /* mv and mm as a backend without kernels of its own runs them (CUDA's): row by row
  * through gemm, or one product where the rows' matrices lie one after another */

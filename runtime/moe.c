@@ -1,0 +1,369 @@
+/* moe.c: a mixture of experts (`moe(e in top(g, K): body)` in a .vf file): the routing
+ * of a stage's rows to their K experts, grouped by expert, and the entry points of
+ * generated code for the ops that read it (cavs_abi.h), with the CPU backend's kernels.
+ *
+ * The routing of route `id` over a stage's rows r0..r0+n-1 (cavs_topk_fwd): each row's
+ * K experts of largest gate value (the lower index first among equals), in that order;
+ * then a counting sort of those K n choices by expert, stable in row order, numbers the
+ * slots K r0 .. K (r0 + n) - 1 so that each expert's are contiguous. Nothing of the data
+ * moves: sexp[s] and srow[s] are slot s's expert and row, rslot[K r + k] row r's k-th
+ * choice's slot. A slot value is a row of K n (each row's K slots side by side in a
+ * buffer of K times the width): sbcast copies a row to its slots, emm multiplies each
+ * expert's slots by its matrix in one product (no padding, no dropped row, nothing for
+ * an expert without slots), erow reads its row of a table, scomb sums a row's slots
+ * weighted by the gate. Every sum runs in a fixed order (a row's choices in order, an
+ * expert's slots in row order), whatever the threads. */
+#include "cv.h"
+#include "backend.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The route's arrays, for K slots a row of the minibatch's rows; NULL on failure. */
+static struct cv_route *route_ready(cavs_ctx *c, int id, int K, long X) {
+  cavs_model *m = c->model;
+  if (id < 0 || id >= CV_MAX_ROUTES || K < 1 || K > CV_MAX_K || X < K || X > INT_MAX) {
+    if (!m->launch_failed)
+      cv_fail(m, "moe: route %d of %d experts, %d a row: %s", id, (int)X, K,
+              X < K ? "fewer experts than a row's choices (top(GATE, K) needs K <= the gate's width)"
+                    : "not a routing this libcavs can hold");
+    m->launch_failed = true;
+    return NULL;
+  }
+  struct cv_route *r = &m->route[id];
+  size_t need = (size_t)K * (size_t)m->rows;
+  if (need > (size_t)r->cap || X > r->nx || m->rows > r->caprows) {
+    if (cv_grow(m, &r->sexp, sizeof(int), need) || cv_grow(m, &r->srow, sizeof(int), need) ||
+        cv_grow(m, &r->rslot, sizeof(int), need) || cv_grow(m, &r->rbeg, sizeof(int), (size_t)m->rows) ||
+        cv_grow(m, &r->rend, sizeof(int), (size_t)m->rows) || cv_grow(m, &r->cnt, sizeof(long), (size_t)X + 1) ||
+        cv_grow(m, &r->load, sizeof(long), (size_t)X)) {
+      m->launch_failed = true;
+      return NULL;
+    }
+    if (X > r->nx) memset(r->load + r->nx, 0, sizeof(long) * (size_t)(X - r->nx));
+    if (need > (size_t)r->cap) r->cap = (long)need;
+    if (m->rows > r->caprows) r->caprows = m->rows;
+    if (X > r->nx) r->nx = X;
+  }
+  return r;
+}
+
+static const struct cv_route *route_of(cavs_ctx *c, int id) {
+  cavs_model *m = c->model;
+  if (id < 0 || id >= CV_MAX_ROUTES || !m->route[id].sexp) {
+    if (!m->launch_failed) cv_fail(m, "moe: route %d read before its topk ran", id);
+    m->launch_failed = true;
+    return NULL;
+  }
+  return &m->route[id];
+}
+
+/* The slots of rows [r0, r0 + n): those of the routings that grouped them, K a row. A
+ * backward pass runs a stage over the forward's rows, but the push block's over those
+ * with a label only (scheduler.c, target_rows), which may cut a routing's rows in two:
+ * then the range is the whole of the routings that its rows were in, the others' slots'
+ * gradients zero. */
+static void cv_slot_range(const struct cv_route *rt, int K, int r0, int n, long *s0, long *sn) {
+  if (n <= 0) {
+    *s0 = (long)K * r0, *sn = 0;
+    return;
+  }
+  long a = rt->rbeg[r0], b = rt->rend[r0 + n - 1];
+  *s0 = (long)K * a, *sn = (long)K * (b - a);
+}
+
+void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) {
+  const struct cv_route *rt = route_of(c, route);
+  long a = (long)K * r0, len = 0;
+  if (rt) cv_slot_range(rt, K, r0, n, &a, &len);
+  *s0 = (int)a, *sn = rt ? (int)len : 0;
+}
+
+/* ---- the CPU's kernels, in each precision ---- */
+
+#define MOE_KERNELS(R, S)                                                                                              \
+  static void topk_fwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, const R *g, long ldg, R *w, long ldw,  \
+                           int r0, int n) {                                                                            \
+    long *cnt = rt->cnt;                                                                                             \
+    memset(cnt, 0, sizeof(long) * (size_t)(X + 1));                                                                  \
+    for (int r = r0; r < r0 + n; r++) {                                                                              \
+      const R *gr = g + (size_t)r * (size_t)ldg;                                                                     \
+      R *wr = w + (size_t)r * (size_t)ldw;                                                                           \
+      int *ch = rt->rslot + (size_t)K * (size_t)r; /* the choices, for now; their slots below */                     \
+      for (long j = 0; j < X; j++) wr[j] = 0;                                                                        \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        long best = -1;                                                                                              \
+        for (long j = 0; j < X; j++) {                                                                               \
+          bool taken = false;                                                                                        \
+          for (int q = 0; q < k && !taken; q++) taken = ch[q] == j;                                                  \
+          /* the larger, the lower index among equals; a NaN is never taken over a number */                         \
+          if (!taken && (best < 0 || gr[j] > gr[best] || (isnan(gr[best]) && !isnan(gr[j])))) best = j;            \
+        }                                                                                                            \
+        ch[k] = (int)best;                                                                                           \
+        cnt[best + 1]++;                                                                                             \
+      }                                                                                                              \
+      /* the softmax of the K kept values (the first is their largest) */                                            \
+      double top = (double)gr[ch[0]], sum = 0, e[CV_MAX_K];                                      \
+      for (int k = 0; k < K; k++) sum += e[k] = exp((double)gr[ch[k]] - top);                                        \
+      for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                       \
+    }                                                                                                                \
+    for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;                                      \
+    for (long j = 0; j < X; j++) rt->load[j] += cnt[j + 1];                                                          \
+    for (long j = 1; j <= X; j++) cnt[j] += cnt[j - 1]; /* cnt[e]: expert e's first slot past K r0 */                \
+    long s0 = (long)K * r0;                                                                                          \
+    for (int r = r0; r < r0 + n; r++)                                                                                \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        int ex = rt->rslot[(size_t)K * (size_t)r + (size_t)k];                                                       \
+        long s = s0 + cnt[ex]++;                                                                                     \
+        rt->sexp[s] = ex;                                                                                            \
+        rt->srow[s] = r;                                                                                             \
+        rt->rslot[(size_t)K * (size_t)r + (size_t)k] = (int)s;                                                       \
+      }                                                                                                              \
+    (void)c;                                                                                                         \
+  }                                                                                                                  \
+  static void topk_bwd_##S(const struct cv_route *rt, int K, const R *w, long ldw, const R *dw, long lddw, R *dg,   \
+                           long lddg, int r0, int n) {                                                               \
+    for (int r = r0; r < r0 + n; r++) {                                                                              \
+      const R *wr = w + (size_t)r * (size_t)ldw, *dwr = dw + (size_t)r * (size_t)lddw;                               \
+      R *dgr = dg + (size_t)r * (size_t)lddg;                                                                        \
+      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
+      R dot = 0;                                                                                                     \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        int ex = rt->sexp[sl[k]];                                                                                    \
+        dot += wr[ex] * dwr[ex];                                                                                     \
+      }                                                                                                              \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        int ex = rt->sexp[sl[k]];                                                                                    \
+        dgr[ex] += wr[ex] * (dwr[ex] - dot);                                                                         \
+      }                                                                                                              \
+    }                                                                                                                \
+  }                                                                                                                  \
+  static void sbcast_##S(const struct cv_route *rt, int K, R *x, long ldx, R *s, long lds, long w, int r0, int n,   \
+                         bool bwd) {                                                                                 \
+    for (int r = r0; r < r0 + n; r++) {                                                                              \
+      R *xr = x + (size_t)r * (size_t)ldx;                                                                           \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        R *sr = s + (size_t)rt->rslot[(size_t)K * (size_t)r + (size_t)k] * (size_t)lds;                              \
+        if (bwd)                                                                                                     \
+          for (long j = 0; j < w; j++) xr[j] += sr[j];                                                               \
+        else                                                                                                         \
+          memcpy(sr, xr, sizeof(R) * (size_t)w);                                                                     \
+      }                                                                                                              \
+    }                                                                                                                \
+  }                                                                                                                  \
+  static void erow_##S(const struct cv_route *rt, int K, R *t, long ldt, R *y, long ldy, long w, int r0, int n,     \
+                       bool bwd) {                                                                                   \
+    long s0, sn;                                                                                                     \
+    cv_slot_range(rt, K, r0, n, &s0, &sn);                                                                           \
+    for (long s = s0; s < s0 + sn; s++) {                                                                            \
+      R *tr = t + (size_t)rt->sexp[s] * (size_t)ldt, *yr = y + (size_t)s * (size_t)ldy;                              \
+      if (bwd)                                                                                                       \
+        for (long j = 0; j < w; j++) tr[j] += yr[j];                                                                 \
+      else                                                                                                           \
+        memcpy(yr, tr, sizeof(R) * (size_t)w);                                                                       \
+    }                                                                                                                \
+  }                                                                                                                  \
+  static void scomb_fwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw, R *y,    \
+                            long ldy, long w, int r0, int n) {                                                       \
+    for (int r = r0; r < r0 + n; r++) {                                                                              \
+      R *yr = y + (size_t)r * (size_t)ldy;                                                                           \
+      const R *wr = wt + (size_t)r * (size_t)ldw;                                                                    \
+      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
+      for (long j = 0; j < w; j++) yr[j] = 0;                                                                        \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                               \
+        R a = wr[rt->sexp[sl[k]]];                                                                                   \
+        for (long j = 0; j < w; j++) yr[j] += a * vr[j];                                                             \
+      }                                                                                                              \
+    }                                                                                                                \
+  }                                                                                                                  \
+  static void scomb_bwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw,          \
+                            const R *dy, long lddy, R *dv, long lddv, R *dw, long lddw, long w, int r0, int n) {     \
+    for (int r = r0; r < r0 + n; r++) {                                                                              \
+      const R *dyr = dy + (size_t)r * (size_t)lddy, *wr = wt + (size_t)r * (size_t)ldw;                              \
+      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        int ex = rt->sexp[sl[k]];                                                                                    \
+        const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                               \
+        if (dv) {                                                                                                    \
+          R *dvr = dv + (size_t)sl[k] * (size_t)lddv, a = wr[ex];                                                    \
+          for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                         \
+        }                                                                                                            \
+        if (dw) {                                                                                                    \
+          R dot = 0;                                                                                                 \
+          for (long j = 0; j < w; j++) dot += dyr[j] * vr[j];                                                        \
+          dw[(size_t)r * (size_t)lddw + (size_t)ex] += dot;                                                          \
+        }                                                                                                            \
+      }                                                                                                              \
+    }                                                                                                                \
+  }
+
+MOE_KERNELS(float, f)
+MOE_KERNELS(double, d)
+
+#define MOE_DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
+#define MOE_CALL(c, name, ...)                                                                                        \
+  do {                                                                                                               \
+    double t0_ = cv_now();                                                                                           \
+    if (MOE_DBL(c)) name##_d(__VA_ARGS__);                                                                           \
+    else name##_f(__VA_ARGS__);                                                                                      \
+    (c)->model->stats.rows_seconds += cv_now() - t0_;                                                                \
+  } while (0)
+
+static void cpu_topk_fwd(cavs_ctx *c, struct cv_route *rt, int K, long X, const void *g, long ldg, void *w, long ldw,
+                         int r0, int n) {
+  MOE_CALL(c, topk_fwd, c, rt, K, X, g, ldg, w, ldw, r0, n);
+}
+static void cpu_topk_bwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *w, long ldw, const void *dw,
+                         long lddw, void *dg, long lddg, int r0, int n) {
+  MOE_CALL(c, topk_bwd, rt, K, w, ldw, dw, lddw, dg, lddg, r0, n);
+}
+static void cpu_sbcast(cavs_ctx *c, const struct cv_route *rt, int K, void *x, long ldx, void *s, long lds, long w,
+                       int r0, int n, bool bwd) {
+  MOE_CALL(c, sbcast, rt, K, x, ldx, s, lds, w, r0, n, bwd);
+}
+static void cpu_erow(cavs_ctx *c, const struct cv_route *rt, int K, void *t, long ldt, void *y, long ldy, long w,
+                     int r0, int n, bool bwd) {
+  MOE_CALL(c, erow, rt, K, t, ldt, y, ldy, w, r0, n, bwd);
+}
+static void cpu_scomb_fwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt,
+                          long ldw, void *y, long ldy, long w, int r0, int n) {
+  MOE_CALL(c, scomb_fwd, rt, K, v, ldv, wt, ldw, y, ldy, w, r0, n);
+}
+static void cpu_scomb_bwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt,
+                          long ldw, const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0,
+                          int n) {
+  MOE_CALL(c, scomb_bwd, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+}
+
+const cv_moe_ops cv_moe_cpu = {
+    .topk_fwd = cpu_topk_fwd,
+    .topk_bwd = cpu_topk_bwd,
+    .sbcast = cpu_sbcast,
+    .erow = cpu_erow,
+    .scomb_fwd = cpu_scomb_fwd,
+    .scomb_bwd = cpu_scomb_bwd,
+};
+
+/* ---- entry points ---- */
+
+static const cv_moe_ops *moe_ops(cavs_ctx *c) {
+  cavs_model *m = c->model;
+  if (m->be->moe) return m->be->moe;
+  if (!m->launch_failed) cv_fail(m, "a mixture of experts (moe) is not built for the %s backend yet", m->be->name);
+  m->launch_failed = true;
+  return NULL;
+}
+
+void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, const void *g, long ldg, void *w, long ldw, int r0, int n) {
+  const cv_moe_ops *o = moe_ops(c);
+  struct cv_route *rt = o ? route_ready(c, route, K, X) : NULL;
+  if (rt && n > 0) o->topk_fwd(c, rt, K, X, g, ldg, w, ldw, r0, n);
+}
+void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, const void *w, long ldw, const void *dw, long lddw, void *dg,
+                   long lddg, int r0, int n) {
+  (void)X;
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0) o->topk_bwd(c, rt, K, w, ldw, dw, lddw, dg, lddg, r0, n);
+}
+void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n) {
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0) o->sbcast(c, rt, K, (void *)x, ldx, s, lds, w, r0, n, false);
+}
+void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
+                     int n) {
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0) o->sbcast(c, rt, K, dx, lddx, (void *)ds, ldds, w, r0, n, true);
+}
+void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n) {
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0) o->erow(c, rt, K, (void *)t, ldt, y, ldy, w, r0, n, false);
+}
+void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
+                   int n) {
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0 && dt) o->erow(c, rt, K, dt, lddt, (void *)dy, lddy, w, r0, n, true);
+}
+void cavs_scomb_fwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *wt, long ldw, void *y,
+                    long ldy, long w, int r0, int n) {
+  (void)X;
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0) o->scomb_fwd(c, rt, K, v, ldv, wt, ldw, y, ldy, w, r0, n);
+}
+void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *wt, long ldw,
+                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
+  (void)X;
+  const cv_moe_ops *o = moe_ops(c);
+  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  if (rt && n > 0 && (dv || dw)) o->scomb_bwd(c, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+}
+
+static const char *at(const cavs_ctx *c, const void *p, long row, long ld) {
+  return (const char *)p + (size_t)row * (size_t)ld * c->model->esize;
+}
+
+void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
+                  void *y, long ldy, int r0, int n) {
+  const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
+  if (!rt || n <= 0) return;
+  long s0, sn;
+  cv_slot_range(rt, K, r0, n, &s0, &sn);
+  /* one product per expert over its slots: none for an expert without */
+  for (long s = s0, len; s < s0 + sn; s += len) {
+    int ex = rt->sexp[s];
+    for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
+      ;
+    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B, 0,
+              (void *)at(c, y, s, ldy), ldy);
+  }
+}
+
+void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
+                  const void *dy, long lddy, void *dx, long lddx, void *dt, long lddt, int r0, int n) {
+  const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
+  if (!rt || n <= 0) return;
+  long s0, sn;
+  cv_slot_range(rt, K, r0, n, &s0, &sn);
+  for (long s = s0, len; s < s0 + sn; s += len) {
+    int ex = rt->sexp[s];
+    for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
+      ;
+    /* dx += dy W_e^T; dW_e += x^T dy, over the expert's slots */
+    if (dx)
+      cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, at(c, dy, s, lddy), lddy, at(c, t, ex, ldt), B,
+                1, (void *)at(c, dx, s, lddx), lddx);
+    if (dt)
+      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, at(c, x, s, ldx), ldx, at(c, dy, s, lddy), lddy,
+                1, (void *)at(c, dt, ex, lddt), B);
+  }
+}
+
+void cv_routes_free(cavs_model *m) {
+  for (int i = 0; i < CV_MAX_ROUTES; i++) {
+    struct cv_route *r = &m->route[i];
+    free(r->sexp), free(r->srow), free(r->rslot), free(r->cnt), free(r->load), free(r->rbeg), free(r->rend);
+    memset(r, 0, sizeof *r);
+  }
+}
+
+int cavs_model_expert_load(cavs_model *m, int route, long *counts, int cap) {
+  if (!m || route < 0 || cap < 0 || (cap > 0 && !counts)) return -1;
+  if (route >= CV_MAX_ROUTES || !m->route[route].load) return 0;
+  const struct cv_route *r = &m->route[route];
+  for (long j = 0; j < r->nx && j < cap; j++) counts[j] = r->load[j];
+  return (int)r->nx;
+}
+
+void cavs_model_expert_load_reset(cavs_model *m) {
+  if (!m) return;
+  for (int i = 0; i < CV_MAX_ROUTES; i++)
+    if (m->route[i].load) memset(m->route[i].load, 0, sizeof(long) * (size_t)m->route[i].nx);
+}
