@@ -353,9 +353,11 @@ typedef struct Dim {
 /* `option NAME = NUMBER;`: a value the runtime holds and the user may set (cavs train
  * --dropout, cavs_model_set_option), not part of the model's identity beyond its
  * default: a dropout probability, in [0, 1); or, the option named `clip`, the model's
- * default gradient-norm clip for training (cavs train without --clip), 0 or more
+ * default gradient-norm clip for training (cavs train without --clip), 0 or more; or,
+ * the option named `balance`, the weight of a mixture of experts' load-balancing loss
+ * (top(g, K, balance)), 0 or more
  * (cavs_abi.h's kinds, in the same order) */
-typedef enum { OPT_DROPOUT, OPT_CLIP } OptionKind;
+typedef enum { OPT_DROPOUT, OPT_CLIP, OPT_BALANCE } OptionKind;
 #define CV_MAX_CLIP 1e30
 typedef struct Option {
   const char *name;

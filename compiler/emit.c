@@ -796,13 +796,18 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
 #define P(node, g) emit_ptr(e, (Ref){&(node)->val, (g)}, "0"), emit_ld(e, &(node)->val)
 #define GP(node) ((node)->grad && ((node)->val.kind == PL_ROW || (node)->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&(node)->val, true}, "0") : "NULL")
   switch (n->op) {
-  case OP_TOPK:
-    if (!bwd) fprintf(e->out, "  cavs_topk_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(a, false), P(n, false));
+  case OP_TOPK: {
+    /* the load-balancing loss's weight: a number, or the option's value at run time */
+    const char *bal = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
+                             : arena_printf("%.17g", b->cval);
+    if (!bwd)
+      fprintf(e->out, "  cavs_topk_fwd(c, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, bal, P(a, false), P(n, false));
     else if (a->grad)
-      fprintf(e->out, "  cavs_topk_bwd(c, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(n, false),
-              emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val), emit_ptr(e, (Ref){&a->val, true}, "0"),
-              emit_ld(e, &a->val));
+      fprintf(e->out, "  cavs_topk_bwd(c, %s, %s, %s, %s, %s, %s, %s,\n                %s, %s, %s, %s, r0, n);\n", rk, X, bal,
+              P(a, false), P(n, false), emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val),
+              emit_ptr(e, (Ref){&a->val, true}, "0"), emit_ld(e, &a->val));
     return;
+  }
   case OP_SBCAST:
     if (!bwd) fprintf(e->out, "  cavs_sbcast_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, false), P(n, false), emit_lin(m, n->width));
     else if (a->grad && a->val.kind == PL_ROW)
@@ -1113,7 +1118,9 @@ static void descriptor(const Emit *e) {
                          : "static const cavs_option_desc options[1] = {0};\n");
   for (int i = 0; i < m->noptions; i++)
     fprintf(c, "  {%s, %s, %.17g},\n", emit_c_string(m->options[i].name),
-            m->options[i].kind == OPT_CLIP ? "CAVS_OPTION_CLIP" : "CAVS_OPTION_DROPOUT", m->options[i].value);
+            m->options[i].kind == OPT_CLIP      ? "CAVS_OPTION_CLIP"
+            : m->options[i].kind == OPT_BALANCE ? "CAVS_OPTION_BALANCE"
+                                                : "CAVS_OPTION_DROPOUT", m->options[i].value);
   if (m->noptions) fprintf(c, "};\n");
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;

@@ -176,7 +176,8 @@ static void check_func(const Model *m, const IrFunc *f) {
     /* an option's value exists only at run time: dropout's p alone reads one */
     for (int j = 0; j < n->nargs; j++)
       if (f->nodes[n->args[j]].op == OP_CONST && f->nodes[n->args[j]].ref)
-        cv_assert(n->op == OP_DROPOUT && j == 1);
+        cv_assert((n->op == OP_DROPOUT || n->op == OP_TOPK) && j == 1 &&
+                  m->options[f->nodes[n->args[j]].ref - 1].kind == (n->op == OP_TOPK ? OPT_BALANCE : OPT_DROPOUT));
     const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
     const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
     /* per edge: echild and ebcast, and what reads an edge value but esum; only in a
@@ -197,6 +198,7 @@ static void check_func(const Model *m, const IrFunc *f) {
       cv_assert(f->route == i && f->kind != F_PULL && !f->edges && a->type == T_ROW && !a->slot);
       cv_assert(n->type == T_ROW && same(n->width, a->width) && n->ref == f->route_k);
       cv_assert(n->ref >= 1 && n->ref <= CV_MAX_CHILDREN && (!lin_is_const(a->width) || n->ref <= a->width.k));
+      cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval <= CV_MAX_CLIP);
       break;
     case OP_SBCAST: cv_assert(a->type == T_ROW && !a->slot && n->type == T_ROW && same(a->width, n->width)); break;
     case OP_EMM: {
@@ -421,7 +423,7 @@ static void print_func(FILE *out, const Model *m, const IrFunc *f) {
     case OP_INPUT: col += fprintf(out, " %s", m->inputs[n->ref].name); break;
     case OP_GATHER: col += fprintf(out, " %d", n->ref); break;
     case OP_PULL: col += fprintf(out, " %s", m->pulls[n->ref].name); break;
-    case OP_TOPK: col += fprintf(out, " %%%d k %d", n->args[0], n->ref); break;
+    case OP_TOPK: col += fprintf(out, " %%%d, %%%d k %d", n->args[0], n->args[1], n->ref); break;
     case OP_SLICE:
       col += fprintf(out, " %%%d[%s:%s]", n->args[0], lin_str(m, n->lo, lo, sizeof lo),
                      lin_str(m, n->hi, hi, sizeof hi));

@@ -333,9 +333,11 @@ static bool node_line(Rd *r) {
         !want(r, "]"))
       return false;
     break;
-  case OP_TOPK: { /* `topk %g k K`: the function's one routing */
+  case OP_TOPK: { /* `topk %g, %w k K`: the function's one routing */
     long k;
-    if (!node_ref(r, &args[nargs++]) || !want(r, "k") || !integer(r, &k)) return false;
+    if (!node_ref(r, &args[nargs++]) || !want(r, ",") || !node_ref(r, &args[nargs++]) || !want(r, "k") ||
+        !integer(r, &k))
+      return false;
     if (k < 1 || k > CV_MAX_CHILDREN) FAIL(r, "k must be between 1 and %d", CV_MAX_CHILDREN);
     if (f->route >= 0) FAIL(r, "a second topk in one function");
     n.ref = (int)k;

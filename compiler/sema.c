@@ -724,8 +724,8 @@ static int expert_matmul(Ctx *c, const Node *n) {
  * slot's expert, the K results weighted by the softmax of their gate values and summed */
 static int eval_moe(Ctx *c, const Node *n) {
   const Node *top = n->a;
-  if (top->kind != N_CALL || strcmp(top->name, "top") || top->nargs != 2) {
-    error_at(top->loc, "moe routes each row by 'top(GATE, K)': the K experts of largest GATE");
+  if (top->kind != N_CALL || strcmp(top->name, "top") || top->nargs < 2 || top->nargs > 3) {
+    error_at(top->loc, "moe routes each row by 'top(GATE, K)' or 'top(GATE, K, BALANCE)': the K experts of largest GATE");
     return -1;
   }
   if (c->f->kind == F_PULL) {
@@ -755,9 +755,31 @@ static int eval_moe(Ctx *c, const Node *n) {
                                                                        : arena_printf("%d", CV_MAX_CHILDREN));
     return -1;
   }
-  int *ga = arena_alloc(sizeof(int));
+  /* the load-balancing loss's weight: a number, or the option `balance` */
+  int bal;
+  const Node *bn = top->nargs > 2 ? top->args[2] : NULL;
+  Entry *oe = bn && bn->kind == N_NAME && !loop_var(c, bn->name) && !tab_get(&c->scope, bn->name)
+                  ? tab_get(&c->globals, bn->name) : NULL;
+  if (oe && oe->kind == SYM_OPTION) {
+    if (c->m->options[oe->index].kind != OPT_BALANCE) {
+      error_at(bn->loc, "'%s' is %s, not a load-balancing loss's weight (the option named 'balance' is one)", bn->name,
+               c->m->options[oe->index].kind == OPT_CLIP ? "the model's gradient-norm clip" : "a dropout probability");
+      return -1;
+    }
+    bal = mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = c->m->options[oe->index].value,
+                              .ref = oe->index + 1, .loc = bn->loc});
+  } else {
+    bal = bn ? eval(c, bn) : mk_const(c, 0, top->loc);
+    if (bal < 0) return -1;
+    if (node(c, bal)->op != OP_CONST || !(node(c, bal)->cval >= 0 && node(c, bal)->cval <= CV_MAX_CLIP)) {
+      error_at(bn->loc, "top()'s load-balancing weight must be a number, 0 or more, or the option 'balance'");
+      return -1;
+    }
+  }
+  int *ga = arena_alloc(sizeof(int) * 2);
   ga[0] = g;
-  int route = mk_with(c, (IrNode){.op = OP_TOPK, .type = T_ROW, .width = gw, .ref = (int)k, .nargs = 1, .args = ga,
+  ga[1] = bal;
+  int route = mk_with(c, (IrNode){.op = OP_TOPK, .type = T_ROW, .width = gw, .ref = (int)k, .nargs = 2, .args = ga,
                                   .loc = top->loc});
   if (route < 0) return -1;
   c->f->route = route;
@@ -994,8 +1016,9 @@ static int eval_call(Ctx *c, const Node *n) {
       error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
       return -1;
     }
-    if (oe && oe->kind == SYM_OPTION && c->m->options[oe->index].kind == OPT_CLIP) {
-      error_at(pn->loc, "'%s' is the model's gradient-norm clip, not a dropout probability", pn->name);
+    if (oe && oe->kind == SYM_OPTION && c->m->options[oe->index].kind != OPT_DROPOUT) {
+      error_at(pn->loc, "'%s' is %s, not a dropout probability", pn->name,
+               c->m->options[oe->index].kind == OPT_CLIP ? "the model's gradient-norm clip" : "a load-balancing loss's weight");
       return -1;
     }
     int p = oe && oe->kind == SYM_OPTION
@@ -1437,9 +1460,13 @@ static bool declare(Ctx *c, const char *name, Loc loc, int kind, int index) {
   return true;
 }
 
-OptionKind option_kind(const char *name) { return strcmp(name, "clip") == 0 ? OPT_CLIP : OPT_DROPOUT; }
+OptionKind option_kind(const char *name) {
+  return strcmp(name, "clip") == 0 ? OPT_CLIP : strcmp(name, "balance") == 0 ? OPT_BALANCE : OPT_DROPOUT;
+}
 const char *option_value_error(OptionKind k, double v) {
   if (k == OPT_CLIP) return v >= 0 && v <= CV_MAX_CLIP ? NULL : "is the gradient-norm clip: its default must be a number, 0 (none) or more";
+  if (k == OPT_BALANCE)
+    return v >= 0 && v <= CV_MAX_CLIP ? NULL : "is a load-balancing loss's weight: its default must be a number, 0 (none) or more";
   return v >= 0 && v < 1 ? NULL : "is a dropout probability: its default must be a number in [0, 1)";
 }
 

@@ -22,9 +22,9 @@ static void moe_lm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:42  lookup */
+  /* moe_lm.vf:46  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* moe_lm.vf:42  x = dropout */
+  /* moe_lm.vf:46  x = dropout */
   cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
@@ -40,9 +40,9 @@ static void moe_lm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:42  x = dropout */
+  /* moe_lm.vf:46  x = dropout */
   cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
-  /* moe_lm.vf:42  lookup */
+  /* moe_lm.vf:46  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -58,10 +58,10 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 49  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
@@ -201,18 +201,18 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:46  s = gather */
+  /* moe_lm.vf:50  s = gather */
   cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 49  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 53  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
+  /* line 54  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f o u c h (lines 49 50 51 52 53 54) */
+  /* group g0 forward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   cavs_loop(c, moe_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* moe_lm.vf:55  concat */
+  /* moe_lm.vf:59  concat */
 }
 
 /* vertex token, lazy phase: every row of the type at once */
@@ -227,7 +227,7 @@ static void moe_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:56  push */
+  /* moe_lm.vf:60  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -243,7 +243,7 @@ static void moe_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:56  push */
+  /* moe_lm.vf:60  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -437,17 +437,17 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:55  concat */
-  /* group g0 backward, [n, H]: i f o u c h (lines 49 50 51 52 53 54) */
+  /* moe_lm.vf:59  concat */
+  /* group g0 backward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   cavs_loop(c, moe_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 50  dh_prev += d(h_prev @ Uf) W^T, rows with children */
+  /* line 54  dh_prev += d(h_prev @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 49  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 53  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* moe_lm.vf:46  s = gather */
+  /* moe_lm.vf:50  s = gather */
   cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
@@ -463,22 +463,22 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 50  dx += d(x @ Wf) W^T, rows with a word and children */
+  /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 49  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 49  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 53  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  dW += x^T d(x @ Wf), over all rows with a word and children */
+  /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 50  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
+  /* line 54  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
@@ -496,14 +496,14 @@ static void moe_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a6 = V[24] + (size_t)(r) * D_F;
-    const R *restrict a8 = V[23] + (size_t)(r) * D_F;
-    R *restrict o10 = V[22] + (size_t)(r) * D_F;
+    const R *restrict a7 = V[24] + (size_t)(r) * D_F;
+    const R *restrict a9 = V[23] + (size_t)(r) * D_F;
+    R *restrict o11 = V[22] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v9 = a6[j] + a8[j];
-      const R v10 = (v9 > 0 ? v9 : 0);
-      o10[j] = v10;
+      const R v10 = a7[j] + a9[j];
+      const R v11 = (v10 > 0 ? v10 : 0);
+      o11[j] = v11;
     }
   }
 }
@@ -521,13 +521,13 @@ static void moe_lm_push_fwd_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a12 = V[21] + (size_t)(r) * D_H;
-    const R *restrict a14 = V[20] + (size_t)(r) * D_H;
-    R *restrict o15 = V[19] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[21] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[20] + (size_t)(r) * D_H;
+    R *restrict o16 = V[19] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v15 = a12[j] + a14[j];
-      o15[j] = v15;
+      const R v16 = a13[j] + a15[j];
+      o16[j] = v16;
     }
   }
 }
@@ -546,12 +546,12 @@ static void moe_lm_push_fwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a0 = V[1] + (size_t)(r) * D_H;
-    const R *restrict a16 = V[18] + (size_t)(r) * D_H;
-    R *restrict o17 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[18] + (size_t)(r) * D_H;
+    R *restrict o18 = V[17] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v17 = a0[j] + a16[j];
-      o17[j] = v17;
+      const R v18 = a0[j] + a17[j];
+      o18[j] = v18;
     }
   }
 }
@@ -569,13 +569,13 @@ static void moe_lm_push_fwd_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a21 = V[15] + (size_t)(r) * D_V;
-    const R *restrict a22 = P[15];
-    R *restrict o23 = V[14] + (size_t)(r) * D_V;
+    const R *restrict a22 = V[15] + (size_t)(r) * D_V;
+    const R *restrict a23 = P[15];
+    R *restrict o24 = V[14] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v23 = a21[j] + a22[j];  /* logits */
-      o23[j] = v23;
+      const R v24 = a22[j] + a23[j];  /* logits */
+      o24[j] = v24;
     }
   }
 }
@@ -592,16 +592,16 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 60  h @ Wg: [n, X] */
+  /* line 64  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_X, 0, V[27] + (size_t)(r0) * D_X, D_X);
-  /* moe_lm.vf:60  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X, r0, n);
-  /* moe_lm.vf:59  sbcast */
+  /* moe_lm.vf:64  topk */
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X, r0, n);
+  /* moe_lm.vf:63  sbcast */
   cavs_sbcast_fwd(c, 0, 2, V[1] + (size_t)(0) * D_H, D_H, V[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_fwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[24] + (size_t)(0) * D_F, D_F, r0, n);
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_fwd(c, 0, 2, P[12], D_F, V[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -609,13 +609,13 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g0 forward, [n, F]: (lines 60) */
+  /* group g0 forward, [n, F]: (lines 64) */
   cavs_loop(c, moe_lm_push_fwd_g0, r0, n, D_F, 0);
     }
   }
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_fwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[21] + (size_t)(0) * D_H, D_H, r0, n);
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_fwd(c, 0, 2, P[13], D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -623,22 +623,22 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g1 forward, [n, H]: (lines 60) */
+  /* group g1 forward, [n, H]: (lines 64) */
   cavs_loop(c, moe_lm_push_fwd_g1, r0, n, D_H, 0);
     }
   }
-  /* moe_lm.vf:60  m = scomb */
+  /* moe_lm.vf:64  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g2 forward, [n, H]: (lines 61) */
+  /* group g2 forward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_fwd_g2, r0, n, D_H, 0);
-  /* moe_lm.vf:61  dropout */
-  cavs_dropout_fwd(c, 100022u, c->opt[0] /* p_drop */, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 61  %19 @ Wout: [n, V] */
+  /* moe_lm.vf:65  dropout */
+  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 65  %20 @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[16] + (size_t)(r0) * D_H, D_H,
             P[14], D_V, 0, V[15] + (size_t)(r0) * D_V, D_V);
-  /* group g3 forward, [n, V]: logits (lines 61) */
+  /* group g3 forward, [n, V]: logits (lines 65) */
   cavs_loop(c, moe_lm_push_fwd_g3, r0, n, D_V, 0);
-  /* moe_lm.vf:62  softmax_xent */
+  /* moe_lm.vf:66  softmax_xent */
   cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
@@ -655,14 +655,14 @@ static void moe_lm_push_bwd_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d21 = G[15] + (size_t)(r) * D_V;
-    R *restrict d22 = PG[15];
-    const R *restrict g23_in = G[14] + (size_t)(r) * D_V;
+    R *restrict d22 = G[15] + (size_t)(r) * D_V;
+    R *restrict d23 = PG[15];
+    const R *restrict g24_in = G[14] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g23 = g23_in[j];
-      d21[j] = g23;  /* this loop alone writes it */
-      d22[j] += g23;  /* summed over rows */
+      R g24 = g24_in[j];
+      d22[j] = g24;  /* this loop alone writes it */
+      d23[j] += g24;  /* summed over rows */
     }
   }
 }
@@ -681,13 +681,13 @@ static void moe_lm_push_bwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d0 = G[1] + (size_t)(r) * D_H;
-    R *restrict d16 = G[18] + (size_t)(r) * D_H;
-    const R *restrict g17_in = G[17] + (size_t)(r) * D_H;
+    R *restrict d17 = G[18] + (size_t)(r) * D_H;
+    const R *restrict g18_in = G[17] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g17 = g17_in[j];
-      d0[j] += g17;
-      d16[j] += g17;
+      R g18 = g18_in[j];
+      d0[j] += g18;
+      d17[j] += g18;
     }
   }
 }
@@ -705,14 +705,14 @@ static void moe_lm_push_bwd_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d12 = G[21] + (size_t)(r) * D_H;
-    R *restrict d14 = G[20] + (size_t)(r) * D_H;
-    const R *restrict g15_in = G[19] + (size_t)(r) * D_H;
+    R *restrict d13 = G[21] + (size_t)(r) * D_H;
+    R *restrict d15 = G[20] + (size_t)(r) * D_H;
+    const R *restrict g16_in = G[19] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g15 = g15_in[j];
-      d12[j] += g15;
-      d14[j] += g15;
+      R g16 = g16_in[j];
+      d13[j] += g16;
+      d15[j] += g16;
     }
   }
 }
@@ -730,19 +730,19 @@ static void moe_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a6 = V[24] + (size_t)(r) * D_F;
-    R *restrict d6 = G[24] + (size_t)(r) * D_F;
-    const R *restrict a8 = V[23] + (size_t)(r) * D_F;
-    R *restrict d8 = G[23] + (size_t)(r) * D_F;
-    const R *restrict g10_in = G[22] + (size_t)(r) * D_F;
+    const R *restrict a7 = V[24] + (size_t)(r) * D_F;
+    R *restrict d7 = G[24] + (size_t)(r) * D_F;
+    const R *restrict a9 = V[23] + (size_t)(r) * D_F;
+    R *restrict d9 = G[23] + (size_t)(r) * D_F;
+    const R *restrict g11_in = G[22] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v9 = a6[j] + a8[j];
-      R g9 = 0;
-      R g10 = g10_in[j];
-      g9 += (v9 > 0 ? g10 : 0);
-      d6[j] += g9;
-      d8[j] += g9;
+      const R v10 = a7[j] + a9[j];
+      R g10 = 0;
+      R g11 = g11_in[j];
+      g10 += (v10 > 0 ? g11 : 0);
+      d7[j] += g10;
+      d9[j] += g10;
     }
   }
 }
@@ -759,18 +759,18 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:62  softmax_xent */
+  /* moe_lm.vf:66  softmax_xent */
   cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], G[14] + (size_t)(0) * D_V, D_V, r0, n, D_V);
-  /* group g3 backward, [n, V]: logits (lines 61) */
+  /* group g3 backward, [n, V]: logits (lines 65) */
   cavs_loop(c, moe_lm_push_bwd_g3, r0, n, D_V, 0);
-  /* line 61  d%19 += d(%19 @ Wout) W^T */
+  /* line 65  d%20 += d(%20 @ Wout) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[15] + (size_t)(r0) * D_V, D_V,
             P[14], D_V, 1, G[16] + (size_t)(r0) * D_H, D_H);
-  /* moe_lm.vf:61  dropout */
-  cavs_dropout_bwd(c, 100022u, c->opt[0] /* p_drop */, G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g2 backward, [n, H]: (lines 61) */
+  /* moe_lm.vf:65  dropout */
+  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* group g2 backward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, 0);
-  /* moe_lm.vf:60  m = scomb */
+  /* moe_lm.vf:64  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, G[18] + (size_t)(0) * D_H, D_H,
                  G[19] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -779,13 +779,13 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g1 backward, [n, H]: (lines 60) */
+  /* group g1 backward, [n, H]: (lines 64) */
   cavs_loop(c, moe_lm_push_bwd_g1, r0, n, D_H, 0);
     }
   }
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH,
                G[21] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -794,26 +794,27 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g0 backward, [n, F]: (lines 60) */
+  /* group g0 backward, [n, F]: (lines 64) */
   cavs_loop(c, moe_lm_push_bwd_g0, r0, n, D_F, 0);
     }
   }
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF,
                G[24] + (size_t)(0) * D_F, D_F, G[25] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
-  /* moe_lm.vf:59  sbcast */
+  /* moe_lm.vf:63  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, V[26] + (size_t)(0) * D_X, D_X, G[26] + (size_t)(0) * D_X, D_X, G[27] + (size_t)(0) * D_X, D_X, r0, n);
-  /* line 60  dh += d(h @ Wg) W^T */
+  /* moe_lm.vf:64  topk */
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X,
+                G[26] + (size_t)(0) * D_X, D_X, G[27] + (size_t)(0) * D_X, D_X, r0, n);
+  /* line 64  dh += d(h @ Wg) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[27] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[1] + (size_t)(r0) * D_H, D_H);
-  /* line 60  dW += h^T d(h @ Wg), over all rows */
+  /* line 64  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[27] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
-  /* line 61  dW += %19^T d(%19 @ Wout), over all rows */
+  /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[16] + (size_t)(r0) * D_H, D_H,
             G[15] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
 }
@@ -829,6 +830,7 @@ static const cavs_dim_desc dims[] = {
 };
 static const cavs_option_desc options[] = {
   {"p_drop", CAVS_OPTION_DROPOUT, 0},
+  {"balance", CAVS_OPTION_BALANCE, 0.01},
 };
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
@@ -890,18 +892,18 @@ static const cavs_buf_desc bufs[] = {
   {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"push_logits", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t21", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t19", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t17", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t22", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t20", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t18", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t16", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"push_t15", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t14", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t12", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t10", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t8", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t6", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t5", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t3", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t13", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t7", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t6", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc moe_lm_token_gathers[] = {
@@ -937,7 +939,7 @@ const cavs_desc moe_lm_desc = {
   .target = CAVS_TARGET_C,
   .name = "moe_lm",
   .source = "dsl-examples/moe_lm.vf",
-  .source_hash = "68a2250a86d4abda",
+  .source_hash = "18e1dfa8eb228cec",
   .source_text = "# moe_lm.vf: the LSTM language model with a mixture of experts between the LSTM and\012"
     "# the softmax (Shazeer et al., \"Outrageously large neural networks: the sparsely-gated\012"
     "# mixture-of-experts layer\", ICLR 2017, put theirs between two stacked LSTMs). Each\012"
@@ -952,7 +954,10 @@ const cavs_desc moe_lm_desc = {
     "# cavs groups a task's tokens by expert at run time (one product per expert, no token\012"
     "# dropped or padded) and derives every gradient, the gate's through the kept weights.\012"
     "# `--dim X=16` changes the experts' count; the rest of the model is lstm_lm.vf's with\012"
-    "# Zaremba et al.'s initialization (lstm_lm2.vf).\012"
+    "# Zaremba et al.'s initialization (lstm_lm2.vf). The gate is trained with Switch\012"
+    "# Transformer's load-balancing loss too (Fedus et al. 2021: balance X sum_e f_e P_e over\012"
+    "# each task's tokens, f_e the share routed to expert e, P_e its mean gate probability),\012"
+    "# of weight `balance` (0.01; cavs train --option balance=W, 0 turns it off).\012"
     "#\012"
     "# Data: text or text-bptt (one sentence per line, or one stream cut in chains),\012"
     "#   next-token labels in `next`, e.g. PTB from Mikolov's simple-examples.\012"
@@ -965,6 +970,7 @@ const cavs_desc moe_lm_desc = {
     "dim HF = H * F; dim FH = F * H;          # an expert's two matrices, one row of a table\012"
     "dim V = vocab(word);\012"
     "option p_drop = 0;\012"
+    "option balance = 0.01;                  # the load-balancing loss's weight\012"
     "\012"
     "input word : index[V];                  # this token\012"
     "input next : class[V];                  # the token after it (-1 = none)\012"
@@ -997,13 +1003,13 @@ const cavs_desc moe_lm_desc = {
     "}\012"
     "\012"
     "push (h) {\012"
-    "  m = moe(e in top(h @ Wg, 2): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
+    "  m = moe(e in top(h @ Wg, 2, balance): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
     "  logits = dropout(h + m, p_drop) @ Wout + bout;\012"
     "  loss softmax_xent(logits, next);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 7, .dims = dims,
-  .noptions = 1, .options = options,
+  .noptions = 2, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,

@@ -22,9 +22,9 @@ static void moe_lm_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:42  lookup */
+  /* moe_lm.vf:46  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* moe_lm.vf:42  x = dropout */
+  /* moe_lm.vf:46  x = dropout */
   cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
@@ -40,9 +40,9 @@ static void moe_lm_pull_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:42  x = dropout */
+  /* moe_lm.vf:46  x = dropout */
   cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
-  /* moe_lm.vf:42  lookup */
+  /* moe_lm.vf:46  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -58,10 +58,10 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 49  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
@@ -202,15 +202,15 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:46  s = gather */
+  /* moe_lm.vf:50  s = gather */
   cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 49  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 53  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
+  /* line 54  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* group g0 forward, [n, H]: i f o u c h (lines 49 50 51 52 53 54) */
+  /* group g0 forward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -261,7 +261,7 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* moe_lm.vf:55  concat */
+  /* moe_lm.vf:59  concat */
 }
 
 /* vertex token, lazy phase: every row of the type at once */
@@ -276,7 +276,7 @@ static void moe_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:56  push */
+  /* moe_lm.vf:60  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -292,7 +292,7 @@ static void moe_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:56  push */
+  /* moe_lm.vf:60  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -490,8 +490,8 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:55  concat */
-  /* group g0 backward, [n, H]: i f o u c h (lines 49 50 51 52 53 54) */
+  /* moe_lm.vf:59  concat */
+  /* group g0 backward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -543,13 +543,13 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 50  dh_prev += d(h_prev @ Uf) W^T, rows with children */
+  /* line 54  dh_prev += d(h_prev @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 49  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 53  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* moe_lm.vf:46  s = gather */
+  /* moe_lm.vf:50  s = gather */
   cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
@@ -565,80 +565,80 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 50  dx += d(x @ Wf) W^T, rows with a word and children */
+  /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 49  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 49  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 53  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 50  dW += x^T d(x @ Wf), over all rows with a word and children */
+  /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
-  /* line 50  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
+  /* line 54  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_push_fwd, group g0 forward: a thread per row and column of [n, F] */
 static __global__ void moe_lm_push_fwd_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a6_r0,
-    const R *__restrict__ a8_r0,
-    R *__restrict__ o10_r0) {
+    const R *__restrict__ a7_r0,
+    const R *__restrict__ a9_r0,
+    R *__restrict__ o11_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a6 = a6_r0 + (size_t)i * D_F;
-  const R *__restrict__ a8 = a8_r0 + (size_t)i * D_F;
-  R *__restrict__ o10 = o10_r0 + (size_t)i * D_F;
-  const R v9 = a6[j] + a8[j];
-  const R v10 = (v9 > 0 ? v9 : 0);
-  o10[j] = v10;
+  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_F;
+  const R *__restrict__ a9 = a9_r0 + (size_t)i * D_F;
+  R *__restrict__ o11 = o11_r0 + (size_t)i * D_F;
+  const R v10 = a7[j] + a9[j];
+  const R v11 = (v10 > 0 ? v10 : 0);
+  o11[j] = v11;
 }
 
 /* moe_lm_push_fwd, group g1 forward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_fwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a12_r0,
-    const R *__restrict__ a14_r0,
-    R *__restrict__ o15_r0) {
+    const R *__restrict__ a13_r0,
+    const R *__restrict__ a15_r0,
+    R *__restrict__ o16_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a12 = a12_r0 + (size_t)i * D_H;
-  const R *__restrict__ a14 = a14_r0 + (size_t)i * D_H;
-  R *__restrict__ o15 = o15_r0 + (size_t)i * D_H;
-  const R v15 = a12[j] + a14[j];
-  o15[j] = v15;
+  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
+  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
+  R *__restrict__ o16 = o16_r0 + (size_t)i * D_H;
+  const R v16 = a13[j] + a15[j];
+  o16[j] = v16;
 }
 
 /* moe_lm_push_fwd, group g2 forward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_fwd_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     const R *__restrict__ a0_r0,
-    const R *__restrict__ a16_r0,
-    R *__restrict__ o17_r0) {
+    const R *__restrict__ a17_r0,
+    R *__restrict__ o18_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
-  const R *__restrict__ a16 = a16_r0 + (size_t)i * D_H;
-  R *__restrict__ o17 = o17_r0 + (size_t)i * D_H;
-  const R v17 = a0[j] + a16[j];
-  o17[j] = v17;
+  const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
+  R *__restrict__ o18 = o18_r0 + (size_t)i * D_H;
+  const R v18 = a0[j] + a17[j];
+  o18[j] = v18;
 }
 
 /* moe_lm_push_fwd, group g3 forward: a thread per row and column of [n, V] */
 static __global__ void moe_lm_push_fwd_g3(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a21_r0,
-    const R *__restrict__ a22,
-    R *__restrict__ o23_r0) {
+    const R *__restrict__ a22_r0,
+    const R *__restrict__ a23,
+    R *__restrict__ o24_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_V, &i, &j)) return;
-  const R *__restrict__ a21 = a21_r0 + (size_t)i * D_V;
-  R *__restrict__ o23 = o23_r0 + (size_t)i * D_V;
-  const R v23 = a21[j] + a22[j];  /* logits */
-  o23[j] = v23;
+  const R *__restrict__ a22 = a22_r0 + (size_t)i * D_V;
+  R *__restrict__ o24 = o24_r0 + (size_t)i * D_V;
+  const R v24 = a22[j] + a23[j];  /* logits */
+  o24[j] = v24;
 }
 
 /* push block, forward: all rows */
@@ -653,16 +653,16 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 60  h @ Wg: [n, X] */
+  /* line 64  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
             P[9], D_X, 0, V[27] + (size_t)(r0) * D_X, D_X);
-  /* moe_lm.vf:60  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X, r0, n);
-  /* moe_lm.vf:59  sbcast */
+  /* moe_lm.vf:64  topk */
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X, r0, n);
+  /* moe_lm.vf:63  sbcast */
   cavs_sbcast_fwd(c, 0, 2, V[1] + (size_t)(0) * D_H, D_H, V[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_fwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[24] + (size_t)(0) * D_F, D_F, r0, n);
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_fwd(c, 0, 2, P[12], D_F, V[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -670,7 +670,7 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g0 forward, [n, F]: (lines 60) */
+  /* group g0 forward, [n, F]: (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -683,9 +683,9 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   }
     }
   }
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_fwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[21] + (size_t)(0) * D_H, D_H, r0, n);
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_fwd(c, 0, 2, P[13], D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -693,7 +693,7 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g1 forward, [n, H]: (lines 60) */
+  /* group g1 forward, [n, H]: (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -706,9 +706,9 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   }
     }
   }
-  /* moe_lm.vf:60  m = scomb */
+  /* moe_lm.vf:64  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g2 forward, [n, H]: (lines 61) */
+  /* group g2 forward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -719,12 +719,12 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* moe_lm.vf:61  dropout */
-  cavs_dropout_fwd(c, 100022u, c->opt[0] /* p_drop */, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 61  %19 @ Wout: [n, V] */
+  /* moe_lm.vf:65  dropout */
+  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 65  %20 @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[16] + (size_t)(r0) * D_H, D_H,
             P[14], D_V, 0, V[15] + (size_t)(r0) * D_V, D_V);
-  /* group g3 forward, [n, V]: logits (lines 61) */
+  /* group g3 forward, [n, V]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -735,74 +735,74 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* moe_lm.vf:62  softmax_xent */
+  /* moe_lm.vf:66  softmax_xent */
   cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* moe_lm_push_bwd, group g3 backward: a thread per row and column of [n, V] */
 static __global__ void moe_lm_push_bwd_g3(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    R *__restrict__ d21_r0,
-    cavs_cuda_sum<R> d22,
-    const R *__restrict__ g23_in_r0) {
+    R *__restrict__ d22_r0,
+    cavs_cuda_sum<R> d23,
+    const R *__restrict__ g24_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_V, &i, &j)) return;
-  R *__restrict__ d21 = d21_r0 + (size_t)i * D_V;
-  const R *__restrict__ g23_in = g23_in_r0 + (size_t)i * D_V;
-  R g23 = g23_in[j];
-  d21[j] = g23;  /* this loop alone writes it */
-  d22[j] += g23;  /* summed over rows */
+  R *__restrict__ d22 = d22_r0 + (size_t)i * D_V;
+  const R *__restrict__ g24_in = g24_in_r0 + (size_t)i * D_V;
+  R g24 = g24_in[j];
+  d22[j] = g24;  /* this loop alone writes it */
+  d23[j] += g24;  /* summed over rows */
 }
 
 /* moe_lm_push_bwd, group g2 backward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_bwd_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     R *__restrict__ d0_r0,
-    R *__restrict__ d16_r0,
-    const R *__restrict__ g17_in_r0) {
+    R *__restrict__ d17_r0,
+    const R *__restrict__ g18_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d0 = d0_r0 + (size_t)i * D_H;
-  R *__restrict__ d16 = d16_r0 + (size_t)i * D_H;
-  const R *__restrict__ g17_in = g17_in_r0 + (size_t)i * D_H;
-  R g17 = g17_in[j];
-  d0[j] += g17;
-  d16[j] += g17;
+  R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
+  const R *__restrict__ g18_in = g18_in_r0 + (size_t)i * D_H;
+  R g18 = g18_in[j];
+  d0[j] += g18;
+  d17[j] += g18;
 }
 
 /* moe_lm_push_bwd, group g1 backward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_bwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    R *__restrict__ d12_r0,
-    R *__restrict__ d14_r0,
-    const R *__restrict__ g15_in_r0) {
+    R *__restrict__ d13_r0,
+    R *__restrict__ d15_r0,
+    const R *__restrict__ g16_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d12 = d12_r0 + (size_t)i * D_H;
-  R *__restrict__ d14 = d14_r0 + (size_t)i * D_H;
-  const R *__restrict__ g15_in = g15_in_r0 + (size_t)i * D_H;
-  R g15 = g15_in[j];
-  d12[j] += g15;
-  d14[j] += g15;
+  R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
+  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
+  const R *__restrict__ g16_in = g16_in_r0 + (size_t)i * D_H;
+  R g16 = g16_in[j];
+  d13[j] += g16;
+  d15[j] += g16;
 }
 
 /* moe_lm_push_bwd, group g0 backward: a thread per row and column of [n, F] */
 static __global__ void moe_lm_push_bwd_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a6_r0,
-    R *__restrict__ d6_r0,
-    const R *__restrict__ a8_r0,
-    R *__restrict__ d8_r0,
-    const R *__restrict__ g10_in_r0) {
+    const R *__restrict__ a7_r0,
+    R *__restrict__ d7_r0,
+    const R *__restrict__ a9_r0,
+    R *__restrict__ d9_r0,
+    const R *__restrict__ g11_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a6 = a6_r0 + (size_t)i * D_F;
-  R *__restrict__ d6 = d6_r0 + (size_t)i * D_F;
-  const R *__restrict__ a8 = a8_r0 + (size_t)i * D_F;
-  R *__restrict__ d8 = d8_r0 + (size_t)i * D_F;
-  const R *__restrict__ g10_in = g10_in_r0 + (size_t)i * D_F;
-  const R v9 = a6[j] + a8[j];
-  R g9 = 0;
-  R g10 = g10_in[j];
-  g9 += (v9 > 0 ? g10 : 0);
-  d6[j] += g9;
-  d8[j] += g9;
+  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_F;
+  R *__restrict__ d7 = d7_r0 + (size_t)i * D_F;
+  const R *__restrict__ a9 = a9_r0 + (size_t)i * D_F;
+  R *__restrict__ d9 = d9_r0 + (size_t)i * D_F;
+  const R *__restrict__ g11_in = g11_in_r0 + (size_t)i * D_F;
+  const R v10 = a7[j] + a9[j];
+  R g10 = 0;
+  R g11 = g11_in[j];
+  g10 += (v10 > 0 ? g11 : 0);
+  d7[j] += g10;
+  d9[j] += g10;
 }
 
 /* push block, backward: all rows */
@@ -817,9 +817,9 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* moe_lm.vf:62  softmax_xent */
+  /* moe_lm.vf:66  softmax_xent */
   cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], G[14] + (size_t)(0) * D_V, D_V, r0, n, D_V);
-  /* group g3 backward, [n, V]: logits (lines 61) */
+  /* group g3 backward, [n, V]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -830,12 +830,12 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 61  d%19 += d(%19 @ Wout) W^T */
+  /* line 65  d%20 += d(%20 @ Wout) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[15] + (size_t)(r0) * D_V, D_V,
             P[14], D_V, 1, G[16] + (size_t)(r0) * D_H, D_H);
-  /* moe_lm.vf:61  dropout */
-  cavs_dropout_bwd(c, 100022u, c->opt[0] /* p_drop */, G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g2 backward, [n, H]: (lines 61) */
+  /* moe_lm.vf:65  dropout */
+  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* group g2 backward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -846,7 +846,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* moe_lm.vf:60  m = scomb */
+  /* moe_lm.vf:64  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, G[18] + (size_t)(0) * D_H, D_H,
                  G[19] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -855,7 +855,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g1 backward, [n, H]: (lines 60) */
+  /* group g1 backward, [n, H]: (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -868,9 +868,9 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
     }
   }
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH,
                G[21] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -879,7 +879,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g0 backward, [n, F]: (lines 60) */
+  /* group g0 backward, [n, F]: (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
@@ -894,22 +894,23 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
     }
   }
-  /* moe_lm.vf:60  erow */
+  /* moe_lm.vf:64  erow */
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
-  /* moe_lm.vf:60  emm */
+  /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF,
                G[24] + (size_t)(0) * D_F, D_F, G[25] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
-  /* moe_lm.vf:59  sbcast */
+  /* moe_lm.vf:63  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:60  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, V[26] + (size_t)(0) * D_X, D_X, G[26] + (size_t)(0) * D_X, D_X, G[27] + (size_t)(0) * D_X, D_X, r0, n);
-  /* line 60  dh += d(h @ Wg) W^T */
+  /* moe_lm.vf:64  topk */
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X,
+                G[26] + (size_t)(0) * D_X, D_X, G[27] + (size_t)(0) * D_X, D_X, r0, n);
+  /* line 64  dh += d(h @ Wg) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[27] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[1] + (size_t)(r0) * D_H, D_H);
-  /* line 60  dW += h^T d(h @ Wg), over all rows */
+  /* line 64  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
             G[27] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
-  /* line 61  dW += %19^T d(%19 @ Wout), over all rows */
+  /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[16] + (size_t)(r0) * D_H, D_H,
             G[15] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
 }
@@ -925,6 +926,7 @@ static const cavs_dim_desc dims[] = {
 };
 static const cavs_option_desc options[] = {
   {"p_drop", CAVS_OPTION_DROPOUT, 0},
+  {"balance", CAVS_OPTION_BALANCE, 0.01},
 };
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
@@ -986,18 +988,18 @@ static const cavs_buf_desc bufs[] = {
   {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"push_logits", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t21", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t19", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t17", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t22", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t20", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t18", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t16", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"push_t15", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t14", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t12", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t10", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t8", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t6", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t5", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t3", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t13", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t7", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t6", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc moe_lm_token_gathers[] = {
@@ -1033,7 +1035,7 @@ const cavs_desc moe_lm_desc = {
   .target = CAVS_TARGET_CUDA,
   .name = "moe_lm",
   .source = "dsl-examples/moe_lm.vf",
-  .source_hash = "68a2250a86d4abda",
+  .source_hash = "18e1dfa8eb228cec",
   .source_text = "# moe_lm.vf: the LSTM language model with a mixture of experts between the LSTM and\012"
     "# the softmax (Shazeer et al., \"Outrageously large neural networks: the sparsely-gated\012"
     "# mixture-of-experts layer\", ICLR 2017, put theirs between two stacked LSTMs). Each\012"
@@ -1048,7 +1050,10 @@ const cavs_desc moe_lm_desc = {
     "# cavs groups a task's tokens by expert at run time (one product per expert, no token\012"
     "# dropped or padded) and derives every gradient, the gate's through the kept weights.\012"
     "# `--dim X=16` changes the experts' count; the rest of the model is lstm_lm.vf's with\012"
-    "# Zaremba et al.'s initialization (lstm_lm2.vf).\012"
+    "# Zaremba et al.'s initialization (lstm_lm2.vf). The gate is trained with Switch\012"
+    "# Transformer's load-balancing loss too (Fedus et al. 2021: balance X sum_e f_e P_e over\012"
+    "# each task's tokens, f_e the share routed to expert e, P_e its mean gate probability),\012"
+    "# of weight `balance` (0.01; cavs train --option balance=W, 0 turns it off).\012"
     "#\012"
     "# Data: text or text-bptt (one sentence per line, or one stream cut in chains),\012"
     "#   next-token labels in `next`, e.g. PTB from Mikolov's simple-examples.\012"
@@ -1061,6 +1066,7 @@ const cavs_desc moe_lm_desc = {
     "dim HF = H * F; dim FH = F * H;          # an expert's two matrices, one row of a table\012"
     "dim V = vocab(word);\012"
     "option p_drop = 0;\012"
+    "option balance = 0.01;                  # the load-balancing loss's weight\012"
     "\012"
     "input word : index[V];                  # this token\012"
     "input next : class[V];                  # the token after it (-1 = none)\012"
@@ -1093,13 +1099,13 @@ const cavs_desc moe_lm_desc = {
     "}\012"
     "\012"
     "push (h) {\012"
-    "  m = moe(e in top(h @ Wg, 2): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
+    "  m = moe(e in top(h @ Wg, 2, balance): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
     "  logits = dropout(h + m, p_drop) @ Wout + bout;\012"
     "  loss softmax_xent(logits, next);\012"
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 7, .dims = dims,
-  .noptions = 1, .options = options,
+  .noptions = 2, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,

@@ -23,9 +23,9 @@ static void moe_tree_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:33  lookup */
+  /* moe_tree.vf:36  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
-  /* moe_tree.vf:33  x = dropout */
+  /* moe_tree.vf:36  x = dropout */
   cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
@@ -42,9 +42,9 @@ static void moe_tree_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:33  x = dropout */
+  /* moe_tree.vf:36  x = dropout */
   cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
-  /* moe_tree.vf:33  lookup */
+  /* moe_tree.vf:36  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
@@ -61,10 +61,10 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 39  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
+  /* line 42  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 40  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
+  /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[19] + (size_t)(0) * D_H, D_H);
 }
@@ -239,14 +239,14 @@ static void moe_tree_tree_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a56 = V[14] + (size_t)(r) * D_F;
-    const R *restrict a58 = V[13] + (size_t)(r) * D_F;
-    R *restrict o60 = V[12] + (size_t)(r) * D_F;
+    const R *restrict a57 = V[14] + (size_t)(r) * D_F;
+    const R *restrict a59 = V[13] + (size_t)(r) * D_F;
+    R *restrict o61 = V[12] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v59 = a56[j] + a58[j];
-      const R v60 = (v59 > 0 ? v59 : 0);
-      o60[j] = v60;
+      const R v60 = a57[j] + a59[j];
+      const R v61 = (v60 > 0 ? v60 : 0);
+      o61[j] = v61;
     }
   }
 }
@@ -265,13 +265,13 @@ static void moe_tree_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a62 = V[11] + (size_t)(r) * D_H;
-    const R *restrict a64 = V[10] + (size_t)(r) * D_H;
-    R *restrict o65 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a63 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a65 = V[10] + (size_t)(r) * D_H;
+    R *restrict o66 = V[9] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v65 = a62[j] + a64[j];
-      o65[j] = v65;
+      const R v66 = a63[j] + a65[j];
+      o66[j] = v66;
     }
   }
 }
@@ -291,14 +291,14 @@ static void moe_tree_tree_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a50 = V[18] + (size_t)(r) * D_H;
-    const R *restrict a66 = V[8] + (size_t)(r) * D_H;
-    R *restrict o67 = V[0] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict h67 = (R *)c->home_val[0][r] + D_H;
+    const R *restrict a67 = V[8] + (size_t)(r) * D_H;
+    R *restrict o68 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict h68 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v67 = a50[j] + a66[j];
-      o67[j] = v67;
-      h67[j] = v67;  /* at home */
+      const R v68 = a50[j] + a67[j];
+      o68[j] = v68;
+      h68[j] = v68;  /* at home */
     }
   }
 }
@@ -316,31 +316,31 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:37  s = gather */
+  /* moe_tree.vf:40  s = gather */
   cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* moe_tree.vf:37  s = gather */
+  /* moe_tree.vf:40  s = gather */
   cavs_gather_fwd(c, 1, 0, V[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* group g0 forward, [n, H]: hs (lines 38) */
+  /* group g0 forward, [n, H]: hs (lines 41) */
   cavs_loop(c, moe_tree_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 39  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
+  /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[20] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 40  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
+  /* line 43  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
-  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 39 40 41 42 43 44) */
+  /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   cavs_loop(c, moe_tree_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_tree_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 45  h @ Wg: [n, X] */
+  /* line 48  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
             P[9], D_X, 0, V[17] + (size_t)(r0) * D_X, D_X);
-  /* moe_tree.vf:45  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, V[17] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_X, D_X, r0, n);
-  /* moe_tree.vf:44  sbcast */
+  /* moe_tree.vf:48  topk */
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[17] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_X, D_X, r0, n);
+  /* moe_tree.vf:47  sbcast */
   cavs_sbcast_fwd(c, 0, 2, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_tree.vf:45  emm */
+  /* moe_tree.vf:48  emm */
   cavs_emm_fwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[14] + (size_t)(0) * D_F, D_F, r0, n);
-  /* moe_tree.vf:45  erow */
+  /* moe_tree.vf:48  erow */
   cavs_erow_fwd(c, 0, 2, P[12], D_F, V[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -348,13 +348,13 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g2 forward, [n, F]: (lines 45) */
+  /* group g2 forward, [n, F]: (lines 48) */
   cavs_loop(c, moe_tree_tree_fwd_path_g2, r0, n, D_F, 0);
     }
   }
-  /* moe_tree.vf:45  emm */
+  /* moe_tree.vf:48  emm */
   cavs_emm_fwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[11] + (size_t)(0) * D_H, D_H, r0, n);
-  /* moe_tree.vf:45  erow */
+  /* moe_tree.vf:48  erow */
   cavs_erow_fwd(c, 0, 2, P[13], D_H, V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
@@ -362,15 +362,15 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g3 forward, [n, H]: (lines 45) */
+  /* group g3 forward, [n, H]: (lines 48) */
   cavs_loop(c, moe_tree_tree_fwd_path_g3, r0, n, D_H, 0);
     }
   }
-  /* moe_tree.vf:45  m = scomb */
+  /* moe_tree.vf:48  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, V[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* group g4 forward, [n, H]: (lines 46) */
+  /* group g4 forward, [n, H]: (lines 49) */
   cavs_loop(c, moe_tree_tree_fwd_path_g4, r0, n, D_H, 0);
-  /* moe_tree.vf:46  concat */
+  /* moe_tree.vf:49  concat */
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -386,7 +386,7 @@ static void moe_tree_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:47  push */
+  /* moe_tree.vf:50  push */
   cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
@@ -403,7 +403,7 @@ static void moe_tree_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:47  push */
+  /* moe_tree.vf:50  push */
   cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
@@ -422,14 +422,14 @@ static void moe_tree_tree_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d50 = G[18] + (size_t)(r) * D_H;
-    R *restrict d66 = G[8] + (size_t)(r) * D_H;
-    const R *restrict g67_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict hg67 = (R *)c->home_grad[0][r] + D_H;
+    R *restrict d67 = G[8] + (size_t)(r) * D_H;
+    const R *restrict g68_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict hg68 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g67 = g67_in[j] + hg67[j];  /* and what the parents left at home */
-      d50[j] += g67;
-      d66[j] += g67;
+      R g68 = g68_in[j] + hg68[j];  /* and what the parents left at home */
+      d50[j] += g68;
+      d67[j] += g68;
     }
   }
 }
@@ -448,14 +448,14 @@ static void moe_tree_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d62 = G[11] + (size_t)(r) * D_H;
-    R *restrict d64 = G[10] + (size_t)(r) * D_H;
-    const R *restrict g65_in = G[9] + (size_t)(r) * D_H;
+    R *restrict d63 = G[11] + (size_t)(r) * D_H;
+    R *restrict d65 = G[10] + (size_t)(r) * D_H;
+    const R *restrict g66_in = G[9] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      R g65 = g65_in[j];
-      d62[j] += g65;
-      d64[j] += g65;
+      R g66 = g66_in[j];
+      d63[j] += g66;
+      d65[j] += g66;
     }
   }
 }
@@ -474,19 +474,19 @@ static void moe_tree_tree_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a56 = V[14] + (size_t)(r) * D_F;
-    R *restrict d56 = G[14] + (size_t)(r) * D_F;
-    const R *restrict a58 = V[13] + (size_t)(r) * D_F;
-    R *restrict d58 = G[13] + (size_t)(r) * D_F;
-    const R *restrict g60_in = G[12] + (size_t)(r) * D_F;
+    const R *restrict a57 = V[14] + (size_t)(r) * D_F;
+    R *restrict d57 = G[14] + (size_t)(r) * D_F;
+    const R *restrict a59 = V[13] + (size_t)(r) * D_F;
+    R *restrict d59 = G[13] + (size_t)(r) * D_F;
+    const R *restrict g61_in = G[12] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v59 = a56[j] + a58[j];
-      R g59 = 0;
-      R g60 = g60_in[j];
-      g59 += (v59 > 0 ? g60 : 0);
-      d56[j] += g59;
-      d58[j] += g59;
+      const R v60 = a57[j] + a59[j];
+      R g60 = 0;
+      R g61 = g61_in[j];
+      g60 += (v60 > 0 ? g61 : 0);
+      d57[j] += g60;
+      d59[j] += g60;
     }
   }
 }
@@ -730,10 +730,10 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:46  concat */
-  /* group g4 backward, [n, H]: (lines 46) */
+  /* moe_tree.vf:49  concat */
+  /* group g4 backward, [n, H]: (lines 49) */
   cavs_loop(c, moe_tree_tree_bwd_path_g4, r0, n, D_H, 0);
-  /* moe_tree.vf:45  m = scomb */
+  /* moe_tree.vf:48  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, G[8] + (size_t)(0) * D_H, D_H,
                  G[9] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -742,13 +742,13 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g3 backward, [n, H]: (lines 45) */
+  /* group g3 backward, [n, H]: (lines 48) */
   cavs_loop(c, moe_tree_tree_bwd_path_g3, r0, n, D_H, 0);
     }
   }
-  /* moe_tree.vf:45  erow */
+  /* moe_tree.vf:48  erow */
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_tree.vf:45  emm */
+  /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH,
                G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
@@ -757,36 +757,37 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
-  /* group g2 backward, [n, F]: (lines 45) */
+  /* group g2 backward, [n, F]: (lines 48) */
   cavs_loop(c, moe_tree_tree_bwd_path_g2, r0, n, D_F, 0);
     }
   }
-  /* moe_tree.vf:45  erow */
+  /* moe_tree.vf:48  erow */
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
-  /* moe_tree.vf:45  emm */
+  /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF,
                G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
-  /* moe_tree.vf:44  sbcast */
+  /* moe_tree.vf:47  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_tree.vf:45  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_X, D_X, G[16] + (size_t)(0) * D_X, D_X, G[17] + (size_t)(0) * D_X, D_X, r0, n);
-  /* line 45  dh += d(h @ Wg) W^T */
+  /* moe_tree.vf:48  topk */
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[17] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_X, D_X,
+                G[16] + (size_t)(0) * D_X, D_X, G[17] + (size_t)(0) * D_X, D_X, r0, n);
+  /* line 48  dh += d(h @ Wg) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[17] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[18] + (size_t)(r0) * D_H, D_H);
-  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 39 40 41 42 43 44) */
+  /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   cavs_loop(c, moe_tree_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_tree_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 40  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
+  /* line 43  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 39  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
+  /* line 42  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[20] + (size_t)(0) * D_H, D_H);
-  /* group g0 backward, [n, H]: hs (lines 38) */
+  /* group g0 backward, [n, H]: hs (lines 41) */
   cavs_loop(c, moe_tree_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* moe_tree.vf:37  s = gather */
+  /* moe_tree.vf:40  s = gather */
   cavs_gather_bwd(c, 1, 0, G[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
-  /* moe_tree.vf:37  s = gather */
+  /* moe_tree.vf:40  s = gather */
   cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
@@ -803,25 +804,25 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 40  dx += d(x @ Wf) W^T, rows with a word and children */
+  /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[19] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
-  /* line 39  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
+  /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
-  /* line 39  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
+  /* line 42  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 39  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
+  /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 40  dW += x^T d(x @ Wf), over all rows with a word and children */
+  /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[3], D_H, G[19] + (size_t)(0) * D_H, D_H);
-  /* line 40  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
+  /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
-  /* line 45  dW += h^T d(h @ Wg), over all rows */
+  /* line 48  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
             G[17] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
 }
@@ -864,14 +865,14 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:51  dropout */
+  /* moe_tree.vf:54  dropout */
   cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 51  %2 @ Wc: [n, C] */
+  /* line 54  %2 @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[29] + (size_t)(r0) * D_H, D_H,
             P[14], D_C, 0, V[28] + (size_t)(r0) * D_C, D_C);
-  /* group g0 forward, [n, C]: logits (lines 51) */
+  /* group g0 forward, [n, C]: logits (lines 54) */
   cavs_loop(c, moe_tree_push_fwd_g0, r0, n, D_C, 0);
-  /* moe_tree.vf:52  softmax_xent */
+  /* moe_tree.vf:55  softmax_xent */
   cavs_xent_fwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
@@ -914,16 +915,16 @@ static void moe_tree_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_tree.vf:52  softmax_xent */
+  /* moe_tree.vf:55  softmax_xent */
   cavs_xent_bwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], G[27] + (size_t)(0) * D_C, D_C, r0, n, D_C);
-  /* group g0 backward, [n, C]: logits (lines 51) */
+  /* group g0 backward, [n, C]: logits (lines 54) */
   cavs_loop(c, moe_tree_push_bwd_g0, r0, n, D_C, 0);
-  /* line 51  d%2 += d(%2 @ Wc) W^T */
+  /* line 54  d%2 += d(%2 @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[28] + (size_t)(r0) * D_C, D_C,
             P[14], D_C, 1, G[29] + (size_t)(r0) * D_H, D_H);
-  /* moe_tree.vf:51  dropout */
+  /* moe_tree.vf:54  dropout */
   cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[29] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 51  dW += %2^T d(%2 @ Wc), over all rows */
+  /* line 54  dW += %2^T d(%2 @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[29] + (size_t)(r0) * D_H, D_H,
             G[28] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
 }
@@ -940,6 +941,7 @@ static const cavs_dim_desc dims[] = {
 };
 static const cavs_option_desc options[] = {
   {"p_drop", CAVS_OPTION_DROPOUT, 0},
+  {"balance", CAVS_OPTION_BALANCE, 0.01},
 };
 static const cavs_input_desc inputs[] = {
   {"word", CAVS_IN_INDEX, {0, {0, 0, 0, 0, 0, 0, 0, 1}}, 0},
@@ -995,14 +997,14 @@ static const cavs_buf_desc bufs[] = {
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t66", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t65", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t64", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t62", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t60", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t58", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t56", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t55", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t53", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t63", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t56", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t52", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_h", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -1054,7 +1056,7 @@ const cavs_desc moe_tree_desc = {
   .target = CAVS_TARGET_C,
   .name = "moe_tree",
   .source = "dsl-examples/moe_tree.vf",
-  .source_hash = "0cd350cc8e0eb907",
+  .source_hash = "aa0c8549143f3e31",
   .source_text = "# moe_tree.vf: the binary Tree-LSTM of treelstm.vf with a mixture of experts at every\012"
     "# vertex: the cell's h is routed to the K = 2 of X experts its gate scores highest\012"
     "# (each a two-layer feed-forward block with its own parameters, row e of the stacked\012"
@@ -1064,7 +1066,9 @@ const cavs_desc moe_tree_desc = {
     "#           softmax(kept)[e] * (relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e])\012"
     "#     state: c and h + m\012"
     "# The experts sit on the path (a parent reads h + m), so each task's vertices are\012"
-    "# grouped by expert as the task runs: one product per expert that received any.\012"
+    "# grouped by expert as the task runs: one product per expert that received any. The\012"
+    "# gate also learns from Switch Transformer's load-balancing loss over each task's\012"
+    "# vertices, of weight `balance` (0.01; --option balance=W).\012"
     "#\012"
     "# Data: `ptb-tree`, SST-style bracketed trees with a sentiment label (0-4) on every\012"
     "# node (as treelstm.vf). Dims: E = H = 256, F = 256, X = 8 experts, C = 5.\012"
@@ -1074,6 +1078,7 @@ const cavs_desc moe_tree_desc = {
     "dim HF = H * F; dim FH = F * H;\012"
     "dim V = vocab(word);\012"
     "option p_drop = 0;\012"
+    "option balance = 0.01;                  # the load-balancing loss's weight\012"
     "\012"
     "input word  : index[V];     # -1 on internal nodes\012"
     "input label : class[C];     # -1 = unlabeled\012"
@@ -1099,7 +1104,7 @@ const cavs_desc moe_tree_desc = {
     "  u  = tanh(x @ Wu + hs @ Uu + bu);\012"
     "  c  = i * u + f_0 * c_0 + f_1 * c_1;\012"
     "  h  = o * tanh(c);\012"
-    "  m  = moe(e in top(h @ Wg, 2): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
+    "  m  = moe(e in top(h @ Wg, 2, balance): relu(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\012"
     "  scatter(concat(c, h + m));\012"
     "  push(h + m);\012"
     "}\012"
@@ -1110,7 +1115,7 @@ const cavs_desc moe_tree_desc = {
     "}\012",
   .precision = CAVS_FLOAT,
   .ndims = 8, .dims = dims,
-  .noptions = 1, .options = options,
+  .noptions = 2, .options = options,
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,

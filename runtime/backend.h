@@ -174,10 +174,10 @@ typedef struct cv_backend {
  * them. The products (emm) go through the backend's gemm. */
 struct cv_route;
 typedef struct cv_moe_ops {
-  void (*topk_fwd)(cavs_ctx *c, struct cv_route *rt, int K, long X, const void *g, long ldg, void *w, long ldw, int r0,
-                   int n);
-  void (*topk_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *w, long ldw, const void *dw, long lddw,
-                   void *dg, long lddg, int r0, int n);
+  void (*topk_fwd)(cavs_ctx *c, struct cv_route *rt, int K, long X, double balance, const void *g, long ldg, void *w,
+                   long ldw, int r0, int n);
+  void (*topk_bwd)(cavs_ctx *c, struct cv_route *rt, int K, long X, double balance, const void *g, long ldg,
+                   const void *w, long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n);
   /* forward, x's rows to their slots s; backward, the slots' gradients added to x's */
   void (*sbcast)(cavs_ctx *c, const struct cv_route *rt, int K, void *x, long ldx, void *s, long lds, long w, int r0,
                  int n, bool bwd);

@@ -80,6 +80,9 @@ typedef struct cavs_stats {
   int lower_bound;      /* no policy runs fewer tasks: summed over the vertex types,
                            the most vertices of the type on one path (at least the
                            longest path) */
+  double aux_loss;      /* the mixtures of experts' load-balancing losses (top(g, K, w)
+                           with w > 0), not in `loss`: what the backward pass's
+                           gradient adds to the loss's */
 } cavs_stats;
 
 /* How vertices are batched into tasks (cavs_model_set_policy). A task is vertices of

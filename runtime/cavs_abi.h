@@ -188,17 +188,19 @@ typedef struct cavs_dim_desc {
  * (cavs_model_set_option, `cavs train --dropout`), not part of the model's identity;
  * `value` the default. CAVS_OPTION_DROPOUT: a dropout probability, in [0, 1).
  * CAVS_OPTION_CLIP (the option named `clip`): the model's default gradient-norm clip
- * for training (`cavs train` without --clip), in [0, CAVS_MAX_CLIP]; 0: none. */
-enum cavs_option_kind { CAVS_OPTION_DROPOUT, CAVS_OPTION_CLIP };
+ * for training (`cavs train` without --clip), in [0, CAVS_MAX_CLIP]; 0: none.
+ * CAVS_OPTION_BALANCE (the option named `balance`): the weight of a mixture of experts'
+ * load-balancing loss (top(g, K, balance)), in [0, CAVS_MAX_CLIP]. */
+enum cavs_option_kind { CAVS_OPTION_DROPOUT, CAVS_OPTION_CLIP, CAVS_OPTION_BALANCE };
 #define CAVS_MAX_CLIP 1e30
 /* Whether `value` is one an option of this kind takes */
 static inline int cavs_option_value_ok(int kind, double value) {
-  return kind == CAVS_OPTION_CLIP ? value >= 0 && value <= CAVS_MAX_CLIP
-                                  : kind == CAVS_OPTION_DROPOUT && value >= 0 && value < 1;
+  return kind == CAVS_OPTION_CLIP || kind == CAVS_OPTION_BALANCE ? value >= 0 && value <= CAVS_MAX_CLIP
+                                                                 : kind == CAVS_OPTION_DROPOUT && value >= 0 && value < 1;
 }
 /* The kind of the option named `name` */
 static inline int cavs_option_kind_of(const char *name) {
-  return strcmp(name, "clip") == 0 ? CAVS_OPTION_CLIP : CAVS_OPTION_DROPOUT;
+  return strcmp(name, "clip") == 0 ? CAVS_OPTION_CLIP : strcmp(name, "balance") == 0 ? CAVS_OPTION_BALANCE : CAVS_OPTION_DROPOUT;
 }
 typedef struct cavs_option_desc {
   const char *name;
@@ -487,7 +489,11 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
  * moe, numbered in the model's order); X is the experts' count, the gate's width.
  * topk: w[r] = the softmax of g[r]'s K largest values (the lower index first among
  *   equals) at their columns, 0 elsewhere; and the rows' slots, grouped by expert
- *   (backward: dg += the softmax's gradient at the kept columns);
+ *   (backward: dg += the softmax's gradient at the kept columns). With balance > 0, a
+ *   load-balancing loss too (Switch Transformer's, over each stage's rows: balance X
+ *   sum_e f_e P_e, f_e the share of the stage's slots expert e received and P_e the mean
+ *   of softmax(g)_e over its rows, weighted by the stage's share of the pass's rows):
+ *   its value in cavs_stats.aux_loss, its gradient added to dg;
  * sbcast: x[r] to each of r's slots (backward: the slots' gradients added to dx[r]);
  * emm: y[s] = x[s] times slot s's expert's matrix [a, b], row e of the table t (one
  *   product per expert over its slots; backward dx and dt, NULL where none);
@@ -496,9 +502,10 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
 /* The slots of rows [r0, r0 + n), [*s0, *s0 + *sn): K r0 .. K (r0 + n) - 1, or in a
  * backward pass over part of the rows a routing grouped, all of that routing's. */
 void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn);
-void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, const void *g, long ldg, void *w, long ldw, int r0, int n);
-void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, const void *w, long ldw, const void *dw, long lddw, void *dg,
-                   long lddg, int r0, int n);
+void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, void *w, long ldw,
+                   int r0, int n);
+void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, const void *w,
+                   long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n);
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n);
 void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
                      int n);

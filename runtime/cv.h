@@ -36,11 +36,23 @@ struct cv_route {
   int *sexp, *srow, *rslot;
   long cap; /* entries of each */
   int *rbeg, *rend; /* per row: the rows its routing grouped, [rbeg, rend) */
+  double *scr;      /* [2 X] */
+  /* the load-balancing loss of forward pass `pass`: its weight, the experts' count and
+     K, each expert's slots and summed gate probability over the rows routed, the rows */
+  unsigned pass;
+  double bal;
+  long nx_pass;
+  int K;
+  long *pcnt;
+  double *psum;
+  long aux_rows;
   int caprows;
   long nx;  /* experts that load and cnt hold */
   long *load, *cnt;
 };
 void cv_routes_free(cavs_model *m);
+/* The last forward pass's load-balancing losses (and whether any ran: *any) */
+double cv_moe_aux(const cavs_model *m, bool *any);
 
 struct cavs_model {
   const cavs_desc *d;
@@ -198,6 +210,7 @@ struct cavs_model {
      product table due is made before the next pass instead */
   bool no_alloc;
   struct cv_route route[CV_MAX_ROUTES];
+  bool moe_balance; /* the last forward pass ran a load-balancing loss */
 };
 /* inference's product tables, freed; those due made (before a pass) (backend.c) */
 void cv_ptables_free(cavs_model *m);

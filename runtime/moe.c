@@ -38,7 +38,8 @@ static struct cv_route *route_ready(cavs_ctx *c, int id, int K, long X) {
     if (cv_grow(m, &r->sexp, sizeof(int), need) || cv_grow(m, &r->srow, sizeof(int), need) ||
         cv_grow(m, &r->rslot, sizeof(int), need) || cv_grow(m, &r->rbeg, sizeof(int), (size_t)m->rows) ||
         cv_grow(m, &r->rend, sizeof(int), (size_t)m->rows) || cv_grow(m, &r->cnt, sizeof(long), (size_t)X + 1) ||
-        cv_grow(m, &r->load, sizeof(long), (size_t)X)) {
+        cv_grow(m, &r->load, sizeof(long), (size_t)X) || cv_grow(m, &r->scr, sizeof(double), 2 * (size_t)X) ||
+        cv_grow(m, &r->pcnt, sizeof(long), (size_t)X) || cv_grow(m, &r->psum, sizeof(double), (size_t)X)) {
       m->launch_failed = true;
       return NULL;
     }
@@ -84,12 +85,26 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
 /* ---- the CPU's kernels, in each precision ---- */
 
 #define MOE_KERNELS(R, S)                                                                                              \
-  static void topk_fwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, const R *g, long ldg, R *w, long ldw,  \
-                           int r0, int n) {                                                                            \
+  /* p = softmax(g[0..X)), in double; added to sum where there is one */                                             \
+  static void full_softmax_##S(const R *g, long X, double *p, double *sum) {                                         \
+    double top = (double)g[0], z = 0;                                                                                \
+    for (long j = 1; j < X; j++) top = (double)g[j] > top ? (double)g[j] : top;                                      \
+    for (long j = 0; j < X; j++) z += p[j] = exp((double)g[j] - top);                                                \
+    for (long j = 0; j < X; j++) p[j] /= z;                                                                          \
+    for (long j = 0; sum && j < X; j++) sum[j] += p[j];                                                              \
+  }                                                                                                                  \
+  static void topk_fwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg, R *w, \
+                           long ldw, int r0, int n) {                                                                  \
     long *cnt = rt->cnt;                                                                                             \
     memset(cnt, 0, sizeof(long) * (size_t)(X + 1));                                                                  \
+    if (rt->pass != c->model->pass) { /* the pass's first stage: the balancing loss's sums from 0 */                 \
+      rt->pass = c->model->pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;                                                  \
+      memset(rt->pcnt, 0, sizeof(long) * (size_t)X);                                                                 \
+      memset(rt->psum, 0, sizeof(double) * (size_t)X);                                                               \
+    }                                                                                                                \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
       const R *gr = g + (size_t)r * (size_t)ldg;                                                                     \
+      if (bal > 0) full_softmax_##S(gr, X, rt->scr, rt->psum);                                                       \
       R *wr = w + (size_t)r * (size_t)ldw;                                                                           \
       int *ch = rt->rslot + (size_t)K * (size_t)r; /* the choices, for now; their slots below */                     \
       for (long j = 0; j < X; j++) wr[j] = 0;                                                                        \
@@ -110,6 +125,11 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
       for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                       \
     }                                                                                                                \
     for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;                                      \
+    /* the balancing loss's sums over the pass: each expert's slots and gate probability */                          \
+    if (bal > 0) {                                                                                                   \
+      for (long j = 0; j < X; j++) rt->pcnt[j] += cnt[j + 1];                                                        \
+      rt->aux_rows += n;                                                                                             \
+    }                                                                                                                \
     for (long j = 0; j < X; j++) rt->load[j] += cnt[j + 1];                                                          \
     for (long j = 1; j <= X; j++) cnt[j] += cnt[j - 1]; /* cnt[e]: expert e's first slot past K r0 */                \
     long s0 = (long)K * r0;                                                                                          \
@@ -123,8 +143,20 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
       }                                                                                                              \
     (void)c;                                                                                                         \
   }                                                                                                                  \
-  static void topk_bwd_##S(const struct cv_route *rt, int K, const R *w, long ldw, const R *dw, long lddw, R *dg,   \
-                           long lddg, int r0, int n) {                                                               \
+  static void topk_bwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg,       \
+                           const R *w, long ldw, const R *dw, long lddw, R *dg, long lddg, int r0, int n) {          \
+    /* the balancing loss: dg[r, j] += bal X / N p_j (f_j - sum_e f_e p_e), f the pass's shares */                \
+    double *f = rt->scr, *p = rt->scr + X;                                                                           \
+    double scale = bal > 0 && rt->aux_rows ? bal * (double)X / (double)rt->aux_rows * c->loss_scale : 0;           \
+    for (long j = 0; j < X && scale != 0; j++) f[j] = (double)rt->pcnt[j] / ((double)K * rt->aux_rows);           \
+    for (int r = r0; r < r0 + n && scale != 0; r++) {                                                                \
+      const R *gr = g + (size_t)r * (size_t)ldg;                                                                     \
+      R *dgr = dg + (size_t)r * (size_t)lddg;                                                                        \
+      full_softmax_##S(gr, X, p, NULL);                                                                              \
+      double fp = 0;                                                                                                 \
+      for (long j = 0; j < X; j++) fp += f[j] * p[j];                                                                \
+      for (long j = 0; j < X; j++) dgr[j] += (R)(scale * p[j] * (f[j] - fp));                                        \
+    }                                                                                                                \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
       const R *wr = w + (size_t)r * (size_t)ldw, *dwr = dw + (size_t)r * (size_t)lddw;                               \
       R *dgr = dg + (size_t)r * (size_t)lddg;                                                                        \
@@ -212,13 +244,13 @@ MOE_KERNELS(double, d)
     (c)->model->stats.rows_seconds += cv_now() - t0_;                                                                \
   } while (0)
 
-static void cpu_topk_fwd(cavs_ctx *c, struct cv_route *rt, int K, long X, const void *g, long ldg, void *w, long ldw,
-                         int r0, int n) {
-  MOE_CALL(c, topk_fwd, c, rt, K, X, g, ldg, w, ldw, r0, n);
+static void cpu_topk_fwd(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
+                         long ldw, int r0, int n) {
+  MOE_CALL(c, topk_fwd, c, rt, K, X, bal, g, ldg, w, ldw, r0, n);
 }
-static void cpu_topk_bwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *w, long ldw, const void *dw,
-                         long lddw, void *dg, long lddg, int r0, int n) {
-  MOE_CALL(c, topk_bwd, rt, K, w, ldw, dw, lddw, dg, lddg, r0, n);
+static void cpu_topk_bwd(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const void *g, long ldg,
+                         const void *w, long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n) {
+  MOE_CALL(c, topk_bwd, c, rt, K, X, bal, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
 }
 static void cpu_sbcast(cavs_ctx *c, const struct cv_route *rt, int K, void *x, long ldx, void *s, long lds, long w,
                        int r0, int n, bool bwd) {
@@ -257,17 +289,34 @@ static const cv_moe_ops *moe_ops(cavs_ctx *c) {
   return NULL;
 }
 
-void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, const void *g, long ldg, void *w, long ldw, int r0, int n) {
+void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, void *w, long ldw,
+                   int r0, int n) {
   const cv_moe_ops *o = moe_ops(c);
   struct cv_route *rt = o ? route_ready(c, route, K, X) : NULL;
-  if (rt && n > 0) o->topk_fwd(c, rt, K, X, g, ldg, w, ldw, r0, n);
+  if (rt && n > 0) o->topk_fwd(c, rt, K, X, balance, g, ldg, w, ldw, r0, n);
 }
-void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, const void *w, long ldw, const void *dw, long lddw, void *dg,
-                   long lddg, int r0, int n) {
-  (void)X;
+void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, const void *w,
+                   long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n) {
   const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
-  if (rt && n > 0) o->topk_bwd(c, rt, K, w, ldw, dw, lddw, dg, lddg, r0, n);
+  struct cv_route *rt = o ? (struct cv_route *)route_of(c, route) : NULL;
+  if (rt && n > 0) o->topk_bwd(c, rt, K, X, balance, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
+}
+
+/* The pass's load-balancing losses: each routing's, bal X sum_e f_e P_e over the rows it
+   routed (f_e the share of their slots expert e received, P_e their mean probability of
+   e), whatever the tasks they ran in */
+double cv_moe_aux(const cavs_model *m, bool *any) {
+  double aux = 0;
+  *any = false;
+  for (int i = 0; i < CV_MAX_ROUTES; i++) {
+    const struct cv_route *r = &m->route[i];
+    if (r->pass != m->pass || !r->aux_rows) continue;
+    double l = 0, N = (double)r->aux_rows;
+    for (long j = 0; j < r->nx; j++) l += (double)r->pcnt[j] / (r->K * N) * (r->psum[j] / N);
+    aux += r->bal * (double)r->nx_pass * l;
+    *any = true;
+  }
+  return aux;
 }
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n) {
   const cv_moe_ops *o = moe_ops(c);
@@ -349,7 +398,7 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
 void cv_routes_free(cavs_model *m) {
   for (int i = 0; i < CV_MAX_ROUTES; i++) {
     struct cv_route *r = &m->route[i];
-    free(r->sexp), free(r->srow), free(r->rslot), free(r->cnt), free(r->load), free(r->rbeg), free(r->rend);
+    free(r->sexp), free(r->srow), free(r->rslot), free(r->cnt), free(r->load), free(r->rbeg), free(r->rend), free(r->scr), free(r->pcnt), free(r->psum);
     memset(r, 0, sizeof *r);
   }
 }

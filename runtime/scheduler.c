@@ -800,12 +800,14 @@ int cavs_plan_forward(cavs_model *m) {
  * and to the parameters'), so a minibatch labeled at its roots alone (Fold's Tree-FC
  * benchmark), whose roots are the last level's rows, runs its classifier's backward
  * products over those rows only. All the rows where a loss (a regression) has no such
- * label. */
+ * label, or a load-balancing loss ran. */
 static void target_rows(const cavs_model *m, int *lo, int *hi) {
   const cavs_desc *d = m->d;
   int N = m->rows;
   *lo = 0, *hi = N;
   if (!d->nlosses) return;
+  /* a mixture of experts' balancing loss has a gradient at every row it routed */
+  if (m->moe_balance) return;
   for (int l = 0; l < d->nlosses; l++)
     if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) return;
   int a = N, b = 0;
@@ -1020,6 +1022,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   if (cavs_run_plan(m) || carry_out(m)) return -1;
   /* the losses and predictions are complete */
   if (m->be->synchronize(m) || m->launch_failed) return -1;
+  double aux = cv_moe_aux(m, &m->moe_balance);
   if (st) {
     memset(st, 0, sizeof *st);
     for (int l = 0; l < d->nlosses; l++) {
@@ -1033,6 +1036,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
     }
     st->tasks = m->ntask;
     st->lower_bound = m->lower_bound;
+    st->aux_loss = aux;
   }
   m->have_batch = true;
   return 0;

@@ -230,8 +230,9 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
         !cavs_option_value_ok(d->options[i].kind, d->options[i].value)) {
       snprintf(err, errlen, "model '%s': option %s's default %g is not %s", d->name,
                d->options[i].name ? d->options[i].name : "(null)", d->options[i].value,
-               d->options[i].kind == CAVS_OPTION_CLIP ? "a gradient-norm clip (0 or more)"
-                                                      : "a dropout probability in [0, 1)");
+               d->options[i].kind == CAVS_OPTION_CLIP      ? "a gradient-norm clip (0 or more)"
+               : d->options[i].kind == CAVS_OPTION_BALANCE ? "a loss's weight (0 or more)"
+                                                           : "a dropout probability in [0, 1)");
       return NULL;
     }
   long bound[CAVS_MAX_DIMS];
@@ -573,7 +574,9 @@ int cavs_model_set_option(cavs_model *m, const char *name, double value) {
   }
   if (d->options[k].kind == CAVS_OPTION_CLIP && !cavs_option_value_ok(CAVS_OPTION_CLIP, value))
     return cv_fail(m, "option %s is a gradient-norm clip: %g is not in [0, %g]", name, value, CAVS_MAX_CLIP);
-  if (d->options[k].kind != CAVS_OPTION_CLIP && !cavs_option_value_ok(CAVS_OPTION_DROPOUT, value))
+  if (d->options[k].kind == CAVS_OPTION_BALANCE && !cavs_option_value_ok(CAVS_OPTION_BALANCE, value))
+    return cv_fail(m, "option %s is a load-balancing loss's weight: %g is not in [0, %g]", name, value, CAVS_MAX_CLIP);
+  if (d->options[k].kind == CAVS_OPTION_DROPOUT && !cavs_option_value_ok(CAVS_OPTION_DROPOUT, value))
     return cv_fail(m, "option %s is a dropout probability: %g is not in [0, 1)", name, value);
   m->ctx.opt[k] = value;
   return 0;

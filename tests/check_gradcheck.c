@@ -46,7 +46,7 @@ static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigne
 static double loss_at(cavs_model *m, const cavs_graph *const *gs) {
   cavs_stats st;
   ck_assert_msg(cavs_model_forward(m, gs, NGRAPH, &st) == 0, "%s", cavs_model_error(m));
-  return st.loss;
+  return st.loss + st.aux_loss; /* (a mixture of experts' balancing loss is apart) */
 }
 
 static int ablations; /* cavs_model_set_ablations of the model checked */
@@ -228,6 +228,23 @@ static const struct {
      "pull { x = emb[w]; }\n"
      "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
      "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h) @ E[e] + h @ Wc), y); }\n"},
+    /* with the load-balancing loss (a number, and the option read at run time), on the
+       path and in the push block, whose backward runs over the labeled rows only */
+    {"moe_balance",
+     "model op_moe_bal; dim H = 3; dim C = 3; dim X = 4; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], E[X,HH], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  scatter(tanh(h + moe(e in top(h @ Wg, 2, 0.7): tanh(h @ E[e])))); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"moe_balance_option_push",
+     "model op_moe_bal2; dim H = 3; dim C = 3; dim X = 4; dim V = 5; dim HC = H * C; option balance = 0.5;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], E[X,HC] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 3, balance): h @ E[e]), y); }\n"},
     {"moe_ties_k3",
      "model op_moe_t3; dim H = 3; dim C = 3; dim V = 5; dim G = 2; dim HH = H * H;\n"
      "input w : index[V]; input y : class[C];\n"

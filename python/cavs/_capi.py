@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -32,7 +32,7 @@ class DimDesc(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("kind", c_int), ("value", c_long), ("input", c_int), ("a", c_int), ("b", c_int)]
 
 
-OPTION_DROPOUT, OPTION_CLIP = 0, 1  # enum cavs_option_kind
+OPTION_DROPOUT, OPTION_CLIP, OPTION_BALANCE = 0, 1, 2  # enum cavs_option_kind
 
 
 class OptionDesc(ctypes.Structure):
@@ -92,7 +92,7 @@ class Graph(ctypes.Structure):
 
 class Stats(ctypes.Structure):
     _fields_ = [("loss", c_double), ("count", c_long), ("correct", c_long), ("root_count", c_long),
-                ("root_correct", c_long), ("tasks", c_int), ("lower_bound", c_int)]
+                ("root_correct", c_long), ("tasks", c_int), ("lower_bound", c_int), ("aux_loss", c_double)]
 
 
 class LossAcc(ctypes.Structure):
