@@ -949,6 +949,52 @@ START_TEST(model_clip_option) {
 }
 END_TEST
 
+/* A mixture of experts trains from the command line: each epoch's line says how its
+ * slots spread over the experts (the least and most loaded one's share, the loads'
+ * coefficient of variation), as --log records them; the load-balancing loss's weight is
+ * an option (0 trains otherwise than the model's 0.01); more choices a vertex than
+ * experts is an error saying so, not a crash. */
+START_TEST(moe_trains_and_reports) {
+  gen_data();
+#define MOE(...)                                                                                           \
+  cavs("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "E=8", \
+       "--dim", "H=8", "--dim", "F=4", "--batch", "32", "--threads", "1", "--epochs", "2", __VA_ARGS__)
+  RunResult r = MOE("--log", path_in("moe.log"), "--save", path_in("moe.ckpt"), NULL);
+  ok(&r, "train moe_tree");
+  ck_assert_msg(strstr(r.out, "epoch 2/2 ") && strstr(r.out, "  experts 0."), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  json_t *recs = log_records(path_in("moe.log"));
+  ck_assert_int_eq(json_array_size(recs), 2);
+  for (size_t i = 0; i < 2; i++) {
+    json_t *rec = json_array_get(recs, i);
+    json_t *lo = json_object_get(rec, "expert_share_min"), *hi = json_object_get(rec, "expert_share_max"),
+           *cv = json_object_get(rec, "expert_load_cv");
+    ck_assert(json_array_size(lo) == 1 && json_array_size(hi) == 1 && json_array_size(cv) == 1);
+    double a = json_number_value(json_array_get(lo, 0)), b = json_number_value(json_array_get(hi, 0)),
+           v = json_number_value(json_array_get(cv, 0));
+    /* 8 experts: the least loaded at most an eighth of the slots, the most at least */
+    ck_assert_msg(a >= 0 && a <= 0.125 && b >= 0.125 && b <= 1 && v >= 0 && (v > 0) == (a < b), "%g %g %g", a, b, v);
+  }
+  json_decref(recs);
+  char *loss[2];
+  for (int k = 0; k < 2; k++) {
+    r = k ? MOE("--option", "balance=0", NULL) : MOE(NULL);
+    ok(&r, "train moe_tree");
+    const char *at = strstr(r.out, "epoch 2/2  train loss ");
+    ck_assert_msg(at, "%s", tu_tail(r.out, 1800));
+    loss[k] = strndup(at, strcspn(at, "\n"));
+    tu_free(&r);
+  }
+  ck_assert_msg(strcmp(loss[0], loss[1]), "balance 0 trains as 0.01 does: %s", loss[1]);
+  free(loss[0]), free(loss[1]);
+  r = MOE("--dim", "X=1", "--quiet", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "fewer experts than a row's choices"), "%d %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+#undef MOE
+}
+END_TEST
+
 START_TEST(dropout_option) {
   gen_data();
   tu_write(path_in("tdrop.vf"), drop_vf, strlen(drop_vf));
@@ -2885,6 +2931,7 @@ int main(void) {
   tcase_add_test(tc, train_save_eval_predict);
   tcase_add_test(tc, resume_is_bit_identical);
   tcase_add_test(tc, resume_keeps_dropout);
+  tcase_add_test(tc, moe_trains_and_reports);
   tcase_add_test(tc, resume_keeps_schedule_and_frozen);
   tcase_add_test(tc, schedule_formulas);
   tcase_add_test(tc, bptt_cut_partitions_the_stream);
