@@ -245,6 +245,16 @@ static const struct {
      "pull { x = emb[w]; }\n"
      "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
      "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 3, balance): h @ E[e]), y); }\n"},
+    /* on the eager phase: the routing of every row of the type at once, from the pull
+       block's value alone */
+    {"moe_eager",
+     "model op_moe_eager; dim H = 3; dim C = 3; dim X = 4; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], E[X,HH], b[X,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  m = moe(e in top(pull() @ Wg, 2, 0.2): tanh(pull() @ E[e] + b[e]));\n"
+     "  h = tanh(m + concat(gather(0), gather(1)) @ W); scatter(h); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"moe_ties_k3",
      "model op_moe_t3; dim H = 3; dim C = 3; dim V = 5; dim G = 2; dim HH = H * H;\n"
      "input w : index[V]; input y : class[C];\n"
