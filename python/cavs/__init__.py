@@ -544,7 +544,7 @@ class Model:
         self._check(rc)
         self._last = arr
         return {"loss": st.loss, "count": st.count, "correct": st.correct, "root_count": st.root_count,
-                "root_correct": st.root_correct}
+                "root_correct": st.root_correct, "aux_loss": st.aux_loss}
 
     def losses(self):
         """After a forward pass: each loss of the model, (sum, count, correct)."""
@@ -572,6 +572,19 @@ class Model:
         none (see track_grad_norm)."""
         n = C.lib().cavs_model_grad_norm(self._ptr)
         return n if n >= 0 else None
+
+    def expert_load(self, route=0):
+        """A mixture of experts' load (cavs_model_expert_load): how many slots each expert
+        of the model's route-th moe block received in the forward passes since
+        reset_expert_load(), a list; [] before it has run."""
+        n = C.lib().cavs_model_expert_load(self._ptr, route, None, 0)
+        self._check(-1 if n < 0 else 0)
+        counts = (ctypes.c_long * max(n, 1))()
+        C.lib().cavs_model_expert_load(self._ptr, route, counts, n)
+        return list(counts[:n])
+
+    def reset_expert_load(self):
+        C.lib().cavs_model_expert_load_reset(self._ptr)
 
     def carry_state(self, on=True):
         """Stateful truncated BPTT (cavs_model_carry_state): each forward pass's graph g

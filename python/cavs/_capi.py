@@ -133,6 +133,8 @@ _PROTOS = {
     "cavs_model_step": (c_int, [c_void_p, P(Optim)]),
     "cavs_model_track_grad_norm": (c_int, [c_void_p, c_int]),
     "cavs_model_grad_norm": (c_double, [c_void_p]),
+    "cavs_model_expert_load": (c_int, [c_void_p, c_int, ctypes.POINTER(c_long), c_int]),
+    "cavs_model_expert_load_reset": (None, [c_void_p]),
     "cavs_model_carry_state": (c_int, [c_void_p, c_int]),
     "cavs_model_reset_state": (None, [c_void_p]),
     "cavs_model_freeze": (c_int, [c_void_p, c_int, c_int]),

@@ -247,6 +247,27 @@ def test_safetensors(data, tmp_path):
     assert all(np.array_equal(back.param(n), loaded[n] + 1) for n in spec.params)
 
 
+def test_expert_load(data):
+    """A mixture of experts from Python: a forward pass routes every vertex to K = 2
+    experts, expert_load() counts them (reset_expert_load() starts again), and the
+    load-balancing loss comes back beside the loss (0 with the option at 0)."""
+    spec = cavs.compile(model_path("moe_tree.vf"))
+    vocab = cavs.Vocab()
+    train = cavs.Dataset.load(data / "train.txt", "ptb-tree", spec, vocab, grow=True, dims={"C": 5})
+    model = cavs.Model(spec, dims={"E": 8, "H": 8, "F": 4, "X": 4, "C": 5}, vocab=vocab, seed=4)
+    assert model.expert_load() == []
+    graphs = [train[i] for i in range(8)]
+    out = model.forward(graphs)
+    load = model.expert_load()
+    assert len(load) == 4 and sum(load) == 2 * sum(train.graph(i)[0].shape[0] for i in range(8))
+    assert out["aux_loss"] > 0
+    model.reset_expert_load()
+    assert model.expert_load() == [0, 0, 0, 0]
+    model.set_option("balance", 0)
+    assert model.forward(graphs)["aux_loss"] == 0
+    assert sum(model.expert_load()) == sum(load)
+
+
 def test_dropout_options(data, tmp_path):
     """A model's options from Python: read, set (as --dropout and --option), kept by a
     checkpoint both ways; training with dropout set here is cavs train --dropout's,
