@@ -794,7 +794,9 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   const char *rk = arena_printf("%d, %d", f->route_id, f->route_k);
   const char *X = emit_lin(m, f->nodes[f->route].width);
 #define P(node, g) emit_ptr(e, (Ref){&(node)->val, (g)}, "0"), emit_ld(e, &(node)->val)
-#define GP(node) ((node)->grad && ((node)->val.kind == PL_ROW || (node)->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&(node)->val, true}, "0") : "NULL")
+#define GP(node)                                                                                          \
+  ((node)->grad && ((node)->val.kind == PL_ROW || (node)->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&(node)->val, true}, "0") \
+                                                                                : "NULL")
   switch (n->op) {
   case OP_TOPK: {
     /* the load-balancing loss's weight: a number, or the option's value at run time */

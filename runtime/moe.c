@@ -34,6 +34,11 @@ static struct cv_route *route_ready(cavs_ctx *c, int id, int K, long X) {
   }
   struct cv_route *r = &m->route[id];
   size_t need = (size_t)K * (size_t)m->rows;
+  if (need > INT_MAX) { /* (slots are numbered in int) */
+    if (!m->launch_failed) cv_fail(m, "moe: minibatch too large (%zu slots)", need);
+    m->launch_failed = true;
+    return NULL;
+  }
   if (need > (size_t)r->cap || X > r->nx || m->rows > r->caprows) {
     if (cv_grow(m, &r->sexp, sizeof(int), need) || cv_grow(m, &r->srow, sizeof(int), need) ||
         cv_grow(m, &r->rslot, sizeof(int), need) || cv_grow(m, &r->rbeg, sizeof(int), (size_t)m->rows) ||
@@ -98,7 +103,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
     long *cnt = rt->cnt;                                                                                             \
     memset(cnt, 0, sizeof(long) * (size_t)(X + 1));                                                                  \
     if (rt->pass != c->model->pass) { /* the pass's first stage: the balancing loss's sums from 0 */                 \
-      rt->pass = c->model->pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;                                                  \
+      rt->pass = c->model->pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;                         \
       memset(rt->pcnt, 0, sizeof(long) * (size_t)X);                                                                 \
       memset(rt->psum, 0, sizeof(double) * (size_t)X);                                                               \
     }                                                                                                                \
@@ -370,8 +375,8 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     int ex = rt->sexp[s];
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
-    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B, 0,
-              (void *)at(c, y, s, ldy), ldy);
+    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B,
+              0, (void *)at(c, y, s, ldy), ldy);
   }
 }
 
@@ -390,15 +395,16 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
       cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, at(c, dy, s, lddy), lddy, at(c, t, ex, ldt), B,
                 1, (void *)at(c, dx, s, lddx), lddx);
     if (dt)
-      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, at(c, x, s, ldx), ldx, at(c, dy, s, lddy), lddy,
-                1, (void *)at(c, dt, ex, lddt), B);
+      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, at(c, x, s, ldx), ldx, at(c, dy, s, lddy),
+                lddy, 1, (void *)at(c, dt, ex, lddt), B);
   }
 }
 
 void cv_routes_free(cavs_model *m) {
   for (int i = 0; i < CV_MAX_ROUTES; i++) {
     struct cv_route *r = &m->route[i];
-    free(r->sexp), free(r->srow), free(r->rslot), free(r->cnt), free(r->load), free(r->rbeg), free(r->rend), free(r->scr), free(r->pcnt), free(r->psum);
+    free(r->sexp), free(r->srow), free(r->rslot), free(r->cnt), free(r->load), free(r->rbeg), free(r->rend);
+    free(r->scr), free(r->pcnt), free(r->psum);
     memset(r, 0, sizeof *r);
   }
 }
