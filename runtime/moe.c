@@ -294,6 +294,12 @@ static const cv_moe_ops *moe_ops(cavs_ctx *c) {
   return NULL;
 }
 
+/* The backend's kernels and the route's arrays, or NULL (the pass failed, saying why) */
+static const struct cv_route *moe_route(cavs_ctx *c, int route, const cv_moe_ops **o) {
+  *o = moe_ops(c);
+  return *o ? route_of(c, route) : NULL;
+}
+
 void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, void *w, long ldw,
                    int r0, int n) {
   const cv_moe_ops *o = moe_ops(c);
@@ -302,8 +308,8 @@ void cavs_topk_fwd(cavs_ctx *c, int route, int K, long X, double balance, const 
 }
 void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, double balance, const void *g, long ldg, const void *w,
                    long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n) {
-  const cv_moe_ops *o = moe_ops(c);
-  struct cv_route *rt = o ? (struct cv_route *)route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  struct cv_route *rt = (struct cv_route *)moe_route(c, route, &o);
   if (rt && n > 0) o->topk_bwd(c, rt, K, X, balance, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
 }
 
@@ -324,39 +330,39 @@ double cv_moe_aux(const cavs_model *m, bool *any) {
   return aux;
 }
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n) {
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0) o->sbcast(c, rt, K, (void *)x, ldx, s, lds, w, r0, n, false);
 }
 void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
                      int n) {
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0) o->sbcast(c, rt, K, dx, lddx, (void *)ds, ldds, w, r0, n, true);
 }
 void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n) {
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0) o->erow(c, rt, K, (void *)t, ldt, y, ldy, w, r0, n, false);
 }
 void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
                    int n) {
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0 && dt) o->erow(c, rt, K, dt, lddt, (void *)dy, lddy, w, r0, n, true);
 }
 void cavs_scomb_fwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *wt, long ldw, void *y,
                     long ldy, long w, int r0, int n) {
   (void)X;
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0) o->scomb_fwd(c, rt, K, v, ldv, wt, ldw, y, ldy, w, r0, n);
 }
 void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *wt, long ldw,
                     const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
   (void)X;
-  const cv_moe_ops *o = moe_ops(c);
-  const struct cv_route *rt = o ? route_of(c, route) : NULL;
+  const cv_moe_ops *o;
+  const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0 && (dv || dw)) o->scomb_bwd(c, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
 }
 
