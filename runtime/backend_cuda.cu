@@ -10,7 +10,8 @@
  * stream before each product.
  *
  * The host waits for the device once a training step: in the forward pass's
- * `synchronize`, which reads the losses and predictions back. Everything else the host
+ * `synchronize`, which reads the losses and predictions back (and once per routed
+ * stage of a mixture of experts, below). Everything else the host
  * sends or fetches per minibatch goes through pinned buffers by copies on the stream
  * (the schedule, the rows zero_rows clears, the optimizer's spans), none of which
  * waits: a pinned buffer is written again only after the host has waited for the copy
@@ -24,6 +25,7 @@
 #include "arith.h"
 #include "cv.h"
 #include "forms.h"
+#include "moe.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -86,8 +88,22 @@ struct Dev {
   int capspans, nspans_sent; /* -1: none sent */
   size_t *spans_dev, *spans_host, *spans_new;
   double *norm2, *norm2_host; /* (pinned: the tracked norm comes back with the step) */
+  /* a mixture of experts (below): per route, each row's slots and each slot's expert on
+     the device ([cap] each), and the balancing loss's shares of the experts ([capx],
+     sent from pinned memory once a pass); the host's copy of a stage's gate values and
+     kept weights */
+  struct {
+    int *rslot, *sexp;
+    long cap;
+    double *f, *f_host;
+    long capx;
+    unsigned f_pass;
+    bool f_sent;
+  } route[CV_MAX_ROUTES];
+  void *gate_host;
+  size_t capgate;
 };
-enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
+enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4, PIN_SHARES = 8 };
 
 static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 
@@ -222,6 +238,13 @@ static void cuda_close(cavs_model *m) {
   cudaFree(d->spans_dev);
   cudaFree(d->norm2);
   cudaFreeHost(d->norm2_host);
+  for (int i = 0; i < CV_MAX_ROUTES; i++) {
+    cudaFree(d->route[i].rslot);
+    cudaFree(d->route[i].sexp);
+    cudaFree(d->route[i].f);
+    cudaFreeHost(d->route[i].f_host);
+  }
+  free(d->gate_host);
   free(d);
   m->bs = NULL;
 }
@@ -1279,6 +1302,250 @@ static long cuda_first_bad(cavs_model *m, const void *p, size_t n) {
   return -1;
 }
 
+/* ---- a mixture of experts: routed on the host, the slots' data on the device ----
+ *
+ * A routed stage reads its rows' gate values back (a copy the host waits for: the
+ * products over each expert's slots take their sizes from the host), routes them with
+ * the cpu backend's code (moe.h) and sends the kept weights and the route's arrays up;
+ * the products are moe.c's, one cuBLAS call an expert that received slots, and the
+ * rest are the kernels below, each cell summed in the cpu's order. A pass with a
+ * routing therefore waits for the device once a routed stage of its forward pass (none
+ * in its backward pass), and cannot be captured as a graph. */
+
+/* The route's device arrays, as large as its host ones */
+static bool route_on_device(cavs_model *m, const cv_route *rt, int id) {
+  Dev *d = dev(m);
+  if (rt->cap > d->route[id].cap) {
+    d->route[id].cap = 0;
+    regrow(m, (void **)&d->route[id].rslot, sizeof(int) * (size_t)rt->cap);
+    regrow(m, (void **)&d->route[id].sexp, sizeof(int) * (size_t)rt->cap);
+    if (!d->failed) d->route[id].cap = rt->cap;
+  }
+  return !d->failed;
+}
+
+static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
+                          long ldw, int r0, int n) {
+  cavs_model *m = model(c);
+  Dev *d = dev(m);
+  int id = (int)(rt - m->route);
+  size_t es = m->esize, row = (size_t)X * es, bytes = 2 * row * (size_t)n;
+  if (d->graphs)
+    record(m, EINVAL, __FILE__, __LINE__,
+           "a mixture of experts cannot run in a CUDA graph (--cuda-graphs): the host routes each stage's rows, "
+           "reading their gate values back");
+  else if (bytes > d->capgate) {
+    free(d->gate_host);
+    d->capgate = 0;
+    if ((d->gate_host = malloc(bytes))) d->capgate = bytes;
+    else record(m, ENOMEM, __FILE__, __LINE__, "out of host memory for a routing's %zu bytes", bytes);
+  }
+  char *gh = (char *)d->gate_host, *wh = gh + row * (size_t)n;
+  /* (a copy on the legacy stream: after the stage's work on either stream; the host
+     waits for it) */
+  if (!d->failed)
+    CK(m, cudaMemcpy2D(gh, row, (const char *)g + (size_t)r0 * (size_t)ldg * es, (size_t)ldg * es, row, (size_t)n,
+                       cudaMemcpyDeviceToHost));
+  if (d->failed || !route_on_device(m, rt, id)) {
+    m->launch_failed = true; /* the rest of the pass reads no slot (moe.c); the message is the record's */
+    return;
+  }
+  if (dbl(c)) cv_topk_route(rt, m->pass, K, X, bal, (const double *)gh, X, (double *)wh, X, r0, n);
+  else cv_topk_route(rt, m->pass, K, X, bal, (const float *)gh, X, (float *)wh, X, r0, n);
+  /* up without a wait, on the legacy stream (before the streams' work issued after it),
+     from pageable memory, which the copy stages as it is issued */
+  CK(m, cudaMemcpy2DAsync((char *)w + (size_t)r0 * (size_t)ldw * es, (size_t)ldw * es, wh, row, row, (size_t)n,
+                          cudaMemcpyHostToDevice, 0));
+  size_t s0 = (size_t)K * (size_t)r0, ns = (size_t)K * (size_t)n;
+  CK(m, cudaMemcpyAsync(d->route[id].rslot + s0, rt->rslot + s0, sizeof(int) * ns, cudaMemcpyHostToDevice, 0));
+  CK(m, cudaMemcpyAsync(d->route[id].sexp + s0, rt->sexp + s0, sizeof(int) * ns, cudaMemcpyHostToDevice, 0));
+}
+
+/* a thread a row: the gate's gradient (moe.h) */
+template <typename R>
+__global__ void topk_bwd_k(int K, long X, double scale, const double *f, const R *g, long ldg, const R *w, long ldw,
+                           const R *dw, long lddw, R *dg, long lddg, const int *rslot, const int *sexp, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, 1, &r, &j)) return;
+  cv_topk_bwd_row(K, X, scale, f, g + r * ldg, w + r * ldw, dw + r * lddw, dg + r * lddg, rslot + (long)K * r, sexp);
+}
+template <typename R>
+static void topk_bwd_as(cavs_ctx *c, int id, int K, long X, double scale, const void *g, long ldg, const void *w,
+                        long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n) {
+  Dev *d = dev(model(c));
+  CAVS_CUDA_LAUNCH(topk_bwd_k<R>, blocks(n), on(c))(K, X, scale, d->route[id].f, (const R *)g, ldg, (const R *)w, ldw,
+                                                    (const R *)dw, lddw, (R *)dg, lddg, d->route[id].rslot,
+                                                    d->route[id].sexp, r0, n);
+  CKL(model(c));
+}
+static void cuda_topk_bwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, const void *g, long ldg, const void *w,
+                          long ldw, const void *dw, long lddw, void *dg, long lddg, int r0, int n) {
+  cavs_model *m = model(c);
+  Dev *d = dev(m);
+  int id = (int)(rt - m->route);
+  double scale = cv_balance_scale(rt, X, bal, c->loss_scale);
+  if (scale != 0 && (!d->route[id].f_sent || d->route[id].f_pass != rt->pass || d->route[id].capx < X)) {
+    /* the forward pass's shares, once a pass: on the legacy stream, before either
+       stream's work issued after it */
+    if (d->route[id].capx < X) {
+      d->route[id].capx = 0;
+      regrow(m, (void **)&d->route[id].f, sizeof(double) * (size_t)X);
+      regrow_pinned(m, (void **)&d->route[id].f_host, sizeof(double) * (size_t)X);
+      if (d->failed) return;
+      d->route[id].capx = X;
+    }
+    pinned_for_host(m, PIN_SHARES);
+    cv_balance_shares(rt, K, X, d->route[id].f_host);
+    CK(m, cudaMemcpyAsync(d->route[id].f, d->route[id].f_host, sizeof(double) * (size_t)X, cudaMemcpyHostToDevice, 0));
+    d->busy |= PIN_SHARES;
+    d->route[id].f_pass = rt->pass, d->route[id].f_sent = true;
+  }
+  if (dbl(c)) topk_bwd_as<double>(c, id, K, X, scale, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
+  else topk_bwd_as<float>(c, id, K, X, scale, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
+}
+
+/* forward, a thread a slot's cell: x's row to the slot; backward, a thread a row's cell:
+   its slots' gradients added in slot order */
+template <typename R>
+__global__ void sbcast_fwd_k(const R *x, long ldx, R *s, long lds, long w, const int *rslot, int K, int r0, int n) {
+  long q, j;
+  if (!cell(0, (long)K * n, w, &q, &j)) return;
+  s[(long)rslot[(long)K * r0 + q] * lds + j] = x[(r0 + q / K) * ldx + j];
+}
+template <typename R>
+__global__ void sbcast_bwd_k(R *x, long ldx, const R *s, long lds, long w, const int *rslot, int K, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, w, &r, &j)) return;
+  R a = x[r * ldx + j];
+  for (int k = 0; k < K; k++) a += s[(long)rslot[(long)K * r + k] * lds + j];
+  x[r * ldx + j] = a;
+}
+/* forward, a thread a slot's cell: its expert's row of the table; backward, a thread a
+   column: the slots' gradients added to their experts' rows in slot order */
+template <typename R>
+__global__ void erow_fwd_k(const R *t, long ldt, R *y, long ldy, long w, const int *sexp, long s0, long sn) {
+  long q, j;
+  if (!cell(0, sn, w, &q, &j)) return;
+  y[(s0 + q) * ldy + j] = t[(long)sexp[s0 + q] * ldt + j];
+}
+template <typename R>
+__global__ void erow_bwd_k(R *t, long ldt, const R *y, long ldy, long w, const int *sexp, long s0, long sn) {
+  long q, j;
+  if (!cell(0, 1, w, &q, &j)) return;
+  for (long s = s0; s < s0 + sn; s++) t[(long)sexp[s] * ldt + j] += y[s * ldy + j];
+}
+/* a thread a row's cell: the sum of its slots' values, each weighted by its expert's
+   kept gate weight, from 0 in slot order */
+template <typename R>
+__global__ void scomb_fwd_k(const R *v, long ldv, const R *wt, long ldw, R *y, long ldy, long w, const int *rslot,
+                            const int *sexp, int K, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, w, &r, &j)) return;
+  const int *sl = rslot + (long)K * r;
+  R a = 0;
+  for (int k = 0; k < K; k++) a += wt[r * ldw + sexp[sl[k]]] * v[(long)sl[k] * ldv + j];
+  y[r * ldy + j] = a;
+}
+/* backward: a thread a slot's cell (dv), a thread a slot (dw: its value's dot product
+   with the row's gradient, in column order) */
+template <typename R>
+__global__ void scomb_dv_k(const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv, long w, const int *rslot,
+                           const int *sexp, int K, int r0, int n) {
+  long q, j;
+  if (!cell(0, (long)K * n, w, &q, &j)) return;
+  long r = r0 + q / K;
+  int s = rslot[(long)K * r0 + q];
+  dv[(long)s * lddv + j] += wt[r * ldw + sexp[s]] * dy[r * lddy + j];
+}
+template <typename R>
+__global__ void scomb_dw_k(const R *v, long ldv, const R *dy, long lddy, R *dw, long lddw, long w, const int *rslot,
+                           const int *sexp, int K, int r0, int n) {
+  long q, j;
+  if (!cell(0, (long)K * n, 1, &q, &j)) return;
+  long r = r0 + q / K;
+  int s = rslot[(long)K * r0 + q];
+  R dot = 0;
+  for (long i = 0; i < w; i++) dot += dy[r * lddy + i] * v[(long)s * ldv + i];
+  dw[r * lddw + sexp[s]] += dot;
+}
+
+template <typename R>
+static void sbcast_as(cavs_ctx *c, int id, int K, void *x, long ldx, void *s, long lds, long w, int r0, int n, bool bwd) {
+  Dev *d = dev(model(c));
+  if (w <= 0) return;
+  if (bwd)
+    CAVS_CUDA_LAUNCH(sbcast_bwd_k<R>, blocks((long)n * w), on(c))((R *)x, ldx, (const R *)s, lds, w, d->route[id].rslot,
+                                                                 K, r0, n);
+  else
+    CAVS_CUDA_LAUNCH(sbcast_fwd_k<R>, blocks((long)K * n * w), on(c))((const R *)x, ldx, (R *)s, lds, w,
+                                                                     d->route[id].rslot, K, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void erow_as(cavs_ctx *c, const cv_route *rt, int id, int K, void *t, long ldt, void *y, long ldy, long w, int r0,
+                    int n, bool bwd) {
+  Dev *d = dev(model(c));
+  long s0, sn;
+  cv_slot_range(rt, K, r0, n, &s0, &sn);
+  if (sn <= 0 || w <= 0) return;
+  if (bwd)
+    CAVS_CUDA_LAUNCH(erow_bwd_k<R>, blocks(w), on(c))((R *)t, ldt, (const R *)y, ldy, w, d->route[id].sexp, s0, sn);
+  else
+    CAVS_CUDA_LAUNCH(erow_fwd_k<R>, blocks(sn * w), on(c))((const R *)t, ldt, (R *)y, ldy, w, d->route[id].sexp, s0, sn);
+  CKL(model(c));
+}
+template <typename R>
+static void scomb_fwd_as(cavs_ctx *c, int id, int K, const void *v, long ldv, const void *wt, long ldw, void *y, long ldy,
+                         long w, int r0, int n) {
+  Dev *d = dev(model(c));
+  if (w <= 0) return;
+  CAVS_CUDA_LAUNCH(scomb_fwd_k<R>, blocks((long)n * w), on(c))((const R *)v, ldv, (const R *)wt, ldw, (R *)y, ldy, w,
+                                                              d->route[id].rslot, d->route[id].sexp, K, r0, n);
+  CKL(model(c));
+}
+template <typename R>
+static void scomb_bwd_as(cavs_ctx *c, int id, int K, const void *v, long ldv, const void *wt, long ldw, const void *dy,
+                         long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
+  Dev *d = dev(model(c));
+  if (dv && w > 0) {
+    CAVS_CUDA_LAUNCH(scomb_dv_k<R>, blocks((long)K * n * w), on(c))((const R *)wt, ldw, (const R *)dy, lddy, (R *)dv, lddv,
+                                                                   w, d->route[id].rslot, d->route[id].sexp, K, r0, n);
+    CKL(model(c));
+  }
+  if (dw) {
+    CAVS_CUDA_LAUNCH(scomb_dw_k<R>, blocks((long)K * n), on(c))((const R *)v, ldv, (const R *)dy, lddy, (R *)dw, lddw, w,
+                                                               d->route[id].rslot, d->route[id].sexp, K, r0, n);
+    CKL(model(c));
+  }
+}
+
+static int route_id(cavs_ctx *c, const cv_route *rt) { return (int)(rt - model(c)->route); }
+
+static void cuda_sbcast(cavs_ctx *c, const cv_route *rt, int K, void *x, long ldx, void *s, long lds, long w, int r0,
+                        int n, bool bwd) {
+  if (dbl(c)) sbcast_as<double>(c, route_id(c, rt), K, x, ldx, s, lds, w, r0, n, bwd);
+  else sbcast_as<float>(c, route_id(c, rt), K, x, ldx, s, lds, w, r0, n, bwd);
+}
+static void cuda_erow(cavs_ctx *c, const cv_route *rt, int K, void *t, long ldt, void *y, long ldy, long w, int r0,
+                      int n, bool bwd) {
+  if (dbl(c)) erow_as<double>(c, rt, route_id(c, rt), K, t, ldt, y, ldy, w, r0, n, bwd);
+  else erow_as<float>(c, rt, route_id(c, rt), K, t, ldt, y, ldy, w, r0, n, bwd);
+}
+static void cuda_scomb_fwd(cavs_ctx *c, const cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
+                           void *y, long ldy, long w, int r0, int n) {
+  if (dbl(c)) scomb_fwd_as<double>(c, route_id(c, rt), K, v, ldv, wt, ldw, y, ldy, w, r0, n);
+  else scomb_fwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, y, ldy, w, r0, n);
+}
+static void cuda_scomb_bwd(cavs_ctx *c, const cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
+                           const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
+  if (dbl(c)) scomb_bwd_as<double>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+  else scomb_bwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+}
+
+static const cv_moe_ops cuda_moe = {
+    cuda_topk_fwd, cuda_topk_bwd, cuda_sbcast, cuda_erow, cuda_scomb_fwd, cuda_scomb_bwd,
+};
+
 /* What backend.c finds by name in this module. */
 extern "C" const cv_backend cv_backend_cuda = {
     "cuda",
@@ -1330,5 +1597,5 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_rowmm_bwd,
     cuda_host_alloc,
     cuda_host_free,
-    NULL, /* a mixture of experts: not built here yet (cavs_topk_fwd fails the pass) */
+    &cuda_moe,
 };

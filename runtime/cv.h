@@ -48,6 +48,8 @@ struct cv_route {
   long aux_rows;
   int caprows;
   long nx;  /* experts that load and cnt hold */
+  long stages;   /* the stages routed since the model was made (each a host wait on cuda) */
+  long products; /* and the products over an expert's slots issued (emm's) */
   long *load, *cnt;
 };
 void cv_routes_free(cavs_model *m);

@@ -12,8 +12,9 @@
  * expert's slots by its matrix in one product (no padding, no dropped row, nothing for
  * an expert without slots), erow reads its row of a table, scomb sums a row's slots
  * weighted by the gate. Every sum runs in a fixed order (a row's choices in order, an
- * expert's slots in row order), whatever the threads. */
-#include "cv.h"
+ * expert's slots in row order), whatever the threads. The routing itself and the gate's
+ * gradient are moe.h's, which the cuda backend runs too. */
+#include "moe.h"
 #include "backend.h"
 
 #include <limits.h>
@@ -56,28 +57,17 @@ static struct cv_route *route_ready(cavs_ctx *c, int id, int K, long X) {
   return r;
 }
 
+/* The route's arrays, or NULL: the pass failed (saying why), so that the ops after a
+   failed routing (the rest of the pass's are issued) read no slot */
 static const struct cv_route *route_of(cavs_ctx *c, int id) {
   cavs_model *m = c->model;
+  if (m->launch_failed) return NULL;
   if (id < 0 || id >= CV_MAX_ROUTES || !m->route[id].sexp) {
     if (!m->launch_failed) cv_fail(m, "moe: route %d read before its topk ran", id);
     m->launch_failed = true;
     return NULL;
   }
   return &m->route[id];
-}
-
-/* The slots of rows [r0, r0 + n): those of the routings that grouped them, K a row. A
- * backward pass runs a stage over the forward's rows, but the push block's over those
- * with a label only (scheduler.c, target_rows), which may cut a routing's rows in two:
- * then the range is the whole of the routings that its rows were in, the others' slots'
- * gradients zero. */
-static void cv_slot_range(const struct cv_route *rt, int K, int r0, int n, long *s0, long *sn) {
-  if (n <= 0) {
-    *s0 = (long)K * r0, *sn = 0;
-    return;
-  }
-  long a = rt->rbeg[r0], b = rt->rend[r0 + n - 1];
-  *s0 = (long)K * a, *sn = (long)K * (b - a);
 }
 
 void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) {
@@ -90,93 +80,6 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
 /* ---- the CPU's kernels, in each precision ---- */
 
 #define MOE_KERNELS(R, S)                                                                                              \
-  /* p = softmax(g[0..X)), in double; added to sum where there is one */                                             \
-  static void full_softmax_##S(const R *g, long X, double *p, double *sum) {                                         \
-    double top = (double)g[0], z = 0;                                                                                \
-    for (long j = 1; j < X; j++) top = (double)g[j] > top ? (double)g[j] : top;                                      \
-    for (long j = 0; j < X; j++) z += p[j] = exp((double)g[j] - top);                                                \
-    for (long j = 0; j < X; j++) p[j] /= z;                                                                          \
-    for (long j = 0; sum && j < X; j++) sum[j] += p[j];                                                              \
-  }                                                                                                                  \
-  static void topk_fwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg, R *w, \
-                           long ldw, int r0, int n) {                                                                  \
-    long *cnt = rt->cnt;                                                                                             \
-    memset(cnt, 0, sizeof(long) * (size_t)(X + 1));                                                                  \
-    if (rt->pass != c->model->pass) { /* the pass's first stage: the balancing loss's sums from 0 */                 \
-      rt->pass = c->model->pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;                         \
-      memset(rt->pcnt, 0, sizeof(long) * (size_t)X);                                                                 \
-      memset(rt->psum, 0, sizeof(double) * (size_t)X);                                                               \
-    }                                                                                                                \
-    for (int r = r0; r < r0 + n; r++) {                                                                              \
-      const R *gr = g + (size_t)r * (size_t)ldg;                                                                     \
-      if (bal > 0) full_softmax_##S(gr, X, rt->scr, rt->psum);                                                       \
-      R *wr = w + (size_t)r * (size_t)ldw;                                                                           \
-      int *ch = rt->rslot + (size_t)K * (size_t)r; /* the choices, for now; their slots below */                     \
-      for (long j = 0; j < X; j++) wr[j] = 0;                                                                        \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        long best = -1;                                                                                              \
-        for (long j = 0; j < X; j++) {                                                                               \
-          bool taken = false;                                                                                        \
-          for (int q = 0; q < k && !taken; q++) taken = ch[q] == j;                                                  \
-          /* the larger, the lower index among equals; a NaN is never taken over a number */                         \
-          if (!taken && (best < 0 || gr[j] > gr[best] || (isnan(gr[best]) && !isnan(gr[j])))) best = j;            \
-        }                                                                                                            \
-        ch[k] = (int)best;                                                                                           \
-        cnt[best + 1]++;                                                                                             \
-      }                                                                                                              \
-      /* the softmax of the K kept values (the first is their largest) */                                            \
-      double top = (double)gr[ch[0]], sum = 0, e[CV_MAX_K];                                      \
-      for (int k = 0; k < K; k++) sum += e[k] = exp((double)gr[ch[k]] - top);                                        \
-      for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                       \
-    }                                                                                                                \
-    for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;                                      \
-    /* the balancing loss's sums over the pass: each expert's slots and gate probability */                          \
-    if (bal > 0) {                                                                                                   \
-      for (long j = 0; j < X; j++) rt->pcnt[j] += cnt[j + 1];                                                        \
-      rt->aux_rows += n;                                                                                             \
-    }                                                                                                                \
-    for (long j = 0; j < X; j++) rt->load[j] += cnt[j + 1];                                                          \
-    for (long j = 1; j <= X; j++) cnt[j] += cnt[j - 1]; /* cnt[e]: expert e's first slot past K r0 */                \
-    long s0 = (long)K * r0;                                                                                          \
-    for (int r = r0; r < r0 + n; r++)                                                                                \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        int ex = rt->rslot[(size_t)K * (size_t)r + (size_t)k];                                                       \
-        long s = s0 + cnt[ex]++;                                                                                     \
-        rt->sexp[s] = ex;                                                                                            \
-        rt->srow[s] = r;                                                                                             \
-        rt->rslot[(size_t)K * (size_t)r + (size_t)k] = (int)s;                                                       \
-      }                                                                                                              \
-    (void)c;                                                                                                         \
-  }                                                                                                                  \
-  static void topk_bwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg,       \
-                           const R *w, long ldw, const R *dw, long lddw, R *dg, long lddg, int r0, int n) {          \
-    /* the balancing loss: dg[r, j] += bal X / N p_j (f_j - sum_e f_e p_e), f the pass's shares */                \
-    double *f = rt->scr, *p = rt->scr + X;                                                                           \
-    double scale = bal > 0 && rt->aux_rows ? bal * (double)X / (double)rt->aux_rows * c->loss_scale : 0;           \
-    for (long j = 0; j < X && scale != 0; j++) f[j] = (double)rt->pcnt[j] / ((double)K * rt->aux_rows);           \
-    for (int r = r0; r < r0 + n && scale != 0; r++) {                                                                \
-      const R *gr = g + (size_t)r * (size_t)ldg;                                                                     \
-      R *dgr = dg + (size_t)r * (size_t)lddg;                                                                        \
-      full_softmax_##S(gr, X, p, NULL);                                                                              \
-      double fp = 0;                                                                                                 \
-      for (long j = 0; j < X; j++) fp += f[j] * p[j];                                                                \
-      for (long j = 0; j < X; j++) dgr[j] += (R)(scale * p[j] * (f[j] - fp));                                        \
-    }                                                                                                                \
-    for (int r = r0; r < r0 + n; r++) {                                                                              \
-      const R *wr = w + (size_t)r * (size_t)ldw, *dwr = dw + (size_t)r * (size_t)lddw;                               \
-      R *dgr = dg + (size_t)r * (size_t)lddg;                                                                        \
-      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
-      R dot = 0;                                                                                                     \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        int ex = rt->sexp[sl[k]];                                                                                    \
-        dot += wr[ex] * dwr[ex];                                                                                     \
-      }                                                                                                              \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        int ex = rt->sexp[sl[k]];                                                                                    \
-        dgr[ex] += wr[ex] * (dwr[ex] - dot);                                                                         \
-      }                                                                                                              \
-    }                                                                                                                \
-  }                                                                                                                  \
   static void sbcast_##S(const struct cv_route *rt, int K, R *x, long ldx, R *s, long lds, long w, int r0, int n,   \
                          bool bwd) {                                                                                 \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
@@ -248,6 +151,25 @@ MOE_KERNELS(double, d)
     else name##_f(__VA_ARGS__);                                                                                      \
     (c)->model->stats.rows_seconds += cv_now() - t0_;                                                                \
   } while (0)
+
+/* the routing on the rows in place (moe.h) */
+#define MOE_TOPK(R, S)                                                                                             \
+  static void topk_fwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg, R *w,  \
+                           long ldw, int r0, int n) {                                                                  \
+    cv_topk_route_##S(rt, c->model->pass, K, X, bal, g + (size_t)r0 * (size_t)ldg, ldg, w + (size_t)r0 * (size_t)ldw, \
+                      ldw, r0, n);                                                                                   \
+  }                                                                                                                  \
+  static void topk_bwd_##S(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const R *g, long ldg,       \
+                           const R *w, long ldw, const R *dw, long lddw, R *dg, long lddg, int r0, int n) {          \
+    double scale = cv_balance_scale(rt, X, bal, c->loss_scale);                                                      \
+    if (scale != 0) cv_balance_shares(rt, K, X, rt->scr);                                                            \
+    for (int r = r0; r < r0 + n; r++)                                                                                \
+      cv_topk_bwd_row_##S(K, X, scale, rt->scr, g + (size_t)r * (size_t)ldg, w + (size_t)r * (size_t)ldw,            \
+                          dw + (size_t)r * (size_t)lddw, dg + (size_t)r * (size_t)lddg,                              \
+                          rt->rslot + (size_t)K * (size_t)r, rt->sexp);                                              \
+  }
+MOE_TOPK(float, f)
+MOE_TOPK(double, d)
 
 static void cpu_topk_fwd(cavs_ctx *c, struct cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
                          long ldw, int r0, int n) {
@@ -383,6 +305,7 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
       ;
     cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B,
               0, (void *)at(c, y, s, ldy), ldy);
+    c->model->route[route].products++;
   }
 }
 
@@ -397,6 +320,7 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
     /* dx += dy W_e^T; dW_e += x^T dy, over the expert's slots */
+    c->model->route[route].products += (dx != NULL) + (dt != NULL);
     if (dx)
       cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, at(c, dy, s, lddy), lddy, at(c, t, ex, ldt), B,
                 1, (void *)at(c, dx, s, lddx), lddx);

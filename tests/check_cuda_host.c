@@ -99,7 +99,7 @@ static void host_vs_c(const char *model, const char *src, const char *prec, doub
   cavs_model_free(mu);
 }
 
-static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm"};
+static const char *const examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm", "moe_tree", "moe_lm"};
 
 START_TEST(examples_double) { host_vs_c(examples[_i], NULL, "double", 1e-12); }
 END_TEST

@@ -760,8 +760,8 @@ const char *kind_name(int k) {
 }
 
 /* A copy of `height` rows of `width` bytes, their starts `spitch` apart in the source and
-   `dpitch` in the destination (cudaMemcpy2D); the 1D copies are one row. Only the
-   synchronous copies have a 2D form here (cudaMemcpy2DAsync is not emulated). */
+   `dpitch` in the destination (cudaMemcpy2D, cudaMemcpy2DAsync); the 1D copies are one
+   row. */
 cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                    cudaMemcpyKind kind, cudaStream_t stream, bool async, const std::string &call) {
   if (sticky) return sticky;
@@ -807,14 +807,16 @@ cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, siz
   if (!want_s) { /* from the host */
     if (async && pinned_src) {
       /* read when it runs: the host must leave the bytes alone until then */
-      auto seen = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
+      auto seen = std::make_shared<std::vector<char>>(n);
+      for (size_t r = 0; r < height; r++) memcpy(seen->data() + r * width, (const char *)src + r * spitch, width);
       std::string what = call;
-      w.uses.push_back({(const char *)src, (const char *)src + n});
-      w.run = [dst, src, n, seen, what] {
-        if (memcmp(src, seen->data(), n))
-          violation(what + ": the host changed the pinned source before the copy ran: it must wait for the copy "
-                           "(an event, a synchronization) before writing there again");
-        memcpy(dst, src, n);
+      w.uses.push_back({(const char *)src, (const char *)src + sext});
+      w.run = [dst, src, seen, what, dpitch, spitch, width, height] {
+        for (size_t r = 0; r < height; r++)
+          if (memcmp((const char *)src + r * spitch, seen->data() + r * width, width))
+            violation(what + ": the host changed the pinned source before the copy ran: it must wait for the copy "
+                             "(an event, a synchronization) before writing there again");
+        for (size_t r = 0; r < height; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
       };
     } else { /* pageable memory is staged as the call returns: the rows, packed */
       auto staged = std::make_shared<std::vector<char>>(n);
@@ -828,8 +830,8 @@ cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, siz
   } else {
     if (!want_d && async && pinned_dst) {
       /* until it runs, the host reads poison there */
-      memset(dst, FILL, n);
-      w.uses.push_back({(const char *)dst, (const char *)dst + n});
+      for (size_t r = 0; r < height; r++) memset((char *)dst + r * dpitch, FILL, width);
+      w.uses.push_back({(const char *)dst, (const char *)dst + dext});
     }
     w.run = [dst, src, rows] { rows((char *)dst, (const char *)src); };
     if (want_d) counts.bytes_dtod += (long)n;
@@ -1194,6 +1196,12 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
   return copy2d(dst, dpitch, src, spitch, width, height, kind, nullptr, false,
                 fmt("cudaMemcpy2D(%p, pitch %zu, %p, pitch %zu, width %zu, height %zu, %s)", dst, dpitch, src, spitch,
                     width, height, kind_name(kind)));
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t stream) {
+  return copy2d(dst, dpitch, src, spitch, width, height, kind, stream, true,
+                fmt("cudaMemcpy2DAsync(%p, pitch %zu, %p, pitch %zu, width %zu, height %zu, %s, stream %p)", dst, dpitch,
+                    src, spitch, width, height, kind_name(kind), (void *)stream));
 }
 cudaError_t cudaMemset(void *p, int value, size_t count) {
   if (unsafe_in_capture("cudaMemset")) return fail(cudaErrorStreamCaptureUnsupported);

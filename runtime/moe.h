@@ -1,0 +1,153 @@
+/* moe.h: a mixture of experts' routing and arithmetic as every backend runs it, so that
+ * the cpu backend (moe.c) and the cuda backend (backend_cuda.cu, which includes this
+ * file) route the same rows to the same experts and compute the same values.
+ *
+ * The routing of a stage runs on the host on both (the cuda backend reads its rows'
+ * gate values back to it first): each row's K largest gate values (the lower index
+ * first among equals, a NaN never over a number), the softmax of the kept values, and
+ * a counting sort of the stage's K n choices by expert, stable in row order, which
+ * numbers its slots so that each expert's are contiguous (moe.c's head comment). The
+ * products over an expert's slots need their count on the host anyway (a cuBLAS call
+ * or the CPU's product takes its sizes from the host). The backward pass's gate
+ * gradient is a row's work (CAVS_HD: a GPU thread's or a CPU loop's). */
+#ifndef CV_MOE_H
+#define CV_MOE_H
+
+#include "cv.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The slots of rows [r0, r0 + n): those of the routings that grouped them, K a row. A
+ * backward pass runs a stage over the forward's rows, but the push block's over those
+ * with a label only (scheduler.c, target_rows), which may cut a routing's rows in two:
+ * then the range is the whole of the routings that its rows were in, the others' slots'
+ * gradients zero. */
+static inline void cv_slot_range(const struct cv_route *rt, int K, int r0, int n, long *s0, long *sn) {
+  if (n <= 0) {
+    *s0 = (long)K * r0, *sn = 0;
+    return;
+  }
+  long a = rt->rbeg[r0], b = rt->rend[r0 + n - 1];
+  *s0 = (long)K * a, *sn = (long)K * (b - a);
+}
+
+/* The balancing loss's scale on the gate's gradient, bal X / N times the loss scale (0:
+ * none), N the rows the forward pass routed */
+static inline double cv_balance_scale(const struct cv_route *rt, long X, double bal, double loss_scale) {
+  return bal > 0 && rt->aux_rows ? bal * (double)X / (double)rt->aux_rows * loss_scale : 0;
+}
+/* f[0..X): the share of the forward pass's slots each expert received */
+static inline void cv_balance_shares(const struct cv_route *rt, int K, long X, double *f) {
+  for (long j = 0; j < X; j++) f[j] = (double)rt->pcnt[j] / ((double)K * rt->aux_rows);
+}
+
+#define CV_MOE_ROUTING(R, S)                                                                                           \
+  /* p = softmax(g[0..X)), in double; added to sum where there is one */                                             \
+  static inline void cv_full_softmax_##S(const R *g, long X, double *p, double *sum) {                               \
+    double top = (double)g[0], z = 0;                                                                                \
+    for (long j = 1; j < X; j++) top = (double)g[j] > top ? (double)g[j] : top;                                      \
+    for (long j = 0; j < X; j++) z += p[j] = exp((double)g[j] - top);                                                \
+    for (long j = 0; j < X; j++) p[j] /= z;                                                                          \
+    for (long j = 0; sum && j < X; j++) sum[j] += p[j];                                                              \
+  }                                                                                                                  \
+  /* The routing of rows r0 .. r0+n-1, whose gate values g0 and kept weights w0 (row r0   \
+     first, ld apart) are host memory: w0's rows written (0 but at a row's K choices),     \
+     the route's arrays filled, its loads and the balancing loss's sums counted */         \
+  static inline void cv_topk_route_##S(struct cv_route *rt, unsigned pass, int K, long X, double bal, const R *g0,   \
+                                       long ldg, R *w0, long ldw, int r0, int n) {                                   \
+    long *cnt = rt->cnt;                                                                                             \
+    memset(cnt, 0, sizeof(long) * (size_t)(X + 1));                                                                  \
+    if (rt->pass != pass) { /* the pass's first stage: the balancing loss's sums from 0 */                            \
+      rt->pass = pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;                                  \
+      memset(rt->pcnt, 0, sizeof(long) * (size_t)X);                                                                 \
+      memset(rt->psum, 0, sizeof(double) * (size_t)X);                                                               \
+    }                                                                                                                \
+    rt->stages++;                                                                                                    \
+    for (int i = 0; i < n; i++) {                                                                                    \
+      const R *gr = g0 + (size_t)i * (size_t)ldg;                                                                    \
+      if (bal > 0) cv_full_softmax_##S(gr, X, rt->scr, rt->psum);                                                    \
+      R *wr = w0 + (size_t)i * (size_t)ldw;                                                                          \
+      int *ch = rt->rslot + (size_t)K * (size_t)(r0 + i); /* the choices, for now; their slots below */              \
+      for (long j = 0; j < X; j++) wr[j] = 0;                                                                        \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        long best = -1;                                                                                              \
+        for (long j = 0; j < X; j++) {                                                                               \
+          bool taken = false;                                                                                        \
+          for (int q = 0; q < k && !taken; q++) taken = ch[q] == j;                                                  \
+          /* the larger, the lower index among equals; a NaN is never taken over a number */                         \
+          if (!taken && (best < 0 || gr[j] > gr[best] || (isnan(gr[best]) && !isnan(gr[j])))) best = j;            \
+        }                                                                                                            \
+        ch[k] = (int)best;                                                                                           \
+        cnt[best + 1]++;                                                                                             \
+      }                                                                                                              \
+      /* the softmax of the K kept values (the first is their largest) */                                            \
+      double top = (double)gr[ch[0]], sum = 0, e[CV_MAX_K];                                                          \
+      for (int k = 0; k < K; k++) sum += e[k] = exp((double)gr[ch[k]] - top);                                        \
+      for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                       \
+    }                                                                                                                \
+    for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;                                      \
+    /* the balancing loss's sums over the pass: each expert's slots and gate probability */                          \
+    if (bal > 0) {                                                                                                   \
+      for (long j = 0; j < X; j++) rt->pcnt[j] += cnt[j + 1];                                                        \
+      rt->aux_rows += n;                                                                                             \
+    }                                                                                                                \
+    for (long j = 0; j < X; j++) rt->load[j] += cnt[j + 1];                                                          \
+    for (long j = 1; j <= X; j++) cnt[j] += cnt[j - 1]; /* cnt[e]: expert e's first slot past K r0 */                \
+    long s0 = (long)K * r0;                                                                                          \
+    for (int r = r0; r < r0 + n; r++)                                                                                \
+      for (int k = 0; k < K; k++) {                                                                                  \
+        int ex = rt->rslot[(size_t)K * (size_t)r + (size_t)k];                                                       \
+        long s = s0 + cnt[ex]++;                                                                                     \
+        rt->sexp[s] = ex;                                                                                            \
+        rt->srow[s] = r;                                                                                             \
+        rt->rslot[(size_t)K * (size_t)r + (size_t)k] = (int)s;                                                       \
+      }                                                                                                              \
+  }                                                                                                                  \
+  /* Row r's gradient of the gate, added to dgr: the balancing loss's (scale != 0;         \
+     dg_j += scale p_j (f_j - sum_e f_e p_e), p the softmax of the whole row, recomputed   \
+     rather than kept so that a GPU thread needs no scratch), then the kept weights'       \
+     softmax's (sl: the row's slots, sexp: each slot's expert) */                          \
+  static inline CAVS_HD void cv_topk_bwd_row_##S(int K, long X, double scale, const double *f, const R *gr,          \
+                                                 const R *wr, const R *dwr, R *dgr, const int *sl,                   \
+                                                 const int *sexp) {                                                  \
+    if (scale != 0) {                                                                                                \
+      double top = (double)gr[0], z = 0, fp = 0;                                                                     \
+      for (long j = 1; j < X; j++) top = (double)gr[j] > top ? (double)gr[j] : top;                                  \
+      for (long j = 0; j < X; j++) z += exp((double)gr[j] - top);                                                    \
+      for (long j = 0; j < X; j++) fp += f[j] * (exp((double)gr[j] - top) / z);                                      \
+      for (long j = 0; j < X; j++) dgr[j] += (R)(scale * (exp((double)gr[j] - top) / z) * (f[j] - fp));              \
+    }                                                                                                                \
+    R dot = 0;                                                                                                       \
+    for (int k = 0; k < K; k++) {                                                                                    \
+      int ex = sexp[sl[k]];                                                                                          \
+      dot += wr[ex] * dwr[ex];                                                                                       \
+    }                                                                                                                \
+    for (int k = 0; k < K; k++) {                                                                                    \
+      int ex = sexp[sl[k]];                                                                                          \
+      dgr[ex] += wr[ex] * (dwr[ex] - dot);                                                                           \
+    }                                                                                                                \
+  }
+
+CV_MOE_ROUTING(float, f)
+CV_MOE_ROUTING(double, d)
+#ifdef __cplusplus
+static inline void cv_topk_route(struct cv_route *rt, unsigned pass, int K, long X, double bal, const float *g0, long ldg,
+                                 float *w0, long ldw, int r0, int n) {
+  cv_topk_route_f(rt, pass, K, X, bal, g0, ldg, w0, ldw, r0, n);
+}
+static inline void cv_topk_route(struct cv_route *rt, unsigned pass, int K, long X, double bal, const double *g0, long ldg,
+                                 double *w0, long ldw, int r0, int n) {
+  cv_topk_route_d(rt, pass, K, X, bal, g0, ldg, w0, ldw, r0, n);
+}
+static inline CAVS_HD void cv_topk_bwd_row(int K, long X, double scale, const double *f, const float *gr, const float *wr,
+                                           const float *dwr, float *dgr, const int *sl, const int *sexp) {
+  cv_topk_bwd_row_f(K, X, scale, f, gr, wr, dwr, dgr, sl, sexp);
+}
+static inline CAVS_HD void cv_topk_bwd_row(int K, long X, double scale, const double *f, const double *gr, const double *wr,
+                                           const double *dwr, double *dgr, const int *sl, const int *sexp) {
+  cv_topk_bwd_row_d(K, X, scale, f, gr, wr, dwr, dgr, sl, sexp);
+}
+#endif
+
+#endif
