@@ -541,6 +541,9 @@ typedef struct Emit {
   /* while a backward stage is written: marks[g] = 1 for each parameter block g whose
      gradient it names (emit_ptr sets them); NULL otherwise */
   unsigned char *pg_marks;
+  /* and the marks of that stage alone (the descriptor's bwd_grads, pull_grads,
+     push_grads): [nvertex][3] and the pull and push blocks', each [npgroups + 1] */
+  unsigned char *pg_stage, **bwd_grads, *pull_grads, *push_grads;
   /* [nvertex]: 1 where the vertex type's backward eager stage names no parameter
      gradient that a backward path, lazy, pull or push stage names (emit() finds it) */
   unsigned char *eager_apart;

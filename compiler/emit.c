@@ -66,6 +66,7 @@ const char *emit_ptr(const Emit *e, Ref r, const char *row) {
                         paren(emit_lin(m, p->ld)), off);
   case PL_PARAM:
     if (r.grad && e->pg_marks) e->pg_marks[p->buf] = 1;
+    if (r.grad && e->pg_stage) e->pg_stage[p->buf] = 1;
     return arena_printf("%s[%d]%s", r.grad ? "PG" : "P", p->buf, off);
   case PL_HOME: /* the row's home p->buf: where a parent gathers its state, or a scratch row */
     return arena_printf("(R *)c->home_%s[%d][%s]%s", r.grad ? "grad" : "val", p->buf, row, off);
@@ -1105,6 +1106,13 @@ _Static_assert(DIM_PRODUCT == 3 && IN_REAL == 2 && INIT_XAVIER_ROWS == 7, "one n
 
 /* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
  * still gets an initializer. */
+/* static const unsigned char NAME[] = {a flag a parameter group} */
+static void grad_flags(const Emit *e, const char *name, const unsigned char *flags) {
+  fprintf(e->out, "static const unsigned char %s[%d] = {", name, e->m->npgroups + 1);
+  for (int g = 0; g < e->m->npgroups; g++) fprintf(e->out, "%s%d", g ? ", " : "", flags[g]);
+  fprintf(e->out, "%s};\n", e->m->npgroups ? "" : "0");
+}
+
 static void descriptor(const Emit *e) {
   const Model *m = e->m;
   FILE *c = e->out;
@@ -1186,6 +1194,11 @@ static void descriptor(const Emit *e) {
     for (int k = 0; k < f->children; k++) fprintf(c, "%s%d", k ? ", " : "", f->slot_type[k]);
     fprintf(c, "};\n");
   }
+  /* the parameter groups each backward stage adds to */
+  grad_flags(e, "pull_grads", e->pull_grads);
+  grad_flags(e, "push_grads", e->push_grads);
+  for (int i = 0; i < m->nvertex; i++)
+    for (int s = 0; s < 3; s++) grad_flags(e, arena_printf("grads_%d_%d", i, s), e->bwd_grads[3 * i + s]);
   fprintf(c, "static const cavs_vertex_desc vertex[] = {\n");
   for (int i = 0; i < m->nvertex; i++) {
     const IrFunc *f = m->vertex[i];
@@ -1201,7 +1214,7 @@ static void descriptor(const Emit *e) {
             named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
             f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i], ec ? ec->val.buf : -1);
     desc_lin(c, ec ? ec->val.off : lin_const(0));
-    fprintf(c, "},\n");
+    fprintf(c, ",\n   {grads_%d_0, grads_%d_1, grads_%d_2}},\n", i, i, i);
   }
   fprintf(c, "};\n");
   int nlosses = 0;
@@ -1265,6 +1278,7 @@ static void descriptor(const Emit *e) {
   fprintf(c, "  .push_fwd = %s, .push_bwd = %s,\n", m->push ? fname(e, m->push, "fwd") : "0",
           m->push ? fname(e, m->push, "bwd") : "0");
   fprintf(c, "  .nvalues = %d, .values = values,\n", nvalues);
+  fprintf(c, "  .pull_grads = pull_grads, .push_grads = push_grads,\n");
   fprintf(c, "};\n");
 }
 
@@ -1299,6 +1313,9 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
   size_t ng = (size_t)m->npgroups + 1;
   unsigned char *others = arena_alloc(ng), *eager = arena_alloc(ng * ((size_t)m->nvertex + 1));
   e.eager_apart = arena_alloc((size_t)m->nvertex + 1);
+  e.bwd_grads = arena_alloc(sizeof *e.bwd_grads * (3 * (size_t)m->nvertex + 1));
+  for (int t = 0; t < 3 * m->nvertex; t++) e.bwd_grads[t] = arena_alloc(ng);
+  e.pull_grads = arena_alloc(ng), e.push_grads = arena_alloc(ng);
   e.homes = arena_alloc((size_t)m->nvertex + 1);
   for (int t = 0; t < m->nvertex; t++) {
     cv_assert(m->vertex[t]->index == t);
@@ -1309,11 +1326,11 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
     const bool *z = zero_at_leaves(f);
     if (f->kind == F_PULL) {
       stage(&e, f, z, fname(&e, f, "fwd"), "pull block, forward: all rows", -1, false, false);
-      e.pg_marks = others;
+      e.pg_marks = others, e.pg_stage = e.pull_grads;
       stage(&e, f, z, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
     } else if (f->kind == F_PUSH) {
       stage(&e, f, z, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
-      e.pg_marks = others;
+      e.pg_marks = others, e.pg_stage = e.push_grads;
       stage(&e, f, z, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
     } else {
       const char *v = f->name;
@@ -1322,13 +1339,14 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
       stage(&e, f, z, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
       stage(&e, f, z, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
       stage(&e, f, z, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
-      e.pg_marks = others;
+      e.pg_marks = others, e.pg_stage = e.bwd_grads[3 * t];
       stage(&e, f, z, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
+      e.pg_stage = e.bwd_grads[3 * t + 1];
       stage(&e, f, z, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
-      e.pg_marks = eager + ng * (size_t)t;
+      e.pg_marks = eager + ng * (size_t)t, e.pg_stage = e.bwd_grads[3 * t + 2];
       stage(&e, f, z, fname(&e, f, "bwd_eager"), arena_printf("vertex %s, eager phase backward, then every parameter gradient of the type", v), CLS_EAGER, true, true);
     }
-    e.pg_marks = NULL;
+    e.pg_marks = NULL, e.pg_stage = NULL;
   }
   for (int t = 0; t < m->nvertex; t++) {
     e.eager_apart[t] = 1;

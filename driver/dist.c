@@ -16,6 +16,7 @@
 
 int dist_rank, dist_size = 1;
 DistStats dist_stats;
+bool dist_overlap = false;
 
 uint64_t dist_hash(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -75,6 +76,7 @@ void dist_sum_long(long *v, int n) { (void)v, (void)n; }
 void dist_sum_double(double *v, int n) { (void)v, (void)n; }
 void dist_same(uint64_t v, const char *what) { (void)v, (void)what; }
 void dist_die_all(int status, const char *what) { die(status, "%s", what); }
+void dist_backward_begin(cavs_model *m, size_t es, bool mine) { (void)m, (void)es, (void)mine; }
 int dist_reduce_grads(cavs_model *m, size_t es) {
   (void)m, (void)es;
   return 0;
@@ -103,6 +105,9 @@ static size_t cappack;
    at the bus's rate) of the model they were made for */
 static char *rows_mine, *rows_all;
 static size_t cap_mine, cap_all;
+/* ...and the buckets' (below) */
+static char *bpack;
+static size_t capb;
 static cavs_model *host_of;
 
 /* *p holding at least n bytes of m's host memory, kept from step to step */
@@ -135,12 +140,16 @@ static void check(int rc, const char *what) {
   die(1, "%s: %.*s", what, len, msg);
 }
 
+static void buckets_free(void);
+
 void dist_release(void) {
   if (host_of) {
     cavs_host_free(host_of, pack), cavs_host_free(host_of, rows_mine), cavs_host_free(host_of, rows_all);
+    cavs_host_free(host_of, bpack);
   }
-  pack = rows_mine = rows_all = NULL, cappack = cap_mine = cap_all = 0;
+  pack = rows_mine = rows_all = bpack = NULL, cappack = cap_mine = cap_all = capb = 0;
   host_of = NULL;
+  buckets_free();
 }
 
 void dist_start(void) {
@@ -327,6 +336,149 @@ static int move_dense(cavs_model *m, const Table *tab, int nt, char *flat, size_
   return 0;
 }
 
+/* ---- the dense gradients, summed while the backward pass goes on ----
+ *
+ * The dense parameter groups (not the lookup tables) fall into buckets by the part of
+ * the backward pass whose stages finish them: the push block's (the first to run),
+ * each vertex type's, the pull block's (the last), as the descriptor's flags say. A
+ * bucket's MPI_Iallreduce starts once libcavs has said that each of its groups is
+ * final (cavs_model_set_grad_hook: the group copied into the bucket's place in bpack)
+ * and every bucket before it has started: every rank starts them in that one order,
+ * whatever order its own part of the minibatch finishes them in (a rank whose part has
+ * no vertex of a type finishes that type's groups only at the pass's end). Between the
+ * pass's steps the hook calls MPI_Testall, which is what progresses Open MPI's
+ * non-blocking collectives; dist_reduce_grads waits for the rest. */
+typedef struct Bucket {
+  int n, have;   /* its groups, and those that have come this pass */
+  size_t count;  /* its scalars */
+  size_t at;     /* its place in bpack, in scalars */
+} Bucket;
+static Bucket *bucket;
+static int nbucket, next_bucket; /* (next_bucket: the first not started) */
+static MPI_Request *req;
+static int *bucket_of;          /* [group]: its bucket, -1 for a table */
+static size_t *group_at, *group_n; /* [group]: its place in bpack and its scalars */
+static char **group_grad;          /* [group]: its gradient, in the model's memory */
+static bool *came;
+static int ngroups;
+static size_t bes;
+static cavs_model *bmodel;
+static bool hooked;
+
+static void buckets_free(void) {
+  free(bucket), free(req), free(bucket_of), free(group_at), free(group_n), free(group_grad), free(came);
+  bucket = NULL, req = NULL, bucket_of = NULL, group_at = group_n = NULL, group_grad = NULL, came = NULL;
+  nbucket = ngroups = 0;
+  bmodel = NULL;
+}
+
+/* The part of the backward pass that finishes group g: 0 the push block, 1 + t vertex
+   type t, T + 1 the pull block (or nothing: the pass's end) */
+static int phase_of(const cavs_desc *d, int g) {
+  int T = d->nvertex, p = -1;
+  if (d->push_grads && d->push_grads[g]) p = 0;
+  for (int t = 0; t < T; t++)
+    for (int s = 0; s < 3; s++)
+      if (d->vertex[t].bwd_grads[s] && d->vertex[t].bwd_grads[s][g]) p = 1 + t;
+  if ((d->pull_grads && d->pull_grads[g]) || p < 0) p = T + 1;
+  return p;
+}
+
+static void buckets_make(cavs_model *m, size_t es) {
+  const cavs_desc *d = cavs_model_desc(m);
+  buckets_free();
+  bmodel = m, bes = es, ngroups = d->npgroups;
+  int np = d->nvertex + 2;
+  bucket_of = alloc(sizeof(int) * (size_t)(ngroups + 1));
+  group_at = alloc(sizeof(size_t) * (size_t)(ngroups + 1)), group_n = alloc(sizeof(size_t) * (size_t)(ngroups + 1));
+  group_grad = alloc(sizeof(char *) * (size_t)(ngroups + 1));
+  came = alloc(sizeof(bool) * (size_t)(ngroups + 1));
+  bucket = alloc(sizeof(Bucket) * (size_t)np), req = alloc(sizeof(MPI_Request) * (size_t)np);
+  /* each group's gradient: where its parameters' are, the one at its column 0 first */
+  for (int g = 0; g < ngroups; g++) group_grad[g] = NULL, group_n[g] = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    char *p = cavs_model_grad(m, i, &rows, &cols, &ld);
+    int g = d->params[i].group;
+    if (!group_grad[g] || p < group_grad[g]) group_grad[g] = p;
+    group_n[g] = (size_t)rows * (size_t)ld;
+  }
+  size_t at = 0;
+  for (int ph = 0; ph < np; ph++) {
+    Bucket b = {.at = at};
+    for (int g = 0; g < ngroups; g++) {
+      if (d->pgroups[g].sparse_input >= 0 || phase_of(d, g) != ph) continue;
+      bucket_of[g] = nbucket, group_at[g] = at, at += group_n[g];
+      b.n++, b.count += group_n[g];
+    }
+    if (b.n && b.count > (size_t)INT32_MAX) die(1, "a bucket of %zu gradients overflows one allreduce", b.count);
+    if (b.n) bucket[nbucket++] = b;
+  }
+  for (int g = 0; g < ngroups; g++)
+    if (d->pgroups[g].sparse_input >= 0) bucket_of[g] = -1;
+  host_grow(m, &bpack, &capb, at * es + 1);
+}
+
+/* the buckets whose groups have all come, in order, started */
+static void buckets_start(void) {
+  MPI_Datatype type = bes == 8 ? MPI_DOUBLE : MPI_FLOAT;
+  while (next_bucket < nbucket && bucket[next_bucket].have == bucket[next_bucket].n) {
+    Bucket *b = &bucket[next_bucket];
+    check(MPI_Iallreduce(MPI_IN_PLACE, bpack + b->at * bes, (int)b->count, type, MPI_SUM, MPI_COMM_WORLD,
+                         &req[next_bucket]),
+          "summing the gradients over the ranks");
+    dist_stats.bytes += (double)b->count * (double)bes;
+    next_bucket++;
+  }
+}
+
+/* group g's gradient into its bucket */
+static void group_in(int g) {
+  if (came[g] || bucket_of[g] < 0) return;
+  came[g] = true;
+  if (cavs_model_read(bmodel, bpack + group_at[g] * bes, group_grad[g], group_n[g] * bes))
+    die(1, "%s", cavs_model_error(bmodel));
+  bucket[bucket_of[g]].have++;
+}
+
+static void grad_hook(void *arg, int g, void *grad, size_t count) {
+  (void)arg, (void)grad, (void)count;
+  double t0 = now();
+  if (g >= 0 && g < ngroups) {
+    group_in(g);
+    buckets_start();
+  }
+  int done;
+  if (next_bucket > 0) check(MPI_Testall(next_bucket, req, &done, MPI_STATUSES_IGNORE), "summing the gradients over the ranks");
+  dist_stats.overlapped += now() - t0;
+  dist_stats.seconds += now() - t0;
+}
+
+void dist_backward_begin(cavs_model *m, size_t es, bool mine) {
+  hooked = false;
+  if (dist_size == 1 || !dist_overlap) return;
+  if (bmodel != m || bes != es) buckets_make(m, es);
+  for (int b = 0; b < nbucket; b++) bucket[b].have = 0, req[b] = MPI_REQUEST_NULL;
+  for (int g = 0; g < ngroups; g++) came[g] = false;
+  next_bucket = 0;
+  hooked = true;
+  /* a rank whose part counts for nothing (its gradients zeroed after the pass) sends its
+     groups at the end */
+  cavs_model_set_grad_hook(m, mine ? grad_hook : NULL, NULL);
+}
+
+/* the buckets' sums, every group having come (those the pass did not say, now) */
+static int buckets_finish(cavs_model *m) {
+  for (int g = 0; g < ngroups; g++) group_in(g);
+  buckets_start();
+  check(MPI_Waitall(nbucket, req, MPI_STATUSES_IGNORE), "summing the gradients over the ranks");
+  for (int g = 0; g < ngroups; g++)
+    if (bucket_of[g] >= 0 && cavs_model_write(m, group_grad[g], bpack + group_at[g] * bes, group_n[g] * bes)) return -1;
+  cavs_model_set_grad_hook(m, NULL, NULL);
+  hooked = false;
+  return 0;
+}
+
 int dist_reduce_grads(cavs_model *m, size_t es) {
   if (dist_size == 1) return 0;
   double t0 = now();
@@ -362,10 +514,25 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
     else dist_stats.sparse_tables++;
   }
   /* the dense part: every parameter's gradient but the tables sent as rows, in one
-     buffer and one allreduce */
-  host_grow(m, &pack, &cappack, nb);
-  size_t at;
-  if (move_dense(m, tab, nt, flat, nb, es, pack, true, &at)) return -1;
+     buffer and one allreduce; or, where the buckets took the dense groups during the
+     pass, the tables sent whole */
+  size_t at = 0;
+  bool buckets = hooked;
+  if (buckets) {
+    if (buckets_finish(m)) return -1;
+    for (int i = 0; i < nt; i++)
+      if (tab[i].dense) at += (size_t)tab[i].rows * (size_t)tab[i].ld * es;
+    host_grow(m, &pack, &cappack, at + 1);
+    at = 0;
+    for (int i = 0; i < nt; i++) {
+      size_t len = (size_t)tab[i].rows * (size_t)tab[i].ld * es;
+      if (tab[i].dense && cavs_model_read(m, pack + at, tab[i].base, len)) return -1;
+      at += tab[i].dense ? len : 0;
+    }
+  } else {
+    host_grow(m, &pack, &cappack, nb);
+    if (move_dense(m, tab, nt, flat, nb, es, pack, true, &at)) return -1;
+  }
   /* (in pieces an int counts) */
   for (size_t done = 0, step = ((size_t)1 << 30) * es; done < at; done += step) {
     size_t len = at - done < step ? at - done : step;
@@ -373,7 +540,15 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
           "summing the gradients over the ranks");
   }
   dist_stats.bytes += (double)at;
-  if (move_dense(m, tab, nt, flat, nb, es, pack, false, &at)) return -1;
+  if (buckets) {
+    at = 0;
+    for (int i = 0; i < nt; i++) {
+      size_t len = (size_t)tab[i].rows * (size_t)tab[i].ld * es;
+      if (tab[i].dense && cavs_model_write(m, tab[i].base, pack + at, len)) return -1;
+      at += tab[i].dense ? len : 0;
+    }
+  } else if (move_dense(m, tab, nt, flat, nb, es, pack, false, &at))
+    return -1;
   int rc = 0;
   for (int i = 0; i < nt; i++) {
     if (!rc && !tab[i].dense) rc = reduce_rows(m, &tab[i], es, type);

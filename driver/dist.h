@@ -56,12 +56,23 @@ void dist_part(const cavs_graph *const *gs, int k, int *lo, int *hi, long *befor
  * updates the union of the rows (cavs_model_touch_rows). es: the model's scalar size
  * (4 or 8). 0, or -1 with a message in cavs_model_error. */
 int dist_reduce_grads(cavs_model *m, size_t es);
+/* Before each backward pass: with dist_overlap (cavs train --grad-overlap; off by
+ * default: on one machine it has not been measured to hide anything), the dense groups' sums start while the pass runs,
+ * each bucket of them (the push block's, each vertex type's, the pull block's) as soon
+ * as the pass has finished it (cavs_model_set_grad_hook) and in one order on every
+ * rank; dist_reduce_grads then waits for them and does the tables as above. `mine`
+ * false: this rank's pass counts for nothing (its gradients are zeroed after it), so
+ * its groups go at the end. Nothing with one process. */
+void dist_backward_begin(cavs_model *m, size_t es, bool mine);
+extern bool dist_overlap;
 
 /* What the reductions of this run cost: seconds in them, and the bytes this rank put in
  * (its dense gradient buffer, its tables' row ids and rows; what the wire carries is
  * that times what MPI's algorithm makes of it, about 2 (N - 1) / N for an allreduce). */
 typedef struct DistStats {
   double seconds;
+  double overlapped; /* of seconds, those spent during backward passes (dist_backward_begin's
+                        buckets started, progressed); the rest the rank waited after them */
   double bytes;
   long dense_tables, sparse_tables; /* table reductions sent dense, and as rows */
 } DistStats;

@@ -195,6 +195,8 @@ typedef struct Totals {
   double lr;      /* training: the learning rate of the last minibatch */
   long launches;  /* training: the backend's launches (cavs_backend_stats) */
   double reduce_secs; /* training under mpirun: this rank's time summing gradients, */
+  double reduce_during; /* of it, the time spent during the backward passes (buckets
+                           started and progressed: dist_backward_begin), */
   long tables_rows, tables_dense; /* its lookup tables' reductions as rows, and whole, */
   double reduce_bytes;            /* and the bytes it put into them */
   double norm_sum, norm_max; /* training with --log: the steps' global gradient norms, */

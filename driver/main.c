@@ -14,6 +14,7 @@
  * compile cache (build.c, cache.c), then loaded. Exit status: 0 success, 1 user error,
  * 2 internal error or memory, 128 + the signal when SIGINT or SIGTERM stopped training. */
 #include "driver.h"
+#include "dist.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -223,6 +224,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
   case OPT_LOG: o->log = arg; break;
   case OPT_QUIET: o->quiet = 1; break;
   case OPT_STREAM: o->stream = true; break;
+  case OPT_GRAD_OVERLAP: dist_overlap = true; break;
   case OPT_JSON: a->eval.json = true; break;
   case OPT_BINARY: a->eval.binary = true; break;
   case OPT_ALL_NODES: a->all_nodes = true; break;

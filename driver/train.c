@@ -583,6 +583,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   }
   errno = 0;
   if (cavs_model_set_loss_counts(r->m, counts)) lib_die(cavs_model_error(r->m));
+  dist_backward_begin(r->m, es_of_model(), !none);
   cavs_model_backward(r->m);
   if (none) { /* its pass counted for nothing */
     size_t count;
@@ -774,6 +775,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   }
   t->secs = now() - start;
   t->reduce_secs = dist_stats.seconds - reduced.seconds;
+  t->reduce_during = dist_stats.overlapped - reduced.overlapped;
   t->tables_rows = dist_stats.sparse_tables - reduced.sparse_tables;
   t->tables_dense = dist_stats.dense_tables - reduced.dense_tables;
   t->reduce_bytes = dist_stats.bytes - reduced.bytes;
@@ -799,7 +801,9 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
   printf("  lr %.3g  %.1fs  %.0f graphs/s", t->lr, t->secs, (double)t->graphs / t->secs);
   /* on a GPU, what a minibatch costs in launches (the CPU's are calls: see libcavs(3)) */
   if (!strcmp(cavs_model_backend(r->m), "cuda")) printf("  %.0f launches/batch", (double)t->launches / (t->batches ? t->batches : 1));
-  if (dist_size > 1) printf("  %d ranks, %.2fs summing gradients", dist_size, t->reduce_secs);
+  if (dist_size > 1)
+    printf("  %d ranks, %.2fs summing gradients (%.2fs of it in the backward passes)", dist_size, t->reduce_secs,
+           t->reduce_during);
   /* a mixture of experts: its least and most loaded expert's share of the slots */
   for (int k = 0; k < t->routes; k++) {
     if (t->routes > 1) printf("  experts[%d]", k);
@@ -846,6 +850,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   if (dist_size > 1) {
     json_set(o, "ranks", json_integer(dist_size));
     json_set(o, "reduce_seconds", json_num(t->reduce_secs));
+    json_set(o, "reduce_seconds_in_backward", json_num(t->reduce_during));
     json_set(o, "tables_as_rows", json_integer(t->tables_rows));
     json_set(o, "tables_whole", json_integer(t->tables_dense));
     json_set(o, "reduce_bytes", json_num(t->reduce_bytes));

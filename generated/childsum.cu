@@ -833,10 +833,16 @@ static const cavs_buf_desc bufs[] = {
   {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
+static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 0};
+static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
    childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 1, -1, 0, 1, 12, {0, {0}}},
+   0, NULL, NULL, 1, -1, 0, 1, 12, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -927,4 +933,5 @@ const cavs_desc childsum_desc = {
   .pull_fwd = childsum_pull_fwd, .pull_bwd = childsum_pull_bwd,
   .push_fwd = childsum_push_fwd, .push_bwd = childsum_push_bwd,
   .nvalues = 12, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -1371,13 +1371,23 @@ static const cavs_gather_desc lattice_gru_chr_gathers[] = {
 };
 static const char *const lattice_gru_chr_slot_names[] = {"prev"};
 static const int lattice_gru_chr_slot_types[] = {1};
+static const unsigned char pull_grads[23] = {0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[23] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_2[23] = {0, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, lattice_gru_wrd_fwd_lazy,
    lattice_gru_wrd_bwd_lazy, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
-   0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
@@ -1491,4 +1501,5 @@ const cavs_desc lattice_gru_desc = {
   .pull_fwd = lattice_gru_pull_fwd, .pull_bwd = lattice_gru_pull_bwd,
   .push_fwd = lattice_gru_push_fwd, .push_bwd = lattice_gru_push_bwd,
   .nvalues = 20, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -1281,13 +1281,23 @@ static const cavs_gather_desc lattice_lstm_chr_gathers[] = {
 };
 static const char *const lattice_lstm_chr_slot_names[] = {"prev"};
 static const int lattice_lstm_chr_slot_types[] = {1};
+static const unsigned char pull_grads[22] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[22] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[22] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[22] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[22] = {1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[22] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[22] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_2[22] = {0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_lstm_wrd_fwd_eager, lattice_lstm_wrd_fwd_path, lattice_lstm_wrd_fwd_lazy,
    lattice_lstm_wrd_bwd_lazy, lattice_lstm_wrd_bwd_path, lattice_lstm_wrd_bwd_eager, 1, 1, lattice_lstm_wrd_gathers,
-   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}}},
+   0, lattice_lstm_wrd_slot_names, lattice_lstm_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
@@ -1416,4 +1426,5 @@ const cavs_desc lattice_lstm_desc = {
   .pull_fwd = lattice_lstm_pull_fwd, .pull_bwd = lattice_lstm_pull_bwd,
   .push_fwd = lattice_lstm_push_fwd, .push_bwd = lattice_lstm_push_bwd,
   .nvalues = 25, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

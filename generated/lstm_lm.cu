@@ -691,10 +691,16 @@ static const cavs_buf_desc bufs[] = {
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
   {0, 7, {0, {0}}, 1, 0},
 };
+static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
    lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -782,4 +788,5 @@ const cavs_desc lstm_lm_desc = {
   .pull_fwd = lstm_lm_pull_fwd, .pull_bwd = lstm_lm_pull_bwd,
   .push_fwd = lstm_lm_push_fwd, .push_bwd = lstm_lm_push_bwd,
   .nvalues = 13, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

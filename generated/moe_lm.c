@@ -909,10 +909,16 @@ static const cavs_buf_desc bufs[] = {
 static const cavs_gather_desc moe_lm_token_gathers[] = {
   {0, 8, {0, {0}}, 1, 0},
 };
+static const unsigned char pull_grads[17] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, moe_lm_token_fwd_lazy,
    moe_lm_token_bwd_lazy, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -1020,4 +1026,5 @@ const cavs_desc moe_lm_desc = {
   .pull_fwd = moe_lm_pull_fwd, .pull_bwd = moe_lm_pull_bwd,
   .push_fwd = moe_lm_push_fwd, .push_bwd = moe_lm_push_bwd,
   .nvalues = 14, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

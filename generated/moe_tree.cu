@@ -1113,10 +1113,16 @@ static const cavs_gather_desc moe_tree_tree_gathers[] = {
   {0, 7, {0, {0}}, 1, 0},
   {1, 7, {0, {0, 2}}, 1, 0},
 };
+static const unsigned char pull_grads[17] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, moe_tree_tree_fwd_eager, moe_tree_tree_fwd_path, moe_tree_tree_fwd_lazy,
    moe_tree_tree_bwd_lazy, moe_tree_tree_bwd_path, moe_tree_tree_bwd_eager, 1, 2, moe_tree_tree_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -1216,4 +1222,5 @@ const cavs_desc moe_tree_desc = {
   .pull_fwd = moe_tree_pull_fwd, .pull_bwd = moe_tree_pull_bwd,
   .push_fwd = moe_tree_push_fwd, .push_bwd = moe_tree_push_bwd,
   .nvalues = 17, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -580,13 +580,23 @@ static const cavs_gather_desc mvrnn_internal_gathers[] = {
   {0, 11, {0, {0}}, 0, 0},
   {1, 10, {0, {0}}, 0, 0},
 };
+static const unsigned char pull_grads[10] = {1, 1, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[10] = {0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[10] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[10] = {0, 0, 0, 0, 1, 1, 1, 0, 0};
+static const unsigned char grads_1_2[10] = {0, 0, 1, 1, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, mvrnn_leaf_fwd_eager, mvrnn_leaf_fwd_path, mvrnn_leaf_fwd_lazy,
    mvrnn_leaf_bwd_lazy, mvrnn_leaf_bwd_path, mvrnn_leaf_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 0, -1, -1, 0, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 0, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"internal", 2, 1, mvrnn_internal_fwd_eager, mvrnn_internal_fwd_path, mvrnn_internal_fwd_lazy,
    mvrnn_internal_bwd_lazy, mvrnn_internal_bwd_path, mvrnn_internal_bwd_eager, 1, 2, mvrnn_internal_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -674,4 +684,5 @@ const cavs_desc mvrnn_desc = {
   .pull_fwd = mvrnn_pull_fwd, .pull_bwd = mvrnn_pull_bwd,
   .push_fwd = mvrnn_push_fwd, .push_bwd = mvrnn_push_bwd,
   .nvalues = 12, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

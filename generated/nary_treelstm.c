@@ -645,10 +645,16 @@ static const cavs_gather_desc nary_treelstm_tree_gathers[] = {
   {0, 10, {0, {0}}, 0, 0},
   {1, 9, {0, {0}}, 0, 0},
 };
+static const unsigned char pull_grads[12] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[12] = {1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, nary_treelstm_tree_fwd_eager, nary_treelstm_tree_fwd_path, nary_treelstm_tree_fwd_lazy,
    nary_treelstm_tree_bwd_lazy, nary_treelstm_tree_bwd_path, nary_treelstm_tree_bwd_eager, 1, 2, nary_treelstm_tree_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -745,4 +751,5 @@ const cavs_desc nary_treelstm_desc = {
   .pull_fwd = nary_treelstm_pull_fwd, .pull_bwd = nary_treelstm_pull_bwd,
   .push_fwd = nary_treelstm_push_fwd, .push_bwd = nary_treelstm_push_bwd,
   .nvalues = 16, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

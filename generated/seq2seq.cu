@@ -1755,13 +1755,23 @@ static const cavs_gather_desc seq2seq_dec_gathers[] = {
 };
 static const char *const seq2seq_dec_slot_names[] = {"prev", "start"};
 static const int seq2seq_dec_slot_types[] = {1, 0};
+static const unsigned char pull_grads[23] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[23] = {1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_1_2[23] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
    seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
-   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}}},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
@@ -1912,4 +1922,5 @@ const cavs_desc seq2seq_desc = {
   .pull_fwd = seq2seq_pull_fwd, .pull_bwd = seq2seq_pull_bwd,
   .push_fwd = seq2seq_push_fwd, .push_bwd = seq2seq_push_bwd,
   .nvalues = 27, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -1409,16 +1409,30 @@ static const cavs_gather_desc tagger_tok_gathers[] = {
 };
 static const char *const tagger_tok_slot_names[] = {"f", "b"};
 static const int tagger_tok_slot_types[] = {0, 1};
+static const unsigned char pull_grads[20] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[20] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[20] = {1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_1_2[20] = {0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_2_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_2_1[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_2_2[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
    tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
-   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
    tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
-   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,
    tagger_tok_bwd_lazy, tagger_tok_bwd_path, tagger_tok_bwd_eager, 1, 2, tagger_tok_gathers,
-   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},
+   -1, tagger_tok_slot_names, tagger_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}},
+   {grads_2_0, grads_2_1, grads_2_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -1550,4 +1564,5 @@ const cavs_desc tagger_desc = {
   .pull_fwd = tagger_pull_fwd, .pull_bwd = tagger_pull_bwd,
   .push_fwd = tagger_push_fwd, .push_bwd = tagger_push_bwd,
   .nvalues = 25, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -2099,19 +2099,37 @@ static const cavs_gather_desc tagger_chars_tok_gathers[] = {
 };
 static const char *const tagger_chars_tok_slot_names[] = {"f", "b"};
 static const int tagger_chars_tok_slot_types[] = {1, 2};
+static const unsigned char pull_grads[29] = {0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[29] = {1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_2[29] = {0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_2_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_2_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_2_2[29] = {0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_3_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_3_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_3_2[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
    tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
-   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
    tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
-   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
   {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
    tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
-   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}}},
+   2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
+   {grads_2_0, grads_2_1, grads_2_2}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,
    tagger_chars_tok_bwd_lazy, tagger_chars_tok_bwd_path, tagger_chars_tok_bwd_eager, 1, 2, tagger_chars_tok_gathers,
-   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}}},
+   -1, tagger_chars_tok_slot_names, tagger_chars_tok_slot_types, 0, -1, -1, 0, -1, {0, {0}},
+   {grads_3_0, grads_3_1, grads_3_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
@@ -2270,4 +2288,5 @@ const cavs_desc tagger_chars_desc = {
   .pull_fwd = tagger_chars_pull_fwd, .pull_bwd = tagger_chars_pull_bwd,
   .push_fwd = tagger_chars_push_fwd, .push_bwd = tagger_chars_push_bwd,
   .nvalues = 36, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

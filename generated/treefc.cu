@@ -387,10 +387,16 @@ static const cavs_gather_desc treefc_tree_gathers[] = {
   {0, 4, {0, {0}}, 1, 0},
   {1, 4, {0, {1}}, 1, 0},
 };
+static const unsigned char pull_grads[6] = {1, 0, 0, 0, 0};
+static const unsigned char push_grads[6] = {0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[6] = {0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[6] = {0, 0, 1, 0, 0};
+static const unsigned char grads_0_2[6] = {0, 1, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
    treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -460,4 +466,5 @@ const cavs_desc treefc_desc = {
   .pull_fwd = treefc_pull_fwd, .pull_bwd = treefc_pull_bwd,
   .push_fwd = treefc_push_fwd, .push_bwd = treefc_push_bwd,
   .nvalues = 5, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -774,10 +774,16 @@ static const cavs_gather_desc treegru_tree_gathers[] = {
   {0, 5, {0, {0}}, 1, 0},
   {1, 5, {0, {0, 1}}, 1, 0},
 };
+static const unsigned char pull_grads[12] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0};
+static const unsigned char grads_0_2[12] = {1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
    treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -863,4 +869,5 @@ const cavs_desc treegru_desc = {
   .pull_fwd = treegru_pull_fwd, .pull_bwd = treegru_pull_bwd,
   .push_fwd = treegru_push_fwd, .push_bwd = treegru_push_bwd,
   .nvalues = 13, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

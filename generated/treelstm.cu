@@ -818,10 +818,16 @@ static const cavs_gather_desc treelstm_tree_gathers[] = {
   {0, 7, {0, {0}}, 1, 0},
   {1, 7, {0, {0, 2}}, 1, 0},
 };
+static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, treelstm_tree_fwd_lazy,
    treelstm_tree_bwd_lazy, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -913,4 +919,5 @@ const cavs_desc treelstm_desc = {
   .pull_fwd = treelstm_pull_fwd, .pull_bwd = treelstm_pull_bwd,
   .push_fwd = treelstm_push_fwd, .push_bwd = treelstm_push_bwd,
   .nvalues = 16, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

@@ -867,13 +867,23 @@ static const cavs_gather_desc twotype_internal_gathers[] = {
   {0, 10, {0, {0}}, 0, 0},
   {1, 9, {0, {0}}, 0, 0},
 };
+static const unsigned char pull_grads[14] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char push_grads[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+static const unsigned char grads_0_0[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_1[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_0_2[14] = {1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_0[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const unsigned char grads_1_1[14] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0};
+static const unsigned char grads_1_2[14] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,
    twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_0_0, grads_0_1, grads_0_2}},
   {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, twotype_internal_fwd_lazy,
    twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
-   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}}},
+   0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
+   {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
@@ -975,4 +985,5 @@ const cavs_desc twotype_desc = {
   .pull_fwd = twotype_pull_fwd, .pull_bwd = twotype_pull_bwd,
   .push_fwd = twotype_push_fwd, .push_bwd = twotype_push_bwd,
   .nvalues = 18, .values = values,
+  .pull_grads = pull_grads, .push_grads = push_grads,
 };

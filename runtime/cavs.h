@@ -247,6 +247,18 @@ int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
  * (a mask is keyed by the seed, the step and the vertex's number). 0 (the default): the
  * pass is the whole. 0, or -1 with a message for a number below 0 or past 2^53. */
 int cavs_model_set_vertex_offset(cavs_model *m, long first);
+/* Data parallelism, overlapped: `hook` is called by every cavs_model_backward from now
+ * on as each parameter group's gradient becomes final (once a group a pass: `count`
+ * scalars at `grad`, group `group` of cavs_desc.pgroups, read with cavs_model_read), so
+ * that its reduction over the processes may start while the pass goes on; and with
+ * group -1 (grad NULL) between the pass's steps, for a little work of the caller's
+ * (MPI_Test, which is what progresses a non-blocking collective). On the cpu backend a
+ * group is final after the last of the pass's stages that adds to it has run
+ * (cavs_desc's bwd_grads, pull_grads, push_grads); on a backend that runs the pass
+ * asynchronously (cuda), every group once the pass is issued. A group nothing adds to
+ * in a pass (zero) comes at its end. NULL: no hook (the default). */
+typedef void (*cavs_grad_hook)(void *arg, int group, void *grad, size_t count);
+void cavs_model_set_grad_hook(cavs_model *m, cavs_grad_hook hook, void *arg);
 /* Carried state: stateful truncated backpropagation through time, for a language model
  * over a stream cut into chunks (one chain a chunk). On (on != 0), every forward pass
  * keeps, for each of its graphs g, the state the graph's last vertex scattered, and in

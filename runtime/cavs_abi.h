@@ -40,8 +40,10 @@ extern "C" {
  * 10: cavs_desc.noptions and .options (`option NAME = P;`), cavs_ctx.opt: a dropout
  *    whose probability names an option reads c->opt[k].
  * 11: a mixture of experts: CAVS_INIT_XAVIER_ROWS, cavs_slots, cavs_topk_*, cavs_sbcast_*, cavs_emm_*, cavs_erow_*,
- *    cavs_scomb_*. */
-#define CAVS_ABI_VERSION 11
+ *    cavs_scomb_*.
+ * 12: cavs_vertex_desc.bwd_grads, cavs_desc.pull_grads and .push_grads: the parameter
+ *    groups each backward stage adds to (a gradient is final after its last writer). */
+#define CAVS_ABI_VERSION 12
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -306,6 +308,9 @@ typedef struct cavs_vertex_desc {
      none) */
   int edge_buf;
   cavs_lin edge_off;
+  /* per backward stage (bwd_lazy, bwd_path, bwd_eager), a flag a parameter group
+     (cavs_desc.npgroups of them): 1 where the stage adds to the group's gradient */
+  const unsigned char *bwd_grads[3];
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };
@@ -348,6 +353,8 @@ typedef struct cavs_desc {
   cavs_stage pull_fwd, pull_bwd, push_fwd, push_bwd;
   int nvalues;
   const cavs_value_desc *values;
+  /* the same flags for the pull and push blocks' backward stages */
+  const unsigned char *pull_grads, *push_grads;
 } cavs_desc;
 
 /* ---- what a stage sees ---- */

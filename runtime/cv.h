@@ -169,6 +169,11 @@ struct cavs_model {
                     backend keeps packed parameters for the pass) */
   int order;
   int plan_pass; /* 0: the plan is a forward pass, 1: a backward one */
+  /* cavs_model_set_grad_hook's: called as each group's gradient becomes final in a
+     backward pass; grad_last[g], the plan step after which it is (-1: the pass's end) */
+  cavs_grad_hook grad_hook;
+  void *grad_arg;
+  int *grad_last;
   /* scheduling scratch, grown only */
   int capv;
   long capedges;

@@ -899,19 +899,69 @@ static int advance(cavs_model *m, int s, int *at, bool *recorded, int until) {
   return 0;
 }
 
+/* The parameter groups stage op o adds to (cavs_desc's flags), or NULL */
+static const unsigned char *grads_of(const cavs_desc *d, const cv_op *o) {
+  if (o->kind != CV_STAGE) return NULL;
+  if (o->f == d->push_bwd) return d->push_grads;
+  if (o->f == d->pull_bwd) return d->pull_grads;
+  if (o->type < 0 || o->type >= d->nvertex) return NULL;
+  const cavs_vertex_desc *v = &d->vertex[o->type];
+  return o->f == v->bwd_lazy ? v->bwd_grads[0] : o->f == v->bwd_path ? v->bwd_grads[1]
+       : o->f == v->bwd_eager ? v->bwd_grads[2] : NULL;
+}
+
+/* A backward plan's last step that adds to each group (grad_last; -1: none, or a
+   backend whose steps run after they are issued, or run out of the order issued: the
+   pass's end) */
+static int grads_final_at(cavs_model *m) {
+  const cavs_desc *d = m->d;
+  if (!m->grad_last && !(m->grad_last = malloc(sizeof(int) * ((size_t)d->npgroups + 1))))
+    return cv_fail_mem(m, "out of memory for the gradient hook");
+  for (int g = 0; g < d->npgroups; g++) m->grad_last[g] = -1;
+  if (m->be->stream || m->order != CV_ISSUED) return 0;
+  for (int i = 0; i < m->nplan; i++) {
+    const unsigned char *w = grads_of(d, &m->plan[i]);
+    for (int g = 0; w && g < d->npgroups; g++)
+      if (w[g]) m->grad_last[g] = i;
+  }
+  return 0;
+}
+
+static void grad_final(cavs_model *m, int g) {
+  m->grad_hook(m->grad_arg, g, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g]);
+}
+
+void cavs_model_set_grad_hook(cavs_model *m, cavs_grad_hook hook, void *arg) {
+  if (m) m->grad_hook = hook, m->grad_arg = arg;
+}
+
 int cavs_run_plan(cavs_model *m) {
   const cv_backend *be = m->be;
+  bool hook = m->grad_hook && m->plan_pass == 1;
+  if (hook && grads_final_at(m)) return -1;
   if (m->order == CV_ISSUED || be->stream) {
     if (be->pass_begin && be->pass_begin(m, m->plan_pass)) return -1;
-    for (int i = 0; i < m->nplan; i++) step_of(m, &m->plan[i]);
-    return be->pass_end ? be->pass_end(m, m->plan_pass) : 0;
+    for (int i = 0; i < m->nplan; i++) {
+      step_of(m, &m->plan[i]);
+      for (int g = 0; hook && g < m->d->npgroups; g++)
+        if (m->grad_last[g] == i) grad_final(m, g);
+      if (hook) m->grad_hook(m->grad_arg, -1, NULL, 0);
+    }
+    int rc = be->pass_end ? be->pass_end(m, m->plan_pass) : 0;
+    for (int g = 0; hook && g < m->d->npgroups; g++)
+      if (m->grad_last[g] < 0) grad_final(m, g);
+    return rc;
   }
   /* one stream first, as far as the events let it; the other only until the event it
      waits for, then the first again */
   bool recorded[CV_EVENTS] = {0};
   int at[2] = {0, 0}, p = m->order == CV_MAIN_FIRST ? 0 : 1;
   for (;;) {
-    if (!advance(m, p, at, recorded, -1)) return advance(m, !p, at, recorded, -1) ? cv_fail(m, "the plan deadlocks") : 0;
+    if (!advance(m, p, at, recorded, -1)) {
+      if (advance(m, !p, at, recorded, -1)) return cv_fail(m, "the plan deadlocks");
+      for (int g = 0; hook && g < m->d->npgroups; g++) grad_final(m, g); /* (grad_last: all -1) */
+      return 0;
+    }
     int want = m->plan[at[p]].arg;
     if (advance(m, !p, at, recorded, want) || !recorded[want]) return cv_fail(m, "the plan deadlocks");
   }

@@ -437,7 +437,7 @@ void cavs_model_free(cavs_model *m) {
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->nkids); free(m->kid_off); free(m->kids); free(m->tcount);
   free(m->eoff); free(m->eparent); free(m->echild); free(m->rkey); free(m->rm_buf);
   cv_routes_free(m);
-  free(m->plan);
+  free(m->plan); free(m->grad_last);
   free(m->level); free(m->row_of); free(m->pcount); free(m->padj); free(m->queue); free(m->vtype);
   free(m->count);
   for (int g = 0; g < d->npgroups; g++) {

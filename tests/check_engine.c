@@ -264,6 +264,99 @@ END_TEST
 START_TEST(parts_sum_to_the_whole_two_losses) { parts_sum_to_whole(two_losses); }
 END_TEST
 
+/* ---- the gradient hook (data parallelism's overlap) ---- */
+
+typedef struct HookSeen {
+  const double *flat;
+  size_t nflat;
+  int ngroups, ticks, calls;
+  int *at;         /* [group]: the tick it came at (-1: not yet) */
+  double **snap;   /* [group]: its gradient then */
+  const double **where;
+  size_t *count;
+} HookSeen;
+
+static void seen_hook(void *arg, int g, void *grad, size_t count) {
+  HookSeen *h = arg;
+  h->calls++;
+  if (g < 0) {
+    ck_assert(grad == NULL && count == 0);
+    h->ticks++;
+    return;
+  }
+  ck_assert_msg(g < h->ngroups && h->at[g] < 0, "group %d came twice in one pass", g);
+  h->at[g] = h->ticks;
+  const double *p = grad;
+  ck_assert_msg(p >= h->flat && p + count <= h->flat + h->nflat, "group %d's gradient outside the model's", g);
+  h->snap[g] = malloc(sizeof(double) * (count + 1));
+  memcpy(h->snap[g], grad, sizeof(double) * count);
+  h->where[g] = p, h->count[g] = count;
+}
+
+/* cavs_model_set_grad_hook: every parameter group comes once a backward pass, and its
+ * gradient then is its gradient once the pass is over (nothing adds to it after its
+ * last writer, as the descriptor's flags say); a tick between every two steps; the
+ * groups that the first backward stages finish (the push block's products in a model
+ * whose push block has parameters) come before the pass's last step. Two passes (the
+ * second from gradients the first step left), one and two threads. */
+START_TEST(grad_hook_says_final) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  for (int threads = 1; threads <= 2; threads++) {
+    char err[512];
+    cavs_model *m = cavs_model_new_opts(d, dims, &(cavs_model_opts){.backend = "cpu", .threads = threads}, err, sizeof err);
+    ck_assert_msg(m != NULL, "%s", err);
+    cavs_model_init(m, 3);
+    HookSeen h = {.ngroups = d->npgroups};
+    h.flat = cavs_model_grads_flat(m, &h.nflat);
+    h.at = malloc(sizeof(int) * ((size_t)d->npgroups + 1));
+    h.snap = calloc((size_t)d->npgroups + 1, sizeof *h.snap);
+    h.where = calloc((size_t)d->npgroups + 1, sizeof *h.where);
+    h.count = calloc((size_t)d->npgroups + 1, sizeof *h.count);
+    cavs_model_set_grad_hook(m, seen_hook, &h);
+    for (int pass = 0; pass < 2; pass++) {
+      h.ticks = h.calls = 0;
+      for (int i = 0; i < d->npgroups; i++) h.at[i] = -1;
+      ck_assert_msg(cavs_model_forward(m, gs, k, NULL) == 0, "%s", cavs_model_error(m));
+      ck_assert_int_eq(h.calls, 0); /* (not in a forward pass) */
+      cavs_model_backward(m);
+      ck_assert(h.ticks > 2);
+      bool early = false, push_params = false;
+      size_t total = 0;
+      for (int i = 0; i < d->npgroups; i++) {
+        ck_assert_msg(h.at[i] >= 0, "%s: group %d never came", file, i);
+        size_t n = h.count[i];
+        const double *now = h.where[i];
+        total += n;
+        for (size_t j = 0; j < n; j++)
+          ck_assert_msg(now[j] == h.snap[i][j], "%s: group %d's gradient changed after it came (element %zu: %g, then %g)",
+                        file, i, j, h.snap[i][j], now[j]);
+        free(h.snap[i]);
+        h.snap[i] = NULL;
+        early = early || h.at[i] < h.ticks - 1;
+        push_params = push_params || (d->push_grads[i] && d->pgroups[i].sparse_input < 0);
+      }
+      if (push_params) ck_assert_msg(early, "%s: every group came at the pass's end", file);
+      ck_assert_msg(total <= h.nflat, "%s: the groups hold %zu of the %zu gradients", file, total, h.nflat);
+      cavs_optim o = {.kind = CAVS_SGD, .lr = 0.1};
+      ck_assert_msg(cavs_model_step(m, &o) == 0, "%s", cavs_model_error(m));
+    }
+    cavs_model_set_grad_hook(m, NULL, NULL);
+    ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+    int calls = h.calls;
+    cavs_model_backward(m);
+    ck_assert_int_eq(h.calls, calls);
+    free(h.at), free(h.snap), free(h.where), free(h.count);
+    cavs_model_free(m);
+  }
+}
+END_TEST
+
 /* Sums part b's gradients into part a's and the reverse, after each has added the other's
    table rows to its own (with `touch`), as an allreduce would leave them */
 static void exchange(const cavs_desc *d, cavs_model *a, cavs_model *b, bool touch) {
@@ -1846,6 +1939,7 @@ int main(void) {
   tcase_add_loop_test(tc, parts_sum_to_the_whole, 0, NEXAMPLES);
   tcase_add_test(tc, parts_sum_to_the_whole_two_losses);
   tcase_add_test(tc, parts_step_as_the_whole);
+  tcase_add_loop_test(tc, grad_hook_says_final, 0, NEXAMPLES);
   tcase_add_loop_test(tc, ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_loop_test(tc, policies_equal_serial, 0, NEXAMPLES);
   tcase_add_test(tc, policies_equal_serial_mixed_types);

@@ -35,6 +35,16 @@ static RunResult mpi_env(const char *np, const char *first, ...) {
   return tu_run(NULL, argv, 300);
 }
 #define MPI2(...) mpi_env("2", cavs_bin, __VA_ARGS__, NULL)
+/* the same, the words after the program in an array */
+static RunResult mpi_argv(const char *np, const char *bin, const char *const *args) {
+  char *argv[80];
+  int n = 0;
+  argv[n++] = (char *)mpirun, argv[n++] = "-np", argv[n++] = (char *)np, argv[n++] = "--oversubscribe";
+  argv[n++] = (char *)bin;
+  for (int i = 0; args[i] && n < 79; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  return tu_run(NULL, argv, 300);
+}
 
 /* A parameter file as `cavs export` writes it (safetensors: a little-endian u64 header
    length, a JSON header naming each tensor's dtype and byte range, the bytes): the
@@ -240,6 +250,64 @@ START_TEST(lstm_lm_table_as_rows) {
   w = differ("lmv");
   ck_assert_msg(w < 1e-9, "--bptt-vary: %g", w);
   same_dev("lmv", 1e-12);
+}
+END_TEST
+
+/* --grad-overlap: the dense gradients summed in buckets started during the backward
+ * pass (MPI_Iallreduce, progressed between its steps) give the bits of the sums after
+ * it, two ranks' sums being the same however started: the language model (its softmax's
+ * bucket finished first, its table as rows), the Tree-LSTM with dropout and a dev set,
+ * and with a rank whose part of the last minibatch is empty (its groups sent at the
+ * end); and the log says time went to the sums inside the backward passes. */
+static void overlap_same(const char *name, const char *const *args) {
+  char plain[4400], over[4400], plog[4500], olog[4500];
+  snprintf(plain, sizeof plain, "%s/%s.plain", dir, name), snprintf(over, sizeof over, "%s/%s.over", dir, name);
+  snprintf(plog, sizeof plog, "%s.log", plain), snprintf(olog, sizeof olog, "%s.log", over);
+  const char *argv[40];
+  for (int pass = 0; pass < 2; pass++) {
+    int n = 0;
+    argv[n++] = "train";
+    for (int i = 0; args[i]; i++) argv[n++] = args[i];
+    argv[n++] = "--threads", argv[n++] = "1", argv[n++] = "--quiet", argv[n++] = "--save", argv[n++] = pass ? over : plain;
+    argv[n++] = "--log", argv[n++] = pass ? olog : plog;
+    if (pass) argv[n++] = "--grad-overlap";
+    argv[n] = NULL;
+    RunResult r = mpi_argv("2", cavs_bin, argv);
+    ok(&r, name);
+    tu_free(&r);
+  }
+  size_t na = 0, nb = 1;
+  char *a = tu_slurp(plain, &na), *b = tu_slurp(over, &nb);
+  ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "%s: --grad-overlap trained otherwise than without", name);
+  free(a), free(b);
+  ck_assert_msg(last_log_num(olog, "reduce_seconds_in_backward", false) > 0, "%s: no time in the backward passes", name);
+  ck_assert_msg(last_log_num(plog, "reduce_seconds_in_backward", false) == 0, "%s: time in the backward passes", name);
+}
+
+START_TEST(overlap_sums_as_after) {
+  gen("toy", "120", "5", "ovtoy.txt", NULL);
+  gen("toy", "33", "6", "ovtoy33.txt", NULL);
+  char *text = malloc(1 << 16);
+  size_t n = 0;
+  uint64_t s = 3;
+  for (int line = 0; line < 120; line++) {
+    for (int w = 0; w < 4 + line % 7; w++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      n += (size_t)snprintf(text + n, 64, "%sw%u", w ? " " : "", (unsigned)(s >> 33) % 500);
+    }
+    text[n++] = '\n';
+  }
+  tu_write(path_in("ovlm.txt"), text, n);
+  free(text);
+  overlap_same("ovlm", (const char *const[]){model("lstm_lm.vf"), "--format", "text", "--train", path_in("ovlm.txt"), "--dim",
+                                             "E=8", "--dim", "H=8", "--batch", "16", "--epochs", "1", "--precision", "double",
+                                             NULL});
+  overlap_same("ovtree", (const char *const[]){model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("ovtoy.txt"),
+                                               "--dev", path_in("ovtoy33.txt"), "--dim", "E=12", "--dim", "H=16", "--batch",
+                                               "32", "--epochs", "2", "--precision", "double", "--dropout", "0.3", NULL});
+  overlap_same("ovtree33", (const char *const[]){model("treelstm.vf"), "--format", "ptb-tree", "--train",
+                                                 path_in("ovtoy33.txt"), "--dim", "E=12", "--dim", "H=16", "--batch", "32",
+                                                 "--epochs", "2", "--precision", "double", NULL});
 }
 END_TEST
 
@@ -600,6 +668,7 @@ int main(void) {
   if (mpirun && *mpirun) {
     tcase_add_test(tc, treelstm_equals_one_process);
     tcase_add_test(tc, lstm_lm_table_as_rows);
+    tcase_add_test(tc, overlap_sums_as_after);
     tcase_add_test(tc, tagger_and_seq2seq_equal_one_process);
     tcase_add_test(tc, checkpoints_cross_the_number_of_ranks);
     tcase_add_test(tc, cuda_ranks_on_the_emulator);

@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -53,7 +53,8 @@ class VertexDesc(ctypes.Structure):
         [(s, c_void_p) for s in ("fwd_eager", "fwd_path", "fwd_lazy", "bwd_lazy", "bwd_path", "bwd_eager")] + \
         [("eager_apart", c_int), ("ngathers", c_int), ("gathers", c_void_p), ("state", c_int),
          ("slot_names", ctypes.POINTER(c_char_p)), ("slot_types", ctypes.POINTER(c_int)), ("edges", c_int),
-         ("edge_type", c_int), ("edge_state", c_int), ("homes", c_int), ("edge_buf", c_int), ("edge_off", Lin)]
+         ("edge_type", c_int), ("edge_state", c_int), ("homes", c_int), ("edge_buf", c_int), ("edge_off", Lin),
+         ("bwd_grads", c_void_p * 3)]
 
 
 class LossDesc(ctypes.Structure):
@@ -76,7 +77,8 @@ class Desc(ctypes.Structure):
                 ("state_buf", c_int), ("push_buf", c_int), ("nvertex", c_int), ("vertex", ctypes.POINTER(VertexDesc)),
                 ("nlosses", c_int), ("losses", ctypes.POINTER(LossDesc)),
                 ("pull_fwd", c_void_p), ("pull_bwd", c_void_p), ("push_fwd", c_void_p), ("push_bwd", c_void_p),
-                ("nvalues", c_int), ("values", ctypes.POINTER(ValueDesc))]
+                ("nvalues", c_int), ("values", ctypes.POINTER(ValueDesc)),
+                ("pull_grads", c_void_p), ("push_grads", c_void_p)]
 
 
 DIM_FIXED, DIM_VOCAB, DIM_FREE, DIM_PRODUCT = range(4)
