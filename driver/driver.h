@@ -179,6 +179,22 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
                         int grow);
 cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
                          int grow);
+/* Data an evaluation reads: loaded whole (set), or streamed (st: --stream, each
+   minibatch read back from the file); one of the two */
+typedef struct Data {
+  cavs_dataset *set;
+  cavs_stream *st;
+} Data;
+/* loaded, or with stream streamed (dies with the loader's message) */
+Data open_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v, bool stream);
+void close_data(Data *s);
+int data_count(const Data *s);
+long data_vertices(const Data *s);
+int data_graph_vertices(const Data *s, int i);
+long data_max_feature(const Data *s, int slot);
+/* graphs which[0..k) into gs: the set's, or read back from the stream into a data set
+   returned for the caller to free (cavs_dataset_free) once it is done with them */
+cavs_dataset *data_batch(Data *s, const int *which, int k, const cavs_graph **gs);
 
 /* What a pass over data adds up to: the classification counts (softmax_xent losses) and
  * every loss on its own, so that a regression loss never enters an accuracy and a model
@@ -221,12 +237,12 @@ long model_lin(const cavs_model *m, cavs_lin l);
 /* A forward pass over the whole dataset, `batch` graphs at a time; with carry, as
    `batch` streams whose state is carried (stream_order; the model is left carrying,
    from zeros). */
-void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t);
+void evaluate(cavs_model *m, Data *s, int batch, bool carry, Totals *t);
 /* The minibatches' order evaluate reads n graphs in (stream_order's when carried, else
    as they are), allocated; and evaluate over n graphs in a given order, `batch` a
    minibatch (a part of every minibatch, under mpirun). */
 int *eval_order(int n, int batch, bool carry);
-void evaluate_order(cavs_model *m, const cavs_dataset *s, const int *order, int n, int batch, bool carry, Totals *t);
+void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, Totals *t);
 /* Carrying turned on (carry, and a model that can: cavs_model_carry_state; dies for one
    that cannot under --bptt-state carry), from zeros: whether it is. */
 bool carry_on(cavs_model *m, bool carry);
@@ -237,6 +253,7 @@ struct GreedyOpts;
 /* eval (predict false): json for --json, binary for --binary */
 typedef struct EvalOpts {
   bool json, binary;
+  bool stream; /* --stream: the data read a minibatch at a time */
 } EvalOpts;
 /* A checkpoint and a model made from it (its own source, or --model) holding its
  * parameters (cavs_ckpt_apply_weights), with its vocabulary: eval, predict, export. */

@@ -33,6 +33,38 @@ cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *
   return st;
 }
 
+Data open_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v, bool stream) {
+  Data s = {0};
+  if (stream) s.st = stream_data(path, format, d, dims, v, 0);
+  else s.set = load_data(path, format, d, dims, v, 0);
+  return s;
+}
+void close_data(Data *s) {
+  cavs_dataset_free(s->set);
+  cavs_stream_close(s->st);
+  s->set = NULL, s->st = NULL;
+}
+int data_count(const Data *s) { return s->st ? cavs_stream_count(s->st) : cavs_dataset_count(s->set); }
+long data_vertices(const Data *s) { return s->st ? cavs_stream_vertices(s->st) : cavs_dataset_vertices(s->set); }
+int data_graph_vertices(const Data *s, int i) {
+  return s->st ? cavs_stream_graph_vertices(s->st, i) : cavs_dataset_graph(s->set, i)->n;
+}
+long data_max_feature(const Data *s, int slot) {
+  return s->st ? cavs_stream_max_feature(s->st, slot) : cavs_dataset_max_feature(s->set, slot);
+}
+cavs_dataset *data_batch(Data *s, const int *which, int k, const cavs_graph **gs) {
+  if (!s->st) {
+    for (int i = 0; i < k; i++) gs[i] = cavs_dataset_graph(s->set, which[i]);
+    return NULL;
+  }
+  char err[1024];
+  errno = 0;
+  cavs_dataset *part = cavs_stream_read(s->st, which, k, err, sizeof err);
+  if (!part) die(errno == ENOMEM ? 2 : 1, "%s", err);
+  for (int i = 0; i < k; i++) gs[i] = cavs_dataset_graph(part, i);
+  return part;
+}
+
 /* A width or range of the descriptor in a model's dims. */
 long model_lin(const cavs_model *m, cavs_lin l) {
   const cavs_desc *d = cavs_model_desc(m);
@@ -119,7 +151,7 @@ bool carry_on(cavs_model *m, bool carry) {
   return carry;
 }
 
-void evaluate_order(cavs_model *m, const cavs_dataset *s, const int *order, int n, int batch, bool carry, Totals *t) {
+void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, Totals *t) {
   Scores *scores = t->scores;
   memset(t, 0, sizeof *t);
   t->scores = scores;
@@ -129,12 +161,13 @@ void evaluate_order(cavs_model *m, const cavs_dataset *s, const int *order, int 
   cavs_model_set_inference(m, 1); /* no backward pass follows these */
   for (int b = 0; b < n; b += batch) {
     cavs_stats st;
-    int k = 0;
-    for (; k < batch && b + k < n; k++) gs[k] = cavs_dataset_graph(s, order[b + k]);
+    int k = b + batch <= n ? batch : n - b;
+    cavs_dataset *part = data_batch(s, order + b, k, gs);
     errno = 0;
     if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
     add_batch(t, m, &st, k);
     if (t->scores) scores_add(t->scores, m, gs, k);
+    cavs_dataset_free(part);
   }
   cavs_model_set_inference(m, 0);
   if (carry) cavs_model_reset_state(m);
@@ -149,10 +182,10 @@ int *eval_order(int n, int batch, bool carry) {
   return order;
 }
 
-void evaluate(cavs_model *m, const cavs_dataset *s, int batch, bool carry, Totals *t) {
+void evaluate(cavs_model *m, Data *s, int batch, bool carry, Totals *t) {
   /* carried: the data as `batch` streams, each from zeros, its state carried from chunk
      to chunk (what training left is forgotten before, and what this leaves after) */
-  int n = cavs_dataset_count(s), *order = eval_order(n, batch, carry);
+  int n = data_count(s), *order = eval_order(n, batch, carry);
   evaluate_order(m, s, order, n, batch, carry, t);
   free(order);
 }
@@ -233,7 +266,7 @@ static void print_eval_text(const Report *r, const char *format) {
 }
 
 /* cavs eval: one pass over the data, counted by class where the model classifies */
-static void run_eval(const CkptModel *c, const cavs_dataset *s, int batch, const char *format, const EvalOpts *eo) {
+static void run_eval(const CkptModel *c, Data *s, int batch, const char *format, const EvalOpts *eo) {
   Report r = {.d = c->L.desc, .xent = -1};
   const cavs_desc *d = r.d;
   int in = first_xent_input(d);
@@ -332,17 +365,18 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   if (!format) format = cavs_ckpt_state(c.ck)->format;
   long dims[CAVS_MAX_DIMS] = {0};
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
-  cavs_dataset *s = load_data(data, format, c.L.desc, dims, c.v, 0);
+  if (eo->stream && predict) die(1, "--stream: for train and eval (predict reads its data whole)");
+  Data s = open_data(data, format, c.L.desc, dims, c.v, eo->stream);
   /* a prediction's standard output is its data, and so is a JSON evaluation's */
   say_device(predict || eo->json ? stderr : stdout, c.m);
   if (greedy) {
-    greedy_decode(c.m, s, batch, greedy);
+    greedy_decode(c.m, s.set, batch, greedy);
   } else if (!predict) {
-    run_eval(&c, s, batch, format, eo);
+    run_eval(&c, &s, batch, format, eo);
   } else {
-    run_predict(c.m, s, batch, all_nodes, vectors, probs, value);
+    run_predict(c.m, s.set, batch, all_nodes, vectors, probs, value);
   }
-  cavs_dataset_free(s);
+  close_data(&s);
   return 0;
 }
 

@@ -275,6 +275,7 @@ static int run_command(int cmd, int argc, char **argv) {
   if ((a.stop_set || a.greedy.max_steps) && !a.greedy.input) die(1, "predict: --stop and --max-steps go with --greedy");
   if (a.greedy.input && (a.vectors || a.probs || a.value || a.all_nodes))
     die(1, "predict: --greedy prints the decoded words; it takes no --vectors, --probs, --value or --all-nodes");
+  a.eval.stream = o->stream;
   return cmd_eval(a.positional, a.model, a.data, a.format, o->batch, cmd == CMD_PREDICT, a.all_nodes, &a.eval,
                   a.vectors, a.probs, a.value, a.greedy.input ? &a.greedy : NULL);
 }

@@ -78,7 +78,8 @@ typedef struct Run {
   const cavs_desc *d;
   cavs_ckpt *ck; /* the checkpoint resumed from, or NULL */
   cavs_vocab *v;
-  cavs_dataset *tr, *dev;
+  cavs_dataset *tr;
+  Data devdata, *dev; /* the --dev data (loaded, or with --stream streamed), or NULL */
   /* --stream: the training file indexed, not loaded (tr NULL); the graphs of the step
      under way read from it into `part`, the minibatch's sizes in `sizes` until then */
   cavs_stream *st;
@@ -248,7 +249,7 @@ static void vocab_dims(Run *r, long *dims) {
     if (!strcmp(r->o->format, "cgf")) {
       int slot = d->inputs[d->dims[j].input].slot;
       long mx = r->st ? cavs_stream_max_feature(r->st, slot) : cavs_dataset_max_feature(r->tr, slot);
-      if (r->dev && cavs_dataset_max_feature(r->dev, slot) > mx) mx = cavs_dataset_max_feature(r->dev, slot);
+      if (r->dev && data_max_feature(r->dev, slot) > mx) mx = data_max_feature(r->dev, slot);
       dims[j] = mx + 1 > 1 ? mx + 1 : 1;
     }
   }
@@ -874,7 +875,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
  * training, so that a carried state keeps its place) and the sums are added up, so that
  * every rank holds the whole's, and decides .best, the plateau and --patience alike. */
 static void evaluate_dev(Run *r, Totals *dv) {
-  int n = cavs_dataset_count(r->dev), B = r->o->batch;
+  int n = data_count(r->dev), B = r->o->batch;
   if (dist_size == 1) {
     evaluate(r->m, r->dev, B, r->carry, dv);
     return;
@@ -964,8 +965,7 @@ static void check_ranks(Run *r) {
   dist_same(h, "their command lines (mpirun must start the same cavs train on every rank)");
   const char *src = r->L.source ? r->L.source : r->d->name;
   dist_same(dist_hash(dist_hash(0, NULL, 0), src, strlen(src)), "the model's source");
-  long sizes[4] = {r->n, train_vertices(r), r->dev ? cavs_dataset_count(r->dev) : 0,
-                   r->dev ? cavs_dataset_vertices(r->dev) : 0};
+  long sizes[4] = {r->n, train_vertices(r), r->dev ? data_count(r->dev) : 0, r->dev ? data_vertices(r->dev) : 0};
   dist_same(dist_hash(dist_hash(0, NULL, 0), sizes, sizeof sizes), "their data (another --train or --dev file)");
   same_params(r, 0);
 }
@@ -994,7 +994,8 @@ int cmd_train(TrainOpts *o) {
   else r.v = keep(cavs_vocab_new());
   if (o->stream) r.st = stream_train(&r, dims);
   else r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
-  r.dev = o->dev ? load_data(o->dev, o->format, r.d, dims, r.v, 0) : NULL;
+  /* (with --stream the dev file too: each rank reads it through and indexes it) */
+  if (o->dev) r.devdata = open_data(o->dev, o->format, r.d, dims, r.v, o->stream), r.dev = &r.devdata;
   if (!r.ck) vocab_dims(&r, dims);
   if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
   r.n = r.st ? cavs_stream_count(r.st) : cavs_dataset_count(r.tr);
@@ -1056,7 +1057,7 @@ int cmd_train(TrainOpts *o) {
   cavs_dataset_free(r.part);
   cavs_stream_close(r.st);
   free(r.sizes);
-  cavs_dataset_free(r.dev);
+  if (r.dev) close_data(r.dev);
   cavs_vocab_free(r.v);
   cavs_ckpt_free(r.ck);
   dist_end();

@@ -1884,6 +1884,30 @@ START_TEST(stream_trains_as_loaded) {
   ck_assert_msg(r.status == 1 && strstr(r.err, "data format text-bptt cannot be streamed"), "%d %s", r.status,
                 tu_tail(r.err, 1800));
   tu_free(&r);
+  /* (the runs above streamed --dev too: their .best, the dev set's choice, is the loaded
+     run's) eval --stream: the loaded evaluation's report, the counts by class included,
+     in text and in JSON, but for its speed; predict refuses it */
+  for (int json = 0; json < 2; json++) {
+    RunResult a = cavs("eval", path_in("ld.ckpt"), "--data", path_in("dev.txt"), json ? "--json" : NULL, NULL);
+    RunResult b = cavs("eval", path_in("ld.ckpt"), "--data", path_in("dev.txt"), "--stream", json ? "--json" : NULL, NULL);
+    ok(&a, "eval"), ok(&b, "eval --stream");
+    char *pa = json ? strstr(a.out, "\"graphs_per_s\"") : strstr(a.out, " graphs/s"),
+         *pb = json ? strstr(b.out, "\"graphs_per_s\"") : strstr(b.out, " graphs/s");
+    ck_assert(pa && pb);
+    /* the report up to the speed (the number before it cut off too), and after it */
+    char *sa = pa, *sb = pb;
+    while (sa > a.out && sa[-1] != ' ' && sa[-1] != ',') sa--;
+    while (sb > b.out && sb[-1] != ' ' && sb[-1] != ',') sb--;
+    ck_assert_msg(sa - a.out == sb - b.out && !memcmp(a.out, b.out, (size_t)(sa - a.out)),
+                  "eval --stream reports otherwise:\n%s\n%s", a.out, b.out);
+    ck_assert_msg(!strcmp(strchr(pa, '\n') ? strchr(pa, '\n') : "", strchr(pb, '\n') ? strchr(pb, '\n') : ""),
+                  "eval --stream: its counts differ:\n%s\n%s", a.out, b.out);
+    ck_assert(json || strstr(a.out, "accuracy"));
+    tu_free(&a), tu_free(&b);
+  }
+  r = cavs("predict", path_in("ld.ckpt"), "--data", path_in("dev.txt"), "--stream", NULL);
+  ck_assert_msg(r.status != 0 && strstr(r.err, "--stream"), "%d %s", r.status, tu_tail(r.err, 600));
+  tu_free(&r);
 }
 END_TEST
 
