@@ -829,9 +829,9 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     if (!bwd)
       fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, ab, P(a, false), P(b, false), P(n, false));
     else
-      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %s, %s, r0, n);\n", rk, ab,
+      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, r0, n);\n", rk, ab,
               P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",
-              emit_ld(e, &a->val), GP(b), emit_ld(e, &b->val));
+              emit_ld(e, &a->val), a->grad_set, GP(b), emit_ld(e, &b->val));
     return;
   }
   case OP_SCOMB:
@@ -839,9 +839,9 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
       fprintf(e->out, "  cavs_scomb_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, X, P(a, false), P(b, false),
               P(n, false), emit_lin(m, n->width));
     else
-      fprintf(e->out, "  cavs_scomb_bwd(c, %s, %s, %s, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s, %s, r0, n);\n",
+      fprintf(e->out, "  cavs_scomb_bwd(c, %s, %s, %s, %s, %s, %s, %s, %s,\n                 %s, %s, %d, %s, %s, %s, r0, n);\n",
               rk, X, P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",
-              emit_ld(e, &a->val), GP(b), emit_ld(e, &b->val), emit_lin(m, n->width));
+              emit_ld(e, &a->val), a->grad_set, GP(b), emit_ld(e, &b->val), emit_lin(m, n->width));
     return;
   default: unreachable();
   }

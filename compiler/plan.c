@@ -381,7 +381,10 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
  * backward loop alone, which covers every row of the type; a buffer whose every
  * gradient is such, side by side over its whole width, is written whole before it is
  * read. In the Tree-LSTM that is half of the gradient bytes (the gates' pre-activations):
- * no memset, and a store instead of a load and a store. */
+ * no memset, and a store instead of a load and a store. The same for an expert's
+ * product and row of a table (emm, erow: values of their own, per slot), whose group's
+ * loop covers every slot of the stage's rows (in a mixture of two-layer experts, four
+ * of its seven slot buffers). */
 static void plan_grad_set(Model *m) {
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
@@ -389,7 +392,9 @@ static void plan_grad_set(Model *m) {
     IrFunc *f = fs[k];
     for (int i = 0; i < f->n; i++) {
       IrNode *x = &f->nodes[i];
-      if (x->op != OP_MATMUL || !x->grad || x->val.kind != PL_ROW || x->uses == 0) continue;
+      if ((x->op != OP_MATMUL && x->op != OP_EMM && x->op != OP_EROW) || !x->grad || x->val.kind != PL_ROW ||
+          x->uses == 0)
+        continue;
       int group = -2, uses = 0;
       for (int j = i + 1; j < f->n; j++)
         for (int a = 0; a < f->nodes[j].nargs; a++) {
@@ -402,6 +407,21 @@ static void plan_grad_set(Model *m) {
       x->grad_set = uses == x->uses && group >= 0 && lin_eq(f->groups[group].width, x->width);
     }
   }
+  /* a slot value read only as the left operand of an expert's product (emm) or as the
+     values a row's slots combine (scomb): its gradient is that op's backward alone,
+     which writes every slot of the routings it runs over (cavs_emm_bwd with beta 0,
+     cavs_scomb_bwd setting them: moe.c) */
+  for (int k = 0; k < nf; k++) {
+    IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      IrNode *x = &f->nodes[i];
+      if (!x->grad || !x->slot || x->val.kind != PL_ROW || x->uses != 1) continue;
+      for (int j = i + 1; j < f->n; j++) {
+        const IrNode *u = &f->nodes[j];
+        if ((u->op == OP_EMM || u->op == OP_SCOMB) && u->args[0] == i && u->args[1] != i) x->grad_set = true;
+      }
+    }
+  }
   /* per buffer: the widths of its set gradients; any other gradient there spoils it */
   Lin *set = arena_alloc(sizeof(Lin) * (size_t)(m->nbufs + 1));
   bool *other = arena_alloc(sizeof(bool) * (size_t)(m->nbufs + 1));
@@ -410,7 +430,8 @@ static void plan_grad_set(Model *m) {
     for (int i = 0; i < f->n; i++) {
       const IrNode *x = &f->nodes[i];
       if (!x->grad || x->dval.kind != PL_ROW) continue;
-      if (x->grad_set) set[x->dval.buf] = lin_add(set[x->dval.buf], x->width);
+      /* (a slot value's buffer holds a row's K slots side by side) */
+      if (x->grad_set) set[x->dval.buf] = lin_add(set[x->dval.buf], x->slot ? lin_scale(x->width, f->route_k) : x->width);
       else other[x->dval.buf] = true;
     }
   }

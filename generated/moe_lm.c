@@ -711,8 +711,8 @@ static void moe_lm_push_bwd_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g16 = g16_in[j];
-      d13[j] += g16;
-      d15[j] += g16;
+      d13[j] = g16;  /* this loop alone writes it */
+      d15[j] = g16;  /* this loop alone writes it */
     }
   }
 }
@@ -741,8 +741,8 @@ static void moe_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
       R g10 = 0;
       R g11 = g11_in[j];
       g10 += (v10 > 0 ? g11 : 0);
-      d7[j] += g10;
-      d9[j] += g10;
+      d7[j] = g10;  /* this loop alone writes it */
+      d9[j] = g10;  /* this loop alone writes it */
     }
   }
 }
@@ -772,7 +772,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, 0);
   /* moe_lm.vf:64  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, G[18] + (size_t)(0) * D_H, D_H,
-                 G[19] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+                 G[19] + (size_t)(0) * D_H, D_H, 1, G[26] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -787,7 +787,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[21] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
+               G[21] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -802,7 +802,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[24] + (size_t)(0) * D_F, D_F, G[25] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
+               G[24] + (size_t)(0) * D_F, D_F, G[25] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
   /* moe_lm.vf:63  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */
@@ -896,13 +896,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t20", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t18", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t16", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t15", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t13", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t7", {0, {0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t6", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_t16", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t13", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t7", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_t6", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
 };

@@ -454,8 +454,8 @@ static void moe_tree_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long 
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g66 = g66_in[j];
-      d63[j] += g66;
-      d65[j] += g66;
+      d63[j] = g66;  /* this loop alone writes it */
+      d65[j] = g66;  /* this loop alone writes it */
     }
   }
 }
@@ -485,8 +485,8 @@ static void moe_tree_tree_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
       R g60 = 0;
       R g61 = g61_in[j];
       g60 += (v60 > 0 ? g61 : 0);
-      d57[j] += g60;
-      d59[j] += g60;
+      d57[j] = g60;  /* this loop alone writes it */
+      d59[j] = g60;  /* this loop alone writes it */
     }
   }
 }
@@ -735,7 +735,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, moe_tree_tree_bwd_path_g4, r0, n, D_H, 0);
   /* moe_tree.vf:48  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, G[8] + (size_t)(0) * D_H, D_H,
-                 G[9] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+                 G[9] + (size_t)(0) * D_H, D_H, 1, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -750,7 +750,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
+               G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -765,7 +765,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
+               G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
   /* moe_tree.vf:47  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */
@@ -997,13 +997,13 @@ static const cavs_buf_desc bufs[] = {
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t66", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t65", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t63", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t56", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t66", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t65", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t63", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t56", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t52", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_h", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},

@@ -478,8 +478,8 @@ static __global__ void moe_tree_tree_bwd_path_g3(int n, long D_E, long D_H, long
   R *__restrict__ d65 = d65_r0 + (size_t)i * D_H;
   const R *__restrict__ g66_in = g66_in_r0 + (size_t)i * D_H;
   R g66 = g66_in[j];
-  d63[j] += g66;
-  d65[j] += g66;
+  d63[j] = g66;  /* this loop alone writes it */
+  d65[j] = g66;  /* this loop alone writes it */
 }
 
 /* moe_tree_tree_bwd_path, group g2 backward: a thread per row and column of [n, F] */
@@ -500,8 +500,8 @@ static __global__ void moe_tree_tree_bwd_path_g2(int n, long D_E, long D_H, long
   R g60 = 0;
   R g61 = g61_in[j];
   g60 += (v60 > 0 ? g61 : 0);
-  d57[j] += g60;
-  d59[j] += g60;
+  d57[j] = g60;  /* this loop alone writes it */
+  d59[j] = g60;  /* this loop alone writes it */
 }
 
 /* moe_tree_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -751,7 +751,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   }
   /* moe_tree.vf:48  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, G[8] + (size_t)(0) * D_H, D_H,
-                 G[9] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+                 G[9] + (size_t)(0) * D_H, D_H, 1, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -775,7 +775,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, PG[11], D_FH, r0, n);
+               G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -801,7 +801,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, PG[10], D_HF, r0, n);
+               G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
   /* moe_tree.vf:47  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */
@@ -1087,13 +1087,13 @@ static const cavs_buf_desc bufs[] = {
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t66", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t65", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t63", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
-  {"tree_t56", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
+  {"tree_t66", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t65", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t63", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
+  {"tree_t56", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t52", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_h", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},

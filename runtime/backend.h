@@ -186,8 +186,10 @@ typedef struct cv_moe_ops {
                int n, bool bwd);
   void (*scomb_fwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
                     void *y, long ldy, long w, int r0, int n);
+  /* (dv_set: dv's slots of the rows set, not added to) */
   void (*scomb_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
-                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n);
+                    const void *dy, long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w, int r0,
+                    int n);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
 

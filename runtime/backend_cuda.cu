@@ -1449,13 +1449,14 @@ __global__ void scomb_fwd_k(const R *v, long ldv, const R *wt, long ldw, R *y, l
 /* backward: a thread a slot's cell (dv), a thread a slot (dw: its value's dot product
    with the row's gradient, in column order) */
 template <typename R>
-__global__ void scomb_dv_k(const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv, long w, const int *rslot,
-                           const int *sexp, int K, int r0, int n) {
+__global__ void scomb_dv_k(const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv, bool set, long w,
+                           const int *rslot, const int *sexp, int K, int r0, int n) {
   long q, j;
   if (!cell(0, (long)K * n, w, &q, &j)) return;
   long r = r0 + q / K;
   int s = rslot[(long)K * r0 + q];
-  dv[(long)s * lddv + j] += wt[r * ldw + sexp[s]] * dy[r * lddy + j];
+  R g = wt[r * ldw + sexp[s]] * dy[r * lddy + j];
+  dv[(long)s * lddv + j] = set ? g : dv[(long)s * lddv + j] + g;
 }
 template <typename R>
 __global__ void scomb_dw_k(const R *v, long ldv, const R *dy, long lddy, R *dw, long lddw, long w, const int *rslot,
@@ -1505,11 +1506,12 @@ static void scomb_fwd_as(cavs_ctx *c, int id, int K, const void *v, long ldv, co
 }
 template <typename R>
 static void scomb_bwd_as(cavs_ctx *c, int id, int K, const void *v, long ldv, const void *wt, long ldw, const void *dy,
-                         long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
+                         long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w, int r0, int n) {
   Dev *d = dev(model(c));
   if (dv && w > 0) {
     CAVS_CUDA_LAUNCH(scomb_dv_k<R>, blocks((long)K * n * w), on(c))((const R *)wt, ldw, (const R *)dy, lddy, (R *)dv, lddv,
-                                                                   w, d->route[id].rslot, d->route[id].sexp, K, r0, n);
+                                                                   dv_set, w, d->route[id].rslot, d->route[id].sexp, K,
+                                                                   r0, n);
     CKL(model(c));
   }
   if (dw) {
@@ -1537,9 +1539,10 @@ static void cuda_scomb_fwd(cavs_ctx *c, const cv_route *rt, int K, const void *v
   else scomb_fwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, y, ldy, w, r0, n);
 }
 static void cuda_scomb_bwd(cavs_ctx *c, const cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
-                           const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
-  if (dbl(c)) scomb_bwd_as<double>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
-  else scomb_bwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+                           const void *dy, long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w,
+                           int r0, int n) {
+  if (dbl(c)) scomb_bwd_as<double>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv_set, dw, lddw, w, r0, n);
+  else scomb_bwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv_set, dw, lddw, w, r0, n);
 }
 
 static const cv_moe_ops cuda_moe = {

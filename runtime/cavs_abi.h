@@ -42,7 +42,8 @@ extern "C" {
  * 11: a mixture of experts: CAVS_INIT_XAVIER_ROWS, cavs_slots, cavs_topk_*, cavs_sbcast_*, cavs_emm_*, cavs_erow_*,
  *    cavs_scomb_*.
  * 12: cavs_vertex_desc.bwd_grads, cavs_desc.pull_grads and .push_grads: the parameter
- *    groups each backward stage adds to (a gradient is final after its last writer). */
+ *    groups each backward stage adds to (a gradient is final after its last writer);
+ *    cavs_emm_bwd's dx_set and cavs_scomb_bwd's dv_set (a slot gradient set whole). */
 #define CAVS_ABI_VERSION 12
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
@@ -503,9 +504,12 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
  *   its value in cavs_stats.aux_loss, its gradient added to dg;
  * sbcast: x[r] to each of r's slots (backward: the slots' gradients added to dx[r]);
  * emm: y[s] = x[s] times slot s's expert's matrix [a, b], row e of the table t (one
- *   product per expert over its slots; backward dx and dt, NULL where none);
+ *   product per expert over its slots; backward dx and dt, NULL where none; dx_set:
+ *   dx is set, not added to, at every slot of the routings the rows were in);
  * erow: y[s] = row e of table t (backward: added to dt's row e);
- * scomb: y[r] = the sum over r's slots s of w[r, expert of s] v[s] (backward dv, dw). */
+ * scomb: y[r] = the sum over r's slots s of w[r, expert of s] v[s] (backward dv, dw;
+ *   dv_set: dv set, not added to, at every slot of the routings the rows were in, zero
+ *   at the slots of their rows outside r0 .. r0 + n - 1). */
 /* The slots of rows [r0, r0 + n), [*s0, *s0 + *sn): K r0 .. K (r0 + n) - 1, or in a
  * backward pass over part of the rows a routing grouped, all of that routing's. */
 void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn);
@@ -519,14 +523,15 @@ void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const v
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
                   void *y, long ldy, int r0, int n);
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, void *dt, long lddt, int r0, int n);
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, int r0, int n);
 void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n);
 void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
                    int n);
 void cavs_scomb_fwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *w, long ldw, void *y,
                     long ldy, long width, int r0, int n);
 void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *w, long ldw,
-                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long width, int r0, int n);
+                    const void *dy, long lddy, void *dv, long lddv, int dv_set, void *dw, long lddw, long width, int r0,
+                    int n);
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
 /* dstate[child k of row r] += src[r] for r in [r0, r0+n). */
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);

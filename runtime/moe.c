@@ -120,7 +120,8 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
     }                                                                                                                \
   }                                                                                                                  \
   static void scomb_bwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw,          \
-                            const R *dy, long lddy, R *dv, long lddv, R *dw, long lddw, long w, int r0, int n) {     \
+                            const R *dy, long lddy, R *dv, long lddv, bool set, R *dw, long lddw, long w, int r0,    \
+                            int n) {                                                                                 \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
       const R *dyr = dy + (size_t)r * (size_t)lddy, *wr = wt + (size_t)r * (size_t)ldw;                              \
       const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
@@ -129,7 +130,10 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
         const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                               \
         if (dv) {                                                                                                    \
           R *dvr = dv + (size_t)sl[k] * (size_t)lddv, a = wr[ex];                                                    \
-          for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                         \
+          if (set)                                                                                                   \
+            for (long j = 0; j < w; j++) dvr[j] = a * dyr[j];                                                        \
+          else                                                                                                       \
+            for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                       \
         }                                                                                                            \
         if (dw) {                                                                                                    \
           R dot = 0;                                                                                                 \
@@ -192,9 +196,9 @@ static void cpu_scomb_fwd(cavs_ctx *c, const struct cv_route *rt, int K, const v
   MOE_CALL(c, scomb_fwd, rt, K, v, ldv, wt, ldw, y, ldy, w, r0, n);
 }
 static void cpu_scomb_bwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt,
-                          long ldw, const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0,
-                          int n) {
-  MOE_CALL(c, scomb_bwd, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+                          long ldw, const void *dy, long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw,
+                          long w, int r0, int n) {
+  MOE_CALL(c, scomb_bwd, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv_set, dw, lddw, w, r0, n);
 }
 
 const cv_moe_ops cv_moe_cpu = {
@@ -280,12 +284,32 @@ void cavs_scomb_fwd(cavs_ctx *c, int route, int K, long X, const void *v, long l
   const struct cv_route *rt = moe_route(c, route, &o);
   if (rt && n > 0) o->scomb_fwd(c, rt, K, v, ldv, wt, ldw, y, ldy, w, r0, n);
 }
+/* Slots [s0, s1) of dv zero (w values a slot, ld apart) */
+static void zero_slots(cavs_ctx *c, void *dv, long lddv, long w, long s0, long s1) {
+  cavs_model *m = c->model;
+  if (s1 <= s0 || w <= 0) return;
+  size_t es = m->esize;
+  if (lddv == w) m->be->zero(m, (char *)dv + (size_t)s0 * (size_t)w * es, (size_t)(s1 - s0) * (size_t)w * es);
+  else
+    for (long s = s0; s < s1; s++) m->be->zero(m, (char *)dv + (size_t)s * (size_t)lddv * es, (size_t)w * es);
+}
+
 void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long ldv, const void *wt, long ldw,
-                    const void *dy, long lddy, void *dv, long lddv, void *dw, long lddw, long w, int r0, int n) {
+                    const void *dy, long lddy, void *dv, long lddv, int dv_set, void *dw, long lddw, long w, int r0,
+                    int n) {
   (void)X;
   const cv_moe_ops *o;
   const struct cv_route *rt = moe_route(c, route, &o);
-  if (rt && n > 0 && (dv || dw)) o->scomb_bwd(c, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dw, lddw, w, r0, n);
+  if (!rt || n <= 0 || !(dv || dw)) return;
+  if (dv && dv_set) {
+    /* the slots of the routings' rows outside r0 .. r0 + n - 1 (a push block's backward
+       over the labeled rows only): their gradient is zero, and nothing else writes it */
+    long s0, sn;
+    cv_slot_range(rt, K, r0, n, &s0, &sn);
+    zero_slots(c, dv, lddv, w, s0, (long)K * r0);
+    zero_slots(c, dv, lddv, w, (long)K * (r0 + n), s0 + sn);
+  }
+  o->scomb_bwd(c, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv && dv_set, dw, lddw, w, r0, n);
 }
 
 static const char *at(const cavs_ctx *c, const void *p, long row, long ld) {
@@ -310,7 +334,7 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
 }
 
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, void *dt, long lddt, int r0, int n) {
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
@@ -319,11 +343,12 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     int ex = rt->sexp[s];
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
-    /* dx += dy W_e^T; dW_e += x^T dy, over the expert's slots */
+    /* dx += dy W_e^T (dx = with dx_set: every slot of the range is one expert's); dW_e +=
+       x^T dy, over the expert's slots */
     c->model->route[route].products += (dx != NULL) + (dt != NULL);
     if (dx)
       cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, at(c, dy, s, lddy), lddy, at(c, t, ex, ldt), B,
-                1, (void *)at(c, dx, s, lddx), lddx);
+                dx_set ? 0 : 1, (void *)at(c, dx, s, lddx), lddx);
     if (dt)
       cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, at(c, x, s, ldx), ldx, at(c, dy, s, lddy),
                 lddy, 1, (void *)at(c, dt, ex, lddt), B);
