@@ -1447,7 +1447,7 @@ __global__ void scomb_fwd_k(const R *v, long ldv, const R *wt, long ldw, R *y, l
   y[r * ldy + j] = a;
 }
 /* backward: a thread a slot's cell (dv), a thread a slot (dw: its value's dot product
-   with the row's gradient, in column order) */
+   with the row's gradient, moe.h's) */
 template <typename R>
 __global__ void scomb_dv_k(const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv, bool set, long w,
                            const int *rslot, const int *sexp, int K, int r0, int n) {
@@ -1465,9 +1465,7 @@ __global__ void scomb_dw_k(const R *v, long ldv, const R *dy, long lddy, R *dw, 
   if (!cell(0, (long)K * n, 1, &q, &j)) return;
   long r = r0 + q / K;
   int s = rslot[(long)K * r0 + q];
-  R dot = 0;
-  for (long i = 0; i < w; i++) dot += dy[r * lddy + i] * v[(long)s * ldv + i];
-  dw[r * lddw + sexp[s]] += dot;
+  dw[r * lddw + sexp[s]] += cv_slot_dot(dy + r * lddy, v + (long)s * ldv, w);
 }
 
 template <typename R>

@@ -8,6 +8,28 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+/* libcavs is built for its architecture's baseline (configure.ac): a CPU kernel that
+ * computes over every parameter or every row is CV_HOT, compiled also for AVX2 and
+ * AVX-512, the version the processor can run chosen once when the library loads (GCC's
+ * target_clones): kernels.h's, moe.c's. */
+#ifndef CV_HOT
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#define CV_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CV_HOT
+#endif
+#endif
+/* A helper of CV_HOT kernels: inlined into each clone, so that it is compiled for the
+   clone's instruction set (called, it would run the baseline's, SSE2 in a language
+   model's softmax, where it was a fifth of the epoch). */
+#ifndef CV_INLINE
+#if defined(__GNUC__)
+#define CV_INLINE static inline __attribute__((always_inline))
+#else
+#define CV_INLINE static inline
+#endif
+#endif
+
 /* One step of a pass as the scheduler issues it (scheduler.c): a stage over rows, a
  * clear, or (with two streams) a switch of stream, an event recorded or waited for. */
 enum cv_op_kind { CV_STAGE, CV_ZERO, CV_STREAM, CV_RECORD, CV_WAIT };

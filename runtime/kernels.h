@@ -3,28 +3,10 @@
  * kernels run over rows [r0, r0 + n) of the minibatch. The per-element formulas every
  * backend shares (optimizer updates, loss gradients) are arith.h's.
  *
- * libcavs is built for its architecture's baseline (configure.ac): the kernels that
- * compute over every parameter or every row (the optimizer step, the losses, the
- * finiteness check, the gathers, lookups and row copies and their backward sums) are
- * CV_HOT, compiled also for AVX2 and AVX-512, the version the processor can run chosen
- * once when the library loads (GCC's target_clones). */
-#ifndef CV_HOT
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CV_HOT __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CV_HOT
-#endif
-#endif
-/* A helper of CV_HOT kernels: inlined into each clone, so that it is compiled for the
-   clone's instruction set (called, it would run the baseline's, SSE2 in a language
-   model's softmax, where it was a fifth of the epoch). */
-#ifndef CV_INLINE
-#if defined(__GNUC__)
-#define CV_INLINE static inline __attribute__((always_inline))
-#else
-#define CV_INLINE static inline
-#endif
-#endif
+ * The kernels that compute over every parameter or every row (the optimizer step, the
+ * losses, the finiteness check, the gathers, lookups and row copies and their backward
+ * sums) are CV_HOT (cv.h). */
+#include "cv.h"
 
 /* A child at home in this slot (hkey, plan_homes) stored itself there: nothing to copy
    forward, nothing to add back (its loops read the gradient there) */

@@ -80,7 +80,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
 /* ---- the CPU's kernels, in each precision ---- */
 
 #define MOE_KERNELS(R, S)                                                                                              \
-  static void sbcast_##S(const struct cv_route *rt, int K, R *x, long ldx, R *s, long lds, long w, int r0, int n,   \
+  CV_HOT static void sbcast_##S(const struct cv_route *rt, int K, R *x, long ldx, R *s, long lds, long w, int r0, int n,   \
                          bool bwd) {                                                                                 \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
       R *xr = x + (size_t)r * (size_t)ldx;                                                                           \
@@ -93,7 +93,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
       }                                                                                                              \
     }                                                                                                                \
   }                                                                                                                  \
-  static void erow_##S(const struct cv_route *rt, int K, R *t, long ldt, R *y, long ldy, long w, int r0, int n,     \
+  CV_HOT static void erow_##S(const struct cv_route *rt, int K, R *t, long ldt, R *y, long ldy, long w, int r0, int n,     \
                        bool bwd) {                                                                                   \
     long s0, sn;                                                                                                     \
     cv_slot_range(rt, K, r0, n, &s0, &sn);                                                                           \
@@ -105,7 +105,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
         memcpy(yr, tr, sizeof(R) * (size_t)w);                                                                       \
     }                                                                                                                \
   }                                                                                                                  \
-  static void scomb_fwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw, R *y,    \
+  CV_HOT static void scomb_fwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw, R *y,    \
                             long ldy, long w, int r0, int n) {                                                       \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
       R *yr = y + (size_t)r * (size_t)ldy;                                                                           \
@@ -119,7 +119,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
       }                                                                                                              \
     }                                                                                                                \
   }                                                                                                                  \
-  static void scomb_bwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw,          \
+  CV_HOT static void scomb_bwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw,          \
                             const R *dy, long lddy, R *dv, long lddv, bool set, R *dw, long lddw, long w, int r0,    \
                             int n) {                                                                                 \
     for (int r = r0; r < r0 + n; r++) {                                                                              \
@@ -135,11 +135,7 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
           else                                                                                                       \
             for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                       \
         }                                                                                                            \
-        if (dw) {                                                                                                    \
-          R dot = 0;                                                                                                 \
-          for (long j = 0; j < w; j++) dot += dyr[j] * vr[j];                                                        \
-          dw[(size_t)r * (size_t)lddw + (size_t)ex] += dot;                                                          \
-        }                                                                                                            \
+        if (dw) dw[(size_t)r * (size_t)lddw + (size_t)ex] += cv_slot_dot_##S(dyr, vr, w);                          \
       }                                                                                                              \
     }                                                                                                                \
   }

@@ -42,6 +42,29 @@ static inline void cv_balance_shares(const struct cv_route *rt, int K, long X, d
   for (long j = 0; j < X; j++) f[j] = (double)rt->pcnt[j] / ((double)K * rt->aux_rows);
 }
 
+/* The dot product of two rows of w values (a slot's value and its row's gradient:
+ * scomb's gradient of the kept weight): eight partial sums, each in column order, added
+ * in one fixed order, so that a CPU's vector lanes compute it and a GPU thread gets the
+ * same bits. */
+#define CV_SLOT_DOT(R, S)                                                                                              \
+  static inline CAVS_HD R cv_slot_dot_##S(const R *a, const R *b, long w) {                                          \
+    R p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;                                                 \
+    long j = 0;                                                                                                      \
+    for (; j + 8 <= w; j += 8) {                                                                                     \
+      p0 += a[j] * b[j], p1 += a[j + 1] * b[j + 1], p2 += a[j + 2] * b[j + 2], p3 += a[j + 3] * b[j + 3];            \
+      p4 += a[j + 4] * b[j + 4], p5 += a[j + 5] * b[j + 5], p6 += a[j + 6] * b[j + 6], p7 += a[j + 7] * b[j + 7];    \
+    }                                                                                                                \
+    R s = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7));                                                         \
+    for (; j < w; j++) s += a[j] * b[j];                                                                             \
+    return s;                                                                                                        \
+  }
+CV_SLOT_DOT(float, f)
+CV_SLOT_DOT(double, d)
+#ifdef __cplusplus
+static inline CAVS_HD float cv_slot_dot(const float *a, const float *b, long w) { return cv_slot_dot_f(a, b, w); }
+static inline CAVS_HD double cv_slot_dot(const double *a, const double *b, long w) { return cv_slot_dot_d(a, b, w); }
+#endif
+
 #define CV_MOE_ROUTING(R, S)                                                                                           \
   /* p = softmax(g[0..X)), in double; added to sum where there is one */                                             \
   static inline void cv_full_softmax_##S(const R *g, long X, double *p, double *sum) {                               \
