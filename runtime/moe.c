@@ -299,11 +299,12 @@ void cavs_scomb_bwd(cavs_ctx *c, int route, int K, long X, const void *v, long l
   if (!rt || n <= 0 || !(dv || dw)) return;
   if (dv && dv_set) {
     /* the slots of the routings' rows outside r0 .. r0 + n - 1 (a push block's backward
-       over the labeled rows only): their gradient is zero, and nothing else writes it */
+       over the labeled rows only): their gradient is zero, and nothing else writes it.
+       Their slots lie anywhere in the routings' range (a routing numbers its slots by
+       expert), so the whole range is cleared before the rows' own are set. */
     long s0, sn;
     cv_slot_range(rt, K, r0, n, &s0, &sn);
-    zero_slots(c, dv, lddv, w, s0, (long)K * r0);
-    zero_slots(c, dv, lddv, w, (long)K * (r0 + n), s0 + sn);
+    if (s0 != (long)K * r0 || sn != (long)K * n) zero_slots(c, dv, lddv, w, s0, s0 + sn);
   }
   o->scomb_bwd(c, rt, K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv && dv_set, dw, lddw, w, r0, n);
 }
