@@ -551,6 +551,50 @@ END_TEST
 START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
 END_TEST
 
+/* A mixture of experts in the push block, no balancing loss, the leaves unlabeled: the
+ * push block's backward runs over the labeled rows only, a part of the routing's, whose
+ * other slots' gradients (set whole, not cleared: cavs_scomb_bwd's dv_set) must come out
+ * zero. Every buffer poisoned first, then the cpu's values and gradients. */
+static const char *const moe_push_src =
+    "model moepush; dim H = 4; dim C = 3; dim V = 6; dim X = 4; dim HC = H * C;\n"
+    "input w : index[V]; input y : class[C];\n"
+    "param emb[V,H], W[2H,H], Wg[H,X], E[X,HC], Wc[H,C] init uniform(-1, 1);\n"
+    "pull { x = emb[w]; }\n"
+    "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+    "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h) @ E[e] + h @ Wc), y); }\n";
+static const cavs_desc *moe_push_c, *moe_push_u;
+
+START_TEST(moe_labeled_rows_as_cpu) {
+  const cavs_desc *dc = moe_push_c, *du = moe_push_u;
+  MINIBATCH(dc);
+  int y = -1;
+  for (int i = 0; i < dc->ninputs; i++)
+    if (dc->inputs[i].kind == CAVS_IN_CLASS) y = dc->inputs[i].slot;
+  ck_assert(y >= 0);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < g[i].g.n; v++) {
+      bool leaf = true;
+      for (int c = 0; c < g[i].g.maxc; c++) leaf = leaf && g[i].child[v * g[i].g.maxc + c] < 0;
+      if (leaf) g[i].feat[v * dc->nint + y] = -1;
+    }
+  long since = cavs_emu_serial();
+  cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
+  same_forward(mc, mu, gs, k, 1e-12);
+  poison(mc, false), poison(mu, false);
+  same_forward(mc, mu, gs, k, 1e-12);
+  poison(mc, true), poison(mu, true);
+  cavs_model_backward(mc);
+  cavs_model_backward(mu);
+  ck_assert_msg(!mu->launch_failed, "%s", cavs_model_error(mu));
+  unsigned char **zero = zero_rows(mc, mu);
+  same_buffers(mc, mu, zero, 1e-12);
+  free_rows(mc, zero);
+  same_param_grads(mc, mu, 1e-12);
+  cavs_model_free(mc);
+  free_all(mu, since);
+}
+END_TEST
+
 /* A forward and a backward pass of a model of d on `backend` under `policy`, from seed 5,
    every per-row buffer poisoned first (cells a pass leaves keep the poison) */
 static cavs_model *passes(const cavs_desc *d, const long *dims, const char *backend, int policy,
@@ -1033,6 +1077,8 @@ static void build_models(void) {
       for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
   drop_c = load_model(drop_src, "double");
   drop_u = load_host_cuda_with("mixdrop", drop_src, "double", "cuda_emu.h");
+  moe_push_c = load_model(moe_push_src, "double");
+  moe_push_u = load_host_cuda_with("moepush", moe_push_src, "double", "cuda_emu.h");
 }
 
 /* the models the counts use */
@@ -1072,6 +1118,7 @@ int main(void) {
   }
   tcase_add_test(tc, dropout_as_cpu);
   tcase_add_test(tc, moe_graphs_refused);
+  tcase_add_test(tc, moe_labeled_rows_as_cpu);
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");
   tcase_set_timeout(counts, 300);
