@@ -17,6 +17,7 @@
 int dist_rank, dist_size = 1;
 DistStats dist_stats;
 bool dist_overlap = false;
+bool dist_expert_parallel = false;
 
 uint64_t dist_hash(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -85,6 +86,8 @@ void *dist_share(void *buf, size_t *n) {
   (void)n;
   return buf;
 }
+void dist_experts(cavs_model *m, bool on) { (void)m, (void)on; }
+
 void *dist_gather(const void *mine, size_t n, size_t *total) {
   void *all = malloc(n ? n : 1);
   if (!all) die(2, "out of memory");
@@ -96,6 +99,9 @@ void *dist_gather(const void *mine, size_t n, size_t *total) {
 #else
 
 static bool started;
+static MPI_Comm ep_world; /* (expert parallelism's, below, once ep_made) */
+static bool ep_made;
+static int *ep_counts;
 /* the dense gradients' buffer, kept from step to step (a block of megabytes allocated a
    step would be mapped and faulted in a step) */
 static char *pack;
@@ -171,6 +177,9 @@ void dist_start(void) {
 void dist_end(void) {
   dist_release();
   if (!started) return;
+  if (ep_made) MPI_Comm_free(&ep_world);
+  ep_made = false;
+  free(ep_counts), ep_counts = NULL;
   die_hook = NULL;
   MPI_Finalize();
   started = false;
@@ -557,6 +566,43 @@ int dist_reduce_grads(cavs_model *m, size_t es) {
   free(tab);
   dist_stats.seconds += now() - t0;
   return rc;
+}
+
+/* ---- expert parallelism: libcavs's two collectives (cavs_expert_comm) over a
+   communicator of their own, so that their order never meets the gradients' ---- */
+/* (ep_world, made by the first dist_experts; ep_counts, [4 N]: send counts and
+   offsets, receive counts and offsets: above, with the other statics) */
+
+static int ep_allgather(void *arg, const void *mine, size_t bytes, void *all) {
+  (void)arg;
+  if (bytes > INT32_MAX) return MPI_ERR_COUNT;
+  return MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, ep_world);
+}
+
+static int ep_alltoallv(void *arg, const void *send, const size_t *sbytes, void *recv, const size_t *rbytes) {
+  (void)arg;
+  int N = dist_size, *sc = ep_counts, *sd = sc + N, *rc = sd + N, *rd = rc + N;
+  size_t so = 0, ro = 0;
+  for (int q = 0; q < N; q++) {
+    /* (MPI counts in int: a round of more than 2 GiB is refused, not truncated) */
+    if (sbytes[q] > INT32_MAX || rbytes[q] > INT32_MAX || so > INT32_MAX || ro > INT32_MAX) return MPI_ERR_COUNT;
+    sc[q] = (int)sbytes[q], sd[q] = (int)so, rc[q] = (int)rbytes[q], rd[q] = (int)ro;
+    so += sbytes[q], ro += rbytes[q];
+  }
+  if (so > INT32_MAX || ro > INT32_MAX) return MPI_ERR_COUNT;
+  return MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, ep_world);
+}
+
+void dist_experts(cavs_model *m, bool on) {
+  if (dist_size == 1 || !dist_expert_parallel) return;
+  if (!ep_made) {
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &ep_world), "a communicator for the experts");
+    ep_made = true;
+    MPI_Comm_set_errhandler(ep_world, MPI_ERRORS_RETURN);
+    ep_counts = alloc(sizeof(int) * 4 * (size_t)dist_size);
+  }
+  cavs_expert_comm c = {.rank = dist_rank, .size = dist_size, .allgather = ep_allgather, .alltoallv = ep_alltoallv};
+  if (cavs_model_set_expert_comm(m, on ? &c : NULL)) die(1, "%s", cavs_model_error(m));
 }
 
 #endif

@@ -66,6 +66,14 @@ int dist_reduce_grads(cavs_model *m, size_t es);
 void dist_backward_begin(cavs_model *m, size_t es, bool mine);
 extern bool dist_overlap;
 
+/* cavs train --expert-parallel: with `on`, the mixtures of experts' products of m's
+ * passes placed on the ranks (cavs_model_set_expert_comm: MPI_Allgather and
+ * MPI_Alltoallv over a communicator of their own); off, every product here (the
+ * passes a rank runs alone: evaluation). Nothing without the option or with one
+ * process. */
+void dist_experts(cavs_model *m, bool on);
+extern bool dist_expert_parallel;
+
 /* What the reductions of this run cost: seconds in them, and the bytes this rank put in
  * (its dense gradient buffer, its tables' row ids and rows; what the wire carries is
  * that times what MPI's algorithm makes of it, about 2 (N - 1) / N for an allreduce). */

@@ -223,6 +223,10 @@ typedef struct Totals {
      coefficient of variation of the experts' loads (0: even) */
   int routes;
   double load_min[MAX_ROUTES], load_max[MAX_ROUTES], load_cv[MAX_ROUTES];
+  /* training with --expert-parallel: slot rows every rank sent to another (forward and
+     backward, summed over the ranks), exchange rounds, and this rank's seconds in them */
+  long ep_rows, ep_rounds;
+  double ep_secs;
 } Totals;
 
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);

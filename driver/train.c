@@ -556,6 +556,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   read_part(r, b, lo, hi); /* (only this rank's graphs, where the data is streamed) */
   cavs_stats st;
   errno = 0;
+  dist_experts(r->m, true); /* (--expert-parallel: this step's passes place the experts) */
   if (cavs_model_set_vertex_offset(r->m, before) || cavs_model_forward(r->m, r->gs + lo, hi - lo, &st))
     lib_die(cavs_model_error(r->m));
   int n;
@@ -585,8 +586,14 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   errno = 0;
   if (cavs_model_set_loss_counts(r->m, counts)) lib_die(cavs_model_error(r->m));
   dist_backward_begin(r->m, es_of_model(), !none);
-  cavs_model_backward(r->m);
-  if (none) { /* its pass counted for nothing */
+  if (none && dist_expert_parallel) {
+    /* its pass counts for nothing, but its experts' gradients are the other ranks' rows'
+       (cavs_model_expert_serve: cleared, then only those added) */
+    errno = 0;
+    if (cavs_model_expert_serve(r->m)) lib_die(cavs_model_error(r->m));
+  } else cavs_model_backward(r->m);
+  dist_experts(r->m, false);
+  if (none && !dist_expert_parallel) { /* its pass counted for nothing */
     size_t count;
     void *g = cavs_model_grads_flat(r->m, &count);
     void *zero = scratch(count * es_of_model());
@@ -737,6 +744,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   r->ts.graphs_done = 0;
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_model_expert_load_reset(r->m);
+  cavs_model_expert_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
   double start = now(), shown = 0;
@@ -784,6 +792,13 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   cavs_model_backend_stats(r->m, &bs, 0);
   t->launches = (long)bs.launches;
   expert_loads(r, t);
+  if (dist_expert_parallel && dist_size > 1) {
+    cavs_expert_stats es;
+    cavs_model_expert_stats(r->m, &es, 1);
+    long sent[2] = {es.rows_out, es.rounds};
+    dist_sum_long(sent, 2);
+    t->ep_rows = sent[0], t->ep_rounds = sent[1] / dist_size, t->ep_secs = es.seconds;
+  }
   if (r->tty) printf("\r\033[K");
 }
 
@@ -805,6 +820,9 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
   if (dist_size > 1)
     printf("  %d ranks, %.2fs summing gradients (%.2fs of it in the backward passes)", dist_size, t->reduce_secs,
            t->reduce_during);
+  if (dist_size > 1 && dist_expert_parallel)
+    printf("  experts placed: %.0f rows/step to other ranks, %.2fs exchanging", (double)t->ep_rows / (t->batches ? t->batches : 1),
+           t->ep_secs);
   /* a mixture of experts: its least and most loaded expert's share of the slots */
   for (int k = 0; k < t->routes; k++) {
     if (t->routes > 1) printf("  experts[%d]", k);
@@ -866,6 +884,11 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
     json_set(o, "expert_share_min", lo);
     json_set(o, "expert_share_max", hi);
     json_set(o, "expert_load_cv", cv);
+  }
+  if (dist_size > 1 && dist_expert_parallel) { /* what placing the experts moved */
+    json_set(o, "expert_rows_sent", json_integer(t->ep_rows));
+    json_set(o, "expert_rounds", json_integer(t->ep_rounds));
+    json_set(o, "expert_exchange_seconds", json_num(t->ep_secs));
   }
   json_set(o, "time", json_string(when));
   json_write_line(o, r->log, fmt("the log '%s'", r->o->log));
@@ -967,6 +990,11 @@ static void check_ranks(Run *r) {
   dist_same(dist_hash(dist_hash(0, NULL, 0), src, strlen(src)), "the model's source");
   long sizes[4] = {r->n, train_vertices(r), r->dev ? data_count(r->dev) : 0, r->dev ? data_vertices(r->dev) : 0};
   dist_same(dist_hash(dist_hash(0, NULL, 0), sizes, sizeof sizes), "their data (another --train or --dev file)");
+  if (dist_expert_parallel && dist_overlap)
+    dist_die_all(1, "--expert-parallel and --grad-overlap cannot be used together yet (a rank whose part of a "
+                    "minibatch is empty answers the experts' rows instead of a backward pass)");
+  if (dist_expert_parallel && strcmp(cavs_model_backend(r->m), "cpu"))
+    dist_die_all(1, fmt("--expert-parallel runs on the cpu backend only (not --device %s)", cavs_model_backend(r->m)));
   same_params(r, 0);
 }
 

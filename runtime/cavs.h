@@ -368,6 +368,46 @@ int cavs_model_track_grad_norm(cavs_model *m, int on);
  * number of experts (0 for a routing that has not run), -1 on bad arguments. */
 int cavs_model_expert_load(cavs_model *m, int route, long *counts, int cap);
 void cavs_model_expert_load_reset(cavs_model *m);
+/* Expert parallelism: the experts of every mixture of experts placed on `size`
+ * processes (cavs train --expert-parallel under mpirun), expert e of X on process q when
+ * ceil(q X / size) <= e < ceil((q + 1) X / size). Each forward and backward pass then
+ * sends each slot's row to its expert's process, which runs one product per expert over
+ * every process's rows of it and sends the results back; an expert's parameter gradient
+ * is added to on its own process only (zero elsewhere: summing the gradients over the
+ * processes, as data parallelism does, gives the whole). libcavs knows nothing of the
+ * transport: the application gives it two collectives over its processes, each called
+ * by every process the same number of times in the same order, and every process must
+ * run the same sequence of passes (forward, then backward or cavs_model_expert_serve):
+ * a process that has finished a pass goes on answering the others' rows until all have
+ * (rounds with no rows of its own). The parameters themselves are not split: every
+ * process holds the whole model, so a pass run alone (evaluation) needs no
+ * communication; set the comm to NULL around it. Returns an error code from a
+ * collective as a failed pass ("expert exchange failed"). The cpu backend only. */
+typedef struct cavs_expert_comm {
+  int rank, size; /* this process, of size (1 to 4096) */
+  /* `bytes` bytes from every process, in rank order, into all[size * bytes] */
+  int (*allgather)(void *arg, const void *mine, size_t bytes, void *all);
+  /* sbytes[q] bytes to process q, laid one after the other in rank order at send;
+     rbytes[q] bytes from q likewise into recv (MPI_Alltoallv); 0 on success */
+  int (*alltoallv)(void *arg, const void *send, const size_t *sbytes, void *recv, const size_t *rbytes);
+  void *arg;
+} cavs_expert_comm;
+/* comm copied (NULL: every product here, the default): 0, or -1 with a message for a
+ * size or rank out of range, a missing collective, a backend other than the cpu's */
+int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm);
+/* In place of a backward pass whose gradients would count for nothing (a process with
+ * no graph of a minibatch): the gradients cleared as a backward pass clears them, then
+ * the other processes' rows of its experts answered until their backward passes end.
+ * 0, or -1 with a message. */
+int cavs_model_expert_serve(cavs_model *m);
+/* What expert parallelism moved since the last reset: exchange rounds, slot rows sent
+ * to other processes (forward and backward), rows received from them and computed
+ * here, rows kept here, and the seconds spent in the two collectives. */
+typedef struct cavs_expert_stats {
+  long rounds, rows_out, rows_in, rows_here;
+  double seconds;
+} cavs_expert_stats;
+void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset);
 double cavs_model_grad_norm(cavs_model *m);
 /* Parameter `param` left as it is by every step from now (frozen 1) or updated again
  * (0): pre-trained embeddings kept fixed. A parameter that shares its storage with

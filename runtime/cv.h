@@ -75,6 +75,21 @@ struct cv_route {
   long *load, *cnt;
 };
 void cv_routes_free(cavs_model *m);
+/* Expert parallelism (cavs_model_set_expert_comm; moe.c): the application's collectives
+   (on: comm set), what they moved, and the exchange's buffers, grown only (buf[i] of
+   cap[i] bytes) */
+struct cv_experts {
+  bool on;
+  cavs_expert_comm comm;
+  cavs_expert_stats stats;
+  void *buf[8];
+  size_t cap[8];
+};
+/* Rounds with no rows of this process's until every process has finished its pass
+   (after each forward and backward pass with expert parallelism on): 0, or -1 with the
+   pass failed */
+int cv_experts_drain(cavs_model *m);
+void cv_experts_free(cavs_model *m);
 /* The last forward pass's load-balancing losses (and whether any ran: *any) */
 double cv_moe_aux(const cavs_model *m, bool *any);
 
@@ -239,6 +254,7 @@ struct cavs_model {
      product table due is made before the next pass instead */
   bool no_alloc;
   struct cv_route route[CV_MAX_ROUTES];
+  struct cv_experts ep;
   bool moe_balance; /* the last forward pass ran a load-balancing loss */
 };
 /* inference's product tables, freed; those due made (before a pass) (backend.c) */

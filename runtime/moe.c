@@ -313,12 +313,286 @@ static const char *at(const cavs_ctx *c, const void *p, long row, long ld) {
   return (const char *)p + (size_t)row * (size_t)ld * c->model->esize;
 }
 
+/* ---- expert parallelism: an expert's products on its own process ----
+ *
+ * A round (one emm of one process's pass, or nothing: a process that has finished its
+ * pass): every process says what it runs (ep_head, gathered by all), then sends each
+ * process the count of its slots for each of that process's experts, then the slots'
+ * rows (forward: x; backward: x and dy side by side), which the slots' order already
+ * groups by process (a routing numbers its slots by expert, and a process's experts are
+ * contiguous). Each process runs, for each distinct emm of the round and each of its
+ * experts, one product over every process's rows of it (gathered in rank order), and
+ * sends the results back (forward: y; backward: dx), adding x^T dy to its own gradient
+ * of the expert. A round with no process running anything ends a pass's rounds. */
+enum { EP_IDLE, EP_FWD, EP_BWD };
+enum { EP_DX = 1, EP_DT = 2 };
+typedef struct {
+  int64_t kind, toff, dtoff, A, B, X, ldt, lddt, flags, pad;
+} ep_head;
+enum { EP_HEADS, EP_CNT_OUT, EP_CNT_IN, EP_SEND, EP_RECV, EP_REPLY, EP_BACK, EP_WORK };
+
+/* expert e of X's process of N: the first expert of process q is ceil(q X / N) */
+static inline long ep_first(long q, long X, int N) { return (q * X + N - 1) / N; }
+
+static void *ep_buf(cavs_model *m, int i, size_t bytes) {
+  struct cv_experts *ep = &m->ep;
+  if (bytes > ep->cap[i]) {
+    if (cv_grow(m, &ep->buf[i], 1, bytes)) return NULL;
+    ep->cap[i] = bytes;
+  }
+  return ep->buf[i];
+}
+
+static bool ep_same_op(const ep_head *a, const ep_head *b) {
+  return a->kind == b->kind && a->toff == b->toff && a->dtoff == b->dtoff && a->A == b->A && a->B == b->B &&
+         a->X == b->X && a->ldt == b->ldt && a->lddt == b->lddt && a->flags == b->flags;
+}
+
+/* a head gathered from another process, checked before its numbers size anything */
+static int ep_check_head(cavs_model *m, const ep_head *h, int p) {
+  if (h->kind == EP_IDLE) return 0;
+  size_t es = m->esize, nb = m->nflat * es;
+  bool ok = (h->kind == EP_FWD || h->kind == EP_BWD) && h->A > 0 && h->B > 0 && h->X > 0 && h->X <= INT_MAX &&
+            h->A <= INT_MAX / h->B && h->ldt >= h->A * h->B && h->toff >= 0 && (size_t)h->toff % es == 0 &&
+            (size_t)h->toff <= nb && (size_t)(h->X - 1) * (size_t)h->ldt + (size_t)(h->A * h->B) <= (nb - (size_t)h->toff) / es;
+  if (ok && (h->flags & EP_DT))
+    ok = h->dtoff >= 0 && (size_t)h->dtoff % es == 0 && h->lddt >= h->A * h->B && (size_t)h->dtoff <= nb &&
+         (size_t)(h->X - 1) * (size_t)h->lddt + (size_t)(h->A * h->B) <= (nb - (size_t)h->dtoff) / es;
+  return ok ? 0 : cv_fail(m, "expert exchange: process %d sent a round this model cannot run (another model?)", p);
+}
+
+static int ep_call(cavs_model *m, int rc, const char *what) {
+  return rc ? cv_fail(m, "expert exchange failed (%s, error %d)", what, rc) : 0;
+}
+
+/* One round. mine: this process's emm (kind EP_IDLE: none), over slots [s0, s0 + sn) of
+   route rt: forward, y = x T_e at each slot; backward, dx = dy T_e^T (set or added)
+   and, on e's process, dT_e += x^T dy. Returns 1 when no process ran anything (the
+   pass's rounds are over), 0 after a round, -1 on failure (m->err says why). */
+static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt, long s0, long sn, const char *x,
+                    long ldx, const char *dy, long lddy, char *y, long ldy, bool set) {
+  cavs_model *m = c->model;
+  struct cv_experts *ep = &m->ep;
+  int N = ep->comm.size, me = ep->comm.rank;
+  size_t es = m->esize;
+  enum { SB, RB, CAT, INROWS, INAT, REPAT, CUR, NW };
+  ep_head *heads = ep_buf(m, EP_HEADS, sizeof(ep_head) * (size_t)N);
+  size_t *w = ep_buf(m, EP_WORK, sizeof(size_t) * NW * (size_t)N);
+  if (!heads || !w) return -1;
+  size_t *sbytes = w + SB * N, *rbytes = w + RB * N, *cat = w + CAT * N, *inrows = w + INROWS * N,
+         *inat = w + INAT * N, *repat = w + REPAT * N, *cur = w + CUR * N;
+  double t0 = cv_now();
+  if (ep_call(m, ep->comm.allgather(ep->comm.arg, mine, sizeof *mine, heads), "allgather")) return -1;
+  ep->stats.seconds += cv_now() - t0;
+  bool any = false;
+  for (int p = 0; p < N; p++) {
+    if (ep_check_head(m, &heads[p], p)) return -1;
+    any |= heads[p].kind != EP_IDLE;
+  }
+  if (!any) return 1;
+  ep->stats.rounds++;
+  bool active = mine->kind != EP_IDLE, bwd = mine->kind == EP_BWD;
+  long A = mine->A, B = mine->B, X = active ? mine->X : 0;
+  /* 1. the counts: to each process q, mine for each of q's experts */
+  int64_t *cout = ep_buf(m, EP_CNT_OUT, sizeof(int64_t) * (size_t)(X ? X : 1));
+  if (!cout) return -1;
+  for (long e = 0; e < X; e++) cout[e] = 0;
+  for (long s = s0; active && s < s0 + sn; s++) cout[rt->sexp[s]]++;
+  size_t ncin = 0;
+  for (int q = 0; q < N; q++) {
+    sbytes[q] = sizeof(int64_t) * (size_t)(active ? ep_first(q + 1, X, N) - ep_first(q, X, N) : 0);
+    const ep_head *h = &heads[q];
+    long k = h->kind == EP_IDLE ? 0 : ep_first(me + 1, h->X, N) - ep_first(me, h->X, N);
+    rbytes[q] = sizeof(int64_t) * (size_t)k;
+    cat[q] = ncin;
+    ncin += (size_t)k;
+  }
+  int64_t *cin = ep_buf(m, EP_CNT_IN, sizeof(int64_t) * (ncin ? ncin : 1));
+  if (!cin) return -1;
+  t0 = cv_now();
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, cout, sbytes, cin, rbytes), "alltoallv of the counts")) return -1;
+  ep->stats.seconds += cv_now() - t0;
+  /* 2. the rows: each slot's x (backward: x and dy), in slot order, which is by process
+     and by expert */
+  size_t rowout = (size_t)(A + (bwd ? B : 0)) * es, backrow = (size_t)(bwd ? ((mine->flags & EP_DX) ? A : 0) : B) * es;
+  char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(active && sn ? sn : 1));
+  if (!sendb) return -1;
+  for (long i = 0; active && i < sn; i++) {
+    char *o = sendb + (size_t)i * rowout;
+    memcpy(o, x + (size_t)(s0 + i) * (size_t)ldx * es, (size_t)A * es);
+    if (bwd) memcpy(o + (size_t)A * es, dy + (size_t)(s0 + i) * (size_t)lddy * es, (size_t)B * es);
+  }
+  for (int q = 0; q < N; q++) {
+    long rows = 0;
+    for (long e = ep_first(q, X, N); active && e < ep_first(q + 1, X, N); e++) rows += cout[e];
+    sbytes[q] = (size_t)rows * rowout;
+    *(q == me ? &ep->stats.rows_here : &ep->stats.rows_out) += rows;
+  }
+  /* what comes in from each process p: its rows of each of my experts */
+  size_t inb = 0, replyb = 0;
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &heads[p];
+    long k = (long)(rbytes[p] / sizeof(int64_t)), rows = 0;
+    for (long i = 0; i < k; i++) {
+      int64_t n = cin[cat[p] + (size_t)i];
+      if (n < 0 || n > INT_MAX - rows) return cv_fail(m, "expert exchange: process %d sent a bad count", p);
+      rows += (long)n;
+    }
+    size_t rin = (size_t)(h->A + (h->kind == EP_BWD ? h->B : 0)) * es;
+    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
+    inrows[p] = (size_t)rows, inat[p] = inb, repat[p] = replyb;
+    rbytes[p] = (size_t)rows * rin;
+    inb += rbytes[p], replyb += (size_t)rows * rout;
+    if (p != me) ep->stats.rows_in += rows;
+  }
+  if (!ep_buf(m, EP_RECV, inb ? inb : 1) || !ep_buf(m, EP_REPLY, replyb ? replyb : 1)) return -1;
+  char *recvb = ep->buf[EP_RECV];
+  t0 = cv_now();
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the rows")) return -1;
+  ep->stats.seconds += cv_now() - t0;
+  /* 3. my experts' products: for each distinct emm of the round (its first process p),
+     and each of my experts, one product over the rows of every process that runs it,
+     gathered in rank order */
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &heads[p];
+    bool first = h->kind != EP_IDLE;
+    for (int q = 0; q < p && first; q++) first = !ep_same_op(&heads[q], h);
+    if (!first) continue;
+    long a = h->A, b = h->B, e0 = ep_first(me, h->X, N), e1 = ep_first(me + 1, h->X, N);
+    bool hb = h->kind == EP_BWD, wdx = hb && (h->flags & EP_DX), wdt = hb && (h->flags & EP_DT);
+    size_t rin = (size_t)(a + (hb ? b : 0)) * es, rout = (size_t)(hb ? (wdx ? a : 0) : b) * es;
+    for (int q = p; q < N; q++) cur[q] = 0;
+    for (long e = e0; e < e1; e++) {
+      long rows = 0;
+      for (int q = p; q < N; q++)
+        if (ep_same_op(&heads[q], h)) rows += (long)cin[cat[q] + (size_t)(e - e0)];
+      if (!rows) continue; /* an expert without rows costs nothing */
+      char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(a + 2 * b + a) * es);
+      if (!xe) return -1;
+      recvb = ep->buf[EP_RECV];
+      char *de = xe + (size_t)rows * (size_t)a * es, *oe = de + (size_t)rows * (size_t)b * es;
+      long at = 0;
+      for (int q = p; q < N; q++) {
+        if (!ep_same_op(&heads[q], h)) continue;
+        long n = (long)cin[cat[q] + (size_t)(e - e0)];
+        for (long i = 0; i < n; i++) {
+          const char *src = recvb + inat[q] + (cur[q] + (size_t)i) * rin;
+          memcpy(xe + (size_t)(at + i) * (size_t)a * es, src, (size_t)a * es);
+          if (hb) memcpy(de + (size_t)(at + i) * (size_t)b * es, src + (size_t)a * es, (size_t)b * es);
+        }
+        at += n;
+      }
+      const char *te = (const char *)m->pflat + (size_t)h->toff + (size_t)e * (size_t)h->ldt * es;
+      if (!hb)
+        cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
+      if (wdx) cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, de, b, te, b, 0, oe, a);
+      if (wdt)
+        cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, xe, a, de, b, 1,
+                  (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
+      /* the results into each process's reply, in the order its rows came */
+      at = 0;
+      for (int q = p; q < N; q++) {
+        if (!ep_same_op(&heads[q], h)) continue;
+        long n = (long)cin[cat[q] + (size_t)(e - e0)];
+        if (rout) memcpy((char *)ep->buf[EP_REPLY] + repat[q] + cur[q] * rout, oe + (size_t)at * rout, (size_t)n * rout);
+        cur[q] += (size_t)n, at += n;
+      }
+    }
+  }
+  /* 4. the results back: to each process its rows' results; from each, mine */
+  for (int q = 0; q < N; q++) {
+    const ep_head *h = &heads[q];
+    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
+    size_t back = rowout ? sbytes[q] / rowout * backrow : 0;
+    sbytes[q] = inrows[q] * rout;
+    rbytes[q] = back;
+  }
+  char *backb = ep_buf(m, EP_SEND, backrow * (size_t)(active && sn ? sn : 1)); /* (the rows sent are done with) */
+  if (!backb) return -1;
+  t0 = cv_now();
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], sbytes, backb, rbytes), "alltoallv of the results"))
+    return -1;
+  ep->stats.seconds += cv_now() - t0;
+  /* they come back in slot order */
+  for (long i = 0; active && backrow && i < sn; i++) {
+    const char *src = backb + (size_t)i * backrow;
+    char *dst = y + (size_t)(s0 + i) * (size_t)ldy * es;
+    if (set) memcpy(dst, src, backrow);
+    else if (es == 8)
+      for (long j = 0; j < (bwd ? A : B); j++) ((double *)dst)[j] += ((const double *)src)[j];
+    else
+      for (long j = 0; j < (bwd ? A : B); j++) ((float *)dst)[j] += ((const float *)src)[j];
+  }
+  return 0;
+}
+
+/* this process's emm, in rounds with every other's */
+static void ep_emm(cavs_ctx *c, int kind, const struct cv_route *rt, long A, long B, long X, const void *x, long ldx,
+                   const void *t, long ldt, const void *dy, long lddy, void *out, long ldout, bool set, void *dt,
+                   long lddt, long s0, long sn) {
+  cavs_model *m = c->model;
+  size_t es = m->esize;
+  ep_head h = {.kind = kind, .toff = (int64_t)((const char *)t - (const char *)m->pflat), .A = A, .B = B, .X = X,
+               .ldt = ldt, .lddt = lddt, .dtoff = dt ? (int64_t)((const char *)dt - (const char *)m->gflat) : 0,
+               .flags = (kind == EP_BWD && out ? EP_DX : 0) | (dt ? EP_DT : 0)};
+  size_t nb = m->nflat * es;
+  if ((const char *)t < (const char *)m->pflat || (size_t)h.toff >= nb ||
+      (dt && ((char *)dt < (char *)m->gflat || (size_t)h.dtoff >= nb))) {
+    cv_fail(m, "expert exchange: an expert's table outside the parameters");
+    m->launch_failed = true;
+  }
+  /* a failed pass still answers the others' rounds (in the drain), so none waits */
+  if (m->launch_failed) return;
+  if (ep_round(c, &h, rt, s0, sn, x, ldx, dy, lddy, out, ldout, set) < 0) m->launch_failed = true;
+}
+
+int cv_experts_drain(cavs_model *m) {
+  if (!m->ep.on) return 0;
+  ep_head idle = {.kind = EP_IDLE};
+  int rc;
+  bool failed = false;
+  while ((rc = ep_round(&m->ctx, &idle, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, false)) == 0)
+    ;
+  if (rc < 0) failed = true, m->launch_failed = true;
+  return failed ? -1 : 0;
+}
+
+void cv_experts_free(cavs_model *m) {
+  for (int i = 0; i < 8; i++) free(m->ep.buf[i]), m->ep.buf[i] = NULL, m->ep.cap[i] = 0;
+}
+
+int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
+  if (!m) return -1;
+  if (!comm) {
+    m->ep.on = false;
+    return 0;
+  }
+  if (comm->size < 1 || comm->size > 4096 || comm->rank < 0 || comm->rank >= comm->size || !comm->allgather ||
+      !comm->alltoallv)
+    return cv_fail(m, "expert parallelism: process %d of %d, or a collective missing", comm->rank, comm->size);
+  if (strcmp(m->be->name, "cpu"))
+    return cv_fail(m, "expert parallelism runs on the cpu backend only (not %s)", m->be->name);
+  m->ep.comm = *comm;
+  m->ep.on = true;
+  return 0;
+}
+
+void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset) {
+  if (!m) return;
+  if (s) *s = m->ep.stats;
+  if (reset) memset(&m->ep.stats, 0, sizeof m->ep.stats);
+}
+
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
                   void *y, long ldy, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
   cv_slot_range(rt, K, r0, n, &s0, &sn);
+  if (c->model->ep.on) {
+    ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, true, NULL, 0, s0, sn);
+    return;
+  }
   /* one product per expert over its slots: none for an expert without */
   for (long s = s0, len; s < s0 + sn; s += len) {
     int ex = rt->sexp[s];
@@ -336,6 +610,10 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
   if (!rt || n <= 0) return;
   long s0, sn;
   cv_slot_range(rt, K, r0, n, &s0, &sn);
+  if (c->model->ep.on) {
+    ep_emm(c, EP_BWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
+    return;
+  }
   for (long s = s0, len; s < s0 + sn; s += len) {
     int ex = rt->sexp[s];
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
@@ -359,6 +637,7 @@ void cv_routes_free(cavs_model *m) {
     free(r->scr), free(r->pcnt), free(r->psum);
     memset(r, 0, sizeof *r);
   }
+  cv_experts_free(m);
 }
 
 int cavs_model_expert_load(cavs_model *m, int route, long *counts, int cap) {

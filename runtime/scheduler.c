@@ -1055,7 +1055,18 @@ int cavs_model_set_carried(cavs_model *m, const void *host, int rows) {
   return 0;
 }
 
+static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
+
+/* A pass with expert parallelism on ends with the rounds that answer the other
+   processes' rows until every process has ended its pass (moe.c), whether it failed or
+   not: a failed pass must not leave the others waiting. */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
+  int rc = forward_pass(m, graphs, k, st);
+  if (cv_experts_drain(m)) rc = -1;
+  return rc;
+}
+
+static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   const cavs_desc *d = m->d;
   m->have_batch = false;
   m->no_grads = false;
@@ -1198,8 +1209,25 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
   return w;
 }
 
+static void backward_pass(cavs_model *m);
+static void clear_grads(cavs_model *m);
+
 void cavs_model_backward(cavs_model *m) {
-  const cavs_desc *d = m->d;
+  backward_pass(m);
+  cv_experts_drain(m);
+}
+
+int cavs_model_expert_serve(cavs_model *m) {
+  if (!m->ep.on) return cv_fail(m, "cavs_model_expert_serve: expert parallelism is off (cavs_model_set_expert_comm)");
+  m->pass++;
+  if (m->have_batch) clear_grads(m);
+  /* (answering the others even when it cannot be a backward pass: none waits) */
+  int rc = cv_experts_drain(m);
+  if (!m->have_batch) return cv_fail(m, "cavs_model_expert_serve: no forward pass before it");
+  return rc ? -1 : 0;
+}
+
+static void backward_pass(cavs_model *m) {
   if (!m->have_batch) return;
   if (!m->kept) {
     cv_fail(m, "a backward pass after a forward pass in inference (cavs_model_set_inference): it kept nothing to "
@@ -1208,6 +1236,20 @@ void cavs_model_backward(cavs_model *m) {
     return;
   }
   m->pass++;
+  clear_grads(m);
+  /* a failure shows in the next call that returns a status (the step, a forward pass):
+     the plan's (memory for its steps) through launch_failed */
+  double t0 = cv_now();
+  if (cavs_plan_backward(m)) m->launch_failed = true;
+  m->stats.schedule_seconds += cv_now() - t0;
+  if (!m->launch_failed && cavs_run_plan(m)) m->launch_failed = true;
+  /* no wait for the device: the step after it is issued in order behind it, and whatever
+     reads the gradients on the host waits first (cavs_model_read) */
+}
+
+/* What a backward pass adds to, cleared before it */
+static void clear_grads(cavs_model *m) {
+  const cavs_desc *d = m->d;
   int N = m->rows;
   /* The gradients added to, cleared: a vertex type's own buffer at its rows alone, and
      one nothing touches at a row without children (inner) at its rows with children
@@ -1237,14 +1279,6 @@ void cavs_model_backward(cavs_model *m) {
     m->pg_clean[g] = 0; /* this pass adds to it */
   }
   cv_sparse_reset(m);
-  /* a failure shows in the next call that returns a status (the step, a forward pass):
-     the plan's (memory for its steps) through launch_failed */
-  double t0 = cv_now();
-  if (cavs_plan_backward(m)) m->launch_failed = true;
-  m->stats.schedule_seconds += cv_now() - t0;
-  if (!m->launch_failed && cavs_run_plan(m)) m->launch_failed = true;
-  /* no wait for the device: the step after it is issued in order behind it, and whatever
-     reads the gradients on the host waits first (cavs_model_read) */
 }
 
 int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {

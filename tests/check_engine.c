@@ -3,6 +3,8 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
+#include <pthread.h>
+
 static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm", "moe_lm", "moe_tree"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
 
@@ -1874,6 +1876,147 @@ START_TEST(moe_groups_by_expert) {
 }
 END_TEST
 
+/* Expert parallelism (cavs_model_set_expert_comm) without MPI: P models, one a thread,
+ * each running its part of a minibatch with its experts' products placed by the rule
+ * of cavs.h, over two collectives made of a barrier and memcpy (Hub). Their gradients
+ * sum to the whole minibatch's run in one model (1e-11 in double: only the order of an
+ * expert's sums differs), every part's output is the whole's, an expert's gradient
+ * is zero on every process but its own, and rows did travel; a process with no graph
+ * (cavs_model_expert_serve in place of its backward pass) counts for nothing. */
+enum { HUB_MAX = 4 };
+typedef struct Hub {
+  int n;
+  pthread_barrier_t bar;
+  const char *send[HUB_MAX];
+  const size_t *sb[HUB_MAX];
+} Hub;
+typedef struct Port {
+  Hub *h;
+  int rank;
+  /* the part: graphs [lo, hi) (none: graph 0, served), the whole's loss counts */
+  const cavs_graph *const *gs;
+  int lo, hi;
+  const long *counts;
+  cavs_model *m;
+  double loss;
+  int rc;
+} Port;
+
+static int hub_allgather(void *arg, const void *mine, size_t bytes, void *all) {
+  Port *p = arg;
+  Hub *h = p->h;
+  h->send[p->rank] = mine;
+  pthread_barrier_wait(&h->bar);
+  for (int q = 0; q < h->n; q++) memcpy((char *)all + (size_t)q * bytes, h->send[q], bytes);
+  pthread_barrier_wait(&h->bar);
+  return 0;
+}
+static int hub_alltoallv(void *arg, const void *send, const size_t *sbytes, void *recv, const size_t *rbytes) {
+  Port *p = arg;
+  Hub *h = p->h;
+  h->send[p->rank] = send, h->sb[p->rank] = sbytes;
+  pthread_barrier_wait(&h->bar);
+  int rc = 0;
+  size_t at = 0;
+  for (int q = 0; q < h->n; q++) {
+    size_t off = 0;
+    for (int j = 0; j < p->rank; j++) off += h->sb[q][j];
+    if (h->sb[q][p->rank] != rbytes[q]) rc = -1; /* what q sends is what this one expects */
+    else memcpy((char *)recv + at, h->send[q] + off, rbytes[q]);
+    at += rbytes[q];
+  }
+  pthread_barrier_wait(&h->bar);
+  return rc;
+}
+
+static void *hub_part(void *arg) {
+  Port *p = arg;
+  cavs_expert_comm comm = {.rank = p->rank, .size = p->h->n, .allgather = hub_allgather,
+                           .alltoallv = hub_alltoallv, .arg = p};
+  cavs_stats st;
+  bool none = p->lo == p->hi;
+  p->rc = cavs_model_set_expert_comm(p->m, &comm) ||
+          cavs_model_forward(p->m, p->gs + (none ? 0 : p->lo), none ? 1 : p->hi - p->lo, &st) ||
+          cavs_model_set_loss_counts(p->m, p->counts);
+  p->loss = st.loss;
+  if (none) p->rc |= cavs_model_expert_serve(p->m);
+  else cavs_model_backward(p->m);
+  return NULL;
+}
+
+static void experts_placed(const char *file, int P, bool with_none) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  if (with_none) k = P - 1; /* a graph for all but the last */
+  cavs_model *whole = unbalanced_model(d, dims);
+  cavs_stats st;
+  ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
+  cavs_model_backward(whole);
+  int nl;
+  const cavs_loss_acc *acc = cavs_model_losses(whole, &nl);
+  long counts[8] = {0};
+  for (int l = 0; l < nl; l++) counts[l] = acc[l].count;
+  Hub hub = {.n = P};
+  pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
+  Port port[HUB_MAX];
+  pthread_t th[HUB_MAX];
+  for (int q = 0; q < P; q++) {
+    port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
+                     .m = unbalanced_model(d, dims)};
+    if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
+  }
+  for (int q = 0; q < P; q++) ck_assert_int_eq(pthread_create(&th[q], NULL, hub_part, &port[q]), 0);
+  for (int q = 0; q < P; q++) pthread_join(th[q], NULL);
+  pthread_barrier_destroy(&hub.bar);
+  for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "%s: process %d: %s", file, q, cavs_model_error(port[q].m));
+  /* the gradients: the parts' summed, against the whole's */
+  double worst = 0;
+  int at = -1, experts = 0;
+  long moved = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld, lq;
+    const double *gw = cavs_model_grad(whole, i, &rows, &cols, &ld);
+    bool table = rows == dims[find_dim(d, "X")] && d->params[i].name[0] == 'W'; /* W1, W2: the experts' matrices */
+    experts += table;
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++) {
+        double sum = 0;
+        for (int q = 0; q < P; q++) {
+          const double *gq = cavs_model_grad(port[q].m, i, &rows, &cols, &lq);
+          long X = rows, first = ((long)q * X + P - 1) / P, next = ((long)(q + 1) * X + P - 1) / P;
+          if (table && (r < first || r >= next))
+            ck_assert_msg(gq[r * lq + j] == 0, "%s: process %d holds a gradient of expert %ld, not its own", file, q, r);
+          sum += gq[r * lq + j];
+        }
+        double gap = fabs(sum - gw[r * ld + j]) / fmax(fabs(gw[r * ld + j]), 1e-6);
+        if (gap > worst) worst = gap, at = i;
+      }
+  }
+  ck_assert_msg(experts == 2, "%s: %d expert tables found", file, experts);
+  ck_assert_msg(worst <= 1e-11, "%s, %d processes: the parts' gradient of %s is %.3g off the whole's", file, P,
+                d->params[at].name, worst);
+  for (int q = 0; q < P; q++) {
+    cavs_expert_stats es;
+    cavs_model_expert_stats(port[q].m, &es, 1);
+    moved += es.rows_out;
+    ck_assert(es.rounds > 0 && es.rows_out >= 0 && es.rows_in >= 0);
+    cavs_model_free(port[q].m);
+  }
+  ck_assert_msg(moved > 0, "%s: no row went to another process", file);
+  cavs_model_free(whole);
+}
+
+START_TEST(experts_placed_sum_to_whole) {
+  experts_placed("moe_tree.vf", 2, false);
+  experts_placed("moe_lm.vf", 2, false);
+  experts_placed("moe_tree.vf", 3, false);
+  experts_placed("moe_tree.vf", 3, true);
+}
+END_TEST
+
 START_TEST(rows_that_do_not_push_stay_out) {
   const cavs_desc *d = load_model("model stale; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
                                   "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
@@ -1951,6 +2094,7 @@ int main(void) {
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, moe_groups_by_expert);
+  tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);

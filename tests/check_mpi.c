@@ -643,6 +643,58 @@ START_TEST(cuda_ranks_on_the_emulator) {
 }
 END_TEST
 
+/* --expert-parallel: each rank runs the products of its half of the experts over both
+ * ranks' rows (MPI_Alltoallv), and the parameters after training equal one process's
+ * (1e-9 in double: only the order of an expert's gradient sums differs), on the tree
+ * with an expert layer at every vertex, with dropout and a last minibatch of one graph
+ * (the rank without a graph answers the other's rows in place of its backward pass),
+ * and on the language model with its layer in the push block; the log says rows went
+ * between the ranks. With --grad-overlap, or on the cuda backend, it is an error before
+ * training. */
+START_TEST(experts_placed_equal_one_process) {
+  gen("toy", "300", "1", "toy.txt", NULL);
+  gen("toy", "33", "3", "toy33.txt", NULL);
+  BOTH("moet", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dev", path_in("toy33.txt"),
+       "--dim", "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double",
+       "--option", "balance=0", "--option", "p_drop=0.2", "--expert-parallel");
+  double w = differ("moet");
+  ck_assert_msg(w < 1e-9, "the tree, experts placed: two ranks' parameters differ from one process's by %g", w);
+  ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rows_sent"), 0);
+  ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rounds"), 0);
+  char *text = malloc(1 << 16);
+  size_t n = 0;
+  uint64_t s = 7;
+  for (int line = 0; line < 60; line++) {
+    for (int k = 0; k < 3 + line % 7; k++) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      n += (size_t)snprintf(text + n, 64, "%sw%u", k ? " " : "", (unsigned)(s >> 33) % 200);
+    }
+    text[n++] = '\n';
+  }
+  tu_write(path_in("moelm.txt"), text, n);
+  free(text);
+  BOTH("moel", model("moe_lm.vf"), "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim",
+       "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0",
+       "--expert-parallel");
+  w = differ("moel");
+  ck_assert_msg(w < 1e-9, "the language model, experts placed: two ranks' parameters differ from one process's by %g", w);
+  ck_assert_int_gt(last_log_int(path_in("moel.2.log"), "expert_rows_sent"), 0);
+  RunResult r = MPI2("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--batch", "16",
+                     "--epochs", "1", "--expert-parallel", "--grad-overlap", "--save", path_in("never.ckpt"));
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--expert-parallel and --grad-overlap"), "%d %s", r.status, r.err);
+  ck_assert(access(path_in("never.ckpt"), F_OK) != 0);
+  tu_free(&r);
+  const char *emu = getenv("CAVS_EMU");
+  if (emu && access(emu, X_OK) == 0) {
+    r = mpi_env("2", emu, "train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"),
+                "--batch", "16", "--epochs", "1", "--device", "cuda", "--expert-parallel", NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "--expert-parallel runs on the cpu backend only"), "%d %s", r.status,
+                  r.err);
+    tu_free(&r);
+  }
+}
+END_TEST
+
 /* Built without MPI: a launcher's environment of several processes is refused. */
 START_TEST(without_mpi_refuses_ranks) {
   gen("toy", "40", "1", "small.txt", NULL);
@@ -672,6 +724,7 @@ int main(void) {
     tcase_add_test(tc, tagger_and_seq2seq_equal_one_process);
     tcase_add_test(tc, checkpoints_cross_the_number_of_ranks);
     tcase_add_test(tc, cuda_ranks_on_the_emulator);
+    tcase_add_test(tc, experts_placed_equal_one_process);
     tcase_add_test(tc, errors_before_training);
     tcase_add_test(tc, killed_rank_ends_the_job);
     tcase_add_test(tc, sigterm_stops_every_rank_at_one_step);
