@@ -17,7 +17,7 @@
 int dist_rank, dist_size = 1;
 DistStats dist_stats;
 bool dist_overlap = false;
-bool dist_expert_parallel = false;
+bool dist_expert_parallel = false, dist_expert_replicas = true;
 
 uint64_t dist_hash(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -601,7 +601,8 @@ void dist_experts(cavs_model *m, bool on) {
     MPI_Comm_set_errhandler(ep_world, MPI_ERRORS_RETURN);
     ep_counts = alloc(sizeof(int) * 4 * (size_t)dist_size);
   }
-  cavs_expert_comm c = {.rank = dist_rank, .size = dist_size, .allgather = ep_allgather, .alltoallv = ep_alltoallv};
+  cavs_expert_comm c = {.rank = dist_rank, .size = dist_size, .allgather = ep_allgather, .alltoallv = ep_alltoallv,
+                        .replicate = dist_expert_replicas};
   if (cavs_model_set_expert_comm(m, on ? &c : NULL)) die(1, "%s", cavs_model_error(m));
 }
 

@@ -72,7 +72,9 @@ extern bool dist_overlap;
  * passes a rank runs alone: evaluation). Nothing without the option or with one
  * process. */
 void dist_experts(cavs_model *m, bool on);
-extern bool dist_expert_parallel;
+/* --expert-parallel; and, unless --no-expert-replicas, a round's hot expert's rows split
+   with the least busy rank (cavs_expert_comm.replicate) */
+extern bool dist_expert_parallel, dist_expert_replicas;
 
 /* What the reductions of this run cost: seconds in them, and the bytes this rank put in
  * (its dense gradient buffer, its tables' row ids and rows; what the wire carries is

@@ -226,6 +226,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
   case OPT_STREAM: o->stream = true; break;
   case OPT_GRAD_OVERLAP: dist_overlap = true; break;
   case OPT_EXPERT_PARALLEL: dist_expert_parallel = true; break;
+  case OPT_NO_EXPERT_REPLICAS: dist_expert_replicas = false; break;
   case OPT_JSON: a->eval.json = true; break;
   case OPT_BINARY: a->eval.binary = true; break;
   case OPT_ALL_NODES: a->all_nodes = true; break;

@@ -795,9 +795,9 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   if (dist_expert_parallel && dist_size > 1) {
     cavs_expert_stats es;
     cavs_model_expert_stats(r->m, &es, 1);
-    long sent[2] = {es.rows_out, es.rounds};
-    dist_sum_long(sent, 2);
-    t->ep_rows = sent[0], t->ep_rounds = sent[1] / dist_size, t->ep_secs = es.seconds;
+    long sent[3] = {es.rows_out, es.rounds, es.rows_replicated};
+    dist_sum_long(sent, 3);
+    t->ep_rows = sent[0], t->ep_rounds = sent[1] / dist_size, t->ep_replicated = sent[2], t->ep_secs = es.seconds;
   }
   if (r->tty) printf("\r\033[K");
 }
@@ -821,7 +821,8 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     printf("  %d ranks, %.2fs summing gradients (%.2fs of it in the backward passes)", dist_size, t->reduce_secs,
            t->reduce_during);
   if (dist_size > 1 && dist_expert_parallel)
-    printf("  experts placed: %.0f rows/step to other ranks, %.2fs exchanging", (double)t->ep_rows / (t->batches ? t->batches : 1),
+    printf("  experts placed: %.0f rows/step to other ranks (%.0f to replicas), %.2fs exchanging",
+           (double)t->ep_rows / (t->batches ? t->batches : 1), (double)t->ep_replicated / (t->batches ? t->batches : 1),
            t->ep_secs);
   /* a mixture of experts: its least and most loaded expert's share of the slots */
   for (int k = 0; k < t->routes; k++) {
@@ -887,6 +888,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   }
   if (dist_size > 1 && dist_expert_parallel) { /* what placing the experts moved */
     json_set(o, "expert_rows_sent", json_integer(t->ep_rows));
+    json_set(o, "expert_rows_replicated", json_integer(t->ep_replicated));
     json_set(o, "expert_rounds", json_integer(t->ep_rounds));
     json_set(o, "expert_exchange_seconds", json_num(t->ep_secs));
   }

@@ -374,7 +374,8 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * sends each slot's row to its expert's process, which runs one product per expert over
  * every process's rows of it and sends the results back; an expert's parameter gradient
  * is added to on its own process only (zero elsewhere: summing the gradients over the
- * processes, as data parallelism does, gives the whole). libcavs knows nothing of the
+ * processes, as data parallelism does, gives the whole; with replicate, a hot expert's
+ * gradient is also added to on its replica's process). libcavs knows nothing of the
  * transport: the application gives it two collectives over its processes, each called
  * by every process the same number of times in the same order, and every process must
  * run the same sequence of passes (forward, then backward or cavs_model_expert_serve):
@@ -391,6 +392,10 @@ typedef struct cavs_expert_comm {
      rbytes[q] bytes from q likewise into recv (MPI_Alltoallv); 0 on success */
   int (*alltoallv)(void *arg, const void *send, const size_t *sbytes, void *recv, const size_t *rbytes);
   void *arg;
+  /* 1: where a round's loads are skewed (the busiest process above 5/4 of the mean),
+     its heaviest expert's rows are split with the least busy process, which runs them
+     on its copy of the expert (a replica) and adds to its own gradient of it */
+  int replicate;
 } cavs_expert_comm;
 /* comm copied (NULL: every product here, the default): 0, or -1 with a message for a
  * size or rank out of range, a missing collective, a backend other than the cpu's */
@@ -402,9 +407,11 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm);
 int cavs_model_expert_serve(cavs_model *m);
 /* What expert parallelism moved since the last reset: exchange rounds, slot rows sent
  * to other processes (forward and backward), rows received from them and computed
- * here, rows kept here, and the seconds spent in the two collectives. */
+ * here, rows kept here, rows sent to a replica, and the seconds spent in the two
+ * collectives. */
 typedef struct cavs_expert_stats {
   long rounds, rows_out, rows_in, rows_here;
+  long rows_replicated; /* of rows_out, those sent to a hot expert's replica */
   double seconds;
 } cavs_expert_stats;
 void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset);

@@ -329,7 +329,7 @@ enum { EP_DX = 1, EP_DT = 2 };
 typedef struct {
   int64_t kind, toff, dtoff, A, B, X, ldt, lddt, flags, pad;
 } ep_head;
-enum { EP_HEADS, EP_CNT_OUT, EP_CNT_IN, EP_SEND, EP_RECV, EP_REPLY, EP_BACK, EP_WORK };
+enum { EP_HEADS, EP_SEND, EP_RECV, EP_REPLY, EP_BACK, EP_WORK };
 
 /* expert e of X's process of N: the first expert of process q is ceil(q X / N) */
 static inline long ep_first(long q, long X, int N) { return (q * X + N - 1) / N; }
@@ -365,137 +365,263 @@ static int ep_call(cavs_model *m, int rc, const char *what) {
   return rc ? cv_fail(m, "expert exchange failed (%s, error %d)", what, rc) : 0;
 }
 
+/* A round's plan, the same on every process (made from what every process said): each
+   process's slot counts for each expert of its emm (cnt[p X + e], X the round's widest
+   gate), the first process running each one's emm (lead[p]: they share products), and
+   the replicated expert, if any: expert hot_e of the emm led by hot_lead, whose rows
+   after the first keep of them (every process's in rank order) go to process rep
+   instead of its own; kown[p], process p's rows of it that stay. */
+typedef struct {
+  int N, me;
+  long X;
+  const ep_head *heads;
+  const int64_t *cnt;
+  int *lead;
+  int hot_lead, rep;
+  long hot_e;
+  long *kown;
+} ep_plan;
+
+/* Process p's rows of expert e that go to process q: [*b, *b + *n) of them (in slot
+   order) */
+static void ep_portion(const ep_plan *pl, int p, long e, int q, long *b, long *n) {
+  const ep_head *h = &pl->heads[p];
+  long c = (long)pl->cnt[(size_t)p * (size_t)pl->X + (size_t)e];
+  bool hot = pl->hot_lead >= 0 && pl->lead[p] == pl->hot_lead && e == pl->hot_e;
+  long keep = hot ? pl->kown[p] : c;
+  *b = 0, *n = 0;
+  if (q >= 0 && e >= ep_first(q, h->X, pl->N) && e < ep_first(q + 1, h->X, pl->N)) *n = keep;
+  else if (hot && q == pl->rep) *b = keep, *n = c - keep;
+}
+
+/* The experts whose rows process p sends to process q, in the order it sends them: q's
+   own (ascending), then the replicated one where q holds its replica. *n of them into
+   out (at most X + 1). */
+static long ep_order(const ep_plan *pl, int p, int q, long *out) {
+  const ep_head *h = &pl->heads[p];
+  long n = 0;
+  if (h->kind == EP_IDLE) return 0;
+  for (long e = ep_first(q, h->X, pl->N); e < ep_first(q + 1, h->X, pl->N); e++) out[n++] = e;
+  if (pl->hot_lead >= 0 && pl->lead[p] == pl->hot_lead && q == pl->rep) out[n++] = pl->hot_e;
+  return n;
+}
+
+/* The hot expert, if the round is skewed: the process of the heaviest load (rows times
+   the product's A B; the backward pass's two products count twice), its heaviest
+   expert, and the lightest process; half the expert's rows move there when that
+   process's load is above 5/4 of the mean and the move lowers the heaviest. */
+static void ep_replicate(ep_plan *pl, double *load, double *eload) {
+  int N = pl->N;
+  long X = pl->X;
+  pl->hot_lead = -1, pl->rep = -1, pl->hot_e = -1;
+  for (int q = 0; q < N; q++) load[q] = 0;
+  for (size_t i = 0; i < (size_t)N * (size_t)X; i++) eload[i] = 0; /* [lead N... as p] x [e] */
+  double total = 0;
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &pl->heads[p];
+    if (h->kind == EP_IDLE) continue;
+    double w = (double)h->A * (double)h->B * (h->kind == EP_BWD ? 2 : 1);
+    for (long e = 0; e < h->X; e++) {
+      double l = w * (double)pl->cnt[(size_t)p * (size_t)X + (size_t)e];
+      load[(int)(e * N / h->X)] += l; /* (its process: ep_first's inverse) */
+      eload[(size_t)pl->lead[p] * (size_t)X + (size_t)e] += l;
+      total += l;
+    }
+  }
+  int hi = 0, lo = 0;
+  for (int q = 1; q < N; q++) {
+    if (load[q] > load[hi]) hi = q;
+    if (load[q] < load[lo]) lo = q;
+  }
+  if (N < 2 || load[hi] <= 1.25 * total / N) return;
+  double best = 0;
+  for (int p = 0; p < N; p++) {
+    if (pl->heads[p].kind == EP_IDLE || pl->lead[p] != p) continue;
+    long X1 = pl->heads[p].X;
+    for (long e = ep_first(hi, X1, N); e < ep_first(hi + 1, X1, N); e++)
+      if (eload[(size_t)p * (size_t)X + (size_t)e] > best) best = eload[(size_t)p * (size_t)X + (size_t)e], pl->hot_lead = p, pl->hot_e = e;
+  }
+  if (pl->hot_lead < 0 || load[lo] + best / 2 >= load[hi]) {
+    pl->hot_lead = -1;
+    return;
+  }
+  pl->rep = lo;
+  long R = 0;
+  for (int p = 0; p < N; p++)
+    if (pl->lead[p] == pl->hot_lead) R += (long)pl->cnt[(size_t)p * (size_t)X + (size_t)pl->hot_e];
+  long keep = R - R / 2, before = 0;
+  for (int p = 0; p < N; p++) {
+    if (pl->lead[p] != pl->hot_lead) continue;
+    long c = (long)pl->cnt[(size_t)p * (size_t)X + (size_t)pl->hot_e];
+    long k = keep - before;
+    pl->kown[p] = k < 0 ? 0 : k > c ? c : k;
+    before += c;
+  }
+}
+
 /* One round. mine: this process's emm (kind EP_IDLE: none), over slots [s0, s0 + sn) of
    route rt: forward, y = x T_e at each slot; backward, dx = dy T_e^T (set or added)
-   and, on e's process, dT_e += x^T dy. Returns 1 when no process ran anything (the
-   pass's rounds are over), 0 after a round, -1 on failure (m->err says why). */
+   and, where e's rows are computed, dT_e += x^T dy. Returns 1 when no process ran
+   anything (the pass's rounds are over), 0 after a round, -1 on failure (m->err says
+   why). */
 static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt, long s0, long sn, const char *x,
                     long ldx, const char *dy, long lddy, char *y, long ldy, bool set) {
   cavs_model *m = c->model;
   struct cv_experts *ep = &m->ep;
   int N = ep->comm.size, me = ep->comm.rank;
   size_t es = m->esize;
-  enum { SB, RB, CAT, INROWS, INAT, REPAT, CUR, NW };
   ep_head *heads = ep_buf(m, EP_HEADS, sizeof(ep_head) * (size_t)N);
-  size_t *w = ep_buf(m, EP_WORK, sizeof(size_t) * NW * (size_t)N);
-  if (!heads || !w) return -1;
-  size_t *sbytes = w + SB * N, *rbytes = w + RB * N, *cat = w + CAT * N, *inrows = w + INROWS * N,
-         *inat = w + INAT * N, *repat = w + REPAT * N, *cur = w + CUR * N;
+  if (!heads) return -1;
   double t0 = cv_now();
   if (ep_call(m, ep->comm.allgather(ep->comm.arg, mine, sizeof *mine, heads), "allgather")) return -1;
   ep->stats.seconds += cv_now() - t0;
   bool any = false;
+  long X = 1;
   for (int p = 0; p < N; p++) {
     if (ep_check_head(m, &heads[p], p)) return -1;
     any |= heads[p].kind != EP_IDLE;
+    if (heads[p].kind != EP_IDLE && heads[p].X > X) X = heads[p].X;
   }
   if (!any) return 1;
   ep->stats.rounds++;
   bool active = mine->kind != EP_IDLE, bwd = mine->kind == EP_BWD;
-  long A = mine->A, B = mine->B, X = active ? mine->X : 0;
-  /* 1. the counts: to each process q, mine for each of q's experts */
-  int64_t *cout = ep_buf(m, EP_CNT_OUT, sizeof(int64_t) * (size_t)(X ? X : 1));
-  if (!cout) return -1;
-  for (long e = 0; e < X; e++) cout[e] = 0;
-  for (long s = s0; active && s < s0 + sn; s++) cout[rt->sexp[s]]++;
-  size_t ncin = 0;
-  for (int q = 0; q < N; q++) {
-    sbytes[q] = sizeof(int64_t) * (size_t)(active ? ep_first(q + 1, X, N) - ep_first(q, X, N) : 0);
-    const ep_head *h = &heads[q];
-    long k = h->kind == EP_IDLE ? 0 : ep_first(me + 1, h->X, N) - ep_first(me, h->X, N);
-    rbytes[q] = sizeof(int64_t) * (size_t)k;
-    cat[q] = ncin;
-    ncin += (size_t)k;
-  }
-  int64_t *cin = ep_buf(m, EP_CNT_IN, sizeof(int64_t) * (ncin ? ncin : 1));
-  if (!cin) return -1;
+  long A = mine->A, B = mine->B;
+  /* scratch: sizes [2 N], offsets [4 N] (size_t); the plan's lead [N], kown [N], the
+     expert orders [X + 1], loads [N + N X] */
+  enum { SB, RB, INAT, REPAT, CUR, BACKAT, NW };
+  size_t need = sizeof(size_t) * NW * (size_t)N + sizeof(int) * (size_t)N + sizeof(long) * ((size_t)N + (size_t)X + 1) +
+                sizeof(double) * ((size_t)N + (size_t)N * (size_t)X) + sizeof(int64_t) * (size_t)X * (size_t)(N + 1);
+  char *wk = ep_buf(m, EP_WORK, need);
+  if (!wk) return -1;
+  size_t *w = (size_t *)wk;
+  size_t *sbytes = w + SB * N, *rbytes = w + RB * N, *inat = w + INAT * N, *repat = w + REPAT * N, *cur = w + CUR * N,
+         *backat = w + BACKAT * N;
+  double *load = (double *)(w + NW * N), *eload = load + N;
+  int64_t *cmine = (int64_t *)(eload + (size_t)N * (size_t)X), *cnt = cmine + X;
+  long *kown = (long *)(cnt + (size_t)N * (size_t)X), *ord = kown + N;
+  int *lead = (int *)(ord + X + 1);
+  /* 1. every process's slot counts, for every expert */
+  for (long e = 0; e < X; e++) cmine[e] = 0;
+  for (long s = s0; active && s < s0 + sn; s++) cmine[rt->sexp[s]]++;
   t0 = cv_now();
-  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, cout, sbytes, cin, rbytes), "alltoallv of the counts")) return -1;
+  if (ep_call(m, ep->comm.allgather(ep->comm.arg, cmine, sizeof(int64_t) * (size_t)X, cnt), "allgather of the counts"))
+    return -1;
   ep->stats.seconds += cv_now() - t0;
-  /* 2. the rows: each slot's x (backward: x and dy), in slot order, which is by process
-     and by expert */
+  for (int p = 0; p < N; p++) {
+    long rows = 0;
+    for (long e = 0; e < X; e++) {
+      int64_t n = cnt[(size_t)p * (size_t)X + (size_t)e];
+      if (n < 0 || n > INT_MAX - rows || (n && (heads[p].kind == EP_IDLE || e >= heads[p].X)))
+        return cv_fail(m, "expert exchange: process %d sent a bad count", p);
+      rows += (long)n;
+    }
+    lead[p] = p;
+    for (int q = 0; q < p; q++)
+      if (heads[p].kind != EP_IDLE && ep_same_op(&heads[q], &heads[p])) {
+        lead[p] = q;
+        break;
+      }
+    kown[p] = 0;
+  }
+  ep_plan pl = {.N = N, .me = me, .X = X, .heads = heads, .cnt = cnt, .lead = lead, .kown = kown};
+  pl.hot_lead = -1, pl.rep = -1, pl.hot_e = -1;
+  if (ep->comm.replicate) ep_replicate(&pl, load, eload);
+  /* 2. the rows, to each process in the order ep_order gives: each slot's x (backward: x
+     and dy side by side). My slots of expert e start at seg(e): the slots run by expert. */
   size_t rowout = (size_t)(A + (bwd ? B : 0)) * es, backrow = (size_t)(bwd ? ((mine->flags & EP_DX) ? A : 0) : B) * es;
   char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(active && sn ? sn : 1));
   if (!sendb) return -1;
-  for (long i = 0; active && i < sn; i++) {
-    char *o = sendb + (size_t)i * rowout;
-    memcpy(o, x + (size_t)(s0 + i) * (size_t)ldx * es, (size_t)A * es);
-    if (bwd) memcpy(o + (size_t)A * es, dy + (size_t)(s0 + i) * (size_t)lddy * es, (size_t)B * es);
+  int64_t *seg = cmine; /* (its counts, made the starts of each expert's slots) */
+  for (long e = 0, at = s0; e < X; e++) {
+    long n = (long)seg[e];
+    seg[e] = at, at += n;
   }
+  size_t at = 0, sat = 0;
   for (int q = 0; q < N; q++) {
-    long rows = 0;
-    for (long e = ep_first(q, X, N); active && e < ep_first(q + 1, X, N); e++) rows += cout[e];
-    sbytes[q] = (size_t)rows * rowout;
+    long n = ep_order(&pl, me, q, ord);
+    size_t before = at;
+    backat[q] = sat;
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(&pl, me, ord[i], q, &b, &k);
+      for (long j = 0; j < k; j++, at += rowout) {
+        long sl = (long)seg[ord[i]] + b + j;
+        memcpy(sendb + at, x + (size_t)sl * (size_t)ldx * es, (size_t)A * es);
+        if (bwd) memcpy(sendb + at + (size_t)A * es, dy + (size_t)sl * (size_t)lddy * es, (size_t)B * es);
+      }
+      if (q != me && pl.hot_lead >= 0 && q == pl.rep && ord[i] == pl.hot_e) ep->stats.rows_replicated += k;
+    }
+    sbytes[q] = at - before;
+    sat += rowout ? sbytes[q] / rowout * backrow : 0;
+    long rows = rowout ? (long)(sbytes[q] / rowout) : 0;
     *(q == me ? &ep->stats.rows_here : &ep->stats.rows_out) += rows;
   }
-  /* what comes in from each process p: its rows of each of my experts */
+  /* what comes in from each process p, and what goes back to it */
   size_t inb = 0, replyb = 0;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &heads[p];
-    long k = (long)(rbytes[p] / sizeof(int64_t)), rows = 0;
-    for (long i = 0; i < k; i++) {
-      int64_t n = cin[cat[p] + (size_t)i];
-      if (n < 0 || n > INT_MAX - rows) return cv_fail(m, "expert exchange: process %d sent a bad count", p);
-      rows += (long)n;
+    long n = ep_order(&pl, p, me, ord), rows = 0;
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(&pl, p, ord[i], me, &b, &k);
+      rows += k;
     }
     size_t rin = (size_t)(h->A + (h->kind == EP_BWD ? h->B : 0)) * es;
     size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
-    inrows[p] = (size_t)rows, inat[p] = inb, repat[p] = replyb;
+    inat[p] = inb, repat[p] = replyb;
     rbytes[p] = (size_t)rows * rin;
     inb += rbytes[p], replyb += (size_t)rows * rout;
     if (p != me) ep->stats.rows_in += rows;
   }
   if (!ep_buf(m, EP_RECV, inb ? inb : 1) || !ep_buf(m, EP_REPLY, replyb ? replyb : 1)) return -1;
-  char *recvb = ep->buf[EP_RECV];
   t0 = cv_now();
-  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the rows")) return -1;
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, ep->buf[EP_RECV], rbytes), "alltoallv of the rows"))
+    return -1;
   ep->stats.seconds += cv_now() - t0;
-  /* 3. my experts' products: for each distinct emm of the round (its first process p),
-     and each of my experts, one product over the rows of every process that runs it,
+  /* 3. the products here: for each distinct emm of the round and each expert whose rows
+     come here (in the order they come), one product over every process's rows of it,
      gathered in rank order */
+  for (int p = 0; p < N; p++) cur[p] = 0;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &heads[p];
-    bool first = h->kind != EP_IDLE;
-    for (int q = 0; q < p && first; q++) first = !ep_same_op(&heads[q], h);
-    if (!first) continue;
-    long a = h->A, b = h->B, e0 = ep_first(me, h->X, N), e1 = ep_first(me + 1, h->X, N);
+    if (h->kind == EP_IDLE || lead[p] != p) continue;
+    long a = h->A, b = h->B;
     bool hb = h->kind == EP_BWD, wdx = hb && (h->flags & EP_DX), wdt = hb && (h->flags & EP_DT);
     size_t rin = (size_t)(a + (hb ? b : 0)) * es, rout = (size_t)(hb ? (wdx ? a : 0) : b) * es;
-    for (int q = p; q < N; q++) cur[q] = 0;
-    for (long e = e0; e < e1; e++) {
-      long rows = 0;
+    long n = ep_order(&pl, p, me, ord);
+    for (long i = 0; i < n; i++) {
+      long e = ord[i], rows = 0, bq, k;
       for (int q = p; q < N; q++)
-        if (ep_same_op(&heads[q], h)) rows += (long)cin[cat[q] + (size_t)(e - e0)];
+        if (lead[q] == p) ep_portion(&pl, q, e, me, &bq, &k), rows += k;
       if (!rows) continue; /* an expert without rows costs nothing */
-      char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(a + 2 * b + a) * es);
+      char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(2 * a + 2 * b) * es);
       if (!xe) return -1;
-      recvb = ep->buf[EP_RECV];
+      const char *recvb = ep->buf[EP_RECV];
       char *de = xe + (size_t)rows * (size_t)a * es, *oe = de + (size_t)rows * (size_t)b * es;
-      long at = 0;
+      long got = 0;
       for (int q = p; q < N; q++) {
-        if (!ep_same_op(&heads[q], h)) continue;
-        long n = (long)cin[cat[q] + (size_t)(e - e0)];
-        for (long i = 0; i < n; i++) {
-          const char *src = recvb + inat[q] + (cur[q] + (size_t)i) * rin;
-          memcpy(xe + (size_t)(at + i) * (size_t)a * es, src, (size_t)a * es);
-          if (hb) memcpy(de + (size_t)(at + i) * (size_t)b * es, src + (size_t)a * es, (size_t)b * es);
+        if (lead[q] != p) continue;
+        ep_portion(&pl, q, e, me, &bq, &k);
+        for (long j = 0; j < k; j++) {
+          const char *src = recvb + inat[q] + (cur[q] + (size_t)j) * rin;
+          memcpy(xe + (size_t)(got + j) * (size_t)a * es, src, (size_t)a * es);
+          if (hb) memcpy(de + (size_t)(got + j) * (size_t)b * es, src + (size_t)a * es, (size_t)b * es);
         }
-        at += n;
+        got += k;
       }
       const char *te = (const char *)m->pflat + (size_t)h->toff + (size_t)e * (size_t)h->ldt * es;
-      if (!hb)
-        cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
+      if (!hb) cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
       if (wdx) cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, de, b, te, b, 0, oe, a);
       if (wdt)
         cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, xe, a, de, b, 1,
                   (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
       /* the results into each process's reply, in the order its rows came */
-      at = 0;
+      got = 0;
       for (int q = p; q < N; q++) {
-        if (!ep_same_op(&heads[q], h)) continue;
-        long n = (long)cin[cat[q] + (size_t)(e - e0)];
-        if (rout) memcpy((char *)ep->buf[EP_REPLY] + repat[q] + cur[q] * rout, oe + (size_t)at * rout, (size_t)n * rout);
-        cur[q] += (size_t)n, at += n;
+        if (lead[q] != p) continue;
+        ep_portion(&pl, q, e, me, &bq, &k);
+        if (rout) memcpy((char *)ep->buf[EP_REPLY] + repat[q] + cur[q] * rout, oe + (size_t)got * rout, (size_t)k * rout);
+        cur[q] += (size_t)k, got += k;
       }
     }
   }
@@ -504,7 +630,7 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
     const ep_head *h = &heads[q];
     size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
     size_t back = rowout ? sbytes[q] / rowout * backrow : 0;
-    sbytes[q] = inrows[q] * rout;
+    sbytes[q] = cur[q] * rout;
     rbytes[q] = back;
   }
   char *backb = ep_buf(m, EP_SEND, backrow * (size_t)(active && sn ? sn : 1)); /* (the rows sent are done with) */
@@ -513,15 +639,22 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
   if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], sbytes, backb, rbytes), "alltoallv of the results"))
     return -1;
   ep->stats.seconds += cv_now() - t0;
-  /* they come back in slot order */
-  for (long i = 0; active && backrow && i < sn; i++) {
-    const char *src = backb + (size_t)i * backrow;
-    char *dst = y + (size_t)(s0 + i) * (size_t)ldy * es;
-    if (set) memcpy(dst, src, backrow);
-    else if (es == 8)
-      for (long j = 0; j < (bwd ? A : B); j++) ((double *)dst)[j] += ((const double *)src)[j];
-    else
-      for (long j = 0; j < (bwd ? A : B); j++) ((float *)dst)[j] += ((const float *)src)[j];
+  /* ...each process's in the order they were sent to it */
+  for (int q = 0; active && backrow && q < N; q++) {
+    long n = ep_order(&pl, me, q, ord);
+    const char *src = backb + backat[q];
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(&pl, me, ord[i], q, &b, &k);
+      for (long j = 0; j < k; j++, src += backrow) {
+        char *dst = y + (size_t)((long)seg[ord[i]] + b + j) * (size_t)ldy * es;
+        if (set) memcpy(dst, src, backrow);
+        else if (es == 8)
+          for (long v = 0; v < (bwd ? A : B); v++) ((double *)dst)[v] += ((const double *)src)[v];
+        else
+          for (long v = 0; v < (bwd ? A : B); v++) ((float *)dst)[v] += ((const float *)src)[v];
+      }
+    }
   }
   return 0;
 }

@@ -1881,8 +1881,10 @@ END_TEST
  * of cavs.h, over two collectives made of a barrier and memcpy (Hub). Their gradients
  * sum to the whole minibatch's run in one model (1e-11 in double: only the order of an
  * expert's sums differs), every part's output is the whole's, an expert's gradient
- * is zero on every process but its own, and rows did travel; a process with no graph
- * (cavs_model_expert_serve in place of its backward pass) counts for nothing. */
+ * is zero on every process but its own (without replicas), and rows did travel; a
+ * process with no graph (cavs_model_expert_serve in place of its backward pass) counts
+ * for nothing. With replicas (a round's hot expert's rows split with the least busy
+ * process) the sums are the same, and some rows did go to a replica. */
 enum { HUB_MAX = 4 };
 typedef struct Hub {
   int n;
@@ -1897,6 +1899,7 @@ typedef struct Port {
   const cavs_graph *const *gs;
   int lo, hi;
   const long *counts;
+  int replicate;
   cavs_model *m;
   double loss;
   int rc;
@@ -1932,7 +1935,7 @@ static int hub_alltoallv(void *arg, const void *send, const size_t *sbytes, void
 static void *hub_part(void *arg) {
   Port *p = arg;
   cavs_expert_comm comm = {.rank = p->rank, .size = p->h->n, .allgather = hub_allgather,
-                           .alltoallv = hub_alltoallv, .arg = p};
+                           .alltoallv = hub_alltoallv, .arg = p, .replicate = p->replicate};
   cavs_stats st;
   bool none = p->lo == p->hi;
   p->rc = cavs_model_set_expert_comm(p->m, &comm) ||
@@ -1944,7 +1947,7 @@ static void *hub_part(void *arg) {
   return NULL;
 }
 
-static void experts_placed(const char *file, int P, bool with_none) {
+static long experts_placed(const char *file, int P, bool with_none, int replicate) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
@@ -1965,7 +1968,7 @@ static void experts_placed(const char *file, int P, bool with_none) {
   pthread_t th[HUB_MAX];
   for (int q = 0; q < P; q++) {
     port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
-                     .m = unbalanced_model(d, dims)};
+                     .replicate = replicate, .m = unbalanced_model(d, dims)};
     if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
   }
   for (int q = 0; q < P; q++) ck_assert_int_eq(pthread_create(&th[q], NULL, hub_part, &port[q]), 0);
@@ -1975,7 +1978,7 @@ static void experts_placed(const char *file, int P, bool with_none) {
   /* the gradients: the parts' summed, against the whole's */
   double worst = 0;
   int at = -1, experts = 0;
-  long moved = 0;
+  long moved = 0, replicated = 0;
   for (int i = 0; i < d->nparams; i++) {
     long rows, cols, ld, lq;
     const double *gw = cavs_model_grad(whole, i, &rows, &cols, &ld);
@@ -1987,7 +1990,7 @@ static void experts_placed(const char *file, int P, bool with_none) {
         for (int q = 0; q < P; q++) {
           const double *gq = cavs_model_grad(port[q].m, i, &rows, &cols, &lq);
           long X = rows, first = ((long)q * X + P - 1) / P, next = ((long)(q + 1) * X + P - 1) / P;
-          if (table && (r < first || r >= next))
+          if (table && !replicate && (r < first || r >= next))
             ck_assert_msg(gq[r * lq + j] == 0, "%s: process %d holds a gradient of expert %ld, not its own", file, q, r);
           sum += gq[r * lq + j];
         }
@@ -2001,19 +2004,25 @@ static void experts_placed(const char *file, int P, bool with_none) {
   for (int q = 0; q < P; q++) {
     cavs_expert_stats es;
     cavs_model_expert_stats(port[q].m, &es, 1);
-    moved += es.rows_out;
-    ck_assert(es.rounds > 0 && es.rows_out >= 0 && es.rows_in >= 0);
+    moved += es.rows_out, replicated += es.rows_replicated;
+    ck_assert(es.rounds > 0 && es.rows_out >= 0 && es.rows_in >= 0 && es.rows_replicated <= es.rows_out);
+    if (!replicate) ck_assert_int_eq(es.rows_replicated, 0);
     cavs_model_free(port[q].m);
   }
   ck_assert_msg(moved > 0, "%s: no row went to another process", file);
   cavs_model_free(whole);
+  return replicated;
 }
 
 START_TEST(experts_placed_sum_to_whole) {
-  experts_placed("moe_tree.vf", 2, false);
-  experts_placed("moe_lm.vf", 2, false);
-  experts_placed("moe_tree.vf", 3, false);
-  experts_placed("moe_tree.vf", 3, true);
+  long replicated = 0;
+  for (int rep = 0; rep < 2; rep++) {
+    replicated += experts_placed("moe_tree.vf", 2, false, rep);
+    replicated += experts_placed("moe_lm.vf", 2, false, rep);
+    replicated += experts_placed("moe_tree.vf", 3, false, rep);
+    replicated += experts_placed("moe_tree.vf", 3, true, rep);
+  }
+  ck_assert_msg(replicated > 0, "no hot expert was replicated: the replicas' arithmetic went unchecked");
 }
 END_TEST
 

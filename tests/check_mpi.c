@@ -649,8 +649,9 @@ END_TEST
  * with an expert layer at every vertex, with dropout and a last minibatch of one graph
  * (the rank without a graph answers the other's rows in place of its backward pass),
  * and on the language model with its layer in the push block; the log says rows went
- * between the ranks. With --grad-overlap, or on the cuda backend, it is an error before
- * training. */
+ * between the ranks, some of them to a hot expert's replica (and none with
+ * --no-expert-replicas, which equals one process too). With --grad-overlap, or on the
+ * cuda backend, it is an error before training. */
 START_TEST(experts_placed_equal_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
   gen("toy", "33", "3", "toy33.txt", NULL);
@@ -661,6 +662,15 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_msg(w < 1e-9, "the tree, experts placed: two ranks' parameters differ from one process's by %g", w);
   ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rows_sent"), 0);
   ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rounds"), 0);
+  ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rows_replicated"), 0);
+  /* without replicas: every expert's rows on its own rank */
+  BOTH("moetn", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
+       "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--option", "balance=0",
+       "--expert-parallel", "--no-expert-replicas");
+  w = differ("moetn");
+  ck_assert_msg(w < 1e-9, "the tree, no replicas: two ranks' parameters differ from one process's by %g", w);
+  ck_assert_int_eq(last_log_int(path_in("moetn.2.log"), "expert_rows_replicated"), 0);
+  ck_assert_int_gt(last_log_int(path_in("moetn.2.log"), "expert_rows_sent"), 0);
   char *text = malloc(1 << 16);
   size_t n = 0;
   uint64_t s = 7;
