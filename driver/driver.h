@@ -225,7 +225,7 @@ typedef struct Totals {
   double load_min[MAX_ROUTES], load_max[MAX_ROUTES], load_cv[MAX_ROUTES];
   /* training with --expert-parallel: slot rows every rank sent to another (forward and
      backward, summed over the ranks), exchange rounds, and this rank's seconds in them */
-  long ep_rows, ep_rounds, ep_replicated; /* (of ep_rows, those to a hot expert's replica) */
+  long ep_rows, ep_rounds, ep_replicated; /* (rows, sent or kept, run on a hot expert's replica) */
   double ep_secs;
 } Totals;
 

@@ -821,7 +821,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     printf("  %d ranks, %.2fs summing gradients (%.2fs of it in the backward passes)", dist_size, t->reduce_secs,
            t->reduce_during);
   if (dist_size > 1 && dist_expert_parallel)
-    printf("  experts placed: %.0f rows/step to other ranks (%.0f to replicas), %.2fs exchanging",
+    printf("  experts placed: %.0f rows/step to other ranks, %.0f on replicas, %.2fs exchanging",
            (double)t->ep_rows / (t->batches ? t->batches : 1), (double)t->ep_replicated / (t->batches ? t->batches : 1),
            t->ep_secs);
   /* a mixture of experts: its least and most loaded expert's share of the slots */

@@ -407,11 +407,11 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm);
 int cavs_model_expert_serve(cavs_model *m);
 /* What expert parallelism moved since the last reset: exchange rounds, slot rows sent
  * to other processes (forward and backward), rows received from them and computed
- * here, rows kept here, rows sent to a replica, and the seconds spent in the two
+ * here, rows kept here, rows run on a replica (sent or kept), and the seconds spent in the two
  * collectives. */
 typedef struct cavs_expert_stats {
   long rounds, rows_out, rows_in, rows_here;
-  long rows_replicated; /* of rows_out, those sent to a hot expert's replica */
+  long rows_replicated; /* of rows_out and rows_here, those run on a hot expert's replica */
   double seconds;
 } cavs_expert_stats;
 void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset);

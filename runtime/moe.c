@@ -368,54 +368,64 @@ static int ep_call(cavs_model *m, int rc, const char *what) {
 /* A round's plan, the same on every process (made from what every process said): each
    process's slot counts for each expert of its emm (cnt[p X + e], X the round's widest
    gate), the first process running each one's emm (lead[p]: they share products), and
-   the replicated expert, if any: expert hot_e of the emm led by hot_lead, whose rows
-   after the first keep of them (every process's in rank order) go to process rep
-   instead of its own; kown[p], process p's rows of it that stay. */
+   the replicas: nhot experts, replica i expert hot_e[i] of the emm led by hot_lead[i],
+   whose rows after the first kown[i N + p] of process p's (the first half of every
+   process's, in rank order) go to process rep[i] instead of the expert's own. */
+enum { EP_MAX_REPLICAS = 8 };
 typedef struct {
-  int N, me;
+  int N;
   long X;
   const ep_head *heads;
   const int64_t *cnt;
-  int *lead;
-  int hot_lead, rep;
-  long hot_e;
-  long *kown;
+  const int *lead;
+  int nhot;
+  int hot_lead[EP_MAX_REPLICAS], rep[EP_MAX_REPLICAS];
+  long hot_e[EP_MAX_REPLICAS];
+  long *kown; /* [EP_MAX_REPLICAS N] */
 } ep_plan;
+
+/* which replica process p's rows of expert e have (-1: none) */
+static int ep_hot(const ep_plan *pl, int p, long e) {
+  for (int i = 0; i < pl->nhot; i++)
+    if (pl->lead[p] == pl->hot_lead[i] && e == pl->hot_e[i]) return i;
+  return -1;
+}
 
 /* Process p's rows of expert e that go to process q: [*b, *b + *n) of them (in slot
    order) */
 static void ep_portion(const ep_plan *pl, int p, long e, int q, long *b, long *n) {
   const ep_head *h = &pl->heads[p];
   long c = (long)pl->cnt[(size_t)p * (size_t)pl->X + (size_t)e];
-  bool hot = pl->hot_lead >= 0 && pl->lead[p] == pl->hot_lead && e == pl->hot_e;
-  long keep = hot ? pl->kown[p] : c;
+  int i = ep_hot(pl, p, e);
+  long keep = i >= 0 ? pl->kown[(size_t)i * (size_t)pl->N + (size_t)p] : c;
   *b = 0, *n = 0;
-  if (q >= 0 && e >= ep_first(q, h->X, pl->N) && e < ep_first(q + 1, h->X, pl->N)) *n = keep;
-  else if (hot && q == pl->rep) *b = keep, *n = c - keep;
+  if (e >= ep_first(q, h->X, pl->N) && e < ep_first(q + 1, h->X, pl->N)) *n = keep;
+  else if (i >= 0 && q == pl->rep[i]) *b = keep, *n = c - keep;
 }
 
 /* The experts whose rows process p sends to process q, in the order it sends them: q's
-   own (ascending), then the replicated one where q holds its replica. *n of them into
-   out (at most X + 1). */
+   own (ascending), then those q holds a replica of, in the plan's order. Their number;
+   out holds at most X + EP_MAX_REPLICAS. */
 static long ep_order(const ep_plan *pl, int p, int q, long *out) {
   const ep_head *h = &pl->heads[p];
   long n = 0;
   if (h->kind == EP_IDLE) return 0;
   for (long e = ep_first(q, h->X, pl->N); e < ep_first(q + 1, h->X, pl->N); e++) out[n++] = e;
-  if (pl->hot_lead >= 0 && pl->lead[p] == pl->hot_lead && q == pl->rep) out[n++] = pl->hot_e;
+  for (int i = 0; i < pl->nhot; i++)
+    if (pl->lead[p] == pl->hot_lead[i] && q == pl->rep[i]) out[n++] = pl->hot_e[i];
   return n;
 }
 
-/* The hot expert, if the round is skewed: the process of the heaviest load (rows times
-   the product's A B; the backward pass's two products count twice), its heaviest
-   expert, and the lightest process; half the expert's rows move there when that
-   process's load is above 5/4 of the mean and the move lowers the heaviest. */
+/* The replicas, where the round is skewed: a process's load is its experts' rows times
+   the product's A B (the backward pass's two products count twice). While the busiest
+   process is above 5/4 of the mean, its heaviest expert not yet split has half of its
+   rows moved to the least busy process, if that lowers the busiest load; at most
+   EP_MAX_REPLICAS a round. */
 static void ep_replicate(ep_plan *pl, double *load, double *eload) {
   int N = pl->N;
   long X = pl->X;
-  pl->hot_lead = -1, pl->rep = -1, pl->hot_e = -1;
   for (int q = 0; q < N; q++) load[q] = 0;
-  for (size_t i = 0; i < (size_t)N * (size_t)X; i++) eload[i] = 0; /* [lead N... as p] x [e] */
+  for (size_t i = 0; i < (size_t)N * (size_t)X; i++) eload[i] = 0; /* [lead][e] */
   double total = 0;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &pl->heads[p];
@@ -428,34 +438,43 @@ static void ep_replicate(ep_plan *pl, double *load, double *eload) {
       total += l;
     }
   }
-  int hi = 0, lo = 0;
-  for (int q = 1; q < N; q++) {
-    if (load[q] > load[hi]) hi = q;
-    if (load[q] < load[lo]) lo = q;
-  }
-  if (N < 2 || load[hi] <= 1.25 * total / N) return;
-  double best = 0;
-  for (int p = 0; p < N; p++) {
-    if (pl->heads[p].kind == EP_IDLE || pl->lead[p] != p) continue;
-    long X1 = pl->heads[p].X;
-    for (long e = ep_first(hi, X1, N); e < ep_first(hi + 1, X1, N); e++)
-      if (eload[(size_t)p * (size_t)X + (size_t)e] > best) best = eload[(size_t)p * (size_t)X + (size_t)e], pl->hot_lead = p, pl->hot_e = e;
-  }
-  if (pl->hot_lead < 0 || load[lo] + best / 2 >= load[hi]) {
-    pl->hot_lead = -1;
-    return;
-  }
-  pl->rep = lo;
-  long R = 0;
-  for (int p = 0; p < N; p++)
-    if (pl->lead[p] == pl->hot_lead) R += (long)pl->cnt[(size_t)p * (size_t)X + (size_t)pl->hot_e];
-  long keep = R - R / 2, before = 0;
-  for (int p = 0; p < N; p++) {
-    if (pl->lead[p] != pl->hot_lead) continue;
-    long c = (long)pl->cnt[(size_t)p * (size_t)X + (size_t)pl->hot_e];
-    long k = keep - before;
-    pl->kown[p] = k < 0 ? 0 : k > c ? c : k;
-    before += c;
+  while (N > 1 && pl->nhot < EP_MAX_REPLICAS) {
+    int hi = 0, lo = 0;
+    for (int q = 1; q < N; q++) {
+      if (load[q] > load[hi]) hi = q;
+      if (load[q] < load[lo]) lo = q;
+    }
+    if (load[hi] <= 1.25 * total / N) return;
+    double best = 0;
+    int bl = -1;
+    long be = -1;
+    for (int p = 0; p < N; p++) {
+      if (pl->heads[p].kind == EP_IDLE || pl->lead[p] != p) continue;
+      long X1 = pl->heads[p].X;
+      for (long e = ep_first(hi, X1, N); e < ep_first(hi + 1, X1, N); e++) {
+        double l = eload[(size_t)p * (size_t)X + (size_t)e];
+        if (l > best && ep_hot(pl, p, e) < 0) best = l, bl = p, be = e;
+      }
+    }
+    if (bl < 0 || load[lo] + best / 2 >= load[hi]) return;
+    int i = pl->nhot++;
+    pl->hot_lead[i] = bl, pl->hot_e[i] = be, pl->rep[i] = lo;
+    long R = 0, moved = 0;
+    for (int p = 0; p < N; p++)
+      if (pl->lead[p] == bl) R += (long)pl->cnt[(size_t)p * (size_t)X + (size_t)be];
+    long keep = R - R / 2, before = 0;
+    for (int p = 0; p < N; p++) {
+      long *k = &pl->kown[(size_t)i * (size_t)N + (size_t)p];
+      if (pl->lead[p] != bl) {
+        *k = 0;
+        continue;
+      }
+      long c = (long)pl->cnt[(size_t)p * (size_t)X + (size_t)be];
+      *k = keep - before < 0 ? 0 : keep - before > c ? c : keep - before;
+      before += c, moved += c - *k;
+    }
+    double l = R ? best * (double)moved / (double)R : 0;
+    load[hi] -= l, load[lo] += l;
   }
 }
 
@@ -486,10 +505,11 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
   ep->stats.rounds++;
   bool active = mine->kind != EP_IDLE, bwd = mine->kind == EP_BWD;
   long A = mine->A, B = mine->B;
-  /* scratch: sizes [2 N], offsets [4 N] (size_t); the plan's lead [N], kown [N], the
-     expert orders [X + 1], loads [N + N X] */
+  /* scratch: sizes [2 N], offsets [4 N] (size_t); loads [N + N X]; counts [X + N X];
+     the plan's kown [EP_MAX_REPLICAS N], an expert order [X + EP_MAX_REPLICAS], lead [N] */
   enum { SB, RB, INAT, REPAT, CUR, BACKAT, NW };
-  size_t need = sizeof(size_t) * NW * (size_t)N + sizeof(int) * (size_t)N + sizeof(long) * ((size_t)N + (size_t)X + 1) +
+  size_t need = sizeof(size_t) * NW * (size_t)N + sizeof(int) * (size_t)N +
+                sizeof(long) * ((size_t)EP_MAX_REPLICAS * (size_t)N + (size_t)X + EP_MAX_REPLICAS) +
                 sizeof(double) * ((size_t)N + (size_t)N * (size_t)X) + sizeof(int64_t) * (size_t)X * (size_t)(N + 1);
   char *wk = ep_buf(m, EP_WORK, need);
   if (!wk) return -1;
@@ -498,8 +518,8 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
          *backat = w + BACKAT * N;
   double *load = (double *)(w + NW * N), *eload = load + N;
   int64_t *cmine = (int64_t *)(eload + (size_t)N * (size_t)X), *cnt = cmine + X;
-  long *kown = (long *)(cnt + (size_t)N * (size_t)X), *ord = kown + N;
-  int *lead = (int *)(ord + X + 1);
+  long *kown = (long *)(cnt + (size_t)N * (size_t)X), *ord = kown + (size_t)EP_MAX_REPLICAS * (size_t)N;
+  int *lead = (int *)(ord + X + EP_MAX_REPLICAS);
   /* 1. every process's slot counts, for every expert */
   for (long e = 0; e < X; e++) cmine[e] = 0;
   for (long s = s0; active && s < s0 + sn; s++) cmine[rt->sexp[s]]++;
@@ -521,10 +541,8 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
         lead[p] = q;
         break;
       }
-    kown[p] = 0;
   }
-  ep_plan pl = {.N = N, .me = me, .X = X, .heads = heads, .cnt = cnt, .lead = lead, .kown = kown};
-  pl.hot_lead = -1, pl.rep = -1, pl.hot_e = -1;
+  ep_plan pl = {.N = N, .X = X, .heads = heads, .cnt = cnt, .lead = lead, .kown = kown};
   if (ep->comm.replicate) ep_replicate(&pl, load, eload);
   /* 2. the rows, to each process in the order ep_order gives: each slot's x (backward: x
      and dy side by side). My slots of expert e start at seg(e): the slots run by expert. */
@@ -549,7 +567,8 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
         memcpy(sendb + at, x + (size_t)sl * (size_t)ldx * es, (size_t)A * es);
         if (bwd) memcpy(sendb + at + (size_t)A * es, dy + (size_t)sl * (size_t)lddy * es, (size_t)B * es);
       }
-      if (q != me && pl.hot_lead >= 0 && q == pl.rep && ord[i] == pl.hot_e) ep->stats.rows_replicated += k;
+      int hot = ep_hot(&pl, me, ord[i]);
+      if (hot >= 0 && q == pl.rep[hot]) ep->stats.rows_replicated += k;
     }
     sbytes[q] = at - before;
     sat += rowout ? sbytes[q] / rowout * backrow : 0;
