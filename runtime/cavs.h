@@ -392,9 +392,10 @@ typedef struct cavs_expert_comm {
      rbytes[q] bytes from q likewise into recv (MPI_Alltoallv); 0 on success */
   int (*alltoallv)(void *arg, const void *send, const size_t *sbytes, void *recv, const size_t *rbytes);
   void *arg;
-  /* 1: where a round's loads are skewed (the busiest process above 5/4 of the mean),
-     its heaviest expert's rows are split with the least busy process, which runs them
-     on its copy of the expert (a replica) and adds to its own gradient of it */
+  /* 1: while a round's loads are skewed (the busiest process above 5/4 of the mean),
+     the busiest's heaviest expert not yet split has half its rows run by the least
+     busy process, on its copy of the expert (a replica), which adds to its own
+     gradient of it (at most 8 experts a round) */
   int replicate;
 } cavs_expert_comm;
 /* comm copied (NULL: every product here, the default): 0, or -1 with a message for a
