@@ -74,6 +74,10 @@ static int param_named(const cavs_desc *d, const char *name, size_t len) {
 /* A training run: what the steps of cmd_train share. */
 typedef struct Run {
   TrainOpts *o;
+  /* per routing: the slots this epoch's passes that counted for nothing (a rank without
+     a graph of a minibatch runs graph 0 again) gave each expert, kept out of the loads */
+  long *skip[MAX_ROUTES];
+  int nskip[MAX_ROUTES];
   Loaded L;
   const cavs_desc *d;
   cavs_ckpt *ck; /* the checkpoint resumed from, or NULL */
@@ -534,6 +538,40 @@ static void stats_of(const cavs_desc *d, const cavs_loss_acc *a, cavs_stats *st)
   }
 }
 
+static long *grow_longs(long *p, int n) {
+  long *q = realloc(p, sizeof(long) * (size_t)(n > 0 ? n : 1));
+  if (!q) die(2, "out of memory");
+  return q;
+}
+
+/* Each routing's loads now into snap (grown to hold them), their numbers in n */
+static void loads_now(Run *r, long **snap, int *n) {
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    int X = cavs_model_expert_load(r->m, k, NULL, 0);
+    n[k] = X > 0 ? X : 0;
+    if (!n[k]) continue;
+    snap[k] = grow_longs(snap[k], X);
+    cavs_model_expert_load(r->m, k, snap[k], X);
+  }
+}
+
+/* What a pass that counts for nothing added to the loads (before: loads_now's before
+   it), added to r->skip */
+static void loads_skip(Run *r, long **before, const int *nb) {
+  long *after[MAX_ROUTES] = {0};
+  int na[MAX_ROUTES];
+  loads_now(r, after, na);
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    if (na[k] > r->nskip[k]) {
+      r->skip[k] = grow_longs(r->skip[k], na[k]);
+      for (int e = r->nskip[k]; e < na[k]; e++) r->skip[k][e] = 0;
+      r->nskip[k] = na[k];
+    }
+    for (int e = 0; e < na[k]; e++) r->skip[k][e] += after[k][e] - (e < nb[k] ? before[k][e] : 0);
+    free(after[k]);
+  }
+}
+
 /* The same step as one of dist_size ranks (mpirun): this rank's part of the minibatch
  * (dist_part: by vertices) forward; the losses' counts and sums, and whether a rank was
  * asked to stop, summed over the ranks; the backward pass divided by the whole's counts;
@@ -554,11 +592,18 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   r->carry_n = hi - lo;
   if (none) lo = 0, hi = 1, before = 0;
   read_part(r, b, lo, hi); /* (only this rank's graphs, where the data is streamed) */
+  long *lb[MAX_ROUTES] = {0};
+  int nlb[MAX_ROUTES] = {0};
+  if (none) loads_now(r, lb, nlb);
   cavs_stats st;
   errno = 0;
   dist_experts(r->m, true); /* (--expert-parallel: this step's passes place the experts) */
   if (cavs_model_set_vertex_offset(r->m, before) || cavs_model_forward(r->m, r->gs + lo, hi - lo, &st))
     lib_die(cavs_model_error(r->m));
+  if (none) { /* (its routing counted for nothing too) */
+    loads_skip(r, lb, nlb);
+    for (int k = 0; k < MAX_ROUTES; k++) free(lb[k]);
+  }
   int n;
   const cavs_loss_acc *a = cavs_model_losses(r->m, &n);
   long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 1));
@@ -715,6 +760,7 @@ static void expert_loads(Run *r, Totals *t) {
     long *load = xmalloc(sizeof(long) * (size_t)X);
     for (int e = 0; e < X; e++) load[e] = 0;
     cavs_model_expert_load(r->m, k, load, X);
+    for (int e = 0; e < X && e < r->nskip[k]; e++) load[e] -= r->skip[k][e];
     if (dist_size > 1) dist_sum_long(load, X);
     double sum = 0, sq = 0, lo = -1, hi = 0;
     for (int e = 0; e < X; e++) {
@@ -744,6 +790,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   r->ts.graphs_done = 0;
   cavs_model_backend_stats(r->m, NULL, 1);
   cavs_model_expert_load_reset(r->m);
+  for (int k = 0; k < MAX_ROUTES; k++)
+    for (int e = 0; e < r->nskip[k]; e++) r->skip[k][e] = 0;
   cavs_model_expert_stats(r->m, NULL, 1);
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
@@ -1082,6 +1130,7 @@ int cmd_train(TrainOpts *o) {
   free(r.chunks);
   bptt_cut_free(&r.cut);
   dist_release(); /* (its buffers are the model's backend's) */
+  for (int k = 0; k < MAX_ROUTES; k++) free(r.skip[k]);
   cavs_model_free(r.m);
   cavs_dataset_free(r.tr);
   cavs_dataset_free(r.part);

@@ -131,6 +131,22 @@ static double last_log_num(const char *log, const char *field, bool integer) {
   return x;
 }
 static long last_log_int(const char *log, const char *field) { return (long)last_log_num(log, field, true); }
+/* ...and the first number of a field that is an array of them */
+static double last_log_first(const char *log, const char *field) {
+  char *text = tu_slurp(log, NULL);
+  ck_assert_ptr_nonnull(text);
+  char *last = text, *nl;
+  while ((nl = strchr(last, '\n')) && nl[1]) last = nl + 1;
+  json_error_t e;
+  json_t *rec = json_loads(last, JSON_DISABLE_EOF_CHECK, &e);
+  ck_assert_msg(json_is_object(rec), "%s: %s", log, e.text);
+  json_t *v = json_array_get(json_object_get(rec, field), 0);
+  ck_assert_msg(json_is_number(v), "%s: no array of numbers '%s' in %s", log, field, last);
+  double x = json_number_value(v);
+  json_decref(rec);
+  free(text);
+  return x;
+}
 
 /* The dev set under mpirun: each rank evaluates its part of every minibatch, the sums
    added up: the one process's dev loss (to rounding: the sums' order differs) and
@@ -650,7 +666,8 @@ END_TEST
  * (the rank without a graph answers the other's rows in place of its backward pass),
  * and on the language model with its layer in the push block; the log says rows went
  * between the ranks, some of them to a hot expert's replica (and none with
- * --no-expert-replicas, which equals one process too). With --grad-overlap, or on the
+ * --no-expert-replicas, which equals one process too), and the experts' loads it
+ * reports are one process's. With --grad-overlap, or on the
  * cuda backend, it is an error before training. */
 START_TEST(experts_placed_equal_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
@@ -663,6 +680,13 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rows_sent"), 0);
   ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rounds"), 0);
   ck_assert_int_gt(last_log_int(path_in("moet.2.log"), "expert_rows_replicated"), 0);
+  /* the experts' loads are one process's: the pass of the rank without a graph of the
+     last minibatch (graph 0 again) is kept out of them */
+  const char *lf[] = {"expert_share_min", "expert_share_max", "expert_load_cv"};
+  for (int i = 0; i < 3; i++) {
+    double l1 = last_log_first(path_in("moet.1.log"), lf[i]), l2 = last_log_first(path_in("moet.2.log"), lf[i]);
+    ck_assert_msg(fabs(l1 - l2) <= 1e-12, "%s: one process %.17g, two ranks %.17g", lf[i], l1, l2);
+  }
   /* without replicas: every expert's rows on its own rank */
   BOTH("moetn", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
        "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--option", "balance=0",
