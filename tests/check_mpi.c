@@ -113,8 +113,8 @@ static const char *exported(const char *ckpt, const char *name) {
   return out[k];
 }
 
-/* the last record of a --log file: a field's integer, or a number */
-static double last_log_num(const char *log, const char *field, bool integer) {
+/* the last record of a --log file, parsed */
+static json_t *last_log(const char *log) {
   char *text = tu_slurp(log, NULL);
   ck_assert_ptr_nonnull(text);
   char *last = text, *nl;
@@ -122,29 +122,25 @@ static double last_log_num(const char *log, const char *field, bool integer) {
   json_error_t e;
   json_t *rec = json_loads(last, JSON_DISABLE_EOF_CHECK, &e);
   ck_assert_msg(json_is_object(rec), "%s: %s", log, e.text);
-  json_t *v = json_object_get(rec, field);
-  ck_assert_msg(integer ? json_is_integer(v) : json_is_number(v), "%s: no %s '%s' in %s", log,
-                integer ? "integer" : "number", field, last);
+  free(text);
+  return rec;
+}
+/* its field's integer, or a number */
+static double last_log_num(const char *log, const char *field, bool integer) {
+  json_t *rec = last_log(log), *v = json_object_get(rec, field);
+  ck_assert_msg(integer ? json_is_integer(v) : json_is_number(v), "%s: no %s '%s'", log, integer ? "integer" : "number",
+                field);
   double x = json_number_value(v);
   json_decref(rec);
-  free(text);
   return x;
 }
 static long last_log_int(const char *log, const char *field) { return (long)last_log_num(log, field, true); }
 /* ...and the first number of a field that is an array of them */
 static double last_log_first(const char *log, const char *field) {
-  char *text = tu_slurp(log, NULL);
-  ck_assert_ptr_nonnull(text);
-  char *last = text, *nl;
-  while ((nl = strchr(last, '\n')) && nl[1]) last = nl + 1;
-  json_error_t e;
-  json_t *rec = json_loads(last, JSON_DISABLE_EOF_CHECK, &e);
-  ck_assert_msg(json_is_object(rec), "%s: %s", log, e.text);
-  json_t *v = json_array_get(json_object_get(rec, field), 0);
-  ck_assert_msg(json_is_number(v), "%s: no array of numbers '%s' in %s", log, field, last);
+  json_t *rec = last_log(log), *v = json_array_get(json_object_get(rec, field), 0);
+  ck_assert_msg(json_is_number(v), "%s: no array of numbers '%s'", log, field);
   double x = json_number_value(v);
   json_decref(rec);
-  free(text);
   return x;
 }
 
