@@ -316,14 +316,15 @@ static const char *at(const cavs_ctx *c, const void *p, long row, long ld) {
 /* ---- expert parallelism: an expert's products on its own process ----
  *
  * A round (one emm of one process's pass, or nothing: a process that has finished its
- * pass): every process says what it runs (ep_head, gathered by all), then sends each
- * process the count of its slots for each of that process's experts, then the slots'
- * rows (forward: x; backward: x and dy side by side), which the slots' order already
- * groups by process (a routing numbers its slots by expert, and a process's experts are
- * contiguous). Each process runs, for each distinct emm of the round and each of its
- * experts, one product over every process's rows of it (gathered in rank order), and
- * sends the results back (forward: y; backward: dx), adding x^T dy to its own gradient
- * of the expert. A round with no process running anything ends a pass's rounds. */
+ * pass): every process says what it runs (ep_head, gathered by all), then its slot
+ * count for every expert (gathered by all, so that every process makes the same plan:
+ * where each expert's rows run, replicas included), then sends the slots' rows (forward:
+ * x; backward: x and dy side by side) to the processes that run them; the slots' order
+ * already groups them by expert (a routing numbers its slots by expert). Each process
+ * runs, for each distinct emm of the round and each expert whose rows it received, one
+ * product over every process's rows of it (gathered in rank order), and sends the
+ * results back (forward: y; backward: dx), adding x^T dy to its own gradient of the
+ * expert. A round with no process running anything ends a pass's rounds. */
 enum { EP_IDLE, EP_FWD, EP_BWD };
 enum { EP_DX = 1, EP_DT = 2 };
 typedef struct {
@@ -353,7 +354,8 @@ static int ep_check_head(cavs_model *m, const ep_head *h, int p) {
   if (h->kind == EP_IDLE) return 0;
   size_t es = m->esize, nb = m->nflat * es;
   bool ok = (h->kind == EP_FWD || h->kind == EP_BWD) && h->A > 0 && h->B > 0 && h->X > 0 && h->X <= INT_MAX &&
-            h->A <= INT_MAX / h->B && h->ldt >= h->A * h->B && h->toff >= 0 && (size_t)h->toff % es == 0 &&
+            h->A <= INT_MAX / h->B && h->ldt >= h->A * h->B && (size_t)h->ldt <= nb / es &&
+            (size_t)h->lddt <= nb / es && h->toff >= 0 && (size_t)h->toff % es == 0 &&
             (size_t)h->toff <= nb && (size_t)(h->X - 1) * (size_t)h->ldt + (size_t)(h->A * h->B) <= (nb - (size_t)h->toff) / es;
   if (ok && (h->flags & EP_DT))
     ok = h->dtoff >= 0 && (size_t)h->dtoff % es == 0 && h->lddt >= h->A * h->B && (size_t)h->dtoff <= nb &&

@@ -212,21 +212,29 @@ static cavs_model *unbalanced_model(const cavs_desc *d, const long *dims) {
   return m;
 }
 
-static void parts_sum_to_whole(const char *file) {
-  const cavs_desc *d = load_model(file, "double");
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true), h = k / 2;
+/* A model of d (balancing off) through forward and backward passes of gs[0..k): the
+   whole minibatch; counts[0..8) its losses' row counts (0 past the model's) */
+static cavs_model *whole_pass(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, long counts[8]) {
   cavs_model *whole = unbalanced_model(d, dims);
   cavs_stats st;
   ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
   cavs_model_backward(whole);
   int nl;
   const cavs_loss_acc *acc = cavs_model_losses(whole, &nl);
-  long counts[8] = {0};
   ck_assert(nl <= 8);
-  for (int l = 0; l < nl; l++) counts[l] = acc[l].count;
+  for (int l = 0; l < 8; l++) counts[l] = l < nl ? acc[l].count : 0;
+  return whole;
+}
+
+static void parts_sum_to_whole(const char *file) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), h = k / 2;
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  cavs_stats st;
   for (int told = 1; told >= 0; told--) {
     cavs_model *p1 = unbalanced_model(d, dims), *p2 = unbalanced_model(d, dims);
     ck_assert_int_eq(cavs_model_forward(p1, gs, h, &st), 0);
@@ -1954,14 +1962,8 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(d, dims, g, gs, true);
   if (with_none) k = P - 1; /* a graph for all but the last */
-  cavs_model *whole = unbalanced_model(d, dims);
-  cavs_stats st;
-  ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
-  cavs_model_backward(whole);
-  int nl;
-  const cavs_loss_acc *acc = cavs_model_losses(whole, &nl);
-  long counts[8] = {0};
-  for (int l = 0; l < nl; l++) counts[l] = acc[l].count;
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
   Hub hub = {.n = P};
   pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
   Port port[HUB_MAX];
