@@ -312,10 +312,12 @@ static int reduce_rows(cavs_model *m, Table *t, size_t es, MPI_Datatype type) {
   return rc;
 }
 
-/* The bytes of the flat gradient block outside the tables sent as rows, [from, next),
-   one span after another: `next` the start of the next such table at or after from
-   (nb: none), *end its end. */
-static size_t span_end(const Table *tab, int nt, const char *flat, size_t nb, size_t from, size_t es, size_t *end) {
+/* The bytes of the flat gradient block outside the tables sent as rows and the expert
+   tables placed on the ranks (--expert-parallel: each rank's own experts' gradient is
+   its own to step), [from, next), one span after another: `next` the start of the next
+   such table at or after from (nb: none), *end its end. */
+static size_t span_end(cavs_model *m, const Table *tab, int nt, const char *flat, size_t nb, size_t from, size_t es,
+                       size_t *end) {
   size_t next = nb;
   *end = nb;
   for (int i = 0; i < nt; i++) {
@@ -323,6 +325,11 @@ static size_t span_end(const Table *tab, int nt, const char *flat, size_t nb, si
     size_t off = (size_t)(tab[i].base - flat), len = (size_t)tab[i].rows * (size_t)tab[i].ld * es;
     if (off < from || off >= next) continue;
     next = off, *end = off + len;
+  }
+  size_t off, count;
+  for (int i = 0; i < cavs_model_expert_placed(m, i, &off, &count); i++) {
+    if (off * es < from || off * es >= next) continue;
+    next = off * es, *end = (off + count) * es;
   }
   return next;
 }
@@ -332,7 +339,7 @@ static int move_dense(cavs_model *m, const Table *tab, int nt, char *flat, size_
                       size_t *bytes) {
   size_t at = 0, from = 0, end;
   for (;;) {
-    size_t next = span_end(tab, nt, flat, nb, from, es, &end);
+    size_t next = span_end(m, tab, nt, flat, nb, from, es, &end);
     if (next > from) {
       if (out ? cavs_model_read(m, pack + at, flat + from, next - from) : cavs_model_write(m, flat + from, pack + at, next - from))
         return -1;

@@ -226,6 +226,7 @@ typedef struct Totals {
   /* training with --expert-parallel: slot rows every rank sent to another (forward and
      backward, summed over the ranks), exchange rounds, and this rank's seconds in them */
   long ep_rows, ep_rounds, ep_replicated; /* (rows, sent or kept, run on a hot expert's replica) */
+  long ep_matrices; /* experts' matrices sent to replicas, and their gradients home */
   double ep_secs;
 } Totals;
 

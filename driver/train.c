@@ -663,6 +663,8 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
 enum { SAME_EVERY = 256 };
 static void same_params(Run *r, long step) {
   size_t count, es = es_of_model();
+  errno = 0; /* (--expert-parallel: each expert's matrices from its rank first) */
+  if (cavs_model_expert_sync(r->m)) lib_die(cavs_model_error(r->m));
   void *p = cavs_model_params_flat(r->m, &count);
   char *host = scratch(count * es);
   errno = 0;
@@ -812,6 +814,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       r->ts.rng = rng_at_start;
       r->ts.graphs_done = b + k;
       gather_carried(r); /* (under mpirun: every rank's streams into rank 0's checkpoint) */
+      errno = 0; /* (and every expert's matrices: --expert-parallel) */
+      if (cavs_model_expert_sync(r->m)) lib_die(cavs_model_error(r->m));
       if (r->tty) printf("\r\033[K");
       if (o->save) save(r, o->save);
       if (dist_rank) { /* rank 0 says it */
@@ -843,9 +847,10 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   if (dist_expert_parallel && dist_size > 1) {
     cavs_expert_stats es;
     cavs_model_expert_stats(r->m, &es, 1);
-    long sent[3] = {es.rows_out, es.rounds, es.rows_replicated};
-    dist_sum_long(sent, 3);
+    long sent[4] = {es.rows_out, es.rounds, es.rows_replicated, es.matrices};
+    dist_sum_long(sent, 4);
     t->ep_rows = sent[0], t->ep_rounds = sent[1] / dist_size, t->ep_replicated = sent[2], t->ep_secs = es.seconds;
+    t->ep_matrices = sent[3];
   }
   if (r->tty) printf("\r\033[K");
 }
@@ -938,6 +943,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
     json_set(o, "expert_rows_sent", json_integer(t->ep_rows));
     json_set(o, "expert_rows_replicated", json_integer(t->ep_replicated));
     json_set(o, "expert_rounds", json_integer(t->ep_rounds));
+    json_set(o, "expert_matrices_sent", json_integer(t->ep_matrices));
     json_set(o, "expert_exchange_seconds", json_num(t->ep_secs));
   }
   json_set(o, "time", json_string(when));
@@ -1050,6 +1056,9 @@ static void check_ranks(Run *r) {
 
 int cmd_train(TrainOpts *o) {
   dist_start();
+  /* (every rank keeps the gradients' norm for rank 0's log: with the experts placed,
+     the norm is a sum over the ranks) */
+  bool norm = o->log != NULL;
   if (dist_rank) o->quiet = true, o->log = NULL; /* rank 0 prints and writes */
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
@@ -1089,8 +1098,8 @@ int cmd_train(TrainOpts *o) {
   if (o->log) {
     r.log = fopen(o->log, r.ck ? "a" : "w");
     if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
-    cavs_model_track_grad_norm(r.m, 1); /* for the log's grad_norm fields */
   }
+  if (norm) cavs_model_track_grad_norm(r.m, 1); /* for the log's grad_norm fields */
   if (!o->quiet) say_start(&r);
   /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */
   r.tty = isatty(1) && !o->quiet && dist_size == 1;

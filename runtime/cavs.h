@@ -372,18 +372,25 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * processes (cavs train --expert-parallel under mpirun), expert e of X on process q when
  * ceil(q X / size) <= e < ceil((q + 1) X / size). Each forward and backward pass then
  * sends each slot's row to its expert's process, which runs one product per expert over
- * every process's rows of it and sends the results back; an expert's parameter gradient
- * is added to on its own process only (zero elsewhere: summing the gradients over the
- * processes, as data parallelism does, gives the whole; with replicate, a hot expert's
- * gradient is also added to on its replica's process). libcavs knows nothing of the
+ * every process's rows of it and sends the results back. libcavs knows nothing of the
  * transport: the application gives it two collectives over its processes, each called
  * by every process the same number of times in the same order, and every process must
- * run the same sequence of passes (forward, then backward or cavs_model_expert_serve):
- * a process that has finished a pass goes on answering the others' rows until all have
- * (rounds with no rows of its own). The parameters themselves are not split: every
- * process holds the whole model, so a pass run alone (evaluation) needs no
- * communication; set the comm to NULL around it. Returns an error code from a
- * collective as a failed pass ("expert exchange failed"). The cpu backend only. */
+ * run the same sequence of passes (forward, then backward or cavs_model_expert_serve)
+ * and steps: a process that has finished a pass goes on answering the others' rows
+ * until all have (rounds with no rows of its own).
+ *
+ * An expert's matrices are its owner's: from the first pass that reads an expert table
+ * (an emm's [X, A * B] parameter), its gradient is added to on the owner only (a hot
+ * expert's replica sends its gradient there at the backward pass's end) and
+ * cavs_model_step updates expert e on its owner only (a global-norm clip adds the
+ * owners' squares over the processes: every process must step with the same clip and
+ * norm tracking). The application sums every other gradient over the processes (data
+ * parallelism), but not the placed tables' (cavs_model_expert_placed says where they
+ * are: each process holds its own experts' gradient only). The other processes' copies
+ * of an expert go stale, so before reading the parameters (a checkpoint, a comparison,
+ * an evaluation: set the comm to NULL around a pass run alone), call
+ * cavs_model_expert_sync on every process. Returns an error code from a collective as a
+ * failed pass ("expert exchange failed"). The cpu backend only. */
 typedef struct cavs_expert_comm {
   int rank, size; /* this process, of size (1 to 4096) */
   /* `bytes` bytes from every process, in rank order, into all[size * bytes] */
@@ -398,9 +405,20 @@ typedef struct cavs_expert_comm {
      gradient of it (at most 8 experts a round) */
   int replicate;
 } cavs_expert_comm;
-/* comm copied (NULL: every product here, the default): 0, or -1 with a message for a
- * size or rank out of range, a missing collective, a backend other than the cpu's */
+/* comm copied (NULL: every product here, the default; experts already placed stay so,
+ * with the comm kept for steps and syncs): 0, or -1 with a message for a size or rank
+ * out of range (or not the placement's), a missing collective, a backend other than
+ * the cpu's */
 int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm);
+/* The expert tables placed so far (-1 for a bad argument); for i below that number,
+ * table i's place in the flat parameter and gradient blocks (cavs_model_grads_flat):
+ * *count scalars from scalar *off, the gradient of which is not to be summed over the
+ * processes. */
+int cavs_model_expert_placed(cavs_model *m, int i, size_t *off, size_t *count);
+/* Every placed expert's matrices and optimizer state (Adam's moments) copied from its
+ * owner to every other process, so that all hold the same whole model: a collective
+ * (every process calls it at the same point). 0, or -1 with a message. */
+int cavs_model_expert_sync(cavs_model *m);
 /* In place of a backward pass whose gradients would count for nothing (a process with
  * no graph of a minibatch): the gradients cleared as a backward pass clears them, then
  * the other processes' rows of its experts answered until their backward passes end.
@@ -408,12 +426,13 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm);
 int cavs_model_expert_serve(cavs_model *m);
 /* What expert parallelism moved since the last reset: exchange rounds, slot rows sent
  * to other processes (forward and backward), rows received from them and computed
- * here, rows kept here, rows run on a replica (sent or kept), and the seconds spent in the two
- * collectives. */
+ * here, rows kept here, rows run on a replica (sent or kept), the seconds spent in the
+ * collectives, and the matrices sent to replicas and gradients sent home. */
 typedef struct cavs_expert_stats {
   long rounds, rows_out, rows_in, rows_here;
   long rows_replicated; /* of rows_out and rows_here, those run on a hot expert's replica */
   double seconds;
+  long matrices; /* an expert's matrix sent to its replica, or its gradient home from one */
 } cavs_expert_stats;
 void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset);
 double cavs_model_grad_norm(cavs_model *m);

@@ -78,17 +78,43 @@ void cv_routes_free(cavs_model *m);
 /* Expert parallelism (cavs_model_set_expert_comm; moe.c): the application's collectives
    (on: comm set), what they moved, and the exchange's buffers, grown only (buf[i] of
    cap[i] bytes) */
+/* An expert table placed on the processes (an emm's param table [X, ldt], one parameter
+   group): expert e's matrix (ab values at row e) is current on its owner alone, which
+   steps it; stamp[e N + q] is the step (cavs_model.step) after which process q's copy
+   was last made the owner's (a replica's weights are sent when older); dirty[e N + q]:
+   q's copy gained a gradient in this backward pass (a replica's rows), to be sent home */
+struct cv_ep_table {
+  int64_t toff; /* in bytes, in the flat parameter block (and the gradient's) */
+  long X, ldt, ab;
+  int group;
+  long *stamp;
+  unsigned char *dirty;
+};
+enum { CV_EP_TABLES = 16 };
 struct cv_experts {
   bool on;
+  bool placed; /* tables are placed (and stay so: the comm is kept for steps and syncs) */
+  bool failed; /* a step's collective (cv_experts_norm2) failed */
   cavs_expert_comm comm;
   cavs_expert_stats stats;
   void *buf[8];
   size_t cap[8];
+  int ntab;
+  struct cv_ep_table tab[CV_EP_TABLES];
 };
 /* Rounds with no rows of this process's until every process has finished its pass
-   (after each forward and backward pass with expert parallelism on): 0, or -1 with the
-   pass failed */
-int cv_experts_drain(cavs_model *m);
+   (after each forward and backward pass with expert parallelism on), then after a
+   backward pass (bwd) the replicas' gradients sent to their experts' owners: 0, or -1
+   with the pass failed */
+int cv_experts_drain(cavs_model *m, bool bwd);
+/* The placed experts' spans of the flat block this process steps (its own experts'
+   rows of each placed table): the group of placed table i, or -1 past the last; *off
+   and *len its span here (len 0: no expert of it here) */
+int cv_experts_own(const cavs_model *m, int i, size_t *off, size_t *len);
+/* The sum over the processes, in rank order, of each one's `mine` (the squares of its
+   own experts' gradients, for a global-norm clip): every process calls it in the same
+   step; on failure 0 with the model's error set and cv_experts_failed true */
+double cv_experts_norm2(cavs_model *m, double mine);
 void cv_experts_free(cavs_model *m);
 /* The last forward pass's load-balancing losses (and whether any ran: *any) */
 double cv_moe_aux(const cavs_model *m, bool *any);

@@ -166,14 +166,19 @@ CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
  * squares summed (in double) when there is a clip or the norm is tracked. */
 CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
-  double norm2 = 0;
+  double norm2 = 0, own = 0; /* (own: the last h->nown spans', placed experts') */
   for (int k = 0; k < ns; k++) {
     R *p = P + sp[k].off, *g = G + sp[k].off;
     if (h->l2)
       for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(h->l2 * p[i]);
-    if (h->clip > 0 || h->norm)
-      for (size_t i = 0; i < sp[k].len; i++) norm2 += (double)g[i] * g[i];
+    if (h->clip > 0 || h->norm) {
+      double sum = k < ns - h->nown ? norm2 : own;
+      for (size_t i = 0; i < sp[k].len; i++) sum += (double)g[i] * g[i];
+      *(k < ns - h->nown ? &norm2 : &own) = sum;
+    }
   }
+  /* every process's own experts', added in rank order: the same bits everywhere */
+  if ((h->clip > 0 || h->norm) && h->own_norm2) norm2 += h->own_norm2(m, own);
   return norm2;
 }
 

@@ -480,6 +480,167 @@ static void ep_replicate(ep_plan *pl, double *load, double *eload) {
   }
 }
 
+/* ---- placed tables: an expert's matrix current on its owner alone ----
+ *
+ * Each expert table an emm reads (a parameter group [X, ldt] of its own) is placed the
+ * first round it is seen (on every process in the same round: every process sees every
+ * head): from then on expert e's owner alone steps its matrix (cv_experts_own), its
+ * gradient is the owner's (a replica's added to it at the backward pass's end,
+ * ep_home), and the other processes' copies go stale until cavs_model_expert_sync. A
+ * replica's process is sent the owner's matrix before it runs it, where its copy is
+ * older than the last step (ep_weights). A table that is not one whole group stays as
+ * before placement: every process steps it, its gradient summed by the application. */
+
+/* expert e of X's owner of N processes: ep_first's inverse */
+static inline int ep_owner(long e, long X, int N) { return (int)(e * N / X); }
+
+static struct cv_ep_table *ep_table(cavs_model *m, int64_t toff) {
+  for (int i = 0; i < m->ep.ntab; i++)
+    if (m->ep.tab[i].toff == toff) return &m->ep.tab[i];
+  return NULL;
+}
+
+static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int N) {
+  struct cv_experts *ep = &m->ep;
+  size_t es = m->esize;
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &heads[p];
+    if (h->kind == EP_IDLE || lead[p] != p || ep_table(m, h->toff) || ep->ntab == CV_EP_TABLES) continue;
+    int g = -1;
+    for (int k = 0; k < m->d->npgroups; k++)
+      if ((int64_t)(m->pg_off[k] * es) == h->toff && m->pg_rows[k] == h->X && m->pg_cols[k] == h->ldt &&
+          m->d->pgroups[k].sparse_input < 0)
+        g = k;
+    if (g < 0) continue;
+    struct cv_ep_table *t = &ep->tab[ep->ntab];
+    size_t n = (size_t)h->X * (size_t)N;
+    *t = (struct cv_ep_table){.toff = h->toff, .X = h->X, .ldt = h->ldt, .ab = h->A * h->B, .group = g,
+                              .stamp = malloc(sizeof(long) * n), .dirty = calloc(n, 1)};
+    if (!t->stamp || !t->dirty) {
+      free(t->stamp), free(t->dirty);
+      return cv_fail_mem(m, "out of memory placing an expert table");
+    }
+    for (size_t i = 0; i < n; i++) t->stamp[i] = m->step; /* (every copy the same until now) */
+    ep->ntab++;
+    ep->placed = true;
+  }
+  return 0;
+}
+
+/* the send and receive buffers of an exchange of sbytes[q] bytes to each q, rbytes[p]
+   from each p */
+static int ep_pair(cavs_model *m, int N, const size_t *sbytes, const size_t *rbytes, char **sendb, char **recvb) {
+  size_t out = 0, in = 0;
+  for (int q = 0; q < N; q++) out += sbytes[q], in += rbytes[q];
+  *sendb = ep_buf(m, EP_SEND, out + 1), *recvb = ep_buf(m, EP_RECV, in + 1);
+  return *sendb && *recvb ? 0 : -1;
+}
+
+/* The replicas' matrices from their owners, where a replica's copy is older than the
+   last step; every process lists the same (the plan is every process's). send and
+   recv: [N] scratch for the sizes. */
+static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *rbytes) {
+  struct cv_experts *ep = &m->ep;
+  int N = pl->N, me = ep->comm.rank, n = 0;
+  size_t es = m->esize;
+  struct ship { struct cv_ep_table *t; long e; int o, q; } ship[EP_MAX_REPLICAS];
+  for (int q = 0; q < N; q++) sbytes[q] = rbytes[q] = 0;
+  for (int i = 0; i < pl->nhot; i++) {
+    struct cv_ep_table *t = ep_table(m, pl->heads[pl->hot_lead[i]].toff);
+    long e = pl->hot_e[i];
+    int q = pl->rep[i];
+    if (!t || q == ep_owner(e, t->X, N) || t->stamp[(size_t)e * (size_t)N + (size_t)q] == m->step) continue;
+    t->stamp[(size_t)e * (size_t)N + (size_t)q] = m->step; /* (sent once, should it come twice) */
+    ship[n++] = (struct ship){t, e, ep_owner(e, t->X, N), q};
+    if (me == ship[n - 1].o) sbytes[q] += (size_t)t->ab * es;
+    if (me == q) rbytes[ship[n - 1].o] += (size_t)t->ab * es;
+  }
+  char *sendb, *recvb;
+  if (!n) return 0;
+  if (ep_pair(m, N, sbytes, rbytes, &sendb, &recvb)) return -1;
+  /* to each process in rank order, its matrices in the list's order; likewise back */
+  size_t at = 0;
+  for (int q = 0; q < N; q++)
+    for (int i = 0; i < n; i++)
+      if (ship[i].o == me && ship[i].q == q) {
+        const struct cv_ep_table *t = ship[i].t;
+        memcpy(sendb + at, (const char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, (size_t)t->ab * es);
+        at += (size_t)t->ab * es;
+      }
+  double t0 = cv_now();
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the replicas' matrices"))
+    return -1;
+  ep->stats.seconds += cv_now() - t0;
+  at = 0;
+  for (int p = 0; p < N; p++)
+    for (int i = 0; i < n; i++)
+      if (ship[i].q == me && ship[i].o == p) {
+        const struct cv_ep_table *t = ship[i].t;
+        memcpy((char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at, (size_t)t->ab * es);
+        at += (size_t)t->ab * es, ep->stats.matrices++;
+      }
+  return 0;
+}
+
+/* After a backward pass's rounds: each replica's gradient of a placed expert added to
+   its owner's, in rank order, and zeroed where it was (a placed table's gradient is
+   zero but at its owner's rows). */
+static int ep_home(cavs_model *m) {
+  struct cv_experts *ep = &m->ep;
+  int N = ep->comm.size, me = ep->comm.rank;
+  size_t es = m->esize;
+  size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
+  if (!sbytes) return -1;
+  rbytes = sbytes + N;
+  bool any = false;
+  for (int q = 0; q < N; q++) sbytes[q] = rbytes[q] = 0;
+  for (int i = 0; i < ep->ntab; i++) {
+    const struct cv_ep_table *t = &ep->tab[i];
+    for (long e = 0; e < t->X; e++)
+      for (int q = 0; q < N; q++) {
+        if (!t->dirty[(size_t)e * (size_t)N + (size_t)q]) continue;
+        int o = ep_owner(e, t->X, N);
+        any = true;
+        if (q == me) sbytes[o] += (size_t)t->ab * es;
+        if (o == me) rbytes[q] += (size_t)t->ab * es;
+      }
+  }
+  char *sendb, *recvb;
+  if (!any) return 0;
+  if (ep_pair(m, N, sbytes, rbytes, &sendb, &recvb)) return -1;
+  size_t at = 0;
+  for (int o = 0; o < N; o++)
+    for (int i = 0; i < ep->ntab; i++) {
+      const struct cv_ep_table *t = &ep->tab[i];
+      for (long e = 0; e < t->X; e++) {
+        if (!t->dirty[(size_t)e * (size_t)N + (size_t)me] || ep_owner(e, t->X, N) != o) continue;
+        char *g = (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es;
+        memcpy(sendb + at, g, (size_t)t->ab * es);
+        memset(g, 0, (size_t)t->ab * es);
+        at += (size_t)t->ab * es, ep->stats.matrices++;
+      }
+    }
+  double t0 = cv_now();
+  int rc = ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the replicas' gradients");
+  ep->stats.seconds += cv_now() - t0;
+  at = 0;
+  for (int q = 0; q < N && !rc; q++)
+    for (int i = 0; i < ep->ntab; i++) {
+      const struct cv_ep_table *t = &ep->tab[i];
+      for (long e = 0; e < t->X; e++) {
+        if (!t->dirty[(size_t)e * (size_t)N + (size_t)q] || ep_owner(e, t->X, N) != me) continue;
+        char *g = (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es;
+        if (es == 8)
+          for (long v = 0; v < t->ab; v++) ((double *)g)[v] += ((const double *)(recvb + at))[v];
+        else
+          for (long v = 0; v < t->ab; v++) ((float *)g)[v] += ((const float *)(recvb + at))[v];
+        at += (size_t)t->ab * es;
+      }
+    }
+  for (int i = 0; i < ep->ntab; i++) memset(ep->tab[i].dirty, 0, (size_t)ep->tab[i].X * (size_t)N);
+  return rc;
+}
+
 /* One round. mine: this process's emm (kind EP_IDLE: none), over slots [s0, s0 + sn) of
    route rt: forward, y = x T_e at each slot; backward, dx = dy T_e^T (set or added)
    and, where e's rows are computed, dT_e += x^T dy. Returns 1 when no process ran
@@ -546,6 +707,12 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
   }
   ep_plan pl = {.N = N, .X = X, .heads = heads, .cnt = cnt, .lead = lead, .kown = kown};
   if (ep->comm.replicate) ep_replicate(&pl, load, eload);
+  if (ep_register(m, heads, lead, N) || ep_weights(m, &pl, sbytes, rbytes)) return -1;
+  for (int i = 0; i < pl.nhot; i++) { /* the replicas whose gradient goes home after the pass */
+    const ep_head *h = &heads[pl.hot_lead[i]];
+    struct cv_ep_table *t = h->kind == EP_BWD && (h->flags & EP_DT) ? ep_table(m, h->toff) : NULL;
+    if (t && pl.rep[i] != ep_owner(pl.hot_e[i], t->X, N)) t->dirty[(size_t)pl.hot_e[i] * (size_t)N + (size_t)pl.rep[i]] = 1;
+  }
   /* 2. the rows, to each process in the order ep_order gives: each slot's x (backward: x
      and dy side by side). My slots of expert e start at seg(e): the slots run by expert. */
   size_t rowout = (size_t)(A + (bwd ? B : 0)) * es, backrow = (size_t)(bwd ? ((mine->flags & EP_DX) ? A : 0) : B) * es;
@@ -700,7 +867,7 @@ static void ep_emm(cavs_ctx *c, int kind, const struct cv_route *rt, long A, lon
   if (ep_round(c, &h, rt, s0, sn, x, ldx, dy, lddy, out, ldout, set) < 0) m->launch_failed = true;
 }
 
-int cv_experts_drain(cavs_model *m) {
+int cv_experts_drain(cavs_model *m, bool bwd) {
   if (!m->ep.on) return 0;
   ep_head idle = {.kind = EP_IDLE};
   int rc;
@@ -708,22 +875,116 @@ int cv_experts_drain(cavs_model *m) {
   while ((rc = ep_round(&m->ctx, &idle, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, false)) == 0)
     ;
   if (rc < 0) failed = true, m->launch_failed = true;
+  /* (a process whose rounds failed has said so to none: it still sends its replicas'
+     gradients, as the others expect) */
+  if (bwd && ep_home(m)) failed = true, m->launch_failed = true;
   return failed ? -1 : 0;
 }
 
 void cv_experts_free(cavs_model *m) {
   for (int i = 0; i < 8; i++) free(m->ep.buf[i]), m->ep.buf[i] = NULL, m->ep.cap[i] = 0;
+  for (int i = 0; i < m->ep.ntab; i++) free(m->ep.tab[i].stamp), free(m->ep.tab[i].dirty);
+  m->ep.ntab = 0;
+  m->ep.placed = false;
+}
+
+int cv_experts_own(const cavs_model *m, int i, size_t *off, size_t *len) {
+  if (i < 0 || i >= m->ep.ntab) return -1;
+  const struct cv_ep_table *t = &m->ep.tab[i];
+  int N = m->ep.comm.size, me = m->ep.comm.rank;
+  long a = ep_first(me, t->X, N), b = ep_first(me + 1, t->X, N);
+  *off = (size_t)t->toff / m->esize + (size_t)a * (size_t)t->ldt;
+  *len = (size_t)(b - a) * (size_t)t->ldt;
+  return t->group;
+}
+
+double cv_experts_norm2(cavs_model *m, double mine) {
+  struct cv_experts *ep = &m->ep;
+  int N = ep->comm.size;
+  double *all = ep_buf(m, EP_WORK, sizeof(double) * (size_t)N), sum = 0;
+  if (!all || ep_call(m, ep->comm.allgather(ep->comm.arg, &mine, sizeof mine, all), "allgather of the norms")) {
+    ep->failed = true;
+    return 0;
+  }
+  for (int p = 0; p < N; p++) sum += all[p];
+  return sum;
+}
+
+int cavs_model_expert_placed(cavs_model *m, int i, size_t *off, size_t *count) {
+  if (!m || i < 0) return -1;
+  if (i < m->ep.ntab) {
+    const struct cv_ep_table *t = &m->ep.tab[i];
+    if (off) *off = (size_t)t->toff / m->esize;
+    if (count) *count = (size_t)t->X * (size_t)t->ldt;
+  }
+  return m->ep.ntab;
+}
+
+/* Every placed expert's matrix, and its optimizer state, made its owner's everywhere:
+   each process sends its own experts' rows to every other. */
+int cavs_model_expert_sync(cavs_model *m) {
+  if (!m) return -1;
+  struct cv_experts *ep = &m->ep;
+  if (!ep->placed) return 0;
+  int N = ep->comm.size, me = ep->comm.rank;
+  size_t es = m->esize;
+  char *arr[3] = {m->pflat, m->m1, m->m2};
+  int na = m->m1 ? 3 : 1;
+  size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
+  if (!sbytes) return -1;
+  rbytes = sbytes + N;
+  size_t own = 0, in = 0;
+  for (int p = 0; p < N; p++) {
+    size_t b = 0;
+    for (int i = 0; i < ep->ntab; i++)
+      b += (size_t)(ep_first(p + 1, ep->tab[i].X, N) - ep_first(p, ep->tab[i].X, N)) * (size_t)ep->tab[i].ldt * es;
+    b *= (size_t)na;
+    if (p == me) own = b;
+    rbytes[p] = p == me ? 0 : b, in += rbytes[p];
+  }
+  for (int q = 0; q < N; q++) sbytes[q] = q == me ? 0 : own;
+  char *sendb = ep_buf(m, EP_SEND, own * (size_t)(N - 1) + 1), *recvb = ep_buf(m, EP_RECV, in + 1);
+  if (!sendb || !recvb) return -1;
+  size_t at = 0;
+  for (int q = 0; q < N; q++)
+    for (int a = 0; q != me && a < na; a++)
+      for (int i = 0; i < ep->ntab; i++) {
+        size_t off, len;
+        cv_experts_own(m, i, &off, &len);
+        memcpy(sendb + at, arr[a] + off * es, len * es);
+        at += len * es;
+      }
+  double t0 = cv_now();
+  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the experts' matrices"))
+    return -1;
+  ep->stats.seconds += cv_now() - t0;
+  at = 0;
+  for (int p = 0; p < N; p++)
+    for (int a = 0; p != me && a < na; a++)
+      for (int i = 0; i < ep->ntab; i++) {
+        const struct cv_ep_table *t = &ep->tab[i];
+        long e0 = ep_first(p, t->X, N), e1 = ep_first(p + 1, t->X, N);
+        size_t len = (size_t)(e1 - e0) * (size_t)t->ldt * es;
+        memcpy(arr[a] + t->toff + (size_t)e0 * (size_t)t->ldt * es, recvb + at, len);
+        at += len;
+      }
+  for (int i = 0; i < ep->ntab; i++)
+    for (size_t k = 0; k < (size_t)ep->tab[i].X * (size_t)N; k++) ep->tab[i].stamp[k] = m->step;
+  return 0;
 }
 
 int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (!m) return -1;
-  if (!comm) {
+  if (!comm) { /* (a placement keeps its comm: steps and syncs use it) */
     m->ep.on = false;
     return 0;
   }
   if (comm->size < 1 || comm->size > 4096 || comm->rank < 0 || comm->rank >= comm->size || !comm->allgather ||
       !comm->alltoallv)
     return cv_fail(m, "expert parallelism: process %d of %d, or a collective missing", comm->rank, comm->size);
+  if (m->ep.placed && (comm->rank != m->ep.comm.rank || comm->size != m->ep.comm.size))
+    return cv_fail(m, "expert parallelism: the experts are placed on %d processes (this one %d), not %d (%d)",
+                   m->ep.comm.size, m->ep.comm.rank, comm->size, comm->rank);
   if (strcmp(m->be->name, "cpu"))
     return cv_fail(m, "expert parallelism runs on the cpu backend only (not %s)", m->be->name);
   m->ep.comm = *comm;

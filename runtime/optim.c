@@ -32,8 +32,16 @@ void cv_sparse_reset(cavs_model *m) {
 }
 
 /* The parts of the flat block this step changes (in an array that only grows: a
- * steady-state step allocates nothing). */
-static cv_span *spans(cavs_model *m, int *count) {
+ * steady-state step allocates nothing); last, the *own spans of the experts placed on
+ * processes that are this process's (an expert table's other rows are their owners'). */
+static bool placed_group(const cavs_model *m, int g) {
+  size_t off, len;
+  for (int i = 0, pg; (pg = cv_experts_own(m, i, &off, &len)) >= 0; i++)
+    if (pg == g) return true;
+  return false;
+}
+
+static cv_span *spans(cavs_model *m, int *count, int *own) {
   const cavs_desc *d = m->d;
   int n = 0;
   for (int g = 0; g < d->npgroups; g++) n += m->frozen[g] ? 0 : d->pgroups[g].sparse_input >= 0 ? m->ntouched[g] : 1;
@@ -42,7 +50,7 @@ static cv_span *spans(cavs_model *m, int *count) {
   n = 0;
   for (int g = 0; g < d->npgroups; g++) {
     size_t cols = (size_t)m->pg_cols[g];
-    if (m->frozen[g]) continue;
+    if (m->frozen[g] || (m->ep.placed && placed_group(m, g))) continue;
     if (d->pgroups[g].sparse_input < 0) {
       s[n++] = (cv_span){m->pg_off[g], (size_t)m->pg_rows[g] * cols};
       continue;
@@ -50,6 +58,10 @@ static cv_span *spans(cavs_model *m, int *count) {
     for (int i = 0; i < m->ntouched[g]; i++)
       s[n++] = (cv_span){m->pg_off[g] + (size_t)m->touched[g][i] * cols, cols};
   }
+  *own = 0;
+  size_t off, len;
+  for (int i = 0, g; (g = cv_experts_own(m, i, &off, &len)) >= 0; i++) /* (one span for the group's one) */
+    if (!m->frozen[g] && len) s[n++] = (cv_span){off, len}, ++*own;
   *count = n;
   return s;
 }
@@ -186,9 +198,11 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   h.norm = m->track_norm;
   m->grad_norm2 = -1, m->norm_pending = false;
   int ns;
-  cv_span *sp = spans(m, &ns);
+  cv_span *sp = spans(m, &ns, &h.nown);
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
-  if (m->be->step(m, &h, sp, ns)) return -1;
+  if (m->ep.placed) h.own_norm2 = cv_experts_norm2;
+  m->ep.failed = false;
+  if (m->be->step(m, &h, sp, ns) || m->ep.failed) return -1;
   /* the step zeroed the gradient of every span it updated: a dense group not frozen is
      clean for the next backward pass (a lookup table's touched rows are cleared there) */
   const cavs_desc *d = m->d;

@@ -1062,7 +1062,7 @@ static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, c
    not: a failed pass must not leave the others waiting. */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   int rc = forward_pass(m, graphs, k, st);
-  if (cv_experts_drain(m)) rc = -1;
+  if (cv_experts_drain(m, false)) rc = -1;
   return rc;
 }
 
@@ -1214,7 +1214,7 @@ static void clear_grads(cavs_model *m);
 
 void cavs_model_backward(cavs_model *m) {
   backward_pass(m);
-  cv_experts_drain(m);
+  cv_experts_drain(m, true);
 }
 
 int cavs_model_expert_serve(cavs_model *m) {
@@ -1222,7 +1222,7 @@ int cavs_model_expert_serve(cavs_model *m) {
   m->pass++;
   if (m->have_batch) clear_grads(m);
   /* (answering the others even when it cannot be a backward pass: none waits) */
-  int rc = cv_experts_drain(m);
+  int rc = cv_experts_drain(m, true);
   if (!m->have_batch) return cv_fail(m, "cavs_model_expert_serve: no forward pass before it");
   return rc ? -1 : 0;
 }

@@ -1955,6 +1955,45 @@ static void *hub_part(void *arg) {
   return NULL;
 }
 
+/* the step (collective where it clips) and the sync, on each process */
+static const cavs_optim placed_opt = {.kind = CAVS_ADAM, .lr = 0.01, .clip = 0.05};
+static void *hub_step(void *arg) {
+  Port *p = arg;
+  p->rc = cavs_model_step(p->m, &placed_opt) || cavs_model_expert_sync(p->m);
+  return NULL;
+}
+
+static void hub_run(Port *port, int P, void *(*fn)(void *)) {
+  pthread_t th[HUB_MAX];
+  for (int q = 0; q < P; q++) ck_assert_int_eq(pthread_create(&th[q], NULL, fn, &port[q]), 0);
+  for (int q = 0; q < P; q++) pthread_join(th[q], NULL);
+}
+
+/* What the application sums over the processes (data parallelism): every gradient but
+   the placed expert tables', a lookup table's rows touched anywhere touched everywhere */
+static void sum_unplaced(const cavs_desc *d, Port *port, int P) {
+  for (int i = 0; i < d->nparams; i++)
+    for (int q = 0; q < P; q++) {
+      const int *rows;
+      int n = cavs_model_touched_rows(port[q].m, i, &rows);
+      for (int o = 0; o < P && n > 0; o++) ck_assert_int_eq(cavs_model_touch_rows(port[o].m, i, rows, n), 0);
+    }
+  size_t count, off[4], len[4];
+  double *g0 = cavs_model_grads_flat(port[0].m, &count);
+  int nt = cavs_model_expert_placed(port[0].m, 0, NULL, NULL);
+  ck_assert_msg(nt == 2, "%s: %d expert tables placed (2: W1, W2)", d->name, nt);
+  for (int i = 0; i < nt; i++) cavs_model_expert_placed(port[0].m, i, &off[i], &len[i]);
+  for (size_t j = 0; j < count; j++) {
+    bool placed = false;
+    for (int i = 0; i < nt; i++) placed |= j >= off[i] && j < off[i] + len[i];
+    if (placed) continue;
+    double sum = 0;
+    for (int q = 0; q < P; q++) sum += ((double *)cavs_model_grads_flat(port[q].m, &count))[j];
+    for (int q = 0; q < P; q++) ((double *)cavs_model_grads_flat(port[q].m, &count))[j] = sum;
+  }
+  (void)g0;
+}
+
 static long experts_placed(const char *file, int P, bool with_none, int replicate) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
@@ -1967,15 +2006,12 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   Hub hub = {.n = P};
   pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
   Port port[HUB_MAX];
-  pthread_t th[HUB_MAX];
   for (int q = 0; q < P; q++) {
     port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
                      .replicate = replicate, .m = unbalanced_model(d, dims)};
     if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
   }
-  for (int q = 0; q < P; q++) ck_assert_int_eq(pthread_create(&th[q], NULL, hub_part, &port[q]), 0);
-  for (int q = 0; q < P; q++) pthread_join(th[q], NULL);
-  pthread_barrier_destroy(&hub.bar);
+  hub_run(port, P, hub_part);
   for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "%s: process %d: %s", file, q, cavs_model_error(port[q].m));
   /* the gradients: the parts' summed, against the whole's */
   double worst = 0;
@@ -1992,7 +2028,7 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
         for (int q = 0; q < P; q++) {
           const double *gq = cavs_model_grad(port[q].m, i, &rows, &cols, &lq);
           long X = rows, first = ((long)q * X + P - 1) / P, next = ((long)(q + 1) * X + P - 1) / P;
-          if (table && !replicate && (r < first || r >= next))
+          if (table && (r < first || r >= next)) /* (a replica's sent home at the pass's end) */
             ck_assert_msg(gq[r * lq + j] == 0, "%s: process %d holds a gradient of expert %ld, not its own", file, q, r);
           sum += gq[r * lq + j];
         }
@@ -2003,6 +2039,22 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   ck_assert_msg(experts == 2, "%s: %d expert tables found", file, experts);
   ck_assert_msg(worst <= 1e-11, "%s, %d processes: the parts' gradient of %s is %.3g off the whole's", file, P,
                 d->params[at].name, worst);
+  /* the rest summed as the application does, a clipped step on each process (its own
+     experts only), the sync: every process holds the whole's stepped parameters */
+  sum_unplaced(d, port, P);
+  hub_run(port, P, hub_step);
+  pthread_barrier_destroy(&hub.bar);
+  for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "%s: process %d: %s", file, q, cavs_model_error(port[q].m));
+  ck_assert_int_eq(cavs_model_step(whole, &placed_opt), 0);
+  size_t count;
+  const double *pw = cavs_model_params_flat(whole, &count);
+  worst = 0;
+  for (int q = 0; q < P; q++) {
+    const double *pq = cavs_model_params_flat(port[q].m, &count);
+    for (size_t j = 0; j < count; j++) worst = fmax(worst, fabs(pq[j] - pw[j]) / fmax(fabs(pw[j]), 1e-6));
+  }
+  ck_assert_msg(worst <= 1e-9, "%s, %d processes: the parameters after the step are %.3g off the whole's", file, P,
+                worst);
   for (int q = 0; q < P; q++) {
     cavs_expert_stats es;
     cavs_model_expert_stats(port[q].m, &es, 1);
