@@ -379,6 +379,7 @@ static bool *came;
 static int ngroups;
 static size_t bes;
 static cavs_model *bmodel;
+static int bplaced; /* (the expert tables placed when the buckets were made) */
 static bool hooked;
 
 static void buckets_free(void) {
@@ -419,11 +420,24 @@ static void buckets_make(cavs_model *m, size_t es) {
     if (!group_grad[g] || p < group_grad[g]) group_grad[g] = p;
     group_n[g] = (size_t)rows * (size_t)ld;
   }
+  /* an expert table placed on the ranks (--expert-parallel) is its owner's to step:
+     not summed (nor copied into a bucket before its replicas' gradients come home) */
+  size_t count, off, n;
+  char *flat = cavs_model_grads_flat(m, &count);
+  bplaced = cavs_model_expert_placed(m, 0, NULL, NULL);
+  bool *placed = alloc(sizeof(bool) * (size_t)(ngroups + 1));
+  for (int g = 0; g < ngroups; g++) {
+    placed[g] = false;
+    for (int i = 0; i < bplaced; i++) {
+      cavs_model_expert_placed(m, i, &off, &n);
+      if (group_grad[g] == flat + off * es && group_n[g] == n) placed[g] = true;
+    }
+  }
   size_t at = 0;
   for (int ph = 0; ph < np; ph++) {
     Bucket b = {.at = at};
     for (int g = 0; g < ngroups; g++) {
-      if (d->pgroups[g].sparse_input >= 0 || phase_of(d, g) != ph) continue;
+      if (d->pgroups[g].sparse_input >= 0 || placed[g] || phase_of(d, g) != ph) continue;
       bucket_of[g] = nbucket, group_at[g] = at, at += group_n[g];
       b.n++, b.count += group_n[g];
     }
@@ -431,7 +445,8 @@ static void buckets_make(cavs_model *m, size_t es) {
     if (b.n) bucket[nbucket++] = b;
   }
   for (int g = 0; g < ngroups; g++)
-    if (d->pgroups[g].sparse_input >= 0) bucket_of[g] = -1;
+    if (d->pgroups[g].sparse_input >= 0 || placed[g]) bucket_of[g] = -1;
+  free(placed);
   host_grow(m, &bpack, &capb, at * es + 1);
 }
 
@@ -473,7 +488,7 @@ static void grad_hook(void *arg, int g, void *grad, size_t count) {
 void dist_backward_begin(cavs_model *m, size_t es, bool mine) {
   hooked = false;
   if (dist_size == 1 || !dist_overlap) return;
-  if (bmodel != m || bes != es) buckets_make(m, es);
+  if (bmodel != m || bes != es || bplaced != cavs_model_expert_placed(m, 0, NULL, NULL)) buckets_make(m, es);
   for (int b = 0; b < nbucket; b++) bucket[b].have = 0, req[b] = MPI_REQUEST_NULL;
   for (int g = 0; g < ngroups; g++) came[g] = false;
   next_bucket = 0;
