@@ -1028,3 +1028,75 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
   free(root);
   return rc;
 }
+
+/* ---- small files of other kinds (a streamed data file's index: eval.c) ---- */
+
+/* root/KIND, created 0700 when missing, checked as the root is: *dir set, or -1 */
+static int open_kind(const char *kind, char **dir, char *err, size_t errlen) {
+  char *root = cache_root();
+  int rc = open_root(root, err, errlen);
+  *dir = fmt("%s/%s", root, kind);
+  free(root);
+  struct stat st;
+  if (!rc && mkdir(*dir, 0700) && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create the cache directory '%s': %s", *dir, strerror(errno));
+    rc = -1;
+  }
+  if (!rc && lstat(*dir, &st)) {
+    snprintf(err, errlen, "cannot inspect the cache directory '%s': %s", *dir, strerror(errno));
+    rc = -1;
+  }
+  if (!rc && (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))) {
+    snprintf(err, errlen, "refusing to use the cache: '%s' is not a directory", *dir);
+    rc = -1;
+  }
+  if (!rc) rc = check_owner(&st, *dir, "the cache directory", err, errlen);
+  if (rc) free(*dir), *dir = NULL;
+  return rc;
+}
+
+unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, size_t *n, char *err, size_t errlen) {
+  char *dir;
+  *err = 0;
+  if (open_kind(kind, &dir, err, errlen)) return NULL;
+  char *path = fmt("%s/%s", dir, name);
+  free(dir);
+  unsigned char *data = NULL;
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  struct stat st;
+  if (fd < 0) {
+    if (errno != ENOENT) snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+  } else if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "refusing to use '%s': not a regular file", path);
+  } else if (!check_owner(&st, path, "the cache entry", err, errlen)) {
+    if ((size_t)st.st_size > max) snprintf(err, errlen, "'%s' is larger than any entry (%lld bytes)", path, (long long)st.st_size);
+    else if (!(data = read_fd(fd, max, n))) snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+  }
+  if (fd >= 0) close(fd);
+  free(path);
+  return data;
+}
+
+int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen) {
+  char *dir;
+  if (open_kind(kind, &dir, err, errlen)) return -1;
+  char *tmp = fmt("%s/.%s.XXXXXX", dir, name), *path = fmt("%s/%s", dir, name);
+  free(dir);
+  int fd = mkstemp(tmp), rc = fd < 0 ? -1 : 0; /* (0600) */
+  for (size_t at = 0; !rc && at < n;) {
+    ssize_t w = write(fd, (const char *)data + at, n - at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) rc = -1;
+    else at += (size_t)w;
+  }
+  /* whole or not at all: flushed, then renamed over any older one */
+  if (!rc && fsync(fd)) rc = -1;
+  if (fd >= 0 && close(fd)) rc = -1;
+  if (!rc && rename(tmp, path)) rc = -1;
+  if (rc) {
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+    if (fd >= 0) unlink(tmp);
+  }
+  free(tmp), free(path);
+  return rc;
+}

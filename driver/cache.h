@@ -58,4 +58,13 @@ char *cache_entry(const CacheReq *q);
  * message in err (empty when cavsc already printed it). */
 int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *err, size_t errlen);
 
+/* A small file of the cache's directory KIND (made 0700 when missing, and checked as the
+ * cache is): its bytes (malloc'ed, *n of them, at most max), or NULL with err empty when
+ * there is none, else with err saying why (not ours, writable by others, not a regular
+ * file, larger than max, unreadable). */
+unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, size_t *n, char *err, size_t errlen);
+/* Written whole (a temporary beside it, flushed, renamed over it) or not at all: 0, or -1
+ * with err saying why. */
+int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen);
+
 #endif

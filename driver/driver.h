@@ -177,6 +177,9 @@ int cmd_build(int argc, char **argv);
    a time); dies with the loader's message */
 cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
                         int grow);
+/* --stream's data, indexed or its index read from the cache (how many this run:
+   streams_cached) */
+extern int streams_cached;
 cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
                          int grow);
 /* Data an evaluation reads: loaded whole (set), or streamed (st: --stream, each

@@ -2,10 +2,14 @@
  * shares with them: loading a data file, and a pass over data that adds up the losses
  * and accuracies (Totals) and prints them. */
 #include "driver.h"
+#include "cache.h"
 
 #include <errno.h>
+#include <nettle/sha2.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- data ---- */
 
@@ -21,15 +25,158 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
   return s;
 }
 
+/* ---- a streamed file's index, kept in the cache ----
+ *
+ * Indexing reads the whole file through (a large one: minutes). The index of a file that
+ * has not changed since (its device, inode, size, modification and change times), read
+ * in the same format for a model with the same inputs and dims, from the same
+ * vocabulary, is kept in the cache (CAVS_CACHE/streams, a file named by the SHA-256 of
+ * all that: cache_blob_put, whole or not at all) with the vocabulary the indexing left,
+ * and read back instead. An entry is checked before anything of it is used: its key,
+ * a SHA-256 of its bytes, its words (the vocabulary's in order, then new ones, each
+ * once), the index against the file's size and the model's slots (as another rank's
+ * index is), and each graph's bytes against their hash as they are read (as always). One
+ * that fails a check is indexed again, with a warning; a cache that cannot be used only
+ * costs the indexing. */
+int streams_cached;
+
+static const char sc_magic[8] = {'c', 'v', 's', 'i', 'd', 'x', '1', '\n'};
+enum { SC_HEAD = 8 + 2 * SHA256_DIGEST_SIZE + 16 };
+
+static void sc_field(struct sha256_ctx *c, const void *p, size_t n) {
+  uint64_t len = n; /* (length first: no two lists of fields hash the same bytes) */
+  sha256_update(c, sizeof len, (const uint8_t *)&len);
+  sha256_update(c, n, p);
+}
+
+static void sc_key(const struct stat *sb, const char *format, const cavs_desc *d, const long *dims,
+                   const cavs_vocab *v, int grow, uint8_t key[SHA256_DIGEST_SIZE]) {
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sc_field(&c, "cavs stream index 1", 19);
+  long long id[7] = {(long long)sb->st_dev, (long long)sb->st_ino, (long long)sb->st_size,
+                     (long long)sb->st_mtim.tv_sec, (long long)sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec,
+                     (long long)sb->st_ctim.tv_nsec};
+  sc_field(&c, id, sizeof id);
+  sc_field(&c, format, strlen(format));
+  int shape[5] = {grow, d->ninputs, d->nint, d->nreal, dims != NULL};
+  sc_field(&c, shape, sizeof shape);
+  for (int i = 0; i < d->ninputs; i++) {
+    int in[2] = {d->inputs[i].kind, d->inputs[i].slot};
+    sc_field(&c, d->inputs[i].name, strlen(d->inputs[i].name));
+    sc_field(&c, in, sizeof in);
+  }
+  if (dims) sc_field(&c, dims, sizeof(long) * (size_t)d->ndims);
+  for (int i = 0; i < cavs_vocab_size(v); i++) sc_field(&c, cavs_vocab_word(v, i), strlen(cavs_vocab_word(v, i)));
+  sha256_digest(&c, SHA256_DIGEST_SIZE, key);
+}
+
+/* The stream of an entry, its words added to v; NULL with err saying why (v untouched) */
+static cavs_stream *sc_open(const unsigned char *b, size_t n, const uint8_t *key, const char *path, const char *format,
+                            const cavs_desc *d, const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen) {
+  uint8_t sum[SHA256_DIGEST_SIZE];
+  uint64_t nw, ni;
+  if (n < SC_HEAD || memcmp(b, sc_magic, 8) || memcmp(b + 8, key, SHA256_DIGEST_SIZE)) {
+    snprintf(err, errlen, "not an index of this file");
+    return NULL;
+  }
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sha256_update(&c, n - (8 + 2 * SHA256_DIGEST_SIZE), b + 8 + 2 * SHA256_DIGEST_SIZE);
+  sha256_digest(&c, SHA256_DIGEST_SIZE, sum);
+  memcpy(&nw, b + 8 + 2 * SHA256_DIGEST_SIZE, 8), memcpy(&ni, b + SC_HEAD - 8, 8);
+  if (memcmp(sum, b + 8 + SHA256_DIGEST_SIZE, SHA256_DIGEST_SIZE) || nw > n - SC_HEAD || ni != n - SC_HEAD - nw ||
+      (nw && b[SC_HEAD + nw - 1] != 0)) {
+    snprintf(err, errlen, "damaged (its bytes are not what was written)");
+    return NULL;
+  }
+  /* the words: this vocabulary's, in order, then the indexing's new ones, each once */
+  const char *w = (const char *)b + SC_HEAD;
+  int have = cavs_vocab_size(v), count = 0;
+  cavs_vocab *fresh = cavs_vocab_new(); /* (the new words, after its own first ones) */
+  bool ok = fresh != NULL;
+  int base = ok ? cavs_vocab_size(fresh) : 0;
+  for (size_t at = 0; ok && at < nw; count++) {
+    size_t len = strlen(w + at);
+    if (count < have) ok = !strcmp(w + at, cavs_vocab_word(v, count));
+    else { /* (a word not in v: its lookup gives <unk>'s id, 0) */
+      int id = cavs_vocab_id(v, w + at, len, 0);
+      bool in_v = id >= 0 && !strcmp(cavs_vocab_word(v, id), w + at);
+      ok = grow && len && !in_v && cavs_vocab_id(fresh, w + at, len, 1) == base + count - have;
+    }
+    at += len + 1;
+  }
+  cavs_vocab_free(fresh);
+  if (!ok || count < have) {
+    snprintf(err, errlen, "its vocabulary is not this one's");
+    return NULL;
+  }
+  cavs_stream *st = cavs_stream_open_index(path, format, d, dims, v, w + nw, (size_t)ni, err, errlen);
+  for (size_t at = 0, i = 0; st && at < nw; i++) {
+    size_t len = strlen(w + at);
+    if ((int)i >= have) cavs_vocab_id(v, w + at, len, 1); /* (checked above: it adds, as the next id) */
+    at += len + 1;
+  }
+  return st;
+}
+
+/* the entry of a stream just indexed: the vocabulary's words and the index */
+static void sc_put(const cavs_stream *st, const cavs_vocab *v, const uint8_t *key, const char *name) {
+  uint64_t nw = 0, ni = cavs_stream_index(st, NULL, 0);
+  for (int i = 0; i < cavs_vocab_size(v); i++) nw += strlen(cavs_vocab_word(v, i)) + 1;
+  unsigned char *b = malloc(SC_HEAD + nw + ni);
+  if (!b) return; /* (no entry: the next run indexes again) */
+  memcpy(b, sc_magic, 8), memcpy(b + 8, key, SHA256_DIGEST_SIZE);
+  memcpy(b + 8 + 2 * SHA256_DIGEST_SIZE, &nw, 8), memcpy(b + SC_HEAD - 8, &ni, 8);
+  char *w = (char *)b + SC_HEAD;
+  for (int i = 0; i < cavs_vocab_size(v); i++) w = stpcpy(w, cavs_vocab_word(v, i)) + 1;
+  cavs_stream_index(st, b + SC_HEAD + nw, ni);
+  struct sha256_ctx c;
+  sha256_init(&c);
+  sha256_update(&c, 16 + nw + ni, b + 8 + 2 * SHA256_DIGEST_SIZE);
+  sha256_digest(&c, SHA256_DIGEST_SIZE, b + 8 + SHA256_DIGEST_SIZE);
+  char err[1024];
+  if (cache_blob_put("streams", name, b, SC_HEAD + nw + ni, err, sizeof err))
+    fprintf(stderr, "%s%s: warning: the index of a streamed file not kept: %s\n", rank_tag, prog, err);
+  free(b);
+}
+
 cavs_stream *stream_data(const char *path, const char *format, const cavs_desc *d, const long *dims, cavs_vocab *v,
                          int grow) {
-  char err[1024];
+  char err[1024], name[2 * SHA256_DIGEST_SIZE + 1];
+  uint8_t key[SHA256_DIGEST_SIZE];
+  struct stat sb;
+  bool cached = !stat(path, &sb) && S_ISREG(sb.st_mode);
+  if (cached) {
+    sc_key(&sb, format, d, dims, v, grow, key);
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++) snprintf(name + 2 * i, 3, "%02x", key[i]);
+    /* (an entry is at most the words, each from the file or the vocabulary, and 24
+       bytes a graph of at least one byte: 25 times the file, and room for the rest) */
+    size_t vb = 0, n = 0;
+    for (int i = 0; i < cavs_vocab_size(v); i++) vb += strlen(cavs_vocab_word(v, i)) + 1;
+    size_t max = (size_t)sb.st_size > (SIZE_MAX - vb - 65536) / 26 ? SIZE_MAX : 26 * (size_t)sb.st_size + vb + 65536;
+    unsigned char *b = cache_blob_get("streams", name, max, &n, err, sizeof err);
+    cavs_stream *st = NULL;
+    errno = 0;
+    if (b && !(st = sc_open(b, n, key, path, format, d, dims, v, grow, err, sizeof err)))
+      fprintf(stderr, "%s%s: warning: the cached index of '%s' is not usable (%s); indexing it again\n", rank_tag, prog,
+              path, err);
+    else if (!b && *err)
+      fprintf(stderr, "%s%s: warning: %s; indexing '%s' without the cache\n", rank_tag, prog, err, path);
+    cached = b || !*err; /* (an unsafe cache: not written to either) */
+    free(b);
+    if (st) {
+      streams_cached++;
+      return st;
+    }
+  }
   errno = 0;
   cavs_stream *st = cavs_stream_open(path, format, d, dims, v, grow, err, sizeof err);
   if (!st) {
     fprintf(stderr, "%s%s\n", rank_tag, err);
     quit(errno == ENOMEM ? 2 : 1);
   }
+  if (cached) sc_put(st, v, key, name);
   return st;
 }
 

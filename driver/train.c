@@ -368,6 +368,8 @@ static void say_start(const Run *r) {
   if (r->ck) printf("; resumed after epoch %d", r->ts.epoch);
   if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
+  if (streams_cached) printf("streamed: %s index%s from the cache\n", streams_cached > 1 ? "the data's" : "an",
+                             streams_cached > 1 ? "es" : "");
   if (r->o->init_all) printf("init: every parameter from %s\n", r->o->init_all);
   if (r->o->dropout >= 0 || r->o->noptset || (r->ck && cavs_ckpt_noptions(r->ck))) {
     printf("options:");

@@ -7,10 +7,12 @@
 #include "driver.h" /* schedule.c's functions, compiled in */
 
 #include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <jansson.h>
 #include <pty.h>
 #include <zlib.h>
+#include <sys/stat.h>
 
 static void gen_data(void) {
   static bool done;
@@ -1809,6 +1811,94 @@ START_TEST(sigint_saves_and_resumes_exactly) {
 }
 END_TEST
 
+/* --stream keeps a file's index in the cache (CAVS_CACHE/streams): a second run reads it
+ * there instead of reading the file through, and trains the same bytes; an entry that is
+ * damaged, or writable by others, is passed over with a warning (the file indexed again,
+ * the same bytes); a file that changed is indexed again. */
+static int stream_entries(void (*fn)(const char *path)) {
+  char dir[4400];
+  snprintf(dir, sizeof dir, "%s/streams", getenv("CAVS_CACHE"));
+  DIR *d = opendir(dir);
+  ck_assert_msg(d != NULL, "no %s", dir);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char p[4700];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    if (fn) fn(p);
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+static void flip_byte(const char *p) {
+  size_t n = 0;
+  char *b = tu_slurp(p, &n);
+  ck_assert(b && n > 100);
+  b[n / 2] ^= 1;
+  tu_write(p, b, n);
+  free(b);
+}
+static void loosen(const char *p) { ck_assert_int_eq(chmod(p, 0666), 0); }
+static void tighten(const char *p) { ck_assert_int_eq(chmod(p, 0600), 0); }
+
+START_TEST(stream_index_cached) {
+  gen_data();
+  size_t nt = 0, nd = 0;
+  char *t = tu_slurp(path_in("train.txt"), &nt), *dv = tu_slurp(path_in("dev.txt"), &nd);
+  ck_assert(t && dv);
+  tu_write(path_in("ctrain.txt"), t, nt), tu_write(path_in("cdev.txt"), dv, nd); /* (files no run indexed) */
+  free(dv);
+  int before = stream_entries(NULL);
+#define CTRAIN(save)                                                                                                   \
+  cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("ctrain.txt"), "--dev",               \
+       path_in("cdev.txt"), "--dim", "E=12", "--dim", "H=16", "--batch", "32", "--threads", "1", "--epochs", "1",     \
+       "--stream", "--save", path_in(save), NULL)
+  RunResult r = CTRAIN("c1.ckpt");
+  ok(&r, "indexed");
+  ck_assert_msg(!strstr(r.out, "from the cache"), "%s", r.out);
+  tu_free(&r);
+  ck_assert_int_eq(stream_entries(NULL), before + 2);
+  r = CTRAIN("c2.ckpt");
+  ok(&r, "from the cache");
+  ck_assert_msg(strstr(r.out, "streamed: the data's indexes from the cache"), "%s", r.out);
+  tu_free(&r);
+  same_bytes("c1.ckpt", "c2.ckpt", "the index from the cache trained otherwise");
+  stream_entries(flip_byte);
+  r = CTRAIN("c3.ckpt");
+  ok(&r, "entries damaged");
+  ck_assert_msg(strstr(r.err, "is not usable (damaged") && !strstr(r.out, "from the cache"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  same_bytes("c1.ckpt", "c3.ckpt", "indexed again, trained otherwise");
+  r = CTRAIN("c4.ckpt"); /* (written again) */
+  ok(&r, "from the cache again");
+  ck_assert_msg(strstr(r.out, "the data's indexes from the cache") && !*r.err, "%s%s", r.out, r.err);
+  tu_free(&r);
+  stream_entries(loosen);
+  r = CTRAIN("c5.ckpt");
+  ok(&r, "entries writable by others");
+  ck_assert_msg(strstr(r.err, "writable by others") && !strstr(r.out, "from the cache"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  same_bytes("c1.ckpt", "c5.ckpt", "indexed again past an unsafe cache, trained otherwise");
+  stream_entries(tighten);
+  /* the training file changed (a graph more): indexed again; the dev file's index, made
+     from the same vocabulary, still comes from the cache */
+  const char *nl = memchr(t, '\n', nt);
+  ck_assert(nl != NULL);
+  FILE *f = fopen(path_in("ctrain.txt"), "a");
+  ck_assert(f != NULL);
+  fwrite(t, 1, (size_t)(nl - t) + 1, f);
+  fclose(f);
+  free(t);
+  r = CTRAIN("c6.ckpt");
+  ok(&r, "a file changed");
+  ck_assert_msg(strstr(r.out, "1501 training graphs") && strstr(r.out, "streamed: an index from the cache"), "%s",
+                r.out);
+  tu_free(&r);
+#undef CTRAIN
+}
+END_TEST
+
 /* --stream: the training file indexed and read back a minibatch at a time trains to the
  * bytes of the file loaded whole (the same graphs in the same order): the Tree-LSTM with a
  * dev set, two epochs or one and a resume, and the language model on text. A file whose
@@ -2993,6 +3083,7 @@ int main(void) {
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
   tcase_add_test(tc, stream_trains_as_loaded);
+  tcase_add_test(tc, stream_index_cached);
   tcase_add_test(tc, sigint_resumes_carried_state_exactly);
   tcase_add_test(tc, sigint_resumes_varied_chunks_exactly);
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);
