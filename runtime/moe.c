@@ -641,6 +641,247 @@ static int ep_home(cavs_model *m) {
   return rc;
 }
 
+/* A round's state, which its steps share (ep_round) */
+typedef struct {
+  cavs_ctx *c;
+  cavs_model *m;
+  struct cv_experts *ep;
+  int N, me;
+  size_t es;
+  const ep_head *mine;
+  ep_head *heads;
+  const struct cv_route *rt;
+  long s0, sn;
+  const char *x, *dy;
+  long ldx, lddy, ldy;
+  char *y;
+  bool set, active, bwd;
+  long A, B, X;
+  size_t rowout, backrow; /* bytes of a row this process sends, and of its result */
+  /* scratch (EP_WORK): sizes [2 N], offsets [4 N]; loads [N + N X]; counts [X + N X];
+     the plan's kown [EP_MAX_REPLICAS N], an expert order [X + EP_MAX_REPLICAS], lead [N] */
+  size_t *sbytes, *rbytes, *inat, *repat, *cur, *backat;
+  double *load, *eload;
+  int64_t *seg, *cnt; /* (seg: this process's counts, then where each expert's slots start) */
+  long *kown, *ord;
+  int *lead;
+  ep_plan pl;
+} ep_round_st;
+
+/* a collective's return code, its seconds counted */
+static int ep_timed(ep_round_st *r, double t0, int rc, const char *what) {
+  r->ep->stats.seconds += cv_now() - t0;
+  return ep_call(r->m, rc, what);
+}
+
+/* 1. the scratch; every process's slot counts for every expert, checked; the plan (who
+   leads each emm, the replicas); the tables placed, the replicas' matrices sent, the
+   replicas whose gradient goes home after the pass marked */
+static int ep_plan_round(ep_round_st *r) {
+  cavs_model *m = r->m;
+  int N = r->N;
+  long X = r->X;
+  enum { SB, RB, INAT, REPAT, CUR, BACKAT, NW };
+  size_t need = sizeof(size_t) * NW * (size_t)N + sizeof(int) * (size_t)N +
+                sizeof(long) * ((size_t)EP_MAX_REPLICAS * (size_t)N + (size_t)X + EP_MAX_REPLICAS) +
+                sizeof(double) * ((size_t)N + (size_t)N * (size_t)X) + sizeof(int64_t) * (size_t)X * (size_t)(N + 1);
+  size_t *w = ep_buf(m, EP_WORK, need);
+  if (!w) return -1;
+  r->sbytes = w + SB * N, r->rbytes = w + RB * N, r->inat = w + INAT * N, r->repat = w + REPAT * N;
+  r->cur = w + CUR * N, r->backat = w + BACKAT * N;
+  r->load = (double *)(w + NW * N), r->eload = r->load + N;
+  r->seg = (int64_t *)(r->eload + (size_t)N * (size_t)X), r->cnt = r->seg + X;
+  r->kown = (long *)(r->cnt + (size_t)N * (size_t)X), r->ord = r->kown + (size_t)EP_MAX_REPLICAS * (size_t)N;
+  r->lead = (int *)(r->ord + X + EP_MAX_REPLICAS);
+  for (long e = 0; e < X; e++) r->seg[e] = 0;
+  for (long s = r->s0; r->active && s < r->s0 + r->sn; s++) r->seg[r->rt->sexp[s]]++;
+  double t0 = cv_now();
+  if (ep_timed(r, t0, r->ep->comm.allgather(r->ep->comm.arg, r->seg, sizeof(int64_t) * (size_t)X, r->cnt),
+               "allgather of the counts"))
+    return -1;
+  for (int p = 0; p < N; p++) {
+    long rows = 0;
+    for (long e = 0; e < X; e++) {
+      int64_t n = r->cnt[(size_t)p * (size_t)X + (size_t)e];
+      if (n < 0 || n > INT_MAX - rows || (n && (r->heads[p].kind == EP_IDLE || e >= r->heads[p].X)))
+        return cv_fail(m, "expert exchange: process %d sent a bad count", p);
+      rows += (long)n;
+    }
+    r->lead[p] = p;
+    for (int q = 0; q < p; q++)
+      if (r->heads[p].kind != EP_IDLE && ep_same_op(&r->heads[q], &r->heads[p])) {
+        r->lead[p] = q;
+        break;
+      }
+  }
+  r->pl = (ep_plan){.N = N, .X = X, .heads = r->heads, .cnt = r->cnt, .lead = r->lead, .kown = r->kown};
+  ep_plan *pl = &r->pl;
+  if (r->ep->comm.replicate) ep_replicate(pl, r->load, r->eload);
+  if (ep_register(m, r->heads, r->lead, N) || ep_weights(m, pl, r->sbytes, r->rbytes)) return -1;
+  for (int i = 0; i < pl->nhot; i++) {
+    const ep_head *h = &r->heads[pl->hot_lead[i]];
+    struct cv_ep_table *t = h->kind == EP_BWD && (h->flags & EP_DT) ? ep_table(m, h->toff) : NULL;
+    if (t && pl->rep[i] != ep_owner(pl->hot_e[i], t->X, N)) t->dirty[(size_t)pl->hot_e[i] * (size_t)N + (size_t)pl->rep[i]] = 1;
+  }
+  return 0;
+}
+
+/* 2. the rows, to each process in the order ep_order gives: each slot's x (backward: x
+   and dy side by side); this process's slots of expert e start at seg[e] (the slots run
+   by expert). And what comes in from each process, and what goes back to it. */
+static int ep_send_rows(ep_round_st *r) {
+  cavs_model *m = r->m;
+  struct cv_experts *ep = r->ep;
+  const ep_plan *pl = &r->pl;
+  int N = r->N, me = r->me;
+  size_t es = r->es, rowout = r->rowout;
+  char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(r->active && r->sn ? r->sn : 1));
+  if (!sendb) return -1;
+  for (long e = 0, at = r->s0; e < r->X; e++) {
+    long n = (long)r->seg[e];
+    r->seg[e] = at, at += n;
+  }
+  size_t at = 0, sat = 0;
+  for (int q = 0; q < N; q++) {
+    long n = ep_order(pl, me, q, r->ord);
+    size_t before = at;
+    r->backat[q] = sat;
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(pl, me, r->ord[i], q, &b, &k);
+      for (long j = 0; j < k; j++, at += rowout) {
+        long sl = (long)r->seg[r->ord[i]] + b + j;
+        memcpy(sendb + at, r->x + (size_t)sl * (size_t)r->ldx * es, (size_t)r->A * es);
+        if (r->bwd) memcpy(sendb + at + (size_t)r->A * es, r->dy + (size_t)sl * (size_t)r->lddy * es, (size_t)r->B * es);
+      }
+      int hot = ep_hot(pl, me, r->ord[i]);
+      if (hot >= 0 && q == pl->rep[hot]) ep->stats.rows_replicated += k;
+    }
+    r->sbytes[q] = at - before;
+    sat += rowout ? r->sbytes[q] / rowout * r->backrow : 0;
+    long rows = rowout ? (long)(r->sbytes[q] / rowout) : 0;
+    *(q == me ? &ep->stats.rows_here : &ep->stats.rows_out) += rows;
+  }
+  size_t inb = 0, replyb = 0;
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &r->heads[p];
+    long n = ep_order(pl, p, me, r->ord), rows = 0;
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(pl, p, r->ord[i], me, &b, &k);
+      rows += k;
+    }
+    size_t rin = (size_t)(h->A + (h->kind == EP_BWD ? h->B : 0)) * es;
+    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
+    r->inat[p] = inb, r->repat[p] = replyb;
+    r->rbytes[p] = (size_t)rows * rin;
+    inb += r->rbytes[p], replyb += (size_t)rows * rout;
+    if (p != me) ep->stats.rows_in += rows;
+  }
+  if (!ep_buf(m, EP_RECV, inb ? inb : 1) || !ep_buf(m, EP_REPLY, replyb ? replyb : 1)) return -1;
+  double t0 = cv_now();
+  return ep_timed(r, t0, ep->comm.alltoallv(ep->comm.arg, sendb, r->sbytes, ep->buf[EP_RECV], r->rbytes),
+                  "alltoallv of the rows");
+}
+
+/* 3. the products here: for each distinct emm of the round and each expert whose rows
+   come here (in the order they come), one product over every process's rows of it,
+   gathered in rank order; the results into each process's reply, in the order its rows
+   came (cur[q]: how many of q's came so far) */
+static int ep_products(ep_round_st *r) {
+  cavs_model *m = r->m;
+  struct cv_experts *ep = r->ep;
+  const ep_plan *pl = &r->pl;
+  int N = r->N, me = r->me;
+  size_t es = r->es;
+  for (int p = 0; p < N; p++) r->cur[p] = 0;
+  for (int p = 0; p < N; p++) {
+    const ep_head *h = &r->heads[p];
+    if (h->kind == EP_IDLE || r->lead[p] != p) continue;
+    long a = h->A, b = h->B;
+    bool hb = h->kind == EP_BWD, wdx = hb && (h->flags & EP_DX), wdt = hb && (h->flags & EP_DT);
+    size_t rin = (size_t)(a + (hb ? b : 0)) * es, rout = (size_t)(hb ? (wdx ? a : 0) : b) * es;
+    long n = ep_order(pl, p, me, r->ord);
+    for (long i = 0; i < n; i++) {
+      long e = r->ord[i], rows = 0, bq, k;
+      for (int q = p; q < N; q++)
+        if (r->lead[q] == p) ep_portion(pl, q, e, me, &bq, &k), rows += k;
+      if (!rows) continue; /* an expert without rows costs nothing */
+      char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(2 * a + 2 * b) * es);
+      if (!xe) return -1;
+      const char *recvb = ep->buf[EP_RECV];
+      char *de = xe + (size_t)rows * (size_t)a * es, *oe = de + (size_t)rows * (size_t)b * es;
+      long got = 0;
+      for (int q = p; q < N; q++) {
+        if (r->lead[q] != p) continue;
+        ep_portion(pl, q, e, me, &bq, &k);
+        for (long j = 0; j < k; j++) {
+          const char *src = recvb + r->inat[q] + (r->cur[q] + (size_t)j) * rin;
+          memcpy(xe + (size_t)(got + j) * (size_t)a * es, src, (size_t)a * es);
+          if (hb) memcpy(de + (size_t)(got + j) * (size_t)b * es, src + (size_t)a * es, (size_t)b * es);
+        }
+        got += k;
+      }
+      const char *te = (const char *)m->pflat + (size_t)h->toff + (size_t)e * (size_t)h->ldt * es;
+      if (!hb) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
+      if (wdx) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, de, b, te, b, 0, oe, a);
+      if (wdt)
+        cavs_gemm(r->c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, xe, a, de, b, 1,
+                  (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
+      got = 0;
+      for (int q = p; q < N; q++) {
+        if (r->lead[q] != p) continue;
+        ep_portion(pl, q, e, me, &bq, &k);
+        if (rout)
+          memcpy((char *)ep->buf[EP_REPLY] + r->repat[q] + r->cur[q] * rout, oe + (size_t)got * rout, (size_t)k * rout);
+        r->cur[q] += (size_t)k, got += k;
+      }
+    }
+  }
+  return 0;
+}
+
+/* 4. the results back: to each process its rows' results; from each, this process's,
+   in the order they were sent to it, into y (set or added) */
+static int ep_results(ep_round_st *r) {
+  cavs_model *m = r->m;
+  struct cv_experts *ep = r->ep;
+  const ep_plan *pl = &r->pl;
+  int N = r->N, me = r->me;
+  size_t es = r->es, rowout = r->rowout, backrow = r->backrow;
+  for (int q = 0; q < N; q++) {
+    const ep_head *h = &r->heads[q];
+    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
+    size_t back = rowout ? r->sbytes[q] / rowout * backrow : 0;
+    r->sbytes[q] = r->cur[q] * rout;
+    r->rbytes[q] = back;
+  }
+  char *backb = ep_buf(m, EP_SEND, backrow * (size_t)(r->active && r->sn ? r->sn : 1)); /* (the rows sent are done with) */
+  if (!backb) return -1;
+  double t0 = cv_now();
+  if (ep_timed(r, t0, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], r->sbytes, backb, r->rbytes),
+               "alltoallv of the results"))
+    return -1;
+  long w = r->bwd ? r->A : r->B;
+  for (int q = 0; r->active && backrow && q < N; q++) {
+    long n = ep_order(pl, me, q, r->ord);
+    const char *src = backb + r->backat[q];
+    for (long i = 0; i < n; i++) {
+      long b, k;
+      ep_portion(pl, me, r->ord[i], q, &b, &k);
+      for (long j = 0; j < k; j++, src += backrow) {
+        char *dst = r->y + (size_t)((long)r->seg[r->ord[i]] + b + j) * (size_t)r->ldy * es;
+        if (r->set) memcpy(dst, src, backrow);
+        else if (es == 8)
+          for (long v = 0; v < w; v++) ((double *)dst)[v] += ((const double *)src)[v];
+        else
+          for (long v = 0; v < w; v++) ((float *)dst)[v] += ((const float *)src)[v];
+      }
+    }
+  }
+  return 0;
+}
+
 /* One round. mine: this process's emm (kind EP_IDLE: none), over slots [s0, s0 + sn) of
    route rt: forward, y = x T_e at each slot; backward, dx = dy T_e^T (set or added)
    and, where e's rows are computed, dT_e += x^T dy. Returns 1 when no process ran
@@ -650,200 +891,25 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
                     long ldx, const char *dy, long lddy, char *y, long ldy, bool set) {
   cavs_model *m = c->model;
   struct cv_experts *ep = &m->ep;
-  int N = ep->comm.size, me = ep->comm.rank;
-  size_t es = m->esize;
-  ep_head *heads = ep_buf(m, EP_HEADS, sizeof(ep_head) * (size_t)N);
-  if (!heads) return -1;
+  ep_round_st r = {.c = c, .m = m, .ep = ep, .N = ep->comm.size, .me = ep->comm.rank, .es = m->esize, .mine = mine,
+                   .rt = rt, .s0 = s0, .sn = sn, .x = x, .dy = dy, .ldx = ldx, .lddy = lddy, .ldy = ldy, .y = y,
+                   .set = set, .active = mine->kind != EP_IDLE, .bwd = mine->kind == EP_BWD, .A = mine->A,
+                   .B = mine->B, .X = 1};
+  r.heads = ep_buf(m, EP_HEADS, sizeof(ep_head) * (size_t)r.N);
+  if (!r.heads) return -1;
   double t0 = cv_now();
-  if (ep_call(m, ep->comm.allgather(ep->comm.arg, mine, sizeof *mine, heads), "allgather")) return -1;
-  ep->stats.seconds += cv_now() - t0;
+  if (ep_timed(&r, t0, ep->comm.allgather(ep->comm.arg, mine, sizeof *mine, r.heads), "allgather")) return -1;
   bool any = false;
-  long X = 1;
-  for (int p = 0; p < N; p++) {
-    if (ep_check_head(m, &heads[p], p)) return -1;
-    any |= heads[p].kind != EP_IDLE;
-    if (heads[p].kind != EP_IDLE && heads[p].X > X) X = heads[p].X;
+  for (int p = 0; p < r.N; p++) {
+    if (ep_check_head(m, &r.heads[p], p)) return -1;
+    any |= r.heads[p].kind != EP_IDLE;
+    if (r.heads[p].kind != EP_IDLE && r.heads[p].X > r.X) r.X = r.heads[p].X;
   }
   if (!any) return 1;
   ep->stats.rounds++;
-  bool active = mine->kind != EP_IDLE, bwd = mine->kind == EP_BWD;
-  long A = mine->A, B = mine->B;
-  /* scratch: sizes [2 N], offsets [4 N] (size_t); loads [N + N X]; counts [X + N X];
-     the plan's kown [EP_MAX_REPLICAS N], an expert order [X + EP_MAX_REPLICAS], lead [N] */
-  enum { SB, RB, INAT, REPAT, CUR, BACKAT, NW };
-  size_t need = sizeof(size_t) * NW * (size_t)N + sizeof(int) * (size_t)N +
-                sizeof(long) * ((size_t)EP_MAX_REPLICAS * (size_t)N + (size_t)X + EP_MAX_REPLICAS) +
-                sizeof(double) * ((size_t)N + (size_t)N * (size_t)X) + sizeof(int64_t) * (size_t)X * (size_t)(N + 1);
-  char *wk = ep_buf(m, EP_WORK, need);
-  if (!wk) return -1;
-  size_t *w = (size_t *)wk;
-  size_t *sbytes = w + SB * N, *rbytes = w + RB * N, *inat = w + INAT * N, *repat = w + REPAT * N, *cur = w + CUR * N,
-         *backat = w + BACKAT * N;
-  double *load = (double *)(w + NW * N), *eload = load + N;
-  int64_t *cmine = (int64_t *)(eload + (size_t)N * (size_t)X), *cnt = cmine + X;
-  long *kown = (long *)(cnt + (size_t)N * (size_t)X), *ord = kown + (size_t)EP_MAX_REPLICAS * (size_t)N;
-  int *lead = (int *)(ord + X + EP_MAX_REPLICAS);
-  /* 1. every process's slot counts, for every expert */
-  for (long e = 0; e < X; e++) cmine[e] = 0;
-  for (long s = s0; active && s < s0 + sn; s++) cmine[rt->sexp[s]]++;
-  t0 = cv_now();
-  if (ep_call(m, ep->comm.allgather(ep->comm.arg, cmine, sizeof(int64_t) * (size_t)X, cnt), "allgather of the counts"))
-    return -1;
-  ep->stats.seconds += cv_now() - t0;
-  for (int p = 0; p < N; p++) {
-    long rows = 0;
-    for (long e = 0; e < X; e++) {
-      int64_t n = cnt[(size_t)p * (size_t)X + (size_t)e];
-      if (n < 0 || n > INT_MAX - rows || (n && (heads[p].kind == EP_IDLE || e >= heads[p].X)))
-        return cv_fail(m, "expert exchange: process %d sent a bad count", p);
-      rows += (long)n;
-    }
-    lead[p] = p;
-    for (int q = 0; q < p; q++)
-      if (heads[p].kind != EP_IDLE && ep_same_op(&heads[q], &heads[p])) {
-        lead[p] = q;
-        break;
-      }
-  }
-  ep_plan pl = {.N = N, .X = X, .heads = heads, .cnt = cnt, .lead = lead, .kown = kown};
-  if (ep->comm.replicate) ep_replicate(&pl, load, eload);
-  if (ep_register(m, heads, lead, N) || ep_weights(m, &pl, sbytes, rbytes)) return -1;
-  for (int i = 0; i < pl.nhot; i++) { /* the replicas whose gradient goes home after the pass */
-    const ep_head *h = &heads[pl.hot_lead[i]];
-    struct cv_ep_table *t = h->kind == EP_BWD && (h->flags & EP_DT) ? ep_table(m, h->toff) : NULL;
-    if (t && pl.rep[i] != ep_owner(pl.hot_e[i], t->X, N)) t->dirty[(size_t)pl.hot_e[i] * (size_t)N + (size_t)pl.rep[i]] = 1;
-  }
-  /* 2. the rows, to each process in the order ep_order gives: each slot's x (backward: x
-     and dy side by side). My slots of expert e start at seg(e): the slots run by expert. */
-  size_t rowout = (size_t)(A + (bwd ? B : 0)) * es, backrow = (size_t)(bwd ? ((mine->flags & EP_DX) ? A : 0) : B) * es;
-  char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(active && sn ? sn : 1));
-  if (!sendb) return -1;
-  int64_t *seg = cmine; /* (its counts, made the starts of each expert's slots) */
-  for (long e = 0, at = s0; e < X; e++) {
-    long n = (long)seg[e];
-    seg[e] = at, at += n;
-  }
-  size_t at = 0, sat = 0;
-  for (int q = 0; q < N; q++) {
-    long n = ep_order(&pl, me, q, ord);
-    size_t before = at;
-    backat[q] = sat;
-    for (long i = 0; i < n; i++) {
-      long b, k;
-      ep_portion(&pl, me, ord[i], q, &b, &k);
-      for (long j = 0; j < k; j++, at += rowout) {
-        long sl = (long)seg[ord[i]] + b + j;
-        memcpy(sendb + at, x + (size_t)sl * (size_t)ldx * es, (size_t)A * es);
-        if (bwd) memcpy(sendb + at + (size_t)A * es, dy + (size_t)sl * (size_t)lddy * es, (size_t)B * es);
-      }
-      int hot = ep_hot(&pl, me, ord[i]);
-      if (hot >= 0 && q == pl.rep[hot]) ep->stats.rows_replicated += k;
-    }
-    sbytes[q] = at - before;
-    sat += rowout ? sbytes[q] / rowout * backrow : 0;
-    long rows = rowout ? (long)(sbytes[q] / rowout) : 0;
-    *(q == me ? &ep->stats.rows_here : &ep->stats.rows_out) += rows;
-  }
-  /* what comes in from each process p, and what goes back to it */
-  size_t inb = 0, replyb = 0;
-  for (int p = 0; p < N; p++) {
-    const ep_head *h = &heads[p];
-    long n = ep_order(&pl, p, me, ord), rows = 0;
-    for (long i = 0; i < n; i++) {
-      long b, k;
-      ep_portion(&pl, p, ord[i], me, &b, &k);
-      rows += k;
-    }
-    size_t rin = (size_t)(h->A + (h->kind == EP_BWD ? h->B : 0)) * es;
-    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
-    inat[p] = inb, repat[p] = replyb;
-    rbytes[p] = (size_t)rows * rin;
-    inb += rbytes[p], replyb += (size_t)rows * rout;
-    if (p != me) ep->stats.rows_in += rows;
-  }
-  if (!ep_buf(m, EP_RECV, inb ? inb : 1) || !ep_buf(m, EP_REPLY, replyb ? replyb : 1)) return -1;
-  t0 = cv_now();
-  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, ep->buf[EP_RECV], rbytes), "alltoallv of the rows"))
-    return -1;
-  ep->stats.seconds += cv_now() - t0;
-  /* 3. the products here: for each distinct emm of the round and each expert whose rows
-     come here (in the order they come), one product over every process's rows of it,
-     gathered in rank order */
-  for (int p = 0; p < N; p++) cur[p] = 0;
-  for (int p = 0; p < N; p++) {
-    const ep_head *h = &heads[p];
-    if (h->kind == EP_IDLE || lead[p] != p) continue;
-    long a = h->A, b = h->B;
-    bool hb = h->kind == EP_BWD, wdx = hb && (h->flags & EP_DX), wdt = hb && (h->flags & EP_DT);
-    size_t rin = (size_t)(a + (hb ? b : 0)) * es, rout = (size_t)(hb ? (wdx ? a : 0) : b) * es;
-    long n = ep_order(&pl, p, me, ord);
-    for (long i = 0; i < n; i++) {
-      long e = ord[i], rows = 0, bq, k;
-      for (int q = p; q < N; q++)
-        if (lead[q] == p) ep_portion(&pl, q, e, me, &bq, &k), rows += k;
-      if (!rows) continue; /* an expert without rows costs nothing */
-      char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(2 * a + 2 * b) * es);
-      if (!xe) return -1;
-      const char *recvb = ep->buf[EP_RECV];
-      char *de = xe + (size_t)rows * (size_t)a * es, *oe = de + (size_t)rows * (size_t)b * es;
-      long got = 0;
-      for (int q = p; q < N; q++) {
-        if (lead[q] != p) continue;
-        ep_portion(&pl, q, e, me, &bq, &k);
-        for (long j = 0; j < k; j++) {
-          const char *src = recvb + inat[q] + (cur[q] + (size_t)j) * rin;
-          memcpy(xe + (size_t)(got + j) * (size_t)a * es, src, (size_t)a * es);
-          if (hb) memcpy(de + (size_t)(got + j) * (size_t)b * es, src + (size_t)a * es, (size_t)b * es);
-        }
-        got += k;
-      }
-      const char *te = (const char *)m->pflat + (size_t)h->toff + (size_t)e * (size_t)h->ldt * es;
-      if (!hb) cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
-      if (wdx) cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, de, b, te, b, 0, oe, a);
-      if (wdt)
-        cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, xe, a, de, b, 1,
-                  (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
-      /* the results into each process's reply, in the order its rows came */
-      got = 0;
-      for (int q = p; q < N; q++) {
-        if (lead[q] != p) continue;
-        ep_portion(&pl, q, e, me, &bq, &k);
-        if (rout) memcpy((char *)ep->buf[EP_REPLY] + repat[q] + cur[q] * rout, oe + (size_t)got * rout, (size_t)k * rout);
-        cur[q] += (size_t)k, got += k;
-      }
-    }
-  }
-  /* 4. the results back: to each process its rows' results; from each, mine */
-  for (int q = 0; q < N; q++) {
-    const ep_head *h = &heads[q];
-    size_t rout = (size_t)(h->kind == EP_FWD ? h->B : (h->flags & EP_DX) ? h->A : 0) * es;
-    size_t back = rowout ? sbytes[q] / rowout * backrow : 0;
-    sbytes[q] = cur[q] * rout;
-    rbytes[q] = back;
-  }
-  char *backb = ep_buf(m, EP_SEND, backrow * (size_t)(active && sn ? sn : 1)); /* (the rows sent are done with) */
-  if (!backb) return -1;
-  t0 = cv_now();
-  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], sbytes, backb, rbytes), "alltoallv of the results"))
-    return -1;
-  ep->stats.seconds += cv_now() - t0;
-  /* ...each process's in the order they were sent to it */
-  for (int q = 0; active && backrow && q < N; q++) {
-    long n = ep_order(&pl, me, q, ord);
-    const char *src = backb + backat[q];
-    for (long i = 0; i < n; i++) {
-      long b, k;
-      ep_portion(&pl, me, ord[i], q, &b, &k);
-      for (long j = 0; j < k; j++, src += backrow) {
-        char *dst = y + (size_t)((long)seg[ord[i]] + b + j) * (size_t)ldy * es;
-        if (set) memcpy(dst, src, backrow);
-        else if (es == 8)
-          for (long v = 0; v < (bwd ? A : B); v++) ((double *)dst)[v] += ((const double *)src)[v];
-        else
-          for (long v = 0; v < (bwd ? A : B); v++) ((float *)dst)[v] += ((const float *)src)[v];
-      }
-    }
-  }
+  r.rowout = (size_t)(r.A + (r.bwd ? r.B : 0)) * r.es;
+  r.backrow = (size_t)(r.bwd ? ((mine->flags & EP_DX) ? r.A : 0) : r.B) * r.es;
+  if (ep_plan_round(&r) || ep_send_rows(&r) || ep_products(&r) || ep_results(&r)) return -1;
   return 0;
 }
 
