@@ -204,7 +204,7 @@ START_TEST(unwritable_output) {
   tu_free(&r);
 
   /* -o DIR for the C files: created with its parents, the files get the usual mode */
-  char *top = tu_tmpdir(), cdir[4300], cfile[4400];
+  char *top = tu_tmpdir(), cdir[4300], cfile[4400], xdir[4500];
   snprintf(cdir, sizeof cdir, "%s/build/deeper", top);
   char *argv4[] = {(char *)cavsc, "-o", cdir, model, NULL};
   mode_t old = umask(022);
@@ -217,8 +217,8 @@ START_TEST(unwritable_output) {
   ck_assert_int_eq(st.st_mode & 0777, 0644);
   tu_free(&r);
   /* a file in the way is an error */
-  snprintf(cdir, sizeof cdir, "%s/x", cfile);
-  char *argv5[] = {(char *)cavsc, "-o", cdir, model, NULL};
+  snprintf(xdir, sizeof xdir, "%s/x", cfile);
+  char *argv5[] = {(char *)cavsc, "-o", xdir, model, NULL};
   r = tu_run(NULL, argv5, 30);
   ck_assert_int_eq(r.status, 1);
   ck_assert_msg(strstr(r.err, "is not a directory"), "%s", r.err);
