@@ -31,9 +31,7 @@ void cv_sparse_reset(cavs_model *m) {
   }
 }
 
-/* The parts of the flat block this step changes (in an array that only grows: a
- * steady-state step allocates nothing); last, the *own spans of the experts placed on
- * processes that are this process's (an expert table's other rows are their owners'). */
+/* group g is an expert table placed on processes (moe.c: its rows stepped by their owners) */
 static bool placed_group(const cavs_model *m, int g) {
   size_t off, len;
   for (int i = 0, pg; (pg = cv_experts_own(m, i, &off, &len)) >= 0; i++)
@@ -41,6 +39,9 @@ static bool placed_group(const cavs_model *m, int g) {
   return false;
 }
 
+/* The parts of the flat block this step changes (in an array that only grows: a
+ * steady-state step allocates nothing); last, the *own spans of the experts placed on
+ * processes that are this process's (an expert table's other rows are their owners'). */
 static cv_span *spans(cavs_model *m, int *count, int *own) {
   const cavs_desc *d = m->d;
   int n = 0;
@@ -204,7 +205,9 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   m->ep.failed = false;
   if (m->be->step(m, &h, sp, ns) || m->ep.failed) return -1;
   /* the step zeroed the gradient of every span it updated: a dense group not frozen is
-     clean for the next backward pass (a lookup table's touched rows are cleared there) */
+     clean for the next backward pass (a lookup table's touched rows are cleared there;
+     a placed expert table's rows of other owners are zero here: a replica's gradient
+     went home, zeroed, at the backward pass's end) */
   const cavs_desc *d = m->d;
   for (int g = 0; g < d->npgroups; g++) m->pg_clean[g] = !m->frozen[g] && d->pgroups[g].sparse_input < 0;
   return 0;
