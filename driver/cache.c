@@ -23,6 +23,7 @@
  * SHA-256 comes from nettle (Debian's libnettle): a key an attacker cannot collide, and
  * less code of our own than a hand-written hash. */
 #include "cache.h"
+#include "afile.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -1080,23 +1081,18 @@ unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, si
 int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen) {
   char *dir;
   if (open_kind(kind, &dir, err, errlen)) return -1;
-  char *tmp = fmt("%s/.%s.XXXXXX", dir, name), *path = fmt("%s/%s", dir, name);
+  char *path = fmt("%s/%s", dir, name);
   free(dir);
-  int fd = mkstemp(tmp), rc = fd < 0 ? -1 : 0; /* (0600) */
-  for (size_t at = 0; !rc && at < n;) {
-    ssize_t w = write(fd, (const char *)data + at, n - at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) rc = -1;
-    else at += (size_t)w;
-  }
-  /* whole or not at all: flushed, then renamed over any older one */
-  if (!rc && fsync(fd)) rc = -1;
-  if (fd >= 0 && close(fd)) rc = -1;
-  if (!rc && rename(tmp, path)) rc = -1;
-  if (rc) {
+  /* whole or not at all, however many processes write it at once (afile.c) */
+  cv_afile a;
+  int rc = cv_afile_open(&a, path, false, err, errlen);
+  if (!rc && fchmod(a.fd, 0600)) { /* (whatever the umask: an entry others can write is refused) */
     snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
-    if (fd >= 0) unlink(tmp);
+    cv_afile_abort(&a);
+    rc = -1;
   }
-  free(tmp), free(path);
+  if (!rc && cv_afile_write(&a, data, n, err, errlen)) rc = -1; /* (aborted) */
+  else if (!rc) rc = cv_afile_commit(&a, err, errlen);
+  free(path);
   return rc;
 }

@@ -63,8 +63,8 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
  * there is none, else with err saying why (not ours, writable by others, not a regular
  * file, larger than max, unreadable). */
 unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, size_t *n, char *err, size_t errlen);
-/* Written whole (a temporary beside it, flushed, renamed over it) or not at all: 0, or -1
- * with err saying why. */
+/* Written whole or not at all (cv_afile: a reader sees the old bytes or the new ones,
+ * whoever else writes it at once): 0, or -1 with err saying why. */
 int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen);
 
 #endif

@@ -505,7 +505,11 @@ static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int
   size_t es = m->esize;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &heads[p];
-    if (h->kind == EP_IDLE || lead[p] != p || ep_table(m, h->toff) || ep->ntab == CV_EP_TABLES) continue;
+    if (h->kind == EP_IDLE || lead[p] != p) continue;
+    const struct cv_ep_table *had = ep_table(m, h->toff);
+    if (had && (had->X != h->X || had->ldt != h->ldt || had->ab != h->A * h->B)) /* (before it indexes stamps) */
+      return cv_fail(m, "expert exchange: process %d sent a round over an expert table of another shape", p);
+    if (had || ep->ntab == CV_EP_TABLES) continue;
     int g = -1;
     for (int k = 0; k < m->d->npgroups; k++)
       if ((int64_t)(m->pg_off[k] * es) == h->toff && m->pg_rows[k] == h->X && m->pg_cols[k] == h->ldt &&
@@ -525,6 +529,14 @@ static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int
     ep->placed = true;
   }
   return 0;
+}
+
+/* dst[0..n) += src[0..n), in the model's precision */
+static void ep_add(size_t es, void *dst, const void *src, long n) {
+  if (es == 8)
+    for (long v = 0; v < n; v++) ((double *)dst)[v] += ((const double *)src)[v];
+  else
+    for (long v = 0; v < n; v++) ((float *)dst)[v] += ((const float *)src)[v];
 }
 
 /* the send and receive buffers of an exchange of sbytes[q] bytes to each q, rbytes[p]
@@ -629,11 +641,7 @@ static int ep_home(cavs_model *m) {
       const struct cv_ep_table *t = &ep->tab[i];
       for (long e = 0; e < t->X; e++) {
         if (!t->dirty[(size_t)e * (size_t)N + (size_t)q] || ep_owner(e, t->X, N) != me) continue;
-        char *g = (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es;
-        if (es == 8)
-          for (long v = 0; v < t->ab; v++) ((double *)g)[v] += ((const double *)(recvb + at))[v];
-        else
-          for (long v = 0; v < t->ab; v++) ((float *)g)[v] += ((const float *)(recvb + at))[v];
+        ep_add(es, (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es, recvb + at, t->ab);
         at += (size_t)t->ab * es;
       }
     }
@@ -872,10 +880,7 @@ static int ep_results(ep_round_st *r) {
       for (long j = 0; j < k; j++, src += backrow) {
         char *dst = r->y + (size_t)((long)r->seg[r->ord[i]] + b + j) * (size_t)r->ldy * es;
         if (r->set) memcpy(dst, src, backrow);
-        else if (es == 8)
-          for (long v = 0; v < w; v++) ((double *)dst)[v] += ((const double *)src)[v];
-        else
-          for (long v = 0; v < w; v++) ((float *)dst)[v] += ((const float *)src)[v];
+        else ep_add(es, dst, src, w);
       }
     }
   }
