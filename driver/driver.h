@@ -248,9 +248,11 @@ long model_lin(const cavs_model *m, cavs_lin l);
 void evaluate(cavs_model *m, Data *s, int batch, bool carry, Totals *t);
 /* The minibatches' order evaluate reads n graphs in (stream_order's when carried, else
    as they are), allocated; and evaluate over n graphs in a given order, `batch` a
-   minibatch (a part of every minibatch, under mpirun). */
+   minibatch (a part of every minibatch, under mpirun), in at least `passes` forward
+   passes (the last ones on the first graph, counted for nothing: every rank makes as
+   many under --expert-parallel). */
 int *eval_order(int n, int batch, bool carry);
-void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, Totals *t);
+void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, int passes, Totals *t);
 /* Carrying turned on (carry, and a model that can: cavs_model_carry_state; dies for one
    that cannot under --bptt-state carry), from zeros: whether it is. */
 bool carry_on(cavs_model *m, bool carry);

@@ -298,7 +298,7 @@ bool carry_on(cavs_model *m, bool carry) {
   return carry;
 }
 
-void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, Totals *t) {
+void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, bool carry, int passes, Totals *t) {
   Scores *scores = t->scores;
   memset(t, 0, sizeof *t);
   t->scores = scores;
@@ -314,6 +314,17 @@ void evaluate_order(cavs_model *m, Data *s, const int *order, int n, int batch, 
     if (cavs_model_forward(m, gs, k, &st)) lib_die(cavs_model_error(m));
     add_batch(t, m, &st, k);
     if (t->scores) scores_add(t->scores, m, gs, k);
+    cavs_dataset_free(part);
+    passes--;
+  }
+  /* passes every process makes (expert parallelism: each pass answers the others'
+     rounds), on the first graph, counted for nothing */
+  if (passes > 0 && carry) cavs_model_reset_state(m);
+  for (; passes > 0 && data_count(s) > 0; passes--) {
+    cavs_stats st;
+    cavs_dataset *part = data_batch(s, (const int[]){0}, 1, gs);
+    errno = 0;
+    if (cavs_model_forward(m, gs, 1, &st)) lib_die(cavs_model_error(m));
     cavs_dataset_free(part);
   }
   cavs_model_set_inference(m, 0);
@@ -333,7 +344,7 @@ void evaluate(cavs_model *m, Data *s, int batch, bool carry, Totals *t) {
   /* carried: the data as `batch` streams, each from zeros, its state carried from chunk
      to chunk (what training left is forgotten before, and what this leaves after) */
   int n = data_count(s), *order = eval_order(n, batch, carry);
-  evaluate_order(m, s, order, n, batch, carry, t);
+  evaluate_order(m, s, order, n, batch, carry, 0, t);
   free(order);
 }
 

@@ -459,6 +459,8 @@ static void choose_schedule(Run *r) {
 
 static void save(Run *r, const char *path) {
   char err[1024];
+  errno = 0; /* (--expert-parallel: every expert's matrices from its rank to rank 0's) */
+  if (dist_size > 1 && cavs_model_expert_gather(r->m, 0)) lib_die(cavs_model_error(r->m));
   if (dist_rank) return; /* rank 0 writes for all: their states are the same */
   if (cavs_ckpt_save(path, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
 }
@@ -665,13 +667,28 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
 enum { SAME_EVERY = 256 };
 static void same_params(Run *r, long step) {
   size_t count, es = es_of_model();
-  errno = 0; /* (--expert-parallel: each expert's matrices from its rank first) */
-  if (cavs_model_expert_sync(r->m)) lib_die(cavs_model_error(r->m));
-  void *p = cavs_model_params_flat(r->m, &count);
-  char *host = scratch(count * es);
-  errno = 0;
-  if (cavs_model_read(r->m, host, p, count * es)) lib_die(cavs_model_error(r->m));
-  uint64_t h = dist_hash(dist_hash(0, NULL, 0), host, count * es);
+  char *p = cavs_model_params_flat(r->m, &count);
+  /* the parameters but the placed experts' tables (--expert-parallel: each expert is
+     its rank's alone, the others' rows given back), a piece at a time */
+  enum { PIECE = 1 << 20 };
+  char *host = scratch(PIECE * es);
+  uint64_t h = dist_hash(0, NULL, 0);
+  for (size_t at = 0; at < count;) {
+    size_t end = count, off, n;
+    for (bool past = true; past;) {
+      past = false;
+      for (int i = 0; i < cavs_model_expert_placed(r->m, i, &off, &n); i++)
+        if (off <= at && at < off + n) at = off + n, past = true;
+    }
+    if (at >= count) break;
+    for (int i = 0; i < cavs_model_expert_placed(r->m, i, &off, &n); i++)
+      if (off > at && off < end) end = off;
+    size_t k = end - at < PIECE ? end - at : PIECE;
+    errno = 0;
+    if (cavs_model_read(r->m, host, p + at * es, k * es)) lib_die(cavs_model_error(r->m));
+    h = dist_hash(h, host, k * es);
+    at += k;
+  }
   free(host);
   dist_same(h, fmt("their parameters after step %ld (not the same bits: another CPU's or library's arithmetic on a "
                    "rank?)", step));
@@ -816,8 +833,6 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       r->ts.rng = rng_at_start;
       r->ts.graphs_done = b + k;
       gather_carried(r); /* (under mpirun: every rank's streams into rank 0's checkpoint) */
-      errno = 0; /* (and every expert's matrices: --expert-parallel) */
-      if (cavs_model_expert_sync(r->m)) lib_die(cavs_model_error(r->m));
       if (r->tty) printf("\r\033[K");
       if (o->save) save(r, o->save);
       if (dist_rank) { /* rank 0 says it */
@@ -965,7 +980,11 @@ static void evaluate_dev(Run *r, Totals *dv) {
   int lo = (int)((long)B * dist_rank / dist_size), hi = (int)((long)B * (dist_rank + 1) / dist_size);
   for (int b = 0; b < n; b += B)
     for (int i = lo; i < hi && b + i < n; i++) mine[k++] = order[b + i];
-  evaluate_order(r->m, r->dev, mine, k, hi - lo, r->carry, dv);
+  /* (--expert-parallel: the passes place the experts as training's do, every rank
+     making as many as the minibatches, rank 0's number) */
+  dist_experts(r->m, true);
+  evaluate_order(r->m, r->dev, mine, k, hi - lo, r->carry, dist_expert_parallel ? (n + B - 1) / B : 0, dv);
+  dist_experts(r->m, false);
   free(order);
   free(mine);
   int nl = r->d->nlosses < MAX_LOSSES ? r->d->nlosses : MAX_LOSSES;

@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_6
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_6"
+#define cv_backend_cuda cv_backend_cuda_7
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_7"
 
 struct cv_moe_ops;
 typedef struct cv_backend {
@@ -172,6 +172,15 @@ typedef struct cv_backend {
   void (*host_free)(void *p);
   /* a mixture of experts' kernels (optional: NULL fails the pass; moe.c), below */
   const struct cv_moe_ops *moe;
+  /* ---- memory a process holds only in part (optional: NULL is alloc then zero, and
+     nothing given back) ----
+     alloc_zeroed: as alloc, but zero, and its pages taken from the system only as they
+     are first written (the parameters, gradients and moments: a process that places
+     the experts holds only its own experts' pages); drop: bytes [off, off + bytes) of a
+     block alloc_zeroed made zeroed, the pages wholly inside them given back (moe.c:
+     the other processes' experts) */
+  void *(*alloc_zeroed)(cavs_model *m, size_t bytes);
+  void (*drop)(void *block, size_t off, size_t bytes);
 } cv_backend;
 
 /* A mixture of experts' kernels over a stage's rows r0..r0+n-1 and their K slots each,

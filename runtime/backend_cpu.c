@@ -13,7 +13,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CV_NAME(x) x##_f
 #define R float
@@ -76,8 +78,73 @@ static int cpu_open(cavs_model *m, const cavs_model_opts *o) {
   return 0;
 }
 
-static void *cpu_alloc(cavs_model *m, size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
-static void cpu_release(void *p) { free(p); }
+/* Every block has 64 bytes before it that say how it was made: from the C library, or
+   (a zeroed block of 64 KiB or more: the parameters, gradients and moments) mapped on
+   its own, so that its pages come from the system's zeros only as they are first
+   written and go back page by page (cpu_drop: another process's experts). */
+enum { CPU_HEAD = 64, CPU_MAPPED_MIN = 64 << 10 };
+/* (AddressSanitizer watches malloc's blocks, not a mapping: the mapping's bytes around
+   the block are poisoned, as malloc's redzones are, and unpoisoned before munmap) */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CPU_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define CPU_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define CPU_POISON(p, n) ((void)(p), (void)(n))
+#define CPU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+typedef struct CpuHead {
+  size_t mapped; /* the mapping's bytes, the page before the block's included; 0: malloc */
+} CpuHead;
+static CpuHead *head_of(void *p) { return (CpuHead *)((char *)p - CPU_HEAD); }
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static void *cpu_alloc(cavs_model *m, size_t bytes) {
+  (void)m;
+  if (bytes > SIZE_MAX - 2 * CPU_HEAD) return NULL;
+  char *p = aligned_alloc(64, ((bytes + 63) & ~(size_t)63) + CPU_HEAD);
+  if (!p) return NULL;
+  ((CpuHead *)p)->mapped = 0;
+  return p + CPU_HEAD;
+}
+static void *cpu_alloc_zeroed(cavs_model *m, size_t bytes) {
+  size_t page = page_size();
+  if (bytes < CPU_MAPPED_MIN || bytes > SIZE_MAX - 2 * page) {
+    void *p = cpu_alloc(m, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+  }
+  size_t len = (bytes + page - 1) / page * page + page;
+  char *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return NULL;
+  head_of(base + page)->mapped = len;
+  CPU_POISON(base, page - CPU_HEAD);
+  CPU_POISON(base + page + bytes, len - page - bytes);
+  return base + page;
+}
+static void cpu_release(void *p) {
+  if (!p) return;
+  size_t mapped = head_of(p)->mapped;
+  if (!mapped) {
+    free(head_of(p));
+    return;
+  }
+  CPU_UNPOISON((char *)p - page_size(), mapped);
+  munmap((char *)p - page_size(), mapped);
+}
+static void cpu_drop(void *block, size_t off, size_t bytes) {
+  char *p = block;
+  size_t page = page_size(), a = (off + page - 1) / page * page, b = (off + bytes) / page * page;
+  /* (a small block is only zeroed; a mapped one zeroed at its ends, its whole pages
+     given back: a private mapping's pages read as zero after MADV_DONTNEED) */
+  if (!bytes) return;
+  if (!head_of(block)->mapped || b <= a || madvise(p + a, b - a, MADV_DONTNEED)) {
+    memset(p + off, 0, bytes);
+    return;
+  }
+  memset(p + off, 0, a - off);
+  memset(p + b, 0, off + bytes - b);
+}
 /* a clear of many bytes, split over the threads in 4 KiB-aligned pieces */
 typedef struct ZeroJob {
   char *p;
@@ -774,6 +841,8 @@ const cv_backend cv_backend_cpu = {
     .open = cpu_open,
     .close = cpu_close,
     .alloc = cpu_alloc,
+    .alloc_zeroed = cpu_alloc_zeroed,
+    .drop = cpu_drop,
     .release = cpu_release,
     .zero = cpu_zero,
     .zero_rows = cpu_zero_rows,

@@ -1599,4 +1599,6 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_host_alloc,
     cuda_host_free,
     &cuda_moe,
+    NULL, /* alloc_zeroed: cudaMalloc and a clear (device memory is not given back by page) */
+    NULL, /* drop: expert parallelism runs on the cpu backend */
 };

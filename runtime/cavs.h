@@ -386,11 +386,16 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * owners' squares over the processes: every process must step with the same clip and
  * norm tracking). The application sums every other gradient over the processes (data
  * parallelism), but not the placed tables' (cavs_model_expert_placed says where they
- * are: each process holds its own experts' gradient only). The other processes' copies
- * of an expert go stale, so before reading the parameters (a checkpoint, a comparison,
- * an evaluation: set the comm to NULL around a pass run alone), call
- * cavs_model_expert_sync on every process. Returns an error code from a collective as a
- * failed pass ("expert exchange failed"). The cpu backend only. */
+ * are: each process holds its own experts' gradient only). A process holds only its
+ * own experts: the other processes' rows of a placed table, in the parameters, the
+ * gradient and the optimizer's moments, are zero, their memory given back to the
+ * system, from the placement and after each step (a hot expert's replica holds its
+ * copy from the round that sends it to the step). So before reading the whole
+ * parameters (a checkpoint, a pass run alone with the comm set to NULL), call
+ * cavs_model_expert_gather (one process reads them: only it holds them all until the
+ * next step) or cavs_model_expert_sync (every process) on every process; a pass with
+ * the comm set needs neither. Returns an error code from a collective as a failed pass
+ * ("expert exchange failed"). The cpu backend only. */
 typedef struct cavs_expert_comm {
   int rank, size; /* this process, of size (1 to 4096) */
   /* `bytes` bytes from every process, in rank order, into all[size * bytes] */
@@ -419,6 +424,9 @@ int cavs_model_expert_placed(cavs_model *m, int i, size_t *off, size_t *count);
  * owner to every other process, so that all hold the same whole model: a collective
  * (every process calls it at the same point). 0, or -1 with a message. */
 int cavs_model_expert_sync(cavs_model *m);
+/* The same to process root alone (the one that writes a checkpoint): the others keep
+ * only their own. A collective; 0, or -1 with a message (root out of range). */
+int cavs_model_expert_gather(cavs_model *m, int root);
 /* In place of a backward pass whose gradients would count for nothing (a process with
  * no graph of a minibatch): the gradients cleared as a backward pass clears them, then
  * the other processes' rows of its experts answered until their backward passes end.

@@ -111,6 +111,15 @@ int cv_experts_drain(cavs_model *m, bool bwd);
    rows of each placed table): the group of placed table i, or -1 past the last; *off
    and *len its span here (len 0: no expert of it here) */
 int cv_experts_own(const cavs_model *m, int i, size_t *off, size_t *len);
+/* Whether parameter group g is a placed table, and then its span here as
+   cv_experts_own's */
+bool cv_experts_own_group(const cavs_model *m, int g, size_t *off, size_t *len);
+/* What this process does not hold given back: every placed table's rows of the other
+   processes' experts zeroed in the parameters, the gradient and the moments (their
+   pages given back: cv_backend.drop) and their copies marked stale (on every process
+   alike: it runs at the same points on each, when a table is placed and after each
+   step), so that a replica's process is sent the owner's matrix */
+void cv_experts_release(cavs_model *m);
 /* The sum over the processes, in rank order, of each one's `mine` (the squares of its
    own experts' gradients, for a global-norm clip): every process calls it in the same
    step; on failure 0 with the model's error set and cv_experts_failed true */
@@ -328,6 +337,9 @@ int cavs_model_poison(cavs_model *m);
 void cv_sparse_reset(cavs_model *m);
 /* Adam's or Adagrad's moments, zeroed, unless the model has them; -1 (message in m->err) */
 int cv_alloc_moments(cavs_model *m);
+/* bytes the backend zeroes, its pages taken as they are written where it can
+   (cv_backend.alloc_zeroed); NULL on failure */
+void *cv_alloc_zeroed(cavs_model *m, size_t bytes);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
 int cv_grow_edges(cavs_model *m, long edges);

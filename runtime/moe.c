@@ -494,6 +494,8 @@ static void ep_replicate(ep_plan *pl, double *load, double *eload) {
 /* expert e of X's owner of N processes: ep_first's inverse */
 static inline int ep_owner(long e, long X, int N) { return (int)(e * N / X); }
 
+static void ep_release(cavs_model *m, struct cv_ep_table *t);
+
 static struct cv_ep_table *ep_table(cavs_model *m, int64_t toff) {
   for (int i = 0; i < m->ep.ntab; i++)
     if (m->ep.tab[i].toff == toff) return &m->ep.tab[i];
@@ -524,9 +526,9 @@ static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int
       free(t->stamp), free(t->dirty);
       return cv_fail_mem(m, "out of memory placing an expert table");
     }
-    for (size_t i = 0; i < n; i++) t->stamp[i] = m->step; /* (every copy the same until now) */
     ep->ntab++;
     ep->placed = true;
+    ep_release(m, t); /* (every process places it in this round) */
   }
   return 0;
 }
@@ -969,6 +971,43 @@ int cv_experts_own(const cavs_model *m, int i, size_t *off, size_t *len) {
   return t->group;
 }
 
+bool cv_experts_own_group(const cavs_model *m, int g, size_t *off, size_t *len) {
+  for (int i = 0; i < m->ep.ntab; i++)
+    if (m->ep.tab[i].group == g) return cv_experts_own(m, i, off, len) >= 0;
+  return false;
+}
+
+/* table t's part of cv_experts_release */
+static void ep_release(cavs_model *m, struct cv_ep_table *t) {
+  struct cv_experts *ep = &m->ep;
+  int N = ep->comm.size, me = ep->comm.rank;
+  size_t es = m->esize;
+  char *arr[4] = {m->gflat, m->pflat, m->m1, m->m2};
+  {
+    size_t row = (size_t)t->ldt * es, a = (size_t)ep_first(me, t->X, N) * row, b = (size_t)ep_first(me + 1, t->X, N) * row,
+           end = (size_t)t->X * row;
+    /* the gradient's other rows are zero already (a replica's went home zeroed) but
+       for what a pass before the placement left: zeroed where the backend gives
+       nothing back, as the backward pass clears only this process's rows */
+    for (int k = 0; k < 4; k++) {
+      if (!arr[k]) continue;
+      if (m->be->drop) {
+        m->be->drop(arr[k], (size_t)t->toff, a);
+        m->be->drop(arr[k], (size_t)t->toff + b, end - b);
+      } else if (k == 0) {
+        m->be->zero(m, arr[k] + t->toff, a);
+        m->be->zero(m, arr[k] + t->toff + b, end - b);
+      }
+    }
+    for (long e = 0; e < t->X; e++)
+      for (int q = 0; q < N; q++) t->stamp[(size_t)e * (size_t)N + (size_t)q] = q == ep_owner(e, t->X, N) ? m->step : -1;
+  }
+}
+
+void cv_experts_release(cavs_model *m) {
+  for (int i = 0; i < m->ep.ntab; i++) ep_release(m, &m->ep.tab[i]);
+}
+
 double cv_experts_norm2(cavs_model *m, double mine) {
   struct cv_experts *ep = &m->ep;
   int N = ep->comm.size;
@@ -991,34 +1030,35 @@ int cavs_model_expert_placed(cavs_model *m, int i, size_t *off, size_t *count) {
   return m->ep.ntab;
 }
 
-/* Every placed expert's matrix, and its optimizer state, made its owner's everywhere:
-   each process sends its own experts' rows to every other. */
-int cavs_model_expert_sync(cavs_model *m) {
-  if (!m) return -1;
+/* Every placed expert's matrix, and its optimizer state, made its owner's on process
+   root (-1: on every process): each process sends its own experts' rows to root (to
+   every other). */
+static int ep_share(cavs_model *m, int root) {
   struct cv_experts *ep = &m->ep;
   if (!ep->placed) return 0;
   int N = ep->comm.size, me = ep->comm.rank;
+  if (root < -1 || root >= N) return cv_fail(m, "cavs_model_expert_gather: no process %d of %d", root, N);
   size_t es = m->esize;
   char *arr[3] = {m->pflat, m->m1, m->m2};
   int na = m->m1 ? 3 : 1;
   size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
   if (!sbytes) return -1;
   rbytes = sbytes + N;
-  size_t own = 0, in = 0;
+  size_t own = 0, in = 0, out = 0;
   for (int p = 0; p < N; p++) {
     size_t b = 0;
     for (int i = 0; i < ep->ntab; i++)
       b += (size_t)(ep_first(p + 1, ep->tab[i].X, N) - ep_first(p, ep->tab[i].X, N)) * (size_t)ep->tab[i].ldt * es;
     b *= (size_t)na;
     if (p == me) own = b;
-    rbytes[p] = p == me ? 0 : b, in += rbytes[p];
+    rbytes[p] = p == me || (root >= 0 && root != me) ? 0 : b, in += rbytes[p];
   }
-  for (int q = 0; q < N; q++) sbytes[q] = q == me ? 0 : own;
-  char *sendb = ep_buf(m, EP_SEND, own * (size_t)(N - 1) + 1), *recvb = ep_buf(m, EP_RECV, in + 1);
+  for (int q = 0; q < N; q++) sbytes[q] = q == me || (root >= 0 && q != root) ? 0 : own, out += sbytes[q];
+  char *sendb = ep_buf(m, EP_SEND, out + 1), *recvb = ep_buf(m, EP_RECV, in + 1);
   if (!sendb || !recvb) return -1;
   size_t at = 0;
   for (int q = 0; q < N; q++)
-    for (int a = 0; q != me && a < na; a++)
+    for (int a = 0; sbytes[q] && a < na; a++)
       for (int i = 0; i < ep->ntab; i++) {
         size_t off, len;
         cv_experts_own(m, i, &off, &len);
@@ -1031,7 +1071,7 @@ int cavs_model_expert_sync(cavs_model *m) {
   ep->stats.seconds += cv_now() - t0;
   at = 0;
   for (int p = 0; p < N; p++)
-    for (int a = 0; p != me && a < na; a++)
+    for (int a = 0; rbytes[p] && a < na; a++)
       for (int i = 0; i < ep->ntab; i++) {
         const struct cv_ep_table *t = &ep->tab[i];
         long e0 = ep_first(p, t->X, N), e1 = ep_first(p + 1, t->X, N);
@@ -1039,9 +1079,19 @@ int cavs_model_expert_sync(cavs_model *m) {
         memcpy(arr[a] + t->toff + (size_t)e0 * (size_t)t->ldt * es, recvb + at, len);
         at += len;
       }
+  /* (every process marks the same copies current) */
   for (int i = 0; i < ep->ntab; i++)
-    for (size_t k = 0; k < (size_t)ep->tab[i].X * (size_t)N; k++) ep->tab[i].stamp[k] = m->step;
+    for (size_t k = 0; k < (size_t)ep->tab[i].X * (size_t)N; k++)
+      if (root < 0 || (int)(k % (size_t)N) == root) ep->tab[i].stamp[k] = m->step;
   return 0;
+}
+
+int cavs_model_expert_sync(cavs_model *m) { return m ? ep_share(m, -1) : -1; }
+
+int cavs_model_expert_gather(cavs_model *m, int root) {
+  if (!m) return -1;
+  if (root < 0) return cv_fail(m, "cavs_model_expert_gather: no process %d", root);
+  return ep_share(m, root);
 }
 
 int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {

@@ -143,17 +143,22 @@ int cv_alloc_moments(cavs_model *m) {
   if (m->m1) return 0;
   /* counted in the model's memory from the start, so this fits under the limit */
   size_t bytes = (m->nflat + 1) * m->esize;
-  m->m1 = m->be->alloc(m, bytes);
-  m->m2 = m->be->alloc(m, bytes);
+  m->m1 = cv_alloc_zeroed(m, bytes);
+  m->m2 = cv_alloc_zeroed(m, bytes);
   if (!m->m1 || !m->m2) {
     m->be->release(m->m1);
     m->be->release(m->m2);
     m->m1 = m->m2 = NULL;
     return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", 2 * m->nflat);
   }
-  m->be->zero(m, m->m1, bytes);
-  m->be->zero(m, m->m2, bytes);
   return 0;
+}
+
+void *cv_alloc_zeroed(cavs_model *m, size_t bytes) {
+  if (m->be->alloc_zeroed) return m->be->alloc_zeroed(m, bytes);
+  void *p = m->be->alloc(m, bytes);
+  if (p) m->be->zero(m, p, bytes);
+  return p;
 }
 
 /* o with its defaults filled in, and its weight decay where its kind applies it */
@@ -210,5 +215,8 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
      went home, zeroed, at the backward pass's end) */
   const cavs_desc *d = m->d;
   for (int g = 0; g < d->npgroups; g++) m->pg_clean[g] = !m->frozen[g] && d->pgroups[g].sparse_input < 0;
+  /* the other processes' experts' rows given back (a replica's matrix, a sync's
+     copies: none is current after the step) */
+  if (m->ep.placed) cv_experts_release(m);
   return 0;
 }

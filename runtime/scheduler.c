@@ -1274,8 +1274,13 @@ static void clear_grads(cavs_model *m) {
   /* a dense group's gradient, unless the last step zeroed it as it used it (at batch 1
      the clear was a pass over every parameter a step: 0.4 of 8 s an epoch at E=H=512) */
   for (int g = 0; g < d->npgroups; g++) {
-    if (d->pgroups[g].sparse_input < 0 && !m->pg_clean[g])
-      m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
+    size_t off, len;
+    /* (a placed expert table: this process's rows; the others' are zero, given back:
+       cv_experts_release) */
+    if (d->pgroups[g].sparse_input < 0 && !m->pg_clean[g]) {
+      if (cv_experts_own_group(m, g, &off, &len)) m->be->zero(m, (char *)m->gflat + off * m->esize, len * m->esize);
+      else m->be->zero(m, m->pgrad[g], (size_t)m->pg_rows[g] * (size_t)m->pg_cols[g] * m->esize);
+    }
     m->pg_clean[g] = 0; /* this pass adds to it */
   }
   cv_sparse_reset(m);

@@ -321,8 +321,8 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   m->model_bytes = bytes;
   m->nflat = total;
-  m->pflat = be->alloc(m, total * m->esize);
-  m->gflat = be->alloc(m, total * m->esize);
+  m->pflat = cv_alloc_zeroed(m, total * m->esize);
+  m->gflat = cv_alloc_zeroed(m, total * m->esize);
   if (!m->pflat || !m->gflat) {
     char why[sizeof m->alloc_why + 4];
     snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
@@ -330,8 +330,6 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     errno = ENOMEM;
     return NULL;
   }
-  be->zero(m, m->pflat, total * m->esize);
-  be->zero(m, m->gflat, total * m->esize);
   if (m->home_w) {
     /* what a row without a home reads as its home's gradient (homes, scheduler.c) */
     if (!(m->hzero = be->alloc(m, (size_t)m->home_w * m->esize))) {

@@ -4,6 +4,9 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm", "moe_lm", "moe_tree"};
 enum { NEXAMPLES = sizeof examples / sizeof *examples };
@@ -2068,6 +2071,120 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   return replicated;
 }
 
+/* the step alone on each process; then the experts gathered to process 0 */
+static void *hub_step_only(void *arg) {
+  Port *p = arg;
+  p->rc = cavs_model_step(p->m, &placed_opt);
+  return NULL;
+}
+static void *hub_gather(void *arg) {
+  Port *p = arg;
+  p->rc = cavs_model_expert_gather(p->m, 0);
+  return NULL;
+}
+static void *hub_sync(void *arg) {
+  Port *p = arg;
+  p->rc = cavs_model_expert_sync(p->m);
+  return NULL;
+}
+
+/* The pages wholly inside bytes [a, b) of block p that the system holds (mincore), and
+   how many such pages there are */
+static long resident_pages(const void *p, size_t a, size_t b, long *pages) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uintptr_t lo = ((uintptr_t)p + a + page - 1) / page * page, hi = ((uintptr_t)p + b) / page * page;
+  if (hi <= lo) return *pages = 0;
+  size_t n = (hi - lo) / page;
+  unsigned char *vec = malloc(n);
+  ck_assert_ptr_nonnull(vec);
+  ck_assert_int_eq(mincore((void *)lo, hi - lo, vec), 0);
+  long in = 0;
+  for (size_t i = 0; i < n; i++) in += vec[i] & 1;
+  free(vec);
+  *pages = (long)n;
+  return in;
+}
+
+/* What a process holds of the other processes' experts after a step (P = 2, each
+   expert's matrices several pages; synced before the step, so that every process held
+   them all): none of their pages in the parameters or the
+   gradient, and zeros where read; its own experts' pages held; gathered to process 0,
+   that one's parameters are the whole's stepped, and process 1 still holds none of
+   the others' */
+START_TEST(experts_hold_their_share) {
+  const cavs_desc *d = load_model("moe_lm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), P = 2;
+  dims[find_dim(d, "H")] = dims[find_dim(d, "F")] = 48; /* (an expert's matrix: 18 KiB) */
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  Hub hub = {.n = P};
+  pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
+  Port port[HUB_MAX];
+  for (int q = 0; q < P; q++)
+    port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
+                     .replicate = 1, .m = unbalanced_model(d, dims)};
+  hub_run(port, P, hub_part);
+  sum_unplaced(d, port, P);
+  hub_run(port, P, hub_sync); /* (every process whole: the step gives the others' back) */
+  hub_run(port, P, hub_step_only);
+  for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "process %d: %s", q, cavs_model_error(port[q].m));
+  long others = 0, own = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (int q = P - 1; q >= 0; q--) {
+      size_t count, off, n;
+      const double *blocks[2] = {cavs_model_params_flat(port[q].m, &count), cavs_model_grads_flat(port[q].m, &count)};
+      int nt = cavs_model_expert_placed(port[q].m, 0, NULL, NULL);
+      ck_assert_int_eq(nt, 2);
+      for (int i = 0; i < nt; i++) {
+        cavs_model_expert_placed(port[q].m, i, &off, &n);
+        size_t X = (size_t)dims[find_dim(d, "X")], ld = n / X, first = ((size_t)q * X + P - 1) / P,
+               next = ((size_t)(q + 1) * X + P - 1) / P;
+        for (int b = 0; b < 2; b++) {
+          if (pass == 1 && q == 0) continue; /* (gathered: process 0 holds them all) */
+          long pages, in;
+          size_t es = sizeof(double);
+          in = resident_pages(blocks[b], (off + first * ld) * es, (off + next * ld) * es, &pages);
+          if (b == 0) ck_assert_msg(in == pages, "process %d holds %ld of its %ld pages of table %d", q, in, pages, i);
+          own += pages;
+          long in0 = resident_pages(blocks[b], off * es, (off + first * ld) * es, &pages);
+          others += pages;
+          long in1 = resident_pages(blocks[b], (off + next * ld) * es, (off + n) * es, &pages);
+          others += pages;
+          ck_assert_msg(in0 + in1 == 0, "process %d holds %ld pages of the others' experts (%s of table %d)", q,
+                        in0 + in1, b ? "gradient" : "parameters", i);
+        }
+      }
+    }
+    if (pass == 0) hub_run(port, P, hub_gather);
+    for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "process %d: %s", q, cavs_model_error(port[q].m));
+  }
+  ck_assert_msg(others > 0 && own > 0, "no page to check (%ld, %ld): the experts are too small", others, own);
+  /* process 1's copies of process 0's experts read as zero (read last: a read maps the
+     system's zero pages, which mincore counts) */
+  for (int i = 0; i < 2; i++) {
+    size_t count, off, n, X = (size_t)dims[find_dim(d, "X")], first = (X + 1) / 2;
+    const double *blocks[2] = {cavs_model_params_flat(port[1].m, &count), cavs_model_grads_flat(port[1].m, &count)};
+    cavs_model_expert_placed(port[1].m, i, &off, &n);
+    for (int b = 0; b < 2; b++)
+      for (size_t j = 0; j < first * (n / X); j++)
+        ck_assert_msg(blocks[b][off + j] == 0, "process 1: process 0's expert reads %g", blocks[b][off + j]);
+  }
+  /* process 0 gathered: the whole's step */
+  ck_assert_int_eq(cavs_model_step(whole, &placed_opt), 0);
+  size_t count;
+  const double *pw = cavs_model_params_flat(whole, &count), *p0 = cavs_model_params_flat(port[0].m, &count);
+  double worst = 0;
+  for (size_t j = 0; j < count; j++) worst = fmax(worst, fabs(p0[j] - pw[j]) / fmax(fabs(pw[j]), 1e-6));
+  ck_assert_msg(worst <= 1e-9, "gathered, process 0's parameters are %.3g off the whole's", worst);
+  pthread_barrier_destroy(&hub.bar);
+  for (int q = 0; q < P; q++) cavs_model_free(port[q].m);
+  cavs_model_free(whole);
+}
+END_TEST
+
 START_TEST(experts_placed_sum_to_whole) {
   long replicated = 0;
   for (int rep = 0; rep < 2; rep++) {
@@ -2158,6 +2275,7 @@ int main(void) {
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, moe_groups_by_expert);
   tcase_add_test(tc, experts_placed_sum_to_whole);
+  tcase_add_test(tc, experts_hold_their_share);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
