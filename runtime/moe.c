@@ -1032,7 +1032,9 @@ int cavs_model_expert_placed(cavs_model *m, int i, size_t *off, size_t *count) {
 
 /* Every placed expert's matrix, and its optimizer state, made its owner's on process
    root (-1: on every process): each process sends its own experts' rows to root (to
-   every other). */
+   every other), a table and an array (parameters, moments) at a time, through buffers
+   of that size freed after (a checkpoint's gather must not leave the whole experts'
+   size in the exchange's scratch). */
 static int ep_share(cavs_model *m, int root) {
   struct cv_experts *ep = &m->ep;
   if (!ep->placed) return 0;
@@ -1044,41 +1046,37 @@ static int ep_share(cavs_model *m, int root) {
   size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
   if (!sbytes) return -1;
   rbytes = sbytes + N;
-  size_t own = 0, in = 0, out = 0;
-  for (int p = 0; p < N; p++) {
-    size_t b = 0;
-    for (int i = 0; i < ep->ntab; i++)
-      b += (size_t)(ep_first(p + 1, ep->tab[i].X, N) - ep_first(p, ep->tab[i].X, N)) * (size_t)ep->tab[i].ldt * es;
-    b *= (size_t)na;
-    if (p == me) own = b;
-    rbytes[p] = p == me || (root >= 0 && root != me) ? 0 : b, in += rbytes[p];
-  }
-  for (int q = 0; q < N; q++) sbytes[q] = q == me || (root >= 0 && q != root) ? 0 : own, out += sbytes[q];
-  char *sendb = ep_buf(m, EP_SEND, out + 1), *recvb = ep_buf(m, EP_RECV, in + 1);
-  if (!sendb || !recvb) return -1;
-  size_t at = 0;
-  for (int q = 0; q < N; q++)
-    for (int a = 0; sbytes[q] && a < na; a++)
-      for (int i = 0; i < ep->ntab; i++) {
-        size_t off, len;
-        cv_experts_own(m, i, &off, &len);
-        memcpy(sendb + at, arr[a] + off * es, len * es);
-        at += len * es;
+  for (int a = 0; a < na; a++)
+    for (int i = 0; i < ep->ntab; i++) {
+      const struct cv_ep_table *t = &ep->tab[i];
+      size_t off, own, in = 0, row = (size_t)t->ldt * es;
+      cv_experts_own(m, i, &off, &own);
+      own *= es;
+      for (int p = 0; p < N; p++) {
+        size_t b = (size_t)(ep_first(p + 1, t->X, N) - ep_first(p, t->X, N)) * row;
+        rbytes[p] = p == me || (root >= 0 && root != me) ? 0 : b, in += rbytes[p];
+        sbytes[p] = p == me || (root >= 0 && p != root) ? 0 : own;
       }
-  double t0 = cv_now();
-  if (ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the experts' matrices"))
-    return -1;
-  ep->stats.seconds += cv_now() - t0;
-  at = 0;
-  for (int p = 0; p < N; p++)
-    for (int a = 0; rbytes[p] && a < na; a++)
-      for (int i = 0; i < ep->ntab; i++) {
-        const struct cv_ep_table *t = &ep->tab[i];
-        long e0 = ep_first(p, t->X, N), e1 = ep_first(p + 1, t->X, N);
-        size_t len = (size_t)(e1 - e0) * (size_t)t->ldt * es;
-        memcpy(arr[a] + t->toff + (size_t)e0 * (size_t)t->ldt * es, recvb + at, len);
-        at += len;
+      /* to root: the rows in place; to every other process: a copy each */
+      int others = 0;
+      for (int q = 0; q < N; q++) others += sbytes[q] != 0;
+      char *copies = others > 1 ? malloc(own * (size_t)others) : NULL, *recvb = malloc(in + 1);
+      if ((others > 1 && !copies) || !recvb) {
+        free(copies), free(recvb);
+        return cv_fail_mem(m, "out of memory gathering the experts");
       }
+      for (int k = 0; k < others && copies; k++) memcpy(copies + (size_t)k * own, arr[a] + off * es, own);
+      double t0 = cv_now();
+      int rc = ep->comm.alltoallv(ep->comm.arg, copies ? copies : arr[a] + off * es, sbytes, recvb, rbytes);
+      ep->stats.seconds += cv_now() - t0;
+      size_t at = 0;
+      for (int p = 0; p < N && !rc; p++) {
+        memcpy(arr[a] + t->toff + (size_t)ep_first(p, t->X, N) * row, recvb + at, rbytes[p]);
+        at += rbytes[p];
+      }
+      free(copies), free(recvb);
+      if (ep_call(m, rc, "alltoallv of the experts' matrices")) return -1;
+    }
   /* (every process marks the same copies current) */
   for (int i = 0; i < ep->ntab; i++)
     for (size_t k = 0; k < (size_t)ep->tab[i].X * (size_t)N; k++)
