@@ -1088,7 +1088,9 @@ int cavs_model_expert_sync(cavs_model *m) { return m ? ep_share(m, -1) : -1; }
 
 int cavs_model_expert_gather(cavs_model *m, int root) {
   if (!m) return -1;
-  if (root < 0) return cv_fail(m, "cavs_model_expert_gather: no process %d", root);
+  /* (the comm's size: the placement's once placed, else the last one set) */
+  if (root < 0 || (m->ep.comm.size > 0 && root >= m->ep.comm.size))
+    return cv_fail(m, "cavs_model_expert_gather: no process %d of %d", root, m->ep.comm.size);
   return ep_share(m, root);
 }
 

@@ -2179,6 +2179,9 @@ START_TEST(experts_hold_their_share) {
   double worst = 0;
   for (size_t j = 0; j < count; j++) worst = fmax(worst, fabs(p0[j] - pw[j]) / fmax(fabs(pw[j]), 1e-6));
   ck_assert_msg(worst <= 1e-9, "gathered, process 0's parameters are %.3g off the whole's", worst);
+  /* a root that is not one of the processes: refused, nothing sent */
+  ck_assert_int_eq(cavs_model_expert_gather(port[0].m, P), -1);
+  ck_assert_msg(strstr(cavs_model_error(port[0].m), "no process 2 of 2"), "%s", cavs_model_error(port[0].m));
   pthread_barrier_destroy(&hub.bar);
   for (int q = 0; q < P; q++) cavs_model_free(port[q].m);
   cavs_model_free(whole);
