@@ -979,29 +979,25 @@ bool cv_experts_own_group(const cavs_model *m, int g, size_t *off, size_t *len) 
 
 /* table t's part of cv_experts_release */
 static void ep_release(cavs_model *m, struct cv_ep_table *t) {
-  struct cv_experts *ep = &m->ep;
-  int N = ep->comm.size, me = ep->comm.rank;
-  size_t es = m->esize;
+  int N = m->ep.comm.size, me = m->ep.comm.rank;
   char *arr[4] = {m->gflat, m->pflat, m->m1, m->m2};
-  {
-    size_t row = (size_t)t->ldt * es, a = (size_t)ep_first(me, t->X, N) * row, b = (size_t)ep_first(me + 1, t->X, N) * row,
-           end = (size_t)t->X * row;
-    /* the gradient's other rows are zero already (a replica's went home zeroed) but
-       for what a pass before the placement left: zeroed where the backend gives
-       nothing back, as the backward pass clears only this process's rows */
-    for (int k = 0; k < 4; k++) {
-      if (!arr[k]) continue;
-      if (m->be->drop) {
-        m->be->drop(arr[k], (size_t)t->toff, a);
-        m->be->drop(arr[k], (size_t)t->toff + b, end - b);
-      } else if (k == 0) {
-        m->be->zero(m, arr[k] + t->toff, a);
-        m->be->zero(m, arr[k] + t->toff + b, end - b);
-      }
+  size_t row = (size_t)t->ldt * m->esize, a = (size_t)ep_first(me, t->X, N) * row,
+         b = (size_t)ep_first(me + 1, t->X, N) * row, end = (size_t)t->X * row;
+  /* the gradient's other rows are zero already (a replica's went home zeroed) but for
+     what a pass before the placement left: zeroed where the backend gives nothing back,
+     as the backward pass clears only this process's rows */
+  for (int k = 0; k < 4; k++) {
+    if (!arr[k]) continue;
+    if (m->be->drop) {
+      m->be->drop(arr[k], (size_t)t->toff, a);
+      m->be->drop(arr[k], (size_t)t->toff + b, end - b);
+    } else if (k == 0) {
+      m->be->zero(m, arr[k] + t->toff, a);
+      m->be->zero(m, arr[k] + t->toff + b, end - b);
     }
-    for (long e = 0; e < t->X; e++)
-      for (int q = 0; q < N; q++) t->stamp[(size_t)e * (size_t)N + (size_t)q] = q == ep_owner(e, t->X, N) ? m->step : -1;
   }
+  for (long e = 0; e < t->X; e++)
+    for (int q = 0; q < N; q++) t->stamp[(size_t)e * (size_t)N + (size_t)q] = q == ep_owner(e, t->X, N) ? m->step : -1;
 }
 
 void cv_experts_release(cavs_model *m) {
