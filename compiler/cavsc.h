@@ -273,6 +273,15 @@ typedef struct IrNode {
   /* plan.c: a product whose every use is in one fused group, so that group's backward
      loop is the only writer of its gradient: it sets it (=) rather than add to it */
   bool grad_set;
+  /* plan.c: a product (MATMUL, EMM) whose one use is an add `z = a + b` of a fused group
+     whose other operand `accum_into` is a value of the same rows nothing else reads, on
+     a buffer of its own, computed in an earlier phase or unit: the product adds into
+     that value's place (beta = 1) instead of a buffer of its own, the group reads z
+     there alone (one row, not two), and its gradient, the same as the other operand's,
+     is that one's (one store backward, not two). The Tree-LSTM's hs @ [Ui|Uo|Uu] into
+     x @ [Wi|Wo|Wu]; an expert's product into its bias row (emm into erow). */
+  bool accum;
+  int accum_into;
 } IrNode;
 
 /* A fused elementwise group: one loop. Members in topological order. */
@@ -617,7 +626,8 @@ typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX, ROWS_WITH_INDEX_AN
  * 0: y = x W; 1: y += x W^T; 2: W += x^T y (summed over the rows). W is [k, cols]. */
 typedef struct GemmCall {
   int form; /* 0: y = x W, 1: dx += dy W^T, 2: dW += x^T dy, 3: y = x W at the rows with
-               children only (the others are read by nothing: left as they are) */
+               children only (the others are read by nothing: left as they are), 4: y +=
+               x W (the rows skipped left as they are: IrNode.accum) */
   ProdRows rows;
   int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */

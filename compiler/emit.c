@@ -153,9 +153,11 @@ const char *loop_n(const Loop *l) {
 }
 const char *loop_suffix(const Loop *l) { return l->part == LOOP_LEAVES ? "_leaves" : ""; }
 
-/* Not read, computed or written in the leaves' part: zero or dead there. */
+/* Not read, computed or written in the leaves' part: zero or dead there; nor in any
+ * part, a product added into another value's place (IrNode.accum: the add reads that
+ * alone, and the gradient stored there is this one's too). */
 static bool gone(const IrFunc *f, int x) {
-  return part == LOOP_LEAVES && (f->nodes[x].zero_leaf || f->nodes[x].dead_leaf);
+  return (part == LOOP_LEAVES && (f->nodes[x].zero_leaf || f->nodes[x].dead_leaf)) || f->nodes[x].accum;
 }
 
 /* An outside row of width 1 that group g (of another width) broadcasts over its columns. */
@@ -167,7 +169,7 @@ static bool broadcast(const IrFunc *f, int x, int g) {
 
 static const char *operand(const IrFunc *f, int x, int g) {
   const IrNode *n = &f->nodes[x];
-  if (part == LOOP_LEAVES && n->zero_leaf) return "(R)0";
+  if ((part == LOOP_LEAVES && n->zero_leaf) || n->accum) return "(R)0";
   if (in_group(f, x, g)) return arena_printf("v%d", x);
   if (n->type == T_SCALAR) return arena_printf("(R)%.17g", n->cval);
   return arena_printf("a%d[%s]", x, broadcast(f, x, g) ? "0" : "j");
@@ -198,7 +200,8 @@ static bool grads_may_alias(const IrFunc *f, const Group *g, int gi) {
     const IrNode *m = &f->nodes[g->members[k]];
     for (int j = 0; j < m->nargs; j++) {
       const IrNode *a = &f->nodes[m->args[j]];
-      if (in_group(f, m->args[j], gi) || !a->grad || (a->val.kind != PL_ROW && a->val.kind != PL_PARAM)) continue;
+      if (in_group(f, m->args[j], gi) || !a->grad || a->accum || (a->val.kind != PL_ROW && a->val.kind != PL_PARAM))
+        continue;
       for (int i = 0; i < n; i++) {
         const Place *p = &seen[i]->val, *q = &a->val;
         if (p->kind != q->kind || p->buf != q->buf || seen[i] == a) continue;
@@ -324,7 +327,12 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
     }
     const char *a = operand(f, n->args[0], gi);
     const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
-    fprintf(e->out, "      const R v%d = %s;", x, ad_rule(op_info[n->op].fwd, "", "", a, b));
+    /* an add of what is zero here (at the leaves), or of a product added into the
+       other operand's place already, is that operand */
+    const char *v = ad_rule(op_info[n->op].fwd, "", "", a, b);
+    if (n->op == OP_ADD && !strcmp(b, "(R)0")) v = a;
+    else if (n->op == OP_ADD && !strcmp(a, "(R)0")) v = b;
+    fprintf(e->out, "      const R v%d = %s;", x, v);
     if (n->name) fprintf(e->out, "  /* %s */", n->name);
     fputc('\n', e->out);
   }
@@ -753,14 +761,27 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   if (form == 0 && (g.rows == ROWS_WITH_CHILDREN || g.rows == ROWS_WITH_INDEX_AND_CHILDREN) &&
       leaves_untouched(f, p.out->buf))
     g.form = 3;
-  if (form == 0 && g.index >= 0 && p.stack == 1) g.table = lookup_table(e, f, p.left, &g.table_rows);
+  /* added into another value's place (IrNode.accum): y += x W, the rows skipped left as
+     they are */
+  bool accum = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].accum;
+  if (form == 0 && accum) g.form = 4;
+  if (form == 0 && g.index >= 0 && p.stack == 1 && !accum) g.table = lookup_table(e, f, p.left, &g.table_rows);
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
   static const char *const param[] = {"over all rows", "over all rows with children", "over all rows with a word",
                                       "over all rows with a word and children"};
   const char *left = p.label;
-  if (form == 0)
+  if (form == 0 && accum) {
+    /* (what it adds into: a product, or merged products, named as their code is) */
+    int into = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].accum_into;
+    const IrNode *a = &f->nodes[into];
+    const char *what = a->op != OP_MATMUL ? node_label(f, into)
+                                         : product(e, f, &(Unit){a->mm >= 0 ? U_MATMUL : U_NODE, a->mm >= 0 ? a->mm : into, a->cls}).what;
+    fprintf(e->out, "  /* line %d  %s: [n, %s], added into %s%s */\n", p.line, p.what, wstr(e->m, p.cols), what,
+            input[g.rows]);
+  }
+  else if (form == 0)
     fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols),
             g.form == 3 ? (g.rows == ROWS_WITH_CHILDREN ? ", rows with children (nothing reads the others)"
                                                          : ", rows with children (nothing reads the others); rows "
@@ -826,8 +847,10 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     A = lin_dim(m->dims[d].fa, 1);
     B = lin_dim(m->dims[d].fb, 1);
     const char *ab = arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B));
+    /* (added into another value's place: IrNode.accum) */
     if (!bwd)
-      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, ab, P(a, false), P(b, false), P(n, false));
+      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %d, r0, n);\n", rk, ab, P(a, false), P(b, false),
+              P(n, false), n->accum);
     else
       fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, r0, n);\n", rk, ab,
               P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",

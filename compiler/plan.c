@@ -137,6 +137,64 @@ static void plan_keep(Model *m, IrFunc *f) {
   }
 }
 
+/* The operand of add z that a product b (the other operand) can add into
+ * (IrNode.accum), or -1: z is an add in a fused group, b a product (an unstacked MATMUL
+ * or an EMM) that z alone reads, the other operand a product or an expert's bias row
+ * (MATMUL, EMM, EROW: a value computed into a buffer of its own, or a merged product's
+ * columns) that z alone reads too, of the same width and kind of row, in a phase no
+ * later than b's (its value is complete when b runs), and not zero or dead at the leaves
+ * where b is not (b's rows there would add to rows nothing wrote), neither named in the
+ * .vf. Of two products, the
+ * later phase's adds into the earlier's (a path product into an eager one); in one
+ * phase, the second operand into the first. */
+static int accum_pair(const IrFunc *f, int z, int *into) {
+  const IrNode *n = &f->nodes[z];
+  if (n->op != OP_ADD || n->uses == 0 || n->group < 0 || n->type != T_ROW || n->args[0] == n->args[1]) return -1;
+  for (int k = 1; k >= 0; k--) {
+    int bi = n->args[k], ai = n->args[1 - k];
+    const IrNode *b = &f->nodes[bi], *a = &f->nodes[ai];
+    bool product = (b->op == OP_MATMUL && (b->mm < 0 || !f->merges[b->mm].stack)) || b->op == OP_EMM;
+    bool value = (a->op == OP_MATMUL && (a->mm < 0 || !f->merges[a->mm].stack)) || a->op == OP_EMM || a->op == OP_EROW;
+    if (!product || !value || b->uses != 1 || a->uses != 1 || b->type != T_ROW || a->type != T_ROW) continue;
+    /* (a value the .vf names keeps its own row: cavs_model_vertex_value reads it) */
+    if (a->name || b->name) continue;
+    if (!lin_eq(a->width, b->width) || a->edge != b->edge || a->slot != b->slot || a->cls > b->cls) continue;
+    if ((a->zero_leaf && !b->zero_leaf) || (a->dead_leaf && !b->dead_leaf)) continue;
+    /* (of two products of one phase, the second adds into the first) */
+    if (k == 0 && a->cls == b->cls && (a->op == OP_MATMUL || a->op == OP_EMM)) continue;
+    *into = ai;
+    return bi;
+  }
+  return -1;
+}
+
+/* IrNode.accum over f; per merge, the merge its products add into, column for column
+ * (all of its members or none), or -1 */
+static void plan_accum(IrFunc *f, int *mto) {
+  for (int i = 0; i < f->n; i++) f->nodes[i].accum = false;
+  for (int g = 0; g < f->nmerges; g++) mto[g] = -1;
+  for (int z = 0; z < f->n; z++) {
+    int a, b = accum_pair(f, z, &a);
+    if (b < 0) continue;
+    f->nodes[b].accum = true;
+    f->nodes[b].accum_into = a;
+  }
+  for (int g = 0; g < f->nmerges; g++) {
+    const MatMerge *mg = &f->merges[g];
+    int to = -1;
+    bool all = !mg->stack;
+    for (int k = 0; k < mg->n && all; k++) {
+      const IrNode *b = &f->nodes[mg->members[k]];
+      const IrNode *a = b->accum ? &f->nodes[b->accum_into] : NULL;
+      if (!a || a->op != OP_MATMUL || a->mm < 0 || a->mm == g || (to >= 0 && a->mm != to)) all = false;
+      else to = a->mm;
+      all = all && f->merges[to].n == mg->n && f->merges[to].members[k] == b->accum_into;
+    }
+    if (all) mto[g] = to;
+    for (int k = 0; k < mg->n && !all; k++) f->nodes[mg->members[k]].accum = false;
+  }
+}
+
 static void plan_func(Model *m, IrFunc *f, int npushers) {
   int n = f->n, b0 = m->nbufs;
   FPlan fp;
@@ -146,14 +204,19 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
   fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
   for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
-  /* a stacked product's output: the children's side by side */
+  int *mto = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
+  plan_accum(f, mto);
+  /* a stacked product's output: the children's side by side; a merge that adds into
+     another, that one's */
   bool stacked = false;
   for (int g = 0; g < f->nmerges; g++) {
     const MatMerge *mg = &f->merges[g];
     Lin cols = mg->stack ? lin_scale(mg->cols, mg->stack) : mg->cols;
-    fp.mbuf[g] = add_buf(m, arena_printf("%s_mm%d", f->name, g), cols);
+    fp.mbuf[g] = mto[g] >= 0 ? -1 : add_buf(m, arena_printf("%s_mm%d", f->name, g), cols);
     stacked |= mg->stack > 0;
   }
+  for (int g = 0; g < f->nmerges; g++)
+    if (mto[g] >= 0) fp.mbuf[g] = fp.mbuf[mto[g]];
   /* with one, the gathered rows of all children side by side too, child k at k times
      the state's width: read with the state's width as the stride, they are one matrix of
      the children's rows, interleaved */
@@ -169,8 +232,8 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     case OK_DROP:
     case OK_RMAT:
     case OK_MOE:
-    case OK_CONCAT: fp.own[i] = true; break;
-    case OK_GEMM: fp.own[i] = x->mm < 0; break;
+    case OK_CONCAT: fp.own[i] = !x->accum; break;
+    case OK_GEMM: fp.own[i] = x->mm < 0 && !x->accum; break;
     case OK_EW: fp.own[i] = leaves_group(f, i); break;
     default: break;
     }
@@ -225,7 +288,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
   for (int i = 0; i < n; i++) {
     IrNode *x = &f->nodes[i];
     if (x->uses == 0 && x->type != T_NONE) continue;
-    if (x->val.kind != PL_NONE) continue;
+    if (x->val.kind != PL_NONE || (x->accum && x->mm < 0)) continue;
     switch (x->op) {
     case OP_SLICE: x->val = shift(f->nodes[x->args[0]].val, x->lo); break;
     case OP_PULL: x->val = m->pull->nodes[m->pulls[x->ref].node].val; break;
@@ -252,6 +315,10 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
       break;
     }
   }
+  /* a product that adds into another value: at that value's place (a merge's
+     products are at its columns already) */
+  for (int i = 0; i < n; i++)
+    if (f->nodes[i].accum && f->nodes[i].mm < 0) f->nodes[i].val = f->nodes[f->nodes[i].accum_into].val;
   for (int i = 0; i < n; i++) {
     IrNode *x = &f->nodes[i];
     x->dval = x->val;
@@ -354,8 +421,10 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
       for (int i = 0; i < n && ready; i++) {
         IrNode *x = &f->nodes[i];
         if (x->unit != u) continue;
-        for (int j = 0; j < x->nargs; j++) {
-          int p = prod[x->args[j]];
+        for (int j = 0; j <= x->nargs; j++) {
+          /* (a product that adds into a value runs after it) */
+          int a = j < x->nargs ? x->args[j] : x->accum ? x->accum_into : -1;
+          int p = a >= 0 ? prod[a] : -1;
           if (p >= 0 && p != u && !done[p]) ready = false;
         }
       }
@@ -393,7 +462,7 @@ static void plan_grad_set(Model *m) {
     for (int i = 0; i < f->n; i++) {
       IrNode *x = &f->nodes[i];
       if ((x->op != OP_MATMUL && x->op != OP_EMM && x->op != OP_EROW) || !x->grad || x->val.kind != PL_ROW ||
-          x->uses == 0)
+          x->uses == 0 || x->accum)
         continue;
       int group = -2, uses = 0;
       for (int j = i + 1; j < f->n; j++)
@@ -429,7 +498,8 @@ static void plan_grad_set(Model *m) {
     const IrFunc *f = fs[k];
     for (int i = 0; i < f->n; i++) {
       const IrNode *x = &f->nodes[i];
-      if (!x->grad || x->dval.kind != PL_ROW) continue;
+      /* (a product that adds into a value has that value's gradient: counted there) */
+      if (!x->grad || x->dval.kind != PL_ROW || x->accum) continue;
       /* (a slot value's buffer holds a row's K slots side by side) */
       if (x->grad_set) set[x->dval.buf] = lin_add(set[x->dval.buf], x->slot ? lin_scale(x->width, f->route_k) : x->width);
       else other[x->dval.buf] = true;

@@ -63,15 +63,15 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[9] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: xf (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[6],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -127,17 +127,17 @@ static __global__ void childsum_node_fwd_path_g0_leaves(int n, long D_E, long D_
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + (R)0;
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* o */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_tanh(v26);  /* u */
   const R v40 = v11 * v27;
-  const R v41 = v40 + (R)0;  /* c */
+  const R v41 = v40;  /* c */
   const R v42 = cv_tanh(v41);
   const R v43 = v19 * v42;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -153,13 +153,10 @@ static __global__ void childsum_node_fwd_path_g0_leaves(int n, long D_E, long D_
 /* childsum_node_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a39_r0,
     R *__restrict__ k11_r0,
@@ -173,11 +170,8 @@ static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a39 = a39_r0 + (size_t)i * D_H;
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -187,13 +181,13 @@ static __global__ void childsum_node_fwd_path_g0(int n, long D_E, long D_H, long
   R *__restrict__ k42 = k42_r0 + (size_t)i * D_H;
   R *__restrict__ o43 = o43_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h43 = (R *)h43_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* o */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_tanh(v26);  /* u */
   const R v40 = v11 * v27;
@@ -220,24 +214,24 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:37  s = echild */
-  cavs_echild_fwd(c, 0, V[12] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_fwd(c, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* childsum.vf:37  hs = esum */
-  cavs_esum_fwd(c, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[11] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_esum_fwd(c, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  %2 @ Uf: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[4], D_H, 0, V[8] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[4], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_fwd(c, V[9] + (size_t)(0) * D_H, D_H, V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[8] + (size_t)(0) * D_H, D_H, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -248,18 +242,18 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          V[6] + (size_t)(r0) * D_H,
           V[7] + (size_t)(r0) * D_H,
-          V[8] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * (2*D_H),
-          V[16] + (size_t)(r0) * D_H,
-          V[6] + (size_t)(r0) * D_H);
+          V[11] + (size_t)(r0) * (2*D_H),
+          V[15] + (size_t)(r0) * D_H,
+          V[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* childsum.vf:42  fc = esum */
-  cavs_esum_fwd(c, V[6] + (size_t)(0) * D_H, D_H, V[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[5] + (size_t)(0) * D_H, D_H, V[4] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i o u c h (lines 38 39 40 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -271,12 +265,12 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
+          V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[17] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -287,21 +281,18 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
           V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
           V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -422,13 +413,10 @@ static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_
 /* childsum_node_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d39_r0,
     const R *__restrict__ k11_r0,
@@ -442,11 +430,8 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d15 = d15_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d39 = d39_r0 + (size_t)i * D_H;
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   const R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -484,17 +469,14 @@ static __global__ void childsum_node_bwd_path_g0(int n, long D_E, long D_H, long
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* childsum_node_bwd_path, group g2 backward: a thread per row and column of [n, H] */
@@ -545,12 +527,12 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
+          V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[17] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -561,28 +543,25 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
           G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
           G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* childsum.vf:42  fc = esum */
-  cavs_esum_bwd(c, G[6] + (size_t)(0) * D_H, D_H, G[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[5] + (size_t)(0) * D_H, D_H, G[4] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -593,36 +572,36 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          G[6] + (size_t)(r0) * D_H,
           G[7] + (size_t)(r0) * D_H,
-          G[8] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * (2*D_H),
-          G[12] + (size_t)(r0) * (2*D_H),
-          V[16] + (size_t)(r0) * D_H,
-          G[6] + (size_t)(r0) * D_H);
+          V[11] + (size_t)(r0) * (2*D_H),
+          G[11] + (size_t)(r0) * (2*D_H),
+          V[15] + (size_t)(r0) * D_H,
+          G[5] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_bwd(c, G[9] + (size_t)(0) * D_H, D_H, G[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[8] + (size_t)(0) * D_H, D_H, G[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  d%2 += d(%2 @ Uf) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[8] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 1, G[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
+            P[4], D_H, 1, G[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* line 38  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[10] + (size_t)(0) * D_H, D_H);
   /* childsum.vf:37  hs = esum */
-  cavs_esum_bwd(c, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[11] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* childsum.vf:37  s = echild */
-  cavs_echild_bwd(c, 0, G[12] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_bwd(c, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* childsum_node_bwd_eager, group g1 backward at the others: a thread per row and column of [n, H] */
@@ -653,14 +632,14 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[6],
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 38  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -669,19 +648,19 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 38  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[10] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[9] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  dW += %2^T d(%2 @ Uf), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[12] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[8] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[7] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
     }
   }
 }
@@ -710,20 +689,20 @@ static void childsum_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[19] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 50) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[19] + (size_t)(r0) * D_C,
+          V[18] + (size_t)(r0) * D_C,
           P[10],
-          V[18] + (size_t)(r0) * D_C);
+          V[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* childsum.vf:51  softmax_xent */
-  cavs_xent_fwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* childsum_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -750,24 +729,24 @@ static void childsum_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:51  softmax_xent */
-  cavs_xent_bwd(c, 0, V[18] + (size_t)(0) * D_C, D_C, c->iin[1], G[18] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 50) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[19] + (size_t)(r0) * D_C,
+          G[18] + (size_t)(r0) * D_C,
           PG[10],
-          G[18] + (size_t)(r0) * D_C);
+          G[17] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 50  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[19] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 50  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[19] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -816,7 +795,6 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"node_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"node_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"node_fc", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"node_t38", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
   {"node_t34", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
@@ -841,7 +819,7 @@ static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
    childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 1, -1, 0, 1, 12, {0, {0}},
+   0, NULL, NULL, 1, -1, 0, 1, 11, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -850,16 +828,16 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"hs", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
-  {"xf", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"fc", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
+  {"hs", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"xf", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"fc", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 18, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc childsum_desc = {
@@ -926,7 +904,7 @@ const cavs_desc childsum_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 20, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

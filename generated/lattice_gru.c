@@ -60,7 +60,7 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[9] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_gru_wrd_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -76,15 +76,14 @@ static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a11 = V[9] + (size_t)(r) * D_H;
-    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[7] + (size_t)(r) * D_H;
     const R *restrict a15 = P[18];
-    const R *restrict a1 = V[11] + (size_t)(r) * D_H;
-    R *restrict k17 = V[13] + (size_t)(r) * D_H;
-    R *restrict o20 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
+    R *restrict k17 = V[10] + (size_t)(r) * D_H;
+    R *restrict o20 = V[6] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v14 = a11[j] + a13[j];
+      const R v14 = a11[j];
       const R v16 = v14 + a15[j];
       const R v17 = cv_sigmoid(v16);  /* r */
       const R v20 = v17 * a1[j];
@@ -111,21 +110,21 @@ static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
     const R *restrict a7 = P[17];
     const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a24 = P[19];
-    R *restrict k9 = V[12] + (size_t)(r) * D_H;
-    R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    R *restrict k9 = V[9] + (size_t)(r) * D_H;
+    R *restrict k26 = V[11] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
     R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v6 = a3[j] + (R)0;
+      const R v6 = a3[j];
       const R v8 = v6 + a7[j];
       const R v9 = cv_sigmoid(v8);  /* z */
-      const R v23 = a19[j] + (R)0;
+      const R v23 = a19[j];
       const R v25 = v23 + a24[j];
       const R v26 = cv_tanh(v25);  /* n */
       const R v28 = (R)1 - v9;
       const R v29 = v28 * v26;
-      const R v31 = v29 + (R)0;
+      const R v31 = v29;
       if (keep) k9[j] = v9;  /* kept for the backward loop */
       if (keep) k26[j] = v26;  /* kept for the backward loop */
       o31[j] = v31;
@@ -148,22 +147,20 @@ static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a3 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a5 = V[10] + (size_t)(r) * D_H;
     const R *restrict a7 = P[17];
     const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a22 = V[6] + (size_t)(r) * D_H;
     const R *restrict a24 = P[19];
-    const R *restrict a1 = V[11] + (size_t)(r) * D_H;
-    R *restrict k9 = V[12] + (size_t)(r) * D_H;
-    R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
+    R *restrict k9 = V[9] + (size_t)(r) * D_H;
+    R *restrict k26 = V[11] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
     R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v6 = a3[j] + a5[j];
+      const R v6 = a3[j];
       const R v8 = v6 + a7[j];
       const R v9 = cv_sigmoid(v8);  /* z */
-      const R v23 = a19[j] + a22[j];
+      const R v23 = a19[j];
       const R v25 = v23 + a24[j];
       const R v26 = cv_tanh(v25);  /* n */
       const R v28 = (R)1 - v9;
@@ -190,18 +187,18 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_fwd(c, 0, 1, V[11] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 42  h_s @ Uwz: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 43  h_s @ Uwr: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[8] + (size_t)(0) * D_H, D_H, r0, n);
+  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 44  %20 @ Uwn: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[16], D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -249,8 +246,8 @@ static void lattice_gru_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
     R *restrict d7 = PG[17];
     R *restrict d19 = G[5] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d24 = PG[19];
-    const R *restrict k9 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[11] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -308,15 +305,13 @@ static void lattice_gru_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d3 = G[5] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[10] + (size_t)(r) * D_H;
     R *restrict d7 = PG[17];
     R *restrict d19 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d22 = G[6] + (size_t)(r) * D_H;
     R *restrict d24 = PG[19];
-    const R *restrict a1 = V[11] + (size_t)(r) * D_H;
-    R *restrict d1 = G[11] + (size_t)(r) * D_H;
-    const R *restrict k9 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
+    R *restrict d1 = G[8] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[11] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -345,12 +340,10 @@ static void lattice_gru_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
       g23 += g25;
       d24[j] += g25;  /* summed over rows */
       d19[j] = g23;  /* this loop alone writes it */
-      d22[j] = g23;  /* this loop alone writes it */
       g8 += g9 * v9 * (1 - v9);
       g6 += g8;
       d7[j] += g8;  /* summed over rows */
       d3[j] = g6;  /* this loop alone writes it */
-      d5[j] = g6;  /* this loop alone writes it */
     }
   }
 }
@@ -367,13 +360,12 @@ static void lattice_gru_wrd_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d11 = G[9] + (size_t)(r) * D_H;
-    R *restrict d13 = G[8] + (size_t)(r) * D_H;
+    R *restrict d11 = G[7] + (size_t)(r) * D_H;
     R *restrict d15 = PG[18];
-    const R *restrict a1 = V[11] + (size_t)(r) * D_H;
-    R *restrict d1 = G[11] + (size_t)(r) * D_H;
-    const R *restrict k17 = V[13] + (size_t)(r) * D_H;
-    const R *restrict g20_in = G[7] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
+    R *restrict d1 = G[8] + (size_t)(r) * D_H;
+    const R *restrict k17 = V[10] + (size_t)(r) * D_H;
+    const R *restrict g20_in = G[6] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v17 = k17[j];  /* r */
@@ -387,7 +379,6 @@ static void lattice_gru_wrd_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
       g14 += g16;
       d15[j] += g16;  /* summed over rows */
       d11[j] = g14;  /* this loop alone writes it */
-      d13[j] = g14;  /* this loop alone writes it */
     }
   }
 }
@@ -407,18 +398,18 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 43  dh_s += d(h_s @ Uwr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 42  dh_s += d(h_s @ Uwz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_bwd(c, 0, 1, G[11] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[8] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -433,7 +424,7 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[9] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[7] + (size_t)(0) * D_H, D_H,
                  P[13], D_H, G[3] + (size_t)(0) * D_W, D_W);
   /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -442,17 +433,17 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[14], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[14], D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[13], D_H, G[9] + (size_t)(0) * D_H, D_H);
+                 PG[13], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 44  dW += %20^T d(%20 @ Uwn), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[16], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_eager, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -467,9 +458,9 @@ static void lattice_gru_chr_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[15] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a4 = P[12];
-    R *restrict o5 = V[30] + (size_t)(r) * D_H;
+    R *restrict o5 = V[24] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v5 = a3[j] + a4[j];  /* xg */
@@ -491,12 +482,12 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 51  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_fwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[16] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[13] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -512,12 +503,12 @@ static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a13 = V[26] + (size_t)(r) * D_H;
-    const R *restrict a12 = V[27] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[28] + (size_t)(r) * D_H;
-    R *restrict k15 = V[34] + (size_t)(r) * D_H;
-    R *restrict o16 = V[25] + (size_t)(r) * D_H;
-    R *restrict o17 = V[24] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[20] + (size_t)(r) * D_H;
+    const R *restrict a12 = V[21] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[22] + (size_t)(r) * D_H;
+    R *restrict k15 = V[28] + (size_t)(r) * D_H;
+    R *restrict o16 = V[19] + (size_t)(r) * D_H;
+    R *restrict o17 = V[18] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = a13[j] + a12[j];
@@ -544,14 +535,14 @@ static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[30] + (size_t)(r) * D_H;
-    const R *restrict a7 = V[29] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[31] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[23] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[22] + (size_t)(r) * D_H;
-    R *restrict k9 = V[32] + (size_t)(r) * D_H;
-    R *restrict k10 = V[33] + (size_t)(r) * D_H;
-    R *restrict o23 = V[21] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[24] + (size_t)(r) * D_H;
+    const R *restrict a7 = V[23] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[25] + (size_t)(r) * D_H;
+    const R *restrict a18 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[16] + (size_t)(r) * D_H;
+    R *restrict k9 = V[26] + (size_t)(r) * D_H;
+    R *restrict k10 = V[27] + (size_t)(r) * D_H;
+    R *restrict o23 = V[15] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -581,15 +572,14 @@ static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a33 = V[15] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a35 = V[19] + (size_t)(r) * D_H;
+    const R *restrict a33 = V[12] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a37 = P[10];
-    const R *restrict a23 = V[21] + (size_t)(r) * D_H;
-    R *restrict k39 = V[36] + (size_t)(r) * D_H;
-    R *restrict o42 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
+    R *restrict k39 = V[30] + (size_t)(r) * D_H;
+    R *restrict o42 = V[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v36 = a33[j] + a35[j];
+      const R v36 = a33[j];
       const R v38 = v36 + a37[j];
       const R v39 = cv_sigmoid(v38);  /* r */
       const R v42 = v39 * a23[j];
@@ -612,26 +602,26 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a25 = V[16] + (size_t)(r) * (2*D_H);
+    const R *restrict a25 = V[13] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
-    const R *restrict a41 = V[16] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a41 = V[13] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a46 = P[11];
-    R *restrict k31 = V[35] + (size_t)(r) * D_H;
-    R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    R *restrict k31 = V[29] + (size_t)(r) * D_H;
+    R *restrict k48 = V[31] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
     R *restrict h53 = (R *)c->home_val[0][r];
     R *restrict h53_2 = (R *)c->home_val[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v28 = a25[j] + (R)0;
+      const R v28 = a25[j];
       const R v30 = v28 + a29[j];
       const R v31 = cv_sigmoid(v30);  /* z */
-      const R v45 = a41[j] + (R)0;
+      const R v45 = a41[j];
       const R v47 = v45 + a46[j];
       const R v48 = cv_tanh(v47);  /* n */
       const R v50 = (R)1 - v31;
       const R v51 = v50 * v48;
-      const R v53 = v51 + (R)0;  /* h */
+      const R v53 = v51;  /* h */
       if (keep) k31[j] = v31;  /* kept for the backward loop */
       if (keep) k48[j] = v48;  /* kept for the backward loop */
       o53[j] = v53;
@@ -654,24 +644,22 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a25 = V[16] + (size_t)(r) * (2*D_H);
-    const R *restrict a27 = V[20] + (size_t)(r) * D_H;
+    const R *restrict a25 = V[13] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
-    const R *restrict a41 = V[16] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a44 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a41 = V[13] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a46 = P[11];
-    const R *restrict a23 = V[21] + (size_t)(r) * D_H;
-    R *restrict k31 = V[35] + (size_t)(r) * D_H;
-    R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
+    R *restrict k31 = V[29] + (size_t)(r) * D_H;
+    R *restrict k48 = V[31] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
     R *restrict h53 = (R *)c->home_val[0][r];
     R *restrict h53_2 = (R *)c->home_val[1][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v28 = a25[j] + a27[j];
+      const R v28 = a25[j];
       const R v30 = v28 + a29[j];
       const R v31 = cv_sigmoid(v30);  /* z */
-      const R v45 = a41[j] + a44[j];
+      const R v45 = a41[j];
       const R v47 = v45 + a46[j];
       const R v48 = cv_tanh(v47);  /* n */
       const R v50 = (R)1 - v31;
@@ -699,24 +687,24 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_fwd(c, 0, 1, V[31] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, V[29] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, V[23] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -727,22 +715,22 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_fwd(c, V[25] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 56  h_in @ Uz: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[20] + (size_t)(0) * D_H, D_H);
-  /* line 57  h_in @ Ur: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, V[19] + (size_t)(0) * D_H, D_H);
+  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 58  %42 @ Un: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, V[17] + (size_t)(0) * D_H, D_H);
+  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, V[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_chr_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -790,12 +778,12 @@ static void lattice_gru_chr_bwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d25 = G[16] + (size_t)(r) * (2*D_H);
+    R *restrict d25 = G[13] + (size_t)(r) * (2*D_H);
     R *restrict d29 = PG[9];
-    R *restrict d41 = G[16] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d41 = G[13] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d46 = PG[11];
-    const R *restrict k31 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[29] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[31] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
     const R *restrict hg53 = (R *)c->home_grad[0][r];
     const R *restrict hg53_2 = (R *)c->home_grad[1][r];
@@ -853,16 +841,14 @@ static void lattice_gru_chr_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d25 = G[16] + (size_t)(r) * (2*D_H);
-    R *restrict d27 = G[20] + (size_t)(r) * D_H;
+    R *restrict d25 = G[13] + (size_t)(r) * (2*D_H);
     R *restrict d29 = PG[9];
-    R *restrict d41 = G[16] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d44 = G[17] + (size_t)(r) * D_H;
+    R *restrict d41 = G[13] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d46 = PG[11];
-    const R *restrict a23 = V[21] + (size_t)(r) * D_H;
-    R *restrict d23 = G[21] + (size_t)(r) * D_H;
-    const R *restrict k31 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
+    R *restrict d23 = G[15] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[29] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[31] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
     const R *restrict hg53 = (R *)c->home_grad[0][r];
     const R *restrict hg53_2 = (R *)c->home_grad[1][r];
@@ -892,12 +878,10 @@ static void lattice_gru_chr_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
       g45 += g47;
       d46[j] += g47;  /* summed over rows */
       d41[j] = g45;  /* this loop alone writes it */
-      d44[j] = g45;  /* this loop alone writes it */
       g30 += g31 * v31 * (1 - v31);
       g28 += g30;
       d29[j] += g30;  /* summed over rows */
       d25[j] = g28;  /* this loop alone writes it */
-      d27[j] = g28;  /* this loop alone writes it */
     }
   }
 }
@@ -914,13 +898,12 @@ static void lattice_gru_chr_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d33 = G[15] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d35 = G[19] + (size_t)(r) * D_H;
+    R *restrict d33 = G[12] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d37 = PG[10];
-    const R *restrict a23 = V[21] + (size_t)(r) * D_H;
-    R *restrict d23 = G[21] + (size_t)(r) * D_H;
-    const R *restrict k39 = V[36] + (size_t)(r) * D_H;
-    const R *restrict g42_in = G[18] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
+    R *restrict d23 = G[15] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[30] + (size_t)(r) * D_H;
+    const R *restrict g42_in = G[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v39 = k39[j];  /* r */
@@ -934,7 +917,6 @@ static void lattice_gru_chr_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
       g36 += g38;
       d37[j] += g38;  /* summed over rows */
       d33[j] = g36;  /* this loop alone writes it */
-      d35[j] = g36;  /* this loop alone writes it */
     }
   }
 }
@@ -951,17 +933,17 @@ static void lattice_gru_chr_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[30] + (size_t)(r) * D_H;
-    R *restrict d7 = G[29] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[31] + (size_t)(r) * D_H;
-    R *restrict d1 = G[31] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[23] + (size_t)(r) * D_H;
-    R *restrict d18 = G[23] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[22] + (size_t)(r) * D_H;
-    R *restrict d19 = G[22] + (size_t)(r) * D_H;
-    const R *restrict k9 = V[32] + (size_t)(r) * D_H;
-    const R *restrict k10 = V[33] + (size_t)(r) * D_H;
-    const R *restrict g23_in = G[21] + (size_t)(r) * D_H;
+    R *restrict d5 = G[24] + (size_t)(r) * D_H;
+    R *restrict d7 = G[23] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[25] + (size_t)(r) * D_H;
+    R *restrict d1 = G[25] + (size_t)(r) * D_H;
+    const R *restrict a18 = V[17] + (size_t)(r) * D_H;
+    R *restrict d18 = G[17] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[16] + (size_t)(r) * D_H;
+    R *restrict d19 = G[16] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[26] + (size_t)(r) * D_H;
+    const R *restrict k10 = V[27] + (size_t)(r) * D_H;
+    const R *restrict g23_in = G[15] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];
@@ -1004,14 +986,14 @@ static void lattice_gru_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d13 = G[26] + (size_t)(r) * D_H;
-    R *restrict d12 = G[27] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[28] + (size_t)(r) * D_H;
-    R *restrict d11 = G[28] + (size_t)(r) * D_H;
-    const R *restrict k15 = V[34] + (size_t)(r) * D_H;
-    const R *restrict k16 = V[25] + (size_t)(r) * D_H;
-    const R *restrict g16_in = G[25] + (size_t)(r) * D_H;
-    const R *restrict g17_in = G[24] + (size_t)(r) * D_H;
+    R *restrict d13 = G[20] + (size_t)(r) * D_H;
+    R *restrict d12 = G[21] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[22] + (size_t)(r) * D_H;
+    R *restrict d11 = G[22] + (size_t)(r) * D_H;
+    const R *restrict k15 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k16 = V[19] + (size_t)(r) * D_H;
+    const R *restrict g16_in = G[19] + (size_t)(r) * D_H;
+    const R *restrict g17_in = G[18] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];
@@ -1045,22 +1027,22 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_chr_bwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_chr_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[17] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[18] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* group g4 backward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 57  dh_in += d(h_in @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[19] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[21] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* line 56  dh_in += d(h_in @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[20] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[21] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[5], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_bwd(c, G[25] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1071,24 +1053,24 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[29] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[31] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[23] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[25] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_bwd(c, 0, 1, G[31] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* lattice_gru_chr_bwd_eager, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1103,9 +1085,9 @@ static void lattice_gru_chr_bwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[15] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[12] + (size_t)(r) * (2*D_H);
     R *restrict d4 = PG[12];
-    const R *restrict g5_in = G[30] + (size_t)(r) * D_H;
+    const R *restrict g5_in = G[24] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g5 = g5_in[j];
@@ -1127,41 +1109,41 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[16] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* group g0 backward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_bwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[1], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[1], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
-                 PG[8], D_H, G[29] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
+                 PG[8], D_H, G[23] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[2], (2*D_H), G[13] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 PG[6], D_H, G[19] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 PG[6], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
-                 PG[7], D_H, G[17] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 PG[7], D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -1176,9 +1158,9 @@ static void lattice_gru_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[39] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[33] + (size_t)(r) * D_C;
     const R *restrict a3 = P[21];
-    R *restrict o4 = V[38] + (size_t)(r) * D_C;
+    R *restrict o4 = V[32] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -1200,11 +1182,11 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 65  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            P[20], D_C, 0, V[39] + (size_t)(r0) * D_C, D_C);
+            P[20], D_C, 0, V[33] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 65) */
   cavs_loop(c, lattice_gru_push_fwd_g0, r0, n, D_C, 0);
   /* lattice_gru.vf:66  softmax_xent */
-  cavs_xent_fwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[32] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
 /* lattice_gru_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -1219,9 +1201,9 @@ static void lattice_gru_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[39] + (size_t)(r) * D_C;
+    R *restrict d2 = G[33] + (size_t)(r) * D_C;
     R *restrict d3 = PG[21];
-    const R *restrict g4_in = G[38] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[32] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -1243,15 +1225,15 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:66  softmax_xent */
-  cavs_xent_bwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], G[38] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[32] + (size_t)(0) * D_C, D_C, c->iin[2], G[32] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 65) */
   cavs_loop(c, lattice_gru_push_bwd_g0, r0, n, D_C, 0);
   /* line 65  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[39] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[33] + (size_t)(r0) * D_C, D_C,
             P[20], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
   /* line 65  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            G[39] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
+            G[33] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1326,21 +1308,15 @@ static const cavs_buf_desc bufs[] = {
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"wrd_t22", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t20", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
-  {"wrd_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t11", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"wrd_t5", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_h_s", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"wrd_z_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"wrd_r_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"wrd_n_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_mm1", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"chr_t44", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
-  {"chr_t35", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"chr_t27", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_h_in", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
   {"chr_wden", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -1362,12 +1338,12 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lattice_gru_wrd_gathers[] = {
-  {0, 11, {0, {0}}, 1, 1},
+  {0, 8, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_wrd_slot_names[] = {"start"};
 static const int lattice_gru_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_gru_chr_gathers[] = {
-  {0, 31, {0, {0}}, 1, 1},
+  {0, 25, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_chr_slot_names[] = {"prev"};
 static const int lattice_gru_chr_slot_types[] = {1};
@@ -1386,7 +1362,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1396,23 +1372,23 @@ static const cavs_value_desc values[] = {
   {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
   {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
   {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_s", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 0, 13, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 0, 14, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"h_s", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"h_p", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"xg", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"g_p", 1, 33, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"wsum", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_in", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 1, 35, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 1, 36, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 1, 37, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"h_p", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"xg", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"g_p", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_in", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"h", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 38, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"logits", -1, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_gru_desc = {
@@ -1494,7 +1470,7 @@ const cavs_desc lattice_gru_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 25, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 40, .bufs = bufs,
+  .nbufs = 34, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

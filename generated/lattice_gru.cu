@@ -60,13 +60,12 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[9] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_gru_wrd_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_wrd_fwd_path_g1(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a11_r0,
-    const R *__restrict__ a13_r0,
     const R *__restrict__ a15,
     const R *__restrict__ a1_r0,
     R *__restrict__ k17_r0,
@@ -74,11 +73,10 @@ static __global__ void lattice_gru_wrd_fwd_path_g1(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a11 = a11_r0 + (size_t)i * D_H;
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   R *__restrict__ k17 = k17_r0 + (size_t)i * D_H;
   R *__restrict__ o20 = o20_r0 + (size_t)i * D_H;
-  const R v14 = a11[j] + a13[j];
+  const R v14 = a11[j];
   const R v16 = v14 + a15[j];
   const R v17 = cv_sigmoid(v16);  /* r */
   const R v20 = v17 * a1[j];
@@ -104,15 +102,15 @@ static __global__ void lattice_gru_wrd_fwd_path_g0_leaves(int n, long D_E, long 
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ o31 = o31_r0 + (size_t)i * D_H;
   R *__restrict__ h31 = (R *)h31_r0[i];
-  const R v6 = a3[j] + (R)0;
+  const R v6 = a3[j];
   const R v8 = v6 + a7[j];
   const R v9 = cv_sigmoid(v8);  /* z */
-  const R v23 = a19[j] + (R)0;
+  const R v23 = a19[j];
   const R v25 = v23 + a24[j];
   const R v26 = cv_tanh(v25);  /* n */
   const R v28 = (R)1 - v9;
   const R v29 = v28 * v26;
-  const R v31 = v29 + (R)0;
+  const R v31 = v29;
   k9[j] = v9;  /* kept for the backward loop */
   k26[j] = v26;  /* kept for the backward loop */
   o31[j] = v31;
@@ -122,10 +120,8 @@ static __global__ void lattice_gru_wrd_fwd_path_g0_leaves(int n, long D_E, long 
 /* lattice_gru_wrd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_wrd_fwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a3_r0,
-    const R *__restrict__ a5_r0,
     const R *__restrict__ a7,
     const R *__restrict__ a19_r0,
-    const R *__restrict__ a22_r0,
     const R *__restrict__ a24,
     const R *__restrict__ a1_r0,
     R *__restrict__ k9_r0,
@@ -135,18 +131,16 @@ static __global__ void lattice_gru_wrd_fwd_path_g0(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a5 = a5_r0 + (size_t)i * D_H;
   const R *__restrict__ a19 = a19_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a22 = a22_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
   R *__restrict__ k26 = k26_r0 + (size_t)i * D_H;
   R *__restrict__ o31 = o31_r0 + (size_t)i * D_H;
   R *__restrict__ h31 = (R *)h31_r0[i];
-  const R v6 = a3[j] + a5[j];
+  const R v6 = a3[j];
   const R v8 = v6 + a7[j];
   const R v9 = cv_sigmoid(v8);  /* z */
-  const R v23 = a19[j] + a22[j];
+  const R v23 = a19[j];
   const R v25 = v23 + a24[j];
   const R v26 = cv_tanh(v25);  /* n */
   const R v28 = (R)1 - v9;
@@ -171,30 +165,29 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_fwd(c, 0, 1, V[11] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 42  h_s @ Uwz: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, V[10] + (size_t)(0) * D_H, D_H);
-  /* line 43  h_s @ Uwr: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[8] + (size_t)(0) * D_H, D_H, r0, n);
+  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[18],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 44  %20 @ Uwn: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[16], D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -204,8 +197,8 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           P[17],
           V[5] + (size_t)(r0) * (2*D_H) + D_H,
           P[19],
-          V[12] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -216,14 +209,12 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[17],
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[19],
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -316,10 +307,8 @@ static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long 
 /* lattice_gru_wrd_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d3_r0,
-    R *__restrict__ d5_r0,
     cavs_cuda_sum<R> d7,
     R *__restrict__ d19_r0,
-    R *__restrict__ d22_r0,
     cavs_cuda_sum<R> d24,
     const R *__restrict__ a1_r0,
     R *__restrict__ d1_r0,
@@ -330,9 +319,7 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d3 = d3_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d5 = d5_r0 + (size_t)i * D_H;
   R *__restrict__ d19 = d19_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d22 = d22_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   R *__restrict__ d1 = d1_r0 + (size_t)i * D_H;
   const R *__restrict__ k9 = k9_r0 + (size_t)i * D_H;
@@ -363,18 +350,15 @@ static __global__ void lattice_gru_wrd_bwd_path_g0(int n, long D_E, long D_W, lo
   g23 += g25;
   d24[j] += g25;  /* summed over rows */
   d19[j] = g23;  /* this loop alone writes it */
-  d22[j] = g23;  /* this loop alone writes it */
   g8 += g9 * v9 * (1 - v9);
   g6 += g8;
   d7[j] += g8;  /* summed over rows */
   d3[j] = g6;  /* this loop alone writes it */
-  d5[j] = g6;  /* this loop alone writes it */
 }
 
 /* lattice_gru_wrd_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_wrd_bwd_path_g1(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d11_r0,
-    R *__restrict__ d13_r0,
     cavs_cuda_sum<R> d15,
     const R *__restrict__ a1_r0,
     R *__restrict__ d1_r0,
@@ -383,7 +367,6 @@ static __global__ void lattice_gru_wrd_bwd_path_g1(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d11 = d11_r0 + (size_t)i * D_H;
-  R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
   const R *__restrict__ a1 = a1_r0 + (size_t)i * D_H;
   R *__restrict__ d1 = d1_r0 + (size_t)i * D_H;
   const R *__restrict__ k17 = k17_r0 + (size_t)i * D_H;
@@ -399,7 +382,6 @@ static __global__ void lattice_gru_wrd_bwd_path_g1(int n, long D_E, long D_W, lo
   g14 += g16;
   d15[j] += g16;  /* summed over rows */
   d11[j] = g14;  /* this loop alone writes it */
-  d13[j] = g14;  /* this loop alone writes it */
 }
 
 /* vertex wrd, path phase backward: one task, in reverse order */
@@ -422,8 +404,8 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[17],
           G[5] + (size_t)(r0) * (2*D_H) + D_H,
           PG[19],
-          V[12] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -434,46 +416,43 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[17],
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[19],
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[18],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 43  dh_s += d(h_s @ Uwr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 42  dh_s += d(h_s @ Uwz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_bwd(c, 0, 1, G[11] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[8] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -488,7 +467,7 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[9] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[7] + (size_t)(0) * D_H, D_H,
                  P[13], D_H, G[3] + (size_t)(0) * D_W, D_W);
   /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -497,17 +476,17 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[14], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[14], D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[13], D_H, G[9] + (size_t)(0) * D_H, D_H);
+                 PG[13], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 44  dW += %20^T d(%20 @ Uwn), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[16], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_eager, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -536,21 +515,21 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 51  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_eager_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[12],
-          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[16] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[13] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_path, group g2 forward: a thread per row and column of [n, H] */
@@ -613,7 +592,6 @@ static __global__ void lattice_gru_chr_fwd_path_g1(int n, long D_E, long D_W, lo
 /* lattice_gru_chr_fwd_path, group g4 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_fwd_path_g4(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a33_r0,
-    const R *__restrict__ a35_r0,
     const R *__restrict__ a37,
     const R *__restrict__ a23_r0,
     R *__restrict__ k39_r0,
@@ -621,11 +599,10 @@ static __global__ void lattice_gru_chr_fwd_path_g4(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a33 = a33_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a35 = a35_r0 + (size_t)i * D_H;
   const R *__restrict__ a23 = a23_r0 + (size_t)i * D_H;
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o42 = o42_r0 + (size_t)i * D_H;
-  const R v36 = a33[j] + a35[j];
+  const R v36 = a33[j];
   const R v38 = v36 + a37[j];
   const R v39 = cv_sigmoid(v38);  /* r */
   const R v42 = v39 * a23[j];
@@ -653,15 +630,15 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
   R *__restrict__ h53 = (R *)h53_r0[i];
   R *__restrict__ h53_2 = (R *)h53_2_r0[i];
-  const R v28 = a25[j] + (R)0;
+  const R v28 = a25[j];
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
-  const R v45 = a41[j] + (R)0;
+  const R v45 = a41[j];
   const R v47 = v45 + a46[j];
   const R v48 = cv_tanh(v47);  /* n */
   const R v50 = (R)1 - v31;
   const R v51 = v50 * v48;
-  const R v53 = v51 + (R)0;  /* h */
+  const R v53 = v51;  /* h */
   k31[j] = v31;  /* kept for the backward loop */
   k48[j] = v48;  /* kept for the backward loop */
   o53[j] = v53;
@@ -672,10 +649,8 @@ static __global__ void lattice_gru_chr_fwd_path_g3_leaves(int n, long D_E, long 
 /* lattice_gru_chr_fwd_path, group g3 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a25_r0,
-    const R *__restrict__ a27_r0,
     const R *__restrict__ a29,
     const R *__restrict__ a41_r0,
-    const R *__restrict__ a44_r0,
     const R *__restrict__ a46,
     const R *__restrict__ a23_r0,
     R *__restrict__ k31_r0,
@@ -686,19 +661,17 @@ static __global__ void lattice_gru_chr_fwd_path_g3(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a27 = a27_r0 + (size_t)i * D_H;
   const R *__restrict__ a41 = a41_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a44 = a44_r0 + (size_t)i * D_H;
   const R *__restrict__ a23 = a23_r0 + (size_t)i * D_H;
   R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
   R *__restrict__ k48 = k48_r0 + (size_t)i * D_H;
   R *__restrict__ o53 = o53_r0 + (size_t)i * D_H;
   R *__restrict__ h53 = (R *)h53_r0[i];
   R *__restrict__ h53_2 = (R *)h53_2_r0[i];
-  const R v28 = a25[j] + a27[j];
+  const R v28 = a25[j];
   const R v30 = v28 + a29[j];
   const R v31 = cv_sigmoid(v30);  /* z */
-  const R v45 = a41[j] + a44[j];
+  const R v45 = a41[j];
   const R v47 = v45 + a46[j];
   const R v48 = cv_tanh(v47);  /* n */
   const R v50 = (R)1 - v31;
@@ -724,24 +697,24 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_fwd(c, 0, 1, V[31] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, V[29] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, V[23] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[30] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -752,71 +725,70 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[26] + (size_t)(r0) * D_H,
-          V[27] + (size_t)(r0) * D_H,
+          V[20] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           V[28] + (size_t)(r0) * D_H,
-          V[34] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
-          V[24] + (size_t)(r0) * D_H);
+          V[19] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_fwd(c, V[25] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 56  h_in @ Uz: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[20] + (size_t)(0) * D_H, D_H);
-  /* line 57  h_in @ Ur: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, V[19] + (size_t)(0) * D_H, D_H);
+  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[10],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 58  %42 @ Un: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, V[17] + (size_t)(0) * D_H, D_H);
+  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, V[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[16] + (size_t)(r0) * (2*D_H),
+          V[13] + (size_t)(r0) * (2*D_H),
           P[9],
-          V[16] + (size_t)(r0) * (2*D_H) + D_H,
+          V[13] + (size_t)(r0) * (2*D_H) + D_H,
           P[11],
-          V[35] + (size_t)(r0) * D_H,
-          V[37] + (size_t)(r0) * D_H,
+          V[29] + (size_t)(r0) * D_H,
+          V[31] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -827,15 +799,13 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[9],
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[11],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -935,10 +905,8 @@ static __global__ void lattice_gru_chr_bwd_path_g3_leaves(int n, long D_E, long 
 /* lattice_gru_chr_bwd_path, group g3 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d25_r0,
-    R *__restrict__ d27_r0,
     cavs_cuda_sum<R> d29,
     R *__restrict__ d41_r0,
-    R *__restrict__ d44_r0,
     cavs_cuda_sum<R> d46,
     const R *__restrict__ a23_r0,
     R *__restrict__ d23_r0,
@@ -950,9 +918,7 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d27 = d27_r0 + (size_t)i * D_H;
   R *__restrict__ d41 = d41_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d44 = d44_r0 + (size_t)i * D_H;
   const R *__restrict__ a23 = a23_r0 + (size_t)i * D_H;
   R *__restrict__ d23 = d23_r0 + (size_t)i * D_H;
   const R *__restrict__ k31 = k31_r0 + (size_t)i * D_H;
@@ -984,18 +950,15 @@ static __global__ void lattice_gru_chr_bwd_path_g3(int n, long D_E, long D_W, lo
   g45 += g47;
   d46[j] += g47;  /* summed over rows */
   d41[j] = g45;  /* this loop alone writes it */
-  d44[j] = g45;  /* this loop alone writes it */
   g30 += g31 * v31 * (1 - v31);
   g28 += g30;
   d29[j] += g30;  /* summed over rows */
   d25[j] = g28;  /* this loop alone writes it */
-  d27[j] = g28;  /* this loop alone writes it */
 }
 
 /* lattice_gru_chr_bwd_path, group g4 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_chr_bwd_path_g4(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d33_r0,
-    R *__restrict__ d35_r0,
     cavs_cuda_sum<R> d37,
     const R *__restrict__ a23_r0,
     R *__restrict__ d23_r0,
@@ -1004,7 +967,6 @@ static __global__ void lattice_gru_chr_bwd_path_g4(int n, long D_E, long D_W, lo
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d33 = d33_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d35 = d35_r0 + (size_t)i * D_H;
   const R *__restrict__ a23 = a23_r0 + (size_t)i * D_H;
   R *__restrict__ d23 = d23_r0 + (size_t)i * D_H;
   const R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
@@ -1020,7 +982,6 @@ static __global__ void lattice_gru_chr_bwd_path_g4(int n, long D_E, long D_W, lo
   g36 += g38;
   d37[j] += g38;  /* summed over rows */
   d33[j] = g36;  /* this loop alone writes it */
-  d35[j] = g36;  /* this loop alone writes it */
 }
 
 /* lattice_gru_chr_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
@@ -1125,12 +1086,12 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[16] + (size_t)(r0) * (2*D_H),
+          G[13] + (size_t)(r0) * (2*D_H),
           PG[9],
-          G[16] + (size_t)(r0) * (2*D_H) + D_H,
+          G[13] + (size_t)(r0) * (2*D_H) + D_H,
           PG[11],
-          V[35] + (size_t)(r0) * D_H,
-          V[37] + (size_t)(r0) * D_H,
+          V[29] + (size_t)(r0) * D_H,
+          V[31] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1141,16 +1102,14 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[9],
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[11],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1158,52 +1117,51 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[17] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[18] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* group g4 backward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[10],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[18] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 57  dh_in += d(h_in @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[19] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[21] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* line 56  dh_in += d(h_in @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[20] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[21] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[5], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[21] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_bwd(c, G[25] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1214,38 +1172,38 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[26] + (size_t)(r0) * D_H,
-          G[27] + (size_t)(r0) * D_H,
+          G[20] + (size_t)(r0) * D_H,
+          G[21] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
+          G[22] + (size_t)(r0) * D_H,
           V[28] + (size_t)(r0) * D_H,
-          G[28] + (size_t)(r0) * D_H,
-          V[34] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
-          G[25] + (size_t)(r0) * D_H,
-          G[24] + (size_t)(r0) * D_H);
+          V[19] + (size_t)(r0) * D_H,
+          G[19] + (size_t)(r0) * D_H,
+          G[18] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[30] + (size_t)(0) * D_H, D_H, G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[29] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[31] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[23] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[25] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_bwd(c, 0, 1, G[31] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* lattice_gru_chr_bwd_eager, group g0 backward at the others: a thread per row and column of [n, H] */
@@ -1274,50 +1232,50 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[16] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* group g0 backward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_eager_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[12],
-          G[30] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[1], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[1], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[31] + (size_t)(0) * D_H, D_H,
-                 PG[8], D_H, G[29] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
+                 PG[8], D_H, G[23] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[2], (2*D_H), G[13] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * D_H, D_H,
-                 PG[6], D_H, G[19] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+                 PG[6], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[18] + (size_t)(0) * D_H, D_H,
-                 PG[7], D_H, G[17] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 PG[7], D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -1346,20 +1304,20 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 65  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            P[20], D_C, 0, V[39] + (size_t)(r0) * D_C, D_C);
+            P[20], D_C, 0, V[33] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[39] + (size_t)(r0) * D_C,
+          V[33] + (size_t)(r0) * D_C,
           P[21],
-          V[38] + (size_t)(r0) * D_C);
+          V[32] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lattice_gru.vf:66  softmax_xent */
-  cavs_xent_fwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[32] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
 /* lattice_gru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -1388,24 +1346,24 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:66  softmax_xent */
-  cavs_xent_bwd(c, 0, V[38] + (size_t)(0) * D_C, D_C, c->iin[2], G[38] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[32] + (size_t)(0) * D_C, D_C, c->iin[2], G[32] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[39] + (size_t)(r0) * D_C,
+          G[33] + (size_t)(r0) * D_C,
           PG[21],
-          G[38] + (size_t)(r0) * D_C);
+          G[32] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 65  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[39] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[33] + (size_t)(r0) * D_C, D_C,
             P[20], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
   /* line 65  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            G[39] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
+            G[33] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1480,21 +1438,15 @@ static const cavs_buf_desc bufs[] = {
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"wrd_t22", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t20", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
-  {"wrd_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t11", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"wrd_t5", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_h_s", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"wrd_z_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"wrd_r_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"wrd_n_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_mm1", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"chr_t44", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
-  {"chr_t35", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"chr_t27", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_h_in", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
   {"chr_wden", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -1516,12 +1468,12 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lattice_gru_wrd_gathers[] = {
-  {0, 11, {0, {0}}, 1, 1},
+  {0, 8, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_wrd_slot_names[] = {"start"};
 static const int lattice_gru_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_gru_chr_gathers[] = {
-  {0, 31, {0, {0}}, 1, 1},
+  {0, 25, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_chr_slot_names[] = {"prev"};
 static const int lattice_gru_chr_slot_types[] = {1};
@@ -1540,7 +1492,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 28, {0, {0}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1550,23 +1502,23 @@ static const cavs_value_desc values[] = {
   {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
   {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
   {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_s", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 0, 13, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 0, 14, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"h_s", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"h_p", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"xg", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"g_p", 1, 33, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"wsum", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_in", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 1, 35, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 1, 36, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 1, 37, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"h_p", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"xg", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"g_p", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_in", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"h", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 38, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"logits", -1, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_gru_desc = {
@@ -1648,7 +1600,7 @@ const cavs_desc lattice_gru_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 25, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 40, .bufs = bufs,
+  .nbufs = 34, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -60,7 +60,7 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -80,20 +80,20 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict a9 = P[16];
     const R *restrict a21 = V[5] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a25 = P[18];
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
     R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + (R)0;
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v24 = a21[j] + (R)0;
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_tanh(v26);  /* u */
       const R v29 = v11 * v27;
-      const R v30 = (R)0 + v29;
+      const R v30 = v29;
       if (keep) k11[j] = v11;  /* kept for the backward loop */
       if (keep) k27[j] = v27;  /* kept for the backward loop */
       o30[j] = v30;
@@ -116,29 +116,26 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a7 = V[6] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[16];
-    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
-    const R *restrict a15 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
     const R *restrict a17 = P[17];
     const R *restrict a21 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a23 = V[6] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a25 = P[18];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    R *restrict k19 = V[9] + (size_t)(r) * D_H;
+    R *restrict k27 = V[10] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
     R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + a7[j];
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
+      const R v16 = a13[j];
       const R v18 = v16 + a17[j];
       const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_tanh(v26);  /* u */
       const R v28 = v19 * a2[j];
@@ -165,13 +162,13 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 50  h_s @ Uwf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 50  h_s @ Uwf: [n, H], added into xw @ Wwf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -219,8 +216,8 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict d9 = PG[16];
     R *restrict d21 = G[5] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d25 = PG[18];
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -273,19 +270,16 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[5] + (size_t)(r) * (2*D_H);
-    R *restrict d7 = G[6] + (size_t)(r) * (2*D_H);
     R *restrict d9 = PG[16];
-    R *restrict d13 = G[8] + (size_t)(r) * D_H;
-    R *restrict d15 = G[7] + (size_t)(r) * D_H;
+    R *restrict d13 = G[6] + (size_t)(r) * D_H;
     R *restrict d17 = PG[17];
     R *restrict d21 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d23 = G[6] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d25 = PG[18];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -315,17 +309,14 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g24 += g26;
       d25[j] += g26;  /* summed over rows */
       d21[j] = g24;  /* this loop alone writes it */
-      d23[j] = g24;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       g16 += g18;
       d17[j] += g18;  /* summed over rows */
       d13[j] = g16;  /* this loop alone writes it */
-      d15[j] = g16;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
       d5[j] = g8;  /* this loop alone writes it */
-      d7[j] = g8;  /* this loop alone writes it */
     }
   }
 }
@@ -345,13 +336,13 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -366,7 +357,7 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[8] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, G[3] + (size_t)(0) * D_W, D_W);
   /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -375,14 +366,14 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
+                 PG[14], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_chr_fwd_eager, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -397,9 +388,9 @@ static void lattice_lstm_chr_fwd_eager_g1(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a37 = V[15] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a37 = V[12] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a38 = P[13];
-    R *restrict o39 = V[23] + (size_t)(r) * D_H;
+    R *restrict o39 = V[20] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v39 = a37[j] + a38[j];  /* xl */
@@ -421,10 +412,10 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g1 forward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
@@ -442,12 +433,12 @@ static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a43 = V[20] + (size_t)(r) * D_H;
-    const R *restrict a42 = V[21] + (size_t)(r) * D_H;
-    const R *restrict a40 = V[22] + (size_t)(r) * D_H;
-    R *restrict k45 = V[30] + (size_t)(r) * D_H;
-    R *restrict o46 = V[19] + (size_t)(r) * D_H;
-    R *restrict o47 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a43 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a42 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a40 = V[19] + (size_t)(r) * D_H;
+    R *restrict k45 = V[26] + (size_t)(r) * D_H;
+    R *restrict o46 = V[16] + (size_t)(r) * D_H;
+    R *restrict o47 = V[15] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v44 = a43[j] + a42[j];
@@ -474,41 +465,41 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[13] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[11] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a21 = V[13] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[11] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[11] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    R *restrict k11 = V[26] + (size_t)(r) * D_H;
-    R *restrict k27 = V[28] + (size_t)(r) * D_H;
-    R *restrict k35 = V[29] + (size_t)(r) * D_H;
-    R *restrict k50 = V[31] + (size_t)(r) * D_H;
+    R *restrict k11 = V[22] + (size_t)(r) * D_H;
+    R *restrict k27 = V[24] + (size_t)(r) * D_H;
+    R *restrict k35 = V[25] + (size_t)(r) * D_H;
+    R *restrict k50 = V[27] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h57 = (R *)c->home_val[0][r];
     R *restrict h57_2 = (R *)c->home_val[1][r];
-    R *restrict k58 = V[32] + (size_t)(r) * D_H;
+    R *restrict k58 = V[28] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + (R)0;
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v24 = a21[j] + (R)0;
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + (R)0;
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v50 = cv_exp(v11);  /* ei */
       const R v52 = v50 * v35;
-      const R v53 = v52 + (R)0;
+      const R v53 = v52;
       const R v54 = v11 * v53;
-      const R v55 = v50 + (R)0;
+      const R v55 = v50;
       const R v56 = v54 / v55;
-      const R v57 = (R)0 + v56;  /* c */
+      const R v57 = v56;  /* c */
       const R v58 = cv_tanh(v57);
       const R v59 = v27 * v58;  /* h */
       if (keep) k11[j] = v11;  /* kept for the backward loop */
@@ -539,45 +530,41 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[13] + (size_t)(r) * (3*D_H);
-    const R *restrict a7 = V[14] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[11] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a13 = V[15] + (size_t)(r) * (2*D_H);
-    const R *restrict a15 = V[24] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a17 = P[10];
-    const R *restrict a21 = V[13] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a23 = V[14] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[11] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a31 = V[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[11] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    const R *restrict a2 = V[25] + (size_t)(r) * (2*D_H);
-    const R *restrict a48 = V[17] + (size_t)(r) * D_H;
-    const R *restrict a49 = V[16] + (size_t)(r) * D_H;
-    R *restrict k11 = V[26] + (size_t)(r) * D_H;
-    R *restrict k19 = V[27] + (size_t)(r) * D_H;
-    R *restrict k27 = V[28] + (size_t)(r) * D_H;
-    R *restrict k35 = V[29] + (size_t)(r) * D_H;
-    R *restrict k50 = V[31] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[21] + (size_t)(r) * (2*D_H);
+    const R *restrict a48 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a49 = V[13] + (size_t)(r) * D_H;
+    R *restrict k11 = V[22] + (size_t)(r) * D_H;
+    R *restrict k19 = V[23] + (size_t)(r) * D_H;
+    R *restrict k27 = V[24] + (size_t)(r) * D_H;
+    R *restrict k35 = V[25] + (size_t)(r) * D_H;
+    R *restrict k50 = V[27] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h57 = (R *)c->home_val[0][r];
     R *restrict h57_2 = (R *)c->home_val[1][r];
-    R *restrict k58 = V[32] + (size_t)(r) * D_H;
+    R *restrict k58 = V[28] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + a7[j];
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
+      const R v16 = a13[j];
       const R v18 = v16 + a17[j];
       const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + a31[j];
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v50 = cv_exp(v11);  /* ei */
@@ -618,27 +605,27 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 61  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, V[24] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 61  h_prev @ Uf: [n, H], added into x @ [Wf|Wl], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[19] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  cw @ Ul: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[19] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[18] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[20] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -649,9 +636,9 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[16] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -700,20 +687,20 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[13] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[11] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d21 = G[13] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[11] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[11] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict k11 = V[26] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[28] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k50 = V[31] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[22] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[24] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[25] + (size_t)(r) * D_H;
+    const R *restrict k50 = V[27] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg57 = (R *)c->home_grad[0][r];
     const R *restrict hg57_2 = (R *)c->home_grad[1][r];
-    const R *restrict k58 = V[32] + (size_t)(r) * D_H;
+    const R *restrict k58 = V[28] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
@@ -724,9 +711,9 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
       const R v35 = k35[j];  /* u */
       const R v50 = k50[j];  /* ei */
       const R v52 = v50 * v35;
-      const R v53 = v52 + (R)0;
+      const R v53 = v52;
       const R v54 = v11 * v53;
-      const R v55 = v50 + (R)0;
+      const R v55 = v50;
       const R v58 = k58[j];
       R g8 = 0;
       R g10 = 0;
@@ -814,33 +801,29 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[13] + (size_t)(r) * (3*D_H);
-    R *restrict d7 = G[14] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[11] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d13 = G[15] + (size_t)(r) * (2*D_H);
-    R *restrict d15 = G[24] + (size_t)(r) * D_H;
+    R *restrict d13 = G[12] + (size_t)(r) * (2*D_H);
     R *restrict d17 = PG[10];
-    R *restrict d21 = G[13] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d23 = G[14] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[11] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d31 = G[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[11] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict a2 = V[25] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[25] + (size_t)(r) * (2*D_H);
-    const R *restrict a48 = V[17] + (size_t)(r) * D_H;
-    R *restrict d48 = G[17] + (size_t)(r) * D_H;
-    const R *restrict a49 = V[16] + (size_t)(r) * D_H;
-    R *restrict d49 = G[16] + (size_t)(r) * D_H;
-    const R *restrict k11 = V[26] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[27] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[28] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k50 = V[31] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[21] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[21] + (size_t)(r) * (2*D_H);
+    const R *restrict a48 = V[14] + (size_t)(r) * D_H;
+    R *restrict d48 = G[14] + (size_t)(r) * D_H;
+    const R *restrict a49 = V[13] + (size_t)(r) * D_H;
+    R *restrict d49 = G[13] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[22] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[24] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[25] + (size_t)(r) * D_H;
+    const R *restrict k50 = V[27] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg57 = (R *)c->home_grad[0][r];
     const R *restrict hg57_2 = (R *)c->home_grad[1][r];
-    const R *restrict k58 = V[32] + (size_t)(r) * D_H;
+    const R *restrict k58 = V[28] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
@@ -900,22 +883,18 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g32 += g34;
       d33[j] += g34;  /* summed over rows */
       d29[j] = g32;  /* this loop alone writes it */
-      d31[j] = g32;  /* this loop alone writes it */
       g26 += g27 * v27 * (1 - v27);
       g24 += g26;
       d25[j] += g26;  /* summed over rows */
       d21[j] = g24;  /* this loop alone writes it */
-      d23[j] = g24;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       g16 += g18;
       d17[j] += g18;  /* summed over rows */
       d13[j] = g16;  /* this loop alone writes it */
-      d15[j] = g16;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
       d5[j] = g8;  /* this loop alone writes it */
-      d7[j] = g8;  /* this loop alone writes it */
     }
   }
 }
@@ -932,14 +911,14 @@ static void lattice_lstm_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d43 = G[20] + (size_t)(r) * D_H;
-    R *restrict d42 = G[21] + (size_t)(r) * D_H;
-    const R *restrict a40 = V[22] + (size_t)(r) * D_H;
-    R *restrict d40 = G[22] + (size_t)(r) * D_H;
-    const R *restrict k45 = V[30] + (size_t)(r) * D_H;
-    const R *restrict k46 = V[19] + (size_t)(r) * D_H;
-    const R *restrict g46_in = G[19] + (size_t)(r) * D_H;
-    const R *restrict g47_in = G[18] + (size_t)(r) * D_H;
+    R *restrict d43 = G[17] + (size_t)(r) * D_H;
+    R *restrict d42 = G[18] + (size_t)(r) * D_H;
+    const R *restrict a40 = V[19] + (size_t)(r) * D_H;
+    R *restrict d40 = G[19] + (size_t)(r) * D_H;
+    const R *restrict k45 = V[26] + (size_t)(r) * D_H;
+    const R *restrict k46 = V[16] + (size_t)(r) * D_H;
+    const R *restrict g46_in = G[16] + (size_t)(r) * D_H;
+    const R *restrict g47_in = G[15] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v45 = k45[j];
@@ -974,9 +953,9 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[16] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -987,27 +966,27 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[20] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dcw += d(cw @ Ul) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[18] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[19] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[19] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[7], D_H, G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* lattice_lstm_chr_bwd_eager, group g1 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1022,9 +1001,9 @@ static void lattice_lstm_chr_bwd_eager_g1(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d37 = G[15] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d37 = G[12] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d38 = PG[13];
-    const R *restrict g39_in = G[23] + (size_t)(r) * D_H;
+    const R *restrict g39_in = G[20] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g39 = g39_in[j];
@@ -1048,31 +1027,31 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g1 backward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_bwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[4], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[2], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
+                 PG[2], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[4], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[4], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[7], D_H, G[24] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dW += cw^T d(cw @ Ul), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[19] + (size_t)(r0) * D_H, D_H,
+            G[18] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
 }
@@ -1089,9 +1068,9 @@ static void lattice_lstm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[34] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[30] + (size_t)(r) * D_C;
     const R *restrict a3 = P[20];
-    R *restrict o4 = V[33] + (size_t)(r) * D_C;
+    R *restrict o4 = V[29] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -1113,11 +1092,11 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 75  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            P[19], D_C, 0, V[34] + (size_t)(r0) * D_C, D_C);
+            P[19], D_C, 0, V[30] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 75) */
   cavs_loop(c, lattice_lstm_push_fwd_g0, r0, n, D_C, 0);
   /* lattice_lstm.vf:76  softmax_xent */
-  cavs_xent_fwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[29] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
 /* lattice_lstm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -1132,9 +1111,9 @@ static void lattice_lstm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[34] + (size_t)(r) * D_C;
+    R *restrict d2 = G[30] + (size_t)(r) * D_C;
     R *restrict d3 = PG[20];
-    const R *restrict g4_in = G[33] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[29] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -1156,15 +1135,15 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:76  softmax_xent */
-  cavs_xent_bwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], G[33] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[29] + (size_t)(0) * D_C, D_C, c->iin[2], G[29] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 75) */
   cavs_loop(c, lattice_lstm_push_bwd_g0, r0, n, D_C, 0);
   /* line 75  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[34] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[30] + (size_t)(r0) * D_C, D_C,
             P[19], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
   /* line 75  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            G[34] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
+            G[30] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1241,15 +1220,12 @@ static const cavs_buf_desc bufs[] = {
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"wrd_mm1", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"wrd_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_s", {0, {0, 0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"wrd_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"wrd_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"wrd_u_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"chr_mm1", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_mm2", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_wden", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -1259,7 +1235,6 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_cw", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_xl", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
-  {"chr_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"chr_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
@@ -1272,12 +1247,12 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lattice_lstm_wrd_gathers[] = {
-  {0, 9, {0, {0}}, 1, 1},
+  {0, 7, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_wrd_slot_names[] = {"start"};
 static const int lattice_lstm_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_lstm_chr_gathers[] = {
-  {0, 25, {0, {0}}, 1, 1},
+  {0, 21, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_chr_slot_names[] = {"prev"};
 static const int lattice_lstm_chr_slot_types[] = {1};
@@ -1296,7 +1271,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 19, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1306,28 +1281,28 @@ static const cavs_value_desc values[] = {
   {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
   {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
   {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_s", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_s", 0, 9, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_s", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 25, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 1, 25, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 1, 28, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"xl", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"ei", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"s", 1, 21, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 1, 21, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"xl", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wsum", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"ei", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 33, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"logits", -1, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_lstm_desc = {
@@ -1419,7 +1394,7 @@ const cavs_desc lattice_lstm_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 28, .params = params,
   .npgroups = 21, .pgroups = pgroups,
-  .nbufs = 35, .bufs = bufs,
+  .nbufs = 31, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -60,7 +60,7 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -81,14 +81,14 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o30 = o30_r0 + (size_t)i * D_H;
   R *__restrict__ h30 = (R *)h30_r0[i];
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_tanh(v26);  /* u */
   const R v29 = v11 * v27;
-  const R v30 = (R)0 + v29;
+  const R v30 = v29;
   k11[j] = v11;  /* kept for the backward loop */
   k27[j] = v27;  /* kept for the backward loop */
   o30[j] = v30;
@@ -98,13 +98,10 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0_leaves(int n, long D_E, long
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_wrd_fwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a2_r0,
     R *__restrict__ k11_r0,
@@ -115,24 +112,21 @@ static __global__ void lattice_lstm_wrd_fwd_path_g0(int n, long D_E, long D_W, l
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
   R *__restrict__ k27 = k27_r0 + (size_t)i * D_H;
   R *__restrict__ o30 = o30_r0 + (size_t)i * D_H;
   R *__restrict__ h30 = (R *)h30_r0[i];
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_tanh(v26);  /* u */
   const R v28 = v19 * a2[j];
@@ -157,13 +151,13 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 50  h_s @ Uwf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 50  h_s @ Uwf: [n, H], added into xw @ Wwf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -173,8 +167,8 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
           P[16],
           V[5] + (size_t)(r0) * (2*D_H) + D_H,
           P[18],
+          V[8] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -185,18 +179,15 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[16],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[17],
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[18],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -284,13 +275,10 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0_leaves(int n, long D_E, long
 /* lattice_lstm_wrd_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -302,11 +290,8 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -339,17 +324,14 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex wrd, path phase backward: one task, in reverse order */
@@ -372,8 +354,8 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[16],
           G[5] + (size_t)(r0) * (2*D_H) + D_H,
           PG[18],
+          V[8] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -384,32 +366,29 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[16],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[17],
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[18],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -424,7 +403,7 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[8] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, G[3] + (size_t)(0) * D_W, D_W);
   /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -433,14 +412,14 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
                  PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
+                 PG[14], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_chr_fwd_eager, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -469,18 +448,18 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g1 forward, [n, H]: xl (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[13],
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -546,22 +525,22 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
   R *__restrict__ h59_2 = (R *)h59_2_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v50 = cv_exp(v11);  /* ei */
   const R v52 = v50 * v35;
-  const R v53 = v52 + (R)0;
+  const R v53 = v52;
   const R v54 = v11 * v53;
-  const R v55 = v50 + (R)0;
+  const R v55 = v50;
   const R v56 = v54 / v55;
-  const R v57 = (R)0 + v56;  /* c */
+  const R v57 = v56;  /* c */
   const R v58 = cv_tanh(v57);
   const R v59 = v27 * v58;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -580,16 +559,12 @@ static __global__ void lattice_lstm_chr_fwd_path_g0_leaves(int n, long D_E, long
 /* lattice_lstm_chr_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
     const R *__restrict__ a48_r0,
@@ -609,13 +584,9 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a48 = a48_r0 + (size_t)i * D_H;
   const R *__restrict__ a49 = a49_r0 + (size_t)i * D_H;
@@ -631,16 +602,16 @@ static __global__ void lattice_lstm_chr_fwd_path_g0(int n, long D_E, long D_W, l
   R *__restrict__ o59 = o59_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h59 = (R *)h59_r0[i] + D_H;
   R *__restrict__ h59_2 = (R *)h59_2_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v50 = cv_exp(v11);  /* ei */
@@ -679,27 +650,27 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 61  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, V[24] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 61  h_prev @ Uf: [n, H], added into x @ [Wf|Wl], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[19] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  cw @ Ul: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[19] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[18] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[20] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -710,40 +681,40 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[20] + (size_t)(r0) * D_H,
-          V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          V[30] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
-          V[18] + (size_t)(r0) * D_H);
+          V[26] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[16] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[13] + (size_t)(r0) * (3*D_H),
+          V[11] + (size_t)(r0) * (3*D_H),
           P[9],
-          V[13] + (size_t)(r0) * (3*D_H) + D_H,
+          V[11] + (size_t)(r0) * (3*D_H) + D_H,
           P[11],
-          V[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[11] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[12],
-          V[26] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H,
-          V[29] + (size_t)(r0) * D_H,
-          V[31] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
+          V[24] + (size_t)(r0) * D_H,
+          V[25] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[32] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -754,30 +725,26 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[9],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[10],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[11],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[12],
-          V[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -857,9 +824,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
   const R v35 = k35[j];  /* u */
   const R v50 = k50[j];  /* ei */
   const R v52 = v50 * v35;
-  const R v53 = v52 + (R)0;
+  const R v53 = v52;
   const R v54 = v11 * v53;
-  const R v55 = v50 + (R)0;
+  const R v55 = v50;
   const R v58 = k58[j];
   R g8 = 0;
   R g10 = 0;
@@ -936,16 +903,12 @@ static __global__ void lattice_lstm_chr_bwd_path_g0_leaves(int n, long D_E, long
 /* lattice_lstm_chr_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -968,13 +931,9 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a48 = a48_r0 + (size_t)i * D_H;
@@ -1047,22 +1006,18 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* lattice_lstm_chr_bwd_path, group g2 backward: a thread per row and column of [n, H] */
@@ -1116,20 +1071,20 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[13] + (size_t)(r0) * (3*D_H),
+          G[11] + (size_t)(r0) * (3*D_H),
           PG[9],
-          G[13] + (size_t)(r0) * (3*D_H) + D_H,
+          G[11] + (size_t)(r0) * (3*D_H) + D_H,
           PG[11],
-          G[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[11] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[12],
-          V[26] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H,
-          V[29] + (size_t)(r0) * D_H,
-          V[31] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
+          V[24] + (size_t)(r0) * D_H,
+          V[25] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[32] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1140,33 +1095,29 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[9],
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[10],
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[11],
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[12],
-          V[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1174,9 +1125,9 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[16] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1187,41 +1138,41 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[20] + (size_t)(r0) * D_H,
-          G[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          G[22] + (size_t)(r0) * D_H,
-          V[30] + (size_t)(r0) * D_H,
+          G[17] + (size_t)(r0) * D_H,
+          G[18] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
           G[19] + (size_t)(r0) * D_H,
-          G[18] + (size_t)(r0) * D_H);
+          V[26] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          G[16] + (size_t)(r0) * D_H,
+          G[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[20] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dcw += d(cw @ Ul) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[18] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[19] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[19] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[7], D_H, G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* lattice_lstm_chr_bwd_eager, group g1 backward at the others: a thread per row and column of [n, H] */
@@ -1254,38 +1205,38 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[13],
-          G[23] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[4], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[2], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
+                 PG[2], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[4], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[4], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[7], D_H, G[24] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dW += cw^T d(cw @ Ul), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[19] + (size_t)(r0) * D_H, D_H,
+            G[18] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
 }
@@ -1316,20 +1267,20 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 75  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            P[19], D_C, 0, V[34] + (size_t)(r0) * D_C, D_C);
+            P[19], D_C, 0, V[30] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 75) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[34] + (size_t)(r0) * D_C,
+          V[30] + (size_t)(r0) * D_C,
           P[20],
-          V[33] + (size_t)(r0) * D_C);
+          V[29] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lattice_lstm.vf:76  softmax_xent */
-  cavs_xent_fwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[29] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
 /* lattice_lstm_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -1358,24 +1309,24 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:76  softmax_xent */
-  cavs_xent_bwd(c, 0, V[33] + (size_t)(0) * D_C, D_C, c->iin[2], G[33] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[29] + (size_t)(0) * D_C, D_C, c->iin[2], G[29] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 75) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[34] + (size_t)(r0) * D_C,
+          G[30] + (size_t)(r0) * D_C,
           PG[20],
-          G[33] + (size_t)(r0) * D_C);
+          G[29] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 75  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[34] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[30] + (size_t)(r0) * D_C, D_C,
             P[19], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
   /* line 75  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
-            G[34] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
+            G[30] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1452,15 +1403,12 @@ static const cavs_buf_desc bufs[] = {
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"wrd_mm1", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"wrd_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_s", {0, {0, 0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"wrd_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"wrd_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"wrd_u_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"chr_mm1", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_mm2", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_wden", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -1470,7 +1418,6 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_cw", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_xl", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
-  {"chr_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"chr_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
@@ -1483,12 +1430,12 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lattice_lstm_wrd_gathers[] = {
-  {0, 9, {0, {0}}, 1, 1},
+  {0, 7, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_wrd_slot_names[] = {"start"};
 static const int lattice_lstm_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_lstm_chr_gathers[] = {
-  {0, 25, {0, {0}}, 1, 1},
+  {0, 21, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_chr_slot_names[] = {"prev"};
 static const int lattice_lstm_chr_slot_types[] = {1};
@@ -1507,7 +1454,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 19, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1517,28 +1464,28 @@ static const cavs_value_desc values[] = {
   {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
   {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
   {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_s", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_s", 0, 9, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_s", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 25, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 1, 25, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 1, 28, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"xl", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"ei", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"s", 1, 21, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 1, 21, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"xl", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wsum", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"ei", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 33, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"logits", -1, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_lstm_desc = {
@@ -1630,7 +1577,7 @@ const cavs_desc lattice_lstm_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 28, .params = params,
   .npgroups = 21, .pgroups = pgroups,
-  .nbufs = 35, .bufs = bufs,
+  .nbufs = 31, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

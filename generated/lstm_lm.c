@@ -47,7 +47,7 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -66,27 +66,27 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     const R *restrict a25 = P[7];
     const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    R *restrict k35 = V[9] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + (R)0;
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v24 = a21[j] + (R)0;
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + (R)0;
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
-      const R v38 = v36 + (R)0;  /* c */
+      const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
       if (keep) k11[j] = v11;  /* kept for the backward loop */
@@ -112,39 +112,35 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
-    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
-    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
-    const R *restrict a15 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[4] + (size_t)(r) * D_H;
     const R *restrict a17 = P[6];
     const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[7];
     const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    R *restrict k19 = V[7] + (size_t)(r) * D_H;
+    R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    R *restrict k35 = V[9] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + a7[j];
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
+      const R v16 = a13[j];
       const R v18 = v16 + a17[j];
       const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + a31[j];
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
@@ -174,13 +170,13 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 36  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  h_prev @ Uf: [n, H], added into x @ Wf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -226,12 +222,12 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict d25 = PG[7];
     R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -302,26 +298,22 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
-    R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[5];
-    R *restrict d13 = G[6] + (size_t)(r) * D_H;
-    R *restrict d15 = G[5] + (size_t)(r) * D_H;
+    R *restrict d13 = G[4] + (size_t)(r) * D_H;
     R *restrict d17 = PG[6];
     R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[7];
     R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -361,22 +353,18 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       g32 += g34;
       d33[j] += g34;  /* summed over rows */
       d29[j] = g32;  /* this loop alone writes it */
-      d31[j] = g32;  /* this loop alone writes it */
       g26 += g27 * v27 * (1 - v27);
       g24 += g26;
       d25[j] += g26;  /* summed over rows */
       d21[j] = g24;  /* this loop alone writes it */
-      d23[j] = g24;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       g16 += g18;
       d17[j] += g18;  /* summed over rows */
       d13[j] = g16;  /* this loop alone writes it */
-      d15[j] = g16;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
       d5[j] = g8;  /* this loop alone writes it */
-      d7[j] = g8;  /* this loop alone writes it */
     }
   }
 }
@@ -394,13 +382,13 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lstm_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 35  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -412,7 +400,7 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 36  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[4] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -421,14 +409,14 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -440,9 +428,9 @@ static void lstm_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[14] + (size_t)(r) * D_V;
+    const R *restrict a2 = V[12] + (size_t)(r) * D_V;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[13] + (size_t)(r) * D_V;
+    R *restrict o4 = V[11] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -461,11 +449,11 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 46  h @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_V, 0, V[14] + (size_t)(r0) * D_V, D_V);
+            P[9], D_V, 0, V[12] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   cavs_loop(c, lstm_lm_push_fwd_g0, r0, n, D_V, 0);
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -477,9 +465,9 @@ static void lstm_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[14] + (size_t)(r) * D_V;
+    R *restrict d2 = G[12] + (size_t)(r) * D_V;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[13] + (size_t)(r) * D_V;
+    const R *restrict g4_in = G[11] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -498,15 +486,15 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_V, D_V, c->iin[1], G[13] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], G[11] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   cavs_loop(c, lstm_lm_push_bwd_g0, r0, n, D_V, 0);
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[14] + (size_t)(r0) * D_V, D_V,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[12] + (size_t)(r0) * D_V, D_V,
             P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 46  dW += h^T d(h @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[14] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
+            G[12] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -554,8 +542,6 @@ static const cavs_buf_desc bufs[] = {
   {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -567,7 +553,7 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
-  {0, 7, {0, {0}}, 1, 0},
+  {0, 5, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -586,17 +572,17 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 7, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 5, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 6, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 11, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm_desc = {
@@ -659,7 +645,7 @@ const cavs_desc lstm_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 15, .bufs = bufs,
+  .nbufs = 13, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

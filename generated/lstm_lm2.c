@@ -51,7 +51,7 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[12] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -70,27 +70,27 @@ static void lstm_lm2_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
     const R *restrict a27 = P[9];
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a35 = P[10];
-    R *restrict k13 = V[14] + (size_t)(r) * D_H;
-    R *restrict k29 = V[16] + (size_t)(r) * D_H;
-    R *restrict k37 = V[17] + (size_t)(r) * D_H;
+    R *restrict k13 = V[10] + (size_t)(r) * D_H;
+    R *restrict k29 = V[12] + (size_t)(r) * D_H;
+    R *restrict k37 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (4*D_H);
     R *restrict h40 = (R *)c->home_val[0][r];
-    R *restrict k41 = V[18] + (size_t)(r) * D_H;
+    R *restrict k41 = V[14] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v10 = a7[j] + (R)0;
+      const R v10 = a7[j];
       const R v12 = v10 + a11[j];
       const R v13 = cv_sigmoid(v12);  /* i1 */
-      const R v26 = a23[j] + (R)0;
+      const R v26 = a23[j];
       const R v28 = v26 + a27[j];
       const R v29 = cv_sigmoid(v28);  /* o1 */
-      const R v34 = a31[j] + (R)0;
+      const R v34 = a31[j];
       const R v36 = v34 + a35[j];
       const R v37 = cv_tanh(v36);  /* u1 */
       const R v38 = v13 * v37;
-      const R v40 = v38 + (R)0;  /* c1 */
+      const R v40 = v38;  /* c1 */
       const R v41 = cv_tanh(v40);
       const R v42 = v29 * v41;  /* h1 */
       if (keep) k13[j] = v13;  /* kept for the backward loop */
@@ -116,39 +116,35 @@ static void lstm_lm2_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
-    const R *restrict a9 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = P[7];
-    const R *restrict a15 = V[12] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
     const R *restrict a19 = P[8];
     const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a25 = V[5] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a27 = P[9];
     const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a33 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a35 = P[10];
-    const R *restrict a2 = V[13] + (size_t)(r) * (4*D_H);
-    R *restrict k13 = V[14] + (size_t)(r) * D_H;
-    R *restrict k21 = V[15] + (size_t)(r) * D_H;
-    R *restrict k29 = V[16] + (size_t)(r) * D_H;
-    R *restrict k37 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[9] + (size_t)(r) * (4*D_H);
+    R *restrict k13 = V[10] + (size_t)(r) * D_H;
+    R *restrict k21 = V[11] + (size_t)(r) * D_H;
+    R *restrict k29 = V[12] + (size_t)(r) * D_H;
+    R *restrict k37 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (4*D_H);
     R *restrict h40 = (R *)c->home_val[0][r];
-    R *restrict k41 = V[18] + (size_t)(r) * D_H;
+    R *restrict k41 = V[14] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v10 = a7[j] + a9[j];
+      const R v10 = a7[j];
       const R v12 = v10 + a11[j];
       const R v13 = cv_sigmoid(v12);  /* i1 */
-      const R v18 = a15[j] + a17[j];
+      const R v18 = a15[j];
       const R v20 = v18 + a19[j];
       const R v21 = cv_sigmoid(v20);  /* f1 */
-      const R v26 = a23[j] + a25[j];
+      const R v26 = a23[j];
       const R v28 = v26 + a27[j];
       const R v29 = cv_sigmoid(v28);  /* o1 */
-      const R v34 = a31[j] + a33[j];
+      const R v34 = a31[j];
       const R v36 = v34 + a35[j];
       const R v37 = cv_tanh(v36);  /* u1 */
       const R v38 = v13 * v37;
@@ -179,33 +175,33 @@ static void lstm_lm2_token_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a46 = V[6] + (size_t)(r) * (3*D_H);
+    const R *restrict a46 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
-    const R *restrict a62 = V[6] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a62 = V[5] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a66 = P[15];
-    const R *restrict a70 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a70 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a74 = P[16];
-    R *restrict k52 = V[19] + (size_t)(r) * D_H;
-    R *restrict k68 = V[21] + (size_t)(r) * D_H;
-    R *restrict k76 = V[22] + (size_t)(r) * D_H;
+    R *restrict k52 = V[15] + (size_t)(r) * D_H;
+    R *restrict k68 = V[17] + (size_t)(r) * D_H;
+    R *restrict k76 = V[18] + (size_t)(r) * D_H;
     R *restrict o79 = V[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     R *restrict h79 = (R *)c->home_val[0][r] + (2*D_H);
-    R *restrict k80 = V[23] + (size_t)(r) * D_H;
+    R *restrict k80 = V[19] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v49 = a46[j] + (R)0;
+      const R v49 = a46[j];
       const R v51 = v49 + a50[j];
       const R v52 = cv_sigmoid(v51);  /* i2 */
-      const R v65 = a62[j] + (R)0;
+      const R v65 = a62[j];
       const R v67 = v65 + a66[j];
       const R v68 = cv_sigmoid(v67);  /* o2 */
-      const R v73 = a70[j] + (R)0;
+      const R v73 = a70[j];
       const R v75 = v73 + a74[j];
       const R v76 = cv_tanh(v75);  /* u2 */
       const R v77 = v52 * v76;
-      const R v79 = v77 + (R)0;  /* c2 */
+      const R v79 = v77;  /* c2 */
       const R v80 = cv_tanh(v79);
       const R v81 = v68 * v80;  /* h2 */
       if (keep) k52[j] = v52;  /* kept for the backward loop */
@@ -230,40 +226,36 @@ static void lstm_lm2_token_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a46 = V[6] + (size_t)(r) * (3*D_H);
-    const R *restrict a48 = V[7] + (size_t)(r) * (3*D_H);
+    const R *restrict a46 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
-    const R *restrict a54 = V[9] + (size_t)(r) * D_H;
-    const R *restrict a56 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a54 = V[6] + (size_t)(r) * D_H;
     const R *restrict a58 = P[14];
-    const R *restrict a62 = V[6] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a64 = V[7] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a62 = V[5] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a66 = P[15];
-    const R *restrict a70 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a72 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a70 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a74 = P[16];
-    const R *restrict a4 = V[13] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict k52 = V[19] + (size_t)(r) * D_H;
-    R *restrict k60 = V[20] + (size_t)(r) * D_H;
-    R *restrict k68 = V[21] + (size_t)(r) * D_H;
-    R *restrict k76 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a4 = V[9] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict k52 = V[15] + (size_t)(r) * D_H;
+    R *restrict k60 = V[16] + (size_t)(r) * D_H;
+    R *restrict k68 = V[17] + (size_t)(r) * D_H;
+    R *restrict k76 = V[18] + (size_t)(r) * D_H;
     R *restrict o79 = V[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     R *restrict h79 = (R *)c->home_val[0][r] + (2*D_H);
-    R *restrict k80 = V[23] + (size_t)(r) * D_H;
+    R *restrict k80 = V[19] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v49 = a46[j] + a48[j];
+      const R v49 = a46[j];
       const R v51 = v49 + a50[j];
       const R v52 = cv_sigmoid(v51);  /* i2 */
-      const R v57 = a54[j] + a56[j];
+      const R v57 = a54[j];
       const R v59 = v57 + a58[j];
       const R v60 = cv_sigmoid(v59);  /* f2 */
-      const R v65 = a62[j] + a64[j];
+      const R v65 = a62[j];
       const R v67 = v65 + a66[j];
       const R v68 = cv_sigmoid(v67);  /* o2 */
-      const R v73 = a70[j] + a72[j];
+      const R v73 = a70[j];
       const R v75 = v73 + a74[j];
       const R v76 = cv_tanh(v75);  /* u2 */
       const R v77 = v52 * v76;
@@ -293,30 +285,30 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 54  h1_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[6], D_H, V[11] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  h1_prev @ Uf: [n, H], added into x @ Wf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[6], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   cavs_loop(c, lstm_lm2_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            P[2], (3*D_H), 0, V[6] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[3], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[7] + (size_t)(r0) * D_H, D_H,
+            P[2], (3*D_H), 0, V[5] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], added into d1 @ [Vi|Vo|Vu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[3], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  d1 @ Vf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, V[9] + (size_t)(0) * D_H, D_H);
-  /* line 61  h2_prev @ Rf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[12], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 61  h2_prev @ Rf: [n, H], added into d1 @ Vf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[12], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
   cavs_loop(c, lstm_lm2_token_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -356,18 +348,18 @@ static void lstm_lm2_token_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d46 = G[6] + (size_t)(r) * (3*D_H);
+    R *restrict d46 = G[5] + (size_t)(r) * (3*D_H);
     R *restrict d50 = PG[13];
-    R *restrict d62 = G[6] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d62 = G[5] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d66 = PG[15];
-    R *restrict d70 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d70 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d74 = PG[16];
-    const R *restrict k52 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k68 = V[21] + (size_t)(r) * D_H;
-    const R *restrict k76 = V[22] + (size_t)(r) * D_H;
+    const R *restrict k52 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k68 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k76 = V[18] + (size_t)(r) * D_H;
     const R *restrict g79_in = G[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     const R *restrict hg79 = (R *)c->home_grad[0][r] + (2*D_H);
-    const R *restrict k80 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k80 = V[19] + (size_t)(r) * D_H;
     const R *restrict g81_in = G[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     const R *restrict hg81 = (R *)c->home_grad[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -437,27 +429,23 @@ static void lstm_lm2_token_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d46 = G[6] + (size_t)(r) * (3*D_H);
-    R *restrict d48 = G[7] + (size_t)(r) * (3*D_H);
+    R *restrict d46 = G[5] + (size_t)(r) * (3*D_H);
     R *restrict d50 = PG[13];
-    R *restrict d54 = G[9] + (size_t)(r) * D_H;
-    R *restrict d56 = G[8] + (size_t)(r) * D_H;
+    R *restrict d54 = G[6] + (size_t)(r) * D_H;
     R *restrict d58 = PG[14];
-    R *restrict d62 = G[6] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d64 = G[7] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d62 = G[5] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d66 = PG[15];
-    R *restrict d70 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d72 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d70 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d74 = PG[16];
-    const R *restrict a4 = V[13] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d4 = G[13] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict k52 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k60 = V[20] + (size_t)(r) * D_H;
-    const R *restrict k68 = V[21] + (size_t)(r) * D_H;
-    const R *restrict k76 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a4 = V[9] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d4 = G[9] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict k52 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k68 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k76 = V[18] + (size_t)(r) * D_H;
     const R *restrict g79_in = G[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     const R *restrict hg79 = (R *)c->home_grad[0][r] + (2*D_H);
-    const R *restrict k80 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k80 = V[19] + (size_t)(r) * D_H;
     const R *restrict g81_in = G[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     const R *restrict hg81 = (R *)c->home_grad[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -497,22 +485,18 @@ static void lstm_lm2_token_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
       g73 += g75;
       d74[j] += g75;  /* summed over rows */
       d70[j] = g73;  /* this loop alone writes it */
-      d72[j] = g73;  /* this loop alone writes it */
       g67 += g68 * v68 * (1 - v68);
       g65 += g67;
       d66[j] += g67;  /* summed over rows */
       d62[j] = g65;  /* this loop alone writes it */
-      d64[j] = g65;  /* this loop alone writes it */
       g59 += g60 * v60 * (1 - v60);
       g57 += g59;
       d58[j] += g59;  /* summed over rows */
       d54[j] = g57;  /* this loop alone writes it */
-      d56[j] = g57;  /* this loop alone writes it */
       g51 += g52 * v52 * (1 - v52);
       g49 += g51;
       d50[j] += g51;  /* summed over rows */
       d46[j] = g49;  /* this loop alone writes it */
-      d48[j] = g49;  /* this loop alone writes it */
     }
   }
 }
@@ -532,12 +516,12 @@ static void lstm_lm2_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
     R *restrict d27 = PG[9];
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d35 = PG[10];
-    const R *restrict k13 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k29 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k37 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k13 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k29 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (4*D_H);
     const R *restrict hg40 = (R *)c->home_grad[0][r];
-    const R *restrict k41 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k41 = V[14] + (size_t)(r) * D_H;
     const R *restrict g42_in = G[0] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict hg42 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -608,26 +592,22 @@ static void lstm_lm2_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
-    R *restrict d9 = G[5] + (size_t)(r) * (3*D_H);
     R *restrict d11 = PG[7];
-    R *restrict d15 = G[12] + (size_t)(r) * D_H;
-    R *restrict d17 = G[11] + (size_t)(r) * D_H;
+    R *restrict d15 = G[8] + (size_t)(r) * D_H;
     R *restrict d19 = PG[8];
     R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d25 = G[5] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d27 = PG[9];
     R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d33 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d35 = PG[10];
-    const R *restrict a2 = V[13] + (size_t)(r) * (4*D_H);
-    R *restrict d2 = G[13] + (size_t)(r) * (4*D_H);
-    const R *restrict k13 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k21 = V[15] + (size_t)(r) * D_H;
-    const R *restrict k29 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k37 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[9] + (size_t)(r) * (4*D_H);
+    R *restrict d2 = G[9] + (size_t)(r) * (4*D_H);
+    const R *restrict k13 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k21 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k29 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (4*D_H);
     const R *restrict hg40 = (R *)c->home_grad[0][r];
-    const R *restrict k41 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k41 = V[14] + (size_t)(r) * D_H;
     const R *restrict g42_in = G[0] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict hg42 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -667,22 +647,18 @@ static void lstm_lm2_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
       g34 += g36;
       d35[j] += g36;  /* summed over rows */
       d31[j] = g34;  /* this loop alone writes it */
-      d33[j] = g34;  /* this loop alone writes it */
       g28 += g29 * v29 * (1 - v29);
       g26 += g28;
       d27[j] += g28;  /* summed over rows */
       d23[j] = g26;  /* this loop alone writes it */
-      d25[j] = g26;  /* this loop alone writes it */
       g20 += g21 * v21 * (1 - v21);
       g18 += g20;
       d19[j] += g20;  /* summed over rows */
       d15[j] = g18;  /* this loop alone writes it */
-      d17[j] = g18;  /* this loop alone writes it */
       g12 += g13 * v13 * (1 - v13);
       g10 += g12;
       d11[j] += g12;  /* summed over rows */
       d7[j] = g10;  /* this loop alone writes it */
-      d9[j] = g10;  /* this loop alone writes it */
     }
   }
 }
@@ -700,30 +676,30 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lstm_lm2_token_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 61  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[12], D_H, G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 60  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 60  dd1 += d(d1 @ [Vi|Vo|Vu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[6] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[10] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[5] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[7] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[10] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
+  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[7] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
   /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   cavs_loop(c, lstm_lm2_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 54  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* line 53  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -735,7 +711,7 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[12] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -744,26 +720,26 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[12] + (size_t)(0) * D_H, D_H);
+                 PG[5], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[6], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[6], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 60  dW += d1^T d(d1 @ [Vi|Vo|Vu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            G[6] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[7] + (size_t)(r0) * D_H, D_H,
+            G[5] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 60  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[3], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[3], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += d1^T d(d1 @ Vf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 PG[11], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[11], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 61  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[12], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[12], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -775,9 +751,9 @@ static void lstm_lm2_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a4 = V[25] + (size_t)(r) * D_V;
+    const R *restrict a4 = V[21] + (size_t)(r) * D_V;
     const R *restrict a5 = P[18];
-    R *restrict o6 = V[24] + (size_t)(r) * D_V;
+    R *restrict o6 = V[20] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a4[j] + a5[j];  /* logits */
@@ -795,14 +771,14 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  %2 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            P[17], D_V, 0, V[25] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            P[17], D_V, 0, V[21] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 71) */
   cavs_loop(c, lstm_lm2_push_fwd_g0, r0, n, D_V, 0);
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_fwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm2_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -814,9 +790,9 @@ static void lstm_lm2_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d4 = G[25] + (size_t)(r) * D_V;
+    R *restrict d4 = G[21] + (size_t)(r) * D_V;
     R *restrict d5 = PG[18];
-    const R *restrict g6_in = G[24] + (size_t)(r) * D_V;
+    const R *restrict g6_in = G[20] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g6 = g6_in[j];
@@ -835,17 +811,17 @@ static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_bwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], G[24] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], G[20] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 71) */
   cavs_loop(c, lstm_lm2_push_bwd_g0, r0, n, D_V, 0);
   /* line 71  d%2 += d(%2 @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[25] + (size_t)(r0) * D_V, D_V,
-            P[17], D_V, 1, G[26] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[21] + (size_t)(r0) * D_V, D_V,
+            P[17], D_V, 1, G[22] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[26] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[22] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  dW += %2^T d(%2 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            G[25] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            G[21] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -916,13 +892,9 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_mm2", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm3", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_t56", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t54", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_d1", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
-  {"token_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"token_i1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -940,7 +912,7 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc lstm_lm2_token_gathers[] = {
-  {0, 13, {0, {0}}, 1, 0},
+  {0, 9, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[20] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -959,26 +931,26 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 13, {0, {0}}, {0, {0, 4}}, 0},
-  {"c1_prev", 0, 13, {0, {0}}, {0, {0, 1}}, 0},
-  {"h1_prev", 0, 13, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c2_prev", 0, 13, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h2_prev", 0, 13, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"i1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"f1", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
-  {"o1", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"u1", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 9, {0, {0}}, {0, {0, 4}}, 0},
+  {"c1_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h1_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c2_prev", 0, 9, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h2_prev", 0, 9, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"i1", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u1", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"c1", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h1", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"d1", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"i2", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
-  {"f2", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
-  {"o2", 0, 21, {0, {0}}, {0, {0, 1}}, 1},
-  {"u2", 0, 22, {0, {0}}, {0, {0, 1}}, 1},
+  {"d1", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"i2", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"f2", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"o2", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"u2", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
   {"c2", 0, 0, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h2", 0, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm2_desc = {
@@ -1066,7 +1038,7 @@ const cavs_desc lstm_lm2_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
-  .nbufs = 27, .bufs = bufs,
+  .nbufs = 23, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -51,7 +51,7 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[12] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -83,17 +83,17 @@ static __global__ void lstm_lm2_token_fwd_path_g0_leaves(int n, long D_E, long D
   R *__restrict__ k41 = k41_r0 + (size_t)i * D_H;
   R *__restrict__ o42 = o42_r0 + (size_t)i * (4*D_H);
   R *__restrict__ h42 = (R *)h42_r0[i] + D_H;
-  const R v10 = a7[j] + (R)0;
+  const R v10 = a7[j];
   const R v12 = v10 + a11[j];
   const R v13 = cv_sigmoid(v12);  /* i1 */
-  const R v26 = a23[j] + (R)0;
+  const R v26 = a23[j];
   const R v28 = v26 + a27[j];
   const R v29 = cv_sigmoid(v28);  /* o1 */
-  const R v34 = a31[j] + (R)0;
+  const R v34 = a31[j];
   const R v36 = v34 + a35[j];
   const R v37 = cv_tanh(v36);  /* u1 */
   const R v38 = v13 * v37;
-  const R v40 = v38 + (R)0;  /* c1 */
+  const R v40 = v38;  /* c1 */
   const R v41 = cv_tanh(v40);
   const R v42 = v29 * v41;  /* h1 */
   k13[j] = v13;  /* kept for the backward loop */
@@ -109,16 +109,12 @@ static __global__ void lstm_lm2_token_fwd_path_g0_leaves(int n, long D_E, long D
 /* lstm_lm2_token_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_fwd_path_g0(int n, long D_E, long D_H, long D_V,
     const R *__restrict__ a7_r0,
-    const R *__restrict__ a9_r0,
     const R *__restrict__ a11,
     const R *__restrict__ a15_r0,
-    const R *__restrict__ a17_r0,
     const R *__restrict__ a19,
     const R *__restrict__ a23_r0,
-    const R *__restrict__ a25_r0,
     const R *__restrict__ a27,
     const R *__restrict__ a31_r0,
-    const R *__restrict__ a33_r0,
     const R *__restrict__ a35,
     const R *__restrict__ a2_r0,
     R *__restrict__ k13_r0,
@@ -133,13 +129,9 @@ static __global__ void lstm_lm2_token_fwd_path_g0(int n, long D_E, long D_H, lon
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
-  const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a25 = a25_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a33 = a33_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   R *__restrict__ k13 = k13_r0 + (size_t)i * D_H;
   R *__restrict__ k21 = k21_r0 + (size_t)i * D_H;
@@ -150,16 +142,16 @@ static __global__ void lstm_lm2_token_fwd_path_g0(int n, long D_E, long D_H, lon
   R *__restrict__ k41 = k41_r0 + (size_t)i * D_H;
   R *__restrict__ o42 = o42_r0 + (size_t)i * (4*D_H);
   R *__restrict__ h42 = (R *)h42_r0[i] + D_H;
-  const R v10 = a7[j] + a9[j];
+  const R v10 = a7[j];
   const R v12 = v10 + a11[j];
   const R v13 = cv_sigmoid(v12);  /* i1 */
-  const R v18 = a15[j] + a17[j];
+  const R v18 = a15[j];
   const R v20 = v18 + a19[j];
   const R v21 = cv_sigmoid(v20);  /* f1 */
-  const R v26 = a23[j] + a25[j];
+  const R v26 = a23[j];
   const R v28 = v26 + a27[j];
   const R v29 = cv_sigmoid(v28);  /* o1 */
-  const R v34 = a31[j] + a33[j];
+  const R v34 = a31[j];
   const R v36 = v34 + a35[j];
   const R v37 = cv_tanh(v36);  /* u1 */
   const R v38 = v13 * v37;
@@ -207,17 +199,17 @@ static __global__ void lstm_lm2_token_fwd_path_g1_leaves(int n, long D_E, long D
   R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
   R *__restrict__ o81 = o81_r0 + (size_t)i * (4*D_H);
   R *__restrict__ h81 = (R *)h81_r0[i] + 3*D_H;
-  const R v49 = a46[j] + (R)0;
+  const R v49 = a46[j];
   const R v51 = v49 + a50[j];
   const R v52 = cv_sigmoid(v51);  /* i2 */
-  const R v65 = a62[j] + (R)0;
+  const R v65 = a62[j];
   const R v67 = v65 + a66[j];
   const R v68 = cv_sigmoid(v67);  /* o2 */
-  const R v73 = a70[j] + (R)0;
+  const R v73 = a70[j];
   const R v75 = v73 + a74[j];
   const R v76 = cv_tanh(v75);  /* u2 */
   const R v77 = v52 * v76;
-  const R v79 = v77 + (R)0;  /* c2 */
+  const R v79 = v77;  /* c2 */
   const R v80 = cv_tanh(v79);
   const R v81 = v68 * v80;  /* h2 */
   k52[j] = v52;  /* kept for the backward loop */
@@ -233,16 +225,12 @@ static __global__ void lstm_lm2_token_fwd_path_g1_leaves(int n, long D_E, long D
 /* lstm_lm2_token_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_fwd_path_g1(int n, long D_E, long D_H, long D_V,
     const R *__restrict__ a46_r0,
-    const R *__restrict__ a48_r0,
     const R *__restrict__ a50,
     const R *__restrict__ a54_r0,
-    const R *__restrict__ a56_r0,
     const R *__restrict__ a58,
     const R *__restrict__ a62_r0,
-    const R *__restrict__ a64_r0,
     const R *__restrict__ a66,
     const R *__restrict__ a70_r0,
-    const R *__restrict__ a72_r0,
     const R *__restrict__ a74,
     const R *__restrict__ a4_r0,
     R *__restrict__ k52_r0,
@@ -257,13 +245,9 @@ static __global__ void lstm_lm2_token_fwd_path_g1(int n, long D_E, long D_H, lon
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a46 = a46_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a48 = a48_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a54 = a54_r0 + (size_t)i * D_H;
-  const R *__restrict__ a56 = a56_r0 + (size_t)i * D_H;
   const R *__restrict__ a62 = a62_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a64 = a64_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a70 = a70_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a72 = a72_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (4*D_H);
   R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
   R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
@@ -274,16 +258,16 @@ static __global__ void lstm_lm2_token_fwd_path_g1(int n, long D_E, long D_H, lon
   R *__restrict__ k80 = k80_r0 + (size_t)i * D_H;
   R *__restrict__ o81 = o81_r0 + (size_t)i * (4*D_H);
   R *__restrict__ h81 = (R *)h81_r0[i] + 3*D_H;
-  const R v49 = a46[j] + a48[j];
+  const R v49 = a46[j];
   const R v51 = v49 + a50[j];
   const R v52 = cv_sigmoid(v51);  /* i2 */
-  const R v57 = a54[j] + a56[j];
+  const R v57 = a54[j];
   const R v59 = v57 + a58[j];
   const R v60 = cv_sigmoid(v59);  /* f2 */
-  const R v65 = a62[j] + a64[j];
+  const R v65 = a62[j];
   const R v67 = v65 + a66[j];
   const R v68 = cv_sigmoid(v67);  /* o2 */
-  const R v73 = a70[j] + a72[j];
+  const R v73 = a70[j];
   const R v75 = v73 + a74[j];
   const R v76 = cv_tanh(v75);  /* u2 */
   const R v77 = v52 * v76;
@@ -311,13 +295,13 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
-  /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 54  h1_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[6], D_H, V[11] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  h1_prev @ Uf: [n, H], added into x @ Wf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[6], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -329,12 +313,12 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
           P[9],
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[10],
-          V[14] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
-          V[17] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H),
           c->home_val[0] + (r0),
-          V[18] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -345,61 +329,57 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[7],
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[8],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[9],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[10],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            P[2], (3*D_H), 0, V[6] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[3], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[7] + (size_t)(r0) * D_H, D_H,
+            P[2], (3*D_H), 0, V[5] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], added into d1 @ [Vi|Vo|Vu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[3], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  d1 @ Vf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, V[9] + (size_t)(0) * D_H, D_H);
-  /* line 61  h2_prev @ Rf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[12], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 61  h2_prev @ Rf: [n, H], added into d1 @ Vf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[12], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          V[6] + (size_t)(r0) * (3*D_H),
+          V[5] + (size_t)(r0) * (3*D_H),
           P[13],
-          V[6] + (size_t)(r0) * (3*D_H) + D_H,
+          V[5] + (size_t)(r0) * (3*D_H) + D_H,
           P[15],
-          V[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[16],
-          V[19] + (size_t)(r0) * D_H,
-          V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + (2*D_H),
           c->home_val[0] + (r0),
-          V[23] + (size_t)(r0) * D_H,
+          V[19] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (4*D_H) + (3*D_H),
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -409,26 +389,22 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[13],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[14],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[15],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[16],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -547,16 +523,12 @@ static __global__ void lstm_lm2_token_bwd_path_g1_leaves(int n, long D_E, long D
 /* lstm_lm2_token_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_bwd_path_g1(int n, long D_E, long D_H, long D_V,
     R *__restrict__ d46_r0,
-    R *__restrict__ d48_r0,
     cavs_cuda_sum<R> d50,
     R *__restrict__ d54_r0,
-    R *__restrict__ d56_r0,
     cavs_cuda_sum<R> d58,
     R *__restrict__ d62_r0,
-    R *__restrict__ d64_r0,
     cavs_cuda_sum<R> d66,
     R *__restrict__ d70_r0,
-    R *__restrict__ d72_r0,
     cavs_cuda_sum<R> d74,
     const R *__restrict__ a4_r0,
     R *__restrict__ d4_r0,
@@ -572,13 +544,9 @@ static __global__ void lstm_lm2_token_bwd_path_g1(int n, long D_E, long D_H, lon
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d46 = d46_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d48 = d48_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d54 = d54_r0 + (size_t)i * D_H;
-  R *__restrict__ d56 = d56_r0 + (size_t)i * D_H;
   R *__restrict__ d62 = d62_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d64 = d64_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d70 = d70_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d72 = d72_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a4 = a4_r0 + (size_t)i * (4*D_H);
   R *__restrict__ d4 = d4_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ k52 = k52_r0 + (size_t)i * D_H;
@@ -625,22 +593,18 @@ static __global__ void lstm_lm2_token_bwd_path_g1(int n, long D_E, long D_H, lon
   g73 += g75;
   d74[j] += g75;  /* summed over rows */
   d70[j] = g73;  /* this loop alone writes it */
-  d72[j] = g73;  /* this loop alone writes it */
   g67 += g68 * v68 * (1 - v68);
   g65 += g67;
   d66[j] += g67;  /* summed over rows */
   d62[j] = g65;  /* this loop alone writes it */
-  d64[j] = g65;  /* this loop alone writes it */
   g59 += g60 * v60 * (1 - v60);
   g57 += g59;
   d58[j] += g59;  /* summed over rows */
   d54[j] = g57;  /* this loop alone writes it */
-  d56[j] = g57;  /* this loop alone writes it */
   g51 += g52 * v52 * (1 - v52);
   g49 += g51;
   d50[j] += g51;  /* summed over rows */
   d46[j] = g49;  /* this loop alone writes it */
-  d48[j] = g49;  /* this loop alone writes it */
 }
 
 /* lstm_lm2_token_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -729,16 +693,12 @@ static __global__ void lstm_lm2_token_bwd_path_g0_leaves(int n, long D_E, long D
 /* lstm_lm2_token_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void lstm_lm2_token_bwd_path_g0(int n, long D_E, long D_H, long D_V,
     R *__restrict__ d7_r0,
-    R *__restrict__ d9_r0,
     cavs_cuda_sum<R> d11,
     R *__restrict__ d15_r0,
-    R *__restrict__ d17_r0,
     cavs_cuda_sum<R> d19,
     R *__restrict__ d23_r0,
-    R *__restrict__ d25_r0,
     cavs_cuda_sum<R> d27,
     R *__restrict__ d31_r0,
-    R *__restrict__ d33_r0,
     cavs_cuda_sum<R> d35,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -754,13 +714,9 @@ static __global__ void lstm_lm2_token_bwd_path_g0(int n, long D_E, long D_H, lon
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
-  R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
   R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d25 = d25_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d33 = d33_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ k13 = k13_r0 + (size_t)i * D_H;
@@ -807,22 +763,18 @@ static __global__ void lstm_lm2_token_bwd_path_g0(int n, long D_E, long D_H, lon
   g34 += g36;
   d35[j] += g36;  /* summed over rows */
   d31[j] = g34;  /* this loop alone writes it */
-  d33[j] = g34;  /* this loop alone writes it */
   g28 += g29 * v29 * (1 - v29);
   g26 += g28;
   d27[j] += g28;  /* summed over rows */
   d23[j] = g26;  /* this loop alone writes it */
-  d25[j] = g26;  /* this loop alone writes it */
   g20 += g21 * v21 * (1 - v21);
   g18 += g20;
   d19[j] += g20;  /* summed over rows */
   d15[j] = g18;  /* this loop alone writes it */
-  d17[j] = g18;  /* this loop alone writes it */
   g12 += g13 * v13 * (1 - v13);
   g10 += g12;
   d11[j] += g12;  /* summed over rows */
   d7[j] = g10;  /* this loop alone writes it */
-  d9[j] = g10;  /* this loop alone writes it */
 }
 
 /* vertex token, path phase backward: one task, in reverse order */
@@ -839,18 +791,18 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_V,
-          G[6] + (size_t)(r0) * (3*D_H),
+          G[5] + (size_t)(r0) * (3*D_H),
           PG[13],
-          G[6] + (size_t)(r0) * (3*D_H) + D_H,
+          G[5] + (size_t)(r0) * (3*D_H) + D_H,
           PG[15],
-          G[6] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[16],
-          V[19] + (size_t)(r0) * D_H,
-          V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + (2*D_H),
           c->home_grad[0] + (r0),
-          V[23] + (size_t)(r0) * D_H,
+          V[19] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + (3*D_H),
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -860,46 +812,42 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[13],
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[14],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[15],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[16],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          G[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 61  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[12], D_H, G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 60  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 60  dd1 += d(d1 @ [Vi|Vo|Vu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[6] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[10] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[5] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[7] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[10] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
+  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[7] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
   /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -911,12 +859,12 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[9],
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[10],
-          V[14] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
-          V[17] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H),
           c->home_grad[0] + (r0),
-          V[18] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (4*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -927,39 +875,35 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_V,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[7],
-          G[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[8],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[9],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[10],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          G[9] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 54  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* line 53  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[13] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -971,7 +915,7 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[12] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -980,26 +924,26 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[12] + (size_t)(0) * D_H, D_H);
+                 PG[5], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[6], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[6], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 60  dW += d1^T d(d1 @ [Vi|Vo|Vu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
-            G[6] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[7] + (size_t)(r0) * D_H, D_H,
+            G[5] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 60  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[3], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[3], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += d1^T d(d1 @ Vf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 PG[11], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[11], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 61  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[12], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[12], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_push_fwd, group g0 forward: a thread per row and column of [n, V] */
@@ -1024,23 +968,23 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  %2 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            P[17], D_V, 0, V[25] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            P[17], D_V, 0, V[21] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 71) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          V[25] + (size_t)(r0) * D_V,
+          V[21] + (size_t)(r0) * D_V,
           P[18],
-          V[24] + (size_t)(r0) * D_V);
+          V[20] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_fwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm2_push_bwd, group g0 backward: a thread per row and column of [n, V] */
@@ -1066,26 +1010,26 @@ static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_bwd(c, 0, V[24] + (size_t)(0) * D_V, D_V, c->iin[1], G[24] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], G[20] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 71) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lstm_lm2_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_V,
-          G[25] + (size_t)(r0) * D_V,
+          G[21] + (size_t)(r0) * D_V,
           PG[18],
-          G[24] + (size_t)(r0) * D_V);
+          G[20] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 71  d%2 += d(%2 @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[25] + (size_t)(r0) * D_V, D_V,
-            P[17], D_V, 1, G[26] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[21] + (size_t)(r0) * D_V, D_V,
+            P[17], D_V, 1, G[22] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[26] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[22] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  dW += %2^T d(%2 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
-            G[25] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
+            G[21] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1156,13 +1100,9 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_mm2", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm3", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_t56", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t54", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_d1", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
-  {"token_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"token_i1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1180,7 +1120,7 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc lstm_lm2_token_gathers[] = {
-  {0, 13, {0, {0}}, 1, 0},
+  {0, 9, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[20] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -1199,26 +1139,26 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 13, {0, {0}}, {0, {0, 4}}, 0},
-  {"c1_prev", 0, 13, {0, {0}}, {0, {0, 1}}, 0},
-  {"h1_prev", 0, 13, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c2_prev", 0, 13, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h2_prev", 0, 13, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"i1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"f1", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
-  {"o1", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"u1", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 9, {0, {0}}, {0, {0, 4}}, 0},
+  {"c1_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h1_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c2_prev", 0, 9, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h2_prev", 0, 9, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"i1", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u1", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"c1", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h1", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"d1", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"i2", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
-  {"f2", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
-  {"o2", 0, 21, {0, {0}}, {0, {0, 1}}, 1},
-  {"u2", 0, 22, {0, {0}}, {0, {0, 1}}, 1},
+  {"d1", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"i2", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"f2", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"o2", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"u2", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
   {"c2", 0, 0, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h2", 0, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm2_desc = {
@@ -1306,7 +1246,7 @@ const cavs_desc lstm_lm2_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
-  .nbufs = 27, .bufs = bufs,
+  .nbufs = 23, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

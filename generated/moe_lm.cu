@@ -63,7 +63,7 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -95,17 +95,17 @@ static __global__ void moe_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_H
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
-  const R v38 = v36 + (R)0;  /* c */
+  const R v38 = v36;  /* c */
   const R v39 = cv_tanh(v38);
   const R v40 = v27 * v39;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -121,16 +121,12 @@ static __global__ void moe_lm_token_fwd_path_g0_leaves(int n, long D_E, long D_H
 /* moe_lm_token_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void moe_lm_token_fwd_path_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
     R *__restrict__ k11_r0,
@@ -145,13 +141,9 @@ static __global__ void moe_lm_token_fwd_path_g0(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -162,16 +154,16 @@ static __global__ void moe_lm_token_fwd_path_g0(int n, long D_E, long D_H, long 
   R *__restrict__ k39 = k39_r0 + (size_t)i * D_H;
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
@@ -203,13 +195,13 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_lm.vf:50  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 53  h_prev @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 54  h_prev @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 53  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 54  h_prev @ Uf: [n, H], added into x @ Wf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -221,12 +213,12 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
+          V[7] + (size_t)(r0) * D_H,
           V[9] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[13] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -237,25 +229,21 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_token_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[6],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -382,16 +370,12 @@ static __global__ void moe_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_H
 /* moe_lm_token_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void moe_lm_token_bwd_path_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -407,13 +391,9 @@ static __global__ void moe_lm_token_bwd_path_g0(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -460,22 +440,18 @@ static __global__ void moe_lm_token_bwd_path_g0(int n, long D_E, long D_H, long 
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex token, path phase backward: one task, in reverse order */
@@ -502,12 +478,12 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
+          V[7] + (size_t)(r0) * D_H,
           V[9] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[13] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -518,39 +494,35 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_token_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[6],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 54  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 53  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* moe_lm.vf:50  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -566,7 +538,7 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -575,42 +547,38 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_push_fwd, group g0 forward: a thread per row and column of [n, F] */
 static __global__ void moe_lm_push_fwd_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9_r0,
     R *__restrict__ o11_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_F;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * D_F;
   R *__restrict__ o11 = o11_r0 + (size_t)i * D_F;
-  const R v10 = a7[j] + a9[j];
+  const R v10 = a9[j];
   const R v11 = (v10 > 0 ? v10 : 0);
   o11[j] = v11;
 }
 
 /* moe_lm_push_fwd, group g1 forward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_fwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a13_r0,
     const R *__restrict__ a15_r0,
     R *__restrict__ o16_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
   const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   R *__restrict__ o16 = o16_r0 + (size_t)i * D_H;
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a15[j];
   o16[j] = v16;
 }
 
@@ -655,15 +623,15 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 64  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_X, 0, V[27] + (size_t)(r0) * D_X, D_X);
+            P[9], D_X, 0, V[23] + (size_t)(r0) * D_X, D_X);
   /* moe_lm.vf:64  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[23] + (size_t)(0) * D_X, D_X, V[22] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[1] + (size_t)(0) * D_H, D_H, V[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[24] + (size_t)(0) * D_F, D_F, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[1] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[20] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* moe_lm.vf:64  emm */
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[21] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[20] + (size_t)(0) * D_F, D_F, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -675,18 +643,17 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[24] + (size_t)(r0) * D_F,
-          V[23] + (size_t)(r0) * D_F,
-          V[22] + (size_t)(r0) * D_F);
+          V[20] + (size_t)(r0) * D_F,
+          V[19] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[21] + (size_t)(0) * D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* moe_lm.vf:64  emm */
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[19] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[18] + (size_t)(0) * D_H, D_H, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -698,45 +665,44 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[21] + (size_t)(r0) * D_H,
-          V[20] + (size_t)(r0) * D_H,
-          V[19] + (size_t)(r0) * D_H);
+          V[18] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[17] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
           V[1] + (size_t)(r0) * D_H,
-          V[18] + (size_t)(r0) * D_H,
-          V[17] + (size_t)(r0) * D_H);
+          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 65  %20 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[16] + (size_t)(r0) * D_H, D_H,
-            P[14], D_V, 0, V[15] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[14] + (size_t)(r0) * D_H, D_H,
+            P[14], D_V, 0, V[13] + (size_t)(r0) * D_V, D_V);
   /* group g3 forward, [n, V]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[15] + (size_t)(r0) * D_V,
+          V[13] + (size_t)(r0) * D_V,
           P[15],
-          V[14] + (size_t)(r0) * D_V);
+          V[12] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_lm.vf:66  softmax_xent */
-  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[12] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* moe_lm_push_bwd, group g3 backward: a thread per row and column of [n, V] */
@@ -770,38 +736,30 @@ static __global__ void moe_lm_push_bwd_g2(int n, long D_E, long D_H, long D_F, l
 
 /* moe_lm_push_bwd, group g1 backward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_bwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    R *__restrict__ d13_r0,
     R *__restrict__ d15_r0,
     const R *__restrict__ g16_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
   R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   const R *__restrict__ g16_in = g16_in_r0 + (size_t)i * D_H;
   R g16 = g16_in[j];
-  d13[j] = g16;  /* this loop alone writes it */
   d15[j] = g16;  /* this loop alone writes it */
 }
 
 /* moe_lm_push_bwd, group g0 backward: a thread per row and column of [n, F] */
 static __global__ void moe_lm_push_bwd_g0(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a7_r0,
-    R *__restrict__ d7_r0,
     const R *__restrict__ a9_r0,
     R *__restrict__ d9_r0,
     const R *__restrict__ g11_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_F;
-  R *__restrict__ d7 = d7_r0 + (size_t)i * D_F;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * D_F;
   R *__restrict__ d9 = d9_r0 + (size_t)i * D_F;
   const R *__restrict__ g11_in = g11_in_r0 + (size_t)i * D_F;
-  const R v10 = a7[j] + a9[j];
+  const R v10 = a9[j];
   R g10 = 0;
   R g11 = g11_in[j];
   g10 += (v10 > 0 ? g11 : 0);
-  d7[j] = g10;  /* this loop alone writes it */
   d9[j] = g10;  /* this loop alone writes it */
 }
 
@@ -818,37 +776,37 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_lm.vf:66  softmax_xent */
-  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_V, D_V, c->iin[1], G[14] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[12] + (size_t)(0) * D_V, D_V, c->iin[1], G[12] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g3 backward, [n, V]: logits (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_V, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          G[15] + (size_t)(r0) * D_V,
+          G[13] + (size_t)(r0) * D_V,
           PG[15],
-          G[14] + (size_t)(r0) * D_V);
+          G[12] + (size_t)(r0) * D_V);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 65  d%20 += d(%20 @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[15] + (size_t)(r0) * D_V, D_V,
-            P[14], D_V, 1, G[16] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[13] + (size_t)(r0) * D_V, D_V,
+            P[14], D_V, 1, G[14] + (size_t)(r0) * D_H, D_H);
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[14] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 backward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
           G[1] + (size_t)(r0) * D_H,
-          G[18] + (size_t)(r0) * D_H,
-          G[17] + (size_t)(r0) * D_H);
+          G[16] + (size_t)(r0) * D_H,
+          G[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[19] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_X, D_X, G[18] + (size_t)(0) * D_H, D_H,
-                 G[19] + (size_t)(0) * D_H, D_H, 1, G[26] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[17] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_X, D_X, G[16] + (size_t)(0) * D_H, D_H,
+                 G[17] + (size_t)(0) * D_H, D_H, 1, G[22] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -860,19 +818,18 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          G[21] + (size_t)(r0) * D_H,
-          G[20] + (size_t)(r0) * D_H,
-          G[19] + (size_t)(r0) * D_H);
+          G[18] + (size_t)(r0) * D_H,
+          G[17] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[22] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[21] + (size_t)(0) * D_H, D_H, G[22] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[19] + (size_t)(0) * D_F, D_F, P[11], D_FH,
+               G[18] + (size_t)(0) * D_H, D_H, G[19] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  /* moe_lm.vf:64  erow */
+  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -884,35 +841,33 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[24] + (size_t)(r0) * D_F,
-          G[24] + (size_t)(r0) * D_F,
-          V[23] + (size_t)(r0) * D_F,
-          G[23] + (size_t)(r0) * D_F,
-          G[22] + (size_t)(r0) * D_F);
+          V[20] + (size_t)(r0) * D_F,
+          G[20] + (size_t)(r0) * D_F,
+          G[19] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[23] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[25] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[24] + (size_t)(0) * D_F, D_F, G[25] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[21] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[20] + (size_t)(0) * D_F, D_F, G[21] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  /* moe_lm.vf:64  erow */
+  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[20] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[27] + (size_t)(0) * D_X, D_X, V[26] + (size_t)(0) * D_X, D_X,
-                G[26] + (size_t)(0) * D_X, D_X, G[27] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[23] + (size_t)(0) * D_X, D_X, V[22] + (size_t)(0) * D_X, D_X,
+                G[22] + (size_t)(0) * D_X, D_X, G[23] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 64  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[27] + (size_t)(r0) * D_X, D_X,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[23] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 64  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[27] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+            G[23] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
   /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[16] + (size_t)(r0) * D_H, D_H,
-            G[15] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[14] + (size_t)(r0) * D_H, D_H,
+            G[13] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -978,8 +933,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"token_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -994,16 +947,14 @@ static const cavs_buf_desc bufs[] = {
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t16", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t13", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t7", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t6", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
   {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc moe_lm_token_gathers[] = {
-  {0, 8, {0, {0}}, 1, 0},
+  {0, 6, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[17] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
@@ -1022,18 +973,18 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 8, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 6, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"m", -1, 18, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 14, {0, {0}}, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
+  {"m", -1, 16, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 12, {0, {0}}, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc moe_lm_desc = {
@@ -1115,7 +1066,7 @@ const cavs_desc moe_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 28, .bufs = bufs,
+  .nbufs = 24, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

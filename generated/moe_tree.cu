@@ -66,7 +66,7 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[19] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[16] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_tree_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -110,18 +110,18 @@ static __global__ void moe_tree_tree_fwd_path_g1_leaves(int n, long D_E, long D_
   R *__restrict__ h48 = (R *)h48_r0[i];
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * D_H;
-  const R v12 = a9[j] + (R)0;
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_sigmoid(v34);  /* o */
-  const R v40 = a37[j] + (R)0;
+  const R v40 = a37[j];
   const R v42 = v40 + a41[j];
   const R v43 = cv_tanh(v42);  /* u */
   const R v44 = v15 * v43;
-  const R v46 = v44 + (R)0;
-  const R v48 = v46 + (R)0;  /* c */
+  const R v46 = v44;
+  const R v48 = v46;  /* c */
   const R v49 = cv_tanh(v48);
   const R v50 = v35 * v49;  /* h */
   k15[j] = v15;  /* kept for the backward loop */
@@ -136,17 +136,14 @@ static __global__ void moe_tree_tree_fwd_path_g1_leaves(int n, long D_E, long D_
 /* moe_tree_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
     const R *__restrict__ a9_r0,
-    const R *__restrict__ a11_r0,
     const R *__restrict__ a13,
     const R *__restrict__ a17_r0,
     const R *__restrict__ a19_r0,
     const R *__restrict__ a21,
     const R *__restrict__ a24_r0,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a37_r0,
-    const R *__restrict__ a39_r0,
     const R *__restrict__ a41,
     const R *__restrict__ a2_r0,
     const R *__restrict__ a5_r0,
@@ -162,14 +159,11 @@ static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a11 = a11_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   const R *__restrict__ a19 = a19_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a37 = a37_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a39 = a39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
   R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
@@ -181,7 +175,7 @@ static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long
   R *__restrict__ h48 = (R *)h48_r0[i];
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * D_H;
-  const R v12 = a9[j] + a11[j];
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
   const R v20 = a17[j] + a19[j];
@@ -190,10 +184,10 @@ static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long
   const R v25 = a17[j] + a24[j];
   const R v26 = v25 + a21[j];
   const R v27 = cv_sigmoid(v26);  /* f_1 */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_sigmoid(v34);  /* o */
-  const R v40 = a37[j] + a39[j];
+  const R v40 = a37[j];
   const R v42 = v40 + a41[j];
   const R v43 = cv_tanh(v42);  /* u */
   const R v44 = v15 * v43;
@@ -216,30 +210,26 @@ static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long
 
 /* moe_tree_tree_fwd_path, group g2 forward: a thread per row and column of [n, F] */
 static __global__ void moe_tree_tree_fwd_path_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a57_r0,
     const R *__restrict__ a59_r0,
     R *__restrict__ o61_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a57 = a57_r0 + (size_t)i * D_F;
   const R *__restrict__ a59 = a59_r0 + (size_t)i * D_F;
   R *__restrict__ o61 = o61_r0 + (size_t)i * D_F;
-  const R v60 = a57[j] + a59[j];
+  const R v60 = a59[j];
   const R v61 = (v60 > 0 ? v60 : 0);
   o61[j] = v61;
 }
 
 /* moe_tree_tree_fwd_path, group g3 forward: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_fwd_path_g3(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a63_r0,
     const R *__restrict__ a65_r0,
     R *__restrict__ o66_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a63 = a63_r0 + (size_t)i * D_H;
   const R *__restrict__ a65 = a65_r0 + (size_t)i * D_H;
   R *__restrict__ o66 = o66_r0 + (size_t)i * D_H;
-  const R v66 = a63[j] + a65[j];
+  const R v66 = a65[j];
   o66[j] = v66;
 }
 
@@ -274,26 +264,26 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:40  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* moe_tree.vf:40  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[20] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[17] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -305,13 +295,13 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
+          V[18] + (size_t)(r0) * D_H,
           V[21] + (size_t)(r0) * D_H,
-          V[24] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[26] + (size_t)(r0) * D_H,
-          V[18] + (size_t)(r0) * D_H);
+          V[23] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -320,43 +310,40 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[6],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 48  h @ Wg: [n, X] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
-            P[9], D_X, 0, V[17] + (size_t)(r0) * D_X, D_X);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[15] + (size_t)(r0) * D_H, D_H,
+            P[9], D_X, 0, V[14] + (size_t)(r0) * D_X, D_X);
   /* moe_tree.vf:48  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[17] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[14] + (size_t)(0) * D_X, D_X, V[13] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[14] + (size_t)(0) * D_F, D_F, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[15] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[11] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* moe_tree.vf:48  emm */
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[12] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[11] + (size_t)(0) * D_F, D_F, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -368,18 +355,17 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[14] + (size_t)(r0) * D_F,
-          V[13] + (size_t)(r0) * D_F,
-          V[12] + (size_t)(r0) * D_F);
+          V[11] + (size_t)(r0) * D_F,
+          V[10] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[11] + (size_t)(0) * D_H, D_H, r0, n);
   /* moe_tree.vf:48  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* moe_tree.vf:48  emm */
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[10] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[9] + (size_t)(0) * D_H, D_H, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -391,23 +377,22 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[11] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H,
-          V[9] + (size_t)(r0) * D_H);
+          V[9] + (size_t)(r0) * D_H,
+          V[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, V[8] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[8] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_X, D_X, V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, H]: (lines 49) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g4, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[18] + (size_t)(r0) * D_H,
-          V[8] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[7] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -469,38 +454,30 @@ static __global__ void moe_tree_tree_bwd_path_g4(int n, long D_E, long D_H, long
 
 /* moe_tree_tree_bwd_path, group g3 backward: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_bwd_path_g3(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    R *__restrict__ d63_r0,
     R *__restrict__ d65_r0,
     const R *__restrict__ g66_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d63 = d63_r0 + (size_t)i * D_H;
   R *__restrict__ d65 = d65_r0 + (size_t)i * D_H;
   const R *__restrict__ g66_in = g66_in_r0 + (size_t)i * D_H;
   R g66 = g66_in[j];
-  d63[j] = g66;  /* this loop alone writes it */
   d65[j] = g66;  /* this loop alone writes it */
 }
 
 /* moe_tree_tree_bwd_path, group g2 backward: a thread per row and column of [n, F] */
 static __global__ void moe_tree_tree_bwd_path_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a57_r0,
-    R *__restrict__ d57_r0,
     const R *__restrict__ a59_r0,
     R *__restrict__ d59_r0,
     const R *__restrict__ g61_in_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a57 = a57_r0 + (size_t)i * D_F;
-  R *__restrict__ d57 = d57_r0 + (size_t)i * D_F;
   const R *__restrict__ a59 = a59_r0 + (size_t)i * D_F;
   R *__restrict__ d59 = d59_r0 + (size_t)i * D_F;
   const R *__restrict__ g61_in = g61_in_r0 + (size_t)i * D_F;
-  const R v60 = a57[j] + a59[j];
+  const R v60 = a59[j];
   R g60 = 0;
   R g61 = g61_in[j];
   g60 += (v60 > 0 ? g61 : 0);
-  d57[j] = g60;  /* this loop alone writes it */
   d59[j] = g60;  /* this loop alone writes it */
 }
 
@@ -591,17 +568,14 @@ static __global__ void moe_tree_tree_bwd_path_g1_leaves(int n, long D_E, long D_
 /* moe_tree_tree_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_bwd_path_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
     R *__restrict__ d9_r0,
-    R *__restrict__ d11_r0,
     cavs_cuda_sum<R> d13,
     R *__restrict__ d17_r0,
     R *__restrict__ d19_r0,
     cavs_cuda_sum<R> d21,
     R *__restrict__ d24_r0,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     R *__restrict__ d37_r0,
-    R *__restrict__ d39_r0,
     cavs_cuda_sum<R> d41,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -619,14 +593,11 @@ static __global__ void moe_tree_tree_bwd_path_g1(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d11 = d11_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
   R *__restrict__ d19 = d19_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d37 = d37_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d39 = d39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
@@ -685,12 +656,10 @@ static __global__ void moe_tree_tree_bwd_path_g1(int n, long D_E, long D_H, long
   g40 += g42;
   d41[j] += g42;  /* summed over rows */
   d37[j] = g40;  /* this loop alone writes it */
-  d39[j] = g40;  /* this loop alone writes it */
   g34 += g35 * v35 * (1 - v35);
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g25 += g26;
   d21[j] += g26;  /* summed over rows */
@@ -705,7 +674,6 @@ static __global__ void moe_tree_tree_bwd_path_g1(int n, long D_E, long D_H, long
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
   d9[j] = g12;  /* this loop alone writes it */
-  d11[j] = g12;  /* this loop alone writes it */
 }
 
 /* moe_tree_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
@@ -742,16 +710,16 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g4, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[18] + (size_t)(r0) * D_H,
-          G[8] + (size_t)(r0) * D_H,
+          G[15] + (size_t)(r0) * D_H,
+          G[7] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[9] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_X, D_X, G[8] + (size_t)(0) * D_H, D_H,
-                 G[9] + (size_t)(0) * D_H, D_H, 1, G[16] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[8] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_X, D_X, G[7] + (size_t)(0) * D_H, D_H,
+                 G[8] + (size_t)(0) * D_H, D_H, 1, G[13] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -763,19 +731,18 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[11] + (size_t)(r0) * D_H,
-          G[10] + (size_t)(r0) * D_H,
-          G[9] + (size_t)(r0) * D_H);
+          G[9] + (size_t)(r0) * D_H,
+          G[8] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_tree.vf:48  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  emm */
-  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[12] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[11] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[10] + (size_t)(0) * D_F, D_F, P[11], D_FH,
+               G[9] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  /* moe_tree.vf:48  erow */
+  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -787,29 +754,27 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[14] + (size_t)(r0) * D_F,
-          G[14] + (size_t)(r0) * D_F,
-          V[13] + (size_t)(r0) * D_F,
-          G[13] + (size_t)(r0) * D_F,
-          G[12] + (size_t)(r0) * D_F);
+          V[11] + (size_t)(r0) * D_F,
+          G[11] + (size_t)(r0) * D_F,
+          G[10] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
-  /* moe_tree.vf:48  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[13] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_tree.vf:48  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[15] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[14] + (size_t)(0) * D_F, D_F, G[15] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[12] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[11] + (size_t)(0) * D_F, D_F, G[12] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  /* moe_tree.vf:48  erow */
+  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[11] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[15] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[17] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_X, D_X,
-                G[16] + (size_t)(0) * D_X, D_X, G[17] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[14] + (size_t)(0) * D_X, D_X, V[13] + (size_t)(0) * D_X, D_X,
+                G[13] + (size_t)(0) * D_X, D_X, G[14] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 48  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[17] + (size_t)(r0) * D_X, D_X,
-            P[9], D_X, 1, G[18] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[14] + (size_t)(r0) * D_X, D_X,
+            P[9], D_X, 1, G[15] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -821,13 +786,13 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
+          V[18] + (size_t)(r0) * D_H,
           V[21] + (size_t)(r0) * D_H,
-          V[24] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[26] + (size_t)(r0) * D_H,
-          G[18] + (size_t)(r0) * D_H);
+          V[23] + (size_t)(r0) * D_H,
+          G[15] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -836,55 +801,52 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[6],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[18] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 43  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 42  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[17] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_tree.vf:40  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* moe_tree.vf:40  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -901,7 +863,7 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[19] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[16] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -910,17 +872,17 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * D_H, D_H,
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[17] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[19] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[16] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 48  dW += h^T d(h @ Wg), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
-            G[17] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[15] + (size_t)(r0) * D_H, D_H,
+            G[14] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
 }
 
 /* moe_tree_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -950,23 +912,23 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:54  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 54  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[29] + (size_t)(r0) * D_H, D_H,
-            P[14], D_C, 0, V[28] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[26] + (size_t)(r0) * D_H, D_H,
+            P[14], D_C, 0, V[25] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 54) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[28] + (size_t)(r0) * D_C,
+          V[25] + (size_t)(r0) * D_C,
           P[15],
-          V[27] + (size_t)(r0) * D_C);
+          V[24] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_fwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[24] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* moe_tree_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -997,26 +959,26 @@ static void moe_tree_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_bwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], G[27] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[24] + (size_t)(0) * D_C, D_C, c->iin[1], G[24] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 54) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[28] + (size_t)(r0) * D_C,
+          G[25] + (size_t)(r0) * D_C,
           PG[15],
-          G[27] + (size_t)(r0) * D_C);
+          G[24] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 54  d%2 += d(%2 @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[28] + (size_t)(r0) * D_C, D_C,
-            P[14], D_C, 1, G[29] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[25] + (size_t)(r0) * D_C, D_C,
+            P[14], D_C, 1, G[26] + (size_t)(r0) * D_H, D_H);
   /* moe_tree.vf:54  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[29] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[26] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 54  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[29] + (size_t)(r0) * D_H, D_H,
-            G[28] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[26] + (size_t)(r0) * D_H, D_H,
+            G[25] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1083,16 +1045,13 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t66", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t65", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_t63", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_t57", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t56", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t52", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
@@ -1110,8 +1069,8 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc moe_tree_tree_gathers[] = {
-  {0, 7, {0, {0}}, 1, 0},
-  {1, 7, {0, {0, 2}}, 1, 0},
+  {0, 6, {0, {0}}, 1, 0},
+  {1, 6, {0, {0, 2}}, 1, 0},
 };
 static const unsigned char pull_grads[17] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -1130,21 +1089,21 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"c_0", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 0, 7, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 7, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"hs", 0, 20, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 21, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 22, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 23, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 24, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 25, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 0, 6, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 6, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"hs", 0, 17, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 21, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 22, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
-  {"h", 0, 18, {0, {0}}, {0, {0, 1}}, 0},
-  {"m", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"m", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 27, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"logits", -1, 24, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc moe_tree_desc = {
@@ -1215,7 +1174,7 @@ const cavs_desc moe_tree_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 30, .bufs = bufs,
+  .nbufs = 27, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -142,7 +142,7 @@ static void mvrnn_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
     R *restrict h15 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v14 = (R)0 + a13[j];
+      const R v14 = a13[j];
       const R v15 = cv_tanh(v14);  /* p */
       o15[j] = v15;
       h15[j] = v15;  /* at home */
@@ -160,14 +160,13 @@ static void mvrnn_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[8] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a8 = V[7] + (size_t)(r) * D_H;
     const R *restrict a13 = P[4];
     R *restrict o15 = V[0] + (size_t)(r) * (D_H+D_HH);
     R *restrict h15 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v12 = a8[j] + a11[j];
+      const R v12 = a8[j];
       const R v14 = v12 + a13[j];
       const R v15 = cv_tanh(v14);  /* p */
       o15[j] = v15;
@@ -229,26 +228,26 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[9] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_rowmv_fwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[8] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 40  %6 @ Wl: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[7] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 40  %9 @ Wr: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_rowmv_fwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[6] + (size_t)(0) * D_H, D_H, r0, n);
+  /* line 40  %9 @ Wr: [n, H], added into %6 @ Wl, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: p (lines 40) */
   cavs_loop(c, mvrnn_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, mvrnn_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[5] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[5] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* group g1 forward, [n, HH]: P (lines 41) */
   cavs_loop(c, mvrnn_internal_fwd_path_g1_leaves, r0, c->leaf_rows, D_HH, 0);
   cavs_loop(c, mvrnn_internal_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, 0);
@@ -342,8 +341,7 @@ static void mvrnn_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[8] + (size_t)(r) * D_H;
-    R *restrict d11 = G[6] + (size_t)(r) * D_H;
+    R *restrict d8 = G[7] + (size_t)(r) * D_H;
     R *restrict d13 = PG[4];
     const R *restrict k15 = V[0] + (size_t)(r) * (D_H+D_HH);
     const R *restrict g15_in = G[0] + (size_t)(r) * (D_H+D_HH);
@@ -358,7 +356,6 @@ static void mvrnn_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
       g12 += g14;
       d13[j] += g14;  /* summed over rows */
       d8[j] = g12;  /* this loop alone writes it */
-      d11[j] = g12;  /* this loop alone writes it */
     }
   }
 }
@@ -376,30 +373,30 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g1 backward, [n, HH]: P (lines 41) */
   cavs_loop(c, mvrnn_internal_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, 0);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
-                G[4] + (size_t)(0) * D_HH, D_HH, G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
+                G[4] + (size_t)(0) * D_HH, D_HH, G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
-                G[5] + (size_t)(0) * D_HH, D_HH, G[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
+                G[5] + (size_t)(0) * D_HH, D_HH, G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
   /* group g0 backward, [n, H]: p (lines 40) */
   cavs_loop(c, mvrnn_internal_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, mvrnn_internal_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 40  d%9 += d(%9 @ Wr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[7] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[6] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* line 40  d%6 += d(%6 @ Wl) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[9] + (size_t)(0) * D_H, D_H, G[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[8] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -412,11 +409,11 @@ static void mvrnn_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   /* line 40  dW += %6^T d(%6 @ Wl), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 PG[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 40  dW += %9^T d(%9 @ Wr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* mvrnn_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -429,9 +426,9 @@ static void mvrnn_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[13] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[12] + (size_t)(r) * D_C;
     const R *restrict a3 = P[8];
-    R *restrict o4 = V[12] + (size_t)(r) * D_C;
+    R *restrict o4 = V[11] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -451,11 +448,11 @@ static void mvrnn_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   /* line 47  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[7], D_C, 0, V[13] + (size_t)(r0) * D_C, D_C);
+            P[7], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
   cavs_loop(c, mvrnn_push_fwd_g0, r0, n, D_C, 0);
   /* mvrnn.vf:48  softmax_xent */
-  cavs_xent_fwd(c, 0, V[12] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* mvrnn_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -468,9 +465,9 @@ static void mvrnn_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[13] + (size_t)(r) * D_C;
+    R *restrict d2 = G[12] + (size_t)(r) * D_C;
     R *restrict d3 = PG[8];
-    const R *restrict g4_in = G[12] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[11] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -490,15 +487,15 @@ static void mvrnn_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   /* mvrnn.vf:48  softmax_xent */
-  cavs_xent_bwd(c, 0, V[12] + (size_t)(0) * D_C, D_C, c->iin[1], G[12] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], G[11] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 47) */
   cavs_loop(c, mvrnn_push_bwd_g0, r0, n, D_C, 0);
   /* line 47  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[13] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
             P[7], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 47  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[13] + (size_t)(r0) * D_C, D_C, 1, PG[7], D_C);
+            G[12] + (size_t)(r0) * D_C, D_C, 1, PG[7], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -541,7 +538,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"internal_t19", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t17", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"internal_t11", {0, {1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"internal_t9", {0, {1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t8", {0, {1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"internal_t6", {0, {1}}, CAVS_GRAD, 1, 0, 0},
@@ -551,8 +547,8 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc mvrnn_internal_gathers[] = {
-  {0, 11, {0, {0}}, 0, 0},
-  {1, 10, {0, {0}}, 0, 0},
+  {0, 10, {0, {0}}, 0, 0},
+  {1, 9, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[10] = {1, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[10] = {0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -580,14 +576,14 @@ static const cavs_value_desc values[] = {
   {"X", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"a", 0, 3, {0, {0}}, {0, {1}}, 0},
   {"A", 0, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"a_0", 1, 11, {0, {0}}, {0, {1}}, 0},
-  {"A_0", 1, 11, {0, {1}}, {0, {0, 0, 1}}, 0},
-  {"a_1", 1, 10, {0, {0}}, {0, {1}}, 0},
-  {"A_1", 1, 10, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"a_0", 1, 10, {0, {0}}, {0, {1}}, 0},
+  {"A_0", 1, 10, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"a_1", 1, 9, {0, {0}}, {0, {1}}, 0},
+  {"A_1", 1, 9, {0, {1}}, {0, {0, 0, 1}}, 0},
   {"p", 1, 0, {0, {0}}, {0, {1}}, 0},
   {"P", 1, 0, {0, {1}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {1}}, 0},
-  {"logits", -1, 12, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 11, {0, {0}}, {0, {0, 1}}, 0},
 };
 
 const cavs_desc mvrnn_desc = {
@@ -651,7 +647,7 @@ const cavs_desc mvrnn_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 9, .params = params,
   .npgroups = 9, .pgroups = pgroups,
-  .nbufs = 14, .bufs = bufs,
+  .nbufs = 13, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

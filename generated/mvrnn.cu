@@ -136,7 +136,7 @@ static __global__ void mvrnn_internal_fwd_path_g0_leaves(int n, long D_H, long D
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ o15 = o15_r0 + (size_t)i * (D_H+D_HH);
   R *__restrict__ h15 = (R *)h15_r0[i];
-  const R v14 = (R)0 + a13[j];
+  const R v14 = a13[j];
   const R v15 = cv_tanh(v14);  /* p */
   o15[j] = v15;
   h15[j] = v15;  /* at home */
@@ -145,17 +145,15 @@ static __global__ void mvrnn_internal_fwd_path_g0_leaves(int n, long D_H, long D
 /* mvrnn_internal_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void mvrnn_internal_fwd_path_g0(int n, long D_H, long D_C, long D_HH, long D_V,
     const R *__restrict__ a8_r0,
-    const R *__restrict__ a11_r0,
     const R *__restrict__ a13,
     R *__restrict__ o15_r0,
     void *const *h15_r0) {
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a8 = a8_r0 + (size_t)i * D_H;
-  const R *__restrict__ a11 = a11_r0 + (size_t)i * D_H;
   R *__restrict__ o15 = o15_r0 + (size_t)i * (D_H+D_HH);
   R *__restrict__ h15 = (R *)h15_r0[i];
-  const R v12 = a8[j] + a11[j];
+  const R v12 = a8[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_tanh(v14);  /* p */
   o15[j] = v15;
@@ -201,19 +199,19 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[9] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_rowmv_fwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[8] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 40  %6 @ Wl: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[7] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 40  %9 @ Wr: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_rowmv_fwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[6] + (size_t)(0) * D_H, D_H, r0, n);
+  /* line 40  %9 @ Wr: [n, H], added into %6 @ Wl, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: p (lines 40) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -229,8 +227,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
           c->home_val[0] + ((r0 + c->leaf_rows)));
@@ -238,9 +235,9 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[5] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[5] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* group g1 forward, [n, HH]: P (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_HH, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -332,7 +329,6 @@ static __global__ void mvrnn_internal_bwd_path_g0_leaves(int n, long D_H, long D
 /* mvrnn_internal_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void mvrnn_internal_bwd_path_g0(int n, long D_H, long D_C, long D_HH, long D_V,
     R *__restrict__ d8_r0,
-    R *__restrict__ d11_r0,
     cavs_cuda_sum<R> d13,
     const R *__restrict__ k15_r0,
     const R *__restrict__ g15_in_r0,
@@ -340,7 +336,6 @@ static __global__ void mvrnn_internal_bwd_path_g0(int n, long D_H, long D_C, lon
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d8 = d8_r0 + (size_t)i * D_H;
-  R *__restrict__ d11 = d11_r0 + (size_t)i * D_H;
   const R *__restrict__ k15 = k15_r0 + (size_t)i * (D_H+D_HH);
   const R *__restrict__ g15_in = g15_in_r0 + (size_t)i * (D_H+D_HH);
   const R *__restrict__ hg15 = (R *)hg15_r0[i];
@@ -352,7 +347,6 @@ static __global__ void mvrnn_internal_bwd_path_g0(int n, long D_H, long D_C, lon
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
   d8[j] = g12;  /* this loop alone writes it */
-  d11[j] = g12;  /* this loop alone writes it */
 }
 
 /* vertex internal, path phase backward: one task, in reverse order */
@@ -378,11 +372,11 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
-                G[4] + (size_t)(0) * D_HH, D_HH, G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
+                G[4] + (size_t)(0) * D_HH, D_HH, G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
-                G[5] + (size_t)(0) * D_HH, D_HH, G[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
+                G[5] + (size_t)(0) * D_HH, D_HH, G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
   /* group g0 backward, [n, H]: p (lines 40) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -399,8 +393,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
           G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
@@ -409,21 +402,21 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 40  d%9 += d(%9 @ Wr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[7] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[11] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[6] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* line 40  d%6 += d(%6 @ Wl) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[9] + (size_t)(0) * D_H, D_H, G[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[8] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -436,11 +429,11 @@ static void mvrnn_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 40  dW += %6^T d(%6 @ Wl), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 PG[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 40  dW += %9^T d(%9 @ Wr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* mvrnn_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -467,20 +460,20 @@ static void mvrnn_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 47  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[7], D_C, 0, V[13] + (size_t)(r0) * D_C, D_C);
+            P[7], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_HH, D_V,
-          V[13] + (size_t)(r0) * D_C,
+          V[12] + (size_t)(r0) * D_C,
           P[8],
-          V[12] + (size_t)(r0) * D_C);
+          V[11] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* mvrnn.vf:48  softmax_xent */
-  cavs_xent_fwd(c, 0, V[12] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* mvrnn_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -507,24 +500,24 @@ static void mvrnn_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:48  softmax_xent */
-  cavs_xent_bwd(c, 0, V[12] + (size_t)(0) * D_C, D_C, c->iin[1], G[12] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], G[11] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_HH, D_V,
-          G[13] + (size_t)(r0) * D_C,
+          G[12] + (size_t)(r0) * D_C,
           PG[8],
-          G[12] + (size_t)(r0) * D_C);
+          G[11] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 47  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[13] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
             P[7], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 47  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[13] + (size_t)(r0) * D_C, D_C, 1, PG[7], D_C);
+            G[12] + (size_t)(r0) * D_C, D_C, 1, PG[7], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -567,7 +560,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"internal_t19", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t17", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"internal_t11", {0, {1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"internal_t9", {0, {1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t8", {0, {1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"internal_t6", {0, {1}}, CAVS_GRAD, 1, 0, 0},
@@ -577,8 +569,8 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc mvrnn_internal_gathers[] = {
-  {0, 11, {0, {0}}, 0, 0},
-  {1, 10, {0, {0}}, 0, 0},
+  {0, 10, {0, {0}}, 0, 0},
+  {1, 9, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[10] = {1, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[10] = {0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -606,14 +598,14 @@ static const cavs_value_desc values[] = {
   {"X", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"a", 0, 3, {0, {0}}, {0, {1}}, 0},
   {"A", 0, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"a_0", 1, 11, {0, {0}}, {0, {1}}, 0},
-  {"A_0", 1, 11, {0, {1}}, {0, {0, 0, 1}}, 0},
-  {"a_1", 1, 10, {0, {0}}, {0, {1}}, 0},
-  {"A_1", 1, 10, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"a_0", 1, 10, {0, {0}}, {0, {1}}, 0},
+  {"A_0", 1, 10, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"a_1", 1, 9, {0, {0}}, {0, {1}}, 0},
+  {"A_1", 1, 9, {0, {1}}, {0, {0, 0, 1}}, 0},
   {"p", 1, 0, {0, {0}}, {0, {1}}, 0},
   {"P", 1, 0, {0, {1}}, {0, {0, 0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {1}}, 0},
-  {"logits", -1, 12, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -1, 11, {0, {0}}, {0, {0, 1}}, 0},
 };
 
 const cavs_desc mvrnn_desc = {
@@ -677,7 +669,7 @@ const cavs_desc mvrnn_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 9, .params = params,
   .npgroups = 9, .pgroups = pgroups,
-  .nbufs = 14, .bufs = bufs,
+  .nbufs = 13, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

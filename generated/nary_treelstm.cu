@@ -54,7 +54,7 @@ static void nary_treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[3], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[4], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* nary_treelstm_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -86,18 +86,18 @@ static __global__ void nary_treelstm_tree_fwd_path_g0_leaves(int n, long D_E, lo
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o51 = o51_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h51 = (R *)h51_r0[i] + D_H;
-  const R v12 = a9[j] + (R)0;
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
-  const R v33 = a30[j] + (R)0;
+  const R v33 = a30[j];
   const R v35 = v33 + a34[j];
   const R v36 = cv_sigmoid(v35);  /* o */
-  const R v41 = a38[j] + (R)0;
+  const R v41 = a38[j];
   const R v43 = v41 + a42[j];
   const R v44 = cv_tanh(v43);  /* u */
   const R v45 = v15 * v44;
-  const R v47 = v45 + (R)0;
-  const R v49 = v47 + (R)0;  /* c */
+  const R v47 = v45;
+  const R v49 = v47;  /* c */
   const R v50 = cv_tanh(v49);
   const R v51 = v36 * v50;  /* h */
   k15[j] = v15;  /* kept for the backward loop */
@@ -113,17 +113,14 @@ static __global__ void nary_treelstm_tree_fwd_path_g0_leaves(int n, long D_E, lo
 /* nary_treelstm_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void nary_treelstm_tree_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a9_r0,
-    const R *__restrict__ a11_r0,
     const R *__restrict__ a13,
     const R *__restrict__ a17_r0,
     const R *__restrict__ a19_r0,
     const R *__restrict__ a21,
     const R *__restrict__ a25_r0,
     const R *__restrict__ a30_r0,
-    const R *__restrict__ a32_r0,
     const R *__restrict__ a34,
     const R *__restrict__ a38_r0,
-    const R *__restrict__ a40_r0,
     const R *__restrict__ a42,
     const R *__restrict__ a2_r0,
     const R *__restrict__ a5_r0,
@@ -140,14 +137,11 @@ static __global__ void nary_treelstm_tree_fwd_path_g0(int n, long D_E, long D_H,
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a11 = a11_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   const R *__restrict__ a19 = a19_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a25 = a25_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a30 = a30_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a32 = a32_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a38 = a38_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a40 = a40_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
@@ -160,7 +154,7 @@ static __global__ void nary_treelstm_tree_fwd_path_g0(int n, long D_E, long D_H,
   R *__restrict__ k50 = k50_r0 + (size_t)i * D_H;
   R *__restrict__ o51 = o51_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h51 = (R *)h51_r0[i] + D_H;
-  const R v12 = a9[j] + a11[j];
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
   const R v20 = a17[j] + a19[j];
@@ -169,10 +163,10 @@ static __global__ void nary_treelstm_tree_fwd_path_g0(int n, long D_E, long D_H,
   const R v26 = a17[j] + a25[j];
   const R v27 = v26 + a21[j];
   const R v28 = cv_sigmoid(v27);  /* f_1 */
-  const R v33 = a30[j] + a32[j];
+  const R v33 = a30[j];
   const R v35 = v33 + a34[j];
   const R v36 = cv_sigmoid(v35);  /* o */
-  const R v41 = a38[j] + a40[j];
+  const R v41 = a38[j];
   const R v43 = v41 + a42[j];
   const R v44 = cv_tanh(v43);  /* u */
   const R v45 = v15 * v44;
@@ -204,18 +198,18 @@ static void nary_treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* nary_treelstm.vf:38  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* nary_treelstm.vf:38  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* nary_treelstm.vf:39  hh = concat */
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  /* line 40  hh @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H), (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  /* line 40  hh @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  hh @ [Uf0|Uf1]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 40 41 42 43 44 45 46) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -227,12 +221,12 @@ static void nary_treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[11] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -243,28 +237,25 @@ static void nary_treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(nary_treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[6],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -388,17 +379,14 @@ static __global__ void nary_treelstm_tree_bwd_path_g0_leaves(int n, long D_E, lo
 /* nary_treelstm_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void nary_treelstm_tree_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d9_r0,
-    R *__restrict__ d11_r0,
     cavs_cuda_sum<R> d13,
     R *__restrict__ d17_r0,
     R *__restrict__ d19_r0,
     cavs_cuda_sum<R> d21,
     R *__restrict__ d25_r0,
     R *__restrict__ d30_r0,
-    R *__restrict__ d32_r0,
     cavs_cuda_sum<R> d34,
     R *__restrict__ d38_r0,
-    R *__restrict__ d40_r0,
     cavs_cuda_sum<R> d42,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -417,14 +405,11 @@ static __global__ void nary_treelstm_tree_bwd_path_g0(int n, long D_E, long D_H,
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d11 = d11_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
   R *__restrict__ d19 = d19_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d25 = d25_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d30 = d30_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d32 = d32_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d38 = d38_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d40 = d40_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
@@ -484,12 +469,10 @@ static __global__ void nary_treelstm_tree_bwd_path_g0(int n, long D_E, long D_H,
   g41 += g43;
   d42[j] += g43;  /* summed over rows */
   d38[j] = g41;  /* this loop alone writes it */
-  d40[j] = g41;  /* this loop alone writes it */
   g35 += g36 * v36 * (1 - v36);
   g33 += g35;
   d34[j] += g35;  /* summed over rows */
   d30[j] = g33;  /* this loop alone writes it */
-  d32[j] = g33;  /* this loop alone writes it */
   g27 += g28 * v28 * (1 - v28);
   g26 += g27;
   d21[j] += g27;  /* summed over rows */
@@ -504,7 +487,6 @@ static __global__ void nary_treelstm_tree_bwd_path_g0(int n, long D_E, long D_H,
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
   d9[j] = g12;  /* this loop alone writes it */
-  d11[j] = g12;  /* this loop alone writes it */
 }
 
 /* vertex tree, path phase backward: one task, in reverse order */
@@ -528,12 +510,12 @@ static void nary_treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[11] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -544,48 +526,45 @@ static void nary_treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(nary_treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[6],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 41  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 40  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* nary_treelstm.vf:39  hh = concat */
-  cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* nary_treelstm.vf:38  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* nary_treelstm.vf:38  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -598,7 +577,7 @@ static void nary_treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 40  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -607,14 +586,14 @@ static void nary_treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 40  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[4], D_H, G[7] + (size_t)(0) * D_H, D_H);
+                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 41  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* nary_treelstm_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -640,23 +619,23 @@ static void nary_treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* nary_treelstm.vf:52  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 52  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 52) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(nary_treelstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[18] + (size_t)(r0) * D_C,
+          V[17] + (size_t)(r0) * D_C,
           P[10],
-          V[17] + (size_t)(r0) * D_C);
+          V[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* nary_treelstm.vf:53  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* nary_treelstm_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -683,26 +662,26 @@ static void nary_treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* nary_treelstm.vf:53  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 52) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(nary_treelstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[18] + (size_t)(r0) * D_C,
+          G[17] + (size_t)(r0) * D_C,
           PG[10],
-          G[17] + (size_t)(r0) * D_C);
+          G[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 52  d%2 += d(%2 @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[19] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[18] + (size_t)(r0) * D_H, D_H);
   /* nary_treelstm.vf:52  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[19] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[18] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 52  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -755,7 +734,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_hh", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
@@ -772,8 +750,8 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc nary_treelstm_tree_gathers[] = {
-  {0, 10, {0, {0}}, 0, 0},
-  {1, 9, {0, {0}}, 0, 0},
+  {0, 9, {0, {0}}, 0, 0},
+  {1, 8, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[12] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -792,20 +770,20 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"c_0", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 0, 10, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hh", 0, 8, {0, {0}}, {0, {0, 2}}, 0},
-  {"i", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hh", 0, 7, {0, {0}}, {0, {0, 2}}, 0},
+  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc nary_treelstm_desc = {
@@ -874,7 +852,7 @@ const cavs_desc nary_treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 16, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 20, .bufs = bufs,
+  .nbufs = 19, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

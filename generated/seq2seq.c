@@ -62,7 +62,7 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[5] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[10] + (size_t)(0) * D_H, D_H);
+                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -82,29 +82,29 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict a25 = P[11];
     const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    R *restrict k11 = V[12] + (size_t)(r) * D_H;
-    R *restrict k27 = V[14] + (size_t)(r) * D_H;
-    R *restrict k35 = V[15] + (size_t)(r) * D_H;
+    R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    R *restrict k35 = V[13] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[16] + (size_t)(r) * D_H;
+    R *restrict k39 = V[14] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + (R)0;
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v24 = a21[j] + (R)0;
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + (R)0;
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
-      const R v38 = v36 + (R)0;  /* c */
+      const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
       if (keep) k11[j] = v11;  /* kept for the backward loop */
@@ -133,41 +133,37 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[7] + (size_t)(r) * (3*D_H);
-    const R *restrict a7 = V[8] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a13 = V[10] + (size_t)(r) * D_H;
-    const R *restrict a15 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
     const R *restrict a17 = P[10];
     const R *restrict a21 = V[7] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a23 = V[8] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
     const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a31 = V[8] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    const R *restrict a2 = V[11] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[12] + (size_t)(r) * D_H;
-    R *restrict k19 = V[13] + (size_t)(r) * D_H;
-    R *restrict k27 = V[14] + (size_t)(r) * D_H;
-    R *restrict k35 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    R *restrict k19 = V[11] + (size_t)(r) * D_H;
+    R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    R *restrict k35 = V[13] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[16] + (size_t)(r) * D_H;
+    R *restrict k39 = V[14] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + a7[j];
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
+      const R v16 = a13[j];
       const R v18 = v16 + a17[j];
       const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + a31[j];
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
@@ -200,13 +196,13 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 67  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[8] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 68  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[8], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 67  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], added into x @ [Wei|Weo|Weu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 68  h_prev @ Uef: [n, H], added into x @ Wef, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[8], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 67 68 69 70 71 72) */
   cavs_loop(c, seq2seq_enc_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -251,13 +247,13 @@ static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     R *restrict d25 = PG[11];
     R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -330,27 +326,23 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[7] + (size_t)(r) * (3*D_H);
-    R *restrict d7 = G[8] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d13 = G[10] + (size_t)(r) * D_H;
-    R *restrict d15 = G[9] + (size_t)(r) * D_H;
+    R *restrict d13 = G[8] + (size_t)(r) * D_H;
     R *restrict d17 = PG[10];
     R *restrict d21 = G[7] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d23 = G[8] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
     R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d31 = G[8] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict a2 = V[11] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[11] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[13] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -391,22 +383,18 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
       g32 += g34;
       d33[j] += g34;  /* summed over rows */
       d29[j] = g32;  /* this loop alone writes it */
-      d31[j] = g32;  /* this loop alone writes it */
       g26 += g27 * v27 * (1 - v27);
       g24 += g26;
       d25[j] += g26;  /* summed over rows */
       d21[j] = g24;  /* this loop alone writes it */
-      d23[j] = g24;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       g16 += g18;
       d17[j] += g18;  /* summed over rows */
       d13[j] = g16;  /* this loop alone writes it */
-      d15[j] = g16;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
       d5[j] = g8;  /* this loop alone writes it */
-      d7[j] = g8;  /* this loop alone writes it */
     }
   }
 }
@@ -425,13 +413,13 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_enc_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 68  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 67  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[8] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex enc, eager phase backward, then every parameter gradient of the type */
@@ -444,7 +432,7 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 68  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, G[5] + (size_t)(0) * D_E, D_E);
   /* line 67  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -453,14 +441,14 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 67  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  dW += x^T d(x @ Wef), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
-                 PG[7], D_H, G[10] + (size_t)(0) * D_H, D_H);
+                 PG[7], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 68  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[8], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[8], D_H, G[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex dec, eager phase: every row of the type at once */
@@ -484,9 +472,9 @@ static void seq2seq_dec_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a0 = V[34] + (size_t)(r) * (2*D_H);
-    const R *restrict a1 = V[33] + (size_t)(r) * (2*D_H);
-    R *restrict o2 = V[32] + (size_t)(r) * (2*D_H);
+    const R *restrict a0 = V[31] + (size_t)(r) * (2*D_H);
+    const R *restrict a1 = V[30] + (size_t)(r) * (2*D_H);
+    R *restrict o2 = V[29] + (size_t)(r) * (2*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v2 = a0[j] + a1[j];  /* s */
@@ -505,9 +493,9 @@ static void seq2seq_dec_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a10 = V[30] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[29] + (size_t)(r) * D_H;
-    R *restrict o13 = V[28] + (size_t)(r) * D_H;
+    const R *restrict a10 = V[27] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[26] + (size_t)(r) * D_H;
+    R *restrict o13 = V[25] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a10[j] + a11[j];
@@ -527,8 +515,8 @@ static void seq2seq_dec_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[27] + (size_t)(r) * 1;
-    R *restrict o16 = V[26] + (size_t)(r) * 1;
+    const R *restrict a15 = V[24] + (size_t)(r) * 1;
+    R *restrict o16 = V[23] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v16 = cv_exp(a15[j]);
@@ -547,9 +535,9 @@ static void seq2seq_dec_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a16 = V[26] + (size_t)(r) * 1;
-    const R *restrict a8 = V[31] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict o18 = V[24] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[23] + (size_t)(r) * 1;
+    const R *restrict a8 = V[28] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o18 = V[21] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v18 = a16[0] * a8[j];
@@ -568,8 +556,8 @@ static void seq2seq_dec_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a17 = V[25] + (size_t)(r) * 1;
-    R *restrict o21 = V[22] + (size_t)(r) * 1;
+    const R *restrict a17 = V[22] + (size_t)(r) * 1;
+    R *restrict o21 = V[19] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v21 = a17[j] + (R)9.9999999999999995e-07;
@@ -588,7 +576,7 @@ static void seq2seq_dec_fwd_path_g5_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict o22 = V[21] + (size_t)(r) * (D_E+D_H) + D_E;
+    R *restrict o22 = V[18] + (size_t)(r) * (D_E+D_H) + D_E;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       o22[j] = 0;
@@ -606,9 +594,9 @@ static void seq2seq_dec_fwd_path_g5(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a19 = V[23] + (size_t)(r) * D_H;
-    const R *restrict a21 = V[22] + (size_t)(r) * 1;
-    R *restrict o22 = V[21] + (size_t)(r) * (D_E+D_H) + D_E;
+    const R *restrict a19 = V[20] + (size_t)(r) * D_H;
+    const R *restrict a21 = V[19] + (size_t)(r) * 1;
+    R *restrict o22 = V[18] + (size_t)(r) * (D_E+D_H) + D_E;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v22 = a19[j] / a21[0];  /* ctx */
@@ -628,33 +616,33 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[18] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
-    const R *restrict a42 = V[18] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[18] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
-    R *restrict k32 = V[35] + (size_t)(r) * D_H;
-    R *restrict k48 = V[37] + (size_t)(r) * D_H;
-    R *restrict k56 = V[38] + (size_t)(r) * D_H;
+    R *restrict k32 = V[32] + (size_t)(r) * D_H;
+    R *restrict k48 = V[34] + (size_t)(r) * D_H;
+    R *restrict k56 = V[35] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h59 = (R *)c->home_val[0][r];
-    R *restrict k60 = V[39] + (size_t)(r) * D_H;
+    R *restrict k60 = V[36] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v29 = a26[j] + (R)0;
+      const R v29 = a26[j];
       const R v31 = v29 + a30[j];
       const R v32 = cv_sigmoid(v31);  /* i */
-      const R v45 = a42[j] + (R)0;
+      const R v45 = a42[j];
       const R v47 = v45 + a46[j];
       const R v48 = cv_sigmoid(v47);  /* o */
-      const R v53 = a50[j] + (R)0;
+      const R v53 = a50[j];
       const R v55 = v53 + a54[j];
       const R v56 = cv_tanh(v55);  /* u */
       const R v57 = v32 * v56;
-      const R v59 = v57 + (R)0;  /* c */
+      const R v59 = v57;  /* c */
       const R v60 = cv_tanh(v59);
       const R v61 = v48 * v60;  /* h */
       if (keep) k32[j] = v32;  /* kept for the backward loop */
@@ -680,40 +668,37 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[18] + (size_t)(r) * (3*D_H);
-    const R *restrict a28 = V[19] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
-    const R *restrict a34 = V[20] + (size_t)(r) * D_H;
-    const R *restrict a36 = V[17] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a34 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a36 = V[15] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a38 = P[17];
-    const R *restrict a42 = V[18] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a44 = V[19] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[18] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a52 = V[19] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
-    const R *restrict a3 = V[32] + (size_t)(r) * (2*D_H);
-    R *restrict k32 = V[35] + (size_t)(r) * D_H;
-    R *restrict k40 = V[36] + (size_t)(r) * D_H;
-    R *restrict k48 = V[37] + (size_t)(r) * D_H;
-    R *restrict k56 = V[38] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[29] + (size_t)(r) * (2*D_H);
+    R *restrict k32 = V[32] + (size_t)(r) * D_H;
+    R *restrict k40 = V[33] + (size_t)(r) * D_H;
+    R *restrict k48 = V[34] + (size_t)(r) * D_H;
+    R *restrict k56 = V[35] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h59 = (R *)c->home_val[0][r];
-    R *restrict k60 = V[39] + (size_t)(r) * D_H;
+    R *restrict k60 = V[36] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v29 = a26[j] + a28[j];
+      const R v29 = a26[j];
       const R v31 = v29 + a30[j];
       const R v32 = cv_sigmoid(v31);  /* i */
       const R v37 = a34[j] + a36[j];
       const R v39 = v37 + a38[j];
       const R v40 = cv_sigmoid(v39);  /* f */
-      const R v45 = a42[j] + a44[j];
+      const R v45 = a42[j];
       const R v47 = v45 + a46[j];
       const R v48 = cv_sigmoid(v47);  /* o */
-      const R v53 = a50[j] + a52[j];
+      const R v53 = a50[j];
       const R v55 = v53 + a54[j];
       const R v56 = cv_tanh(v55);  /* u */
       const R v57 = v32 * v56;
@@ -744,28 +729,28 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:77  gather */
-  cavs_gather_fwd(c, 0, 1, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* seq2seq.vf:77  gather */
-  cavs_gather_fwd(c, 1, 0, V[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* group g0 forward, [n, 2H]: s (lines 77) */
   cavs_loop(c, seq2seq_dec_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
   /* line 80  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[2], (2*D_H), V[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[2], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:81  k = echild */
-  cavs_echild_fwd(c, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  %8 @ Wa: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[13], D_H, 0, V[30] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[13], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_fwd(c, V[17] + (size_t)(0) * (2*D_H), (2*D_H), V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[15] + (size_t)(0) * (2*D_H), (2*D_H), V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -774,14 +759,14 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   /* group g1 forward, [n, H]: (lines 81) */
   cavs_loop(c, seq2seq_dec_fwd_path_g1, r0, n, D_H, 0);
   /* line 81  %13 @ va: [n, 1] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[14], 1, 0, V[27] + (size_t)(r0) * 1, 1);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[25] + (size_t)(r0) * D_H, D_H,
+            P[14], 1, 0, V[24] + (size_t)(r0) * 1, 1);
   /* group g2 forward, [n, 1]: (lines 81) */
   cavs_loop(c, seq2seq_dec_fwd_path_g2, r0, n, 1, 0);
     }
   }
   /* seq2seq.vf:81  den = esum */
-  cavs_esum_fwd(c, V[26] + (size_t)(0) * 1, 1, V[25] + (size_t)(0) * 1, 1, 1, r0, n);
+  cavs_esum_fwd(c, V[23] + (size_t)(0) * 1, 1, V[22] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -792,23 +777,23 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* seq2seq.vf:82  esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[21] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, 1]: (lines 82) */
   cavs_loop(c, seq2seq_dec_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
   /* group g5 forward, [n, H]: ctx (lines 82) */
   cavs_loop(c, seq2seq_dec_fwd_path_g5_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_fwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
   /* line 84  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            P[3], (3*D_H), 0, V[18] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 84  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], (3*D_H), V[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            P[3], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 84  h_prev @ [Udi|Udo|Udu]: [n, 3H], added into x @ [Wdi|Wdo|Wdu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], (3*D_H), V[16] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  x @ Wdf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 P[15], D_H, V[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 P[15], D_H, V[17] + (size_t)(0) * D_H, D_H);
   /* group g6 forward, [n, H]: i f o u c h (lines 84 85 86 87 88 89) */
   cavs_loop(c, seq2seq_dec_fwd_path_g6_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_fwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -826,7 +811,7 @@ static void seq2seq_dec_fwd_lazy(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:91  concat */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
 }
 
 /* vertex dec, lazy phase backward */
@@ -840,7 +825,7 @@ static void seq2seq_dec_bwd_lazy(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:91  concat */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
 }
 
 /* seq2seq_dec_bwd_path, group g6 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -853,18 +838,18 @@ static void seq2seq_dec_bwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[18] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
-    R *restrict d42 = G[18] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[18] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
-    const R *restrict k32 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
-    const R *restrict k56 = V[38] + (size_t)(r) * D_H;
+    const R *restrict k32 = V[32] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[34] + (size_t)(r) * D_H;
+    const R *restrict k56 = V[35] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg59 = (R *)c->home_grad[0][r];
-    const R *restrict k60 = V[39] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[36] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -935,27 +920,24 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[18] + (size_t)(r) * (3*D_H);
-    R *restrict d28 = G[19] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
-    R *restrict d34 = G[20] + (size_t)(r) * D_H;
-    R *restrict d36 = G[17] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d34 = G[17] + (size_t)(r) * D_H;
+    R *restrict d36 = G[15] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d38 = PG[17];
-    R *restrict d42 = G[18] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d44 = G[19] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[18] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d52 = G[19] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
-    const R *restrict a3 = V[32] + (size_t)(r) * (2*D_H);
-    R *restrict d3 = G[32] + (size_t)(r) * (2*D_H);
-    const R *restrict k32 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k40 = V[36] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[37] + (size_t)(r) * D_H;
-    const R *restrict k56 = V[38] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[29] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[29] + (size_t)(r) * (2*D_H);
+    const R *restrict k32 = V[32] + (size_t)(r) * D_H;
+    const R *restrict k40 = V[33] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[34] + (size_t)(r) * D_H;
+    const R *restrict k56 = V[35] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg59 = (R *)c->home_grad[0][r];
-    const R *restrict k60 = V[39] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[36] + (size_t)(r) * D_H;
     const R *restrict g61_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg61 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -995,12 +977,10 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
       g53 += g55;
       d54[j] += g55;  /* summed over rows */
       d50[j] = g53;  /* this loop alone writes it */
-      d52[j] = g53;  /* this loop alone writes it */
       g47 += g48 * v48 * (1 - v48);
       g45 += g47;
       d46[j] += g47;  /* summed over rows */
       d42[j] = g45;  /* this loop alone writes it */
-      d44[j] = g45;  /* this loop alone writes it */
       g39 += g40 * v40 * (1 - v40);
       g37 += g39;
       d38[j] += g39;  /* summed over rows */
@@ -1010,7 +990,6 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
       g29 += g31;
       d30[j] += g31;  /* summed over rows */
       d26[j] = g29;  /* this loop alone writes it */
-      d28[j] = g29;  /* this loop alone writes it */
     }
   }
 }
@@ -1025,11 +1004,11 @@ static void seq2seq_dec_bwd_path_g5(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *a19 = V[23] + (size_t)(r) * D_H;
-    R *d19 = G[23] + (size_t)(r) * D_H;
-    const R *a21 = V[22] + (size_t)(r) * 1;
-    R *d21 = G[22] + (size_t)(r) * 1;
-    const R *g22_in = G[21] + (size_t)(r) * (D_E+D_H) + D_E;
+    const R *a19 = V[20] + (size_t)(r) * D_H;
+    R *d19 = G[20] + (size_t)(r) * D_H;
+    const R *a21 = V[19] + (size_t)(r) * 1;
+    R *d21 = G[19] + (size_t)(r) * 1;
+    const R *g22_in = G[18] + (size_t)(r) * (D_E+D_H) + D_E;
     for (long j = j0; j < j1; j++) {
       R g22 = g22_in[j];
       d19[j] += g22 / a21[0];
@@ -1048,8 +1027,8 @@ static void seq2seq_dec_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d17 = G[25] + (size_t)(r) * 1;
-    const R *restrict g21_in = G[22] + (size_t)(r) * 1;
+    R *restrict d17 = G[22] + (size_t)(r) * 1;
+    const R *restrict g21_in = G[19] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g21 = g21_in[j];
@@ -1068,11 +1047,11 @@ static void seq2seq_dec_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *a16 = V[26] + (size_t)(r) * 1;
-    R *d16 = G[26] + (size_t)(r) * 1;
-    const R *a8 = V[31] + (size_t)(r) * (2*D_H) + D_H;
-    R *d8 = G[31] + (size_t)(r) * (2*D_H) + D_H;
-    const R *g18_in = G[24] + (size_t)(r) * D_H;
+    const R *a16 = V[23] + (size_t)(r) * 1;
+    R *d16 = G[23] + (size_t)(r) * 1;
+    const R *a8 = V[28] + (size_t)(r) * (2*D_H) + D_H;
+    R *d8 = G[28] + (size_t)(r) * (2*D_H) + D_H;
+    const R *g18_in = G[21] + (size_t)(r) * D_H;
     for (long j = j0; j < j1; j++) {
       R g18 = g18_in[j];
       d16[0] += g18 * a8[j];  /* summed over columns */
@@ -1091,9 +1070,9 @@ static void seq2seq_dec_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d15 = G[27] + (size_t)(r) * 1;
-    const R *restrict k16 = V[26] + (size_t)(r) * 1;
-    const R *restrict g16_in = G[26] + (size_t)(r) * 1;
+    R *restrict d15 = G[24] + (size_t)(r) * 1;
+    const R *restrict k16 = V[23] + (size_t)(r) * 1;
+    const R *restrict g16_in = G[23] + (size_t)(r) * 1;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v16 = k16[j];
@@ -1113,10 +1092,10 @@ static void seq2seq_dec_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d10 = G[30] + (size_t)(r) * D_H;
-    R *restrict d11 = G[29] + (size_t)(r) * D_H;
-    const R *restrict k13 = V[28] + (size_t)(r) * D_H;
-    const R *restrict g13_in = G[28] + (size_t)(r) * D_H;
+    R *restrict d10 = G[27] + (size_t)(r) * D_H;
+    R *restrict d11 = G[26] + (size_t)(r) * D_H;
+    const R *restrict k13 = V[25] + (size_t)(r) * D_H;
+    const R *restrict g13_in = G[25] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v13 = k13[j];
@@ -1139,9 +1118,9 @@ static void seq2seq_dec_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d0 = G[34] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[33] + (size_t)(r) * (2*D_H);
-    const R *restrict g2_in = G[32] + (size_t)(r) * (2*D_H);
+    R *restrict d0 = G[31] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[30] + (size_t)(r) * (2*D_H);
+    const R *restrict g2_in = G[29] + (size_t)(r) * (2*D_H);
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g2 = g2_in[j];
@@ -1165,22 +1144,22 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_dec_bwd_path_g6_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_bwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 85  dx += d(x @ Wdf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[20] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[17] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
   /* line 84  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[19] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[4], (3*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[16] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[4], (3*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 84  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[18] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[3], (3*D_H), 1, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[3], (3*D_H), 1, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
+  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
   /* group g5 backward, [n, H]: ctx (lines 82) */
   cavs_loop(c, seq2seq_dec_bwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 1);
   /* group g4 backward, [n, 1]: (lines 82) */
   cavs_loop(c, seq2seq_dec_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
   /* seq2seq.vf:82  esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[21] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1191,7 +1170,7 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* seq2seq.vf:81  den = esum */
-  cavs_esum_bwd(c, G[26] + (size_t)(0) * 1, 1, G[25] + (size_t)(0) * 1, 1, 1, r0, n);
+  cavs_esum_bwd(c, G[23] + (size_t)(0) * 1, 1, G[22] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1200,35 +1179,35 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g2 backward, [n, 1]: (lines 81) */
   cavs_loop(c, seq2seq_dec_bwd_path_g2, r0, n, 1, 0);
   /* line 81  d%13 += d(%13 @ va) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[27] + (size_t)(r0) * 1, 1,
-            P[14], 1, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[24] + (size_t)(r0) * 1, 1,
+            P[14], 1, 1, G[25] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: (lines 81) */
   cavs_loop(c, seq2seq_dec_bwd_path_g1, r0, n, D_H, 0);
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_bwd(c, G[17] + (size_t)(0) * (2*D_H), (2*D_H), G[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[15] + (size_t)(0) * (2*D_H), (2*D_H), G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  d%8 += d(%8 @ Wa) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[30] + (size_t)(r0) * D_H, D_H,
-            P[13], D_H, 1, G[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
+            P[13], D_H, 1, G[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* seq2seq.vf:81  k = echild */
-  cavs_echild_bwd(c, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 80  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[17] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 backward, [n, 2H]: s (lines 77) */
   cavs_loop(c, seq2seq_dec_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
   /* seq2seq.vf:77  gather */
-  cavs_gather_bwd(c, 1, 0, G[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* seq2seq.vf:77  gather */
-  cavs_gather_bwd(c, 0, 1, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex dec, eager phase backward, then every parameter gradient of the type */
@@ -1241,30 +1220,30 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 80  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[2], (2*D_H), G[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[2], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  dW += %8^T d(%8 @ Wa), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[30] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
   /* line 81  dW += %13^T d(%13 @ va), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[27] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[25] + (size_t)(r0) * D_H, D_H,
+            G[24] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
     }
   }
   /* line 84  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            G[18] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
   /* line 84  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], (3*D_H), G[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], (3*D_H), G[16] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  dW += x^T d(x @ Wdf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 PG[15], D_H, G[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 PG[15], D_H, G[17] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, T] */
@@ -1277,9 +1256,9 @@ static void seq2seq_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a4 = V[41] + (size_t)(r) * D_T;
+    const R *restrict a4 = V[38] + (size_t)(r) * D_T;
     const R *restrict a5 = P[21];
-    R *restrict o6 = V[40] + (size_t)(r) * D_T;
+    R *restrict o6 = V[37] + (size_t)(r) * D_T;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a4[j] + a5[j];  /* logits */
@@ -1298,14 +1277,14 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[42] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  %2 @ Wo: [n, T] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[20], D_T, 0, V[41] + (size_t)(r0) * D_T, D_T);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+            P[20], D_T, 0, V[38] + (size_t)(r0) * D_T, D_T);
   /* group g0 forward, [n, T]: logits (lines 95) */
   cavs_loop(c, seq2seq_push_fwd_g0, r0, n, D_T, 0);
   /* seq2seq.vf:96  softmax_xent */
-  cavs_xent_fwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
+  cavs_xent_fwd(c, 0, V[37] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
 }
 
 /* seq2seq_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, T] */
@@ -1318,9 +1297,9 @@ static void seq2seq_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d4 = G[41] + (size_t)(r) * D_T;
+    R *restrict d4 = G[38] + (size_t)(r) * D_T;
     R *restrict d5 = PG[21];
-    const R *restrict g6_in = G[40] + (size_t)(r) * D_T;
+    const R *restrict g6_in = G[37] + (size_t)(r) * D_T;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g6 = g6_in[j];
@@ -1340,17 +1319,17 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:96  softmax_xent */
-  cavs_xent_bwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], G[40] + (size_t)(0) * D_T, D_T, r0, n, D_T);
+  cavs_xent_bwd(c, 0, V[37] + (size_t)(0) * D_T, D_T, c->iin[2], G[37] + (size_t)(0) * D_T, D_T, r0, n, D_T);
   /* group g0 backward, [n, T]: logits (lines 95) */
   cavs_loop(c, seq2seq_push_bwd_g0, r0, n, D_T, 0);
   /* line 95  d%2 += d(%2 @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[41] + (size_t)(r0) * D_T, D_T,
-            P[20], D_T, 1, G[42] + (size_t)(r0) * (2*D_H), (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[38] + (size_t)(r0) * D_T, D_T,
+            P[20], D_T, 1, G[39] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[42] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  dW += %2^T d(%2 @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[41] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+            G[38] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1434,8 +1413,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"enc_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"enc_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"enc_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1445,7 +1422,6 @@ static const cavs_buf_desc bufs[] = {
   {"enc_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"dec_mm0", {0, {0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"dec_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"dec_mm2", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"dec_t34", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"dec_x", {0, {1, 1}}, CAVS_GRAD, 1, 0, 0},
   {"dec_t21", {1, {0}}, CAVS_GRAD, 1, 1, 0},
@@ -1471,13 +1447,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc seq2seq_enc_gathers[] = {
-  {0, 11, {0, {0}}, 1, 0},
+  {0, 9, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_enc_slot_names[] = {"prev"};
 static const int seq2seq_enc_slot_types[] = {0};
 static const cavs_gather_desc seq2seq_dec_gathers[] = {
-  {0, 34, {0, {0}}, 1, 1},
-  {1, 33, {0, {0}}, 1, 0},
+  {0, 31, {0, {0}}, 1, 1},
+  {1, 30, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_dec_slot_names[] = {"prev", "start"};
 static const int seq2seq_dec_slot_types[] = {1, 0};
@@ -1496,7 +1472,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 28, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1506,30 +1482,30 @@ static const cavs_value_desc values[] = {
   {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
   {"y", -1, 3, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 5, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 11, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 11, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"s", 1, 32, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 1, 32, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 1, 32, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"q", 1, 17, {0, {0}}, {0, {0, 1}}, 0},
-  {"den", 1, 25, {0, {0}}, {1, {0}}, 0},
-  {"ctx", 1, 21, {0, {1}}, {0, {0, 1}}, 0},
-  {"x", 1, 21, {0, {0}}, {0, {1, 1}}, 0},
-  {"i", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 37, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 38, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 1, 29, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 1, 29, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 1, 29, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"q", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"den", 1, 22, {0, {0}}, {1, {0}}, 0},
+  {"ctx", 1, 18, {0, {1}}, {0, {0, 1}}, 0},
+  {"x", 1, 18, {0, {0}}, {0, {1, 1}}, 0},
+  {"i", 1, 32, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 33, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 34, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 40, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 37, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc seq2seq_desc = {
@@ -1641,7 +1617,7 @@ const cavs_desc seq2seq_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 43, .bufs = bufs,
+  .nbufs = 40, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

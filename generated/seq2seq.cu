@@ -62,7 +62,7 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[5] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[10] + (size_t)(0) * D_H, D_H);
+                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -98,17 +98,17 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
-  const R v38 = v36 + (R)0;  /* c */
+  const R v38 = v36;  /* c */
   const R v39 = cv_tanh(v38);
   const R v40 = v27 * v39;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -126,16 +126,12 @@ static __global__ void seq2seq_enc_fwd_path_g0_leaves(int n, long D_E, long D_H,
 /* seq2seq_enc_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D_T, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
     R *__restrict__ k11_r0,
@@ -152,13 +148,9 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -171,16 +163,16 @@ static __global__ void seq2seq_enc_fwd_path_g0(int n, long D_E, long D_H, long D
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
@@ -211,13 +203,13 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 67  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[8] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 68  h_prev @ Uef: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[8], D_H, V[9] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 67  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], added into x @ [Wei|Weo|Weu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 68  h_prev @ Uef: [n, H], added into x @ Wef, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[8], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 67 68 69 70 71 72) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -229,13 +221,13 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
           P[11],
           V[7] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[12],
+          V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -247,26 +239,22 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
           V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[9],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[10],
           V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[11],
           V[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[12],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -388,16 +376,12 @@ static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H,
 /* seq2seq_enc_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D_T, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -415,13 +399,9 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -470,22 +450,18 @@ static __global__ void seq2seq_enc_bwd_path_g0(int n, long D_E, long D_H, long D
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex enc, path phase backward: one task, in reverse order */
@@ -509,13 +485,13 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[11],
           G[7] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[12],
+          V[10] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -527,27 +503,23 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_enc_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
           G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[9],
-          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[10],
           G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[11],
           G[7] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[8] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[12],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -555,13 +527,13 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 68  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[9] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 67  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[8] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex enc, eager phase backward, then every parameter gradient of the type */
@@ -574,7 +546,7 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 68  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[10] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, G[5] + (size_t)(0) * D_E, D_E);
   /* line 67  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -583,14 +555,14 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 67  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[8] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  dW += x^T d(x @ Wef), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
-                 PG[7], D_H, G[10] + (size_t)(0) * D_H, D_H);
+                 PG[7], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 68  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[8], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[8], D_H, G[8] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex dec, eager phase: every row of the type at once */
@@ -723,17 +695,17 @@ static __global__ void seq2seq_dec_fwd_path_g6_leaves(int n, long D_E, long D_H,
   R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   R *__restrict__ o61 = o61_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h61 = (R *)h61_r0[i] + D_H;
-  const R v29 = a26[j] + (R)0;
+  const R v29 = a26[j];
   const R v31 = v29 + a30[j];
   const R v32 = cv_sigmoid(v31);  /* i */
-  const R v45 = a42[j] + (R)0;
+  const R v45 = a42[j];
   const R v47 = v45 + a46[j];
   const R v48 = cv_sigmoid(v47);  /* o */
-  const R v53 = a50[j] + (R)0;
+  const R v53 = a50[j];
   const R v55 = v53 + a54[j];
   const R v56 = cv_tanh(v55);  /* u */
   const R v57 = v32 * v56;
-  const R v59 = v57 + (R)0;  /* c */
+  const R v59 = v57;  /* c */
   const R v60 = cv_tanh(v59);
   const R v61 = v48 * v60;  /* h */
   k32[j] = v32;  /* kept for the backward loop */
@@ -749,16 +721,13 @@ static __global__ void seq2seq_dec_fwd_path_g6_leaves(int n, long D_E, long D_H,
 /* seq2seq_dec_fwd_path, group g6 forward at the others: a thread per row and column of [n, H] */
 static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D_T, long D_V,
     const R *__restrict__ a26_r0,
-    const R *__restrict__ a28_r0,
     const R *__restrict__ a30,
     const R *__restrict__ a34_r0,
     const R *__restrict__ a36_r0,
     const R *__restrict__ a38,
     const R *__restrict__ a42_r0,
-    const R *__restrict__ a44_r0,
     const R *__restrict__ a46,
     const R *__restrict__ a50_r0,
-    const R *__restrict__ a52_r0,
     const R *__restrict__ a54,
     const R *__restrict__ a3_r0,
     R *__restrict__ k32_r0,
@@ -773,13 +742,10 @@ static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a26 = a26_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a28 = a28_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a34 = a34_r0 + (size_t)i * D_H;
   const R *__restrict__ a36 = a36_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a42 = a42_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a44 = a44_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a50 = a50_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a52 = a52_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k32 = k32_r0 + (size_t)i * D_H;
   R *__restrict__ k40 = k40_r0 + (size_t)i * D_H;
@@ -790,16 +756,16 @@ static __global__ void seq2seq_dec_fwd_path_g6(int n, long D_E, long D_H, long D
   R *__restrict__ k60 = k60_r0 + (size_t)i * D_H;
   R *__restrict__ o61 = o61_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h61 = (R *)h61_r0[i] + D_H;
-  const R v29 = a26[j] + a28[j];
+  const R v29 = a26[j];
   const R v31 = v29 + a30[j];
   const R v32 = cv_sigmoid(v31);  /* i */
   const R v37 = a34[j] + a36[j];
   const R v39 = v37 + a38[j];
   const R v40 = cv_sigmoid(v39);  /* f */
-  const R v45 = a42[j] + a44[j];
+  const R v45 = a42[j];
   const R v47 = v45 + a46[j];
   const R v48 = cv_sigmoid(v47);  /* o */
-  const R v53 = a50[j] + a52[j];
+  const R v53 = a50[j];
   const R v55 = v53 + a54[j];
   const R v56 = cv_tanh(v55);  /* u */
   const R v57 = v32 * v56;
@@ -828,37 +794,37 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:77  gather */
-  cavs_gather_fwd(c, 0, 1, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* seq2seq.vf:77  gather */
-  cavs_gather_fwd(c, 1, 0, V[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* group g0 forward, [n, 2H]: s (lines 77) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 2*D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[34] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[33] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
+          V[31] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[29] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 80  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[2], (2*D_H), V[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[2], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:81  k = echild */
-  cavs_echild_fwd(c, 0, V[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  %8 @ Wa: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[13], D_H, 0, V[30] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[13], D_H, 0, V[27] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_fwd(c, V[17] + (size_t)(0) * (2*D_H), (2*D_H), V[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[15] + (size_t)(0) * (2*D_H), (2*D_H), V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -869,29 +835,29 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[30] + (size_t)(r0) * D_H,
-          V[29] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H);
+          V[27] + (size_t)(r0) * D_H,
+          V[26] + (size_t)(r0) * D_H,
+          V[25] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 81  %13 @ va: [n, 1] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            P[14], 1, 0, V[27] + (size_t)(r0) * 1, 1);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[25] + (size_t)(r0) * D_H, D_H,
+            P[14], 1, 0, V[24] + (size_t)(r0) * 1, 1);
   /* group g2 forward, [n, 1]: (lines 81) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[27] + (size_t)(r0) * 1,
-          V[26] + (size_t)(r0) * 1);
+          V[24] + (size_t)(r0) * 1,
+          V[23] + (size_t)(r0) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* seq2seq.vf:81  den = esum */
-  cavs_esum_fwd(c, V[26] + (size_t)(0) * 1, 1, V[25] + (size_t)(0) * 1, 1, 1, r0, n);
+  cavs_esum_fwd(c, V[23] + (size_t)(0) * 1, 1, V[22] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -902,23 +868,23 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[26] + (size_t)(r0) * 1,
-          V[31] + (size_t)(r0) * (2*D_H) + D_H,
-          V[24] + (size_t)(r0) * D_H);
+          V[23] + (size_t)(r0) * 1,
+          V[28] + (size_t)(r0) * (2*D_H) + D_H,
+          V[21] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* seq2seq.vf:82  esum */
-  cavs_esum_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[21] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, 1]: (lines 82) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * 1,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * 1);
+          V[22] + (size_t)((r0 + c->leaf_rows)) * 1,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -927,7 +893,7 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g5_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          V[21] + (size_t)(r0) * (D_E+D_H) + D_E);
+          V[18] + (size_t)(r0) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -935,40 +901,40 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g5, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * 1,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * 1,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
   /* line 84  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            P[3], (3*D_H), 0, V[18] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 84  h_prev @ [Udi|Udo|Udu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], (3*D_H), V[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            P[3], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 84  h_prev @ [Udi|Udo|Udu]: [n, 3H], added into x @ [Wdi|Wdo|Wdu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], (3*D_H), V[16] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  x @ Wdf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 P[15], D_H, V[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 P[15], D_H, V[17] + (size_t)(0) * D_H, D_H);
   /* group g6 forward, [n, H]: i f o u c h (lines 84 85 86 87 88 89) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g6_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          V[18] + (size_t)(r0) * (3*D_H),
+          V[16] + (size_t)(r0) * (3*D_H),
           P[16],
-          V[18] + (size_t)(r0) * (3*D_H) + D_H,
+          V[16] + (size_t)(r0) * (3*D_H) + D_H,
           P[18],
-          V[18] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[16] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[19],
+          V[32] + (size_t)(r0) * D_H,
+          V[34] + (size_t)(r0) * D_H,
           V[35] + (size_t)(r0) * D_H,
-          V[37] + (size_t)(r0) * D_H,
-          V[38] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[39] + (size_t)(r0) * D_H,
+          V[36] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -978,26 +944,23 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_fwd_path_g6, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[16],
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[17],
-          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[18],
-          V[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[19],
-          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[29] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[34] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -1017,7 +980,7 @@ static void seq2seq_dec_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:91  concat */
   cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
 }
 
 /* vertex dec, lazy phase backward */
@@ -1031,7 +994,7 @@ static void seq2seq_dec_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:91  concat */
   cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[21] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
 }
 
 /* seq2seq_dec_bwd_path, group g6 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1120,16 +1083,13 @@ static __global__ void seq2seq_dec_bwd_path_g6_leaves(int n, long D_E, long D_H,
 /* seq2seq_dec_bwd_path, group g6 backward at the others: a thread per row and column of [n, H] */
 static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D_T, long D_V,
     R *__restrict__ d26_r0,
-    R *__restrict__ d28_r0,
     cavs_cuda_sum<R> d30,
     R *__restrict__ d34_r0,
     R *__restrict__ d36_r0,
     cavs_cuda_sum<R> d38,
     R *__restrict__ d42_r0,
-    R *__restrict__ d44_r0,
     cavs_cuda_sum<R> d46,
     R *__restrict__ d50_r0,
-    R *__restrict__ d52_r0,
     cavs_cuda_sum<R> d54,
     const R *__restrict__ a3_r0,
     R *__restrict__ d3_r0,
@@ -1145,13 +1105,10 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d26 = d26_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d28 = d28_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d34 = d34_r0 + (size_t)i * D_H;
   R *__restrict__ d36 = d36_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d42 = d42_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d44 = d44_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d50 = d50_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d52 = d52_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a3 = a3_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d3 = d3_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k32 = k32_r0 + (size_t)i * D_H;
@@ -1198,12 +1155,10 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   g53 += g55;
   d54[j] += g55;  /* summed over rows */
   d50[j] = g53;  /* this loop alone writes it */
-  d52[j] = g53;  /* this loop alone writes it */
   g47 += g48 * v48 * (1 - v48);
   g45 += g47;
   d46[j] += g47;  /* summed over rows */
   d42[j] = g45;  /* this loop alone writes it */
-  d44[j] = g45;  /* this loop alone writes it */
   g39 += g40 * v40 * (1 - v40);
   g37 += g39;
   d38[j] += g39;  /* summed over rows */
@@ -1213,7 +1168,6 @@ static __global__ void seq2seq_dec_bwd_path_g6(int n, long D_E, long D_H, long D
   g29 += g31;
   d30[j] += g31;  /* summed over rows */
   d26[j] = g29;  /* this loop alone writes it */
-  d28[j] = g29;  /* this loop alone writes it */
 }
 
 /* seq2seq_dec_bwd_path, group g5 backward at the others: a thread per row and column of [n, H] */
@@ -1331,18 +1285,18 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g6_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_T, D_V,
-          G[18] + (size_t)(r0) * (3*D_H),
+          G[16] + (size_t)(r0) * (3*D_H),
           PG[16],
-          G[18] + (size_t)(r0) * (3*D_H) + D_H,
+          G[16] + (size_t)(r0) * (3*D_H) + D_H,
           PG[18],
-          G[18] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[16] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[19],
+          V[32] + (size_t)(r0) * D_H,
+          V[34] + (size_t)(r0) * D_H,
           V[35] + (size_t)(r0) * D_H,
-          V[37] + (size_t)(r0) * D_H,
-          V[38] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[39] + (size_t)(r0) * D_H,
+          V[36] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -1352,53 +1306,50 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g6, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[16],
-          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[17],
-          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[18],
-          G[18] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[19] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[19],
-          V[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[29] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[29] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[34] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[35] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[37] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[38] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[39] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[36] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 85  dx += d(x @ Wdf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[20] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[17] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
   /* line 84  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[19] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[4], (3*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[16] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[4], (3*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 84  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[18] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[3], (3*D_H), 1, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[3], (3*D_H), 1, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
+  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
   /* group g5 backward, [n, H]: ctx (lines 82) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g5, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[22] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[21] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[19] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[18] + (size_t)((r0 + c->leaf_rows)) * (D_E+D_H) + D_E);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -1407,13 +1358,13 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[25] + (size_t)((r0 + c->leaf_rows)) * 1,
-          G[22] + (size_t)((r0 + c->leaf_rows)) * 1);
+          G[22] + (size_t)((r0 + c->leaf_rows)) * 1,
+          G[19] + (size_t)((r0 + c->leaf_rows)) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* seq2seq.vf:82  esum */
-  cavs_esum_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[21] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1424,18 +1375,18 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g3, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[26] + (size_t)(r0) * 1,
-          G[26] + (size_t)(r0) * 1,
-          V[31] + (size_t)(r0) * (2*D_H) + D_H,
-          G[31] + (size_t)(r0) * (2*D_H) + D_H,
-          G[24] + (size_t)(r0) * D_H);
+          V[23] + (size_t)(r0) * 1,
+          G[23] + (size_t)(r0) * 1,
+          V[28] + (size_t)(r0) * (2*D_H) + D_H,
+          G[28] + (size_t)(r0) * (2*D_H) + D_H,
+          G[21] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* seq2seq.vf:81  den = esum */
-  cavs_esum_bwd(c, G[26] + (size_t)(0) * 1, 1, G[25] + (size_t)(0) * 1, 1, 1, r0, n);
+  cavs_esum_bwd(c, G[23] + (size_t)(0) * 1, 1, G[22] + (size_t)(0) * 1, 1, 1, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1446,61 +1397,61 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, 1, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[27] + (size_t)(r0) * 1,
-          V[26] + (size_t)(r0) * 1,
-          G[26] + (size_t)(r0) * 1);
+          G[24] + (size_t)(r0) * 1,
+          V[23] + (size_t)(r0) * 1,
+          G[23] + (size_t)(r0) * 1);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 81  d%13 += d(%13 @ va) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[27] + (size_t)(r0) * 1, 1,
-            P[14], 1, 1, G[28] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[24] + (size_t)(r0) * 1, 1,
+            P[14], 1, 1, G[25] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: (lines 81) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[30] + (size_t)(r0) * D_H,
-          G[29] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H,
-          G[28] + (size_t)(r0) * D_H);
+          G[27] + (size_t)(r0) * D_H,
+          G[26] + (size_t)(r0) * D_H,
+          V[25] + (size_t)(r0) * D_H,
+          G[25] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_bwd(c, G[17] + (size_t)(0) * (2*D_H), (2*D_H), G[29] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[15] + (size_t)(0) * (2*D_H), (2*D_H), G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  d%8 += d(%8 @ Wa) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[30] + (size_t)(r0) * D_H, D_H,
-            P[13], D_H, 1, G[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[27] + (size_t)(r0) * D_H, D_H,
+            P[13], D_H, 1, G[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* seq2seq.vf:81  k = echild */
-  cavs_echild_bwd(c, 0, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 80  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[17] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 backward, [n, 2H]: s (lines 77) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), 2*D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_dec_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_T, D_V,
-          G[34] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[33] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[32] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
+          G[31] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[30] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[29] + (size_t)((r0 + c->leaf_rows)) * (2*D_H));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* seq2seq.vf:77  gather */
-  cavs_gather_bwd(c, 1, 0, G[33] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* seq2seq.vf:77  gather */
-  cavs_gather_bwd(c, 0, 1, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[31] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex dec, eager phase backward, then every parameter gradient of the type */
@@ -1513,30 +1464,30 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 80  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[2], (2*D_H), G[17] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[2], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 81  dW += %8^T d(%8 @ Wa), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[31] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[30] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[28] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[27] + (size_t)(r0) * D_H, D_H, 1, PG[13], D_H);
   /* line 81  dW += %13^T d(%13 @ va), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
-            G[27] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 1, n, 1, V[25] + (size_t)(r0) * D_H, D_H,
+            G[24] + (size_t)(r0) * 1, 1, 1, PG[14], 1);
     }
   }
   /* line 84  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[21] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            G[18] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
+            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
   /* line 84  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], (3*D_H), G[19] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], (3*D_H), G[16] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  dW += x^T d(x @ Wdf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[21] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
-                 PG[15], D_H, G[20] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
+                 PG[15], D_H, G[17] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_push_fwd, group g0 forward: a thread per row and column of [n, T] */
@@ -1562,23 +1513,23 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[42] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  %2 @ Wo: [n, T] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[20], D_T, 0, V[41] + (size_t)(r0) * D_T, D_T);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+            P[20], D_T, 0, V[38] + (size_t)(r0) * D_T, D_T);
   /* group g0 forward, [n, T]: logits (lines 95) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_T, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          V[41] + (size_t)(r0) * D_T,
+          V[38] + (size_t)(r0) * D_T,
           P[21],
-          V[40] + (size_t)(r0) * D_T);
+          V[37] + (size_t)(r0) * D_T);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* seq2seq.vf:96  softmax_xent */
-  cavs_xent_fwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
+  cavs_xent_fwd(c, 0, V[37] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
 }
 
 /* seq2seq_push_bwd, group g0 backward: a thread per row and column of [n, T] */
@@ -1605,26 +1556,26 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* seq2seq.vf:96  softmax_xent */
-  cavs_xent_bwd(c, 0, V[40] + (size_t)(0) * D_T, D_T, c->iin[2], G[40] + (size_t)(0) * D_T, D_T, r0, n, D_T);
+  cavs_xent_bwd(c, 0, V[37] + (size_t)(0) * D_T, D_T, c->iin[2], G[37] + (size_t)(0) * D_T, D_T, r0, n, D_T);
   /* group g0 backward, [n, T]: logits (lines 95) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_T, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(seq2seq_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_T, D_V,
-          G[41] + (size_t)(r0) * D_T,
+          G[38] + (size_t)(r0) * D_T,
           PG[21],
-          G[40] + (size_t)(r0) * D_T);
+          G[37] + (size_t)(r0) * D_T);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 95  d%2 += d(%2 @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[41] + (size_t)(r0) * D_T, D_T,
-            P[20], D_T, 1, G[42] + (size_t)(r0) * (2*D_H), (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[38] + (size_t)(r0) * D_T, D_T,
+            P[20], D_T, 1, G[39] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[42] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  dW += %2^T d(%2 @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[42] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[41] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+            G[38] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1708,8 +1659,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"enc_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"enc_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"enc_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1719,7 +1668,6 @@ static const cavs_buf_desc bufs[] = {
   {"enc_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"dec_mm0", {0, {0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"dec_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"dec_mm2", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"dec_t34", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"dec_x", {0, {1, 1}}, CAVS_GRAD, 1, 0, 0},
   {"dec_t21", {1, {0}}, CAVS_GRAD, 1, 1, 0},
@@ -1745,13 +1693,13 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc seq2seq_enc_gathers[] = {
-  {0, 11, {0, {0}}, 1, 0},
+  {0, 9, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_enc_slot_names[] = {"prev"};
 static const int seq2seq_enc_slot_types[] = {0};
 static const cavs_gather_desc seq2seq_dec_gathers[] = {
-  {0, 34, {0, {0}}, 1, 1},
-  {1, 33, {0, {0}}, 1, 0},
+  {0, 31, {0, {0}}, 1, 1},
+  {1, 30, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_dec_slot_names[] = {"prev", "start"};
 static const int seq2seq_dec_slot_types[] = {1, 0};
@@ -1770,7 +1718,7 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
-   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 31, {0, {0}},
+   1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 28, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
@@ -1780,30 +1728,30 @@ static const cavs_value_desc values[] = {
   {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
   {"y", -1, 3, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 5, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 11, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 11, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"s", 1, 32, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 1, 32, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 1, 32, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"q", 1, 17, {0, {0}}, {0, {0, 1}}, 0},
-  {"den", 1, 25, {0, {0}}, {1, {0}}, 0},
-  {"ctx", 1, 21, {0, {1}}, {0, {0, 1}}, 0},
-  {"x", 1, 21, {0, {0}}, {0, {1, 1}}, 0},
-  {"i", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 36, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 37, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 38, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 1, 29, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 1, 29, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 1, 29, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"q", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"den", 1, 22, {0, {0}}, {1, {0}}, 0},
+  {"ctx", 1, 18, {0, {1}}, {0, {0, 1}}, 0},
+  {"x", 1, 18, {0, {0}}, {0, {1, 1}}, 0},
+  {"i", 1, 32, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 33, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 34, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 40, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 37, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc seq2seq_desc = {
@@ -1915,7 +1863,7 @@ const cavs_desc seq2seq_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
-  .nbufs = 43, .bufs = bufs,
+  .nbufs = 40, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -54,7 +54,7 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  x @ Wff: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[5], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_E, D_E, P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_fwd_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -90,17 +90,17 @@ static __global__ void tagger_fwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
-  const R v38 = v36 + (R)0;  /* c */
+  const R v38 = v36;  /* c */
   const R v39 = cv_tanh(v38);
   const R v40 = v27 * v39;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -118,16 +118,12 @@ static __global__ void tagger_fwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
 /* tagger_fwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
     R *__restrict__ k11_r0,
@@ -144,13 +140,9 @@ static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -163,16 +155,16 @@ static __global__ void tagger_fwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
@@ -203,13 +195,13 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:45  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 48  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 49  h_prev @ Uff: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[6], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 48  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 49  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 48 49 50 51 52 53) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -221,13 +213,13 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
           P[9],
           V[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[10],
+          V[8] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[14] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -239,26 +231,22 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_fwd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[7],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[8],
           V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[9],
           V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[10],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -380,16 +368,12 @@ static __global__ void tagger_fwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
 /* tagger_fwd_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -407,13 +391,9 @@ static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -462,22 +442,18 @@ static __global__ void tagger_fwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex fwd, path phase backward: one task, in reverse order */
@@ -501,13 +477,13 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[9],
           G[5] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[10],
+          V[8] + (size_t)(r0) * D_H,
           V[10] + (size_t)(r0) * D_H,
-          V[12] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[11] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[14] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -519,27 +495,23 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_fwd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[7],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[8],
           G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[9],
           G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[10],
-          V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -547,13 +519,13 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 49  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 48  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* tagger.vf:45  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex fwd, eager phase backward, then every parameter gradient of the type */
@@ -566,7 +538,7 @@ static void tagger_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 49  dx += d(x @ Wff) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, G[3] + (size_t)(0) * D_E, D_E);
   /* line 48  dx += d(x @ [Wfi|Wfo|Wfu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -575,14 +547,14 @@ static void tagger_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 48  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  dW += x^T d(x @ Wff), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[8] + (size_t)(0) * D_H, D_H);
+                 PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 49  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[6], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[6], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex bwd, eager phase: every row of the type at once */
@@ -596,10 +568,10 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[15] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  x @ Wbf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[11], D_H, V[18] + (size_t)(0) * D_H, D_H);
+                  V[3] + (size_t)(0) * D_E, D_E, P[11], D_H, V[14] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_bwd_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -635,17 +607,17 @@ static __global__ void tagger_bwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v24 = a21[j] + (R)0;
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
-  const R v38 = v36 + (R)0;  /* c */
+  const R v38 = v36;  /* c */
   const R v39 = cv_tanh(v38);
   const R v40 = v27 * v39;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
@@ -663,16 +635,12 @@ static __global__ void tagger_bwd_fwd_path_g0_leaves(int n, long D_E, long D_H, 
 /* tagger_bwd_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
 static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a13_r0,
-    const R *__restrict__ a15_r0,
     const R *__restrict__ a17,
     const R *__restrict__ a21_r0,
-    const R *__restrict__ a23_r0,
     const R *__restrict__ a25,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a2_r0,
     R *__restrict__ k11_r0,
@@ -689,13 +657,9 @@ static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a13 = a13_r0 + (size_t)i * D_H;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
   const R *__restrict__ a21 = a21_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a23 = a23_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k19 = k19_r0 + (size_t)i * D_H;
@@ -708,16 +672,16 @@ static __global__ void tagger_bwd_fwd_path_g0(int n, long D_E, long D_H, long D_
   R *__restrict__ o40 = o40_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h40 = (R *)h40_r0[i] + D_H;
   R *__restrict__ h40_2 = (R *)h40_2_r0[i] + D_H;
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* i */
-  const R v16 = a13[j] + a15[j];
+  const R v16 = a13[j];
   const R v18 = v16 + a17[j];
   const R v19 = cv_sigmoid(v18);  /* f */
-  const R v24 = a21[j] + a23[j];
+  const R v24 = a21[j];
   const R v26 = v24 + a25[j];
   const R v27 = cv_sigmoid(v26);  /* o */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_tanh(v34);  /* u */
   const R v36 = v11 * v35;
@@ -748,31 +712,31 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:59  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[19] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 62  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[16] + (size_t)(0) * (3*D_H), (3*D_H));
-  /* line 63  h_next @ Ubf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[12], D_H, V[17] + (size_t)(0) * D_H, D_H);
+  cavs_gather_fwd(c, 0, 1, V[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  /* line 62  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 63  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[12], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 62 63 64 65 66 67) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_bwd_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          V[15] + (size_t)(r0) * (3*D_H),
+          V[13] + (size_t)(r0) * (3*D_H),
           P[13],
-          V[15] + (size_t)(r0) * (3*D_H) + D_H,
+          V[13] + (size_t)(r0) * (3*D_H) + D_H,
           P[15],
-          V[15] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[16],
-          V[20] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          V[23] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          V[19] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[24] + (size_t)(r0) * D_H,
+          V[20] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -783,27 +747,23 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_bwd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[13],
-          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[14],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[15],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[16],
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -925,16 +885,12 @@ static __global__ void tagger_bwd_bwd_path_g0_leaves(int n, long D_E, long D_H, 
 /* tagger_bwd_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
 static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d13_r0,
-    R *__restrict__ d15_r0,
     cavs_cuda_sum<R> d17,
     R *__restrict__ d21_r0,
-    R *__restrict__ d23_r0,
     cavs_cuda_sum<R> d25,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -952,13 +908,9 @@ static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d13 = d13_r0 + (size_t)i * D_H;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
   R *__restrict__ d21 = d21_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d23 = d23_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -1007,22 +959,18 @@ static __global__ void tagger_bwd_bwd_path_g0(int n, long D_E, long D_H, long D_
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
   d21[j] = g24;  /* this loop alone writes it */
-  d23[j] = g24;  /* this loop alone writes it */
   g18 += g19 * v19 * (1 - v19);
   g16 += g18;
   d17[j] += g18;  /* summed over rows */
   d13[j] = g16;  /* this loop alone writes it */
-  d15[j] = g16;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* vertex bwd, path phase backward: one task, in reverse order */
@@ -1040,19 +988,19 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_bwd_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          G[15] + (size_t)(r0) * (3*D_H),
+          G[13] + (size_t)(r0) * (3*D_H),
           PG[13],
-          G[15] + (size_t)(r0) * (3*D_H) + D_H,
+          G[13] + (size_t)(r0) * (3*D_H) + D_H,
           PG[15],
-          G[15] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[16],
-          V[20] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          V[23] + (size_t)(r0) * D_H,
+          V[16] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          V[19] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[24] + (size_t)(r0) * D_H,
+          V[20] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1063,28 +1011,24 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_bwd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[13],
-          G[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[14],
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[15],
-          G[15] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[16],
-          V[19] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[19] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1092,13 +1036,13 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 63  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[17] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
+                 P[12], D_H, G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 62  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[16] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* tagger.vf:59  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[19] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex bwd, eager phase backward, then every parameter gradient of the type */
@@ -1111,23 +1055,23 @@ static void tagger_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 63  dx += d(x @ Wbf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[18] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[14] + (size_t)(0) * D_H, D_H,
                  P[11], D_H, G[3] + (size_t)(0) * D_E, D_E);
   /* line 62  dx += d(x @ [Wbi|Wbo|Wbu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[15] + (size_t)(0) * (3*D_H), (3*D_H),
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 62  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[15] + (size_t)(0) * (3*D_H), (3*D_H));
+                 PG[2], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 62  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[16] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  dW += x^T d(x @ Wbf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[11], D_H, G[18] + (size_t)(0) * D_H, D_H);
+                 PG[11], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* line 63  dW += h_next^T d(h_next @ Ubf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[19] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[12], D_H, G[17] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[12], D_H, G[14] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tok, eager phase: every row of the type at once */
@@ -1162,12 +1106,12 @@ static void tagger_tok_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:72  gather */
-  cavs_gather_fwd(c, 0, 0, V[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[22] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger.vf:73  gather */
-  cavs_gather_fwd(c, 1, 1, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger.vf:74  concat */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[26] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[25] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex tok, lazy phase backward */
@@ -1180,12 +1124,12 @@ static void tagger_tok_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:74  concat */
-  cavs_copy_rows(c, G[26] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[25] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* tagger.vf:73  gather */
-  cavs_gather_bwd(c, 1, 1, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger.vf:72  gather */
-  cavs_gather_bwd(c, 0, 0, G[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[22] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tok, path phase backward: one task, in reverse order */
@@ -1233,23 +1177,23 @@ static void tagger_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:78  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[29] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[25] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  %2 @ Wo: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[29] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[17], D_C, 0, V[28] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
+            P[17], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 78) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[28] + (size_t)(r0) * D_C,
+          V[24] + (size_t)(r0) * D_C,
           P[18],
-          V[27] + (size_t)(r0) * D_C);
+          V[23] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* tagger.vf:79  softmax_xent */
-  cavs_xent_fwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[23] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* tagger_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -1276,26 +1220,26 @@ static void tagger_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:79  softmax_xent */
-  cavs_xent_bwd(c, 0, V[27] + (size_t)(0) * D_C, D_C, c->iin[1], G[27] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[23] + (size_t)(0) * D_C, D_C, c->iin[1], G[23] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 78) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[28] + (size_t)(r0) * D_C,
+          G[24] + (size_t)(r0) * D_C,
           PG[18],
-          G[27] + (size_t)(r0) * D_C);
+          G[23] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 78  d%2 += d(%2 @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[28] + (size_t)(r0) * D_C, D_C,
-            P[17], D_C, 1, G[29] + (size_t)(r0) * (2*D_H), (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[24] + (size_t)(r0) * D_C, D_C,
+            P[17], D_C, 1, G[25] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* tagger.vf:78  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[29] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  dW += %2^T d(%2 @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[29] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[28] + (size_t)(r0) * D_C, D_C, 1, PG[17], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
+            G[24] + (size_t)(r0) * D_C, D_C, 1, PG[17], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1368,8 +1312,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"fwd_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"fwd_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"fwd_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"fwd_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"fwd_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"fwd_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1378,8 +1320,6 @@ static const cavs_buf_desc bufs[] = {
   {"fwd_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"fwd_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"bwd_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"bwd_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"bwd_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"bwd_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"bwd_s", {0, {0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"bwd_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
@@ -1394,18 +1334,18 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc tagger_fwd_gathers[] = {
-  {0, 9, {0, {0}}, 1, 0},
+  {0, 7, {0, {0}}, 1, 0},
 };
 static const char *const tagger_fwd_slot_names[] = {"prev"};
 static const int tagger_fwd_slot_types[] = {0};
 static const cavs_gather_desc tagger_bwd_gathers[] = {
-  {0, 19, {0, {0}}, 1, 1},
+  {0, 15, {0, {0}}, 1, 1},
 };
 static const char *const tagger_bwd_slot_names[] = {"next"};
 static const int tagger_bwd_slot_types[] = {1};
 static const cavs_gather_desc tagger_tok_gathers[] = {
-  {0, 26, {0, {0}}, 0, 0},
-  {1, 25, {0, {0}}, 0, 1},
+  {0, 22, {0, {0}}, 0, 0},
+  {1, 21, {0, {0}}, 0, 1},
 };
 static const char *const tagger_tok_slot_names[] = {"f", "b"};
 static const int tagger_tok_slot_types[] = {0, 1};
@@ -1440,29 +1380,29 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 3, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 0, 7, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 19, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_next", 1, 19, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_next", 1, 19, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 1, 20, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 21, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 22, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 23, {0, {0}}, {0, {0, 1}}, 1},
+  {"s", 1, 15, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_next", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_next", 1, 15, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 1, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 18, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 19, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h_f", 2, 26, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h_b", 2, 25, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"h_f", 2, 22, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"h_b", 2, 21, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 27, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc tagger_desc = {
@@ -1557,7 +1497,7 @@ const cavs_desc tagger_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
-  .nbufs = 30, .bufs = bufs,
+  .nbufs = 26, .bufs = bufs,
   .state_buf = -1, .push_buf = 2,
   .nvertex = 3, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -63,7 +63,7 @@ static void tagger_chars_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[4] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  k @ Wcf: [n, Hc], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_Hc, D_K, P[7], D_K, D_A,
-                  V[4] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[9] + (size_t)(0) * D_Hc, D_Hc);
+                  V[4] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, Hc] */
@@ -86,29 +86,29 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict a25 = P[12];
     const R *restrict a29 = V[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     const R *restrict a33 = P[13];
-    R *restrict k11 = V[11] + (size_t)(r) * D_Hc;
-    R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
-    R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
+    R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
+    R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
+    R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
+    R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + (R)0;
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v24 = a21[j] + (R)0;
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + (R)0;
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
-      const R v38 = v36 + (R)0;  /* c */
+      const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
       if (keep) k11[j] = v11;  /* kept for the backward loop */
@@ -140,41 +140,37 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[6] + (size_t)(r) * (3*D_Hc);
-    const R *restrict a7 = V[7] + (size_t)(r) * (3*D_Hc);
     const R *restrict a9 = P[10];
-    const R *restrict a13 = V[9] + (size_t)(r) * D_Hc;
-    const R *restrict a15 = V[8] + (size_t)(r) * D_Hc;
+    const R *restrict a13 = V[7] + (size_t)(r) * D_Hc;
     const R *restrict a17 = P[11];
     const R *restrict a21 = V[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
-    const R *restrict a23 = V[7] + (size_t)(r) * (3*D_Hc) + D_Hc;
     const R *restrict a25 = P[12];
     const R *restrict a29 = V[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
-    const R *restrict a31 = V[7] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     const R *restrict a33 = P[13];
-    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_Hc);
-    R *restrict k11 = V[11] + (size_t)(r) * D_Hc;
-    R *restrict k19 = V[12] + (size_t)(r) * D_Hc;
-    R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
-    R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
+    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_Hc);
+    R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
+    R *restrict k19 = V[10] + (size_t)(r) * D_Hc;
+    R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
+    R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
+    R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v8 = a5[j] + a7[j];
+      const R v8 = a5[j];
       const R v10 = v8 + a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v16 = a13[j] + a15[j];
+      const R v16 = a13[j];
       const R v18 = v16 + a17[j];
       const R v19 = cv_sigmoid(v18);  /* f */
-      const R v24 = a21[j] + a23[j];
+      const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_sigmoid(v26);  /* o */
-      const R v32 = a29[j] + a31[j];
+      const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
       const R v36 = v11 * v35;
@@ -210,13 +206,13 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
-  /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_Hc, D_Hc, V[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[1], (3*D_Hc), V[7] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
-  /* line 51  h_prev @ Ucf: [n, Hc], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_Hc, D_Hc, V[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[9], D_Hc, V[8] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], added into k @ [Wci|Wco|Wcu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[1], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  /* line 51  h_prev @ Ucf: [n, Hc], added into k @ Wcf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[9], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
   /* group g0 forward, [n, Hc]: i f o u c h (lines 50 51 52 53 54 55) */
   cavs_loop(c, tagger_chars_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
   cavs_loop(c, tagger_chars_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
@@ -270,13 +266,13 @@ static void tagger_chars_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict d25 = PG[12];
     R *restrict d29 = G[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     R *restrict d33 = PG[13];
-    const R *restrict k11 = V[11] + (size_t)(r) * D_Hc;
-    const R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
-    const R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
+    const R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
+    const R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
+    const R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
@@ -352,27 +348,23 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d5 = G[6] + (size_t)(r) * (3*D_Hc);
-    R *restrict d7 = G[7] + (size_t)(r) * (3*D_Hc);
     R *restrict d9 = PG[10];
-    R *restrict d13 = G[9] + (size_t)(r) * D_Hc;
-    R *restrict d15 = G[8] + (size_t)(r) * D_Hc;
+    R *restrict d13 = G[7] + (size_t)(r) * D_Hc;
     R *restrict d17 = PG[11];
     R *restrict d21 = G[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
-    R *restrict d23 = G[7] + (size_t)(r) * (3*D_Hc) + D_Hc;
     R *restrict d25 = PG[12];
     R *restrict d29 = G[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
-    R *restrict d31 = G[7] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     R *restrict d33 = PG[13];
-    const R *restrict a2 = V[10] + (size_t)(r) * (2*D_Hc);
-    R *restrict d2 = G[10] + (size_t)(r) * (2*D_Hc);
-    const R *restrict k11 = V[11] + (size_t)(r) * D_Hc;
-    const R *restrict k19 = V[12] + (size_t)(r) * D_Hc;
-    const R *restrict k27 = V[13] + (size_t)(r) * D_Hc;
-    const R *restrict k35 = V[14] + (size_t)(r) * D_Hc;
+    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_Hc);
+    R *restrict d2 = G[8] + (size_t)(r) * (2*D_Hc);
+    const R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
+    const R *restrict k19 = V[10] + (size_t)(r) * D_Hc;
+    const R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[15] + (size_t)(r) * D_Hc;
+    const R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
@@ -413,22 +405,18 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g32 += g34;
       d33[j] += g34;  /* summed over rows */
       d29[j] = g32;  /* this loop alone writes it */
-      d31[j] = g32;  /* this loop alone writes it */
       g26 += g27 * v27 * (1 - v27);
       g24 += g26;
       d25[j] += g26;  /* summed over rows */
       d21[j] = g24;  /* this loop alone writes it */
-      d23[j] = g24;  /* this loop alone writes it */
       g18 += g19 * v19 * (1 - v19);
       g16 += g18;
       d17[j] += g18;  /* summed over rows */
       d13[j] = g16;  /* this loop alone writes it */
-      d15[j] = g16;  /* this loop alone writes it */
       g10 += g11 * v11 * (1 - v11);
       g8 += g10;
       d9[j] += g10;  /* summed over rows */
       d5[j] = g8;  /* this loop alone writes it */
-      d7[j] = g8;  /* this loop alone writes it */
     }
   }
 }
@@ -450,13 +438,13 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
   cavs_loop(c, tagger_chars_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
   /* line 51  dh_prev += d(h_prev @ Ucf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[8] + (size_t)(0) * D_Hc, D_Hc,
-                 P[9], D_Hc, G[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc,
+                 P[9], D_Hc, G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* line 50  dh_prev += d(h_prev @ [Uci|Uco|Ucu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[7] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[1], (3*D_Hc), G[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
+                 P[1], (3*D_Hc), G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex chr, eager phase backward, then every parameter gradient of the type */
@@ -472,7 +460,7 @@ static void tagger_chars_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 51  dk += d(k @ Wcf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[9] + (size_t)(0) * D_Hc, D_Hc,
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[7] + (size_t)(0) * D_Hc, D_Hc,
                  P[8], D_Hc, G[4] + (size_t)(0) * D_K, D_K);
   /* line 50  dk += d(k @ [Wci|Wco|Wcu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
@@ -481,14 +469,14 @@ static void tagger_chars_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
                  PG[0], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 50  dW += h_prev^T d(h_prev @ [Uci|Uco|Ucu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[1], (3*D_Hc), G[7] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[1], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  dW += k^T d(k @ Wcf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
-                 PG[8], D_Hc, G[9] + (size_t)(0) * D_Hc, D_Hc);
+                 PG[8], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
   /* line 51  dW += h_prev^T d(h_prev @ Ucf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[10] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[9], D_Hc, G[8] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[9], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* vertex fwd, eager phase: every row of the type at once */
@@ -519,35 +507,35 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[16] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[14] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
-    const R *restrict a24 = V[16] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[14] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[18];
-    const R *restrict a32 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[14] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[19];
-    R *restrict k14 = V[23] + (size_t)(r) * D_H;
-    R *restrict k30 = V[25] + (size_t)(r) * D_H;
-    R *restrict k38 = V[26] + (size_t)(r) * D_H;
+    R *restrict k14 = V[19] + (size_t)(r) * D_H;
+    R *restrict k30 = V[21] + (size_t)(r) * D_H;
+    R *restrict k38 = V[22] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[27] + (size_t)(r) * D_H;
+    R *restrict k42 = V[23] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v11 = a8[j] + (R)0;
+      const R v11 = a8[j];
       const R v13 = v11 + a12[j];
       const R v14 = cv_sigmoid(v13);  /* i */
-      const R v27 = a24[j] + (R)0;
+      const R v27 = a24[j];
       const R v29 = v27 + a28[j];
       const R v30 = cv_sigmoid(v29);  /* o */
-      const R v35 = a32[j] + (R)0;
+      const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
       const R v39 = v14 * v38;
-      const R v41 = v39 + (R)0;  /* c */
+      const R v41 = v39;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
       if (keep) k14[j] = v14;  /* kept for the backward loop */
@@ -578,42 +566,38 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[16] + (size_t)(r) * (3*D_H);
-    const R *restrict a10 = V[17] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[14] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
-    const R *restrict a16 = V[19] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[15] + (size_t)(r) * D_H;
     const R *restrict a20 = P[17];
-    const R *restrict a24 = V[16] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a26 = V[17] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[14] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[18];
-    const R *restrict a32 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a34 = V[17] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[14] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[19];
-    const R *restrict a5 = V[20] + (size_t)(r) * (2*D_H);
-    R *restrict k14 = V[23] + (size_t)(r) * D_H;
-    R *restrict k22 = V[24] + (size_t)(r) * D_H;
-    R *restrict k30 = V[25] + (size_t)(r) * D_H;
-    R *restrict k38 = V[26] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[16] + (size_t)(r) * (2*D_H);
+    R *restrict k14 = V[19] + (size_t)(r) * D_H;
+    R *restrict k22 = V[20] + (size_t)(r) * D_H;
+    R *restrict k30 = V[21] + (size_t)(r) * D_H;
+    R *restrict k38 = V[22] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[27] + (size_t)(r) * D_H;
+    R *restrict k42 = V[23] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v11 = a8[j] + a10[j];
+      const R v11 = a8[j];
       const R v13 = v11 + a12[j];
       const R v14 = cv_sigmoid(v13);  /* i */
-      const R v19 = a16[j] + a18[j];
+      const R v19 = a16[j];
       const R v21 = v19 + a20[j];
       const R v22 = cv_sigmoid(v21);  /* f */
-      const R v27 = a24[j] + a26[j];
+      const R v27 = a24[j];
       const R v29 = v27 + a28[j];
       const R v30 = cv_sigmoid(v29);  /* o */
-      const R v35 = a32[j] + a34[j];
+      const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
       const R v39 = v14 * v38;
@@ -649,24 +633,24 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:60  gather */
-  cavs_gather_fwd(c, 1, 0, V[22] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[21] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[22] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 64  x @ [Wfi|Wfo|Wfu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[21] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[2], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 64  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[17] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[2], (3*D_H), 0, V[14] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 64  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  x @ Wff: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[21] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[14], D_H, V[19] + (size_t)(0) * D_H, D_H);
-  /* line 65  h_prev @ Uff: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[18] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[14], D_H, V[15] + (size_t)(0) * D_H, D_H);
+  /* line 65  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[15] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 64 65 66 67 68 69) */
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -714,19 +698,19 @@ static void tagger_chars_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[16] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[14] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[16];
-    R *restrict d24 = G[16] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[14] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[18];
-    R *restrict d32 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[14] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[19];
-    const R *restrict k14 = V[23] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[25] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[26] + (size_t)(r) * D_H;
+    const R *restrict k14 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[21] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[22] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[27] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[23] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -801,28 +785,24 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[16] + (size_t)(r) * (3*D_H);
-    R *restrict d10 = G[17] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[14] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[16];
-    R *restrict d16 = G[19] + (size_t)(r) * D_H;
-    R *restrict d18 = G[18] + (size_t)(r) * D_H;
+    R *restrict d16 = G[15] + (size_t)(r) * D_H;
     R *restrict d20 = PG[17];
-    R *restrict d24 = G[16] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d26 = G[17] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[14] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[18];
-    R *restrict d32 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d34 = G[17] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[14] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[19];
-    const R *restrict a5 = V[20] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[20] + (size_t)(r) * (2*D_H);
-    const R *restrict k14 = V[23] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[24] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[25] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[26] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[16] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[16] + (size_t)(r) * (2*D_H);
+    const R *restrict k14 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[21] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[22] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[27] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[23] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -863,22 +843,18 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g35 += g37;
       d36[j] += g37;  /* summed over rows */
       d32[j] = g35;  /* this loop alone writes it */
-      d34[j] = g35;  /* this loop alone writes it */
       g29 += g30 * v30 * (1 - v30);
       g27 += g29;
       d28[j] += g29;  /* summed over rows */
       d24[j] = g27;  /* this loop alone writes it */
-      d26[j] = g27;  /* this loop alone writes it */
       g21 += g22 * v22 * (1 - v22);
       g19 += g21;
       d20[j] += g21;  /* summed over rows */
       d16[j] = g19;  /* this loop alone writes it */
-      d18[j] = g19;  /* this loop alone writes it */
       g13 += g14 * v14 * (1 - v14);
       g11 += g13;
       d12[j] += g13;  /* summed over rows */
       d8[j] = g11;  /* this loop alone writes it */
-      d10[j] = g11;  /* this loop alone writes it */
     }
   }
 }
@@ -900,24 +876,24 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 65  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[18] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[15] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 65  dx += d(x @ Wff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[19] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[21] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[15] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, G[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 64  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[17] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dx += d(x @ [Wfi|Wfo|Wfu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[21] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[14] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[21] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[22] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[21] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:60  gather */
-  cavs_gather_bwd(c, 1, 0, G[22] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex fwd, eager phase backward, then every parameter gradient of the type */
@@ -933,17 +909,17 @@ static void tagger_chars_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 64  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[21] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[14] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 64  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[17] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  dW += x^T d(x @ Wff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[21] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[14], D_H, G[19] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[14], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* line 65  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[18] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[15] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex bwd, eager phase: every row of the type at once */
@@ -974,35 +950,35 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[28] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[24] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
-    const R *restrict a24 = V[28] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[24] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[24];
-    const R *restrict a32 = V[28] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[24] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[25];
-    R *restrict k14 = V[35] + (size_t)(r) * D_H;
-    R *restrict k30 = V[37] + (size_t)(r) * D_H;
-    R *restrict k38 = V[38] + (size_t)(r) * D_H;
+    R *restrict k14 = V[29] + (size_t)(r) * D_H;
+    R *restrict k30 = V[31] + (size_t)(r) * D_H;
+    R *restrict k38 = V[32] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[39] + (size_t)(r) * D_H;
+    R *restrict k42 = V[33] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v11 = a8[j] + (R)0;
+      const R v11 = a8[j];
       const R v13 = v11 + a12[j];
       const R v14 = cv_sigmoid(v13);  /* i */
-      const R v27 = a24[j] + (R)0;
+      const R v27 = a24[j];
       const R v29 = v27 + a28[j];
       const R v30 = cv_sigmoid(v29);  /* o */
-      const R v35 = a32[j] + (R)0;
+      const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
       const R v39 = v14 * v38;
-      const R v41 = v39 + (R)0;  /* c */
+      const R v41 = v39;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
       if (keep) k14[j] = v14;  /* kept for the backward loop */
@@ -1033,42 +1009,38 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[28] + (size_t)(r) * (3*D_H);
-    const R *restrict a10 = V[29] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[24] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
-    const R *restrict a16 = V[31] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[30] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[25] + (size_t)(r) * D_H;
     const R *restrict a20 = P[23];
-    const R *restrict a24 = V[28] + (size_t)(r) * (3*D_H) + D_H;
-    const R *restrict a26 = V[29] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[24] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[24];
-    const R *restrict a32 = V[28] + (size_t)(r) * (3*D_H) + (2*D_H);
-    const R *restrict a34 = V[29] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[24] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[25];
-    const R *restrict a5 = V[32] + (size_t)(r) * (2*D_H);
-    R *restrict k14 = V[35] + (size_t)(r) * D_H;
-    R *restrict k22 = V[36] + (size_t)(r) * D_H;
-    R *restrict k30 = V[37] + (size_t)(r) * D_H;
-    R *restrict k38 = V[38] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[26] + (size_t)(r) * (2*D_H);
+    R *restrict k14 = V[29] + (size_t)(r) * D_H;
+    R *restrict k22 = V[30] + (size_t)(r) * D_H;
+    R *restrict k30 = V[31] + (size_t)(r) * D_H;
+    R *restrict k38 = V[32] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[39] + (size_t)(r) * D_H;
+    R *restrict k42 = V[33] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v11 = a8[j] + a10[j];
+      const R v11 = a8[j];
       const R v13 = v11 + a12[j];
       const R v14 = cv_sigmoid(v13);  /* i */
-      const R v19 = a16[j] + a18[j];
+      const R v19 = a16[j];
       const R v21 = v19 + a20[j];
       const R v22 = cv_sigmoid(v21);  /* f */
-      const R v27 = a24[j] + a26[j];
+      const R v27 = a24[j];
       const R v29 = v27 + a28[j];
       const R v30 = cv_sigmoid(v29);  /* o */
-      const R v35 = a32[j] + a34[j];
+      const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
       const R v39 = v14 * v38;
@@ -1104,24 +1076,24 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:74  gather */
-  cavs_gather_fwd(c, 1, 0, V[34] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, V[33] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[33] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[34] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_fwd(c, 0, 2, V[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 2, V[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 78  x @ [Wbi|Wbo|Wbu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[33] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[4], (3*D_H), 0, V[28] + (size_t)(r0) * (3*D_H), (3*D_H));
-  /* line 78  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[5], (3*D_H), V[29] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[4], (3*D_H), 0, V[24] + (size_t)(r0) * (3*D_H), (3*D_H));
+  /* line 78  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], (3*D_H), V[24] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  x @ Wbf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[33] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[20], D_H, V[31] + (size_t)(0) * D_H, D_H);
-  /* line 79  h_next @ Ubf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[21], D_H, V[30] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[20], D_H, V[25] + (size_t)(0) * D_H, D_H);
+  /* line 79  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[21], D_H, V[25] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 78 79 80 81 82 83) */
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -1169,19 +1141,19 @@ static void tagger_chars_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[28] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[24] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[22];
-    R *restrict d24 = G[28] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[24] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[24];
-    R *restrict d32 = G[28] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[24] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[25];
-    const R *restrict k14 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[37] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[38] + (size_t)(r) * D_H;
+    const R *restrict k14 = V[29] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[31] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[32] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[39] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[33] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -1256,28 +1228,24 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[28] + (size_t)(r) * (3*D_H);
-    R *restrict d10 = G[29] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[24] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[22];
-    R *restrict d16 = G[31] + (size_t)(r) * D_H;
-    R *restrict d18 = G[30] + (size_t)(r) * D_H;
+    R *restrict d16 = G[25] + (size_t)(r) * D_H;
     R *restrict d20 = PG[23];
-    R *restrict d24 = G[28] + (size_t)(r) * (3*D_H) + D_H;
-    R *restrict d26 = G[29] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[24] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[24];
-    R *restrict d32 = G[28] + (size_t)(r) * (3*D_H) + (2*D_H);
-    R *restrict d34 = G[29] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[24] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[25];
-    const R *restrict a5 = V[32] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[32] + (size_t)(r) * (2*D_H);
-    const R *restrict k14 = V[35] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[36] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[37] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[38] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[26] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[26] + (size_t)(r) * (2*D_H);
+    const R *restrict k14 = V[29] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[30] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[31] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[32] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[39] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[33] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -1318,22 +1286,18 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g35 += g37;
       d36[j] += g37;  /* summed over rows */
       d32[j] = g35;  /* this loop alone writes it */
-      d34[j] = g35;  /* this loop alone writes it */
       g29 += g30 * v30 * (1 - v30);
       g27 += g29;
       d28[j] += g29;  /* summed over rows */
       d24[j] = g27;  /* this loop alone writes it */
-      d26[j] = g27;  /* this loop alone writes it */
       g21 += g22 * v22 * (1 - v22);
       g19 += g21;
       d20[j] += g21;  /* summed over rows */
       d16[j] = g19;  /* this loop alone writes it */
-      d18[j] = g19;  /* this loop alone writes it */
       g13 += g14 * v14 * (1 - v14);
       g11 += g13;
       d12[j] += g13;  /* summed over rows */
       d8[j] = g11;  /* this loop alone writes it */
-      d10[j] = g11;  /* this loop alone writes it */
     }
   }
 }
@@ -1355,24 +1319,24 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 79  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[30] + (size_t)(0) * D_H, D_H,
-                 P[21], D_H, G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[25] + (size_t)(0) * D_H, D_H,
+                 P[21], D_H, G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 79  dx += d(x @ Wbf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[31] + (size_t)(0) * D_H, D_H,
-                 P[20], D_H, G[33] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[25] + (size_t)(0) * D_H, D_H,
+                 P[20], D_H, G[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 78  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[29] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[5], (3*D_H), G[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[24] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[5], (3*D_H), G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 78  dx += d(x @ [Wbi|Wbo|Wbu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[28] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[4], (3*D_H), 1, G[33] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[24] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[4], (3*D_H), 1, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_bwd(c, 0, 2, G[32] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 2, G[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[33] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[33] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:74  gather */
-  cavs_gather_bwd(c, 1, 0, G[34] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex bwd, eager phase backward, then every parameter gradient of the type */
@@ -1388,17 +1352,17 @@ static void tagger_chars_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 78  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[33] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[28] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[24] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
   /* line 78  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[5], (3*D_H), G[29] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[5], (3*D_H), G[24] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  dW += x^T d(x @ Wbf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[33] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[20], D_H, G[31] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[20], D_H, G[25] + (size_t)(0) * D_H, D_H);
   /* line 79  dW += h_next^T d(h_next @ Ubf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[32] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[21], D_H, G[30] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[21], D_H, G[25] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tok, eager phase: every row of the type at once */
@@ -1442,12 +1406,12 @@ static void tagger_chars_tok_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:88  gather */
-  cavs_gather_fwd(c, 0, 1, V[41] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[35] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:89  gather */
-  cavs_gather_fwd(c, 1, 2, V[40] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 2, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H), (2*D_H), V[41] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[40] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H), (2*D_H), V[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex tok, lazy phase backward */
@@ -1463,12 +1427,12 @@ static void tagger_chars_tok_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, G[41] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[40] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* tagger_chars.vf:89  gather */
-  cavs_gather_bwd(c, 1, 2, G[40] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 2, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:88  gather */
-  cavs_gather_bwd(c, 0, 1, G[41] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[35] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tok, path phase backward: one task, in reverse order */
@@ -1512,9 +1476,9 @@ static void tagger_chars_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[43] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[37] + (size_t)(r) * D_C;
     const R *restrict a3 = P[27];
-    R *restrict o4 = V[42] + (size_t)(r) * D_C;
+    R *restrict o4 = V[36] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -1537,11 +1501,11 @@ static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 94  p @ Wo: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
-            P[26], D_C, 0, V[43] + (size_t)(r0) * D_C, D_C);
+            P[26], D_C, 0, V[37] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 94) */
   cavs_loop(c, tagger_chars_push_fwd_g0, r0, n, D_C, 0);
   /* tagger_chars.vf:95  softmax_xent */
-  cavs_xent_fwd(c, 0, V[42] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[36] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }
 
 /* tagger_chars_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -1557,9 +1521,9 @@ static void tagger_chars_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[43] + (size_t)(r) * D_C;
+    R *restrict d2 = G[37] + (size_t)(r) * D_C;
     R *restrict d3 = PG[27];
-    const R *restrict g4_in = G[42] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[36] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -1582,15 +1546,15 @@ static void tagger_chars_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:95  softmax_xent */
-  cavs_xent_bwd(c, 0, V[42] + (size_t)(0) * D_C, D_C, c->iin[2], G[42] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[36] + (size_t)(0) * D_C, D_C, c->iin[2], G[36] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 94) */
   cavs_loop(c, tagger_chars_push_bwd_g0, r0, n, D_C, 0);
   /* line 94  dp += d(p @ Wo) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[43] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[37] + (size_t)(r0) * D_C, D_C,
             P[26], D_C, 1, G[3] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* line 94  dW += p^T d(p @ Wo), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
-            G[43] + (size_t)(r0) * D_C, D_C, 1, PG[26], D_C);
+            G[37] + (size_t)(r0) * D_C, D_C, 1, PG[26], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -1688,8 +1652,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_k", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"chr_mm1", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"chr_t15", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD, 0, 1, 0},
   {"chr_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1698,8 +1660,6 @@ static const cavs_buf_desc bufs[] = {
   {"chr_u_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_t39_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"fwd_mm0", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"fwd_mm1", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"fwd_t18", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"fwd_t16", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"fwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"fwd_x", {0, {1, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -1710,8 +1670,6 @@ static const cavs_buf_desc bufs[] = {
   {"fwd_u_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"fwd_t42_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"bwd_mm0", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 2, 0, 0},
-  {"bwd_mm1", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 2, 1, 0},
-  {"bwd_t18", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 2, 1, 0},
   {"bwd_t16", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 2, 1, 0},
   {"bwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD, 2, 1, 0},
   {"bwd_x", {0, {1, 0, 1}}, CAVS_GRAD, 2, 0, 0},
@@ -1727,25 +1685,25 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
 };
 static const cavs_gather_desc tagger_chars_chr_gathers[] = {
-  {0, 10, {0, {0}}, 1, 0},
+  {0, 8, {0, {0}}, 1, 0},
 };
 static const char *const tagger_chars_chr_slot_names[] = {"prev"};
 static const int tagger_chars_chr_slot_types[] = {0};
 static const cavs_gather_desc tagger_chars_fwd_gathers[] = {
-  {1, 22, {0, {0}}, 0, 0},
-  {0, 20, {0, {0}}, 1, 1},
+  {1, 18, {0, {0}}, 0, 0},
+  {0, 16, {0, {0}}, 1, 1},
 };
 static const char *const tagger_chars_fwd_slot_names[] = {"prev", "w"};
 static const int tagger_chars_fwd_slot_types[] = {1, 0};
 static const cavs_gather_desc tagger_chars_bwd_gathers[] = {
-  {1, 34, {0, {0}}, 0, 0},
-  {0, 32, {0, {0}}, 1, 2},
+  {1, 28, {0, {0}}, 0, 0},
+  {0, 26, {0, {0}}, 1, 2},
 };
 static const char *const tagger_chars_bwd_slot_names[] = {"next", "w"};
 static const int tagger_chars_bwd_slot_types[] = {2, 0};
 static const cavs_gather_desc tagger_chars_tok_gathers[] = {
-  {0, 41, {0, {0}}, 0, 1},
-  {1, 40, {0, {0}}, 0, 2},
+  {0, 35, {0, {0}}, 0, 1},
+  {1, 34, {0, {0}}, 0, 2},
 };
 static const char *const tagger_chars_tok_slot_names[] = {"f", "b"};
 static const int tagger_chars_tok_slot_types[] = {1, 2};
@@ -1788,39 +1746,39 @@ static const cavs_value_desc values[] = {
   {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
   {"k", -1, 4, {0, {0}}, {0, {0, 1}}, 0},
   {"k", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 10, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 0, 10, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 0, 13, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 14, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"s", 0, 8, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 0, 8, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 0, 0, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"x", 1, 21, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 1, 20, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_prev", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_prev", 1, 20, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 1, 23, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 1, 24, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 1, 25, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 1, 26, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 1, 17, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 1, 16, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_prev", 1, 16, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_prev", 1, 16, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 1, 19, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 1, 21, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 1, 22, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"x", 2, 33, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 2, 32, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_next", 2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_next", 2, 32, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 2, 35, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 2, 36, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 2, 37, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 2, 38, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 2, 27, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 2, 26, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_next", 2, 26, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_next", 2, 26, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 2, 30, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 2, 31, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 2, 2, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 2, 2, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_f", 3, 41, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_b", 3, 40, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_f", 3, 35, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_b", 3, 34, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
   {"p", -1, 3, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"logits", -1, 42, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"logits", -1, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc tagger_chars_desc = {
@@ -1931,7 +1889,7 @@ const cavs_desc tagger_chars_desc = {
   .ninputs = 3, .nint = 3, .nreal = 0, .inputs = inputs,
   .nparams = 40, .params = params,
   .npgroups = 28, .pgroups = pgroups,
-  .nbufs = 44, .bufs = bufs,
+  .nbufs = 38, .bufs = bufs,
   .state_buf = -1, .push_buf = 3,
   .nvertex = 4, .vertex = vertex,
   .nlosses = 1, .losses = losses,

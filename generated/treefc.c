@@ -59,7 +59,7 @@ static void treefc_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     R *restrict h9 = (R *)c->home_val[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v6 = a0[j] + (R)0;
+      const R v6 = a0[j];
       const R v8 = v6 + a7[j];
       const R v9 = (v8 > 0 ? v8 : 0);  /* h */
       o9[j] = v9;
@@ -155,7 +155,7 @@ static void treefc_tree_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
     const R *restrict hg9 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v6 = a0[j] + (R)0;
+      const R v6 = a0[j];
       const R v8 = v6 + a7[j];
       R g6 = 0;
       R g8 = 0;

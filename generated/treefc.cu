@@ -55,7 +55,7 @@ static __global__ void treefc_tree_fwd_path_g0_leaves(int n, long D_H, long D_C,
   const R *__restrict__ a0 = a0_r0 + (size_t)i * D_H;
   R *__restrict__ o9 = o9_r0 + (size_t)i * D_H;
   R *__restrict__ h9 = (R *)h9_r0[i];
-  const R v6 = a0[j] + (R)0;
+  const R v6 = a0[j];
   const R v8 = v6 + a7[j];
   const R v9 = (v8 > 0 ? v8 : 0);  /* h */
   o9[j] = v9;
@@ -162,7 +162,7 @@ static __global__ void treefc_tree_bwd_path_g0_leaves(int n, long D_H, long D_C,
   R *__restrict__ d0 = d0_r0 + (size_t)i * D_H;
   const R *__restrict__ g9_in = g9_in_r0 + (size_t)i * D_H;
   const R *__restrict__ hg9 = (R *)hg9_r0[i];
-  const R v6 = a0[j] + (R)0;
+  const R v6 = a0[j];
   const R v8 = v6 + a7[j];
   R g6 = 0;
   R g8 = 0;

@@ -63,15 +63,15 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[2], D_H, V[9] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[2], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[7],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -141,15 +141,15 @@ static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H
   R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
   R *__restrict__ h38 = (R *)h38_r0[i];
-  const R v8 = a5[j] + (R)0;
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* z */
-  const R v30 = a24[j] + (R)0;
+  const R v30 = a24[j];
   const R v32 = v30 + a31[j];
   const R v33 = cv_tanh(v32);  /* n */
   const R v35 = (R)1 - v11;
   const R v36 = v35 * v33;
-  const R v38 = v36 + (R)0;  /* h */
+  const R v38 = v36;  /* h */
   k11[j] = v11;  /* kept for the backward loop */
   k33[j] = v33;  /* kept for the backward loop */
   o38[j] = v38;
@@ -159,10 +159,8 @@ static __global__ void treegru_tree_fwd_path_g1_leaves(int n, long D_E, long D_H
 /* treegru_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a5_r0,
-    const R *__restrict__ a7_r0,
     const R *__restrict__ a9,
     const R *__restrict__ a24_r0,
-    const R *__restrict__ a29_r0,
     const R *__restrict__ a31,
     const R *__restrict__ a3_r0,
     R *__restrict__ k11_r0,
@@ -172,18 +170,16 @@ static __global__ void treegru_tree_fwd_path_g1(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a7 = a7_r0 + (size_t)i * D_H;
   const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
-  const R *__restrict__ a29 = a29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
   R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
   R *__restrict__ k33 = k33_r0 + (size_t)i * D_H;
   R *__restrict__ o38 = o38_r0 + (size_t)i * D_H;
   R *__restrict__ h38 = (R *)h38_r0[i];
-  const R v8 = a5[j] + a7[j];
+  const R v8 = a5[j];
   const R v10 = v8 + a9[j];
   const R v11 = cv_sigmoid(v10);  /* z */
-  const R v30 = a24[j] + a29[j];
+  const R v30 = a24[j];
   const R v32 = v30 + a31[j];
   const R v33 = cv_tanh(v32);  /* n */
   const R v35 = (R)1 - v11;
@@ -216,13 +212,13 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 34  hs @ Uz: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[10] + (size_t)(0) * D_H, D_H);
+  /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
@@ -231,20 +227,20 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 37  %27 @ Un: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -254,8 +250,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[6],
           V[3] + (size_t)(r0) * (2*D_H) + D_H,
           P[8],
-          V[12] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -266,14 +262,12 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[6],
           V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[8],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -366,10 +360,8 @@ static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H
 /* treegru_tree_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
-    R *__restrict__ d7_r0,
     cavs_cuda_sum<R> d9,
     R *__restrict__ d24_r0,
-    R *__restrict__ d29_r0,
     cavs_cuda_sum<R> d31,
     const R *__restrict__ a3_r0,
     R *__restrict__ d3_r0,
@@ -380,9 +372,7 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d5 = d5_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d7 = d7_r0 + (size_t)i * D_H;
   R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
-  R *__restrict__ d29 = d29_r0 + (size_t)i * D_H;
   const R *__restrict__ a3 = a3_r0 + (size_t)i * D_H;
   R *__restrict__ d3 = d3_r0 + (size_t)i * D_H;
   const R *__restrict__ k11 = k11_r0 + (size_t)i * D_H;
@@ -413,12 +403,10 @@ static __global__ void treegru_tree_bwd_path_g1(int n, long D_E, long D_H, long 
   g30 += g32;
   d31[j] += g32;  /* summed over rows */
   d24[j] = g30;  /* this loop alone writes it */
-  d29[j] = g30;  /* this loop alone writes it */
   g10 += g11 * v11 * (1 - v11);
   g8 += g10;
   d9[j] += g10;  /* summed over rows */
   d5[j] = g8;  /* this loop alone writes it */
-  d7[j] = g8;  /* this loop alone writes it */
 }
 
 /* treegru_tree_bwd_path, group g3 backward at the others: a thread per row and column of [n, H] */
@@ -501,8 +489,8 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[6],
           G[3] + (size_t)(r0) * (2*D_H) + D_H,
           PG[8],
-          V[12] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -513,38 +501,36 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[6],
           G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[8],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -552,8 +538,8 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[10] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[11] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[3], D_H, G[9] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -561,7 +547,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -599,14 +585,14 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[7],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
                  P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 34  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -615,17 +601,17 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[11] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[2], D_H, G[9] + (size_t)(0) * D_H, D_H);
+                 PG[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* treegru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -652,20 +638,20 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 44  h @ Wc: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
+            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[17] + (size_t)(r0) * D_C,
+          V[15] + (size_t)(r0) * D_C,
           P[10],
-          V[16] + (size_t)(r0) * D_C);
+          V[14] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -692,24 +678,24 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[17] + (size_t)(r0) * D_C,
+          G[15] + (size_t)(r0) * D_C,
           PG[10],
-          G[16] + (size_t)(r0) * D_C);
+          G[14] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
             P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -757,11 +743,9 @@ static const cavs_buf_desc bufs[] = {
   {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
-  {"tree_t29", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_t27", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"tree_xr", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"tree_t7", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"tree_z_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
@@ -793,15 +777,15 @@ static const cavs_value_desc values[] = {
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
   {"h_0", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
   {"h_1", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hs", 0, 11, {0, {0}}, {0, {0, 1}}, 0},
-  {"z", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"xr", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
-  {"r_0", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"r_1", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"n", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"z", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"xr", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"r_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"r_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"n", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"h", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc treegru_desc = {
@@ -862,7 +846,7 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 18, .bufs = bufs,
+  .nbufs = 16, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -54,7 +54,7 @@ static void treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 37  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* treelstm_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -100,18 +100,18 @@ static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h50 = (R *)h50_r0[i] + D_H;
-  const R v12 = a9[j] + (R)0;
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
-  const R v32 = a29[j] + (R)0;
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_sigmoid(v34);  /* o */
-  const R v40 = a37[j] + (R)0;
+  const R v40 = a37[j];
   const R v42 = v40 + a41[j];
   const R v43 = cv_tanh(v42);  /* u */
   const R v44 = v15 * v43;
-  const R v46 = v44 + (R)0;
-  const R v48 = v46 + (R)0;  /* c */
+  const R v46 = v44;
+  const R v48 = v46;  /* c */
   const R v49 = cv_tanh(v48);
   const R v50 = v35 * v49;  /* h */
   k15[j] = v15;  /* kept for the backward loop */
@@ -127,17 +127,14 @@ static __global__ void treelstm_tree_fwd_path_g1_leaves(int n, long D_E, long D_
 /* treelstm_tree_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     const R *__restrict__ a9_r0,
-    const R *__restrict__ a11_r0,
     const R *__restrict__ a13,
     const R *__restrict__ a17_r0,
     const R *__restrict__ a19_r0,
     const R *__restrict__ a21,
     const R *__restrict__ a24_r0,
     const R *__restrict__ a29_r0,
-    const R *__restrict__ a31_r0,
     const R *__restrict__ a33,
     const R *__restrict__ a37_r0,
-    const R *__restrict__ a39_r0,
     const R *__restrict__ a41,
     const R *__restrict__ a2_r0,
     const R *__restrict__ a5_r0,
@@ -154,14 +151,11 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   const R *__restrict__ a9 = a9_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a11 = a11_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a17 = a17_r0 + (size_t)i * D_H;
   const R *__restrict__ a19 = a19_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a24 = a24_r0 + (size_t)i * (2*D_H);
   const R *__restrict__ a29 = a29_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a31 = a31_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a37 = a37_r0 + (size_t)i * (3*D_H);
-  const R *__restrict__ a39 = a39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
   R *__restrict__ k15 = k15_r0 + (size_t)i * D_H;
@@ -174,7 +168,7 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   R *__restrict__ k49 = k49_r0 + (size_t)i * D_H;
   R *__restrict__ o50 = o50_r0 + (size_t)i * (2*D_H);
   R *__restrict__ h50 = (R *)h50_r0[i] + D_H;
-  const R v12 = a9[j] + a11[j];
+  const R v12 = a9[j];
   const R v14 = v12 + a13[j];
   const R v15 = cv_sigmoid(v14);  /* i */
   const R v20 = a17[j] + a19[j];
@@ -183,10 +177,10 @@ static __global__ void treelstm_tree_fwd_path_g1(int n, long D_E, long D_H, long
   const R v25 = a17[j] + a24[j];
   const R v26 = v25 + a21[j];
   const R v27 = cv_sigmoid(v26);  /* f_1 */
-  const R v32 = a29[j] + a31[j];
+  const R v32 = a29[j];
   const R v34 = v32 + a33[j];
   const R v35 = cv_sigmoid(v34);  /* o */
-  const R v40 = a37[j] + a39[j];
+  const R v40 = a37[j];
   const R v42 = v40 + a41[j];
   const R v43 = cv_tanh(v42);  /* u */
   const R v44 = v15 * v43;
@@ -218,26 +212,26 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:34  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* treelstm.vf:34  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 36  hs @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  /* line 36  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 37  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 36 37 38 39 40 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -249,12 +243,12 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[10] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[15] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -265,28 +259,25 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[6],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -410,17 +401,14 @@ static __global__ void treelstm_tree_bwd_path_g1_leaves(int n, long D_E, long D_
 /* treelstm_tree_bwd_path, group g1 backward at the others: a thread per row and column of [n, H] */
 static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d9_r0,
-    R *__restrict__ d11_r0,
     cavs_cuda_sum<R> d13,
     R *__restrict__ d17_r0,
     R *__restrict__ d19_r0,
     cavs_cuda_sum<R> d21,
     R *__restrict__ d24_r0,
     R *__restrict__ d29_r0,
-    R *__restrict__ d31_r0,
     cavs_cuda_sum<R> d33,
     R *__restrict__ d37_r0,
-    R *__restrict__ d39_r0,
     cavs_cuda_sum<R> d41,
     const R *__restrict__ a2_r0,
     R *__restrict__ d2_r0,
@@ -439,14 +427,11 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   long i, j; /* the row among the stage's, the column */
   if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
   R *__restrict__ d9 = d9_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d11 = d11_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d17 = d17_r0 + (size_t)i * D_H;
   R *__restrict__ d19 = d19_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d24 = d24_r0 + (size_t)i * (2*D_H);
   R *__restrict__ d29 = d29_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d31 = d31_r0 + (size_t)i * (3*D_H);
   R *__restrict__ d37 = d37_r0 + (size_t)i * (3*D_H);
-  R *__restrict__ d39 = d39_r0 + (size_t)i * (3*D_H);
   const R *__restrict__ a2 = a2_r0 + (size_t)i * (4*D_H);
   R *__restrict__ d2 = d2_r0 + (size_t)i * (4*D_H);
   const R *__restrict__ a5 = a5_r0 + (size_t)i * (4*D_H);
@@ -506,12 +491,10 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   g40 += g42;
   d41[j] += g42;  /* summed over rows */
   d37[j] = g40;  /* this loop alone writes it */
-  d39[j] = g40;  /* this loop alone writes it */
   g34 += g35 * v35 * (1 - v35);
   g32 += g34;
   d33[j] += g34;  /* summed over rows */
   d29[j] = g32;  /* this loop alone writes it */
-  d31[j] = g32;  /* this loop alone writes it */
   g26 += g27 * v27 * (1 - v27);
   g25 += g26;
   d21[j] += g26;  /* summed over rows */
@@ -526,7 +509,6 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   g12 += g14;
   d13[j] += g14;  /* summed over rows */
   d9[j] = g12;  /* this loop alone writes it */
-  d11[j] = g12;  /* this loop alone writes it */
 }
 
 /* treelstm_tree_bwd_path, group g0 backward at the others: a thread per row and column of [n, H] */
@@ -565,12 +547,12 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[4] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[10] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[15] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -581,56 +563,53 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[6],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 36  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treelstm.vf:34  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[7] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[6] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:34  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -643,7 +622,7 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 37  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 36  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -652,14 +631,14 @@ static void treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 37  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
+                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* treelstm_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -685,23 +664,23 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:47  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 47  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[17] + (size_t)(r0) * D_H, D_H,
+            P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[17] + (size_t)(r0) * D_C,
+          V[16] + (size_t)(r0) * D_C,
           P[10],
-          V[16] + (size_t)(r0) * D_C);
+          V[15] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treelstm.vf:48  softmax_xent */
-  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treelstm_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -728,26 +707,26 @@ static void treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treelstm.vf:48  softmax_xent */
-  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], G[15] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treelstm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[17] + (size_t)(r0) * D_C,
+          G[16] + (size_t)(r0) * D_C,
           PG[10],
-          G[16] + (size_t)(r0) * D_C);
+          G[15] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 47  d%2 += d(%2 @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[18] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[17] + (size_t)(r0) * D_H, D_H);
   /* treelstm.vf:47  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[18] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[17] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 47  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
-            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[17] + (size_t)(r0) * D_H, D_H,
+            G[16] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -799,7 +778,6 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
   {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -815,8 +793,8 @@ static const cavs_buf_desc bufs[] = {
   {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
 };
 static const cavs_gather_desc treelstm_tree_gathers[] = {
-  {0, 7, {0, {0}}, 1, 0},
-  {1, 7, {0, {0, 2}}, 1, 0},
+  {0, 6, {0, {0}}, 1, 0},
+  {1, 6, {0, {0, 2}}, 1, 0},
 };
 static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -835,20 +813,20 @@ static const cavs_loss_desc losses[] = {
 static const cavs_value_desc values[] = {
   {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
   {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"c_0", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 0, 7, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 7, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 0, 6, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 6, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"hs", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc treelstm_desc = {
@@ -912,7 +890,7 @@ const cavs_desc treelstm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
+  .nbufs = 18, .bufs = bufs,
   .state_buf = 0, .push_buf = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,

@@ -235,15 +235,15 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict h38 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
-      const R v10 = (R)0 + a9[j];
+      const R v10 = a9[j];
       const R v11 = cv_sigmoid(v10);  /* i */
-      const R v25 = (R)0 + a24[j];
+      const R v25 = a24[j];
       const R v26 = cv_sigmoid(v25);  /* o */
-      const R v30 = (R)0 + a29[j];
+      const R v30 = a29[j];
       const R v31 = cv_tanh(v30);  /* u */
       const R v32 = v11 * v31;
-      const R v34 = v32 + (R)0;
-      const R v36 = v34 + (R)0;  /* c */
+      const R v34 = v32;
+      const R v36 = v34;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
       if (keep) k11[j] = v11;  /* kept for the backward loop */

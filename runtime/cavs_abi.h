@@ -43,8 +43,10 @@ extern "C" {
  *    cavs_scomb_*.
  * 12: cavs_vertex_desc.bwd_grads, cavs_desc.pull_grads and .push_grads: the parameter
  *    groups each backward stage adds to (a gradient is final after its last writer);
- *    cavs_emm_bwd's dx_set and cavs_scomb_bwd's dv_set (a slot gradient set whole). */
-#define CAVS_ABI_VERSION 12
+ *    cavs_emm_bwd's dx_set and cavs_scomb_bwd's dv_set (a slot gradient set whole).
+ * 13: CAVS_PROD_Y_ADD; cavs_emm_fwd's add (a product added into the value it is summed
+ *    with, in that value's place). */
+#define CAVS_ABI_VERSION 13
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -425,6 +427,8 @@ enum cavs_prod_form {
   CAVS_PROD_DW, /* dw += x^T dy */
   CAVS_PROD_Y_INNER, /* y = x w at the rows past `skip` (cavs_gemm_skip, cavs_gemm_rows);
                         the first `skip` are left as they are: nothing reads them */
+  CAVS_PROD_Y_ADD,   /* y += x w at the rows past `skip` and, in cavs_gemm_rows, with an
+                        index; the others are left as they are (x is zero there) */
 };
 
 /* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision; ta and tb
@@ -504,7 +508,8 @@ void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd
  *   its value in cavs_stats.aux_loss, its gradient added to dg;
  * sbcast: x[r] to each of r's slots (backward: the slots' gradients added to dx[r]);
  * emm: y[s] = x[s] times slot s's expert's matrix [a, b], row e of the table t (one
- *   product per expert over its slots; backward dx and dt, NULL where none; dx_set:
+ *   product per expert over its slots; with add, y[s] += that; backward dx and dt, NULL
+ *   where none; dx_set:
  *   dx is set, not added to, at every slot of the routings the rows were in);
  * erow: y[s] = row e of table t (backward: added to dt's row e);
  * scomb: y[r] = the sum over r's slots s of w[r, expert of s] v[s] (backward dv, dw;
@@ -521,7 +526,7 @@ void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, voi
 void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
                      int n);
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  void *y, long ldy, int r0, int n);
+                  void *y, long ldy, int add, int r0, int n);
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
                   const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, int r0, int n);
 void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n);

@@ -1116,13 +1116,13 @@ void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset) {
 }
 
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  void *y, long ldy, int r0, int n) {
+                  void *y, long ldy, int add, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
   cv_slot_range(rt, K, r0, n, &s0, &sn);
   if (c->model->ep.on) {
-    ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, true, NULL, 0, s0, sn);
+    ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, !add, NULL, 0, s0, sn);
     return;
   }
   /* one product per expert over its slots: none for an expert without */
@@ -1131,7 +1131,7 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
     cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B,
-              0, (void *)at(c, y, s, ldy), ldy);
+              add ? 1 : 0, (void *)at(c, y, s, ldy), ldy);
     c->model->route[route].products++;
   }
 }

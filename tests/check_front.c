@@ -253,6 +253,116 @@ START_TEST(treelstm_classes) {
 }
 END_TEST
 
+/* The C a planned model emits, in one string (free it). */
+static char *emitted(Model *m, const char *source) {
+  char *hbuf, *cbuf;
+  size_t hl, cl;
+  FILE *h = open_memstream(&hbuf, &hl), *c = open_memstream(&cbuf, &cl);
+  EmitOpts eo = {.prec = PREC_FLOAT, .cmdline = "test", .source_name = source};
+  emit(m, &target_c, &eo, h, c);
+  fclose(h);
+  fclose(c);
+  free(hbuf);
+  return cbuf;
+}
+
+static int count_str(const char *s, const char *what) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, what)); p++) n++;
+  return n;
+}
+
+static Model *planned(Model *m) {
+  autodiff(m);
+  classify(m);
+  fuse(m);
+  plan(m);
+  return m;
+}
+
+/* Products added in place (plan_accum): a product that an add alone reads, beside a
+ * value the add alone reads, is computed into that value's place with beta = 1, and its
+ * gradient is that value's. Where, and where not. */
+START_TEST(products_added_in_place) {
+  /* the Tree-LSTM: hs @ [Ui|Uo|Uu] into x @ [Wi|Wo|Wu], member for member; the stacked
+     [h_0;h_1] @ Uf and x @ Wf stay apart (they are not one add's two operands) */
+  Model *m = planned(compile_file("treelstm.vf"));
+  const IrFunc *f = m->vertex[0];
+  int added = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses || n->op != OP_MATMUL) continue;
+    const char *w = f->nodes[n->args[1]].name;
+    ck_assert_msg(n->accum == (w[0] == 'U' && strcmp(w, "Uf") != 0), "%s", w);
+    if (!n->accum) continue;
+    const IrNode *a = &f->nodes[n->accum_into];
+    ck_assert_int_eq(a->op, OP_MATMUL);
+    ck_assert_int_eq(a->cls, CLS_EAGER);
+    ck_assert_str_eq(f->nodes[a->args[1]].name + 1, w + 1); /* Wi for Ui ... */
+    ck_assert(n->val.kind == PL_ROW && n->val.buf == a->val.buf && lin_eq(n->val.off, a->val.off));
+    ck_assert(n->dval.buf == a->dval.buf && lin_eq(n->dval.off, a->dval.off));
+    ck_assert(!n->grad_set && a->grad_set);
+    added++;
+  }
+  ck_assert_int_eq(added, 3);
+  char *c = emitted(m, "treelstm.vf");
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_ADD"), 1);
+  free(c);
+
+  /* a mixture of experts: each expert's product into its bias rows, run after them */
+  m = planned(compile_file("moe_lm.vf"));
+  f = m->push;
+  added = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses || n->op != OP_EMM) continue;
+    ck_assert(n->accum);
+    const IrNode *a = &f->nodes[n->accum_into];
+    ck_assert_int_eq(a->op, OP_EROW);
+    ck_assert(n->val.buf == a->val.buf && n->dval.buf == a->dval.buf);
+    ck_assert_int_lt(a->unit, n->unit);
+    added++;
+  }
+  ck_assert_int_eq(added, 2);
+  c = emitted(m, "moe_lm.vf");
+  int adds = 0; /* cavs_emm_fwd's add */
+  for (const char *p = c; (p = strstr(p, "cavs_emm_fwd(")); p++) {
+    const char *end = strchr(p, '\n');
+    ck_assert(end && end - p > 12);
+    adds += !strncmp(end - 12, ", 1, r0, n);", 12);
+  }
+  ck_assert_int_eq(adds, 2);
+  free(c);
+
+  /* s @ U adds into x @ W (a merge's column); a named product keeps its row; of two
+     path products, one zero at the leaves takes nothing from one that is not */
+  m = planned(compile_str(
+      "model r; dim H = 3; dim V = vocab(w); input w : index[V]; input y : class[H];\n"
+      "param E[V,H], W[H,H], U[H,H], M[H,H], N[H,H], P[H,H], Q[H,H];\n"
+      "pull { x = E[w]; }\n"
+      "vertex v (children 1) {\n"
+      "  x = pull(); s = gather(0);\n"
+      "  g = tanh(x @ W + s @ U);\n"
+      "  a = (s * 2) @ M;\n"
+      "  k = tanh(x @ N + a);\n"
+      "  q = tanh((s * s) @ P + (s + x) @ Q);\n"
+      "  scatter(g + k + q); push(g);\n"
+      "}\n"
+      "push (h) { loss softmax_xent(h, y); }\n"));
+  f = m->vertex[0];
+  added = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses || n->op != OP_MATMUL) continue;
+    const char *w = f->nodes[n->args[1]].name;
+    ck_assert_msg(n->accum == !strcmp(w, "U"), "%s", w);
+    added += n->accum;
+    if (n->accum) ck_assert_str_eq(f->nodes[f->nodes[n->accum_into].args[1]].name, "W");
+  }
+  ck_assert_int_eq(added, 1);
+}
+END_TEST
+
 /* What --dump=ir prints reads back into the same IR: dump, read, dump again. */
 START_TEST(ir_round_trip) {
   const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf", "moe_lm.vf", "moe_tree.vf"};
@@ -429,6 +539,7 @@ int main(void) {
   tcase_add_test(tc, pull_slots);
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
+  tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, ir_round_trip);
   tcase_add_test(tc, options);
   tcase_add_test(tc, too_deep_every_parse);
