@@ -452,8 +452,8 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
  * read. In the Tree-LSTM that is half of the gradient bytes (the gates' pre-activations):
  * no memset, and a store instead of a load and a store. The same for an expert's
  * product and row of a table (emm, erow: values of their own, per slot), whose group's
- * loop covers every slot of the stage's rows (in a mixture of two-layer experts, four
- * of its seven slot buffers). */
+ * loop covers every slot of the stage's rows (in a mixture of two-layer experts, the
+ * two bias rows', into which the products add: plan_accum). */
 static void plan_grad_set(Model *m) {
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
