@@ -554,6 +554,9 @@ void report(FILE *out, const Model *m) {
       char grp[32] = "-";
       if (x->group >= 0) snprintf(grp, sizeof grp, "g%d", x->group);
       else if (x->op == OP_MATMUL && x->mm >= 0) snprintf(grp, sizeof grp, "mm%d", x->mm);
+      /* (a product added into another value's place: += that value) */
+      if (x->accum)
+        snprintf(grp + (x->mm >= 0 ? strlen(grp) : 0), sizeof grp - (x->mm >= 0 ? strlen(grp) : 0), "+=%%%d", x->accum_into);
       const char *opn = op_info[x->op].name;
       if (x->op == OP_MATMUL) opn = arena_printf("@ %s", f->nodes[x->args[1]].name);
       fprintf(out, "  %-5d %%%-3d %-14s %-10s %-6s %-7s %s\n", x->loc.line, i, opn,
