@@ -167,9 +167,15 @@ static bool broadcast(const IrFunc *f, int x, int g) {
          !lin_eq(f->groups[g].width, lin_const(1));
 }
 
+/* Operand x reads as 0 in this part of a loop: zero at the leaves, or a product added
+ * into the other operand's place already (IrNode.accum). */
+static bool reads_zero(const IrFunc *f, int x) {
+  return (part == LOOP_LEAVES && f->nodes[x].zero_leaf) || f->nodes[x].accum;
+}
+
 static const char *operand(const IrFunc *f, int x, int g) {
   const IrNode *n = &f->nodes[x];
-  if ((part == LOOP_LEAVES && n->zero_leaf) || n->accum) return "(R)0";
+  if (reads_zero(f, x)) return "(R)0";
   if (in_group(f, x, g)) return arena_printf("v%d", x);
   if (n->type == T_SCALAR) return arena_printf("(R)%.17g", n->cval);
   return arena_printf("a%d[%s]", x, broadcast(f, x, g) ? "0" : "j");
@@ -327,11 +333,10 @@ static void group_compute(const Emit *e, const IrFunc *f, const Group *g, int gi
     }
     const char *a = operand(f, n->args[0], gi);
     const char *b = n->nargs > 1 ? operand(f, n->args[1], gi) : "";
-    /* an add of what is zero here (at the leaves), or of a product added into the
-       other operand's place already, is that operand */
+    /* an add of what reads as 0 here is its other operand */
     const char *v = ad_rule(op_info[n->op].fwd, "", "", a, b);
-    if (n->op == OP_ADD && !strcmp(b, "(R)0")) v = a;
-    else if (n->op == OP_ADD && !strcmp(a, "(R)0")) v = b;
+    if (n->op == OP_ADD && reads_zero(f, n->args[1])) v = a;
+    else if (n->op == OP_ADD && reads_zero(f, n->args[0])) v = b;
     fprintf(e->out, "      const R v%d = %s;", x, v);
     if (n->name) fprintf(e->out, "  /* %s */", n->name);
     fputc('\n', e->out);
@@ -763,7 +768,8 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
     g.form = 3;
   /* added into another value's place (IrNode.accum): y += x W, the rows skipped left as
      they are */
-  bool accum = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].accum;
+  const IrNode *first = &f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index];
+  bool accum = first->accum;
   if (form == 0 && accum) g.form = 4;
   if (form == 0 && g.index >= 0 && p.stack == 1 && !accum) g.table = lookup_table(e, f, p.left, &g.table_rows);
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
@@ -774,14 +780,13 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   const char *left = p.label;
   if (form == 0 && accum) {
     /* (what it adds into: a product, or merged products, named as their code is) */
-    int into = f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].accum_into;
+    int into = first->accum_into;
     const IrNode *a = &f->nodes[into];
     const char *what = a->op != OP_MATMUL ? node_label(f, into)
                                          : product(e, f, &(Unit){a->mm >= 0 ? U_MATMUL : U_NODE, a->mm >= 0 ? a->mm : into, a->cls}).what;
     fprintf(e->out, "  /* line %d  %s: [n, %s], added into %s%s */\n", p.line, p.what, wstr(e->m, p.cols), what,
             input[g.rows]);
-  }
-  else if (form == 0)
+  } else if (form == 0)
     fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols),
             g.form == 3 ? (g.rows == ROWS_WITH_CHILDREN ? ", rows with children (nothing reads the others)"
                                                          : ", rows with children (nothing reads the others); rows "
