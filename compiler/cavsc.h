@@ -413,7 +413,8 @@ typedef struct PGroup {
 typedef struct Buf {
   const char *name;
   Lin width;
-  int vertex; /* the vertex type whose function made it (only its rows hold values), or -1 */
+  int vertex; /* the vertex type whose function made it (only its rows hold values), -2
+                 (the push block's: the rows of the types that push), or -1 */
   bool edge;  /* one row per edge, not per vertex */
   bool slot;  /* the K slots of a mixture of experts side by side in each row (plan.c) */
   bool grad;
@@ -455,8 +456,10 @@ typedef struct Model {
   int nbufs, capbufs;
   /* ablations (cavsc --no-fuse, --no-merge, --no-homes): every elementwise node a loop
      of its own; no products merged or stacked; no cell stores its state at its home */
-  bool no_fuse, no_merge, no_homes;
+  bool no_fuse, no_merge, no_homes, no_push_view;
   int state_buf, push_buf;
+  Lin push_off; /* the pushed rows' columns in push_buf: nonzero where the push block reads
+                   the state in place (plan.c: plan_push_place) */
   int *pull_buf; /* per pull slot: the buffer holding it */
 } Model;
 

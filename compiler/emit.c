@@ -963,7 +963,8 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   case OP_SCATTER:
   case OP_PUSH: {
     int buf = n->op == OP_SCATTER ? f->state_buf : m->push_buf;
-    Place to = {.kind = PL_ROW, .buf = buf, .off = lin_const(0), .ld = m->bufs[buf].width};
+    Place to = {.kind = PL_ROW, .buf = buf, .off = n->op == OP_SCATTER ? lin_const(0) : m->push_off,
+                .ld = m->bufs[buf].width};
     if (!bwd) e->t->copy(e, (Ref){&to, false}, (Ref){&a->val, false}, a->width, false);
     else if (a->grad && a->val.kind == PL_ROW) e->t->copy(e, (Ref){&a->val, true}, (Ref){&to, true}, a->width, true);
     return;
@@ -1274,7 +1275,8 @@ static void descriptor(const Emit *e) {
                 !(f->nodes[j].uses == 0 && f->nodes[j].type != T_NONE);
       if (twice) continue;
       if (!nvalues) fprintf(c, "static const cavs_value_desc values[] = {\n");
-      fprintf(c, "  {%s, %d, %d, ", emit_c_string(x->name), f->kind == F_VERTEX ? f->index : -1, p->buf);
+      fprintf(c, "  {%s, %d, %d, ", emit_c_string(x->name),
+              f->kind == F_VERTEX ? f->index : f->kind == F_PUSH ? -2 : -1, p->buf);
       desc_lin(c, p == &x->kval ? lin_const(0) : p->off);
       fputs(", ", c);
       desc_lin(c, x->width);
@@ -1299,6 +1301,11 @@ static void descriptor(const Emit *e) {
   fprintf(c, "  .npgroups = %d, .pgroups = pgroups,\n", m->npgroups);
   fprintf(c, "  .nbufs = %d, .bufs = bufs,\n", m->nbufs);
   fprintf(c, "  .state_buf = %d, .push_buf = %d,\n", m->state_buf, m->push_buf);
+  fputs("  .push_off = ", c);
+  desc_lin(c, m->push_off);
+  fputs(", .push_width = ", c);
+  desc_lin(c, m->push ? m->pushed : lin_const(0));
+  fputs(",\n", c);
   fprintf(c, "  .nvertex = %d, .vertex = vertex,\n", m->nvertex);
   fprintf(c, "  .nlosses = %d, .losses = losses,\n", nlosses);
   fprintf(c, "  .pull_fwd = %s, .pull_bwd = %s,\n", m->pull ? fname(e, m->pull, "fwd") : "0",
@@ -1357,9 +1364,9 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
       e.pg_marks = others, e.pg_stage = e.pull_grads;
       stage(&e, f, z, fname(&e, f, "bwd"), "pull block, backward: all rows", -1, true, true);
     } else if (f->kind == F_PUSH) {
-      stage(&e, f, z, fname(&e, f, "fwd"), "push block, forward: all rows", -1, false, false);
+      stage(&e, f, z, fname(&e, f, "fwd"), "push block, forward: the rows of the types that push", -1, false, false);
       e.pg_marks = others, e.pg_stage = e.push_grads;
-      stage(&e, f, z, fname(&e, f, "bwd"), "push block, backward: all rows", -1, true, true);
+      stage(&e, f, z, fname(&e, f, "bwd"), "push block, backward: the rows of the types that push (where a loss has a target)", -1, true, true);
     } else {
       const char *v = f->name;
       int t = 0;

@@ -25,6 +25,8 @@ static const char usage[] =
     "  --no-fuse          ablation: every elementwise node a loop of its own\n"
     "  --no-merge         ablation: no products merged (shared left operand) or stacked\n"
     "  --no-homes         ablation: no cell stores its state where its parent gathers it\n"
+    "  --no-push-view     ablation: the push block reads a buffer of pushed copies, not\n"
+    "                     the state in place\n"
     "  --source-name=NAME the name messages and the generated code give the input\n"
     "                     (for '-', standard input)\n"
     "  --version          print the version and exit\n"
@@ -140,7 +142,7 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
 int main(int argc, char **argv) {
   const char *out_path = NULL, *source_name = NULL;
   int dump = DUMP_NONE;
-  bool check_only = false, no_fuse = false, no_merge = false, no_homes = false;
+  bool check_only = false, no_fuse = false, no_merge = false, no_homes = false, no_push_view = false;
   Precision prec = PREC_FLOAT;
   const Target *target = &target_c;
   static const struct option longopts[] = {
@@ -152,6 +154,7 @@ int main(int argc, char **argv) {
       {"no-fuse", no_argument, NULL, 'F'},
       {"no-merge", no_argument, NULL, 'M'},
       {"no-homes", no_argument, NULL, 'H'},
+      {"no-push-view", no_argument, NULL, 'P'},
       {"source-name", required_argument, NULL, 'n'},
       {"version", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
@@ -177,6 +180,7 @@ int main(int argc, char **argv) {
     case 'F': no_fuse = true; break;
     case 'M': no_merge = true; break;
     case 'H': no_homes = true; break;
+    case 'P': no_push_view = true; break;
     case 'n': source_name = optarg; break;
     case 'p':
       if (!strcmp(optarg, "float")) prec = PREC_FLOAT;
@@ -257,6 +261,7 @@ int main(int argc, char **argv) {
       m->no_fuse = no_fuse;
       m->no_merge = no_merge;
       m->no_homes = no_homes;
+      m->no_push_view = no_push_view;
       fuse(m);
       plan(m);
       if (check_only) {
@@ -268,8 +273,8 @@ int main(int argc, char **argv) {
            the same whatever the output directory */
         const char *t = target == &target_c ? "" : arena_printf(" --target=%s", target->name);
         const char *p = prec == PREC_DOUBLE ? " --precision=double" : "";
-        const char *a = arena_printf("%s%s%s", no_fuse ? " --no-fuse" : "", no_merge ? " --no-merge" : "",
-                                     no_homes ? " --no-homes" : "");
+        const char *a = arena_printf("%s%s%s%s", no_fuse ? " --no-fuse" : "", no_merge ? " --no-merge" : "",
+                                     no_homes ? " --no-homes" : "", no_push_view ? " --no-push-view" : "");
         char *cmd = arena_printf("cavsc%s%s%s %s", t, p, a, path), *hcmd = arena_printf("cavsc%s%s %s", p, a, path);
         EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path, .from_ir = is_ir};
         emit(m, target, &eo, hout, out);

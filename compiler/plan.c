@@ -195,7 +195,18 @@ static void plan_accum(IrFunc *f, int *mto) {
   }
 }
 
-static void plan_func(Model *m, IrFunc *f, int npushers) {
+/* The push buffer, made when a vertex function first places a pushed value in it (see
+ * plan_push_place): not a buffer of that function's type. */
+static int push_buffer(Model *m) {
+  if (m->push_buf < 0) {
+    m->push_buf = add_buf(m, "push", m->pushed);
+    m->bufs[m->push_buf].vertex = -2;
+  }
+  return m->push_buf;
+}
+
+/* Where f's values live: buffers, places, what is kept for the backward pass. */
+static void plan_place(Model *m, IrFunc *f, int npushers) {
   int n = f->n, b0 = m->nbufs;
   FPlan fp;
   fp.own = arena_alloc(sizeof(bool) * (size_t)(n + 1));
@@ -260,16 +271,18 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
       off = lin_add(off, f->nodes[a].width);
     }
   }
-  /* scatter writes the state buffer; push the push buffer */
-  for (int i = 0; i < n; i++) {
-    IrNode *s = &f->nodes[i];
-    if (s->op != OP_SCATTER && s->op != OP_PUSH) continue;
-    int a = s->args[0];
-    if (s->op == OP_PUSH && npushers != 1) continue;
-    if (stacked && f->nodes[a].op == OP_GATHER) continue;
-    if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
-      fp.rbuf[a] = s->op == OP_SCATTER ? f->state_buf : m->push_buf;
-  }
+  /* scatter writes the state buffer; push the push buffer. Scatters first: a value both
+     scattered and pushed goes to the state, which the push block may read in place */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n; i++) {
+      IrNode *s = &f->nodes[i];
+      if (s->op != (pass ? OP_PUSH : OP_SCATTER)) continue;
+      int a = s->args[0];
+      if (s->op == OP_PUSH && npushers != 1) continue;
+      if (stacked && f->nodes[a].op == OP_GATHER) continue;
+      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
+        fp.rbuf[a] = s->op == OP_SCATTER ? f->state_buf : push_buffer(m);
+    }
   /* resolve: redirect targets come later, so owners resolve backwards ... */
   for (int i = n - 1; i >= 0; i--) {
     IrNode *x = &f->nodes[i];
@@ -292,7 +305,7 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     switch (x->op) {
     case OP_SLICE: x->val = shift(f->nodes[x->args[0]].val, x->lo); break;
     case OP_PULL: x->val = m->pull->nodes[m->pulls[x->ref].node].val; break;
-    case OP_PUSHARG: x->val = row_place(m, m->push_buf, zero); break;
+    case OP_PUSHARG: x->val = row_place(m, m->push_buf, m->push_off); break;
     case OP_MATMUL: {
       const MatMerge *mg = &f->merges[x->mm];
       Place p = row_place(m, fp.mbuf[x->mm], zero);
@@ -325,7 +338,11 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
     if (x->grad && x->val.kind == PL_ROW) m->bufs[x->val.buf].grad = true;
   }
   plan_keep(m, f);
-  for (int b = b0; b < m->nbufs && f->kind == F_VERTEX; b++) m->bufs[b].vertex = f->index;
+  for (int b = b0; b < m->nbufs && f->kind == F_VERTEX; b++)
+    if (b != m->push_buf) m->bufs[b].vertex = f->index;
+  /* the push block's buffers hold values at the rows of the types that push alone (the
+     runtime runs it there) */
+  for (int b = b0; b < m->nbufs && f->kind == F_PUSH; b++) m->bufs[b].vertex = -2;
   /* a buffer holds edge rows or vertex rows, never both */
   for (int i = 0; i < n; i++) {
     const IrNode *x = &f->nodes[i];
@@ -355,8 +372,12 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
      places' ld, set above) as the stride; K r0 ... K (r0 + n) - 1 are the stage's */
   for (int b = b0; b < m->nbufs; b++)
     if (m->bufs[b].slot) m->bufs[b].width = lin_scale(m->bufs[b].width, f->route_k);
+}
 
-  /* units */
+/* f's execution units (fused groups, merged products, ops with code of their own) in
+ * an order that respects their dependencies. */
+static void plan_units(Model *m, IrFunc *f) {
+  int n = f->n;
   f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
   int *gunit = arena_alloc(sizeof(int) * (size_t)(f->ngroups + 1));
   int *munit = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
@@ -391,7 +412,8 @@ static void plan_func(Model *m, IrFunc *f, int npushers) {
       /* only when the value was not computed in place */
       const IrNode *a = &f->nodes[x->args[0]];
       int want = x->op == OP_SCATTER ? f->state_buf : m->push_buf;
-      code = !(a->val.kind == PL_ROW && a->val.buf == want && lin_is_zero(a->val.off));
+      Lin at = x->op == OP_SCATTER ? lin_const(0) : m->push_off;
+      code = !(a->val.kind == PL_ROW && a->val.buf == want && lin_eq(a->val.off, at));
       break;
     }
     default: code = false; break;
@@ -510,6 +532,35 @@ static void plan_grad_set(Model *m) {
                             lin_eq(set[b], m->bufs[b].width);
 }
 
+/* The rows the push block reads: the state itself where every type that pushes pushes
+ * a value its scatter left in the state, at one column offset for all (a Tree-LSTM's h
+ * in [c; h], a Tree-FC's h): the push block then reads h in place and adds its gradient
+ * straight into the state's, with no copy either way and no buffer of pushed rows.
+ * Only the rows of the types that push are read (the runtime runs the push block over
+ * those alone), so a type that pushes nothing does not stop it. Elsewhere a buffer of
+ * its own ([rows, pushed]), which each push copies to. */
+static void plan_push_place(Model *m) {
+  bool view = m->push_buf < 0 && !m->typed && m->state_buf >= 0 && !m->no_push_view;
+  bool first = true;
+  Lin off = lin_const(0);
+  for (int v = 0; v < m->nvertex && view; v++) {
+    const IrFunc *f = m->vertex[v];
+    for (int i = 0; i < f->n && view; i++) {
+      if (f->nodes[i].op != OP_PUSH) continue;
+      const Place *p = &f->nodes[f->nodes[i].args[0]].val;
+      view = p->kind == PL_ROW && p->buf == m->state_buf && lin_eq(p->ld, m->bufs[m->state_buf].width) &&
+             (first || lin_eq(p->off, off));
+      off = p->off;
+      first = false;
+    }
+  }
+  if (view && !first) {
+    m->push_buf = m->state_buf;
+    m->push_off = off;
+  } else
+    push_buffer(m);
+}
+
 void plan(Model *m) {
   plan_params(m);
   /* the state: one every type scatters, or with named slots one per type that scatters
@@ -521,7 +572,8 @@ void plan(Model *m) {
     if (f->state_buf >= 0) m->bufs[f->state_buf].grad = true;
     if (m->typed && f->state_buf >= 0) m->bufs[f->state_buf].vertex = v;
   }
-  m->push_buf = m->push ? add_buf(m, "push", m->pushed) : -1;
+  m->push_buf = -1; /* made when needed: plan_push_place */
+  m->push_off = lin_const(0);
   int npushers = 0;
   for (int v = 0; v < m->nvertex; v++) {
     IrFunc *f = m->vertex[v];
@@ -529,9 +581,15 @@ void plan(Model *m) {
     for (int i = 0; i < f->n; i++) f->pushes |= f->nodes[i].op == OP_PUSH;
     npushers += f->pushes;
   }
-  if (m->pull) plan_func(m, m->pull, npushers);
-  for (int v = 0; v < m->nvertex; v++) plan_func(m, m->vertex[v], npushers);
-  if (m->push) plan_func(m, m->push, npushers);
+  if (m->pull) plan_place(m, m->pull, npushers);
+  for (int v = 0; v < m->nvertex; v++) plan_place(m, m->vertex[v], npushers);
+  if (m->push) plan_push_place(m);
+  if (m->pull) plan_units(m, m->pull);
+  for (int v = 0; v < m->nvertex; v++) plan_units(m, m->vertex[v]);
+  if (m->push) {
+    plan_place(m, m->push, npushers);
+    plan_units(m, m->push);
+  }
   if (m->push_buf >= 0) m->bufs[m->push_buf].grad = true;
   plan_grad_set(m);
 }

@@ -238,6 +238,7 @@ int cmd_build(int argc, char **argv) {
     case OPT_NO_FUSE: build_ablations |= 1; break;
     case OPT_NO_MERGE: build_ablations |= 2; break;
     case OPT_NO_HOMES: build_ablations |= 4; break;
+    case OPT_NO_PUSH_VIEW: build_ablations |= 8; break;
     }
   }
   /* after `--`, getopt stops: what is left is the model */

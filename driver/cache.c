@@ -696,6 +696,7 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   if (q->ablations & 1) argv1[k++] = "--no-fuse";
   if (q->ablations & 2) argv1[k++] = "--no-merge";
   if (q->ablations & 4) argv1[k++] = "--no-homes";
+  if (q->ablations & 8) argv1[k++] = "--no-push-view";
   argv1[k++] = "-";
   argv1[k] = NULL;
   int st = run(argv1, q->text, q->len, -1);

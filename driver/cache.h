@@ -19,7 +19,8 @@ typedef struct CacheReq {
   const char *precision; /* cavsc's --precision (NULL: float): part of the key */
   const char *target;  /* cavsc's --target (NULL: c; "cuda": MODEL.cu, which `cc` is nvcc
                           for): part of the key */
-  int ablations;       /* cavsc's --no-fuse (1), --no-merge (2) and --no-homes (4): part of the key */
+  int ablations;       /* cavsc's --no-fuse (1), --no-merge (2), --no-homes (4) and
+                          --no-push-view (8): part of the key */
   const char *text;    /* the model's source, handed to cavsc on its standard input */
   size_t len;
   const char *name;    /* what cavsc's messages and the generated code call the source */

@@ -33,7 +33,8 @@ extern cavs_model_opts model_opts;
 extern int model_ablations, model_policy;
 /* train --precision, or a checkpoint's: what a model is built in (NULL: float) */
 extern const char *model_precision;
-/* what --no-fuse (1), --no-merge (2) and --no-homes (4) ask of every model built from a .vf */
+/* what --no-fuse (1), --no-merge (2), --no-homes (4) and --no-push-view (8) ask of every
+   model built from a .vf */
 extern int build_ablations;
 
 _Noreturn void die(int status, const char *fmt, ...);

@@ -143,6 +143,7 @@ static bool model_option(int id, const char *arg) {
   case OPT_NO_FUSE: build_ablations |= 1; break;
   case OPT_NO_MERGE: build_ablations |= 2; break;
   case OPT_NO_HOMES: build_ablations |= 4; break;
+  case OPT_NO_PUSH_VIEW: build_ablations |= 8; break;
   case OPT_MAX_MEMORY: cavs_set_memory_limit(parse_size("max-memory", arg)); break;
   case OPT_PRECISION:
     if (strcmp(arg, "float") && strcmp(arg, "double")) die(1, "--precision: '%s' is not float or double", arg);

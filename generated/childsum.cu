@@ -20,7 +20,7 @@ static void childsum_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:33  x = lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void childsum_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:33  x = lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* childsum_node_fwd_eager, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -60,18 +60,18 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 38  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[9] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: xf (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[6],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -214,24 +214,24 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:37  s = echild */
-  cavs_echild_fwd(c, 0, V[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* childsum.vf:37  hs = esum */
-  cavs_esum_fwd(c, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 P[1], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  %2 @ Uf: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[4], D_H, 0, V[7] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[4], D_H, 0, V[6] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_fwd(c, V[8] + (size_t)(0) * D_H, D_H, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[7] + (size_t)(0) * D_H, D_H, V[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -242,35 +242,35 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          V[5] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H,
-          V[7] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * (2*D_H),
-          V[15] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H);
+          V[10] + (size_t)(r0) * (2*D_H),
+          V[14] + (size_t)(r0) * D_H,
+          V[4] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* childsum.vf:42  fc = esum */
-  cavs_esum_fwd(c, V[5] + (size_t)(0) * D_H, D_H, V[4] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[4] + (size_t)(0) * D_H, D_H, V[3] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i o u c h (lines 38 39 40 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (3*D_H),
+          V[2] + (size_t)(r0) * (3*D_H),
           P[5],
-          V[3] + (size_t)(r0) * (3*D_H) + D_H,
+          V[2] + (size_t)(r0) * (3*D_H) + D_H,
           P[7],
-          V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[2] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
+          V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -280,19 +280,19 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[7],
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[8],
-          V[4] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -310,8 +310,6 @@ static void childsum_node_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* childsum.vf:46  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex node, lazy phase backward */
@@ -323,8 +321,6 @@ static void childsum_node_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* childsum.vf:46  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* childsum_node_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -521,18 +517,18 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          G[3] + (size_t)(r0) * (3*D_H),
+          G[2] + (size_t)(r0) * (3*D_H),
           PG[5],
-          G[3] + (size_t)(r0) * (3*D_H) + D_H,
+          G[2] + (size_t)(r0) * (3*D_H) + D_H,
           PG[7],
-          G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[2] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
+          V[11] + (size_t)(r0) * D_H,
           V[12] + (size_t)(r0) * D_H,
           V[13] + (size_t)(r0) * D_H,
-          V[14] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -542,26 +538,26 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[7],
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[8],
-          G[4] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* childsum.vf:42  fc = esum */
-  cavs_esum_bwd(c, G[5] + (size_t)(0) * D_H, D_H, G[4] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[4] + (size_t)(0) * D_H, D_H, G[3] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -572,36 +568,36 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
+          G[5] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
-          G[7] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * (2*D_H),
-          G[11] + (size_t)(r0) * (2*D_H),
-          V[15] + (size_t)(r0) * D_H,
-          G[5] + (size_t)(r0) * D_H);
+          V[10] + (size_t)(r0) * (2*D_H),
+          G[10] + (size_t)(r0) * (2*D_H),
+          V[14] + (size_t)(r0) * D_H,
+          G[4] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* childsum.vf:41  ebcast */
-  cavs_ebcast_bwd(c, G[8] + (size_t)(0) * D_H, D_H, G[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[7] + (size_t)(0) * D_H, D_H, G[5] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  d%2 += d(%2 @ Uf) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[7] + (size_t)(r0) * D_H, D_H,
-            P[4], D_H, 1, G[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[6] + (size_t)(r0) * D_H, D_H,
+            P[4], D_H, 1, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
     }
   }
   /* line 38  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[10] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[9] + (size_t)(0) * D_H, D_H);
   /* childsum.vf:37  hs = esum */
-  cavs_esum_bwd(c, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* childsum.vf:37  s = echild */
-  cavs_echild_bwd(c, 0, G[11] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_echild_bwd(c, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* childsum_node_bwd_eager, group g1 backward at the others: a thread per row and column of [n, H] */
@@ -632,35 +628,35 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_node_bwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[6],
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[9] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 38  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 38  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 38  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[10] + (size_t)(0) * D_H, D_H,
-                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+                 PG[1], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 42  dW += %2^T d(%2 @ Uf), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[11] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[7] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[6] + (size_t)(r0) * D_H, D_H, 1, PG[4], D_H);
     }
   }
 }
@@ -678,7 +674,7 @@ static __global__ void childsum_push_fwd_g0(int n, long D_E, long D_H, long D_C,
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void childsum_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -688,21 +684,21 @@ static void childsum_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 50) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[18] + (size_t)(r0) * D_C,
+          V[17] + (size_t)(r0) * D_C,
           P[10],
-          V[17] + (size_t)(r0) * D_C);
+          V[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* childsum.vf:51  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* childsum_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -719,7 +715,7 @@ static __global__ void childsum_push_bwd_g0(int n, long D_E, long D_H, long D_C,
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void childsum_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -729,24 +725,24 @@ static void childsum_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* childsum.vf:51  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 50) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(childsum_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[18] + (size_t)(r0) * D_C,
+          G[17] + (size_t)(r0) * D_C,
           PG[10],
-          G[17] + (size_t)(r0) * D_C);
+          G[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 50  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 50  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -792,7 +788,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"node_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"node_fc", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
@@ -808,8 +803,8 @@ static const cavs_buf_desc bufs[] = {
   {"node_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"node_t36_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 1},
   {"node_t42_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -819,25 +814,25 @@ static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
    childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
-   0, NULL, NULL, 1, -1, 0, 1, 11, {0, {0}},
+   0, NULL, NULL, 1, -1, 0, 1, 10, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"hs", 0, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"xf", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
-  {"fc", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"xf", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
+  {"fc", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"logits", -2, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc childsum_desc = {
@@ -904,8 +899,9 @@ const cavs_desc childsum_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 18, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = childsum_pull_fwd, .pull_bwd = childsum_pull_bwd,

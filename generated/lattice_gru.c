@@ -22,9 +22,9 @@ static void lattice_gru_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:37  x = lookup */
-  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lattice_gru.vf:37  xw = lookup */
-  cavs_lookup_fwd(c, P[4], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_fwd(c, P[4], D_W, c->iin[1], V[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
 /* pull block, backward: all rows */
@@ -39,9 +39,9 @@ static void lattice_gru_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:37  xw = lookup */
-  cavs_lookup_bwd(c, PG[4], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_bwd(c, PG[4], D_W, c->iin[1], G[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
   /* lattice_gru.vf:37  x = lookup */
-  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex wrd, eager phase: every row of the type at once */
@@ -57,10 +57,10 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_W, D_W, P[13], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_gru_wrd_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -76,11 +76,11 @@ static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a11 = V[7] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[6] + (size_t)(r) * D_H;
     const R *restrict a15 = P[18];
-    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
-    R *restrict k17 = V[10] + (size_t)(r) * D_H;
-    R *restrict o20 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[7] + (size_t)(r) * D_H;
+    R *restrict k17 = V[9] + (size_t)(r) * D_H;
+    R *restrict o20 = V[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = a11[j];
@@ -106,12 +106,12 @@ static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = P[17];
-    const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a19 = V[4] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a24 = P[19];
-    R *restrict k9 = V[9] + (size_t)(r) * D_H;
-    R *restrict k26 = V[11] + (size_t)(r) * D_H;
+    R *restrict k9 = V[8] + (size_t)(r) * D_H;
+    R *restrict k26 = V[10] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
     R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -146,13 +146,13 @@ static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = P[17];
-    const R *restrict a19 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a19 = V[4] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a24 = P[19];
-    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
-    R *restrict k9 = V[9] + (size_t)(r) * D_H;
-    R *restrict k26 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[7] + (size_t)(r) * D_H;
+    R *restrict k9 = V[8] + (size_t)(r) * D_H;
+    R *restrict k26 = V[10] + (size_t)(r) * D_H;
     R *restrict o31 = V[0] + (size_t)(r) * D_H;
     R *restrict h31 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -187,18 +187,18 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_fwd(c, 0, 1, V[8] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[16], D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -242,12 +242,12 @@ static void lattice_gru_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[4] + (size_t)(r) * (2*D_H);
     R *restrict d7 = PG[17];
-    R *restrict d19 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d19 = G[4] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d24 = PG[19];
-    const R *restrict k9 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[10] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -304,14 +304,14 @@ static void lattice_gru_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[4] + (size_t)(r) * (2*D_H);
     R *restrict d7 = PG[17];
-    R *restrict d19 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d19 = G[4] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d24 = PG[19];
-    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
-    R *restrict d1 = G[8] + (size_t)(r) * D_H;
-    const R *restrict k9 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[7] + (size_t)(r) * D_H;
+    R *restrict d1 = G[7] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[10] + (size_t)(r) * D_H;
     const R *restrict g31_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg31 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -360,12 +360,12 @@ static void lattice_gru_wrd_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d11 = G[7] + (size_t)(r) * D_H;
+    R *restrict d11 = G[6] + (size_t)(r) * D_H;
     R *restrict d15 = PG[18];
-    const R *restrict a1 = V[8] + (size_t)(r) * D_H;
-    R *restrict d1 = G[8] + (size_t)(r) * D_H;
-    const R *restrict k17 = V[10] + (size_t)(r) * D_H;
-    const R *restrict g20_in = G[6] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[7] + (size_t)(r) * D_H;
+    R *restrict d1 = G[7] + (size_t)(r) * D_H;
+    const R *restrict k17 = V[9] + (size_t)(r) * D_H;
+    const R *restrict g20_in = G[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v17 = k17[j];  /* r */
@@ -398,18 +398,18 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[16], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 43  dh_s += d(h_s @ Uwr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 42  dh_s += d(h_s @ Uwz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[14], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_bwd(c, 0, 1, G[8] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -424,26 +424,26 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[7] + (size_t)(0) * D_H, D_H,
-                 P[13], D_H, G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
+                 P[13], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dW += xw^T d(xw @ [Wwz|Wwn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[14], D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[14], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[13], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[13], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 44  dW += %20^T d(%20 @ Uwn), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 PG[16], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[16], D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_eager, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -458,9 +458,9 @@ static void lattice_gru_chr_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a3 = V[12] + (size_t)(r) * (2*D_H);
+    const R *restrict a3 = V[11] + (size_t)(r) * (2*D_H);
     const R *restrict a4 = P[12];
-    R *restrict o5 = V[24] + (size_t)(r) * D_H;
+    R *restrict o5 = V[23] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v5 = a3[j] + a4[j];  /* xg */
@@ -482,12 +482,12 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 51  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_fwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -503,12 +503,12 @@ static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a13 = V[20] + (size_t)(r) * D_H;
-    const R *restrict a12 = V[21] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[22] + (size_t)(r) * D_H;
-    R *restrict k15 = V[28] + (size_t)(r) * D_H;
-    R *restrict o16 = V[19] + (size_t)(r) * D_H;
-    R *restrict o17 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[19] + (size_t)(r) * D_H;
+    const R *restrict a12 = V[20] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[21] + (size_t)(r) * D_H;
+    R *restrict k15 = V[27] + (size_t)(r) * D_H;
+    R *restrict o16 = V[18] + (size_t)(r) * D_H;
+    R *restrict o17 = V[17] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v14 = a13[j] + a12[j];
@@ -535,14 +535,14 @@ static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[24] + (size_t)(r) * D_H;
-    const R *restrict a7 = V[23] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[25] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[17] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[16] + (size_t)(r) * D_H;
-    R *restrict k9 = V[26] + (size_t)(r) * D_H;
-    R *restrict k10 = V[27] + (size_t)(r) * D_H;
-    R *restrict o23 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[23] + (size_t)(r) * D_H;
+    const R *restrict a7 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[24] + (size_t)(r) * D_H;
+    const R *restrict a18 = V[16] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[15] + (size_t)(r) * D_H;
+    R *restrict k9 = V[25] + (size_t)(r) * D_H;
+    R *restrict k10 = V[26] + (size_t)(r) * D_H;
+    R *restrict o23 = V[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j] + a7[j];
@@ -572,11 +572,11 @@ static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a33 = V[12] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a33 = V[11] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a37 = P[10];
-    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
-    R *restrict k39 = V[30] + (size_t)(r) * D_H;
-    R *restrict o42 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[14] + (size_t)(r) * D_H;
+    R *restrict k39 = V[29] + (size_t)(r) * D_H;
+    R *restrict o42 = V[13] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v36 = a33[j];
@@ -602,12 +602,12 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a25 = V[13] + (size_t)(r) * (2*D_H);
+    const R *restrict a25 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
-    const R *restrict a41 = V[13] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a41 = V[12] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a46 = P[11];
-    R *restrict k31 = V[29] + (size_t)(r) * D_H;
-    R *restrict k48 = V[31] + (size_t)(r) * D_H;
+    R *restrict k31 = V[28] + (size_t)(r) * D_H;
+    R *restrict k48 = V[30] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
     R *restrict h53 = (R *)c->home_val[0][r];
     R *restrict h53_2 = (R *)c->home_val[1][r];
@@ -644,13 +644,13 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a25 = V[13] + (size_t)(r) * (2*D_H);
+    const R *restrict a25 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
-    const R *restrict a41 = V[13] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a41 = V[12] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a46 = P[11];
-    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
-    R *restrict k31 = V[29] + (size_t)(r) * D_H;
-    R *restrict k48 = V[31] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[14] + (size_t)(r) * D_H;
+    R *restrict k31 = V[28] + (size_t)(r) * D_H;
+    R *restrict k48 = V[30] + (size_t)(r) * D_H;
     R *restrict o53 = V[1] + (size_t)(r) * D_H;
     R *restrict h53 = (R *)c->home_val[0][r];
     R *restrict h53_2 = (R *)c->home_val[1][r];
@@ -687,24 +687,24 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[24] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, V[23] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[24] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, V[22] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[21] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[20] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -715,22 +715,22 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, V[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_chr_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -748,7 +748,7 @@ static void lattice_gru_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:61  push */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
+  cavs_copy_rows(c, V[31] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex chr, lazy phase backward */
@@ -763,7 +763,7 @@ static void lattice_gru_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:61  push */
-  cavs_copy_rows(c, G[1] + (size_t)(r0) * D_H, D_H, G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * D_H, D_H, G[31] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lattice_gru_chr_bwd_path, group g3 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -778,12 +778,12 @@ static void lattice_gru_chr_bwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d25 = G[13] + (size_t)(r) * (2*D_H);
+    R *restrict d25 = G[12] + (size_t)(r) * (2*D_H);
     R *restrict d29 = PG[9];
-    R *restrict d41 = G[13] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d41 = G[12] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d46 = PG[11];
-    const R *restrict k31 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[31] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[30] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
     const R *restrict hg53 = (R *)c->home_grad[0][r];
     const R *restrict hg53_2 = (R *)c->home_grad[1][r];
@@ -841,14 +841,14 @@ static void lattice_gru_chr_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d25 = G[13] + (size_t)(r) * (2*D_H);
+    R *restrict d25 = G[12] + (size_t)(r) * (2*D_H);
     R *restrict d29 = PG[9];
-    R *restrict d41 = G[13] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d41 = G[12] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d46 = PG[11];
-    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
-    R *restrict d23 = G[15] + (size_t)(r) * D_H;
-    const R *restrict k31 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k48 = V[31] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[14] + (size_t)(r) * D_H;
+    R *restrict d23 = G[14] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k48 = V[30] + (size_t)(r) * D_H;
     const R *restrict g53_in = G[1] + (size_t)(r) * D_H;
     const R *restrict hg53 = (R *)c->home_grad[0][r];
     const R *restrict hg53_2 = (R *)c->home_grad[1][r];
@@ -898,12 +898,12 @@ static void lattice_gru_chr_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d33 = G[12] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d33 = G[11] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d37 = PG[10];
-    const R *restrict a23 = V[15] + (size_t)(r) * D_H;
-    R *restrict d23 = G[15] + (size_t)(r) * D_H;
-    const R *restrict k39 = V[30] + (size_t)(r) * D_H;
-    const R *restrict g42_in = G[14] + (size_t)(r) * D_H;
+    const R *restrict a23 = V[14] + (size_t)(r) * D_H;
+    R *restrict d23 = G[14] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[29] + (size_t)(r) * D_H;
+    const R *restrict g42_in = G[13] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v39 = k39[j];  /* r */
@@ -933,17 +933,17 @@ static void lattice_gru_chr_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[24] + (size_t)(r) * D_H;
-    R *restrict d7 = G[23] + (size_t)(r) * D_H;
-    const R *restrict a1 = V[25] + (size_t)(r) * D_H;
-    R *restrict d1 = G[25] + (size_t)(r) * D_H;
-    const R *restrict a18 = V[17] + (size_t)(r) * D_H;
-    R *restrict d18 = G[17] + (size_t)(r) * D_H;
-    const R *restrict a19 = V[16] + (size_t)(r) * D_H;
-    R *restrict d19 = G[16] + (size_t)(r) * D_H;
-    const R *restrict k9 = V[26] + (size_t)(r) * D_H;
-    const R *restrict k10 = V[27] + (size_t)(r) * D_H;
-    const R *restrict g23_in = G[15] + (size_t)(r) * D_H;
+    R *restrict d5 = G[23] + (size_t)(r) * D_H;
+    R *restrict d7 = G[22] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[24] + (size_t)(r) * D_H;
+    R *restrict d1 = G[24] + (size_t)(r) * D_H;
+    const R *restrict a18 = V[16] + (size_t)(r) * D_H;
+    R *restrict d18 = G[16] + (size_t)(r) * D_H;
+    const R *restrict a19 = V[15] + (size_t)(r) * D_H;
+    R *restrict d19 = G[15] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[25] + (size_t)(r) * D_H;
+    const R *restrict k10 = V[26] + (size_t)(r) * D_H;
+    const R *restrict g23_in = G[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v9 = k9[j];
@@ -986,14 +986,14 @@ static void lattice_gru_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d13 = G[20] + (size_t)(r) * D_H;
-    R *restrict d12 = G[21] + (size_t)(r) * D_H;
-    const R *restrict a11 = V[22] + (size_t)(r) * D_H;
-    R *restrict d11 = G[22] + (size_t)(r) * D_H;
-    const R *restrict k15 = V[28] + (size_t)(r) * D_H;
-    const R *restrict k16 = V[19] + (size_t)(r) * D_H;
-    const R *restrict g16_in = G[19] + (size_t)(r) * D_H;
-    const R *restrict g17_in = G[18] + (size_t)(r) * D_H;
+    R *restrict d13 = G[19] + (size_t)(r) * D_H;
+    R *restrict d12 = G[20] + (size_t)(r) * D_H;
+    const R *restrict a11 = V[21] + (size_t)(r) * D_H;
+    R *restrict d11 = G[21] + (size_t)(r) * D_H;
+    const R *restrict k15 = V[27] + (size_t)(r) * D_H;
+    const R *restrict k16 = V[18] + (size_t)(r) * D_H;
+    const R *restrict g16_in = G[18] + (size_t)(r) * D_H;
+    const R *restrict g17_in = G[17] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];
@@ -1027,22 +1027,22 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_chr_bwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_chr_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, G[14] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* group g4 backward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 57  dh_in += d(h_in @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[6], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* line 56  dh_in += d(h_in @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[5], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[5], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[17] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1053,24 +1053,24 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[20] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[21] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[21] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[23] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[22] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[24] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[24] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* lattice_gru_chr_bwd_eager, group g0 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1085,9 +1085,9 @@ static void lattice_gru_chr_bwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d3 = G[12] + (size_t)(r) * (2*D_H);
+    R *restrict d3 = G[11] + (size_t)(r) * (2*D_H);
     R *restrict d4 = PG[12];
-    const R *restrict g5_in = G[24] + (size_t)(r) * D_H;
+    const R *restrict g5_in = G[23] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g5 = g5_in[j];
@@ -1109,41 +1109,41 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* group g0 backward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_bwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[1], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[1], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
-                 PG[8], D_H, G[23] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[24] + (size_t)(0) * D_H, D_H,
+                 PG[8], D_H, G[22] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            G[20] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (2*D_H), G[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[2], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 PG[6], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
-                 PG[7], D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+                 PG[5], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 PG[6], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -1169,7 +1169,7 @@ static void lattice_gru_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
@@ -1181,7 +1181,7 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 65  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[31] + (size_t)(r0) * D_H, D_H,
             P[20], D_C, 0, V[33] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 65) */
   cavs_loop(c, lattice_gru_push_fwd_g0, r0, n, D_C, 0);
@@ -1213,7 +1213,7 @@ static void lattice_gru_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
@@ -1230,9 +1230,9 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_push_bwd_g0, r0, n, D_C, 0);
   /* line 65  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[33] + (size_t)(r0) * D_C, D_C,
-            P[20], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
+            P[20], D_C, 1, G[31] + (size_t)(r0) * D_H, D_H);
   /* line 65  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[31] + (size_t)(r0) * D_H, D_H,
             G[33] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
 }
 
@@ -1304,7 +1304,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"wrd_state", {0, {0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"chr_state", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1334,16 +1333,17 @@ static const cavs_buf_desc bufs[] = {
   {"chr_z_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_r_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
   {"chr_n_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc lattice_gru_wrd_gathers[] = {
-  {0, 8, {0, {0}}, 1, 1},
+  {0, 7, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_wrd_slot_names[] = {"start"};
 static const int lattice_gru_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_gru_chr_gathers[] = {
-  {0, 25, {0, {0}}, 1, 1},
+  {0, 24, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_chr_slot_names[] = {"prev"};
 static const int lattice_gru_chr_slot_types[] = {1};
@@ -1362,33 +1362,33 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 21, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
-  {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_s", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"h_p", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"xg", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"g_p", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_in", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
+  {"xw", -1, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"xw", 0, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
+  {"h_p", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"xg", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"g_p", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"wsum", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_in", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 1, 28, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"h", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h", -2, 31, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_gru_desc = {
@@ -1471,7 +1471,8 @@ const cavs_desc lattice_gru_desc = {
   .nparams = 25, .params = params,
   .npgroups = 22, .pgroups = pgroups,
   .nbufs = 34, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 31,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_gru_pull_fwd, .pull_bwd = lattice_gru_pull_bwd,

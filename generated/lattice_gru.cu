@@ -22,9 +22,9 @@ static void lattice_gru_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:37  x = lookup */
-  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lattice_gru.vf:37  xw = lookup */
-  cavs_lookup_fwd(c, P[4], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_fwd(c, P[4], D_W, c->iin[1], V[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
 /* pull block, backward: all rows */
@@ -39,9 +39,9 @@ static void lattice_gru_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:37  xw = lookup */
-  cavs_lookup_bwd(c, PG[4], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_bwd(c, PG[4], D_W, c->iin[1], G[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
   /* lattice_gru.vf:37  x = lookup */
-  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex wrd, eager phase: every row of the type at once */
@@ -57,10 +57,10 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_W, D_W, P[13], D_H, V[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_gru_wrd_fwd_path, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -165,40 +165,40 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_fwd(c, 0, 1, V[8] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[18],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 P[16], D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[16], D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[5] + (size_t)(r0) * (2*D_H),
+          V[4] + (size_t)(r0) * (2*D_H),
           P[17],
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
+          V[4] + (size_t)(r0) * (2*D_H) + D_H,
           P[19],
-          V[9] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
+          V[8] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -208,13 +208,13 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[17],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[19],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -400,12 +400,12 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[5] + (size_t)(r0) * (2*D_H),
+          G[4] + (size_t)(r0) * (2*D_H),
           PG[17],
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
+          G[4] + (size_t)(r0) * (2*D_H) + D_H,
           PG[19],
-          V[9] + (size_t)(r0) * D_H,
-          V[11] + (size_t)(r0) * D_H,
+          V[8] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -415,44 +415,44 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[17],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[19],
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[16], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[16], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: r (lines 43 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_wrd_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[18],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 43  dh_s += d(h_s @ Uwr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 42  dh_s += d(h_s @ Uwz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[14], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[14], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:41  h_s = gather */
-  cavs_gather_bwd(c, 0, 1, G[8] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -467,26 +467,26 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[7] + (size_t)(0) * D_H, D_H,
-                 P[13], D_H, G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
+                 P[13], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dW += xw^T d(xw @ [Wwz|Wwn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[14], D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[14], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[13], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[13], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[15], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 44  dW += %20^T d(%20 @ Uwn), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 PG[16], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[16], D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_eager, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -515,21 +515,21 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 51  x @ [Wg|Wr]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_eager_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[12],
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* lattice_gru_chr_fwd_path, group g2 forward: a thread per row and column of [n, H] */
@@ -697,24 +697,24 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_fwd(c, 0, 1, V[25] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_fwd(c, 0, 1, V[24] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  h_p @ Ug: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, V[23] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[24] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, V[22] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_fwd(c, 0, V[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[21] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  h_w @ Ug: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[21] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[20] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_fwd(c, V[24] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[23] + (size_t)(0) * D_H, D_H, V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -725,70 +725,70 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
+          V[19] + (size_t)(r0) * D_H,
           V[20] + (size_t)(r0) * D_H,
           V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H,
-          V[19] + (size_t)(r0) * D_H,
-          V[18] + (size_t)(r0) * D_H);
+          V[27] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          V[17] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[17] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[10],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, V[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[13] + (size_t)(r0) * (2*D_H),
+          V[12] + (size_t)(r0) * (2*D_H),
           P[9],
-          V[13] + (size_t)(r0) * (2*D_H) + D_H,
+          V[12] + (size_t)(r0) * (2*D_H) + D_H,
           P[11],
-          V[29] + (size_t)(r0) * D_H,
-          V[31] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
+          V[30] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -799,13 +799,13 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_fwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[9],
-          V[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[11],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -826,7 +826,7 @@ static void lattice_gru_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:61  push */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
+  cavs_copy_rows(c, V[31] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex chr, lazy phase backward */
@@ -841,7 +841,7 @@ static void lattice_gru_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:61  push */
-  cavs_copy_rows(c, G[1] + (size_t)(r0) * D_H, D_H, G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * D_H, D_H, G[31] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lattice_gru_chr_bwd_path, group g3 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1086,12 +1086,12 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g3_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[13] + (size_t)(r0) * (2*D_H),
+          G[12] + (size_t)(r0) * (2*D_H),
           PG[9],
-          G[13] + (size_t)(r0) * (2*D_H) + D_H,
+          G[12] + (size_t)(r0) * (2*D_H) + D_H,
           PG[11],
-          V[29] + (size_t)(r0) * D_H,
-          V[31] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
+          V[30] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1102,14 +1102,14 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[9],
-          G[13] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[11],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1117,51 +1117,51 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, G[14] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* group g4 backward, [n, H]: r (lines 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g4, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[10],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 57  dh_in += d(h_in @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[6], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* line 56  dh_in += d(h_in @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[5], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[5], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* lattice_gru.vf:54  wden = esum */
-  cavs_esum_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:53  wsum = esum */
-  cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[17] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1172,38 +1172,38 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[20] + (size_t)(r0) * D_H,
-          G[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
-          G[22] + (size_t)(r0) * D_H,
-          V[28] + (size_t)(r0) * D_H,
-          V[19] + (size_t)(r0) * D_H,
           G[19] + (size_t)(r0) * D_H,
-          G[18] + (size_t)(r0) * D_H);
+          G[20] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          G[21] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          G[18] + (size_t)(r0) * D_H,
+          G[17] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_gru.vf:51  ebcast */
-  cavs_ebcast_bwd(c, G[24] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[23] + (size_t)(0) * D_H, D_H, G[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dh_w += d(h_w @ Ug) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[21] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[22] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[20] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[21] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_gru.vf:53  h_w = echild */
-  cavs_echild_bwd(c, 0, G[22] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[21] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 52  dh_p += d(h_p @ Ug) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[23] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[22] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[24] + (size_t)(0) * D_H, D_H);
   /* lattice_gru.vf:50  h_p = gather */
-  cavs_gather_bwd(c, 0, 1, G[25] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_gather_bwd(c, 0, 1, G[24] + (size_t)(0) * D_H, D_H, r0, n);
 }
 
 /* lattice_gru_chr_bwd_eager, group g0 backward at the others: a thread per row and column of [n, H] */
@@ -1232,50 +1232,50 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[13] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* group g0 backward, [n, H]: xg (lines 51) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_gru_chr_bwd_eager_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[12],
-          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[23] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[1], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[1], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * D_H, D_H,
-                 PG[8], D_H, G[23] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[24] + (size_t)(0) * D_H, D_H,
+                 PG[8], D_H, G[22] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 53  dW += h_w^T d(h_w @ Ug), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[21] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            G[20] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (2*D_H), G[13] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[2], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[13] + (size_t)(0) * (2*D_H), (2*D_H));
-  /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
-                 PG[6], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
-                 PG[7], D_H, G[13] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+                 PG[5], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  /* line 57  dW += h_in^T d(h_in @ Ur), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+                 PG[6], D_H, G[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  /* line 58  dW += %42^T d(%42 @ Un), over all rows with children */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* lattice_gru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -1291,7 +1291,7 @@ static __global__ void lattice_gru_push_fwd_g0(int n, long D_E, long D_W, long D
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_W = c->dims[1];
@@ -1303,7 +1303,7 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 65  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[31] + (size_t)(r0) * D_H, D_H,
             P[20], D_C, 0, V[33] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 65) */
   {
@@ -1334,7 +1334,7 @@ static __global__ void lattice_gru_push_bwd_g0(int n, long D_E, long D_W, long D
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_W = c->dims[1];
@@ -1360,9 +1360,9 @@ static void lattice_gru_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 65  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[33] + (size_t)(r0) * D_C, D_C,
-            P[20], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
+            P[20], D_C, 1, G[31] + (size_t)(r0) * D_H, D_H);
   /* line 65  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[31] + (size_t)(r0) * D_H, D_H,
             G[33] + (size_t)(r0) * D_C, D_C, 1, PG[20], D_C);
 }
 
@@ -1434,7 +1434,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"wrd_state", {0, {0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"chr_state", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1464,16 +1463,17 @@ static const cavs_buf_desc bufs[] = {
   {"chr_z_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_r_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
   {"chr_n_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc lattice_gru_wrd_gathers[] = {
-  {0, 8, {0, {0}}, 1, 1},
+  {0, 7, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_wrd_slot_names[] = {"start"};
 static const int lattice_gru_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_gru_chr_gathers[] = {
-  {0, 25, {0, {0}}, 1, 1},
+  {0, 24, {0, {0}}, 1, 1},
 };
 static const char *const lattice_gru_chr_slot_names[] = {"prev"};
 static const int lattice_gru_chr_slot_types[] = {1};
@@ -1492,33 +1492,33 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
-   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 22, {0, {0}},
+   1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 21, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
-  {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_s", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"h_p", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"xg", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"g_p", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"wsum", 1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_in", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"z", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"r", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"n", 1, 31, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
+  {"xw", -1, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"xw", 0, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
+  {"h_p", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"xg", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"g_p", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"wsum", 1, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_in", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"z", 1, 28, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"r", 1, 29, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"n", 1, 30, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"h", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h", -2, 31, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_gru_desc = {
@@ -1601,7 +1601,8 @@ const cavs_desc lattice_gru_desc = {
   .nparams = 25, .params = params,
   .npgroups = 22, .pgroups = pgroups,
   .nbufs = 34, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 31,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_gru_pull_fwd, .pull_bwd = lattice_gru_pull_bwd,

@@ -22,9 +22,9 @@ static void lattice_lstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:42  x = lookup */
-  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lattice_lstm.vf:42  xw = lookup */
-  cavs_lookup_fwd(c, P[6], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_fwd(c, P[6], D_W, c->iin[1], V[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
 /* pull block, backward: all rows */
@@ -39,9 +39,9 @@ static void lattice_lstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:42  xw = lookup */
-  cavs_lookup_bwd(c, PG[6], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_bwd(c, PG[6], D_W, c->iin[1], G[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
   /* lattice_lstm.vf:42  x = lookup */
-  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex wrd, eager phase: every row of the type at once */
@@ -57,10 +57,10 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 49  xw @ [Wwi|Wwu]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[6] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_W, D_W, P[14], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -76,12 +76,12 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[16];
-    const R *restrict a21 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a21 = V[4] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a25 = P[18];
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    R *restrict k27 = V[9] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
     R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -115,16 +115,16 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[16];
-    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[5] + (size_t)(r) * D_H;
     const R *restrict a17 = P[17];
-    const R *restrict a21 = V[5] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a21 = V[4] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a25 = P[18];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    R *restrict k19 = V[8] + (size_t)(r) * D_H;
+    R *restrict k27 = V[9] + (size_t)(r) * D_H;
     R *restrict o30 = V[0] + (size_t)(r) * D_H;
     R *restrict h30 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -162,13 +162,13 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  h_s @ Uwf: [n, H], added into xw @ Wwf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -212,12 +212,12 @@ static void lattice_lstm_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[4] + (size_t)(r) * (2*D_H);
     R *restrict d9 = PG[16];
-    R *restrict d21 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d21 = G[4] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d25 = PG[18];
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -269,17 +269,17 @@ static void lattice_lstm_wrd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[4] + (size_t)(r) * (2*D_H);
     R *restrict d9 = PG[16];
-    R *restrict d13 = G[6] + (size_t)(r) * D_H;
+    R *restrict d13 = G[5] + (size_t)(r) * D_H;
     R *restrict d17 = PG[17];
-    R *restrict d21 = G[5] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d21 = G[4] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d25 = PG[18];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[6] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
     const R *restrict g30_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg30 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -336,13 +336,13 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -357,23 +357,23 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[5] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dW += xw^T d(xw @ [Wwi|Wwu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[14], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[14], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_chr_fwd_eager, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -388,9 +388,9 @@ static void lattice_lstm_chr_fwd_eager_g1(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a37 = V[12] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a37 = V[11] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a38 = P[13];
-    R *restrict o39 = V[20] + (size_t)(r) * D_H;
+    R *restrict o39 = V[19] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v39 = a37[j] + a38[j];  /* xl */
@@ -412,10 +412,10 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g1 forward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
@@ -433,12 +433,12 @@ static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a43 = V[17] + (size_t)(r) * D_H;
-    const R *restrict a42 = V[18] + (size_t)(r) * D_H;
-    const R *restrict a40 = V[19] + (size_t)(r) * D_H;
-    R *restrict k45 = V[26] + (size_t)(r) * D_H;
-    R *restrict o46 = V[16] + (size_t)(r) * D_H;
-    R *restrict o47 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a43 = V[16] + (size_t)(r) * D_H;
+    const R *restrict a42 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a40 = V[18] + (size_t)(r) * D_H;
+    R *restrict k45 = V[25] + (size_t)(r) * D_H;
+    R *restrict o46 = V[15] + (size_t)(r) * D_H;
+    R *restrict o47 = V[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v44 = a43[j] + a42[j];
@@ -465,20 +465,20 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[11] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[10] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a21 = V[11] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[10] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[11] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[10] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    R *restrict k11 = V[22] + (size_t)(r) * D_H;
-    R *restrict k27 = V[24] + (size_t)(r) * D_H;
-    R *restrict k35 = V[25] + (size_t)(r) * D_H;
-    R *restrict k50 = V[27] + (size_t)(r) * D_H;
+    R *restrict k11 = V[21] + (size_t)(r) * D_H;
+    R *restrict k27 = V[23] + (size_t)(r) * D_H;
+    R *restrict k35 = V[24] + (size_t)(r) * D_H;
+    R *restrict k50 = V[26] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h57 = (R *)c->home_val[0][r];
     R *restrict h57_2 = (R *)c->home_val[1][r];
-    R *restrict k58 = V[28] + (size_t)(r) * D_H;
+    R *restrict k58 = V[27] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
@@ -530,26 +530,26 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[11] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[10] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a13 = V[12] + (size_t)(r) * (2*D_H);
+    const R *restrict a13 = V[11] + (size_t)(r) * (2*D_H);
     const R *restrict a17 = P[10];
-    const R *restrict a21 = V[11] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[10] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[11] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[10] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    const R *restrict a2 = V[21] + (size_t)(r) * (2*D_H);
-    const R *restrict a48 = V[14] + (size_t)(r) * D_H;
-    const R *restrict a49 = V[13] + (size_t)(r) * D_H;
-    R *restrict k11 = V[22] + (size_t)(r) * D_H;
-    R *restrict k19 = V[23] + (size_t)(r) * D_H;
-    R *restrict k27 = V[24] + (size_t)(r) * D_H;
-    R *restrict k35 = V[25] + (size_t)(r) * D_H;
-    R *restrict k50 = V[27] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[20] + (size_t)(r) * (2*D_H);
+    const R *restrict a48 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a49 = V[12] + (size_t)(r) * D_H;
+    R *restrict k11 = V[21] + (size_t)(r) * D_H;
+    R *restrict k19 = V[22] + (size_t)(r) * D_H;
+    R *restrict k27 = V[23] + (size_t)(r) * D_H;
+    R *restrict k35 = V[24] + (size_t)(r) * D_H;
+    R *restrict k50 = V[26] + (size_t)(r) * D_H;
     R *restrict o57 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h57 = (R *)c->home_val[0][r];
     R *restrict h57_2 = (R *)c->home_val[1][r];
-    R *restrict k58 = V[28] + (size_t)(r) * D_H;
+    R *restrict k58 = V[27] + (size_t)(r) * D_H;
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
@@ -605,27 +605,27 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  h_prev @ Uf: [n, H], added into x @ [Wf|Wl], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_fwd(c, 0, V[19] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[18] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  cw @ Ul: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[18] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[17] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_fwd(c, V[20] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -636,9 +636,9 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_fwd(c, V[16] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -657,7 +657,7 @@ static void lattice_lstm_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:71  push */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[28] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex chr, lazy phase backward */
@@ -672,7 +672,7 @@ static void lattice_lstm_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:71  push */
-  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[28] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lattice_lstm_chr_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -687,20 +687,20 @@ static void lattice_lstm_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[11] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[10] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d21 = G[11] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[10] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[11] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[10] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict k11 = V[22] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[24] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[25] + (size_t)(r) * D_H;
-    const R *restrict k50 = V[27] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[21] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[24] + (size_t)(r) * D_H;
+    const R *restrict k50 = V[26] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg57 = (R *)c->home_grad[0][r];
     const R *restrict hg57_2 = (R *)c->home_grad[1][r];
-    const R *restrict k58 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k58 = V[27] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
@@ -801,29 +801,29 @@ static void lattice_lstm_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[11] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[10] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d13 = G[12] + (size_t)(r) * (2*D_H);
+    R *restrict d13 = G[11] + (size_t)(r) * (2*D_H);
     R *restrict d17 = PG[10];
-    R *restrict d21 = G[11] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[10] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[11] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[10] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict a2 = V[21] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[21] + (size_t)(r) * (2*D_H);
-    const R *restrict a48 = V[14] + (size_t)(r) * D_H;
-    R *restrict d48 = G[14] + (size_t)(r) * D_H;
-    const R *restrict a49 = V[13] + (size_t)(r) * D_H;
-    R *restrict d49 = G[13] + (size_t)(r) * D_H;
-    const R *restrict k11 = V[22] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[23] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[24] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[25] + (size_t)(r) * D_H;
-    const R *restrict k50 = V[27] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[20] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[20] + (size_t)(r) * (2*D_H);
+    const R *restrict a48 = V[13] + (size_t)(r) * D_H;
+    R *restrict d48 = G[13] + (size_t)(r) * D_H;
+    const R *restrict a49 = V[12] + (size_t)(r) * D_H;
+    R *restrict d49 = G[12] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[21] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[22] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[24] + (size_t)(r) * D_H;
+    const R *restrict k50 = V[26] + (size_t)(r) * D_H;
     const R *restrict g57_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg57 = (R *)c->home_grad[0][r];
     const R *restrict hg57_2 = (R *)c->home_grad[1][r];
-    const R *restrict k58 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k58 = V[27] + (size_t)(r) * D_H;
     const R *restrict g59_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg59 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg59_2 = (R *)c->home_grad[1][r] + D_H;
@@ -911,14 +911,14 @@ static void lattice_lstm_chr_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d43 = G[17] + (size_t)(r) * D_H;
-    R *restrict d42 = G[18] + (size_t)(r) * D_H;
-    const R *restrict a40 = V[19] + (size_t)(r) * D_H;
-    R *restrict d40 = G[19] + (size_t)(r) * D_H;
-    const R *restrict k45 = V[26] + (size_t)(r) * D_H;
-    const R *restrict k46 = V[16] + (size_t)(r) * D_H;
-    const R *restrict g46_in = G[16] + (size_t)(r) * D_H;
-    const R *restrict g47_in = G[15] + (size_t)(r) * D_H;
+    R *restrict d43 = G[16] + (size_t)(r) * D_H;
+    R *restrict d42 = G[17] + (size_t)(r) * D_H;
+    const R *restrict a40 = V[18] + (size_t)(r) * D_H;
+    R *restrict d40 = G[18] + (size_t)(r) * D_H;
+    const R *restrict k45 = V[25] + (size_t)(r) * D_H;
+    const R *restrict k46 = V[15] + (size_t)(r) * D_H;
+    const R *restrict g46_in = G[15] + (size_t)(r) * D_H;
+    const R *restrict g47_in = G[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v45 = k45[j];
@@ -953,9 +953,9 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_lstm_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_bwd(c, G[16] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[14] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -966,27 +966,27 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_bwd(c, G[20] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dcw += d(cw @ Ul) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[18] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[19] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[17] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[18] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_bwd(c, 0, G[19] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[18] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[7], D_H, G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[7], D_H, G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* lattice_lstm_chr_bwd_eager, group g1 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1001,9 +1001,9 @@ static void lattice_lstm_chr_bwd_eager_g1(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d37 = G[12] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d37 = G[11] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d38 = PG[13];
-    const R *restrict g39_in = G[20] + (size_t)(r) * D_H;
+    const R *restrict g39_in = G[19] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g39 = g39_in[j];
@@ -1027,31 +1027,31 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g1 backward, [n, H]: xl (lines 64) */
   cavs_loop(c, lattice_lstm_chr_bwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[4], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[4], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[2], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[4], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[4], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[7], D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dW += cw^T d(cw @ Ul), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            G[17] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
 }
@@ -1079,7 +1079,7 @@ static void lattice_lstm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
@@ -1091,7 +1091,7 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 75  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
             P[19], D_C, 0, V[30] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 75) */
   cavs_loop(c, lattice_lstm_push_fwd_g0, r0, n, D_C, 0);
@@ -1123,7 +1123,7 @@ static void lattice_lstm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
@@ -1140,9 +1140,9 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_lstm_push_bwd_g0, r0, n, D_C, 0);
   /* line 75  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[30] + (size_t)(r0) * D_C, D_C,
-            P[19], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
+            P[19], D_C, 1, G[28] + (size_t)(r0) * D_H, D_H);
   /* line 75  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
             G[30] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
 }
 
@@ -1216,7 +1216,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"wrd_state", {0, {0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"chr_state", {0, {0, 0, 2}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1243,16 +1242,17 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t45_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 1},
   {"chr_ei_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_t58_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc lattice_lstm_wrd_gathers[] = {
-  {0, 7, {0, {0}}, 1, 1},
+  {0, 6, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_wrd_slot_names[] = {"start"};
 static const int lattice_lstm_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_lstm_chr_gathers[] = {
-  {0, 21, {0, {0}}, 1, 1},
+  {0, 20, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_chr_slot_names[] = {"prev"};
 static const int lattice_lstm_chr_slot_types[] = {1};
@@ -1271,38 +1271,38 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 19, {0, {0}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 18, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
-  {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_s", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 21, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 1, 21, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"xl", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wsum", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"ei", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
+  {"xw", -1, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"xw", 0, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"s", 0, 6, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_s", 0, 6, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_s", 0, 6, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
+  {"s", 1, 20, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 1, 20, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"xl", 1, 19, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wsum", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 12, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"ei", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h", -2, 28, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_lstm_desc = {
@@ -1395,7 +1395,8 @@ const cavs_desc lattice_lstm_desc = {
   .nparams = 28, .params = params,
   .npgroups = 21, .pgroups = pgroups,
   .nbufs = 31, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 28,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_lstm_pull_fwd, .pull_bwd = lattice_lstm_pull_bwd,

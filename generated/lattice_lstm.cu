@@ -22,9 +22,9 @@ static void lattice_lstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:42  x = lookup */
-  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lattice_lstm.vf:42  xw = lookup */
-  cavs_lookup_fwd(c, P[6], D_W, c->iin[1], V[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_fwd(c, P[6], D_W, c->iin[1], V[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
 }
 
 /* pull block, backward: all rows */
@@ -39,9 +39,9 @@ static void lattice_lstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:42  xw = lookup */
-  cavs_lookup_bwd(c, PG[6], D_W, c->iin[1], G[3] + (size_t)(0) * D_W, D_W, r0, n, D_W);
+  cavs_lookup_bwd(c, PG[6], D_W, c->iin[1], G[2] + (size_t)(0) * D_W, D_W, r0, n, D_W);
   /* lattice_lstm.vf:42  x = lookup */
-  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex wrd, eager phase: every row of the type at once */
@@ -57,10 +57,10 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 49  xw @ [Wwi|Wwu]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
-                  V[3] + (size_t)(0) * D_W, D_W, P[14], D_H, V[6] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_W, D_W, P[14], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -151,24 +151,24 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (2*D_H), V[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  h_s @ Uwf: [n, H], added into xw @ Wwf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[5] + (size_t)(r0) * (2*D_H),
+          V[4] + (size_t)(r0) * (2*D_H),
           P[16],
-          V[5] + (size_t)(r0) * (2*D_H) + D_H,
+          V[4] + (size_t)(r0) * (2*D_H) + D_H,
           P[18],
-          V[8] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H,
+          V[7] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -178,16 +178,16 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[16],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[17],
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[18],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -350,12 +350,12 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[5] + (size_t)(r0) * (2*D_H),
+          G[4] + (size_t)(r0) * (2*D_H),
           PG[16],
-          G[5] + (size_t)(r0) * (2*D_H) + D_H,
+          G[4] + (size_t)(r0) * (2*D_H) + D_H,
           PG[18],
-          V[8] + (size_t)(r0) * D_H,
-          V[10] + (size_t)(r0) * D_H,
+          V[7] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -365,30 +365,30 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_wrd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[16],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[17],
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[18],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (2*D_H), G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:46  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex wrd, eager phase backward, then every parameter gradient of the type */
@@ -403,23 +403,23 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[5] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[5] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[3] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dW += xw^T d(xw @ [Wwi|Wwu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (2*D_H), G[5] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[3] + (size_t)(0) * D_W, D_W,
-                 PG[14], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
+                 PG[14], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lattice_lstm_chr_fwd_eager, group g1 forward at the others: a thread per row and column of [n, H] */
@@ -448,18 +448,18 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
-                  V[4] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[3] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g1 forward, [n, H]: xl (lines 64) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[13],
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[19] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -650,27 +650,27 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  h_prev @ Uf: [n, H], added into x @ [Wf|Wl], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[7], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[7], D_H, V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_fwd(c, 0, V[19] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_fwd(c, 0, V[18] + (size_t)(0) * D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  cw @ Ul: [n, H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 0, V[18] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_H, D_H, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 0, V[17] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_fwd(c, V[20] + (size_t)(0) * D_H, D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[19] + (size_t)(0) * D_H, D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -681,40 +681,40 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
+          V[16] + (size_t)(r0) * D_H,
           V[17] + (size_t)(r0) * D_H,
           V[18] + (size_t)(r0) * D_H,
-          V[19] + (size_t)(r0) * D_H,
-          V[26] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H);
+          V[25] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[14] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_fwd(c, V[16] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          V[11] + (size_t)(r0) * (3*D_H),
+          V[10] + (size_t)(r0) * (3*D_H),
           P[9],
-          V[11] + (size_t)(r0) * (3*D_H) + D_H,
+          V[10] + (size_t)(r0) * (3*D_H) + D_H,
           P[11],
-          V[11] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[10] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[12],
-          V[22] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          V[23] + (size_t)(r0) * D_H,
           V[24] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
-          V[27] + (size_t)(r0) * D_H,
+          V[26] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[28] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -725,26 +725,26 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[9],
-          V[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[10],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[11],
-          V[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[12],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -766,7 +766,7 @@ static void lattice_lstm_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:71  push */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[28] + (size_t)(r0) * D_H, D_H, V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex chr, lazy phase backward */
@@ -781,7 +781,7 @@ static void lattice_lstm_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_lstm.vf:71  push */
-  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[28] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lattice_lstm_chr_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1071,20 +1071,20 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[11] + (size_t)(r0) * (3*D_H),
+          G[10] + (size_t)(r0) * (3*D_H),
           PG[9],
-          G[11] + (size_t)(r0) * (3*D_H) + D_H,
+          G[10] + (size_t)(r0) * (3*D_H) + D_H,
           PG[11],
-          G[11] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[10] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[12],
-          V[22] + (size_t)(r0) * D_H,
+          V[21] + (size_t)(r0) * D_H,
+          V[23] + (size_t)(r0) * D_H,
           V[24] + (size_t)(r0) * D_H,
-          V[25] + (size_t)(r0) * D_H,
-          V[27] + (size_t)(r0) * D_H,
+          V[26] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[28] + (size_t)(r0) * D_H,
+          V[27] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1095,29 +1095,29 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[9],
-          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[10],
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[11],
-          G[11] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[10] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[12],
-          V[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[21] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[20] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[20] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[26] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[27] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1125,9 +1125,9 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lattice_lstm.vf:66  wden = esum */
-  cavs_esum_bwd(c, G[16] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_lstm.vf:65  wsum = esum */
-  cavs_esum_bwd(c, G[15] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_esum_bwd(c, G[14] + (size_t)(0) * D_H, D_H, G[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1138,41 +1138,41 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_W, D_H, D_C, D_A, D_V,
-          G[17] + (size_t)(r0) * D_H,
-          G[18] + (size_t)(r0) * D_H,
-          V[19] + (size_t)(r0) * D_H,
-          G[19] + (size_t)(r0) * D_H,
-          V[26] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H,
           G[16] + (size_t)(r0) * D_H,
-          G[15] + (size_t)(r0) * D_H);
+          G[17] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          G[18] + (size_t)(r0) * D_H,
+          V[25] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          G[15] + (size_t)(r0) * D_H,
+          G[14] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* lattice_lstm.vf:64  ebcast */
-  cavs_ebcast_bwd(c, G[20] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[19] + (size_t)(0) * D_H, D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dcw += d(cw @ Ul) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[18] + (size_t)(r0) * D_H, D_H,
-            P[8], D_H, 1, G[19] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_H, 1, G[17] + (size_t)(r0) * D_H, D_H,
+            P[8], D_H, 1, G[18] + (size_t)(r0) * D_H, D_H);
     }
   }
   /* lattice_lstm.vf:65  cw = echild */
-  cavs_echild_bwd(c, 0, G[19] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_echild_bwd(c, 0, G[18] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[7], D_H, G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[7], D_H, G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lattice_lstm.vf:57  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* lattice_lstm_chr_bwd_eager, group g1 backward at the others: a thread per row and column of [n, H] */
@@ -1205,38 +1205,38 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(lattice_lstm_chr_bwd_eager_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_W, D_H, D_C, D_A, D_V,
-          G[12] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[11] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[13],
-          G[20] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[19] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[4], (2*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[4], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[11] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[2], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[11] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
-                 PG[4], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
+                 PG[4], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[21] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[7], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[7], D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* line 65  dW += cw^T d(cw @ Ul), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[19] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_H, n, 1, V[18] + (size_t)(r0) * D_H, D_H,
+            G[17] + (size_t)(r0) * D_H, D_H, 1, PG[8], D_H);
     }
   }
 }
@@ -1254,7 +1254,7 @@ static __global__ void lattice_lstm_push_fwd_g0(int n, long D_E, long D_W, long 
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_W = c->dims[1];
@@ -1266,7 +1266,7 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 75  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
             P[19], D_C, 0, V[30] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 75) */
   {
@@ -1297,7 +1297,7 @@ static __global__ void lattice_lstm_push_bwd_g0(int n, long D_E, long D_W, long 
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_W = c->dims[1];
@@ -1323,9 +1323,9 @@ static void lattice_lstm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 75  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[30] + (size_t)(r0) * D_C, D_C,
-            P[19], D_C, 1, G[2] + (size_t)(r0) * D_H, D_H);
+            P[19], D_C, 1, G[28] + (size_t)(r0) * D_H, D_H);
   /* line 75  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[2] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[28] + (size_t)(r0) * D_H, D_H,
             G[30] + (size_t)(r0) * D_C, D_C, 1, PG[19], D_C);
 }
 
@@ -1399,7 +1399,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"wrd_state", {0, {0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"chr_state", {0, {0, 0, 2}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1426,16 +1425,17 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t45_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 1},
   {"chr_ei_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_t58_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc lattice_lstm_wrd_gathers[] = {
-  {0, 7, {0, {0}}, 1, 1},
+  {0, 6, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_wrd_slot_names[] = {"start"};
 static const int lattice_lstm_wrd_slot_types[] = {1};
 static const cavs_gather_desc lattice_lstm_chr_gathers[] = {
-  {0, 21, {0, {0}}, 1, 1},
+  {0, 20, {0, {0}}, 1, 1},
 };
 static const char *const lattice_lstm_chr_slot_names[] = {"prev"};
 static const int lattice_lstm_chr_slot_types[] = {1};
@@ -1454,38 +1454,38 @@ static const cavs_vertex_desc vertex[] = {
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_lstm_chr_fwd_eager, lattice_lstm_chr_fwd_path, lattice_lstm_chr_fwd_lazy,
    lattice_lstm_chr_bwd_lazy, lattice_lstm_chr_bwd_path, lattice_lstm_chr_bwd_eager, 1, 1, lattice_lstm_chr_gathers,
-   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 19, {0, {0}},
+   1, lattice_lstm_chr_slot_names, lattice_lstm_chr_slot_types, 1, 0, 0, 2, 18, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
-  {"xw", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"xw", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_s", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_s", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"x", 1, 4, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 21, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 1, 21, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 1, 25, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"xl", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wsum", 1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"wden", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"ei", 1, 27, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
+  {"xw", -1, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"xw", 0, 2, {0, {0}}, {0, {0, 1}}, 0},
+  {"s", 0, 6, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_s", 0, 6, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_s", 0, 6, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
+  {"s", 1, 20, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 1, 20, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 1, 21, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 1, 22, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 1, 23, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 1, 24, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"xl", 1, 19, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wsum", 1, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"wden", 1, 12, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"ei", 1, 26, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"h", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"logits", -1, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h", -2, 28, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"logits", -2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc lattice_lstm_desc = {
@@ -1578,7 +1578,8 @@ const cavs_desc lattice_lstm_desc = {
   .nparams = 28, .params = params,
   .npgroups = 21, .pgroups = pgroups,
   .nbufs = 31, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 28,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_lstm_pull_fwd, .pull_bwd = lattice_lstm_pull_bwd,

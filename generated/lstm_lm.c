@@ -19,7 +19,7 @@ static void lstm_lm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:28  x = lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -31,7 +31,7 @@ static void lstm_lm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:28  x = lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex token, eager phase: every row of the type at once */
@@ -44,10 +44,10 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[4] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[3] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -60,18 +60,18 @@ static void lstm_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[2] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
-    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[2] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[7];
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[2] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    R *restrict k11 = V[6] + (size_t)(r) * D_H;
-    R *restrict k27 = V[8] + (size_t)(r) * D_H;
-    R *restrict k35 = V[9] + (size_t)(r) * D_H;
+    R *restrict k11 = V[5] + (size_t)(r) * D_H;
+    R *restrict k27 = V[7] + (size_t)(r) * D_H;
+    R *restrict k35 = V[8] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[10] + (size_t)(r) * D_H;
+    R *restrict k39 = V[9] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -111,22 +111,22 @@ static void lstm_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[2] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
-    const R *restrict a13 = V[4] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[3] + (size_t)(r) * D_H;
     const R *restrict a17 = P[6];
-    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[2] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[7];
-    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[2] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[6] + (size_t)(r) * D_H;
-    R *restrict k19 = V[7] + (size_t)(r) * D_H;
-    R *restrict k27 = V[8] + (size_t)(r) * D_H;
-    R *restrict k35 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[4] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[5] + (size_t)(r) * D_H;
+    R *restrict k19 = V[6] + (size_t)(r) * D_H;
+    R *restrict k27 = V[7] + (size_t)(r) * D_H;
+    R *restrict k35 = V[8] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[10] + (size_t)(r) * D_H;
+    R *restrict k39 = V[9] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -170,13 +170,13 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  h_prev @ Uf: [n, H], added into x @ Wf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -191,8 +191,6 @@ static void lstm_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm.vf:42  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex token, lazy phase backward */
@@ -203,8 +201,6 @@ static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm.vf:42  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lstm_lm_token_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -216,18 +212,18 @@ static void lstm_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[2] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[5];
-    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[2] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[7];
-    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[2] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[5] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[8] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[9] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -297,23 +293,23 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[2] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[5];
-    R *restrict d13 = G[4] + (size_t)(r) * D_H;
+    R *restrict d13 = G[3] + (size_t)(r) * D_H;
     R *restrict d17 = PG[6];
-    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[2] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[7];
-    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[2] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[7] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[4] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[4] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[5] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[6] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[8] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[9] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -382,13 +378,13 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lstm_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 35  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* lstm_lm.vf:32  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -400,23 +396,23 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 36  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[4] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[3] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 35  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[3] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[3] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -428,9 +424,9 @@ static void lstm_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[12] + (size_t)(r) * D_V;
+    const R *restrict a2 = V[11] + (size_t)(r) * D_V;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[11] + (size_t)(r) * D_V;
+    R *restrict o4 = V[10] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -439,7 +435,7 @@ static void lstm_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -448,12 +444,12 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 46  h @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_V, 0, V[12] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[9], D_V, 0, V[11] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
   cavs_loop(c, lstm_lm_push_fwd_g0, r0, n, D_V, 0);
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[10] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -465,9 +461,9 @@ static void lstm_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[12] + (size_t)(r) * D_V;
+    R *restrict d2 = G[11] + (size_t)(r) * D_V;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[11] + (size_t)(r) * D_V;
+    const R *restrict g4_in = G[10] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -477,7 +473,7 @@ static void lstm_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -486,15 +482,15 @@ static void lstm_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:47  softmax_xent */
-  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], G[11] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[10] + (size_t)(0) * D_V, D_V, c->iin[1], G[10] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 46) */
   cavs_loop(c, lstm_lm_push_bwd_g0, r0, n, D_V, 0);
   /* line 46  dh += d(h @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[12] + (size_t)(r0) * D_V, D_V,
-            P[9], D_V, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[11] + (size_t)(r0) * D_V, D_V,
+            P[9], D_V, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 46  dW += h^T d(h @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[12] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[11] + (size_t)(r0) * D_V, D_V, 1, PG[9], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -539,7 +535,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -549,11 +544,11 @@ static const cavs_buf_desc bufs[] = {
   {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc lstm_lm_token_gathers[] = {
-  {0, 5, {0, {0}}, 1, 0},
+  {0, 4, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[12] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -570,19 +565,19 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 5, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 6, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 4, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 4, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 5, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 6, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 11, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"logits", -2, 10, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm_desc = {
@@ -645,8 +640,9 @@ const cavs_desc lstm_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 15, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 13, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 12, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm_pull_fwd, .pull_bwd = lstm_lm_pull_bwd,

@@ -19,9 +19,9 @@ static void lstm_lm2_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:44  lookup */
-  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lstm_lm2.vf:44  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -33,9 +33,9 @@ static void lstm_lm2_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:44  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* lstm_lm2.vf:44  lookup */
-  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex token, eager phase: every row of the type at once */
@@ -48,10 +48,10 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[5], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -64,18 +64,18 @@ static void lstm_lm2_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = P[7];
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a27 = P[9];
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a31 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a35 = P[10];
-    R *restrict k13 = V[10] + (size_t)(r) * D_H;
-    R *restrict k29 = V[12] + (size_t)(r) * D_H;
-    R *restrict k37 = V[13] + (size_t)(r) * D_H;
+    R *restrict k13 = V[9] + (size_t)(r) * D_H;
+    R *restrict k29 = V[11] + (size_t)(r) * D_H;
+    R *restrict k37 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (4*D_H);
     R *restrict h40 = (R *)c->home_val[0][r];
-    R *restrict k41 = V[14] + (size_t)(r) * D_H;
+    R *restrict k41 = V[13] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -115,22 +115,22 @@ static void lstm_lm2_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a7 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a7 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = P[7];
-    const R *restrict a15 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[7] + (size_t)(r) * D_H;
     const R *restrict a19 = P[8];
-    const R *restrict a23 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a27 = P[9];
-    const R *restrict a31 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a31 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a35 = P[10];
-    const R *restrict a2 = V[9] + (size_t)(r) * (4*D_H);
-    R *restrict k13 = V[10] + (size_t)(r) * D_H;
-    R *restrict k21 = V[11] + (size_t)(r) * D_H;
-    R *restrict k29 = V[12] + (size_t)(r) * D_H;
-    R *restrict k37 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[8] + (size_t)(r) * (4*D_H);
+    R *restrict k13 = V[9] + (size_t)(r) * D_H;
+    R *restrict k21 = V[10] + (size_t)(r) * D_H;
+    R *restrict k29 = V[11] + (size_t)(r) * D_H;
+    R *restrict k37 = V[12] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (4*D_H);
     R *restrict h40 = (R *)c->home_val[0][r];
-    R *restrict k41 = V[14] + (size_t)(r) * D_H;
+    R *restrict k41 = V[13] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -175,18 +175,18 @@ static void lstm_lm2_token_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a46 = V[5] + (size_t)(r) * (3*D_H);
+    const R *restrict a46 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
-    const R *restrict a62 = V[5] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a62 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a66 = P[15];
-    const R *restrict a70 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a70 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a74 = P[16];
-    R *restrict k52 = V[15] + (size_t)(r) * D_H;
-    R *restrict k68 = V[17] + (size_t)(r) * D_H;
-    R *restrict k76 = V[18] + (size_t)(r) * D_H;
+    R *restrict k52 = V[14] + (size_t)(r) * D_H;
+    R *restrict k68 = V[16] + (size_t)(r) * D_H;
+    R *restrict k76 = V[17] + (size_t)(r) * D_H;
     R *restrict o79 = V[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     R *restrict h79 = (R *)c->home_val[0][r] + (2*D_H);
-    R *restrict k80 = V[19] + (size_t)(r) * D_H;
+    R *restrict k80 = V[18] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -226,22 +226,22 @@ static void lstm_lm2_token_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a46 = V[5] + (size_t)(r) * (3*D_H);
+    const R *restrict a46 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
-    const R *restrict a54 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a54 = V[5] + (size_t)(r) * D_H;
     const R *restrict a58 = P[14];
-    const R *restrict a62 = V[5] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a62 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a66 = P[15];
-    const R *restrict a70 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a70 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a74 = P[16];
-    const R *restrict a4 = V[9] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict k52 = V[15] + (size_t)(r) * D_H;
-    R *restrict k60 = V[16] + (size_t)(r) * D_H;
-    R *restrict k68 = V[17] + (size_t)(r) * D_H;
-    R *restrict k76 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a4 = V[8] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict k52 = V[14] + (size_t)(r) * D_H;
+    R *restrict k60 = V[15] + (size_t)(r) * D_H;
+    R *restrict k68 = V[16] + (size_t)(r) * D_H;
+    R *restrict k76 = V[17] + (size_t)(r) * D_H;
     R *restrict o79 = V[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     R *restrict h79 = (R *)c->home_val[0][r] + (2*D_H);
-    R *restrict k80 = V[19] + (size_t)(r) * D_H;
+    R *restrict k80 = V[18] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -285,30 +285,30 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
   /* line 53  h1_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  h1_prev @ Uf: [n, H], added into x @ Wf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 P[6], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 P[6], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   cavs_loop(c, lstm_lm2_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[7] + (size_t)(r0) * D_H, D_H,
-            P[2], (3*D_H), 0, V[5] + (size_t)(r0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[6] + (size_t)(r0) * D_H, D_H,
+            P[2], (3*D_H), 0, V[4] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], added into d1 @ [Vi|Vo|Vu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[3], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[3], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  d1 @ Vf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* line 61  h2_prev @ Rf: [n, H], added into d1 @ Vf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 P[12], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 P[12], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
   cavs_loop(c, lstm_lm2_token_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -323,8 +323,6 @@ static void lstm_lm2_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm2.vf:67  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (4*D_H) + (3*D_H), (4*D_H), n, D_H, 0);
 }
 
 /* vertex token, lazy phase backward */
@@ -335,8 +333,6 @@ static void lstm_lm2_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* lstm_lm2.vf:67  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (4*D_H) + (3*D_H), (4*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* lstm_lm2_token_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -348,18 +344,18 @@ static void lstm_lm2_token_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d46 = G[5] + (size_t)(r) * (3*D_H);
+    R *restrict d46 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d50 = PG[13];
-    R *restrict d62 = G[5] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d62 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d66 = PG[15];
-    R *restrict d70 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d70 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d74 = PG[16];
-    const R *restrict k52 = V[15] + (size_t)(r) * D_H;
-    const R *restrict k68 = V[17] + (size_t)(r) * D_H;
-    const R *restrict k76 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k52 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k68 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k76 = V[17] + (size_t)(r) * D_H;
     const R *restrict g79_in = G[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     const R *restrict hg79 = (R *)c->home_grad[0][r] + (2*D_H);
-    const R *restrict k80 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k80 = V[18] + (size_t)(r) * D_H;
     const R *restrict g81_in = G[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     const R *restrict hg81 = (R *)c->home_grad[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -429,23 +425,23 @@ static void lstm_lm2_token_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d46 = G[5] + (size_t)(r) * (3*D_H);
+    R *restrict d46 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d50 = PG[13];
-    R *restrict d54 = G[6] + (size_t)(r) * D_H;
+    R *restrict d54 = G[5] + (size_t)(r) * D_H;
     R *restrict d58 = PG[14];
-    R *restrict d62 = G[5] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d62 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d66 = PG[15];
-    R *restrict d70 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d70 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d74 = PG[16];
-    const R *restrict a4 = V[9] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict d4 = G[9] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict k52 = V[15] + (size_t)(r) * D_H;
-    const R *restrict k60 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k68 = V[17] + (size_t)(r) * D_H;
-    const R *restrict k76 = V[18] + (size_t)(r) * D_H;
+    const R *restrict a4 = V[8] + (size_t)(r) * (4*D_H) + (2*D_H);
+    R *restrict d4 = G[8] + (size_t)(r) * (4*D_H) + (2*D_H);
+    const R *restrict k52 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k60 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k68 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k76 = V[17] + (size_t)(r) * D_H;
     const R *restrict g79_in = G[0] + (size_t)(r) * (4*D_H) + (2*D_H);
     const R *restrict hg79 = (R *)c->home_grad[0][r] + (2*D_H);
-    const R *restrict k80 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k80 = V[18] + (size_t)(r) * D_H;
     const R *restrict g81_in = G[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     const R *restrict hg81 = (R *)c->home_grad[0][r] + (3*D_H);
     CAVS_IVDEP
@@ -510,18 +506,18 @@ static void lstm_lm2_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d7 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d11 = PG[7];
-    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d27 = PG[9];
-    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d31 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d35 = PG[10];
-    const R *restrict k13 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k29 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k37 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k13 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k29 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (4*D_H);
     const R *restrict hg40 = (R *)c->home_grad[0][r];
-    const R *restrict k41 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k41 = V[13] + (size_t)(r) * D_H;
     const R *restrict g42_in = G[0] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict hg42 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -591,23 +587,23 @@ static void lstm_lm2_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d7 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d7 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d11 = PG[7];
-    R *restrict d15 = G[8] + (size_t)(r) * D_H;
+    R *restrict d15 = G[7] + (size_t)(r) * D_H;
     R *restrict d19 = PG[8];
-    R *restrict d23 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d27 = PG[9];
-    R *restrict d31 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d31 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d35 = PG[10];
-    const R *restrict a2 = V[9] + (size_t)(r) * (4*D_H);
-    R *restrict d2 = G[9] + (size_t)(r) * (4*D_H);
-    const R *restrict k13 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k21 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k29 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k37 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[8] + (size_t)(r) * (4*D_H);
+    R *restrict d2 = G[8] + (size_t)(r) * (4*D_H);
+    const R *restrict k13 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k21 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k29 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[12] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (4*D_H);
     const R *restrict hg40 = (R *)c->home_grad[0][r];
-    const R *restrict k41 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k41 = V[13] + (size_t)(r) * D_H;
     const R *restrict g42_in = G[0] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict hg42 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -676,30 +672,30 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lstm_lm2_token_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 61  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[12], D_H, G[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 60  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 60  dd1 += d(d1 @ [Vi|Vo|Vu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[5] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[7] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[4] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[6] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[7] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
+  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[6] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
   /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   cavs_loop(c, lstm_lm2_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm2_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 54  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* line 53  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* lstm_lm2.vf:48  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (4*D_H), (4*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -711,35 +707,35 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
-                 PG[6], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
+                 PG[6], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 60  dW += d1^T d(d1 @ [Vi|Vo|Vu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[7] + (size_t)(r0) * D_H, D_H,
-            G[5] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[6] + (size_t)(r0) * D_H, D_H,
+            G[4] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 60  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[3], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[3], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += d1^T d(d1 @ Vf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
-                 PG[11], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+                 PG[11], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 61  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
-                 PG[12], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
+                 PG[12], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -751,9 +747,9 @@ static void lstm_lm2_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a4 = V[21] + (size_t)(r) * D_V;
+    const R *restrict a4 = V[20] + (size_t)(r) * D_V;
     const R *restrict a5 = P[18];
-    R *restrict o6 = V[20] + (size_t)(r) * D_V;
+    R *restrict o6 = V[19] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a4[j] + a5[j];  /* logits */
@@ -762,7 +758,7 @@ static void lstm_lm2_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -771,14 +767,14 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[1] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  %2 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            P[17], D_V, 0, V[21] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            P[17], D_V, 0, V[20] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 71) */
   cavs_loop(c, lstm_lm2_push_fwd_g0, r0, n, D_V, 0);
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_fwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[19] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* lstm_lm2_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -790,9 +786,9 @@ static void lstm_lm2_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d4 = G[21] + (size_t)(r) * D_V;
+    R *restrict d4 = G[20] + (size_t)(r) * D_V;
     R *restrict d5 = PG[18];
-    const R *restrict g6_in = G[20] + (size_t)(r) * D_V;
+    const R *restrict g6_in = G[19] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g6 = g6_in[j];
@@ -802,7 +798,7 @@ static void lstm_lm2_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -811,17 +807,17 @@ static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm2.vf:72  softmax_xent */
-  cavs_xent_bwd(c, 0, V[20] + (size_t)(0) * D_V, D_V, c->iin[1], G[20] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[19] + (size_t)(0) * D_V, D_V, c->iin[1], G[19] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g0 backward, [n, V]: logits (lines 71) */
   cavs_loop(c, lstm_lm2_push_bwd_g0, r0, n, D_V, 0);
   /* line 71  d%2 += d(%2 @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[21] + (size_t)(r0) * D_V, D_V,
-            P[17], D_V, 1, G[22] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[20] + (size_t)(r0) * D_V, D_V,
+            P[17], D_V, 1, G[21] + (size_t)(r0) * D_H, D_H);
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[22] + (size_t)(0) * D_H, D_H, G[1] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[21] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), D_H, r0, n);
   /* line 71  dW += %2^T d(%2 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[22] + (size_t)(r0) * D_H, D_H,
-            G[21] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[21] + (size_t)(r0) * D_H, D_H,
+            G[20] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -888,7 +884,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 4}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -907,12 +902,12 @@ static const cavs_buf_desc bufs[] = {
   {"token_o2_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_u2_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_t80_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t2", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
 };
 static const cavs_gather_desc lstm_lm2_token_gathers[] = {
-  {0, 9, {0, {0}}, 1, 0},
+  {0, 8, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[20] = {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -929,28 +924,28 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 4}}, 0},
-  {"c1_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h1_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c2_prev", 0, 9, {0, {0, 2}}, {0, {0, 1}}, 0},
-  {"h2_prev", 0, 9, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"i1", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u1", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 8, {0, {0}}, {0, {0, 4}}, 0},
+  {"c1_prev", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h1_prev", 0, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c2_prev", 0, 8, {0, {0, 2}}, {0, {0, 1}}, 0},
+  {"h2_prev", 0, 8, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"i1", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"f1", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"o1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"u1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
   {"c1", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h1", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"d1", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"i2", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
-  {"f2", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"o2", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
-  {"u2", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
+  {"d1", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"i2", 0, 14, {0, {0}}, {0, {0, 1}}, 1},
+  {"f2", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"o2", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"u2", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
   {"c2", 0, 0, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h2", 0, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 20, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
+  {"logits", -2, 19, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc lstm_lm2_desc = {
@@ -1038,8 +1033,9 @@ const cavs_desc lstm_lm2_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
-  .nbufs = 23, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 22, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 3}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm2_pull_fwd, .pull_bwd = lstm_lm2_pull_bwd,

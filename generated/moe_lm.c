@@ -23,9 +23,9 @@ static void moe_lm_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_lm.vf:46  lookup */
-  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* moe_lm.vf:46  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -41,9 +41,9 @@ static void moe_lm_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_lm.vf:46  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* moe_lm.vf:46  lookup */
-  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex token, eager phase: every row of the type at once */
@@ -60,10 +60,10 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[3], D_H, V[5] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -80,18 +80,18 @@ static void moe_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0,
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
-    const R *restrict a21 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[7];
-    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    R *restrict k11 = V[7] + (size_t)(r) * D_H;
-    R *restrict k27 = V[9] + (size_t)(r) * D_H;
-    R *restrict k35 = V[10] + (size_t)(r) * D_H;
+    R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    R *restrict k35 = V[9] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[11] + (size_t)(r) * D_H;
+    R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -135,22 +135,22 @@ static void moe_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
-    const R *restrict a13 = V[5] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[4] + (size_t)(r) * D_H;
     const R *restrict a17 = P[6];
-    const R *restrict a21 = V[4] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[3] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[7];
-    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[8];
-    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[7] + (size_t)(r) * D_H;
-    R *restrict k19 = V[8] + (size_t)(r) * D_H;
-    R *restrict k27 = V[9] + (size_t)(r) * D_H;
-    R *restrict k35 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    R *restrict k19 = V[7] + (size_t)(r) * D_H;
+    R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    R *restrict k35 = V[9] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
-    R *restrict k39 = V[11] + (size_t)(r) * D_H;
+    R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -198,13 +198,13 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_lm.vf:50  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 53  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  h_prev @ Uf: [n, H], added into x @ Wf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   cavs_loop(c, moe_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -223,8 +223,6 @@ static void moe_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:60  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex token, lazy phase backward */
@@ -239,8 +237,6 @@ static void moe_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  /* moe_lm.vf:60  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* moe_lm_token_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -256,18 +252,18 @@ static void moe_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0,
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[5];
-    R *restrict d21 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[7];
-    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -341,23 +337,23 @@ static void moe_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[4] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[5];
-    R *restrict d13 = G[5] + (size_t)(r) * D_H;
+    R *restrict d13 = G[4] + (size_t)(r) * D_H;
     R *restrict d17 = PG[6];
-    R *restrict d21 = G[4] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[3] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[7];
-    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[8];
-    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[6] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[10] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[6] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[9] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
-    const R *restrict k39 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[10] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -430,13 +426,13 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, moe_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 54  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 53  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* moe_lm.vf:50  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex token, eager phase backward, then every parameter gradient of the type */
@@ -452,23 +448,23 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[4] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[3], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */
@@ -484,8 +480,8 @@ static void moe_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[20] + (size_t)(r) * D_F;
-    R *restrict o11 = V[19] + (size_t)(r) * D_F;
+    const R *restrict a9 = V[19] + (size_t)(r) * D_F;
+    R *restrict o11 = V[18] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a9[j];
@@ -508,8 +504,8 @@ static void moe_lm_push_fwd_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[18] + (size_t)(r) * D_H;
-    R *restrict o16 = V[17] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[17] + (size_t)(r) * D_H;
+    R *restrict o16 = V[16] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v16 = a15[j];
@@ -531,9 +527,9 @@ static void moe_lm_push_fwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a0 = V[1] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[16] + (size_t)(r) * D_H;
-    R *restrict o18 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a0 = V[0] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a17 = V[15] + (size_t)(r) * D_H;
+    R *restrict o18 = V[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v18 = a0[j] + a17[j];
@@ -555,9 +551,9 @@ static void moe_lm_push_fwd_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a22 = V[13] + (size_t)(r) * D_V;
+    const R *restrict a22 = V[12] + (size_t)(r) * D_V;
     const R *restrict a23 = P[15];
-    R *restrict o24 = V[12] + (size_t)(r) * D_V;
+    R *restrict o24 = V[11] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v24 = a22[j] + a23[j];  /* logits */
@@ -566,7 +562,7 @@ static void moe_lm_push_fwd_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -579,16 +575,16 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 64  h @ Wg: [n, X] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_X, 0, V[23] + (size_t)(r0) * D_X, D_X);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[9], D_X, 0, V[22] + (size_t)(r0) * D_X, D_X);
   /* moe_lm.vf:64  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[23] + (size_t)(0) * D_X, D_X, V[22] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[22] + (size_t)(0) * D_X, D_X, V[21] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[1] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[20] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[19] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[21] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[20] + (size_t)(0) * D_F, D_F, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[20] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[19] + (size_t)(0) * D_F, D_F, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -600,9 +596,9 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[19] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[18] + (size_t)(0) * D_H, D_H, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[18] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[17] + (size_t)(0) * D_H, D_H, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -614,18 +610,18 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[17] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_X, D_X, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_fwd_g2, r0, n, D_H, 0);
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[15] + (size_t)(0) * D_H, D_H, V[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 65  %20 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[14] + (size_t)(r0) * D_H, D_H,
-            P[14], D_V, 0, V[13] + (size_t)(r0) * D_V, D_V);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[13] + (size_t)(r0) * D_H, D_H,
+            P[14], D_V, 0, V[12] + (size_t)(r0) * D_V, D_V);
   /* group g3 forward, [n, V]: logits (lines 65) */
   cavs_loop(c, moe_lm_push_fwd_g3, r0, n, D_V, 0);
   /* moe_lm.vf:66  softmax_xent */
-  cavs_xent_fwd(c, 0, V[12] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
+  cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
 
 /* moe_lm_push_bwd, group g3 backward: rows [r0, r0 + n), columns [j0, j1) of [n, V] */
@@ -641,9 +637,9 @@ static void moe_lm_push_bwd_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d22 = G[13] + (size_t)(r) * D_V;
+    R *restrict d22 = G[12] + (size_t)(r) * D_V;
     R *restrict d23 = PG[15];
-    const R *restrict g24_in = G[12] + (size_t)(r) * D_V;
+    const R *restrict g24_in = G[11] + (size_t)(r) * D_V;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g24 = g24_in[j];
@@ -666,9 +662,9 @@ static void moe_lm_push_bwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d0 = G[1] + (size_t)(r) * D_H;
-    R *restrict d17 = G[16] + (size_t)(r) * D_H;
-    const R *restrict g18_in = G[15] + (size_t)(r) * D_H;
+    R *restrict d0 = G[0] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d17 = G[15] + (size_t)(r) * D_H;
+    const R *restrict g18_in = G[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g18 = g18_in[j];
@@ -691,8 +687,8 @@ static void moe_lm_push_bwd_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d15 = G[18] + (size_t)(r) * D_H;
-    const R *restrict g16_in = G[17] + (size_t)(r) * D_H;
+    R *restrict d15 = G[17] + (size_t)(r) * D_H;
+    const R *restrict g16_in = G[16] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g16 = g16_in[j];
@@ -714,9 +710,9 @@ static void moe_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[20] + (size_t)(r) * D_F;
-    R *restrict d9 = G[20] + (size_t)(r) * D_F;
-    const R *restrict g11_in = G[19] + (size_t)(r) * D_F;
+    const R *restrict a9 = V[19] + (size_t)(r) * D_F;
+    R *restrict d9 = G[19] + (size_t)(r) * D_F;
+    const R *restrict g11_in = G[18] + (size_t)(r) * D_F;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a9[j];
@@ -728,7 +724,7 @@ static void moe_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -741,19 +737,19 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_lm.vf:66  softmax_xent */
-  cavs_xent_bwd(c, 0, V[12] + (size_t)(0) * D_V, D_V, c->iin[1], G[12] + (size_t)(0) * D_V, D_V, r0, n, D_V);
+  cavs_xent_bwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], G[11] + (size_t)(0) * D_V, D_V, r0, n, D_V);
   /* group g3 backward, [n, V]: logits (lines 65) */
   cavs_loop(c, moe_lm_push_bwd_g3, r0, n, D_V, 0);
   /* line 65  d%20 += d(%20 @ Wout) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[13] + (size_t)(r0) * D_V, D_V,
-            P[14], D_V, 1, G[14] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[12] + (size_t)(r0) * D_V, D_V,
+            P[14], D_V, 1, G[13] + (size_t)(r0) * D_H, D_H);
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[14] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[13] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 backward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, 0);
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[17] + (size_t)(0) * D_H, D_H, V[22] + (size_t)(0) * D_X, D_X, G[16] + (size_t)(0) * D_H, D_H,
-                 G[17] + (size_t)(0) * D_H, D_H, 1, G[22] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
+                 G[16] + (size_t)(0) * D_H, D_H, 1, G[21] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -765,10 +761,10 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[19] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[18] + (size_t)(0) * D_H, D_H, G[19] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[18] + (size_t)(0) * D_F, D_F, P[11], D_FH,
+               G[17] + (size_t)(0) * D_H, D_H, G[18] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -780,24 +776,24 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[21] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[20] + (size_t)(0) * D_F, D_F, G[21] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[20] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[19] + (size_t)(0) * D_F, D_F, G[20] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[20] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[19] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[1] + (size_t)(0) * D_H, D_H, G[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[23] + (size_t)(0) * D_X, D_X, V[22] + (size_t)(0) * D_X, D_X,
-                G[22] + (size_t)(0) * D_X, D_X, G[23] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[22] + (size_t)(0) * D_X, D_X, V[21] + (size_t)(0) * D_X, D_X,
+                G[21] + (size_t)(0) * D_X, D_X, G[22] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 64  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[23] + (size_t)(r0) * D_X, D_X,
-            P[9], D_X, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[22] + (size_t)(r0) * D_X, D_X,
+            P[9], D_X, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dW += h^T d(h @ Wg), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[23] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[22] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
   /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[14] + (size_t)(r0) * D_H, D_H,
-            G[13] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[13] + (size_t)(r0) * D_H, D_H,
+            G[12] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -859,7 +855,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -870,21 +865,21 @@ static const cavs_buf_desc bufs[] = {
   {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t22", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t20", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t18", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_m", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t16", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t6", {0, {0, 2}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t22", {0, {0, 0, 0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t20", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t18", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_m", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t16", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t6", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
 };
 static const cavs_gather_desc moe_lm_token_gathers[] = {
-  {0, 6, {0, {0}}, 1, 0},
+  {0, 5, {0, {0}}, 1, 0},
 };
 static const unsigned char pull_grads[17] = {0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
@@ -901,20 +896,20 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 6, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 5, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 6, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"m", -1, 16, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 12, {0, {0}}, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"m", -2, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -2, 11, {0, {0}}, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc moe_lm_desc = {
@@ -996,8 +991,9 @@ const cavs_desc moe_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 24, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 23, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = moe_lm_pull_fwd, .pull_bwd = moe_lm_pull_bwd,

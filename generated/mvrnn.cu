@@ -20,9 +20,9 @@ static void mvrnn_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:29  x = lookup */
-  cavs_lookup_fwd(c, P[0], D_H, c->iin[0], V[3] + (size_t)(0) * D_H, D_H, r0, n, D_H);
+  cavs_lookup_fwd(c, P[0], D_H, c->iin[0], V[2] + (size_t)(0) * D_H, D_H, r0, n, D_H);
   /* mvrnn.vf:29  X = lookup */
-  cavs_lookup_fwd(c, P[1], D_HH, c->iin[0], V[2] + (size_t)(0) * D_HH, D_HH, r0, n, D_HH);
+  cavs_lookup_fwd(c, P[1], D_HH, c->iin[0], V[1] + (size_t)(0) * D_HH, D_HH, r0, n, D_HH);
 }
 
 /* pull block, backward: all rows */
@@ -35,9 +35,9 @@ static void mvrnn_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:29  X = lookup */
-  cavs_lookup_bwd(c, PG[1], D_HH, c->iin[0], G[2] + (size_t)(0) * D_HH, D_HH, r0, n, D_HH);
+  cavs_lookup_bwd(c, PG[1], D_HH, c->iin[0], G[1] + (size_t)(0) * D_HH, D_HH, r0, n, D_HH);
   /* mvrnn.vf:29  x = lookup */
-  cavs_lookup_bwd(c, PG[0], D_H, c->iin[0], G[3] + (size_t)(0) * D_H, D_H, r0, n, D_H);
+  cavs_lookup_bwd(c, PG[0], D_H, c->iin[0], G[2] + (size_t)(0) * D_H, D_H, r0, n, D_H);
 }
 
 /* vertex leaf, eager phase: every row of the type at once */
@@ -50,8 +50,8 @@ static void mvrnn_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:34  concat */
-  cavs_copy_rows(c, V[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), V[3] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
-  cavs_copy_rows(c, V[0] + (size_t)(r0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[2] + (size_t)(r0) * D_HH, D_HH, n, D_HH, 0);
+  cavs_copy_rows(c, V[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), V[2] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
+  cavs_copy_rows(c, V[0] + (size_t)(r0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[1] + (size_t)(r0) * D_HH, D_HH, n, D_HH, 0);
 }
 
 /* vertex leaf, path phase: one task (rows of one level) */
@@ -75,7 +75,7 @@ static void mvrnn_leaf_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:35  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[3] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
+  cavs_copy_rows(c, V[10] + (size_t)(r0) * D_H, D_H, V[2] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex leaf, lazy phase backward */
@@ -88,7 +88,7 @@ static void mvrnn_leaf_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:35  push */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[2] + (size_t)(r0) * D_H, D_H, G[10] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* vertex leaf, path phase backward: one task, in reverse order */
@@ -112,8 +112,8 @@ static void mvrnn_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:34  concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_H, D_H, G[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), n, D_H, 1);
-  cavs_copy_rows(c, G[2] + (size_t)(r0) * D_HH, D_HH, G[0] + (size_t)(r0) * (D_H+D_HH) + D_H, (D_H+D_HH), n, D_HH, 1);
+  cavs_copy_rows(c, G[2] + (size_t)(r0) * D_H, D_H, G[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * D_HH, D_HH, G[0] + (size_t)(r0) * (D_H+D_HH) + D_H, (D_H+D_HH), n, D_HH, 1);
 }
 
 /* vertex internal, eager phase: every row of the type at once */
@@ -199,19 +199,19 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[8] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[8] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_rowmv_fwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[7] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 40  %6 @ Wl: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_fwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[6] + (size_t)(0) * D_H, D_H, r0, n);
+  cavs_rowmv_fwd(c, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), V[5] + (size_t)(0) * D_H, D_H, r0, n);
   /* line 40  %9 @ Wr: [n, H], added into %6 @ Wl, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: p (lines 40) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -227,7 +227,7 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
           c->home_val[0] + ((r0 + c->leaf_rows)));
@@ -235,9 +235,9 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[5] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
+  cavs_rowmm_fwd(c, D_H, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[3] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* group g1 forward, [n, HH]: P (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_HH, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -252,8 +252,8 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_HH, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           V[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -272,7 +272,7 @@ static void mvrnn_internal_fwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:43  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), n, D_H, 0);
+  cavs_copy_rows(c, V[10] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), n, D_H, 0);
 }
 
 /* vertex internal, lazy phase backward */
@@ -285,7 +285,7 @@ static void mvrnn_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* mvrnn.vf:43  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
+  cavs_copy_rows(c, G[0] + (size_t)(r0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* mvrnn_internal_bwd_path, group g1 backward at the others: a thread per row and column of [n, HH] */
@@ -364,19 +364,19 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_HH, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           G[4] + (size_t)((r0 + c->leaf_rows)) * D_HH,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * D_HH,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
-                G[4] + (size_t)(0) * D_HH, D_HH, G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
+                G[3] + (size_t)(0) * D_HH, D_HH, G[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
   /* mvrnn.vf:41  mm */
-  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
-                G[5] + (size_t)(0) * D_HH, D_HH, G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
+  cavs_rowmm_bwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H,
+                G[4] + (size_t)(0) * D_HH, D_HH, G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[5], D_H, r0, n);
   /* group g0 backward, [n, H]: p (lines 40) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -393,7 +393,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(mvrnn_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_HH, D_V,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[4],
           V[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
           G[0] + (size_t)((r0 + c->leaf_rows)) * (D_H+D_HH),
@@ -402,21 +402,21 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 40  d%9 += d(%9 @ Wr) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[6] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[10] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[5] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* line 40  d%6 += d(%6 @ Wl) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* mvrnn.vf:40  mv */
-  cavs_rowmv_bwd(c, D_H, D_H, V[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
-                G[8] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
+  cavs_rowmv_bwd(c, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH),
+                G[7] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), G[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[8] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
   /* mvrnn.vf:39  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (D_H+D_HH), (D_H+D_HH), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -429,11 +429,11 @@ static void mvrnn_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 40  dW += %6^T d(%6 @ Wl), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
-                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+                 PG[2], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 40  dW += %9^T d(%9 @ Wr), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[6] + (size_t)(0) * D_H, D_H);
 }
 
 /* mvrnn_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -449,7 +449,7 @@ static __global__ void mvrnn_push_fwd_g0(int n, long D_H, long D_C, long D_HH, l
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void mvrnn_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_H = c->dims[0];
   [[maybe_unused]] const long D_C = c->dims[1];
@@ -459,7 +459,7 @@ static void mvrnn_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 47  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
             P[7], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
   {
@@ -490,7 +490,7 @@ static __global__ void mvrnn_push_bwd_g0(int n, long D_H, long D_C, long D_HH, l
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void mvrnn_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_H = c->dims[0];
   [[maybe_unused]] const long D_C = c->dims[1];
@@ -514,9 +514,9 @@ static void mvrnn_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 47  dh += d(h @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[12] + (size_t)(r0) * D_C, D_C,
-            P[7], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+            P[7], D_C, 1, G[10] + (size_t)(r0) * D_H, D_H);
   /* line 47  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[10] + (size_t)(r0) * D_H, D_H,
             G[12] + (size_t)(r0) * D_C, D_C, 1, PG[7], D_C);
 }
 
@@ -555,7 +555,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {1, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_X", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"internal_t19", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
@@ -565,12 +564,13 @@ static const cavs_buf_desc bufs[] = {
   {"internal_t6", {0, {1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_s", {0, {1, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_s", {0, {1, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"push_logits", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push", {0, {1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_logits", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc mvrnn_internal_gathers[] = {
-  {0, 10, {0, {0}}, 0, 0},
-  {1, 9, {0, {0}}, 0, 0},
+  {0, 9, {0, {0}}, 0, 0},
+  {1, 8, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[10] = {1, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[10] = {0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -594,18 +594,18 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
-  {"X", -1, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"a", 0, 3, {0, {0}}, {0, {1}}, 0},
-  {"A", 0, 2, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"a_0", 1, 10, {0, {0}}, {0, {1}}, 0},
-  {"A_0", 1, 10, {0, {1}}, {0, {0, 0, 1}}, 0},
-  {"a_1", 1, 9, {0, {0}}, {0, {1}}, 0},
-  {"A_1", 1, 9, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"X", -1, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"a", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"A", 0, 1, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"a_0", 1, 9, {0, {0}}, {0, {1}}, 0},
+  {"A_0", 1, 9, {0, {1}}, {0, {0, 0, 1}}, 0},
+  {"a_1", 1, 8, {0, {0}}, {0, {1}}, 0},
+  {"A_1", 1, 8, {0, {1}}, {0, {0, 0, 1}}, 0},
   {"p", 1, 0, {0, {0}}, {0, {1}}, 0},
   {"P", 1, 0, {0, {1}}, {0, {0, 0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {1}}, 0},
-  {"logits", -1, 11, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", -2, 10, {0, {0}}, {0, {1}}, 0},
+  {"logits", -2, 11, {0, {0}}, {0, {0, 1}}, 0},
 };
 
 const cavs_desc mvrnn_desc = {
@@ -670,7 +670,8 @@ const cavs_desc mvrnn_desc = {
   .nparams = 9, .params = params,
   .npgroups = 9, .pgroups = pgroups,
   .nbufs = 13, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .state_buf = 0, .push_buf = 10,
+  .push_off = {0, {0}}, .push_width = {0, {1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = mvrnn_pull_fwd, .pull_bwd = mvrnn_pull_bwd,

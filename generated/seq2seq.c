@@ -20,13 +20,13 @@ static void seq2seq_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:60  lookup */
-  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[6] + (size_t)(0) * D_E, D_E, V[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[5] + (size_t)(0) * D_E, D_E, V[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* seq2seq.vf:60  lookup */
-  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  y = dropout */
-  cavs_dropout_fwd(c, 8u, c->opt[0] /* p_drop */, V[4] + (size_t)(0) * D_E, D_E, V[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_fwd(c, 8u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -39,13 +39,13 @@ static void seq2seq_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:60  y = dropout */
-  cavs_dropout_bwd(c, 8u, c->opt[0] /* p_drop */, G[3] + (size_t)(0) * D_E, D_E, G[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_bwd(c, 8u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* seq2seq.vf:60  lookup */
-  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[5] + (size_t)(0) * D_E, D_E, G[6] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[4] + (size_t)(0) * D_E, D_E, G[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* seq2seq.vf:60  lookup */
-  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[6] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex enc, eager phase: every row of the type at once */
@@ -59,10 +59,10 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 67  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_V,
-                  V[5] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[4] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[5] + (size_t)(0) * D_E, D_E, P[7], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[4] + (size_t)(0) * D_E, D_E, P[7], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -76,19 +76,19 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[7] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a21 = V[7] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[6] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -132,23 +132,23 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[7] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
-    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[7] + (size_t)(r) * D_H;
     const R *restrict a17 = P[10];
-    const R *restrict a21 = V[7] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[6] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[11];
-    const R *restrict a29 = V[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[12];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    R *restrict k19 = V[10] + (size_t)(r) * D_H;
+    R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    R *restrict k35 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    R *restrict k39 = V[13] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -196,13 +196,13 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 67  h_prev @ [Uei|Ueo|Ueu]: [n, 3H], added into x @ [Wei|Weo|Weu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  h_prev @ Uef: [n, H], added into x @ Wef, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[8], D_H, V[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[8], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 67 68 69 70 71 72) */
   cavs_loop(c, seq2seq_enc_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -241,19 +241,19 @@ static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[7] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[6] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d21 = G[7] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[6] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -325,24 +325,24 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[7] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[6] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[9];
-    R *restrict d13 = G[8] + (size_t)(r) * D_H;
+    R *restrict d13 = G[7] + (size_t)(r) * D_H;
     R *restrict d17 = PG[10];
-    R *restrict d21 = G[7] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[6] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[11];
-    R *restrict d29 = G[7] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[12];
-    const R *restrict a2 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[8] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[14] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[13] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -413,13 +413,13 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_enc_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 68  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[8] + (size_t)(0) * D_H, D_H,
-                 P[8], D_H, G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+                 P[8], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 67  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* seq2seq.vf:64  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex enc, eager phase backward, then every parameter gradient of the type */
@@ -432,23 +432,23 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 68  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[5] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+                 P[7], D_H, G[4] + (size_t)(0) * D_E, D_E);
   /* line 67  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[7] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[5] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
   /* line 67  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 67  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[7] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  dW += x^T d(x @ Wef), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[5] + (size_t)(0) * D_E, D_E,
-                 PG[7], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
+                 PG[7], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 68  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[8], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[8], D_H, G[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex dec, eager phase: every row of the type at once */
@@ -616,11 +616,11 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[15] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
-    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[15] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[15] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
     R *restrict k32 = V[32] + (size_t)(r) * D_H;
     R *restrict k48 = V[34] + (size_t)(r) * D_H;
@@ -668,14 +668,14 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a26 = V[16] + (size_t)(r) * (3*D_H);
+    const R *restrict a26 = V[15] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
     const R *restrict a34 = V[17] + (size_t)(r) * D_H;
-    const R *restrict a36 = V[15] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a36 = V[14] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a38 = P[17];
-    const R *restrict a42 = V[16] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a42 = V[15] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a46 = P[18];
-    const R *restrict a50 = V[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a50 = V[15] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a54 = P[19];
     const R *restrict a3 = V[29] + (size_t)(r) * (2*D_H);
     R *restrict k32 = V[32] + (size_t)(r) * D_H;
@@ -736,7 +736,7 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_dec_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
   /* line 80  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[2], (2*D_H), V[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 P[2], (2*D_H), V[14] + (size_t)(0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:81  k = echild */
   cavs_echild_fwd(c, 0, V[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
@@ -750,7 +750,7 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_fwd(c, V[15] + (size_t)(0) * (2*D_H), (2*D_H), V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_fwd(c, V[14] + (size_t)(0) * (2*D_H), (2*D_H), V[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -784,13 +784,13 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_dec_fwd_path_g5_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_dec_fwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[3] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[2] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
   /* line 84  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_H, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            P[3], (3*D_H), 0, V[16] + (size_t)(r0) * (3*D_H), (3*D_H));
+            P[3], (3*D_H), 0, V[15] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 84  h_prev @ [Udi|Udo|Udu]: [n, 3H], added into x @ [Wdi|Wdo|Wdu], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[4], (3*D_H), V[16] + (size_t)(0) * (3*D_H), (3*D_H));
+                 P[4], (3*D_H), V[15] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  x @ Wdf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
                  P[15], D_H, V[17] + (size_t)(0) * D_H, D_H);
@@ -810,8 +810,8 @@ static void seq2seq_dec_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:91  concat */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (2*D_H), (2*D_H), V[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), n, D_H, 0);
 }
 
 /* vertex dec, lazy phase backward */
@@ -824,8 +824,8 @@ static void seq2seq_dec_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:91  concat */
-  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[1] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[16] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[18] + (size_t)(r0) * (D_E+D_H) + D_E, (D_E+D_H), G[16] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
 }
 
 /* seq2seq_dec_bwd_path, group g6 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -838,11 +838,11 @@ static void seq2seq_dec_bwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[15] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
-    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[15] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[15] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
     const R *restrict k32 = V[32] + (size_t)(r) * D_H;
     const R *restrict k48 = V[34] + (size_t)(r) * D_H;
@@ -920,14 +920,14 @@ static void seq2seq_dec_bwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d26 = G[16] + (size_t)(r) * (3*D_H);
+    R *restrict d26 = G[15] + (size_t)(r) * (3*D_H);
     R *restrict d30 = PG[16];
     R *restrict d34 = G[17] + (size_t)(r) * D_H;
-    R *restrict d36 = G[15] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d36 = G[14] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d38 = PG[17];
-    R *restrict d42 = G[16] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d42 = G[15] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d46 = PG[18];
-    R *restrict d50 = G[16] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d50 = G[15] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d54 = PG[19];
     const R *restrict a3 = V[29] + (size_t)(r) * (2*D_H);
     R *restrict d3 = G[29] + (size_t)(r) * (2*D_H);
@@ -1147,13 +1147,13 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_H, G[17] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, G[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H));
   /* line 84  dh_prev += d(h_prev @ [Udi|Udo|Udu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[16] + (size_t)(0) * (3*D_H), (3*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[15] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[4], (3*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 84  dx += d(x @ [Wdi|Wdo|Wdu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[16] + (size_t)(r0) * (3*D_H), (3*D_H),
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_H, 3*D_H, 1, G[15] + (size_t)(r0) * (3*D_H), (3*D_H),
             P[3], (3*D_H), 1, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H));
   /* seq2seq.vf:83  x = concat */
-  cavs_copy_rows(c, G[3] + (size_t)(r0) * D_E, D_E, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
+  cavs_copy_rows(c, G[2] + (size_t)(r0) * D_E, D_E, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
   /* group g5 backward, [n, H]: ctx (lines 82) */
   cavs_loop(c, seq2seq_dec_bwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 1);
   /* group g4 backward, [n, 1]: (lines 82) */
@@ -1186,7 +1186,7 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* seq2seq.vf:80  ebcast */
-  cavs_ebcast_bwd(c, G[15] + (size_t)(0) * (2*D_H), (2*D_H), G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_ebcast_bwd(c, G[14] + (size_t)(0) * (2*D_H), (2*D_H), G[26] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1200,7 +1200,7 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:81  k = echild */
   cavs_echild_bwd(c, 0, G[28] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 80  dh_prev += d(h_prev @ [Ua|Udf]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[15] + (size_t)(0) * (2*D_H), (2*D_H),
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[14] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 backward, [n, 2H]: s (lines 77) */
   cavs_loop(c, seq2seq_dec_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
@@ -1221,7 +1221,7 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 80  dW += h_prev^T d(h_prev @ [Ua|Udf]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[2], (2*D_H), G[15] + (size_t)(0) * (2*D_H), (2*D_H));
+                 PG[2], (2*D_H), G[14] + (size_t)(0) * (2*D_H), (2*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {
@@ -1237,10 +1237,10 @@ static void seq2seq_dec_bwd_eager(cavs_ctx *c, int r0, int n) {
   }
   /* line 84  dW += x^T d(x @ [Wdi|Wdo|Wdu]), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_H, 3*D_H, n, 1, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H),
-            G[16] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
+            G[15] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[3], (3*D_H));
   /* line 84  dW += h_prev^T d(h_prev @ [Udi|Udo|Udu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[4], (3*D_H), G[16] + (size_t)(0) * (3*D_H), (3*D_H));
+                 PG[4], (3*D_H), G[15] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 85  dW += x^T d(x @ Wdf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
                  PG[15], D_H, G[17] + (size_t)(0) * D_H, D_H);
@@ -1267,7 +1267,7 @@ static void seq2seq_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -1277,7 +1277,7 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[16] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  %2 @ Wo: [n, T] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[20], D_T, 0, V[38] + (size_t)(r0) * D_T, D_T);
@@ -1309,7 +1309,7 @@ static void seq2seq_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -1326,7 +1326,7 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[38] + (size_t)(r0) * D_T, D_T,
             P[20], D_T, 1, G[39] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  dW += %2^T d(%2 @ Wo), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
             G[38] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
@@ -1407,7 +1407,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"enc_state", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"dec_state", {0, {0, 2}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_y", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t7", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
@@ -1422,6 +1421,7 @@ static const cavs_buf_desc bufs[] = {
   {"enc_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"dec_mm0", {0, {0, 2}}, CAVS_GRAD, 1, 1, 0},
   {"dec_mm1", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
+  {"push", {0, {0, 2}}, CAVS_GRAD, -2, 0, 0},
   {"dec_t34", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"dec_x", {0, {1, 1}}, CAVS_GRAD, 1, 0, 0},
   {"dec_t21", {1, {0}}, CAVS_GRAD, 1, 1, 0},
@@ -1442,12 +1442,12 @@ static const cavs_buf_desc bufs[] = {
   {"dec_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"dec_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"dec_t60_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -2, 0, 0},
 };
 static const cavs_gather_desc seq2seq_enc_gathers[] = {
-  {0, 9, {0, {0}}, 1, 0},
+  {0, 8, {0, {0}}, 1, 0},
 };
 static const char *const seq2seq_enc_slot_names[] = {"prev"};
 static const int seq2seq_enc_slot_types[] = {0};
@@ -1479,22 +1479,22 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
-  {"y", -1, 3, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 5, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 9, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
+  {"y", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 4, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 8, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"s", 1, 29, {0, {0}}, {0, {0, 2}}, 0},
   {"c_prev", 1, 29, {0, {0}}, {0, {0, 1}}, 0},
   {"h_prev", 1, 29, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"q", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
+  {"q", 1, 14, {0, {0}}, {0, {0, 1}}, 0},
   {"den", 1, 22, {0, {0}}, {1, {0}}, 0},
   {"ctx", 1, 18, {0, {1}}, {0, {0, 1}}, 0},
   {"x", 1, 18, {0, {0}}, {0, {1, 1}}, 0},
@@ -1504,8 +1504,8 @@ static const cavs_value_desc values[] = {
   {"u", 1, 35, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 37, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"p", -2, 16, {0, {0}}, {0, {0, 2}}, 0},
+  {"logits", -2, 37, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc seq2seq_desc = {
@@ -1618,7 +1618,8 @@ const cavs_desc seq2seq_desc = {
   .nparams = 31, .params = params,
   .npgroups = 22, .pgroups = pgroups,
   .nbufs = 40, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 16,
+  .push_off = {0, {0}}, .push_width = {0, {0, 2}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = seq2seq_pull_fwd, .pull_bwd = seq2seq_pull_bwd,

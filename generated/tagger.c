@@ -20,9 +20,9 @@ static void tagger_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:41  lookup */
-  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* tagger.vf:41  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[4] + (size_t)(0) * D_E, D_E, V[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -35,9 +35,9 @@ static void tagger_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:41  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[3] + (size_t)(0) * D_E, D_E, G[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* tagger.vf:41  lookup */
-  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex fwd, eager phase: every row of the type at once */
@@ -51,10 +51,10 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 48  x @ [Wfi|Wfo|Wfu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  x @ Wff: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[5], D_H, V[6] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_fwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -68,19 +68,19 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[7];
-    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[9];
-    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[10];
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    R *restrict k27 = V[9] + (size_t)(r) * D_H;
+    R *restrict k35 = V[10] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    R *restrict k39 = V[11] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -124,23 +124,23 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[7];
-    const R *restrict a13 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[5] + (size_t)(r) * D_H;
     const R *restrict a17 = P[8];
-    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[4] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[9];
-    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[10];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    R *restrict k19 = V[8] + (size_t)(r) * D_H;
+    R *restrict k27 = V[9] + (size_t)(r) * D_H;
+    R *restrict k35 = V[10] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    R *restrict k39 = V[11] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -188,13 +188,13 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:45  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 48  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[6], D_H, V[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[6], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 48 49 50 51 52 53) */
   cavs_loop(c, tagger_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -233,19 +233,19 @@ static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[7];
-    R *restrict d21 = G[5] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[9];
-    R *restrict d29 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[10];
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[10] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[11] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -317,24 +317,24 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[5] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[4] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[7];
-    R *restrict d13 = G[6] + (size_t)(r) * D_H;
+    R *restrict d13 = G[5] + (size_t)(r) * D_H;
     R *restrict d17 = PG[8];
-    R *restrict d21 = G[5] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[4] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[9];
-    R *restrict d29 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[4] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[10];
-    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[7] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[8] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[9] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[11] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[6] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[6] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[7] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[8] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[10] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[11] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -405,13 +405,13 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_fwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_fwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 49  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[6] + (size_t)(0) * D_H, D_H,
-                 P[6], D_H, G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+                 P[6], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 48  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* tagger.vf:45  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex fwd, eager phase backward, then every parameter gradient of the type */
@@ -424,23 +424,23 @@ static void tagger_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 49  dx += d(x @ Wff) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[6] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 48  dx += d(x @ [Wfi|Wfo|Wfu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 48  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 48  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  dW += x^T d(x @ Wff), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 49  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[6], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[6], D_H, G[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex bwd, eager phase: every row of the type at once */
@@ -454,10 +454,10 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
+                  V[2] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  x @ Wbf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[3] + (size_t)(0) * D_E, D_E, P[11], D_H, V[14] + (size_t)(0) * D_H, D_H);
+                  V[2] + (size_t)(0) * D_E, D_E, P[11], D_H, V[13] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_bwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -471,19 +471,19 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[13] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[12] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[13];
-    const R *restrict a21 = V[13] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[12] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[15];
-    const R *restrict a29 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[12] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[16];
-    R *restrict k11 = V[16] + (size_t)(r) * D_H;
-    R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    R *restrict k35 = V[19] + (size_t)(r) * D_H;
+    R *restrict k11 = V[15] + (size_t)(r) * D_H;
+    R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    R *restrict k35 = V[18] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[20] + (size_t)(r) * D_H;
+    R *restrict k39 = V[19] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -527,23 +527,23 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[13] + (size_t)(r) * (3*D_H);
+    const R *restrict a5 = V[12] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[13];
-    const R *restrict a13 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[13] + (size_t)(r) * D_H;
     const R *restrict a17 = P[14];
-    const R *restrict a21 = V[13] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a21 = V[12] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a25 = P[15];
-    const R *restrict a29 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a29 = V[12] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a33 = P[16];
-    const R *restrict a2 = V[15] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[16] + (size_t)(r) * D_H;
-    R *restrict k19 = V[17] + (size_t)(r) * D_H;
-    R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    R *restrict k35 = V[19] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[14] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[15] + (size_t)(r) * D_H;
+    R *restrict k19 = V[16] + (size_t)(r) * D_H;
+    R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    R *restrict k35 = V[18] + (size_t)(r) * D_H;
     R *restrict o38 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[20] + (size_t)(r) * D_H;
+    R *restrict k39 = V[19] + (size_t)(r) * D_H;
     R *restrict o40 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
@@ -591,13 +591,13 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:59  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[14] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 62  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[12], D_H, V[14] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[12], D_H, V[13] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 62 63 64 65 66 67) */
   cavs_loop(c, tagger_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -636,19 +636,19 @@ static void tagger_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[13] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[12] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[13];
-    R *restrict d21 = G[13] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[12] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[15];
-    R *restrict d29 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[12] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[16];
-    const R *restrict k11 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[18] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[19] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -720,24 +720,24 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[13] + (size_t)(r) * (3*D_H);
+    R *restrict d5 = G[12] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[13];
-    R *restrict d13 = G[14] + (size_t)(r) * D_H;
+    R *restrict d13 = G[13] + (size_t)(r) * D_H;
     R *restrict d17 = PG[14];
-    R *restrict d21 = G[13] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d21 = G[12] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d25 = PG[15];
-    R *restrict d29 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d29 = G[12] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d33 = PG[16];
-    const R *restrict a2 = V[15] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[15] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k19 = V[17] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[19] + (size_t)(r) * D_H;
+    const R *restrict a2 = V[14] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[14] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k19 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[18] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k39 = V[19] + (size_t)(r) * D_H;
     const R *restrict g40_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_H;
@@ -808,13 +808,13 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_bwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_bwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 63  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
-                 P[12], D_H, G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * D_H, D_H,
+                 P[12], D_H, G[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 62  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[12] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* tagger.vf:59  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[14] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex bwd, eager phase backward, then every parameter gradient of the type */
@@ -827,23 +827,23 @@ static void tagger_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 63  dx += d(x @ Wbf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[14] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[13] + (size_t)(0) * D_H, D_H,
+                 P[11], D_H, G[2] + (size_t)(0) * D_E, D_E);
   /* line 62  dx += d(x @ [Wbi|Wbo|Wbu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[12] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[2], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
   /* line 62  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[2], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 62  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  dW += x^T d(x @ Wbf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[11], D_H, G[14] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+                 PG[11], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 63  dW += h_next^T d(h_next @ Ubf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[12], D_H, G[14] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[12], D_H, G[13] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tok, eager phase: every row of the type at once */
@@ -882,8 +882,8 @@ static void tagger_tok_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* tagger.vf:73  gather */
   cavs_gather_fwd(c, 1, 1, V[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger.vf:74  concat */
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H), (2*D_H), V[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[20] + (size_t)(r0) * (2*D_H), (2*D_H), V[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[20] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex tok, lazy phase backward */
@@ -896,8 +896,8 @@ static void tagger_tok_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:74  concat */
-  cavs_copy_rows(c, G[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[2] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[22] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[20] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[21] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[20] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* tagger.vf:73  gather */
   cavs_gather_bwd(c, 1, 1, G[21] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger.vf:72  gather */
@@ -947,7 +947,7 @@ static void tagger_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void tagger_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -957,7 +957,7 @@ static void tagger_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:78  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * (2*D_H), (2*D_H), V[25] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[20] + (size_t)(0) * (2*D_H), (2*D_H), V[25] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  %2 @ Wo: [n, C] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[17], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
@@ -989,7 +989,7 @@ static void tagger_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void tagger_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -1006,7 +1006,7 @@ static void tagger_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[24] + (size_t)(r0) * D_C, D_C,
             P[17], D_C, 1, G[25] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* tagger.vf:78  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * (2*D_H), (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * (2*D_H), (2*D_H), G[20] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  dW += %2^T d(%2 @ Wo), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
             G[24] + (size_t)(r0) * D_C, D_C, 1, PG[17], D_C);
@@ -1078,7 +1078,6 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"fwd_state", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"bwd_state", {0, {0, 2}}, CAVS_GRAD, 1, 0, 0},
-  {"push", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"fwd_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1097,19 +1096,20 @@ static const cavs_buf_desc bufs[] = {
   {"bwd_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"bwd_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"bwd_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
+  {"push", {0, {0, 2}}, CAVS_GRAD, -2, 0, 0},
   {"tok_t2", {0, {0, 2}}, CAVS_GRAD, 2, 0, 0},
   {"tok_t0", {0, {0, 2}}, CAVS_GRAD, 2, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
-  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t4", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
+  {"push_t2", {0, {0, 2}}, CAVS_GRAD, -2, 0, 0},
 };
 static const cavs_gather_desc tagger_fwd_gathers[] = {
-  {0, 7, {0, {0}}, 1, 0},
+  {0, 6, {0, {0}}, 1, 0},
 };
 static const char *const tagger_fwd_slot_names[] = {"prev"};
 static const int tagger_fwd_slot_types[] = {0};
 static const cavs_gather_desc tagger_bwd_gathers[] = {
-  {0, 15, {0, {0}}, 1, 1},
+  {0, 14, {0, {0}}, 1, 1},
 };
 static const char *const tagger_bwd_slot_names[] = {"next"};
 static const int tagger_bwd_slot_types[] = {1};
@@ -1148,31 +1148,31 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 3, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 3, {0, {0}}, {0, {1}}, 0},
-  {"s", 0, 7, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_prev", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_prev", 0, 7, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"s", 0, 6, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_prev", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_prev", 0, 6, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 0, 7, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 0, 8, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"x", 1, 3, {0, {0}}, {0, {1}}, 0},
-  {"s", 1, 15, {0, {0}}, {0, {0, 2}}, 0},
-  {"c_next", 1, 15, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_next", 1, 15, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"i", 1, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"f", 1, 17, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 18, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 19, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", 1, 2, {0, {0}}, {0, {1}}, 0},
+  {"s", 1, 14, {0, {0}}, {0, {0, 2}}, 0},
+  {"c_next", 1, 14, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_next", 1, 14, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"i", 1, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"f", 1, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 18, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 1, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h_f", 2, 22, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"h_b", 2, 21, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"p", -1, 2, {0, {0}}, {0, {0, 2}}, 0},
-  {"logits", -1, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"p", -2, 20, {0, {0}}, {0, {0, 2}}, 0},
+  {"logits", -2, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc tagger_desc = {
@@ -1268,7 +1268,8 @@ const cavs_desc tagger_desc = {
   .nparams = 27, .params = params,
   .npgroups = 19, .pgroups = pgroups,
   .nbufs = 26, .bufs = bufs,
-  .state_buf = -1, .push_buf = 2,
+  .state_buf = -1, .push_buf = 20,
+  .push_off = {0, {0}}, .push_width = {0, {0, 2}},
   .nvertex = 3, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = tagger_pull_fwd, .pull_bwd = tagger_pull_bwd,

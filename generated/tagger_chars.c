@@ -23,9 +23,9 @@ static void tagger_chars_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:43  x = lookup */
-  cavs_lookup_fwd(c, P[6], D_E, c->iin[0], V[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[6], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* tagger_chars.vf:43  k = lookup */
-  cavs_lookup_fwd(c, P[7], D_K, c->iin[1], V[4] + (size_t)(0) * D_K, D_K, r0, n, D_K);
+  cavs_lookup_fwd(c, P[7], D_K, c->iin[1], V[3] + (size_t)(0) * D_K, D_K, r0, n, D_K);
 }
 
 /* pull block, backward: all rows */
@@ -41,9 +41,9 @@ static void tagger_chars_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:43  k = lookup */
-  cavs_lookup_bwd(c, PG[7], D_K, c->iin[1], G[4] + (size_t)(0) * D_K, D_K, r0, n, D_K);
+  cavs_lookup_bwd(c, PG[7], D_K, c->iin[1], G[3] + (size_t)(0) * D_K, D_K, r0, n, D_K);
   /* tagger_chars.vf:43  x = lookup */
-  cavs_lookup_bwd(c, PG[6], D_E, c->iin[0], G[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[6], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex chr, eager phase: every row of the type at once */
@@ -60,10 +60,10 @@ static void tagger_chars_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 50  k @ [Wci|Wco|Wcu]: [n, 3Hc], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 3*D_Hc, D_K, P[7], D_K, D_A,
-                  V[4] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+                  V[3] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  k @ Wcf: [n, Hc], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_Hc, D_K, P[7], D_K, D_A,
-                  V[4] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
+                  V[3] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[6] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, Hc] */
@@ -80,19 +80,19 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[6] + (size_t)(r) * (3*D_Hc);
+    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_Hc);
     const R *restrict a9 = P[10];
-    const R *restrict a21 = V[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
+    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_Hc) + D_Hc;
     const R *restrict a25 = P[12];
-    const R *restrict a29 = V[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
+    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     const R *restrict a33 = P[13];
-    R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
-    R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
-    R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
+    R *restrict k11 = V[8] + (size_t)(r) * D_Hc;
+    R *restrict k27 = V[10] + (size_t)(r) * D_Hc;
+    R *restrict k35 = V[11] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
+    R *restrict k39 = V[12] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
@@ -139,23 +139,23 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[6] + (size_t)(r) * (3*D_Hc);
+    const R *restrict a5 = V[5] + (size_t)(r) * (3*D_Hc);
     const R *restrict a9 = P[10];
-    const R *restrict a13 = V[7] + (size_t)(r) * D_Hc;
+    const R *restrict a13 = V[6] + (size_t)(r) * D_Hc;
     const R *restrict a17 = P[11];
-    const R *restrict a21 = V[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
+    const R *restrict a21 = V[5] + (size_t)(r) * (3*D_Hc) + D_Hc;
     const R *restrict a25 = P[12];
-    const R *restrict a29 = V[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
+    const R *restrict a29 = V[5] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     const R *restrict a33 = P[13];
-    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_Hc);
-    R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
-    R *restrict k19 = V[10] + (size_t)(r) * D_Hc;
-    R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
-    R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_Hc);
+    R *restrict k11 = V[8] + (size_t)(r) * D_Hc;
+    R *restrict k19 = V[9] + (size_t)(r) * D_Hc;
+    R *restrict k27 = V[10] + (size_t)(r) * D_Hc;
+    R *restrict k35 = V[11] + (size_t)(r) * D_Hc;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_Hc);
     R *restrict h38 = (R *)c->home_val[0][r];
     R *restrict h38_2 = (R *)c->home_val[1][r];
-    R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
+    R *restrict k39 = V[12] + (size_t)(r) * D_Hc;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
@@ -206,13 +206,13 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], added into k @ [Wci|Wco|Wcu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[1], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[1], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  h_prev @ Ucf: [n, Hc], added into k @ Wcf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[9], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[9], D_Hc, V[6] + (size_t)(0) * D_Hc, D_Hc);
   /* group g0 forward, [n, Hc]: i f o u c h (lines 50 51 52 53 54 55) */
   cavs_loop(c, tagger_chars_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
   cavs_loop(c, tagger_chars_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
@@ -260,19 +260,19 @@ static void tagger_chars_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[6] + (size_t)(r) * (3*D_Hc);
+    R *restrict d5 = G[5] + (size_t)(r) * (3*D_Hc);
     R *restrict d9 = PG[10];
-    R *restrict d21 = G[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
+    R *restrict d21 = G[5] + (size_t)(r) * (3*D_Hc) + D_Hc;
     R *restrict d25 = PG[12];
-    R *restrict d29 = G[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
+    R *restrict d29 = G[5] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     R *restrict d33 = PG[13];
-    const R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
-    const R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
-    const R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
+    const R *restrict k11 = V[8] + (size_t)(r) * D_Hc;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_Hc;
+    const R *restrict k35 = V[11] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
+    const R *restrict k39 = V[12] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
@@ -347,24 +347,24 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[6] + (size_t)(r) * (3*D_Hc);
+    R *restrict d5 = G[5] + (size_t)(r) * (3*D_Hc);
     R *restrict d9 = PG[10];
-    R *restrict d13 = G[7] + (size_t)(r) * D_Hc;
+    R *restrict d13 = G[6] + (size_t)(r) * D_Hc;
     R *restrict d17 = PG[11];
-    R *restrict d21 = G[6] + (size_t)(r) * (3*D_Hc) + D_Hc;
+    R *restrict d21 = G[5] + (size_t)(r) * (3*D_Hc) + D_Hc;
     R *restrict d25 = PG[12];
-    R *restrict d29 = G[6] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
+    R *restrict d29 = G[5] + (size_t)(r) * (3*D_Hc) + (2*D_Hc);
     R *restrict d33 = PG[13];
-    const R *restrict a2 = V[8] + (size_t)(r) * (2*D_Hc);
-    R *restrict d2 = G[8] + (size_t)(r) * (2*D_Hc);
-    const R *restrict k11 = V[9] + (size_t)(r) * D_Hc;
-    const R *restrict k19 = V[10] + (size_t)(r) * D_Hc;
-    const R *restrict k27 = V[11] + (size_t)(r) * D_Hc;
-    const R *restrict k35 = V[12] + (size_t)(r) * D_Hc;
+    const R *restrict a2 = V[7] + (size_t)(r) * (2*D_Hc);
+    R *restrict d2 = G[7] + (size_t)(r) * (2*D_Hc);
+    const R *restrict k11 = V[8] + (size_t)(r) * D_Hc;
+    const R *restrict k19 = V[9] + (size_t)(r) * D_Hc;
+    const R *restrict k27 = V[10] + (size_t)(r) * D_Hc;
+    const R *restrict k35 = V[11] + (size_t)(r) * D_Hc;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_Hc);
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     const R *restrict hg38_2 = (R *)c->home_grad[1][r];
-    const R *restrict k39 = V[13] + (size_t)(r) * D_Hc;
+    const R *restrict k39 = V[12] + (size_t)(r) * D_Hc;
     const R *restrict g40_in = G[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     const R *restrict hg40 = (R *)c->home_grad[0][r] + D_Hc;
     const R *restrict hg40_2 = (R *)c->home_grad[1][r] + D_Hc;
@@ -438,13 +438,13 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
   cavs_loop(c, tagger_chars_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
   /* line 51  dh_prev += d(h_prev @ Ucf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc,
-                 P[9], D_Hc, G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc,
+                 P[9], D_Hc, G[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* line 50  dh_prev += d(h_prev @ [Uci|Uco|Ucu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[1], (3*D_Hc), G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
+                 P[1], (3*D_Hc), G[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex chr, eager phase backward, then every parameter gradient of the type */
@@ -460,23 +460,23 @@ static void tagger_chars_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 51  dk += d(k @ Wcf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[7] + (size_t)(0) * D_Hc, D_Hc,
-                 P[8], D_Hc, G[4] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[6] + (size_t)(0) * D_Hc, D_Hc,
+                 P[8], D_Hc, G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dk += d(k @ [Wci|Wco|Wcu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[0], (3*D_Hc), G[4] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
+                 P[0], (3*D_Hc), G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dW += k^T d(k @ [Wci|Wco|Wcu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
-                 PG[0], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
+                 PG[0], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 50  dW += h_prev^T d(h_prev @ [Uci|Uco|Ucu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[1], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[1], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  dW += k^T d(k @ Wcf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
-                 PG[8], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
+                 PG[8], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
   /* line 51  dW += h_prev^T d(h_prev @ Ucf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[9], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[9], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* vertex fwd, eager phase: every row of the type at once */
@@ -507,19 +507,19 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[14] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[13] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
-    const R *restrict a24 = V[14] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[13] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[18];
-    const R *restrict a32 = V[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[19];
-    R *restrict k14 = V[19] + (size_t)(r) * D_H;
-    R *restrict k30 = V[21] + (size_t)(r) * D_H;
-    R *restrict k38 = V[22] + (size_t)(r) * D_H;
+    R *restrict k14 = V[18] + (size_t)(r) * D_H;
+    R *restrict k30 = V[20] + (size_t)(r) * D_H;
+    R *restrict k38 = V[21] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[23] + (size_t)(r) * D_H;
+    R *restrict k42 = V[22] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
@@ -566,23 +566,23 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[14] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[13] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
-    const R *restrict a16 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[14] + (size_t)(r) * D_H;
     const R *restrict a20 = P[17];
-    const R *restrict a24 = V[14] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[13] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[18];
-    const R *restrict a32 = V[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[13] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[19];
-    const R *restrict a5 = V[16] + (size_t)(r) * (2*D_H);
-    R *restrict k14 = V[19] + (size_t)(r) * D_H;
-    R *restrict k22 = V[20] + (size_t)(r) * D_H;
-    R *restrict k30 = V[21] + (size_t)(r) * D_H;
-    R *restrict k38 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[15] + (size_t)(r) * (2*D_H);
+    R *restrict k14 = V[18] + (size_t)(r) * D_H;
+    R *restrict k22 = V[19] + (size_t)(r) * D_H;
+    R *restrict k30 = V[20] + (size_t)(r) * D_H;
+    R *restrict k38 = V[21] + (size_t)(r) * D_H;
     R *restrict o41 = V[1] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[23] + (size_t)(r) * D_H;
+    R *restrict k42 = V[22] + (size_t)(r) * D_H;
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
@@ -633,24 +633,24 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:60  gather */
-  cavs_gather_fwd(c, 1, 0, V[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[17] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[4] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[17] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 64  x @ [Wfi|Wfo|Wfu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[2], (3*D_H), 0, V[14] + (size_t)(r0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[2], (3*D_H), 0, V[13] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 64  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  x @ Wff: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[14], D_H, V[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[14], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* line 65  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 64 65 66 67 68 69) */
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -698,19 +698,19 @@ static void tagger_chars_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[14] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[13] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[16];
-    R *restrict d24 = G[14] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[13] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[18];
-    R *restrict d32 = G[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[19];
-    const R *restrict k14 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[21] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[22] + (size_t)(r) * D_H;
+    const R *restrict k14 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[21] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[22] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -785,24 +785,24 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[14] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[13] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[16];
-    R *restrict d16 = G[15] + (size_t)(r) * D_H;
+    R *restrict d16 = G[14] + (size_t)(r) * D_H;
     R *restrict d20 = PG[17];
-    R *restrict d24 = G[14] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[13] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[18];
-    R *restrict d32 = G[14] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[13] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[19];
-    const R *restrict a5 = V[16] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[16] + (size_t)(r) * (2*D_H);
-    const R *restrict k14 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[20] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[21] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[22] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[15] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[15] + (size_t)(r) * (2*D_H);
+    const R *restrict k14 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[19] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[21] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[1] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[23] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[22] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[1] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -876,24 +876,24 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 65  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[15] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 65  dx += d(x @ Wff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[15] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[14] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, G[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 64  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dx += d(x @ [Wfi|Wfo|Wfu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[14] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[13] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[4] + (size_t)(r0) * D_E, D_E, G[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[17] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[16] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:60  gather */
-  cavs_gather_bwd(c, 1, 0, G[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[17] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex fwd, eager phase backward, then every parameter gradient of the type */
@@ -909,17 +909,17 @@ static void tagger_chars_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 64  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[14] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[13] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 64  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  dW += x^T d(x @ Wff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[14], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[14], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* line 65  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[14] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex bwd, eager phase: every row of the type at once */
@@ -950,19 +950,19 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[24] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[23] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
-    const R *restrict a24 = V[24] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[23] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[24];
-    const R *restrict a32 = V[24] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[23] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[25];
-    R *restrict k14 = V[29] + (size_t)(r) * D_H;
-    R *restrict k30 = V[31] + (size_t)(r) * D_H;
-    R *restrict k38 = V[32] + (size_t)(r) * D_H;
+    R *restrict k14 = V[28] + (size_t)(r) * D_H;
+    R *restrict k30 = V[30] + (size_t)(r) * D_H;
+    R *restrict k38 = V[31] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[33] + (size_t)(r) * D_H;
+    R *restrict k42 = V[32] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
@@ -1009,23 +1009,23 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[24] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[23] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
-    const R *restrict a16 = V[25] + (size_t)(r) * D_H;
+    const R *restrict a16 = V[24] + (size_t)(r) * D_H;
     const R *restrict a20 = P[23];
-    const R *restrict a24 = V[24] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a24 = V[23] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a28 = P[24];
-    const R *restrict a32 = V[24] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a32 = V[23] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a36 = P[25];
-    const R *restrict a5 = V[26] + (size_t)(r) * (2*D_H);
-    R *restrict k14 = V[29] + (size_t)(r) * D_H;
-    R *restrict k22 = V[30] + (size_t)(r) * D_H;
-    R *restrict k30 = V[31] + (size_t)(r) * D_H;
-    R *restrict k38 = V[32] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[25] + (size_t)(r) * (2*D_H);
+    R *restrict k14 = V[28] + (size_t)(r) * D_H;
+    R *restrict k22 = V[29] + (size_t)(r) * D_H;
+    R *restrict k30 = V[30] + (size_t)(r) * D_H;
+    R *restrict k38 = V[31] + (size_t)(r) * D_H;
     R *restrict o41 = V[2] + (size_t)(r) * (2*D_H);
     R *restrict h41 = (R *)c->home_val[0][r];
     R *restrict h41_2 = (R *)c->home_val[1][r];
-    R *restrict k42 = V[33] + (size_t)(r) * D_H;
+    R *restrict k42 = V[32] + (size_t)(r) * D_H;
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
@@ -1076,24 +1076,24 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:74  gather */
-  cavs_gather_fwd(c, 1, 0, V[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[27] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[4] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[26] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[27] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_fwd(c, 0, 2, V[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 2, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 78  x @ [Wbi|Wbo|Wbu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[4], (3*D_H), 0, V[24] + (size_t)(r0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[4], (3*D_H), 0, V[23] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 78  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[5], (3*D_H), V[24] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], (3*D_H), V[23] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  x @ Wbf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[20], D_H, V[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[20], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* line 79  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[21], D_H, V[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[21], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 78 79 80 81 82 83) */
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -1141,19 +1141,19 @@ static void tagger_chars_bwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[24] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[23] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[22];
-    R *restrict d24 = G[24] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[23] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[24];
-    R *restrict d32 = G[24] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[23] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[25];
-    const R *restrict k14 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[31] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[32] + (size_t)(r) * D_H;
+    const R *restrict k14 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[30] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[31] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[33] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[32] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -1228,24 +1228,24 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[24] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[23] + (size_t)(r) * (3*D_H);
     R *restrict d12 = PG[22];
-    R *restrict d16 = G[25] + (size_t)(r) * D_H;
+    R *restrict d16 = G[24] + (size_t)(r) * D_H;
     R *restrict d20 = PG[23];
-    R *restrict d24 = G[24] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d24 = G[23] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d28 = PG[24];
-    R *restrict d32 = G[24] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d32 = G[23] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d36 = PG[25];
-    const R *restrict a5 = V[26] + (size_t)(r) * (2*D_H);
-    R *restrict d5 = G[26] + (size_t)(r) * (2*D_H);
-    const R *restrict k14 = V[29] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[30] + (size_t)(r) * D_H;
-    const R *restrict k30 = V[31] + (size_t)(r) * D_H;
-    const R *restrict k38 = V[32] + (size_t)(r) * D_H;
+    const R *restrict a5 = V[25] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[25] + (size_t)(r) * (2*D_H);
+    const R *restrict k14 = V[28] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[29] + (size_t)(r) * D_H;
+    const R *restrict k30 = V[30] + (size_t)(r) * D_H;
+    const R *restrict k38 = V[31] + (size_t)(r) * D_H;
     const R *restrict g41_in = G[2] + (size_t)(r) * (2*D_H);
     const R *restrict hg41 = (R *)c->home_grad[0][r];
     const R *restrict hg41_2 = (R *)c->home_grad[1][r];
-    const R *restrict k42 = V[33] + (size_t)(r) * D_H;
+    const R *restrict k42 = V[32] + (size_t)(r) * D_H;
     const R *restrict g43_in = G[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg43 = (R *)c->home_grad[0][r] + D_H;
     const R *restrict hg43_2 = (R *)c->home_grad[1][r] + D_H;
@@ -1319,24 +1319,24 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 79  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[25] + (size_t)(0) * D_H, D_H,
-                 P[21], D_H, G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
+                 P[21], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 79  dx += d(x @ Wbf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[25] + (size_t)(0) * D_H, D_H,
-                 P[20], D_H, G[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[24] + (size_t)(0) * D_H, D_H,
+                 P[20], D_H, G[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 78  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[24] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[5], (3*D_H), G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[23] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[5], (3*D_H), G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 78  dx += d(x @ [Wbi|Wbo|Wbu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[24] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[4], (3*D_H), 1, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[23] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[4], (3*D_H), 1, G[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_bwd(c, 0, 2, G[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 2, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[4] + (size_t)(r0) * D_E, D_E, G[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[27] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[26] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:74  gather */
-  cavs_gather_bwd(c, 1, 0, G[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[27] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex bwd, eager phase backward, then every parameter gradient of the type */
@@ -1352,17 +1352,17 @@ static void tagger_chars_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 78  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[24] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[23] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
   /* line 78  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[5], (3*D_H), G[24] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[5], (3*D_H), G[23] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  dW += x^T d(x @ Wbf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[20], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[20], D_H, G[24] + (size_t)(0) * D_H, D_H);
   /* line 79  dW += h_next^T d(h_next @ Ubf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[21], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[21], D_H, G[24] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tok, eager phase: every row of the type at once */
@@ -1410,8 +1410,8 @@ static void tagger_chars_tok_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* tagger_chars.vf:89  gather */
   cavs_gather_fwd(c, 1, 2, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H), (2*D_H), V[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[33] + (size_t)(r0) * (2*D_H), (2*D_H), V[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[33] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex tok, lazy phase backward */
@@ -1427,8 +1427,8 @@ static void tagger_chars_tok_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, G[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[33] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[33] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* tagger_chars.vf:89  gather */
   cavs_gather_bwd(c, 1, 2, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:88  gather */
@@ -1487,7 +1487,7 @@ static void tagger_chars_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
@@ -1500,7 +1500,7 @@ static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* line 94  p @ Wo: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[33] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[26], D_C, 0, V[37] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 94) */
   cavs_loop(c, tagger_chars_push_fwd_g0, r0, n, D_C, 0);
@@ -1533,7 +1533,7 @@ static void tagger_chars_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void tagger_chars_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
@@ -1551,9 +1551,9 @@ static void tagger_chars_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_push_bwd_g0, r0, n, D_C, 0);
   /* line 94  dp += d(p @ Wo) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[37] + (size_t)(r0) * D_C, D_C,
-            P[26], D_C, 1, G[3] + (size_t)(r0) * (2*D_H), (2*D_H));
+            P[26], D_C, 1, G[33] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* line 94  dW += p^T d(p @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[33] + (size_t)(r0) * (2*D_H), (2*D_H),
             G[37] + (size_t)(r0) * D_C, D_C, 1, PG[26], D_C);
 }
 
@@ -1648,7 +1648,6 @@ static const cavs_buf_desc bufs[] = {
   {"chr_state", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"fwd_state", {0, {0, 0, 0, 2}}, CAVS_GRAD, 1, 0, 0},
   {"bwd_state", {0, {0, 0, 0, 2}}, CAVS_GRAD, 2, 0, 0},
-  {"push", {0, {0, 0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_k", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1679,25 +1678,26 @@ static const cavs_buf_desc bufs[] = {
   {"bwd_o_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
   {"bwd_u_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
   {"bwd_t42_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
+  {"push", {0, {0, 0, 0, 2}}, CAVS_GRAD, -2, 0, 0},
   {"tok_t2", {0, {0, 0, 0, 2}}, CAVS_GRAD, 3, 0, 0},
   {"tok_t0", {0, {0, 0, 0, 2}}, CAVS_GRAD, 3, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc tagger_chars_chr_gathers[] = {
-  {0, 8, {0, {0}}, 1, 0},
+  {0, 7, {0, {0}}, 1, 0},
 };
 static const char *const tagger_chars_chr_slot_names[] = {"prev"};
 static const int tagger_chars_chr_slot_types[] = {0};
 static const cavs_gather_desc tagger_chars_fwd_gathers[] = {
-  {1, 18, {0, {0}}, 0, 0},
-  {0, 16, {0, {0}}, 1, 1},
+  {1, 17, {0, {0}}, 0, 0},
+  {0, 15, {0, {0}}, 1, 1},
 };
 static const char *const tagger_chars_fwd_slot_names[] = {"prev", "w"};
 static const int tagger_chars_fwd_slot_types[] = {1, 0};
 static const cavs_gather_desc tagger_chars_bwd_gathers[] = {
-  {1, 28, {0, {0}}, 0, 0},
-  {0, 26, {0, {0}}, 1, 2},
+  {1, 27, {0, {0}}, 0, 0},
+  {0, 25, {0, {0}}, 1, 2},
 };
 static const char *const tagger_chars_bwd_slot_names[] = {"next", "w"};
 static const int tagger_chars_bwd_slot_types[] = {2, 0};
@@ -1743,42 +1743,42 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
-  {"k", -1, 4, {0, {0}}, {0, {0, 1}}, 0},
-  {"k", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 8, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 0, 8, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
+  {"k", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
+  {"k", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
+  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 0, 0, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"x", 1, 17, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 1, 16, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_prev", 1, 16, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_prev", 1, 16, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 1, 19, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 1, 21, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 1, 22, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 1, 16, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 1, 15, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_prev", 1, 15, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_prev", 1, 15, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 1, 18, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 1, 19, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 1, 21, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"x", 2, 27, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 2, 26, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_next", 2, 26, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_next", 2, 26, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 2, 30, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 2, 31, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 2, 26, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 2, 25, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_next", 2, 25, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_next", 2, 25, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 2, 28, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 2, 30, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 2, 31, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 2, 2, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 2, 2, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
   {"h_f", 3, 35, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
   {"h_b", 3, 34, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"p", -1, 3, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"logits", -1, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"p", -2, 33, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"logits", -2, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc tagger_chars_desc = {
@@ -1890,7 +1890,8 @@ const cavs_desc tagger_chars_desc = {
   .nparams = 40, .params = params,
   .npgroups = 28, .pgroups = pgroups,
   .nbufs = 38, .bufs = bufs,
-  .state_buf = -1, .push_buf = 3,
+  .state_buf = -1, .push_buf = 33,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 0, 2}},
   .nvertex = 4, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = tagger_chars_pull_fwd, .pull_bwd = tagger_chars_pull_bwd,

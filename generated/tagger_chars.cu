@@ -23,9 +23,9 @@ static void tagger_chars_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:43  x = lookup */
-  cavs_lookup_fwd(c, P[6], D_E, c->iin[0], V[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[6], D_E, c->iin[0], V[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* tagger_chars.vf:43  k = lookup */
-  cavs_lookup_fwd(c, P[7], D_K, c->iin[1], V[4] + (size_t)(0) * D_K, D_K, r0, n, D_K);
+  cavs_lookup_fwd(c, P[7], D_K, c->iin[1], V[3] + (size_t)(0) * D_K, D_K, r0, n, D_K);
 }
 
 /* pull block, backward: all rows */
@@ -41,9 +41,9 @@ static void tagger_chars_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:43  k = lookup */
-  cavs_lookup_bwd(c, PG[7], D_K, c->iin[1], G[4] + (size_t)(0) * D_K, D_K, r0, n, D_K);
+  cavs_lookup_bwd(c, PG[7], D_K, c->iin[1], G[3] + (size_t)(0) * D_K, D_K, r0, n, D_K);
   /* tagger_chars.vf:43  x = lookup */
-  cavs_lookup_bwd(c, PG[6], D_E, c->iin[0], G[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[6], D_E, c->iin[0], G[4] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* vertex chr, eager phase: every row of the type at once */
@@ -60,10 +60,10 @@ static void tagger_chars_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  k @ [Wci|Wco|Wcu]: [n, 3Hc], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 3*D_Hc, D_K, P[7], D_K, D_A,
-                  V[4] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+                  V[3] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  k @ Wcf: [n, Hc], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_Hc, D_K, P[7], D_K, D_A,
-                  V[4] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
+                  V[3] + (size_t)(0) * D_K, D_K, P[8], D_Hc, V[6] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, Hc] */
@@ -207,31 +207,31 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], added into k @ [Wci|Wco|Wcu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[1], (3*D_Hc), V[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[1], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  h_prev @ Ucf: [n, Hc], added into k @ Wcf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 P[9], D_Hc, V[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 P[9], D_Hc, V[6] + (size_t)(0) * D_Hc, D_Hc);
   /* group g0 forward, [n, Hc]: i f o u c h (lines 50 51 52 53 54 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_Hc, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_chr_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[6] + (size_t)(r0) * (3*D_Hc),
+          V[5] + (size_t)(r0) * (3*D_Hc),
           P[10],
-          V[6] + (size_t)(r0) * (3*D_Hc) + D_Hc,
+          V[5] + (size_t)(r0) * (3*D_Hc) + D_Hc,
           P[12],
-          V[6] + (size_t)(r0) * (3*D_Hc) + (2*D_Hc),
+          V[5] + (size_t)(r0) * (3*D_Hc) + (2*D_Hc),
           P[13],
-          V[9] + (size_t)(r0) * D_Hc,
+          V[8] + (size_t)(r0) * D_Hc,
+          V[10] + (size_t)(r0) * D_Hc,
           V[11] + (size_t)(r0) * D_Hc,
-          V[12] + (size_t)(r0) * D_Hc,
           V[0] + (size_t)(r0) * (2*D_Hc),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[13] + (size_t)(r0) * D_Hc,
+          V[12] + (size_t)(r0) * D_Hc,
           V[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -242,23 +242,23 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_Hc, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_chr_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc),
           P[10],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           P[11],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + D_Hc,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + D_Hc,
           P[12],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + (2*D_Hc),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + (2*D_Hc),
           P[13],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -492,19 +492,19 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_Hc, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_chr_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[6] + (size_t)(r0) * (3*D_Hc),
+          G[5] + (size_t)(r0) * (3*D_Hc),
           PG[10],
-          G[6] + (size_t)(r0) * (3*D_Hc) + D_Hc,
+          G[5] + (size_t)(r0) * (3*D_Hc) + D_Hc,
           PG[12],
-          G[6] + (size_t)(r0) * (3*D_Hc) + (2*D_Hc),
+          G[5] + (size_t)(r0) * (3*D_Hc) + (2*D_Hc),
           PG[13],
-          V[9] + (size_t)(r0) * D_Hc,
+          V[8] + (size_t)(r0) * D_Hc,
+          V[10] + (size_t)(r0) * D_Hc,
           V[11] + (size_t)(r0) * D_Hc,
-          V[12] + (size_t)(r0) * D_Hc,
           G[0] + (size_t)(r0) * (2*D_Hc),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[13] + (size_t)(r0) * D_Hc,
+          V[12] + (size_t)(r0) * D_Hc,
           G[0] + (size_t)(r0) * (2*D_Hc) + D_Hc,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -515,24 +515,24 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_Hc, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_chr_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc),
           PG[10],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           PG[11],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + D_Hc,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + D_Hc,
           PG[12],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + (2*D_Hc),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_Hc) + (2*D_Hc),
           PG[13],
-          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
-          G[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[10] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_Hc,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_Hc) + D_Hc,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -540,13 +540,13 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 51  dh_prev += d(h_prev @ Ucf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc,
-                 P[9], D_Hc, G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc,
+                 P[9], D_Hc, G[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* line 50  dh_prev += d(h_prev @ [Uci|Uco|Ucu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[1], (3*D_Hc), G[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
+                 P[1], (3*D_Hc), G[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* tagger_chars.vf:47  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[8] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[7] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex chr, eager phase backward, then every parameter gradient of the type */
@@ -562,23 +562,23 @@ static void tagger_chars_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 51  dk += d(k @ Wcf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[7] + (size_t)(0) * D_Hc, D_Hc,
-                 P[8], D_Hc, G[4] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[6] + (size_t)(0) * D_Hc, D_Hc,
+                 P[8], D_Hc, G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dk += d(k @ [Wci|Wco|Wcu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[0], (3*D_Hc), G[4] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
+                 P[0], (3*D_Hc), G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dW += k^T d(k @ [Wci|Wco|Wcu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
-                 PG[0], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
+                 PG[0], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 50  dW += h_prev^T d(h_prev @ [Uci|Uco|Ucu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[1], (3*D_Hc), G[6] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[1], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  dW += k^T d(k @ Wcf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[4] + (size_t)(0) * D_K, D_K,
-                 PG[8], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
+                 PG[8], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
   /* line 51  dW += h_prev^T d(h_prev @ Ucf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[8] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
-                 PG[9], D_Hc, G[7] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+                 PG[9], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
 }
 
 /* vertex fwd, eager phase: every row of the type at once */
@@ -736,42 +736,42 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:60  gather */
-  cavs_gather_fwd(c, 1, 0, V[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[17] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[4] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[16] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[17] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_fwd(c, 0, 1, V[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 1, V[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 64  x @ [Wfi|Wfo|Wfu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[2], (3*D_H), 0, V[14] + (size_t)(r0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[2], (3*D_H), 0, V[13] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 64  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[3], (3*D_H), V[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[3], (3*D_H), V[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  x @ Wff: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[14], D_H, V[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[14], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* line 65  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[15], D_H, V[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[15], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 64 65 66 67 68 69) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_fwd_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[14] + (size_t)(r0) * (3*D_H),
+          V[13] + (size_t)(r0) * (3*D_H),
           P[16],
-          V[14] + (size_t)(r0) * (3*D_H) + D_H,
+          V[13] + (size_t)(r0) * (3*D_H) + D_H,
           P[18],
-          V[14] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[19],
-          V[19] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          V[20] + (size_t)(r0) * D_H,
           V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[23] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           V[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -782,23 +782,23 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_fwd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[16],
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[17],
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[18],
-          V[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[19],
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -1032,19 +1032,19 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_fwd_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[14] + (size_t)(r0) * (3*D_H),
+          G[13] + (size_t)(r0) * (3*D_H),
           PG[16],
-          G[14] + (size_t)(r0) * (3*D_H) + D_H,
+          G[13] + (size_t)(r0) * (3*D_H) + D_H,
           PG[18],
-          G[14] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[13] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[19],
-          V[19] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
+          V[20] + (size_t)(r0) * D_H,
           V[21] + (size_t)(r0) * D_H,
-          V[22] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[23] + (size_t)(r0) * D_H,
+          V[22] + (size_t)(r0) * D_H,
           G[1] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1055,24 +1055,24 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_fwd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[16],
-          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[17],
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[18],
-          G[14] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[13] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[19],
-          V[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[16] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[15] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[23] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[22] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[1] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1080,24 +1080,24 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 65  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[15] + (size_t)(0) * D_H, D_H,
-                 P[15], D_H, G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
+                 P[15], D_H, G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 65  dx += d(x @ Wff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[15] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[14] + (size_t)(0) * D_H, D_H,
+                 P[14], D_H, G[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 64  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[14] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[3], (3*D_H), G[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[13] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[3], (3*D_H), G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dx += d(x @ [Wfi|Wfo|Wfu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[14] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[13] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[2], (3*D_H), 1, G[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:61  s = gather */
-  cavs_gather_bwd(c, 0, 1, G[16] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 1, G[15] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:60  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[18] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[17] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[4] + (size_t)(r0) * D_E, D_E, G[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[17] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[16] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:60  gather */
-  cavs_gather_bwd(c, 1, 0, G[18] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[17] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex fwd, eager phase backward, then every parameter gradient of the type */
@@ -1113,17 +1113,17 @@ static void tagger_chars_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 64  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[17] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[14] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[16] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[13] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 64  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[3], (3*D_H), G[14] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[3], (3*D_H), G[13] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 65  dW += x^T d(x @ Wff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[17] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[14], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[16] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[14], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* line 65  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[16] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[15], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[15], D_H, G[14] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex bwd, eager phase: every row of the type at once */
@@ -1281,42 +1281,42 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:74  gather */
-  cavs_gather_fwd(c, 1, 0, V[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[27] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[5] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
-  cavs_copy_rows(c, V[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
+  cavs_copy_rows(c, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), V[4] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
+  cavs_copy_rows(c, V[26] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), V[27] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), n, D_Hc, 0);
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_fwd(c, 0, 2, V[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 2, V[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* line 78  x @ [Wbi|Wbo|Wbu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            P[4], (3*D_H), 0, V[24] + (size_t)(r0) * (3*D_H), (3*D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_E+D_Hc, 1, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            P[4], (3*D_H), 0, V[23] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 78  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[5], (3*D_H), V[24] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], (3*D_H), V[23] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  x @ Wbf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 P[20], D_H, V[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_Hc, V[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 P[20], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* line 79  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[21], D_H, V[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[21], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 78 79 80 81 82 83) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_bwd_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[24] + (size_t)(r0) * (3*D_H),
+          V[23] + (size_t)(r0) * (3*D_H),
           P[22],
-          V[24] + (size_t)(r0) * (3*D_H) + D_H,
+          V[23] + (size_t)(r0) * (3*D_H) + D_H,
           P[24],
-          V[24] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          V[23] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[25],
-          V[29] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
+          V[30] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
-          V[32] + (size_t)(r0) * D_H,
           V[2] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
           c->home_val[1] + (r0),
-          V[33] + (size_t)(r0) * D_H,
+          V[32] + (size_t)(r0) * D_H,
           V[2] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0),
           c->home_val[1] + (r0));
@@ -1327,23 +1327,23 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_bwd_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          V[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[22],
-          V[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[23],
-          V[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[24],
-          V[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[25],
-          V[26] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)),
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)),
           c->home_val[1] + ((r0 + c->leaf_rows)));
@@ -1577,19 +1577,19 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_bwd_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[24] + (size_t)(r0) * (3*D_H),
+          G[23] + (size_t)(r0) * (3*D_H),
           PG[22],
-          G[24] + (size_t)(r0) * (3*D_H) + D_H,
+          G[23] + (size_t)(r0) * (3*D_H) + D_H,
           PG[24],
-          G[24] + (size_t)(r0) * (3*D_H) + (2*D_H),
+          G[23] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[25],
-          V[29] + (size_t)(r0) * D_H,
+          V[28] + (size_t)(r0) * D_H,
+          V[30] + (size_t)(r0) * D_H,
           V[31] + (size_t)(r0) * D_H,
-          V[32] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0),
-          V[33] + (size_t)(r0) * D_H,
+          V[32] + (size_t)(r0) * D_H,
           G[2] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0),
           c->home_grad[1] + (r0));
@@ -1600,24 +1600,24 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(tagger_chars_bwd_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_K, D_Hc, D_H, D_C, D_V, D_A,
-          G[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[22],
-          G[25] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[24] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[23],
-          G[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[24],
-          G[24] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[23] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[25],
-          V[26] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[26] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[25] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[28] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[29] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[30] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[31] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)),
-          V[33] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[32] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)),
           c->home_grad[1] + ((r0 + c->leaf_rows)));
@@ -1625,24 +1625,24 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 79  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[25] + (size_t)(0) * D_H, D_H,
-                 P[21], D_H, G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
+                 P[21], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 79  dx += d(x @ Wbf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[25] + (size_t)(0) * D_H, D_H,
-                 P[20], D_H, G[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[24] + (size_t)(0) * D_H, D_H,
+                 P[20], D_H, G[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc));
   /* line 78  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[24] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[5], (3*D_H), G[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[23] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[5], (3*D_H), G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 78  dx += d(x @ [Wbi|Wbo|Wbu]) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[24] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[4], (3*D_H), 1, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_E+D_Hc, 3*D_H, 1, G[23] + (size_t)(r0) * (3*D_H), (3*D_H),
+            P[4], (3*D_H), 1, G[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc));
   /* tagger_chars.vf:75  s = gather */
-  cavs_gather_bwd(c, 0, 2, G[26] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 2, G[25] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:74  x = concat */
-  cavs_copy_rows(c, G[5] + (size_t)(r0) * D_E, D_E, G[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
-  cavs_copy_rows(c, G[28] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[27] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
+  cavs_copy_rows(c, G[4] + (size_t)(r0) * D_E, D_E, G[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc), n, D_E, 1);
+  cavs_copy_rows(c, G[27] + (size_t)(r0) * (2*D_Hc) + D_Hc, (2*D_Hc), G[26] + (size_t)(r0) * (D_E+D_Hc) + D_E, (D_E+D_Hc), n, D_Hc, 1);
   /* tagger_chars.vf:74  gather */
-  cavs_gather_bwd(c, 1, 0, G[28] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[27] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
 }
 
 /* vertex bwd, eager phase backward, then every parameter gradient of the type */
@@ -1658,17 +1658,17 @@ static void tagger_chars_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 78  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[27] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
-            G[24] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_E+D_Hc, 3*D_H, n, 1, V[26] + (size_t)(r0) * (D_E+D_Hc), (D_E+D_Hc),
+            G[23] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[4], (3*D_H));
   /* line 78  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[5], (3*D_H), G[24] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[5], (3*D_H), G[23] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 79  dW += x^T d(x @ Wbf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[27] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
-                 PG[20], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E+D_Hc, V[26] + (size_t)(0) * (D_E+D_Hc), (D_E+D_Hc),
+                 PG[20], D_H, G[24] + (size_t)(0) * D_H, D_H);
   /* line 79  dW += h_next^T d(h_next @ Ubf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[26] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 PG[21], D_H, G[25] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 PG[21], D_H, G[24] + (size_t)(0) * D_H, D_H);
 }
 
 /* vertex tok, eager phase: every row of the type at once */
@@ -1716,8 +1716,8 @@ static void tagger_chars_tok_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* tagger_chars.vf:89  gather */
   cavs_gather_fwd(c, 1, 2, V[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H), (2*D_H), V[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[33] + (size_t)(r0) * (2*D_H), (2*D_H), V[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[33] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex tok, lazy phase backward */
@@ -1733,8 +1733,8 @@ static void tagger_chars_tok_bwd_lazy(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger_chars.vf:90  concat */
-  cavs_copy_rows(c, G[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[3] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[35] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[33] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[34] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[33] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* tagger_chars.vf:89  gather */
   cavs_gather_bwd(c, 1, 2, G[34] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* tagger_chars.vf:88  gather */
@@ -1782,7 +1782,7 @@ static __global__ void tagger_chars_push_fwd_g0(int n, long D_E, long D_K, long 
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_K = c->dims[1];
@@ -1795,7 +1795,7 @@ static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 94  p @ Wo: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[33] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[26], D_C, 0, V[37] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 94) */
   {
@@ -1826,7 +1826,7 @@ static __global__ void tagger_chars_push_bwd_g0(int n, long D_E, long D_K, long 
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void tagger_chars_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_K = c->dims[1];
@@ -1853,9 +1853,9 @@ static void tagger_chars_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 94  dp += d(p @ Wo) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[37] + (size_t)(r0) * D_C, D_C,
-            P[26], D_C, 1, G[3] + (size_t)(r0) * (2*D_H), (2*D_H));
+            P[26], D_C, 1, G[33] + (size_t)(r0) * (2*D_H), (2*D_H));
   /* line 94  dW += p^T d(p @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[3] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[33] + (size_t)(r0) * (2*D_H), (2*D_H),
             G[37] + (size_t)(r0) * D_C, D_C, 1, PG[26], D_C);
 }
 
@@ -1950,7 +1950,6 @@ static const cavs_buf_desc bufs[] = {
   {"chr_state", {0, {0, 0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"fwd_state", {0, {0, 0, 0, 2}}, CAVS_GRAD, 1, 0, 0},
   {"bwd_state", {0, {0, 0, 0, 2}}, CAVS_GRAD, 2, 0, 0},
-  {"push", {0, {0, 0, 0, 2}}, CAVS_GRAD, -1, 0, 0},
   {"pull_k", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
@@ -1981,25 +1980,26 @@ static const cavs_buf_desc bufs[] = {
   {"bwd_o_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
   {"bwd_u_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
   {"bwd_t42_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},
+  {"push", {0, {0, 0, 0, 2}}, CAVS_GRAD, -2, 0, 0},
   {"tok_t2", {0, {0, 0, 0, 2}}, CAVS_GRAD, 3, 0, 0},
   {"tok_t0", {0, {0, 0, 0, 2}}, CAVS_GRAD, 3, 0, 0},
-  {"push_logits", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc tagger_chars_chr_gathers[] = {
-  {0, 8, {0, {0}}, 1, 0},
+  {0, 7, {0, {0}}, 1, 0},
 };
 static const char *const tagger_chars_chr_slot_names[] = {"prev"};
 static const int tagger_chars_chr_slot_types[] = {0};
 static const cavs_gather_desc tagger_chars_fwd_gathers[] = {
-  {1, 18, {0, {0}}, 0, 0},
-  {0, 16, {0, {0}}, 1, 1},
+  {1, 17, {0, {0}}, 0, 0},
+  {0, 15, {0, {0}}, 1, 1},
 };
 static const char *const tagger_chars_fwd_slot_names[] = {"prev", "w"};
 static const int tagger_chars_fwd_slot_types[] = {1, 0};
 static const cavs_gather_desc tagger_chars_bwd_gathers[] = {
-  {1, 28, {0, {0}}, 0, 0},
-  {0, 26, {0, {0}}, 1, 2},
+  {1, 27, {0, {0}}, 0, 0},
+  {0, 25, {0, {0}}, 1, 2},
 };
 static const char *const tagger_chars_bwd_slot_names[] = {"next", "w"};
 static const int tagger_chars_bwd_slot_types[] = {2, 0};
@@ -2045,42 +2045,42 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 5, {0, {0}}, {0, {1}}, 0},
-  {"k", -1, 4, {0, {0}}, {0, {0, 1}}, 0},
-  {"k", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
-  {"s", 0, 8, {0, {0}}, {0, {0, 0, 2}}, 0},
-  {"c_prev", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 0},
-  {"h_prev", 0, 8, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"i", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"f", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"o", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
-  {"u", 0, 12, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"x", -1, 4, {0, {0}}, {0, {1}}, 0},
+  {"k", -1, 3, {0, {0}}, {0, {0, 1}}, 0},
+  {"k", 0, 3, {0, {0}}, {0, {0, 1}}, 0},
+  {"s", 0, 7, {0, {0}}, {0, {0, 0, 2}}, 0},
+  {"c_prev", 0, 7, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h_prev", 0, 7, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
+  {"i", 0, 8, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"f", 0, 9, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"o", 0, 10, {0, {0}}, {0, {0, 0, 1}}, 1},
+  {"u", 0, 11, {0, {0}}, {0, {0, 0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"h", 0, 0, {0, {0, 0, 1}}, {0, {0, 0, 1}}, 0},
-  {"x", 1, 17, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 1, 16, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_prev", 1, 16, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_prev", 1, 16, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 1, 19, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 1, 21, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 1, 22, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 1, 16, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 1, 15, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_prev", 1, 15, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_prev", 1, 15, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 1, 18, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 1, 19, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 1, 20, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 1, 21, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 1, 1, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 1, 1, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"x", 2, 27, {0, {0}}, {0, {1, 0, 1}}, 0},
-  {"s", 2, 26, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"c_next", 2, 26, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
-  {"h_next", 2, 26, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"i", 2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"f", 2, 30, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"o", 2, 31, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
-  {"u", 2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"x", 2, 26, {0, {0}}, {0, {1, 0, 1}}, 0},
+  {"s", 2, 25, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"c_next", 2, 25, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
+  {"h_next", 2, 25, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
+  {"i", 2, 28, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"f", 2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"o", 2, 30, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
+  {"u", 2, 31, {0, {0}}, {0, {0, 0, 0, 1}}, 1},
   {"c", 2, 2, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
   {"h", 2, 2, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
   {"h_f", 3, 35, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
   {"h_b", 3, 34, {0, {0, 0, 0, 1}}, {0, {0, 0, 0, 1}}, 0},
-  {"p", -1, 3, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
-  {"logits", -1, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"p", -2, 33, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
+  {"logits", -2, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 
 const cavs_desc tagger_chars_desc = {
@@ -2192,7 +2192,8 @@ const cavs_desc tagger_chars_desc = {
   .nparams = 40, .params = params,
   .npgroups = 28, .pgroups = pgroups,
   .nbufs = 38, .bufs = bufs,
-  .state_buf = -1, .push_buf = 3,
+  .state_buf = -1, .push_buf = 33,
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 0, 2}},
   .nvertex = 4, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = tagger_chars_pull_fwd, .pull_bwd = tagger_chars_pull_bwd,

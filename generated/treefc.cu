@@ -19,7 +19,7 @@ static void treefc_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treefc.vf:26  x = lookup */
-  cavs_lookup_fwd(c, P[0], D_H, c->iin[0], V[2] + (size_t)(0) * D_H, D_H, r0, n, D_H);
+  cavs_lookup_fwd(c, P[0], D_H, c->iin[0], V[1] + (size_t)(0) * D_H, D_H, r0, n, D_H);
 }
 
 /* pull block, backward: all rows */
@@ -31,7 +31,7 @@ static void treefc_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treefc.vf:26  x = lookup */
-  cavs_lookup_bwd(c, PG[0], D_H, c->iin[0], G[2] + (size_t)(0) * D_H, D_H, r0, n, D_H);
+  cavs_lookup_bwd(c, PG[0], D_H, c->iin[0], G[1] + (size_t)(0) * D_H, D_H, r0, n, D_H);
 }
 
 /* vertex tree, eager phase: every row of the type at once */
@@ -91,19 +91,19 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treefc.vf:30  gather */
-  cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[3] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treefc.vf:30  gather */
-  cavs_gather_fwd(c, 1, 0, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  concat */
   /* line 30  %3 @ W: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], D_H, V[3] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, 2*D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], D_H, V[2] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_V,
-          V[2] + (size_t)(r0) * D_H,
+          V[1] + (size_t)(r0) * D_H,
           P[2],
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
@@ -114,8 +114,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_V,
+          V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[2],
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
@@ -132,8 +132,6 @@ static void treefc_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* treefc.vf:32  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex tree, lazy phase backward */
@@ -144,8 +142,6 @@ static void treefc_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* treefc.vf:32  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* treefc_tree_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -221,8 +217,8 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_H, D_C, D_V,
-          V[2] + (size_t)(r0) * D_H,
-          G[2] + (size_t)(r0) * D_H,
+          V[1] + (size_t)(r0) * D_H,
+          G[1] + (size_t)(r0) * D_H,
           P[2],
           PG[2],
           G[0] + (size_t)(r0) * D_H,
@@ -234,10 +230,10 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_H, D_C, D_V,
+          V[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[1] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[2] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[3] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[2],
           PG[2],
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
@@ -246,13 +242,13 @@ static void treefc_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 30  d%3 += d(%3 @ W) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, 2*D_H, G[3] + (size_t)(0) * D_H, D_H,
-                 P[1], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, 2*D_H, G[2] + (size_t)(0) * D_H, D_H,
+                 P[1], D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H));
   /* treefc.vf:30  concat */
   /* treefc.vf:30  gather */
-  cavs_gather_bwd(c, 1, 0, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treefc.vf:30  gather */
-  cavs_gather_bwd(c, 0, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[3] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex tree, eager phase backward, then every parameter gradient of the type */
@@ -264,8 +260,8 @@ static void treefc_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 30  dW += %3^T d(%3 @ W), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, 2*D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], D_H, G[3] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, 2*D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], D_H, G[2] + (size_t)(0) * D_H, D_H);
 }
 
 /* treefc_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -281,7 +277,7 @@ static __global__ void treefc_push_fwd_g0(int n, long D_H, long D_C, long D_V,
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_H = c->dims[0];
   [[maybe_unused]] const long D_C = c->dims[1];
@@ -290,21 +286,21 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 36  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[3], D_C, 0, V[6] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            P[3], D_C, 0, V[5] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 36) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
-          V[6] + (size_t)(r0) * D_C,
+          V[5] + (size_t)(r0) * D_C,
           P[4],
-          V[5] + (size_t)(r0) * D_C);
+          V[4] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treefc.vf:37  softmax_xent */
-  cavs_xent_fwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[4] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treefc_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -321,7 +317,7 @@ static __global__ void treefc_push_bwd_g0(int n, long D_H, long D_C, long D_V,
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_H = c->dims[0];
   [[maybe_unused]] const long D_C = c->dims[1];
@@ -330,24 +326,24 @@ static void treefc_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treefc.vf:37  softmax_xent */
-  cavs_xent_bwd(c, 0, V[5] + (size_t)(0) * D_C, D_C, c->iin[1], G[5] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[4] + (size_t)(0) * D_C, D_C, c->iin[1], G[4] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 36) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treefc_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_H, D_C, D_V,
-          G[6] + (size_t)(r0) * D_C,
+          G[5] + (size_t)(r0) * D_C,
           PG[4],
-          G[5] + (size_t)(r0) * D_C);
+          G[4] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 36  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[6] + (size_t)(r0) * D_C, D_C,
-            P[3], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[5] + (size_t)(r0) * D_C, D_C,
+            P[3], D_C, 1, G[0] + (size_t)(r0) * D_H, D_H);
   /* line 36  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[6] + (size_t)(r0) * D_C, D_C, 1, PG[3], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            G[5] + (size_t)(r0) * D_C, D_C, 1, PG[3], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -376,16 +372,15 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_t5", {0, {1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_t3", {0, {2}}, CAVS_GRAD, 0, 1, 0},
-  {"push_logits", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc treefc_tree_gathers[] = {
-  {0, 4, {0, {0}}, 1, 0},
-  {1, 4, {0, {1}}, 1, 0},
+  {0, 3, {0, {0}}, 1, 0},
+  {1, 3, {0, {1}}, 1, 0},
 };
 static const unsigned char pull_grads[6] = {1, 0, 0, 0, 0};
 static const unsigned char push_grads[6] = {0, 0, 0, 1, 1};
@@ -402,11 +397,11 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
   {"h", 0, 0, {0, {0}}, {0, {1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {1}}, 0},
-  {"logits", -1, 5, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", -2, 0, {0, {0}}, {0, {1}}, 0},
+  {"logits", -2, 4, {0, {0}}, {0, {0, 1}}, 0},
 };
 
 const cavs_desc treefc_desc = {
@@ -459,8 +454,9 @@ const cavs_desc treefc_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 5, .params = params,
   .npgroups = 5, .pgroups = pgroups,
-  .nbufs = 7, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 6, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0}}, .push_width = {0, {1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = treefc_pull_fwd, .pull_bwd = treefc_pull_bwd,

@@ -20,7 +20,7 @@ static void treegru_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:28  x = lookup */
-  cavs_lookup_fwd(c, P[1], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[1], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void treegru_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:28  x = lookup */
-  cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* treegru_tree_fwd_eager, group g2 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -46,9 +46,9 @@ static void treegru_tree_fwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a13 = V[8] + (size_t)(r) * D_H;
+    const R *restrict a13 = V[7] + (size_t)(r) * D_H;
     const R *restrict a14 = P[7];
-    R *restrict o15 = V[7] + (size_t)(r) * D_H;
+    R *restrict o15 = V[6] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = a13[j] + a14[j];  /* xr */
@@ -68,10 +68,10 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[1], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[2], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
 }
@@ -86,9 +86,9 @@ static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict o3 = V[9] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[4] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[4] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict o3 = V[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v3 = a1[j] + a2[j];  /* hs */
@@ -108,14 +108,14 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a15 = V[7] + (size_t)(r) * D_H;
-    const R *restrict a17 = V[4] + (size_t)(r) * (2*D_H);
-    const R *restrict a20 = V[4] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    R *restrict k22 = V[12] + (size_t)(r) * D_H;
-    R *restrict o27 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a15 = V[6] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a20 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a1 = V[4] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[4] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict k19 = V[10] + (size_t)(r) * D_H;
+    R *restrict k22 = V[11] + (size_t)(r) * D_H;
+    R *restrict o27 = V[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v18 = a15[j] + a17[j];
@@ -143,12 +143,12 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[6];
-    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a24 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a31 = P[8];
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k33 = V[13] + (size_t)(r) * D_H;
+    R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    R *restrict k33 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
     R *restrict h38 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -181,13 +181,13 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a5 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a5 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[6];
-    const R *restrict a24 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a24 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a31 = P[8];
-    const R *restrict a3 = V[9] + (size_t)(r) * D_H;
-    R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    R *restrict k33 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[8] + (size_t)(r) * D_H;
+    R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    R *restrict k33 = V[12] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * D_H;
     R *restrict h38 = (R *)c->home_val[0][r];
     CAVS_IVDEP
@@ -220,22 +220,22 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   cavs_loop(c, treegru_tree_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   cavs_loop(c, treegru_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treegru_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -250,8 +250,6 @@ static void treegru_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treegru.vf:40  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex tree, lazy phase backward */
@@ -263,8 +261,6 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* treegru.vf:40  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* treegru_tree_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -277,12 +273,12 @@ static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[3] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[2] + (size_t)(r) * (2*D_H);
     R *restrict d9 = PG[6];
-    R *restrict d24 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d24 = G[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d31 = PG[8];
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k33 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k33 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -337,14 +333,14 @@ static void treegru_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d5 = G[3] + (size_t)(r) * (2*D_H);
+    R *restrict d5 = G[2] + (size_t)(r) * (2*D_H);
     R *restrict d9 = PG[6];
-    R *restrict d24 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d24 = G[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d31 = PG[8];
-    const R *restrict a3 = V[9] + (size_t)(r) * D_H;
-    R *restrict d3 = G[9] + (size_t)(r) * D_H;
-    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
-    const R *restrict k33 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a3 = V[8] + (size_t)(r) * D_H;
+    R *restrict d3 = G[8] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[9] + (size_t)(r) * D_H;
+    const R *restrict k33 = V[12] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * D_H;
     const R *restrict hg38 = (R *)c->home_grad[0][r];
     CAVS_IVDEP
@@ -391,16 +387,16 @@ static void treegru_tree_bwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d15 = G[7] + (size_t)(r) * D_H;
-    R *restrict d17 = G[4] + (size_t)(r) * (2*D_H);
-    R *restrict d20 = G[4] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict a1 = V[5] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
-    const R *restrict a2 = V[5] + (size_t)(r) * (2*D_H) + D_H;
-    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict k19 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k22 = V[12] + (size_t)(r) * D_H;
-    const R *restrict g27_in = G[6] + (size_t)(r) * D_H;
+    R *restrict d15 = G[6] + (size_t)(r) * D_H;
+    R *restrict d17 = G[3] + (size_t)(r) * (2*D_H);
+    R *restrict d20 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a1 = V[4] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[4] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[4] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d2 = G[4] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict k19 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k22 = V[11] + (size_t)(r) * D_H;
+    const R *restrict g27_in = G[5] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v19 = k19[j];  /* r_0 */
@@ -438,9 +434,9 @@ static void treegru_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d1 = G[5] + (size_t)(r) * (2*D_H);
-    R *restrict d2 = G[5] + (size_t)(r) * (2*D_H) + D_H;
-    const R *restrict g3_in = G[9] + (size_t)(r) * D_H;
+    R *restrict d1 = G[4] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[4] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict g3_in = G[8] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g3 = g3_in[j];
@@ -463,22 +459,22 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, treegru_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treegru_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   cavs_loop(c, treegru_tree_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[3], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   cavs_loop(c, treegru_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -491,9 +487,9 @@ static void treegru_tree_bwd_eager_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d13 = G[8] + (size_t)(r) * D_H;
+    R *restrict d13 = G[7] + (size_t)(r) * D_H;
     R *restrict d14 = PG[7];
-    const R *restrict g15_in = G[7] + (size_t)(r) * D_H;
+    const R *restrict g15_in = G[6] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g15 = g15_in[j];
@@ -515,26 +511,26 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g2 backward, [n, H]: xr (lines 35) */
   cavs_loop(c, treegru_tree_bwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[3] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* treegru_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -547,9 +543,9 @@ static void treegru_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[15] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[14] + (size_t)(r) * D_C;
     const R *restrict a3 = P[10];
-    R *restrict o4 = V[14] + (size_t)(r) * D_C;
+    R *restrict o4 = V[13] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -558,7 +554,7 @@ static void treegru_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -568,12 +564,12 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 44  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            P[9], D_C, 0, V[14] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   cavs_loop(c, treegru_push_fwd_g0, r0, n, D_C, 0);
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -586,9 +582,9 @@ static void treegru_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[15] + (size_t)(r) * D_C;
+    R *restrict d2 = G[14] + (size_t)(r) * D_C;
     R *restrict d3 = PG[10];
-    const R *restrict g4_in = G[14] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[13] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -598,7 +594,7 @@ static void treegru_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -608,15 +604,15 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], G[13] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   cavs_loop(c, treegru_push_bwd_g0, r0, n, D_C, 0);
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[14] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[0] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            G[14] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -659,7 +655,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -672,12 +667,12 @@ static const cavs_buf_desc bufs[] = {
   {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
-  {0, 5, {0, {0}}, 1, 0},
-  {1, 5, {0, {0, 1}}, 1, 0},
+  {0, 4, {0, {0}}, 1, 0},
+  {1, 4, {0, {0, 1}}, 1, 0},
 };
 static const unsigned char pull_grads[12] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -694,19 +689,19 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"h_0", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"z", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"xr", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"r_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"r_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"n", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"h_0", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 4, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hs", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"z", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"xr", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"r_0", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"r_1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"n", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
   {"h", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -2, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc treegru_desc = {
@@ -767,8 +762,9 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 16, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 15, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = treegru_pull_fwd, .pull_bwd = treegru_pull_bwd,

@@ -20,7 +20,7 @@ static void treegru_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:28  x = lookup */
-  cavs_lookup_fwd(c, P[1], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[1], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void treegru_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:28  x = lookup */
-  cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[1], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* treegru_tree_fwd_eager, group g2 forward at the others: a thread per row and column of [n, H] */
@@ -60,18 +60,18 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[1], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[2], D_H, V[8] + (size_t)(0) * D_H, D_H);
+                  V[1] + (size_t)(0) * D_E, D_E, P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           P[7],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -202,56 +202,56 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_fwd(c, 0, 0, V[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 P[3], D_H, V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[5] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, V[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 P[5], D_H, V[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (2*D_H),
+          V[2] + (size_t)(r0) * (2*D_H),
           P[6],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          V[2] + (size_t)(r0) * (2*D_H) + D_H,
           P[8],
-          V[10] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -261,13 +261,13 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[6],
-          V[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[8],
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -284,8 +284,6 @@ static void treegru_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* treegru.vf:40  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * D_H, D_H, n, D_H, 0);
 }
 
 /* vertex tree, lazy phase backward */
@@ -297,8 +295,6 @@ static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* treegru.vf:40  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * D_H, D_H, G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* treegru_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -485,12 +481,12 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1_leaves, blocks, (cudaStream_t)c->stream)(c->leaf_rows, D_E, D_H, D_C, D_V,
-          G[3] + (size_t)(r0) * (2*D_H),
+          G[2] + (size_t)(r0) * (2*D_H),
           PG[6],
-          G[3] + (size_t)(r0) * (2*D_H) + D_H,
+          G[2] + (size_t)(r0) * (2*D_H) + D_H,
           PG[8],
-          V[10] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H,
+          V[9] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -500,61 +496,61 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[6],
-          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[2] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[8],
+          V[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
-                 P[5], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+                 P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g3, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[3] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          V[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[5] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
+                 P[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 34  dhs += d(hs @ Uz) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[3], D_H, G[9] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[5] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
-          G[9] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:32  h_1 = gather */
-  cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
-  cavs_gather_bwd(c, 0, 0, G[5] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* treegru_tree_bwd_eager, group g2 backward at the others: a thread per row and column of [n, H] */
@@ -585,33 +581,33 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_tree_bwd_eager_g2, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[8] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H,
           PG[7],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[6] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
+                 P[2], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
-                 PG[3], D_H, G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+                 PG[3], D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[2], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
-                 PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
+                 PG[4], D_H, G[3] + (size_t)(0) * D_H, D_H);
   /* line 37  dW += %27^T d(%27 @ Un), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
-                 PG[5], D_H, G[3] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+                 PG[5], D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
 }
 
 /* treegru_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -627,7 +623,7 @@ static __global__ void treegru_push_fwd_g0(int n, long D_E, long D_H, long D_C, 
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -637,21 +633,21 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 44  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            P[9], D_C, 0, V[14] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[15] + (size_t)(r0) * D_C,
+          V[14] + (size_t)(r0) * D_C,
           P[10],
-          V[14] + (size_t)(r0) * D_C);
+          V[13] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* treegru_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -668,7 +664,7 @@ static __global__ void treegru_push_bwd_g0(int n, long D_E, long D_H, long D_C, 
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -678,24 +674,24 @@ static void treegru_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* treegru.vf:45  softmax_xent */
-  cavs_xent_bwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], G[14] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], G[13] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 44) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(treegru_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[15] + (size_t)(r0) * D_C,
+          G[14] + (size_t)(r0) * D_C,
           PG[10],
-          G[14] + (size_t)(r0) * D_C);
+          G[13] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[15] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[14] + (size_t)(r0) * D_C, D_C,
+            P[9], D_C, 1, G[0] + (size_t)(r0) * D_H, D_H);
   /* line 44  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[15] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * D_H, D_H,
+            G[14] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -738,7 +734,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -751,12 +746,12 @@ static const cavs_buf_desc bufs[] = {
   {"tree_r_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"tree_r_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"tree_n_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc treegru_tree_gathers[] = {
-  {0, 5, {0, {0}}, 1, 0},
-  {1, 5, {0, {0, 1}}, 1, 0},
+  {0, 4, {0, {0}}, 1, 0},
+  {1, 4, {0, {0, 1}}, 1, 0},
 };
 static const unsigned char pull_grads[12] = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -773,19 +768,19 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
-  {"h_0", 0, 5, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_1", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hs", 0, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"z", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
-  {"xr", 0, 7, {0, {0}}, {0, {0, 1}}, 0},
-  {"r_0", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"r_1", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"n", 0, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
+  {"h_0", 0, 4, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 0, 4, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hs", 0, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"z", 0, 9, {0, {0}}, {0, {0, 1}}, 1},
+  {"xr", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
+  {"r_0", 0, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"r_1", 0, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"n", 0, 12, {0, {0}}, {0, {0, 1}}, 1},
   {"h", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 14, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0}}, {0, {0, 1}}, 0},
+  {"logits", -2, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc treegru_desc = {
@@ -846,8 +841,9 @@ const cavs_desc treegru_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 12, .params = params,
   .npgroups = 11, .pgroups = pgroups,
-  .nbufs = 16, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 15, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0}}, .push_width = {0, {0, 1}},
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = treegru_pull_fwd, .pull_bwd = treegru_pull_bwd,

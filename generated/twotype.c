@@ -20,7 +20,7 @@ static void twotype_pull_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* twotype_leaf_fwd_eager, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -47,14 +47,14 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[3] + (size_t)(r) * (2*D_H);
+    const R *restrict a2 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a3 = P[4];
-    const R *restrict a6 = V[3] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a6 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a7 = P[5];
     R *restrict o4 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h4 = (R *)c->home_val[0][r];
-    R *restrict k9 = V[4] + (size_t)(r) * D_H;
-    R *restrict k10 = V[5] + (size_t)(r) * D_H;
+    R *restrict k9 = V[3] + (size_t)(r) * D_H;
+    R *restrict k10 = V[4] + (size_t)(r) * D_H;
     R *restrict o11 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h11 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -85,7 +85,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   cavs_loop(c, twotype_leaf_fwd_eager_g0, r0, n, D_H, 0);
   /* twotype.vf:36  concat */
@@ -111,8 +111,6 @@ static void twotype_leaf_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:37  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex leaf, lazy phase backward */
@@ -124,8 +122,6 @@ static void twotype_leaf_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:37  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* vertex leaf, path phase backward: one task, in reverse order */
@@ -149,14 +145,14 @@ static void twotype_leaf_bwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[3] + (size_t)(r) * (2*D_H);
+    R *restrict d2 = G[2] + (size_t)(r) * (2*D_H);
     R *restrict d3 = PG[4];
-    R *restrict d6 = G[3] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d6 = G[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d7 = PG[5];
     const R *restrict g4_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg4 = (R *)c->home_grad[0][r];
-    const R *restrict k9 = V[4] + (size_t)(r) * D_H;
-    const R *restrict k10 = V[5] + (size_t)(r) * D_H;
+    const R *restrict k9 = V[3] + (size_t)(r) * D_H;
+    const R *restrict k10 = V[4] + (size_t)(r) * D_H;
     const R *restrict g11_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg11 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -193,11 +189,11 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: c h (lines 34 35) */
   cavs_loop(c, twotype_leaf_bwd_eager_g0, r0, n, D_H, 0);
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* vertex internal, eager phase: every row of the type at once */
@@ -225,12 +221,12 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     const R *restrict a9 = P[6];
     const R *restrict a24 = P[9];
     const R *restrict a29 = P[10];
-    R *restrict k11 = V[11] + (size_t)(r) * D_H;
-    R *restrict k26 = V[14] + (size_t)(r) * D_H;
-    R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    R *restrict k26 = V[13] + (size_t)(r) * D_H;
+    R *restrict k31 = V[14] + (size_t)(r) * D_H;
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h36 = (R *)c->home_val[0][r];
-    R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    R *restrict k37 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h38 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -269,26 +265,26 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a8 = V[6] + (size_t)(r) * (3*D_H);
+    const R *restrict a8 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[6];
-    const R *restrict a13 = V[7] + (size_t)(r) * (2*D_H);
+    const R *restrict a13 = V[6] + (size_t)(r) * (2*D_H);
     const R *restrict a14 = P[7];
-    const R *restrict a18 = V[7] + (size_t)(r) * (2*D_H) + D_H;
+    const R *restrict a18 = V[6] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a19 = P[8];
-    const R *restrict a23 = V[6] + (size_t)(r) * (3*D_H) + D_H;
+    const R *restrict a23 = V[5] + (size_t)(r) * (3*D_H) + D_H;
     const R *restrict a24 = P[9];
-    const R *restrict a28 = V[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    const R *restrict a28 = V[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a29 = P[10];
-    const R *restrict a1 = V[10] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict k11 = V[11] + (size_t)(r) * D_H;
-    R *restrict k16 = V[12] + (size_t)(r) * D_H;
-    R *restrict k21 = V[13] + (size_t)(r) * D_H;
-    R *restrict k26 = V[14] + (size_t)(r) * D_H;
-    R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[9] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    R *restrict k16 = V[11] + (size_t)(r) * D_H;
+    R *restrict k21 = V[12] + (size_t)(r) * D_H;
+    R *restrict k26 = V[13] + (size_t)(r) * D_H;
+    R *restrict k31 = V[14] + (size_t)(r) * D_H;
     R *restrict o36 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h36 = (R *)c->home_val[0][r];
-    R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    R *restrict k37 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h38 = (R *)c->home_val[0][r] + D_H;
     CAVS_IVDEP
@@ -334,18 +330,18 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H), (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   cavs_loop(c, twotype_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, twotype_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -361,8 +357,6 @@ static void twotype_internal_fwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:51  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex internal, lazy phase backward */
@@ -374,8 +368,6 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  /* twotype.vf:51  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* twotype_internal_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -391,12 +383,12 @@ static void twotype_internal_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
     R *restrict d9 = PG[6];
     R *restrict d24 = PG[9];
     R *restrict d29 = PG[10];
-    const R *restrict k11 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[14] + (size_t)(r) * D_H;
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg36 = (R *)c->home_grad[0][r];
-    const R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg38 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -458,28 +450,28 @@ static void twotype_internal_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d8 = G[6] + (size_t)(r) * (3*D_H);
+    R *restrict d8 = G[5] + (size_t)(r) * (3*D_H);
     R *restrict d9 = PG[6];
-    R *restrict d13 = G[7] + (size_t)(r) * (2*D_H);
+    R *restrict d13 = G[6] + (size_t)(r) * (2*D_H);
     R *restrict d14 = PG[7];
-    R *restrict d18 = G[7] + (size_t)(r) * (2*D_H) + D_H;
+    R *restrict d18 = G[6] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict d19 = PG[8];
-    R *restrict d23 = G[6] + (size_t)(r) * (3*D_H) + D_H;
+    R *restrict d23 = G[5] + (size_t)(r) * (3*D_H) + D_H;
     R *restrict d24 = PG[9];
-    R *restrict d28 = G[6] + (size_t)(r) * (3*D_H) + (2*D_H);
+    R *restrict d28 = G[5] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d29 = PG[10];
-    const R *restrict a1 = V[10] + (size_t)(r) * (2*D_H);
-    R *restrict d1 = G[10] + (size_t)(r) * (2*D_H);
-    const R *restrict a4 = V[9] + (size_t)(r) * (2*D_H);
-    R *restrict d4 = G[9] + (size_t)(r) * (2*D_H);
-    const R *restrict k11 = V[11] + (size_t)(r) * D_H;
-    const R *restrict k16 = V[12] + (size_t)(r) * D_H;
-    const R *restrict k21 = V[13] + (size_t)(r) * D_H;
-    const R *restrict k26 = V[14] + (size_t)(r) * D_H;
-    const R *restrict k31 = V[15] + (size_t)(r) * D_H;
+    const R *restrict a1 = V[9] + (size_t)(r) * (2*D_H);
+    R *restrict d1 = G[9] + (size_t)(r) * (2*D_H);
+    const R *restrict a4 = V[8] + (size_t)(r) * (2*D_H);
+    R *restrict d4 = G[8] + (size_t)(r) * (2*D_H);
+    const R *restrict k11 = V[10] + (size_t)(r) * D_H;
+    const R *restrict k16 = V[11] + (size_t)(r) * D_H;
+    const R *restrict k21 = V[12] + (size_t)(r) * D_H;
+    const R *restrict k26 = V[13] + (size_t)(r) * D_H;
+    const R *restrict k31 = V[14] + (size_t)(r) * D_H;
     const R *restrict g36_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg36 = (R *)c->home_grad[0][r];
-    const R *restrict k37 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k37 = V[15] + (size_t)(r) * D_H;
     const R *restrict g38_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg38 = (R *)c->home_grad[0][r] + D_H;
     CAVS_IVDEP
@@ -553,18 +545,18 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, twotype_internal_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, twotype_internal_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -577,11 +569,11 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* twotype_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -594,9 +586,9 @@ static void twotype_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a2 = V[18] + (size_t)(r) * D_C;
+    const R *restrict a2 = V[17] + (size_t)(r) * D_C;
     const R *restrict a3 = P[12];
-    R *restrict o4 = V[17] + (size_t)(r) * D_C;
+    R *restrict o4 = V[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v4 = a2[j] + a3[j];  /* logits */
@@ -605,7 +597,7 @@ static void twotype_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -615,12 +607,12 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 55  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[11], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[11], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   cavs_loop(c, twotype_push_fwd_g0, r0, n, D_C, 0);
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* twotype_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -633,9 +625,9 @@ static void twotype_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d2 = G[18] + (size_t)(r) * D_C;
+    R *restrict d2 = G[17] + (size_t)(r) * D_C;
     R *restrict d3 = PG[12];
-    const R *restrict g4_in = G[17] + (size_t)(r) * D_C;
+    const R *restrict g4_in = G[16] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g4 = g4_in[j];
@@ -645,7 +637,7 @@ static void twotype_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
@@ -655,15 +647,15 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   cavs_loop(c, twotype_push_bwd_g0, r0, n, D_C, 0);
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
-            P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+            P[11], D_C, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 55  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -713,7 +705,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -729,12 +720,12 @@ static const cavs_buf_desc bufs[] = {
   {"internal_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"internal_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"internal_t37_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc twotype_internal_gathers[] = {
-  {0, 10, {0, {0}}, 0, 0},
-  {1, 9, {0, {0}}, 0, 0},
+  {0, 9, {0, {0}}, 0, 0},
+  {1, 8, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[14] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -758,24 +749,24 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_0", 1, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 1, 10, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 1, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_1", 1, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hh", 1, 8, {0, {0}}, {0, {0, 2}}, 0},
-  {"i", 1, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 1, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 1, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 1, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 1, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 1, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 1, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hh", 1, 7, {0, {0}}, {0, {0, 2}}, 0},
+  {"i", 1, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 1, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 1, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 14, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"logits", -2, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc twotype_desc = {
@@ -847,8 +838,9 @@ const cavs_desc twotype_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
   .npgroups = 13, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 18, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = twotype_pull_fwd, .pull_bwd = twotype_pull_bwd,

@@ -20,7 +20,7 @@ static void twotype_pull_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +33,7 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:30  x = lookup */
-  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
+  cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[1] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
 
 /* twotype_leaf_fwd_eager, group g0 forward: a thread per row and column of [n, H] */
@@ -82,20 +82,20 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 34  x @ [Wcl|Wol]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[3] + (size_t)(0) * (2*D_H), (2*D_H));
+                  V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_leaf_fwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[3] + (size_t)(r0) * (2*D_H),
+          V[2] + (size_t)(r0) * (2*D_H),
           P[4],
-          V[3] + (size_t)(r0) * (2*D_H) + D_H,
+          V[2] + (size_t)(r0) * (2*D_H) + D_H,
           P[5],
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
+          V[3] + (size_t)(r0) * D_H,
           V[4] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -124,8 +124,6 @@ static void twotype_leaf_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* twotype.vf:37  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex leaf, lazy phase backward */
@@ -137,8 +135,6 @@ static void twotype_leaf_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* twotype.vf:37  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* vertex leaf, path phase backward: one task, in reverse order */
@@ -206,25 +202,25 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_leaf_bwd_eager_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[3] + (size_t)(r0) * (2*D_H),
+          G[2] + (size_t)(r0) * (2*D_H),
           PG[4],
-          G[3] + (size_t)(r0) * (2*D_H) + D_H,
+          G[2] + (size_t)(r0) * (2*D_H) + D_H,
           PG[5],
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
+          V[3] + (size_t)(r0) * D_H,
           V[4] + (size_t)(r0) * D_H,
-          V[5] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[3] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[3] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* vertex internal, eager phase: every row of the type at once */
@@ -364,18 +360,18 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 0, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 0, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_fwd(c, 1, 0, V[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_fwd(c, 1, 0, V[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H), (2*D_H), V[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
-  cavs_copy_rows(c, V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H), (2*D_H), V[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
+  cavs_copy_rows(c, V[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), V[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
   /* line 43  hh @ [Ui|Uo|Uu]: [n, 3H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[1], (3*D_H), V[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  hh @ [Uf0|Uf1]: [n, 2H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), V[7] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -384,12 +380,12 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
           P[6],
           P[9],
           P[10],
-          V[11] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -399,26 +395,26 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[6],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[7],
-          V[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          V[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           P[8],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           P[9],
-          V[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          V[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           P[10],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_val[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -436,8 +432,6 @@ static void twotype_internal_fwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* twotype.vf:51  push */
-  cavs_copy_rows(c, V[1] + (size_t)(r0) * D_H, D_H, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 0);
 }
 
 /* vertex internal, lazy phase backward */
@@ -449,8 +443,6 @@ static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* twotype.vf:51  push */
-  cavs_copy_rows(c, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[1] + (size_t)(r0) * D_H, D_H, n, D_H, 1);
 }
 
 /* twotype_internal_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -639,12 +631,12 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[6],
           PG[9],
           PG[10],
-          V[11] + (size_t)(r0) * D_H,
+          V[10] + (size_t)(r0) * D_H,
+          V[13] + (size_t)(r0) * D_H,
           V[14] + (size_t)(r0) * D_H,
-          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
       CAVS_CUDA_CHECK_LAUNCH(c);
@@ -654,46 +646,46 @@ static void twotype_internal_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_internal_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_C, D_V,
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[6],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[7],
-          G[7] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
+          G[6] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           PG[8],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + D_H,
           PG[9],
-          G[6] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
+          G[5] + (size_t)((r0 + c->leaf_rows)) * (3*D_H) + (2*D_H),
           PG[10],
-          V[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
-          G[10] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           V[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           G[9] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          G[8] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
+          V[10] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[11] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[12] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
           c->home_grad[0] + ((r0 + c->leaf_rows)));
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 44  dhh += d(hh @ [Uf0|Uf1]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[7] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, 2*D_H, G[6] + (size_t)(0) * (2*D_H), (2*D_H),
+                 P[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dhh += d(hh @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[8] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, 2*D_H, G[5] + (size_t)(0) * (3*D_H), (3*D_H),
+                 P[1], (3*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
   /* twotype.vf:42  hh = concat */
-  cavs_copy_rows(c, G[10] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
-  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[9] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H), (2*D_H), n, D_H, 1);
+  cavs_copy_rows(c, G[8] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), G[7] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H), n, D_H, 1);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 1, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 1, 0, G[8] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* twotype.vf:41  s = gather */
-  cavs_gather_bwd(c, 0, 0, G[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
+  cavs_gather_bwd(c, 0, 0, G[9] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
 }
 
 /* vertex internal, eager phase backward, then every parameter gradient of the type */
@@ -706,11 +698,11 @@ static void twotype_internal_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[1], (3*D_H), G[5] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 44  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[8] + (size_t)(0) * (2*D_H), (2*D_H),
-                 PG[2], (2*D_H), G[7] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
+                 PG[2], (2*D_H), G[6] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* twotype_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -726,7 +718,7 @@ static __global__ void twotype_push_fwd_g0(int n, long D_E, long D_H, long D_C, 
   o4[j] = v4;
 }
 
-/* push block, forward: all rows */
+/* push block, forward: the rows of the types that push */
 static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -736,21 +728,21 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 55  h @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            P[11], D_C, 0, V[18] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            P[11], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          V[18] + (size_t)(r0) * D_C,
+          V[17] + (size_t)(r0) * D_C,
           P[12],
-          V[17] + (size_t)(r0) * D_C);
+          V[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_fwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* twotype_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -767,7 +759,7 @@ static __global__ void twotype_push_bwd_g0(int n, long D_E, long D_H, long D_C, 
   d3[j] += g4;  /* summed over rows */
 }
 
-/* push block, backward: all rows */
+/* push block, backward: the rows of the types that push (where a loss has a target) */
 static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
   [[maybe_unused]] const long D_H = c->dims[1];
@@ -777,24 +769,24 @@ static void twotype_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* twotype.vf:56  softmax_xent */
-  cavs_xent_bwd(c, 0, V[17] + (size_t)(0) * D_C, D_C, c->iin[1], G[17] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], G[16] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 55) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(twotype_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_C, D_V,
-          G[18] + (size_t)(r0) * D_C,
+          G[17] + (size_t)(r0) * D_C,
           PG[12],
-          G[17] + (size_t)(r0) * D_C);
+          G[16] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 55  dh += d(h @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[18] + (size_t)(r0) * D_C, D_C,
-            P[11], D_C, 1, G[1] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[17] + (size_t)(r0) * D_C, D_C,
+            P[11], D_C, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 55  dW += h^T d(h @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[1] + (size_t)(r0) * D_H, D_H,
-            G[18] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
+            G[17] + (size_t)(r0) * D_C, D_C, 1, PG[11], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -844,7 +836,6 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"push", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -860,12 +851,12 @@ static const cavs_buf_desc bufs[] = {
   {"internal_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"internal_u_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"internal_t37_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
-  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -1, 0, 0},
+  {"push_logits", {0, {0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
+  {"push_t2", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, -2, 0, 0},
 };
 static const cavs_gather_desc twotype_internal_gathers[] = {
-  {0, 10, {0, {0}}, 0, 0},
-  {1, 9, {0, {0}}, 0, 0},
+  {0, 9, {0, {0}}, 0, 0},
+  {1, 8, {0, {0}}, 0, 0},
 };
 static const unsigned char pull_grads[14] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char push_grads[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
@@ -889,24 +880,24 @@ static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},
 };
 static const cavs_value_desc values[] = {
-  {"x", -1, 2, {0, {0}}, {0, {1}}, 0},
-  {"x", 0, 2, {0, {0}}, {0, {1}}, 0},
+  {"x", -1, 1, {0, {0}}, {0, {1}}, 0},
+  {"x", 0, 1, {0, {0}}, {0, {1}}, 0},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 0, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_0", 1, 10, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_0", 1, 10, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"c_1", 1, 9, {0, {0}}, {0, {0, 1}}, 0},
-  {"h_1", 1, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"hh", 1, 8, {0, {0}}, {0, {0, 2}}, 0},
-  {"i", 1, 11, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 1, 12, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 1, 13, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 1, 14, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 1, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"c_0", 1, 9, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_0", 1, 9, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"c_1", 1, 8, {0, {0}}, {0, {0, 1}}, 0},
+  {"h_1", 1, 8, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"hh", 1, 7, {0, {0}}, {0, {0, 2}}, 0},
+  {"i", 1, 10, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 1, 11, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 1, 12, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 1, 13, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 1, 14, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 1, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"h", 1, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"h", -1, 1, {0, {0}}, {0, {0, 1}}, 0},
-  {"logits", -1, 17, {0, {0}}, {0, {0, 0, 1}}, 0},
+  {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
+  {"logits", -2, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
 
 const cavs_desc twotype_desc = {
@@ -978,8 +969,9 @@ const cavs_desc twotype_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 17, .params = params,
   .npgroups = 13, .pgroups = pgroups,
-  .nbufs = 19, .bufs = bufs,
-  .state_buf = 0, .push_buf = 1,
+  .nbufs = 18, .bufs = bufs,
+  .state_buf = 0, .push_buf = 0,
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = twotype_pull_fwd, .pull_bwd = twotype_pull_bwd,

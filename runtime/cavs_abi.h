@@ -45,8 +45,12 @@ extern "C" {
  *    groups each backward stage adds to (a gradient is final after its last writer);
  *    cavs_emm_bwd's dx_set and cavs_scomb_bwd's dv_set (a slot gradient set whole).
  * 13: CAVS_PROD_Y_ADD; cavs_emm_fwd's add (a product added into the value it is summed
- *    with, in that value's place). */
-#define CAVS_ABI_VERSION 13
+ *    with, in that value's place).
+ * 14: cavs_desc.push_off and .push_width (the push block reading the state in place,
+ *    push_buf == state_buf); the push block runs at the pushing types' rows alone, and
+ *    its buffers and values say so (cavs_buf_desc.vertex and cavs_value_desc.vertex
+ *    -2). */
+#define CAVS_ABI_VERSION 14
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -244,14 +248,16 @@ typedef struct cavs_buf_desc {
   const char *name;
   cavs_lin width;
   int grad;   /* enum cavs_grad_kind */
-  int vertex; /* the vertex type whose stages alone use it (only its rows hold values), or
-                 -1 (the state, push and pull buffers) */
+  int vertex; /* the vertex type whose stages alone use it (only its rows hold values),
+                 -2 (the push block's: values at the rows of the types that push alone),
+                 or -1 (the state and pull buffers) */
   int inner;  /* 1: nothing writes or reads it at a row without children */
   int edge;   /* 1: one row per edge (cavs_ctx.eoff), not per vertex */
 } cavs_buf_desc;
 
 /* A value the .vf names that is stored per row (cavs_model_vertex_value): block
- * `vertex`'s (-1: the pull or push block's, at every row), columns [off, off + width)
+ * `vertex`'s (-1: the pull block's; -2: the push block's, at the rows of the types that
+ * push alone), columns [off, off + width)
  * of buffer `buf`; `kept`: a fused loop's member kept for its backward loop (not stored
  * in inference). */
 typedef struct cavs_value_desc {
@@ -349,6 +355,10 @@ typedef struct cavs_desc {
   const cavs_buf_desc *bufs;
   int state_buf, push_buf; /* state_buf: the state every type scatters, or -1 where
                               each has its own (cavs_vertex_desc.state) */
+  /* the pushed rows: columns [push_off, push_off + push_width) of push_buf, which is
+     state_buf itself where the push block reads the state in place (a Tree-LSTM's h in
+     [c; h]); the push block runs at the rows of the types that push alone */
+  cavs_lin push_off, push_width;
   int nvertex;
   const cavs_vertex_desc *vertex;
   int nlosses;

@@ -746,6 +746,21 @@ static int eager_chunk(cavs_model *m, int c, bool bwd) {
   return 0;
 }
 
+/* The push block runs at the rows of the types that push and nowhere else: the next
+ * run of such rows from type *t on, [*r0, *r1) (a type's rows follow the previous
+ * type's), or 0. The rows of a type that pushes nothing hold no pushed value (with
+ * the push block reading the state in place, the state of a type that pushes none);
+ * a label there is not read. */
+static int push_range(const cavs_model *m, int *t, int *r0, int *r1) {
+  const cavs_desc *d = m->d;
+  int T = d->nvertex;
+  while (*t < T && !(d->vertex[*t].pushes && m->type_n[*t])) ++*t;
+  if (*t >= T) return 0;
+  *r0 = *r1 = m->type_r0[*t];
+  for (; *t < T && (d->vertex[*t].pushes || !m->type_n[*t]); ++*t) *r1 = m->type_r0[*t] + m->type_n[*t];
+  return 1;
+}
+
 int cavs_plan_forward(cavs_model *m) {
   const cavs_desc *d = m->d;
   int N = m->rows, T = d->nvertex;
@@ -778,19 +793,9 @@ int cavs_plan_forward(cavs_model *m) {
   if (two && waited < last && ctl(m, CV_WAIT, last)) return -1;
   for (int t = 0; t < T && lazy; t++)
     if (vrun(m, t, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
-  if (d->push_fwd) {
-    /* The push block runs over every row, its products included; the rows of a type
-       that does not push hold no value of this minibatch (uninitialised, or what an
-       earlier one left, a NaN perhaps). They contribute no loss, but their zero
-       gradients multiply them in the products' backward: 0 * NaN would poison it. */
-    size_t w = (size_t)m->bw[d->push_buf] * m->esize;
-    for (int t = 0; t < T; t++)
-      if (!d->vertex[t].pushes && m->type_n[t] &&
-          add(m, (cv_op){.kind = CV_ZERO, .p = (char *)m->val[d->push_buf] + (size_t)m->type_r0[t] * w,
-                         .bytes = (size_t)m->type_n[t] * w}))
-        return -1;
-    if (run(m, d->push_fwd, 0, N, 0)) return -1;
-  }
+  int r0, r1;
+  for (int t = 0; d->push_fwd && push_range(m, &t, &r0, &r1);)
+    if (run(m, d->push_fwd, r0, r1 - r0, 0)) return -1;
   return 0;
 }
 
@@ -833,9 +838,12 @@ int cavs_plan_backward(cavs_model *m) {
   for (int t = 0; t < T; t++) two = two && d->vertex[t].eager_apart;
   m->nplan = 0;
   m->plan_pass = 1;
-  int lo, hi;
+  int lo, hi, r0, r1;
   target_rows(m, &lo, &hi);
-  if (hi > lo && run(m, d->push_bwd, lo, hi - lo, 0)) return -1;
+  for (int t = 0; d->push_bwd && push_range(m, &t, &r0, &r1);) {
+    int a = r0 > lo ? r0 : lo, b = r1 < hi ? r1 : hi;
+    if (b > a && run(m, d->push_bwd, a, b - a, 0)) return -1;
+  }
   for (int t = 0; t < T && lazy; t++)
     if (vrun(m, t, d->vertex[t].bwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   for (int i = m->ntask - 1; i >= 0; i--) {
@@ -1159,10 +1167,13 @@ static int read_row(cavs_model *m, const void *base, long ld, int r, long k, dou
 }
 
 long cavs_model_vertex_output(cavs_model *m, int g, int v, double *out, long n) {
-  int b = m->d->push_buf, r = vertex_row(m, g, v);
+  const cavs_desc *d = m->d;
+  int b = d->push_buf, r = vertex_row(m, g, v);
   if (b < 0 || r < 0 || !m->pushed[r]) return -1;
-  long w = m->bw[b];
-  if (out && n > 0 && read_row(m, m->val[b], w, r, n < w ? n : w, out)) return -1;
+  /* (in range: checked when the model was made) */
+  long off = cv_lin(&d->push_off, m->ctx.dims), w = cv_lin(&d->push_width, m->ctx.dims);
+  const char *at = (const char *)m->val[b] + (size_t)off * m->esize;
+  if (out && n > 0 && read_row(m, at, m->bw[b], r, n < w ? n : w, out)) return -1;
   return w;
 }
 
@@ -1175,9 +1186,12 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
   const cavs_value_desc *x = NULL;
   for (int pass = 0; pass < 2 && !x; pass++) /* the vertex's block first, then pull and push */
     for (int i = 0; i < d->nvalues && !x; i++)
-      if (d->values[i].vertex == (pass ? -1 : t) && !strcmp(d->values[i].name, name)) x = &d->values[i];
+      if ((pass ? d->values[i].vertex < 0 : d->values[i].vertex == t) && !strcmp(d->values[i].name, name))
+        x = &d->values[i];
   if (!x || x->buf < 0 || x->buf >= d->nbufs) return cv_fail(m, "no value '%s' stored per row at that vertex", name);
   if (x->kept && !m->kept) return cv_fail(m, "value '%s' is not kept in inference", name);
+  if (x->vertex == -2 && !m->pushed[r])
+    return cv_fail(m, "value '%s' is the push block's, and this vertex's type pushes nothing", name);
   if (x->vertex >= 0 && d->bufs[x->buf].inner && r < m->type_r0[t] + m->type_leaf[t])
     return cv_fail(m, "value '%s' is not computed at a vertex without children", name);
   long off = cv_lin(&x->off, m->ctx.dims), w = cv_lin(&x->width, m->ctx.dims), ld = m->bw[x->buf];
@@ -1317,6 +1331,7 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
         r1 = m->type_r0[t] + m->type_n[t];
       }
       for (int r = r0; r < r1; r++) {
+        if (d->bufs[b].vertex == -2 && !m->pushed[r]) continue; /* the push block's, not run there */
         long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;
         int g = 0, v = -1;

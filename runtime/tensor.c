@@ -298,6 +298,16 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
     else nspans++;
   }
   for (int b = 0; b < d->nbufs && ok; b++) ok = !cv_lin_checked(&d->bufs[b].width, c->dims, &m->bw[b]);
+  /* the pushed columns lie in the push buffer (cavs_model_vertex_output reads them) */
+  if (ok && d->push_buf >= 0) {
+    long off = 0, w = 0;
+    if (d->push_buf >= d->nbufs || cv_lin_checked(&d->push_off, c->dims, &off) ||
+        cv_lin_checked(&d->push_width, c->dims, &w) || off < 0 || w < 0 || off + w > m->bw[d->push_buf]) {
+      snprintf(err, errlen, "model '%s': its pushed rows lie outside their buffer", d->name);
+      cavs_model_free(m);
+      return NULL;
+    }
+  }
   for (int t = 0; t < d->nvertex && ok; t++) {
     if (d->vertex[t].homes && m->bw[d->vertex[t].state] > m->home_w) m->home_w = m->bw[d->vertex[t].state];
     if (d->vertex[t].homes > m->nhomes) m->nhomes = d->vertex[t].homes;

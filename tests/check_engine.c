@@ -139,9 +139,10 @@ START_TEST(ablations_change_nothing) {
 }
 END_TEST
 
-/* Nor do --no-fuse, --no-merge and --no-homes (each elementwise node a loop of its own;
- * no merged or stacked products; no state stored at home, every gather a copy): the loss
- * and every gradient of a minibatch, in double. */
+/* Nor do --no-fuse, --no-merge, --no-homes and --no-push-view (each elementwise node a
+ * loop of its own; no merged or stacked products; no state stored at home, every gather
+ * a copy; the pushed rows copied to a buffer of their own): the loss and every gradient
+ * of a minibatch, in double. */
 START_TEST(build_ablations_change_nothing) {
   char file[64];
   snprintf(file, sizeof file, "%s.vf", examples[_i]);
@@ -150,8 +151,8 @@ START_TEST(build_ablations_change_nothing) {
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(ref, dims, g, gs, true);
-  const char *flags[] = {"--no-fuse", "--no-merge", "--no-homes"};
-  for (int f = 0; f < 3; f++) {
+  const char *flags[] = {"--no-fuse", "--no-merge", "--no-homes", "--no-push-view"};
+  for (int f = 0; f < 4; f++) {
     const cavs_desc *d = load_model_with(file, "double", "c", flags[f]);
     cavs_model *a = new_model(ref, dims, 5), *b = new_model(d, dims, 5);
     cavs_stats sa, sb;
@@ -2239,11 +2240,23 @@ START_TEST(rows_that_do_not_push_stay_out) {
     g.type[v] = v < 4 ? leaf : inner;
     g.child[2 * v] = v < 4 ? -1 : kids[2 * (v - 4)];
     g.child[2 * v + 1] = v < 4 ? -1 : kids[2 * (v - 4) + 1];
-    g.feat[v] = v < 4 ? -1 : v % 3;
+    g.feat[v] = v % 3; /* labels at the leaves too, which push nothing: not read */
     for (int j = 0; j < 3; j++) g.real[3 * v + j] = 0.25f * (float)(v - j);
   }
   ck_assert(cavs_model_forward(m, gs, 1, &st) == 0);
   ck_assert_msg(isfinite(st.loss) && st.count == 3, "loss %g over %ld vertices", st.loss, st.count);
+  /* the push block reads h in the state (push_off 0 of the one state, the leaves' rows
+     not run); at an inner vertex its value is what the vertex pushed, at a leaf none */
+  ck_assert_int_eq(d->push_buf, d->state_buf);
+  double out[3], val[3];
+  ck_assert_int_eq(cavs_model_vertex_output(m, 0, 0, out, 3), -1);
+  ck_assert_int_lt(cavs_model_vertex_value(m, 0, 0, "h", val, 3), 0);
+  ck_assert_msg(strstr(cavs_model_error(m), "pushes nothing"), "%s", cavs_model_error(m));
+  for (int v = 4; v < 7; v++) {
+    ck_assert_int_eq(cavs_model_vertex_output(m, 0, v, out, 3), 3);
+    ck_assert_int_eq(cavs_model_vertex_value(m, 0, v, "h", val, 3), 3);
+    for (int j = 0; j < 3; j++) ck_assert(out[j] == val[j] && fabs(out[j]) < 1 && out[j] != 0);
+  }
   cavs_model_backward(m);
   size_t n;
   const float *grad = cavs_model_grads_flat(m, &n);

@@ -363,6 +363,87 @@ START_TEST(products_added_in_place) {
 }
 END_TEST
 
+static int buf_named(const Model *m, const char *name) {
+  for (int b = 0; b < m->nbufs; b++)
+    if (!strcmp(m->bufs[b].name, name)) return b;
+  return -1;
+}
+
+/* The push block reading the state in place (plan_push_place): where every type that
+ * pushes pushes a value its scatter left in the state, at one offset, there is no buffer
+ * of pushed rows and no copy either way; where not, a buffer of the push block's own. */
+START_TEST(push_reads_state_in_place) {
+  /* the Tree-LSTM: h at H in [c; h] */
+  Model *m = planned(compile_file("treelstm.vf"));
+  const IrFunc *f = m->vertex[0];
+  ck_assert_int_eq(m->push_buf, m->state_buf);
+  ck_assert_int_eq(buf_named(m, "push"), -1);
+  int h = -1;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_PUSH) h = f->nodes[i].args[0];
+  ck_assert_int_ge(h, 0);
+  ck_assert(f->nodes[h].val.buf == m->state_buf && !lin_is_zero(f->nodes[h].val.off));
+  ck_assert(lin_eq(m->push_off, f->nodes[h].val.off));
+  for (int i = 0; i < m->push->n; i++)
+    if (m->push->nodes[i].op == OP_PUSHARG)
+      ck_assert(m->push->nodes[i].val.buf == m->state_buf && lin_eq(m->push->nodes[i].val.off, m->push_off));
+  char *c = emitted(m, "treelstm.vf");
+  ck_assert_int_eq(count_str(c, "  push */"), 0); /* no copy (the copies carry the op's name) */
+  ck_assert_int_eq(count_str(c, "cavs_copy_rows("), 0);
+  free(c);
+
+  /* Tree-FC as the benchmark writes it: leaves push nothing, which does not stop it */
+  static const char *treefc =
+      "model t; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+      "input w : index[V]; input y : class[C];\n"
+      "param E[V,H], W[2H,H], b[H], Wc[H,C];\n"
+      "pull { x = E[w]; }\n"
+      "vertex leaf (children 0) { x = pull(); scatter(x); }\n"
+      "vertex inner (children 2) {\n"
+      "  h = tanh(concat(gather(0), gather(1)) @ W + b);\n"
+      "  scatter(h); push(h);\n"
+      "}\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n";
+  m = planned(compile_str(treefc));
+  ck_assert_int_eq(m->push_buf, m->state_buf);
+  ck_assert(lin_is_zero(m->push_off));
+  ck_assert_int_eq(buf_named(m, "push"), -1);
+  /* the ablation: a buffer of the push block's, at its rows alone, and the copies */
+  m = compile_str(treefc);
+  m->no_push_view = true;
+  planned(m);
+  ck_assert_int_ne(m->push_buf, m->state_buf);
+  ck_assert_int_eq(m->push_buf, buf_named(m, "push"));
+  ck_assert_int_eq(m->bufs[m->push_buf].vertex, -2);
+  c = emitted(m, "t.vf");
+  ck_assert_int_eq(count_str(c, "  push */"), 2); /* the copy forward, its add backward */
+  free(c);
+
+  /* two types pushing h from different columns of the state; a type pushing a value
+     that is not in the state: a buffer of pushed rows */
+  static const char *apart[] = {
+      "model t; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+      "input w : index[V]; input y : class[C];\n"
+      "param E[V,H], W[H,H], Wc[H,C];\n"
+      "pull { x = E[w]; }\n"
+      "vertex a (children 0) { x = pull(); h = tanh(x @ W); scatter(concat(x, h)); push(h); }\n"
+      "vertex b (children 1) { s = gather(0); h = tanh(s[0:H]); scatter(concat(h, s[H:2H])); push(h); }\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n",
+      "model t; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+      "input w : index[V]; input y : class[C];\n"
+      "param E[V,H], W[H,C];\n"
+      "pull { x = E[w]; }\n"
+      "vertex a (children 1) { x = pull(); h = tanh(x + gather(0)); scatter(h); push(h * 2); }\n"
+      "push (h) { loss softmax_xent(h @ W, y); }\n",
+  };
+  for (int k = 0; k < 2; k++) {
+    m = planned(compile_str(apart[k]));
+    ck_assert_msg(m->push_buf != m->state_buf && m->push_buf == buf_named(m, "push"), "case %d", k);
+    ck_assert(lin_is_zero(m->push_off));
+  }
+}
+END_TEST
+
 /* What --dump=ir prints reads back into the same IR: dump, read, dump again. */
 START_TEST(ir_round_trip) {
   const char *names[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "lstm_lm2.vf", "treegru.vf", "twotype.vf", "tagger.vf", "tagger_chars.vf", "childsum.vf", "lattice_lstm.vf", "lattice_gru.vf", "seq2seq.vf", "mvrnn.vf", "nary_treelstm.vf", "moe_lm.vf", "moe_tree.vf"};
@@ -540,6 +621,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
+  tcase_add_test(tc, push_reads_state_in_place);
   tcase_add_test(tc, ir_round_trip);
   tcase_add_test(tc, options);
   tcase_add_test(tc, too_deep_every_parse);
