@@ -604,7 +604,7 @@ void report(FILE *out, const Model *m) {
     const IrFunc *f = fs[k];
     if (f->kind == F_VERTEX) fprintf(out, "vertex %s (children %d)\n", f->name, f->children);
     else fprintf(out, "%s\n", f->kind == F_PULL ? "pull" : "push");
-    fprintf(out, "  %-5s %-4s %-14s %-10s %-6s %-7s %s\n", "line", "node", "op", "name", "class", "group", "width");
+    fprintf(out, "  %-5s %-4s %-14s %-10s %-6s %-8s %s\n", "line", "node", "op", "name", "class", "group", "width");
     for (int i = 0; i < f->n; i++) {
       const IrNode *x = &f->nodes[i];
       if (x->uses == 0 && x->type != T_NONE) continue;
@@ -617,7 +617,7 @@ void report(FILE *out, const Model *m) {
         snprintf(grp + (x->mm >= 0 ? strlen(grp) : 0), sizeof grp - (x->mm >= 0 ? strlen(grp) : 0), "+=%%%d", x->accum_into);
       const char *opn = op_info[x->op].name;
       if (x->op == OP_MATMUL) opn = arena_printf("@ %s", f->nodes[x->args[1]].name);
-      fprintf(out, "  %-5d %%%-3d %-14s %-10s %-6s %-7s %s\n", x->loc.line, i, opn,
+      fprintf(out, "  %-5d %%%-3d %-14s %-10s %-6s %-8s %s\n", x->loc.line, i, opn,
               x->name ? x->name : "", cls_name(x->cls), grp,
               x->type == T_ROW ? arena_printf("[%s]", lin_str(m, x->width, w, sizeof w)) : "");
     }
