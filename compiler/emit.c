@@ -1305,7 +1305,7 @@ static void descriptor(const Emit *e) {
   desc_lin(c, m->push_off);
   fputs(", .push_width = ", c);
   desc_lin(c, m->push ? m->pushed : lin_const(0));
-  fputs(",\n", c);
+  fprintf(c, ", .push_routes = %d,\n", m->push && m->push->route >= 0);
   fprintf(c, "  .nvertex = %d, .vertex = vertex,\n", m->nvertex);
   fprintf(c, "  .nlosses = %d, .losses = losses,\n", nlosses);
   fprintf(c, "  .pull_fwd = %s, .pull_bwd = %s,\n", m->pull ? fname(e, m->pull, "fwd") : "0",

@@ -298,6 +298,9 @@ static void make_model(Run *r, const long *dims) {
   if (!r->m) lib_die(err);
   cavs_model_set_policy(r->m, model_policy);
   cavs_model_set_ablations(r->m, model_ablations);
+  /* its training passes run the push block where the losses have targets: the scores it
+     keeps are at labeled vertices (scores_add), and the dev set's passes are inference */
+  cavs_model_set_targets_only(r->m, 1);
   r->ts = (cavs_train_state){.rng = o->seed * 0x9e3779b97f4a7c15ull + 1, .best = -1, .seed = o->seed,
                              .threads = o->threads, .batch = o->batch, .optim = o->optim, .plateau_best = -1};
   snprintf(r->ts.format, sizeof r->ts.format, "%s", o->format);

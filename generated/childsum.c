@@ -798,7 +798,7 @@ const cavs_desc childsum_desc = {
   .npgroups = 11, .pgroups = pgroups,
   .nbufs = 18, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = childsum_pull_fwd, .pull_bwd = childsum_pull_bwd,

@@ -1472,7 +1472,7 @@ const cavs_desc lattice_gru_desc = {
   .npgroups = 22, .pgroups = pgroups,
   .nbufs = 34, .bufs = bufs,
   .state_buf = -1, .push_buf = 31,
-  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}}, .push_routes = 0,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_gru_pull_fwd, .pull_bwd = lattice_gru_pull_bwd,

@@ -1579,7 +1579,7 @@ const cavs_desc lattice_lstm_desc = {
   .npgroups = 21, .pgroups = pgroups,
   .nbufs = 31, .bufs = bufs,
   .state_buf = -1, .push_buf = 28,
-  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}},
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 1}}, .push_routes = 0,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lattice_lstm_pull_fwd, .pull_bwd = lattice_lstm_pull_bwd,

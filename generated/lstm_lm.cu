@@ -748,7 +748,7 @@ const cavs_desc lstm_lm_desc = {
   .npgroups = 11, .pgroups = pgroups,
   .nbufs = 12, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm_pull_fwd, .pull_bwd = lstm_lm_pull_bwd,

@@ -1243,7 +1243,7 @@ const cavs_desc lstm_lm2_desc = {
   .npgroups = 19, .pgroups = pgroups,
   .nbufs = 22, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 3}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 3}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = lstm_lm2_pull_fwd, .pull_bwd = lstm_lm2_pull_bwd,

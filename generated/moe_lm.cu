@@ -1063,7 +1063,7 @@ const cavs_desc moe_lm_desc = {
   .npgroups = 16, .pgroups = pgroups,
   .nbufs = 23, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 1,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = moe_lm_pull_fwd, .pull_bwd = moe_lm_pull_bwd,

@@ -1171,7 +1171,7 @@ const cavs_desc moe_tree_desc = {
   .npgroups = 16, .pgroups = pgroups,
   .nbufs = 26, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = moe_tree_pull_fwd, .pull_bwd = moe_tree_pull_bwd,

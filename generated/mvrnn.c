@@ -649,7 +649,7 @@ const cavs_desc mvrnn_desc = {
   .npgroups = 9, .pgroups = pgroups,
   .nbufs = 13, .bufs = bufs,
   .state_buf = 0, .push_buf = 10,
-  .push_off = {0, {0}}, .push_width = {0, {1}},
+  .push_off = {0, {0}}, .push_width = {0, {1}}, .push_routes = 0,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = mvrnn_pull_fwd, .pull_bwd = mvrnn_pull_bwd,

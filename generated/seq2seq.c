@@ -1619,7 +1619,7 @@ const cavs_desc seq2seq_desc = {
   .npgroups = 22, .pgroups = pgroups,
   .nbufs = 40, .bufs = bufs,
   .state_buf = -1, .push_buf = 16,
-  .push_off = {0, {0}}, .push_width = {0, {0, 2}},
+  .push_off = {0, {0}}, .push_width = {0, {0, 2}}, .push_routes = 0,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = seq2seq_pull_fwd, .pull_bwd = seq2seq_pull_bwd,

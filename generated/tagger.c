@@ -1269,7 +1269,7 @@ const cavs_desc tagger_desc = {
   .npgroups = 19, .pgroups = pgroups,
   .nbufs = 26, .bufs = bufs,
   .state_buf = -1, .push_buf = 20,
-  .push_off = {0, {0}}, .push_width = {0, {0, 2}},
+  .push_off = {0, {0}}, .push_width = {0, {0, 2}}, .push_routes = 0,
   .nvertex = 3, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = tagger_pull_fwd, .pull_bwd = tagger_pull_bwd,

@@ -1891,7 +1891,7 @@ const cavs_desc tagger_chars_desc = {
   .npgroups = 28, .pgroups = pgroups,
   .nbufs = 38, .bufs = bufs,
   .state_buf = -1, .push_buf = 33,
-  .push_off = {0, {0}}, .push_width = {0, {0, 0, 0, 2}},
+  .push_off = {0, {0}}, .push_width = {0, {0, 0, 0, 2}}, .push_routes = 0,
   .nvertex = 4, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = tagger_chars_pull_fwd, .pull_bwd = tagger_chars_pull_bwd,

@@ -456,7 +456,7 @@ const cavs_desc treefc_desc = {
   .npgroups = 5, .pgroups = pgroups,
   .nbufs = 6, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0}}, .push_width = {0, {1}},
+  .push_off = {0, {0}}, .push_width = {0, {1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = treefc_pull_fwd, .pull_bwd = treefc_pull_bwd,

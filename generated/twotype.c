@@ -840,7 +840,7 @@ const cavs_desc twotype_desc = {
   .npgroups = 13, .pgroups = pgroups,
   .nbufs = 18, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
-  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}},
+  .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 2, .vertex = vertex,
   .nlosses = 1, .losses = losses,
   .pull_fwd = twotype_pull_fwd, .pull_bwd = twotype_pull_bwd,

@@ -198,6 +198,17 @@ void cavs_model_set_ablations(cavs_model *m, int flags);
  * parameters changed through their pointers while it is on are not seen by them. Off
  * by default; `cavs eval`, `cavs predict` and the dev set's evaluation turn it on. */
 void cavs_model_set_inference(cavs_model *m, int on);
+/* Training passes that run the push block only where a loss has a target (on != 0): a
+ * forward pass whose backward pass follows needs the push block's values only at the
+ * rows that pass starts from, those with a class (softmax_xent's label >= 0). At the
+ * others cavs_model_vertex_class and cavs_model_vertex_probs then give -1, and
+ * cavs_model_vertex_value refuses the push block's values. The loss, the accuracies and
+ * every gradient are the same. Only where every loss is a softmax_xent and the push
+ * block routes no mixture of experts (whose balancing loss covers every row it routes);
+ * passes in inference are not narrowed. Off by default; `cavs train` turns it on (a
+ * minibatch labeled at its roots alone, Fold's Tree-FC benchmark, then runs its
+ * classifier at the roots). */
+void cavs_model_set_targets_only(cavs_model *m, int on);
 /* Forward pass over k graphs; returns 0, or -1 with a message in cavs_model_error(). */
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
 /* Backward pass of the last forward: fills every parameter gradient. */

@@ -49,8 +49,10 @@ extern "C" {
  * 14: cavs_desc.push_off and .push_width (the push block reading the state in place,
  *    push_buf == state_buf); the push block runs at the pushing types' rows alone, and
  *    its buffers and values say so (cavs_buf_desc.vertex and cavs_value_desc.vertex
- *    -2). */
-#define CAVS_ABI_VERSION 14
+ *    -2).
+ * 15: cavs_desc.push_routes (cavs_model_set_targets_only narrows the push block's
+ *    forward pass where it routes nothing). */
+#define CAVS_ABI_VERSION 15
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -359,6 +361,9 @@ typedef struct cavs_desc {
      state_buf itself where the push block reads the state in place (a Tree-LSTM's h in
      [c; h]); the push block runs at the rows of the types that push alone */
   cavs_lin push_off, push_width;
+  /* 1: the push block routes a mixture of experts (whose balancing loss covers every row
+     it routes, labeled or not) */
+  int push_routes;
   int nvertex;
   const cavs_vertex_desc *vertex;
   int nlosses;

@@ -291,6 +291,9 @@ struct cavs_model {
   struct cv_route route[CV_MAX_ROUTES];
   struct cv_experts ep;
   bool moe_balance; /* the last forward pass ran a load-balancing loss */
+  bool targets_only; /* cavs_model_set_targets_only */
+  int push_lo, push_hi; /* the rows the last forward pass ran the push block over (of the
+                           types that push): all, or where a loss has a target */
 };
 /* inference's product tables, freed; those due made (before a pass) (backend.c) */
 void cv_ptables_free(cavs_model *m);

@@ -746,6 +746,38 @@ static int eager_chunk(cavs_model *m, int c, bool bwd) {
   return 0;
 }
 
+/* The rows the push block's backward runs over, [*lo, *hi): where a loss has a target.
+ * At a row whose every softmax_xent label is -1 the losses' gradient is zero, and so is
+ * all the backward adds from it (to the pushed values' gradients, which start at zero,
+ * and to the parameters'), so a minibatch labeled at its roots alone (Fold's Tree-FC
+ * benchmark), whose roots are the last level's rows, runs its classifier's backward
+ * products over those rows only. All the rows where a loss (a regression) has no such
+ * label, or a load-balancing loss ran. The same rows, asked before a forward pass
+ * (fwd), are all that pass's push block needs to run at when a backward pass follows
+ * (cavs_model_set_targets_only). */
+static void target_rows(const cavs_model *m, bool fwd, int *lo, int *hi) {
+  const cavs_desc *d = m->d;
+  int N = m->rows;
+  *lo = 0, *hi = N;
+  if (!d->nlosses) return;
+  /* a mixture of experts' balancing loss has a gradient at every row it routed; before
+     the forward pass, where the push block routes one, its loss covers every row */
+  if (fwd ? d->push_routes : m->moe_balance) return;
+  for (int l = 0; l < d->nlosses; l++)
+    if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) return;
+  int a = N, b = 0;
+  for (int l = 0; l < d->nlosses; l++) {
+    const int *y = m->iin[d->inputs[d->losses[l].input].slot];
+    int r = 0;
+    while (r < a && y[r] < 0) r++;
+    a = r < a ? r : a;
+    r = N;
+    while (r > b && y[r - 1] < 0) r--;
+    b = r > b ? r : b;
+  }
+  *lo = a, *hi = a < b ? b : a;
+}
+
 /* The push block runs at the rows of the types that push and nowhere else: the next
  * run of such rows from type *t on, [*r0, *r1) (a type's rows follow the previous
  * type's), or 0. The rows of a type that pushes nothing hold no pushed value (with
@@ -793,39 +825,15 @@ int cavs_plan_forward(cavs_model *m) {
   if (two && waited < last && ctl(m, CV_WAIT, last)) return -1;
   for (int t = 0; t < T && lazy; t++)
     if (vrun(m, t, d->vertex[t].fwd_lazy, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
-  int r0, r1;
-  for (int t = 0; d->push_fwd && push_range(m, &t, &r0, &r1);)
-    if (run(m, d->push_fwd, r0, r1 - r0, 0)) return -1;
-  return 0;
-}
-
-/* The rows the push block's backward runs over, [*lo, *hi): where a loss has a target.
- * At a row whose every softmax_xent label is -1 the losses' gradient is zero, and so is
- * all the backward adds from it (to the pushed values' gradients, which start at zero,
- * and to the parameters'), so a minibatch labeled at its roots alone (Fold's Tree-FC
- * benchmark), whose roots are the last level's rows, runs its classifier's backward
- * products over those rows only. All the rows where a loss (a regression) has no such
- * label, or a load-balancing loss ran. */
-static void target_rows(const cavs_model *m, int *lo, int *hi) {
-  const cavs_desc *d = m->d;
-  int N = m->rows;
-  *lo = 0, *hi = N;
-  if (!d->nlosses) return;
-  /* a mixture of experts' balancing loss has a gradient at every row it routed */
-  if (m->moe_balance) return;
-  for (int l = 0; l < d->nlosses; l++)
-    if (d->losses[l].kind != CAVS_LOSS_SOFTMAX_XENT) return;
-  int a = N, b = 0;
-  for (int l = 0; l < d->nlosses; l++) {
-    const int *y = m->iin[d->inputs[d->losses[l].input].slot];
-    int r = 0;
-    while (r < a && y[r] < 0) r++;
-    a = r < a ? r : a;
-    r = N;
-    while (r > b && y[r - 1] < 0) r--;
-    b = r > b ? r : b;
+  /* (in training, where asked: only where a loss has a target) */
+  int lo = 0, hi = N, r0, r1;
+  if (m->targets_only && m->ctx.keep) target_rows(m, true, &lo, &hi);
+  m->push_lo = lo, m->push_hi = hi;
+  for (int t = 0; d->push_fwd && push_range(m, &t, &r0, &r1);) {
+    int a = r0 > lo ? r0 : lo, b = r1 < hi ? r1 : hi;
+    if (b > a && run(m, d->push_fwd, a, b - a, 0)) return -1;
   }
-  *lo = a, *hi = a < b ? b : a;
+  return 0;
 }
 
 int cavs_plan_backward(cavs_model *m) {
@@ -839,7 +847,10 @@ int cavs_plan_backward(cavs_model *m) {
   m->nplan = 0;
   m->plan_pass = 1;
   int lo, hi, r0, r1;
-  target_rows(m, &lo, &hi);
+  target_rows(m, false, &lo, &hi);
+  /* (within the rows the forward pass ran it at) */
+  lo = lo > m->push_lo ? lo : m->push_lo;
+  hi = hi < m->push_hi ? hi : m->push_hi;
   for (int t = 0; d->push_bwd && push_range(m, &t, &r0, &r1);) {
     int a = r0 > lo ? r0 : lo, b = r1 < hi ? r1 : hi;
     if (b > a && run(m, d->push_bwd, a, b - a, 0)) return -1;
@@ -1192,6 +1203,9 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
   if (x->kept && !m->kept) return cv_fail(m, "value '%s' is not kept in inference", name);
   if (x->vertex == -2 && !m->pushed[r])
     return cv_fail(m, "value '%s' is the push block's, and this vertex's type pushes nothing", name);
+  if (x->vertex == -2 && (r < m->push_lo || r >= m->push_hi))
+    return cv_fail(m, "value '%s' is the push block's, which the pass ran only where a loss has a target "
+                      "(cavs_model_set_targets_only)", name);
   if (x->vertex >= 0 && d->bufs[x->buf].inner && r < m->type_r0[t] + m->type_leaf[t])
     return cv_fail(m, "value '%s' is not computed at a vertex without children", name);
   long off = cv_lin(&x->off, m->ctx.dims), w = cv_lin(&x->width, m->ctx.dims), ld = m->bw[x->buf];
@@ -1205,7 +1219,7 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
 
 long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
   int r = vertex_row(m, g, v);
-  if (!m->xent_z || r < 0 || !m->pushed[r]) return -1;
+  if (!m->xent_z || r < 0 || !m->pushed[r] || r < m->push_lo || r >= m->push_hi) return -1;
   long w = m->xent_w;
   if (!out || n <= 0) return w;
   double *z = malloc(sizeof *z * (size_t)w);
@@ -1331,7 +1345,8 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
         r1 = m->type_r0[t] + m->type_n[t];
       }
       for (int r = r0; r < r1; r++) {
-        if (d->bufs[b].vertex == -2 && !m->pushed[r]) continue; /* the push block's, not run there */
+        /* the push block's, not run there */
+        if (d->bufs[b].vertex == -2 && (!m->pushed[r] || r < m->push_lo || r >= m->push_hi)) continue;
         long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;
         int g = 0, v = -1;

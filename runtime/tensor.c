@@ -601,6 +601,8 @@ void cavs_model_set_policy(cavs_model *m, int policy) {
 }
 void cavs_model_set_ablations(cavs_model *m, int flags) { m->ablate = flags; }
 
+void cavs_model_set_targets_only(cavs_model *m, int on) { m->targets_only = on != 0; }
+
 void cavs_model_set_inference(cavs_model *m, int on) {
   m->ctx.keep = !on;
   cv_ptables_free(m); /* the parameters may have changed since they were made */

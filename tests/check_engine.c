@@ -2268,6 +2268,124 @@ START_TEST(rows_that_do_not_push_stay_out) {
 }
 END_TEST
 
+/* cavs_model_set_targets_only: a training pass runs the push block at the labeled rows
+ * alone (here the roots of two trees, the last level), with the same loss and gradients
+ * as the pass over every row, in double; the other rows have no prediction and the push
+ * block's values there are refused, even with every buffer poisoned first; a pass in
+ * inference is not narrowed. */
+/* Two models of d on the same minibatch, the second with cavs_model_set_targets_only and
+ * its buffers poisoned: the same loss and gradients, every value it reads finite. The
+ * models are left in m[2]. */
+static void targets_only_same(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, cavs_model *m[2],
+                              const char *what) {
+  cavs_stats st[2];
+  for (int v = 0; v < 2; v++) {
+    m[v] = new_model(d, dims, 9);
+    cavs_model_set_targets_only(m[v], v);
+    ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+    if (v) { /* every buffer NaN: a row the pass does not write shows */
+      ck_assert_int_eq(cavs_model_poison(m[v]), 0);
+      ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+    }
+    cavs_model_backward(m[v]);
+  }
+  ck_assert_int_eq(st[0].count, st[1].count);
+  ck_assert_msg(fabs(st[0].loss - st[1].loss) <= 1e-13 * fabs(st[0].loss), "%s: loss %.17g vs %.17g", what,
+                st[0].loss, st[1].loss);
+  ck_assert_int_eq(st[0].correct, st[1].correct);
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, lda, ldb;
+    const double *ga = cavs_model_grad(m[0], i, &rows, &cols, &lda), *gb = cavs_model_grad(m[1], i, &rows, &cols, &ldb);
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++)
+        ck_assert_msg(fabs(ga[r * lda + j] - gb[r * ldb + j]) <= 1e-13 * fmax(fabs(ga[r * lda + j]), 1e-6),
+                      "%s: gradient of %s[%ld, %ld]: %.17g vs %.17g", what, d->params[i].name, r, j, ga[r * lda + j],
+                      gb[r * ldb + j]);
+  }
+  int gv = -1, vv = -1;
+  char why[256];
+  ck_assert_msg(cavs_model_check_finite(m[1], &gv, &vv, why, sizeof why) == 0, "%s: %s", what, why);
+}
+
+START_TEST(targets_only_runs_the_head_where_labeled) {
+  const cavs_desc *d = load_model("model heads; dim H = 3; dim C = 3; input y : class[C]; input f : real[H];\n"
+                                  "param W[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+                                  "vertex leaf (children 0) { scatter(tanh(f)); }\n"
+                                  "vertex inner (children 2) { h = tanh(f + concat(gather(0), gather(1)) @ W);\n"
+                                  "  scatter(h); push(h); }\n"
+                                  "push (h) { logits = h @ Wc; loss softmax_xent(logits, y); }\n",
+                                  "double");
+  ck_assert_int_eq(d->push_routes, 0);
+  int leaf = d->vertex[0].children ? 1 : 0, inner = 1 - leaf;
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  static TGraph g[2];
+  const cavs_graph *gs[2];
+  /* two trees: four leaves under three inner vertices, labeled at the root (6) alone */
+  for (int t = 0; t < 2; t++) {
+    memset(&g[t], 0, sizeof g[t]);
+    g[t].g.n = 7;
+    g[t].g.maxc = 2;
+    for (int v = 0; v < 7; v++) {
+      g[t].type[v] = v < 4 ? leaf : inner;
+      g[t].child[2 * v] = v < 4 ? -1 : 2 * (v - 4);
+      g[t].child[2 * v + 1] = v < 4 ? -1 : 2 * (v - 4) + 1;
+      g[t].feat[v] = v == 6 ? t + 1 : -1;
+      for (int j = 0; j < 3; j++) g[t].real[3 * v + j] = 0.3f * (float)(v - j) + 0.1f * (float)t;
+    }
+    g[t].g.child = g[t].child;
+    g[t].g.type = g[t].type;
+    g[t].g.feat = g[t].feat;
+    g[t].g.real = g[t].real;
+    gs[t] = &g[t].g;
+  }
+  cavs_model *m[2];
+  targets_only_same(d, dims, gs, 2, m, "heads");
+  double a[3], b[3];
+  for (int t = 0; t < 2; t++) {
+    /* the roots: the same predictions and logits */
+    ck_assert_int_ge(cavs_model_vertex_class(m[1], t, 6), 0);
+    ck_assert_int_eq(cavs_model_vertex_class(m[0], t, 6), cavs_model_vertex_class(m[1], t, 6));
+    ck_assert_int_eq(cavs_model_vertex_value(m[0], t, 6, "logits", a, 3), 3);
+    ck_assert_int_eq(cavs_model_vertex_value(m[1], t, 6, "logits", b, 3), 3);
+    for (int j = 0; j < 3; j++) ck_assert(a[j] == b[j]);
+    ck_assert_int_eq(cavs_model_vertex_probs(m[1], t, 6, b, 3), 3);
+    /* an inner vertex below a root: none where narrowed */
+    ck_assert_int_ge(cavs_model_vertex_class(m[0], t, 4), 0);
+    ck_assert_int_eq(cavs_model_vertex_class(m[1], t, 4), -1);
+    ck_assert_int_eq(cavs_model_vertex_probs(m[1], t, 4, b, 3), -1);
+    ck_assert_int_lt(cavs_model_vertex_value(m[1], t, 4, "logits", b, 3), 0);
+    ck_assert_msg(strstr(cavs_model_error(m[1]), "targets_only"), "%s", cavs_model_error(m[1]));
+    /* what it pushed is the state's, there either way */
+    ck_assert_int_eq(cavs_model_vertex_output(m[1], t, 4, b, 3), 3);
+  }
+  /* in inference: every row */
+  cavs_stats st;
+  cavs_model_set_inference(m[1], 1);
+  ck_assert(cavs_model_forward(m[1], gs, 2, &st) == 0);
+  ck_assert_int_eq(cavs_model_vertex_class(m[1], 0, 4), cavs_model_vertex_class(m[0], 0, 4));
+  cavs_model_free(m[0]);
+  cavs_model_free(m[1]);
+  /* a mixture of experts in the vertex block, with its balancing loss, and a dropout
+     before the head (a buffer of the push block's): labeled at the roots alone, the
+     backward pass's push block runs where the forward pass's did */
+  d = load_model("moe_tree.vf", "double");
+  static TGraph tg[TG_MINIBATCH];
+  const cavs_graph *tgs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, tg, tgs, false), y = d->inputs[find_input(d, "label")].slot;
+  for (int i = 0; i < k; i++) {
+    bool parent[1024] = {false};
+    for (int c = 0; c < tg[i].g.n * tg[i].g.maxc; c++)
+      if (tg[i].child[c] >= 0) parent[tg[i].child[c]] = true;
+    for (int v = 0; v < tg[i].g.n; v++)
+      if (parent[v]) tg[i].feat[v * d->nint + y] = -1;
+  }
+  targets_only_same(d, dims, tgs, k, m, "moe_tree");
+  cavs_model_free(m[0]);
+  cavs_model_free(m[1]);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("engine");
@@ -2289,6 +2407,7 @@ int main(void) {
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
+  tcase_add_test(tc, targets_only_runs_the_head_where_labeled);
   tcase_add_test(tc, moe_groups_by_expert);
   tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, experts_hold_their_share);

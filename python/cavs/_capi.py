@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -74,7 +74,8 @@ class Desc(ctypes.Structure):
                 ("ninputs", c_int), ("nint", c_int), ("nreal", c_int), ("inputs", ctypes.POINTER(InputDesc)),
                 ("nparams", c_int), ("params", ctypes.POINTER(ParamDesc)),
                 ("npgroups", c_int), ("pgroups", c_void_p), ("nbufs", c_int), ("bufs", c_void_p),
-                ("state_buf", c_int), ("push_buf", c_int), ("push_off", Lin), ("push_width", Lin), ("nvertex", c_int), ("vertex", ctypes.POINTER(VertexDesc)),
+                ("state_buf", c_int), ("push_buf", c_int), ("push_off", Lin), ("push_width", Lin), ("push_routes", c_int),
+                ("nvertex", c_int), ("vertex", ctypes.POINTER(VertexDesc)),
                 ("nlosses", c_int), ("losses", ctypes.POINTER(LossDesc)),
                 ("pull_fwd", c_void_p), ("pull_bwd", c_void_p), ("push_fwd", c_void_p), ("push_bwd", c_void_p),
                 ("nvalues", c_int), ("values", ctypes.POINTER(ValueDesc)),
