@@ -1070,8 +1070,6 @@ static void check_ranks(Run *r) {
   dist_same(dist_hash(dist_hash(0, NULL, 0), src, strlen(src)), "the model's source");
   long sizes[4] = {r->n, train_vertices(r), r->dev ? data_count(r->dev) : 0, r->dev ? data_vertices(r->dev) : 0};
   dist_same(dist_hash(dist_hash(0, NULL, 0), sizes, sizeof sizes), "their data (another --train or --dev file)");
-  if (dist_expert_parallel && strcmp(cavs_model_backend(r->m), "cpu"))
-    dist_die_all(1, fmt("--expert-parallel runs on the cpu backend only (not --device %s)", cavs_model_backend(r->m)));
   same_params(r, 0);
 }
 

@@ -42,7 +42,7 @@ typedef struct cv_hyper {
   double mu;          /* Momentum, Nesterov */
   int norm;           /* the gradients' global norm wanted without a clip too
                          (cavs_model_track_grad_norm): into m->grad_norm2 */
-  /* experts placed on processes (cpu only): the last nown spans are this process's own
+  /* experts placed on processes: the last nown spans are this process's own
      experts', whose squares, summed apart, own_norm2 adds over the processes (so that
      the norm, and its clip, are the whole model's and the same bits on each) */
   int nown;
@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_7
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_7"
+#define cv_backend_cuda cv_backend_cuda_8
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_8"
 
 struct cv_moe_ops;
 typedef struct cv_backend {

@@ -209,7 +209,7 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   for (int e = 0; e < CV_EVENTS; e++) CK(m, cudaEventCreateWithFlags(&d->ev[e], cudaEventDisableTiming));
   m->ctx.stream = d->st[0];
   d->graphs = o && o->graphs;
-  CK(m, cudaMalloc(&d->norm2, sizeof(double)));
+  CK(m, cudaMalloc(&d->norm2, 2 * sizeof(double)));
   CK(m, cudaMallocHost(&d->norm2_host, sizeof(double)));
   return status(d);
 }
@@ -1174,14 +1174,17 @@ __device__ size_t flat_at(const size_t *off, const size_t *start, int ns, size_t
   return off[k] + (i - start[k]);
 }
 
+/* (the squares of spans own and after into norm2[1]: experts placed on processes, the
+   last spans this process's own experts', whose sum the processes add up) */
 template <typename R>
 __global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, int ns, double wd, bool norm,
-                           double *norm2) {
+                           double *norm2, int own) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= start[ns]) return;
-  size_t f = flat_at(off, start, ns, i);
+  int k = cv_span_of(start, ns, i);
+  size_t f = off[k] + (i - start[k]);
   if (wd != 0) G[f] += (R)(wd * P[f]);
-  if (norm) atomicAdd(norm2, (double)G[f] * (double)G[f]);
+  if (norm) atomicAdd(norm2 + (k >= own), (double)G[f] * (double)G[f]);
 }
 
 template <typename R> struct Update {
@@ -1227,10 +1230,20 @@ static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const s
   Dev *d = dev(m);
   R *P = (R *)m->pflat, *G = (R *)m->gflat;
   bool norm = h->clip > 0 || h->norm;
+  /* experts placed on processes: this process's own experts' squares summed apart, and
+     the processes' sums added (a collective: the host waits for the squares) */
+  bool own = norm && h->own_norm2;
   if (h->l2 || norm) {
-    if (norm) CK(m, cudaMemsetAsync(d->norm2, 0, sizeof(double), 0));
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, norm, d->norm2);
+    if (norm) CK(m, cudaMemsetAsync(d->norm2, 0, 2 * sizeof(double), 0));
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, norm, d->norm2,
+                                                           own ? ns - h->nown : ns);
     CKL(m);
+  }
+  if (own) { /* (every process calls the collective at every such step, failed or not) */
+    double sums[2] = {0, 0};
+    if (!d->failed) CK(m, cudaMemcpy(sums, d->norm2, sizeof sums, cudaMemcpyDeviceToHost));
+    sums[0] += h->own_norm2(m, sums[1]);
+    if (!d->failed) CK(m, cudaMemcpy(d->norm2, sums, sizeof(double), cudaMemcpyHostToDevice));
   }
   if (h->norm) { /* to the host behind the step (only when asked: a step's bytes down are
                     the losses and predictions); cuda_synchronize hands it to the model */

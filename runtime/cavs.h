@@ -406,7 +406,9 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * cavs_model_expert_gather (one process reads them: only it holds them all until the
  * next step) or cavs_model_expert_sync (every process) on every process; a pass with
  * the comm set needs neither. Returns an error code from a collective as a failed pass
- * ("expert exchange failed"). The cpu backend only. */
+ * ("expert exchange failed"). On the cuda backend the exchange's rows and matrices are
+ * staged through host memory, and the other processes' experts keep their device
+ * memory (stale, their gradients zero). */
 typedef struct cavs_expert_comm {
   int rank, size; /* this process, of size (1 to 4096) */
   /* `bytes` bytes from every process, in rank order, into all[size * bytes] */

@@ -99,6 +99,8 @@ struct cv_experts {
   cavs_expert_stats stats;
   void *buf[8];
   size_t cap[8];
+  void *dbuf[2]; /* staging in the backend's memory (a device's: moe.c, ep_dbuf) */
+  size_t dcap[2];
   int ntab;
   struct cv_ep_table tab[CV_EP_TABLES];
 };

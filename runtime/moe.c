@@ -344,6 +344,90 @@ static void *ep_buf(cavs_model *m, int i, size_t bytes) {
   return ep->buf[i];
 }
 
+/* dst[0..n) += src[0..n), in the model's precision */
+static void ep_add(size_t es, void *dst, const void *src, long n) {
+  if (es == 8)
+    for (long v = 0; v < n; v++) ((double *)dst)[v] += ((const double *)src)[v];
+  else
+    for (long v = 0; v < n; v++) ((float *)dst)[v] += ((const float *)src)[v];
+}
+
+/* The rows, matrices and gradients the exchange reads and writes are the backend's; the
+   exchange's buffers are the host's. On the cpu backend they are one memory and the
+   rows go by memcpy; on another (a device's) they go through a staging buffer of the
+   backend's (ep_dbuf): the backend's row copies gather them there, one download brings
+   them to the host, and back the same way, with one upload. A copy to the host waits for
+   the device's work before it (the backend's download), and the backend's release waits
+   for work still reading a staging buffer it frees. */
+static bool ep_on_host(const cavs_model *m) { return m->be == &cv_backend_cpu; }
+
+static char *ep_dbuf(cavs_model *m, int i, size_t bytes) {
+  struct cv_experts *ep = &m->ep;
+  if (bytes <= ep->dcap[i]) return ep->dbuf[i];
+  size_t cap = ep->dcap[i] ? ep->dcap[i] : 4096;
+  while (cap < bytes && cap <= SIZE_MAX / 2) cap *= 2;
+  m->be->release(ep->dbuf[i]);
+  ep->dcap[i] = 0;
+  if (cap < bytes || !(ep->dbuf[i] = m->be->alloc(m, cap))) {
+    ep->dbuf[i] = NULL;
+    cv_fail_mem(m, "out of %s memory staging the experts' rows", m->be->name);
+    return NULL;
+  }
+  ep->dcap[i] = cap;
+  return ep->dbuf[i];
+}
+
+/* bytes of the backend's memory to the host, and back */
+static void ep_read(const cavs_model *m, void *host, const void *src, size_t bytes) {
+  if (ep_on_host(m)) memcpy(host, src, bytes);
+  else m->be->download(host, src, bytes);
+}
+static void ep_write(const cavs_model *m, void *dst, const void *host, size_t bytes) {
+  if (ep_on_host(m)) memcpy(dst, host, bytes);
+  else m->be->upload(dst, host, bytes);
+}
+
+/* A host buffer's rows and their place in the backend's memory: `host` itself on the
+   cpu backend, else a staging buffer (EP_STAGE) as large, moved whole by ep_down and
+   ep_up. */
+enum { EP_STAGE, EP_DPROD };
+typedef struct {
+  cavs_ctx *c;
+  char *host, *dev;
+} ep_rows;
+static int ep_rows_at(cavs_ctx *c, ep_rows *b, char *host, size_t bytes) {
+  b->c = c, b->host = host, b->dev = host;
+  if (!ep_on_host(c->model) && !(b->dev = ep_dbuf(c->model, EP_STAGE, bytes ? bytes : 1))) return -1;
+  return 0;
+}
+/* n rows of w bytes of the model's, sp bytes apart, into the buffer at `at`, dp bytes
+   apart (the backend's row copy, or memcpy); added to the model's rows instead, from the
+   buffer (back: the buffer into the model's; add: added, else set) */
+static void ep_move(ep_rows *b, size_t at, size_t dp, char *model, size_t sp, long n, size_t w, bool back, bool add) {
+  cavs_model *m = b->c->model;
+  size_t es = m->esize;
+  if (n <= 0 || !w) return;
+  if (!ep_on_host(m)) {
+    if (back) m->be->copy_rows(b->c, model, (long)(sp / es), b->dev + at, (long)(dp / es), (int)n, (long)(w / es), add);
+    else m->be->copy_rows(b->c, b->dev + at, (long)(dp / es), model, (long)(sp / es), (int)n, (long)(w / es), 0);
+    return;
+  }
+  for (long j = 0; j < n; j++) {
+    char *h = b->host + at + (size_t)j * dp, *r = model + (size_t)j * sp;
+    if (!back) memcpy(h, r, w);
+    else if (add) ep_add(es, r, h, (long)(w / es));
+    else memcpy(r, h, w);
+  }
+}
+/* the buffer's first bytes: to the host after ep_move's gathered them; to the backend
+   before ep_move's scatter them */
+static void ep_down(ep_rows *b, size_t bytes) {
+  if (b->dev != b->host && bytes) b->c->model->be->download(b->host, b->dev, bytes);
+}
+static void ep_up(ep_rows *b, size_t bytes) {
+  if (b->dev != b->host && bytes) b->c->model->be->upload(b->dev, b->host, bytes);
+}
+
 static bool ep_same_op(const ep_head *a, const ep_head *b) {
   return a->kind == b->kind && a->toff == b->toff && a->dtoff == b->dtoff && a->A == b->A && a->B == b->B &&
          a->X == b->X && a->ldt == b->ldt && a->lddt == b->lddt && a->flags == b->flags;
@@ -533,14 +617,6 @@ static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int
   return 0;
 }
 
-/* dst[0..n) += src[0..n), in the model's precision */
-static void ep_add(size_t es, void *dst, const void *src, long n) {
-  if (es == 8)
-    for (long v = 0; v < n; v++) ((double *)dst)[v] += ((const double *)src)[v];
-  else
-    for (long v = 0; v < n; v++) ((float *)dst)[v] += ((const float *)src)[v];
-}
-
 /* the send and receive buffers of an exchange of sbytes[q] bytes to each q, rbytes[p]
    from each p */
 static int ep_pair(cavs_model *m, int N, const size_t *sbytes, const size_t *rbytes, char **sendb, char **recvb) {
@@ -578,7 +654,7 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
     for (int i = 0; i < n; i++)
       if (ship[i].o == me && ship[i].q == q) {
         const struct cv_ep_table *t = ship[i].t;
-        memcpy(sendb + at, (const char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, (size_t)t->ab * es);
+        ep_read(m, sendb + at, (const char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, (size_t)t->ab * es);
         at += (size_t)t->ab * es;
       }
   double t0 = cv_now();
@@ -590,7 +666,7 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
     for (int i = 0; i < n; i++)
       if (ship[i].q == me && ship[i].o == p) {
         const struct cv_ep_table *t = ship[i].t;
-        memcpy((char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at, (size_t)t->ab * es);
+        ep_write(m, (char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at, (size_t)t->ab * es);
         at += (size_t)t->ab * es, ep->stats.matrices++;
       }
   return 0;
@@ -629,22 +705,28 @@ static int ep_home(cavs_model *m) {
       for (long e = 0; e < t->X; e++) {
         if (!t->dirty[(size_t)e * (size_t)N + (size_t)me] || ep_owner(e, t->X, N) != o) continue;
         char *g = (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es;
-        memcpy(sendb + at, g, (size_t)t->ab * es);
-        memset(g, 0, (size_t)t->ab * es);
+        ep_read(m, sendb + at, g, (size_t)t->ab * es);
+        m->be->zero(m, g, (size_t)t->ab * es);
         at += (size_t)t->ab * es, ep->stats.matrices++;
       }
     }
   double t0 = cv_now();
   int rc = ep_call(m, ep->comm.alltoallv(ep->comm.arg, sendb, sbytes, recvb, rbytes), "alltoallv of the replicas' gradients");
   ep->stats.seconds += cv_now() - t0;
+  size_t in = 0;
+  for (int q = 0; q < N; q++) in += rbytes[q];
+  ep_rows got;
+  if (!rc && ep_rows_at(&m->ctx, &got, recvb, in)) rc = -1;
+  if (!rc) ep_up(&got, in);
   at = 0;
   for (int q = 0; q < N && !rc; q++)
     for (int i = 0; i < ep->ntab; i++) {
       const struct cv_ep_table *t = &ep->tab[i];
       for (long e = 0; e < t->X; e++) {
         if (!t->dirty[(size_t)e * (size_t)N + (size_t)q] || ep_owner(e, t->X, N) != me) continue;
-        ep_add(es, (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es, recvb + at, t->ab);
-        at += (size_t)t->ab * es;
+        size_t ab = (size_t)t->ab * es;
+        ep_move(&got, at, ab, (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es, ab, 1, ab, true, true);
+        at += ab;
       }
     }
   for (int i = 0; i < ep->ntab; i++) memset(ep->tab[i].dirty, 0, (size_t)ep->tab[i].X * (size_t)N);
@@ -746,7 +828,8 @@ static int ep_send_rows(ep_round_st *r) {
   int N = r->N, me = r->me;
   size_t es = r->es, rowout = r->rowout;
   char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(r->active && r->sn ? r->sn : 1));
-  if (!sendb) return -1;
+  ep_rows sb;
+  if (!sendb || ep_rows_at(r->c, &sb, sendb, rowout * (size_t)(r->active && r->sn ? r->sn : 1))) return -1;
   for (long e = 0, at = r->s0; e < r->X; e++) {
     long n = (long)r->seg[e];
     r->seg[e] = at, at += n;
@@ -759,11 +842,13 @@ static int ep_send_rows(ep_round_st *r) {
     for (long i = 0; i < n; i++) {
       long b, k;
       ep_portion(pl, me, r->ord[i], q, &b, &k);
-      for (long j = 0; j < k; j++, at += rowout) {
-        long sl = (long)r->seg[r->ord[i]] + b + j;
-        memcpy(sendb + at, r->x + (size_t)sl * (size_t)r->ldx * es, (size_t)r->A * es);
-        if (r->bwd) memcpy(sendb + at + (size_t)r->A * es, r->dy + (size_t)sl * (size_t)r->lddy * es, (size_t)r->B * es);
-      }
+      size_t sl = (size_t)((long)r->seg[r->ord[i]] + b);
+      ep_move(&sb, at, rowout, (char *)r->x + sl * (size_t)r->ldx * es, (size_t)r->ldx * es, k, (size_t)r->A * es, false,
+              false);
+      if (r->bwd)
+        ep_move(&sb, at + (size_t)r->A * es, rowout, (char *)r->dy + sl * (size_t)r->lddy * es, (size_t)r->lddy * es, k,
+                (size_t)r->B * es, false, false);
+      at += (size_t)k * rowout;
       int hot = ep_hot(pl, me, r->ord[i]);
       if (hot >= 0 && q == pl->rep[hot]) ep->stats.rows_replicated += k;
     }
@@ -772,6 +857,7 @@ static int ep_send_rows(ep_round_st *r) {
     long rows = rowout ? (long)(r->sbytes[q] / rowout) : 0;
     *(q == me ? &ep->stats.rows_here : &ep->stats.rows_out) += rows;
   }
+  ep_down(&sb, at);
   size_t inb = 0, replyb = 0;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &r->heads[p];
@@ -833,11 +919,19 @@ static int ep_products(ep_round_st *r) {
         got += k;
       }
       const char *te = (const char *)m->pflat + (size_t)h->toff + (size_t)e * (size_t)h->ldt * es;
-      if (!hb) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, xe, a, te, b, 0, oe, b);
-      if (wdx) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, de, b, te, b, 0, oe, a);
+      /* (on a device: the rows up, the products there, the results down) */
+      char *dxe = xe, *dde = de, *doe = oe;
+      if (!ep_on_host(m)) {
+        if (!(dxe = ep_dbuf(m, EP_DPROD, (size_t)rows * (size_t)(2 * a + 2 * b) * es))) return -1;
+        dde = dxe + (size_t)rows * (size_t)a * es, doe = dde + (size_t)rows * (size_t)b * es;
+        m->be->upload(dxe, xe, (size_t)rows * (size_t)(a + (hb ? b : 0)) * es);
+      }
+      if (!hb) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, dxe, a, te, b, 0, doe, b);
+      if (wdx) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, dde, b, te, b, 0, doe, a);
       if (wdt)
-        cavs_gemm(r->c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, xe, a, de, b, 1,
+        cavs_gemm(r->c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, dxe, a, dde, b, 1,
                   (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
+      if (doe != oe && rout) m->be->download(oe, doe, (size_t)rows * rout);
       got = 0;
       for (int q = p; q < N; q++) {
         if (r->lead[q] != p) continue;
@@ -872,18 +966,20 @@ static int ep_results(ep_round_st *r) {
   if (ep_timed(r, t0, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], r->sbytes, backb, r->rbytes),
                "alltoallv of the results"))
     return -1;
-  long w = r->bwd ? r->A : r->B;
+  size_t in = 0;
+  for (int q = 0; q < N; q++) in += r->rbytes[q];
+  ep_rows bb;
+  if (ep_rows_at(r->c, &bb, backb, in)) return -1;
+  ep_up(&bb, in);
   for (int q = 0; r->active && backrow && q < N; q++) {
     long n = ep_order(pl, me, q, r->ord);
-    const char *src = backb + r->backat[q];
+    size_t src = r->backat[q];
     for (long i = 0; i < n; i++) {
       long b, k;
       ep_portion(pl, me, r->ord[i], q, &b, &k);
-      for (long j = 0; j < k; j++, src += backrow) {
-        char *dst = r->y + (size_t)((long)r->seg[r->ord[i]] + b + j) * (size_t)r->ldy * es;
-        if (r->set) memcpy(dst, src, backrow);
-        else ep_add(es, dst, src, w);
-      }
+      char *dst = r->y + (size_t)((long)r->seg[r->ord[i]] + b) * (size_t)r->ldy * es;
+      ep_move(&bb, src, backrow, dst, (size_t)r->ldy * es, k, backrow, true, !r->set);
+      src += (size_t)k * backrow;
     }
   }
   return 0;
@@ -956,6 +1052,7 @@ int cv_experts_drain(cavs_model *m, bool bwd) {
 
 void cv_experts_free(cavs_model *m) {
   for (int i = 0; i < 8; i++) free(m->ep.buf[i]), m->ep.buf[i] = NULL, m->ep.cap[i] = 0;
+  for (int i = 0; i < 2; i++) m->be->release(m->ep.dbuf[i]), m->ep.dbuf[i] = NULL, m->ep.dcap[i] = 0;
   for (int i = 0; i < m->ep.ntab; i++) free(m->ep.tab[i].stamp), free(m->ep.tab[i].dirty);
   m->ep.ntab = 0;
   m->ep.placed = false;
@@ -1053,21 +1150,24 @@ static int ep_share(cavs_model *m, int root) {
         rbytes[p] = p == me || (root >= 0 && root != me) ? 0 : b, in += rbytes[p];
         sbytes[p] = p == me || (root >= 0 && p != root) ? 0 : own;
       }
-      /* to root: the rows in place; to every other process: a copy each */
+      /* to root: the rows in place (on the cpu backend); to every other process, or from
+         a device: a copy each */
       int others = 0;
       for (int q = 0; q < N; q++) others += sbytes[q] != 0;
-      char *copies = others > 1 ? malloc(own * (size_t)others) : NULL, *recvb = malloc(in + 1);
-      if ((others > 1 && !copies) || !recvb) {
+      bool copy = others > 1 || (others && !ep_on_host(m));
+      char *copies = copy ? malloc(own * (size_t)others) : NULL, *recvb = malloc(in + 1);
+      if ((copy && !copies) || !recvb) {
         free(copies), free(recvb);
         return cv_fail_mem(m, "out of memory gathering the experts");
       }
-      for (int k = 0; k < others && copies; k++) memcpy(copies + (size_t)k * own, arr[a] + off * es, own);
+      if (copies) ep_read(m, copies, arr[a] + off * es, own);
+      for (int k = 1; k < others && copies; k++) memcpy(copies + (size_t)k * own, copies, own);
       double t0 = cv_now();
-      int rc = ep->comm.alltoallv(ep->comm.arg, copies ? copies : arr[a] + off * es, sbytes, recvb, rbytes);
+      int rc = ep->comm.alltoallv(ep->comm.arg, copies ? copies : others ? arr[a] + off * es : recvb, sbytes, recvb, rbytes);
       ep->stats.seconds += cv_now() - t0;
       size_t at = 0;
       for (int p = 0; p < N && !rc; p++) {
-        memcpy(arr[a] + t->toff + (size_t)ep_first(p, t->X, N) * row, recvb + at, rbytes[p]);
+        if (rbytes[p]) ep_write(m, arr[a] + t->toff + (size_t)ep_first(p, t->X, N) * row, recvb + at, rbytes[p]);
         at += rbytes[p];
       }
       free(copies), free(recvb);
@@ -1102,8 +1202,6 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (m->ep.placed && (comm->rank != m->ep.comm.rank || comm->size != m->ep.comm.size))
     return cv_fail(m, "expert parallelism: the experts are placed on %d processes (this one %d), not %d (%d)",
                    m->ep.comm.size, m->ep.comm.rank, comm->size, comm->rank);
-  if (strcmp(m->be->name, "cpu"))
-    return cv_fail(m, "expert parallelism runs on the cpu backend only (not %s)", m->be->name);
   m->ep.comm = *comm;
   m->ep.on = true;
   return 0;

@@ -296,21 +296,27 @@ static void overlap_same(const char *name, const char *const *args) {
   ck_assert_msg(last_log_num(plog, "reduce_seconds_in_backward", false) == 0, "%s: time in the backward passes", name);
 }
 
-START_TEST(overlap_sums_as_after) {
-  gen("toy", "120", "5", "ovtoy.txt", NULL);
-  gen("toy", "33", "6", "ovtoy33.txt", NULL);
+/* A text for a language model: `lines` lines of `least` to `least` + 6 words drawn from
+   `words` (w0, w1, ...), by an LCG from `seed` */
+static void write_text(const char *name, int lines, int least, unsigned words, uint64_t seed) {
   char *text = malloc(1 << 16);
   size_t n = 0;
-  uint64_t s = 3;
-  for (int line = 0; line < 120; line++) {
-    for (int w = 0; w < 4 + line % 7; w++) {
+  uint64_t s = seed;
+  for (int line = 0; line < lines; line++) {
+    for (int k = 0; k < least + line % 7; k++) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
-      n += (size_t)snprintf(text + n, 64, "%sw%u", w ? " " : "", (unsigned)(s >> 33) % 500);
+      n += (size_t)snprintf(text + n, 64, "%sw%u", k ? " " : "", (unsigned)(s >> 33) % words);
     }
     text[n++] = '\n';
   }
-  tu_write(path_in("ovlm.txt"), text, n);
+  tu_write(path_in(name), text, n);
   free(text);
+}
+
+START_TEST(overlap_sums_as_after) {
+  gen("toy", "120", "5", "ovtoy.txt", NULL);
+  gen("toy", "33", "6", "ovtoy33.txt", NULL);
+  write_text("ovlm.txt", 120, 4, 500, 3);
   overlap_same("ovlm", (const char *const[]){model("lstm_lm.vf"), "--format", "text", "--train", path_in("ovlm.txt"), "--dim",
                                              "E=8", "--dim", "H=8", "--batch", "16", "--epochs", "1", "--precision", "double",
                                              NULL});
@@ -665,8 +671,7 @@ END_TEST
  * --no-expert-replicas, which equals one process too), and the experts' loads it
  * reports are one process's; its checkpoint (every expert's matrices and moments
  * brought to rank 0) goes on in one process as one process's does; a clip's norm adds
- * every rank's experts; --grad-overlap trains the same bytes. On the cuda backend it is
- * an error before training. */
+ * every rank's experts; --grad-overlap trains the same bytes. */
 START_TEST(experts_placed_equal_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
   gen("toy", "33", "3", "toy33.txt", NULL);
@@ -710,18 +715,7 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_msg(w < 1e-9, "the tree, no replicas: two ranks' parameters differ from one process's by %g", w);
   ck_assert_int_eq(last_log_int(path_in("moetn.2.log"), "expert_rows_replicated"), 0);
   ck_assert_int_gt(last_log_int(path_in("moetn.2.log"), "expert_rows_sent"), 0);
-  char *text = malloc(1 << 16);
-  size_t n = 0;
-  uint64_t s = 7;
-  for (int line = 0; line < 60; line++) {
-    for (int k = 0; k < 3 + line % 7; k++) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      n += (size_t)snprintf(text + n, 64, "%sw%u", k ? " " : "", (unsigned)(s >> 33) % 200);
-    }
-    text[n++] = '\n';
-  }
-  tu_write(path_in("moelm.txt"), text, n);
-  free(text);
+  write_text("moelm.txt", 60, 3, 200, 7);
   BOTH("moel", model("moe_lm.vf"), "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim",
        "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0",
        "--clip", "0.05", "--expert-parallel");
@@ -735,14 +729,82 @@ START_TEST(experts_placed_equal_one_process) {
                                               "--dim", "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16",
                                               "--epochs", "2", "--precision", "double", "--option", "balance=0",
                                               "--expert-parallel", NULL});
-  const char *emu = getenv("CAVS_EMU");
-  if (emu && access(emu, X_OK) == 0) {
-    RunResult r = mpi_env("2", emu, "train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"),
-                "--batch", "16", "--epochs", "1", "--device", "cuda", "--expert-parallel", NULL);
-    ck_assert_msg(r.status == 1 && strstr(r.err, "--expert-parallel runs on the cpu backend only"), "%d %s", r.status,
-                  r.err);
+}
+END_TEST
+
+/* --expert-parallel on the cuda backend, on the emulated device (tests/cavs-emu): the
+ * rows the ranks send and receive, the replicas' matrices and their gradients going
+ * home, and the checkpoint's gather of every expert's matrices and moments, all staged
+ * through host memory; a clip's norm adds each rank's own experts' squares. Two ranks
+ * on the device equal one process on the cpu (1e-9 in double), on the tree with
+ * dropout, a dev set, replicas and a last minibatch of one graph, and on the language
+ * model with a clip; the tree's checkpoint goes on in one cpu process as the cpu's
+ * own does. */
+/* `train ARGS` as one process on the cpu (name.1, name.1.log), then as two ranks of
+   tests/cavs-emu on the emulated cuda device with --expert-parallel (name.2,
+   name.2.log); the second's parameters' worst relative difference from the first's */
+static double cpu_then_emulated_experts(const char *emu, const char *name, const char *const *args) {
+  char save[2][4400], log[2][4500];
+  char *argv[64];
+  for (int k = 0; k < 2; k++) {
+    snprintf(save[k], sizeof save[k], "%s/%s.%d", dir, name, k + 1);
+    snprintf(log[k], sizeof log[k], "%s/%s.%d.log", dir, name, k + 1);
+    int n = 0;
+    if (!k) argv[n++] = (char *)cavs_bin;
+    argv[n++] = "train";
+    for (int i = 0; args[i] && n < 50; i++) argv[n++] = (char *)args[i];
+    argv[n++] = "--threads", argv[n++] = "1", argv[n++] = "--quiet";
+    argv[n++] = "--save", argv[n++] = save[k], argv[n++] = "--log", argv[n++] = log[k];
+    if (k) argv[n++] = "--device", argv[n++] = "cuda", argv[n++] = "--expert-parallel";
+    argv[n] = NULL;
+    RunResult r = k ? mpi_argv("2", emu, (const char *const *)argv) : tu_run(NULL, argv, 300);
+    ok(&r, k ? "experts placed on two ranks' emulated devices" : "one process on the cpu");
     tu_free(&r);
   }
+  return ckpt_difference(save[0], save[1]);
+}
+
+START_TEST(experts_placed_on_the_emulated_device) {
+  const char *emu = getenv("CAVS_EMU");
+  ck_assert_msg(emu && access(emu, X_OK) == 0, "no tests/cavs-emu (CAVS_EMU)");
+  gen("toy", "33", "3", "toy33.txt", NULL);
+  char toy[4400], text[4400], mtree[4400], mlm[4400];
+  snprintf(toy, sizeof toy, "%s", path_in("toy33.txt"));
+  snprintf(text, sizeof text, "%s", path_in("eclm.txt"));
+  snprintf(mtree, sizeof mtree, "%s", model("moe_tree.vf"));
+  snprintf(mlm, sizeof mlm, "%s", model("moe_lm.vf"));
+  const char *tree[] = {mtree, "--format", "ptb-tree", "--train", toy, "--dim", "E=12", "--dim", "H=16", "--dim", "F=8",
+                        "--batch", "16", "--precision", "double", "--option", "balance=0", "--option", "p_drop=0.2",
+                        "--epochs", "2", "--dev", toy, NULL};
+  double w = cpu_then_emulated_experts(emu, "ect", tree);
+  ck_assert_msg(w < 1e-9, "the tree, experts placed on two cuda ranks: %g off one cpu process", w);
+  ck_assert_int_gt(last_log_int(path_in("ect.2.log"), "expert_rows_sent"), 0);
+  ck_assert_int_gt(last_log_int(path_in("ect.2.log"), "expert_rows_replicated"), 0);
+  same_dev("ect", 1e-12);
+  /* both checkpoints an epoch more in one cpu process (the moments too) */
+  const char *more[40];
+  int n = 0;
+  for (; tree[n] && strcmp(tree[n], "--epochs"); n++) more[n] = tree[n];
+  more[n++] = "--epochs", more[n++] = "1", more[n++] = "--threads", more[n++] = "1", more[n++] = "--quiet";
+  for (int k = 0; k < 2; k++) {
+    more[n] = "--resume", more[n + 1] = path_in(k ? "ect.2" : "ect.1");
+    more[n + 2] = "--save", more[n + 3] = path_in(k ? "ect.2.more" : "ect.1.more"), more[n + 4] = NULL;
+    char *argv[44];
+    argv[0] = (char *)cavs_bin, argv[1] = "train";
+    for (int i = 0; i <= n + 4; i++) argv[i + 2] = (char *)more[i];
+    RunResult r = tu_run(NULL, argv, 300);
+    ok(&r, "an epoch more in one cpu process");
+    tu_free(&r);
+  }
+  w = ckpt_difference(path_in("ect.1.more"), path_in("ect.2.more"));
+  ck_assert_msg(w < 1e-9, "the tree's checkpoint from two cuda ranks, an epoch more: %g off the cpu's", w);
+  write_text("eclm.txt", 60, 3, 200, 7);
+  const char *lm[] = {mlm, "--format", "text-bptt:8", "--train", text, "--dim", "E=8",
+                      "--dim", "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double",
+                      "--option", "balance=0", "--clip", "0.05", NULL};
+  w = cpu_then_emulated_experts(emu, "ecl", lm);
+  ck_assert_msg(w < 1e-9, "the language model, experts placed on two cuda ranks, clipped: %g off one cpu process", w);
+  ck_assert_int_gt(last_log_int(path_in("ecl.2.log"), "expert_rows_sent"), 0);
 }
 END_TEST
 
@@ -776,6 +838,7 @@ int main(void) {
     tcase_add_test(tc, checkpoints_cross_the_number_of_ranks);
     tcase_add_test(tc, cuda_ranks_on_the_emulator);
     tcase_add_test(tc, experts_placed_equal_one_process);
+    tcase_add_test(tc, experts_placed_on_the_emulated_device);
     tcase_add_test(tc, errors_before_training);
     tcase_add_test(tc, killed_rank_ends_the_job);
     tcase_add_test(tc, sigterm_stops_every_rank_at_one_step);
