@@ -460,12 +460,18 @@ static void choose_schedule(Run *r) {
   if (s != CAVS_SCHED_PLATEAU || !going_on) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
 }
 
-static void save(Run *r, const char *path) {
+/* The checkpoint to path, and to also (when not NULL) */
+static void save(Run *r, const char *path, const char *also) {
   char err[1024];
-  errno = 0; /* (--expert-parallel: every expert's matrices from its rank to rank 0's) */
+  errno = 0; /* (--expert-parallel: every expert's matrices from its rank to rank 0's,
+                given back once written) */
   if (dist_size > 1 && cavs_model_expert_gather(r->m, 0)) lib_die(cavs_model_error(r->m));
-  if (dist_rank) return; /* rank 0 writes for all: their states are the same */
-  if (cavs_ckpt_save(path, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
+  /* rank 0 writes for all: their states are the same */
+  for (int k = 0; k < 2 && !dist_rank; k++) {
+    const char *p = k ? also : path;
+    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
+  }
+  if (dist_size > 1) cavs_model_expert_release(r->m);
 }
 
 /* A forward pass whose loss is not finite: the op and vertex that made it, or the loss. */
@@ -837,7 +843,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       r->ts.graphs_done = b + k;
       gather_carried(r); /* (under mpirun: every rank's streams into rank 0's checkpoint) */
       if (r->tty) printf("\r\033[K");
-      if (o->save) save(r, o->save);
+      if (o->save) save(r, o->save, NULL);
       if (dist_rank) { /* rank 0 says it */
       } else if (o->save)
         fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
@@ -1022,10 +1028,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");
   if (r->log) log_epoch(r, epoch, t, &dv);
-  if (o->save) {
-    save(r, o->save);
-    if (better) save(r, r->best_path);
-  }
+  if (o->save) save(r, o->save, better ? r->best_path : NULL);
   if (!o->patience || r->ts.since_best < o->patience || epoch >= r->last_epoch) return false;
   if (!o->quiet) {
     printf("stopping after epoch %d: no better dev %s in %d epochs", epoch, select_metric(r->select), r->ts.since_best);

@@ -403,8 +403,9 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * system, from the placement and after each step (a hot expert's replica holds its
  * copy from the round that sends it to the step). So before reading the whole
  * parameters (a checkpoint, a pass run alone with the comm set to NULL), call
- * cavs_model_expert_gather (one process reads them: only it holds them all until the
- * next step) or cavs_model_expert_sync (every process) on every process; a pass with
+ * cavs_model_expert_gather (one process reads them: only it holds them all, until the
+ * next step or cavs_model_expert_release) or cavs_model_expert_sync (every process) on
+ * every process; a pass with
  * the comm set needs neither. Returns an error code from a collective as a failed pass
  * ("expert exchange failed"). On the cuda backend the exchange's rows and matrices are
  * staged through host memory, and the other processes' experts keep their device
@@ -440,6 +441,12 @@ int cavs_model_expert_sync(cavs_model *m);
 /* The same to process root alone (the one that writes a checkpoint): the others keep
  * only their own. A collective; 0, or -1 with a message (root out of range). */
 int cavs_model_expert_gather(cavs_model *m, int root);
+/* What a gather or a sync brought given back at once, not at the next step: each
+ * process's copies of the other processes' experts zeroed and their memory returned,
+ * as after a step (after the checkpoint is written, so that the writer holds the whole
+ * model only while it writes). Every process calls it at the same point (each keeps
+ * the same record of which copies are current). 0, or -1 for a NULL model. */
+int cavs_model_expert_release(cavs_model *m);
 /* In place of a backward pass whose gradients would count for nothing (a process with
  * no graph of a minibatch): the gradients cleared as a backward pass clears them, then
  * the other processes' rows of its experts answered until their backward passes end.

@@ -1190,6 +1190,12 @@ int cavs_model_expert_gather(cavs_model *m, int root) {
   return ep_share(m, root);
 }
 
+int cavs_model_expert_release(cavs_model *m) {
+  if (!m) return -1;
+  if (m->ep.placed) cv_experts_release(m);
+  return 0;
+}
+
 int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (!m) return -1;
   if (!comm) { /* (a placement keeps its comm: steps and syncs use it) */

@@ -2111,7 +2111,7 @@ static long resident_pages(const void *p, size_t a, size_t b, long *pages) {
    them all): none of their pages in the parameters or the
    gradient, and zeros where read; its own experts' pages held; gathered to process 0,
    that one's parameters are the whole's stepped, and process 1 still holds none of
-   the others' */
+   the others'; released, process 0 none either */
 START_TEST(experts_hold_their_share) {
   const cavs_desc *d = load_model("moe_lm.vf", "double");
   long dims[CAVS_MAX_DIMS];
@@ -2180,6 +2180,21 @@ START_TEST(experts_hold_their_share) {
   double worst = 0;
   for (size_t j = 0; j < count; j++) worst = fmax(worst, fabs(p0[j] - pw[j]) / fmax(fabs(pw[j]), 1e-6));
   ck_assert_msg(worst <= 1e-9, "gathered, process 0's parameters are %.3g off the whole's", worst);
+  /* given back at once (cavs_model_expert_release, as cavs train does once it has
+     written a checkpoint), not at the next step: process 0 holds none of the others'
+     pages again, and its own experts are still the whole's */
+  for (int q = 0; q < P; q++) ck_assert_int_eq(cavs_model_expert_release(port[q].m), 0);
+  for (int i = 0; i < 2; i++) {
+    size_t off, n, X = (size_t)dims[find_dim(d, "X")], next = (X + 1) / 2, ld;
+    cavs_model_expert_placed(port[0].m, i, &off, &n);
+    ld = n / X;
+    long pages, in = resident_pages(p0, (off + next * ld) * sizeof(double), (off + n) * sizeof(double), &pages);
+    ck_assert_msg(pages > 0 && in == 0, "released, process 0 holds %ld of the %ld pages of the others' experts (table %d)",
+                  in, pages, i);
+    for (size_t j = off; j < off + next * ld; j++)
+      ck_assert_msg(fabs(p0[j] - pw[j]) <= 1e-9 * fmax(fabs(pw[j]), 1e-6), "released, process 0's own expert changed");
+  }
+  ck_assert_int_eq(cavs_model_expert_release(NULL), -1);
   /* a root that is not one of the processes: refused, nothing sent */
   ck_assert_int_eq(cavs_model_expert_gather(port[0].m, P), -1);
   ck_assert_msg(strstr(cavs_model_error(port[0].m), "no process 2 of 2"), "%s", cavs_model_error(port[0].m));
