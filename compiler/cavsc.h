@@ -619,6 +619,11 @@ const char *loop_r0(const Loop *l);
 const char *loop_n(const Loop *l);
 /* The suffix of a part's function or kernel name: "_leaves" for LOOP_LEAVES. */
 const char *loop_suffix(const Loop *l);
+/* Is every cell the loop writes its row's alone: no two gradients it adds to may
+   overlap, and it writes only per-row buffers' rows and homes (not a vector
+   parameter's gradient, to which every row adds its share)? Then the C target's loop
+   is split over threads by rows (CAVS_LOOP_ROWS). */
+bool loop_rows_apart(const Loop *l);
 
 /* The rows a product skips: none, the rows without children (the left operand is zero
  * there, or the product is dead there), the rows whose index input is -1 (a lookup of

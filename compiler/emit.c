@@ -153,6 +153,13 @@ const char *loop_n(const Loop *l) {
 }
 const char *loop_suffix(const Loop *l) { return l->part == LOOP_LEAVES ? "_leaves" : ""; }
 
+bool loop_rows_apart(const Loop *l) {
+  if (l->may_alias) return false;
+  for (int i = 0; i < l->nptrs; i++)
+    if (l->ptrs[i].write && l->ptrs[i].at.p->kind != PL_ROW && l->ptrs[i].at.p->kind != PL_HOME) return false;
+  return true;
+}
+
 /* Not read, computed or written in the leaves' part: zero or dead there; nor in any
  * part, a product added into another value's place (IrNode.accum: the add reads that
  * alone, and the gradient stored there is this one's too). */

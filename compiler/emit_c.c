@@ -109,11 +109,13 @@ static void c_fn_close(Emit *e) { emit_release_fn(e, e->state); }
 /* The call goes into the stage, the function into the file. The pointers are
  * `restrict` and the column loop CAVS_IVDEP unless two gradients the loop adds to may
  * overlap (GCC gives up versioning loops past 10 pointer pairs); then the loop runs in
- * one call, not split over threads. */
+ * one call, not split over threads (CAVS_LOOP_ALONE). A loop that writes no cell of
+ * another row's (loop_rows_apart) is split over threads by rows (CAVS_LOOP_ROWS). */
 static void c_loop_open(Emit *e, const Loop *l) {
   HeldFn *s = e->state;
   const char *name = arena_printf("%s_g%d%s", s->name, l->group, loop_suffix(l)), *width = emit_lin(e->m, l->width);
-  fprintf(s->fn, "  cavs_loop(c, %s, %s, %s, %s, %d);\n", name, loop_r0(l), loop_n(l), width, l->may_alias);
+  fprintf(s->fn, "  cavs_loop(c, %s, %s, %s, %s, %s);\n", name, loop_r0(l), loop_n(l), width,
+          l->may_alias ? "CAVS_LOOP_ALONE" : loop_rows_apart(l) ? "CAVS_LOOP_ROWS" : "0");
   FILE *o = e->out = s->file;
   char buf[256];
   fprintf(o, "\n/* %s, group g%d %s%s: rows [r0, r0 + n), columns [j0, j1) of [n, %s] */\n", s->name, l->group,

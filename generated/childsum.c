@@ -73,7 +73,7 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[8] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: xf (lines 41) */
-  cavs_loop(c, childsum_node_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, childsum_node_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* childsum_node_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -242,14 +242,14 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 42) */
-  cavs_loop(c, childsum_node_fwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, childsum_node_fwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* childsum.vf:42  fc = esum */
   cavs_esum_fwd(c, V[4] + (size_t)(0) * D_H, D_H, V[3] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i o u c h (lines 38 39 40 43 44) */
-  cavs_loop(c, childsum_node_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, childsum_node_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, childsum_node_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, childsum_node_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* childsum.vf:45  concat */
 }
 
@@ -476,7 +476,7 @@ static void childsum_node_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 backward, [n, H]: (lines 42) */
-  cavs_loop(c, childsum_node_bwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, childsum_node_bwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* childsum.vf:41  ebcast */
@@ -594,7 +594,7 @@ static void childsum_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             P[9], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 50) */
-  cavs_loop(c, childsum_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, childsum_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* childsum.vf:51  softmax_xent */
   cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

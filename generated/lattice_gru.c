@@ -195,13 +195,13 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
-  cavs_loop(c, lattice_gru_wrd_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_wrd_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[16], D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
-  cavs_loop(c, lattice_gru_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lattice_gru_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lattice_gru_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* vertex wrd, lazy phase: every row of the type at once */
@@ -484,7 +484,7 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[3], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
-  cavs_loop(c, lattice_gru_chr_fwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_chr_fwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -711,7 +711,7 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 53) */
-  cavs_loop(c, lattice_gru_chr_fwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, lattice_gru_chr_fwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* lattice_gru.vf:53  wsum = esum */
@@ -719,7 +719,7 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   /* lattice_gru.vf:54  wden = esum */
   cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
-  cavs_loop(c, lattice_gru_chr_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_chr_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -727,13 +727,13 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
-  cavs_loop(c, lattice_gru_chr_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_chr_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
-  cavs_loop(c, lattice_gru_chr_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lattice_gru_chr_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_chr_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lattice_gru_chr_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* vertex chr, lazy phase: every row of the type at once */
@@ -1038,7 +1038,7 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[5], D_H, G[14] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: g_p h_in (lines 52 55) */
-  cavs_loop(c, lattice_gru_chr_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_gru_chr_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* lattice_gru.vf:54  wden = esum */
   cavs_esum_bwd(c, G[18] + (size_t)(0) * D_H, D_H, G[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* lattice_gru.vf:53  wsum = esum */
@@ -1049,7 +1049,7 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 backward, [n, H]: (lines 53) */
-  cavs_loop(c, lattice_gru_chr_bwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, lattice_gru_chr_bwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* lattice_gru.vf:51  ebcast */
@@ -1184,7 +1184,7 @@ static void lattice_gru_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[31] + (size_t)(r0) * D_H, D_H,
             P[20], D_C, 0, V[33] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 65) */
-  cavs_loop(c, lattice_gru_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, lattice_gru_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* lattice_gru.vf:66  softmax_xent */
   cavs_xent_fwd(c, 0, V[32] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }

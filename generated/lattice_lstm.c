@@ -170,8 +170,8 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[15], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f u (lines 49 50 51 52) */
-  cavs_loop(c, lattice_lstm_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lattice_lstm_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_lstm_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lattice_lstm_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* vertex wrd, lazy phase: every row of the type at once */
@@ -417,7 +417,7 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[4], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g1 forward, [n, H]: xl (lines 64) */
-  cavs_loop(c, lattice_lstm_chr_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_lstm_chr_fwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* lattice_lstm_chr_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -632,7 +632,7 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 forward, [n, H]: (lines 65) */
-  cavs_loop(c, lattice_lstm_chr_fwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, lattice_lstm_chr_fwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* lattice_lstm.vf:65  wsum = esum */
@@ -640,8 +640,8 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   /* lattice_lstm.vf:66  wden = esum */
   cavs_esum_fwd(c, V[15] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g0 forward, [n, H]: i f o u ei c h (lines 60 61 62 63 67 68 69) */
-  cavs_loop(c, lattice_lstm_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lattice_lstm_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lattice_lstm_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lattice_lstm_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* lattice_lstm.vf:70  concat */
 }
 
@@ -962,7 +962,7 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 backward, [n, H]: (lines 65) */
-  cavs_loop(c, lattice_lstm_chr_bwd_path_g2, r0, n, D_H, 0);
+  cavs_loop(c, lattice_lstm_chr_bwd_path_g2, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* lattice_lstm.vf:64  ebcast */
@@ -1094,7 +1094,7 @@ static void lattice_lstm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[28] + (size_t)(r0) * D_H, D_H,
             P[19], D_C, 0, V[30] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 75) */
-  cavs_loop(c, lattice_lstm_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, lattice_lstm_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* lattice_lstm.vf:76  softmax_xent */
   cavs_xent_fwd(c, 0, V[29] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }

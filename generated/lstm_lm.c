@@ -178,8 +178,8 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
-  cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lstm_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lstm_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lstm_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* lstm_lm.vf:41  concat */
 }
 
@@ -447,7 +447,7 @@ static void lstm_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             P[9], D_V, 0, V[11] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 46) */
-  cavs_loop(c, lstm_lm_push_fwd_g0, r0, n, D_V, 0);
+  cavs_loop(c, lstm_lm_push_fwd_g0, r0, n, D_V, CAVS_LOOP_ROWS);
   /* lstm_lm.vf:47  softmax_xent */
   cavs_xent_fwd(c, 0, V[10] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }

@@ -293,8 +293,8 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
                  P[6], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
-  cavs_loop(c, lstm_lm2_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lstm_lm2_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lstm_lm2_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lstm_lm2_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* lstm_lm2.vf:59  d1 = dropout */
   cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
@@ -310,8 +310,8 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
                  P[12], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i2 f2 o2 u2 c2 h2 (lines 60 61 62 63 64 65) */
-  cavs_loop(c, lstm_lm2_token_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, lstm_lm2_token_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, lstm_lm2_token_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, lstm_lm2_token_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* lstm_lm2.vf:66  concat */
 }
 
@@ -772,7 +772,7 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[21] + (size_t)(r0) * D_H, D_H,
             P[17], D_V, 0, V[20] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 71) */
-  cavs_loop(c, lstm_lm2_push_fwd_g0, r0, n, D_V, 0);
+  cavs_loop(c, lstm_lm2_push_fwd_g0, r0, n, D_V, CAVS_LOOP_ROWS);
   /* lstm_lm2.vf:72  softmax_xent */
   cavs_xent_fwd(c, 0, V[19] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }

@@ -206,8 +206,8 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
-  cavs_loop(c, moe_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, moe_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, moe_lm_token_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, moe_lm_token_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* moe_lm.vf:59  concat */
 }
 
@@ -592,7 +592,7 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g0 forward, [n, F]: (lines 64) */
-  cavs_loop(c, moe_lm_push_fwd_g0, r0, n, D_F, 0);
+  cavs_loop(c, moe_lm_push_fwd_g0, r0, n, D_F, CAVS_LOOP_ROWS);
     }
   }
   /* moe_lm.vf:64  erow */
@@ -606,20 +606,20 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g1 forward, [n, H]: (lines 64) */
-  cavs_loop(c, moe_lm_push_fwd_g1, r0, n, D_H, 0);
+  cavs_loop(c, moe_lm_push_fwd_g1, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* moe_lm.vf:64  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
-  cavs_loop(c, moe_lm_push_fwd_g2, r0, n, D_H, 0);
+  cavs_loop(c, moe_lm_push_fwd_g2, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_lm.vf:65  dropout */
   cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 65  %20 @ Wout: [n, V] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[13] + (size_t)(r0) * D_H, D_H,
             P[14], D_V, 0, V[12] + (size_t)(r0) * D_V, D_V);
   /* group g3 forward, [n, V]: logits (lines 65) */
-  cavs_loop(c, moe_lm_push_fwd_g3, r0, n, D_V, 0);
+  cavs_loop(c, moe_lm_push_fwd_g3, r0, n, D_V, CAVS_LOOP_ROWS);
   /* moe_lm.vf:66  softmax_xent */
   cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_V, D_V, c->iin[1], r0, n, D_V);
 }
@@ -746,7 +746,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   /* moe_lm.vf:65  dropout */
   cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[13] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 backward, [n, H]: (lines 65) */
-  cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, 0);
+  cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_lm.vf:64  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
                  G[16] + (size_t)(0) * D_H, D_H, 1, G[21] + (size_t)(0) * D_X, D_X, D_H, r0, n);
@@ -757,7 +757,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g1 backward, [n, H]: (lines 64) */
-  cavs_loop(c, moe_lm_push_bwd_g1, r0, n, D_H, 0);
+  cavs_loop(c, moe_lm_push_bwd_g1, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* moe_lm.vf:64  emm */
@@ -772,7 +772,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g0 backward, [n, F]: (lines 64) */
-  cavs_loop(c, moe_lm_push_bwd_g0, r0, n, D_F, 0);
+  cavs_loop(c, moe_lm_push_bwd_g0, r0, n, D_F, CAVS_LOOP_ROWS);
     }
   }
   /* moe_lm.vf:64  emm */

@@ -316,7 +316,7 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_tree.vf:40  s = gather */
   cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 41) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, moe_tree_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[16] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
@@ -324,8 +324,8 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, moe_tree_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, moe_tree_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, moe_tree_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 48  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[14] + (size_t)(r0) * D_H, D_H,
             P[9], D_X, 0, V[13] + (size_t)(r0) * D_X, D_X);
@@ -344,7 +344,7 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g2 forward, [n, F]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g2, r0, n, D_F, 0);
+  cavs_loop(c, moe_tree_tree_fwd_path_g2, r0, n, D_F, CAVS_LOOP_ROWS);
     }
   }
   /* moe_tree.vf:48  erow */
@@ -358,13 +358,13 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g3 forward, [n, H]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g3, r0, n, D_H, 0);
+  cavs_loop(c, moe_tree_tree_fwd_path_g3, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* moe_tree.vf:48  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, H]: (lines 49) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g4, r0, n, D_H, 0);
+  cavs_loop(c, moe_tree_tree_fwd_path_g4, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:49  concat */
 }
 
@@ -712,7 +712,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_tree.vf:49  concat */
   /* group g4 backward, [n, H]: (lines 49) */
-  cavs_loop(c, moe_tree_tree_bwd_path_g4, r0, n, D_H, 0);
+  cavs_loop(c, moe_tree_tree_bwd_path_g4, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:48  m = scomb */
   cavs_scomb_bwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[12] + (size_t)(0) * D_X, D_X, G[6] + (size_t)(0) * D_H, D_H,
                  G[7] + (size_t)(0) * D_H, D_H, 1, G[12] + (size_t)(0) * D_X, D_X, D_H, r0, n);
@@ -723,7 +723,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g3 backward, [n, H]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_bwd_path_g3, r0, n, D_H, 0);
+  cavs_loop(c, moe_tree_tree_bwd_path_g3, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* moe_tree.vf:48  emm */
@@ -738,7 +738,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = s0_, n = sn_;
       (void)r0; (void)n;
   /* group g2 backward, [n, F]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_bwd_path_g2, r0, n, D_F, 0);
+  cavs_loop(c, moe_tree_tree_bwd_path_g2, r0, n, D_F, CAVS_LOOP_ROWS);
     }
   }
   /* moe_tree.vf:48  emm */
@@ -764,7 +764,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[16] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 41) */
-  cavs_loop(c, moe_tree_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, moe_tree_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:40  s = gather */
   cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* moe_tree.vf:40  s = gather */
@@ -851,7 +851,7 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[25] + (size_t)(r0) * D_H, D_H,
             P[14], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 54) */
-  cavs_loop(c, moe_tree_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, moe_tree_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* moe_tree.vf:55  softmax_xent */
   cavs_xent_fwd(c, 0, V[23] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

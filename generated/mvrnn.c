@@ -242,15 +242,15 @@ static void mvrnn_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: p (lines 40) */
-  cavs_loop(c, mvrnn_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, mvrnn_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, mvrnn_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, mvrnn_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* mvrnn.vf:41  mm */
   cavs_rowmm_fwd(c, D_H, D_H, D_H, V[9] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[5], D_H, V[4] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* mvrnn.vf:41  mm */
   cavs_rowmm_fwd(c, D_H, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H, V[3] + (size_t)(0) * D_HH, D_HH, r0, n);
   /* group g1 forward, [n, HH]: P (lines 41) */
-  cavs_loop(c, mvrnn_internal_fwd_path_g1_leaves, r0, c->leaf_rows, D_HH, 0);
-  cavs_loop(c, mvrnn_internal_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, 0);
+  cavs_loop(c, mvrnn_internal_fwd_path_g1_leaves, r0, c->leaf_rows, D_HH, CAVS_LOOP_ROWS);
+  cavs_loop(c, mvrnn_internal_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, CAVS_LOOP_ROWS);
   /* mvrnn.vf:42  concat */
 }
 
@@ -371,7 +371,7 @@ static void mvrnn_internal_bwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_H; (void)D_C; (void)D_HH; (void)D_V;
   /* mvrnn.vf:42  concat */
   /* group g1 backward, [n, HH]: P (lines 41) */
-  cavs_loop(c, mvrnn_internal_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, 0);
+  cavs_loop(c, mvrnn_internal_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_HH, CAVS_LOOP_ROWS);
   /* mvrnn.vf:41  mm */
   cavs_rowmm_bwd(c, D_H, D_H, D_H, V[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), P[6], D_H,
                 G[3] + (size_t)(0) * D_HH, D_HH, G[8] + (size_t)(0) * (D_H+D_HH) + D_H, (D_H+D_HH), PG[6], D_H, r0, n);
@@ -450,7 +450,7 @@ static void mvrnn_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[10] + (size_t)(r0) * D_H, D_H,
             P[7], D_C, 0, V[12] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
-  cavs_loop(c, mvrnn_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, mvrnn_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* mvrnn.vf:48  softmax_xent */
   cavs_xent_fwd(c, 0, V[11] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

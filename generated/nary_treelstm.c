@@ -204,8 +204,8 @@ static void nary_treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 40 41 42 43 44 45 46) */
-  cavs_loop(c, nary_treelstm_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, nary_treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, nary_treelstm_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, nary_treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* nary_treelstm.vf:47  concat */
 }
 
@@ -512,7 +512,7 @@ static void nary_treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[17] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 52) */
-  cavs_loop(c, nary_treelstm_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, nary_treelstm_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* nary_treelstm.vf:53  softmax_xent */
   cavs_xent_fwd(c, 0, V[15] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

@@ -204,8 +204,8 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[8], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 67 68 69 70 71 72) */
-  cavs_loop(c, seq2seq_enc_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, seq2seq_enc_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, seq2seq_enc_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, seq2seq_enc_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* seq2seq.vf:73  concat */
 }
 
@@ -733,7 +733,7 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:77  gather */
   cavs_gather_fwd(c, 1, 0, V[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* group g0 forward, [n, 2H]: s (lines 77) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, CAVS_LOOP_ROWS);
   /* line 80  h_prev @ [Ua|Udf]: [n, 2H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_H, V[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[2], (2*D_H), V[14] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -757,12 +757,12 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g1 forward, [n, H]: (lines 81) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g1, r0, n, D_H, CAVS_LOOP_ROWS);
   /* line 81  %13 @ va: [n, 1] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 1, D_H, 1, V[25] + (size_t)(r0) * D_H, D_H,
             P[14], 1, 0, V[24] + (size_t)(r0) * 1, 1);
   /* group g2 forward, [n, 1]: (lines 81) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g2, r0, n, 1, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g2, r0, n, 1, CAVS_LOOP_ROWS);
     }
   }
   /* seq2seq.vf:81  den = esum */
@@ -773,16 +773,16 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g3 forward, [n, H]: (lines 82) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g3, r0, n, D_H, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g3, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* seq2seq.vf:82  esum */
   cavs_esum_fwd(c, V[21] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, 1]: (lines 82) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, CAVS_LOOP_ROWS);
   /* group g5 forward, [n, H]: ctx (lines 82) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g5_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, seq2seq_dec_fwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g5_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, seq2seq_dec_fwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* seq2seq.vf:83  x = concat */
   cavs_copy_rows(c, V[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), V[2] + (size_t)(r0) * D_E, D_E, n, D_E, 0);
   /* line 84  x @ [Wdi|Wdo|Wdu]: [n, 3H] */
@@ -795,8 +795,8 @@ static void seq2seq_dec_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E+D_H, V[18] + (size_t)(0) * (D_E+D_H), (D_E+D_H),
                  P[15], D_H, V[17] + (size_t)(0) * D_H, D_H);
   /* group g6 forward, [n, H]: i f o u c h (lines 84 85 86 87 88 89) */
-  cavs_loop(c, seq2seq_dec_fwd_path_g6_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, seq2seq_dec_fwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, seq2seq_dec_fwd_path_g6_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, seq2seq_dec_fwd_path_g6, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* seq2seq.vf:90  concat */
 }
 
@@ -1155,9 +1155,9 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:83  x = concat */
   cavs_copy_rows(c, G[2] + (size_t)(r0) * D_E, D_E, G[18] + (size_t)(r0) * (D_E+D_H), (D_E+D_H), n, D_E, 1);
   /* group g5 backward, [n, H]: ctx (lines 82) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 1);
+  cavs_loop(c, seq2seq_dec_bwd_path_g5, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ALONE);
   /* group g4 backward, [n, 1]: (lines 82) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, 0);
+  cavs_loop(c, seq2seq_dec_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), 1, CAVS_LOOP_ROWS);
   /* seq2seq.vf:82  esum */
   cavs_esum_bwd(c, G[21] + (size_t)(0) * D_H, D_H, G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
@@ -1166,7 +1166,7 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g3 backward, [n, H]: (lines 82) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g3, r0, n, D_H, 1);
+  cavs_loop(c, seq2seq_dec_bwd_path_g3, r0, n, D_H, CAVS_LOOP_ALONE);
     }
   }
   /* seq2seq.vf:81  den = esum */
@@ -1177,12 +1177,12 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
       const int r0 = e0_, n = en_;
       (void)r0; (void)n;
   /* group g2 backward, [n, 1]: (lines 81) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g2, r0, n, 1, 0);
+  cavs_loop(c, seq2seq_dec_bwd_path_g2, r0, n, 1, CAVS_LOOP_ROWS);
   /* line 81  d%13 += d(%13 @ va) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 1, 1, G[24] + (size_t)(r0) * 1, 1,
             P[14], 1, 1, G[25] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: (lines 81) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g1, r0, n, D_H, 0);
+  cavs_loop(c, seq2seq_dec_bwd_path_g1, r0, n, D_H, CAVS_LOOP_ROWS);
     }
   }
   /* seq2seq.vf:80  ebcast */
@@ -1203,7 +1203,7 @@ static void seq2seq_dec_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[14] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), G[29] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 backward, [n, 2H]: s (lines 77) */
-  cavs_loop(c, seq2seq_dec_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, 0);
+  cavs_loop(c, seq2seq_dec_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), 2*D_H, CAVS_LOOP_ROWS);
   /* seq2seq.vf:77  gather */
   cavs_gather_bwd(c, 1, 0, G[30] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* seq2seq.vf:77  gather */
@@ -1282,7 +1282,7 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[20], D_T, 0, V[38] + (size_t)(r0) * D_T, D_T);
   /* group g0 forward, [n, T]: logits (lines 95) */
-  cavs_loop(c, seq2seq_push_fwd_g0, r0, n, D_T, 0);
+  cavs_loop(c, seq2seq_push_fwd_g0, r0, n, D_T, CAVS_LOOP_ROWS);
   /* seq2seq.vf:96  softmax_xent */
   cavs_xent_fwd(c, 0, V[37] + (size_t)(0) * D_T, D_T, c->iin[2], r0, n, D_T);
 }

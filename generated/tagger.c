@@ -196,8 +196,8 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[6], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 48 49 50 51 52 53) */
-  cavs_loop(c, tagger_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, tagger_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, tagger_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, tagger_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger.vf:54  concat */
 }
 
@@ -599,8 +599,8 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[12], D_H, V[13] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 62 63 64 65 66 67) */
-  cavs_loop(c, tagger_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, tagger_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, tagger_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, tagger_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger.vf:68  concat */
 }
 
@@ -962,7 +962,7 @@ static void tagger_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[17], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 78) */
-  cavs_loop(c, tagger_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, tagger_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* tagger.vf:79  softmax_xent */
   cavs_xent_fwd(c, 0, V[23] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

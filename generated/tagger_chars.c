@@ -214,8 +214,8 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
                  P[9], D_Hc, V[6] + (size_t)(0) * D_Hc, D_Hc);
   /* group g0 forward, [n, Hc]: i f o u c h (lines 50 51 52 53 54 55) */
-  cavs_loop(c, tagger_chars_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
-  cavs_loop(c, tagger_chars_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
+  cavs_loop(c, tagger_chars_chr_fwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, CAVS_LOOP_ROWS);
+  cavs_loop(c, tagger_chars_chr_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:56  concat */
 }
 
@@ -652,8 +652,8 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[15], D_H, V[14] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 64 65 66 67 68 69) */
-  cavs_loop(c, tagger_chars_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, tagger_chars_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, tagger_chars_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, tagger_chars_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:70  concat */
 }
 
@@ -1095,8 +1095,8 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[21], D_H, V[24] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: i f o u c h (lines 78 79 80 81 82 83) */
-  cavs_loop(c, tagger_chars_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, tagger_chars_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, tagger_chars_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, tagger_chars_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:84  concat */
 }
 
@@ -1503,7 +1503,7 @@ static void tagger_chars_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[33] + (size_t)(r0) * (2*D_H), (2*D_H),
             P[26], D_C, 0, V[37] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 94) */
-  cavs_loop(c, tagger_chars_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, tagger_chars_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:95  softmax_xent */
   cavs_xent_fwd(c, 0, V[36] + (size_t)(0) * D_C, D_C, c->iin[2], r0, n, D_C);
 }

@@ -110,8 +110,8 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, 2*D_H, V[3] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[1], D_H, V[2] + (size_t)(0) * D_H, D_H);
   /* group g0 forward, [n, H]: h (lines 30) */
-  cavs_loop(c, treefc_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, treefc_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treefc_tree_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, treefc_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -268,7 +268,7 @@ static void treefc_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * D_H, D_H,
             P[3], D_C, 0, V[5] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 36) */
-  cavs_loop(c, treefc_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, treefc_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* treefc.vf:37  softmax_xent */
   cavs_xent_fwd(c, 0, V[4] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

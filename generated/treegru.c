@@ -73,7 +73,7 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[2], D_H, V[7] + (size_t)(0) * D_H, D_H);
   /* group g2 forward, [n, H]: xr (lines 35) */
-  cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_eager_g2, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* treegru_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -224,7 +224,7 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_fwd(c, 1, 0, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 33) */
-  cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[2] + (size_t)(0) * (2*D_H), (2*D_H));
@@ -232,13 +232,13 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, V[3] + (size_t)(0) * D_H, D_H);
   /* group g3 forward, [n, H]: r_0 r_1 (lines 36 37) */
-  cavs_loop(c, treegru_tree_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
-  cavs_loop(c, treegru_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, treegru_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, treegru_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
 /* vertex tree, lazy phase: every row of the type at once */
@@ -462,7 +462,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
-  cavs_loop(c, treegru_tree_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 36  d[h_0;h_1] += d([h_0;h_1] @ Ur) W^T, rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
@@ -470,7 +470,7 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 33) */
-  cavs_loop(c, treegru_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treegru_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* treegru.vf:32  h_1 = gather */
   cavs_gather_bwd(c, 1, 0, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), r0, n);
   /* treegru.vf:32  h_0 = gather */
@@ -567,7 +567,7 @@ static void treegru_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[14] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 44) */
-  cavs_loop(c, treegru_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, treegru_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* treegru.vf:45  softmax_xent */
   cavs_xent_fwd(c, 0, V[13] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

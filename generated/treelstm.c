@@ -216,7 +216,7 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* treelstm.vf:34  s = gather */
   cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 35) */
-  cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 36  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
@@ -224,8 +224,8 @@ static void treelstm_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[4], D_H, V[4] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: i f_0 f_1 o u c h (lines 36 37 38 39 40 41) */
-  cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, treelstm_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treelstm_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, treelstm_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* treelstm.vf:42  concat */
 }
 
@@ -481,7 +481,7 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[7] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 35) */
-  cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, treelstm_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* treelstm.vf:34  s = gather */
   cavs_gather_bwd(c, 1, 0, G[5] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* treelstm.vf:34  s = gather */
@@ -553,7 +553,7 @@ static void treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[16] + (size_t)(r0) * D_H, D_H,
             P[9], D_C, 0, V[15] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 47) */
-  cavs_loop(c, treelstm_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, treelstm_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* treelstm.vf:48  softmax_xent */
   cavs_xent_fwd(c, 0, V[14] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

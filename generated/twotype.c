@@ -87,7 +87,7 @@ static void twotype_leaf_fwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: c h (lines 34 35) */
-  cavs_loop(c, twotype_leaf_fwd_eager_g0, r0, n, D_H, 0);
+  cavs_loop(c, twotype_leaf_fwd_eager_g0, r0, n, D_H, CAVS_LOOP_ROWS);
   /* twotype.vf:36  concat */
 }
 
@@ -343,8 +343,8 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, 2*D_H, V[7] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[2], (2*D_H), V[6] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: i f_0 f_1 o u c h (lines 43 44 45 46 47 48 49) */
-  cavs_loop(c, twotype_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
-  cavs_loop(c, twotype_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
+  cavs_loop(c, twotype_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
+  cavs_loop(c, twotype_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* twotype.vf:50  concat */
 }
 
@@ -610,7 +610,7 @@ static void twotype_push_fwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             P[11], D_C, 0, V[17] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 55) */
-  cavs_loop(c, twotype_push_fwd_g0, r0, n, D_C, 0);
+  cavs_loop(c, twotype_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* twotype.vf:56  softmax_xent */
   cavs_xent_fwd(c, 0, V[16] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }

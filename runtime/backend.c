@@ -144,8 +144,8 @@ int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t by
 
 #define BE(c) ((c)->model->be)
 
-void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
-  BE(c)->loop(c, f, r0, n, width, alone);
+void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags) {
+  BE(c)->loop(c, f, r0, n, width, flags);
 }
 
 void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,

@@ -101,7 +101,7 @@ typedef struct cv_backend {
                     long ldx, const void *w, long ldw, void *y, long ldy);
   void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
-  void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
+  void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags); /* (cavs_loop's CAVS_LOOP_*) */
   void (*gather_fwd)(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
   void (*gather_bwd)(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);
   void (*lookup_fwd)(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

@@ -390,16 +390,25 @@ static void loop_part(void *arg, int i) {
   long per = ((l->width + l->parts - 1) / l->parts + 15) & ~15L, j0 = i * per;
   if (j0 < l->width) l->f(l->c, l->r0, l->n, j0, l->width - j0 < per ? l->width : j0 + per);
 }
-static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
+/* CAVS_LOOP_ROWS: in blocks of rows, each thread's rows whole (every pointer of a row
+   advances through its own lines, where a column block leaves the other half of each
+   line pair to the other thread: on the 2-core Zen 3 a column-split cell loop ran 1.3
+   times faster on two threads than on one, a row-split one 1.8) */
+static void loop_rows_part(void *arg, int i) {
+  const LoopJob *l = arg;
+  int per = (l->n + l->parts - 1) / l->parts, a = i * per;
+  if (a < l->n) l->f(l->c, l->r0 + a, l->n - a < per ? l->n - a : per, 0, l->width);
+}
+static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags) {
   cv_pool *pool = pool_of(c);
   int parts = cv_pool_threads(pool);
   if (n <= 0 || width <= 0) return;
   double t0 = cv_now();
-  if (!pool || alone || width < 32L * parts || (long)n * width < 16384) f(c, r0, n, 0, width);
-  else {
-    LoopJob l = {c, f, r0, n, parts, width};
-    cv_pool_run(pool, loop_part, &l, parts);
-  }
+  LoopJob l = {c, f, r0, n, parts, width};
+  if (!pool || (flags & CAVS_LOOP_ALONE) || (long)n * width < 16384) f(c, r0, n, 0, width);
+  else if ((flags & CAVS_LOOP_ROWS) && n >= parts) cv_pool_run(pool, loop_rows_part, &l, parts);
+  else if (width < 32L * parts) f(c, r0, n, 0, width);
+  else cv_pool_run(pool, loop_part, &l, parts);
   c->model->stats.loop_seconds += cv_now() - t0;
 }
 

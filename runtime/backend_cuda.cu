@@ -651,7 +651,7 @@ static void launch_gather(cavs_ctx *c, R *rows, long ld, const R *S, long w, con
 
 /* The C target's loops run on the host: never on this backend (the targets must match),
    but the slot is filled */
-static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone) {
+static void cuda_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags) {
   record(model(c), EINVAL, __FILE__, __LINE__, "a C target's loop on the cuda backend");
 }
 

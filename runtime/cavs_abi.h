@@ -51,8 +51,10 @@ extern "C" {
  *    its buffers and values say so (cavs_buf_desc.vertex and cavs_value_desc.vertex
  *    -2).
  * 15: cavs_desc.push_routes (cavs_model_set_targets_only narrows the push block's
- *    forward pass where it routes nothing). */
-#define CAVS_ABI_VERSION 15
+ *    forward pass where it routes nothing).
+ * 16: cavs_loop's last argument is flags (CAVS_LOOP_ALONE, as `alone` was, and
+ *    CAVS_LOOP_ROWS: no cell written by two rows, so split by rows). */
+#define CAVS_ABI_VERSION 16
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -476,9 +478,13 @@ void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, in
 typedef void (*cavs_cols)(cavs_ctx *c, int r0, int n, long j0, long j1);
 /* Runs f over rows [r0, r0+n) and columns [0, width): in column blocks on the backend's
  * threads where it has several (each column's cells, a vector parameter's gradient
- * included, are one thread's), or in one call where `alone` (the loop adds to two
- * gradients that may overlap). */
-void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int alone);
+ * included, are one thread's); in blocks of rows where `flags` has CAVS_LOOP_ROWS (no
+ * cell the loop writes is written by another row: it adds to no vector parameter's
+ * gradient, and a row's stores are its own rows' and its homes'), so that each thread
+ * streams its own rows whole; or in one call where CAVS_LOOP_ALONE (the loop adds to
+ * two gradients that may overlap). */
+enum { CAVS_LOOP_ALONE = 1, CAVS_LOOP_ROWS = 2 };
+void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags);
 /* dst rows [r0, r0+n) = state rows of child k (zero where absent). */
 /* The edges of rows [r0, r0+n) (`children *`): the child's state row to each edge of
  * the buffer at dst (echild); a row of src to each of its edges (ebcast); each row's

@@ -705,6 +705,53 @@ START_TEST(threads_do_not_change_results) {
 }
 END_TEST
 
+/* Every example at 1, 2 and 3 threads, its fused loops past the split's thresholds
+ * (fixed dims of 64 and more, the minibatch's graphs twice over: a leaves' loop of some
+ * 300 rows): the loops that write only their own rows (CAVS_LOOP_ROWS) split by rows,
+ * unevenly at 3, the others by columns. The loss and every gradient equal one thread's
+ * but for the products' rounding (the BLAS may sum a narrower product in another
+ * order), and a second run at 3 threads gives the same bits: a block of rows run twice
+ * or never, or two threads on one cell, would show. */
+START_TEST(threads_split_every_example) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[2 * TG_MINIBATCH];
+  int k = tg_minibatch_wide(d, dims, g, gs, true, 64);
+  for (int i = 0; i < k; i++) gs[k + i] = gs[i];
+  k *= 2;
+  static const int threads[] = {1, 2, 3, 3};
+  cavs_model *m[4];
+  cavs_stats s[4];
+  const double *gr[4];
+  size_t n[4];
+  for (int t = 0; t < 4; t++) {
+    char err[512];
+    m[t] = cavs_model_new_opts(d, dims, &(cavs_model_opts){.backend = "cpu", .threads = threads[t]}, err, sizeof err);
+    ck_assert_msg(m[t] != NULL, "%s: %s", file, err);
+    cavs_model_init(m[t], 3);
+    ck_assert_msg(cavs_model_forward(m[t], gs, k, &s[t]) == 0, "%s: %s", file, cavs_model_error(m[t]));
+    cavs_model_backward(m[t]);
+    gr[t] = cavs_model_grads_flat(m[t], &n[t]);
+    ck_assert(n[t] == n[0]);
+  }
+  ck_assert_msg(s[2].loss == s[3].loss && !memcmp(gr[2], gr[3], n[2] * sizeof *gr[2]), "%s: two runs at 3 threads differ",
+                file);
+  double scale = 0;
+  for (size_t i = 0; i < n[0]; i++) scale = fmax(scale, fabs(gr[0][i]));
+  for (int t = 1; t < 3; t++) {
+    ck_assert_msg(fabs(s[t].loss - s[0].loss) <= 1e-12 * fabs(s[0].loss), "%s: loss %.17g at 1 thread, %.17g at %d",
+                  file, s[0].loss, s[t].loss, threads[t]);
+    for (size_t i = 0; i < n[0]; i++)
+      if (fabs(gr[t][i] - gr[0][i]) > 1e-10 * fmax(fabs(gr[0][i]), 1e-3 * scale))
+        ck_abort_msg("%s: gradient %zu: %.17g at 1 thread, %.17g at %d", file, i, gr[0][i], gr[t][i], threads[t]);
+  }
+  for (int t = 0; t < 4; t++) cavs_model_free(m[t]);
+}
+END_TEST
+
 /* A step uses the gradients up and zeroes them as it goes, so a backward pass after a
  * step clears only what no step zeroed. The gradients after step, forward, backward are
  * bit for bit those of a new model given the stepped parameters; a second backward pass
@@ -2430,6 +2477,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
+  tcase_add_loop_test(tc, threads_split_every_example, 0, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, wide_softmax_over_threads);

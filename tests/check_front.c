@@ -248,6 +248,12 @@ START_TEST(treelstm_classes) {
   for (char *p = cbuf; (p = strstr(p, bwd)); p++) nb++;
   ck_assert_int_eq(nf, 1);
   ck_assert_int_eq(nb, 1);
+  /* the forward loop writes its rows alone (split by rows over threads); the backward
+     adds each row's share to the biases' gradients (split by columns) */
+  char *call = strstr(cbuf, fwd), *end = call ? strchr(call, ';') : NULL;
+  ck_assert_msg(end && strstr(call, "CAVS_LOOP_ROWS") && strstr(call, "CAVS_LOOP_ROWS") < end, "%.120s", call);
+  call = strstr(cbuf, bwd), end = call ? strchr(call, ';') : NULL;
+  ck_assert_msg(end && !memcmp(end - 4, ", 0)", 4), "%.120s", call);
   free(hbuf);
   free(cbuf);
 }

@@ -238,10 +238,11 @@ static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inne
  * random DAGs of 90 and 100 vertices, typed as tg_types says. Returns how many graphs;
  * gs[i] is &g[i].g. */
 enum { TG_MINIBATCH = 8 };
-static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIBATCH],
-                               const cavs_graph *gs[TG_MINIBATCH], bool dags) {
+/* tg_minibatch's graphs with every fixed dim `wide` + 3i (every other 11) */
+static inline int tg_minibatch_wide(const cavs_desc *d, long *dims, TGraph g[TG_MINIBATCH],
+                                    const cavs_graph *gs[TG_MINIBATCH], bool dags, int wide) {
   cavs_dims_default(d, dims);
-  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 8 + 3 * i : 11;
+  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? wide + 3 * i : 11;
   unsigned seed = 77;
   int arity, leaf, inner;
   tg_types(d, &arity, &leaf, &inner);
@@ -254,6 +255,10 @@ static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIB
     gs[k] = &g[k].g;
   }
   return k_graphs;
+}
+static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIBATCH],
+                               const cavs_graph *gs[TG_MINIBATCH], bool dags) {
+  return tg_minibatch_wide(d, dims, g, gs, dags, 8);
 }
 
 #endif
