@@ -377,15 +377,9 @@ static char *ep_dbuf(cavs_model *m, int i, size_t bytes) {
   return ep->dbuf[i];
 }
 
-/* bytes of the backend's memory to the host, and back */
-static void ep_read(const cavs_model *m, void *host, const void *src, size_t bytes) {
-  if (ep_on_host(m)) memcpy(host, src, bytes);
-  else m->be->download(host, src, bytes);
-}
-static void ep_write(const cavs_model *m, void *dst, const void *host, size_t bytes) {
-  if (ep_on_host(m)) memcpy(dst, host, bytes);
-  else m->be->upload(dst, host, bytes);
-}
+/* bytes of the backend's memory to the host, and back (memcpy on the cpu backend) */
+static void ep_read(const cavs_model *m, void *host, const void *src, size_t bytes) { m->be->download(host, src, bytes); }
+static void ep_write(const cavs_model *m, void *dst, const void *host, size_t bytes) { m->be->upload(dst, host, bytes); }
 
 /* A host buffer's rows and their place in the backend's memory: `host` itself on the
    cpu backend, else a staging buffer (EP_STAGE) as large, moved whole by ep_down and
