@@ -407,7 +407,10 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * next step or cavs_model_expert_release) or cavs_model_expert_sync (every process) on
  * every process; a pass with
  * the comm set needs neither. Returns an error code from a collective as a failed pass
- * ("expert exchange failed"). On the cuda backend the exchange's rows and matrices are
+ * ("expert exchange failed"). A process that fails its part of an exchange alone (its
+ * exchange buffers, which the memory limit counts, past it) fails it on every process:
+ * each process's pass returns -1, the failed one with its own message (errno ENOMEM)
+ * and the others naming it, and none waits in a collective. On the cuda backend the exchange's rows and matrices are
  * staged through host memory, and the other processes' experts keep their device
  * memory (stale, their gradients zero). */
 typedef struct cavs_expert_comm {

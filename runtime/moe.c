@@ -324,20 +324,44 @@ static const char *at(const cavs_ctx *c, const void *p, long row, long ld) {
  * runs, for each distinct emm of the round and each expert whose rows it received, one
  * product over every process's rows of it (gathered in rank order), and sends the
  * results back (forward: y; backward: dx), adding x^T dy to its own gradient of the
- * expert. A round with no process running anything ends a pass's rounds. */
+ * expert. A round with no process running anything ends a pass's rounds.
+ *
+ * A process that fails alone (its memory: an exchange buffer over the memory limit, or
+ * not given) must not leave the others in a collective it will never call: before
+ * each collective that follows such work, every process says whether its part so far
+ * went through (ep_agree, an allgather of a word), and all fail the round together.
+ * A failure between rounds needs none: the failed process answers the others' rounds
+ * as idle (cv_experts_drain). What the agreement leaves is the same on every process
+ * (the tables placed, the replicas' copies marked current), so that a failed pass
+ * leaves the processes' states alike. */
 enum { EP_IDLE, EP_FWD, EP_BWD };
 enum { EP_DX = 1, EP_DT = 2 };
 typedef struct {
   int64_t kind, toff, dtoff, A, B, X, ldt, lddt, flags, pad;
 } ep_head;
-enum { EP_HEADS, EP_SEND, EP_RECV, EP_REPLY, EP_BACK, EP_WORK };
+/* the exchange's host buffers; EP_HEADS and EP_SAY are made with the comm (their sizes
+   are the processes'), so that what a round does before its first collective, and the
+   agreement, cannot fail */
+enum { EP_HEADS, EP_SEND, EP_RECV, EP_REPLY, EP_BACK, EP_WORK, EP_SAY };
 
 /* expert e of X's process of N: the first expert of process q is ceil(q X / N) */
 static inline long ep_first(long q, long X, int N) { return (q * X + N - 1) / N; }
 
+/* buffer i, at least `bytes`: NULL on failure (out of memory, or past the memory limit
+   with the model and its minibatch's rows, counted as cv_grow_rows counts them) */
 static void *ep_buf(cavs_model *m, int i, size_t bytes) {
   struct cv_experts *ep = &m->ep;
   if (bytes > ep->cap[i]) {
+    size_t need = bytes, rows = 0;
+    bool over = false;
+    for (int k = 0; k < 8; k++) over |= k != i && __builtin_add_overflow(need, ep->cap[k], &need);
+    if (over || cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_add_overflow(need, rows, &need) ||
+        __builtin_add_overflow(need, m->model_bytes, &need) || need > cavs_memory_limit())
+      return cv_fail_mem(m, "the experts' exchange needs %s more, past the memory limit of %s with the model's %s "
+                            "and the minibatch's (a smaller --batch, or raise --max-memory)",
+                         cv_bytes((char[CV_BYTES_LEN]){0}, bytes - ep->cap[i]),
+                         cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()),
+                         cv_bytes((char[CV_BYTES_LEN]){0}, m->model_bytes)), NULL;
     if (cv_grow(m, &ep->buf[i], 1, bytes)) return NULL;
     ep->cap[i] = bytes;
   }
@@ -443,6 +467,20 @@ static int ep_check_head(cavs_model *m, const ep_head *h, int p) {
 
 static int ep_call(cavs_model *m, int rc, const char *what) {
   return rc ? cv_fail(m, "expert exchange failed (%s, error %d)", what, rc) : 0;
+}
+
+/* Every process's word on its part since the last collective (ok: it went through),
+   before the next: 0 when every process's did, else -1 on every process, the failed
+   one keeping its own message. */
+static int ep_agree(cavs_model *m, bool ok) {
+  struct cv_experts *ep = &m->ep;
+  int64_t mine = ok ? 0 : 1, *said = ep->buf[EP_SAY];
+  int rc = ep->comm.allgather(ep->comm.arg, &mine, sizeof mine, said);
+  if (!ok) return -1;
+  if (ep_call(m, rc, "allgather of the processes' word")) return -1;
+  for (int p = 0; p < ep->comm.size; p++)
+    if (said[p]) return cv_fail(m, "expert exchange: process %d failed its part of the round (its own message says why)", p);
+  return 0;
 }
 
 /* A round's plan, the same on every process (made from what every process said): each
@@ -580,34 +618,43 @@ static struct cv_ep_table *ep_table(cavs_model *m, int64_t toff) {
   return NULL;
 }
 
+/* The expert tables the round's emms run over that are not placed yet, placed: on every
+   process in the same round (the heads are every process's), made first and agreed on
+   before any is placed, so that a process that could not make one leaves the tables as
+   the others do */
 static int ep_register(cavs_model *m, const ep_head *heads, const int *lead, int N) {
   struct cv_experts *ep = &m->ep;
   size_t es = m->esize;
+  int n0 = ep->ntab, n = n0;
+  bool ok = true;
   for (int p = 0; p < N; p++) {
     const ep_head *h = &heads[p];
     if (h->kind == EP_IDLE || lead[p] != p) continue;
     const struct cv_ep_table *had = ep_table(m, h->toff);
+    for (int i = n0; i < n && !had; i++)
+      if (ep->tab[i].toff == h->toff) had = &ep->tab[i];
     if (had && (had->X != h->X || had->ldt != h->ldt || had->ab != h->A * h->B)) /* (before it indexes stamps) */
       return cv_fail(m, "expert exchange: process %d sent a round over an expert table of another shape", p);
-    if (had || ep->ntab == CV_EP_TABLES) continue;
+    if (had || n == CV_EP_TABLES) continue;
     int g = -1;
     for (int k = 0; k < m->d->npgroups; k++)
       if ((int64_t)(m->pg_off[k] * es) == h->toff && m->pg_rows[k] == h->X && m->pg_cols[k] == h->ldt &&
           m->d->pgroups[k].sparse_input < 0)
         g = k;
     if (g < 0) continue;
-    struct cv_ep_table *t = &ep->tab[ep->ntab];
-    size_t n = (size_t)h->X * (size_t)N;
+    struct cv_ep_table *t = &ep->tab[n++];
+    size_t cells = (size_t)h->X * (size_t)N;
     *t = (struct cv_ep_table){.toff = h->toff, .X = h->X, .ldt = h->ldt, .ab = h->A * h->B, .group = g,
-                              .stamp = malloc(sizeof(long) * n), .dirty = calloc(n, 1)};
-    if (!t->stamp || !t->dirty) {
-      free(t->stamp), free(t->dirty);
-      return cv_fail_mem(m, "out of memory placing an expert table");
-    }
-    ep->ntab++;
-    ep->placed = true;
-    ep_release(m, t); /* (every process places it in this round) */
+                              .stamp = ok ? malloc(sizeof(long) * cells) : NULL, .dirty = ok ? calloc(cells, 1) : NULL};
+    if (!t->stamp || !t->dirty) ok = ok && !cv_fail_mem(m, "out of memory placing an expert table");
   }
+  if (n == n0) return 0;
+  if (ep_agree(m, ok)) {
+    for (int i = n0; i < n; i++) free(ep->tab[i].stamp), free(ep->tab[i].dirty), ep->tab[i] = (struct cv_ep_table){0};
+    return -1;
+  }
+  for (; ep->ntab < n; ep->ntab++) ep_release(m, &ep->tab[ep->ntab]); /* (every process places it in this round) */
+  ep->placed = true;
   return 0;
 }
 
@@ -633,15 +680,16 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
     struct cv_ep_table *t = ep_table(m, pl->heads[pl->hot_lead[i]].toff);
     long e = pl->hot_e[i];
     int q = pl->rep[i];
-    if (!t || q == ep_owner(e, t->X, N) || t->stamp[(size_t)e * (size_t)N + (size_t)q] == m->step) continue;
-    t->stamp[(size_t)e * (size_t)N + (size_t)q] = m->step; /* (sent once, should it come twice) */
+    bool listed = false; /* (sent once, should it come twice) */
+    for (int k = 0; k < n; k++) listed |= ship[k].t == t && ship[k].e == e && ship[k].q == q;
+    if (!t || listed || q == ep_owner(e, t->X, N) || t->stamp[(size_t)e * (size_t)N + (size_t)q] == m->step) continue;
     ship[n++] = (struct ship){t, e, ep_owner(e, t->X, N), q};
     if (me == ship[n - 1].o) sbytes[q] += (size_t)t->ab * es;
     if (me == q) rbytes[ship[n - 1].o] += (size_t)t->ab * es;
   }
   char *sendb, *recvb;
   if (!n) return 0;
-  if (ep_pair(m, N, sbytes, rbytes, &sendb, &recvb)) return -1;
+  if (ep_agree(m, !ep_pair(m, N, sbytes, rbytes, &sendb, &recvb))) return -1;
   /* to each process in rank order, its matrices in the list's order; likewise back */
   size_t at = 0;
   for (int q = 0; q < N; q++)
@@ -663,6 +711,8 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
         ep_write(m, (char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at, (size_t)t->ab * es);
         at += (size_t)t->ab * es, ep->stats.matrices++;
       }
+  /* (every process marks the same copies current, once they are) */
+  for (int i = 0; i < n; i++) ship[i].t->stamp[(size_t)ship[i].e * (size_t)N + (size_t)ship[i].q] = m->step;
   return 0;
 }
 
@@ -691,7 +741,7 @@ static int ep_home(cavs_model *m) {
   }
   char *sendb, *recvb;
   if (!any) return 0;
-  if (ep_pair(m, N, sbytes, rbytes, &sendb, &recvb)) return -1;
+  if (ep_agree(m, !ep_pair(m, N, sbytes, rbytes, &sendb, &recvb))) return -1;
   size_t at = 0;
   for (int o = 0; o < N; o++)
     for (int i = 0; i < ep->ntab; i++) {
@@ -752,6 +802,7 @@ typedef struct {
   long *kown, *ord;
   int *lead;
   ep_plan pl;
+  bool failed; /* ep_products ran out of memory */
 } ep_round_st;
 
 /* a collective's return code, its seconds counted */
@@ -772,7 +823,7 @@ static int ep_plan_round(ep_round_st *r) {
                 sizeof(long) * ((size_t)EP_MAX_REPLICAS * (size_t)N + (size_t)X + EP_MAX_REPLICAS) +
                 sizeof(double) * ((size_t)N + (size_t)N * (size_t)X) + sizeof(int64_t) * (size_t)X * (size_t)(N + 1);
   size_t *w = ep_buf(m, EP_WORK, need);
-  if (!w) return -1;
+  if (ep_agree(m, w)) return -1;
   r->sbytes = w + SB * N, r->rbytes = w + RB * N, r->inat = w + INAT * N, r->repat = w + REPAT * N;
   r->cur = w + CUR * N, r->backat = w + BACKAT * N;
   r->load = (double *)(w + NW * N), r->eload = r->load + N;
@@ -821,9 +872,11 @@ static int ep_send_rows(ep_round_st *r) {
   const ep_plan *pl = &r->pl;
   int N = r->N, me = r->me;
   size_t es = r->es, rowout = r->rowout;
-  char *sendb = ep_buf(m, EP_SEND, rowout * (size_t)(r->active && r->sn ? r->sn : 1));
+  /* (the buffer the results come back to is this one: made as large as either) */
+  size_t sent = (rowout > r->backrow ? rowout : r->backrow) * (size_t)(r->active && r->sn ? r->sn : 1);
+  char *sendb = ep_buf(m, EP_SEND, sent);
   ep_rows sb;
-  if (!sendb || ep_rows_at(r->c, &sb, sendb, rowout * (size_t)(r->active && r->sn ? r->sn : 1))) return -1;
+  if (!sendb || ep_rows_at(r->c, &sb, sendb, sent)) return ep_agree(m, false); /* (-1 on every process) */
   for (long e = 0, at = r->s0; e < r->X; e++) {
     long n = (long)r->seg[e];
     r->seg[e] = at, at += n;
@@ -868,7 +921,7 @@ static int ep_send_rows(ep_round_st *r) {
     inb += r->rbytes[p], replyb += (size_t)rows * rout;
     if (p != me) ep->stats.rows_in += rows;
   }
-  if (!ep_buf(m, EP_RECV, inb ? inb : 1) || !ep_buf(m, EP_REPLY, replyb ? replyb : 1)) return -1;
+  if (ep_agree(m, ep_buf(m, EP_RECV, inb ? inb : 1) && ep_buf(m, EP_REPLY, replyb ? replyb : 1))) return -1;
   double t0 = cv_now();
   return ep_timed(r, t0, ep->comm.alltoallv(ep->comm.arg, sendb, r->sbytes, ep->buf[EP_RECV], r->rbytes),
                   "alltoallv of the rows");
@@ -877,8 +930,9 @@ static int ep_send_rows(ep_round_st *r) {
 /* 3. the products here: for each distinct emm of the round and each expert whose rows
    come here (in the order they come), one product over every process's rows of it,
    gathered in rank order; the results into each process's reply, in the order its rows
-   came (cur[q]: how many of q's came so far) */
-static int ep_products(ep_round_st *r) {
+   came (cur[q]: how many of q's came so far). Out of memory: r->failed, for the
+   agreement before the results go back. */
+static void ep_products(ep_round_st *r) {
   cavs_model *m = r->m;
   struct cv_experts *ep = r->ep;
   const ep_plan *pl = &r->pl;
@@ -898,7 +952,10 @@ static int ep_products(ep_round_st *r) {
         if (r->lead[q] == p) ep_portion(pl, q, e, me, &bq, &k), rows += k;
       if (!rows) continue; /* an expert without rows costs nothing */
       char *xe = ep_buf(m, EP_BACK, (size_t)rows * (size_t)(2 * a + 2 * b) * es);
-      if (!xe) return -1;
+      if (!xe) {
+        r->failed = true;
+        return;
+      }
       const char *recvb = ep->buf[EP_RECV];
       char *de = xe + (size_t)rows * (size_t)a * es, *oe = de + (size_t)rows * (size_t)b * es;
       long got = 0;
@@ -916,7 +973,10 @@ static int ep_products(ep_round_st *r) {
       /* (on a device: the rows up, the products there, the results down) */
       char *dxe = xe, *dde = de, *doe = oe;
       if (!ep_on_host(m)) {
-        if (!(dxe = ep_dbuf(m, EP_DPROD, (size_t)rows * (size_t)(2 * a + 2 * b) * es))) return -1;
+        if (!(dxe = ep_dbuf(m, EP_DPROD, (size_t)rows * (size_t)(2 * a + 2 * b) * es))) {
+          r->failed = true;
+          return;
+        }
         dde = dxe + (size_t)rows * (size_t)a * es, doe = dde + (size_t)rows * (size_t)b * es;
         m->be->upload(dxe, xe, (size_t)rows * (size_t)(a + (hb ? b : 0)) * es);
       }
@@ -936,7 +996,6 @@ static int ep_products(ep_round_st *r) {
       }
     }
   }
-  return 0;
 }
 
 /* 4. the results back: to each process its rows' results; from each, this process's,
@@ -954,8 +1013,9 @@ static int ep_results(ep_round_st *r) {
     r->sbytes[q] = r->cur[q] * rout;
     r->rbytes[q] = back;
   }
-  char *backb = ep_buf(m, EP_SEND, backrow * (size_t)(r->active && r->sn ? r->sn : 1)); /* (the rows sent are done with) */
-  if (!backb) return -1;
+  /* (the rows sent are done with: ep_send_rows made their buffer large enough) */
+  char *backb = ep->buf[EP_SEND];
+  if (ep_agree(m, !r->failed)) return -1;
   double t0 = cv_now();
   if (ep_timed(r, t0, ep->comm.alltoallv(ep->comm.arg, ep->buf[EP_REPLY], r->sbytes, backb, r->rbytes),
                "alltoallv of the results"))
@@ -992,8 +1052,7 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
                    .rt = rt, .s0 = s0, .sn = sn, .x = x, .dy = dy, .ldx = ldx, .lddy = lddy, .ldy = ldy, .y = y,
                    .set = set, .active = mine->kind != EP_IDLE, .bwd = mine->kind == EP_BWD, .A = mine->A,
                    .B = mine->B, .X = 1};
-  r.heads = ep_buf(m, EP_HEADS, sizeof(ep_head) * (size_t)r.N);
-  if (!r.heads) return -1;
+  r.heads = ep->buf[EP_HEADS]; /* (made with the comm) */
   double t0 = cv_now();
   if (ep_timed(&r, t0, ep->comm.allgather(ep->comm.arg, mine, sizeof *mine, r.heads), "allgather")) return -1;
   bool any = false;
@@ -1006,7 +1065,9 @@ static int ep_round(cavs_ctx *c, const ep_head *mine, const struct cv_route *rt,
   ep->stats.rounds++;
   r.rowout = (size_t)(r.A + (r.bwd ? r.B : 0)) * r.es;
   r.backrow = (size_t)(r.bwd ? ((mine->flags & EP_DX) ? r.A : 0) : r.B) * r.es;
-  if (ep_plan_round(&r) || ep_send_rows(&r) || ep_products(&r) || ep_results(&r)) return -1;
+  if (ep_plan_round(&r) || ep_send_rows(&r)) return -1;
+  ep_products(&r);
+  return ep_results(&r) ? -1 : 0;
   return 0;
 }
 
@@ -1035,9 +1096,11 @@ int cv_experts_drain(cavs_model *m, bool bwd) {
   ep_head idle = {.kind = EP_IDLE};
   int rc;
   bool failed = false;
-  while ((rc = ep_round(&m->ctx, &idle, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, false)) == 0)
-    ;
-  if (rc < 0) failed = true, m->launch_failed = true;
+  /* A round that failed failed on every process (ep_agree), and the processes that ran
+     something in it run nothing more this pass: the rounds go on until every process
+     is idle. (A second failure is the transport's own: a collective that fails again.) */
+  for (int fails = 0; fails < 2 && (rc = ep_round(&m->ctx, &idle, NULL, 0, 0, NULL, 0, NULL, 0, NULL, 0, false)) != 1;)
+    if (rc < 0) fails++, failed = true, m->launch_failed = true;
   /* (a process whose rounds failed has said so to none: it still sends its replicas'
      gradients, as the others expect) */
   if (bwd && ep_home(m)) failed = true, m->launch_failed = true;
@@ -1098,8 +1161,8 @@ void cv_experts_release(cavs_model *m) {
 double cv_experts_norm2(cavs_model *m, double mine) {
   struct cv_experts *ep = &m->ep;
   int N = ep->comm.size;
-  double *all = ep_buf(m, EP_WORK, sizeof(double) * (size_t)N), sum = 0;
-  if (!all || ep_call(m, ep->comm.allgather(ep->comm.arg, &mine, sizeof mine, all), "allgather of the norms")) {
+  double *all = ep->buf[EP_SAY], sum = 0; /* (made with the comm) */
+  if (ep_call(m, ep->comm.allgather(ep->comm.arg, &mine, sizeof mine, all), "allgather of the norms")) {
     ep->failed = true;
     return 0;
   }
@@ -1150,9 +1213,11 @@ static int ep_share(cavs_model *m, int root) {
       for (int q = 0; q < N; q++) others += sbytes[q] != 0;
       bool copy = others > 1 || (others && !ep_on_host(m));
       char *copies = copy ? malloc(own * (size_t)others) : NULL, *recvb = malloc(in + 1);
-      if ((copy && !copies) || !recvb) {
+      bool ok = (!copy || copies) && recvb;
+      if (!ok) cv_fail_mem(m, "out of memory gathering the experts");
+      if (ep_agree(m, ok)) {
         free(copies), free(recvb);
-        return cv_fail_mem(m, "out of memory gathering the experts");
+        return -1;
       }
       if (copies) ep_read(m, copies, arr[a] + off * es, own);
       for (int k = 1; k < others && copies; k++) memcpy(copies + (size_t)k * own, copies, own);
@@ -1202,6 +1267,10 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (m->ep.placed && (comm->rank != m->ep.comm.rank || comm->size != m->ep.comm.size))
     return cv_fail(m, "expert parallelism: the experts are placed on %d processes (this one %d), not %d (%d)",
                    m->ep.comm.size, m->ep.comm.rank, comm->size, comm->rank);
+  /* what a round needs before its first collective, and the agreement's words: made
+     here, so that nothing between two of a round's collectives fails unsaid */
+  size_t N = (size_t)comm->size;
+  if (!ep_buf(m, EP_HEADS, sizeof(ep_head) * N) || !ep_buf(m, EP_SAY, sizeof(double) * N)) return -1;
   m->ep.comm = *comm;
   m->ep.on = true;
   return 0;

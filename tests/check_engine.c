@@ -1950,6 +1950,12 @@ typedef struct Hub {
   pthread_barrier_t bar;
   const char *send[HUB_MAX];
   const size_t *sb[HUB_MAX];
+  /* what each process called (1 allgather, 2 alltoallv) and its allgather's size: the
+     processes must call the same collective each time. Once they have not (mismatch),
+     every collective fails at once, without waiting, so that nothing hangs. */
+  int op[HUB_MAX];
+  size_t bytes[HUB_MAX];
+  volatile int mismatch;
 } Hub;
 typedef struct Port {
   Hub *h;
@@ -1964,11 +1970,25 @@ typedef struct Port {
   int rc;
 } Port;
 
+/* the first half of a collective: each says what it calls; false when they differ */
+static bool hub_meet(Hub *h, int rank, int op, size_t bytes) {
+  if (h->mismatch) return false;
+  h->op[rank] = op, h->bytes[rank] = bytes;
+  pthread_barrier_wait(&h->bar);
+  bool same = true;
+  for (int q = 0; q < h->n; q++) same &= h->op[q] == op && h->bytes[q] == bytes;
+  if (!same) {
+    pthread_barrier_wait(&h->bar); /* (all have looked before any says so) */
+    h->mismatch = 1;
+    pthread_barrier_wait(&h->bar);
+  }
+  return same;
+}
 static int hub_allgather(void *arg, const void *mine, size_t bytes, void *all) {
   Port *p = arg;
   Hub *h = p->h;
   h->send[p->rank] = mine;
-  pthread_barrier_wait(&h->bar);
+  if (!hub_meet(h, p->rank, 1, bytes)) return -1;
   for (int q = 0; q < h->n; q++) memcpy((char *)all + (size_t)q * bytes, h->send[q], bytes);
   pthread_barrier_wait(&h->bar);
   return 0;
@@ -1977,7 +1997,7 @@ static int hub_alltoallv(void *arg, const void *send, const size_t *sbytes, void
   Port *p = arg;
   Hub *h = p->h;
   h->send[p->rank] = send, h->sb[p->rank] = sbytes;
-  pthread_barrier_wait(&h->bar);
+  if (!hub_meet(h, p->rank, 2, 0)) return -1;
   int rc = 0;
   size_t at = 0;
   for (int q = 0; q < h->n; q++) {
@@ -2251,6 +2271,89 @@ START_TEST(experts_hold_their_share) {
 }
 END_TEST
 
+/* a pass's part and the step after it (a backward pass's failure shows in the step) */
+static void *hub_part_step(void *arg) {
+  Port *p = arg;
+  hub_part(p);
+  if (!p->rc) p->rc = cavs_model_step(p->m, &placed_opt);
+  return NULL;
+}
+
+/* hub_run's, where a process may wait in a collective no other calls: each joined
+   within a minute, or the test fails */
+static void hub_run_bounded(Port *port, int P, void *(*fn)(void *)) {
+  pthread_t th[HUB_MAX];
+  for (int q = 0; q < P; q++) ck_assert_int_eq(pthread_create(&th[q], NULL, fn, &port[q]), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 60;
+  for (int q = 0; q < P; q++)
+    ck_assert_msg(pthread_timedjoin_np(th[q], NULL, &until) == 0, "process %d still waits in a collective", q);
+}
+
+/* One process out of memory in the middle of an exchange round (the memory limit: its
+   minibatch's rows fill it but for `slack` bytes, so that its exchange buffers go past
+   it; the other's minibatch is smaller, and its exchange fits): every process's pass
+   fails, none waits in a collective the failed one never calls (the Hub checks that
+   every process calls the same collective each time, and the threads end), the failed
+   process says why (ENOMEM, the exchange) and the others name it. Swept over the slack
+   from none to enough, so that the failure falls at each of a pass's allocations in
+   turn; enough, every process's pass goes through. */
+START_TEST(experts_fail_together) {
+  const cavs_desc *d = load_model("moe_tree.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), P = 2;
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  int mid = 0, through = 0, trials = 0;
+  for (size_t slack = 0; !through && trials < 40; slack = slack ? slack * 3 / 2 : 512, trials++) {
+    Hub hub = {.n = P};
+    pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
+    Port port[HUB_MAX];
+    /* process 0 runs every graph but the first, process 1 the first (5 vertices) */
+    for (int q = 0; q < P; q++)
+      port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = q ? 0 : 1, .hi = q ? 1 : k, .counts = counts,
+                       .m = unbalanced_model(d, dims)};
+    /* process 0's rows grown by a pass of its part alone; then the limit */
+    cavs_stats st;
+    ck_assert_int_eq(cavs_model_forward(port[0].m, gs + 1, k - 1, &st), 0);
+    size_t model, rows;
+    long n = 0;
+    for (int i = 1; i < k; i++) n += gs[i]->n;
+    long cap = 256;
+    while (cap < n) cap *= 2; /* (as the model grows its rows: cv_grow_rows) */
+    ck_assert_int_eq(cavs_model_memory(port[0].m, cap, &model, &rows), 0);
+    /* (the comm set before: what it makes is not the exchange's, and a process whose
+       comm could not be set takes no part) */
+    for (int q = 0; q < P; q++) {
+      cavs_expert_comm comm = {.rank = q, .size = P, .allgather = hub_allgather, .alltoallv = hub_alltoallv,
+                               .arg = &port[q]};
+      ck_assert_int_eq(cavs_model_set_expert_comm(port[q].m, &comm), 0);
+    }
+    cavs_set_memory_limit(model + rows + slack);
+    hub_run_bounded(port, P, hub_part_step);
+    cavs_set_memory_limit(0);
+    ck_assert_msg(!hub.mismatch, "slack %zu: the processes called different collectives", slack);
+    const char *e0 = cavs_model_error(port[0].m), *e1 = cavs_model_error(port[1].m);
+    if (!port[0].rc && !port[1].rc) {
+      through = 1;
+    } else {
+      ck_assert_msg(port[0].rc && port[1].rc, "slack %zu: one process failed alone (%s | %s)", slack, e0, e1);
+      ck_assert_msg(strstr(e0, "the experts' exchange needs") && strstr(e0, "memory limit"), "slack %zu: %s", slack, e0);
+      ck_assert_msg(strstr(e1, "process 0 failed its part of the round"), "slack %zu: %s", slack, e1);
+      mid++;
+    }
+    pthread_barrier_destroy(&hub.bar);
+    for (int q = 0; q < P; q++) cavs_model_free(port[q].m);
+  }
+  ck_assert_msg(mid >= 3 && through, "%d limits failed in a round (3 or more), then %s", mid,
+                through ? "one went through" : "none went through");
+  cavs_model_free(whole);
+}
+END_TEST
+
 START_TEST(experts_placed_sum_to_whole) {
   long replicated = 0;
   for (int rep = 0; rep < 2; rep++) {
@@ -2473,6 +2576,7 @@ int main(void) {
   tcase_add_test(tc, moe_groups_by_expert);
   tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, experts_hold_their_share);
+  tcase_add_test(tc, experts_fail_together);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
