@@ -475,7 +475,9 @@ static int ep_call(cavs_model *m, int rc, const char *what) {
 static int ep_agree(cavs_model *m, bool ok) {
   struct cv_experts *ep = &m->ep;
   int64_t mine = ok ? 0 : 1, *said = ep->buf[EP_SAY];
+  double t0 = cv_now();
   int rc = ep->comm.allgather(ep->comm.arg, &mine, sizeof mine, said);
+  ep->stats.seconds += cv_now() - t0;
   if (!ok) return -1;
   if (ep_call(m, rc, "allgather of the processes' word")) return -1;
   for (int p = 0; p < ep->comm.size; p++)
