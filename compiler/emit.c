@@ -1101,6 +1101,26 @@ static int sparse_input(const Model *m, int group) {
   return slot;
 }
 
+/* Whether a parameter block is one mixture of experts' table alone: its one parameter,
+ * as wide as the block, read only as the matrix of an expert's product (emm). */
+static bool experts_table(const Model *m, int group) {
+  int params = 0, n;
+  for (int i = 0; i < m->nparams; i++)
+    if (m->params[i].pgroup == group) {
+      params++;
+      if (!lin_is_zero(m->params[i].col_off) || !lin_eq(m->params[i].cols, m->pgroups[group].cols)) return false;
+    }
+  ParamUse *u = param_uses(m, &n);
+  bool any = false, only = params == 1;
+  for (int k = 0; k < n && only; k++) {
+    if (m->params[u[k].param].pgroup != group) continue;
+    any = true;
+    only = u[k].user->op == OP_EMM && u[k].arg == 1;
+  }
+  free(u);
+  return any && only;
+}
+
 static bool word_char(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '.'; }
 
 /* The model's identity, which a checkpoint records: FNV-1a of the source's tokens, not
@@ -1197,7 +1217,7 @@ static void descriptor(const Emit *e) {
     desc_lin(c, m->pgroups[i].rows);
     fputs(", ", c);
     desc_lin(c, m->pgroups[i].cols);
-    fprintf(c, ", %d},\n", sparse_input(m, i));
+    fprintf(c, ", %d, %d},\n", sparse_input(m, i), experts_table(m, i));
   }
   if (m->npgroups) fprintf(c, "};\n");
   fprintf(c, "static const cavs_buf_desc bufs[] = {\n");

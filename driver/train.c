@@ -296,6 +296,11 @@ static void make_model(Run *r, const long *dims) {
   errno = 0;
   r->m = keep(cavs_model_new_opts(d, dims, &model_opts, err, sizeof err));
   if (!r->m) lib_die(err);
+  /* --expert-parallel: the experts' tables placed before the parameters are made or
+     read, so that a rank never holds the other ranks' experts (passes set the comm
+     again around them) */
+  dist_experts(r->m, true);
+  dist_experts(r->m, false);
   cavs_model_set_policy(r->m, model_policy);
   cavs_model_set_ablations(r->m, model_ablations);
   /* its training passes run the push block where the losses have targets: the scores it

@@ -390,8 +390,11 @@ void cavs_model_expert_load_reset(cavs_model *m);
  * and steps: a process that has finished a pass goes on answering the others' rows
  * until all have (rounds with no rows of its own).
  *
- * An expert's matrices are its owner's: from the first pass that reads an expert table
- * (an emm's [X, A * B] parameter), its gradient is added to on the owner only (a hot
+ * An expert's matrices are its owner's: from the placement of an expert table (an
+ * emm's [X, A * B] parameter: when the comm is first set, for every table the model's
+ * descriptor names, so that cavs_model_init and cavs_ckpt_apply after it write only
+ * this process's experts and never touch the others' memory; else at the first pass
+ * that reads it), its gradient is added to on the owner only (a hot
  * expert's replica sends its gradient there at the backward pass's end) and
  * cavs_model_step updates expert e on its owner only (a global-norm clip adds the
  * owners' squares over the processes: every process must step with the same clip and

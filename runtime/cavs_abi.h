@@ -53,8 +53,10 @@ extern "C" {
  * 15: cavs_desc.push_routes (cavs_model_set_targets_only narrows the push block's
  *    forward pass where it routes nothing).
  * 16: cavs_loop's last argument is flags (CAVS_LOOP_ALONE, as `alone` was, and
- *    CAVS_LOOP_ROWS: no cell written by two rows, so split by rows). */
-#define CAVS_ABI_VERSION 16
+ *    CAVS_LOOP_ROWS: no cell written by two rows, so split by rows).
+ * 17: cavs_pgroup_desc.experts (a mixture of experts' table, placed by expert
+ *    parallelism as soon as the comm is set). */
+#define CAVS_ABI_VERSION 17
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -242,6 +244,9 @@ typedef struct cavs_pgroup_desc {
   cavs_lin rows, cols;
   int sparse_input; /* a lookup table read only through this integer input's slot: its
                        gradient and update touch only the rows a minibatch reads; -1 */
+  int experts;      /* 1: a mixture of experts' table of matrices, one expert a row, read
+                       only as an expert's product's matrix (emm) and the group's one
+                       parameter: expert parallelism places it when the comm is set */
 } cavs_pgroup_desc;
 
 /* A per-row buffer's gradient: none; one the backward pass clears, then adds to; or one

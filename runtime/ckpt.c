@@ -713,14 +713,19 @@ int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err
   return 0;
 }
 
+/* Parameter i's values (or a moment's) from the checkpoint's, the rows this process
+   holds (a placed expert table's: its own experts') */
 static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src) {
   const cavs_param_desc *p = &m->d->params[i];
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
-  long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
-  char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
+  long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group], a, b;
+  cv_experts_rows_held(m, p->group, &a, &b);
+  if (b > rows) b = rows;
+  char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)a * (size_t)ld + (size_t)off) * m->esize;
+  src += (size_t)a * (size_t)cols * m->esize;
   /* one copy: a copy a row waited for the device a row */
-  if (rows > 0 && cols > 0)
-    m->be->upload2d(dst, (size_t)ld * m->esize, src, (size_t)cols * m->esize, (size_t)cols * m->esize, (size_t)rows);
+  if (b > a && cols > 0)
+    m->be->upload2d(dst, (size_t)ld * m->esize, src, (size_t)cols * m->esize, (size_t)cols * m->esize, (size_t)(b - a));
 }
 
 /* Whether the checkpoint is of model m as it is (name, source, precision, dims, every
@@ -817,6 +822,7 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
       a2 += bytes;
     }
   }
+  cv_experts_new_params(m); /* (copies of other processes' experts made before are stale now) */
   /* the carried state: the model carries from it (its one state of that width) */
   if (k->carry_rows) {
     if (cavs_model_carry_state(m, 1) || m->bw[m->carry_state] != k->carry_w) {

@@ -116,12 +116,20 @@ int cv_experts_own(const cavs_model *m, int i, size_t *off, size_t *len);
 /* Whether parameter group g is a placed table, and then its span here as
    cv_experts_own's */
 bool cv_experts_own_group(const cavs_model *m, int g, size_t *off, size_t *len);
+/* The rows [*a, *b) of parameter group g this process holds: all of them but where g
+   is a placed table (then its own experts') */
+void cv_experts_rows_held(const cavs_model *m, int g, long *a, long *b);
 /* What this process does not hold given back: every placed table's rows of the other
    processes' experts zeroed in the parameters, the gradient and the moments (their
    pages given back: cv_backend.drop) and their copies marked stale (on every process
    alike: it runs at the same points on each, when a table is placed and after each
    step), so that a replica's process is sent the owner's matrix */
 void cv_experts_release(cavs_model *m);
+/* After the parameters were made or read (cavs_model_init, a checkpoint), which write
+   only each process's own experts of a placed table: every copy of another's marked
+   stale, so that a replica is sent the owner's matrix (nothing given back: the rows
+   these write are the process's own) */
+void cv_experts_new_params(cavs_model *m);
 /* The sum over the processes, in rank order, of each one's `mine` (the squares of its
    own experts' gradients, for a global-norm clip): every process calls it in the same
    step; on failure 0 with the model's error set and cv_experts_failed true */

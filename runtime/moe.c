@@ -613,6 +613,7 @@ static void ep_replicate(ep_plan *pl, double *load, double *eload) {
 static inline int ep_owner(long e, long X, int N) { return (int)(e * N / X); }
 
 static void ep_release(cavs_model *m, struct cv_ep_table *t);
+static void ep_restamp(cavs_model *m, struct cv_ep_table *t);
 
 static struct cv_ep_table *ep_table(cavs_model *m, int64_t toff) {
   for (int i = 0; i < m->ep.ntab; i++)
@@ -1133,6 +1134,14 @@ bool cv_experts_own_group(const cavs_model *m, int g, size_t *off, size_t *len) 
   return false;
 }
 
+void cv_experts_rows_held(const cavs_model *m, int g, long *a, long *b) {
+  size_t off, len;
+  *a = 0, *b = m->pg_rows[g];
+  if (!m->ep.placed || !cv_experts_own_group(m, g, &off, &len) || m->pg_cols[g] <= 0) return;
+  *a = (long)((off - m->pg_off[g]) / (size_t)m->pg_cols[g]);
+  *b = *a + (long)(len / (size_t)m->pg_cols[g]);
+}
+
 /* table t's part of cv_experts_release */
 static void ep_release(cavs_model *m, struct cv_ep_table *t) {
   int N = m->ep.comm.size, me = m->ep.comm.rank;
@@ -1152,12 +1161,23 @@ static void ep_release(cavs_model *m, struct cv_ep_table *t) {
       m->be->zero(m, arr[k] + t->toff + b, end - b);
     }
   }
+  ep_restamp(m, t);
+}
+
+/* every process's record of the copies: each expert's owner's current, the others'
+   given back */
+static void ep_restamp(cavs_model *m, struct cv_ep_table *t) {
+  int N = m->ep.comm.size;
   for (long e = 0; e < t->X; e++)
     for (int q = 0; q < N; q++) t->stamp[(size_t)e * (size_t)N + (size_t)q] = q == ep_owner(e, t->X, N) ? m->step : -1;
 }
 
 void cv_experts_release(cavs_model *m) {
   for (int i = 0; i < m->ep.ntab; i++) ep_release(m, &m->ep.tab[i]);
+}
+
+void cv_experts_new_params(cavs_model *m) {
+  for (int i = 0; i < m->ep.ntab; i++) ep_restamp(m, &m->ep.tab[i]);
 }
 
 double cv_experts_norm2(cavs_model *m, double mine) {
@@ -1257,6 +1277,35 @@ int cavs_model_expert_release(cavs_model *m) {
   return 0;
 }
 
+/* The tables the descriptor names (cavs_pgroup_desc.experts) placed when the comm is
+   first set, before any pass: every process places the same ones (the descriptor is
+   every process's), and cavs_model_init or a checkpoint's parameters after it write
+   this process's experts alone (cv_experts_own_group), so that no process ever holds
+   the others'. A table the descriptor does not name is placed by the first round
+   that runs over it (ep_register), as before. */
+static int ep_place_described(cavs_model *m) {
+  struct cv_experts *ep = &m->ep;
+  if (ep->ntab) return 0;
+  size_t es = m->esize, N = (size_t)ep->comm.size;
+  int n = 0;
+  for (int k = 0; k < m->d->npgroups && n < CV_EP_TABLES; k++) {
+    if (!m->d->pgroups[k].experts || m->d->pgroups[k].sparse_input >= 0 || m->pg_rows[k] <= 0 || m->pg_cols[k] <= 0)
+      continue;
+    size_t cells = (size_t)m->pg_rows[k] * N;
+    struct cv_ep_table *t = &ep->tab[n++];
+    *t = (struct cv_ep_table){.toff = (int64_t)((size_t)m->pg_off[k] * es), .X = m->pg_rows[k], .ldt = m->pg_cols[k],
+                              .ab = m->pg_cols[k], .group = k, .stamp = malloc(sizeof(long) * cells),
+                              .dirty = calloc(cells, 1)};
+    if (!t->stamp || !t->dirty) {
+      for (int i = 0; i < n; i++) free(ep->tab[i].stamp), free(ep->tab[i].dirty), ep->tab[i] = (struct cv_ep_table){0};
+      return cv_fail_mem(m, "out of memory placing an expert table");
+    }
+  }
+  for (; ep->ntab < n; ep->ntab++) ep_release(m, &ep->tab[ep->ntab]);
+  ep->placed = n > 0;
+  return 0;
+}
+
 int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (!m) return -1;
   if (!comm) { /* (a placement keeps its comm: steps and syncs use it) */
@@ -1275,6 +1324,10 @@ int cavs_model_set_expert_comm(cavs_model *m, const cavs_expert_comm *comm) {
   if (!ep_buf(m, EP_HEADS, sizeof(ep_head) * N) || !ep_buf(m, EP_SAY, sizeof(double) * N)) return -1;
   m->ep.comm = *comm;
   m->ep.on = true;
+  if (ep_place_described(m)) {
+    m->ep.on = false;
+    return -1;
+  }
   return 0;
 }
 

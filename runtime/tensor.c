@@ -726,6 +726,10 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
     if (rows <= 0 || cols <= 0) continue;
     size_t row = (size_t)cols * es;
     long per = row <= cap ? (long)(cap / row) : 0; /* whole rows a block */
+    /* a placed table's rows of other processes' experts: their values drawn (every
+       process draws the same sequence) but not written, their memory never touched */
+    long held0, held1;
+    cv_experts_rows_held(m, p->group, &held0, &held1);
     for (long r0 = 0; r0 < rows;) {
       long nr = per ? (rows - r0 < per ? rows - r0 : per) : 1;
       long piece = per ? cols : (long)(cap / es);
@@ -738,9 +742,10 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
             if (es == 8) ((double *)buf)[at] = v;
             else ((float *)buf)[at] = (float)v;
           }
-        char *dst = base + ((size_t)r0 * (size_t)ld + (size_t)j0) * es;
-        if (nr == 1) m->be->upload(dst, buf, (size_t)len * es);
-        else m->be->upload2d(dst, (size_t)ld * es, buf, (size_t)len * es, (size_t)len * es, (size_t)nr);
+        long u0 = r0 > held0 ? r0 : held0, u1 = r0 + nr < held1 ? r0 + nr : held1;
+        char *dst = base + ((size_t)u0 * (size_t)ld + (size_t)j0) * es, *src = buf + (size_t)(u0 - r0) * (size_t)len * es;
+        if (u1 - u0 == 1) m->be->upload(dst, src, (size_t)len * es);
+        else if (u1 > u0) m->be->upload2d(dst, (size_t)ld * es, src, (size_t)len * es, (size_t)len * es, (size_t)(u1 - u0));
       }
       r0 += nr;
     }
@@ -750,4 +755,5 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
   m->be->release(m->m2);
   m->m1 = m->m2 = NULL;
   m->step = 0;
+  cv_experts_new_params(m); /* (a replica's copy made before is stale now) */
 }

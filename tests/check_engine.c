@@ -2065,7 +2065,22 @@ static void sum_unplaced(const cavs_desc *d, Port *port, int P) {
   (void)g0;
 }
 
-static long experts_placed(const char *file, int P, bool with_none, int replicate) {
+/* A model of d whose expert tables are placed before its parameters are made: the comm
+   set first (process q of P, over port's hub), then cavs_model_init (seed 9, as
+   unbalanced_model's) */
+static cavs_model *placed_model(const cavs_desc *d, const long *dims, Port *port, int q, int P) {
+  char err[256];
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  cavs_expert_comm comm = {.rank = q, .size = P, .allgather = hub_allgather, .alltoallv = hub_alltoallv, .arg = port};
+  ck_assert_int_eq(cavs_model_set_expert_comm(m, &comm), 0);
+  cavs_model_init(m, 9);
+  if (cavs_option_find(d, "balance") >= 0) ck_assert_int_eq(cavs_model_set_option(m, "balance", 0), 0);
+  return m;
+}
+
+/* (first: the processes' models placed before their parameters are made, placed_model) */
+static long experts_placed(const char *file, int P, bool with_none, int replicate, bool first) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
@@ -2079,7 +2094,8 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   Port port[HUB_MAX];
   for (int q = 0; q < P; q++) {
     port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
-                     .replicate = replicate, .m = unbalanced_model(d, dims)};
+                     .replicate = replicate};
+    port[q].m = first ? placed_model(d, dims, &port[q], q, P) : unbalanced_model(d, dims);
     if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
   }
   hub_run(port, P, hub_part);
@@ -2279,6 +2295,80 @@ static void *hub_part_step(void *arg) {
   return NULL;
 }
 
+/* Expert tables placed from the start: the descriptor names them (moe_lm's W1 and W2:
+   cavs_pgroup_desc.experts), and the comm set before the parameters are made places
+   them at once. cavs_model_init then writes each process's own experts alone, their
+   values and every other parameter's the unplaced model's bits, and touches none of
+   the others' pages (mincore: not in the parameters, nor the gradient; a page shared
+   with the process's own experts is its own); a checkpoint
+   applied after it (parameters and Adam's moments of a stepped model) gives the own
+   experts and the rest the checkpoint's values and leaves the others' pages untouched.
+   Models placed so train as one: experts_placed's sums and step with them. */
+START_TEST(experts_placed_from_the_start) {
+  const cavs_desc *d = load_model("moe_lm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), P = 2;
+  dims[find_dim(d, "H")] = dims[find_dim(d, "F")] = 48; /* (an expert's matrix: 18 KiB) */
+  cavs_model *fresh = unbalanced_model(d, dims);
+  cavs_model *stepped = unbalanced_model(d, dims);
+  cavs_stats st;
+  ck_assert_int_eq(cavs_model_forward(stepped, gs, k, &st), 0);
+  cavs_model_backward(stepped);
+  ck_assert_int_eq(cavs_model_step(stepped, &placed_opt), 0);
+  char *dir = tu_tmpdir(), path[4200], err[256];
+  snprintf(path, sizeof path, "%s/w.ckpt", dir);
+  ck_assert_msg(cavs_ckpt_save(path, stepped, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  Hub hub = {.n = P};
+  Port port[HUB_MAX] = {{0}};
+  long X = dims[find_dim(d, "X")];
+  for (int q = 0; q < P; q++) {
+    port[q] = (Port){.h = &hub, .rank = q};
+    cavs_model *m = port[q].m = placed_model(d, dims, &port[q], q, P);
+    ck_assert_int_eq(cavs_model_expert_placed(m, 0, NULL, NULL), 2);
+    for (int pass = 0; pass < 2; pass++) {
+      const cavs_model *ref = pass ? stepped : fresh;
+      size_t count;
+      const double *pm = cavs_model_params_flat(m, &count), *pr = cavs_model_params_flat((cavs_model *)ref, &count);
+      const double *gm = cavs_model_grads_flat(m, &count);
+      size_t off[2], n[2];
+      long first = ((long)q * X + P - 1) / P, next = ((long)(q + 1) * X + P - 1) / P;
+      for (int i = 0; i < 2; i++) cavs_model_expert_placed(m, i, &off[i], &n[i]);
+      for (size_t j = 0; j < count; j++) {
+        int t = j >= off[0] && j < off[0] + n[0] ? 0 : j >= off[1] && j < off[1] + n[1] ? 1 : -1;
+        long e = t < 0 ? -1 : (long)((j - off[t]) / (n[t] / (size_t)X));
+        if (t >= 0 && (e < first || e >= next)) continue; /* (another's expert: not read, below) */
+        ck_assert_msg(pm[j] == pr[j], "process %d, %s: scalar %zu is %.17g, not %.17g", q,
+                      pass ? "the checkpoint applied" : "made", j, pm[j], pr[j]);
+      }
+      for (int i = 0; i < 2; i++) {
+        size_t ld = n[i] / (size_t)X, es = sizeof(double);
+        long pages, in = resident_pages(pm, off[i] * es, (off[i] + (size_t)first * ld) * es, &pages), all = pages;
+        in += resident_pages(pm, (off[i] + (size_t)next * ld) * es, (off[i] + n[i]) * es, &pages), all += pages;
+        in += resident_pages(gm, off[i] * es, (off[i] + (size_t)first * ld) * es, &pages);
+        in += resident_pages(gm, (off[i] + (size_t)next * ld) * es, (off[i] + n[i]) * es, &pages);
+        ck_assert_msg(all > 0 && in == 0, "process %d, %s: %ld pages of the others' experts of table %d held", q,
+                      pass ? "the checkpoint applied" : "made", in, i);
+        long own = resident_pages(pm, (off[i] + (size_t)first * ld) * es, (off[i] + (size_t)next * ld) * es, &pages);
+        ck_assert_msg(own == pages && pages > 0, "process %d: %ld of its %ld pages of table %d", q, own, pages, i);
+      }
+      if (!pass) ck_assert_msg(cavs_ckpt_apply(ck, m, err, sizeof err) == 0, "%s", err);
+    }
+    cavs_model_free(m);
+  }
+  cavs_ckpt_free(ck);
+  tu_rmtree(dir);
+  cavs_model_free(fresh);
+  cavs_model_free(stepped);
+  /* and trained so, their sums and step are the whole's */
+  experts_placed("moe_lm.vf", 2, false, 1, true);
+  experts_placed("moe_tree.vf", 3, true, 1, true);
+}
+END_TEST
+
 /* hub_run's, where a process may wait in a collective no other calls: each joined
    within a minute, or the test fails */
 static void hub_run_bounded(Port *port, int P, void *(*fn)(void *)) {
@@ -2357,10 +2447,10 @@ END_TEST
 START_TEST(experts_placed_sum_to_whole) {
   long replicated = 0;
   for (int rep = 0; rep < 2; rep++) {
-    replicated += experts_placed("moe_tree.vf", 2, false, rep);
-    replicated += experts_placed("moe_lm.vf", 2, false, rep);
-    replicated += experts_placed("moe_tree.vf", 3, false, rep);
-    replicated += experts_placed("moe_tree.vf", 3, true, rep);
+    replicated += experts_placed("moe_tree.vf", 2, false, rep, false);
+    replicated += experts_placed("moe_lm.vf", 2, false, rep, false);
+    replicated += experts_placed("moe_tree.vf", 3, false, rep, false);
+    replicated += experts_placed("moe_tree.vf", 3, true, rep, false);
   }
   ck_assert_msg(replicated > 0, "no hot expert was replicated: the replicas' arithmetic went unchecked");
 }
@@ -2577,6 +2667,7 @@ int main(void) {
   tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, experts_hold_their_share);
   tcase_add_test(tc, experts_fail_together);
+  tcase_add_test(tc, experts_placed_from_the_start);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);

@@ -707,6 +707,16 @@ START_TEST(experts_placed_equal_one_process) {
   }
   w = ckpt_difference(path_in("moet.1.more"), path_in("moet.2.more"));
   ck_assert_msg(w < 1e-9, "the tree, experts placed, then an epoch in one process: %g off one process's", w);
+  /* and resumed by two ranks with the experts placed (each reads its own experts of the
+     checkpoint alone): the one process's epoch more again */
+  RunResult r2 = MPI2("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim",
+                     "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "1", "--precision", "double",
+                     "--option", "balance=0", "--option", "p_drop=0.2", "--threads", "1", "--quiet", "--expert-parallel",
+                     "--resume", path_in("moet.2"), "--save", path_in("moet.2.placed"));
+  ok(&r2, "an epoch more on two ranks, the experts placed");
+  tu_free(&r2);
+  w = ckpt_difference(path_in("moet.1.more"), path_in("moet.2.placed"));
+  ck_assert_msg(w < 1e-9, "the tree, resumed by two ranks with the experts placed: %g off one process's", w);
   /* without replicas: every expert's rows on its own rank */
   BOTH("moetn", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
        "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--option", "balance=0",
