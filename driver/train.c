@@ -80,7 +80,12 @@ typedef struct Run {
   int nskip[MAX_ROUTES];
   Loaded L;
   const cavs_desc *d;
-  cavs_ckpt *ck; /* the checkpoint resumed from, or NULL */
+  /* the checkpoint resumed from, or NULL; freed once applied to the model (its bytes
+     are the whole model's parameters and moments: kept, every rank would hold them for
+     the whole run), after which resumed, ck_noptions and ck_schedule say what was in it */
+  cavs_ckpt *ck;
+  bool resumed;
+  int ck_noptions, ck_schedule;
   cavs_vocab *v;
   cavs_dataset *tr;
   Data devdata, *dev; /* the --dev data (loaded, or with --stream streamed), or NULL */
@@ -324,13 +329,16 @@ static void make_model(Run *r, const long *dims) {
     r->ts.lr_now = o->set_lr ? 0 : cs->lr_now;
     r->ts.plateau_best = cs->plateau_best;
     r->ts.plateau_bad = cs->plateau_bad;
+    r->resumed = true, r->ck_noptions = cavs_ckpt_noptions(r->ck), r->ck_schedule = cs->schedule;
+    cavs_ckpt_free(r->ck);
+    r->ck = NULL;
   } else {
     cavs_model_init(r->m, o->seed);
     if (o->init_all) init_all(r->m, o->init_all);
   }
   /* pre-trained vectors into a new model's tables (a resumed one has its own), then
      the parameters kept fixed */
-  for (int i = 0; i < o->ninit && !r->ck; i++) {
+  for (int i = 0; i < o->ninit && !r->resumed; i++) {
     const char *eq = strchr(o->init[i], '=');
     int p = eq ? param_named(d, o->init[i], (size_t)(eq - o->init[i])) : -1;
     if (!eq || !eq[1]) die(1, "--init: '%s' is not PARAM=FILE", o->init[i]);
@@ -373,13 +381,13 @@ static void say_start(const Run *r) {
   say_device(stdout, r->m);
   printf("model %s: %ld parameters; %d training graphs (%ld vertices)", r->d->name, nparams, r->n,
          train_vertices(r));
-  if (r->ck) printf("; resumed after epoch %d", r->ts.epoch);
-  if (r->ck && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
+  if (r->resumed) printf("; resumed after epoch %d", r->ts.epoch);
+  if (r->resumed && r->ts.graphs_done) printf(" and %ld graphs of the next", r->ts.graphs_done);
   printf("\n");
   if (streams_cached) printf("streamed: %s index%s from the cache\n", streams_cached > 1 ? "the data's" : "an",
                              streams_cached > 1 ? "es" : "");
   if (r->o->init_all) printf("init: every parameter from %s\n", r->o->init_all);
-  if (r->o->dropout >= 0 || r->o->noptset || (r->ck && cavs_ckpt_noptions(r->ck))) {
+  if (r->o->dropout >= 0 || r->o->noptset || r->ck_noptions) {
     printf("options:");
     for (int i = 0; i < r->d->noptions; i++) printf(" %s=%g", r->d->options[i].name, cavs_model_option(r->m, i));
     printf("\n");
@@ -393,7 +401,7 @@ static void say_start(const Run *r) {
   int k = cavs_option_find(r->d, "clip");
   if (k >= 0 && !r->o->set_clip && cavs_model_option(r->m, k) > 0)
     printf("gradient-norm clip %g, the model's (option clip; --clip 0 turns it off)\n", cavs_model_option(r->m, k));
-  for (int i = 0; i < r->o->ninit && !r->ck; i++)
+  for (int i = 0; i < r->o->ninit && !r->resumed; i++)
     say_init(r, i);
   fflush(stdout);
 }
@@ -417,7 +425,7 @@ static void choose_selection(Run *r) {
                                          : SELECT_LOSS;
   if (r->select != SELECT_LOSS && !r->with_acc)
     die(1, "--select %s: model '%s' has no classifier", select_name(r->select), r->d->name);
-  if (r->ck && r->ts.best >= 0 && (r->ts.select ? r->ts.select != r->select : o->select != SELECT_DEFAULT)) {
+  if (r->resumed && r->ts.best >= 0 && (r->ts.select ? r->ts.select != r->select : o->select != SELECT_DEFAULT)) {
     /* the checkpoint's best is another metric's (or one an older format did not name) */
     if (!o->quiet) printf("--select %s: the best of the checkpoint's runs is forgotten\n", select_name(r->select));
     r->ts.best = -1, r->ts.since_best = 0, r->ts.best_epoch = 0;
@@ -461,7 +469,7 @@ static void choose_schedule(Run *r) {
   r->ts.plateau_patience = s != CAVS_SCHED_PLATEAU ? 0 : o->plateau_patience >= 0 ? o->plateau_patience : 10;
   /* a plateau goes on from the checkpoint's own plateau only (an application's state of
      zeros would make 0 its best) */
-  bool going_on = r->ck && cavs_ckpt_state(r->ck)->schedule == CAVS_SCHED_PLATEAU;
+  bool going_on = r->resumed && r->ck_schedule == CAVS_SCHED_PLATEAU;
   if (s != CAVS_SCHED_PLATEAU || !going_on) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
 }
 
@@ -1123,7 +1131,7 @@ int cmd_train(TrainOpts *o) {
   choose_cut(&r);
   check_ranks(&r);
   if (o->log) {
-    r.log = fopen(o->log, r.ck ? "a" : "w");
+    r.log = fopen(o->log, r.resumed ? "a" : "w");
     if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
   if (norm) cavs_model_track_grad_norm(r.m, 1); /* for the log's grad_norm fields */
