@@ -143,13 +143,22 @@ int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t by
 /* ---- the entry points of generated code ---- */
 
 #define BE(c) ((c)->model->be)
+/* A pass that failed (launch_failed: m->err says why) issues nothing more: what it
+   would compute is thrown away, and computing it would read what the failed work never
+   wrote (a mixture's slots after a failed routing or exchange). */
+#define DEAD(c)                                                                            \
+  do {                                                                                     \
+    if ((c)->model->launch_failed) return;                                                 \
+  } while (0)
 
 void cavs_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags) {
+  DEAD(c);
   BE(c)->loop(c, f, r0, n, width, flags);
 }
 
 void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
                const void *b, long ldb, double beta, void *cm, long ldc) {
+  DEAD(c);
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
 }
 
@@ -221,21 +230,25 @@ static void by_gemm_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *
 #define OWN(c, f) (BE(c)->f && !((c)->model->ablate & CAVS_ROWMAT_BY_GEMM))
 void cavs_rowmv_fwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,
                     int r0, int n) {
+  DEAD(c);
   if (OWN(c, rowmv_fwd)) BE(c)->rowmv_fwd(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
   else by_gemm_rowmv_fwd(c, a, b, x, ldx, m, ldm, y, ldy, r0, n);
 }
 void cavs_rowmv_bwd(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, const void *dy,
                     long lddy, void *dx, long lddx, void *dm, long lddm, int r0, int n) {
+  DEAD(c);
   if (OWN(c, rowmv_bwd)) BE(c)->rowmv_bwd(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
   else by_gemm_rowmv_bwd(c, a, b, x, ldx, m, ldm, dy, lddy, dx, lddx, dm, lddm, r0, n);
 }
 void cavs_rowmm_fwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw, void *y,
                     long ldy, int r0, int n) {
+  DEAD(c);
   if (OWN(c, rowmm_fwd)) BE(c)->rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
   else by_gemm_rowmm_fwd(c, a, b, cc, m, ldm, w, ldw, y, ldy, r0, n);
 }
 void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ldm, const void *w, long ldw,
                     const void *dy, long lddy, void *dm, long lddm, void *dw, long lddw, int r0, int n) {
+  DEAD(c);
   if (OWN(c, rowmm_bwd)) BE(c)->rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
   else by_gemm_rowmm_bwd(c, a, b, cc, m, ldm, w, ldw, dy, lddy, dm, lddm, dw, lddw, r0, n);
 }
@@ -243,6 +256,7 @@ void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ld
 
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy) {
+  DEAD(c);
   BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
@@ -304,6 +318,7 @@ void cv_ptables_ready(cavs_model *m) {
 void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
                      const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
                      void *y, long ldy) {
+  DEAD(c);
   if (skip > n) skip = n;
   if (skip < 0) skip = 0;
   bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER;
@@ -322,6 +337,7 @@ void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int f
 
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy) {
+  DEAD(c);
   BE(c)->gemm_skip(c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
@@ -366,6 +382,7 @@ static void drop_copy(cavs_ctx *c, const void *src, long lds, void *dst, long ld
 }
 void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
                       int n) {
+  DEAD(c);
   if (p == 0) {
     drop_copy(c, x, ldx, y, ldy, w, r0, n, 0);
     return;
@@ -376,6 +393,7 @@ void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long 
 }
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n) {
+  DEAD(c);
   if (p == 0) {
     drop_copy(c, dy, ldy, dx, ldx, w, r0, n, 1);
     return;
@@ -394,21 +412,27 @@ static bool edges_left(const cavs_ctx *c, int r0, int n) {
   return false;
 }
 void cavs_echild_fwd(cavs_ctx *c, int state, void *dst, long ld, int r0, int n) {
+  DEAD(c);
   if (edges_left(c, r0, n)) BE(c)->echild_fwd(c, state, dst, ld, r0, n);
 }
 void cavs_echild_bwd(cavs_ctx *c, int state, const void *src, long ld, int r0, int n) {
+  DEAD(c);
   if (edges_left(c, r0, n)) BE(c)->echild_bwd(c, state, src, ld, r0, n);
 }
 void cavs_ebcast_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  DEAD(c);
   BE(c)->ebcast_fwd(c, src, lds, dst, ldd, w, r0, n);
 }
 void cavs_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  DEAD(c);
   BE(c)->ebcast_bwd(c, dsrc, lds, ddst, ldd, w, r0, n);
 }
 void cavs_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
+  DEAD(c);
   BE(c)->esum_fwd(c, src, lds, dst, ldd, w, r0, n);
 }
 void cavs_esum_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst, long ldd, long w, int r0, int n) {
+  DEAD(c);
   BE(c)->esum_bwd(c, dsrc, lds, ddst, ldd, w, r0, n);
 }
 
@@ -427,6 +451,7 @@ static bool gather_left(const cavs_ctx *c, int k, int r0, int n, bool zeros) {
 }
 
 void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n) {
+  DEAD(c);
   if (viewed(c)) return;
   int skip = leaves_unread(c) ? c->leaf_rows : 0;
   if (skip > n) skip = n;
@@ -434,24 +459,29 @@ void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, 
 }
 
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
+  DEAD(c);
   if (!viewed(c) && gather_left(c, k, r0, n, false)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
 }
 
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,
                      long width) {
+  DEAD(c);
   BE(c)->lookup_fwd(c, table, ldt, idx, dst, ld, r0, n, width);
 }
 
 void cavs_lookup_bwd(cavs_ctx *c, void *dtable, long ldt, const int *idx, const void *src, long ld, int r0, int n,
                      long width) {
+  DEAD(c);
   BE(c)->lookup_bwd(c, dtable, ldt, idx, src, ld, r0, n, width);
 }
 
 void cavs_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, long lds, int n, long w, int add) {
+  DEAD(c);
   BE(c)->copy_rows(c, dst, ldd, src, lds, n, w, add);
 }
 
 void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, int r0, int n, long w) {
+  DEAD(c);
   const cavs_desc *d = c->desc;
   int first = 0;
   while (first < d->nlosses && d->losses[first].kind != CAVS_LOSS_SOFTMAX_XENT) first++;
@@ -461,15 +491,18 @@ void cavs_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const int *lab
 
 void cavs_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const int *label, void *dz, long ldd, int r0,
                    int n, long w) {
+  DEAD(c);
   BE(c)->xent_bwd(c, loss, z, ld, label, dz, ldd, r0, n, w);
 }
 
 void cavs_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, int r0, int n, long w) {
+  DEAD(c);
   BE(c)->mse_fwd(c, loss, p, ld, t, ldt, r0, n, w);
 }
 
 void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, long ldt, void *dp, long ldd,
                   int r0, int n, long w) {
+  DEAD(c);
   BE(c)->mse_bwd(c, loss, p, ld, t, ldt, dp, ldd, r0, n, w);
 }
 
@@ -477,6 +510,7 @@ void cavs_mse_bwd(cavs_ctx *c, int loss, const void *p, long ld, const void *t, 
  * model keeps the first such failure, and the forward pass (or step) reports it. Here,
  * not in the module: the generated code resolves it in libcavs, as its other calls. */
 void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code) {
+  DEAD(c);
   cavs_model *m = c->model;
   if (!m->launch_failed)
     snprintf(m->err, sizeof m->err, "%s:%d: cuda: a kernel launch failed (cudaError_t %d)", file, line, code);

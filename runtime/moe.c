@@ -1089,7 +1089,8 @@ static void ep_emm(cavs_ctx *c, int kind, const struct cv_route *rt, long A, lon
     cv_fail(m, "expert exchange: an expert's table outside the parameters");
     m->launch_failed = true;
   }
-  /* a failed pass still answers the others' rounds (in the drain), so none waits */
+  /* a failed pass still answers the others' rounds (in the drain), so none waits; it
+     issues nothing else (backend.c, DEAD) */
   if (m->launch_failed) return;
   if (ep_round(c, &h, rt, s0, sn, x, ldx, dy, lddy, out, ldout, set) < 0) m->launch_failed = true;
 }

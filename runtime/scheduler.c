@@ -677,6 +677,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
  * into single rows by cv_schedule already). */
 static void stage(cavs_model *m, cavs_stage f, int r0, int n, int leaf, int type) {
   cavs_ctx *c = &m->ctx;
+  if (m->launch_failed) return; /* (a failed pass issues nothing more: backend.c, DEAD) */
   m->cur_type = type;
   if (m->policy != CAVS_SERIAL) {
     c->leaf_rows = leaf;
