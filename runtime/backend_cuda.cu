@@ -343,6 +343,7 @@ static int cuda_zero_rows(cavs_model *m, void *base, size_t row, const int *rows
        then fit); growing waits, which frees every part */
     long need = (long)d->rows_at + n, cap = need > 2L * d->caprows ? need : 2L * d->caprows;
     if (cap > INT_MAX) return no_memory(m);
+    d->caprows = 0; /* (nothing held while it grows: a failed growth leaves none) */
     regrow(m, (void **)&d->rows, sizeof(int) * (size_t)cap);
     regrow_pinned(m, (void **)&d->rows_host, sizeof(int) * (size_t)cap);
     if (d->failed) return status(d);
@@ -377,6 +378,13 @@ static size_t out_bytes(const cavs_model *m, size_t rows) {
 
 static int cuda_schedule(cavs_model *m) {
   Dev *d = dev(m);
+  /* A pass after one that failed for want of the device's memory runs: that failure
+     does not last (every buffer that could not grow says it holds nothing, and grows
+     whole next time), once the device says, by a synchronize, that it has no fault of
+     its own. Any other failure stays: the model can only be freed. */
+  if (d->failed && d->errnum == ENOMEM && cudaDeviceSynchronize() == cudaSuccess &&
+      cudaGetLastError() == cudaSuccess)
+    d->failed = false;
   const cavs_desc *ds = m->d;
   size_t N = (size_t)m->rows, at = 0;
   size_t o_child = place(&at, sizeof(int) * N * (size_t)m->maxc), o_root = place(&at, N), o_pushed = place(&at, N);
@@ -398,6 +406,7 @@ static int cuda_schedule(cavs_model *m) {
   size_t o_rin = at;
   for (int i = 0; i < ds->nreal; i++) place(&at, (size_t)m->rw[i] * m->esize * N);
   if (at > d->cap) {
+    d->cap = 0;
     regrow_pinned(m, (void **)&d->pack_host, at);
     regrow(m, (void **)&d->pack_dev, at);
     if (d->failed) return status(d);
@@ -405,6 +414,7 @@ static int cuda_schedule(cavs_model *m) {
   }
   if (out_bytes(m, N) > d->capout) {
     size_t bytes = out_bytes(m, (size_t)m->cap_rows);
+    d->capout = 0;
     regrow(m, (void **)&d->out_dev, bytes);
     regrow_pinned(m, (void **)&d->out_host, bytes);
     if (d->failed) return status(d);

@@ -495,7 +495,10 @@ void cavs_set_memory_limit(size_t bytes); /* 0: the default */
  * failed, on the host or the device) sets errno to ENOMEM, and one that fails because
  * the device did (a kernel's fault, a lost GPU: the model can only be freed) to EIO:
  * clear errno before the call and test it after a failure to tell these failures from
- * the others. */
+ * the others. After ENOMEM the model is as usable as before the pass: the next forward
+ * pass starts afresh (with memory freed, the limit raised or a smaller minibatch); what
+ * the failed pass computed is gone (its backward pass does nothing, the step after it
+ * returns -1 and changes nothing). */
 size_t cavs_memory_limit(void);
 /* What m takes: its parameters, gradients and optimizer state, and a minibatch of
  * `rows` vertices (every per-row buffer and the scheduler's scratch). -1 on overflow. */

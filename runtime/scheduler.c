@@ -1083,6 +1083,10 @@ static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, c
 int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st) {
   int rc = forward_pass(m, graphs, k, st);
   if (cv_experts_drain(m, false)) rc = -1;
+  /* however it failed (a graph refused, its rows past the memory limit), the step after
+     it refuses: a step on the last pass's gradients, or on none, would still move the
+     parameters (a momentum, Adam's moments) */
+  if (rc) m->launch_failed = true;
   return rc;
 }
 
@@ -1090,6 +1094,12 @@ static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, c
   const cavs_desc *d = m->d;
   m->have_batch = false;
   m->no_grads = false;
+  /* A pass starts afresh: an earlier one that failed (out of memory in an exchange, a
+     plan that could not be had) left nothing this one reads. The forward pass rewrites
+     every row it reads, the backward pass clears what it adds to, and the step after a
+     failed pass refused. (A device's own fault stays in its backend, whose schedule
+     below refuses the pass: backend_cuda.cu's status.) */
+  m->launch_failed = false;
   m->kept = m->ctx.keep;
   m->pass++;
   double t0 = cv_now(), g0 = m->stats.grow_seconds;

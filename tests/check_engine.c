@@ -3,6 +3,7 @@
  * and the generated Tree-LSTM learns a toy treebank well beyond chance. */
 #include "engine.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
@@ -2079,31 +2080,13 @@ static cavs_model *placed_model(const cavs_desc *d, const long *dims, Port *port
   return m;
 }
 
-/* (first: the processes' models placed before their parameters are made, placed_model) */
-static long experts_placed(const char *file, int P, bool with_none, int replicate, bool first) {
-  const cavs_desc *d = load_model(file, "double");
-  long dims[CAVS_MAX_DIMS];
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, true);
-  if (with_none) k = P - 1; /* a graph for all but the last */
-  long counts[8];
-  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
-  Hub hub = {.n = P};
-  pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
-  Port port[HUB_MAX];
-  for (int q = 0; q < P; q++) {
-    port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
-                     .replicate = replicate};
-    port[q].m = first ? placed_model(d, dims, &port[q], q, P) : unbalanced_model(d, dims);
-    if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
-  }
-  hub_run(port, P, hub_part);
-  for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "%s: process %d: %s", file, q, cavs_model_error(port[q].m));
-  /* the gradients: the parts' summed, against the whole's */
+/* The processes' gradients after their passes (port[0..P)), summed, against the whole
+   minibatch's (1e-11 relative); a placed expert table's rows of another process's
+   experts zero on each */
+static void parts_grads_whole(const char *file, const cavs_desc *d, const long *dims, cavs_model *whole, Port *port,
+                              int P) {
   double worst = 0;
   int at = -1, experts = 0;
-  long moved = 0, replicated = 0;
   for (int i = 0; i < d->nparams; i++) {
     long rows, cols, ld, lq;
     const double *gw = cavs_model_grad(whole, i, &rows, &cols, &ld);
@@ -2126,6 +2109,31 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   ck_assert_msg(experts == 2, "%s: %d expert tables found", file, experts);
   ck_assert_msg(worst <= 1e-11, "%s, %d processes: the parts' gradient of %s is %.3g off the whole's", file, P,
                 d->params[at].name, worst);
+}
+
+/* (first: the processes' models placed before their parameters are made, placed_model) */
+static long experts_placed(const char *file, int P, bool with_none, int replicate, bool first) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  if (with_none) k = P - 1; /* a graph for all but the last */
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  Hub hub = {.n = P};
+  pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
+  Port port[HUB_MAX];
+  for (int q = 0; q < P; q++) {
+    port[q] = (Port){.h = &hub, .rank = q, .gs = gs, .lo = k * q / P, .hi = k * (q + 1) / P, .counts = counts,
+                     .replicate = replicate};
+    port[q].m = first ? placed_model(d, dims, &port[q], q, P) : unbalanced_model(d, dims);
+    if (with_none) port[q].lo = q < P - 1 ? q : 0, port[q].hi = q < P - 1 ? q + 1 : 0;
+  }
+  hub_run(port, P, hub_part);
+  for (int q = 0; q < P; q++) ck_assert_msg(!port[q].rc, "%s: process %d: %s", file, q, cavs_model_error(port[q].m));
+  parts_grads_whole(file, d, dims, whole, port, P);
+  long moved = 0, replicated = 0;
   /* the rest summed as the application does, a clipped step on each process (its own
      experts only), the sync: every process holds the whole's stepped parameters */
   sum_unplaced(d, port, P);
@@ -2135,7 +2143,7 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   ck_assert_int_eq(cavs_model_step(whole, &placed_opt), 0);
   size_t count;
   const double *pw = cavs_model_params_flat(whole, &count);
-  worst = 0;
+  double worst = 0;
   for (int q = 0; q < P; q++) {
     const double *pq = cavs_model_params_flat(port[q].m, &count);
     for (size_t j = 0; j < count; j++) worst = fmax(worst, fabs(pq[j] - pw[j]) / fmax(fabs(pw[j]), 1e-6));
@@ -2369,6 +2377,53 @@ START_TEST(experts_placed_from_the_start) {
 }
 END_TEST
 
+/* A forward pass that fails (a graph it refuses; its rows past the memory limit, errno
+   ENOMEM) leaves the model as it was: the backward pass after it does nothing and the
+   step returns -1 and moves no parameter (Adam's moments are not zero: a step on no
+   gradient would), and the next pass gives the bits of a model that never failed. */
+START_TEST(failed_pass_leaves_the_model) {
+  const cavs_desc *d = load_model("treelstm.vf", "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH], *bad[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true);
+  cavs_model *a = unbalanced_model(d, dims), *b = unbalanced_model(d, dims);
+  const cavs_optim opt = {.kind = CAVS_ADAM, .lr = 0.01};
+  cavs_stats sa, sb;
+  cavs_model *both[2] = {a, b};
+  for (int i = 0; i < 2; i++) { /* (one small graph: the rows stay under what the full minibatch needs) */
+    ck_assert_int_eq(cavs_model_forward(both[i], gs, 1, &sa), 0);
+    cavs_model_backward(both[i]);
+    ck_assert_int_eq(cavs_model_step(both[i], &opt), 0);
+  }
+  size_t count;
+  const double *pa = cavs_model_params_flat(a, &count), *pb = cavs_model_params_flat(b, &count);
+  cavs_graph neg = {.n = -1};
+  for (int i = 0; i < k; i++) bad[i] = i == k - 1 ? &neg : gs[i];
+  for (int how = 0; how < 2; how++) {
+    if (how) cavs_set_memory_limit(1);
+    errno = 0;
+    int rc = cavs_model_forward(a, how ? gs : bad, k, &sa);
+    cavs_set_memory_limit(0);
+    ck_assert_msg(rc == -1, "%s: the pass went through", how ? "past the limit" : "a graph refused");
+    if (how) ck_assert_msg(errno == ENOMEM, "past the limit: errno %d (%s)", errno, cavs_model_error(a));
+    cavs_model_backward(a);
+    ck_assert_int_eq(cavs_model_step(a, &opt), -1);
+    ck_assert_msg(!memcmp(pa, pb, count * sizeof *pa), "%s: the step after the failed pass moved the parameters",
+                  how ? "past the limit" : "a graph refused");
+  }
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(cavs_model_forward(both[i], gs, k, i ? &sb : &sa) == 0, "%s", cavs_model_error(both[i]));
+    cavs_model_backward(both[i]);
+    ck_assert_int_eq(cavs_model_step(both[i], &opt), 0);
+  }
+  ck_assert(sa.loss == sb.loss);
+  ck_assert_msg(!memcmp(pa, pb, count * sizeof *pa), "after the failed passes, a step that is not the other model's");
+  cavs_model_free(a);
+  cavs_model_free(b);
+}
+END_TEST
+
 /* hub_run's, where a process may wait in a collective no other calls: each joined
    within a minute, or the test fails */
 static void hub_run_bounded(Port *port, int P, void *(*fn)(void *)) {
@@ -2434,6 +2489,13 @@ START_TEST(experts_fail_together) {
       ck_assert_msg(strstr(e0, "the experts' exchange needs") && strstr(e0, "memory limit"), "slack %zu: %s", slack, e0);
       ck_assert_msg(strstr(e1, "process 0 failed its part of the round"), "slack %zu: %s", slack, e1);
       mid++;
+      /* nothing of the failed pass stays: the limit lifted, the same models' passes go
+         through, their gradients the whole's */
+      hub_run_bounded(port, P, hub_part);
+      ck_assert_msg(!hub.mismatch, "slack %zu, again: the processes called different collectives", slack);
+      for (int q = 0; q < P; q++)
+        ck_assert_msg(!port[q].rc, "slack %zu, again: process %d: %s", slack, q, cavs_model_error(port[q].m));
+      parts_grads_whole("moe_tree.vf", d, dims, whole, port, P);
     }
     pthread_barrier_destroy(&hub.bar);
     for (int q = 0; q < P; q++) cavs_model_free(port[q].m);
@@ -2667,6 +2729,7 @@ int main(void) {
   tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, experts_hold_their_share);
   tcase_add_test(tc, experts_fail_together);
+  tcase_add_test(tc, failed_pass_leaves_the_model);
   tcase_add_test(tc, experts_placed_from_the_start);
   tcase_add_test(tc, model_without_dims_or_inputs);
   tcase_add_test(tc, backends_by_name);
