@@ -145,10 +145,12 @@ static void check_outputs(const TrainOpts *o, const char *best_path) {
 }
 
 /* --resume: the checkpoint, read before the model is built, in the checkpoint's
- * precision unless --precision is given (and resume_settings refuses another). */
+ * precision unless --precision is given (and resume_settings refuses another). Opened,
+ * not read whole: its values are read when applied, only the rows the model holds (a
+ * rank of --expert-parallel: none of the others' experts), and let go of after. */
 static void read_resumed(Run *r) {
   char err[1024];
-  r->ck = keep(cavs_ckpt_read(r->o->resume, err, sizeof err));
+  r->ck = keep(cavs_ckpt_open(r->o->resume, err, sizeof err));
   if (!r->ck) die(1, "%s", err);
   if (!model_precision && cavs_ckpt_precision(r->ck) == CAVS_DOUBLE) model_precision = "double";
 }

@@ -659,7 +659,19 @@ int cavs_is_identifier(const char *s);
 typedef struct cavs_ckpt cavs_ckpt;
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen);
+/* Reads a checkpoint whole into memory, checks its checksum and every field. */
 cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen);
+/* The same checks, without holding the parameters' values: the file is streamed once
+ * for its checksum, its structure read, and each parameter's values read from it when
+ * cavs_ckpt_apply or cavs_ckpt_apply_weights takes them, only the rows the model holds
+ * (a process of expert parallelism: its own experts', cavs_model_set_expert_comm).
+ * The file stays open until cavs_ckpt_free; an apply refuses it once it is not the
+ * file whose checksum was taken (its size, modification or change time differ, or it
+ * cannot be read: "changed since it was opened", the model's parameters then partly
+ * applied). A file renamed over the path is not this one, and checkpoints are saved
+ * so; a write in place that keeps the size within the file system's time step is not
+ * seen. */
+cavs_ckpt *cavs_ckpt_open(const char *path, char *err, size_t errlen);
 void cavs_ckpt_free(cavs_ckpt *k);
 const char *cavs_ckpt_model(const cavs_ckpt *k);   /* model name */
 const char *cavs_ckpt_source(const cavs_ckpt *k);  /* the .vf text it was trained from */

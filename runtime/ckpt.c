@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,11 +79,12 @@ static void put_str(Buf *b, const char *s) {
   put(b, s ? s : "", n);
 }
 
-static uint64_t fnv64(const unsigned char *p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
+#define FNV_START 1469598103934665603ull
+static uint64_t fnv64_more(uint64_t h, const unsigned char *p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
+static uint64_t fnv64(const unsigned char *p, size_t n) { return fnv64_more(FNV_START, p, n); }
 
 /* Packs parameter i of `flat`, a block with the parameters' layout (the parameters
  * themselves, or an optimizer moment), without the leading-dimension padding. */
@@ -220,6 +222,14 @@ typedef struct KParam {
 struct cavs_ckpt {
   unsigned char *data;
   size_t size;
+  /* Opened (cavs_ckpt_open), not read whole: data is an anonymous mapping of the file's
+     size whose pages hold what was read into them (the structure when opened, a
+     parameter's rows when a model takes them: ck_load), the others never touched; fd
+     the file, held open, and st what it was when its checksum was taken. -1: read. */
+  int fd;
+  struct stat st;
+  uint64_t streamed; /* the checksum of the file's bytes, taken as it was streamed */
+  char *path;
   char *model, *hash, *source;
   int precision;
   int ndims;
@@ -245,16 +255,74 @@ typedef struct Rd {
   const unsigned char *p;
   size_t n, at;
   bool bad;
+  const cavs_ckpt *k; /* whose bytes are read from its file as they are taken (opened), */
+  size_t lo, hi;      /* a window [lo, hi) at a time */
 } Rd;
+/* An opened checkpoint's structure is read a window at a time, of at least this many
+   bytes (what a window reads past a field, into the values that follow it, is at most
+   this: the values of the other ranks' experts stay untouched but for a page) */
+#define CK_AHEAD 4096
+
+/* Whether the file is as it was when its checksum was taken: the same file (an open
+   descriptor keeps it, whatever is renamed over its path), of the same size, neither
+   written (mtime) nor changed in any way since (ctime, which no call sets back) */
+static bool same_file(const cavs_ckpt *k) {
+  struct stat now;
+  return !fstat(k->fd, &now) && now.st_ino == k->st.st_ino && now.st_dev == k->st.st_dev &&
+         now.st_size == k->st.st_size && now.st_mtim.tv_sec == k->st.st_mtim.tv_sec &&
+         now.st_mtim.tv_nsec == k->st.st_mtim.tv_nsec && now.st_ctim.tv_sec == k->st.st_ctim.tv_sec &&
+         now.st_ctim.tv_nsec == k->st.st_ctim.tv_nsec;
+}
+
+/* Bytes [at, at + n) of an opened checkpoint's file into its data (a read one has them
+   all): false when they cannot be read whole. */
+static bool ck_read(const cavs_ckpt *k, size_t at, size_t n) {
+  if (k->fd < 0 || !n) return true;
+  if (at > k->size || n > k->size - at) return false;
+  for (size_t got = 0; got < n;) {
+    ssize_t r = pread(k->fd, k->data + at + got, n - got, (off_t)(at + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    got += (size_t)r;
+  }
+  return true;
+}
+/* the same, and the file still the one whose checksum was taken */
+static bool ck_load(const cavs_ckpt *k, size_t at, size_t n) {
+  return k->fd < 0 || (ck_read(k, at, n) && same_file(k));
+}
+
+/* r's next n bytes in memory (n <= what is left): read, with what follows them up to
+   CK_AHEAD, unless the window has them (the file checked once, after the parse) */
+static bool ahead(Rd *r, size_t n) {
+  if (!r->k || (r->at >= r->lo && r->at <= r->hi && n <= r->hi - r->at)) return true;
+  size_t want = n > CK_AHEAD ? n : CK_AHEAD, left = r->n - r->at;
+  if (want > left) want = left;
+  if (!ck_read(r->k, r->at, want)) return false;
+  r->lo = r->at, r->hi = r->at + want;
+  return true;
+}
 
 static const void *take(Rd *r, size_t n) {
-  if (r->bad || n > r->n - r->at) {
+  if (r->bad || n > r->n - r->at || !ahead(r, n)) {
     r->bad = true;
     return NULL;
   }
   const void *p = r->p + r->at;
   r->at += n;
   return p;
+}
+/* past n bytes that are not read now (a parameter's values: read when applied) */
+static void skip(Rd *r, size_t n) {
+  if (r->bad || n > r->n - r->at) r->bad = true;
+  else r->at += n;
+}
+/* the u32 at r's place, not taken (a string's length, checked against what get_str
+   makes of it); 0 past the end */
+static uint32_t peek_u32(Rd *r) {
+  uint32_t v = 0;
+  if (!r->bad && r->at + 4 <= r->n && ahead(r, 4)) memcpy(&v, r->p + r->at, 4);
+  return v;
 }
 static uint32_t get_u32(Rd *r) {
   uint32_t v = 0;
@@ -290,7 +358,13 @@ static char *get_str(Rd *r) {
 
 void cavs_ckpt_free(cavs_ckpt *k) {
   if (!k) return;
-  free(k->data);
+  if (k->fd >= 0) {
+    close(k->fd);
+    if (k->data) munmap(k->data, k->size ? k->size : 1);
+  } else {
+    free(k->data);
+  }
+  free(k->path);
   free(k->model);
   free(k->hash);
   free(k->source);
@@ -358,7 +432,7 @@ static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
   }
   cavs_ckpt *k = calloc(1, sizeof *k);
   size_t cap = (size_t)st.st_size + 1; /* one more: a file that grew is read to its new size */
-  if (k) k->data = malloc(cap);
+  if (k) k->fd = -1, k->data = malloc(cap);
   if (!k || !k->data) {
     snprintf(err, errlen, "out of memory reading '%s' (%lld bytes)", path, (long long)st.st_size);
     close(fd);
@@ -381,25 +455,85 @@ static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
   return k;
 }
 
+/* The file opened, not read: its checksum taken as it streams through a buffer of its
+ * own, its bytes read into k->data only as they are taken (the structure, now; a
+ * parameter's values, when a model takes them). NULL with the message in err. */
+static cavs_ckpt *stream(const char *path, char *err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  cavs_ckpt *k = calloc(1, sizeof *k);
+  if (!k) {
+    snprintf(err, errlen, "out of memory reading '%s'", path);
+    close(fd);
+    return NULL;
+  }
+  k->fd = fd;
+  if (fstat(fd, &k->st) || !S_ISREG(k->st.st_mode)) {
+    snprintf(err, errlen, "'%s' is not a cavs checkpoint (not a regular file)", path);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  if ((uint64_t)k->st.st_size > CAVS_MAX_CKPT_BYTES) {
+    snprintf(err, errlen, "'%s' is %lld bytes; checkpoints are at most %llu", path, (long long)k->st.st_size,
+             (unsigned long long)CAVS_MAX_CKPT_BYTES);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  k->size = (size_t)k->st.st_size;
+  /* (pages of zeros that take nothing until written: MAP_NORESERVE, as most stay so) */
+  void *map = mmap(NULL, k->size ? k->size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  size_t chunk = (size_t)1 << 20;
+  unsigned char *buf = map == MAP_FAILED ? NULL : malloc(chunk);
+  k->data = map == MAP_FAILED ? NULL : map;
+  if (!buf) {
+    snprintf(err, errlen, "out of memory reading '%s' (%zu bytes of address space)", path, k->size);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  size_t at = 0, body = k->size >= 8 ? k->size - 8 : 0;
+  uint64_t h = FNV_START;
+  while (at < k->size) {
+    size_t n = k->size - at < chunk ? k->size - at : chunk;
+    ssize_t got = pread(fd, buf, n, (off_t)at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    if (at < body) h = fnv64_more(h, buf, (size_t)got < body - at ? (size_t)got : body - at);
+    at += (size_t)got;
+  }
+  free(buf);
+  k->streamed = h;
+  if (at != k->size || !same_file(k)) {
+    snprintf(err, errlen, "'%s' changed while it was read", path);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  return k;
+}
+
 /* The magic, the format version and the checksum; r then reads what they frame. */
 static bool read_frame(cavs_ckpt *k, Rd *r, uint32_t *version, const char *path, char *err, size_t errlen) {
-  if (k->size < 20 || memcmp(k->data, CKPT_MAGIC, 8)) FAIL("'%s' is not a cavs checkpoint", path);
+  if (k->size < 20) FAIL("'%s' is not a cavs checkpoint", path);
+  if (!ck_load(k, 0, 12) || !ck_load(k, k->size - 8, 8)) FAIL("'%s' changed while it was read", path);
+  if (memcmp(k->data, CKPT_MAGIC, 8)) FAIL("'%s' is not a cavs checkpoint", path);
   memcpy(version, k->data + 8, 4);
   if (*version < 1 || *version > CKPT_VERSION)
     FAIL("'%s' is checkpoint format %u; this cavs reads format %d", path, *version, CKPT_VERSION);
-  uint64_t want, have = fnv64(k->data, k->size - 8);
+  uint64_t want, have = k->fd >= 0 ? k->streamed : fnv64(k->data, k->size - 8);
   memcpy(&want, k->data + k->size - 8, 8);
   if (want != have) FAIL("'%s' is damaged: its checksum does not match (truncated or modified)", path);
-  *r = (Rd){k->data, k->size - 8, 12, false};
+  *r = (Rd){k->data, k->size - 8, 12, false, k->fd >= 0 ? k : NULL, 0, 0};
   return true;
 }
 
 /* The model's name, hash, source, precision and dims. */
 static bool read_model(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
-  uint32_t slen = 0;
   k->model = get_str(r);
   k->hash = get_str(r);
-  if (r->at + 4 <= r->n) memcpy(&slen, r->p + r->at, 4);
+  uint32_t slen = peek_u32(r);
   k->source = get_str(r);
   if (r->bad) FAIL("'%s' is damaged (bad structure)", path);
   /* the name becomes a C symbol and a cache entry: the language's identifier rule */
@@ -433,8 +567,7 @@ static bool read_vocab(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t 
   if (!k->words) FAIL("out of memory reading '%s'", path);
   k->nwords = (int)nw;
   for (int i = 0; i < k->nwords && !r->bad; i++) {
-    uint32_t wlen = 0;
-    if (r->at + 4 <= r->n) memcpy(&wlen, r->p + r->at, 4);
+    uint32_t wlen = peek_u32(r);
     k->words[i] = get_str(r);
     if (!r->bad && !word_ok(k->words[i], wlen))
       FAIL("'%s' is damaged: vocabulary word %d is empty or holds a NUL, a space or a line break", path, i);
@@ -463,7 +596,7 @@ static bool read_params(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t
     p->rows = (long)rows;
     p->cols = (long)cols;
     p->at = r->at;
-    take(r, (size_t)rows * (size_t)cols * es);
+    skip(r, (size_t)rows * (size_t)cols * es);
     total += (size_t)rows * (size_t)cols * es; /* at most the file's size: no overflow */
   }
   k->steps = (long)get_i64(r);
@@ -472,9 +605,9 @@ static bool read_params(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t
   k->has_moments = *has;
   if (k->has_moments) {
     k->m1_at = r->at;
-    take(r, total);
+    skip(r, total);
     k->m2_at = r->at;
-    take(r, total);
+    skip(r, total);
   }
   return true;
 }
@@ -631,9 +764,14 @@ static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t 
 
 /* Reading checks everything before anything is used: a damaged or crafted file is
  * refused with what is wrong with it. */
-cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
-  cavs_ckpt *k = slurp(path, err, errlen);
+static cavs_ckpt *parse(cavs_ckpt *k, const char *path, char *err, size_t errlen) {
   if (!k) return NULL;
+  if (!(k->path = malloc(strlen(path) + 1))) {
+    snprintf(err, errlen, "out of memory reading '%s'", path);
+    cavs_ckpt_free(k);
+    return NULL;
+  }
+  strcpy(k->path, path);
   Rd r;
   uint32_t version;
   bool ok = read_frame(k, &r, &version, path, err, errlen) && read_model(k, &r, path, err, errlen) &&
@@ -653,12 +791,21 @@ cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) {
     }
   }
   if (ok) ok = check_state(k, path, err, errlen);
+  /* (opened: what was parsed is the file whose checksum was taken, or the parse's
+     failure is the change's) */
+  if (k->fd >= 0 && !same_file(k)) {
+    snprintf(err, errlen, "'%s' changed while it was read", path);
+    ok = false;
+  }
   if (!ok) {
     cavs_ckpt_free(k);
     return NULL;
   }
   return k;
 }
+
+cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen) { return parse(slurp(path, err, errlen), path, err, errlen); }
+cavs_ckpt *cavs_ckpt_open(const char *path, char *err, size_t errlen) { return parse(stream(path, err, errlen), path, err, errlen); }
 
 const char *cavs_ckpt_model(const cavs_ckpt *k) { return k->model; }
 int cavs_ckpt_carried(const cavs_ckpt *k, long *width) {
@@ -715,17 +862,28 @@ int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err
 
 /* Parameter i's values (or a moment's) from the checkpoint's, the rows this process
    holds (a placed expert table's: its own experts') */
-static void get_param(cavs_model *m, void *flat, int i, const unsigned char *src) {
+/* Parameter i's values, at byte `at` of the checkpoint, into `flat` (the parameters or
+ * a moment): the rows the model holds (a placed expert table: its own experts'), read
+ * from the file first when the checkpoint was opened. -1 with the message in err when
+ * they cannot be. */
+static int get_param(const cavs_ckpt *k, cavs_model *m, void *flat, int i, size_t at, char *err, size_t errlen) {
   const cavs_param_desc *p = &m->d->params[i];
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group], a, b;
   cv_experts_rows_held(m, p->group, &a, &b);
   if (b > rows) b = rows;
+  if (b <= a || cols <= 0) return 0;
   char *dst = (char *)flat + (m->pg_off[p->group] + (size_t)a * (size_t)ld + (size_t)off) * m->esize;
-  src += (size_t)a * (size_t)cols * m->esize;
+  size_t row = (size_t)cols * m->esize;
+  at += (size_t)a * row;
+  if (!ck_load(k, at, (size_t)(b - a) * row)) {
+    snprintf(err, errlen, "'%s' changed since it was opened, or cannot be read (parameter %s)", k->path,
+             p->name);
+    return -1;
+  }
   /* one copy: a copy a row waited for the device a row */
-  if (b > a && cols > 0)
-    m->be->upload2d(dst, (size_t)ld * m->esize, src, (size_t)cols * m->esize, (size_t)cols * m->esize, (size_t)(b - a));
+  m->be->upload2d(dst, (size_t)ld * m->esize, k->data + at, row, row, (size_t)(b - a));
+  return 0;
 }
 
 /* Whether the checkpoint is of model m as it is (name, source, precision, dims, every
@@ -771,7 +929,8 @@ int cavs_ckpt_apply_weights(const cavs_ckpt *k, cavs_model *m, char *err, size_t
   const cavs_desc *d = m->d;
   cv_ptables_free(m); /* inference's tables: of the parameters this replaces */
   if (check_fits(k, m, err, errlen)) return -1;
-  for (int i = 0; i < d->nparams; i++) get_param(m, m->pflat, i, k->data + k->params[i].at);
+  for (int i = 0; i < d->nparams; i++)
+    if (get_param(k, m, m->pflat, i, k->params[i].at, err, errlen)) return -1;
   for (int i = 0; i < d->nparams; i++) m->frozen[d->params[i].group] = 0;
   m->drop_seed = k->ts.seed; /* dropout draws as the run that saved it would */
   /* the options as saved (a format 4 checkpoint has none: the model's defaults stay) */
@@ -816,8 +975,7 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
     size_t a1 = k->m1_at, a2 = k->m2_at;
     for (int i = 0; i < d->nparams; i++) {
       size_t bytes = (size_t)k->params[i].rows * (size_t)k->params[i].cols * m->esize;
-      get_param(m, m->m1, i, k->data + a1);
-      get_param(m, m->m2, i, k->data + a2);
+      if (get_param(k, m, m->m1, i, a1, err, errlen) || get_param(k, m, m->m2, i, a2, err, errlen)) return -1;
       a1 += bytes;
       a2 += bytes;
     }

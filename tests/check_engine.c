@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *examples[] = {"treelstm", "treefc", "lstm_lm", "lstm_lm2", "treegru", "twotype", "tagger", "tagger_chars", "childsum", "lattice_lstm", "lattice_gru", "seq2seq", "mvrnn", "nary_treelstm", "moe_lm", "moe_tree"};
@@ -2303,6 +2304,66 @@ static void *hub_part_step(void *arg) {
   return NULL;
 }
 
+/* Bytes this process has read from files (read, pread: /proc/self/io's rchar) */
+static long read_bytes(void) {
+  FILE *f = fopen("/proc/self/io", "r");
+  ck_assert_msg(f != NULL, "/proc/self/io: %s", strerror(errno));
+  char line[128];
+  long n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "rchar: %ld", &n) == 1) break;
+  fclose(f);
+  ck_assert(n >= 0);
+  return n;
+}
+
+/* The checkpoint at path opened (cavs_ckpt_open), not read, and applied to another model
+   of process q of P placed from the start: the same parameters as `m` (where the same
+   checkpoint was read whole and applied), and only the rows it holds read from the file
+   at the apply: every dense parameter's, its own experts', with both moments (Adam).
+   And a file that changed after it was opened (grown by a byte) is refused. */
+static void opened_reads_its_own(const cavs_desc *d, const long *dims, const char *path, Port *port, int q, int P,
+                                 cavs_model *m) {
+  char err[512];
+  cavs_model *o = placed_model(d, dims, port, q, P);
+  cavs_ckpt *k = cavs_ckpt_open(path, err, sizeof err);
+  ck_assert_msg(k != NULL, "%s", err);
+  long X = dims[find_dim(d, "X")], first = ((long)q * X + P - 1) / P, next = ((long)(q + 1) * X + P - 1) / P;
+  size_t count, es = sizeof(double), others = 0, off[2], n[2];
+  for (int t = 0; t < 2; t++) {
+    ck_assert_int_eq(cavs_model_expert_placed(o, t, &off[t], &n[t]), 2);
+    others += (size_t)(X - (next - first)) * (n[t] / (size_t)X); /* (a table is one parameter: no padding) */
+  }
+  long before = read_bytes();
+  ck_assert_msg(cavs_ckpt_apply(k, o, err, sizeof err) == 0, "%s", err);
+  long got = read_bytes() - before, want = 3 * (long)(((size_t)cavs_ckpt_param_count(k) - others) * es);
+  ck_assert_msg(got >= want && got < want + (long)(others * es), "process %d: the apply read %ld bytes, not %ld", q,
+                got, want);
+  const double *po = cavs_model_params_flat(o, &count), *pm = cavs_model_params_flat(m, &count);
+  for (size_t j = 0; j < count; j++) {
+    int t = j >= off[0] && j < off[0] + n[0] ? 0 : j >= off[1] && j < off[1] + n[1] ? 1 : -1;
+    long e = t < 0 ? -1 : (long)((j - off[t]) / (n[t] / (size_t)X));
+    if (t >= 0 && (e < first || e >= next)) continue;
+    ck_assert_msg(po[j] == pm[j], "process %d, opened: scalar %zu is %.17g, not %.17g", q, j, po[j], pm[j]);
+  }
+  cavs_ckpt_free(k);
+  cavs_model_free(o);
+  if (q) return;
+  /* changed since it was opened: refused at the apply */
+  o = placed_model(d, dims, port, q, P);
+  k = cavs_ckpt_open(path, err, sizeof err);
+  ck_assert_msg(k != NULL, "%s", err);
+  struct stat st;
+  ck_assert_int_eq(stat(path, &st), 0);
+  FILE *f = fopen(path, "ab");
+  ck_assert(f && fputc(0, f) == 0 && fclose(f) == 0);
+  ck_assert_int_eq(cavs_ckpt_apply(k, o, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "changed since it was opened"), "%s", err);
+  ck_assert_int_eq(truncate(path, st.st_size), 0);
+  cavs_ckpt_free(k);
+  cavs_model_free(o);
+}
+
 /* Expert tables placed from the start: the descriptor names them (moe_lm's W1 and W2:
    cavs_pgroup_desc.experts), and the comm set before the parameters are made places
    them at once. cavs_model_init then writes each process's own experts alone, their
@@ -2365,6 +2426,7 @@ START_TEST(experts_placed_from_the_start) {
       }
       if (!pass) ck_assert_msg(cavs_ckpt_apply(ck, m, err, sizeof err) == 0, "%s", err);
     }
+    opened_reads_its_own(d, dims, path, &port[q], q, P, m);
     cavs_model_free(m);
   }
   cavs_ckpt_free(ck);

@@ -1,4 +1,4 @@
-/* fuzz_ckpt.c: libFuzzer target for the checkpoint reader, cavs_ckpt_read (runtime/ckpt.c),
+/* fuzz_ckpt.c: libFuzzer target for the checkpoint reader, cavs_ckpt_read and cavs_ckpt_open (runtime/ckpt.c),
  * and what the driver does with a checkpoint it has read: the accessors, cavs_ckpt_vocab,
  * cavs_ckpt_dims, and cavs_ckpt_apply_weights then cavs_ckpt_apply to a model of the matching name (treelstm unless the
  * checkpoint names another example), as `cavs eval` and `cavs train --resume` do.
@@ -83,6 +83,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char err[512];
   err[0] = 0;
   cavs_ckpt *k = cavs_ckpt_read(path, err, sizeof err);
+  /* opened (cavs_ckpt_open: streamed, its values read when applied) it must be refused
+     with the same message, or taken */
+  char oerr[512];
+  oerr[0] = 0;
+  cavs_ckpt *o = cavs_ckpt_open(path, oerr, sizeof oerr);
+  if (!k != !o || (!k && strcmp(err, oerr))) abort();
   int verbose = getenv("FUZZ_VERBOSE") != NULL;
   if (!k) {
     if (!err[0]) abort(); /* an error must say why */
@@ -117,6 +123,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         size_t n;
         const unsigned char *p = cavs_model_params_flat(m, &n);
         for (size_t i = 0; i < n * (d->precision == CAVS_DOUBLE ? 8 : 4); i += 64) sink += p[i];
+        /* and the opened checkpoint applies the same bytes */
+        cavs_model *m2 = cavs_model_new(d, dims, err, sizeof err);
+        if (m2) {
+          if (cavs_ckpt_apply(o, m2, err, sizeof err)) abort();
+          size_t n2;
+          const unsigned char *p2 = cavs_model_params_flat(m2, &n2);
+          if (n2 != n || memcmp(p, p2, n * (d->precision == CAVS_DOUBLE ? 8 : 4))) abort();
+          cavs_model_free(m2);
+        }
       }
       cavs_model_free(m);
     } else if (verbose) {
@@ -126,6 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fprintf(stderr, "dims: %s\n", err[0] ? err : "too large to build");
   }
   cavs_ckpt_free(k);
+  cavs_ckpt_free(o);
   volatile size_t keep = sink;
   (void)keep;
   return 0;
