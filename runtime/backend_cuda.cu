@@ -113,6 +113,9 @@ static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 static void record(cavs_model *m, int errnum, const char *file, int line, const char *fmt, ...) {
   Dev *d = dev(m);
   errno = errnum;
+  /* the pass issues nothing more, and the step after it refuses (as a pass that failed
+     on the host: backend.c, DEAD; scheduler.c clears it at the next forward pass) */
+  m->launch_failed = true;
   if (d && d->failed) return; /* the first failure is the one to report */
   if (d) d->errnum = errnum;
   char what[400];
@@ -1272,6 +1275,7 @@ static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const s
    next forward pass's synchronize does). */
 static int cuda_step(cavs_model *m, const cv_hyper *hy, const cv_span *sp, int ns) {
   Dev *d = dev(m);
+  if (d->failed) return status(d); /* (nothing updated with what a failed pass left) */
   if (d->capspans < m->capspans + 1) { /* once: room for as many spans as the model can have */
     size_t n = 2 * ((size_t)m->capspans + 1);
     regrow(m, (void **)&d->spans_dev, sizeof(size_t) * n);

@@ -208,7 +208,16 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
   if (!sp) return cv_fail(m, "internal error: more optimizer spans than the model made room for");
   if (m->ep.placed) h.own_norm2 = cv_experts_norm2;
   m->ep.failed = false;
-  if (m->be->step(m, &h, sp, ns) || m->ep.failed) return -1;
+  /* A backend's step fails before it updates anything (its memory for the spans, a
+     failed pass before it: backend_cuda.cu): the count as it was, so that it can be
+     taken again. The experts' norm exchange fails inside the update (the decay added,
+     the parameters stepped with this process's norm): the count stays. */
+  int rc = m->be->step(m, &h, sp, ns);
+  if (m->ep.failed) return -1;
+  if (rc) {
+    m->step--;
+    return -1;
+  }
   /* the step zeroed the gradient of every span it updated: a dense group not frozen is
      clean for the next backward pass (a lookup table's touched rows are cleared there;
      a placed expert table's rows of other owners are zero here: a replica's gradient

@@ -16,6 +16,7 @@
 #include "cuda_emu_cases.h"
 #include "cudatest.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -342,27 +343,49 @@ static int spread(long total, int parts, long *at) {
  * gradients read, then inference twice (the second makes the product tables, an
  * allocation that may fail: the products are then made as in training). 0, or -1
  * with the first error (cavs_model_new_opts's or cavs_model_error's) in err. */
-static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err, size_t len) {
+/* Two training steps, a read and two passes of inference. With `again`, what fails for
+ * want of device memory (errno ENOMEM) is done again, on the same model (a step's
+ * failure: its forward and backward passes too), and *again counts the redone; params
+ * (the model's parameter bytes) then gets them as they end. */
+static int use_model_again(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err,
+                           size_t len, int *again, void *params) {
   cavs_model_opts o = {.backend = "cuda"};
+  errno = 0;
   cavs_model *m = cavs_model_new_opts(d, dims, &o, err, len);
+  if (!m && again && errno == ENOMEM) (*again)++, m = cavs_model_new_opts(d, dims, &o, err, len);
   if (!m) return -1;
   cavs_model_init(m, 5);
   cavs_optim opt = {.kind = CAVS_ADAM, .lr = 1e-3, .clip = 5};
   int rc = 0;
-  for (int step = 0; step < 2 && !rc; step++) {
-    rc = cavs_model_forward(m, gs, k, NULL);
-    if (!rc) cavs_model_backward(m);
-    if (!rc) rc = cavs_model_step(m, &opt);
-  }
+  for (int step = 0; step < 2 && !rc; step++)
+    for (int tries = 0; tries < 2; tries++) {
+      errno = 0;
+      rc = cavs_model_forward(m, gs, k, NULL);
+      if (!rc) cavs_model_backward(m);
+      if (!rc) rc = cavs_model_step(m, &opt);
+      if (!rc || !again || errno != ENOMEM) break;
+      (*again)++;
+    }
   size_t n;
   const void *g = cavs_model_grads_flat(m, &n);
   double first;
   if (!rc) rc = cavs_model_read(m, &first, g, m->esize);
   cavs_model_set_inference(m, 1);
-  for (int pass = 0; pass < 2 && !rc; pass++) rc = cavs_model_forward(m, gs, k, NULL);
+  for (int pass = 0; pass < 2 && !rc; pass++)
+    for (int tries = 0; tries < 2; tries++) {
+      errno = 0;
+      rc = cavs_model_forward(m, gs, k, NULL);
+      if (!rc || !again || errno != ENOMEM) break;
+      (*again)++;
+    }
+  const void *p = cavs_model_params_flat(m, &n);
+  if (!rc && params) rc = cavs_model_read(m, params, p, n * m->esize);
   if (rc) snprintf(err, len, "%s", cavs_model_error(m));
   cavs_model_free(m);
   return rc;
+}
+static int use_model(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err, size_t len) {
+  return use_model_again(d, dims, gs, k, err, len, NULL, NULL);
 }
 
 /* What the device is asked to do by a model's use without faults */
@@ -404,6 +427,55 @@ START_TEST(failed_malloc) {
     no_errors();
   }
   ck_assert_int_gt(failed, 0);
+}
+END_TEST
+
+/* The same failures, each done again once it failed (use_model_again): the model goes
+ * on where it failed (the device's memory is not a lasting fault: backend_cuda.cu's
+ * schedule clears it, and the buffers that could not grow hold nothing) and ends with
+ * the parameters of a use where nothing failed, bit for bit; nothing is left alive, no
+ * misuse. */
+START_TEST(failed_malloc_again) {
+  const cavs_desc *d = example(_i, "float", true);
+  MINIBATCH(d);
+  char err[512];
+  cavs_emu_counts c = use_counted(d, dims, gs, k);
+  size_t bytes = 0;
+  {
+    char e[512];
+    cavs_model_opts o = {.backend = "cuda"};
+    cavs_model *m = cavs_model_new_opts(d, dims, &o, e, sizeof e);
+    ck_assert_msg(m != NULL, "%s", e);
+    size_t n;
+    cavs_model_params_flat(m, &n);
+    bytes = n * m->esize;
+    cavs_model_free(m);
+  }
+  unsigned char *want = malloc(bytes), *got = malloc(bytes);
+  ck_assert(want && got);
+  int none = 0;
+  ck_assert_msg(use_model_again(d, dims, gs, k, err, sizeof err, &none, want) == 0 && !none, "%s", err);
+  long at[12];
+  int nat = all ? 0 : spread(c.mallocs, 3, at), redone = 0;
+  for (long i = 0, n = 1; all ? n <= c.mallocs : i < nat; i++, n++) {
+    if (!all) n = at[i];
+    long since = cavs_emu_serial();
+    int again = 0;
+    cavs_emu_fail_malloc(n);
+    err[0] = 0;
+    int rc = use_model_again(d, dims, gs, k, err, sizeof err, &again, got);
+    cavs_emu_fail_malloc(0);
+    ck_assert_msg(rc == 0, "%s: cudaMalloc %ld of %ld failed, done again: \"%s\"", examples[_i], n, c.mallocs, err);
+    ck_assert_msg(!memcmp(got, want, bytes), "%s: cudaMalloc %ld of %ld failed: other parameters after it", examples[_i],
+                  n, c.mallocs);
+    redone += again;
+    ck_assert_msg(cavs_emu_live(since) == 0, "%s: cudaMalloc %ld failed, left alive:\n%s", examples[_i], n,
+                  cavs_emu_live_report(since));
+    no_errors();
+  }
+  ck_assert_int_gt(redone, 0);
+  free(want);
+  free(got);
 }
 END_TEST
 
@@ -1135,6 +1207,7 @@ int main(void) {
   tcase_add_unchecked_fixture(faults, build_faulted, NULL);
   for (int x = 0, cs = example_index("childsum"); x <= cs; x += all ? cs : cs + 1) {
     tcase_add_loop_test(faults, failed_malloc, x, x + 1);
+    tcase_add_loop_test(faults, failed_malloc_again, x, x + 1);
     tcase_add_loop_test(faults, failed_launch, x, x + 1);
   }
   suite_add_tcase(s, faults);
