@@ -173,7 +173,9 @@ static void resume_settings(Run *r, long *dims) {
   for (int j = 0; j < d->ndims; j++) asked[j] = -1;
   apply_dims(d, asked, o);
   for (int j = 0; j < d->ndims; j++)
-    if (asked[j] >= 0 && asked[j] != cd[j])
+    /* (a product follows its factors, which are compared: apply_dims derives it from
+       them, 0 where one was not asked) */
+    if (asked[j] >= 0 && d->dims[j].kind != CAVS_DIM_PRODUCT && asked[j] != cd[j])
       die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
   const cavs_train_state *cs = cavs_ckpt_state(r->ck);
   /* checked before an epoch runs: the run's last epoch must be one a checkpoint holds */

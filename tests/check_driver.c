@@ -468,6 +468,41 @@ START_TEST(plot_a_log) {
 }
 END_TEST
 
+/* A model with a dim that is a product of two others (moe_tree's HF = H * F), resumed
+ * without its dims given again: the checkpoint's, and the bytes of the run never
+ * stopped; a factor given again must agree (a resume refused every such model unless
+ * each factor was given again: the product, derived from factors not given, was 0). */
+START_TEST(resume_derives_product_dims) {
+  gen_data();
+#define MOE(...)                                                                                           \
+  cavs("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--threads", \
+       "1", "--quiet", __VA_ARGS__, NULL)
+  RunResult r = MOE("--dim", "E=6", "--dim", "H=8", "--dim", "F=4", "--epochs", "2", "--save", path_in("moe2.ckpt"));
+  ok(&r, "2 epochs");
+  tu_free(&r);
+  r = MOE("--dim", "E=6", "--dim", "H=8", "--dim", "F=4", "--epochs", "1", "--save", path_in("moe1.ckpt"));
+  ok(&r, "1 epoch");
+  tu_free(&r);
+  r = MOE("--epochs", "1", "--resume", path_in("moe1.ckpt"), "--save", path_in("moe1r.ckpt"));
+  ok(&r, "resumed without its dims");
+  tu_free(&r);
+  size_t na = 0, nb = 0;
+  char *a = tu_slurp(path_in("moe2.ckpt"), &na), *b = tu_slurp(path_in("moe1r.ckpt"), &nb);
+  ck_assert(a && b);
+  ck_assert_msg(na == nb && !memcmp(a, b, na), "the resumed run differs from the uninterrupted one");
+  free(a);
+  free(b);
+  r = MOE("--dim", "H=8", "--epochs", "1", "--resume", path_in("moe1.ckpt"));
+  ok(&r, "resumed with a factor given again");
+  tu_free(&r);
+  r = MOE("--dim", "H=9", "--epochs", "1", "--resume", path_in("moe1.ckpt"));
+  ck_assert_msg(r.status == 1 && strstr(r.err, "dim H is 8 in the checkpoint, but --dim asks for 9"), "%d: %s", r.status,
+                r.err);
+  tu_free(&r);
+#undef MOE
+}
+END_TEST
+
 /* N epochs, or N/2 + resume + N/2: the same bytes. */
 START_TEST(resume_is_bit_identical) {
   gen_data();
@@ -3044,6 +3079,7 @@ int main(void) {
   /* one process: the generated data and the compile cache are shared by the tests */
   tcase_add_test(tc, train_save_eval_predict);
   tcase_add_test(tc, resume_is_bit_identical);
+  tcase_add_test(tc, resume_derives_product_dims);
   tcase_add_test(tc, resume_keeps_dropout);
   tcase_add_test(tc, moe_trains_and_reports);
   tcase_add_test(tc, resume_keeps_schedule_and_frozen);
