@@ -412,24 +412,32 @@ static bool nonneg(double x) { return isfinite(x) && x >= 0; }
   } while (0)
 
 /* The file into memory, whole; NULL with the message in err. */
-static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
+/* The file opened for reading, a regular file of at most CAVS_MAX_CKPT_BYTES (*st what
+ * it is); -1 with the message in err. */
+static int open_file(const char *path, struct stat *st, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-    return NULL;
+    return -1;
   }
-  struct stat st;
-  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+  if (fstat(fd, st) || !S_ISREG(st->st_mode)) {
     snprintf(err, errlen, "'%s' is not a cavs checkpoint (not a regular file)", path);
     close(fd);
-    return NULL;
+    return -1;
   }
-  if ((uint64_t)st.st_size > CAVS_MAX_CKPT_BYTES) {
-    snprintf(err, errlen, "'%s' is %lld bytes; checkpoints are at most %llu", path, (long long)st.st_size,
+  if ((uint64_t)st->st_size > CAVS_MAX_CKPT_BYTES) {
+    snprintf(err, errlen, "'%s' is %lld bytes; checkpoints are at most %llu", path, (long long)st->st_size,
              (unsigned long long)CAVS_MAX_CKPT_BYTES);
     close(fd);
-    return NULL;
+    return -1;
   }
+  return fd;
+}
+
+static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
+  struct stat st;
+  int fd = open_file(path, &st, err, errlen);
+  if (fd < 0) return NULL;
   cavs_ckpt *k = calloc(1, sizeof *k);
   size_t cap = (size_t)st.st_size + 1; /* one more: a file that grew is read to its new size */
   if (k) k->fd = -1, k->data = malloc(cap);
@@ -459,29 +467,16 @@ static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
  * own, its bytes read into k->data only as they are taken (the structure, now; a
  * parameter's values, when a model takes them). NULL with the message in err. */
 static cavs_ckpt *stream(const char *path, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
-    return NULL;
-  }
+  struct stat st;
+  int fd = open_file(path, &st, err, errlen);
+  if (fd < 0) return NULL;
   cavs_ckpt *k = calloc(1, sizeof *k);
   if (!k) {
     snprintf(err, errlen, "out of memory reading '%s'", path);
     close(fd);
     return NULL;
   }
-  k->fd = fd;
-  if (fstat(fd, &k->st) || !S_ISREG(k->st.st_mode)) {
-    snprintf(err, errlen, "'%s' is not a cavs checkpoint (not a regular file)", path);
-    cavs_ckpt_free(k);
-    return NULL;
-  }
-  if ((uint64_t)k->st.st_size > CAVS_MAX_CKPT_BYTES) {
-    snprintf(err, errlen, "'%s' is %lld bytes; checkpoints are at most %llu", path, (long long)k->st.st_size,
-             (unsigned long long)CAVS_MAX_CKPT_BYTES);
-    cavs_ckpt_free(k);
-    return NULL;
-  }
+  k->fd = fd, k->st = st;
   k->size = (size_t)k->st.st_size;
   /* (pages of zeros that take nothing until written: MAP_NORESERVE, as most stay so) */
   void *map = mmap(NULL, k->size ? k->size : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
