@@ -111,6 +111,15 @@ static void c_fn_close(Emit *e) { emit_release_fn(e, e->state); }
  * overlap (GCC gives up versioning loops past 10 pointer pairs); then the loop runs in
  * one call, not split over threads (CAVS_LOOP_ALONE). A loop that writes no cell of
  * another row's (loop_rows_apart) is split over threads by rows (CAVS_LOOP_ROWS). */
+/* Does forward loop l keep values for the backward pass (pointers k<node>)? Then it is
+   written once as NAME_body, with `if (keep)` before each kept store, and NAME calls it
+   with keep a constant (CAVS_INLINE, cavs_abi.h): one copy stores them, one does not. */
+static bool loop_keeps(const Loop *l) {
+  bool keeps = false;
+  for (int i = 0; i < l->nptrs && !l->bwd; i++) keeps |= l->ptrs[i].write && l->ptrs[i].name[0] == 'k';
+  return keeps;
+}
+
 static void c_loop_open(Emit *e, const Loop *l) {
   HeldFn *s = e->state;
   const char *name = arena_printf("%s_g%d%s", s->name, l->group, loop_suffix(l)), *width = emit_lin(e->m, l->width);
@@ -122,12 +131,12 @@ static void c_loop_open(Emit *e, const Loop *l) {
           l->bwd ? "backward" : "forward",
           l->part == LOOP_LEAVES ? " at the vertices without children" : l->part == LOOP_INNER ? " at the others" : "",
           lin_str(e->m, l->width, buf, sizeof buf));
-  fprintf(o, "static void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
-  c_locals(e, o);
   const char *rs = l->may_alias ? "" : "restrict ";
-  bool keeps = false;
-  for (int i = 0; i < l->nptrs && !l->bwd; i++) keeps |= l->ptrs[i].write && l->ptrs[i].name[0] == 'k';
-  if (keeps) fprintf(o, "  const int keep = c->keep; /* 0 in inference: nothing kept */\n");
+  if (loop_keeps(l))
+    fprintf(o, "CAVS_INLINE void %s_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {\n", name);
+  else
+    fprintf(o, "static void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
+  c_locals(e, o);
   fprintf(o, "  for (int r = r0; r < r0 + n; r++) {\n");
   for (int i = 0; i < l->nptrs; i++) {
     const LoopPtr *p = &l->ptrs[i];
@@ -138,8 +147,15 @@ static void c_loop_open(Emit *e, const Loop *l) {
 }
 
 static void c_loop_close(Emit *e, const Loop *l) {
+  HeldFn *s = e->state;
   fprintf(e->out, "    }\n  }\n}\n");
-  e->out = ((HeldFn *)e->state)->fn;
+  if (loop_keeps(l)) {
+    const char *name = arena_printf("%s_g%d%s", s->name, l->group, loop_suffix(l));
+    fprintf(e->out, "\nstatic void %s(cavs_ctx *c, int r0, int n, long j0, long j1) {\n", name);
+    fprintf(e->out, "  if (c->keep) %s_body(c, r0, n, j0, j1, 1);\n", name);
+    fprintf(e->out, "  else %s_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */\n}\n", name);
+  }
+  e->out = s->fn;
 }
 
 /* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */

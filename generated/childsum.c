@@ -77,7 +77,7 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* childsum_node_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void childsum_node_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void childsum_node_fwd_path_g2_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -85,7 +85,6 @@ static void childsum_node_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a34 = V[5] + (size_t)(r) * D_H;
     const R *restrict a33 = V[6] + (size_t)(r) * D_H;
@@ -103,8 +102,13 @@ static void childsum_node_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long 
   }
 }
 
+static void childsum_node_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) childsum_node_fwd_path_g2_body(c, r0, n, j0, j1, 1);
+  else childsum_node_fwd_path_g2_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* childsum_node_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void childsum_node_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -112,7 +116,6 @@ static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[2] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
@@ -155,8 +158,13 @@ static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0
   }
 }
 
+static void childsum_node_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) childsum_node_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else childsum_node_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* childsum_node_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void childsum_node_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -164,7 +172,6 @@ static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[2] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
@@ -206,6 +213,11 @@ static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       h43[j] = v43;  /* at home */
     }
   }
+}
+
+static void childsum_node_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) childsum_node_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else childsum_node_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex node, path phase: one task (rows of one level) */

@@ -64,7 +64,7 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* lattice_gru_wrd_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_wrd_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -74,7 +74,6 @@ static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a11 = V[6] + (size_t)(r) * D_H;
     const R *restrict a15 = P[18];
@@ -93,8 +92,13 @@ static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   }
 }
 
+static void lattice_gru_wrd_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_wrd_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_wrd_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_wrd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_wrd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -104,7 +108,6 @@ static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a3 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = P[17];
@@ -133,8 +136,13 @@ static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long 
   }
 }
 
+static void lattice_gru_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_wrd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_wrd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_wrd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_wrd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -144,7 +152,6 @@ static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a3 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a7 = P[17];
@@ -173,6 +180,11 @@ static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lon
       h31[j] = v31;  /* at home */
     }
   }
+}
+
+static void lattice_gru_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_wrd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_wrd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex wrd, path phase: one task (rows of one level) */
@@ -491,7 +503,7 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* lattice_gru_chr_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_chr_fwd_path_g2_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -501,7 +513,6 @@ static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a13 = V[19] + (size_t)(r) * D_H;
     const R *restrict a12 = V[20] + (size_t)(r) * D_H;
@@ -522,8 +533,13 @@ static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lon
   }
 }
 
+static void lattice_gru_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_chr_fwd_path_g2_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_chr_fwd_path_g2_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_chr_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_chr_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -533,7 +549,6 @@ static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[23] + (size_t)(r) * D_H;
     const R *restrict a7 = V[22] + (size_t)(r) * D_H;
@@ -559,8 +574,13 @@ static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, lon
   }
 }
 
+static void lattice_gru_chr_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_chr_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_chr_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_chr_fwd_path, group g4 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_chr_fwd_path_g4_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -570,7 +590,6 @@ static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a33 = V[11] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict a37 = P[10];
@@ -589,8 +608,13 @@ static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, lon
   }
 }
 
+static void lattice_gru_chr_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_chr_fwd_path_g4_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_chr_fwd_path_g4_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_chr_fwd_path, group g3 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_chr_fwd_path_g3_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -600,7 +624,6 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a25 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
@@ -631,8 +654,13 @@ static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long 
   }
 }
 
+static void lattice_gru_chr_fwd_path_g3_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_chr_fwd_path_g3_leaves_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_chr_fwd_path_g3_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_gru_chr_fwd_path, group g3 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_gru_chr_fwd_path_g3_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -642,7 +670,6 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a25 = V[12] + (size_t)(r) * (2*D_H);
     const R *restrict a29 = P[9];
@@ -673,6 +700,11 @@ static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, lon
       h53_2[j] = v53;  /* at home */
     }
   }
+}
+
+static void lattice_gru_chr_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_gru_chr_fwd_path_g3_body(c, r0, n, j0, j1, 1);
+  else lattice_gru_chr_fwd_path_g3_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */

@@ -64,7 +64,7 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_lstm_wrd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -74,7 +74,6 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[16];
@@ -102,8 +101,13 @@ static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void lattice_lstm_wrd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_lstm_wrd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else lattice_lstm_wrd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_lstm_wrd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_lstm_wrd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -113,7 +117,6 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[16];
@@ -148,6 +151,11 @@ static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h30[j] = v30;  /* at home */
     }
   }
+}
+
+static void lattice_lstm_wrd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_lstm_wrd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else lattice_lstm_wrd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex wrd, path phase: one task (rows of one level) */
@@ -421,7 +429,7 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* lattice_lstm_chr_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_lstm_chr_fwd_path_g2_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -431,7 +439,6 @@ static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a43 = V[16] + (size_t)(r) * D_H;
     const R *restrict a42 = V[17] + (size_t)(r) * D_H;
@@ -452,8 +459,13 @@ static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, lo
   }
 }
 
+static void lattice_lstm_chr_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_lstm_chr_fwd_path_g2_body(c, r0, n, j0, j1, 1);
+  else lattice_lstm_chr_fwd_path_g2_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_lstm_chr_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -463,7 +475,6 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[10] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
@@ -517,8 +528,13 @@ static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void lattice_lstm_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_lstm_chr_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else lattice_lstm_chr_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lattice_lstm_chr_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_W = c->dims[1];
   const long D_H = c->dims[2];
@@ -528,7 +544,6 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[10] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
@@ -591,6 +606,11 @@ static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h59_2[j] = v59;  /* at home */
     }
   }
+}
+
+static void lattice_lstm_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lattice_lstm_chr_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else lattice_lstm_chr_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */

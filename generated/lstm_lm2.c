@@ -55,14 +55,13 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lstm_lm2_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lstm_lm2_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a7 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = P[7];
@@ -105,15 +104,19 @@ static void lstm_lm2_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j
   }
 }
 
+static void lstm_lm2_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lstm_lm2_token_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else lstm_lm2_token_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lstm_lm2_token_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lstm_lm2_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lstm_lm2_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a7 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a11 = P[7];
@@ -165,15 +168,19 @@ static void lstm_lm2_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long
   }
 }
 
+static void lstm_lm2_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lstm_lm2_token_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else lstm_lm2_token_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lstm_lm2_token_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lstm_lm2_token_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lstm_lm2_token_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a46 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
@@ -216,15 +223,19 @@ static void lstm_lm2_token_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j
   }
 }
 
+static void lstm_lm2_token_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lstm_lm2_token_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 1);
+  else lstm_lm2_token_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* lstm_lm2_token_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void lstm_lm2_token_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void lstm_lm2_token_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_V = c->dims[2];
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a46 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a50 = P[13];
@@ -274,6 +285,11 @@ static void lstm_lm2_token_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long
       h81[j] = v81;  /* at home */
     }
   }
+}
+
+static void lstm_lm2_token_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) lstm_lm2_token_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else lstm_lm2_token_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex token, path phase: one task (rows of one level) */

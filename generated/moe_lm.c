@@ -67,7 +67,7 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* moe_lm_token_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void moe_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void moe_lm_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_F = c->dims[2];
@@ -78,7 +78,6 @@ static void moe_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0,
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
@@ -121,8 +120,13 @@ static void moe_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0,
   }
 }
 
+static void moe_lm_token_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) moe_lm_token_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else moe_lm_token_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* moe_lm_token_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void moe_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void moe_lm_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_F = c->dims[2];
@@ -133,7 +137,6 @@ static void moe_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[5];
@@ -183,6 +186,11 @@ static void moe_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
       h40[j] = v40;  /* at home */
     }
   }
+}
+
+static void moe_lm_token_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) moe_lm_token_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else moe_lm_token_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex token, path phase: one task (rows of one level) */

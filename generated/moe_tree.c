@@ -95,7 +95,7 @@ static void moe_tree_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
 }
 
 /* moe_tree_tree_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void moe_tree_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void moe_tree_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_F = c->dims[2];
@@ -107,7 +107,6 @@ static void moe_tree_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -149,8 +148,13 @@ static void moe_tree_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   }
 }
 
+static void moe_tree_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) moe_tree_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 1);
+  else moe_tree_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* moe_tree_tree_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void moe_tree_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void moe_tree_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_F = c->dims[2];
@@ -162,7 +166,6 @@ static void moe_tree_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -220,6 +223,11 @@ static void moe_tree_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       o50[j] = v50;
     }
   }
+}
+
+static void moe_tree_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) moe_tree_tree_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else moe_tree_tree_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* moe_tree_tree_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */

@@ -58,7 +58,7 @@ static void nary_treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* nary_treelstm_tree_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void nary_treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -66,7 +66,6 @@ static void nary_treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -110,8 +109,13 @@ static void nary_treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, lo
   }
 }
 
+static void nary_treelstm_tree_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) nary_treelstm_tree_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else nary_treelstm_tree_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* nary_treelstm_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void nary_treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -119,7 +123,6 @@ static void nary_treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -179,6 +182,11 @@ static void nary_treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, 
       h51[j] = v51;  /* at home */
     }
   }
+}
+
+static void nary_treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) nary_treelstm_tree_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else nary_treelstm_tree_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */

@@ -66,7 +66,7 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void seq2seq_enc_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_T = c->dims[2];
@@ -74,7 +74,6 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
@@ -121,8 +120,13 @@ static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, 
   }
 }
 
+static void seq2seq_enc_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) seq2seq_enc_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else seq2seq_enc_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* seq2seq_enc_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void seq2seq_enc_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_T = c->dims[2];
@@ -130,7 +134,6 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[6] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[9];
@@ -184,6 +187,11 @@ static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
       h40_2[j] = v40;  /* at home */
     }
   }
+}
+
+static void seq2seq_enc_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) seq2seq_enc_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else seq2seq_enc_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex enc, path phase: one task (rows of one level) */
@@ -606,7 +614,7 @@ static void seq2seq_dec_fwd_path_g5(cavs_ctx *c, int r0, int n, long j0, long j1
 }
 
 /* seq2seq_dec_fwd_path, group g6 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void seq2seq_dec_fwd_path_g6_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_T = c->dims[2];
@@ -614,7 +622,6 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a26 = V[15] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
@@ -657,8 +664,13 @@ static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, 
   }
 }
 
+static void seq2seq_dec_fwd_path_g6_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) seq2seq_dec_fwd_path_g6_leaves_body(c, r0, n, j0, j1, 1);
+  else seq2seq_dec_fwd_path_g6_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* seq2seq_dec_fwd_path, group g6 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void seq2seq_dec_fwd_path_g6_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_T = c->dims[2];
@@ -666,7 +678,6 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a26 = V[15] + (size_t)(r) * (3*D_H);
     const R *restrict a30 = P[16];
@@ -717,6 +728,11 @@ static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1
       h61[j] = v61;  /* at home */
     }
   }
+}
+
+static void seq2seq_dec_fwd_path_g6(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) seq2seq_dec_fwd_path_g6_body(c, r0, n, j0, j1, 1);
+  else seq2seq_dec_fwd_path_g6_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex dec, path phase: one task (rows of one level) */

@@ -58,7 +58,7 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* tagger_fwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_fwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -66,7 +66,6 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[7];
@@ -113,8 +112,13 @@ static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   }
 }
 
+static void tagger_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_fwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else tagger_fwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* tagger_fwd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_fwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -122,7 +126,6 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[4] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[7];
@@ -176,6 +179,11 @@ static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       h40_2[j] = v40;  /* at home */
     }
   }
+}
+
+static void tagger_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_fwd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else tagger_fwd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex fwd, path phase: one task (rows of one level) */
@@ -461,7 +469,7 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* tagger_bwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_bwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -469,7 +477,6 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[12] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[13];
@@ -516,8 +523,13 @@ static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, l
   }
 }
 
+static void tagger_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_bwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else tagger_bwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* tagger_bwd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_bwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -525,7 +537,6 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[12] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[13];
@@ -579,6 +590,11 @@ static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       h40_2[j] = v40;  /* at home */
     }
   }
+}
+
+static void tagger_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_bwd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else tagger_bwd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex bwd, path phase: one task (rows of one level) */

@@ -67,7 +67,7 @@ static void tagger_chars_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* tagger_chars_chr_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, Hc] */
-static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -78,7 +78,6 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[5] + (size_t)(r) * (3*D_Hc);
     const R *restrict a9 = P[10];
@@ -125,8 +124,13 @@ static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void tagger_chars_chr_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_chr_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_chr_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* tagger_chars_chr_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, Hc] */
-static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -137,7 +141,6 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[5] + (size_t)(r) * (3*D_Hc);
     const R *restrict a9 = P[10];
@@ -191,6 +194,11 @@ static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h40_2[j] = v40;  /* at home */
     }
   }
+}
+
+static void tagger_chars_chr_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_chr_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_chr_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex chr, path phase: one task (rows of one level) */
@@ -494,7 +502,7 @@ static void tagger_chars_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* tagger_chars_fwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -505,7 +513,6 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[13] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
@@ -552,8 +559,13 @@ static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void tagger_chars_fwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_fwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_fwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* tagger_chars_fwd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -564,7 +576,6 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[13] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[16];
@@ -618,6 +629,11 @@ static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h43_2[j] = v43;  /* at home */
     }
   }
+}
+
+static void tagger_chars_fwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_fwd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_fwd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex fwd, path phase: one task (rows of one level) */
@@ -937,7 +953,7 @@ static void tagger_chars_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* tagger_chars_bwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -948,7 +964,6 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[23] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
@@ -995,8 +1010,13 @@ static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void tagger_chars_bwd_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_bwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_bwd_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* tagger_chars_bwd_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_K = c->dims[1];
   const long D_Hc = c->dims[2];
@@ -1007,7 +1027,6 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[23] + (size_t)(r) * (3*D_H);
     const R *restrict a12 = P[22];
@@ -1061,6 +1080,11 @@ static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h43_2[j] = v43;  /* at home */
     }
   }
+}
+
+static void tagger_chars_bwd_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) tagger_chars_bwd_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else tagger_chars_bwd_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex bwd, path phase: one task (rows of one level) */

@@ -98,7 +98,7 @@ static void treegru_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
 }
 
 /* treegru_tree_fwd_path, group g3 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void treegru_tree_fwd_path_g3_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -106,7 +106,6 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a15 = V[6] + (size_t)(r) * D_H;
     const R *restrict a17 = V[3] + (size_t)(r) * (2*D_H);
@@ -132,8 +131,13 @@ static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j
   }
 }
 
+static void treegru_tree_fwd_path_g3(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) treegru_tree_fwd_path_g3_body(c, r0, n, j0, j1, 1);
+  else treegru_tree_fwd_path_g3_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* treegru_tree_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void treegru_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -141,7 +145,6 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[6];
@@ -170,8 +173,13 @@ static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0,
   }
 }
 
+static void treegru_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) treegru_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 1);
+  else treegru_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* treegru_tree_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void treegru_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -179,7 +187,6 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a5 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a9 = P[6];
@@ -208,6 +215,11 @@ static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j
       h38[j] = v38;  /* at home */
     }
   }
+}
+
+static void treegru_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) treegru_tree_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else treegru_tree_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */

@@ -79,7 +79,7 @@ static void treelstm_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
 }
 
 /* treelstm_tree_fwd_path, group g1 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void treelstm_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -87,7 +87,6 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -131,8 +130,13 @@ static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
   }
 }
 
+static void treelstm_tree_fwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) treelstm_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 1);
+  else treelstm_tree_fwd_path_g1_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* treelstm_tree_fwd_path, group g1 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void treelstm_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -140,7 +144,6 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
@@ -200,6 +203,11 @@ static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
       h50[j] = v50;  /* at home */
     }
   }
+}
+
+static void treelstm_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) treelstm_tree_fwd_path_g1_body(c, r0, n, j0, j1, 1);
+  else treelstm_tree_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex tree, path phase: one task (rows of one level) */

@@ -37,7 +37,7 @@ static void twotype_pull_bwd(cavs_ctx *c, int r0, int n) {
 }
 
 /* twotype_leaf_fwd_eager, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void twotype_leaf_fwd_eager_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -45,7 +45,6 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a2 = V[2] + (size_t)(r) * (2*D_H);
     const R *restrict a3 = P[4];
@@ -72,6 +71,11 @@ static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long 
       h11[j] = v11;  /* at home */
     }
   }
+}
+
+static void twotype_leaf_fwd_eager_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) twotype_leaf_fwd_eager_g0_body(c, r0, n, j0, j1, 1);
+  else twotype_leaf_fwd_eager_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex leaf, eager phase: every row of the type at once */
@@ -208,7 +212,7 @@ static void twotype_internal_fwd_eager(cavs_ctx *c, int r0, int n) {
 }
 
 /* twotype_internal_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void twotype_internal_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -216,7 +220,6 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = P[6];
     const R *restrict a24 = P[9];
@@ -254,8 +257,13 @@ static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long
   }
 }
 
+static void twotype_internal_fwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) twotype_internal_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 1);
+  else twotype_internal_fwd_path_g0_leaves_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
+}
+
 /* twotype_internal_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
-static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+CAVS_INLINE void twotype_internal_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j0, long j1, const int keep) {
   const long D_E = c->dims[0];
   const long D_H = c->dims[1];
   const long D_C = c->dims[2];
@@ -263,7 +271,6 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-  const int keep = c->keep; /* 0 in inference: nothing kept */
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a8 = V[5] + (size_t)(r) * (3*D_H);
     const R *restrict a9 = P[6];
@@ -318,6 +325,11 @@ static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       h38[j] = v38;  /* at home */
     }
   }
+}
+
+static void twotype_internal_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
+  if (c->keep) twotype_internal_fwd_path_g0_body(c, r0, n, j0, j1, 1);
+  else twotype_internal_fwd_path_g0_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
 /* vertex internal, path phase: one task (rows of one level) */

@@ -78,6 +78,14 @@ enum { CAVS_MAX_OPTIONS = 16 };
 #else
 #define CAVS_IVDEP
 #endif
+/* A fused loop that keeps values for the backward pass is written once and inlined twice
+ * with `keep` a constant (1 in training, 0 in inference): a store under a flag the
+ * compiler cannot hoist becomes a masked store (vmaskmovps), far slower on AMD. */
+#if defined(__GNUC__) || defined(__clang__)
+#define CAVS_INLINE static inline __attribute__((always_inline))
+#else
+#define CAVS_INLINE static inline
+#endif
 
 /* exp in float without libm: 2^(x log2 e) split into an integer power n (built in the
  * exponent bits) and e^f, |f| <= ln2/2, by a degree-7 polynomial; f = x - n ln2 in two
