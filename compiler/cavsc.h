@@ -543,6 +543,16 @@ typedef struct EmitOpts {
 
 typedef struct Target Target;
 
+/* A dropout whose readers read its input where it is whenever it keeps every value (p
+ * 0, or inference), so that it copies nothing then (emit.c, drop_aliases): per buffer,
+ * the input's place; src -1 where none. */
+typedef struct DropAlias {
+  int src;  /* the input's buffer */
+  Lin off;  /* its columns there */
+  int opt;  /* the option that is the probability, or -1: the literal p */
+  double p;
+} DropAlias;
+
 /* The emitter while it writes one model: what a target's hooks are handed. */
 typedef struct Emit {
   const Model *m;
@@ -562,6 +572,10 @@ typedef struct Emit {
   /* [nvertex]: how many homes the type's fused loops store its whole state at (and
      read the gradients of) besides the row (emit.c, state_homes): 0 to CV_MAX_HOMES */
   unsigned char *homes;
+  /* [nbufs]: the dropouts read in place (DropAlias); no_alias while a dropout's own
+     call is written, which names both buffers as they are */
+  DropAlias *alias;
+  bool no_alias;
 } Emit;
 
 /* A stage whose text is held in memory until it closes, so that the functions it calls

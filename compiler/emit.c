@@ -56,14 +56,30 @@ static int real_slot(const Model *m, int input) {
   return k;
 }
 
+/* The run-time test under which buffer b is read at its dropout's input (DropAlias),
+   or NULL where it is read as it is */
+static const char *alias_if(const Emit *e, int b) {
+  if (!e->alias || e->no_alias || e->alias[b].src < 0) return NULL;
+  const DropAlias *a = &e->alias[b];
+  if (a->opt >= 0) return arena_printf("(c->opt[%d] == 0 || !c->keep)", a->opt);
+  return a->p == 0 ? "1" : "!c->keep";
+}
+
 const char *emit_ptr(const Emit *e, Ref r, const char *row) {
   const Model *m = e->m;
   const Place *p = r.p;
   const char *off = lin_is_zero(p->off) ? "" : arena_printf(" + %s", paren(emit_lin(m, p->off)));
   switch (p->kind) {
-  case PL_ROW:
-    return arena_printf("%s[%d] + (size_t)(%s) * %s%s", r.grad ? "G" : "V", p->buf, row,
-                        paren(emit_lin(m, p->ld)), off);
+  case PL_ROW: {
+    const char *at = arena_printf("%s[%d] + (size_t)(%s) * %s%s", r.grad ? "G" : "V", p->buf, row,
+                                  paren(emit_lin(m, p->ld)), off);
+    const char *cond = alias_if(e, p->buf);
+    if (!cond) return at;
+    const DropAlias *a = &e->alias[p->buf];
+    Place in = {PL_ROW, a->src, lin_add(a->off, p->off), m->bufs[a->src].width};
+    const char *there = emit_ptr(e, (Ref){&in, r.grad}, row);
+    return strcmp(cond, "1") ? arena_printf("(%s ? %s : %s)", cond, there, at) : there;
+  }
   case PL_PARAM:
     if (r.grad && e->pg_marks) e->pg_marks[p->buf] = 1;
     if (r.grad && e->pg_stage) e->pg_stage[p->buf] = 1;
@@ -77,7 +93,12 @@ const char *emit_ptr(const Emit *e, Ref r, const char *row) {
   }
 }
 
-const char *emit_ld(const Emit *e, const Place *p) { return paren(emit_lin(e->m, p->ld)); }
+const char *emit_ld(const Emit *e, const Place *p) {
+  const char *ld = paren(emit_lin(e->m, p->ld)), *cond = p->kind == PL_ROW ? alias_if(e, p->buf) : NULL;
+  if (!cond) return ld;
+  const char *there = paren(emit_lin(e->m, e->m->bufs[e->alias[p->buf].src].width));
+  return !strcmp(there, ld) ? ld : strcmp(cond, "1") ? arena_printf("(%s ? %s : %s)", cond, there, ld) : there;
+}
 
 /* ---- text from outside the compiler ----
  * A file name, a command line or an IR file's `source` line can hold any byte. What the
@@ -906,9 +927,18 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     /* a named probability: the option's value at run time (cavs_ctx.opt) */
     const char *p = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
                            : arena_printf("%.17g", b->cval);
-    fprintf(e->out, "  cavs_dropout_%s(c, %uu, %s, %s, %s, %s, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", salt, p,
-            emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val), emit_ptr(e, (Ref){&to->val, bwd}, "0"),
-            emit_ld(e, &to->val), emit_lin(m, n->width));
+    /* read in place where it keeps every value (drop_aliases): then nothing to do */
+    const char *cond = n->val.kind == PL_ROW ? alias_if(e, n->val.buf) : NULL;
+    if (cond && !strcmp(cond, "1")) return;
+    e->no_alias = true;
+    fprintf(e->out, "  %scavs_dropout_%s(c, %uu, %s, %s, %s, %s, %s, %s, r0, n);\n",
+            cond ? arena_printf("if (%s) /* else its readers read its input */\n    ",
+                                strcmp(cond, "!c->keep") ? arena_printf("!%s", cond) : "c->keep")
+                 : "",
+            bwd ? "bwd" : "fwd",
+            salt, p, emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val),
+            emit_ptr(e, (Ref){&to->val, bwd}, "0"), emit_ld(e, &to->val), emit_lin(m, n->width));
+    e->no_alias = false;
     return;
   }
   case OP_MV:
@@ -1312,6 +1342,17 @@ static void descriptor(const Emit *e) {
     }
   }
   fprintf(c, nvalues ? "};\n" : "static const cavs_value_desc values[1] = {0};\n");
+  /* the dropouts read in place where they keep every value (drop_aliases) */
+  int naliases = 0;
+  for (int b = 0; b < m->nbufs; b++) {
+    const DropAlias *a = &e->alias[b];
+    if (a->src < 0) continue;
+    if (!naliases++) fprintf(c, "static const cavs_alias_desc aliases[] = {\n");
+    fprintf(c, "  {%d, %d, ", b, a->src);
+    desc_lin(c, a->off);
+    fprintf(c, ", %d, %.17g},\n", a->opt, a->opt >= 0 ? 0.0 : a->p);
+  }
+  fprintf(c, naliases ? "};\n" : "static const cavs_alias_desc aliases[1] = {0};\n");
   fputc('\n', c);
   fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);
@@ -1341,6 +1382,7 @@ static void descriptor(const Emit *e) {
           m->push ? fname(e, m->push, "bwd") : "0");
   fprintf(c, "  .nvalues = %d, .values = values,\n", nvalues);
   fprintf(c, "  .pull_grads = pull_grads, .push_grads = push_grads,\n");
+  fprintf(c, "  .naliases = %d, .aliases = aliases,\n", naliases);
   fprintf(c, "};\n");
 }
 
@@ -1362,11 +1404,72 @@ const char *target_names(void) {
   return s;
 }
 
+/* Dropouts read in place. A dropout that keeps every value (its probability 0, the
+ * default of every example's option, or inference) is y = x: its copy forward, and its
+ * gradient's add backward, are passes over memory that change nothing (a Tree-LSTM
+ * epoch on SST: 0.3-0.5 of 8 s, bench/README). Where it is safe, its readers read x
+ * where x is then, and add their gradients to x's: every pointer into y's buffer
+ * becomes a test (alias_if) between the two places, and the dropout's own calls run
+ * only where it may drop. Safe means: y fills a buffer of its own (no other value lies
+ * there, and the pull nodes that read it across blocks only view it); everything that
+ * reads y, there or through a pull, is the left operand of a product, whose calls take
+ * any pointer and stride (a fused loop's CUDA kernel builds its rows' strides in); x
+ * is a row value of another buffer, of whole rows; and x's gradient is added to, not
+ * set, and cleared before the backward pass at every row y's is (the runtime clears
+ * a block's buffer at its type's rows, an `inner` one at those with children only).
+ * The runtime reads a named value of y, and skips y's gradient clear, by the same
+ * test (cavs_desc.aliases). */
+static bool all_rows(const Model *m, int b) {
+  int v = m->bufs[b].vertex;
+  return v < 0 || !leaves_untouched(m->vertex[v], b);
+}
+static void drop_aliases(Emit *e) {
+  const Model *m = e->m;
+  e->alias = arena_alloc(sizeof *e->alias * ((size_t)m->nbufs + 1));
+  for (int b = 0; b < m->nbufs; b++) e->alias[b].src = -1;
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++) {
+    const IrFunc *f = fs[k];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *n = &f->nodes[i], *x = n->nargs == 2 ? &f->nodes[n->args[0]] : NULL;
+      if (n->op != OP_DROPOUT || !x || n->uses == 0 || n->val.kind != PL_ROW || x->val.kind != PL_ROW) continue;
+      int b = n->val.buf, a = x->val.buf;
+      const Buf *yb = &m->bufs[b], *xb = &m->bufs[a];
+      bool ok = a != b && lin_is_zero(n->val.off) && lin_eq(n->width, yb->width) && lin_eq(n->val.ld, yb->width) &&
+                lin_eq(x->val.ld, xb->width) && b != m->state_buf && b != m->push_buf && !yb->edge && !yb->slot &&
+                !xb->edge && !xb->slot && !yb->grad_whole && !n->keep;
+      if (ok && n->grad)
+        ok = x->grad && xb->grad && !xb->grad_whole && !n->grad_set && !x->grad_set &&
+             (xb->vertex < 0 ? xb->vertex == -1 || xb->vertex == yb->vertex : xb->vertex == yb->vertex) &&
+             (all_rows(m, a) || !all_rows(m, b));
+      /* every value in y's buffer is y or a pull of it, and is read as a product's left
+         operand alone */
+      for (int g = 0; g < nf && ok; g++) {
+        const IrFunc *h = fs[g];
+        for (int j = 0; j < h->n && ok; j++) {
+          const IrNode *v = &h->nodes[j];
+          if (v->keep && v->kval.kind == PL_ROW && v->kval.buf == b) ok = false;
+          if (v->val.kind != PL_ROW || v->val.buf != b) continue;
+          if (!(v == n || (v->op == OP_PULL && h != f && f->kind == F_PULL && m->pulls[v->ref].node == i))) ok = false;
+          for (int u = j + 1; u < h->n && ok; u++)
+            for (int q = 0; q < h->nodes[u].nargs; q++)
+              if (h->nodes[u].args[q] == j && !(h->nodes[u].op == OP_MATMUL && q == 0)) ok = false;
+        }
+      }
+      if (!ok) continue;
+      const IrNode *pr = &f->nodes[n->args[1]];
+      e->alias[b] = (DropAlias){a, x->val.off, pr->ref ? pr->ref - 1 : -1, pr->cval};
+    }
+  }
+}
+
 void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src) {
   EmitOpts ho = *o;
   if (o->header_cmdline) ho.cmdline = o->header_cmdline;
   Emit he = {.m = m, .o = &ho, .t = t, .out = src}, e = {.m = m, .o = o, .t = t, .out = src};
   t->header(&he, h);
+  drop_aliases(&e);
   t->prologue(&e);
   int nf;
   IrFunc **fs = model_funcs(m, &nf);

@@ -743,6 +743,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"logits", -2, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc childsum_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -817,4 +818,5 @@ const cavs_desc childsum_desc = {
   .push_fwd = childsum_push_fwd, .push_bwd = childsum_push_bwd,
   .nvalues = 12, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

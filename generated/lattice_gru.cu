@@ -1520,6 +1520,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 31, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"logits", -2, 32, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc lattice_gru_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1609,4 +1610,5 @@ const cavs_desc lattice_gru_desc = {
   .push_fwd = lattice_gru_push_fwd, .push_bwd = lattice_gru_push_bwd,
   .nvalues = 20, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

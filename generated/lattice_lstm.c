@@ -1324,6 +1324,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 28, {0, {0}}, {0, {0, 0, 1}}, 0},
   {"logits", -2, 29, {0, {0}}, {0, {0, 0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc lattice_lstm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1423,4 +1424,5 @@ const cavs_desc lattice_lstm_desc = {
   .push_fwd = lattice_lstm_push_fwd, .push_bwd = lattice_lstm_push_bwd,
   .nvalues = 25, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

@@ -685,6 +685,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"logits", -2, 10, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc lstm_lm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -755,4 +756,5 @@ const cavs_desc lstm_lm_desc = {
   .push_fwd = lstm_lm_push_fwd, .push_bwd = lstm_lm_push_bwd,
   .nvalues = 13, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

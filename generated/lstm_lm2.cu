@@ -21,7 +21,8 @@ static void lstm_lm2_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* lstm_lm2.vf:44  lookup */
   cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* lstm_lm2.vf:44  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -33,7 +34,8 @@ static void lstm_lm2_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm2.vf:44  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* lstm_lm2.vf:44  lookup */
   cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -48,10 +50,10 @@ static void lstm_lm2_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[5], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[5], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* lstm_lm2_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -350,15 +352,16 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 200050u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 60  d1 @ [Vi|Vo|Vu]: [n, 3H] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, V[6] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, 3*D_H, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (4*D_H) + D_H : V[6] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
             P[2], (3*D_H), 0, V[4] + (size_t)(r0) * (3*D_H), (3*D_H));
   /* line 60  h2_prev @ [Ri|Ro|Ru]: [n, 3H], added into d1 @ [Vi|Vo|Vu], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
                  P[3], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  d1 @ Vf: [n, H], rows with children (nothing reads the others) */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_H, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(0) * (4*D_H) + D_H : V[6] + (size_t)(0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
                  P[11], D_H, V[5] + (size_t)(0) * D_H, D_H);
   /* line 61  h2_prev @ Rf: [n, H], added into d1 @ Vf, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
@@ -835,15 +838,16 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[12], D_H, G[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[6] + (size_t)(0) * D_H, D_H);
+                 P[11], D_H, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(0) * (4*D_H) + D_H : G[6] + (size_t)(0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H));
   /* line 60  dh2_prev += d(h2_prev @ [Ri|Ro|Ru]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[3], (3*D_H), G[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 60  dd1 += d(d1 @ [Vi|Vo|Vu]) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, 3*D_H, 1, G[4] + (size_t)(r0) * (3*D_H), (3*D_H),
-            P[2], (3*D_H), 1, G[6] + (size_t)(r0) * D_H, D_H);
+            P[2], (3*D_H), 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (4*D_H) + D_H : G[6] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H));
   /* lstm_lm2.vf:59  d1 = dropout */
-  cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[6] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 200050u, c->opt[0] /* p_drop */, G[6] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + D_H, (4*D_H), D_H, r0, n);
   /* group g0 backward, [n, H]: i1 f1 o1 u1 c1 h1 (lines 53 54 55 56 57 58) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -912,30 +916,30 @@ static void lstm_lm2_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[1] + (size_t)(0) * D_E, D_E);
+                 P[5], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h1_prev^T d(h1_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[5], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h1_prev^T d(h1_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H),
                  PG[6], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 60  dW += d1^T d(d1 @ [Vi|Vo|Vu]), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, V[6] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, 3*D_H, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (4*D_H) + D_H : V[6] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
             G[4] + (size_t)(r0) * (3*D_H), (3*D_H), 1, PG[2], (3*D_H));
   /* line 60  dW += h2_prev^T d(h2_prev @ [Ri|Ro|Ru]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
                  PG[3], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += d1^T d(d1 @ Vf), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(0) * (4*D_H) + D_H : V[6] + (size_t)(0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
                  PG[11], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 61  dW += h2_prev^T d(h2_prev @ Rf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H),
@@ -964,9 +968,10 @@ static void lstm_lm2_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), V[21] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 71  %2 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[21] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (4*D_H) + (3*D_H) : V[21] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
             P[17], D_V, 0, V[20] + (size_t)(r0) * D_V, D_V);
   /* group g0 forward, [n, V]: logits (lines 71) */
   {
@@ -1020,11 +1025,12 @@ static void lstm_lm2_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 71  d%2 += d(%2 @ Wout) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[20] + (size_t)(r0) * D_V, D_V,
-            P[17], D_V, 1, G[21] + (size_t)(r0) * D_H, D_H);
+            P[17], D_V, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (4*D_H) + (3*D_H) : G[21] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H));
   /* lstm_lm2.vf:71  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[21] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[21] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H), D_H, r0, n);
   /* line 71  dW += %2^T d(%2 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[21] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (4*D_H) + (3*D_H) : V[21] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (4*D_H) : D_H),
             G[20] + (size_t)(r0) * D_V, D_V, 1, PG[17], D_V);
 }
 
@@ -1155,6 +1161,11 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 3}}, {0, {0, 1}}, 0},
   {"logits", -2, 19, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {1, 2, {0, {0}}, 0, 0},
+  {6, 0, {0, {0, 1}}, 0, 0},
+  {21, 0, {0, {0, 3}}, 0, 0},
+};
 
 const cavs_desc lstm_lm2_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1250,4 +1261,5 @@ const cavs_desc lstm_lm2_desc = {
   .push_fwd = lstm_lm2_push_fwd, .push_bwd = lstm_lm2_push_bwd,
   .nvalues = 22, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 3, .aliases = aliases,
 };

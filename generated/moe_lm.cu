@@ -25,7 +25,8 @@ static void moe_lm_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* moe_lm.vf:46  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* moe_lm.vf:46  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -41,7 +42,8 @@ static void moe_lm_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_lm.vf:46  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* moe_lm.vf:46  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -60,10 +62,10 @@ static void moe_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 53  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[4] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[4] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_lm_token_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -535,18 +537,18 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 54  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[4] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
+                 P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 53  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 53  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 53  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 54  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[3], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 54  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -682,9 +684,10 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100023u, c->opt[0] /* p_drop */, V[14] + (size_t)(0) * D_H, D_H, V[13] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 65  %20 @ Wout: [n, V] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, V[13] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_V, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[14] + (size_t)(r0) * D_H : V[13] + (size_t)(r0) * D_H), D_H,
             P[14], D_V, 0, V[12] + (size_t)(r0) * D_V, D_V);
   /* group g3 forward, [n, V]: logits (lines 65) */
   {
@@ -786,9 +789,10 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 65  d%20 += d(%20 @ Wout) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_V, 1, G[12] + (size_t)(r0) * D_V, D_V,
-            P[14], D_V, 1, G[13] + (size_t)(r0) * D_H, D_H);
+            P[14], D_V, 1, ((c->opt[0] == 0 || !c->keep) ? G[14] + (size_t)(r0) * D_H : G[13] + (size_t)(r0) * D_H), D_H);
   /* moe_lm.vf:65  dropout */
-  cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[13] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100023u, c->opt[0] /* p_drop */, G[13] + (size_t)(0) * D_H, D_H, G[14] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 backward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -862,7 +866,7 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
             G[22] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
   /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, V[13] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[14] + (size_t)(r0) * D_H : V[13] + (size_t)(r0) * D_H), D_H,
             G[12] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
 }
 
@@ -981,6 +985,10 @@ static const cavs_value_desc values[] = {
   {"m", -2, 15, {0, {0}}, {0, {0, 1}}, 0},
   {"logits", -2, 11, {0, {0}}, {0, {0, 0, 0, 0, 0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {1, 2, {0, {0}}, 0, 0},
+  {13, 14, {0, {0}}, 0, 0},
+};
 
 const cavs_desc moe_lm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1070,4 +1078,5 @@ const cavs_desc moe_lm_desc = {
   .push_fwd = moe_lm_push_fwd, .push_bwd = moe_lm_push_bwd,
   .nvalues = 14, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 2, .aliases = aliases,
 };

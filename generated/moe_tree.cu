@@ -26,7 +26,8 @@ static void moe_tree_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* moe_tree.vf:36  lookup */
   cavs_lookup_fwd(c, P[2], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* moe_tree.vf:36  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -43,7 +44,8 @@ static void moe_tree_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:36  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* moe_tree.vf:36  lookup */
   cavs_lookup_bwd(c, PG[2], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -63,10 +65,10 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 42  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[3], D_H, V[15] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[15] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_tree_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -860,18 +862,18 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[15] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
+                 P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[16] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[3], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -908,9 +910,10 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:54  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[25] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 54  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[25] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[25] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
             P[14], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 54) */
   {
@@ -969,11 +972,12 @@ static void moe_tree_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 54  d%2 += d(%2 @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[24] + (size_t)(r0) * D_C, D_C,
-            P[14], D_C, 1, G[25] + (size_t)(r0) * D_H, D_H);
+            P[14], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[25] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
   /* moe_tree.vf:54  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
   /* line 54  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[25] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[25] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
             G[24] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
 }
 
@@ -1100,6 +1104,10 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"logits", -2, 23, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {1, 2, {0, {0}}, 0, 0},
+  {25, 0, {0, {0, 1}}, 0, 0},
+};
 
 const cavs_desc moe_tree_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1178,4 +1186,5 @@ const cavs_desc moe_tree_desc = {
   .push_fwd = moe_tree_push_fwd, .push_bwd = moe_tree_push_bwd,
   .nvalues = 17, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 2, .aliases = aliases,
 };

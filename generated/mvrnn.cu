@@ -607,6 +607,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 10, {0, {0}}, {0, {1}}, 0},
   {"logits", -2, 11, {0, {0}}, {0, {0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc mvrnn_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -678,4 +679,5 @@ const cavs_desc mvrnn_desc = {
   .push_fwd = mvrnn_push_fwd, .push_bwd = mvrnn_push_bwd,
   .nvalues = 12, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

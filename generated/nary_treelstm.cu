@@ -22,7 +22,8 @@ static void nary_treelstm_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* nary_treelstm.vf:34  lookup */
   cavs_lookup_fwd(c, P[3], D_E, c->iin[0], V[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* nary_treelstm.vf:34  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[2] + (size_t)(0) * D_E, D_E, V[1] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -35,7 +36,8 @@ static void nary_treelstm_pull_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* nary_treelstm.vf:34  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[1] + (size_t)(0) * D_E, D_E, G[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* nary_treelstm.vf:34  lookup */
   cavs_lookup_bwd(c, PG[3], D_E, c->iin[0], G[2] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -51,10 +53,10 @@ static void nary_treelstm_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 40  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[3], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[3], D_E, D_V,
-                  V[1] + (size_t)(0) * D_E, D_E, P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[4], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* nary_treelstm_tree_fwd_path, group g0 forward at the vertices without children: a thread per row and column of [n, H] */
@@ -574,18 +576,18 @@ static void nary_treelstm_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
-                 P[4], D_H, G[1] + (size_t)(0) * D_E, D_E);
+                 P[4], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 40  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 40  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 40  dW += hh^T d(hh @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
                  PG[4], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 41  dW += hh^T d(hh @ [Uf0|Uf1]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, 2*D_H, V[6] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -615,9 +617,10 @@ static void nary_treelstm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* nary_treelstm.vf:52  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 52  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, V[17] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[17] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
             P[9], D_C, 0, V[16] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 52) */
   {
@@ -672,11 +675,12 @@ static void nary_treelstm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* line 52  d%2 += d(%2 @ Wc) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[16] + (size_t)(r0) * D_C, D_C,
-            P[9], D_C, 1, G[17] + (size_t)(r0) * D_H, D_H);
+            P[9], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[17] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
   /* nary_treelstm.vf:52  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[17] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[17] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
   /* line 52  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, V[17] + (size_t)(r0) * D_H, D_H,
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[17] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
             G[16] + (size_t)(r0) * D_C, D_C, 1, PG[9], D_C);
 }
 
@@ -780,6 +784,10 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"logits", -2, 15, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {1, 2, {0, {0}}, 0, 0},
+  {17, 0, {0, {0, 1}}, 0, 0},
+};
 
 const cavs_desc nary_treelstm_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -856,4 +864,5 @@ const cavs_desc nary_treelstm_desc = {
   .push_fwd = nary_treelstm_push_fwd, .push_bwd = nary_treelstm_push_bwd,
   .nvalues = 16, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 2, .aliases = aliases,
 };

@@ -22,7 +22,8 @@ static void seq2seq_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:60  lookup */
   cavs_lookup_fwd(c, P[5], D_E, c->iin[0], V[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[5] + (size_t)(0) * D_E, D_E, V[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[5] + (size_t)(0) * D_E, D_E, V[4] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* seq2seq.vf:60  lookup */
   cavs_lookup_fwd(c, P[6], D_E, c->iin[1], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  y = dropout */
@@ -43,7 +44,8 @@ static void seq2seq_pull_bwd(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:60  lookup */
   cavs_lookup_bwd(c, PG[6], D_E, c->iin[1], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* seq2seq.vf:60  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[4] + (size_t)(0) * D_E, D_E, G[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[4] + (size_t)(0) * D_E, D_E, G[5] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* seq2seq.vf:60  lookup */
   cavs_lookup_bwd(c, PG[5], D_E, c->iin[0], G[5] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -59,10 +61,10 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 67  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
-                  V[4] + (size_t)(0) * D_E, D_E, P[7], D_H, V[7] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, P[7], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
 /* seq2seq_enc_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -441,18 +443,18 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 68  dx += d(x @ Wef) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, G[4] + (size_t)(0) * D_E, D_E);
+                 P[7], D_H, ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
   /* line 67  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[4] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
   /* line 67  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 67  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  dW += x^T d(x @ Wef), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[4] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E,
                  PG[7], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 68  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -1293,9 +1295,10 @@ static void seq2seq_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[16] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[16] + (size_t)(0) * (2*D_H), (2*D_H), V[39] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  %2 @ Wo: [n, T] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_T, 2*D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[16] + (size_t)(r0) * (2*D_H) : V[39] + (size_t)(r0) * (2*D_H)), (2*D_H),
             P[20], D_T, 0, V[38] + (size_t)(r0) * D_T, D_T);
   /* group g0 forward, [n, T]: logits (lines 95) */
   cavs_loop(c, seq2seq_push_fwd_g0, r0, n, D_T, CAVS_LOOP_ROWS);
@@ -1340,11 +1343,12 @@ static void seq2seq_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, seq2seq_push_bwd_g0, r0, n, D_T, 0);
   /* line 95  d%2 += d(%2 @ Wo) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_T, 1, G[38] + (size_t)(r0) * D_T, D_T,
-            P[20], D_T, 1, G[39] + (size_t)(r0) * (2*D_H), (2*D_H));
+            P[20], D_T, 1, ((c->opt[0] == 0 || !c->keep) ? G[16] + (size_t)(r0) * (2*D_H) : G[39] + (size_t)(r0) * (2*D_H)), (2*D_H));
   /* seq2seq.vf:95  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[39] + (size_t)(0) * (2*D_H), (2*D_H), G[16] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 95  dW += %2^T d(%2 @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, V[39] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_T, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[16] + (size_t)(r0) * (2*D_H) : V[39] + (size_t)(r0) * (2*D_H)), (2*D_H),
             G[38] + (size_t)(r0) * D_T, D_T, 1, PG[20], D_T);
 }
 
@@ -1523,6 +1527,10 @@ static const cavs_value_desc values[] = {
   {"p", -2, 16, {0, {0}}, {0, {0, 2}}, 0},
   {"logits", -2, 37, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {4, 5, {0, {0}}, 0, 0},
+  {39, 16, {0, {0}}, 0, 0},
+};
 
 const cavs_desc seq2seq_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1642,4 +1650,5 @@ const cavs_desc seq2seq_desc = {
   .push_fwd = seq2seq_push_fwd, .push_bwd = seq2seq_push_bwd,
   .nvalues = 27, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 2, .aliases = aliases,
 };

@@ -22,7 +22,8 @@ static void tagger_pull_fwd(cavs_ctx *c, int r0, int n) {
   /* tagger.vf:41  lookup */
   cavs_lookup_fwd(c, P[4], D_E, c->iin[0], V[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
   /* tagger.vf:41  x = dropout */
-  cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 4u, c->opt[0] /* p_drop */, V[3] + (size_t)(0) * D_E, D_E, V[2] + (size_t)(0) * D_E, D_E, D_E, r0, n);
 }
 
 /* pull block, backward: all rows */
@@ -35,7 +36,8 @@ static void tagger_pull_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:41  x = dropout */
-  cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 4u, c->opt[0] /* p_drop */, G[2] + (size_t)(0) * D_E, D_E, G[3] + (size_t)(0) * D_E, D_E, D_E, r0, n);
   /* tagger.vf:41  lookup */
   cavs_lookup_bwd(c, PG[4], D_E, c->iin[0], G[3] + (size_t)(0) * D_E, D_E, r0, n, D_E);
 }
@@ -51,10 +53,10 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 48  x @ [Wfi|Wfo|Wfu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  x @ Wff: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[5], D_H, V[5] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[5], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_fwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -433,18 +435,18 @@ static void tagger_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 49  dx += d(x @ Wff) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, G[2] + (size_t)(0) * D_E, D_E);
+                 P[5], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 48  dx += d(x @ [Wfi|Wfo|Wfu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 48  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
                  PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 48  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  dW += x^T d(x @ Wff), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
                  PG[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 49  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -462,10 +464,10 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[2], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  x @ Wbf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
-                  V[2] + (size_t)(0) * D_E, D_E, P[11], D_H, V[13] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[11], D_H, V[13] + (size_t)(0) * D_H, D_H);
 }
 
 /* tagger_bwd_fwd_path, group g0 forward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -844,18 +846,18 @@ static void tagger_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 63  dx += d(x @ Wbf) W^T, rows with a word and children */
   cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[13] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, G[2] + (size_t)(0) * D_E, D_E);
+                 P[11], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 62  dx += d(x @ [Wbi|Wbo|Wbu]) W^T, rows with a word */
   cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[12] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), G[2] + (size_t)(0) * D_E, D_E);
+                 P[2], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 62  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
                  PG[2], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 62  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  dW += x^T d(x @ Wbf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[2] + (size_t)(0) * D_E, D_E,
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
                  PG[11], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 63  dW += h_next^T d(h_next @ Ubf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -973,9 +975,10 @@ static void tagger_push_fwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* tagger.vf:78  dropout */
-  cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[20] + (size_t)(0) * (2*D_H), (2*D_H), V[25] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[20] + (size_t)(0) * (2*D_H), (2*D_H), V[25] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  %2 @ Wo: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, 2*D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[20] + (size_t)(r0) * (2*D_H) : V[25] + (size_t)(r0) * (2*D_H)), (2*D_H),
             P[17], D_C, 0, V[24] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 78) */
   cavs_loop(c, tagger_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
@@ -1020,11 +1023,12 @@ static void tagger_push_bwd(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_push_bwd_g0, r0, n, D_C, 0);
   /* line 78  d%2 += d(%2 @ Wo) W^T */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, 2*D_H, D_C, 1, G[24] + (size_t)(r0) * D_C, D_C,
-            P[17], D_C, 1, G[25] + (size_t)(r0) * (2*D_H), (2*D_H));
+            P[17], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[20] + (size_t)(r0) * (2*D_H) : G[25] + (size_t)(r0) * (2*D_H)), (2*D_H));
   /* tagger.vf:78  dropout */
-  cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * (2*D_H), (2*D_H), G[20] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
+  if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[25] + (size_t)(0) * (2*D_H), (2*D_H), G[20] + (size_t)(0) * (2*D_H), (2*D_H), 2*D_H, r0, n);
   /* line 78  dW += %2^T d(%2 @ Wo), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, V[25] + (size_t)(r0) * (2*D_H), (2*D_H),
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, 2*D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[20] + (size_t)(r0) * (2*D_H) : V[25] + (size_t)(r0) * (2*D_H)), (2*D_H),
             G[24] + (size_t)(r0) * D_C, D_C, 1, PG[17], D_C);
 }
 
@@ -1190,6 +1194,10 @@ static const cavs_value_desc values[] = {
   {"p", -2, 20, {0, {0}}, {0, {0, 2}}, 0},
   {"logits", -2, 23, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[] = {
+  {2, 3, {0, {0}}, 0, 0},
+  {25, 20, {0, {0}}, 0, 0},
+};
 
 const cavs_desc tagger_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1292,4 +1300,5 @@ const cavs_desc tagger_desc = {
   .push_fwd = tagger_push_fwd, .push_bwd = tagger_push_bwd,
   .nvalues = 25, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 2, .aliases = aliases,
 };

@@ -1804,6 +1804,7 @@ static const cavs_value_desc values[] = {
   {"p", -2, 33, {0, {0}}, {0, {0, 0, 0, 2}}, 0},
   {"logits", -2, 36, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc tagger_chars_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -1922,4 +1923,5 @@ const cavs_desc tagger_chars_desc = {
   .push_fwd = tagger_chars_push_fwd, .push_bwd = tagger_chars_push_bwd,
   .nvalues = 36, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

@@ -403,6 +403,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0}}, {0, {1}}, 0},
   {"logits", -2, 4, {0, {0}}, {0, {0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc treefc_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -463,4 +464,5 @@ const cavs_desc treefc_desc = {
   .push_fwd = treefc_push_fwd, .push_bwd = treefc_push_bwd,
   .nvalues = 5, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

@@ -715,6 +715,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0}}, {0, {0, 1}}, 0},
   {"logits", -2, 13, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc treegru_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -783,4 +784,5 @@ const cavs_desc treegru_desc = {
   .push_fwd = treegru_push_fwd, .push_bwd = treegru_push_bwd,
   .nvalues = 13, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

@@ -780,6 +780,7 @@ static const cavs_value_desc values[] = {
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"logits", -2, 16, {0, {0}}, {0, {0, 0, 1}}, 0},
 };
+static const cavs_alias_desc aliases[1] = {0};
 
 const cavs_desc twotype_desc = {
   .abi = CAVS_ABI_VERSION,
@@ -859,4 +860,5 @@ const cavs_desc twotype_desc = {
   .push_fwd = twotype_push_fwd, .push_bwd = twotype_push_bwd,
   .nvalues = 18, .values = values,
   .pull_grads = pull_grads, .push_grads = push_grads,
+  .naliases = 0, .aliases = aliases,
 };

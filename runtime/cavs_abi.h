@@ -55,8 +55,10 @@ extern "C" {
  * 16: cavs_loop's last argument is flags (CAVS_LOOP_ALONE, as `alone` was, and
  *    CAVS_LOOP_ROWS: no cell written by two rows, so split by rows).
  * 17: cavs_pgroup_desc.experts (a mixture of experts' table, placed by expert
- *    parallelism as soon as the comm is set). */
-#define CAVS_ABI_VERSION 17
+ *    parallelism as soon as the comm is set).
+ * 18: cavs_desc.naliases and .aliases (a dropout read in place where it keeps every
+ *    value); CAVS_INLINE. */
+#define CAVS_ABI_VERSION 18
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -284,6 +286,18 @@ typedef struct cavs_value_desc {
   int kept;
 } cavs_value_desc;
 
+/* A dropout's output buffer `buf` that the stages read at its input, columns [off,
+ * off + buf's width) of buffer `src`, whenever the dropout keeps every value: its
+ * probability (option `opt`, or the literal `p` where opt is -1) is 0, or inference
+ * (ctx.keep 0). Then nothing writes `buf` or its gradient: a named value there is read
+ * at `src`, and its gradient is not cleared. */
+typedef struct cavs_alias_desc {
+  int buf, src;
+  cavs_lin off;
+  int opt;
+  double p;
+} cavs_alias_desc;
+
 typedef struct cavs_ctx cavs_ctx;
 /* Every stage runs over rows [r0, r0 + n) of the minibatch. */
 typedef void (*cavs_stage)(cavs_ctx *c, int r0, int n);
@@ -388,6 +402,8 @@ typedef struct cavs_desc {
   const cavs_value_desc *values;
   /* the same flags for the pull and push blocks' backward stages */
   const unsigned char *pull_grads, *push_grads;
+  int naliases;
+  const cavs_alias_desc *aliases;
 } cavs_desc;
 
 /* ---- what a stage sees ---- */

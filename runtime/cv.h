@@ -320,6 +320,9 @@ static inline bool cv_at_home(const cavs_model *m, int ch, long key) {
 }
 
 long cv_lin(const cavs_lin *l, const long *dims);
+/* Is buffer b a dropout's output read at its input now (cavs_alias_desc: it keeps every
+   value)? Then *src and *off say where. */
+bool cv_aliased(const cavs_model *m, int b, int *src, long *off);
 /* cv_lin in checked arithmetic: 0 and the value when it is in [0, LONG_MAX]. */
 int cv_lin_checked(const cavs_lin *l, const long *dims, long *out);
 /* *p grown to count elements of elem bytes, in checked arithmetic; on failure *p is

@@ -1221,9 +1221,13 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
     return cv_fail(m, "value '%s' is not computed at a vertex without children", name);
   long off = cv_lin(&x->off, m->ctx.dims), w = cv_lin(&x->width, m->ctx.dims), ld = m->bw[x->buf];
   if (off < 0 || w < 0 || off + w > ld) return cv_fail(m, "value '%s' lies outside its buffer", name);
+  /* a dropout read in place (in range: checked when the model was made) */
+  int b = x->buf, src;
+  long at;
+  if (cv_aliased(m, b, &src, &at)) b = src, off += at, ld = m->bw[src];
   /* a gathered buffer viewed in the state: through the view, which is in range at rows
      with children, the only rows it is read at (inner) */
-  const char *base = (const char *)m->cval[x->buf] + (size_t)off * m->esize;
+  const char *base = (const char *)m->cval[b] + (size_t)off * m->esize;
   if (out && n > 0 && read_row(m, base, ld, r, n < w ? n : w, out)) return -1;
   return w;
 }
@@ -1286,6 +1290,18 @@ static void backward_pass(cavs_model *m) {
      reads the gradients on the host waits first (cavs_model_read) */
 }
 
+bool cv_aliased(const cavs_model *m, int b, int *src, long *off) {
+  const cavs_desc *d = m->d;
+  for (int i = 0; i < d->naliases; i++) {
+    const cavs_alias_desc *a = &d->aliases[i];
+    if (a->buf != b) continue;
+    if (m->ctx.keep && (a->opt >= 0 ? m->ctx.opt[a->opt] : a->p) != 0) return false;
+    *src = a->src, *off = cv_lin(&a->off, m->ctx.dims);
+    return true;
+  }
+  return false;
+}
+
 /* What a backward pass adds to, cleared before it */
 static void clear_grads(cavs_model *m) {
   const cavs_desc *d = m->d;
@@ -1295,7 +1311,10 @@ static void clear_grads(cavs_model *m) {
      (SST: half the rows are leaves; the tagger's types a third of the rows each). A
      gathered buffer viewed in the state's is not used: its gradient is the state's. */
   for (int b = 0; b < d->nbufs; b++) {
+    int src;
+    long at;
     if (!m->grad[b] || d->bufs[b].grad == CAVS_GRAD_WHOLE || m->cgrad[b] != m->grad[b]) continue;
+    if (cv_aliased(m, b, &src, &at)) continue; /* a dropout read in place: nothing adds to it */
     size_t r0 = 0, n = (size_t)(d->bufs[b].edge ? m->nedges : N), row = (size_t)m->bw[b] * m->esize;
     int v = d->bufs[b].vertex;
     if (!d->bufs[b].edge && v >= 0 && v < d->nvertex) {
@@ -1347,7 +1366,10 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
       for (int t = 0; t < d->nvertex; t++) shared = shared || b == d->vertex[t].state;
       /* a view holds nothing of its own; an edge buffer's values are summed into its
          vertices' (esum), where a NaN shows */
+      int src;
+      long at;
       if (shared != (pass == 1) || m->cval[b] != m->val[b] || d->bufs[b].edge) continue;
+      if (cv_aliased(m, b, &src, &at)) continue; /* a dropout read in place: its input is checked */
       /* a vertex type's buffer holds values at that type's rows alone, and an inner one
          only at those with children (the first type_leaf rows of its range have none) */
       int t = d->bufs[b].vertex, r0 = 0, r1 = m->rows;

@@ -308,6 +308,18 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
       return NULL;
     }
   }
+  /* a dropout read in place: its output's columns lie in its input's buffer */
+  for (int i = 0; ok && i < d->naliases; i++) {
+    const cavs_alias_desc *a = &d->aliases[i];
+    long off = 0;
+    if (a->buf < 0 || a->buf >= d->nbufs || a->src < 0 || a->src >= d->nbufs || a->buf == a->src ||
+        a->opt < -1 || a->opt >= d->noptions || cv_lin_checked(&a->off, c->dims, &off) ||
+        off > m->bw[a->src] - m->bw[a->buf] || (d->bufs[a->buf].grad != CAVS_GRAD_NONE && !d->bufs[a->src].grad)) {
+      snprintf(err, errlen, "model '%s': a dropout read in place lies outside its input's buffer", d->name);
+      cavs_model_free(m);
+      return NULL;
+    }
+  }
   for (int t = 0; t < d->nvertex && ok; t++) {
     if (d->vertex[t].homes && m->bw[d->vertex[t].state] > m->home_w) m->home_w = m->bw[d->vertex[t].state];
     if (d->vertex[t].homes > m->nhomes) m->nhomes = d->vertex[t].homes;

@@ -1326,6 +1326,85 @@ static void grads_agree(const char *what, cavs_model *a, cavs_model *b, double t
       ck_abort_msg("%s: gradient %zu: %.17g, against %.17g", what, i, x[0][i], x[1][i]);
 }
 
+/* A dropout that keeps every value (its probability 0, every example's default, or
+ * inference) is read in place (cavsc's drop_aliases): the Tree-LSTM's two, the pull
+ * block's x = dropout(emb[word]) and the push block's dropout(h) of the state, copy
+ * nothing then, and their readers read, and add their gradients to, the looked-up row
+ * and the state. Against the model written without them: the same loss and gradients,
+ * bit for bit, and the same value x (read where it lies); with p_drop 0.5 the dropout
+ * runs in its own buffer (x dropped and scaled); at 0 again, and in inference at 0.5,
+ * the model without them once more. */
+static void drop_cut(char *s, const char *from, const char *to) {
+  char *at = strstr(s, from);
+  ck_assert_msg(at != NULL, "no '%s' in the model", from);
+  size_t n = strlen(from), m = strlen(to);
+  memmove(at + m, at + n, strlen(at + n) + 1);
+  memcpy(at, to, m);
+}
+
+static void x_values(cavs_model *a, cavs_model *b, const cavs_graph **gs, int k, long w, double scale) {
+  double xa[256], xb[256];
+  long zero = 0, cells = 0;
+  ck_assert(w <= 256);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_msg(cavs_model_vertex_value(a, i, v, "x", xa, 256) == w, "%s", cavs_model_error(a));
+      ck_assert_msg(cavs_model_vertex_value(b, i, v, "x", xb, 256) == w, "%s", cavs_model_error(b));
+      for (long j = 0; j < w; j++, cells++) {
+        zero += xa[j] == 0 && xb[j] != 0;
+        if (scale == 1 || xa[j] != 0)
+          ck_assert_msg(xa[j] == xb[j] * scale, "graph %d vertex %d: x[%ld] %.17g, without the dropout %.17g", i, v, j,
+                        xa[j], xb[j]);
+      }
+    }
+  if (scale != 1) ck_assert_msg(zero > cells / 5, "%ld of %ld values of x dropped", zero, cells);
+}
+
+START_TEST(dropout_read_in_place) {
+  const cavs_desc *d = load_model("treelstm.vf", "double");
+  ck_assert_int_eq(d->naliases, 2);
+  char src[8192];
+  ck_assert(d->source_text && strlen(d->source_text) < sizeof src);
+  strcpy(src, d->source_text);
+  drop_cut(src, "dropout(emb[word], p_drop)", "emb[word]");
+  drop_cut(src, "dropout(h, p_drop)", "h");
+  drop_cut(src, "option p_drop = 0;", "");
+  const cavs_desc *d0 = load_model(src, "double");
+  ck_assert_int_eq(d0->naliases, 0);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  long w = dims[find_dim(d, "E")];
+  cavs_model *m = new_model(d, dims, 4), *m0 = new_model(d0, dims, 4);
+  cavs_stats st, st0;
+  for (int round = 0; round < 3; round++) {
+    if (round == 1) ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 0.5), 0);
+    if (round == 2) ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 0), 0);
+    ck_assert_msg(cavs_model_forward(m, gs, k, &st) == 0, "%s", cavs_model_error(m));
+    ck_assert_msg(cavs_model_forward(m0, gs, k, &st0) == 0, "%s", cavs_model_error(m0));
+    x_values(m, m0, gs, k, w, round == 1 ? 2 : 1);
+    cavs_model_backward(m);
+    cavs_model_backward(m0);
+    if (round == 1) {
+      ck_assert_msg(st.loss != st0.loss, "p_drop 0.5: the loss without the dropout, %.17g", st.loss);
+      continue;
+    }
+    ck_assert_msg(st.loss == st0.loss, "round %d: loss %.17g, without the dropout %.17g", round, st.loss, st0.loss);
+    grads_agree("p_drop 0, against no dropout", m, m0, 0);
+  }
+  /* inference drops nothing whatever p_drop is */
+  ck_assert_int_eq(cavs_model_set_option(m, "p_drop", 0.5), 0);
+  cavs_model_set_inference(m, 1);
+  cavs_model_set_inference(m0, 1);
+  ck_assert(cavs_model_forward(m, gs, k, &st) == 0 && cavs_model_forward(m0, gs, k, &st0) == 0);
+  ck_assert_msg(st.loss == st0.loss, "inference at 0.5: %.17g, without the dropout %.17g", st.loss, st0.loss);
+  x_values(m, m0, gs, k, w, 1);
+  cavs_model_free(m);
+  cavs_model_free(m0);
+}
+END_TEST
+
 /* Homes (scheduler.c, plan_homes; cavsc's state_homes): a child whose type's loops write
  * its whole state stores it in its parent's gathered row as well, and reads the gradient
  * its parent leaves there, so that the gather copies nothing and adds nothing back.
@@ -2783,6 +2862,7 @@ int main(void) {
   tcase_add_test(tc, typed_slots_checked);
   tcase_add_test(tc, dropout_masks);
   tcase_add_test(tc, dropout_option);
+  tcase_add_test(tc, dropout_read_in_place);
   tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);

@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -79,7 +79,8 @@ class Desc(ctypes.Structure):
                 ("nlosses", c_int), ("losses", ctypes.POINTER(LossDesc)),
                 ("pull_fwd", c_void_p), ("pull_bwd", c_void_p), ("push_fwd", c_void_p), ("push_bwd", c_void_p),
                 ("nvalues", c_int), ("values", ctypes.POINTER(ValueDesc)),
-                ("pull_grads", c_void_p), ("push_grads", c_void_p)]
+                ("pull_grads", c_void_p), ("push_grads", c_void_p),
+                ("naliases", c_int), ("aliases", c_void_p)]
 
 
 DIM_FIXED, DIM_VOCAB, DIM_FREE, DIM_PRODUCT = range(4)
