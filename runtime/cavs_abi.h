@@ -98,7 +98,12 @@ enum { CAVS_MAX_OPTIONS = 16 };
  * are not): the clamp and the NaN test work on the bits with integer min and masks, as a
  * float `x < lo ? lo : x` lets GCC thread a path with a constant through the rest, and a
  * loop with control flow vectorizes only with AVX-512's masks. All arithmetic on the
- * bits is unsigned or in range: no overflow, whatever the input. */
+ * bits is unsigned or in range: no overflow, whatever the input. Where the compiler
+ * targets fused multiply-add (__FMA__: cavs build's -march=native on a CPU that has it)
+ * the polynomial is seven of them, as nvcc makes it on CUDA: a third fewer instructions
+ * in the loops that are mostly exponentials (the Tree-LSTM's fused loops 1.00 -> 0.90 s
+ * an epoch on a Zen 3), still within 1 ulp (check_math, over every float); elsewhere
+ * (libcavs itself, built for the baseline) a product and a sum each, as before. */
 static inline CAVS_HD float cavs_exp_f(float x) {
   uint32_t keep = -(uint32_t)(x == x); /* all ones, or zero for a NaN */
   int32_t sx;
@@ -126,7 +131,17 @@ static inline CAVS_HD float cavs_exp_f(float x) {
   float s1, s2;
   memcpy(&s1, &e1, sizeof s1);
   memcpy(&s2, &e2, sizeof s2);
+#if defined(__FMA__) && !defined(__CUDACC__)
+  float p = __builtin_fmaf(f, 1.0f / 5040, 1.0f / 720);
+  p = __builtin_fmaf(f, p, 1.0f / 120);
+  p = __builtin_fmaf(f, p, 1.0f / 24);
+  p = __builtin_fmaf(f, p, 1.0f / 6);
+  p = __builtin_fmaf(f, p, 0.5f);
+  p = __builtin_fmaf(f, p, 1.0f);
+  p = __builtin_fmaf(f, p, 1.0f);
+#else
   float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720 + f * (1.0f / 5040)))))));
+#endif
   float y = p * s1 * s2;
   memcpy(&bits, &y, sizeof bits);
   bits = (bits & keep) | (ux & ~keep); /* a NaN comes back as it came */
