@@ -35,8 +35,12 @@
 
 /* MR x NR = 6 x 64: 24 accumulators, 4 loads and 6 broadcasts a k. Measured against
    12 x 32, 14 x 32 and 8 x 48 (bench/README): 12 and 14 rows spill registers under
-   GCC 12; KC and MC moved results less than the machine's noise. */
-enum { MR = 6, NV = 4, NR = 16 * NV, KC = 256, MC = 192, NC = 1024 };
+   GCC 12. KC 512: each KC slice reads and writes all of C's block once, and at
+   thousands of rows (Tree-FC's lower levels, 8192 x 512 x 1024) C's traffic set the
+   pace: 170 GFLOP/s at KC 256, 195-203 at 512, 135 at 128, on a Zen 5 (bench/README,
+   "On a Zen 5 EPYC"); at the Tree-LSTM's shapes 512 is at par or ahead. A micro-panel
+   of B (512 x 64 floats, 128 KB) is read from the second-level cache. */
+enum { MR = 6, NV = 4, NR = 16 * NV, KC = 512, MC = 192, NC = 1024 };
 
 #define AVX512 __attribute__((target("avx512f")))
 
@@ -431,7 +435,7 @@ static int small_run(const SmallIsa *x, bool ta, bool tb, int m, int n, int k, f
     return 0;
   }
   long ars = ta ? 1 : lda, acs = ta ? lda : 1;
-  /* a KC-deep block of B's columns (64 KB, or 32 in AVX2) stays in cache while every
+  /* a KC-deep block of B's columns (128 KB, or 64 in AVX2) stays in cache while every
      block of A's rows reads it: B streams once; the slices in order, as product() adds
      them */
   for (int p0 = 0; p0 < k; p0 += KC) {

@@ -284,7 +284,7 @@ static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, floa
   one_product_with(cv_sgemm, ta, tb, m, n, k, alpha, beta);
 }
 
-/* Edges of every blocking sgemm.c does (6-row tiles, 64-column panels, 256-deep slices,
+/* Edges of every blocking sgemm.c does (6-row tiles, 64-column panels, 512-deep slices,
    192-row and 1024-column blocks), each form of transposition, alpha and beta. */
 START_TEST(sgemm_matches_double) {
   if (!cv_sgemm_usable()) {
@@ -292,12 +292,12 @@ START_TEST(sgemm_matches_double) {
     return;
   }
   static const int ms[] = {1, 2, 5, 6, 7, 13, 64, 193, 250}, ns[] = {1, 15, 16, 17, 63, 64, 65, 130, 1030},
-                   ks[] = {1, 3, 16, 17, 255, 256, 257, 530};
+                   ks[] = {1, 3, 16, 17, 255, 511, 512, 513, 1030};
   static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
   for (int t = 0; t < 4; t++) /* each transposition with the largest shapes */
-    one_product(t & 1, t >> 1, 193, 1030, 530, 1, 1);
+    one_product(t & 1, t >> 1, 193, 1030, 1030, 1, 1);
   for (int c = 0; c < 400; c++) {
-    int m = ms[(int)(rnd() * 9)], n = ns[(int)(rnd() * 9)], k = ks[(int)(rnd() * 8)];
+    int m = ms[(int)(rnd() * 9)], n = ns[(int)(rnd() * 9)], k = ks[(int)(rnd() * 9)];
     if ((double)m * n * k > 3e7) continue;
     one_product(rnd() < 0.5, rnd() < 0.5, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
   }
@@ -373,15 +373,15 @@ START_TEST(sgemm_small_matches_double) {
   const char *names[2];
   int nk = small_kernels(fs, names);
   static const int ns[] = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130, 1030},
-                   ks[] = {1, 3, 7, 8, 9, 15, 16, 17, 255, 256, 257, 530};
+                   ks[] = {1, 3, 7, 8, 9, 15, 16, 17, 255, 511, 512, 513, 1030};
   static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
   for (int f = 0; f < nk; f++) {
     fprintf(stderr, "check_math: few-rows kernel %s\n", names[f]);
     for (int m = 1; m <= CV_SGEMM_SMALL_M; m++)
       for (int t = 0; t < 3; t++) /* NN, TN, NT */
-        one_product_with(fs[f], t == 1, t == 2, m, 1030, 530, 1, 1);
+        one_product_with(fs[f], t == 1, t == 2, m, 1030, 1030, 1, 1);
     for (int c = 0; c < 600; c++) {
-      int m = 1 + (int)(rnd() * CV_SGEMM_SMALL_M), n = ns[(int)(rnd() * 18)], k = ks[(int)(rnd() * 12)];
+      int m = 1 + (int)(rnd() * CV_SGEMM_SMALL_M), n = ns[(int)(rnd() * 18)], k = ks[(int)(rnd() * 13)];
       int t = (int)(rnd() * 3);
       one_product_with(fs[f], t == 1, t == 2, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
     }
@@ -442,7 +442,7 @@ END_TEST
  * its columns or a thread's block of them, gives the bits of packing it each time. */
 START_TEST(sgemm_packed_changes_no_bit) {
   if (!cv_sgemm_usable()) return;
-  static const int shapes[][3] = {{37, 1000, 600}, {6, 64, 256}, {1, 130, 17}, {200, 768, 256}, {5, 70, 530}};
+  static const int shapes[][3] = {{37, 1000, 600}, {6, 64, 256}, {1, 130, 17}, {200, 768, 256}, {5, 70, 1030}};
   for (int s = 0; s < 5; s++)
     for (int t = 0; t < 4; t++) {
       bool ta = t & 1, tb = t >> 1;
