@@ -502,8 +502,8 @@ bool cv_sgemm_usable(void) {
 }
 
 /* Each thread's packing space, kept between products (a product of the Tree-LSTM needs
-   about 1 MB, which malloc would map and unmap each time) and freed when the thread
-   ends. */
+   up to 2.4 MB with 512-deep slices, which malloc would map and unmap each time) and
+   freed when the thread ends. */
 static pthread_key_t space_key;
 static pthread_once_t space_once = PTHREAD_ONCE_INIT;
 static _Thread_local float *space;
