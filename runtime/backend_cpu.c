@@ -41,16 +41,24 @@ static int cpu_probe(char *msg, size_t len) {
 
 /* A parameter packed for sgemm.c's products, as it was in pass `pass`: a product by a
    parameter runs once a task, and packing it each time cost as much as a small task's
-   product (the top levels of a tree). Keyed by where op(B) starts and its shape. */
+   product (the top levels of a tree). Keyed by where op(B) starts and its shape. Only a
+   parameter read by more than one product a pass is packed so: one read once (an
+   expert's matrix, whose rows run in one product a pass) is packed by that product,
+   a block at a time, as any operand is: packed whole first, it bought no time and held
+   a copy of itself (bench/README, "Experts' matrices packed by their product"). `seen` is the
+   last pass it was read in, `uses` its products there, `before` in the pass it was
+   read in before that. */
 typedef struct Packed {
   const void *b;
   long ldb;
   int tb, n, k;
-  unsigned pass;
+  unsigned pass, seen;
+  int uses, before;
   float *data;
   size_t floats;
 } Packed;
-enum { PACKED_MAX = 32 };
+/* every parameter's forms of a model with 64 experts of two matrices */
+enum { PACKED_MAX = 320 };
 
 /* The backend's state of one model (m->bs): its threads, its packed parameters. */
 typedef struct Cpu {
@@ -272,8 +280,16 @@ static const float *packed_param(cavs_model *m, bool tb, int n, int k, const voi
   if (!e) {
     if (s->npacked == PACKED_MAX) return NULL;
     e = &s->packed[s->npacked++];
-    *e = (Packed){.b = b, .ldb = ldb, .tb = tb, .n = n, .k = k, .pass = m->pass - 1};
+    *e = (Packed){.b = b, .ldb = ldb, .tb = tb, .n = n, .k = k, .pass = m->pass - 1, .seen = m->pass - 1};
   }
+  if (e->seen != m->pass) {
+    e->before = e->uses;
+    e->uses = 0;
+    e->seen = m->pass;
+  }
+  /* packed at its first product of a pass when it had more than one the pass before,
+     else at its second: a parameter read once a pass is never packed whole */
+  if (++e->uses < 2 && e->before < 2) return NULL;
   if (e->pass != m->pass) {
     size_t need = cv_sgemm_packed_floats(n, k);
     if (need > e->floats) {
