@@ -162,6 +162,18 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
   BE(c)->gemm(c, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc);
 }
 
+void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
+  DEAD(c);
+  if (n <= 0) return;
+  if (BE(c)->gemms) {
+    BE(c)->gemms(c, g, n);
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    BE(c)->gemm(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].lda, g[i].b, g[i].ldb, g[i].beta,
+                g[i].c, g[i].ldc);
+}
+
 /* mv and mm through the backend's own gemm, for a backend without kernels of its own
  * for them (CUDA's: cuBLAS): row by row (a matrix-vector product and an outer product
  * per row), or one product over all rows where their matrices lie one after another

@@ -57,6 +57,7 @@ typedef struct cv_hyper {
 #define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_8"
 
 struct cv_moe_ops;
+struct cv_gemm;
 typedef struct cv_backend {
   const char *name;  /* what --device and cavs_model_opts.backend call it */
   const char *about; /* one line for the user: "host memory, OpenBLAS" */
@@ -181,7 +182,24 @@ typedef struct cv_backend {
      the other processes' experts) */
   void *(*alloc_zeroed)(cavs_model *m, size_t bytes);
   void (*drop)(void *block, size_t off, size_t bytes);
+  /* ---- products with nothing between them (optional: NULL issues them one by one
+     through gemm): none writes what another reads or writes (a mixture's experts, each
+     over its own slots). The cpu backend runs them side by side on its threads, each
+     on one, where a product split over the threads would spend as much in waiting
+     and packing as in products (bench/README, "Experts side by side") ---- */
+  void (*gemms)(cavs_ctx *c, const struct cv_gemm *g, int n);
 } cv_backend;
+
+/* One product of a list (gemms, cv_gemms): C = alpha op(A) op(B) + beta C, as gemm */
+typedef struct cv_gemm {
+  int ta, tb, m, n, k;
+  double alpha, beta;
+  const void *a, *b;
+  void *c;
+  long lda, ldb, ldc;
+} cv_gemm;
+/* the products of g[0..n), through the backend's gemms or one by one */
+void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n);
 
 /* A mixture of experts' kernels over a stage's rows r0..r0+n-1 and their K slots each,
  * given the route's arrays (cv.h's struct cv_route; host memory). topk_fwd also fills

@@ -305,11 +305,11 @@ static const float *packed_param(cavs_model *m, bool tb, int n, int k, const voi
   return e->data;
 }
 
-static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
-                       double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
-                       long ldc) {
-  cv_pool *pool = pool_of(c);
-  int parts = cv_pool_threads(pool);
+/* The product's job: which kernels run it (decided by its shape alone, so that a
+   product's bits do not depend on the threads), over `parts` blocks */
+static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
+                        double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
+                        long ldc, int parts) {
   GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, false, NULL};
   /* Single precision through sgemm.c where the processor has AVX-512 (twice the BLAS's
      rate here, bench/README), but for C narrower than one vector (a classifier's few
@@ -323,6 +323,15 @@ static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE
   g.small = !g.dbl && n >= 16 && c->model->small_gemm && m <= CV_SGEMM_SMALL_M &&
             !(A == CblasTrans && B == CblasTrans);
   if (g.own && !g.small) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
+  return g;
+}
+
+static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
+                       double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
+                       long ldc) {
+  cv_pool *pool = pool_of(c);
+  int parts = cv_pool_threads(pool);
+  GemmJob g = gemm_job(c, A, B, m, n, k, alpha, a, lda, b, ldb, beta, cm, ldc, parts);
   /* below a megaflop, or without 32 columns (rows) a thread, one call */
   if (!pool || 2.0 * m * n * k < 1e6 || (n < 32 * parts && m < 32 * parts)) {
     g.parts = 1;
@@ -331,6 +340,18 @@ static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE
   }
   g.by_rows = n < 32 * parts;
   cv_pool_run(pool, gemm_part, &g, parts);
+}
+
+/* Whether a single row goes to libcavs's few-rows kernel rather than the BLAS's gemv
+   (cpu_gemm) */
+static bool own_row(const cavs_ctx *c, int ta, int tb, int n) {
+  return !DBL(c) && n >= 16 && c->model->small_gemm && !(ta == CAVS_TRANS && tb == CAVS_TRANS);
+}
+
+/* Whether cpu_gemm runs a product through gemm_parts (not a gemv, a ger or an empty
+   sum: below) */
+static bool gemm_general(const cavs_ctx *c, int ta, int tb, int m, int n, int k, double beta) {
+  return m > 0 && n > 0 && k > 0 && !(m == 1 && !own_row(c, ta, tb, n)) && !(k == 1 && beta == 1);
 }
 
 static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
@@ -355,8 +376,7 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
      op(A)'s one row, or op(A)'s one column, is read with A's stride where it is not
      contiguous. Where libcavs's few-rows kernel runs, a row goes to it instead
      (gemm_parts: faster than the BLAS's gemv on Zen 4 and Zen 3, bench/README). */
-  bool own_row = !DBL(c) && n >= 16 && c->model->small_gemm && !(ta == CAVS_TRANS && tb == CAVS_TRANS);
-  if (m == 1 && !own_row) {
+  if (m == 1 && !own_row(c, ta, tb, n)) {
     int inc = ta == CAVS_TRANS ? (int)lda : 1;
     if (DBL(c))
       cblas_dgemv(CblasRowMajor, B == CblasNoTrans ? CblasTrans : CblasNoTrans, B == CblasNoTrans ? k : n,
@@ -374,6 +394,74 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
   st->gemm_seconds += cv_now() - t0;
   st->gemm_flops += 2.0 * m * n * k;
   st->gemm_calls++;
+}
+
+/* Products with nothing between them (gemms: a mixture's experts), each whole on one
+   thread, the threads taking consecutive runs of the list of about equal flops. Split
+   over the pool instead, a product of an expert's 160 rows spent as long waiting for
+   the other thread and packing both operands twice (each thread packs all of the
+   operand it does not split) as in its kernels (bench/README, "Experts side by
+   side"). A product of more than a quarter of a thread's share, and one that is not
+   general (a row, an outer product), runs first, alone, as gemm runs it: with fewer
+   than four products a thread, the shares are as uneven as the experts' loads (4
+   experts of 640 rows took 2% longer side by side). A product's bits are gemm's
+   either way: they do not depend on how it is split. */
+enum { GEMMS_MAX = 64 };
+typedef struct GemmsJob {
+  GemmJob g[GEMMS_MAX];
+  int n, parts;
+  double flops; /* the list's */
+} GemmsJob;
+
+/* thread i runs the products that start within its share of the flops */
+static void gemms_part(void *arg, int i) {
+  GemmsJob *j = arg;
+  double run = 0;
+  for (int q = 0; q < j->n; q++) {
+    const GemmJob *x = &j->g[q];
+    int t = (int)(run * j->parts / j->flops);
+    if ((t < j->parts ? t : j->parts - 1) == i) gemm_part(&j->g[q], 0);
+    run += 2.0 * x->m * x->n * x->k;
+  }
+}
+
+static double flops_of(const cv_gemm *g) { return 2.0 * g->m * g->n * g->k; }
+
+static void cpu_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
+  cv_pool *pool = pool_of(c);
+  int parts = cv_pool_threads(pool);
+  for (; n > GEMMS_MAX; g += GEMMS_MAX, n -= GEMMS_MAX) cpu_gemms(c, g, GEMMS_MAX);
+  double total = 0;
+  for (int i = 0; i < n; i++) total += flops_of(&g[i]);
+  bool alone[GEMMS_MAX];
+  int together = 0;
+  for (int i = 0; i < n; i++) {
+    alone[i] = !pool || total < 1e6 || flops_of(&g[i]) > total / parts / 4 ||
+               !gemm_general(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].beta);
+    if (alone[i])
+      cpu_gemm(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].lda, g[i].b, g[i].ldb, g[i].beta,
+               g[i].c, g[i].ldc);
+    else
+      together++;
+  }
+  if (!together) return;
+  double t0 = cv_now(), left = 0;
+  GemmsJob j;
+  int q = 0;
+  for (int i = 0; i < n; i++) {
+    if (alone[i]) continue;
+    j.g[q++] = gemm_job(c, g[i].ta == CAVS_TRANS ? CblasTrans : CblasNoTrans,
+                        g[i].tb == CAVS_TRANS ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a,
+                        g[i].lda, g[i].b, g[i].ldb, g[i].beta, g[i].c, g[i].ldc, 1);
+    left += flops_of(&g[i]);
+    LAUNCH(c, 1);
+  }
+  j.n = q, j.parts = parts, j.flops = left;
+  cv_pool_run(pool, gemms_part, &j, parts);
+  cavs_backend_stats *st = &c->model->stats;
+  st->gemm_seconds += cv_now() - t0;
+  st->gemm_flops += left;
+  st->gemm_calls += q;
 }
 
 static void zero_rows(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
@@ -877,6 +965,7 @@ const cv_backend cv_backend_cpu = {
     .schedule = cpu_schedule,
     .synchronize = cpu_synchronize,
     .gemm = cpu_gemm,
+    .gemms = cpu_gemms,
     .gemm_rows = cpu_gemm_rows,
     .gemm_skip = cpu_gemm_skip,
     .loop = cpu_loop,

@@ -1628,4 +1628,5 @@ extern "C" const cv_backend cv_backend_cuda = {
     &cuda_moe,
     NULL, /* alloc_zeroed: cudaMalloc and a clear (device memory is not given back by page) */
     NULL, /* drop: expert parallelism runs on the cpu backend */
+    NULL, /* gemms: one cuBLAS call after another on the stream */
 };

@@ -1338,6 +1338,9 @@ void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset) {
   if (reset) memset(&m->ep.stats, 0, sizeof m->ep.stats);
 }
 
+/* an expert's products handed to the backend at a time (a list on the stack) */
+enum { GEMMS_CHUNK = 64 };
+
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
                   void *y, long ldy, int add, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
@@ -1348,15 +1351,20 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, !add, NULL, 0, s0, sn);
     return;
   }
-  /* one product per expert over its slots: none for an expert without */
+  /* one product per expert over its slots: none for an expert without; each writes its
+     own slots, so they go to the backend as one list (cv_gemms), GEMMS_CHUNK at a time */
+  cv_gemm g[GEMMS_CHUNK];
+  int ng = 0;
   for (long s = s0, len; s < s0 + sn; s += len) {
     int ex = rt->sexp[s];
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
-    cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, at(c, x, s, ldx), ldx, at(c, t, ex, ldt), B,
-              add ? 1 : 0, (void *)at(c, y, s, ldy), ldy);
+    g[ng++] = (cv_gemm){CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, add ? 1 : 0,
+                        at(c, x, s, ldx), at(c, t, ex, ldt), (void *)at(c, y, s, ldy), ldx, B, ldy};
     c->model->route[route].products++;
+    if (ng == GEMMS_CHUNK) cv_gemms(c, g, ng), ng = 0;
   }
+  cv_gemms(c, g, ng);
 }
 
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
@@ -1369,6 +1377,9 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     ep_emm(c, EP_BWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
     return;
   }
+  /* (dx's slots, and dt's expert rows, are each one product's: one list, as forward) */
+  cv_gemm g[GEMMS_CHUNK];
+  int ng = 0;
   for (long s = s0, len; s < s0 + sn; s += len) {
     int ex = rt->sexp[s];
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
@@ -1377,12 +1388,14 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
        x^T dy, over the expert's slots */
     c->model->route[route].products += (dx != NULL) + (dt != NULL);
     if (dx)
-      cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, at(c, dy, s, lddy), lddy, at(c, t, ex, ldt), B,
-                dx_set ? 0 : 1, (void *)at(c, dx, s, lddx), lddx);
+      g[ng++] = (cv_gemm){CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, dx_set ? 0 : 1,
+                          at(c, dy, s, lddy), at(c, t, ex, ldt), (void *)at(c, dx, s, lddx), lddy, B, lddx};
     if (dt)
-      cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, at(c, x, s, ldx), ldx, at(c, dy, s, lddy),
-                lddy, 1, (void *)at(c, dt, ex, lddt), B);
+      g[ng++] = (cv_gemm){CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, 1,
+                          at(c, x, s, ldx), at(c, dy, s, lddy), (void *)at(c, dt, ex, lddt), ldx, lddy, B};
+    if (ng >= GEMMS_CHUNK - 1) cv_gemms(c, g, ng), ng = 0;
   }
+  cv_gemms(c, g, ng);
 }
 
 void cv_routes_free(cavs_model *m) {
