@@ -162,6 +162,22 @@ CV_HOT static long CV_NAME(first_bad)(const R *p, size_t n) {
   return -1;
 }
 
+/* The squares of g[0..n) summed in double, in 16 lanes (element i in lane i mod 16),
+ * then the lanes in order: the same sum every time, in vector instructions. One chain
+ * of dependent additions took 4 cycles an element: 0.7 s of a 4.5 s epoch of a mixture
+ * of 16 experts (2.3 million parameters) with --log or a clip (bench/README, "The
+ * gradient's norm in lanes"). */
+CV_HOT static double CV_NAME(sum_squares)(const R *g, size_t n) {
+  double lane[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; l++) lane[l] += (double)g[i + l] * g[i + l];
+  for (int l = 0; i < n; i++, l++) lane[l] += (double)g[i] * g[i];
+  double sum = 0;
+  for (int l = 0; l < 16; l++) sum += lane[l];
+  return sum;
+}
+
 /* The first part of an optimizer step: L2 weight decay added to the gradients, and their
  * squares summed (in double) when there is a clip or the norm is tracked. */
 CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
@@ -171,11 +187,7 @@ CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const
     R *p = P + sp[k].off, *g = G + sp[k].off;
     if (h->l2)
       for (size_t i = 0; i < sp[k].len; i++) g[i] += (R)(h->l2 * p[i]);
-    if (h->clip > 0 || h->norm) {
-      double sum = k < ns - h->nown ? norm2 : own;
-      for (size_t i = 0; i < sp[k].len; i++) sum += (double)g[i] * g[i];
-      *(k < ns - h->nown ? &norm2 : &own) = sum;
-    }
+    if (h->clip > 0 || h->norm) *(k < ns - h->nown ? &norm2 : &own) += CV_NAME(sum_squares)(g, sp[k].len);
   }
   /* every process's own experts', added in rank order: the same bits everywhere */
   if ((h->clip > 0 || h->norm) && h->own_norm2) norm2 += h->own_norm2(m, own);
