@@ -2000,9 +2000,15 @@ START_TEST(stream_trains_as_loaded) {
   long big_loaded = r.maxrss;
   tu_free(&r);
 #if !defined(__SANITIZE_ADDRESS__) /* (AddressSanitizer keeps freed memory a while) */
-  ck_assert_msg(big_streamed - small_streamed < (big_loaded - small_streamed) / 3,
-                "streamed, peak memory grows with the file: %ld KiB for 30000 graphs, %ld for 1500 (loaded: %ld)",
-                big_streamed, small_streamed, big_loaded);
+  /* (a child's peak, ru_maxrss, counts the pages the test's process held when it forked:
+     the kernel carries them over exec. Under valgrind those are some 100 MiB, more than
+     any of these runs takes, so the three peaks read as one number and tell nothing:
+     106276, 106268 and 106292 KiB on a Zen 5. valgrind preloads its libraries.) */
+  const char *pre = getenv("LD_PRELOAD");
+  if (!pre || !strstr(pre, "vgpreload"))
+    ck_assert_msg(big_streamed - small_streamed < (big_loaded - small_streamed) / 3,
+                  "streamed, peak memory grows with the file: %ld KiB for 30000 graphs, %ld for 1500 (loaded: %ld)",
+                  big_streamed, small_streamed, big_loaded);
 #endif
   r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt", "--train", path_in("lines.txt"), "--epochs", "1",
            "--stream", NULL);
