@@ -47,11 +47,12 @@ enum { MR = 6, NV = 4, NR = 16 * NV, KC = 512, MC = 192, NC = 1024 };
 /* The micro-kernel: c[0..mr) x [0..nr) += alpha * A(0..R, 0..kc) B(0..kc, 0..NR), with
    A(i, p) = a[i * ars + p * acs]; b packed (NR floats a k), or with `direct` read in
    place (B(p, j) = b[p * bs + j], loads masked past nr: zeros, as a packed panel's
-   padding). R (MR, or a few-rows product's count) and `direct` are constants in each
-   instance. All R rows of a are readable; rows past mr and columns past nr are
+   padding); with `ahead`, A's rows lie in place (acs 1) and the next R rows are
+   prefetched. R (MR, or a few-rows product's count), `direct` and `ahead` are constants
+   in each instance. All R rows of a are readable; rows past mr and columns past nr are
    computed and thrown away. */
 AVX512 static inline __attribute__((always_inline)) void
-tile(int R, bool direct, int kc, const float *restrict a, long ars, long acs, const float *restrict b, long bs,
+tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, long acs, const float *restrict b, long bs,
      float *restrict c, long ldc, int mr, int nr, float alpha) {
   __m512 acc[MR][NV];
   __mmask16 mask[NV];
@@ -64,7 +65,23 @@ tile(int R, bool direct, int kc, const float *restrict a, long ars, long acs, co
   for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+  /* The tile of C is read once, at the end, after kc steps: asked for now, its lines
+     arrive while the tile is computed. With A's rows read in place, the next tile's
+     rows are asked for a line at a time as this tile reaches that line. Neither is for
+     a product whose operands are in cache (the Tree-LSTM's, measured the same); both
+     are for one whose operands have left it since they were last read: a mixture of
+     experts' 16 blocks, each expert's matrices and rows read once a pass, where C's
+     and A's lines otherwise came one stall at a time (bench/README, "Operands asked
+     for ahead"). A prefetch past an array's end does not fault. */
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++)
+    if (i < mr)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) _mm_prefetch((const char *)(c + (size_t)i * ldc + 16 * v), _MM_HINT_T0);
   for (int p = 0; p < kc; p++) {
+    if (ahead && (p & 15) == 0)
+#pragma GCC unroll 8
+      for (int i = 0; i < R; i++) _mm_prefetch((const char *)(a + (size_t)(i + R) * ars + p), _MM_HINT_T0);
     __m512 bv[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++)
@@ -93,11 +110,11 @@ tile(int R, bool direct, int kc, const float *restrict a, long ars, long acs, co
    packed panel (MR floats a k). */
 AVX512 static void kernel_rows(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
                                float alpha) {
-  tile(MR, false, kc, a, lda, 1, b, NR, c, ldc, mr, nr, alpha);
+  tile(MR, false, true, kc, a, lda, 1, b, NR, c, ldc, mr, nr, alpha);
 }
 AVX512 static void kernel_packed(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr,
                                  float alpha) {
-  tile(MR, false, kc, a, 1, MR, b, NR, c, ldc, mr, nr, alpha);
+  tile(MR, false, false, kc, a, 1, MR, b, NR, c, ldc, mr, nr, alpha);
 }
 
 /* 16 rows of 16 floats (src[r * ld + j]) to dst[j * dld + r]: a 16 x 16 transpose in
@@ -221,7 +238,7 @@ AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, c
 #define SMALL_NN(R)                                                                                                  \
   AVX512 static void small_nn_##R(int kc, const float *a, long ars, long acs, const float *b, long ldb, float *c,    \
                                   long ldc, int nr, float alpha) {                                                   \
-    tile(R, true, kc, a, ars, acs, b, ldb, c, ldc, R, nr, alpha);                                                    \
+    tile(R, true, false, kc, a, ars, acs, b, ldb, c, ldc, R, nr, alpha);                                             \
   }
 SMALL_NN(1)
 SMALL_NN(2)
