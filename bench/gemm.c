@@ -108,13 +108,15 @@ static void product(int ta, int tb, int m, int n, int k, const float *a, int lda
 }
 #endif
 
-/* `gemm moe [X [ROWS [F]]]`: one step's products of a two-layer feed-forward block over
+/* `gemm moe [X [ROWS [F [shared]]]]`: one step's products of a two-layer feed-forward block over
    ROWS token slots (1280 tokens, K = 2: 2560), E = H = 256, as X experts of F hidden
    units each (ROWS / X slots an expert: the forward, the two weight gradients and the
    two input gradients of each expert's two matrices, every expert's matrices apart)
    against the dense block of the same products (F K hidden units over the tokens):
    seconds a step, the best of five rounds of 0.5 s, and their ratio. What the experts'
-   grouping costs in the products alone, before any routing. */
+   grouping costs in the products alone, before any routing. With `shared` every expert
+   runs over the first expert's matrices and rows: the same shapes with the operands in
+   cache, to tell what their leaving it costs. */
 static float *rnd(size_t n) {
   float *p = malloc(sizeof(float) * n);
   if (!p) exit(1);
@@ -154,16 +156,16 @@ static double step_secs(Block *bs, int n) {
   }
   return best;
 }
-static int moe(int X, int rows, int F) {
+static int moe(int X, int rows, int F, int shared) {
   if (X < 1 || X > 1024 || rows < X || F < 1) return 2;
   int K = 2, H = 256;
   Block *ex = malloc(sizeof(Block) * (size_t)X), dense = block(rows / K, H, F * K);
   if (!ex) return 1;
-  for (int e = 0; e < X; e++) ex[e] = block(rows / X, H, F);
+  for (int e = 0; e < X; e++) ex[e] = shared && e ? ex[0] : block(rows / X, H, F);
   double te = step_secs(ex, X), td = step_secs(&dense, 1);
   double flop = 12.0 * rows / X * X * H * F;
-  printf("%d experts of F=%d over %d slots (%d each): %.3f ms a step, %.1f GFLOP/s\n", X, F, rows, rows / X, te * 1e3,
-         flop / te / 1e9);
+  printf("%d experts of F=%d over %d slots (%d each%s): %.3f ms a step, %.1f GFLOP/s\n", X, F, rows, rows / X,
+         shared ? ", one set of matrices" : "", te * 1e3, flop / te / 1e9);
   printf("dense F=%d over %d tokens: %.3f ms a step, %.1f GFLOP/s\n", F * K, rows / K, td * 1e3, flop / td / 1e9);
   printf("experts / dense: %.3f\n", te / td);
   return 0;
@@ -172,7 +174,8 @@ static int moe(int X, int rows, int F) {
 int main(int argc, char **argv) {
   srand(1);
   if (argc > 1 && !strcmp(argv[1], "moe"))
-    return moe(argc > 2 ? atoi(argv[2]) : 16, argc > 3 ? atoi(argv[3]) : 2560, argc > 4 ? atoi(argv[4]) : 256);
+    return moe(argc > 2 ? atoi(argv[2]) : 16, argc > 3 ? atoi(argv[3]) : 2560, argc > 4 ? atoi(argv[4]) : 256,
+               argc > 5 && !strcmp(argv[5], "shared"));
   printf("%-48s %10s\n", "shape (m x n x k)", "GFLOP/s");
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
     int m = shapes[s].m, n = shapes[s].n, k = shapes[s].k, ta = shapes[s].ta, tb = shapes[s].tb;

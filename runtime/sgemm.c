@@ -52,8 +52,8 @@ enum { MR = 6, NV = 4, NR = 16 * NV, KC = 512, MC = 192, NC = 1024 };
    in each instance. All R rows of a are readable; rows past mr and columns past nr are
    computed and thrown away. */
 AVX512 static inline __attribute__((always_inline)) void
-tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, long acs, const float *restrict b, long bs,
-     float *restrict c, long ldc, int mr, int nr, float alpha) {
+tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, long acs, const float *restrict b,
+     long bs, float *restrict c, long ldc, int mr, int nr, float alpha) {
   __m512 acc[MR][NV];
   __mmask16 mask[NV];
 #pragma GCC unroll 8
@@ -67,12 +67,13 @@ tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, 
     for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
   /* The tile of C is read once, at the end, after kc steps: asked for now, its lines
      arrive while the tile is computed. With A's rows read in place, the next tile's
-     rows are asked for a line at a time as this tile reaches that line. Neither is for
-     a product whose operands are in cache (the Tree-LSTM's, measured the same); both
-     are for one whose operands have left it since they were last read: a mixture of
-     experts' 16 blocks, each expert's matrices and rows read once a pass, where C's
-     and A's lines otherwise came one stall at a time (bench/README, "Operands asked
-     for ahead"). A prefetch past an array's end does not fault. */
+     rows are asked for a line at a time as this tile reaches that line. A product whose
+     operands are in cache runs as before (bench/gemm.c's shapes); one whose operands
+     have left the cache since they were last read paid a stall a line of C and of A:
+     a mixture's 16 experts, each expert's matrices and rows read once a pass (its
+     epoch 0.88 of the time), and the Tree-LSTM's and Tree-FC's own epochs too (0.87-0.95,
+     0.93; bench/README, "Operands asked for ahead"). A prefetch past an array's end does
+     not fault. */
 #pragma GCC unroll 8
   for (int i = 0; i < R; i++)
     if (i < mr)
