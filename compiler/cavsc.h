@@ -273,6 +273,11 @@ typedef struct IrNode {
   /* plan.c: a product whose every use is in one fused group, so that group's backward
      loop is the only writer of its gradient: it sets it (=) rather than add to it */
   bool grad_set;
+  /* plan.c: a product (a MATMUL alone, or a merge's first member for the merge) whose
+     dx is the first write to its left operand's gradient (every member's, stacked),
+     over every row that gradient is read at, in a buffer the backward pass then need
+     not clear: it sets it (CAVS_PROD_DX_SET, beta 0) and what comes after adds */
+  bool dx_set;
   /* plan.c: a product (MATMUL, EMM) whose one use is an add `z = a + b` of a fused group
      whose other operand `accum_into` is a value of the same rows nothing else reads, on
      a buffer of its own, computed in an earlier phase or unit: the product adds into
@@ -516,6 +521,11 @@ void autodiff(Model *m);  /* which nodes receive a gradient (the rules are in op
 void classify(Model *m);  /* eager | path | lazy for every node */
 void fuse(Model *m);      /* elementwise groups (union-find), merged matrix products */
 void plan(Model *m);      /* buffers, placements, units in execution order */
+/* plan.c: is concat node x made of values computed in place (each operand in x's buffer
+   at its own columns)? Does nothing read or write buffer b of vertex function f at a row
+   without children (an `inner` buffer: its comment says when)? */
+bool concat_in_place(const IrFunc *f, const IrNode *x);
+bool leaves_untouched(const IrFunc *f, int b);
 /* Does a derivative rule of ops.def mention the variable `v` ('a', 'b', 'y', 'g') as a
  * whole word? */
 bool rule_uses(const char *rule, char v);
@@ -649,7 +659,8 @@ typedef enum { ROWS_ALL, ROWS_WITH_CHILDREN, ROWS_WITH_INDEX, ROWS_WITH_INDEX_AN
 typedef struct GemmCall {
   int form; /* 0: y = x W, 1: dx += dy W^T, 2: dW += x^T dy, 3: y = x W at the rows with
                children only (the others are read by nothing: left as they are), 4: y +=
-               x W (the rows skipped left as they are: IrNode.accum) */
+               x W (the rows skipped left as they are: IrNode.accum), 5: dx = dy W^T
+               (IrNode.dx_set) */
   ProdRows rows;
   int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */

@@ -396,18 +396,6 @@ static void loop_around(Emit *e, Loop *l, char *body) {
   free(body);
 }
 
-/* Is concat node x made of values computed in place (no copy): each operand in x's
-   buffer at its own columns? */
-static bool concat_in_place(const IrFunc *f, const IrNode *x) {
-  Lin off = x->val.off;
-  for (int k = 0; k < x->nargs; k++) {
-    const IrNode *a = &f->nodes[x->args[k]];
-    if (a->val.kind != PL_ROW || a->val.buf != x->val.buf || !lin_eq(a->val.off, off)) return false;
-    off = lin_add(off, a->width);
-  }
-  return true;
-}
-
 /* Homes. A child's state is read by its parent's gather, which copies the child's state
  * row into the parent's gathered buffer (and, backward, adds the gradient there back to
  * the child's). Where vertex function f writes its whole state in fused loops, in place
@@ -468,20 +456,6 @@ static int state_homes(const Model *m, const IrFunc *f) {
   return readers < CV_MAX_HOMES ? readers : CV_MAX_HOMES;
 }
 
-/* Does nothing read or write buffer b of vertex function f at a row without children?
- * Then its rows there need not be written (a product's output is not cleared there, a
- * fused loop stores no zero there), a gather need not fill them, and a gathered buffer
- * may even be a view of the state buffer (the runtime points it at the children's rows
- * where they lie in one block: scheduler.c, plan_views), where those rows would show
- * another vertex's state. It holds if every value in b is zero or dead there (fuse.c)
- * and is a gather, a slice, a concat of values laid side by side where they are
- * (Tree-FC's), a product (which skips those rows: prod_code), a fused loop's member
- * (whose loop, split at the leaves, then stores nothing there: group_fwd_part) or a
- * member's kept value (neither part at the leaves stores or loads it); and every reader
- * is a fused loop (whose part at the leaves reads zero instead, or does not compute the
- * value: leaf_simpler), the left operand of a product (which skips those rows too), or
- * a slice or such a concat, or an ebcast (a row read on its edges only). Gradients follow the same uses, so they too are formed only
- * at rows with children. */
 /* the buffer gather(k) of f reads: the state of the child's type */
 static int gather_src(const Model *m, const IrFunc *f, int k) {
   return m->typed && f->slot_type ? m->vertex[f->slot_type[k]]->state_buf : m->state_buf;
@@ -489,35 +463,6 @@ static int gather_src(const Model *m, const IrFunc *f, int k) {
 /* the state buffer a `children *` vertex's edges read */
 static int edge_src(const Model *m, const IrFunc *f) {
   return m->typed ? m->vertex[f->edge_type]->state_buf : m->state_buf;
-}
-
-static bool leaves_untouched(const IrFunc *f, int b) {
-  if (f->kind != F_VERTEX) return false;
-  int held = 0;
-  for (int i = 0; i < f->n; i++) {
-    const IrNode *x = &f->nodes[i];
-    if (x->keep && x->kval.kind == PL_ROW && x->kval.buf == b) {
-      if (!(x->zero_leaf || x->dead_leaf)) return false;
-      held++;
-    }
-    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != b) continue;
-    held++;
-    bool kind = x->op == OP_GATHER || op_info[x->op].kind == OK_SLICE || x->op == OP_MATMUL ||
-                (op_info[x->op].kind == OK_EW && x->group >= 0) || (x->op == OP_CONCAT && concat_in_place(f, x));
-    if (!kind || !(x->zero_leaf || x->dead_leaf)) return false;
-    for (int j = 0; j < f->n; j++) {
-      const IrNode *u = &f->nodes[j];
-      if (u->uses == 0 && u->type != T_NONE) continue;
-      for (int a = 0; a < u->nargs; a++) {
-        if (u->args[a] != i) continue;
-        bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
-                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u)) ||
-                  u->op == OP_EBCAST; /* which reads only rows with edges: with children */
-        if (!ok) return false;
-      }
-    }
-  }
-  return held > 0;
 }
 
 /* Is group gi simpler at the vertices without children: does it read or compute a value
@@ -799,6 +744,8 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   const IrNode *first = &f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index];
   bool accum = first->accum;
   if (form == 0 && accum) g.form = 4;
+  /* the first to write the left operand's gradient, in a buffer not cleared: sets it */
+  if (form == 1 && first->dx_set) g.form = 5;
   if (form == 0 && g.index >= 0 && p.stack == 1 && !accum) g.table = lookup_table(e, f, p.left, &g.table_rows);
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
@@ -820,7 +767,9 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
                                                          : ", rows with children (nothing reads the others); rows "
                                                            "without a word stay zero")
                         : fwd[g.rows]);
-  else if (form == 1) fprintf(e->out, "  /* line %d  d%s += d(%s) W^T%s */\n", p.line, left, p.what, input[g.rows]);
+  else if (form == 1)
+    fprintf(e->out, "  /* line %d  d%s %s d(%s) W^T%s%s */\n", p.line, left, g.form == 5 ? "=" : "+=", p.what,
+            input[g.rows], g.form == 5 ? " (the first to write it)" : "");
   else fprintf(e->out, "  /* line %d  dW += %s^T d(%s), %s */\n", p.line, left, p.what, param[g.rows]);
   /* the operands in the runtime's names: y = x W, y += x W^T, W += x^T y */
   g.x = (Ref){form == 1 ? p.out : x, form == 1};

@@ -159,8 +159,8 @@ static void c_loop_close(Emit *e, const Loop *l) {
 }
 
 /* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */
-static const char *const prod_form[] = {"CAVS_PROD_Y", "CAVS_PROD_DX", "CAVS_PROD_DW", "CAVS_PROD_Y_INNER",
-                                        "CAVS_PROD_Y_ADD"};
+static const char *const prod_form[] = {"CAVS_PROD_Y",       "CAVS_PROD_DX",    "CAVS_PROD_DW",
+                                        "CAVS_PROD_Y_INNER", "CAVS_PROD_Y_ADD", "CAVS_PROD_DX_SET"};
 
 /* cavs_gemm over rows r0.. (row-major, BLAS argument order), or cavs_gemm_skip and
  * cavs_gemm_rows, which take row 0 and skip the rows themselves. */
@@ -199,7 +199,7 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
   const char *fmt = "  cavs_gemm(c, %s, %s, %s, %s, %s, 1, %s, %s,\n            %s, %s, %d, %s, %s);\n";
   const char *N = "CAVS_NO_TRANS", *T = "CAVS_TRANS";
   if (g->form == 0 || g->form == 4) fprintf(e->out, fmt, N, N, "n", cols, k, xs, xl, ws, wl, g->form == 4, ys, yl);
-  else if (g->form == 1) fprintf(e->out, fmt, N, T, "n", k, cols, xs, xl, ws, wl, 1, ys, yl);
+  else if (g->form == 1 || g->form == 5) fprintf(e->out, fmt, N, T, "n", k, cols, xs, xl, ws, wl, g->form == 1, ys, yl);
   else fprintf(e->out, fmt, T, N, k, cols, "n", xs, xl, ys, yl, 1, ws, wl);
 }
 

@@ -466,25 +466,210 @@ static void plan_units(Model *m, IrFunc *f) {
     if (f->nodes[i].unit >= 0) f->nodes[i].unit = final[f->nodes[i].unit];
 }
 
-/* Gradients set, not added to (IrNode.grad_set), and buffers that need no clearing
- * (Buf.grad_whole): a product (a value with a buffer region of its own: nothing is a
- * view of it) whose every use is in one fused group gets its gradient from that group's
- * backward loop alone, which covers every row of the type; a buffer whose every
- * gradient is such, side by side over its whole width, is written whole before it is
- * read. In the Tree-LSTM that is half of the gradient bytes (the gates' pre-activations):
- * no memset, and a store instead of a load and a store. The same for an expert's
- * product and row of a table (emm, erow: values of their own, per slot), whose group's
- * loop covers every slot of the stage's rows (in a mixture of two-layer experts, the
- * two bias rows', into which the products add: plan_accum). */
-static void plan_grad_set(Model *m) {
+/* Is concat node x made of values computed in place (no copy): each operand in x's
+   buffer at its own columns? */
+bool concat_in_place(const IrFunc *f, const IrNode *x) {
+  Lin off = x->val.off;
+  for (int k = 0; k < x->nargs; k++) {
+    const IrNode *a = &f->nodes[x->args[k]];
+    if (a->val.kind != PL_ROW || a->val.buf != x->val.buf || !lin_eq(a->val.off, off)) return false;
+    off = lin_add(off, a->width);
+  }
+  return true;
+}
+
+/* Does nothing read or write buffer b of vertex function f at a row without children?
+ * Then its rows there need not be written (a product's output is not cleared there, a
+ * fused loop stores no zero there), a gather need not fill them, and a gathered buffer
+ * may even be a view of the state buffer (the runtime points it at the children's rows
+ * where they lie in one block: scheduler.c, plan_views), where those rows would show
+ * another vertex's state. It holds if every value in b is zero or dead there (fuse.c)
+ * and is a gather, a slice, a concat of values laid side by side where they are
+ * (Tree-FC's), a product (which skips those rows: prod_code), a fused loop's member
+ * (whose loop, split at the leaves, then stores nothing there: group_fwd_part) or a
+ * member's kept value (neither part at the leaves stores or loads it); and every reader
+ * is a fused loop (whose part at the leaves reads zero instead, or does not compute the
+ * value: leaf_simpler), the left operand of a product (which skips those rows too), or
+ * a slice or such a concat, or an ebcast (a row read on its edges only). Gradients follow the same uses, so they too are formed only
+ * at rows with children. */
+bool leaves_untouched(const IrFunc *f, int b) {
+  if (f->kind != F_VERTEX) return false;
+  int held = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if (x->keep && x->kval.kind == PL_ROW && x->kval.buf == b) {
+      if (!(x->zero_leaf || x->dead_leaf)) return false;
+      held++;
+    }
+    if ((x->uses == 0 && x->type != T_NONE) || x->val.kind != PL_ROW || x->val.buf != b) continue;
+    held++;
+    bool kind = x->op == OP_GATHER || op_info[x->op].kind == OK_SLICE || x->op == OP_MATMUL ||
+                (op_info[x->op].kind == OK_EW && x->group >= 0) || (x->op == OP_CONCAT && concat_in_place(f, x));
+    if (!kind || !(x->zero_leaf || x->dead_leaf)) return false;
+    for (int j = 0; j < f->n; j++) {
+      const IrNode *u = &f->nodes[j];
+      if (u->uses == 0 && u->type != T_NONE) continue;
+      for (int a = 0; a < u->nargs; a++) {
+        if (u->args[a] != i) continue;
+        bool ok = op_info[u->op].kind == OK_SLICE || (op_info[u->op].kind == OK_EW && u->group >= 0) ||
+                  (u->op == OP_MATMUL && a == 0) || (u->op == OP_CONCAT && concat_in_place(f, u)) ||
+                  u->op == OP_EBCAST; /* which reads only rows with edges: with children */
+        if (!ok) return false;
+      }
+    }
+  }
+  return held > 0;
+}
+
+/* Gradients set, not added to (IrNode.grad_set, IrNode.dx_set), and buffers that need
+ * no clearing (Buf.grad_whole). A value's gradient may be set rather than added to by
+ * the first write to it in the backward pass, where that write covers every row the
+ * gradient is read at and the value has its columns of its buffer to itself:
+ *   - a product, or a slice of a gather, whose every use is in one fused group gets its
+ *     gradient from that group's backward loop alone, which covers every row of the
+ *     type (at the leaves, a value zero or dead there is read by nothing: its buffer
+ *     must then be one nothing touches at the leaves);
+ *   - the left operand of a product whose dx is the first write to its gradient (the
+ *     backward pass runs the lazy stage, then the path stage, then the eager one, each
+ *     in reverse: plan_units's order) is set by that product (CAVS_PROD_DX_SET), and
+ *     what comes after adds to it; at the rows with children only, where the product
+ *     skips the leaves, in a buffer nothing touches at the leaves.
+ * A buffer whose every gradient is such, side by side over its whole width, is written
+ * whole before it is read: no clear, and a store instead of a load and a store. In the
+ * Tree-LSTM that is the gates' pre-activations (their loop's), hs (its product's) and
+ * the children's gathered rows (c_k the loop's, h_k the product [h_0;h_1] @ Uf's, then
+ * hs's loop adds): 3H + H + 4H of the 8H + E floats a row the backward pass once
+ * cleared. The same for an expert's product and row of a table (emm, erow: values of
+ * their own, per slot), whose group's loop covers every slot of the stage's rows (in a
+ * mixture of two-layer experts, the two bias rows', into which the products add:
+ * plan_accum). A set into a gathered buffer holds only where the buffer is whole: the
+ * runtime reads a gathered buffer as a view of the children's state (scheduler.c,
+ * plan_views) only where it is cleared and added to, and a set there would overwrite
+ * the state's gradient. So the new kinds of set (a slice's, a product's dx) are kept
+ * only in buffers that end up whole. */
+
+/* Is every use of gather g of f a slice of it? */
+static bool only_sliced(const IrFunc *f, int g) {
+  for (int j = g + 1; j < f->n; j++) {
+    const IrNode *u = &f->nodes[j];
+    if (u->uses == 0 && u->type != T_NONE) continue;
+    for (int a = 0; a < u->nargs; a++)
+      if (u->args[a] == g && op_info[u->op].kind != OK_SLICE) return false;
+  }
+  return true;
+}
+
+/* Does node i of f have its gradient's columns of its buffer to itself (no other
+ * gradient of any block lies over them but, where it is a slice of a gather read only
+ * through slices, that gather's: the union of its slices')? */
+static bool region_alone(const Model *m, const IrFunc *f, int i) {
+  const IrNode *x = &f->nodes[i];
+  const Place *p = &x->dval;
+  if (p->kind != PL_ROW || x->edge || x->slot || p->buf == f->state_buf || is_state(m, p->buf) ||
+      p->buf == m->push_buf || !lin_eq(p->ld, m->bufs[p->buf].width))
+    return false;
+  int whole = op_info[x->op].kind == OK_SLICE && f->nodes[x->args[0]].op == OP_GATHER && only_sliced(f, x->args[0])
+                  ? x->args[0]
+                  : -1;
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
   for (int k = 0; k < nf; k++) {
+    const IrFunc *h = fs[k];
+    for (int j = 0; j < h->n; j++) {
+      const IrNode *y = &h->nodes[j];
+      if ((h == f && (j == i || j == whole)) || (y->uses == 0 && y->type != T_NONE)) continue;
+      if (y->dval.kind != PL_ROW || y->dval.buf != p->buf) continue;
+      Lin yw = y->slot ? lin_scale(y->width, h->route_k) : y->width;
+      bool apart = lin_eq(y->dval.ld, p->ld) && (lin_le(lin_add(y->dval.off, yw), p->off) ||
+                                                 lin_le(lin_add(p->off, x->width), y->dval.off));
+      if (!apart) return false;
+    }
+  }
+  return true;
+}
+
+/* Unit u's place in f's backward pass (lower first): the lazy stage, then the path
+   stage, then the eager one (scheduler.c), each in reverse */
+static int bwd_rank(const IrFunc *f, int u) {
+  Class c = f->units[u].cls;
+  return (c == CLS_LAZY ? 0 : c == CLS_PATH ? 1 : 2) * (f->nunits + 1) + (f->nunits - 1 - u);
+}
+
+/* The left operands of product unit u of vertex function f (a merge's members share
+   one; a stacked merge's read one child each), and whether the product skips the
+   leaves (prod_code's rows: ROWS_WITH_CHILDREN); false where its rows are those of an
+   index (a pulled lookup's), which the products of a vertex never set */
+static bool product_lefts(const IrFunc *f, const Unit *un, int *left, int *nleft, bool *skips) {
+  const IrNode *first;
+  *nleft = 0;
+  if (un->kind == U_MATMUL) {
+    const MatMerge *mg = &f->merges[un->index];
+    first = &f->nodes[mg->members[0]];
+    if (mg->stack)
+      for (int k = 0; k < mg->n; k++) left[(*nleft)++] = f->nodes[mg->members[k]].args[0];
+    else left[(*nleft)++] = mg->left;
+  } else {
+    first = &f->nodes[un->index];
+    left[(*nleft)++] = first->args[0];
+  }
+  for (int k = 0; k < *nleft; k++)
+    if (f->nodes[left[k]].op == OP_PULL) return false; /* (a pull's gradient: every type's) */
+  *skips = f->nodes[left[0]].zero_leaf || first->dead_leaf;
+  return true;
+}
+
+/* Is the dx of product unit u of vertex function f the first write to the gradient of
+   left operand L: is every other use of L in a unit that comes after u backward? */
+static bool dx_first(const Model *m, const IrFunc *f, int u, int L) {
+  const IrNode *x = &f->nodes[L];
+  if (!x->grad || x->val.kind != PL_ROW || x->accum || x->keep || !region_alone(m, f, L)) return false;
+  for (int j = 0; j < f->n; j++) {
+    const IrNode *y = &f->nodes[j];
+    if (y->accum && y->accum_into == L) return false; /* (its gradient is L's) */
+    if (y->uses == 0 && y->type != T_NONE) continue;
+    for (int a = 0; a < y->nargs; a++) {
+      if (y->args[a] != L) continue;
+      if (y->unit == u && y->op == OP_MATMUL && a == 0) continue;
+      if (y->unit < 0 || y->unit == u || bwd_rank(f, y->unit) <= bwd_rank(f, u)) return false;
+    }
+  }
+  return true;
+}
+
+/* Do regions (off[k], width[k]) tile [0, width) side by side, each once? */
+static bool tile(const Lin *off, const Lin *w, int n, Lin width) {
+  bool *used = arena_alloc(sizeof(bool) * (size_t)(n + 1));
+  Lin at = lin_const(0);
+  for (int done = 0; done < n; done++) {
+    int k = 0;
+    while (k < n && (used[k] || !lin_eq(off[k], at))) k++;
+    if (k == n) return false;
+    used[k] = true;
+    at = lin_add(at, w[k]);
+  }
+  return lin_eq(at, width);
+}
+
+static bool whole_bufs(Model *m, IrFunc **fs, int nf, bool **fresh, bool **by_dx, bool **inner);
+static void plan_grad_set(Model *m) {
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  /* which grad_set and dx_set are of the new kinds, kept only in whole buffers */
+  bool **fresh = arena_alloc(sizeof(bool *) * (size_t)(nf + 1));
+  /* the values whose gradient a product's dx sets, and whether only at rows with
+     children */
+  bool **by_dx = arena_alloc(sizeof(bool *) * (size_t)(nf + 1)), **inner = arena_alloc(sizeof(bool *) * (size_t)(nf + 1));
+  for (int k = 0; k < nf; k++) {
     IrFunc *f = fs[k];
+    fresh[k] = arena_alloc(sizeof(bool) * (size_t)(f->n + 1));
+    by_dx[k] = arena_alloc(sizeof(bool) * (size_t)(f->n + 1));
+    inner[k] = arena_alloc(sizeof(bool) * (size_t)(f->n + 1));
     for (int i = 0; i < f->n; i++) {
       IrNode *x = &f->nodes[i];
-      if ((x->op != OP_MATMUL && x->op != OP_EMM && x->op != OP_EROW) || !x->grad || x->val.kind != PL_ROW ||
-          x->uses == 0 || x->accum)
+      bool slice = f->kind == F_VERTEX && op_info[x->op].kind == OK_SLICE && x->val.kind == PL_ROW &&
+                   region_alone(m, f, i) && !x->keep;
+      if ((x->op != OP_MATMUL && x->op != OP_EMM && x->op != OP_EROW && !slice) || !x->grad ||
+          x->val.kind != PL_ROW || x->uses == 0 || x->accum)
         continue;
       int group = -2, uses = 0;
       for (int j = i + 1; j < f->n; j++)
@@ -496,6 +681,21 @@ static void plan_grad_set(Model *m) {
         }
       /* (not a row of width 1 the group broadcasts: every column adds to it) */
       x->grad_set = uses == x->uses && group >= 0 && lin_eq(f->groups[group].width, x->width);
+      fresh[k][i] = slice && x->grad_set;
+      inner[k][i] = x->zero_leaf || x->dead_leaf;
+    }
+    /* the products' dx, first to write their left operands' gradients */
+    for (int u = 0; f->kind == F_VERTEX && u < f->nunits; u++) {
+      const Unit *un = &f->units[u];
+      if (!(un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))) continue;
+      int left[CV_MAX_CHILDREN + 1], nleft;
+      bool skips;
+      if (!product_lefts(f, un, left, &nleft, &skips)) continue;
+      bool ok = true;
+      for (int q = 0; q < nleft && ok; q++) ok = dx_first(m, f, u, left[q]) && !by_dx[k][left[q]];
+      if (!ok) continue;
+      f->nodes[un->kind == U_MATMUL ? f->merges[un->index].members[0] : un->index].dx_set = true;
+      for (int q = 0; q < nleft; q++) by_dx[k][left[q]] = true, inner[k][left[q]] = skips;
     }
   }
   /* a slot value read only as the left operand of an expert's product (emm) or as the
@@ -513,23 +713,80 @@ static void plan_grad_set(Model *m) {
       }
     }
   }
-  /* per buffer: the widths of its set gradients; any other gradient there spoils it */
-  Lin *set = arena_alloc(sizeof(Lin) * (size_t)(m->nbufs + 1));
+  /* which buffers are whole; the new kinds of set kept only where theirs is, until
+     nothing changes (a product's dx into two buffers, one of them not whole, sets
+     neither) */
+  while (whole_bufs(m, fs, nf, fresh, by_dx, inner)) {
+  }
+}
+
+/* Buf.grad_whole from the sets of plan_grad_set: every buffer whose set gradients tile
+ * its columns and which has no other; then the new kinds of set dropped where their
+ * buffer is not whole. True when it dropped one (the buffers must be decided again). */
+static bool whole_bufs(Model *m, IrFunc **fs, int nf, bool **fresh, bool **by_dx, bool **inner) {
+  int *nset = arena_alloc(sizeof(int) * (size_t)(m->nbufs + 1)), *at = arena_alloc(sizeof(int) * (size_t)(m->nbufs + 1));
   bool *other = arena_alloc(sizeof(bool) * (size_t)(m->nbufs + 1));
+  bool *leaves = arena_alloc(sizeof(bool) * (size_t)(m->nbufs + 1)); /* a set skips the leaves */
+  Lin **off = arena_alloc(sizeof(Lin *) * (size_t)(m->nbufs + 1)), **wid = arena_alloc(sizeof(Lin *) * (size_t)(m->nbufs + 1));
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = 0; k < nf; k++) {
+      const IrFunc *f = fs[k];
+      for (int i = 0; i < f->n; i++) {
+        const IrNode *x = &f->nodes[i];
+        /* (a product that adds into a value has that value's gradient: counted there; a
+           gather read only through slices has theirs) */
+        if (!x->grad || x->dval.kind != PL_ROW || x->accum) continue;
+        if (x->op == OP_GATHER && f->kind == F_VERTEX && only_sliced(f, i)) continue;
+        int b = x->dval.buf;
+        if (!x->grad_set && !by_dx[k][i]) {
+          other[b] = true;
+          continue;
+        }
+        if (pass == 0) {
+          nset[b]++;
+          continue;
+        }
+        if (!off[b]) {
+          off[b] = arena_alloc(sizeof(Lin) * (size_t)nset[b]);
+          wid[b] = arena_alloc(sizeof(Lin) * (size_t)nset[b]);
+        }
+        /* (a slot value's buffer holds a row's K slots side by side) */
+        off[b][at[b]] = x->dval.off;
+        wid[b][at[b]++] = x->slot ? lin_scale(x->width, f->route_k) : x->width;
+        /* (only the new kinds ask: a product's gradient its loop sets is set at the
+           leaves by the loop's part there, or read there by nothing) */
+        if ((fresh[k][i] || by_dx[k][i]) && inner[k][i]) leaves[b] = true;
+      }
+    }
+  for (int b = 0; b < m->nbufs; b++) {
+    int v = m->bufs[b].vertex;
+    m->bufs[b].grad_whole = m->bufs[b].grad && !other[b] && !is_state(m, b) && b != m->push_buf && at[b] > 0 &&
+                            tile(off[b], wid[b], at[b], m->bufs[b].width) &&
+                            (!leaves[b] || (v >= 0 && v < m->nvertex && leaves_untouched(m->vertex[v], b)));
+  }
+  bool dropped = false;
   for (int k = 0; k < nf; k++) {
-    const IrFunc *f = fs[k];
+    IrFunc *f = fs[k];
     for (int i = 0; i < f->n; i++) {
-      const IrNode *x = &f->nodes[i];
-      /* (a product that adds into a value has that value's gradient: counted there) */
-      if (!x->grad || x->dval.kind != PL_ROW || x->accum) continue;
-      /* (a slot value's buffer holds a row's K slots side by side) */
-      if (x->grad_set) set[x->dval.buf] = lin_add(set[x->dval.buf], x->slot ? lin_scale(x->width, f->route_k) : x->width);
-      else other[x->dval.buf] = true;
+      IrNode *x = &f->nodes[i];
+      if (fresh[k][i] && !m->bufs[x->dval.buf].grad_whole) x->grad_set = fresh[k][i] = false, dropped = true;
+    }
+    for (int u = 0; f->kind == F_VERTEX && u < f->nunits; u++) {
+      const Unit *un = &f->units[u];
+      if (!(un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))) continue;
+      IrNode *first = &f->nodes[un->kind == U_MATMUL ? f->merges[un->index].members[0] : un->index];
+      int left[CV_MAX_CHILDREN + 1], nleft;
+      bool skips, all = true;
+      if (!first->dx_set) continue;
+      product_lefts(f, un, left, &nleft, &skips);
+      for (int q = 0; q < nleft; q++) all &= m->bufs[f->nodes[left[q]].dval.buf].grad_whole;
+      if (all) continue;
+      first->dx_set = false;
+      for (int q = 0; q < nleft; q++) by_dx[k][left[q]] = false;
+      dropped = true;
     }
   }
-  for (int b = 0; b < m->nbufs; b++)
-    m->bufs[b].grad_whole = m->bufs[b].grad && !other[b] && !is_state(m, b) && b != m->push_buf &&
-                            lin_eq(set[b], m->bufs[b].width);
+  return dropped;
 }
 
 /* The rows the push block reads: the state itself where every type that pushes pushes

@@ -409,8 +409,8 @@ static void lattice_gru_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: z n (lines 42 44 45) */
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_wrd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 44  d%20 += d(%20 @ Uwn) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 44  d%20 = d(%20 @ Uwn) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[16], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g1 backward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -1058,8 +1058,8 @@ static void lattice_gru_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g3 backward, [n, H]: z n h (lines 56 58 59) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g3_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lattice_gru_chr_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 58  d%42 += d(%42 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 58  d%42 = d(%42 @ Un) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[7], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* group g4 backward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_bwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -1339,7 +1339,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"wrd_t20", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
+  {"wrd_t20", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t11", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_h_s", {0, {0, 0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"wrd_z_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1347,7 +1347,7 @@ static const cavs_buf_desc bufs[] = {
   {"wrd_n_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_mm1", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 0, 0},
-  {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
+  {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_h_in", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
   {"chr_wden", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"chr_wsum", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},

@@ -319,7 +319,7 @@ static __global__ void lattice_lstm_wrd_bwd_path_g0(int n, long D_E, long D_W, l
   g11 += g29 * v27;
   g27 += g29 * v11;
   g19 += g28 * a2[j];
-  d2[j] += g28 * v19;
+  d2[j] = g28 * v19;  /* this loop alone writes it */
   g26 += g27 * (1 - v27 * v27);
   g24 += g26;
   d25[j] += g26;  /* summed over rows */
@@ -381,8 +381,8 @@ static void lattice_lstm_wrd_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 50  dh_s += d(h_s @ Uwf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+  /* line 50  dh_s = d(h_s @ Uwf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 49  dh_s += d(h_s @ [Uwi|Uwu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
@@ -1000,7 +1000,7 @@ static __global__ void lattice_lstm_chr_bwd_path_g0(int n, long D_E, long D_W, l
   g50 += g52 * v35;
   g35 += g52 * v50;
   g19 += g51 * a2[j];
-  d2[j] += g51 * v19;
+  d2[j] = g51 * v19;  /* this loop alone writes it */
   g11 += g50 * v50;
   g34 += g35 * (1 - v35 * v35);
   g32 += g34;
@@ -1165,8 +1165,8 @@ static void lattice_lstm_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   }
   /* lattice_lstm.vf:65  cw = echild */
   cavs_echild_bwd(c, 0, G[18] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 61  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
+  /* line 61  dh_prev = d(h_prev @ Uf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
                  P[7], D_H, G[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 60  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -1403,7 +1403,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"wrd_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"wrd_s", {0, {0, 0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"wrd_s", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"wrd_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"wrd_u_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1417,7 +1417,7 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t42", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 0, 1},
   {"chr_cw", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 1},
   {"chr_xl", {0, {0, 0, 1}}, CAVS_GRAD, 1, 1, 0},
-  {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD, 1, 1, 0},
+  {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"chr_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"chr_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
   {"chr_o_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},

@@ -350,7 +350,7 @@ static void lstm_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -385,8 +385,8 @@ static void lstm_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 35 36 37 38 39 40) */
   cavs_loop(c, lstm_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, lstm_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 36  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
+  /* line 36  dh_prev = d(h_prev @ Uf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[3] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 35  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -546,7 +546,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"token_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},

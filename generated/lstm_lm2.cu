@@ -585,7 +585,7 @@ static __global__ void lstm_lm2_token_bwd_path_g1(int n, long D_E, long D_H, lon
   g77 += g79;
   g78 += g79;
   g60 += g78 * a4[j];
-  d4[j] += g78 * v60;
+  d4[j] = g78 * v60;  /* this loop alone writes it */
   g52 += g77 * v76;
   g76 += g77 * v52;
   g75 += g76 * (1 - v76 * v76);
@@ -755,7 +755,7 @@ static __global__ void lstm_lm2_token_bwd_path_g0(int n, long D_E, long D_H, lon
   g38 += g40;
   g39 += g40;
   g21 += g39 * a2[j];
-  d2[j] += g39 * v21;
+  d2[j] = g39 * v21;  /* this loop alone writes it */
   g13 += g38 * v37;
   g37 += g38 * v13;
   g36 += g37 * (1 - v37 * v37);
@@ -833,8 +833,8 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 61  dh2_prev += d(h2_prev @ Rf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+  /* line 61  dh2_prev = d(h2_prev @ Rf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[12], D_H, G[8] + (size_t)(0) * (4*D_H) + (3*D_H), (4*D_H));
   /* line 61  dd1 += d(d1 @ Vf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
@@ -896,8 +896,8 @@ static void lstm_lm2_token_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 54  dh1_prev += d(h1_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+  /* line 54  dh1_prev = d(h1_prev @ Uf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, G[8] + (size_t)(0) * (4*D_H) + D_H, (4*D_H));
   /* line 53  dh1_prev += d(h1_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -1105,7 +1105,7 @@ static const cavs_buf_desc bufs[] = {
   {"token_t54", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_d1", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"token_t15", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_s", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
+  {"token_s", {0, {0, 4}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_i1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_f1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"token_o1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},

@@ -396,7 +396,7 @@ static void moe_lm_token_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -435,8 +435,8 @@ static void moe_lm_token_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 53 54 55 56 57 58) */
   cavs_loop(c, moe_lm_token_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_lm_token_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 54  dh_prev += d(h_prev @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+  /* line 54  dh_prev = d(h_prev @ Uf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 53  dh_prev += d(h_prev @ [Ui|Uo|Uu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -871,7 +871,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"token_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"token_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"token_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"token_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},

@@ -386,7 +386,7 @@ static void seq2seq_enc_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -422,8 +422,8 @@ static void seq2seq_enc_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 67 68 69 70 71 72) */
   cavs_loop(c, seq2seq_enc_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, seq2seq_enc_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 68  dh_prev += d(h_prev @ Uef) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
+  /* line 68  dh_prev = d(h_prev @ Uef) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[7] + (size_t)(0) * D_H, D_H,
                  P[8], D_H, G[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 67  dh_prev += d(h_prev @ [Uei|Ueo|Ueu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -1433,7 +1433,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"enc_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"enc_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"enc_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"enc_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"enc_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},

@@ -378,7 +378,7 @@ static void tagger_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -414,8 +414,8 @@ static void tagger_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 48 49 50 51 52 53) */
   cavs_loop(c, tagger_fwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_fwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 49  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
+  /* line 49  dh_prev = d(h_prev @ Uff) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[5] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, G[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 48  dh_prev += d(h_prev @ [Ufi|Ufo|Ufu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -789,7 +789,7 @@ static void tagger_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long j1)
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -825,8 +825,8 @@ static void tagger_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 62 63 64 65 66 67) */
   cavs_loop(c, tagger_bwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_bwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 63  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[13] + (size_t)(0) * D_H, D_H,
+  /* line 63  dh_next = d(h_next @ Ubf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[13] + (size_t)(0) * D_H, D_H,
                  P[12], D_H, G[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 62  dh_next += d(h_next @ [Ubi|Ubo|Ubu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[12] + (size_t)(0) * (3*D_H), (3*D_H),
@@ -1102,7 +1102,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"fwd_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"fwd_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"fwd_s", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"fwd_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"fwd_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"fwd_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"fwd_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1110,7 +1110,7 @@ static const cavs_buf_desc bufs[] = {
   {"fwd_t39_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"bwd_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
   {"bwd_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"bwd_s", {0, {0, 2}}, CAVS_GRAD, 1, 1, 0},
+  {"bwd_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"bwd_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"bwd_f_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 1, 0},
   {"bwd_o_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},

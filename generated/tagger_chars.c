@@ -406,7 +406,7 @@ static void tagger_chars_chr_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g36 += g38;
       g37 += g38;
       g19 += g37 * a2[j];
-      d2[j] += g37 * v19;
+      d2[j] = g37 * v19;  /* this loop alone writes it */
       g11 += g36 * v35;
       g35 += g36 * v11;
       g34 += g35 * (1 - v35 * v35);
@@ -445,8 +445,8 @@ static void tagger_chars_chr_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, Hc]: i f o u c h (lines 50 51 52 53 54 55) */
   cavs_loop(c, tagger_chars_chr_bwd_path_g0_leaves, r0, c->leaf_rows, D_Hc, 0);
   cavs_loop(c, tagger_chars_chr_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_Hc, 0);
-  /* line 51  dh_prev += d(h_prev @ Ucf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc,
+  /* line 51  dh_prev = d(h_prev @ Ucf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_Hc, D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc,
                  P[9], D_Hc, G[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc));
   /* line 50  dh_prev += d(h_prev @ [Uci|Uco|Ucu]) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_Hc, D_Hc, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
@@ -852,7 +852,7 @@ static void tagger_chars_fwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g39 += g41;
       g40 += g41;
       g22 += g40 * a5[j];
-      d5[j] += g40 * v22;
+      d5[j] = g40 * v22;  /* this loop alone writes it */
       g14 += g39 * v38;
       g38 += g39 * v14;
       g37 += g38 * (1 - v38 * v38);
@@ -891,8 +891,8 @@ static void tagger_chars_fwd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 64 65 66 67 68 69) */
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_fwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 65  dh_prev += d(h_prev @ Uff) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
+  /* line 65  dh_prev = d(h_prev @ Uff) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[14] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, G[15] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 65  dx += d(x @ Wff) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[14] + (size_t)(0) * D_H, D_H,
@@ -1303,7 +1303,7 @@ static void tagger_chars_bwd_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, lo
       g39 += g41;
       g40 += g41;
       g22 += g40 * a5[j];
-      d5[j] += g40 * v22;
+      d5[j] = g40 * v22;  /* this loop alone writes it */
       g14 += g39 * v38;
       g38 += g39 * v14;
       g37 += g38 * (1 - v38 * v38);
@@ -1342,8 +1342,8 @@ static void tagger_chars_bwd_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: i f o u c h (lines 78 79 80 81 82 83) */
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, tagger_chars_bwd_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 79  dh_next += d(h_next @ Ubf) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
+  /* line 79  dh_next = d(h_next @ Ubf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[24] + (size_t)(0) * D_H, D_H,
                  P[21], D_H, G[25] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 79  dx += d(x @ Wbf) W^T, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E+D_Hc, G[24] + (size_t)(0) * D_H, D_H,
@@ -1676,7 +1676,7 @@ static const cavs_buf_desc bufs[] = {
   {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"chr_mm0", {0, {0, 0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"chr_t13", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD, 0, 1, 0},
+  {"chr_s", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"chr_i_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"chr_f_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"chr_o_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -1684,7 +1684,7 @@ static const cavs_buf_desc bufs[] = {
   {"chr_t39_kept", {0, {0, 0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"fwd_mm0", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 1, 0, 0},
   {"fwd_t16", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 1, 1, 0},
-  {"fwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD, 1, 1, 0},
+  {"fwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD_WHOLE, 1, 1, 0},
   {"fwd_x", {0, {1, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"fwd_t1", {0, {0, 0, 2}}, CAVS_GRAD, 1, 0, 0},
   {"fwd_i_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
@@ -1694,7 +1694,7 @@ static const cavs_buf_desc bufs[] = {
   {"fwd_t42_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 1, 0, 0},
   {"bwd_mm0", {0, {0, 0, 0, 3}}, CAVS_GRAD_WHOLE, 2, 0, 0},
   {"bwd_t16", {0, {0, 0, 0, 1}}, CAVS_GRAD_WHOLE, 2, 1, 0},
-  {"bwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD, 2, 1, 0},
+  {"bwd_s", {0, {0, 0, 0, 2}}, CAVS_GRAD_WHOLE, 2, 1, 0},
   {"bwd_x", {0, {1, 0, 1}}, CAVS_GRAD, 2, 0, 0},
   {"bwd_t1", {0, {0, 0, 2}}, CAVS_GRAD, 2, 0, 0},
   {"bwd_i_kept", {0, {0, 0, 0, 1}}, CAVS_GRAD_NONE, 2, 0, 0},

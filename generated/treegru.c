@@ -470,8 +470,8 @@ static void treegru_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g1 backward, [n, H]: z n h (lines 34 37 38) */
   cavs_loop(c, treegru_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, treegru_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
-  /* line 37  d%27 += d(%27 @ Un) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 37  d%27 = d(%27 @ Un) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, D_H, D_H, G[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* group g3 backward, [n, H]: r_0 r_1 (lines 36 37) */
   cavs_loop(c, treegru_tree_bwd_path_g3, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
@@ -671,7 +671,7 @@ static const cavs_buf_desc bufs[] = {
   {"tree_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm1", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 2}}, CAVS_GRAD, 0, 1, 0},
-  {"tree_t27", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
+  {"tree_t27", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_xr", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
   {"tree_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},

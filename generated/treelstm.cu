@@ -478,11 +478,11 @@ static __global__ void treelstm_tree_bwd_path_g1(int n, long D_E, long D_H, long
   g46 += g48;
   g47 += g48;
   g27 += g47 * a5[j];
-  d5[j] += g47 * v27;
+  d5[j] = g47 * v27;  /* this loop alone writes it */
   g44 += g46;
   g45 += g46;
   g23 += g45 * a2[j];
-  d2[j] += g45 * v23;
+  d2[j] = g45 * v23;  /* this loop alone writes it */
   g15 += g44 * v43;
   g43 += g44 * v15;
   g42 += g43 * (1 - v43 * v43);
@@ -587,11 +587,11 @@ static void treelstm_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 37  d[h_0;h_1] += d([h_0;h_1] @ Uf) W^T, rows with children */
-  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
+  /* line 37  d[h_0;h_1] = d([h_0;h_1] @ Uf) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DX_SET, D_H, D_H, G[4] + (size_t)(0) * D_H, D_H,
                  P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
-  /* line 36  dhs += d(hs @ [Ui|Uo|Uu]) W^T, rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
+  /* line 36  dhs = d(hs @ [Ui|Uo|Uu]) W^T, rows with children (the first to write it) */
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
                  P[1], (3*D_H), G[7] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 35) */
   {
@@ -778,9 +778,9 @@ static const cavs_buf_desc bufs[] = {
   {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"tree_children", {0, {0, 4}}, CAVS_GRAD, 0, 1, 0},
+  {"tree_children", {0, {0, 4}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_t17", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
-  {"tree_hs", {0, {0, 1}}, CAVS_GRAD, 0, 1, 0},
+  {"tree_hs", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_i_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"tree_f_0_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},
   {"tree_f_1_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 1, 0},

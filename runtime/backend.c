@@ -470,9 +470,18 @@ void cavs_gather_fwd(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, 
   if (gather_left(c, k, r0 + skip, n - skip, true)) BE(c)->gather_fwd(c, k, state, dst, ld, r0 + skip, n - skip);
 }
 
+/* (a viewed type's gradient is the state's, added to in place, but where the buffer's
+   is set whole: then it stays in the buffer, and is added back as where it is copied) */
+static bool grad_viewed(const cavs_ctx *c, int k) {
+  if (!viewed(c)) return false;
+  const cavs_vertex_desc *v = &c->desc->vertex[c->model->cur_type];
+  for (int g = 0; g < v->ngathers; g++)
+    if (v->gathers[g].slot == k) return c->desc->bufs[v->gathers[g].buf].grad == CAVS_GRAD;
+  return true;
+}
 void cavs_gather_bwd(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n) {
   DEAD(c);
-  if (!viewed(c) && gather_left(c, k, r0, n, false)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
+  if (!grad_viewed(c, k) && gather_left(c, k, r0, n, false)) BE(c)->gather_bwd(c, k, state, src, ld, r0, n);
 }
 
 void cavs_lookup_fwd(cavs_ctx *c, const void *table, long ldt, const int *idx, void *dst, long ld, int r0, int n,

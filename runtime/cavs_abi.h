@@ -57,8 +57,10 @@ extern "C" {
  * 17: cavs_pgroup_desc.experts (a mixture of experts' table, placed by expert
  *    parallelism as soon as the comm is set).
  * 18: cavs_desc.naliases and .aliases (a dropout read in place where it keeps every
- *    value); CAVS_INLINE. */
-#define CAVS_ABI_VERSION 18
+ *    value); CAVS_INLINE.
+ * 19: CAVS_PROD_DX_SET (a left operand's gradient set by its product, the first to
+ *    write it, in a buffer the backward pass no longer clears). */
+#define CAVS_ABI_VERSION 19
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -490,6 +492,9 @@ enum cavs_prod_form {
                         the first `skip` are left as they are: nothing reads them */
   CAVS_PROD_Y_ADD,   /* y += x w at the rows past `skip` and, in cavs_gemm_rows, with an
                         index; the others are left as they are (x is zero there) */
+  CAVS_PROD_DX_SET,  /* dx = dy w^T: CAVS_PROD_DX where it is the first to write dx (its
+                        buffer not cleared), at the same rows (the others, as there, are
+                        left as they are: nothing reads them) */
 };
 
 /* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision; ta and tb

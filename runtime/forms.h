@@ -23,7 +23,8 @@ static inline void cv_form_gemm(cv_gemm_fn gemm, cavs_ctx *c, int form, int a, i
   char *ya = (char *)y + (size_t)a * (size_t)ldy * es;
   if (form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER || form == CAVS_PROD_Y_ADD)
     gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, len, cols, k, 1, xa, ldx, w, ldw, form == CAVS_PROD_Y_ADD, ya, ldy);
-  else if (form == CAVS_PROD_DX) gemm(c, CAVS_NO_TRANS, CAVS_TRANS, len, k, cols, 1, xa, ldx, w, ldw, 1, ya, ldy);
+  else if (form == CAVS_PROD_DX || form == CAVS_PROD_DX_SET)
+    gemm(c, CAVS_NO_TRANS, CAVS_TRANS, len, k, cols, 1, xa, ldx, w, ldw, form == CAVS_PROD_DX, ya, ldy);
   else gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, len, 1, xa, ldx, ya, ldy, 1, (void *)w, ldw);
 }
 

@@ -66,7 +66,7 @@ static void plan_views(cavs_model *m) {
       const cavs_gather_desc *q = &v->gathers[g];
       int sb = q->src; /* the state it reads (checked when the model was made) */
       ok = q->view && q->slot >= 0 && q->slot < v->children && q->slot < C && q->buf >= 0 && q->buf < d->nbufs &&
-           q->buf != sb && q->buf != d->push_buf && d->bufs[q->buf].grad == CAVS_GRAD;
+           q->buf != sb && q->buf != d->push_buf && d->bufs[q->buf].grad != CAVS_GRAD_NONE;
       for (int u = 0; ok && u < d->nvertex; u++) ok = q->buf != d->vertex[u].state;
       if (!ok) break;
       long ld = m->bw[q->buf], W = m->bw[sb];
@@ -90,7 +90,10 @@ static void plan_views(cavs_model *m) {
       int b = v->gathers[g].buf;
       intptr_t by = (intptr_t)delta[g] * (intptr_t)m->esize;
       m->cval[b] = (void *)((uintptr_t)m->val[src[g]] + (uintptr_t)by);
-      m->cgrad[b] = (void *)((uintptr_t)m->grad[src[g]] + (uintptr_t)by);
+      /* (a gradient the backward pass sets whole, CAVS_GRAD_WHOLE, stays in the buffer:
+         set in the state's, it would overwrite what others added there; the gather
+         adds it back, as where it copies: cavs_gather_bwd) */
+      if (d->bufs[b].grad == CAVS_GRAD) m->cgrad[b] = (void *)((uintptr_t)m->grad[src[g]] + (uintptr_t)by);
     }
     m->tview[t] = 1;
     m->stats.gathered_viewed += (long)(end - first) * v->ngathers;

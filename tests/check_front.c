@@ -369,6 +369,58 @@ START_TEST(products_added_in_place) {
 }
 END_TEST
 
+/* Gradients set by their first writer (plan.c, plan_grad_set), and the buffers that are
+ * then not cleared. In the Tree-LSTM: hs by its merged product's dx, the children's h_k
+ * by the stacked [h_0;h_1] @ Uf's (hs's loop adds after it), c_k by the cell's loop;
+ * their buffers whole. Where a gather is read whole as well as sliced, nothing of it is
+ * set: its buffer is cleared and added to, as before. */
+START_TEST(gradients_set_by_their_first_writer) {
+  Model *m = planned(compile_file("treelstm.vf"));
+  const IrFunc *f = m->vertex[0];
+  int sets = 0;
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses) continue;
+    if (n->op == OP_MATMUL && n->dx_set) {
+      const IrNode *x = &f->nodes[n->args[0]];
+      ck_assert_msg(x->name && (!strcmp(x->name, "hs") || !strcmp(x->name, "h_0")), "%s", x->name ? x->name : "?");
+      ck_assert(m->bufs[x->dval.buf].grad_whole);
+      sets++;
+    }
+    if (n->op == OP_SLICE) {
+      /* c_k: the cell's loop alone; h_k: the product first, then hs's loop */
+      ck_assert_msg(n->grad_set == (n->name[0] == 'c'), "%s", n->name);
+      ck_assert(m->bufs[n->dval.buf].grad_whole);
+    }
+  }
+  ck_assert_int_eq(sets, 2); /* (the stacked product is its first member's) */
+  char *c = emitted(m, "treelstm.vf");
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_DX_SET"), 2);
+  ck_assert_int_eq(count_str(c, "{\"tree_children\", {0, {0, 4}}, CAVS_GRAD_WHOLE"), 1);
+  ck_assert_int_eq(count_str(c, "{\"tree_hs\", {0, {0, 1}}, CAVS_GRAD_WHOLE"), 1);
+  free(c);
+
+  m = planned(compile_str("model gw; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
+                          "param W[2H,H], U[H,H], Wc[H,C];\n"
+                          "vertex node (children 1) { s = gather(0); a = s[0:H];\n"
+                          "  h = tanh(f + s @ W + a @ U); scatter(concat(h, h)); push(h); }\n"
+                          "push (p) { loss softmax_xent(p @ Wc, y); }\n"));
+  f = m->vertex[0];
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *n = &f->nodes[i];
+    if (!n->uses) continue;
+    ck_assert(!n->dx_set);
+    if (n->op == OP_GATHER || n->op == OP_SLICE) {
+      ck_assert(!n->grad_set);
+      ck_assert(!m->bufs[n->dval.buf].grad_whole);
+    }
+  }
+  c = emitted(m, "gw.vf");
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_DX_SET"), 0);
+  free(c);
+}
+END_TEST
+
 static int buf_named(const Model *m, const char *name) {
   for (int b = 0; b < m->nbufs; b++)
     if (!strcmp(m->bufs[b].name, name)) return b;
@@ -627,6 +679,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
+  tcase_add_test(tc, gradients_set_by_their_first_writer);
   tcase_add_test(tc, push_reads_state_in_place);
   tcase_add_test(tc, ir_round_trip);
   tcase_add_test(tc, options);
