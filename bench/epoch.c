@@ -5,7 +5,9 @@
  * in matrix products, the products' GFLOP/s, and that against this machine's own sgemm
  * rate (measured once, on a large product: the floor that batching aims for); then
  * where the time went (products, row operations, fused loops, clears, optimizer,
- * scheduling, the rest) and the process's peak memory.
+ * scheduling, the rest), the process's peak memory and the page faults the epoch took
+ * (its first touches of memory: the first epoch's, where buffers grow and the optimizer's
+ * moments are mapped as first written; none after it).
  *
  *   bench/epoch [--policy bfs|depth|agenda|frontier|serial] [--batch 64] [--dim H=256] [--threads 2]
  *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--no-homes]
@@ -240,6 +242,8 @@ int main(int argc, char **argv) {
     int batches = 0;
     long tasks = 0, bound = 0;
     cavs_model_backend_stats(m, NULL, 1);
+    struct rusage ru0;
+    getrusage(RUSAGE_SELF, &ru0);
     double start = now();
     for (int b = 0; b < n; b += batch) {
       int k = n - b < batch ? n - b : batch;
@@ -281,11 +285,11 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     printf("  time: products %.2fs, gathers/scatters/lookups/losses %.2fs (of which gathers and their backward "
            "%.2fs), fused loops %.2fs, clears %.2fs, optimizer %.2fs, scheduling %.2fs, growing buffers %.2fs, other %.2fs; %ld "
-           "launches/batch; peak memory %.0f MB; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views), "
+           "launches/batch; peak memory %.0f MB, %ld page faults; gathered rows %ld, %.1f%% in blocks, %.1f%% read in place (views), "
            "%.1f%% stored at home\n"
            "  batching: %.1f tasks/batch, lower bound %.1f/batch, scheduling %.1f%% of the epoch\n",
            gsecs, bs.rows_seconds, bs.gather_seconds, bs.loop_seconds, bs.zero_seconds, bs.step_seconds, bs.schedule_seconds, bs.grow_seconds, other,
-           bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, bs.gathered_rows,
+           bs.launches / (batches ? batches : 1), ru.ru_maxrss / 1024.0, ru.ru_minflt - ru0.ru_minflt, bs.gathered_rows,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_in_place / (double)bs.gathered_rows : 0.0,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_viewed / (double)bs.gathered_rows : 0.0,
            bs.gathered_rows ? 100.0 * (double)bs.gathered_homed / (double)bs.gathered_rows : 0.0,
