@@ -50,10 +50,12 @@ enum { MR = 6, NV = 4, NR = 16 * NV, KC = 512, MC = 192, NC = 1024 };
    padding); with `ahead`, A's rows lie in place (acs 1) and the next R rows are
    prefetched. R (MR, or a few-rows product's count), `direct` and `ahead` are constants
    in each instance. All R rows of a are readable; rows past mr and columns past nr are
-   computed and thrown away. */
+   computed and thrown away. With `set` (a product with beta 0, at its first slice of k)
+   the tile is stored as alpha * acc + 0 without reading C: the bits of adding to a
+   cleared C, without clearing it first and reading the zeros back. */
 AVX512 static inline __attribute__((always_inline)) void
 tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, long acs, const float *restrict b,
-     long bs, float *restrict c, long ldc, int mr, int nr, float alpha) {
+     long bs, float *restrict c, long ldc, int mr, int nr, float alpha, bool set) {
   __m512 acc[MR][NV];
   __mmask16 mask[NV];
 #pragma GCC unroll 8
@@ -76,7 +78,7 @@ tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, 
      not fault. */
 #pragma GCC unroll 8
   for (int i = 0; i < R; i++)
-    if (i < mr)
+    if (i < mr && !set)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; v++) _mm_prefetch((const char *)(c + (size_t)i * ldc + 16 * v), _MM_HINT_T0);
   for (int p = 0; p < kc; p++) {
@@ -101,7 +103,7 @@ tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, 
 #pragma GCC unroll 8
     for (int v = 0; v < NV; v++) {
       float *cp = c + (size_t)i * ldc + 16 * v;
-      __m512 old = _mm512_maskz_loadu_ps(mask[v], cp);
+      __m512 old = set ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[v], cp);
       _mm512_mask_storeu_ps(cp, mask[v], _mm512_fmadd_ps(al, acc[i][v], old));
     }
   }
@@ -110,12 +112,12 @@ tile(int R, bool direct, bool ahead, int kc, const float *restrict a, long ars, 
 /* Two instances the compiler can specialise: rows read in place (k contiguous), and a
    packed panel (MR floats a k). */
 AVX512 static void kernel_rows(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
-                               float alpha) {
-  tile(MR, false, true, kc, a, lda, 1, b, NR, c, ldc, mr, nr, alpha);
+                               float alpha, bool set) {
+  tile(MR, false, true, kc, a, lda, 1, b, NR, c, ldc, mr, nr, alpha, set);
 }
 AVX512 static void kernel_packed(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr,
-                                 float alpha) {
-  tile(MR, false, false, kc, a, 1, MR, b, NR, c, ldc, mr, nr, alpha);
+                                 float alpha, bool set) {
+  tile(MR, false, false, kc, a, 1, MR, b, NR, c, ldc, mr, nr, alpha, set);
 }
 
 /* 16 rows of 16 floats (src[r * ld + j]) to dst[j * dld + r]: a 16 x 16 transpose in
@@ -195,10 +197,11 @@ static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa)
 }
 
 /* With `pre` (cv_sgemm_pack's layout, npad columns a slice, this product's columns
-   starting at its column jo), op(B) is read from there instead of packed here. */
+   starting at its column jo), op(B) is read from there instead of packed here. With
+   `set` (beta 0) the first slice of k stores C instead of adding to it. */
 AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
                            const float *b, long ldb, float *c, long ldc, float *pb, float *pa, const float *pre,
-                           long npad, int jo) {
+                           long npad, int jo, bool set) {
   for (int j0 = 0; j0 < n; j0 += NC) {
     int nc = n - j0 < NC ? n - j0 : NC;
     for (int p0 = 0; p0 < k; p0 += KC) {
@@ -218,8 +221,9 @@ AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, c
           for (int i = 0; i < mc; i += MR) {
             float *cp = c + (size_t)(i0 + i) * ldc + j0 + j;
             int mr = mc - i < MR ? mc - i : MR;
-            if (i < whole) kernel_rows(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha);
-            else kernel_packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha);
+            bool first = set && p0 == 0;
+            if (i < whole) kernel_rows(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha, first);
+            else kernel_packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha, first);
           }
         }
       }
@@ -239,7 +243,7 @@ AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, c
 #define SMALL_NN(R)                                                                                                  \
   AVX512 static void small_nn_##R(int kc, const float *a, long ars, long acs, const float *b, long ldb, float *c,    \
                                   long ldc, int nr, float alpha) {                                                   \
-    tile(R, true, false, kc, a, ars, acs, b, ldb, c, ldc, R, nr, alpha);                                             \
+    tile(R, true, false, kc, a, ars, acs, b, ldb, c, ldc, R, nr, alpha, false);                                     \
   }
 SMALL_NN(1)
 SMALL_NN(2)
@@ -559,8 +563,10 @@ int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
   size_t nb = (size_t)((nc + NR - 1) / NR * NR) * (size_t)kc, na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
   float *pb = k > 0 && alpha != 0.0f ? space_for(nb + na) : NULL;
   if (k > 0 && alpha != 0.0f && !pb) return -1;
-  scale(m, n, beta, c, ldc);
-  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb, NULL, 0, 0);
+  /* a product that runs sets C itself at its first slice (a cleared C read back from
+     memory cost the Tree-LSTM 1.3 GB of stores and as many loads an epoch) */
+  if (!pb || beta != 0.0f) scale(m, n, beta, c, ldc);
+  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb, NULL, 0, 0, beta == 0.0f);
   return 0;
 }
 
@@ -585,9 +591,9 @@ int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, l
   size_t na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
   float *pa = k > 0 && alpha != 0.0f ? space_for(na) : NULL;
   if (k > 0 && alpha != 0.0f && !pa) return -1;
-  scale(m, n, beta, c, ldc);
+  if (!pa || beta != 0.0f) scale(m, n, beta, c, ldc);
   long npad = (ncols + NR - 1) / NR * NR;
-  if (pa) product(ta, false, m, n, k, alpha, a, lda, NULL, 0, c, ldc, NULL, pa, packed, npad, jo);
+  if (pa) product(ta, false, m, n, k, alpha, a, lda, NULL, 0, c, ldc, NULL, pa, packed, npad, jo, beta == 0.0f);
   return 0;
 }
 
