@@ -342,7 +342,7 @@ static void gemm_parts(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE
      share of op(A) (the rows, activations out of cache) and all of op(B) (a parameter,
      packed once a pass and shared), where a split by columns has every thread read all
      of op(A); by columns otherwise. Tree-FC's products at 8192 rows, the Tree-LSTM's
-     x @ W at 1200 (bench/README, "Products split by rows"). */
+     x @ W at 1200 (bench/README, "C set at the first slice, products split by rows"). */
   g.by_rows = n < 32 * parts || m >= n;
   cv_pool_run(pool, gemm_part, &g, parts);
 }
