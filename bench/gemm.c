@@ -39,6 +39,9 @@ static const struct {
     {"bwd    dW += x^T d         (eager)", 1, 0, 256, 1024, 1200},
     {"bwd    dU += hs^T d        (all inner rows)", 1, 0, 256, 768, 2400},
     {"push   h @ Wc              (every row)", 0, 0, 4800, 5, 256},
+    {"push   h @ Wc              (a level)", 0, 0, 160, 5, 256},
+    {"bwd    dh += dz Wc^T       (every row)", 0, 1, 2400, 256, 5},
+    {"bwd    dWc += h^T dz       (every row)", 1, 0, 256, 5, 2400},
 };
 
 #ifdef OWN
@@ -48,6 +51,13 @@ typedef struct Part {
   float *c;
 } Part;
 
+/* as the CPU backend runs it: fewer than 16 columns through cv_sgemm_narrow */
+static void own(int ta, int tb, int m, int n, int k, const float *a, int lda, const float *b, int ldb, float *c,
+                int ldc) {
+  if (n < 16 && cv_sgemm_narrow(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc) == 0) return;
+  cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 1, c, ldc);
+}
+
 static void *part(void *arg) {
   Part *p = arg;
   int by_rows = p->n < 32 * p->parts, len = by_rows ? p->m : p->n;
@@ -55,11 +65,11 @@ static void *part(void *arg) {
   if (at >= len) return NULL;
   int cnt = len - at < per ? len - at : per;
   if (by_rows)
-    cv_sgemm(p->ta, p->tb, cnt, p->n, p->k, 1, p->a + (size_t)at * (p->ta ? 1 : (size_t)p->lda), p->lda, p->b, p->ldb,
-             1, p->c + (size_t)at * p->n, p->n);
+    own(p->ta, p->tb, cnt, p->n, p->k, p->a + (size_t)at * (p->ta ? 1 : (size_t)p->lda), p->lda, p->b, p->ldb,
+        p->c + (size_t)at * p->n, p->n);
   else
-    cv_sgemm(p->ta, p->tb, p->m, cnt, p->k, 1, p->a, p->lda, p->b + (size_t)at * (p->tb ? (size_t)p->ldb : 1), p->ldb,
-             1, p->c + at, p->n);
+    own(p->ta, p->tb, p->m, cnt, p->k, p->a, p->lda, p->b + (size_t)at * (p->tb ? (size_t)p->ldb : 1), p->ldb,
+        p->c + at, p->n);
   return NULL;
 }
 

@@ -222,6 +222,7 @@ typedef struct GemmJob {
   bool by_rows;
   bool own;             /* sgemm.c's product rather than the BLAS's, decided for the whole product */
   bool small;           /* its few rows read op(B) in place (cv_sgemm_small; AVX2 without own) */
+  bool narrow;          /* fewer than 16 columns (cv_sgemm_narrow; AVX2 without own) */
   const float *packed;  /* with own: op(B) packed for this pass (a parameter), or NULL */
 } GemmJob;
 
@@ -247,6 +248,10 @@ static void gemm_part(void *arg, int i) {
     c += (size_t)at * es;
     n = cnt;
   }
+  if (g->narrow && cv_sgemm_narrow(g->A == CblasTrans, g->B == CblasTrans, m, n, g->k, (float)g->alpha,
+                                   (const float *)a, g->lda, (const float *)b, g->ldb, (float)g->beta, (float *)c,
+                                   g->ldc) == 0)
+    return;
   if (g->small && cv_sgemm_small(g->A == CblasTrans, g->B == CblasTrans, m, n, g->k, (float)g->alpha,
                                   (const float *)a, g->lda, (const float *)b, g->ldb, (float)g->beta, (float *)c,
                                   g->ldc) == 0)
@@ -310,7 +315,7 @@ static const float *packed_param(cavs_model *m, bool tb, int n, int k, const voi
 static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
                         double alpha, const void *a, long lda, const void *b, long ldb, double beta, void *cm,
                         long ldc, int parts) {
-  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, false, NULL};
+  GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, false, false, NULL};
   /* Single precision through sgemm.c where the processor has AVX-512 (twice the BLAS's
      rate here, bench/README), but for C narrower than one vector (a classifier's few
      classes), where its 64-column tiles would be mostly padding. Its one failure (no
@@ -322,6 +327,10 @@ static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOS
      few-rows kernel runs in AVX2 and the rest goes to the BLAS (bench/README, Zen 3). */
   g.small = !g.dbl && n >= 16 && c->model->small_gemm && m <= CV_SGEMM_SMALL_M &&
             !(A == CblasTrans && B == CblasTrans);
+  /* Fewer than 16 columns (a classifier's classes): the few-rows kernels over all the
+     rows, op(B) laid out as n rows of k (sgemm.c, cv_sgemm_narrow); the BLAS ran the
+     Tree-LSTM's 5 classes at 14-18 GFLOP/s. */
+  g.narrow = !g.dbl && n < 16 && c->model->small_gemm;
   if (g.own && !g.small) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
   return g;
 }

@@ -506,11 +506,15 @@ int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const flo
   return small_with(small_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/* 1 where the processor runs AVX2 with FMA, else 0 (none): the forced AVX2 kernels' */
+static int avx2_isa(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
                         const float *b, long ldb, float beta, float *c, long ldc) {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return -1;
-  return small_with(1, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return small_with(avx2_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 bool cv_sgemm_usable(void) {
@@ -554,6 +558,77 @@ static void scale(int m, int n, float beta, float *c, long ldc) {
     else
       for (int j = 0; j < n; j++) row[j] *= beta;
   }
+}
+
+/* A product of fewer than 16 columns (a classifier's few classes; NARROW_N): the
+   tiles above are 64 or 32 columns wide and would compute mostly padding, and the BLAS
+   ran the Tree-LSTM's (5 classes) at 14-18 GFLOP/s, 0.1 s of a 3.2 s epoch at 1 thread
+   (bench/README, "Products of a few columns"). Both ways below reuse the few-rows
+   kernels, which read op(B) in place.
+   - A not transposed (logits = h Wc): C(i, j) is the dot product of A's row i and
+     op(B)'s column j, so op(B) is laid out as n rows of k (transposed into the thread's
+     space unless B is already stored so) and each block of A's rows (4, or 2 in AVX2:
+     in the first-level cache) meets all n columns before the next: A streams once.
+     The dot products' order depends on k alone.
+   - A transposed (dWc = h' dlogits, k the minibatch's rows): C' = op(B)' A is a product
+     of n rows, A's rows read in place as the columns, into the thread's space; then C =
+     alpha C' + beta C. The few-rows product's order: KC slices, k ascending.
+   Either way a split over threads by rows or columns changes no bit. */
+enum { NARROW_N = 16 };
+static int narrow_with(int isa, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                       const float *b, long ldb, float beta, float *c, long ldc) {
+  if (m <= 0 || n <= 0) return 0;
+  if (n >= NARROW_N || isa <= 0) return -1;
+  const SmallIsa *x = isa == 2 ? &isa512 : &isa256;
+  if (k <= 0 || alpha == 0.0f) {
+    scale(m, n, beta, c, ldc);
+    return 0;
+  }
+  if (!ta) {
+    const float *bt = b;
+    long ldt = ldb;
+    if (!tb) {
+      float *t = space_for((size_t)n * (size_t)k);
+      if (!t) return -1;
+      for (int p = 0; p < k; p++)
+        for (int j = 0; j < n; j++) t[(size_t)j * k + p] = b[(size_t)p * ldb + j];
+      bt = t, ldt = k;
+    }
+    scale(m, n, beta, c, ldc);
+    for (int i0 = 0; i0 < m; i0 += x->trows) {
+      int mr = m - i0 < x->trows ? m - i0 : x->trows;
+      /* the rows two blocks ahead asked for now: read a block at a time, interleaved,
+         they left the hardware's prefetcher behind (2460 rows of 256 out of the
+         third-level cache, a minibatch's h Wc: 130-270 us, 85-100 with this, Zen 5) */
+      for (int r = i0 + 2 * x->trows; r < i0 + 3 * x->trows && r < m; r++)
+        for (int o = 0; o < k; o += 16) __builtin_prefetch(a + (size_t)r * lda + o);
+      for (int j = 0; j < n; j += x->tcols)
+        x->nt[mr](k, a + (size_t)i0 * lda, lda, bt + (size_t)j * ldt, ldt, c + (size_t)i0 * ldc + j, ldc,
+                  n - j < x->tcols ? n - j : x->tcols, alpha);
+    }
+    return 0;
+  }
+  /* C'(j, i) = sum_p op(B)(p, j) A(p, i): op(B)' is B itself when B is transposed */
+  float *t = space_for((size_t)n * (size_t)m);
+  if (!t) return -1;
+  memset(t, 0, sizeof(float) * (size_t)n * (size_t)m);
+  small_run(x, !tb, false, n, m, k, 1.0f, b, ldb, a, lda, t, m);
+  for (int i = 0; i < m; i++) {
+    float *row = c + (size_t)i * ldc;
+    for (int j = 0; j < n; j++)
+      row[j] = beta == 0.0f ? alpha * t[(size_t)j * m + i] : alpha * t[(size_t)j * m + i] + beta * row[j];
+  }
+  return 0;
+}
+
+int cv_sgemm_narrow(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                    long ldb, float beta, float *c, long ldc) {
+  return narrow_with(small_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+int cv_sgemm_narrow_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                         const float *b, long ldb, float beta, float *c, long ldc) {
+  return narrow_with(avx2_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
@@ -615,6 +690,14 @@ int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const flo
 }
 int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
                         const float *b, long ldb, float beta, float *c, long ldc) {
+  return -1;
+}
+int cv_sgemm_narrow(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                    long ldb, float beta, float *c, long ldc) {
+  return -1;
+}
+int cv_sgemm_narrow_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                         const float *b, long ldb, float beta, float *c, long ldc) {
   return -1;
 }
 bool cv_sgemm_small_usable(void) { return false; }

@@ -350,17 +350,21 @@ START_TEST(sgemm_splits_change_no_bit) {
 }
 END_TEST
 
-/* The few-rows kernels this processor runs: the one libcavs picks (AVX-512 or AVX2), and
-   the AVX2 one where that is not it (an AVX-512 processor runs AVX2 too, so the kernel
-   that processors without AVX-512 use is tested on every machine that can run it). */
-static int small_kernels(Gemm **f, const char **name) {
+/* The kernels of a kind (few rows, narrow) this processor runs: the one libcavs picks
+   (AVX-512 or AVX2), and the AVX2 one where that is not it (an AVX-512 processor runs
+   AVX2 too, so the kernel that processors without AVX-512 use is tested on every
+   machine that can run it). */
+static int kernels_of(Gemm *picked, Gemm *avx2, const char *what, Gemm **f, const char **name) {
   int n = 0;
-  if (cv_sgemm_small_usable()) f[n] = cv_sgemm_small, name[n++] = cv_sgemm_small_isa();
+  if (cv_sgemm_small_usable()) f[n] = picked, name[n++] = cv_sgemm_small_isa();
   float x = 1, y = 0;
-  if (strcmp(cv_sgemm_small_isa(), "avx2") && cv_sgemm_small_avx2(false, false, 1, 1, 1, 1, &x, 1, &x, 1, 0, &y, 1) == 0)
-    f[n] = cv_sgemm_small_avx2, name[n++] = "avx2 (forced)";
-  if (!n) fprintf(stderr, "check_math: neither AVX-512 nor AVX2 with FMA: no few-rows kernel runs here\n");
+  if (strcmp(cv_sgemm_small_isa(), "avx2") && avx2(false, false, 1, 1, 1, 1, &x, 1, &x, 1, 0, &y, 1) == 0)
+    f[n] = avx2, name[n++] = "avx2 (forced)";
+  if (!n) fprintf(stderr, "check_math: neither AVX-512 nor AVX2 with FMA: no %s kernel runs here\n", what);
   return n;
+}
+static int small_kernels(Gemm **f, const char **name) {
+  return kernels_of(cv_sgemm_small, cv_sgemm_small_avx2, "few-rows", f, name);
 }
 
 /* The few-rows product (cv_sgemm_small: op(B) read in place): every row count it takes,
@@ -438,6 +442,75 @@ START_TEST(sgemm_small_splits_change_no_bit) {
 }
 END_TEST
 
+/* The narrow kernels this processor runs (cv_sgemm_narrow, and its AVX2 version where
+   that is not the one libcavs picks), as small_kernels */
+static int narrow_kernels(Gemm **f, const char **name) {
+  return kernels_of(cv_sgemm_narrow, cv_sgemm_narrow_avx2, "narrow", f, name);
+}
+
+/* Products of fewer than 16 columns (cv_sgemm_narrow: a classifier's classes) of any
+   row count: every column count, the edges of the few-rows tiles it reuses (4 or 2 rows
+   of A and 4 columns a dot-product tile, 16- or 8-float steps of k; with A transposed,
+   C' = op(B)' A in 6 or 3 rows and 64 or 32 columns, 512-deep slices), each
+   transposition, alpha and beta, against sums in double; 16 columns refused. */
+START_TEST(sgemm_narrow_matches_double) {
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = narrow_kernels(fs, names);
+  static const int ms[] = {1, 2, 3, 4, 5, 7, 17, 33, 65, 130, 301},
+                   ks[] = {1, 3, 7, 8, 9, 15, 16, 17, 255, 256, 513, 1030};
+  static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
+  for (int f = 0; f < nk; f++) {
+    fprintf(stderr, "check_math: narrow kernel %s\n", names[f]);
+    for (int n = 1; n < 16; n++)
+      for (int t = 0; t < 4; t++) one_product_with(fs[f], t & 1, t >> 1, 301, n, 1030, 1, 1);
+    for (int c = 0; c < 600; c++) {
+      int m = ms[(int)(rnd() * 11)], n = 1 + (int)(rnd() * 15), k = ks[(int)(rnd() * 12)], t = (int)(rnd() * 4);
+      one_product_with(fs[f], t & 1, t >> 1, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+    }
+    float x[64] = {0}, y[16] = {0};
+    ck_assert_int_eq(fs[f](false, false, 1, 16, 4, 1, x, 4, x, 16, 0, y, 16), -1);
+  }
+}
+END_TEST
+
+/* A narrow product split by rows (at any row, as the pool's threads take blocks of 16)
+   or by columns gives the bits of the whole, in each transposition. */
+START_TEST(sgemm_narrow_splits_change_no_bit) {
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = narrow_kernels(fs, names);
+  const int m = 301, n = 13, k = 600;
+  for (int f = 0; f < nk; f++)
+    for (int t = 0; t < 4; t++) {
+      bool ta = t & 1, tb = t >> 1;
+      long lda = ta ? m : k, ldb = tb ? k : n;
+      float *a, *b, *whole, *part;
+      operands(m, n, k, &a, &b, &whole, &part);
+      ck_assert_int_eq(fs[f](ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
+      static const int rcuts[] = {1, 7, 160, 301};
+      for (int j = 0, i0 = 0; j < 4; i0 = rcuts[j++])
+        ck_assert_int_eq(fs[f](ta, tb, rcuts[j] - i0, n, k, 1, a + (ta ? (size_t)i0 : (size_t)i0 * lda), lda, b, ldb,
+                               0, part + (size_t)i0 * n, n),
+                         0);
+      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by rows differs", names[f],
+                    ta, tb);
+      memset(part, 0, sizeof(float) * (size_t)m * n);
+      static const int ccuts[] = {5, 6, 13};
+      for (int j = 0, j0 = 0; j < 3; j0 = ccuts[j++])
+        ck_assert_int_eq(fs[f](ta, tb, m, ccuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0,
+                               part + j0, n),
+                         0);
+      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by columns differs",
+                    names[f], ta, tb);
+      free(a);
+      free(b);
+      free(whole);
+      free(part);
+    }
+}
+END_TEST
+
 /* A parameter packed once a pass (cv_sgemm_pack) and read by many products, over all of
  * its columns or a thread's block of them, gives the bits of packing it each time. */
 START_TEST(sgemm_packed_changes_no_bit) {
@@ -503,6 +576,8 @@ int main(void) {
   tcase_add_test(mm, sgemm_packed_changes_no_bit);
   tcase_add_test(mm, sgemm_small_matches_double);
   tcase_add_test(mm, sgemm_small_splits_change_no_bit);
+  tcase_add_test(mm, sgemm_narrow_matches_double);
+  tcase_add_test(mm, sgemm_narrow_splits_change_no_bit);
   suite_add_tcase(s, mm);
   return tu_run_suite(s);
 }
