@@ -1052,6 +1052,17 @@ static const char *fname(const Emit *e, const IrFunc *f, const char *stage_) {
   return arena_printf("%s_%s_%s", e->m->name, f->kind == F_VERTEX ? f->name : f->kind == F_PULL ? "pull" : "push", stage_);
 }
 
+/* Whether a vertex function has a lazy phase: a unit of code of that class (a push
+   whose value lies where the push block reads it has none). Without, its lazy stages
+   are not written and the descriptor's are NULL, which tells the runtime that the
+   values of a type's rows are complete once its path task has run: the push block may
+   then run right after it (scheduler.c, cavs_plan_forward). */
+static bool has_lazy(const IrFunc *f) {
+  for (int u = 0; u < f->nunits; u++)
+    if (f->units[u].cls == CLS_LAZY) return true;
+  return false;
+}
+
 /* ---- the descriptor ---- */
 
 static void desc_lin(FILE *o, Lin l) {
@@ -1244,7 +1255,8 @@ static void descriptor(const Emit *e) {
       if (f->nodes[x].op == OP_ECHILD && f->nodes[x].uses > 0 && f->nodes[x].val.kind == PL_ROW) ec = &f->nodes[x];
     fprintf(c, "  {%s, %d, %d, %s, %s, %s,\n   %s, %s, %s, %d, %d, %s,\n   %d, %s, %s, %d, %d, %d, %d, %d, ",
             emit_c_string(f->name), f->children, f->pushes, fname(e, f, "fwd_eager"), fname(e, f, "fwd_path"),
-            fname(e, f, "fwd_lazy"), fname(e, f, "bwd_lazy"), fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"),
+            has_lazy(f) ? fname(e, f, "fwd_lazy") : "NULL", has_lazy(f) ? fname(e, f, "bwd_lazy") : "NULL",
+            fname(e, f, "bwd_path"), fname(e, f, "bwd_eager"),
             e->eager_apart[i], ngathers[i], ngathers[i] ? fname(e, f, "gathers") : "NULL", f->state_buf,
             named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
             f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i], ec ? ec->val.buf : -1);
@@ -1452,9 +1464,11 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
       while (t < m->nvertex && m->vertex[t] != f) t++;
       stage(&e, f, z, fname(&e, f, "fwd_eager"), arena_printf("vertex %s, eager phase: every row of the type at once", v), CLS_EAGER, false, false);
       stage(&e, f, z, fname(&e, f, "fwd_path"), arena_printf("vertex %s, path phase: one task (rows of one level)", v), CLS_PATH, false, false);
-      stage(&e, f, z, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
+      if (has_lazy(f))
+        stage(&e, f, z, fname(&e, f, "fwd_lazy"), arena_printf("vertex %s, lazy phase: every row of the type at once", v), CLS_LAZY, false, false);
       e.pg_marks = others, e.pg_stage = e.bwd_grads[3 * t];
-      stage(&e, f, z, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
+      if (has_lazy(f))
+        stage(&e, f, z, fname(&e, f, "bwd_lazy"), arena_printf("vertex %s, lazy phase backward", v), CLS_LAZY, true, false);
       e.pg_stage = e.bwd_grads[3 * t + 1];
       stage(&e, f, z, fname(&e, f, "bwd_path"), arena_printf("vertex %s, path phase backward: one task, in reverse order", v), CLS_PATH, true, false);
       e.pg_marks = eager + ng * (size_t)t, e.pg_stage = e.bwd_grads[3 * t + 2];

@@ -265,28 +265,6 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   /* childsum.vf:45  concat */
 }
 
-/* vertex node, lazy phase: every row of the type at once */
-static void childsum_node_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex node, lazy phase backward */
-static void childsum_node_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
 /* childsum_node_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void childsum_node_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -721,8 +699,8 @@ static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 0};
 static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
-   childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
+  {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, NULL,
+   NULL, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 1, -1, 0, 1, 10, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -301,28 +301,6 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   /* childsum.vf:45  concat */
 }
 
-/* vertex node, lazy phase: every row of the type at once */
-static void childsum_node_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex node, lazy phase backward */
-static void childsum_node_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* childsum_node_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void childsum_node_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
@@ -812,8 +790,8 @@ static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 0};
 static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, childsum_node_fwd_lazy,
-   childsum_node_bwd_lazy, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
+  {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, NULL,
+   NULL, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 1, -1, 0, 1, 10, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

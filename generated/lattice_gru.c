@@ -216,32 +216,6 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
-/* vertex wrd, lazy phase: every row of the type at once */
-static void lattice_gru_wrd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_W = c->dims[1];
-  const long D_H = c->dims[2];
-  const long D_C = c->dims[3];
-  const long D_A = c->dims[4];
-  const long D_V = c->dims[5];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-}
-
-/* vertex wrd, lazy phase backward */
-static void lattice_gru_wrd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_W = c->dims[1];
-  const long D_H = c->dims[2];
-  const long D_C = c->dims[3];
-  const long D_A = c->dims[4];
-  const long D_V = c->dims[5];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-}
-
 /* lattice_gru_wrd_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void lattice_gru_wrd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -1388,8 +1362,8 @@ static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_1_2[23] = {0, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, lattice_gru_wrd_fwd_lazy,
-   lattice_gru_wrd_bwd_lazy, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
+  {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, NULL,
+   NULL, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
    0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,

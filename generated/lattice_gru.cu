@@ -222,32 +222,6 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   }
 }
 
-/* vertex wrd, lazy phase: every row of the type at once */
-static void lattice_gru_wrd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_W = c->dims[1];
-  [[maybe_unused]] const long D_H = c->dims[2];
-  [[maybe_unused]] const long D_C = c->dims[3];
-  [[maybe_unused]] const long D_A = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex wrd, lazy phase backward */
-static void lattice_gru_wrd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_W = c->dims[1];
-  [[maybe_unused]] const long D_H = c->dims[2];
-  [[maybe_unused]] const long D_C = c->dims[3];
-  [[maybe_unused]] const long D_A = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* lattice_gru_wrd_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void lattice_gru_wrd_bwd_path_g0_leaves(int n, long D_E, long D_W, long D_H, long D_C, long D_A, long D_V,
     R *__restrict__ d3_r0,
@@ -1486,8 +1460,8 @@ static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_1_2[23] = {0, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, lattice_gru_wrd_fwd_lazy,
-   lattice_gru_wrd_bwd_lazy, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
+  {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, NULL,
+   NULL, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
    0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,

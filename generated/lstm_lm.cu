@@ -232,26 +232,6 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm.vf:41  concat */
 }
 
-/* vertex token, lazy phase: every row of the type at once */
-static void lstm_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_V = c->dims[2];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex token, lazy phase backward */
-static void lstm_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_V = c->dims[2];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* lstm_lm_token_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void lstm_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_V,
     R *__restrict__ d5_r0,
@@ -662,8 +642,8 @@ static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_0_2[12] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, lstm_lm_token_fwd_lazy,
-   lstm_lm_token_bwd_lazy, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
+  {"token", 1, 1, lstm_lm_token_fwd_eager, lstm_lm_token_fwd_path, NULL,
+   NULL, lstm_lm_token_bwd_path, lstm_lm_token_bwd_eager, 1, 1, lstm_lm_token_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -334,26 +334,6 @@ static void lstm_lm2_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* lstm_lm2.vf:66  concat */
 }
 
-/* vertex token, lazy phase: every row of the type at once */
-static void lstm_lm2_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_V = c->dims[2];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-}
-
-/* vertex token, lazy phase backward */
-static void lstm_lm2_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_V = c->dims[2];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-}
-
 /* lstm_lm2_token_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void lstm_lm2_token_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -937,8 +917,8 @@ static const unsigned char grads_0_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_0_1[20] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_0_2[20] = {1, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"token", 1, 1, lstm_lm2_token_fwd_eager, lstm_lm2_token_fwd_path, lstm_lm2_token_fwd_lazy,
-   lstm_lm2_token_bwd_lazy, lstm_lm2_token_bwd_path, lstm_lm2_token_bwd_eager, 1, 1, lstm_lm2_token_gathers,
+  {"token", 1, 1, lstm_lm2_token_fwd_eager, lstm_lm2_token_fwd_path, NULL,
+   NULL, lstm_lm2_token_bwd_path, lstm_lm2_token_bwd_eager, 1, 1, lstm_lm2_token_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -221,34 +221,6 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_lm.vf:59  concat */
 }
 
-/* vertex token, lazy phase: every row of the type at once */
-static void moe_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_HF = c->dims[4];
-  const long D_FH = c->dims[5];
-  const long D_V = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-}
-
-/* vertex token, lazy phase backward */
-static void moe_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_HF = c->dims[4];
-  const long D_FH = c->dims[5];
-  const long D_V = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-}
-
 /* moe_lm_token_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void moe_lm_token_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -899,8 +871,8 @@ static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, moe_lm_token_fwd_lazy,
-   moe_lm_token_bwd_lazy, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
+  {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, NULL,
+   NULL, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -254,34 +254,6 @@ static void moe_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_lm.vf:59  concat */
 }
 
-/* vertex token, lazy phase: every row of the type at once */
-static void moe_lm_token_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_F = c->dims[2];
-  [[maybe_unused]] const long D_X = c->dims[3];
-  [[maybe_unused]] const long D_HF = c->dims[4];
-  [[maybe_unused]] const long D_FH = c->dims[5];
-  [[maybe_unused]] const long D_V = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex token, lazy phase backward */
-static void moe_lm_token_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_F = c->dims[2];
-  [[maybe_unused]] const long D_X = c->dims[3];
-  [[maybe_unused]] const long D_HF = c->dims[4];
-  [[maybe_unused]] const long D_FH = c->dims[5];
-  [[maybe_unused]] const long D_V = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* moe_lm_token_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void moe_lm_token_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     R *__restrict__ d5_r0,
@@ -961,8 +933,8 @@ static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, moe_lm_token_fwd_lazy,
-   moe_lm_token_bwd_lazy, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
+  {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, NULL,
+   NULL, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

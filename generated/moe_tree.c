@@ -378,36 +378,6 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_tree.vf:49  concat */
 }
 
-/* vertex tree, lazy phase: every row of the type at once */
-static void moe_tree_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_HF = c->dims[5];
-  const long D_FH = c->dims[6];
-  const long D_V = c->dims[7];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-}
-
-/* vertex tree, lazy phase backward */
-static void moe_tree_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_HF = c->dims[5];
-  const long D_FH = c->dims[6];
-  const long D_V = c->dims[7];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-}
-
 /* moe_tree_tree_bwd_path, group g4 backward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void moe_tree_tree_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -1017,8 +987,8 @@ static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"tree", 2, 1, moe_tree_tree_fwd_eager, moe_tree_tree_fwd_path, moe_tree_tree_fwd_lazy,
-   moe_tree_tree_bwd_lazy, moe_tree_tree_bwd_path, moe_tree_tree_bwd_eager, 1, 2, moe_tree_tree_gathers,
+  {"tree", 2, 1, moe_tree_tree_fwd_eager, moe_tree_tree_fwd_path, NULL,
+   NULL, moe_tree_tree_bwd_path, moe_tree_tree_bwd_eager, 1, 2, moe_tree_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -403,36 +403,6 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_tree.vf:49  concat */
 }
 
-/* vertex tree, lazy phase: every row of the type at once */
-static void moe_tree_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_F = c->dims[2];
-  [[maybe_unused]] const long D_X = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_HF = c->dims[5];
-  [[maybe_unused]] const long D_FH = c->dims[6];
-  [[maybe_unused]] const long D_V = c->dims[7];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex tree, lazy phase backward */
-static void moe_tree_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_F = c->dims[2];
-  [[maybe_unused]] const long D_X = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_HF = c->dims[5];
-  [[maybe_unused]] const long D_FH = c->dims[6];
-  [[maybe_unused]] const long D_V = c->dims[7];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* moe_tree_tree_bwd_path, group g4 backward: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_bwd_path_g4(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
     R *__restrict__ d50_r0,
@@ -1077,8 +1047,8 @@ static const unsigned char grads_0_0[17] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_0_1[17] = {0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_0_2[17] = {1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"tree", 2, 1, moe_tree_tree_fwd_eager, moe_tree_tree_fwd_path, moe_tree_tree_fwd_lazy,
-   moe_tree_tree_bwd_lazy, moe_tree_tree_bwd_path, moe_tree_tree_bwd_eager, 1, 2, moe_tree_tree_gathers,
+  {"tree", 2, 1, moe_tree_tree_fwd_eager, moe_tree_tree_fwd_path, NULL,
+   NULL, moe_tree_tree_bwd_path, moe_tree_tree_bwd_eager, 1, 2, moe_tree_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -219,28 +219,6 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:73  concat */
 }
 
-/* vertex enc, lazy phase: every row of the type at once */
-static void seq2seq_enc_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_T = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-}
-
-/* vertex enc, lazy phase backward */
-static void seq2seq_enc_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_T = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
-}
-
 /* seq2seq_enc_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void seq2seq_enc_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -1486,8 +1464,8 @@ static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_1_2[23] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
-   seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
+  {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, NULL,
+   NULL, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
    0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,

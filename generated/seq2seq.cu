@@ -266,28 +266,6 @@ static void seq2seq_enc_fwd_path(cavs_ctx *c, int r0, int n) {
   /* seq2seq.vf:73  concat */
 }
 
-/* vertex enc, lazy phase: every row of the type at once */
-static void seq2seq_enc_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_T = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex enc, lazy phase backward */
-static void seq2seq_enc_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_T = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* seq2seq_enc_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void seq2seq_enc_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_T, long D_V,
     R *__restrict__ d5_r0,
@@ -1716,8 +1694,8 @@ static const unsigned char grads_1_0[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[23] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_1_2[23] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, seq2seq_enc_fwd_lazy,
-   seq2seq_enc_bwd_lazy, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
+  {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, NULL,
+   NULL, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
    0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,

@@ -211,28 +211,6 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   /* tagger.vf:54  concat */
 }
 
-/* vertex fwd, lazy phase: every row of the type at once */
-static void tagger_fwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex fwd, lazy phase backward */
-static void tagger_fwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
 /* tagger_fwd_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void tagger_fwd_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -620,28 +598,6 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
   cavs_loop(c, tagger_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger.vf:68  concat */
-}
-
-/* vertex bwd, lazy phase: every row of the type at once */
-static void tagger_bwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex bwd, lazy phase backward */
-static void tagger_bwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
 /* tagger_bwd_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1151,12 +1107,12 @@ static const unsigned char grads_2_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_2_1[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_2_2[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
-   tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
+  {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, NULL,
+   NULL, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
    0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
-   tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
+  {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, NULL,
+   NULL, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
    1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,

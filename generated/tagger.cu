@@ -258,28 +258,6 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   /* tagger.vf:54  concat */
 }
 
-/* vertex fwd, lazy phase: every row of the type at once */
-static void tagger_fwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex fwd, lazy phase backward */
-static void tagger_fwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* tagger_fwd_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void tagger_fwd_bwd_path_g0_leaves(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
@@ -773,28 +751,6 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* tagger.vf:68  concat */
-}
-
-/* vertex bwd, lazy phase: every row of the type at once */
-static void tagger_bwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex bwd, lazy phase backward */
-static void tagger_bwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
 /* tagger_bwd_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1365,12 +1321,12 @@ static const unsigned char grads_2_0[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_2_1[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_2_2[20] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, tagger_fwd_fwd_lazy,
-   tagger_fwd_bwd_lazy, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
+  {"fwd", 1, 0, tagger_fwd_fwd_eager, tagger_fwd_fwd_path, NULL,
+   NULL, tagger_fwd_bwd_path, tagger_fwd_bwd_eager, 1, 1, tagger_fwd_gathers,
    0, tagger_fwd_slot_names, tagger_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, tagger_bwd_fwd_lazy,
-   tagger_bwd_bwd_lazy, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
+  {"bwd", 1, 0, tagger_bwd_fwd_eager, tagger_bwd_fwd_path, NULL,
+   NULL, tagger_bwd_bwd_path, tagger_bwd_bwd_eager, 1, 1, tagger_bwd_gathers,
    1, tagger_bwd_slot_names, tagger_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
   {"tok", 2, 1, tagger_tok_fwd_eager, tagger_tok_fwd_path, tagger_tok_fwd_lazy,

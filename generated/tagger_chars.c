@@ -227,34 +227,6 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   /* tagger_chars.vf:56  concat */
 }
 
-/* vertex chr, lazy phase: every row of the type at once */
-static void tagger_chars_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-}
-
-/* vertex chr, lazy phase backward */
-static void tagger_chars_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-}
-
 /* tagger_chars_chr_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, Hc] */
 static void tagger_chars_chr_bwd_path_g0_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -671,34 +643,6 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
   cavs_loop(c, tagger_chars_fwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:70  concat */
-}
-
-/* vertex fwd, lazy phase: every row of the type at once */
-static void tagger_chars_fwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-}
-
-/* vertex fwd, lazy phase backward */
-static void tagger_chars_fwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
 }
 
 /* tagger_chars_fwd_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1122,34 +1066,6 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
   cavs_loop(c, tagger_chars_bwd_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* tagger_chars.vf:84  concat */
-}
-
-/* vertex bwd, lazy phase: every row of the type at once */
-static void tagger_chars_bwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-}
-
-/* vertex bwd, lazy phase backward */
-static void tagger_chars_bwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_K = c->dims[1];
-  const long D_Hc = c->dims[2];
-  const long D_H = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_V = c->dims[5];
-  const long D_A = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
 }
 
 /* tagger_chars_bwd_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -1746,16 +1662,16 @@ static const unsigned char grads_3_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_3_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_3_2[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
-   tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
+  {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, NULL,
+   NULL, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
    0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
-   tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
+  {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, NULL,
+   NULL, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
    1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
-  {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
-   tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
+  {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, NULL,
+   NULL, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
    2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_2_0, grads_2_1, grads_2_2}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,

@@ -268,34 +268,6 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   /* tagger_chars.vf:56  concat */
 }
 
-/* vertex chr, lazy phase: every row of the type at once */
-static void tagger_chars_chr_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex chr, lazy phase backward */
-static void tagger_chars_chr_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* tagger_chars_chr_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, Hc] */
 static __global__ void tagger_chars_chr_bwd_path_g0_leaves(int n, long D_E, long D_K, long D_Hc, long D_H, long D_C, long D_V, long D_A,
     R *__restrict__ d5_r0,
@@ -806,34 +778,6 @@ static void tagger_chars_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* tagger_chars.vf:70  concat */
-}
-
-/* vertex fwd, lazy phase: every row of the type at once */
-static void tagger_chars_fwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex fwd, lazy phase backward */
-static void tagger_chars_fwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
 /* tagger_chars_fwd_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -1351,34 +1295,6 @@ static void tagger_chars_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* tagger_chars.vf:84  concat */
-}
-
-/* vertex bwd, lazy phase: every row of the type at once */
-static void tagger_chars_bwd_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex bwd, lazy phase backward */
-static void tagger_chars_bwd_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_K = c->dims[1];
-  [[maybe_unused]] const long D_Hc = c->dims[2];
-  [[maybe_unused]] const long D_H = c->dims[3];
-  [[maybe_unused]] const long D_C = c->dims[4];
-  [[maybe_unused]] const long D_V = c->dims[5];
-  [[maybe_unused]] const long D_A = c->dims[6];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
 /* tagger_chars_bwd_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -2024,16 +1940,16 @@ static const unsigned char grads_3_0[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_3_1[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_3_2[29] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, tagger_chars_chr_fwd_lazy,
-   tagger_chars_chr_bwd_lazy, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
+  {"chr", 1, 0, tagger_chars_chr_fwd_eager, tagger_chars_chr_fwd_path, NULL,
+   NULL, tagger_chars_chr_bwd_path, tagger_chars_chr_bwd_eager, 1, 1, tagger_chars_chr_gathers,
    0, tagger_chars_chr_slot_names, tagger_chars_chr_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, tagger_chars_fwd_fwd_lazy,
-   tagger_chars_fwd_bwd_lazy, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
+  {"fwd", 2, 0, tagger_chars_fwd_fwd_eager, tagger_chars_fwd_fwd_path, NULL,
+   NULL, tagger_chars_fwd_bwd_path, tagger_chars_fwd_bwd_eager, 1, 2, tagger_chars_fwd_gathers,
    1, tagger_chars_fwd_slot_names, tagger_chars_fwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
-  {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, tagger_chars_bwd_fwd_lazy,
-   tagger_chars_bwd_bwd_lazy, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
+  {"bwd", 2, 0, tagger_chars_bwd_fwd_eager, tagger_chars_bwd_fwd_path, NULL,
+   NULL, tagger_chars_bwd_bwd_path, tagger_chars_bwd_bwd_eager, 1, 2, tagger_chars_bwd_gathers,
    2, tagger_chars_bwd_slot_names, tagger_chars_bwd_slot_types, 0, -1, -1, 2, -1, {0, {0}},
    {grads_2_0, grads_2_1, grads_2_2}},
   {"tok", 2, 1, tagger_chars_tok_fwd_eager, tagger_chars_tok_fwd_path, tagger_chars_tok_fwd_lazy,

@@ -124,26 +124,6 @@ static void treefc_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   }
 }
 
-/* vertex tree, lazy phase: every row of the type at once */
-static void treefc_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_H = c->dims[0];
-  [[maybe_unused]] const long D_C = c->dims[1];
-  [[maybe_unused]] const long D_V = c->dims[2];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex tree, lazy phase backward */
-static void treefc_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_H = c->dims[0];
-  [[maybe_unused]] const long D_C = c->dims[1];
-  [[maybe_unused]] const long D_V = c->dims[2];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* treefc_tree_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void treefc_tree_bwd_path_g0_leaves(int n, long D_H, long D_C, long D_V,
     const R *__restrict__ a0_r0,
@@ -388,8 +368,8 @@ static const unsigned char grads_0_0[6] = {0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[6] = {0, 0, 1, 0, 0};
 static const unsigned char grads_0_2[6] = {0, 1, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, treefc_tree_fwd_lazy,
-   treefc_tree_bwd_lazy, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
+  {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, NULL,
+   NULL, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

@@ -253,28 +253,6 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, treegru_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
 }
 
-/* vertex tree, lazy phase: every row of the type at once */
-static void treegru_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex tree, lazy phase backward */
-static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
 /* treegru_tree_bwd_path, group g1 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void treegru_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -692,8 +670,8 @@ static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0};
 static const unsigned char grads_0_2[12] = {1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
-   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
+  {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, NULL,
+   NULL, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

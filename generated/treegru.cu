@@ -275,28 +275,6 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   }
 }
 
-/* vertex tree, lazy phase: every row of the type at once */
-static void treegru_tree_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex tree, lazy phase backward */
-static void treegru_tree_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* treegru_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
 static __global__ void treegru_tree_bwd_path_g1_leaves(int n, long D_E, long D_H, long D_C, long D_V,
     R *__restrict__ d5_r0,
@@ -759,8 +737,8 @@ static const unsigned char grads_0_0[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const unsigned char grads_0_1[12] = {0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0};
 static const unsigned char grads_0_2[12] = {1, 0, 1, 1, 1, 1, 0, 1, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, treegru_tree_fwd_lazy,
-   treegru_tree_bwd_lazy, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
+  {"tree", 2, 1, treegru_tree_fwd_eager, treegru_tree_fwd_path, NULL,
+   NULL, treegru_tree_bwd_path, treegru_tree_bwd_eager, 1, 2, treegru_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
 };

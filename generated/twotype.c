@@ -106,28 +106,6 @@ static void twotype_leaf_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
-/* vertex leaf, lazy phase: every row of the type at once */
-static void twotype_leaf_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex leaf, lazy phase backward */
-static void twotype_leaf_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
 /* vertex leaf, path phase backward: one task, in reverse order */
 static void twotype_leaf_bwd_path(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -358,28 +336,6 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, twotype_internal_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
   cavs_loop(c, twotype_internal_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* twotype.vf:50  concat */
-}
-
-/* vertex internal, lazy phase: every row of the type at once */
-static void twotype_internal_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
-}
-
-/* vertex internal, lazy phase backward */
-static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_C = c->dims[2];
-  const long D_V = c->dims[3];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
 }
 
 /* twotype_internal_bwd_path, group g0 backward at the vertices without children: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -748,12 +704,12 @@ static const unsigned char grads_1_0[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[14] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_1_2[14] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,
-   twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
+  {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, NULL,
+   NULL, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, twotype_internal_fwd_lazy,
-   twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
+  {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, NULL,
+   NULL, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };

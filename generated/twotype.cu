@@ -115,28 +115,6 @@ static void twotype_leaf_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
-/* vertex leaf, lazy phase: every row of the type at once */
-static void twotype_leaf_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex leaf, lazy phase backward */
-static void twotype_leaf_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
 /* vertex leaf, path phase backward: one task, in reverse order */
 static void twotype_leaf_bwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] const long D_E = c->dims[0];
@@ -421,28 +399,6 @@ static void twotype_internal_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* twotype.vf:50  concat */
-}
-
-/* vertex internal, lazy phase: every row of the type at once */
-static void twotype_internal_fwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-}
-
-/* vertex internal, lazy phase backward */
-static void twotype_internal_bwd_lazy(cavs_ctx *c, int r0, int n) {
-  [[maybe_unused]] const long D_E = c->dims[0];
-  [[maybe_unused]] const long D_H = c->dims[1];
-  [[maybe_unused]] const long D_C = c->dims[2];
-  [[maybe_unused]] const long D_V = c->dims[3];
-  /* host arrays of device pointers */
-  [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
 }
 
 /* twotype_internal_bwd_path, group g0 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -867,12 +823,12 @@ static const unsigned char grads_1_0[14] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 
 static const unsigned char grads_1_1[14] = {0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0};
 static const unsigned char grads_1_2[14] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 static const cavs_vertex_desc vertex[] = {
-  {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, twotype_leaf_fwd_lazy,
-   twotype_leaf_bwd_lazy, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
+  {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, NULL,
+   NULL, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_0_0, grads_0_1, grads_0_2}},
-  {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, twotype_internal_fwd_lazy,
-   twotype_internal_bwd_lazy, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
+  {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, NULL,
+   NULL, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
    {grads_1_0, grads_1_1, grads_1_2}},
 };
