@@ -563,7 +563,7 @@ static void scale(int m, int n, float beta, float *c, long ldc) {
 /* A product of fewer than 16 columns (a classifier's few classes; NARROW_N): the
    tiles above are 64 or 32 columns wide and would compute mostly padding, and the BLAS
    ran the Tree-LSTM's (5 classes) at 14-18 GFLOP/s, 0.1 s of a 3.2 s epoch at 1 thread
-   (bench/README, "Products of a few columns"). Both ways below reuse the few-rows
+   (bench/README, "Products of a few columns, the push block by task"). Both ways below reuse the few-rows
    kernels, which read op(B) in place.
    - A not transposed (logits = h Wc): C(i, j) is the dot product of A's row i and
      op(B)'s column j, so op(B) is laid out as n rows of k (transposed into the thread's

@@ -35,6 +35,7 @@ int cv_sgemm_small(bool ta, bool tb, int m, int n, int k, float alpha, const flo
 /* Whether cv_sgemm_small runs here, and in which instruction set ("avx512", "avx2",
    "none"). */
 bool cv_sgemm_small_usable(void);
+const char *cv_sgemm_small_isa(void);
 /* A product of fewer than 16 columns (a classifier's few classes), any number of rows,
    in the few-rows kernels' instruction set: A not transposed, a dot product a row and
    column (the order depending on k alone); A transposed, the few-rows product's order.
@@ -47,7 +48,6 @@ int cv_sgemm_narrow(bool ta, bool tb, int m, int n, int k, float alpha, const fl
    AVX2 and FMA. */
 int cv_sgemm_narrow_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
                          const float *b, long ldb, float beta, float *c, long ldc);
-const char *cv_sgemm_small_isa(void);
 /* cv_sgemm_small's AVX2 version whatever the processor has beyond it (for tests); -1
    without AVX2 and FMA. */
 int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
