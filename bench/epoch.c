@@ -18,10 +18,9 @@
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's. products= says which kernels ran
- * and why: own(avx512) (libcavs's products; few rows through its kernel in place),
- * blas+small(avx2) (no AVX-512: the BLAS's, but few rows through libcavs's AVX2
- * kernel), blas(--blas) or blas(no-avx2). CAVS_GEMM=avx2 in the environment runs an
- * AVX-512 processor as one without it.
+ * and why: own(avx512) or own(avx2) (libcavs's products, in the instruction set the
+ * processor has; few rows through its kernel in place), blas(--blas) or blas(no-avx2).
+ * CAVS_GEMM=avx2 in the environment runs an AVX-512 processor as one without it.
  * MODEL is one of the models linked in (treelstm, treefc, lstm_lm, lstm_lm2, treegru, twotype, tagger, tagger_chars, childsum,
  * lattice_lstm, lattice_gru, seq2seq, mvrnn, nary_treelstm, moe_lm, moe_tree). */
 #include "cavs.h"
@@ -178,8 +177,8 @@ int main(int argc, char **argv) {
   const char *genv = getenv("CAVS_GEMM");
   const char *products = blas                                ? "blas(--blas)"
                          : genv && !strcmp(genv, "blas")     ? "blas(CAVS_GEMM=blas)"
-                         : own                               ? "own(avx512)"
-                         : cv_sgemm_small_usable()           ? "blas+small(avx2)"
+                         : own && !strcmp(cv_sgemm_small_isa(), "avx512") ? "own(avx512)"
+                         : own                                             ? "own(avx2)"
                                                              : "blas(no-avx2)";
   double floor_rate = sgemm_rate(own, threads);
   /* the floor at one and at two threads too, whatever this run's count: the CPU's own

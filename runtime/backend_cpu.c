@@ -221,8 +221,8 @@ typedef struct GemmJob {
   int parts;
   bool by_rows;
   bool own;             /* sgemm.c's product rather than the BLAS's, decided for the whole product */
-  bool small;           /* its few rows read op(B) in place (cv_sgemm_small; AVX2 without own) */
-  bool narrow;          /* fewer than 16 columns (cv_sgemm_narrow; AVX2 without own) */
+  bool small;           /* its few rows read op(B) in place (cv_sgemm_small) */
+  bool narrow;          /* fewer than 16 columns (cv_sgemm_narrow) */
   const float *packed;  /* with own: op(B) packed for this pass (a parameter), or NULL */
 } GemmJob;
 
@@ -317,14 +317,15 @@ static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOS
                         long ldc, int parts) {
   GemmJob g = {DBL(c), A, B, m, n, k, alpha, beta, a, b, cm, lda, ldb, ldc, parts, false, false, false, false, NULL};
   /* Single precision through sgemm.c where the processor has AVX-512 (twice the BLAS's
-     rate here, bench/README), but for C narrower than one vector (a classifier's few
-     classes), where its 64-column tiles would be mostly padding. Its one failure (no
-     memory for packing) falls back to the BLAS, which computes the same product. */
+     rate on a Zen 5, bench/README) or AVX2 with FMA (at par with the BLAS in cache on a
+     Zen 3, ahead in an epoch: the parameters packed once a pass, the operands asked
+     for ahead, C set rather than cleared), but for C narrower than one vector (a
+     classifier's few classes), where its tiles would be mostly padding. Its one failure
+     (no memory for packing) falls back to the BLAS, which computes the same product. */
   g.own = !g.dbl && n >= 16 && c->model->own_gemm;
   /* A few rows read op(B) once or a few times: packing it would cost as much (and a
      parameter packed for a pass is read by few such products at batch size 1). Both
-     operands transposed (no model's product) go the packed way. Without AVX-512 the
-     few-rows kernel runs in AVX2 and the rest goes to the BLAS (bench/README, Zen 3). */
+     operands transposed (no model's product) go the packed way. */
   g.small = !g.dbl && n >= 16 && c->model->small_gemm && m <= CV_SGEMM_SMALL_M &&
             !(A == CblasTrans && B == CblasTrans);
   /* Fewer than 16 columns (a classifier's classes): the few-rows kernels over all the

@@ -1,14 +1,18 @@
-/* sgemm.c: libcavs's own single-precision product for x86-64 processors with AVX-512,
- * and its products of a few rows with AVX-512 or AVX2, C = alpha op(A) op(B) + beta C,
+/* sgemm.c: libcavs's own single-precision product for x86-64 processors with AVX-512
+ * or AVX2 and FMA, and its products of a few rows, C = alpha op(A) op(B) + beta C,
  * row-major, single-threaded (backend_cpu.c splits a product over its pool and calls
  * this once a block).
  *
  * Why a product of our own: the OpenBLAS of the target distribution (0.3.21) predates
  * the processors it runs on here, so the environment pins its AVX2 kernels; at the
  * Tree-LSTM's shapes those run at half of what the processor's AVX-512 units do
- * (bench/gemms, bench/README). libcavs itself is built without -march (it must run
- * anywhere): the functions below are compiled for AVX-512 through the target attribute
- * and called only where cv_sgemm_usable() found the instructions at run time.
+ * (bench/gemms, bench/README). On a processor with AVX2 alone the same loops in AVX2
+ * are at par with OpenBLAS's kernels on a product by itself and ahead in an epoch,
+ * where a parameter is packed once a pass, C is set rather than cleared and the
+ * operands are asked for ahead (a Zen 3, bench/README). libcavs itself is built
+ * without -march (it must run anywhere): the functions below are compiled for AVX-512
+ * or AVX2 through the target attribute and called only where cv_sgemm_usable() found
+ * the instructions at run time.
  *
  * The shape is the usual one (Goto; BLIS): for each KC-deep slice of k, op(B)'s slice is
  * packed into panels NR columns wide, zero-padded; for each MC-row block of C, each
@@ -149,6 +153,23 @@ AVX512 static void transpose16(const float *src, long ld, float *dst, long dld) 
   for (int j = 0; j < 16; j++) _mm512_storeu_ps(dst + (size_t)j * dld, t[j]);
 }
 
+/* One panel of a transposed op(B) (op(B)(p, j) = b[j * ldb + p]), `width` columns of
+   which the first w are B's, the rest zeros: blk x blk blocks through the instruction
+   set's register transpose, the rest one by one. */
+static void pack_bt(const float *b, long ldb, int kc, int w, int width, int blk,
+                    void (*transpose)(const float *, long, float *, long), float *dst) {
+  int pb = kc / blk * blk;
+  for (int jj = 0; jj < width; jj += blk) {
+    if (jj + blk <= w)
+      for (int p = 0; p < pb; p += blk) transpose(b + (size_t)jj * ldb + p, ldb, dst + (size_t)p * width + jj, width);
+    else
+      for (int p = 0; p < pb; p++)
+        for (int j = jj; j < jj + blk; j++) dst[(size_t)p * width + j] = j < w ? b[(size_t)j * ldb + p] : 0.0f;
+  }
+  for (int p = pb; p < kc; p++)
+    for (int j = 0; j < width; j++) dst[(size_t)p * width + j] = j < w ? b[(size_t)j * ldb + p] : 0.0f;
+}
+
 /* op(B)(p, j) for p < kc, j < nc into panels of NR columns, each kc x NR, zero past nc. */
 AVX512 static void pack_b(bool tb, const float *b, long ldb, int kc, int nc, float *pb) {
   for (int j0 = 0; j0 < nc; j0 += NR) {
@@ -166,17 +187,7 @@ AVX512 static void pack_b(bool tb, const float *b, long ldb, int kc, int nc, flo
       }
       continue;
     }
-    /* op(B)(p, j) = b[j * ldb + p]: 16 x 16 blocks transposed, the rest one by one */
-    int p16 = kc & ~15;
-    for (int jj = 0; jj < NR; jj += 16) {
-      if (jj + 16 <= w)
-        for (int p = 0; p < p16; p += 16) transpose16(b + (size_t)(j0 + jj) * ldb + p, ldb, dst + (size_t)p * NR + jj, NR);
-      else
-        for (int p = 0; p < p16; p++)
-          for (int j = jj; j < jj + 16; j++) dst[(size_t)p * NR + j] = j < w ? b[(size_t)(j0 + j) * ldb + p] : 0.0f;
-    }
-    for (int p = p16; p < kc; p++)
-      for (int j = 0; j < NR; j++) dst[(size_t)p * NR + j] = j < w ? b[(size_t)(j0 + j) * ldb + p] : 0.0f;
+    pack_bt(b + (size_t)j0 * ldb, ldb, kc, w, NR, 16, transpose16, dst);
   }
 }
 
@@ -196,18 +207,33 @@ static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa)
   }
 }
 
+/* The big product's kernels for one instruction set: its panels' width, op(B)'s packing
+   and the two micro-kernels (A's rows in place, A packed MR floats a k). */
+typedef struct BigIsa {
+  int nr, kc, nc;
+  void (*pack_b)(bool tb, const float *b, long ldb, int kc, int nc, float *pb);
+  /* rows_near: for A's rows 4 KB apart or a multiple of it, which share the first-level
+     cache's sets (where the next rows asked for ahead evicted the current ones) */
+  void (*rows)(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr, float alpha,
+               bool set);
+  void (*rows_near)(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
+                    float alpha, bool set);
+  void (*packed)(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr, float alpha, bool set);
+} BigIsa;
+static const BigIsa big512 = {NR, KC, NC, pack_b, kernel_rows, kernel_rows, kernel_packed};
+
 /* With `pre` (cv_sgemm_pack's layout, npad columns a slice, this product's columns
    starting at its column jo), op(B) is read from there instead of packed here. With
    `set` (beta 0) the first slice of k stores C instead of adding to it. */
-AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
-                           const float *b, long ldb, float *c, long ldc, float *pb, float *pa, const float *pre,
-                           long npad, int jo, bool set) {
-  for (int j0 = 0; j0 < n; j0 += NC) {
-    int nc = n - j0 < NC ? n - j0 : NC;
-    for (int p0 = 0; p0 < k; p0 += KC) {
-      int kc = k - p0 < KC ? k - p0 : KC;
+static void product(const BigIsa *x, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                    const float *b, long ldb, float *c, long ldc, float *pb, float *pa, const float *pre, long npad,
+                    int jo, bool set) {
+  for (int j0 = 0; j0 < n; j0 += x->nc) {
+    int nc = n - j0 < x->nc ? n - j0 : x->nc;
+    for (int p0 = 0; p0 < k; p0 += x->kc) {
+      int kc = k - p0 < x->kc ? k - p0 : x->kc;
       if (pre) pb = (float *)pre + (size_t)p0 * (size_t)npad + (size_t)(jo + j0) * (size_t)kc;
-      else pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
+      else x->pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
       for (int i0 = 0; i0 < m; i0 += MC) {
         int mc = m - i0 < MC ? m - i0 : MC;
         /* op(A)'s block: in place when its rows are k-contiguous, but for a last
@@ -215,15 +241,15 @@ AVX512 static void product(bool ta, bool tb, int m, int n, int k, float alpha, c
         const float *ab = ta ? a + (size_t)p0 * lda + i0 : a + (size_t)i0 * lda + p0;
         int whole = ta ? 0 : mc / MR * MR;
         if (whole < mc) pack_a(ta, ab + (ta ? whole : (size_t)whole * lda), lda, mc - whole, kc, pa);
-        for (int j = 0; j < nc; j += NR) {
+        for (int j = 0; j < nc; j += x->nr) {
           const float *bp = pb + (size_t)j * kc;
-          int nr = nc - j < NR ? nc - j : NR;
+          int nr = nc - j < x->nr ? nc - j : x->nr;
           for (int i = 0; i < mc; i += MR) {
             float *cp = c + (size_t)(i0 + i) * ldc + j0 + j;
             int mr = mc - i < MR ? mc - i : MR;
             bool first = set && p0 == 0;
-            if (i < whole) kernel_rows(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha, first);
-            else kernel_packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha, first);
+            if (i < whole) (lda % 1024 ? x->rows : x->rows_near)(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha, first);
+            else x->packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha, first);
           }
         }
       }
@@ -433,6 +459,119 @@ SMALL2_NT(1)
 SMALL2_NT(2)
 static SmallNT *const small2_nt[TR2 + 1] = {NULL, small2_nt_1, small2_nt_2};
 
+/* The big product in AVX2 with FMA (cv_sgemm where the processor has no AVX-512: Zen 2
+   and 3, Intel client cores): product()'s loops over MR x 16 tiles, 12 accumulators of
+   the 16 registers, 2 loads of the packed panel and MR broadcasts of op(A) a k. The
+   sums are product()'s and the few-rows kernels' (each KC slice in one accumulator, k
+   ascending, then alpha times it added to C), so cv_sgemm and cv_sgemm_small give the
+   same bits here as well. */
+/* The slices 512 deep, as in AVX-512 (so the few-rows kernel gives this product's bits)
+   and the blocks as there: on a Zen 3, slices of 256 and 128 and blocks of 256 and 512
+   columns or 72 to 288 rows moved nothing at the Tree-LSTM's shapes (bench/README,
+   "The big product in AVX2"). */
+enum { NV2B = 2, NR2B = 8 * NV2B, KC2 = KC, NC2 = NC };
+
+AVX2 static inline __attribute__((always_inline)) void
+tile2b(bool ahead, int kc, const float *restrict a, long ars, long acs, const float *restrict b, float *restrict c,
+       long ldc, int mr, int nr, float alpha, bool set) {
+  __m256 acc[MR][NV2B];
+  __m256i mask[NV2B];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV2B; v++) mask[v] = lanes(nr - 8 * v);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV2B; v++) acc[i][v] = _mm256_setzero_ps();
+  /* C's tile and the next tile's rows asked for ahead, as in tile() */
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++)
+    if (i < mr && !set) _mm_prefetch((const char *)(c + (size_t)i * ldc), _MM_HINT_T0);
+  for (int p = 0; p < kc; p++) {
+    if (ahead && (p & 15) == 0)
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(a + (size_t)(i + MR) * ars + p), _MM_HINT_T0);
+    __m256 b0 = _mm256_load_ps(b + (size_t)p * NR2B), b1 = _mm256_load_ps(b + (size_t)p * NR2B + 8);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+      __m256 ai = _mm256_broadcast_ss(a + i * ars + p * acs);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  __m256 al = _mm256_set1_ps(alpha);
+  bool full = nr >= NR2B;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; i++) {
+    if (i >= mr) break;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV2B; v++) {
+      float *cp = c + (size_t)i * ldc + 8 * v;
+      if (full) {
+        __m256 old = set ? _mm256_setzero_ps() : _mm256_loadu_ps(cp);
+        _mm256_storeu_ps(cp, _mm256_fmadd_ps(al, acc[i][v], old));
+      } else if (nr > 8 * v) {
+        __m256 old = set ? _mm256_setzero_ps() : _mm256_maskload_ps(cp, mask[v]);
+        _mm256_maskstore_ps(cp, mask[v], _mm256_fmadd_ps(al, acc[i][v], old));
+      }
+    }
+  }
+}
+
+AVX2 static void kernel2_rows(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr, int nr,
+                              float alpha, bool set) {
+  tile2b(true, kc, a, lda, 1, b, c, ldc, mr, nr, alpha, set);
+}
+AVX2 static void kernel2_rows_near(int kc, const float *a, long lda, const float *b, float *c, long ldc, int mr,
+                                   int nr, float alpha, bool set) {
+  tile2b(false, kc, a, lda, 1, b, c, ldc, mr, nr, alpha, set);
+}
+AVX2 static void kernel2_packed(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr,
+                                float alpha, bool set) {
+  tile2b(false, kc, a, 1, MR, b, c, ldc, mr, nr, alpha, set);
+}
+
+/* op(B)(p, j) for p < kc, j < nc into panels of 16 columns, each kc x 16, zero past nc;
+   transposed, 8 x 8 blocks through registers. */
+AVX2 static void transpose8(const float *src, long ld, float *dst, long dld) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (size_t)i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  /* r[q] (q < 4) holds columns q (low lane) and 4 + q (high lane) of rows 0..3; r[4 + q]
+     the same of rows 4..7 */
+  for (int q = 0; q < 4; q++) {
+    _mm256_storeu_ps(dst + (size_t)q * dld, _mm256_permute2f128_ps(r[q], r[4 + q], 0x20));
+    _mm256_storeu_ps(dst + (size_t)(4 + q) * dld, _mm256_permute2f128_ps(r[q], r[4 + q], 0x31));
+  }
+}
+
+AVX2 static void pack2_b(bool tb, const float *b, long ldb, int kc, int nc, float *pb) {
+  for (int j0 = 0; j0 < nc; j0 += NR2B) {
+    float *dst = pb + (size_t)j0 * kc;
+    int w = nc - j0 < NR2B ? nc - j0 : NR2B;
+    if (!tb) {
+      __m256i m0 = lanes(w), m1 = lanes(w - 8);
+      for (int p = 0; p < kc; p++) {
+        const float *src = b + (size_t)p * ldb + j0;
+        _mm256_store_ps(dst + (size_t)p * NR2B, w >= 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, m0));
+        _mm256_store_ps(dst + (size_t)p * NR2B + 8,
+                        w >= 16 ? _mm256_loadu_ps(src + 8) : _mm256_maskload_ps(src + 8, m1));
+      }
+      continue;
+    }
+    pack_bt(b + (size_t)j0 * ldb, ldb, kc, w, NR2B, 8, transpose8, dst);
+  }
+}
+static const BigIsa big256 = {NR2B, KC2, NC2, pack2_b, kernel2_rows, kernel2_rows_near, kernel2_packed};
+
 /* A few-rows product's kernels and their tiles: rows and columns of a tile not
    transposed (nn[r] computes r rows), rows of A and of B a dot-product tile (nt[r]). */
 typedef struct SmallIsa {
@@ -517,15 +656,17 @@ int cv_sgemm_small_avx2(bool ta, bool tb, int m, int n, int k, float alpha, cons
   return small_with(avx2_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-bool cv_sgemm_usable(void) {
-  static int usable = -1;
-  if (usable < 0) {
-    const char *e = getenv("CAVS_GEMM");
-    __builtin_cpu_init();
-    usable = __builtin_cpu_supports("avx512f") && !(e && (strcmp(e, "blas") == 0 || strcmp(e, "avx2") == 0));
-  }
-  return usable;
+/* Which instruction set the big product runs in: 2 AVX-512, 1 AVX2 with FMA, 0 none
+   (or CAVS_GEMM=blas); CAVS_GEMM=avx2 asks for AVX2 where AVX-512 would run, as for
+   the few-rows product. Decided once. */
+static int big_isa(void) {
+  static int isa = -1;
+  if (isa < 0) isa = small_isa();
+  return isa;
 }
+static const BigIsa *big(void) { return big_isa() == 2 ? &big512 : big_isa() == 1 ? &big256 : NULL; }
+
+bool cv_sgemm_usable(void) { return big_isa() > 0; }
 
 /* Each thread's packing space, kept between products (a product of the Tree-LSTM needs
    up to 2.4 MB with 512-deep slices, which malloc would map and unmap each time) and
@@ -631,45 +772,79 @@ int cv_sgemm_narrow_avx2(bool ta, bool tb, int m, int n, int k, float alpha, con
   return narrow_with(avx2_isa(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
-             float beta, float *c, long ldc) {
+static int sgemm_with(const BigIsa *x, bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
+                      const float *b, long ldb, float beta, float *c, long ldc) {
   if (m <= 0 || n <= 0) return 0;
-  int nc = n < NC ? n : NC, kc = k < KC ? k : KC, mc = m < MC ? m : MC;
-  size_t nb = (size_t)((nc + NR - 1) / NR * NR) * (size_t)kc, na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
+  if (!x) return -1;
+  int nc = n < x->nc ? n : x->nc, kc = k < x->kc ? k : x->kc, mc = m < MC ? m : MC;
+  size_t nb = (size_t)((nc + x->nr - 1) / x->nr * x->nr) * (size_t)kc;
+  size_t na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
   float *pb = k > 0 && alpha != 0.0f ? space_for(nb + na) : NULL;
   if (k > 0 && alpha != 0.0f && !pb) return -1;
   /* a product that runs sets C itself at its first slice (a cleared C read back from
      memory cost the Tree-LSTM 1.3 GB of stores and as many loads an epoch) */
   if (!pb || beta != 0.0f) scale(m, n, beta, c, ldc);
-  if (pb) product(ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb, NULL, 0, 0, beta == 0.0f);
+  if (pb) product(x, ta, tb, m, n, k, alpha, a, lda, b, ldb, c, ldc, pb, pb + nb, NULL, 0, 0, beta == 0.0f);
   return 0;
 }
 
 /* A whole op(B) packed once: for each KC-deep slice, its panels side by side, the
-   columns padded to a multiple of NR: the panels product() packs for each block, at the
-   offsets it would read them from. */
-size_t cv_sgemm_packed_floats(int n, int k) { return (size_t)((n + NR - 1) / NR * NR) * (size_t)(k > 0 ? k : 0); }
+   columns padded to a multiple of the panels' width: the panels product() packs for
+   each block, at the offsets it would read them from. */
+static size_t floats_with(const BigIsa *x, int n, int k) {
+  if (!x) return 0;
+  return (size_t)((n + x->nr - 1) / x->nr * x->nr) * (size_t)(k > 0 ? k : 0);
+}
 
-void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packed) {
-  long npad = (n + NR - 1) / NR * NR;
-  for (int p0 = 0; p0 < k; p0 += KC) {
-    int kc = k - p0 < KC ? k - p0 : KC;
-    pack_b(tb, tb ? b + p0 : b + (size_t)p0 * ldb, ldb, kc, n, packed + (size_t)p0 * (size_t)npad);
+static void pack_with(const BigIsa *x, bool tb, int n, int k, const float *b, long ldb, float *packed) {
+  if (!x) return;
+  long npad = (n + x->nr - 1) / x->nr * x->nr;
+  for (int p0 = 0; p0 < k; p0 += x->kc) {
+    int kc = k - p0 < x->kc ? k - p0 : x->kc;
+    x->pack_b(tb, tb ? b + p0 : b + (size_t)p0 * ldb, ldb, kc, n, packed + (size_t)p0 * (size_t)npad);
   }
 }
 
-int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
-                    int ncols, int jo, float beta, float *c, long ldc) {
+static int packed_with(const BigIsa *x, bool ta, int m, int n, int k, float alpha, const float *a, long lda,
+                       const float *packed, int ncols, int jo, float beta, float *c, long ldc) {
   if (m <= 0 || n <= 0) return 0;
-  if (jo % NR || jo + n > ncols) return -1;
-  int mc = m < MC ? m : MC, kc = k < KC ? k : KC;
+  if (!x || jo % x->nr || jo + n > ncols) return -1;
+  int mc = m < MC ? m : MC, kc = k < x->kc ? k : x->kc;
   size_t na = (size_t)((mc + MR - 1) / MR * MR) * (size_t)kc;
   float *pa = k > 0 && alpha != 0.0f ? space_for(na) : NULL;
   if (k > 0 && alpha != 0.0f && !pa) return -1;
   if (!pa || beta != 0.0f) scale(m, n, beta, c, ldc);
-  long npad = (ncols + NR - 1) / NR * NR;
-  if (pa) product(ta, false, m, n, k, alpha, a, lda, NULL, 0, c, ldc, NULL, pa, packed, npad, jo, beta == 0.0f);
+  long npad = (ncols + x->nr - 1) / x->nr * x->nr;
+  if (pa) product(x, ta, false, m, n, k, alpha, a, lda, NULL, 0, c, ldc, NULL, pa, packed, npad, jo, beta == 0.0f);
   return 0;
+}
+
+int cv_sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b, long ldb,
+             float beta, float *c, long ldc) {
+  return sgemm_with(big(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+size_t cv_sgemm_packed_floats(int n, int k) { return floats_with(big(), n, k); }
+void cv_sgemm_pack(bool tb, int n, int k, const float *b, long ldb, float *packed) {
+  pack_with(big(), tb, n, k, b, ldb, packed);
+}
+int cv_sgemm_packed(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                    int ncols, int jo, float beta, float *c, long ldc) {
+  return packed_with(big(), ta, m, n, k, alpha, a, lda, packed, ncols, jo, beta, c, ldc);
+}
+
+/* The same in AVX2 whatever the processor has beyond it (for tests) */
+static const BigIsa *big_avx2(void) { return avx2_isa() ? &big256 : NULL; }
+int cv_sgemm_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                  long ldb, float beta, float *c, long ldc) {
+  return sgemm_with(big_avx2(), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+size_t cv_sgemm_packed_floats_avx2(int n, int k) { return floats_with(big_avx2(), n, k); }
+void cv_sgemm_pack_avx2(bool tb, int n, int k, const float *b, long ldb, float *packed) {
+  pack_with(big_avx2(), tb, n, k, b, ldb, packed);
+}
+int cv_sgemm_packed_avx2(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                         int ncols, int jo, float beta, float *c, long ldc) {
+  return packed_with(big_avx2(), ta, m, n, k, alpha, a, lda, packed, ncols, jo, beta, c, ldc);
 }
 
 #else /* not x86-64 with GCC or clang: never used */
@@ -698,6 +873,16 @@ int cv_sgemm_narrow(bool ta, bool tb, int m, int n, int k, float alpha, const fl
 }
 int cv_sgemm_narrow_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda,
                          const float *b, long ldb, float beta, float *c, long ldc) {
+  return -1;
+}
+int cv_sgemm_avx2(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, long lda, const float *b,
+                  long ldb, float beta, float *c, long ldc) {
+  return -1;
+}
+size_t cv_sgemm_packed_floats_avx2(int n, int k) { return 0; }
+void cv_sgemm_pack_avx2(bool tb, int n, int k, const float *b, long ldb, float *packed) {}
+int cv_sgemm_packed_avx2(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed,
+                         int ncols, int jo, float beta, float *c, long ldc) {
   return -1;
 }
 bool cv_sgemm_small_usable(void) { return false; }

@@ -246,8 +246,8 @@ static float at(const float *x, bool t, long ld, int i, int p) { return t ? x[(s
    C past n and the rows of A and B past their shapes untouched and unread (NaN there
    would show), C's old NaNs ignored where beta is 0, as BLAS does. */
 typedef int Gemm(bool, bool, int, int, int, float, const float *, long, const float *, long, float, float *, long);
-static void one_product_with(Gemm *f, bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
-  long lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 7;
+static void one_product_ld(Gemm *f, bool ta, bool tb, int m, int n, int k, float alpha, float beta, long lda, long ldb,
+                           long ldc) {
   long ar = ta ? k : m, br = tb ? n : k;
   float *a = malloc(sizeof(float) * (size_t)(ar * lda)), *b = malloc(sizeof(float) * (size_t)(br * ldb));
   float *c = malloc(sizeof(float) * (size_t)m * (size_t)ldc), *c0 = malloc(sizeof(float) * (size_t)m * (size_t)ldc);
@@ -280,26 +280,46 @@ static void one_product_with(Gemm *f, bool ta, bool tb, int m, int n, int k, flo
   free(c);
   free(c0);
 }
-static void one_product(bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
-  one_product_with(cv_sgemm, ta, tb, m, n, k, alpha, beta);
+/* with leading dimensions past the shapes (their padding NaN) */
+static void one_product_with(Gemm *f, bool ta, bool tb, int m, int n, int k, float alpha, float beta) {
+  one_product_ld(f, ta, tb, m, n, k, alpha, beta, (ta ? m : k) + 3, (tb ? k : n) + 5, n + 7);
 }
 
-/* Edges of every blocking sgemm.c does (6-row tiles, 64-column panels, 512-deep slices,
-   192-row and 1024-column blocks), each form of transposition, alpha and beta. */
+/* The kernels of a kind (big, few rows, narrow) this processor runs: the one libcavs
+   picks (AVX-512 or AVX2), and the AVX2 one where that is not it (an AVX-512 processor
+   runs AVX2 too, so the kernel that processors without AVX-512 use is tested on every
+   machine that can run it). */
+static int kernels_of(Gemm *picked, Gemm *avx2, const char *what, Gemm **f, const char **name) {
+  int n = 0;
+  if (cv_sgemm_small_usable()) f[n] = picked, name[n++] = cv_sgemm_small_isa();
+  float x = 1, y = 0;
+  if (strcmp(cv_sgemm_small_isa(), "avx2") && avx2(false, false, 1, 1, 1, 1, &x, 1, &x, 1, 0, &y, 1) == 0)
+    f[n] = avx2, name[n++] = "avx2 (forced)";
+  if (!n) fprintf(stderr, "check_math: neither AVX-512 nor AVX2 with FMA: no %s kernel runs here\n", what);
+  return n;
+}
+static int big_kernels(Gemm **f, const char **name) { return kernels_of(cv_sgemm, cv_sgemm_avx2, "big", f, name); }
+
+/* Edges of every blocking sgemm.c does (6-row tiles, 64- and 16-column panels, 512-deep
+   slices, 192-row and 1024-column blocks), each form of transposition, alpha and beta;
+   A's rows 4 KB apart (read in place without asking for the next ones). */
 START_TEST(sgemm_matches_double) {
-  if (!cv_sgemm_usable()) {
-    fprintf(stderr, "check_math: no AVX-512 (or CAVS_GEMM=blas): libcavs's own product is not used here\n");
-    return;
-  }
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = big_kernels(fs, names);
   static const int ms[] = {1, 2, 5, 6, 7, 13, 64, 193, 250}, ns[] = {1, 15, 16, 17, 63, 64, 65, 130, 1030},
                    ks[] = {1, 3, 16, 17, 255, 511, 512, 513, 1030};
   static const float alphas[] = {1, -0.5f, 2}, betas[] = {1, 0, 0.25f};
-  for (int t = 0; t < 4; t++) /* each transposition with the largest shapes */
-    one_product(t & 1, t >> 1, 193, 1030, 1030, 1, 1);
-  for (int c = 0; c < 400; c++) {
-    int m = ms[(int)(rnd() * 9)], n = ns[(int)(rnd() * 9)], k = ks[(int)(rnd() * 9)];
-    if ((double)m * n * k > 3e7) continue;
-    one_product(rnd() < 0.5, rnd() < 0.5, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+  for (int f = 0; f < nk; f++) {
+    for (int t = 0; t < 4; t++) { /* each transposition with the largest shapes */
+      one_product_with(fs[f], t & 1, t >> 1, 193, 1030, 1030, 1, 1);
+      one_product_ld(fs[f], t & 1, t >> 1, 61, 200, 1024, 0.5f, 0, t & 1 ? 61 : 1024, t >> 1 ? 1024 : 200, 200);
+    }
+    for (int c = 0; c < 300; c++) {
+      int m = ms[(int)(rnd() * 9)], n = ns[(int)(rnd() * 9)], k = ks[(int)(rnd() * 9)];
+      if ((double)m * n * k > 3e7) continue;
+      one_product_with(fs[f], rnd() < 0.5, rnd() < 0.5, m, n, k, alphas[(int)(rnd() * 3)], betas[(int)(rnd() * 3)]);
+    }
   }
 }
 END_TEST
@@ -322,47 +342,47 @@ static void by_columns(Gemm *f, bool ta, bool tb, int m, int n, int k, const flo
     f(ta, tb, m, cuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0, c + j0, n);
 }
 
-/* The CPU backend splits a product over its threads by column blocks (multiples of 16)
-   or by row blocks, each one call: every element must come out with the same bits as
-   from the whole product, or results would depend on the thread count. */
-START_TEST(sgemm_splits_change_no_bit) {
-  if (!cv_sgemm_usable()) return;
-  const int m = 301, n = 1000, k = 600;
+/* f's product of m x k by k x n, each transposition, against itself split into row
+   blocks ending at rcuts (the last m) and into column blocks ending at ccuts (the last
+   n): every element the same bits. */
+static void splits_of(Gemm *f, const char *name, int m, int n, int k, const int *rcuts, int nrc, const int *ccuts,
+                      int ncc) {
   for (int t = 0; t < 4; t++) {
     bool ta = t & 1, tb = t >> 1;
     long lda = ta ? m : k, ldb = tb ? k : n;
     float *a, *b, *whole, *part;
     operands(m, n, k, &a, &b, &whole, &part);
-    ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
-    by_columns(cv_sgemm, ta, tb, m, n, k, a, lda, b, ldb, part);
-    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d: split by columns differs", ta, tb);
+    ck_assert_int_eq(f(ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
+    for (int j = 0, i0 = 0; j < nrc; i0 = rcuts[j++])
+      ck_assert_int_eq(f(ta, tb, rcuts[j] - i0, n, k, 1, a + (ta ? (size_t)i0 : (size_t)i0 * lda), lda, b, ldb, 0,
+                         part + (size_t)i0 * n, n),
+                       0);
+    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by rows differs", name, ta, tb);
     memset(part, 0, sizeof(float) * (size_t)m * n);
-    static const int rcuts[] = {1, 7, 150, 301};
-    for (int j = 0, i0 = 0; j < 4; i0 = rcuts[j++])
-      cv_sgemm(ta, tb, rcuts[j] - i0, n, k, 1, a + (ta ? (size_t)i0 : (size_t)i0 * lda), lda, b, ldb, 0,
-               part + (size_t)i0 * n, n);
-    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%d%d: split by rows differs", ta, tb);
+    for (int j = 0, j0 = 0; j < ncc; j0 = ccuts[j++])
+      ck_assert_int_eq(
+          f(ta, tb, m, ccuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0, part + j0, n), 0);
+    ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by columns differs", name, ta,
+                  tb);
     free(a);
     free(b);
     free(whole);
     free(part);
   }
 }
+
+/* The CPU backend splits a product over its threads by column blocks (multiples of 16)
+   or by row blocks, each one call: every element must come out with the same bits as
+   from the whole product, or results would depend on the thread count. */
+START_TEST(sgemm_splits_change_no_bit) {
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = big_kernels(fs, names);
+  static const int rcuts[] = {1, 7, 150, 301}, ccuts[] = {16, 80, 512, 592, 1000};
+  for (int f = 0; f < nk; f++) splits_of(fs[f], names[f], 301, 1000, 600, rcuts, 4, ccuts, 5);
+}
 END_TEST
 
-/* The kernels of a kind (few rows, narrow) this processor runs: the one libcavs picks
-   (AVX-512 or AVX2), and the AVX2 one where that is not it (an AVX-512 processor runs
-   AVX2 too, so the kernel that processors without AVX-512 use is tested on every
-   machine that can run it). */
-static int kernels_of(Gemm *picked, Gemm *avx2, const char *what, Gemm **f, const char **name) {
-  int n = 0;
-  if (cv_sgemm_small_usable()) f[n] = picked, name[n++] = cv_sgemm_small_isa();
-  float x = 1, y = 0;
-  if (strcmp(cv_sgemm_small_isa(), "avx2") && avx2(false, false, 1, 1, 1, 1, &x, 1, &x, 1, 0, &y, 1) == 0)
-    f[n] = avx2, name[n++] = "avx2 (forced)";
-  if (!n) fprintf(stderr, "check_math: neither AVX-512 nor AVX2 with FMA: no %s kernel runs here\n", what);
-  return n;
-}
 static int small_kernels(Gemm **f, const char **name) {
   return kernels_of(cv_sgemm_small, cv_sgemm_small_avx2, "few-rows", f, name);
 }
@@ -480,75 +500,62 @@ START_TEST(sgemm_narrow_splits_change_no_bit) {
   Gemm *fs[2];
   const char *names[2];
   int nk = narrow_kernels(fs, names);
-  const int m = 301, n = 13, k = 600;
-  for (int f = 0; f < nk; f++)
-    for (int t = 0; t < 4; t++) {
-      bool ta = t & 1, tb = t >> 1;
-      long lda = ta ? m : k, ldb = tb ? k : n;
-      float *a, *b, *whole, *part;
-      operands(m, n, k, &a, &b, &whole, &part);
-      ck_assert_int_eq(fs[f](ta, tb, m, n, k, 1, a, lda, b, ldb, 0, whole, n), 0);
-      static const int rcuts[] = {1, 7, 160, 301};
-      for (int j = 0, i0 = 0; j < 4; i0 = rcuts[j++])
-        ck_assert_int_eq(fs[f](ta, tb, rcuts[j] - i0, n, k, 1, a + (ta ? (size_t)i0 : (size_t)i0 * lda), lda, b, ldb,
-                               0, part + (size_t)i0 * n, n),
-                         0);
-      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by rows differs", names[f],
-                    ta, tb);
-      memset(part, 0, sizeof(float) * (size_t)m * n);
-      static const int ccuts[] = {5, 6, 13};
-      for (int j = 0, j0 = 0; j < 3; j0 = ccuts[j++])
-        ck_assert_int_eq(fs[f](ta, tb, m, ccuts[j] - j0, k, 1, a, lda, b + (tb ? (size_t)j0 * ldb : (size_t)j0), ldb, 0,
-                               part + j0, n),
-                         0);
-      ck_assert_msg(!memcmp(whole, part, sizeof(float) * (size_t)m * n), "%s %d%d: split by columns differs",
-                    names[f], ta, tb);
-      free(a);
-      free(b);
-      free(whole);
-      free(part);
-    }
+  static const int rcuts[] = {1, 7, 160, 301}, ccuts[] = {5, 6, 13};
+  for (int f = 0; f < nk; f++) splits_of(fs[f], names[f], 301, 13, 600, rcuts, 4, ccuts, 3);
 }
 END_TEST
 
 /* A parameter packed once a pass (cv_sgemm_pack) and read by many products, over all of
  * its columns or a thread's block of them, gives the bits of packing it each time. */
+typedef struct Packing {
+  Gemm *whole;
+  size_t (*floats)(int n, int k);
+  void (*pack)(bool tb, int n, int k, const float *b, long ldb, float *packed);
+  int (*packed)(bool ta, int m, int n, int k, float alpha, const float *a, long lda, const float *packed, int ncols,
+                int jo, float beta, float *c, long ldc);
+} Packing;
 START_TEST(sgemm_packed_changes_no_bit) {
-  if (!cv_sgemm_usable()) return;
+  static const Packing picked = {cv_sgemm, cv_sgemm_packed_floats, cv_sgemm_pack, cv_sgemm_packed},
+                       avx2 = {cv_sgemm_avx2, cv_sgemm_packed_floats_avx2, cv_sgemm_pack_avx2, cv_sgemm_packed_avx2};
+  Gemm *fs[2];
+  const char *names[2];
+  int nk = big_kernels(fs, names);
   static const int shapes[][3] = {{37, 1000, 600}, {6, 64, 256}, {1, 130, 17}, {200, 768, 256}, {5, 70, 1030}};
-  for (int s = 0; s < 5; s++)
-    for (int t = 0; t < 4; t++) {
-      bool ta = t & 1, tb = t >> 1;
-      int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
-      long lda = ta ? m : k, ldb = (tb ? k : n) + 3;
-      float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)(tb ? n : k) * ldb);
-      float *want = malloc(sizeof(float) * (size_t)m * n), *got = malloc(sizeof(float) * (size_t)m * n);
-      float *packed = NULL;
-      ck_assert(!posix_memalign((void **)&packed, 64, sizeof(float) * cv_sgemm_packed_floats(n, k)));
-      ck_assert(a && b && want && got);
-      for (long i = 0; i < (long)m * k; i++) a[i] = rnd_value();
-      for (long i = 0; i < (long)(tb ? n : k) * ldb; i++) b[i] = rnd_value();
-      for (long i = 0; i < (long)m * n; i++) want[i] = got[i] = rnd_value();
-      ck_assert_int_eq(cv_sgemm(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 1, want, n), 0);
-      cv_sgemm_pack(tb, n, k, b, ldb, packed);
-      /* columns in blocks that start on panels: [0, 64), [64, j1), [j1, n) */
-      int j1 = n > 128 ? (n / 2) / 64 * 64 : n;
-      static const int starts[] = {0, 64};
-      for (int q = 0; q < 3; q++) {
-        int j0 = q < 2 ? starts[q] : j1, je = q == 0 ? 64 : q == 1 ? j1 : n;
-        if (je > n) je = n;
-        if (j0 >= je) continue;
-        ck_assert_int_eq(cv_sgemm_packed(ta, m, je - j0, k, 0.5f, a, lda, packed, n, j0, 1, got + j0, n), 0);
+  for (int f = 0; f < nk; f++)
+    for (int s = 0; s < 5; s++)
+      for (int t = 0; t < 4; t++) {
+        const Packing *x = fs[f] == cv_sgemm ? &picked : &avx2;
+        bool ta = t & 1, tb = t >> 1;
+        int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        long lda = ta ? m : k, ldb = (tb ? k : n) + 3;
+        float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)(tb ? n : k) * ldb);
+        float *want = malloc(sizeof(float) * (size_t)m * n), *got = malloc(sizeof(float) * (size_t)m * n);
+        float *packed = NULL;
+        ck_assert(!posix_memalign((void **)&packed, 64, sizeof(float) * x->floats(n, k)));
+        ck_assert(a && b && want && got);
+        for (long i = 0; i < (long)m * k; i++) a[i] = rnd_value();
+        for (long i = 0; i < (long)(tb ? n : k) * ldb; i++) b[i] = rnd_value();
+        for (long i = 0; i < (long)m * n; i++) want[i] = got[i] = rnd_value();
+        ck_assert_int_eq(x->whole(ta, tb, m, n, k, 0.5f, a, lda, b, ldb, 1, want, n), 0);
+        x->pack(tb, n, k, b, ldb, packed);
+        /* columns in blocks that start on panels: [0, 64), [64, j1), [j1, n) */
+        int j1 = n > 128 ? (n / 2) / 64 * 64 : n;
+        static const int starts[] = {0, 64};
+        for (int q = 0; q < 3; q++) {
+          int j0 = q < 2 ? starts[q] : j1, je = q == 0 ? 64 : q == 1 ? j1 : n;
+          if (je > n) je = n;
+          if (j0 >= je) continue;
+          ck_assert_int_eq(x->packed(ta, m, je - j0, k, 0.5f, a, lda, packed, n, j0, 1, got + j0, n), 0);
+        }
+        ck_assert_msg(!memcmp(want, got, sizeof(float) * (size_t)m * n), "%s %d%d %dx%dx%d: packed differs",
+                      names[f], ta, tb, m, n, k);
+        ck_assert_int_eq(x->packed(ta, m, 1, k, 1, a, lda, packed, n, 8, 1, got, n), -1); /* not a panel */
+        free(a);
+        free(b);
+        free(want);
+        free(got);
+        free(packed);
       }
-      ck_assert_msg(!memcmp(want, got, sizeof(float) * (size_t)m * n), "%d%d %dx%dx%d: packed differs", ta, tb, m, n,
-                    k);
-      ck_assert_int_eq(cv_sgemm_packed(ta, m, 1, k, 1, a, lda, packed, n, 16, 1, got, n), -1); /* not a panel */
-      free(a);
-      free(b);
-      free(want);
-      free(got);
-      free(packed);
-    }
 }
 END_TEST
 
