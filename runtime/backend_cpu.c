@@ -310,6 +310,13 @@ static const float *packed_param(cavs_model *m, bool tb, int n, int k, const voi
   return e->data;
 }
 
+/* whether cv_sgemm runs in AVX2 (no AVX-512, or CAVS_GEMM=avx2) */
+static bool own_in_avx2(void) {
+  static int avx2 = -1;
+  if (avx2 < 0) avx2 = !strcmp(cv_sgemm_small_isa(), "avx2");
+  return avx2;
+}
+
 /* The product's job: which kernels run it (decided by its shape alone, so that a
    product's bits do not depend on the threads), over `parts` blocks */
 static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOSE B, int m, int n, int k,
@@ -332,6 +339,13 @@ static GemmJob gemm_job(cavs_ctx *c, enum CBLAS_TRANSPOSE A, enum CBLAS_TRANSPOS
      rows, op(B) laid out as n rows of k (sgemm.c, cv_sgemm_narrow); the BLAS ran the
      Tree-LSTM's 5 classes at 14-18 GFLOP/s. */
   g.narrow = !g.dbl && n < 16 && c->model->small_gemm;
+  /* In AVX2 the own product packs op(B) more slowly than the BLAS does, which shows
+     where few rows or a short k read each packed panel: under 64 of either (a tree's
+     leaves at batch size 1, a gradient summed over them) it goes to the BLAS (a Zen 3:
+     44 against 61 GFLOP/s at 20 x 2048 x 512; bench/README, "The big product in
+     AVX2"). By the shape alone, not by whether op(B) is packed for the pass (which
+     depends on the passes before: a resumed run would take other kernels). */
+  if (g.own && !g.small && (m < 64 || k < 64) && own_in_avx2()) g.own = false;
   if (g.own && !g.small) g.packed = packed_param(c->model, B == CblasTrans, n, k, b, ldb);
   return g;
 }

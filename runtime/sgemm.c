@@ -211,6 +211,9 @@ static void pack_a(bool ta, const float *a, long lda, int mc, int kc, float *pa)
    and the two micro-kernels (A's rows in place, A packed MR floats a k). */
 typedef struct BigIsa {
   int nr, kc, nc;
+  /* with a single block of rows, each panel of op(B) packed right before its tiles read
+     it (from the first- or second-level cache), not the whole slice first */
+  bool late;
   void (*pack_b)(bool tb, const float *b, long ldb, int kc, int nc, float *pb);
   /* rows_near: for A's rows 4 KB apart or a multiple of it, which share the first-level
      cache's sets (where the next rows asked for ahead evicted the current ones) */
@@ -220,7 +223,7 @@ typedef struct BigIsa {
                     float alpha, bool set);
   void (*packed)(int kc, const float *a, const float *b, float *c, long ldc, int mr, int nr, float alpha, bool set);
 } BigIsa;
-static const BigIsa big512 = {NR, KC, NC, pack_b, kernel_rows, kernel_rows, kernel_packed};
+static const BigIsa big512 = {NR, KC, NC, false, pack_b, kernel_rows, kernel_rows, kernel_packed};
 
 /* With `pre` (cv_sgemm_pack's layout, npad columns a slice, this product's columns
    starting at its column jo), op(B) is read from there instead of packed here. With
@@ -232,8 +235,10 @@ static void product(const BigIsa *x, bool ta, bool tb, int m, int n, int k, floa
     int nc = n - j0 < x->nc ? n - j0 : x->nc;
     for (int p0 = 0; p0 < k; p0 += x->kc) {
       int kc = k - p0 < x->kc ? k - p0 : x->kc;
+      const float *bs = pre ? NULL : tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0;
+      bool late = !pre && x->late && m <= MC;
       if (pre) pb = (float *)pre + (size_t)p0 * (size_t)npad + (size_t)(jo + j0) * (size_t)kc;
-      else x->pack_b(tb, tb ? b + (size_t)j0 * ldb + p0 : b + (size_t)p0 * ldb + j0, ldb, kc, nc, pb);
+      else if (!late) x->pack_b(tb, bs, ldb, kc, nc, pb);
       for (int i0 = 0; i0 < m; i0 += MC) {
         int mc = m - i0 < MC ? m - i0 : MC;
         /* op(A)'s block: in place when its rows are k-contiguous, but for a last
@@ -242,13 +247,15 @@ static void product(const BigIsa *x, bool ta, bool tb, int m, int n, int k, floa
         int whole = ta ? 0 : mc / MR * MR;
         if (whole < mc) pack_a(ta, ab + (ta ? whole : (size_t)whole * lda), lda, mc - whole, kc, pa);
         for (int j = 0; j < nc; j += x->nr) {
-          const float *bp = pb + (size_t)j * kc;
+          const float *bp = late ? pb : pb + (size_t)j * kc; /* late: one panel's room, reused */
           int nr = nc - j < x->nr ? nc - j : x->nr;
+          if (late) x->pack_b(tb, tb ? bs + (size_t)j * ldb : bs + j, ldb, kc, nr, pb);
           for (int i = 0; i < mc; i += MR) {
             float *cp = c + (size_t)(i0 + i) * ldc + j0 + j;
             int mr = mc - i < MR ? mc - i : MR;
             bool first = set && p0 == 0;
-            if (i < whole) (lda % 1024 ? x->rows : x->rows_near)(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha, first);
+            if (i < whole)
+              (lda % 1024 ? x->rows : x->rows_near)(kc, ab + (size_t)i * lda, lda, bp, cp, ldc, mr, nr, alpha, first);
             else x->packed(kc, pa + (size_t)(i - whole) * kc, bp, cp, ldc, mr, nr, alpha, first);
           }
         }
@@ -570,7 +577,7 @@ AVX2 static void pack2_b(bool tb, const float *b, long ldb, int kc, int nc, floa
     pack_bt(b + (size_t)j0 * ldb, ldb, kc, w, NR2B, 8, transpose8, dst);
   }
 }
-static const BigIsa big256 = {NR2B, KC2, NC2, pack2_b, kernel2_rows, kernel2_rows_near, kernel2_packed};
+static const BigIsa big256 = {NR2B, KC2, NC2, true, pack2_b, kernel2_rows, kernel2_rows_near, kernel2_packed};
 
 /* A few-rows product's kernels and their tiles: rows and columns of a tile not
    transposed (nn[r] computes r rows), rows of A and of B a dot-product tile (nt[r]). */
