@@ -4,7 +4,8 @@
  * GFLOP/s per shape (2mnk a product), the best of three timings of enough repetitions to
  * take 0.2 s, after a warm-up. Built with -DOWN it times libcavs's own product
  * (runtime/sgemm.c) instead, split over OWN_THREADS threads as the CPU backend splits a
- * product: by blocks of columns (multiples of 16), or of rows when there are too few.
+ * product: by blocks of rows where C has at least as many rows as columns or too few
+ * columns, else of columns (multiples of 16).
  * Built with -DXSMM it times LIBXSMM's libxsmm_sgemm (libxsmm-dev), one thread: a
  * column-major product, so C^T = op(B)^T op(A)^T with the operands swapped. */
 #define _GNU_SOURCE
@@ -25,10 +26,11 @@ static double now(void) {
 }
 
 /* Row-major C[m,n] += op(A) op(B), as libcavs calls it (forms of cavs_abi.h). */
-static const struct {
+typedef struct Shape {
   const char *what;
   int ta, tb, m, n, k;
-} shapes[] = {
+} Shape;
+static const Shape shapes[] = {
     {"eager  x @ [Wi|Wf|Wo|Wu]   (rows with a word)", 0, 0, 1200, 1024, 256},
     {"path   hs @ [Ui|Uo|Uu]     (a low level)", 0, 0, 600, 768, 256},
     {"path   hs @ [Ui|Uo|Uu]     (a high level)", 0, 0, 32, 768, 256},
@@ -42,6 +44,18 @@ static const struct {
     {"push   h @ Wc              (a level)", 0, 0, 160, 5, 256},
     {"bwd    dh += dz Wc^T       (every row)", 0, 1, 2400, 256, 5},
     {"bwd    dWc += h^T dz       (every row)", 1, 0, 256, 5, 2400},
+};
+/* `gemm treefc`: bench/treefc's products (H = 512, a minibatch of 64 complete trees of
+   256 leaves): a level of inner vertices, [h_l; h_r] @ W and its two gradients, at the
+   lowest level's 8192 rows and a higher one's 1024; operands larger than the caches at
+   8192, as in the epoch */
+static const Shape treefc_shapes[] = {
+    {"fwd    [hl;hr] @ W         (lowest level)", 0, 0, 8192, 512, 1024},
+    {"bwd    d[hl;hr] = d W^T    (lowest level)", 0, 1, 8192, 1024, 512},
+    {"bwd    dW += [hl;hr]^T d   (lowest level)", 1, 0, 1024, 512, 8192},
+    {"fwd    [hl;hr] @ W         (a higher level)", 0, 0, 1024, 512, 1024},
+    {"bwd    d[hl;hr] = d W^T    (a higher level)", 0, 1, 1024, 1024, 512},
+    {"bwd    dW += [hl;hr]^T d   (a higher level)", 1, 0, 1024, 512, 1024},
 };
 
 #ifdef OWN
@@ -60,7 +74,7 @@ static void own(int ta, int tb, int m, int n, int k, const float *a, int lda, co
 
 static void *part(void *arg) {
   Part *p = arg;
-  int by_rows = p->n < 32 * p->parts, len = by_rows ? p->m : p->n;
+  int by_rows = p->n < 32 * p->parts || p->m >= p->n, len = by_rows ? p->m : p->n;
   int per = ((len + p->parts - 1) / p->parts + 15) & ~15, at = p->i * per;
   if (at >= len) return NULL;
   int cnt = len - at < per ? len - at : per;
@@ -186,9 +200,12 @@ int main(int argc, char **argv) {
   if (argc > 1 && !strcmp(argv[1], "moe"))
     return moe(argc > 2 ? atoi(argv[2]) : 16, argc > 3 ? atoi(argv[3]) : 2560, argc > 4 ? atoi(argv[4]) : 256,
                argc > 5 && !strcmp(argv[5], "shared"));
+  const Shape *table = shapes;
+  size_t count = sizeof shapes / sizeof *shapes;
+  if (argc > 1 && !strcmp(argv[1], "treefc")) table = treefc_shapes, count = sizeof treefc_shapes / sizeof *treefc_shapes;
   printf("%-48s %10s\n", "shape (m x n x k)", "GFLOP/s");
-  for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-    int m = shapes[s].m, n = shapes[s].n, k = shapes[s].k, ta = shapes[s].ta, tb = shapes[s].tb;
+  for (size_t s = 0; s < count; s++) {
+    int m = table[s].m, n = table[s].n, k = table[s].k, ta = table[s].ta, tb = table[s].tb;
     float *a = malloc(sizeof(float) * (size_t)m * k), *b = malloc(sizeof(float) * (size_t)k * n),
           *c = calloc((size_t)m * n, sizeof(float));
     if (!a || !b || !c) return 1;
@@ -206,7 +223,7 @@ int main(int argc, char **argv) {
       double g = 2.0 * m * n * k * reps / t / 1e9;
       if (round && g > best) best = g; /* round 0 warms up */
     }
-    printf("%-38s %4dx%4dx%4d %7.1f\n", shapes[s].what, m, n, k, best);
+    printf("%-38s %4dx%4dx%4d %7.1f\n", table[s].what, m, n, k, best);
     free(a);
     free(b);
     free(c);
