@@ -195,8 +195,51 @@ static int moe(int X, int rows, int F, int shared) {
   return 0;
 }
 
+/* `gemm few [N K]` (own builds only): products of a few rows with op(B) transposed (a
+   level's gradient times a parameter's transpose near a tree's root, or at batch size
+   1), C[m, N] = A[m, K] B[N, K]^T for m = 1 to 16, through libcavs's few-rows kernel
+   (cv_sgemm_small: B read in place, no packing) and through cblas_sgemm; N = 512, K =
+   2048 unless given (E = H = 512: d[i|f|o|u] W^T) */
+static int few(int n, int k) {
+#ifdef OWN
+  if (n < 1 || k < 1 || n > 8192 || k > 8192) return 2;
+  float *a = malloc(sizeof(float) * 16 * (size_t)k), *b = malloc(sizeof(float) * (size_t)n * k),
+        *c = calloc(16 * (size_t)n, sizeof(float));
+  if (!a || !b || !c) return 1;
+  for (long i = 0; i < 16L * k; i++) a[i] = (float)rand() / RAND_MAX - 0.5f;
+  for (long i = 0; i < (long)n * k; i++) b[i] = (float)rand() / RAND_MAX - 0.5f;
+  printf("%-20s %10s %10s\n", "m x n x k, B'", "own", "OpenBLAS");
+  static const int ms[] = {1, 2, 3, 4, 6, 8, 12, 16};
+  for (size_t s = 0; s < sizeof ms / sizeof *ms; s++) {
+    int m = ms[s];
+    double best[2] = {0, 0};
+    for (int round = 0; round < 8; round++) {
+      int w = round & 1, reps = 0;
+      double t0 = now(), t;
+      do {
+        if (w) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1, a, k, b, k, 1, c, n);
+        else if (cv_sgemm_small(false, true, m, n, k, 1, a, k, b, k, 1, c, n)) return 1;
+        reps++;
+      } while ((t = now() - t0) < 0.1);
+      double g = 2.0 * m * n * k * reps / t / 1e9;
+      if (round > 1 && g > best[w]) best[w] = g; /* each one's first round warms up */
+    }
+    printf("%2d x %4d x %4d      %10.1f %10.1f\n", m, n, k, best[0], best[1]);
+  }
+  free(a);
+  free(b);
+  free(c);
+  return 0;
+#else
+  (void)n, (void)k;
+  fprintf(stderr, "gemm few: an own build's mode (-DOWN)\n");
+  return 2;
+#endif
+}
+
 int main(int argc, char **argv) {
   srand(1);
+  if (argc > 1 && !strcmp(argv[1], "few")) return few(argc > 2 ? atoi(argv[2]) : 512, argc > 3 ? atoi(argv[3]) : 2048);
   if (argc > 1 && !strcmp(argv[1], "moe"))
     return moe(argc > 2 ? atoi(argv[2]) : 16, argc > 3 ? atoi(argv[3]) : 2560, argc > 4 ? atoi(argv[4]) : 256,
                argc > 5 && !strcmp(argv[5], "shared"));

@@ -346,9 +346,14 @@ static void scale(int m, int n, float beta, float *c, long ldc);
    (so the bits of small512 and of cv_sgemm, where those run); transposed, a dot product
    in 8 lanes, k in steps of 8, summed across the lanes at the end in a fixed order: its
    own order, depending on k alone. Tiles of R2 rows (up to 3) and 32 columns: 12
-   accumulators of the 16 registers. */
+   accumulators of the 16 registers; transposed, of TR2 = 3 rows of A by JR2 = 4 of B,
+   12 accumulators too: 7 loads a 12 multiply-adds where 2 by 4 took 6 a 8 (these
+   products read their operands from the second-level cache, whose pace they set: at
+   3 to 16 rows times a 512 x 2048 B', 43-48 -> 57-78 GFLOP/s on a Zen 3, `bench/gemms
+   few`; bench/README, "Dot products three rows at a time"). Four rows left go as 3 and
+   1 (as 2 and 2 they ran at 48 against 57-61). */
 #define AVX2 __attribute__((target("avx2,fma")))
-enum { R2 = 3, NV2 = 4, NR2 = 8 * NV2, TR2 = 2, JR2 = 4 };
+enum { R2 = 3, NV2 = 4, NR2 = 8 * NV2, TR2 = 3, JR2 = 4 };
 
 /* lanes [0, left) set */
 AVX2 static inline __attribute__((always_inline)) __m256i lanes(int left) {
@@ -464,7 +469,8 @@ small2_nt_tile(int MRC, int k, const float *a, long lda, const float *b, long ld
   }
 SMALL2_NT(1)
 SMALL2_NT(2)
-static SmallNT *const small2_nt[TR2 + 1] = {NULL, small2_nt_1, small2_nt_2};
+SMALL2_NT(3)
+static SmallNT *const small2_nt[TR2 + 1] = {NULL, small2_nt_1, small2_nt_2, small2_nt_3};
 
 /* The big product in AVX2 with FMA (cv_sgemm where the processor has no AVX-512: Zen 2
    and 3, Intel client cores): product()'s loops over MR x 16 tiles, 12 accumulators of

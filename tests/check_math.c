@@ -401,7 +401,7 @@ static int small_kernels(Gemm **f, const char **name) {
 
 /* The few-rows product (cv_sgemm_small: op(B) read in place): every row count it takes,
    the edges of its tiles (6 rows and 64 columns not transposed, 4 rows, 4 columns and
-   16-float steps of k transposed in AVX-512; 3 rows and 32 columns, 2 rows, 4 columns
+   16-float steps of k transposed in AVX-512; 3 rows and 32 columns, 3 rows, 4 columns
    and 8-float steps in AVX2), against sums in double as cv_sgemm is; both operands
    transposed and more than CV_SGEMM_SMALL_M rows refused. */
 START_TEST(sgemm_small_matches_double) {
