@@ -78,9 +78,8 @@ static void *floor_part(void *arg) {
    through the BLAS with its threads, or libcavs's own product split by rows over as
    many threads. The operands hold values: left as calloc gives them, every page of A
    and B is the one zero page, and a product reading A in place (libcavs's) then reads
-   one physical line through many addresses, which a Zen 3's first-level cache serves
-   slowly (73-74 GFLOP/s at 1 thread against 89 with values; OpenBLAS copies A and ran
-   at 89 either way). */
+   one physical line through many addresses: 73-74 GFLOP/s at 1 thread on a Zen 3
+   against 89 with values (OpenBLAS copies A and ran at 89 either way). */
 static int run_threads = 1; /* the BLAS's threads for the run */
 static double sgemm_rate(int own, int threads) {
   float *a = malloc(sizeof(float) * (size_t)FM * FK), *b = malloc(sizeof(float) * (size_t)FK * FN),
