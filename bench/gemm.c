@@ -245,7 +245,8 @@ int main(int argc, char **argv) {
                argc > 5 && !strcmp(argv[5], "shared"));
   const Shape *table = shapes;
   size_t count = sizeof shapes / sizeof *shapes;
-  if (argc > 1 && !strcmp(argv[1], "treefc")) table = treefc_shapes, count = sizeof treefc_shapes / sizeof *treefc_shapes;
+  if (argc > 1 && !strcmp(argv[1], "treefc"))
+    table = treefc_shapes, count = sizeof treefc_shapes / sizeof *treefc_shapes;
   printf("%-48s %10s\n", "shape (m x n x k)", "GFLOP/s");
   for (size_t s = 0; s < count; s++) {
     int m = table[s].m, n = table[s].n, k = table[s].k, ta = table[s].ta, tb = table[s].tb;
