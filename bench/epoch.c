@@ -11,10 +11,11 @@
  *
  *   bench/epoch [--policy bfs|depth|agenda|frontier|serial] [--batch 64] [--dim H=256] [--threads 2]
  *               [--epochs 1] [--limit N] [--infer] [--no-eager] [--no-lazy] [--no-views] [--no-homes]
- *               [--blas] [--optimizer adam|adagrad|sgd] MODEL FORMAT FILE
+ *               [--no-dedup] [--blas] [--optimizer adam|adagrad|sgd] MODEL FORMAT FILE
  * --no-eager and --no-lazy run those phases task by task, --no-views copies every
  * gather that a view would read in place, --no-homes every one that a child's loops
- * store at home (cavs_model_set_ablations);
+ * store at home, --no-dedup multiplies every looked-up row, a word as often as it
+ * occurs (cavs_model_set_ablations);
  * --blas sends every product to the BLAS (cavs_model_opts.blas). The sgemm floor is
  * measured with the product the model uses: libcavs's own (runtime/sgemm.c, compiled
  * into this program for the purpose) or the BLAS's. products= says which kernels ran
@@ -146,11 +147,17 @@ int main(int argc, char **argv) {
                : !strcmp(argv[i], "--blas")     ? 4
                : !strcmp(argv[i], "--no-views") ? 5
                : !strcmp(argv[i], "--no-homes") ? 6
+               : !strcmp(argv[i], "--no-dedup") ? 7
                                                 : 0;
     if (flag) {
       if (flag == 1) infer = 1;
       else if (flag == 4) blas = 1;
-      else ablate |= flag == 2 ? CAVS_NO_EAGER : flag == 3 ? CAVS_NO_LAZY : flag == 5 ? CAVS_NO_VIEWS : CAVS_NO_HOMES;
+      else
+        ablate |= flag == 2   ? CAVS_NO_EAGER
+                  : flag == 3 ? CAVS_NO_LAZY
+                  : flag == 5 ? CAVS_NO_VIEWS
+                  : flag == 6 ? CAVS_NO_HOMES
+                              : CAVS_NO_DEDUP;
       i--;
       continue;
     }

@@ -666,11 +666,14 @@ typedef struct GemmCall {
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */
   Lin cols, k;
   Ref x, w, y;
-  /* ROWS_WITH_INDEX(_AND_CHILDREN), y = x W: the parameter table x's rows are looked up
-     in (x = table[index], pulled as it is) and its rows, or NULL: in inference the
-     runtime may look up rows of table W instead (cavs_gemm_table) */
+  /* ROWS_WITH_INDEX(_AND_CHILDREN), every form but 4: the parameter table x's rows are
+     looked up in (x = table[index], pulled as it is, or through a dropout) and its rows,
+     or NULL; table_if, the C test under which x's rows are the table's ("1": always; a
+     dropout's: where it keeps every value). The runtime may then multiply each distinct
+     row once (training), or look up rows of table W (inference): cavs_gemm_table */
   const Place *table;
   Lin table_rows;
+  const char *table_if;
 } GemmCall;
 
 /* A loss over the rows r0..r0+n-1, or its gradient (bwd: into a's gradient). */

@@ -704,14 +704,21 @@ static int zero_rows(const Emit *e, const IrFunc *f, int left) {
   return src ? int_slot(e->m, e->m->pull->nodes[src->args[1]].ref) : -1;
 }
 
-/* The parameter table the left operand is looked up in (a pulled lookup), and its
- * rows; NULL. */
-static const Place *lookup_table(const Emit *e, const IrFunc *f, int left, Lin *rows) {
+/* The parameter table the left operand is looked up in (a pulled lookup), its rows, and
+ * the run-time test under which the operand's rows are the table's: always where the
+ * pull is the lookup itself; through a dropout, where the dropout is read in place (it
+ * keeps every value: DropAlias), and in inference (it copies its input); NULL. */
+static const Place *lookup_table(const Emit *e, const IrFunc *f, const Place *x, int left, Lin *rows,
+                                 const char **when) {
   const IrNode *src = pulled_lookup(e, f, left);
   if (!src) return NULL;
   const IrNode *t = &e->m->pull->nodes[src->args[0]];
   if (t->op != OP_PARAM || t->val.kind != PL_PARAM) return NULL;
   *rows = e->m->params[t->ref].rows;
+  const IrFunc *pf = e->m->pull;
+  bool dropped = pf->nodes[e->m->pulls[f->nodes[left].ref].node].op == OP_DROPOUT;
+  const char *cond = dropped && x->kind == PL_ROW ? alias_if(e, x->buf) : NULL;
+  *when = !dropped ? "1" : cond ? cond : "!c->keep";
   return &t->val;
 }
 
@@ -746,7 +753,7 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   if (form == 0 && accum) g.form = 4;
   /* the first to write the left operand's gradient, in a buffer not cleared: sets it */
   if (form == 1 && first->dx_set) g.form = 5;
-  if (form == 0 && g.index >= 0 && p.stack == 1 && !accum) g.table = lookup_table(e, f, p.left, &g.table_rows);
+  if (g.index >= 0 && p.stack == 1 && g.form != 4) g.table = lookup_table(e, f, x, p.left, &g.table_rows, &g.table_if);
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};

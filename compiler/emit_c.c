@@ -9,6 +9,7 @@
 #include "cavsc.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* An enum of named indices in the header; none for an empty list (C has no empty
  * enum: a model without dims or inputs is valid). */
@@ -177,13 +178,16 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
     return;
   }
   if (g->table) {
-    /* y = table[index] W, which inference may look up in table W (the runtime's) */
+    /* x = table[index]: each distinct row multiplied once (training), or, for y = x W,
+       rows of table W looked up (inference); NULL where x's rows are not the table's */
+    const char *t = emit_ptr(e, (Ref){g->table, false}, "0");
+    if (strcmp(g->table_if, "1")) t = arena_printf("(%s ? %s : NULL)", g->table_if, t);
     fprintf(e->out,
             "  cavs_gemm_table(c, c->iin[%d], %s, r0, n, %s, %s, %s, %s, %s, %s,\n                  %s, %s, %s, %s, "
             "%s, %s);\n",
-            g->index, g->rows == ROWS_WITH_INDEX_AND_CHILDREN ? "c->leaf_rows" : "0", prod_form[g->form], cols, k,
-            emit_ptr(e, (Ref){g->table, false}, "0"), emit_ld(e, g->table), emit_ld(e, &(Place){.ld = g->table_rows}),
-            emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
+            g->index, g->rows == ROWS_WITH_INDEX_AND_CHILDREN ? "c->leaf_rows" : "0", prod_form[g->form], cols, k, t,
+            emit_ld(e, g->table), emit_ld(e, &(Place){.ld = g->table_rows}), emit_ptr(e, g->x, "0"), xl, ws, wl,
+            emit_ptr(e, g->y, "0"), yl);
     return;
   }
   if (g->rows != ROWS_ALL) {

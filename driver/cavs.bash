@@ -13,9 +13,9 @@ _cavs() {
     return
   fi
   case ${COMP_WORDS[1]} in
-  train) opts='--help --format --train --dev --grad-overlap --expert-parallel --no-expert-replicas --stream --epochs --batch --bptt-state --bptt-vary --optimizer --lr --momentum --clip --weight-decay --seed --dim --dropout --option --save --resume --schedule --lr-decay --lr-step --lr-decay-start --lr-min --cosine-epochs --plateau-factor --plateau-patience --warmup --patience --select --init --init-all --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --no-push-view --max-memory --log --quiet --precision' ;;
-  eval) opts='--help --format --data --stream --model --batch --bptt-state --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --no-push-view --max-memory --json --binary' ;;
-  predict) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-fuse --no-merge --no-homes --no-push-view --max-memory --all-nodes --vectors --probs --value --greedy --stop --max-steps' ;;
+  train) opts='--help --format --train --dev --grad-overlap --expert-parallel --no-expert-replicas --stream --epochs --batch --bptt-state --bptt-vary --optimizer --lr --momentum --clip --weight-decay --seed --dim --dropout --option --save --resume --schedule --lr-decay --lr-step --lr-decay-start --lr-min --cosine-epochs --plateau-factor --plateau-patience --warmup --patience --select --init --init-all --freeze --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-dedup --no-fuse --no-merge --no-homes --no-push-view --max-memory --log --quiet --precision' ;;
+  eval) opts='--help --format --data --stream --model --batch --bptt-state --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-dedup --no-fuse --no-merge --no-homes --no-push-view --max-memory --json --binary' ;;
+  predict) opts='--help --format --data --model --batch --threads --device --one-stream --cuda-graphs --blas --policy --no-eager --no-lazy --no-views --no-dedup --no-fuse --no-merge --no-homes --no-push-view --max-memory --all-nodes --vectors --probs --value --greedy --stop --max-steps' ;;
   gen) opts='--help --graphs --leaves --vertices --words --classes --arity --seed --dag --chars --output' ;;
   info) opts='--help' ;;
   export) opts='--help --model --output' ;;

@@ -140,6 +140,7 @@ static bool model_option(int id, const char *arg) {
   case OPT_NO_EAGER: model_ablations |= CAVS_NO_EAGER; break;
   case OPT_NO_LAZY: model_ablations |= CAVS_NO_LAZY; break;
   case OPT_NO_VIEWS: model_ablations |= CAVS_NO_VIEWS; break;
+  case OPT_NO_DEDUP: model_ablations |= CAVS_NO_DEDUP; break;
   case OPT_NO_FUSE: build_ablations |= 1; break;
   case OPT_NO_MERGE: build_ablations |= 2; break;
   case OPT_NO_HOMES: build_ablations |= 4; break;

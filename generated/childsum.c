@@ -524,20 +524,20 @@ static void childsum_node_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g1 backward, [n, H]: xf (lines 41) */
   cavs_loop(c, childsum_node_bwd_eager_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 41  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[8] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, P[2], D_E, D_V,
+                  G[8] + (size_t)(0) * D_H, D_H, P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 38  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, P[2], D_E, D_V,
+                  G[2] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 38  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, P[2], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 38  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, P[2], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[3], D_H, G[8] + (size_t)(0) * D_H, D_H);
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;
     {

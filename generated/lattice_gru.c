@@ -410,20 +410,20 @@ static void lattice_gru_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 43  dxw += d(xw @ Wwr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[6] + (size_t)(0) * D_H, D_H,
-                 P[13], D_H, G[2] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, P[4], D_W, D_V,
+                  G[6] + (size_t)(0) * D_H, D_H, P[13], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dxw += d(xw @ [Wwz|Wwn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, P[4], D_W, D_V,
+                  G[4] + (size_t)(0) * (2*D_H), (2*D_H), P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 42  dW += xw^T d(xw @ [Wwz|Wwn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, P[4], D_W, D_V,
+                  V[2] + (size_t)(0) * D_W, D_W, PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 42  dW += h_s^T d(h_s @ Uwz), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  PG[14], D_H, G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  dW += xw^T d(xw @ Wwr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
-                 PG[13], D_H, G[6] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, P[4], D_W, D_V,
+                  V[2] + (size_t)(0) * D_W, D_W, PG[13], D_H, G[6] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += h_s^T d(h_s @ Uwr), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  PG[15], D_H, G[6] + (size_t)(0) * D_H, D_H);
@@ -1115,16 +1115,16 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* line 56  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[12] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[2], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, P[3], D_E, D_A,
+                  G[12] + (size_t)(0) * (2*D_H), (2*D_H), P[2], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* group g0 backward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_bwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
   /* line 51  dx += d(x @ [Wg|Wr]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[1], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, P[3], D_E, D_A,
+                  G[11] + (size_t)(0) * (2*D_H), (2*D_H), P[1], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 51  dW += x^T d(x @ [Wg|Wr]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[1], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, P[3], D_E, D_A,
+                  V[3] + (size_t)(0) * D_E, D_E, PG[1], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 52  dW += h_p^T d(h_p @ Ug), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[24] + (size_t)(0) * D_H, D_H,
                  PG[8], D_H, G[22] + (size_t)(0) * D_H, D_H);
@@ -1139,8 +1139,8 @@ static void lattice_gru_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 56  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[2], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, P[3], D_E, D_A,
+                  V[3] + (size_t)(0) * D_E, D_E, PG[2], (2*D_H), G[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 56  dW += h_in^T d(h_in @ Uz), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  PG[5], D_H, G[12] + (size_t)(0) * (2*D_H), (2*D_H));

@@ -377,20 +377,20 @@ static void lattice_lstm_wrd_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 50  dxw += d(xw @ Wwf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, G[5] + (size_t)(0) * D_H, D_H,
-                 P[14], D_H, G[2] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_W, P[6], D_W, D_V,
+                  G[5] + (size_t)(0) * D_H, D_H, P[14], D_H, G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dxw += d(xw @ [Wwi|Wwu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, G[4] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_W, P[6], D_W, D_V,
+                  G[4] + (size_t)(0) * (2*D_H), (2*D_H), P[0], (2*D_H), G[2] + (size_t)(0) * D_W, D_W);
   /* line 49  dW += xw^T d(xw @ [Wwi|Wwu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
-                 PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_W, P[6], D_W, D_V,
+                  V[2] + (size_t)(0) * D_W, D_W, PG[0], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 49  dW += h_s^T d(h_s @ [Uwi|Uwu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (2*D_H), G[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  dW += xw^T d(xw @ Wwf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, V[2] + (size_t)(0) * D_W, D_W,
-                 PG[14], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_W, P[6], D_W, D_V,
+                  V[2] + (size_t)(0) * D_W, D_W, PG[14], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 50  dW += h_s^T d(h_s @ Uwf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[15], D_H, G[5] + (size_t)(0) * D_H, D_H);
@@ -1186,20 +1186,20 @@ static void lattice_lstm_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 61  dx += d(x @ [Wf|Wl]) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[11] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[4], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, 2*D_H, D_E, P[5], D_E, D_A,
+                  G[11] + (size_t)(0) * (2*D_H), (2*D_H), P[4], (2*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[10] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, P[5], D_E, D_A,
+                  G[10] + (size_t)(0) * (3*D_H), (3*D_H), P[2], (3*D_H), G[3] + (size_t)(0) * D_E, D_E);
   /* line 60  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[2], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, P[5], D_E, D_A,
+                  V[3] + (size_t)(0) * D_E, D_E, PG[2], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 60  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], (3*D_H), G[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  dW += x^T d(x @ [Wf|Wl]), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[3] + (size_t)(0) * D_E, D_E,
-                 PG[4], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, 2*D_H, D_E, P[5], D_E, D_A,
+                  V[3] + (size_t)(0) * D_E, D_E, PG[4], (2*D_H), G[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 61  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[7], D_H, G[11] + (size_t)(0) * (2*D_H), (2*D_H));

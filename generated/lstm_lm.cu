@@ -478,20 +478,20 @@ static void lstm_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 36  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[3] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, P[2], D_E, D_V,
+                  G[3] + (size_t)(0) * D_H, D_H, P[3], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 35  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[2] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, P[2], D_E, D_V,
+                  G[2] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 35  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, P[2], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[0], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 35  dW += h_prev^T d(h_prev @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[3], D_H, G[3] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, P[2], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[3], D_H, G[3] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += h_prev^T d(h_prev @ Uf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[3] + (size_t)(0) * D_H, D_H);

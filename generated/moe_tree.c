@@ -64,10 +64,10 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 42  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[15] + (size_t)(0) * D_H, D_H);
 }
 
@@ -765,20 +765,20 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[15] + (size_t)(0) * D_H, D_H,
-                 P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
+                  G[15] + (size_t)(0) * D_H, D_H, P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
+                  G[3] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dW += x^T d(x @ [Wi|Wo|Wu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
-                 PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[16] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E,
-                 PG[3], D_H, G[15] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[3], D_H, G[15] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);

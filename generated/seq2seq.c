@@ -60,10 +60,10 @@ static void seq2seq_enc_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 67  x @ [Wei|Weo|Weu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  x @ Wef: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[5], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, P[7], D_H, V[7] + (size_t)(0) * D_H, D_H);
 }
 
@@ -420,20 +420,20 @@ static void seq2seq_enc_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_T; (void)D_V;
   /* line 68  dx += d(x @ Wef) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
-                 P[7], D_H, ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
+                  G[7] + (size_t)(0) * D_H, D_H, P[7], D_H, ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
   /* line 67  dx += d(x @ [Wei|Weo|Weu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[6] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
+                  G[6] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[5] + (size_t)(0) * D_E : G[4] + (size_t)(0) * D_E), D_E);
   /* line 67  dW += x^T d(x @ [Wei|Weo|Weu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E,
-                 PG[0], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, PG[0], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 67  dW += h_prev^T d(h_prev @ [Uei|Ueo|Ueu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[6] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 68  dW += x^T d(x @ Wef), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E,
-                 PG[7], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[5] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[5] + (size_t)(0) * D_E : V[4] + (size_t)(0) * D_E), D_E, PG[7], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 68  dW += h_prev^T d(h_prev @ Uef), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[8], D_H, G[7] + (size_t)(0) * D_H, D_H);

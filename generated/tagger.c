@@ -52,10 +52,10 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 48  x @ [Wfi|Wfo|Wfu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  x @ Wff: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[5], D_H, V[5] + (size_t)(0) * D_H, D_H);
 }
 
@@ -412,20 +412,20 @@ static void tagger_fwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 49  dx += d(x @ Wff) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[5] + (size_t)(0) * D_H, D_H,
-                 P[5], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  G[5] + (size_t)(0) * D_H, D_H, P[5], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 48  dx += d(x @ [Wfi|Wfo|Wfu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[4] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  G[4] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 48  dW += x^T d(x @ [Wfi|Wfo|Wfu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
-                 PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, PG[0], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 48  dW += h_prev^T d(h_prev @ [Ufi|Ufo|Ufu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[1], (3*D_H), G[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  dW += x^T d(x @ Wff), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
-                 PG[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, PG[5], D_H, G[5] + (size_t)(0) * D_H, D_H);
   /* line 49  dW += h_prev^T d(h_prev @ Uff), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[6], D_H, G[5] + (size_t)(0) * D_H, D_H);
@@ -441,10 +441,10 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[4], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[2], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  x @ Wbf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[4], D_E, D_V,
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[11], D_H, V[13] + (size_t)(0) * D_H, D_H);
 }
 
@@ -801,20 +801,20 @@ static void tagger_bwd_bwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_C; (void)D_V;
   /* line 63  dx += d(x @ Wbf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[13] + (size_t)(0) * D_H, D_H,
-                 P[11], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  G[13] + (size_t)(0) * D_H, D_H, P[11], D_H, ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 62  dx += d(x @ [Wbi|Wbo|Wbu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, G[12] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[2], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  G[12] + (size_t)(0) * (3*D_H), (3*D_H), P[2], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[3] + (size_t)(0) * D_E : G[2] + (size_t)(0) * D_E), D_E);
   /* line 62  dW += x^T d(x @ [Wbi|Wbo|Wbu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
-                 PG[2], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, PG[2], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 62  dW += h_next^T d(h_next @ [Ubi|Ubo|Ubu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[3], (3*D_H), G[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  dW += x^T d(x @ Wbf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E,
-                 PG[11], D_H, G[13] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+                  ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, PG[11], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 63  dW += h_next^T d(h_next @ Ubf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[12], D_H, G[13] + (size_t)(0) * D_H, D_H);

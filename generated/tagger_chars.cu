@@ -534,20 +534,20 @@ static void tagger_chars_chr_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 51  dk += d(k @ Wcf) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, G[6] + (size_t)(0) * D_Hc, D_Hc,
-                 P[8], D_Hc, G[3] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DX, D_Hc, D_K, P[7], D_K, D_A,
+                  G[6] + (size_t)(0) * D_Hc, D_Hc, P[8], D_Hc, G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dk += d(k @ [Wci|Wco|Wcu]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc),
-                 P[0], (3*D_Hc), G[3] + (size_t)(0) * D_K, D_K);
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DX, 3*D_Hc, D_K, P[7], D_K, D_A,
+                  G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc), P[0], (3*D_Hc), G[3] + (size_t)(0) * D_K, D_K);
   /* line 50  dW += k^T d(k @ [Wci|Wco|Wcu]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
-                 PG[0], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_DW, 3*D_Hc, D_K, P[7], D_K, D_A,
+                  V[3] + (size_t)(0) * D_K, D_K, PG[0], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 50  dW += h_prev^T d(h_prev @ [Uci|Uco|Ucu]), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
                  PG[1], (3*D_Hc), G[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  dW += k^T d(k @ Wcf), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, V[3] + (size_t)(0) * D_K, D_K,
-                 PG[8], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
+  cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_K, P[7], D_K, D_A,
+                  V[3] + (size_t)(0) * D_K, D_K, PG[8], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);
   /* line 51  dW += h_prev^T d(h_prev @ Ucf), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
                  PG[9], D_Hc, G[6] + (size_t)(0) * D_Hc, D_Hc);

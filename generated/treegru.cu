@@ -566,20 +566,20 @@ static void treegru_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
     }
   }
   /* line 35  dx += d(x @ Wr) W^T, rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, G[7] + (size_t)(0) * D_H, D_H,
-                 P[2], D_H, G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, P[1], D_E, D_V,
+                  G[7] + (size_t)(0) * D_H, D_H, P[2], D_H, G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dx += d(x @ [Wz|Wn]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, P[1], D_E, D_V,
+                  G[2] + (size_t)(0) * (2*D_H), (2*D_H), P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wz|Wn]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, P[1], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 34  dW += hs^T d(hs @ Uz), over all rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  PG[3], D_H, G[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  dW += x^T d(x @ Wr), over all rows with a word and children */
-  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
+  cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, P[1], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[2], D_H, G[7] + (size_t)(0) * D_H, D_H);
   /* line 36  dW += [h_0;h_1]^T d([h_0;h_1] @ Ur), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
                  PG[4], D_H, G[3] + (size_t)(0) * D_H, D_H);

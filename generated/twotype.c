@@ -171,11 +171,11 @@ static void twotype_leaf_bwd_eager(cavs_ctx *c, int r0, int n) {
   /* group g0 backward, [n, H]: c h (lines 34 35) */
   cavs_loop(c, twotype_leaf_bwd_eager_g0, r0, n, D_H, 0);
   /* line 34  dx += d(x @ [Wcl|Wol]) W^T, rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, G[2] + (size_t)(0) * (2*D_H), (2*D_H),
-                 P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 2*D_H, D_E, P[3], D_E, D_V,
+                  G[2] + (size_t)(0) * (2*D_H), (2*D_H), P[0], (2*D_H), G[1] + (size_t)(0) * D_E, D_E);
   /* line 34  dW += x^T d(x @ [Wcl|Wol]), over all rows with a word */
-  cavs_gemm_rows(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, V[1] + (size_t)(0) * D_E, D_E,
-                 PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 2*D_H, D_E, P[3], D_E, D_V,
+                  V[1] + (size_t)(0) * D_E, D_E, PG[0], (2*D_H), G[2] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
 /* vertex internal, eager phase: every row of the type at once */

@@ -334,11 +334,14 @@ void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int f
   if (skip > n) skip = n;
   if (skip < 0) skip = 0;
   bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER;
-  struct cv_ptable *t = !c->keep && y_form && trows <= INT_MAX
+  struct cv_ptable *t = table && !c->keep && y_form && trows <= INT_MAX
                             ? ptable_of(c, table, ldt, trows, w, ldw, cols, k, n - skip)
                             : NULL;
   if (!t) {
-    BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+    /* x's rows the table's: each distinct one multiplied once, where the backend can */
+    bool once = table && form != CAVS_PROD_Y_ADD && BE(c)->gemm_distinct && !(c->model->ablate & CAVS_NO_DEDUP);
+    if (!once || !BE(c)->gemm_distinct(c, idx, skip, r0, n, form, cols, k, trows, x, ldx, w, ldw, y, ldy))
+      BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
     return;
   }
   /* the skipped rows as the product leaves them (cleared for CAVS_PROD_Y), then a row

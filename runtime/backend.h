@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_8
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_8"
+#define cv_backend_cuda cv_backend_cuda_9
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_9"
 
 struct cv_moe_ops;
 struct cv_gemm;
@@ -102,6 +102,11 @@ typedef struct cv_backend {
                     long ldx, const void *w, long ldw, void *y, long ldy);
   void (*gemm_skip)(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,
                     const void *w, long ldw, void *y, long ldy);
+  /* optional (NULL: gemm_rows): cavs_gemm_table's product where x's rows are the
+     table's (`trows` of them), each distinct row multiplied once; false where it did
+     nothing (too few rows repeat, an index past trows, no memory): gemm_rows then */
+  bool (*gemm_distinct)(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, long trows,
+                        const void *x, long ldx, const void *w, long ldw, void *y, long ldy);
   void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags); /* (cavs_loop's CAVS_LOOP_*) */
   void (*gather_fwd)(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
   void (*gather_bwd)(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);

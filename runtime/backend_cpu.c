@@ -60,12 +60,25 @@ typedef struct Packed {
 /* every parameter's forms of a model with 64 experts of two matrices */
 enum { PACKED_MAX = 320 };
 
+/* A product's distinct looked-up rows (cpu_gemm_distinct): slot_of[i] is 1 + the
+   distinct row of index i while a product is being sorted out (0 otherwise: calloc's
+   zeros, its pages touched only where the indices fall); slot[r] row r's distinct row
+   (-1: no index); word[u] and first[u] distinct row u's index and first row; xu and tu
+   a product's operands over the distinct rows. */
+typedef struct Distinct {
+  int *slot_of, *slot, *word, *first;
+  long words, rows;
+  void *xu, *tu;
+  size_t xu_bytes, tu_bytes;
+} Distinct;
+
 /* The backend's state of one model (m->bs): its threads, its packed parameters. */
 typedef struct Cpu {
   cv_pool *pool; /* NULL: one thread */
   int threads;
   Packed packed[PACKED_MAX];
   int npacked;
+  Distinct distinct;
 } Cpu;
 
 static cv_pool *pool_of(const cavs_ctx *c) { return c->model->bs ? ((Cpu *)c->model->bs)->pool : NULL; }
@@ -199,6 +212,8 @@ static void cpu_close(cavs_model *m) {
   if (s) {
     cv_pool_free(s->pool);
     for (int i = 0; i < s->npacked; i++) free(s->packed[i].data);
+    Distinct *d = &s->distinct;
+    free(d->slot_of), free(d->slot), free(d->word), free(d->first), free(d->xu), free(d->tu);
   }
   free(s);
   m->bs = NULL;
@@ -875,6 +890,133 @@ static void cpu_copy_rows(cavs_ctx *c, void *dst, long ldd, const void *src, lon
                      .add = add});
 }
 
+/* ---- Products over distinct looked-up rows (cavs_gemm_table in training) ----
+ * x = table[idx[r]]: the rows with one index are one row. So y = x W is computed once
+ * an index and copied to its rows; dW += x^T dy is, an index u, x_u^T times the sum of
+ * dy over u's rows; and dx += dy W^T, which the lookup's backward adds up by index into
+ * the table's gradient, is that sum times W^T, added at u's first row alone (the
+ * lookup's backward adds the same; nothing else reads a looked-up row's gradient; a
+ * product that sets dx, CAVS_PROD_DX_SET, which no example has, multiplies every
+ * row). The
+ * sums over an index's rows are in row order, a column's on one thread: the same bits
+ * at every thread count. On SST at batch 64 about half of a minibatch's words repeat
+ * one before them ("the", ",", "."), so the leaves' three products are halved
+ * (bench/README, "Each word multiplied once"). */
+enum { DISTINCT_MAX_WORDS = 1 << 26 };
+
+/* room for indices below `words` and rows below `rows` */
+static bool distinct_room(Distinct *d, long words, long rows) {
+  if (words > d->words) {
+    free(d->slot_of);
+    d->words = 0;
+    if (!(d->slot_of = calloc((size_t)words, sizeof(int)))) return false;
+    d->words = words;
+  }
+  if (rows > d->rows) {
+    free(d->slot), free(d->word), free(d->first);
+    d->word = d->first = NULL;
+    d->rows = 0;
+    if (!(d->slot = malloc(sizeof(int) * (size_t)rows)) || !(d->word = malloc(sizeof(int) * (size_t)rows)) ||
+        !(d->first = malloc(sizeof(int) * (size_t)rows)))
+      return false;
+    d->rows = rows;
+  }
+  return true;
+}
+static void *distinct_space(void **p, size_t *have, size_t bytes) {
+  if (bytes > *have) {
+    free(*p);
+    *have = 0;
+    if (!(*p = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) return NULL;
+    *have = bytes;
+  }
+  return *p;
+}
+
+/* Sorts rows [a, b) out by index: their distinct rows in order of first appearance.
+   Returns how many, and the rows with an index in *nw; -1 for an index not below
+   `words` (the caller then multiplies every row). */
+static int distinct_rows(Distinct *d, const int *idx, int a, int b, long words, int *nw) {
+  int nu = 0;
+  bool bad = false;
+  *nw = 0;
+  for (int r = a; r < b && !bad; r++) {
+    int i = idx[r];
+    d->slot[r] = -1;
+    if (i < 0) continue;
+    if (i >= words) {
+      bad = true;
+      break;
+    }
+    ++*nw;
+    int u = d->slot_of[i] - 1;
+    if (u < 0) {
+      u = nu++;
+      d->slot_of[i] = u + 1;
+      d->word[u] = i;
+      d->first[u] = r;
+    }
+    d->slot[r] = u;
+  }
+  for (int u = 0; u < nu; u++) d->slot_of[d->word[u]] = 0;
+  return bad ? -1 : nu;
+}
+
+static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
+                              long trows, const void *x, long ldx, const void *w, long ldw, void *y, long ldy) {
+  Cpu *s = c->model->bs;
+  if (!s || form == CAVS_PROD_Y_ADD || form == CAVS_PROD_DX_SET || trows <= 0 || trows > DISTINCT_MAX_WORDS || n <= 0 || cols <= 0 || k <= 0)
+    return false;
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  Distinct *d = &s->distinct;
+  int a = r0 + skip, b = r0 + n, nw;
+  if (!distinct_room(d, trows, b)) return false;
+  double t0 = cv_now();
+  int nu = distinct_rows(d, idx, a, b, trows, &nw);
+  /* a sixteenth of the rows repeated at least: below that the copies cost about what
+     the products would save */
+  if (nu <= 0 || (nw - nu) * 16 < nw) return false;
+  size_t es = DBL(c) ? 8 : 4;
+  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER, dx = form == CAVS_PROD_DX;
+  /* xu: nu rows of k (x's distinct rows, or dx's), tu: nu rows of cols (y's, or the sums
+     of dy) */
+  char *xu = distinct_space(&d->xu, &d->xu_bytes, (size_t)nu * (size_t)k * es);
+  char *tu = distinct_space(&d->tu, &d->tu_bytes, (size_t)nu * (size_t)cols * es);
+  if (!xu || !tu) return false;
+  if (form == CAVS_PROD_Y && skip) zero_rows(c, y, ldy, r0, skip, cols);
+  if (!dx)
+    for (int u = 0; u < nu; u++)
+      memcpy(xu + (size_t)u * (size_t)k * es, (const char *)x + (size_t)d->first[u] * (size_t)ldx * es, (size_t)k * es);
+  if (y_form) {
+    c->model->stats.rows_seconds += cv_now() - t0;
+    cpu_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, nu, cols, k, 1, xu, k, w, ldw, 0, tu, cols);
+    /* each row its index's product; a row without one zeros */
+    rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_FWD, .src = tu, .lds = cols, .idx = d->slot, .dst = y, .ld = ldy,
+                       .r0 = a, .n = b - a, .w = cols});
+    return true;
+  }
+  /* the sums of dy (dx's x, the product's y otherwise) over each index's rows */
+  memset(tu, 0, (size_t)nu * (size_t)cols * es);
+  c->model->stats.rows_seconds += cv_now() - t0;
+  rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_BWD, .dst = tu, .lds = cols, .idx = d->slot, .src = dx ? x : y,
+                     .ld = dx ? ldx : ldy, .r0 = a, .n = b - a, .w = cols});
+  if (!dx) {
+    cpu_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, nu, 1, xu, k, tu, cols, 1, (void *)w, ldw);
+    return true;
+  }
+  cpu_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, nu, k, cols, 1, tu, cols, w, ldw, 0, xu, k);
+  t0 = cv_now();
+  for (int u = 0; u < nu; u++) {
+    char *o = (char *)y + (size_t)d->first[u] * (size_t)ldy * es;
+    const char *v = xu + (size_t)u * (size_t)k * es;
+    if (DBL(c)) copy_rows_d((double *)o, ldy, (const double *)v, k, 1, k, 1);
+    else copy_rows_f((float *)o, ldy, (const float *)v, k, 1, k, 1);
+  }
+  c->model->stats.rows_seconds += cv_now() - t0;
+  return true;
+}
+
 /* Softmax cross-entropy over the pool, in chunks of XENT_ROWS rows, whatever the
    threads: a chunk's loss is summed in row order and the chunks' sums in chunk order,
    so the reported loss has the same bits at every thread count (a language model's
@@ -996,6 +1138,7 @@ const cv_backend cv_backend_cpu = {
     .gemm = cpu_gemm,
     .gemms = cpu_gemms,
     .gemm_rows = cpu_gemm_rows,
+    .gemm_distinct = cpu_gemm_distinct,
     .gemm_skip = cpu_gemm_skip,
     .loop = cpu_loop,
     .gather_fwd = cpu_gather_fwd,

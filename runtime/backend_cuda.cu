@@ -1594,6 +1594,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_gemm,
     cuda_gemm_rows,
     cuda_gemm_skip,
+    NULL, /* gemm_distinct: every looked-up row multiplied */
     cuda_loop,
     cuda_gather_fwd,
     cuda_gather_bwd,

@@ -184,9 +184,12 @@ void cavs_model_set_policy(cavs_model *m, int policy);
  * in one block of the state buffer that a view would read in place. CAVS_NO_HOMES: no
  * child is given a home in its parent's gathered row, so every gather copies (the
  * children's loops still store their state at a scratch row: the same results, bit for
- * bit on trees and chains, at a little more than the cost of the copies alone). */
+ * bit on trees and chains, at a little more than the cost of the copies alone).
+ * CAVS_NO_DEDUP: a product of looked-up rows (x = emb[word], x @ W) multiplies every
+ * row, where the CPU backend otherwise multiplies each distinct word of the stage once
+ * and shares it out (the same sums but for their rounding). */
 enum cavs_ablation { CAVS_NO_EAGER = 1, CAVS_NO_LAZY = 2, CAVS_NO_VIEWS = 4, CAVS_ROWMAT_BY_GEMM = 8,
-                     CAVS_NO_HOMES = 16 };
+                     CAVS_NO_HOMES = 16, CAVS_NO_DEDUP = 32 };
 void cavs_model_set_ablations(cavs_model *m, int flags);
 /* Inference (on != 0): forward passes compute the same values and losses but store
  * nothing only a backward pass would read (the gates a fused loop keeps for its

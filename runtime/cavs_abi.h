@@ -59,8 +59,11 @@ extern "C" {
  * 18: cavs_desc.naliases and .aliases (a dropout read in place where it keeps every
  *    value); CAVS_INLINE.
  * 19: CAVS_PROD_DX_SET (a left operand's gradient set by its product, the first to
- *    write it, in a buffer the backward pass no longer clears). */
-#define CAVS_ABI_VERSION 19
+ *    write it, in a buffer the backward pass no longer clears).
+ * 20: cavs_gemm_table takes every form but CAVS_PROD_Y_ADD, and its table is NULL where
+ *    x's rows are not the table's (a dropout that drops): each distinct looked-up row
+ *    may be multiplied once. */
+#define CAVS_ABI_VERSION 20
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -511,11 +514,16 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  * Pointers are to row 0; rows [r0, r0+n). */
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy);
-/* cavs_gemm_rows's y = x w (CAVS_PROD_Y or CAVS_PROD_Y_INNER) where x is rows of a
- * parameter table looked up by idx (x = table[idx[r]], pulled as it is: `trows` rows
- * of k, ldt scalars apart): in inference (ctx.keep == 0) the runtime may look up rows of
- * the product table w instead, made once the lookups since inference began reach the
- * table's size (the same numbers: each row is the same sum). */
+/* cavs_gemm_rows's product (any form but CAVS_PROD_Y_ADD) where x is rows of a
+ * parameter table looked up by idx (x = table[idx[r]], pulled as it is or through a
+ * dropout that keeps every value: `trows` rows of k, ldt scalars apart; NULL where x's
+ * rows are not the table's, and then it is cavs_gemm_rows). Rows with one index being
+ * one row, the runtime may multiply each distinct index's row once: y = x w copied to
+ * the index's rows; w += x^T y and dx += dy w^T over the sums of dy by index, dx's
+ * added at the index's first row alone (the lookup's backward adds an index's rows up).
+ * And for y = x w in inference (ctx.keep == 0) it may
+ * look up rows of the product table w instead, made once the lookups since inference
+ * began reach the table's size (the same numbers: each row is the same sum). */
 void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
                      const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
                      void *y, long ldy);

@@ -1453,6 +1453,57 @@ static void homes_against_copies(const char *file, int shape, bool dags, int wan
   for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
 }
 
+/* Each distinct looked-up row multiplied once (backend_cpu.c, cpu_gemm_distinct: x =
+ * emb[word], x @ W once a word of the stage, dW and dx over the sums of dy by word)
+ * against every row multiplied (CAVS_NO_DEDUP), over two training steps: the same loss
+ * and gradients to 1e-12 (the sums of a word's rows come in another order), and fewer
+ * product flops wherever the model multiplies looked-up rows (every example but
+ * Tree-FC's and MV-RNN's, whose lookups go into a state or a matrix; the test graphs'
+ * vocabulary has 11 words, so words repeat). With the Tree-LSTM's dropout at 0.5
+ * (rows of one word differ) every row is multiplied: the flops and gradients of
+ * CAVS_NO_DEDUP, bit for bit. */
+static void dedup_against_every_row(const char *file, double p_drop) {
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m[2];
+  cavs_stats st[2];
+  cavs_backend_stats bs[2];
+  for (int v = 0; v < 2; v++) {
+    m[v] = new_model(d, dims, 23);
+    if (v) cavs_model_set_ablations(m[v], CAVS_NO_DEDUP);
+    if (p_drop > 0) ck_assert_int_eq(cavs_model_set_option(m[v], "p_drop", p_drop), 0);
+  }
+  cavs_optim opt = {.kind = CAVS_SGD, .lr = 0.1};
+  for (int step = 0; step < 2; step++) {
+    for (int v = 0; v < 2; v++) {
+      ck_assert_msg(cavs_model_forward(m[v], gs, k, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+      cavs_model_backward(m[v]);
+      cavs_model_backend_stats(m[v], &bs[v], 1);
+    }
+    bool some = strcmp(file, "treefc.vf") && strcmp(file, "mvrnn.vf") && p_drop == 0;
+    ck_assert_msg(some ? bs[0].gemm_flops < bs[1].gemm_flops : bs[0].gemm_flops == bs[1].gemm_flops,
+                  "%s, step %d: %.0f product flops, every row multiplied %.0f", file, step, bs[0].gemm_flops,
+                  bs[1].gemm_flops);
+    double tol = p_drop > 0 ? 0 : 1e-12;
+    ck_assert_msg(fabs(st[0].loss - st[1].loss) <= tol * fabs(st[1].loss), "%s, step %d: loss %.17g, against %.17g",
+                  file, step, st[0].loss, st[1].loss);
+    grads_agree(file, m[0], m[1], tol);
+    for (int v = 0; v < 2; v++) ck_assert_msg(cavs_model_step(m[v], &opt) == 0, "%s", cavs_model_error(m[v]));
+  }
+  for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
+}
+
+START_TEST(dedup_changes_nothing) {
+  char file[64];
+  snprintf(file, sizeof file, "%s.vf", examples[_i]);
+  dedup_against_every_row(file, 0);
+  if (!strcmp(file, "treelstm.vf")) dedup_against_every_row(file, 0.5);
+}
+END_TEST
+
 /* Every example, on trees (bit for bit) and with DAGs */
 START_TEST(homes_change_nothing) {
   char file[64];
@@ -2883,6 +2934,7 @@ int main(void) {
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
   tcase_add_loop_test(tc, homes_change_nothing, 0, NEXAMPLES);
+  tcase_add_loop_test(tc, dedup_changes_nothing, 0, NEXAMPLES);
   tcase_add_test(tc, homes_store_children_at_home);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
   tcase_add_test(tc, inference_matches_training);
