@@ -70,6 +70,15 @@ typedef struct Distinct {
   long words, rows;
   void *xu, *tu;
   size_t xu_bytes, tu_bytes;
+  /* what tu holds, where it is the sums of dy by index: dy, its rows and columns, the
+     indices and the pass (dx's product and dW's read the same sums: within a backward
+     pass a product's dy is final when it is read, and so are the indices) */
+  bool sums;
+  const void *sums_of;
+  long sums_ld;
+  int sums_a, sums_b, sums_cols;
+  const int *sums_idx;
+  unsigned sums_pass;
 } Distinct;
 
 /* The backend's state of one model (m->bs): its threads, its packed parameters. */
@@ -563,20 +572,20 @@ static void cpu_loop(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int fl
 /* The row operations over the pool where there is enough of them (n w cells): those
    that write their own rows split by rows, the scatter-adds (two rows may add to one
    child's or one word's row) by columns in blocks of 16. */
-enum { ROW_GATHER_FWD, ROW_GATHER_BWD, ROW_LOOKUP_FWD, ROW_LOOKUP_BWD, ROW_COPY };
+enum { ROW_GATHER_FWD, ROW_GATHER_BWD, ROW_LOOKUP_FWD, ROW_LOOKUP_BWD, ROW_COPY, ROW_SUM };
 typedef struct RowJob {
   cavs_ctx *c;
   int op, k, r0, n, parts, add, state;
   void *dst;
   const void *src;
   long ld, lds, w;
-  const int *idx;
+  const int *idx, *first; /* ROW_SUM: idx the rows' slots, first each slot's first row */
 } RowJob;
 
 static void row_part(void *arg, int i) {
   const RowJob *q = arg;
   cavs_ctx *c = q->c;
-  bool dbl = DBL(c), by_cols = q->op == ROW_GATHER_BWD || q->op == ROW_LOOKUP_BWD;
+  bool dbl = DBL(c), by_cols = q->op == ROW_GATHER_BWD || q->op == ROW_LOOKUP_BWD || q->op == ROW_SUM;
   long len = by_cols ? q->w : q->n, per = (len + q->parts - 1) / q->parts;
   if (by_cols) per = (per + 15) & ~15L;
   long at = i * per, cnt = len - at < per ? len - at : per;
@@ -598,6 +607,10 @@ static void row_part(void *arg, int i) {
   case ROW_LOOKUP_BWD: /* dst: the table's gradient, columns [at, at + cnt) */
     if (dbl) lookup_bwd_d((double *)q->dst + at, q->lds, q->idx, (const double *)q->src + at, q->ld, r0, n, cnt);
     else lookup_bwd_f((float *)q->dst + at, q->lds, q->idx, (const float *)q->src + at, q->ld, r0, n, cnt);
+    break;
+  case ROW_SUM: /* dst: the slots' rows, lds apart; columns [at, at + cnt) */
+    if (dbl) sum_rows_d((double *)q->dst + at, q->lds, q->idx, q->first, (const double *)q->src + at, q->ld, r0, n, cnt);
+    else sum_rows_f((float *)q->dst + at, q->lds, q->idx, q->first, (const float *)q->src + at, q->ld, r0, n, cnt);
     break;
   case ROW_COPY: { /* rows counted from dst and src */
     size_t d0 = (size_t)at * (size_t)q->ld, s0 = (size_t)at * (size_t)q->lds;
@@ -989,6 +1002,7 @@ static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int
     for (int u = 0; u < nu; u++)
       memcpy(xu + (size_t)u * (size_t)k * es, (const char *)x + (size_t)d->first[u] * (size_t)ldx * es, (size_t)k * es);
   if (y_form) {
+    d->sums = false;
     c->model->stats.rows_seconds += cv_now() - t0;
     cpu_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, nu, cols, k, 1, xu, k, w, ldw, 0, tu, cols);
     /* each row its index's product; a row without one zeros */
@@ -996,11 +1010,18 @@ static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int
                        .r0 = a, .n = b - a, .w = cols});
     return true;
   }
-  /* the sums of dy (dx's x, the product's y otherwise) over each index's rows */
-  memset(tu, 0, (size_t)nu * (size_t)cols * es);
+  /* the sums of dy (dx's x, the product's y otherwise) over each index's rows, unless
+     tu holds them already (dx's product, then dW's) */
+  const void *dy = dx ? x : y;
+  long lddy = dx ? ldx : ldy;
   c->model->stats.rows_seconds += cv_now() - t0;
-  rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_BWD, .dst = tu, .lds = cols, .idx = d->slot, .src = dx ? x : y,
-                     .ld = dx ? ldx : ldy, .r0 = a, .n = b - a, .w = cols});
+  if (!(d->sums && d->sums_of == dy && d->sums_ld == lddy && d->sums_a == a && d->sums_b == b &&
+        d->sums_cols == cols && d->sums_idx == idx && d->sums_pass == c->model->pass)) {
+    rows_run(&(RowJob){.c = c, .op = ROW_SUM, .dst = tu, .lds = cols, .idx = d->slot, .first = d->first, .src = dy,
+                       .ld = lddy, .r0 = a, .n = b - a, .w = cols});
+    d->sums = true, d->sums_of = dy, d->sums_ld = lddy, d->sums_idx = idx, d->sums_pass = c->model->pass;
+    d->sums_a = a, d->sums_b = b, d->sums_cols = cols;
+  }
   if (!dx) {
     cpu_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, k, cols, nu, 1, xu, k, tu, cols, 1, (void *)w, ldw);
     return true;

@@ -58,6 +58,22 @@ CV_HOT static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, cons
   }
 }
 
+/* Rows [r0, r0 + n) of src summed by slot into dst's rows, columns [0, w) of dst and
+   src as given (a thread's block): row r into slot[r] (none where it is < 0), set by
+   the slot's first row (first[slot[r]] == r) and added by the others, in row order. */
+CV_HOT static void CV_NAME(sum_rows)(R *dst, long ldd, const int *slot, const int *first, const R *src, long ld,
+                                     int r0, int n, long w) {
+  for (int r = r0; r < r0 + n; r++) {
+    int u = slot[r];
+    if (u < 0) continue;
+    const R *s = src + (size_t)r * ld;
+    R *o = dst + (size_t)u * ldd;
+    if (first[u] == r) memcpy(o, s, sizeof(R) * (size_t)w);
+    else
+      for (long j = 0; j < w; j++) o[j] += s[j];
+  }
+}
+
 CV_HOT static void CV_NAME(copy_rows)(R *dst, long ldd, const R *src, long lds, int n, long w, int add) {
   for (int r = 0; r < n; r++) {
     R *o = dst + (size_t)r * ldd;
