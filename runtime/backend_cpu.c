@@ -987,9 +987,9 @@ static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int
   if (!distinct_room(d, trows, b)) return false;
   double t0 = cv_now();
   int nu = distinct_rows(d, idx, a, b, trows, &nw);
-  /* a sixteenth of the rows repeated at least: below that the copies cost about what
-     the products would save */
-  if (nu <= 0 || (nw - nu) * 16 < nw) return false;
+  /* 32 rows with an index, a sixteenth of them repeats, at least: below that the
+     copies cost about what the products would save (a tree at batch size 1) */
+  if (nu <= 0 || nw < 32 || (nw - nu) * 16 < nw) return false;
   size_t es = DBL(c) ? 8 : 4;
   bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER, dx = form == CAVS_PROD_DX;
   /* xu: nu rows of k (x's distinct rows, or dx's), tu: nu rows of cols (y's, or the sums

@@ -1469,7 +1469,7 @@ static void dedup_against_every_row(const char *file, double p_drop, const char 
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(d, dims, g, gs, false);
+  int k = tg_minibatch(d, dims, g, gs, true); /* with DAGs: more rows */
   cavs_model *m[2];
   cavs_stats st[2];
   cavs_backend_stats bs[2];
