@@ -609,7 +609,8 @@ static void row_part(void *arg, int i) {
     else lookup_bwd_f((float *)q->dst + at, q->lds, q->idx, (const float *)q->src + at, q->ld, r0, n, cnt);
     break;
   case ROW_SUM: /* dst: the slots' rows, lds apart; columns [at, at + cnt) */
-    if (dbl) sum_rows_d((double *)q->dst + at, q->lds, q->idx, q->first, (const double *)q->src + at, q->ld, r0, n, cnt);
+    if (dbl)
+      sum_rows_d((double *)q->dst + at, q->lds, q->idx, q->first, (const double *)q->src + at, q->ld, r0, n, cnt);
     else sum_rows_f((float *)q->dst + at, q->lds, q->idx, q->first, (const float *)q->src + at, q->ld, r0, n, cnt);
     break;
   case ROW_COPY: { /* rows counted from dst and src */
@@ -978,7 +979,8 @@ static int distinct_rows(Distinct *d, const int *idx, int a, int b, long words, 
 static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
                               long trows, const void *x, long ldx, const void *w, long ldw, void *y, long ldy) {
   Cpu *s = c->model->bs;
-  if (!s || form == CAVS_PROD_Y_ADD || form == CAVS_PROD_DX_SET || trows <= 0 || trows > DISTINCT_MAX_WORDS || n <= 0 || cols <= 0 || k <= 0)
+  if (!s || form == CAVS_PROD_Y_ADD || form == CAVS_PROD_DX_SET || trows <= 0 || trows > DISTINCT_MAX_WORDS ||
+      n <= 0 || cols <= 0 || k <= 0)
     return false;
   if (skip > n) skip = n;
   if (skip < 0) skip = 0;
