@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_9
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_9"
+#define cv_backend_cuda cv_backend_cuda_10
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_10"
 
 struct cv_moe_ops;
 struct cv_gemm;
@@ -208,7 +208,10 @@ void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n);
 
 /* A mixture of experts' kernels over a stage's rows r0..r0+n-1 and their K slots each,
  * given the route's arrays (cv.h's struct cv_route; host memory). topk_fwd also fills
- * them. The products (emm) go through the backend's gemm. */
+ * them, or (the cuda backend) routes on the device, filling only the host's rbeg and
+ * rend and the pass's bookkeeping, and keeping the slots where its kernels read them;
+ * it then has emm_fwd and emm_bwd. Without them the products (emm) go through the
+ * backend's gemm, one an expert, from the host's arrays. */
 struct cv_route;
 typedef struct cv_moe_ops {
   void (*topk_fwd)(cavs_ctx *c, struct cv_route *rt, int K, long X, double balance, const void *g, long ldg, void *w,
@@ -227,6 +230,14 @@ typedef struct cv_moe_ops {
   void (*scomb_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
                     const void *dy, long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w, int r0,
                     int n);
+  /* optional (NULL on the cpu): the products over the experts' slots [s0, s0 + sn) as
+     one grouped operation, each slot's expert read where the backend keeps it: forward
+     y (= or +=) x W_e; backward dx (= or +=) dy W_e^T and dW_e += x^T dy (either NULL) */
+  void (*emm_fwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
+                  const void *t, long ldt, void *y, long ldy, bool add, long s0, long sn);
+  void (*emm_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
+                  const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt,
+                  long lddt, long s0, long sn);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
 

@@ -10,8 +10,8 @@
  * stream before each product.
  *
  * The host waits for the device once a training step: in the forward pass's
- * `synchronize`, which reads the losses and predictions back (and once per routed
- * stage of a mixture of experts, below). Everything else the host
+ * `synchronize`, which reads the losses and predictions back (and a mixture of
+ * experts' counts: its rows are routed on the device, below). Everything else the host
  * sends or fetches per minibatch goes through pinned buffers by copies on the stream
  * (the schedule, the rows zero_rows clears, the optimizer's spans), none of which
  * waits: a pinned buffer is written again only after the host has waited for the copy
@@ -50,8 +50,9 @@ struct Dev {
   /* with graphs: each pass captured from stream 0 and launched whole; the executable
      graph of the last forward and backward pass, updated in place when the new one
      has its shape, else made again */
-  bool graphs;
+  bool graphs, capturing;
   cudaGraphExec_t exec[2];
+  bool routed; /* a routing has run (and sized its arrays) */
   /* the pinned buffers a copy issued since the host last waited may still read (PIN_*
      bits): written again only after a wait (pinned_for_host) */
   unsigned busy;
@@ -88,22 +89,32 @@ struct Dev {
   int capspans, nspans_sent; /* -1: none sent */
   size_t *spans_dev, *spans_host, *spans_new;
   double *norm2, *norm2_host; /* (pinned: the tracked norm comes back with the step) */
-  /* a mixture of experts (below): per route, each row's slots and each slot's expert on
-     the device ([cap] each), and the balancing loss's shares of the experts ([capx],
-     sent from pinned memory once a pass); the host's copy of a stage's gate values and
-     kept weights */
+  /* a mixture of experts (below): per route (K and X as it last ran: the schedule sizes
+     it for a minibatch before a graph's pass), each row's choices and slots and each
+     slot's expert ([cap] each), each row's routing's rows ([caprows]), a stage's rows'
+     whole softmax ([caprows * capx], the balancing loss's), a stage's count per expert,
+     the pass's load and balancing counts (acc: [2 capx]) and summed probabilities
+     ([capx]), read back by the forward pass's synchronize (pending) into acc_host
+     (pinned), and the shares the balancing loss's gradient reads ([capx], made once a
+     backward pass) */
   struct {
-    int *rslot, *sexp;
+    int K;
+    long X;
+    int *rslot, *sexp, *ch;
     long cap;
-    double *f, *f_host;
+    int *rb, *re;
+    double *p;
+    long caprows;
+    int *cnt;
+    long long *acc;
+    double *psum, *f;
+    long long *acc_host;
     long capx;
     unsigned f_pass;
-    bool f_sent;
+    bool f_made, pending;
   } route[CV_MAX_ROUTES];
-  void *gate_host;
-  size_t capgate;
 };
-enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4, PIN_SHARES = 8 };
+enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
 
 static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 
@@ -244,10 +255,16 @@ static void cuda_close(cavs_model *m) {
   for (int i = 0; i < CV_MAX_ROUTES; i++) {
     cudaFree(d->route[i].rslot);
     cudaFree(d->route[i].sexp);
+    cudaFree(d->route[i].ch);
+    cudaFree(d->route[i].rb);
+    cudaFree(d->route[i].re);
+    cudaFree(d->route[i].p);
+    cudaFree(d->route[i].cnt);
+    cudaFree(d->route[i].acc);
+    cudaFree(d->route[i].psum);
     cudaFree(d->route[i].f);
-    cudaFreeHost(d->route[i].f_host);
+    cudaFreeHost(d->route[i].acc_host);
   }
-  free(d->gate_host);
   free(d);
   m->bs = NULL;
 }
@@ -379,6 +396,11 @@ static size_t out_bytes(const cavs_model *m, size_t rows) {
   return sizeof(double) * nl + sizeof(unsigned long long) * 4 * nl + sizeof(int) * rows;
 }
 
+/* a mixture of experts' routes (below) */
+static void routes_sized(cavs_model *m);
+static void route_stats_issue(cavs_model *m);
+static void route_stats_read(cavs_model *m);
+
 static int cuda_schedule(cavs_model *m) {
   Dev *d = dev(m);
   /* A pass after one that failed for want of the device's memory runs: that failure
@@ -486,12 +508,22 @@ static int cuda_schedule(cavs_model *m) {
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
   c->stream = d->st[0];
+  routes_sized(m);
   return status(d);
 }
 
 static void cuda_stream(cavs_model *m, int s) { m->ctx.stream = dev(m)->st[s]; }
 static void cuda_record(cavs_model *m, int e) { CK(m, cudaEventRecord(dev(m)->ev[e], on(&m->ctx))); }
 static void cuda_wait(cavs_model *m, int e) { CK(m, cudaStreamWaitEvent(on(&m->ctx), dev(m)->ev[e], 0)); }
+
+/* Does the model route rows to experts: a table of experts, or a push block that
+   routes (cavs_abi.h) */
+static bool model_routes(const cavs_desc *ds) {
+  if (ds->push_routes) return true;
+  for (int k = 0; k < ds->npgroups; k++)
+    if (ds->pgroups[k].experts) return true;
+  return false;
+}
 
 /* A pass as a graph: everything the steps issue to stream 0, and to stream 1 once it
    waits for an event of stream 0 (each pass forks and joins it so), is captured, not
@@ -500,7 +532,12 @@ static void cuda_wait(cavs_model *m, int e) { CK(m, cudaStreamWaitEvent(on(&m->c
    outside the capture). */
 static int cuda_pass_begin(cavs_model *m, int pass) {
   Dev *d = dev(m);
-  if (!d->graphs) return 0;
+  /* a model that routes runs its passes uncaptured until one has routed (the routes'
+     arrays are made at the first stage that routes, which a graph's pass cannot do),
+     and always with experts placed on processes (each product a round of exchanges
+     through the host) */
+  d->capturing = d->graphs && !m->ep.on && (d->routed || !model_routes(m->d));
+  if (!d->capturing) return 0;
   m->ctx.stream = d->st[0];
   CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
   m->no_alloc = true; /* (cudaMalloc would invalidate the capture) */
@@ -509,7 +546,8 @@ static int cuda_pass_begin(cavs_model *m, int pass) {
 
 static int cuda_pass_end(cavs_model *m, int pass) {
   Dev *d = dev(m);
-  if (!d->graphs) return 0;
+  if (!d->capturing) return 0;
+  d->capturing = false;
   cudaGraph_t g = NULL;
   m->no_alloc = false;
   CK(m, cudaStreamEndCapture(d->st[0], &g));
@@ -535,7 +573,9 @@ static int cuda_synchronize(cavs_model *m) {
   const cavs_desc *ds = m->d;
   size_t nl = (size_t)ds->nlosses, bytes = d->fresh && nl && !d->failed ? out_bytes(m, (size_t)m->rows) : 0;
   if (bytes) CK(m, cudaMemcpyAsync(d->out_host, d->out_dev, bytes, cudaMemcpyDeviceToHost, 0));
+  route_stats_issue(m);
   wait_device(m);
+  route_stats_read(m);
   d->fresh = false;
   m->ctx.stream = d->st[0];
   if (m->norm_pending) m->grad_norm2 = d->failed ? -1 : *d->norm2_host, m->norm_pending = false;
@@ -1329,26 +1369,101 @@ static long cuda_first_bad(cavs_model *m, const void *p, size_t n) {
   return -1;
 }
 
-/* ---- a mixture of experts: routed on the host, the slots' data on the device ----
+/* ---- a mixture of experts: routed on the device ----
  *
- * A routed stage reads its rows' gate values back (a copy the host waits for: the
- * products over each expert's slots take their sizes from the host), routes them with
- * the cpu backend's code (moe.h) and sends the kept weights and the route's arrays up;
- * the products are moe.c's, one cuBLAS call an expert that received slots, and the
- * rest are the kernels below, each cell summed in the cpu's order. A pass with a
- * routing therefore waits for the device once a routed stage of its forward pass (none
- * in its backward pass), and cannot be captured as a graph. */
+ * A routed stage's rows are routed where their gate values are: a thread a row picks
+ * its K experts and kept weights (moe.h's cv_topk_row, the cpu's code), a thread an
+ * expert counts its choices in row order and then numbers its slots after the experts'
+ * before it (the cpu's stable counting sort, with the same slots), and the products
+ * over each expert's slots are one grouped kernel a stage (emm_rows_k, emm_dw_k) that
+ * finds the experts' runs of slots in the route's device arrays: nothing the host
+ * must know, so a routed pass waits for nothing and can be captured as a graph. The
+ * pass's loads and the balancing loss's counts and summed probabilities stay on the
+ * device until the forward pass's synchronize reads them back with the losses. The
+ * rest (sbcast, erow, scomb, the gate's gradient) are the kernels below, each cell
+ * summed in the cpu's order. */
 
-/* The route's device arrays, as large as its host ones */
-static bool route_on_device(cavs_model *m, const cv_route *rt, int id) {
+/* The route's device arrays for K slots a row of the minibatch's rows and X experts
+   (grown before any of the pass's stages wrote them: the first stage of a pass sizes
+   them for the whole minibatch; with graphs, the schedule sizes the routes seen) */
+static bool route_room(cavs_model *m, int id, int K, long X) {
   Dev *d = dev(m);
-  if (rt->cap > d->route[id].cap) {
+  long need = (long)K * m->rows, rows = m->rows;
+  if (need > d->route[id].cap) {
     d->route[id].cap = 0;
-    regrow(m, (void **)&d->route[id].rslot, sizeof(int) * (size_t)rt->cap);
-    regrow(m, (void **)&d->route[id].sexp, sizeof(int) * (size_t)rt->cap);
-    if (!d->failed) d->route[id].cap = rt->cap;
+    regrow(m, (void **)&d->route[id].rslot, sizeof(int) * (size_t)need);
+    regrow(m, (void **)&d->route[id].sexp, sizeof(int) * (size_t)need);
+    regrow(m, (void **)&d->route[id].ch, sizeof(int) * (size_t)need);
+    if (!d->failed) d->route[id].cap = need;
   }
-  return !d->failed;
+  if (rows > d->route[id].caprows || X > d->route[id].capx) {
+    long r = rows > d->route[id].caprows ? rows : d->route[id].caprows;
+    long x = X > d->route[id].capx ? X : d->route[id].capx;
+    d->route[id].caprows = 0;
+    regrow(m, (void **)&d->route[id].rb, sizeof(int) * (size_t)r);
+    regrow(m, (void **)&d->route[id].re, sizeof(int) * (size_t)r);
+    regrow(m, (void **)&d->route[id].p, sizeof(double) * (size_t)r * (size_t)x);
+    if (!d->failed) d->route[id].caprows = r;
+  }
+  if (X > d->route[id].capx) {
+    d->route[id].capx = 0;
+    regrow(m, (void **)&d->route[id].cnt, sizeof(int) * (size_t)X);
+    regrow(m, (void **)&d->route[id].acc, sizeof(long long) * 2 * (size_t)X);
+    regrow(m, (void **)&d->route[id].psum, sizeof(double) * (size_t)X);
+    regrow(m, (void **)&d->route[id].f, sizeof(double) * (size_t)X);
+    regrow_pinned(m, (void **)&d->route[id].acc_host, sizeof(long long) * 2 * (size_t)X + sizeof(double) * (size_t)X);
+    if (!d->failed) d->route[id].capx = X;
+  }
+  return !d->failed && d->route[id].cap >= need && d->route[id].caprows >= rows && d->route[id].capx >= X;
+}
+
+/* Before a pass, outside a graph's capture: every route a pass has run, sized for this
+   minibatch (a graph's pass cannot allocate) */
+static void routes_sized(cavs_model *m) {
+  Dev *d = dev(m);
+  for (int id = 0; id < CV_MAX_ROUTES; id++)
+    if (d->route[id].K > 0) route_room(m, id, d->route[id].K, d->route[id].X);
+}
+
+/* a thread a row: its choices and kept weights, and with the balancing loss its whole
+   softmax (p: the stage's rows) */
+template <typename R>
+__global__ void topk_rows_k(int K, long X, const R *g, long ldg, R *w, long ldw, int *ch, double *p, int r0, int n) {
+  long r, j;
+  if (!cell(r0, n, 1, &r, &j)) return;
+  const R *gr = g + r * ldg;
+  cv_topk_row(K, X, gr, w + r * ldw, ch + (long)K * r);
+  if (p) cv_full_softmax(gr, X, p + (r - r0) * X);
+}
+/* a thread an expert: its choices among the stage's, counted; the pass's load (acc[e])
+   and, with the balancing loss, its slots (acc[X + e]) and summed probability, each
+   row added in row order as the cpu adds them */
+__global__ void topk_count_k(int K, long X, const int *ch, const double *p, int *cnt, long long *acc, double *psum,
+                             int r0, int n) {
+  long e, j;
+  if (!cell(0, X, 1, &e, &j)) return;
+  int c = 0;
+  for (long q = (long)K * r0; q < (long)K * (r0 + n); q++) c += ch[q] == e;
+  cnt[e] = c;
+  acc[e] += c;
+  if (!p) return;
+  acc[X + e] += c;
+  double s = psum[e];
+  for (long i = 0; i < n; i++) s += p[i * X + e];
+  psum[e] = s;
+}
+/* a thread an expert: its slots numbered after the experts' before it, in row order
+   (each row's choice's slot in rslot, each slot's expert in sexp); and each row's
+   routing's rows [rb, re), the rows shared among the threads */
+__global__ void topk_number_k(int K, long X, const int *ch, const int *cnt, int *rslot, int *sexp, int *rb, int *re,
+                              int r0, int n) {
+  long e, j;
+  if (!cell(0, X, 1, &e, &j)) return;
+  long s = (long)K * r0;
+  for (long i = 0; i < e; i++) s += cnt[i];
+  for (long q = (long)K * r0; q < (long)K * (r0 + n); q++)
+    if (ch[q] == e) sexp[s] = (int)e, rslot[q] = (int)s++;
+  for (long r = r0 + e; r < r0 + n; r += X) rb[r] = r0, re[r] = r0 + n;
 }
 
 static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
@@ -1356,36 +1471,92 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
   cavs_model *m = model(c);
   Dev *d = dev(m);
   int id = (int)(rt - m->route);
-  size_t es = m->esize, row = (size_t)X * es, bytes = 2 * row * (size_t)n;
-  if (d->graphs)
-    record(m, EINVAL, __FILE__, __LINE__,
-           "a mixture of experts cannot run in a CUDA graph (--cuda-graphs): the host routes each stage's rows, "
-           "reading their gate values back");
-  else if (bytes > d->capgate) {
-    free(d->gate_host);
-    d->capgate = 0;
-    if ((d->gate_host = malloc(bytes))) d->capgate = bytes;
-    else record(m, ENOMEM, __FILE__, __LINE__, "out of host memory for a routing's %zu bytes", bytes);
+  if (d->route[id].K != K || d->route[id].X != X) d->route[id].K = K, d->route[id].X = X;
+  if (m->no_alloc && (d->route[id].cap < (long)K * m->rows || d->route[id].caprows < m->rows ||
+                      d->route[id].capx < X)) {
+    /* (a routing no pass ran before, in a graph's pass: this pass fails, not the model;
+       the next pass's schedule sizes its arrays) */
+    if (!m->launch_failed)
+      snprintf(m->err, sizeof m->err,
+               "%s:%d: cuda: a mixture of experts' routing %d first ran in a pass captured as a CUDA graph "
+               "(--cuda-graphs), which cannot make its arrays; the next pass can",
+               __FILE__, __LINE__, id);
+    m->launch_failed = true;
+    return;
   }
-  char *gh = (char *)d->gate_host, *wh = gh + row * (size_t)n;
-  /* (a copy on the legacy stream: after the stage's work on either stream; the host
-     waits for it) */
-  if (!d->failed)
-    CK(m, cudaMemcpy2D(gh, row, (const char *)g + (size_t)r0 * (size_t)ldg * es, (size_t)ldg * es, row, (size_t)n,
-                       cudaMemcpyDeviceToHost));
-  if (d->failed || !route_on_device(m, rt, id)) {
+  if (!route_room(m, id, K, X)) {
     m->launch_failed = true; /* the rest of the pass reads no slot (moe.c); the message is the record's */
     return;
   }
-  if (dbl(c)) cv_topk_route(rt, m->pass, K, X, bal, (const double *)gh, X, (double *)wh, X, r0, n);
-  else cv_topk_route(rt, m->pass, K, X, bal, (const float *)gh, X, (float *)wh, X, r0, n);
-  /* up without a wait, on the legacy stream (before the streams' work issued after it),
-     from pageable memory, which the copy stages as it is issued */
-  CK(m, cudaMemcpy2DAsync((char *)w + (size_t)r0 * (size_t)ldw * es, (size_t)ldw * es, wh, row, row, (size_t)n,
-                          cudaMemcpyHostToDevice, 0));
-  size_t s0 = (size_t)K * (size_t)r0, ns = (size_t)K * (size_t)n;
-  CK(m, cudaMemcpyAsync(d->route[id].rslot + s0, rt->rslot + s0, sizeof(int) * ns, cudaMemcpyHostToDevice, 0));
-  CK(m, cudaMemcpyAsync(d->route[id].sexp + s0, rt->sexp + s0, sizeof(int) * ns, cudaMemcpyHostToDevice, 0));
+  /* the host's part: the pass's bookkeeping (as cv_topk_route's) and the rows' routings */
+  if (rt->pass != m->pass) {
+    rt->pass = m->pass, rt->aux_rows = 0, rt->bal = bal, rt->nx_pass = X, rt->K = K;
+    CK(m, cudaMemsetAsync(d->route[id].acc, 0, sizeof(long long) * 2 * (size_t)X, on(c)));
+    CK(m, cudaMemsetAsync(d->route[id].psum, 0, sizeof(double) * (size_t)X, on(c)));
+  }
+  rt->stages++;
+  if (bal > 0) rt->aux_rows += n;
+  for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;
+  d->route[id].pending = true;
+  d->routed = true;
+  double *p = bal > 0 ? d->route[id].p : NULL;
+  if (dbl(c))
+    CAVS_CUDA_LAUNCH(topk_rows_k<double>, blocks(n), on(c))(K, X, (const double *)g, ldg, (double *)w, ldw,
+                                                            d->route[id].ch, p, r0, n);
+  else
+    CAVS_CUDA_LAUNCH(topk_rows_k<float>, blocks(n), on(c))(K, X, (const float *)g, ldg, (float *)w, ldw,
+                                                           d->route[id].ch, p, r0, n);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(K, X, d->route[id].ch, p, d->route[id].cnt, d->route[id].acc,
+                                                   d->route[id].psum, r0, n);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_number_k, blocks(X), on(c))(K, X, d->route[id].ch, d->route[id].cnt, d->route[id].rslot,
+                                                    d->route[id].sexp, d->route[id].rb, d->route[id].re, r0, n);
+  CKL(m);
+  /* expert parallelism plans each round's exchange from the slots' experts, on the host
+     (moe.c): the stage's, read back (a wait, as each round's exchange waits) */
+  if (m->ep.on && !d->failed)
+    CK(m, cudaMemcpy(rt->sexp + (long)K * r0, d->route[id].sexp + (long)K * r0, sizeof(int) * (size_t)K * (size_t)n,
+                     cudaMemcpyDeviceToHost));
+}
+
+/* The forward pass's routings' counts, read back with its losses: issued before the
+   synchronize's wait (stats_issue), read after it into the host's arrays (stats_read):
+   each expert's load added to the route's, the balancing loss's counts and sums */
+static void route_stats_issue(cavs_model *m) {
+  Dev *d = dev(m);
+  for (int id = 0; id < CV_MAX_ROUTES && !d->failed; id++) {
+    if (!d->route[id].pending) continue;
+    long X = d->route[id].X;
+    CK(m, cudaMemcpyAsync(d->route[id].acc_host, d->route[id].acc, sizeof(long long) * 2 * (size_t)X,
+                          cudaMemcpyDeviceToHost, 0));
+    CK(m, cudaMemcpyAsync(d->route[id].acc_host + 2 * X, d->route[id].psum, sizeof(double) * (size_t)X,
+                          cudaMemcpyDeviceToHost, 0));
+  }
+}
+static void route_stats_read(cavs_model *m) {
+  Dev *d = dev(m);
+  for (int id = 0; id < CV_MAX_ROUTES; id++) {
+    if (!d->route[id].pending) continue;
+    d->route[id].pending = false;
+    cv_route *rt = &m->route[id];
+    long X = d->route[id].X;
+    const long long *a = d->route[id].acc_host;
+    if (d->failed || X > rt->nx) continue;
+    for (long j = 0; j < X; j++) rt->load[j] += (long)a[j];
+    if (rt->bal > 0) {
+      for (long j = 0; j < X; j++) rt->pcnt[j] = (long)a[X + j];
+      memcpy(rt->psum, a + 2 * X, sizeof(double) * (size_t)X);
+    }
+  }
+}
+
+/* a thread an expert: the share of the forward pass's slots it received (moe.h's
+   cv_balance_shares, from the device's counts) */
+__global__ void shares_k(int K, long X, const long long *acc, long rows, double *f) {
+  long e, j;
+  if (!cell(0, X, 1, &e, &j)) return;
+  f[e] = (double)acc[X + e] / ((double)K * (double)rows);
 }
 
 /* a thread a row: the gate's gradient (moe.h) */
@@ -1410,25 +1581,174 @@ static void cuda_topk_bwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
   cavs_model *m = model(c);
   Dev *d = dev(m);
   int id = (int)(rt - m->route);
+  if (X > d->route[id].capx) { /* (no forward pass routed it: moe.c refuses that first) */
+    m->launch_failed = true;
+    return;
+  }
   double scale = cv_balance_scale(rt, X, bal, c->loss_scale);
-  if (scale != 0 && (!d->route[id].f_sent || d->route[id].f_pass != rt->pass || d->route[id].capx < X)) {
-    /* the forward pass's shares, once a pass: on the legacy stream, before either
-       stream's work issued after it */
-    if (d->route[id].capx < X) {
-      d->route[id].capx = 0;
-      regrow(m, (void **)&d->route[id].f, sizeof(double) * (size_t)X);
-      regrow_pinned(m, (void **)&d->route[id].f_host, sizeof(double) * (size_t)X);
-      if (d->failed) return;
-      d->route[id].capx = X;
-    }
-    pinned_for_host(m, PIN_SHARES);
-    cv_balance_shares(rt, K, X, d->route[id].f_host);
-    CK(m, cudaMemcpyAsync(d->route[id].f, d->route[id].f_host, sizeof(double) * (size_t)X, cudaMemcpyHostToDevice, 0));
-    d->busy |= PIN_SHARES;
-    d->route[id].f_pass = rt->pass, d->route[id].f_sent = true;
+  if (scale != 0 && (!d->route[id].f_made || d->route[id].f_pass != rt->pass)) {
+    /* the forward pass's shares, once a backward pass, on its stream */
+    CAVS_CUDA_LAUNCH(shares_k, blocks(X), on(c))(K, X, d->route[id].acc, rt->aux_rows, d->route[id].f);
+    CKL(m);
+    d->route[id].f_pass = rt->pass, d->route[id].f_made = true;
   }
   if (dbl(c)) topk_bwd_as<double>(c, id, K, X, scale, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
   else topk_bwd_as<float>(c, id, K, X, scale, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
+}
+
+/* ---- an expert's products, grouped: one launch a stage ----
+ *
+ * The slots of a stage's range are sorted by expert within each routing (a routing: a
+ * forward stage's rows; a backward range may hold several, rb and re say where each
+ * ends). A block of emm_rows_k takes EM consecutive slots and EN columns of the result
+ * and, for each run of one expert's slots among them, multiplies those rows by that
+ * expert's matrix (rows outside the run read as zeros and are not written): the extra
+ * work is at most a block's per run boundary, as an expert's last partial tile costs in
+ * a grouped product that pads each expert to whole tiles (MegaBlocks), and nothing is
+ * padded or dropped. A block of emm_dw_k takes one expert and EM x EN of its matrix's
+ * gradient and sums x^T dy over that expert's slots, found by a binary search in each
+ * routing of the range, in slot order; an expert without slots writes nothing. Each
+ * thread keeps a 4 x 4 tile of the block's 64 x 64 (EM x EN), the operands staged EK
+ * deep in shared memory. Not yet run on a GPU: plain FP32 tiles, untuned. */
+enum { EM = 64, EN = 64, EK = 16, ET = 16 /* threads a side: 16 x 16 = THREADS */ };
+
+/* The block's EM x EN tile of C += A B over k in [k0, k1) (kk's operands from the
+   loaders), accumulated in acc: the shared loops common to both kernels */
+template <typename R> struct Tile {
+  R a[EK][EM + 1], b[EK][EN + 1]; /* (a column apart: a warp's stores, k apart, in different banks) */
+};
+template <typename R> __device__ void tile_fma(const Tile<R> *t, R acc[4][4]) {
+  int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
+  for (int kk = 0; kk < EK; kk++)
+    for (int i = 0; i < 4; i++) {
+      R ai = t->a[kk][ty + ET * i];
+      for (int j = 0; j < 4; j++) acc[i][j] += ai * t->b[kk][tx + ET * j];
+    }
+}
+
+/* y[s, j] (j < N) = (add ? y[s, j] : 0) + sum_p x[s, p] B_e(p, j) over the range's slots
+   s, e = sexp[s], p < Kd; B_e(p, j) = t[e ldt + p N + j], or with tb t[e ldt + j Kd + p]
+   (the forward product x W_e with W_e [A, B]: N = B, Kd = A; dx = dy W_e^T: tb, N = A,
+   Kd = B) */
+template <typename R, bool TB>
+__global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, long ldt, R *y, long ldy, bool add,
+                           const int *sexp, long s0, long sn, long ntn) {
+  __shared__ Tile<R> sh;
+  long q = blockIdx.x, lo = s0 + q / ntn * EM, hi = lo + EM < s0 + sn ? lo + EM : s0 + sn, c0 = q % ntn * EN;
+  int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
+  for (long a = lo, b; a < hi; a = b) {
+    int e = sexp[a];
+    for (b = a + 1; b < hi && sexp[b] == e; b++)
+      ;
+    const R *te = t + (long)e * ldt;
+    R acc[4][4] = {};
+    for (long k0 = 0; k0 < Kd; k0 += EK) {
+      for (int l = threadIdx.x; l < EK * EM; l += blockDim.x) {
+        int i = l / EK, kk = l % EK;
+        long s = lo + i, k = k0 + kk;
+        sh.a[kk][i] = s >= a && s < b && k < Kd ? x[s * ldx + k] : (R)0;
+      }
+      for (int l = threadIdx.x; l < EK * EN; l += blockDim.x) {
+        int kk = TB ? l % EK : l / EN, jj = TB ? l / EK : l % EN;
+        long k = k0 + kk, j = c0 + jj;
+        sh.b[kk][jj] = k < Kd && j < N ? (TB ? te[j * Kd + k] : te[k * N + j]) : (R)0;
+      }
+      __syncthreads();
+      tile_fma(&sh, acc);
+      __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+      long s = lo + ty + ET * i;
+      if (s < a || s >= b) continue;
+      for (int jj = 0; jj < 4; jj++) {
+        long j = c0 + tx + ET * jj;
+        if (j < N) y[s * ldy + j] = add ? y[s * ldy + j] + acc[i][jj] : acc[i][jj];
+      }
+    }
+  }
+}
+
+/* The first slot of [lo, hi) whose expert is at least e (sorted there) */
+__device__ static long first_of(const int *sexp, long lo, long hi, long e) {
+  while (lo < hi) {
+    long mid = lo + (hi - lo) / 2;
+    if (sexp[mid] < e) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* dt[e ldt + i B + j] += sum_s x[s, i] dy[s, j] over expert e's slots of the range, in
+   slot order; blocks: X experts, each ntm x ntn tiles of [A, B] */
+template <typename R>
+__global__ void emm_dw_k(long A, long B, const R *x, long ldx, const R *dy, long lddy, R *dt, long lddt,
+                         const int *sexp, const int *rb, const int *re, int K, long s0, long sn, long ntm, long ntn) {
+  __shared__ Tile<R> sh;
+  long q = blockIdx.x, e = q / (ntm * ntn), r0 = q % (ntm * ntn) / ntn * EM, c0 = q % ntn * EN, any = 0;
+  int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
+  R acc[4][4] = {};
+  for (long s = s0; s < s0 + sn;) {
+    long row = s / K, lo = (long)K * rb[row], hi = (long)K * re[row];
+    long a = first_of(sexp, lo, hi, e), b = first_of(sexp, a, hi, e + 1);
+    any += b - a;
+    for (long k0 = a; k0 < b; k0 += EK) {
+      for (int l = threadIdx.x; l < EK * EM; l += blockDim.x) {
+        int kk = l / EM, i = l % EM;
+        long k = k0 + kk, col = r0 + i;
+        sh.a[kk][i] = k < b && col < A ? x[k * ldx + col] : (R)0;
+      }
+      for (int l = threadIdx.x; l < EK * EN; l += blockDim.x) {
+        int kk = l / EN, jj = l % EN;
+        long k = k0 + kk, j = c0 + jj;
+        sh.b[kk][jj] = k < b && j < B ? dy[k * lddy + j] : (R)0;
+      }
+      __syncthreads();
+      tile_fma(&sh, acc);
+      __syncthreads();
+    }
+    s = hi > s ? hi : s + 1;
+  }
+  if (!any) return;
+  R *de = dt + e * lddt;
+  for (int i = 0; i < 4; i++) {
+    long r = r0 + ty + ET * i;
+    if (r >= A) continue;
+    for (int jj = 0; jj < 4; jj++) {
+      long j = c0 + tx + ET * jj;
+      if (j < B) de[r * B + j] += acc[i][jj];
+    }
+  }
+}
+
+static long tiles(long n, long t) { return (n + t - 1) / t; }
+
+template <typename R>
+static void emm_fwd_as(cavs_ctx *c, int id, long A, long B, const void *x, long ldx, const void *t, long ldt, void *y,
+                       long ldy, bool add, long s0, long sn) {
+  Dev *d = dev(model(c));
+  long ntn = tiles(B, EN);
+  CAVS_CUDA_LAUNCH((emm_rows_k<R, false>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
+      B, A, (const R *)x, ldx, (const R *)t, ldt, (R *)y, ldy, add, d->route[id].sexp, s0, sn, ntn);
+  CKL(model(c));
+}
+template <typename R>
+static void emm_bwd_as(cavs_ctx *c, int id, int K, long X, long A, long B, const void *x, long ldx, const void *t,
+                       long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
+                       long s0, long sn) {
+  Dev *d = dev(model(c));
+  if (dx) {
+    long ntn = tiles(A, EN);
+    CAVS_CUDA_LAUNCH((emm_rows_k<R, true>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
+        A, B, (const R *)dy, lddy, (const R *)t, ldt, (R *)dx, lddx, !dx_set, d->route[id].sexp, s0, sn, ntn);
+    CKL(model(c));
+  }
+  if (dt) {
+    long ntm = tiles(A, EM), ntn = tiles(B, EN);
+    CAVS_CUDA_LAUNCH(emm_dw_k<R>, cavs_cuda_blocks(X * ntm * ntn, 1, 1), on(c))(
+        A, B, (const R *)x, ldx, (const R *)dy, lddy, (R *)dt, lddt, d->route[id].sexp, d->route[id].rb,
+        d->route[id].re, K, s0, sn, ntm, ntn);
+    CKL(model(c));
+  }
 }
 
 /* forward, a thread a slot's cell: x's row to the slot; backward, a thread a row's cell:
@@ -1570,8 +1890,29 @@ static void cuda_scomb_bwd(cavs_ctx *c, const cv_route *rt, int K, const void *v
   else scomb_bwd_as<float>(c, route_id(c, rt), K, v, ldv, wt, ldw, dy, lddy, dv, lddv, dv_set, dw, lddw, w, r0, n);
 }
 
+static void cuda_emm_fwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
+                         long ldt, void *y, long ldy, bool add, long s0, long sn) {
+  if (sn <= 0 || A <= 0 || B <= 0) return;
+  model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B;
+  if (dbl(c)) emm_fwd_as<double>(c, route_id(c, rt), A, B, x, ldx, t, ldt, y, ldy, add, s0, sn);
+  else emm_fwd_as<float>(c, route_id(c, rt), A, B, x, ldx, t, ldt, y, ldy, add, s0, sn);
+}
+static void cuda_emm_bwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
+                         long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
+                         long s0, long sn) {
+  if (sn <= 0 || A <= 0 || B <= 0) return;
+  model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B * ((dx != NULL) + (dt != NULL));
+  if (dbl(c))
+    emm_bwd_as<double>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
+                       s0, sn);
+  else
+    emm_bwd_as<float>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
+                      s0, sn);
+}
+
 static const cv_moe_ops cuda_moe = {
-    cuda_topk_fwd, cuda_topk_bwd, cuda_sbcast, cuda_erow, cuda_scomb_fwd, cuda_scomb_bwd,
+    cuda_topk_fwd, cuda_topk_bwd, cuda_sbcast,  cuda_erow,    cuda_scomb_fwd,
+    cuda_scomb_bwd, cuda_emm_fwd, cuda_emm_bwd,
 };
 
 /* What backend.c finds by name in this module. */

@@ -1351,6 +1351,12 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, !add, NULL, 0, s0, sn);
     return;
   }
+  const cv_moe_ops *o = moe_ops(c);
+  if (o->emm_fwd) { /* the backend's grouped product, from its own copy of the slots */
+    o->emm_fwd(c, rt, K, A, B, x, ldx, t, ldt, y, ldy, add != 0, s0, sn);
+    c->model->route[route].products++;
+    return;
+  }
   /* one product per expert over its slots: none for an expert without; each writes its
      own slots, so they go to the backend as one list (cv_gemms), GEMMS_CHUNK at a time */
   cv_gemm g[GEMMS_CHUNK];
@@ -1375,6 +1381,12 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
   cv_slot_range(rt, K, r0, n, &s0, &sn);
   if (c->model->ep.on) {
     ep_emm(c, EP_BWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
+    return;
+  }
+  const cv_moe_ops *o = moe_ops(c);
+  if (o->emm_bwd) {
+    o->emm_bwd(c, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set != 0, dt, lddt, s0, sn);
+    c->model->route[route].products += (dx != NULL) + (dt != NULL);
     return;
   }
   /* (dx's slots, and dt's expert rows, are each one product's: one list, as forward) */

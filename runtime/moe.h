@@ -65,15 +65,48 @@ static inline CAVS_HD float cv_slot_dot(const float *a, const float *b, long w) 
 static inline CAVS_HD double cv_slot_dot(const double *a, const double *b, long w) { return cv_slot_dot_d(a, b, w); }
 #endif
 
-#define CV_MOE_ROUTING(R, S)                                                                                           \
-  /* p = softmax(g[0..X)), in double; added to sum where there is one */                                             \
-  static inline void cv_full_softmax_##S(const R *g, long X, double *p, double *sum) {                               \
+/* One row's routing, a CPU loop's or a GPU thread's work (the cuda backend routes on the
+ * device, a thread a row): p = softmax(g[0..X)) in double (the balancing loss's), and
+ * the row's K choices ch[0..K) (its experts of largest gate value, the lower index
+ * first among equals, a NaN never taken over a number) with its kept weights wr (0 but
+ * at the choices: the softmax of their gate values). */
+#define CV_MOE_ROW(R, S)                                                                                               \
+  static inline CAVS_HD void cv_full_softmax_##S(const R *g, long X, double *p) {                                    \
     double top = (double)g[0], z = 0;                                                                                \
     for (long j = 1; j < X; j++) top = (double)g[j] > top ? (double)g[j] : top;                                      \
     for (long j = 0; j < X; j++) z += p[j] = exp((double)g[j] - top);                                                \
     for (long j = 0; j < X; j++) p[j] /= z;                                                                          \
-    for (long j = 0; sum && j < X; j++) sum[j] += p[j];                                                              \
   }                                                                                                                  \
+  static inline CAVS_HD void cv_topk_row_##S(int K, long X, const R *gr, R *wr, int *ch) {                           \
+    for (long j = 0; j < X; j++) wr[j] = 0;                                                                          \
+    for (int k = 0; k < K; k++) {                                                                                    \
+      long best = -1;                                                                                                \
+      for (long j = 0; j < X; j++) {                                                                                 \
+        bool taken = false;                                                                                          \
+        for (int q = 0; q < k && !taken; q++) taken = ch[q] == j;                                                    \
+        if (!taken && (best < 0 || gr[j] > gr[best] || (isnan(gr[best]) && !isnan(gr[j])))) best = j;              \
+      }                                                                                                              \
+      ch[k] = (int)best;                                                                                             \
+    }                                                                                                                \
+    /* the softmax of the K kept values (the first is their largest) */                                              \
+    double top = (double)gr[ch[0]], sum = 0, e[CV_MAX_K];                                                            \
+    for (int k = 0; k < K; k++) sum += e[k] = exp((double)gr[ch[k]] - top);                                          \
+    for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                         \
+  }
+CV_MOE_ROW(float, f)
+CV_MOE_ROW(double, d)
+#ifdef __cplusplus
+static inline CAVS_HD void cv_full_softmax(const float *g, long X, double *p) { cv_full_softmax_f(g, X, p); }
+static inline CAVS_HD void cv_full_softmax(const double *g, long X, double *p) { cv_full_softmax_d(g, X, p); }
+static inline CAVS_HD void cv_topk_row(int K, long X, const float *gr, float *wr, int *ch) {
+  cv_topk_row_f(K, X, gr, wr, ch);
+}
+static inline CAVS_HD void cv_topk_row(int K, long X, const double *gr, double *wr, int *ch) {
+  cv_topk_row_d(K, X, gr, wr, ch);
+}
+#endif
+
+#define CV_MOE_ROUTING(R, S)                                                                                           \
   /* The routing of rows r0 .. r0+n-1, whose gate values g0 and kept weights w0 (row r0   \
      first, ld apart) are host memory: w0's rows written (0 but at a row's K choices),     \
      the route's arrays filled, its loads and the balancing loss's sums counted */         \
@@ -89,25 +122,13 @@ static inline CAVS_HD double cv_slot_dot(const double *a, const double *b, long 
     rt->stages++;                                                                                                    \
     for (int i = 0; i < n; i++) {                                                                                    \
       const R *gr = g0 + (size_t)i * (size_t)ldg;                                                                    \
-      if (bal > 0) cv_full_softmax_##S(gr, X, rt->scr, rt->psum);                                                    \
-      R *wr = w0 + (size_t)i * (size_t)ldw;                                                                          \
-      int *ch = rt->rslot + (size_t)K * (size_t)(r0 + i); /* the choices, for now; their slots below */              \
-      for (long j = 0; j < X; j++) wr[j] = 0;                                                                        \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        long best = -1;                                                                                              \
-        for (long j = 0; j < X; j++) {                                                                               \
-          bool taken = false;                                                                                        \
-          for (int q = 0; q < k && !taken; q++) taken = ch[q] == j;                                                  \
-          /* the larger, the lower index among equals; a NaN is never taken over a number */                         \
-          if (!taken && (best < 0 || gr[j] > gr[best] || (isnan(gr[best]) && !isnan(gr[j])))) best = j;            \
-        }                                                                                                            \
-        ch[k] = (int)best;                                                                                           \
-        cnt[best + 1]++;                                                                                             \
+      if (bal > 0) {                                                                                                 \
+        cv_full_softmax_##S(gr, X, rt->scr);                                                                         \
+        for (long j = 0; j < X; j++) rt->psum[j] += rt->scr[j];                                                      \
       }                                                                                                              \
-      /* the softmax of the K kept values (the first is their largest) */                                            \
-      double top = (double)gr[ch[0]], sum = 0, e[CV_MAX_K];                                                          \
-      for (int k = 0; k < K; k++) sum += e[k] = exp((double)gr[ch[k]] - top);                                        \
-      for (int k = 0; k < K; k++) wr[ch[k]] = (R)(e[k] / sum);                                                       \
+      int *ch = rt->rslot + (size_t)K * (size_t)(r0 + i); /* the choices, for now; their slots below */              \
+      cv_topk_row_##S(K, X, gr, w0 + (size_t)i * (size_t)ldw, ch);                                                   \
+      for (int k = 0; k < K; k++) cnt[ch[k] + 1]++;                                                                  \
     }                                                                                                                \
     for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;                                      \
     /* the balancing loss's sums over the pass: each expert's slots and gate probability */                          \

@@ -219,8 +219,11 @@ static void same_forward(cavs_model *a, cavs_model *b, const cavs_graph *const *
  * with every buffer poisoned, a forward pass (every value of every per-row buffer, the
  * losses, counts and predictions), a backward pass (every gradient of a buffer and of
  * a parameter), and an optimizer step (Adam, clipped: every parameter). */
-static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) {
-  MINIBATCH(dc);
+static void models_agree_at(const cavs_desc *dc, const cavs_desc *du, double tol, int wide) {
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[2 * TG_MINIBATCH];
+  int k = tg_minibatch_wide(dc, dims, g, gs, true, wide);
   long since = cavs_emu_serial();
   cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
   same_forward(mc, mu, gs, k, tol);
@@ -246,6 +249,8 @@ static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) {
   cavs_model_free(mc);
   free_all(mu, since);
 }
+
+static void models_agree(const cavs_desc *dc, const cavs_desc *du, double tol) { models_agree_at(dc, du, tol, 8); }
 
 static void cuda_vs_cpu(int i, const char *prec, double tol) { models_agree(example(i, prec, false), example(i, prec, true), tol); }
 
@@ -305,12 +310,15 @@ END_TEST
 /* Each pass captured as a CUDA graph and launched (cavs_model_opts.graphs): the graph
  * made, updated in place for a minibatch of the same shape, made again for another
  * (cudaGraphExecUpdate refuses a new topology), its nodes run in either order the
- * edges allow; the same bits as the passes launched kernel by kernel. */
+ * edges allow; the same bits as the passes launched kernel by kernel. A model that
+ * routes to experts runs its first pass kernel by kernel (its routes' arrays are made
+ * there), then every pass as a graph, routed on the device. */
 START_TEST(graphs_as_launches) {
   const cavs_desc *d = example(_i, "double", true);
   MINIBATCH(d);
   long since = cavs_emu_serial();
   cavs_model *plain = model_on(d, dims, "cuda", 0, 0), *graphs = model_on(d, dims, "cuda", 0, 1);
+  bool routes = !strncmp(examples[_i], "moe_", 4);
   for (int round = 0; round < 4; round++) {
     int kr = round < 2 ? k : k - 1 - (round & 1);
     cavs_emu_counts c;
@@ -319,9 +327,9 @@ START_TEST(graphs_as_launches) {
     pass_in(graphs, gs, kr, round & 1 ? CAVS_EMU_SIDE_FIRST : CAVS_EMU_MAIN_FIRST);
     cavs_emu_counters(&c, 1);
     same_pass(plain, graphs, 0, 0);
-    /* two forward passes and a backward one, a graph each, and nothing else launched
-       in them */
-    ck_assert_int_eq(c.graph_launches, 3);
+    /* two forward passes and a backward one, a graph each (but the first pass of a
+       model that routes), and nothing else launched in them */
+    ck_assert_int_eq(c.graph_launches, routes && round == 0 ? 2 : 3);
     ck_assert_int_gt(c.graph_kernels, 3);
   }
   cavs_model_free(plain);
@@ -609,22 +617,18 @@ static const cavs_desc *drop_c, *drop_u;
 
 static int example_index(const char *name);
 
-/* A mixture of experts' routing is the host's, which a graph cannot wait for: a model
- * with one asked for graphs fails its first pass with a message saying so, nothing it
- * issued misuses the API, and it frees leaving nothing alive. */
-START_TEST(moe_graphs_refused) {
-  const cavs_desc *d = example(example_index("moe_tree"), "float", true);
-  MINIBATCH(d);
-  long since = cavs_emu_serial();
-  cavs_model *m = model_on(d, dims, "cuda", 0, 1);
-  cavs_stats st;
-  ck_assert_int_eq(cavs_model_forward(m, gs, k, &st), -1);
-  ck_assert_msg(strstr(cavs_model_error(m), "cannot run in a CUDA graph (--cuda-graphs)"), "%s", cavs_model_error(m));
-  free_all(m, since);
-}
+START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
 END_TEST
 
-START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
+/* The experts' grouped products past one block's tile: the mixture-of-experts Tree-LSTM
+ * with every width 70 or more (two tiles of columns, five slices of k, stages of
+ * several tiles of slots with many runs of experts in each) and as many experts (most
+ * receive no slot in a stage, some none in a pass): the cpu's values, gradients and
+ * step. */
+START_TEST(moe_wide_as_cpu) {
+  int x = example_index("moe_tree");
+  models_agree_at(example(x, "double", false), example(x, "double", true), 1e-12, 70);
+}
 END_TEST
 
 /* A mixture of experts in the push block, no balancing loss, the leaves unlabeled: the
@@ -758,8 +762,7 @@ END_TEST
 START_TEST(inference_as_cpu) {
   const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
   MINIBATCH(dc);
-  /* (a routed stage waits for the device: no graph; moe_graphs_refused) */
-  for (int graphs = 0; graphs < (strncmp(examples[_i], "moe_", 4) ? 2 : 1); graphs++) {
+  for (int graphs = 0; graphs < 2; graphs++) {
     long since = cavs_emu_serial();
     cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, graphs);
     cavs_model_set_inference(mc, 1);
@@ -807,10 +810,9 @@ typedef struct StepCounts {
   int trees;
   long rows, sched, out;
   double flops, host; /* the products' flops; the host's seconds scheduling (levels, rows, plans) */
-  /* a mixture of experts: the stages routed (each a wait for the device) and the rows
-     routed, and the bytes a routing sends up and down over the step (gate values down,
-     kept weights, slots and the balancing loss's shares up) */
-  long routed_stages, routed_rows, route_up, route_down, expert_products;
+  /* a mixture of experts: the stages routed (on the device: no wait), the rows routed,
+     the expert products issued, and the bytes the routings send down over the step */
+  long routed_stages, routed_rows, route_down, expert_products;
 } StepCounts;
 
 /* Each routing's stages, slots and expert products so far */
@@ -823,23 +825,21 @@ static void routing_so_far(const cavs_model *m, long stages[CV_MAX_ROUTES], long
   }
 }
 
-/* What the routings since (stages, slots) cost: host waits, rows, and bytes: per row
-   routed its gate values down, its kept weights and its K slots' two ints up, and the
-   balancing loss's shares (X doubles) once a backward pass */
+/* What the routings since (stages, slots) cost: rows, products, and bytes: nothing up
+   (the rows are routed where their gate values are), and down, once a forward pass,
+   each routing's loads, balancing counts and summed probabilities (3 X words) */
 static void routing_since(const cavs_model *m, const long stages[CV_MAX_ROUTES], const long slots[CV_MAX_ROUTES],
                           const long products[CV_MAX_ROUTES], StepCounts *out) {
-  out->routed_stages = out->routed_rows = out->route_up = out->route_down = out->expert_products = 0;
+  out->routed_stages = out->routed_rows = out->route_down = out->expert_products = 0;
   for (int i = 0; i < CV_MAX_ROUTES; i++) {
     const struct cv_route *r = &m->route[i];
     long now = 0;
     for (long j = 0; r->load && j < r->nx; j++) now += r->load[j];
     out->expert_products += m->route[i].products - products[i];
     if (now == slots[i]) continue;
-    long rows = (now - slots[i]) / r->K, es = (long)m->esize;
     out->routed_stages += r->stages - stages[i];
-    out->routed_rows += rows;
-    out->route_down += rows * r->nx * es;
-    out->route_up += rows * (r->nx * es + 2L * r->K * 4) + (r->bal > 0 ? 8 * r->nx : 0);
+    out->routed_rows += (now - slots[i]) / r->K;
+    out->route_down += 3 * 8 * r->nx;
   }
 }
 
@@ -912,16 +912,16 @@ static void counts_header(void) {
 /* The targets of a training step in the steady state, once buffers have grown: no device
  * or pinned allocation or free, one host synchronization (the forward pass reading its
  * losses back), no more bytes up than the minibatch's schedule and inputs, and down its
- * losses and predictions. A mixture of experts adds a wait a routed stage of the
- * forward pass (none in the backward pass) and its routing's bytes (routing_since). */
+ * losses and predictions. A mixture of experts routes on the device: no more waits,
+ * nothing more up, and down its routings' counts (routing_since). */
 static void steady(const char *name, const StepCounts *s) {
   const cavs_emu_counts *c = &s->c;
   ck_assert_msg(c->mallocs + c->host_mallocs + c->frees + c->host_frees == 0, "%s: %ld allocations, %ld frees", name,
                 c->mallocs + c->host_mallocs, c->frees + c->host_frees);
-  ck_assert_msg(c->syncs == 1 + s->routed_stages, "%s: %ld host synchronizations in a training step (%ld routed stages)",
-                name, c->syncs, s->routed_stages);
-  ck_assert_msg(c->bytes_htod <= s->sched + s->route_up, "%s: %ld bytes up, the schedule and inputs are %ld, the routing %ld",
-                name, c->bytes_htod, s->sched, s->route_up);
+  ck_assert_msg(c->syncs == 1, "%s: %ld host synchronizations in a training step (%ld routed stages)", name, c->syncs,
+                s->routed_stages);
+  ck_assert_msg(c->bytes_htod <= s->sched, "%s: %ld bytes up, the schedule and inputs are %ld", name, c->bytes_htod,
+                s->sched);
   ck_assert_msg(c->bytes_dtoh <= s->out + s->route_down, "%s: %ld bytes down, the losses and predictions %ld, the routing %ld",
                 name, c->bytes_dtoh, s->out, s->route_down);
 }
@@ -950,10 +950,12 @@ START_TEST(steady_state_counts) {
   counts_line(examples[_i], "float", &twice);
   steady(examples[_i], &once);
   steady(examples[_i], &twice);
-  /* (but the products of a mixture's experts: one an expert that received slots, which
-     more trees give more of; check_engine's moe_groups_by_expert counts them) */
-  long l1 = once.c.launches + once.c.blas_calls + once.c.memsets - once.expert_products,
-       l2 = twice.c.launches + twice.c.blas_calls + twice.c.memsets - twice.expert_products;
+  /* (a mixture's experts too: their products are one grouped launch a stage, however
+     many experts received slots) */
+  long l1 = once.c.launches + once.c.blas_calls + once.c.memsets,
+       l2 = twice.c.launches + twice.c.blas_calls + twice.c.memsets;
+  ck_assert_msg(twice.expert_products <= once.expert_products, "%s: %ld expert products for %d trees, %ld for %d",
+                examples[_i], once.expert_products, k, twice.expert_products, 2 * k);
   ck_assert_msg(l2 <= l1, "%s: %ld launches, cuBLAS calls and memsets for %d trees, %ld for %d", examples[_i], l1, k, l2,
                 2 * k);
   free_all(m, since);
@@ -1182,8 +1184,7 @@ int main(void) {
     tcase_add_loop_test(tc, examples_double, x, x + 1);
     tcase_add_loop_test(tc, examples_float, x, x + 1);
     tcase_add_loop_test(tc, streams_in_any_order, x, x + 1);
-    /* (a routed stage waits for the device: no graph; moe_graphs_refused) */
-    if ((all && strncmp(examples[x], "moe_", 4)) || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
+    if (all || x == 0) tcase_add_loop_test(tc, graphs_as_launches, x, x + 1);
     tcase_add_loop_test(tc, inference_as_cpu, x, x + 1);
   }
   /* a Tree-LSTM (lookup tables), children as a set, attention, matrices per vertex */
@@ -1193,8 +1194,8 @@ int main(void) {
     tcase_add_loop_test(tc, checkpoint_to_cpu, few[i], few[i] + 1);
   }
   tcase_add_test(tc, dropout_as_cpu);
-  tcase_add_test(tc, moe_graphs_refused);
   tcase_add_test(tc, moe_labeled_rows_as_cpu);
+  tcase_add_test(tc, moe_wide_as_cpu);
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");
   tcase_set_timeout(counts, 300);
