@@ -1195,7 +1195,7 @@ int main(void) {
   }
   tcase_add_test(tc, dropout_as_cpu);
   tcase_add_test(tc, moe_labeled_rows_as_cpu);
-  tcase_add_test(tc, moe_wide_as_cpu);
+  if (all) tcase_add_test(tc, moe_wide_as_cpu); /* (minutes under valgrind) */
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");
   tcase_set_timeout(counts, 300);
