@@ -403,8 +403,9 @@ int main(void) {
   TCase *tc = tcase_create(on_gpu ? "cavs --device cuda on a GPU" : "cavs --device cuda on the emulator");
   tcase_set_timeout(tc, 900);
   tcase_add_test(tc, make_data); /* first: the others read what it writes */
-  tcase_add_loop_test(tc, trains_as_the_cpu, 0, NEX);
-  tcase_add_loop_test(tc, dropout_as_the_cpu, 0, (int)(sizeof dropped / sizeof *dropped));
+  for (int i = 0; i < NEX; i++) /* (a checked build: a few, tests/testutil.h) */
+    if (tu_example_checked(ex[i].name)) tcase_add_loop_test(tc, trains_as_the_cpu, i, i + 1);
+  tu_add_examples(tc, dropout_as_the_cpu, dropped, sizeof dropped / sizeof *dropped);
   if (!on_gpu) tcase_add_test(tc, device_faults);
   tcase_add_test(tc, no_module_from_the_environment);
   suite_add_tcase(s, tc);

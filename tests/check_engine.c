@@ -1545,7 +1545,6 @@ END_TEST
  * children, CAVS_PROD_Y_INNER; a gathered buffer's; another type's rows) would carry
  * the NaN into the loss or a gradient. On random trees with empty slots and DAGs, and
  * on complete trees, whose gathers are views. */
-int cavs_model_poison(cavs_model *m);
 static void poison_changes_nothing_policy(const char *file, bool complete, int policy, bool mixed) {
   const cavs_desc *d = load_model(file, "double");
   long dims[CAVS_MAX_DIMS];
@@ -2902,22 +2901,24 @@ int main(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("engine");
   tcase_set_timeout(tc, 600);
+  /* every example in every build: golden, batched as serial, the parts; the repeated
+     comparisons (tu_add_examples) over a few in a checked build */
   tcase_add_loop_test(tc, golden, 0, NEXAMPLES);
   tcase_add_loop_test(tc, batched_equals_serial, 0, NEXAMPLES);
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, NEXAMPLES);
   tcase_add_loop_test(tc, parts_sum_to_the_whole, 0, NEXAMPLES);
   tcase_add_test(tc, parts_sum_to_the_whole_two_losses);
   tcase_add_test(tc, parts_step_as_the_whole);
-  tcase_add_loop_test(tc, grad_hook_says_final, 0, NEXAMPLES);
-  tcase_add_loop_test(tc, ablations_change_nothing, 0, NEXAMPLES);
-  tcase_add_loop_test(tc, policies_equal_serial, 0, NEXAMPLES);
+  tu_add_examples(tc, grad_hook_says_final, examples, NEXAMPLES);
+  tu_add_examples(tc, ablations_change_nothing, examples, NEXAMPLES);
+  tu_add_examples(tc, policies_equal_serial, examples, NEXAMPLES);
   tcase_add_test(tc, policies_equal_serial_mixed_types);
   tcase_add_test(tc, policies_count_tasks);
   tcase_add_test(tc, typed_slots_checked);
   tcase_add_test(tc, dropout_masks);
   tcase_add_test(tc, dropout_option);
   tcase_add_test(tc, dropout_read_in_place);
-  tcase_add_loop_test(tc, build_ablations_change_nothing, 0, NEXAMPLES);
+  tu_add_examples(tc, build_ablations_change_nothing, examples, NEXAMPLES);
   tcase_add_test(tc, treelstm_learns);
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, targets_only_runs_the_head_where_labeled);
@@ -2931,13 +2932,13 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
-  tcase_add_loop_test(tc, threads_split_every_example, 0, NEXAMPLES);
+  tu_add_examples(tc, threads_split_every_example, examples, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
-  tcase_add_loop_test(tc, homes_change_nothing, 0, NEXAMPLES);
-  tcase_add_loop_test(tc, dedup_changes_nothing, 0, NEXAMPLES);
+  tu_add_examples(tc, homes_change_nothing, examples, NEXAMPLES);
+  tu_add_examples(tc, dedup_changes_nothing, examples, NEXAMPLES);
   tcase_add_test(tc, homes_store_children_at_home);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
   tcase_add_test(tc, inference_matches_training);

@@ -12,6 +12,11 @@
 #include <math.h>
 #include <stdbool.h>
 
+/* libcavs exports it for the tests (runtime/cv.h), not in cavs.h: every cell of every
+ * per-row buffer and its gradient set to NaN, so that a pass reading a cell nothing
+ * wrote shows. */
+int cavs_model_poison(cavs_model *m);
+
 /* Loads DIR/NAME.so and returns its NAME_desc. The object stays loaded for the life of
  * the test process; `dir`, which tu_tmpdir made, and its files go now. */
 static inline const cavs_desc *open_model(const char *so, char *dir) {

@@ -31,6 +31,37 @@ static inline const char *tu_env(const char *name, const char *fallback) {
   return v && *v ? v : fallback;
 }
 
+/* A checked build: sanitizers (make check exports their flags as SAN_CFLAGS) or valgrind
+ * (the test wrapper). Its tests are there for memory errors and undefined behaviour,
+ * which the runtime's paths show on a few models as on all of them: a test that repeats
+ * one comparison over every example (threads, policies, ablations, fault points) runs
+ * over tu_example_checked's few there, and over all of them in the plain build, which
+ * checks the numbers. Every example still runs once a suite in a checked build. The two
+ * checked builds run side by side after the plain one in CI's 90 minutes (.ci/run). */
+static inline bool tu_checked_build(void) {
+  return *tu_env("SAN_CFLAGS", "") || *tu_env("CAVS_TEST_WRAPPER", "");
+}
+
+/* Whether a checked build repeats a comparison on example `name`: a Tree-LSTM (lookup
+ * tables), children as a set (edges), a language model (text, its state carried), attention
+ * over an encoder (seq2seq), a lattice (a DAG), a mixture of experts; every example in the
+ * plain build. */
+static inline bool tu_example_checked(const char *name) {
+  static const char *const few[] = {"treelstm", "childsum", "lstm_lm", "seq2seq", "lattice_lstm", "moe_tree"};
+  if (!tu_checked_build()) return true;
+  for (size_t i = 0; i < sizeof few / sizeof *few; i++)
+    if (!strcmp(name, few[i])) return true;
+  return false;
+}
+
+/* tcase_add_loop_test of `fn` for each index i of names[0..n) that tu_example_checked
+ * keeps */
+#define tu_add_examples(tc, fn, names, n)                                                   \
+  do {                                                                                      \
+    for (int tu_i_ = 0; tu_i_ < (int)(n); tu_i_++)                                         \
+      if (tu_example_checked((names)[tu_i_])) tcase_add_loop_test(tc, fn, tu_i_, tu_i_ + 1); \
+  } while (0)
+
 static inline char *tu_slurp(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
