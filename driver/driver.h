@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #ifndef CAVS_VERSION
-#define CAVS_VERSION "0.1.0"
+#define CAVS_VERSION "0.2.0"
 #endif
 
 /* ---- util.c ---- */
