@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define CAVSC_VERSION "0.1.0"
+#define CAVSC_VERSION "0.2.0"
 
 enum {
   CV_MAX_DIMS = 16,       /* dims a model may declare (a Lin holds one coefficient each) */
