@@ -412,8 +412,8 @@ static cavs_emu_counts use_counted(const cavs_desc *d, const long *dims, const c
 
 /* Every device allocation a model and its use make, failed in turn (the emulator fails
  * the n-th cudaMalloc with cudaErrorMemoryAllocation; in a checked build a few): each
- * comes back as an error that names cudaMalloc (from the model's making, or the pass or step that needed the
- * memory), or, for the product tables of inference, as nothing at all; nothing the model
+ * comes back as an error that names cudaMalloc (from the model's making, or the pass
+ * or step that needed the memory), or, for the product tables of inference, as nothing at all; nothing the model
  * made is left alive, and the emulator saw no misuse. */
 START_TEST(failed_malloc) {
   const cavs_desc *d = example(_i, "float", true);
@@ -1133,9 +1133,9 @@ END_TEST
 
 /* In a checked build (under valgrind, where the emulator cannot close device memory to
    the host and a pass costs some fifty times as much, or with the sanitizers: there
-   check_cuda_host runs every example's kernels), the examples whose code differs most: a Tree-LSTM,
-   children as a set (Child-Sum), attention over a set (seq2seq), and matrices per vertex
-   (MV-RNN). By name: indices moved when an example was added (lstm_lm2 made these
+   check_cuda_host runs every example's kernels), the examples whose code differs most:
+   a Tree-LSTM, children as a set (Child-Sum), attention over a set (seq2seq), and
+   matrices per vertex (MV-RNN). By name: indices moved when an example was added (lstm_lm2 made these
    tagger_chars, lattice_gru and seq2seq for a while). */
 static const char *const few_names[] = {"treelstm", "childsum", "seq2seq", "mvrnn"};
 static int few[4];

@@ -36,8 +36,8 @@ static inline const char *tu_env(const char *name, const char *fallback) {
  * which the runtime's paths show on a few models as on all of them: a test that repeats
  * one comparison over every example (threads, policies, ablations, fault points) runs
  * over tu_example_checked's few there, and over all of them in the plain build, which
- * checks the numbers. Every example still runs once a suite in a checked build. The two
- * checked builds run side by side after the plain one in CI's 90 minutes (.ci/run). */
+ * checks the numbers. Every example still runs once a suite in a checked build. CI runs
+ * the plain and the two checked builds in its 90 minutes (.ci/run). */
 static inline bool tu_checked_build(void) {
   return *tu_env("SAN_CFLAGS", "") || *tu_env("CAVS_TEST_WRAPPER", "");
 }
