@@ -240,6 +240,8 @@ typedef struct cv_moe_ops {
                   long lddt, long s0, long sn);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
+/* the CPU backend's threads of model m (pool.h), or NULL: one thread, or not the cpu */
+struct cv_pool *cv_cpu_pool(const cavs_model *m);
 
 enum { CV_EVENTS = 40 }; /* a pass's chunks (one a power of two of levels) and two more */
 

@@ -210,21 +210,37 @@ CV_HOT static double CV_NAME(decay_norm)(cavs_model *m, const cv_hyper *h, const
   return norm2;
 }
 
-/* One optimizer step over the spans of the flat blocks: L2 weight decay (added to the
- * gradient), the global norm clip, then the update. Each gradient is zeroed as it is
- * used: the next backward pass need not clear it. */
-CV_HOT static void CV_NAME(step)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
-  R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
+/* An optimizer step's scalars in the model's precision: the clip's scale, the bias
+ * corrections, the rates */
+typedef struct CV_NAME(step_k) {
+  int kind;
+  R sc, lr, e, mu, wd, a1, a2, ic1, ic2;
+} CV_NAME(step_k);
+
+/* The first part of a step: the weight decay and the norm (decay_norm), then the scalars */
+static CV_NAME(step_k) CV_NAME(step_begin)(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
   double norm2 = CV_NAME(decay_norm)(m, h, sp, ns);
   m->grad_norm2 = h->norm ? norm2 : -1;
-  R sc = (R)cv_clip_scale(norm2, h->clip);
   double c1 = 1 - pow(h->b1, (double)m->step), c2 = 1 - pow(h->b2, (double)m->step);
-  R lr = (R)h->lr, e = (R)h->eps, mu = (R)h->mu, wd = (R)h->decoupled;
-  R a1 = (R)h->b1, a2 = (R)h->b2, ic1 = (R)(1 / c1), ic2 = (R)(1 / c2);
-  for (int k = 0; k < ns; k++) {
-    R *p = P + sp[k].off, *g = G + sp[k].off, *m1 = M1 + sp[k].off, *m2 = M2 + sp[k].off;
-    size_t len = sp[k].len;
-    switch (h->kind) {
+  return (CV_NAME(step_k)){.kind = h->kind, .sc = (R)cv_clip_scale(norm2, h->clip), .lr = (R)h->lr, .e = (R)h->eps,
+                           .mu = (R)h->mu, .wd = (R)h->decoupled, .a1 = (R)h->b1, .a2 = (R)h->b2,
+                           .ic1 = (R)(1 / c1), .ic2 = (R)(1 / c2)};
+}
+
+/* The update of the values [lo, hi) of the spans counted end to end, each gradient
+ * zeroed as it is used: the next backward pass need not clear it. Each value's update
+ * reads only its own value, gradient and moments, so the spans split anywhere give the
+ * same bits (backend_cpu.c runs parts of them on its threads). */
+CV_HOT static void CV_NAME(step_range)(cavs_model *m, const CV_NAME(step_k) *q, const cv_span *sp, int ns, size_t lo,
+                                       size_t hi) {
+  R *P = (R *)m->pflat, *G = (R *)m->gflat, *M1 = (R *)m->m1, *M2 = (R *)m->m2;
+  R sc = q->sc, lr = q->lr, e = q->e, mu = q->mu, wd = q->wd, a1 = q->a1, a2 = q->a2, ic1 = q->ic1, ic2 = q->ic2;
+  size_t at = 0; /* the first value of span k, counted end to end */
+  for (int k = 0; k < ns && at < hi; at += sp[k].len, k++) {
+    if (at + sp[k].len <= lo) continue;
+    size_t a = lo > at ? lo - at : 0, len = (hi - at < sp[k].len ? hi - at : sp[k].len) - a;
+    R *p = P + sp[k].off + a, *g = G + sp[k].off + a, *m1 = M1 + sp[k].off + a, *m2 = M2 + sp[k].off + a;
+    switch (q->kind) {
     case CAVS_SGD:
       for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr), g[i] = 0;
       break;

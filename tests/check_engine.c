@@ -658,21 +658,27 @@ END_TEST
  * rounding: OpenBLAS may sum a narrower product in another order. A lost or doubled
  * update (two threads on one cell, a block run twice or never) would show. The sizes
  * are past the splits' thresholds (a megaflop a product, 16384 cells a loop). */
-START_TEST(threads_do_not_change_results) {
-  const cavs_desc *d = load_model("treelstm.vf", "float");
-  long dims[CAVS_MAX_DIMS];
+/* The Tree-LSTM at E, H and V = 300, and a minibatch of trees for it: tree k of
+ * n0 + dn k vertices, or n0 + k mod `mod` where mod > 0 */
+static void treelstm_trees(const cavs_desc *d, long *dims, long E, long H, TGraph *g, const cavs_graph **gs,
+                           unsigned seed, int n0, int dn, int mod) {
   cavs_dims_default(d, dims);
-  dims[find_dim(d, "E")] = 96;
-  dims[find_dim(d, "H")] = 160;
+  dims[find_dim(d, "E")] = E;
+  dims[find_dim(d, "H")] = H;
   dims[find_dim(d, "V")] = 300;
-  static TGraph g[TG_MINIBATCH];
-  const cavs_graph *gs[TG_MINIBATCH];
-  unsigned seed = 5;
   for (int k = 0; k < TG_MINIBATCH; k++) {
-    tg_tree(&g[k], 100 + 13 * k, 2, false, &seed, 0, 0);
+    tg_tree(&g[k], n0 + (mod > 0 ? k % mod : dn * k), 2, false, &seed, 0, 0);
     tg_features(&g[k], d, dims, &seed);
     gs[k] = &g[k].g;
   }
+}
+
+START_TEST(threads_do_not_change_results) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  treelstm_trees(d, dims, 96, 160, g, gs, 5, 100, 13, 0);
   /* one thread, two, two again */
   cavs_model *m[3];
   for (int t = 0; t < 3; t++) {
@@ -704,6 +710,74 @@ START_TEST(threads_do_not_change_results) {
     for (int t = 0; t < 3; t++) ck_assert(cavs_model_step(m[t], &o) == 0);
   }
   for (int t = 0; t < 3; t++) cavs_model_free(m[t]);
+}
+END_TEST
+
+/* The optimizer's update splits over the threads (backend_cpu.c, step_run: the spans
+ * end to end in parts of 16 values, past STEP_SPLIT's 8 MB of values): at 2 and 3
+ * threads, given one thread's gradients, every optimizer (with weight decay and a
+ * clip, and without) leaves the parameters of one thread bit for bit, over two steps
+ * (the second reads the first's moments), with the lookup table's touched rows and a
+ * frozen parameter among the spans. A value updated twice or never, or a part's bounds
+ * off by a block, would show. (E = H = 640: 3.3 million values, 13 MB; small trees, so
+ * that the passes cost little.) */
+START_TEST(steps_split_over_threads) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  treelstm_trees(d, dims, 640, 640, g, gs, 11, 3, 0, 5);
+  static const cavs_optim optims[] = {
+      {.kind = CAVS_SGD, .lr = 0.1},
+      {.kind = CAVS_ADAGRAD, .lr = 0.1, .weight_decay = 0.01},
+      {.kind = CAVS_MOMENTUM, .lr = 0.05, .clip = 0.05},
+      {.kind = CAVS_NESTEROV, .lr = 0.05, .weight_decay = 0.01, .clip = 0.05},
+      {.kind = CAVS_ADAM, .lr = 1e-2},
+      {.kind = CAVS_ADAM, .lr = 1e-2, .weight_decay = 0.01, .clip = 0.05},
+      {.kind = CAVS_ADAMW, .lr = 1e-2, .weight_decay = 0.1},
+  };
+  for (size_t o = 0; o < sizeof optims / sizeof *optims; o++) {
+    cavs_model *m[3];
+    for (int t = 0; t < 3; t++) {
+      char err[512];
+      m[t] = cavs_model_new_opts(d, dims, &(cavs_model_opts){.backend = "cpu", .threads = t + 1}, err, sizeof err);
+      ck_assert_msg(m[t] != NULL, "%s", err);
+      cavs_model_init(m[t], 4);
+      int frozen = d->nparams - 1; /* the last that can be frozen alone */
+      while (frozen > 0 && cavs_model_freeze(m[t], frozen, 1)) frozen--;
+      ck_assert(frozen > 0);
+    }
+    size_t n[3];
+    for (int step = 0; step < 2; step++) {
+      int k = step ? TG_MINIBATCH / 2 : TG_MINIBATCH;
+      cavs_stats st;
+      float *gr[3];
+      for (int t = 0; t < 3; t++) {
+        ck_assert_msg(cavs_model_forward(m[t], gs, k, &st) == 0, "%s", cavs_model_error(m[t]));
+        cavs_model_backward(m[t]);
+        gr[t] = cavs_model_grads_flat(m[t], &n[t]);
+        ck_assert(n[t] == n[0]);
+      }
+      ck_assert_msg(n[0] * sizeof **gr >= 12u << 20, "%zu values: below the split's threshold", n[0]);
+      for (int t = 1; t < 3; t++) memcpy(gr[t], gr[0], n[0] * sizeof *gr[0]);
+      for (int t = 0; t < 3; t++) ck_assert(cavs_model_step(m[t], &optims[o]) == 0);
+      const float *p0 = cavs_model_params_flat(m[0], &n[0]);
+      for (int t = 1; t < 3; t++) {
+        const float *pt = cavs_model_params_flat(m[t], &n[t]);
+        for (size_t i = 0; i < n[0]; i++)
+          if (memcmp(&p0[i], &pt[i], sizeof *p0))
+            ck_abort_msg("%s, case %zu, step %d: value %zu is %.9g at %d threads, %.9g at 1",
+                         cavs_optim_name(optims[o].kind), o, step + 1, i, pt[i], t + 1, p0[i]);
+        /* and the gradients zeroed as the step used them, at every thread count */
+        const float *gt = cavs_model_grads_flat(m[t], &n[t]);
+        for (size_t i = 0; i < n[0]; i++)
+          if (memcmp(&gt[i], &gr[0][i], sizeof *gt))
+            ck_abort_msg("case %zu, step %d: gradient %zu is %.9g after the step at %d threads, %.9g at 1", o,
+                         step + 1, i, gt[i], t + 1, gr[0][i]);
+      }
+    }
+    for (int t = 0; t < 3; t++) cavs_model_free(m[t]);
+  }
 }
 END_TEST
 
@@ -2932,6 +3006,7 @@ int main(void) {
   tcase_add_test(tc, backends_by_name);
   tcase_add_test(tc, backend_stats_count_products);
   tcase_add_test(tc, threads_do_not_change_results);
+  tcase_add_test(tc, steps_split_over_threads);
   tu_add_examples(tc, threads_split_every_example, examples, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, optimizers_match_reference);
