@@ -1142,15 +1142,15 @@ typedef struct StepJob {
   const void *k; /* step_k_f or step_k_d */
   const cv_span *sp;
   int ns, parts;
-  size_t total;
+  long total;
 } StepJob;
 static void step_part(void *arg, int i) {
   const StepJob *q = arg;
-  size_t per = ((q->total + (size_t)q->parts - 1) / (size_t)q->parts + 15) & ~(size_t)15, lo = (size_t)i * per;
-  if (lo >= q->total) return;
-  size_t hi = q->total - lo < per ? q->total : lo + per;
-  if (q->m->esize == 8) step_range_d(q->m, q->k, q->sp, q->ns, lo, hi);
-  else step_range_f(q->m, q->k, q->sp, q->ns, lo, hi);
+  long lo, cnt;
+  cv_pool_share(q->total, q->parts, i, 16, &lo, &cnt);
+  if (cnt <= 0) return;
+  if (q->m->esize == 8) step_range_d(q->m, q->k, q->sp, q->ns, (size_t)lo, (size_t)(lo + cnt));
+  else step_range_f(q->m, q->k, q->sp, q->ns, (size_t)lo, (size_t)(lo + cnt));
 }
 /* Bytes of values (each read with its gradient and moments) below which the step runs on
    the calling thread: a step whose state the caches hold ran slower split. On a 2-core
@@ -1161,14 +1161,14 @@ static void step_part(void *arg, int i) {
    caches); a mixture's, 2.27 million values, 36 MB, gained 0.3 s an epoch. */
 enum { STEP_SPLIT = 8 << 20 };
 static void step_run(cavs_model *m, const cv_hyper *h, const cv_span *sp, int ns) {
-  cv_pool *pool = m->bs ? ((Cpu *)m->bs)->pool : NULL;
+  cv_pool *pool = cv_cpu_pool(m);
   step_k_f kf;
   step_k_d kd;
   StepJob q = {.m = m, .sp = sp, .ns = ns, .parts = pool ? cv_pool_threads(pool) : 1};
   if (m->esize == 8) kd = step_begin_d(m, h, sp, ns), q.k = &kd;
   else kf = step_begin_f(m, h, sp, ns), q.k = &kf;
-  for (int k = 0; k < ns; k++) q.total += sp[k].len;
-  if (q.parts < 2 || q.total * m->esize < STEP_SPLIT) {
+  for (int k = 0; k < ns; k++) q.total += (long)sp[k].len;
+  if (q.parts < 2 || q.total * (long)m->esize < STEP_SPLIT) {
     q.parts = 1;
     step_part(&q, 0);
   } else

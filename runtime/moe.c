@@ -145,7 +145,8 @@ MOE_KERNELS(double, d)
 #define MOE_DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 
 /* The slot kernels over the CPU backend's pool (at 2 threads they ran on one while
-   the other waited: a tenth of a mixture's layer on a Zen 4, bench/README). Rows are
+   the other waited: 0.6-0.7 s of a 2-thread epoch of bench/moe's moe16k2 on a Zen 4,
+   timed in a build that clocked them, against 0.4-0.5 split). Rows are
    split where each row writes only its own rows and slots (sbcast, scomb, erow's
    copies by slot); erow's backward, where an expert's slots add to its one row, is
    split by columns in blocks of 16, each column's sum in slot order. Every element
@@ -161,34 +162,26 @@ typedef struct MoeJob {
   long s0, sn; /* MOE_EROW: the slots */
 } MoeJob;
 
-/* part i of len items: [*a, *a + *cnt), in blocks of `align` */
-static void moe_share(long len, int parts, int i, long align, long *a, long *cnt) {
-  long per = (len + parts - 1) / parts;
-  per = (per + align - 1) / align * align;
-  *a = (long)i * per;
-  *cnt = *a >= len ? 0 : len - *a < per ? len - *a : per;
-}
-
 static void moe_part(void *arg, int i) {
   const MoeJob *q = arg;
   long a, cnt;
   if (q->op == MOE_EROW) {
     size_t es = q->dbl ? sizeof(double) : sizeof(float);
     if (q->bwd) { /* columns [a, a + cnt) of every slot */
-      moe_share(q->w, q->parts, i, 16, &a, &cnt);
+      cv_pool_share(q->w, q->parts, i, 16, &a, &cnt);
       if (cnt <= 0) return;
       char *t = (char *)q->x + (size_t)a * es, *y = (char *)q->s + (size_t)a * es;
       if (q->dbl) erow_d(q->rt, (double *)t, q->ldx, (double *)y, q->lds, cnt, q->s0, q->sn, true);
       else erow_f(q->rt, (float *)t, q->ldx, (float *)y, q->lds, cnt, q->s0, q->sn, true);
     } else {
-      moe_share(q->sn, q->parts, i, 1, &a, &cnt);
+      cv_pool_share(q->sn, q->parts, i, 1, &a, &cnt);
       if (cnt <= 0) return;
       if (q->dbl) erow_d(q->rt, q->x, q->ldx, q->s, q->lds, q->w, q->s0 + a, cnt, false);
       else erow_f(q->rt, q->x, q->ldx, q->s, q->lds, q->w, q->s0 + a, cnt, false);
     }
     return;
   }
-  moe_share(q->n, q->parts, i, 1, &a, &cnt);
+  cv_pool_share(q->n, q->parts, i, 1, &a, &cnt);
   if (cnt <= 0) return;
   int r0 = q->r0 + (int)a, n = (int)cnt;
   switch (q->op) {

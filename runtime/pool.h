@@ -24,5 +24,13 @@ void cv_pool_free(cv_pool *p);
 int cv_pool_threads(const cv_pool *p);
 /* f(arg, i) for every i in [0, parts), on the pool; returns when all are done */
 void cv_pool_run(cv_pool *p, cv_task f, void *arg, int parts);
+/* Part i of `parts` of len items: [*at, *at + *cnt) (*cnt 0: none), each part but the
+ * last a whole number of blocks of `align` items */
+static inline void cv_pool_share(long len, int parts, int i, long align, long *at, long *cnt) {
+  long per = (len + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  *at = (long)i * per;
+  *cnt = *at >= len ? 0 : len - *at < per ? len - *at : per;
+}
 
 #endif
