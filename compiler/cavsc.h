@@ -287,6 +287,13 @@ typedef struct IrNode {
      x @ [Wi|Wo|Wu]; an expert's product into its bias row (emm into erow). */
   bool accum;
   int accum_into;
+  /* plan.c: such an add `z = a + b` that is its fused group's only member, whose value
+     would be a copy of a's place (where b has added into a): z is a view of that place
+     instead, its group runs no loop either way, and its gradient is a's and b's (the
+     gradient its readers write is the one the product and a's op read). The tail of a
+     mixture's expert `... @ W2[e] + b2[e]`, a copy of every slot forward and back.
+     `folded`: that a, whose place and gradient are z's. */
+  bool same, folded;
 } IrNode;
 
 /* A fused elementwise group: one loop. Members in topological order. */

@@ -168,11 +168,39 @@ static int accum_pair(const IrFunc *f, int z, int *into) {
   return -1;
 }
 
+/* The operand a of add z whose place z can be a view of (IrNode.same), or -1: z's other
+ * operand adds into a's place (IrNode.accum, a product that is not merged), z is its
+ * fused group's only member (its loop would copy a), it is not named (its own row is
+ * what cavs_model_vertex_value reads) and what reads it reads it where it lies (no
+ * scatter, push or concat, which would place it in a buffer of theirs), of a vertex or
+ * push block, nothing of the three zero or dead at the leaves (the leaves' part of its
+ * loop would write what a's place does not hold there). */
+static int same_operand(const IrFunc *f, int z) {
+  const IrNode *n = &f->nodes[z];
+  if (n->op != OP_ADD || n->uses == 0 || n->group < 0 || f->groups[n->group].n != 1 || n->name || f->kind == F_PULL)
+    return -1;
+  int b = f->nodes[n->args[0]].accum ? n->args[0] : f->nodes[n->args[1]].accum ? n->args[1] : -1;
+  if (b < 0 || f->nodes[b].mm >= 0) return -1;
+  int a = f->nodes[b].accum_into;
+  if (a != n->args[0] && a != n->args[1]) return -1;
+  const IrNode *x[3] = {n, &f->nodes[a], &f->nodes[b]};
+  for (int k = 0; k < 3; k++)
+    if (x[k]->zero_leaf || x[k]->dead_leaf) return -1;
+  for (int j = z + 1; j < f->n; j++) {
+    const IrNode *u = &f->nodes[j];
+    if (u->uses == 0 && u->type != T_NONE) continue;
+    for (int k = 0; k < u->nargs; k++)
+      if (u->args[k] == z && (op_info[u->op].kind == OK_SINK || op_info[u->op].kind == OK_CONCAT)) return -1;
+  }
+  return a;
+}
+
 /* IrNode.accum over f; per merge, the merge its products add into, column for column
  * (all of its members or none), or -1 */
 static void plan_accum(IrFunc *f, int *mto) {
   for (int i = 0; i < f->n; i++) f->nodes[i].accum = false;
   for (int g = 0; g < f->nmerges; g++) mto[g] = -1;
+  for (int i = 0; i < f->n; i++) f->nodes[i].same = f->nodes[i].folded = false;
   for (int z = 0; z < f->n; z++) {
     int a, b = accum_pair(f, z, &a);
     if (b < 0) continue;
@@ -192,6 +220,10 @@ static void plan_accum(IrFunc *f, int *mto) {
     }
     if (all) mto[g] = to;
     for (int k = 0; k < mg->n && !all; k++) f->nodes[mg->members[k]].accum = false;
+  }
+  for (int z = 0; z < f->n; z++) {
+    int a = same_operand(f, z);
+    if (a >= 0) f->nodes[z].same = f->nodes[a].folded = true;
   }
 }
 
@@ -245,7 +277,7 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
     case OK_MOE:
     case OK_CONCAT: fp.own[i] = !x->accum; break;
     case OK_GEMM: fp.own[i] = x->mm < 0 && !x->accum; break;
-    case OK_EW: fp.own[i] = leaves_group(f, i); break;
+    case OK_EW: fp.own[i] = leaves_group(f, i) && !x->same; break;
     default: break;
     }
   }
@@ -302,6 +334,10 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
     IrNode *x = &f->nodes[i];
     if (x->uses == 0 && x->type != T_NONE) continue;
     if (x->val.kind != PL_NONE || (x->accum && x->mm < 0)) continue;
+    if (x->same) { /* (at a's place: a is placed, or a view of what precedes it) */
+      x->val = f->nodes[same_operand(f, i)].val;
+      continue;
+    }
     switch (x->op) {
     case OP_SLICE: x->val = shift(f->nodes[x->args[0]].val, x->lo); break;
     case OP_PULL: x->val = m->pull->nodes[m->pulls[x->ref].node].val; break;
@@ -389,6 +425,7 @@ static void plan_units(Model *m, IrFunc *f) {
     IrNode *x = &f->nodes[i];
     x->unit = -1;
     if (x->uses == 0 && x->type != T_NONE) continue;
+    if (x->same) continue; /* (no loop: a view of its operand's place) */
     if (x->group >= 0) {
       if (gunit[x->group] < 0) {
         gunit[x->group] = nraw;
@@ -429,6 +466,8 @@ static void plan_units(Model *m, IrFunc *f) {
     IrNode *x = &f->nodes[i];
     prod[i] = x->unit;
     if (x->unit < 0 && x->op == OP_SLICE) prod[i] = prod[x->args[0]];
+    /* (a view of a's place is complete when the product that adds into it has run) */
+    if (x->same) prod[i] = prod[f->nodes[x->args[0]].accum ? x->args[0] : x->args[1]];
   }
   /* nodes computed into a concat's buffer: the concat must not run before them (it
      copies only its other operands, but the order keeps the dump readable) */
@@ -669,7 +708,7 @@ static void plan_grad_set(Model *m) {
       bool slice = f->kind == F_VERTEX && op_info[x->op].kind == OK_SLICE && x->val.kind == PL_ROW &&
                    region_alone(m, f, i) && !x->keep;
       if ((x->op != OP_MATMUL && x->op != OP_EMM && x->op != OP_EROW && !slice) || !x->grad ||
-          x->val.kind != PL_ROW || x->uses == 0 || x->accum)
+          x->val.kind != PL_ROW || x->uses == 0 || x->accum || x->folded)
         continue;
       int group = -2, uses = 0;
       for (int j = i + 1; j < f->n; j++)
@@ -735,7 +774,7 @@ static bool whole_bufs(Model *m, IrFunc **fs, int nf, bool **fresh, bool **by_dx
         const IrNode *x = &f->nodes[i];
         /* (a product that adds into a value has that value's gradient: counted there; a
            gather read only through slices has theirs) */
-        if (!x->grad || x->dval.kind != PL_ROW || x->accum) continue;
+        if (!x->grad || x->dval.kind != PL_ROW || x->accum || x->folded) continue;
         if (x->op == OP_GATHER && f->kind == F_VERTEX && only_sliced(f, i)) continue;
         int b = x->dval.buf;
         if (!x->grad_set && !by_dx[k][i]) {
@@ -869,6 +908,8 @@ void report(FILE *out, const Model *m) {
       char grp[32] = "-";
       if (x->group >= 0) snprintf(grp, sizeof grp, "g%d", x->group);
       else if (x->op == OP_MATMUL && x->mm >= 0) snprintf(grp, sizeof grp, "mm%d", x->mm);
+      /* (a view of another value's place: = that value) */
+      if (x->same) snprintf(grp, sizeof grp, "=%%%d", same_operand(f, i));
       /* (a product added into another value's place: += that value) */
       if (x->accum)
         snprintf(grp + (x->mm >= 0 ? strlen(grp) : 0), sizeof grp - (x->mm >= 0 ? strlen(grp) : 0), "+=%%%d", x->accum_into);

@@ -540,18 +540,6 @@ static __global__ void moe_lm_push_fwd_g0(int n, long D_E, long D_H, long D_F, l
   o11[j] = v11;
 }
 
-/* moe_lm_push_fwd, group g1 forward: a thread per row and column of [n, H] */
-static __global__ void moe_lm_push_fwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a15_r0,
-    R *__restrict__ o16_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  const R *__restrict__ a15 = a15_r0 + (size_t)i * D_H;
-  R *__restrict__ o16 = o16_r0 + (size_t)i * D_H;
-  const R v16 = a15[j];
-  o16[j] = v16;
-}
-
 /* moe_lm_push_fwd, group g2 forward: a thread per row and column of [n, H] */
 static __global__ void moe_lm_push_fwd_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
     const R *__restrict__ a0_r0,
@@ -593,15 +581,15 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 64  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[9], D_X, 0, V[22] + (size_t)(r0) * D_X, D_X);
+            P[9], D_X, 0, V[21] + (size_t)(r0) * D_X, D_X);
   /* moe_lm.vf:64  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[22] + (size_t)(0) * D_X, D_X, V[21] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[21] + (size_t)(0) * D_X, D_X, V[20] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[19] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[18] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[20] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[19] + (size_t)(0) * D_F, D_F, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[18] + (size_t)(0) * D_F, D_F, 1, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -613,37 +601,19 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[19] + (size_t)(r0) * D_F,
-          V[18] + (size_t)(r0) * D_F);
+          V[18] + (size_t)(r0) * D_F,
+          V[17] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[18] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[17] + (size_t)(0) * D_H, D_H, 1, r0, n);
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g1 forward, [n, H]: (lines 64) */
-  {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(moe_lm_push_fwd_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[17] + (size_t)(r0) * D_H,
-          V[16] + (size_t)(r0) * D_H);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
-    }
-  }
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[16] + (size_t)(0) * D_H, D_H, 1, r0, n);
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -703,18 +673,6 @@ static __global__ void moe_lm_push_bwd_g2(int n, long D_E, long D_H, long D_F, l
   R g18 = g18_in[j];
   d0[j] += g18;
   d17[j] += g18;
-}
-
-/* moe_lm_push_bwd, group g1 backward: a thread per row and column of [n, H] */
-static __global__ void moe_lm_push_bwd_g1(int n, long D_E, long D_H, long D_F, long D_X, long D_HF, long D_FH, long D_V,
-    R *__restrict__ d15_r0,
-    const R *__restrict__ g16_in_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_H, &i, &j)) return;
-  R *__restrict__ d15 = d15_r0 + (size_t)i * D_H;
-  const R *__restrict__ g16_in = g16_in_r0 + (size_t)i * D_H;
-  R g16 = g16_in[j];
-  d15[j] = g16;  /* this loop alone writes it */
 }
 
 /* moe_lm_push_bwd, group g0 backward: a thread per row and column of [n, F] */
@@ -777,31 +735,13 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[21] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
-                 G[16] + (size_t)(0) * D_H, D_H, 1, G[21] + (size_t)(0) * D_X, D_X, D_H, r0, n);
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g1 backward, [n, H]: (lines 64) */
-  {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g1, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          G[17] + (size_t)(r0) * D_H,
-          G[16] + (size_t)(r0) * D_H);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
-    }
-  }
+  cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
+                 G[16] + (size_t)(0) * D_H, D_H, 1, G[20] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[18] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[17] + (size_t)(0) * D_H, D_H, G[18] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH,
+               G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[17] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -813,30 +753,30 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_lm_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_HF, D_FH, D_V,
-          V[19] + (size_t)(r0) * D_F,
-          G[19] + (size_t)(r0) * D_F,
-          G[18] + (size_t)(r0) * D_F);
+          V[18] + (size_t)(r0) * D_F,
+          G[18] + (size_t)(r0) * D_F,
+          G[17] + (size_t)(r0) * D_F);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
     }
   }
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[20] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[19] + (size_t)(0) * D_F, D_F, G[20] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[18] + (size_t)(0) * D_F, D_F, G[19] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[19] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[18] + (size_t)(0) * D_F, D_F, D_F, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[20] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[22] + (size_t)(0) * D_X, D_X, V[21] + (size_t)(0) * D_X, D_X,
-                G[21] + (size_t)(0) * D_X, D_X, G[22] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[21] + (size_t)(0) * D_X, D_X, V[20] + (size_t)(0) * D_X, D_X,
+                G[20] + (size_t)(0) * D_X, D_X, G[21] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 64  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[22] + (size_t)(r0) * D_X, D_X,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[21] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[22] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+            G[21] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
   /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[14] + (size_t)(r0) * D_H : V[13] + (size_t)(r0) * D_H), D_H,
             G[12] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
@@ -916,7 +856,6 @@ static const cavs_buf_desc bufs[] = {
   {"push_t20", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
   {"push_t18", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
-  {"push_t16", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
@@ -1041,7 +980,7 @@ const cavs_desc moe_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 23, .bufs = bufs,
+  .nbufs = 22, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
   .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 1,
   .nvertex = 1, .vertex = vertex,

@@ -80,63 +80,89 @@ void cavs_slots(cavs_ctx *c, int route, int K, int r0, int n, int *s0, int *sn) 
 
 /* ---- the CPU's kernels, in each precision ---- */
 
+/* How many slots ahead scomb's backward asks for the scattered rows it will read: a
+   slot's row of dy (1 KB at H = 256) and its cells of the kept weights and of their
+   gradient (rows of 64 bytes at 16 experts). A slot's rows are far apart (1280 rows,
+   160 slots an expert), and each was a miss to memory or the third-level cache: perf
+   put a quarter of the kernel on the load of the weight's cell, and the kernel went
+   from 0.18 to 0.13 s of bench/moe's moe16k2 epoch (a Zen 4). The kernels by rows
+   (sbcast's backward, scomb) showed nothing from the same for their slots. */
+enum { MOE_AHEAD = 4 };
+
 #define MOE_KERNELS(R, S)                                                                                              \
-  CV_HOT static void sbcast_##S(const struct cv_route *rt, int K, R *x, long ldx, R *s, long lds, long w, int r0, int n,   \
-                         bool bwd) {                                                                                 \
-    for (int r = r0; r < r0 + n; r++) {                                                                              \
-      R *xr = x + (size_t)r * (size_t)ldx;                                                                           \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        R *sr = s + (size_t)rt->rslot[(size_t)K * (size_t)r + (size_t)k] * (size_t)lds;                              \
-        if (bwd)                                                                                                     \
-          for (long j = 0; j < w; j++) xr[j] += sr[j];                                                               \
-        else                                                                                                         \
-          memcpy(sr, xr, sizeof(R) * (size_t)w);                                                                     \
-      }                                                                                                              \
-    }                                                                                                                \
-  }                                                                                                                  \
-  CV_HOT static void erow_##S(const struct cv_route *rt, R *t, long ldt, R *y, long ldy, long w, long s0, long sn,       \
-                       bool bwd) {                                                                                   \
-    for (long s = s0; s < s0 + sn; s++) {                                                                            \
-      R *tr = t + (size_t)rt->sexp[s] * (size_t)ldt, *yr = y + (size_t)s * (size_t)ldy;                              \
-      if (bwd)                                                                                                       \
-        for (long j = 0; j < w; j++) tr[j] += yr[j];                                                                 \
-      else                                                                                                           \
-        memcpy(yr, tr, sizeof(R) * (size_t)w);                                                                       \
-    }                                                                                                                \
-  }                                                                                                                  \
-  CV_HOT static void scomb_fwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw, R *y,    \
-                            long ldy, long w, int r0, int n) {                                                       \
-    for (int r = r0; r < r0 + n; r++) {                                                                              \
-      R *yr = y + (size_t)r * (size_t)ldy;                                                                           \
-      const R *wr = wt + (size_t)r * (size_t)ldw;                                                                    \
-      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
-      for (long j = 0; j < w; j++) yr[j] = 0;                                                                        \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                               \
-        R a = wr[rt->sexp[sl[k]]];                                                                                   \
-        for (long j = 0; j < w; j++) yr[j] += a * vr[j];                                                             \
-      }                                                                                                              \
-    }                                                                                                                \
-  }                                                                                                                  \
-  CV_HOT static void scomb_bwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw,          \
-                            const R *dy, long lddy, R *dv, long lddv, bool set, R *dw, long lddw, long w, int r0,    \
-                            int n) {                                                                                 \
-    for (int r = r0; r < r0 + n; r++) {                                                                              \
-      const R *dyr = dy + (size_t)r * (size_t)lddy, *wr = wt + (size_t)r * (size_t)ldw;                              \
-      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                             \
-      for (int k = 0; k < K; k++) {                                                                                  \
-        int ex = rt->sexp[sl[k]];                                                                                    \
-        const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                               \
-        if (dv) {                                                                                                    \
-          R *dvr = dv + (size_t)sl[k] * (size_t)lddv, a = wr[ex];                                                    \
-          if (set)                                                                                                   \
-            for (long j = 0; j < w; j++) dvr[j] = a * dyr[j];                                                        \
-          else                                                                                                       \
-            for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                       \
-        }                                                                                                            \
-        if (dw) dw[(size_t)r * (size_t)lddw + (size_t)ex] += cv_slot_dot_##S(dyr, vr, w);                          \
-      }                                                                                                              \
-    }                                                                                                                \
+  /* forward by slots: each slot's row copied in, the slots written in order (by rows,                                 \
+     each row's K copies went to scattered slots); the slots of rows [r0, r0 + n) alone */                             \
+  CV_HOT static void sbcast_fwd_##S(const struct cv_route *rt, const R *x, long ldx, R *s, long lds, long w, long s0,  \
+                                    long sn, int r0, int n) {                                                          \
+    for (long q = s0; q < s0 + sn; q++) {                                                                              \
+      int r = rt->srow[q];                                                                                             \
+      if (r >= r0 && r < r0 + n)                                                                                       \
+        memcpy(s + (size_t)q * (size_t)lds, x + (size_t)r * (size_t)ldx, sizeof(R) * (size_t)w);                       \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  /* backward by rows: a row's K slots added to it in the order of its choices */                                      \
+  CV_HOT static void sbcast_bwd_##S(const struct cv_route *rt, int K, R *x, long ldx, const R *s, long lds, long w,    \
+                                    int r0, int n) {                                                                   \
+    for (int r = r0; r < r0 + n; r++) {                                                                                \
+      R *xr = x + (size_t)r * (size_t)ldx;                                                                             \
+      for (int k = 0; k < K; k++) {                                                                                    \
+        const R *sr = s + (size_t)rt->rslot[(size_t)K * (size_t)r + (size_t)k] * (size_t)lds;                          \
+        for (long j = 0; j < w; j++) xr[j] += sr[j];                                                                   \
+      }                                                                                                                \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  CV_HOT static void erow_##S(const struct cv_route *rt, R *t, long ldt, R *y, long ldy, long w, long s0, long sn,     \
+                       bool bwd) {                                                                                     \
+    for (long s = s0; s < s0 + sn; s++) {                                                                              \
+      R *tr = t + (size_t)rt->sexp[s] * (size_t)ldt, *yr = y + (size_t)s * (size_t)ldy;                                \
+      if (bwd)                                                                                                         \
+        for (long j = 0; j < w; j++) tr[j] += yr[j];                                                                   \
+      else                                                                                                             \
+        memcpy(yr, tr, sizeof(R) * (size_t)w);                                                                         \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  CV_HOT static void scomb_fwd_##S(const struct cv_route *rt, int K, const R *v, long ldv, const R *wt, long ldw, R *y, \
+                            long ldy, long w, int r0, int n) {                                                         \
+    for (int r = r0; r < r0 + n; r++) {                                                                                \
+      R *yr = y + (size_t)r * (size_t)ldy;                                                                             \
+      const R *wr = wt + (size_t)r * (size_t)ldw;                                                                      \
+      const int *sl = rt->rslot + (size_t)K * (size_t)r;                                                               \
+      for (long j = 0; j < w; j++) yr[j] = 0;                                                                          \
+      for (int k = 0; k < K; k++) {                                                                                    \
+        const R *vr = v + (size_t)sl[k] * (size_t)ldv;                                                                 \
+        R a = wr[rt->sexp[sl[k]]];                                                                                     \
+        for (long j = 0; j < w; j++) yr[j] += a * vr[j];                                                               \
+      }                                                                                                                \
+    }                                                                                                                  \
+  }                                                                                                                    \
+  /* by slots, in order (v and dv are read and written in order, the gradient's rows                                   \
+     in ascending order within each expert's slots; by rows the slots were scattered):                                 \
+     each slot's gradient is its own, and each (row, expert) pair of dw is one slot's                                  \
+     (a row's K experts are distinct), so any order of slots gives the same bits. The                                  \
+     slots of rows [r0, r0 + n) alone: a backward over some of a routing's rows (the                                   \
+     labeled ones) leaves the others' slots to cavs_scomb_bwd's clear. */                                              \
+  CV_HOT static void scomb_bwd_##S(const struct cv_route *rt, const R *v, long ldv, const R *wt, long ldw,             \
+                            const R *dy, long lddy, R *dv, long lddv, bool set, R *dw, long lddw, long w, long s0,     \
+                            long sn, int r0, int n) {                                                                  \
+    for (long q = s0; q < s0 + sn; q++) {                                                                              \
+      int r = rt->srow[q], ex = rt->sexp[q];                                                                           \
+      if (q + MOE_AHEAD < s0 + sn) { /* the gate cells and gradient row of a slot a few ahead */                       \
+        size_t ra = (size_t)rt->srow[q + MOE_AHEAD], ea = (size_t)rt->sexp[q + MOE_AHEAD];                             \
+        __builtin_prefetch(wt + ra * (size_t)ldw + ea);                                                                \
+        if (dw) __builtin_prefetch(dw + ra * (size_t)lddw + ea, 1);                                                    \
+        for (long j = 0; j < w; j += 64 / (long)sizeof(R)) __builtin_prefetch(dy + ra * (size_t)lddy + j);             \
+      }                                                                                                                \
+      if (r < r0 || r >= r0 + n) continue;                                                                             \
+      const R *dyr = dy + (size_t)r * (size_t)lddy;                                                                    \
+      if (dv) {                                                                                                        \
+        R *dvr = dv + (size_t)q * (size_t)lddv, a = wt[(size_t)r * (size_t)ldw + (size_t)ex];                          \
+        if (set)                                                                                                       \
+          for (long j = 0; j < w; j++) dvr[j] = a * dyr[j];                                                            \
+        else                                                                                                           \
+          for (long j = 0; j < w; j++) dvr[j] += a * dyr[j];                                                           \
+      }                                                                                                                \
+      if (dw) dw[(size_t)r * (size_t)lddw + (size_t)ex] += cv_slot_dot_##S(dyr, v + (size_t)q * (size_t)ldv, w);       \
+    }                                                                                                                  \
   }
 
 MOE_KERNELS(float, f)
@@ -146,11 +172,12 @@ MOE_KERNELS(double, d)
 
 /* The slot kernels over the CPU backend's pool (at 2 threads they ran on one while
    the other waited: 0.6-0.7 s of a 2-thread epoch of bench/moe's moe16k2 on a Zen 4,
-   timed in a build that clocked them, against 0.4-0.5 split). Rows are
-   split where each row writes only its own rows and slots (sbcast, scomb, erow's
-   copies by slot); erow's backward, where an expert's slots add to its one row, is
-   split by columns in blocks of 16, each column's sum in slot order. Every element
-   is the same sum in the same order as on one thread. */
+   timed in a build that clocked them, against 0.4-0.5 split). Those that write slots
+   run in slot order and split by slots (sbcast's copies, erow's copies, scomb's
+   gradient); those that write rows, by rows (sbcast's gradient, scomb); erow's
+   backward, where an expert's slots add to its one row, is split by columns in blocks
+   of 16, each column's sum in slot order. Every element is the same sum in the same
+   order as on one thread. */
 enum { MOE_SBCAST, MOE_EROW, MOE_SCOMB_FWD, MOE_SCOMB_BWD };
 typedef struct MoeJob {
   int op, K, r0, n, parts;
@@ -159,48 +186,58 @@ typedef struct MoeJob {
   void *x, *s, *dv, *dw;
   const void *v, *wt, *dy;
   long ldx, lds, ldv, ldw, lddy, lddv, lddw, w;
-  long s0, sn; /* MOE_EROW: the slots */
+  long s0, sn; /* the slots of rows [r0, r0 + n) */
 } MoeJob;
+
+/* whether q runs over its slots in order (else over its rows, or erow's columns) */
+static bool by_slots(const MoeJob *q) {
+  return ((q->op == MOE_SBCAST || q->op == MOE_EROW) && !q->bwd) || q->op == MOE_SCOMB_BWD;
+}
 
 static void moe_part(void *arg, int i) {
   const MoeJob *q = arg;
   long a, cnt;
-  if (q->op == MOE_EROW) {
+  if (q->op == MOE_EROW && q->bwd) { /* columns [a, a + cnt) of every slot */
     size_t es = q->dbl ? sizeof(double) : sizeof(float);
-    if (q->bwd) { /* columns [a, a + cnt) of every slot */
-      cv_pool_share(q->w, q->parts, i, 16, &a, &cnt);
-      if (cnt <= 0) return;
-      char *t = (char *)q->x + (size_t)a * es, *y = (char *)q->s + (size_t)a * es;
-      if (q->dbl) erow_d(q->rt, (double *)t, q->ldx, (double *)y, q->lds, cnt, q->s0, q->sn, true);
-      else erow_f(q->rt, (float *)t, q->ldx, (float *)y, q->lds, cnt, q->s0, q->sn, true);
-    } else {
-      cv_pool_share(q->sn, q->parts, i, 1, &a, &cnt);
-      if (cnt <= 0) return;
-      if (q->dbl) erow_d(q->rt, q->x, q->ldx, q->s, q->lds, q->w, q->s0 + a, cnt, false);
-      else erow_f(q->rt, q->x, q->ldx, q->s, q->lds, q->w, q->s0 + a, cnt, false);
+    cv_pool_share(q->w, q->parts, i, 16, &a, &cnt);
+    if (cnt <= 0) return;
+    char *t = (char *)q->x + (size_t)a * es, *y = (char *)q->s + (size_t)a * es;
+    if (q->dbl) erow_d(q->rt, (double *)t, q->ldx, (double *)y, q->lds, cnt, q->s0, q->sn, true);
+    else erow_f(q->rt, (float *)t, q->ldx, (float *)y, q->lds, cnt, q->s0, q->sn, true);
+    return;
+  }
+  if (by_slots(q)) {
+    cv_pool_share(q->sn, q->parts, i, 1, &a, &cnt);
+    if (cnt <= 0) return;
+    long s0 = q->s0 + a;
+    switch (q->op) {
+    case MOE_SBCAST:
+      if (q->dbl) sbcast_fwd_d(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, q->r0, q->n);
+      else sbcast_fwd_f(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, q->r0, q->n);
+      break;
+    case MOE_EROW:
+      if (q->dbl) erow_d(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, false);
+      else erow_f(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, false);
+      break;
+    default: /* MOE_SCOMB_BWD */
+      if (q->dbl)
+        scomb_bwd_d(q->rt, q->v, q->ldv, q->wt, q->ldw, q->dy, q->lddy, q->dv, q->lddv, q->set, q->dw, q->lddw, q->w,
+                    s0, cnt, q->r0, q->n);
+      else
+        scomb_bwd_f(q->rt, q->v, q->ldv, q->wt, q->ldw, q->dy, q->lddy, q->dv, q->lddv, q->set, q->dw, q->lddw, q->w,
+                    s0, cnt, q->r0, q->n);
     }
     return;
   }
   cv_pool_share(q->n, q->parts, i, 1, &a, &cnt);
   if (cnt <= 0) return;
   int r0 = q->r0 + (int)a, n = (int)cnt;
-  switch (q->op) {
-  case MOE_SBCAST:
-    if (q->dbl) sbcast_d(q->rt, q->K, q->x, q->ldx, q->s, q->lds, q->w, r0, n, q->bwd);
-    else sbcast_f(q->rt, q->K, q->x, q->ldx, q->s, q->lds, q->w, r0, n, q->bwd);
-    break;
-  case MOE_SCOMB_FWD:
+  if (q->op == MOE_SBCAST) {
+    if (q->dbl) sbcast_bwd_d(q->rt, q->K, q->x, q->ldx, q->s, q->lds, q->w, r0, n);
+    else sbcast_bwd_f(q->rt, q->K, q->x, q->ldx, q->s, q->lds, q->w, r0, n);
+  } else { /* MOE_SCOMB_FWD */
     if (q->dbl) scomb_fwd_d(q->rt, q->K, q->v, q->ldv, q->wt, q->ldw, q->x, q->ldx, q->w, r0, n);
     else scomb_fwd_f(q->rt, q->K, q->v, q->ldv, q->wt, q->ldw, q->x, q->ldx, q->w, r0, n);
-    break;
-  case MOE_SCOMB_BWD:
-    if (q->dbl)
-      scomb_bwd_d(q->rt, q->K, q->v, q->ldv, q->wt, q->ldw, q->dy, q->lddy, q->dv, q->lddv, q->set, q->dw, q->lddw,
-                  q->w, r0, n);
-    else
-      scomb_bwd_f(q->rt, q->K, q->v, q->ldv, q->wt, q->ldw, q->dy, q->lddy, q->dv, q->lddv, q->set, q->dw, q->lddw,
-                  q->w, r0, n);
-    break;
   }
 }
 
@@ -209,7 +246,8 @@ static void moe_part(void *arg, int i) {
 static void moe_run(cavs_ctx *c, MoeJob *q) {
   double t0 = cv_now();
   cv_pool *pool = cv_cpu_pool(c->model);
-  long items = q->op == MOE_EROW ? q->sn : (long)q->n * q->K;
+  cv_slot_range(q->rt, q->K, q->r0, q->n, &q->s0, &q->sn);
+  long items = by_slots(q) ? q->sn : (long)q->n * q->K;
   q->dbl = MOE_DBL(c);
   q->parts = pool ? cv_pool_threads(pool) : 1;
   if (q->parts < 2 || items * q->w < 32768 || (q->op == MOE_EROW && q->bwd && q->w < 32)) {
@@ -265,7 +303,6 @@ static void cpu_erow(cavs_ctx *c, const struct cv_route *rt, int K, void *t, lon
                      int r0, int n, bool bwd) {
   MoeJob q = {.op = MOE_EROW, .K = K, .r0 = r0, .n = n, .bwd = bwd, .rt = rt, .x = t, .ldx = ldt, .s = y, .lds = ldy,
               .w = w};
-  cv_slot_range(rt, K, r0, n, &q.s0, &q.sn);
   moe_run(c, &q);
 }
 static void cpu_scomb_fwd(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt,
