@@ -92,8 +92,8 @@ struct Dev {
   /* a mixture of experts (below): per route (K and X as it last ran: the schedule sizes
      it for a minibatch before a graph's pass), each row's choices and slots and each
      slot's expert ([cap] each), each row's routing's rows ([caprows]), a stage's rows'
-     whole softmax ([caprows * capx], the balancing loss's), a stage's count per expert,
-     the pass's load and balancing counts (acc: [2 capx]) and summed probabilities
+     whole softmax ([caprows * capx], the balancing loss's), a stage's count per expert
+     and, for its counting sort, per expert and tile of its choices ([tcap]), the pass's load and balancing counts (acc: [2 capx]) and summed probabilities
      ([capx]), read back by the forward pass's synchronize (pending) into acc_host
      (pinned), and the shares the balancing loss's gradient reads ([capx], made once a
      backward pass) */
@@ -105,7 +105,8 @@ struct Dev {
     int *rb, *re;
     double *p;
     long caprows;
-    int *cnt;
+    int *cnt, *tcnt;
+    long tcap;
     long long *acc;
     double *psum, *f;
     long long *acc_host;
@@ -260,6 +261,7 @@ static void cuda_close(cavs_model *m) {
     cudaFree(d->route[i].re);
     cudaFree(d->route[i].p);
     cudaFree(d->route[i].cnt);
+    cudaFree(d->route[i].tcnt);
     cudaFree(d->route[i].acc);
     cudaFree(d->route[i].psum);
     cudaFree(d->route[i].f);
@@ -1372,9 +1374,9 @@ static long cuda_first_bad(cavs_model *m, const void *p, size_t n) {
 /* ---- a mixture of experts: routed on the device ----
  *
  * A routed stage's rows are routed where their gate values are: a thread a row picks
- * its K experts and kept weights (moe.h's cv_topk_row, the cpu's code), a thread an
- * expert counts its choices in row order and then numbers its slots after the experts'
- * before it (the cpu's stable counting sort, with the same slots), and the products
+ * its K experts and kept weights (moe.h's cv_topk_row, the cpu's code), a counting sort
+ * of the choices in tiles numbers the slots (the cpu's stable counting sort, with the
+ * same slots: topk_tile_k below), and the products
  * over each expert's slots are one grouped kernel a stage (emm_rows_k, emm_dw_k) that
  * finds the experts' runs of slots in the route's device arrays: nothing the host
  * must know, so a routed pass waits for nothing and can be captured as a graph. The
@@ -1414,7 +1416,14 @@ static bool route_room(cavs_model *m, int id, int K, long X) {
     regrow_pinned(m, (void **)&d->route[id].acc_host, sizeof(long long) * 2 * (size_t)X + sizeof(double) * (size_t)X);
     if (!d->failed) d->route[id].capx = X;
   }
-  return !d->failed && d->route[id].cap >= need && d->route[id].caprows >= rows && d->route[id].capx >= X;
+  long tiles = X * (long)cavs_cuda_blocks(need, 1, THREADS);
+  if (tiles > d->route[id].tcap) {
+    d->route[id].tcap = 0;
+    regrow(m, (void **)&d->route[id].tcnt, sizeof(int) * (size_t)tiles);
+    if (!d->failed) d->route[id].tcap = tiles;
+  }
+  return !d->failed && d->route[id].cap >= need && d->route[id].caprows >= rows && d->route[id].capx >= X &&
+         d->route[id].tcap >= tiles;
 }
 
 /* Before a pass, outside a graph's capture: every route a pass has run, sized for this
@@ -1435,15 +1444,50 @@ __global__ void topk_rows_k(int K, long X, const R *g, long ldg, R *w, long ldw,
   cv_topk_row(K, X, gr, w + r * ldw, ch + (long)K * r);
   if (p) cv_full_softmax(gr, X, p + (r - r0) * X);
 }
-/* a thread an expert: its choices among the stage's, counted; the pass's load (acc[e])
-   and, with the balancing loss, its slots (acc[X + e]) and summed probability, each
-   row added in row order as the cpu adds them */
-__global__ void topk_count_k(int K, long X, const int *ch, const double *p, int *cnt, long long *acc, double *psum,
-                             int r0, int n) {
+/* The stage's slots, numbered by a stable counting sort of its K n choices in parallel
+ * (the cpu's slots: an expert's slots after the experts' before it, each expert's in
+ * row order). The choices are cut into tiles of THREADS, a block a tile: each choice's
+ * rank among its tile's choices of its expert before it, and each tile's count per
+ * expert (topk_tile_k); a thread an expert then turns its T tiles' counts into where
+ * its slots of each tile begin within its own, and counts its choices
+ * (topk_count_k), adds to them where its slots begin, after the experts' before it
+ * (topk_base_k); and a thread a choice takes its slot, its tile's start plus its rank
+ * (topk_place_k). Every count is an integer, so the slots are the same in any order
+ * the threads run; the work is K n THREADS / 2 comparisons in shared memory and X T
+ * cells, where one thread an expert reading all the choices was X K n in X threads. */
+
+/* a block a tile: each choice's rank within the tile (kept in rslot until placed) and
+   the tile's count of each expert (tcnt[e T + t], every expert's written) */
+__global__ void topk_tile_k(int K, long X, const int *ch, int *rslot, int *tcnt, long T, int r0, int n) {
+  __shared__ int sh[THREADS];
+  long t = blockIdx.x, q0 = (long)K * r0 + t * THREADS, nq = (long)K * n - t * THREADS;
+  if (nq > THREADS) nq = THREADS;
+  int i = (int)threadIdx.x;
+  for (long e = i; e < X; e += blockDim.x) tcnt[e * T + t] = 0;
+  sh[i] = i < nq ? ch[q0 + i] : -1;
+  __syncthreads(); /* (the zeros above before the counts below) */
+  if (i >= nq) return;
+  int e = sh[i], rank = 0;
+  bool last = true;
+  for (int j = 0; j < i; j++) rank += sh[j] == e;
+  for (int j = i + 1; j < nq && last; j++) last = sh[j] != e;
+  rslot[q0 + i] = rank;
+  if (last) tcnt[(long)e * T + t] = rank + 1;
+}
+/* a thread an expert: its tiles' counts turned into where its slots of each tile begin
+   among its own; its choices among the stage's counted; the pass's load (acc[e]) and,
+   with the balancing loss, its slots (acc[X + e]) and summed probability, each row
+   added in row order as the cpu adds them */
+__global__ void topk_count_k(long X, int *tcnt, long T, const double *p, int *cnt, long long *acc, double *psum,
+                             int n) {
   long e, j;
   if (!cell(0, X, 1, &e, &j)) return;
   int c = 0;
-  for (long q = (long)K * r0; q < (long)K * (r0 + n); q++) c += ch[q] == e;
+  for (long t = 0; t < T; t++) {
+    int v = tcnt[e * T + t];
+    tcnt[e * T + t] = c;
+    c += v;
+  }
   cnt[e] = c;
   acc[e] += c;
   if (!p) return;
@@ -1452,18 +1496,25 @@ __global__ void topk_count_k(int K, long X, const int *ch, const double *p, int 
   for (long i = 0; i < n; i++) s += p[i * X + e];
   psum[e] = s;
 }
-/* a thread an expert: its slots numbered after the experts' before it, in row order
-   (each row's choice's slot in rslot, each slot's expert in sexp); and each row's
-   routing's rows [rb, re), the rows shared among the threads */
-__global__ void topk_number_k(int K, long X, const int *ch, const int *cnt, int *rslot, int *sexp, int *rb, int *re,
-                              int r0, int n) {
+/* a thread an expert: where its slots begin, after the experts' before it, added to its
+   tiles' starts; and each row's routing's rows [rb, re), the rows shared among the
+   threads */
+__global__ void topk_base_k(int K, long X, const int *cnt, int *tcnt, long T, int *rb, int *re, int r0, int n) {
   long e, j;
   if (!cell(0, X, 1, &e, &j)) return;
   long s = (long)K * r0;
   for (long i = 0; i < e; i++) s += cnt[i];
-  for (long q = (long)K * r0; q < (long)K * (r0 + n); q++)
-    if (ch[q] == e) sexp[s] = (int)e, rslot[q] = (int)s++;
+  for (long t = 0; t < T; t++) tcnt[e * T + t] += (int)s;
   for (long r = r0 + e; r < r0 + n; r += X) rb[r] = r0, re[r] = r0 + n;
+}
+/* a thread a choice: its slot (rslot), and the slot's expert (sexp) */
+__global__ void topk_place_k(int K, const int *ch, const int *tcnt, long T, int *rslot, int *sexp, int r0, int n) {
+  long q, j;
+  if (!cell((long)K * r0, (long)K * n, 1, &q, &j)) return;
+  int e = ch[q];
+  int s = tcnt[(long)e * T + (q - (long)K * r0) / THREADS] + rslot[q];
+  rslot[q] = s;
+  sexp[s] = e;
 }
 
 static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
@@ -1507,11 +1558,18 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
     CAVS_CUDA_LAUNCH(topk_rows_k<float>, blocks(n), on(c))(K, X, (const float *)g, ldg, (float *)w, ldw,
                                                            d->route[id].ch, p, r0, n);
   CKL(m);
-  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(K, X, d->route[id].ch, p, d->route[id].cnt, d->route[id].acc,
-                                                   d->route[id].psum, r0, n);
+  long T = (long)blocks((long)K * n); /* the stage's tiles of choices */
+  int *ch = d->route[id].ch, *tcnt = d->route[id].tcnt;
+  CAVS_CUDA_LAUNCH(topk_tile_k, (unsigned)T, on(c))(K, X, ch, d->route[id].rslot, tcnt, T, r0, n);
   CKL(m);
-  CAVS_CUDA_LAUNCH(topk_number_k, blocks(X), on(c))(K, X, d->route[id].ch, d->route[id].cnt, d->route[id].rslot,
-                                                    d->route[id].sexp, d->route[id].rb, d->route[id].re, r0, n);
+  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(X, tcnt, T, p, d->route[id].cnt, d->route[id].acc,
+                                                   d->route[id].psum, n);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_base_k, blocks(X), on(c))(K, X, d->route[id].cnt, tcnt, T, d->route[id].rb, d->route[id].re,
+                                                  r0, n);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_place_k, blocks((long)K * n), on(c))(K, ch, tcnt, T, d->route[id].rslot, d->route[id].sexp,
+                                                             r0, n);
   CKL(m);
   /* expert parallelism plans each round's exchange from the slots' experts, on the host
      (moe.c): the stage's, read back (a wait, as each round's exchange waits) */

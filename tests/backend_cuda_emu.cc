@@ -5,3 +5,13 @@
 #include "cuda_emu.h"
 
 #include "backend_cuda.cu"
+
+/* A route's device arrays, each row's choices' slots and each slot's expert ([K rows]
+   each), for check_cuda_emu to compare with the cpu backend's (m: a model on this
+   backend); -1 for a route out of range */
+extern "C" int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, const int **sexp) {
+  if (!m || !m->bs || id < 0 || id >= CV_MAX_ROUTES) return -1;
+  *rslot = dev(m)->route[id].rslot;
+  *sexp = dev(m)->route[id].sexp;
+  return 0;
+}

@@ -675,6 +675,61 @@ START_TEST(moe_labeled_rows_as_cpu) {
 }
 END_TEST
 
+/* The slots the device's tiled counting sort numbers (topk_tile_k and after) are the
+ * cpu's, each row's choices' and each slot's expert, in both mixtures: a stage's rows
+ * routed together, the language model's push block's stage of more choices than two
+ * tiles of CAVS_CUDA_BLOCK hold, the last partial. (The per-slot buffers compared
+ * above tell it too, as a value at a slot; this names the route, row and choice.) The
+ * second pass's, with each route's rows marked unrouted before it. */
+int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, const int **sexp); /* backend_cuda_emu.cc */
+START_TEST(moe_slots_as_cpu) {
+  const cavs_desc *dc = example(_i, "double", false), *du = example(_i, "double", true);
+  MINIBATCH(dc);
+  long since = cavs_emu_serial();
+  cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
+  same_forward(mc, mu, gs, k, 1e-12);
+  for (int id = 0; id < CV_MAX_ROUTES; id++)
+    for (int b = 0; b < 2; b++) {
+      struct cv_route *rt = &(b ? mu : mc)->route[id];
+      if (rt->stages) memset(rt->rbeg, 0xff, sizeof(int) * (size_t)rt->caprows);
+    }
+  same_forward(mc, mu, gs, k, 1e-12);
+  int routes = 0, wide = 0;
+  for (int id = 0; id < CV_MAX_ROUTES; id++) {
+    const struct cv_route *rc = &mc->route[id], *ru = &mu->route[id];
+    if (!rc->stages) continue;
+    routes++;
+    int K = rc->K;
+    long n = (long)K * mc->rows;
+    const int *rs, *se;
+    ck_assert(cavs_emu_route_slots(mu, id, &rs, &se) == 0);
+    int *rslot = download(mu, rs, sizeof(int) * (size_t)n), *sexp = download(mu, se, sizeof(int) * (size_t)n);
+    long routed = 0;
+    for (int r = 0; r < mc->rows; r++) {
+      if (rc->rbeg[r] < 0) {
+        ck_assert_int_lt(ru->rbeg[r], 0);
+        continue;
+      }
+      ck_assert(ru->rbeg[r] == rc->rbeg[r] && ru->rend[r] == rc->rend[r]);
+      if (r == rc->rbeg[r] && (long)K * (rc->rend[r] - r) > CAVS_CUDA_BLOCK) wide++;
+      for (long i = (long)K * r; i < (long)K * (r + 1); i++) {
+        ck_assert_msg(rslot[i] == rc->rslot[i], "%s: route %d, row %d, choice %ld: slot %d, the cpu's %d",
+                      examples[_i], id, r, i - (long)K * r, rslot[i], rc->rslot[i]);
+        ck_assert(rslot[i] >= 0 && rslot[i] < n && sexp[rslot[i]] == rc->sexp[rc->rslot[i]]);
+      }
+      routed++;
+    }
+    ck_assert_int_gt(routed, 0);
+    free(rslot);
+    free(sexp);
+  }
+  ck_assert_int_gt(routes, 0);
+  if (!strcmp(examples[_i], "moe_lm")) ck_assert_int_gt(wide, 0); /* (the tree's stages have one tile each) */
+  cavs_model_free(mc);
+  free_all(mu, since);
+}
+END_TEST
+
 /* A forward and a backward pass of a model of d on `backend` under `policy`, from seed 5,
    every per-row buffer poisoned first (cells a pass leaves keep the poison) */
 static cavs_model *passes(const cavs_desc *d, const long *dims, const char *backend, int policy,
@@ -1198,6 +1253,10 @@ int main(void) {
   }
   tcase_add_test(tc, dropout_as_cpu);
   tcase_add_test(tc, moe_labeled_rows_as_cpu);
+  for (int i = 0; i < 2; i++) {
+    int x = example_index(i ? "moe_lm" : "moe_tree");
+    tcase_add_loop_test(tc, moe_slots_as_cpu, x, x + 1);
+  }
   if (all) tcase_add_test(tc, moe_wide_as_cpu); /* (not in a checked build) */
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");
