@@ -93,7 +93,8 @@ struct Dev {
      it for a minibatch before a graph's pass), each row's choices and slots and each
      slot's expert ([cap] each), each row's routing's rows ([caprows]), a stage's rows'
      whole softmax ([caprows * capx], the balancing loss's), a stage's count per expert
-     and, for its counting sort, per expert and tile of its choices ([tcap]), the pass's load and balancing counts (acc: [2 capx]) and summed probabilities
+     and, for its counting sort, per expert and tile of its choices ([tcap]), the
+     pass's load and balancing counts (acc: [2 capx]) and summed probabilities
      ([capx]), read back by the forward pass's synchronize (pending) into acc_host
      (pinned), and the shares the balancing loss's gradient reads ([capx], made once a
      backward pass) */

@@ -679,9 +679,9 @@ END_TEST
  * cpu's, each row's choices' and each slot's expert, in both mixtures: a stage's rows
  * routed together, the language model's push block's stage of more choices than two
  * tiles of CAVS_CUDA_BLOCK hold, the last partial; and that model with 300 experts,
- * more than a block's threads, most without a slot in the tile. (The per-slot buffers compared
- * above tell it too, as a value at a slot; this names the route, row and choice.) The
- * second pass's, with each route's rows marked unrouted before it. */
+ * more than a block's threads, most without a slot in the tile. (The per-slot buffers
+ * compared above tell it too, as a value at a slot; this names the route, row and
+ * choice.) The second pass's, with each route's rows marked unrouted before it. */
 int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, const int **sexp); /* backend_cuda_emu.cc */
 static const struct {
   const char *name;
