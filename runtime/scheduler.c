@@ -352,13 +352,13 @@ static int chunk_rows(cavs_model *m, int ntask) {
   return 0;
 }
 
-/* The slots of G worth reading: all of them, unless the model takes children as sets,
- * where cv_schedule found the last one filled (m->maxc) */
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
 }
 
+/* The slots of G worth reading: all of them, unless the model takes children as sets,
+ * where cv_schedule found the last one filled (m->maxc) */
 static int gmaxc(const cavs_model *m, const cavs_graph *G) {
   return m->has_edges && G->maxc > m->maxc ? m->maxc : G->maxc;
 }
@@ -375,45 +375,41 @@ static bool carried(const cavs_model *m, const cavs_graph *G) {
   return true;
 }
 
-int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
-  const cavs_desc *d = m->d;
-  long total = 0;
+/* cv_schedule's steps, in the order it takes them. Each returns 0, or -1 with the
+ * model's error set. */
+
+/* 1. A type that takes its children as a set takes as many as a graph gives: the child
+ * array's stride grows to the last filled slot of any graph (not the graph's stride: a
+ * data set's is CAVS_MAX_SET), and every pass over the children below goes as far. */
+static int child_stride(cavs_model *m, const cavs_graph *const *graphs, int k) {
+  int need = m->maxc_fixed;
   for (int g = 0; g < k; g++) {
-    if (graphs[g]->n < 0) return cv_fail(m, "graph %d has a negative vertex count", g);
-    total += graphs[g]->n;
-  }
-  if (total > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "minibatch too large (%ld vertices)", total);
-  int N = (int)total;
-  /* the per-row buffers first: they check the memory the minibatch needs, scratch
-     included, before anything is allocated */
-  /* a type that takes its children as a set takes as many as a graph gives: the child
-     array's stride grows to the largest */
-  if (m->has_edges) {
-    /* the last filled slot, not the graph's stride (a data set's is CAVS_MAX_SET): every
-       pass over the children below goes as far */
-    int need = m->maxc_fixed;
-    for (int g = 0; g < k; g++) {
-      const cavs_graph *G = graphs[g];
-      /* a data set's graph says how far its slots go (cavs_graph.slots: a slot past it
-         is not read) */
-      if (G->slots > 0 && G->slots <= G->maxc) {
-        if (G->slots > need) need = G->slots;
-        continue;
-      }
-      for (int v = 0; G->maxc > need && v < G->n; v++)
-        for (int s = G->maxc - 1; s >= need; s--)
-          if (G->child[(size_t)v * G->maxc + s] >= 0) {
-            need = s + 1;
-            break;
-          }
+    const cavs_graph *G = graphs[g];
+    /* a data set's graph says how far its slots go (cavs_graph.slots: a slot past it is
+       not read) */
+    if (G->slots > 0 && G->slots <= G->maxc) {
+      if (G->slots > need) need = G->slots;
+      continue;
     }
-    if (need > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "a graph with %d child slots a vertex", need);
-    if (need > m->maxc && m->cap_rows && cv_grow(m, &m->child, sizeof(int) * (size_t)need, (size_t)m->cap_rows))
-      return -1;
-    m->maxc = m->ctx.maxc = need; /* (the array only grows) */
-    m->ctx.child = m->child;
+    for (int v = 0; G->maxc > need && v < G->n; v++)
+      for (int s = G->maxc - 1; s >= need; s--)
+        if (G->child[(size_t)v * G->maxc + s] >= 0) {
+          need = s + 1;
+          break;
+        }
   }
-  /* carried states (cavs_model_carry_state): graph g's at row N + g */
+  if (need > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "a graph with %d child slots a vertex", need);
+  if (need > m->maxc && m->cap_rows && cv_grow(m, &m->child, sizeof(int) * (size_t)need, (size_t)m->cap_rows))
+    return -1;
+  m->maxc = m->ctx.maxc = need; /* (the array only grows) */
+  m->ctx.child = m->child;
+  return 0;
+}
+
+/* 2. The per-row buffers for N rows and the carried states (cavs_model_carry_state:
+ * graph g's at row N + g), which check the memory the minibatch needs, scratch included,
+ * before anything else is allocated; then the per-vertex arrays */
+static int vertex_arrays(cavs_model *m, const cavs_graph *const *graphs, int k, int N) {
   int K = 0;
   for (int g = 0; g < k && g < m->ncarry; g++)
     if (carried(m, graphs[g])) K = g + 1;
@@ -431,8 +427,14 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   for (int g = 0, b = 0; g < K; b += graphs[g++]->n)
     if (carried(m, graphs[g])) m->vcar[b] = 1;
   m->carry_in = K;
-  /* each vertex's children as a list (kids, in slot order), and its parents in CSR form,
-     to walk from the leaves up */
+  return 0;
+}
+
+/* 3. Each vertex's type and children as a list (kids, in slot order), each checked
+ * against its vertex block, and its parents in CSR form (pcount, padj), to walk from the
+ * leaves up */
+static int graph_edges(cavs_model *m, const cavs_graph *const *graphs, int k, int N) {
+  const cavs_desc *d = m->d;
   long nedges = 0;
   for (int g = 0; g < k; g++) nedges += (long)graphs[g]->n * graphs[g]->maxc;
   if (nedges + 1 > m->capedges) {
@@ -484,13 +486,18 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   for (int i = 0; i < N; i++) m->queue[i] = m->pcount[i];
   for (int v = 0; v < N; v++)
     for (int e = m->kid_off[v]; e < m->kid_off[v + 1]; e++) m->padj[m->queue[m->kids[e]]++] = v;
-  /* Levels, leaves first (Kahn); row_of[] holds the number of children still pending.
-     And in the same walk, a lower bound: no schedule runs fewer tasks than, summed over
-     the types, the most vertices of the type on one path (they need tasks of their own,
-     one after the other; a task is of one type): at least the longest path.
-     tcount[v * T + t], the most vertices of type t on a path that ends at v, is final
-     when v leaves the queue, and is pushed to its parents then. */
-  int T0 = d->nvertex;
+  return 0;
+}
+
+/* 4. Levels, leaves first (Kahn; queue[] is left in Kahn order, row_of[] holds the
+ * number of children still pending), a cycle refused; *maxlevel, the highest. And in
+ * the same walk, a lower bound: no schedule runs fewer tasks than, summed over the
+ * types, the most vertices of the type on one path (they need tasks of their own, one
+ * after the other; a task is of one type): at least the longest path. tcount[v * T + t],
+ * the most vertices of type t on a path that ends at v, is final when v leaves the
+ * queue, and is pushed to its parents then. */
+static int levels(cavs_model *m, const cavs_graph *const *graphs, int k, int N, int *maxlevel) {
+  int T0 = m->d->nvertex;
   if ((size_t)N * (size_t)T0 > (size_t)m->captcount) {
     if (cv_grow(m, &m->tcount, sizeof(int), (size_t)N * (size_t)T0)) return -1;
     m->captcount = (size_t)N * (size_t)T0;
@@ -508,7 +515,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     m->level[v] = 0;
     if (!m->nkids[v]) m->queue[tail++] = v;
   }
-  int maxlevel = 0;
+  *maxlevel = 0;
   while (head < tail) {
     int v = m->queue[head++], *c = m->tcount + (size_t)v * (size_t)T0;
     if (++c[m->vtype[v]] > best[m->vtype[v]]) best[m->vtype[v]] = c[m->vtype[v]];
@@ -516,22 +523,18 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
       int p = m->padj[e], *pc = m->tcount + (size_t)p * (size_t)T0;
       for (int t = 0; t < T0; t++) pc[t] = c[t] > pc[t] ? c[t] : pc[t];
       if (m->level[p] < m->level[v] + 1) m->level[p] = m->level[v] + 1;
-      if (m->level[p] > maxlevel) maxlevel = m->level[p];
+      if (m->level[p] > *maxlevel) *maxlevel = m->level[p];
       if (--m->row_of[p] == 0) m->queue[tail++] = p;
     }
   }
   m->lower_bound = 0;
   for (int t = 0; t < T0; t++) m->lower_bound += (int)best[t];
-  if (tail < N) {
-    base = 0;
-    for (int g = 0; g < k; g++) {
+  if (tail < N)
+    for (int g = 0, base = 0; g < k; base += graphs[g++]->n)
       for (int v = 0; v < graphs[g]->n; v++)
         if (m->row_of[base + v] > 0) return cv_fail(m, "graph %d has a cycle through vertex %d", g, v);
-      base += graphs[g]->n;
-    }
-  }
-  /* each vertex's longest path up to a root (the frontier policy's priority): the
-     Kahn order backwards */
+  /* each vertex's longest path up to a root (the frontier policy's priority): the Kahn
+     order backwards */
   if (m->policy == CAVS_FRONTIER)
     for (int i = N - 1; i >= 0; i--) {
       int v = m->queue[i], u = 0;
@@ -539,8 +542,12 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         if (m->urg[m->padj[e]] + 1 > u) u = m->urg[m->padj[e]] + 1;
       m->urg[v] = u;
     }
-  int L = maxlevel + 1;
-  int ntask = m->policy == CAVS_AGENDA || m->policy == CAVS_FRONTIER ? ready_tasks(m, N) : level_tasks(m, N, L);
+  return 0;
+}
+
+/* 5. Where each graph's vertices begin (gbase), and the graphs by size (gorder), largest
+ * first, in their order on ties */
+static int graph_order(cavs_model *m, const cavs_graph *const *graphs, int k) {
   if (k + 1 > m->capgraphs) {
     if (cv_grow(m, &m->gbase, sizeof(int), (size_t)k + 1) || cv_grow(m, &m->gorder, sizeof(int), (size_t)k + 1) ||
         cv_grow(m, &m->gkey, sizeof(uint64_t), (size_t)k + 1))
@@ -552,35 +559,36 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     m->gbase[g] = b;
     if (g < k) b += graphs[g]->n;
   }
-  /* the graphs by size, largest first, in their order on ties */
   for (int g = 0; g < k; g++) m->gkey[g] = (uint64_t)(INT_MAX - graphs[g]->n) << 32 | (uint64_t)g;
   qsort(m->gkey, (size_t)k, sizeof *m->gkey, cmp_u64);
   for (int i = 0; i < k; i++) m->gorder[i] = (int)(m->gkey[i] & 0xffffffffu);
-  if (ntask < 0 || number_rows(m, N, ntask) || chunk_rows(m, ntask)) return -1;
-  if (m->policy == CAVS_SERIAL) {
-    /* each task cut into single rows, from the last (a task's pieces lie at or past it) */
-    if (grow_tasks(m, N)) return -1;
-    for (int i = ntask - 1, w = N; i >= 0; i--) {
-      int r0 = m->task_r0[i], n = m->task_n[i], leaf = m->task_leaf[i], t = m->task_type[i], l = m->task_level[i];
-      w -= n;
-      for (int p = n - 1; p >= 0; p--) {
-        m->task_r0[w + p] = r0 + p;
-        m->task_n[w + p] = 1;
-        m->task_leaf[w + p] = p < leaf;
-        m->task_type[w + p] = t;
-        m->task_level[w + p] = l;
-      }
+  return 0;
+}
+
+/* 6. Under CAVS_SERIAL, each of the ntask tasks cut into single rows, from the last (a
+ * task's pieces lie at or past it): N tasks, or -1 */
+static int serial_tasks(cavs_model *m, int N, int ntask) {
+  if (grow_tasks(m, N)) return -1;
+  for (int i = ntask - 1, w = N; i >= 0; i--) {
+    int r0 = m->task_r0[i], n = m->task_n[i], leaf = m->task_leaf[i], t = m->task_type[i], l = m->task_level[i];
+    w -= n;
+    for (int p = n - 1; p >= 0; p--) {
+      m->task_r0[w + p] = r0 + p;
+      m->task_n[w + p] = 1;
+      m->task_leaf[w + p] = p < leaf;
+      m->task_type[w + p] = t;
+      m->task_level[w + p] = l;
     }
-    ntask = N;
   }
-  m->ntask = ntask;
+  return N;
+}
+
+/* 7. The per-row arrays at the numbered rows: children as rows, roots, what pushes, and
+ * the inputs, each index checked against its range and each real input's width read */
+static int row_inputs(cavs_model *m, const cavs_graph *const *graphs, int k, int N) {
+  const cavs_desc *d = m->d;
   int C = m->maxc;
-  for (int r = 0; r < N; r++) m->pred[r] = -1;
-  m->rows = N;
-  m->ctx.rows = N;
-  m->rkey_ready = false; /* dropout's keys, made when a dropout asks (cv_drop_keys) */
-  /* per-row arrays; the index inputs' ranges and the real inputs' widths, once */
-  long *bound = m->tstate; /* (T0 * 5 + 1 longs; reused: the lower bound is summed) */
+  long *bound = m->tstate; /* (levels' scratch, reused) */
   if ((size_t)d->ninputs + 1 > (size_t)m->captstate) {
     if (cv_grow(m, &m->tstate, sizeof(long), (size_t)d->ninputs + 1)) return -1;
     m->captstate = d->ninputs + 1;
@@ -589,8 +597,7 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
   long total_w = 0;
   for (int s = 0; s < d->nreal; s++) total_w += m->rw[s];
   for (int i = 0; i < d->ninputs; i++) bound[i] = d->inputs[i].kind == CAVS_IN_REAL ? 0 : cv_lin(&d->inputs[i].width, m->ctx.dims);
-  base = 0;
-  for (int g = 0; g < k; g++) {
+  for (int g = 0, base = 0; g < k; base += graphs[g++]->n) {
     const cavs_graph *G = graphs[g];
     for (int v = 0; v < G->n; v++) {
       int r = m->row_of[base + v];
@@ -623,41 +630,49 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
         off += w;
       }
     }
-    base += G->n;
   }
-  /* the edges of the types that take their children as a set, row by row */
-  if (m->has_edges) {
-    if (cv_grow(m, &m->eoff, sizeof(int), (size_t)N + 1)) return -1;
-    long E = 0;
-    for (int t = 0; t < d->nvertex; t++)
-      for (int r = m->type_r0[t]; d->vertex[t].edges && r < m->type_r0[t] + m->type_n[t]; r++)
-        for (int s = d->vertex[t].children; s < C; s++) E += m->child[(size_t)r * C + s] >= 0;
-    if (E > INT_MAX) return cv_fail(m, "minibatch too large (%ld edges)", E);
-    if (cv_grow_edges(m, E)) return -1;
-    int e = 0;
-    for (int t = 0; t < d->nvertex; t++)
-      for (int r = m->type_r0[t]; r < m->type_r0[t] + m->type_n[t]; r++) {
-        m->eoff[r] = e;
-        for (int s = d->vertex[t].children; d->vertex[t].edges && s < C; s++) {
-          int ch = m->child[(size_t)r * C + s];
-          if (ch < 0) continue;
-          m->eparent[e] = r;
-          m->echild[e++] = ch;
-        }
+  return 0;
+}
+
+/* 8. The edges of the types that take their children as a set, row by row */
+static int edge_rows(cavs_model *m, int N) {
+  const cavs_desc *d = m->d;
+  int C = m->maxc;
+  if (cv_grow(m, &m->eoff, sizeof(int), (size_t)N + 1)) return -1;
+  long E = 0;
+  for (int t = 0; t < d->nvertex; t++)
+    for (int r = m->type_r0[t]; d->vertex[t].edges && r < m->type_r0[t] + m->type_n[t]; r++)
+      for (int s = d->vertex[t].children; s < C; s++) E += m->child[(size_t)r * C + s] >= 0;
+  if (E > INT_MAX) return cv_fail(m, "minibatch too large (%ld edges)", E);
+  if (cv_grow_edges(m, E)) return -1;
+  int e = 0;
+  for (int t = 0; t < d->nvertex; t++)
+    for (int r = m->type_r0[t]; r < m->type_r0[t] + m->type_n[t]; r++) {
+      m->eoff[r] = e;
+      for (int s = d->vertex[t].children; d->vertex[t].edges && s < C; s++) {
+        int ch = m->child[(size_t)r * C + s];
+        if (ch < 0) continue;
+        m->eparent[e] = r;
+        m->echild[e++] = ch;
       }
-    m->eoff[N] = e;
-    m->nedges = E;
-    m->stats.gathered_rows += E; /* a set's children are copied to their edges, never viewed */
-    m->ctx.eoff = m->eoff;
-    m->ctx.eparent = m->eparent;
-    m->ctx.echild = m->echild;
-  }
-  /* the gathers' layout: a task's gathered rows are in place when its rows with
-     children (those past its first task_leaf) have every slot of their type filled and
-     child k of its i-th such row is row b + i * S + k, S its type's slots */
-  for (int i = 0; i < ntask; i++) {
+    }
+  m->eoff[N] = e;
+  m->nedges = E;
+  m->stats.gathered_rows += E; /* a set's children are copied to their edges, never viewed */
+  m->ctx.eoff = m->eoff;
+  m->ctx.eparent = m->eparent;
+  m->ctx.echild = m->echild;
+  return 0;
+}
+
+/* 9. The gathers' layout, counted: a task's gathered rows are in place when its rows with
+ * children (those past its first task_leaf) have every slot of their type filled and
+ * child k of its i-th such row is row b + i * S + k, S its type's slots */
+static void count_gathers(cavs_model *m) {
+  int C = m->maxc;
+  for (int i = 0; i < m->ntask; i++) {
     int r0 = m->task_r0[i] + m->task_leaf[i], n = m->task_n[i] - m->task_leaf[i];
-    int S = d->vertex[m->task_type[i]].children;
+    int S = m->d->vertex[m->task_type[i]].children;
     long have = 0;
     bool block = true;
     for (int r = r0; r < r0 + n; r++)
@@ -669,6 +684,30 @@ int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
     m->stats.gathered_rows += have;
     if (block) m->stats.gathered_in_place += have;
   }
+}
+
+int cv_schedule(cavs_model *m, const cavs_graph *const *graphs, int k) {
+  long total = 0;
+  for (int g = 0; g < k; g++) {
+    if (graphs[g]->n < 0) return cv_fail(m, "graph %d has a negative vertex count", g);
+    total += graphs[g]->n;
+  }
+  if (total > CAVS_MAX_GRAPH_VERTICES) return cv_fail(m, "minibatch too large (%ld vertices)", total);
+  int N = (int)total, maxlevel;
+  if ((m->has_edges && child_stride(m, graphs, k)) || vertex_arrays(m, graphs, k, N) ||
+      graph_edges(m, graphs, k, N) || levels(m, graphs, k, N, &maxlevel))
+    return -1;
+  int ntask = m->policy == CAVS_AGENDA || m->policy == CAVS_FRONTIER ? ready_tasks(m, N)
+                                                                     : level_tasks(m, N, maxlevel + 1);
+  if (graph_order(m, graphs, k) || ntask < 0 || number_rows(m, N, ntask) || chunk_rows(m, ntask)) return -1;
+  if (m->policy == CAVS_SERIAL && (ntask = serial_tasks(m, N, ntask)) < 0) return -1;
+  m->ntask = ntask;
+  for (int r = 0; r < N; r++) m->pred[r] = -1;
+  m->rows = N;
+  m->ctx.rows = N;
+  m->rkey_ready = false; /* dropout's keys, made when a dropout asks (cv_drop_keys) */
+  if (row_inputs(m, graphs, k, N) || (m->has_edges && edge_rows(m, N))) return -1;
+  count_gathers(m);
   plan_views(m);
   plan_homes(m);
   return 0;
