@@ -1475,12 +1475,23 @@ __global__ void topk_tile_k(int K, long X, const int *ch, int *rslot, int *tcnt,
   rslot[q0 + i] = rank;
   if (last) tcnt[(long)e * T + t] = rank + 1;
 }
+/* a thread a tile of CV_PSUM_ROWS rows and an expert (with the balancing loss): the
+   expert's probabilities at the tile's rows summed in row order, written over the
+   tile's first row's (moe.h's order: the cpu's tile sums) */
+__global__ void psum_tile_k(long X, double *p, long PT, int n) {
+  long t, e;
+  if (!cell(0, PT, X, &t, &e)) return;
+  long i0 = t * CV_PSUM_ROWS, i1 = i0 + CV_PSUM_ROWS < n ? i0 + CV_PSUM_ROWS : n;
+  double s = p[i0 * X + e];
+  for (long i = i0 + 1; i < i1; i++) s += p[i * X + e];
+  p[i0 * X + e] = s;
+}
 /* a thread an expert: its tiles' counts turned into where its slots of each tile begin
    among its own; its choices among the stage's counted; the pass's load (acc[e]) and,
-   with the balancing loss, its slots (acc[X + e]) and summed probability, each row
-   added in row order as the cpu adds them */
-__global__ void topk_count_k(long X, int *tcnt, long T, const double *p, int *cnt, long long *acc, double *psum,
-                             int n) {
+   with the balancing loss, its slots (acc[X + e]) and summed probability, the PT tiles'
+   sums of rows (psum_tile_k's) added in tile order as the cpu adds them */
+__global__ void topk_count_k(long X, int *tcnt, long T, const double *p, long PT, int *cnt, long long *acc,
+                             double *psum) {
   long e, j;
   if (!cell(0, X, 1, &e, &j)) return;
   int c = 0;
@@ -1494,7 +1505,7 @@ __global__ void topk_count_k(long X, int *tcnt, long T, const double *p, int *cn
   if (!p) return;
   acc[X + e] += c;
   double s = psum[e];
-  for (long i = 0; i < n; i++) s += p[i * X + e];
+  for (long t = 0; t < PT; t++) s += p[t * CV_PSUM_ROWS * X + e];
   psum[e] = s;
 }
 /* a thread an expert: where its slots begin, after the experts' before it, added to its
@@ -1560,11 +1571,16 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
                                                            d->route[id].ch, p, r0, n);
   CKL(m);
   long T = (long)blocks((long)K * n); /* the stage's tiles of choices */
+  long PT = p ? (n + CV_PSUM_ROWS - 1) / CV_PSUM_ROWS : 0; /* and of rows, for the sums */
   int *ch = d->route[id].ch, *tcnt = d->route[id].tcnt;
   CAVS_CUDA_LAUNCH(topk_tile_k, (unsigned)T, on(c))(K, X, ch, d->route[id].rslot, tcnt, T, r0, n);
   CKL(m);
-  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(X, tcnt, T, p, d->route[id].cnt, d->route[id].acc,
-                                                   d->route[id].psum, n);
+  if (p) {
+    CAVS_CUDA_LAUNCH(psum_tile_k, blocks(PT * X), on(c))(X, p, PT, n);
+    CKL(m);
+  }
+  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(X, tcnt, T, p, PT, d->route[id].cnt, d->route[id].acc,
+                                                   d->route[id].psum);
   CKL(m);
   CAVS_CUDA_LAUNCH(topk_base_k, blocks(X), on(c))(K, X, d->route[id].cnt, tcnt, T, d->route[id].rb, d->route[id].re,
                                                   r0, n);

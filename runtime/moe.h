@@ -2,14 +2,14 @@
  * the cpu backend (moe.c) and the cuda backend (backend_cuda.cu, which includes this
  * file) route the same rows to the same experts and compute the same values.
  *
- * The routing of a stage runs on the host on both (the cuda backend reads its rows'
- * gate values back to it first): each row's K largest gate values (the lower index
- * first among equals, a NaN never over a number), the softmax of the kept values, and
- * a counting sort of the stage's K n choices by expert, stable in row order, which
- * numbers its slots so that each expert's are contiguous (moe.c's head comment). The
- * products over an expert's slots need their count on the host anyway (a cuBLAS call
- * or the CPU's product takes its sizes from the host). The backward pass's gate
- * gradient is a row's work (CAVS_HD: a GPU thread's or a CPU loop's). */
+ * A stage's routing: each row's K largest gate values (the lower index first among
+ * equals, a NaN never over a number), the softmax of the kept values, and a counting
+ * sort of the stage's K n choices by expert, stable in row order, which numbers its
+ * slots so that each expert's are contiguous (moe.c's head comment). The cpu backend
+ * runs cv_topk_route below; the cuda backend runs the rows' part (cv_topk_row, a GPU
+ * thread a row) and the same counting sort in parallel on the device (backend_cuda.cu,
+ * "routed on the device"), the same slots. The backward pass's gate gradient is a
+ * row's work (CAVS_HD: a GPU thread's or a CPU loop's). */
 #ifndef CV_MOE_H
 #define CV_MOE_H
 
@@ -37,6 +37,14 @@ static inline void cv_slot_range(const struct cv_route *rt, int K, int r0, int n
 static inline double cv_balance_scale(const struct cv_route *rt, long X, double bal, double loss_scale) {
   return bal > 0 && rt->aux_rows ? bal * (double)X / (double)rt->aux_rows * loss_scale : 0;
 }
+/* The balancing loss's summed probabilities: a stage's rows are cut into tiles of
+ * CV_PSUM_ROWS (from its first row), each tile's probabilities summed in row order from
+ * its first row's, and the tiles' sums added to the pass's in tile order. Both backends
+ * add in this order (a GPU thread a tile and expert, then a thread an expert over the
+ * tiles: n / CV_PSUM_ROWS additions in a row where a thread an expert over the rows was
+ * n), so the loss has the same bits on either. */
+enum { CV_PSUM_ROWS = 256 };
+
 /* f[0..X): the share of the forward pass's slots each expert received */
 static inline void cv_balance_shares(const struct cv_route *rt, int K, long X, double *f) {
   for (long j = 0; j < X; j++) f[j] = (double)rt->pcnt[j] / ((double)K * rt->aux_rows);
@@ -123,8 +131,13 @@ static inline CAVS_HD void cv_topk_row(int K, long X, const double *gr, double *
     for (int i = 0; i < n; i++) {                                                                                    \
       const R *gr = g0 + (size_t)i * (size_t)ldg;                                                                    \
       if (bal > 0) {                                                                                                 \
-        cv_full_softmax_##S(gr, X, rt->scr);                                                                         \
-        for (long j = 0; j < X; j++) rt->psum[j] += rt->scr[j];                                                      \
+        double *p = rt->scr, *tsum = rt->scr + X; /* the row's softmax; its tile's sum */                            \
+        cv_full_softmax_##S(gr, X, p);                                                                               \
+        if (i % CV_PSUM_ROWS == 0) memcpy(tsum, p, sizeof(double) * (size_t)X);                                      \
+        else                                                                                                         \
+          for (long j = 0; j < X; j++) tsum[j] += p[j];                                                              \
+        if (i % CV_PSUM_ROWS == CV_PSUM_ROWS - 1 || i == n - 1)                                                      \
+          for (long j = 0; j < X; j++) rt->psum[j] += tsum[j];                                                       \
       }                                                                                                              \
       int *ch = rt->rslot + (size_t)K * (size_t)(r0 + i); /* the choices, for now; their slots below */              \
       cv_topk_row_##S(K, X, gr, w0 + (size_t)i * (size_t)ldw, ch);                                                   \

@@ -15,6 +15,7 @@
 #include "cuda_emu_api.h"
 #include "cuda_emu_cases.h"
 #include "cudatest.h"
+#include "moe.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -635,13 +636,16 @@ END_TEST
  * push block's backward runs over the labeled rows only, a part of the routing's, whose
  * other slots' gradients (set whole, not cleared: cavs_scomb_bwd's dv_set) must come out
  * zero. Every buffer poisoned first, then the cpu's values and gradients. */
-static const char *const moe_push_src =
-    "model moepush; dim H = 4; dim C = 3; dim V = 6; dim X = 4; dim HC = H * C;\n"
-    "input w : index[V]; input y : class[C];\n"
-    "param emb[V,H], W[2H,H], Wg[H,X], E[X,HC], Wc[H,C] init uniform(-1, 1);\n"
-    "pull { x = emb[w]; }\n"
-    "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
-    "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h) @ E[e] + h @ Wc), y); }\n";
+/* (a binary tree whose push block is a mixture: the model's name, its experts, the
+   gate's parameter and top's arguments) */
+#define MOE_PUSH_SRC(NAME, X, GATE_PARAM, TOP)                                                                \
+  "model " NAME "; dim H = 4; dim C = 3; dim V = 6; dim X = " X "; dim HC = H * C;\n"                        \
+  "input w : index[V]; input y : class[C];\n"                                                                \
+  "param emb[V,H], W[2H,H], " GATE_PARAM ", E[X,HC], Wc[H,C] init uniform(-1, 1);\n"                        \
+  "pull { x = emb[w]; }\n"                                                                                   \
+  "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"    \
+  "push (h) { loss softmax_xent(moe(e in top(" TOP "): relu(h) @ E[e] + h @ Wc), y); }\n"
+static const char *const moe_push_src = MOE_PUSH_SRC("moepush", "4", "Wg[H,X]", "h @ Wg, 2");
 static const cavs_desc *moe_push_c, *moe_push_u;
 
 START_TEST(moe_labeled_rows_as_cpu) {
@@ -681,15 +685,28 @@ END_TEST
  * tiles of CAVS_CUDA_BLOCK hold, the last partial; and that model with 300 experts,
  * more than a block's threads, most without a slot in the tile. (The per-slot buffers
  * compared above tell it too, as a value at a slot; this names the route, row and
- * choice.) The second pass's, with each route's rows marked unrouted before it. */
+ * choice.) The second pass's, with each route's rows marked unrouted before it.
+ *
+ * And the balancing loss's sums, the same bits on both backends (`sums`), in a mixture
+ * whose gate is a table's row (moe_bal_src's G[w]: the same bits on both, where a
+ * product's may differ in the last place), so that each row's softmax is too: over a
+ * push block's stage of more rows than a tile of CV_PSUM_ROWS holds, they are added in
+ * moe.h's order on both (a thread an expert adding the rows in row order gives other
+ * bits). */
+static const char *const moe_bal_src = MOE_PUSH_SRC("moebal", "5", "G[V,X]", "G[w], 2, 0.01");
+static const cavs_desc *moe_bal_c, *moe_bal_u;
 int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, const int **sexp); /* backend_cuda_emu.cc */
 static const struct {
   const char *name;
   long experts; /* X, or 0: MINIBATCH's */
-} slot_cases[] = {{"moe_tree", 0}, {"moe_lm", 0}, {"moe_lm", 300}};
+  bool sums;    /* moe_bal_src, its sums compared too */
+} slot_cases[] = {{"moe_tree", 0, false}, {"moe_lm", 0, false}, {"moe_lm", 300, false}, {"moebal", 0, true}};
 START_TEST(moe_slots_as_cpu) {
-  int x = example_index(slot_cases[_i].name);
-  const cavs_desc *dc = example(x, "double", false), *du = example(x, "double", true);
+  bool sums = slot_cases[_i].sums;
+  int x = sums ? -1 : example_index(slot_cases[_i].name);
+  const char *name = slot_cases[_i].name;
+  const cavs_desc *dc = sums ? moe_bal_c : example(x, "double", false);
+  const cavs_desc *du = sums ? moe_bal_u : example(x, "double", true);
   MINIBATCH(dc);
   for (int i = 0; i < dc->ndims; i++)
     if (slot_cases[_i].experts && !strcmp(dc->dims[i].name, "X")) dims[i] = slot_cases[_i].experts;
@@ -702,11 +719,21 @@ START_TEST(moe_slots_as_cpu) {
       if (rt->stages) memset(rt->rbeg, 0xff, sizeof(int) * (size_t)rt->caprows);
     }
   same_forward(mc, mu, gs, k, 1e-12);
-  int routes = 0, wide = 0;
+  int routes = 0, wide = 0, wide_rows = 0;
   for (int id = 0; id < CV_MAX_ROUTES; id++) {
     const struct cv_route *rc = &mc->route[id], *ru = &mu->route[id];
     if (!rc->stages) continue;
     routes++;
+    if (sums) {
+      ck_assert(rc->bal > 0 && ru->bal > 0 && rc->aux_rows == ru->aux_rows && rc->nx_pass == ru->nx_pass);
+      for (long e = 0; e < rc->nx_pass; e++) {
+        ck_assert_msg(rc->pcnt[e] == ru->pcnt[e], "route %d, expert %ld: %ld slots, the cpu's %ld", id, e, ru->pcnt[e],
+                      rc->pcnt[e]);
+        ck_assert_msg(!memcmp(&rc->psum[e], &ru->psum[e], sizeof(double)),
+                      "route %d, expert %ld: summed probability %.17g, the cpu's %.17g", id, e, ru->psum[e],
+                      rc->psum[e]);
+      }
+    }
     int K = rc->K;
     long n = (long)K * mc->rows;
     const int *rs, *se;
@@ -720,9 +747,10 @@ START_TEST(moe_slots_as_cpu) {
       }
       ck_assert(ru->rbeg[r] == rc->rbeg[r] && ru->rend[r] == rc->rend[r]);
       if (r == rc->rbeg[r] && (long)K * (rc->rend[r] - r) > CAVS_CUDA_BLOCK) wide++;
+      if (r == rc->rbeg[r] && rc->rend[r] - r > CV_PSUM_ROWS) wide_rows++;
       for (long i = (long)K * r; i < (long)K * (r + 1); i++) {
         ck_assert_msg(rslot[i] == rc->rslot[i], "%s: route %d, row %d, choice %ld: slot %d, the cpu's %d",
-                      examples[x], id, r, i - (long)K * r, rslot[i], rc->rslot[i]);
+                      name, id, r, i - (long)K * r, rslot[i], rc->rslot[i]);
         ck_assert(rslot[i] >= 0 && rslot[i] < n && sexp[rslot[i]] == rc->sexp[rc->rslot[i]]);
       }
       routed++;
@@ -732,7 +760,8 @@ START_TEST(moe_slots_as_cpu) {
     free(sexp);
   }
   ck_assert_int_gt(routes, 0);
-  if (!strcmp(examples[x], "moe_lm")) ck_assert_int_gt(wide, 0); /* (the tree's stages have one tile each) */
+  if (strcmp(name, "moe_tree")) ck_assert_int_gt(wide, 0); /* (the tree's stages have one tile each) */
+  if (sums) ck_assert_int_gt(wide_rows, 0);
   cavs_model_free(mc);
   free_all(mu, since);
 }
@@ -1221,6 +1250,8 @@ static void build_models(void) {
   drop_u = load_host_cuda_with("mixdrop", drop_src, "double", "cuda_emu.h");
   moe_push_c = load_model(moe_push_src, "double");
   moe_push_u = load_host_cuda_with("moepush", moe_push_src, "double", "cuda_emu.h");
+  moe_bal_c = load_model(moe_bal_src, "double");
+  moe_bal_u = load_host_cuda_with("moebal", moe_bal_src, "double", "cuda_emu.h");
 }
 
 /* the models the counts use */
