@@ -1157,8 +1157,6 @@ static const char *const init_kind[] = {"CAVS_INIT_ZEROS", "CAVS_INIT_CONSTANT",
                                         "CAVS_INIT_IDENTITY_ROWS", "CAVS_INIT_XAVIER_ROWS"};
 _Static_assert(DIM_PRODUCT == 3 && IN_REAL == 2 && INIT_XAVIER_ROWS == 7, "one name per kind");
 
-/* In C that C++ (the CUDA target's nvcc) compiles too: a const array with no entries
- * still gets an initializer. */
 /* static const unsigned char NAME[] = {a flag a parameter group} */
 static void grad_flags(const Emit *e, const char *name, const unsigned char *flags) {
   fprintf(e->out, "static const unsigned char %s[%d] = {", name, e->m->npgroups + 1);
@@ -1166,11 +1164,10 @@ static void grad_flags(const Emit *e, const char *name, const unsigned char *fla
   fprintf(e->out, "%s};\n", e->m->npgroups ? "" : "0");
 }
 
-static void descriptor(const Emit *e) {
+/* descriptor's parts, in the order the generated file holds them: the dims and options */
+static void desc_dims_options(const Emit *e) {
   const Model *m = e->m;
   FILE *c = e->out;
-  extern const char *cv_source_text;
-  extern size_t cv_source_len;
   fprintf(c, m->ndims ? "\nstatic const cavs_dim_desc dims[] = {\n" : "\nstatic const cavs_dim_desc dims[1] = {0};\n");
   for (int i = 0; i < m->ndims; i++)
     fprintf(c, "  {%s, %s, %ld, %d, %d, %d},\n", emit_c_string(m->dims[i].name), dim_kind[m->dims[i].kind],
@@ -1185,6 +1182,12 @@ static void descriptor(const Emit *e) {
             : m->options[i].kind == OPT_BALANCE ? "CAVS_OPTION_BALANCE"
                                                 : "CAVS_OPTION_DROPOUT", m->options[i].value);
   if (m->noptions) fprintf(c, "};\n");
+}
+
+/* the inputs: *nint index inputs and *nreal real ones */
+static void desc_inputs(const Emit *e, int *nint_out, int *nreal_out) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   fprintf(c, m->ninputs ? "static const cavs_input_desc inputs[] = {\n" : "static const cavs_input_desc inputs[1] = {0};\n");
   int nint = 0, nreal = 0;
   for (int i = 0; i < m->ninputs; i++) {
@@ -1196,6 +1199,13 @@ static void descriptor(const Emit *e) {
     else nint++;
   }
   if (m->ninputs) fprintf(c, "};\n");
+  *nint_out = nint, *nreal_out = nreal;
+}
+
+/* the parameters and their groups */
+static void desc_params(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   fprintf(c, m->nparams ? "static const cavs_param_desc params[] = {\n" : "static const cavs_param_desc params[1] = {0};\n");
   for (int i = 0; i < m->nparams; i++) {
     const Param *p = &m->params[i];
@@ -1217,6 +1227,12 @@ static void descriptor(const Emit *e) {
     fprintf(c, ", %d, %d},\n", sparse_input(m, i), experts_table(m, i));
   }
   if (m->npgroups) fprintf(c, "};\n");
+}
+
+/* the per-row buffers */
+static void desc_bufs(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   fprintf(c, "static const cavs_buf_desc bufs[] = {\n");
   for (int i = 0; i < m->nbufs; i++) {
     fprintf(c, "  {%s, ", emit_c_string(m->bufs[i].name));
@@ -1226,6 +1242,13 @@ static void descriptor(const Emit *e) {
             v, v >= 0 && !m->bufs[i].edge && leaves_untouched(m->vertex[v], i), m->bufs[i].edge);
   }
   fprintf(c, "};\n");
+}
+
+/* each vertex type: its gathers and named slots, the parameter groups its backward
+   stages add to, and its entry of vertex[] */
+static void desc_vertices(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   /* each vertex type's gathers: where child k's row goes, and whether it may be a view */
   int *ngathers = arena_alloc(sizeof(int) * ((size_t)m->nvertex + 1));
   for (int i = 0; i < m->nvertex; i++) {
@@ -1271,6 +1294,12 @@ static void descriptor(const Emit *e) {
     fprintf(c, ",\n   {grads_%d_0, grads_%d_1, grads_%d_2}},\n", i, i, i);
   }
   fprintf(c, "};\n");
+}
+
+/* the push block's losses: how many */
+static int desc_losses(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   int nlosses = 0;
   if (m->push)
     for (int i = 0; i < m->push->n; i++) nlosses += op_info[m->push->nodes[i].op].kind == OK_LOSS;
@@ -1284,7 +1313,13 @@ static void descriptor(const Emit *e) {
               t->op == OP_INPUT ? t->ref : -1);
     }
   if (nlosses) fprintf(c, "};\n");
-  /* the named values stored per row, by block: where a stage left them */
+  return nlosses;
+}
+
+/* the named values stored per row, by block: where a stage left them; how many */
+static int desc_values(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   int nvalues = 0, nf;
   IrFunc **fs = model_funcs(m, &nf);
   for (int k = 0; k < nf; k++) {
@@ -1310,7 +1345,13 @@ static void descriptor(const Emit *e) {
     }
   }
   fprintf(c, nvalues ? "};\n" : "static const cavs_value_desc values[1] = {0};\n");
-  /* the dropouts read in place where they keep every value (drop_aliases) */
+  return nvalues;
+}
+
+/* the dropouts read in place where they keep every value (drop_aliases); how many */
+static int desc_aliases(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
   int naliases = 0;
   for (int b = 0; b < m->nbufs; b++) {
     const DropAlias *a = &e->alias[b];
@@ -1321,6 +1362,26 @@ static void descriptor(const Emit *e) {
     fprintf(c, ", %d, %.17g},\n", a->opt, a->opt >= 0 ? 0.0 : a->p);
   }
   fprintf(c, naliases ? "};\n" : "static const cavs_alias_desc aliases[1] = {0};\n");
+  return naliases;
+}
+
+/* The model's descriptor (cavs_desc NAME_desc) and the tables it points to, in C that
+ * C++ (the CUDA target's nvcc) compiles too: a const array with no entries still gets an
+ * initializer. */
+static void descriptor(const Emit *e) {
+  const Model *m = e->m;
+  FILE *c = e->out;
+  extern const char *cv_source_text;
+  extern size_t cv_source_len;
+  int nint, nreal;
+  desc_dims_options(e);
+  desc_inputs(e, &nint, &nreal);
+  desc_params(e);
+  desc_bufs(e);
+  desc_vertices(e);
+  int nlosses = desc_losses(e);
+  int nvalues = desc_values(e);
+  int naliases = desc_aliases(e);
   fputc('\n', c);
   fprintf(c, "const cavs_desc %s_desc = {\n", m->name);
   fprintf(c, "  .abi = CAVS_ABI_VERSION,\n  .target = %s,\n", e->t->abi);

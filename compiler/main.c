@@ -139,12 +139,19 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
   return ok;
 }
 
-int main(int argc, char **argv) {
-  const char *out_path = NULL, *source_name = NULL;
-  int dump = DUMP_NONE;
-  bool check_only = false, no_fuse = false, no_merge = false, no_homes = false, no_push_view = false;
-  Precision prec = PREC_FLOAT;
-  const Target *target = &target_c;
+/* What the command line asks for */
+typedef struct Cli {
+  const char *out_path, *source_name, *input;
+  int dump;
+  bool check_only, no_fuse, no_merge, no_homes, no_push_view;
+  Precision prec;
+  const Target *target;
+} Cli;
+
+/* The options and the input file's name into *o: -1 to go on, else the status to exit
+   with (--help and --version: 0; a bad option: 1, said) */
+static int parse_args(int argc, char **argv, Cli *o) {
+  *o = (Cli){.dump = DUMP_NONE, .prec = PREC_FLOAT, .target = &target_c};
   static const struct option longopts[] = {
       {"dump", required_argument, NULL, 'd'},
       {"report", no_argument, NULL, 'r'},
@@ -164,35 +171,35 @@ int main(int argc, char **argv) {
   opterr = 0; /* opt_complain says what was wrong */
   while ((ch = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
     switch (ch) {
-    case 'o': out_path = optarg; break;
+    case 'o': o->out_path = optarg; break;
     case 'd':
-      if (!strcmp(optarg, "ast")) dump = DUMP_AST;
-      else if (!strcmp(optarg, "ir")) dump = DUMP_IR;
-      else if (!strcmp(optarg, "ad")) dump = DUMP_AD;
-      else if (!strcmp(optarg, "cls") || !strcmp(optarg, "fuse")) dump = DUMP_REPORT;
+      if (!strcmp(optarg, "ast")) o->dump = DUMP_AST;
+      else if (!strcmp(optarg, "ir")) o->dump = DUMP_IR;
+      else if (!strcmp(optarg, "ad")) o->dump = DUMP_AD;
+      else if (!strcmp(optarg, "cls") || !strcmp(optarg, "fuse")) o->dump = DUMP_REPORT;
       else {
         fprintf(stderr, "cavsc: error: unknown stage '%s' for --dump (ast, ir, ad, cls, fuse)\n", optarg);
         return 1;
       }
       break;
-    case 'r': dump = DUMP_REPORT; break;
-    case 'c': check_only = true; break;
-    case 'F': no_fuse = true; break;
-    case 'M': no_merge = true; break;
-    case 'H': no_homes = true; break;
-    case 'P': no_push_view = true; break;
-    case 'n': source_name = optarg; break;
+    case 'r': o->dump = DUMP_REPORT; break;
+    case 'c': o->check_only = true; break;
+    case 'F': o->no_fuse = true; break;
+    case 'M': o->no_merge = true; break;
+    case 'H': o->no_homes = true; break;
+    case 'P': o->no_push_view = true; break;
+    case 'n': o->source_name = optarg; break;
     case 'p':
-      if (!strcmp(optarg, "float")) prec = PREC_FLOAT;
-      else if (!strcmp(optarg, "double")) prec = PREC_DOUBLE;
+      if (!strcmp(optarg, "float")) o->prec = PREC_FLOAT;
+      else if (!strcmp(optarg, "double")) o->prec = PREC_DOUBLE;
       else {
         fprintf(stderr, "cavsc: error: unknown precision '%s' (float, double)\n", optarg);
         return 1;
       }
       break;
     case 't':
-      target = target_find(optarg);
-      if (!target) {
+      o->target = target_find(optarg);
+      if (!o->target) {
         fprintf(stderr, "cavsc: error: unknown target '%s' (targets: %s)\n", optarg, target_names());
         return 1;
       }
@@ -210,14 +217,88 @@ int main(int argc, char **argv) {
     fputs(usage, stderr);
     return 1;
   }
-  const char *input = argv[optind];
-  if (check_only && (dump != DUMP_NONE || out_path)) {
+  o->input = argv[optind];
+  if (o->check_only && (o->dump != DUMP_NONE || o->out_path)) {
     fputs("cavsc: error: --check writes nothing; it takes no -o, --dump or --report\n", stderr);
     return 1;
   }
+  return -1;
+}
 
+/* The pipeline over a model (m: what sema built or ir_read read; is_ir: the latter),
+   the dump or the code written to out (and the header to hout); false on an error,
+   said */
+static bool run_passes(const Cli *o, const char *path, const char *text, size_t len, bool is_ir, Decl *decls,
+                       FILE *out, FILE *hout, Model **mp) {
+  if (o->dump == DUMP_AST) {
+    ast_dump(out, decls);
+    return true;
+  }
+  Model *m = *mp = is_ir ? ir_read(path, text, len) : sema(decls, path);
+  if (diag_count()) return false;
+  cv_checking_user_ir = is_ir;
+  ir_check(m);
+  cv_checking_user_ir = false;
+  if (o->dump == DUMP_IR) {
+    ir_print(out, m);
+    return true;
+  }
+  autodiff(m);
+  classify(m);
+  m->no_fuse = o->no_fuse;
+  m->no_merge = o->no_merge;
+  m->no_homes = o->no_homes;
+  m->no_push_view = o->no_push_view;
+  fuse(m);
+  plan(m);
+  if (o->check_only) {
+    /* every pass has run and found nothing wrong */
+  } else if (o->dump == DUMP_AD) ad_print(out, m);
+  else if (o->dump == DUMP_REPORT) report(out, m);
+  else {
+    /* the options that shape the code, not where it was written: golden files stay the
+       same whatever the output directory */
+    const char *t = o->target == &target_c ? "" : arena_printf(" --target=%s", o->target->name);
+    const char *p = o->prec == PREC_DOUBLE ? " --precision=double" : "";
+    const char *a = arena_printf("%s%s%s%s", o->no_fuse ? " --no-fuse" : "", o->no_merge ? " --no-merge" : "",
+                                 o->no_homes ? " --no-homes" : "", o->no_push_view ? " --no-push-view" : "");
+    char *cmd = arena_printf("cavsc%s%s%s %s", t, p, a, path), *hcmd = arena_printf("cavsc%s%s %s", p, a, path);
+    EmitOpts eo = {.prec = o->prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path, .from_ir = is_ir};
+    emit(m, o->target, &eo, hout, out);
+  }
+  return true;
+}
+
+/* What the passes wrote, to its place: a dump to -o's file or standard output, the code
+   as DIR/MODEL.h and DIR/MODEL.c (or .cu); --check writes nothing */
+static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t buflen, const char *hbuf,
+                          size_t hlen) {
+  if (o->check_only) return true;
+  if (o->dump != DUMP_NONE) {
+    if (o->out_path) return write_atomic(o->out_path, buf, buflen);
+    if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {
+      error_plain("cannot write to standard output: %s", strerror(errno));
+      return false;
+    }
+    return true;
+  }
+  const char *dir = o->out_path ? o->out_path : ".";
+  if (!make_dirs(dir)) return false;
+  char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.%s", dir, m->name, o->target->ext);
+  if (!write_atomic(hp, hbuf, hlen)) return false;
+  if (!write_atomic(cp, buf, buflen)) {
+    unlink(hp);
+    return false;
+  }
+  return true;
+}
+
+int main(int argc, char **argv) {
+  Cli o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc >= 0) return rc;
   size_t len;
-  char *text = read_file(input, &len);
+  char *text = read_file(o.input, &len);
   if (!text) return 1;
   /* from here on every way out goes through `done`, which frees what was made */
   int status = 1;
@@ -225,7 +306,7 @@ int main(int argc, char **argv) {
   size_t buflen = 0, hlen = 0;
   FILE *out = NULL, *hout = NULL;
   /* from here on the input is known by its name: its path, or what --source-name says */
-  const char *path = source_name ? source_name : strcmp(input, "-") ? input : "<stdin>";
+  const char *path = o.source_name ? o.source_name : strcmp(o.input, "-") ? o.input : "<stdin>";
   diag_init(path, text, len);
 
   /* a .ir file is what --dump=ir printed: it enters the pipeline after sema; by its name,
@@ -236,7 +317,7 @@ int main(int argc, char **argv) {
   if (!is_ir) {
     decls = parse_source(path, text, len);
     if (diag_count()) goto done;
-  } else if (dump == DUMP_AST) {
+  } else if (o.dump == DUMP_AST) {
     error_plain("--dump=ast needs a .vf file, not IR");
     goto done;
   }
@@ -245,65 +326,11 @@ int main(int argc, char **argv) {
   hout = open_memstream(&hbuf, &hlen);
   if (!out || !hout) internal_error(__FILE__, __LINE__, "open_memstream failed");
   Model *m = NULL;
-  if (dump == DUMP_AST) {
-    ast_dump(out, decls);
-  } else {
-    m = is_ir ? ir_read(path, text, len) : sema(decls, path);
-    if (diag_count()) goto done;
-    cv_checking_user_ir = is_ir;
-    ir_check(m);
-    cv_checking_user_ir = false;
-    if (dump == DUMP_IR) {
-      ir_print(out, m);
-    } else {
-      autodiff(m);
-      classify(m);
-      m->no_fuse = no_fuse;
-      m->no_merge = no_merge;
-      m->no_homes = no_homes;
-      m->no_push_view = no_push_view;
-      fuse(m);
-      plan(m);
-      if (check_only) {
-        /* every pass has run and found nothing wrong */
-      } else if (dump == DUMP_AD) ad_print(out, m);
-      else if (dump == DUMP_REPORT) report(out, m);
-      else {
-        /* the options that shape the code, not where it was written: golden files stay
-           the same whatever the output directory */
-        const char *t = target == &target_c ? "" : arena_printf(" --target=%s", target->name);
-        const char *p = prec == PREC_DOUBLE ? " --precision=double" : "";
-        const char *a = arena_printf("%s%s%s%s", no_fuse ? " --no-fuse" : "", no_merge ? " --no-merge" : "",
-                                     no_homes ? " --no-homes" : "", no_push_view ? " --no-push-view" : "");
-        char *cmd = arena_printf("cavsc%s%s%s %s", t, p, a, path), *hcmd = arena_printf("cavsc%s%s %s", p, a, path);
-        EmitOpts eo = {.prec = prec, .cmdline = cmd, .header_cmdline = hcmd, .source_name = path, .from_ir = is_ir};
-        emit(m, target, &eo, hout, out);
-      }
-    }
-  }
+  if (!run_passes(&o, path, text, len, is_ir, decls, out, hout, &m)) goto done;
   fclose(out);
   fclose(hout);
   out = hout = NULL;
-
-  if (check_only) {
-    /* nothing to write */
-  } else if (dump != DUMP_NONE) {
-    if (out_path) {
-      if (!write_atomic(out_path, buf, buflen)) goto done;
-    } else if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {
-      error_plain("cannot write to standard output: %s", strerror(errno));
-      goto done;
-    }
-  } else {
-    const char *dir = out_path ? out_path : ".";
-    if (!make_dirs(dir)) goto done;
-    char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.%s", dir, m->name, target->ext);
-    if (!write_atomic(hp, hbuf, hlen)) goto done;
-    if (!write_atomic(cp, buf, buflen)) {
-      unlink(hp);
-      goto done;
-    }
-  }
+  if (!write_outputs(&o, m, buf, buflen, hbuf, hlen)) goto done;
   status = 0;
 done:
   if (out) fclose(out);
