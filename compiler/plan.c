@@ -82,6 +82,9 @@ typedef struct FPlan {
   Lin *roff;   /* at this column offset */
   int *rbuf;   /* placed straight into this model buffer (state, push) */
   int *mbuf;   /* per merge: its output buffer */
+  bool stacked; /* a merge stacks its products (the children's gathered rows side by side) */
+  Lin cw;       /* then: a child's width */
+  int gbuf;     /* and the buffer of the children's rows */
 } FPlan;
 
 static Place row_place(const Model *m, int buf, Lin off) {
@@ -237,36 +240,33 @@ static int push_buffer(Model *m) {
   return m->push_buf;
 }
 
-/* Where f's values live: buffers, places, what is kept for the backward pass. */
-static void plan_place(Model *m, IrFunc *f, int npushers) {
-  int n = f->n, b0 = m->nbufs;
-  FPlan fp;
-  fp.own = arena_alloc(sizeof(bool) * (size_t)(n + 1));
-  fp.redir = arena_alloc(sizeof(int) * (size_t)(n + 1));
-  fp.roff = arena_alloc(sizeof(Lin) * (size_t)(n + 1));
-  fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
-  fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
-  for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
+/* plan_place's steps, over f's nodes with the plan fp: first the merged products'
+ * buffers (and, where a merge stacks, the children's rows side by side, child k at k
+ * times the state's width: read with the state's width as the stride, they are one
+ * matrix of the children's rows, interleaved) */
+static void place_merges(Model *m, IrFunc *f, FPlan *fp) {
   int *mto = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
   plan_accum(f, mto);
   /* a stacked product's output: the children's side by side; a merge that adds into
      another, that one's */
-  bool stacked = false;
+  fp->stacked = false;
   for (int g = 0; g < f->nmerges; g++) {
     const MatMerge *mg = &f->merges[g];
     Lin cols = mg->stack ? lin_scale(mg->cols, mg->stack) : mg->cols;
-    fp.mbuf[g] = mto[g] >= 0 ? -1 : add_buf(m, arena_printf("%s_mm%d", f->name, g), cols);
-    stacked |= mg->stack > 0;
+    fp->mbuf[g] = mto[g] >= 0 ? -1 : add_buf(m, arena_printf("%s_mm%d", f->name, g), cols);
+    fp->stacked |= mg->stack > 0;
   }
   for (int g = 0; g < f->nmerges; g++)
-    if (mto[g] >= 0) fp.mbuf[g] = fp.mbuf[mto[g]];
-  /* with one, the gathered rows of all children side by side too, child k at k times
-     the state's width: read with the state's width as the stride, they are one matrix of
-     the children's rows, interleaved */
-  Lin cw = f->kind == F_VERTEX && f->children ? ir_child_width(m, f, 0) : lin_const(0);
-  int gbuf = stacked ? add_buf(m, arena_printf("%s_children", f->name), lin_scale(cw, f->children)) : -1;
+    if (mto[g] >= 0) fp->mbuf[g] = fp->mbuf[mto[g]];
+  fp->cw = f->kind == F_VERTEX && f->children ? ir_child_width(m, f, 0) : lin_const(0);
+  fp->gbuf = fp->stacked ? add_buf(m, arena_printf("%s_children", f->name), lin_scale(fp->cw, f->children)) : -1;
+}
+
+/* which values have a buffer of their own making (or share one by redirection) */
+static void place_owners(const Model *m, const IrFunc *f, FPlan *fp) {
+  int n = f->n;
   for (int i = 0; i < n; i++) {
-    IrNode *x = &f->nodes[i];
+    const IrNode *x = &f->nodes[i];
     if (x->uses == 0 || x->type != T_ROW) continue;
     switch (op_info[x->op].kind) {
     case OK_GATHER:
@@ -275,9 +275,9 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
     case OK_DROP:
     case OK_RMAT:
     case OK_MOE:
-    case OK_CONCAT: fp.own[i] = !x->accum; break;
-    case OK_GEMM: fp.own[i] = x->mm < 0 && !x->accum; break;
-    case OK_EW: fp.own[i] = leaves_group(f, i) && !x->same; break;
+    case OK_CONCAT: fp->own[i] = !x->accum; break;
+    case OK_GEMM: fp->own[i] = x->mm < 0 && !x->accum; break;
+    case OK_EW: fp->own[i] = leaves_group(f, i) && !x->same; break;
     default: break;
     }
   }
@@ -285,45 +285,61 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
   if (f->kind == F_PULL)
     for (int s = 0; s < m->npulls; s++) {
       int i = m->pulls[s].node;
-      if (f->nodes[i].uses && op_info[f->nodes[i].op].kind == OK_EW) fp.own[i] = true;
+      if (f->nodes[i].uses && op_info[f->nodes[i].op].kind == OK_EW) fp->own[i] = true;
     }
-  /* concat operands computed in place */
+}
+
+/* the operands of a concat computed in place, in its columns */
+static void place_concats(const IrFunc *f, FPlan *fp) {
+  int n = f->n;
   for (int q = 0; q < n; q++) {
-    IrNode *c = &f->nodes[q];
+    const IrNode *c = &f->nodes[q];
     if (c->op != OP_CONCAT || c->uses == 0) continue;
     Lin off = lin_const(0);
     for (int j = 0; j < c->nargs; j++) {
       int a = c->args[j];
       bool twice = false;
       for (int k = 0; k < c->nargs; k++) twice |= k != j && c->args[k] == a;
-      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0 && !twice && !(stacked && f->nodes[a].op == OP_GATHER)) {
-        fp.redir[a] = q;
-        fp.roff[a] = off;
+      bool unplaced = fp->own[a] && fp->redir[a] < 0 && fp->rbuf[a] < 0;
+      if (unplaced && !twice && !(fp->stacked && f->nodes[a].op == OP_GATHER)) {
+        fp->redir[a] = q;
+        fp->roff[a] = off;
       }
       off = lin_add(off, f->nodes[a].width);
     }
   }
+}
+
+/* the values scattered and pushed written straight into the state and push buffers */
+static void place_stores(Model *m, const IrFunc *f, FPlan *fp, int npushers) {
+  int n = f->n;
   /* scatter writes the state buffer; push the push buffer. Scatters first: a value both
      scattered and pushed goes to the state, which the push block may read in place */
   for (int pass = 0; pass < 2; pass++)
     for (int i = 0; i < n; i++) {
-      IrNode *s = &f->nodes[i];
+      const IrNode *s = &f->nodes[i];
       if (s->op != (pass ? OP_PUSH : OP_SCATTER)) continue;
       int a = s->args[0];
       if (s->op == OP_PUSH && npushers != 1) continue;
-      if (stacked && f->nodes[a].op == OP_GATHER) continue;
-      if (fp.own[a] && fp.redir[a] < 0 && fp.rbuf[a] < 0)
-        fp.rbuf[a] = s->op == OP_SCATTER ? f->state_buf : push_buffer(m);
+      if (fp->stacked && f->nodes[a].op == OP_GATHER) continue;
+      if (fp->own[a] && fp->redir[a] < 0 && fp->rbuf[a] < 0)
+        fp->rbuf[a] = s->op == OP_SCATTER ? f->state_buf : push_buffer(m);
     }
-  /* resolve: redirect targets come later, so owners resolve backwards ... */
+}
+
+/* each value's place: owners resolved backwards (redirect targets come later), then
+ * views forwards */
+static void place_values(Model *m, IrFunc *f, const FPlan *fp) {
+  int n = f->n;
+  /* owners, backwards ... */
   for (int i = n - 1; i >= 0; i--) {
     IrNode *x = &f->nodes[i];
     x->val.kind = PL_NONE;
     if (x->uses == 0 && x->type != T_NONE) continue;
-    if (stacked && x->op == OP_GATHER) x->val = row_place(m, gbuf, lin_scale(cw, x->ref));
-    else if (fp.redir[i] >= 0) x->val = shift(f->nodes[fp.redir[i]].val, fp.roff[i]);
-    else if (fp.rbuf[i] >= 0) x->val = row_place(m, fp.rbuf[i], lin_const(0));
-    else if (fp.own[i]) {
+    if (fp->stacked && x->op == OP_GATHER) x->val = row_place(m, fp->gbuf, lin_scale(fp->cw, x->ref));
+    else if (fp->redir[i] >= 0) x->val = shift(f->nodes[fp->redir[i]].val, fp->roff[i]);
+    else if (fp->rbuf[i] >= 0) x->val = row_place(m, fp->rbuf[i], lin_const(0));
+    else if (fp->own[i]) {
       const char *name = x->name ? arena_printf("%s_%s", f->name, x->name) : arena_printf("%s_t%d", f->name, i);
       x->val = row_place(m, add_buf(m, name, x->width), lin_const(0));
     }
@@ -344,7 +360,7 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
     case OP_PUSHARG: x->val = row_place(m, m->push_buf, m->push_off); break;
     case OP_MATMUL: {
       const MatMerge *mg = &f->merges[x->mm];
-      Place p = row_place(m, fp.mbuf[x->mm], zero);
+      Place p = row_place(m, fp->mbuf[x->mm], zero);
       for (int k = 0; k < mg->n && mg->members[k] != i; k++)
         p.off = lin_add(p.off, f->nodes[mg->members[k]].width);
       x->val = p;
@@ -364,6 +380,12 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
       break;
     }
   }
+}
+
+/* what is left once every value has its place: products that add into another value,
+ * the gradients' places, what is kept, and which rows each new buffer (from b0) holds */
+static void place_finish(Model *m, IrFunc *f, int b0) {
+  int n = f->n;
   /* a product that adds into another value: at that value's place (a merge's
      products are at its columns already) */
   for (int i = 0; i < n; i++)
@@ -408,6 +430,24 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
      places' ld, set above) as the stride; K r0 ... K (r0 + n) - 1 are the stage's */
   for (int b = b0; b < m->nbufs; b++)
     if (m->bufs[b].slot) m->bufs[b].width = lin_scale(m->bufs[b].width, f->route_k);
+}
+
+/* Where f's values live: buffers, places, what is kept for the backward pass. */
+static void plan_place(Model *m, IrFunc *f, int npushers) {
+  int n = f->n, b0 = m->nbufs;
+  FPlan fp;
+  fp.own = arena_alloc(sizeof(bool) * (size_t)(n + 1));
+  fp.redir = arena_alloc(sizeof(int) * (size_t)(n + 1));
+  fp.roff = arena_alloc(sizeof(Lin) * (size_t)(n + 1));
+  fp.rbuf = arena_alloc(sizeof(int) * (size_t)(n + 1));
+  fp.mbuf = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
+  for (int i = 0; i < n; i++) fp.redir[i] = fp.rbuf[i] = -1;
+  place_merges(m, f, &fp);
+  place_owners(m, f, &fp);
+  place_concats(f, &fp);
+  place_stores(m, f, &fp, npushers);
+  place_values(m, f, &fp);
+  place_finish(m, f, b0);
 }
 
 /* f's execution units (fused groups, merged products, ops with code of their own) in
