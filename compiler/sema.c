@@ -746,6 +746,11 @@ static int eval_moe(Ctx *c, const Node *n) {
     return -1;
   }
   int g = require_row(c, eval(c, top->args[0]), top->args[0], "top");
+  if (c->f->route >= 0) { /* the gate held a moe of its own: it took the block's one routing */
+    error_at(c->moe_loc, "moe inside another moe's gate: a block routes its rows once");
+    note_at(n->loc, "the outer moe is here");
+    return -1;
+  }
   long k;
   if (!eval_int(c, top->args[1], &k) || g < 0) return -1;
   Lin gw = node(c, g)->width;
