@@ -192,6 +192,13 @@ static void check_func(const Model *m, const IrFunc *f) {
     for (int j = 0; j < n->nargs && n->op != OP_SCOMB; j++) slot = slot || f->nodes[n->args[j]].slot;
     cv_assert(n->slot == slot && (!slot || (f->route >= 0 && i > f->route && !edge)));
     cv_assert(!(n->type == T_NONE && slot));
+    /* an op on edge (slot) values runs over the edges (slots): each row operand is one
+       too, a vertex row broadcast by ebcast (sbcast) first, never read at an edge's
+       (slot's) index */
+    for (int j = 0; j < n->nargs && edge && n->op != OP_EBCAST; j++)
+      cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].edge);
+    for (int j = 0; j < n->nargs && slot && n->op != OP_SBCAST; j++)
+      cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].slot);
     const IrNode *gate = f->route >= 0 ? &f->nodes[f->route] : NULL;
     switch (n->op) {
     case OP_TOPK:
@@ -224,8 +231,8 @@ static void check_func(const Model *m, const IrFunc *f) {
       break;
     case OP_EBCAST: cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width)); break;
     case OP_ESUM: cv_assert(a->type == T_ROW && a->edge && n->type == T_ROW && same(a->width, n->width)); break;
-    case OP_DROPOUT:
-      cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width));
+    case OP_DROPOUT: /* its masks are keyed by vertex row (cavs_ctx.rkey): not on edges or slots */
+      cv_assert(a->type == T_ROW && !a->edge && !a->slot && n->type == T_ROW && same(a->width, n->width));
       cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
       break;
     case OP_CONST: cv_assert(n->type == T_SCALAR && n->ref >= 0 && n->ref <= m->noptions); break;

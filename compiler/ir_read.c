@@ -203,7 +203,16 @@ static bool header_line(Rd *r, const char *kw) {
         d->value = a > 0 && b > 0 ? a * b : 0;
       } else {
         d->kind = DIM_FIXED;
+        spaces(r);
+        Loc at = here(r);
         if (!integer(r, &d->value)) return false;
+        /* as in a .vf: a positive integer literal of at most 9 digits (a product of two
+           then cannot overflow) */
+        if (d->value < 1 || d->value > 999999999L) {
+          error_at(at, "dim '%s' must be between 1 and 999999999", d->name);
+          r->bad = true;
+          return false;
+        }
       }
     }
     m->ndims++;
@@ -215,7 +224,8 @@ static bool header_line(Rd *r, const char *kw) {
     if (!o->name) FAIL(r, "expected an option name");
     if (!fresh_name(r, o->name) || !want(r, "=") || !number(r, &o->value)) return false;
     o->kind = option_kind(o->name);
-    if (option_value_error(o->kind, o->value)) FAIL(r, "an option's default is a probability in [0, 1), clip's 0 or more");
+    const char *bad = option_value_error(o->kind, o->value);
+    if (bad) FAIL(r, "'%s' %s", o->name, bad);
     m->noptions++;
   } else if (!strcmp(kw, "input")) {
     Input in = {.loc = here(r)};

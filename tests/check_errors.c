@@ -318,6 +318,49 @@ START_TEST(ir_input) {
 }
 END_TEST
 
+/* IR written by hand that reads a vertex row at an edge's or a mixture of experts' slot's
+ * index (sema broadcasts it first, ebcast or sbcast), or drops out slot values (the masks
+ * are keyed by vertex row): invalid IR, not a model whose code reads and writes past its
+ * buffers. Each compiled before (found fuzzing the moe syntax). */
+START_TEST(ir_rows_on_edges_and_slots) {
+  /* each case: a head, one line %2 (edges) or %6 (slots), a tail */
+  const char *edges[] = {"model m\ndim H = 2\ninput f : real[H]\nstate [H]\nfunc vertex v children 0 set\n"
+                         "  %0 = input f : [H]  # line 1\n  %1 = echild : [H]  # line 1\n",
+                         "  %3 = esum %2 : [H]  # line 1\n  scatter %3  # line 1\n"};
+  const char *slots[] = {"model m\ndim H = 2\ndim X = 2\ninput f : real[H]\nparam Wg[H,X] init xavier\nstate [H]\n"
+                         "func vertex v children 0\n  %0 = input f : [H]  # line 1\n  %1 = param Wg  # line 1\n"
+                         "  %2 = matmul %0, %1 : [X]  # line 1\n  %3 = const 0 : scalar  # line 1\n"
+                         "  %4 = topk %2, %3 k 1 : [X]  # line 1\n  %5 = sbcast %0 : [H]  # line 1\n",
+                         "  %7 = scomb %6, %4 : [H]  # line 1\n  scatter %7  # line 1\n"};
+  struct {
+    const char **around, *line;
+    int status;
+  } cases[] = {
+      {edges, "  %2 = mul %1, %1 : [H]  # line 1\n", 0},
+      {edges, "  %2 = mul %0, %1 : [H]  # line 1\n", 1}, /* %0 a vertex row, read per edge */
+      {slots, "  %6 = add %5, %5 : [H]  # line 1\n", 0},
+      {slots, "  %6 = add %5, %0 : [H]  # line 1\n", 1},     /* %0 a vertex row, read per slot */
+      {slots, "  %6 = dropout %5, %3 : [H]  # line 1\n", 1}, /* dropout on slots */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char buf[2048];
+    size_t n = 0;
+    const char *parts[] = {cases[i].around[0], cases[i].line, cases[i].around[1]};
+    for (int k = 0; k < 3; k++) {
+      size_t l = strlen(parts[k]);
+      ck_assert(n + l < sizeof buf);
+      memcpy(buf + n, parts[k], l);
+      n += l;
+    }
+    RunResult r = compile_text("hand.ir", buf, n, 10);
+    ck_assert_msg(r.status == cases[i].status, "case %zu: status %d, expected %d\n%s", i, r.status, cases[i].status,
+                  r.err);
+    if (cases[i].status) ck_assert_msg(strstr(r.err, "hand.ir: error: invalid IR"), "case %zu: %s", i, r.err);
+    tu_free(&r);
+  }
+}
+END_TEST
+
 /* Odd bytes anywhere: a message with a position, never a crash. */
 START_TEST(random_bytes) {
   unsigned seed = 12345;
@@ -358,6 +401,7 @@ int main(void) {
   tcase_add_test(tg, target_option);
   tcase_add_test(tg, random_bytes);
   tcase_add_test(tg, ir_input);
+  tcase_add_test(tg, ir_rows_on_edges_and_slots);
   suite_add_tcase(s, tg);
   return tu_run_suite(s);
 }

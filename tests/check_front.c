@@ -646,7 +646,8 @@ END_TEST
 
 /* IR written by hand keeps its widths in range as sema does: a coefficient, the
  * parameters' columns together (merged products put them side by side) and a concat's
- * operands together. Each of these overflowed int32 in lin_add (found by tests/fuzz). */
+ * operands together. Each of these overflowed int32 in lin_add (found by tests/fuzz). A fixed
+ * dim is 1 to 999999999, as in a .vf (a larger one overflowed a product's long). */
 START_TEST(ir_read_widths_in_range) {
   char cat[8192];
   int n = snprintf(cat, sizeof cat, "model m\ndim H = 1\ninput f : real[16777216H]\nstate [H]\n"
@@ -657,9 +658,12 @@ START_TEST(ir_read_widths_in_range) {
   char params[8192] = "model m\ndim H = 1\n";
   for (int i = 0; i < 130; i++)
     snprintf(params + strlen(params), sizeof params - strlen(params), "param W%d[H,16777216H] init xavier\n", i);
-  const char *srcs[] = {"model m\ndim H = 2\ninput a : real[2000000000H+2000000000H]\n", params, cat};
-  const char *what[] = {"the largest width", "the parameters' columns", "concat"};
-  for (int i = 0; i < 3; i++) {
+  const char *srcs[] = {"model m\ndim H = 2\ninput a : real[2000000000H+2000000000H]\n", params, cat,
+                        "model m\ndim H = 9223372036854775807\ndim P = H * H\n", "model m\ndim H = 0\n",
+                        "model m\ndim H = -3\n"};
+  const char *what[] = {"the largest width", "the parameters' columns", "concat",
+                        "a dim past 999999999 (its product overflowed long)", "a dim of 0", "a negative dim"};
+  for (int i = 0; i < 6; i++) {
     diag_init("wide.ir", srcs[i], strlen(srcs[i]));
     ir_read("wide.ir", srcs[i], strlen(srcs[i]));
     ck_assert_msg(diag_count() == 1, "%s: %d errors", what[i], diag_count());
