@@ -1658,20 +1658,11 @@ static void decl_param(Ctx *c, Decl *d) {
 static void push_width(Ctx *c, IrFunc *f, const Decl *push);
 static Model *push_block(Ctx *c, Model *m, Decl *push);
 
-static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
-  c->decls = decls;
-  Model *m = arena_alloc(sizeof(Model));
-  c->m = m;
-  m->path = path;
-  Loc top = {1, 1, 1, 1};
-
-  if (!decls) {
-    error_at(top, "no declarations: a model file starts with 'model NAME;'");
-    return m;
-  }
-  /* globals first, in source order; blocks may then use any of them */
-  Decl *pull = NULL, *push = NULL;
-  int nvertex = 0;
+/* The declarations before the blocks, in source order (blocks may then use any of
+   them): the model's name, dims, options, inputs, parameters; the pull and push blocks
+   found (a second one is an error) and the vertex blocks named and counted. */
+static void sema_globals(Ctx *c, Decl *decls, Decl **pull, Decl **push, int *nvertex) {
+  Model *m = c->m;
   for (Decl *d = decls; d; d = d->next) {
     switch (d->kind) {
     case D_MODEL:
@@ -1690,7 +1681,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     case D_PARAM: decl_param(c, d); break;
     case D_PULL:
     case D_PUSH: {
-      Decl **slot = d->kind == D_PULL ? &pull : &push;
+      Decl **slot = d->kind == D_PULL ? pull : push;
       if (*slot) {
         error_at(d->loc, "a second %s block", d->kind == D_PULL ? "pull" : "push");
         note_at((*slot)->loc, "the first one is here");
@@ -1700,7 +1691,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
       break;
     }
     case D_VERTEX:
-      if (declare(c, d->name, d->name_loc, SYM_VERTEX, nvertex)) nvertex++;
+      if (declare(c, d->name, d->name_loc, SYM_VERTEX, *nvertex)) (*nvertex)++;
       break;
     }
   }
@@ -1708,6 +1699,11 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     error_at(decls->loc, "missing 'model NAME;' declaration");
     m->name = "model";
   }
+}
+
+/* Each vocab(INPUT) dim: its index input, which must be index[DIM]. */
+static void sema_vocab_dims(Ctx *c) {
+  Model *m = c->m;
   for (int i = 0; i < m->ndims; i++) {
     Dim *dim = &m->dims[i];
     if (dim->kind != DIM_VOCAB) continue;
@@ -1727,32 +1723,78 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
                dim->name, arg->name, dim->name);
     }
   }
-  if (diag_count()) return m;
+}
 
-  c->param_node = arena_alloc(sizeof(int) * (size_t)(m->nparams + 1));
-  c->input_node = arena_alloc(sizeof(int) * (size_t)(m->ninputs + 1));
-
-  if (pull) {
-    m->pull = block(c, F_PULL, pull, 0);
-    for (int i = 0; i < c->scope.norder; i++) {
-      Entry *e = c->scope.order[i];
-      if (e->depth != 0 || e->index < 0) continue;
-      m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
-      m->pulls[m->npulls++] = (PullSlot){e->key, e->index};
-    }
+/* The pull block and the values it leaves for the vertex blocks (its top-level names). */
+static void sema_pull(Ctx *c, Decl *pull) {
+  Model *m = c->m;
+  m->pull = block(c, F_PULL, pull, 0);
+  for (int i = 0; i < c->scope.norder; i++) {
+    Entry *e = c->scope.order[i];
+    if (e->depth != 0 || e->index < 0) continue;
+    m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
+    m->pulls[m->npulls++] = (PullSlot){e->key, e->index};
   }
+}
 
-  /* vertex blocks: children counts or named slots, then the trial pass that infers the
-     state width */
-  int *children = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
-  Decl **vdecl = arena_alloc(sizeof(Decl *) * (size_t)(nvertex + 1));
+/* The vertex blocks as declared: each one's children (a count, named typed slots, or a
+   set), and the first block that types its children and the first that does not. */
+typedef struct VertexDecls {
+  int nv;
+  int *children;
+  Decl **decl;
+  Loc *edge_loc; /* where a set names its children's type */
+  const Decl *typed_by, *untyped_by;
+} VertexDecls;
+
+/* Named slots of vertex block d (its nv-th): their names, types and places in c's
+   vslot_* arrays; false where there are too many. */
+static bool vertex_slots(Ctx *c, const Decl *d, int nv, long *k) {
+  for (const Slot *s = d->slots; s; s = s->next) ++*k;
+  if (*k > CV_MAX_CHILDREN) {
+    error_at(d->name_loc, "vertex '%s' has %ld child slots; at most %d", d->name, *k, CV_MAX_CHILDREN);
+    return false;
+  }
+  const char **names = arena_alloc(sizeof(const char *) * (size_t)*k);
+  int *types = arena_alloc(sizeof(int) * (size_t)*k);
+  Loc *locs = arena_alloc(sizeof(Loc) * (size_t)*k);
+  int i = 0;
+  for (const Slot *s = d->slots; s; s = s->next, i++) {
+    names[i] = s->name;
+    locs[i] = s->type_loc;
+    types[i] = 0;
+    for (int j = 0; j < i; j++)
+      if (!strcmp(names[j], s->name)) {
+        error_at(s->loc, "child slot '%s' twice in vertex '%s'", s->name, d->name);
+        note_at(locs[j], "the first one is here");
+      }
+    Entry *e = tab_get(&c->globals, s->type);
+    if (!e)
+      error_at(s->type_loc, "slot '%s' holds a '%s', but no vertex block is named '%s'", s->name, s->type, s->type);
+    else if (e->kind != SYM_VERTEX)
+      error_at(s->type_loc, "slot '%s' holds a '%s', which is %s, not a vertex block", s->name, s->type,
+               sym_what[e->kind]);
+    else
+      types[i] = e->index;
+  }
+  c->vslot_name[nv] = names;
+  c->vslot_type[nv] = types;
+  c->vslot_loc[nv] = locs;
+  return true;
+}
+
+/* Children counts or named slots of every vertex block (a name declared twice counts
+   once, at its first declaration). */
+static void vertex_decls(Ctx *c, Decl *decls, int nvertex, VertexDecls *v) {
+  v->children = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
+  v->decl = arena_alloc(sizeof(Decl *) * (size_t)(nvertex + 1));
   c->vslot_name = arena_alloc(sizeof(const char **) * (size_t)(nvertex + 1));
   c->vslot_type = arena_alloc(sizeof(int *) * (size_t)(nvertex + 1));
   c->vslot_loc = arena_alloc(sizeof(Loc *) * (size_t)(nvertex + 1));
   c->vedges = arena_alloc(sizeof(bool) * (size_t)(nvertex + 1));
   c->vedge_type = arena_alloc(sizeof(int) * (size_t)(nvertex + 1));
-  Loc *vedge_loc = arena_alloc(sizeof(Loc) * (size_t)(nvertex + 1));
-  const Decl *typed_by = NULL, *untyped_by = NULL;
+  v->edge_loc = arena_alloc(sizeof(Loc) * (size_t)(nvertex + 1));
+  v->typed_by = v->untyped_by = NULL;
   int nv = 0;
   for (Decl *d = decls; d; d = d->next) {
     if (d->kind != D_VERTEX || tab_get(&c->globals, d->name)->loc.line != d->name_loc.line ||
@@ -1774,48 +1816,19 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
                    sym_what[e->kind]);
         else
           c->vedge_type[nv] = e->index;
-        vedge_loc[nv] = d->star_type_loc;
-        if (!typed_by) typed_by = d;
-      } else if (!untyped_by)
-        untyped_by = d;
+        v->edge_loc[nv] = d->star_type_loc;
+        if (!v->typed_by) v->typed_by = d;
+      } else if (!v->untyped_by)
+        v->untyped_by = d;
       if (!d->slots) {
-        children[nv] = 0;
-        vdecl[nv++] = d;
+        v->children[nv] = 0;
+        v->decl[nv++] = d;
         continue;
       }
     }
     if (d->slots) {
-      for (const Slot *s = d->slots; s; s = s->next) k++;
-      if (k > CV_MAX_CHILDREN) {
-        error_at(d->name_loc, "vertex '%s' has %ld child slots; at most %d", d->name, k, CV_MAX_CHILDREN);
-        continue;
-      }
-      const char **names = arena_alloc(sizeof(const char *) * (size_t)k);
-      int *types = arena_alloc(sizeof(int) * (size_t)k);
-      Loc *locs = arena_alloc(sizeof(Loc) * (size_t)k);
-      int i = 0;
-      for (const Slot *s = d->slots; s; s = s->next, i++) {
-        names[i] = s->name;
-        locs[i] = s->type_loc;
-        types[i] = 0;
-        for (int j = 0; j < i; j++)
-          if (!strcmp(names[j], s->name)) {
-            error_at(s->loc, "child slot '%s' twice in vertex '%s'", s->name, d->name);
-            note_at(locs[j], "the first one is here");
-          }
-        Entry *e = tab_get(&c->globals, s->type);
-        if (!e)
-          error_at(s->type_loc, "slot '%s' holds a '%s', but no vertex block is named '%s'", s->name, s->type, s->type);
-        else if (e->kind != SYM_VERTEX)
-          error_at(s->type_loc, "slot '%s' holds a '%s', which is %s, not a vertex block", s->name, s->type,
-                   sym_what[e->kind]);
-        else
-          types[i] = e->index;
-      }
-      c->vslot_name[nv] = names;
-      c->vslot_type[nv] = types;
-      c->vslot_loc[nv] = locs;
-      if (!typed_by) typed_by = d;
+      if (!vertex_slots(c, d, nv, &k)) continue;
+      if (!v->typed_by) v->typed_by = d;
     } else {
       if (!eval_int(c, d->value, &k)) continue;
       if (k < 0 || k > CV_MAX_CHILDREN) {
@@ -1824,80 +1837,78 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
       }
       c->vslot_name[nv] = NULL;
       c->vslot_type[nv] = NULL;
-      if (k > 0 && !untyped_by) untyped_by = d;
+      if (k > 0 && !v->untyped_by) v->untyped_by = d;
     }
-    children[nv] = (int)k;
-    vdecl[nv++] = d;
+    v->children[nv] = (int)k;
+    v->decl[nv++] = d;
   }
-  if (nvertex == 0) {
-    error_at(decls->loc, "the model has no vertex block");
-    return m;
+  v->nv = nv;
+}
+
+/* Typed children: what each type scatters, from trial passes while they learn a width
+   (a type's may depend on what its children's types scatter); then each block for
+   real, and the push block. */
+static Model *typed_vertices(Ctx *c, const VertexDecls *v, Decl *push) {
+  Model *m = c->m;
+  int nv = v->nv;
+  c->tstate = arena_alloc(sizeof(Lin) * (size_t)(nv + 1));
+  bool *scat = arena_alloc(sizeof(bool) * (size_t)(nv + 1));
+  for (int i = 0; i < nv; i++) c->tstate[i] = TOP;
+  diag_silence(true);
+  for (bool learnt = true; learnt;) {
+    learnt = false;
+    for (int i = 0; i < nv; i++) {
+      if (!is_top(c->tstate[i])) continue;
+      c->cur_vi = i;
+      block(c, F_VERTEX, v->decl[i], v->children[i]);
+      scat[i] = c->scatter != -2;
+      if (c->scatter >= 0) {
+        Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
+        if (!is_top(w)) c->tstate[i] = w, learnt = true;
+      }
+    }
   }
-  if (typed_by && untyped_by) {
-    error_at(untyped_by->value ? untyped_by->value->loc : untyped_by->name_loc,
-             "vertex '%s' takes children of any type, but '%s' names its children's types",
-             untyped_by->name, typed_by->name);
-    note_at(typed_by->name_loc, "name them in every block that takes children: children NAME: TYPE, ...");
+  diag_silence(false);
+  for (int i = 0; i < nv; i++) {
+    for (int k = 0; k < v->children[i]; k++) {
+      int t = c->vslot_type[i][k];
+      if (!scat[t])
+        error_at(c->vslot_loc[i][k], "slot '%s' holds a '%s', which never calls scatter()", c->vslot_name[i][k],
+                 v->decl[t]->name);
+    }
+    if (c->vedges[i] && !scat[c->vedge_type[i]])
+      error_at(v->edge_loc[i], "the children are '%s', which never calls scatter()", v->decl[c->vedge_type[i]]->name);
   }
   if (diag_count()) return m;
-  m->typed = typed_by != NULL;
-  if (!m->typed) c->vslot_name = NULL, c->vslot_type = NULL;
-  else {
-    /* what each type scatters: trial passes while they learn a width (a type's may
-       depend on what its children's types scatter) */
-    c->tstate = arena_alloc(sizeof(Lin) * (size_t)(nv + 1));
-    bool *scat = arena_alloc(sizeof(bool) * (size_t)(nv + 1));
-    for (int i = 0; i < nv; i++) c->tstate[i] = TOP;
-    diag_silence(true);
-    for (bool learnt = true; learnt;) {
-      learnt = false;
-      for (int i = 0; i < nv; i++) {
-        if (!is_top(c->tstate[i])) continue;
-        c->cur_vi = i;
-        block(c, F_VERTEX, vdecl[i], children[i]);
-        scat[i] = c->scatter != -2;
-        if (c->scatter >= 0) {
-          Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
-          if (!is_top(w)) c->tstate[i] = w, learnt = true;
-        }
-      }
+  m->vertex = arena_alloc(sizeof(IrFunc *) * (size_t)nv);
+  for (int i = 0; i < nv; i++) {
+    c->cur_vi = i;
+    IrFunc *f = block(c, F_VERTEX, v->decl[i], v->children[i]);
+    m->vertex[m->nvertex++] = f;
+    f->scatters = c->scatter != -2;
+    if (c->scatter >= 0) {
+      Lin w = f->nodes[f->nodes[c->scatter].args[0]].width;
+      if (is_top(c->tstate[i]))
+        error_at(c->scatter_loc, "cannot tell the width of the state that '%s' scatters; "
+                 "scatter a value of known width (e.g. a slice or a product)", f->name);
+      else if (!lin_eq(w, c->tstate[i])) /* cannot happen: the same block, widths known */
+        error_at(c->scatter_loc, "'%s' scatters [%s], not [%s]", f->name, wstr(c, w), wstr(c, c->tstate[i]));
+      f->state = w;
     }
-    diag_silence(false);
-    for (int i = 0; i < nv; i++) {
-      for (int k = 0; k < children[i]; k++) {
-        int t = c->vslot_type[i][k];
-        if (!scat[t])
-          error_at(c->vslot_loc[i][k], "slot '%s' holds a '%s', which never calls scatter()", c->vslot_name[i][k],
-                   vdecl[t]->name);
-      }
-      if (c->vedges[i] && !scat[c->vedge_type[i]])
-        error_at(vedge_loc[i], "the children are '%s', which never calls scatter()", vdecl[c->vedge_type[i]]->name);
-    }
-    if (diag_count()) return m;
-    m->vertex = arena_alloc(sizeof(IrFunc *) * (size_t)nv);
-    for (int i = 0; i < nv; i++) {
-      c->cur_vi = i;
-      IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
-      m->vertex[m->nvertex++] = f;
-      f->scatters = c->scatter != -2;
-      if (c->scatter >= 0) {
-        Lin w = f->nodes[f->nodes[c->scatter].args[0]].width;
-        if (is_top(c->tstate[i]))
-          error_at(c->scatter_loc, "cannot tell the width of the state that '%s' scatters; "
-                   "scatter a value of known width (e.g. a slice or a product)", f->name);
-        else if (!lin_eq(w, c->tstate[i])) /* cannot happen: the same block, widths known */
-          error_at(c->scatter_loc, "'%s' scatters [%s], not [%s]", f->name, wstr(c, w), wstr(c, c->tstate[i]));
-        f->state = w;
-      }
-      push_width(c, f, push);
-    }
-    return push_block(c, m, push);
+    push_width(c, f, push);
   }
+  return push_block(c, m, push);
+}
 
+/* Untyped children: one state width for every block, from the first trial pass that
+   learns it; then each block for real, and the push block. */
+static Model *untyped_vertices(Ctx *c, const VertexDecls *v, Decl *push) {
+  Model *m = c->m;
+  int nv = v->nv;
   diag_silence(true);
   for (int i = 0; i < nv && !c->state_known; i++) {
     c->cur_vi = i;
-    block(c, F_VERTEX, vdecl[i], children[i]);
+    block(c, F_VERTEX, v->decl[i], v->children[i]);
     if (c->scatter >= 0) {
       Lin w = c->f->nodes[c->f->nodes[c->scatter].args[0]].width;
       if (!is_top(w)) {
@@ -1913,11 +1924,11 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
   Loc state_loc = {0};
   for (int i = 0; i < nv; i++) {
     c->cur_vi = i;
-    IrFunc *f = block(c, F_VERTEX, vdecl[i], children[i]);
+    IrFunc *f = block(c, F_VERTEX, v->decl[i], v->children[i]);
     m->vertex[m->nvertex++] = f;
     f->scatters = true;
     if (c->scatter == -2) {
-      error_at(vdecl[i]->name_loc, "vertex '%s' never calls scatter()", f->name);
+      error_at(v->decl[i]->name_loc, "vertex '%s' never calls scatter()", f->name);
     } else if (c->scatter >= 0) {
       Lin w = f->nodes[f->nodes[c->scatter].args[0]].width;
       if (!c->state_known) {
@@ -1927,7 +1938,7 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
         error_at(c->scatter_loc, "scatter() width differs between vertex blocks: '%s' scatters [%s]",
                  f->name, wstr(c, w));
         if (state_by) note_at(state_loc, "but '%s' scatters [%s]", state_by, wstr(c, m->state));
-        else note_at(vdecl[0]->name_loc, "children read the state as [%s] here and in other blocks", wstr(c, m->state));
+        else note_at(v->decl[0]->name_loc, "children read the state as [%s] here and in other blocks", wstr(c, m->state));
       } else if (!state_by) {
         state_by = f->name;
         state_loc = c->scatter_loc;
@@ -1936,6 +1947,46 @@ static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
     push_width(c, f, push);
   }
   return push_block(c, m, push);
+}
+
+static Model *sema_run(Ctx *c, Decl *decls, const char *path) {
+  c->decls = decls;
+  Model *m = arena_alloc(sizeof(Model));
+  c->m = m;
+  m->path = path;
+  Loc top = {1, 1, 1, 1};
+
+  if (!decls) {
+    error_at(top, "no declarations: a model file starts with 'model NAME;'");
+    return m;
+  }
+  Decl *pull = NULL, *push = NULL;
+  int nvertex = 0;
+  sema_globals(c, decls, &pull, &push, &nvertex);
+  sema_vocab_dims(c);
+  if (diag_count()) return m;
+
+  c->param_node = arena_alloc(sizeof(int) * (size_t)(m->nparams + 1));
+  c->input_node = arena_alloc(sizeof(int) * (size_t)(m->ninputs + 1));
+  if (pull) sema_pull(c, pull);
+
+  VertexDecls v;
+  vertex_decls(c, decls, nvertex, &v);
+  if (nvertex == 0) {
+    error_at(decls->loc, "the model has no vertex block");
+    return m;
+  }
+  if (v.typed_by && v.untyped_by) {
+    error_at(v.untyped_by->value ? v.untyped_by->value->loc : v.untyped_by->name_loc,
+             "vertex '%s' takes children of any type, but '%s' names its children's types",
+             v.untyped_by->name, v.typed_by->name);
+    note_at(v.typed_by->name_loc, "name them in every block that takes children: children NAME: TYPE, ...");
+  }
+  if (diag_count()) return m;
+  m->typed = v.typed_by != NULL;
+  if (m->typed) return typed_vertices(c, &v, push);
+  c->vslot_name = NULL, c->vslot_type = NULL;
+  return untyped_vertices(c, &v, push);
 }
 
 /* After vertex block f: the width it pushes, the same for every block. */
