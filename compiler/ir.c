@@ -159,183 +159,222 @@ bool ir_is_ident(const char *s) {
     if (!ir_is_ident(s)) internal_error(__FILE__, __LINE__, "%s is not an identifier", what); \
   } while (0)
 
+/* Node i's op, operand count and operands (each defined before it; an option's value
+   read by dropout's p and topk's balancing weight alone). */
+static void check_operands(const Model *m, const IrFunc *f, int i, const IrNode *n) {
+  cv_assert(n->op >= 0 && n->op < OP_COUNT);
+  if (n->name) check_ident(n->name, "a value's name");
+  const OpInfo *oi = &op_info[n->op];
+  if (oi->arity >= 0 && n->nargs != oi->arity)
+    internal_error(__FILE__, __LINE__, "%s %%%d: %s takes %d operands, has %d", f->name, i,
+                   oi->name, oi->arity, n->nargs);
+  for (int j = 0; j < n->nargs; j++)
+    if (n->args[j] < 0 || n->args[j] >= i)
+      internal_error(__FILE__, __LINE__, "%s %%%d: operand %d is %%%d (not defined before)",
+                     f->name, i, j, n->args[j]);
+  /* an option's value exists only at run time: dropout's p alone reads one */
+  for (int j = 0; j < n->nargs; j++)
+    if (f->nodes[n->args[j]].op == OP_CONST && f->nodes[n->args[j]].ref)
+      cv_assert((n->op == OP_DROPOUT || n->op == OP_TOPK) && j == 1 &&
+                m->options[f->nodes[n->args[j]].ref - 1].kind == (n->op == OP_TOPK ? OPT_BALANCE : OPT_DROPOUT));
+}
+
+/* Whether node i runs per edge (per slot), and which operands it may read so. */
+static void check_edge_slot(const IrFunc *f, int i, const IrNode *n) {
+  /* per edge: echild and ebcast, and what reads an edge value but esum; only in a
+     vertex function whose children are a set, and never a statement's operand */
+  bool edge = n->op == OP_ECHILD || n->op == OP_EBCAST;
+  for (int j = 0; j < n->nargs && n->op != OP_ESUM && n->op != OP_EBCAST; j++) edge = edge || f->nodes[n->args[j]].edge;
+  cv_assert(n->edge == edge && (!edge || (f->kind == F_VERTEX && f->edges)));
+  cv_assert(!(n->type == T_NONE && edge));
+  /* per slot of a mixture of experts: sbcast, emm and erow, and what reads a slot
+     value but scomb; after the function's topk, never a statement's operand */
+  bool slot = n->op == OP_SBCAST || n->op == OP_EMM || n->op == OP_EROW;
+  for (int j = 0; j < n->nargs && n->op != OP_SCOMB; j++) slot = slot || f->nodes[n->args[j]].slot;
+  cv_assert(n->slot == slot && (!slot || (f->route >= 0 && i > f->route && !edge)));
+  cv_assert(!(n->type == T_NONE && slot));
+  /* an op on edge (slot) values runs over the edges (slots): each row operand is one
+     too, a vertex row broadcast by ebcast (sbcast) first, never read at an edge's
+     (slot's) index */
+  for (int j = 0; j < n->nargs && edge && n->op != OP_EBCAST; j++)
+    cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].edge);
+  for (int j = 0; j < n->nargs && slot && n->op != OP_SBCAST; j++)
+    cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].slot);
+}
+
+/* The ops of children as sets and of mixtures of experts; false for the rest. */
+static bool check_route_op(const Model *m, const IrFunc *f, int i, const IrNode *n, const IrNode *a,
+                           const IrNode *b) {
+  const IrNode *gate = f->route >= 0 ? &f->nodes[f->route] : NULL;
+  switch (n->op) {
+  case OP_TOPK:
+    cv_assert(f->route == i && f->kind != F_PULL && !f->edges && a->type == T_ROW && !a->slot);
+    cv_assert(n->type == T_ROW && same(n->width, a->width) && n->ref == f->route_k);
+    cv_assert(n->ref >= 1 && n->ref <= CV_MAX_CHILDREN && (!lin_is_const(a->width) || n->ref <= a->width.k));
+    cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval <= CV_MAX_CLIP);
+    return true;
+  case OP_SBCAST: cv_assert(a->type == T_ROW && !a->slot && n->type == T_ROW && same(a->width, n->width)); return true;
+  case OP_EMM: {
+    /* a slot row [A] times its expert's [A, B]: row e of a table [X, A * B] */
+    cv_assert(gate && a->type == T_ROW && a->slot && b->op == OP_PARAM && m->params[b->ref].rank == 2);
+    cv_assert(same(m->params[b->ref].rows, gate->width));
+    int p = ir_product_dim(m, m->params[b->ref].cols);
+    cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && n->type == T_ROW &&
+              same(n->width, lin_dim(m->dims[p].fb, 1)));
+    return true;
+  }
+  case OP_EROW:
+    cv_assert(gate && a->op == OP_PARAM && m->params[a->ref].rank == 2 && same(m->params[a->ref].rows, gate->width));
+    cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
+    return true;
+  case OP_SCOMB:
+    cv_assert(a->type == T_ROW && a->slot && n->nargs == 2 && n->args[1] == f->route);
+    cv_assert(n->type == T_ROW && same(n->width, a->width));
+    return true;
+  case OP_ECHILD:
+    cv_assert(f->kind == F_VERTEX && f->edges && n->type == T_ROW);
+    cv_assert(same(n->width, m->typed ? m->vertex[f->edge_type]->state : m->state));
+    return true;
+  case OP_EBCAST: cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width)); return true;
+  case OP_ESUM: cv_assert(a->type == T_ROW && a->edge && n->type == T_ROW && same(a->width, n->width)); return true;
+  case OP_DROPOUT: /* its masks are keyed by vertex row (cavs_ctx.rkey): not on edges or slots */
+    cv_assert(a->type == T_ROW && !a->edge && !a->slot && n->type == T_ROW && same(a->width, n->width));
+    cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
+    return true;
+  default: return false;
+  }
+}
+
+/* Values read from outside the function (options, parameters, inputs, children, the
+   pull block, the pushed row) and the statements; false for the rest. */
+static bool check_io_op(const Model *m, const IrFunc *f, const IrNode *n, const IrNode *a, const IrNode *b,
+                        int *nscatter, int *npush) {
+  switch (n->op) {
+  case OP_CONST: cv_assert(n->type == T_SCALAR && n->ref >= 0 && n->ref <= m->noptions); return true;
+  case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); return true;
+  case OP_INPUT:
+    cv_assert(n->ref >= 0 && n->ref < m->ninputs);
+    if (m->inputs[n->ref].kind == IN_REAL) cv_assert(n->type == T_ROW && same(n->width, m->inputs[n->ref].width));
+    else cv_assert(n->type == T_INPUT);
+    return true;
+  case OP_GATHER:
+    cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
+    cv_assert(n->type == T_ROW && same(n->width, ir_child_width(m, f, n->ref)));
+    return true;
+  case OP_PULL:
+    cv_assert(f->kind == F_VERTEX && m->pull && n->ref >= 0 && n->ref < m->npulls);
+    cv_assert(n->type == T_ROW && same(n->width, m->pull->nodes[m->pulls[n->ref].node].width));
+    return true;
+  case OP_PUSHARG: cv_assert(f->kind == F_PUSH && n->type == T_ROW && same(n->width, m->pushed)); return true;
+  case OP_SCATTER:
+    cv_assert(f->kind == F_VERTEX && n->type == T_NONE && f->scatters);
+    cv_assert(a->type == T_ROW && same(a->width, ir_state_width(m, f)));
+    ++*nscatter;
+    return true;
+  case OP_PUSH:
+    cv_assert(f->kind == F_VERTEX && n->type == T_NONE && m->push);
+    cv_assert(a->type == T_ROW && same(a->width, m->pushed));
+    ++*npush;
+    return true;
+  case OP_XENT:
+    cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW);
+    cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_CLASS && same(a->width, m->inputs[b->ref].width));
+    return true;
+  case OP_MSE:
+    cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW && b->type == T_ROW);
+    cv_assert(same(a->width, b->width));
+    return true;
+  default: return false;
+  }
+}
+
+/* Products, lookups, concatenations, slices and the elementwise ops. */
+static void check_value_op(const Model *m, const IrFunc *f, const IrNode *n, const IrNode *a, const IrNode *b) {
+  const OpInfo *oi = &op_info[n->op];
+  switch (n->op) {
+  case OP_MATMUL: {
+    cv_assert(b->op == OP_PARAM && m->params[b->ref].rank == 2 && a->type == T_ROW);
+    cv_assert(same(a->width, m->params[b->ref].rows));
+    cv_assert(n->type == T_ROW && same(n->width, m->params[b->ref].cols));
+    break;
+  }
+  case OP_MV: {
+    /* row [A] times a matrix [A, B] per vertex */
+    cv_assert(a->type == T_ROW && b->type == T_ROW && n->type == T_ROW);
+    int p = ir_product_dim(m, b->width);
+    cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && same(n->width, lin_dim(m->dims[p].fb, 1)));
+    break;
+  }
+  case OP_MM: {
+    /* a matrix [A, B] per vertex times a param [B, C]: [A, C] per vertex */
+    cv_assert(a->type == T_ROW && b->op == OP_PARAM && m->params[b->ref].rank == 2 && n->type == T_ROW);
+    int p = ir_product_dim(m, a->width), q = ir_product_dim(m, n->width);
+    cv_assert(p >= 0 && q >= 0 && m->dims[p].fa == m->dims[q].fa);
+    cv_assert(same(m->params[b->ref].rows, lin_dim(m->dims[p].fb, 1)) &&
+              same(m->params[b->ref].cols, lin_dim(m->dims[q].fb, 1)));
+    break;
+  }
+  case OP_LOOKUP:
+    cv_assert(a->op == OP_PARAM && m->params[a->ref].rank == 2);
+    cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_INDEX);
+    cv_assert(same(m->params[a->ref].rows, m->inputs[b->ref].width));
+    cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
+    break;
+  case OP_CONCAT: {
+    Lin w = lin_const(0);
+    cv_assert(n->nargs >= 1);
+    for (int j = 0; j < n->nargs; j++) {
+      cv_assert(f->nodes[n->args[j]].type == T_ROW);
+      w = lin_add(w, f->nodes[n->args[j]].width);
+    }
+    cv_assert(n->type == T_ROW && same(n->width, w));
+    break;
+  }
+  case OP_SLICE:
+    cv_assert(a->type == T_ROW && n->type == T_ROW);
+    cv_assert(lin_le(lin_const(0), n->lo) && lin_le(n->lo, n->hi) && !same(n->lo, n->hi) && lin_le(n->hi, a->width));
+    cv_assert(same(n->width, lin_sub(n->hi, n->lo)));
+    break;
+  default:
+    cv_assert(oi->kind == OK_EW && n->type == T_ROW);
+    for (int j = 0; j < n->nargs; j++) {
+      const IrNode *x = &f->nodes[n->args[j]];
+      /* a row of width 1 broadcasts over the columns */
+      if (x->type == T_ROW) cv_assert(same(x->width, n->width) || same(x->width, lin_const(1)));
+      else if (x->type == T_PARAM) cv_assert(m->params[x->ref].rank == 1 && same(m->params[x->ref].cols, n->width));
+      else cv_assert(x->type == T_SCALAR);
+    }
+    break;
+  }
+}
+
+/* A vertex function's statements and children: one scatter (where it scatters), a push
+   at most, its slots' types scattering and named once. */
+static void check_vertex_func(const Model *m, const IrFunc *f, int nscatter, int npush) {
+  cv_assert(nscatter == (f->scatters ? 1 : 0) && npush <= 1);
+  cv_assert(m->typed || f->scatters);
+  cv_assert(!m->typed == !f->slot_type || f->children == 0);
+  cv_assert(!f->edges || !m->typed ||
+            (f->edge_type >= 0 && f->edge_type < m->nvertex && m->vertex[f->edge_type]->scatters));
+  for (int k = 0; f->slot_type && k < f->children; k++) {
+    cv_assert(f->slot_type[k] >= 0 && f->slot_type[k] < m->nvertex && m->vertex[f->slot_type[k]]->scatters);
+    check_ident(f->slot_name[k], "a child slot's name");
+    for (int j = 0; j < k; j++) cv_assert(strcmp(f->slot_name[j], f->slot_name[k]));
+  }
+}
+
 static void check_func(const Model *m, const IrFunc *f) {
   int nscatter = 0, npush = 0;
   for (int i = 0; i < f->n; i++) {
     const IrNode *n = &f->nodes[i];
-    cv_assert(n->op >= 0 && n->op < OP_COUNT);
-    if (n->name) check_ident(n->name, "a value's name");
-    const OpInfo *oi = &op_info[n->op];
-    if (oi->arity >= 0 && n->nargs != oi->arity)
-      internal_error(__FILE__, __LINE__, "%s %%%d: %s takes %d operands, has %d", f->name, i,
-                     oi->name, oi->arity, n->nargs);
-    for (int j = 0; j < n->nargs; j++)
-      if (n->args[j] < 0 || n->args[j] >= i)
-        internal_error(__FILE__, __LINE__, "%s %%%d: operand %d is %%%d (not defined before)",
-                       f->name, i, j, n->args[j]);
-    /* an option's value exists only at run time: dropout's p alone reads one */
-    for (int j = 0; j < n->nargs; j++)
-      if (f->nodes[n->args[j]].op == OP_CONST && f->nodes[n->args[j]].ref)
-        cv_assert((n->op == OP_DROPOUT || n->op == OP_TOPK) && j == 1 &&
-                  m->options[f->nodes[n->args[j]].ref - 1].kind == (n->op == OP_TOPK ? OPT_BALANCE : OPT_DROPOUT));
+    check_operands(m, f, i, n);
+    check_edge_slot(f, i, n);
     const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
     const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
-    /* per edge: echild and ebcast, and what reads an edge value but esum; only in a
-       vertex function whose children are a set, and never a statement's operand */
-    bool edge = n->op == OP_ECHILD || n->op == OP_EBCAST;
-    for (int j = 0; j < n->nargs && n->op != OP_ESUM && n->op != OP_EBCAST; j++) edge = edge || f->nodes[n->args[j]].edge;
-    cv_assert(n->edge == edge && (!edge || (f->kind == F_VERTEX && f->edges)));
-    cv_assert(!(n->type == T_NONE && edge));
-    /* per slot of a mixture of experts: sbcast, emm and erow, and what reads a slot
-       value but scomb; after the function's topk, never a statement's operand */
-    bool slot = n->op == OP_SBCAST || n->op == OP_EMM || n->op == OP_EROW;
-    for (int j = 0; j < n->nargs && n->op != OP_SCOMB; j++) slot = slot || f->nodes[n->args[j]].slot;
-    cv_assert(n->slot == slot && (!slot || (f->route >= 0 && i > f->route && !edge)));
-    cv_assert(!(n->type == T_NONE && slot));
-    /* an op on edge (slot) values runs over the edges (slots): each row operand is one
-       too, a vertex row broadcast by ebcast (sbcast) first, never read at an edge's
-       (slot's) index */
-    for (int j = 0; j < n->nargs && edge && n->op != OP_EBCAST; j++)
-      cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].edge);
-    for (int j = 0; j < n->nargs && slot && n->op != OP_SBCAST; j++)
-      cv_assert(f->nodes[n->args[j]].type != T_ROW || f->nodes[n->args[j]].slot);
-    const IrNode *gate = f->route >= 0 ? &f->nodes[f->route] : NULL;
-    switch (n->op) {
-    case OP_TOPK:
-      cv_assert(f->route == i && f->kind != F_PULL && !f->edges && a->type == T_ROW && !a->slot);
-      cv_assert(n->type == T_ROW && same(n->width, a->width) && n->ref == f->route_k);
-      cv_assert(n->ref >= 1 && n->ref <= CV_MAX_CHILDREN && (!lin_is_const(a->width) || n->ref <= a->width.k));
-      cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval <= CV_MAX_CLIP);
-      break;
-    case OP_SBCAST: cv_assert(a->type == T_ROW && !a->slot && n->type == T_ROW && same(a->width, n->width)); break;
-    case OP_EMM: {
-      /* a slot row [A] times its expert's [A, B]: row e of a table [X, A * B] */
-      cv_assert(gate && a->type == T_ROW && a->slot && b->op == OP_PARAM && m->params[b->ref].rank == 2);
-      cv_assert(same(m->params[b->ref].rows, gate->width));
-      int p = ir_product_dim(m, m->params[b->ref].cols);
-      cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && n->type == T_ROW &&
-                same(n->width, lin_dim(m->dims[p].fb, 1)));
-      break;
-    }
-    case OP_EROW:
-      cv_assert(gate && a->op == OP_PARAM && m->params[a->ref].rank == 2 && same(m->params[a->ref].rows, gate->width));
-      cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
-      break;
-    case OP_SCOMB:
-      cv_assert(a->type == T_ROW && a->slot && n->nargs == 2 && n->args[1] == f->route);
-      cv_assert(n->type == T_ROW && same(n->width, a->width));
-      break;
-    case OP_ECHILD:
-      cv_assert(f->kind == F_VERTEX && f->edges && n->type == T_ROW);
-      cv_assert(same(n->width, m->typed ? m->vertex[f->edge_type]->state : m->state));
-      break;
-    case OP_EBCAST: cv_assert(a->type == T_ROW && !a->edge && n->type == T_ROW && same(a->width, n->width)); break;
-    case OP_ESUM: cv_assert(a->type == T_ROW && a->edge && n->type == T_ROW && same(a->width, n->width)); break;
-    case OP_DROPOUT: /* its masks are keyed by vertex row (cavs_ctx.rkey): not on edges or slots */
-      cv_assert(a->type == T_ROW && !a->edge && !a->slot && n->type == T_ROW && same(a->width, n->width));
-      cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
-      break;
-    case OP_CONST: cv_assert(n->type == T_SCALAR && n->ref >= 0 && n->ref <= m->noptions); break;
-    case OP_PARAM: cv_assert(n->type == T_PARAM && n->ref >= 0 && n->ref < m->nparams); break;
-    case OP_INPUT:
-      cv_assert(n->ref >= 0 && n->ref < m->ninputs);
-      if (m->inputs[n->ref].kind == IN_REAL) cv_assert(n->type == T_ROW && same(n->width, m->inputs[n->ref].width));
-      else cv_assert(n->type == T_INPUT);
-      break;
-    case OP_GATHER:
-      cv_assert(f->kind == F_VERTEX && n->ref >= 0 && n->ref < f->children);
-      cv_assert(n->type == T_ROW && same(n->width, ir_child_width(m, f, n->ref)));
-      break;
-    case OP_PULL:
-      cv_assert(f->kind == F_VERTEX && m->pull && n->ref >= 0 && n->ref < m->npulls);
-      cv_assert(n->type == T_ROW && same(n->width, m->pull->nodes[m->pulls[n->ref].node].width));
-      break;
-    case OP_PUSHARG: cv_assert(f->kind == F_PUSH && n->type == T_ROW && same(n->width, m->pushed)); break;
-    case OP_SCATTER:
-      cv_assert(f->kind == F_VERTEX && n->type == T_NONE && f->scatters);
-      cv_assert(a->type == T_ROW && same(a->width, ir_state_width(m, f)));
-      nscatter++;
-      break;
-    case OP_PUSH:
-      cv_assert(f->kind == F_VERTEX && n->type == T_NONE && m->push);
-      cv_assert(a->type == T_ROW && same(a->width, m->pushed));
-      npush++;
-      break;
-    case OP_XENT:
-      cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW);
-      cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_CLASS && same(a->width, m->inputs[b->ref].width));
-      break;
-    case OP_MSE:
-      cv_assert(f->kind == F_PUSH && n->type == T_NONE && a->type == T_ROW && b->type == T_ROW);
-      cv_assert(same(a->width, b->width));
-      break;
-    case OP_MATMUL: {
-      cv_assert(b->op == OP_PARAM && m->params[b->ref].rank == 2 && a->type == T_ROW);
-      cv_assert(same(a->width, m->params[b->ref].rows));
-      cv_assert(n->type == T_ROW && same(n->width, m->params[b->ref].cols));
-      break;
-    }
-    case OP_MV: {
-      /* row [A] times a matrix [A, B] per vertex */
-      cv_assert(a->type == T_ROW && b->type == T_ROW && n->type == T_ROW);
-      int p = ir_product_dim(m, b->width);
-      cv_assert(p >= 0 && same(a->width, lin_dim(m->dims[p].fa, 1)) && same(n->width, lin_dim(m->dims[p].fb, 1)));
-      break;
-    }
-    case OP_MM: {
-      /* a matrix [A, B] per vertex times a param [B, C]: [A, C] per vertex */
-      cv_assert(a->type == T_ROW && b->op == OP_PARAM && m->params[b->ref].rank == 2 && n->type == T_ROW);
-      int p = ir_product_dim(m, a->width), q = ir_product_dim(m, n->width);
-      cv_assert(p >= 0 && q >= 0 && m->dims[p].fa == m->dims[q].fa);
-      cv_assert(same(m->params[b->ref].rows, lin_dim(m->dims[p].fb, 1)) &&
-                same(m->params[b->ref].cols, lin_dim(m->dims[q].fb, 1)));
-      break;
-    }
-    case OP_LOOKUP:
-      cv_assert(a->op == OP_PARAM && m->params[a->ref].rank == 2);
-      cv_assert(b->op == OP_INPUT && m->inputs[b->ref].kind == IN_INDEX);
-      cv_assert(same(m->params[a->ref].rows, m->inputs[b->ref].width));
-      cv_assert(n->type == T_ROW && same(n->width, m->params[a->ref].cols));
-      break;
-    case OP_CONCAT: {
-      Lin w = lin_const(0);
-      cv_assert(n->nargs >= 1);
-      for (int j = 0; j < n->nargs; j++) {
-        cv_assert(f->nodes[n->args[j]].type == T_ROW);
-        w = lin_add(w, f->nodes[n->args[j]].width);
-      }
-      cv_assert(n->type == T_ROW && same(n->width, w));
-      break;
-    }
-    case OP_SLICE:
-      cv_assert(a->type == T_ROW && n->type == T_ROW);
-      cv_assert(lin_le(lin_const(0), n->lo) && lin_le(n->lo, n->hi) && !same(n->lo, n->hi) && lin_le(n->hi, a->width));
-      cv_assert(same(n->width, lin_sub(n->hi, n->lo)));
-      break;
-    default:
-      cv_assert(oi->kind == OK_EW && n->type == T_ROW);
-      for (int j = 0; j < n->nargs; j++) {
-        const IrNode *x = &f->nodes[n->args[j]];
-        /* a row of width 1 broadcasts over the columns */
-        if (x->type == T_ROW) cv_assert(same(x->width, n->width) || same(x->width, lin_const(1)));
-        else if (x->type == T_PARAM) cv_assert(m->params[x->ref].rank == 1 && same(m->params[x->ref].cols, n->width));
-        else cv_assert(x->type == T_SCALAR);
-      }
-      break;
-    }
+    if (!check_route_op(m, f, i, n, a, b) && !check_io_op(m, f, n, a, b, &nscatter, &npush))
+      check_value_op(m, f, n, a, b);
   }
-  if (f->kind == F_VERTEX) {
-    cv_assert(nscatter == (f->scatters ? 1 : 0) && npush <= 1);
-    cv_assert(m->typed || f->scatters);
-    cv_assert(!m->typed == !f->slot_type || f->children == 0);
-    cv_assert(!f->edges || !m->typed ||
-              (f->edge_type >= 0 && f->edge_type < m->nvertex && m->vertex[f->edge_type]->scatters));
-    for (int k = 0; f->slot_type && k < f->children; k++) {
-      cv_assert(f->slot_type[k] >= 0 && f->slot_type[k] < m->nvertex && m->vertex[f->slot_type[k]]->scatters);
-      check_ident(f->slot_name[k], "a child slot's name");
-      for (int j = 0; j < k; j++) cv_assert(strcmp(f->slot_name[j], f->slot_name[k]));
-    }
-  }
+  if (f->kind == F_VERTEX) check_vertex_func(m, f, nscatter, npush);
 }
 
 Lin ir_child_width(const Model *m, const IrFunc *f, int k) {
