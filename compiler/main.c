@@ -108,10 +108,11 @@ static bool make_dirs(const char *dir) {
   }
 }
 
-/* Writes `data` to `path` through a temporary file in the same directory and a rename,
- * so a reader never sees a half-written file and a failure leaves no file behind. */
-static bool write_atomic(const char *path, const char *data, size_t len) {
+/* Writes `data` for `path` to a temporary file beside it, synced; its name in *tmp, or
+ * NULL (said, nothing left behind) when it could not be written. */
+static bool write_temp(const char *path, const char *data, size_t len, char **tmp_out) {
   char *tmp = arena_printf("%s.tmpXXXXXX", path);
+  *tmp_out = NULL;
   int fd = mkstemp(tmp);
   if (fd < 0) {
     error_plain("cannot write '%s': %s", path, strerror(errno));
@@ -128,15 +129,37 @@ static bool write_atomic(const char *path, const char *data, size_t len) {
   int err = errno;
   if (f) fclose(f);
   else close(fd);
-  if (ok && rename(tmp, path) != 0) {
-    err = errno;
-    ok = false;
-  }
   if (!ok) {
     unlink(tmp);
     error_plain("cannot write '%s': %s", path, strerror(err));
+    return false;
   }
-  return ok;
+  *tmp_out = tmp;
+  return true;
+}
+
+/* Whether `path` can be renamed over: absent, or not a directory (rename's EISDIR). */
+static bool replaceable(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    error_plain("cannot write '%s': %s", path, strerror(EISDIR));
+    return false;
+  }
+  return true;
+}
+
+/* Writes `data` to `path` through a temporary file in the same directory and a rename,
+ * so a reader never sees a half-written file and a failure leaves no file behind. */
+static bool write_atomic(const char *path, const char *data, size_t len) {
+  char *tmp;
+  if (!replaceable(path) || !write_temp(path, data, len, &tmp)) return false;
+  if (rename(tmp, path) != 0) {
+    int err = errno;
+    unlink(tmp);
+    error_plain("cannot write '%s': %s", path, strerror(err));
+    return false;
+  }
+  return true;
 }
 
 /* What the command line asks for */
@@ -285,9 +308,19 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
   const char *dir = o->out_path ? o->out_path : ".";
   if (!make_dirs(dir)) return false;
   char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.%s", dir, m->name, o->target->ext);
-  if (!write_atomic(hp, hbuf, hlen)) return false;
-  if (!write_atomic(cp, buf, buflen)) {
-    unlink(hp);
+  /* both written whole before either replaces its earlier file: a failure leaves the
+     earlier pair as it was (a directory in one's place is found before any rename) */
+  char *ht, *ct;
+  if (!replaceable(hp) || !replaceable(cp) || !write_temp(hp, hbuf, hlen, &ht)) return false;
+  if (!write_temp(cp, buf, buflen, &ct)) {
+    unlink(ht);
+    return false;
+  }
+  const char *failed = rename(ct, cp) != 0 ? cp : rename(ht, hp) != 0 ? hp : NULL;
+  if (failed) {
+    int err = errno;
+    unlink(ht), unlink(ct);
+    error_plain("cannot write '%s': %s", failed, strerror(err));
     return false;
   }
   return true;

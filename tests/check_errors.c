@@ -223,6 +223,26 @@ START_TEST(unwritable_output) {
   ck_assert_int_eq(r.status, 1);
   ck_assert_msg(strstr(r.err, "is not a directory"), "%s", r.err);
   tu_free(&r);
+  /* the code's name taken by a directory: an error, and the earlier header kept as it
+     was (it was once replaced by the new one and then removed with it), no file left */
+  char hfile[4400], marker[] = "/* an earlier header */\n";
+  snprintf(hfile, sizeof hfile, "%s/treelstm.h", cdir);
+  FILE *hf = fopen(hfile, "w");
+  ck_assert(hf && fputs(marker, hf) >= 0 && fclose(hf) == 0);
+  ck_assert(unlink(cfile) == 0 && mkdir(cfile, 0755) == 0);
+  r = tu_run(NULL, argv4, 30);
+  ck_assert_int_eq(r.status, 1);
+  ck_assert_msg(strstr(r.err, "treelstm.c': Is a directory"), "%s", r.err);
+  char *kept = tu_slurp(hfile, NULL);
+  ck_assert_msg(kept && !strcmp(kept, marker), "%s", kept ? kept : "(gone)");
+  free(kept);
+  tu_free(&r);
+  int nfiles = 0;
+  DIR *dd = opendir(cdir);
+  ck_assert(dd);
+  for (struct dirent *e; (e = readdir(dd));) nfiles += e->d_name[0] != '.';
+  closedir(dd);
+  ck_assert_int_eq(nfiles, 2); /* treelstm.h and the directory treelstm.c */
   tu_rmtree(top);
 
   /* and a good path gets the whole dump */
