@@ -894,6 +894,138 @@ static int eval_sumfor(Ctx *c, const Node *n) {
   return bad ? -1 : acc;
 }
 
+/* concat(a, b, ...): the rows side by side, their width in range. */
+static int eval_concat(Ctx *c, const Node *n) {
+  if (n->nargs < 1) {
+    error_at(n->loc, "'concat' needs at least one argument");
+    return -1;
+  }
+  int *args = arena_alloc(sizeof(int) * (size_t)n->nargs);
+  Lin w = lin_const(0);
+  bool bad = false;
+  for (int i = 0; i < n->nargs; i++) {
+    args[i] = require_row(c, eval(c, n->args[i]), n->args[i], "concat");
+    if (args[i] < 0) {
+      bad = true;
+      continue;
+    }
+    Lin aw = node(c, args[i])->width;
+    w = is_top(w) || is_top(aw) ? TOP : lin_add(w, aw);
+    /* every width stays in range, so that the sums the passes make of them do too */
+    bool big = !is_top(w) && labs((long)w.k) > (1L << 24);
+    for (int j = 0; !is_top(w) && j < CV_MAX_DIMS; j++) big = big || labs((long)w.c[j]) > (1L << 24);
+    if (big) {
+      error_at(n->loc, "concat() is too wide: its arguments add up to more than %ld of a dim", 1L << 24);
+      return -1;
+    }
+  }
+  if (bad) return -1;
+  return mk(c, OP_CONCAT, T_ROW, w, n->loc, n->nargs, args);
+}
+
+/* sum(a, b, ...): the rows added, as a + b + ... */
+static int eval_sum(Ctx *c, const Node *n) {
+  if (n->nargs < 1) {
+    error_at(n->loc, "'sum' needs at least one argument");
+    return -1;
+  }
+  int acc = require_row(c, eval(c, n->args[0]), n->args[0], "sum");
+  for (int i = 1; i < n->nargs; i++) {
+    int t = eval(c, n->args[i]);
+    if (acc < 0 || t < 0) {
+      acc = -1;
+      continue;
+    }
+    Node tmp = *n;
+    tmp.op = '+';
+    acc = elementwise2(c, OP_ADD, acc, t, &tmp, n->args[0], n->args[i]);
+  }
+  return acc;
+}
+
+/* gather(K) or gather(SLOT): a vertex's child's state. */
+static int eval_gather(Ctx *c, const Node *n) {
+  if (c->edge_var) {
+    error_at(n->loc, "gather() inside sum(%s in children: ...): the child there is '%s'", c->edge_var, c->edge_var);
+    return -1;
+  }
+  if (c->f->kind == F_VERTEX && c->f->edges && c->f->children == 0) {
+    error_at(n->loc, "vertex '%s' takes its children as a set ('children *'): read them with sum(s in children: ...)",
+             c->f->name);
+    return -1;
+  }
+  if (c->f->kind != F_VERTEX) {
+    error_at(n->loc, "gather() is only allowed in a vertex block");
+    return -1;
+  }
+  if (n->nargs != 1) {
+    error_at(n->loc, "'gather' takes 1 argument (the child), given %d", n->nargs);
+    return -1;
+  }
+  long k = -1;
+  const Node *arg = n->args[0];
+  for (int s = 0; arg->kind == N_NAME && c->f->slot_name && s < c->f->children; s++)
+    if (!strcmp(c->f->slot_name[s], arg->name)) k = s;
+  if (k < 0 && c->f->slot_name && arg->kind == N_NAME && !tab_get(&c->scope, arg->name) &&
+      !tab_get(&c->globals, arg->name) && !loop_var(c, arg->name)) {
+    error_at(arg->loc, "vertex '%s' has no child slot '%s'", c->f->name, arg->name);
+    return -1;
+  }
+  if (k < 0 && !eval_int(c, arg, &k)) return -1;
+  if (k < 0 || k >= c->f->children) {
+    if (c->f->children == 0)
+      error_at(n->loc, "gather(%ld) in vertex '%s', which has no children", k, c->f->name);
+    else
+      error_at(n->loc, "gather(%ld) but vertex '%s' has children %d (valid: 0..%d)", k,
+               c->f->name, c->f->children, c->f->children - 1);
+    return -1;
+  }
+  Lin w = c->state_known ? c->m->state : TOP;
+  /* (a slot of a type that never scatters, or scatters a width not known, is an
+     error of its own: sema_run) */
+  if (c->m->typed) w = c->tstate[c->f->slot_type[k]];
+  return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc, .width = w});
+}
+
+/* dropout(x, P): P a number in [0, 1) or an option, read at run time. */
+static int eval_dropout(Ctx *c, const Node *n) {
+  if (n->nargs != 2) {
+    error_at(n->loc, "'dropout' takes 2 arguments (a row and the probability of dropping), given %d", n->nargs);
+    return -1;
+  }
+  if (c->edge_var) {
+    error_at(n->loc, "dropout() inside sum(%s in children: ...): drop the sum, or a value before it", c->edge_var);
+    return -1;
+  }
+  int a = require_row(c, eval(c, n->args[0]), n->args[0], "dropout");
+  /* a named option: a constant the generated code reads at run time (cavs_ctx.opt),
+     its default the value the passes see */
+  const Node *pn = n->args[1];
+  Entry *oe = pn->kind == N_NAME && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name)
+                  ? tab_get(&c->globals, pn->name) : NULL;
+  if (pn->kind == N_NAME && !oe && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name) &&
+      !tab_get(&c->scope, loop_rename(c, pn->name) ? loop_rename(c, pn->name) : pn->name)) {
+    error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
+    return -1;
+  }
+  if (oe && oe->kind == SYM_OPTION && c->m->options[oe->index].kind != OPT_DROPOUT) {
+    error_at(pn->loc, "'%s' is %s, not a dropout probability", pn->name,
+             c->m->options[oe->index].kind == OPT_CLIP ? "the model's gradient-norm clip" : "a load-balancing loss's weight");
+    return -1;
+  }
+  int p = oe && oe->kind == SYM_OPTION
+              ? mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = c->m->options[oe->index].value,
+                                    .ref = oe->index + 1, .loc = pn->loc})
+              : eval(c, pn);
+  if (a < 0 || p < 0) return -1;
+  if (node(c, p)->op != OP_CONST || !(node(c, p)->cval >= 0 && node(c, p)->cval < 1)) {
+    error_at(n->args[1]->loc, "dropout's probability must be a number in [0, 1)");
+    return -1;
+  }
+  int args[2] = {a, p};
+  return mk(c, OP_DROPOUT, T_ROW, node(c, a)->width, n->loc, 2, args);
+}
+
 static int eval_rmat(Ctx *c, const Node *n, bool mv);
 static int eval_call(Ctx *c, const Node *n) {
   const char *f = n->name;
@@ -906,93 +1038,9 @@ static int eval_call(Ctx *c, const Node *n) {
     }
     return unary(c, (Op)op, eval(c, n->args[0]), n, n->args[0]);
   }
-  if (!strcmp(f, "concat")) {
-    if (n->nargs < 1) {
-      error_at(n->loc, "'concat' needs at least one argument");
-      return -1;
-    }
-    int *args = arena_alloc(sizeof(int) * (size_t)n->nargs);
-    Lin w = lin_const(0);
-    bool bad = false;
-    for (int i = 0; i < n->nargs; i++) {
-      args[i] = require_row(c, eval(c, n->args[i]), n->args[i], "concat");
-      if (args[i] < 0) {
-        bad = true;
-        continue;
-      }
-      Lin aw = node(c, args[i])->width;
-      w = is_top(w) || is_top(aw) ? TOP : lin_add(w, aw);
-      /* every width stays in range, so that the sums the passes make of them do too */
-      bool big = !is_top(w) && labs((long)w.k) > (1L << 24);
-      for (int j = 0; !is_top(w) && j < CV_MAX_DIMS; j++) big = big || labs((long)w.c[j]) > (1L << 24);
-      if (big) {
-        error_at(n->loc, "concat() is too wide: its arguments add up to more than %ld of a dim", 1L << 24);
-        return -1;
-      }
-    }
-    if (bad) return -1;
-    return mk(c, OP_CONCAT, T_ROW, w, n->loc, n->nargs, args);
-  }
-  if (!strcmp(f, "sum")) {
-    if (n->nargs < 1) {
-      error_at(n->loc, "'sum' needs at least one argument");
-      return -1;
-    }
-    int acc = require_row(c, eval(c, n->args[0]), n->args[0], "sum");
-    for (int i = 1; i < n->nargs; i++) {
-      int t = eval(c, n->args[i]);
-      if (acc < 0 || t < 0) {
-        acc = -1;
-        continue;
-      }
-      Node tmp = *n;
-      tmp.op = '+';
-      acc = elementwise2(c, OP_ADD, acc, t, &tmp, n->args[0], n->args[i]);
-    }
-    return acc;
-  }
-  if (!strcmp(f, "gather")) {
-    if (c->edge_var) {
-      error_at(n->loc, "gather() inside sum(%s in children: ...): the child there is '%s'", c->edge_var, c->edge_var);
-      return -1;
-    }
-    if (c->f->kind == F_VERTEX && c->f->edges && c->f->children == 0) {
-      error_at(n->loc, "vertex '%s' takes its children as a set ('children *'): read them with sum(s in children: ...)",
-               c->f->name);
-      return -1;
-    }
-    if (c->f->kind != F_VERTEX) {
-      error_at(n->loc, "gather() is only allowed in a vertex block");
-      return -1;
-    }
-    if (n->nargs != 1) {
-      error_at(n->loc, "'gather' takes 1 argument (the child), given %d", n->nargs);
-      return -1;
-    }
-    long k = -1;
-    const Node *arg = n->args[0];
-    for (int s = 0; arg->kind == N_NAME && c->f->slot_name && s < c->f->children; s++)
-      if (!strcmp(c->f->slot_name[s], arg->name)) k = s;
-    if (k < 0 && c->f->slot_name && arg->kind == N_NAME && !tab_get(&c->scope, arg->name) &&
-        !tab_get(&c->globals, arg->name) && !loop_var(c, arg->name)) {
-      error_at(arg->loc, "vertex '%s' has no child slot '%s'", c->f->name, arg->name);
-      return -1;
-    }
-    if (k < 0 && !eval_int(c, arg, &k)) return -1;
-    if (k < 0 || k >= c->f->children) {
-      if (c->f->children == 0)
-        error_at(n->loc, "gather(%ld) in vertex '%s', which has no children", k, c->f->name);
-      else
-        error_at(n->loc, "gather(%ld) but vertex '%s' has children %d (valid: 0..%d)", k,
-                 c->f->name, c->f->children, c->f->children - 1);
-      return -1;
-    }
-    Lin w = c->state_known ? c->m->state : TOP;
-    /* (a slot of a type that never scatters, or scatters a width not known, is an
-       error of its own: sema_run) */
-    if (c->m->typed) w = c->tstate[c->f->slot_type[k]];
-    return mk_with(c, (IrNode){.op = OP_GATHER, .type = T_ROW, .ref = (int)k, .loc = n->loc, .width = w});
-  }
+  if (!strcmp(f, "concat")) return eval_concat(c, n);
+  if (!strcmp(f, "sum")) return eval_sum(c, n);
+  if (!strcmp(f, "gather")) return eval_gather(c, n);
   if (!strcmp(f, "top")) {
     error_at(n->loc, "top(GATE, K) routes rows only as a moe's range: moe(e in top(GATE, K): EXPR)");
     return -1;
@@ -1001,43 +1049,7 @@ static int eval_call(Ctx *c, const Node *n) {
     error_at(n->loc, "dropout inside moe: drop the moe's input or its result instead");
     return -1;
   }
-  if (!strcmp(f, "dropout")) {
-    if (n->nargs != 2) {
-      error_at(n->loc, "'dropout' takes 2 arguments (a row and the probability of dropping), given %d", n->nargs);
-      return -1;
-    }
-    if (c->edge_var) {
-      error_at(n->loc, "dropout() inside sum(%s in children: ...): drop the sum, or a value before it", c->edge_var);
-      return -1;
-    }
-    int a = require_row(c, eval(c, n->args[0]), n->args[0], "dropout");
-    /* a named option: a constant the generated code reads at run time (cavs_ctx.opt),
-       its default the value the passes see */
-    const Node *pn = n->args[1];
-    Entry *oe = pn->kind == N_NAME && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name)
-                    ? tab_get(&c->globals, pn->name) : NULL;
-    if (pn->kind == N_NAME && !oe && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name) &&
-        !tab_get(&c->scope, loop_rename(c, pn->name) ? loop_rename(c, pn->name) : pn->name)) {
-      error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
-      return -1;
-    }
-    if (oe && oe->kind == SYM_OPTION && c->m->options[oe->index].kind != OPT_DROPOUT) {
-      error_at(pn->loc, "'%s' is %s, not a dropout probability", pn->name,
-               c->m->options[oe->index].kind == OPT_CLIP ? "the model's gradient-norm clip" : "a load-balancing loss's weight");
-      return -1;
-    }
-    int p = oe && oe->kind == SYM_OPTION
-                ? mk_with(c, (IrNode){.op = OP_CONST, .type = T_SCALAR, .cval = c->m->options[oe->index].value,
-                                      .ref = oe->index + 1, .loc = pn->loc})
-                : eval(c, pn);
-    if (a < 0 || p < 0) return -1;
-    if (node(c, p)->op != OP_CONST || !(node(c, p)->cval >= 0 && node(c, p)->cval < 1)) {
-      error_at(n->args[1]->loc, "dropout's probability must be a number in [0, 1)");
-      return -1;
-    }
-    int args[2] = {a, p};
-    return mk(c, OP_DROPOUT, T_ROW, node(c, a)->width, n->loc, 2, args);
-  }
+  if (!strcmp(f, "dropout")) return eval_dropout(c, n);
   if (!strcmp(f, "mv") || !strcmp(f, "mm")) return eval_rmat(c, n, !strcmp(f, "mv"));
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);
