@@ -40,6 +40,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define META_MAGIC "cavs cache entry 1"
@@ -641,6 +642,7 @@ static int load_entry(const char *dir, const char *expect, const cavs_desc **des
   }
   *model = fmt("%s", name);
   rc = ENTRY_LOADED;
+  futimens(dfd, NULL); /* used now: what pruning the cache goes by (cache_prune) */
 out:
   free(meta);
   free(obj);
@@ -986,6 +988,137 @@ out:
   return rc;
 }
 
+/* ---- the cache kept within its size ---- */
+
+/* The directories of cache_blob_put's kinds, whose files pruning may remove. */
+static const char *const blob_kinds[] = {"streams"};
+
+int cache_limit(long long *bytes, char *err, size_t errlen) {
+  const char *e = getenv("CAVS_CACHE_MAX");
+  *bytes = CACHE_MAX_DEFAULT;
+  if (!e || !*e) return 0;
+  char *end;
+  errno = 0;
+  double v = strtod(e, &end);
+  double unit = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0
+              : *end == 'G' || *end == 'g' ? 1073741824.0 : 1.0;
+  if (unit > 1) end++;
+  /* (a finite, non-negative number below 2^62 bytes, whole where it is bytes) */
+  if (end == e || *end || errno || !(v >= 0) || v * unit >= 4.6e18 || (unit == 1 && v != (double)(long long)v)) {
+    snprintf(err, errlen, "CAVS_CACHE_MAX is '%.40s': give the compile cache's size in bytes, or with K, M or G "
+             "(1G), 0 for no limit", e);
+    return -1;
+  }
+  *bytes = (long long)(v * unit);
+  return 0;
+}
+
+/* One thing pruning may remove: an entry (a directory) or a kind's file. */
+typedef struct Item {
+  char *path;
+  bool dir;
+  struct timespec used;
+  long long bytes;
+} Item;
+
+/* The bytes the regular files of ours under the directory open as dfd take (its
+   subdirectories `depth` levels deep, never through a link); the descriptor is closed. */
+static long long tree_bytes(int dfd, int depth) {
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    close(dfd);
+    return 0;
+  }
+  long long n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    struct stat st;
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+        fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) || st.st_uid != geteuid())
+      continue;
+    if (S_ISREG(st.st_mode)) n += (long long)st.st_blocks * 512;
+    else if (S_ISDIR(st.st_mode) && depth > 0) {
+      int sfd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sfd >= 0) n += tree_bytes(sfd, depth - 1);
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* Whether `name` is a cache entry's: 64 lowercase hexadecimal digits. */
+static bool entry_name(const char *name) {
+  return strlen(name) == 2 * SHA256_DIGEST_SIZE && strspn(name, "0123456789abcdef") == 2 * SHA256_DIGEST_SIZE;
+}
+
+static int older_first(const void *a, const void *b) {
+  const Item *x = a, *y = b;
+  if (x->used.tv_sec != y->used.tv_sec) return x->used.tv_sec < y->used.tv_sec ? -1 : 1;
+  if (x->used.tv_nsec != y->used.tv_nsec) return x->used.tv_nsec < y->used.tv_nsec ? -1 : 1;
+  return strcmp(x->path, y->path);
+}
+
+/* What may be pruned in `dir` (the root: entries; a kind's directory: its files), added
+   to items. Only directories (entries) or regular files (kinds' files) of ours, never a
+   link, a build under way, or anything of another name. */
+static void collect(const char *dir, bool entries, Item **items, int *n, int *cap) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    struct stat st;
+    if ((entries && !entry_name(e->d_name)) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+        st.st_uid != geteuid() || !(entries ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)))
+      continue;
+    long long bytes = (long long)st.st_blocks * 512;
+    if (entries) {
+      int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      bytes = tree_bytes(fd, 16);
+    }
+    if (*n == *cap) {
+      *cap = *cap ? 2 * *cap : 64;
+      Item *g = realloc(*items, sizeof **items * (size_t)*cap);
+      if (!g) out_of_memory();
+      *items = g;
+    }
+    (*items)[(*n)++] = (Item){fmt("%s/%s", dir, e->d_name), entries, st.st_mtim, bytes};
+  }
+  closedir(d);
+}
+
+void cache_prune(const char *root, const char *keep) {
+  long long limit;
+  char why[512];
+  if (cache_limit(&limit, why, sizeof why) || limit == 0) return;
+  Item *items = NULL;
+  int n = 0, cap = 0;
+  collect(root, true, &items, &n, &cap);
+  for (size_t k = 0; k < sizeof blob_kinds / sizeof *blob_kinds; k++) {
+    char *kd = fmt("%s/%s", root, blob_kinds[k]);
+    struct stat st;
+    if (lstat(kd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) collect(kd, false, &items, &n, &cap);
+    free(kd);
+  }
+  long long total = 0;
+  for (int i = 0; i < n; i++) total += items[i].bytes;
+  if (total > limit) {
+    /* the least recently used first, down to nine tenths of the limit (not a prune at
+       every build); never the one just used, nor one another run used in the last
+       minute (it may be loading it), whatever the limit says */
+    qsort(items, (size_t)n, sizeof *items, older_first);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < n && total > limit - limit / 10; i++) {
+      if ((keep && !strcmp(items[i].path, keep)) || items[i].used.tv_sec > now.tv_sec - CACHE_RECENT_S) continue;
+      if (items[i].dir ? remove_tree(items[i].path, why, sizeof why) == 0 : unlink(items[i].path) == 0)
+        total -= items[i].bytes;
+    }
+  }
+  for (int i = 0; i < n; i++) free(items[i].path);
+  free(items);
+}
+
 char *cache_entry(const CacheReq *q) {
   char *root = cache_root(), key[2 * SHA256_DIGEST_SIZE + 1];
   cache_key(q, key);
@@ -996,6 +1129,8 @@ char *cache_entry(const CacheReq *q) {
 
 int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *err, size_t errlen) {
   *err = 0;
+  long long limit;
+  if (cache_limit(&limit, err, errlen)) return 1;
   char *root = cache_root();
   if (open_root(root, err, errlen)) {
     free(root);
@@ -1009,6 +1144,7 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
     int e = load_entry(dir, q->expect, desc, model, err, errlen);
     if (e == ENTRY_LOADED) {
       rc = 0;
+      if (attempt > 0) cache_prune(root, dir); /* the cache grew by a build */
       break;
     }
     if (e == ENTRY_UNSAFE) {
@@ -1073,6 +1209,7 @@ unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, si
   } else if (!check_owner(&st, path, "the cache entry", err, errlen)) {
     if ((size_t)st.st_size > max) snprintf(err, errlen, "'%s' is larger than any entry (%lld bytes)", path, (long long)st.st_size);
     else if (!(data = read_fd(fd, max, n))) snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+    else futimens(fd, NULL); /* used now (cache_prune) */
   }
   if (fd >= 0) close(fd);
   free(path);
@@ -1094,6 +1231,11 @@ int cache_blob_put(const char *kind, const char *name, const void *data, size_t 
   }
   if (!rc && cv_afile_write(&a, data, n, err, errlen)) rc = -1; /* (aborted) */
   else if (!rc) rc = cv_afile_commit(&a, err, errlen);
+  if (!rc) {
+    char *root = cache_root();
+    cache_prune(root, path);
+    free(root);
+  }
   free(path);
   return rc;
 }

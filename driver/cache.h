@@ -67,5 +67,16 @@ unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, si
 /* Written whole or not at all (cv_afile: a reader sees the old bytes or the new ones,
  * whoever else writes it at once): 0, or -1 with err saying why. */
 int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen);
+/* The cache's size limit in bytes, $CAVS_CACHE_MAX (bytes, or a number with K, M or G;
+ * 0: none), else CACHE_MAX_DEFAULT: 0, or -1 with err saying why it is malformed. */
+#define CACHE_MAX_DEFAULT (2LL << 30)
+#define CACHE_RECENT_S 60 /* an entry or file used this many seconds ago is never pruned */
+int cache_limit(long long *bytes, char *err, size_t errlen);
+/* Keeps the cache in `root` within its limit: while its entries and kinds' files take
+ * more, removes the least recently used (an entry's directory mtime is set at each load,
+ * a file's at each read) down to nine tenths of it, never `keep` (a path) nor what was
+ * used in the last CACHE_RECENT_S seconds, nor a link, a build under way or anything not
+ * of ours or of another name. Called after a build and after a file is written. */
+void cache_prune(const char *root, const char *keep);
 
 #endif

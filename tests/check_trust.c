@@ -8,6 +8,7 @@
 #include "cli.h"
 
 #include <dlfcn.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <sys/file.h>
 #include <zlib.h>
@@ -1049,6 +1050,143 @@ START_TEST(abandoned_builds_removed) {
 }
 END_TEST
 
+/* eval of the base checkpoint whose model is built with `flag` added (a new entry), with
+ * `env` (NAME=VALUE) set too: the run's status, its stderr in err (malloc'ed). */
+static int eval_building_with(const char *flag, const char *env, char **err) {
+  char more[4096];
+  snprintf(more, sizeof more, "CAVS_MODEL_CFLAGS=%s %s", tu_env("CAVS_MODEL_CFLAGS", ""), flag);
+  char *e[] = {more, (char *)env, NULL};
+  RunResult r = cavs_env(e, "eval", path_in("base.ckpt"), "--data", path_in("data.txt"), NULL);
+  int status = r.status;
+  *err = strdup(r.err ? r.err : "");
+  tu_free(&r);
+  return status;
+}
+
+/* The cache's entries (names of 64 characters, links too), their paths in the order
+ * readdir gives them, up to 8; how many. */
+static int entry_paths(char found[8][4500]) {
+  const char *cache = getenv("CAVS_CACHE");
+  DIR *d = opendir(cache);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strlen(e->d_name) == 64 && n < 8) snprintf(found[n++], 4500, "%s/%s", cache, e->d_name);
+  closedir(d);
+  return n;
+}
+
+static long long tree_sum;
+static int add_file(const char *path, const struct stat *st, int flag, struct FTW *f) {
+  (void)path, (void)f;
+  if (flag == FTW_F && S_ISREG(st->st_mode)) tree_sum += (long long)st->st_blocks * 512;
+  return 0;
+}
+/* The bytes the regular files under `path` take (links not followed), as the cache
+ * counts them. */
+static long long tree_bytes_of(const char *path) {
+  tree_sum = 0;
+  ck_assert(nftw(path, add_file, 16, FTW_PHYS) == 0);
+  return tree_sum;
+}
+
+/* Sets the time a path (a link itself, not followed) was last changed to `ago` seconds
+ * before now. */
+static void age(const char *path, long ago) {
+  struct timespec t[2];
+  clock_gettime(CLOCK_REALTIME, &t[0]);
+  t[0].tv_sec -= ago;
+  t[1] = t[0];
+  ck_assert_msg(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW) == 0, "%s: %s", path, strerror(errno));
+}
+
+/* The entry among e[0..n) that is none of the paths given (NULL-terminated). */
+static char *other_entry(char e[8][4500], int n, ...) {
+  for (int i = 0; i < n; i++) {
+    va_list ap;
+    va_start(ap, n);
+    bool seen = false;
+    for (const char *p; (p = va_arg(ap, const char *));) seen = seen || !strcmp(p, e[i]);
+    va_end(ap);
+    if (!seen) return strdup(e[i]);
+  }
+  ck_abort_msg("no new entry");
+  return NULL;
+}
+
+/* The cache kept within $CAVS_CACHE_MAX: once a build takes it past the limit, the
+ * entries and indexes used least recently go, down to nine tenths of it (a load is a
+ * use); never one used in the last minute, nor anything that is not an entry or index
+ * of ours (a link named as an entry, a file or directory of another name). Within the
+ * limit nothing goes; a limit that is not a size is refused before anything is built. */
+START_TEST(cache_pruned_least_recent_first) {
+  const char *cache = getenv("CAVS_CACHE");
+  char *good, *a = fresh_entry(&good), *err, cmd[16384], e[8][4500];
+  free(good);
+  ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_B", "CAVS_CACHE_MAX=1G", &err) == 0, "%s", err);
+  free(err);
+  ck_assert_int_eq(entry_paths(e), 2);
+  char *b = other_entry(e, 2, a, NULL);
+  /* what is not the cache's own: a link named as an entry (to a directory elsewhere), a
+     file and a directory of other names; and an old index of a streamed file */
+  mkdir(path_in("pointed"), 0700);
+  tu_write(path_in("pointed/kept"), "kept\n", 5);
+  snprintf(cmd, sizeof cmd,
+           "cd \"$CAVS_CACHE\" && ln -s '%s' %064d && echo mine > notes && mkdir -p other streams && "
+           "echo x > other/file && echo index > streams/old",
+           path_in("pointed"), 0);
+  sh(cmd);
+  const char *others[] = {"0000000000000000000000000000000000000000000000000000000000000000", "notes", "other/file",
+                          "other", "streams/old"};
+  for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+    snprintf(cmd, sizeof cmd, "%s/%s", cache, others[i]);
+    age(cmd, 3 * 3600);
+  }
+  /* b used two hours ago, a half an hour ago; a third entry of about a's size, built
+     with room for two and a half: the index and b go, a stays */
+  age(b, 2 * 3600), age(a, 1800);
+  long long one = tree_bytes_of(a);
+  snprintf(cmd, sizeof cmd, "CAVS_CACHE_MAX=%lld", one * 5 / 2);
+  ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_C", cmd, &err) == 0, "%s", err);
+  free(err);
+  ck_assert_msg(access(b, F_OK) != 0, "the least recently used entry was kept past the limit");
+  ck_assert_msg(!in_cache("streams/old"), "an old index was kept past the limit");
+  ck_assert_msg(access(a, F_OK) == 0, "an entry used more recently than another was pruned first");
+  for (size_t i = 0; i < 4; i++) ck_assert_msg(in_cache(others[i]), "%s was removed", others[i]);
+  char *kept = tu_slurp(path_in("pointed/kept"), NULL);
+  ck_assert_msg(kept && !strcmp(kept, "kept\n"), "a link named as an entry was followed");
+  free(kept);
+  int n = entry_paths(e);
+  ck_assert_int_eq(n, 3); /* a, the new one, the link */
+  /* all old, then a loaded: with a limit of one byte, a new build removes every entry
+     but a (used a moment ago) and itself */
+  for (int i = 0; i < n; i++) age(e[i], 3600);
+  RunResult r = eval_base();
+  ok(&r, "eval");
+  tu_free(&r);
+  ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_D", "CAVS_CACHE_MAX=1", &err) == 0, "%s", err);
+  free(err);
+  ck_assert_msg(access(a, F_OK) == 0, "the entry loaded a moment ago was pruned");
+  ck_assert_int_eq(entry_paths(e), 3); /* a, the new one, the link */
+  /* all old again, but within the limit: nothing goes */
+  for (int i = 0; i < 3; i++) age(e[i], 3600);
+  ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_E", "CAVS_CACHE_MAX=64M", &err) == 0, "%s", err);
+  free(err);
+  ck_assert_int_eq(entry_paths(e), 4);
+  /* a limit that is not a size */
+  const char *bad[] = {"CAVS_CACHE_MAX=12X", "CAVS_CACHE_MAX=-1", "CAVS_CACHE_MAX=1.5", "CAVS_CACHE_MAX=nan"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    ck_assert_int_eq(eval_building_with("-DCAVS_TEST_PRUNE_F", bad[i], &err), 1);
+    ck_assert_msg(strstr(err, "CAVS_CACHE_MAX is '") && strstr(err, "give the compile cache's size"), "%s: %s", bad[i],
+                  err);
+    free(err);
+  }
+  ck_assert_int_eq(entry_paths(e), 4);
+  free(a);
+  free(b);
+}
+END_TEST
+
 /* The C compiler's flags are part of the key: a model built with more flags
  * ($CAVS_MODEL_CFLAGS) gets its own entry, and one whose flags fail leaves none. */
 START_TEST(model_cflags_in_cache_key) {
@@ -1538,6 +1676,7 @@ int main(void) {
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
   tcase_add_test(tc, entry_with_subdirectory_rebuilt);
   tcase_add_test(tc, abandoned_builds_removed);
+  tcase_add_test(tc, cache_pruned_least_recent_first);
   tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
