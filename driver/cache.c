@@ -1058,22 +1058,39 @@ static int older_first(const void *a, const void *b) {
   return strcmp(x->path, y->path);
 }
 
+/* Whether the entry open as dfd holds a record that cavs wrote (a regular file of ours
+   that starts as every record does): a directory of that name without one is left. */
+static bool has_record(int dfd) {
+  int fd = openat(dfd, "meta", O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  char head[sizeof META_MAGIC];
+  struct stat st;
+  bool ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            read(fd, head, sizeof head - 1) == (ssize_t)(sizeof head - 1) && !memcmp(head, META_MAGIC, sizeof head - 1);
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
 /* What may be pruned in `dir` (the root: entries; a kind's directory: its files), added
-   to items. Only directories (entries) or regular files (kinds' files) of ours, never a
-   link, a build under way, or anything of another name. */
+   to items: directories of ours named as entries that hold a record of cavs's, or
+   regular files of ours named as a kind's files are (64 hex digits); never a link, a
+   build under way, or anything of another name. */
 static void collect(const char *dir, bool entries, Item **items, int *n, int *cap) {
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d))) {
     struct stat st;
-    if ((entries && !entry_name(e->d_name)) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+    if (!entry_name(e->d_name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
         st.st_uid != geteuid() || !(entries ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode)))
       continue;
     long long bytes = (long long)st.st_blocks * 512;
     if (entries) {
       int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
       if (fd < 0) continue;
+      if (!has_record(fd)) {
+        close(fd);
+        continue;
+      }
       bytes = tree_bytes(fd, 16);
     }
     if (*n == *cap) {

@@ -72,11 +72,12 @@ int cache_blob_put(const char *kind, const char *name, const void *data, size_t 
 #define CACHE_MAX_DEFAULT (2LL << 30)
 #define CACHE_RECENT_S 60 /* an entry or file used this many seconds ago is never pruned */
 int cache_limit(long long *bytes, char *err, size_t errlen);
-/* Keeps the cache in `root` within its limit: while its entries and kinds' files take
- * more, removes the least recently used (an entry's directory mtime is set at each load,
- * a file's at each read) down to nine tenths of it, never `keep` (a path) nor what was
- * used in the last CACHE_RECENT_S seconds, nor a link, a build under way or anything not
- * of ours or of another name. Called after a build and after a file is written. */
+/* Keeps the cache in `root` within its limit: while its entries (holding a record of
+ * cavs's) and kinds' files (named by 64 hex digits) take more, removes the least recently
+ * used (an entry's directory mtime is set at each load, a file's at each read) down to
+ * nine tenths of it, never `keep` (a path) nor what was used in the last CACHE_RECENT_S
+ * seconds, nor a link, a build under way or anything not of ours or of another name.
+ * Called after a build and after a file is written. */
 void cache_prune(const char *root, const char *keep);
 
 #endif

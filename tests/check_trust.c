@@ -1131,14 +1131,21 @@ START_TEST(cache_pruned_least_recent_first) {
      file and a directory of other names; and an old index of a streamed file */
   mkdir(path_in("pointed"), 0700);
   tu_write(path_in("pointed/kept"), "kept\n", 5);
+  const char *z = "0000000000000000000000000000000000000000000000000000000000000000",
+             *o = "1111111111111111111111111111111111111111111111111111111111111111",
+             *t = "2222222222222222222222222222222222222222222222222222222222222222";
   snprintf(cmd, sizeof cmd,
-           "cd \"$CAVS_CACHE\" && ln -s '%s' %064d && echo mine > notes && mkdir -p other streams && "
-           "echo x > other/file && echo index > streams/old",
-           path_in("pointed"), 0);
+           "cd \"$CAVS_CACHE\" && ln -s '%s' %s && echo mine > notes && mkdir -p other streams %s && "
+           "echo x > other/file && echo x > %s/file && echo mine > streams/notes && echo index > streams/%s",
+           path_in("pointed"), z, o, o, t);
   sh(cmd);
+  /* (the last the index; the others stay) */
   const char *others[] = {"0000000000000000000000000000000000000000000000000000000000000000", "notes", "other/file",
-                          "other", "streams/old"};
-  for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+                          "other", "1111111111111111111111111111111111111111111111111111111111111111/file",
+                          "1111111111111111111111111111111111111111111111111111111111111111", "streams/notes",
+                          "streams/2222222222222222222222222222222222222222222222222222222222222222"};
+  enum { NOTHERS = sizeof others / sizeof *others };
+  for (size_t i = 0; i < NOTHERS; i++) {
     snprintf(cmd, sizeof cmd, "%s/%s", cache, others[i]);
     age(cmd, 3 * 3600);
   }
@@ -1150,14 +1157,14 @@ START_TEST(cache_pruned_least_recent_first) {
   ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_C", cmd, &err) == 0, "%s", err);
   free(err);
   ck_assert_msg(access(b, F_OK) != 0, "the least recently used entry was kept past the limit");
-  ck_assert_msg(!in_cache("streams/old"), "an old index was kept past the limit");
+  ck_assert_msg(!in_cache(others[NOTHERS - 1]), "an old index was kept past the limit");
   ck_assert_msg(access(a, F_OK) == 0, "an entry used more recently than another was pruned first");
-  for (size_t i = 0; i < 4; i++) ck_assert_msg(in_cache(others[i]), "%s was removed", others[i]);
+  for (size_t i = 0; i < NOTHERS - 1; i++) ck_assert_msg(in_cache(others[i]), "%s was removed", others[i]);
   char *kept = tu_slurp(path_in("pointed/kept"), NULL);
   ck_assert_msg(kept && !strcmp(kept, "kept\n"), "a link named as an entry was followed");
   free(kept);
   int n = entry_paths(e);
-  ck_assert_int_eq(n, 3); /* a, the new one, the link */
+  ck_assert_int_eq(n, 4); /* a, the new one, the link, the directory without a record */
   /* all old, then a loaded: with a limit of one byte, a new build removes every entry
      but a (used a moment ago) and itself */
   for (int i = 0; i < n; i++) age(e[i], 3600);
@@ -1167,12 +1174,12 @@ START_TEST(cache_pruned_least_recent_first) {
   ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_D", "CAVS_CACHE_MAX=1", &err) == 0, "%s", err);
   free(err);
   ck_assert_msg(access(a, F_OK) == 0, "the entry loaded a moment ago was pruned");
-  ck_assert_int_eq(entry_paths(e), 3); /* a, the new one, the link */
+  ck_assert_int_eq(entry_paths(e), 4); /* a, the new one, the link, the directory */
   /* all old again, but within the limit: nothing goes */
-  for (int i = 0; i < 3; i++) age(e[i], 3600);
+  for (int i = 0; i < 4; i++) age(e[i], 3600);
   ck_assert_msg(eval_building_with("-DCAVS_TEST_PRUNE_E", "CAVS_CACHE_MAX=64M", &err) == 0, "%s", err);
   free(err);
-  ck_assert_int_eq(entry_paths(e), 4);
+  ck_assert_int_eq(entry_paths(e), 5);
   /* a limit that is not a size */
   const char *bad[] = {"CAVS_CACHE_MAX=12X", "CAVS_CACHE_MAX=-1", "CAVS_CACHE_MAX=1.5", "CAVS_CACHE_MAX=nan"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -1181,7 +1188,7 @@ START_TEST(cache_pruned_least_recent_first) {
                   err);
     free(err);
   }
-  ck_assert_int_eq(entry_paths(e), 4);
+  ck_assert_int_eq(entry_paths(e), 5);
   free(a);
   free(b);
 }
