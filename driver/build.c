@@ -297,3 +297,50 @@ void say_device(FILE *f, const cavs_model *m) {
   if (model_opts.threads > 0 && !strcmp(cavs_model_backend(m), "cpu")) fprintf(f, ", %d threads", model_opts.threads);
   fputc('\n', f);
 }
+
+/* A size in bytes as people read it: 512 B, 1.5 KiB, 2.0 GiB. */
+static const char *human(long long b) {
+  static char buf[4][32];
+  static int k;
+  k = (k + 1) % 4;
+  static const char *const unit[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (b < 1024) snprintf(buf[k], sizeof buf[k], "%lld B", b);
+  else {
+    double v = (double)b / 1024;
+    int u = 0;
+    while (v >= 1024 && u < 3) v /= 1024, u++;
+    snprintf(buf[k], sizeof buf[k], "%.1f %s", v, unit[u]);
+  }
+  return buf[k];
+}
+
+/* `cavs cache [--prune|--clear]`: where the compile cache is and what it holds; with
+ * --prune, pruned to $CAVS_CACHE_MAX as a build prunes it; with --clear, every entry and
+ * index removed. */
+int cmd_cache(int argc, char **argv) {
+  int what = CACHE_LOOK;
+  optind = 0;
+  for (int ch; (ch = next_option(argc, argv, CMD_CACHE)) != -1;) {
+    if (ch == 1) die(1, "cache: unexpected argument '%s'", optarg);
+    int w = ch == OPT_PRUNE ? CACHE_PRUNE : CACHE_CLEAR;
+    if (what != CACHE_LOOK && what != w) die(1, "cache: --prune or --clear, not both");
+    what = w;
+  }
+  if (optind < argc) die(1, "cache: unexpected argument '%s'", argv[optind]);
+  char *root, err[1024];
+  CacheUse u, gone;
+  long long limit;
+  int rc = cache_tidy(what, &root, &u, &gone, &limit, err, sizeof err);
+  keep(root);
+  if (rc < 0) die(1, "%s", err);
+  if (what != CACHE_LOOK)
+    printf("removed: %d entr%s and %d ind%s, %s\n", gone.entries, gone.entries == 1 ? "y" : "ies", gone.indexes,
+           gone.indexes == 1 ? "ex" : "exes", human(gone.entry_bytes + gone.index_bytes));
+  printf("cache: %s%s\n", root, rc == 1 ? " (not made yet)" : "");
+  printf("entries: %d, %s\n", u.entries, human(u.entry_bytes));
+  printf("indexes: %d, %s\n", u.indexes, human(u.index_bytes));
+  const char *e = getenv("CAVS_CACHE_MAX");
+  if (!limit) printf("limit: none (CAVS_CACHE_MAX=%s)\n", e);
+  else printf("limit: %s (%s)\n", human(limit), e && *e ? "CAVS_CACHE_MAX" : "the default; CAVS_CACHE_MAX sets it");
+  return 0;
+}

@@ -1104,36 +1104,83 @@ static void collect(const char *dir, bool entries, Item **items, int *n, int *ca
   closedir(d);
 }
 
+/* Every entry and kind's file in root that pruning may remove, the least recently used
+   first: how many, in *items (malloc'ed). */
+static int items_of(const char *root, Item **items) {
+  *items = NULL;
+  int n = 0, cap = 0;
+  collect(root, true, items, &n, &cap);
+  for (size_t k = 0; k < sizeof blob_kinds / sizeof *blob_kinds; k++) {
+    char *kd = fmt("%s/%s", root, blob_kinds[k]);
+    struct stat st;
+    if (lstat(kd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) collect(kd, false, items, &n, &cap);
+    free(kd);
+  }
+  if (n) qsort(*items, (size_t)n, sizeof **items, older_first);
+  return n;
+}
+
+static void count_item(CacheUse *u, const Item *it, int sign) {
+  if (it->dir) u->entries += sign, u->entry_bytes += sign * it->bytes;
+  else u->indexes += sign, u->index_bytes += sign * it->bytes;
+}
+
+/* Removes items, the least recently used first, while they take more than `target`
+   bytes: never `keep`, nor (with `recent`) one used in the last CACHE_RECENT_S seconds
+   (a run may be between reading an entry's record and opening its object). What
+   remains is counted in *u, what went in *gone. */
+static void prune_to(Item *items, int n, long long target, const char *keep, bool recent, CacheUse *u, CacheUse *gone) {
+  char why[512];
+  long long total = 0;
+  for (int i = 0; i < n; i++) total += items[i].bytes, count_item(u, &items[i], 1);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  for (int i = 0; i < n && total > target; i++) {
+    if ((keep && !strcmp(items[i].path, keep)) || (recent && items[i].used.tv_sec > now.tv_sec - CACHE_RECENT_S))
+      continue;
+    if (items[i].dir ? remove_tree(items[i].path, why, sizeof why) == 0 : unlink(items[i].path) == 0) {
+      total -= items[i].bytes;
+      count_item(u, &items[i], -1);
+      if (gone) count_item(gone, &items[i], 1);
+    }
+  }
+}
+
+static void free_items(Item *items, int n) {
+  for (int i = 0; i < n; i++) free(items[i].path);
+  free(items);
+}
+
 void cache_prune(const char *root, const char *keep) {
   long long limit;
   char why[512];
   if (cache_limit(&limit, why, sizeof why) || limit == 0) return;
-  Item *items = NULL;
-  int n = 0, cap = 0;
-  collect(root, true, &items, &n, &cap);
-  for (size_t k = 0; k < sizeof blob_kinds / sizeof *blob_kinds; k++) {
-    char *kd = fmt("%s/%s", root, blob_kinds[k]);
-    struct stat st;
-    if (lstat(kd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) collect(kd, false, &items, &n, &cap);
-    free(kd);
-  }
+  Item *items;
+  int n = items_of(root, &items);
   long long total = 0;
   for (int i = 0; i < n; i++) total += items[i].bytes;
-  if (total > limit) {
-    /* the least recently used first, down to nine tenths of the limit (not a prune at
-       every build); never the one just used, nor one another run used in the last
-       minute (it may be loading it), whatever the limit says */
-    qsort(items, (size_t)n, sizeof *items, older_first);
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    for (int i = 0; i < n && total > limit - limit / 10; i++) {
-      if ((keep && !strcmp(items[i].path, keep)) || items[i].used.tv_sec > now.tv_sec - CACHE_RECENT_S) continue;
-      if (items[i].dir ? remove_tree(items[i].path, why, sizeof why) == 0 : unlink(items[i].path) == 0)
-        total -= items[i].bytes;
-    }
-  }
-  for (int i = 0; i < n; i++) free(items[i].path);
-  free(items);
+  /* down to nine tenths of the limit: not a prune at every build */
+  CacheUse u = {0};
+  if (total > limit) prune_to(items, n, limit - limit / 10, keep, true, &u, NULL);
+  free_items(items, n);
+}
+
+int cache_tidy(int what, char **root, CacheUse *u, CacheUse *gone, long long *limit, char *err, size_t errlen) {
+  *u = *gone = (CacheUse){0};
+  *root = cache_root();
+  if (cache_limit(limit, err, errlen)) return -1;
+  struct stat st;
+  if (lstat(*root, &st) && errno == ENOENT) return 1; /* (none yet: not made for asking) */
+  if (open_root(*root, err, errlen)) return -1;
+  Item *items;
+  int n = items_of(*root, &items);
+  long long total = 0;
+  for (int i = 0; i < n; i++) total += items[i].bytes;
+  if (what == CACHE_CLEAR) prune_to(items, n, -1, NULL, false, u, gone);
+  else if (what == CACHE_PRUNE && *limit && total > *limit) prune_to(items, n, *limit - *limit / 10, NULL, true, u, gone);
+  else prune_to(items, n, LLONG_MAX, NULL, true, u, NULL);
+  free_items(items, n);
+  return 0;
 }
 
 char *cache_entry(const CacheReq *q) {

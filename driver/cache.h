@@ -79,5 +79,18 @@ int cache_limit(long long *bytes, char *err, size_t errlen);
  * seconds, nor a link, a build under way or anything not of ours or of another name.
  * Called after a build and after a file is written. */
 void cache_prune(const char *root, const char *keep);
+/* What the cache holds that pruning may remove (cache_prune's entries and files). */
+typedef struct CacheUse {
+  int entries, indexes;
+  long long entry_bytes, index_bytes;
+} CacheUse;
+enum { CACHE_LOOK, CACHE_PRUNE, CACHE_CLEAR };
+/* `cavs cache`: the cache (*root, malloc'ed) checked as every load checks it, then with
+ * CACHE_PRUNE pruned to nine tenths of *limit where it takes more (as after a build,
+ * nothing used in the last minute removed), with CACHE_CLEAR every entry and file
+ * removed; what it then holds in *u, what went in *gone. 0; 1 when there is no cache
+ * directory (none is made); -1 with err saying why (a malformed $CAVS_CACHE_MAX, an
+ * unsafe cache). */
+int cache_tidy(int what, char **root, CacheUse *u, CacheUse *gone, long long *limit, char *err, size_t errlen);
 
 #endif

@@ -7,7 +7,7 @@
 
 _cavs() {
   local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
-  local commands='train eval predict gen info export plot build help' opts= choices=
+  local commands='train eval predict gen info export plot build cache help' opts= choices=
   if ((COMP_CWORD == 1)); then
     COMPREPLY=($(compgen -W "$commands --help --version" -- "$cur"))
     return
@@ -21,6 +21,7 @@ _cavs() {
   export) opts='--help --model --output' ;;
   plot) opts='--help --output' ;;
   build) opts='--help --no-fuse --no-merge --no-homes --no-push-view --precision --target --emit-only --cached --output' ;;
+  cache) opts='--help --prune --clear' ;;
   help) opts='--help' ;;
   *) return ;;
   esac

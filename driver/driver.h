@@ -171,6 +171,7 @@ Loaded load_model_arg(const char *path);
 Loaded load_from_ckpt(const cavs_ckpt *k, const char *ckpt_path);
 /* argv[0] is "build" */
 int cmd_build(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 
 /* ---- eval.c ---- */
 

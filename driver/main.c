@@ -328,6 +328,7 @@ int main(int argc, char **argv) {
   case CMD_HELP: return cmd_help(argc - 1, argv + 1);
   case CMD_GEN: return cmd_gen(argc - 1, argv + 1);
   case CMD_BUILD: return cmd_build(argc - 1, argv + 1);
+  case CMD_CACHE: return cmd_cache(argc - 1, argv + 1);
   case CMD_PLOT: return cmd_plot(argc - 1, argv + 1);
   case CMD_EXPORT: return cmd_export(argc - 1, argv + 1);
   default: return run_command(cmd, argc - 1, argv + 1);

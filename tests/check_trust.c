@@ -1194,6 +1194,72 @@ START_TEST(cache_pruned_least_recent_first) {
 }
 END_TEST
 
+/* `cavs cache`: where the cache is and what it holds; --prune prunes it as a build does,
+ * --clear removes every entry and index and nothing else; both check the cache first
+ * (an unsafe one is refused) and make none that is not there. */
+START_TEST(cache_command) {
+  const char *cache = getenv("CAVS_CACHE");
+  char *good, *a = fresh_entry(&good), cmd[16384], e[8][4500];
+  free(good);
+  RunResult r = cavs("cache", NULL);
+  ok(&r, "cache");
+  snprintf(cmd, sizeof cmd, "cache: %s\nentries: 1, ", cache);
+  ck_assert_msg(!strncmp(r.out, cmd, strlen(cmd)) && strstr(r.out, "\nindexes: 0, 0 B\nlimit: 2.0 GiB (the default"),
+                "%s", r.out);
+  tu_free(&r);
+  /* an old index and an old entry, and what is not the cache's */
+  const char *t = "3333333333333333333333333333333333333333333333333333333333333333";
+  snprintf(cmd, sizeof cmd, "cd \"$CAVS_CACHE\" && mkdir -p streams && echo index > streams/%s && echo mine > notes && "
+           "ln -s notes %s", t, t);
+  sh(cmd);
+  snprintf(cmd, sizeof cmd, "%s/streams/%s", cache, t);
+  age(cmd, 3600), age(a, 3600);
+  char *within[] = {"CAVS_CACHE_MAX=1G", NULL}, *tiny[] = {"CAVS_CACHE_MAX=1", NULL};
+  r = cavs_env(within, "cache", "--prune", NULL);
+  ok(&r, "cache --prune within the limit");
+  ck_assert_msg(strstr(r.out, "removed: 0 entries and 0 indexes, 0 B\n") && strstr(r.out, "limit: 1.0 GiB (CAVS_CACHE_MAX)"),
+                "%s", r.out);
+  tu_free(&r);
+  r = cavs_env(tiny, "cache", "--prune", NULL);
+  ok(&r, "cache --prune past the limit");
+  ck_assert_msg(strstr(r.out, "removed: 1 entry and 1 index, ") && strstr(r.out, "entries: 0, 0 B\nindexes: 0, 0 B"),
+                "%s", r.out);
+  tu_free(&r);
+  ck_assert(access(a, F_OK) != 0 && in_cache("notes") && in_cache(t));
+  /* built again, then cleared: used a moment ago, it goes all the same */
+  r = eval_base();
+  ok(&r, "eval");
+  tu_free(&r);
+  r = cavs("cache", "--clear", NULL);
+  ok(&r, "cache --clear");
+  ck_assert_msg(strstr(r.out, "removed: 1 entry and 0 indexes, ") && strstr(r.out, "entries: 0, 0 B"), "%s", r.out);
+  tu_free(&r);
+  ck_assert_int_eq(entry_paths(e), 1); /* the link */
+  ck_assert(in_cache("notes"));
+  r = cavs("cache", "--clear", "--prune", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--prune or --clear, not both"), "%d %s", r.status, r.err);
+  tu_free(&r);
+  /* checked first */
+  sh("chmod 0777 \"$CAVS_CACHE\"");
+  r = cavs("cache", "--clear", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "writable by others"), "%d %s", r.status, r.err);
+  tu_free(&r);
+  sh("chmod 0700 \"$CAVS_CACHE\"");
+  ck_assert(in_cache("notes"));
+  /* none there: none made */
+  char env[4500];
+  snprintf(env, sizeof env, "CAVS_CACHE=%s", path_in("no-cache"));
+  char *none[] = {env, NULL};
+  r = cavs_env(none, "cache", "--prune", NULL);
+  ok(&r, "cache with no cache");
+  ck_assert_msg(strstr(r.out, "(not made yet)"), "%s", r.out);
+  tu_free(&r);
+  ck_assert(access(path_in("no-cache"), F_OK) != 0);
+  sh("cd \"$CAVS_CACHE\" && rm -f notes 3333333333333333333333333333333333333333333333333333333333333333");
+  free(a);
+}
+END_TEST
+
 /* The C compiler's flags are part of the key: a model built with more flags
  * ($CAVS_MODEL_CFLAGS) gets its own entry, and one whose flags fail leaves none. */
 START_TEST(model_cflags_in_cache_key) {
@@ -1684,6 +1750,7 @@ int main(void) {
   tcase_add_test(tc, entry_with_subdirectory_rebuilt);
   tcase_add_test(tc, abandoned_builds_removed);
   tcase_add_test(tc, cache_pruned_least_recent_first);
+  tcase_add_test(tc, cache_command);
   tcase_add_test(tc, model_cflags_in_cache_key);
   tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
