@@ -92,13 +92,16 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
   const cavs_param_desc *p = &m->d->params[i];
   long rows = cv_lin(&p->rows, m->ctx.dims), cols = cv_lin(&p->cols, m->ctx.dims);
   long off = cv_lin(&p->col_off, m->ctx.dims), ld = m->pg_cols[p->group];
-  const char *src = (const char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize;
+  const char *src = flat ? (const char *)flat + (m->pg_off[p->group] + (size_t)off) * m->esize : NULL;
   size_t row = (size_t)cols * m->esize;
   for (long r = 0; r < rows; r++) {
-    /* room first, then the row straight from the backend's memory into it */
+    /* room first, then the row straight from the backend's memory into it (zeros for a
+       moment block the model does not hold) */
     size_t at = b->n;
     put(b, NULL, row);
-    if (!b->oom) m->be->download(b->p + at, src + (size_t)r * (size_t)ld * m->esize, row);
+    if (b->oom) continue;
+    if (flat) m->be->download(b->p + at, src + (size_t)r * (size_t)ld * m->esize, row);
+    else memset(b->p + at, 0, row);
   }
 }
 
@@ -137,6 +140,8 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
     put_param(&b, m, m->pflat, i);
   }
   put_i64(&b, m->step);
+  /* an optimizer that keeps one block (momentum, Adagrad) writes the second as zeros:
+     the format has both or neither; SGD's model has neither */
   unsigned char has = m->m1 != NULL;
   put(&b, &has, 1);
   if (has) {
@@ -963,7 +968,7 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
   m->be->release(m->m2);
   m->m1 = m->m2 = NULL;
   if (k->has_moments) {
-    if (cv_alloc_moments(m)) {
+    if (cv_alloc_moments(m, 2)) {
       snprintf(err, errlen, "%s", m->err);
       return -1;
     }

@@ -351,8 +351,12 @@ int cavs_run_plan(cavs_model *m);
 int cavs_model_poison(cavs_model *m);
 /* optim.c */
 void cv_sparse_reset(cavs_model *m);
-/* Adam's or Adagrad's moments, zeroed, unless the model has them; -1 (message in m->err) */
-int cv_alloc_moments(cavs_model *m);
+/* The optimizer's state an optimizer of this kind reads: none (SGD), one block
+ * (Adagrad's sums, momentum's buffer: m1) or two (Adam's moments: m1, m2) */
+int cv_moments_of(int kind);
+/* The first `n` moment blocks (cv_moments_of), zeroed, where the model lacks them; -1
+ * (message in m->err) */
+int cv_alloc_moments(cavs_model *m, int n);
 /* bytes the backend zeroes, its pages taken as they are written where it can
    (cv_backend.alloc_zeroed); NULL on failure */
 void *cv_alloc_zeroed(cavs_model *m, size_t bytes);

@@ -239,7 +239,9 @@ CV_HOT static void CV_NAME(step_range)(cavs_model *m, const CV_NAME(step_k) *q, 
   for (int k = 0; k < ns && at < hi; at += sp[k].len, k++) {
     if (at + sp[k].len <= lo) continue;
     size_t a = lo > at ? lo - at : 0, len = (hi - at < sp[k].len ? hi - at : sp[k].len) - a;
-    R *p = P + sp[k].off + a, *g = G + sp[k].off + a, *m1 = M1 + sp[k].off + a, *m2 = M2 + sp[k].off + a;
+    /* (a block the kind does not read may be absent: cv_moments_of) */
+    R *p = P + sp[k].off + a, *g = G + sp[k].off + a, *m1 = M1 ? M1 + sp[k].off + a : NULL,
+      *m2 = M2 ? M2 + sp[k].off + a : NULL;
     switch (q->kind) {
     case CAVS_SGD:
       for (size_t i = 0; i < len; i++) CV_NAME(cv_sgd)(&p[i], sc * g[i], lr), g[i] = 0;

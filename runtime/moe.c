@@ -1336,13 +1336,14 @@ static int ep_share(cavs_model *m, int root) {
   int N = ep->comm.size, me = ep->comm.rank;
   if (root < -1 || root >= N) return cv_fail(m, "cavs_model_expert_gather: no process %d of %d", root, N);
   size_t es = m->esize;
+  /* the moment blocks the model holds (none for SGD, one for momentum and Adagrad):
+     every process steps with one optimizer, so all hold the same */
   char *arr[3] = {m->pflat, m->m1, m->m2};
-  int na = m->m1 ? 3 : 1;
   size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
   if (!sbytes) return -1;
   rbytes = sbytes + N;
-  for (int a = 0; a < na; a++)
-    for (int i = 0; i < ep->ntab; i++) {
+  for (int a = 0; a < 3; a++)
+    for (int i = 0; i < ep->ntab && arr[a]; i++) {
       const struct cv_ep_table *t = &ep->tab[i];
       size_t off, own, in = 0, row = (size_t)t->ldt * es;
       cv_experts_own(m, i, &off, &own);

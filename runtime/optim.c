@@ -139,17 +139,26 @@ int cavs_model_freeze(cavs_model *m, int param, int frozen) {
   return 0;
 }
 
-int cv_alloc_moments(cavs_model *m) {
-  if (m->m1) return 0;
-  /* counted in the model's memory from the start, so this fits under the limit */
+int cv_moments_of(int kind) {
+  switch (kind) {
+  case CAVS_SGD: return 0;
+  case CAVS_ADAGRAD:
+  case CAVS_MOMENTUM:
+  case CAVS_NESTEROV: return 1;
+  default: return 2;
+  }
+}
+
+int cv_alloc_moments(cavs_model *m, int n) {
+  /* counted in the model's memory from the start (both blocks), so this fits under the
+     limit; SGD's model holds none, a model that changes optimizer gets what the new one
+     reads, zeroed, beside what it had */
   size_t bytes = (m->nflat + 1) * m->esize;
-  m->m1 = cv_alloc_zeroed(m, bytes);
-  m->m2 = cv_alloc_zeroed(m, bytes);
-  if (!m->m1 || !m->m2) {
-    m->be->release(m->m1);
-    m->be->release(m->m2);
-    m->m1 = m->m2 = NULL;
-    return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", 2 * m->nflat);
+  void **blk[2] = {&m->m1, &m->m2};
+  for (int i = 0; i < n && i < 2; i++) {
+    if (*blk[i]) continue;
+    if (!(*blk[i] = cv_alloc_zeroed(m, bytes)))
+      return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", (size_t)n * m->nflat);
   }
   return 0;
 }
@@ -195,7 +204,7 @@ int cavs_model_step(cavs_model *m, const cavs_optim *o) {
     return -1;
   }
   if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT) return cv_fail(m, "no optimizer of kind %d", o->kind);
-  if (cv_alloc_moments(m)) return -1;
+  if (cv_alloc_moments(m, cv_moments_of(o->kind))) return -1;
   /* never reached by training (2^53 steps), but a counter read from a file is bounded
      and its increments checked */
   if (m->step >= CAVS_MAX_STEPS) return cv_fail(m, "the optimizer has taken %ld steps, the most a model takes", m->step);

@@ -828,6 +828,61 @@ START_TEST(threads_split_every_example) {
 }
 END_TEST
 
+/* The optimizer's state as each kind reads it: SGD keeps none, so its checkpoint holds
+ * the parameters alone, two blocks of their size smaller than Adam's (the format holds
+ * both moment blocks or neither: momentum's writes its buffer and a block of zeros). A
+ * model that goes on from each checkpoint with Adam takes the same step, to the bit, as
+ * the model that wrote it. */
+START_TEST(optimizer_state_by_kind) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  static const int kinds[] = {CAVS_SGD, CAVS_MOMENTUM, CAVS_ADAM};
+  char *dir = tu_tmpdir(), path[4200], err[512];
+  long long size[3];
+  size_t count = 0;
+  cavs_optim adam = {.kind = CAVS_ADAM, .lr = 0.01};
+  for (int o = 0; o < 3; o++) {
+    cavs_model *a = new_model(d, dims, 9), *b = new_model(d, dims, 4);
+    cavs_optim opt = {.kind = kinds[o], .lr = 0.05};
+    cavs_stats st;
+    ck_assert_msg(cavs_model_forward(a, gs, k, &st) == 0, "%s", cavs_model_error(a));
+    cavs_model_backward(a);
+    ck_assert(cavs_model_step(a, &opt) == 0);
+    snprintf(path, sizeof path, "%s/k%d.ckpt", dir, o);
+    ck_assert_msg(cavs_ckpt_save(path, a, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    struct stat fs;
+    ck_assert_int_eq(stat(path, &fs), 0);
+    size[o] = (long long)fs.st_size;
+    cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+    ck_assert_msg(ck != NULL, "%s", err);
+    count = (size_t)cavs_ckpt_param_count(ck);
+    ck_assert_msg(cavs_ckpt_apply(ck, b, err, sizeof err) == 0, "%s", err);
+    cavs_ckpt_free(ck);
+    unlink(path);
+    /* then Adam, on both */
+    for (int m = 0; m < 2; m++) {
+      cavs_model *x = m ? b : a;
+      ck_assert(cavs_model_forward(x, gs, k, &st) == 0);
+      cavs_model_backward(x);
+      ck_assert_msg(cavs_model_step(x, &adam) == 0, "%s", cavs_model_error(x));
+    }
+    size_t n, nb;
+    const float *pa = cavs_model_params_flat(a, &n), *pb = cavs_model_params_flat(b, &nb);
+    ck_assert(n == nb && !memcmp(pa, pb, n * sizeof *pa));
+    cavs_model_free(a);
+    cavs_model_free(b);
+  }
+  rmdir(dir);
+  free(dir);
+  ck_assert_msg(size[2] - size[0] == 2 * (long long)(count * sizeof(float)),
+                "SGD's checkpoint is %lld bytes, Adam's %lld, of %zu values", size[0], size[2], count);
+  ck_assert_int_eq(size[1], size[2]);
+}
+END_TEST
+
 /* A step uses the gradients up and zeroes them as it goes, so a backward pass after a
  * step clears only what no step zeroed. The gradients after step, forward, backward are
  * bit for bit those of a new model given the stepped parameters; a second backward pass
@@ -3009,6 +3064,7 @@ int main(void) {
   tcase_add_test(tc, steps_split_over_threads);
   tu_add_examples(tc, threads_split_every_example, examples, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
+  tcase_add_test(tc, optimizer_state_by_kind);
   tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);
