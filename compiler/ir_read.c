@@ -152,122 +152,151 @@ static bool fresh_name(Rd *r, const char *name) {
   return true;
 }
 
+/* source PATH: the rest of the line, the .vf file the line numbers refer to */
+static bool hdr_source(Rd *r) {
+  Model *m = r->m;
+  spaces(r);
+  const char *a = r->p;
+  while (*r->p && *r->p != '\n') r->p++;
+  const char *e = r->p;
+  while (e > a && (e[-1] == ' ' || e[-1] == '\r')) e--;
+  char *s = arena_alloc((size_t)(e - a) + 1);
+  memcpy(s, a, (size_t)(e - a));
+  m->path = s;
+  return true;
+}
+
+/* dim NAME [= N | = A * B | = vocab(INPUT)] */
+static bool hdr_dim(Rd *r) {
+  Model *m = r->m;
+  if (m->ndims >= CV_MAX_DIMS) FAIL(r, "too many dims");
+  Dim *d = &m->dims[m->ndims];
+  d->name = ident(r);
+  d->kind = DIM_FREE;
+  d->input = -1;
+  d->loc = here(r);
+  if (!d->name) FAIL(r, "expected a dim name");
+  if (!fresh_name(r, d->name)) return false;
+  if (lit(r, "=")) {
+    if (lit(r, "vocab(")) {
+      const char *in = ident(r);
+      if (!in || !want(r, ")")) FAIL(r, "expected vocab(INPUT)");
+      d->kind = DIM_VOCAB;
+      d->value = 0;
+      d->input = -2;
+      r->vocab_of[m->ndims] = in; /* resolved once the inputs are read */
+    } else if ((spaces(r), (*r->p >= 'a' && *r->p <= 'z') || (*r->p >= 'A' && *r->p <= 'Z') || *r->p == '_')) {
+      /* A * B: earlier dims, neither a vocab */
+      int f[2];
+      for (int k = 0; k < 2; k++) {
+        const char *fname = ident(r);
+        if (!fname || (k == 0 && !want(r, "*"))) FAIL(r, "expected a dim product A * B");
+        f[k] = -1;
+        for (int j = 0; j < m->ndims; j++)
+          if (!strcmp(m->dims[j].name, fname)) f[k] = j;
+        if (f[k] < 0 || m->dims[f[k]].kind == DIM_VOCAB) FAIL(r, "a product's factor must be an earlier dim, not a vocab");
+      }
+      d->kind = DIM_PRODUCT;
+      d->fa = f[0];
+      d->fb = f[1];
+      long a = m->dims[f[0]].value, b = m->dims[f[1]].value;
+      if (a > 0 && b > 0 && a * b > (1L << 24)) FAIL(r, "dim product too large");
+      d->value = a > 0 && b > 0 ? a * b : 0;
+    } else {
+      d->kind = DIM_FIXED;
+      spaces(r);
+      Loc at = here(r);
+      if (!integer(r, &d->value)) return false;
+      /* as in a .vf: a positive integer literal of at most 9 digits (a product of two
+         then cannot overflow) */
+      if (d->value < 1 || d->value > 999999999L) {
+        error_at(at, "dim '%s' must be between 1 and 999999999", d->name);
+        r->bad = true;
+        return false;
+      }
+    }
+  }
+  m->ndims++;
+  return true;
+}
+
+/* option NAME = VALUE */
+static bool hdr_option(Rd *r) {
+  Model *m = r->m;
+  if (m->noptions >= CV_MAX_OPTIONS) FAIL(r, "too many options");
+  Option *o = &m->options[m->noptions];
+  o->loc = here(r);
+  o->name = ident(r);
+  if (!o->name) FAIL(r, "expected an option name");
+  if (!fresh_name(r, o->name) || !want(r, "=") || !number(r, &o->value)) return false;
+  o->kind = option_kind(o->name);
+  const char *bad = option_value_error(o->kind, o->value);
+  if (bad) FAIL(r, "'%s' %s", o->name, bad);
+  m->noptions++;
+  return true;
+}
+
+/* input NAME : index|class|real [WIDTH] */
+static bool hdr_input(Rd *r) {
+  Model *m = r->m;
+  Input in = {.loc = here(r)};
+  in.name = ident(r);
+  if (!in.name || !fresh_name(r, in.name) || !want(r, ":")) return false;
+  const char *kind = ident(r);
+  if (!kind) FAIL(r, "expected index, class or real");
+  in.kind = !strcmp(kind, "index") ? IN_INDEX : !strcmp(kind, "class") ? IN_CLASS : IN_REAL;
+  if (!want(r, "[") || !lin(r, &in.width) || !want(r, "]")) return false;
+  m->inputs = vec_grow(m->inputs, &m->capinputs, m->ninputs + 1, sizeof(Input));
+  m->inputs[m->ninputs++] = in;
+  return true;
+}
+
+/* param NAME [ROWS, COLS] init KIND[(A[, B])] */
+static bool hdr_param(Rd *r) {
+  Model *m = r->m;
+  Param p = {.loc = here(r)};
+  p.name = ident(r);
+  Lin a, b;
+  if (!p.name || !fresh_name(r, p.name) || !want(r, "[") || !lin(r, &a)) return false;
+  if (lit(r, ",")) {
+    if (!lin(r, &b)) return false;
+    p.rank = 2;
+    p.rows = a;
+    p.cols = b;
+  } else {
+    p.rank = 1;
+    p.cols = a;
+  }
+  if (!want(r, "]") || !want(r, "init")) return false;
+  const char *init = ident(r);
+  static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows", "xavier_rows"};
+  int k = -1;
+  for (int i = 0; init && i < 8; i++)
+    if (!strcmp(init, names[i])) k = i;
+  if (k < 0) FAIL(r, "unknown initializer");
+  p.init = (InitKind)k;
+  if (lit(r, "(")) {
+    if (!number(r, &p.a)) return false;
+    if (lit(r, ",") && !number(r, &p.b)) return false;
+    if (!want(r, ")")) return false;
+  }
+  acc_add(r->param_cols, p.cols);
+  if (!acc_in_range(r->param_cols)) FAIL(r, "the parameters' columns add up to more than %ld of a dim", LIN_MAX);
+  m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
+  m->params[m->nparams++] = p;
+  return true;
+}
+
 static bool header_line(Rd *r, const char *kw) {
   Model *m = r->m;
+  if (!strcmp(kw, "source")) return hdr_source(r);
+  if (!strcmp(kw, "dim")) return hdr_dim(r);
+  if (!strcmp(kw, "option")) return hdr_option(r);
+  if (!strcmp(kw, "input")) return hdr_input(r);
+  if (!strcmp(kw, "param")) return hdr_param(r);
   if (!strcmp(kw, "model")) {
     m->name = ident(r);
     if (!m->name) FAIL(r, "expected the model's name");
-  } else if (!strcmp(kw, "source")) {
-    /* the rest of the line: the .vf file the line numbers refer to */
-    spaces(r);
-    const char *a = r->p;
-    while (*r->p && *r->p != '\n') r->p++;
-    const char *e = r->p;
-    while (e > a && (e[-1] == ' ' || e[-1] == '\r')) e--;
-    char *s = arena_alloc((size_t)(e - a) + 1);
-    memcpy(s, a, (size_t)(e - a));
-    m->path = s;
-  } else if (!strcmp(kw, "dim")) {
-    if (m->ndims >= CV_MAX_DIMS) FAIL(r, "too many dims");
-    Dim *d = &m->dims[m->ndims];
-    d->name = ident(r);
-    d->kind = DIM_FREE;
-    d->input = -1;
-    d->loc = here(r);
-    if (!d->name) FAIL(r, "expected a dim name");
-    if (!fresh_name(r, d->name)) return false;
-    if (lit(r, "=")) {
-      if (lit(r, "vocab(")) {
-        const char *in = ident(r);
-        if (!in || !want(r, ")")) FAIL(r, "expected vocab(INPUT)");
-        d->kind = DIM_VOCAB;
-        d->value = 0;
-        d->input = -2;
-        r->vocab_of[m->ndims] = in; /* resolved once the inputs are read */
-      } else if ((spaces(r), (*r->p >= 'a' && *r->p <= 'z') || (*r->p >= 'A' && *r->p <= 'Z') || *r->p == '_')) {
-        /* A * B: earlier dims, neither a vocab */
-        int f[2];
-        for (int k = 0; k < 2; k++) {
-          const char *fname = ident(r);
-          if (!fname || (k == 0 && !want(r, "*"))) FAIL(r, "expected a dim product A * B");
-          f[k] = -1;
-          for (int j = 0; j < m->ndims; j++)
-            if (!strcmp(m->dims[j].name, fname)) f[k] = j;
-          if (f[k] < 0 || m->dims[f[k]].kind == DIM_VOCAB) FAIL(r, "a product's factor must be an earlier dim, not a vocab");
-        }
-        d->kind = DIM_PRODUCT;
-        d->fa = f[0];
-        d->fb = f[1];
-        long a = m->dims[f[0]].value, b = m->dims[f[1]].value;
-        if (a > 0 && b > 0 && a * b > (1L << 24)) FAIL(r, "dim product too large");
-        d->value = a > 0 && b > 0 ? a * b : 0;
-      } else {
-        d->kind = DIM_FIXED;
-        spaces(r);
-        Loc at = here(r);
-        if (!integer(r, &d->value)) return false;
-        /* as in a .vf: a positive integer literal of at most 9 digits (a product of two
-           then cannot overflow) */
-        if (d->value < 1 || d->value > 999999999L) {
-          error_at(at, "dim '%s' must be between 1 and 999999999", d->name);
-          r->bad = true;
-          return false;
-        }
-      }
-    }
-    m->ndims++;
-  } else if (!strcmp(kw, "option")) {
-    if (m->noptions >= CV_MAX_OPTIONS) FAIL(r, "too many options");
-    Option *o = &m->options[m->noptions];
-    o->loc = here(r);
-    o->name = ident(r);
-    if (!o->name) FAIL(r, "expected an option name");
-    if (!fresh_name(r, o->name) || !want(r, "=") || !number(r, &o->value)) return false;
-    o->kind = option_kind(o->name);
-    const char *bad = option_value_error(o->kind, o->value);
-    if (bad) FAIL(r, "'%s' %s", o->name, bad);
-    m->noptions++;
-  } else if (!strcmp(kw, "input")) {
-    Input in = {.loc = here(r)};
-    in.name = ident(r);
-    if (!in.name || !fresh_name(r, in.name) || !want(r, ":")) return false;
-    const char *kind = ident(r);
-    if (!kind) FAIL(r, "expected index, class or real");
-    in.kind = !strcmp(kind, "index") ? IN_INDEX : !strcmp(kind, "class") ? IN_CLASS : IN_REAL;
-    if (!want(r, "[") || !lin(r, &in.width) || !want(r, "]")) return false;
-    m->inputs = vec_grow(m->inputs, &m->capinputs, m->ninputs + 1, sizeof(Input));
-    m->inputs[m->ninputs++] = in;
-  } else if (!strcmp(kw, "param")) {
-    Param p = {.loc = here(r)};
-    p.name = ident(r);
-    Lin a, b;
-    if (!p.name || !fresh_name(r, p.name) || !want(r, "[") || !lin(r, &a)) return false;
-    if (lit(r, ",")) {
-      if (!lin(r, &b)) return false;
-      p.rank = 2;
-      p.rows = a;
-      p.cols = b;
-    } else {
-      p.rank = 1;
-      p.cols = a;
-    }
-    if (!want(r, "]") || !want(r, "init")) return false;
-    const char *init = ident(r);
-    static const char *names[] = {"zeros", "constant", "uniform", "normal", "xavier", "identity", "identity_rows", "xavier_rows"};
-    int k = -1;
-    for (int i = 0; init && i < 8; i++)
-      if (!strcmp(init, names[i])) k = i;
-    if (k < 0) FAIL(r, "unknown initializer");
-    p.init = (InitKind)k;
-    if (lit(r, "(")) {
-      if (!number(r, &p.a)) return false;
-      if (lit(r, ",") && !number(r, &p.b)) return false;
-      if (!want(r, ")")) return false;
-    }
-    acc_add(r->param_cols, p.cols);
-    if (!acc_in_range(r->param_cols)) FAIL(r, "the parameters' columns add up to more than %ld of a dim", LIN_MAX);
-    m->params = vec_grow(m->params, &m->capparams, m->nparams + 1, sizeof(Param));
-    m->params[m->nparams++] = p;
   } else if (!strcmp(kw, "typed")) {
     if (m->typed) FAIL(r, "'typed' twice");
     m->typed = true;
