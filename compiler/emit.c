@@ -861,6 +861,89 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
 #undef GP
 }
 
+/* dropout(x, p) forward, or its backward (dy to dx) */
+static void dropout_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const Model *m = e->m;
+  const IrNode *n = &f->nodes[i];
+  const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+  const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  /* the mask of a row is drawn from its vertex's key (cavs_ctx.rkey), this node (the
+     salt: the block and the node) and the column: the same however rows are batched */
+  if (bwd && !a->grad) return;
+  unsigned salt = (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
+  const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
+  /* a named probability: the option's value at run time (cavs_ctx.opt) */
+  const char *p = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
+                         : arena_printf("%.17g", b->cval);
+  /* read in place where it keeps every value (drop_aliases): then nothing to do */
+  const char *cond = n->val.kind == PL_ROW ? alias_if(e, n->val.buf) : NULL;
+  if (cond && !strcmp(cond, "1")) return;
+  e->no_alias = true;
+  fprintf(e->out, "  %scavs_dropout_%s(c, %uu, %s, %s, %s, %s, %s, %s, r0, n);\n",
+          cond ? arena_printf("if (%s) /* else its readers read its input */\n    ",
+                              strcmp(cond, "!c->keep") ? arena_printf("!%s", cond) : "c->keep")
+               : "",
+          bwd ? "bwd" : "fwd",
+          salt, p, emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val),
+          emit_ptr(e, (Ref){&to->val, bwd}, "0"), emit_ld(e, &to->val), emit_lin(m, n->width));
+  e->no_alias = false;
+}
+
+/* mv(x, M) and mm(M, W): the runtime's row-by-row products */
+static void rowmat_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const Model *m = e->m;
+  const IrNode *n = &f->nodes[i];
+  const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+  const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  /* a matrix [A, B] per row (row-major in a row of a product dim's width): the
+     runtime's row-by-row products; backward, every gradient in one call (NULL where
+     an operand takes none) */
+  Lin A, B, C;
+  ir_rmat_shape(m, f, n, &A, &B, &C);
+  const char *dims = n->op == OP_MV ? arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B))
+                                    : arena_printf("%s, %s, %s", emit_lin(m, A), emit_lin(m, B), emit_lin(m, C));
+  const char *ops = arena_printf("%s, %s, %s, %s", emit_ptr(e, (Ref){&a->val, false}, "0"), emit_ld(e, &a->val),
+                                 emit_ptr(e, (Ref){&b->val, false}, "0"), emit_ld(e, &b->val));
+  const char *fn = n->op == OP_MV ? "rowmv" : "rowmm";
+  if (!bwd) {
+    fprintf(e->out, "  cavs_%s_fwd(c, %s, %s, %s, %s, r0, n);\n", fn, dims, ops, emit_ptr(e, (Ref){&n->val, false}, "0"),
+            emit_ld(e, &n->val));
+  return;
+  }
+  const char *da = a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL";
+  const char *db = b->grad && (b->val.kind == PL_ROW || b->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&b->val, true}, "0") : "NULL";
+  fprintf(e->out, "  cavs_%s_bwd(c, %s, %s,\n                %s, %s, %s, %s, %s, %s, r0, n);\n", fn, dims, ops,
+          emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val), da, emit_ld(e, &a->val), db, emit_ld(e, &b->val));
+}
+
+/* concat(...): each operand copied to its columns unless it was placed there */
+static void concat_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const IrNode *n = &f->nodes[i];
+  Lin off = lin_const(0);
+  for (int k = 0; k < n->nargs; k++) {
+    const IrNode *x = &f->nodes[n->args[k]];
+    Place at = n->val;
+    at.off = lin_add(at.off, off);
+    bool placed = x->val.kind == PL_ROW && x->val.buf == at.buf && lin_eq(x->val.off, at.off);
+    if (!placed && !bwd) e->t->copy(e, (Ref){&at, false}, (Ref){&x->val, false}, x->width, false);
+    if (!placed && bwd && x->grad && x->val.kind == PL_ROW)
+      e->t->copy(e, (Ref){&x->val, true}, (Ref){&at, true}, x->width, true);
+    off = lin_add(off, x->width);
+  }
+}
+
+/* scatter(x) and push(x): x copied to the state or the pushed columns */
+static void copy_out_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const Model *m = e->m;
+  const IrNode *n = &f->nodes[i];
+  const IrNode *a = &f->nodes[n->args[0]];
+  int buf = n->op == OP_SCATTER ? f->state_buf : m->push_buf;
+  Place to = {.kind = PL_ROW, .buf = buf, .off = n->op == OP_SCATTER ? lin_const(0) : m->push_off,
+              .ld = m->bufs[buf].width};
+  if (!bwd) e->t->copy(e, (Ref){&to, false}, (Ref){&a->val, false}, a->width, false);
+  else if (a->grad && a->val.kind == PL_ROW) e->t->copy(e, (Ref){&a->val, true}, (Ref){&to, true}, a->width, true);
+}
+
 static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   const Model *m = e->m;
   const IrNode *n = &f->nodes[i];
@@ -874,52 +957,9 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     fprintf(e->out, "  cavs_echild_%s(c, %d, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", edge_src(m, f),
             emit_ptr(e, (Ref){&n->val, bwd}, "0"), emit_ld(e, &n->val));
     return;
-  case OP_DROPOUT: {
-    /* the mask of a row is drawn from its vertex's key (cavs_ctx.rkey), this node (the
-       salt: the block and the node) and the column: the same however rows are batched */
-    if (bwd && !a->grad) return;
-    unsigned salt = (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
-    const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
-    /* a named probability: the option's value at run time (cavs_ctx.opt) */
-    const char *p = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
-                           : arena_printf("%.17g", b->cval);
-    /* read in place where it keeps every value (drop_aliases): then nothing to do */
-    const char *cond = n->val.kind == PL_ROW ? alias_if(e, n->val.buf) : NULL;
-    if (cond && !strcmp(cond, "1")) return;
-    e->no_alias = true;
-    fprintf(e->out, "  %scavs_dropout_%s(c, %uu, %s, %s, %s, %s, %s, %s, r0, n);\n",
-            cond ? arena_printf("if (%s) /* else its readers read its input */\n    ",
-                                strcmp(cond, "!c->keep") ? arena_printf("!%s", cond) : "c->keep")
-                 : "",
-            bwd ? "bwd" : "fwd",
-            salt, p, emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val),
-            emit_ptr(e, (Ref){&to->val, bwd}, "0"), emit_ld(e, &to->val), emit_lin(m, n->width));
-    e->no_alias = false;
-    return;
-  }
+  case OP_DROPOUT: dropout_code(e, f, i, bwd); return;
   case OP_MV:
-  case OP_MM: {
-    /* a matrix [A, B] per row (row-major in a row of a product dim's width): the
-       runtime's row-by-row products; backward, every gradient in one call (NULL where
-       an operand takes none) */
-    Lin A, B, C;
-    ir_rmat_shape(m, f, n, &A, &B, &C);
-    const char *dims = n->op == OP_MV ? arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B))
-                                      : arena_printf("%s, %s, %s", emit_lin(m, A), emit_lin(m, B), emit_lin(m, C));
-    const char *ops = arena_printf("%s, %s, %s, %s", emit_ptr(e, (Ref){&a->val, false}, "0"), emit_ld(e, &a->val),
-                                   emit_ptr(e, (Ref){&b->val, false}, "0"), emit_ld(e, &b->val));
-    const char *fn = n->op == OP_MV ? "rowmv" : "rowmm";
-    if (!bwd) {
-      fprintf(e->out, "  cavs_%s_fwd(c, %s, %s, %s, %s, r0, n);\n", fn, dims, ops, emit_ptr(e, (Ref){&n->val, false}, "0"),
-              emit_ld(e, &n->val));
-      return;
-    }
-    const char *da = a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL";
-    const char *db = b->grad && (b->val.kind == PL_ROW || b->val.kind == PL_PARAM) ? emit_ptr(e, (Ref){&b->val, true}, "0") : "NULL";
-    fprintf(e->out, "  cavs_%s_bwd(c, %s, %s,\n                %s, %s, %s, %s, %s, %s, r0, n);\n", fn, dims, ops,
-            emit_ptr(e, (Ref){&n->val, true}, "0"), emit_ld(e, &n->val), da, emit_ld(e, &a->val), db, emit_ld(e, &b->val));
-    return;
-  }
+  case OP_MM: rowmat_code(e, f, i, bwd); return;
   case OP_EBCAST:
   case OP_ESUM:
     /* ebcast: the vertex's row to each of its edges; esum: its edges' rows summed (the
@@ -939,29 +979,9 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   case OP_SCOMB:
     moe_code(e, f, i, bwd);
     return;
-  case OP_CONCAT: {
-    Lin off = lin_const(0);
-    for (int k = 0; k < n->nargs; k++) {
-      const IrNode *x = &f->nodes[n->args[k]];
-      Place at = n->val;
-      at.off = lin_add(at.off, off);
-      bool placed = x->val.kind == PL_ROW && x->val.buf == at.buf && lin_eq(x->val.off, at.off);
-      if (!placed && !bwd) e->t->copy(e, (Ref){&at, false}, (Ref){&x->val, false}, x->width, false);
-      if (!placed && bwd && x->grad && x->val.kind == PL_ROW)
-        e->t->copy(e, (Ref){&x->val, true}, (Ref){&at, true}, x->width, true);
-      off = lin_add(off, x->width);
-    }
-    return;
-  }
+  case OP_CONCAT: concat_code(e, f, i, bwd); return;
   case OP_SCATTER:
-  case OP_PUSH: {
-    int buf = n->op == OP_SCATTER ? f->state_buf : m->push_buf;
-    Place to = {.kind = PL_ROW, .buf = buf, .off = n->op == OP_SCATTER ? lin_const(0) : m->push_off,
-                .ld = m->bufs[buf].width};
-    if (!bwd) e->t->copy(e, (Ref){&to, false}, (Ref){&a->val, false}, a->width, false);
-    else if (a->grad && a->val.kind == PL_ROW) e->t->copy(e, (Ref){&a->val, true}, (Ref){&to, true}, a->width, true);
-    return;
-  }
+  case OP_PUSH: copy_out_code(e, f, i, bwd); return;
   case OP_XENT:
   case OP_MSE: {
     if (bwd && !a->grad) return;
