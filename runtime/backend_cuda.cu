@@ -404,102 +404,119 @@ static void routes_sized(cavs_model *m);
 static void route_stats_issue(cavs_model *m);
 static void route_stats_read(cavs_model *m);
 
-static int cuda_schedule(cavs_model *m) {
-  Dev *d = dev(m);
-  /* A pass after one that failed for want of the device's memory runs: that failure
-     does not last (every buffer that could not grow says it holds nothing, and grows
-     whole next time), once the device says, by a synchronize, that it has no fault of
-     its own. Any other failure stays: the model can only be freed. */
-  if (d->failed && d->errnum == ENOMEM && cudaDeviceSynchronize() == cudaSuccess &&
-      cudaGetLastError() == cudaSuccess)
-    d->failed = false;
+/* Where each of the minibatch's arrays lies in the one packed copy up (cuda_schedule):
+   offsets into pack_host and pack_dev, and the whole's bytes. */
+struct PackLayout {
+  size_t N, E, NH; /* rows, edges, rows a home pointer array holds */
+  size_t child, root, pushed, rowvert, eoff, eparent, echild;
+  size_t hval[CAVS_MAX_HOMES], hgrad[CAVS_MAX_HOMES], hkey[CAVS_MAX_HOMES];
+  size_t iin, rin, bytes;
+};
+
+static void pack_layout(const cavs_model *m, PackLayout *L) {
   const cavs_desc *ds = m->d;
   size_t N = (size_t)m->rows, at = 0;
-  size_t o_child = place(&at, sizeof(int) * N * (size_t)m->maxc), o_root = place(&at, N), o_pushed = place(&at, N);
-  size_t E = m->has_edges ? (size_t)m->nedges : 0, o_rowvert = place(&at, sizeof(int) * N);
-  size_t o_eoff = place(&at, m->has_edges ? sizeof(int) * (N + 1) : 0), o_eparent = place(&at, sizeof(int) * E),
-         o_echild = place(&at, sizeof(int) * E);
-  /* homes: the device pointers plan_homes wrote (into this backend's buffers) */
-  size_t o_hval[CAVS_MAX_HOMES], o_hgrad[CAVS_MAX_HOMES], o_hkey[CAVS_MAX_HOMES];
-  /* (and the carried states' rows past the minibatch's, which a gather reads: never at
-     home) */
-  size_t NH = N + (size_t)m->carry_in;
+  L->N = N;
+  L->child = place(&at, sizeof(int) * N * (size_t)m->maxc), L->root = place(&at, N), L->pushed = place(&at, N);
+  L->E = m->has_edges ? (size_t)m->nedges : 0, L->rowvert = place(&at, sizeof(int) * N);
+  L->eoff = place(&at, m->has_edges ? sizeof(int) * (N + 1) : 0), L->eparent = place(&at, sizeof(int) * L->E),
+  L->echild = place(&at, sizeof(int) * L->E);
+  /* homes: the device pointers plan_homes wrote (into this backend's buffers), and the
+     carried states' rows past the minibatch's, which a gather reads: never at home */
+  L->NH = N + (size_t)m->carry_in;
   for (int k = 0; k < m->nhomes; k++) {
-    o_hval[k] = place(&at, sizeof(void *) * NH);
-    o_hgrad[k] = place(&at, sizeof(void *) * NH);
-    o_hkey[k] = place(&at, sizeof(long) * NH);
+    L->hval[k] = place(&at, sizeof(void *) * L->NH);
+    L->hgrad[k] = place(&at, sizeof(void *) * L->NH);
+    L->hkey[k] = place(&at, sizeof(long) * L->NH);
   }
-  size_t o_iin = at;
+  L->iin = at;
   for (int i = 0; i < ds->nint; i++) place(&at, sizeof(int) * N);
-  size_t o_rin = at;
+  L->rin = at;
   for (int i = 0; i < ds->nreal; i++) place(&at, (size_t)m->rw[i] * m->esize * N);
-  if (at > d->cap) {
+  L->bytes = at;
+}
+
+/* The packed copy's buffers and the outputs' (losses, counts, predictions) grown to
+   hold this minibatch's; false where the device could not (d->failed says why). */
+static bool pack_room(cavs_model *m, const PackLayout *L) {
+  Dev *d = dev(m);
+  if (L->bytes > d->cap) {
     d->cap = 0;
-    regrow_pinned(m, (void **)&d->pack_host, at);
-    regrow(m, (void **)&d->pack_dev, at);
-    if (d->failed) return status(d);
-    d->cap = at;
+    regrow_pinned(m, (void **)&d->pack_host, L->bytes);
+    regrow(m, (void **)&d->pack_dev, L->bytes);
+    if (d->failed) return false;
+    d->cap = L->bytes;
   }
-  if (out_bytes(m, N) > d->capout) {
+  if (out_bytes(m, L->N) > d->capout) {
     size_t bytes = out_bytes(m, (size_t)m->cap_rows);
     d->capout = 0;
     regrow(m, (void **)&d->out_dev, bytes);
     regrow_pinned(m, (void **)&d->out_host, bytes);
-    if (d->failed) return status(d);
+    if (d->failed) return false;
     d->capout = bytes;
   }
-  size_t nl = (size_t)ds->nlosses;
+  size_t nl = (size_t)m->d->nlosses;
   d->sum = (double *)d->out_dev;
   d->cnt = (unsigned long long *)(d->out_dev + sizeof(double) * nl);
   d->pred = (int *)(d->out_dev + sizeof(double) * nl + sizeof(unsigned long long) * 4 * nl);
+  return true;
+}
+
+/* The host's arrays into the pinned buffer, then one copy up; the inputs' device
+   pointers set as they are placed. */
+static void pack_up(cavs_model *m, const PackLayout *L) {
+  Dev *d = dev(m);
+  const cavs_desc *ds = m->d;
+  size_t N = L->N, E = L->E, NH = L->NH;
   pinned_for_host(m, PIN_PACK);
-  /* the host arrays into the pinned buffer, then one copy */
-  memcpy(d->pack_host + o_child, m->child, sizeof(int) * N * (size_t)m->maxc);
-  memcpy(d->pack_host + o_root, m->root, N);
-  memcpy(d->pack_host + o_pushed, m->pushed, N);
-  memcpy(d->pack_host + o_rowvert, m->queue, sizeof(int) * N); /* number_rows: row r's vertex */
+  memcpy(d->pack_host + L->child, m->child, sizeof(int) * N * (size_t)m->maxc);
+  memcpy(d->pack_host + L->root, m->root, N);
+  memcpy(d->pack_host + L->pushed, m->pushed, N);
+  memcpy(d->pack_host + L->rowvert, m->queue, sizeof(int) * N); /* number_rows: row r's vertex */
   if (m->has_edges) {
-    memcpy(d->pack_host + o_eoff, m->eoff, sizeof(int) * (N + 1));
-    memcpy(d->pack_host + o_eparent, m->eparent, sizeof(int) * E);
-    memcpy(d->pack_host + o_echild, m->echild, sizeof(int) * E);
+    memcpy(d->pack_host + L->eoff, m->eoff, sizeof(int) * (N + 1));
+    memcpy(d->pack_host + L->eparent, m->eparent, sizeof(int) * E);
+    memcpy(d->pack_host + L->echild, m->echild, sizeof(int) * E);
   }
   for (int k = 0; k < m->nhomes; k++) {
-    memcpy(d->pack_host + o_hval[k], m->hval[k], sizeof(void *) * NH);
-    memcpy(d->pack_host + o_hgrad[k], m->hgrad[k], sizeof(void *) * NH);
-    memcpy(d->pack_host + o_hkey[k], m->hkey[k], sizeof(long) * NH);
+    memcpy(d->pack_host + L->hval[k], m->hval[k], sizeof(void *) * NH);
+    memcpy(d->pack_host + L->hgrad[k], m->hgrad[k], sizeof(void *) * NH);
+    memcpy(d->pack_host + L->hkey[k], m->hkey[k], sizeof(long) * NH);
   }
-  size_t o = o_iin;
+  size_t o = L->iin;
   for (int i = 0; i < ds->nint; i++) {
     memcpy(d->pack_host + o, m->iin[i], sizeof(int) * N);
     d->iin[i] = (int *)(d->pack_dev + o);
     place(&o, sizeof(int) * N);
   }
-  o = o_rin;
+  o = L->rin;
   for (int i = 0; i < ds->nreal; i++) {
     size_t bytes = (size_t)m->rw[i] * m->esize * N;
     memcpy(d->pack_host + o, m->rin[i], bytes);
     d->rin[i] = d->pack_dev + o;
     place(&o, bytes);
   }
-  CK(m, cudaMemcpyAsync(d->pack_dev, d->pack_host, at, cudaMemcpyHostToDevice, 0));
+  CK(m, cudaMemcpyAsync(d->pack_dev, d->pack_host, L->bytes, cudaMemcpyHostToDevice, 0));
   d->busy |= PIN_PACK;
-  d->child = (int *)(d->pack_dev + o_child);
-  d->root = (unsigned char *)(d->pack_dev + o_root);
-  d->pushed = (unsigned char *)(d->pack_dev + o_pushed);
-  d->rowvert = (int *)(d->pack_dev + o_rowvert);
-  d->eoff = (int *)(d->pack_dev + o_eoff);
-  d->eparent = (int *)(d->pack_dev + o_eparent);
-  d->echild = (int *)(d->pack_dev + o_echild);
+}
+
+/* The device copies' pointers, in the backend's record and in what generated code and
+   the kernels read (cavs_ctx). */
+static void pack_point(cavs_model *m, const PackLayout *L) {
+  Dev *d = dev(m);
+  d->child = (int *)(d->pack_dev + L->child);
+  d->root = (unsigned char *)(d->pack_dev + L->root);
+  d->pushed = (unsigned char *)(d->pack_dev + L->pushed);
+  d->rowvert = (int *)(d->pack_dev + L->rowvert);
+  d->eoff = (int *)(d->pack_dev + L->eoff);
+  d->eparent = (int *)(d->pack_dev + L->eparent);
+  d->echild = (int *)(d->pack_dev + L->echild);
   for (int k = 0; k < CAVS_MAX_HOMES; k++) {
     bool has = k < m->nhomes;
-    d->hval[k] = has ? (void **)(d->pack_dev + o_hval[k]) : NULL;
-    d->hgrad[k] = has ? (void **)(d->pack_dev + o_hgrad[k]) : NULL;
-    d->hkey[k] = has ? (long *)(d->pack_dev + o_hkey[k]) : NULL;
+    d->hval[k] = has ? (void **)(d->pack_dev + L->hval[k]) : NULL;
+    d->hgrad[k] = has ? (void **)(d->pack_dev + L->hgrad[k]) : NULL;
+    d->hkey[k] = has ? (long *)(d->pack_dev + L->hkey[k]) : NULL;
   }
-  if (N) CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * N, 0)); /* -1 */
-  if (nl) CK(m, cudaMemsetAsync(d->sum, 0, out_bytes(m, 0), 0));    /* the sums and counts */
-  d->fresh = true;
-  /* what generated code and the kernels read: the device copies */
   cavs_ctx *c = &m->ctx;
   c->child = d->child;
   c->root = d->root;
@@ -511,6 +528,26 @@ static int cuda_schedule(cavs_model *m) {
   c->iin = (const int **)d->iin;
   c->rin = (const void **)d->rin;
   c->stream = d->st[0];
+}
+
+static int cuda_schedule(cavs_model *m) {
+  Dev *d = dev(m);
+  /* A pass after one that failed for want of the device's memory runs: that failure
+     does not last (every buffer that could not grow says it holds nothing, and grows
+     whole next time), once the device says, by a synchronize, that it has no fault of
+     its own. Any other failure stays: the model can only be freed. */
+  if (d->failed && d->errnum == ENOMEM && cudaDeviceSynchronize() == cudaSuccess &&
+      cudaGetLastError() == cudaSuccess)
+    d->failed = false;
+  PackLayout L;
+  pack_layout(m, &L);
+  if (!pack_room(m, &L)) return status(d);
+  pack_up(m, &L);
+  pack_point(m, &L);
+  size_t nl = (size_t)m->d->nlosses;
+  if (L.N) CK(m, cudaMemsetAsync(d->pred, 0xff, sizeof(int) * L.N, 0)); /* -1 */
+  if (nl) CK(m, cudaMemsetAsync(d->sum, 0, out_bytes(m, 0), 0));        /* the sums and counts */
+  d->fresh = true;
   routes_sized(m);
   return status(d);
 }
