@@ -340,6 +340,9 @@ static void make_model(Run *r, const long *dims) {
     cavs_model_init(r->m, o->seed);
     if (o->init_all) init_all(r->m, o->init_all);
   }
+  /* the optimizer's moments now, against --max-memory, not after the first minibatch */
+  errno = 0;
+  if (cavs_model_reserve_optimizer(r->m, o->optim.kind)) lib_die(cavs_model_error(r->m));
   /* pre-trained vectors into a new model's tables (a resumed one has its own), then
      the parameters kept fixed */
   for (int i = 0; i < o->ninit && !r->resumed; i++) {

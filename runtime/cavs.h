@@ -365,10 +365,17 @@ typedef struct cavs_optim {
   double beta1, beta2, eps; /* Adam, AdamW (defaults 0.9, 0.999, 1e-8); Adagrad uses eps */
   double momentum;          /* Momentum, Nesterov: mu, 0 to 1 (default 0.9) */
 } cavs_optim;
-/* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated.
- * The step uses the gradients up and leaves them zero (read them, with
- * cavs_model_grad, between the backward pass and the step). */
+/* -1 (message in cavs_model_error) only when the optimizer's state cannot be allocated
+ * (errno ENOMEM past the memory limit: the step can be taken again once it fits). The
+ * step uses the gradients up and leaves them zero (read them, with cavs_model_grad,
+ * between the backward pass and the step). */
 int cavs_model_step(cavs_model *m, const cavs_optim *o);
+/* The state an optimizer of `kind` keeps, allocated now (zeroed where m lacks it; what m
+ * holds is kept) and counted against the memory limit, as the first cavs_model_step with
+ * that kind would: SGD none, Momentum, Nesterov and Adagrad one block as large as the
+ * parameters, Adam and AdamW two. Call it before training to fail before the first
+ * minibatch instead of at the first step. -1 (message; errno ENOMEM past the limit). */
+int cavs_model_reserve_optimizer(cavs_model *m, int kind);
 /* The global gradient norm the last step saw: the L2 norm over every gradient it used
  * (weight decay added, before the clip; a lookup table's rows the minibatch read), or -1
  * when it kept none: steps keep it after cavs_model_track_grad_norm(m, 1) (0 turns that
@@ -503,8 +510,10 @@ void cavs_set_memory_limit(size_t bytes); /* 0: the default */
  * the failed pass computed is gone (its backward pass does nothing, the step after it
  * returns -1 and changes nothing). */
 size_t cavs_memory_limit(void);
-/* What m takes: its parameters, gradients and optimizer state, and a minibatch of
- * `rows` vertices (every per-row buffer and the scheduler's scratch). -1 on overflow. */
+/* What m takes: its parameters, gradients and the optimizer state it holds (none until
+ * a step or cavs_model_reserve_optimizer: a block for each moment its optimizer keeps),
+ * and a minibatch of `rows` vertices (every per-row buffer and the scheduler's scratch).
+ * -1 on overflow. */
 int cavs_model_memory(const cavs_model *m, long rows, size_t *model_bytes, size_t *row_bytes);
 
 /* ---- data ---- */

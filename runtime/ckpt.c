@@ -5,7 +5,8 @@
  *   u32 ndims   { str name  i64 value }
  *   u32 nwords  { str word }                       the vocabulary, in id order
  *   u32 nparams { str name  i64 rows  i64 cols  values[rows*cols] }
- *   i64 optimizer steps   u8 has_moments   [m1 values, m2 values, per parameter]
+ *   i64 optimizer steps   u8 moments   [m1 values per parameter] [m2 values ...]
+ *                                  the moment blocks the model held: 0, 1 or 2   (format 8)
  *   training state: i32 epoch  u64 rng  f64 best  u64 seed  i32 threads  i32 batch
  *                   str format  i32 kind  f64 lr clip weight_decay beta1 beta2 eps
  *                   i64 graphs_done                               (format 2 on)
@@ -29,7 +30,9 @@
  * Formats 1 (no graphs_done), 2 (no schedule, selection or frozen parameters) and 3 (no
  * momentum, schedule kind or schedule state), 4 (no options: a resumed run had the
  * model's defaults) and 5 (no carried state: a run resumed inside an epoch started its
- * streams from zeros) and 6 (no bptt_vary: chunks of one length) are still read. */
+ * streams from zeros), 6 (no bptt_vary: chunks of one length) and 7 (u8 has_moments, 0
+ * or 1 for both blocks: an optimizer of one block wrote the second as zeros) are still
+ * read. */
 #include "afile.h"
 #include "cv.h"
 #include "data.h"
@@ -44,7 +47,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 7
+#define CKPT_VERSION 8
 
 /* ---- writing into a growing buffer ---- */
 
@@ -140,14 +143,12 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
     put_param(&b, m, m->pflat, i);
   }
   put_i64(&b, m->step);
-  /* an optimizer that keeps one block (momentum, Adagrad) writes the second as zeros:
-     the format has both or neither; SGD's model has neither */
-  unsigned char has = m->m1 != NULL;
-  put(&b, &has, 1);
-  if (has) {
-    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m->m1, i);
-    for (int i = 0; i < d->nparams; i++) put_param(&b, m, m->m2, i);
-  }
+  /* the blocks the model holds: none for SGD, m1 for momentum and Adagrad, both for
+     Adam (cv_alloc_moments makes m1 first) */
+  unsigned char nm = m->m2 ? 2 : m->m1 ? 1 : 0;
+  put(&b, &nm, 1);
+  for (int i = 0; i < d->nparams && nm >= 1; i++) put_param(&b, m, m->m1, i);
+  for (int i = 0; i < d->nparams && nm == 2; i++) put_param(&b, m, m->m2, i);
   cavs_train_state z = {0};
   if (!ts) ts = &z;
   put_u32(&b, (uint32_t)ts->epoch);
@@ -245,7 +246,7 @@ struct cavs_ckpt {
   int nparams;
   KParam *params;
   long steps;
-  bool has_moments;
+  int nmoments; /* the blocks the file holds (0, 1 or 2) */
   size_t m1_at, m2_at;
   cavs_train_state ts;
   int noptions; /* format 5 on: the options' values as saved */
@@ -576,7 +577,7 @@ static bool read_vocab(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t 
 }
 
 /* The parameters and the optimizer's state: where their values are in the file. */
-static bool read_params(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t errlen) {
+static bool read_params(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   uint32_t np = get_u32(r);
   if (np > r->n / 4 || np > CAVS_MAX_PARAMS) FAIL("'%s' is damaged (parameter count)", path);
   k->params = calloc((size_t)np + 1, sizeof(KParam));
@@ -601,11 +602,13 @@ static bool read_params(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t
   }
   k->steps = (long)get_i64(r);
   const unsigned char *has = take(r, 1);
-  if (r->bad || k->steps < 0 || *has > 1) FAIL("'%s' is damaged (optimizer state)", path);
-  k->has_moments = *has;
-  if (k->has_moments) {
+  if (r->bad || k->steps < 0 || *has > (version >= 8 ? 2 : 1)) FAIL("'%s' is damaged (optimizer state)", path);
+  k->nmoments = version >= 8 ? *has : 2 * *has; /* (format 7 and before: both or neither) */
+  if (k->nmoments >= 1) {
     k->m1_at = r->at;
     skip(r, total);
+  }
+  if (k->nmoments == 2) {
     k->m2_at = r->at;
     skip(r, total);
   }
@@ -775,7 +778,7 @@ static cavs_ckpt *parse(cavs_ckpt *k, const char *path, char *err, size_t errlen
   Rd r;
   uint32_t version;
   bool ok = read_frame(k, &r, &version, path, err, errlen) && read_model(k, &r, path, err, errlen) &&
-            read_vocab(k, &r, path, err, errlen) && read_params(k, &r, path, err, errlen);
+            read_vocab(k, &r, path, err, errlen) && read_params(k, &r, version, path, err, errlen);
   if (ok) {
     read_state_v1(k, &r, version);
     ok = version < 3 || read_state_v3(k, &r, path, err, errlen);
@@ -964,18 +967,18 @@ int cavs_ckpt_apply(const cavs_ckpt *k, cavs_model *m, char *err, size_t errlen)
     }
   }
   m->step = k->steps;
-  m->be->release(m->m1);
-  m->be->release(m->m2);
-  m->m1 = m->m2 = NULL;
-  if (k->has_moments) {
-    if (cv_alloc_moments(m, 2)) {
+  cv_release_moments(m);
+  if (k->nmoments) {
+    if (cv_alloc_moments(m, k->nmoments)) {
       snprintf(err, errlen, "%s", m->err);
       return -1;
     }
     size_t a1 = k->m1_at, a2 = k->m2_at;
     for (int i = 0; i < d->nparams; i++) {
       size_t bytes = (size_t)k->params[i].rows * (size_t)k->params[i].cols * m->esize;
-      if (get_param(k, m, m->m1, i, a1, err, errlen) || get_param(k, m, m->m2, i, a2, err, errlen)) return -1;
+      if (get_param(k, m, m->m1, i, a1, err, errlen) ||
+          (k->nmoments == 2 && get_param(k, m, m->m2, i, a2, err, errlen)))
+        return -1;
       a1 += bytes;
       a2 += bytes;
     }

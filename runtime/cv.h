@@ -172,7 +172,7 @@ struct cavs_model {
   long step;
   /* per-row buffers */
   int cap_rows;
-  size_t model_bytes; /* parameters, gradients, optimizer state: counted against the limit */
+  size_t model_bytes; /* parameters, gradients, the moment blocks held: counted against the limit */
   long *bw; /* widths */
   void **val, **grad; /* the buffers as allocated */
   /* what the stages see (ctx.val, ctx.grad): the buffers, but a gathered buffer of a
@@ -354,15 +354,21 @@ void cv_sparse_reset(cavs_model *m);
 /* The optimizer's state an optimizer of this kind reads: none (SGD), one block
  * (Adagrad's sums, momentum's buffer: m1) or two (Adam's moments: m1, m2) */
 int cv_moments_of(int kind);
-/* The first `n` moment blocks (cv_moments_of), zeroed, where the model lacks them; -1
- * (message in m->err) */
+/* The first `n` moment blocks (cv_moments_of), zeroed, where the model lacks them,
+ * each counted in m->model_bytes and so against the memory limit with the minibatch's
+ * buffers as they are; -1 (message in m->err; errno ENOMEM past the limit) */
 int cv_alloc_moments(cavs_model *m, int n);
+/* Both blocks given back, and their bytes taken off m->model_bytes. */
+void cv_release_moments(cavs_model *m);
 /* bytes the backend zeroes, its pages taken as they are written where it can
    (cv_backend.alloc_zeroed); NULL on failure */
 void *cv_alloc_zeroed(cavs_model *m, size_t bytes);
 /* tensor.c */
 int cv_grow_rows(cavs_model *m, int rows);
 int cv_grow_edges(cavs_model *m, long edges);
+/* The bytes of the minibatch buffers the model holds now (its rows' and its edges'); -1
+   on overflow */
+int cv_minibatch_bytes(const cavs_model *m, size_t *out);
 
 /* The rows loss l's gradient divides by: cavs_model_set_loss_counts's, else the pass's */
 static inline long cv_loss_count(const cavs_model *m, int l) { return m->loss_den[l] ? m->loss_den[l] : m->loss[l].count; }

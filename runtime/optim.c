@@ -150,17 +150,44 @@ int cv_moments_of(int kind) {
 }
 
 int cv_alloc_moments(cavs_model *m, int n) {
-  /* counted in the model's memory from the start (both blocks), so this fits under the
-     limit; SGD's model holds none, a model that changes optimizer gets what the new one
-     reads, zeroed, beside what it had */
+  /* SGD's model holds none; a model that changes optimizer gets what the new one reads,
+     zeroed, beside what it had */
   size_t bytes = (m->nflat + 1) * m->esize;
   void **blk[2] = {&m->m1, &m->m2};
   for (int i = 0; i < n && i < 2; i++) {
     if (*blk[i]) continue;
+    size_t batch = 0, need;
+    if (cv_minibatch_bytes(m, &batch) || __builtin_add_overflow(m->model_bytes, bytes, &need) ||
+        __builtin_add_overflow(need, batch, &need) || need > cavs_memory_limit()) {
+      char b1[CV_BYTES_LEN], b2[CV_BYTES_LEN], b3[CV_BYTES_LEN], b4[CV_BYTES_LEN];
+      return cv_fail_mem(m,
+                         "the optimizer's state (block %d of %d, %s) does not fit beside the model's %s and the "
+                         "minibatch's %s under the memory limit of %s (raise --max-memory, or an optimizer with "
+                         "less state: SGD keeps none, momentum and Adagrad one block)",
+                         i + 1, n, cv_bytes(b1, bytes), cv_bytes(b2, m->model_bytes), cv_bytes(b3, batch),
+                         cv_bytes(b4, cavs_memory_limit()));
+    }
     if (!(*blk[i] = cv_alloc_zeroed(m, bytes)))
       return cv_fail_mem(m, "out of memory for the optimizer's state (%zu values)", (size_t)n * m->nflat);
+    m->model_bytes += bytes;
   }
   return 0;
+}
+
+void cv_release_moments(cavs_model *m) {
+  size_t bytes = (m->nflat + 1) * m->esize;
+  void **blk[2] = {&m->m1, &m->m2};
+  for (int i = 0; i < 2; i++) {
+    if (!*blk[i]) continue;
+    m->be->release(*blk[i]);
+    *blk[i] = NULL;
+    m->model_bytes -= bytes;
+  }
+}
+
+int cavs_model_reserve_optimizer(cavs_model *m, int kind) {
+  if (kind < 0 || kind >= CAVS_OPTIM_COUNT) return cv_fail(m, "no optimizer of kind %d", kind);
+  return cv_alloc_moments(m, cv_moments_of(kind));
 }
 
 void *cv_alloc_zeroed(cavs_model *m, size_t bytes) {

@@ -326,14 +326,15 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   for (int i = 0; i < d->ninputs && ok; i++)
     if (d->inputs[i].kind == CAVS_IN_REAL) ok = !cv_lin_checked(&d->inputs[i].width, c->dims, &m->rw[d->inputs[i].slot]);
-  /* parameters, gradients and two optimizer moments; the lookup tables' row lists */
+  /* parameters and gradients; the lookup tables' row lists (the optimizer's moments are
+     counted as they are made: cv_alloc_moments) */
   size_t bytes = 0;
-  ok = ok && !__builtin_mul_overflow(total, 4 * m->esize, &bytes) &&
+  ok = ok && !__builtin_mul_overflow(total, 2 * m->esize, &bytes) &&
        !__builtin_add_overflow(bytes, sparse_rows * (sizeof(int) + 1) + nspans * 2 * sizeof(size_t), &bytes);
   if (!ok || bytes > cavs_memory_limit()) {
     if (ok)
       snprintf(err, errlen,
-               "model '%s' needs %s for its parameters, gradients and optimizer state, more than the memory "
+               "model '%s' needs %s for its parameters and gradients, more than the memory "
                "limit of %s (smaller dims, or raise the limit: --max-memory)",
                d->name, cv_bytes((char[CV_BYTES_LEN]){0}, bytes), cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
     else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
@@ -492,15 +493,29 @@ static int alloc_bufs(cavs_model *m, bool edge, long cap) {
 
 /* The edge buffers (cavs_buf_desc.edge) for `edges` edges, grown by doubling; their
  * bytes and the rows' together held to the memory limit. */
+/* The bytes an edge takes: its parent and child, and its row of each edge buffer. */
+static size_t edge_bytes(const cavs_model *m) {
+  const cavs_desc *d = m->d;
+  size_t per = 2 * sizeof(int);
+  for (int b = 0; b < d->nbufs; b++)
+    if (d->bufs[b].edge) per += (size_t)m->bw[b] * m->esize * (d->bufs[b].grad ? 2 : 1);
+  return per;
+}
+
+int cv_minibatch_bytes(const cavs_model *m, size_t *out) {
+  size_t rows, edges;
+  if (cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_mul_overflow(edge_bytes(m), (size_t)m->cap_edges, &edges) ||
+      __builtin_add_overflow(rows, edges, out))
+    return -1;
+  return 0;
+}
+
 int cv_grow_edges(cavs_model *m, long edges) {
   if (edges <= m->cap_edges) return 0;
   double t0 = cv_now();
-  const cavs_desc *d = m->d;
   long cap = m->cap_edges ? m->cap_edges : 256;
   while (cap < edges) cap *= 2;
-  size_t per = 2 * sizeof(int), rows = 0, need;
-  for (int b = 0; b < d->nbufs; b++)
-    if (d->bufs[b].edge) per += (size_t)m->bw[b] * m->esize * (d->bufs[b].grad ? 2 : 1);
+  size_t per = edge_bytes(m), rows = 0, need;
   if (cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_mul_overflow(per, (size_t)cap, &need) ||
       __builtin_add_overflow(need, rows, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
       need > cavs_memory_limit())
@@ -763,9 +778,7 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
     }
   }
   free(heap);
-  m->be->release(m->m1);
-  m->be->release(m->m2);
-  m->m1 = m->m2 = NULL;
+  cv_release_moments(m);
   m->step = 0;
   cv_experts_new_params(m); /* (a replica's copy made before is stale now) */
 }

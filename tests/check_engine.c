@@ -832,10 +832,10 @@ START_TEST(threads_split_every_example) {
 END_TEST
 
 /* The optimizer's state as each kind reads it: SGD keeps none, so its checkpoint holds
- * the parameters alone, two blocks of their size smaller than Adam's (the format holds
- * both moment blocks or neither: momentum's writes its buffer and a block of zeros). A
- * model that goes on from each checkpoint with Adam takes the same step, to the bit, as
- * the model that wrote it. */
+ * the parameters alone, two blocks of their size smaller than Adam's; momentum's holds
+ * its buffer, one block (format 8: format 7 wrote a second, of zeros). A model that goes
+ * on from each checkpoint with Adam takes the same step, to the bit, as the model that
+ * wrote it. */
 START_TEST(optimizer_state_by_kind) {
   const cavs_desc *d = load_model("treelstm.vf", "float");
   long dims[CAVS_MAX_DIMS];
@@ -880,9 +880,87 @@ START_TEST(optimizer_state_by_kind) {
   }
   rmdir(dir);
   free(dir);
+  /* each block the optimizer keeps, and nothing for one it does not (format 8) */
   ck_assert_msg(size[2] - size[0] == 2 * (long long)(count * sizeof(float)),
                 "SGD's checkpoint is %lld bytes, Adam's %lld, of %zu values", size[0], size[2], count);
-  ck_assert_int_eq(size[1], size[2]);
+  ck_assert_msg(size[1] - size[0] == (long long)(count * sizeof(float)),
+                "SGD's checkpoint is %lld bytes, momentum's %lld, of %zu values", size[0], size[1], count);
+}
+END_TEST
+
+/* The memory limit counts the moment blocks a model holds, not two for every model:
+   - a model is made under a limit its parameters and gradients fit (before, it needed
+     two blocks more), and not under one byte less;
+   - cavs_model_reserve_optimizer adds a block a moment (SGD none, Adagrad one, Adam
+     two), each against the limit: ENOMEM past it, and what fit is kept;
+   - a first step that has no room for its moments fails with ENOMEM and moves nothing,
+     SGD's steps under that limit go through, and with the limit raised the step gives
+     the bits of a model that never failed. */
+START_TEST(memory_limit_counts_moments) {
+  const cavs_desc *d = load_model("treelstm.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  char err[512];
+  size_t model0, model1, model2, count;
+  cavs_model *probe = new_model(d, dims, 9);
+  cavs_model_params_flat(probe, &count);
+  ck_assert(cavs_model_memory(probe, 0, &model0, NULL) == 0);
+  ck_assert(cavs_model_reserve_optimizer(probe, CAVS_SGD) == 0);
+  ck_assert(cavs_model_memory(probe, 0, &model1, NULL) == 0);
+  ck_assert_msg(model1 == model0, "SGD's state took %zu bytes", model1 - model0);
+  ck_assert(cavs_model_reserve_optimizer(probe, CAVS_ADAGRAD) == 0);
+  ck_assert(cavs_model_memory(probe, 0, &model1, NULL) == 0);
+  ck_assert(cavs_model_reserve_optimizer(probe, CAVS_ADAM) == 0);
+  ck_assert(cavs_model_reserve_optimizer(probe, CAVS_SGD) == 0); /* (keeps what it holds) */
+  ck_assert(cavs_model_memory(probe, 0, &model2, NULL) == 0);
+  size_t block = model1 - model0;
+  ck_assert_msg(block >= count * sizeof(float) && block < count * sizeof(float) + 4096 && model2 - model1 == block,
+                "%zu values: %zu, %zu, %zu bytes", count, model0, model1, model2);
+  ck_assert_int_eq(cavs_model_reserve_optimizer(probe, CAVS_OPTIM_COUNT), -1);
+  cavs_model_free(probe);
+
+  cavs_set_memory_limit(model0 - 1);
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  cavs_set_memory_limit(0);
+  ck_assert_msg(m == NULL && strstr(err, "memory limit"), "made under %zu bytes: %s", model0 - 1, m ? "" : err);
+  cavs_set_memory_limit(model0 + block);
+  m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  ck_assert(cavs_model_reserve_optimizer(m, CAVS_ADAGRAD) == 0);
+  errno = 0;
+  ck_assert_int_eq(cavs_model_reserve_optimizer(m, CAVS_ADAM), -1);
+  ck_assert_msg(errno == ENOMEM && strstr(cavs_model_error(m), "memory limit"), "errno %d: %s", errno,
+                cavs_model_error(m));
+  ck_assert(cavs_model_memory(m, 0, &model1, NULL) == 0 && model1 == model0 + block);
+  cavs_set_memory_limit(model0 + 2 * block);
+  ck_assert_msg(cavs_model_reserve_optimizer(m, CAVS_ADAM) == 0, "%s", cavs_model_error(m));
+  cavs_set_memory_limit(0);
+  cavs_model_free(m);
+
+  cavs_model *a = new_model(d, dims, 9), *b = new_model(d, dims, 9), *c = new_model(d, dims, 9);
+  const cavs_optim adam = {.kind = CAVS_ADAM, .lr = 0.01}, sgd = {.kind = CAVS_SGD, .lr = 0.05};
+  cavs_model *all[3] = {a, b, c};
+  cavs_stats st;
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(cavs_model_forward(all[i], gs, k, &st) == 0, "%s", cavs_model_error(all[i]));
+    cavs_model_backward(all[i]);
+  }
+  size_t n;
+  const float *pa = cavs_model_params_flat(a, &n), *pb = cavs_model_params_flat(b, &n);
+  cavs_set_memory_limit(1);
+  errno = 0;
+  int rc = cavs_model_step(a, &adam);
+  int no_room = errno;
+  int sgd_rc = cavs_model_step(c, &sgd);
+  cavs_set_memory_limit(0);
+  ck_assert_msg(rc == -1 && no_room == ENOMEM, "Adam's step past the limit: %d, errno %d", rc, no_room);
+  ck_assert_msg(sgd_rc == 0, "SGD's step past the limit: %s", cavs_model_error(c));
+  ck_assert_msg(!memcmp(pa, pb, n * sizeof *pa), "the step that failed moved the parameters");
+  ck_assert(cavs_model_step(a, &adam) == 0 && cavs_model_step(b, &adam) == 0);
+  ck_assert_msg(!memcmp(pa, pb, n * sizeof *pa), "the step taken again is not the other model's");
+  for (int i = 0; i < 3; i++) cavs_model_free(all[i]);
 }
 END_TEST
 
@@ -3068,6 +3146,7 @@ int main(void) {
   tu_add_examples(tc, threads_split_every_example, examples, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, optimizer_state_by_kind);
+  tcase_add_test(tc, memory_limit_counts_moments);
   tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, wide_softmax_over_threads);
   tcase_add_test(tc, views_read_children_in_place);

@@ -278,13 +278,25 @@ enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
 /* Format 7's after them: the deviation of the chunk lengths, 8. */
 enum { V7_TAIL = 8 };
 
+static size_t steps_at(const Ckpt *k);
+/* k as format `v` (below 8) has it: the version, and the moments' byte has_moments, 1 for
+ * both blocks (base.ckpt's Adam holds both; format 8 writes the count, 2). The fields
+ * that format lacks are the caller's to take out. */
+static void old_version(Ckpt *k, uint32_t v) {
+  size_t at = steps_at(k) + 8;
+  ck_assert_uint_eq(k->p[at], 2);
+  unsigned char one = 1;
+  ck_splice(k, at, 1, &one, 1);
+  ck_splice(k, 8, 4, &v, 4);
+}
+
 /* Format 3's tail of the training state (select, the schedule, the frozen parameters:
  * 36 bytes before format 4's when none is frozen) is checked like the rest; and a
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
   size_t tail = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, 8), 8);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -312,7 +324,7 @@ START_TEST(format_3_fields) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t two = 2;
   ck_splice(&k, tail, 36 + V4_TAIL + V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
-  ck_splice(&k, 8, 4, &two, 4);
+  old_version(&k, two);
   save(&k, "v2.ckpt");
   char err[512];
   cavs_ckpt *c = cavs_ckpt_read(path_in("v2.ckpt"), err, sizeof err);
@@ -354,7 +366,7 @@ static int64_t bits(double x) {
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
   size_t t4 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, 8), 8);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -394,7 +406,7 @@ START_TEST(format_4_fields) {
   double half = 0.5;
   ck_splice(&k, t4, V4_TAIL + V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
   ck_splice(&k, t4 - 36 + 4, 8, &half, 8); /* lr_decay, after select */
-  ck_splice(&k, 8, 4, &three, 4);
+  old_version(&k, three);
   save(&k, "v3.ckpt");
   cavs_ckpt *c = cavs_ckpt_read(path_in("v3.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
@@ -433,7 +445,7 @@ END_TEST
 START_TEST(format_5_options) {
   Ckpt k0 = load_base();
   size_t t5 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL;
-  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, 8), 8);
   ck_assert_uint_eq(rd32(&k0, t5), 1);
   ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
   struct {
@@ -507,7 +519,7 @@ START_TEST(format_5_options) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t four = 4;
   ck_splice(&k, t5, V5_TAIL + V6_TAIL + V7_TAIL, "", 0);
-  ck_splice(&k, 8, 4, &four, 4);
+  old_version(&k, four);
   save(&k, "v4.ckpt");
   c = cavs_ckpt_read(path_in("v4.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
@@ -561,7 +573,7 @@ static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *v
 }
 START_TEST(format_6_carried_state) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, 8), 8);
   ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V7_TAIL - V6_CARRY), 0);
   field_refused(&k0, k0.n - 8 - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
   float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
@@ -608,7 +620,7 @@ START_TEST(format_6_carried_state) {
   memcpy(k.p, k0.p, k0.n);
   uint32_t five = 5;
   ck_splice(&k, k0.n - 8 - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
-  ck_splice(&k, 8, 4, &five, 4);
+  old_version(&k, five);
   save(&k, "v5.ckpt");
   c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
@@ -626,7 +638,7 @@ END_TEST
  * length. */
 START_TEST(format_7_chunk_lengths) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 7);
+  ck_assert_uint_eq(rd32(&k0, 8), 8);
   size_t at = k0.n - 8 - V7_TAIL;
   double bad[] = {-1, 1e6 * 2, NAN, INFINITY};
   char err[512];
@@ -647,7 +659,7 @@ START_TEST(format_7_chunk_lengths) {
   /* format 6: the tail gone, the version 6; and it still evaluates */
   uint32_t six = 6;
   ck_splice(&k, at, V7_TAIL, "", 0);
-  ck_splice(&k, 8, 4, &six, 4);
+  old_version(&k, six);
   save(&k, "v6.ckpt");
   c = cavs_ckpt_read(path_in("v6.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
@@ -656,6 +668,64 @@ START_TEST(format_7_chunk_lengths) {
   RunResult r = cavs("eval", path_in("v6.ckpt"), "--data", path_in("data.txt"), NULL);
   ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
   tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
+/* Format 8's count of moment blocks: 0 to 2, or refused (a format 7 file's has_moments
+ * 0 or 1); an Adagrad run writes one block, and a run resumed from it, or from the same
+ * Adam checkpoint as format 7 wrote it (has_moments 1, both blocks), goes on as from
+ * the file it came from: the same epoch line and the same checkpoint after. */
+START_TEST(format_8_moment_blocks) {
+  Ckpt k0 = load_base();
+  size_t at = steps_at(&k0) + 8;
+  ck_assert_uint_eq(k0.p[at], 2); /* base.ckpt's Adam */
+  field_refused(&k0, at, 3, 1, "optimizer state", 0);
+  field_refused(&k0, at, 255, 1, "optimizer state", 1);
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  old_version(&k, 7);
+  save(&k, "v7.ckpt");
+  field_refused(&k, at, 2, 1, "optimizer state", 2); /* two blocks is 1 in format 7 */
+  char vf[4400], err[512];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  char *line[3] = {NULL};
+  const char *from[] = {"base.ckpt", "v7.ckpt", "ada.ckpt"}, *to[] = {"r8.ckpt", "r7.ckpt", "rada.ckpt"};
+  RunResult r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "E=4", "--dim",
+                     "H=4", "--epochs", "1", "--quiet", "--threads", "1", "--optimizer", "adagrad", "--save",
+                     path_in("ada.ckpt"), NULL);
+  ok(&r, "train with adagrad");
+  tu_free(&r);
+  Ckpt ka;
+  ka.p = (unsigned char *)tu_slurp(path_in("ada.ckpt"), &ka.n);
+  ck_assert_uint_eq(ka.p[steps_at(&ka) + 8], 1);
+  free(ka.p);
+  for (int i = 0; i < 3; i++) {
+    r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--threads", "1",
+             "--resume", path_in(from[i]), "--save", path_in(to[i]), NULL);
+    ok(&r, from[i]);
+    char *e = strstr(r.out, "epoch 2"), *lr = e ? strstr(e, "  lr") : NULL;
+    ck_assert_msg(lr, "%s", tu_tail(r.out, 1800));
+    line[i] = strndup(e, (size_t)(lr - e)); /* (not the seconds after it) */
+    tu_free(&r);
+    cavs_ckpt *c = cavs_ckpt_read(path_in(to[i]), err, sizeof err);
+    ck_assert_msg(c != NULL, "%s", err);
+    cavs_ckpt_free(c);
+  }
+  ck_assert_msg(!strcmp(line[0], line[1]), "resumed from format 8: %s\nfrom format 7: %s", line[0], line[1]);
+  /* Adagrad's one block read back: its second epoch is a straight run's */
+  r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "E=4", "--dim", "H=4",
+           "--epochs", "2", "--threads", "1", "--optimizer", "adagrad", NULL);
+  ok(&r, "two epochs with adagrad");
+  char *e = strstr(r.out, "epoch 2");
+  ck_assert_msg(e && !strncmp(e, line[2], strlen(line[2])), "resumed: %s\nstraight: %s", line[2], tu_tail(r.out, 1800));
+  tu_free(&r);
+  size_t n8 = 0, n7 = 0;
+  char *a = tu_slurp(path_in("r8.ckpt"), &n8), *b = tu_slurp(path_in("r7.ckpt"), &n7);
+  ck_assert_msg(a && b && n8 == n7 && !memcmp(a, b, n8), "the checkpoints after the two resumes differ");
+  free(a), free(b);
+  for (int i = 0; i < 3; i++) free(line[i]);
   free(k.p);
   free(k0.p);
 }
@@ -1744,6 +1814,7 @@ int main(void) {
   tcase_add_test(tc, format_5_options);
   tcase_add_test(tc, format_6_carried_state);
   tcase_add_test(tc, format_7_chunk_lengths);
+  tcase_add_test(tc, format_8_moment_blocks);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);
