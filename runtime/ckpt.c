@@ -116,94 +116,105 @@ static int write_file_atomic(const char *path, const Buf *b, char *err, size_t e
   return cv_afile_commit(&a, err, errlen);
 }
 
-int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
-                   const cavs_train_state *ts, char *err, size_t errlen) {
+/* The header, dims, vocabulary, parameters and the optimizer's step and moments. */
+static void put_model(Buf *b, cavs_model *m, const char *source, const cavs_vocab *v) {
   const cavs_desc *d = m->d;
-  if (!source) source = d->source_text; /* the descriptor's own: the .vf it was made from */
-  Buf b = {0};
-  put(&b, CKPT_MAGIC, 8);
-  put_u32(&b, CKPT_VERSION);
-  put_str(&b, d->name);
-  put_str(&b, d->source_hash);
-  put_str(&b, source);
-  put_u32(&b, (uint32_t)d->precision);
-  put_u32(&b, (uint32_t)d->ndims);
+  put(b, CKPT_MAGIC, 8);
+  put_u32(b, CKPT_VERSION);
+  put_str(b, d->name);
+  put_str(b, d->source_hash);
+  put_str(b, source);
+  put_u32(b, (uint32_t)d->precision);
+  put_u32(b, (uint32_t)d->ndims);
   for (int i = 0; i < d->ndims; i++) {
-    put_str(&b, d->dims[i].name);
-    put_i64(&b, m->ctx.dims[i]);
+    put_str(b, d->dims[i].name);
+    put_i64(b, m->ctx.dims[i]);
   }
   int nw = v ? cavs_vocab_size(v) : 0;
-  put_u32(&b, (uint32_t)nw);
-  for (int i = 0; i < nw; i++) put_str(&b, cavs_vocab_word(v, i));
-  put_u32(&b, (uint32_t)d->nparams);
+  put_u32(b, (uint32_t)nw);
+  for (int i = 0; i < nw; i++) put_str(b, cavs_vocab_word(v, i));
+  put_u32(b, (uint32_t)d->nparams);
   for (int i = 0; i < d->nparams; i++) {
-    put_str(&b, d->params[i].name);
-    put_i64(&b, cv_lin(&d->params[i].rows, m->ctx.dims));
-    put_i64(&b, cv_lin(&d->params[i].cols, m->ctx.dims));
-    put_param(&b, m, m->pflat, i);
+    put_str(b, d->params[i].name);
+    put_i64(b, cv_lin(&d->params[i].rows, m->ctx.dims));
+    put_i64(b, cv_lin(&d->params[i].cols, m->ctx.dims));
+    put_param(b, m, m->pflat, i);
   }
-  put_i64(&b, m->step);
+  put_i64(b, m->step);
   /* the blocks the model holds: none for SGD, m1 for momentum and Adagrad, both for
      Adam (cv_alloc_moments makes m1 first) */
   unsigned char nm = m->m2 ? 2 : m->m1 ? 1 : 0;
-  put(&b, &nm, 1);
-  for (int i = 0; i < d->nparams && nm >= 1; i++) put_param(&b, m, m->m1, i);
-  for (int i = 0; i < d->nparams && nm == 2; i++) put_param(&b, m, m->m2, i);
-  cavs_train_state z = {0};
-  if (!ts) ts = &z;
-  put_u32(&b, (uint32_t)ts->epoch);
-  put_i64(&b, (int64_t)ts->rng);
-  put_f64(&b, ts->best);
-  put_i64(&b, (int64_t)ts->seed);
-  put_u32(&b, (uint32_t)ts->threads);
-  put_u32(&b, (uint32_t)ts->batch);
-  put_str(&b, ts->format);
-  put_u32(&b, (uint32_t)ts->optim.kind);
-  put_f64(&b, ts->optim.lr);
-  put_f64(&b, ts->optim.clip);
-  put_f64(&b, ts->optim.weight_decay);
-  put_f64(&b, ts->optim.beta1);
-  put_f64(&b, ts->optim.beta2);
-  put_f64(&b, ts->optim.eps);
-  put_i64(&b, ts->graphs_done);
-  put_u32(&b, (uint32_t)ts->select);
-  put_f64(&b, ts->lr_decay);
-  put_u32(&b, (uint32_t)ts->lr_step);
-  put_u32(&b, (uint32_t)ts->warmup);
-  put_u32(&b, (uint32_t)ts->patience);
-  put_u32(&b, (uint32_t)ts->since_best);
-  put_u32(&b, (uint32_t)ts->best_epoch);
+  put(b, &nm, 1);
+  for (int i = 0; i < d->nparams && nm >= 1; i++) put_param(b, m, m->m1, i);
+  for (int i = 0; i < d->nparams && nm == 2; i++) put_param(b, m, m->m2, i);
+}
+
+/* The training state, in the order the formats added it (the frozen parameters and the
+ * options are the model's, the carried state its last minibatch's). */
+static void put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts) {
+  const cavs_desc *d = m->d;
+  put_u32(b, (uint32_t)ts->epoch);
+  put_i64(b, (int64_t)ts->rng);
+  put_f64(b, ts->best);
+  put_i64(b, (int64_t)ts->seed);
+  put_u32(b, (uint32_t)ts->threads);
+  put_u32(b, (uint32_t)ts->batch);
+  put_str(b, ts->format);
+  put_u32(b, (uint32_t)ts->optim.kind);
+  put_f64(b, ts->optim.lr);
+  put_f64(b, ts->optim.clip);
+  put_f64(b, ts->optim.weight_decay);
+  put_f64(b, ts->optim.beta1);
+  put_f64(b, ts->optim.beta2);
+  put_f64(b, ts->optim.eps);
+  put_i64(b, ts->graphs_done);
+  put_u32(b, (uint32_t)ts->select);
+  put_f64(b, ts->lr_decay);
+  put_u32(b, (uint32_t)ts->lr_step);
+  put_u32(b, (uint32_t)ts->warmup);
+  put_u32(b, (uint32_t)ts->patience);
+  put_u32(b, (uint32_t)ts->since_best);
+  put_u32(b, (uint32_t)ts->best_epoch);
   /* the frozen parameters (cavs_model_freeze: a group of one parameter each) */
   uint32_t nfrozen = 0;
   for (int i = 0; i < d->nparams; i++) nfrozen += m->frozen[d->params[i].group] != 0;
-  put_u32(&b, nfrozen);
+  put_u32(b, nfrozen);
   for (int i = 0; i < d->nparams; i++)
-    if (m->frozen[d->params[i].group]) put_u32(&b, (uint32_t)i);
-  put_f64(&b, ts->optim.momentum);
-  put_u32(&b, (uint32_t)ts->schedule);
-  put_f64(&b, ts->lr_min);
-  put_u32(&b, (uint32_t)ts->cosine_epochs);
-  put_f64(&b, ts->plateau_factor);
-  put_u32(&b, (uint32_t)ts->plateau_patience);
-  put_f64(&b, ts->lr_now);
-  put_f64(&b, ts->plateau_best);
-  put_u32(&b, (uint32_t)ts->plateau_bad);
+    if (m->frozen[d->params[i].group]) put_u32(b, (uint32_t)i);
+  put_f64(b, ts->optim.momentum);
+  put_u32(b, (uint32_t)ts->schedule);
+  put_f64(b, ts->lr_min);
+  put_u32(b, (uint32_t)ts->cosine_epochs);
+  put_f64(b, ts->plateau_factor);
+  put_u32(b, (uint32_t)ts->plateau_patience);
+  put_f64(b, ts->lr_now);
+  put_f64(b, ts->plateau_best);
+  put_u32(b, (uint32_t)ts->plateau_bad);
   /* the options (a dropout's probability): a resumed run keeps what was set */
-  put_u32(&b, (uint32_t)d->noptions);
+  put_u32(b, (uint32_t)d->noptions);
   for (int i = 0; i < d->noptions; i++) {
-    put_str(&b, d->options[i].name);
-    put_f64(&b, cavs_model_option(m, i));
+    put_str(b, d->options[i].name);
+    put_f64(b, cavs_model_option(m, i));
   }
-  put_u32(&b, (uint32_t)ts->lr_decay_start);
+  put_u32(b, (uint32_t)ts->lr_decay_start);
   /* the carried state, so that a run stopped inside an epoch goes on from it */
   uint32_t crows = m->carry_state >= 0 ? (uint32_t)m->ncarry : 0;
   long cw = crows ? m->bw[m->carry_state] : 0;
-  put_u32(&b, crows);
-  put_u32(&b, (uint32_t)cw);
-  size_t at = b.n, cbytes = (size_t)crows * (size_t)cw * m->esize;
-  put(&b, NULL, cbytes);
-  if (!b.oom && cbytes) m->be->download(b.p + at, m->carry, cbytes);
-  put_f64(&b, ts->bptt_vary);
+  put_u32(b, crows);
+  put_u32(b, (uint32_t)cw);
+  size_t at = b->n, cbytes = (size_t)crows * (size_t)cw * m->esize;
+  put(b, NULL, cbytes);
+  if (!b->oom && cbytes) m->be->download(b->p + at, m->carry, cbytes);
+  put_f64(b, ts->bptt_vary);
+}
+
+int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
+                   const cavs_train_state *ts, char *err, size_t errlen) {
+  if (!source) source = m->d->source_text; /* the descriptor's own: the .vf it was made from */
+  cavs_train_state z = {0};
+  Buf b = {0};
+  put_model(&b, m, source, v);
+  put_state(&b, m, ts ? ts : &z);
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {

@@ -155,24 +155,9 @@ void cavs_dims_derive(const cavs_desc *d, long *dims) {
   }
 }
 
-/* Every array is allocated (and checked) before the model is used; cavs_model_free can
- * take a model that failed half way. */
-#define NEW(p, n, what)                                                                   \
-  do {                                                                                    \
-    if (!((p) = calloc((size_t)(n) + 1, sizeof *(p)))) {                                  \
-      snprintf(err, errlen, "out of memory (%s)", what);                                  \
-      errno = ENOMEM;                                                                     \
-      cavs_model_free(m);                                                                 \
-      return NULL;                                                                        \
-    }                                                                                     \
-  } while (0)
-
-cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen) {
-  return cavs_model_new_opts(d, dims, NULL, err, errlen);
-}
-
-cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
-                                size_t errlen) {
+/* The descriptor's version, and the indices the runtime follows in its vertex types (the
+ * states the gathers read, the slots' types); false with the message in err. */
+static bool vertex_types_ok(const cavs_desc *d, char *err, size_t errlen) {
   /* the version first: a descriptor of another ABI may not even have these fields where
      this one reads them (abi has been the first field from the start) */
   if (d->abi != CAVS_ABI_VERSION) {
@@ -180,9 +165,8 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
              "model '%s' was generated for libcavs ABI %d, but this libcavs is ABI %d: generate it again with "
              "this version's cavsc",
              d->abi >= 2 || d->abi == 1 ? d->name : "?", d->abi, CAVS_ABI_VERSION);
-    return NULL;
+    return false;
   }
-  /* the states the gathers read and the slots' types are indices the runtime follows */
   for (int t = 0; t < d->nvertex; t++) {
     const cavs_vertex_desc *v = &d->vertex[t];
     bool ok = v->state >= -1 && v->state < d->nbufs && (d->state_buf < 0 || v->state == d->state_buf);
@@ -197,9 +181,15 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
                              : v->edge_type < d->nvertex && d->vertex[v->edge_type].state == v->edge_state);
     if (!ok) {
       snprintf(err, errlen, "model '%s': vertex type %d's states or child slots are inconsistent", d->name, t);
-      return NULL;
+      return false;
     }
   }
+  return true;
+}
+
+/* The backend the options name (cpu by default), if it runs the model's target and
+ * vertices and its device is there; NULL with the message in err. */
+static const cv_backend *backend_for(const cavs_desc *d, const cavs_model_opts *o, char *err, size_t errlen) {
   const char *bname = o && o->backend && *o->backend ? o->backend : "cpu";
   const cv_backend *be = cv_backend_find(bname, err, errlen);
   if (!be) return NULL;
@@ -216,14 +206,19 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
                "does not run yet", d->name, d->vertex[t].name, be->name);
       return NULL;
     }
-  if (be->probe(err, errlen)) return NULL;
+  return be->probe(err, errlen) ? NULL : be;
+}
+
+/* The options' defaults, and every dim bound (dims, or the fixed ones where dims is NULL;
+ * products from their factors) into bound; false with the message in err. */
+static bool dims_bound(const cavs_desc *d, const long *dims, long *bound, char *err, size_t errlen) {
   if (d->ndims < 0 || d->ndims > CAVS_MAX_DIMS) {
     snprintf(err, errlen, "model '%s' has %d dims (at most %d)", d->name, d->ndims, CAVS_MAX_DIMS);
-    return NULL;
+    return false;
   }
   if (d->noptions < 0 || d->noptions > CAVS_MAX_OPTIONS) {
     snprintf(err, errlen, "model '%s' has %d options (at most %d)", d->name, d->noptions, CAVS_MAX_OPTIONS);
-    return NULL;
+    return false;
   }
   for (int i = 0; i < d->noptions; i++)
     if (!d->options[i].name || d->options[i].kind != cavs_option_kind_of(d->options[i].name) ||
@@ -233,9 +228,8 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
                d->options[i].kind == CAVS_OPTION_CLIP      ? "a gradient-norm clip (0 or more)"
                : d->options[i].kind == CAVS_OPTION_BALANCE ? "a loss's weight (0 or more)"
                                                            : "a dropout probability in [0, 1)");
-      return NULL;
+      return false;
     }
-  long bound[CAVS_MAX_DIMS];
   for (int i = 0; i < d->ndims; i++) {
     long v = dims ? dims[i] : (d->dims[i].kind == CAVS_DIM_FIXED ? d->dims[i].value : 0);
     if (d->dims[i].kind == CAVS_DIM_PRODUCT) {
@@ -243,22 +237,198 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
       if (d->dims[i].a < 0 || d->dims[i].a >= i || d->dims[i].b < 0 || d->dims[i].b >= i) {
         snprintf(err, errlen, "model '%s': dim %s is a product of dims that do not come before it", d->name,
                  d->dims[i].name);
-        return NULL;
+        return false;
       }
       v = bound[d->dims[i].a] * bound[d->dims[i].b];
       if (v > CAVS_MAX_DIM) {
         snprintf(err, errlen, "dim %s = %s * %s = %ld is too large (at most 16777216)", d->dims[i].name,
                  d->dims[d->dims[i].a].name, d->dims[d->dims[i].b].name, v);
-        return NULL;
+        return false;
       }
     }
     if (v <= 0 || v > CAVS_MAX_DIM) {
       snprintf(err, errlen, "dim %s %s", d->dims[i].name,
                v <= 0 ? "has no value (bind it from the data or with --dim)" : "is too large (at most 16777216)");
-      return NULL;
+      return false;
     }
     bound[i] = v;
   }
+  return true;
+}
+
+/* Every array is allocated (and checked) before the model is used; cavs_model_free can
+ * take a model that failed half way. In the steps below, false: the message is in err
+ * and errno says why, and the caller frees the model. */
+#define NEW(p, n, what)                                                                   \
+  do {                                                                                    \
+    if (!((p) = calloc((size_t)(n) + 1, sizeof *(p)))) {                                  \
+      snprintf(err, errlen, "out of memory (%s)", what);                                  \
+      errno = ENOMEM;                                                                     \
+      return false;                                                                       \
+    }                                                                                     \
+  } while (0)
+
+/* The widths at these dims: the parameter groups' shapes and places in the flat blocks
+ * (*total values), the buffers', the real inputs', the homes'; every index of the
+ * descriptor's it follows checked, every size in checked arithmetic; and what the model
+ * needs before a minibatch (parameters, gradients, the lookup tables' row lists, the
+ * optimizer's *nspans spans) held to the memory limit. */
+static bool lay_out(cavs_model *m, size_t *total, size_t *nspans, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  cavs_ctx *c = &m->ctx;
+  NEW(m->pg_off, d->npgroups, "parameter groups");
+  NEW(m->frozen, d->npgroups, "parameter groups");
+  NEW(m->pg_clean, d->npgroups, "parameter groups");
+  NEW(m->pg_rows, d->npgroups, "parameter groups");
+  NEW(m->pg_cols, d->npgroups, "parameter groups");
+  NEW(m->bw, d->nbufs, "buffers");
+  NEW(m->rw, d->nreal, "inputs");
+  size_t sparse_rows = 0;
+  *total = 0, *nspans = 1;
+  bool ok = true;
+  for (int g = 0; g < d->npgroups && ok; g++) {
+    size_t n;
+    m->pg_off[g] = *total;
+    ok = !cv_lin_checked(&d->pgroups[g].rows, c->dims, &m->pg_rows[g]) &&
+         !cv_lin_checked(&d->pgroups[g].cols, c->dims, &m->pg_cols[g]) &&
+         !__builtin_mul_overflow((size_t)m->pg_rows[g], (size_t)m->pg_cols[g], &n) &&
+         !__builtin_add_overflow(*total, n + 15, total);
+    *total &= ~(size_t)15; /* 64-byte aligned groups */
+    if (d->pgroups[g].sparse_input >= 0) sparse_rows += (size_t)m->pg_rows[g], *nspans += (size_t)m->pg_rows[g];
+    else (*nspans)++;
+  }
+  for (int b = 0; b < d->nbufs && ok; b++) ok = !cv_lin_checked(&d->bufs[b].width, c->dims, &m->bw[b]);
+  /* the pushed columns lie in the push buffer (cavs_model_vertex_output reads them) */
+  if (ok && d->push_buf >= 0) {
+    long off = 0, w = 0;
+    if (d->push_buf >= d->nbufs || cv_lin_checked(&d->push_off, c->dims, &off) ||
+        cv_lin_checked(&d->push_width, c->dims, &w) || off < 0 || w < 0 || off + w > m->bw[d->push_buf]) {
+      snprintf(err, errlen, "model '%s': its pushed rows lie outside their buffer", d->name);
+      return false;
+    }
+  }
+  /* a dropout read in place: its output's columns lie in its input's buffer */
+  for (int i = 0; ok && i < d->naliases; i++) {
+    const cavs_alias_desc *a = &d->aliases[i];
+    long off = 0;
+    if (a->buf < 0 || a->buf >= d->nbufs || a->src < 0 || a->src >= d->nbufs || a->buf == a->src ||
+        a->opt < -1 || a->opt >= d->noptions || cv_lin_checked(&a->off, c->dims, &off) ||
+        off > m->bw[a->src] - m->bw[a->buf] || (d->bufs[a->buf].grad != CAVS_GRAD_NONE && !d->bufs[a->src].grad)) {
+      snprintf(err, errlen, "model '%s': a dropout read in place lies outside its input's buffer", d->name);
+      return false;
+    }
+  }
+  for (int t = 0; t < d->nvertex && ok; t++) {
+    if (d->vertex[t].homes && m->bw[d->vertex[t].state] > m->home_w) m->home_w = m->bw[d->vertex[t].state];
+    if (d->vertex[t].homes > m->nhomes) m->nhomes = d->vertex[t].homes;
+  }
+  for (int i = 0; i < d->ninputs && ok; i++)
+    if (d->inputs[i].kind == CAVS_IN_REAL) ok = !cv_lin_checked(&d->inputs[i].width, c->dims, &m->rw[d->inputs[i].slot]);
+  /* parameters and gradients; the lookup tables' row lists (the optimizer's moments are
+     counted as they are made: cv_alloc_moments) */
+  size_t bytes = 0;
+  ok = ok && !__builtin_mul_overflow(*total, 2 * m->esize, &bytes) &&
+       !__builtin_add_overflow(bytes, sparse_rows * (sizeof(int) + 1) + *nspans * 2 * sizeof(size_t), &bytes);
+  if (!ok || bytes > cavs_memory_limit()) {
+    if (ok)
+      snprintf(err, errlen,
+               "model '%s' needs %s for its parameters and gradients, more than the memory "
+               "limit of %s (smaller dims, or raise the limit: --max-memory)",
+               d->name, cv_bytes((char[CV_BYTES_LEN]){0}, bytes), cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
+    else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
+    errno = ENOMEM;
+    return false;
+  }
+  m->model_bytes = bytes;
+  return true;
+}
+
+/* The parameters' and gradients' flat blocks of `total` values (zeroed, on the backend),
+ * each group's place in them, and the zero row a row without a home reads as its
+ * home's gradient (homes, scheduler.c). */
+static bool alloc_flat(cavs_model *m, size_t total, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  char why[sizeof m->alloc_why + 4];
+  m->nflat = total;
+  m->pflat = cv_alloc_zeroed(m, total * m->esize);
+  m->gflat = cv_alloc_zeroed(m, total * m->esize);
+  if (!m->pflat || !m->gflat) {
+    snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
+    errno = ENOMEM;
+    return false;
+  }
+  if (m->home_w) {
+    if (!(m->hzero = m->be->alloc(m, (size_t)m->home_w * m->esize))) {
+      snprintf(err, errlen, "out of memory%s", alloc_why(m, why, sizeof why));
+      errno = ENOMEM;
+      return false;
+    }
+    m->be->zero(m, m->hzero, (size_t)m->home_w * m->esize);
+  }
+  NEW(m->param, d->npgroups, "parameter groups");
+  NEW(m->pgrad, d->npgroups, "parameter groups");
+  for (int g = 0; g < d->npgroups; g++) {
+    m->param[g] = (char *)m->pflat + m->pg_off[g] * m->esize;
+    m->pgrad[g] = (char *)m->gflat + m->pg_off[g] * m->esize;
+  }
+  m->ctx.param = m->param;
+  m->ctx.pgrad = m->pgrad;
+  return true;
+}
+
+/* The host arrays the passes and the steps index: the lookup tables' row lists, the
+ * optimizer's `nspans` spans, the buffers', losses', inputs' and vertex types' tables,
+ * the context's pointers into them. */
+static bool alloc_tables(cavs_model *m, size_t nspans, char *err, size_t errlen) {
+  const cavs_desc *d = m->d;
+  cavs_ctx *c = &m->ctx;
+  NEW(m->touched, d->npgroups, "lookup tables");
+  NEW(m->ntouched, d->npgroups, "lookup tables");
+  NEW(m->mark, d->npgroups, "lookup tables");
+  for (int g = 0; g < d->npgroups; g++)
+    if (d->pgroups[g].sparse_input >= 0) {
+      NEW(m->touched[g], m->pg_rows[g], "lookup tables");
+      NEW(m->mark[g], m->pg_rows[g], "lookup tables");
+    }
+  /* optim.c's spans ({offset, length} pairs): at most one a dense group and one a row of
+     a lookup table */
+  m->capspans = (int)(nspans < INT_MAX ? nspans : INT_MAX);
+  if (!(m->spans = calloc(nspans, 2 * sizeof(size_t)))) {
+    snprintf(err, errlen, "out of memory (optimizer)");
+    errno = ENOMEM;
+    return false;
+  }
+  NEW(m->val, d->nbufs, "buffers");
+  NEW(m->grad, d->nbufs, "buffers");
+  NEW(m->cval, d->nbufs, "buffers");
+  NEW(m->cgrad, d->nbufs, "buffers");
+  c->val = m->cval;
+  c->grad = m->cgrad;
+  NEW(m->loss, d->nlosses, "losses");
+  NEW(m->loss_den, d->nlosses, "losses");
+  c->loss = m->loss;
+  NEW(m->iin, d->nint, "inputs");
+  NEW(m->rin, d->nreal, "inputs");
+  c->iin = (const int **)m->iin;
+  c->rin = (const void **)m->rin;
+  NEW(m->type_r0, d->nvertex, "vertex types");
+  NEW(m->tview, d->nvertex, "vertex types");
+  NEW(m->type_n, d->nvertex, "vertex types");
+  NEW(m->type_leaf, d->nvertex, "vertex types");
+  return true;
+}
+#undef NEW
+
+cavs_model *cavs_model_new(const cavs_desc *d, const long *dims, char *err, size_t errlen) {
+  return cavs_model_new_opts(d, dims, NULL, err, errlen);
+}
+
+cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs_model_opts *o, char *err,
+                                size_t errlen) {
+  if (!vertex_types_ok(d, err, errlen)) return NULL;
+  const cv_backend *be = backend_for(d, o, err, errlen);
+  long bound[CAVS_MAX_DIMS];
+  if (!be || !dims_bound(d, dims, bound, err, errlen)) return NULL;
   cavs_model *m = calloc(1, sizeof *m);
   if (!m) {
     snprintf(err, errlen, "out of memory");
@@ -275,135 +445,16 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   c->model = m;
   for (int i = 0; i < d->ndims; i++) c->dims[i] = bound[i];
   for (int i = 0; i < d->noptions; i++) c->opt[i] = d->options[i].value;
-
-  NEW(m->pg_off, d->npgroups, "parameter groups");
-  NEW(m->frozen, d->npgroups, "parameter groups");
-  NEW(m->pg_clean, d->npgroups, "parameter groups");
-  NEW(m->pg_rows, d->npgroups, "parameter groups");
-  NEW(m->pg_cols, d->npgroups, "parameter groups");
-  NEW(m->bw, d->nbufs, "buffers");
-  NEW(m->rw, d->nreal, "inputs");
-  /* sizes first, in checked arithmetic, against the memory limit */
-  size_t total = 0, sparse_rows = 0, nspans = 1;
-  bool ok = true;
-  for (int g = 0; g < d->npgroups && ok; g++) {
-    size_t n;
-    m->pg_off[g] = total;
-    ok = !cv_lin_checked(&d->pgroups[g].rows, c->dims, &m->pg_rows[g]) &&
-         !cv_lin_checked(&d->pgroups[g].cols, c->dims, &m->pg_cols[g]) &&
-         !__builtin_mul_overflow((size_t)m->pg_rows[g], (size_t)m->pg_cols[g], &n) &&
-         !__builtin_add_overflow(total, n + 15, &total);
-    total &= ~(size_t)15; /* 64-byte aligned groups */
-    if (d->pgroups[g].sparse_input >= 0) sparse_rows += (size_t)m->pg_rows[g], nspans += (size_t)m->pg_rows[g];
-    else nspans++;
-  }
-  for (int b = 0; b < d->nbufs && ok; b++) ok = !cv_lin_checked(&d->bufs[b].width, c->dims, &m->bw[b]);
-  /* the pushed columns lie in the push buffer (cavs_model_vertex_output reads them) */
-  if (ok && d->push_buf >= 0) {
-    long off = 0, w = 0;
-    if (d->push_buf >= d->nbufs || cv_lin_checked(&d->push_off, c->dims, &off) ||
-        cv_lin_checked(&d->push_width, c->dims, &w) || off < 0 || w < 0 || off + w > m->bw[d->push_buf]) {
-      snprintf(err, errlen, "model '%s': its pushed rows lie outside their buffer", d->name);
-      cavs_model_free(m);
-      return NULL;
-    }
-  }
-  /* a dropout read in place: its output's columns lie in its input's buffer */
-  for (int i = 0; ok && i < d->naliases; i++) {
-    const cavs_alias_desc *a = &d->aliases[i];
-    long off = 0;
-    if (a->buf < 0 || a->buf >= d->nbufs || a->src < 0 || a->src >= d->nbufs || a->buf == a->src ||
-        a->opt < -1 || a->opt >= d->noptions || cv_lin_checked(&a->off, c->dims, &off) ||
-        off > m->bw[a->src] - m->bw[a->buf] || (d->bufs[a->buf].grad != CAVS_GRAD_NONE && !d->bufs[a->src].grad)) {
-      snprintf(err, errlen, "model '%s': a dropout read in place lies outside its input's buffer", d->name);
-      cavs_model_free(m);
-      return NULL;
-    }
-  }
-  for (int t = 0; t < d->nvertex && ok; t++) {
-    if (d->vertex[t].homes && m->bw[d->vertex[t].state] > m->home_w) m->home_w = m->bw[d->vertex[t].state];
-    if (d->vertex[t].homes > m->nhomes) m->nhomes = d->vertex[t].homes;
-  }
-  for (int i = 0; i < d->ninputs && ok; i++)
-    if (d->inputs[i].kind == CAVS_IN_REAL) ok = !cv_lin_checked(&d->inputs[i].width, c->dims, &m->rw[d->inputs[i].slot]);
-  /* parameters and gradients; the lookup tables' row lists (the optimizer's moments are
-     counted as they are made: cv_alloc_moments) */
-  size_t bytes = 0;
-  ok = ok && !__builtin_mul_overflow(total, 2 * m->esize, &bytes) &&
-       !__builtin_add_overflow(bytes, sparse_rows * (sizeof(int) + 1) + nspans * 2 * sizeof(size_t), &bytes);
-  if (!ok || bytes > cavs_memory_limit()) {
-    if (ok)
-      snprintf(err, errlen,
-               "model '%s' needs %s for its parameters and gradients, more than the memory "
-               "limit of %s (smaller dims, or raise the limit: --max-memory)",
-               d->name, cv_bytes((char[CV_BYTES_LEN]){0}, bytes), cv_bytes((char[CV_BYTES_LEN]){0}, cavs_memory_limit()));
-    else snprintf(err, errlen, "model '%s': its size overflows with these dims", d->name);
+  size_t total, nspans;
+  if (!lay_out(m, &total, &nspans, err, errlen) || !alloc_flat(m, total, err, errlen) ||
+      !alloc_tables(m, nspans, err, errlen)) {
+    int e = errno;
     cavs_model_free(m);
-    errno = ENOMEM;
+    errno = e;
     return NULL;
   }
-  m->model_bytes = bytes;
-  m->nflat = total;
-  m->pflat = cv_alloc_zeroed(m, total * m->esize);
-  m->gflat = cv_alloc_zeroed(m, total * m->esize);
-  if (!m->pflat || !m->gflat) {
-    char why[sizeof m->alloc_why + 4];
-    snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
-    cavs_model_free(m);
-    errno = ENOMEM;
-    return NULL;
-  }
-  if (m->home_w) {
-    /* what a row without a home reads as its home's gradient (homes, scheduler.c) */
-    if (!(m->hzero = be->alloc(m, (size_t)m->home_w * m->esize))) {
-      char why[sizeof m->alloc_why + 4];
-      snprintf(err, errlen, "out of memory%s", alloc_why(m, why, sizeof why));
-      cavs_model_free(m);
-      errno = ENOMEM;
-      return NULL;
-    }
-    be->zero(m, m->hzero, (size_t)m->home_w * m->esize);
-  }
-  NEW(m->param, d->npgroups, "parameter groups");
-  NEW(m->pgrad, d->npgroups, "parameter groups");
-  for (int g = 0; g < d->npgroups; g++) {
-    m->param[g] = (char *)m->pflat + m->pg_off[g] * m->esize;
-    m->pgrad[g] = (char *)m->gflat + m->pg_off[g] * m->esize;
-  }
-  c->param = m->param;
-  c->pgrad = m->pgrad;
-  NEW(m->touched, d->npgroups, "lookup tables");
-  NEW(m->ntouched, d->npgroups, "lookup tables");
-  NEW(m->mark, d->npgroups, "lookup tables");
-  for (int g = 0; g < d->npgroups; g++)
-    if (d->pgroups[g].sparse_input >= 0) {
-      NEW(m->touched[g], m->pg_rows[g], "lookup tables");
-      NEW(m->mark[g], m->pg_rows[g], "lookup tables");
-    }
-  /* optim.c's spans ({offset, length} pairs): at most one a dense group and one a row of
-     a lookup table */
-  m->capspans = (int)(nspans < INT_MAX ? nspans : INT_MAX);
-  if (!(m->spans = calloc(nspans, 2 * sizeof(size_t)))) {
-    snprintf(err, errlen, "out of memory (optimizer)");
-    cavs_model_free(m);
-    errno = ENOMEM;
-    return NULL;
-  }
-  NEW(m->val, d->nbufs, "buffers");
-  NEW(m->grad, d->nbufs, "buffers");
-  NEW(m->cval, d->nbufs, "buffers");
-  NEW(m->cgrad, d->nbufs, "buffers");
-  c->val = m->cval;
-  c->grad = m->cgrad;
   c->keep = 1;
   m->cur_type = -1;
-  NEW(m->loss, d->nlosses, "losses");
-  NEW(m->loss_den, d->nlosses, "losses");
-  c->loss = m->loss;
-  NEW(m->iin, d->nint, "inputs");
-  NEW(m->rin, d->nreal, "inputs");
-  c->iin = (const int **)m->iin;
-  c->rin = (const void **)m->rin;
   m->maxc = 1;
   for (int v = 0; v < d->nvertex; v++) {
     if (d->vertex[v].children > m->maxc) m->maxc = d->vertex[v].children;
@@ -411,10 +462,6 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   m->maxc_fixed = m->maxc;
   c->maxc = m->maxc;
-  NEW(m->type_r0, d->nvertex, "vertex types");
-  NEW(m->tview, d->nvertex, "vertex types");
-  NEW(m->type_n, d->nvertex, "vertex types");
-  NEW(m->type_leaf, d->nvertex, "vertex types");
   c->loss_scale = 1;
   m->overlap = be->stream && !(o && o->one_stream);
   m->own_gemm = !(o && o->blas) && cv_sgemm_usable();
@@ -426,7 +473,6 @@ cavs_model *cavs_model_new_opts(const cavs_desc *d, const long *dims, const cavs
   }
   return m;
 }
-#undef NEW
 
 void cavs_model_free(cavs_model *m) {
   if (!m) return;
