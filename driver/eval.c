@@ -569,6 +569,12 @@ int cmd_info(const char *path) {
   if (ts->optim.weight_decay) printf(" weight decay %g", ts->optim.weight_decay);
   if (ts->optim.clip) printf(" clip %g", ts->optim.clip);
   printf(", seed %llu\n", (unsigned long long)ts->seed);
+  long steps;
+  int nm = cavs_ckpt_moments(k, &steps);
+  printf("optimizer   %ld step%s, state %s", steps, steps == 1 ? "" : "s",
+         nm ? (nm == 1 ? "one block of moments" : "two blocks of moments") : "none");
+  if (nm) printf(" (%ld values each)", cavs_ckpt_param_count(k));
+  printf("\n");
   static const char *const metric[] = {"the metric --select chose", "accuracy", "root accuracy", "loss"};
   if (ts->best >= 0) {
     printf("best dev    %.4f (%s", ts->best, metric[ts->select >= 0 && ts->select <= 3 ? ts->select : 0]);

@@ -704,6 +704,10 @@ const char *cavs_ckpt_option(const cavs_ckpt *k, int i, double *value);
  * graph of the last minibatch (0: none), each of *width values (width may be NULL). */
 int cavs_ckpt_carried(const cavs_ckpt *k, long *width);
 long cavs_ckpt_param_count(const cavs_ckpt *k);
+/* The optimizer's state saved: its blocks of moments (0 to 2, each a value for every
+ * parameter value: cavs_model_reserve_optimizer says which kind keeps how many), and in
+ * *steps (which may be NULL) the steps it has taken. */
+int cavs_ckpt_moments(const cavs_ckpt *k, long *steps);
 /* A new vocabulary with the checkpoint's words, in their ids. */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);
 /* Copies parameters and optimizer state into m after checking that they fit, and

@@ -840,6 +840,11 @@ const char *cavs_ckpt_option(const cavs_ckpt *k, int i, double *value) {
 const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_name[i] : NULL; }
 long cavs_ckpt_dim_value(const cavs_ckpt *k, int i) { return i >= 0 && i < k->ndims ? k->dim_value[i] : -1; }
 
+int cavs_ckpt_moments(const cavs_ckpt *k, long *steps) {
+  if (steps) *steps = k->steps;
+  return k->nmoments;
+}
+
 long cavs_ckpt_param_count(const cavs_ckpt *k) {
   long n = 0;
   for (int i = 0; i < k->nparams; i++) n += k->params[i].rows * k->params[i].cols;

@@ -58,6 +58,8 @@ START_TEST(train_in_double) {
   r = cavs("info", path_in("d.ckpt"), NULL);
   ok(&r, "info");
   ck_assert_msg(strstr(r.out, ", double)") && strstr(r.out, "1 epoch done"), "%s", tu_tail(r.out, 1200));
+  /* Adam's two moments, saved with the steps */
+  ck_assert_msg(strstr(r.out, "steps, state two blocks of moments ("), "%s", tu_tail(r.out, 1200));
   tu_free(&r);
   r = cavs("eval", path_in("d.ckpt"), "--data", path_in("dev.txt"), NULL);
   ok(&r, "eval of a double checkpoint");
@@ -1745,6 +1747,7 @@ START_TEST(resume_keeps_settings_not_given) {
   r = cavs("info", path_in("s2.ckpt"), NULL);
   ok(&r, "info");
   ck_assert_msg(strstr(r.out, "optimizer sgd lr 0.03"), "%s", tu_tail(r.out, 1800));
+  ck_assert_msg(strstr(r.out, "steps, state none\n"), "%s", tu_tail(r.out, 1800)); /* SGD keeps none */
   tu_free(&r);
 }
 END_TEST

@@ -701,6 +701,16 @@ START_TEST(format_8_moment_blocks) {
   ka.p = (unsigned char *)tu_slurp(path_in("ada.ckpt"), &ka.n);
   ck_assert_uint_eq(ka.p[steps_at(&ka) + 8], 1);
   free(ka.p);
+  /* what cavs_ckpt_moments says of each: Adam's two (format 8 or 7), Adagrad's one */
+  static const int blocks[] = {2, 2, 1};
+  for (int i = 0; i < 3; i++) {
+    cavs_ckpt *c = cavs_ckpt_read(path_in(from[i]), err, sizeof err);
+    ck_assert_msg(c != NULL, "%s", err);
+    long steps = -1;
+    ck_assert_int_eq(cavs_ckpt_moments(c, &steps), blocks[i]);
+    ck_assert_msg(steps > 0, "%s: %ld steps", from[i], steps);
+    cavs_ckpt_free(c);
+  }
   for (int i = 0; i < 3; i++) {
     r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--threads", "1",
              "--resume", path_in(from[i]), "--save", path_in(to[i]), NULL);

@@ -563,6 +563,12 @@ class Model:
                     weight_decay=weight_decay, momentum=momentum)
         self._check(C.lib().cavs_model_step(self._ptr, ctypes.byref(o)))
 
+    def reserve_optimizer(self, optimizer="adam"):
+        """The state that optimizer keeps made now, against the memory limit, as its first
+        step would (SGD none, Adagrad, momentum and Nesterov one block as large as the
+        parameters, Adam and AdamW two): an Error now rather than at the first step."""
+        self._check(C.lib().cavs_model_reserve_optimizer(self._ptr, _optim_kind(optimizer)))
+
     def track_grad_norm(self, on=True):
         """Have every step keep the gradients' global norm: grad_norm() reads it."""
         C.lib().cavs_model_track_grad_norm(self._ptr, 1 if on else 0)
@@ -952,6 +958,7 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     if bptt_vary and not carry:
         raise Error("bptt_vary: the chunks vary on text-bptt with the state carried (bptt_state carry)")
     nint = model.spec.desc.contents.nint
+    model.reserve_optimizer(optimizer)  # (as cavs train: before the first minibatch)
     n, nbatches, history, since = len(gs), (len(gs) + batch - 1) // batch, [], 0
     best = None
     for epoch in range(1, epochs + 1):

@@ -135,6 +135,7 @@ _PROTOS = {
     "cavs_model_forward": (c_int, [c_void_p, P(P(Graph)), c_int, P(Stats)]),
     "cavs_model_backward": (None, [c_void_p]),
     "cavs_model_step": (c_int, [c_void_p, P(Optim)]),
+    "cavs_model_reserve_optimizer": (c_int, [c_void_p, c_int]),
     "cavs_model_track_grad_norm": (c_int, [c_void_p, c_int]),
     "cavs_model_grad_norm": (c_double, [c_void_p]),
     "cavs_model_expert_load": (c_int, [c_void_p, c_int, ctypes.POINTER(c_long), c_int]),

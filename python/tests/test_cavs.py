@@ -364,3 +364,19 @@ def test_schedule_settings_checked(data):
                         ({"schedule": "cosine", "lr_min": 1.0, "lr": 0.1}, "not below the rate")):
         with pytest.raises(cavs.Error, match=msg):
             cavs.train(model, train, epochs=1, **kwargs)
+
+
+def test_reserve_optimizer(data, tmp_path):
+    """The state an optimizer keeps, made before any step, is what a checkpoint then holds:
+    none, then Adagrad's one block (cavs info reads it back)."""
+    spec, vocab, train, dev = treefc(data)
+    model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3)
+    model.reserve_optimizer("sgd")
+    model.save(tmp_path / "none.ckpt", format="ptb-tree")
+    model.reserve_optimizer("adagrad")
+    model.save(tmp_path / "one.ckpt", format="ptb-tree")
+    for name, state in (("none", "state none\n"), ("one", "state one block of moments")):
+        _, out, _ = cavs_cli("info", tmp_path / f"{name}.ckpt")
+        assert "optimizer   0 steps, " + state in out, out
+    with pytest.raises(cavs.Error):
+        model.reserve_optimizer("rmsprop")
