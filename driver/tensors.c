@@ -508,7 +508,8 @@ static void npy_dict(const TensorFile *f, TensorEntry *e, const char *text, size
   bool ok = lit_char(&l, '{');
   while (ok && !lit_char(&l, '}')) {
     ok = lit_string(&l, key, sizeof key) && lit_char(&l, ':');
-    int bit = !strcmp(key, "descr") ? 1 : !strcmp(key, "fortran_order") ? 2 : !strcmp(key, "shape") ? 4 : 0;
+    /* a key that is no string leaves key as it was: unset on the first */
+    int bit = !ok ? 0 : !strcmp(key, "descr") ? 1 : !strcmp(key, "fortran_order") ? 2 : !strcmp(key, "shape") ? 4 : 0;
     ok = ok && bit && !(seen & bit);
     seen |= bit;
     if (ok && bit == 1) ok = lit_string(&l, descr, sizeof descr);

@@ -1773,6 +1773,8 @@ START_TEST(crafted_npz_refused) {
   init_refused("short.npz", "entry 'W.npy' holds 28 bytes of data, not the 32");
   npz_with("key.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), 'x': 1, }", 8, -1);
   init_refused("key.npz", "entry 'W.npy' has no .npy header NumPy writes");
+  npz_with("intkey.npz", 1, "\x93NUMPY\x01\x00", "{1: '<f4', 'fortran_order': False, 'shape': (4, 2), }", 8, -1);
+  init_refused("intkey.npz", "entry 'W.npy' has no .npy header NumPy writes");
   npz_with("shape.npz", 1, "\x93NUMPY\x01\x00", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }", 8, -1);
   init_refused("shape.npz", "tensor 'W' is [2, 4]; parameter W of model treefc is [4, 2]");
   /* deflated: as np.savez_compressed writes; then a stream cut short, and one longer

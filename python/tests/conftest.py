@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-TOP = os.environ.get("TOP_SRCDIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+TOP = os.path.abspath(os.environ.get("TOP_SRCDIR") or os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def cavs_cli(*args, check=True):
