@@ -43,12 +43,29 @@ static const char *line_start(int line) {
 
 int diag_count(void) { return nerrors; }
 
+/* Source bytes as a diagnostic shows them: a control byte other than a tab (C0, DEL, and
+   the two bytes of a C1 control in UTF-8, 0xc2 0x80 to 0xc2 0x9f) becomes '?', byte
+   for byte, so that the caret keeps its column and nothing in a source from someone
+   else (a checkpoint's) acts on the terminal. */
+static char *safe_text(const char *p, int n) {
+  char *out = arena_printf("%.*s", n, p);
+  n = (int)strlen(out); /* (up to a NUL byte in the source) */
+  for (int i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)out[i];
+    if (c == 0xc2 && i + 1 < n && (unsigned char)out[i + 1] >= 0x80 && (unsigned char)out[i + 1] < 0xa0)
+      out[i] = out[i + 1] = '?', i++;
+    else if ((c < 0x20 && c != '\t') || c == 0x7f)
+      out[i] = '?';
+  }
+  return out;
+}
+
 /* The text of a short single-line span, for messages that quote the source. */
 const char *diag_span(Loc loc) {
   if (loc.line != loc.eline || loc.ecol < loc.col || loc.ecol - loc.col > 40) return NULL;
   const char *p = line_start(loc.line);
   if (!p) return NULL;
-  return arena_printf("%.*s", loc.ecol - loc.col + 1, p + loc.col - 1);
+  return safe_text(p + loc.col - 1, loc.ecol - loc.col + 1);
 }
 
 void diag_silence(bool on) { silenced = on; }
@@ -65,7 +82,7 @@ static void show_line(Loc loc) {
   int from = 0;
   if (len > 200 && loc.col > 100) from = loc.col - 100;
   int to = len < from + 200 ? len : from + 200;
-  fprintf(stderr, "%5d | %.*s\n", loc.line, to - from, p + from);
+  fprintf(stderr, "%5d | %s\n", loc.line, safe_text(p + from, to - from));
   fprintf(stderr, "      | ");
   int col = loc.col - 1;
   for (int i = from; i < col && i < to; i++) fputc(p[i] == '\t' ? '\t' : ' ', stderr);

@@ -161,16 +161,16 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
     if (c->first < 0) CGF_FAIL("'end' without 'graph'");
     return cgf_close(s, c, path, lineno, err, errlen);
   }
-  if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", w);
+  if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", CV_SHOW(w));
   char *end;
   long id = strtol(w, &end, 10);
-  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, w);
+  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, CV_SHOW(w));
   char *tname = next_word(&p);
   if (!tname) CGF_FAIL("vertex %ld has no type", id);
   int type = -1;
   for (int t = 0; t < d->nvertex; t++)
     if (!strcmp(d->vertex[t].name, tname)) type = t;
-  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", tname, d->name, d->nvertex);
+  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", CV_SHOW(tname), d->name, d->nvertex);
   char why[128];
   if (cv_add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
   long v = s->nv - 1;
@@ -186,7 +186,7 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
       CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, cv_type_children(d, type), tname);
     if (strcmp(w, "-")) {
       long ch = strtol(w, &end, 10);
-      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, w);
+      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, CV_SHOW(w));
       s->child[v * s->maxc + slot] = (int)ch;
     }
     slot++;
@@ -195,12 +195,12 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
   bool seen[64] = {false};
   while ((w = next_word(&p))) {
     char *eq = strchr(w, '=');
-    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, w);
+    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, CV_SHOW(w));
     *eq = 0;
     int in = -1;
     for (int i = 0; i < d->ninputs; i++)
       if (!strcmp(d->inputs[i].name, w)) in = i;
-    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, w);
+    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, CV_SHOW(w));
     const cavs_input_desc *desc = &d->inputs[in];
     if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
     if (in < 64) seen[in] = true;
@@ -211,13 +211,13 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
       long width = cv_lin(&desc->width, c->dims), k = 0;
       for (char *q = eq + 1; *q; k++) {
         double x = cv_strtod(q, &end);
-        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, q);
+        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(q));
         /* graphs hold floats: a finite double beyond them would become an infinity */
-        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %.*s is out of the range of a float", id, (int)(end - q), q);
+        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %s is out of the range of a float", id, cv_shown((char[CV_SHOWN]){0}, q, (size_t)(end - q)));
         if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
         s->real[v * s->realw + off + k] = (float)x;
         q = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, end);
+        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(end));
       }
       if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
       continue;
@@ -225,13 +225,13 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
     errno = 0;
     long x = strtol(eq + 1, &end, 10);
     long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
-    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, eq + 1);
+    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, CV_SHOW(eq + 1));
     /* unbounded (no dims, or a range bound to the data, as a vocabulary is): an id below
        the most any dim can be, so that the dim made from it (the largest id plus one)
        is one */
     bool checked = bound > 0 && bound <= CAVS_MAX_DIM && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
     long hi = checked ? bound - 1 : CAVS_MAX_DIM - 1;
-    if (errno == ERANGE || x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%s is outside -1..%ld", id, w, eq + 1, hi);
+    if (errno == ERANGE || x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%s is outside -1..%ld", id, w, CV_SHOW(eq + 1), hi);
     s->feat[v * s->nint + desc->slot] = (int)x;
   }
   /* children must name vertices of this graph, known once it ends; check what we can */

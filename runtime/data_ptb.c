@@ -63,7 +63,7 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, 
          any dim can be */
       long hi = sh->nclass > 0 && sh->nclass <= CAVS_MAX_DIM ? sh->nclass - 1 : CAVS_MAX_DIM - 1;
       if (errno == ERANGE || label < -1 || label > hi)
-        FAIL("label %.*s at column %zu is out of range (0..%ld, or -1 for none)", (int)(i - a < 40 ? i - a : 40), line + a, a + 1, hi);
+        FAIL("label %s at column %zu is out of range (0..%ld, or -1 for none)", cv_shown((char[CV_SHOWN]){0}, line + a, i - a), a + 1, hi);
       if (depth == capstack) {
         if (!cv_grow_array(&stack, sizeof(Open), (size_t)(capstack ? capstack * 2 : 64))) FAIL("out of memory at column %zu", a);
         capstack = capstack ? capstack * 2 : 64;

@@ -1469,6 +1469,47 @@ START_TEST(file_names_escaped_in_generated_code) {
 }
 END_TEST
 
+/* ---- data and vector files from someone else: their bytes in messages ---- */
+
+/* cavs train on a file that fails to load: exit 1, the message holds `want` (the file's
+   control bytes as \xNN), and no control byte, C0 or C1, of the file reaches stderr. */
+static void shown_escaped(const char *name, const char *text, const char *want, const char *const *args) {
+  tu_write(path_in(name), text, strlen(text));
+  const char *a[16];
+  int n = 0;
+  for (; args[n]; n++) a[n] = args[n];
+  for (; n < 16; n++) a[n] = NULL;
+  RunResult r = cavs("train", a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, want), "%s: expected exit 1 and '%s', got exit %d:\n%s", name, want, r.status,
+                tu_tail(r.err, 1800));
+  for (const unsigned char *p = (const unsigned char *)r.err; *p; p++)
+    ck_assert_msg((*p >= 0x20 || *p == '\n') && *p != 0x7f && !(p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0),
+                  "%s: a control byte 0x%02x reached stderr:\n%s", name, *p, r.err);
+  tu_free(&r);
+}
+
+START_TEST(control_bytes_in_messages_escaped) {
+  base_ckpt();
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/twotype.vf", top);
+  const char *cgf[] = {vf, "--format", "cgf", "--train", path_in("esc.cgf"), "--epochs", "1", "--quiet", NULL};
+  shown_escaped("esc.cgf", "graph\n0 \033[2Jleaf ; word=1\nend\n", "unknown vertex type '\\x1b[2Jleaf'", cgf);
+  shown_escaped("esc.cgf", "graph\n0 leaf ; word=\0337\nend\n", "word=\\x1b7 is not an integer", cgf);
+  shown_escaped("esc.cgf", "graph\n0 leaf ; w\302\233ord=1\nend\n", "has no input 'w\\xc2\\x9bord'", cgf);
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  const char *ptb[] = {vf, "--format", "ptb-tree", "--train", path_in("esc.txt"), "--epochs", "1", "--quiet", NULL};
+  shown_escaped("esc.txt", "(\v99999999999999999999 (2 a) (3 b))\n", "label \\x0b99999999999999999999 at column 2", ptb);
+  /* pre-trained vectors: the word, and a field that is no number; printable UTF-8 kept */
+  const char *vec[] = {vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--dim", "E=3", "--dim", "H=2",
+                       "--epochs", "1", "--init", NULL, NULL};
+  char init[4500];
+  snprintf(init, sizeof init, "emb=%s", path_in("esc.vec"));
+  vec[12] = init;
+  shown_escaped("esc.vec", "caf\303\251\033]0;pwned\007 1 2\n", "'caf\303\251\\x1b]0;pwned\\x07' has 2 numbers", vec);
+  shown_escaped("esc.vec", "w1 1 \033[31m 3\n", "'\\x1b[31m' is not a finite number", vec);
+}
+END_TEST
+
 /* ---- parameter files from someone else: cavs train --init-all ---- */
 
 /* treefc at H=2, C=5 on data.txt: emb [V, 2], W [4, 2], b [2], Wc [2, 5], bc [5] */
@@ -1838,6 +1879,7 @@ int main(void) {
   tcase_add_test(tc, cpu_in_cache_key);
   tcase_add_test(tc, default_cache_is_per_user);
   tcase_add_test(tc, file_names_escaped_in_generated_code);
+  tcase_add_test(tc, control_bytes_in_messages_escaped);
   tcase_add_test(tc, crafted_safetensors_refused);
   tcase_add_test(tc, crafted_npz_refused);
   suite_add_tcase(s, tc);

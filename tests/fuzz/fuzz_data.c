@@ -7,7 +7,8 @@
  * differ (the generated examples, and tests/fuzz/mix.vf compiled by tests/fuzz/run), with and
  * without dims, with a vocabulary that grows or a fixed one. A load that succeeds must
  * give graphs that training accepts: what cavs_model_forward (scheduler.c) checks before
- * it runs, checked here in the same terms. FUZZ_VERBOSE=1 in the environment prints
+ * it runs, checked here in the same terms; one that fails must say why, with none of the
+ * file's control bytes in the message. FUZZ_VERBOSE=1 in the environment prints
  * what each load gave. */
 #include <math.h>
 #include <stdbool.h>
@@ -203,6 +204,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
       const cavs_desc *d = c->d;
       CHECK(err[0], "NULL without a message");
+      /* the file's bytes shown escaped (cv_shown): no control byte, C0 or C1, reaches a
+         terminal through the message */
+      for (const unsigned char *p = (const unsigned char *)err; *p; p++)
+        CHECK(*p >= 0x20 && *p != 0x7f && !(p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0),
+              "a control byte 0x%02x at byte %d of the message: %s", *p == 0xc2 ? p[1] : *p, (int)(p - (const unsigned char *)err), err);
     }
     if (getenv("FUZZ_VERBOSE"))
       fprintf(stderr, "%s (dims %s, grow %d): %s\n", c->d->name, c->with_dims ? "given" : "NULL", c->grow,
