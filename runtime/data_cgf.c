@@ -134,18 +134,120 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
   return 0;
 }
 
-static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const char *path, long lineno, char *err,
-                    size_t errlen) {
-  const cavs_desc *d = c->d;
+/* "PATH:LINE: error: ..." into err, and -1 from the function: each parser of a line
+   below has path, lineno, err and errlen. */
 #define CGF_FAIL(...)                                                                    \
   do {                                                                                   \
     int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
     snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
     return -1;                                                                           \
   } while (0)
+
+/* A vertex's ID (the word w), TYPE and children, p past the ID: the vertex added to s,
+   its ID in *id. */
+static int cgf_vertex(cavs_dataset *s, Cgf *c, char *w, char **p, long *id, const char *path, long lineno, char *err,
+                      size_t errlen) {
+  const cavs_desc *d = c->d;
+  char *end;
+  *id = strtol(w, &end, 10);
+  if (*end || *id != s->nv - c->first)
+    CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, CV_SHOW(w));
+  char *tname = next_word(p);
+  if (!tname) CGF_FAIL("vertex %ld has no type", *id);
+  int type = -1;
+  for (int t = 0; t < d->nvertex; t++)
+    if (!strcmp(d->vertex[t].name, tname)) type = t;
+  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", CV_SHOW(tname), d->name, d->nvertex);
+  char why[128];
+  if (cv_add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
+  long v = s->nv - 1;
+  s->type[v] = type;
+  if (*id + 1 > c->capvline) {
+    if (!cv_grow_array(&c->vline, sizeof(long), (size_t)(2 * (*id + 1)))) CGF_FAIL("out of memory after %ld vertices", *id);
+    c->capvline = 2 * (*id + 1);
+  }
+  c->vline[*id] = lineno;
+  int slot = 0;
+  while ((w = next_word(p))) {
+    if (slot >= cv_type_children(d, type))
+      CGF_FAIL("vertex %ld: more than %d children for type '%s'", *id, cv_type_children(d, type), tname);
+    if (strcmp(w, "-")) {
+      long ch = strtol(w, &end, 10);
+      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", *id, CV_SHOW(w));
+      s->child[v * s->maxc + slot] = (int)ch;
+    }
+    slot++;
+  }
+  return 0;
+}
+
+/* Real input `in` (named w) of the last vertex (id): the comma-separated values q. */
+static int cgf_reals(cavs_dataset *s, const Cgf *c, int in, long id, const char *w, char *q, const char *path,
+                     long lineno, char *err, size_t errlen) {
+  const cavs_desc *d = c->d;
+  long off = 0, v = s->nv - 1;
+  for (int i = 0; i < in; i++)
+    if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
+  long width = cv_lin(&d->inputs[in].width, c->dims), k = 0;
+  for (char *end; *q; k++) {
+    double x = cv_strtod(q, &end);
+    if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(q));
+    /* graphs hold floats: a finite double beyond them would become an infinity */
+    if (fabs(x) > FLT_MAX)
+      CGF_FAIL("vertex %ld: %s is out of the range of a float", id, cv_shown((char[CV_SHOWN]){0}, q, (size_t)(end - q)));
+    if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
+    s->real[v * s->realw + off + k] = (float)x;
+    q = *end == ',' ? end + 1 : end;
+    if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(end));
+  }
+  if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
+  return 0;
+}
+
+/* The last vertex's (id) inputs, the words of p: NAME=VALUE, each input at most once. */
+static int cgf_inputs(cavs_dataset *s, const Cgf *c, const Shape *sh, long id, char *p, const char *path, long lineno,
+                      char *err, size_t errlen) {
+  const cavs_desc *d = c->d;
+  long v = s->nv - 1;
+  bool seen[64] = {false};
+  for (char *w; (w = next_word(&p));) {
+    char *eq = strchr(w, '=');
+    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, CV_SHOW(w));
+    *eq = 0;
+    int in = -1;
+    for (int i = 0; i < d->ninputs; i++)
+      if (!strcmp(d->inputs[i].name, w)) in = i;
+    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, CV_SHOW(w));
+    const cavs_input_desc *desc = &d->inputs[in];
+    if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
+    if (in < 64) seen[in] = true;
+    if (desc->kind == CAVS_IN_REAL) {
+      if (cgf_reals(s, c, in, id, w, eq + 1, path, lineno, err, errlen)) return -1;
+      continue;
+    }
+    errno = 0;
+    char *end;
+    long x = strtol(eq + 1, &end, 10);
+    long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
+    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, CV_SHOW(eq + 1));
+    /* unbounded (no dims, or a range bound to the data, as a vocabulary is): an id below
+       the most any dim can be, so that the dim made from it (the largest id plus one)
+       is one */
+    bool checked = bound > 0 && bound <= CAVS_MAX_DIM && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
+    long hi = checked ? bound - 1 : CAVS_MAX_DIM - 1;
+    if (errno == ERANGE || x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%s is outside -1..%ld", id, w, CV_SHOW(eq + 1), hi);
+    s->feat[v * s->nint + desc->slot] = (int)x;
+  }
+  return 0;
+}
+
+/* One line: `graph`, `end` (the graph closed and checked), or a vertex. Children must
+   name vertices of this graph, known once it ends (cgf_close). */
+static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const char *path, long lineno, char *err,
+                    size_t errlen) {
   char *hash = strchr(line, '#');
   if (hash) *hash = 0;
-  /* the features follow ';', with or without spaces around it */
+  /* the inputs follow ';', with or without spaces around it */
   char *feats = strchr(line, ';');
   if (feats) *feats++ = 0;
   char *p = line;
@@ -162,83 +264,11 @@ static int cgf_line(cavs_dataset *s, Cgf *c, const Shape *sh, char *line, const 
     return cgf_close(s, c, path, lineno, err, errlen);
   }
   if (c->first < 0) CGF_FAIL("expected 'graph', found '%s'", CV_SHOW(w));
-  char *end;
-  long id = strtol(w, &end, 10);
-  if (*end || id != s->nv - c->first) CGF_FAIL("expected vertex %ld, found '%s' (vertices are numbered 0, 1, ... in order)", s->nv - c->first, CV_SHOW(w));
-  char *tname = next_word(&p);
-  if (!tname) CGF_FAIL("vertex %ld has no type", id);
-  int type = -1;
-  for (int t = 0; t < d->nvertex; t++)
-    if (!strcmp(d->vertex[t].name, tname)) type = t;
-  if (type < 0) CGF_FAIL("unknown vertex type '%s' (model '%s' has %d vertex blocks)", CV_SHOW(tname), d->name, d->nvertex);
-  char why[128];
-  if (cv_add_vertex(s, c->first, why, sizeof why)) CGF_FAIL("%s", why);
-  long v = s->nv - 1;
-  s->type[v] = type;
-  if (id + 1 > c->capvline) {
-    if (!cv_grow_array(&c->vline, sizeof(long), (size_t)(2 * (id + 1)))) CGF_FAIL("out of memory after %ld vertices", id);
-    c->capvline = 2 * (id + 1);
-  }
-  c->vline[id] = lineno;
-  int slot = 0;
-  while ((w = next_word(&p))) {
-    if (slot >= cv_type_children(d, type))
-      CGF_FAIL("vertex %ld: more than %d children for type '%s'", id, cv_type_children(d, type), tname);
-    if (strcmp(w, "-")) {
-      long ch = strtol(w, &end, 10);
-      if (*end || ch < 0 || ch > 1000000000L) CGF_FAIL("vertex %ld: '%s' is not a vertex number", id, CV_SHOW(w));
-      s->child[v * s->maxc + slot] = (int)ch;
-    }
-    slot++;
-  }
-  p = feats ? feats : p + strlen(p);
-  bool seen[64] = {false};
-  while ((w = next_word(&p))) {
-    char *eq = strchr(w, '=');
-    if (!eq) CGF_FAIL("vertex %ld: expected NAME=VALUE, found '%s'", id, CV_SHOW(w));
-    *eq = 0;
-    int in = -1;
-    for (int i = 0; i < d->ninputs; i++)
-      if (!strcmp(d->inputs[i].name, w)) in = i;
-    if (in < 0) CGF_FAIL("vertex %ld: model '%s' has no input '%s'", id, d->name, CV_SHOW(w));
-    const cavs_input_desc *desc = &d->inputs[in];
-    if (in < 64 && seen[in]) CGF_FAIL("vertex %ld: input '%s' given twice", id, w);
-    if (in < 64) seen[in] = true;
-    if (desc->kind == CAVS_IN_REAL) {
-      long off = 0;
-      for (int i = 0; i < in; i++)
-        if (d->inputs[i].kind == CAVS_IN_REAL) off += cv_lin(&d->inputs[i].width, c->dims);
-      long width = cv_lin(&desc->width, c->dims), k = 0;
-      for (char *q = eq + 1; *q; k++) {
-        double x = cv_strtod(q, &end);
-        if (end == q || !isfinite(x)) CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(q));
-        /* graphs hold floats: a finite double beyond them would become an infinity */
-        if (fabs(x) > FLT_MAX) CGF_FAIL("vertex %ld: %s is out of the range of a float", id, cv_shown((char[CV_SHOWN]){0}, q, (size_t)(end - q)));
-        if (k >= width) CGF_FAIL("vertex %ld: more than %ld values for '%s'", id, width, w);
-        s->real[v * s->realw + off + k] = (float)x;
-        q = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') CGF_FAIL("vertex %ld: '%s' is not a number", id, CV_SHOW(end));
-      }
-      if (k != width) CGF_FAIL("vertex %ld: '%s' needs %ld values, found %ld", id, w, width, k);
-      continue;
-    }
-    errno = 0;
-    long x = strtol(eq + 1, &end, 10);
-    long bound = c->dims ? cv_lin(&desc->width, c->dims) : 0;
-    if (*end || eq[1] == 0) CGF_FAIL("vertex %ld: %s=%s is not an integer", id, w, CV_SHOW(eq + 1));
-    /* unbounded (no dims, or a range bound to the data, as a vocabulary is): an id below
-       the most any dim can be, so that the dim made from it (the largest id plus one)
-       is one */
-    bool checked = bound > 0 && bound <= CAVS_MAX_DIM && !(desc->kind == CAVS_IN_CLASS && sh->nclass == 0);
-    long hi = checked ? bound - 1 : CAVS_MAX_DIM - 1;
-    if (errno == ERANGE || x < -1 || x > hi) CGF_FAIL("vertex %ld: %s=%s is outside -1..%ld", id, w, CV_SHOW(eq + 1), hi);
-    s->feat[v * s->nint + desc->slot] = (int)x;
-  }
-  /* children must name vertices of this graph, known once it ends; check what we can */
-  (void)sh;
-  return 0;
-#undef CGF_FAIL
+  long id;
+  if (cgf_vertex(s, c, w, &p, &id, path, lineno, err, errlen)) return -1;
+  return cgf_inputs(s, c, sh, id, feats ? feats : p + strlen(p), path, lineno, err, errlen);
 }
+#undef CGF_FAIL
 
 static int cgf_begin(CvLoad *l, void **state) {
   Cgf *c = calloc(1, sizeof *c);

@@ -5,6 +5,7 @@
 #include "data.h"
 
 #include <errno.h>
+#include <stdarg.h>
 
 typedef struct Open {
   int label;
@@ -13,7 +14,6 @@ typedef struct Open {
   long first_child; /* index into the pending child list */
 } Open;
 
-/* One bracketed tree: `(label token)` or `(label tree tree ...)`. */
 /* The parser's stacks, kept across the lines of one file (no statics: loads may run in
  * several threads). */
 typedef struct TreeScratch {
@@ -23,26 +23,104 @@ typedef struct TreeScratch {
   long capkids;
 } TreeScratch;
 
+/* One line's parse: where it is, and its open nodes. */
+typedef struct Tree {
+  cavs_dataset *s;
+  const Shape *sh;
+  TreeScratch *ts;
+  long depth, nkids; /* open nodes; their children in ts->kids */
+  long first;        /* the graph's first vertex */
+  const char *path;
+  long lineno;
+  char *err;
+  size_t errlen;
+} Tree;
+
+/* "PATH:LINE: error: ..." into err, the line's vertices dropped; returns -1. */
+__attribute__((format(printf, 2, 3))) static int tree_fail(Tree *t, const char *fmt, ...) {
+  int at = snprintf(t->err, t->errlen, "%s:%ld: error: ", t->path, t->lineno);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->err + at, t->errlen > (size_t)at ? t->errlen - (size_t)at : 0, fmt, ap);
+  va_end(ap);
+  t->s->nv = t->first;
+  return -1;
+}
+
+/* "(LABEL" with line[*i] just past the '(': a node opened. */
+static int open_node(Tree *t, const char *line, size_t len, size_t *i) {
+  TreeScratch *ts = t->ts;
+  size_t a = *i;
+  while (*i < len && line[*i] != ' ' && line[*i] != '(' && line[*i] != ')') (*i)++;
+  char *end;
+  errno = 0;
+  long label = strtol(line + a, &end, 10);
+  if (*i == a || end != line + *i) return tree_fail(t, "expected a label after '(' at column %zu", a + 1);
+  /* unbounded (no dims, or a class range that is the vocabulary): below the most any dim
+     can be */
+  const Shape *sh = t->sh;
+  long hi = sh->nclass > 0 && sh->nclass <= CAVS_MAX_DIM ? sh->nclass - 1 : CAVS_MAX_DIM - 1;
+  if (errno == ERANGE || label < -1 || label > hi)
+    return tree_fail(t, "label %s at column %zu is out of range (0..%ld, or -1 for none)",
+                     cv_shown((char[CV_SHOWN]){0}, line + a, *i - a), a + 1, hi);
+  if (t->depth == ts->capstack) {
+    long cap = ts->capstack ? ts->capstack * 2 : 64;
+    if (!cv_grow_array(&ts->stack, sizeof(Open), (size_t)cap)) return tree_fail(t, "out of memory at column %zu", a);
+    ts->capstack = cap;
+  }
+  ts->stack[t->depth++] = (Open){.label = (int)label, .word = -2, .first_child = t->nkids};
+  return 0;
+}
+
+/* ")" at line[*i]: the innermost node made a vertex, a child of the node around it or
+   the tree's root (*done). */
+static int close_node(Tree *t, size_t *i, bool *done) {
+  TreeScratch *ts = t->ts;
+  const Shape *sh = t->sh;
+  cavs_dataset *s = t->s;
+  if (!t->depth) return tree_fail(t, "unbalanced ')' at column %zu", *i + 1);
+  Open *o = &ts->stack[t->depth - 1];
+  if (o->word == -2 && o->nchild == 0) return tree_fail(t, "empty node at column %zu", *i + 1);
+  if (o->nchild > sh->maxc)
+    return tree_fail(t, "a node with %d children at column %zu, but the model takes at most %d", o->nchild, *i + 1,
+                     sh->maxc);
+  /* every inner node gets one block, which may take fewer children than another */
+  if (o->nchild > sh->inner_children)
+    return tree_fail(t, "a node with %d children at column %zu, but block '%s', which inner nodes get, takes %d",
+                     o->nchild, *i + 1, sh->inner_name, sh->inner_children);
+  char why[128];
+  if (cv_add_vertex(s, t->first, why, sizeof why)) return tree_fail(t, "%s", why);
+  long id = s->nv - 1;
+  int *cp = s->child + id * s->maxc;
+  for (int k = 0; k < o->nchild; k++) cp[k] = (int)(ts->kids[o->first_child + k] - t->first);
+  s->type[id] = o->nchild ? sh->inner_type : sh->leaf_type;
+  if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = o->word >= 0 ? o->word : -1;
+  if (sh->label_slot >= 0) s->feat[id * s->nint + sh->label_slot] = o->label;
+  t->nkids = o->first_child;
+  t->depth--;
+  (*i)++;
+  if (!t->depth) {
+    *done = true;
+    return 0;
+  }
+  if (t->nkids == ts->capkids) {
+    long cap = ts->capkids ? ts->capkids * 2 : 256;
+    if (!cv_grow_array(&ts->kids, sizeof(int), (size_t)cap)) return tree_fail(t, "out of memory at column %zu", *i);
+    ts->capkids = cap;
+  }
+  ts->kids[t->nkids++] = (int)id;
+  ts->stack[t->depth - 1].nchild++;
+  if (ts->stack[t->depth - 1].word != -2) return tree_fail(t, "a node with both a word and children at column %zu", *i);
+  return 0;
+}
+
+/* One bracketed tree: `(label token)` or `(label tree tree ...)`. */
 static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, const char *line, size_t len,
                       const char *path, long lineno, char *err, size_t errlen, TreeScratch *ts) {
-  Open *stack = ts->stack;
-  long capstack = ts->capstack;
-  int *kids = ts->kids;
-  long capkids = ts->capkids;
-  long depth = 0, nkids = 0;
-  long first = s->nv;
+  Tree t = {.s = s, .sh = sh, .ts = ts, .first = s->nv, .path = path, .lineno = lineno, .err = err, .errlen = errlen};
   size_t i = 0;
-#define SAVE() (ts->stack = stack, ts->capstack = capstack, ts->kids = kids, ts->capkids = capkids)
-#define FAIL(...)                                                                        \
-  do {                                                                                   \
-    int at_ = snprintf(err, errlen, "%s:%ld: error: ", path, lineno);                   \
-    snprintf(err + at_, errlen > (size_t)at_ ? errlen - (size_t)at_ : 0, __VA_ARGS__);  \
-    s->nv = first;                                                                       \
-    SAVE();                                                                              \
-    return -1;                                                                           \
-  } while (0)
   while (i < len && line[i] == ' ') i++;
-  if (i == len) FAIL("empty line");
+  if (i == len) return tree_fail(&t, "empty line");
   bool done = false;
   while (i < len) {
     char ch = line[i];
@@ -50,79 +128,31 @@ static int parse_tree(cavs_dataset *s, const Shape *sh, cavs_vocab *v, int add, 
       i++;
       continue;
     }
-    if (done) FAIL("text after the end of the tree at column %zu", i + 1);
+    if (done) return tree_fail(&t, "text after the end of the tree at column %zu", i + 1);
     if (ch == '(') {
       i++;
-      size_t a = i;
-      while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
-      char *end;
-      errno = 0;
-      long label = strtol(line + a, &end, 10);
-      if (i == a || end != line + i) FAIL("expected a label after '(' at column %zu", a + 1);
-      /* unbounded (no dims, or a class range that is the vocabulary): below the most
-         any dim can be */
-      long hi = sh->nclass > 0 && sh->nclass <= CAVS_MAX_DIM ? sh->nclass - 1 : CAVS_MAX_DIM - 1;
-      if (errno == ERANGE || label < -1 || label > hi)
-        FAIL("label %s at column %zu is out of range (0..%ld, or -1 for none)", cv_shown((char[CV_SHOWN]){0}, line + a, i - a), a + 1, hi);
-      if (depth == capstack) {
-        if (!cv_grow_array(&stack, sizeof(Open), (size_t)(capstack ? capstack * 2 : 64))) FAIL("out of memory at column %zu", a);
-        capstack = capstack ? capstack * 2 : 64;
-      }
-      stack[depth++] = (Open){.label = (int)label, .word = -2, .first_child = nkids};
+      if (open_node(&t, line, len, &i)) return -1;
       continue;
     }
     if (ch == ')') {
-      if (!depth) FAIL("unbalanced ')' at column %zu", i + 1);
-      Open *o = &stack[depth - 1];
-      if (o->word == -2 && o->nchild == 0) FAIL("empty node at column %zu", i + 1);
-      if (o->nchild > sh->maxc)
-        FAIL("a node with %d children at column %zu, but the model takes at most %d", o->nchild, i + 1, sh->maxc);
-      /* every inner node gets one block, which may take fewer children than another */
-      if (o->nchild > sh->inner_children)
-        FAIL("a node with %d children at column %zu, but block '%s', which inner nodes get, takes %d", o->nchild,
-             i + 1, sh->inner_name, sh->inner_children);
-      char why[128];
-      if (cv_add_vertex(s, first, why, sizeof why)) FAIL("%s", why);
-      long id = s->nv - 1;
-      int *cp = s->child + id * s->maxc;
-      for (int k = 0; k < o->nchild; k++) cp[k] = (int)(kids[o->first_child + k] - first);
-      s->type[id] = o->nchild ? sh->inner_type : sh->leaf_type;
-      if (sh->word_slot >= 0) s->feat[id * s->nint + sh->word_slot] = o->word >= 0 ? o->word : -1;
-      if (sh->label_slot >= 0) s->feat[id * s->nint + sh->label_slot] = o->label;
-      nkids = o->first_child;
-      depth--;
-      i++;
-      if (depth) {
-        if (nkids == capkids) {
-          if (!cv_grow_array(&kids, sizeof(int), (size_t)(capkids ? capkids * 2 : 256))) FAIL("out of memory at column %zu", i);
-          capkids = capkids ? capkids * 2 : 256;
-        }
-        kids[nkids++] = id;
-        stack[depth - 1].nchild++;
-        if (stack[depth - 1].word != -2) FAIL("a node with both a word and children at column %zu", i);
-      } else {
-        done = true;
-      }
+      if (close_node(&t, &i, &done)) return -1;
       continue;
     }
     /* a token: the word of the innermost open node */
-    if (!depth) FAIL("expected '(' at column %zu", i + 1);
+    if (!t.depth) return tree_fail(&t, "expected '(' at column %zu", i + 1);
     size_t a = i;
     while (i < len && line[i] != ' ' && line[i] != '(' && line[i] != ')') i++;
-    Open *o = &stack[depth - 1];
-    if (o->word != -2 || o->nchild) FAIL("a second token or a token after children at column %zu", a + 1);
+    Open *o = &ts->stack[t.depth - 1];
+    if (o->word != -2 || o->nchild) return tree_fail(&t, "a second token or a token after children at column %zu", a + 1);
     o->word = sh->word_slot >= 0 ? cavs_vocab_id(v, line + a, i - a, add) : -1;
     if (o->word < -1 || (sh->word_slot >= 0 && o->word < 0))
-      FAIL("%s", cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
+      return tree_fail(&t, "%s", cavs_vocab_size(v) >= CAVS_MAX_DIM ? "the vocabulary is full (16777216 words)" : "out of memory");
   }
-  if (depth) FAIL("missing ')' at the end of the line (%ld open)", depth);
-  if (!done) FAIL("no tree on this line");
+  if (t.depth) return tree_fail(&t, "missing ')' at the end of the line (%ld open)", t.depth);
+  if (!done) return tree_fail(&t, "no tree on this line");
   char why[128];
-  if (cv_add_graph(s, first, why, sizeof why)) FAIL("%s", why);
-  SAVE();
+  if (cv_add_graph(s, t.first, why, sizeof why)) return tree_fail(&t, "%s", why);
   return 0;
-#undef FAIL
-#undef SAVE
 }
 
 static int ptb_begin(CvLoad *l, void **state) {
