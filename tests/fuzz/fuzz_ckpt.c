@@ -12,10 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "cavs.h"
+#include "memfile.h"
 #include "lstm_lm.h"
 #include "treefc.h"
 #include "treegru.h"
@@ -26,33 +25,18 @@
  * each are valid, and the memory they ask for would be a finding of nothing but size. */
 enum { MAX_SCALARS = 1 << 22 };
 
-static int fd = -1;
-static char path[64];
-
 static uint64_t fnv64(const uint8_t *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
 
-static void put(const void *data, size_t size, off_t at) {
-  for (size_t done = 0; done < size;) {
-    ssize_t w = pwrite(fd, (const char *)data + done, size - done, at + (off_t)done);
-    if (w <= 0) abort();
-    done += (size_t)w;
-  }
-}
-
-static void write_input(const uint8_t *data, size_t size) {
-  if (fd < 0) {
-    fd = memfd_create("fuzz-ckpt", 0);
-    if (fd < 0) abort();
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  }
-  if (ftruncate(fd, 0)) abort();
-  put(data, size, 0);
-  uint64_t sum = fnv64(data, size); /* little-endian, as the reader takes it */
-  put(&sum, 8, (off_t)size);
+/* the input, then its checksum (little-endian, as the reader takes it) */
+static const char *write_input(const uint8_t *data, size_t size) {
+  const char *path = mf_write("fuzz-ckpt", data, size);
+  uint64_t sum = fnv64(data, size);
+  mf_put(&sum, 8, (off_t)size);
+  return path;
 }
 
 static const cavs_desc *model_named(const char *name) {
@@ -79,7 +63,7 @@ static int small_enough(const cavs_desc *d, const long *dims) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  write_input(data, size);
+  const char *path = write_input(data, size);
   char err[512];
   err[0] = 0;
   cavs_ckpt *k = cavs_ckpt_read(path, err, sizeof err);

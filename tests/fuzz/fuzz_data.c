@@ -16,10 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "cavs.h"
+#include "memfile.h"
 #include "lstm_lm.h"
 #include "mix.h"
 #include "treelstm.h"
@@ -50,23 +49,6 @@ static const Config configs[] = {
     {&mix_desc, 1, 1},
 #endif
 };
-
-static int fd = -1;
-static char path[64];
-
-static void write_input(const uint8_t *data, size_t size) {
-  if (fd < 0) {
-    fd = memfd_create("fuzz-data", 0);
-    if (fd < 0) abort();
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  }
-  if (ftruncate(fd, 0)) abort();
-  for (size_t done = 0; done < size;) {
-    ssize_t w = pwrite(fd, data + done, size - done, (off_t)done);
-    if (w <= 0) abort();
-    done += (size_t)w;
-  }
-}
 
 static long lin(const cavs_lin *l, const long *dims) {
   long v = l->k;
@@ -182,7 +164,7 @@ static void check_dataset(const Config *c, const cavs_dataset *s, const long *di
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  write_input(data, size);
+  const char *path = mf_write("fuzz-data", data, size);
   for (size_t i = 0; i < sizeof configs / sizeof *configs; i++) {
     const Config *c = &configs[i];
     long dims[CAVS_MAX_DIMS] = {0};
