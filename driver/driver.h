@@ -413,6 +413,10 @@ typedef struct TensorFile {
   TensorEntry *e; /* sorted by name */
   int n, cap;
 } TensorFile;
+/* Bytes from a file as a message shows them (no control byte reaches the terminal):
+ * printable ASCII, every other byte and the backslash as \xNN, at most 80 bytes of it;
+ * kept (keep list). */
+char *shown(const char *s, size_t n);
 /* The file's index, read and checked whole; dies with "FILE: error: ..." on anything
  * malformed, a tensor of a dtype other than float32 and float64 included. */
 TensorFile *tensors_open(const char *path);

@@ -82,7 +82,8 @@ static json_t *next_record(const Log *g, size_t *off, long *line) {
   if (!rec) {
     long eline, ecol;
     position(g, *off + (size_t)(e.position > 0 ? e.position - 1 : 0), &eline, &ecol);
-    fprintf(stderr, "%s: %s:%ld:%ld: error: not JSON: %s\n", prog, g->path, eline, ecol, e.text);
+    /* (jansson's text quotes the log: shown escaped) */
+    fprintf(stderr, "%s: %s:%ld:%ld: error: not JSON: %s\n", prog, g->path, eline, ecol, shown(e.text, strlen(e.text)));
     if (eline != *line) fprintf(stderr, "%s: %s:%ld:%ld: note: the record begins here\n", prog, g->path, *line, col);
     exit(1);
   }

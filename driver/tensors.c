@@ -138,6 +138,7 @@ static void zip_fields(unsigned char *p, const ZipEntry *e) {
 }
 
 static void zip_entry(Out *o, ZipEntry *e, const void *head, size_t hlen, const void *data, size_t dlen) {
+  if (strlen(e->name) > 0xffff) die(1, "%s: a tensor name longer than a zip entry's name can be (65,535 bytes)", o->path);
   if (o->off + 30 + strlen(e->name) + hlen + dlen > UINT32_MAX || hlen + dlen > UINT32_MAX)
     die(1, "%s: too large for an .npz without ZIP64 (4 GiB); write a .safetensors file instead", o->path);
   e->offset = (uint32_t)o->off;
@@ -214,9 +215,9 @@ void tensors_write(const char *path, const Tensor *t, int n, json_t *meta) {
 
 /* ---- reading: the index ---- */
 
-/* A tensor name as a message shows it: printable ASCII kept, anything else \xNN, at most
-   80 bytes of it. */
-static char *shown(const char *s, size_t n) {
+/* Bytes from a file as a message shows them: printable ASCII kept, anything else \xNN,
+   at most 80 bytes of it. */
+char *shown(const char *s, size_t n) {
   char *out = xmalloc(4 * 80 + 4), *p = out;
   for (size_t i = 0; i < n && i < 80; i++) {
     unsigned char c = (unsigned char)s[i];
@@ -304,9 +305,12 @@ static void st_entry(TensorFile *f, const char *name, json_t *v) {
         (long long)json_integer_value(b), (long long)json_integer_value(end), e->dtype);
 }
 
+/* by place, and at one place the empty tensors first: the order of the header's keys
+   must not decide whether a file is taken */
 static int by_offset(const void *a, const void *b) {
   const TensorEntry *x = a, *y = b;
-  return x->off < y->off ? -1 : x->off > y->off;
+  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  return x->bytes < y->bytes ? -1 : x->bytes > y->bytes;
 }
 
 /* The header, then the data's layout: the tensors cover the buffer after the header
@@ -325,7 +329,8 @@ static void open_safetensors(TensorFile *f, uint64_t size) {
   json_error_t je;
   json_t *h = json_loadb(text, (size_t)n, JSON_REJECT_DUPLICATES, &je);
   if (!json_is_object(h))
-    die(1, "%s: error: the safetensors header is not a JSON object%s%s", f->path, h ? "" : ": ", h ? "" : je.text);
+    die(1, "%s: error: the safetensors header is not a JSON object%s%s", f->path, h ? "" : ": ",
+        h ? "" : shown(je.text, strlen(je.text))); /* (jansson's text quotes the file) */
   const char *key;
   json_t *v;
   json_object_foreach(h, key, v) {
@@ -342,8 +347,10 @@ static void open_safetensors(TensorFile *f, uint64_t size) {
   free(text);
   uint64_t data = 8 + n, at = 0;
   TensorEntry *sorted = xmalloc(sizeof *sorted * (size_t)(f->n ? f->n : 1));
-  memcpy(sorted, f->e, sizeof *sorted * (size_t)f->n);
-  qsort(sorted, (size_t)f->n, sizeof *sorted, by_offset);
+  if (f->n) { /* (f->e is NULL for a file of no tensors) */
+    memcpy(sorted, f->e, sizeof *sorted * (size_t)f->n);
+    qsort(sorted, (size_t)f->n, sizeof *sorted, by_offset);
+  }
   for (int i = 0; i < f->n; i++) {
     if (sorted[i].off != at)
       die(1, "%s: error: tensor '%s' starts at byte %llu of the data, where %s", f->path, sorted[i].shown,
@@ -426,12 +433,12 @@ static bool feed(const TensorFile *f, const TensorEntry *e, z_stream *z, unsigne
 
 /* A deflated entry's first n bytes into buf; with whole, the stream must end there. */
 static void inflate_entry(const TensorFile *f, const TensorEntry *e, void *buf, size_t n, bool whole) {
+  if (n > UINT32_MAX) die(1, "%s: error: entry '%s.npy' is too large to inflate (4 GiB)", f->path, e->shown);
   z_stream z = {0};
   if (inflateInit2(&z, -MAX_WBITS) != Z_OK) die(2, "out of memory");
   unsigned char in[1 << 16], extra;
   uint64_t fed = 0;
   int rc = Z_OK;
-  if (n > UINT32_MAX) die(1, "%s: error: entry '%s.npy' is too large to inflate (4 GiB)", f->path, e->shown);
   z.next_out = buf, z.avail_out = (uInt)n;
   while (z.avail_out && rc == Z_OK && feed(f, e, &z, in, sizeof in, &fed)) rc = inflate(&z, Z_NO_FLUSH);
   bool full = z.avail_out == 0, ended = rc == Z_STREAM_END;
@@ -607,7 +614,8 @@ TensorFile *tensors_open(const char *path) {
   int format = tensors_format(path);
   if (!format) die(1, "%s: name the file FILE.safetensors or FILE.npz (the format goes by the name)", path);
   TensorFile *f = xmalloc(sizeof *f);
-  *f = (TensorFile){.path = path, .fd = open(path, O_RDONLY | O_CLOEXEC)};
+  /* (O_NONBLOCK: a FIFO is refused below, not waited on) */
+  *f = (TensorFile){.path = path, .fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f->fd < 0) die(1, "cannot open '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(f->fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MAX_TENSOR_FILE)
@@ -618,7 +626,7 @@ TensorFile *tensors_open(const char *path) {
   for (int i = 0; i < f->n; i++)
     if (!f->e[i].real)
       die(1, "%s: error: tensor '%s' is %s; cavs reads F32 and F64", path, f->e[i].shown, f->e[i].dtype);
-  qsort(f->e, (size_t)f->n, sizeof *f->e, by_name);
+  if (f->n) qsort(f->e, (size_t)f->n, sizeof *f->e, by_name);
   for (int i = 1; i < f->n; i++)
     if (!strcmp(f->e[i - 1].name, f->e[i].name)) die(1, "%s: error: it holds tensor '%s' twice", path, f->e[i].shown);
   return f;
@@ -626,7 +634,7 @@ TensorFile *tensors_open(const char *path) {
 
 const TensorEntry *tensors_find(const TensorFile *f, const char *name) {
   TensorEntry key = {.name = (char *)name};
-  return bsearch(&key, f->e, (size_t)f->n, sizeof *f->e, by_name);
+  return f->n ? bsearch(&key, f->e, (size_t)f->n, sizeof *f->e, by_name) : NULL;
 }
 
 /* ---- reading: the data ---- */

@@ -1507,6 +1507,14 @@ START_TEST(control_bytes_in_messages_escaped) {
   vec[12] = init;
   shown_escaped("esc.vec", "caf\303\251\033]0;pwned\007 1 2\n", "'caf\303\251\\x1b]0;pwned\\x07' has 2 numbers", vec);
   shown_escaped("esc.vec", "w1 1 \033[31m 3\n", "'\\x1b[31m' is not a finite number", vec);
+  /* a training log for cavs plot: jansson's message quotes it */
+  const char *log = "{\"epoch\": 1, \"loss\": \033[31m}\n";
+  tu_write(path_in("esc.log"), log, strlen(log));
+  RunResult r = cavs("plot", path_in("esc.log"), "-o", path_in("esc.png"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "esc.log:1:22: error: not JSON: ") && strstr(r.err, "\\x1b") &&
+                    !strchr(r.err, '\033'),
+                "cavs plot: exit %d:\n%s", r.status, r.err);
+  tu_free(&r);
 }
 END_TEST
 
@@ -1667,6 +1675,26 @@ START_TEST(crafted_safetensors_refused) {
   init_refused("huge.safetensors", "tensor 'bc' holds 1e+300 at [1], past the range of float");
   ck_assert(symlink("/dev/zero", path_in("dev.safetensors")) == 0);
   init_refused("dev.safetensors", "not a regular file");
+  /* a FIFO: refused, not waited on (nothing ever writes it) */
+  ck_assert(mkfifo(path_in("fifo.safetensors"), 0600) == 0);
+  init_refused("fifo.safetensors", "not a regular file");
+  /* jansson's message quotes the header: shown escaped */
+  st_write("ctl.safetensors", "{\033}", 0, 0, -1);
+  init_refused("ctl.safetensors", "the safetensors header is not a JSON object: ");
+  init_refused("ctl.safetensors", "\\x1b");
+  /* a file of no tensors opens (and then lacks every parameter) */
+  st_write("none.safetensors", "{}", 0, 0, -1);
+  init_refused("none.safetensors", "no tensor 'emb'");
+  /* an empty tensor where another begins, before or after it in the header: the order
+     of the keys decides nothing */
+  const char *z = "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  snprintf(extra, sizeof extra, ",%s", z);
+  st_write("empty-last.safetensors", st_header(fc, 5, extra), fc_data, 0, -1);
+  init_refused("empty-last.safetensors", "tensor 'z' is no parameter of model treefc");
+  char first[8192];
+  snprintf(first, sizeof first, "{%s,%s", z, st_header(fc, 5, "") + 1);
+  st_write("empty-first.safetensors", first, fc_data, 0, -1);
+  init_refused("empty-first.safetensors", "tensor 'z' is no parameter of model treefc");
 }
 END_TEST
 
@@ -1799,6 +1827,8 @@ START_TEST(crafted_npz_refused) {
   zip_write("localpast.npz", z, n, -1, 0, 90000);
   init_refused("localpast.npz", "lies past the archive's entries");
   free_entries(z, n);
+  tu_write(path_in("empty.npz"), "PK\x05\x06\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 22);
+  init_refused("empty.npz", "no tensor 'emb'"); /* (a zip of no entries opens) */
   tu_write(path_in("text.npz"), "hello, not a zip at all: PK", 27);
   init_refused("text.npz", "not an .npz file (no zip directory at its end)");
   const char *w = "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }";
