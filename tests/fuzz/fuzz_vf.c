@@ -12,7 +12,8 @@
  *  - the other compiler files are built with alloc_track.h forced in, and every block
  *    they left allocated is freed after each input (the arena's chunks with them);
  *  - diagnostics go to a memory stream, printed only when the input is a finding (or
- *    always with FUZZ_VF_DIAG=1 in the environment). */
+ *    always with FUZZ_VF_DIAG=1 in the environment); they must hold no control byte
+ *    (C0 but the line break and the tab, DEL, C1 as UTF-8) whatever the input held. */
 #include "alloc_track.h"
 
 #include <setjmp.h>
@@ -179,6 +180,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cv_source_text = NULL;
   cv_source_len = 0;
   if (fz_diag != stderr) {
+    /* no control byte of the input reaches the terminal through a diagnostic (diag.c's
+       safe_text): only line breaks and tabs */
+    fflush(fz_diag);
+    for (size_t i = 0; i < fz_diag_len; i++) {
+      unsigned char c = (unsigned char)fz_diag_buf[i];
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f ||
+          (c == 0xc2 && i + 1 < fz_diag_len && (unsigned char)fz_diag_buf[i + 1] >= 0x80 &&
+           (unsigned char)fz_diag_buf[i + 1] < 0xa0))
+        fail("a control byte 0x%02x at byte %zu of the diagnostics", c, i);
+    }
     fclose(fz_diag);
     free(fz_diag_buf);
     fz_diag_buf = NULL;
