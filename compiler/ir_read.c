@@ -320,25 +320,14 @@ static const char *param_name(const Model *m, int i) { return m->params[i].name;
 static const char *input_name(const Model *m, int i) { return m->inputs[i].name; }
 static const char *pull_name(const Model *m, int i) { return m->pulls[i].name; }
 
-/* "  %I = OP ... [: [W] | : scalar]   # line L [NAME]" or "  OP %a[, %b]   # line L" */
-static bool node_line(Rd *r) {
+/* What follows a node's operation up to its type: a constant, a name, a child's number,
+   or operands (%N, ...) with a slice's bounds or topk's k; the operands into args (room
+   for MAX_ARGS), their count into *nargs. */
+enum { MAX_ARGS = 64 };
+static bool node_operands(Rd *r, IrNode *np, const char *op, int *args, int *nargs) {
   IrFunc *f = r->f;
   Model *m = r->m;
-  IrNode n = {.type = T_NONE};
-  bool value = lit(r, "%");
-  if (value) {
-    long id;
-    if (!integer(r, &id)) return false;
-    if (id != f->n) FAIL(r, "expected node %%%d", f->n);
-    if (!want(r, "=")) return false;
-  }
-  const char *op = ident(r);
-  int k = -1;
-  for (int i = 0; op && i < OP_COUNT; i++)
-    if (!strcmp(op_info[i].name, op)) k = i;
-  if (k < 0) FAIL(r, "unknown operation '%s'", op ? op : "");
-  n.op = (Op)k;
-  int args[64], nargs = 0;
+  IrNode n = *np;
   switch (n.op) {
   case OP_CONST:
     if (!number(r, &n.cval)) return false;
@@ -368,13 +357,13 @@ static bool node_line(Rd *r) {
     break;
   }
   case OP_SLICE:
-    if (!node_ref(r, &args[nargs++]) || !want(r, "[") || !lin(r, &n.lo) || !want(r, ":") || !lin(r, &n.hi) ||
+    if (!node_ref(r, &args[(*nargs)++]) || !want(r, "[") || !lin(r, &n.lo) || !want(r, ":") || !lin(r, &n.hi) ||
         !want(r, "]"))
       return false;
     break;
   case OP_TOPK: { /* `topk %g, %w k K`: the function's one routing */
     long k;
-    if (!node_ref(r, &args[nargs++]) || !want(r, ",") || !node_ref(r, &args[nargs++]) || !want(r, "k") ||
+    if (!node_ref(r, &args[(*nargs)++]) || !want(r, ",") || !node_ref(r, &args[(*nargs)++]) || !want(r, "k") ||
         !integer(r, &k))
       return false;
     if (k < 1 || k > CV_MAX_CHILDREN) FAIL(r, "k must be between 1 and %d", CV_MAX_CHILDREN);
@@ -388,11 +377,50 @@ static bool node_line(Rd *r) {
   case OP_ECHILD: break;
   default:
     do {
-      if (nargs == 64) FAIL(r, "too many operands");
-      if (!node_ref(r, &args[nargs++])) return false;
+      if (*nargs == MAX_ARGS) FAIL(r, "too many operands");
+      if (!node_ref(r, &args[(*nargs)++])) return false;
     } while (lit(r, ","));
     break;
   }
+  *np = n;
+  return true;
+}
+
+/* A node's flags from its operands: on a set's edges (n->edge), on the routed slots
+   (n->slot); and a concat's width checked in range. */
+static bool node_flags(Rd *r, IrNode *n, const int *args, int nargs) {
+  const IrFunc *f = r->f;
+  if (n->op == OP_CONCAT) {
+    long w[CV_MAX_DIMS + 1] = {0};
+    for (int i = 0; i < nargs; i++) acc_add(w, f->nodes[args[i]].width);
+    if (!acc_in_range(w)) FAIL(r, "concat's operands add up to more than %ld of a dim", LIN_MAX);
+  }
+  n->edge = n->op == OP_ECHILD || n->op == OP_EBCAST;
+  for (int j = 0; j < nargs && n->op != OP_ESUM && n->op != OP_EBCAST; j++) n->edge = n->edge || f->nodes[args[j]].edge;
+  n->slot = n->op == OP_SBCAST || n->op == OP_EMM || n->op == OP_EROW;
+  for (int j = 0; j < nargs && n->op != OP_SCOMB; j++) n->slot = n->slot || f->nodes[args[j]].slot;
+  return true;
+}
+
+/* "  %I = OP ... [: [W] | : scalar]   # line L [NAME]" or "  OP %a[, %b]   # line L" */
+static bool node_line(Rd *r) {
+  IrFunc *f = r->f;
+  IrNode n = {.type = T_NONE};
+  bool value = lit(r, "%");
+  if (value) {
+    long id;
+    if (!integer(r, &id)) return false;
+    if (id != f->n) FAIL(r, "expected node %%%d", f->n);
+    if (!want(r, "=")) return false;
+  }
+  const char *op = ident(r);
+  int k = -1;
+  for (int i = 0; op && i < OP_COUNT; i++)
+    if (!strcmp(op_info[i].name, op)) k = i;
+  if (k < 0) FAIL(r, "unknown operation '%s'", op ? op : "");
+  n.op = (Op)k;
+  int args[MAX_ARGS], nargs = 0;
+  if (!node_operands(r, &n, op, args, &nargs)) return false;
   if (lit(r, ":")) {
     if (lit(r, "scalar")) {
       n.type = T_SCALAR;
@@ -407,15 +435,7 @@ static bool node_line(Rd *r) {
   if (!integer(r, &line)) return false;
   n.loc = (Loc){(int)line, 1, (int)line, 1};
   n.name = ident(r);
-  if (n.op == OP_CONCAT) {
-    long w[CV_MAX_DIMS + 1] = {0};
-    for (int i = 0; i < nargs; i++) acc_add(w, f->nodes[args[i]].width);
-    if (!acc_in_range(w)) FAIL(r, "concat's operands add up to more than %ld of a dim", LIN_MAX);
-  }
-  n.edge = n.op == OP_ECHILD || n.op == OP_EBCAST;
-  for (int j = 0; j < nargs && n.op != OP_ESUM && n.op != OP_EBCAST; j++) n.edge = n.edge || f->nodes[args[j]].edge;
-  n.slot = n.op == OP_SBCAST || n.op == OP_EMM || n.op == OP_EROW;
-  for (int j = 0; j < nargs && n.op != OP_SCOMB; j++) n.slot = n.slot || f->nodes[args[j]].slot;
+  if (!node_flags(r, &n, args, nargs)) return false;
   if (nargs) {
     n.args = arena_alloc(sizeof(int) * (size_t)nargs);
     memcpy(n.args, args, sizeof(int) * (size_t)nargs);
@@ -483,6 +503,62 @@ static bool func_line(Rd *r) {
   return true;
 }
 
+/* "export NAME = %N" after the pull function's nodes: one of its values, by name */
+static bool export_line(Rd *r) {
+  Model *m = r->m;
+  const char *name = ident(r);
+  int id;
+  bool ok = name && want(r, "=") && r->f && r->f->kind == F_PULL && node_ref(r, &id);
+  for (int i = 0; ok && i < m->npulls; i++)
+    if (!strcmp(m->pulls[i].name, name)) FAIL(r, "'%s' is exported twice", name);
+  if (ok) {
+    m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
+    m->pulls[m->npulls++] = (PullSlot){name, id};
+  } else if (!r->bad) {
+    FAIL(r, "expected 'export NAME = %%N' after the pull function");
+  }
+  return ok;
+}
+
+/* After the last line, the names that may come before what they name: a vocab dim's
+   input, the vertex functions a set's children and each slot hold (which must
+   scatter). False after an error. */
+static bool resolve_names(Rd *r) {
+  Model *m = r->m;
+  for (int i = 0; i < m->ndims; i++) {
+    Dim *d = &m->dims[i];
+    if (d->kind != DIM_VOCAB) continue;
+    d->input = find_named(r->vocab_of[i], m->ninputs, input_name, m);
+    if (d->input < 0) error_at(d->loc, "vocab() of an unknown input");
+  }
+  for (int v = 0; v < m->nvertex; v++)
+    if (m->vertex[v]->edges && r->slot_tnames && r->slot_tnames[v][m->vertex[v]->children]) {
+      const char *of = r->slot_tnames[v][m->vertex[v]->children];
+      int t = -1;
+      for (int u = 0; u < m->nvertex; u++)
+        if (!strcmp(m->vertex[u]->name, of)) t = u;
+      if (t < 0 || !m->vertex[t]->scatters) {
+        error_at(m->vertex[v]->loc, "the children of '%s' are '%s', %s", m->vertex[v]->name, of,
+                 t < 0 ? "which is no vertex function" : "which scatters nothing");
+        return false;
+      }
+      m->vertex[v]->edge_type = t;
+    }
+  for (int v = 0; v < m->nvertex; v++)
+    for (int k = 0; r->slot_tnames && m->vertex[v]->slot_type && k < m->vertex[v]->children; k++) {
+      int t = -1;
+      for (int u = 0; u < m->nvertex; u++)
+        if (!strcmp(m->vertex[u]->name, r->slot_tnames[v][k])) t = u;
+      if (t < 0 || !m->vertex[t]->scatters) {
+        error_at(m->vertex[v]->loc, "slot '%s' of '%s' holds '%s', %s", m->vertex[v]->slot_name[k], m->vertex[v]->name,
+                 r->slot_tnames[v][k], t < 0 ? "which is no vertex function" : "which scatters nothing");
+        return false;
+      }
+      m->vertex[v]->slot_type[k] = t;
+    }
+  return true;
+}
+
 Model *ir_read(const char *path, const char *text, size_t len) {
   Rd r = {.p = text, .line_start = text, .line = 1};
   Model *m = arena_alloc(sizeof(Model));
@@ -500,22 +576,7 @@ Model *ir_read(const char *path, const char *text, size_t len) {
     } else if (lit(&r, "func")) {
       ok = func_line(&r);
     } else if (lit(&r, "export")) {
-      const char *name = ident(&r);
-      int id;
-      ok = name && want(&r, "=") && r.f && r.f->kind == F_PULL && node_ref(&r, &id);
-      for (int i = 0; ok && i < m->npulls; i++)
-        if (!strcmp(m->pulls[i].name, name)) {
-          error_at(here(&r), "'%s' is exported twice", name);
-          r.bad = true;
-          ok = false;
-        }
-      if (ok) {
-        m->pulls = vec_grow(m->pulls, &m->cappulls, m->npulls + 1, sizeof(PullSlot));
-        m->pulls[m->npulls++] = (PullSlot){name, id};
-      } else if (!r.bad) {
-        error_at(here(&r), "expected 'export NAME = %%N' after the pull function");
-        r.bad = true;
-      }
+      ok = export_line(&r);
     } else if (r.f) {
       ok = node_line(&r);
     } else {
@@ -541,39 +602,7 @@ Model *ir_read(const char *path, const char *text, size_t len) {
     error_at((Loc){1, 1, 1, 1}, "no 'model NAME' line");
     return m;
   }
-  /* vocab dims name their input */
-  for (int i = 0; i < m->ndims; i++) {
-    Dim *d = &m->dims[i];
-    if (d->kind != DIM_VOCAB) continue;
-    d->input = find_named(r.vocab_of[i], m->ninputs, input_name, m);
-    if (d->input < 0) error_at(d->loc, "vocab() of an unknown input");
-  }
-  /* slots name vertex functions that scatter, in any order */
-  for (int v = 0; v < m->nvertex; v++)
-    if (m->vertex[v]->edges && r.slot_tnames && r.slot_tnames[v][m->vertex[v]->children]) {
-      const char *of = r.slot_tnames[v][m->vertex[v]->children];
-      int t = -1;
-      for (int u = 0; u < m->nvertex; u++)
-        if (!strcmp(m->vertex[u]->name, of)) t = u;
-      if (t < 0 || !m->vertex[t]->scatters) {
-        error_at(m->vertex[v]->loc, "the children of '%s' are '%s', %s", m->vertex[v]->name, of,
-                 t < 0 ? "which is no vertex function" : "which scatters nothing");
-        return m;
-      }
-      m->vertex[v]->edge_type = t;
-    }
-  for (int v = 0; v < m->nvertex; v++)
-    for (int k = 0; r.slot_tnames && m->vertex[v]->slot_type && k < m->vertex[v]->children; k++) {
-      int t = -1;
-      for (int u = 0; u < m->nvertex; u++)
-        if (!strcmp(m->vertex[u]->name, r.slot_tnames[v][k])) t = u;
-      if (t < 0 || !m->vertex[t]->scatters) {
-        error_at(m->vertex[v]->loc, "slot '%s' of '%s' holds '%s', %s", m->vertex[v]->slot_name[k], m->vertex[v]->name,
-                 r.slot_tnames[v][k], t < 0 ? "which is no vertex function" : "which scatters nothing");
-        return m;
-      }
-      m->vertex[v]->slot_type[k] = t;
-    }
+  if (!resolve_names(&r)) return m;
   /* pull() nodes take their width from the slot they read */
   for (int v = 0; v < m->nvertex; v++)
     for (int i = 0; i < m->vertex[v]->n; i++) {

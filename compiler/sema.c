@@ -1155,6 +1155,102 @@ static int eval_pull(Ctx *c, const Node *n) {
                              .loc = n->loc});
 }
 
+/* A @ B, A + B, ...: the operands, then the operation; `... @ W[e]` is an expert's
+   product (eval_moe's body) */
+static int eval_binary(Ctx *c, const Node *n) {
+  if (n->op == '@' && expert_index(c, n->b)) return expert_matmul(c, n);
+  int a = eval(c, n->a), b = eval(c, n->b);
+  switch (n->op) {
+  case '+': return elementwise2(c, OP_ADD, a, b, n, n->a, n->b);
+  case '-': return elementwise2(c, OP_SUB, a, b, n, n->a, n->b);
+  case '*': return elementwise2(c, OP_MUL, a, b, n, n->a, n->b);
+  case '/': return elementwise2(c, OP_DIV, a, b, n, n->a, n->b);
+  case '@': return matmul(c, a, b, n);
+  }
+  unreachable();
+}
+
+/* F(NAME in ...: EXPR): sum over a range or the children, or moe over top(...) */
+static int eval_for(Ctx *c, const Node *n) {
+  const char *f = (const char *)n->args;
+  if (n->op == 'm') {
+    if (strcmp(f, "moe")) {
+      error_at(n->loc, "'%s(%s in top(...): ...)': only 'moe' routes rows to experts", f, n->name);
+      return -1;
+    }
+    return eval_moe(c, n);
+  }
+  if (!strcmp(f, "moe")) {
+    error_at(n->loc, "moe takes 'top(GATE, K)', not a range or children: moe(%s in top(GATE, K): EXPR)", n->name);
+    return -1;
+  }
+  if (strcmp(f, "sum")) {
+    error_at(n->loc, "only 'sum' takes a range, not '%s'", f);
+    return -1;
+  }
+  return n->op == 'c' ? eval_sum_children(c, n) : eval_sumfor(c, n);
+}
+
+/* ROW[LO:HI]: the bounds in range, the end past the start */
+static int eval_slice(Ctx *c, const Node *n) {
+  int a = require_row(c, eval(c, n->a), n->a, "slicing");
+  Lin lo, hi;
+  if (!eval_lin(c, n->b, &lo) || !eval_lin(c, n->c, &hi) || a < 0) return -1;
+  Lin w = node(c, a)->width;
+  if (lin_eq(lo, hi)) {
+    error_at(n->loc, "empty slice [%s:%s]: the end must be past the start", wstr(c, lo), wstr(c, hi));
+    return -1;
+  }
+  if (lin_le(hi, lo)) {
+    error_at(n->loc, "slice [%s:%s] ends before it starts", wstr(c, lo), wstr(c, hi));
+    return -1;
+  }
+  if (!lin_le(lin_const(0), lo) || !lin_le(lo, hi) || (!is_top(w) && !lin_le(hi, w))) {
+    error_at(n->loc, "slice [%s:%s] is out of range for %s of width [%s]", wstr(c, lo), wstr(c, hi), what(n->a),
+             wstr(c, w));
+    return -1;
+  }
+  int *args = arena_alloc(sizeof(int));
+  args[0] = a;
+  return mk_with(c, (IrNode){.op = OP_SLICE, .type = T_ROW, .width = lin_sub(hi, lo), .nargs = 1, .args = args,
+                             .lo = lo, .hi = hi, .loc = n->loc});
+}
+
+/* T[x]: a param matrix's row looked up by an index input, or T[e], the slot's expert's
+   row of a table */
+static int eval_index(Ctx *c, const Node *n) {
+  if (expert_index(c, n)) {
+    int t = expert_table(c, n);
+    if (t < 0) return -1;
+    return mk(c, OP_EROW, T_ROW, c->m->params[node(c, t)->ref].cols, n->loc, 1, &t);
+  }
+  int a = eval(c, n->a), b = eval(c, n->b);
+  if (a < 0 || b < 0) return -1;
+  IrNode *x = node(c, a), *y = node(c, b);
+  if (x->type == T_ROW) {
+    error_at(n->loc, "cannot index the row %s; take a slice, e.g. %s[0:H]", what(n->a),
+             diag_span(n->a->loc) ? diag_span(n->a->loc) : "s");
+    return -1;
+  }
+  if (x->type != T_PARAM || c->m->params[x->ref].rank != 2) {
+    error_at(n->a->loc, "row lookup needs a param matrix, but %s is %s", what(n->a), describe(c, a));
+    return -1;
+  }
+  if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_INDEX) {
+    error_at(n->b->loc, "row lookup needs an index input, but %s is %s", what(n->b), describe(c, b));
+    return -1;
+  }
+  Param *p = &c->m->params[x->ref];
+  Input *in = &c->m->inputs[y->ref];
+  if (!lin_eq(p->rows, in->width)) {
+    error_at(n->loc, "row lookup: '%s' has [%s] rows but '%s' indexes [%s]", p->name, wstr(c, p->rows), in->name,
+             wstr(c, in->width));
+    return -1;
+  }
+  int args[2] = {a, b};
+  return mk(c, OP_LOOKUP, T_ROW, p->cols, n->loc, 2, args);
+}
+
 static int eval(Ctx *c, const Node *n) {
   switch (n->kind) {
   case N_NUM: return mk_const(c, n->num, n->loc);
@@ -1163,93 +1259,12 @@ static int eval(Ctx *c, const Node *n) {
     error_at(n->loc, "'%ld%s' is a dim expression, not a value", n->ival, n->name);
     return -1;
   case N_NEG: return unary(c, OP_NEG, eval(c, n->a), n, n->a);
-  case N_BINARY: {
-    if (n->op == '@' && expert_index(c, n->b)) return expert_matmul(c, n);
-    int a = eval(c, n->a), b = eval(c, n->b);
-    switch (n->op) {
-    case '+': return elementwise2(c, OP_ADD, a, b, n, n->a, n->b);
-    case '-': return elementwise2(c, OP_SUB, a, b, n, n->a, n->b);
-    case '*': return elementwise2(c, OP_MUL, a, b, n, n->a, n->b);
-    case '/': return elementwise2(c, OP_DIV, a, b, n, n->a, n->b);
-    case '@': return matmul(c, a, b, n);
-    }
-    unreachable();
-  }
+  case N_BINARY: return eval_binary(c, n);
   case N_CALL: return eval_call(c, n);
-  case N_SUMFOR:
-    if (n->op == 'm') {
-      if (strcmp((const char *)n->args, "moe")) {
-        error_at(n->loc, "'%s(%s in top(...): ...)': only 'moe' routes rows to experts", (const char *)n->args, n->name);
-        return -1;
-      }
-      return eval_moe(c, n);
-    }
-    if (!strcmp((const char *)n->args, "moe")) {
-      error_at(n->loc, "moe takes 'top(GATE, K)', not a range or children: moe(%s in top(GATE, K): EXPR)", n->name);
-      return -1;
-    }
-    if (strcmp((const char *)n->args, "sum")) {
-      error_at(n->loc, "only 'sum' takes a range, not '%s'", (const char *)n->args);
-      return -1;
-    }
-    return n->op == 'c' ? eval_sum_children(c, n) : eval_sumfor(c, n);
+  case N_SUMFOR: return eval_for(c, n);
   case N_PULL: return eval_pull(c, n);
-  case N_SLICE: {
-    int a = require_row(c, eval(c, n->a), n->a, "slicing");
-    Lin lo, hi;
-    if (!eval_lin(c, n->b, &lo) || !eval_lin(c, n->c, &hi) || a < 0) return -1;
-    Lin w = node(c, a)->width;
-    if (lin_eq(lo, hi)) {
-      error_at(n->loc, "empty slice [%s:%s]: the end must be past the start", wstr(c, lo), wstr(c, hi));
-      return -1;
-    }
-    if (lin_le(hi, lo)) {
-      error_at(n->loc, "slice [%s:%s] ends before it starts", wstr(c, lo), wstr(c, hi));
-      return -1;
-    }
-    if (!lin_le(lin_const(0), lo) || !lin_le(lo, hi) ||
-        (!is_top(w) && !lin_le(hi, w))) {
-      error_at(n->loc, "slice [%s:%s] is out of range for %s of width [%s]", wstr(c, lo),
-               wstr(c, hi), what(n->a), wstr(c, w));
-      return -1;
-    }
-    int *args = arena_alloc(sizeof(int));
-    args[0] = a;
-    return mk_with(c, (IrNode){.op = OP_SLICE, .type = T_ROW, .width = lin_sub(hi, lo), .nargs = 1,
-                               .args = args, .lo = lo, .hi = hi, .loc = n->loc});
-  }
-  case N_INDEX: {
-    if (expert_index(c, n)) { /* T[e]: the slot's expert's row of the table */
-      int t = expert_table(c, n);
-      if (t < 0) return -1;
-      return mk(c, OP_EROW, T_ROW, c->m->params[node(c, t)->ref].cols, n->loc, 1, &t);
-    }
-    int a = eval(c, n->a), b = eval(c, n->b);
-    if (a < 0 || b < 0) return -1;
-    IrNode *x = node(c, a), *y = node(c, b);
-    if (x->type == T_ROW) {
-      error_at(n->loc, "cannot index the row %s; take a slice, e.g. %s[0:H]", what(n->a),
-               diag_span(n->a->loc) ? diag_span(n->a->loc) : "s");
-      return -1;
-    }
-    if (x->type != T_PARAM || c->m->params[x->ref].rank != 2) {
-      error_at(n->a->loc, "row lookup needs a param matrix, but %s is %s", what(n->a), describe(c, a));
-      return -1;
-    }
-    if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_INDEX) {
-      error_at(n->b->loc, "row lookup needs an index input, but %s is %s", what(n->b), describe(c, b));
-      return -1;
-    }
-    Param *p = &c->m->params[x->ref];
-    Input *in = &c->m->inputs[y->ref];
-    if (!lin_eq(p->rows, in->width)) {
-      error_at(n->loc, "row lookup: '%s' has [%s] rows but '%s' indexes [%s]", p->name,
-               wstr(c, p->rows), in->name, wstr(c, in->width));
-      return -1;
-    }
-    int args[2] = {a, b};
-    return mk(c, OP_LOOKUP, T_ROW, p->cols, n->loc, 2, args);
-  }
+  case N_SLICE: return eval_slice(c, n);
+  case N_INDEX: return eval_index(c, n);
   }
   unreachable();
 }

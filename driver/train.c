@@ -1096,12 +1096,8 @@ static void check_ranks(Run *r) {
   same_params(r, 0);
 }
 
-int cmd_train(TrainOpts *o) {
-  dist_start();
-  /* (every rank keeps the gradients' norm for rank 0's log: with the experts placed,
-     the norm is a sum over the ranks) */
-  bool norm = o->log != NULL;
-  if (dist_rank) o->quiet = true, o->log = NULL; /* rank 0 prints and writes */
+/* The options train needs, and the pairs it refuses */
+static void check_train_opts(const TrainOpts *o) {
   if (!o->model) die(1, "train: no model (a .vf file or a built .so)");
   if (!o->train) die(1, "train: --train FILE is required");
   if (!o->format) die(1, "train: --format is required (ptb-tree, text, text-bptt, text-bptt:N, cgf)");
@@ -1110,86 +1106,120 @@ int cmd_train(TrainOpts *o) {
     die(1, "train: --init-all starts a new model; --resume goes on from the checkpoint's parameters");
   if (o->ninit && o->resume) /* it was passed over without a word */
     die(1, "train: --init starts a new model's tables; --resume goes on from the checkpoint's");
-  Run r = {.o = o};
-  r.best_path = o->save ? fmt("%s.best", o->save) : NULL;
-  check_outputs(o, r.best_path);
-  if (o->resume) read_resumed(&r);
-  r.L = load_model_arg(o->model);
-  r.d = r.L.desc;
-  long dims[CAVS_MAX_DIMS] = {0};
-  cavs_dims_default(r.d, dims);
-  apply_dims(r.d, dims, o);
-  if (o->resume) resume_settings(&r, dims);
-  else r.v = keep(cavs_vocab_new());
-  if (o->stream) r.st = stream_train(&r, dims);
-  else r.tr = load_data(o->train, o->format, r.d, dims, r.v, r.ck == NULL);
+}
+
+/* The run's model, vocabulary and data: from the checkpoint resumed, else new; the
+   model made at the dims the data and options give */
+static void open_run(Run *r, long *dims) {
+  TrainOpts *o = r->o;
+  r->best_path = o->save ? fmt("%s.best", o->save) : NULL;
+  check_outputs(o, r->best_path);
+  if (o->resume) read_resumed(r);
+  r->L = load_model_arg(o->model);
+  r->d = r->L.desc;
+  cavs_dims_default(r->d, dims);
+  apply_dims(r->d, dims, o);
+  if (o->resume) resume_settings(r, dims);
+  else r->v = keep(cavs_vocab_new());
+  if (o->stream) r->st = stream_train(r, dims);
+  else r->tr = load_data(o->train, o->format, r->d, dims, r->v, r->ck == NULL);
   /* (with --stream the dev file too: each rank reads it through and indexes it) */
-  if (o->dev) r.devdata = open_data(o->dev, o->format, r.d, dims, r.v, o->stream), r.dev = &r.devdata;
-  if (!r.ck) vocab_dims(&r, dims);
-  if (o->patience && !r.dev) die(1, "--patience needs a --dev set to watch");
-  r.n = r.st ? cavs_stream_count(r.st) : cavs_dataset_count(r.tr);
-  make_model(&r, dims);
-  r.carry = carries(o->format);
-  if (r.carry && cavs_model_carry_state(r.m, 1)) {
-    if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(r.m));
-    r.carry = false; /* a model that cannot (several states): each chunk from zeros */
+  if (o->dev) r->devdata = open_data(o->dev, o->format, r->d, dims, r->v, o->stream), r->dev = &r->devdata;
+  if (!r->ck) vocab_dims(r, dims);
+  if (o->patience && !r->dev) die(1, "--patience needs a --dev set to watch");
+  r->n = r->st ? cavs_stream_count(r->st) : cavs_dataset_count(r->tr);
+  make_model(r, dims);
+}
+
+/* What the epochs need beside the model: the state carried or not, the chunks' cut, the
+   ranks' agreement, the log, the minibatch's arrays, the order and schedule chosen */
+static void ready_run(Run *r, bool norm) {
+  TrainOpts *o = r->o;
+  r->carry = carries(o->format);
+  if (r->carry && cavs_model_carry_state(r->m, 1)) {
+    if (bptt_state == BPTT_CARRY) lib_die(cavs_model_error(r->m));
+    r->carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
-  if (!r.carry) cavs_model_carry_state(r.m, 0); /* (what a checkpoint carried, not used) */
-  choose_cut(&r);
-  check_ranks(&r);
+  if (!r->carry) cavs_model_carry_state(r->m, 0); /* (what a checkpoint carried, not used) */
+  choose_cut(r);
+  check_ranks(r);
   if (o->log) {
-    r.log = fopen(o->log, r.resumed ? "a" : "w");
-    if (!r.log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
+    r->log = fopen(o->log, r->resumed ? "a" : "w");
+    if (!r->log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
-  if (norm) cavs_model_track_grad_norm(r.m, 1); /* for the log's grad_norm fields */
-  if (!o->quiet) say_start(&r);
+  if (norm) cavs_model_track_grad_norm(r->m, 1); /* for the log's grad_norm fields */
+  if (!o->quiet) say_start(r);
   /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */
-  r.tty = isatty(1) && !o->quiet && dist_size == 1;
-  r.with_acc = has_accuracy(r.d);
-  r.lm = r.with_acc && lm_format(o->format);
-  r.order = xmalloc(sizeof(int) * (size_t)r.n);
-  if (r.st) r.sizes = xmalloc(sizeof(cavs_graph) * (size_t)o->batch);
-  r.gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
+  r->tty = isatty(1) && !o->quiet && dist_size == 1;
+  r->with_acc = has_accuracy(r->d);
+  r->lm = r->with_acc && lm_format(o->format);
+  r->order = xmalloc(sizeof(int) * (size_t)r->n);
+  if (r->st) r->sizes = xmalloc(sizeof(cavs_graph) * (size_t)o->batch);
+  r->gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
+}
+
+/* The epochs, stopping early where end_epoch says (patience) or, after the epoch under
+   way, at SIGINT or SIGTERM: then the process exits 128 + the signal */
+static void train_epochs(Run *r) {
+  TrainOpts *o = r->o;
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND};
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  int first = r.ts.epoch + 1;
-  r.last_epoch = r.ts.epoch + o->epochs; /* resume_settings bounded it */
-  r.nbatches = (r.n + o->batch - 1) / o->batch;
-  choose_selection(&r);
-  choose_schedule(&r);
+  int first = r->ts.epoch + 1;
+  r->last_epoch = r->ts.epoch + o->epochs; /* resume_settings bounded it */
+  r->nbatches = (r->n + o->batch - 1) / o->batch;
+  choose_selection(r);
+  choose_schedule(r);
   if (o->set_momentum && o->optim.kind != CAVS_MOMENTUM && o->optim.kind != CAVS_NESTEROV)
     die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
-  for (int epoch = first; epoch <= r.last_epoch; epoch++) {
+  for (int epoch = first; epoch <= r->last_epoch; epoch++) {
     Totals t = {0};
-    run_epoch(&r, epoch, first, &t);
-    if (dist_size > 1) same_params(&r, (long)epoch * r.nbatches);
-    if (end_epoch(&r, epoch, &t)) break;
+    run_epoch(r, epoch, first, &t);
+    if (dist_size > 1) same_params(r, (long)epoch * r->nbatches);
+    if (end_epoch(r, epoch, &t)) break;
     long stop = interrupted != 0;
     dist_sum_long(&stop, 1); /* the ranks stop together */
-    if (stop && epoch < r.last_epoch) {
+    if (stop && epoch < r->last_epoch) {
       if (!dist_rank)
         fprintf(stderr, "%s: interrupted after epoch %d%s\n", prog, epoch, o->save ? fmt("; saved to %s", o->save) : "");
       dist_end();
       exit(128 + (interrupted ? interrupted : SIGTERM));
     }
   }
-  if (r.log) fclose(r.log);
-  free(r.order);
-  free(r.gs);
-  free(r.chunks);
-  bptt_cut_free(&r.cut);
+}
+
+static void close_run(Run *r) {
+  if (r->log) fclose(r->log);
+  free(r->order);
+  free(r->gs);
+  free(r->chunks);
+  bptt_cut_free(&r->cut);
   dist_release(); /* (its buffers are the model's backend's) */
-  for (int k = 0; k < MAX_ROUTES; k++) free(r.skip[k]);
-  cavs_model_free(r.m);
-  cavs_dataset_free(r.tr);
-  cavs_dataset_free(r.part);
-  cavs_stream_close(r.st);
-  free(r.sizes);
-  if (r.dev) close_data(r.dev);
-  cavs_vocab_free(r.v);
-  cavs_ckpt_free(r.ck);
+  for (int k = 0; k < MAX_ROUTES; k++) free(r->skip[k]);
+  cavs_model_free(r->m);
+  cavs_dataset_free(r->tr);
+  cavs_dataset_free(r->part);
+  cavs_stream_close(r->st);
+  free(r->sizes);
+  if (r->dev) close_data(r->dev);
+  cavs_vocab_free(r->v);
+  cavs_ckpt_free(r->ck);
+}
+
+int cmd_train(TrainOpts *o) {
+  dist_start();
+  /* (every rank keeps the gradients' norm for rank 0's log: with the experts placed,
+     the norm is a sum over the ranks) */
+  bool norm = o->log != NULL;
+  if (dist_rank) o->quiet = true, o->log = NULL; /* rank 0 prints and writes */
+  check_train_opts(o);
+  Run r = {.o = o};
+  long dims[CAVS_MAX_DIMS] = {0};
+  open_run(&r, dims);
+  ready_run(&r, norm);
+  train_epochs(&r);
+  close_run(&r);
   dist_end();
   return 0;
 }

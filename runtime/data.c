@@ -402,17 +402,11 @@ static int record(Records *rec, cavs_dataset *s, long start, long end, uint32_t 
   return 0;
 }
 
-/* the loader of both, and of cavs_stream_open (rec: the graphs recorded, not kept):
- * reads f to its end and closes it */
-static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
-                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen, Records *rec) {
-  Shape sh;
-  if (shape_of(d, dims, &sh, err, errlen)) {
-    fclose(f);
-    return NULL;
-  }
-  int bptt = CV_BPTT;
-  const CvFormat *fm = cv_format_named(format, &bptt);
+/* The format --format names (with text-bptt:N's chunk length in *bptt), or NULL with
+ * the message: an unknown name, a bad chunk length, a format of graphs running across
+ * lines asked to be streamed. */
+static const CvFormat *format_for(const char *format, bool streamed, int *bptt, char *err, size_t errlen) {
+  const CvFormat *fm = cv_format_named(format, bptt);
   if (!fm) {
     char names[256] = "";
     for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
@@ -421,50 +415,57 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
       snprintf(err, errlen, "data format '%.40s': the chunk length after text-bptt: must be a number from 1 to %d",
                format, CV_MAX_BPTT);
     else snprintf(err, errlen, "unknown data format '%.40s' (%s, text-bptt:N)", format, names);
-    fclose(f);
     return NULL;
   }
-  if (rec && !fm->records) {
+  if (streamed && !fm->records) {
     snprintf(err, errlen, "data format %.40s cannot be streamed: its graphs run across lines (%s's)", format,
              fm->name);
-    fclose(f);
     return NULL;
   }
+  return fm;
+}
+
+/* The floats of real inputs a vertex has (0 for a model without), or -1 with the message
+ * where there are some and the dims their widths need are not given. */
+static long real_width(const cavs_desc *d, const long *dims, char *err, size_t errlen) {
   long realw = 0;
   for (int i = 0; i < d->ninputs; i++)
     if (d->inputs[i].kind == CAVS_IN_REAL) {
       if (!dims) {
         snprintf(err, errlen, "model '%s' has real inputs: its dims must be known to read data", d->name);
-        fclose(f);
-        return NULL;
+        return -1;
       }
       realw += cv_lin(&d->inputs[i].width, dims);
     }
+  return realw;
+}
+
+/* The empty data set the lines are read into (and, streamed, the index's largest values
+ * set to none yet), or NULL with the message. */
+static cavs_dataset *empty_set(const Shape *sh, long realw, const char *path, Records *rec, char *err, size_t errlen) {
   cavs_dataset *s = calloc(1, sizeof *s);
   if (rec) {
-    rec->nint = sh.nint;
-    if ((rec->maxf = malloc(sizeof(int) * (size_t)(sh.nint ? sh.nint : 1))))
-      for (int k = 0; k < sh.nint; k++) rec->maxf[k] = -1;
+    rec->nint = sh->nint;
+    if ((rec->maxf = malloc(sizeof(int) * (size_t)(sh->nint ? sh->nint : 1))))
+      for (int k = 0; k < sh->nint; k++) rec->maxf[k] = -1;
   }
   if (!s || (rec && !rec->maxf)) {
     free(s);
-    fclose(f);
     errno = ENOMEM;
     snprintf(err, errlen, "out of memory reading '%s'", path);
     return NULL;
   }
-  s->maxc = sh.maxc;
-  s->nint = sh.nint;
-  s->realw = fm->real ? realw : 0;
-  CvLoad l = {.s = s, .sh = &sh, .d = d, .dims = dims, .v = v, .grow = grow, .path = path, .err = err, .errlen = errlen,
-              .bptt = bptt};
-  void *state = NULL;
-  if (fm->begin(&l, &state)) {
-    fclose(f);
-    cavs_dataset_free(s);
-    snprintf(err, errlen, "out of memory reading '%s'", path);
-    return NULL;
-  }
+  s->maxc = sh->maxc;
+  s->nint = sh->nint;
+  s->realw = realw;
+  return s;
+}
+
+/* Each line of f, checked (no NUL byte, valid UTF-8; a first line's byte order mark
+ * skipped) and handed to the format without its line break; with rec, each graph a line
+ * closes recorded (its bytes in the file and their hash) and dropped. 0, or -1 with the
+ * message in l->err. The format's end is the caller's. */
+static int read_lines(FILE *f, const CvFormat *fm, CvLoad *l, void *state, Records *rec) {
   /* the vocabulary grows as we go; on error, new words stay (harmless: ids only grow) */
   char *line = NULL;
   size_t cap = 0;
@@ -482,30 +483,57 @@ static cavs_dataset *load_from(FILE *f, const char *path, const char *format, co
     if (n && line[n - 1] == '\n') n--;
     if (n && line[n - 1] == '\r') n--;
     if (memchr(line, 0, n)) {
-      snprintf(err, errlen, "%s:%ld: error: NUL byte", path, lineno);
+      snprintf(l->err, l->errlen, "%s:%ld: error: NUL byte", l->path, lineno);
       rc = -1;
       break;
     }
     if (!valid_utf8(line, n)) {
-      snprintf(err, errlen, "%s:%ld: error: invalid UTF-8", path, lineno);
+      snprintf(l->err, l->errlen, "%s:%ld: error: invalid UTF-8", l->path, lineno);
       rc = -1;
       break;
     }
     line[n] = 0;
-    l.lineno = lineno;
-    rc = fm->line(&l, state, line, n);
+    l->lineno = lineno;
+    rc = fm->line(l, state, line, n);
     if (rc) break;
-    if (rec && s->n) {
-      if ((rc = record(rec, s, start, at, h, path, lineno, err, errlen))) break;
+    if (rec && l->s->n) {
+      if ((rc = record(rec, l->s, start, at, h, l->path, lineno, l->err, l->errlen))) break;
       start = at, h = FNV32_START;
     }
   }
-  rc = fm->end(&l, state, rc);
+  free(line);
+  return rc;
+}
+
+/* the loader of both, and of cavs_stream_open (rec: the graphs recorded, not kept):
+ * reads f to its end and closes it */
+static cavs_dataset *load_from(FILE *f, const char *path, const char *format, const cavs_desc *d,
+                               const long *dims, cavs_vocab *v, int grow, char *err, size_t errlen, Records *rec) {
+  Shape sh;
+  int bptt = CV_BPTT;
+  const CvFormat *fm = NULL;
+  long realw = -1;
+  cavs_dataset *s = NULL;
+  if (shape_of(d, dims, &sh, err, errlen) || !(fm = format_for(format, rec != NULL, &bptt, err, errlen)) ||
+      (realw = real_width(d, dims, err, errlen)) < 0 ||
+      !(s = empty_set(&sh, fm->real ? realw : 0, path, rec, err, errlen))) {
+    fclose(f);
+    return NULL;
+  }
+  CvLoad l = {.s = s, .sh = &sh, .d = d, .dims = dims, .v = v, .grow = grow, .path = path, .err = err, .errlen = errlen,
+              .bptt = bptt};
+  void *state = NULL;
+  if (fm->begin(&l, &state)) {
+    fclose(f);
+    cavs_dataset_free(s);
+    snprintf(err, errlen, "out of memory reading '%s'", path);
+    return NULL;
+  }
+  int rc = fm->end(&l, state, read_lines(f, fm, &l, state, rec));
   if (!rc && ferror(f)) {
     snprintf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
     rc = -1;
   }
-  free(line);
   fclose(f);
   if (!rc && (rec ? rec->n : s->n) == 0) {
     snprintf(err, errlen, "%s: error: no graphs in the file", path);

@@ -34,6 +34,79 @@ static char *next_word(char **p) {
   return w;
 }
 
+/* Kahn's peeling from the leaves over the open graph's n vertices (children ch, maxc a
+ * vertex): pend[v] is left at the number of v's children never done, queue holds the
+ * vertices done in order. Returns how many were done (n when there is no cycle), or -1
+ * without the memory for the reverse edges. */
+static long peel(const int *ch, int maxc, long n, int *pend, int *queue) {
+  long head = 0, tail = 0;
+  for (long v = 0; v < n; v++) {
+    pend[v] = 0;
+    for (int k = 0; k < maxc; k++) pend[v] += ch[v * maxc + k] >= 0;
+    if (!pend[v]) queue[tail++] = (int)v;
+  }
+  /* a parent's pending count drops when a child is done: walk parents by scanning is
+     O(n * maxc) per done vertex in the worst case, so build the reverse edges once */
+  long ne = 0;
+  for (long v = 0; v < n * maxc; v++) ne += ch[v] >= 0;
+  int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
+  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
+  if (!off || !adj || !fill) {
+    free(off);
+    free(adj);
+    free(fill);
+    errno = ENOMEM;
+    return -1;
+  }
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < maxc; k++)
+      if (ch[v * maxc + k] >= 0) off[ch[v * maxc + k] + 1]++;
+  for (long v = 0; v < n; v++) off[v + 1] += off[v];
+  memcpy(fill, off, sizeof(int) * (size_t)n);
+  for (long v = 0; v < n; v++)
+    for (int k = 0; k < maxc; k++)
+      if (ch[v * maxc + k] >= 0) adj[fill[ch[v * maxc + k]]++] = (int)v;
+  while (head < tail) {
+    int v = queue[head++];
+    for (int e = off[v]; e < off[v + 1]; e++)
+      if (--pend[adj[e]] == 0) queue[tail++] = adj[e];
+  }
+  free(off);
+  free(adj);
+  free(fill);
+  return tail;
+}
+
+/* After peel() left `done` of n vertices done: the smallest vertex on a cycle. What is
+ * left waits on a cycle or on a vertex that does; following a child that is still
+ * waiting n times lands on the cycle itself, then once round it finds its smallest. */
+static long on_cycle(const int *ch, int maxc, long n, const int *pend, long done) {
+  long v = 0;
+  while (pend[v] == 0) v++;
+  for (long step = 0; step < n; step++)
+    for (int k = 0; k < maxc; k++) {
+      int w = ch[v * maxc + k];
+      if (w >= 0 && pend[w] > 0) {
+        v = w;
+        break;
+      }
+    }
+  long best = v, u = v;
+  do {
+    for (int k = 0; k < maxc; k++) {
+      int w = ch[u * maxc + k];
+      if (w >= 0 && pend[w] > 0) {
+        u = w;
+        break;
+      }
+    }
+    if (u < best) best = u;
+  } while (u != v && best >= 0 && ++done < 2 * n + 2);
+  return best;
+}
+
+/* The open graph closed at `end` on line lineno: every child inside it, no cycle; then
+ * added to the data set. 0, or -1 with the message. */
 static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, char *err, size_t errlen) {
   long n = s->nv - c->first;
   if (n == 0) {
@@ -49,79 +122,22 @@ static int cgf_close(cavs_dataset *s, Cgf *c, const char *path, long lineno, cha
         return -1;
       }
     }
-  /* Kahn from the leaves: whatever is left over lies on a cycle */
   if (n + 1 > c->cappending) {
-    if (!cv_grow_array(&c->pending, sizeof(int), (size_t)(3 * n + 3))) {
+    if (!cv_grow_array(&c->pending, sizeof(int), (size_t)(2 * n + 2))) {
       snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
       return -1;
     }
     c->cappending = n + 1;
   }
-  int *pend = c->pending, *queue = c->pending + n + 1, *nparents = queue + n + 1;
-  (void)nparents;
+  int *pend = c->pending, *queue = c->pending + n + 1;
   const int *ch = s->child + c->first * s->maxc;
-  long head = 0, tail = 0;
-  for (long v = 0; v < n; v++) {
-    pend[v] = 0;
-    for (int k = 0; k < s->maxc; k++) pend[v] += ch[v * s->maxc + k] >= 0;
-    if (!pend[v]) queue[tail++] = (int)v;
-  }
-  /* a parent's pending count drops when a child is done: walk parents by scanning is
-     O(n * maxc) per done vertex in the worst case, so build the reverse edges once */
-  long ne = 0;
-  for (long v = 0; v < n * s->maxc; v++) ne += ch[v] >= 0;
-  int *off = calloc((size_t)n + 1, sizeof(int)), *adj = malloc(sizeof(int) * (size_t)(ne + 1));
-  int *fill = malloc(sizeof(int) * (size_t)(n + 1));
-  if (!off || !adj || !fill) {
-    free(off);
-    free(adj);
-    free(fill);
-    errno = ENOMEM;
+  long done = peel(ch, s->maxc, n, pend, queue);
+  if (done < 0) {
     snprintf(err, errlen, "%s:%ld: error: out of memory for a graph of %ld vertices", path, c->first_line, n);
     return -1;
   }
-  for (long v = 0; v < n; v++)
-    for (int k = 0; k < s->maxc; k++)
-      if (ch[v * s->maxc + k] >= 0) off[ch[v * s->maxc + k] + 1]++;
-  for (long v = 0; v < n; v++) off[v + 1] += off[v];
-  memcpy(fill, off, sizeof(int) * (size_t)n);
-  for (long v = 0; v < n; v++)
-    for (int k = 0; k < s->maxc; k++)
-      if (ch[v * s->maxc + k] >= 0) adj[fill[ch[v * s->maxc + k]]++] = (int)v;
-  while (head < tail) {
-    int v = queue[head++];
-    for (int e = off[v]; e < off[v + 1]; e++)
-      if (--pend[adj[e]] == 0) queue[tail++] = adj[e];
-  }
-  free(off);
-  free(adj);
-  free(fill);
-  if (tail < n) {
-    /* what is left waits on a cycle or on a vertex that does; following a child that is
-       still waiting n times lands on the cycle itself */
-    long v = 0;
-    while (pend[v] == 0) v++;
-    for (long step = 0; step < n; step++)
-      for (int k = 0; k < s->maxc; k++) {
-        int w = ch[v * s->maxc + k];
-        if (w >= 0 && pend[w] > 0) {
-          v = w;
-          break;
-        }
-      }
-    /* name the cycle by its smallest vertex: go round it once */
-    long best = v, u = v;
-    do {
-      for (int k = 0; k < s->maxc; k++) {
-        int w = ch[u * s->maxc + k];
-        if (w >= 0 && pend[w] > 0) {
-          u = w;
-          break;
-        }
-      }
-      if (u < best) best = u;
-    } while (u != v && best >= 0 && ++tail < 2 * n + 2);
-    v = best;
+  if (done < n) {
+    long v = on_cycle(ch, s->maxc, n, pend, done);
     snprintf(err, errlen, "%s:%ld: error: the graph has a cycle through vertex %ld", path, c->vline[v], v);
     return -1;
   }
