@@ -413,9 +413,9 @@ typedef struct TensorFile {
   TensorEntry *e; /* sorted by name */
   int n, cap;
 } TensorFile;
-/* Bytes from a file as a message shows them (no control byte reaches the terminal):
- * printable ASCII, every other byte and the backslash as \xNN, at most 80 bytes of it;
- * kept (keep list). */
+/* Bytes from a file as a message shows them (no control byte reaches the terminal:
+ * runtime/shown.h's rule, whole UTF-8 characters past the C1 controls kept), at most 80
+ * bytes of it; a new string, the caller's to free. */
 char *shown(const char *s, size_t n);
 /* The file's index, read and checked whole; dies with "FILE: error: ..." on anything
  * malformed, a tensor of a dtype other than float32 and float64 included. */

@@ -27,6 +27,7 @@
  * check, and nothing is written into a model until every tensor has been read. */
 #include "afile.h"
 #include "driver.h"
+#include "shown.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -215,17 +216,11 @@ void tensors_write(const char *path, const Tensor *t, int n, json_t *meta) {
 
 /* ---- reading: the index ---- */
 
-/* Bytes from a file as a message shows them: printable ASCII kept, anything else \xNN,
-   at most 80 bytes of it. */
+/* Bytes from a file as a message shows them (runtime/shown.h's rule), at most 80 bytes
+   of it */
 char *shown(const char *s, size_t n) {
-  char *out = xmalloc(4 * 80 + 4), *p = out;
-  for (size_t i = 0; i < n && i < 80; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c < 0x7f && c != '\\') *p++ = (char)c;
-    else p += sprintf(p, "\\x%02x", c);
-  }
-  if (n > 80) p += sprintf(p, "...");
-  *p = 0;
+  char *out = xmalloc(4 * 80 + 4);
+  cv_quote(out, s, n, 80);
   return out;
 }
 
@@ -283,7 +278,8 @@ static void st_entry(TensorFile *f, const char *name, json_t *v) {
   json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"), *offs = json_object_get(v, "data_offsets");
   if (!json_is_object(v) || !json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2)
     die(1, "%s: error: tensor '%s' is not {\"dtype\": ..., \"shape\": [...], \"data_offsets\": [BEGIN, END]}", f->path, e->shown);
-  snprintf(e->dtype, sizeof e->dtype, "%s", shown(json_string_value(dtype), json_string_length(dtype)));
+  char q[4 * 80 + 4];
+  snprintf(e->dtype, sizeof e->dtype, "%s", cv_quote(q, json_string_value(dtype), json_string_length(dtype), 80));
   int size = st_dtype_size(json_string_value(dtype));
   if (!size) die(1, "%s: error: tensor '%s' has the unknown dtype '%s'", f->path, e->shown, e->dtype);
   e->f64 = !strcmp(e->dtype, "F64");
@@ -532,7 +528,8 @@ static void npy_dict(const TensorFile *f, TensorEntry *e, const char *text, size
   int size = 0;
   if ((descr[0] == '<' || descr[0] == '>' || descr[0] == '=') && descr[1] == 'f' && !descr[3])
     size = descr[2] == '4' ? 4 : descr[2] == '8' ? 8 : 0;
-  snprintf(e->dtype, sizeof e->dtype, "%s", shown(descr, strlen(descr)));
+  char q[4 * 80 + 4];
+  snprintf(e->dtype, sizeof e->dtype, "%s", cv_quote(q, descr, strlen(descr), 80));
   if (!size)
     die(1, "%s: error: entry '%s.npy' is of dtype '%s'; cavs reads float32 and float64 ('<f4', '<f8')", f->path, e->shown,
         e->dtype);

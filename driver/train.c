@@ -5,6 +5,7 @@
  * SIGTERM stop it between two steps, saved. */
 #include "driver.h"
 #include "dist.h"
+#include "shown.h"
 
 #include <errno.h>
 #include <math.h>
@@ -372,7 +373,8 @@ static void say_init(const Run *r, int i) {
          cavs_vocab_size(r->v) - 2, strchr(r->o->init[i], '=') + 1, f->vectors);
   if (f->missing) {
     printf("; none for %ld, e.g.", f->missing);
-    for (int k = 0; k < f->nsample; k++) printf("%s %s", k ? "," : "", cavs_vocab_word(r->v, f->sample[k]));
+    /* (the words are the data's, anyone's: shown as a message shows a file's bytes) */
+    for (int k = 0; k < f->nsample; k++) printf("%s %s", k ? "," : "", CV_SHOW(cavs_vocab_word(r->v, f->sample[k])));
   }
   printf("\n");
 }

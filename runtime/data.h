@@ -6,6 +6,7 @@
 #define CV_DATA_H
 
 #include "cv.h"
+#include "shown.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -83,13 +84,5 @@ int cv_type_children(const cavs_desc *d, int t);
    LC_NUMERIC would read "0.5" as 0 and stop at the point). */
 double cv_strtod(const char *s, char **end);
 int cv_add_graph(cavs_dataset *s, long first, char *err, size_t errlen);
-/* Bytes from a file as a message shows them (a file can be anyone's: a control byte
- * must not reach the terminal): printable ASCII and whole UTF-8 characters past the C1
- * controls as they are, every other byte (a backslash included) as \xNN; at most
- * CV_SHOWN_BYTES of p, "..." where there were more. Returns out. */
-enum { CV_SHOWN_BYTES = 40, CV_SHOWN = 4 * CV_SHOWN_BYTES + 4 };
-const char *cv_shown(char out[CV_SHOWN], const char *p, size_t n);
-/* a string so shown, in a buffer that lives to the end of the enclosing block */
-#define CV_SHOW(str) cv_shown((char[CV_SHOWN]){0}, (str), strlen(str))
 
 #endif

@@ -1507,6 +1507,21 @@ START_TEST(control_bytes_in_messages_escaped) {
   vec[12] = init;
   shown_escaped("esc.vec", "caf\303\251\033]0;pwned\007 1 2\n", "'caf\303\251\\x1b]0;pwned\\x07' has 2 numbers", vec);
   shown_escaped("esc.vec", "w1 1 \033[31m 3\n", "'\\x1b[31m' is not a finite number", vec);
+  /* --init's line of the words it found no vector for: the data's words, shown as
+     messages show a file's bytes (cavs train exits 0 here: the report is on stdout) */
+  const char *words = "(2 (2 w\033[31m) (3 caf\303\251\302\233))\n";
+  tu_write(path_in("escw.txt"), words, strlen(words));
+  tu_write(path_in("escw.vec"), "other 1 2 3\n", 12);
+  snprintf(init, sizeof init, "emb=%s", path_in("escw.vec"));
+  RunResult w = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("escw.txt"), "--dim", "E=3", "--dim", "H=2",
+                     "--epochs", "1", "--init", init, NULL);
+  ck_assert_msg(w.status == 0 && strstr(w.out, "none for 2, e.g.") && strstr(w.out, "w\\x1b[31m") &&
+                    strstr(w.out, "caf\303\251\\xc2\\x9b"),
+                "--init's words: exit %d:\n%s\n%s", w.status, w.out, tu_tail(w.err, 1800));
+  for (const unsigned char *p = (const unsigned char *)w.out; *p; p++)
+    ck_assert_msg((*p >= 0x20 || *p == '\n' || *p == '\r') && *p != 0x7f && !(p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0),
+                  "--init's words: a control byte 0x%02x reached stdout:\n%s", *p, w.out);
+  tu_free(&w);
   /* a training log for cavs plot: jansson's message quotes it */
   const char *log = "{\"epoch\": 1, \"loss\": \033[31m}\n";
   tu_write(path_in("esc.log"), log, strlen(log));
