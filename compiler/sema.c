@@ -1345,95 +1345,106 @@ static void stmt_for(Ctx *c, Stmt *s) {
   }
 }
 
+/* NAME = EXPR; (in a loop's body, a name renamed to be seen after the loop) */
+static void stmt_assign(Ctx *c, Stmt *s) {
+  const char *renamed = loop_rename(c, s->name);
+  int id = eval(c, s->expr);
+  if (renamed) {
+    /* visible after the loop: defined at the block's own depth */
+    int saved = c->nloops;
+    c->nloops = 0;
+    define(c, renamed, s->name_loc, id);
+    c->nloops = saved;
+  } else {
+    define(c, s->name, s->name_loc, id);
+  }
+}
+
+/* scatter(ROW); or push(ROW);: once each, in a vertex block */
+static void stmt_out(Ctx *c, Stmt *s) {
+  const char *what_ = s->kind == S_SCATTER ? "scatter" : "push";
+  if (c->f->kind != F_VERTEX) {
+    error_at(s->loc, "%s() is only allowed in a vertex block", what_);
+    return;
+  }
+  int id = require_row(c, eval(c, s->expr), s->expr, s->kind == S_SCATTER ? "scatter()" : "push()");
+  int *slot = s->kind == S_SCATTER ? &c->scatter : &c->push;
+  Loc *sloc = s->kind == S_SCATTER ? &c->scatter_loc : &c->push_loc;
+  if (*slot != -2) {
+    error_at(s->loc, "%s() given twice in vertex '%s'", what_, c->f->name);
+    note_at(*sloc, "the first %s() is here", what_);
+    return;
+  }
+  *sloc = s->loc;
+  if (id < 0) {
+    *slot = -1;
+    return;
+  }
+  *slot = mk(c, s->kind == S_SCATTER ? OP_SCATTER : OP_PUSH, T_NONE, lin_const(0), s->loc, 1, &id);
+}
+
+/* The target of a loss over the row a (width aw): softmax_xent's a class input of aw
+   classes, mse's a row as wide. False after an error. */
+static bool loss_target(Ctx *c, Stmt *s, bool xent, int a, int b) {
+  IrNode *y = node(c, b);
+  Lin aw = node(c, a)->width;
+  if (xent) {
+    if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_CLASS) {
+      error_at(s->args[1]->loc, "softmax_xent needs a class input as its target, but %s is %s", what(s->args[1]),
+               describe(c, b));
+      return false;
+    }
+    Lin cw = c->m->inputs[y->ref].width;
+    if (!lin_eq(aw, cw)) {
+      error_at(s->loc, "shape mismatch in softmax_xent: %s is [%s] but '%s' has [%s] classes", what(s->args[0]),
+               wstr(c, aw), c->m->inputs[y->ref].name, wstr(c, cw));
+      return false;
+    }
+    return true;
+  }
+  if (y->type != T_ROW) {
+    error_at(s->args[1]->loc, "mse needs a row target (e.g. a real input), but %s is %s", what(s->args[1]),
+             describe(c, b));
+    return false;
+  }
+  if (!lin_eq(aw, y->width)) {
+    error_at(s->loc, "shape mismatch in mse: %s is [%s] but %s is [%s]", what(s->args[0]), wstr(c, aw),
+             what(s->args[1]), wstr(c, y->width));
+    return false;
+  }
+  return true;
+}
+
+/* loss softmax_xent(ROW, CLASS); or loss mse(ROW, ROW);, in the push block */
+static void stmt_loss(Ctx *c, Stmt *s) {
+  if (c->f->kind != F_PUSH) {
+    error_at(s->loc, "'loss' is only allowed in the push block");
+    return;
+  }
+  bool xent = !strcmp(s->name, "softmax_xent");
+  c->has_loss = true;
+  if (!xent && strcmp(s->name, "mse")) {
+    error_at(s->name_loc, "unknown loss '%s' (expected softmax_xent or mse)", s->name);
+    return;
+  }
+  if (s->nargs != 2) {
+    error_at(s->name_loc, "'%s' takes 2 arguments, given %d", s->name, s->nargs);
+    return;
+  }
+  int a = require_row(c, eval(c, s->args[0]), s->args[0], s->name);
+  int b = eval(c, s->args[1]);
+  if (a < 0 || b < 0 || !loss_target(c, s, xent, a, b)) return;
+  int args[2] = {a, b};
+  mk(c, xent ? OP_XENT : OP_MSE, T_NONE, lin_const(0), s->loc, 2, args);
+}
+
 static void stmt(Ctx *c, Stmt *s) {
   c->rest = s->next;
   switch (s->kind) {
-  case S_ASSIGN: {
-    const char *renamed = loop_rename(c, s->name);
-    int id = eval(c, s->expr);
-    if (renamed) {
-      /* visible after the loop: defined at the block's own depth */
-      int saved = c->nloops;
-      c->nloops = 0;
-      define(c, renamed, s->name_loc, id);
-      c->nloops = saved;
-    } else {
-      define(c, s->name, s->name_loc, id);
-    }
-    return;
-  }
+  case S_ASSIGN: stmt_assign(c, s); return;
   case S_SCATTER:
-  case S_PUSH: {
-    const char *what_ = s->kind == S_SCATTER ? "scatter" : "push";
-    if (c->f->kind != F_VERTEX) {
-      error_at(s->loc, "%s() is only allowed in a vertex block", what_);
-      return;
-    }
-    int id = require_row(c, eval(c, s->expr), s->expr, s->kind == S_SCATTER ? "scatter()" : "push()");
-    int *slot = s->kind == S_SCATTER ? &c->scatter : &c->push;
-    Loc *sloc = s->kind == S_SCATTER ? &c->scatter_loc : &c->push_loc;
-    if (*slot != -2) {
-      error_at(s->loc, "%s() given twice in vertex '%s'", what_, c->f->name);
-      note_at(*sloc, "the first %s() is here", what_);
-      return;
-    }
-    *sloc = s->loc;
-    if (id < 0) {
-      *slot = -1;
-      return;
-    }
-    *slot = mk(c, s->kind == S_SCATTER ? OP_SCATTER : OP_PUSH, T_NONE, lin_const(0), s->loc, 1, &id);
-    return;
-  }
-  case S_LOSS: {
-    if (c->f->kind != F_PUSH) {
-      error_at(s->loc, "'loss' is only allowed in the push block");
-      return;
-    }
-    bool xent = !strcmp(s->name, "softmax_xent");
-    c->has_loss = true;
-    if (!xent && strcmp(s->name, "mse")) {
-      error_at(s->name_loc, "unknown loss '%s' (expected softmax_xent or mse)", s->name);
-      return;
-    }
-    c->has_loss = true;
-    if (s->nargs != 2) {
-      error_at(s->name_loc, "'%s' takes 2 arguments, given %d", s->name, s->nargs);
-      return;
-    }
-    int a = require_row(c, eval(c, s->args[0]), s->args[0], s->name);
-    int b = eval(c, s->args[1]);
-    if (a < 0 || b < 0) return;
-    IrNode *y = node(c, b);
-    Lin aw = node(c, a)->width;
-    if (xent) {
-      if (y->type != T_INPUT || c->m->inputs[y->ref].kind != IN_CLASS) {
-        error_at(s->args[1]->loc, "softmax_xent needs a class input as its target, but %s is %s",
-                 what(s->args[1]), describe(c, b));
-        return;
-      }
-      Lin cw = c->m->inputs[y->ref].width;
-      if (!lin_eq(aw, cw)) {
-        error_at(s->loc, "shape mismatch in softmax_xent: %s is [%s] but '%s' has [%s] classes",
-                 what(s->args[0]), wstr(c, aw), c->m->inputs[y->ref].name, wstr(c, cw));
-        return;
-      }
-    } else {
-      if (y->type != T_ROW) {
-        error_at(s->args[1]->loc, "mse needs a row target (e.g. a real input), but %s is %s",
-                 what(s->args[1]), describe(c, b));
-        return;
-      }
-      if (!lin_eq(aw, y->width)) {
-        error_at(s->loc, "shape mismatch in mse: %s is [%s] but %s is [%s]", what(s->args[0]),
-                 wstr(c, aw), what(s->args[1]), wstr(c, y->width));
-        return;
-      }
-    }
-    int args[2] = {a, b};
-    mk(c, xent ? OP_XENT : OP_MSE, T_NONE, lin_const(0), s->loc, 2, args);
-    return;
-  }
+  case S_PUSH: stmt_out(c, s); return;
+  case S_LOSS: stmt_loss(c, s); return;
   case S_FOR: stmt_for(c, s); return;
   }
   unreachable();

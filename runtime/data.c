@@ -1199,6 +1199,87 @@ static bool vec_header(const char *line, long cols) {
   return !*end && b == cols;
 }
 
+/* One vectors file being read into a table: the table where the model keeps it (on the
+ * device, perhaps) and its copy on the host, which the file changes and which goes back
+ * only when the whole file was read without error; which rows got a vector. */
+typedef struct VecLoad {
+  cavs_model *m;
+  const char *path, *pname;
+  char *table, *host;
+  unsigned char *got;
+  long rows, cols, ld;
+  size_t es;
+  char *err;
+  size_t errlen;
+} VecLoad;
+
+/* Every row of the table to the host copy (back: from it): 0, or -1 with the message */
+static int vec_rows(VecLoad *l, bool back) {
+  for (long r = 0; r < l->rows; r++) {
+    char *t = l->table + (size_t)r * (size_t)l->ld * l->es, *h = l->host + (size_t)r * (size_t)l->cols * l->es;
+    size_t n = (size_t)l->cols * l->es;
+    if (back ? cavs_model_write(l->m, t, h, n) : cavs_model_read(l->m, h, t, n)) {
+      snprintf(l->err, l->errlen, "%s: %s", l->path, cavs_model_error(l->m));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* The file's lines into the host copy: a word of v's vocabulary (or <unk>) gets its row
+ * set and marked; a first line "COUNT DIM" is word2vec's header. rep counts the vectors.
+ * 0, or -1 with the message. */
+static int vec_lines(VecLoad *l, gzFile f, cavs_vocab *v, cavs_vectors_report *rep) {
+  char *line = NULL;
+  size_t cap = 0, capspans = 0;
+  VecSpan *spans = NULL;
+  ssize_t len;
+  long lineno = 0;
+  int rc = 0;
+  bool too_long, nul;
+  const char *why;
+  while ((len = gz_line(f, &line, &cap, &too_long, &nul, &why)) > 0) {
+    lineno++;
+    char where[64 + PATH_MAX];
+    snprintf(where, sizeof where, "%s:%ld", l->path, lineno);
+    if (too_long || nul) {
+      snprintf(l->err, l->errlen, too_long ? "%s: error: a line longer than %d bytes" : "%s: error: a NUL byte", where,
+               VEC_LINE_MAX);
+      rc = -1;
+      break;
+    }
+    if (lineno == 1) skip_bom(line, strlen(line));
+    if (lineno == 1 && vec_header(line, l->cols)) continue;
+    const char *w = NULL;
+    size_t wl;
+    const VecSpan *nums = NULL;
+    if (vec_split(line, l->cols, l->es == 4, &spans, &capspans, &w, &wl, &nums, where, l->pname, l->err, l->errlen)) {
+      rc = -1;
+      break;
+    }
+    if (!wl) continue;
+    rep->vectors++;
+    int id = cavs_vocab_id(v, w, wl, 0);
+    bool known = id > 0 || (wl == 5 && !memcmp(w, "<unk>", 5));
+    if (!known || id >= l->rows) continue;
+    char *row = l->host + (size_t)id * (size_t)l->cols * l->es;
+    for (long k = 0; k < l->cols; k++) {
+      double x;
+      vec_number(&nums[k], l->es == 4, &x);
+      if (l->es == 8) ((double *)row)[k] = x;
+      else ((float *)row)[k] = (float)x;
+    }
+    l->got[id] = 1;
+  }
+  if (!rc && len < 0) {
+    snprintf(l->err, l->errlen, "%s: %s", l->path, why ? why : strerror(errno));
+    rc = -1;
+  }
+  free(spans);
+  free(line);
+  return rc;
+}
+
 int cavs_model_load_vectors_report(cavs_model *m, int param, const char *path, cavs_vocab *v, cavs_vectors_report *rep,
                                    char *err, size_t errlen) {
   const cavs_desc *d = cavs_model_desc(m);
@@ -1208,88 +1289,31 @@ int cavs_model_load_vectors_report(cavs_model *m, int param, const char *path, c
     snprintf(err, errlen, "%s: no parameter %d", path, param);
     return -1;
   }
-  long rows, cols, ld;
-  char *table = cavs_model_param(m, param, &rows, &cols, &ld);
-  size_t es = d->precision == CAVS_DOUBLE ? 8 : 4;
+  VecLoad l = {.m = m, .path = path, .pname = d->params[param].name, .es = d->precision == CAVS_DOUBLE ? 8 : 4,
+               .err = err, .errlen = errlen};
+  l.table = cavs_model_param(m, param, &l.rows, &l.cols, &l.ld);
   errno = 0;
   gzFile f = gzopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "%s: %s", path, errno ? strerror(errno) : "out of memory");
     return -1;
   }
-  /* the table's rows on the host, changed there, written back only when the whole
-     file has been read without error; which rows got a vector */
-  char *host = malloc((size_t)rows * (size_t)cols * es + 1);
-  unsigned char *got = calloc((size_t)rows + 1, 1);
-  char *line = NULL;
-  size_t cap = 0, capspans = 0;
-  VecSpan *spans = NULL;
-  ssize_t len;
-  long lineno = 0;
-  int rc = host && got ? 0 : -1;
-  if (rc) snprintf(err, errlen, "%s: out of memory for a copy of '%s'", path, d->params[param].name);
-  for (long r = 0; !rc && r < rows; r++)
-    if (cavs_model_read(m, host + (size_t)r * (size_t)cols * es, table + (size_t)r * (size_t)ld * es,
-                        (size_t)cols * es)) {
-      snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
-      rc = -1;
-    }
-  bool too_long, nul;
-  const char *why;
-  while (!rc && (len = gz_line(f, &line, &cap, &too_long, &nul, &why)) > 0) {
-    lineno++;
-    char where[64 + PATH_MAX];
-    snprintf(where, sizeof where, "%s:%ld", path, lineno);
-    if (too_long || nul) {
-      snprintf(err, errlen, too_long ? "%s: error: a line longer than %d bytes" : "%s: error: a NUL byte", where,
-               VEC_LINE_MAX);
-      rc = -1;
-      break;
-    }
-    if (lineno == 1) skip_bom(line, strlen(line));
-    if (lineno == 1 && vec_header(line, cols)) continue;
-    const char *w = NULL;
-    size_t wl;
-    const VecSpan *nums = NULL;
-    if (vec_split(line, cols, es == 4, &spans, &capspans, &w, &wl, &nums, where, d->params[param].name, err, errlen)) {
-      rc = -1;
-      break;
-    }
-    if (!wl) continue;
-    rep->vectors++;
-    int id = cavs_vocab_id(v, w, wl, 0);
-    bool known = id > 0 || (wl == 5 && !memcmp(w, "<unk>", 5));
-    if (!known || id >= rows) continue;
-    char *row = host + (size_t)id * (size_t)cols * es;
-    for (long k = 0; k < cols; k++) {
-      double x;
-      vec_number(&nums[k], es == 4, &x);
-      if (es == 8) ((double *)row)[k] = x;
-      else ((float *)row)[k] = (float)x;
-    }
-    got[id] = 1;
-  }
-  if (!rc && len < 0) {
-    snprintf(err, errlen, "%s: %s", path, why ? why : strerror(errno));
-    rc = -1;
-  }
-  for (long r = 0; !rc && r < rows; r++)
-    if (cavs_model_write(m, table + (size_t)r * (size_t)ld * es, host + (size_t)r * (size_t)cols * es,
-                         (size_t)cols * es)) {
-      snprintf(err, errlen, "%s: %s", path, cavs_model_error(m));
-      rc = -1;
-    }
+  l.host = malloc((size_t)l.rows * (size_t)l.cols * l.es + 1);
+  l.got = calloc((size_t)l.rows + 1, 1);
+  int rc = l.host && l.got ? 0 : -1;
+  if (rc) snprintf(err, errlen, "%s: out of memory for a copy of '%s'", path, l.pname);
+  if (!rc) rc = vec_rows(&l, false);
+  if (!rc) rc = vec_lines(&l, f, v, rep);
+  if (!rc) rc = vec_rows(&l, true);
   /* the words of the vocabulary (<unk> and <eos> aside) the file had no vector for */
-  for (long r = 0; !rc && r < rows; r++) {
-    rep->found += got[r];
-    if (got[r] || r < 2 || r >= cavs_vocab_size(v)) continue;
+  for (long r = 0; !rc && r < l.rows; r++) {
+    rep->found += l.got[r];
+    if (l.got[r] || r < 2 || r >= cavs_vocab_size(v)) continue;
     if (rep->nsample < CAVS_VECTORS_SAMPLE) rep->sample[rep->nsample++] = (int)r;
     rep->missing++;
   }
-  free(spans);
-  free(line);
-  free(host);
-  free(got);
+  free(l.host);
+  free(l.got);
   gzclose(f);
   return rc;
 }
