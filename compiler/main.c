@@ -3,6 +3,7 @@
  * before autodiff and the passes after it. */
 #include "cavsc.h"
 #include "options.h"
+#include "outputs.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -307,11 +308,21 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
   }
   const char *dir = o->out_path ? o->out_path : ".";
   if (!make_dirs(dir)) return false;
-  char *hp = arena_printf("%s/%s.h", dir, m->name), *cp = arena_printf("%s/%s.%s", dir, m->name, o->target->ext);
+  char *hf = arena_printf("%s.h", m->name), *cf = arena_printf("%s.%s", m->name, o->target->ext);
+  char *hp = arena_printf("%s/%s", dir, hf), *cp = arena_printf("%s/%s", dir, cf);
   /* both written whole before either replaces its earlier file: a failure leaves the
-     earlier pair as it was (a directory in one's place is found before any rename) */
-  char *ht, *ct;
-  if (!replaceable(hp) || !replaceable(cp) || !write_temp(hp, hbuf, hlen, &ht)) return false;
+     earlier pair as it was. Neither replaces a file cavsc did not write (the names are
+     the model's, and a user's own NAME.c may be there), nor a directory: found before
+     any rename. */
+  char *ht, *ct, why[256];
+  const char *bad = !cv_output_replaceable(hp, hf, NULL, why, sizeof why)   ? hp
+                    : !cv_output_replaceable(cp, cf, NULL, why, sizeof why) ? cp
+                                                                            : NULL;
+  if (bad) {
+    error_plain("cannot write '%s': %s", bad, why);
+    return false;
+  }
+  if (!write_temp(hp, hbuf, hlen, &ht)) return false;
   if (!write_temp(cp, buf, buflen, &ct)) {
     unlink(ht);
     return false;

@@ -24,6 +24,7 @@
  * less code of our own than a hand-written hash. */
 #include "cache.h"
 #include "afile.h"
+#include "outputs.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -821,6 +822,16 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
       snprintf(err, errlen, "cannot write '%s': it is the model's source, %s", b, q->input);
       rc = 1;
     }
+    free(b);
+  }
+  /* nor over a file cavsc or cavs build did not write (a user's own NAME.c, say) */
+  for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
+    char *b = fmt(to[i], dir, name, src_ext(q)), *base = strrchr(b, '/') + 1, *sym = fmt("%s_desc", name);
+    if (!cv_output_replaceable(b, base, i == 2 ? sym : NULL, why, sizeof why)) {
+      snprintf(err, errlen, "cannot write '%s': %s", b, why);
+      rc = 1;
+    }
+    free(sym);
     free(b);
   }
   for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {

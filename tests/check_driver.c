@@ -2450,6 +2450,44 @@ START_TEST(build_into_a_directory) {
     ck_assert_int_eq(entries(path_in("own")), i ? 2 : 1);
   }
   free(src);
+  /* nor over a file of that name that cavsc or cavs build did not write (a user's own
+     treegru.c, a library named treegru.so: text, or an ELF object of no such model),
+     through cavs build and through cavsc; what they wrote before is replaced */
+  mkdir(path_in("users"), 0777);
+  const char *mine = "/* my own trainer */\nint main(void) { return 0; }\n";
+  size_t elfn;
+  char *elf = tu_slurp("/proc/self/exe", &elfn);
+  ck_assert_ptr_nonnull(elf);
+  const char *what[][2] = {{"users/treegru.c", "cavsc did not write"}, {"users/treegru.so", "cavs build did not write"},
+                           {"users/treegru.so", "cavs build did not write"}};
+  for (int i = 0; i < 3; i++) {
+    if (i == 2) tu_write(path_in(what[i][0]), elf, elfn);
+    else tu_write(path_in(what[i][0]), mine, strlen(mine));
+    r = cavs("build", model("treegru.vf"), "-o", path_in("users"), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, what[i][1]), "%s: exit %d: %s", what[i][0], r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+    size_t n;
+    char *now = tu_slurp(path_in(what[i][0]), &n);
+    ck_assert_msg(now && (i == 2 ? n == elfn && !memcmp(now, elf, n) : !strcmp(now, mine)), "%s was written over", what[i][0]);
+    free(now);
+    ck_assert_int_eq(entries(path_in("users")), 1);
+    unlink(path_in(what[i][0]));
+  }
+  free(elf);
+  tu_write(path_in("users/treegru.h"), mine, strlen(mine));
+  char *by_cavsc[] = {(char *)tu_env("CAVSC", "./cavsc"), "-o", path_in("users"), model("treegru.vf"), NULL};
+  r = tu_run(NULL, by_cavsc, 60);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "treegru.h': a file of that name is there that cavsc did not write"),
+                "cavsc: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("users")), 1);
+  unlink(path_in("users/treegru.h"));
+  for (int i = 0; i < 2; i++) { /* its own outputs: written, then replaced */
+    r = cavs("build", model("treegru.vf"), "-o", path_in("users"), NULL);
+    ok(&r, "build over its own outputs");
+    tu_free(&r);
+    ck_assert_int_eq(entries(path_in("users")), 3);
+  }
   /* --emit-only: the very files cavsc writes, and no object */
   r = cavs("build", "--emit-only", model("treegru.vf"), "-o", path_in("emitted"), NULL);
   ok(&r, "build --emit-only");
