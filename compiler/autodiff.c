@@ -102,95 +102,103 @@ const char *ad_rule(const char *rule, const char *g, const char *y, const char *
   return arena_strdup(out);
 }
 
-static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
+/* A mixture's node's gradient rules (its routing, the slots' rows, the experts'
+   products and rows) */
+static void print_moe_ad(FILE *out, const IrNode *n, const IrNode *na, const IrNode *nb, const char *g, const char *y,
+                         const char *a, const char *b) {
+  switch (n->op) {
+  case OP_TOPK:
+    if (na->grad) fprintf(out, "  d%s[kept] += %s * (%s - sum(%s * %s))   (the %d kept)\n", a, y, g, y, g, n->ref);
+    break;
+  case OP_SBCAST:
+    if (na->grad) fprintf(out, "  d%s[row of slot] += %s\n", a, g);
+    break;
+  case OP_EMM:
+    if (na->grad) fprintf(out, "  d%s += %s @ %s[expert]^T   (per expert, its slots)\n", a, g, b);
+    fprintf(out, "  d%s[expert] += %s^T @ %s   (per expert, its slots)\n", b, a, g);
+    break;
+  case OP_EROW: fprintf(out, "  d%s[expert] += %s   (summed over its slots)\n", a, g); break;
+  default:
+    if (na->grad) fprintf(out, "  d%s = %s[row, expert] * %s[row]\n", a, b, g);
+    if (nb->grad) fprintf(out, "  d%s[row, expert] += %s[row] . %s\n", b, g, a);
+    break;
+  }
+}
+
+/* Node i's gradient rules, as "dX += ..." lines: where its gradient goes */
+static void print_node_ad(FILE *out, const Model *m, const IrFunc *f, int i) {
   char lo[64], hi[64];
+  const IrNode *n = &f->nodes[i];
+  const OpInfo *oi = &op_info[n->op];
+  char g[32], y[32], a[32], b[32];
+  snprintf(g, sizeof g, "d%%%d", i);
+  snprintf(y, sizeof y, "%%%d", i);
+  if (n->nargs > 0) snprintf(a, sizeof a, "%%%d", n->args[0]);
+  if (n->nargs > 1) snprintf(b, sizeof b, "%%%d", n->args[1]);
+  const IrNode *na = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
+  const IrNode *nb = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  switch (oi->kind) {
+  case OK_EW:
+    if (!n->grad) break;
+    if (na->grad) fprintf(out, "  d%s += %s\n", a, ad_rule(oi->da, g, y, a, b));
+    if (nb && nb->grad) fprintf(out, "  d%s += %s%s\n", b, ad_rule(oi->db, g, y, a, b),
+                                nb->type == T_PARAM ? "   (summed over rows)" : "");
+    break;
+  case OK_GEMM:
+    if (na->grad) fprintf(out, "  d%s += %s @ %s^T\n", a, g, b);
+    fprintf(out, "  d%s += %s^T @ %s   (over all rows)\n", b, a, g);
+    break;
+  case OK_LOOKUP: fprintf(out, "  d%s[%s] += %s\n", a, b, g); break;
+  case OK_CONCAT:
+    for (int j = 0, off = 0; j < n->nargs; j++) {
+      const IrNode *x = &f->nodes[n->args[j]];
+      if (x->grad) fprintf(out, "  d%%%d += %s[:, col %d of %d]\n", n->args[j], g, off, n->nargs);
+      (void)x;
+      off++;
+    }
+    break;
+  case OK_SLICE:
+    if (n->grad)
+      fprintf(out, "  d%s[:, %s:%s] += %s\n", a, lin_str(m, n->lo, lo, sizeof lo),
+              lin_str(m, n->hi, hi, sizeof hi), g);
+    break;
+  case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
+  case OK_RMAT:
+    if (n->op == OP_MV) {
+      if (na->grad) fprintf(out, "  d%s += %s @ %s^T   (per row: [A] = [B] [B, A])\n", a, g, b);
+      if (nb->grad) fprintf(out, "  d%s += %s^T %s   (per row: the outer product [A, B])\n", b, a, g);
+    } else {
+      if (na->grad) fprintf(out, "  d%s += %s %s^T   (per row: [A, B] = [A, C] [C, B])\n", a, g, b);
+      fprintf(out, "  d%s += %s^T %s   (summed over rows: [B, C])\n", b, a, g);
+    }
+    break;
+  case OK_DROP:
+    if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
+    break;
+  case OK_EDGE:
+    if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);
+    else if (na->grad && n->op == OP_EBCAST) fprintf(out, "  d%s[parent of edge] += %s\n", a, g);
+    else if (na->grad) fprintf(out, "  d%s[each edge] += %s[parent]\n", a, g);
+    break;
+  case OK_MOE: print_moe_ad(out, n, na, nb, g, y, a, b); break;
+  case OK_PULL: fprintf(out, "  dpull %s += %s\n", m->pulls[n->ref].name, g); break;
+  case OK_PUSHARG: fprintf(out, "  dpush = %s\n", g); break;
+  case OK_SINK:
+    if (na->grad) fprintf(out, "  d%s += %s\n", a, n->op == OP_SCATTER ? "dstate" : "dpush");
+    break;
+  case OK_LOSS:
+    if (n->op == OP_XENT) fprintf(out, "  d%s += (softmax(%s) - onehot(%s)) / labeled\n", a, a, b);
+    else fprintf(out, "  d%s += 2 * (%s - %s) / count\n", a, a, b);
+    break;
+  case OK_LEAF: break;
+  }
+}
+
+static void print_func_ad(FILE *out, const Model *m, const IrFunc *f) {
   if (f->kind == F_VERTEX) fprintf(out, "\nfunc vertex %s: backward\n", f->name);
   else fprintf(out, "\nfunc %s: backward\n", f->kind == F_PULL ? "pull" : "push");
-  for (int i = f->n - 1; i >= 0; i--) {
-    const IrNode *n = &f->nodes[i];
-    if (n->uses == 0 && n->type != T_NONE) continue;
-    const OpInfo *oi = &op_info[n->op];
-    char g[32], y[32], a[32], b[32];
-    snprintf(g, sizeof g, "d%%%d", i);
-    snprintf(y, sizeof y, "%%%d", i);
-    if (n->nargs > 0) snprintf(a, sizeof a, "%%%d", n->args[0]);
-    if (n->nargs > 1) snprintf(b, sizeof b, "%%%d", n->args[1]);
-    const IrNode *na = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
-    const IrNode *nb = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
-    switch (oi->kind) {
-    case OK_EW:
-      if (!n->grad) break;
-      if (na->grad) fprintf(out, "  d%s += %s\n", a, ad_rule(oi->da, g, y, a, b));
-      if (nb && nb->grad) fprintf(out, "  d%s += %s%s\n", b, ad_rule(oi->db, g, y, a, b),
-                                  nb->type == T_PARAM ? "   (summed over rows)" : "");
-      break;
-    case OK_GEMM:
-      if (na->grad) fprintf(out, "  d%s += %s @ %s^T\n", a, g, b);
-      fprintf(out, "  d%s += %s^T @ %s   (over all rows)\n", b, a, g);
-      break;
-    case OK_LOOKUP: fprintf(out, "  d%s[%s] += %s\n", a, b, g); break;
-    case OK_CONCAT:
-      for (int j = 0, off = 0; j < n->nargs; j++) {
-        const IrNode *x = &f->nodes[n->args[j]];
-        if (x->grad) fprintf(out, "  d%%%d += %s[:, col %d of %d]\n", n->args[j], g, off, n->nargs);
-        (void)x;
-        off++;
-      }
-      break;
-    case OK_SLICE:
-      if (n->grad)
-        fprintf(out, "  d%s[:, %s:%s] += %s\n", a, lin_str(m, n->lo, lo, sizeof lo),
-                lin_str(m, n->hi, hi, sizeof hi), g);
-      break;
-    case OK_GATHER: fprintf(out, "  dstate[child %d] += %s\n", n->ref, g); break;
-    case OK_RMAT:
-      if (n->op == OP_MV) {
-        if (na->grad) fprintf(out, "  d%s += %s @ %s^T   (per row: [A] = [B] [B, A])\n", a, g, b);
-        if (nb->grad) fprintf(out, "  d%s += %s^T %s   (per row: the outer product [A, B])\n", b, a, g);
-      } else {
-        if (na->grad) fprintf(out, "  d%s += %s %s^T   (per row: [A, B] = [A, C] [C, B])\n", a, g, b);
-        fprintf(out, "  d%s += %s^T %s   (summed over rows: [B, C])\n", b, a, g);
-      }
-      break;
-    case OK_DROP:
-      if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
-      break;
-    case OK_EDGE:
-      if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);
-      else if (na->grad && n->op == OP_EBCAST) fprintf(out, "  d%s[parent of edge] += %s\n", a, g);
-      else if (na->grad) fprintf(out, "  d%s[each edge] += %s[parent]\n", a, g);
-      break;
-    case OK_MOE:
-      switch (n->op) {
-      case OP_TOPK:
-        if (na->grad) fprintf(out, "  d%s[kept] += %s * (%s - sum(%s * %s))   (the %d kept)\n", a, y, g, y, g, n->ref);
-        break;
-      case OP_SBCAST:
-        if (na->grad) fprintf(out, "  d%s[row of slot] += %s\n", a, g);
-        break;
-      case OP_EMM:
-        if (na->grad) fprintf(out, "  d%s += %s @ %s[expert]^T   (per expert, its slots)\n", a, g, b);
-        fprintf(out, "  d%s[expert] += %s^T @ %s   (per expert, its slots)\n", b, a, g);
-        break;
-      case OP_EROW: fprintf(out, "  d%s[expert] += %s   (summed over its slots)\n", a, g); break;
-      default:
-        if (na->grad) fprintf(out, "  d%s = %s[row, expert] * %s[row]\n", a, b, g);
-        if (nb->grad) fprintf(out, "  d%s[row, expert] += %s[row] . %s\n", b, g, a);
-        break;
-      }
-      break;
-    case OK_PULL: fprintf(out, "  dpull %s += %s\n", m->pulls[n->ref].name, g); break;
-    case OK_PUSHARG: fprintf(out, "  dpush = %s\n", g); break;
-    case OK_SINK:
-      if (na->grad) fprintf(out, "  d%s += %s\n", a, n->op == OP_SCATTER ? "dstate" : "dpush");
-      break;
-    case OK_LOSS:
-      if (n->op == OP_XENT) fprintf(out, "  d%s += (softmax(%s) - onehot(%s)) / labeled\n", a, a, b);
-      else fprintf(out, "  d%s += 2 * (%s - %s) / count\n", a, a, b);
-      break;
-    case OK_LEAF: break;
-    }
-  }
+  for (int i = f->n - 1; i >= 0; i--)
+    if (!(f->nodes[i].uses == 0 && f->nodes[i].type != T_NONE)) print_node_ad(out, m, f, i);
 }
 
 void ad_print(FILE *out, const Model *m) {

@@ -450,18 +450,31 @@ static void plan_place(Model *m, IrFunc *f, int npushers) {
   place_finish(m, f, b0);
 }
 
-/* f's execution units (fused groups, merged products, ops with code of their own) in
- * an order that respects their dependencies. */
-static void plan_units(Model *m, IrFunc *f) {
-  int n = f->n;
-  f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
+/* Whether node x is a unit of its own: an op with code of its own (a product, a lookup,
+   ...), or a scatter or push whose value was not computed in place */
+static bool own_code(const Model *m, const IrFunc *f, const IrNode *x) {
+  switch (op_info[x->op].kind) {
+  case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: case OK_RMAT: case OK_MOE: return true;
+  case OK_SINK: {
+    const IrNode *a = &f->nodes[x->args[0]];
+    int want = x->op == OP_SCATTER ? f->state_buf : m->push_buf;
+    Lin at = x->op == OP_SCATTER ? lin_const(0) : m->push_off;
+    return !(a->val.kind == PL_ROW && a->val.buf == want && lin_eq(a->val.off, at));
+  }
+  default: return false;
+  }
+}
+
+/* f's units in source order into raw (room for f->n), each node's unit set: a fused
+   group's or a merged product's at its first node, a node with code of its own; a value
+   nothing uses and a view of its operand's place have none. Returns how many. */
+static int raw_units(const Model *m, IrFunc *f, Unit *raw) {
   int *gunit = arena_alloc(sizeof(int) * (size_t)(f->ngroups + 1));
   int *munit = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
   for (int g = 0; g < f->ngroups; g++) gunit[g] = -1;
   for (int g = 0; g < f->nmerges; g++) munit[g] = -1;
-  Unit *raw = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
   int nraw = 0;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < f->n; i++) {
     IrNode *x = &f->nodes[i];
     x->unit = -1;
     if (x->uses == 0 && x->type != T_NONE) continue;
@@ -472,34 +485,45 @@ static void plan_units(Model *m, IrFunc *f) {
         raw[nraw++] = (Unit){U_GROUP, x->group, x->cls};
       }
       x->unit = gunit[x->group];
-      continue;
-    }
-    if (x->op == OP_MATMUL && x->mm >= 0) {
+    } else if (x->op == OP_MATMUL && x->mm >= 0) {
       if (munit[x->mm] < 0) {
         munit[x->mm] = nraw;
         raw[nraw++] = (Unit){U_MATMUL, x->mm, x->cls};
       }
       x->unit = munit[x->mm];
-      continue;
-    }
-    bool code;
-    switch (op_info[x->op].kind) {
-    case OK_GEMM: case OK_LOOKUP: case OK_CONCAT: case OK_GATHER: case OK_LOSS: case OK_EDGE: case OK_DROP: case OK_RMAT: case OK_MOE: code = true; break;
-    case OK_SINK: {
-      /* only when the value was not computed in place */
-      const IrNode *a = &f->nodes[x->args[0]];
-      int want = x->op == OP_SCATTER ? f->state_buf : m->push_buf;
-      Lin at = x->op == OP_SCATTER ? lin_const(0) : m->push_off;
-      code = !(a->val.kind == PL_ROW && a->val.buf == want && lin_eq(a->val.off, at));
-      break;
-    }
-    default: code = false; break;
-    }
-    if (code) {
+    } else if (own_code(m, f, x)) {
       x->unit = nraw;
       raw[nraw++] = (Unit){U_NODE, i, x->cls};
     }
   }
+  return nraw;
+}
+
+/* Whether raw unit u can run once the units marked done have: every operand of its
+   nodes produced (prod: each node's producing unit; a concat's operands computed into
+   its buffer among them, which keeps the dump readable), and a product that adds into
+   a value after that value */
+static bool unit_ready(const IrFunc *f, const int *prod, const bool *done, int u) {
+  for (int i = 0; i < f->n; i++) {
+    const IrNode *x = &f->nodes[i];
+    if (x->unit != u) continue;
+    for (int j = 0; j <= x->nargs; j++) {
+      int a = j < x->nargs ? x->args[j] : x->accum ? x->accum_into : -1;
+      int p = a >= 0 ? prod[a] : -1;
+      if (p >= 0 && p != u && !done[p]) return false;
+    }
+  }
+  return true;
+}
+
+/* f's execution units (fused groups, merged products, ops with code of their own) in
+ * an order that respects their dependencies: of the units ready, the first in source
+ * order, each time. */
+static void plan_units(Model *m, IrFunc *f) {
+  int n = f->n;
+  f->units = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
+  Unit *raw = arena_alloc(sizeof(Unit) * (size_t)(n + 1));
+  int nraw = raw_units(m, f, raw);
   /* producer unit of each node (views: their parent's) */
   int *prod = arena_alloc(sizeof(int) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) {
@@ -509,32 +533,14 @@ static void plan_units(Model *m, IrFunc *f) {
     /* (a view of a's place is complete when the product that adds into it has run) */
     if (x->same) prod[i] = prod[f->nodes[x->args[0]].accum ? x->args[0] : x->args[1]];
   }
-  /* nodes computed into a concat's buffer: the concat must not run before them (it
-     copies only its other operands, but the order keeps the dump readable) */
   bool *done = arena_alloc(sizeof(bool) * (size_t)(nraw + 1));
-  bool *dep = arena_alloc(sizeof(bool) * (size_t)(nraw + 1));
-  for (int k = 0; k < nraw; k++) {
-    /* pick the first raw unit (in source order) whose inputs are all done */
-    for (int u = 0; u < nraw; u++) {
-      if (done[u]) continue;
-      memset(dep, 0, sizeof(bool) * (size_t)nraw);
-      bool ready = true;
-      for (int i = 0; i < n && ready; i++) {
-        IrNode *x = &f->nodes[i];
-        if (x->unit != u) continue;
-        for (int j = 0; j <= x->nargs; j++) {
-          /* (a product that adds into a value runs after it) */
-          int a = j < x->nargs ? x->args[j] : x->accum ? x->accum_into : -1;
-          int p = a >= 0 ? prod[a] : -1;
-          if (p >= 0 && p != u && !done[p]) ready = false;
-        }
+  for (int k = 0; k < nraw; k++)
+    for (int u = 0; u < nraw; u++)
+      if (!done[u] && unit_ready(f, prod, done, u)) {
+        done[u] = true;
+        f->units[f->nunits++] = raw[u];
+        break;
       }
-      if (!ready) continue;
-      done[u] = true;
-      f->units[f->nunits++] = raw[u];
-      break;
-    }
-  }
   cv_assert(f->nunits == nraw);
   /* renumber node->unit to the final order */
   int *final = arena_alloc(sizeof(int) * (size_t)(nraw + 1));

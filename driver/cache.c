@@ -681,94 +681,103 @@ static void print_file(const char *path) {
   free(s);
 }
 
-int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
-  *err = 0;
-  *model = NULL;
-  int rc = 2;
-  char *name = NULL, *csrc = NULL, *tso = NULL, *incf = NULL, *ccerr = NULL, *precf = NULL, *targf = NULL;
-  char **argv2 = NULL;
-  char *argv1[14];
+/* cavsc on the request's source, writing NAME.h and NAME.c (.cu) into dir: 0, 1 where
+   cavsc said what is wrong with the model (err empty), 2 with err */
+static int run_cavsc(const CacheReq *q, const char *dir, char *err, size_t errlen) {
+  char *precf = NULL, *targf = NULL;
+  char *argv[14];
   int k = 0;
-  argv1[k++] = (char *)q->cavsc;
-  argv1[k++] = "-o";
-  argv1[k++] = (char *)dir;
-  argv1[k++] = "--source-name";
-  argv1[k++] = (char *)q->name;
-  if (q->precision) argv1[k++] = precf = fmt("--precision=%s", q->precision);
-  if (q->target) argv1[k++] = targf = fmt("--target=%s", q->target);
-  if (q->ablations & 1) argv1[k++] = "--no-fuse";
-  if (q->ablations & 2) argv1[k++] = "--no-merge";
-  if (q->ablations & 4) argv1[k++] = "--no-homes";
-  if (q->ablations & 8) argv1[k++] = "--no-push-view";
-  argv1[k++] = "-";
-  argv1[k] = NULL;
-  int st = run(argv1, q->text, q->len, -1);
+  argv[k++] = (char *)q->cavsc;
+  argv[k++] = "-o";
+  argv[k++] = (char *)dir;
+  argv[k++] = "--source-name";
+  argv[k++] = (char *)q->name;
+  if (q->precision) argv[k++] = precf = fmt("--precision=%s", q->precision);
+  if (q->target) argv[k++] = targf = fmt("--target=%s", q->target);
+  if (q->ablations & 1) argv[k++] = "--no-fuse";
+  if (q->ablations & 2) argv[k++] = "--no-merge";
+  if (q->ablations & 4) argv[k++] = "--no-homes";
+  if (q->ablations & 8) argv[k++] = "--no-push-view";
+  argv[k++] = "-";
+  argv[k] = NULL;
+  int st = run(argv, q->text, q->len, -1), rc = 0;
   if (st != 0) {
+    rc = 2;
     if (st == 127 || st < 0) snprintf(err, errlen, "cannot run cavsc ('%s'); set CAVSC to its path", q->cavsc);
     else if (st == 1) *err = 0, rc = 1; /* cavsc has said what is wrong */
     else snprintf(err, errlen, "cavsc failed (status %d) on %s", st, q->name);
+  }
+  free(precf);
+  free(targf);
+  return rc;
+}
+
+/* The C (or CUDA) compiler on dir/NAME.c (.cu), writing dir/model.so; its messages, where
+   it fails, copied to stderr. 0; 1 where the compiler cannot be run; 2 with err. */
+static int compile_object(const CacheReq *q, const char *dir, const char *name, char *err, size_t errlen) {
+  bool cuda = !strcmp(src_ext(q), "cu");
+  char *csrc = fmt("%s/%s.%s", dir, name, src_ext(q)), *tso = fmt("%s/model.so", dir), *incf = fmt("-I%s", q->include),
+       *ccerr = fmt("%s/cc.err", dir);
+  char **argv = malloc(sizeof *argv * ((size_t)q->ncflags + 6));
+  int rc = 2;
+  if (!argv) {
+    snprintf(err, errlen, "out of memory");
     goto out;
   }
-  name = find_src(dir, src_ext(q));
-  if (!name || !cavs_is_identifier(name)) {
-    snprintf(err, errlen, "cavsc wrote no model C file into %s", dir);
-    goto out;
-  }
-  if (q->expect && strcmp(q->expect, name)) {
-    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, q->expect);
-    rc = 1;
-    goto out;
-  }
-  if (object) {
-    bool cuda = !strcmp(src_ext(q), "cu");
-    csrc = fmt("%s/%s.%s", dir, name, src_ext(q));
-    tso = fmt("%s/model.so", dir);
-    incf = fmt("-I%s", q->include);
-    ccerr = fmt("%s/cc.err", dir);
-    argv2 = malloc(sizeof *argv2 * ((size_t)q->ncflags + 6));
-    if (!argv2) {
-      snprintf(err, errlen, "out of memory");
-      goto out;
-    }
-    k = 0;
-    argv2[k++] = (char *)q->cc;
-    for (int i = 0; i < q->ncflags; i++) argv2[k++] = (char *)q->cflags[i];
-    argv2[k++] = incf;
-    argv2[k++] = csrc;
-    argv2[k++] = "-o";
-    argv2[k++] = tso;
-    argv2[k] = NULL;
-    int efd = open(ccerr, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    st = run(argv2, NULL, 0, efd);
-    if (efd >= 0) close(efd);
-    if (st != 0) {
-      if (st == 127 || st < 0) {
-        snprintf(err, errlen, "cannot run the %s compiler '%s'; set %s to one", cuda ? "CUDA" : "C", q->cc,
-                 cuda ? "NVCC" : "CC");
-        rc = 1;
-      } else {
-        fprintf(stderr, "cavs: the %s compiler failed on the code cavsc generated from %s:\n", cuda ? "CUDA" : "C",
-                q->name);
-        print_file(ccerr);
-        snprintf(err, errlen, "the %s compiler failed (status %d)", cuda ? "CUDA" : "C", st);
-      }
-      goto out;
-    }
+  int k = 0;
+  argv[k++] = (char *)q->cc;
+  for (int i = 0; i < q->ncflags; i++) argv[k++] = (char *)q->cflags[i];
+  argv[k++] = incf;
+  argv[k++] = csrc;
+  argv[k++] = "-o";
+  argv[k++] = tso;
+  argv[k] = NULL;
+  int efd = open(ccerr, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  int st = run(argv, NULL, 0, efd);
+  if (efd >= 0) close(efd);
+  if (st == 0) {
     unlink(ccerr);
+    rc = 0;
+  } else if (st == 127 || st < 0) {
+    snprintf(err, errlen, "cannot run the %s compiler '%s'; set %s to one", cuda ? "CUDA" : "C", q->cc,
+             cuda ? "NVCC" : "CC");
+    rc = 1;
+  } else {
+    fprintf(stderr, "cavs: the %s compiler failed on the code cavsc generated from %s:\n", cuda ? "CUDA" : "C", q->name);
+    print_file(ccerr);
+    snprintf(err, errlen, "the %s compiler failed (status %d)", cuda ? "CUDA" : "C", st);
   }
-  *model = name;
-  name = NULL;
-  rc = 0;
 out:
-  free(name);
   free(csrc);
   free(tso);
   free(incf);
   free(ccerr);
-  free(precf);
-  free(targf);
-  free(argv2);
+  free(argv);
   return rc;
+}
+
+int cache_compile(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
+  *err = 0;
+  *model = NULL;
+  int rc = run_cavsc(q, dir, err, errlen);
+  if (rc) return rc;
+  char *name = find_src(dir, src_ext(q));
+  if (!name || !cavs_is_identifier(name)) {
+    snprintf(err, errlen, "cavsc wrote no model C file into %s", dir);
+    free(name);
+    return 2;
+  }
+  if (q->expect && strcmp(q->expect, name)) {
+    snprintf(err, errlen, "the source defines model '%s', not '%s'", name, q->expect);
+    free(name);
+    return 1;
+  }
+  if (object && (rc = compile_object(q, dir, name, err, errlen))) {
+    free(name);
+    return rc;
+  }
+  *model = name;
+  return 0;
 }
 
 /* Removes `dir` and the directories above it, up to `made` (an ancestor of it, or itself,
