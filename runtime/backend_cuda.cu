@@ -1566,6 +1566,127 @@ __global__ void topk_place_k(int K, const int *ch, const int *tcnt, long T, int 
   sexp[s] = e;
 }
 
+/* A small stage routed by one block, in one launch where the tiled path above takes
+ * five or six: a tree's levels, whose stages are mostly small, and where a launch's few
+ * microseconds of the host's are most of what a kernel of a few hundred rows costs. The
+ * same arrays, with the same values: the threads take the rows' top K (and their
+ * softmax) a row each in turn; then the choices in chunks of a block, in order, each
+ * choice's rank among its expert's choices before it (its chunk's, counted in shared
+ * memory, and cnt[e], the earlier chunks'); a thread an expert its loads, the tiles' sums
+ * of probabilities added in tile order (psum_tile_k's and topk_count_k's order, which is
+ * moe.h's), and where its slots begin (in tcnt[e]); a thread a choice its slot. A stable
+ * counting sort's slots are unique, so they are the tiled path's. One block's work grows
+ * with the stage where the tiled path's spreads, so a stage is routed so only while it
+ * has at most route_one_block choices (16 chunks) and a thread at most 1024 experts'
+ * gate values to rank (a row of 1024, or 4 rows of 256); bounds chosen, not yet measured
+ * on a GPU (bench/counts gives the launches). */
+enum { ROUTE_ONE_BLOCK = 16 * THREADS, ROUTE_ROW_WORK = 1024 };
+static long route_one_block = ROUTE_ONE_BLOCK; /* (the tests set it to 0: the tiled path) */
+static bool in_one_block(int K, long X, int n) {
+  return (long)K * n <= route_one_block && (n + THREADS - 1) / THREADS * X <= ROUTE_ROW_WORK;
+}
+template <typename R>
+__global__ void route_block_k(int K, long X, const R *g, long ldg, R *w, long ldw, int *ch, double *p, int *rslot,
+                              int *sexp, int *cnt, int *start, long long *acc, double *psum, int *rb, int *re, int r0,
+                              int n) {
+  __shared__ int sh[THREADS];
+  int i = (int)threadIdx.x, T = (int)blockDim.x;
+  long q0 = (long)K * r0, nq = (long)K * n;
+  for (long r = r0 + i; r < r0 + n; r += T) {
+    const R *gr = g + r * ldg;
+    cv_topk_row(K, X, gr, w + r * ldw, ch + (long)K * r);
+    if (p) cv_full_softmax(gr, X, p + (r - r0) * X);
+    rb[r] = r0, re[r] = r0 + n;
+  }
+  for (long e = i; e < X; e += T) cnt[e] = 0;
+  __syncthreads(); /* (the choices and the zeros before the ranks) */
+  for (long c0 = 0; c0 < nq; c0 += T) {
+    long m = nq - c0 < T ? nq - c0 : T;
+    sh[i] = i < m ? ch[q0 + c0 + i] : -1;
+    __syncthreads();
+    int e = sh[i], rank = 0;
+    bool last = i < m;
+    if (i < m) {
+      for (int j = 0; j < i; j++) rank += sh[j] == e;
+      for (int j = i + 1; j < m && last; j++) last = sh[j] != e;
+      rank += cnt[e];
+      rslot[q0 + c0 + i] = rank;
+    }
+    __syncthreads(); /* (every rank read cnt before the chunk's counts are added) */
+    if (last) cnt[e] = rank + 1;
+    __syncthreads();
+  }
+  long PT = p ? (n + CV_PSUM_ROWS - 1) / CV_PSUM_ROWS : 0;
+  for (long q = i; q < PT * X; q += T) { /* a tile of rows and an expert: psum_tile_k's sum */
+    long t = q / X, e = q % X, a = t * CV_PSUM_ROWS, b = a + CV_PSUM_ROWS < n ? a + CV_PSUM_ROWS : n;
+    double s = p[a * X + e];
+    for (long r = a + 1; r < b; r++) s += p[r * X + e];
+    p[a * X + e] = s;
+  }
+  __syncthreads();
+  for (long e = i; e < X; e += T) {
+    int c = cnt[e];
+    long b = q0;
+    for (long j = 0; j < e; j++) b += cnt[j];
+    start[e] = (int)b;
+    acc[e] += c;
+    if (!p) continue;
+    acc[X + e] += c;
+    double s = psum[e];
+    for (long t = 0; t < PT; t++) s += p[t * CV_PSUM_ROWS * X + e];
+    psum[e] = s;
+  }
+  __syncthreads();
+  for (long q = q0 + i; q < q0 + nq; q += T) {
+    int e = ch[q], s = start[e] + rslot[q];
+    rslot[q] = s;
+    sexp[s] = e;
+  }
+}
+
+/* A stage's routing in one block (route_block_k), or in tiles (the five or six kernels
+   above): p the rows' softmax for the balancing loss's sums, or NULL */
+static void route_in_block(cavs_ctx *c, int id, int K, long X, const void *g, long ldg, void *w, long ldw, double *p,
+                           int r0, int n) {
+  cavs_model *m = model(c);
+  auto *q = &dev(m)->route[id];
+  if (dbl(c))
+    CAVS_CUDA_LAUNCH(route_block_k<double>, 1, on(c))(K, X, (const double *)g, ldg, (double *)w, ldw, q->ch, p,
+                                                      q->rslot, q->sexp, q->cnt, q->tcnt, q->acc, q->psum, q->rb,
+                                                      q->re, r0, n);
+  else
+    CAVS_CUDA_LAUNCH(route_block_k<float>, 1, on(c))(K, X, (const float *)g, ldg, (float *)w, ldw, q->ch, p,
+                                                     q->rslot, q->sexp, q->cnt, q->tcnt, q->acc, q->psum, q->rb, q->re,
+                                                     r0, n);
+  CKL(m);
+}
+static void route_tiled(cavs_ctx *c, int id, int K, long X, const void *g, long ldg, void *w, long ldw, double *p,
+                        int r0, int n) {
+  cavs_model *m = model(c);
+  auto *q = &dev(m)->route[id];
+  if (dbl(c))
+    CAVS_CUDA_LAUNCH(topk_rows_k<double>, blocks(n), on(c))(K, X, (const double *)g, ldg, (double *)w, ldw, q->ch,
+                                                            p, r0, n);
+  else
+    CAVS_CUDA_LAUNCH(topk_rows_k<float>, blocks(n), on(c))(K, X, (const float *)g, ldg, (float *)w, ldw, q->ch, p,
+                                                           r0, n);
+  CKL(m);
+  long T = (long)blocks((long)K * n); /* the stage's tiles of choices */
+  long PT = p ? (n + CV_PSUM_ROWS - 1) / CV_PSUM_ROWS : 0; /* and of rows, for the sums */
+  CAVS_CUDA_LAUNCH(topk_tile_k, (unsigned)T, on(c))(K, X, q->ch, q->rslot, q->tcnt, T, r0, n);
+  CKL(m);
+  if (p) {
+    CAVS_CUDA_LAUNCH(psum_tile_k, blocks(PT * X), on(c))(X, p, PT, n);
+    CKL(m);
+  }
+  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(X, q->tcnt, T, p, PT, q->cnt, q->acc, q->psum);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_base_k, blocks(X), on(c))(K, X, q->cnt, q->tcnt, T, q->rb, q->re, r0, n);
+  CKL(m);
+  CAVS_CUDA_LAUNCH(topk_place_k, blocks((long)K * n), on(c))(K, q->ch, q->tcnt, T, q->rslot, q->sexp, r0, n);
+  CKL(m);
+}
+
 static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, const void *g, long ldg, void *w,
                           long ldw, int r0, int n) {
   cavs_model *m = model(c);
@@ -1600,31 +1721,8 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
   d->route[id].pending = true;
   d->routed = true;
   double *p = bal > 0 ? d->route[id].p : NULL;
-  if (dbl(c))
-    CAVS_CUDA_LAUNCH(topk_rows_k<double>, blocks(n), on(c))(K, X, (const double *)g, ldg, (double *)w, ldw,
-                                                            d->route[id].ch, p, r0, n);
-  else
-    CAVS_CUDA_LAUNCH(topk_rows_k<float>, blocks(n), on(c))(K, X, (const float *)g, ldg, (float *)w, ldw,
-                                                           d->route[id].ch, p, r0, n);
-  CKL(m);
-  long T = (long)blocks((long)K * n); /* the stage's tiles of choices */
-  long PT = p ? (n + CV_PSUM_ROWS - 1) / CV_PSUM_ROWS : 0; /* and of rows, for the sums */
-  int *ch = d->route[id].ch, *tcnt = d->route[id].tcnt;
-  CAVS_CUDA_LAUNCH(topk_tile_k, (unsigned)T, on(c))(K, X, ch, d->route[id].rslot, tcnt, T, r0, n);
-  CKL(m);
-  if (p) {
-    CAVS_CUDA_LAUNCH(psum_tile_k, blocks(PT * X), on(c))(X, p, PT, n);
-    CKL(m);
-  }
-  CAVS_CUDA_LAUNCH(topk_count_k, blocks(X), on(c))(X, tcnt, T, p, PT, d->route[id].cnt, d->route[id].acc,
-                                                   d->route[id].psum);
-  CKL(m);
-  CAVS_CUDA_LAUNCH(topk_base_k, blocks(X), on(c))(K, X, d->route[id].cnt, tcnt, T, d->route[id].rb, d->route[id].re,
-                                                  r0, n);
-  CKL(m);
-  CAVS_CUDA_LAUNCH(topk_place_k, blocks((long)K * n), on(c))(K, ch, tcnt, T, d->route[id].rslot, d->route[id].sexp,
-                                                             r0, n);
-  CKL(m);
+  if (in_one_block(K, X, n)) route_in_block(c, id, K, X, g, ldg, w, ldw, p, r0, n);
+  else route_tiled(c, id, K, X, g, ldg, w, ldw, p, r0, n);
   /* expert parallelism plans each round's exchange from the slots' experts, on the host
      (moe.c): the stage's, read back (a wait, as each round's exchange waits) */
   if (m->ep.on && !d->failed)

@@ -15,3 +15,7 @@ extern "C" int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, co
   *sexp = dev(m)->route[id].sexp;
   return 0;
 }
+
+/* The most choices a stage routed in one block (route_block_k) may have, for the tests
+   to take the tiled path too (0: every stage tiled; negative: the backend's default) */
+extern "C" void cavs_emu_route_one_block(long max) { route_one_block = max < 0 ? (long)ROUTE_ONE_BLOCK : max; }

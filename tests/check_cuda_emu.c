@@ -696,20 +696,24 @@ END_TEST
 static const char *const moe_bal_src = MOE_PUSH_SRC("moebal", "5", "G[V,X]", "G[w], 2, 0.01");
 static const cavs_desc *moe_bal_c, *moe_bal_u;
 int cavs_emu_route_slots(cavs_model *m, int id, const int **rslot, const int **sexp); /* backend_cuda_emu.cc */
+void cavs_emu_route_one_block(long max);
 static const struct {
   const char *name;
   long experts; /* X, or 0: MINIBATCH's */
   bool sums;    /* moe_bal_src, its sums compared too */
 } slot_cases[] = {{"moe_tree", 0, false}, {"moe_lm", 0, false}, {"moe_lm", 300, false}, {"moebal", 0, true}};
 START_TEST(moe_slots_as_cpu) {
-  bool sums = slot_cases[_i].sums;
-  int x = sums ? -1 : example_index(slot_cases[_i].name);
-  const char *name = slot_cases[_i].name;
+  int c = _i / 2; /* each case routed in one block a stage (route_block_k) and in tiles */
+  bool tiled = _i % 2;
+  cavs_emu_route_one_block(tiled ? 0 : -1);
+  bool sums = slot_cases[c].sums;
+  int x = sums ? -1 : example_index(slot_cases[c].name);
+  const char *name = slot_cases[c].name;
   const cavs_desc *dc = sums ? moe_bal_c : example(x, "double", false);
   const cavs_desc *du = sums ? moe_bal_u : example(x, "double", true);
   MINIBATCH(dc);
   for (int i = 0; i < dc->ndims; i++)
-    if (slot_cases[_i].experts && !strcmp(dc->dims[i].name, "X")) dims[i] = slot_cases[_i].experts;
+    if (slot_cases[c].experts && !strcmp(dc->dims[i].name, "X")) dims[i] = slot_cases[c].experts;
   long since = cavs_emu_serial();
   cavs_model *mc = model_on(dc, dims, "cpu", 0, 0), *mu = model_on(du, dims, "cuda", 0, 0);
   same_forward(mc, mu, gs, k, 1e-12);
@@ -764,6 +768,7 @@ START_TEST(moe_slots_as_cpu) {
   if (sums) ck_assert_int_gt(wide_rows, 0);
   cavs_model_free(mc);
   free_all(mu, since);
+  cavs_emu_route_one_block(-1);
 }
 END_TEST
 
@@ -1025,6 +1030,31 @@ static void steady(const char *name, const StepCounts *s) {
  * meets the targets, and the second launches no more
  * kernels, cuBLAS calls or memsets than the first. The counts go to the log, a line a
  * step. */
+/* The last step's kernel launches by kernel, a line each ("kernels EXAMPLE COUNT NAME",
+   NAME the kernel's template without its arguments), most first: for bench/counts */
+static void print_kernels(const char *example) {
+  const cavs_emu_op *op;
+  long nops = cavs_emu_ops(&op), nk = 0, count[256];
+  char names[256][64];
+  for (long i = 0; i < nops; i++) {
+    if (op[i].kind != CAVS_EMU_OP_KERNEL || !op[i].name) continue;
+    const char *a = op[i].name + (op[i].name[0] == '(');
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "<,)"), a);
+    long j = 0;
+    while (j < nk && strcmp(names[j], name)) j++;
+    if (j == nk && nk < 256) strcpy(names[nk], name), count[nk++] = 0;
+    if (j < nk) count[j]++;
+  }
+  for (long done = 0; done < nk; done++) {
+    long best = -1;
+    for (long j = 0; j < nk; j++)
+      if (count[j] >= 0 && (best < 0 || count[j] > count[best])) best = j;
+    printf("kernels %s %ld %s\n", example, count[best], names[best]);
+    count[best] = -1;
+  }
+}
+
 START_TEST(steady_state_counts) {
   const cavs_desc *d = example(_i, "float", true);
   MINIBATCH(d);
@@ -1035,7 +1065,11 @@ START_TEST(steady_state_counts) {
   counted_step(m, gs, k / 2, &once); /* then the buffers grow, the last step's work queued */
   counted_step(m, gs, 2 * k, &twice);
   counted_step(m, gs, k, &once);
+  bool kernels = getenv("CAVS_COUNTS_KERNELS") != NULL; /* (bench/counts: the step's launches by kernel) */
+  cavs_emu_log(kernels);
   counted_step(m, gs, k, &once);
+  if (kernels) print_kernels(examples[_i]);
+  cavs_emu_log(0);
   counted_step(m, gs, 2 * k, &twice);
   counts_header();
   counts_line(examples[_i], "float", &once);
@@ -1292,7 +1326,7 @@ int main(void) {
   }
   tcase_add_test(tc, dropout_as_cpu);
   tcase_add_test(tc, moe_labeled_rows_as_cpu);
-  tcase_add_loop_test(tc, moe_slots_as_cpu, 0, (int)(sizeof slot_cases / sizeof *slot_cases));
+  tcase_add_loop_test(tc, moe_slots_as_cpu, 0, 2 * (int)(sizeof slot_cases / sizeof *slot_cases));
   if (all) tcase_add_test(tc, moe_wide_as_cpu); /* (not in a checked build) */
   suite_add_tcase(s, tc);
   TCase *counts = tcase_create("counts");

@@ -154,8 +154,8 @@ cavs_emu_counts counts;
 /* with cavs_emu_log: what was issued to a stream since the counters' reset */
 bool logging;
 std::vector<cavs_emu_op> &oplog = *new std::vector<cavs_emu_op>;
-void log_op(int kind, long a, long b = 0, long c = 0) {
-  if (logging) oplog.push_back({kind, a, b, c});
+void log_op(int kind, long a, long b = 0, long c = 0, const char *name = NULL) {
+  if (logging) oplog.push_back({kind, a, b, c, name});
 }
 int order = CAVS_EMU_ISSUED;
 long fail_malloc_at, fail_launch_at;
@@ -1033,7 +1033,7 @@ void cavs_emu::launch(const char *name, const char *file, int line, const void *
   bool fault = false;
   if (!s->cap) {
     counts.launches++;
-    log_op(CAVS_EMU_OP_KERNEL, (long)grid * (long)block);
+    log_op(CAVS_EMU_OP_KERNEL, (long)grid * (long)block, 0, 0, name);
     fault = fail_launch_at > 0 && --fail_launch_at == 0;
   }
   w.what = what;

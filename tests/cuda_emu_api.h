@@ -38,6 +38,7 @@ enum { CAVS_EMU_OP_KERNEL, CAVS_EMU_OP_GEMM, CAVS_EMU_OP_MEMSET, CAVS_EMU_OP_COP
 typedef struct cavs_emu_op {
   int kind;
   long a, b, c; /* a kernel: its threads; a product: m, n, k; a memset or copy: its bytes */
+  const char *name; /* a kernel's, as its launch spells it ("topk_rows_k<float>"); else NULL */
 } cavs_emu_op;
 void cavs_emu_log(int on);
 long cavs_emu_ops(const cavs_emu_op **ops);
