@@ -1977,19 +1977,35 @@ __global__ void sbcast_bwd_k(R *x, long ldx, const R *s, long lds, long w, const
   for (int k = 0; k < K; k++) a += s[(long)rslot[(long)K * r + k] * lds + j];
   x[r * ldx + j] = a;
 }
-/* forward, a thread a slot's cell: its expert's row of the table; backward, a thread a
-   column: the slots' gradients added to their experts' rows in slot order */
+/* forward, a thread a slot's cell: its expert's row of the table */
 template <typename R>
 __global__ void erow_fwd_k(const R *t, long ldt, R *y, long ldy, long w, const int *sexp, long s0, long sn) {
   long q, j;
   if (!cell(0, sn, w, &q, &j)) return;
   y[(s0 + q) * ldy + j] = t[(long)sexp[s0 + q] * ldt + j];
 }
+/* backward, a thread an expert's cell: its slots' gradients added to it in slot order
+   (moe.c's order, so the cpu's bits), its slots found in each routing of the range as
+   emm_dw_k finds them. (It was a thread a column adding every slot in turn into the
+   table: w threads, each a chain of sn dependent updates of global memory.) */
 template <typename R>
-__global__ void erow_bwd_k(R *t, long ldt, const R *y, long ldy, long w, const int *sexp, long s0, long sn) {
-  long q, j;
-  if (!cell(0, 1, w, &q, &j)) return;
-  for (long s = s0; s < s0 + sn; s++) t[(long)sexp[s] * ldt + j] += y[s * ldy + j];
+__global__ void erow_bwd_k(R *t, long ldt, const R *y, long ldy, long w, const int *sexp, const int *rb, const int *re,
+                           int K, long X, long s0, long sn) {
+  long e, j;
+  if (!cell(0, X, w, &e, &j)) return;
+  R a = 0;
+  bool any = false; /* (an expert without slots: its row not read, which a rank of
+                       --expert-parallel may not hold, nor written) */
+  for (long s = s0; s < s0 + sn;) {
+    long row = s / K, lo = (long)K * rb[row], hi = (long)K * re[row];
+    long b = first_of(sexp, lo, hi, e + 1);
+    for (long u = first_of(sexp, lo, b, e); u < b; u++) {
+      if (!any) a = t[e * ldt + j], any = true;
+      a += y[u * ldy + j];
+    }
+    s = hi > s ? hi : s + 1;
+  }
+  if (any) t[e * ldt + j] = a;
 }
 /* a thread a row's cell: the sum of its slots' values, each weighted by its expert's
    kept gate weight, from 0 in slot order */
@@ -2045,7 +2061,9 @@ static void erow_as(cavs_ctx *c, const cv_route *rt, int id, int K, void *t, lon
   cv_slot_range(rt, K, r0, n, &s0, &sn);
   if (sn <= 0 || w <= 0) return;
   if (bwd)
-    CAVS_CUDA_LAUNCH(erow_bwd_k<R>, blocks(w), on(c))((R *)t, ldt, (const R *)y, ldy, w, d->route[id].sexp, s0, sn);
+    CAVS_CUDA_LAUNCH(erow_bwd_k<R>, blocks(d->route[id].X * w), on(c))((R *)t, ldt, (const R *)y, ldy, w,
+                                                                      d->route[id].sexp, d->route[id].rb,
+                                                                      d->route[id].re, K, d->route[id].X, s0, sn);
   else
     CAVS_CUDA_LAUNCH(erow_fwd_k<R>, blocks(sn * w), on(c))((const R *)t, ldt, (R *)y, ldy, w, d->route[id].sexp, s0, sn);
   CKL(model(c));
