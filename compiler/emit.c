@@ -793,6 +793,21 @@ static int loss_index(const IrFunc *f, int i) {
   return k;
 }
 
+/* An expert's bias row (erow) that its expert's product adds into (IrNode.accum, `... @
+ * W[e] + b[e]`): the product writes it, bias row and all, in one operation
+ * (cavs_emm_fwd's bias), and sums its gradient too (cavs_emm_bwd's dbias, from the
+ * product's dy, which is the erow's gradient), so the erow itself emits nothing. */
+static const IrNode *emm_bias(const IrFunc *f, const IrNode *n) {
+  if (n->op != OP_EMM || !n->accum) return NULL;
+  const IrNode *into = &f->nodes[n->accum_into];
+  return into->op == OP_EROW ? into : NULL;
+}
+static bool erow_in_product(const IrFunc *f, int i) {
+  for (int k = 0; k < f->n; k++)
+    if (emm_bias(f, &f->nodes[k]) == &f->nodes[i]) return true;
+  return false;
+}
+
 /* A mixture of experts' op over the stage's rows r0..r0+n-1 and their K slots each (the
  * runtime's routing `route`: which expert and row each slot has, grouped by expert). A
  * slot value's place has the slot's width as its stride: slot s at row s. Backward,
@@ -827,6 +842,10 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
       fprintf(e->out, "  cavs_sbcast_bwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, true), P(n, true), emit_lin(m, n->width));
     return;
   case OP_EROW:
+    if (erow_in_product(f, i)) {
+      fprintf(e->out, "  /* (summed into its expert's product: cavs_emm_%s's %s) */\n", bwd ? "bwd" : "fwd", bwd ? "dbias" : "bias");
+      return;
+    }
     if (!bwd) fprintf(e->out, "  cavs_erow_fwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, false), P(n, false), emit_lin(m, n->width));
     else fprintf(e->out, "  cavs_erow_bwd(c, %s, %s, %s, %s, %s, %s, r0, n);\n", rk, P(a, true), P(n, true), emit_lin(m, n->width));
     return;
@@ -836,14 +855,17 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     A = lin_dim(m->dims[d].fa, 1);
     B = lin_dim(m->dims[d].fb, 1);
     const char *ab = arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B));
-    /* (added into another value's place: IrNode.accum) */
+    /* (added into another value's place: IrNode.accum; a bias row's: emm_bias) */
+    const IrNode *eb = emm_bias(f, n), *bt = eb ? &f->nodes[eb->args[0]] : NULL;
     if (!bwd)
-      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %d, r0, n);\n", rk, ab, P(a, false), P(b, false),
-              P(n, false), n->accum);
+      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, r0, n);\n", rk, ab, P(a, false),
+              P(b, false), bt ? emit_ptr(e, (Ref){&bt->val, false}, "0") : "NULL", bt ? emit_ld(e, &bt->val) : "0",
+              P(n, false), bt ? 0 : n->accum);
     else
-      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, r0, n);\n", rk, ab,
-              P(a, false), P(b, false), P(n, true), a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL",
-              emit_ld(e, &a->val), a->grad_set, GP(b), emit_ld(e, &b->val));
+      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, %s, %s, r0, n);\n", rk,
+              ab, P(a, false), P(b, false), P(n, true),
+              a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL", emit_ld(e, &a->val),
+              a->grad_set, GP(b), emit_ld(e, &b->val), bt ? GP(bt) : "NULL", bt ? emit_ld(e, &bt->val) : "0");
     return;
   }
   case OP_SCOMB:

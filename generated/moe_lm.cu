@@ -587,9 +587,9 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   /* moe_lm.vf:63  sbcast */
   cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[18] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[18] + (size_t)(0) * D_F, D_F, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[18] + (size_t)(0) * D_F, D_F, 0, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -609,9 +609,9 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_lm.vf:64  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[16] + (size_t)(0) * D_H, D_H, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[16] + (size_t)(0) * D_H, D_H, 0, r0, n);
   /* moe_lm.vf:64  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
@@ -739,9 +739,9 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
                  G[16] + (size_t)(0) * D_H, D_H, 1, G[20] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+               G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, PG[13], D_H, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[16] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -763,9 +763,9 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   }
   /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[18] + (size_t)(0) * D_F, D_F, G[19] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+               G[18] + (size_t)(0) * D_F, D_F, G[19] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, PG[12], D_F, r0, n);
   /* moe_lm.vf:64  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[18] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   /* moe_lm.vf:63  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */

@@ -320,9 +320,9 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* moe_tree.vf:47  sbcast */
   cavs_sbcast_fwd(c, 0, 2, V[13] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  erow */
-  cavs_erow_fwd(c, 0, 2, P[12], D_F, V[9] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF, V[9] + (size_t)(0) * D_F, D_F, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[9] + (size_t)(0) * D_F, D_F, 0, r0, n);
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -334,9 +334,9 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_tree.vf:48  erow */
-  cavs_erow_fwd(c, 0, 2, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, V[7] + (size_t)(0) * D_H, D_H, 1, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, 0, r0, n);
   /* moe_tree.vf:48  m = scomb */
   cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[11] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, H]: (lines 49) */
@@ -640,9 +640,9 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  G[7] + (size_t)(0) * D_H, D_H, 1, G[11] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, r0, n);
+               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, PG[13], D_H, r0, n);
   /* moe_tree.vf:48  erow */
-  cavs_erow_bwd(c, 0, 2, PG[13], D_H, G[7] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
     int s0_, sn_;
     cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
@@ -655,9 +655,9 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   }
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[9] + (size_t)(0) * D_F, D_F, G[10] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, r0, n);
+               G[9] + (size_t)(0) * D_F, D_F, G[10] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, PG[12], D_F, r0, n);
   /* moe_tree.vf:48  erow */
-  cavs_erow_bwd(c, 0, 2, PG[12], D_F, G[9] + (size_t)(0) * D_F, D_F, D_F, r0, n);
+  /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   /* moe_tree.vf:47  sbcast */
   cavs_sbcast_bwd(c, 0, 2, G[13] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */

@@ -232,12 +232,13 @@ typedef struct cv_moe_ops {
                     int n);
   /* optional (NULL on the cpu): the products over the experts' slots [s0, s0 + sn) as
      one grouped operation, each slot's expert read where the backend keeps it: forward
-     y (= or +=) x W_e; backward dx (= or +=) dy W_e^T and dW_e += x^T dy (either NULL) */
+     y (= or +=) x W_e, or y = bias_e + x W_e; backward dx (= or +=) dy W_e^T, dW_e +=
+     x^T dy and dbias_e += dy (each may be NULL); cavs_emm_*'s (cavs_abi.h) */
   void (*emm_fwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
-                  const void *t, long ldt, void *y, long ldy, bool add, long s0, long sn);
+                  const void *t, long ldt, const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn);
   void (*emm_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
                   const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt,
-                  long lddt, long s0, long sn);
+                  long lddt, void *dbias, long lddb, long s0, long sn);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
 /* the CPU backend's threads of model m (pool.h), or NULL: one thread, or not the cpu */

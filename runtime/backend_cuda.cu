@@ -1836,13 +1836,14 @@ template <typename R> __device__ void tile_fma(const Tile<R> *t, R acc[4][4]) {
     }
 }
 
-/* y[s, j] (j < N) = (add ? y[s, j] : 0) + sum_p x[s, p] B_e(p, j) over the range's slots
-   s, e = sexp[s], p < Kd; B_e(p, j) = t[e ldt + p N + j], or with tb t[e ldt + j Kd + p]
-   (the forward product x W_e with W_e [A, B]: N = B, Kd = A; dx = dy W_e^T: tb, N = A,
-   Kd = B) */
+/* y[s, j] (j < N) = (bias ? bias[e ldb + j] : add ? y[s, j] : 0) + sum_p x[s, p] B_e(p, j)
+   over the range's slots s, e = sexp[s], p < Kd; B_e(p, j) = t[e ldt + p N + j], or with
+   tb t[e ldt + j Kd + p] (the forward product x W_e with W_e [A, B]: N = B, Kd = A; dx =
+   dy W_e^T: tb, N = A, Kd = B). The bias row read at the store is the one erow_fwd_k
+   wrote before the product added, so the same bits in one launch, not two. */
 template <typename R, bool TB>
-__global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, long ldt, R *y, long ldy, bool add,
-                           const int *sexp, long s0, long sn, long ntn) {
+__global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, long ldt, const R *bias, long ldb, R *y,
+                           long ldy, bool add, const int *sexp, long s0, long sn, long ntn) {
   __shared__ Tile<R> sh;
   long q = blockIdx.x, lo = s0 + q / ntn * EM, hi = lo + EM < s0 + sn ? lo + EM : s0 + sn, c0 = q % ntn * EN;
   int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
@@ -1872,7 +1873,7 @@ __global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, lo
       if (s < a || s >= b) continue;
       for (int jj = 0; jj < 4; jj++) {
         long j = c0 + tx + ET * jj;
-        if (j < N) y[s * ldy + j] = add ? y[s * ldy + j] + acc[i][jj] : acc[i][jj];
+        if (j < N) y[s * ldy + j] = bias ? bias[e * ldb + j] + acc[i][jj] : add ? y[s * ldy + j] + acc[i][jj] : acc[i][jj];
       }
     }
   }
@@ -1889,14 +1890,19 @@ __device__ static long first_of(const int *sexp, long lo, long hi, long e) {
 }
 
 /* dt[e ldt + i B + j] += sum_s x[s, i] dy[s, j] over expert e's slots of the range, in
-   slot order; blocks: X experts, each ntm x ntn tiles of [A, B] */
+   slot order; blocks: X experts, each ntm x ntn tiles of [A, B]. With dbias, the blocks of
+   the first tile row also add dy's rows to dbias[e lddb + j] in slot order, from the
+   staged tiles (the first row of threads, each its 4 columns): erow_bwd_k's sums, in its
+   order, so its bits. */
 template <typename R>
-__global__ void emm_dw_k(long A, long B, const R *x, long ldx, const R *dy, long lddy, R *dt, long lddt,
-                         const int *sexp, const int *rb, const int *re, int K, long s0, long sn, long ntm, long ntn) {
+__global__ void emm_dw_k(long A, long B, const R *x, long ldx, const R *dy, long lddy, R *dt, long lddt, R *dbias,
+                         long lddb, const int *sexp, const int *rb, const int *re, int K, long s0, long sn, long ntm,
+                         long ntn) {
   __shared__ Tile<R> sh;
   long q = blockIdx.x, e = q / (ntm * ntn), r0 = q % (ntm * ntn) / ntn * EM, c0 = q % ntn * EN, any = 0;
   int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
-  R acc[4][4] = {};
+  R acc[4][4] = {}, bacc[4] = {};
+  bool biased = dbias && r0 == 0 && ty == 0, started = false;
   for (long s = s0; s < s0 + sn;) {
     long row = s / K, lo = (long)K * rb[row], hi = (long)K * re[row];
     long a = first_of(sexp, lo, hi, e), b = first_of(sexp, a, hi, e + 1);
@@ -1914,11 +1920,26 @@ __global__ void emm_dw_k(long A, long B, const R *x, long ldx, const R *dy, long
       }
       __syncthreads();
       tile_fma(&sh, acc);
+      for (int kk = 0; biased && kk < EK && k0 + kk < b; kk++) {
+        for (int jj = 0; jj < 4; jj++) {
+          long j = c0 + tx + ET * jj;
+          if (j >= B) continue;
+          /* (from the row's value, read at the first slot, as erow_bwd_k and the cpu add) */
+          if (!started) bacc[jj] = dbias[e * lddb + j];
+          bacc[jj] += sh.b[kk][tx + ET * jj];
+        }
+        started = true;
+      }
       __syncthreads();
     }
     s = hi > s ? hi : s + 1;
   }
   if (!any) return;
+  if (biased)
+    for (int jj = 0; jj < 4; jj++) {
+      long j = c0 + tx + ET * jj;
+      if (j < B) dbias[e * lddb + j] = bacc[jj];
+    }
   R *de = dt + e * lddt;
   for (int i = 0; i < 4; i++) {
     long r = r0 + ty + ET * i;
@@ -1931,32 +1952,41 @@ __global__ void emm_dw_k(long A, long B, const R *x, long ldx, const R *dy, long
 }
 
 static long tiles(long n, long t) { return (n + t - 1) / t; }
+template <typename R>
+__global__ void erow_bwd_k(R *t, long ldt, const R *y, long ldy, long w, const int *sexp, const int *rb, const int *re,
+                           int K, long X, long s0, long sn);
 
 template <typename R>
-static void emm_fwd_as(cavs_ctx *c, int id, long A, long B, const void *x, long ldx, const void *t, long ldt, void *y,
-                       long ldy, bool add, long s0, long sn) {
+static void emm_fwd_as(cavs_ctx *c, int id, long A, long B, const void *x, long ldx, const void *t, long ldt,
+                       const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn) {
   Dev *d = dev(model(c));
   long ntn = tiles(B, EN);
   CAVS_CUDA_LAUNCH((emm_rows_k<R, false>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
-      B, A, (const R *)x, ldx, (const R *)t, ldt, (R *)y, ldy, add, d->route[id].sexp, s0, sn, ntn);
+      B, A, (const R *)x, ldx, (const R *)t, ldt, (const R *)bias, ldb, (R *)y, ldy, add, d->route[id].sexp, s0, sn,
+      ntn);
   CKL(model(c));
 }
 template <typename R>
 static void emm_bwd_as(cavs_ctx *c, int id, int K, long X, long A, long B, const void *x, long ldx, const void *t,
                        long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
-                       long s0, long sn) {
+                       void *dbias, long lddb, long s0, long sn) {
   Dev *d = dev(model(c));
   if (dx) {
     long ntn = tiles(A, EN);
     CAVS_CUDA_LAUNCH((emm_rows_k<R, true>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
-        A, B, (const R *)dy, lddy, (const R *)t, ldt, (R *)dx, lddx, !dx_set, d->route[id].sexp, s0, sn, ntn);
+        A, B, (const R *)dy, lddy, (const R *)t, ldt, (const R *)NULL, 0, (R *)dx, lddx, !dx_set, d->route[id].sexp,
+        s0, sn, ntn);
     CKL(model(c));
   }
   if (dt) {
     long ntm = tiles(A, EM), ntn = tiles(B, EN);
     CAVS_CUDA_LAUNCH(emm_dw_k<R>, cavs_cuda_blocks(X * ntm * ntn, 1, 1), on(c))(
-        A, B, (const R *)x, ldx, (const R *)dy, lddy, (R *)dt, lddt, d->route[id].sexp, d->route[id].rb,
-        d->route[id].re, K, s0, sn, ntm, ntn);
+        A, B, (const R *)x, ldx, (const R *)dy, lddy, (R *)dt, lddt, (R *)dbias, lddb, d->route[id].sexp,
+        d->route[id].rb, d->route[id].re, K, s0, sn, ntm, ntn);
+    CKL(model(c));
+  } else if (dbias) { /* (a frozen matrix, its bias trained: the bias's sums alone) */
+    CAVS_CUDA_LAUNCH(erow_bwd_k<R>, blocks(X * B), on(c))((R *)dbias, lddb, (const R *)dy, lddy, B, d->route[id].sexp,
+                                                        d->route[id].rb, d->route[id].re, K, X, s0, sn);
     CKL(model(c));
   }
 }
@@ -2119,23 +2149,23 @@ static void cuda_scomb_bwd(cavs_ctx *c, const cv_route *rt, int K, const void *v
 }
 
 static void cuda_emm_fwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
-                         long ldt, void *y, long ldy, bool add, long s0, long sn) {
+                         long ldt, const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn) {
   if (sn <= 0 || A <= 0 || B <= 0) return;
   model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B;
-  if (dbl(c)) emm_fwd_as<double>(c, route_id(c, rt), A, B, x, ldx, t, ldt, y, ldy, add, s0, sn);
-  else emm_fwd_as<float>(c, route_id(c, rt), A, B, x, ldx, t, ldt, y, ldy, add, s0, sn);
+  if (dbl(c)) emm_fwd_as<double>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, s0, sn);
+  else emm_fwd_as<float>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, s0, sn);
 }
 static void cuda_emm_bwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
                          long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
-                         long s0, long sn) {
+                         void *dbias, long lddb, long s0, long sn) {
   if (sn <= 0 || A <= 0 || B <= 0) return;
   model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B * ((dx != NULL) + (dt != NULL));
   if (dbl(c))
     emm_bwd_as<double>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
-                       s0, sn);
+                       dbias, lddb, s0, sn);
   else
     emm_bwd_as<float>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
-                      s0, sn);
+                      dbias, lddb, s0, sn);
 }
 
 static const cv_moe_ops cuda_moe = {

@@ -62,8 +62,10 @@ extern "C" {
  *    write it, in a buffer the backward pass no longer clears).
  * 20: cavs_gemm_table takes every form but CAVS_PROD_Y_ADD, and its table is NULL where
  *    x's rows are not the table's (a dropout that drops): each distinct looked-up row
- *    may be multiplied once. */
-#define CAVS_ABI_VERSION 20
+ *    may be multiplied once.
+ * 21: cavs_emm_fwd's bias and cavs_emm_bwd's dbias (an expert's bias row, its erow,
+ *    summed into its product where the product adds into it: one operation, not two). */
+#define CAVS_ABI_VERSION 21
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -603,10 +605,16 @@ void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, double balance, const 
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n);
 void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
                      int n);
+/* y = x W_e at each slot, or with add y += x W_e, or with a bias table (NULL: none) y =
+ * bias_e + x W_e, bias_e its expert's row of the table [X, b] (as cavs_erow_fwd writes it
+ * before a product that adds); backward dx (= with dx_set, else +=) dy W_e^T, dW_e +=
+ * x^T dy and dbias_e += dy, each where not NULL, the sums over an expert's slots in slot
+ * order. */
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  void *y, long ldy, int add, int r0, int n);
+                  const void *bias, long ldb, void *y, long ldy, int add, int r0, int n);
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, int r0, int n);
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, void *dbias,
+                  long lddb, int r0, int n);
 void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n);
 void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
                    int n);

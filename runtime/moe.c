@@ -1465,18 +1465,24 @@ void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset) {
 enum { GEMMS_CHUNK = 64 };
 
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  void *y, long ldy, int add, int r0, int n) {
+                  const void *bias, long ldb, void *y, long ldy, int add, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
   cv_slot_range(rt, K, r0, n, &s0, &sn);
+  const cv_moe_ops *o = moe_ops(c);
+  if (bias && (c->model->ep.on || !o->emm_fwd)) {
+    /* the bias rows first, then the product adds (the cpu's, and expert parallelism's
+       rounds): the bits of the two operations the backend's grouped product is */
+    cavs_erow_fwd(c, route, K, bias, ldb, y, ldy, B, r0, n);
+    bias = NULL, add = 1;
+  }
   if (c->model->ep.on) {
     ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, !add, NULL, 0, s0, sn);
     return;
   }
-  const cv_moe_ops *o = moe_ops(c);
   if (o->emm_fwd) { /* the backend's grouped product, from its own copy of the slots */
-    o->emm_fwd(c, rt, K, A, B, x, ldx, t, ldt, y, ldy, add != 0, s0, sn);
+    o->emm_fwd(c, rt, K, A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add != 0, s0, sn);
     c->model->route[route].products++;
     return;
   }
@@ -1496,20 +1502,12 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
   cv_gemms(c, g, ng);
 }
 
-void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, int r0, int n) {
-  const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
-  if (!rt || n <= 0) return;
-  long s0, sn;
-  cv_slot_range(rt, K, r0, n, &s0, &sn);
+/* cavs_emm_bwd's products where the backend has no grouped one, or over the ranks */
+static void emm_bwd_products(cavs_ctx *c, int route, const struct cv_route *rt, long A, long B, const void *x,
+                             long ldx, const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx,
+                             int dx_set, void *dt, long lddt, long s0, long sn) {
   if (c->model->ep.on) {
     ep_emm(c, EP_BWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
-    return;
-  }
-  const cv_moe_ops *o = moe_ops(c);
-  if (o->emm_bwd) {
-    o->emm_bwd(c, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set != 0, dt, lddt, s0, sn);
-    c->model->route[route].products += (dx != NULL) + (dt != NULL);
     return;
   }
   /* (dx's slots, and dt's expert rows, are each one product's: one list, as forward) */
@@ -1531,6 +1529,24 @@ void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     if (ng >= GEMMS_CHUNK - 1) cv_gemms(c, g, ng), ng = 0;
   }
   cv_gemms(c, g, ng);
+}
+
+void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, void *dbias,
+                  long lddb, int r0, int n) {
+  const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
+  if (!rt || n <= 0) return;
+  long s0, sn;
+  cv_slot_range(rt, K, r0, n, &s0, &sn);
+  const cv_moe_ops *o = moe_ops(c);
+  if (!c->model->ep.on && o->emm_bwd) {
+    o->emm_bwd(c, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set != 0, dt, lddt, dbias, lddb, s0, sn);
+    c->model->route[route].products += (dx != NULL) + (dt != NULL);
+    return;
+  }
+  emm_bwd_products(c, route, rt, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
+  /* (the bias's gradient after the products, as cavs_erow_bwd ran after them) */
+  if (dbias) cavs_erow_bwd(c, route, K, dbias, lddb, dy, lddy, B, r0, n);
 }
 
 void cv_routes_free(cavs_model *m) {

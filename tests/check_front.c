@@ -330,14 +330,29 @@ START_TEST(products_added_in_place) {
     added++;
   }
   ck_assert_int_eq(added, 2);
+  /* ... each product given its bias table (the bias rows written by the product, not
+     before it: cavs_emm_fwd's bias, add 0) and its gradient (cavs_emm_bwd's dbias),
+     and no erow call of its own either way */
   c = emitted(m, "moe_lm.vf");
-  int adds = 0; /* cavs_emm_fwd's add */
+  int biased = 0, dbiased = 0;
   for (const char *p = c; (p = strstr(p, "cavs_emm_fwd(")); p++) {
     const char *end = strchr(p, '\n');
     ck_assert(end && end - p > 12);
-    adds += !strncmp(end - 12, ", 1, r0, n);", 12);
+    char *line = strndup(p, (size_t)(end - p));
+    biased += !strncmp(end - 12, ", 0, r0, n);", 12) && !strstr(line, "NULL") && count_str(line, "P[") == 2;
+    free(line);
   }
-  ck_assert_int_eq(adds, 2);
+  for (const char *p = c; (p = strstr(p, "cavs_emm_bwd(")); p++) {
+    const char *end = strstr(p, ");");
+    ck_assert(end != NULL);
+    char *call = strndup(p, (size_t)(end - p));
+    dbiased += count_str(call, "PG[") == 2;
+    free(call);
+  }
+  ck_assert_int_eq(biased, 2);
+  ck_assert_int_eq(dbiased, 2);
+  ck_assert_int_eq(count_str(c, "cavs_erow_fwd("), 0);
+  ck_assert_int_eq(count_str(c, "cavs_erow_bwd("), 0);
   free(c);
 
   /* s @ U adds into x @ W (a merge's column); a named product keeps its row; of two
