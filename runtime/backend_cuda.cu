@@ -2049,26 +2049,24 @@ __global__ void scomb_fwd_k(const R *v, long ldv, const R *wt, long ldw, R *y, l
   for (int k = 0; k < K; k++) a += wt[r * ldw + sexp[sl[k]]] * v[(long)sl[k] * ldv + j];
   y[r * ldy + j] = a;
 }
-/* backward: a thread a slot's cell (dv), a thread a slot (dw: its value's dot product
-   with the row's gradient, moe.h's) */
+/* backward, one launch: a thread a slot's cell (dv, where not NULL: wd = w cells a
+   slot, else 1), and the thread of each slot's first cell also its kept weight's
+   gradient (dw: the slot's value's dot product with the row's gradient, moe.h's, as a
+   thread a slot computed it in a launch of its own before). The K slots of a row have
+   K experts, so no two threads add to one dw cell. */
 template <typename R>
-__global__ void scomb_dv_k(const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv, bool set, long w,
-                           const int *rslot, const int *sexp, int K, int r0, int n) {
+__global__ void scomb_bwd_k(const R *v, long ldv, const R *wt, long ldw, const R *dy, long lddy, R *dv, long lddv,
+                            bool set, R *dw, long lddw, long w, long wd, const int *rslot, const int *sexp, int K,
+                            int r0, int n) {
   long q, j;
-  if (!cell(0, (long)K * n, w, &q, &j)) return;
+  if (!cell(0, (long)K * n, wd, &q, &j)) return;
   long r = r0 + q / K;
   int s = rslot[(long)K * r0 + q];
-  R g = wt[r * ldw + sexp[s]] * dy[r * lddy + j];
-  dv[(long)s * lddv + j] = set ? g : dv[(long)s * lddv + j] + g;
-}
-template <typename R>
-__global__ void scomb_dw_k(const R *v, long ldv, const R *dy, long lddy, R *dw, long lddw, long w, const int *rslot,
-                           const int *sexp, int K, int r0, int n) {
-  long q, j;
-  if (!cell(0, (long)K * n, 1, &q, &j)) return;
-  long r = r0 + q / K;
-  int s = rslot[(long)K * r0 + q];
-  dw[r * lddw + sexp[s]] += cv_slot_dot(dy + r * lddy, v + (long)s * ldv, w);
+  if (dv) {
+    R g = wt[r * ldw + sexp[s]] * dy[r * lddy + j];
+    dv[(long)s * lddv + j] = set ? g : dv[(long)s * lddv + j] + g;
+  }
+  if (dw && j == 0) dw[r * lddw + sexp[s]] += cv_slot_dot(dy + r * lddy, v + (long)s * ldv, w);
 }
 
 template <typename R>
@@ -2111,17 +2109,13 @@ template <typename R>
 static void scomb_bwd_as(cavs_ctx *c, int id, int K, const void *v, long ldv, const void *wt, long ldw, const void *dy,
                          long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w, int r0, int n) {
   Dev *d = dev(model(c));
-  if (dv && w > 0) {
-    CAVS_CUDA_LAUNCH(scomb_dv_k<R>, blocks((long)K * n * w), on(c))((const R *)wt, ldw, (const R *)dy, lddy, (R *)dv, lddv,
-                                                                   dv_set, w, d->route[id].rslot, d->route[id].sexp, K,
-                                                                   r0, n);
-    CKL(model(c));
-  }
-  if (dw) {
-    CAVS_CUDA_LAUNCH(scomb_dw_k<R>, blocks((long)K * n), on(c))((const R *)v, ldv, (const R *)dy, lddy, (R *)dw, lddw, w,
-                                                               d->route[id].rslot, d->route[id].sexp, K, r0, n);
-    CKL(model(c));
-  }
+  if (w <= 0) dv = NULL;
+  if (!dv && !dw) return;
+  long wd = dv ? w : 1;
+  CAVS_CUDA_LAUNCH(scomb_bwd_k<R>, blocks((long)K * n * wd), on(c))((const R *)v, ldv, (const R *)wt, ldw, (const R *)dy,
+                                                                  lddy, (R *)dv, lddv, dv_set, (R *)dw, lddw, w, wd,
+                                                                  d->route[id].rslot, d->route[id].sexp, K, r0, n);
+  CKL(model(c));
 }
 
 static int route_id(cavs_ctx *c, const cv_route *rt) { return (int)(rt - model(c)->route); }
