@@ -1515,13 +1515,26 @@ __global__ void topk_tile_k(int K, long X, const int *ch, int *rslot, int *tcnt,
 /* a thread a tile of CV_PSUM_ROWS rows and an expert (with the balancing loss): the
    expert's probabilities at the tile's rows summed in row order, written over the
    tile's first row's (moe.h's order: the cpu's tile sums) */
-__global__ void psum_tile_k(long X, double *p, long PT, int n) {
-  long t, e;
-  if (!cell(0, PT, X, &t, &e)) return;
+__device__ static void psum_tile(long X, double *p, int n, long t, long e) {
   long i0 = t * CV_PSUM_ROWS, i1 = i0 + CV_PSUM_ROWS < n ? i0 + CV_PSUM_ROWS : n;
   double s = p[i0 * X + e];
   for (long i = i0 + 1; i < i1; i++) s += p[i * X + e];
   p[i0 * X + e] = s;
+}
+__global__ void psum_tile_k(long X, double *p, long PT, int n) {
+  long t, e;
+  if (cell(0, PT, X, &t, &e)) psum_tile(X, p, n, t, e);
+}
+/* expert e's c choices of the stage added to the pass's load and, with the balancing
+   loss (p), to its slots and its summed probability, the PT tiles' sums (psum_tile's)
+   in tile order as the cpu adds them */
+__device__ static void stage_loads(long X, long e, int c, const double *p, long PT, long long *acc, double *psum) {
+  acc[e] += c;
+  if (!p) return;
+  acc[X + e] += c;
+  double s = psum[e];
+  for (long t = 0; t < PT; t++) s += p[t * CV_PSUM_ROWS * X + e];
+  psum[e] = s;
 }
 /* a thread an expert: its tiles' counts turned into where its slots of each tile begin
    among its own; its choices among the stage's counted; the pass's load (acc[e]) and,
@@ -1538,12 +1551,7 @@ __global__ void topk_count_k(long X, int *tcnt, long T, const double *p, long PT
     c += v;
   }
   cnt[e] = c;
-  acc[e] += c;
-  if (!p) return;
-  acc[X + e] += c;
-  double s = psum[e];
-  for (long t = 0; t < PT; t++) s += p[t * CV_PSUM_ROWS * X + e];
-  psum[e] = s;
+  stage_loads(X, e, c, p, PT, acc, psum);
 }
 /* a thread an expert: where its slots begin, after the experts' before it, added to its
    tiles' starts; and each row's routing's rows [rb, re), the rows shared among the
@@ -1617,24 +1625,13 @@ __global__ void route_block_k(int K, long X, const R *g, long ldg, R *w, long ld
     __syncthreads();
   }
   long PT = p ? (n + CV_PSUM_ROWS - 1) / CV_PSUM_ROWS : 0;
-  for (long q = i; q < PT * X; q += T) { /* a tile of rows and an expert: psum_tile_k's sum */
-    long t = q / X, e = q % X, a = t * CV_PSUM_ROWS, b = a + CV_PSUM_ROWS < n ? a + CV_PSUM_ROWS : n;
-    double s = p[a * X + e];
-    for (long r = a + 1; r < b; r++) s += p[r * X + e];
-    p[a * X + e] = s;
-  }
+  for (long q = i; q < PT * X; q += T) psum_tile(X, p, n, q / X, q % X); /* a tile of rows, an expert */
   __syncthreads();
   for (long e = i; e < X; e += T) {
-    int c = cnt[e];
     long b = q0;
     for (long j = 0; j < e; j++) b += cnt[j];
     start[e] = (int)b;
-    acc[e] += c;
-    if (!p) continue;
-    acc[X + e] += c;
-    double s = psum[e];
-    for (long t = 0; t < PT; t++) s += p[t * CV_PSUM_ROWS * X + e];
-    psum[e] = s;
+    stage_loads(X, e, cnt[e], p, PT, acc, psum);
   }
   __syncthreads();
   for (long q = q0 + i; q < q0 + nq; q += T) {
