@@ -294,6 +294,20 @@ typedef struct IrNode {
      mixture's expert `... @ W2[e] + b2[e]`, a copy of every slot forward and back.
      `folded`: that a, whose place and gradient are z's. */
   bool same, folded;
+  /* plan.c: a `same` node's place is node `view`'s (an add's: the value its product adds
+     into; an activation's: see act) */
+  int view;
+  /* plan.c: an expert's product (EMM) whose value (with its bias row, where it adds into
+     one) is read only by an activation (relu, tanh, sigmoid; its op here, else 0) that
+     is alone in its fused group (but for that add) and is itself read only as the left
+     operand of another expert's product: the product applies the activation as it
+     stores (cavs_emm_fwd's act), the activation and the add are views of its place
+     (same, folded: no loop either way), and the product that reads the activation's
+     output multiplies the gradient it computes by the activation's derivative, written
+     in that output (cavs_emm_bwd's dx_act), into that same place's gradient: the
+     gradient of the product's value. A mixture's `relu(h @ W1[e] + b1[e]) @ W2[e]`:
+     a pass over the slots forward and one backward fewer, and on cuda a launch each. */
+  Op act;
 } IrNode;
 
 /* A fused elementwise group: one loop. Members in topological order. */

@@ -808,6 +808,23 @@ static bool erow_in_product(const IrFunc *f, int i) {
   return false;
 }
 
+/* The runtime's name for activation op (an expert's product's IrNode.act, plan.c), or
+ * for none */
+static const char *act_name(Op op) {
+  switch (op) {
+  case OP_RELU: return "CAVS_ACT_RELU";
+  case OP_TANH: return "CAVS_ACT_TANH";
+  case OP_SIGMOID: return "CAVS_ACT_SIGMOID";
+  default: return "CAVS_ACT_NONE";
+  }
+}
+/* The activation a product's left operand is, where its producer applies it (a view of
+   that product's place: plan.c's act_product): the product's dx is its operand's
+   gradient, the derivative applied (cavs_emm_bwd's dx_act); else none */
+static Op dx_act(const IrNode *a) {
+  return a->same && (a->op == OP_RELU || a->op == OP_TANH || a->op == OP_SIGMOID) ? a->op : 0;
+}
+
 /* A mixture of experts' op over the stage's rows r0..r0+n-1 and their K slots each (the
  * runtime's routing `route`: which expert and row each slot has, grouped by expert). A
  * slot value's place has the slot's width as its stride: slot s at row s. Backward,
@@ -857,15 +874,16 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
     const char *ab = arena_printf("%s, %s", emit_lin(m, A), emit_lin(m, B));
     /* (added into another value's place: IrNode.accum; a bias row's: emm_bias) */
     const IrNode *eb = emm_bias(f, n), *bt = eb ? &f->nodes[eb->args[0]] : NULL;
+    /* (an activation applied as it stores: IrNode.act; its derivative on dx: dx_act) */
     if (!bwd)
-      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, r0, n);\n", rk, ab, P(a, false),
+      fprintf(e->out, "  cavs_emm_fwd(c, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s, r0, n);\n", rk, ab, P(a, false),
               P(b, false), bt ? emit_ptr(e, (Ref){&bt->val, false}, "0") : "NULL", bt ? emit_ld(e, &bt->val) : "0",
-              P(n, false), bt ? 0 : n->accum);
+              P(n, false), bt ? 0 : n->accum, act_name(n->act));
     else
-      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, %s, %s, r0, n);\n", rk,
+      fprintf(e->out, "  cavs_emm_bwd(c, %s, %s, %s, %s, %s, %s,\n               %s, %s, %s, %s, %d, %s, %s, %s, %s, %s, r0, n);\n", rk,
               ab, P(a, false), P(b, false), P(n, true),
               a->grad && a->val.kind == PL_ROW ? emit_ptr(e, (Ref){&a->val, true}, "0") : "NULL", emit_ld(e, &a->val),
-              a->grad_set, GP(b), emit_ld(e, &b->val), bt ? GP(bt) : "NULL", bt ? emit_ld(e, &bt->val) : "0");
+              a->grad_set, act_name(dx_act(a)), GP(b), emit_ld(e, &b->val), bt ? GP(bt) : "NULL", bt ? emit_ld(e, &bt->val) : "0");
     return;
   }
   case OP_SCOMB:

@@ -198,12 +198,56 @@ static int same_operand(const IrFunc *f, int z) {
   return a;
 }
 
+/* The expert's product whose place activation z can be a view of (IrNode.act), or -1;
+ * *sum the add between them (`act(h @ W[e] + b[e])`, the product adding into its bias
+ * row: IrNode.accum) or -1. z (relu, tanh or sigmoid: a derivative written in its
+ * output) is alone in its fused group but for that add, and is read once, as the left
+ * operand of an expert's product, whose dx is then z's operand's gradient (its
+ * derivative applied); the product and the add are read by nothing else, nothing of
+ * the chain is named (cavs_model_vertex_value reads a named value's own row), and
+ * --no-fuse (every elementwise op a loop of its own) folds nothing. */
+static int act_product(const Model *m, const IrFunc *f, int z, int *sum) {
+  const IrNode *n = &f->nodes[z];
+  *sum = -1;
+  if ((n->op != OP_RELU && n->op != OP_TANH && n->op != OP_SIGMOID) || m->no_fuse || f->kind == F_PULL)
+    return -1;
+  if (n->uses != 1 || n->group < 0 || n->name || !n->slot || n->type != T_ROW || n->zero_leaf || n->dead_leaf)
+    return -1;
+  bool read = false;
+  for (int j = z + 1; j < f->n; j++) {
+    const IrNode *u = &f->nodes[j];
+    if (u->uses == 0 && u->type != T_NONE) continue;
+    for (int k = 0; k < u->nargs; k++)
+      if (u->args[k] == z) {
+        if (u->op != OP_EMM || k != 0) return -1;
+        read = true;
+      }
+  }
+  int y = n->args[0], p = y;
+  const IrNode *yn = &f->nodes[y];
+  if (yn->op == OP_ADD) {
+    int b = f->nodes[yn->args[0]].accum ? yn->args[0] : f->nodes[yn->args[1]].accum ? yn->args[1] : -1;
+    if (b < 0 || f->nodes[b].op != OP_EMM || yn->group != n->group || yn->uses != 1 || yn->name) return -1;
+    int a = f->nodes[b].accum_into;
+    if ((a != yn->args[0] && a != yn->args[1]) || f->nodes[a].name) return -1;
+    *sum = y, p = b;
+  } else if (yn->op != OP_EMM || yn->accum || yn->uses != 1) {
+    return -1;
+  }
+  if (!read || f->nodes[p].name || f->groups[n->group].n != (*sum >= 0 ? 2 : 1)) return -1;
+  return p;
+}
+
 /* IrNode.accum over f; per merge, the merge its products add into, column for column
  * (all of its members or none), or -1 */
-static void plan_accum(IrFunc *f, int *mto) {
+static void plan_accum(const Model *m, IrFunc *f, int *mto) {
   for (int i = 0; i < f->n; i++) f->nodes[i].accum = false;
   for (int g = 0; g < f->nmerges; g++) mto[g] = -1;
-  for (int i = 0; i < f->n; i++) f->nodes[i].same = f->nodes[i].folded = false;
+  for (int i = 0; i < f->n; i++) {
+    f->nodes[i].same = f->nodes[i].folded = false;
+    f->nodes[i].view = -1;
+    f->nodes[i].act = 0;
+  }
   for (int z = 0; z < f->n; z++) {
     int a, b = accum_pair(f, z, &a);
     if (b < 0) continue;
@@ -226,7 +270,19 @@ static void plan_accum(IrFunc *f, int *mto) {
   }
   for (int z = 0; z < f->n; z++) {
     int a = same_operand(f, z);
-    if (a >= 0) f->nodes[z].same = f->nodes[a].folded = true;
+    if (a >= 0) f->nodes[z].same = f->nodes[a].folded = true, f->nodes[z].view = a;
+  }
+  /* an activation applied by the product it reads: it and the add before it views of
+     the place that product stores into (its bias row's, where it adds into one), which
+     with its gradient is theirs */
+  for (int z = 0; z < f->n; z++) {
+    int sum, p = act_product(m, f, z, &sum);
+    if (p < 0) continue;
+    int place = f->nodes[p].accum ? f->nodes[p].accum_into : p;
+    f->nodes[p].act = f->nodes[z].op;
+    f->nodes[place].folded = true;
+    if (sum >= 0) f->nodes[sum].same = f->nodes[sum].folded = true, f->nodes[sum].view = place;
+    f->nodes[z].same = true, f->nodes[z].view = place;
   }
 }
 
@@ -246,7 +302,7 @@ static int push_buffer(Model *m) {
  * matrix of the children's rows, interleaved) */
 static void place_merges(Model *m, IrFunc *f, FPlan *fp) {
   int *mto = arena_alloc(sizeof(int) * (size_t)(f->nmerges + 1));
-  plan_accum(f, mto);
+  plan_accum(m, f, mto);
   /* a stacked product's output: the children's side by side; a merge that adds into
      another, that one's */
   fp->stacked = false;
@@ -351,7 +407,7 @@ static void place_values(Model *m, IrFunc *f, const FPlan *fp) {
     if (x->uses == 0 && x->type != T_NONE) continue;
     if (x->val.kind != PL_NONE || (x->accum && x->mm < 0)) continue;
     if (x->same) { /* (at a's place: a is placed, or a view of what precedes it) */
-      x->val = f->nodes[same_operand(f, i)].val;
+      x->val = f->nodes[x->view].val;
       continue;
     }
     switch (x->op) {
@@ -531,7 +587,8 @@ static void plan_units(Model *m, IrFunc *f) {
     prod[i] = x->unit;
     if (x->unit < 0 && x->op == OP_SLICE) prod[i] = prod[x->args[0]];
     /* (a view of a's place is complete when the product that adds into it has run) */
-    if (x->same) prod[i] = prod[f->nodes[x->args[0]].accum ? x->args[0] : x->args[1]];
+    if (x->same && x->op == OP_ADD) prod[i] = prod[f->nodes[x->args[0]].accum ? x->args[0] : x->args[1]];
+    else if (x->same) prod[i] = prod[x->args[0]]; /* (an activation: its product's, or its add's) */
   }
   bool *done = arena_alloc(sizeof(bool) * (size_t)(nraw + 1));
   for (int k = 0; k < nraw; k++)
@@ -955,12 +1012,13 @@ void report(FILE *out, const Model *m) {
       if (x->group >= 0) snprintf(grp, sizeof grp, "g%d", x->group);
       else if (x->op == OP_MATMUL && x->mm >= 0) snprintf(grp, sizeof grp, "mm%d", x->mm);
       /* (a view of another value's place: = that value) */
-      if (x->same) snprintf(grp, sizeof grp, "=%%%d", same_operand(f, i));
+      if (x->same) snprintf(grp, sizeof grp, "=%%%d", x->view);
       /* (a product added into another value's place: += that value) */
       if (x->accum)
         snprintf(grp + (x->mm >= 0 ? strlen(grp) : 0), sizeof grp - (x->mm >= 0 ? strlen(grp) : 0), "+=%%%d", x->accum_into);
       const char *opn = op_info[x->op].name;
       if (x->op == OP_MATMUL) opn = arena_printf("@ %s", f->nodes[x->args[1]].name);
+      if (x->act) opn = arena_printf("%s %s", opn, op_info[x->act].name); /* (applied as it stores) */
       fprintf(out, "  %-5d %%%-3d %-14s %-10s %-6s %-8s %s\n", x->loc.line, i, opn,
               x->name ? x->name : "", cls_name(x->cls), grp,
               x->type == T_ROW ? arena_printf("[%s]", lin_str(m, x->width, w, sizeof w)) : "");

@@ -449,30 +449,6 @@ static void moe_lm_token_bwd_eager(cavs_ctx *c, int r0, int n) {
                  PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
 }
 
-/* moe_lm_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */
-static void moe_lm_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_HF = c->dims[4];
-  const long D_FH = c->dims[5];
-  const long D_V = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[18] + (size_t)(r) * D_F;
-    R *restrict o11 = V[17] + (size_t)(r) * D_F;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      const R v10 = a9[j];
-      const R v11 = (v10 > 0 ? v10 : 0);
-      o11[j] = v11;
-    }
-  }
-}
-
 /* moe_lm_push_fwd, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void moe_lm_push_fwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -535,31 +511,21 @@ static void moe_lm_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 64  h @ Wg: [n, X] */
   cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            P[9], D_X, 0, V[21] + (size_t)(r0) * D_X, D_X);
+            P[9], D_X, 0, V[20] + (size_t)(r0) * D_X, D_X);
   /* moe_lm.vf:64  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[21] + (size_t)(0) * D_X, D_X, V[20] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[20] + (size_t)(0) * D_X, D_X, V[19] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[18] + (size_t)(0) * D_F, D_F, 0, r0, n);
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g0 forward, [n, F]: (lines 64) */
-  cavs_loop(c, moe_lm_push_fwd_g0, r0, n, D_F, CAVS_LOOP_ROWS);
-    }
-  }
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[18] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[17] + (size_t)(0) * D_F, D_F, 0, CAVS_ACT_RELU, r0, n);
   /* moe_lm.vf:64  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_lm.vf:64  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[16] + (size_t)(0) * D_H, D_H, 0, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[16] + (size_t)(0) * D_H, D_H, 0, CAVS_ACT_NONE, r0, n);
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[19] + (size_t)(0) * D_X, D_X, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g2 forward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_fwd_g2, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_lm.vf:65  dropout */
@@ -624,33 +590,6 @@ static void moe_lm_push_bwd_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
   }
 }
 
-/* moe_lm_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */
-static void moe_lm_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_HF = c->dims[4];
-  const long D_FH = c->dims[5];
-  const long D_V = c->dims[6];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_HF; (void)D_FH; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a9 = V[18] + (size_t)(r) * D_F;
-    R *restrict d9 = G[18] + (size_t)(r) * D_F;
-    const R *restrict g11_in = G[17] + (size_t)(r) * D_F;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      const R v10 = a9[j];
-      R g10 = 0;
-      R g11 = g11_in[j];
-      g10 += (v10 > 0 ? g11 : 0);
-      d9[j] = g10;  /* this loop alone writes it */
-    }
-  }
-}
-
 /* push block, backward: the rows of the types that push (where a loss has a target) */
 static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   const long D_E = c->dims[0];
@@ -676,39 +615,29 @@ static void moe_lm_push_bwd(cavs_ctx *c, int r0, int n) {
   /* group g2 backward, [n, H]: (lines 65) */
   cavs_loop(c, moe_lm_push_bwd_g2, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_lm.vf:64  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[20] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
-                 G[16] + (size_t)(0) * D_H, D_H, 1, G[20] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[16] + (size_t)(0) * D_H, D_H, V[19] + (size_t)(0) * D_X, D_X, G[15] + (size_t)(0) * D_H, D_H,
+                 G[16] + (size_t)(0) * D_H, D_H, 1, G[19] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_lm.vf:64  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[17] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, PG[13], D_H, r0, n);
+               G[16] + (size_t)(0) * D_H, D_H, G[17] + (size_t)(0) * D_F, D_F, 1, CAVS_ACT_RELU, PG[11], D_FH, PG[13], D_H, r0, n);
   /* moe_lm.vf:64  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g0 backward, [n, F]: (lines 64) */
-  cavs_loop(c, moe_lm_push_bwd_g0, r0, n, D_F, CAVS_LOOP_ROWS);
-    }
-  }
   /* moe_lm.vf:64  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[19] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[18] + (size_t)(0) * D_F, D_F, G[19] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, PG[12], D_F, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[18] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[17] + (size_t)(0) * D_F, D_F, G[18] + (size_t)(0) * D_H, D_H, 1, CAVS_ACT_NONE, PG[10], D_HF, PG[12], D_F, r0, n);
   /* moe_lm.vf:64  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   /* moe_lm.vf:63  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[19] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), G[18] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_lm.vf:64  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[21] + (size_t)(0) * D_X, D_X, V[20] + (size_t)(0) * D_X, D_X,
-                G[20] + (size_t)(0) * D_X, D_X, G[21] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[20] + (size_t)(0) * D_X, D_X, V[19] + (size_t)(0) * D_X, D_X,
+                G[19] + (size_t)(0) * D_X, D_X, G[20] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 64  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[21] + (size_t)(r0) * D_X, D_X,
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[20] + (size_t)(r0) * D_X, D_X,
             P[9], D_X, 1, G[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H));
   /* line 64  dW += h^T d(h @ Wg), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[0] + (size_t)(r0) * (2*D_H) + D_H, (2*D_H),
-            G[21] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+            G[20] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
   /* line 65  dW += %20^T d(%20 @ Wout), over all rows */
   cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_V, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[14] + (size_t)(r0) * D_H : V[13] + (size_t)(r0) * D_H), D_H,
             G[12] + (size_t)(r0) * D_V, D_V, 1, PG[14], D_V);
@@ -789,7 +718,6 @@ static const cavs_buf_desc bufs[] = {
   {"push_t18", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
   {"push_m", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
   {"push_t15", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
-  {"push_t11", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t9", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t6", {0, {0, 2}}, CAVS_GRAD_WHOLE, -2, 0, 0},
   {"push_t4", {0, {0, 0, 0, 1}}, CAVS_GRAD, -2, 0, 0},
@@ -912,7 +840,7 @@ const cavs_desc moe_lm_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 22, .bufs = bufs,
+  .nbufs = 21, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
   .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 1,
   .nvertex = 1, .vertex = vertex,

@@ -68,7 +68,7 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[14] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[13] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_tree_tree_fwd_path, group g0 forward at the others: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
@@ -87,7 +87,7 @@ static void moe_tree_tree_fwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a3 = V[5] + (size_t)(r) * (4*D_H) + D_H;
     const R *restrict a6 = V[5] + (size_t)(r) * (4*D_H) + (3*D_H);
-    R *restrict o7 = V[15] + (size_t)(r) * D_H;
+    R *restrict o7 = V[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v7 = a3[j] + a6[j];  /* hs */
@@ -116,13 +116,13 @@ CAVS_INLINE void moe_tree_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int 
     const R *restrict a33 = P[7];
     const R *restrict a37 = V[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     const R *restrict a41 = P[8];
-    R *restrict k15 = V[16] + (size_t)(r) * D_H;
-    R *restrict k35 = V[19] + (size_t)(r) * D_H;
-    R *restrict k43 = V[20] + (size_t)(r) * D_H;
+    R *restrict k15 = V[15] + (size_t)(r) * D_H;
+    R *restrict k35 = V[18] + (size_t)(r) * D_H;
+    R *restrict k43 = V[19] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h48 = (R *)c->home_val[0][r];
-    R *restrict k49 = V[21] + (size_t)(r) * D_H;
-    R *restrict o50 = V[13] + (size_t)(r) * D_H;
+    R *restrict k49 = V[20] + (size_t)(r) * D_H;
+    R *restrict o50 = V[12] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -171,7 +171,7 @@ CAVS_INLINE void moe_tree_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long
   for (int r = r0; r < r0 + n; r++) {
     const R *restrict a9 = V[3] + (size_t)(r) * (3*D_H);
     const R *restrict a13 = P[5];
-    const R *restrict a17 = V[14] + (size_t)(r) * D_H;
+    const R *restrict a17 = V[13] + (size_t)(r) * D_H;
     const R *restrict a19 = V[4] + (size_t)(r) * (2*D_H);
     const R *restrict a21 = P[6];
     const R *restrict a24 = V[4] + (size_t)(r) * (2*D_H) + D_H;
@@ -181,15 +181,15 @@ CAVS_INLINE void moe_tree_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long
     const R *restrict a41 = P[8];
     const R *restrict a2 = V[5] + (size_t)(r) * (4*D_H);
     const R *restrict a5 = V[5] + (size_t)(r) * (4*D_H) + (2*D_H);
-    R *restrict k15 = V[16] + (size_t)(r) * D_H;
-    R *restrict k23 = V[17] + (size_t)(r) * D_H;
-    R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    R *restrict k35 = V[19] + (size_t)(r) * D_H;
-    R *restrict k43 = V[20] + (size_t)(r) * D_H;
+    R *restrict k15 = V[15] + (size_t)(r) * D_H;
+    R *restrict k23 = V[16] + (size_t)(r) * D_H;
+    R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    R *restrict k35 = V[18] + (size_t)(r) * D_H;
+    R *restrict k43 = V[19] + (size_t)(r) * D_H;
     R *restrict o48 = V[0] + (size_t)(r) * (2*D_H);
     R *restrict h48 = (R *)c->home_val[0][r];
-    R *restrict k49 = V[21] + (size_t)(r) * D_H;
-    R *restrict o50 = V[13] + (size_t)(r) * D_H;
+    R *restrict k49 = V[20] + (size_t)(r) * D_H;
+    R *restrict o50 = V[12] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -232,31 +232,6 @@ static void moe_tree_tree_fwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   else moe_tree_tree_fwd_path_g1_body(c, r0, n, j0, j1, 0); /* inference: nothing kept */
 }
 
-/* moe_tree_tree_fwd_path, group g2 forward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */
-static void moe_tree_tree_fwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_HF = c->dims[5];
-  const long D_FH = c->dims[6];
-  const long D_V = c->dims[7];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a59 = V[9] + (size_t)(r) * D_F;
-    R *restrict o61 = V[8] + (size_t)(r) * D_F;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      const R v60 = a59[j];
-      const R v61 = (v60 > 0 ? v60 : 0);
-      o61[j] = v61;
-    }
-  }
-}
-
 /* moe_tree_tree_fwd_path, group g4 forward: rows [r0, r0 + n), columns [j0, j1) of [n, H] */
 static void moe_tree_tree_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long j1) {
   const long D_E = c->dims[0];
@@ -271,7 +246,7 @@ static void moe_tree_tree_fwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a50 = V[13] + (size_t)(r) * D_H;
+    const R *restrict a50 = V[12] + (size_t)(r) * D_H;
     const R *restrict a67 = V[6] + (size_t)(r) * D_H;
     R *restrict o68 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h68 = (R *)c->home_val[0][r] + D_H;
@@ -304,7 +279,7 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   /* group g0 forward, [n, H]: hs (lines 41) */
   cavs_loop(c, moe_tree_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -313,32 +288,22 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_loop(c, moe_tree_tree_fwd_path_g1_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
   cavs_loop(c, moe_tree_tree_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* line 48  h @ Wg: [n, X] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[13] + (size_t)(r0) * D_H, D_H,
-            P[9], D_X, 0, V[12] + (size_t)(r0) * D_X, D_X);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[12] + (size_t)(r0) * D_H, D_H,
+            P[9], D_X, 0, V[11] + (size_t)(r0) * D_X, D_X);
   /* moe_tree.vf:48  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[12] + (size_t)(0) * D_X, D_X, V[11] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[11] + (size_t)(0) * D_X, D_X, V[10] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[13] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[12] + (size_t)(0) * D_H, D_H, V[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[9] + (size_t)(0) * D_F, D_F, 0, r0, n);
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g2 forward, [n, F]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_fwd_path_g2, r0, n, D_F, CAVS_LOOP_ROWS);
-    }
-  }
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[9] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[8] + (size_t)(0) * D_F, D_F, 0, CAVS_ACT_RELU, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, 0, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, 0, CAVS_ACT_NONE, r0, n);
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[11] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, H]: (lines 49) */
   cavs_loop(c, moe_tree_tree_fwd_path_g4, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:49  concat */
@@ -358,7 +323,7 @@ static void moe_tree_tree_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long 
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d50 = G[13] + (size_t)(r) * D_H;
+    R *restrict d50 = G[12] + (size_t)(r) * D_H;
     R *restrict d67 = G[6] + (size_t)(r) * D_H;
     const R *restrict g68_in = G[0] + (size_t)(r) * (2*D_H) + D_H;
     const R *restrict hg68 = (R *)c->home_grad[0][r] + D_H;
@@ -367,34 +332,6 @@ static void moe_tree_tree_bwd_path_g4(cavs_ctx *c, int r0, int n, long j0, long 
       R g68 = g68_in[j] + hg68[j];  /* and what the parents left at home */
       d50[j] += g68;
       d67[j] += g68;
-    }
-  }
-}
-
-/* moe_tree_tree_bwd_path, group g2 backward: rows [r0, r0 + n), columns [j0, j1) of [n, F] */
-static void moe_tree_tree_bwd_path_g2(cavs_ctx *c, int r0, int n, long j0, long j1) {
-  const long D_E = c->dims[0];
-  const long D_H = c->dims[1];
-  const long D_F = c->dims[2];
-  const long D_X = c->dims[3];
-  const long D_C = c->dims[4];
-  const long D_HF = c->dims[5];
-  const long D_FH = c->dims[6];
-  const long D_V = c->dims[7];
-  R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
-  R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a59 = V[9] + (size_t)(r) * D_F;
-    R *restrict d59 = G[9] + (size_t)(r) * D_F;
-    const R *restrict g61_in = G[8] + (size_t)(r) * D_F;
-    CAVS_IVDEP
-    for (long j = j0; j < j1; j++) {
-      const R v60 = a59[j];
-      R g60 = 0;
-      R g61 = g61_in[j];
-      g60 += (v60 > 0 ? g61 : 0);
-      d59[j] = g60;  /* this loop alone writes it */
     }
   }
 }
@@ -419,13 +356,13 @@ static void moe_tree_tree_bwd_path_g1_leaves(cavs_ctx *c, int r0, int n, long j0
     R *restrict d33 = PG[7];
     R *restrict d37 = G[3] + (size_t)(r) * (3*D_H) + (2*D_H);
     R *restrict d41 = PG[8];
-    const R *restrict k15 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k43 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k15 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[19] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg48 = (R *)c->home_grad[0][r];
-    const R *restrict k49 = V[21] + (size_t)(r) * D_H;
-    const R *restrict g50_in = G[13] + (size_t)(r) * D_H;
+    const R *restrict k49 = V[20] + (size_t)(r) * D_H;
+    const R *restrict g50_in = G[12] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -503,7 +440,7 @@ static void moe_tree_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d9 = G[3] + (size_t)(r) * (3*D_H);
     R *restrict d13 = PG[5];
-    R *restrict d17 = G[14] + (size_t)(r) * D_H;
+    R *restrict d17 = G[13] + (size_t)(r) * D_H;
     R *restrict d19 = G[4] + (size_t)(r) * (2*D_H);
     R *restrict d21 = PG[6];
     R *restrict d24 = G[4] + (size_t)(r) * (2*D_H) + D_H;
@@ -515,15 +452,15 @@ static void moe_tree_tree_bwd_path_g1(cavs_ctx *c, int r0, int n, long j0, long 
     R *restrict d2 = G[5] + (size_t)(r) * (4*D_H);
     const R *restrict a5 = V[5] + (size_t)(r) * (4*D_H) + (2*D_H);
     R *restrict d5 = G[5] + (size_t)(r) * (4*D_H) + (2*D_H);
-    const R *restrict k15 = V[16] + (size_t)(r) * D_H;
-    const R *restrict k23 = V[17] + (size_t)(r) * D_H;
-    const R *restrict k27 = V[18] + (size_t)(r) * D_H;
-    const R *restrict k35 = V[19] + (size_t)(r) * D_H;
-    const R *restrict k43 = V[20] + (size_t)(r) * D_H;
+    const R *restrict k15 = V[15] + (size_t)(r) * D_H;
+    const R *restrict k23 = V[16] + (size_t)(r) * D_H;
+    const R *restrict k27 = V[17] + (size_t)(r) * D_H;
+    const R *restrict k35 = V[18] + (size_t)(r) * D_H;
+    const R *restrict k43 = V[19] + (size_t)(r) * D_H;
     const R *restrict g48_in = G[0] + (size_t)(r) * (2*D_H);
     const R *restrict hg48 = (R *)c->home_grad[0][r];
-    const R *restrict k49 = V[21] + (size_t)(r) * D_H;
-    const R *restrict g50_in = G[13] + (size_t)(r) * D_H;
+    const R *restrict k49 = V[20] + (size_t)(r) * D_H;
+    const R *restrict g50_in = G[12] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v15 = k15[j];  /* i */
@@ -609,7 +546,7 @@ static void moe_tree_tree_bwd_path_g0(cavs_ctx *c, int r0, int n, long j0, long 
   for (int r = r0; r < r0 + n; r++) {
     R *restrict d3 = G[5] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict d6 = G[5] + (size_t)(r) * (4*D_H) + (3*D_H);
-    const R *restrict g7_in = G[15] + (size_t)(r) * D_H;
+    const R *restrict g7_in = G[14] + (size_t)(r) * D_H;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g7 = g7_in[j];
@@ -636,36 +573,26 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
   /* group g4 backward, [n, H]: (lines 49) */
   cavs_loop(c, moe_tree_tree_bwd_path_g4, r0, n, D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[11] + (size_t)(0) * D_X, D_X, G[6] + (size_t)(0) * D_H, D_H,
-                 G[7] + (size_t)(0) * D_H, D_H, 1, G[11] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_X, D_X, G[6] + (size_t)(0) * D_H, D_H,
+                 G[7] + (size_t)(0) * D_H, D_H, 1, G[10] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, PG[13], D_H, r0, n);
+               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, CAVS_ACT_RELU, PG[11], D_FH, PG[13], D_H, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g2 backward, [n, F]: (lines 48) */
-  cavs_loop(c, moe_tree_tree_bwd_path_g2, r0, n, D_F, CAVS_LOOP_ROWS);
-    }
-  }
   /* moe_tree.vf:48  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[9] + (size_t)(0) * D_F, D_F, G[10] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, PG[12], D_F, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[9] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[8] + (size_t)(0) * D_F, D_F, G[9] + (size_t)(0) * D_H, D_H, 1, CAVS_ACT_NONE, PG[10], D_HF, PG[12], D_F, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[13] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[12] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[12] + (size_t)(0) * D_X, D_X, V[11] + (size_t)(0) * D_X, D_X,
-                G[11] + (size_t)(0) * D_X, D_X, G[12] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[11] + (size_t)(0) * D_X, D_X, V[10] + (size_t)(0) * D_X, D_X,
+                G[10] + (size_t)(0) * D_X, D_X, G[11] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 48  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[12] + (size_t)(r0) * D_X, D_X,
-            P[9], D_X, 1, G[13] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[11] + (size_t)(r0) * D_X, D_X,
+            P[9], D_X, 1, G[12] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   cavs_loop(c, moe_tree_tree_bwd_path_g1_leaves, r0, c->leaf_rows, D_H, 0);
   cavs_loop(c, moe_tree_tree_bwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, 0);
@@ -674,7 +601,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 42  dhs = d(hs @ [Ui|Uo|Uu]) W^T, rows with children (the first to write it) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[15] + (size_t)(0) * D_H, D_H);
+                 P[1], (3*D_H), G[14] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 41) */
   cavs_loop(c, moe_tree_tree_bwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
   /* moe_tree.vf:40  s = gather */
@@ -698,7 +625,7 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  G[14] + (size_t)(0) * D_H, D_H, P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
+                  G[13] + (size_t)(0) * D_H, D_H, P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   G[3] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
@@ -706,17 +633,17 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[3], D_H, G[14] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[3], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 48  dW += h^T d(h @ Wg), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[13] + (size_t)(r0) * D_H, D_H,
-            G[12] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[12] + (size_t)(r0) * D_H, D_H,
+            G[11] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
 }
 
 /* moe_tree_push_fwd, group g0 forward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -733,9 +660,9 @@ static void moe_tree_push_fwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    const R *restrict a4 = V[23] + (size_t)(r) * D_C;
+    const R *restrict a4 = V[22] + (size_t)(r) * D_C;
     const R *restrict a5 = P[15];
-    R *restrict o6 = V[22] + (size_t)(r) * D_C;
+    R *restrict o6 = V[21] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v6 = a4[j] + a5[j];  /* logits */
@@ -759,14 +686,14 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_tree.vf:54  dropout */
   if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
-    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[24] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 54  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
-            P[14], D_C, 0, V[23] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
+            P[14], D_C, 0, V[22] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 54) */
   cavs_loop(c, moe_tree_push_fwd_g0, r0, n, D_C, CAVS_LOOP_ROWS);
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_fwd(c, 0, V[22] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[21] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* moe_tree_push_bwd, group g0 backward: rows [r0, r0 + n), columns [j0, j1) of [n, C] */
@@ -783,9 +710,9 @@ static void moe_tree_push_bwd_g0(cavs_ctx *c, int r0, int n, long j0, long j1) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   for (int r = r0; r < r0 + n; r++) {
-    R *restrict d4 = G[23] + (size_t)(r) * D_C;
+    R *restrict d4 = G[22] + (size_t)(r) * D_C;
     R *restrict d5 = PG[15];
-    const R *restrict g6_in = G[22] + (size_t)(r) * D_C;
+    const R *restrict g6_in = G[21] + (size_t)(r) * D_C;
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       R g6 = g6_in[j];
@@ -809,18 +736,18 @@ static void moe_tree_push_bwd(cavs_ctx *c, int r0, int n) {
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_bwd(c, 0, V[22] + (size_t)(0) * D_C, D_C, c->iin[1], G[22] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[21] + (size_t)(0) * D_C, D_C, c->iin[1], G[21] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 54) */
   cavs_loop(c, moe_tree_push_bwd_g0, r0, n, D_C, 0);
   /* line 54  d%2 += d(%2 @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[23] + (size_t)(r0) * D_C, D_C,
-            P[14], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[22] + (size_t)(r0) * D_C, D_C,
+            P[14], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
   /* moe_tree.vf:54  dropout */
   if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
-    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[24] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[23] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
   /* line 54  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
-            G[23] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
+            G[22] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -890,7 +817,6 @@ static const cavs_buf_desc bufs[] = {
   {"tree_children", {0, {0, 4}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t65", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t56", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
@@ -933,21 +859,21 @@ static const cavs_value_desc values[] = {
   {"h_0", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"c_1", 0, 5, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h_1", 0, 5, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"hs", 0, 15, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
+  {"hs", 0, 14, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
-  {"h", 0, 13, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 12, {0, {0}}, {0, {0, 1}}, 0},
   {"m", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"logits", -2, 22, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"logits", -2, 21, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 static const cavs_alias_desc aliases[] = {
   {1, 2, {0, {0}}, 0, 0},
-  {24, 0, {0, {0, 1}}, 0, 0},
+  {23, 0, {0, {0, 1}}, 0, 0},
 };
 
 const cavs_desc moe_tree_desc = {
@@ -1018,7 +944,7 @@ const cavs_desc moe_tree_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 25, .bufs = bufs,
+  .nbufs = 24, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
   .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,

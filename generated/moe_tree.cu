@@ -68,7 +68,7 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[14] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[3], D_H, V[13] + (size_t)(0) * D_H, D_H);
 }
 
 /* moe_tree_tree_fwd_path, group g0 forward at the others: a thread per row and column of [n, H] */
@@ -210,19 +210,6 @@ static __global__ void moe_tree_tree_fwd_path_g1(int n, long D_E, long D_H, long
   o50[j] = v50;
 }
 
-/* moe_tree_tree_fwd_path, group g2 forward: a thread per row and column of [n, F] */
-static __global__ void moe_tree_tree_fwd_path_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a59_r0,
-    R *__restrict__ o61_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a59 = a59_r0 + (size_t)i * D_F;
-  R *__restrict__ o61 = o61_r0 + (size_t)i * D_F;
-  const R v60 = a59[j];
-  const R v61 = (v60 > 0 ? v60 : 0);
-  o61[j] = v61;
-}
-
 /* moe_tree_tree_fwd_path, group g4 forward: a thread per row and column of [n, H] */
 static __global__ void moe_tree_tree_fwd_path_g4(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
     const R *__restrict__ a50_r0,
@@ -264,12 +251,12 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           V[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -285,13 +272,13 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[7],
           V[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           P[8],
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
-          V[20] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H),
           c->home_val[0] + (r0),
-          V[21] + (size_t)(r0) * D_H,
-          V[13] + (size_t)(r0) * D_H);
+          V[20] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -301,7 +288,7 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           V[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           P[5],
-          V[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           P[6],
           V[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
@@ -311,59 +298,41 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
           P[8],
           V[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           V[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_val[0] + ((r0 + c->leaf_rows)),
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[13] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          V[12] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 48  h @ Wg: [n, X] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[13] + (size_t)(r0) * D_H, D_H,
-            P[9], D_X, 0, V[12] + (size_t)(r0) * D_X, D_X);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_X, D_H, 1, V[12] + (size_t)(r0) * D_H, D_H,
+            P[9], D_X, 0, V[11] + (size_t)(r0) * D_X, D_X);
   /* moe_tree.vf:48  topk */
-  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[12] + (size_t)(0) * D_X, D_X, V[11] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_fwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[11] + (size_t)(0) * D_X, D_X, V[10] + (size_t)(0) * D_X, D_X, r0, n);
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_fwd(c, 0, 2, V[13] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_fwd(c, 0, 2, V[12] + (size_t)(0) * D_H, D_H, V[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[9] + (size_t)(0) * D_F, D_F, 0, r0, n);
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g2 forward, [n, F]: (lines 48) */
-  {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[9] + (size_t)(r0) * D_F,
-          V[8] + (size_t)(r0) * D_F);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
-    }
-  }
+  cavs_emm_fwd(c, 0, 2, D_H, D_F, V[9] + (size_t)(0) * D_H, D_H, P[10], D_HF, P[12], D_F, V[8] + (size_t)(0) * D_F, D_F, 0, CAVS_ACT_RELU, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_fwd's bias) */
   /* moe_tree.vf:48  emm */
-  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, 0, r0, n);
+  cavs_emm_fwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH, P[13], D_H, V[7] + (size_t)(0) * D_H, D_H, 0, CAVS_ACT_NONE, r0, n);
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[11] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_scomb_fwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_X, D_X, V[6] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g4 forward, [n, H]: (lines 49) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_fwd_path_g4, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[13] + (size_t)(r0) * D_H,
+          V[12] + (size_t)(r0) * D_H,
           V[6] + (size_t)(r0) * D_H,
           V[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_val[0] + (r0));
@@ -388,23 +357,6 @@ static __global__ void moe_tree_tree_bwd_path_g4(int n, long D_E, long D_H, long
   R g68 = g68_in[j] + hg68[j];  /* and what the parents left at home */
   d50[j] += g68;
   d67[j] += g68;
-}
-
-/* moe_tree_tree_bwd_path, group g2 backward: a thread per row and column of [n, F] */
-static __global__ void moe_tree_tree_bwd_path_g2(int n, long D_E, long D_H, long D_F, long D_X, long D_C, long D_HF, long D_FH, long D_V,
-    const R *__restrict__ a59_r0,
-    R *__restrict__ d59_r0,
-    const R *__restrict__ g61_in_r0) {
-  long i, j; /* the row among the stage's, the column */
-  if (!cavs_cuda_cell(blockIdx.x, blockDim.x, threadIdx.x, n, D_F, &i, &j)) return;
-  const R *__restrict__ a59 = a59_r0 + (size_t)i * D_F;
-  R *__restrict__ d59 = d59_r0 + (size_t)i * D_F;
-  const R *__restrict__ g61_in = g61_in_r0 + (size_t)i * D_F;
-  const R v60 = a59[j];
-  R g60 = 0;
-  R g61 = g61_in[j];
-  g60 += (v60 > 0 ? g61 : 0);
-  d59[j] = g60;  /* this loop alone writes it */
 }
 
 /* moe_tree_tree_bwd_path, group g1 backward at the vertices without children: a thread per row and column of [n, H] */
@@ -636,7 +588,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     const uint32_t blocks = cavs_cuda_blocks(n, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g4, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[13] + (size_t)(r0) * D_H,
+          G[12] + (size_t)(r0) * D_H,
           G[6] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H) + D_H,
           c->home_grad[0] + (r0));
@@ -644,45 +596,26 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
     }
   }
   /* moe_tree.vf:48  m = scomb */
-  cavs_scomb_bwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[11] + (size_t)(0) * D_X, D_X, G[6] + (size_t)(0) * D_H, D_H,
-                 G[7] + (size_t)(0) * D_H, D_H, 1, G[11] + (size_t)(0) * D_X, D_X, D_H, r0, n);
+  cavs_scomb_bwd(c, 0, 2, D_X, V[7] + (size_t)(0) * D_H, D_H, V[10] + (size_t)(0) * D_X, D_X, G[6] + (size_t)(0) * D_H, D_H,
+                 G[7] + (size_t)(0) * D_H, D_H, 1, G[10] + (size_t)(0) * D_X, D_X, D_H, r0, n);
   /* moe_tree.vf:48  emm */
   cavs_emm_bwd(c, 0, 2, D_F, D_H, V[8] + (size_t)(0) * D_F, D_F, P[11], D_FH,
-               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, PG[11], D_FH, PG[13], D_H, r0, n);
+               G[7] + (size_t)(0) * D_H, D_H, G[8] + (size_t)(0) * D_F, D_F, 1, CAVS_ACT_RELU, PG[11], D_FH, PG[13], D_H, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
-  { /* on the 2 slots of each of rows [r0, r0 + n): they are rows [r0, r0 + n) of the slot values here */
-    int s0_, sn_;
-    cavs_slots(c, 0, 2, r0, n, &s0_, &sn_);
-    {
-      const int r0 = s0_, n = sn_;
-      (void)r0; (void)n;
-  /* group g2 backward, [n, F]: (lines 48) */
-  {
-    const uint32_t blocks = cavs_cuda_blocks(n, D_F, CAVS_CUDA_BLOCK); /* 0: no rows */
-    if (blocks) {
-      CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g2, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[9] + (size_t)(r0) * D_F,
-          G[9] + (size_t)(r0) * D_F,
-          G[8] + (size_t)(r0) * D_F);
-      CAVS_CUDA_CHECK_LAUNCH(c);
-    }
-  }
-    }
-  }
   /* moe_tree.vf:48  emm */
-  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[10] + (size_t)(0) * D_H, D_H, P[10], D_HF,
-               G[9] + (size_t)(0) * D_F, D_F, G[10] + (size_t)(0) * D_H, D_H, 1, PG[10], D_HF, PG[12], D_F, r0, n);
+  cavs_emm_bwd(c, 0, 2, D_H, D_F, V[9] + (size_t)(0) * D_H, D_H, P[10], D_HF,
+               G[8] + (size_t)(0) * D_F, D_F, G[9] + (size_t)(0) * D_H, D_H, 1, CAVS_ACT_NONE, PG[10], D_HF, PG[12], D_F, r0, n);
   /* moe_tree.vf:48  erow */
   /* (summed into its expert's product: cavs_emm_bwd's dbias) */
   /* moe_tree.vf:47  sbcast */
-  cavs_sbcast_bwd(c, 0, 2, G[13] + (size_t)(0) * D_H, D_H, G[10] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+  cavs_sbcast_bwd(c, 0, 2, G[12] + (size_t)(0) * D_H, D_H, G[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* moe_tree.vf:48  topk */
-  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[12] + (size_t)(0) * D_X, D_X, V[11] + (size_t)(0) * D_X, D_X,
-                G[11] + (size_t)(0) * D_X, D_X, G[12] + (size_t)(0) * D_X, D_X, r0, n);
+  cavs_topk_bwd(c, 0, 2, D_X, c->opt[1] /* balance */, V[11] + (size_t)(0) * D_X, D_X, V[10] + (size_t)(0) * D_X, D_X,
+                G[10] + (size_t)(0) * D_X, D_X, G[11] + (size_t)(0) * D_X, D_X, r0, n);
   /* line 48  dh += d(h @ Wg) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[12] + (size_t)(r0) * D_X, D_X,
-            P[9], D_X, 1, G[13] + (size_t)(r0) * D_H, D_H);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_X, 1, G[11] + (size_t)(r0) * D_X, D_X,
+            P[9], D_X, 1, G[12] + (size_t)(r0) * D_H, D_H);
   /* group g1 backward, [n, H]: i f_0 f_1 o u c h (lines 42 43 44 45 46 47) */
   {
     const uint32_t blocks = cavs_cuda_blocks(c->leaf_rows, D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -694,13 +627,13 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           PG[7],
           G[3] + (size_t)(r0) * (3*D_H) + (2*D_H),
           PG[8],
-          V[16] + (size_t)(r0) * D_H,
+          V[15] + (size_t)(r0) * D_H,
+          V[18] + (size_t)(r0) * D_H,
           V[19] + (size_t)(r0) * D_H,
-          V[20] + (size_t)(r0) * D_H,
           G[0] + (size_t)(r0) * (2*D_H),
           c->home_grad[0] + (r0),
-          V[21] + (size_t)(r0) * D_H,
-          G[13] + (size_t)(r0) * D_H);
+          V[20] + (size_t)(r0) * D_H,
+          G[12] + (size_t)(r0) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -710,7 +643,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g1, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           G[3] + (size_t)((r0 + c->leaf_rows)) * (3*D_H),
           PG[5],
-          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[13] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           PG[6],
           G[4] + (size_t)((r0 + c->leaf_rows)) * (2*D_H) + D_H,
@@ -722,15 +655,15 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
           G[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H),
           V[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
           G[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (2*D_H),
+          V[15] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[16] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[17] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[18] + (size_t)((r0 + c->leaf_rows)) * D_H,
           V[19] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
           G[0] + (size_t)((r0 + c->leaf_rows)) * (2*D_H),
           c->home_grad[0] + ((r0 + c->leaf_rows)),
-          V[21] + (size_t)((r0 + c->leaf_rows)) * D_H,
-          G[13] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          V[20] + (size_t)((r0 + c->leaf_rows)) * D_H,
+          G[12] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -739,7 +672,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
                  P[4], D_H, G[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* line 42  dhs = d(hs @ [Ui|Uo|Uu]) W^T, rows with children (the first to write it) */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DX_SET, 3*D_H, D_H, G[3] + (size_t)(0) * (3*D_H), (3*D_H),
-                 P[1], (3*D_H), G[15] + (size_t)(0) * D_H, D_H);
+                 P[1], (3*D_H), G[14] + (size_t)(0) * D_H, D_H);
   /* group g0 backward, [n, H]: hs (lines 41) */
   {
     const uint32_t blocks = cavs_cuda_blocks((n - c->leaf_rows), D_H, CAVS_CUDA_BLOCK); /* 0: no rows */
@@ -747,7 +680,7 @@ static void moe_tree_tree_bwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_LAUNCH(moe_tree_tree_bwd_path_g0, blocks, (cudaStream_t)c->stream)((n - c->leaf_rows), D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + D_H,
           G[5] + (size_t)((r0 + c->leaf_rows)) * (4*D_H) + (3*D_H),
-          G[15] + (size_t)((r0 + c->leaf_rows)) * D_H);
+          G[14] + (size_t)((r0 + c->leaf_rows)) * D_H);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
@@ -772,7 +705,7 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* line 43  dx += d(x @ Wf) W^T, rows with a word and children */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DX, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  G[14] + (size_t)(0) * D_H, D_H, P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
+                  G[13] + (size_t)(0) * D_H, D_H, P[3], D_H, ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
   /* line 42  dx += d(x @ [Wi|Wo|Wu]) W^T, rows with a word */
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DX, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   G[3] + (size_t)(0) * (3*D_H), (3*D_H), P[0], (3*D_H), ((c->opt[0] == 0 || !c->keep) ? G[2] + (size_t)(0) * D_E : G[1] + (size_t)(0) * D_E), D_E);
@@ -780,17 +713,17 @@ static void moe_tree_tree_bwd_eager(cavs_ctx *c, int r0, int n) {
   cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_DW, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[0], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 42  dW += hs^T d(hs @ [Ui|Uo|Uu]), over all rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[15] + (size_t)(0) * D_H, D_H,
+  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_DW, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  PG[1], (3*D_H), G[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  dW += x^T d(x @ Wf), over all rows with a word and children */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_DW, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
-                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[3], D_H, G[14] + (size_t)(0) * D_H, D_H);
+                  ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, PG[3], D_H, G[13] + (size_t)(0) * D_H, D_H);
   /* line 43  dW += [h_0;h_1]^T d([h_0;h_1] @ Uf), over all rows with children */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_DW, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  PG[4], D_H, G[4] + (size_t)(0) * D_H, D_H);
   /* line 48  dW += h^T d(h @ Wg), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[13] + (size_t)(r0) * D_H, D_H,
-            G[12] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_X, n, 1, V[12] + (size_t)(r0) * D_H, D_H,
+            G[11] + (size_t)(r0) * D_X, D_X, 1, PG[9], D_X);
 }
 
 /* moe_tree_push_fwd, group g0 forward: a thread per row and column of [n, C] */
@@ -821,23 +754,23 @@ static void moe_tree_push_fwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:54  dropout */
   if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
-    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[24] + (size_t)(0) * D_H, D_H, D_H, r0, n);
+    cavs_dropout_fwd(c, 100005u, c->opt[0] /* p_drop */, V[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[23] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* line 54  %2 @ Wc: [n, C] */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
-            P[14], D_C, 0, V[23] + (size_t)(r0) * D_C, D_C);
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, n, D_C, D_H, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
+            P[14], D_C, 0, V[22] + (size_t)(r0) * D_C, D_C);
   /* group g0 forward, [n, C]: logits (lines 54) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_push_fwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          V[23] + (size_t)(r0) * D_C,
+          V[22] + (size_t)(r0) * D_C,
           P[15],
-          V[22] + (size_t)(r0) * D_C);
+          V[21] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_fwd(c, 0, V[22] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
+  cavs_xent_fwd(c, 0, V[21] + (size_t)(0) * D_C, D_C, c->iin[1], r0, n, D_C);
 }
 
 /* moe_tree_push_bwd, group g0 backward: a thread per row and column of [n, C] */
@@ -868,27 +801,27 @@ static void moe_tree_push_bwd(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* moe_tree.vf:55  softmax_xent */
-  cavs_xent_bwd(c, 0, V[22] + (size_t)(0) * D_C, D_C, c->iin[1], G[22] + (size_t)(0) * D_C, D_C, r0, n, D_C);
+  cavs_xent_bwd(c, 0, V[21] + (size_t)(0) * D_C, D_C, c->iin[1], G[21] + (size_t)(0) * D_C, D_C, r0, n, D_C);
   /* group g0 backward, [n, C]: logits (lines 54) */
   {
     const uint32_t blocks = cavs_cuda_blocks(n, D_C, CAVS_CUDA_BLOCK); /* 0: no rows */
     if (blocks) {
       CAVS_CUDA_LAUNCH(moe_tree_push_bwd_g0, blocks, (cudaStream_t)c->stream)(n, D_E, D_H, D_F, D_X, D_C, D_HF, D_FH, D_V,
-          G[23] + (size_t)(r0) * D_C,
+          G[22] + (size_t)(r0) * D_C,
           PG[15],
-          G[22] + (size_t)(r0) * D_C);
+          G[21] + (size_t)(r0) * D_C);
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
   /* line 54  d%2 += d(%2 @ Wc) W^T */
-  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[23] + (size_t)(r0) * D_C, D_C,
-            P[14], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
+  cavs_gemm(c, CAVS_NO_TRANS, CAVS_TRANS, n, D_H, D_C, 1, G[22] + (size_t)(r0) * D_C, D_C,
+            P[14], D_C, 1, ((c->opt[0] == 0 || !c->keep) ? G[0] + (size_t)(r0) * (2*D_H) + D_H : G[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H));
   /* moe_tree.vf:54  dropout */
   if (!(c->opt[0] == 0 || !c->keep)) /* else its readers read its input */
-    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[24] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
+    cavs_dropout_bwd(c, 100005u, c->opt[0] /* p_drop */, G[23] + (size_t)(0) * D_H, D_H, G[0] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), D_H, r0, n);
   /* line 54  dW += %2^T d(%2 @ Wc), over all rows */
-  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[24] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
-            G[23] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
+  cavs_gemm(c, CAVS_TRANS, CAVS_NO_TRANS, D_H, D_C, n, 1, ((c->opt[0] == 0 || !c->keep) ? V[0] + (size_t)(r0) * (2*D_H) + D_H : V[23] + (size_t)(r0) * D_H), ((c->opt[0] == 0 || !c->keep) ? (2*D_H) : D_H),
+            G[22] + (size_t)(r0) * D_C, D_C, 1, PG[14], D_C);
 }
 
 static const cavs_dim_desc dims[] = {
@@ -958,7 +891,6 @@ static const cavs_buf_desc bufs[] = {
   {"tree_children", {0, {0, 4}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_m", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"tree_t65", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
-  {"tree_t61", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t59", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t56", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_t54", {0, {0, 0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
@@ -1001,21 +933,21 @@ static const cavs_value_desc values[] = {
   {"h_0", 0, 5, {0, {0, 1}}, {0, {0, 1}}, 0},
   {"c_1", 0, 5, {0, {0, 2}}, {0, {0, 1}}, 0},
   {"h_1", 0, 5, {0, {0, 3}}, {0, {0, 1}}, 0},
-  {"hs", 0, 15, {0, {0}}, {0, {0, 1}}, 0},
-  {"i", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_0", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
-  {"f_1", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
-  {"o", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
-  {"u", 0, 20, {0, {0}}, {0, {0, 1}}, 1},
+  {"hs", 0, 14, {0, {0}}, {0, {0, 1}}, 0},
+  {"i", 0, 15, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_0", 0, 16, {0, {0}}, {0, {0, 1}}, 1},
+  {"f_1", 0, 17, {0, {0}}, {0, {0, 1}}, 1},
+  {"o", 0, 18, {0, {0}}, {0, {0, 1}}, 1},
+  {"u", 0, 19, {0, {0}}, {0, {0, 1}}, 1},
   {"c", 0, 0, {0, {0}}, {0, {0, 1}}, 0},
-  {"h", 0, 13, {0, {0}}, {0, {0, 1}}, 0},
+  {"h", 0, 12, {0, {0}}, {0, {0, 1}}, 0},
   {"m", 0, 6, {0, {0}}, {0, {0, 1}}, 0},
   {"h", -2, 0, {0, {0, 1}}, {0, {0, 1}}, 0},
-  {"logits", -2, 22, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
+  {"logits", -2, 21, {0, {0}}, {0, {0, 0, 0, 0, 1}}, 0},
 };
 static const cavs_alias_desc aliases[] = {
   {1, 2, {0, {0}}, 0, 0},
-  {24, 0, {0, {0, 1}}, 0, 0},
+  {23, 0, {0, {0, 1}}, 0, 0},
 };
 
 const cavs_desc moe_tree_desc = {
@@ -1086,7 +1018,7 @@ const cavs_desc moe_tree_desc = {
   .ninputs = 2, .nint = 2, .nreal = 0, .inputs = inputs,
   .nparams = 20, .params = params,
   .npgroups = 16, .pgroups = pgroups,
-  .nbufs = 25, .bufs = bufs,
+  .nbufs = 24, .bufs = bufs,
   .state_buf = 0, .push_buf = 0,
   .push_off = {0, {0, 1}}, .push_width = {0, {0, 1}}, .push_routes = 0,
   .nvertex = 1, .vertex = vertex,

@@ -3,6 +3,7 @@
 #include "cv.h"
 #include "cavs_paths.h"
 #include "forms.h"
+#include "moe.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -169,9 +170,31 @@ void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
     BE(c)->gemms(c, g, n);
     return;
   }
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
     BE(c)->gemm(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].lda, g[i].b, g[i].ldb, g[i].beta,
                 g[i].c, g[i].ldc);
+    cv_gemm_act(c, &g[i]);
+  }
+}
+
+#define GEMM_ACT(R, S)                                                                                                 \
+  static void gemm_act_##S(const cv_gemm *g) {                                                                       \
+    for (int i = 0; i < g->m; i++) {                                                                                 \
+      R *cr = (R *)g->c + (size_t)i * (size_t)g->ldc;                                                                \
+      if (g->grad) {                                                                                                 \
+        const R *yr = (const R *)g->y + (size_t)i * (size_t)g->ldy;                                                  \
+        for (int j = 0; j < g->n; j++) cr[j] = cv_act_grad_##S(g->act, yr[j], cr[j]);                                \
+      } else                                                                                                         \
+        for (int j = 0; j < g->n; j++) cr[j] = cv_act_##S(g->act, cr[j]);                                            \
+    }                                                                                                                \
+  }
+GEMM_ACT(float, f)
+GEMM_ACT(double, d)
+
+void cv_gemm_act(cavs_ctx *c, const cv_gemm *g) {
+  if (g->act == CAVS_ACT_NONE) return;
+  if (c->desc->precision == CAVS_DOUBLE) gemm_act_d(g);
+  else gemm_act_f(g);
 }
 
 /* mv and mm through the backend's own gemm, for a backend without kernels of its own

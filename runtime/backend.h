@@ -202,9 +202,19 @@ typedef struct cv_gemm {
   const void *a, *b;
   void *c;
   long lda, ldb, ldc;
+  /* then, with act (CAVS_ACT_*), C = act(C), or with grad C = act's input's gradient
+     from C, its output's, and y [m, n], its output (moe.h's cv_act, cv_act_grad): an
+     expert's activation on its rows while they are in the cache (cv_gemm_act) */
+  int act;
+  bool grad;
+  const void *y;
+  long ldy;
 } cv_gemm;
-/* the products of g[0..n), through the backend's gemms or one by one */
+/* the products of g[0..n), through the backend's gemms or one by one, each with its
+   activation (host memory: the backends with gemms or none) */
 void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n);
+/* g's activation on its C (host memory; nothing without act) */
+void cv_gemm_act(cavs_ctx *c, const cv_gemm *g);
 
 /* A mixture of experts' kernels over a stage's rows r0..r0+n-1 and their K slots each,
  * given the route's arrays (cv.h's struct cv_route; host memory). topk_fwd also fills
@@ -230,15 +240,22 @@ typedef struct cv_moe_ops {
   void (*scomb_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, const void *v, long ldv, const void *wt, long ldw,
                     const void *dy, long lddy, void *dv, long lddv, bool dv_set, void *dw, long lddw, long w, int r0,
                     int n);
+  /* forward, y = act(y) at the slots of rows [r0, r0 + n); backward, d = the gradient of
+     act's input from d, its output's, and y, its output (moe.h's cv_act, cv_act_grad):
+     cavs_emm_*'s act where the products ran without it (expert parallelism's rounds) */
+  void (*act)(cavs_ctx *c, const struct cv_route *rt, int K, int act, void *y, long ldy, void *d, long ldd, long w,
+              int r0, int n, bool bwd);
   /* optional (NULL on the cpu): the products over the experts' slots [s0, s0 + sn) as
      one grouped operation, each slot's expert read where the backend keeps it: forward
-     y (= or +=) x W_e, or y = bias_e + x W_e; backward dx (= or +=) dy W_e^T, dW_e +=
-     x^T dy and dbias_e += dy (each may be NULL); cavs_emm_*'s (cavs_abi.h) */
+     y (= or +=) x W_e, or y = bias_e + x W_e, then act; backward dx (= or +=) dy W_e^T
+     (with dx_act, times its derivative at x), dW_e += x^T dy and dbias_e += dy (each may
+     be NULL); cavs_emm_*'s (cavs_abi.h) */
   void (*emm_fwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
-                  const void *t, long ldt, const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn);
+                  const void *t, long ldt, const void *bias, long ldb, void *y, long ldy, bool add, int act, long s0,
+                  long sn);
   void (*emm_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
-                  const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt,
-                  long lddt, void *dbias, long lddb, long s0, long sn);
+                  const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, int dx_act,
+                  void *dt, long lddt, void *dbias, long lddb, long s0, long sn);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
 /* the CPU backend's threads of model m (pool.h), or NULL: one thread, or not the cpu */

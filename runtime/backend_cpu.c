@@ -463,18 +463,24 @@ static void cpu_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double al
 enum { GEMMS_MAX = 64 };
 typedef struct GemmsJob {
   GemmJob g[GEMMS_MAX];
+  const cv_gemm *src[GEMMS_MAX]; /* (each product's activation: cv_gemm_act) */
+  cavs_ctx *c;
   int n, parts;
   double flops; /* the list's */
 } GemmsJob;
 
-/* thread i runs the products that start within its share of the flops */
+/* thread i runs the products that start within its share of the flops, each followed
+   by its activation (over its rows, still in this core's cache) */
 static void gemms_part(void *arg, int i) {
   GemmsJob *j = arg;
   double run = 0;
   for (int q = 0; q < j->n; q++) {
     const GemmJob *x = &j->g[q];
     int t = (int)(run * j->parts / j->flops);
-    if ((t < j->parts ? t : j->parts - 1) == i) gemm_part(&j->g[q], 0);
+    if ((t < j->parts ? t : j->parts - 1) == i) {
+      gemm_part(&j->g[q], 0);
+      cv_gemm_act(j->c, j->src[q]);
+    }
     run += 2.0 * x->m * x->n * x->k;
   }
 }
@@ -492,10 +498,11 @@ static void cpu_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
   for (int i = 0; i < n; i++) {
     alone[i] = !pool || total < 1e6 || flops_of(&g[i]) > total / parts / 4 ||
                !gemm_general(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].beta);
-    if (alone[i])
+    if (alone[i]) {
       cpu_gemm(c, g[i].ta, g[i].tb, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a, g[i].lda, g[i].b, g[i].ldb, g[i].beta,
                g[i].c, g[i].ldc);
-    else
+      cv_gemm_act(c, &g[i]);
+    } else
       together++;
   }
   if (!together) return;
@@ -504,13 +511,14 @@ static void cpu_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
   int q = 0;
   for (int i = 0; i < n; i++) {
     if (alone[i]) continue;
+    j.src[q] = &g[i];
     j.g[q++] = gemm_job(c, g[i].ta == CAVS_TRANS ? CblasTrans : CblasNoTrans,
                         g[i].tb == CAVS_TRANS ? CblasTrans : CblasNoTrans, g[i].m, g[i].n, g[i].k, g[i].alpha, g[i].a,
                         g[i].lda, g[i].b, g[i].ldb, g[i].beta, g[i].c, g[i].ldc, 1);
     left += flops_of(&g[i]);
     LAUNCH(c, 1);
   }
-  j.n = q, j.parts = parts, j.flops = left;
+  j.n = q, j.parts = parts, j.flops = left, j.c = c;
   cv_pool_run(pool, gemms_part, &j, parts);
   cavs_backend_stats *st = &c->model->stats;
   st->gemm_seconds += cv_now() - t0;

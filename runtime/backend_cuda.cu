@@ -1837,10 +1837,13 @@ template <typename R> __device__ void tile_fma(const Tile<R> *t, R acc[4][4]) {
    over the range's slots s, e = sexp[s], p < Kd; B_e(p, j) = t[e ldt + p N + j], or with
    tb t[e ldt + j Kd + p] (the forward product x W_e with W_e [A, B]: N = B, Kd = A; dx =
    dy W_e^T: tb, N = A, Kd = B). The bias row read at the store is the one erow_fwd_k
-   wrote before the product added, so the same bits in one launch, not two. */
+   wrote before the product added, so the same bits in one launch, not two. With act,
+   forward stores act of that, and dx (tb) the gradient of act's input from it, act's
+   output at ya[s, j] (moe.h: the cpu's operations on the same values). */
 template <typename R, bool TB>
 __global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, long ldt, const R *bias, long ldb, R *y,
-                           long ldy, bool add, const int *sexp, long s0, long sn, long ntn) {
+                           long ldy, bool add, int act, const R *ya, long ldya, const int *sexp, long s0, long sn,
+                           long ntn) {
   __shared__ Tile<R> sh;
   long q = blockIdx.x, lo = s0 + q / ntn * EM, hi = lo + EM < s0 + sn ? lo + EM : s0 + sn, c0 = q % ntn * EN;
   int tx = threadIdx.x % ET, ty = threadIdx.x / ET;
@@ -1870,7 +1873,9 @@ __global__ void emm_rows_k(long N, long Kd, const R *x, long ldx, const R *t, lo
       if (s < a || s >= b) continue;
       for (int jj = 0; jj < 4; jj++) {
         long j = c0 + tx + ET * jj;
-        if (j < N) y[s * ldy + j] = bias ? bias[e * ldb + j] + acc[i][jj] : add ? y[s * ldy + j] + acc[i][jj] : acc[i][jj];
+        if (j >= N) continue;
+        R v = bias ? bias[e * ldb + j] + acc[i][jj] : add ? y[s * ldy + j] + acc[i][jj] : acc[i][jj];
+        y[s * ldy + j] = !act ? v : TB ? cv_act_grad(act, ya[s * ldya + j], v) : cv_act(act, v);
       }
     }
   }
@@ -1955,24 +1960,24 @@ __global__ void erow_bwd_k(R *t, long ldt, const R *y, long ldy, long w, const i
 
 template <typename R>
 static void emm_fwd_as(cavs_ctx *c, int id, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                       const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn) {
+                       const void *bias, long ldb, void *y, long ldy, bool add, int act, long s0, long sn) {
   Dev *d = dev(model(c));
   long ntn = tiles(B, EN);
   CAVS_CUDA_LAUNCH((emm_rows_k<R, false>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
-      B, A, (const R *)x, ldx, (const R *)t, ldt, (const R *)bias, ldb, (R *)y, ldy, add, d->route[id].sexp, s0, sn,
-      ntn);
+      B, A, (const R *)x, ldx, (const R *)t, ldt, (const R *)bias, ldb, (R *)y, ldy, add, act, (const R *)NULL, 0,
+      d->route[id].sexp, s0, sn, ntn);
   CKL(model(c));
 }
 template <typename R>
 static void emm_bwd_as(cavs_ctx *c, int id, int K, long X, long A, long B, const void *x, long ldx, const void *t,
-                       long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
-                       void *dbias, long lddb, long s0, long sn) {
+                       long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, int dx_act, void *dt,
+                       long lddt, void *dbias, long lddb, long s0, long sn) {
   Dev *d = dev(model(c));
   if (dx) {
     long ntn = tiles(A, EN);
     CAVS_CUDA_LAUNCH((emm_rows_k<R, true>), cavs_cuda_blocks(tiles(sn, EM) * ntn, 1, 1), on(c))(
-        A, B, (const R *)dy, lddy, (const R *)t, ldt, (const R *)NULL, 0, (R *)dx, lddx, !dx_set, d->route[id].sexp,
-        s0, sn, ntn);
+        A, B, (const R *)dy, lddy, (const R *)t, ldt, (const R *)NULL, 0, (R *)dx, lddx, !dx_set, dx_act,
+        (const R *)x, ldx, d->route[id].sexp, s0, sn, ntn);
     CKL(model(c));
   }
   if (dt) {
@@ -2140,28 +2145,54 @@ static void cuda_scomb_bwd(cavs_ctx *c, const cv_route *rt, int K, const void *v
 }
 
 static void cuda_emm_fwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
-                         long ldt, const void *bias, long ldb, void *y, long ldy, bool add, long s0, long sn) {
+                         long ldt, const void *bias, long ldb, void *y, long ldy, bool add, int act, long s0, long sn) {
   if (sn <= 0 || A <= 0 || B <= 0) return;
   model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B;
-  if (dbl(c)) emm_fwd_as<double>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, s0, sn);
-  else emm_fwd_as<float>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, s0, sn);
+  if (dbl(c)) emm_fwd_as<double>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, act, s0, sn);
+  else emm_fwd_as<float>(c, route_id(c, rt), A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add, act, s0, sn);
 }
 static void cuda_emm_bwd(cavs_ctx *c, const cv_route *rt, int K, long A, long B, const void *x, long ldx, const void *t,
-                         long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, void *dt, long lddt,
-                         void *dbias, long lddb, long s0, long sn) {
+                         long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, int dx_act, void *dt,
+                         long lddt, void *dbias, long lddb, long s0, long sn) {
   if (sn <= 0 || A <= 0 || B <= 0) return;
   model(c)->stats.gemm_flops += 2.0 * (double)sn * (double)A * (double)B * ((dx != NULL) + (dt != NULL));
   if (dbl(c))
-    emm_bwd_as<double>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
-                       dbias, lddb, s0, sn);
+    emm_bwd_as<double>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dx_act, dt,
+                       lddt, dbias, lddb, s0, sn);
   else
-    emm_bwd_as<float>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt,
-                      dbias, lddb, s0, sn);
+    emm_bwd_as<float>(c, route_id(c, rt), K, rt->nx_pass, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dx_act, dt,
+                      lddt, dbias, lddb, s0, sn);
+}
+
+/* an expert's activation over the slots, a thread a cell, where the products ran
+   without it (expert parallelism's rounds): forward y = act(y), backward d = act's
+   input's gradient from d and y (moe.h) */
+template <typename R>
+__global__ void act_k(int act, R *y, long ldy, R *d, long ldd, long w, long s0, long sn, bool bwd) {
+  long q, j;
+  if (!cell(0, sn, w, &q, &j)) return;
+  long s = s0 + q;
+  if (bwd) d[s * ldd + j] = cv_act_grad(act, y[s * ldy + j], d[s * ldd + j]);
+  else y[s * ldy + j] = cv_act(act, y[s * ldy + j]);
+}
+template <typename R>
+static void act_as(cavs_ctx *c, const cv_route *rt, int K, int act, void *y, long ldy, void *d, long ldd, long w,
+                   int r0, int n, bool bwd) {
+  long s0, sn;
+  cv_slot_range(rt, K, r0, n, &s0, &sn);
+  if (sn <= 0 || w <= 0) return;
+  CAVS_CUDA_LAUNCH(act_k<R>, blocks(sn * w), on(c))(act, (R *)y, ldy, (R *)d, ldd, w, s0, sn, bwd);
+  CKL(model(c));
+}
+static void cuda_act(cavs_ctx *c, const cv_route *rt, int K, int act, void *y, long ldy, void *d, long ldd, long w,
+                     int r0, int n, bool bwd) {
+  if (dbl(c)) act_as<double>(c, rt, K, act, y, ldy, d, ldd, w, r0, n, bwd);
+  else act_as<float>(c, rt, K, act, y, ldy, d, ldd, w, r0, n, bwd);
 }
 
 static const cv_moe_ops cuda_moe = {
-    cuda_topk_fwd, cuda_topk_bwd, cuda_sbcast,  cuda_erow,    cuda_scomb_fwd,
-    cuda_scomb_bwd, cuda_emm_fwd, cuda_emm_bwd,
+    cuda_topk_fwd,  cuda_topk_bwd, cuda_sbcast,  cuda_erow,    cuda_scomb_fwd,
+    cuda_scomb_bwd, cuda_act,      cuda_emm_fwd, cuda_emm_bwd,
 };
 
 /* What backend.c finds by name in this module. */

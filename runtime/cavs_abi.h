@@ -64,8 +64,10 @@ extern "C" {
  *    x's rows are not the table's (a dropout that drops): each distinct looked-up row
  *    may be multiplied once.
  * 21: cavs_emm_fwd's bias and cavs_emm_bwd's dbias (an expert's bias row, its erow,
- *    summed into its product where the product adds into it: one operation, not two). */
-#define CAVS_ABI_VERSION 21
+ *    summed into its product where the product adds into it: one operation, not two).
+ * 22: cavs_emm_fwd's act and cavs_emm_bwd's dx_act (CAVS_ACT_*: an activation applied
+ *    by the product as it stores, its derivative by the next product's dx). */
+#define CAVS_ABI_VERSION 22
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -605,16 +607,23 @@ void cavs_topk_bwd(cavs_ctx *c, int route, int K, long X, double balance, const 
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n);
 void cavs_sbcast_bwd(cavs_ctx *c, int route, int K, void *dx, long lddx, const void *ds, long ldds, long w, int r0,
                      int n);
+/* An activation an expert's product applies as it stores (cavs_emm_fwd's act) and the
+ * product reading its output applies the derivative of, written in that output, to the
+ * gradient it computes (cavs_emm_bwd's dx_act): a fused group of the activation alone,
+ * folded into the products (the generated loop's operations, in its order) */
+enum { CAVS_ACT_NONE, CAVS_ACT_RELU, CAVS_ACT_TANH, CAVS_ACT_SIGMOID };
 /* y = x W_e at each slot, or with add y += x W_e, or with a bias table (NULL: none) y =
  * bias_e + x W_e, bias_e its expert's row of the table [X, b] (as cavs_erow_fwd writes it
- * before a product that adds); backward dx (= with dx_set, else +=) dy W_e^T, dW_e +=
- * x^T dy and dbias_e += dy, each where not NULL, the sums over an expert's slots in slot
- * order. */
+ * before a product that adds); then, with act, y = act(y). Backward dx (= with dx_set,
+ * else +=) dy W_e^T, dW_e += x^T dy and dbias_e += dy, each where not NULL, the sums over
+ * an expert's slots in slot order; with dx_act, x is that activation's output and dx
+ * then its input's gradient: dx's slots are multiplied by its derivative at x (their
+ * own, where not dx_set, must be zero: the activation's one reader is this product). */
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  const void *bias, long ldb, void *y, long ldy, int add, int r0, int n);
+                  const void *bias, long ldb, void *y, long ldy, int add, int act, int r0, int n);
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long a, long b, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, void *dbias,
-                  long lddb, int r0, int n);
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, int dx_act, void *dt, long lddt,
+                  void *dbias, long lddb, int r0, int n);
 void cavs_erow_fwd(cavs_ctx *c, int route, int K, const void *t, long ldt, void *y, long ldy, long w, int r0, int n);
 void cavs_erow_bwd(cavs_ctx *c, int route, int K, void *dt, long lddt, const void *dy, long lddy, long w, int r0,
                    int n);

@@ -168,6 +168,22 @@ enum { MOE_AHEAD = 4 };
 MOE_KERNELS(float, f)
 MOE_KERNELS(double, d)
 
+/* an expert's activation over slots [s0, s0 + cnt): forward y = act(y), backward d =
+   its input's gradient (moe.h) */
+#define MOE_ACT_ROWS(R, S)                                                                                             \
+  static void act_rows_##S(int act, R *y, long ldy, R *d, long ldd, long w, long s0, long cnt, bool bwd) {         \
+    for (long s = s0; s < s0 + cnt; s++) {                                                                           \
+      R *yr = y + (size_t)s * (size_t)ldy;                                                                           \
+      if (bwd) {                                                                                                     \
+        R *dr = d + (size_t)s * (size_t)ldd;                                                                         \
+        for (long j = 0; j < w; j++) dr[j] = cv_act_grad_##S(act, yr[j], dr[j]);                                    \
+      } else                                                                                                         \
+        for (long j = 0; j < w; j++) yr[j] = cv_act_##S(act, yr[j]);                                                 \
+    }                                                                                                                \
+  }
+MOE_ACT_ROWS(float, f)
+MOE_ACT_ROWS(double, d)
+
 #define MOE_DBL(c) ((c)->desc->precision == CAVS_DOUBLE)
 
 /* The slot kernels over the CPU backend's pool (at 2 threads they ran on one while
@@ -178,9 +194,9 @@ MOE_KERNELS(double, d)
    backward, where an expert's slots add to its one row, is split by columns in blocks
    of 16, each column's sum in slot order. Every element is the same sum in the same
    order as on one thread. */
-enum { MOE_SBCAST, MOE_EROW, MOE_SCOMB_FWD, MOE_SCOMB_BWD };
+enum { MOE_SBCAST, MOE_EROW, MOE_SCOMB_FWD, MOE_SCOMB_BWD, MOE_ACT };
 typedef struct MoeJob {
-  int op, K, r0, n, parts;
+  int op, K, r0, n, parts, act;
   bool dbl, bwd, set;
   const struct cv_route *rt;
   void *x, *s, *dv, *dw;
@@ -191,7 +207,7 @@ typedef struct MoeJob {
 
 /* whether q runs over its slots in order (else over its rows, or erow's columns) */
 static bool by_slots(const MoeJob *q) {
-  return ((q->op == MOE_SBCAST || q->op == MOE_EROW) && !q->bwd) || q->op == MOE_SCOMB_BWD;
+  return ((q->op == MOE_SBCAST || q->op == MOE_EROW) && !q->bwd) || q->op == MOE_SCOMB_BWD || q->op == MOE_ACT;
 }
 
 static void moe_part(void *arg, int i) {
@@ -218,6 +234,10 @@ static void moe_part(void *arg, int i) {
     case MOE_EROW:
       if (q->dbl) erow_d(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, false);
       else erow_f(q->rt, q->x, q->ldx, q->s, q->lds, q->w, s0, cnt, false);
+      break;
+    case MOE_ACT:
+      if (q->dbl) act_rows_d(q->act, q->x, q->ldx, q->dv, q->lddv, q->w, s0, cnt, q->bwd);
+      else act_rows_f(q->act, q->x, q->ldx, q->dv, q->lddv, q->w, s0, cnt, q->bwd);
       break;
     default: /* MOE_SCOMB_BWD */
       if (q->dbl)
@@ -319,6 +339,13 @@ static void cpu_scomb_bwd(cavs_ctx *c, const struct cv_route *rt, int K, const v
   moe_run(c, &q);
 }
 
+static void cpu_act(cavs_ctx *c, const struct cv_route *rt, int K, int act, void *y, long ldy, void *d, long ldd,
+                    long w, int r0, int n, bool bwd) {
+  MoeJob q = {.op = MOE_ACT, .K = K, .r0 = r0, .n = n, .act = act, .bwd = bwd, .rt = rt, .x = y, .ldx = ldy, .dv = d,
+              .lddv = ldd, .w = w};
+  moe_run(c, &q);
+}
+
 const cv_moe_ops cv_moe_cpu = {
     .topk_fwd = cpu_topk_fwd,
     .topk_bwd = cpu_topk_bwd,
@@ -326,6 +353,7 @@ const cv_moe_ops cv_moe_cpu = {
     .erow = cpu_erow,
     .scomb_fwd = cpu_scomb_fwd,
     .scomb_bwd = cpu_scomb_bwd,
+    .act = cpu_act,
 };
 
 /* ---- entry points ---- */
@@ -1465,7 +1493,7 @@ void cavs_model_expert_stats(cavs_model *m, cavs_expert_stats *s, int reset) {
 enum { GEMMS_CHUNK = 64 };
 
 void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  const void *bias, long ldb, void *y, long ldy, int add, int r0, int n) {
+                  const void *bias, long ldb, void *y, long ldy, int add, int act, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
@@ -1479,15 +1507,17 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
   }
   if (c->model->ep.on) {
     ep_emm(c, EP_FWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, NULL, 0, y, ldy, !add, NULL, 0, s0, sn);
+    if (act != CAVS_ACT_NONE) o->act(c, rt, K, act, y, ldy, NULL, 0, B, r0, n, false);
     return;
   }
   if (o->emm_fwd) { /* the backend's grouped product, from its own copy of the slots */
-    o->emm_fwd(c, rt, K, A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add != 0, s0, sn);
+    o->emm_fwd(c, rt, K, A, B, x, ldx, t, ldt, bias, ldb, y, ldy, add != 0, act, s0, sn);
     c->model->route[route].products++;
     return;
   }
   /* one product per expert over its slots: none for an expert without; each writes its
-     own slots, so they go to the backend as one list (cv_gemms), GEMMS_CHUNK at a time */
+     own slots, so they go to the backend as one list (cv_gemms), GEMMS_CHUNK at a time,
+     each followed by the activation over its slots */
   cv_gemm g[GEMMS_CHUNK];
   int ng = 0;
   for (long s = s0, len; s < s0 + sn; s += len) {
@@ -1495,7 +1525,7 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
     for (len = 1; s + len < s0 + sn && rt->sexp[s + len] == ex; len++)
       ;
     g[ng++] = (cv_gemm){CAVS_NO_TRANS, CAVS_NO_TRANS, (int)len, (int)B, (int)A, 1, add ? 1 : 0,
-                        at(c, x, s, ldx), at(c, t, ex, ldt), (void *)at(c, y, s, ldy), ldx, B, ldy};
+                        at(c, x, s, ldx), at(c, t, ex, ldt), (void *)at(c, y, s, ldy), ldx, B, ldy, .act = act};
     c->model->route[route].products++;
     if (ng == GEMMS_CHUNK) cv_gemms(c, g, ng), ng = 0;
   }
@@ -1503,11 +1533,12 @@ void cavs_emm_fwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, 
 }
 
 /* cavs_emm_bwd's products where the backend has no grouped one, or over the ranks */
-static void emm_bwd_products(cavs_ctx *c, int route, const struct cv_route *rt, long A, long B, const void *x,
-                             long ldx, const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx,
-                             int dx_set, void *dt, long lddt, long s0, long sn) {
+static void emm_bwd_products(cavs_ctx *c, int route, const struct cv_route *rt, int K, long A, long B,
+                             const void *x, long ldx, const void *t, long ldt, const void *dy, long lddy, void *dx,
+                             long lddx, int dx_set, int dx_act, void *dt, long lddt, int r0, int n, long s0, long sn) {
   if (c->model->ep.on) {
     ep_emm(c, EP_BWD, rt, A, B, rt->nx_pass, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
+    if (dx && dx_act != CAVS_ACT_NONE) moe_ops(c)->act(c, rt, K, dx_act, (void *)x, ldx, dx, lddx, A, r0, n, true);
     return;
   }
   /* (dx's slots, and dt's expert rows, are each one product's: one list, as forward) */
@@ -1522,29 +1553,32 @@ static void emm_bwd_products(cavs_ctx *c, int route, const struct cv_route *rt, 
     c->model->route[route].products += (dx != NULL) + (dt != NULL);
     if (dx)
       g[ng++] = (cv_gemm){CAVS_NO_TRANS, CAVS_TRANS, (int)len, (int)A, (int)B, 1, dx_set ? 0 : 1,
-                          at(c, dy, s, lddy), at(c, t, ex, ldt), (void *)at(c, dx, s, lddx), lddy, B, lddx};
+                          at(c, dy, s, lddy), at(c, t, ex, ldt), (void *)at(c, dx, s, lddx), lddy, B, lddx,
+                          .act = dx_act, .grad = true, .y = at(c, x, s, ldx), .ldy = ldx};
     if (dt)
       g[ng++] = (cv_gemm){CAVS_TRANS, CAVS_NO_TRANS, (int)A, (int)B, (int)len, 1, 1,
-                          at(c, x, s, ldx), at(c, dy, s, lddy), (void *)at(c, dt, ex, lddt), ldx, lddy, B};
+                          at(c, x, s, ldx), at(c, dy, s, lddy), (void *)at(c, dt, ex, lddt), ldx, lddy, B,
+                          .act = CAVS_ACT_NONE};
     if (ng >= GEMMS_CHUNK - 1) cv_gemms(c, g, ng), ng = 0;
   }
   cv_gemms(c, g, ng);
 }
 
 void cavs_emm_bwd(cavs_ctx *c, int route, int K, long A, long B, const void *x, long ldx, const void *t, long ldt,
-                  const void *dy, long lddy, void *dx, long lddx, int dx_set, void *dt, long lddt, void *dbias,
-                  long lddb, int r0, int n) {
+                  const void *dy, long lddy, void *dx, long lddx, int dx_set, int dx_act, void *dt, long lddt,
+                  void *dbias, long lddb, int r0, int n) {
   const struct cv_route *rt = moe_ops(c) ? route_of(c, route) : NULL;
   if (!rt || n <= 0) return;
   long s0, sn;
   cv_slot_range(rt, K, r0, n, &s0, &sn);
   const cv_moe_ops *o = moe_ops(c);
   if (!c->model->ep.on && o->emm_bwd) {
-    o->emm_bwd(c, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set != 0, dt, lddt, dbias, lddb, s0, sn);
+    o->emm_bwd(c, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set != 0, dx_act, dt, lddt, dbias, lddb, s0,
+               sn);
     c->model->route[route].products += (dx != NULL) + (dt != NULL);
     return;
   }
-  emm_bwd_products(c, route, rt, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dt, lddt, s0, sn);
+  emm_bwd_products(c, route, rt, K, A, B, x, ldx, t, ldt, dy, lddy, dx, lddx, dx_set, dx_act, dt, lddt, r0, n, s0, sn);
   /* (the bias's gradient after the products, as cavs_erow_bwd ran after them) */
   if (dbias) cavs_erow_bwd(c, route, K, dbias, lddb, dy, lddy, B, r0, n);
 }

@@ -73,6 +73,28 @@ static inline CAVS_HD float cv_slot_dot(const float *a, const float *b, long w) 
 static inline CAVS_HD double cv_slot_dot(const double *a, const double *b, long w) { return cv_slot_dot_d(a, b, w); }
 #endif
 
+/* An activation an expert's product applies as it stores (CAVS_ACT_*, cavs_emm_fwd's
+ * act), and the gradient of its input from g, its output's, and y, its output
+ * (cavs_emm_bwd's dx_act): the operations of the generated loop it stands for, in its
+ * order (ops.def's FWD and DA rules, cv_sigmoid and cv_tanh as emit_c_prologue names
+ * them; relu's rule `a > 0` is `y > 0`). */
+#define CV_ACT(R, S, SIGMOID, TANH)                                                                                    \
+  static inline CAVS_HD R cv_act_##S(int act, R a) {                                                                 \
+    return act == CAVS_ACT_RELU ? (a > 0 ? a : 0) : act == CAVS_ACT_TANH ? TANH(a) : act == CAVS_ACT_SIGMOID ? SIGMOID(a) : a; \
+  }                                                                                                                  \
+  static inline CAVS_HD R cv_act_grad_##S(int act, R y, R g) {                                                       \
+    return act == CAVS_ACT_RELU ? (y > 0 ? g : 0) : act == CAVS_ACT_TANH ? g * (1 - y * y)                           \
+         : act == CAVS_ACT_SIGMOID ? g * y * (1 - y) : g;                                                            \
+  }
+CV_ACT(float, f, cavs_sigmoid_f, cavs_tanh_f)
+CV_ACT(double, d, cavs_sigmoid_d, tanh)
+#ifdef __cplusplus
+static inline CAVS_HD float cv_act(int act, float a) { return cv_act_f(act, a); }
+static inline CAVS_HD double cv_act(int act, double a) { return cv_act_d(act, a); }
+static inline CAVS_HD float cv_act_grad(int act, float y, float g) { return cv_act_grad_f(act, y, g); }
+static inline CAVS_HD double cv_act_grad(int act, double y, double g) { return cv_act_grad_d(act, y, g); }
+#endif
+
 /* One row's routing, a CPU loop's or a GPU thread's work (the cuda backend routes on the
  * device, a thread a row): p = softmax(g[0..X)) in double (the balancing loss's), and
  * the row's K choices ch[0..K) (its experts of largest gate value, the lower index

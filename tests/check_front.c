@@ -286,6 +286,104 @@ static Model *planned(Model *m) {
   return m;
 }
 
+/* The first product's node (an EMM) in f, and the activation node reading it (or its
+   add) */
+static int emm_node(const IrFunc *f, int k) {
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].uses && f->nodes[i].op == OP_EMM && k-- == 0) return i;
+  return -1;
+}
+
+/* How many calls `call` in c have `what` among their arguments */
+static int calls_with(const char *c, const char *call, const char *what) {
+  int n = 0;
+  for (const char *p = c; (p = strstr(p, call)); p++) {
+    const char *end = strstr(p, ");");
+    ck_assert(end != NULL);
+    char *one = strndup(p, (size_t)(end - p));
+    n += strstr(one, what) != NULL;
+    free(one);
+  }
+  return n;
+}
+
+static Model *moe_body(const char *body, bool no_fuse) {
+  char src[1024];
+  snprintf(src, sizeof src,
+           "model t; dim H = 3; dim C = 3; dim V = 5; dim F = 2; dim X = 4; dim HF = H * F; dim FH = F * H;\n"
+           "input w : index[V]; input y : class[C];\n"
+           "param emb[V,H], W[2H,H], Wg[H,X], W1[X,HF], b1[X,F], W2[X,FH], Wc[H,C];\n"
+           "pull { x = emb[w]; }\n"
+           "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+           "  m = moe(e in top(h @ Wg, 2): %s);\n  scatter(tanh(h + m)); push(h + m);\n}\n"
+           "push (h) { loss softmax_xent(h @ Wc, y); }\n",
+           body);
+  static char *keep; /* (diagnostics may quote the source until the next) */
+  free(keep);
+  keep = strdup(src);
+  Model *m = compile_str(keep);
+  m->no_fuse = no_fuse;
+  return planned(m);
+}
+
+/* An activation applied by the expert's product it reads (plan.c's act_product): the
+ * product stores act(bias + x W_e) (cavs_emm_fwd's act), the activation and the add
+ * before it are views of that place, and the product reading the activation applies
+ * its derivative to its dx (cavs_emm_bwd's dx_act), which is the first product's
+ * gradient: no loop of the hidden layer either way. Where, and where not. */
+START_TEST(activation_in_products) {
+  Model *m = planned(compile_file("moe_tree.vf"));
+  const IrFunc *f = m->vertex[0];
+  int p = emm_node(f, 0), q = emm_node(f, 1);
+  ck_assert(p >= 0 && q > p);
+  ck_assert_int_eq(f->nodes[p].act, OP_RELU);
+  ck_assert_int_eq(f->nodes[q].act, 0);
+  int z = f->nodes[q].args[0], r = f->nodes[p].accum_into;
+  ck_assert_int_eq(f->nodes[z].op, OP_RELU);
+  ck_assert(f->nodes[z].same && f->nodes[z].view == r && f->nodes[r].op == OP_EROW && f->nodes[r].folded);
+  ck_assert(f->nodes[z].val.buf == f->nodes[p].val.buf && f->nodes[z].dval.buf == f->nodes[p].dval.buf);
+  ck_assert_int_lt(f->nodes[z].unit, 0);
+  ck_assert_int_lt(f->nodes[f->nodes[z].args[0]].unit, 0); /* (the add) */
+  ck_assert(f->nodes[z].grad_set);
+  char *c = emitted(m, "moe_tree.vf");
+  /* the first product's forward, the second's backward */
+  ck_assert_int_eq(count_str(c, "CAVS_ACT_RELU"), 2);
+  ck_assert_int_eq(calls_with(c, "cavs_emm_fwd(", "CAVS_ACT_RELU"), 1);
+  ck_assert_int_eq(calls_with(c, "cavs_emm_bwd(", "CAVS_ACT_RELU"), 1);
+  free(c);
+
+  /* without a bias: the product's own place */
+  m = moe_body("sigmoid(h @ W1[e]) @ W2[e]", false);
+  f = m->vertex[0], p = emm_node(f, 0), q = emm_node(f, 1), z = f->nodes[q].args[0];
+  ck_assert_int_eq(f->nodes[p].act, OP_SIGMOID);
+  ck_assert(f->nodes[z].same && f->nodes[z].view == p && f->nodes[p].folded && !f->nodes[p].accum);
+  ck_assert(f->nodes[z].val.kind == PL_ROW && f->nodes[z].val.buf == f->nodes[p].val.buf);
+  ck_assert_int_lt(f->nodes[z].unit, 0);
+  /* tanh with the bias: the bias rows' place */
+  m = moe_body("tanh(h @ W1[e] + b1[e]) @ W2[e]", false);
+  f = m->vertex[0], p = emm_node(f, 0);
+  ck_assert_int_eq(f->nodes[p].act, OP_TANH);
+  ck_assert(f->nodes[p].accum && f->nodes[f->nodes[p].accum_into].folded);
+  /* not: one read by the weighted sum rather than a product (the second's tanh; the
+     first's sigmoid is), an activation whose rule is not only in its output, one with
+     more in its group, and --no-fuse */
+  m = moe_body("tanh(sigmoid(h @ W1[e]) @ W2[e])", false);
+  f = m->vertex[0], p = emm_node(f, 0), q = emm_node(f, 1);
+  ck_assert_int_eq(f->nodes[p].act, OP_SIGMOID);
+  ck_assert_int_eq(f->nodes[q].act, 0);
+  for (int i = 0; i < f->n; i++) ck_assert(!(f->nodes[i].op == OP_TANH && f->nodes[i].same));
+  const char *nots[] = {"exp(h @ W1[e]) @ W2[e]", "relu(2 * (h @ W1[e])) @ W2[e]", "sigmoid(h @ W1[e]) @ W2[e]"};
+  for (int k = 0; k < 3; k++) {
+    m = moe_body(nots[k], k == 2);
+    f = m->vertex[0];
+    for (int i = 0; i < f->n; i++) {
+      ck_assert_msg(f->nodes[i].act == 0, "%s: %%%d", nots[k], i);
+      ck_assert_msg(!f->nodes[i].same || f->nodes[i].op == OP_ADD, "%s: %%%d", nots[k], i);
+    }
+  }
+}
+END_TEST
+
 /* Products added in place (plan_accum): a product that an add alone reads, beside a
  * value the add alone reads, is computed into that value's place with beta = 1, and its
  * gradient is that value's. Where, and where not. */
@@ -339,7 +437,7 @@ START_TEST(products_added_in_place) {
     const char *end = strchr(p, '\n');
     ck_assert(end && end - p > 12);
     char *line = strndup(p, (size_t)(end - p));
-    biased += !strncmp(end - 12, ", 0, r0, n);", 12) && !strstr(line, "NULL") && count_str(line, "P[") == 2;
+    biased += strstr(line, ", 0, CAVS_ACT_") && !strstr(line, "NULL") && count_str(line, "P[") == 2;
     free(line);
   }
   for (const char *p = c; (p = strstr(p, "cavs_emm_bwd(")); p++) {
@@ -698,6 +796,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
+  tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);
   tcase_add_test(tc, push_reads_state_in_place);
   tcase_add_test(tc, ir_round_trip);

@@ -227,6 +227,25 @@ static const struct {
      "  m = moe(e in top(h @ Wg, 2): tanh(h @ W1[e] + b1[e]) @ W2[e] + b2[e]);\n"
      "  scatter(tanh(h + m)); push(h + m);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* an activation each product applies as it stores, its derivative applied by the
+       next product's dx (plan.c's act_product): sigmoid without a bias on the path, relu
+       with one in the push block */
+    {"moe_act_in_product",
+     "model op_moe_act; dim H = 3; dim C = 3; dim V = 5; dim F = 2; dim X = 4; dim HF = H * F; dim FH = F * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], W1[X,HF], W2[X,FH], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  m = moe(e in top(h @ Wg, 2): sigmoid(h @ W1[e]) @ W2[e]);\n"
+     "  scatter(tanh(h + m)); push(h + m);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    {"moe_act_in_product_push",
+     "model op_moe_act2; dim H = 3; dim C = 3; dim V = 5; dim F = 4; dim X = 3; dim HF = H * F; dim FC = F * C;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], W1[X,HF], b1[X,F], W2[X,FC] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h @ W1[e] + b1[e]) @ W2[e]), y); }\n"},
     {"moe_push",
      "model op_moe_push; dim H = 3; dim C = 3; dim V = 5; dim X = 3; dim HC = H * C;\n"
      "input w : index[V]; input y : class[C];\n"
