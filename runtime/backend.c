@@ -179,14 +179,9 @@ void cv_gemms(cavs_ctx *c, const cv_gemm *g, int n) {
 
 #define GEMM_ACT(R, S)                                                                                                 \
   static void gemm_act_##S(const cv_gemm *g) {                                                                       \
-    for (int i = 0; i < g->m; i++) {                                                                                 \
-      R *cr = (R *)g->c + (size_t)i * (size_t)g->ldc;                                                                \
-      if (g->grad) {                                                                                                 \
-        const R *yr = (const R *)g->y + (size_t)i * (size_t)g->ldy;                                                  \
-        for (int j = 0; j < g->n; j++) cr[j] = cv_act_grad_##S(g->act, yr[j], cr[j]);                                \
-      } else                                                                                                         \
-        for (int j = 0; j < g->n; j++) cr[j] = cv_act_##S(g->act, cr[j]);                                            \
-    }                                                                                                                \
+    for (int i = 0; i < g->m; i++)                                                                                   \
+      cv_act_row_##S(g->act, g->grad, (R *)g->c + (size_t)i * (size_t)g->ldc,                                        \
+                     g->grad ? (const R *)g->y + (size_t)i * (size_t)g->ldy : NULL, g->n);                           \
   }
 GEMM_ACT(float, f)
 GEMM_ACT(double, d)

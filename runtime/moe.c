@@ -172,14 +172,9 @@ MOE_KERNELS(double, d)
    its input's gradient (moe.h) */
 #define MOE_ACT_ROWS(R, S)                                                                                             \
   static void act_rows_##S(int act, R *y, long ldy, R *d, long ldd, long w, long s0, long cnt, bool bwd) {         \
-    for (long s = s0; s < s0 + cnt; s++) {                                                                           \
-      R *yr = y + (size_t)s * (size_t)ldy;                                                                           \
-      if (bwd) {                                                                                                     \
-        R *dr = d + (size_t)s * (size_t)ldd;                                                                         \
-        for (long j = 0; j < w; j++) dr[j] = cv_act_grad_##S(act, yr[j], dr[j]);                                    \
-      } else                                                                                                         \
-        for (long j = 0; j < w; j++) yr[j] = cv_act_##S(act, yr[j]);                                                 \
-    }                                                                                                                \
+    for (long s = s0; s < s0 + cnt; s++)                                                                             \
+      if (bwd) cv_act_row_##S(act, true, d + (size_t)s * (size_t)ldd, y + (size_t)s * (size_t)ldy, w);               \
+      else cv_act_row_##S(act, false, y + (size_t)s * (size_t)ldy, NULL, w);                                         \
   }
 MOE_ACT_ROWS(float, f)
 MOE_ACT_ROWS(double, d)

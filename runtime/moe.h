@@ -88,6 +88,38 @@ static inline CAVS_HD double cv_slot_dot(const double *a, const double *b, long 
   }
 CV_ACT(float, f, cavs_sigmoid_f, cavs_tanh_f)
 CV_ACT(double, d, cavs_sigmoid_d, tanh)
+/* The same over a row of n values, c = act(c), or with grad c = the input's gradient from
+   c and y: a loop for each activation, which the compiler makes vector code of (one loop
+   choosing the activation at each value, scalar code, made bench/moe-builds' moe2 epoch
+   4-7% longer at 1 thread on a Zen 4 than the generated loop it stands for) */
+#define CV_ACT_ROW(R, S, SIGMOID, TANH)                                                                                \
+  static inline void cv_act_row_##S(int act, bool grad, R *restrict c, const R *restrict y, long n) {                \
+    switch (act) {                                                                                                   \
+    case CAVS_ACT_RELU:                                                                                              \
+      if (grad)                                                                                                      \
+        for (long j = 0; j < n; j++) c[j] = y[j] > 0 ? c[j] : 0;                                                     \
+      else                                                                                                           \
+        for (long j = 0; j < n; j++) c[j] = c[j] > 0 ? c[j] : 0;                                                     \
+      break;                                                                                                         \
+    case CAVS_ACT_TANH:                                                                                              \
+      if (grad)                                                                                                      \
+        for (long j = 0; j < n; j++) c[j] = c[j] * (1 - y[j] * y[j]);                                                \
+      else                                                                                                           \
+        for (long j = 0; j < n; j++) c[j] = TANH(c[j]);                                                              \
+      break;                                                                                                         \
+    case CAVS_ACT_SIGMOID:                                                                                           \
+      if (grad)                                                                                                      \
+        for (long j = 0; j < n; j++) c[j] = c[j] * y[j] * (1 - y[j]);                                                \
+      else                                                                                                           \
+        for (long j = 0; j < n; j++) c[j] = SIGMOID(c[j]);                                                           \
+      break;                                                                                                         \
+    default: break;                                                                                                  \
+    }                                                                                                                \
+  }
+#ifndef __cplusplus /* (the cpu's: a GPU thread does a value) */
+CV_ACT_ROW(float, f, cavs_sigmoid_f, cavs_tanh_f)
+CV_ACT_ROW(double, d, cavs_sigmoid_d, tanh)
+#endif
 #ifdef __cplusplus
 static inline CAVS_HD float cv_act(int act, float a) { return cv_act_f(act, a); }
 static inline CAVS_HD double cv_act(int act, double a) { return cv_act_d(act, a); }
