@@ -299,6 +299,13 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
                           size_t hlen) {
   if (o->check_only) return true;
   if (o->dump != DUMP_NONE) {
+    /* (never over the model it read: `--dump=ir m.ir -o m.ir` would lose its comments) */
+    struct stat si, so;
+    if (o->out_path && o->input && strcmp(o->input, "-") && stat(o->input, &si) == 0 && stat(o->out_path, &so) == 0 &&
+        si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+      error_plain("-o %s would overwrite the model it reads, %s", o->out_path, o->input);
+      return false;
+    }
     if (o->out_path) return write_atomic(o->out_path, buf, buflen);
     if (fwrite(buf, 1, buflen, stdout) != buflen || fflush(stdout) != 0) {
       error_plain("cannot write to standard output: %s", strerror(errno));

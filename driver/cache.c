@@ -793,10 +793,13 @@ static void unmake_dirs(const char *dir, const char *made) {
   free(p);
 }
 
+static void sweep_builds(const char *root);
+static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen);
+
 int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
   *err = 0;
   *model = NULL;
-  int rc = 1;
+  int rc = 1, lock = -1;
   char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL, why[512];
   for (char *s = *p ? p + 1 : p;; s++) {
     if (*s && *s != '/') continue;
@@ -811,14 +814,12 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     *s = c;
     if (!c) break;
   }
-  /* built beside its place, so that a rename puts each file there whole */
-  tmp = fmt("%s/.cavs-build-XXXXXX", dir);
-  if (!mkdtemp(tmp)) {
-    snprintf(err, errlen, "cannot write into '%s': %s", dir, strerror(errno));
-    free(tmp);
-    tmp = NULL;
-    goto out;
-  }
+  /* built beside its place, so that a rename puts each file there whole, in a directory
+     named and locked as the cache's builds are: what a killed build left there is
+     removed by the next (sweep_builds), and nothing else */
+  sweep_builds(dir);
+  lock = lock_build_dir(dir, &tmp, err, errlen);
+  if (lock < 0) goto out;
   rc = cache_compile(q, tmp, object, &name, err, errlen);
   if (rc) goto out;
   const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
@@ -858,6 +859,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   }
 out:
   if (tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
+  if (lock >= 0) close(lock);
   if (rc && made) unmake_dirs(dir, made);
   free(p);
   free(made);
@@ -868,7 +870,11 @@ out:
 
 /* ---- build directories ----
  *
- * An entry is built in root/build-XXXXXX (mkdtemp) and renamed into place, so a build
+ * An entry is built in root/.build.cavs-tmp-NNNNNNNNNNNNNNNN (afile.c's temporary names:
+ * 12 random hexadecimal digits and 4 that check them, so that no directory of the
+ * user's, whatever its name, passes for one: CAVS_CACHE may be a directory of theirs;
+ * the build-XXXXXX of mkdtemp once took a user's build-python away) and renamed into
+ * place, so a build
  * killed midway leaves its directory behind. Its builder holds an flock on the directory
  * (an open descriptor of it) from just after mkdtemp until it is done, and the kernel
  * lets go of it when the process ends, however it ends. sweep_builds removes a build
@@ -880,10 +886,15 @@ out:
  * from then on the lock keeps every sweep out. Abandoned is proved by the lock alone: no
  * age, no clock. */
 
-/* Whether `name` is one that mkdtemp makes of "build-XXXXXX". */
-static bool build_name(const char *name) {
-  static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  return !strncmp(name, "build-", 6) && strlen(name) == 12 && strspn(name + 6, alnum) == 6;
+/* Whether `name` is one a build names its directory (its check digits right). */
+static bool build_name(const char *name) { return cv_afile_is_temp(name, "build"); }
+
+/* A new build directory's name in root (malloc'd; a collision costs a retry: mkdir is
+   exclusive) */
+static char *build_dir_name(const char *root) {
+  char name[128];
+  cv_afile_new_temp_name("build", name, sizeof name);
+  return fmt("%s/%s", root, name);
 }
 
 /* Whether the descriptor and the name in dfd are the same file, a link not followed. */
@@ -916,14 +927,17 @@ static void sweep_builds(const char *root) {
   closedir(d);
 }
 
-/* Makes root/build-XXXXXX and locks it (see above): returns the descriptor that holds the
- * lock and sets *tmp to the directory's name, or returns -1 with the message in err. */
+/* Makes a build directory in root and locks it (see above): returns the descriptor that
+ * holds the lock and sets *tmp to the directory's name, or returns -1 with the message in
+ * err. */
 static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen) {
-  for (int attempt = 0; attempt < 8; attempt++) {
-    char *t = fmt("%s/build-XXXXXX", root);
-    if (!mkdtemp(t)) {
-      snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(errno));
+  for (int attempt = 0; attempt < 16; attempt++) {
+    char *t = build_dir_name(root);
+    if (mkdir(t, 0700)) {
+      int e = errno;
       free(t);
+      if (e == EEXIST) continue;
+      snprintf(err, errlen, "cannot create a directory in '%s': %s", root, strerror(e));
       return -1;
     }
     int fd = open(t, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), locked = -1;
@@ -1307,7 +1321,7 @@ int cache_blob_put(const char *kind, const char *name, const void *data, size_t 
   free(dir);
   /* whole or not at all, however many processes write it at once (afile.c) */
   cv_afile a;
-  int rc = cv_afile_open(&a, path, false, err, errlen);
+  int rc = cv_afile_open(&a, path, 0, err, errlen);
   if (!rc && fchmod(a.fd, 0600)) { /* (whatever the umask: an entry others can write is refused) */
     snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
     cv_afile_abort(&a);

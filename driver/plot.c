@@ -167,7 +167,7 @@ static const char *run_gnuplot(const char *dir) {
 static bool install_png(const char *dir, const char *out, char *err, size_t errlen) {
   cv_afile a;
   FILE *png = fopen(fmt("%s/out.png", dir), "rb");
-  bool okay = png && !cv_afile_open(&a, out, false, err, errlen);
+  bool okay = png && !cv_afile_open(&a, out, CV_AFILE_USER, err, errlen);
   if (!png) snprintf(err, errlen, "cannot read what gnuplot drew: %s", strerror(errno));
   char buf[65536];
   size_t n;

@@ -208,7 +208,7 @@ void tensors_write(const char *path, const Tensor *t, int n, json_t *meta) {
       die(1, "%s: a parameter named __metadata__ cannot be written: the formats keep that name for the metadata", path);
   Out o = {.path = path};
   char err[1024];
-  if (cv_afile_open(&o.a, path, false, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_open(&o.a, path, CV_AFILE_USER, err, sizeof err)) die(1, "%s", err);
   if (format == 1) write_safetensors(&o, t, n, meta);
   else write_npz(&o, t, n, meta);
   if (cv_afile_commit(&o.a, err, sizeof err)) die(1, "%s", err);

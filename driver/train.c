@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1133,6 +1134,28 @@ static void open_run(Run *r, long *dims) {
   make_model(r, dims);
 }
 
+/* The log, new, or on a resume appended to: a last line the run before did not end (it
+   was killed, or the disk was full, as it wrote it) is cut off first, so that the log
+   stays a JSON record a line for what reads it (cavs plot); NULL with errno */
+static FILE *open_log(const char *path, bool resumed) {
+  if (!resumed) return fopen(path, "w");
+  FILE *f = fopen(path, "a+");
+  struct stat st;
+  if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || st.st_size == 0) return f;
+  char tail[65536];
+  off_t from = st.st_size > (off_t)sizeof tail ? st.st_size - (off_t)sizeof tail : 0;
+  size_t n = fseeko(f, from, SEEK_SET) == 0 ? fread(tail, 1, (size_t)(st.st_size - from), f) : 0;
+  if (n == (size_t)(st.st_size - from) && tail[n - 1] != '\n') {
+    size_t k = n;
+    while (k > 0 && tail[k - 1] != '\n') k--;
+    if ((k > 0 || from == 0) && ftruncate(fileno(f), from + (off_t)k) == 0)
+      fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
+              "dropped\n", prog, path, n - k);
+  }
+  fseeko(f, 0, SEEK_END);
+  return f;
+}
+
 /* What the epochs need beside the model: the state carried or not, the chunks' cut, the
    ranks' agreement, the log, the minibatch's arrays, the order and schedule chosen */
 static void ready_run(Run *r, bool norm) {
@@ -1145,16 +1168,23 @@ static void ready_run(Run *r, bool norm) {
   if (!r->carry) cavs_model_carry_state(r->m, 0); /* (what a checkpoint carried, not used) */
   choose_cut(r);
   check_ranks(r);
+  r->with_acc = has_accuracy(r->d);
+  r->lm = r->with_acc && lm_format(o->format);
+  r->last_epoch = r->ts.epoch + o->epochs; /* resume_settings bounded it */
+  /* the last of the options' checks before the log is opened: a run refused leaves a log
+     of the same name as it was */
+  choose_selection(r);
+  choose_schedule(r);
+  if (o->set_momentum && o->optim.kind != CAVS_MOMENTUM && o->optim.kind != CAVS_NESTEROV)
+    die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
   if (o->log) {
-    r->log = fopen(o->log, r->resumed ? "a" : "w");
+    r->log = open_log(o->log, r->resumed);
     if (!r->log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
   }
   if (norm) cavs_model_track_grad_norm(r->m, 1); /* for the log's grad_norm fields */
   if (!o->quiet) say_start(r);
   /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */
   r->tty = isatty(1) && !o->quiet && dist_size == 1;
-  r->with_acc = has_accuracy(r->d);
-  r->lm = r->with_acc && lm_format(o->format);
   r->order = xmalloc(sizeof(int) * (size_t)r->n);
   if (r->st) r->sizes = xmalloc(sizeof(cavs_graph) * (size_t)o->batch);
   r->gs = xmalloc(sizeof(cavs_graph *) * (size_t)o->batch);
@@ -1169,12 +1199,7 @@ static void train_epochs(Run *r) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   int first = r->ts.epoch + 1;
-  r->last_epoch = r->ts.epoch + o->epochs; /* resume_settings bounded it */
   r->nbatches = (r->n + o->batch - 1) / o->batch;
-  choose_selection(r);
-  choose_schedule(r);
-  if (o->set_momentum && o->optim.kind != CAVS_MOMENTUM && o->optim.kind != CAVS_NESTEROV)
-    die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
   for (int epoch = first; epoch <= r->last_epoch; epoch++) {
     Totals t = {0};
     run_epoch(r, epoch, first, &t);

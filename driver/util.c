@@ -3,6 +3,7 @@
  * whole files read into memory, JSON written through jansson, and the checks an output
  * path passes before a run writes anything. */
 #include "driver.h"
+#include "afile.h"
 
 #include <errno.h>
 #include <math.h>
@@ -188,20 +189,25 @@ static bool same_file(const char *a, const char *b) {
   return same;
 }
 
-/* An output of this run (--save, --log) must not be one of its inputs, nor a directory,
- * and its directory must take a new file: found out before training, not after an
- * epoch. */
+/* An output of this run (--save, --log) must not be one of its inputs, nor a directory
+ * or another file that is not a regular one but a FIFO or a character device (written
+ * straight to), and the directory of the file it replaces (its links followed, as the
+ * save follows them: afile.h's CV_AFILE_USER) must take a new file: found out before
+ * training, not after an epoch. */
 void check_output(const char *opt, const char *out, const char *const *inputs, const char *const *what, int n) {
   struct stat so;
   const char *dash = opt[1] ? "--" : "-"; /* -o, --save */
   if (stat(out, &so) == 0 && S_ISDIR(so.st_mode)) die(1, "%s%s %s: it is a directory", dash, opt, out);
   for (int i = 0; i < n; i++)
     if (inputs[i] && same_file(out, inputs[i])) die(1, "%s%s %s would overwrite %s, %s", dash, opt, out, inputs[i], what[i]);
-  const char *slash = strrchr(out, '/');
-  char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - out), out) : xstrdup(".cavs-probe-XXXXXX");
-  int fd = mkstemp(probe);
-  if (fd < 0) die(1, "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
-  close(fd);
-  unlink(probe);
+  char *target, err[1024];
+  bool direct;
+  if (cv_afile_target(out, &target, &direct, err, sizeof err)) die(1, "%s%s: %s", dash, opt, err);
+  const char *slash = strrchr(target, '/');
+  char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - target), target) : xstrdup(".cavs-probe-XXXXXX");
+  int fd = direct ? -2 : mkstemp(probe);
+  if (fd == -1) die(1, "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
+  if (fd >= 0) close(fd), unlink(probe);
   free(probe);
+  free(target);
 }

@@ -63,9 +63,7 @@ void cv_afile_temp_name(const char *base, uint64_t bits, char *out, size_t outle
   snprintf(out, outlen, ".%.*s" TEMP_INFIX "%s%04x", (int)bl, base, rnd, tag_of(base, bl, rnd));
 }
 
-/* A new temporary name for base: random digits from the kernel, else from the clock and
-   the process (a collision only costs a retry: names are created exclusively). */
-static void temp_name(const char *base, char *out, size_t outlen) {
+void cv_afile_new_temp_name(const char *base, char *out, size_t outlen) {
   uint64_t bits;
   if (getrandom(&bits, sizeof bits, GRND_NONBLOCK) != (ssize_t)sizeof bits) {
     static unsigned counter;
@@ -124,6 +122,8 @@ static void afile_free(cv_afile *a) {
   *a = (cv_afile){.fd = -1, .dfd = -1};
 }
 
+static int open_in_dir(cv_afile *a, const char *path, bool named, char *err, size_t errlen);
+
 static int fail(cv_afile *a, int e, char *err, size_t errlen) {
   snprintf(err, errlen, "cannot write '%s': %s", a->path ? a->path : "?", strerror(e));
   cv_afile_abort(a);
@@ -134,7 +134,7 @@ static int fail(cv_afile *a, int e, char *err, size_t errlen) {
 static int open_named(cv_afile *a, mode_t mode) {
   char name[BASE_KEEP + 64];
   for (int attempt = 0; attempt < 100; attempt++) {
-    temp_name(a->base, name, sizeof name);
+    cv_afile_new_temp_name(a->base, name, sizeof name);
     int fd = openat(a->dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (fd < 0) {
       if (errno == EEXIST) continue;
@@ -159,10 +159,89 @@ static int open_named(cv_afile *a, mode_t mode) {
   return -1;
 }
 
-int cv_afile_open(cv_afile *a, const char *path, bool named, char *err, size_t errlen) {
+/* The end of a chain of links that leads nowhere yet (a save makes the file there): each
+   link's text, taken from its directory where it is relative; NULL with errno past 40 */
+static char *dangling_end(const char *path) {
+  char *p = strdup(path);
+  for (int hop = 0; p && hop < 40; hop++) {
+    struct stat st;
+    if (lstat(p, &st) || !S_ISLNK(st.st_mode)) return p;
+    char link[4096];
+    ssize_t n = readlink(p, link, sizeof link - 1);
+    if (n < 0) {
+      free(p);
+      return NULL;
+    }
+    link[n] = 0;
+    const char *slash = strrchr(p, '/');
+    char *next = NULL;
+    if (link[0] == '/' || !slash) next = strdup(link);
+    else if (asprintf(&next, "%.*s/%s", (int)(slash - p), p, link) < 0) next = NULL;
+    free(p);
+    p = next;
+  }
+  int e = p ? ELOOP : ENOMEM;
+  free(p);
+  errno = e;
+  return NULL;
+}
+
+int cv_afile_target(const char *path, char **target, bool *direct, char *err, size_t errlen) {
+  struct stat st;
+  *target = NULL, *direct = false;
+  if (stat(path, &st) == 0) {
+    if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+      *direct = true;
+      *target = strdup(path);
+    } else if (S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "cannot write '%s': it is a directory", path);
+      return -1;
+    } else if (!S_ISREG(st.st_mode)) {
+      snprintf(err, errlen, "cannot write '%s': not a regular file (a %s)", path,
+               S_ISBLK(st.st_mode) ? "block device" : S_ISSOCK(st.st_mode) ? "socket" : "special file");
+      return -1;
+    } else
+      *target = realpath(path, NULL); /* (every link followed, the last one included) */
+  } else if (errno == ENOENT) {
+    *target = dangling_end(path); /* (a link to a file to be made, or no link) */
+  } else {
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  if (!*target) {
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t errlen) {
   *a = (cv_afile){.fd = -1, .dfd = -1};
   a->path = strdup(path);
   if (!a->path) return fail(a, ENOMEM, err, errlen);
+  char *target = NULL;
+  if (flags & CV_AFILE_USER) {
+    if (cv_afile_target(path, &target, &a->direct, err, errlen)) {
+      cv_afile_abort(a);
+      return -1;
+    }
+    if (a->direct) { /* nothing to replace: written to as it is */
+      a->fd = open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+      free(target);
+      return a->fd < 0 ? fail(a, errno, err, errlen) : 0;
+    }
+    struct stat st;
+    if (stat(target, &st) == 0)
+      a->keep = true, a->mode = st.st_mode & 0777, a->uid = (unsigned)st.st_uid, a->gid = (unsigned)st.st_gid;
+    path = target;
+  }
+  int rc = open_in_dir(a, path, (flags & CV_AFILE_NAMED) != 0, err, errlen);
+  free(target);
+  return rc;
+}
+
+/* cv_afile_open's file in path's directory */
+static int open_in_dir(cv_afile *a, const char *path, bool named, char *err, size_t errlen) {
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
   if (!*base || !strcmp(base, ".") || !strcmp(base, "..")) return fail(a, EISDIR, err, errlen);
@@ -200,6 +279,19 @@ int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errle
 }
 
 int cv_afile_commit(cv_afile *a, char *err, size_t errlen) {
+  if (a->direct) { /* (a pipe or a device: no file to flush or to put in place) */
+    afile_free(a);
+    return 0;
+  }
+  if (a->keep) {
+    /* the replaced file's permissions; its owner and group where this process may give
+       them (root, or a group of its own): where the group stays this process's, the old
+       group's permissions are not handed to it */
+    if ((uid_t)a->uid != geteuid()) /* (failing, the file is this process's, as one it makes) */
+      (void)!fchown(a->fd, (uid_t)a->uid, (gid_t)-1);
+    bool group = (gid_t)a->gid == getegid() || fchown(a->fd, (uid_t)-1, (gid_t)a->gid) == 0;
+    if (fchmod(a->fd, (mode_t)a->mode & (group ? 0777 : 0707))) return fail(a, errno, err, errlen);
+  }
   if (fsync(a->fd)) return fail(a, errno, err, errlen);
   if (!a->tmp) {
     /* give the unnamed file a temporary name (it is locked: no cleaner takes it) */
@@ -207,7 +299,7 @@ int cv_afile_commit(cv_afile *a, char *err, size_t errlen) {
     snprintf(proc, sizeof proc, "/proc/self/fd/%d", a->fd);
     int rc = -1;
     for (int attempt = 0; attempt < 100 && rc; attempt++) {
-      temp_name(a->base, name, sizeof name);
+      cv_afile_new_temp_name(a->base, name, sizeof name);
       rc = linkat(AT_FDCWD, proc, a->dfd, name, AT_SYMLINK_FOLLOW);
       if (rc && errno != EEXIST) break;
     }

@@ -14,13 +14,31 @@ typedef struct cv_afile {
   char *base;  /* its name there */
   char *path;  /* as given, for messages */
   char *tmp;   /* the temporary name the contents carry while unfinished (named mode) */
+  bool direct; /* a FIFO or a character device, written straight to (CV_AFILE_USER) */
+  bool keep;   /* the file replaced: its permissions, owner and group (CV_AFILE_USER) */
+  unsigned mode, uid, gid;
 } cv_afile;
 
+/* cv_afile_open's flags. NAMED: the fallback of filesystems without O_TMPFILE (the tests
+ * take both ways). USER: a path a user gave (a checkpoint, a data set, a picture), not
+ * one of cavs's own: its final symbolic links are followed (the file they lead to is
+ * replaced, and the links stay), an existing file's permissions (and, where this process
+ * may, owner and group) are the new file's, and a FIFO or a character device (a pipe,
+ * /dev/stdout, /dev/null) is written straight to, as there is no file to replace; any
+ * other file that is not a regular one is refused. Without USER a link is replaced, not
+ * followed (the compile cache's entries: a link planted there must not send a write
+ * elsewhere). */
+enum { CV_AFILE_NAMED = 1, CV_AFILE_USER = 2 };
 /* Opens a new, empty file to become `path` when committed; path's directory must exist.
- * `named` asks for the fallback of filesystems without O_TMPFILE (the tests take both
- * ways). Removes what saves to `path` that were killed left behind (only files provably
- * ours and abandoned). Returns 0, or -1 with the message in err. */
-int cv_afile_open(cv_afile *a, const char *path, bool named, char *err, size_t errlen);
+ * Removes what saves to `path` that were killed left behind (only files provably ours and
+ * abandoned). Returns 0, or -1 with the message in err. */
+int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t errlen);
+/* Where a USER save to `path` goes: *target (malloc'd) the file it replaces or makes, its
+ * final links followed, and *direct where that is a FIFO or a character device. -1 with
+ * the message in err for a directory or another file that is not a regular one, or a
+ * chain of links too long; the `cavs` command checks its outputs with it before it works
+ * (check_output). */
+int cv_afile_target(const char *path, char **target, bool *direct, char *err, size_t errlen);
 /* Writes n bytes; -1 with the message in err on failure (the file is then aborted). */
 int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errlen);
 /* Flushes the contents to disk and puts them at the path in one step (a reader sees the
@@ -36,5 +54,9 @@ void cv_afile_abort(cv_afile *a);
 bool cv_afile_is_temp(const char *name, const char *base);
 /* The temporary name for base with the 48 random bits given (the tests' fixed ones). */
 void cv_afile_temp_name(const char *base, uint64_t bits, char *out, size_t outlen);
+/* A new temporary name for base: random digits from the kernel, else from the clock and
+   the process (a collision only costs a retry: such names are created exclusively); the
+   compile cache's build directories are named so too. */
+void cv_afile_new_temp_name(const char *base, char *out, size_t outlen);
 
 #endif

@@ -112,7 +112,7 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
  * (the last wins), a killed one leaves the old checkpoint and no file of its own. */
 static int write_file_atomic(const char *path, const Buf *b, char *err, size_t errlen) {
   cv_afile a;
-  if (cv_afile_open(&a, path, false, err, errlen) || cv_afile_write(&a, b->p, b->n, err, errlen)) return -1;
+  if (cv_afile_open(&a, path, CV_AFILE_USER, err, errlen) || cv_afile_write(&a, b->p, b->n, err, errlen)) return -1;
   return cv_afile_commit(&a, err, errlen);
 }
 

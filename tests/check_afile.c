@@ -9,6 +9,10 @@
 #include "cli.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 static bool modes[] = {false, true}; /* O_TMPFILE, then the named fallback */
 
@@ -34,6 +38,18 @@ static bool starts(const char *path, const char *with) {
   bool yes = s && !strncmp(s, with, strlen(with));
   free(s);
   return yes;
+}
+
+/* A save with `flags` of `what` to path: 0, or -1 with the message in err */
+static int save(const char *path, int flags, const char *what, char *err, size_t errlen) {
+  cv_afile a;
+  if (cv_afile_open(&a, path, flags, err, errlen) || cv_afile_write(&a, what, strlen(what), err, errlen)) return -1;
+  return cv_afile_commit(&a, err, errlen);
+}
+
+static bool is_link(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
 }
 
 /* Another process saves to the path while a save is half written: both finish, the one
@@ -123,6 +139,79 @@ END_TEST
 
 /* The temporary names check themselves: one changed digit, or another base, is not one
  * (fixed names: a 16-bit check misses a random change once in 65,536). */
+/* A path a user gave (CV_AFILE_USER): its links followed, the file they lead to replaced
+ * and the links kept (and a link that leads to nothing yet made to lead to the new
+ * file); the replaced file's permissions kept; a FIFO written straight to; a socket or a
+ * directory refused. Without USER (the cache's own files) a link is replaced, and what
+ * it led to is left. */
+static void remove_user_paths(void) {
+  const char *names[] = {"real.ckpt", "link.ckpt", "to.ckpt", "sub/hop", "sub/made.ckpt", "sub", "pipe", "sock"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) remove(path_in(names[i]));
+}
+
+START_TEST(user_paths_followed_and_kept) {
+  int f = (modes[_i] ? CV_AFILE_NAMED : 0) | CV_AFILE_USER;
+  remove_user_paths(); /* (what a failed case left) */
+  char err[512];
+  mode_t mask = umask(022);
+  char *real = strdup(path_in("real.ckpt")), *link = strdup(path_in("link.ckpt"));
+  tu_write(real, "old", 3);
+  ck_assert(chmod(real, 0600) == 0);
+  ck_assert(symlink("real.ckpt", link) == 0);
+  ck_assert_msg(save(link, f, "new", err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(is_link(link) && starts(real, "new"), "the link was replaced, or its file not written");
+  struct stat st;
+  ck_assert(stat(real, &st) == 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0600);
+  ck_assert_int_eq(temps("real.ckpt") + temps("link.ckpt"), 0);
+  /* a link to a file to be made (through a second link, relative to each one's place) */
+  char *sub = strdup(path_in("sub")), *to = strdup(path_in("to.ckpt"));
+  ck_assert(mkdir(sub, 0700) == 0);
+  ck_assert(symlink("sub/hop", to) == 0);
+  ck_assert(symlink("made.ckpt", path_in("sub/hop")) == 0);
+  ck_assert_msg(save(to, f, "made", err, sizeof err) == 0, "%s", err);
+  ck_assert(is_link(to) && is_link(path_in("sub/hop")) && starts(path_in("sub/made.ckpt"), "made"));
+  ck_assert(stat(path_in("sub/made.ckpt"), &st) == 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0644); /* (a new file: the umask's) */
+  /* without USER: the link itself replaced, its file left */
+  ck_assert_msg(save(link, f & ~CV_AFILE_USER, "own", err, sizeof err) == 0, "%s", err);
+  ck_assert(!is_link(link) && starts(link, "own") && starts(real, "new"));
+  /* a FIFO: written to as it is (a reader waiting), still a FIFO after */
+  char *fifo = strdup(path_in("pipe"));
+  ck_assert(mkfifo(fifo, 0600) == 0);
+  int rd = open(fifo, O_RDONLY | O_NONBLOCK);
+  ck_assert(rd >= 0);
+  ck_assert_msg(save(fifo, f, "piped", err, sizeof err) == 0, "%s", err);
+  char buf[16] = "";
+  ck_assert_int_eq(read(rd, buf, sizeof buf - 1), 5);
+  ck_assert_str_eq(buf, "piped");
+  close(rd);
+  ck_assert(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+  /* a socket (where the scratch directory's path fits one's address) and a directory:
+     refused, left as they were */
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path_in("sock")) < sizeof sa.sun_path) {
+    int so = socket(AF_UNIX, SOCK_STREAM, 0);
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path_in("sock"));
+    ck_assert(so >= 0 && bind(so, (struct sockaddr *)&sa, sizeof sa) == 0);
+    ck_assert(save(path_in("sock"), f, "x", err, sizeof err) == -1);
+    ck_assert_msg(strstr(err, "not a regular file (a socket)"), "%s", err);
+    close(so);
+    ck_assert(stat(path_in("sock"), &st) == 0 && S_ISSOCK(st.st_mode));
+  }
+  ck_assert(save(sub, f, "x", err, sizeof err) == -1);
+  ck_assert_msg(strstr(err, "it is a directory"), "%s", err);
+  /* the command through a link: the file it leads to written */
+  unlink(link);
+  ck_assert(symlink("real.ckpt", link) == 0);
+  gen_into(link);
+  ck_assert(is_link(link) && starts(real, "("));
+  umask(mask);
+  remove_user_paths();
+  free(real), free(link), free(sub), free(to), free(fifo);
+}
+END_TEST
+
 START_TEST(temporary_names_check_themselves) {
   char err[512], name[300];
   cv_afile a;
@@ -203,6 +292,7 @@ int main(void) {
   tcase_add_loop_test(tc, killed_writer_leaves_nothing, 0, 2);
   tcase_add_test(tc, user_files_never_removed);
   tcase_add_test(tc, temporary_names_check_themselves);
+  tcase_add_loop_test(tc, user_paths_followed_and_kept, 0, 2);
   tcase_add_loop_test(tc, concurrent_commits_all_finish, 0, 2);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);

@@ -673,8 +673,17 @@ START_TEST(optimizers_resume_bit_identical) {
     ok(&r, "2 epochs");
     tu_free(&r);
 #undef A
+    /* the first run killed as it wrote a record: the resumed run drops the cut line */
+    const char *torn = "{\"epoch\": 3, \"train_lo";
+    char said[128];
+    snprintf(said, sizeof said, "its last line was cut off (%zu bytes", strlen(torn));
+    if (i == 0) {
+      FILE *lg = fopen(path_in(hlog), "a");
+      ck_assert(lg && fputs(torn, lg) >= 0 && fclose(lg) == 0);
+    }
     r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in(half), "--save", path_in(half), "--log", path_in(hlog), NULL);
     ok(&r, "resume 2 epochs");
+    ck_assert_msg((i == 0) == (strstr(r.err, said) != NULL), "%s", r.err);
     tu_free(&r);
     size_t na = 0, nb = 0;
     char *x = tu_slurp(path_in(full), &na), *y = tu_slurp(path_in(half), &nb);
@@ -708,6 +717,15 @@ START_TEST(optimizers_resume_bit_identical) {
 }
 END_TEST
 
+/* Whether the file at path holds exactly `what` */
+static bool file_holds(const char *path, const char *what) {
+  size_t n = 0;
+  char *s = tu_slurp(path, &n);
+  bool same = s && n == strlen(what) && !memcmp(s, what, n);
+  free(s);
+  return same;
+}
+
 /* Each option of the optimizers and the schedules belongs to some of them: given to
  * another, it is refused, as is a plateau with no dev set to watch. */
 START_TEST(schedule_options_checked) {
@@ -724,15 +742,22 @@ START_TEST(schedule_options_checked) {
       {{"--schedule", "cosine", "--plateau-factor", "0.5"}, "go with --schedule plateau, not cosine"},
       {{"--lr-min", "0.1", "--schedule", "cosine"}, "--lr-min 0.1 is not below the rate, 0.001"},
   };
+  /* (a log of an earlier run's, which a refused run leaves as it was: each option is
+     checked before the log is opened) */
+  const char *kept = "{\"epoch\": 1}\n";
+  tu_write(path_in("kept.log"), kept, strlen(kept));
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     const char *const *a = bad[i].args;
-    RunResult r = TRAIN("--epochs", "1", a[0], a[1], a[2] ? a[2] : "--quiet", a[3] ? a[3] : "--quiet", NULL);
+    RunResult r = TRAIN("--epochs", "1", "--log", path_in("kept.log"), a[0], a[1], a[2] ? a[2] : "--quiet",
+                        a[3] ? a[3] : "--quiet", NULL);
     ck_assert_msg(r.status == 1 && strstr(r.err, bad[i].msg), "case %zu: exit %d: %s", i, r.status, r.err);
+    ck_assert_msg(file_holds(path_in("kept.log"), kept), "case %zu: the log was emptied", i);
     tu_free(&r);
   }
   RunResult r = cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--schedule",
-                     "plateau", NULL);
+                     "plateau", "--log", path_in("kept.log"), NULL);
   ck_assert_msg(r.status == 1 && strstr(r.err, "--schedule plateau needs a --dev set"), "%s", r.err);
+  ck_assert_msg(file_holds(path_in("kept.log"), kept), "the log was emptied");
   tu_free(&r);
 }
 END_TEST
@@ -2488,6 +2513,19 @@ START_TEST(build_into_a_directory) {
     tu_free(&r);
     ck_assert_int_eq(entries(path_in("users")), 3);
   }
+  /* what a killed build left in the directory (named as the cache's builds are, its
+     check digits right) is removed by the next; a directory of the user's is not */
+  ck_assert(mkdir(path_in("users/.build.cavs-tmp-000000000001e465"), 0700) == 0 &&
+            mkdir(path_in("users/build-python"), 0700) == 0);
+  tu_write(path_in("users/.build.cavs-tmp-000000000001e465/treegru.c"), mine, strlen(mine));
+  tu_write(path_in("users/build-python/notes"), mine, strlen(mine));
+  r = cavs("build", model("treegru.vf"), "-o", path_in("users"), NULL);
+  ok(&r, "build beside a killed build's leftover");
+  tu_free(&r);
+  ck_assert_int_eq(entries(path_in("users")), 4);
+  ck_assert(access(path_in("users/build-python/notes"), F_OK) == 0);
+  unlink(path_in("users/build-python/notes"));
+  rmdir(path_in("users/build-python"));
   /* --emit-only: the very files cavsc writes, and no object */
   r = cavs("build", "--emit-only", model("treegru.vf"), "-o", path_in("emitted"), NULL);
   ok(&r, "build --emit-only");

@@ -203,6 +203,30 @@ START_TEST(unwritable_output) {
   ck_assert_msg(!strncmp(r.err, "cavsc: error: cannot write '/proc/out.txt': ", 44), "%s", r.err);
   tu_free(&r);
 
+  /* a dump over the model it reads, through a link or not: refused, the model as it was */
+  char *own = tu_tmpdir(), src[4300], via[4300];
+  snprintf(src, sizeof src, "%s/m.vf", own);
+  snprintf(via, sizeof via, "%s/via.vf", own);
+  size_t mlen = 0;
+  char *mtext = tu_slurp(model, &mlen);
+  ck_assert(mtext != NULL);
+  tu_write(src, mtext, mlen);
+  ck_assert(symlink("m.vf", via) == 0);
+  const char *outs[] = {src, via};
+  for (int k = 0; k < 2; k++) {
+    char *argv3[] = {(char *)cavsc, "--dump=ast", "-o", (char *)outs[k], src, NULL};
+    r = tu_run(NULL, argv3, 10);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "would overwrite the model it reads"), "%d: %s", r.status, r.err);
+    tu_free(&r);
+    size_t n = 0;
+    char *now = tu_slurp(src, &n);
+    ck_assert_msg(now && n == mlen && !memcmp(now, mtext, n), "the model was overwritten");
+    free(now);
+  }
+  free(mtext);
+  unlink(via), unlink(src), rmdir(own);
+  free(own);
+
   /* -o DIR for the C files: created with its parents, the files get the usual mode */
   char *top = tu_tmpdir(), cdir[4300], cfile[4400], xdir[4500];
   snprintf(cdir, sizeof cdir, "%s/build/deeper", top);

@@ -1091,10 +1091,19 @@ static bool in_cache(const char *name) {
   return lstat(p, &st) == 0;
 }
 
-/* A build killed midway leaves its build-XXXXXX directory; the next build of an entry
- * removes it, since no process holds its lock. One whose lock a live process holds (a
- * build under way) stays until that process lets go, and so does everything that is not
- * a build directory of ours: another name, a file, a link, another user's directory. */
+/* A build killed midway leaves its build directory (named as afile.c names unfinished
+ * files: ".build.cavs-tmp-" and 16 hexadecimal digits, the last 4 a check of the rest);
+ * the next build of an entry removes it, since no process holds its lock. One whose lock
+ * a live process holds (a build under way) stays until that process lets go, and so does
+ * everything that is not a build directory of ours: another name (a user's build-python,
+ * or what mkdtemp made of build-XXXXXX, which the sweep once took; the right form with
+ * the wrong check digits), a file, a link, another user's directory. */
+#define KILL1 ".build.cavs-tmp-000000000001e465" /* (cv_afile_temp_name("build", 1)) */
+#define KILL2 ".build.cavs-tmp-000000000002df4c"
+#define LIVE ".build.cavs-tmp-000000000003e0ff"
+#define AFILE ".build.cavs-tmp-000000000004dbe6"
+#define ALINK ".build.cavs-tmp-000000000005dd99"
+#define THEM ".build.cavs-tmp-000000000006d880"
 START_TEST(abandoned_builds_removed) {
   const char *cache = getenv("CAVS_CACHE");
   char *good;
@@ -1104,29 +1113,31 @@ START_TEST(abandoned_builds_removed) {
   tu_write(path_in("elsewhere/kept"), "kept\n", 5);
   char cmd[16384];
   snprintf(cmd, sizeof cmd,
-           "cd \"$CAVS_CACHE\" && mkdir build-Kill01 build-Kill02 build-Live01 build-longername build-Ab.d01 && "
-           "echo 'int x;' > build-Kill01/treelstm.c && echo x > build-Kill01/treelstm.h && "
-           "echo partial > build-Kill01/model.so && : > build-Kill01/cc.err && mkdir build-Kill02/sub && "
-           "echo x > build-Live01/treelstm.c && echo x > build-File01 && ln -s '%s' build-Link01",
+           "cd \"$CAVS_CACHE\" && mkdir " KILL1 " " KILL2 " " LIVE " build-Kill01 build-python "
+           ".build.cavs-tmp-000000000001ffff && "
+           "echo 'int x;' > " KILL1 "/treelstm.c && echo x > " KILL1 "/treelstm.h && "
+           "echo partial > " KILL1 "/model.so && : > " KILL1 "/cc.err && mkdir " KILL2 "/sub && "
+           "echo x > " LIVE "/treelstm.c && echo notes > build-python/notes && echo x > build-Kill01/x && "
+           "echo x > " AFILE " && ln -s '%s' " ALINK,
            path_in("elsewhere"));
   sh(cmd);
   char live[4500];
-  snprintf(live, sizeof live, "%s/build-Live01", cache);
+  snprintf(live, sizeof live, "%s/" LIVE, cache);
   int lock = open(live, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ck_assert(lock >= 0 && flock(lock, LOCK_EX | LOCK_NB) == 0);
-  if (geteuid() == 0) sh("cd \"$CAVS_CACHE\" && mkdir build-Them01 && echo x > build-Them01/f && chown -R 65534 build-Them01");
+  if (geteuid() == 0) sh("cd \"$CAVS_CACHE\" && mkdir " THEM " && echo x > " THEM "/f && chown -R 65534 " THEM);
   eval_building("-DCAVS_TEST_ABANDONED_1");
-  ck_assert_msg(!in_cache("build-Kill01") && !in_cache("build-Kill02"), "an abandoned build directory was left");
-  const char *stay[] = {"build-Live01/treelstm.c", "build-longername", "build-Ab.d01", "build-File01", "build-Link01",
-                        "build-Them01/f"};
+  ck_assert_msg(!in_cache(KILL1) && !in_cache(KILL2), "an abandoned build directory was left");
+  const char *stay[] = {LIVE "/treelstm.c", "build-Kill01/x", "build-python/notes", ".build.cavs-tmp-000000000001ffff",
+                        AFILE, ALINK, THEM "/f"};
   for (size_t i = 0; i < sizeof stay / sizeof *stay - (geteuid() != 0); i++)
     ck_assert_msg(in_cache(stay[i]), "%s was removed", stay[i]);
   ck_assert(access(path_in("elsewhere/kept"), F_OK) == 0);
   /* its builder gone, the locked one goes at the next build */
   close(lock);
   eval_building("-DCAVS_TEST_ABANDONED_2");
-  ck_assert_msg(!in_cache("build-Live01"), "a build directory nobody holds was left");
-  sh("cd \"$CAVS_CACHE\" && rm -rf build-*");
+  ck_assert_msg(!in_cache(LIVE), "a build directory nobody holds was left");
+  sh("cd \"$CAVS_CACHE\" && rm -rf build-* .build.cavs-tmp-*");
 }
 END_TEST
 
