@@ -2,6 +2,7 @@
  * QBE's main.c lists its passes: the verifier checks the IR sema built (or ir_read read)
  * before autodiff and the passes after it. */
 #include "cavsc.h"
+#include "afile.h"
 #include "options.h"
 #include "outputs.h"
 
@@ -109,33 +110,26 @@ static bool make_dirs(const char *dir) {
   }
 }
 
-/* Writes `data` for `path` to a temporary file beside it, synced; its name in *tmp, or
- * NULL (said, nothing left behind) when it could not be written. */
-static bool write_temp(const char *path, const char *data, size_t len, char **tmp_out) {
-  char *tmp = arena_printf("%s.tmpXXXXXX", path);
-  *tmp_out = NULL;
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
-    error_plain("cannot write '%s': %s", path, strerror(errno));
+/* `data` for `path`, written whole but not yet in place (afile.c: an unnamed file in the
+ * path's directory, so that a cavsc killed before its commit leaves nothing; where the
+ * file system has none, a temporary name that the next write of the path removes). False
+ * (said) when it could not be written. */
+static bool write_begin(cv_afile *a, const char *path, const char *data, size_t len) {
+  char err[1024];
+  if (cv_afile_open(a, path, 0, err, sizeof err) || cv_afile_write(a, data, len, err, sizeof err)) {
+    error_plain("%s", err);
     return false;
   }
-  /* mkstemp makes 0600; what cavsc writes gets the usual mode, as cc's output does */
-  mode_t mask = umask(0);
-  umask(mask);
-  fchmod(fd, 0666 & ~mask);
-  FILE *f = fdopen(fd, "wb");
-  bool ok = f && fwrite(data, 1, len, f) == len;
-  ok = f && fflush(f) == 0 && ok;
-  ok = ok && fsync(fd) == 0;
-  int err = errno;
-  if (f) fclose(f);
-  else close(fd);
-  if (!ok) {
-    unlink(tmp);
-    error_plain("cannot write '%s': %s", path, strerror(err));
+  return true;
+}
+
+/* ... and put in place (flushed, renamed over the path, the directory flushed) */
+static bool write_end(cv_afile *a) {
+  char err[1024];
+  if (cv_afile_commit(a, err, sizeof err)) {
+    error_plain("%s", err);
     return false;
   }
-  *tmp_out = tmp;
   return true;
 }
 
@@ -152,15 +146,8 @@ static bool replaceable(const char *path) {
 /* Writes `data` to `path` through a temporary file in the same directory and a rename,
  * so a reader never sees a half-written file and a failure leaves no file behind. */
 static bool write_atomic(const char *path, const char *data, size_t len) {
-  char *tmp;
-  if (!replaceable(path) || !write_temp(path, data, len, &tmp)) return false;
-  if (rename(tmp, path) != 0) {
-    int err = errno;
-    unlink(tmp);
-    error_plain("cannot write '%s': %s", path, strerror(err));
-    return false;
-  }
-  return true;
+  cv_afile a;
+  return replaceable(path) && write_begin(&a, path, data, len) && write_end(&a);
 }
 
 /* What the command line asks for */
@@ -321,7 +308,7 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
      earlier pair as it was. Neither replaces a file cavsc did not write (the names are
      the model's, and a user's own NAME.c may be there), nor a directory: found before
      any rename. */
-  char *ht, *ct, why[256];
+  char why[256];
   const char *bad = !cv_output_replaceable(hp, hf, NULL, why, sizeof why)   ? hp
                     : !cv_output_replaceable(cp, cf, NULL, why, sizeof why) ? cp
                                                                             : NULL;
@@ -329,19 +316,17 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
     error_plain("cannot write '%s': %s", bad, why);
     return false;
   }
-  if (!write_temp(hp, hbuf, hlen, &ht)) return false;
-  if (!write_temp(cp, buf, buflen, &ct)) {
-    unlink(ht);
+  cv_afile ha, ca;
+  if (!write_begin(&ha, hp, hbuf, hlen)) return false;
+  if (!write_begin(&ca, cp, buf, buflen)) {
+    cv_afile_abort(&ha);
     return false;
   }
-  const char *failed = rename(ct, cp) != 0 ? cp : rename(ht, hp) != 0 ? hp : NULL;
-  if (failed) {
-    int err = errno;
-    unlink(ht), unlink(ct);
-    error_plain("cannot write '%s': %s", failed, strerror(err));
+  if (!write_end(&ca)) {
+    cv_afile_abort(&ha);
     return false;
   }
-  return true;
+  return write_end(&ha);
 }
 
 int main(int argc, char **argv) {

@@ -874,12 +874,12 @@ out:
  * 12 random hexadecimal digits and 4 that check them, so that no directory of the
  * user's, whatever its name, passes for one: CAVS_CACHE may be a directory of theirs;
  * the build-XXXXXX of mkdtemp once took a user's build-python away) and renamed into
- * place, so a build
- * killed midway leaves its directory behind. Its builder holds an flock on the directory
- * (an open descriptor of it) from just after mkdtemp until it is done, and the kernel
+ * place, so a build killed midway leaves its directory behind. Its builder holds an
+ * flock on the directory (an open descriptor of it) from just after its mkdir until it
+ * is done, and the kernel
  * lets go of it when the process ends, however it ends. sweep_builds removes a build
  * directory only while holding that lock itself: never one whose builder is alive.
- * Between its mkdtemp and its builder's flock a directory is not locked yet, and a sweep
+ * Between its mkdir and its builder's flock a directory is not locked yet, and a sweep
  * may remove it then; so the builder, once it holds the lock, checks that the name still
  * leads to the directory it locked, and makes another when it does not (lock_build_dir).
  * A sweep that locked it first removed it before letting go, so the builder sees it gone;
@@ -905,7 +905,7 @@ static bool same_file(int fd, int dfd, const char *name) {
 }
 
 /* Removes the build directories in root that no process holds, and nothing else: only a
- * directory (not a link) of ours named as mkdtemp names them, emptied (empty_dir) and
+ * directory (not a link) of ours named as a build names them (build_name), emptied (empty_dir) and
  * removed while this process holds its lock. What cannot be removed is left. */
 static void sweep_builds(const char *root) {
   DIR *d = opendir(root);

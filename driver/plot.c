@@ -206,8 +206,15 @@ int cmd_plot(int argc, char **argv) {
   json_decref(record);
   record = NULL;
   if (!g.nrows) die(1, "%s: error: no records", g.path);
-  char dir[] = "/tmp/cavs-plot-XXXXXX";
-  if (!mkdtemp(dir)) die(1, "cannot make a temporary directory: %s", strerror(errno));
+  /* in $TMPDIR where it is a plain absolute path (gnuplot's script quotes it: no quote,
+     newline or other character that would need escaping there), else /tmp */
+  const char *tmpdir = getenv("TMPDIR");
+  if (!tmpdir || tmpdir[0] != '/' ||
+      strspn(tmpdir, "/._-+0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != strlen(tmpdir) ||
+      strlen(tmpdir) > 3000)
+    tmpdir = "/tmp";
+  char *dir = fmt("%s/cavs-plot-XXXXXX", tmpdir);
+  if (!mkdtemp(dir)) die(1, "cannot make a temporary directory in %s: %s", tmpdir, strerror(errno));
   static const char *const made[] = {"data", "script", "out.png"};
   if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
     int e = errno;

@@ -437,6 +437,26 @@ START_TEST(plot_a_log) {
   char *png = tu_slurp(path_in("p.png"), &n);
   ck_assert_msg(png && n > 1000 && !memcmp(png, "\x89PNG\r\n\x1a\n", 8), "not a PNG (%zu bytes)", n);
   free(png);
+  /* gnuplot's files in $TMPDIR, removed after; a $TMPDIR the script could not quote as
+     it is (a quote in it) is passed over for /tmp */
+  char tmpenv[4500], *where = path_in("plots");
+  ck_assert(mkdir(where, 0700) == 0);
+  snprintf(tmpenv, sizeof tmpenv, "TMPDIR=%s", where);
+  char *in_tmp[] = {tmpenv, NULL}, *quoted[] = {"TMPDIR=/tmp/it's", NULL};
+  for (int k = 0; k < 2; k++) {
+    r = cavs_env(k ? quoted : in_tmp, "plot", path_in("p.log"), "-o", path_in("p2.png"), NULL);
+    ok(&r, "plot with TMPDIR");
+    tu_free(&r);
+    ck_assert_int_eq(entries(path_in("plots")), 0);
+    ck_assert(access(path_in("p2.png"), F_OK) == 0 && unlink(path_in("p2.png")) == 0);
+  }
+  rmdir(path_in("plots"));
+  char notdir[4500];
+  snprintf(notdir, sizeof notdir, "TMPDIR=%s", path_in("p.log")); /* (a file: no directory there) */
+  char *in_file[] = {notdir, NULL};
+  r = cavs_env(in_file, "plot", path_in("p.log"), "-o", path_in("p2.png"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot make a temporary directory in "), "%s", r.err);
+  tu_free(&r);
   /* as jq prints a log: pretty, a key's order changed, numbers as integers, exponents
      and null, keys cavs never writes, escapes, and compact records between */
   r = plot_text("pretty", "{\n  \"train_loss\": 0.5,\n  \"epoch\": 1,\n  \"dev_loss\": null,\n"

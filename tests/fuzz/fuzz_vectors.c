@@ -60,7 +60,10 @@ static void load_once(long E) {
   }
   char err[512] = "";
   cavs_model *m = cavs_model_new(&treelstm_desc, dims, err, sizeof err);
-  if (!m) abort();
+  if (!m) { /* (the harness's own model: a build out of step with the runtime, say) */
+    fprintf(stderr, "fuzz_vectors: cavs_model_new: %s\n", err);
+    abort();
+  }
   int p = -1;
   for (int i = 0; i < treelstm_desc.nparams; i++)
     if (!strcmp(treelstm_desc.params[i].name, "emb")) p = i;
