@@ -1138,9 +1138,11 @@ static void open_run(Run *r, long *dims) {
    was killed, or the disk was full, as it wrote it) is cut off first, so that the log
    stays a JSON record a line for what reads it (cavs plot); NULL with errno */
 static FILE *open_log(const char *path, bool resumed) {
-  if (!resumed) return fopen(path, "w");
-  FILE *f = fopen(path, "a+");
   struct stat st;
+  if (!resumed) return fopen(path, "w");
+  /* (a FIFO, say, is appended to as it was: opened for writing alone, nothing read) */
+  if (stat(path, &st) || !S_ISREG(st.st_mode)) return fopen(path, "a");
+  FILE *f = fopen(path, "a+");
   if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || st.st_size == 0) return f;
   char tail[65536];
   off_t from = st.st_size > (off_t)sizeof tail ? st.st_size - (off_t)sizeof tail : 0;
