@@ -169,6 +169,89 @@ END_TEST
 
 /* cv_span_of: the span of every flat index, against a linear search, with empty spans
  * among them. */
+/* The optimizers' moments with the gradient left at zero (a dead unit, an expert without
+ * rows): decayed step after step, each stays a normal number until it is exactly zero;
+ * it never sinks into the subnormals, where an Intel processor takes a microcode assist
+ * for every instruction that touches one (arith.h, cv_flush; bench/steps). A whole
+ * array of them at once, in a loop the compiler vectorizes as the CPU's step does, each
+ * element from a different starting size, so that at every step some cross the edge. */
+enum { MOM = 256 };
+static float mp[MOM], mm1[MOM], mm2[MOM];
+static double dp[MOM], dm1[MOM], dm2[MOM];
+
+/* every element's update as the CPU's step makes it, in float (S f) and double (S d) */
+#define STEP_LOOP(R, S, P, M1, M2)                                                                        \
+  __attribute__((noinline)) static void step_loop_##S(int kind, R g) {                                    \
+    CAVS_IVDEP                                                                                            \
+    for (int i = 0; i < MOM; i++) {                                                                       \
+      if (kind == CAVS_ADAM) cv_adam_##S(&P[i], &M1[i], &M2[i], g, (R)1e-3, (R)0.9, (R)0.999, (R)1.25, (R)1.5, (R)1e-8); \
+      else if (kind == CAVS_ADAMW)                                                                        \
+        cv_adamw_##S(&P[i], &M1[i], &M2[i], g, (R)1e-3, (R)0.9, (R)0.999, (R)1.25, (R)1.5, (R)1e-8, (R)0.01); \
+      else if (kind == CAVS_MOMENTUM) cv_momentum_##S(&P[i], &M1[i], g, (R)1e-3, (R)0.9);                   \
+      else cv_nesterov_##S(&P[i], &M1[i], g, (R)1e-3, (R)0.9);                                              \
+    }                                                                                                     \
+  }
+STEP_LOOP(float, f, mp, mm1, mm2)
+STEP_LOOP(double, d, dp, dm1, dm2)
+
+START_TEST(moments_never_subnormal) {
+  static const int kinds[] = {CAVS_ADAM, CAVS_ADAMW, CAVS_MOMENTUM, CAVS_NESTEROV};
+  for (int k = 0; k < 4; k++) {
+    int kind = kinds[k];
+    bool two = kind == CAVS_ADAM || kind == CAVS_ADAMW;
+    for (int i = 0; i < MOM; i++) {
+      mp[i] = 0.5f, dp[i] = 0.5;
+      /* from 1e-3 down to about 1e-35 (float) and 1e-300 (double), either sign */
+      mm1[i] = (i & 1 ? -1 : 1) * 1e-3f * powf(10.0f, -(float)(i % 32));
+      dm1[i] = (i & 1 ? -1 : 1) * 1e-3 * pow(10.0, -(double)(i % 32) * 9.4);
+      mm2[i] = 1e-6f * powf(10.0f, -(float)(i % 32));
+      dm2[i] = 1e-6 * pow(10.0, -(double)(i % 32) * 9.4);
+    }
+    /* each moment decays by 0.9 (or 0.999) a step: 0.999^k takes 1e-6 below DBL_MIN's
+       308 orders within 720000 steps, 0.9^k takes 1e-3 below FLT_MIN within 800 */
+    int steps_f = two ? 90000 : 2000, steps_d = two ? 720000 : 7000;
+    for (int s = 0; s < steps_f; s++) {
+      step_loop_f(kind, 0.0f);
+      for (int i = 0; i < MOM; i++)
+        if (fpclassify(mm1[i]) == FP_SUBNORMAL || (two && fpclassify(mm2[i]) == FP_SUBNORMAL))
+          ck_abort_msg("kind %d, float, step %d: moment %d subnormal (%a, %a)", kind, s, i, (double)mm1[i],
+                       (double)mm2[i]);
+    }
+    for (int i = 0; i < MOM; i++) {
+      ck_assert_msg(mm1[i] == 0 && (!two || mm2[i] == 0), "kind %d, float: moment %d not zero after %d steps: %a %a",
+                    kind, i, steps_f, (double)mm1[i], (double)mm2[i]);
+      ck_assert(isfinite(mp[i]));
+    }
+    for (int s = 0; s < steps_d; s++) {
+      step_loop_d(kind, 0.0);
+      /* (checked every step for the first moments, every 64th for the second) */
+      for (int i = 0; i < MOM; i++)
+        if (fpclassify(dm1[i]) == FP_SUBNORMAL || (two && (s & 63) == 0 && fpclassify(dm2[i]) == FP_SUBNORMAL))
+          ck_abort_msg("kind %d, double, step %d: moment %d subnormal (%a, %a)", kind, s, i, dm1[i], dm2[i]);
+    }
+    for (int i = 0; i < MOM; i++)
+      ck_assert_msg(dm1[i] == 0 && (!two || dm2[i] == 0), "kind %d, double: moment %d not zero: %a %a", kind, i,
+                    dm1[i], dm2[i]);
+  }
+}
+END_TEST
+
+/* ... and a normal moment, NaN (a poisoned gradient must still show) and the edge itself
+   pass through unchanged */
+START_TEST(moments_flush_only_subnormals) {
+  ck_assert(cv_flush_f(FLT_MIN) == FLT_MIN && cv_flush_f(-FLT_MIN) == -FLT_MIN);
+  ck_assert(cv_flush_f(nextafterf(FLT_MIN, 0)) == 0 && cv_flush_f(-nextafterf(FLT_MIN, 0)) == 0);
+  ck_assert(cv_flush_d(DBL_MIN) == DBL_MIN && cv_flush_d(nextafter(DBL_MIN, 0)) == 0);
+  ck_assert(isnan(cv_flush_f(NAN)) && isnan(cv_flush_d(NAN)) && cv_flush_f(INFINITY) == INFINITY);
+  /* one Adam step from normal moments: the formula's values exactly */
+  float p = 0.25f, m1 = 3e-4f, m2 = 2e-7f, g = -1.5e-3f;
+  float w1 = 0.9f * m1 + (1 - 0.9f) * g, w2 = 0.999f * m2 + (1 - 0.999f) * g * g;
+  float wp = p - 1e-3f * (w1 * 1.25f) / (sqrtf(w2 * 1.5f) + 1e-8f);
+  cv_adam_f(&p, &m1, &m2, g, 1e-3f, 0.9f, 0.999f, 1.25f, 1.5f, 1e-8f);
+  ck_assert(m1 == w1 && m2 == w2 && p == wp);
+}
+END_TEST
+
 START_TEST(spans_by_bisection) {
   static const size_t len[] = {3, 0, 1, 7, 0, 0, 2, 5, 1};
   enum { NS = sizeof len / sizeof *len };
@@ -585,6 +668,11 @@ int main(void) {
   tcase_add_test(cu, cuda_grid_limits);
   tcase_add_test(cu, spans_by_bisection);
   suite_add_tcase(s, cu);
+  TCase *mo = tcase_create("moments");
+  tcase_set_timeout(mo, 60);
+  tcase_add_test(mo, moments_never_subnormal);
+  tcase_add_test(mo, moments_flush_only_subnormals);
+  suite_add_tcase(s, mo);
   TCase *po = tcase_create("pool");
   tcase_add_test(po, pool_runs_each_part_once);
   suite_add_tcase(s, po);
