@@ -348,6 +348,9 @@ enum cavs_optim_kind {
                     p -= lr (m^ / (sqrt(v^) + eps) + weight_decay p) */
   CAVS_OPTIM_COUNT
 };
+/* Adam's and AdamW's moments and the momentum buffer b are stored as zero where they fall
+ * below the smallest normal number (a parameter whose gradient stays zero decays them
+ * into the subnormals, which some processors compute on many times more slowly). */
 /* The optimizers by name ("sgd", "adagrad", "adam", "momentum", "nesterov", "adamw"),
  * from one table in optim.c: a kind's name (NULL for none), the kind of a name (-1 for
  * none), a kind's default learning rate. */
