@@ -12,6 +12,7 @@
 #include "cavs.h"
 #include "../generated/moe_lm.h"
 #include "../generated/treelstm.h"
+#include "cpu_name.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,26 +24,6 @@ static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* vendor, family and model, as bench/cpu prints them */
-static void cpu_name(char *out, size_t n) {
-  char vendor[64] = "?", family[16] = "?", model[16] = "?", line[512];
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  while (f && fgets(line, sizeof line, f)) {
-    char *v = strchr(line, ':');
-    if (!v) continue;
-    v += 2;
-    v[strcspn(v, "\n")] = 0;
-    if (!strncmp(line, "vendor_id", 9)) snprintf(vendor, sizeof vendor, "%s", v);
-    else if (!strncmp(line, "cpu family", 10)) snprintf(family, sizeof family, "%s", v);
-    else if (!strncmp(line, "model\t", 6)) {
-      snprintf(model, sizeof model, "%s", v);
-      break;
-    }
-  }
-  if (f) fclose(f);
-  snprintf(out, n, "%s family %s model %s", vendor, family, model);
 }
 
 int main(int argc, char **argv) {
@@ -74,7 +55,7 @@ int main(int argc, char **argv) {
   cavs_dims_default(d, dims);
   for (int k = 0; k < d->ndims; k++)
     if (dims[k] <= 0) dims[k] = 10000; /* a vocabulary's size, bound from data in training */
-  char err[512], cpu[128];
+  char err[512], cpu[256];
   cavs_model_opts mo = {.threads = threads};
   cavs_model *m = cavs_model_new_opts(d, dims, &mo, err, sizeof err);
   if (!m) {
