@@ -313,7 +313,19 @@ int cv_afile_commit(cv_afile *a, char *err, size_t errlen) {
   if (renameat(a->dfd, a->tmp, a->dfd, a->base)) return fail(a, errno, err, errlen);
   free(a->tmp);
   a->tmp = NULL;
-  fsync(a->dfd); /* the rename itself, made durable */
+  /* The rename itself, made durable. Where the directory cannot be flushed (EIO) the new
+     file is in place but a crash may take the rename back, to the old file whole: the
+     caller hears it, as of a save that failed (before, the failure went unreported and
+     the save was said to be done). A filesystem that flushes no directory says EINVAL:
+     nothing to wait for there. */
+  if (fsync(a->dfd) && errno != EINVAL) {
+    snprintf(err, errlen,
+             "wrote '%s', but its directory could not be flushed to disk (%s): a crash may leave the file as it "
+             "was before",
+             a->path ? a->path : "?", strerror(errno));
+    afile_free(a);
+    return -1;
+  }
   afile_free(a);
   return 0;
 }

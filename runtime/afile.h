@@ -43,7 +43,9 @@ int cv_afile_target(const char *path, char **target, bool *direct, char *err, si
 int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errlen);
 /* Flushes the contents to disk and puts them at the path in one step (a reader sees the
  * old file or the new one; of two writers committing, the last wins), then makes that
- * durable. Frees a; -1 with the message in err, the path left as it was. */
+ * durable. Frees a; -1 with the message in err, the path left as it was, or, where only
+ * the last step failed (the directory not flushed), the new file in place but perhaps
+ * not after a crash. */
 int cv_afile_commit(cv_afile *a, char *err, size_t errlen);
 /* Drops the file: nothing of it stays. Frees a; a freed or never opened one is left. */
 void cv_afile_abort(cv_afile *a);

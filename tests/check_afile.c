@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 
 static bool modes[] = {false, true}; /* O_TMPFILE, then the named fallback */
@@ -45,6 +46,19 @@ static int save(const char *path, int flags, const char *what, char *err, size_t
   cv_afile a;
   if (cv_afile_open(&a, path, flags, err, errlen) || cv_afile_write(&a, what, strlen(what), err, errlen)) return -1;
   return cv_afile_commit(&a, err, errlen);
+}
+
+/* fsync(2) as the C library's (afile.c, compiled in, calls this one), but failing with
+ * dir_fsync_errno for a directory while that is set: a disk that did not take the
+ * directory's block after the rename. */
+static int dir_fsync_errno;
+int fsync(int fd) {
+  struct stat st;
+  if (dir_fsync_errno && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    errno = dir_fsync_errno;
+    return -1;
+  }
+  return (int)syscall(SYS_fsync, fd);
 }
 
 static bool is_link(const char *path) {
@@ -283,6 +297,30 @@ START_TEST(concurrent_commits_all_finish) {
 }
 END_TEST
 
+/* The rename flushed: where the directory's flush fails the save reports it (the new
+ * file in place, nothing temporary left), as a save that failed, not one that was done;
+ * a filesystem that cannot flush a directory (EINVAL) is not an error. */
+START_TEST(unflushed_directory_reported) {
+  char path[PATH_MAX], err[512];
+  snprintf(path, sizeof path, "%s/flushed.txt", dir);
+  ck_assert_msg(save(path, modes[_i] ? CV_AFILE_NAMED : 0, "old\n", err, sizeof err) == 0, "%s", err);
+  dir_fsync_errno = EIO;
+  int rc = save(path, modes[_i] ? CV_AFILE_NAMED : 0, "new\n", err, sizeof err);
+  dir_fsync_errno = 0;
+  ck_assert_msg(rc == -1, "a save whose directory was not flushed said it was done");
+  ck_assert_msg(strstr(err, "flushed.txt") && strstr(err, "could not be flushed") && strstr(err, strerror(EIO)), "%s",
+                err);
+  ck_assert_msg(starts(path, "new\n"), "the renamed file is not in place");
+  ck_assert_int_eq(temps("flushed.txt"), 0);
+  dir_fsync_errno = EINVAL;
+  rc = save(path, modes[_i] ? CV_AFILE_NAMED : 0, "newer\n", err, sizeof err);
+  dir_fsync_errno = 0;
+  ck_assert_msg(rc == 0, "EINVAL from a directory's flush: %s", err);
+  ck_assert_msg(starts(path, "newer\n"), "the third save is not in place");
+  unlink(path);
+}
+END_TEST
+
 int main(void) {
   if (cli_init("afile")) return 99;
   Suite *s = suite_create("afile");
@@ -294,6 +332,7 @@ int main(void) {
   tcase_add_test(tc, temporary_names_check_themselves);
   tcase_add_loop_test(tc, user_paths_followed_and_kept, 0, 2);
   tcase_add_loop_test(tc, concurrent_commits_all_finish, 0, 2);
+  tcase_add_loop_test(tc, unflushed_directory_reported, 0, 2);
   suite_add_tcase(s, tc);
   return tu_run_suite_shared(s, dir);
 }
