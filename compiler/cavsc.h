@@ -442,6 +442,8 @@ typedef struct Buf {
   int vertex; /* the vertex type whose function made it (only its rows hold values), -2
                  (the push block's: the rows of the types that push), or -1 */
   bool edge;  /* one row per edge, not per vertex */
+  bool pull;  /* the pull block's (vertex -1): values at the rows of the types that read it
+                 alone, which the descriptor says as vertex -3 (cavs_buf_desc) */
   bool slot;  /* the K slots of a mixture of experts side by side in each row (plan.c) */
   bool grad;
   bool grad_whole; /* its gradient is written whole by the backward pass, each cell set

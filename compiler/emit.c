@@ -1299,7 +1299,7 @@ static void desc_bufs(const Emit *e) {
     desc_lin(c, m->bufs[i].width);
     int v = m->bufs[i].vertex;
     fprintf(c, ", %s, %d, %d, %d},\n", m->bufs[i].grad_whole ? "CAVS_GRAD_WHOLE" : m->bufs[i].grad ? "CAVS_GRAD" : "CAVS_GRAD_NONE",
-            v, v >= 0 && !m->bufs[i].edge && leaves_untouched(m->vertex[v], i), m->bufs[i].edge);
+            m->bufs[i].pull ? -3 : v, v >= 0 && !m->bufs[i].edge && leaves_untouched(m->vertex[v], i), m->bufs[i].edge);
   }
   fprintf(c, "};\n");
 }
@@ -1351,7 +1351,10 @@ static void desc_vertices(const Emit *e) {
             named ? fname(e, f, "slot_names") : "NULL", named ? fname(e, f, "slot_types") : "NULL", f->edges,
             f->edges ? f->edge_type : -1, f->edges ? edge_src(m, f) : -1, e->homes[i], ec ? ec->val.buf : -1);
     desc_lin(c, ec ? ec->val.off : lin_const(0));
-    fprintf(c, ",\n   {grads_%d_0, grads_%d_1, grads_%d_2}},\n", i, i, i);
+    /* whether its stages read the pull block (the push block reads none: sema) */
+    bool reads_pull = false;
+    for (int x = 0; x < f->n && !reads_pull; x++) reads_pull = f->nodes[x].op == OP_PULL && f->nodes[x].uses > 0;
+    fprintf(c, ",\n   {grads_%d_0, grads_%d_1, grads_%d_2}, %d},\n", i, i, i, reads_pull);
   }
   fprintf(c, "};\n");
 }

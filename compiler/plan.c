@@ -457,6 +457,8 @@ static void place_finish(Model *m, IrFunc *f, int b0) {
   /* the push block's buffers hold values at the rows of the types that push alone (the
      runtime runs it there) */
   for (int b = b0; b < m->nbufs && f->kind == F_PUSH; b++) m->bufs[b].vertex = -2;
+  /* the pull block's, at the rows of the types that read it (the runtime runs it there) */
+  for (int b = b0; b < m->nbufs && f->kind == F_PULL; b++) m->bufs[b].pull = true;
   /* a buffer holds edge rows or vertex rows, never both */
   for (int i = 0; i < n; i++) {
     const IrNode *x = &f->nodes[i];

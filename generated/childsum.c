@@ -675,7 +675,7 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"node_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"node_fc", {0, {0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"node_t38", {0, {0, 1}}, CAVS_GRAD, 0, 0, 1},
@@ -702,7 +702,7 @@ static const cavs_vertex_desc vertex[] = {
   {"node", 0, 1, childsum_node_fwd_eager, childsum_node_fwd_path, NULL,
    NULL, childsum_node_bwd_path, childsum_node_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 1, -1, 0, 1, 10, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -1408,8 +1408,8 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"wrd_state", {0, {0, 0, 1}}, CAVS_GRAD, 0, 0, 0},
   {"chr_state", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
-  {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_xw", {0, {0, 1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"wrd_mm0", {0, {0, 0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"wrd_t20", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"wrd_t11", {0, {0, 0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -1463,11 +1463,11 @@ static const cavs_vertex_desc vertex[] = {
   {"wrd", 1, 0, lattice_gru_wrd_fwd_eager, lattice_gru_wrd_fwd_path, NULL,
    NULL, lattice_gru_wrd_bwd_path, lattice_gru_wrd_bwd_eager, 1, 1, lattice_gru_wrd_gathers,
    0, lattice_gru_wrd_slot_names, lattice_gru_wrd_slot_types, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
   {"chr", 1, 1, lattice_gru_chr_fwd_eager, lattice_gru_chr_fwd_path, lattice_gru_chr_fwd_lazy,
    lattice_gru_chr_bwd_lazy, lattice_gru_chr_bwd_path, lattice_gru_chr_bwd_eager, 1, 1, lattice_gru_chr_gathers,
    1, lattice_gru_chr_slot_names, lattice_gru_chr_slot_types, 1, 0, 0, 2, 21, {0, {0}},
-   {grads_1_0, grads_1_1, grads_1_2}},
+   {grads_1_0, grads_1_1, grads_1_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

@@ -702,8 +702,8 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"token_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"token_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"token_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -735,7 +735,7 @@ static const cavs_vertex_desc vertex[] = {
   {"token", 1, 1, moe_lm_token_fwd_eager, moe_lm_token_fwd_path, NULL,
    NULL, moe_lm_token_bwd_path, moe_lm_token_bwd_eager, 1, 1, moe_lm_token_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -533,8 +533,8 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {1, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_X", {0, {0, 0, 1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_X", {0, {0, 0, 1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"internal_t19", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t17", {0, {0, 0, 1}}, CAVS_GRAD, 1, 0, 0},
   {"internal_t9", {0, {1}}, CAVS_GRAD, 1, 0, 0},
@@ -562,11 +562,11 @@ static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, mvrnn_leaf_fwd_eager, mvrnn_leaf_fwd_path, mvrnn_leaf_fwd_lazy,
    mvrnn_leaf_bwd_lazy, mvrnn_leaf_bwd_path, mvrnn_leaf_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 0, -1, -1, 0, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
   {"internal", 2, 1, mvrnn_internal_fwd_eager, mvrnn_internal_fwd_path, mvrnn_internal_fwd_lazy,
    mvrnn_internal_bwd_lazy, mvrnn_internal_bwd_path, mvrnn_internal_bwd_eager, 1, 2, mvrnn_internal_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_1_0, grads_1_1, grads_1_2}},
+   {grads_1_0, grads_1_1, grads_1_2}, 0},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

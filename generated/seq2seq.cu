@@ -1635,10 +1635,10 @@ static const cavs_pgroup_desc pgroups[] = {
 static const cavs_buf_desc bufs[] = {
   {"enc_state", {0, {0, 2}}, CAVS_GRAD, 0, 0, 0},
   {"dec_state", {0, {0, 2}}, CAVS_GRAD, 1, 0, 0},
-  {"pull_y", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_t7", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_y", {0, {1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_t7", {0, {1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"enc_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"enc_t13", {0, {0, 1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"enc_s", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -1697,11 +1697,11 @@ static const cavs_vertex_desc vertex[] = {
   {"enc", 1, 0, seq2seq_enc_fwd_eager, seq2seq_enc_fwd_path, NULL,
    NULL, seq2seq_enc_bwd_path, seq2seq_enc_bwd_eager, 1, 1, seq2seq_enc_gathers,
    0, seq2seq_enc_slot_names, seq2seq_enc_slot_types, 0, -1, -1, 2, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
   {"dec", 2, 1, seq2seq_dec_fwd_eager, seq2seq_dec_fwd_path, seq2seq_dec_fwd_lazy,
    seq2seq_dec_bwd_lazy, seq2seq_dec_bwd_path, seq2seq_dec_bwd_eager, 1, 2, seq2seq_dec_gathers,
    1, seq2seq_dec_slot_names, seq2seq_dec_slot_types, 1, 0, 0, 1, 28, {0, {0}},
-   {grads_1_0, grads_1_1, grads_1_2}},
+   {grads_1_0, grads_1_1, grads_1_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 2},

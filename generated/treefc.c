@@ -320,7 +320,7 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"tree_t5", {0, {1}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_t3", {0, {2}}, CAVS_GRAD, 0, 1, 0},
   {"push_logits", {0, {0, 1}}, CAVS_GRAD, -2, 0, 0},
@@ -339,7 +339,7 @@ static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treefc_tree_fwd_eager, treefc_tree_fwd_path, NULL,
    NULL, treefc_tree_bwd_path, treefc_tree_bwd_eager, 1, 2, treefc_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

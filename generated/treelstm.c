@@ -638,8 +638,8 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_t2", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
+  {"pull_t2", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"tree_mm0", {0, {0, 3}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"tree_mm2", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 1, 0},
   {"tree_children", {0, {0, 4}}, CAVS_GRAD_WHOLE, 0, 1, 0},
@@ -668,7 +668,7 @@ static const cavs_vertex_desc vertex[] = {
   {"tree", 2, 1, treelstm_tree_fwd_eager, treelstm_tree_fwd_path, NULL,
    NULL, treelstm_tree_bwd_path, treelstm_tree_bwd_eager, 1, 2, treelstm_tree_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

@@ -792,7 +792,7 @@ static const cavs_pgroup_desc pgroups[] = {
 };
 static const cavs_buf_desc bufs[] = {
   {"state", {0, {0, 2}}, CAVS_GRAD, -1, 0, 0},
-  {"pull_x", {0, {1}}, CAVS_GRAD, -1, 0, 0},
+  {"pull_x", {0, {1}}, CAVS_GRAD, -3, 0, 0},
   {"leaf_mm0", {0, {0, 2}}, CAVS_GRAD_WHOLE, 0, 0, 0},
   {"leaf_t9_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
   {"leaf_t10_kept", {0, {0, 1}}, CAVS_GRAD_NONE, 0, 0, 0},
@@ -826,11 +826,11 @@ static const cavs_vertex_desc vertex[] = {
   {"leaf", 0, 1, twotype_leaf_fwd_eager, twotype_leaf_fwd_path, NULL,
    NULL, twotype_leaf_bwd_path, twotype_leaf_bwd_eager, 1, 0, NULL,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_0_0, grads_0_1, grads_0_2}},
+   {grads_0_0, grads_0_1, grads_0_2}, 1},
   {"internal", 2, 1, twotype_internal_fwd_eager, twotype_internal_fwd_path, NULL,
    NULL, twotype_internal_bwd_path, twotype_internal_bwd_eager, 1, 2, twotype_internal_gathers,
    0, NULL, NULL, 0, -1, -1, 1, -1, {0, {0}},
-   {grads_1_0, grads_1_1, grads_1_2}},
+   {grads_1_0, grads_1_1, grads_1_2}, 0},
 };
 static const cavs_loss_desc losses[] = {
   {CAVS_LOSS_SOFTMAX_XENT, 1},

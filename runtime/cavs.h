@@ -242,7 +242,9 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n);
  * vertex's block's, else the pull or push block's), its first n entries into out (as
  * doubles; out may be NULL to ask the width). Returns the width, or -1: no such vertex,
  * no such value stored per row (one that lives only in a fused loop's registers, or a
- * name the block gives twice), one not computed at a vertex without children, a
+ * name the block gives twice), one not computed at a vertex without children, the pull
+ * block's at a vertex whose type does not read it (pull(): the pull block runs at the
+ * rows of the types that do), the push block's at one whose type does not push, a
  * kept gate after a pass in inference, or a failed read (cavs_model_error says which). */
 long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, double *out, long n);
 /* After a forward pass: each loss of the model (in the order of desc->losses) summed

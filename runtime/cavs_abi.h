@@ -66,8 +66,10 @@ extern "C" {
  * 21: cavs_emm_fwd's bias and cavs_emm_bwd's dbias (an expert's bias row, its erow,
  *    summed into its product where the product adds into it: one operation, not two).
  * 22: cavs_emm_fwd's act and cavs_emm_bwd's dx_act (CAVS_ACT_*: an activation applied
- *    by the product as it stores, its derivative by the next product's dx). */
-#define CAVS_ABI_VERSION 22
+ *    by the product as it stores, its derivative by the next product's dx).
+ * 23: cavs_vertex_desc.reads_pull (the pull block runs at the rows of the types that
+ *    read it alone) and cavs_buf_desc.vertex -3 (the pull block's buffers). */
+#define CAVS_ABI_VERSION 23
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -293,7 +295,8 @@ typedef struct cavs_buf_desc {
   int grad;   /* enum cavs_grad_kind */
   int vertex; /* the vertex type whose stages alone use it (only its rows hold values),
                  -2 (the push block's: values at the rows of the types that push alone),
-                 or -1 (the state and pull buffers) */
+                 -3 (the pull block's: values at the rows of the types that read it
+                 alone, cavs_vertex_desc.reads_pull), or -1 (the state buffers) */
   int inner;  /* 1: nothing writes or reads it at a row without children */
   int edge;   /* 1: one row per edge (cavs_ctx.eoff), not per vertex */
 } cavs_buf_desc;
@@ -375,6 +378,11 @@ typedef struct cavs_vertex_desc {
   /* per backward stage (bwd_lazy, bwd_path, bwd_eager), a flag a parameter group
      (cavs_desc.npgroups of them): 1 where the stage adds to the group's gradient */
   const unsigned char *bwd_grads[3];
+  /* 1 when its stages read the pull block's values (pull()): the pull block runs, and
+     its gradients are cleared, at the rows of such types alone (a tree's inner
+     vertices that read no word looked up, and cleared the gradient of, a row of zeros
+     each) */
+  int reads_pull;
 } cavs_vertex_desc;
 
 enum cavs_loss_kind { CAVS_LOSS_SOFTMAX_XENT, CAVS_LOSS_MSE };

@@ -21,7 +21,7 @@
  * needs to become a view. For a vertex with two parents the first one seen places it.
  * cavs_backend_stats counts the gathered rows and those in such blocks.
  *
- * Forward:  pull (all rows) -> eager (per type) -> path (per task) -> lazy (per type)
+ * Forward:  pull (the rows of the types that read it) -> eager (per type) -> path (per task) -> lazy (per type)
  *           -> push (all rows, losses).
  * Backward: the same in reverse; every parameter gradient of a type is formed after its
  *           path phase, as one product over all its rows.
@@ -866,6 +866,34 @@ static int push_task(cavs_model *m, cavs_stage f, int i, int lo, int hi) {
   return b > a ? run(m, f, a, b - a, 0) : 0;
 }
 
+/* The pull block's rows: those of the vertex types that read it (cavs_vertex_desc
+   .reads_pull; a type's rows are one range, the types in order), the runs of adjacent
+   ones given as one: run i is [*r0, *r0 + *n). Returns false past the last run. Every
+   row where every type reads it, as before there was the flag. */
+static bool cv_pull_run(const cavs_model *m, int i, int *r0, int *n) {
+  const cavs_desc *d = m->d;
+  int k = 0;
+  for (int t = 0; t < d->nvertex; t++) {
+    if (!d->vertex[t].reads_pull || !m->type_n[t]) continue;
+    int a = m->type_r0[t], b = a + m->type_n[t];
+    /* the types after it that read it too, whose rows follow on */
+    while (t + 1 < d->nvertex && (d->vertex[t + 1].reads_pull || !m->type_n[t + 1]) && m->type_r0[t + 1] == b)
+      b += m->type_n[++t];
+    if (k++ == i) {
+      *r0 = a, *n = b - a;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* the pull block's stage f at its rows */
+static int pull_stage(cavs_model *m, cavs_stage f) {
+  for (int i = 0, r0, n; cv_pull_run(m, i, &r0, &n); i++)
+    if (run(m, f, r0, n, 0)) return -1;
+  return 0;
+}
+
 int cavs_plan_forward(cavs_model *m) {
   const cavs_desc *d = m->d;
   int N = m->rows, T = d->nvertex;
@@ -876,12 +904,12 @@ int cavs_plan_forward(cavs_model *m) {
   m->plan_pass = 0;
   if (two) {
     if (ctl(m, CV_RECORD, EV_START) || ctl(m, CV_STREAM, 1) || ctl(m, CV_WAIT, EV_START)) return -1;
-    if (run(m, d->pull_fwd, 0, N, 0)) return -1;
+    if (pull_stage(m, d->pull_fwd)) return -1;
     for (int c = 0; c <= last; c++)
       if (eager_chunk(m, c, false) || ctl(m, CV_RECORD, c)) return -1;
     if (ctl(m, CV_STREAM, 0)) return -1;
   } else {
-    if (run(m, d->pull_fwd, 0, N, 0)) return -1;
+    if (pull_stage(m, d->pull_fwd)) return -1;
     for (int t = 0; t < T && eager; t++)
       if (vrun(m, t, d->vertex[t].fwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
   }
@@ -913,7 +941,7 @@ int cavs_plan_forward(cavs_model *m) {
 
 int cavs_plan_backward(cavs_model *m) {
   const cavs_desc *d = m->d;
-  int N = m->rows, T = d->nvertex;
+  int T = d->nvertex;
   /* the eager stages may run beside the path tasks only where they add to parameter
      gradients no other stage adds to (two streams adding to one would race) */
   bool eager = !(m->ablate & CAVS_NO_EAGER), lazy = !(m->ablate & CAVS_NO_LAZY);
@@ -954,7 +982,7 @@ int cavs_plan_backward(cavs_model *m) {
   } else
     for (int t = 0; t < T && eager; t++)
       if (vrun(m, t, d->vertex[t].bwd_eager, m->type_r0[t], m->type_n[t], m->type_leaf[t])) return -1;
-  return run(m, d->pull_bwd, 0, N, 0);
+  return pull_stage(m, d->pull_bwd);
 }
 
 static void step_of(cavs_model *m, const cv_op *o) {
@@ -1291,6 +1319,9 @@ long cavs_model_vertex_value(cavs_model *m, int g, int v, const char *name, doub
   if (x->vertex == -2 && (r < m->push_lo || r >= m->push_hi))
     return cv_fail(m, "value '%s' is the push block's, which the pass ran only where a loss has a target "
                       "(cavs_model_set_targets_only)", name);
+  if (x->vertex == -1 && !d->vertex[t].reads_pull)
+    return cv_fail(m, "value '%s' is the pull block's, which runs only at the types that read pull(), and this "
+                      "vertex's type '%s' does not", name, d->vertex[t].name);
   if (x->vertex >= 0 && d->bufs[x->buf].inner && r < m->type_r0[t] + m->type_leaf[t])
     return cv_fail(m, "value '%s' is not computed at a vertex without children", name);
   long off = cv_lin(&x->off, m->ctx.dims), w = cv_lin(&x->width, m->ctx.dims), ld = m->bw[x->buf];
@@ -1395,6 +1426,11 @@ static void clear_grads(cavs_model *m) {
       r0 = (size_t)m->type_r0[v] + (d->bufs[b].inner ? (size_t)m->type_leaf[v] : 0);
       n = (size_t)(m->type_r0[v] + m->type_n[v]) - r0;
     }
+    if (!d->bufs[b].edge && v == -3) { /* the pull block's: at the rows it runs at */
+      for (int i = 0, a, k; cv_pull_run(m, i, &a, &k); i++)
+        m->be->zero(m, (char *)m->grad[b] + (size_t)a * row, (size_t)k * row);
+      continue;
+    }
     m->be->zero(m, (char *)m->grad[b] + r0 * row, n * row);
   }
   /* the carried states' rows, which the first vertices' gathers add to and nothing reads
@@ -1416,6 +1452,13 @@ static void clear_grads(cavs_model *m) {
     m->pg_clean[g] = 0; /* this pass adds to it */
   }
   cv_sparse_reset(m);
+}
+
+/* whether the pull block ran at row r (cv_pull_run) */
+static bool pull_row(const cavs_model *m, int r) {
+  for (int i = 0, a, n; cv_pull_run(m, i, &a, &n); i++)
+    if (r >= a && r < a + n) return true;
+  return false;
 }
 
 int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, size_t len) {
@@ -1452,8 +1495,9 @@ int cavs_model_check_finite(cavs_model *m, int *graph, int *vertex, char *msg, s
         r1 = m->type_r0[t] + m->type_n[t];
       }
       for (int r = r0; r < r1; r++) {
-        /* the push block's, not run there */
+        /* the push block's, not run there; the pull block's, not at a type that reads none */
         if (d->bufs[b].vertex == -2 && (!m->pushed[r] || r < m->push_lo || r >= m->push_hi)) continue;
+        if (d->bufs[b].vertex == -3 && !pull_row(m, r)) continue;
         long j = m->be->first_bad(m, (const char *)m->val[b] + (size_t)r * (size_t)m->bw[b] * m->esize, (size_t)m->bw[b]);
         if (j < 0) continue;
         int g = 0, v = -1;

@@ -1846,6 +1846,60 @@ START_TEST(passes_read_only_what_they_wrote) {
 }
 END_TEST
 
+/* The pull block runs at the rows of the types that read it alone (cavs_vertex_desc
+ * .reads_pull): twotype's leaves look their word up, its internal vertices read nothing
+ * of the pull block, which neither looks a row up there nor clears its gradient. At a
+ * leaf its x is the embedding's row of the word (a row of zeros without one), read back
+ * against the table itself; at an internal vertex there is no x to read, and the value
+ * is refused, saying why. (That the results are the same: batched_equals_serial,
+ * passes_read_only_what_they_wrote, the gradient checks.) */
+START_TEST(pull_runs_where_read) {
+  const cavs_desc *d = load_model("twotype.vf", "double");
+  int leaf = -1, internal = -1, emb = -1;
+  for (int t = 0; t < d->nvertex; t++) {
+    if (!strcmp(d->vertex[t].name, "leaf")) leaf = t;
+    if (!strcmp(d->vertex[t].name, "internal")) internal = t;
+  }
+  for (int i = 0; i < d->nparams; i++)
+    if (!strcmp(d->params[i].name, "emb")) emb = i;
+  ck_assert(leaf >= 0 && internal >= 0 && emb >= 0);
+  ck_assert_msg(d->vertex[leaf].reads_pull && !d->vertex[internal].reads_pull, "reads_pull %d %d",
+                d->vertex[leaf].reads_pull, d->vertex[internal].reads_pull);
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m = new_model(d, dims, 5);
+  cavs_stats st;
+  ck_assert_msg(cavs_model_forward(m, gs, k, &st) == 0, "%s", cavs_model_error(m));
+  cavs_model_backward(m);
+  long rows, cols, ld, E = dims[find_dim(d, "E")];
+  const double *table = cavs_model_param(m, emb, &rows, &cols, &ld);
+  ck_assert_int_eq(cols, E);
+  int word = find_input(d, "word"), leaves = 0, inner = 0;
+  static double x[1024];
+  for (int j = 0; j < k; j++)
+    for (int v = 0; v < gs[j]->n; v++) {
+      long got = cavs_model_vertex_value(m, j, v, "x", x, E);
+      if (g[j].type[v] == internal) {
+        ck_assert_msg(got == -1 && strstr(cavs_model_error(m), "pull block") &&
+                          strstr(cavs_model_error(m), "internal"),
+                      "graph %d, internal vertex %d: x gave %ld (%s)", j, v, got, cavs_model_error(m));
+        inner++;
+        continue;
+      }
+      ck_assert_msg(got == E, "graph %d, leaf %d: %s", j, v, cavs_model_error(m));
+      int w = g[j].feat[v * d->nint + word];
+      for (long c = 0; c < E; c++)
+        ck_assert_msg(x[c] == (w < 0 ? 0 : table[(size_t)w * (size_t)ld + (size_t)c]), "graph %d, leaf %d, word %d, column %ld: %g",
+                      j, v, w, c, x[c]);
+      leaves++;
+    }
+  ck_assert(leaves > 0 && inner > 0);
+  cavs_model_free(m);
+}
+END_TEST
+
 /* Tasks a minibatch takes under each policy (cavs_stats.tasks) against the lower bound
  * (lower_bound: summed over the types, the most vertices of the type on one path). On
  * chains, trees of one type and the two-type tree every policy takes the bound, the
@@ -3187,5 +3241,10 @@ int main(void) {
   tcase_set_timeout(tl, 600);
   tcase_add_test(tl, softmax_over_threads);
   suite_add_tcase(s, tl);
+  /* where the pull block runs (CK_RUN_CASE=pull) */
+  TCase *tp = tcase_create("pull");
+  tcase_set_timeout(tp, 600);
+  tcase_add_test(tp, pull_runs_where_read);
+  suite_add_tcase(s, tp);
   return tu_run_suite(s);
 }

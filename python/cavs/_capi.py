@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 
-ABI_VERSION = 22
+ABI_VERSION = 23
 MAX_DIMS = 16
 
 c_int, c_long, c_double, c_char_p, c_void_p, c_size_t = (
@@ -54,7 +54,7 @@ class VertexDesc(ctypes.Structure):
         [("eager_apart", c_int), ("ngathers", c_int), ("gathers", c_void_p), ("state", c_int),
          ("slot_names", ctypes.POINTER(c_char_p)), ("slot_types", ctypes.POINTER(c_int)), ("edges", c_int),
          ("edge_type", c_int), ("edge_state", c_int), ("homes", c_int), ("edge_buf", c_int), ("edge_off", Lin),
-         ("bwd_grads", c_void_p * 3)]
+         ("bwd_grads", c_void_p * 3), ("reads_pull", c_int)]
 
 
 class LossDesc(ctypes.Structure):
