@@ -821,20 +821,27 @@ static void target_rows(const cavs_model *m, bool fwd, int *lo, int *hi) {
   *lo = a, *hi = a < b ? b : a;
 }
 
-/* The push block runs at the rows of the types that push and nowhere else: the next
- * run of such rows from type *t on, [*r0, *r1) (a type's rows follow the previous
- * type's), or 0. The rows of a type that pushes nothing hold no pushed value (with
- * the push block reading the state in place, the state of a type that pushes none);
- * a label there is not read. */
-static int push_range(const cavs_model *m, int *t, int *r0, int *r1) {
+/* The push block runs at the rows of the types that push and nowhere else, the pull
+ * block at those of the types that read it (cavs_vertex_desc.reads_pull): the next run
+ * of such rows from type *t on, [*r0, *r1) (a type's rows follow the previous type's),
+ * or 0. The rows of a type that pushes nothing hold no pushed value (with the push
+ * block reading the state in place, the state of a type that pushes none); a label
+ * there is not read. Tree-FC's inner vertices read no word: the pull block wrote a row
+ * of zeros at each and cleared its gradient there. */
+enum { PUSHING, PULLING };
+static bool of_kind(const cavs_desc *d, int kind, int t) {
+  return kind == PUSHING ? d->vertex[t].pushes : d->vertex[t].reads_pull;
+}
+static int type_range(const cavs_model *m, int kind, int *t, int *r0, int *r1) {
   const cavs_desc *d = m->d;
   int T = d->nvertex;
-  while (*t < T && !(d->vertex[*t].pushes && m->type_n[*t])) ++*t;
+  while (*t < T && !(of_kind(d, kind, *t) && m->type_n[*t])) ++*t;
   if (*t >= T) return 0;
   *r0 = *r1 = m->type_r0[*t];
-  for (; *t < T && (d->vertex[*t].pushes || !m->type_n[*t]); ++*t) *r1 = m->type_r0[*t] + m->type_n[*t];
+  for (; *t < T && (of_kind(d, kind, *t) || !m->type_n[*t]); ++*t) *r1 = m->type_r0[*t] + m->type_n[*t];
   return 1;
 }
+static int push_range(const cavs_model *m, int *t, int *r0, int *r1) { return type_range(m, PUSHING, t, r0, r1); }
 
 /* Whether the forward pass's push block runs task by task, right after the path task
  * of each task of a type that pushes, over that task's rows, instead of once over all
@@ -866,31 +873,10 @@ static int push_task(cavs_model *m, cavs_stage f, int i, int lo, int hi) {
   return b > a ? run(m, f, a, b - a, 0) : 0;
 }
 
-/* The pull block's rows: those of the vertex types that read it (cavs_vertex_desc
-   .reads_pull; a type's rows are one range, the types in order), the runs of adjacent
-   ones given as one: run i is [*r0, *r0 + *n). Returns false past the last run. Every
-   row where every type reads it, as before there was the flag. */
-static bool cv_pull_run(const cavs_model *m, int i, int *r0, int *n) {
-  const cavs_desc *d = m->d;
-  int k = 0;
-  for (int t = 0; t < d->nvertex; t++) {
-    if (!d->vertex[t].reads_pull || !m->type_n[t]) continue;
-    int a = m->type_r0[t], b = a + m->type_n[t];
-    /* the types after it that read it too, whose rows follow on */
-    while (t + 1 < d->nvertex && (d->vertex[t + 1].reads_pull || !m->type_n[t + 1]) && m->type_r0[t + 1] == b)
-      b += m->type_n[++t];
-    if (k++ == i) {
-      *r0 = a, *n = b - a;
-      return true;
-    }
-  }
-  return false;
-}
-
 /* the pull block's stage f at its rows */
 static int pull_stage(cavs_model *m, cavs_stage f) {
-  for (int i = 0, r0, n; cv_pull_run(m, i, &r0, &n); i++)
-    if (run(m, f, r0, n, 0)) return -1;
+  for (int t = 0, r0, r1; type_range(m, PULLING, &t, &r0, &r1);)
+    if (run(m, f, r0, r1 - r0, 0)) return -1;
   return 0;
 }
 
@@ -1427,8 +1413,8 @@ static void clear_grads(cavs_model *m) {
       n = (size_t)(m->type_r0[v] + m->type_n[v]) - r0;
     }
     if (!d->bufs[b].edge && v == -3) { /* the pull block's: at the rows it runs at */
-      for (int i = 0, a, k; cv_pull_run(m, i, &a, &k); i++)
-        m->be->zero(m, (char *)m->grad[b] + (size_t)a * row, (size_t)k * row);
+      for (int t = 0, a, z; type_range(m, PULLING, &t, &a, &z);)
+        m->be->zero(m, (char *)m->grad[b] + (size_t)a * row, (size_t)(z - a) * row);
       continue;
     }
     m->be->zero(m, (char *)m->grad[b] + r0 * row, n * row);
@@ -1454,10 +1440,10 @@ static void clear_grads(cavs_model *m) {
   cv_sparse_reset(m);
 }
 
-/* whether the pull block ran at row r (cv_pull_run) */
+/* whether the pull block ran at row r (type_range) */
 static bool pull_row(const cavs_model *m, int r) {
-  for (int i = 0, a, n; cv_pull_run(m, i, &a, &n); i++)
-    if (r >= a && r < a + n) return true;
+  for (int t = 0, a, z; type_range(m, PULLING, &t, &a, &z);)
+    if (r >= a && r < z) return true;
   return false;
 }
 
