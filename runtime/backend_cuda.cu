@@ -35,10 +35,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* every launch is CAVS_CUDA_LAUNCH (cavs_abi.h), blocks of CAVS_CUDA_BLOCK threads: the
-   one construct of CUDA C++ that a host compiler cannot read, in a macro, so that the
-   tests compile this file unchanged against their emulated CUDA (tests/cuda_emu.h) */
+/* every launch is CAVS_CUDA_LAUNCH (cavs_abi.h), blocks of CAVS_CUDA_BLOCK threads, or
+   CAVS_CUDA_LAUNCH_THREADS (below) with fewer: the one construct of CUDA C++ that a host
+   compiler cannot read, in a macro, so that the tests compile this file unchanged
+   against their emulated CUDA (tests/cuda_emu.h, which defines both) */
 enum { THREADS = CAVS_CUDA_BLOCK };
+
+/* A launch of blocks of `threads` threads (at most THREADS): the losses' (loss_threads) */
+#ifndef CAVS_CUDA_LAUNCH_THREADS
+#define CAVS_CUDA_LAUNCH_THREADS(kernel, blocks, threads, stream) kernel<<<(blocks), (threads), 0, (stream)>>>
+#endif
 
 /* The backend's state of one model (m->bs). */
 struct Dev {
@@ -1088,6 +1094,17 @@ static void cuda_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, 
 
 /* ---- losses: one block a row, reductions in shared memory ---- */
 
+/* A loss's block for rows of w columns: the fewest threads, a warp or more and a power
+   of two (the reductions halve it), that hold a column each, up to THREADS. A 5-class
+   head takes a warp, where a block of THREADS would leave 251 threads idle through the
+   reductions' barriers (and the emulator of the tests switch to each of them). Fixed by
+   w alone, so a row's sums are added in one order run to run. */
+static unsigned loss_threads(long w) {
+  unsigned t = 32;
+  while (t < (unsigned)THREADS && (long)t < w) t *= 2;
+  return t;
+}
+
 template <typename R> __device__ R block_max(R v, R *sh) {
   sh[threadIdx.x] = v;
   __syncthreads();
@@ -1175,10 +1192,10 @@ static void cuda_xent_fwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    CAVS_CUDA_LAUNCH(xent_fwd<double>, n, on(c))((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    CAVS_CUDA_LAUNCH_THREADS(xent_fwd<double>, n, loss_threads(w), on(c))((const double *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                      d->cnt + 4 * loss, r0, w);
   else
-    CAVS_CUDA_LAUNCH(xent_fwd<float>, n, on(c))((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
+    CAVS_CUDA_LAUNCH_THREADS(xent_fwd<float>, n, loss_threads(w), on(c))((const float *)z, ld, label, c->pushed, c->root, d->pred, loss == 0, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }
@@ -1190,8 +1207,8 @@ static void cuda_xent_bwd(cavs_ctx *c, int loss, const void *z, long ld, const i
   if (n <= 0 || !a->count) return;
   double scale = c->loss_scale / (double)cv_loss_count(c->model, loss);
   if (dbl(c))
-    CAVS_CUDA_LAUNCH(xent_bwd<double>, n, on(c))((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
-  else CAVS_CUDA_LAUNCH(xent_bwd<float>, n, on(c))((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
+    CAVS_CUDA_LAUNCH_THREADS(xent_bwd<double>, n, loss_threads(w), on(c))((const double *)z, ld, label, c->pushed, (double *)dz, ldd, scale, r0, w);
+  else CAVS_CUDA_LAUNCH_THREADS(xent_bwd<float>, n, loss_threads(w), on(c))((const float *)z, ld, label, c->pushed, (float *)dz, ldd, (float)scale, r0, w);
   CKL(model(c));
 }
 
@@ -1237,10 +1254,10 @@ static void cuda_mse_fwd(cavs_ctx *c, int loss, const void *p, long ld, const vo
   if (n <= 0) return;
   Dev *d = dev(model(c));
   if (dbl(c))
-    CAVS_CUDA_LAUNCH(mse_fwd<double>, n, on(c))((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
+    CAVS_CUDA_LAUNCH_THREADS(mse_fwd<double>, n, loss_threads(w), on(c))((const double *)p, ld, (const double *)t, ldt, c->pushed, c->root, d->sum + loss,
                                     d->cnt + 4 * loss, r0, w);
   else
-    CAVS_CUDA_LAUNCH(mse_fwd<float>, n, on(c))((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
+    CAVS_CUDA_LAUNCH_THREADS(mse_fwd<float>, n, loss_threads(w), on(c))((const float *)p, ld, (const float *)t, ldt, c->pushed, c->root, d->sum + loss,
                                    d->cnt + 4 * loss, r0, w);
   CKL(model(c));
 }

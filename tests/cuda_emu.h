@@ -10,7 +10,8 @@
  * run on the CPU against one emulated device: what cuda_emu.cc says it checks, they are
  * held to. Nothing here is installed or linked into libcavs.
  *
- * A launch, written CAVS_CUDA_LAUNCH(kernel, blocks, stream)(args...) as in cavs_abi.h,
+ * A launch, written CAVS_CUDA_LAUNCH(kernel, blocks, stream)(args...) as in cavs_abi.h (or
+ * backend_cuda.cu's CAVS_CUDA_LAUNCH_THREADS, with a block of fewer threads),
  * copies its arguments (as a GPU's launch does) into work queued on the stream; the
  * emulator runs every thread of the grid when it decides to run that work. Pointer
  * arguments (and a cavs_cuda_sum's) are checked at the launch: each must be NULL or
@@ -253,5 +254,7 @@ inline Launch<P...> launcher(void (*kernel)(P...), const char *name, const char 
 #undef CAVS_CUDA_LAUNCH
 #define CAVS_CUDA_LAUNCH(kernel, blocks, stream)                                                                    \
   cavs_emu::launcher((kernel), #kernel, __FILE__, __LINE__, (blocks), CAVS_CUDA_BLOCK, (cudaStream_t)(stream))
+#define CAVS_CUDA_LAUNCH_THREADS(kernel, blocks, threads, stream)                                                  \
+  cavs_emu::launcher((kernel), #kernel, __FILE__, __LINE__, (blocks), (threads), (cudaStream_t)(stream))
 
 #endif
