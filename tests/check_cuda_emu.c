@@ -355,11 +355,10 @@ static int spread(long total, int parts, long *at) {
 /* What a user does with a model: made on the cuda backend, two training steps, the
  * gradients read, then inference twice (the second makes the product tables, an
  * allocation that may fail: the products are then made as in training). 0, or -1
- * with the first error (cavs_model_new_opts's or cavs_model_error's) in err. */
-/* Two training steps, a read and two passes of inference. With `again`, what fails for
- * want of device memory (errno ENOMEM) is done again, on the same model (a step's
- * failure: its forward and backward passes too), and *again counts the redone; params
- * (the model's parameter bytes) then gets them as they end. */
+ * with the first error (cavs_model_new_opts's or cavs_model_error's) in err. With
+ * `again`, what fails for want of device memory (errno ENOMEM) is done again, on the
+ * same model (a step's failure: its forward and backward passes too), and *again counts
+ * the redone; params (the model's parameter bytes) then gets them as they end. */
 static int use_model_again(const cavs_desc *d, const long *dims, const cavs_graph *const *gs, int k, char *err,
                            size_t len, int *again, void *params) {
   cavs_model_opts o = {.backend = "cuda"};

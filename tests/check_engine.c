@@ -156,6 +156,7 @@ START_TEST(build_ablations_change_nothing) {
   const char *flags[] = {"--no-fuse", "--no-merge", "--no-homes", "--no-push-view"};
   for (int f = 0; f < 4; f++) {
     const cavs_desc *d = load_model_with(file, "double", "c", flags[f]);
+    ck_assert_msg(d != ref, "%s %s: loaded the build without it (the suite's store)", file, flags[f]);
     cavs_model *a = new_model(ref, dims, 5), *b = new_model(d, dims, 5);
     cavs_stats sa, sb;
     ck_assert(cavs_model_forward(a, gs, k, &sa) == 0 && cavs_model_forward(b, gs, k, &sb) == 0);

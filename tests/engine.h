@@ -18,8 +18,8 @@
 int cavs_model_poison(cavs_model *m);
 
 /* Loads DIR/NAME.so and returns its NAME_desc. The object stays loaded for the life of
- * the test process; `dir`, which tu_tmpdir made, and its files go now. */
-static inline const cavs_desc *open_model(const char *so, char *dir) {
+ * the test process. */
+static inline const cavs_desc *open_model_kept(const char *so) {
   char sym[300];
   const char *base = strrchr(so, '/') + 1;
   snprintf(sym, sizeof sym, "%.*s_desc", (int)(strlen(base) - 3), base);
@@ -27,17 +27,55 @@ static inline const cavs_desc *open_model(const char *so, char *dir) {
   ck_assert_msg(h != NULL, "dlopen: %s", dlerror());
   const cavs_desc *d = dlsym(h, sym);
   ck_assert_msg(d != NULL, "no %s in %s", sym, so);
+  return d;
+}
+
+/* The same, and `dir`, which tu_tmpdir made, and its files go now. */
+static inline const cavs_desc *open_model(const char *so, char *dir) {
+  const cavs_desc *d = open_model_kept(so);
   tu_rmtree(dir);
   return d;
 }
 
-/* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
- * `prec` for `target` ("c" or "cuda"), with `extra` (NULL, or one more option of cavs
- * build: an ablation) and returns its descriptor. */
-static inline const cavs_desc *load_model_with(const char *vf, const char *prec, const char *target,
-                                               const char *extra) {
+/* A model's entry in the suite's store ($CAVS_TEST_MODELS, tu_models_begin): the
+ * directory named by a hash of what it is built from (the argument: a file of
+ * dsl-examples/ or the source text, the same for the run of one suite), with a file
+ * `key` that holds all of that, compared in full on a hit. */
+static inline char *stored_model_key(const char *vf, const char *prec, const char *target, const char *extra,
+                                     size_t *len) {
+  const char *part[] = {vf, prec, target, extra ? extra : ""};
+  size_t n = 0;
+  for (int i = 0; i < 4; i++) n += strlen(part[i]) + 1;
+  char *k = malloc(n), *p = k;
+  ck_assert(k != NULL);
+  for (int i = 0; i < 4; i++) p = memcpy(p, part[i], strlen(part[i]) + 1), p += strlen(part[i]) + 1;
+  *len = n;
+  return k;
+}
+
+/* The stored model's .so for `key` (its entry's directory is `entry`), or false */
+static inline bool stored_model(const char *entry, const char *key, size_t klen, char *so, size_t solen) {
+  char path[4500];
+  snprintf(path, sizeof path, "%s/key", entry);
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char *have = malloc(klen + 1);
+  ck_assert(have != NULL);
+  bool same = fread(have, 1, klen + 1, f) == klen && !memcmp(have, key, klen);
+  free(have);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/so", entry);
+  f = same ? fopen(path, "r") : NULL;
+  same = f && fgets(so, (int)solen, f) && *so;
+  if (f) fclose(f);
+  return same;
+}
+
+/* cavs build of `vf` (as load_model_with takes it) into `dir` (tu_tmpdir's): the path of
+ * its .so into so[solen]. */
+static inline void build_model_in(const char *dir, const char *vf, const char *prec, const char *target,
+                                  const char *extra, char *so, size_t solen) {
   static int serial;
-  char *dir = tu_tmpdir();
   char src[4300];
   size_t n = strlen(vf);
   if (n > 3 && !strcmp(vf + n - 3, ".vf") && !strchr(vf, '\n')) {
@@ -47,14 +85,58 @@ static inline const cavs_desc *load_model_with(const char *vf, const char *prec,
     tu_write(src, vf, n);
   }
   char *argv[] = {(char *)tu_env("CAVS", "./cavs"), "build", "--precision", (char *)prec, "--target", (char *)target,
-                  "-o", dir, src, (char *)extra, NULL};
+                  "-o", (char *)dir, src, (char *)extra, NULL};
   RunResult r = tu_run(NULL, argv, 120);
   ck_assert_msg(r.status == 0, "cavs build failed on %s:\n%s%s", vf, tu_tail(r.out, 1000), tu_tail(r.err, 1800));
   /* it prints DIR/NAME.so */
-  char so[4400];
-  snprintf(so, sizeof so, "%.*s", (int)strcspn(r.out, "\n"), r.out);
+  snprintf(so, solen, "%.*s", (int)strcspn(r.out, "\n"), r.out);
   tu_free(&r);
-  return open_model(so, dir);
+}
+
+/* Builds `vf` (a file of dsl-examples/, or source text when it does not end in .vf) at
+ * `prec` for `target` ("c" or "cuda"), with `extra` (NULL, or one more option of cavs
+ * build: an ablation) and returns its descriptor. Once in a run of a suite: its tests
+ * build each example again and again (a dozen tests, each in a process of its own), so
+ * the first build is kept in the suite's store (tu_models_begin) and the others load
+ * it. A build goes to a directory of its own, renamed to the entry's name whole, so a
+ * test killed while it built leaves no entry that another would read. */
+static inline const cavs_desc *load_model_with(const char *vf, const char *prec, const char *target,
+                                               const char *extra) {
+  const char *store = getenv("CAVS_TEST_MODELS");
+  char so[4400], entry[4400], path[4500];
+  char *dir = tu_tmpdir();
+  if (!store || !*store) {
+    build_model_in(dir, vf, prec, target, extra, so, sizeof so);
+    return open_model(so, dir);
+  }
+  size_t klen;
+  char *key = stored_model_key(vf, prec, target, extra, &klen);
+  uint64_t h = 14695981039346656037ull; /* FNV-1a */
+  for (size_t i = 0; i < klen; i++) h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
+  snprintf(entry, sizeof entry, "%s/%016llx", store, (unsigned long long)h);
+  if (!stored_model(entry, key, klen, so, sizeof so)) {
+    build_model_in(dir, vf, prec, target, extra, so, sizeof so);
+    const char *base = strrchr(so, '/');
+    ck_assert(base != NULL);
+    snprintf(path, sizeof path, "%s/key", dir);
+    tu_write(path, key, klen);
+    snprintf(path, sizeof path, "%s/so", dir);
+    char stored[4500];
+    snprintf(stored, sizeof stored, "%s%s", entry, base);
+    tu_write(path, stored, strlen(stored));
+    /* another test may have stored it first (rename fails: the directory is not
+       empty): its entry is the same build, and this one goes */
+    if (rename(dir, entry) == 0) {
+      free(dir);
+      free(key);
+      return open_model_kept(stored);
+    }
+    ck_assert_msg(stored_model(entry, key, klen, so, sizeof so), "%s: cannot store it in %s: %s", vf, entry,
+                  strerror(errno));
+  }
+  tu_rmtree(dir);
+  free(key);
+  return open_model_kept(so);
 }
 
 static inline const cavs_desc *load_model_for(const char *vf, const char *prec, const char *target) {

@@ -139,11 +139,40 @@ static inline RunResult tu_run(const char *cwd, char *const argv[], int limit) {
 }
 
 /* Runs a suite the way every check_*.c does; the exit status automake reads. */
+/* Removes `dir` and what is in it, outside any test (no Check assert). */
+static inline void tu_rm_rf(const char *dir) {
+  pid_t pid = fork(); /* not tu_run: Check's asserts belong inside tests */
+  if (pid == 0) {
+    execl("/bin/rm", "rm", "-rf", dir, (char *)NULL);
+    _exit(127);
+  }
+  if (pid > 0) waitpid(pid, NULL, 0);
+}
+
+/* The suite's store of built models (engine.h's load_model_with), $CAVS_TEST_MODELS: a
+ * directory made for this run of the suite (NULL where it could not be: models are then
+ * built for each load), which tu_models_end removes. */
+static inline char *tu_models_begin(void) {
+  char tmpl[] = "/tmp/cavs-models-XXXXXX";
+  char *d = mkdtemp(tmpl);
+  if (!d) return NULL;
+  setenv("CAVS_TEST_MODELS", d, 1);
+  return strdup(d);
+}
+static inline void tu_models_end(char *dir) {
+  if (!dir) return;
+  tu_rm_rf(dir);
+  unsetenv("CAVS_TEST_MODELS");
+  free(dir);
+}
+
 static inline int tu_run_suite(Suite *s) {
+  char *models = tu_models_begin();
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  tu_models_end(models);
   return failed ? 1 : 0;
 }
 
@@ -164,17 +193,14 @@ static inline char *tu_scratch(const char *suite) {
 /* Runs a suite whose tests share files (generated data, the compile cache) in this
  * process, then removes its scratch directory. */
 static inline int tu_run_suite_shared(Suite *s, char *scratch) {
+  char *models = tu_models_begin();
   SRunner *sr = srunner_create(s);
   srunner_set_fork_status(sr, CK_NOFORK);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
-  pid_t pid = fork(); /* not tu_run: Check's asserts belong inside tests */
-  if (pid == 0) {
-    execl("/bin/rm", "rm", "-rf", scratch, (char *)NULL);
-    _exit(127);
-  }
-  if (pid > 0) waitpid(pid, NULL, 0);
+  tu_models_end(models);
+  tu_rm_rf(scratch);
   free(scratch);
   return failed ? 1 : 0;
 }
