@@ -796,6 +796,63 @@ static void unmake_dirs(const char *dir, const char *made) {
 static void sweep_builds(const char *root);
 static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen);
 
+/* `path` (a file, or with O_DIRECTORY a directory) flushed to disk: 0, or errno. A
+   filesystem that flushes no directory says EINVAL: nothing to wait for there. */
+static int flush(const char *path, int flags) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | flags), e = 0;
+  if (fd < 0) return errno;
+  if (fsync(fd) && !(errno == EINVAL && (flags & O_DIRECTORY))) e = errno;
+  close(fd);
+  return e;
+}
+
+/* cavs build -o's outputs, built in `tmp`, renamed over DIR's (n of them: from[i] and
+   to[i] formatted with the directory, the model's name and the source's extension) as
+   one set: each flushed to disk before any is renamed (a crash after a rename must find
+   the file the compiler finished, not an empty one), the old ones kept aside (hard links
+   in tmp) until all are in place, so that a rename failing midway puts back the ones
+   already replaced: DIR holds the old set or the new, never a header of one build beside
+   the object of another. The directory flushed last. 0, or 1 with err set. */
+static int put_outputs(const char *tmp, const char *dir, const char *name, const char *ext, int n,
+                       const char *const *from, const char *const *to, char *err, size_t errlen) {
+  char *a[3], *b[3], *old[3];
+  int kept[3], rc = 0, done = 0; /* kept: 1 aside, 0 there was none, -1 could not be */
+  for (int i = 0; i < n; i++) {
+    a[i] = fmt(from[i], tmp, name, ext);
+    b[i] = fmt(to[i], dir, name, ext);
+    old[i] = fmt("%s/old-%d", tmp, i);
+    kept[i] = link(b[i], old[i]) == 0 ? 1 : errno == ENOENT ? 0 : -1;
+  }
+  for (int i = 0; i < n && !rc; i++) {
+    int e = flush(a[i], 0);
+    if (e) {
+      snprintf(err, errlen, "cannot write '%s': flushing it to disk: %s", b[i], strerror(e));
+      rc = 1;
+    }
+  }
+  for (; done < n && !rc; done++)
+    if (rename(a[done], b[done])) {
+      snprintf(err, errlen, "cannot write '%s': %s", b[done], strerror(errno));
+      rc = 1;
+      break;
+    }
+  for (int i = 0; rc && i < done; i++) {
+    /* (one that could not be kept aside stays new: removing it would lose the old) */
+    if (kept[i] == 1) rename(old[i], b[i]);
+    else if (kept[i] == 0) unlink(b[i]);
+  }
+  int e = rc ? 0 : flush(dir, O_DIRECTORY);
+  if (e) {
+    snprintf(err, errlen,
+             "wrote '%s' and the rest, but the directory could not be flushed to disk (%s): a crash may leave the "
+             "files as they were before",
+             b[n - 1], strerror(e));
+    rc = 1;
+  }
+  for (int i = 0; i < n; i++) free(a[i]), free(b[i]), free(old[i]);
+  return rc;
+}
+
 int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
   *err = 0;
   *model = NULL;
@@ -844,15 +901,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     free(sym);
     free(b);
   }
-  for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
-    char *a = fmt(from[i], tmp, name, src_ext(q)), *b = fmt(to[i], dir, name, src_ext(q));
-    if (rename(a, b)) {
-      snprintf(err, errlen, "cannot write '%s': %s", b, strerror(errno));
-      rc = 1;
-    }
-    free(a);
-    free(b);
-  }
+  if (!rc) rc = put_outputs(tmp, dir, name, src_ext(q), object ? 3 : 2, from, to, err, errlen);
   if (!rc) {
     *model = name;
     name = NULL;

@@ -2450,6 +2450,83 @@ START_TEST(build_for_cuda) {
 }
 END_TEST
 
+/* A program that fails, for the runs where $CAVS_TEST_FAIL says so, the flush (fsync) of
+ * a file whose name ends in .so, or a rename onto one (EIO, EACCES): preloaded into cavs. */
+static const char *fail_shim =
+    "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <errno.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
+    "#include <string.h>\n#include <unistd.h>\n"
+    "static int so(const char *p) { size_t n = strlen(p); return n > 3 && !strcmp(p + n - 3, \".so\"); }\n"
+    "static int on(const char *what) { const char *w = getenv(\"CAVS_TEST_FAIL\"); return w && !strcmp(w, what); }\n"
+    "int fsync(int fd) {\n  char l[64], p[4096];\n  snprintf(l, sizeof l, \"/proc/self/fd/%d\", fd);\n"
+    "  ssize_t n = readlink(l, p, sizeof p - 1);\n  if (n > 0 && on(\"fsync\")) {\n    p[n] = 0;\n"
+    "    if (so(p)) { errno = EIO; return -1; }\n  }\n"
+    "  return ((int (*)(int))dlsym(RTLD_NEXT, \"fsync\"))(fd);\n}\n"
+    "int rename(const char *a, const char *b) {\n  if (on(\"rename\") && so(b)) { errno = EACCES; return -1; }\n"
+    "  return ((int (*)(const char *, const char *))dlsym(RTLD_NEXT, \"rename\"))(a, b);\n}\n";
+
+/* The three files of `cavs build -o DIR` in `got` equal those in `want` (NAME.h, .c, .so) */
+static void same_outputs(char *const got[3], char *const want[3], size_t const wlen[3], const char *when) {
+  for (int i = 0; i < 3; i++) {
+    size_t n;
+    char *now = tu_slurp(got[i], &n);
+    ck_assert_msg(now && n == wlen[i] && !memcmp(now, want[i], n), "%s: %s is not the earlier build's", when, got[i]);
+    free(now);
+  }
+}
+
+/* cavs build -o replaces its outputs as one set: where the flush of the new object fails,
+ * or its rename (the last of the three), the earlier build's NAME.h, NAME.c and NAME.so
+ * are all still there, unchanged (the two renamed before it put back), the failure said,
+ * nothing else left in the directory; then a build that succeeds replaces all three.
+ * (Through a preloaded library: not in a checked build, whose sanitizers or valgrind
+ * come first in the process.) */
+START_TEST(build_outputs_replaced_as_a_set) {
+  if (tu_checked_build()) return;
+  tu_write(path_in("shim.c"), fail_shim, strlen(fail_shim));
+  char cmd[16384], pre[4500];
+  snprintf(cmd, sizeof cmd, "%s -shared -fPIC -o %s %s -ldl", tu_env("CC", "cc"), path_in("shim.so"), path_in("shim.c"));
+  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+  RunResult r = tu_run(NULL, sh, 120);
+  ok(&r, "cc of the shim");
+  tu_free(&r);
+  snprintf(pre, sizeof pre, "LD_PRELOAD=%s", path_in("shim.so"));
+  r = cavs("build", model("treegru.vf"), "--precision", "double", "-o", path_in("set"), NULL);
+  ok(&r, "the first build");
+  tu_free(&r);
+  char *files[3], *want[3];
+  size_t wlen[3];
+  const char *ext[] = {"h", "c", "so"};
+  for (int i = 0; i < 3; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "set/treegru.%s", ext[i]);
+    files[i] = strdup(path_in(name));
+    want[i] = tu_slurp(files[i], &wlen[i]);
+    ck_assert_ptr_nonnull(want[i]);
+  }
+  const char *fail[][2] = {{"CAVS_TEST_FAIL=fsync", "flushing it to disk: "},
+                           {"CAVS_TEST_FAIL=rename", "treegru.so': "}};
+  for (int f = 0; f < 2; f++) {
+    char *env[] = {pre, (char *)fail[f][0], NULL};
+    r = cavs_env(env, "build", model("treegru.vf"), "--precision", "float", "-o", path_in("set"), NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, fail[f][1]) && strstr(r.err, strerror(f ? EACCES : EIO)),
+                  "%s: exit %d: %s", fail[f][0], r.status, tu_tail(r.err, 1800));
+    tu_free(&r);
+    same_outputs(files, want, wlen, fail[f][0]);
+    ck_assert_int_eq(entries(path_in("set")), 3);
+  }
+  char *env[] = {pre, NULL}; /* (preloaded, failing nothing) */
+  r = cavs_env(env, "build", model("treegru.vf"), "--precision", "float", "-o", path_in("set"), NULL);
+  ok(&r, "the build after them");
+  tu_free(&r);
+  for (int i = 0; i < 2; i++) {
+    char *now = tu_slurp(files[i], NULL);
+    ck_assert_msg(now && strcmp(now, want[i]) && strstr(now, i ? "float" : "treegru"), "%s was not replaced", files[i]);
+    free(now);
+  }
+  for (int i = 0; i < 3; i++) free(files[i]), free(want[i]);
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -3232,6 +3309,7 @@ int main(void) {
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, build_into_a_directory);
+  tcase_add_test(tc, build_outputs_replaced_as_a_set);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
