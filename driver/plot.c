@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -147,9 +148,36 @@ static bool write_script(const Log *g, const char *dir) {
 }
 
 /* gnuplot on the script, without a shell; NULL, or what went wrong. */
+/* A plot killed (SIGINT, SIGTERM, SIGHUP) while its temporary directory is there stops
+   gnuplot, waits for it, removes the directory's files and the directory, and dies of
+   the signal as it would have: nothing of it is left in $TMPDIR (but after SIGKILL,
+   which no process can catch). The paths are set before the handler is: it only
+   unlinks, kills and waits, which a signal handler may. */
+static char kill_paths[4][3200]; /* the directory's three files, then the directory */
+static volatile sig_atomic_t gnuplot_pid;
+
+static void on_kill(int sig) {
+  pid_t pid = (pid_t)gnuplot_pid;
+  if (pid > 0 && kill(pid, SIGTERM) == 0) waitpid(pid, NULL, 0);
+  for (int i = 0; i < 3; i++) unlink(kill_paths[i]);
+  rmdir(kill_paths[3]);
+  raise(sig); /* (SA_RESETHAND: the default action now, unblocked on return) */
+}
+
+static void remove_when_killed(const char *dir, const char *const *names) {
+  for (int i = 0; i < 3; i++) snprintf(kill_paths[i], sizeof kill_paths[i], "%s/%s", dir, names[i]);
+  snprintf(kill_paths[3], sizeof kill_paths[3], "%s", dir);
+  struct sigaction sa = {.sa_handler = on_kill, .sa_flags = SA_RESETHAND};
+  sigemptyset(&sa.sa_mask);
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, sigs[i]);
+  for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, NULL);
+}
+
 static const char *run_gnuplot(const char *dir) {
   fflush(stdout);
   pid_t pid = fork();
+  gnuplot_pid = pid;
   if (pid == 0) {
     int null = open("/dev/null", O_WRONLY);
     if (null >= 0) dup2(null, 1);
@@ -216,6 +244,7 @@ int cmd_plot(int argc, char **argv) {
   char *dir = fmt("%s/cavs-plot-XXXXXX", tmpdir);
   if (!mkdtemp(dir)) die(1, "cannot make a temporary directory in %s: %s", tmpdir, strerror(errno));
   static const char *const made[] = {"data", "script", "out.png"};
+  remove_when_killed(dir, made); /* (tmpdir is at most 3000 bytes) */
   if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
     int e = errno;
     remove_all(dir, made, 3);

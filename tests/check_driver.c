@@ -421,6 +421,40 @@ static RunResult plot_text(const char *name, const char *text) {
   return r;
 }
 
+/* A plot killed while gnuplot draws (SIGTERM, SIGINT, SIGHUP) leaves nothing in $TMPDIR
+ * and no picture, and dies of the signal; gnuplot here is a script first in $PATH that
+ * says it started and sleeps. */
+static int run_and_signal(char *const argv[], const char *out, const char *ready, double secs, int sig);
+
+START_TEST(killed_plot_leaves_nothing) {
+  const char *log = "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2, \"train_loss\": 0.25}\n";
+  tu_write(path_in("k.log"), log, strlen(log));
+  ck_assert(mkdir(path_in("fakebin"), 0700) == 0 && mkdir(path_in("ktmp"), 0700) == 0);
+  char script[9000];
+  snprintf(script, sizeof script, "#!/bin/sh\necho drawing >> '%s'\nexec sleep 60\n", path_in("k.out"));
+  tu_write(path_in("fakebin/gnuplot"), script, strlen(script));
+  ck_assert(chmod(path_in("fakebin/gnuplot"), 0700) == 0);
+  char *old_path = strdup(getenv("PATH")), *old_tmp = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL, path[9000];
+  snprintf(path, sizeof path, "%s:%s", path_in("fakebin"), old_path);
+  const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+  int st[3];
+  for (int i = 0; i < 3; i++) {
+    char *argv[] = {(char *)cavs_bin, "plot", path_in("k.log"), "-o", path_in("k.png"), NULL};
+    setenv("PATH", path, 1);
+    setenv("TMPDIR", path_in("ktmp"), 1);
+    st[i] = run_and_signal(argv, path_in("k.out"), "drawing", 0.1, sigs[i]);
+    setenv("PATH", old_path, 1);
+    if (old_tmp) setenv("TMPDIR", old_tmp, 1);
+    else unsetenv("TMPDIR");
+    ck_assert_msg(st[i] == 128 + sigs[i], "signal %d: exit %d", sigs[i], st[i]);
+    ck_assert_msg(entries(path_in("ktmp")) == 0, "signal %d: the temporary directory is left", sigs[i]);
+    ck_assert(access(path_in("k.png"), F_OK) != 0);
+  }
+  free(old_path);
+  free(old_tmp);
+}
+END_TEST
+
 /* cavs plot: the log's curves as a PNG (gnuplot draws it). The log is read as JSON (any
  * spacing, keys in any order, unknown keys passed over, a record over several lines);
  * what is not JSON, or a known field that is not a number or null, is named by its line
@@ -3290,6 +3324,7 @@ int main(void) {
   tcase_add_test(tc, train_in_double);
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
+  tcase_add_test(tc, killed_plot_leaves_nothing);
   tcase_add_test(tc, eval_scores_match_predictions);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
