@@ -4,39 +4,13 @@
  * once (in the parent process, by an unchecked fixture) and shared by every test. */
 #include "engine.h"
 
-#include <dirent.h>
-#include <libgen.h>
 #include <locale.h>
 
 static const cavs_desc *TL, *LM, *TT; /* treelstm, lstm_lm, twotype */
 static char g_dir[64];                /* this run's files */
 
-/* Removes every file in `dir` and the directory itself. */
-static void rm_dir(const char *dir) {
-  DIR *dp = opendir(dir);
-  if (!dp) return;
-  struct dirent *e;
-  char p[4400];
-  while ((e = readdir(dp)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-      snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-      unlink(p);
-    }
-  closedir(dp);
-  rmdir(dir);
-}
-
-/* load_model leaves its build directory behind; the object is mapped, so it can go. */
-static const cavs_desc *model(const char *vf) {
-  const cavs_desc *d = load_model(vf, "float");
-  Dl_info info;
-  if (dladdr(d, &info) && info.dli_fname && !strncmp(info.dli_fname, "/tmp/cavs-test-", 15)) {
-    char *copy = strdup(info.dli_fname);
-    rm_dir(dirname(copy));
-    free(copy);
-  }
-  return d;
-}
+/* a model of dsl-examples/ in float */
+static const cavs_desc *model(const char *vf) { return load_model(vf, "float"); }
 
 static void setup_models(void) {
   if (!TL) TL = model("treelstm.vf");
@@ -1273,10 +1247,7 @@ int main(void) {
   tcase_add_test(cgf, vectors_load_and_freeze);
   tcase_add_test(cgf, loader_memory_limit);
   tcase_add_test(cgf, stream_reads_back_what_a_load_reads);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  rm_dir(g_dir);
-  return failed ? 1 : 0;
+  int failed = tu_run_suite(s);
+  tu_rm_rf(g_dir); /* (its locales/ too: a flat removal left this run's locale behind) */
+  return failed;
 }

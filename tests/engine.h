@@ -104,8 +104,8 @@ static inline const cavs_desc *load_model_with(const char *vf, const char *prec,
                                                const char *extra) {
   const char *store = getenv("CAVS_TEST_MODELS");
   char so[4400], entry[4400], path[4500];
-  char *dir = tu_tmpdir();
   if (!store || !*store) {
+    char *dir = tu_tmpdir();
     build_model_in(dir, vf, prec, target, extra, so, sizeof so);
     return open_model(so, dir);
   }
@@ -115,6 +115,7 @@ static inline const cavs_desc *load_model_with(const char *vf, const char *prec,
   for (size_t i = 0; i < klen; i++) h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
   snprintf(entry, sizeof entry, "%s/%016llx", store, (unsigned long long)h);
   if (!stored_model(entry, key, klen, so, sizeof so)) {
+    char *dir = tu_tmpdir();
     build_model_in(dir, vf, prec, target, extra, so, sizeof so);
     const char *base = strrchr(so, '/');
     ck_assert(base != NULL);
@@ -131,10 +132,11 @@ static inline const cavs_desc *load_model_with(const char *vf, const char *prec,
       free(key);
       return open_model_kept(stored);
     }
+    int e = errno;
+    tu_rmtree(dir);
     ck_assert_msg(stored_model(entry, key, klen, so, sizeof so), "%s: cannot store it in %s: %s", vf, entry,
-                  strerror(errno));
+                  strerror(e));
   }
-  tu_rmtree(dir);
   free(key);
   return open_model_kept(so);
 }

@@ -138,7 +138,6 @@ static inline RunResult tu_run(const char *cwd, char *const argv[], int limit) {
   return r;
 }
 
-/* Runs a suite the way every check_*.c does; the exit status automake reads. */
 /* Removes `dir` and what is in it, outside any test (no Check assert). */
 static inline void tu_rm_rf(const char *dir) {
   pid_t pid = fork(); /* not tu_run: Check's asserts belong inside tests */
@@ -166,6 +165,7 @@ static inline void tu_models_end(char *dir) {
   free(dir);
 }
 
+/* Runs a suite the way every check_*.c does; the exit status automake reads. */
 static inline int tu_run_suite(Suite *s) {
   char *models = tu_models_begin();
   SRunner *sr = srunner_create(s);
