@@ -793,9 +793,6 @@ static void unmake_dirs(const char *dir, const char *made) {
   free(p);
 }
 
-static void sweep_builds(const char *root);
-static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen);
-
 /* `path` (a file, or with O_DIRECTORY a directory) flushed to disk: 0, or errno. A
    filesystem that flushes no directory says EINVAL: nothing to wait for there. */
 static int flush(const char *path, int flags) {
@@ -873,9 +870,9 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   }
   /* built beside its place, so that a rename puts each file there whole, in a directory
      named and locked as the cache's builds are: what a killed build left there is
-     removed by the next (sweep_builds), and nothing else */
-  sweep_builds(dir);
-  lock = lock_build_dir(dir, &tmp, err, errlen);
+     removed by the next (sweep_temp_dirs), and nothing else */
+  sweep_temp_dirs(dir, "build");
+  lock = lock_temp_dir(dir, "build", &tmp, err, errlen);
   if (lock < 0) goto out;
   rc = cache_compile(q, tmp, object, &name, err, errlen);
   if (rc) goto out;
@@ -926,23 +923,22 @@ out:
  * place, so a build killed midway leaves its directory behind. Its builder holds an
  * flock on the directory (an open descriptor of it) from just after its mkdir until it
  * is done, and the kernel
- * lets go of it when the process ends, however it ends. sweep_builds removes a build
+ * lets go of it when the process ends, however it ends. sweep_temp_dirs removes a build
  * directory only while holding that lock itself: never one whose builder is alive.
  * Between its mkdir and its builder's flock a directory is not locked yet, and a sweep
  * may remove it then; so the builder, once it holds the lock, checks that the name still
- * leads to the directory it locked, and makes another when it does not (lock_build_dir).
+ * leads to the directory it locked, and makes another when it does not (lock_temp_dir).
  * A sweep that locked it first removed it before letting go, so the builder sees it gone;
  * from then on the lock keeps every sweep out. Abandoned is proved by the lock alone: no
- * age, no clock. */
+ * age, no clock. `cavs build -o DIR` builds in DIR the same way, and `cavs plot` draws
+ * in a directory of base "plot" in $TMPDIR (plot.c): what a SIGKILL left there is
+ * removed by the next plot. */
 
-/* Whether `name` is one a build names its directory (its check digits right). */
-static bool build_name(const char *name) { return cv_afile_is_temp(name, "build"); }
-
-/* A new build directory's name in root (malloc'd; a collision costs a retry: mkdir is
+/* A new locked directory's name in root (malloc'd; a collision costs a retry: mkdir is
    exclusive) */
-static char *build_dir_name(const char *root) {
+static char *temp_dir_name(const char *root, const char *base) {
   char name[128];
-  cv_afile_new_temp_name("build", name, sizeof name);
+  cv_afile_new_temp_name(base, name, sizeof name);
   return fmt("%s/%s", root, name);
 }
 
@@ -953,15 +949,16 @@ static bool same_file(int fd, int dfd, const char *name) {
          a.st_ino == b.st_ino;
 }
 
-/* Removes the build directories in root that no process holds, and nothing else: only a
- * directory (not a link) of ours named as a build names them (build_name), emptied (empty_dir) and
- * removed while this process holds its lock. What cannot be removed is left. */
-static void sweep_builds(const char *root) {
+/* Removes the directories of `base` in root that no process holds, and nothing else: only
+ * a directory (not a link) of ours named as lock_temp_dir names them (its check digits
+ * right), emptied (empty_dir) and removed while this process holds its lock. What cannot
+ * be removed is left. */
+void sweep_temp_dirs(const char *root, const char *base) {
   DIR *d = opendir(root);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (!build_name(e->d_name)) continue;
+    if (!cv_afile_is_temp(e->d_name, base)) continue;
     int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), fd2 = -1;
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
@@ -976,12 +973,12 @@ static void sweep_builds(const char *root) {
   closedir(d);
 }
 
-/* Makes a build directory in root and locks it (see above): returns the descriptor that
- * holds the lock and sets *tmp to the directory's name, or returns -1 with the message in
- * err. */
-static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen) {
+/* Makes a directory of `base` in root and locks it (see above): returns the descriptor
+ * that holds the lock and sets *tmp to the directory's path, or returns -1 with the
+ * message in err. */
+int lock_temp_dir(const char *root, const char *base, char **tmp, char *err, size_t errlen) {
   for (int attempt = 0; attempt < 16; attempt++) {
-    char *t = build_dir_name(root);
+    char *t = temp_dir_name(root, base);
     if (mkdir(t, 0700)) {
       int e = errno;
       free(t);
@@ -1011,16 +1008,16 @@ static int lock_build_dir(const char *root, char **tmp, char *err, size_t errlen
     if (fd >= 0) close(fd);
     free(t);
   }
-  snprintf(err, errlen, "cannot keep a build directory in '%s': each one made was removed at once", root);
+  snprintf(err, errlen, "cannot keep a temporary directory in '%s': each one made was removed at once", root);
   return -1;
 }
 
 /* Builds into a fresh directory beside the entry and renames it into place; first removes
- * the build directories that builds killed midway left (sweep_builds). */
+ * the build directories that builds killed midway left (sweep_temp_dirs). */
 static int build(const CacheReq *q, const char *root, const char *dir, char *err, size_t errlen) {
-  sweep_builds(root);
+  sweep_temp_dirs(root, "build");
   char *tmp = NULL;
-  int lock = lock_build_dir(root, &tmp, err, errlen);
+  int lock = lock_temp_dir(root, "build", &tmp, err, errlen);
   if (lock < 0) return 1;
   char *name = NULL, *tso = NULL, *metap = NULL, why[512];
   bool published = false;

@@ -33,6 +33,15 @@ typedef struct CacheReq {
  * password database's home/.cache/cavs, else /tmp/cavs-UID. Freshly allocated. */
 char *cache_root(void);
 
+/* A temporary directory that a process killed midway may leave, and the next removes:
+ * made in root, named by afile.c's temporary names for `base` (check digits no name of
+ * the user's has) and locked (flock) by the descriptor returned, until it is closed or
+ * the process ends: -1 with err said where none could be made; *tmp is its path
+ * (malloc'ed). sweep_temp_dirs removes the directories of `base` in root that no process
+ * holds, and nothing else (not a link, not another user's, not one whose maker lives). */
+int lock_temp_dir(const char *root, const char *base, char **tmp, char *err, size_t errlen);
+void sweep_temp_dirs(const char *root, const char *base);
+
 /* Runs cavsc on the source without writing anything: 0 when the model is valid, else 1
  * (cavsc's messages went to stderr) or 2 (cavsc could not run; err says why). */
 int cache_check_source(const CacheReq *q, char *err, size_t errlen);

@@ -8,6 +8,7 @@
  * shell. The picture is written whole or not at all (afile.c), so a failed plot leaves
  * no partial PNG, and never over the log it reads. */
 #include "afile.h"
+#include "cache.h"
 #include "driver.h"
 
 #include <errno.h>
@@ -150,9 +151,10 @@ static bool write_script(const Log *g, const char *dir) {
 /* gnuplot on the script, without a shell; NULL, or what went wrong. */
 /* A plot killed (SIGINT, SIGTERM, SIGHUP) while its temporary directory is there stops
    gnuplot, waits for it, removes the directory's files and the directory, and dies of
-   the signal as it would have: nothing of it is left in $TMPDIR (but after SIGKILL,
-   which no process can catch). The paths are set before the handler is: it only
-   unlinks, kills and waits, which a signal handler may. */
+   the signal as it would have: nothing of it is left in $TMPDIR. (SIGKILL no process
+   can catch: the next plot removes what it left, whose lock died with it.) The paths
+   are set before the handler is: it only unlinks, kills and waits, which a signal
+   handler may. */
 static char kill_paths[4][3200]; /* the directory's three files, then the directory */
 static volatile sig_atomic_t gnuplot_pid;
 
@@ -241,8 +243,12 @@ int cmd_plot(int argc, char **argv) {
       strspn(tmpdir, "/._-+0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != strlen(tmpdir) ||
       strlen(tmpdir) > 3000)
     tmpdir = "/tmp";
-  char *dir = fmt("%s/cavs-plot-XXXXXX", tmpdir);
-  if (!mkdtemp(dir)) die(1, "cannot make a temporary directory in %s: %s", tmpdir, strerror(errno));
+  /* a directory locked while this process lives, so that what a plot killed by SIGKILL
+     left is removed by the next one (cache.c's build directories are made so) */
+  sweep_temp_dirs(tmpdir, "plot");
+  char *dir = NULL, why[1024];
+  int lock = lock_temp_dir(tmpdir, "plot", &dir, why, sizeof why); /* (held until the end) */
+  if (lock < 0) die(1, "plot: %s", why);
   static const char *const made[] = {"data", "script", "out.png"};
   remove_when_killed(dir, made); /* (tmpdir is at most 3000 bytes) */
   if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
@@ -254,6 +260,7 @@ int cmd_plot(int argc, char **argv) {
   char err[1024];
   bool okay = !failed && install_png(dir, out, err, sizeof err);
   remove_all(dir, made, 3);
+  close(lock);
   if (failed) die(1, "%s", failed);
   if (!okay) die(1, "%s", err);
   return 0;

@@ -423,35 +423,112 @@ static RunResult plot_text(const char *name, const char *text) {
 
 /* A plot killed while gnuplot draws (SIGTERM, SIGINT, SIGHUP) leaves nothing in $TMPDIR
  * and no picture, and dies of the signal; gnuplot here is a script first in $PATH that
- * says it started and sleeps. */
+ * says it started and sleeps. What a plot killed by SIGKILL left, the next plot removes,
+ * but not the directory of a plot still drawing nor anything of the user's. */
+static pid_t start_until(char *const argv[], const char *out, const char *ready);
 static int run_and_signal(char *const argv[], const char *out, const char *ready, double secs, int sig);
+
+/* `cavs plot` of k.log into png with the gnuplot in bin first in PATH and $TMPDIR ktmp:
+   started (until gnuplot says "drawing" in k.out) when start, else run (and signalled
+   with sig where it is not 0): the pid, or the exit status (128 + a signal's) */
+static int plot_with(const char *bin, const char *png, bool start, int sig) {
+  char *old_path = strdup(getenv("PATH")), *old_tmp = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL, path[9000];
+  snprintf(path, sizeof path, "%s:%s", path_in(bin), old_path);
+  char *argv[] = {(char *)cavs_bin, "plot", path_in("k.log"), "-o", path_in(png), NULL};
+  setenv("PATH", path, 1);
+  setenv("TMPDIR", path_in("ktmp"), 1);
+  int st;
+  if (start) st = (int)start_until(argv, path_in("k.out"), "drawing");
+  else if (sig) st = run_and_signal(argv, path_in("k.out"), "drawing", 0.1, sig);
+  else {
+    RunResult r = tu_run(NULL, argv, 60);
+    st = r.status;
+    tu_free(&r);
+  }
+  setenv("PATH", old_path, 1);
+  if (old_tmp) setenv("TMPDIR", old_tmp, 1);
+  else unsetenv("TMPDIR");
+  free(old_path);
+  free(old_tmp);
+  return st;
+}
+
+/* The name of the one entry of dir whose name starts with a dot (malloc'ed) */
+static char *hidden_entry(const char *dir) {
+  DIR *d = opendir(dir);
+  ck_assert(d);
+  char *name = NULL;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      ck_assert_msg(!name, "two hidden entries in %s", dir);
+      name = strdup(e->d_name);
+    }
+  closedir(d);
+  ck_assert_msg(name, "no hidden entry in %s", dir);
+  return name;
+}
+
+/* bin/gnuplot: a shell script of body */
+static void fake_gnuplot(const char *bin, const char *body) {
+  char script[9000], p[4200];
+  snprintf(p, sizeof p, "%s", path_in(bin));
+  ck_assert(mkdir(p, 0700) == 0);
+  snprintf(script, sizeof script, "#!/bin/sh\n%s\n", body);
+  snprintf(p + strlen(p), sizeof p - strlen(p), "/gnuplot");
+  tu_write(p, script, strlen(script));
+  ck_assert(chmod(p, 0700) == 0);
+}
 
 START_TEST(killed_plot_leaves_nothing) {
   const char *log = "{\"epoch\": 1, \"train_loss\": 0.5}\n{\"epoch\": 2, \"train_loss\": 0.25}\n";
   tu_write(path_in("k.log"), log, strlen(log));
-  ck_assert(mkdir(path_in("fakebin"), 0700) == 0 && mkdir(path_in("ktmp"), 0700) == 0);
-  char script[9000];
-  snprintf(script, sizeof script, "#!/bin/sh\necho drawing >> '%s'\nexec sleep 60\n", path_in("k.out"));
-  tu_write(path_in("fakebin/gnuplot"), script, strlen(script));
-  ck_assert(chmod(path_in("fakebin/gnuplot"), 0700) == 0);
-  char *old_path = strdup(getenv("PATH")), *old_tmp = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL, path[9000];
-  snprintf(path, sizeof path, "%s:%s", path_in("fakebin"), old_path);
+  ck_assert(mkdir(path_in("ktmp"), 0700) == 0);
+  char body[9000];
+  snprintf(body, sizeof body, "echo $$ > '%s'\necho drawing >> '%s'\nexec sleep 60", path_in("gp.pid"),
+           path_in("k.out"));
+  fake_gnuplot("sleeps", body);
+  fake_gnuplot("draws", "printf drawn > \"$(dirname \"$1\")/out.png\"");
   const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
-  int st[3];
   for (int i = 0; i < 3; i++) {
-    char *argv[] = {(char *)cavs_bin, "plot", path_in("k.log"), "-o", path_in("k.png"), NULL};
-    setenv("PATH", path, 1);
-    setenv("TMPDIR", path_in("ktmp"), 1);
-    st[i] = run_and_signal(argv, path_in("k.out"), "drawing", 0.1, sigs[i]);
-    setenv("PATH", old_path, 1);
-    if (old_tmp) setenv("TMPDIR", old_tmp, 1);
-    else unsetenv("TMPDIR");
-    ck_assert_msg(st[i] == 128 + sigs[i], "signal %d: exit %d", sigs[i], st[i]);
+    int st = plot_with("sleeps", "k.png", false, sigs[i]);
+    ck_assert_msg(st == 128 + sigs[i], "signal %d: exit %d", sigs[i], st);
     ck_assert_msg(entries(path_in("ktmp")) == 0, "signal %d: the temporary directory is left", sigs[i]);
     ck_assert(access(path_in("k.png"), F_OK) != 0);
   }
-  free(old_path);
-  free(old_tmp);
+  /* SIGKILL: its directory is left (and gnuplot, stopped here) */
+  ck_assert_int_eq(plot_with("sleeps", "k.png", false, SIGKILL), 128 + SIGKILL);
+  char *pid = tu_slurp(path_in("gp.pid"), NULL);
+  ck_assert(pid && kill((pid_t)atol(pid), SIGKILL) == 0);
+  free(pid);
+  ck_assert_int_eq(entries(path_in("ktmp")), 1);
+  char *killed = hidden_entry(path_in("ktmp"));
+  /* the user's: a directory named as mkdtemp named a plot's, a file in it, and a file */
+  ck_assert(mkdir(path_in("ktmp/cavs-plot-Ab12Cd"), 0700) == 0);
+  tu_write(path_in("ktmp/cavs-plot-Ab12Cd/mine"), "x", 1);
+  tu_write(path_in("ktmp/notes"), "x", 1);
+  /* a plot that draws on: the killed plot's directory is gone, the user's are not */
+  pid_t live = (pid_t)plot_with("sleeps", "live.png", true, 0);
+  ck_assert(live > 0);
+  ck_assert_int_eq(entries(path_in("ktmp")), 3);
+  char *drawing = hidden_entry(path_in("ktmp"));
+  ck_assert_str_ne(drawing, killed);
+  /* and one that draws while it does: the drawing one's is left */
+  ck_assert_int_eq(plot_with("draws", "k.png", false, 0), 0);
+  size_t n = 0;
+  char *png = tu_slurp(path_in("k.png"), &n);
+  ck_assert_msg(png && n == 5 && !memcmp(png, "drawn", 5), "the picture is not what gnuplot drew");
+  free(png);
+  ck_assert_int_eq(entries(path_in("ktmp")), 3);
+  char *still = hidden_entry(path_in("ktmp"));
+  ck_assert_str_eq(still, drawing);
+  free(killed);
+  free(drawing);
+  free(still);
+  ck_assert(kill(live, SIGTERM) == 0);
+  int st;
+  ck_assert(waitpid(live, &st, 0) == live && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+  ck_assert_int_eq(entries(path_in("ktmp")), 2);
+  ck_assert(access(path_in("ktmp/cavs-plot-Ab12Cd/mine"), F_OK) == 0 && access(path_in("ktmp/notes"), F_OK) == 0);
 }
 END_TEST
 
@@ -489,7 +566,7 @@ START_TEST(plot_a_log) {
   snprintf(notdir, sizeof notdir, "TMPDIR=%s", path_in("p.log")); /* (a file: no directory there) */
   char *in_file[] = {notdir, NULL};
   r = cavs_env(in_file, "plot", path_in("p.log"), "-o", path_in("p2.png"), NULL);
-  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot make a temporary directory in "), "%s", r.err);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "plot: cannot create a directory in "), "%s", r.err);
   tu_free(&r);
   /* as jq prints a log: pretty, a key's order changed, numbers as integers, exponents
      and null, keys cavs never writes, escapes, and compact records between */
@@ -1857,7 +1934,8 @@ END_TEST
 
 /* Starts cavs with argv, waits until its stdout holds `ready`, lets it run `secs` more,
  * sends `sig` and returns the exit status. */
-static int run_and_signal(char *const argv[], const char *out, const char *ready, double secs, int sig) {
+/* argv started with its output to `out`, until `ready` is in it (at most a minute) */
+static pid_t start_until(char *const argv[], const char *out, const char *ready) {
   unlink(out); /* what the last run printed must not look like this one is ready */
   pid_t pid = fork();
   ck_assert(pid >= 0);
@@ -1867,13 +1945,18 @@ static int run_and_signal(char *const argv[], const char *out, const char *ready
     execv(argv[0], argv);
     _exit(127);
   }
-  for (int i = 0; i < 6000; i++) { /* at most a minute */
+  for (int i = 0; i < 6000; i++) {
     char *text = tu_slurp(out, NULL);
     bool seen = text && strstr(text, ready);
     free(text);
     if (seen) break;
     usleep(10000);
   }
+  return pid;
+}
+
+static int run_and_signal(char *const argv[], const char *out, const char *ready, double secs, int sig) {
+  pid_t pid = start_until(argv, out, ready);
   usleep((useconds_t)(secs * 1e6));
   kill(pid, sig);
   int st;
