@@ -1285,16 +1285,26 @@ __device__ size_t flat_at(const size_t *off, const size_t *start, int ns, size_t
 }
 
 /* (the squares of spans own and after into norm2[1]: experts placed on processes, the
-   last spans this process's own experts', whose sum the processes add up) */
+   last spans this process's own experts', whose sum the processes add up). Each thread
+   takes every `threads`-th element (consecutive threads, consecutive elements: the
+   loads coalesce) and adds its sums to norm2 once: an atomicAdd an element, all on one
+   address, queued 2.3 million deep at a mixture's step. Without shared memory, so the
+   emulator runs the threads one after another. */
+enum { NORM_PER_THREAD = 64 };
 template <typename R>
 __global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, int ns, double wd, bool norm,
                            double *norm2, int own) {
-  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= start[ns]) return;
-  int k = cv_span_of(start, ns, i);
-  size_t f = off[k] + (i - start[k]);
-  if (wd != 0) G[f] += (R)(wd * P[f]);
-  if (norm) atomicAdd(norm2 + (k >= own), (double)G[f] * (double)G[f]);
+  size_t threads = (size_t)gridDim.x * blockDim.x, total = start[ns];
+  double sum[2] = {0, 0};
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += threads) {
+    int k = cv_span_of(start, ns, i);
+    size_t f = off[k] + (i - start[k]);
+    if (wd != 0) G[f] += (R)(wd * P[f]);
+    sum[k >= own] += (double)G[f] * (double)G[f];
+  }
+  if (!norm) return;
+  if (sum[0] != 0) atomicAdd(norm2, sum[0]);
+  if (sum[1] != 0) atomicAdd(norm2 + 1, sum[1]);
 }
 
 template <typename R> struct Update {
@@ -1345,8 +1355,9 @@ static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const s
   bool own = norm && h->own_norm2;
   if (h->l2 || norm) {
     if (norm) CK(m, cudaMemsetAsync(d->norm2, 0, 2 * sizeof(double), 0));
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks((long)total), 0)(P, G, off, start, ns, h->l2, norm, d->norm2,
-                                                           own ? ns - h->nown : ns);
+    long threads = ((long)total + NORM_PER_THREAD - 1) / NORM_PER_THREAD;
+    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks(threads), 0)(P, G, off, start, ns, h->l2, norm, d->norm2,
+                                                       own ? ns - h->nown : ns);
     CKL(m);
   }
   if (own) { /* (every process calls the collective at every such step, failed or not) */
@@ -1835,6 +1846,7 @@ static void cuda_topk_bwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
  * thread keeps a 4 x 4 tile of the block's 64 x 64 (EM x EN), the operands staged EK
  * deep in shared memory. Not yet run on a GPU: plain FP32 tiles, untuned. */
 enum { EM = 64, EN = 64, EK = 16, ET = 16 /* threads a side: 16 x 16 = THREADS */ };
+static_assert(ET * ET == THREADS, "the grouped products' tiles take a block's threads as ET x ET");
 
 /* The block's EM x EN tile of C += A B over k in [k0, k1) (kk's operands from the
    loaders), accumulated in acc: the shared loops common to both kernels */
