@@ -95,6 +95,8 @@ struct Dev {
   int capspans, nspans_sent; /* -1: none sent */
   size_t *spans_dev, *spans_host, *spans_new;
   double *norm2, *norm2_host; /* (pinned: the tracked norm comes back with the step) */
+  double *norm_parts;         /* decay_norm's sums, two a thread, [2 capparts] */
+  size_t capparts;
   /* a mixture of experts (below): per route (K and X as it last ran: the schedule sizes
      it for a minibatch before a graph's pass), each row's choices and slots and each
      slot's expert ([cap] each), each row's routing's rows ([caprows]), a stage's rows'
@@ -259,6 +261,7 @@ static void cuda_close(cavs_model *m) {
   cudaFreeHost(d->spans_host);
   cudaFree(d->spans_dev);
   cudaFree(d->norm2);
+  cudaFree(d->norm_parts);
   cudaFreeHost(d->norm2_host);
   for (int i = 0; i < CV_MAX_ROUTES; i++) {
     cudaFree(d->route[i].rslot);
@@ -1284,27 +1287,47 @@ __device__ size_t flat_at(const size_t *off, const size_t *start, int ns, size_t
   return off[k] + (i - start[k]);
 }
 
-/* (the squares of spans own and after into norm2[1]: experts placed on processes, the
-   last spans this process's own experts', whose sum the processes add up). Each thread
-   takes every `threads`-th element (consecutive threads, consecutive elements: the
-   loads coalesce) and adds its sums to norm2 once: an atomicAdd an element, all on one
-   address, queued 2.3 million deep at a mixture's step. Without shared memory, so the
-   emulator runs the threads one after another. */
-enum { NORM_PER_THREAD = 64 };
+/* The weight decay and the gradients' squared norm: each block takes NORM_CHUNK elements
+   of the spans end to end, each of its threads every THREADS-th of them (consecutive
+   threads, consecutive elements: the loads coalesce), and writes its two sums to
+   parts[2 t], parts[2 t + 1] (the squares of spans own and after into the second:
+   experts placed on processes, the last spans this process's own experts', whose sum
+   the processes add up); norm_sum adds the parts up in a fixed order. So the norm has
+   the same bits run to run, and the same on ranks whose spans differ only past the
+   shared ones (the parts of the elements they do not share add zeros): atomicAdds, one
+   an element on one address, had neither, and queued millions deep. */
+enum { NORM_PER_THREAD = 64, NORM_CHUNK = THREADS * NORM_PER_THREAD };
 template <typename R>
-__global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, int ns, double wd, bool norm,
-                           double *norm2, int own) {
-  size_t threads = (size_t)gridDim.x * blockDim.x, total = start[ns];
+__global__ void decay_norm(R *P, R *G, const size_t *off, const size_t *start, int ns, double wd, double *parts,
+                           int own) {
+  size_t total = start[ns], i0 = (size_t)blockIdx.x * NORM_CHUNK + threadIdx.x;
   double sum[2] = {0, 0};
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += threads) {
+  for (size_t i = i0; i < i0 + NORM_CHUNK && i < total; i += THREADS) {
     int k = cv_span_of(start, ns, i);
     size_t f = off[k] + (i - start[k]);
     if (wd != 0) G[f] += (R)(wd * P[f]);
     sum[k >= own] += (double)G[f] * (double)G[f];
   }
-  if (!norm) return;
-  if (sum[0] != 0) atomicAdd(norm2, sum[0]);
-  if (sum[1] != 0) atomicAdd(norm2 + 1, sum[1]);
+  if (!parts) return;
+  size_t t = (size_t)blockIdx.x * THREADS + threadIdx.x;
+  parts[2 * t] = sum[0];
+  parts[2 * t + 1] = sum[1];
+}
+
+/* norm2[0..1] = the sums of the n pairs of parts: one block, thread t adding parts t,
+   t + THREADS, ... in order, then the threads' sums halved in a tree */
+__global__ void norm_sum(const double *parts, size_t n, double *norm2) {
+  __shared__ double s[2][THREADS];
+  double a = 0, b = 0;
+  for (size_t i = threadIdx.x; i < n; i += THREADS) a += parts[2 * i], b += parts[2 * i + 1];
+  s[0][threadIdx.x] = a;
+  s[1][threadIdx.x] = b;
+  __syncthreads();
+  for (unsigned h = THREADS / 2; h > 0; h /= 2) {
+    if (threadIdx.x < h) s[0][threadIdx.x] += s[0][threadIdx.x + h], s[1][threadIdx.x] += s[1][threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) norm2[0] = s[0][0], norm2[1] = s[1][0];
 }
 
 template <typename R> struct Update {
@@ -1354,11 +1377,21 @@ static void step_as(cavs_model *m, const cv_hyper *h, const size_t *off, const s
      the processes' sums added (a collective: the host waits for the squares) */
   bool own = norm && h->own_norm2;
   if (h->l2 || norm) {
+    unsigned chunks = (unsigned)(((long)total + NORM_CHUNK - 1) / NORM_CHUNK);
+    size_t nparts = (size_t)chunks * THREADS;
+    if (norm && nparts > d->capparts) {
+      regrow(m, (void **)&d->norm_parts, 2 * sizeof(double) * nparts);
+      d->capparts = d->failed ? 0 : nparts;
+      if (d->failed) return; /* (nothing updated: the step is done again whole) */
+    }
     if (norm) CK(m, cudaMemsetAsync(d->norm2, 0, 2 * sizeof(double), 0));
-    long threads = ((long)total + NORM_PER_THREAD - 1) / NORM_PER_THREAD;
-    CAVS_CUDA_LAUNCH(decay_norm<R>, blocks(threads), 0)(P, G, off, start, ns, h->l2, norm, d->norm2,
-                                                       own ? ns - h->nown : ns);
-    CKL(m);
+    if (chunks && !d->failed) {
+      CAVS_CUDA_LAUNCH(decay_norm<R>, chunks, 0)(P, G, off, start, ns, h->l2, norm ? d->norm_parts : NULL,
+                                                  own ? ns - h->nown : ns);
+      CKL(m);
+      if (norm) CAVS_CUDA_LAUNCH(norm_sum, 1, 0)(d->norm_parts, nparts, d->norm2);
+      CKL(m);
+    }
   }
   if (own) { /* (every process calls the collective at every such step, failed or not) */
     double sums[2] = {0, 0};

@@ -39,9 +39,17 @@ static bool placed_group(const cavs_model *m, int g) {
   return false;
 }
 
+static int by_row(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
 /* The parts of the flat block this step changes (in an array that only grows: a
  * steady-state step allocates nothing); last, the *own spans of the experts placed on
- * processes that are this process's (an expert table's other rows are their owners'). */
+ * processes that are this process's (an expert table's other rows are their owners').
+ * A lookup table's rows in order: the norm of a clip sums the spans end to end, and
+ * ranks that read the rows in different orders (each its own first, then the others',
+ * dist.c) would clip by norms a bit apart and drift. */
 static cv_span *spans(cavs_model *m, int *count, int *own) {
   const cavs_desc *d = m->d;
   int n = 0;
@@ -56,6 +64,7 @@ static cv_span *spans(cavs_model *m, int *count, int *own) {
       s[n++] = (cv_span){m->pg_off[g], (size_t)m->pg_rows[g] * cols};
       continue;
     }
+    qsort(m->touched[g], (size_t)m->ntouched[g], sizeof(int), by_row);
     for (int i = 0; i < m->ntouched[g]; i++)
       s[n++] = (cv_span){m->pg_off[g] + (size_t)m->touched[g][i] * cols, cols};
   }
