@@ -683,7 +683,9 @@ typedef struct GemmCall {
   int form; /* 0: y = x W, 1: dx += dy W^T, 2: dW += x^T dy, 3: y = x W at the rows with
                children only (the others are read by nothing: left as they are), 4: y +=
                x W (the rows skipped left as they are: IrNode.accum), 5: dx = dy W^T
-               (IrNode.dx_set) */
+               (IrNode.dx_set), 6: 0 with the rows without a word left open for a 7,
+               7: 4 that sets those rows (by `index`, the word's slot; emit.c's
+               open_closer) */
   ProdRows rows;
   int index; /* ROWS_WITH_INDEX(_AND_CHILDREN): the integer input's slot */
   int stack; /* rows per vertex: a stacked product (MatMerge) over every child's row; 1 */

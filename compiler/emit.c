@@ -722,6 +722,29 @@ static const Place *lookup_table(const Emit *e, const IrFunc *f, const Place *x,
   return &t->val;
 }
 
+/* The product that adds into product a's place (IrNode.accum; a merge's first member,
+ * or a node) where a is y = x W with x a looked-up row, zero at the rows without a word,
+ * and can leave those rows for the adding product to set (CAVS_PROD_Y_OPEN and
+ * CAVS_PROD_Y_CLOSE) instead of clearing them for it to read back: a of a vertex, one
+ * row a vertex, its rows all its own (neither it nor x dead or zero at the leaves), the
+ * adding product one row a vertex and its left operand no lookup (its rows with a word
+ * would be runs of their own); -1 otherwise. The Tree-LSTM's hs @ [Ui|Uo|Uu] for x @
+ * [Wi|Wo|Wu]: SST's inner vertices, half the rows, have no word. */
+static int open_closer(const Emit *e, const IrFunc *f, int a) {
+  const IrNode *an = &f->nodes[a];
+  if (f->kind != F_VERTEX || an->op != OP_MATMUL || an->dead_leaf) return -1;
+  int left = an->mm >= 0 ? f->merges[an->mm].left : an->args[0];
+  if ((an->mm >= 0 && f->merges[an->mm].stack) || f->nodes[left].zero_leaf || zero_rows(e, f, left) < 0) return -1;
+  for (int b = 0; b < f->n; b++) {
+    const IrNode *bn = &f->nodes[b];
+    if (!bn->accum || bn->accum_into != a) continue;
+    if (bn->op != OP_MATMUL || (bn->mm >= 0 && (f->merges[bn->mm].stack || f->merges[bn->mm].members[0] != b)))
+      return -1;
+    return zero_rows(e, f, bn->mm >= 0 ? f->merges[bn->mm].left : bn->args[0]) < 0 ? b : -1;
+  }
+  return -1;
+}
+
 /* Which nodes of f are zero at every vertex without children (fuse.c). */
 static const bool *zero_at_leaves(const IrFunc *f) {
   bool *z = arena_alloc(sizeof(bool) * (size_t)f->n);
@@ -748,12 +771,22 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
     g.form = 3;
   /* added into another value's place (IrNode.accum): y += x W, the rows skipped left as
      they are */
-  const IrNode *first = &f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index];
+  int me = u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index;
+  const IrNode *first = &f->nodes[me];
   bool accum = first->accum;
   if (form == 0 && accum) g.form = 4;
   /* the first to write the left operand's gradient, in a buffer not cleared: sets it */
   if (form == 1 && first->dx_set) g.form = 5;
   if (g.index >= 0 && p.stack == 1 && g.form != 4) g.table = lookup_table(e, f, x, p.left, &g.table_rows, &g.table_if);
+  /* rows without a word left for the product that adds into this one to set (it reads
+     the word's index for that) */
+  bool opens = form == 0 && g.form == 0 && g.rows == ROWS_WITH_INDEX && p.stack == 1 && open_closer(e, f, me) >= 0;
+  bool closes = form == 0 && accum && p.stack == 1 && open_closer(e, f, first->accum_into) == me;
+  if (opens) g.form = 6;
+  if (closes) {
+    const IrNode *a = &f->nodes[first->accum_into];
+    g.form = 7, g.index = zero_rows(e, f, a->mm >= 0 ? f->merges[a->mm].left : a->args[0]);
+  }
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
@@ -766,14 +799,15 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
     const IrNode *a = &f->nodes[into];
     const char *what = a->op != OP_MATMUL ? node_label(f, into)
                                          : product(e, f, &(Unit){a->mm >= 0 ? U_MATMUL : U_NODE, a->mm >= 0 ? a->mm : into, a->cls}).what;
-    fprintf(e->out, "  /* line %d  %s: [n, %s], added into %s%s */\n", p.line, p.what, wstr(e->m, p.cols), what,
-            input[g.rows]);
+    fprintf(e->out, "  /* line %d  %s: [n, %s], added into %s%s%s */\n", p.line, p.what, wstr(e->m, p.cols), what,
+            input[g.rows], closes ? " (set at the rows without a word, which that left open)" : "");
   } else if (form == 0)
     fprintf(e->out, "  /* line %d  %s: [n, %s]%s */\n", p.line, p.what, wstr(e->m, p.cols),
             g.form == 3 ? (g.rows == ROWS_WITH_CHILDREN ? ", rows with children (nothing reads the others)"
                                                          : ", rows with children (nothing reads the others); rows "
                                                            "without a word stay zero")
-                        : fwd[g.rows]);
+            : opens ? ", rows without a word left open (the product added into it sets them)"
+                    : fwd[g.rows]);
   else if (form == 1)
     fprintf(e->out, "  /* line %d  d%s %s d(%s) W^T%s%s */\n", p.line, left, g.form == 5 ? "=" : "+=", p.what,
             input[g.rows], g.form == 5 ? " (the first to write it)" : "");

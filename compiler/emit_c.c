@@ -160,8 +160,9 @@ static void c_loop_close(Emit *e, const Loop *l) {
 }
 
 /* enum cavs_prod_form of cavs_abi.h, by GemmCall.form */
-static const char *const prod_form[] = {"CAVS_PROD_Y",       "CAVS_PROD_DX",    "CAVS_PROD_DW",
-                                        "CAVS_PROD_Y_INNER", "CAVS_PROD_Y_ADD", "CAVS_PROD_DX_SET"};
+static const char *const prod_form[] = {"CAVS_PROD_Y",       "CAVS_PROD_DX",     "CAVS_PROD_DW",
+                                        "CAVS_PROD_Y_INNER", "CAVS_PROD_Y_ADD",  "CAVS_PROD_DX_SET",
+                                        "CAVS_PROD_Y_OPEN",  "CAVS_PROD_Y_CLOSE"};
 
 /* cavs_gemm over rows r0.. (row-major, BLAS argument order), or cavs_gemm_skip and
  * cavs_gemm_rows, which take row 0 and skip the rows themselves. */
@@ -188,6 +189,13 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
             g->index, g->rows == ROWS_WITH_INDEX_AND_CHILDREN ? "c->leaf_rows" : "0", prod_form[g->form], cols, k, t,
             emit_ld(e, g->table), emit_ld(e, &(Place){.ld = g->table_rows}), emit_ptr(e, g->x, "0"), xl, ws, wl,
             emit_ptr(e, g->y, "0"), yl);
+    return;
+  }
+  if (g->form == 7) {
+    /* the rows without a word, which the product added into left open, set by their index */
+    fprintf(e->out, "  cavs_gemm_rows(c, c->iin[%d], %s, r0, n, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s);\n",
+            g->index, g->rows == ROWS_WITH_CHILDREN ? "c->leaf_rows" : "0", prod_form[g->form], cols, k,
+            emit_ptr(e, g->x, "0"), xl, ws, wl, emit_ptr(e, g->y, "0"), yl);
     return;
   }
   if (g->rows != ROWS_ALL) {

@@ -58,8 +58,8 @@ static void childsum_node_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 38  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+  /* line 38  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, P[2], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 41  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
@@ -217,8 +217,8 @@ static void childsum_node_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_echild_fwd(c, 0, V[10] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
   /* childsum.vf:37  hs = esum */
   cavs_esum_fwd(c, V[10] + (size_t)(0) * (2*D_H) + D_H, (2*D_H), V[9] + (size_t)(0) * D_H, D_H, D_H, r0, n);
-  /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
+  /* line 38  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[9] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   { /* on the edges of rows [r0, r0 + n): they are rows [r0, r0 + n) of the edge buffers here */
     const int e0_ = c->eoff[r0], en_ = c->eoff[r0 + n] - e0_;

@@ -55,8 +55,8 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[4], D_W, D_V,
+  /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_W, P[4], D_W, D_V,
                   V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
@@ -200,16 +200,16 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_gru.vf:41  h_s = gather */
   cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[15], D_H, V[6] + (size_t)(0) * D_H, D_H);
   /* group g1 forward, [n, H]: r (lines 43 44) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
-  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[16], D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   cavs_loop(c, lattice_gru_wrd_fwd_path_g0_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);
@@ -471,8 +471,8 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
                   V[3] + (size_t)(0) * D_E, D_E, P[1], (2*D_H), V[11] + (size_t)(0) * (2*D_H), (2*D_H));
   /* group g0 forward, [n, H]: xg (lines 51) */
   cavs_loop(c, lattice_gru_chr_fwd_eager_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
-  /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
+  /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_E, P[3], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
@@ -726,16 +726,16 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_esum_fwd(c, V[18] + (size_t)(0) * D_H, D_H, V[15] + (size_t)(0) * D_H, D_H, D_H, r0, n);
   /* group g1 forward, [n, H]: g_p h_in (lines 52 55) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g1, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
-  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[6], D_H, V[11] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g4 forward, [n, H]: r (lines 57 58) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g4, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
-  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   cavs_loop(c, lattice_gru_chr_fwd_path_g3_leaves, r0, c->leaf_rows, D_H, CAVS_LOOP_ROWS);

@@ -55,8 +55,8 @@ static void lattice_gru_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[4], D_W, D_V,
+  /* line 42  xw @ [Wwz|Wwn]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_W, P[4], D_W, D_V,
                   V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  xw @ Wwr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[4], D_W, D_V,
@@ -166,8 +166,8 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* lattice_gru.vf:41  h_s = gather */
   cavs_gather_fwd(c, 0, 1, V[7] + (size_t)(0) * D_H, D_H, r0, n);
-  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
+  /* line 42  h_s @ Uwz: [n, H], added into xw @ [Wwz|Wwn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
                  P[14], D_H, V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 43  h_s @ Uwr: [n, H], added into xw @ Wwr, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[7] + (size_t)(0) * D_H, D_H,
@@ -185,8 +185,8 @@ static void lattice_gru_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+  /* line 44  %20 @ Uwn: [n, H], added into xw @ [Wwz|Wwn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[16], D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g0 forward, [n, H]: z n (lines 42 44 45) */
   {
@@ -501,8 +501,8 @@ static void lattice_gru_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[3], D_E, D_A,
+  /* line 56  x @ [Wz|Wn]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_E, P[3], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[2], (2*D_H), V[12] + (size_t)(0) * (2*D_H), (2*D_H));
 }
 
@@ -730,8 +730,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+  /* line 56  h_in @ Uz: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[12] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 57  h_in @ Ur: [n, H], added into x @ [Wg|Wr], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
@@ -749,8 +749,8 @@ static void lattice_gru_chr_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
+  /* line 58  %42 @ Un: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[13] + (size_t)(0) * D_H, D_H,
                  P[7], D_H, V[12] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g3 forward, [n, H]: z n h (lines 56 58 59) */
   {

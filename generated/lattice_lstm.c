@@ -55,8 +55,8 @@ static void lattice_lstm_wrd_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 49  xw @ [Wwi|Wwu]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_W, P[6], D_W, D_V,
+  /* line 49  xw @ [Wwi|Wwu]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_W, P[6], D_W, D_V,
                   V[2] + (size_t)(0) * D_W, D_W, P[0], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  xw @ Wwf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_W, P[6], D_W, D_V,
@@ -171,8 +171,8 @@ static void lattice_lstm_wrd_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:46  s = gather */
   cavs_gather_fwd(c, 0, 1, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 49  h_s @ [Uwi|Uwu]: [n, 2H], added into xw @ [Wwi|Wwu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 2*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (2*D_H), V[4] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 50  h_s @ Uwf: [n, H], added into xw @ Wwf, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -392,8 +392,8 @@ static void lattice_lstm_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
-  /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[5], D_E, D_A,
+  /* line 60  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, P[5], D_E, D_A,
                   V[3] + (size_t)(0) * D_E, D_E, P[2], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  x @ [Wf|Wl]: [n, 2H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, 2*D_H, D_E, P[5], D_E, D_A,
@@ -600,8 +600,8 @@ static void lattice_lstm_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_W; (void)D_H; (void)D_C; (void)D_A; (void)D_V;
   /* lattice_lstm.vf:57  s = gather */
   cavs_gather_fwd(c, 0, 1, V[20] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 60  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[3], (3*D_H), V[10] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 61  h_prev @ Uf: [n, H], added into x @ [Wf|Wl], rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[20] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),

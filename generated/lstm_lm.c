@@ -42,8 +42,8 @@ static void lstm_lm_token_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
-  /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, P[2], D_E, D_V,
+  /* line 35  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, P[2], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[0], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[2], D_E, D_V,
@@ -179,8 +179,8 @@ static void lstm_lm_token_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_V;
   /* lstm_lm.vf:32  s = gather */
   cavs_gather_fwd(c, 0, 0, V[4] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 35  h_prev @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[2] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 36  h_prev @ Uf: [n, H], added into x @ Wf, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[4] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),

@@ -63,8 +63,8 @@ static void moe_tree_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_H; (void)D_F; (void)D_X; (void)D_C; (void)D_HF; (void)D_FH; (void)D_V;
-  /* line 42  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
+  /* line 42  x @ [Wi|Wo|Wu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[2] + (size_t)(0) * D_E : V[1] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  x @ Wf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[2] : NULL), D_E, D_V,
@@ -278,8 +278,8 @@ static void moe_tree_tree_fwd_path(cavs_ctx *c, int r0, int n) {
   cavs_gather_fwd(c, 1, 0, V[5] + (size_t)(0) * (4*D_H) + (2*D_H), (4*D_H), r0, n);
   /* group g0 forward, [n, H]: hs (lines 41) */
   cavs_loop(c, moe_tree_tree_fwd_path_g0, (r0 + c->leaf_rows), (n - c->leaf_rows), D_H, CAVS_LOOP_ROWS);
-  /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
+  /* line 42  hs @ [Ui|Uo|Uu]: [n, 3H], added into x @ [Wi|Wo|Wu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[14] + (size_t)(0) * D_H, D_H,
                  P[1], (3*D_H), V[3] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 43  [h_0;h_1] @ Uf: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[5] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),

@@ -51,8 +51,8 @@ static void tagger_fwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 48  x @ [Wfi|Wfo|Wfu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+  /* line 48  x @ [Wfi|Wfo|Wfu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[0], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  x @ Wff: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
@@ -198,8 +198,8 @@ static void tagger_fwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:45  s = gather */
   cavs_gather_fwd(c, 0, 0, V[6] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 48  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 48  h_prev @ [Ufi|Ufo|Ufu]: [n, 3H], added into x @ [Wfi|Wfo|Wfu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[1], (3*D_H), V[4] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 49  h_prev @ Uff: [n, H], added into x @ Wff, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[6] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
@@ -546,8 +546,8 @@ static void tagger_bwd_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
+  /* line 62  x @ [Wbi|Wbo|Wbu]: [n, 3H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
                   ((c->opt[0] == 0 || !c->keep) ? V[3] + (size_t)(0) * D_E : V[2] + (size_t)(0) * D_E), D_E, P[2], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  x @ Wbf: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, ((c->opt[0] == 0 || !c->keep) ? P[4] : NULL), D_E, D_V,
@@ -693,8 +693,8 @@ static void tagger_bwd_fwd_path(cavs_ctx *c, int r0, int n) {
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   /* tagger.vf:59  s = gather */
   cavs_gather_fwd(c, 0, 1, V[14] + (size_t)(0) * (2*D_H), (2*D_H), r0, n);
-  /* line 62  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
+  /* line 62  h_next @ [Ubi|Ubo|Ubu]: [n, 3H], added into x @ [Wbi|Wbo|Wbu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),
                  P[3], (3*D_H), V[12] + (size_t)(0) * (3*D_H), (3*D_H));
   /* line 63  h_next @ Ubf: [n, H], added into x @ Wbf, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[14] + (size_t)(0) * (2*D_H) + D_H, (2*D_H),

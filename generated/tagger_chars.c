@@ -58,8 +58,8 @@ static void tagger_chars_chr_fwd_eager(cavs_ctx *c, int r0, int n) {
   R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
-  /* line 50  k @ [Wci|Wco|Wcu]: [n, 3Hc], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y, 3*D_Hc, D_K, P[7], D_K, D_A,
+  /* line 50  k @ [Wci|Wco|Wcu]: [n, 3Hc], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[1], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_Hc, D_K, P[7], D_K, D_A,
                   V[3] + (size_t)(0) * D_K, D_K, P[0], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  k @ Wcf: [n, Hc], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_Hc, D_K, P[7], D_K, D_A,
@@ -215,8 +215,8 @@ static void tagger_chars_chr_fwd_path(cavs_ctx *c, int r0, int n) {
   (void)V; (void)G; (void)P; (void)PG; (void)n; (void)r0; (void)D_E; (void)D_K; (void)D_Hc; (void)D_H; (void)D_C; (void)D_V; (void)D_A;
   /* tagger_chars.vf:47  s = gather */
   cavs_gather_fwd(c, 0, 0, V[7] + (size_t)(0) * (2*D_Hc), (2*D_Hc), r0, n);
-  /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], added into k @ [Wci|Wco|Wcu], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
+  /* line 50  h_prev @ [Uci|Uco|Ucu]: [n, 3Hc], added into k @ [Wci|Wco|Wcu], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[1], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),
                  P[1], (3*D_Hc), V[5] + (size_t)(0) * (3*D_Hc), (3*D_Hc));
   /* line 51  h_prev @ Ucf: [n, Hc], added into k @ Wcf, rows with children */
   cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_Hc, D_Hc, V[7] + (size_t)(0) * (2*D_Hc) + D_Hc, (2*D_Hc),

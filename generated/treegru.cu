@@ -58,8 +58,8 @@ static void treegru_tree_fwd_eager(cavs_ctx *c, int r0, int n) {
   /* host arrays of device pointers */
   [[maybe_unused]] R *const *V = (R *const *)c->val, *const *G = (R *const *)c->grad;
   [[maybe_unused]] R *const *P = (R *const *)c->param, *const *PG = (R *const *)c->pgrad;
-  /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word stay zero */
-  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y, 2*D_H, D_E, P[1], D_E, D_V,
+  /* line 34  x @ [Wz|Wn]: [n, 2H], rows without a word left open (the product added into it sets them) */
+  cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 2*D_H, D_E, P[1], D_E, D_V,
                   V[1] + (size_t)(0) * D_E, D_E, P[0], (2*D_H), V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 35  x @ Wr: [n, H], rows with children (nothing reads the others); rows without a word stay zero */
   cavs_gemm_table(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_INNER, D_H, D_E, P[1], D_E, D_V,
@@ -216,8 +216,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
+  /* line 34  hs @ Uz: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[8] + (size_t)(0) * D_H, D_H,
                  P[3], D_H, V[2] + (size_t)(0) * (2*D_H), (2*D_H));
   /* line 36  [h_0;h_1] @ Ur: [n, H], rows with children (nothing reads the others) */
   cavs_gemm_skip(c, 2 * c->leaf_rows, 2 * r0, 2 * n, CAVS_PROD_Y_INNER, D_H, D_H, V[4] + (size_t)(0) * D_H, D_H,
@@ -238,8 +238,8 @@ static void treegru_tree_fwd_path(cavs_ctx *c, int r0, int n) {
       CAVS_CUDA_CHECK_LAUNCH(c);
     }
   }
-  /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children */
-  cavs_gemm_skip(c, c->leaf_rows, r0, n, CAVS_PROD_Y_ADD, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
+  /* line 37  %27 @ Un: [n, H], added into x @ [Wz|Wn], rows with children (set at the rows without a word, which that left open) */
+  cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, D_H, D_H, V[5] + (size_t)(0) * D_H, D_H,
                  P[5], D_H, V[2] + (size_t)(0) * (2*D_H) + D_H, (2*D_H));
   /* group g1 forward, [n, H]: z n h (lines 34 37 38) */
   {

@@ -287,6 +287,11 @@ void cavs_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, long ld
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy) {
   DEAD(c);
+  if (!BE(c)->open_rows && form == CAVS_PROD_Y_OPEN) form = CAVS_PROD_Y;
+  if (!BE(c)->open_rows && form == CAVS_PROD_Y_CLOSE) {
+    BE(c)->gemm_skip(c, skip, r0, n, CAVS_PROD_Y_ADD, cols, k, x, ldx, w, ldw, y, ldy);
+    return;
+  }
   BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
 }
 
@@ -351,7 +356,8 @@ void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int f
   DEAD(c);
   if (skip > n) skip = n;
   if (skip < 0) skip = 0;
-  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER;
+  if (!BE(c)->open_rows && form == CAVS_PROD_Y_OPEN) form = CAVS_PROD_Y;
+  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER || form == CAVS_PROD_Y_OPEN;
   struct cv_ptable *t = table && !c->keep && y_form && trows <= INT_MAX
                             ? ptable_of(c, table, ldt, trows, w, ldw, cols, k, n - skip)
                             : NULL;

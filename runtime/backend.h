@@ -107,6 +107,11 @@ typedef struct cv_backend {
      nothing (too few rows repeat, an index past trows, no memory): gemm_rows then */
   bool (*gemm_distinct)(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, long trows,
                         const void *x, long ldx, const void *w, long ldw, void *y, long ldy);
+  /* whether gemm_rows and gemm_distinct take CAVS_PROD_Y_OPEN and CAVS_PROD_Y_CLOSE
+     (cv_gemm_rows_with does); false: backend.c hands them CAVS_PROD_Y (every row
+     without an index zeroed) and CAVS_PROD_Y_ADD through gemm_skip instead, the same
+     values in fewer calls where calls cost more than the clears */
+  bool open_rows;
   void (*loop)(cavs_ctx *c, cavs_cols f, int r0, int n, long width, int flags); /* (cavs_loop's CAVS_LOOP_*) */
   void (*gather_fwd)(cavs_ctx *c, int k, int state, void *dst, long ld, int r0, int n);
   void (*gather_bwd)(cavs_ctx *c, int k, int state, const void *src, long ld, int r0, int n);

@@ -2278,6 +2278,7 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_gemm_rows,
     cuda_gemm_skip,
     NULL, /* gemm_distinct: every looked-up row multiplied */
+    false, /* open_rows: rows without a word zeroed, the adding product one launch */
     cuda_loop,
     cuda_gather_fwd,
     cuda_gather_bwd,

@@ -68,8 +68,10 @@ extern "C" {
  * 22: cavs_emm_fwd's act and cavs_emm_bwd's dx_act (CAVS_ACT_*: an activation applied
  *    by the product as it stores, its derivative by the next product's dx).
  * 23: cavs_vertex_desc.reads_pull (the pull block runs at the rows of the types that
- *    read it alone) and cavs_buf_desc.vertex -3 (the pull block's buffers). */
-#define CAVS_ABI_VERSION 23
+ *    read it alone) and cavs_buf_desc.vertex -3 (the pull block's buffers).
+ * 24: CAVS_PROD_Y_OPEN and CAVS_PROD_Y_CLOSE (a looked-up product's rows without a word
+ *    left for the product that adds into it to set, not cleared and read back). */
+#define CAVS_ABI_VERSION 24
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -510,6 +512,15 @@ enum cavs_prod_form {
   CAVS_PROD_DX_SET,  /* dx = dy w^T: CAVS_PROD_DX where it is the first to write dx (its
                         buffer not cleared), at the same rows (the others, as there, are
                         left as they are: nothing reads them) */
+  CAVS_PROD_Y_OPEN,  /* y = x w at the rows with an index (cavs_gemm_table, cavs_gemm_rows,
+                        `skip` 0); the rows without one may be left as they are: a
+                        CAVS_PROD_Y_CLOSE product over the same rows with the same index
+                        writes them before anything reads y (or a backend zeroes them
+                        here, as CAVS_PROD_Y does, and adds there) */
+  CAVS_PROD_Y_CLOSE, /* that product, through cavs_gemm_rows with the open product's index:
+                        at the rows past `skip`, y = x w where the index is < 0 and y += x
+                        w where it is not; at the first `skip` (where x is zero), y = 0
+                        where the index is < 0, the others left as they are */
 };
 
 /* C = alpha op(A) op(B) + beta C, row-major, in the descriptor's precision; ta and tb
@@ -526,7 +537,7 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  * Pointers are to row 0; rows [r0, r0+n). */
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy);
-/* cavs_gemm_rows's product (any form but CAVS_PROD_Y_ADD) where x is rows of a
+/* cavs_gemm_rows's product (any form but CAVS_PROD_Y_ADD and CAVS_PROD_Y_CLOSE) where x is rows of a
  * parameter table looked up by idx (x = table[idx[r]], pulled as it is or through a
  * dropout that keeps every value: `trows` rows of k, ldt scalars apart; NULL where x's
  * rows are not the table's, and then it is cavs_gemm_rows). Rows with one index being

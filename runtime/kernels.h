@@ -48,6 +48,13 @@ CV_HOT static void CV_NAME(lookup_fwd)(const R *table, long ldt, const int *idx,
   }
 }
 
+/* The same where the rows without an index are left as they are (CAVS_PROD_Y_OPEN's) */
+CV_HOT static void CV_NAME(lookup_open)(const R *table, long ldt, const int *idx, R *dst, long ld, int r0, int n,
+                                        long w) {
+  for (int r = r0; r < r0 + n; r++)
+    if (idx[r] >= 0) memcpy(dst + (size_t)r * ld, table + (size_t)idx[r] * ldt, sizeof(R) * (size_t)w);
+}
+
 CV_HOT static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *src, long ld, int r0,
                                 int n, long w) {
   for (int r = r0; r < r0 + n; r++) {

@@ -409,8 +409,24 @@ START_TEST(products_added_in_place) {
     added++;
   }
   ck_assert_int_eq(added, 3);
+  /* x @ [Wi|Wo|Wu] leaves the rows without a word open, hs @ [Ui|Uo|Uu] sets them by
+     the word's index (emit.c's open_closer): no clear, no read of it */
   char *c = emitted(m, "treelstm.vf");
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_ADD"), 0);
+  ck_assert_int_eq(count_str(c, "cavs_gemm_table(c, c->iin[0], 0, r0, n, CAVS_PROD_Y_OPEN, 3*D_H"), 1);
+  ck_assert_int_eq(count_str(c, "cavs_gemm_rows(c, c->iin[0], c->leaf_rows, r0, n, CAVS_PROD_Y_CLOSE, 3*D_H"), 1);
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_OPEN") + count_str(c, "CAVS_PROD_Y_CLOSE"), 2);
+  free(c);
+  /* the language model: the same, but h_prev @ Uf adds into x @ Wf, which writes its
+     rows with children alone (CAVS_PROD_Y_INNER): it has none open to set */
+  c = emitted(planned(compile_file("lstm_lm.vf")), "lstm_lm.vf");
   ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_ADD"), 1);
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_OPEN"), 1);
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_CLOSE"), 1);
+  free(c);
+  /* Tree-FC: x + concat(...) @ W, x a lookup but no product: nothing opened */
+  c = emitted(planned(compile_file("treefc.vf")), "treefc.vf");
+  ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_OPEN") + count_str(c, "CAVS_PROD_Y_CLOSE"), 0);
   free(c);
 
   /* a mixture of experts: each expert's product into its bias rows, run after them */

@@ -11,6 +11,7 @@
 
 #include "arith.h"
 #include "cavs.h"
+#include "forms.h"
 #include "pool.h"
 #include "sgemm.h"
 #include "testutil.h"
@@ -654,6 +655,88 @@ START_TEST(sgemm_packed_changes_no_bit) {
 }
 END_TEST
 
+/* forms.h's products by runs of rows, with a plain product as the backend's: a product
+ * that leaves its rows without an index open (CAVS_PROD_Y_OPEN) and the product that
+ * adds into it and sets them (CAVS_PROD_Y_CLOSE) give the bits of clearing those rows
+ * (CAVS_PROD_Y) and adding over all rows past the leaves (CAVS_PROD_Y_ADD), whatever
+ * the runs: rows without an index among the leaves, inner rows with one, runs that
+ * alternate, past the backend's most runs (the CUDA backend's 2) or not. Rows start
+ * NaN, so a row read before it was written shows. */
+static void plain_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, const void *a, long lda,
+                       const void *b, long ldb, double beta, void *cm, long ldc) {
+  (void)c;
+  const float *A = a, *B = b;
+  float *C = cm;
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j < n; j++) {
+      float sum = 0;
+      for (int p = 0; p < k; p++)
+        sum += (ta ? A[(size_t)p * lda + i] : A[(size_t)i * lda + p]) * (tb ? B[(size_t)j * ldb + p] : B[(size_t)p * ldb + j]);
+      float *o = &C[(size_t)i * ldc + j];
+      *o = beta == 0 ? (float)alpha * sum : (float)alpha * sum + (float)beta * *o;
+    }
+}
+static int zeroed_rows;
+static void plain_zero(cavs_ctx *c, void *y, long ldy, int a, int len, int cols) {
+  (void)c;
+  zeroed_rows += len;
+  for (int r = a; r < a + len; r++) memset((float *)y + (size_t)r * ldy, 0, sizeof(float) * (size_t)cols);
+}
+
+START_TEST(open_rows_closed_as_cleared) {
+  enum { ROWS = 20, R0 = 3, N = 14, COLS = 5, K = 4, LDY = 7 };
+  cavs_desc d = {.precision = CAVS_FLOAT};
+  cavs_ctx c = {.desc = &d};
+  uint64_t seed = 7;
+  int opened = 0;
+  for (int trial = 0; trial < 400; trial++) {
+    int idx[ROWS], skip = trial % 5, kind = trial % 4;
+    for (int r = 0; r < ROWS; r++) {
+      seed = cavs_mix64(seed);
+      /* 0: words at random, 1: leaves with words and inner rows without (SST), 2: every
+         row a word (a language model), 3: words in alternating runs of one or two */
+      idx[r] = kind == 0 ? ((seed & 1) ? (int)(seed >> 8) % 9 : -1)
+               : kind == 1 ? (r < R0 + skip ? 3 : -1)
+               : kind == 2 ? r % 9
+                           : (((r / (1 + (int)(trial / 4 % 2))) & 1) ? 2 : -1);
+    }
+    float xo[ROWS * K], xc[ROWS * K], w[K * COLS];
+    for (int i = 0; i < ROWS * K; i++) {
+      int r = i / K;
+      seed = cavs_mix64(seed);
+      xo[i] = idx[r] >= 0 ? (float)(seed % 1000) / 500 - 1 : 0; /* a looked-up row: zero without a word */
+      seed = cavs_mix64(seed);
+      xc[i] = r >= R0 + skip ? (float)(seed % 1000) / 500 - 1 : 0; /* gathered: zero at the leaves */
+    }
+    for (int i = 0; i < K * COLS; i++) w[i] = (float)((i * 37) % 11) / 7 - 0.7f;
+    float want[ROWS * LDY], got[ROWS * LDY];
+    for (int i = 0; i < ROWS * LDY; i++) want[i] = got[i] = NAN;
+    cv_gemm_rows_with(plain_gemm, plain_zero, &c, idx, 0, R0, N, CAVS_PROD_Y, COLS, K, xo, K, w, COLS, want, LDY, INT_MAX);
+    cv_gemm_skip_with(plain_gemm, plain_zero, &c, skip, R0, N, CAVS_PROD_Y_ADD, COLS, K, xc, K, w, COLS, want, LDY);
+    const int most[] = {INT_MAX, 2, 0};
+    for (int q = 0; q < 3; q++) {
+      for (int i = 0; i < ROWS * LDY; i++) got[i] = NAN;
+      zeroed_rows = 0;
+      cv_gemm_rows_with(plain_gemm, plain_zero, &c, idx, 0, R0, N, CAVS_PROD_Y_OPEN, COLS, K, xo, K, w, COLS, got, LDY,
+                        most[q]);
+      ck_assert_int_eq(zeroed_rows, 0);
+      for (int r = R0; r < R0 + N && q == 0; r++) /* (one product over every row past the most runs) */
+        if (idx[r] < 0) ck_assert_msg(isnan(got[(size_t)r * LDY]), "trial %d: open row %d written", trial, r), opened++;
+      cv_gemm_rows_with(plain_gemm, plain_zero, &c, idx, skip, R0, N, CAVS_PROD_Y_CLOSE, COLS, K, xc, K, w, COLS, got,
+                        LDY, most[q]);
+      for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < LDY; j++) {
+          float a = want[r * LDY + j], b = got[r * LDY + j];
+          ck_assert_msg((isnan(a) && isnan(b)) || !memcmp(&a, &b, sizeof a),
+                        "trial %d (kind %d, skip %d, most runs %d): row %d column %d: %a, cleared %a", trial, kind, skip,
+                        most[q], r, j, (double)b, (double)a);
+        }
+    }
+  }
+  ck_assert_int_gt(opened, 1000);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("math");
   TCase *tc = tcase_create("exp");
@@ -685,6 +768,7 @@ int main(void) {
   tcase_add_test(mm, sgemm_small_splits_change_no_bit);
   tcase_add_test(mm, sgemm_narrow_matches_double);
   tcase_add_test(mm, sgemm_narrow_splits_change_no_bit);
+  tcase_add_test(mm, open_rows_closed_as_cleared);
   suite_add_tcase(s, mm);
   return tu_run_suite(s);
 }
