@@ -19,7 +19,7 @@ enum {
   CV_MAX_NEST = 256,      /* expression / bracket nesting */
   CV_MAX_ERRORS = 20,     /* stop reporting after this many */
   CV_MAX_UNROLL = 65536,  /* iterations of one `for` */
-  CV_MAX_UNROLLED = 1000000, /* iterations of all loops of one block together */
+  CV_MAX_UNROLLED = 1000000, /* iterations, statements and terms of all loops of one block */
   CV_MAX_NODES = 2000000, /* IR nodes of one function after unrolling */
 };
 

@@ -879,7 +879,7 @@ static int eval_sumfor(Ctx *c, const Node *n) {
   bool bad = false;
   for (long k = lo; k <= hi; k++) {
     if (++c->unrolled > CV_MAX_UNROLLED) {
-      error_at(n->loc, "loops unroll to more than %d iterations in all", CV_MAX_UNROLLED);
+      error_at(n->loc, "loops unroll to more than %d statements and terms in all", CV_MAX_UNROLLED);
       return -1;
     }
     c->loops[c->nloops++] = (LoopVar){n->name, k};
@@ -1252,6 +1252,7 @@ static int eval_index(Ctx *c, const Node *n) {
 }
 
 static int eval(Ctx *c, const Node *n) {
+  if (c->nloops) c->unrolled++; /* a term a loop produces: counted against CV_MAX_UNROLLED */
   switch (n->kind) {
   case N_NUM: return mk_const(c, n->num, n->loc);
   case N_NAME: return eval_name(c, n);
@@ -1323,7 +1324,7 @@ static void stmt_for(Ctx *c, Stmt *s) {
   int errs = diag_count();
   for (long k = lo; k <= hi; k++) {
     if (++c->unrolled > CV_MAX_UNROLLED) {
-      error_at(s->loc, "loops unroll to more than %d iterations in all", CV_MAX_UNROLLED);
+      error_at(s->loc, "loops unroll to more than %d statements and terms in all", CV_MAX_UNROLLED);
       return;
     }
     int mark = c->scope.norder;
@@ -1440,6 +1441,7 @@ static void stmt_loss(Ctx *c, Stmt *s) {
 
 static void stmt(Ctx *c, Stmt *s) {
   c->rest = s->next;
+  if (c->nloops) c->unrolled++; /* as eval's terms */
   switch (s->kind) {
   case S_ASSIGN: stmt_assign(c, s); return;
   case S_SCATTER:
