@@ -249,6 +249,7 @@ int cmd_plot(int argc, char **argv) {
   char *dir = NULL, why[1024];
   int lock = lock_temp_dir(tmpdir, "plot", &dir, why, sizeof why); /* (held until the end) */
   if (lock < 0) die(1, "plot: %s", why);
+  keep(dir); /* (cache.c's malloc: kept reachable as fmt's are, however the command ends) */
   static const char *const made[] = {"data", "script", "out.png"};
   remove_when_killed(dir, made); /* (tmpdir is at most 3000 bytes) */
   if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
