@@ -6,8 +6,10 @@
 #include "driver.h"
 #include "dist.h"
 #include "shown.h"
+#include "afile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -1139,6 +1141,17 @@ static void open_run(Run *r, long *dims) {
    stays a JSON record a line for what reads it (cavs plot); NULL with errno */
 static FILE *open_log(const char *path, bool resumed) {
   struct stat st;
+  /* standard output or error (what the shell sent there, a file appended to perhaps):
+     written through the same stream as the epochs' lines, so that no line tears
+     another, and never truncated (`--log /dev/stdout >> runs.txt` keeps the runs before) */
+  int fd = cv_afile_descriptor(path);
+  if (fd == 1 || fd == 2) return fd == 1 ? stdout : stderr;
+  if (fd >= 0) { /* another descriptor of the caller's: appended to as it is */
+    int dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    FILE *f = dup >= 0 ? fdopen(dup, "a") : NULL;
+    if (!f && dup >= 0) close(dup);
+    return f;
+  }
   if (!resumed) return fopen(path, "w");
   /* (a FIFO, say, is appended to as it was: opened for writing alone, nothing read) */
   if (stat(path, &st) || !S_ISREG(st.st_mode)) return fopen(path, "a");
@@ -1150,6 +1163,19 @@ static FILE *open_log(const char *path, bool resumed) {
   if (n == (size_t)(st.st_size - from) && tail[n - 1] != '\n') {
     size_t k = n;
     while (k > 0 && tail[k - 1] != '\n') k--;
+    /* a whole record whose line's end alone is missing (the disk filled, or the run was
+       killed, between the two): kept, its line ended */
+    json_t *rec = k > 0 || from == 0 ? json_loadb(tail + k, n - k, 0, NULL) : NULL;
+    bool whole = json_is_object(rec);
+    json_decref(rec);
+    if (whole) {
+      fseeko(f, 0, SEEK_END);
+      if (fputc('\n', f) == EOF || fflush(f)) {
+        fclose(f);
+        return NULL;
+      }
+      return f;
+    }
     if ((k > 0 || from == 0) && ftruncate(fileno(f), from + (off_t)k) == 0)
       fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
               "dropped\n", prog, path, n - k);
@@ -1219,7 +1245,8 @@ static void train_epochs(Run *r) {
 }
 
 static void close_run(Run *r) {
-  if (r->log) fclose(r->log);
+  if (r->log == stdout || r->log == stderr) fflush(r->log); /* (the process's own) */
+  else if (r->log) fclose(r->log);
   free(r->order);
   free(r->gs);
   free(r->chunks);

@@ -6,6 +6,7 @@
 #include "afile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -204,10 +205,23 @@ void check_output(const char *opt, const char *out, const char *const *inputs, c
   bool direct;
   if (cv_afile_target(out, &target, &direct, err, sizeof err)) die(1, "%s%s: %s", dash, opt, err);
   const char *slash = strrchr(target, '/');
-  char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - target), target) : xstrdup(".cavs-probe-XXXXXX");
-  int fd = direct ? -2 : mkstemp(probe);
+  /* the probe a file without a name (O_TMPFILE), which nothing can leave behind however
+     this process dies; where the filesystem has none, a named one removed at once */
+  int fd = -2;
+  if (!direct) {
+    char *d = slash ? fmt("%.*s", slash == target ? 1 : (int)(slash - target), target) : xstrdup(".");
+    fd = open(d, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+    int e = errno;
+    free(d);
+    errno = e;
+  }
+  if (fd == -1 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    char *probe = slash ? fmt("%.*s/.cavs-probe-XXXXXX", (int)(slash - target), target) : xstrdup(".cavs-probe-XXXXXX");
+    fd = mkstemp(probe);
+    if (fd >= 0) unlink(probe);
+    free(probe);
+  }
   if (fd == -1) die(1, "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
-  if (fd >= 0) close(fd), unlink(probe);
-  free(probe);
+  if (fd >= 0) close(fd);
   free(target);
 }

@@ -159,25 +159,38 @@ static int open_named(cv_afile *a, mode_t mode) {
   return -1;
 }
 
-/* The end of a chain of links that leads nowhere yet (a save makes the file there): each
-   link's text, taken from its directory where it is relative; NULL with errno past 40 */
+/* Where the link p leads (its text, taken from p's directory where it is relative),
+   malloc'd; NULL with *link false where p is no link, and with errno where it is one
+   that could not be read */
+static char *link_step(const char *p, bool *link) {
+  struct stat st;
+  *link = lstat(p, &st) == 0 && S_ISLNK(st.st_mode);
+  if (!*link) return NULL;
+  char text[4096];
+  ssize_t n = readlink(p, text, sizeof text - 1);
+  if (n < 0) return NULL;
+  text[n] = 0;
+  const char *slash = strrchr(p, '/');
+  char *next = NULL;
+  if (text[0] == '/' || !slash) next = strdup(text);
+  else if (asprintf(&next, "%.*s/%s", (int)(slash - p), p, text) < 0) next = NULL;
+  return next;
+}
+
+/* The end of a chain of links that leads nowhere yet (a save makes the file there);
+   NULL with errno past 40 */
 static char *dangling_end(const char *path) {
   char *p = strdup(path);
   for (int hop = 0; p && hop < 40; hop++) {
-    struct stat st;
-    if (lstat(p, &st) || !S_ISLNK(st.st_mode)) return p;
-    char link[4096];
-    ssize_t n = readlink(p, link, sizeof link - 1);
-    if (n < 0) {
-      free(p);
+    bool link;
+    char *next = link_step(p, &link);
+    if (!link) return p;
+    int e = errno;
+    free(p);
+    if (!next) {
+      errno = e;
       return NULL;
     }
-    link[n] = 0;
-    const char *slash = strrchr(p, '/');
-    char *next = NULL;
-    if (link[0] == '/' || !slash) next = strdup(link);
-    else if (asprintf(&next, "%.*s/%s", (int)(slash - p), p, link) < 0) next = NULL;
-    free(p);
     p = next;
   }
   int e = p ? ELOOP : ENOMEM;
@@ -186,9 +199,49 @@ static char *dangling_end(const char *path) {
   return NULL;
 }
 
+/* The descriptor a name stands for (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N
+   and this process's /proc/PID/fd/N), as written or as a link of the user's says */
+static int descriptor_named(const char *p) {
+  if (!strcmp(p, "/dev/stdout")) return 1;
+  if (!strcmp(p, "/dev/stderr")) return 2;
+  char own[64];
+  snprintf(own, sizeof own, "/proc/%ld/fd/", (long)getpid());
+  const char *const dirs[] = {"/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/", own};
+  for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+    size_t n = strlen(dirs[i]);
+    if (strncmp(p, dirs[i], n) || !p[n] || strspn(p + n, "0123456789") != strlen(p + n) || strlen(p + n) > 9) continue;
+    return atoi(p + n);
+  }
+  return -1;
+}
+
+int cv_afile_descriptor(const char *path) {
+  char *p = strdup(path);
+  int fd = -1;
+  for (int hop = 0; p && hop < 40; hop++) {
+    if ((fd = descriptor_named(p)) >= 0) break;
+    bool link;
+    char *next = link_step(p, &link); /* (NULL: no link, the chain's end) */
+    free(p);
+    p = next;
+  }
+  free(p);
+  return fd >= 0 && fcntl(fd, F_GETFL) >= 0 ? fd : -1;
+}
+
 int cv_afile_target(const char *path, char **target, bool *direct, char *err, size_t errlen) {
   struct stat st;
   *target = NULL, *direct = false;
+  /* a descriptor this process holds (standard output, which the shell may have sent to a
+     file, appending): written to as it is, never a file replaced behind it */
+  if (cv_afile_descriptor(path) >= 0) {
+    *direct = true;
+    if (!(*target = strdup(path))) {
+      snprintf(err, errlen, "cannot write '%s': %s", path, strerror(ENOMEM));
+      return -1;
+    }
+    return 0;
+  }
   if (stat(path, &st) == 0) {
     if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
       *direct = true;
@@ -200,8 +253,17 @@ int cv_afile_target(const char *path, char **target, bool *direct, char *err, si
       snprintf(err, errlen, "cannot write '%s': not a regular file (a %s)", path,
                S_ISBLK(st.st_mode) ? "block device" : S_ISSOCK(st.st_mode) ? "socket" : "special file");
       return -1;
-    } else
-      *target = realpath(path, NULL); /* (every link followed, the last one included) */
+    } else if (!(*target = realpath(path, NULL))) { /* (every link followed, the last one included) */
+      snprintf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+      return -1;
+    } else if (faccessat(AT_FDCWD, *target, W_OK, AT_EACCESS) && errno == EACCES) {
+      /* a file its owner made read-only is not replaced behind their back (the shell's
+         `>` refuses it too; the directory's permission alone would let a rename by) */
+      snprintf(err, errlen, "cannot write '%s': it is write-protected (%s)", path, strerror(EACCES));
+      free(*target);
+      *target = NULL;
+      return -1;
+    }
   } else if (errno == ENOENT) {
     *target = dangling_end(path); /* (a link to a file to be made, or no link) */
   } else {
@@ -226,7 +288,8 @@ int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t er
       return -1;
     }
     if (a->direct) { /* nothing to replace: written to as it is */
-      a->fd = open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+      int fd = cv_afile_descriptor(target); /* (its offset and O_APPEND shared) */
+      a->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : open(target, O_WRONLY | O_NOCTTY | O_CLOEXEC);
       free(target);
       return a->fd < 0 ? fail(a, errno, err, errlen) : 0;
     }

@@ -25,7 +25,8 @@ typedef struct cv_afile {
  * replaced, and the links stay), an existing file's permissions (and, where this process
  * may, owner and group) are the new file's, and a FIFO or a character device (a pipe,
  * /dev/stdout, /dev/null) is written straight to, as there is no file to replace; any
- * other file that is not a regular one is refused. Without USER a link is replaced, not
+ * other file that is not a regular one is refused, and so is a file this process may
+ * not write (its owner's `chmod a-w`), which a rename would otherwise replace. Without USER a link is replaced, not
  * followed (the compile cache's entries: a link planted there must not send a write
  * elsewhere). */
 enum { CV_AFILE_NAMED = 1, CV_AFILE_USER = 2 };
@@ -34,11 +35,18 @@ enum { CV_AFILE_NAMED = 1, CV_AFILE_USER = 2 };
  * abandoned). Returns 0, or -1 with the message in err. */
 int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t errlen);
 /* Where a USER save to `path` goes: *target (malloc'd) the file it replaces or makes, its
- * final links followed, and *direct where that is a FIFO or a character device. -1 with
+ * final links followed, and *direct where that is a FIFO, a character device or a
+ * descriptor of this process (cv_afile_descriptor; *target is then path). -1 with
  * the message in err for a directory or another file that is not a regular one, or a
  * chain of links too long; the `cavs` command checks its outputs with it before it works
  * (check_output). */
 int cv_afile_target(const char *path, char **target, bool *direct, char *err, size_t errlen);
+/* The descriptor `path` names, where it names one this process holds: /dev/stdout,
+ * /dev/stderr, /dev/fd/N, /proc/self/fd/N (or /proc/PID/fd/N of this process), as
+ * written or at the end of the user's links to it; else -1. A USER save there writes to
+ * that descriptor (its duplicate: the same offset, appending where the shell's `>>`
+ * opened it), never replacing the file the shell opened behind it. */
+int cv_afile_descriptor(const char *path);
 /* Writes n bytes; -1 with the message in err on failure (the file is then aborted). */
 int cv_afile_write(cv_afile *a, const void *p, size_t n, char *err, size_t errlen);
 /* Flushes the contents to disk and puts them at the path in one step (a reader sees the

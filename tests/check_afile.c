@@ -226,6 +226,69 @@ START_TEST(user_paths_followed_and_kept) {
 }
 END_TEST
 
+/* A descriptor the process holds, named as the shell names it: written to through a
+ * duplicate (the shell's file appended to, the same file after), never replaced. */
+START_TEST(descriptors_written_to) {
+  int f = (modes[_i] ? CV_AFILE_NAMED : 0) | CV_AFILE_USER;
+  char err[512], name[64];
+  const char *file = path_in("held.txt");
+  tu_write(file, "old\n", 4);
+  int fd = open(file, O_WRONLY | O_APPEND);
+  ck_assert(fd >= 0);
+  struct stat before, after;
+  ck_assert(fstat(fd, &before) == 0);
+  const char *forms[] = {"/dev/fd/%d", "/proc/self/fd/%d"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(name, sizeof name, forms[k], fd);
+    ck_assert_int_eq(cv_afile_descriptor(name), fd);
+    ck_assert_msg(save(name, f, k ? "b\n" : "a\n", err, sizeof err) == 0, "%s", err);
+  }
+  ck_assert_int_eq(cv_afile_descriptor("/dev/stdout"), 1);
+  ck_assert_int_eq(cv_afile_descriptor("/dev/fd/"), -1);
+  ck_assert_int_eq(cv_afile_descriptor("/dev/fd/99999"), -1); /* (not open) */
+  ck_assert_int_eq(cv_afile_descriptor(file), -1);
+  ck_assert(stat(file, &after) == 0 && after.st_ino == before.st_ino);
+  char *text = tu_slurp(file, NULL);
+  ck_assert_msg(text && !strcmp(text, "old\na\nb\n"), "%s", text ? text : "(none)");
+  free(text);
+  close(fd);
+  remove(file);
+}
+END_TEST
+
+/* A file this process may not write is not replaced (its directory would let a rename
+ * by): as root, in a child that has given up root for nobody, in a directory nobody
+ * may write into, with nobody's read-only file. */
+START_TEST(write_protected_refused) {
+  const char *file = path_in("ro.txt");
+  remove(file);
+  tu_write(file, "kept\n", 5);
+  bool root = geteuid() == 0;
+  if (root) ck_assert(chown(dir, 65534, 65534) == 0 && chown(file, 65534, 65534) == 0);
+  ck_assert(chmod(file, 0444) == 0);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    if (root && (setgid(65534) || setuid(65534))) _exit(3);
+    char err[512], *target;
+    bool direct;
+    int rc = save(file, CV_AFILE_USER, "new", err, sizeof err);
+    if (rc != -1 || !strstr(err, "it is write-protected")) _exit(4);
+    if (cv_afile_target(file, &target, &direct, err, sizeof err) != -1) _exit(5);
+    if (save(file, 0, "own", err, sizeof err)) _exit(6); /* (without USER: cavs's own files) */
+    _exit(0);
+  }
+  int status;
+  ck_assert(waitpid(pid, &status, 0) == pid);
+  if (root) ck_assert(chown(dir, 0, 0) == 0);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %d", status);
+  char *text = tu_slurp(file, NULL);
+  ck_assert_msg(text && !strcmp(text, "own"), "%s", text ? text : "(none)");
+  free(text);
+  remove(file);
+}
+END_TEST
+
 START_TEST(temporary_names_check_themselves) {
   char err[512], name[300];
   cv_afile a;
@@ -330,6 +393,8 @@ int main(void) {
   tcase_add_loop_test(tc, killed_writer_leaves_nothing, 0, 2);
   tcase_add_test(tc, user_files_never_removed);
   tcase_add_test(tc, temporary_names_check_themselves);
+  tcase_add_loop_test(tc, descriptors_written_to, 0, 2);
+  tcase_add_test(tc, write_protected_refused);
   tcase_add_loop_test(tc, user_paths_followed_and_kept, 0, 2);
   tcase_add_loop_test(tc, concurrent_commits_all_finish, 0, 2);
   tcase_add_loop_test(tc, unflushed_directory_reported, 0, 2);

@@ -812,6 +812,9 @@ START_TEST(optimizers_resume_bit_identical) {
       FILE *lg = fopen(path_in(hlog), "a");
       ck_assert(lg && fputs(torn, lg) >= 0 && fclose(lg) == 0);
     }
+    /* ... or killed between a whole record and its line's end: the record is kept */
+    struct stat ls;
+    if (i == 1) ck_assert(stat(path_in(hlog), &ls) == 0 && truncate(path_in(hlog), ls.st_size - 1) == 0);
     r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in(half), "--save", path_in(half), "--log", path_in(hlog), NULL);
     ok(&r, "resume 2 epochs");
     ck_assert_msg((i == 0) == (strstr(r.err, said) != NULL), "%s", r.err);
@@ -1697,6 +1700,76 @@ END_TEST
 /* An output of a run never overwrites one of its inputs; --resume X --save X is the
  * one way to write over a file the run reads. A save that was killed leaves a
  * temporary file that the next save removes. */
+/* An output named by a descriptor (/dev/stdout, /dev/fd/N, a link of the user's to one)
+ * that the shell sent to a file, appending: the file is appended to, the same file (not
+ * replaced by a new one without what it held), and a log's records through stdout stay
+ * whole lines beside the epochs' own. */
+static ino_t inode_of(const char *path) {
+  struct stat st;
+  ck_assert_msg(stat(path, &st) == 0, "%s: %s", path, strerror(errno));
+  return st.st_ino;
+}
+static void shell(const char *cmd) {
+  char *sh[] = {"/bin/sh", "-c", (char *)cmd, NULL};
+  RunResult r = tu_run(NULL, sh, 120);
+  ck_assert_msg(r.status == 0, "%s: exit %d %s", cmd, r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+}
+START_TEST(outputs_to_descriptors) {
+  gen_data();
+  const char *head = "PRECIOUS\n";
+  tu_write(path_in("d.txt"), head, strlen(head));
+  ino_t ino = inode_of(path_in("d.txt"));
+  unlink(path_in("out-link"));
+  ck_assert(symlink("/dev/stdout", path_in("out-link")) == 0);
+  char cmd[9000];
+  const char *outs[] = {"/dev/stdout", "/proc/self/fd/1", path_in("out-link")};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "'%s' gen toy --graphs %d --seed 1 -o '%s' >> '%s'", cavs_bin, 2 + i, outs[i],
+             path_in("d.txt"));
+    shell(cmd);
+  }
+  snprintf(cmd, sizeof cmd, "'%s' gen toy --graphs 4 --seed 1 -o /dev/fd/3 3>> '%s'", cavs_bin, path_in("d.txt"));
+  shell(cmd);
+  ck_assert_msg(inode_of(path_in("d.txt")) == ino, "d.txt was replaced");
+  char *d = tu_slurp(path_in("d.txt"), NULL);
+  int trees = 0;
+  for (char *line = strtok(d + strlen(head), "\n"); line; line = strtok(NULL, "\n")) trees += line[0] == '(';
+  ck_assert_msg(!strncmp(d, head, strlen(head)) && trees == 2 + 3 + 4 + 4, "d.txt: %d trees after %.20s", trees, d);
+  free(d);
+  /* a log through standard output, appended to a file, with the epochs' lines; and
+     through another descriptor */
+  const char *note = "{\"note\": 1}\n";
+  for (int fd = 1; fd <= 3; fd += 2) {
+    tu_write(path_in("l.txt"), note, strlen(note));
+    ino = inode_of(path_in("l.txt"));
+    snprintf(cmd, sizeof cmd,
+             "'%s' train '%s' --format ptb-tree --train '%s' --dim E=8 --dim H=8 --epochs 3 --threads 1 --log "
+             "/dev/fd/%d %d>> '%s'",
+             cavs_bin, model("treelstm.vf"), path_in("dev.txt"), fd, fd, path_in("l.txt"));
+    shell(cmd);
+    ck_assert_msg(inode_of(path_in("l.txt")) == ino, "l.txt was replaced");
+    char *l = tu_slurp(path_in("l.txt"), NULL);
+    ck_assert_msg(l && !strncmp(l, note, strlen(note)), "--log /dev/fd/%d: what l.txt held is gone", fd);
+    int recs = 0, epochs = 0;
+    for (char *line = strtok(l, "\n"); line; line = strtok(NULL, "\n")) {
+      if (line[0] != '{') {
+        epochs += !strncmp(line, "epoch ", 6);
+        continue;
+      }
+      json_error_t e;
+      json_t *rec = json_loads(line, 0, &e);
+      ck_assert_msg(json_is_object(rec), "l.txt: a torn record (%s): %s", e.text, line);
+      recs += json_object_get(rec, "epoch") != NULL;
+      json_decref(rec);
+    }
+    free(l);
+    ck_assert_msg(recs == 3 && epochs == (fd == 1 ? 3 : 0), "--log /dev/fd/%d: %d records, %d epoch lines", fd, recs,
+                  epochs);
+  }
+}
+END_TEST
+
 START_TEST(outputs_never_clobber_inputs) {
   gen_data();
   RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("train.txt"), NULL);
@@ -3412,6 +3485,7 @@ int main(void) {
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
   tcase_add_test(tc, outputs_never_clobber_inputs);
+  tcase_add_test(tc, outputs_to_descriptors);
   tcase_add_test(tc, concurrent_saves_all_finish);
   tcase_add_test(tc, frozen_no_merge_checkpoint);
   tcase_add_test(tc, gen_complete_fits_treefc);
