@@ -7,9 +7,11 @@
 #include "outputs.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -114,9 +116,9 @@ static bool make_dirs(const char *dir) {
  * path's directory, so that a cavsc killed before its commit leaves nothing; where the
  * file system has none, a temporary name that the next write of the path removes). False
  * (said) when it could not be written. */
-static bool write_begin(cv_afile *a, const char *path, const char *data, size_t len) {
+static bool write_begin(cv_afile *a, const char *path, int flags, const char *data, size_t len) {
   char err[1024];
-  if (cv_afile_open(a, path, 0, err, sizeof err) || cv_afile_write(a, data, len, err, sizeof err)) {
+  if (cv_afile_open(a, path, flags, err, sizeof err) || cv_afile_write(a, data, len, err, sizeof err)) {
     error_plain("%s", err);
     return false;
   }
@@ -145,9 +147,13 @@ static bool replaceable(const char *path) {
 
 /* Writes `data` to `path` through a temporary file in the same directory and a rename,
  * so a reader never sees a half-written file and a failure leaves no file behind. */
+/* A dump's -o is the user's path (afile.h's CV_AFILE_USER): a link to a file replaces
+   the file and keeps the link, a FIFO, a device or standard output is written to, an
+   existing file keeps its permissions; cavsc's own DIR/MODEL.h and .c are replaced as
+   they are (write_outputs) */
 static bool write_atomic(const char *path, const char *data, size_t len) {
   cv_afile a;
-  return replaceable(path) && write_begin(&a, path, data, len) && write_end(&a);
+  return replaceable(path) && write_begin(&a, path, CV_AFILE_USER, data, len) && write_end(&a);
 }
 
 /* What the command line asks for */
@@ -280,17 +286,79 @@ static bool run_passes(const Cli *o, const char *path, const char *text, size_t 
   return true;
 }
 
+/* Whether dir's last component is what the cavs command names its build directories
+   (afile.c's temporary name for "build") */
+static bool cavs_build_dir(const char *dir) {
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/') n--;
+  size_t b = n;
+  while (b > 0 && dir[b - 1] != '/') b--;
+  char last[512];
+  if (n - b >= sizeof last) return false;
+  memcpy(last, dir + b, n - b);
+  last[n - b] = 0;
+  return cv_afile_is_temp(last, "build");
+}
+
+/* The header and the code into the locked directory dfd, as a pair: both written whole
+   before either replaces its earlier file, and the earlier code kept under a temporary
+   name until the header is in place too, so that a failure leaves the earlier pair as
+   it was (a header whose rename failed: the code put back). Neither replaces a file
+   cavsc did not write (the names are the model's, and a user's own NAME.c may be
+   there), nor a directory: found before any rename. */
+static bool write_pair(int dfd, const char *hp, const char *hf, const char *hbuf, size_t hlen, const char *cp,
+                       const char *cf, const char *buf, size_t buflen) {
+  char why[256];
+  const char *bad = !cv_output_replaceable(hp, hf, NULL, why, sizeof why)   ? hp
+                    : !cv_output_replaceable(cp, cf, NULL, why, sizeof why) ? cp
+                                                                            : NULL;
+  if (bad) {
+    error_plain("cannot write '%s': %s", bad, why);
+    return false;
+  }
+  cv_afile ha, ca;
+  if (!write_begin(&ha, hp, 0, hbuf, hlen)) return false;
+  if (!write_begin(&ca, cp, 0, buf, buflen)) {
+    cv_afile_abort(&ha);
+    return false;
+  }
+  /* (a name the next write of the code sweeps, if this process dies holding it) */
+  char kept[512];
+  cv_afile_new_temp_name(cf, kept, sizeof kept);
+  bool has_kept = linkat(dfd, cf, dfd, kept, 0) == 0;
+  struct stat h0, h1;
+  bool had_h = fstatat(dfd, hf, &h0, AT_SYMLINK_NOFOLLOW) == 0;
+  if (!write_end(&ca)) {
+    cv_afile_abort(&ha);
+    if (has_kept) unlinkat(dfd, kept, 0);
+    return false;
+  }
+  if (!write_end(&ha)) {
+    /* the header not renamed (the old one, or none, still there): the code taken back */
+    bool moved = fstatat(dfd, hf, &h1, AT_SYMLINK_NOFOLLOW) == 0 &&
+                 (!had_h || h1.st_dev != h0.st_dev || h1.st_ino != h0.st_ino);
+    if (!moved && has_kept) renameat(dfd, kept, dfd, cf);
+    else if (!moved) unlinkat(dfd, cf, 0);
+    else if (has_kept) unlinkat(dfd, kept, 0);
+    return false;
+  }
+  if (has_kept) unlinkat(dfd, kept, 0);
+  return true;
+}
+
 /* What the passes wrote, to its place: a dump to -o's file or standard output, the code
    as DIR/MODEL.h and DIR/MODEL.c (or .cu); --check writes nothing */
 static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t buflen, const char *hbuf,
                           size_t hlen) {
   if (o->check_only) return true;
   if (o->dump != DUMP_NONE) {
-    /* (never over the model it read: `--dump=ir m.ir -o m.ir` would lose its comments) */
+    /* (never over the model it read: `--dump=ir m.ir -o m.ir` would lose its comments;
+       nor over the file standard input reads, `--dump=ir - -o m.vf < m.vf`) */
     struct stat si, so;
-    if (o->out_path && o->input && strcmp(o->input, "-") && stat(o->input, &si) == 0 && stat(o->out_path, &so) == 0 &&
-        si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
-      error_plain("-o %s would overwrite the model it reads, %s", o->out_path, o->input);
+    bool in = o->input && !strcmp(o->input, "-");
+    if (o->out_path && (in ? fstat(0, &si) == 0 && S_ISREG(si.st_mode) : o->input && stat(o->input, &si) == 0) &&
+        stat(o->out_path, &so) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+      error_plain("-o %s would overwrite the model it reads, %s", o->out_path, in ? "standard input" : o->input);
       return false;
     }
     if (o->out_path) return write_atomic(o->out_path, buf, buflen);
@@ -304,29 +372,22 @@ static bool write_outputs(const Cli *o, const Model *m, const char *buf, size_t 
   if (!make_dirs(dir)) return false;
   char *hf = arena_printf("%s.h", m->name), *cf = arena_printf("%s.%s", m->name, o->target->ext);
   char *hp = arena_printf("%s/%s", dir, hf), *cp = arena_printf("%s/%s", dir, cf);
-  /* both written whole before either replaces its earlier file: a failure leaves the
-     earlier pair as it was. Neither replaces a file cavsc did not write (the names are
-     the model's, and a user's own NAME.c may be there), nor a directory: found before
-     any rename. */
-  char why[256];
-  const char *bad = !cv_output_replaceable(hp, hf, NULL, why, sizeof why)   ? hp
-                    : !cv_output_replaceable(cp, cf, NULL, why, sizeof why) ? cp
-                                                                            : NULL;
-  if (bad) {
-    error_plain("cannot write '%s': %s", bad, why);
+  /* One cavsc at a time writes a directory's code: another's renames between this one's
+     two would leave its header beside this one's code (23 of 60 pairs of runs at once
+     did). An exclusive flock(2) on the directory, which the kernel drops however the
+     process ends; but not in a build directory of the cavs command's (driver/cache.c's
+     lock_temp_dir), which that command holds locked, for itself alone, while it runs
+     this cavsc: waiting for it would never end. */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    error_plain("cannot open the output directory '%s': %s", dir, strerror(errno));
     return false;
   }
-  cv_afile ha, ca;
-  if (!write_begin(&ha, hp, hbuf, hlen)) return false;
-  if (!write_begin(&ca, cp, buf, buflen)) {
-    cv_afile_abort(&ha);
-    return false;
-  }
-  if (!write_end(&ca)) {
-    cv_afile_abort(&ha);
-    return false;
-  }
-  return write_end(&ha);
+  if (!cavs_build_dir(dir))
+    while (flock(dfd, LOCK_EX) < 0 && errno == EINTR) {}
+  bool done = write_pair(dfd, hp, hf, hbuf, hlen, cp, cf, buf, buflen);
+  close(dfd); /* (and the lock with it) */
+  return done;
 }
 
 int main(int argc, char **argv) {

@@ -187,6 +187,118 @@ START_TEST(missing_file) {
 END_TEST
 
 /* An output path that cannot be written: a clear error, status 1, nothing left behind. */
+/* A dump's -o is the user's path: a link to a file writes the file and stays a link, a
+ * FIFO is written to and stays one, an existing file keeps its mode, and a dump of
+ * standard input never goes over the file standard input reads. */
+static void sh_run(const char *cmd, int want) {
+  char *sh[] = {"/bin/sh", "-c", (char *)cmd, NULL};
+  RunResult r = tu_run(NULL, sh, 30);
+  ck_assert_msg(r.status == want, "%s: exit %d %s", cmd, r.status, r.err);
+  if (want) ck_assert_msg(strstr(r.err, "would overwrite the model it reads, standard input"), "%s", r.err);
+  tu_free(&r);
+}
+START_TEST(dump_to_users_paths) {
+  char model[4096];
+  snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
+  char *own = tu_tmpdir(), notes[4300], link[4300], fifo[4300], got[4300], copy[4300], cmd[20000];
+  snprintf(notes, sizeof notes, "%s/notes.txt", own);
+  snprintf(link, sizeof link, "%s/link.ir", own);
+  snprintf(fifo, sizeof fifo, "%s/p", own);
+  snprintf(got, sizeof got, "%s/got", own);
+  snprintf(copy, sizeof copy, "%s/m.vf", own);
+  tu_write(notes, "notes\n", 6);
+  ck_assert(chmod(notes, 0600) == 0 && symlink("notes.txt", link) == 0 && mkfifo(fifo, 0600) == 0);
+  char *argv[] = {(char *)cavsc, "--dump=ir", "-o", link, model, NULL};
+  RunResult r = tu_run(NULL, argv, 30);
+  ck_assert_msg(r.status == 0, "%s", r.err);
+  tu_free(&r);
+  struct stat st;
+  ck_assert_msg(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the link was replaced");
+  ck_assert_msg(stat(notes, &st) == 0 && (st.st_mode & 0777) == 0600, "mode %o", (unsigned)(st.st_mode & 0777));
+  size_t n = 0;
+  char *text = tu_slurp(notes, &n);
+  ck_assert_msg(text && !strncmp(text, "model treelstm", 14), "%.40s", text ? text : "(none)");
+  /* through a FIFO: what a reader gets is the same dump */
+  snprintf(cmd, sizeof cmd, "cat '%s' > '%s' & '%s' --dump=ir -o '%s' '%s'; s=$?; wait; exit $s", fifo, got, cavsc, fifo,
+           model);
+  sh_run(cmd, 0);
+  ck_assert_msg(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  size_t gn = 0;
+  char *gtext = tu_slurp(got, &gn);
+  ck_assert_msg(gtext && gn == n && !memcmp(gtext, text, n), "the FIFO's reader got %zu bytes of %zu", gn, n);
+  free(gtext);
+  free(text);
+  /* standard input the file -o names */
+  size_t mlen = 0;
+  char *mtext = tu_slurp(model, &mlen);
+  tu_write(copy, mtext, mlen);
+  snprintf(cmd, sizeof cmd, "'%s' --dump=ir - -o '%s' < '%s'", cavsc, copy, copy);
+  sh_run(cmd, 1);
+  char *now = tu_slurp(copy, &n);
+  ck_assert_msg(now && n == mlen && !memcmp(now, mtext, n), "the model was overwritten");
+  free(now);
+  free(mtext);
+  unlink(notes), unlink(link), unlink(fifo), unlink(got), unlink(copy), rmdir(own);
+  free(own);
+}
+END_TEST
+
+/* Two cavsc writing one directory's code at once, twenty times: the header and the code
+ * are always one run's pair (each run's own, as two directories of their own hold
+ * them), and no temporary file is left. */
+static char *slurp_in(const char *d, const char *name) {
+  char p[9000];
+  snprintf(p, sizeof p, "%s/%s", d, name);
+  return tu_slurp(p, NULL);
+}
+START_TEST(pair_written_as_one) {
+  char model[4096];
+  snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
+  char *own = tu_tmpdir(), src[2][4300], ref[2][4300], out[4300], cmd[20000];
+  size_t mlen = 0;
+  char *mtext = tu_slurp(model, &mlen);
+  char *h[2], *c[2];
+  for (int k = 0; k < 2; k++) { /* (two paths: two headers, their commands differ) */
+    snprintf(src[k], sizeof src[k], "%s/m%d.vf", own, k);
+    snprintf(ref[k], sizeof ref[k], "%s/ref%d", own, k);
+    tu_write(src[k], mtext, mlen);
+    char *argv[] = {(char *)cavsc, "-o", ref[k], src[k], NULL};
+    RunResult r = tu_run(NULL, argv, 60);
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    tu_free(&r);
+    h[k] = slurp_in(ref[k], "treelstm.h"), c[k] = slurp_in(ref[k], "treelstm.c");
+    ck_assert(h[k] && c[k]);
+  }
+  ck_assert(strcmp(h[0], h[1]) && strcmp(c[0], c[1]));
+  snprintf(out, sizeof out, "%s/out", own);
+  snprintf(cmd, sizeof cmd, "'%s' -o '%s' '%s' & '%s' -o '%s' '%s'; s=$?; wait $! && exit $s", cavsc, out, src[0], cavsc,
+           out, src[1]);
+  for (int round = 0; round < 20; round++) {
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    RunResult r = tu_run(NULL, sh, 120);
+    ck_assert_msg(r.status == 0, "round %d: %s", round, r.err);
+    tu_free(&r);
+    char *hh = slurp_in(out, "treelstm.h"), *cc = slurp_in(out, "treelstm.c");
+    ck_assert(hh && cc);
+    int k = !strcmp(hh, h[0]) ? 0 : 1;
+    ck_assert_msg(!strcmp(hh, h[k]) && !strcmp(cc, c[k]), "round %d: the header of one run beside the code of another",
+                  round);
+    free(hh), free(cc);
+  }
+  DIR *d = opendir(out);
+  ck_assert(d);
+  struct dirent *e;
+  int files = 0;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) files++;
+  closedir(d);
+  ck_assert_int_eq(files, 2);
+  for (int k = 0; k < 2; k++) free(h[k]), free(c[k]);
+  free(mtext);
+  tu_rmtree(own);
+}
+END_TEST
+
 START_TEST(unwritable_output) {
   char model[4096];
   snprintf(model, sizeof model, "%s/dsl-examples/treelstm.vf", tu_env("TOP_SRCDIR", "."));
@@ -443,6 +555,8 @@ int main(void) {
   tcase_add_test(tg, ten_megabytes);
   tcase_add_test(tg, missing_file);
   tcase_add_test(tg, unwritable_output);
+  tcase_add_test(tg, dump_to_users_paths);
+  tcase_add_test(tg, pair_written_as_one);
   tcase_add_test(tg, target_option);
   tcase_add_test(tg, random_bytes);
   tcase_add_test(tg, ir_input);
