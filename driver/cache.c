@@ -1070,8 +1070,11 @@ out:
 
 /* ---- the cache kept within its size ---- */
 
-/* The directories of cache_blob_put's kinds, whose files pruning may remove. */
-static const char *const blob_kinds[] = {"streams"};
+/* The directories of cache_blob_put's kinds, whose files pruning may remove, and the
+   bytes each such file starts with */
+static const struct {
+  const char *name, *magic;
+} blob_kinds[] = {{"streams", CACHE_STREAMS_MAGIC}};
 
 int cache_limit(long long *bytes, char *err, size_t errlen) {
   const char *e = getenv("CAVS_CACHE_MAX");
@@ -1150,11 +1153,23 @@ static bool has_record(int dfd) {
   return ok;
 }
 
+/* Whether the file `name` of directory dfd starts with `magic` (a kind's file that cavs
+   wrote: a file of the user's named as one is left) */
+static bool starts_with(int dfd, const char *name, const char *magic) {
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  char head[64];
+  size_t n = strlen(magic);
+  bool ok = fd >= 0 && n < sizeof head && read(fd, head, n) == (ssize_t)n && !memcmp(head, magic, n);
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
 /* What may be pruned in `dir` (the root: entries; a kind's directory: its files), added
    to items: directories of ours named as entries that hold a record of cavs's, or
-   regular files of ours named as a kind's files are (64 hex digits); never a link, a
-   build under way, or anything of another name. */
-static void collect(const char *dir, bool entries, Item **items, int *n, int *cap) {
+   regular files of ours named as a kind's files are (64 hex digits) that start with its
+   magic; never a link, a build under way, or anything of another name. */
+static void collect(const char *dir, const char *magic, Item **items, int *n, int *cap) {
+  bool entries = magic == NULL;
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *e;
@@ -1172,7 +1187,8 @@ static void collect(const char *dir, bool entries, Item **items, int *n, int *ca
         continue;
       }
       bytes = tree_bytes(fd, 16);
-    }
+    } else if (!starts_with(dirfd(d), e->d_name, magic))
+      continue;
     if (*n == *cap) {
       *cap = *cap ? 2 * *cap : 64;
       Item *g = realloc(*items, sizeof **items * (size_t)*cap);
@@ -1189,11 +1205,12 @@ static void collect(const char *dir, bool entries, Item **items, int *n, int *ca
 static int items_of(const char *root, Item **items) {
   *items = NULL;
   int n = 0, cap = 0;
-  collect(root, true, items, &n, &cap);
+  collect(root, NULL, items, &n, &cap);
   for (size_t k = 0; k < sizeof blob_kinds / sizeof *blob_kinds; k++) {
-    char *kd = fmt("%s/%s", root, blob_kinds[k]);
+    char *kd = fmt("%s/%s", root, blob_kinds[k].name);
     struct stat st;
-    if (lstat(kd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid()) collect(kd, false, items, &n, &cap);
+    if (lstat(kd, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid())
+      collect(kd, blob_kinds[k].magic, items, &n, &cap);
     free(kd);
   }
   if (n) qsort(*items, (size_t)n, sizeof **items, older_first);

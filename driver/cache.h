@@ -74,7 +74,10 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
  * file, larger than max, unreadable). */
 unsigned char *cache_blob_get(const char *kind, const char *name, size_t max, size_t *n, char *err, size_t errlen);
 /* Written whole or not at all (cv_afile: a reader sees the old bytes or the new ones,
- * whoever else writes it at once): 0, or -1 with err saying why. */
+ * whoever else writes it at once): 0, or -1 with err saying why. The bytes start with
+ * their kind's magic (cache.c's blob_kinds: CACHE_STREAMS_MAGIC), by which pruning and
+ * `cavs cache --clear` know the file for the cache's before they remove it. */
+#define CACHE_STREAMS_MAGIC "cvsidx1\n"
 int cache_blob_put(const char *kind, const char *name, const void *data, size_t n, char *err, size_t errlen);
 /* The cache's size limit in bytes, $CAVS_CACHE_MAX (bytes, or a number with K, M or G;
  * 0: none), else CACHE_MAX_DEFAULT: 0, or -1 with err saying why it is malformed. */

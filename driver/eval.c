@@ -40,7 +40,7 @@ cavs_dataset *load_data(const char *path, const char *format, const cavs_desc *d
  * costs the indexing. */
 int streams_cached;
 
-static const char sc_magic[8] = {'c', 'v', 's', 'i', 'd', 'x', '1', '\n'};
+static const char sc_magic[8] = CACHE_STREAMS_MAGIC; /* (cache.h: what pruning checks) */
 enum { SC_HEAD = 8 + 2 * SHA256_DIGEST_SIZE + 16 };
 
 static void sc_field(struct sha256_ctx *c, const void *p, size_t n) {

@@ -1227,13 +1227,17 @@ START_TEST(cache_pruned_least_recent_first) {
              *t = "2222222222222222222222222222222222222222222222222222222222222222";
   snprintf(cmd, sizeof cmd,
            "cd \"$CAVS_CACHE\" && ln -s '%s' %s && echo mine > notes && mkdir -p other streams %s && "
-           "echo x > other/file && echo x > %s/file && echo mine > streams/notes && echo index > streams/%s",
+           "echo x > other/file && echo x > %s/file && echo mine > streams/notes && "
+           "echo mine > streams/4444444444444444444444444444444444444444444444444444444444444444 && "
+           "printf 'cvsidx1\\nindex' > streams/%s",
            path_in("pointed"), z, o, o, t);
   sh(cmd);
-  /* (the last the index; the others stay) */
+  /* (the last the index; the others stay, a file of the user's named as an index but
+     not one among them) */
   const char *others[] = {"0000000000000000000000000000000000000000000000000000000000000000", "notes", "other/file",
                           "other", "1111111111111111111111111111111111111111111111111111111111111111/file",
                           "1111111111111111111111111111111111111111111111111111111111111111", "streams/notes",
+                          "streams/4444444444444444444444444444444444444444444444444444444444444444",
                           "streams/2222222222222222222222222222222222222222222222222222222222222222"};
   enum { NOTHERS = sizeof others / sizeof *others };
   for (size_t i = 0; i < NOTHERS; i++) {
@@ -1300,11 +1304,16 @@ START_TEST(cache_command) {
   tu_free(&r);
   /* an old index and an old entry, and what is not the cache's */
   const char *t = "3333333333333333333333333333333333333333333333333333333333333333";
-  snprintf(cmd, sizeof cmd, "cd \"$CAVS_CACHE\" && mkdir -p streams && echo index > streams/%s && echo mine > notes && "
-           "ln -s notes %s", t, t);
+  const char *u = "5555555555555555555555555555555555555555555555555555555555555555"; /* (the user's) */
+  snprintf(cmd, sizeof cmd, "cd \"$CAVS_CACHE\" && mkdir -p streams && printf 'cvsidx1\\nindex' > streams/%s && "
+           "echo mine > notes && echo mine > streams/%s && ln -s notes %s", t, u, t);
   sh(cmd);
   snprintf(cmd, sizeof cmd, "%s/streams/%s", cache, t);
   age(cmd, 3600), age(a, 3600);
+  char user[4500], user_rel[100];
+  snprintf(user, sizeof user, "%s/streams/%s", cache, u);
+  snprintf(user_rel, sizeof user_rel, "streams/%s", u);
+  age(user, 3600);
   char *within[] = {"CAVS_CACHE_MAX=1G", NULL}, *tiny[] = {"CAVS_CACHE_MAX=1", NULL};
   r = cavs_env(within, "cache", "--prune", NULL);
   ok(&r, "cache --prune within the limit");
@@ -1316,7 +1325,7 @@ START_TEST(cache_command) {
   ck_assert_msg(strstr(r.out, "removed: 1 entry and 1 index, ") && strstr(r.out, "entries: 0, 0 B\nindexes: 0, 0 B"),
                 "%s", r.out);
   tu_free(&r);
-  ck_assert(access(a, F_OK) != 0 && in_cache("notes") && in_cache(t));
+  ck_assert(access(a, F_OK) != 0 && in_cache("notes") && in_cache(t) && in_cache(user_rel));
   /* built again, then cleared: used a moment ago, it goes all the same */
   r = eval_base();
   ok(&r, "eval");
@@ -1326,7 +1335,7 @@ START_TEST(cache_command) {
   ck_assert_msg(strstr(r.out, "removed: 1 entry and 0 indexes, ") && strstr(r.out, "entries: 0, 0 B"), "%s", r.out);
   tu_free(&r);
   ck_assert_int_eq(entry_paths(e), 1); /* the link */
-  ck_assert(in_cache("notes"));
+  ck_assert(in_cache("notes") && in_cache(user_rel));
   r = cavs("cache", "--clear", "--prune", NULL);
   ck_assert_msg(r.status == 1 && strstr(r.err, "--prune or --clear, not both"), "%d %s", r.status, r.err);
   tu_free(&r);
@@ -1346,7 +1355,8 @@ START_TEST(cache_command) {
   ck_assert_msg(strstr(r.out, "(not made yet)"), "%s", r.out);
   tu_free(&r);
   ck_assert(access(path_in("no-cache"), F_OK) != 0);
-  sh("cd \"$CAVS_CACHE\" && rm -f notes 3333333333333333333333333333333333333333333333333333333333333333");
+  sh("cd \"$CAVS_CACHE\" && rm -f notes 3333333333333333333333333333333333333333333333333333333333333333 "
+     "streams/5555555555555555555555555555555555555555555555555555555555555555");
   free(a);
 }
 END_TEST
