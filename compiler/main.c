@@ -300,6 +300,14 @@ static bool cavs_build_dir(const char *dir) {
   return cv_afile_is_temp(last, "build");
 }
 
+/* Whether `name` in dfd is another file than the one it was (`had`: there was one, as
+   `before`), or one where there was none: a write_end's rename done, whatever it said. */
+static bool replaced(int dfd, const char *name, bool had, const struct stat *before) {
+  struct stat now;
+  return fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+         (!had || now.st_dev != before->st_dev || now.st_ino != before->st_ino);
+}
+
 /* The header and the code into the locked directory dfd, as a pair: both written whole
    before either replaces its earlier file, and the earlier code kept under a temporary
    name until the header is in place too, so that a failure leaves the earlier pair as
@@ -326,17 +334,22 @@ static bool write_pair(int dfd, const char *hp, const char *hf, const char *hbuf
   char kept[512];
   cv_afile_new_temp_name(cf, kept, sizeof kept);
   bool has_kept = linkat(dfd, cf, dfd, kept, 0) == 0;
-  struct stat h0, h1;
+  struct stat h0, c0;
   bool had_h = fstatat(dfd, hf, &h0, AT_SYMLINK_NOFOLLOW) == 0;
+  bool had_c = fstatat(dfd, cf, &c0, AT_SYMLINK_NOFOLLOW) == 0;
   if (!write_end(&ca)) {
+    /* a failure after the code's rename (its directory not flushed) leaves the new code
+       in place: the earlier taken back, as the header's failure below does */
     cv_afile_abort(&ha);
-    if (has_kept) unlinkat(dfd, kept, 0);
+    bool moved = replaced(dfd, cf, had_c, &c0);
+    if (moved && has_kept) renameat(dfd, kept, dfd, cf);
+    else if (moved && !had_c) unlinkat(dfd, cf, 0);
+    else if (has_kept) unlinkat(dfd, kept, 0);
     return false;
   }
   if (!write_end(&ha)) {
     /* the header not renamed (the old one, or none, still there): the code taken back */
-    bool moved = fstatat(dfd, hf, &h1, AT_SYMLINK_NOFOLLOW) == 0 &&
-                 (!had_h || h1.st_dev != h0.st_dev || h1.st_ino != h0.st_ino);
+    bool moved = replaced(dfd, hf, had_h, &h0);
     if (!moved && has_kept) renameat(dfd, kept, dfd, cf);
     else if (!moved) unlinkat(dfd, cf, 0);
     else if (has_kept) unlinkat(dfd, kept, 0);

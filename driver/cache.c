@@ -803,15 +803,86 @@ static int flush(const char *path, int flags) {
   return e;
 }
 
-/* cavs build -o's outputs, built in `tmp`, renamed over DIR's (n of them: from[i] and
-   to[i] formatted with the directory, the model's name and the source's extension) as
-   one set: each flushed to disk before any is renamed (a crash after a rename must find
-   the file the compiler finished, not an empty one), the old ones kept aside (hard links
-   in tmp) until all are in place, so that a rename failing midway puts back the ones
-   already replaced: DIR holds the old set or the new, never a header of one build beside
-   the object of another. The directory flushed last. 0, or 1 with err set. */
-static int put_outputs(const char *tmp, const char *dir, const char *name, const char *ext, int n,
-                       const char *const *from, const char *const *to, char *err, size_t errlen) {
+/* put_outputs's journal, in the build directory: a line "K FROM TO" for each output
+   (FROM its name there, TO its name in DIR, K 1 where DIR's earlier file is kept aside
+   as old-I, I the line's index; 0 where there was none; -1 where it could not be kept) */
+#define PUT_JOURNAL "undo"
+
+/* Whether `s` may name a file of a journal: a name without a directory (no '/', not "." or
+   ".."), of the characters a model's outputs are named with. */
+static bool journal_name(const char *s) {
+  if (!*s || !strcmp(s, ".") || !strcmp(s, "..") || strlen(s) > NAME_MAX) return false;
+  for (; *s; s++)
+    if (!(*s == '_' || *s == '.' || *s == '-' || (*s >= '0' && *s <= '9') || ((*s | 32) >= 'a' && (*s | 32) <= 'z')))
+      return false;
+  return true;
+}
+
+/* Carries out the journal of the build directory `tfd` against DIR (`dfd`): each output
+   its FROM's absence says was renamed into DIR gets DIR's earlier file back (K 1) or is
+   removed (K 0: there was none); one not renamed yet, and one whose earlier file could
+   not be kept (K -1), is left as it is. Then the journal is removed. How a failed rename
+   is undone (put_outputs), and what a build killed among its renames is undone by, the
+   next `cavs build -o DIR` (cache_build_into, before its sweep). The directory is ours
+   and was locked, but its journal is read as untrusted all the same: at most 3 lines of
+   plain names, or nothing is done. */
+static void undo_puts(int tfd, int dfd) {
+  int fd = openat(tfd, PUT_JOURNAL, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  char text[3 * (2 * NAME_MAX + 8) + 1];
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  int k[3], lines = 0;
+  char from[3][NAME_MAX + 1], to[3][NAME_MAX + 1], *at = text, fmt_line[64];
+  snprintf(fmt_line, sizeof fmt_line, "%%d %%%ds %%%ds", NAME_MAX, NAME_MAX);
+  if (n <= 0 || n == (ssize_t)sizeof text - 1) return;
+  text[n] = 0;
+  for (char *nl; (nl = strchr(at, '\n')); at = nl + 1, lines++) {
+    *nl = 0;
+    if (lines == 3 || sscanf(at, fmt_line, &k[lines], from[lines], to[lines]) != 3 || k[lines] < -1 ||
+        k[lines] > 1 || !journal_name(from[lines]) || !journal_name(to[lines]))
+      return;
+  }
+  if (*at) return; /* a line torn: not a journal put_outputs finished writing */
+  for (int i = 0; i < lines; i++) {
+    struct stat st;
+    if (fstatat(tfd, from[i], &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) continue; /* not moved */
+    char old[32];
+    snprintf(old, sizeof old, "old-%d", i);
+    if (k[i] == 1) renameat(tfd, old, dfd, to[i]);
+    else if (k[i] == 0) unlinkat(dfd, to[i], 0);
+  }
+  unlinkat(tfd, PUT_JOURNAL, 0);
+}
+
+/* Writes put_outputs's journal into `tfd` and flushes it (and the directory) to disk: 0,
+   or errno. */
+static int write_journal(int tfd, int n, const int *kept, char *const *a, char *const *b) {
+  char text[3 * (2 * PATH_MAX + 8)];
+  size_t len = 0;
+  for (int i = 0; i < n; i++)
+    len += (size_t)snprintf(text + len, sizeof text - len, "%d %s %s\n", kept[i], strrchr(a[i], '/') + 1,
+                            strrchr(b[i], '/') + 1);
+  int fd = openat(tfd, PUT_JOURNAL, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), e = 0;
+  if (fd < 0) return errno;
+  if (write(fd, text, len) != (ssize_t)len) e = errno ? errno : EIO;
+  if (!e && fsync(fd)) e = errno;
+  close(fd);
+  if (!e && fsync(tfd) && errno != EINVAL) e = errno;
+  return e;
+}
+
+/* cavs build -o's outputs, built in `tmp` (open as `tfd`), renamed over DIR's (open as
+   `dfd`; n of them: from[i] and to[i] formatted with the directory, the model's name and
+   the source's extension) as one set: each flushed to disk before any is renamed (a crash
+   after a rename must find the file the compiler finished, not an empty one), the old
+   ones kept aside (hard links in tmp) and a journal of them written (write_journal) until
+   all are in place, so that a rename failing midway puts back the ones already replaced,
+   and a build killed midway has them put back by the next (undo_puts): DIR holds the old
+   set or the new, never a header of one build beside the object of another. The
+   directory flushed last. 0, or 1 with err set. */
+static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const char *name, const char *ext,
+                       int n, const char *const *from, const char *const *to, char *err, size_t errlen) {
   char *a[3], *b[3], *old[3];
   int kept[3], rc = 0, done = 0; /* kept: 1 aside, 0 there was none, -1 could not be */
   for (int i = 0; i < n; i++) {
@@ -827,18 +898,21 @@ static int put_outputs(const char *tmp, const char *dir, const char *name, const
       rc = 1;
     }
   }
+  int e = rc ? 0 : write_journal(tfd, n, kept, a, b);
+  if (e) {
+    snprintf(err, errlen, "cannot write '%s': keeping a journal in %s: %s", b[0], tmp, strerror(e));
+    rc = 1;
+  }
   for (; done < n && !rc; done++)
     if (rename(a[done], b[done])) {
       snprintf(err, errlen, "cannot write '%s': %s", b[done], strerror(errno));
       rc = 1;
       break;
     }
-  for (int i = 0; rc && i < done; i++) {
-    /* (one that could not be kept aside stays new: removing it would lose the old) */
-    if (kept[i] == 1) rename(old[i], b[i]);
-    else if (kept[i] == 0) unlink(b[i]);
-  }
-  int e = rc ? 0 : flush(dir, O_DIRECTORY);
+  /* (one that could not be kept aside stays new: removing it would lose the old) */
+  if (rc) undo_puts(tfd, dfd);
+  else unlinkat(tfd, PUT_JOURNAL, 0); /* all in place: the new set is the one to keep */
+  e = rc ? 0 : flush(dir, O_DIRECTORY);
   if (e) {
     snprintf(err, errlen,
              "wrote '%s' and the rest, but the directory could not be flushed to disk (%s): a crash may leave the "
@@ -850,37 +924,41 @@ static int put_outputs(const char *tmp, const char *dir, const char *name, const
   return rc;
 }
 
-int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
-  *err = 0;
-  *model = NULL;
-  int rc = 1, lock = -1;
-  char *p = fmt("%s", dir), *made = NULL, *tmp = NULL, *name = NULL, why[512];
+static void sweep(const char *root, const char *base, void (*before)(int tfd, int dfd));
+
+/* Makes `dir` and the directories above it that are missing (mode 0777 less the umask):
+   0, with *made the first one made (malloc'ed; NULL where none was), or 1 with err set. */
+static int make_dirs(const char *dir, char **made, char *err, size_t errlen) {
+  char *p = fmt("%s", dir);
+  int rc = 0;
   for (char *s = *p ? p + 1 : p;; s++) {
     if (*s && *s != '/') continue;
     char c = *s;
     *s = 0;
     if (mkdir(p, 0777) == 0) {
-      if (!made) made = fmt("%s", p);
+      if (!*made) *made = fmt("%s", p);
     } else if (errno != EEXIST) {
       snprintf(err, errlen, "cannot create the directory '%s': %s", p, strerror(errno));
-      goto out;
+      rc = 1;
+      break;
     }
     *s = c;
     if (!c) break;
   }
-  /* built beside its place, so that a rename puts each file there whole, in a directory
-     named and locked as the cache's builds are: what a killed build left there is
-     removed by the next (sweep_temp_dirs), and nothing else */
-  sweep_temp_dirs(dir, "build");
-  lock = lock_temp_dir(dir, "build", &tmp, err, errlen);
-  if (lock < 0) goto out;
-  rc = cache_compile(q, tmp, object, &name, err, errlen);
-  if (rc) goto out;
-  const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
-  /* none of them over the model's own source (a model file named NAME.c, or a link to
-     it), found before any is moved: nothing is half done */
+  free(p);
+  return rc;
+}
+
+/* Whether the n outputs to[i] (formatted with dir, the model's name and the source's
+   extension) may be replaced: none is the model's own source (a model file named NAME.c,
+   or a link to it), nor a file cavsc or cavs build did not write (a user's own NAME.c,
+   say). 0, or 1 with err set: found before any is moved, so nothing is half done. */
+static int outputs_replaceable(const CacheReq *q, const char *dir, const char *name, int n,
+                               const char *const *to, char *err, size_t errlen) {
   struct stat in, out;
-  for (int i = 0; i < (object ? 3 : 2) && !rc && q->input && stat(q->input, &in) == 0; i++) {
+  char why[512];
+  int rc = 0;
+  for (int i = 0; i < n && !rc && q->input && stat(q->input, &in) == 0; i++) {
     char *b = fmt(to[i], dir, name, src_ext(q));
     if (stat(b, &out) == 0 && out.st_dev == in.st_dev && out.st_ino == in.st_ino) {
       snprintf(err, errlen, "cannot write '%s': it is the model's source, %s", b, q->input);
@@ -888,8 +966,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     }
     free(b);
   }
-  /* nor over a file cavsc or cavs build did not write (a user's own NAME.c, say) */
-  for (int i = 0; i < (object ? 3 : 2) && !rc; i++) {
+  for (int i = 0; i < n && !rc; i++) {
     char *b = fmt(to[i], dir, name, src_ext(q)), *base = strrchr(b, '/') + 1, *sym = fmt("%s_desc", name);
     if (!cv_output_replaceable(b, base, i == 2 ? sym : NULL, why, sizeof why)) {
       snprintf(err, errlen, "cannot write '%s': %s", b, why);
@@ -898,7 +975,43 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
     free(sym);
     free(b);
   }
-  if (!rc) rc = put_outputs(tmp, dir, name, src_ext(q), object ? 3 : 2, from, to, err, errlen);
+  return rc;
+}
+
+/* Holds (how LOCK_EX) or lets go of (LOCK_UN) the flock on DIR, open as `dfd`, that
+   keeps two writers of one directory apart: cavsc takes it around MODEL.h and MODEL.c,
+   cavs build -o around the sweep of killed builds (whose journals it carries out) and
+   around its checks and renames. Two builds into one directory put one set, then the
+   other, never a header of one beside the object of the other. */
+static void dir_lock(int dfd, int how) {
+  while (flock(dfd, how) < 0 && errno == EINTR) {}
+}
+
+int cache_build_into(const CacheReq *q, const char *dir, bool object, char **model, char *err, size_t errlen) {
+  *err = 0;
+  *model = NULL;
+  int rc = 1, lock = -1, dfd = -1, n = object ? 3 : 2;
+  char *made = NULL, *tmp = NULL, *name = NULL, why[512];
+  if (make_dirs(dir, &made, err, errlen)) goto out;
+  if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+    snprintf(err, errlen, "cannot open the directory '%s': %s", dir, strerror(errno));
+    goto out;
+  }
+  /* built beside its place, so that a rename puts each file there whole, in a directory
+     named and locked as the cache's builds are: what a killed build left there is
+     removed by the next (sweep), and nothing else; what it had renamed into DIR is put
+     back first (undo_puts) */
+  dir_lock(dfd, LOCK_EX);
+  sweep(dir, "build", undo_puts);
+  dir_lock(dfd, LOCK_UN);
+  lock = lock_temp_dir(dir, "build", &tmp, err, errlen);
+  if (lock < 0) goto out;
+  rc = cache_compile(q, tmp, object, &name, err, errlen);
+  if (rc) goto out;
+  const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
+  dir_lock(dfd, LOCK_EX);
+  rc = outputs_replaceable(q, dir, name, n, to, err, errlen);
+  if (!rc) rc = put_outputs(lock, dfd, tmp, dir, name, src_ext(q), n, from, to, err, errlen);
   if (!rc) {
     *model = name;
     name = NULL;
@@ -906,8 +1019,8 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
 out:
   if (tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
   if (lock >= 0) close(lock);
+  if (dfd >= 0) close(dfd); /* (and its lock with it) */
   if (rc && made) unmake_dirs(dir, made);
-  free(p);
   free(made);
   free(tmp);
   free(name);
@@ -952,8 +1065,9 @@ static bool same_file(int fd, int dfd, const char *name) {
 /* Removes the directories of `base` in root that no process holds, and nothing else: only
  * a directory (not a link) of ours named as lock_temp_dir names them (its check digits
  * right), emptied (empty_dir) and removed while this process holds its lock. What cannot
- * be removed is left. */
-void sweep_temp_dirs(const char *root, const char *base) {
+ * be removed is left. `before`, if given, is called first with each such directory and
+ * root, both open (undo_puts: what a killed `cavs build -o` left half done). */
+static void sweep(const char *root, const char *base, void (*before)(int tfd, int dfd)) {
   DIR *d = opendir(root);
   if (!d) return;
   struct dirent *e;
@@ -963,6 +1077,7 @@ void sweep_temp_dirs(const char *root, const char *base) {
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
         same_file(fd, dirfd(d), e->d_name) && (fd2 = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+      if (before) before(fd, dirfd(d));
       char *path = fmt("%s/%s", root, e->d_name), why[512];
       /* empty_dir closes the descriptor it is given; `fd` keeps the lock until the end */
       if (empty_dir(fd2, path, 16, why, sizeof why) == 0) unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
@@ -972,6 +1087,8 @@ void sweep_temp_dirs(const char *root, const char *base) {
   }
   closedir(d);
 }
+
+void sweep_temp_dirs(const char *root, const char *base) { sweep(root, base, NULL); }
 
 /* Makes a directory of `base` in root and locks it (see above): returns the descriptor
  * that holds the lock and sets *tmp to the directory's path, or returns -1 with the

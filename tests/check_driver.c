@@ -2641,17 +2641,27 @@ START_TEST(build_for_cuda) {
 END_TEST
 
 /* A program that fails, for the runs where $CAVS_TEST_FAIL says so, the flush (fsync) of
- * a file whose name ends in .so, or a rename onto one (EIO, EACCES): preloaded into cavs. */
+ * a file whose name ends in .so, or a rename onto one (EIO, EACCES); that kills the
+ * process at that rename ("kill": a build killed midway, the header and the C renamed);
+ * or that fails that rename where the process does not hold the flock of the directory
+ * it renames into ("lock": ENOLCK, found by trying the lock from a descriptor of its
+ * own); or that fails the flush of any directory ("dirsync", EIO): preloaded into cavs
+ * or cavsc. */
 static const char *fail_shim =
-    "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <errno.h>\n#include <stdio.h>\n#include <stdlib.h>\n"
-    "#include <string.h>\n#include <unistd.h>\n"
+    "#define _GNU_SOURCE\n#include <dlfcn.h>\n#include <errno.h>\n#include <fcntl.h>\n#include <signal.h>\n"
+    "#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include <sys/file.h>\n#include <sys/stat.h>\n#include <unistd.h>\n"
     "static int so(const char *p) { size_t n = strlen(p); return n > 3 && !strcmp(p + n - 3, \".so\"); }\n"
     "static int on(const char *what) { const char *w = getenv(\"CAVS_TEST_FAIL\"); return w && !strcmp(w, what); }\n"
-    "int fsync(int fd) {\n  char l[64], p[4096];\n  snprintf(l, sizeof l, \"/proc/self/fd/%d\", fd);\n"
+    "int fsync(int fd) {\n  char l[64], p[4096];\n  struct stat st;\n"
+    "  if (on(\"dirsync\") && !fstat(fd, &st) && S_ISDIR(st.st_mode)) { errno = EIO; return -1; }\n  snprintf(l, sizeof l, \"/proc/self/fd/%d\", fd);\n"
     "  ssize_t n = readlink(l, p, sizeof p - 1);\n  if (n > 0 && on(\"fsync\")) {\n    p[n] = 0;\n"
     "    if (so(p)) { errno = EIO; return -1; }\n  }\n"
     "  return ((int (*)(int))dlsym(RTLD_NEXT, \"fsync\"))(fd);\n}\n"
     "int rename(const char *a, const char *b) {\n  if (on(\"rename\") && so(b)) { errno = EACCES; return -1; }\n"
+    "  if (on(\"kill\") && so(b)) raise(SIGKILL);\n"
+    "  if (on(\"lock\") && so(b)) {\n    char d[4096];\n    snprintf(d, sizeof d, \"%s\", b);\n"
+    "    *strrchr(d, '/') = 0;\n    int fd = open(d, O_RDONLY | O_DIRECTORY), unheld = fd >= 0 && !flock(fd, LOCK_EX | LOCK_NB);\n"
+    "    if (fd >= 0) close(fd);\n    if (unheld) { errno = ENOLCK; return -1; }\n  }\n"
     "  return ((int (*)(const char *, const char *))dlsym(RTLD_NEXT, \"rename\"))(a, b);\n}\n";
 
 /* The three files of `cavs build -o DIR` in `got` equal those in `want` (NAME.h, .c, .so) */
@@ -2667,7 +2677,10 @@ static void same_outputs(char *const got[3], char *const want[3], size_t const w
 /* cavs build -o replaces its outputs as one set: where the flush of the new object fails,
  * or its rename (the last of the three), the earlier build's NAME.h, NAME.c and NAME.so
  * are all still there, unchanged (the two renamed before it put back), the failure said,
- * nothing else left in the directory; then a build that succeeds replaces all three.
+ * nothing else left in the directory. A build killed at that rename leaves a new header
+ * beside the old object, and the next build into the directory puts the earlier set back
+ * before anything else, even one of a model with a mistake. Then a build that succeeds
+ * replaces all three, holding the directory's lock while it renames.
  * (Through a preloaded library: not in a checked build, whose sanitizers or valgrind
  * come first in the process.) */
 START_TEST(build_outputs_replaced_as_a_set) {
@@ -2704,7 +2717,21 @@ START_TEST(build_outputs_replaced_as_a_set) {
     same_outputs(files, want, wlen, fail[f][0]);
     ck_assert_int_eq(entries(path_in("set")), 3);
   }
-  char *env[] = {pre, NULL}; /* (preloaded, failing nothing) */
+  char *killed[] = {pre, "CAVS_TEST_FAIL=kill", NULL};
+  r = cavs_env(killed, "build", model("treegru.vf"), "--precision", "float", "-o", path_in("set"), NULL);
+  ck_assert_msg(r.status == 128 + SIGKILL, "the killed build: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  char *now = tu_slurp(files[0], NULL);
+  ck_assert_msg(now && strcmp(now, want[0]), "the killed build had not renamed its header yet");
+  free(now);
+  const char *wrong = "model m;\ndim H = 4\n";
+  tu_write(path_in("wrong.vf"), wrong, strlen(wrong));
+  r = cavs("build", path_in("wrong.vf"), "-o", path_in("set"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "wrong.vf:2:10: error:"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  same_outputs(files, want, wlen, "after a build killed midway");
+  ck_assert_int_eq(entries(path_in("set")), 3);
+  char *env[] = {pre, "CAVS_TEST_FAIL=lock", NULL}; /* (failing nothing where the lock is held) */
   r = cavs_env(env, "build", model("treegru.vf"), "--precision", "float", "-o", path_in("set"), NULL);
   ok(&r, "the build after them");
   tu_free(&r);
@@ -2713,6 +2740,37 @@ START_TEST(build_outputs_replaced_as_a_set) {
     ck_assert_msg(now && strcmp(now, want[i]) && strstr(now, i ? "float" : "treegru"), "%s was not replaced", files[i]);
     free(now);
   }
+  /* cavsc's own pair: where the code's rename is done but its directory's flush fails,
+     the earlier code is put back beside the earlier header (the failure said) */
+  char *by_cavsc[] = {(char *)tu_env("CAVSC", "./cavsc"), "--precision=double", "-o", path_in("pair"),
+                      model("treegru.vf"), NULL};
+  r = tu_run(NULL, by_cavsc, 60);
+  ok(&r, "cavsc");
+  tu_free(&r);
+  for (int i = 0; i < 2; i++) {
+    char name[64];
+    snprintf(name, sizeof name, "pair/treegru.%s", ext[i]);
+    free(files[i]), free(want[i]);
+    files[i] = strdup(path_in(name));
+    want[i] = tu_slurp(files[i], &wlen[i]);
+    ck_assert_ptr_nonnull(want[i]);
+  }
+  by_cavsc[1] = "--precision=float";
+  setenv("LD_PRELOAD", pre + strlen("LD_PRELOAD="), 1);
+  setenv("CAVS_TEST_FAIL", "dirsync", 1);
+  r = tu_run(NULL, by_cavsc, 60);
+  unsetenv("LD_PRELOAD");
+  unsetenv("CAVS_TEST_FAIL");
+  ck_assert_msg(r.status == 1 && strstr(r.err, "directory could not be flushed to disk"), "cavsc, dirsync: exit %d: %s",
+                r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  for (int i = 0; i < 2; i++) {
+    size_t n;
+    char *now = tu_slurp(files[i], &n);
+    ck_assert_msg(now && n == wlen[i] && !memcmp(now, want[i], n), "%s is not the earlier pair's", files[i]);
+    free(now);
+  }
+  ck_assert_int_eq(entries(path_in("pair")), 2);
   for (int i = 0; i < 3; i++) free(files[i]), free(want[i]);
 }
 END_TEST
