@@ -15,6 +15,7 @@
  *   y = ebcast(a)    da[p] += dy[e]            (summed over p's edges)
  *   y = esum(a)      da[e] += dy[p]
  *   y = dropout(a, p)  da += dy * mask / (1 - p)   (training; in inference y = a)
+ *   y = noise(a)       da += dy * z   (z the training pass's normal draws; in inference y = 0)
  *   a mixture of experts, per slot s (row r, expert e) of a row's K:
  *   w = topk(g)      dg[r, i] += w[i] (dw[r, i] - sum_j w[j] dw[r, j])   (i, j kept)
  *   y = sbcast(a)    da[r] += dy[s]            (summed over r's slots)
@@ -173,7 +174,8 @@ static void print_node_ad(FILE *out, const Model *m, const IrFunc *f, int i) {
     }
     break;
   case OK_DROP:
-    if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
+    if (na->grad && n->op == OP_NOISE) fprintf(out, "  d%s += %s * z   (the forward pass's normal draws)\n", a, g);
+    else if (na->grad) fprintf(out, "  d%s += %s * mask / (1 - %s)   (the forward pass's mask)\n", a, g, b);
     break;
   case OK_EDGE:
     if (n->op == OP_ECHILD) fprintf(out, "  dstate[child of edge] += %s\n", g);

@@ -173,7 +173,8 @@ typedef enum {
   OK_SLICE,
   OK_SINK, /* scatter, push */
   OK_LOSS,
-  OK_DROP, /* dropout(x, p): x times a random mask / (1 - p) in training, x otherwise */
+  OK_DROP, /* dropout(x, p): x times a random mask / (1 - p) in training, x otherwise;
+              noise(x): x times standard normal draws in training, 0 otherwise */
   OK_RMAT, /* products with a matrix per vertex, a row [A * B] read as [A, B] (a product
               dim's width): mv(x, M), row [A] times M -> [B]; mm(M, W), M times a
               param [B, C] -> [A, C] */

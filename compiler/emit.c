@@ -935,6 +935,23 @@ static void moe_code(Emit *e, const IrFunc *f, int i, bool bwd) {
 #undef GP
 }
 
+/* The salt of node i of f: the block and the node, which a dropout's mask and a noise's
+   draws are keyed by beside the row and the column */
+static unsigned drop_salt(const IrFunc *f, int i) {
+  return (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
+}
+
+/* noise(x) forward, or its backward (dy to dx): x times normal draws of its row's key,
+   the salt and the column (cavs_noise_z), in training; 0 in inference */
+static void noise_code(Emit *e, const IrFunc *f, int i, bool bwd) {
+  const IrNode *n = &f->nodes[i], *a = &f->nodes[n->args[0]];
+  if (bwd && !a->grad) return;
+  const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
+  fprintf(e->out, "  cavs_noise_%s(c, %uu, %s, %s, %s, %s, %s, r0, n);\n", bwd ? "bwd" : "fwd", drop_salt(f, i),
+          emit_ptr(e, (Ref){&from->val, bwd}, "0"), emit_ld(e, &from->val), emit_ptr(e, (Ref){&to->val, bwd}, "0"),
+          emit_ld(e, &to->val), emit_lin(e->m, n->width));
+}
+
 /* dropout(x, p) forward, or its backward (dy to dx) */
 static void dropout_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   const Model *m = e->m;
@@ -944,7 +961,7 @@ static void dropout_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   /* the mask of a row is drawn from its vertex's key (cavs_ctx.rkey), this node (the
      salt: the block and the node) and the column: the same however rows are batched */
   if (bwd && !a->grad) return;
-  unsigned salt = (unsigned)((f->kind == F_PULL ? 0 : f->kind == F_PUSH ? 1 : 2 + f->index) * 100003 + i);
+  unsigned salt = drop_salt(f, i);
   const IrNode *from = bwd ? n : a, *to = bwd ? a : n; /* backward: dy to dx */
   /* a named probability: the option's value at run time (cavs_ctx.opt) */
   const char *p = b->ref ? arena_printf("c->opt[%d] /* %s */", b->ref - 1, m->options[b->ref - 1].name)
@@ -1032,6 +1049,7 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
             emit_ptr(e, (Ref){&n->val, bwd}, "0"), emit_ld(e, &n->val));
     return;
   case OP_DROPOUT: dropout_code(e, f, i, bwd); return;
+  case OP_NOISE: noise_code(e, f, i, bwd); return;
   case OP_MV:
   case OP_MM: rowmat_code(e, f, i, bwd); return;
   case OP_EBCAST:

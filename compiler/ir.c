@@ -11,7 +11,7 @@ const OpInfo op_info[OP_COUNT] = {
 #include "ops.def"
 #undef X
 };
-_Static_assert(OP_COUNT == 35, "ops.def changed: its header says what else a new op needs");
+_Static_assert(OP_COUNT == 36, "ops.def changed: its header says what else a new op needs");
 
 /* ---- widths ---- */
 
@@ -240,6 +240,9 @@ static bool check_route_op(const Model *m, const IrFunc *f, int i, const IrNode 
   case OP_DROPOUT: /* its masks are keyed by vertex row (cavs_ctx.rkey): not on edges or slots */
     cv_assert(a->type == T_ROW && !a->edge && !a->slot && n->type == T_ROW && same(a->width, n->width));
     cv_assert(b->op == OP_CONST && b->cval >= 0 && b->cval < 1);
+    return true;
+  case OP_NOISE: /* keyed as dropout's masks */
+    cv_assert(a->type == T_ROW && !a->edge && !a->slot && n->type == T_ROW && same(a->width, n->width));
     return true;
   default: return false;
   }

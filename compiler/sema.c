@@ -192,7 +192,9 @@ static bool node_same(const IrNode *a, const IrNode *b) {
  * written once per forget gate is computed once. Statements (scatter, push, loss) are
  * never merged. */
 static int add_node(Ctx *c, IrNode n) {
-  bool pure = n.type != T_NONE;
+  /* (a dropout or a noise is a draw of its own at each call: `noise(a) + noise(a)` is two
+     draws, not one twice) */
+  bool pure = n.type != T_NONE && op_info[n.op].kind != OK_DROP;
   /* an op on an edge value reads every vertex row it takes on each edge (a lookup or a
      pull written inside sum(s in children: ...)) */
   bool on_edges = false;
@@ -1026,6 +1028,27 @@ static int eval_dropout(Ctx *c, const Node *n) {
   return mk(c, OP_DROPOUT, T_ROW, node(c, a)->width, n->loc, 2, args);
 }
 
+/* noise(x): x times standard normal draws in training (Shazeer et al.'s noisy gate:
+   g = h @ Wg + noise(softplus(h @ Wn))), 0 in inference. Its draws are keyed by vertex
+   row as dropout's masks are: not over edges, nor inside a moe. */
+static int eval_noise(Ctx *c, const Node *n) {
+  if (n->nargs != 1) {
+    error_at(n->loc, "'noise' takes 1 argument (a row, the draws' scale), given %d", n->nargs);
+    return -1;
+  }
+  if (c->edge_var) {
+    error_at(n->loc, "noise() inside sum(%s in children: ...): noise the sum, or a value before it", c->edge_var);
+    return -1;
+  }
+  if (c->moe_var) {
+    error_at(n->loc, "noise inside moe: noise the gate or the moe's input instead");
+    return -1;
+  }
+  int a = require_row(c, eval(c, n->args[0]), n->args[0], "noise");
+  if (a < 0) return -1;
+  return mk(c, OP_NOISE, T_ROW, node(c, a)->width, n->loc, 1, &a);
+}
+
 static int eval_rmat(Ctx *c, const Node *n, bool mv);
 static int eval_call(Ctx *c, const Node *n) {
   const char *f = n->name;
@@ -1050,6 +1073,7 @@ static int eval_call(Ctx *c, const Node *n) {
     return -1;
   }
   if (!strcmp(f, "dropout")) return eval_dropout(c, n);
+  if (!strcmp(f, "noise")) return eval_noise(c, n);
   if (!strcmp(f, "mv") || !strcmp(f, "mm")) return eval_rmat(c, n, !strcmp(f, "mv"));
   if (!strcmp(f, "softmax_xent") || !strcmp(f, "mse")) {
     error_at(n->loc, "'%s' is a loss: write 'loss %s(...);' in the push block", f, f);

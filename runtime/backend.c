@@ -407,9 +407,8 @@ static void cv_drop_keys(cavs_ctx *c) {
   m->rkey_ready = true;
 }
 
-static void no_dropout(cavs_ctx *c) {
-  if (!c->model->launch_failed)
-    cv_fail(c->model, "dropout() is not built for the %s backend yet", c->model->be->name);
+static void no_dropout(cavs_ctx *c, const char *op) {
+  if (!c->model->launch_failed) cv_fail(c->model, "%s() is not built for the %s backend yet", op, c->model->be->name);
   c->model->launch_failed = true;
 }
 /* p = 0 (an option at 0, an example's default): y = x and dx += dy, which is what the
@@ -428,7 +427,7 @@ void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long 
   }
   if (c->keep) cv_drop_keys(c); /* (inference draws no mask) */
   if (BE(c)->dropout_fwd) BE(c)->dropout_fwd(c, salt, p, x, ldx, y, ldy, w, r0, n);
-  else no_dropout(c);
+  else no_dropout(c, "dropout");
 }
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n) {
@@ -439,7 +438,20 @@ void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long
   }
   cv_drop_keys(c);
   if (BE(c)->dropout_bwd) BE(c)->dropout_bwd(c, salt, p, dy, ldy, dx, ldx, w, r0, n);
-  else no_dropout(c);
+  else no_dropout(c, "dropout");
+}
+/* noise's draws come from the rows' keys that dropout's masks do (inference draws none) */
+void cavs_noise_fwd(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0, int n) {
+  DEAD(c);
+  if (c->keep) cv_drop_keys(c);
+  if (BE(c)->noise_fwd) BE(c)->noise_fwd(c, salt, x, ldx, y, ldy, w, r0, n);
+  else no_dropout(c, "noise");
+}
+void cavs_noise_bwd(cavs_ctx *c, unsigned salt, const void *dy, long ldy, void *dx, long ldx, long w, int r0, int n) {
+  DEAD(c);
+  cv_drop_keys(c);
+  if (BE(c)->noise_bwd) BE(c)->noise_bwd(c, salt, dy, ldy, dx, ldx, w, r0, n);
+  else no_dropout(c, "noise");
 }
 
 /* Is any edge of rows [r0, r0 + n) left to copy, once the children at home in their

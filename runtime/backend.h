@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_10
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_10"
+#define cv_backend_cuda cv_backend_cuda_11
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_11"
 
 struct cv_moe_ops;
 struct cv_gemm;
@@ -167,6 +167,9 @@ typedef struct cv_backend {
                       int n);
   void (*dropout_bwd)(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n);
+  /* noise (optional: NULL fails the pass) */
+  void (*noise_fwd)(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0, int n);
+  void (*noise_bwd)(cavs_ctx *c, unsigned salt, const void *dy, long ldy, void *dx, long ldx, long w, int r0, int n);
   /* mv and mm of their own (optional: NULL runs backend.c's products row by row through
      gemm, which every backend has): the cavs_rowmv_* and cavs_rowmm_* calls */
   void (*rowmv_fwd)(cavs_ctx *c, long a, long b, const void *x, long ldx, const void *m, long ldm, void *y, long ldy,

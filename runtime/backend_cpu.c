@@ -728,6 +728,27 @@ EDGE_OPS(double, d)
   }
 DROP_OPS(float, f)
 DROP_OPS(double, d)
+
+/* noise: y = x * z in training (c->keep), z a standard normal draw rounded to R first
+   (as the cuda kernel does), y = 0 in inference; backward dx += dy * z */
+#define NOISE_OPS(R, S)                                                                                      \
+  static void noise_fwd_##S(cavs_ctx *c, unsigned salt, const R *x, long ldx, R *y, long ldy, long w, int r0, \
+                            int n) {                                                                         \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (long j = 0; j < w; j++)                                                                           \
+        y[(size_t)r * (size_t)ldy + (size_t)j] =                                                             \
+            c->keep ? x[(size_t)r * (size_t)ldx + (size_t)j] * (R)cavs_noise_z(c->rkey[r], salt, j) : (R)0;  \
+  }                                                                                                          \
+  static void noise_bwd_##S(cavs_ctx *c, unsigned salt, const R *dy, long ldy, R *dx, long ldx, long w, int r0, \
+                            int n) {                                                                         \
+    for (int r = r0; r < r0 + n; r++)                                                                        \
+      for (long j = 0; j < w; j++)                                                                           \
+        dx[(size_t)r * (size_t)ldx + (size_t)j] +=                                                           \
+            dy[(size_t)r * (size_t)ldy + (size_t)j] * (R)cavs_noise_z(c->rkey[r], salt, j);                  \
+  }
+NOISE_OPS(float, f)
+NOISE_OPS(double, d)
+#undef NOISE_OPS
 #undef DROP_OPS
 
 #define ROW_OPS_CALL(c, name, ...)                                                                              \
@@ -872,6 +893,14 @@ static void cpu_rowmm_bwd(cavs_ctx *c, long a, long b, long cc, const void *m, l
 static void cpu_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w,
                             int r0, int n) {
   ROW_OPS_CALL(c, dropout_fwd, c, salt, p, x, ldx, y, ldy, w, r0, n);
+}
+static void cpu_noise_fwd(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                          int n) {
+  ROW_OPS_CALL(c, noise_fwd, c, salt, x, ldx, y, ldy, w, r0, n);
+}
+static void cpu_noise_bwd(cavs_ctx *c, unsigned salt, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
+                          int n) {
+  ROW_OPS_CALL(c, noise_bwd, c, salt, dy, ldy, dx, ldx, w, r0, n);
 }
 static void cpu_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w,
                             int r0, int n) {
@@ -1245,6 +1274,8 @@ const cv_backend cv_backend_cpu = {
     .esum_bwd = cpu_esum_bwd,
     .dropout_fwd = cpu_dropout_fwd,
     .dropout_bwd = cpu_dropout_bwd,
+    .noise_fwd = cpu_noise_fwd,
+    .noise_bwd = cpu_noise_bwd,
     .rowmv_fwd = cpu_rowmv_fwd,
     .rowmv_bwd = cpu_rowmv_bwd,
     .rowmm_fwd = cpu_rowmm_fwd,

@@ -883,6 +883,38 @@ __global__ void dropout(const R *x, long ldx, R *y, long ldy, const int *rowvert
   else if (kept) y[r * ldy + j] += x[r * ldx + j] * scale; /* x: dy, y: dx */
 }
 
+/* noise: the CPU's draws (cavs_noise_z of the row's key), y = x z in training, 0 in
+   inference; backward dx += dy z */
+template <typename R>
+__global__ void noise(const R *x, long ldx, R *y, long ldy, const int *rowvert, long voff, uint64_t seed, long step,
+                      unsigned salt, long w, int r0, int n, int keep, bool bwd) {
+  long r, j;
+  if (!cell(r0, n, w, &r, &j)) return;
+  R z = keep ? (R)cavs_noise_z(cavs_drop_key(seed, step, voff + rowvert[r]), salt, j) : (R)0;
+  if (!bwd) y[r * ldy + j] = keep ? x[r * ldx + j] * z : (R)0;
+  else y[r * ldy + j] += x[r * ldx + j] * z; /* x: dy, y: dx */
+}
+
+template <typename R>
+static void launch_noise(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0, int n,
+                         bool bwd) {
+  if (n <= 0 || w <= 0) return;
+  cavs_model *m = model(c);
+  CAVS_CUDA_LAUNCH(noise<R>, blocks((long)n * w), on(c))((const R *)x, ldx, (R *)y, ldy, dev(m)->rowvert, m->voff,
+                                                       m->drop_seed, m->step, salt, w, r0, n, bwd ? 1 : c->keep, bwd);
+  CKL(m);
+}
+static void cuda_noise_fwd(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0,
+                           int n) {
+  if (dbl(c)) launch_noise<double>(c, salt, x, ldx, y, ldy, w, r0, n, false);
+  else launch_noise<float>(c, salt, x, ldx, y, ldy, w, r0, n, false);
+}
+static void cuda_noise_bwd(cavs_ctx *c, unsigned salt, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
+                           int n) {
+  if (dbl(c)) launch_noise<double>(c, salt, dy, ldy, dx, ldx, w, r0, n, true);
+  else launch_noise<float>(c, salt, dy, ldy, dx, ldx, w, r0, n, true);
+}
+
 template <typename R>
 static void launch_dropout(cavs_ctx *c, unsigned salt, double p, const void *x, long ldx, void *y, long ldy, long w, int r0,
                            int n, bool bwd) {
@@ -2304,6 +2336,8 @@ extern "C" const cv_backend cv_backend_cuda = {
     cuda_esum_bwd,
     cuda_dropout_fwd,
     cuda_dropout_bwd,
+    cuda_noise_fwd,
+    cuda_noise_bwd,
     cuda_rowmv_fwd,
     cuda_rowmv_bwd,
     cuda_rowmm_fwd,

@@ -70,8 +70,9 @@ extern "C" {
  * 23: cavs_vertex_desc.reads_pull (the pull block runs at the rows of the types that
  *    read it alone) and cavs_buf_desc.vertex -3 (the pull block's buffers).
  * 24: CAVS_PROD_Y_OPEN and CAVS_PROD_Y_CLOSE (a looked-up product's rows without a word
- *    left for the product that adds into it to set, not cleared and read back). */
-#define CAVS_ABI_VERSION 24
+ *    left for the product that adds into it to set, not cleared and read back).
+ * 25: cavs_noise_fwd and cavs_noise_bwd (noise(x): x times normal draws in training). */
+#define CAVS_ABI_VERSION 25
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -177,6 +178,15 @@ static inline CAVS_HD uint64_t cavs_drop_key(uint64_t seed, long step, long vert
 static inline CAVS_HD int cavs_drop_keep(uint64_t key, unsigned salt, long j, double p) {
   uint64_t h = cavs_mix64(key ^ cavs_mix64(((uint64_t)salt << 32) ^ (uint64_t)j));
   return (double)(h >> 11) * (1.0 / 9007199254740992.0) >= p;
+}
+/* noise's draws: a standard normal value for column j of node `salt` at a row's key
+ * (cavs_drop_key), by Box and Muller's transform of the two halves of one draw, in double
+ * (u1 in (0, 1], so the logarithm is finite: |z| < 6.7): the same in every batching of
+ * one minibatch, and on every backend up to the last bits of its log and cos. */
+static inline CAVS_HD double cavs_noise_z(uint64_t key, unsigned salt, long j) {
+  uint64_t h = cavs_mix64(key ^ cavs_mix64(((uint64_t)salt << 32) ^ (uint64_t)j));
+  double u1 = ((double)(h >> 32) + 1.0) * (1.0 / 4294967296.0), u2 = (double)(h & 0xffffffffu) * (1.0 / 4294967296.0);
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 static inline CAVS_HD float cavs_tanh_f(float x) { return 1.0f - 2.0f / (1.0f + cavs_exp_f(2.0f * x)); }
 static inline CAVS_HD double cavs_sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
@@ -577,6 +587,11 @@ void cavs_dropout_fwd(cavs_ctx *c, unsigned salt, double p, const void *x, long 
                       int n);
 void cavs_dropout_bwd(cavs_ctx *c, unsigned salt, double p, const void *dy, long ldy, void *dx, long ldx, long w, int r0,
                       int n);
+/* noise(x) over rows [r0, r0+n): y = x * z in training, z standard normal draws per row
+ * (cavs_ctx.rkey), `salt` (the node) and column (cavs_noise_z); y = 0 in inference;
+ * backward dx += dy * z. */
+void cavs_noise_fwd(cavs_ctx *c, unsigned salt, const void *x, long ldx, void *y, long ldy, long w, int r0, int n);
+void cavs_noise_bwd(cavs_ctx *c, unsigned salt, const void *dy, long ldy, void *dx, long ldx, long w, int r0, int n);
 /* mv(x, M) over rows [r0, r0+n): y = x M, x [a], M an [a, b] matrix per row (row-major
  * in a row of width a*b, rows ldm apart); backward dx += dy M^T and dM += x^T dy (an
  * outer product), each skipped where its pointer is NULL. */

@@ -620,6 +620,22 @@ static int example_index(const char *name);
 START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
 END_TEST
 
+/* noise (no example has it): Shazeer et al.'s noisy gate in front of a mixture of
+ * experts, and a noise in the push block; the draws (Box and Muller's transform of each
+ * row's key, the node and the column, cavs_noise_z) the cpu's, before a step and after */
+static const char *const noise_src =
+    "model noisy; dim H = 4; dim C = 3; dim X = 4; dim F = 3; dim HF = H * F; dim FH = F * H;\n"
+    "input y : class[C]; input f : real[H];\n"
+    "param W[2H,H], Wg[H,X], Wn[H,X], W1[X,HF], W2[X,FH], Wc[H,C] init uniform(-1, 1);\n"
+    "vertex v (children 2) {\n  h = tanh(f + concat(gather(0), gather(1)) @ W);\n"
+    "  m = moe(e in top(h @ Wg + noise(log(1 + exp(h @ Wn))), 2): relu(h @ W1[e]) @ W2[e]);\n"
+    "  scatter(tanh(h + m)); push(h + m);\n}\n"
+    "push (p) { loss softmax_xent((p + noise(p) * 0.1) @ Wc, y); }\n";
+static const cavs_desc *noise_c, *noise_u;
+
+START_TEST(noise_as_cpu) { models_agree(noise_c, noise_u, 1e-12); }
+END_TEST
+
 /* The experts' grouped products past one block's tile: the mixture-of-experts Tree-LSTM
  * with every width 70 or more (two tiles of columns, five slices of k, stages of
  * several tiles of slots with many runs of experts in each) and as many experts (most
@@ -1281,6 +1297,8 @@ static void build_models(void) {
       for (int t = 0; t < 2; t++) example(all ? i : few[i], p ? "double" : "float", t);
   drop_c = load_model(drop_src, "double");
   drop_u = load_host_cuda_with("mixdrop", drop_src, "double", "cuda_emu.h");
+  noise_c = load_model(noise_src, "double");
+  noise_u = load_host_cuda_with("noisy", noise_src, "double", "cuda_emu.h");
   moe_push_c = load_model(moe_push_src, "double");
   moe_push_u = load_host_cuda_with("moepush", moe_push_src, "double", "cuda_emu.h");
   moe_bal_c = load_model(moe_bal_src, "double");
@@ -1324,6 +1342,7 @@ int main(void) {
     tcase_add_loop_test(tc, checkpoint_to_cpu, few[i], few[i] + 1);
   }
   tcase_add_test(tc, dropout_as_cpu);
+  tcase_add_test(tc, noise_as_cpu);
   tcase_add_test(tc, moe_labeled_rows_as_cpu);
   tcase_add_loop_test(tc, moe_slots_as_cpu, 0, 2 * (int)(sizeof slot_cases / sizeof *slot_cases));
   if (all) tcase_add_test(tc, moe_wide_as_cpu); /* (not in a checked build) */

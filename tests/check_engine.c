@@ -1375,6 +1375,69 @@ START_TEST(dropout_masks) {
 }
 END_TEST
 
+/* noise(a) (training only): the same draws one vertex at a time, under every policy, as
+ * batched (drawn as dropout's masks are, from the vertex's place in the minibatch, the
+ * step, the node and the column); d / a standard normal (mean 0, variance 1, and the
+ * fourth moment a normal's 3, where a uniform's would be 1.8); two calls of noise(a)
+ * two draws, not one (never merged as common subexpressions), and new draws after a
+ * step; in inference 0. */
+START_TEST(noise_draws) {
+  static const char *noise_model =
+      "model noisy; dim H = 64; dim C = 3; input y : class[C]; input f : real[H];\n"
+      "param W[H,H], Wc[H,C] init uniform(-0.2, 0.2);\n"
+      "vertex v (children 2) { a = tanh(f + (gather(0) + gather(1)) @ W);\n"
+      "  d = noise(a); d2 = noise(a); scatter(a + d * 0.1); push(a + d2 * 0.1); }\n"
+      "push (p) { loss softmax_xent(p @ Wc, y); }\n";
+  for (int p = 0; p < 4; p++) batched_vs_policy(noise_model, "double", true, 1e-11, 0, policies[p], false);
+  const cavs_desc *d = load_model(noise_model, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch_wide(d, dims, g, gs, true, 64);
+  cavs_model *m = new_model(d, dims, 4);
+  ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+  long w = dims[find_dim(d, "H")], count = 0, same = 0;
+  double a[64], z[64], z2[64], before[64], s1 = 0, s2 = 0, s4 = 0;
+  ck_assert(w <= 64);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "a", a, 64), w);
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "d", z, 64), w);
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "d2", z2, 64), w);
+      for (int j = 0; j < w; j++) {
+        if (fabs(a[j]) < 1e-3) continue;
+        double t = z[j] / a[j];
+        s1 += t, s2 += t * t, s4 += t * t * t * t, count++;
+        same += z[j] == z2[j];
+      }
+    }
+  ck_assert_msg(count > 10000, "%ld draws", count);
+  double mean = s1 / (double)count, var = s2 / (double)count - mean * mean, m4 = s4 / (double)count;
+  ck_assert_msg(fabs(mean) < 0.05 && fabs(var - 1) < 0.05 && fabs(m4 - 3) < 0.3,
+                "%ld draws: mean %.4f, variance %.4f, fourth moment %.3f: not a standard normal's 0, 1, 3", count, mean,
+                var, m4);
+  ck_assert_msg(same == 0, "%ld values of two noise nodes drew the same", same);
+  ck_assert(cavs_model_vertex_value(m, 5, 30, "d", before, 64) == w);
+  cavs_model_backward(m);
+  cavs_optim o = {.kind = CAVS_SGD, .lr = 1e-3};
+  ck_assert(cavs_model_step(m, &o) == 0);
+  ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+  ck_assert(cavs_model_vertex_value(m, 5, 30, "a", a, 64) == w && cavs_model_vertex_value(m, 5, 30, "d", z, 64) == w);
+  long differ = 0;
+  for (int j = 0; j < w; j++) differ += fabs(z[j] / a[j] - before[j] / a[j]) > 1e-3;
+  ck_assert_msg(differ > w / 2, "the same draws after a step (%ld of %ld differ)", differ, w);
+  /* inference: none */
+  cavs_model_set_inference(m, 1);
+  ck_assert(cavs_model_forward(m, gs, k, NULL) == 0);
+  for (int i = 0; i < k; i++)
+    for (int v = 0; v < gs[i]->n; v++) {
+      ck_assert_int_eq(cavs_model_vertex_value(m, i, v, "d", z, 64), w);
+      for (int j = 0; j < w; j++) ck_assert_msg(z[j] == 0, "inference: graph %d vertex %d: %.17g", i, v, z[j]);
+    }
+  cavs_model_free(m);
+}
+END_TEST
+
 /* A dropout whose probability names an option (`option p = 0.3;`, dropout(a, p)) reads
  * it at run time: at its default it computes what the literal 0.3 computes, bit for
  * bit; set to 0 (cavs_model_set_option) what the model without the dropout computes;
@@ -3203,6 +3266,7 @@ int main(void) {
   tcase_add_test(tc, policies_count_tasks);
   tcase_add_test(tc, typed_slots_checked);
   tcase_add_test(tc, dropout_masks);
+  tcase_add_test(tc, noise_draws);
   tcase_add_test(tc, dropout_option);
   tcase_add_test(tc, dropout_read_in_place);
   tu_add_examples(tc, build_ablations_change_nothing, examples, NEXAMPLES);

@@ -176,6 +176,9 @@ static const struct {
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     /* masks drawn from the step and the vertex, the same in every forward pass here */
     {"dropout", "model op_drop;\n" HEAD CELL("tanh(dropout(x, 0.4) + dropout(s0 @ W, 0.3) + dropout(s1, 0.5) @ U)")},
+    /* normal draws, the same in every forward pass here: a noise of a lookup, of a
+       product, and one that a product reads */
+    {"noise", "model op_noise;\n" HEAD CELL("tanh(noise(x) * 0.5 + noise(s0 @ W) + noise(s1) @ U + b)")},
     /* matrices per vertex: mm on a matrix with its own buffer (one product over all
        rows) and on a slice of the gathered state (row by row); mv with either operand
        from a child */
@@ -246,6 +249,18 @@ static const struct {
      "pull { x = emb[w]; }\n"
      "vertex v (children 2) { h = tanh(pull() + concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
      "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): relu(h @ W1[e] + b1[e]) @ W2[e]), y); }\n"},
+    /* Shazeer et al.'s noisy gate: the gate's values plus normal draws scaled by a
+       softplus of a product of its own, through which Wn gets its gradient */
+    {"moe_noisy_gate",
+     "model op_moe_noisy; dim H = 3; dim C = 3; dim V = 5; dim F = 2; dim X = 4; dim HF = H * F; dim FH = F * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[2H,H], Wg[H,X], Wn[H,X], W1[X,HF], W2[X,FH], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
+     "  g = h @ Wg + noise(log(1 + exp(h @ Wn)));\n"
+     "  m = moe(e in top(g, 2): tanh(h @ W1[e]) @ W2[e]);\n"
+     "  scatter(tanh(h + m)); push(h + m);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"moe_push",
      "model op_moe_push; dim H = 3; dim C = 3; dim V = 5; dim X = 3; dim HC = H * C;\n"
      "input w : index[V]; input y : class[C];\n"
