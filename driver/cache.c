@@ -803,9 +803,11 @@ static int flush(const char *path, int flags) {
   return e;
 }
 
-/* put_outputs's journal, in the build directory: a line "K FROM TO" for each output
-   (FROM its name there, TO its name in DIR, K 1 where DIR's earlier file is kept aside
-   as old-I, I the line's index; 0 where there was none; -1 where it could not be kept) */
+/* put_outputs's journal, in the build directory: a line "K DEV INO SIZE SEC NSEC FROM TO"
+   for each output (FROM its name there, TO its name in DIR, DEV INO SIZE SEC NSEC the new
+   file's device, inode, size and modification time, K 1 where DIR's earlier file is kept
+   aside as old-I, I the line's index; 0 where there was none; -1 where it could not be
+   kept) */
 #define PUT_JOURNAL "undo"
 
 /* Whether `s` may name a file of a journal: a name without a directory (no '/', not "." or
@@ -818,53 +820,76 @@ static bool journal_name(const char *s) {
   return true;
 }
 
-/* Carries out the journal of the build directory `tfd` against DIR (`dfd`): each output
-   its FROM's absence says was renamed into DIR gets DIR's earlier file back (K 1) or is
-   removed (K 0: there was none); one not renamed yet, and one whose earlier file could
-   not be kept (K -1), is left as it is. Then the journal is removed. How a failed rename
-   is undone (put_outputs), and what a build killed among its renames is undone by, the
-   next `cavs build -o DIR` (cache_build_into, before its sweep). The directory is ours
-   and was locked, but its journal is read as untrusted all the same: at most 3 lines of
-   plain names, or nothing is done. */
-static void undo_puts(int tfd, int dfd) {
+/* Whether st is the file a journal's line names by id: device, inode, size, modification
+   time (seconds, nanoseconds) */
+static bool same_id(const struct stat *st, const unsigned long long id[5]) {
+  return (unsigned long long)st->st_dev == id[0] && (unsigned long long)st->st_ino == id[1] &&
+         (unsigned long long)st->st_size == id[2] && (unsigned long long)st->st_mtim.tv_sec == id[3] &&
+         (unsigned long long)st->st_mtim.tv_nsec == id[4];
+}
+
+/* Carries out the journal of the build directory `tfd` against DIR (`dfd`): where DIR's
+   TO is still the new file (its device, inode, size and modification time: renamed
+   there, and nothing put there or written since), DIR's earlier file is put back (K 1)
+   or the new one removed (K 0: there was none); an output not renamed yet, one replaced
+   or written since by someone else, and one whose earlier file could not be kept (K -1)
+   are left as they are. Then the journal is removed. How a failed rename is undone (put_outputs), and what a build killed among
+   its renames is undone by, the next `cavs build -o DIR` (cache_build_into, before its
+   sweep). The directory is ours and was locked, but its journal is read as untrusted
+   all the same: at most 3 lines of plain names, or nothing is done. True where nothing
+   is left to undo (no journal, or one carried out); false, the journal kept, where it
+   cannot be read or a file cannot be put back: the directory, which holds the earlier
+   files, must then be kept. */
+static bool undo_puts(int tfd, int dfd) {
   int fd = openat(tfd, PUT_JOURNAL, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return;
-  char text[3 * (2 * NAME_MAX + 8) + 1];
+  if (fd < 0) return errno == ENOENT;
+  char text[3 * (2 * NAME_MAX + 112) + 1];
   ssize_t n = read(fd, text, sizeof text - 1);
   close(fd);
-  int k[3], lines = 0;
+  int k[3], lines = 0, used = 0;
+  unsigned long long id[3][5]; /* the new file's device, inode, size, seconds, nanoseconds */
   char from[3][NAME_MAX + 1], to[3][NAME_MAX + 1], *at = text, fmt_line[64];
-  snprintf(fmt_line, sizeof fmt_line, "%%d %%%ds %%%ds", NAME_MAX, NAME_MAX);
-  if (n <= 0 || n == (ssize_t)sizeof text - 1) return;
+  snprintf(fmt_line, sizeof fmt_line, "%%d %%llu %%llu %%llu %%llu %%llu %%%ds %%%ds%%n", NAME_MAX, NAME_MAX);
+  if (n <= 0 || n == (ssize_t)sizeof text - 1) return false;
   text[n] = 0;
   for (char *nl; (nl = strchr(at, '\n')); at = nl + 1, lines++) {
     *nl = 0;
-    if (lines == 3 || sscanf(at, fmt_line, &k[lines], from[lines], to[lines]) != 3 || k[lines] < -1 ||
-        k[lines] > 1 || !journal_name(from[lines]) || !journal_name(to[lines]))
-      return;
+    if (lines == 3 ||
+        sscanf(at, fmt_line, &k[lines], &id[lines][0], &id[lines][1], &id[lines][2], &id[lines][3], &id[lines][4],
+               from[lines], to[lines], &used) != 8 ||
+        at[used] || k[lines] < -1 || k[lines] > 1 || !journal_name(from[lines]) || !journal_name(to[lines]))
+      return false;
   }
-  if (*at) return; /* a line torn: not a journal put_outputs finished writing */
+  if (*at) return false; /* a line torn: not a journal put_outputs finished writing */
+  bool done = true;
   for (int i = 0; i < lines; i++) {
     struct stat st;
-    if (fstatat(tfd, from[i], &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) continue; /* not moved */
+    if (fstatat(dfd, to[i], &st, AT_SYMLINK_NOFOLLOW) || !same_id(&st, id[i]))
+      continue; /* not renamed there, or replaced or written since */
     char old[32];
     snprintf(old, sizeof old, "old-%d", i);
-    if (k[i] == 1) renameat(tfd, old, dfd, to[i]);
-    else if (k[i] == 0) unlinkat(dfd, to[i], 0);
+    if (k[i] == 1 && renameat(tfd, old, dfd, to[i])) done = false;
+    else if (k[i] == 0 && unlinkat(dfd, to[i], 0)) done = false;
   }
-  unlinkat(tfd, PUT_JOURNAL, 0);
+  return done && unlinkat(tfd, PUT_JOURNAL, 0) == 0;
 }
 
 /* Writes put_outputs's journal into `tfd` and flushes it (and the directory) to disk: 0,
    or errno. */
 static int write_journal(int tfd, int n, const int *kept, char *const *a, char *const *b) {
-  char text[3 * (2 * PATH_MAX + 8)];
+  char text[3 * (2 * PATH_MAX + 112)];
   size_t len = 0;
-  for (int i = 0; i < n; i++)
-    len += (size_t)snprintf(text + len, sizeof text - len, "%d %s %s\n", kept[i], strrchr(a[i], '/') + 1,
-                            strrchr(b[i], '/') + 1);
+  for (int i = 0; i < n; i++) {
+    struct stat st;
+    if (stat(a[i], &st)) return errno;
+    len += (size_t)snprintf(text + len, sizeof text - len, "%d %llu %llu %llu %llu %llu %s %s\n", kept[i],
+                            (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                            (unsigned long long)st.st_size, (unsigned long long)st.st_mtim.tv_sec,
+                            (unsigned long long)st.st_mtim.tv_nsec, strrchr(a[i], '/') + 1, strrchr(b[i], '/') + 1);
+  }
   int fd = openat(tfd, PUT_JOURNAL, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), e = 0;
   if (fd < 0) return errno;
+  errno = 0;
   if (write(fd, text, len) != (ssize_t)len) e = errno ? errno : EIO;
   if (!e && fsync(fd)) e = errno;
   close(fd);
@@ -882,7 +907,8 @@ static int write_journal(int tfd, int n, const int *kept, char *const *a, char *
    set or the new, never a header of one build beside the object of another. The
    directory flushed last. 0, or 1 with err set. */
 static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const char *name, const char *ext,
-                       int n, const char *const *from, const char *const *to, char *err, size_t errlen) {
+                       int n, const char *const *from, const char *const *to, bool *keep_tmp, char *err,
+                       size_t errlen) {
   char *a[3], *b[3], *old[3];
   int kept[3], rc = 0, done = 0; /* kept: 1 aside, 0 there was none, -1 could not be */
   for (int i = 0; i < n; i++) {
@@ -899,6 +925,7 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
     }
   }
   int e = rc ? 0 : write_journal(tfd, n, kept, a, b);
+  bool journaled = !rc && !e; /* (without it nothing is renamed: nothing to undo) */
   if (e) {
     snprintf(err, errlen, "cannot write '%s': keeping a journal in %s: %s", b[0], tmp, strerror(e));
     rc = 1;
@@ -910,8 +937,11 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
       break;
     }
   /* (one that could not be kept aside stays new: removing it would lose the old) */
-  if (rc) undo_puts(tfd, dfd);
-  else unlinkat(tfd, PUT_JOURNAL, 0); /* all in place: the new set is the one to keep */
+  if (rc && journaled && !undo_puts(tfd, dfd)) {
+    size_t at = strlen(err);
+    snprintf(err + at, errlen - at, "; the earlier files could not all be put back: they are kept in %s", tmp);
+    *keep_tmp = true;
+  }
   e = rc ? 0 : flush(dir, O_DIRECTORY);
   if (e) {
     snprintf(err, errlen,
@@ -920,11 +950,18 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
              b[n - 1], strerror(e));
     rc = 1;
   }
+  /* all renamed (the directory flushed first, so that no crash finds the journal gone
+     but the renames not made): the new set is the one to keep, and a crash that brought
+     the journal back would undo a build that said it was done */
+  if (done == n) {
+    unlinkat(tfd, PUT_JOURNAL, 0);
+    (void)!fsync(tfd);
+  }
   for (int i = 0; i < n; i++) free(a[i]), free(b[i]), free(old[i]);
   return rc;
 }
 
-static void sweep(const char *root, const char *base, void (*before)(int tfd, int dfd));
+static void sweep(const char *root, const char *base, bool (*before)(int tfd, int dfd));
 
 /* Makes `dir` and the directories above it that are missing (mode 0777 less the umask):
    0, with *made the first one made (malloc'ed; NULL where none was), or 1 with err set. */
@@ -982,7 +1019,8 @@ static int outputs_replaceable(const CacheReq *q, const char *dir, const char *n
    keeps two writers of one directory apart: cavsc takes it around MODEL.h and MODEL.c,
    cavs build -o around the sweep of killed builds (whose journals it carries out) and
    around its checks and renames. Two builds into one directory put one set, then the
-   other, never a header of one beside the object of the other. */
+   other, never a header of one beside the object of the other. (A filesystem without
+   locks, flock's ENOLCK, leaves them unordered: the build goes on, as cavsc's does.) */
 static void dir_lock(int dfd, int how) {
   while (flock(dfd, how) < 0 && errno == EINTR) {}
 }
@@ -991,6 +1029,7 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   *err = 0;
   *model = NULL;
   int rc = 1, lock = -1, dfd = -1, n = object ? 3 : 2;
+  bool keep_tmp = false; /* (it holds the earlier outputs a failed undo could not put back) */
   char *made = NULL, *tmp = NULL, *name = NULL, why[512];
   if (make_dirs(dir, &made, err, errlen)) goto out;
   if ((dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
@@ -1011,13 +1050,13 @@ int cache_build_into(const CacheReq *q, const char *dir, bool object, char **mod
   const char *from[] = {"%s/%s.h", "%s/%s.%s", "%s/model.so"}, *to[] = {"%s/%s.h", "%s/%s.%s", "%s/%s.so"};
   dir_lock(dfd, LOCK_EX);
   rc = outputs_replaceable(q, dir, name, n, to, err, errlen);
-  if (!rc) rc = put_outputs(lock, dfd, tmp, dir, name, src_ext(q), n, from, to, err, errlen);
+  if (!rc) rc = put_outputs(lock, dfd, tmp, dir, name, src_ext(q), n, from, to, &keep_tmp, err, errlen);
   if (!rc) {
     *model = name;
     name = NULL;
   }
 out:
-  if (tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
+  if (tmp && !keep_tmp) remove_tree(tmp, why, sizeof why); /* err says what failed, if anything did */
   if (lock >= 0) close(lock);
   if (dfd >= 0) close(dfd); /* (and its lock with it) */
   if (rc && made) unmake_dirs(dir, made);
@@ -1066,8 +1105,9 @@ static bool same_file(int fd, int dfd, const char *name) {
  * a directory (not a link) of ours named as lock_temp_dir names them (its check digits
  * right), emptied (empty_dir) and removed while this process holds its lock. What cannot
  * be removed is left. `before`, if given, is called first with each such directory and
- * root, both open (undo_puts: what a killed `cavs build -o` left half done). */
-static void sweep(const char *root, const char *base, void (*before)(int tfd, int dfd)) {
+ * root, both open (undo_puts: what a killed `cavs build -o` left half done), and where
+ * it returns false the directory is left, with a warning. */
+static void sweep(const char *root, const char *base, bool (*before)(int tfd, int dfd)) {
   DIR *d = opendir(root);
   if (!d) return;
   struct dirent *e;
@@ -1077,10 +1117,15 @@ static void sweep(const char *root, const char *base, void (*before)(int tfd, in
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && st.st_uid == geteuid() && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
         same_file(fd, dirfd(d), e->d_name) && (fd2 = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
-      if (before) before(fd, dirfd(d));
       char *path = fmt("%s/%s", root, e->d_name), why[512];
-      /* empty_dir closes the descriptor it is given; `fd` keeps the lock until the end */
-      if (empty_dir(fd2, path, 16, why, sizeof why) == 0) unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+      if (before && !before(fd, dirfd(d))) {
+        fprintf(stderr, "cavs: warning: a killed build's journal in %s could not be carried out: the earlier files it "
+                        "holds are left there\n", path);
+        close(fd2);
+      } else if (empty_dir(fd2, path, 16, why, sizeof why) == 0) {
+        /* (empty_dir closes the descriptor it is given; `fd` keeps the lock until the end) */
+        unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+      }
       free(path);
     }
     if (fd >= 0) close(fd);

@@ -2680,7 +2680,9 @@ static void same_outputs(char *const got[3], char *const want[3], size_t const w
  * nothing else left in the directory. A build killed at that rename leaves a new header
  * beside the old object, and the next build into the directory puts the earlier set back
  * before anything else, even one of a model with a mistake. Then a build that succeeds
- * replaces all three, holding the directory's lock while it renames.
+ * replaces all three, holding the directory's lock while it renames. What the user
+ * writes after a kill is not undone; a journal that cannot be read is kept, with the
+ * earlier files beside it.
  * (Through a preloaded library: not in a checked build, whose sanitizers or valgrind
  * come first in the process.) */
 START_TEST(build_outputs_replaced_as_a_set) {
@@ -2740,6 +2742,48 @@ START_TEST(build_outputs_replaced_as_a_set) {
     ck_assert_msg(now && strcmp(now, want[i]) && strstr(now, i ? "float" : "treegru"), "%s was not replaced", files[i]);
     free(now);
   }
+  /* what is put in the directory after a build is killed is not undone: the killed
+     build's header, written over by the user, stays theirs; its code, which nobody
+     touched, goes back to the earlier build's */
+  size_t clen;
+  char *float_c = tu_slurp(files[1], &clen);
+  ck_assert_ptr_nonnull(float_c);
+  r = cavs_env(killed, "build", model("treegru.vf"), "--precision", "double", "-o", path_in("set"), NULL);
+  ck_assert_int_eq(r.status, 128 + SIGKILL);
+  tu_free(&r);
+  const char *mine = "/* the user's own header */\n";
+  tu_write(files[0], mine, strlen(mine));
+  r = cavs("build", path_in("wrong.vf"), "-o", path_in("set"), NULL);
+  ck_assert_int_eq(r.status, 1);
+  tu_free(&r);
+  now = tu_slurp(files[0], NULL);
+  ck_assert_msg(now && !strcmp(now, mine), "the user's header was undone: %s", now ? now : "(gone)");
+  free(now);
+  now = tu_slurp(files[1], NULL);
+  ck_assert_msg(now && strlen(now) == clen && !memcmp(now, float_c, clen), "the killed build's code was not undone");
+  free(now);
+  free(float_c);
+  ck_assert_int_eq(entries(path_in("set")), 3);
+  /* a journal that cannot be read: the killed build's directory, which holds the earlier
+     files, is kept, with a warning (the user's header taken away first: no build
+     replaces a file cavsc did not write) */
+  ck_assert_int_eq(unlink(files[0]), 0);
+  r = cavs_env(killed, "build", model("treegru.vf"), "--precision", "double", "-o", path_in("set"), NULL);
+  ck_assert_int_eq(r.status, 128 + SIGKILL);
+  tu_free(&r);
+  DIR *dir = opendir(path_in("set"));
+  ck_assert_ptr_nonnull(dir);
+  char journal[4400] = "";
+  for (struct dirent *de; (de = readdir(dir));)
+    if (!strncmp(de->d_name, ".build", 6)) snprintf(journal, sizeof journal, "%s/%s/undo", path_in("set"), de->d_name);
+  closedir(dir);
+  ck_assert_msg(*journal && access(journal, F_OK) == 0, "no journal in the killed build's directory");
+  tu_write(journal, "1 2 3\n", strlen("1 2 3\n"));
+  r = cavs("build", path_in("wrong.vf"), "-o", path_in("set"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "journal") && strstr(r.err, "could not be carried out"), "%s",
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  ck_assert_msg(entries(path_in("set")) == 4 && access(journal, F_OK) == 0, "the killed build's directory is gone");
   /* cavsc's own pair: where the code's rename is done but its directory's flush fails,
      the earlier code is put back beside the earlier header (the failure said) */
   char *by_cavsc[] = {(char *)tu_env("CAVSC", "./cavsc"), "--precision=double", "-o", path_in("pair"),
