@@ -374,7 +374,7 @@ START_TEST(no_module_from_the_environment) {
   char text[4600];
   snprintf(text, sizeof text,
            "#include <stdio.h>\n__attribute__((constructor)) static void run(void) {\n"
-           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda_10;\n",
+           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda_11;\n", /* (CV_BACKEND_CUDA_SYMBOL) */
            mark);
   tu_write(src, text, strlen(text));
   char *cc[] = {"/bin/sh", "-c", NULL, NULL};
