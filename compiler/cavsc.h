@@ -610,6 +610,8 @@ typedef struct Emit {
      call is written, which names both buffers as they are */
   DropAlias *alias;
   bool no_alias;
+  /* the header's CAVS_MODEL_M_STAMP, which the code checks (emit_c_header) */
+  unsigned long long stamp;
 } Emit;
 
 /* A stage whose text is held in memory until it closes, so that the functions it calls

@@ -1613,6 +1613,7 @@ void emit(const Model *m, const Target *t, const EmitOpts *o, FILE *h, FILE *src
   if (o->header_cmdline) ho.cmdline = o->header_cmdline;
   Emit he = {.m = m, .o = &ho, .t = t, .out = src}, e = {.m = m, .o = o, .t = t, .out = src};
   t->header(&he, h);
+  e.stamp = he.stamp;
   drop_aliases(&e);
   t->prologue(&e);
   int nf;

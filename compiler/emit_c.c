@@ -20,10 +20,20 @@ static void header_enum(FILE *h, const char *M, const char *what, const char *ki
   fprintf(h, "};\n");
 }
 
-void emit_c_header(Emit *e, FILE *h) {
+/* The header's declarations are held in memory and hashed (FNV-1a 64) into
+ * CAVS_MODEL_M_STAMP, which the code checks when it is compiled (emit_c_prologue): a
+ * header from another model, or from another version of this one (a cavsc killed
+ * between its two renames leaves its new code beside the earlier header; a header
+ * copied by hand), is a compile error, not an enum of parameters that silently names
+ * other blocks. The banner is not hashed: the C and the CUDA code share one header,
+ * whose declarations do not depend on the target or the precision. */
+void emit_c_header(Emit *e, FILE *out) {
   const Model *m = e->m;
   const char *M = m->name;
-  emit_banner(e, h, arena_printf("%s.h", M));
+  emit_banner(e, out, arena_printf("%s.h", M));
+  char *text;
+  size_t len;
+  FILE *h = emit_hold(&text, &len);
   /* the ABI header only: an application includes cavs.h beside this */
   fprintf(h, "#ifndef CAVS_MODEL_%s_H\n#define CAVS_MODEL_%s_H\n\n#include \"cavs_abi.h\"\n\n", M, M);
   fprintf(h, "extern const cavs_desc %s_desc;\n\n", M);
@@ -42,7 +52,14 @@ void emit_c_header(Emit *e, FILE *h) {
   header_enum(h, M, "parameters", "param", names, m->nparams);
   for (int i = 0; i < m->nvertex; i++) names[i] = m->vertex[i]->name;
   header_enum(h, M, "vertex types", "vertex", names, m->nvertex);
-  fprintf(h, "\n#endif\n");
+  fclose(h);
+  unsigned long long s = 14695981039346656037ull;
+  for (size_t i = 0; i < len; i++) s = (s ^ (unsigned char)text[i]) * 1099511628211ull;
+  fwrite(text, 1, len, out);
+  free(text);
+  fprintf(out, "/* what the model's code checks it is compiled with: a hash of the declarations above */\n");
+  fprintf(out, "#define CAVS_MODEL_%s_STAMP 0x%016llxu\n\n#endif\n", M, s);
+  e->stamp = s;
 }
 
 /* The element type R and the math functions the bodies in ops.def call (cv_*): the
@@ -51,7 +68,11 @@ void emit_c_prologue(Emit *e) {
   FILE *c = e->out;
   bool dbl = e->o->prec == PREC_DOUBLE;
   emit_banner(e, c, arena_printf("%s.%s", e->m->name, e->t->ext));
-  fprintf(c, "#include \"%s.h\"\n\n#include <math.h>\n\n", e->m->name);
+  const char *M = e->m->name;
+  fprintf(c, "#include \"%s.h\"\n\n", M);
+  fprintf(c, "#if !defined(CAVS_MODEL_%s_STAMP) || CAVS_MODEL_%s_STAMP != 0x%016llxu\n", M, M, e->stamp);
+  fprintf(c, "#error \"%s.h is not the header written with this file: run cavsc again\"\n#endif\n\n", M);
+  fprintf(c, "#include <math.h>\n\n");
   fprintf(c, "typedef %s R;\n", dbl ? "double" : "float");
   fprintf(c, "#define cv_sigmoid cavs_sigmoid_%c\n#define cv_tanh %s\n#define cv_exp %s\n#define cv_log %s\n",
           dbl ? 'd' : 'f', dbl ? "tanh" : "cavs_tanh_f", dbl ? "exp" : "cavs_exp_f", dbl ? "log" : "logf");

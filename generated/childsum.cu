@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/childsum.vf */
 #include "childsum.h"
 
+#if !defined(CAVS_MODEL_childsum_STAMP) || CAVS_MODEL_childsum_STAMP != 0x8544cc271fbc1079u
+#error "childsum.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

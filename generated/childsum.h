@@ -42,5 +42,7 @@ enum { /* parameters */
 enum { /* vertex types */
   childsum_vertex_node = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_childsum_STAMP 0x8544cc271fbc1079u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/lattice_gru.vf */
 #include "lattice_gru.h"
 
+#if !defined(CAVS_MODEL_lattice_gru_STAMP) || CAVS_MODEL_lattice_gru_STAMP != 0x2f8634ff5746db99u
+#error "lattice_gru.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -57,5 +57,7 @@ enum { /* vertex types */
   lattice_gru_vertex_wrd = 0,
   lattice_gru_vertex_chr = 1,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_lattice_gru_STAMP 0x2f8634ff5746db99u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/lattice_lstm.vf */
 #include "lattice_lstm.h"
 
+#if !defined(CAVS_MODEL_lattice_lstm_STAMP) || CAVS_MODEL_lattice_lstm_STAMP != 0x8515b8937e4fe524u
+#error "lattice_lstm.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -60,5 +60,7 @@ enum { /* vertex types */
   lattice_lstm_vertex_wrd = 0,
   lattice_lstm_vertex_chr = 1,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_lattice_lstm_STAMP 0x8515b8937e4fe524u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/lstm_lm.vf */
 #include "lstm_lm.h"
 
+#if !defined(CAVS_MODEL_lstm_lm_STAMP) || CAVS_MODEL_lstm_lm_STAMP != 0x7c2fde1f042d4c8bu
+#error "lstm_lm.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -41,5 +41,7 @@ enum { /* parameters */
 enum { /* vertex types */
   lstm_lm_vertex_token = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_lstm_lm_STAMP 0x7c2fde1f042d4c8bu
 
 #endif

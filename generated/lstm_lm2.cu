@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/lstm_lm2.vf */
 #include "lstm_lm2.h"
 
+#if !defined(CAVS_MODEL_lstm_lm2_STAMP) || CAVS_MODEL_lstm_lm2_STAMP != 0xd6f57180837fb991u
+#error "lstm_lm2.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -53,5 +53,7 @@ enum { /* parameters */
 enum { /* vertex types */
   lstm_lm2_vertex_token = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_lstm_lm2_STAMP 0xd6f57180837fb991u
 
 #endif

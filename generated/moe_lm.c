@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/moe_lm.vf */
 #include "moe_lm.h"
 
+#if !defined(CAVS_MODEL_moe_lm_STAMP) || CAVS_MODEL_moe_lm_STAMP != 0x3a4a315904f68609u
+#error "moe_lm.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -50,5 +50,7 @@ enum { /* parameters */
 enum { /* vertex types */
   moe_lm_vertex_token = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_moe_lm_STAMP 0x3a4a315904f68609u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/moe_tree.vf */
 #include "moe_tree.h"
 
+#if !defined(CAVS_MODEL_moe_tree_STAMP) || CAVS_MODEL_moe_tree_STAMP != 0x9571cea284121b41u
+#error "moe_tree.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

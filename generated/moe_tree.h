@@ -51,5 +51,7 @@ enum { /* parameters */
 enum { /* vertex types */
   moe_tree_vertex_tree = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_moe_tree_STAMP 0x9571cea284121b41u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/mvrnn.vf */
 #include "mvrnn.h"
 
+#if !defined(CAVS_MODEL_mvrnn_STAMP) || CAVS_MODEL_mvrnn_STAMP != 0xff5768f0006106a4u
+#error "mvrnn.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

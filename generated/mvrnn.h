@@ -37,5 +37,7 @@ enum { /* vertex types */
   mvrnn_vertex_leaf = 0,
   mvrnn_vertex_internal = 1,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_mvrnn_STAMP 0xff5768f0006106a4u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/nary_treelstm.vf */
 #include "nary_treelstm.h"
 
+#if !defined(CAVS_MODEL_nary_treelstm_STAMP) || CAVS_MODEL_nary_treelstm_STAMP != 0xad7564629b541904u
+#error "nary_treelstm.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -43,5 +43,7 @@ enum { /* parameters */
 enum { /* vertex types */
   nary_treelstm_vertex_tree = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_nary_treelstm_STAMP 0xad7564629b541904u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/seq2seq.vf */
 #include "seq2seq.h"
 
+#if !defined(CAVS_MODEL_seq2seq_STAMP) || CAVS_MODEL_seq2seq_STAMP != 0x25a388cca339823au
+#error "seq2seq.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -61,5 +61,7 @@ enum { /* vertex types */
   seq2seq_vertex_enc = 0,
   seq2seq_vertex_dec = 1,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_seq2seq_STAMP 0x25a388cca339823au
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/tagger.vf */
 #include "tagger.h"
 
+#if !defined(CAVS_MODEL_tagger_STAMP) || CAVS_MODEL_tagger_STAMP != 0x0942d55f9b6c9790u
+#error "tagger.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -56,5 +56,7 @@ enum { /* vertex types */
   tagger_vertex_bwd = 1,
   tagger_vertex_tok = 2,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_tagger_STAMP 0x0942d55f9b6c9790u
 
 #endif

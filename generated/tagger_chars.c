@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/tagger_chars.vf */
 #include "tagger_chars.h"
 
+#if !defined(CAVS_MODEL_tagger_chars_STAMP) || CAVS_MODEL_tagger_chars_STAMP != 0x4d6437113fff97bau
+#error "tagger_chars.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -75,5 +75,7 @@ enum { /* vertex types */
   tagger_chars_vertex_bwd = 2,
   tagger_chars_vertex_tok = 3,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_tagger_chars_STAMP 0x4d6437113fff97bau
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/treefc.vf */
 #include "treefc.h"
 
+#if !defined(CAVS_MODEL_treefc_STAMP) || CAVS_MODEL_treefc_STAMP != 0x4fd0b1ff07dd8a99u
+#error "treefc.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

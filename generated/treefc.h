@@ -31,5 +31,7 @@ enum { /* parameters */
 enum { /* vertex types */
   treefc_vertex_tree = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_treefc_STAMP 0x4fd0b1ff07dd8a99u
 
 #endif

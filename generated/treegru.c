@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/treegru.vf */
 #include "treegru.h"
 
+#if !defined(CAVS_MODEL_treegru_STAMP) || CAVS_MODEL_treegru_STAMP != 0xa163cf8f6c86142eu
+#error "treegru.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

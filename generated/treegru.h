@@ -39,5 +39,7 @@ enum { /* parameters */
 enum { /* vertex types */
   treegru_vertex_tree = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_treegru_STAMP 0xa163cf8f6c86142eu
 
 #endif

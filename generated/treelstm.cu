@@ -2,6 +2,10 @@
  * Command: cavsc --target=cuda dsl-examples/treelstm.vf */
 #include "treelstm.h"
 
+#if !defined(CAVS_MODEL_treelstm_STAMP) || CAVS_MODEL_treelstm_STAMP != 0xb066676a722c38c9u
+#error "treelstm.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

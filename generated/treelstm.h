@@ -42,5 +42,7 @@ enum { /* parameters */
 enum { /* vertex types */
   treelstm_vertex_tree = 0,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_treelstm_STAMP 0xb066676a722c38c9u
 
 #endif

@@ -2,6 +2,10 @@
  * Command: cavsc dsl-examples/twotype.vf */
 #include "twotype.h"
 
+#if !defined(CAVS_MODEL_twotype_STAMP) || CAVS_MODEL_twotype_STAMP != 0xc5d4718042dc423bu
+#error "twotype.h is not the header written with this file: run cavsc again"
+#endif
+
 #include <math.h>
 
 typedef float R;

@@ -45,5 +45,7 @@ enum { /* vertex types */
   twotype_vertex_leaf = 0,
   twotype_vertex_internal = 1,
 };
+/* what the model's code checks it is compiled with: a hash of the declarations above */
+#define CAVS_MODEL_twotype_STAMP 0xc5d4718042dc423bu
 
 #endif
