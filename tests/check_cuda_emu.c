@@ -15,6 +15,7 @@
 #include "cuda_emu_api.h"
 #include "cuda_emu_cases.h"
 #include "cudatest.h"
+#include "drawn.h"
 #include "moe.h"
 
 #include <errno.h>
@@ -604,15 +605,8 @@ END_TEST
 
 /* ---- what check_gpu also asserts, on the emulator ---- */
 
-/* Dropout (no example has it): two vertex types at random, a dropout in one and one in
- * the push block, as check_engine's dropout_masks; the masks (drawn from each row's
+/* Dropout (no example has it; drawn.h's mixdrop): the masks (drawn from each row's
  * vertex, the seed and the step) the cpu's, before a step and after it. */
-static const char *const drop_src =
-    "model mixdrop; dim H = 4; dim C = 3; input y : class[C]; input f : real[H];\n"
-    "param Wa[2H,H], Wb[2H,H], Wc[H,C] init uniform(-1, 1);\n"
-    "vertex a (children 2) { h = dropout(tanh(f + concat(gather(0), gather(1)) @ Wa), 0.5); scatter(h); push(h); }\n"
-    "vertex b (children 2) { u = concat(gather(0), gather(1)) @ Wb; h = sigmoid(f * u) - 0.5; scatter(h); push(h); }\n"
-    "push (p) { loss softmax_xent(dropout(p, 0.2) @ Wc, y); }\n";
 static const cavs_desc *drop_c, *drop_u;
 
 static int example_index(const char *name);
@@ -620,17 +614,9 @@ static int example_index(const char *name);
 START_TEST(dropout_as_cpu) { models_agree(drop_c, drop_u, 1e-12); }
 END_TEST
 
-/* noise (no example has it): Shazeer et al.'s noisy gate in front of a mixture of
- * experts, and a noise in the push block; the draws (Box and Muller's transform of each
- * row's key, the node and the column, cavs_noise_z) the cpu's, before a step and after */
-static const char *const noise_src =
-    "model noisy; dim H = 4; dim C = 3; dim X = 4; dim F = 3; dim HF = H * F; dim FH = F * H;\n"
-    "input y : class[C]; input f : real[H];\n"
-    "param W[2H,H], Wg[H,X], Wn[H,X], W1[X,HF], W2[X,FH], Wc[H,C] init uniform(-1, 1);\n"
-    "vertex v (children 2) {\n  h = tanh(f + concat(gather(0), gather(1)) @ W);\n"
-    "  m = moe(e in top(h @ Wg + noise(log(1 + exp(h @ Wn))), 2): relu(h @ W1[e]) @ W2[e]);\n"
-    "  scatter(tanh(h + m)); push(h + m);\n}\n"
-    "push (p) { loss softmax_xent((p + noise(p) * 0.1) @ Wc, y); }\n";
+/* noise (no example has it; drawn.h's noisy): the draws (Box and Muller's transform of
+ * each row's key, the node and the column, cavs_noise_z) the cpu's, before a step and
+ * after */
 static const cavs_desc *noise_c, *noise_u;
 
 /* (1e-10, not 1e-12: with OpenBLAS's Haswell kernels, which it takes under valgrind,

@@ -2,20 +2,25 @@
  * check-cuda`; not part of `make check`, and skipped, exit 77, where the cuda backend
  * cannot run: not built, no driver, no device).
  *
- * For every example model: the CUDA target's code on the cuda backend and the C
- * target's on the cpu backend, same dims, same seed, same minibatch of random trees (and
- * DAGs where the model has one vertex type with children): the loss and every parameter
- * gradient agree (relative 1e-5 in double, 1e-3 in float); one vertex per task on the GPU
- * gives what batching does, one stream what two do, and a pass captured as a CUDA graph
- * what one launched kernel by kernel (a mixture of experts' first pass launched, the rest graphs); then `cavs train` for two epochs on each device prints the
- * same losses (1e-3), and a checkpoint the GPU wrote evaluates on the CPU to the accuracy
- * the GPU gives it. */
+ * For every example model, and a dropout's and a noisy gate's (tests/drawn.h): the CUDA
+ * target's code on the cuda backend and the C target's on the cpu backend, same dims,
+ * same seed, same minibatch of random trees (and DAGs where the model has one vertex
+ * type with children): the loss and every parameter gradient agree (relative 1e-5 in
+ * double, 1e-3 in float); one vertex per task on the GPU gives what batching does, one
+ * stream what two do, and a pass captured as a CUDA graph what one launched kernel by
+ * kernel (a mixture of experts' first pass launched, the rest graphs); then `cavs
+ * train` for two epochs on each device prints the same losses (1e-3), and a checkpoint
+ * the GPU wrote evaluates on the CPU to the accuracy the GPU gives it. */
 #include <unistd.h>
 
 #include "cli.h"
+#include "drawn.h"
 #include "engine.h"
 
-static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "moe_tree.vf"};
+/* example files, and the text of drawn.h's two models (a dropout's masks and a noisy
+   gate's draws, keyed as the cpu backend keys them) */
+static const char *examples[] = {"treelstm.vf", "treefc.vf", "lstm_lm.vf", "treegru.vf", "twotype.vf", "moe_tree.vf",
+                                 drop_src, noise_src};
 enum { NEX = sizeof examples / sizeof *examples };
 
 /* The model's parameters, or gradients, as doubles, read through cavs_model_read. */
@@ -73,8 +78,9 @@ static void against_cpu(const char *file, const char *prec, double tol) {
   /* DAGs in double, as check_engine's batched-against-serial check */
   int k = tg_minibatch(dc, dims, g, gs, dbl);
   char what[300];
+  const char *name = dc->name; /* (file may be a model's text) */
   cavs_model *cpu = make(dc, dims, "cpu"), *gpu = make(dg, dims, "cuda");
-  snprintf(what, sizeof what, "%s (%s), cpu vs cuda", file, prec);
+  snprintf(what, sizeof what, "%s (%s), cpu vs cuda", name, prec);
   same_step(cpu, gpu, gs, k, dbl, tol, what);
   /* the same parameters after a step on each. Adam's first update is lr u(s g), u(x) =
      x / (|x| + eps) (the moments' bias corrected, s the clip's scale): lr times g's sign
@@ -103,21 +109,21 @@ static void against_cpu(const char *file, const char *prec, double tol) {
   /* batched and one vertex a task, both on the GPU */
   cavs_model *a = make(dg, dims, "cuda"), *b = make(dg, dims, "cuda");
   cavs_model_set_policy(b, CAVS_SERIAL);
-  snprintf(what, sizeof what, "%s (%s), batched vs serial on cuda", file, prec);
+  snprintf(what, sizeof what, "%s (%s), batched vs serial on cuda", name, prec);
   same_step(a, b, gs, k, dbl, tol, what);
   cavs_model_free(a);
   cavs_model_free(b);
   /* two streams (the default) and one */
   a = make(dg, dims, "cuda");
   b = make_opts(dg, dims, "cuda", 1, 0);
-  snprintf(what, sizeof what, "%s (%s), two streams vs one on cuda", file, prec);
+  snprintf(what, sizeof what, "%s (%s), two streams vs one on cuda", name, prec);
   same_step(a, b, gs, k, dbl, tol, what);
   cavs_model_free(b);
   /* each pass as a CUDA graph: made, then updated in place for the same shape, then
      made again for another (a mixture of experts' first pass launched kernel by kernel,
      making its routes' arrays; the rest graphs, routed on the device) */
   b = make_opts(dg, dims, "cuda", 0, 1);
-  snprintf(what, sizeof what, "%s (%s), CUDA graphs vs launches", file, prec);
+  snprintf(what, sizeof what, "%s (%s), CUDA graphs vs launches", name, prec);
   for (int round = 0; round < 3; round++) same_step(a, b, gs, round < 2 ? k : k - 1, dbl, tol, what);
   cavs_model_free(a);
   cavs_model_free(b);
