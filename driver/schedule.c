@@ -40,9 +40,12 @@ double sched_lr(const cavs_train_state *t, int epoch) {
 
 /* PyTorch's ReduceLROnPlateau with threshold 0 and no cool-down: a metric better than
  * the best resets the count; past `patience` epochs without one the rate is cut by the
- * factor (not below the floor) and the count starts again. */
+ * factor (not below the floor) and the count starts again. A metric that is not finite
+ * (a dev loss that overflowed) is no better than any: it never becomes the best, which
+ * a checkpoint could not hold. */
 bool sched_plateau(cavs_train_state *t, double metric, bool higher) {
-  if (t->plateau_best < 0 || (higher ? metric > t->plateau_best : metric < t->plateau_best)) {
+  if (isfinite(metric) &&
+      (t->plateau_best < 0 || (higher ? metric > t->plateau_best : metric < t->plateau_best))) {
     t->plateau_best = metric;
     t->plateau_bad = 0;
     return false;

@@ -1042,7 +1042,10 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   double metric = r->select == SELECT_ROOT ? ratio(dv.root_correct, dv.root_count)
                   : r->select == SELECT_ALL ? ratio(dv.correct, dv.count)
                                             : total_loss(&dv);
-  bool better = r->dev && (r->select != SELECT_LOSS ? metric > r->ts.best : r->ts.best < 0 || metric < r->ts.best);
+  /* (a metric that is not finite, a dev loss that overflowed, is never the best: the
+     checkpoint and its .best would be replaced by files no reader takes) */
+  bool better = r->dev && isfinite(metric) &&
+                (r->select != SELECT_LOSS ? metric > r->ts.best : r->ts.best < 0 || metric < r->ts.best);
   /* since_best is at most the epochs done (checkpoints are read so), which are bounded */
   if (better) r->ts.best = metric, r->ts.best_epoch = epoch, r->ts.since_best = 0;
   else r->ts.since_best++;

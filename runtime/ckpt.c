@@ -208,9 +208,17 @@ static void put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts) {
   put_f64(b, ts->bptt_vary);
 }
 
+static const char *state_fault(const cavs_train_state *t);
+
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen) {
   if (!source) source = m->d->source_text; /* the descriptor's own: the .vf it was made from */
+  const char *fault = ts ? state_fault(ts) : NULL;
+  if (fault) {
+    snprintf(err, errlen, "cannot save '%s': a value of its %s is out of range (the checkpoint would not read back)",
+             path, fault);
+    return -1;
+  }
   cavs_train_state z = {0};
   Buf b = {0};
   put_model(&b, m, source, v);
@@ -743,21 +751,22 @@ static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, 
   return true;
 }
 
-/* Every counter within what the command line gives, or what a run can reach from it, so
- * that going on from here cannot overflow one (u32 fields read as int are already
- * refused when negative); every rate finite. */
-static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t errlen) {
-  const cavs_train_state *t = &k->ts;
+/* What is wrong with a training state, or NULL: every counter within what the command
+ * line gives, or what a run can reach from it, so that going on from here cannot
+ * overflow one (u32 fields read as int are already refused when negative); every rate
+ * finite; the format a name cavs knows. Checked on reading (check_state) and before
+ * saving (cavs_ckpt_save), so that no save replaces a file with one that reading
+ * refuses. */
+static const char *state_fault(const cavs_train_state *t) {
   const cavs_optim *o = &t->optim;
-  if (k->steps > CAVS_MAX_STEPS) FAIL("'%s' is damaged: %ld optimizer steps (at most %ld)", path, k->steps, CAVS_MAX_STEPS);
   if (t->epoch < 0 || t->epoch > CAVS_MAX_EPOCHS || t->threads < 0 || t->threads > 1024 || t->batch < 0 ||
       t->batch > (1 << 20) || t->graphs_done < 0 || t->graphs_done > CAVS_MAX_GRAPH_VERTICES ||
       !(t->best == -1 || nonneg(t->best)))
-    FAIL("'%s' is damaged (training state)", path);
+    return "training state";
   if (t->select < 0 || t->select > 3 || !(t->lr_decay >= 0 && t->lr_decay <= 1) || t->lr_step < 0 ||
       t->lr_step > 1000000 || t->warmup < 0 || t->warmup > (1 << 30) || t->patience < 0 || t->patience > 1000000 ||
       t->since_best < 0 || t->since_best > t->epoch || t->best_epoch < 0 || t->best_epoch > t->epoch)
-    FAIL("'%s' is damaged (training schedule)", path);
+    return "training schedule";
   /* format 4: a plateau's count is reset once past its patience, and is epochs */
   if (t->schedule < 0 || t->schedule >= CAVS_SCHED_COUNT || !nonneg(t->lr_min) || t->cosine_epochs < 0 ||
       t->cosine_epochs > CAVS_MAX_EPOCHS || !(t->plateau_factor >= 0 && t->plateau_factor < 1) ||
@@ -765,13 +774,21 @@ static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t 
       !(t->plateau_best == -1 || nonneg(t->plateau_best)) || t->plateau_bad < 0 ||
       t->plateau_bad > t->plateau_patience || t->plateau_bad > t->epoch || t->lr_decay_start < 0 ||
       t->lr_decay_start > 1000000)
-    FAIL("'%s' is damaged (learning-rate schedule)", path);
-  if (!(t->bptt_vary >= 0 && t->bptt_vary <= CAVS_MAX_BPTT_VARY)) FAIL("'%s' is damaged (chunk lengths)", path);
+    return "learning-rate schedule";
+  if (!(t->bptt_vary >= 0 && t->bptt_vary <= CAVS_MAX_BPTT_VARY)) return "chunk lengths";
   int bptt;
-  if (*t->format && !cv_format_named(t->format, &bptt)) FAIL("'%s' is damaged (data format)", path);
+  if (!memchr(t->format, 0, sizeof t->format) || (*t->format && !cv_format_named(t->format, &bptt)))
+    return "data format";
   if (o->kind < 0 || o->kind >= CAVS_OPTIM_COUNT || !nonneg(o->lr) || !nonneg(o->clip) || !nonneg(o->weight_decay) ||
       !unit(o->beta1) || !unit(o->beta2) || !nonneg(o->eps) || !unit(o->momentum))
-    FAIL("'%s' is damaged (optimizer settings)", path);
+    return "optimizer settings";
+  return NULL;
+}
+
+static bool check_state(const cavs_ckpt *k, const char *path, char *err, size_t errlen) {
+  if (k->steps > CAVS_MAX_STEPS) FAIL("'%s' is damaged: %ld optimizer steps (at most %ld)", path, k->steps, CAVS_MAX_STEPS);
+  const char *fault = state_fault(&k->ts);
+  if (fault) FAIL("'%s' is damaged (%s)", path, fault);
   return true;
 }
 #undef FAIL

@@ -2554,6 +2554,46 @@ START_TEST(regression_and_two_losses) {
   ok(&r, "eval a regression");
   ck_assert_msg(strstr(r.out, "loss") && !strstr(r.out, "accuracy"), "%s", tu_tail(r.out, 1800));
   tu_free(&r);
+  /* a dev loss that overflows ((3e38 Wt)^2 is not a float: the push block's values are
+     not finite) is no best: the checkpoint and its .best had been replaced by files every
+     reader refused; resumed, and a fresh run under the plateau schedule, whose best it
+     had become too */
+  const char *ovr = "model ovr; dim H = 8; dim V = 12; dim C = 3;\ninput w : index[V]; input y : class[C]; input t : real[1];\n"
+                    "param emb[V,H] init uniform(-0.5, 0.5); param W[H,H], Wo[H,1], Wt[1,H] init xavier;\n"
+                    "pull { x = emb[w]; }\n"
+                    "vertex v (children 2) { h = tanh(pull() + (gather(0) + gather(1)) @ W); scatter(h);\n"
+                    "  push(h + (t @ Wt) * (t @ Wt)); }\npush (h) { loss mse(h @ Wo, t); }\n";
+  tu_write(path_in("ovr.vf"), ovr, strlen(ovr));
+  const char *huge = "graph\n0 v ; w=1 t=3e38\n1 v ; w=2 t=0.1\n2 v 0 1 ; t=0.2\nend\n";
+  tu_write(path_in("huge.cgf"), huge, strlen(huge));
+  r = cavs("train", path_in("ovr.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev", path_in("reg.cgf"),
+           "--epochs", "2", "--save", path_in("ovr.ckpt"), "--quiet", NULL);
+  ok(&r, "train before the dev loss overflows");
+  tu_free(&r);
+  size_t blen;
+  char *best = tu_slurp(path_in("ovr.ckpt.best"), &blen);
+  ck_assert_ptr_nonnull(best);
+  r = cavs("train", path_in("ovr.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev", path_in("huge.cgf"),
+           "--epochs", "3", "--resume", path_in("ovr.ckpt"), "--save", path_in("ovr.ckpt"), NULL);
+  ok(&r, "a dev loss that overflows");
+  ck_assert_msg(strstr(r.out, "dev loss") && !strstr(r.out, "(best"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  size_t n;
+  char *now = tu_slurp(path_in("ovr.ckpt.best"), &n);
+  ck_assert_msg(now && n == blen && !memcmp(now, best, n), "the .best was replaced");
+  free(now);
+  free(best);
+  r = cavs("train", path_in("ovr.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev", path_in("huge.cgf"),
+           "--epochs", "2", "--schedule", "plateau", "--save", path_in("huge.ckpt"), NULL);
+  ok(&r, "a dev loss that overflows, plateau");
+  tu_free(&r);
+  ck_assert_int_eq(access(path_in("huge.ckpt.best"), F_OK), -1);
+  const char *read_back[] = {"ovr.ckpt", "ovr.ckpt.best", "huge.ckpt"};
+  for (int i = 0; i < 3; i++) {
+    r = cavs("info", path_in(read_back[i]), NULL);
+    ok(&r, read_back[i]);
+    tu_free(&r);
+  }
   r = cavs("train", path_in("both.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev", path_in("reg.cgf"),
            "--epochs", "2", "--lr", "0.01", "--save", path_in("both.ckpt"), NULL);
   ok(&r, "train two losses");

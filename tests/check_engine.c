@@ -889,6 +889,62 @@ START_TEST(optimizer_state_by_kind) {
 }
 END_TEST
 
+/* cavs_ckpt_save writes no checkpoint that cavs_ckpt_read would refuse: a training
+ * state with a value out of range (a dev metric that overflowed as the best, an epoch
+ * past any run's, a format name that is none, or not terminated in its 32 bytes, a rate
+ * that is not finite) is an error naming the part, and the checkpoint saved before is
+ * there, byte for byte; the same state made valid saves and reads back. */
+START_TEST(saved_state_reads_back) {
+  const cavs_desc *d = load_model("treegru.vf", "float");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  tg_minibatch(d, dims, g, gs, false);
+  cavs_model *m = new_model(d, dims, 3);
+  char *dir = tu_tmpdir(), path[4200], err[512];
+  snprintf(path, sizeof path, "%s/m.ckpt", dir);
+  cavs_train_state ok = {.epoch = 3, .best = 0.5, .best_epoch = 2, .plateau_best = -1, .format = "ptb-tree",
+                         .optim = {.kind = CAVS_ADAM, .lr = 1e-3}};
+  ck_assert_msg(cavs_ckpt_save(path, m, NULL, NULL, &ok, err, sizeof err) == 0, "%s", err);
+  size_t n0;
+  char *before = tu_slurp(path, &n0);
+  ck_assert_ptr_nonnull(before);
+  static const char *const parts[] = {"training state", "learning-rate schedule", "data format", "optimizer settings"};
+  for (int c = 0; c < 9; c++) {
+    cavs_train_state t = ok;
+    int part = c < 3 ? 0 : c < 4 ? 1 : c < 7 ? 2 : 3;
+    switch (c) {
+    case 0: t.best = NAN; break;
+    case 1: t.best = INFINITY; break;
+    case 2: t.epoch = -1; break;
+    case 3: t.plateau_best = INFINITY; break;
+    case 4: memset(t.format, 'a', sizeof t.format); break;
+    case 5: strcpy(t.format, "sst"); break;
+    case 6: strcpy(t.format, "text-bptt:0"); break;
+    case 7: t.optim.lr = NAN; break;
+    case 8: t.optim.kind = CAVS_OPTIM_COUNT; break;
+    }
+    *err = 0;
+    ck_assert_msg(cavs_ckpt_save(path, m, NULL, NULL, &t, err, sizeof err) == -1, "case %d saved", c);
+    ck_assert_msg(strstr(err, "cannot save") && strstr(err, parts[part]), "case %d: %s", c, err);
+    size_t n;
+    char *now = tu_slurp(path, &n);
+    ck_assert_msg(now && n == n0 && !memcmp(now, before, n), "case %d: the earlier checkpoint was replaced", c);
+    free(now);
+  }
+  ok.best = 0.75, ok.epoch = 4;
+  ck_assert_msg(cavs_ckpt_save(path, m, NULL, NULL, &ok, err, sizeof err) == 0, "%s", err);
+  cavs_ckpt *ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  const cavs_train_state *back = cavs_ckpt_state(ck);
+  ck_assert(back->epoch == 4 && back->best == 0.75 && !strcmp(back->format, "ptb-tree"));
+  cavs_ckpt_free(ck);
+  free(before);
+  cavs_model_free(m);
+  tu_rmtree(dir);
+}
+END_TEST
+
 /* The memory limit counts the moment blocks a model holds, not two for every model:
    - a model is made under a limit its parameters and gradients fit (before, it needed
      two blocks more), and not under one byte less;
@@ -3287,6 +3343,7 @@ int main(void) {
   tu_add_examples(tc, threads_split_every_example, examples, NEXAMPLES);
   tcase_add_loop_test(tc, step_leaves_gradients_clean, 0, 2);
   tcase_add_test(tc, optimizer_state_by_kind);
+  tcase_add_test(tc, saved_state_reads_back);
   tcase_add_test(tc, memory_limit_counts_moments);
   tcase_add_test(tc, optimizers_match_reference);
   tcase_add_test(tc, views_read_children_in_place);

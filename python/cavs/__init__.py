@@ -675,9 +675,18 @@ class Model:
 
     def save(self, path, epoch=0, format=""):
         """A checkpoint, as cavs train writes them (cavs eval, predict, info and export
-        read it): the model's source, dims, vocabulary and parameters."""
+        read it): the model's source, dims, vocabulary and parameters. epoch (the epochs
+        done) and format (the training data's format, as --format names it) are checked
+        before anything is written (ValueError; libcavs refuses the rest, as Error), so
+        that a checkpoint saved over an earlier one always reads back."""
+        fmt = _b(format or "")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**31:
+            raise ValueError(f"epoch {epoch!r}: an epoch count is an int from 0 to 2**31 - 1")
+        if len(fmt) >= C.TrainState.format.size:
+            raise ValueError(f"format {format!r}: a data format's name is shorter than "
+                             f"{C.TrainState.format.size} bytes")
         err = ctypes.create_string_buffer(1024)
-        ts = C.TrainState(epoch=epoch, best=-1.0, format=_b(format or ""))
+        ts = C.TrainState(epoch=epoch, best=-1.0, format=fmt)
         v = self.vocab._ptr if self.vocab else None
         if C.lib().cavs_ckpt_save(_b(os.fspath(path)), self._ptr, None, v, ctypes.byref(ts), err, len(err)):
             raise Error(_s(err.value))

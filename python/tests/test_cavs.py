@@ -55,6 +55,13 @@ def test_training_is_cavs_trains(data, tmp_path):
                     "grad_norm_max"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-12, abs=1e-15), key
     model.save(tmp_path / "py.ckpt", epoch=2, format="ptb-tree")
+    saved = (tmp_path / "py.ckpt").read_bytes()
+    # a state no reader would take is refused, the checkpoint saved before left whole
+    for epoch, fmt, error in [(-1, "", ValueError), (2**32 + 2, "", ValueError), (2**31 - 1, "", cavs.Error),
+                              (2, "a" * 32, ValueError), (2, "sst", cavs.Error), (2, "text-bptt:0", cavs.Error)]:
+        with pytest.raises(error):
+            model.save(tmp_path / "py.ckpt", epoch=epoch, format=fmt)
+        assert (tmp_path / "py.ckpt").read_bytes() == saved, (epoch, fmt)
     _, out, _ = cavs_cli("eval", tmp_path / "py.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
     ev, mine = json.loads(out), cavs.evaluate(model, dev)
     assert ev["loss"] == pytest.approx(mine["loss"], rel=1e-12)
