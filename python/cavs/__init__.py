@@ -680,6 +680,10 @@ class Model:
         before anything is written (ValueError; libcavs refuses the rest, as Error), so
         that a checkpoint saved over an earlier one always reads back."""
         fmt = _b(format or "")
+        # (never over the model's own .vf, which cavs train --save refuses too)
+        src = self.spec.path
+        if src and os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
+            raise ValueError(f"{os.fspath(path)}: would overwrite the model {os.fspath(src)}")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**31:
             raise ValueError(f"epoch {epoch!r}: an epoch count is an int from 0 to 2**31 - 1")
         if len(fmt) >= C.TrainState.format.size:

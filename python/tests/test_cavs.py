@@ -62,6 +62,13 @@ def test_training_is_cavs_trains(data, tmp_path):
         with pytest.raises(error):
             model.save(tmp_path / "py.ckpt", epoch=epoch, format=fmt)
         assert (tmp_path / "py.ckpt").read_bytes() == saved, (epoch, fmt)
+    # nor over the model's own source (a copy of it: a failure would not touch the tree's)
+    vf = tmp_path / "own.vf"
+    vf.write_bytes(open(model_path("treefc.vf"), "rb").read())
+    own = cavs.Model(cavs.compile(vf), dims={"H": 8, "C": 5}, vocab=vocab)
+    with pytest.raises(ValueError, match="would overwrite the model"):
+        own.save(vf)
+    assert vf.read_bytes() == open(model_path("treefc.vf"), "rb").read()
     _, out, _ = cavs_cli("eval", tmp_path / "py.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
     ev, mine = json.loads(out), cavs.evaluate(model, dev)
     assert ev["loss"] == pytest.approx(mine["loss"], rel=1e-12)
