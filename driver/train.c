@@ -483,6 +483,11 @@ static void choose_schedule(Run *r) {
      zeros would make 0 its best) */
   bool going_on = r->resumed && r->ck_schedule == CAVS_SCHED_PLATEAU;
   if (s != CAVS_SCHED_PLATEAU || !going_on) r->ts.lr_now = 0, r->ts.plateau_best = -1, r->ts.plateau_bad = 0;
+  /* a patience given now below the checkpoint's count: the count at the new patience, so
+     that the next epoch without a better metric cuts the rate (a state whose count is
+     past its patience is no checkpoint's, and one saved inside the first epoch was
+     refused) */
+  if (r->ts.plateau_bad > r->ts.plateau_patience) r->ts.plateau_bad = r->ts.plateau_patience;
 }
 
 /* The checkpoint to path, and to also (when not NULL) */

@@ -2047,6 +2047,37 @@ static char *info_field(const char *ckpt, const char *key) {
   return v;
 }
 
+/* A plateau schedule resumed with a patience below the checkpoint's count of epochs
+ * without a better dev metric, and stopped by SIGINT inside its first epoch: saved (it
+ * was refused, "a value of its learning-rate schedule is out of range", the epoch's work
+ * lost), the count at the new patience. */
+START_TEST(plateau_resumed_with_less_patience) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "4", "--lr", "1e-30", "--schedule", "plateau", "--plateau-patience", "5", "--quiet",
+                      "--save", path_in("pl.ckpt"), NULL);
+  ok(&r, "four epochs without a better dev accuracy");
+  tu_free(&r);
+  char *e = info_field(path_in("pl.ckpt"), "lr schedule plateau");
+  ck_assert_msg(strstr(e, ", 3 epochs since"), "%s", e);
+  free(e);
+  char *argv[] = {(char *)cavs_bin, "train", strdup(model("treelstm.vf")), "--format", "ptb-tree", "--train",
+                  strdup(path_in("train.txt")), "--dev", strdup(path_in("dev.txt")), "--threads", "1", "--epochs",
+                  "1000", "--schedule", "plateau", "--plateau-patience", "1", "--resume", strdup(path_in("pl.ckpt")),
+                  "--save", strdup(path_in("pl2.ckpt")), NULL};
+  int st = run_and_signal(argv, path_in("pl.out"), "resumed after epoch 4", 0, SIGINT);
+  char *out = tu_slurp(path_in("pl.out"), NULL);
+  ck_assert_msg(st == 130, "exit %d:\n%s", st, out ? out : "");
+  free(out);
+  e = info_field(path_in("pl2.ckpt"), "lr schedule plateau");
+  int bad = -1;
+  const char *p = strstr(e, " epochs since");
+  ck_assert_msg(p && sscanf(p - 2, "%d", &bad) == 1 && bad >= 0 && bad <= 1 && strstr(e, "patience 1"), "%s", e);
+  free(e);
+  const int dup[] = {2, 6, 8, 18, 20};
+  for (int i = 0; i < 5; i++) free(argv[dup[i]]);
+}
+END_TEST
+
 /* SIGINT in the middle of an epoch: the step finishes, the state is saved and cavs
  * exits 130; resuming finishes that epoch in the same order, so that the result is the
  * bytes of a run never interrupted. Wherever the signal lands, this holds. */
@@ -3670,6 +3701,7 @@ int main(void) {
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
+  tcase_add_test(tc, plateau_resumed_with_less_patience);
   tcase_add_test(tc, stream_trains_as_loaded);
   tcase_add_test(tc, stream_index_cached);
   tcase_add_test(tc, sigint_resumes_carried_state_exactly);

@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import json
 import math
+import operator
 import os
 import re
 import stat
@@ -684,8 +685,13 @@ class Model:
         src = self.spec.path
         if src and os.path.exists(path) and os.path.exists(src) and os.path.samefile(path, src):
             raise ValueError(f"{os.fspath(path)}: would overwrite the model {os.fspath(src)}")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**31:
-            raise ValueError(f"epoch {epoch!r}: an epoch count is an int from 0 to 2**31 - 1")
+        try:  # (any integer, NumPy's too; not a bool, nor a float that ctypes would take)
+            n = None if isinstance(epoch, bool) else operator.index(epoch)
+        except TypeError:
+            n = None
+        if n is None or not 0 <= n < 2**31:
+            raise ValueError(f"epoch {epoch!r}: an epoch count is an integer from 0 to 2**31 - 1")
+        epoch = n
         if len(fmt) >= C.TrainState.format.size:
             raise ValueError(f"format {format!r}: a data format's name is shorter than "
                              f"{C.TrainState.format.size} bytes")

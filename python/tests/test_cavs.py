@@ -54,10 +54,11 @@ def test_training_is_cavs_trains(data, tmp_path):
         for key in ("epoch", "train_loss", "train_acc", "dev_loss", "dev_acc", "dev_root_acc", "lr", "grad_norm_mean",
                     "grad_norm_max"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-12, abs=1e-15), key
-    model.save(tmp_path / "py.ckpt", epoch=2, format="ptb-tree")
+    model.save(tmp_path / "py.ckpt", epoch=np.int64(2), format="ptb-tree")
     saved = (tmp_path / "py.ckpt").read_bytes()
     # a state no reader would take is refused, the checkpoint saved before left whole
-    for epoch, fmt, error in [(-1, "", ValueError), (2**32 + 2, "", ValueError), (2**31 - 1, "", cavs.Error),
+    for epoch, fmt, error in [(-1, "", ValueError), (2**32 + 2, "", ValueError), (2.0, "", ValueError),
+                              (True, "", ValueError), (2**31 - 1, "", cavs.Error),
                               (2, "a" * 32, ValueError), (2, "sst", cavs.Error), (2, "text-bptt:0", cavs.Error)]:
         with pytest.raises(error):
             model.save(tmp_path / "py.ckpt", epoch=epoch, format=fmt)
