@@ -669,7 +669,8 @@ END_TEST
  * and on the language model with its layer in the push block; the log says rows went
  * between the ranks, some of them to a hot expert's replica (and none with
  * --no-expert-replicas, which equals one process too), and the experts' loads it
- * reports are one process's; its checkpoint (every expert's matrices and moments
+ * reports are one process's (and with a noisy gate, whose draws are one process's);
+ * its checkpoint (every expert's matrices and moments
  * brought to rank 0) goes on in one process as one process's does; a clip's norm adds
  * every rank's experts; --grad-overlap trains the same bytes. */
 START_TEST(experts_placed_equal_one_process) {
@@ -732,6 +733,17 @@ START_TEST(experts_placed_equal_one_process) {
   w = differ("moel");
   ck_assert_msg(w < 1e-9, "the language model, experts placed: two ranks' parameters differ from one process's by %g", w);
   ck_assert_int_gt(last_log_int(path_in("moel.2.log"), "expert_rows_sent"), 0);
+  /* Shazeer et al.'s noisy gate (bench/moe_lm_noisy.vf; its Wn of zeros scales the
+     draws by softplus(0) = log 2): the draws keyed by the whole minibatch's vertex
+     numbers, so each rank draws for its rows what one process does, and routes them
+     as it does */
+  char noisy[4400];
+  snprintf(noisy, sizeof noisy, "%s/bench/moe_lm_noisy.vf", top);
+  BOTH("moen", noisy, "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim", "H=8", "--dim",
+       "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0", "--expert-parallel");
+  w = differ("moen");
+  ck_assert_msg(w < 1e-9, "the noisy gate, experts placed: two ranks' parameters differ from one process's by %g", w);
+  ck_assert_int_gt(last_log_int(path_in("moen.2.log"), "expert_rows_sent"), 0);
   /* with the dense gradients summed during the backward pass: the same bytes (the
      placed experts' tables left out of the buckets; the rank without a graph of the
      last minibatch answering rows, its groups sent at the end) */
