@@ -912,7 +912,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 }
 
 /* The epoch's line on standard output. */
-static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better) {
+static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, bool unfit) {
   double tloss = t->batch_loss / (t->batches ? t->batches : 1);
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
   if (r->lm) printf(" ppl %.2f", exp(tloss));
@@ -939,7 +939,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     else printf("  experts");
     printf(" %.3f-%.3f cv %.2f", t->load_min[k], t->load_max[k], t->load_cv[k]);
   }
-  printf("%s\n", better && r->o->save ? "  (best, saved)" : "");
+  printf("%s\n", better && r->o->save ? "  (best, saved)" : unfit ? "  (the dev metric is not finite: not a best)" : "");
   fflush(stdout);
 }
 
@@ -1056,7 +1056,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   else r->ts.since_best++;
   r->ts.epoch = epoch;
   bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
-  if (!o->quiet) print_epoch(r, epoch, t, &dv, better);
+  if (!o->quiet) print_epoch(r, epoch, t, &dv, better, r->dev && !isfinite(metric));
   if (cut && !o->quiet)
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");
