@@ -150,8 +150,9 @@ static void put_model(Buf *b, cavs_model *m, const char *source, const cavs_voca
 }
 
 /* The training state, in the order the formats added it (the frozen parameters and the
- * options are the model's, the carried state its last minibatch's). */
-static void put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts) {
+ * options are the model's, the carried state its last minibatch's): where the carried
+ * values lie in b, *at, and their count, the return. */
+static size_t put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts, size_t *at_out) {
   const cavs_desc *d = m->d;
   put_u32(b, (uint32_t)ts->epoch);
   put_i64(b, (int64_t)ts->rng);
@@ -206,6 +207,23 @@ static void put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts) {
   put(b, NULL, cbytes);
   if (!b->oom && cbytes) m->be->download(b->p + at, m->carry, cbytes);
   put_f64(b, ts->bptt_vary);
+  *at_out = at;
+  return (size_t)crows * (size_t)cw;
+}
+
+/* Whether the n values at p, in the model's precision, are all finite */
+static bool all_finite(const unsigned char *p, size_t n, size_t esize) {
+  for (size_t i = 0; i < n; i++) {
+    double x;
+    if (esize == 8) memcpy(&x, p + 8 * i, 8);
+    else {
+      float f;
+      memcpy(&f, p + 4 * i, 4);
+      x = f;
+    }
+    if (!isfinite(x)) return false;
+  }
+  return true;
 }
 
 static const char *state_fault(const cavs_train_state *t);
@@ -222,7 +240,14 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   cavs_train_state z = {0};
   Buf b = {0};
   put_model(&b, m, source, v);
-  put_state(&b, m, ts ? ts : &z);
+  size_t cat, cn = put_state(&b, m, ts ? ts : &z, &cat);
+  /* (reading refuses a carried state that is not finite too) */
+  if (!b.oom && !all_finite((const unsigned char *)b.p + cat, cn, m->esize)) {
+    free(b.p);
+    snprintf(err, errlen, "cannot save '%s': the carried state holds a value that is not finite (the checkpoint "
+             "would not read back)", path);
+    return -1;
+  }
   uint64_t sum = b.oom ? 0 : fnv64(b.p, b.n);
   put(&b, &sum, 8);
   if (b.oom) {

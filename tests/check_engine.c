@@ -892,8 +892,9 @@ END_TEST
 /* cavs_ckpt_save writes no checkpoint that cavs_ckpt_read would refuse: a training
  * state with a value out of range (a dev metric that overflowed as the best, an epoch
  * past any run's, a format name that is none, or not terminated in its 32 bytes, a rate
- * that is not finite) is an error naming the part, and the checkpoint saved before is
- * there, byte for byte; the same state made valid saves and reads back. */
+ * that is not finite), or a carried state that is not finite, is an error naming the
+ * part, and the checkpoint saved before is there, byte for byte; the same state made
+ * valid saves and reads back. */
 START_TEST(saved_state_reads_back) {
   const cavs_desc *d = load_model("treegru.vf", "float");
   long dims[CAVS_MAX_DIMS];
@@ -940,6 +941,30 @@ START_TEST(saved_state_reads_back) {
   ck_assert(back->epoch == 4 && back->best == 0.75 && !strcmp(back->format, "ptb-tree"));
   cavs_ckpt_free(ck);
   free(before);
+  cavs_model_free(m);
+  /* a carried state with a value that is not finite, which reading refuses too */
+  const cavs_desc *lm = load_model("lstm_lm.vf", "float");
+  tg_minibatch(lm, dims, g, gs, false);
+  m = new_model(lm, dims, 3);
+  ck_assert_msg(cavs_model_carry_state(m, 1) == 0, "%s", cavs_model_error(m));
+  long w = 0;
+  cavs_model_carried(m, &w);
+  ck_assert_int_gt(w, 0);
+  float *rows = calloc(2 * (size_t)w, sizeof *rows);
+  ck_assert_ptr_nonnull(rows);
+  ck_assert_msg(cavs_model_set_carried(m, rows, 2) == 0, "%s", cavs_model_error(m));
+  ck_assert_msg(cavs_ckpt_save(path, m, NULL, NULL, NULL, err, sizeof err) == 0, "%s", err);
+  before = tu_slurp(path, &n0);
+  rows[w + 1] = NAN;
+  ck_assert_msg(cavs_model_set_carried(m, rows, 2) == 0, "%s", cavs_model_error(m));
+  ck_assert_int_eq(cavs_ckpt_save(path, m, NULL, NULL, NULL, err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "carried state holds a value that is not finite"), "%s", err);
+  size_t n;
+  char *now = tu_slurp(path, &n);
+  ck_assert_msg(now && n == n0 && !memcmp(now, before, n), "the checkpoint with a finite carried state was replaced");
+  free(now);
+  free(before);
+  free(rows);
   cavs_model_free(m);
   tu_rmtree(dir);
 }
