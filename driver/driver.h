@@ -238,6 +238,10 @@ typedef struct Totals {
 void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k);
 /* the same from a minibatch's statistics and its losses' sums, a[0..n) */
 void add_sums(Totals *t, const cavs_stats *st, const cavs_loss_acc *a, int n, int k);
+/* x, or a NaN without its sign (printed "nan", never "-nan") */
+double unsigned_nan(double x);
+/* loss l's mean over its rows, and the sum of the means */
+double mean_loss(const Totals *t, int l);
 double total_loss(const Totals *t);
 double ratio(long a, long b);
 bool has_accuracy(const cavs_desc *d);

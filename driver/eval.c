@@ -245,10 +245,16 @@ void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
 }
 
 /* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */
+/* A NaN is printed without a sign: glibc writes "-nan" for the NaN an overflowing sum
+   (inf - inf) leaves, which says nothing more than "nan". */
+double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
+
+double mean_loss(const Totals *t, int l) { return unsigned_nan(t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0); }
+
 double total_loss(const Totals *t) {
   double s = 0;
-  for (int l = 0; l < t->nl; l++) s += t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0;
-  return s;
+  for (int l = 0; l < t->nl; l++) s += mean_loss(t, l);
+  return unsigned_nan(s);
 }
 
 double ratio(long a, long b) { return b ? (double)a / (double)b : 0; }
@@ -265,7 +271,7 @@ void print_losses(FILE *f, const cavs_desc *d, const Totals *t) {
   fputs(" (", f);
   for (int l = 0; l < t->nl; l++) {
     bool xent = d->losses[l].kind == 0;
-    fprintf(f, "%s%s %.4f", l ? ", " : "", xent ? "softmax_xent" : "mse", (t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    fprintf(f, "%s%s %.4f", l ? ", " : "", xent ? "softmax_xent" : "mse", mean_loss(t, l));
     if (xent) fprintf(f, " acc %.4f", ratio(t->lcorrect[l], t->lcount[l]));
   }
   fputc(')', f);
@@ -402,7 +408,7 @@ static void print_eval_json(const Report *r) {
   }
   if (t->nl > 1) {
     json_t *losses = json_array();
-    for (int l = 0; l < t->nl; l++) json_push(losses, json_num(t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0));
+    for (int l = 0; l < t->nl; l++) json_push(losses, json_num(mean_loss(t, l)));
     json_set(o, "losses", losses);
   }
   json_set(o, "graphs_per_s", json_num((double)t->graphs / t->secs));
@@ -437,7 +443,7 @@ static void run_eval(const CkptModel *c, Data *s, int batch, const char *format,
   evaluate(c->m, s, batch, carries(format), &r.t);
   /* the first softmax_xent loss's mean, as a perplexity (a language model's measure) */
   for (int l = 0; l < r.t.nl && r.xent < 0; l++)
-    if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) r.xent = r.t.lcount[l] ? r.t.lsum[l] / (double)r.t.lcount[l] : 0;
+    if (d->losses[l].kind == CAVS_LOSS_SOFTMAX_XENT) r.xent = mean_loss(&r.t, l);
   r.correct = r.t.correct, r.count = r.t.count, r.root_correct = r.t.root_correct, r.root_count = r.t.root_count;
   if (eo->binary) {
     const Scores *sc = r.t.scores;

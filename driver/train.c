@@ -913,7 +913,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 
 /* The epoch's line on standard output. */
 static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, bool unfit) {
-  double tloss = t->batch_loss / (t->batches ? t->batches : 1);
+  double tloss = unsigned_nan(t->batch_loss / (t->batches ? t->batches : 1));
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
   if (r->lm) printf(" ppl %.2f", exp(tloss));
   if (r->with_acc) printf(" acc %.4f", ratio(t->correct, t->count));
@@ -958,7 +958,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
   if (r->dev && dv->nl > 1) {
     json_t *losses = json_array();
     for (int l = 0; l < dv->nl; l++)
-      json_push(losses, json_num(dv->lcount[l] ? dv->lsum[l] / (double)dv->lcount[l] : 0));
+      json_push(losses, json_num(mean_loss(dv, l)));
     json_set(o, "dev_losses", losses);
   }
   char when[32];

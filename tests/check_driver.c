@@ -2610,6 +2610,12 @@ START_TEST(regression_and_two_losses) {
   ck_assert_msg(strstr(r.out, "dev loss") && !strstr(r.out, "(best") &&
                     strstr(r.out, "(the dev metric is not finite: not a best)"),
                 "%s", tu_tail(r.out, 1800));
+  /* (inf - inf: a NaN with its sign bit set, which glibc prints "-nan") */
+  ck_assert_msg(strstr(r.out, "dev loss nan ") && !strstr(r.out, "-nan"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+  r = cavs("eval", path_in("ovr.ckpt"), "--data", path_in("huge.cgf"), NULL);
+  ok(&r, "eval a loss that overflows");
+  ck_assert_msg(strstr(r.out, "loss nan ") && !strstr(r.out, "-nan"), "%s", tu_tail(r.out, 1800));
   tu_free(&r);
   size_t n;
   char *now = tu_slurp(path_in("ovr.ckpt.best"), &n);
