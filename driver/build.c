@@ -75,8 +75,9 @@ static const char *const base_cflags[] = {"-std=c11", "-O3", "-march=native", "-
 
 /* nvcc's, for the cuda target: C++ as the generated .cu needs, a shared CUDA runtime (the
  * one the CUDA backend module uses too, so both see the same device pointers and the same
- * default stream), and the toolkit's library directory in the object's run path. The
- * default architecture, whose PTX the driver compiles for a newer GPU when it loads. */
+ * default stream), and the toolkit's library directory in the object's run path; then
+ * the GPUs it is for (nvcc_arch: configure's NVCC_ARCH, whose PTX a newer GPU's driver
+ * compiles when it loads it). Each is part of the cache key, as a C model's flags are. */
 #ifndef CAVS_CUDA_HOME
 #define CAVS_CUDA_HOME "/usr/local/cuda"
 #endif
@@ -93,16 +94,29 @@ static const char *const emu_flags[] = {"-x", "c++", "-std=c++17", "-O2", "-ffp-
                                         "-include", CAVS_CFG_SRCDIR "/tests/cuda_emu.h", "-I" CAVS_CFG_SRCDIR "/tests"};
 #endif
 
-/* `base`, then the words of $CAVS_MODEL_CFLAGS */
-static const char *const *model_flags(const char *const *base, int nbase, int *n) {
+/* `base`, then the words of `more` (split at blanks) */
+static const char *const *flags_and(const char *const *base, int nbase, const char *more, int *n) {
   int k = 0;
-  const char *e = getenv("CAVS_MODEL_CFLAGS");
-  char *words = xstrdup(e ? e : "");
+  char *words = xstrdup(more ? more : "");
   const char **flags = xmalloc(sizeof *flags * (nbase + strlen(words) / 2 + 1));
   for (int i = 0; i < nbase; i++) flags[k++] = base[i];
   for (char *save = NULL, *w = strtok_r(words, " \t\n", &save); w; w = strtok_r(NULL, " \t\n", &save)) flags[k++] = w;
   *n = k;
   return flags;
+}
+
+/* `base`, then the words of $CAVS_MODEL_CFLAGS */
+static const char *const *model_flags(const char *const *base, int nbase, int *n) {
+  return flags_and(base, nbase, getenv("CAVS_MODEL_CFLAGS"), n);
+}
+
+/* nvcc's architecture flags: $CAVS_NVCC_ARCH, else configure's NVCC_ARCH */
+static const char *nvcc_arch(void) {
+  const char *e = getenv("CAVS_NVCC_ARCH");
+#ifdef CAVS_NVCC_ARCH
+  if (!e || !*e) e = CAVS_NVCC_ARCH;
+#endif
+  return e;
 }
 
 /* The target a model is built for: cuda for --device cuda, c for the rest. */
@@ -123,8 +137,7 @@ static CacheReq cache_req(const char *name, const char *text, size_t len, const 
     if (!nvcc || !*nvcc) nvcc = CAVS_NVCC;
 #endif
     q.cc = nvcc && *nvcc ? nvcc : "nvcc";
-    q.cflags = nvcc_flags;
-    q.ncflags = (int)(sizeof nvcc_flags / sizeof *nvcc_flags);
+    q.cflags = flags_and(nvcc_flags, (int)(sizeof nvcc_flags / sizeof *nvcc_flags), nvcc_arch(), &q.ncflags);
 #ifdef CAVS_DRIVER_EMULATED
     q.cc = CAVS_EMU_CXX;
     q.cflags = model_flags(emu_flags, (int)(sizeof emu_flags / sizeof *emu_flags), &q.ncflags);

@@ -2716,6 +2716,13 @@ START_TEST(build_for_cuda) {
   char err[512];
   ck_assert_ptr_null(cavs_model_new(d, dims, err, sizeof err));
   ck_assert_msg(strstr(err, "compiled for the cuda target, which the cpu backend cannot run"), "%s", err);
+  /* nvcc is given the GPUs $CAVS_NVCC_ARCH names in place of configure's: one it does not
+     know fails the build (exit 2, nvcc's message naming it), and the build before is kept */
+  char *old_gpu[] = {"CAVS_NVCC_ARCH=-gencode=arch=compute_10,code=sm_10", NULL};
+  r = cavs_env(old_gpu, "build", model("treelstm.vf"), "--target", "cuda", "-o", out, NULL);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "compute_10"), "status %d: %s", r.status, tu_tail(r.err, 900));
+  tu_free(&r);
+  ck_assert_int_eq(access(so, F_OK), 0);
 }
 END_TEST
 

@@ -162,21 +162,36 @@ START_TEST(train_on_each_device) {
   for (int e = 0; e < 2; e++)
     ck_assert_msg(fabs(l[0][e] - l[1][e]) <= 1e-3 * fabs(l[0][e]), "epoch %d: cpu %.6f, cuda %.6f", e + 1, l[0][e],
                   l[1][e]);
-  /* the GPU's checkpoint on the CPU: the accuracy the GPU gives it */
+  /* the GPU's checkpoint on the CPU: the accuracy the GPU gives it, up to two vertices
+     (in float, a vertex whose two best classes are within the devices' last bits apart,
+     nvcc contracting what the CPU does not, may go either way) */
   double acc[2];
+  long count[2];
   for (int d = 0; d < 2; d++) {
     r = cavs("eval", ck[1], "--data", path_in("toy.txt"), "--device", dev[d], NULL);
     ok(&r, "eval");
-    ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf", &acc[d]) == 1);
+    ck_assert(sscanf(strstr(r.out, "accuracy"), "accuracy %lf (all %ld", &acc[d], &count[d]) == 2);
     tu_free(&r);
   }
-  ck_assert_msg(fabs(acc[0] - acc[1]) < 1e-6, "cpu %.6f, cuda %.6f", acc[0], acc[1]);
+  ck_assert_int_eq(count[0], count[1]);
+  ck_assert_msg(fabs(acc[0] - acc[1]) * (double)count[0] < 2.5, "cpu %.6f, cuda %.6f of %ld vertices", acc[0], acc[1],
+                count[0]);
 }
 END_TEST
 
 int main(void) {
   char why[512];
   if (cavs_backend_probe("cuda", why, sizeof why)) {
+    /* where a GPU is known to be (its driver's device file, or bench/gpu-lent's
+       CAVS_REQUIRE_GPU=1), the backend not loading is a failure, not a skip: a module
+       built against a newer CUDA than the driver's, or a library missing, must not pass
+       as "no GPU" in a session lent one for minutes */
+    const char *req = getenv("CAVS_REQUIRE_GPU");
+    if ((req && !strcmp(req, "1")) || access("/dev/nvidiactl", F_OK) == 0) {
+      printf("check_gpu: a GPU is here (%s), but the cuda backend cannot run: %s\n",
+             req && !strcmp(req, "1") ? "CAVS_REQUIRE_GPU=1" : "/dev/nvidiactl", why);
+      return 1;
+    }
     printf("check_gpu: skipped: %s\n", why);
     return 77;
   }
