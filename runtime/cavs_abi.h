@@ -32,6 +32,8 @@ extern "C" {
  *    cavs_desc.source_text;
  *    CAVS_PROD_Y_INNER; cavs_buf_desc.vertex and .inner; cavs_ctx.keep;
  *    cavs_desc.values.
+ * 5: named, typed child slots (`children prev: fwd, w: chr`): each gather names the
+ *    state buffer it reads, a type's own.
  * 6: CAVS_DIM_PRODUCT and cavs_dim_desc.a, .b; cavs_rowmv_*, cavs_rowmm_*.
  * 7: cavs_vertex_desc.homes, cavs_ctx.home_val and .home_grad (homes).
  * 8: cavs_vertex_desc.edge_buf and .edge_off (homes on a set's edges).

@@ -29,7 +29,7 @@ cmp -s "$comp" "$top/driver/cavs.bash" || { echo "check_install: $comp is not dr
 spec=$(bash -c '. "$1" && complete -p cavs' sh "$comp") || { echo "check_install: bash cannot source $comp"; exit 1; }
 [ "$spec" = "complete -o default -F _cavs cavs" ] || { echo "check_install: complete -p cavs says: $spec"; exit 1; }
 # the example models the manual pages name, each compiled by the installed cavsc
-for m in treelstm treefc lstm_lm lstm_lm2 treegru twotype tagger tagger_chars childsum lattice_lstm lattice_gru seq2seq mvrnn nary_treelstm; do
+for m in treelstm treefc lstm_lm lstm_lm2 treegru twotype tagger tagger_chars childsum lattice_lstm lattice_gru seq2seq mvrnn nary_treelstm moe_lm moe_tree; do
   f=$root$prefix/share/cavs/$m.vf
   [ -f "$f" ] || { echo "check_install: $f was not installed"; exit 1; }
   cmp -s "$f" "$top/dsl-examples/$m.vf" || { echo "check_install: $f is not dsl-examples/$m.vf"; exit 1; }
