@@ -730,19 +730,39 @@ static const Place *lookup_table(const Emit *e, const IrFunc *f, const Place *x,
  * adding product one row a vertex and its left operand no lookup (its rows with a word
  * would be runs of their own); -1 otherwise. The Tree-LSTM's hs @ [Ui|Uo|Uu] for x @
  * [Wi|Wo|Wu]: SST's inner vertices, half the rows, have no word. */
+/* The first node added into a (IrNode.accum), or -1 */
+static int first_adder(const IrFunc *f, int a) {
+  for (int b = 0; b < f->n; b++)
+    if (f->nodes[b].accum && f->nodes[b].accum_into == a) return b;
+  return -1;
+}
+
+/* The product unit (a product, or a merge's first product) that adds into a first and
+   may set the rows a product left open in a's columns (one that reads every row), or -1 */
+static int closer_of(const Emit *e, const IrFunc *f, int a) {
+  int b = first_adder(f, a);
+  if (b < 0) return -1;
+  const IrNode *bn = &f->nodes[b];
+  if (bn->op != OP_MATMUL || (bn->mm >= 0 && f->merges[bn->mm].stack)) return -1;
+  int u = bn->mm >= 0 ? f->merges[bn->mm].members[0] : b;
+  /* a merge's later product (hs @ Uo of hs @ [Ui|Uo|Uu]) sets its columns where the
+     merge's first closes the rows of its own */
+  if (u != b && first_adder(f, f->nodes[u].accum_into) != u) return -1;
+  return zero_rows(e, f, bn->mm >= 0 ? f->merges[bn->mm].left : bn->args[0]) < 0 ? u : -1;
+}
+
 static int open_closer(const Emit *e, const IrFunc *f, int a) {
   const IrNode *an = &f->nodes[a];
   if (f->kind != F_VERTEX || an->op != OP_MATMUL || an->dead_leaf) return -1;
   int left = an->mm >= 0 ? f->merges[an->mm].left : an->args[0];
   if ((an->mm >= 0 && f->merges[an->mm].stack) || f->nodes[left].zero_leaf || zero_rows(e, f, left) < 0) return -1;
-  for (int b = 0; b < f->n; b++) {
-    const IrNode *bn = &f->nodes[b];
-    if (!bn->accum || bn->accum_into != a) continue;
-    if (bn->op != OP_MATMUL || (bn->mm >= 0 && (f->merges[bn->mm].stack || f->merges[bn->mm].members[0] != b)))
-      return -1;
-    return zero_rows(e, f, bn->mm >= 0 ? f->merges[bn->mm].left : bn->args[0]) < 0 ? b : -1;
-  }
-  return -1;
+  /* every column left open is set: each of a merge's products has a closer (x @ [Wz|Wn]
+     with hs @ Uz and r @ Un added in, or x @ [Wi|Wo|Wu] with hs @ [Ui|Uo|Uu]); x @ [Wg|W2]
+     with h @ Ug added into x @ Wg alone leaves W2's columns as it found them */
+  if (an->mm >= 0)
+    for (int i = 0; i < f->merges[an->mm].n; i++)
+      if (closer_of(e, f, f->merges[an->mm].members[i]) < 0) return -1;
+  return closer_of(e, f, a);
 }
 
 /* Which nodes of f are zero at every vertex without children (fuse.c). */

@@ -1982,6 +1982,15 @@ START_TEST(passes_read_only_what_they_wrote) {
                          "  scatter(h); push(concat(h, a)); }\n"
                          "push (p) { loss softmax_xent(p @ Wc, y); }\n",
                          false);
+  /* rows without a word left open by x @ [Wg|W2], where h @ Ug, added into x @ Wg alone,
+     sets only Wg's columns: W2's must not be left open (they were, found by a helper's
+     differential testing: a dev loss that moved with the policy) */
+  poison_changes_nothing("model op; dim H = 2; dim X = 2; dim V = 3; input word : index[V]; input label : class[H];\n"
+                         "param emb[V,H], Wg[H,X], Ug[H,X], W2[H,H], Wo[X,H];\npull { x = emb[word]; }\n"
+                         "vertex v (children 1) { x = pull(); h = tanh(gather(0)); g = x @ Wg + h @ Ug; y = x @ W2;\n"
+                         "  scatter(tanh(g @ Wo + y)); push(h); }\n"
+                         "push (p) { loss softmax_xent(p, label); }\n",
+                         false);
   /* tasks that mix a type's vertices without children and with: a leaves' loop over
      their first rows only */
   for (int p = 2; p < 4; p++) {
