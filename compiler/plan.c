@@ -565,8 +565,13 @@ static bool unit_ready(const IrFunc *f, const int *prod, const bool *done, int u
   for (int i = 0; i < f->n; i++) {
     const IrNode *x = &f->nodes[i];
     if (x->unit != u) continue;
-    for (int j = 0; j <= x->nargs; j++) {
-      int a = j < x->nargs ? x->args[j] : x->accum ? x->accum_into : -1;
+    /* an op on the routed slots reads the routing too, which no operand names: without
+       it, a product's slots could run before the gate's topk (a group holding the gate's
+       input and a later product, found by a helper's differential testing) */
+    bool routed = f->route >= 0 && i != f->route &&
+                  (x->slot || x->op == OP_SBCAST || x->op == OP_EMM || x->op == OP_EROW || x->op == OP_SCOMB);
+    for (int j = 0; j <= x->nargs + 1; j++) {
+      int a = j < x->nargs ? x->args[j] : j == x->nargs ? (x->accum ? x->accum_into : -1) : routed ? f->route : -1;
       int p = a >= 0 ? prod[a] : -1;
       if (p >= 0 && p != u && !done[p]) return false;
     }

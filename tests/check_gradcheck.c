@@ -261,6 +261,16 @@ static const struct {
      "  m = moe(e in top(g, 2): tanh(h @ W1[e]) @ W2[e]);\n"
      "  scatter(tanh(h + m)); push(h + m);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* the gate's input in a group with a later product's input: the experts' product
+       was once planned before the gate's topk ("route 0 read before its topk ran") */
+    {"moe_gate_in_a_group",
+     "model op_moe_order; dim H = 3; dim C = 3; dim X = 2; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], emb2[V,H], W[2H,H], A[H,H], U[H,H], Wg[H,X], T[X,HH], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; z = emb2[w]; }\n"
+     "vertex v (children 2) {\n  x = pull(x);\n  a = tanh(x @ A);\n  m = moe(e in top(a @ Wg, 2): x @ T[e]);\n"
+     "  scatter(tanh(pull(z) @ U + a + m + concat(gather(0), gather(1)) @ W)); push(a);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
     {"moe_push",
      "model op_moe_push; dim H = 3; dim C = 3; dim V = 5; dim X = 3; dim HC = H * C;\n"
      "input w : index[V]; input y : class[C];\n"
