@@ -848,6 +848,11 @@ static void cuda_ebcast_bwd(cavs_ctx *c, void *dsrc, long lds, const void *ddst,
 }
 static void cuda_esum_fwd(cavs_ctx *c, const void *src, long lds, void *dst, long ldd, long w, int r0, int n) {
   if (n <= 0 || w <= 0) return;
+  /* rows without an edge (a minibatch of leaves: no edge buffer, src is NULL plus a
+     column's offset) still get their sum, 0, and read no edge: point at a buffer that is */
+  int e0, ne;
+  edges_of(c, r0, n, &e0, &ne);
+  if (ne <= 0) src = dst, lds = ldd;
   if (dbl(c))
     CAVS_CUDA_LAUNCH(esum_fwd<double>, blocks((long)n * w), on(c))((const double *)src, lds, (double *)dst, ldd,
                                                                   dev(model(c))->eoff, r0, n, w);

@@ -288,6 +288,28 @@ START_TEST(dropout_as_the_cpu) {
 }
 END_TEST
 
+/* A minibatch whose sets have no edge (Child-Sum's trees one at a time, the first a
+   lone leaf): the sum over edges reads none, from a set's buffer never made */
+START_TEST(sets_without_edges) {
+  char vf[4400], data[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/childsum.vf", top);
+  snprintf(data, sizeof data, "%s", path_in("leaf-first.txt"));
+  const char *text = "(2 w1)\n(3 (1 w2) (4 w3))\n";
+  tu_write(data, text, strlen(text));
+  const char *args[] = {"train", vf, "--format", "ptb-tree", "--train", data, "--epochs", "2", "--batch", "1",
+                        "--dim", "E=8", "--dim", "H=8", "--precision", "double", "--device", NULL, NULL};
+  args[17] = "cpu";
+  RunResult c = run_bin(cavs_bin, args);
+  args[17] = "cuda";
+  RunResult g = run_bin(emu_bin, args);
+  ok(&c, "childsum, cpu");
+  ok(&g, "childsum, cuda");
+  same_epoch_lines("childsum", c.out, g.out);
+  tu_free(&c);
+  tu_free(&g);
+}
+END_TEST
+
 /* ---- the device failing ---- */
 
 /* Runs the emulated cavs with one variable of the emulator set */
@@ -406,6 +428,7 @@ int main(void) {
   for (int i = 0; i < NEX; i++) /* (a checked build: a few, tests/testutil.h) */
     if (tu_example_checked(ex[i].name)) tcase_add_loop_test(tc, trains_as_the_cpu, i, i + 1);
   tu_add_examples(tc, dropout_as_the_cpu, dropped, sizeof dropped / sizeof *dropped);
+  tcase_add_test(tc, sets_without_edges);
   if (!on_gpu) tcase_add_test(tc, device_faults);
   tcase_add_test(tc, no_module_from_the_environment);
   suite_add_tcase(s, tc);
