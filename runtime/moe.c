@@ -496,6 +496,9 @@ static inline long ep_first(long q, long X, int N) { return (q * X + N - 1) / N;
    with the model and its minibatch's rows, counted as cv_grow_rows counts them) */
 static void *ep_buf(cavs_model *m, int i, size_t bytes) {
   struct cv_experts *ep = &m->ep;
+  /* (a rank with nothing to send asks for 0 bytes: a buffer all the same, as NULL is a
+     failure to its callers, which had failed the round without a message) */
+  if (bytes == 0) bytes = 1;
   if (bytes > ep->cap[i]) {
     size_t need = bytes, rows = 0;
     bool over = false;

@@ -726,6 +726,21 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_msg(w < 1e-9, "the tree, no replicas: two ranks' parameters differ from one process's by %g", w);
   ck_assert_int_eq(last_log_int(path_in("moetn.2.log"), "expert_rows_replicated"), 0);
   ck_assert_int_gt(last_log_int(path_in("moetn.2.log"), "expert_rows_sent"), 0);
+  /* a rank with no row to route (its graph all leaves), without replicas: it asks for a
+     send buffer of 0 bytes, and takes its part of the round all the same (it had failed
+     the round with an empty message, found by a helper's differential testing) */
+  const char *idle = "model idle; dim H = 2; dim X = 4; dim HH = H * H; input label : class[H]; input f : real[H];\n"
+                     "param Wg[H,X], T[X,HH], W[H,H];\n"
+                     "vertex r (children 1) { scatter(moe(e in top(gather(0) @ Wg, 2): f @ T[e])); }\n"
+                     "vertex l (children 0) { scatter(f @ W); push(f); }\n"
+                     "push (h) { loss softmax_xent(h, label); }\n";
+  const char *idle_data = "graph\n0 r ; label=1 f=-0.8,-0.5\nend\ngraph\n0 l ; label=1 f=0.3,0.1\n1 l ; label=0\nend\n";
+  tu_write(path_in("idle.vf"), idle, strlen(idle));
+  tu_write(path_in("idle.cgf"), idle_data, strlen(idle_data));
+  BOTH("idle", path_in("idle.vf"), "--format", "cgf", "--train", path_in("idle.cgf"), "--batch", "2", "--epochs", "2",
+       "--precision", "double", "--expert-parallel", "--no-expert-replicas");
+  w = differ("idle");
+  ck_assert_msg(w < 1e-9, "a rank without rows, no replicas: two ranks' parameters differ from one process's by %g", w);
   write_text("moelm.txt", 60, 3, 200, 7);
   BOTH("moel", model("moe_lm.vf"), "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim",
        "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0",
