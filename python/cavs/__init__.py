@@ -718,7 +718,9 @@ def load(path, threads=1):
             vf = os.path.join(tmp, name + ".vf")
             with open(vf, "wb") as f:
                 f.write(src)
-            spec = compile(vf)
+            # (in the checkpoint's precision: compile's default, float, refused a
+            # double one, even one this package saved)
+            spec = compile(vf, precision="double" if lib.cavs_ckpt_precision(k) == C.DOUBLE else "float")
         if spec.name != name:
             raise Error(f"{path}: the checkpoint's source defines model '{spec.name}', not '{name}'")
         dims = (ctypes.c_long * C.MAX_DIMS)()

@@ -179,6 +179,7 @@ _PROTOS = {
     "cavs_ckpt_free": (None, [c_void_p]),
     "cavs_ckpt_model": (c_char_p, [c_void_p]),
     "cavs_ckpt_source": (c_char_p, [c_void_p]),
+    "cavs_ckpt_precision": (c_int, [c_void_p]),
     "cavs_ckpt_dims": (c_int, [c_void_p, P(Desc), P(c_long), c_char_p, c_size_t]),
     "cavs_ckpt_state": (P(TrainState), [c_void_p]),
     "cavs_ckpt_vocab": (c_void_p, [c_void_p]),

@@ -136,6 +136,21 @@ def test_checkpoint_from_cavs_train(data, tmp_path):
     assert [int(x) for x in out.split()] == list(model.predict(dev))
 
 
+def test_double_checkpoint(data, tmp_path):
+    # cavs.load compiles the source in the checkpoint's precision (it compiled float,
+    # and refused every double checkpoint, its own saves included)
+    cavs_cli("train", model_path("treefc.vf"), "--format", "ptb-tree", "--train", data / "train.txt", "--dim", "H=8",
+             "--dim", "C=5", "--epochs", 1, "--threads", 1, "--quiet", "--precision", "double", "--save",
+             tmp_path / "d.ckpt")
+    model = cavs.load(tmp_path / "d.ckpt")
+    assert model.spec.precision == "double" and model.param("W").dtype == np.float64
+    dev = cavs.Dataset.load(data / "dev.txt", "ptb-tree", model.spec, model.vocab, dims=model)
+    _, out, _ = cavs_cli("eval", tmp_path / "d.ckpt", "--data", data / "dev.txt", "--json", "--threads", 1)
+    assert json.loads(out)["loss"] == pytest.approx(cavs.evaluate(model, dev)["loss"], rel=1e-12)
+    model.save(tmp_path / "again.ckpt")
+    assert cavs.load(tmp_path / "again.ckpt").spec.precision == "double"
+
+
 def test_parameters_are_the_models_memory(data):
     spec, vocab, train, _ = treefc(data)
     model = cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab)
