@@ -484,8 +484,10 @@ static void pack_up(cavs_model *m, const PackLayout *L) {
   memcpy(d->pack_host + L->rowvert, m->queue, sizeof(int) * N); /* number_rows: row r's vertex */
   if (m->has_edges) {
     memcpy(d->pack_host + L->eoff, m->eoff, sizeof(int) * (N + 1));
-    memcpy(d->pack_host + L->eparent, m->eparent, sizeof(int) * E);
-    memcpy(d->pack_host + L->echild, m->echild, sizeof(int) * E);
+    if (E) { /* (a minibatch without edges has no edge arrays: memcpy from NULL is undefined) */
+      memcpy(d->pack_host + L->eparent, m->eparent, sizeof(int) * E);
+      memcpy(d->pack_host + L->echild, m->echild, sizeof(int) * E);
+    }
   }
   for (int k = 0; k < m->nhomes; k++) {
     memcpy(d->pack_host + L->hval[k], m->hval[k], sizeof(void *) * NH);
