@@ -722,14 +722,6 @@ static const Place *lookup_table(const Emit *e, const IrFunc *f, const Place *x,
   return &t->val;
 }
 
-/* The product that adds into product a's place (IrNode.accum; a merge's first member,
- * or a node) where a is y = x W with x a looked-up row, zero at the rows without a word,
- * and can leave those rows for the adding product to set (CAVS_PROD_Y_OPEN and
- * CAVS_PROD_Y_CLOSE) instead of clearing them for it to read back: a of a vertex, one
- * row a vertex, its rows all its own (neither it nor x dead or zero at the leaves), the
- * adding product one row a vertex and its left operand no lookup (its rows with a word
- * would be runs of their own); -1 otherwise. The Tree-LSTM's hs @ [Ui|Uo|Uu] for x @
- * [Wi|Wo|Wu]: SST's inner vertices, half the rows, have no word. */
 /* The first node added into a (IrNode.accum), or -1 */
 static int first_adder(const IrFunc *f, int a) {
   for (int b = 0; b < f->n; b++)
@@ -751,6 +743,14 @@ static int closer_of(const Emit *e, const IrFunc *f, int a) {
   return zero_rows(e, f, bn->mm >= 0 ? f->merges[bn->mm].left : bn->args[0]) < 0 ? u : -1;
 }
 
+/* The product that adds into product a's place (IrNode.accum; a merge's first member,
+ * or a node) where a is y = x W with x a looked-up row, zero at the rows without a word,
+ * and can leave those rows for the adding product to set (CAVS_PROD_Y_OPEN and
+ * CAVS_PROD_Y_CLOSE) instead of clearing them for it to read back: a of a vertex, one
+ * row a vertex, its rows all its own (neither it nor x dead or zero at the leaves), the
+ * adding product one row a vertex and its left operand no lookup (its rows with a word
+ * would be runs of their own); -1 otherwise. The Tree-LSTM's hs @ [Ui|Uo|Uu] for x @
+ * [Wi|Wo|Wu]: SST's inner vertices, half the rows, have no word. */
 static int open_closer(const Emit *e, const IrFunc *f, int a) {
   const IrNode *an = &f->nodes[a];
   if (f->kind != F_VERTEX || an->op != OP_MATMUL || an->dead_leaf) return -1;

@@ -244,13 +244,13 @@ void add_batch(Totals *t, const cavs_model *m, const cavs_stats *st, int k) {
   add_sums(t, st, a, n, k);
 }
 
-/* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */
 /* A NaN is printed without a sign: glibc writes "-nan" for the NaN an overflowing sum
    (inf - inf) leaves, which says nothing more than "nan". */
 double unsigned_nan(double x) { return isnan(x) ? fabs(x) : x; }
 
 double mean_loss(const Totals *t, int l) { return unsigned_nan(t->lcount[l] ? t->lsum[l] / (double)t->lcount[l] : 0); }
 
+/* Over a whole dataset: each loss's mean over its rows, summed as a minibatch's is. */
 double total_loss(const Totals *t) {
   double s = 0;
   for (int l = 0; l < t->nl; l++) s += mean_loss(t, l);
