@@ -615,6 +615,52 @@ static void loads_skip(Run *r, long **before, const int *nb) {
   }
 }
 
+/* A mixture of experts' load-balancing loss is not a sum over rows (cavs_model_balance):
+ * each rank's part gives its own. So each rank says, for each routing, how many experts
+ * its pass balanced (x[3k]), whether it balanced any (x[3k + 1]), summed over the
+ * ranks with the losses' counts (no collective of its own; with the squares, which
+ * show ranks that disagree); where some rank balanced
+ * routing k, the ranks add their sums in one more and each gives the whole's back to
+ * libcavs, so that the gradient on the gate is one process's, within the rounding of
+ * the sums' order. A part that counts for nothing (none) adds zeros and keeps its own. */
+enum { BALANCED = 3 * MAX_ROUTES, MAX_BALANCED = 1 << 20 };
+static void balanced_experts(Run *r, bool none, long *x) {
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    long X = none ? 0 : cavs_model_balance(r->m, k, NULL, 0);
+    X = X > 0 ? X < MAX_BALANCED ? X : MAX_BALANCED : 0;
+    x[3 * k] = X, x[3 * k + 1] = X > 0, x[3 * k + 2] = X * X;
+  }
+}
+static void balance_whole(Run *r, bool none, const long *x) {
+  long X[MAX_ROUTES], total = 0;
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    long n = x[3 * k + 1];
+    X[k] = n ? x[3 * k] / n : 0;
+    if (X[k] * n != x[3 * k] || X[k] * X[k] * n != x[3 * k + 2] || X[k] >= MAX_BALANCED)
+      die(1, "the ranks' passes disagree on the experts of routing %d, or it has %d or more", k, MAX_BALANCED);
+    total += X[k] ? 2 * X[k] + 1 : 0;
+  }
+  if (!total) return;
+  double *v = scratch(sizeof(double) * (size_t)total);
+  long at = 0;
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    if (!X[k]) continue;
+    long mine = none ? 0 : cavs_model_balance(r->m, k, v + at, 2 * X[k] + 1);
+    if (mine != X[k]) memset(v + at, 0, sizeof(double) * (size_t)(2 * X[k] + 1));
+    at += 2 * X[k] + 1;
+  }
+  dist_sum_double(v, (int)total);
+  at = 0;
+  for (int k = 0; k < MAX_ROUTES; k++) {
+    if (!X[k]) continue;
+    errno = 0;
+    if (!none && cavs_model_balance(r->m, k, NULL, 0) == X[k] && cavs_model_set_balance(r->m, k, v + at, X[k]))
+      lib_die(cavs_model_error(r->m));
+    at += 2 * X[k] + 1;
+  }
+  free(v);
+}
+
 /* The same step as one of dist_size ranks (mpirun): this rank's part of the minibatch
  * (dist_part: by vertices) forward; the losses' counts and sums, and whether a rank was
  * asked to stop, summed over the ranks; the backward pass divided by the whole's counts;
@@ -649,7 +695,9 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   }
   int n;
   const cavs_loss_acc *a = cavs_model_losses(r->m, &n);
-  long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 1));
+  /* the losses' counts, a stop asked for, and each routing's experts where this part ran
+     its balancing loss (BALANCED) */
+  long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 1 + BALANCED));
   double *sums = scratch(sizeof(double) * (size_t)(nl + 1));
   for (int l = 0; l < nl; l++) {
     lv[4 * l] = none ? 0 : a[l].count, lv[4 * l + 1] = none ? 0 : a[l].correct;
@@ -657,8 +705,9 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
     sums[l] = none ? 0 : a[l].sum;
   }
   lv[4 * nl] = interrupted != 0;
+  balanced_experts(r, none, lv + 4 * nl + 1);
   sums[nl] = none ? 0 : isfinite(st.loss) ? 0 : 1; /* ranks whose part diverged */
-  dist_sum_long(lv, 4 * nl + 1);
+  dist_sum_long(lv, 4 * nl + 1 + BALANCED);
   dist_sum_double(sums, nl + 1);
   if (sums[nl] > 0) {
     if (!none && !isfinite(st.loss)) diverged(r, epoch, b + lo, &st);
@@ -673,6 +722,7 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   }
   errno = 0;
   if (cavs_model_set_loss_counts(r->m, counts)) lib_die(cavs_model_error(r->m));
+  balance_whole(r, none, lv + 4 * nl + 1);
   dist_backward_begin(r->m, es_of_model(), !none);
   if (none && dist_expert_parallel) {
     /* its pass counts for nothing, but its experts' gradients are the other ranks' rows'
@@ -811,10 +861,12 @@ static void expert_loads(Run *r, Totals *t) {
   t->routes = 0;
   for (int k = 0; k < MAX_ROUTES; k++) {
     int X = cavs_model_expert_load(r->m, k, NULL, 0);
-    if (dist_size > 1) { /* (a rank that ran none of it says 0) */
-      long x = X;
-      dist_sum_long(&x, 1);
-      X = x > 0 ? (int)(x / dist_size) : 0;
+    if (dist_size > 1) { /* (a rank that ran none of it says 0: the others' count) */
+      long x[3] = {X > 0 ? X : 0, X > 0, X > 0 ? (long)X * X : 0};
+      dist_sum_long(x, 3);
+      X = x[1] ? (int)(x[0] / x[1]) : 0;
+      if ((long)X * x[1] != x[0] || (long)X * X * x[1] != x[2])
+        die(1, "the ranks disagree on the experts of routing %d", k);
     }
     if (X <= 0) break;
     long *load = xmalloc(sizeof(long) * (size_t)X);

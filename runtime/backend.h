@@ -264,6 +264,11 @@ typedef struct cv_moe_ops {
   void (*emm_bwd)(cavs_ctx *c, const struct cv_route *rt, int K, long A, long B, const void *x, long ldx,
                   const void *t, long ldt, const void *dy, long lddy, void *dx, long lddx, bool dx_set, int dx_act,
                   void *dt, long lddt, void *dbias, long lddb, long s0, long sn);
+  /* optional (NULL on the cpu, whose kernels read the host's counts): the route's
+     balancing sums were set on the host (cavs_model_set_balance), between a forward pass
+     and its backward pass: what the backward pass reads made the same; 0 or -1 (the
+     message recorded) */
+  int (*balance_set)(cavs_model *m, struct cv_route *rt);
 } cv_moe_ops;
 extern const cv_moe_ops cv_moe_cpu;
 /* the CPU backend's threads of model m (pool.h), or NULL: one thread, or not the cpu */

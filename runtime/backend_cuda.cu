@@ -1903,6 +1903,25 @@ static void cuda_topk_bwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
   else topk_bwd_as<float>(c, id, K, X, scale, g, ldg, w, ldw, dw, lddw, dg, lddg, r0, n);
 }
 
+/* The balancing loss's sums set on the host (cavs_model_set_balance: a part of a
+   minibatch told the whole's, between its forward and backward passes, outside any
+   capture): the shares the gate's gradient reads made from them, as shares_k makes
+   them from the device's counts, and marked made for this pass */
+static int cuda_balance_set(cavs_model *m, cv_route *rt) {
+  Dev *d = dev(m);
+  int id = (int)(rt - m->route);
+  long X = rt->nx_pass;
+  if (X > d->route[id].capx) { /* (no forward pass routed it on the device) */
+    snprintf(m->err, sizeof m->err, "%s:%d: cuda: routing %d was not routed on the device", __FILE__, __LINE__, id);
+    return -1;
+  }
+  cv_balance_shares(rt, rt->K, X, rt->scr);
+  CK(m, cudaMemcpyAsync(d->route[id].f, rt->scr, sizeof(double) * (size_t)X, cudaMemcpyHostToDevice, d->st[0]));
+  wait_device(m); /* (rt->scr is the host's: the copy done before the host writes it again) */
+  d->route[id].f_pass = rt->pass, d->route[id].f_made = !d->failed;
+  return status(d);
+}
+
 /* ---- an expert's products, grouped: one launch a stage ----
  *
  * The slots of a stage's range are sorted by expert within each routing (a routing: a
@@ -2293,7 +2312,7 @@ static void cuda_act(cavs_ctx *c, const cv_route *rt, int K, int act, void *y, l
 
 static const cv_moe_ops cuda_moe = {
     cuda_topk_fwd,  cuda_topk_bwd, cuda_sbcast,  cuda_erow,    cuda_scomb_fwd,
-    cuda_scomb_bwd, cuda_act,      cuda_emm_fwd, cuda_emm_bwd,
+    cuda_scomb_bwd, cuda_act,      cuda_emm_fwd, cuda_emm_bwd, cuda_balance_set,
 };
 
 /* What backend.c finds by name in this module. */

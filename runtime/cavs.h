@@ -257,6 +257,24 @@ const cavs_loss_acc *cavs_model_losses(const cavs_model *m, int *n);
  * loss a mean over all its rows). A count below the part's own is refused (-1, with a
  * message). The next forward pass forgets them. */
 int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
+/* The same for a mixture of experts' load-balancing loss (top(g, K, balance) with a
+ * weight above 0), which is not a sum over rows: weight X sum_e f_e P_e, f_e the share
+ * of the K slots a row that expert e received and P_e the mean probability of e, over
+ * the rows the pass routed. A part computes it from its own rows alone. So after the
+ * forward pass over a part, read each routing's sums (`route` as in
+ * cavs_model_expert_load): cavs_model_balance returns the experts' count X (0 where the
+ * pass ran no balancing loss of that routing, -1 on bad arguments) and, where cap is at
+ * least 2 X + 1, writes v[0] the rows routed, v[1 .. X] each expert's slots and
+ * v[X + 1 .. 2 X] each expert's summed probability. Add them over the parts (a part
+ * whose pass did not route adds zeros; counts are exact in a double to 2^53) and give
+ * the sums to cavs_model_set_balance before the backward pass: the loss's gradient on
+ * the gate is then the whole minibatch's share, and the parts' gradients sum to the
+ * whole's, within the rounding of the sums' order. Refused (-1, with a message): a
+ * routing this pass did not balance, the wrong X, or sums that cannot be the whole's
+ * (fewer rows or slots than the part's own, slots that are not K a row, a probability
+ * sum that is negative or not finite). The next forward pass forgets them. */
+long cavs_model_balance(const cavs_model *m, int route, double *v, long cap);
+int cavs_model_set_balance(cavs_model *m, int route, const double *v, long X);
 /* Data parallelism: the forward passes from now on run a part of a minibatch whose first
  * vertex is vertex `first` of the whole (the whole's graphs' vertices numbered in order),
  * so that dropout draws at each vertex the mask the whole minibatch's pass draws there

@@ -396,6 +396,62 @@ double cv_moe_aux(const cavs_model *m, bool *any) {
   }
   return aux;
 }
+/* The route's balancing loss as the last forward pass ran it, or NULL */
+static const struct cv_route *balanced(const cavs_model *m, int route) {
+  if (!m || route < 0 || route >= CV_MAX_ROUTES || !m->have_batch) return NULL;
+  const struct cv_route *r = &m->route[route];
+  return r->pass == m->pass && r->aux_rows > 0 && r->bal > 0 ? r : NULL;
+}
+
+long cavs_model_balance(const cavs_model *m, int route, double *v, long cap) {
+  if (!m || route < 0 || route >= CV_MAX_ROUTES || cap < 0 || (cap > 0 && !v)) return -1;
+  const struct cv_route *r = balanced(m, route);
+  if (!r) return 0;
+  long X = r->nx_pass;
+  if (cap >= 2 * X + 1) {
+    v[0] = (double)r->aux_rows;
+    for (long j = 0; j < X; j++) v[1 + j] = (double)r->pcnt[j], v[1 + X + j] = r->psum[j];
+  }
+  return X;
+}
+
+/* v's value as a count: a whole number from 0 to 2^53 (-1 otherwise) */
+static long count_of(double v) {
+  return v >= 0 && v <= 9007199254740992.0 && v == (double)(long)v ? (long)v : -1;
+}
+
+int cavs_model_set_balance(cavs_model *m, int route, const double *v, long X) {
+  if (!m) return -1;
+  struct cv_route *r = (struct cv_route *)balanced(m, route);
+  if (!r)
+    return cv_fail(m, "balance: routing %d ran no load-balancing loss in the last forward pass (or its backward pass ran)",
+                   route);
+  if (!v || X != r->nx_pass) return cv_fail(m, "balance: routing %d has %ld experts, not %ld", route, r->nx_pass, X);
+  long rows = count_of(v[0]), slots = 0;
+  if (rows < r->aux_rows)
+    return cv_fail(m, "balance: routing %d: %.17g rows in all, not a count of at least the %ld this pass routed", route,
+                   v[0], r->aux_rows);
+  for (long j = 0; j < X; j++) {
+    long c = count_of(v[1 + j]);
+    double p = v[1 + X + j];
+    if (c < r->pcnt[j])
+      return cv_fail(m, "balance: routing %d, expert %ld: %.17g slots in all, not a count of at least the %ld here",
+                     route, j, v[1 + j], r->pcnt[j]);
+    if (!(p >= 0 && p <= (double)rows * (1 + 1e-9))) /* (a probability is at most 1) */
+      return cv_fail(m, "balance: routing %d, expert %ld: a summed probability of %.17g over %ld rows", route, j, p,
+                     rows);
+    /* (K rows is at most 2^59 and c 2^53: the sum stops before it could overflow) */
+    if ((slots += c) > (long)r->K * rows) break;
+  }
+  if (slots != (long)r->K * rows)
+    return cv_fail(m, "balance: routing %d: the experts' slots do not add up to %d a row over %ld rows", route, r->K,
+                   rows);
+  r->aux_rows = rows;
+  for (long j = 0; j < X; j++) r->pcnt[j] = (long)v[1 + j], r->psum[j] = v[1 + X + j];
+  const cv_moe_ops *o = m->be->moe;
+  return o && o->balance_set ? o->balance_set(m, r) : 0;
+}
+
 void cavs_sbcast_fwd(cavs_ctx *c, int route, int K, const void *x, long ldx, void *s, long lds, long w, int r0, int n) {
   const cv_moe_ops *o;
   const struct cv_route *rt = moe_route(c, route, &o);

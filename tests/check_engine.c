@@ -189,8 +189,8 @@ END_TEST
  * not (each part's mean over its own rows). A count below the part's own is refused.
  * On every example and on a model of two losses, one a regression. A mixture of
  * experts' load-balancing loss is a product of two means over the rows routed, which
- * no sum of the parts' gives: each part balances its own rows (as Switch Transformer's
- * devices do), and it is off here (option balance 0). */
+ * no sum of the parts' gives: it is off here (option balance 0), and
+ * parts_balance_to_the_whole below gives each part the whole's sums. */
 static const char *two_losses =
     "model two; dim H = 4; dim C = 3; input y : class[C]; input f : real[H]; input t : real[2];\n"
     "param Wa[2H,H], Wc[H,C], Wr[H,2] init uniform(-1, 1);\n"
@@ -213,16 +213,20 @@ static double max_gap(const cavs_desc *d, cavs_model *whole, cavs_model *p1, cav
   return worst;
 }
 
-static cavs_model *unbalanced_model(const cavs_desc *d, const long *dims) {
+/* A model of d with its balancing loss's weight `balance` (where it has one) */
+static cavs_model *balanced_model(const cavs_desc *d, const long *dims, double balance) {
   cavs_model *m = new_model(d, dims, 9);
-  if (cavs_option_find(d, "balance") >= 0) ck_assert_int_eq(cavs_model_set_option(m, "balance", 0), 0);
+  if (cavs_option_find(d, "balance") >= 0) ck_assert_int_eq(cavs_model_set_option(m, "balance", balance), 0);
   return m;
 }
+static cavs_model *unbalanced_model(const cavs_desc *d, const long *dims) { return balanced_model(d, dims, 0); }
 
-/* A model of d (balancing off) through forward and backward passes of gs[0..k): the
-   whole minibatch; counts[0..8) its losses' row counts (0 past the model's) */
-static cavs_model *whole_pass(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, long counts[8]) {
-  cavs_model *whole = unbalanced_model(d, dims);
+/* A model of d (balancing at `balance`) through forward and backward passes of
+   gs[0..k): the whole minibatch; counts[0..8) its losses' row counts (0 past the
+   model's) */
+static cavs_model *whole_pass(const cavs_desc *d, const long *dims, const cavs_graph **gs, int k, long counts[8],
+                              double balance) {
+  cavs_model *whole = balanced_model(d, dims, balance);
   cavs_stats st;
   ck_assert_int_eq(cavs_model_forward(whole, gs, k, &st), 0);
   cavs_model_backward(whole);
@@ -240,7 +244,7 @@ static void parts_sum_to_whole(const char *file) {
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(d, dims, g, gs, true), h = k / 2;
   long counts[8];
-  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts, 0);
   cavs_stats st;
   for (int told = 1; told >= 0; told--) {
     cavs_model *p1 = unbalanced_model(d, dims), *p2 = unbalanced_model(d, dims);
@@ -279,6 +283,80 @@ START_TEST(parts_sum_to_the_whole) {
 END_TEST
 
 START_TEST(parts_sum_to_the_whole_two_losses) { parts_sum_to_whole(two_losses); }
+END_TEST
+
+/* The load-balancing loss over parts (cavs_model_balance, cavs_model_set_balance): each
+ * part told the whole's sums of every routing, beside its losses' counts, gives gradients
+ * that sum to the whole minibatch's at a weight (0.5) where the loss moves the gate; told
+ * the counts alone they do not. The parts' sums are read before either part's backward
+ * pass; a sum that cannot be the whole's and a set after the backward pass are refused. */
+START_TEST(parts_balance_to_the_whole) {
+  const char *file = _i ? "moe_tree.vf" : "moe_lm.vf";
+  const cavs_desc *d = load_model(file, "double");
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d, dims, g, gs, true), h = k / 2;
+  long counts[8];
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts, 0.5);
+  cavs_stats st;
+  for (int told = 1; told >= 0; told--) {
+    cavs_model *p[2] = {balanced_model(d, dims, 0.5), balanced_model(d, dims, 0.5)};
+    ck_assert_int_eq(cavs_model_forward(p[0], gs, h, &st), 0);
+    ck_assert_int_eq(cavs_model_forward(p[1], gs + h, k - h, &st), 0);
+    long X = cavs_model_balance(p[0], 0, NULL, 0);
+    ck_assert_msg(X > 1, "%s: routing 0 balanced %ld experts", file, X);
+    ck_assert_int_eq(cavs_model_balance(p[1], 0, NULL, 0), X);
+    ck_assert_int_eq(cavs_model_balance(p[0], 1, NULL, 0), 0); /* (one routing) */
+    ck_assert_int_eq(cavs_model_balance(p[0], -1, NULL, 0), -1);
+    double *v[2], *sum = calloc((size_t)(2 * X + 1), sizeof *sum);
+    for (int q = 0; q < 2; q++) {
+      v[q] = calloc((size_t)(2 * X + 1), sizeof **v);
+      ck_assert_int_eq(cavs_model_balance(p[q], 0, v[q], 2 * X + 1), X);
+      for (long j = 0; j < 2 * X + 1; j++) sum[j] += v[q][j];
+    }
+    /* the whole's sums as one pass counts them */
+    double *w = calloc((size_t)(2 * X + 1), sizeof *w);
+    cavs_model *again = balanced_model(d, dims, 0.5);
+    ck_assert_int_eq(cavs_model_forward(again, gs, k, &st), 0);
+    ck_assert_int_eq(cavs_model_balance(again, 0, w, 2 * X + 1), X);
+    for (long j = 0; j < 2 * X + 1; j++)
+      ck_assert_msg(fabs(w[j] - sum[j]) <= 1e-12 * fmax(1, fabs(w[j])), "%s: the parts' sum %ld is %.17g, the whole's %.17g",
+                    file, j, sum[j], w[j]);
+    cavs_model_free(again);
+    if (told) { /* refused: sums that cannot be the whole's */
+      double *bad = malloc(sizeof *bad * (size_t)(2 * X + 1));
+      const char *want[] = {"rows in all", "slots in all", "summed probability", "do not add up", "experts, not"};
+      for (int c = 0; c < 5; c++) {
+        memcpy(bad, sum, sizeof *bad * (size_t)(2 * X + 1));
+        if (c == 0) bad[0] = v[0][0] - 1;
+        if (c == 1) bad[1] = v[0][1] - 1;
+        if (c == 2) bad[X + 1] = NAN;
+        if (c == 3) bad[1] += 1;
+        ck_assert_int_eq(cavs_model_set_balance(p[0], 0, bad, c == 4 ? X + 1 : X), -1);
+        ck_assert_msg(strstr(cavs_model_error(p[0]), want[c]), "%s: %s", file, cavs_model_error(p[0]));
+      }
+      free(bad);
+    }
+    for (int q = 0; q < 2; q++) {
+      ck_assert_int_eq(cavs_model_set_loss_counts(p[q], counts), 0);
+      if (told) ck_assert_int_eq(cavs_model_set_balance(p[q], 0, sum, X), 0);
+      cavs_model_backward(p[q]);
+    }
+    int at = -1;
+    double gap = max_gap(d, whole, p[0], p[1], &at);
+    if (told) {
+      ck_assert_msg(gap <= 1e-11, "%s: the balanced parts' gradient of %s is %.3g off the whole's", file,
+                    d->params[at].name, gap);
+      ck_assert_int_eq(cavs_model_set_balance(p[0], 0, sum, X), -1); /* (after its backward pass) */
+      ck_assert_msg(strstr(cavs_model_error(p[0]), "ran no load-balancing loss"), "%s", cavs_model_error(p[0]));
+    } else
+      ck_assert_msg(gap > 1e-6, "%s: the parts' own balancing sums to the whole's", file);
+    for (int q = 0; q < 2; q++) free(v[q]), cavs_model_free(p[q]);
+    free(sum), free(w);
+  }
+  cavs_model_free(whole);
+}
 END_TEST
 
 /* ---- the gradient hook (data parallelism's overlap) ---- */
@@ -2693,7 +2771,7 @@ static long experts_placed(const char *file, int P, bool with_none, int replicat
   int k = tg_minibatch(d, dims, g, gs, true);
   if (with_none) k = P - 1; /* a graph for all but the last */
   long counts[8];
-  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts, 0);
   Hub hub = {.n = P};
   pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
   Port port[HUB_MAX];
@@ -2784,7 +2862,7 @@ START_TEST(experts_hold_their_share) {
   int k = tg_minibatch(d, dims, g, gs, true), P = 2;
   dims[find_dim(d, "H")] = dims[find_dim(d, "F")] = 48; /* (an expert's matrix: 18 KiB) */
   long counts[8];
-  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts, 0);
   Hub hub = {.n = P};
   pthread_barrier_init(&hub.bar, NULL, (unsigned)P);
   Port port[HUB_MAX];
@@ -3085,7 +3163,7 @@ START_TEST(experts_fail_together) {
   const cavs_graph *gs[TG_MINIBATCH];
   int k = tg_minibatch(d, dims, g, gs, true), P = 2;
   long counts[8];
-  cavs_model *whole = whole_pass(d, dims, gs, k, counts);
+  cavs_model *whole = whole_pass(d, dims, gs, k, counts, 0);
   int mid = 0, through = 0, trials = 0;
   for (size_t slack = 0; !through && trials < 40; slack = slack ? slack * 3 / 2 : 512, trials++) {
     Hub hub = {.n = P};
@@ -3348,6 +3426,7 @@ int main(void) {
   tcase_add_loop_test(tc, batched_equals_serial_dags, 0, NEXAMPLES);
   tcase_add_loop_test(tc, parts_sum_to_the_whole, 0, NEXAMPLES);
   tcase_add_test(tc, parts_sum_to_the_whole_two_losses);
+  tcase_add_loop_test(tc, parts_balance_to_the_whole, 0, 2);
   tcase_add_test(tc, parts_step_as_the_whole);
   tu_add_examples(tc, grad_hook_says_final, examples, NEXAMPLES);
   tu_add_examples(tc, ablations_change_nothing, examples, NEXAMPLES);

@@ -672,14 +672,22 @@ END_TEST
  * reports are one process's (and with a noisy gate, whose draws are one process's);
  * its checkpoint (every expert's matrices and moments
  * brought to rank 0) goes on in one process as one process's does; a clip's norm adds
- * every rank's experts; --grad-overlap trains the same bytes. */
+ * every rank's experts; --grad-overlap trains the same bytes. The load-balancing loss
+ * is on (its default weight, 0.01) in all of them: the ranks add up its sums before each
+ * backward pass. */
 START_TEST(experts_placed_equal_one_process) {
   gen("toy", "300", "1", "toy.txt", NULL);
   gen("toy", "33", "3", "toy33.txt", NULL);
+  /* data parallelism alone, the balancing loss at 0.5: the ranks' sums added up, so its
+     gradient on the gate is one process's (each rank's own was 0.35 off here) */
+  BOTH("moed", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
+       "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--option", "balance=0.5");
+  double w = differ("moed");
+  ck_assert_msg(w < 1e-9, "the tree, balanced: two ranks' parameters differ from one process's by %g", w);
   BOTH("moet", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dev", path_in("toy33.txt"),
        "--dim", "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double",
-       "--option", "balance=0", "--option", "p_drop=0.2", "--expert-parallel");
-  double w = differ("moet");
+       "--option", "p_drop=0.2", "--expert-parallel");
+  w = differ("moet");
   ck_assert_msg(w < 1e-9, "the tree, experts placed: two ranks' parameters differ from one process's by %g", w);
   /* the dev set evaluated with the experts placed (each rank holds its own): one
      process's loss and accuracy; rank 1 has no graph of the last minibatch (33 of 16),
@@ -700,7 +708,7 @@ START_TEST(experts_placed_equal_one_process) {
   for (int k = 1; k <= 2; k++) {
     RunResult r = cavs("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim",
                        "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "1", "--precision",
-                       "double", "--option", "balance=0", "--option", "p_drop=0.2", "--threads", "1", "--quiet",
+                       "double", "--option", "p_drop=0.2", "--threads", "1", "--quiet",
                        "--resume", path_in(k == 1 ? "moet.1" : "moet.2"), "--save",
                        path_in(k == 1 ? "moet.1.more" : "moet.2.more"), NULL);
     ok(&r, "an epoch more in one process");
@@ -712,7 +720,7 @@ START_TEST(experts_placed_equal_one_process) {
      checkpoint alone): the one process's epoch more again */
   RunResult r2 = MPI2("train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim",
                      "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "1", "--precision", "double",
-                     "--option", "balance=0", "--option", "p_drop=0.2", "--threads", "1", "--quiet", "--expert-parallel",
+                     "--option", "p_drop=0.2", "--threads", "1", "--quiet", "--expert-parallel",
                      "--resume", path_in("moet.2"), "--save", path_in("moet.2.placed"));
   ok(&r2, "an epoch more on two ranks, the experts placed");
   tu_free(&r2);
@@ -720,7 +728,7 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_msg(w < 1e-9, "the tree, resumed by two ranks with the experts placed: %g off one process's", w);
   /* without replicas: every expert's rows on its own rank */
   BOTH("moetn", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"), "--dim", "E=12", "--dim",
-       "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", "--option", "balance=0",
+       "H=16", "--dim", "F=8", "--batch", "16", "--epochs", "2", "--precision", "double", 
        "--expert-parallel", "--no-expert-replicas");
   w = differ("moetn");
   ck_assert_msg(w < 1e-9, "the tree, no replicas: two ranks' parameters differ from one process's by %g", w);
@@ -743,7 +751,7 @@ START_TEST(experts_placed_equal_one_process) {
   ck_assert_msg(w < 1e-9, "a rank without rows, no replicas: two ranks' parameters differ from one process's by %g", w);
   write_text("moelm.txt", 60, 3, 200, 7);
   BOTH("moel", model("moe_lm.vf"), "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim",
-       "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0",
+       "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", 
        "--clip", "0.05", "--expert-parallel");
   w = differ("moel");
   ck_assert_msg(w < 1e-9, "the language model, experts placed: two ranks' parameters differ from one process's by %g", w);
@@ -755,7 +763,7 @@ START_TEST(experts_placed_equal_one_process) {
   char noisy[4400];
   snprintf(noisy, sizeof noisy, "%s/bench/moe_lm_noisy.vf", top);
   BOTH("moen", noisy, "--format", "text-bptt:8", "--train", path_in("moelm.txt"), "--dim", "E=8", "--dim", "H=8", "--dim",
-       "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--option", "balance=0", "--expert-parallel");
+       "F=6", "--batch", "6", "--epochs", "2", "--precision", "double", "--expert-parallel");
   w = differ("moen");
   ck_assert_msg(w < 1e-9, "the noisy gate, experts placed: two ranks' parameters differ from one process's by %g", w);
   ck_assert_int_gt(last_log_int(path_in("moen.2.log"), "expert_rows_sent"), 0);
@@ -764,7 +772,7 @@ START_TEST(experts_placed_equal_one_process) {
      last minibatch answering rows, its groups sent at the end) */
   overlap_same("ovmoe", (const char *const[]){model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("toy33.txt"),
                                               "--dim", "E=12", "--dim", "H=16", "--dim", "F=8", "--batch", "16",
-                                              "--epochs", "2", "--precision", "double", "--option", "balance=0",
+                                              "--epochs", "2", "--precision", "double", 
                                               "--expert-parallel", NULL});
 }
 END_TEST
@@ -811,7 +819,7 @@ START_TEST(experts_placed_on_the_emulated_device) {
   snprintf(mtree, sizeof mtree, "%s", model("moe_tree.vf"));
   snprintf(mlm, sizeof mlm, "%s", model("moe_lm.vf"));
   const char *tree[] = {mtree, "--format", "ptb-tree", "--train", toy, "--dim", "E=12", "--dim", "H=16", "--dim", "F=8",
-                        "--batch", "16", "--precision", "double", "--option", "balance=0", "--option", "p_drop=0.2",
+                        "--batch", "16", "--precision", "double", "--option", "p_drop=0.2",
                         "--epochs", "2", "--dev", toy, NULL};
   double w = cpu_then_emulated_experts(emu, "ect", tree);
   ck_assert_msg(w < 1e-9, "the tree, experts placed on two cuda ranks: %g off one cpu process", w);
@@ -838,7 +846,7 @@ START_TEST(experts_placed_on_the_emulated_device) {
   write_text("eclm.txt", 60, 3, 200, 7);
   const char *lm[] = {mlm, "--format", "text-bptt:8", "--train", text, "--dim", "E=8",
                       "--dim", "H=8", "--dim", "F=6", "--batch", "6", "--epochs", "2", "--precision", "double",
-                      "--option", "balance=0", "--clip", "0.05", NULL};
+                      "--clip", "0.05", NULL};
   w = cpu_then_emulated_experts(emu, "ecl", lm);
   ck_assert_msg(w < 1e-9, "the language model, experts placed on two cuda ranks, clipped: %g off one cpu process", w);
   ck_assert_int_gt(last_log_int(path_in("ecl.2.log"), "expert_rows_sent"), 0);
