@@ -58,7 +58,11 @@ struct Dev {
      has its shape, else made again */
   bool graphs, capturing;
   cudaGraphExec_t exec[2];
-  bool routed; /* a routing has run (and sized its arrays) */
+  /* [nvertex]: a vertex type whose rows a pass ran kernel by kernel. A model that
+     routes captures a pass only when every type with rows in it is one: a routing's
+     arrays are made at its first stage, which a captured pass cannot do, and each type
+     (its pull block's rows with it) runs its routings wherever it has rows */
+  unsigned char *ran;
   /* the pinned buffers a copy issued since the host last waited may still read (PIN_*
      bits): written again only after a wait (pinned_for_host) */
   unsigned busy;
@@ -227,7 +231,8 @@ static int cuda_open(cavs_model *m, const cavs_model_opts *o) {
   d->nspans_sent = -1;
   d->iin = (int **)calloc((size_t)ds->nint + 1, sizeof *d->iin);
   d->rin = (void **)calloc((size_t)ds->nreal + 1, sizeof *d->rin);
-  if (!d->iin || !d->rin) return no_memory(m);
+  d->ran = (unsigned char *)calloc((size_t)ds->nvertex + 1, 1);
+  if (!d->iin || !d->rin || !d->ran) return no_memory(m);
   CKB(m, cublasCreate(&d->blas));
   for (int s = 0; s < 2; s++) CK(m, cudaStreamCreate(&d->st[s]));
   for (int e = 0; e < CV_EVENTS; e++) CK(m, cudaEventCreateWithFlags(&d->ev[e], cudaEventDisableTiming));
@@ -257,6 +262,7 @@ static void cuda_close(cavs_model *m) {
   cudaFree(d->rows);
   free(d->iin);
   free(d->rin);
+  free(d->ran);
   free(d->spans_new);
   cudaFreeHost(d->spans_host);
   cudaFree(d->spans_dev);
@@ -576,6 +582,18 @@ static bool model_routes(const cavs_desc *ds) {
   return false;
 }
 
+/* Has every vertex type with rows in this minibatch run in a pass not captured (Dev.ran)?
+   Those that had not are marked, for the pass that will run them so. */
+static bool types_ran(cavs_model *m) {
+  Dev *d = dev(m);
+  bool all = true;
+  for (int t = 0; t < m->d->nvertex; t++)
+    if (m->type_n[t] > 0 && !d->ran[t]) all = false;
+  if (!all)
+    for (int t = 0; t < m->d->nvertex; t++) d->ran[t] |= m->type_n[t] > 0;
+  return all;
+}
+
 /* A pass as a graph: everything the steps issue to stream 0, and to stream 1 once it
    waits for an event of stream 0 (each pass forks and joins it so), is captured, not
    run; then launched as one graph. Nothing in a pass's steps synchronizes with the
@@ -583,11 +601,11 @@ static bool model_routes(const cavs_desc *ds) {
    outside the capture). */
 static int cuda_pass_begin(cavs_model *m, int pass) {
   Dev *d = dev(m);
-  /* a model that routes runs its passes uncaptured until one has routed (the routes'
-     arrays are made at the first stage that routes, which a graph's pass cannot do),
-     and always with experts placed on processes (each product a round of exchanges
-     through the host) */
-  d->capturing = d->graphs && !m->ep.on && (d->routed || !model_routes(m->d));
+  /* a model that routes runs a pass uncaptured where a type with rows in it has not
+     run so before (types_ran: the first pass, and one with a type the passes before
+     it lacked, whose routings may make their arrays), and always with experts placed
+     on processes (each product a round of exchanges through the host) */
+  d->capturing = d->graphs && !m->ep.on && (!model_routes(m->d) || types_ran(m));
   if (!d->capturing) return 0;
   m->ctx.stream = d->st[0];
   CK(m, cudaStreamBeginCapture(d->st[0], cudaStreamCaptureModeThreadLocal));
@@ -1816,7 +1834,6 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
   if (bal > 0) rt->aux_rows += n;
   for (int r = r0; r < r0 + n; r++) rt->rbeg[r] = r0, rt->rend[r] = r0 + n;
   d->route[id].pending = true;
-  d->routed = true;
   double *p = bal > 0 ? d->route[id].p : NULL;
   if (in_one_block(K, X, n)) route_in_block(c, id, K, X, g, ldg, w, ldw, p, r0, n);
   else route_tiled(c, id, K, X, g, ldg, w, ldw, p, r0, n);
