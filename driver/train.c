@@ -964,7 +964,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 }
 
 /* The epoch's line on standard output. */
-static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, bool unfit) {
+static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, const char *unfit) {
   double tloss = unsigned_nan(t->batch_loss / (t->batches ? t->batches : 1));
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
   if (r->lm) printf(" ppl %.2f", exp(tloss));
@@ -991,7 +991,9 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     else printf("  experts");
     printf(" %.3f-%.3f cv %.2f", t->load_min[k], t->load_max[k], t->load_cv[k]);
   }
-  printf("%s\n", better && r->o->save ? "  (best, saved)" : unfit ? "  (the dev metric is not finite: not a best)" : "");
+  if (better && r->o->save) printf("  (best, saved)");
+  else if (unfit) printf("  (%s: not a best)", unfit);
+  putchar('\n');
   fflush(stdout);
 }
 
@@ -1099,16 +1101,26 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   double metric = r->select == SELECT_ROOT ? ratio(dv.root_correct, dv.root_count)
                   : r->select == SELECT_ALL ? ratio(dv.correct, dv.count)
                                             : total_loss(&dv);
+  /* a dev set without a label of what the metric scores has no metric (its 0 had made
+     the first epoch the best for good; a NaN would make a plateau cut the rate) */
+  long scored = r->select == SELECT_ROOT ? dv.root_count : r->select == SELECT_ALL ? dv.count : 0;
+  for (int l = 0; r->select == SELECT_LOSS && l < dv.nl; l++) scored += dv.lcount[l];
+  bool unscored = r->dev && scored == 0;
+  if (unscored) metric = NAN;
   /* (a metric that is not finite, a dev loss that overflowed, is never the best: the
      checkpoint and its .best would be replaced by files no reader takes) */
   bool better = r->dev && isfinite(metric) &&
                 (r->select != SELECT_LOSS ? metric > r->ts.best : r->ts.best < 0 || metric < r->ts.best);
   /* since_best is at most the epochs done (checkpoints are read so), which are bounded */
   if (better) r->ts.best = metric, r->ts.best_epoch = epoch, r->ts.since_best = 0;
-  else r->ts.since_best++;
+  else if (!unscored) r->ts.since_best++; /* (--patience waits for a metric) */
   r->ts.epoch = epoch;
-  bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
-  if (!o->quiet) print_epoch(r, epoch, t, &dv, better, r->dev && !isfinite(metric));
+  bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && !unscored &&
+             sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
+  if (!o->quiet)
+    print_epoch(r, epoch, t, &dv, better,
+                unscored ? "no vertex of the dev set has a label to score"
+                : r->dev && !isfinite(metric) ? "the dev metric is not finite" : NULL);
   if (cut && !o->quiet)
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");

@@ -2585,6 +2585,26 @@ START_TEST(regression_and_two_losses) {
   ok(&r, "eval a regression");
   ck_assert_msg(strstr(r.out, "loss") && !strstr(r.out, "accuracy"), "%s", tu_tail(r.out, 1800));
   tu_free(&r);
+  /* a dev set without a label to score (a real input left out reads as 0, a target; a
+     class as -1, none), by accuracy and by the classifier's loss: no metric, so no .best,
+     no plateau's cut and no stop for --patience (its score of 0 had made the first epoch
+     the best for good) */
+  const char *nolab = "graph\n0 v ; w=1\n1 v ; w=2\n2 v 0 1\nend\n";
+  tu_write(path_in("nolab.cgf"), nolab, strlen(nolab));
+  snprintf(src, sizeof src, "model cls;\n%spush (h) { loss softmax_xent(h @ Wc, y); }\n", head);
+  tu_write(path_in("cls.vf"), src, strlen(src));
+  for (int k = 0; k < 2; k++) {
+    r = cavs("train", path_in(k ? "cls.vf" : "both.vf"), "--format", "cgf", "--train", path_in("reg.cgf"), "--dev",
+             path_in("nolab.cgf"), "--epochs", "3", "--schedule", "plateau", "--plateau-patience", "0", "--patience",
+             "1", "--select", k ? "loss" : "all", "--save", path_in("nolab.ckpt"), NULL);
+    ok(&r, "a dev set without a label");
+    const char *says = "(no vertex of the dev set has a label to score: not a best)\n";
+    const char *last = strstr(r.out, "epoch 3/3");
+    ck_assert_msg(last && strstr(last, says) && !strstr(r.out, "(best") && !strstr(r.out, "lr cut"), "%s",
+                  tu_tail(r.out, 1800));
+    tu_free(&r);
+    ck_assert_msg(access(path_in("nolab.ckpt.best"), F_OK) != 0, "a .best without a metric");
+  }
   /* a dev loss that overflows ((3e38 Wt)^2 is not a float: the push block's values are
      not finite) is no best: the checkpoint and its .best had been replaced by files every
      reader refused; resumed, and a fresh run under the plateau schedule, whose best it
