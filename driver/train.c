@@ -159,6 +159,18 @@ static void read_resumed(Run *r) {
   if (!model_precision && cavs_ckpt_precision(r->ck) == CAVS_DOUBLE) model_precision = "double";
 }
 
+/* Do formats a and b cut the data into the same graphs (text-bptt is text-bptt:35, the
+   length runtime/data.h's CV_BPTT gives it; a length may have leading zeros)? */
+static bool same_format(const char *a, const char *b) {
+  long n[2];
+  for (int k = 0; k < 2; k++) {
+    const char *f = k ? b : a;
+    if (strncmp(f, "text-bptt", 9)) return !strcmp(a, b);
+    n[k] = f[9] == ':' ? strtol(f + 10, NULL, 10) : f[9] ? -1 : 35;
+  }
+  return n[0] == n[1];
+}
+
 /* --resume: the checkpoint checked against the model; its dims into dims (those given
  * again must agree), and the training settings not given again into o. */
 static void resume_settings(Run *r, long *dims) {
@@ -197,6 +209,18 @@ static void resume_settings(Run *r, long *dims) {
   if (o->set_momentum) c.momentum = o->optim.momentum;
   o->optim = c;
   if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
+  /* a run stopped inside an epoch goes on at its graph graphs_done of the epoch's
+     order: of another format's graphs (text-bptt's chunks of another length), or of the
+     streams another batch lays text-bptt's chunks in, that place is not where it
+     stopped, and going on would train some graphs twice and others not at all */
+  if (cs->graphs_done > 0 && cs->format[0] && !same_format(cs->format, o->format))
+    die(1, "%s: stopped inside epoch %d, on data of --format %s: go on with that format (this one's graphs are "
+           "others), or from an epoch's end",
+        o->resume, cs->epoch + 1, cs->format);
+  if (cs->graphs_done > 0 && cs->batch > 0 && o->batch != cs->batch && !strncmp(o->format, "text-bptt", 9))
+    die(1, "%s: stopped inside epoch %d of text-bptt chunks laid in streams for --batch %d: go on with that batch, "
+           "or from an epoch's end",
+        o->resume, cs->epoch + 1, cs->batch);
   /* the schedule and the selection (format 3 on: select is then 1..3) */
   if (cs->select && !o->set_sched) {
     o->lr_decay = cs->lr_decay;

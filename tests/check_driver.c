@@ -2371,6 +2371,26 @@ START_TEST(sigint_resumes_carried_state_exactly) {
                      path_in("lmi.ckpt"), NULL);
   ok(&r, "resume without carrying");
   tu_free(&r);
+  /* a checkpoint from inside an epoch goes on at its place in the epoch's order, which
+     another chunk length or another batch (text-bptt's streams) moves: refused, where
+     the same format spelled otherwise is not; from an epoch's end (where the signal
+     came between epochs) each goes on */
+  r = cavs("info", path_in("lmi.ckpt"), NULL);
+  ok(&r, "info");
+  bool in = strstr(r.out, "interrupted ") != NULL;
+  tu_free(&r);
+  const char *other[][4] = {{"text-bptt:10", "8", "on data of --format text-bptt:9", NULL},
+                            {"text-bptt:9", "4", "laid in streams for --batch 8", NULL},
+                            {"text-bptt:09", "8", NULL, NULL}};
+  for (int k = 0; k < 3; k++) {
+    r = cavs("train", model("lstm_lm.vf"), "--format", other[k][0], "--batch", other[k][1], "--train",
+             path_in("lmi.txt"), "--threads", "1", "--epochs", "1", "--quiet", "--resume", path_in("lmi.ckpt"), NULL);
+    if (in && other[k][2])
+      ck_assert_msg(r.status == 1 && strstr(r.err, other[k][2]) && strstr(r.err, "stopped inside epoch"), "%d %s",
+                    r.status, tu_tail(r.err, 1800));
+    else ok(&r, "resumed with another spelling of the format, or from an epoch's end");
+    tu_free(&r);
+  }
 }
 END_TEST
 
