@@ -272,7 +272,8 @@ int cavs_model_set_loss_counts(cavs_model *m, const long *counts);
  * whole's, within the rounding of the sums' order. Refused (-1, with a message): a
  * routing this pass did not balance, the wrong X, or sums that cannot be the whole's
  * (fewer rows or slots than the part's own, slots that are not K a row, a probability
- * sum that is negative or not finite). The next forward pass forgets them. */
+ * sum that is negative, above its rows or not finite), or a set after the backward pass.
+ * The next forward pass forgets them. */
 long cavs_model_balance(const cavs_model *m, int route, double *v, long cap);
 int cavs_model_set_balance(cavs_model *m, int route, const double *v, long X);
 /* Data parallelism: the forward passes from now on run a part of a minibatch whose first
