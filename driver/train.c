@@ -523,7 +523,10 @@ static void save(Run *r, const char *path, const char *also) {
   /* rank 0 writes for all: their states are the same */
   for (int k = 0; k < 2 && !dist_rank; k++) {
     const char *p = k ? also : path;
-    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err)) die(1, "%s", err);
+    /* (a device that failed under the save: exit 2, as in a step) */
+    errno = 0;
+    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err))
+      die(errno == EIO ? 2 : 1, "%s", err);
   }
   if (dist_size > 1) cavs_model_expert_release(r->m);
 }

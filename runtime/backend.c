@@ -118,8 +118,7 @@ void cavs_model_backend_stats(cavs_model *m, cavs_backend_stats *st, int reset) 
 }
 
 int cavs_model_read(cavs_model *m, void *host, const void *model_mem, size_t bytes) {
-  if (m->be->synchronize(m)) return -1;
-  m->be->download(host, model_mem, bytes);
+  if (m->be->synchronize(m) || m->be->download(m, host, model_mem, bytes)) return -1;
   return m->be->synchronize(m);
 }
 
@@ -136,8 +135,7 @@ void cavs_host_free(cavs_model *m, void *p) {
 
 int cavs_model_write(cavs_model *m, void *model_mem, const void *host, size_t bytes) {
   cv_ptables_free(m); /* made of parameters this may change */
-  if (m->be->synchronize(m)) return -1;
-  m->be->upload(model_mem, host, bytes);
+  if (m->be->synchronize(m) || m->be->upload(m, model_mem, host, bytes)) return -1;
   return m->be->synchronize(m);
 }
 

@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_11
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_11"
+#define cv_backend_cuda cv_backend_cuda_12
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_12"
 
 struct cv_moe_ops;
 struct cv_gemm;
@@ -83,12 +83,17 @@ typedef struct cv_backend {
   /* rows[0..n) of a block of rows of `row` bytes each, to zero (a lookup table's
      gradient rows a minibatch touched: hundreds of rows, one operation); -1 on failure */
   int (*zero_rows)(cavs_model *m, void *base, size_t row, const int *rows, int n);
-  void (*upload)(void *dst, const void *src, size_t bytes);   /* host to backend */
-  void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
+  /* Host to backend, and backend to host, after what the model issued before: 0, or -1
+     with the message in the model when the device failed (a fault of queued work, a
+     lost device), the bytes at dst then not src's. A caller that keeps what it copied
+     (a checkpoint) must check; one in a pass may leave it to the pass's end, which
+     reports the model's failure. */
+  int (*upload)(cavs_model *m, void *dst, const void *src, size_t bytes);
+  int (*download)(cavs_model *m, void *dst, const void *src, size_t bytes);
   /* host to backend, `rows` rows of `width` bytes, their starts `spitch` apart on the
      host and `dpitch` in the backend's memory: one copy (a parameter's rows in its
      group, whose rows are wider), where one a row would wait for the device a row */
-  void (*upload2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
+  int (*upload2d)(cavs_model *m, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
   /* the schedule of a minibatch is complete in the model's host arrays */
   int (*schedule)(cavs_model *m);
   /* every operation issued has finished (losses and predictions are readable in the

@@ -197,9 +197,16 @@ static void cpu_zero(cavs_model *m, void *p, size_t bytes) {
   }
   m->stats.zero_seconds += cv_now() - t0;
 }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
+static int cpu_copy(cavs_model *m, void *dst, const void *src, size_t bytes) {
+  (void)m;
+  memcpy(dst, src, bytes);
+  return 0;
+}
+static int cpu_copy2d(cavs_model *m, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t rows) {
+  (void)m;
   for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  return 0;
 }
 /* Launches are counted where the CUDA backend launches (cavs_backend_stats): the same
    pass counts the same on both. */

@@ -179,12 +179,16 @@ static int status(const Dev *d) {
              (int)strcspn(#call, "("), #call, cudaGetErrorString(e_));                                     \
     }                                                                                      \
   } while (0)
+/* (a product whose kernel failed to launch leaves the runtime's last error set too:
+   read here, as CK does, so that the next launch's check does not blame itself) */
 #define CKB(m, call)                                                                        \
   do {                                                                                     \
     cublasStatus_t s_ = (call);                                                            \
-    if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                      \
+      (void)cudaGetLastError();                                                            \
       record((m), s_ == CUBLAS_STATUS_ALLOC_FAILED ? ENOMEM : EIO, __FILE__, __LINE__, "%.*s: %s",         \
              (int)strcspn(#call, "("), #call, cublasGetStatusString(s_));                                  \
+    }                                                                                      \
   } while (0)
 /* after a launch: counted, and checked */
 #define CKL(m)                                                                              \
@@ -306,16 +310,23 @@ static void cuda_release(void *p) {
   (void)cudaDeviceSynchronize(); /* (an error of queued work is the next checked call's) */
   cudaFree(p);
 }
-/* The two below have no model to report to: a failure here leaves the CUDA context
-   in an error state that the next checked call reports. */
 static void cuda_zero(cavs_model *m, void *p, size_t bytes) {
   CK(m, cudaMemsetAsync(p, 0, bytes, (cudaStream_t)m->ctx.stream));
 }
-static void cuda_upload(void *dst, const void *src, size_t bytes) {
-  (void)cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+/* A synchronous copy returns the errors of the work queued before it too (a kernel's
+   fault): said in the model, by the copy's name, and never taken for a launch's. The
+   result is this copy's: a model that failed before (its memory ran out) still copies. */
+static int copied(cavs_model *m, cudaError_t e, const char *call) {
+  if (e == cudaSuccess) return 0;
+  (void)cudaGetLastError();
+  record(m, e == cudaErrorMemoryAllocation ? ENOMEM : EIO, __FILE__, __LINE__, "%s: %s", call, cudaGetErrorString(e));
+  return -1;
 }
-static void cuda_download(void *dst, const void *src, size_t bytes) {
-  (void)cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+static int cuda_upload(cavs_model *m, void *dst, const void *src, size_t bytes) {
+  return copied(m, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+static int cuda_download(cavs_model *m, void *dst, const void *src, size_t bytes) {
+  return copied(m, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 /* pinned: a copy from or to it runs at the bus's rate, without the driver staging it
    through a pinned buffer of its own a piece at a time */
@@ -326,8 +337,9 @@ static void *cuda_host_alloc(size_t bytes) {
 static void cuda_host_free(void *p) {
   if (p) (void)cudaFreeHost(p);
 }
-static void cuda_upload2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows) {
-  (void)cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice);
+static int cuda_upload2d(cavs_model *m, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t rows) {
+  return copied(m, cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, cudaMemcpyHostToDevice), "cudaMemcpy2D");
 }
 
 /* The host waits for everything issued (both streams and the legacy one): the copies

@@ -54,7 +54,8 @@
 typedef struct Buf {
   unsigned char *p;
   size_t n, cap;
-  bool oom; /* a put did not fit: the save fails, with nothing written */
+  bool oom;  /* a put did not fit: the save fails, with nothing written */
+  bool lost; /* a copy from the backend's memory failed (the model says why): the same */
 } Buf;
 
 static void put(Buf *b, const void *data, size_t n) {
@@ -103,8 +104,8 @@ static void put_param(Buf *b, cavs_model *m, const void *flat, int i) {
     size_t at = b->n;
     put(b, NULL, row);
     if (b->oom) continue;
-    if (flat) m->be->download(b->p + at, src + (size_t)r * (size_t)ld * m->esize, row);
-    else memset(b->p + at, 0, row);
+    if (!flat) memset(b->p + at, 0, row);
+    else if (!b->lost && m->be->download(m, b->p + at, src + (size_t)r * (size_t)ld * m->esize, row)) b->lost = true;
   }
 }
 
@@ -152,7 +153,7 @@ static void put_model(Buf *b, cavs_model *m, const char *source, const cavs_voca
 /* The training state, in the order the formats added it (the frozen parameters and the
  * options are the model's, the carried state its last minibatch's): where the carried
  * values lie in b, *at, and their count, the return. */
-static size_t put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts, size_t *at_out) {
+static size_t put_state(Buf *b, cavs_model *m, const cavs_train_state *ts, size_t *at_out) {
   const cavs_desc *d = m->d;
   put_u32(b, (uint32_t)ts->epoch);
   put_i64(b, (int64_t)ts->rng);
@@ -205,7 +206,7 @@ static size_t put_state(Buf *b, const cavs_model *m, const cavs_train_state *ts,
   put_u32(b, (uint32_t)cw);
   size_t at = b->n, cbytes = (size_t)crows * (size_t)cw * m->esize;
   put(b, NULL, cbytes);
-  if (!b->oom && cbytes) m->be->download(b->p + at, m->carry, cbytes);
+  if (!b->oom && !b->lost && cbytes && m->be->download(m, b->p + at, m->carry, cbytes)) b->lost = true;
   put_f64(b, ts->bptt_vary);
   *at_out = at;
   return (size_t)crows * (size_t)cw;
@@ -237,10 +238,24 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
              path, fault);
     return -1;
   }
+  /* The values are read from the backend's memory once the work before has run, and
+     not at all from a device that failed (a fault, a lost device): saved, they would
+     replace the file with values no step made. */
+  if (m->be->synchronize(m)) {
+    snprintf(err, errlen, "cannot save '%s': %s", path, m->err);
+    errno = EIO;
+    return -1;
+  }
   cavs_train_state z = {0};
   Buf b = {0};
   put_model(&b, m, source, v);
   size_t cat, cn = put_state(&b, m, ts ? ts : &z, &cat);
+  if (b.lost) {
+    free(b.p);
+    snprintf(err, errlen, "cannot save '%s': %s", path, m->err);
+    errno = EIO;
+    return -1;
+  }
   /* (reading refuses a carried state that is not finite too) */
   if (!b.oom && !all_finite((const unsigned char *)b.p + cat, cn, m->esize)) {
     free(b.p);
@@ -943,7 +958,10 @@ static int get_param(const cavs_ckpt *k, cavs_model *m, void *flat, int i, size_
     return -1;
   }
   /* one copy: a copy a row waited for the device a row */
-  m->be->upload2d(dst, (size_t)ld * m->esize, k->data + at, row, row, (size_t)(b - a));
+  if (m->be->upload2d(m, dst, (size_t)ld * m->esize, k->data + at, row, row, (size_t)(b - a))) {
+    snprintf(err, errlen, "parameter %s: %s", p->name, m->err);
+    return -1;
+  }
   return 0;
 }
 

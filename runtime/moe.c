@@ -606,8 +606,10 @@ static char *ep_dbuf(cavs_model *m, int i, size_t bytes) {
 }
 
 /* bytes of the backend's memory to the host, and back (memcpy on the cpu backend) */
-static void ep_read(const cavs_model *m, void *host, const void *src, size_t bytes) { m->be->download(host, src, bytes); }
-static void ep_write(const cavs_model *m, void *dst, const void *host, size_t bytes) { m->be->upload(dst, host, bytes); }
+static int ep_read(cavs_model *m, void *host, const void *src, size_t bytes) { return m->be->download(m, host, src, bytes); }
+static int ep_write(cavs_model *m, void *dst, const void *host, size_t bytes) { return m->be->upload(m, dst, host, bytes); }
+/* In a pass, a copy that failed is the model's failure (the device's: the pass's end
+   reports it), and the round goes on: the other processes wait for this one's part. */
 
 /* A host buffer's rows and their place in the backend's memory: `host` itself on the
    cpu backend, else a staging buffer (EP_STAGE) as large, moved whole by ep_down and
@@ -644,10 +646,12 @@ static void ep_move(ep_rows *b, size_t at, size_t dp, char *model, size_t sp, lo
 /* the buffer's first bytes: to the host after ep_move's gathered them; to the backend
    before ep_move's scatter them */
 static void ep_down(ep_rows *b, size_t bytes) {
-  if (b->dev != b->host && bytes) b->c->model->be->download(b->host, b->dev, bytes);
+  cavs_model *m = b->c->model;
+  if (b->dev != b->host && bytes) (void)m->be->download(m, b->host, b->dev, bytes);
 }
 static void ep_up(ep_rows *b, size_t bytes) {
-  if (b->dev != b->host && bytes) b->c->model->be->upload(b->dev, b->host, bytes);
+  cavs_model *m = b->c->model;
+  if (b->dev != b->host && bytes) (void)m->be->upload(m, b->dev, b->host, bytes);
 }
 
 static bool ep_same_op(const ep_head *a, const ep_head *b) {
@@ -903,7 +907,8 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
     for (int i = 0; i < n; i++)
       if (ship[i].o == me && ship[i].q == q) {
         const struct cv_ep_table *t = ship[i].t;
-        ep_read(m, sendb + at, (const char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, (size_t)t->ab * es);
+        (void)ep_read(m, sendb + at, (const char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es,
+                      (size_t)t->ab * es);
         at += (size_t)t->ab * es;
       }
   double t0 = cv_now();
@@ -915,7 +920,8 @@ static int ep_weights(cavs_model *m, const ep_plan *pl, size_t *sbytes, size_t *
     for (int i = 0; i < n; i++)
       if (ship[i].q == me && ship[i].o == p) {
         const struct cv_ep_table *t = ship[i].t;
-        ep_write(m, (char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at, (size_t)t->ab * es);
+        (void)ep_write(m, (char *)m->pflat + t->toff + (size_t)ship[i].e * (size_t)t->ldt * es, recvb + at,
+                       (size_t)t->ab * es);
         at += (size_t)t->ab * es, ep->stats.matrices++;
       }
   /* (every process marks the same copies current, once they are) */
@@ -956,7 +962,7 @@ static int ep_home(cavs_model *m) {
       for (long e = 0; e < t->X; e++) {
         if (!t->dirty[(size_t)e * (size_t)N + (size_t)me] || ep_owner(e, t->X, N) != o) continue;
         char *g = (char *)m->gflat + t->toff + (size_t)e * (size_t)t->ldt * es;
-        ep_read(m, sendb + at, g, (size_t)t->ab * es);
+        (void)ep_read(m, sendb + at, g, (size_t)t->ab * es);
         m->be->zero(m, g, (size_t)t->ab * es);
         at += (size_t)t->ab * es, ep->stats.matrices++;
       }
@@ -1185,14 +1191,14 @@ static void ep_products(ep_round_st *r) {
           return;
         }
         dde = dxe + (size_t)rows * (size_t)a * es, doe = dde + (size_t)rows * (size_t)b * es;
-        m->be->upload(dxe, xe, (size_t)rows * (size_t)(a + (hb ? b : 0)) * es);
+        (void)m->be->upload(m, dxe, xe, (size_t)rows * (size_t)(a + (hb ? b : 0)) * es);
       }
       if (!hb) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)rows, (int)b, (int)a, 1, dxe, a, te, b, 0, doe, b);
       if (wdx) cavs_gemm(r->c, CAVS_NO_TRANS, CAVS_TRANS, (int)rows, (int)a, (int)b, 1, dde, b, te, b, 0, doe, a);
       if (wdt)
         cavs_gemm(r->c, CAVS_TRANS, CAVS_NO_TRANS, (int)a, (int)b, (int)rows, 1, dxe, a, dde, b, 1,
                   (char *)m->gflat + (size_t)h->dtoff + (size_t)e * (size_t)h->lddt * es, b);
-      if (doe != oe && rout) m->be->download(oe, doe, (size_t)rows * rout);
+      if (doe != oe && rout) (void)m->be->download(m, oe, doe, (size_t)rows * rout);
       got = 0;
       for (int q = p; q < N; q++) {
         if (r->lead[q] != p) continue;
@@ -1424,6 +1430,9 @@ static int ep_share(cavs_model *m, int root) {
   size_t *sbytes = ep_buf(m, EP_HEADS, sizeof(size_t) * 2 * (size_t)N), *rbytes;
   if (!sbytes) return -1;
   rbytes = sbytes + N;
+  /* (a copy to the device that failed: the model's failure, said once every round is
+     done, the other processes waiting for this one's part of each) */
+  bool wrote = true;
   for (int a = 0; a < 3; a++)
     for (int i = 0; i < ep->ntab && arr[a]; i++) {
       const struct cv_ep_table *t = &ep->tab[i];
@@ -1443,23 +1452,26 @@ static int ep_share(cavs_model *m, int root) {
       char *copies = copy ? malloc(own * (size_t)others) : NULL, *recvb = malloc(in + 1);
       bool ok = (!copy || copies) && recvb;
       if (!ok) cv_fail_mem(m, "out of memory gathering the experts");
+      /* (read before the processes agree: a device that failed sends nothing to save) */
+      if (ok && copies && ep_read(m, copies, arr[a] + off * es, own)) ok = false;
       if (ep_agree(m, ok)) {
         free(copies), free(recvb);
         return -1;
       }
-      if (copies) ep_read(m, copies, arr[a] + off * es, own);
       for (int k = 1; k < others && copies; k++) memcpy(copies + (size_t)k * own, copies, own);
       double t0 = cv_now();
       int rc = ep->comm.alltoallv(ep->comm.arg, copies ? copies : others ? arr[a] + off * es : recvb, sbytes, recvb, rbytes);
       ep->stats.seconds += cv_now() - t0;
       size_t at = 0;
       for (int p = 0; p < N && !rc; p++) {
-        if (rbytes[p]) ep_write(m, arr[a] + t->toff + (size_t)ep_first(p, t->X, N) * row, recvb + at, rbytes[p]);
+        if (rbytes[p] && ep_write(m, arr[a] + t->toff + (size_t)ep_first(p, t->X, N) * row, recvb + at, rbytes[p]))
+          wrote = false;
         at += rbytes[p];
       }
       free(copies), free(recvb);
       if (ep_call(m, rc, "alltoallv of the experts' matrices")) return -1;
     }
+  if (!wrote) return -1;
   /* (every process marks the same copies current) */
   for (int i = 0; i < ep->ntab; i++)
     for (size_t k = 0; k < (size_t)ep->tab[i].X * (size_t)N; k++)

@@ -1143,8 +1143,7 @@ int cavs_model_read_carried(cavs_model *m, int first, int rows, void *host) {
     return cv_fail(m, "carried state: rows %d to %d asked of the %d it holds", first, first + rows,
                    m->carry_state < 0 ? 0 : m->ncarry);
   size_t row = (size_t)m->bw[m->carry_state] * m->esize;
-  if (rows) m->be->download(host, (const char *)m->carry + (size_t)first * row, (size_t)rows * row);
-  return 0;
+  return rows ? m->be->download(m, host, (const char *)m->carry + (size_t)first * row, (size_t)rows * row) : 0;
 }
 
 int cavs_model_set_carried(cavs_model *m, const void *host, int rows) {
@@ -1158,7 +1157,10 @@ int cavs_model_set_carried(cavs_model *m, const void *host, int rows) {
     if (!(m->carry = m->be->alloc(m, (size_t)rows * row))) return cv_fail_mem(m, "out of memory for the carried state");
     m->capcarry = rows;
   }
-  if (rows) m->be->upload(m->carry, host, (size_t)rows * row);
+  if (rows && m->be->upload(m, m->carry, host, (size_t)rows * row)) {
+    m->ncarry = 0; /* (what it holds is not the state given) */
+    return -1;
+  }
   m->ncarry = rows;
   return 0;
 }

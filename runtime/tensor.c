@@ -817,8 +817,10 @@ void cavs_model_init(cavs_model *m, uint64_t seed) {
           }
         long u0 = r0 > held0 ? r0 : held0, u1 = r0 + nr < held1 ? r0 + nr : held1;
         char *dst = base + ((size_t)u0 * (size_t)ld + (size_t)j0) * es, *src = buf + (size_t)(u0 - r0) * (size_t)len * es;
-        if (u1 - u0 == 1) m->be->upload(dst, src, (size_t)len * es);
-        else if (u1 > u0) m->be->upload2d(dst, (size_t)ld * es, src, (size_t)len * es, (size_t)len * es, (size_t)(u1 - u0));
+        /* (a failed copy is the model's failure, which the next pass reports) */
+        if (u1 - u0 == 1) (void)m->be->upload(m, dst, src, (size_t)len * es);
+        else if (u1 > u0)
+          (void)m->be->upload2d(m, dst, (size_t)ld * es, src, (size_t)len * es, (size_t)len * es, (size_t)(u1 - u0));
       }
       r0 += nr;
     }

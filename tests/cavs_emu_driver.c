@@ -2,7 +2,8 @@
  * is the emulated one (never installed). What a test asks of the device comes through
  * the environment, read before main runs: $CAVS_EMU_ORDER (issued, main or side: how
  * queued work is ordered, cuda_emu_api.h), $CAVS_EMU_FAIL_MALLOC and
- * $CAVS_EMU_FAIL_LAUNCH (the n-th cudaMalloc or kernel launch fails), $CAVS_EMU_COUNTS (a
+ * $CAVS_EMU_FAIL_LAUNCH and $CAVS_EMU_FAIL_COPY (the n-th cudaMalloc, kernel launch or
+ * synchronous copy fails), $CAVS_EMU_COUNTS (a
  * file that the run's kernel launches are written to at exit). At exit, whatever
  * the emulator found wrong (a misuse of the API, a write past an allocation) is printed
  * and fails the run with status 70, whatever the command's own status was. */
@@ -25,8 +26,10 @@ static void report(void) {
     cavs_emu_counts c;
     cavs_emu_counters(&c, 0);
     /* the kernels first (tests read them with atol), then what a GPU's own count of
-       launches (cavs_backend_stats) also holds: products and memsets; and the syncs */
-    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs\n", c.launches, c.blas_calls, c.memsets, c.syncs);
+       launches (cavs_backend_stats) also holds: products and memsets; the syncs, and the
+       synchronous copies (what $CAVS_EMU_FAIL_COPY counts) */
+    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs %ld copies\n", c.launches, c.blas_calls, c.memsets, c.syncs,
+            c.copies);
     fclose(f);
   }
   cavs_emu_check_bounds();
@@ -43,5 +46,6 @@ __attribute__((constructor)) static void setup(void) {
   else if (o && !strcmp(o, "side")) cavs_emu_set_order(CAVS_EMU_SIDE_FIRST);
   cavs_emu_fail_malloc(env_long("CAVS_EMU_FAIL_MALLOC"));
   cavs_emu_fail_launch(env_long("CAVS_EMU_FAIL_LAUNCH"));
+  cavs_emu_fail_copy(env_long("CAVS_EMU_FAIL_COPY"));
   atexit(report);
 }

@@ -158,7 +158,7 @@ void log_op(int kind, long a, long b = 0, long c = 0, const char *name = NULL) {
   if (logging) oplog.push_back({kind, a, b, c, name});
 }
 int order = CAVS_EMU_ISSUED;
-long fail_malloc_at, fail_launch_at;
+long fail_malloc_at, fail_launch_at, fail_copy_at;
 
 /* ---- memory ---- */
 
@@ -776,6 +776,11 @@ cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, siz
     return fail(cudaErrorInvalidPitchValue);
   }
   if (width == 0 || height == 0) return cudaSuccess;
+  if (!async && kind != cudaMemcpyHostToHost) counts.copies++;
+  if (!async && kind != cudaMemcpyHostToHost && fail_copy_at > 0 && --fail_copy_at == 0) {
+    run_all(); /* what was queued before it ran; the device is lost now */
+    return sticky = last_error = cudaErrorECCUncorrectable;
+  }
   size_t n = width * height, dext = (height - 1) * dpitch + width, sext = (height - 1) * spitch + width;
   bool ddev = is_device(dst), sdev = is_device(src);
   if (kind == cudaMemcpyDefault) kind = (cudaMemcpyKind)(sdev ? ddev ? 3 : 2 : ddev ? 1 : 0);
@@ -1050,7 +1055,7 @@ const char *cudaGetErrorName(cudaError_t e) {
 #define N(x)                                                                                                           \
   case x: return #x;
     N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation) N(cudaErrorInvalidConfiguration)
-    N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice)
+    N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidPitchValue) N(cudaErrorInvalidMemcpyDirection) N(cudaErrorNoDevice) N(cudaErrorECCUncorrectable)
     N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState) N(cudaErrorIllegalAddress) N(cudaErrorLaunchFailure)
     N(cudaErrorNotSupported) N(cudaErrorStreamCaptureUnsupported) N(cudaErrorStreamCaptureInvalidated)
     N(cudaErrorStreamCaptureUnjoined) N(cudaErrorStreamCaptureIsolation) N(cudaErrorStreamCaptureImplicit)
@@ -1070,6 +1075,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
   case cudaErrorInvalidResourceHandle: return "invalid resource handle";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  case cudaErrorECCUncorrectable: return "uncorrectable ECC error encountered";
   case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
   case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
   case cudaErrorStreamCaptureUnjoined: return "capture was not joined back to the origin stream";
@@ -1577,4 +1583,5 @@ int cavs_emu_host_faults(void) { return !never_close; }
 
 void cavs_emu_fail_malloc(long n) { fail_malloc_at = n; }
 void cavs_emu_fail_launch(long n) { fail_launch_at = n; }
+void cavs_emu_fail_copy(long n) { fail_copy_at = n; }
 }

@@ -28,6 +28,8 @@ typedef struct cavs_emu_counts {
   long host_mallocs, host_frees; /* cudaMallocHost, cudaFreeHost */
   long syncs;           /* host synchronizations: cudaDeviceSynchronize, cudaStreamSynchronize,
                            cudaEventSynchronize, and a cudaMemcpy (which waits for the device) */
+  long copies;          /* synchronous copies between the host and the device (cudaMemcpy,
+                           cudaMemcpy2D): what cavs_emu_fail_copy counts */
 } cavs_emu_counts;
 void cavs_emu_counters(cavs_emu_counts *out, int reset);
 
@@ -69,9 +71,12 @@ int cavs_emu_host_faults(void);
 /* Faults on purpose: the n-th cudaMalloc from now fails with cudaErrorMemoryAllocation,
  * the n-th kernel launch from now fails when it runs with cudaErrorIllegalAddress (a
  * sticky error, as a GPU's: what was queued is dropped, and the process's CUDA fails
- * from then on); 0 turns either off. */
+ * from then on); the n-th synchronous copy between the host and the device (cudaMemcpy,
+ * cudaMemcpy2D) from now fails with cudaErrorECCUncorrectable, sticky too (the device
+ * lost in the middle of a copy: nothing is copied); 0 turns each off. */
 void cavs_emu_fail_malloc(long n);
 void cavs_emu_fail_launch(long n);
+void cavs_emu_fail_copy(long n);
 
 #ifdef __cplusplus
 }
