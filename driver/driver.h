@@ -63,6 +63,9 @@ extern int bptt_state;
 /* Whether a run on format `f` carries the state (dies for --bptt-state carry on a format
    whose graphs do not continue one another) */
 bool carries(const char *f);
+/* Without --bptt-state, text-bptt's chunks are read as a checkpoint's state says they
+   were trained (format 9 on: from zeros, where the run was told reset) */
+void bptt_as_saved(const cavs_train_state *cs);
 /* The order of n chunks of one stream as `batch` streams side by side: stream s takes a
    contiguous run of the chunks (the first n % batch streams one more), and minibatch j
    (order[j * batch ...]) is the j-th chunk of every stream, so that graph g of a

@@ -527,6 +527,7 @@ int cmd_eval(const char *ckpt, const char *model, const char *data, const char *
   if (!ckpt || !data) die(1, "%s: usage: cavs %s CKPT --data FILE", predict ? "predict" : "eval", predict ? "predict" : "eval");
   CkptModel c = open_ckpt(ckpt, model);
   if (!format) format = cavs_ckpt_state(c.ck)->format;
+  bptt_as_saved(cavs_ckpt_state(c.ck));
   long dims[CAVS_MAX_DIMS] = {0};
   for (int i = 0; i < c.L.desc->ndims; i++) dims[i] = cavs_model_dim(c.m, i);
   if (eo->stream && predict) die(1, "--stream: for train and eval (predict reads its data whole)");
@@ -596,6 +597,8 @@ int cmd_info(const char *path) {
   info_schedule(ts);
   if (ts->bptt_vary > 0)
     printf("chunks      cut afresh each epoch, lengths drawn with deviation %g (--bptt-vary)\n", ts->bptt_vary);
+  else if (ts->bptt_state == CAVS_BPTT_RESET)
+    printf("chunks      shuffled, each from zeros (--bptt-state reset): cavs eval reads them so\n");
   long cw;
   int crows = cavs_ckpt_carried(k, &cw);
   if (crows) printf("carried     the state of %d streams, %ld values each (a resume goes on from it)\n", crows, cw);

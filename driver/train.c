@@ -171,9 +171,9 @@ static bool same_format(const char *a, const char *b) {
   return n[0] == n[1];
 }
 
-/* --resume: the checkpoint checked against the model; its dims into dims (those given
- * again must agree), and the training settings not given again into o. */
-static void resume_settings(Run *r, long *dims) {
+/* --resume: the checkpoint of this model (name and source) with the dims given again,
+ * its dims into cd */
+static void resume_dims(Run *r, long *cd) {
   TrainOpts *o = r->o;
   const cavs_desc *d = r->d;
   char err[1024];
@@ -182,7 +182,6 @@ static void resume_settings(Run *r, long *dims) {
   if (strcmp(cavs_ckpt_hash(r->ck), d->source_hash))
     die(1, "%s: the checkpoint was trained from another version of model '%s' (source hash %s, %s is %s)", o->resume,
         d->name, cavs_ckpt_hash(r->ck), o->model, d->source_hash);
-  long cd[CAVS_MAX_DIMS] = {0};
   if (cavs_ckpt_dims(r->ck, d, cd, err, sizeof err)) die(1, "%s: %s", o->resume, err);
   /* only the dims given on the command line must agree with the checkpoint */
   long asked[CAVS_MAX_DIMS] = {0};
@@ -193,6 +192,38 @@ static void resume_settings(Run *r, long *dims) {
        them, 0 where one was not asked) */
     if (asked[j] >= 0 && d->dims[j].kind != CAVS_DIM_PRODUCT && asked[j] != cd[j])
       die(1, "%s: dim %s is %ld in the checkpoint, but --dim asks for %ld", o->resume, d->dims[j].name, cd[j], asked[j]);
+}
+
+/* A run stopped inside an epoch goes on at its graph graphs_done of the epoch's order:
+ * of another format's graphs (text-bptt's chunks of another length), of the streams
+ * another batch lays text-bptt's chunks in, or of the chunks read the other way
+ * (shuffled, or laid in streams), that place is not where it stopped, and going on would
+ * train some graphs twice and others not at all. Called with o's settings final. */
+static void same_order(const TrainOpts *o, const cavs_train_state *cs) {
+  if (cs->graphs_done <= 0) return;
+  bool bptt = !strncmp(o->format, "text-bptt", 9);
+  if (cs->format[0] && !same_format(cs->format, o->format))
+    die(1, "%s: stopped inside epoch %d, on data of --format %s: go on with that format (this one's graphs are "
+           "others), or from an epoch's end",
+        o->resume, cs->epoch + 1, cs->format);
+  if (cs->batch > 0 && o->batch != cs->batch && bptt)
+    die(1, "%s: stopped inside epoch %d of text-bptt chunks laid in streams for --batch %d: go on with that batch, "
+           "or from an epoch's end",
+        o->resume, cs->epoch + 1, cs->batch);
+  /* (chunks that vary are read in streams alone: choose_cut says so) */
+  bool reset = bptt_state == BPTT_RESET;
+  if (cs->bptt_state && bptt && !(o->bptt_vary > 0) && reset != (cs->bptt_state == CAVS_BPTT_RESET))
+    die(1, "%s: stopped inside epoch %d of text-bptt chunks %s: go on with --bptt-state %s, or from an epoch's end",
+        o->resume, cs->epoch + 1, reset ? "laid in streams, the state carried" : "shuffled, each from zeros",
+        reset ? "carry" : "reset");
+}
+
+/* --resume: the checkpoint checked against the model; its dims into dims (those given
+ * again must agree), and the training settings not given again into o. */
+static void resume_settings(Run *r, long *dims) {
+  TrainOpts *o = r->o;
+  long cd[CAVS_MAX_DIMS] = {0};
+  resume_dims(r, cd);
   const cavs_train_state *cs = cavs_ckpt_state(r->ck);
   /* checked before an epoch runs: the run's last epoch must be one a checkpoint holds */
   if (o->epochs > CAVS_MAX_EPOCHS - cs->epoch)
@@ -209,18 +240,6 @@ static void resume_settings(Run *r, long *dims) {
   if (o->set_momentum) c.momentum = o->optim.momentum;
   o->optim = c;
   if (!o->set_batch && cs->batch > 0) o->batch = cs->batch;
-  /* a run stopped inside an epoch goes on at its graph graphs_done of the epoch's
-     order: of another format's graphs (text-bptt's chunks of another length), or of the
-     streams another batch lays text-bptt's chunks in, that place is not where it
-     stopped, and going on would train some graphs twice and others not at all */
-  if (cs->graphs_done > 0 && cs->format[0] && !same_format(cs->format, o->format))
-    die(1, "%s: stopped inside epoch %d, on data of --format %s: go on with that format (this one's graphs are "
-           "others), or from an epoch's end",
-        o->resume, cs->epoch + 1, cs->format);
-  if (cs->graphs_done > 0 && cs->batch > 0 && o->batch != cs->batch && !strncmp(o->format, "text-bptt", 9))
-    die(1, "%s: stopped inside epoch %d of text-bptt chunks laid in streams for --batch %d: go on with that batch, "
-           "or from an epoch's end",
-        o->resume, cs->epoch + 1, cs->batch);
   /* the schedule and the selection (format 3 on: select is then 1..3) */
   if (cs->select && !o->set_sched) {
     o->lr_decay = cs->lr_decay;
@@ -235,7 +254,9 @@ static void resume_settings(Run *r, long *dims) {
     o->plateau_patience = cs->plateau_patience;
   }
   if (!o->set_vary) o->bptt_vary = cs->bptt_vary;
-  memcpy(dims, cd, sizeof(long) * (size_t)d->ndims);
+  bptt_as_saved(cs); /* (text-bptt's chunks read as before, unless told) */
+  same_order(o, cs);
+  memcpy(dims, cd, sizeof(long) * (size_t)r->d->ndims);
   r->v = keep(cavs_ckpt_vocab(r->ck));
   if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
 }
@@ -1293,6 +1314,8 @@ static void ready_run(Run *r, bool norm) {
     r->carry = false; /* a model that cannot (several states): each chunk from zeros */
   }
   if (!r->carry) cavs_model_carry_state(r->m, 0); /* (what a checkpoint carried, not used) */
+  /* (kept in the checkpoint: cavs eval and a resume read the chunks as they were) */
+  r->ts.bptt_state = strncmp(o->format, "text-bptt", 9) ? CAVS_BPTT_UNSAID : r->carry ? CAVS_BPTT_CARRY : CAVS_BPTT_RESET;
   choose_cut(r);
   check_ranks(r);
   r->with_acc = has_accuracy(r->d);

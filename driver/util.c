@@ -129,6 +129,10 @@ bool carries(const char *f) {
   return bptt && bptt_state != BPTT_RESET;
 }
 
+void bptt_as_saved(const cavs_train_state *cs) {
+  if (bptt_state == BPTT_DEFAULT && cs->bptt_state == CAVS_BPTT_RESET) bptt_state = BPTT_RESET;
+}
+
 int *stream_order(int n, int batch) {
   int *order = xmalloc(sizeof(int) * (size_t)(n ? n : 1));
   int per = n / batch, extra = n % batch;

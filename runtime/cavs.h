@@ -661,7 +661,14 @@ typedef struct cavs_train_state {
      draws each minibatch (--bptt-vary; 0, every chunk the format's length, in
      checkpoints before format 7 and by default) */
   double bptt_vary;
+  /* text-bptt: how the chunks were read (0, not said, in checkpoints before format 9 and
+     in a state that leaves it): CAVS_BPTT_CARRY, laid in streams with the state carried
+     (--bptt-state carry, the default), or CAVS_BPTT_RESET, shuffled, each chunk from
+     zeros. cavs eval reads a checkpoint's text-bptt data so unless told, and a resumed
+     run goes on so. */
+  int bptt_state;
 } cavs_train_state;
+enum { CAVS_BPTT_UNSAID = 0, CAVS_BPTT_CARRY = 1, CAVS_BPTT_RESET = 2 };
 /* The schedules of a training run's rate by epoch e (1, 2, ...), base rate lr:
  * constant; step: lr * lr_decay^n, n = 0 up to epoch s = lr_decay_start (lr_step when
  * 0), then floor((e-1-s)/lr_step) + 1 (with s = lr_step: floor((e-1)/lr_step); Zaremba et

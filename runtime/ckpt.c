@@ -21,6 +21,7 @@
  *                                the last minibatch left (cavs_model_carry_state; 0
  *                                rows when the model carries none)          (format 6 on)
  *   f64 bptt_vary                                                         (format 7 on)
+ *   u32 bptt_state    text-bptt's chunks: 0 not said, 1 carried, 2 from zeros (format 9 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -31,8 +32,8 @@
  * momentum, schedule kind or schedule state), 4 (no options: a resumed run had the
  * model's defaults) and 5 (no carried state: a run resumed inside an epoch started its
  * streams from zeros), 6 (no bptt_vary: chunks of one length) and 7 (u8 has_moments, 0
- * or 1 for both blocks: an optimizer of one block wrote the second as zeros) are still
- * read. */
+ * or 1 for both blocks: an optimizer of one block wrote the second as zeros) and 8 (no
+ * bptt_state: not said) are still read. */
 #include "afile.h"
 #include "cv.h"
 #include "data.h"
@@ -47,7 +48,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 8
+#define CKPT_VERSION 9
 
 /* ---- writing into a growing buffer ---- */
 
@@ -208,6 +209,7 @@ static size_t put_state(Buf *b, cavs_model *m, const cavs_train_state *ts, size_
   put(b, NULL, cbytes);
   if (!b->oom && !b->lost && cbytes && m->be->download(m, b->p + at, m->carry, cbytes)) b->lost = true;
   put_f64(b, ts->bptt_vary);
+  put_u32(b, (uint32_t)ts->bptt_state);
   *at_out = at;
   return (size_t)crows * (size_t)cw;
 }
@@ -763,7 +765,7 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
 /* Format 6's first decay of the step schedule, and its carried state: at most a
  * minibatch's graphs (2^20) of a state no wider than a model's buffer can be, every
  * value finite; whether its width is the model's is checked when applied. Then format
- * 7's deviation of the chunk lengths. */
+ * 7's deviation of the chunk lengths, and format 9's reading of the chunks. */
 static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   if (version < 6) return true;
   k->ts.lr_decay_start = (int)get_u32(r); /* (checked with the schedule) */
@@ -788,6 +790,7 @@ static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, 
   k->carry_w = w;
   k->carry_at = (size_t)(p - k->data);
   if (version >= 7) k->ts.bptt_vary = get_f64(r); /* (checked with the schedule) */
+  if (version >= 9) k->ts.bptt_state = (int)get_u32(r); /* (checked with the state) */
   return true;
 }
 
@@ -816,6 +819,10 @@ static const char *state_fault(const cavs_train_state *t) {
       t->lr_decay_start > 1000000)
     return "learning-rate schedule";
   if (!(t->bptt_vary >= 0 && t->bptt_vary <= CAVS_MAX_BPTT_VARY)) return "chunk lengths";
+  /* (chunks of lengths that vary are read in carried streams alone) */
+  if (t->bptt_state < CAVS_BPTT_UNSAID || t->bptt_state > CAVS_BPTT_RESET ||
+      (t->bptt_state == CAVS_BPTT_RESET && t->bptt_vary > 0))
+    return "reading of the chunks";
   int bptt;
   if (!memchr(t->format, 0, sizeof t->format) || (*t->format && !cv_format_named(t->format, &bptt)))
     return "data format";

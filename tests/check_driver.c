@@ -2313,10 +2313,11 @@ START_TEST(stream_trains_as_loaded) {
 END_TEST
 
 /* A language model trained on text-bptt:9 in 8 streams, with `vary` the --bptt-vary
- * (NULL: none), stopped by SIGINT inside an epoch and resumed for one epoch into
- * NAME2.ckpt (not told --bptt-vary again: the checkpoint keeps it), and the same run
- * never interrupted into NAMEw.ckpt: the same bytes. The epochs the stopped run had done. */
-static int lm_stopped_and_resumed(const char *name, const char *vary) {
+ * (NULL: none) or, `reset`, each chunk from zeros, stopped by SIGINT inside an epoch and
+ * resumed for one epoch into NAME2.ckpt (not told --bptt-vary or --bptt-state again: the
+ * checkpoint keeps them), and the same run never interrupted into NAMEw.ckpt: the same
+ * bytes. The epochs the stopped run had done. */
+static int lm_stopped_and_resumed(const char *name, const char *vary, bool reset) {
   char txt[64], ckpt[64], again[64], whole[64], out[64];
   snprintf(txt, sizeof txt, "%s.txt", name);
   snprintf(ckpt, sizeof ckpt, "%s.ckpt", name);
@@ -2328,10 +2329,12 @@ static int lm_stopped_and_resumed(const char *name, const char *vary) {
   for (int i = 0; i < 3000; i++) fprintf(f, "w%d a w%d b c%d\n", i % 11, i % 7, i % 5);
   fclose(f);
   char epochs[16] = "1000";
+  /* (what each way of reading the chunks says before the first epoch) */
+  const char *how = vary ? "--bptt-vary" : reset ? "--bptt-state" : NULL, *arg = vary ? vary : "reset";
   char *argv[] = {(char *)cavs_bin, "train", strdup(model("lstm_lm.vf")), "--format", "text-bptt:9", "--train",
                   strdup(path_in(txt)), "--dim", "E=8", "--dim", "H=8", "--batch", "8", "--threads", "1",
-                  "--epochs", epochs, "--save", strdup(path_in(ckpt)), vary ? "--bptt-vary" : NULL, (char *)vary, NULL};
-  int st = run_and_signal(argv, path_in(out), vary ? "cut afresh" : "state carried", 0.3, SIGINT);
+                  "--epochs", epochs, "--save", strdup(path_in(ckpt)), (char *)how, (char *)arg, NULL};
+  int st = run_and_signal(argv, path_in(out), vary ? "cut afresh" : reset ? "parameters" : "state carried", 0.3, SIGINT);
   ck_assert_msg(st == 130, "exit %d", st);
   char *e = info_field(path_in(ckpt), "training");
   int done = -1;
@@ -2344,8 +2347,8 @@ static int lm_stopped_and_resumed(const char *name, const char *vary) {
   tu_free(&r);
   snprintf(epochs, sizeof epochs, "%d", done + 1);
   r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in(txt), "--dim", "E=8", "--dim",
-           "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save", path_in(whole),
-           vary ? "--bptt-vary" : NULL, vary, NULL);
+           "H=8", "--batch", "8", "--threads", "1", "--epochs", epochs, "--quiet", "--save", path_in(whole), how, arg,
+           NULL);
   ok(&r, "uninterrupted");
   tu_free(&r);
   same_bytes(whole, again, "the language model interrupted and resumed differs from the uninterrupted one");
@@ -2359,32 +2362,29 @@ static int lm_stopped_and_resumed(const char *name, const char *vary) {
  * checkpoint saved inside an epoch carries each stream's state (format 6), and the
  * resumed run goes on from it, to the bytes of a run never interrupted. */
 START_TEST(sigint_resumes_carried_state_exactly) {
-  lm_stopped_and_resumed("lmi", NULL);
+  lm_stopped_and_resumed("lmi", NULL, false);
   /* 8 streams (--batch) of c and h (2H): mid-epoch or at an epoch's end (no --dev, so
      nothing evaluated it away), the last minibatch's state */
   char *e = info_field(path_in("lmi.ckpt"), "carried");
   ck_assert_msg(strstr(e, "the state of 8 streams, 16 values each"), "%s", e);
   free(e);
-  /* and resumed with --bptt-state reset, the carried state is not used: another run */
-  RunResult r = cavs("train", model("lstm_lm.vf"), "--format", "text-bptt:9", "--train", path_in("lmi.txt"),
-                     "--threads", "1", "--epochs", "1", "--quiet", "--bptt-state", "reset", "--resume",
-                     path_in("lmi.ckpt"), NULL);
-  ok(&r, "resume without carrying");
-  tu_free(&r);
   /* a checkpoint from inside an epoch goes on at its place in the epoch's order, which
-     another chunk length or another batch (text-bptt's streams) moves: refused, where
-     the same format spelled otherwise is not; from an epoch's end (where the signal
-     came between epochs) each goes on */
-  r = cavs("info", path_in("lmi.ckpt"), NULL);
+     another chunk length, another batch (text-bptt's streams) or chunks shuffled
+     (--bptt-state reset) move: refused, where the same format spelled otherwise is not;
+     from an epoch's end (where the signal came between epochs) each goes on */
+  RunResult r = cavs("info", path_in("lmi.ckpt"), NULL);
   ok(&r, "info");
   bool in = strstr(r.out, "interrupted ") != NULL;
   tu_free(&r);
-  const char *other[][4] = {{"text-bptt:10", "8", "on data of --format text-bptt:9", NULL},
-                            {"text-bptt:9", "4", "laid in streams for --batch 8", NULL},
-                            {"text-bptt:09", "8", NULL, NULL}};
-  for (int k = 0; k < 3; k++) {
+  const char *other[][4] = {{"text-bptt:10", "8", "on data of --format text-bptt:9", "carry"},
+                            {"text-bptt:9", "4", "laid in streams for --batch 8", "carry"},
+                            {"text-bptt:9", "8", "chunks laid in streams, the state carried: go on with --bptt-state carry",
+                             "reset"},
+                            {"text-bptt:09", "8", NULL, "carry"}};
+  for (int k = 0; k < 4; k++) {
     r = cavs("train", model("lstm_lm.vf"), "--format", other[k][0], "--batch", other[k][1], "--train",
-             path_in("lmi.txt"), "--threads", "1", "--epochs", "1", "--quiet", "--resume", path_in("lmi.ckpt"), NULL);
+             path_in("lmi.txt"), "--threads", "1", "--epochs", "1", "--quiet", "--bptt-state", other[k][3], "--resume",
+             path_in("lmi.ckpt"), NULL);
     if (in && other[k][2])
       ck_assert_msg(r.status == 1 && strstr(r.err, other[k][2]) && strstr(r.err, "stopped inside epoch"), "%d %s",
                     r.status, tu_tail(r.err, 1800));
@@ -2394,13 +2394,46 @@ START_TEST(sigint_resumes_carried_state_exactly) {
 }
 END_TEST
 
+/* The loss `cavs eval` prints of checkpoint ck on data, with `state` its --bptt-state
+   (NULL: not told) */
+static double ckpt_eval_loss(const char *ck, const char *data, const char *state) {
+  RunResult r = cavs("eval", ck, "--data", data, "--batch", "8", "--threads", "1", "--json", state ? "--bptt-state" : NULL,
+                     state, NULL);
+  ok(&r, "eval");
+  const char *at = strstr(r.out, "\"loss\":");
+  ck_assert_msg(at, "%s", r.out);
+  double loss = strtod(at + 7, NULL);
+  tu_free(&r);
+  return loss;
+}
+
+/* The same for chunks each from zeros, shuffled (--bptt-state reset): the checkpoint
+ * keeps the reading (format 9), so that the resume goes on with it untold, and cavs eval
+ * reads the data as the model was trained unless told otherwise. */
+START_TEST(sigint_resumes_reset_chunks_exactly) {
+  lm_stopped_and_resumed("lmr", NULL, true);
+  char *e = info_field(path_in("lmr2.ckpt"), "chunks");
+  ck_assert_msg(strstr(e, "shuffled, each from zeros (--bptt-state reset)"), "%s", e);
+  free(e);
+  double untold = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), NULL),
+         reset = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), "reset"),
+         carry = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), "carry");
+  ck_assert_msg(untold == reset && carry != reset, "eval untold %.17g, reset %.17g, carry %.17g", untold, reset, carry);
+  /* a checkpoint of carried streams: eval carries untold */
+  untold = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), NULL);
+  carry = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), "carry");
+  reset = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), "reset");
+  ck_assert_msg(untold == carry && carry != reset, "eval untold %.17g, carry %.17g, reset %.17g", untold, carry, reset);
+}
+END_TEST
+
 /* --bptt-vary: the same, the chunks cut afresh each epoch; the checkpoint keeps the
  * deviation and the cut, drawn from the generator it keeps as the interrupted epoch
  * began, is the same. The same run in chunks of one length is another run. A checkpoint
  * that varies resumed with each chunk from zeros is refused, as is the option on chunks
  * not carried. */
 START_TEST(sigint_resumes_varied_chunks_exactly) {
-  int done = lm_stopped_and_resumed("lmv", "3");
+  int done = lm_stopped_and_resumed("lmv", "3", false);
   char *e = info_field(path_in("lmv.ckpt"), "chunks");
   ck_assert_msg(strstr(e, "deviation 3 (--bptt-vary)"), "%s", e);
   free(e);
@@ -3761,6 +3794,7 @@ int main(void) {
   tcase_add_test(tc, stream_index_cached);
   tcase_add_test(tc, sigint_resumes_carried_state_exactly);
   tcase_add_test(tc, sigint_resumes_varied_chunks_exactly);
+  tcase_add_test(tc, sigint_resumes_reset_chunks_exactly);
   tcase_add_test(tc, sigkill_never_tears_a_checkpoint);
   tcase_add_test(tc, regression_and_two_losses);
   tcase_add_test(tc, prebuilt_library);

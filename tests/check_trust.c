@@ -275,18 +275,21 @@ enum { V5_TAIL = 4 + 4 + 6 + 8 };
 /* Format 6's after them: the step schedule's first decay 4, the carried state (none in
    base.ckpt: rows 4 and width 4). */
 enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
-/* Format 7's after them: the deviation of the chunk lengths, 8. */
-enum { V7_TAIL = 8 };
+/* Format 7's after them: the deviation of the chunk lengths, 8. Then format 9's reading
+   of text-bptt's chunks, 4. */
+enum { V7_TAIL = 8, V9_TAIL = 4 };
 
 static size_t steps_at(const Ckpt *k);
-/* k as format `v` (below 8) has it: the version, and the moments' byte has_moments, 1 for
- * both blocks (base.ckpt's Adam holds both; format 8 writes the count, 2). The fields
- * that format lacks are the caller's to take out. */
+/* k as format `v` (below 9) has it: the version, without format 9's tail (the last field
+ * before the checksum), and below 8 the moments' byte has_moments, 1 for both blocks
+ * (base.ckpt's Adam holds both; format 8 writes the count, 2). The other fields that
+ * format lacks are the caller's to take out (their places counted with V9_TAIL). */
 static void old_version(Ckpt *k, uint32_t v) {
+  ck_splice(k, k->n - 8 - V9_TAIL, V9_TAIL, "", 0);
   size_t at = steps_at(k) + 8;
   ck_assert_uint_eq(k->p[at], 2);
   unsigned char one = 1;
-  ck_splice(k, at, 1, &one, 1);
+  if (v < 8) ck_splice(k, at, 1, &one, 1);
   ck_splice(k, 8, 4, &v, 4);
 }
 
@@ -295,8 +298,8 @@ static void old_version(Ckpt *k, uint32_t v) {
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 8);
+  size_t tail = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -365,8 +368,8 @@ static int64_t bits(double x) {
  * read (its decay as the step schedule, no plateau best yet), and trained on. */
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
-  size_t t4 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 8);
+  size_t t4 = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -444,8 +447,8 @@ END_TEST
  * the model's defaults. */
 START_TEST(format_5_options) {
   Ckpt k0 = load_base();
-  size_t t5 = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL;
-  ck_assert_uint_eq(rd32(&k0, 8), 8);
+  size_t t5 = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
   ck_assert_uint_eq(rd32(&k0, t5), 1);
   ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
   struct {
@@ -567,15 +570,15 @@ static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *v
   memcpy(f, &rows, 4);
   memcpy(f + 4, &w, 4);
   if (nvals) memcpy(f + 8, vals, sizeof(float) * nvals);
-  ck_splice(&k, k0->n - 8 - V7_TAIL - V6_CARRY, V6_CARRY, f, n);
+  ck_splice(&k, k0->n - 8 - V9_TAIL - V7_TAIL - V6_CARRY, V6_CARRY, f, n);
   free(f);
   return k;
 }
 START_TEST(format_6_carried_state) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 8);
-  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V7_TAIL - V6_CARRY), 0);
-  field_refused(&k0, k0.n - 8 - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V9_TAIL - V7_TAIL - V6_CARRY), 0);
+  field_refused(&k0, k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
   float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
   struct {
     uint32_t rows, w;
@@ -619,7 +622,7 @@ START_TEST(format_6_carried_state) {
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t five = 5;
-  ck_splice(&k, k0.n - 8 - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
+  ck_splice(&k, k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
   old_version(&k, five);
   save(&k, "v5.ckpt");
   c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
@@ -638,8 +641,8 @@ END_TEST
  * length. */
 START_TEST(format_7_chunk_lengths) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 8);
-  size_t at = k0.n - 8 - V7_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  size_t at = k0.n - 8 - V9_TAIL - V7_TAIL;
   double bad[] = {-1, 1e6 * 2, NAN, INFINITY};
   char err[512];
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -741,14 +744,53 @@ START_TEST(format_8_moment_blocks) {
 }
 END_TEST
 
+/* Format 9's reading of text-bptt's chunks: 0 (not said), 1 (carried) or 2 (from zeros),
+ * and never 2 with chunks of lengths that vary, or refused; 2 read back; a format 8
+ * checkpoint, which has none, read as not said, and still evaluated. */
+START_TEST(format_9_chunk_reading) {
+  Ckpt k0 = load_base();
+  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  size_t at = k0.n - 8 - V9_TAIL;
+  ck_assert_uint_eq(rd32(&k0, at), 0); /* (ptb-tree: not said) */
+  static const int64_t bad[] = {3, 0xffffffff, 0x80000000};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) field_refused(&k0, at, bad[i], 4, "reading of the chunks", i);
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  uint32_t reset = CAVS_BPTT_RESET;
+  ck_splice(&k, at, 4, &reset, 4);
+  save(&k, "v9.ckpt");
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in("v9.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_int_eq(cavs_ckpt_state(c)->bptt_state, CAVS_BPTT_RESET);
+  cavs_ckpt_free(c);
+  double vary = 2.5; /* (with chunks that vary: refused) */
+  int64_t bits;
+  memcpy(&bits, &vary, 8);
+  field_refused(&k, at - V7_TAIL, bits, 8, "reading of the chunks", 9);
+  /* format 8: the tail gone, the version 8 */
+  old_version(&k, 8);
+  save(&k, "v8.ckpt");
+  c = cavs_ckpt_read(path_in("v8.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_int_eq(cavs_ckpt_state(c)->bptt_state, CAVS_BPTT_UNSAID);
+  cavs_ckpt_free(c);
+  RunResult r = cavs("eval", path_in("v8.ckpt"), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  tu_free(&r);
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
 /* Counters at the ends of their types pass no more (a resume overflowed them, UBSan
  * said, and wrote a checkpoint that `cavs info` called damaged): each is bounded on
  * read, and at the bound itself, going on is refused or fails cleanly, and the
  * checkpoint resumed from is untouched. */
-/* Where base.ckpt's epoch count is, from the end: checksum 8, format 6's and 5's tails, format
+/* Where base.ckpt's epoch count is, from the end: checksum 8, format 9's, 7's, 6's and 5's tails, format
    4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
    batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
-static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
 
 /* The data format a checkpoint records (the one --resume reads data in): a known name,
  * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
@@ -781,7 +823,7 @@ END_TEST
 
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
+  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1934,6 +1976,7 @@ int main(void) {
   tcase_add_test(tc, format_6_carried_state);
   tcase_add_test(tc, format_7_chunk_lengths);
   tcase_add_test(tc, format_8_moment_blocks);
+  tcase_add_test(tc, format_9_chunk_reading);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
   tcase_add_test(tc, planted_or_broken_object_rebuilt);

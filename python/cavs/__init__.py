@@ -372,6 +372,9 @@ class Model:
     def __init__(self, spec, dims=None, vocab=None, data=(), seed=1, threads=1, init=True, device="cpu"):
         self.spec = spec
         self.vocab = vocab
+        # how text-bptt training read the chunks ("carry", "reset"; None: not said), as
+        # train sets it, save keeps it and load reads it back: evaluate's default
+        self.bptt_state = None
         d = spec.desc.contents
         bound = {}
         for j in range(d.ndims):
@@ -696,7 +699,8 @@ class Model:
             raise ValueError(f"format {format!r}: a data format's name is shorter than "
                              f"{C.TrainState.format.size} bytes")
         err = ctypes.create_string_buffer(1024)
-        ts = C.TrainState(epoch=epoch, best=-1.0, format=fmt)
+        ts = C.TrainState(epoch=epoch, best=-1.0, format=fmt,
+                          bptt_state={"carry": C.BPTT_CARRY, "reset": C.BPTT_RESET}.get(self.bptt_state, 0))
         v = self.vocab._ptr if self.vocab else None
         if C.lib().cavs_ckpt_save(_b(os.fspath(path)), self._ptr, None, v, ctypes.byref(ts), err, len(err)):
             raise Error(_s(err.value))
@@ -734,6 +738,7 @@ def load(path, threads=1):
             raise Error(f"{path}: {_s(err.value)}")
         model.carry_state(False)  # (a state carried when it was saved: not until asked)
         model.format = _s(lib.cavs_ckpt_state(k).contents.format)
+        model.bptt_state = {C.BPTT_CARRY: "carry", C.BPTT_RESET: "reset"}.get(lib.cavs_ckpt_state(k).contents.bptt_state)
         return model
     finally:
         lib.cavs_ckpt_free(k)
@@ -844,9 +849,12 @@ def evaluate(model, data, batch=64, bptt_state=None):
     """One pass over data in inference: loss (each loss's mean over its rows, summed),
     accuracy over labeled vertices and at the roots, as cavs eval counts them. text-bptt
     data is read as `batch` streams whose state is carried (bptt_state "reset": each
-    chunk from zeros), as cavs eval reads it."""
+    chunk from zeros), as cavs eval reads it; by default as the model was trained
+    (model.bptt_state "reset": from zeros)."""
     sums, counts = {}, {}
     tot = {"count": 0, "correct": 0, "root_count": 0, "root_correct": 0, "graphs": 0}
+    if bptt_state is None and getattr(model, "bptt_state", None) == "reset":
+        bptt_state = "reset"
     carry = _carries(model, data, bptt_state)
     batches = model._batches(data, batch)
     if carry:
@@ -974,6 +982,9 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     rng = (seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF
     gs = list(data._gptrs if isinstance(data, Dataset) else [g.ptr for g in data])
     carry = _carries(model, data, bptt_state)
+    fmt = getattr(data, "format", None) or ""
+    if fmt == "text-bptt" or fmt.startswith("text-bptt:"):
+        model.bptt_state = "carry" if carry else "reset"
     if not (0 <= bptt_vary <= 1e6):
         raise Error(f"bptt_vary {bptt_vary}: not a number from 0 to 10^6")
     if bptt_vary and not carry:

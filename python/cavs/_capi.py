@@ -120,7 +120,10 @@ class TrainState(ctypes.Structure):
                 ("warmup", c_int), ("patience", c_int), ("since_best", c_int), ("best_epoch", c_int),
                 ("schedule", c_int), ("lr_min", c_double), ("cosine_epochs", c_int), ("plateau_factor", c_double),
                 ("plateau_patience", c_int), ("lr_now", c_double), ("plateau_best", c_double),
-                ("plateau_bad", c_int), ("lr_decay_start", c_int), ("bptt_vary", c_double)]
+                ("plateau_bad", c_int), ("lr_decay_start", c_int), ("bptt_vary", c_double), ("bptt_state", c_int)]
+
+
+BPTT_CARRY, BPTT_RESET = 1, 2  # cavs.h's CAVS_BPTT_CARRY and CAVS_BPTT_RESET
 
 
 P = ctypes.POINTER

@@ -102,6 +102,15 @@ def test_language_model_is_cavs_trains(tmp_path, state):
     _, out, _ = cavs_cli("eval", tmp_path / "lm.ckpt", "--data", tmp_path / "lm.txt", "--batch", 3, "--bptt-state",
                          state, "--json", "--threads", 1)
     assert json.loads(out)["loss"] == pytest.approx(cavs.evaluate(model, train, 3, state)["loss"], rel=1e-12)
+    # untold, cavs eval and evaluate (of the model, and of the checkpoint loaded) read
+    # the chunks as the model was trained, which the checkpoint keeps
+    _, untold, _ = cavs_cli("eval", tmp_path / "lm.ckpt", "--data", tmp_path / "lm.txt", "--batch", 3, "--json",
+                            "--threads", 1)
+    assert json.loads(untold)["loss"] == json.loads(out)["loss"]
+    loaded = cavs.load(tmp_path / "lm.ckpt")
+    assert loaded.bptt_state == state
+    assert cavs.evaluate(loaded, train, 3)["loss"] == pytest.approx(json.loads(out)["loss"], rel=1e-12)
+    assert cavs.evaluate(model, train, 3)["loss"] == cavs.evaluate(model, train, 3, state)["loss"]
     with pytest.raises(cavs.Error, match="not carry or reset"):
         cavs.evaluate(model, train, 3, "keep")
     if vary:  # another cut than chunks of one length: another run
