@@ -1063,15 +1063,24 @@ END_TEST
  * token: the same loss to float's rounding; with reset it does not. Training carries
  * by default and says so, and under reset says nothing; carry on a format whose graphs
  * do not continue one another is refused, and so is a word that is not carry or reset. */
-static double eval_loss(const char *fmt_, const char *batch, const char *state) {
-  RunResult r = cavs("eval", path_in("lmc.ckpt"), "--data", path_in("lmc.txt"), "--format", fmt_, "--batch", batch,
-                     "--bptt-state", state, "--json", NULL);
-  ok(&r, fmt_);
+/* The loss `cavs eval --json` gives of checkpoint ck on data: with --format fmt_ where
+   not NULL, --batch batch, and --bptt-state state where not NULL */
+static double ckpt_eval_loss(const char *ck, const char *data, const char *fmt_, const char *batch, const char *state) {
+  char *argv[16] = {(char *)cavs_bin, "eval", (char *)ck, "--data", (char *)data, "--batch", (char *)batch, "--threads",
+                    "1", "--json"};
+  int n = 10;
+  if (fmt_) argv[n++] = "--format", argv[n++] = (char *)fmt_;
+  if (state) argv[n++] = "--bptt-state", argv[n++] = (char *)state;
+  RunResult r = tu_run(NULL, argv, 300);
+  ok(&r, fmt_ ? fmt_ : "eval");
   const char *at = strstr(r.out, "\"loss\":");
   ck_assert_msg(at, "%s", r.out);
   double loss = strtod(at + 7, NULL);
   tu_free(&r);
   return loss;
+}
+static double eval_loss(const char *fmt_, const char *batch, const char *state) {
+  return ckpt_eval_loss(path_in("lmc.ckpt"), path_in("lmc.txt"), fmt_, batch, state);
 }
 START_TEST(bptt_state_carried) {
   char text[2048];
@@ -2394,19 +2403,6 @@ START_TEST(sigint_resumes_carried_state_exactly) {
 }
 END_TEST
 
-/* The loss `cavs eval` prints of checkpoint ck on data, with `state` its --bptt-state
-   (NULL: not told) */
-static double ckpt_eval_loss(const char *ck, const char *data, const char *state) {
-  RunResult r = cavs("eval", ck, "--data", data, "--batch", "8", "--threads", "1", "--json", state ? "--bptt-state" : NULL,
-                     state, NULL);
-  ok(&r, "eval");
-  const char *at = strstr(r.out, "\"loss\":");
-  ck_assert_msg(at, "%s", r.out);
-  double loss = strtod(at + 7, NULL);
-  tu_free(&r);
-  return loss;
-}
-
 /* The same for chunks each from zeros, shuffled (--bptt-state reset): the checkpoint
  * keeps the reading (format 9), so that the resume goes on with it untold, and cavs eval
  * reads the data as the model was trained unless told otherwise. */
@@ -2415,14 +2411,14 @@ START_TEST(sigint_resumes_reset_chunks_exactly) {
   char *e = info_field(path_in("lmr2.ckpt"), "chunks");
   ck_assert_msg(strstr(e, "shuffled, each from zeros (--bptt-state reset)"), "%s", e);
   free(e);
-  double untold = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), NULL),
-         reset = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), "reset"),
-         carry = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), "carry");
+  double untold = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), NULL, "8", NULL),
+         reset = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), NULL, "8", "reset"),
+         carry = ckpt_eval_loss(path_in("lmr2.ckpt"), path_in("lmr.txt"), NULL, "8", "carry");
   ck_assert_msg(untold == reset && carry != reset, "eval untold %.17g, reset %.17g, carry %.17g", untold, reset, carry);
   /* a checkpoint of carried streams: eval carries untold */
-  untold = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), NULL);
-  carry = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), "carry");
-  reset = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), "reset");
+  untold = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), NULL, "8", NULL);
+  carry = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), NULL, "8", "carry");
+  reset = ckpt_eval_loss(path_in("lmi2.ckpt"), path_in("lmi.txt"), NULL, "8", "reset");
   ck_assert_msg(untold == carry && carry != reset, "eval untold %.17g, carry %.17g, reset %.17g", untold, carry, reset);
 }
 END_TEST
