@@ -280,6 +280,14 @@ enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
 enum { V7_TAIL = 8, V9_TAIL = 4 };
 
 static size_t steps_at(const Ckpt *k);
+/* `cavs eval` of the checkpoint `name` on data.txt: an accuracy, exit 0 (an old format
+   still evaluated) */
+static void evaluates(const char *name) {
+  RunResult r = cavs("eval", path_in(name), "--data", path_in("data.txt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s: %s%s", name, r.out, r.err);
+  tu_free(&r);
+}
+
 /* k as format `v` (below 9) has it: the version, without format 9's tail (the last field
  * before the checksum), and below 8 the moments' byte has_moments, 1 for both blocks
  * (base.ckpt's Adam holds both; format 8 writes the count, 2). The other fields that
@@ -335,9 +343,7 @@ START_TEST(format_3_fields) {
   ck_assert_int_eq(cavs_ckpt_state(c)->select, 0);
   ck_assert_int_eq(cavs_ckpt_state(c)->epoch, 1);
   cavs_ckpt_free(c);
-  RunResult r = cavs("eval", path_in("v2.ckpt"), "--data", path_in("data.txt"), NULL);
-  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
-  tu_free(&r);
+  evaluates("v2.ckpt");
   free(k.p);
   free(k0.p);
 }
@@ -528,9 +534,7 @@ START_TEST(format_5_options) {
   ck_assert_msg(c != NULL, "%s", err);
   ck_assert_int_eq(cavs_ckpt_noptions(c), 0);
   cavs_ckpt_free(c);
-  r = cavs("eval", path_in("v4.ckpt"), "--data", path_in("data.txt"), NULL);
-  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
-  tu_free(&r);
+  evaluates("v4.ckpt");
   free(k.p);
   free(k0.p);
 }
@@ -628,9 +632,7 @@ START_TEST(format_6_carried_state) {
   c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
   ck_assert_msg(c != NULL, "%s", err);
   cavs_ckpt_free(c);
-  r = cavs("eval", path_in("v5.ckpt"), "--data", path_in("data.txt"), NULL);
-  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
-  tu_free(&r);
+  evaluates("v5.ckpt");
   free(k.p);
   free(k0.p);
 }
@@ -668,9 +670,7 @@ START_TEST(format_7_chunk_lengths) {
   ck_assert_msg(c != NULL, "%s", err);
   ck_assert(cavs_ckpt_state(c)->bptt_vary == 0);
   cavs_ckpt_free(c);
-  RunResult r = cavs("eval", path_in("v6.ckpt"), "--data", path_in("data.txt"), NULL);
-  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
-  tu_free(&r);
+  evaluates("v6.ckpt");
   free(k.p);
   free(k0.p);
 }
@@ -775,9 +775,7 @@ START_TEST(format_9_chunk_reading) {
   ck_assert_msg(c != NULL, "%s", err);
   ck_assert_int_eq(cavs_ckpt_state(c)->bptt_state, CAVS_BPTT_UNSAID);
   cavs_ckpt_free(c);
-  RunResult r = cavs("eval", path_in("v8.ckpt"), "--data", path_in("data.txt"), NULL);
-  ck_assert_msg(r.status == 0 && strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
-  tu_free(&r);
+  evaluates("v8.ckpt");
   free(k.p);
   free(k0.p);
 }
