@@ -310,7 +310,8 @@ static bool ptable_make(cavs_ctx *c, struct cv_ptable *t) {
   if (t->trows <= 0 || t->trows > INT_MAX || t->cols <= 0 || bytes / (size_t)t->cols / m->esize != (size_t)t->trows ||
       bytes > PTABLE_MAX || !(t->mem = m->be->alloc(m, bytes))) {
     t->rows = -1;
-    m->alloc_why[0] = 0; /* not an error */
+    m->alloc_why[0] = 0; /* not an error (a device that failed is the model's failure: the pass's end says it) */
+    m->alloc_lost = false;
     return false;
   }
   BE(c)->gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, (int)t->trows, t->cols, t->k, 1, t->table, t->ldt, t->w, t->ldw, 0,

@@ -300,6 +300,12 @@ static void *cuda_alloc(cavs_model *m, size_t bytes) {
   if (e == cudaSuccess) return p;
   snprintf(m->alloc_why, sizeof m->alloc_why, "cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
   (void)cudaGetLastError(); /* said here (or not an error: inference's product tables), as CK does */
+  /* not for want of memory: the device failed (a fault before, a lost device), which
+     the model reports (its first failure), not "out of memory" */
+  if (e != cudaErrorMemoryAllocation) {
+    record(m, EIO, __FILE__, __LINE__, "%s", m->alloc_why);
+    m->alloc_lost = true;
+  }
   return NULL;
 }
 /* Work queued before may still use it (a memset of the model's making, the last pass's

@@ -151,6 +151,10 @@ struct cavs_model {
   int ablate; /* enum cavs_ablation */
   char err[512];
   char alloc_why[160]; /* a backend's word on an allocation that failed (backend.h alloc) */
+  /* that allocation failed because the device did (a fault, a lost device), not for
+     want of memory: the device's failure is in err already (the first one), and is what
+     the caller reports, with EIO */
+  bool alloc_lost;
   /* parameters: one block, groups pointing into it */
   size_t nflat;
   void *pflat, *gflat;

@@ -50,7 +50,17 @@ static const char *alloc_why(cavs_model *m, char *buf, size_t len) {
   return buf;
 }
 
+/* Whether the allocation that failed failed for the device (m->err says how, errno EIO) */
+static bool alloc_lost(cavs_model *m) {
+  if (!m->alloc_lost) return false;
+  m->alloc_lost = false;
+  m->alloc_why[0] = 0;
+  errno = EIO;
+  return true;
+}
+
 int cv_fail_mem(cavs_model *m, const char *fmt, ...) {
+  if (alloc_lost(m)) return -1;
   char why[sizeof m->alloc_why + 4];
   va_list ap;
   va_start(ap, fmt);
@@ -353,14 +363,18 @@ static bool alloc_flat(cavs_model *m, size_t total, char *err, size_t errlen) {
   m->pflat = cv_alloc_zeroed(m, total * m->esize);
   m->gflat = cv_alloc_zeroed(m, total * m->esize);
   if (!m->pflat || !m->gflat) {
-    snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
-    errno = ENOMEM;
+    bool lost = alloc_lost(m);
+    if (lost) snprintf(err, errlen, "%s", m->err);
+    else snprintf(err, errlen, "out of memory for %zu parameters%s", total, alloc_why(m, why, sizeof why));
+    errno = lost ? EIO : ENOMEM;
     return false;
   }
   if (m->home_w) {
     if (!(m->hzero = m->be->alloc(m, (size_t)m->home_w * m->esize))) {
-      snprintf(err, errlen, "out of memory%s", alloc_why(m, why, sizeof why));
-      errno = ENOMEM;
+      bool lost = alloc_lost(m);
+      if (lost) snprintf(err, errlen, "%s", m->err);
+      else snprintf(err, errlen, "out of memory%s", alloc_why(m, why, sizeof why));
+      errno = lost ? EIO : ENOMEM;
       return false;
     }
     m->be->zero(m, m->hzero, (size_t)m->home_w * m->esize);

@@ -397,6 +397,16 @@ START_TEST(device_faults) {
                 text);
   free(text);
   ck_assert_msg(launches > 100 && copies > 100, "%ld launches, %ld copies", launches, copies);
+  /* the device lost in the first copy (a parameter's initial values on their way up):
+     the copy is what is reported, not the allocations that fail after it as "out of
+     memory"; nothing saved */
+  args[NB] = path_in("u.ckpt"), args[NB + 1] = NULL;
+  r = emu_with("CAVS_EMU_FAIL_COPY", 1, args);
+  one_line_naming(&r, "cudaMemcpy2D: uncorrectable ECC error");
+  ck_assert_msg(!strstr(r.err, "out of memory"), "%s", r.err);
+  tu_free(&r);
+  ck_assert_int_eq(access(path_in("u.ckpt"), F_OK), -1);
+  args[NB] = clean, args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
   /* the device lost in the save's last copy (a parameter's row on its way to the file):
      the checkpoint there is left as it was, not replaced by one holding what the copy
      never brought */
