@@ -959,7 +959,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
     gradient-norm clip, is by default the model's `clip` option, where it has one, as
     in cavs train, else none. text-bptt data carries the LSTM state from chunk to chunk
     as cavs train does (`batch` streams side by side, unshuffled, from zeros at each
-    epoch and evaluation; bptt_state "reset": every chunk from zeros, shuffled), and with
+    epoch and evaluation; bptt_state "reset": every chunk from zeros, shuffled, which is
+    the default for a model whose model.bptt_state says it was trained so), and with
     bptt_vary > 0 cuts the chunks afresh each epoch, each minibatch's length drawn as
     cavs train --bptt-vary draws it (the rate scaled by length / N).
     callback(record)
@@ -981,6 +982,8 @@ def train(model, data, dev=None, epochs=10, batch=64, optimizer="adam", lr=None,
         raise Error("patience needs a dev set to watch")
     rng = (seed * 0x9E3779B97F4A7C15 + 1) & 0xFFFFFFFFFFFFFFFF
     gs = list(data._gptrs if isinstance(data, Dataset) else [g.ptr for g in data])
+    if bptt_state is None and getattr(model, "bptt_state", None) == "reset":
+        bptt_state = "reset"  # (a model loaded from such a checkpoint goes on so, as --resume does)
     carry = _carries(model, data, bptt_state)
     fmt = getattr(data, "format", None) or ""
     if fmt == "text-bptt" or fmt.startswith("text-bptt:"):

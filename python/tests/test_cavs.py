@@ -111,6 +111,9 @@ def test_language_model_is_cavs_trains(tmp_path, state):
     assert loaded.bptt_state == state
     assert cavs.evaluate(loaded, train, 3)["loss"] == pytest.approx(json.loads(out)["loss"], rel=1e-12)
     assert cavs.evaluate(model, train, 3)["loss"] == cavs.evaluate(model, train, 3, state)["loss"]
+    if not vary:  # trained on, untold, it goes on as it was trained, as --resume does
+        cavs.train(loaded, train, epochs=1, batch=4, lr=0.02, seed=2)
+        assert loaded.bptt_state == state
     with pytest.raises(cavs.Error, match="not carry or reset"):
         cavs.evaluate(model, train, 3, "keep")
     if vary:  # another cut than chunks of one length: another run
