@@ -377,7 +377,8 @@ CkptModel open_ckpt(const char *path, const char *model) {
   if (!c.m) die(errno == ENOMEM ? 2 : 1, "%s: %s", path, err);
   cavs_model_set_policy(c.m, model_policy);
   cavs_model_set_ablations(c.m, model_ablations);
-  if (cavs_ckpt_apply_weights(c.ck, c.m, err, sizeof err)) die(1, "%s: %s", path, err);
+  errno = 0; /* (the device failing, or memory running out, while applying: exit 2) */
+  if (cavs_ckpt_apply_weights(c.ck, c.m, err, sizeof err)) die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s: %s", path, err);
   c.v = keep(cavs_ckpt_vocab(c.ck));
   if (!c.v) die(1, "%s: damaged vocabulary", path);
   return c;

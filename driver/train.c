@@ -368,7 +368,8 @@ static void make_model(Run *r, const long *dims) {
                              .threads = o->threads, .batch = o->batch, .optim = o->optim, .plateau_best = -1};
   snprintf(r->ts.format, sizeof r->ts.format, "%s", o->format);
   if (r->ck) {
-    if (cavs_ckpt_apply(r->ck, r->m, err, sizeof err)) die(1, "%s: %s", o->resume, err);
+    errno = 0; /* (the device failing, or memory running out, while applying: exit 2) */
+    if (cavs_ckpt_apply(r->ck, r->m, err, sizeof err)) die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s: %s", o->resume, err);
     const cavs_train_state *cs = cavs_ckpt_state(r->ck);
     r->ts.epoch = cs->epoch;
     r->ts.rng = cs->rng;

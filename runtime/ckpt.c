@@ -967,6 +967,7 @@ static int get_param(const cavs_ckpt *k, cavs_model *m, void *flat, int i, size_
   /* one copy: a copy a row waited for the device a row */
   if (m->be->upload2d(m, dst, (size_t)ld * m->esize, k->data + at, row, row, (size_t)(b - a))) {
     snprintf(err, errlen, "parameter %s: %s", p->name, m->err);
+    errno = EIO; /* (the device's failure) */
     return -1;
   }
   return 0;

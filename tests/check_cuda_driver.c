@@ -441,6 +441,18 @@ START_TEST(device_faults) {
   ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "the checkpoint resumed from changed");
   free(before);
   free(after);
+  /* resumed, and the device lost in the first copy of the checkpoint's values to it:
+     exit 2, the device's failure named, the checkpoint as it was */
+  before = tu_slurp_ok(clean, &n0);
+  args[NB] = clean, args[NB + 1] = "--resume", args[NB + 2] = clean;
+  args[NB + 3] = "--epochs", args[NB + 4] = "5", args[NB + 5] = NULL;
+  r = emu_with("CAVS_EMU_FAIL_COPY", 1, args);
+  one_line_naming(&r, "uncorrectable ECC error");
+  tu_free(&r);
+  after = tu_slurp_ok(clean, &n1);
+  ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "the checkpoint resumed from changed");
+  free(before);
+  free(after);
   /* nothing but the checkpoints and their .best beside the data */
   ck_assert_int_eq(access(path_in("e.ckpt.best"), F_OK), -1); /* (no --dev: no best) */
 }
