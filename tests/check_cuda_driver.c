@@ -430,29 +430,26 @@ START_TEST(device_faults) {
   ok(&r, "info of the checkpoint a failed run left");
   ck_assert_msg(strstr(r.out, "1 epoch done"), "%s", r.out);
   tu_free(&r);
-  /* resumed, and failing at once: the checkpoint resumed from is as it was */
-  before = tu_slurp_ok(clean, &n0);
+  /* resumed, and failing at once (a kernel's fault, or the device lost in the first copy
+     of the checkpoint's values to it): exit 2, the device's failure named, the
+     checkpoint resumed from as it was */
+  static const struct {
+    const char *var, *says;
+    long n;
+  } at_once[] = {{"CAVS_EMU_FAIL_LAUNCH", "an illegal memory access", 5},
+                 {"CAVS_EMU_FAIL_COPY", "uncorrectable ECC error", 1}};
   args[NB] = clean, args[NB + 1] = "--resume", args[NB + 2] = clean;
   args[NB + 3] = "--epochs", args[NB + 4] = "5", args[NB + 5] = NULL;
-  r = emu_with("CAVS_EMU_FAIL_LAUNCH", 5, args);
-  one_line_naming(&r, "an illegal memory access");
-  tu_free(&r);
-  after = tu_slurp_ok(clean, &n1);
-  ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "the checkpoint resumed from changed");
-  free(before);
-  free(after);
-  /* resumed, and the device lost in the first copy of the checkpoint's values to it:
-     exit 2, the device's failure named, the checkpoint as it was */
-  before = tu_slurp_ok(clean, &n0);
-  args[NB] = clean, args[NB + 1] = "--resume", args[NB + 2] = clean;
-  args[NB + 3] = "--epochs", args[NB + 4] = "5", args[NB + 5] = NULL;
-  r = emu_with("CAVS_EMU_FAIL_COPY", 1, args);
-  one_line_naming(&r, "uncorrectable ECC error");
-  tu_free(&r);
-  after = tu_slurp_ok(clean, &n1);
-  ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "the checkpoint resumed from changed");
-  free(before);
-  free(after);
+  for (int i = 0; i < 2; i++) {
+    before = tu_slurp_ok(clean, &n0);
+    r = emu_with(at_once[i].var, at_once[i].n, args);
+    one_line_naming(&r, at_once[i].says);
+    tu_free(&r);
+    after = tu_slurp_ok(clean, &n1);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, n0), "%s: the checkpoint resumed from changed", at_once[i].var);
+    free(before);
+    free(after);
+  }
   /* nothing but the checkpoints and their .best beside the data */
   ck_assert_int_eq(access(path_in("e.ckpt.best"), F_OK), -1); /* (no --dev: no best) */
 }
