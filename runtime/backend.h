@@ -53,8 +53,8 @@ typedef struct cv_hyper {
    against another layout (a stale install) is refused when it is loaded, not called
    through the wrong slots. Bump the number when a slot is added, moved or changed, or
    when cavs_model (cv.h) or cv_hyper, which the module reads, change shape. */
-#define cv_backend_cuda cv_backend_cuda_12
-#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_12"
+#define cv_backend_cuda cv_backend_cuda_13
+#define CV_BACKEND_CUDA_SYMBOL "cv_backend_cuda_13"
 
 struct cv_moe_ops;
 struct cv_gemm;

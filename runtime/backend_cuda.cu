@@ -137,10 +137,10 @@ static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
    failed (a fault, a lost device), EINVAL for a model the backend cannot run. */
 static void record(cavs_model *m, int errnum, const char *file, int line, const char *fmt, ...) {
   Dev *d = dev(m);
-  errno = errnum;
   /* the pass issues nothing more, and the step after it refuses (as a pass that failed
      on the host: backend.c, DEAD; scheduler.c clears it at the next forward pass) */
   m->launch_failed = true;
+  cv_errno(m, d && d->failed ? d->errnum : errnum);
   if (d && d->failed) return; /* the first failure is the one to report */
   if (d) d->errnum = errnum;
   char what[400];
@@ -177,6 +177,16 @@ static int status(const Dev *d) {
       (void)cudaGetLastError();                                                            \
       record((m), e_ == cudaErrorMemoryAllocation ? ENOMEM : EIO, __FILE__, __LINE__, "%.*s: %s",          \
              (int)strcspn(#call, "("), #call, cudaGetErrorString(e_));                                     \
+    }                                                                                      \
+  } while (0)
+/* the same for an allocation, by its size (out of memory: what a user can change) */
+#define CKA(m, call, bytes)                                                                 \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      (void)cudaGetLastError();                                                            \
+      record((m), e_ == cudaErrorMemoryAllocation ? ENOMEM : EIO, __FILE__, __LINE__, "%.*s of %zu bytes: %s", \
+             (int)strcspn(#call, "("), #call, (size_t)(bytes), cudaGetErrorString(e_));                     \
     }                                                                                      \
   } while (0)
 /* (a product whose kernel failed to launch leaves the runtime's last error set too:
@@ -371,14 +381,14 @@ static void regrow(cavs_model *m, void **p, size_t bytes) {
   if (*p) wait_device(m);
   cudaFree(*p);
   *p = NULL;
-  CK(m, cudaMalloc(p, bytes ? bytes : 1));
+  CKA(m, cudaMalloc(p, bytes ? bytes : 1), bytes);
 }
 /* the same for a pinned host buffer (the copies that read it have run after a wait) */
 static void regrow_pinned(cavs_model *m, void **p, size_t bytes) {
   if (*p) wait_device(m);
   cudaFreeHost(*p);
   *p = NULL;
-  CK(m, cudaMallocHost(p, bytes ? bytes : 1));
+  CKA(m, cudaMallocHost(p, bytes ? bytes : 1), bytes);
 }
 
 /* Rows rows[0..n) of a block of `row`-byte rows to zero: one launch, a thread a 4-byte

@@ -532,7 +532,8 @@ void cavs_set_memory_limit(size_t bytes); /* 0: the default */
  * the others. After ENOMEM the model is as usable as before the pass: the next forward
  * pass starts afresh (with memory freed, the limit raised or a smaller minibatch); what
  * the failed pass computed is gone (its backward pass does nothing, the step after it
- * returns -1 and changes nothing). */
+ * returns -1 and changes nothing). A backward pass returns nothing: the step after it
+ * reports its failure, errno as the failure set it. */
 size_t cavs_memory_limit(void);
 /* What m takes: its parameters, gradients and the optimizer state it holds (none until
  * a step or cavs_model_reserve_optimizer: a block for each moment its optimizer keeps),

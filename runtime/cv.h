@@ -5,6 +5,7 @@
 #include "backend.h"
 #include "cavs.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 
@@ -144,6 +145,8 @@ struct cavs_model {
   void *bs;             /* the backend's own state (its streams, its copy of the schedule) */
   bool launch_failed;   /* a kernel of generated code did not launch, or a pass could not
                            be issued whole: m->err says why */
+  int fail_errno;       /* what errno said of that failure (ENOMEM, EIO, else 0), for the
+                           call after the pass that reports it: the step */
   cavs_backend_stats stats;
   cavs_ctx ctx;
   size_t esize; /* 4 (float) or 8 (double) */
@@ -375,6 +378,14 @@ int cv_grow_edges(cavs_model *m, long edges);
 int cv_minibatch_bytes(const cavs_model *m, size_t *out);
 
 /* The rows loss l's gradient divides by: cavs_model_set_loss_counts's, else the pass's */
+/* errno for a failure of m (ENOMEM, EIO), kept as the pass's too: errno itself is not
+   kept through what the pass runs after it (a successful call may change it), and the
+   step after a failed pass says it again (optim.c) */
+static inline void cv_errno(cavs_model *m, int e) {
+  errno = e;
+  if (!m->fail_errno) m->fail_errno = e;
+}
+
 static inline long cv_loss_count(const cavs_model *m, int l) { return m->loss_den[l] ? m->loss_den[l] : m->loss[l].count; }
 
 #endif

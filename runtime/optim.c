@@ -6,6 +6,7 @@
  * settings resolved here. */
 #include "cv.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,7 +235,10 @@ double cavs_model_grad_norm(cavs_model *m) {
 }
 
 int cavs_model_step(cavs_model *m, const cavs_optim *o) {
-  if (m->launch_failed) return -1; /* the backward pass's kernels: the message is in m->err */
+  if (m->launch_failed) { /* the passes': the message is in m->err, errno says it again */
+    errno = m->fail_errno;
+    return -1;
+  }
   if (m->no_grads) { /* the backward pass refused (inference): the message is in m->err */
     m->no_grads = false;
     return -1;

@@ -28,6 +28,7 @@
  * CAVS_SERIAL runs every phase one row at a time: the baseline without batching. */
 #include "cv.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -1166,6 +1167,9 @@ int cavs_model_set_carried(cavs_model *m, const void *host, int rows) {
 }
 
 static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, cavs_stats *st);
+/* errno of a pass that failed, as the step after it says it again (cavs.h: ENOMEM for
+   memory, EIO for a device that failed, else 0) */
+static int pass_errno(void) { return errno == ENOMEM || errno == EIO ? errno : 0; }
 
 /* A pass with expert parallelism on ends with the rounds that answer the other
    processes' rows until every process has ended its pass (moe.c), whether it failed or
@@ -1176,7 +1180,10 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
   /* however it failed (a graph refused, its rows past the memory limit), the step after
      it refuses: a step on the last pass's gradients, or on none, would still move the
      parameters (a momentum, Adam's moments) */
-  if (rc) m->launch_failed = true;
+  if (rc) { /* (errno as the failure set it, though the pass ran on past it) */
+    m->launch_failed = true;
+    errno = m->fail_errno ? m->fail_errno : pass_errno();
+  }
   return rc;
 }
 
@@ -1189,7 +1196,7 @@ static int forward_pass(cavs_model *m, const cavs_graph *const *graphs, int k, c
      every row it reads, the backward pass clears what it adds to, and the step after a
      failed pass refused. (A device's own fault stays in its backend, whose schedule
      below refuses the pass: backend_cuda.cu's status.) */
-  m->launch_failed = false;
+  m->launch_failed = false, m->fail_errno = 0;
   m->kept = m->ctx.keep;
   m->pass++;
   double t0 = cv_now(), g0 = m->stats.grow_seconds;
@@ -1347,6 +1354,7 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
 
 static void backward_pass(cavs_model *m);
 static void clear_grads(cavs_model *m);
+
 
 void cavs_model_backward(cavs_model *m) {
   backward_pass(m);

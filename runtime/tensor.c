@@ -55,7 +55,7 @@ static bool alloc_lost(cavs_model *m) {
   if (!m->alloc_lost) return false;
   m->alloc_lost = false;
   m->alloc_why[0] = 0;
-  errno = EIO;
+  cv_errno(m, EIO);
   return true;
 }
 
@@ -67,7 +67,7 @@ int cv_fail_mem(cavs_model *m, const char *fmt, ...) {
   int n = vsnprintf(m->err, sizeof m->err, fmt, ap);
   va_end(ap);
   if (n >= 0 && (size_t)n < sizeof m->err) snprintf(m->err + n, sizeof m->err - (size_t)n, "%s", alloc_why(m, why, sizeof why));
-  errno = ENOMEM;
+  cv_errno(m, ENOMEM);
   return -1;
 }
 

@@ -27,9 +27,10 @@ static void report(void) {
     cavs_emu_counters(&c, 0);
     /* the kernels first (tests read them with atol), then what a GPU's own count of
        launches (cavs_backend_stats) also holds: products and memsets; the syncs, and the
-       synchronous copies (what $CAVS_EMU_FAIL_COPY counts) */
-    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs %ld copies\n", c.launches, c.blas_calls, c.memsets, c.syncs,
-            c.copies);
+       synchronous copies (what $CAVS_EMU_FAIL_COPY counts), the allocations (what
+       $CAVS_EMU_FAIL_MALLOC counts) */
+    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs %ld copies %ld mallocs\n", c.launches, c.blas_calls,
+            c.memsets, c.syncs, c.copies, c.mallocs);
     fclose(f);
   }
   cavs_emu_check_bounds();

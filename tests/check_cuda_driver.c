@@ -383,6 +383,37 @@ START_TEST(device_faults) {
   one_line_naming(&r, "cudaMalloc");
   tu_free(&r);
   ck_assert_int_eq(access(path_in("m.ckpt"), F_OK), -1);
+  /* every allocation failing in turn, on a slice of the data: those that come while a
+     pass runs (its buffers grown) too, whose failure the step after it reports: out of
+     memory, exit 2, in one line, and nothing saved */
+  char small[4400];
+  snprintf(small, sizeof small, "%s", path_in("small.txt"));
+  size_t tn;
+  char *trees = tu_slurp_ok(toy, &tn), *cut = trees;
+  for (int i = 0; i < 64 && (cut = strchr(cut, '\n')); i++) cut++;
+  ck_assert_ptr_nonnull(cut);
+  tu_write(small, trees, (size_t)(cut - trees));
+  free(trees);
+  args[5] = small, args[NB] = path_in("s.ckpt"), args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
+  setenv("CAVS_EMU_COUNTS", path_in("allocs"), 1);
+  r = run_bin(emu_bin, args);
+  unsetenv("CAVS_EMU_COUNTS");
+  ok(&r, "clean run on the slice");
+  tu_free(&r);
+  char *counted = tu_slurp_ok(path_in("allocs"), &tn);
+  long mallocs = 0;
+  ck_assert_msg(sscanf(counted, "%*d kernels %*d cublas %*d memsets %*d syncs %*d copies %ld mallocs", &mallocs) == 1,
+                "%s", counted);
+  free(counted);
+  ck_assert_msg(mallocs > 10, "%ld allocations", mallocs);
+  args[NB] = path_in("a.ckpt");
+  for (long n = 1; n <= mallocs; n++) {
+    r = emu_with("CAVS_EMU_FAIL_MALLOC", n, args);
+    one_line_naming(&r, "out of memory");
+    tu_free(&r);
+    ck_assert_msg(access(path_in("a.ckpt"), F_OK) == -1, "allocation %ld failing: a checkpoint was saved", n);
+  }
+  args[5] = toy;
   /* a clean run of one epoch: the kernels it launched (model setup and one epoch) */
   args[NB] = clean, args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
   setenv("CAVS_EMU_COUNTS", path_in("launches"), 1);
@@ -465,7 +496,7 @@ START_TEST(no_module_from_the_environment) {
   char text[4600];
   snprintf(text, sizeof text,
            "#include <stdio.h>\n__attribute__((constructor)) static void run(void) {\n"
-           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda_12;\n", /* (CV_BACKEND_CUDA_SYMBOL) */
+           "  FILE *f = fopen(\"%s\", \"w\"); if (f) fclose(f);\n}\nint cv_backend_cuda_13;\n", /* (CV_BACKEND_CUDA_SYMBOL) */
            mark);
   tu_write(src, text, strlen(text));
   char *cc[] = {"/bin/sh", "-c", NULL, NULL};
