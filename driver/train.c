@@ -537,20 +537,27 @@ static void choose_schedule(Run *r) {
 }
 
 /* The checkpoint to path, and to also (when not NULL) */
-static void save(Run *r, const char *path, const char *also) {
-  char err[1024];
+static int try_save(Run *r, const char *path, const char *also, char *err, size_t errlen) {
   errno = 0; /* (--expert-parallel: every expert's matrices from its rank to rank 0's,
                 given back once written) */
   if (dist_size > 1 && cavs_model_expert_gather(r->m, 0)) lib_die(cavs_model_error(r->m));
+  int rc = 0;
   /* rank 0 writes for all: their states are the same */
-  for (int k = 0; k < 2 && !dist_rank; k++) {
+  for (int k = 0; k < 2 && !dist_rank && !rc; k++) {
     const char *p = k ? also : path;
     /* (a device that failed under the save: exit 2, as in a step) */
     errno = 0;
-    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, sizeof err))
-      die(errno == EIO ? 2 : 1, "%s", err);
+    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, errlen))
+      rc = errno == EIO ? 2 : 1;
   }
   if (dist_size > 1) cavs_model_expert_release(r->m);
+  return rc;
+}
+
+static void save(Run *r, const char *path, const char *also) {
+  char err[1024];
+  int rc = try_save(r, path, also, err, sizeof err);
+  if (rc) die(rc, "%s", err);
 }
 
 /* A forward pass whose loss is not finite: the op and vertex that made it, or the loss. */
@@ -1013,7 +1020,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 }
 
 /* The epoch's line on standard output. */
-static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, const char *unfit) {
+static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, const char *unfit,
+                        bool unsaved) {
   double tloss = unsigned_nan(t->batch_loss / (t->batches ? t->batches : 1));
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
   if (r->lm) printf(" ppl %.2f", exp(tloss));
@@ -1040,7 +1048,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     else printf("  experts");
     printf(" %.3f-%.3f cv %.2f", t->load_min[k], t->load_max[k], t->load_cv[k]);
   }
-  if (better && r->o->save) printf("  (best, saved)");
+  if (better && r->o->save) printf(unsaved ? "  (best, not saved)" : "  (best, saved)");
   else if (unfit) printf("  (%s: not a best)", unfit);
   putchar('\n');
   fflush(stdout);
@@ -1166,15 +1174,19 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   r->ts.epoch = epoch;
   bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && !unscored &&
              sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
+  if (r->log) log_epoch(r, epoch, t, &dv);
+  /* saved before the line is printed, which says whether it was */
+  char err[1024];
+  int unsaved = o->save ? try_save(r, o->save, better ? r->best_path : NULL, err, sizeof err) : 0;
   if (!o->quiet)
     print_epoch(r, epoch, t, &dv, better,
                 unscored ? "no vertex of the dev set has a label to score"
-                : r->dev && !isfinite(metric) ? "the dev metric is not finite" : NULL);
+                : r->dev && !isfinite(metric) ? "the dev metric is not finite" : NULL,
+                unsaved);
+  if (unsaved) die(unsaved, "%s", err);
   if (cut && !o->quiet)
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");
-  if (r->log) log_epoch(r, epoch, t, &dv);
-  if (o->save) save(r, o->save, better ? r->best_path : NULL);
   if (!o->patience || r->ts.since_best < o->patience || epoch >= r->last_epoch) return false;
   if (!o->quiet) {
     printf("stopping after epoch %d: no better dev %s in %d epochs", epoch, select_metric(r->select), r->ts.since_best);

@@ -413,6 +413,32 @@ START_TEST(device_faults) {
     tu_free(&r);
     ck_assert_msg(access(path_in("a.ckpt"), F_OK) == -1, "allocation %ld failing: a checkpoint was saved", n);
   }
+  /* with a dev set: the device lost in the last copy, the .best's save after the
+     checkpoint's; the epoch's line says the best was not saved (it said "saved", the
+     line printed before the save), and the .best there is left as it was */
+  args[NB] = path_in("d.ckpt"), args[NB + 3] = "--dev", args[NB + 4] = small, args[NB + 5] = NULL;
+  setenv("CAVS_EMU_COUNTS", path_in("allocs"), 1);
+  r = run_bin(emu_bin, args);
+  unsetenv("CAVS_EMU_COUNTS");
+  ok(&r, "clean run with a dev set");
+  ck_assert_msg(strstr(r.out, "(best, saved)"), "%s", r.out);
+  tu_free(&r);
+  counted = tu_slurp_ok(path_in("allocs"), &tn);
+  long dev_copies = 0;
+  ck_assert_msg(sscanf(counted, "%*d kernels %*d cublas %*d memsets %*d syncs %ld copies", &dev_copies) == 1, "%s",
+                counted);
+  free(counted);
+  size_t b0, b1;
+  char *best0 = tu_slurp_ok(path_in("d.ckpt.best"), &b0);
+  r = emu_with("CAVS_EMU_FAIL_COPY", dev_copies, args);
+  one_line_naming(&r, "d.ckpt.best");
+  ck_assert_msg(strstr(r.out, "epoch 1/1") && strstr(r.out, "(best, not saved)") && !strstr(r.out, "(best, saved)"),
+                "%s", r.out);
+  tu_free(&r);
+  char *best1 = tu_slurp_ok(path_in("d.ckpt.best"), &b1);
+  ck_assert_msg(b0 == b1 && !memcmp(best0, best1, b0), "the .best a failed save replaced changed");
+  free(best0);
+  free(best1);
   args[5] = toy;
   /* a clean run of one epoch: the kernels it launched (model setup and one epoch) */
   args[NB] = clean, args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
