@@ -570,15 +570,36 @@ int cv_minibatch_bytes(const cavs_model *m, size_t *out) {
   return 0;
 }
 
+/* The bytes of m's rows as they are now (cap_rows of them); SIZE_MAX past a size_t */
+static size_t rows_now(const cavs_model *m, size_t *rows) {
+  if (cavs_model_memory(m, m->cap_rows, NULL, rows)) *rows = SIZE_MAX;
+  return *rows;
+}
+
+/* Whether cap edges of per bytes fit under the limit beside the rows' bytes and the model */
+static bool edges_fit(const cavs_model *m, size_t per, size_t rows, long cap) {
+  size_t need;
+  return !__builtin_mul_overflow(per, (size_t)cap, &need) && !__builtin_add_overflow(need, rows, &need) &&
+         !__builtin_add_overflow(need, m->model_bytes, &need) && need <= cavs_memory_limit();
+}
+
+/* Whether cap rows fit under the limit beside the model */
+static bool rows_fit(const cavs_model *m, long cap) {
+  size_t need;
+  return !cavs_model_memory(m, cap, NULL, &need) && !__builtin_add_overflow(need, m->model_bytes, &need) &&
+         need <= cavs_memory_limit();
+}
+
 int cv_grow_edges(cavs_model *m, long edges) {
   if (edges <= m->cap_edges) return 0;
   double t0 = cv_now();
   long cap = m->cap_edges ? m->cap_edges : 256;
   while (cap < edges) cap *= 2;
-  size_t per = edge_bytes(m), rows = 0, need;
-  if (cavs_model_memory(m, m->cap_rows, NULL, &rows) || __builtin_mul_overflow(per, (size_t)cap, &need) ||
-      __builtin_add_overflow(need, rows, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
-      need > cavs_memory_limit())
+  size_t per = edge_bytes(m), rows = 0;
+  /* (the doubled capacity where it fits under the limit, else as many as the minibatch
+     has: a minibatch that fits is not refused for the capacity's rounding) */
+  if (!edges_fit(m, per, rows_now(m, &rows), cap)) cap = edges;
+  if (!edges_fit(m, per, rows, cap))
     return cv_fail_mem(m, "a minibatch of %ld edges needs %s (%zu bytes an edge) besides its vertices' and the "
                        "model's, more than the memory limit of %s (a smaller --batch, or raise --max-memory)",
                        edges, cv_bytes((char[CV_BYTES_LEN]){0}, per * (size_t)edges), per,
@@ -602,9 +623,9 @@ int cv_grow_rows(cavs_model *m, int rows) {
   long cap = m->cap_rows ? m->cap_rows : 256;
   while (cap < rows) cap *= 2;
   if (cap > INT_MAX) cap = rows;
-  size_t need, per = 0;
-  if (cavs_model_memory(m, cap, NULL, &need) || __builtin_add_overflow(need, m->model_bytes, &need) ||
-      need > cavs_memory_limit()) {
+  size_t per = 0;
+  if (!rows_fit(m, cap)) cap = rows; /* (as for the edges: the minibatch's own, if they fit) */
+  if (!rows_fit(m, cap)) {
     row_bytes(m, &per);
     return cv_fail_mem(m,
                    "a minibatch of %d vertices needs %s (%zu bytes a vertex) besides the model's %s, "
