@@ -1182,7 +1182,7 @@ int cavs_model_forward(cavs_model *m, const cavs_graph *const *graphs, int k, ca
      parameters (a momentum, Adam's moments) */
   if (rc) { /* (errno as the failure set it, though the pass ran on past it) */
     m->launch_failed = true;
-    errno = m->fail_errno ? m->fail_errno : pass_errno();
+    errno = m->fail_errno = m->fail_errno ? m->fail_errno : pass_errno();
   }
   return rc;
 }

@@ -10,11 +10,14 @@ predict, and read and write parameters and per-vertex values as NumPy arrays.
     h = model.values(train, "h", roots=True)             # [graphs, H]
 
 A thin layer over libcavs (ctypes, no compiled extension; _capi.py): every failure of
-the library is raised as cavs.Error with its message. Parameters and gradients are
+the library is raised as cavs.Error with its message; running out of memory as
+cavs.OutOfMemoryError (also a MemoryError), a device's own failure as
+cavs.DeviceError. Parameters and gradients are
 NumPy views of the model's own memory (the cpu backend), valid as long as the model,
 which each view keeps alive. python/README is the tutorial."""
 
 import ctypes
+import errno
 import hashlib
 import json
 import math
@@ -29,12 +32,49 @@ import numpy as np
 
 from . import _capi as C
 
-__all__ = ["Error", "Spec", "Vocab", "Graph", "Dataset", "Model", "compile", "load", "train", "evaluate",
+__all__ = ["Error", "OutOfMemoryError", "DeviceError", "set_memory_limit", "memory_limit", "Spec", "Vocab", "Graph", "Dataset", "Model", "compile", "load", "train", "evaluate",
            "version"]
 
 
 class Error(Exception):
     """A failure libcavs or the cavs command reported, with its message."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """libcavs ran out of memory, the host's or the device's, or would have past the
+    memory limit (set_memory_limit). The model is as it was before the pass: the next
+    forward pass starts afresh, and goes through once the memory is there (a smaller
+    minibatch, memory freed, the limit raised)."""
+
+
+class DeviceError(Error):
+    """The device failed (a kernel's fault, a lost GPU): the model can only be freed."""
+
+
+def _failed(msg, e, device="cpu"):
+    """The exception for a failure libcavs just returned: by the errno it set, e (read
+    with ctypes.get_errno() before any other call of the library, which clears it); an
+    EIO the device's only where a model on a device made it."""
+    if e == errno.ENOMEM:
+        return OutOfMemoryError(msg)
+    if e == errno.EIO and device != "cpu":
+        return DeviceError(msg)
+    return Error(msg)
+
+
+def set_memory_limit(nbytes=None):
+    """What models may take, together (cavs_set_memory_limit): a model refuses to be
+    made, and a minibatch to be run, past it, with OutOfMemoryError. None (or 0): the
+    default, 90% of the machine's physical memory. For the whole process, as
+    cavs train's --max-memory."""
+    if nbytes is not None and (not isinstance(nbytes, int) or nbytes < 0):
+        raise ValueError(f"memory limit {nbytes!r}: a number of bytes, or None")
+    C.lib().cavs_set_memory_limit(nbytes or 0)
+
+
+def memory_limit():
+    """The memory limit in bytes (set_memory_limit's, or the default)."""
+    return C.lib().cavs_memory_limit()
 
 
 def _s(b):
@@ -331,7 +371,7 @@ class Dataset:
         p = C.lib().cavs_dataset_load(_b(os.fspath(path)), _b(format), spec.desc, spec._dims(dims), v._ptr, int(grow),
                                       err, len(err))
         if not p:
-            raise Error(_s(err.value))
+            raise _failed(_s(err.value), ctypes.get_errno())
         return Dataset(p, fmt=format, owner=v)
 
     @staticmethod
@@ -343,7 +383,7 @@ class Dataset:
         p = C.lib().cavs_dataset_parse(t, len(t), _b(name), _b(format), spec.desc, spec._dims(dims), v._ptr, int(grow),
                                        err, len(err))
         if not p:
-            raise Error(_s(err.value))
+            raise _failed(_s(err.value), ctypes.get_errno())
         return Dataset(p, fmt=format, owner=v)
 
     @staticmethod
@@ -395,7 +435,7 @@ class Model:
         opts = C.ModelOpts(backend=_b(device), threads=int(threads))
         self._ptr = C.lib().cavs_model_new_opts(spec.desc, self.dims_c, ctypes.byref(opts), err, len(err))
         if not self._ptr:
-            raise Error(_s(err.value))
+            raise _failed(_s(err.value), ctypes.get_errno(), device)
         self.threads = threads
         self._optim = None
         if init:
@@ -408,7 +448,8 @@ class Model:
 
     def _check(self, rc):
         if rc:
-            raise Error(_s(C.lib().cavs_model_error(self._ptr)))
+            e = ctypes.get_errno()  # (before cavs_model_error, which clears it)
+            raise _failed(_s(C.lib().cavs_model_error(self._ptr)), e, self.device)
 
     @property
     def dims(self):
@@ -573,6 +614,18 @@ class Model:
         parameters, Adam and AdamW two): an Error now rather than at the first step."""
         self._check(C.lib().cavs_model_reserve_optimizer(self._ptr, _optim_kind(optimizer)))
 
+    def memory(self, rows=0):
+        """What the model takes, in bytes (cavs_model_memory): "model", its parameters,
+        gradients and the optimizer state it holds; "per_row", what each vertex of a
+        minibatch adds; "total", the model with a minibatch of `rows` vertices: what a
+        pass of that many is held to, against memory_limit()."""
+        if int(rows) < 0:
+            raise ValueError(f"rows {rows!r}: a number of vertices")
+        mb, rb = ctypes.c_size_t(), ctypes.c_size_t()
+        if C.lib().cavs_model_memory(self._ptr, 1, ctypes.byref(mb), ctypes.byref(rb)):
+            raise OverflowError("a minibatch's row: its size overflows")
+        return {"model": mb.value, "per_row": rb.value, "total": mb.value + int(rows) * rb.value}
+
     def track_grad_norm(self, on=True):
         """Have every step keep the gradients' global norm: grad_norm() reads it."""
         C.lib().cavs_model_track_grad_norm(self._ptr, 1 if on else 0)
@@ -703,7 +756,8 @@ class Model:
                           bptt_state={"carry": C.BPTT_CARRY, "reset": C.BPTT_RESET}.get(self.bptt_state, 0))
         v = self.vocab._ptr if self.vocab else None
         if C.lib().cavs_ckpt_save(_b(os.fspath(path)), self._ptr, None, v, ctypes.byref(ts), err, len(err)):
-            raise Error(_s(err.value))
+            # (EIO: the device's, or the disk's: an Error)
+            raise _failed(_s(err.value), ctypes.get_errno())
 
 
 def load(path, threads=1):
@@ -713,7 +767,7 @@ def load(path, threads=1):
     err = ctypes.create_string_buffer(1024)
     k = lib.cavs_ckpt_read(_b(os.fspath(path)), err, len(err))
     if not k:
-        raise Error(_s(err.value))
+        raise _failed(_s(err.value), ctypes.get_errno())
     try:
         src, name = lib.cavs_ckpt_source(k), _s(lib.cavs_ckpt_model(k))
         if not src:
@@ -735,7 +789,7 @@ def load(path, threads=1):
                                   if spec.desc.contents.dims[i].kind != C.DIM_PRODUCT},
                       vocab=vocab, threads=threads, init=False)
         if lib.cavs_ckpt_apply(k, model._ptr, err, len(err)):
-            raise Error(f"{path}: {_s(err.value)}")
+            raise _failed(f"{path}: {_s(err.value)}", ctypes.get_errno(), model.device)
         model.carry_state(False)  # (a state carried when it was saved: not until asked)
         model.format = _s(lib.cavs_ckpt_state(k).contents.format)
         model.bptt_state = {C.BPTT_CARRY: "carry", C.BPTT_RESET: "reset"}.get(lib.cavs_ckpt_state(k).contents.bptt_state)

@@ -187,7 +187,32 @@ _PROTOS = {
     "cavs_ckpt_state": (P(TrainState), [c_void_p]),
     "cavs_ckpt_vocab": (c_void_p, [c_void_p]),
     "cavs_ckpt_apply": (c_int, [c_void_p, c_void_p, c_char_p, c_size_t]),
+    "cavs_set_memory_limit": (None, [c_size_t]),
+    "cavs_memory_limit": (c_size_t, []),
+    "cavs_model_memory": (c_int, [c_void_p, c_long, P(c_size_t), P(c_size_t)]),
 }
+
+
+class _Lib:
+    """libcavs's functions, each called with errno cleared first: a failure's errno then
+    says what failed (cavs.h: ENOMEM for memory, EIO for a device that failed), and
+    ctypes.get_errno() reads it after the call."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        for name in _PROTOS:
+            setattr(self, name, _clearing(getattr(handle, name)))
+
+    def __getattr__(self, name):  # (what no prototype names: the library's own symbol)
+        return getattr(self._handle, name)
+
+
+def _clearing(f):
+    def call(*args):
+        ctypes.set_errno(0)
+        return f(*args)
+    call.__name__ = f.__name__
+    return call
 
 
 def _candidates():
@@ -227,7 +252,7 @@ def lib():
     errors = []
     for path in _candidates():
         try:
-            handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            handle = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL, use_errno=True)
             break
         except OSError as e:
             errors.append(str(e))
@@ -236,5 +261,5 @@ def lib():
     for name, (res, args) in _PROTOS.items():
         f = getattr(handle, name)
         f.restype, f.argtypes = res, args
-    _lib = handle
-    return handle
+    _lib = _Lib(handle)
+    return _lib

@@ -422,3 +422,40 @@ def test_reserve_optimizer(data, tmp_path):
         assert "optimizer   0 steps, " + state in out, out
     with pytest.raises(cavs.Error):
         model.reserve_optimizer("rmsprop")
+
+
+def test_out_of_memory_is_a_memoryerror(data):
+    """A minibatch past the memory limit raises OutOfMemoryError (a cavs.Error and a
+    MemoryError), and so does the step after it; the model is as it was: its parameters
+    unchanged, and the same minibatch goes through once the limit is raised, its loss
+    the one a model never refused gives. The limit's bytes are the model's own
+    (Model.memory): twice the model and two graphs' vertices (room for their edges),
+    far from the whole set's; a minibatch under it runs though its buffers' capacity,
+    rounded up to 256 rows, would not fit."""
+    spec, vocab, train, _ = treefc(data)
+    graphs = [train[i] for i in range(len(train))]
+    small, fresh = (cavs.Model(spec, dims={"H": 8, "C": 5}, vocab=vocab, seed=3) for _ in range(2))
+    need = small.memory(sum(g.contents.n for g in graphs[:2]))
+    assert need["per_row"] > 0 and need["total"] == need["model"] + sum(g.contents.n for g in graphs[:2]) * need["per_row"]
+    before = small.state_dict()
+    old = cavs.memory_limit()
+    limit = 2 * need["total"]
+    assert old > limit and small.memory(256)["total"] > limit and small.memory(train.vertices())["total"] > 10 * limit
+    try:
+        cavs.set_memory_limit(limit)
+        assert cavs.memory_limit() == limit
+        small.forward(graphs[:2])
+        with pytest.raises(cavs.OutOfMemoryError, match="memory") as e:
+            small.forward(graphs)
+        assert isinstance(e.value, MemoryError) and isinstance(e.value, cavs.Error)
+        small.backward()
+        with pytest.raises(cavs.OutOfMemoryError):
+            small.step("adam", lr=0.1)
+    finally:
+        cavs.set_memory_limit(None)
+    assert cavs.memory_limit() == old
+    for n, a in small.state_dict().items():
+        assert np.array_equal(a, before[n]), n
+    assert small.forward(graphs)["loss"] == fresh.forward(graphs)["loss"]
+    with pytest.raises(ValueError):
+        cavs.set_memory_limit(-1)

@@ -4,6 +4,8 @@ with libcavs built on the emulated device of tests/cuda_emu.h (CAVS_TEST_CUDA=1,
 the cavs command built on it, whose `build --target cuda` compiles MODEL.cu for it), and
 on a machine with a GPU it runs against the real one. Elsewhere it is skipped."""
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -60,3 +62,58 @@ def test_carried_state_on_cuda(tmp_path):
     for a, b in zip(*hist):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=2e-4)
         assert a["dev_loss"] == pytest.approx(b["dev_loss"], rel=2e-4)
+
+
+def _emulator():
+    """libcavs built on the emulated device, its fault hooks (tests/cuda_emu_api.h), or None
+    on a real GPU."""
+    import ctypes
+    lib = ctypes.CDLL(os.environ.get("CAVS_LIB") or "libcavs.so.2")
+    return lib if hasattr(lib, "cavs_emu_fail_malloc") else None
+
+
+def test_device_out_of_memory_and_fault(data, tmp_path):
+    """The device's failures raised as what they are. An allocation on the device that
+    fails in a pass (its rows grown): OutOfMemoryError, from the step after it too; once
+    the memory is there, the same minibatch gives the loss a model never refused gives.
+    A kernel's fault (sticky, as a GPU's: so in a process of its own): DeviceError, and
+    again from every pass after it."""
+    emu = _emulator()
+    if emu is None:
+        pytest.skip("faults are injected on the emulated device only")
+    import ctypes
+    spec = cavs.compile(model_path("treelstm.vf"), target="cuda")
+    vocab = cavs.Vocab()
+    train = cavs.Dataset.load(data / "train.txt", "ptb-tree", spec, vocab, grow=True)
+    graphs = [train[i] for i in range(len(train))]
+    model, fresh = (cavs.Model(spec, dims={"E": 8, "H": 8}, vocab=vocab, seed=4, device="cuda") for _ in range(2))
+    model.forward(graphs[:2])
+    emu.cavs_emu_fail_malloc(ctypes.c_long(1))
+    try:
+        with pytest.raises(cavs.OutOfMemoryError, match="out of memory"):
+            model.forward(graphs)
+    finally:
+        emu.cavs_emu_fail_malloc(ctypes.c_long(0))
+    model.backward()
+    with pytest.raises(cavs.OutOfMemoryError):
+        model.step("adam", lr=0.1)
+    assert model.forward(graphs)["loss"] == fresh.forward(graphs)["loss"]
+    script = tmp_path / "fault.py"
+    script.write_text(f"""
+import ctypes, os, sys
+import cavs
+spec = cavs.compile({model_path("treelstm.vf")!r}, target="cuda")
+vocab = cavs.Vocab()
+train = cavs.Dataset.load({str(data / "train.txt")!r}, "ptb-tree", spec, vocab, grow=True)
+model = cavs.Model(spec, dims={{"E": 8, "H": 8}}, vocab=vocab, seed=4, device="cuda")
+ctypes.CDLL(os.environ["CAVS_LIB"]).cavs_emu_fail_launch(ctypes.c_long(1))
+for _ in range(2):
+    try:
+        model.forward([train[0], train[1]])
+    except cavs.DeviceError as e:
+        print("DeviceError:", e)
+""")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(l.startswith("DeviceError:") and "illegal memory access" in l for l in lines), r.stdout
