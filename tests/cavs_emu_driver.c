@@ -28,9 +28,10 @@ static void report(void) {
     /* the kernels first (tests read them with atol), then what a GPU's own count of
        launches (cavs_backend_stats) also holds: products and memsets; the syncs, and the
        synchronous copies (what $CAVS_EMU_FAIL_COPY counts), the allocations (what
-       $CAVS_EMU_FAIL_MALLOC counts) */
-    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs %ld copies %ld mallocs\n", c.launches, c.blas_calls,
-            c.memsets, c.syncs, c.copies, c.mallocs);
+       $CAVS_EMU_FAIL_MALLOC counts), the kernels run as nodes of launched graphs
+       (--cuda-graphs: $CAVS_EMU_FAIL_LAUNCH counts them, as launches) */
+    fprintf(f, "%ld kernels %ld cublas %ld memsets %ld syncs %ld copies %ld mallocs %ld graph-kernels\n", c.launches,
+            c.blas_calls, c.memsets, c.syncs, c.copies, c.mallocs, c.graph_kernel_nodes);
     fclose(f);
   }
   cavs_emu_check_bounds();

@@ -358,6 +358,46 @@ static RunResult emu_with(const char *var, long n, const char *const *args) {
   return r;
 }
 
+/* What a clean run of the emulated cavs asked of the device ($CAVS_EMU_COUNTS), its
+ * standard output saying `says` where that is not NULL */
+typedef struct {
+  long kernels, copies, mallocs, graph_kernels;
+} Counted;
+static Counted counted_run(const char *const *args, const char *what, const char *says) {
+  setenv("CAVS_EMU_COUNTS", path_in("counts"), 1);
+  RunResult r = run_bin(emu_bin, args);
+  unsetenv("CAVS_EMU_COUNTS");
+  ok(&r, what);
+  ck_assert_msg(!says || strstr(r.out, says), "%s: no \"%s\" in:\n%s", what, says, tu_tail(r.out, 1200));
+  tu_free(&r);
+  size_t n;
+  char *text = tu_slurp_ok(path_in("counts"), &n);
+  Counted c = {0};
+  ck_assert_msg(sscanf(text, "%ld kernels %*d cublas %*d memsets %*d syncs %ld copies %ld mallocs %ld graph-kernels",
+                       &c.kernels, &c.copies, &c.mallocs, &c.graph_kernels) == 4,
+                "%s: %s", what, text);
+  free(text);
+  return c;
+}
+
+static void one_line_naming(const RunResult *r, const char *call);
+
+/* Kernel n of a run of `epochs` epochs saving to ckpt faults in epoch 2: one line naming
+ * the fault, epoch 1's line and not epoch 2's, epoch 1's checkpoint whole */
+static void faults_in_epoch_2(const char *const *args, long n, const char *ckpt, int epochs) {
+  RunResult r = emu_with("CAVS_EMU_FAIL_LAUNCH", n, args);
+  one_line_naming(&r, "an illegal memory access");
+  char one[32], two[32];
+  snprintf(one, sizeof one, "epoch 1/%d", epochs);
+  snprintf(two, sizeof two, "epoch 2/%d", epochs);
+  ck_assert_msg(strstr(r.out, one) && !strstr(r.out, two), "kernel %ld faulting: %s", n, r.out);
+  tu_free(&r);
+  r = cavs("info", ckpt, NULL);
+  ok(&r, "info of the checkpoint a failed run left");
+  ck_assert_msg(strstr(r.out, "1 epoch done"), "%s", r.out);
+  tu_free(&r);
+}
+
 /* The one line of stderr that a failure printed, naming `call` */
 static void one_line_naming(const RunResult *r, const char *call) {
   ck_assert_msg(r->status == 2, "status %d: %s%s", r->status, tu_tail(r->out, 1200), tu_tail(r->err, 1800));
@@ -395,16 +435,7 @@ START_TEST(device_faults) {
   tu_write(small, trees, (size_t)(cut - trees));
   free(trees);
   args[5] = small, args[NB] = path_in("s.ckpt"), args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
-  setenv("CAVS_EMU_COUNTS", path_in("allocs"), 1);
-  r = run_bin(emu_bin, args);
-  unsetenv("CAVS_EMU_COUNTS");
-  ok(&r, "clean run on the slice");
-  tu_free(&r);
-  char *counted = tu_slurp_ok(path_in("allocs"), &tn);
-  long mallocs = 0;
-  ck_assert_msg(sscanf(counted, "%*d kernels %*d cublas %*d memsets %*d syncs %*d copies %ld mallocs", &mallocs) == 1,
-                "%s", counted);
-  free(counted);
+  long mallocs = counted_run(args, "clean run on the slice", NULL).mallocs;
   ck_assert_msg(mallocs > 10, "%ld allocations", mallocs);
   args[NB] = path_in("a.ckpt");
   for (long n = 1; n <= mallocs; n++) {
@@ -417,17 +448,7 @@ START_TEST(device_faults) {
      checkpoint's; the epoch's line says the best was not saved (it said "saved", the
      line printed before the save), and the .best there is left as it was */
   args[NB] = path_in("d.ckpt"), args[NB + 3] = "--dev", args[NB + 4] = small, args[NB + 5] = NULL;
-  setenv("CAVS_EMU_COUNTS", path_in("allocs"), 1);
-  r = run_bin(emu_bin, args);
-  unsetenv("CAVS_EMU_COUNTS");
-  ok(&r, "clean run with a dev set");
-  ck_assert_msg(strstr(r.out, "(best, saved)"), "%s", r.out);
-  tu_free(&r);
-  counted = tu_slurp_ok(path_in("allocs"), &tn);
-  long dev_copies = 0;
-  ck_assert_msg(sscanf(counted, "%*d kernels %*d cublas %*d memsets %*d syncs %ld copies", &dev_copies) == 1, "%s",
-                counted);
-  free(counted);
+  long dev_copies = counted_run(args, "clean run with a dev set", "(best, saved)").copies;
   size_t b0, b1;
   char *best0 = tu_slurp_ok(path_in("d.ckpt.best"), &b0);
   r = emu_with("CAVS_EMU_FAIL_COPY", dev_copies, args);
@@ -439,20 +460,18 @@ START_TEST(device_faults) {
   ck_assert_msg(b0 == b1 && !memcmp(best0, best1, b0), "the .best a failed save replaced changed");
   free(best0);
   free(best1);
+  /* --cuda-graphs: a kernel of a captured pass faults as the graph runs it in epoch 2
+     (three quarters of the way through the kernels the run ran, nearly all of them a
+     graph's): the fault is reported, exit 2, epoch 1's checkpoint whole */
+  args[NB] = path_in("g.ckpt"), args[NB + 2] = "2", args[NB + 3] = "--cuda-graphs", args[NB + 4] = NULL;
+  Counted g = counted_run(args, "clean run with --cuda-graphs", NULL);
+  ck_assert_msg(g.graph_kernels > 4 * g.kernels, "%ld kernels, %ld of graphs", g.kernels, g.graph_kernels);
+  faults_in_epoch_2(args, (g.kernels + g.graph_kernels) * 3 / 4, path_in("g.ckpt"), 2);
   args[5] = toy;
   /* a clean run of one epoch: the kernels it launched (model setup and one epoch) */
   args[NB] = clean, args[NB + 1] = "--epochs", args[NB + 2] = "1", args[NB + 3] = NULL;
-  setenv("CAVS_EMU_COUNTS", path_in("launches"), 1);
-  r = run_bin(emu_bin, args);
-  unsetenv("CAVS_EMU_COUNTS");
-  ok(&r, "clean run");
-  tu_free(&r);
-  size_t len;
-  char *text = tu_slurp_ok(path_in("launches"), &len);
-  long launches = 0, copies = 0;
-  ck_assert_msg(sscanf(text, "%ld kernels %*d cublas %*d memsets %*d syncs %ld copies", &launches, &copies) == 2, "%s",
-                text);
-  free(text);
+  Counted one = counted_run(args, "clean run", NULL);
+  long launches = one.kernels, copies = one.copies;
   ck_assert_msg(launches > 100 && copies > 100, "%ld launches, %ld copies", launches, copies);
   /* the device lost in the first copy (a parameter's initial values on their way up):
      the copy is what is reported, not the allocations that fail after it as "out of
@@ -479,14 +498,7 @@ START_TEST(device_faults) {
   free(after);
   /* a kernel faults in the middle of epoch 2: epoch 1's checkpoint stays, whole */
   args[NB] = path_in("e.ckpt"), args[NB + 1] = NULL;
-  r = emu_with("CAVS_EMU_FAIL_LAUNCH", launches * 3 / 2, args);
-  one_line_naming(&r, "an illegal memory access");
-  ck_assert_msg(strstr(r.out, "epoch 1/3") && !strstr(r.out, "epoch 2/3"), "%s", r.out);
-  tu_free(&r);
-  r = cavs("info", path_in("e.ckpt"), NULL);
-  ok(&r, "info of the checkpoint a failed run left");
-  ck_assert_msg(strstr(r.out, "1 epoch done"), "%s", r.out);
-  tu_free(&r);
+  faults_in_epoch_2(args, launches * 3 / 2, path_in("e.ckpt"), 3);
   /* resumed, and failing at once (a kernel's fault, or the device lost in the first copy
      of the checkpoint's values to it): exit 2, the device's failure named, the
      checkpoint resumed from as it was */

@@ -1457,10 +1457,15 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t stream) {
     o->ord = n.ord;
     if (n.deps.empty()) o->deps = first;
     for (int d : n.deps) o->deps.push_back(ops[d]);
-    o->run = n.run;
+    /* a kernel node runs as a launch does: cavs_emu_fail_launch counts it (its work as
+       captured, which counted nothing) */
+    bool fault = n.kind == N_KERNEL && fail_launch_at > 0 && --fail_launch_at == 0;
+    if (fault) o->run = [] { sticky = last_error = cudaErrorIllegalAddress; };
+    else o->run = n.run;
     o->what = n.what + " (a node of a launched graph)";
     o->uses = n.uses;
     counts.graph_kernels += n.kind == N_KERNEL || n.kind == N_BLAS;
+    counts.graph_kernel_nodes += n.kind == N_KERNEL;
     pending.push_back(o);
     ops.push_back(o);
   }

@@ -30,6 +30,8 @@ typedef struct cavs_emu_counts {
                            cudaEventSynchronize, and a cudaMemcpy (which waits for the device) */
   long copies;          /* synchronous copies between the host and the device (cudaMemcpy,
                            cudaMemcpy2D): what cavs_emu_fail_copy counts */
+  long graph_kernel_nodes; /* the kernels among graph_kernels: what cavs_emu_fail_launch
+                              counts beside launches */
 } cavs_emu_counts;
 void cavs_emu_counters(cavs_emu_counts *out, int reset);
 
@@ -69,7 +71,9 @@ const char *cavs_emu_live_report(long since);
 int cavs_emu_host_faults(void);
 
 /* Faults on purpose: the n-th cudaMalloc from now fails with cudaErrorMemoryAllocation,
- * the n-th kernel launch from now fails when it runs with cudaErrorIllegalAddress (a
+ * the n-th kernel launch from now (or kernel node run by a launched graph: a kernel
+ * captured into a graph counts each time the graph is launched, not when it is
+ * captured) fails when it runs with cudaErrorIllegalAddress (a
  * sticky error, as a GPU's: what was queued is dropped, and the process's CUDA fails
  * from then on); the n-th synchronous copy between the host and the device (cudaMemcpy,
  * cudaMemcpy2D) from now fails with cudaErrorECCUncorrectable, sticky too (the device
