@@ -377,7 +377,6 @@ int cv_grow_edges(cavs_model *m, long edges);
    on overflow */
 int cv_minibatch_bytes(const cavs_model *m, size_t *out);
 
-/* The rows loss l's gradient divides by: cavs_model_set_loss_counts's, else the pass's */
 /* errno for a failure of m (ENOMEM, EIO), kept as the pass's too: errno itself is not
    kept through what the pass runs after it (a successful call may change it), and the
    step after a failed pass says it again (optim.c) */
@@ -386,6 +385,7 @@ static inline void cv_errno(cavs_model *m, int e) {
   if (!m->fail_errno) m->fail_errno = e;
 }
 
+/* The rows loss l's gradient divides by: cavs_model_set_loss_counts's, else the pass's */
 static inline long cv_loss_count(const cavs_model *m, int l) { return m->loss_den[l] ? m->loss_den[l] : m->loss[l].count; }
 
 #endif

@@ -1355,7 +1355,6 @@ long cavs_model_vertex_probs(cavs_model *m, int g, int v, double *out, long n) {
 static void backward_pass(cavs_model *m);
 static void clear_grads(cavs_model *m);
 
-
 void cavs_model_backward(cavs_model *m) {
   backward_pass(m);
   cv_experts_drain(m, true);

@@ -12,9 +12,9 @@ predict, and read and write parameters and per-vertex values as NumPy arrays.
 A thin layer over libcavs (ctypes, no compiled extension; _capi.py): every failure of
 the library is raised as cavs.Error with its message; running out of memory as
 cavs.OutOfMemoryError (also a MemoryError), a device's own failure as
-cavs.DeviceError. Parameters and gradients are
-NumPy views of the model's own memory (the cpu backend), valid as long as the model,
-which each view keeps alive. python/README is the tutorial."""
+cavs.DeviceError. Parameters and gradients are NumPy views of the model's own memory
+(the cpu backend), valid as long as the model, which each view keeps alive.
+python/README is the tutorial."""
 
 import ctypes
 import errno
@@ -32,8 +32,8 @@ import numpy as np
 
 from . import _capi as C
 
-__all__ = ["Error", "OutOfMemoryError", "DeviceError", "set_memory_limit", "memory_limit", "Spec", "Vocab", "Graph", "Dataset", "Model", "compile", "load", "train", "evaluate",
-           "version"]
+__all__ = ["Error", "OutOfMemoryError", "DeviceError", "set_memory_limit", "memory_limit", "Spec", "Vocab", "Graph",
+           "Dataset", "Model", "compile", "load", "train", "evaluate", "version"]
 
 
 class Error(Exception):
