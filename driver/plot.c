@@ -32,7 +32,8 @@ typedef struct Log {
   char *text;
   size_t len;
   double *rows; /* NKEYS numbers a record, NAN for null or missing (static: reachable) */
-  long nrows;
+  long nrows, cap;
+  long replaced; /* rows of a history the log's later records went back on */
   bool acc, dev; /* some record has a train accuracy, a dev loss */
 } Log;
 
@@ -96,18 +97,24 @@ static json_t *next_record(const Log *g, size_t *off, long *line) {
 }
 
 /* One record's row: each known field a number or null (NAN: gnuplot leaves the point
-   out), the epoch a number. */
+   out), the epoch a number. A record whose epoch is not after the last row's begins a
+   history of its own (a run resumed from an earlier checkpoint, or after a save that
+   failed, or another run appended): the rows of that epoch and after are the earlier
+   history's, which the training went back on, and the new ones take their place. */
 static void add_row(Log *g, const json_t *rec, long line) {
-  if (!(g->nrows & (g->nrows - 1))) {
-    size_t cap = sizeof(double) * NKEYS * (size_t)(g->nrows ? 2 * g->nrows : 1);
-    double *rows = realloc(g->rows, cap);
+  json_t *ep = json_object_get(rec, keys[0]);
+  if (!json_is_number(ep)) die(1, "%s:%ld: error: a record without a number for \"epoch\"", g->path, line);
+  double epoch = json_number_value(ep);
+  while (g->nrows && !(g->rows[NKEYS * (g->nrows - 1)] < epoch)) g->nrows--, g->replaced++;
+  if (g->nrows == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 16;
+    double *rows = realloc(g->rows, sizeof(double) * NKEYS * (size_t)g->cap);
     if (!rows) die(2, "out of memory");
     g->rows = rows;
   }
   double *row = g->rows + NKEYS * g->nrows++;
   for (int k = 0; k < NKEYS; k++) {
     json_t *v = json_object_get(rec, keys[k]);
-    if (!k && !json_is_number(v)) die(1, "%s:%ld: error: a record without a number for \"epoch\"", g->path, line);
     if (v && !json_is_null(v) && !json_is_number(v))
       die(1, "%s:%ld: error: \"%s\" is not a number or null", g->path, line, keys[k]);
     row[k] = v && json_is_number(v) ? json_number_value(v) : NAN;
@@ -236,6 +243,10 @@ int cmd_plot(int argc, char **argv) {
   json_decref(record);
   record = NULL;
   if (!g.nrows) die(1, "%s: error: no records", g.path);
+  if (g.replaced)
+    fprintf(stderr, "%s: %s: note: %ld record%s not drawn: a later record went back to %s epoch (a run resumed "
+            "from an earlier checkpoint, or another run appended)\n", prog, g.path, g.replaced,
+            g.replaced == 1 ? "" : "s", g.replaced == 1 ? "its" : "their");
   /* in $TMPDIR where it is a plain absolute path (gnuplot's script quotes it: no quote,
      newline or other character that would need escaping there), else /tmp */
   const char *tmpdir = getenv("TMPDIR");

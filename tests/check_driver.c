@@ -532,6 +532,71 @@ START_TEST(killed_plot_leaves_nothing) {
 }
 END_TEST
 
+/* A run resumed from an earlier checkpoint (its .best, or the last one saved before a save
+ * failed) logs again the epochs the log already has: cavs plot draws the history that
+ * went on, each epoch's later record in place of the earlier, and says how many it left
+ * out (the points gnuplot was given, read back from its data file by a gnuplot that
+ * copies it). The log itself keeps every record. */
+START_TEST(plot_draws_the_resumed_history) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--quiet", "--save", path_in("h.ckpt"), "--log", path_in("h.log"), NULL);
+  ok(&r, "epoch 1");
+  tu_free(&r);
+  size_t n = 0;
+  char *first = tu_slurp(path_in("h.ckpt"), &n);
+  tu_write(path_in("h1.ckpt"), first, n);
+  free(first);
+  r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in("h.ckpt"), "--save", path_in("h.ckpt"), "--log",
+            path_in("h.log"), NULL);
+  ok(&r, "epochs 2 and 3");
+  tu_free(&r);
+  /* back to epoch 1's checkpoint, at another rate */
+  r = TRAIN("--epochs", "1", "--quiet", "--lr", "0.01", "--resume", path_in("h1.ckpt"), "--save", path_in("h1.ckpt"),
+            "--log", path_in("h.log"), NULL);
+  ok(&r, "epoch 2 again");
+  tu_free(&r);
+  json_t *recs = log_records(path_in("h.log"));
+  ck_assert_int_eq((int)json_array_size(recs), 4);
+  static const int epochs[] = {1, 2, 3, 2};
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(recs, (size_t)i), "epoch")), epochs[i]);
+  char body[9000];
+  snprintf(body, sizeof body, "cp \"$(dirname \"$1\")/data\" '%s' && printf drawn > \"$(dirname \"$1\")/out.png\"",
+           path_in("drawn"));
+  fake_gnuplot("copies", body);
+  char *old_path = strdup(getenv("PATH")), path[9000];
+  snprintf(path, sizeof path, "%s:%s", path_in("copies"), old_path);
+  setenv("PATH", path, 1);
+  r = cavs("plot", path_in("h.log"), "-o", path_in("h.png"), NULL);
+  setenv("PATH", old_path, 1);
+  free(old_path);
+  ok(&r, "plot");
+  ck_assert_msg(strstr(r.err, "note: 2 records not drawn: a later record went back to their epoch"), "%s", r.err);
+  tu_free(&r);
+  /* the rows drawn: epoch 1's record, then the last run's epoch 2 (its train loss and
+     dev loss, to the digits %.17g keeps) */
+  char *data = tu_slurp(path_in("drawn"), NULL);
+  ck_assert_ptr_nonnull(data);
+  static const int drawn[] = {0, 3};
+  char *line = strtok(data, "\n");
+  for (int i = 0; i < 2; i++, line = strtok(NULL, "\n")) {
+    ck_assert_msg(line, "%d rows drawn", i);
+    double v[6];
+    ck_assert_int_eq(sscanf(line, "%lf %lf %lf %lf %lf %lf", v, v + 1, v + 2, v + 3, v + 4, v + 5), 6);
+    json_t *rec = json_array_get(recs, (size_t)drawn[i]);
+    ck_assert_double_eq(v[0], (double)epochs[drawn[i]]);
+    ck_assert_double_eq(v[1], json_number_value(json_object_get(rec, "train_loss")));
+    ck_assert_double_eq(v[3], json_number_value(json_object_get(rec, "dev_loss")));
+  }
+  ck_assert_msg(!line, "a third row drawn: %s", line);
+  /* and the two runs' epoch 2 differ (the test would not see the wrong one drawn) */
+  ck_assert_double_ne(json_number_value(json_object_get(json_array_get(recs, 1), "train_loss")),
+                      json_number_value(json_object_get(json_array_get(recs, 3), "train_loss")));
+  free(data);
+  json_decref(recs);
+}
+END_TEST
+
 /* cavs plot: the log's curves as a PNG (gnuplot draws it). The log is read as JSON (any
  * spacing, keys in any order, unknown keys passed over, a record over several lines);
  * what is not JSON, or a known field that is not a number or null, is named by its line
@@ -3773,6 +3838,7 @@ int main(void) {
   tcase_add_test(tc, schedules_and_stopping);
   tcase_add_test(tc, plot_a_log);
   tcase_add_test(tc, killed_plot_leaves_nothing);
+  tcase_add_test(tc, plot_draws_the_resumed_history);
   tcase_add_test(tc, eval_scores_match_predictions);
   tcase_add_test(tc, build_for_cuda);
   tcase_add_test(tc, numeric_options_strict);
