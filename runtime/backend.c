@@ -572,7 +572,7 @@ void cavs_cuda_launch_failed(cavs_ctx *c, const char *file, int line, int code) 
   DEAD(c);
   cavs_model *m = c->model;
   if (!m->launch_failed)
-    snprintf(m->err, sizeof m->err, "%s:%d: cuda: a kernel launch failed (cudaError_t %d)", file, line, code);
+    snprintf(m->err, sizeof m->err, "cuda: a kernel launch failed (cudaError_t %d) in %s:%d", code, file, line);
   m->launch_failed = true;
 }
 

@@ -132,6 +132,15 @@ enum { PIN_PACK = 1, PIN_ROWS = 2, PIN_SPANS = 4 };
 
 static Dev *dev(cavs_model *m) { return (Dev *)m->bs; }
 
+/* Where in this file a failure was found, after the message a user acts on ("cuda:
+   cudaMalloc of 2088 bytes: out of memory (backend_cuda.cu:384)"): for a bug report, not
+   in front of it, where a `file:line:` reads as a place in the user's own files. */
+#define WHERE_FMT "(%s:%d)"
+static const char *base_name(const char *file) {
+  const char *slash = strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
 /* The first failure, in the model's message, and what errno says of it when a call
    returns it (status): ENOMEM when the device's memory ran out, EIO for a device that
    failed (a fault, a lost device), EINVAL for a model the backend cannot run. */
@@ -148,7 +157,7 @@ static void record(cavs_model *m, int errnum, const char *file, int line, const 
   va_start(ap, fmt);
   vsnprintf(what, sizeof what, fmt, ap);
   va_end(ap);
-  snprintf(m->err, sizeof m->err, "%s:%d: cuda: %s", file, line, what);
+  snprintf(m->err, sizeof m->err, "cuda: %s " WHERE_FMT, what, base_name(file), line);
   if (d) d->failed = true;
 }
 
@@ -1842,9 +1851,9 @@ static void cuda_topk_fwd(cavs_ctx *c, cv_route *rt, int K, long X, double bal, 
        the next pass's schedule sizes its arrays) */
     if (!m->launch_failed)
       snprintf(m->err, sizeof m->err,
-               "%s:%d: cuda: a mixture of experts' routing %d first ran in a pass captured as a CUDA graph "
-               "(--cuda-graphs), which cannot make its arrays; the next pass can",
-               __FILE__, __LINE__, id);
+               "cuda: a mixture of experts' routing %d first ran in a pass captured as a CUDA graph "
+               "(--cuda-graphs), which cannot make its arrays; the next pass can " WHERE_FMT,
+               id, base_name(__FILE__), __LINE__);
     m->launch_failed = true;
     return;
   }
@@ -1957,7 +1966,8 @@ static int cuda_balance_set(cavs_model *m, cv_route *rt) {
   int id = (int)(rt - m->route);
   long X = rt->nx_pass;
   if (X > d->route[id].capx) { /* (no forward pass routed it on the device) */
-    snprintf(m->err, sizeof m->err, "%s:%d: cuda: routing %d was not routed on the device", __FILE__, __LINE__, id);
+    snprintf(m->err, sizeof m->err, "cuda: routing %d was not routed on the device " WHERE_FMT, id,
+             base_name(__FILE__), __LINE__);
     return -1;
   }
   cv_balance_shares(rt, rt->K, X, rt->scr);
