@@ -357,6 +357,10 @@ typedef struct TrainOpts {
   double plateau_factor;
   int plateau_patience;
   double bptt_vary; /* --bptt-vary SD (0: chunks of the format's length) */
+  /* --save-every: inside an epoch too, every save_steps minibatches (0: never) or every
+     save_secs seconds of training (0: never) */
+  long save_steps;
+  double save_secs;
   bool stream;      /* --stream: the training file indexed and read a minibatch at a time */
   /* --init PARAM=FILE (pre-trained vectors, on a new model) and --freeze PARAM */
   const char *init[8], *freeze[8];

@@ -569,7 +569,7 @@ int cmd_info(const char *path) {
   printf("dims       ");
   for (int i = 0; i < cavs_ckpt_ndims(k); i++) printf(" %s=%ld", cavs_ckpt_dim_name(k, i), cavs_ckpt_dim_value(k, i));
   printf("\nparameters  %ld\nvocabulary  %d words\n", cavs_ckpt_param_count(k), v ? cavs_vocab_size(v) : 0);
-  if (ts->graphs_done) printf("interrupted %ld graphs into epoch %d\n", ts->graphs_done, ts->epoch + 1);
+  if (ts->graphs_done) printf("saved %ld graphs into epoch %d (interrupted, or --save-every)\n", ts->graphs_done, ts->epoch + 1);
   printf("training    %d epoch%s done, data format %s, batch %d, optimizer %s lr %g", ts->epoch,
          ts->epoch == 1 ? "" : "s", ts->format, ts->batch, cavs_optim_name(ts->optim.kind), ts->optim.lr);
   if (ts->optim.kind == CAVS_MOMENTUM || ts->optim.kind == CAVS_NESTEROV)

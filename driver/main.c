@@ -77,6 +77,27 @@ static size_t parse_size(const char *opt, const char *s) {
   return (size_t)(v * unit);
 }
 
+/* --save-every: a count of minibatches, or a time with its unit (s, m or h), up to
+   10^9 minibatches or 10^7 s (115 days) */
+static void parse_save_every(TrainOpts *o, const char *s) {
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  const char *units = "smh";
+  const char *u = *end && !end[1] ? strchr(units, *end) : NULL;
+  static const double secs[] = {1, 60, 3600};
+  bool digits = end > s && strspn(s, "0123456789.") == (size_t)(end - s); /* (not 1e3, 0x10, inf) */
+  if (u && *u && digits && isfinite(v) && v > 0 && v * secs[u - units] <= 1e7) {
+    o->save_secs = v * secs[u - units];
+    return;
+  }
+  if (!*end && digits && v >= 1 && v <= 1e9 && v == (long)v) {
+    o->save_steps = (long)v;
+    return;
+  }
+  die(1, "--save-every: '%s' is not a count of minibatches (1 to 10^9) nor a time (90s, 30m, 2h; at most 10^7 s)", s);
+}
+
 /* The operands and options of train, eval, predict and info, as given. */
 typedef struct RunArgs {
   TrainOpts o;
@@ -222,6 +243,7 @@ static void run_option(RunArgs *a, int id, const char *arg) {
     o->freeze[o->nfreeze++] = arg;
     break;
   case OPT_SAVE: o->save = arg; break;
+  case OPT_SAVE_EVERY: o->save_steps = 0, o->save_secs = 0, parse_save_every(o, arg); break;
   case OPT_RESUME: o->resume = arg; break;
   case OPT_LOG: o->log = arg; break;
   case OPT_QUIET: o->quiet = 1; break;

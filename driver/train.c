@@ -114,6 +114,10 @@ typedef struct Run {
   const cavs_graph **gs;
   cavs_vectors_report found[8]; /* --init i: what it wrote into parameter inited[i] */
   int inited[8];
+  /* --save-every TIME: when the last checkpoint was saved (now()); whether rank 0's
+     clock says the next is due, and whether the ranks agreed it is (part_step) */
+  double last_save;
+  bool save_wish, save_due;
 } Run;
 
 /* What the run writes (--save, its .best, --log) may not be what it reads (the model,
@@ -203,17 +207,17 @@ static void same_order(const TrainOpts *o, const cavs_train_state *cs) {
   if (cs->graphs_done <= 0) return;
   bool bptt = !strncmp(o->format, "text-bptt", 9);
   if (cs->format[0] && !same_format(cs->format, o->format))
-    die(1, "%s: stopped inside epoch %d, on data of --format %s: go on with that format (this one's graphs are "
+    die(1, "%s: saved inside epoch %d, on data of --format %s: go on with that format (this one's graphs are "
            "others), or from an epoch's end",
         o->resume, cs->epoch + 1, cs->format);
   if (cs->batch > 0 && o->batch != cs->batch && bptt)
-    die(1, "%s: stopped inside epoch %d of text-bptt chunks laid in streams for --batch %d: go on with that batch, "
+    die(1, "%s: saved inside epoch %d of text-bptt chunks laid in streams for --batch %d: go on with that batch, "
            "or from an epoch's end",
         o->resume, cs->epoch + 1, cs->batch);
   /* (chunks that vary are read in streams alone: choose_cut says so) */
   bool reset = bptt_state == BPTT_RESET;
   if (cs->bptt_state && bptt && !(o->bptt_vary > 0) && reset != (cs->bptt_state == CAVS_BPTT_RESET))
-    die(1, "%s: stopped inside epoch %d of text-bptt chunks %s: go on with --bptt-state %s, or from an epoch's end",
+    die(1, "%s: saved inside epoch %d of text-bptt chunks %s: go on with --bptt-state %s, or from an epoch's end",
         o->resume, cs->epoch + 1, reset ? "laid in streams, the state carried" : "shuffled, each from zeros",
         reset ? "carry" : "reset");
 }
@@ -612,6 +616,7 @@ static int whole_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, To
   if (cavs_model_step(r->m, opt)) lib_die(cavs_model_error(r->m));
   add_batch(t, r->m, &st, k);
   add_norm(r, t);
+  r->save_due = r->save_wish;
   return interrupted;
 }
 
@@ -751,9 +756,9 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   }
   int n;
   const cavs_loss_acc *a = cavs_model_losses(r->m, &n);
-  /* the losses' counts, a stop asked for, and each routing's experts where this part ran
-     its balancing loss (BALANCED) */
-  long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 1 + BALANCED));
+  /* the losses' counts, a stop asked for, each routing's experts where this part ran
+     its balancing loss (BALANCED), and a save rank 0's clock says is due */
+  long *lv = scratch(sizeof(long) * (size_t)(4 * nl + 2 + BALANCED));
   double *sums = scratch(sizeof(double) * (size_t)(nl + 1));
   for (int l = 0; l < nl; l++) {
     lv[4 * l] = none ? 0 : a[l].count, lv[4 * l + 1] = none ? 0 : a[l].correct;
@@ -762,8 +767,10 @@ static int part_step(Run *r, int epoch, int b, int k, const cavs_optim *opt, Tot
   }
   lv[4 * nl] = interrupted != 0;
   balanced_experts(r, none, lv + 4 * nl + 1);
+  lv[4 * nl + 1 + BALANCED] = r->save_wish;
   sums[nl] = none ? 0 : isfinite(st.loss) ? 0 : 1; /* ranks whose part diverged */
-  dist_sum_long(lv, 4 * nl + 1 + BALANCED);
+  dist_sum_long(lv, 4 * nl + 2 + BALANCED);
+  r->save_due = lv[4 * nl + 1 + BALANCED] > 0;
   dist_sum_double(sums, nl + 1);
   if (sums[nl] > 0) {
     if (!none && !isfinite(st.loss)) diverged(r, epoch, b + lo, &st);
@@ -946,8 +953,35 @@ static void expert_loads(Run *r, Totals *t) {
   }
 }
 
+/* The epoch so far into the checkpoint (o->save), as a signal saves it: the shuffling
+ * state the epoch began with and the graphs done, and under mpirun every rank's carried
+ * state. Then the epoch goes on as if nothing was saved: --save-every. */
+static void save_inside(Run *r, int done, uint64_t rng_at_start) {
+  uint64_t rng = r->ts.rng;
+  long graphs_done = r->ts.graphs_done;
+  r->ts.rng = rng_at_start, r->ts.graphs_done = done;
+  /* (rank 0 holds every rank's streams after this, its own first: its next pass reads
+     the rows of its places, the first, as it would have) */
+  gather_carried(r);
+  char err[1024];
+  int rc = try_save(r, r->o->save, NULL, err, sizeof err);
+  if (rc) die(rc, "%s", err);
+  r->ts.rng = rng, r->ts.graphs_done = graphs_done;
+  r->last_save = now();
+}
+
+/* --save-every: whether the checkpoint is due after minibatch `step` (counted from the
+   run's first, resumes included, so that a resumed run saves where the run before
+   would have); with a time, rank 0's clock says (the ranks agree in part_step) */
+static bool save_wish(const Run *r, long step) {
+  const TrainOpts *o = r->o;
+  if (o->save_steps) return (step + 1) % o->save_steps == 0;
+  return o->save_secs > 0 && !dist_rank && now() - r->last_save >= o->save_secs;
+}
+
 /* One epoch's minibatches (an interrupted epoch goes on where it stopped, in the same
- * order), added up in t. A signal stops it between two steps, saved. */
+ * order), added up in t. A signal stops it between two steps, saved; --save-every saves
+ * between two steps and goes on. */
 static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   TrainOpts *o = r->o;
   uint64_t rng_at_start = r->ts.rng;
@@ -972,6 +1006,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     /* a chunk of another length than N: the rate scaled by it (AWD-LSTM's), so that a
        token weighs as much in a short chunk's mean loss as in a long one's */
     opt.lr = r->ts.bptt_vary > 0 ? lr * r->cut.len[b / o->batch] / r->cut.base : lr;
+    r->save_wish = o->save && save_wish(r, step);
     int stop = dist_size > 1 ? part_step(r, epoch, b, k, &opt, t) : whole_step(r, epoch, b, k, &opt, t);
     t->lr = lr;
     if (dist_size > 1 && (step + 1) % SAME_EVERY == 0) same_params(r, step + 1);
@@ -990,6 +1025,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       dist_end();
       exit(128 + stop);
     }
+    /* (the epoch's last step: end_epoch saves) */
+    if (r->save_due && b + k < n) save_inside(r, b + k, rng_at_start);
     double el = now() - start;
     if (r->tty && (el - shown > 0.1 || b + k >= n)) {
       shown = el;
@@ -1178,6 +1215,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   /* saved before the line is printed, which says whether it was */
   char err[1024];
   int unsaved = o->save ? try_save(r, o->save, better ? r->best_path : NULL, err, sizeof err) : 0;
+  r->last_save = now(); /* (--save-every TIME counts from here) */
   if (!o->quiet)
     print_epoch(r, epoch, t, &dv, better,
                 unscored ? "no vertex of the dev set has a label to score"
@@ -1242,6 +1280,7 @@ static void check_train_opts(const TrainOpts *o) {
   if (o->epochs <= 0 || o->batch <= 0) die(1, "train: --epochs and --batch must be positive");
   if (o->init_all && o->resume)
     die(1, "train: --init-all starts a new model; --resume goes on from the checkpoint's parameters");
+  if ((o->save_steps || o->save_secs > 0) && !o->save) die(1, "train: --save-every saves to --save CKPT, which is not given");
   if (o->ninit && o->resume) /* it was passed over without a word */
     die(1, "train: --init starts a new model's tables; --resume goes on from the checkpoint's");
 }
@@ -1363,6 +1402,7 @@ static void train_epochs(Run *r) {
   sigaction(SIGTERM, &sa, NULL);
   int first = r->ts.epoch + 1;
   r->nbatches = (r->n + o->batch - 1) / o->batch;
+  r->last_save = now();
   for (int epoch = first; epoch <= r->last_epoch; epoch++) {
     Totals t = {0};
     run_epoch(r, epoch, first, &t);

@@ -2190,6 +2190,84 @@ START_TEST(sigint_saves_and_resumes_exactly) {
 }
 END_TEST
 
+/* --save-every: the checkpoint saved inside the epochs too, every N minibatches or every
+ * TIME, and the run goes on as if nothing was saved (the bytes of a run without it, at
+ * the end); a run killed by SIGKILL (nothing of it runs) after a save inside an epoch
+ * resumes from that save to the bytes of a run never stopped. Wherever the kill lands,
+ * this holds; the checkpoint is inside an epoch unless the kill came in the moment after
+ * one of the epochs' ends, and then holds its graphs done, a multiple of the 20 that
+ * five minibatches take (an epoch's 375 minibatches of 4 are whole fives). Bad values and a missing --save are refused. */
+START_TEST(save_every_resumes_after_a_kill) {
+  gen_data();
+  RunResult r = TRAIN("--epochs", "2", "--quiet", "--save", path_in("se.ckpt"), NULL);
+  ok(&r, "without --save-every");
+  tu_free(&r);
+  static const char *const every[] = {"3", "0.01s"};
+  for (int i = 0; i < 2; i++) {
+    r = TRAIN("--epochs", "2", "--quiet", "--save", path_in("se2.ckpt"), "--save-every", every[i], NULL);
+    ok(&r, every[i]);
+    tu_free(&r);
+    size_t na = 0, nb = 1;
+    char *a = tu_slurp(path_in("se.ckpt"), &na), *b = tu_slurp(path_in("se2.ckpt"), &nb);
+    ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "--save-every %s: not the bytes of a run without it",
+                  every[i]);
+    free(a), free(b);
+  }
+  char *argv[] = {(char *)cavs_bin, "train", strdup(model("treelstm.vf")), "--format", "ptb-tree", "--train",
+                  strdup(path_in("train.txt")), "--dim", "E=12", "--dim", "H=16", "--batch", "4", "--threads", "1",
+                  "--epochs", "1000", "--save", strdup(path_in("kill.ckpt")), "--save-every", "5", NULL};
+  pid_t pid = start_until(argv, path_in("kill.out"), "model treelstm");
+  bool saved = false;
+  for (int i = 0; i < 12000 && !(saved = access(path_in("kill.ckpt"), F_OK) == 0); i++) usleep(5000);
+  kill(pid, SIGKILL);
+  int st;
+  waitpid(pid, &st, 0);
+  ck_assert_msg(saved && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "saved %d, status %d", saved, st);
+  char *e = info_field(path_in("kill.ckpt"), "training");
+  int done = -1;
+  ck_assert(sscanf(e, "training %d epochs done", &done) == 1 && done >= 0 && done < 1000);
+  free(e);
+  RunResult in = cavs("info", path_in("kill.ckpt"), NULL);
+  ok(&in, "info");
+  const char *at = strstr(in.out, "saved ");
+  long graphs = 0;
+  if (at) ck_assert_msg(sscanf(at, "saved %ld graphs into epoch", &graphs) == 1 && graphs > 0 && graphs % 20 == 0,
+                        "%s", in.out);
+  tu_free(&in);
+  /* finish the epoch killed (or the next); then the same number of epochs never stopped */
+#define SMALL(...)                                                                                                   \
+  cavs("train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("train.txt"), "--dim", "E=12",      \
+       "--dim", "H=16", "--batch", "4", "--threads", "1", "--quiet", __VA_ARGS__, NULL)
+  r = SMALL("--epochs", "1", "--resume", path_in("kill.ckpt"), "--save", path_in("kill2.ckpt"));
+  ok(&r, "resume");
+  tu_free(&r);
+  char epochs[16];
+  snprintf(epochs, sizeof epochs, "%d", done + 1);
+  r = SMALL("--epochs", epochs, "--save", path_in("never.ckpt"));
+  ok(&r, "never stopped");
+  tu_free(&r);
+#undef SMALL
+  size_t na = 0, nb = 1;
+  char *a = tu_slurp(path_in("never.ckpt"), &na), *b = tu_slurp(path_in("kill2.ckpt"), &nb);
+  ck_assert_msg(a && b && na == nb && !memcmp(a, b, na), "killed %ld graphs into epoch %d and resumed: not the same "
+                "bytes", graphs, done + 1);
+  free(a), free(b);
+  /* refused before anything is written */
+  static const char *const bad[] = {"0", "-2", "1e3", "0x10", "1.5", "2d", "0s", "1e9s", "3000h", "inf"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    r = TRAIN("--epochs", "1", "--save", path_in("every-bad.ckpt"), "--save-every", bad[i], NULL);
+    ck_assert_msg(r.status == 1 && strstr(r.err, "--save-every: '") && strstr(r.err, "is not a count of minibatches"),
+                  "%s: exit %d: %s", bad[i], r.status, r.err);
+    tu_free(&r);
+  }
+  r = TRAIN("--epochs", "1", "--save-every", "10m", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "--save-every saves to --save CKPT, which is not given"), "%s", r.err);
+  tu_free(&r);
+  ck_assert(access(path_in("every-bad.ckpt"), F_OK) != 0);
+  free(argv[2]), free(argv[6]), free(argv[18]);
+}
+END_TEST
+
 /* --stream keeps a file's index in the cache (CAVS_CACHE/streams): a second run reads it
  * there instead of reading the file through, and trains the same bytes; an entry that is
  * damaged, or writable by others, is passed over with a warning (the file indexed again,
@@ -2448,7 +2526,7 @@ START_TEST(sigint_resumes_carried_state_exactly) {
      from an epoch's end (where the signal came between epochs) each goes on */
   RunResult r = cavs("info", path_in("lmi.ckpt"), NULL);
   ok(&r, "info");
-  bool in = strstr(r.out, "interrupted ") != NULL;
+  bool in = strstr(r.out, " graphs into epoch ") != NULL;
   tu_free(&r);
   const char *other[][4] = {{"text-bptt:10", "8", "on data of --format text-bptt:9", "carry"},
                             {"text-bptt:9", "4", "laid in streams for --batch 8", "carry"},
@@ -2460,7 +2538,7 @@ START_TEST(sigint_resumes_carried_state_exactly) {
              path_in("lmi.txt"), "--threads", "1", "--epochs", "1", "--quiet", "--bptt-state", other[k][3], "--resume",
              path_in("lmi.ckpt"), NULL);
     if (in && other[k][2])
-      ck_assert_msg(r.status == 1 && strstr(r.err, other[k][2]) && strstr(r.err, "stopped inside epoch"), "%d %s",
+      ck_assert_msg(r.status == 1 && strstr(r.err, other[k][2]) && strstr(r.err, "saved inside epoch"), "%d %s",
                     r.status, tu_tail(r.err, 1800));
     else ok(&r, "resumed with another spelling of the format, or from an epoch's end");
     tu_free(&r);
@@ -3851,6 +3929,7 @@ int main(void) {
   tcase_add_test(tc, resume_keeps_settings_not_given);
   tcase_add_test(tc, memory_limits);
   tcase_add_test(tc, sigint_saves_and_resumes_exactly);
+  tcase_add_test(tc, save_every_resumes_after_a_kill);
   tcase_add_test(tc, plateau_resumed_with_less_patience);
   tcase_add_test(tc, stream_trains_as_loaded);
   tcase_add_test(tc, stream_index_cached);
