@@ -33,6 +33,10 @@ typedef void *yyscan_t;
 struct LexState {
   int line, col;
   int depth;      /* open ( and [ */
+  /* inside a dim expression: open [ (shapes, widths, slices), or a `dim` declaration up
+     to its ';' (where `2E+1` is the dim term 2E plus 1, never the number 20) */
+  int squares;
+  bool in_dim;
   Loc *braces;    /* open { */
   int nbraces, capbraces;
   Loc comment;    /* start of the comment being skipped */

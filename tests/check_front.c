@@ -173,6 +173,48 @@ START_TEST(constants) {
 }
 END_TEST
 
+static const Param *param_named(const Model *m, const char *name) {
+  for (int i = 0; i < m->nparams; i++)
+    if (!strcmp(m->params[i].name, name)) return &m->params[i];
+  ck_abort_msg("no param %s", name);
+  return NULL;
+}
+
+/* A number with an exponent (1e-3) where a number goes; in a dim expression (brackets,
+ * a dim declaration) `2E+1` is the dim term 2E plus 1 and `2e5` the dim term 2 e5, as
+ * vf(5) says of dim terms: the lexer took them for the numbers 20 and 200000, and a
+ * model with a dim named E or e (an embedding's width) and a width 2E+1 was refused. */
+START_TEST(exponents_and_dim_terms) {
+  Model *m = compile_str("model x; dim E = 4; dim e5 = 3; dim C = 3;\n"
+                         "option p = 1e-1;\n"
+                         "input f : real[E]; input y : class[C];\n"
+                         "param U[2E+1,C], S[2E,C], V[E,2e5+1], Z[2e5+1,C];\n"
+                         "param W[E,2E+1] init uniform(-1e-1, 2E-2);\n"
+                         "vertex v (children 1) {\n"
+                         "  h = tanh(f @ W + gather(0)) * 1e0; g = tanh(f @ V) @ Z * 25E-1;\n"
+                         "  scatter(h); push(h @ U + h[1:2E+1] @ S + g);\n"
+                         "}\n"
+                         "push (h) { loss softmax_xent(h, y); }\n");
+  int E = dim_index(m, "E"), e5 = dim_index(m, "e5");
+  Lin twoE1 = lin_add(lin_dim(E, 2), lin_const(1)), twoe51 = lin_add(lin_dim(e5, 2), lin_const(1));
+  ck_assert(lin_eq(param_named(m, "W")->cols, twoE1));
+  ck_assert(lin_eq(param_named(m, "U")->rows, twoE1));
+  ck_assert(lin_eq(param_named(m, "V")->cols, twoe51));
+  ck_assert(lin_eq(param_named(m, "Z")->rows, twoe51));
+  /* numbers outside: the initializer's bounds, the option, the vertex's constants */
+  ck_assert_double_eq(param_named(m, "W")->a, -0.1);
+  ck_assert_double_eq(param_named(m, "W")->b, 0.02);
+  ck_assert_double_eq(m->options[0].value, 0.1);
+  const IrFunc *f = m->vertex[0];
+  int ones = 0, scaled = 0;
+  for (int i = 0; i < f->n; i++) {
+    ones += f->nodes[i].op == OP_CONST && f->nodes[i].cval == 1.0;
+    scaled += f->nodes[i].op == OP_CONST && f->nodes[i].cval == 2.5;
+  }
+  ck_assert(ones >= 1 && scaled == 1);
+}
+END_TEST
+
 /* The Tree-LSTM's classes match the Cavs paper's Figure 7 and its cell fuses into one
  * loop: pull and the input projections eager (one merged product for all four gates),
  * the products with the children's states, the gates and the cell update on the path,
@@ -810,6 +852,7 @@ int main(void) {
   tcase_add_test(tc, loops_and_sums);
   tcase_add_test(tc, pull_slots);
   tcase_add_test(tc, constants);
+  tcase_add_test(tc, exponents_and_dim_terms);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, activation_in_products);
