@@ -27,7 +27,8 @@
  *   scatter(x)       dx += dstate[this row]
  *   y = pull()       dpull[row] += dy;   push(x): dx += dpush[row]
  *   loss softmax_xent(z, t)   dz = (softmax(z) - onehot(t)) / labeled rows
- *   loss mse(p, t)            dp = 2 (p - t) / (rows * width)
+ *   loss mse(p, t)            dp = 2 (p - t) / (rows * width); dt = -dp where t is
+ *                             computed from parameters too (mse is symmetric)
  */
 #include "cavsc.h"
 
@@ -190,7 +191,10 @@ static void print_node_ad(FILE *out, const Model *m, const IrFunc *f, int i) {
     break;
   case OK_LOSS:
     if (n->op == OP_XENT) fprintf(out, "  d%s += (softmax(%s) - onehot(%s)) / labeled\n", a, a, b);
-    else fprintf(out, "  d%s += 2 * (%s - %s) / count\n", a, a, b);
+    else {
+      if (na->grad) fprintf(out, "  d%s += 2 * (%s - %s) / count\n", a, a, b);
+      if (nb->type == T_ROW && nb->grad) fprintf(out, "  d%s += 2 * (%s - %s) / count\n", b, b, a);
+    }
     break;
   case OK_LEAF: break;
   }

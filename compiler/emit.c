@@ -1096,11 +1096,18 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   case OP_PUSH: copy_out_code(e, f, i, bwd); return;
   case OP_XENT:
   case OP_MSE: {
-    if (bwd && !a->grad) return;
     LossCall l = {.op = n->op, .index = loss_index(f, i), .a = &a->val, .width = a->width, .bwd = bwd};
     l.t = b->type == T_INPUT ? NULL : &b->val;
     l.label = b->type == T_INPUT ? int_slot(m, b->ref) : -1;
-    e->t->loss(e, &l);
+    if (!bwd || a->grad) e->t->loss(e, &l);
+    /* mse's target, where it is computed from parameters too: its gradient is the
+       prediction's negated, 2 (t - p) / (rows * width), the same call with the two
+       swapped (cv_mse_grad(t, p) is exactly -cv_mse_grad(p, t)) */
+    if (bwd && n->op == OP_MSE && b->type == T_ROW && b->grad) {
+      LossCall lt = l;
+      lt.a = &b->val, lt.t = &a->val;
+      e->t->loss(e, &lt);
+    }
     return;
   }
   default: internal_error(__FILE__, __LINE__, "no code for %s", op_info[n->op].name);

@@ -154,6 +154,21 @@ static const struct {
      "pull { x = emb[w]; z = x * f; }\n"
      "vertex v (children 2) { h = tanh(pull(z) + pull(x) + (gather(0) + gather(1)) @ W); scatter(h); push(h); }\n"
      "push (h) { loss mse(h @ Wo, t); }\n"},
+    /* the target computed too: its gradient, -dp (it was none: the target stayed out of
+       the gradient; found by a helper's random programs), on both sides of a product,
+       one of them read by the prediction too */
+    {"mse_both_computed",
+     "model op_mse2; dim H = 3; dim T = 2;\n"
+     "input t : real[T]; input f : real[H];\n"
+     "param W[H,H] init uniform(-1, 1); param Wo[H,T], Wt[H,T] init uniform(-1, 1);\n"
+     "vertex v (children 2) { h = tanh(f + (gather(0) + gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { p = h @ Wo; loss mse(t * p, tanh(h @ Wt) + p); }\n"},
+    {"mse_target_alone",
+     "model op_mse3; dim H = 3;\n"
+     "input t : real[H]; input f : real[H];\n"
+     "param W[H,H] init uniform(-1, 1);\n"
+     "vertex v (children 2) { h = tanh(f + (gather(0) + gather(1)) @ W); scatter(h); push(h); }\n"
+     "push (h) { loss mse(t, h); }\n"},
     {"two_losses",
      "model op_2l; dim H = 3; dim V = 5; dim C = 3;\n"
      "input w : index[V]; input y : class[C]; input t : real[C];\n"
