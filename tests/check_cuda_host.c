@@ -58,8 +58,8 @@ static void host_vs_c(const char *model, const char *src, const char *prec, doub
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
-  cavs_model *mc = new_model(dc, dims, 5), *mu = new_model(&du, dims, 5);
+  cavs_model *mc, *mu;
+  int k = cuda_and_c(dc, &du, dims, g, gs, &mc, &mu);
   cavs_stats sc, su;
   ck_assert(cavs_model_forward(mc, gs, k, &sc) == 0);
   ck_assert(cavs_model_forward(mu, gs, k, &su) == 0);

@@ -5,47 +5,9 @@
  * |analytic - numeric| / max(|analytic| + |numeric|, 1e-4), required below 1e-6. */
 #include "engine.h"
 
-enum { NGRAPH = 3 };
-
-static void small_dims(const cavs_desc *d, long *dims) {
-  cavs_dims_default(d, dims);
-  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 2 + i % 3 : 6;
-}
-
-/* Trees with holes, a chain, and a DAG; all vertex types used. */
-static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
-  if (tg_typed_model(d)) { /* two graphs whose vertices have one parent, one whose have several */
-    for (int k = 0; k < NGRAPH; k++) {
-      tg_typed(&g[k], d, 8 + 3 * k, k == 2, &seed);
-      tg_features(&g[k], d, dims, &seed);
-    }
-    return;
-  }
-  int arity, leaf, inner;
-  tg_types(d, &arity, &leaf, &inner);
-  tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
-  tg_tree(&g[1], 5, arity, false, &seed, leaf, inner);
-  /* a DAG: 0 and 1 are leaves; 2 = (0, 1), 3 = (1, 0) [or (1) / (0)], 4 = (2, 3) */
-  TGraph *t = &g[2];
-  tg_tree(t, 5, arity, false, &seed, leaf, inner);
-  for (int i = 0; i < 5 * arity; i++) t->child[i] = -1;
-  t->child[2 * arity + 0] = 0;
-  t->child[3 * arity + 0] = 1;
-  if (arity > 1) {
-    t->child[2 * arity + 1] = 1;
-    t->child[3 * arity + 1] = 0;
-    t->child[4 * arity + 1] = 3;
-  }
-  t->child[4 * arity + 0] = 2;
-  /* a parent that reads one child twice: both slots' gradients must add up */
-  if (arity > 1) t->child[3 * arity + 1] = 1;
-  for (int v = 0; v < 5; v++) t->type[v] = v < 2 ? leaf : inner;
-  for (int k = 0; k < NGRAPH; k++) tg_features(&g[k], d, dims, &seed);
-}
-
 static double loss_at(cavs_model *m, const cavs_graph *const *gs) {
   cavs_stats st;
-  ck_assert_msg(cavs_model_forward(m, gs, NGRAPH, &st) == 0, "%s", cavs_model_error(m));
+  ck_assert_msg(cavs_model_forward(m, gs, TG_NGRAD, &st) == 0, "%s", cavs_model_error(m));
   return st.loss + st.aux_loss; /* (a mixture of experts' balancing loss is apart) */
 }
 
@@ -56,25 +18,20 @@ static bool roots_only;
 
 static double gradcheck(const cavs_desc *d) {
   long dims[CAVS_MAX_DIMS];
-  small_dims(d, dims);
+  tg_grad_dims(d, dims);
   char err[256];
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
   ck_assert_msg(m != NULL, "%s", err);
   cavs_model_set_ablations(m, ablations);
-  cavs_model_init(m, 7);
-  /* larger initial weights than the defaults, so no gradient is negligibly small */
   size_t np;
-  double *p = cavs_model_params_flat(m, &np);
-  unsigned s = 99;
-  for (size_t i = 0; i < np; i++) p[i] += (double)(tg_rand(&s) % 2001) / 2000.0 - 0.5;
-  static TGraph g[NGRAPH];
-  make_graphs(d, dims, g, 1234);
+  static TGraph g[TG_NGRAD];
+  const cavs_graph *gs[TG_NGRAD];
+  double *p = tg_grad_start(m, d, dims, g, gs, &np);
   if (roots_only) /* a class only at each graph's root (its last vertex) */
-    for (int k = 0; k < NGRAPH; k++)
+    for (int k = 0; k < TG_NGRAD; k++)
       for (int v = 0; v + 1 < g[k].g.n; v++)
         for (int i = 0; i < d->ninputs; i++)
           if (d->inputs[i].kind == CAVS_IN_CLASS) g[k].feat[v * d->nint + d->inputs[i].slot] = -1;
-  const cavs_graph *gs[NGRAPH] = {&g[0].g, &g[1].g, &g[2].g};
   /* the buffers sized by a first pass, then every value and gradient made NaN: a cell
      the passes read without writing it (a gradient buffer not cleared because it is
      written whole, and a cell of it missed) makes the gradient NaN, in any build */

@@ -122,44 +122,9 @@ static const cavs_desc *build_cuda_host(const char *src) {
 }
 
 /* ---- gradients against finite differences (check_gradcheck.c) ---- */
-enum { NGRAPH = 3 };
-
-static void small_dims(const cavs_desc *d, long *dims) {
-  cavs_dims_default(d, dims);
-  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 2 + i % 3 : 6;
-}
-
-static void make_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
-  if (tg_typed_model(d)) {
-    for (int k = 0; k < NGRAPH; k++) {
-      tg_typed(&g[k], d, 8 + 3 * k, k == 2, &seed);
-      tg_features(&g[k], d, dims, &seed);
-    }
-    return;
-  }
-  int arity, leaf, inner;
-  tg_types(d, &arity, &leaf, &inner);
-  tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
-  tg_tree(&g[1], 5, arity, false, &seed, leaf, inner);
-  TGraph *t = &g[2];
-  tg_tree(t, 5, arity, false, &seed, leaf, inner);
-  for (int i = 0; i < 5 * arity; i++) t->child[i] = -1;
-  t->child[2 * arity + 0] = 0;
-  t->child[3 * arity + 0] = 1;
-  if (arity > 1) {
-    t->child[2 * arity + 1] = 1;
-    t->child[3 * arity + 1] = 0;
-    t->child[4 * arity + 1] = 3;
-  }
-  t->child[4 * arity + 0] = 2;
-  if (arity > 1) t->child[3 * arity + 1] = 1;
-  for (int v = 0; v < 5; v++) t->type[v] = v < 2 ? leaf : inner;
-  for (int k = 0; k < NGRAPH; k++) tg_features(&g[k], d, dims, &seed);
-}
-
 static bool loss_at(cavs_model *m, const cavs_graph *const *gs, double *loss) {
   cavs_stats st;
-  if (cavs_model_forward(m, gs, NGRAPH, &st) != 0) {
+  if (cavs_model_forward(m, gs, TG_NGRAD, &st) != 0) {
     rfail("gradcheck: forward failed: %s", cavs_model_error(m));
     return false;
   }
@@ -169,21 +134,17 @@ static bool loss_at(cavs_model *m, const cavs_graph *const *gs, double *loss) {
 
 static void gradcheck(const cavs_desc *d) {
   long dims[CAVS_MAX_DIMS];
-  small_dims(d, dims);
+  tg_grad_dims(d, dims);
   char err[256];
   cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
   if (!m) {
     rfail("gradcheck: cavs_model_new: %s", err);
     return;
   }
-  cavs_model_init(m, 7);
   size_t np;
-  double *p = cavs_model_params_flat(m, &np);
-  unsigned s = 99;
-  for (size_t i = 0; i < np; i++) p[i] += (double)(tg_rand(&s) % 2001) / 2000.0 - 0.5;
-  static TGraph g[NGRAPH];
-  make_graphs(d, dims, g, 1234);
-  const cavs_graph *gs[NGRAPH] = {&g[0].g, &g[1].g, &g[2].g};
+  static TGraph g[TG_NGRAD];
+  const cavs_graph *gs[TG_NGRAD];
+  double *p = tg_grad_start(m, d, dims, g, gs, &np);
   double l0;
   if (!loss_at(m, gs, &l0)) goto out;
   ck_assert_int_eq(cavs_model_poison(m), 0);
@@ -402,8 +363,8 @@ static void cuda_vs_c(const char *src, const cavs_desc *dc) {
   long dims[CAVS_MAX_DIMS];
   static TGraph g[TG_MINIBATCH];
   const cavs_graph *gs[TG_MINIBATCH];
-  int k = tg_minibatch(dc, dims, g, gs, true);
-  cavs_model *mc = new_model(dc, dims, 5), *mu = new_model(&du, dims, 5);
+  cavs_model *mc, *mu;
+  int k = cuda_and_c(dc, &du, dims, g, gs, &mc, &mu);
   cavs_stats sc, su;
   if (cavs_model_forward(mc, gs, k, &sc) != 0 || cavs_model_forward(mu, gs, k, &su) != 0) {
     rfail("cuda-host: a forward pass failed: %s / %s", cavs_model_error(mc), cavs_model_error(mu));

@@ -44,6 +44,15 @@ static inline const cavs_desc *load_host_cuda_with(const char *model, const char
   return open_model(so, dir);
 }
 
+/* The C target's model dc and the CUDA target's du (its descriptor said C) on one
+ * minibatch (tg_minibatch's, with DAGs): the graphs' count, the two models in *mc, *mu */
+static inline int cuda_and_c(const cavs_desc *dc, const cavs_desc *du, long *dims, TGraph g[TG_MINIBATCH],
+                             const cavs_graph *gs[TG_MINIBATCH], cavs_model **mc, cavs_model **mu) {
+  int k = tg_minibatch(dc, dims, g, gs, true);
+  *mc = new_model(dc, dims, 5), *mu = new_model(du, dims, 5);
+  return k;
+}
+
 static inline double cv_test_at(const cavs_model *m, const void *p, size_t i) {
   return m->esize == 8 ? ((const double *)p)[i] : (double)((const float *)p)[i];
 }

@@ -350,4 +350,58 @@ static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIB
   return tg_minibatch_wide(d, dims, g, gs, dags, 8);
 }
 
+/* The gradient check's minibatch (check_gradcheck, check_random): TG_NGRAD small graphs at
+ * small dims (fixed dims 2 to 4, the others 6). */
+enum { TG_NGRAD = 3 };
+
+static inline void tg_grad_dims(const cavs_desc *d, long *dims) {
+  cavs_dims_default(d, dims);
+  for (int i = 0; i < d->ndims; i++) dims[i] = d->dims[i].kind == CAVS_DIM_FIXED ? 2 + i % 3 : 6;
+}
+
+/* Trees with holes, a chain, and a DAG; all vertex types used. */
+static inline void tg_grad_graphs(const cavs_desc *d, const long *dims, TGraph *g, unsigned seed) {
+  if (tg_typed_model(d)) { /* two graphs whose vertices have one parent, one whose have several */
+    for (int k = 0; k < TG_NGRAD; k++) {
+      tg_typed(&g[k], d, 8 + 3 * k, k == 2, &seed);
+      tg_features(&g[k], d, dims, &seed);
+    }
+    return;
+  }
+  int arity, leaf, inner;
+  tg_types(d, &arity, &leaf, &inner);
+  tg_tree(&g[0], 7, arity, true, &seed, leaf, inner);
+  tg_tree(&g[1], 5, arity, false, &seed, leaf, inner);
+  /* a DAG: 0 and 1 are leaves; 2 = (0, 1), 3 = (1, 0) [or (1) / (0)], 4 = (2, 3) */
+  TGraph *t = &g[2];
+  tg_tree(t, 5, arity, false, &seed, leaf, inner);
+  for (int i = 0; i < 5 * arity; i++) t->child[i] = -1;
+  t->child[2 * arity + 0] = 0;
+  t->child[3 * arity + 0] = 1;
+  if (arity > 1) {
+    t->child[2 * arity + 1] = 1;
+    t->child[3 * arity + 1] = 0;
+    t->child[4 * arity + 1] = 3;
+  }
+  t->child[4 * arity + 0] = 2;
+  /* a parent that reads one child twice: both slots' gradients must add up */
+  if (arity > 1) t->child[3 * arity + 1] = 1;
+  for (int v = 0; v < 5; v++) t->type[v] = v < 2 ? leaf : inner;
+  for (int k = 0; k < TG_NGRAD; k++) tg_features(&g[k], d, dims, &seed);
+}
+
+/* A gradient check's start: m's parameters drawn (seed 7), then each moved by up to 0.5 (so
+ * that no gradient is negligibly small), and its graphs in g and gs; the flat parameters
+ * (np of them) */
+static inline double *tg_grad_start(cavs_model *m, const cavs_desc *d, const long *dims, TGraph g[TG_NGRAD],
+                                    const cavs_graph *gs[TG_NGRAD], size_t *np) {
+  cavs_model_init(m, 7);
+  double *p = cavs_model_params_flat(m, np);
+  unsigned s = 99;
+  for (size_t i = 0; i < *np; i++) p[i] += (double)(tg_rand(&s) % 2001) / 2000.0 - 0.5;
+  tg_grad_graphs(d, dims, g, 1234);
+  for (int k = 0; k < TG_NGRAD; k++) gs[k] = &g[k].g;
+  return p;
+}
+
 #endif

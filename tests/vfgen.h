@@ -338,6 +338,25 @@ static inline void vg_sub(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o) 
 
 static const char *const vg_scalars[] = {"0.5", "2", "0.25", "1.5", "3", "0.1"};
 
+/* A child's row `row` (of the state's width) made `want` wide: itself (times 0.5, when
+   `halved` draws it), a slice of it, or a product with a param */
+static inline void vg_state_row(VgProg *P, VgStr *o, const char *row, VgW want, bool halved) {
+  VgRng *r = &P->r;
+  VgW ex = vg_wsub(P->state, want);
+  bool ok = ex.k >= 0;
+  for (int i = 0; i < VG_NDIM; i++) ok &= ex.c[i] >= 0;
+  if (vg_weq(P->state, want)) vg_printf(o, halved && !vg_pct(r, 50) ? "%s * 0.5" : "%s", row);
+  else if (ok) {
+    VgW lo = vg_wpart(r, ex);
+    char l[64], h[64];
+    vg_wstr(lo, l, sizeof l);
+    vg_wstr(vg_wadd(lo, want), h, sizeof h);
+    vg_printf(o, "%s[%s:%s]", row, l, h);
+  } else {
+    vg_printf(o, "(%s @ %s)", row, vg_param_for(P, P->state, want, true));
+  }
+}
+
 static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o) {
   VgRng *r = &P->r;
   P->nexpr++;
@@ -563,20 +582,7 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
         b->loopk = "k";
         int save = b->nstr; /* a subexpression of the loop's reads k: not outside it */
         if (vg_pct(r, 50)) {
-          /* a child's row: gather(k), or a slice of it */
-          VgW ex = vg_wsub(P->state, want);
-          bool ok = ex.k >= 0;
-          for (int i = 0; i < VG_NDIM; i++) ok &= ex.c[i] >= 0;
-          if (vg_weq(P->state, want)) vg_puts(o, vg_pct(r, 50) ? "gather(k)" : "gather(k) * 0.5");
-          else if (ok) {
-            VgW lo2 = vg_wpart(r, ex);
-            char l[64], h[64];
-            vg_wstr(lo2, l, sizeof l);
-            vg_wstr(vg_wadd(lo2, want), h, sizeof h);
-            vg_printf(o, "gather(k)[%s:%s]", l, h);
-          } else {
-            vg_printf(o, "gather(k) @ %s", vg_param_for(P, P->state, want, true));
-          }
+          vg_state_row(P, o, "gather(k)", want, true); /* a child's row */
         } else {
           vg_expr(P, b, want, d, o);
         }
@@ -603,19 +609,7 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
     }
     case 19: { /* the child's row in a sum over a set */
       if (!b->setvar) continue;
-      VgW ex = vg_wsub(P->state, want);
-      bool ok = ex.k >= 0;
-      for (int i = 0; i < VG_NDIM; i++) ok &= ex.c[i] >= 0;
-      if (vg_weq(P->state, want)) vg_puts(o, "s");
-      else if (ok) {
-        VgW lo2 = vg_wpart(r, ex);
-        char l[64], h[64];
-        vg_wstr(lo2, l, sizeof l);
-        vg_wstr(vg_wadd(lo2, want), h, sizeof h);
-        vg_printf(o, "s[%s:%s]", l, h);
-      } else {
-        vg_printf(o, "(s @ %s)", vg_param_for(P, P->state, want, true));
-      }
+      vg_state_row(P, o, "s", want, false);
       return;
     }
     case 20: { /* dropout, noise */
