@@ -188,6 +188,16 @@ static bool gone(const IrFunc *f, int x) {
   return (part == LOOP_LEAVES && (f->nodes[x].zero_leaf || f->nodes[x].dead_leaf)) || f->nodes[x].accum;
 }
 
+/* Does the leaves' part of a forward loop store member x, dead at the leaves (fuse.c), as
+ * 0? Where anything reads its buffer there (not leaves_untouched: an mm, a topk, an
+ * scomb, ... runs over every row of the stage), as a value zero there is: the readers
+ * must find a finite value (its gradient there is 0, and their backward multiplies it
+ * by that value), not what the buffer held before. */
+static bool dead_stored(const IrFunc *f, int x) {
+  const IrNode *n = &f->nodes[x];
+  return n->dead_leaf && n->val.kind == PL_ROW && !leaves_untouched(f, n->val.buf);
+}
+
 /* An outside row of width 1 that group g (of another width) broadcasts over its columns. */
 static bool broadcast(const IrFunc *f, int x, int g) {
   const IrNode *n = &f->nodes[x];
@@ -301,8 +311,9 @@ static Loop group_loop(const Emit *e, const IrFunc *f, int gi, bool bwd, const b
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    /* the leaves' part writes a member zero there (as 0), not one dead there */
-    if (part == LOOP_LEAVES && (n->dead_leaf || (bwd && n->zero_leaf))) continue;
+    /* the leaves' part writes a member zero there (as 0), not one dead there unless it
+       is read there (dead_stored: as 0 too) */
+    if (part == LOOP_LEAVES && ((n->dead_leaf && (bwd || !dead_stored(f, x))) || (bwd && n->zero_leaf))) continue;
     if (!bwd && n->keep && !gone(f, x)) l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), true, {&n->kval, false}};
     if (bwd && loaded(f, x) && (!reads || reads[x]))
       l.ptrs[l.nptrs++] = (LoopPtr){arena_printf("k%d", x), false, {loaded(f, x), false}};
@@ -490,9 +501,9 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
   for (int k = 0; k < g->n; k++) {
     int x = g->members[k];
     const IrNode *n = &f->nodes[x];
-    if (part == LOOP_LEAVES && n->dead_leaf) continue;
-    /* zero there, stored as 0, unless nothing reads it there; a piece of the state at
-       the row's home too, wherever it is stored at the row */
+    if (part == LOOP_LEAVES && n->dead_leaf && !dead_stored(f, x)) continue;
+    /* zero or dead there, stored as 0, unless nothing reads it there; a piece of the
+       state at the row's home too, wherever it is stored at the row */
     if (n->val.kind == PL_ROW && !(gone(f, x) && leaves_untouched(f, n->val.buf))) {
       fprintf(o, gone(f, x) ? "      o%d[j] = 0;\n" : "      o%d[j] = v%d;\n", x, x);
       for (int k = 0; k < at_home(e, f, x); k++)

@@ -149,7 +149,8 @@ static void zero_at_leaves(IrFunc *f) {
  * there). In the Tree-LSTM, x @ Wf only meets f_k, and f_k only c_k, which is zero
  * where there is no child k: the forget gates' input projection matters only at rows
  * with a word and children, and SST has none (its internal vertices have no word).
- * The value there must be finite (a skipped product's rows are zeroed); its gradient
+ * The value there must be finite where anything reads it (a skipped product's rows are
+ * zeroed, a fused loop's leaves' part stores 0: emit.c, dead_stored); its gradient
  * there is then 0 * finite. One pass in reverse node order (users come after). */
 static void dead_at_leaves(IrFunc *f) {
   bool *live = calloc((size_t)f->n + 1, sizeof(bool));

@@ -301,6 +301,28 @@ static const struct {
      "vertex leaf (children 0) { scatter(tanh(pull())); }\n"
      "vertex inner (children 2) { h = tanh(concat(gather(0), gather(1)) @ W); scatter(h); push(h); }\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* a fused loop's value dead at the leaves (it only meets s0, zero there) and read
+       there by an op that runs over every row, an mm: the leaves' loop stores it as 0
+       (it had left the rows unwritten, and dM was 0 times what they held: NaN here) */
+    {"per_vertex_matrices_dead_at_leaves",
+     "model op_rmat_dead; dim H = 3; dim C = 3; dim V = 5; dim HH = H * H;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], W[H,HH], M[H,H], Wq[HH,H], U[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  s0 = gather(0); s1 = gather(1);\n  m = mm(tanh(pull() @ W), M);\n"
+     "  h = tanh(concat(s0, s1) @ U + (m @ Wq) * s0 + pull());\n  scatter(h); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
+    /* the same for a gate: a mixture met only by s0, its gate dead at the leaves, which
+       topk routes on at every row (dT was NaN) */
+    {"moe_gate_dead_at_leaves",
+     "model op_moe_dead; dim H = 3; dim C = 3; dim V = 5; dim X = 3;\n"
+     "input w : index[V]; input y : class[C];\n"
+     "param emb[V,H], Wg[H,X], T[X,H], U[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+     "pull { x = emb[w]; }\n"
+     "vertex v (children 2) {\n  s0 = gather(0); s1 = gather(1);\n"
+     "  m = moe(e in top(sigmoid(pull() @ Wg), 2): pull() * T[e]);\n"
+     "  h = tanh(concat(s0, s1) @ U + m * s0 + pull());\n  scatter(h); push(h);\n}\n"
+     "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
 };
 
 START_TEST(op_gradients) {
