@@ -2520,6 +2520,56 @@ static const char *moe_count_src =
     "param Wg[H,X], E[X,HC] init uniform(-1, 1);\n"
     "vertex v (children 2) { h = tanh(f + gather(0) + gather(1)); scatter(h); push(h); }\n"
     "push (h) { loss softmax_xent(moe(e in top(h @ Wg, 2): h @ E[e]), y); }\n";
+/* A gate that matters only where the vertex has children (its mixture meets only s0,
+ * zero at the leaves) still feeds its load-balancing loss at every routed row: the loss,
+ * the loads and every gradient are those of the same model where the mixture is read at
+ * the leaves too (+ 0 * m). The leaves' gate had been stored as 0 (routed on ties, its
+ * balancing gradient dropped there): loads 0.092 and 0.242 apart on cavs train. */
+static const char *dead_gate_src =
+    "model %s; dim H = 3; dim C = 3; dim V = 5; dim X = 3;\n"
+    "input w : index[V]; input y : class[C];\n"
+    "param emb[V,H], Wg[H,X], T[X,H], U[2H,H], Wc[H,C] init uniform(-1, 1);\n"
+    "pull { x = emb[w]; }\n"
+    "vertex v (children 2) {\n  s0 = gather(0); s1 = gather(1);\n"
+    "  m = moe(e in top(sigmoid(pull() @ Wg), 2, 0.5): pull() * T[e]);\n"
+    "  h = tanh(concat(s0, s1) @ U + m * s0%s + pull());\n  scatter(h); push(h);\n}\n"
+    "push (h) { loss softmax_xent(h @ Wc, y); }\n";
+
+START_TEST(balance_reads_a_dead_gate) {
+  char src[2][1024];
+  snprintf(src[0], sizeof src[0], dead_gate_src, "moe_dead_gate", "");
+  snprintf(src[1], sizeof src[1], dead_gate_src, "moe_live_gate", " + 0 * m");
+  const cavs_desc *d[2] = {load_model(src[0], "double"), load_model(src[1], "double")};
+  long dims[CAVS_MAX_DIMS];
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int k = tg_minibatch(d[0], dims, g, gs, true);
+  cavs_model *m[2];
+  cavs_stats st[2];
+  long load[2][64], X = dims[find_dim(d[0], "X")];
+  for (int i = 0; i < 2; i++) {
+    m[i] = new_model(d[i], dims, 5);
+    ck_assert_msg(cavs_model_forward(m[i], gs, k, &st[i]) == 0, "%s", cavs_model_error(m[i]));
+    ck_assert_int_eq(cavs_model_expert_load(m[i], 0, load[i], 64), X);
+    cavs_model_backward(m[i]);
+  }
+  ck_assert(st[0].aux_loss > 0);
+  ck_assert_msg(fabs(st[0].aux_loss - st[1].aux_loss) <= 1e-12 * st[1].aux_loss, "aux loss %.17g, not %.17g",
+                st[0].aux_loss, st[1].aux_loss);
+  ck_assert_msg(fabs(st[0].loss - st[1].loss) <= 1e-12 * fabs(st[1].loss), "loss %.17g, not %.17g", st[0].loss,
+                st[1].loss);
+  for (long e = 0; e < X; e++) ck_assert_msg(load[0][e] == load[1][e], "expert %ld: %ld slots, not %ld", e, load[0][e], load[1][e]);
+  size_t n[2];
+  const double *gr[2] = {cavs_model_grads_flat(m[0], &n[0]), cavs_model_grads_flat(m[1], &n[1])};
+  ck_assert_uint_eq(n[0], n[1]);
+  for (size_t i = 0; i < n[0]; i++)
+    ck_assert_msg(fabs(gr[0][i] - gr[1][i]) <= 1e-10 * (fabs(gr[1][i]) + 1e-3), "gradient %zu: %.17g, not %.17g", i,
+                  gr[0][i], gr[1][i]);
+  cavs_model_free(m[0]);
+  cavs_model_free(m[1]);
+}
+END_TEST
+
 START_TEST(moe_groups_by_expert) {
   const cavs_desc *d = load_model(moe_count_src, "double");
   long dims[CAVS_MAX_DIMS];
@@ -3443,6 +3493,7 @@ int main(void) {
   tcase_add_test(tc, rows_that_do_not_push_stay_out);
   tcase_add_test(tc, targets_only_runs_the_head_where_labeled);
   tcase_add_test(tc, moe_groups_by_expert);
+  tcase_add_test(tc, balance_reads_a_dead_gate);
   tcase_add_test(tc, experts_placed_sum_to_whole);
   tcase_add_test(tc, experts_hold_their_share);
   tcase_add_test(tc, experts_fail_together);
