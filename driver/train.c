@@ -558,12 +558,6 @@ static int try_save(Run *r, const char *path, const char *also, char *err, size_
   return rc;
 }
 
-static void save(Run *r, const char *path, const char *also) {
-  char err[1024];
-  int rc = try_save(r, path, also, err, sizeof err);
-  if (rc) die(rc, "%s", err);
-}
-
 /* A forward pass whose loss is not finite: the op and vertex that made it, or the loss. */
 _Noreturn static void diverged(const Run *r, int epoch, int b, const cavs_stats *st) {
   char why[512];
@@ -953,9 +947,10 @@ static void expert_loads(Run *r, Totals *t) {
   }
 }
 
-/* The epoch so far into the checkpoint (o->save), as a signal saves it: the shuffling
- * state the epoch began with and the graphs done, and under mpirun every rank's carried
- * state. Then the epoch goes on as if nothing was saved: --save-every. */
+/* The epoch so far into the checkpoint (o->save): the shuffling state the epoch began
+ * with and the graphs done, and under mpirun every rank's carried state gathered into
+ * rank 0's. A signal's save, after which the run stops; --save-every's, after which the
+ * epoch goes on as if nothing was saved. */
 static void save_inside(Run *r, int done, uint64_t rng_at_start) {
   uint64_t rng = r->ts.rng;
   long graphs_done = r->ts.graphs_done;
@@ -1011,12 +1006,8 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     t->lr = lr;
     if (dist_size > 1 && (step + 1) % SAME_EVERY == 0) same_params(r, step + 1);
     if (stop && b + k < n) {
-      /* the epoch so far: the shuffling state it began with and how far it got */
-      r->ts.rng = rng_at_start;
-      r->ts.graphs_done = b + k;
-      gather_carried(r); /* (under mpirun: every rank's streams into rank 0's checkpoint) */
       if (r->tty) printf("\r\033[K");
-      if (o->save) save(r, o->save, NULL);
+      if (o->save) save_inside(r, b + k, rng_at_start); /* (the epoch so far) */
       if (dist_rank) { /* rank 0 says it */
       } else if (o->save)
         fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
