@@ -161,14 +161,41 @@ void json_push(json_t *arr, json_t *v) {
 }
 
 /* jansson writes each real with 17 significant digits, which read back to the same
-   double, and escapes every string; keys come out in the order they were set. */
+   double, and escapes every string; keys come out in the order they were set. The
+   record is made in memory and written with its end of line at once: json_dumpf wrote
+   it to the stream a piece at a time and let a key's failed write by, so that a full
+   disk left a record with a hole in the log and the run went on. In a file of the
+   process's own on a disk (a --log; not standard output or error, whose stream other
+   lines share) it goes straight to the descriptor, and a line the disk took only part
+   of is cut off again: the log stays a JSON record a line for what reads it (cavs plot,
+   a resume), whatever the failure left. */
 void json_write_line(json_t *obj, FILE *f, const char *what) {
-  errno = 0;
-  int rc = json_dumpf(obj, f, 0);
-  if (!rc && fputc('\n', f) == EOF) rc = -1;
-  if (!rc && fflush(f)) rc = -1;
+  char *text = json_dumps(obj, 0); /* (jansson's malloc: freed with free) */
   json_decref(obj);
-  if (rc) die(errno == ENOMEM || !errno ? 2 : 1, "cannot write %s: %s", what, errno ? strerror(errno) : "out of memory");
+  size_t len = text ? strlen(text) : 0;
+  char *line = text ? realloc(text, len + 2) : NULL;
+  if (!line) {
+    free(text);
+    die(2, "out of memory");
+  }
+  line[len++] = '\n';
+  line[len] = 0;
+  struct stat st;
+  int fd = fileno(f), e = 0;
+  if (f != stdout && f != stderr && fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode)) {
+    /* (the stream's buffer is empty: open_log flushed what it wrote, and the lines go here) */
+    for (size_t done = 0; done < len && !e;) {
+      ssize_t w = write(fd, line + done, len - done);
+      if (w > 0) done += (size_t)w;
+      else if (w == 0 || errno != EINTR) e = w < 0 ? errno : ENOSPC;
+    }
+    if (e) (void)!ftruncate(fd, st.st_size); /* (appended to at its end: where the line began) */
+  } else {
+    errno = 0;
+    if (fputs(line, f) == EOF || fflush(f) || ferror(f)) e = errno ? errno : EIO;
+  }
+  free(line);
+  if (e) die(e == ENOMEM ? 2 : 1, "cannot write %s: %s", what, strerror(e));
 }
 
 /* ---- outputs ---- */
