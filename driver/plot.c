@@ -128,19 +128,32 @@ static void remove_all(char *dir, const char *const *names, int n) {
   rmdir(dir);
 }
 
+/* Closes f, written: false with errno where a write failed, earlier or at the close (a
+   failed write in the middle, the rest written after it, left a file with a hole that
+   the close alone did not report, and gnuplot drew what was left) */
+static bool closed_whole(FILE *f) {
+  bool whole = !ferror(f);
+  int e = errno ? errno : EIO;
+  if (fclose(f)) return false;
+  if (!whole) errno = e;
+  return whole;
+}
+
 /* The data file: a row a record, "nan" where gnuplot leaves the point out. */
 static bool write_data(const Log *g, const char *path) {
   FILE *data = fopen(path, "w");
   if (!data) return false;
+  errno = 0;
   for (long r = 0; r < g->nrows; r++)
     for (int k = 0; k < NKEYS; k++) fprintf(data, k ? " %.17g%s" : "%.17g%s", g->rows[NKEYS * r + k], k == NKEYS - 1 ? "\n" : "");
-  return !fclose(data);
+  return closed_whole(data);
 }
 
 /* The script: loss on the left, accuracy (for a classifier) on the right. */
 static bool write_script(const Log *g, const char *dir) {
   FILE *s = fopen(fmt("%s/script", dir), "w");
   if (!s) return false;
+  errno = 0;
   fprintf(s, "set terminal png size %d,480\nset output '%s/out.png'\nset datafile missing 'nan'\n", g->acc ? 1100 : 640,
           dir);
   fprintf(s, "set key bottom left\nset grid\nset xlabel 'epoch'\n%s", g->nrows <= 20 ? "set xtics 1\n" : "");
@@ -152,7 +165,7 @@ static bool write_script(const Log *g, const char *dir) {
     if (g->dev) fprintf(s, ", '' using 1:5 with linespoints title 'dev (all vertices)', '' using 1:6 with linespoints title 'dev (roots)'");
     fprintf(s, "\nunset multiplot\n");
   }
-  return !fclose(s);
+  return closed_whole(s);
 }
 
 /* gnuplot on the script, without a shell; NULL, or what went wrong. */
