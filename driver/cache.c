@@ -1210,9 +1210,14 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
   metap = fmt("%s/meta", tmp);
   int mfd = open(metap, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   FILE *mf = mfd >= 0 ? fdopen(mfd, "w") : NULL;
-  if (!mf || fprintf(mf, META_MAGIC "\nname %s\nsha256 %s\n", name, digest) < 0 || fclose(mf)) {
-    if (!mf && mfd >= 0) close(mfd);
-    snprintf(err, errlen, "cannot write into '%s'", tmp);
+  int e = errno;
+  if (!mf && mfd >= 0) close(mfd);
+  /* (the stream closed however the writing went, and the first failure said) */
+  bool written = mf && fprintf(mf, META_MAGIC "\nname %s\nsha256 %s\n", name, digest) >= 0 && !fflush(mf);
+  if (mf && !written) e = errno;
+  if (mf && fclose(mf) && written) written = false, e = errno;
+  if (!written) {
+    snprintf(err, errlen, "cannot write '%s': %s", metap, strerror(e ? e : EIO));
     goto out;
   }
   /* publish the whole directory at once; if another process won the race, keep its */
