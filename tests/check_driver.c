@@ -3152,6 +3152,117 @@ START_TEST(build_outputs_replaced_as_a_set) {
 }
 END_TEST
 
+/* tests/failio.c, built for the runs below: the shim that fails one call of a process's
+   file output (its N-th write, fprintf, ...) with ENOSPC, and that traces the calls it
+   counts into failio.out, so that a test picks the call it fails by what it is, not by
+   a count that the next change of the code moves. NULL in a checked build, whose
+   sanitizers or valgrind come first in the process. */
+static const char *failio(void) {
+  static char pre[4500];
+  if (tu_checked_build()) return NULL;
+  if (!pre[0]) {
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "%s -shared -fPIC -o %s %s/tests/failio.c -ldl", tu_env("CC", "cc"), path_in("failio.so"),
+             top);
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    RunResult r = tu_run(NULL, sh, 120);
+    ok(&r, "cc of tests/failio.c");
+    tu_free(&r);
+    snprintf(pre, sizeof pre, "LD_PRELOAD=%s", path_in("failio.so"));
+  }
+  return pre;
+}
+
+/* The number of the k-th call named `call` among those failio.out traced (k from 1); 0
+   where there is none. */
+static long traced(const char *call, int k) {
+  char *text = tu_slurp(path_in("failio.out"), NULL);
+  ck_assert_ptr_nonnull(text);
+  long found = 0;
+  for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n")) {
+    char name[64];
+    long n;
+    if (sscanf(line, "%*s %*d %ld %63s", &n, name) == 2 && !strcmp(name, call) && --k == 0) found = n;
+  }
+  free(text);
+  unlink(path_in("failio.out"));
+  return found;
+}
+
+/* A disk that fills as cavs writes: the log keeps whole records only (a line the disk
+ * took half of is cut off again; jansson's json_dumpf, which wrote a record in pieces,
+ * let a failed piece by, and the run went on with a record with a hole in the log), a
+ * plot's data file written in part is not drawn (it was, the failure unseen, and the
+ * picture replaced), and the compile cache's failed write says what file and why (it
+ * said "cannot write into" its build directory). Each exits non-zero (the cache's
+ * failure, as its others, 2) with the file and the error. */
+START_TEST(a_full_disk_tears_nothing) {
+  const char *pre = failio();
+  if (!pre) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "100", "--leaves", "8", "--seed", "3", "-o", path_in("fd.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char out[4500];
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  /* the log: its second line half written, then the disk full (the model built first:
+     the log's lines are the run's only writes) */
+#define FD_TRAIN(env)                                                                                             \
+  cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("fd.txt"), "--dim", "E=8", \
+           "--dim", "H=8", "--batch", "25", "--epochs", "3", "--log", path_in("fd.log"), "--quiet", NULL)
+  r = FD_TRAIN(NULL);
+  ok(&r, "the model built");
+  tu_free(&r);
+  char *log_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", "FAILIO_SHORT=1", "FAILIO_N=2", out, NULL};
+  r = FD_TRAIN(log_fault);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, strerror(ENOSPC)),
+                "the log's write failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  size_t n = 0;
+  char *text = tu_slurp(path_in("fd.log"), &n);
+  ck_assert_msg(text && n > 0 && text[n - 1] == '\n', "the log's last line is torn: %s", text ? text : "(none)");
+  free(text);
+  json_t *recs = log_records(path_in("fd.log"));
+  ck_assert_int_eq(json_array_size(recs), 1);
+  json_decref(recs);
+  unlink(path_in("failio.out"));
+  /* a plot: the second line of its data file fails */
+  const char *three = "{\"epoch\": 1, \"train_loss\": 1.5}\n{\"epoch\": 2, \"train_loss\": 1.25}\n"
+                      "{\"epoch\": 3, \"train_loss\": 1.125}\n";
+  tu_write(path_in("fd-plot.log"), three, strlen(three));
+  tu_write(path_in("fd.png"), "the user's", 10);
+  char *trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=stdio", "FAILIO_TRACE=1", out, NULL};
+  r = cavs_env(trace, "plot", path_in("fd-plot.log"), "-o", path_in("fd-traced.png"), NULL);
+  tu_free(&r);
+  char nth[64];
+  snprintf(nth, sizeof nth, "FAILIO_N=%ld", traced("vfprintf", 2));
+  ck_assert_str_ne(nth, "FAILIO_N=0");
+  char *plot_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=stdio", nth, out, NULL};
+  r = cavs_env(plot_fault, "plot", path_in("fd-plot.log"), "-o", path_in("fd.png"), NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write in") && strstr(r.err, strerror(ENOSPC)),
+                "the plot's data file failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  text = tu_slurp(path_in("fd.png"), &n);
+  ck_assert_msg(text && n == 10 && !memcmp(text, "the user's", 10), "the picture was replaced");
+  free(text);
+  /* the compile cache: the entry's meta file fails (a fresh cache each run) */
+  char cache1[4500], cache2[4500];
+  snprintf(cache1, sizeof cache1, "CAVS_CACHE=%s", path_in("fd-cache1"));
+  snprintf(cache2, sizeof cache2, "CAVS_CACHE=%s", path_in("fd-cache2"));
+  char *cache_trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=stdio", "FAILIO_TRACE=1", out, cache1, NULL};
+  r = FD_TRAIN(cache_trace);
+  ok(&r, "the traced build");
+  tu_free(&r);
+  snprintf(nth, sizeof nth, "FAILIO_N=%ld", traced("vfprintf", 1));
+  ck_assert_str_ne(nth, "FAILIO_N=0");
+  char *cache_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=stdio", nth, out, cache2, NULL};
+  r = FD_TRAIN(cache_fault);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "/meta': ") && strstr(r.err, strerror(ENOSPC)),
+                "the cache's meta file failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+#undef FD_TRAIN
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -3941,6 +4052,7 @@ int main(void) {
   tcase_add_test(tc, prebuilt_library);
   tcase_add_test(tc, build_into_a_directory);
   tcase_add_test(tc, build_outputs_replaced_as_a_set);
+  tcase_add_test(tc, a_full_disk_tears_nothing);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
