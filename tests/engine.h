@@ -268,10 +268,11 @@ static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_
   t->g.type = t->type;
 }
 
-/* Whether model d's vertex blocks name their children's types (`children a: T`). */
+/* Whether model d's vertex blocks name their children's types (`children a: T`, or a
+ * typed set `children *: T`, which a model may name alone). */
 static inline bool tg_typed_model(const cavs_desc *d) {
   for (int t = 0; t < d->nvertex; t++)
-    if (d->vertex[t].slot_types) return true;
+    if (d->vertex[t].slot_types || (d->vertex[t].edges && d->vertex[t].edge_type >= 0)) return true;
   return false;
 }
 

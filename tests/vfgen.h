@@ -2,16 +2,25 @@
  * tests/check_random.c. Everything is drawn from a splitmix64 stream seeded by the
  * program's number, so seed N is the same program on every machine and in every run.
  *
- * A program: two to four shape dims (H always; E, G sometimes; C the classes), a pull
- * block (a lookup, real inputs, elementwise work), one or two vertex blocks (children
- * 0..3, a set `children *` sometimes), each reading its children through gather(k),
- * per-child for loops, sums over the children (sum(k in lo..hi: ...) and
- * sum(s in children: ...)), random expression DAGs over those rows (products with params,
- * shared params, the elementwise ops, slices, concat, sums, broadcast scores, scalars,
- * param vectors, dropout, noise, repeated subexpressions), a scatter and a push, and a
- * push block with softmax_xent and/or mse; sometimes a mixture of experts (a vertex
- * block's or the push block's). Widths are linear forms over the dims, kept exactly so
- * that every shape the program states checks. */
+ * A program: two to four shape dims (H always; E, G sometimes, G at times without a
+ * default; C the classes), a pull block (a lookup, real inputs, elementwise work), one or
+ * two vertex blocks (children 0..3, a set `children *` sometimes), each reading its
+ * children through gather(k), per-child for loops, sums over the children (sum(k in
+ * lo..hi: ...) and sum(s in children: ...)), random expression DAGs over those rows
+ * (products with params, shared params, the elementwise ops, unary minus, slices,
+ * concat, sums, broadcast scores, scalars, param vectors, dropout (a number or the
+ * option drop), noise, repeated subexpressions), a scatter and a push, and a push block
+ * with softmax_xent and/or mse; sometimes a mixture of experts (a vertex block's or the
+ * push block's; its balancing weight a number or the option balance). Some models name
+ * their children's types: two types in named slots (`children u0: a, u1: b`), a typed set
+ * (`children *: a`, one type a set of itself, or after slots: `children v0: b, *: a`);
+ * there each type scatters a width of its own (the second type's sometimes not the
+ * first's), gather(SLOT) and s are their type's width, and a type that no slot names may
+ * scatter nothing (it pushes). Widths are linear forms over the dims, kept exactly so
+ * that every shape the program states checks, written 2H, 2*H or H*2 (one style a
+ * program); params are declared one or several a declaration, with init clauses
+ * (identity for square matrices and tables of per-vertex matrices, constants for
+ * vectors); option clip and a comment sometimes. */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -109,6 +118,8 @@ static inline bool vg_wscalar1(VgW a) {
   VgW one = {{0}, 1};
   return vg_weq(a, one);
 }
+/* how a coefficient is written: 2H, 2*H or H*2 (one style a program) */
+static int vg_wstyle;
 static inline void vg_wstr(VgW w, char *out, size_t n) {
   out[0] = 0;
   size_t len = 0;
@@ -116,6 +127,8 @@ static inline void vg_wstr(VgW w, char *out, size_t n) {
     if (w.c[i]) {
       if (w.c[i] == 1) len += (size_t)snprintf(out + len, n - len, "%s%s", len ? "+" : "", vg_dimname[i]);
       /* (2E+4 too: the dim term 2E plus 4, which cavsc once read as a number) */
+      else if (vg_wstyle == 1) len += (size_t)snprintf(out + len, n - len, "%s%d*%s", len ? "+" : "", w.c[i], vg_dimname[i]);
+      else if (vg_wstyle == 2) len += (size_t)snprintf(out + len, n - len, "%s%s*%d", len ? "+" : "", vg_dimname[i], w.c[i]);
       else len += (size_t)snprintf(out + len, n - len, "%s%d%s", len ? "+" : "", w.c[i], vg_dimname[i]);
     }
   if (w.k || !len) snprintf(out + len, n - len, "%s%d", len ? "+" : "", w.k);
@@ -155,7 +168,11 @@ typedef struct VgInput {
 typedef struct VgBlock {
   VgVal val[VG_MAXVAL];
   int nval;
-  int children;     /* a vertex block's children; -1: a set (children *) */
+  int children;     /* a vertex block's children, numbered or in named slots */
+  bool set;         /* and a set: children *, or (typed) children *: T after any slots */
+  VgW kidw[4];      /* the width each slot gathers (the state, or its type's) */
+  bool kuni;        /* every slot the same width: gather(k) in a loop over them */
+  VgW setw;         /* the row s of sum(s in children: ...) */
   bool pull, push;  /* which block */
   const char *loopk;  /* inside sum(k in ..: ) or a for body over children: the loop var */
   const char *setvar; /* inside sum(s in children: ): the child's row */
@@ -189,6 +206,7 @@ typedef struct VgProg {
   bool typed;   /* blocks name their children's types */
   char slot[2][4][8];
   bool opt_drop; /* option drop declared */
+  bool opt_balance; /* option balance declared */
   bool balance; /* a load-balancing loss of a positive weight: batching changes it */
   bool draws;   /* dropout or noise: drawn values */
   int depth_max;
@@ -272,7 +290,7 @@ static inline void vg_any_leaf(VgProg *P, VgBlock *b, VgW want, VgStr *o) {
   /* something of exactly that width, however it must be made */
   if (vg_leaf(P, b, want, o)) return;
   /* a child's row, a lookup, a real input, or a product of a value */
-  if (b->setvar && vg_weq(want, P->state)) {
+  if (b->setvar && vg_weq(want, b->setw)) {
     vg_puts(o, b->setvar);
     return;
   }
@@ -338,14 +356,14 @@ static inline void vg_sub(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o) 
 
 static const char *const vg_scalars[] = {"0.5", "2", "0.25", "1.5", "3", "0.1"};
 
-/* A child's row `row` (of the state's width) made `want` wide: itself (times 0.5, when
+/* A child's row `row` (of width rw) made `want` wide: itself (times 0.5, when
    `halved` draws it), a slice of it, or a product with a param */
-static inline void vg_state_row(VgProg *P, VgStr *o, const char *row, VgW want, bool halved) {
+static inline void vg_state_row(VgProg *P, VgStr *o, const char *row, VgW rw, VgW want, bool halved) {
   VgRng *r = &P->r;
-  VgW ex = vg_wsub(P->state, want);
+  VgW ex = vg_wsub(rw, want);
   bool ok = ex.k >= 0;
   for (int i = 0; i < VG_NDIM; i++) ok &= ex.c[i] >= 0;
-  if (vg_weq(P->state, want)) vg_printf(o, halved && !vg_pct(r, 50) ? "%s * 0.5" : "%s", row);
+  if (vg_weq(rw, want)) vg_printf(o, halved && !vg_pct(r, 50) ? "%s * 0.5" : "%s", row);
   else if (ok) {
     VgW lo = vg_wpart(r, ex);
     char l[64], h[64];
@@ -353,7 +371,7 @@ static inline void vg_state_row(VgProg *P, VgStr *o, const char *row, VgW want, 
     vg_wstr(vg_wadd(lo, want), h, sizeof h);
     vg_printf(o, "%s[%s:%s]", row, l, h);
   } else {
-    vg_printf(o, "(%s @ %s)", row, vg_param_for(P, P->state, want, true));
+    vg_printf(o, "(%s @ %s)", row, vg_param_for(P, rw, want, true));
   }
 }
 
@@ -425,8 +443,8 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
     }
     case 3:
     case 4: { /* an activation */
-      static const char *const f[] = {"sigmoid", "tanh", "relu", "neg", "tanh", "sigmoid"};
-      vg_printf(o, "%s(", f[vg_int(r, 6)]);
+      static const char *const f[] = {"sigmoid(", "tanh(", "relu(", "neg(", "tanh(", "sigmoid(", "(-"};
+      vg_puts(o, f[vg_int(r, 7)]); /* (-x): unary minus */
       vg_expr(P, b, want, d, o);
       vg_puts(o, ")");
       return;
@@ -575,14 +593,14 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
     case 17:
     case 18: { /* over the children */
       if (b->loopk || b->setvar || b->in_moe) continue;
-      if (b->children > 0) {
+      if (b->children > 0 && !(b->set && vg_pct(r, 50))) {
         int lo = 0, hi = b->children - 1;
         if (hi > 0 && vg_pct(r, 20)) lo = 1;
         vg_printf(o, "sum(k in %d..%d: ", lo, hi);
         b->loopk = "k";
         int save = b->nstr; /* a subexpression of the loop's reads k: not outside it */
-        if (vg_pct(r, 50)) {
-          vg_state_row(P, o, "gather(k)", want, true); /* a child's row */
+        if (b->kuni && vg_pct(r, 50)) {
+          vg_state_row(P, o, "gather(k)", b->kidw[0], want, true); /* a child's row */
         } else {
           vg_expr(P, b, want, d, o);
         }
@@ -591,13 +609,13 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
         vg_puts(o, ")");
         return;
       }
-      if (b->children < 0) { /* a set */
+      if (b->set) { /* a set */
         vg_puts(o, "sum(s in children: ");
         b->setvar = "s";
         bool nd = b->no_draw;
         b->no_draw = true;
         int save = b->nstr;
-        if (vg_pct(r, 40)) vg_printf(o, "(s @ %s)", vg_param_for(P, P->state, want, true));
+        if (vg_pct(r, 40)) vg_printf(o, "(s @ %s)", vg_param_for(P, b->setw, want, true));
         else vg_expr(P, b, want, d, o);
         b->nstr = save;
         b->no_draw = nd;
@@ -609,7 +627,7 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
     }
     case 19: { /* the child's row in a sum over a set */
       if (!b->setvar) continue;
-      vg_state_row(P, o, "s", want, false);
+      vg_state_row(P, o, "s", b->setw, want, false);
       return;
     }
     case 20: { /* dropout, noise */
@@ -655,7 +673,10 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
           memset(p, 0, sizeof *p);
           snprintf(p->name, sizeof p->name, "emb%d", P->nparam - 1);
           p->cols = want, p->matrix = true, p->table = true;
-          if (vg_pct(r, 50)) snprintf(p->extra, sizeof p->extra, " init uniform(-1, 1)");
+          int dd = -1;
+          if (vg_wone_dim(want, &dd) && dd == VG_HH && vg_pct(r, 50)) /* word matrices (MV-RNN) */
+            snprintf(p->extra, sizeof p->extra, " init identity(1, 0.1)");
+          else if (vg_pct(r, 50)) snprintf(p->extra, sizeof p->extra, " init uniform(-1, 1)");
           name = p->name;
         }
         vg_input(P, 0, vg_w(0, 0, 0, 0), "word");
@@ -741,7 +762,11 @@ static inline void vg_moe(VgProg *P, VgBlock *b, VgStr *o) {
   const char *gate = g.p;
   const char *top3 = "";
   if (vg_pct(r, 30)) top3 = ", 0";
-  else if (vg_pct(r, 15)) top3 = ", 0.5", P->balance = true;
+  else if (vg_pct(r, 15)) {
+    P->balance = true;
+    if (vg_pct(r, 50)) top3 = ", balance", P->opt_balance = true; /* the option, read at run time */
+    else top3 = ", 0.5";
+  }
   vg_printf(o, "  m%d = moe(e in top(%s, %d%s): ", b->tmp, gate, K, top3);
   switch (vg_int(r, 5)) {
   case 0: vg_printf(o, "%s @ %s[e]", hin, T0); break;
@@ -792,6 +817,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   VgProg *P = calloc(1, sizeof *P);
   VgRng *r = &P->r;
   r->s = seed * 0x2545f4914f6cdd1dull + 17;
+  vg_wstyle = vg_pct(r, 70) ? 0 : 1 + vg_int(r, 2);
   P->dim_on[VG_H] = true;
   P->dim_on[VG_E] = vg_pct(r, 50);
   P->dim_on[VG_G] = vg_pct(r, 25);
@@ -817,16 +843,36 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   P->pushw = *vg_pick_width(P);
   /* blocks: one or two vertex types */
   int ntypes = vg_pct(r, 30) ? 2 : 1;
-  bool set = vg_pct(r, 15);
-  if (ntypes == 2 && !set && vg_pct(r, 35)) P->typed = true;
-  int kids[2];
-  kids[0] = set ? -1 : 1 + vg_int(r, 3);
+  bool set = vg_pct(r, 20);
+  /* typed: the blocks name their children's types, in slots (two types) or of a set
+     (children *: T; one type, a set of itself, or two) */
+  P->typed = ntypes == 2 ? vg_pct(r, set ? 60 : 35) : set && vg_pct(r, 40);
+  int kids[2] = {0, 0}, settype[2] = {-1, -1}, slottype[2][4] = {{0}};
+  bool sets[2] = {set, false};
+  kids[0] = set ? 0 : 1 + vg_int(r, 3);
+  if (set && P->typed && vg_pct(r, 30)) kids[0] = 1 + vg_int(r, 2); /* slots, then the set */
   if (ntypes == 2) {
-    kids[1] = kids[0];
-    if (vg_pct(r, 60)) kids[0] = 0; /* a leaf type */
+    kids[1] = kids[0], sets[1] = sets[0];
+    if (vg_pct(r, 60)) kids[0] = 0, sets[0] = false; /* a leaf type */
+  }
+  /* each slot's and set's type; the width each type scatters: with types, each its own,
+     and a type that no slot or set names may scatter nothing */
+  VgW tstate[2] = {P->state, P->state};
+  bool named[2] = {false, false}, scatters[2] = {true, true};
+  if (P->typed) {
+    for (int t = 0; t < ntypes; t++) {
+      for (int k = 0; k < kids[t]; k++) named[slottype[t][k] = vg_int(r, ntypes)] = true;
+      if (sets[t]) named[settype[t] = vg_int(r, ntypes)] = true;
+    }
+    if (ntypes == 2 && vg_pct(r, 50)) {
+      tstate[1] = *vg_pick_width(P);
+      if (vg_pct(r, 40)) tstate[1] = vg_wadd(tstate[1], *vg_pick_width(P));
+    }
+    for (int t = 0; t < ntypes; t++)
+      if (!named[t] && vg_pct(r, 50)) scatters[t] = false;
   }
   int moe_at = vg_pct(r, 15) ? vg_int(r, ntypes + 1) : -1; /* ntypes: the push block */
-  if (moe_at >= 0 && moe_at < ntypes && kids[moe_at] < 0) moe_at = ntypes;
+  if (moe_at >= 0 && moe_at < ntypes && sets[moe_at]) moe_at = ntypes;
   bool pull = vg_pct(r, 75);
 
   VgStr *o = &P->body;
@@ -871,19 +917,30 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   static const char *const tname[2] = {"node", "inner"};
   bool pushes[2] = {true, ntypes == 2 ? vg_pct(r, 70) : true};
   if (ntypes == 2 && !pushes[1]) pushes[0] = true;
-  if (ntypes == 2 && kids[0] == 0 && vg_pct(r, 40)) pushes[0] = false, pushes[1] = true;
+  if (ntypes == 2 && kids[0] == 0 && !sets[0] && vg_pct(r, 40)) pushes[0] = false, pushes[1] = true;
+  for (int t = 0; t < ntypes; t++)
+    if (!scatters[t]) pushes[t] = true; /* a block that only pushes */
   for (int t = 0; t < ntypes; t++) {
     VgBlock *b = calloc(1, sizeof *b);
     b->children = kids[t];
-    const char *nm = P->typed ? (t ? "b" : "a") : ntypes == 2 ? (kids[t] == 0 ? "leaf" : tname[t]) : "node";
+    b->set = sets[t];
+    b->setw = settype[t] >= 0 ? tstate[settype[t]] : P->state;
+    b->kuni = true;
+    for (int k = 0; k < kids[t]; k++) {
+      b->kidw[k] = P->typed ? tstate[slottype[t][k]] : P->state;
+      b->kuni &= vg_weq(b->kidw[k], b->kidw[0]);
+    }
+    VgW own = tstate[t];
+    const char *nm = P->typed ? (t ? "b" : "a") : ntypes == 2 ? (kids[t] == 0 && !sets[t] ? "leaf" : tname[t]) : "node";
     for (int k = 0; k < 4; k++) snprintf(P->slot[t][k], sizeof P->slot[t][k], "%c%d", t ? 'v' : 'u', k);
-    if (kids[t] < 0) vg_printf(o, "vertex %s (children *) {\n", nm);
-    else if (P->typed && kids[t] > 0) {
+    if (P->typed && (kids[t] > 0 || sets[t])) {
       vg_printf(o, "vertex %s (children ", nm);
       for (int k = 0; k < kids[t]; k++)
-        vg_printf(o, "%s%s: %s", k ? ", " : "", P->slot[t][k], vg_pct(r, 50) ? "a" : "b");
+        vg_printf(o, "%s%s: %s", k ? ", " : "", P->slot[t][k], slottype[t][k] ? "b" : "a");
+      if (sets[t]) vg_printf(o, "%s*: %s", kids[t] ? ", " : "", settype[t] ? "b" : "a");
       vg_puts(o, ") {\n");
-    } else vg_printf(o, "vertex %s (children %d) {\n", nm, kids[t]);
+    } else if (sets[t]) vg_printf(o, "vertex %s (children *) {\n", nm);
+    else vg_printf(o, "vertex %s (children %d) {\n", nm, kids[t]);
     if (P->has_pull && vg_pct(r, 50)) {
       vg_puts(o, "  x = pull();\n");
       vg_add(b, "x", P->pullv[P->pull_nval - 1].w, false);
@@ -891,6 +948,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     if (kids[t] > 0) {
       /* the children's rows: parts by a loop, or gathered one by one */
       int style = vg_int(r, 4);
+      if (!b->kuni || (style == 0 && !vg_weq(b->kidw[0], P->state))) style = 1;
       if (style == 0) {
         vg_printf(o, "  for k in 0..%d { s = gather(k);", kids[t] - 1);
         VgW at = {{0}, 0};
@@ -911,14 +969,14 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
           else vg_printf(o, "  c%d = gather(%d);\n", k, k);
           char n2[16];
           snprintf(n2, sizeof n2, "c%d", k);
-          vg_add(b, n2, P->state, false);
+          vg_add(b, n2, b->kidw[k], false);
         }
       } else if (style == 2) {
         vg_printf(o, "  for k in 0..%d { g_k = gather(k); }\n", kids[t] - 1);
-        vg_add(b, "g", P->state, true);
+        vg_add(b, "g", b->kidw[0], true);
       } else { /* the children in the other order: an integer expression */
         vg_printf(o, "  for k in 0..%d { g_k = gather(%d - k); }\n", kids[t] - 1, kids[t] - 1);
-        vg_add(b, "g", P->state, true);
+        vg_add(b, "g", b->kidw[0], true);
       }
       /* a loop that computes per child */
       if (vg_pct(r, 40)) {
@@ -936,29 +994,35 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     int n = 1 + vg_int(r, 4);
     for (int i = 0; i < n; i++) {
       VgW w = *vg_pick_width(P);
-      if (vg_pct(r, 30)) w = P->state;
+      if (vg_pct(r, 30)) w = own;
       vg_assign(P, b, o, "  ", w, depth);
     }
     if (moe_at == t) vg_moe(P, b, o);
-    vg_puts(o, "  scatter(");
-    if (kids[t] != 0 && vg_pct(r, 50)) {
-      /* the children's rows in it for sure */
-      vg_puts(o, vg_pct(r, 50) ? "tanh(" : "sigmoid(");
-      vg_known(P, b, P->state, depth - 1, o);
-      if (kids[t] < 0) vg_printf(o, " + sum(s in children: s @ %s))", vg_param_for(P, P->state, P->state, true));
-      else if (vg_pct(r, 50))
-        vg_printf(o, " + sum(k in 0..%d: gather(k) @ %s))", kids[t] - 1, vg_param_for(P, P->state, P->state, true));
-      else {
-        vg_puts(o, " + concat(");
-        for (int k = 0; k < kids[t]; k++) vg_printf(o, "%sgather(%d)", k ? ", " : "", k);
-        VgW cw = {{0}, 0};
-        for (int k = 0; k < kids[t]; k++) cw = vg_wadd(cw, P->state);
-        vg_printf(o, ") @ %s)", vg_param_for(P, cw, P->state, true));
+    if (scatters[t]) {
+      vg_puts(o, "  scatter(");
+      if ((kids[t] || sets[t]) && vg_pct(r, 50)) {
+        /* the children's rows in it for sure */
+        vg_puts(o, vg_pct(r, 50) ? "tanh(" : "sigmoid(");
+        vg_known(P, b, own, depth - 1, o);
+        if (sets[t] && (!kids[t] || vg_pct(r, 50)))
+          vg_printf(o, " + sum(s in children: s @ %s))", vg_param_for(P, b->setw, own, true));
+        else if (b->kuni && vg_pct(r, 50))
+          vg_printf(o, " + sum(k in 0..%d: gather(k) @ %s))", kids[t] - 1, vg_param_for(P, b->kidw[0], own, true));
+        else {
+          vg_puts(o, " + concat(");
+          VgW cw = {{0}, 0};
+          for (int k = 0; k < kids[t]; k++) {
+            if (P->typed && vg_pct(r, 50)) vg_printf(o, "%sgather(%s)", k ? ", " : "", P->slot[t][k]);
+            else vg_printf(o, "%sgather(%d)", k ? ", " : "", k);
+            cw = vg_wadd(cw, b->kidw[k]);
+          }
+          vg_printf(o, ") @ %s)", vg_param_for(P, cw, own, true));
+        }
+      } else {
+        vg_known(P, b, own, depth, o);
       }
-    } else {
-      vg_known(P, b, P->state, depth, o);
+      vg_puts(o, ");\n");
     }
-    vg_puts(o, ");\n");
     if (pushes[t]) {
       vg_puts(o, "  push(");
       vg_known(P, b, P->pushw, depth - 1, o);
@@ -1010,13 +1074,14 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   }
   /* the head: model, dims, options, inputs, params */
   VgStr *hd = &P->head;
+  if (vg_pct(r, 30)) vg_printf(hd, "# random program %llu (tests/vfgen.h)\n", (unsigned long long)seed);
   vg_printf(hd, "model rnd%llu;\n", (unsigned long long)seed);
   bool has_word = false;
   for (int i = 0; i < P->ninput; i++) has_word |= P->input[i].kind == 0;
   /* declared dims: the ones any width names */
   vg_puts(hd, "dim H = 3;");
   if (P->dim_on[VG_E]) vg_puts(hd, " dim E = 2;");
-  if (P->dim_on[VG_G]) vg_puts(hd, " dim G = 4;");
+  if (P->dim_on[VG_G]) vg_puts(hd, vg_pct(r, 30) ? " dim G;" : " dim G = 4;"); /* bound at run time */
   vg_puts(hd, " dim C = 3;");
   if (P->dim_on[VG_X]) vg_puts(hd, " dim X = 3;");
   for (int i = 0; i < P->nprod; i++)
@@ -1024,6 +1089,8 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   if (has_word) vg_puts(hd, vg_pct(r, 50) ? " dim V = vocab(word);" : " dim V = 5;");
   vg_puts(hd, "\n");
   if (P->opt_drop) vg_puts(hd, "option drop = 0.25;\n");
+  if (P->opt_balance) vg_puts(hd, "option balance = 0.5;\n");
+  if (vg_pct(r, 10)) vg_puts(hd, "option clip = 5;\n"); /* training's clip: nothing here */
   for (int i = 0; i < P->ninput; i++) {
     char w[64];
     vg_wstr(P->input[i].w, w, sizeof w);
@@ -1032,22 +1099,43 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     else if (in->kind == 1) vg_printf(hd, "input %s : class[C];\n", in->name);
     else vg_printf(hd, "input %s : real[%s];\n", in->name, w);
   }
+  /* each param an item and an init clause; items of one clause (or of a constant of their
+     own) sometimes declared together: param a[H], b[H] = 0.5 init zeros; */
+  char init_of[2][48] = {"", ""}; /* the declaration's clause; whether one is open */
   for (int i = 0; i < P->nparam; i++) {
     const VgParam *p = &P->param[i];
-    char a[64], c[64];
+    char a[64], c[64], item[200], init[48] = "";
     vg_wstr(p->rows, a, sizeof a);
     vg_wstr(p->cols, c, sizeof c);
-    if (p->shape[0]) vg_printf(hd, "param %s[%s]%s;\n", p->name, p->shape, p->extra);
-    else if (p->table) vg_printf(hd, "param %s[V,%s]%s;\n", p->name, c, p->extra);
+    bool own = false; /* an item's = N, which no clause changes */
+    if (p->shape[0]) snprintf(item, sizeof item, "%s[%s]", p->name, p->shape), snprintf(init, sizeof init, "%s", p->extra);
+    else if (p->table) snprintf(item, sizeof item, "%s[V,%s]", p->name, c), snprintf(init, sizeof init, "%s", p->extra);
     else if (p->matrix) {
-      static const char *const init[] = {"", "", " init uniform(-1, 1)", " init normal(0, 0.5)", " init xavier",
-                                         " init uniform(-0.5, 1)", " init normal(0.1, 1)", " init identity(1, 0.1)"};
-      int k = p->extra[0] ? 0 : vg_int(r, 8);
+      static const char *const mi[] = {"", "", " init uniform(-1, 1)", " init normal(0, 0.5)", " init xavier",
+                                       " init uniform(-0.5, 1)", " init normal(0.1, 1)", " init identity(1, 0.1)"};
+      /* (no constant: vg_param_for) */
+      int k = vg_int(r, 8);
       if (k == 7 && !vg_weq(p->rows, p->cols)) k = 4;
-      vg_printf(hd, "param %s[%s,%s]%s%s;\n", p->name, a, c, p->extra, init[k]);
+      snprintf(item, sizeof item, "%s[%s,%s]", p->name, a, c);
+      snprintf(init, sizeof init, "%s", mi[k]);
+    } else {
+      static const char *const vi[] = {"", "", "", "", " init zeros", " init constant(0.2)", " init normal(0, 0.5)"};
+      snprintf(item, sizeof item, "%s[%s]%s", p->name, c, p->extra);
+      own = p->extra[0];
+      if (!own) snprintf(init, sizeof init, "%s", vi[vg_int(r, 7)]);
     }
-    else vg_printf(hd, "param %s[%s]%s;\n", p->name, c, p->extra);
+    /* with the declaration open before it, where its clause is the same */
+    if (init_of[1][0] && (own || !strcmp(init, init_of[0])) && vg_pct(r, 40)) {
+      vg_printf(hd, ", %s", item);
+      continue;
+    }
+    if (init_of[1][0]) vg_printf(hd, "%s;\n", init_of[0]);
+    vg_printf(hd, "param %s", item);
+    if (own) init[0] = 0;
+    snprintf(init_of[0], sizeof init_of[0], "%s", init);
+    init_of[1][0] = 1;
   }
+  if (init_of[1][0]) vg_printf(hd, "%s;\n", init_of[0]);
   vg_puts(hd, "\n");
   vg_puts(hd, P->body.p);
   char *text = hd->p;
