@@ -30,7 +30,8 @@
 
 static uint64_t *seeds;
 static int nseeds;
-static const uint64_t fixed_seeds[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+/* 13 and 59: typed sets (one after a slot, beside a mixture of experts) */
+static const uint64_t fixed_seeds[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 13, 59};
 
 /* ---- failures, collected: one program can show several ---- */
 static char fails[16384];
@@ -253,6 +254,10 @@ static void same_run(const char *what, cavs_model *a, cavs_model *b, const cavs_
     for (long r = 0; r < rows; r++)
       for (long j = 0; j < cols; j++) scale = fmax(scale, fabs(ga[r * ld + j]));
   }
+  /* a gradient that vanishes everywhere (logits that a parameter moves all alike, which
+     softmax cancels) is rounding, summed in another order batched: below 1e-6 of the
+     loss, gradients are compared as that much */
+  double floor = 1e-6 * fmax(1, fabs(sa.loss));
   int bad = 0;
   double worst = rel;
   for (int i = 0; i < d->nparams; i++) {
@@ -261,8 +266,8 @@ static void same_run(const char *what, cavs_model *a, cavs_model *b, const cavs_
     for (long r = 0; r < rows; r++)
       for (long j = 0; j < cols; j++) {
         double x = ga[r * lda + j], y = gb[r * ldb + j];
-        double e = fabs(x - y) / fmax(fmax(fabs(x), 1e-2 * scale), 1e-300);
-        if (isnan(e) || (scale == 0 && x != y)) e = INFINITY;
+        double e = fabs(x - y) / fmax(fmax(fabs(x), 1e-2 * scale), floor);
+        if (isnan(e)) e = INFINITY;
         if (e > worst) worst = e;
         if (e > tol_diff && bad++ < 3) rfail("%s: gradient of %s[%ld,%ld]: %.15g vs %.15g", what, d->params[i].name, r, j, x, y);
       }
