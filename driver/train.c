@@ -1202,7 +1202,6 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   r->ts.epoch = epoch;
   bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && !unscored &&
              sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
-  if (r->log) log_epoch(r, epoch, t, &dv);
   /* saved before the line is printed, which says whether it was */
   char err[1024];
   int unsaved = o->save ? try_save(r, o->save, better ? r->best_path : NULL, err, sizeof err) : 0;
@@ -1213,6 +1212,11 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
                 : r->dev && !isfinite(metric) ? "the dev metric is not finite" : NULL,
                 unsaved);
   if (unsaved) die(unsaved, "%s", err);
+  /* the record after the save, of an epoch saved: the log holds the epochs a checkpoint
+     holds (a save that failed logged an epoch that the resumed run ran and logged
+     again), and a log the disk refuses stops the run with its epoch kept (written
+     first, its failure lost the epoch's training) */
+  if (r->log) log_epoch(r, epoch, t, &dv);
   if (cut && !o->quiet)
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");

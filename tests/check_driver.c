@@ -3263,6 +3263,93 @@ START_TEST(a_full_disk_tears_nothing) {
 }
 END_TEST
 
+/* The number of the k-th call named `call` after call number `after` (k from 1) whose
+   file, as failio.out traced it, ends in `suffix` (on) or does not (!on); 0 where there
+   is none. */
+static long traced_file(const char *call, const char *suffix, bool on, int k, long after) {
+  char *text = tu_slurp(path_in("failio.out"), NULL);
+  ck_assert_ptr_nonnull(text);
+  long found = 0;
+  size_t ls = strlen(suffix);
+  for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n")) {
+    char name[64], file[4096] = "";
+    long n;
+    if (sscanf(line, "%*s %*d %ld %63s %4095s", &n, name, file) < 2 || n <= after || strcmp(name, call)) continue;
+    size_t lf = strlen(file);
+    bool ends = lf >= ls && !strcmp(file + lf - ls, suffix);
+    if (ends == on && --k == 0) found = n;
+  }
+  free(text);
+  return found;
+}
+
+/* An epoch's --log record follows its checkpoint's save, and only a saved epoch has one:
+ * a log the disk refuses (its second record) stops the run with exit 1 and that epoch in
+ * the checkpoint (the record went first, and its failure lost the epoch), and a save
+ * that fails (the second epoch's checkpoint) leaves no record of its epoch, so that the
+ * run resumed logs each epoch once (it logged the failed one twice). */
+START_TEST(a_log_refused_keeps_the_epoch) {
+  const char *pre = failio();
+  if (!pre) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "100", "--leaves", "8", "--seed", "3", "-o", path_in("lk.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char out[4500], ck[4500], lg[4500];
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  snprintf(ck, sizeof ck, "%s", path_in("lk.ckpt"));
+  snprintf(lg, sizeof lg, "%s", path_in("lk.log"));
+#define LK_TRAIN(env, epochs, ...)                                                                               \
+  cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("lk.txt"), "--dim", "E=8", \
+           "--dim", "H=8", "--batch", "25", "--epochs", epochs, "--save", ck, "--log", lg, "--quiet", __VA_ARGS__)
+  r = LK_TRAIN(NULL, "3", NULL);
+  ok(&r, "the model built");
+  tu_free(&r);
+  unlink(ck), unlink(lg), unlink(path_in("failio.out"));
+  char *trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", "FAILIO_TRACE=1", out, NULL};
+  r = LK_TRAIN(trace, "3", NULL);
+  ok(&r, "the traced run");
+  tu_free(&r);
+  long log2 = traced_file("write", "/lk.log", true, 2, 0), log1 = traced_file("write", "/lk.log", true, 1, 0);
+  long save2 = traced_file("write", "/lk.log", false, 1, log1);
+  unlink(path_in("failio.out"));
+  ck_assert_msg(log1 > 0 && log2 > save2 && save2 > log1, "the trace: log %ld, %ld, the save between %ld", log1, log2,
+                save2);
+  /* the log's second record refused: the second epoch saved */
+  char nth[64];
+  snprintf(nth, sizeof nth, "FAILIO_N=%ld", log2);
+  unlink(ck), unlink(lg);
+  char *log_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", nth, out, NULL};
+  r = LK_TRAIN(log_fault, "3", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, strerror(ENOSPC)),
+                "the log's write failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("info", ck, NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "2 epochs done"), "the second epoch is not saved: %s", tu_tail(r.out, 1200));
+  tu_free(&r);
+  json_t *recs = log_records(lg);
+  ck_assert_int_eq(json_array_size(recs), 1);
+  json_decref(recs);
+  /* the second epoch's save refused: no record of it, and the resumed run logs 2 and 3 */
+  snprintf(nth, sizeof nth, "FAILIO_N=%ld", save2);
+  unlink(ck), unlink(lg), unlink(path_in("failio.out"));
+  char *save_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", nth, out, NULL};
+  r = LK_TRAIN(save_fault, "3", NULL);
+  ck_assert_msg(r.status != 0 && strstr(r.err, strerror(ENOSPC)), "the save failed: exit %d: %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = LK_TRAIN(NULL, "2", "--resume", ck, NULL);
+  ok(&r, "the resumed run");
+  tu_free(&r);
+  recs = log_records(lg);
+  ck_assert_int_eq(json_array_size(recs), 3);
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(recs, (size_t)i), "epoch")), i + 1);
+  json_decref(recs);
+#undef LK_TRAIN
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -4053,6 +4140,7 @@ int main(void) {
   tcase_add_test(tc, build_into_a_directory);
   tcase_add_test(tc, build_outputs_replaced_as_a_set);
   tcase_add_test(tc, a_full_disk_tears_nothing);
+  tcase_add_test(tc, a_log_refused_keeps_the_epoch);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
