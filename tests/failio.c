@@ -23,7 +23,10 @@
  *                           write through an internal write no shim can see, so the
  *                           failure is made at this level, the buffer dropped as a
  *                           failed write drops it
- *                   malloc  malloc, calloc, realloc (ENOMEM)
+ *                   malloc  malloc, calloc, realloc, reallocarray, posix_memalign,
+ *                           aligned_alloc, memalign, valloc, pvalloc, and mmap of
+ *                           anonymous memory (ENOMEM; glibc's own calls of malloc, from
+ *                           strdup or fopen, are counted too, its own mmap not)
  *   FAILIO_N      the counted call that fails (1 the first); 0 or unset, none
  *   FAILIO_ERR    ENOSPC (the default) or EIO
  *   FAILIO_STICKY 1: every counted call after the N-th fails too (a disk that stays
@@ -53,6 +56,7 @@
 #include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -74,6 +78,8 @@ static char prog[256];
 /* a shim's own call (dlsym, its record) is not counted; initial-exec, as the general
    model's first access may itself call malloc */
 static _Thread_local int inside __attribute__((tls_model("initial-exec")));
+/* inside fopen, whose own open is the same call (its malloc is counted) */
+static _Thread_local int opening __attribute__((tls_model("initial-exec")));
 
 static void record(const char *line) {
   if (!out_path[0]) return;
@@ -306,7 +312,7 @@ int open(const char *p, int flags, ...) {
   va_start(ap, flags);
   mode_t m = mode_arg(flags, ap);
   va_end(ap);
-  int e = writes(flags) ? fault(C_OPEN, "open") : 0;
+  int e = writes(flags) && !opening ? fault(C_OPEN, "open") : 0;
   if (e) return errno = e, -1;
   return real_open(p, flags, m);
 }
@@ -325,7 +331,7 @@ int openat(int d, const char *p, int flags, ...) {
   va_start(ap, flags);
   mode_t m = mode_arg(flags, ap);
   va_end(ap);
-  int e = writes(flags) ? fault(C_OPEN, "openat") : 0;
+  int e = writes(flags) && !opening ? fault(C_OPEN, "openat") : 0;
   if (e) return errno = e, -1;
   return real_openat(d, p, flags, m);
 }
@@ -347,9 +353,9 @@ FILE *fopen(const char *p, const char *m) {
   REAL(FILE *, fopen, (const char *, const char *));
   int e = mode_writes(m) ? fault(C_OPEN, "fopen") : 0;
   if (e) return errno = e, NULL;
-  inside++; /* (its own open is the same call) */
+  opening++;
   FILE *f = real_fopen(p, m);
-  inside--;
+  opening--;
   return f;
 }
 
@@ -476,6 +482,9 @@ int fclose(FILE *f) {
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+extern void *__libc_valloc(size_t);
+extern void *__libc_pvalloc(size_t);
 
 void *malloc(size_t n) {
   if (fault(C_MALLOC, "malloc")) return errno = ENOMEM, NULL;
@@ -491,3 +500,49 @@ void *realloc(void *p, size_t n) {
   if (fault(C_MALLOC, "realloc")) return errno = ENOMEM, NULL;
   return __libc_realloc(p, n);
 }
+
+void *reallocarray(void *p, size_t a, size_t b) {
+  size_t n;
+  if (__builtin_mul_overflow(a, b, &n)) return errno = ENOMEM, NULL;
+  if (fault(C_MALLOC, "reallocarray")) return errno = ENOMEM, NULL;
+  return __libc_realloc(p, n);
+}
+
+/* posix_memalign returns its error and leaves errno alone */
+int posix_memalign(void **p, size_t align, size_t n) {
+  REAL(int, posix_memalign, (void **, size_t, size_t));
+  if (fault(C_MALLOC, "posix_memalign")) return ENOMEM;
+  return real_posix_memalign(p, align, n);
+}
+
+void *aligned_alloc(size_t align, size_t n) {
+  REAL(void *, aligned_alloc, (size_t, size_t));
+  if (fault(C_MALLOC, "aligned_alloc")) return errno = ENOMEM, NULL;
+  return real_aligned_alloc(align, n);
+}
+
+void *memalign(size_t align, size_t n) {
+  if (fault(C_MALLOC, "memalign")) return errno = ENOMEM, NULL;
+  return __libc_memalign(align, n);
+}
+
+void *valloc(size_t n) {
+  if (fault(C_MALLOC, "valloc")) return errno = ENOMEM, NULL;
+  return __libc_valloc(n);
+}
+
+void *pvalloc(size_t n) {
+  if (fault(C_MALLOC, "pvalloc")) return errno = ENOMEM, NULL;
+  return __libc_pvalloc(n);
+}
+
+/* anonymous memory only (a file's mapping is not an allocation); glibc's malloc, the
+   loader and the threads' stacks map through calls of their own, not this one */
+void *mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off) {
+  REAL(void *, mmap, (void *, size_t, int, int, int, off_t));
+  int e = (flags & MAP_ANONYMOUS) && !(flags & MAP_FIXED) ? fault(C_MALLOC, "mmap") : 0;
+  if (e) return errno = ENOMEM, MAP_FAILED;
+  return real_mmap(addr, n, prot, flags, fd, off);
+}
+
+void *mmap64(void *addr, size_t n, int prot, int flags, int fd, off_t off) { return mmap(addr, n, prot, flags, fd, off); }
