@@ -42,6 +42,7 @@ _Noreturn void die(int status, const char *fmt, ...);
 _Noreturn void quit(int status);
 /* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */
 _Noreturn void lib_die(const char *msg);
+cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path);
 double now(void);
 
 /* The keep list: every block allocated here stays reachable until the command exits.

@@ -364,8 +364,9 @@ void evaluate(cavs_model *m, Data *s, int batch, bool carry, Totals *t) {
 CkptModel open_ckpt(const char *path, const char *model) {
   CkptModel c = {0};
   char err[1024];
+  errno = 0;
   c.ck = keep(cavs_ckpt_read(path, err, sizeof err));
-  if (!c.ck) die(1, "%s", err);
+  if (!c.ck) die(errno == ENOMEM ? 2 : 1, "%s", err);
   if (model) c.L = load_model_arg(model);
   else if (!*cavs_ckpt_source(c.ck))
     die(1, "%s: the checkpoint was trained from a built model library; name it with --model MODEL.so", path);
@@ -379,8 +380,7 @@ CkptModel open_ckpt(const char *path, const char *model) {
   cavs_model_set_ablations(c.m, model_ablations);
   errno = 0; /* (the device failing, or memory running out, while applying: exit 2) */
   if (cavs_ckpt_apply_weights(c.ck, c.m, err, sizeof err)) die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s: %s", path, err);
-  c.v = keep(cavs_ckpt_vocab(c.ck));
-  if (!c.v) die(1, "%s: damaged vocabulary", path);
+  c.v = ckpt_vocab(c.ck, path);
   return c;
 }
 
@@ -560,10 +560,12 @@ static void info_schedule(const cavs_train_state *ts) {
 int cmd_info(const char *path) {
   if (!path) die(1, "info: usage: cavs info CKPT");
   char err[1024];
+  errno = 0;
   cavs_ckpt *k = keep(cavs_ckpt_read(path, err, sizeof err));
-  if (!k) die(1, "%s", err);
+  if (!k) die(errno == ENOMEM ? 2 : 1, "%s", err);
   const cavs_train_state *ts = cavs_ckpt_state(k);
-  cavs_vocab *v = keep(cavs_ckpt_vocab(k));
+  cavs_vocab *v = keep(cavs_ckpt_vocab(k)); /* (a damaged one: 0 words) */
+  if (!v && errno == ENOMEM) die(2, "out of memory reading '%s'", path);
   printf("checkpoint  %s\nmodel       %s (source hash %s, %s)\n", path, cavs_ckpt_model(k), cavs_ckpt_hash(k),
          cavs_ckpt_precision(k) == CAVS_DOUBLE ? "double" : "float");
   printf("dims       ");

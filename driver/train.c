@@ -158,8 +158,9 @@ static void check_outputs(const TrainOpts *o, const char *best_path) {
  * rank of --expert-parallel: none of the others' experts), and let go of after. */
 static void read_resumed(Run *r) {
   char err[1024];
+  errno = 0;
   r->ck = keep(cavs_ckpt_open(r->o->resume, err, sizeof err));
-  if (!r->ck) die(1, "%s", err);
+  if (!r->ck) die(errno == ENOMEM ? 2 : 1, "%s", err);
   if (!model_precision && cavs_ckpt_precision(r->ck) == CAVS_DOUBLE) model_precision = "double";
 }
 
@@ -261,8 +262,7 @@ static void resume_settings(Run *r, long *dims) {
   bptt_as_saved(cs); /* (text-bptt's chunks read as before, unless told) */
   same_order(o, cs);
   memcpy(dims, cd, sizeof(long) * (size_t)r->d->ndims);
-  r->v = keep(cavs_ckpt_vocab(r->ck));
-  if (!r->v) die(1, "%s: damaged vocabulary", o->resume);
+  r->v = ckpt_vocab(r->ck, o->resume);
 }
 
 /* --stream: the training file indexed. Under mpirun rank 0 alone reads it through, and
@@ -1292,7 +1292,7 @@ static void open_run(Run *r, long *dims) {
   cavs_dims_default(r->d, dims);
   apply_dims(r->d, dims, o);
   if (o->resume) resume_settings(r, dims);
-  else r->v = keep(cavs_vocab_new());
+  else if (!(r->v = keep(cavs_vocab_new()))) die(2, "out of memory");
   if (o->stream) r->st = stream_train(r, dims);
   else r->tr = load_data(o->train, o->format, r->d, dims, r->v, r->ck == NULL);
   /* (with --stream the dev file too: each rank reads it through and indexes it) */

@@ -51,6 +51,16 @@ double now(void) {
  * anything else. */
 _Noreturn void lib_die(const char *msg) { die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s", msg); }
 
+/* The checkpoint's vocabulary, kept, or the command's end: memory run out (status 2) or
+ * a damaged vocabulary (1). */
+cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path) {
+  errno = 0;
+  cavs_vocab *v = keep(cavs_ckpt_vocab(k));
+  if (!v && errno == ENOMEM) die(2, "out of memory reading '%s'", path);
+  if (!v) die(1, "%s: damaged vocabulary", path);
+  return v;
+}
+
 /* ---- the keep list ---- */
 
 /* What the command allocates lives until it exits, as the compiler's arena does: each

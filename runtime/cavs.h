@@ -547,7 +547,7 @@ int cavs_model_memory(const cavs_model *m, long rows, size_t *model_bytes, size_
  * allowed to grow (evaluation data); id 1 is <eos>, the label after a sentence's last
  * token in `text` data. */
 typedef struct cavs_vocab cavs_vocab;
-cavs_vocab *cavs_vocab_new(void);
+cavs_vocab *cavs_vocab_new(void); /* NULL, errno ENOMEM, when memory runs out */
 void cavs_vocab_free(cavs_vocab *v);
 int cavs_vocab_size(const cavs_vocab *v);
 int cavs_vocab_id(cavs_vocab *v, const char *word, size_t len, int add);
@@ -740,7 +740,8 @@ long cavs_ckpt_param_count(const cavs_ckpt *k);
  * parameter value: cavs_model_reserve_optimizer says which kind keeps how many), and in
  * *steps (which may be NULL) the steps it has taken. */
 int cavs_ckpt_moments(const cavs_ckpt *k, long *steps);
-/* A new vocabulary with the checkpoint's words, in their ids. */
+/* A new vocabulary with the checkpoint's words, in their ids; NULL with errno ENOMEM when
+ * memory runs out, EINVAL when the words cannot keep their ids (one twice). */
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k);
 /* Copies parameters and optimizer state into m after checking that they fit, and
  * freezes what was frozen when it was saved: what going on training needs. Both apply

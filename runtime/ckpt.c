@@ -322,6 +322,7 @@ typedef struct Rd {
   const unsigned char *p;
   size_t n, at;
   bool bad;
+  bool oom;           /* bad because memory ran out, not the file: reported as such */
   const cavs_ckpt *k; /* whose bytes are read from its file as they are taken (opened), */
   size_t lo, hi;      /* a window [lo, hi) at a time */
 } Rd;
@@ -413,9 +414,9 @@ static char *get_str(Rd *r) {
   uint32_t n = get_u32(r);
   const char *p = take(r, n);
   if (!p) return NULL;
-  char *s = malloc((size_t)n + 1);
+  char *s = malloc((size_t)n + 1); /* (n is at most the file's size) */
   if (!s) {
-    r->bad = true; /* reported as damaged: a string too large to hold */
+    r->bad = r->oom = true;
     return NULL;
   }
   memcpy(s, p, n);
@@ -512,6 +513,7 @@ static cavs_ckpt *slurp(const char *path, char *err, size_t errlen) {
     snprintf(err, errlen, "out of memory reading '%s' (%lld bytes)", path, (long long)st.st_size);
     close(fd);
     if (k) free(k);
+    errno = ENOMEM;
     return NULL;
   }
   for (;;) {
@@ -541,6 +543,7 @@ static cavs_ckpt *stream(const char *path, char *err, size_t errlen) {
   if (!k) {
     snprintf(err, errlen, "out of memory reading '%s'", path);
     close(fd);
+    errno = ENOMEM;
     return NULL;
   }
   k->fd = fd, k->st = st;
@@ -554,6 +557,7 @@ static cavs_ckpt *stream(const char *path, char *err, size_t errlen) {
   if (!buf) {
     snprintf(err, errlen, "out of memory reading '%s' (%zu bytes of address space)", path, k->size);
     cavs_ckpt_free(k);
+    errno = ENOMEM;
     return NULL;
   }
   size_t at = 0, body = k->size >= 8 ? k->size - 8 : 0;
@@ -587,7 +591,7 @@ static bool read_frame(cavs_ckpt *k, Rd *r, uint32_t *version, const char *path,
   uint64_t want, have = k->fd >= 0 ? k->streamed : fnv64(k->data, k->size - 8);
   memcpy(&want, k->data + k->size - 8, 8);
   if (want != have) FAIL("'%s' is damaged: its checksum does not match (truncated or modified)", path);
-  *r = (Rd){k->data, k->size - 8, 12, false, k->fd >= 0 ? k : NULL, 0, 0};
+  *r = (Rd){k->data, k->size - 8, 12, false, false, k->fd >= 0 ? k : NULL, 0, 0};
   return true;
 }
 
@@ -626,7 +630,10 @@ static bool read_vocab(cavs_ckpt *k, Rd *r, const char *path, char *err, size_t 
   uint32_t nw = get_u32(r);
   if (nw > r->n / 4 || nw > CAVS_MAX_DIM) FAIL("'%s' is damaged (vocabulary size)", path);
   k->words = calloc((size_t)nw + 1, sizeof(char *));
-  if (!k->words) FAIL("out of memory reading '%s'", path);
+  if (!k->words) {
+    r->oom = true;
+    FAIL("out of memory reading '%s'", path);
+  }
   k->nwords = (int)nw;
   for (int i = 0; i < k->nwords && !r->bad; i++) {
     uint32_t wlen = peek_u32(r);
@@ -642,7 +649,10 @@ static bool read_params(cavs_ckpt *k, Rd *r, uint32_t version, const char *path,
   uint32_t np = get_u32(r);
   if (np > r->n / 4 || np > CAVS_MAX_PARAMS) FAIL("'%s' is damaged (parameter count)", path);
   k->params = calloc((size_t)np + 1, sizeof(KParam));
-  if (!k->params) FAIL("out of memory reading '%s'", path);
+  if (!k->params) {
+    r->oom = true;
+    FAIL("out of memory reading '%s'", path);
+  }
   k->nparams = (int)np;
   size_t es = k->precision == CAVS_DOUBLE ? 8 : 4, total = 0;
   for (int i = 0; i < k->nparams && !r->bad; i++) {
@@ -847,10 +857,11 @@ static cavs_ckpt *parse(cavs_ckpt *k, const char *path, char *err, size_t errlen
   if (!(k->path = malloc(strlen(path) + 1))) {
     snprintf(err, errlen, "out of memory reading '%s'", path);
     cavs_ckpt_free(k);
+    errno = ENOMEM;
     return NULL;
   }
   strcpy(k->path, path);
-  Rd r;
+  Rd r = {0};
   uint32_t version;
   bool ok = read_frame(k, &r, &version, path, err, errlen) && read_model(k, &r, path, err, errlen) &&
             read_vocab(k, &r, path, err, errlen) && read_params(k, &r, version, path, err, errlen);
@@ -875,8 +886,12 @@ static cavs_ckpt *parse(cavs_ckpt *k, const char *path, char *err, size_t errlen
     snprintf(err, errlen, "'%s' changed while it was read", path);
     ok = false;
   }
+  /* (whatever the parse made of a string it could not hold: the memory's failure, not
+     the file's) */
+  if (!ok && r.oom) snprintf(err, errlen, "out of memory reading '%s'", path);
   if (!ok) {
     cavs_ckpt_free(k);
+    errno = r.oom ? ENOMEM : errno;
     return NULL;
   }
   return k;
@@ -917,11 +932,15 @@ long cavs_ckpt_param_count(const cavs_ckpt *k) {
 
 cavs_vocab *cavs_ckpt_vocab(const cavs_ckpt *k) {
   cavs_vocab *v = cavs_vocab_new();
+  if (!v) return NULL; /* (errno ENOMEM) */
   for (int i = 0; i < k->nwords; i++) {
     int id = cavs_vocab_id(v, k->words[i], strlen(k->words[i]), 1);
     if (id != i) {
-      /* a damaged vocabulary (a duplicate word) cannot keep its ids */
+      /* memory ran out (ENOMEM), or a damaged vocabulary (a duplicate word, EINVAL)
+         cannot keep its ids */
+      int e = id < 0 ? errno : EINVAL;
       cavs_vocab_free(v);
+      errno = e;
       return NULL;
     }
   }

@@ -222,7 +222,7 @@ class Vocab:
     def __init__(self, _ptr=None):
         self._ptr = _ptr or C.lib().cavs_vocab_new()
         if not self._ptr:
-            raise Error("out of memory")
+            raise OutOfMemoryError("out of memory")
 
     def __del__(self):
         if getattr(self, "_ptr", None):
@@ -236,7 +236,7 @@ class Vocab:
         w = _b(word)
         i = C.lib().cavs_vocab_id(self._ptr, w, len(w), int(add))
         if i < 0:
-            raise Error(f"cannot add '{word}' to the vocabulary")
+            raise _failed(f"cannot add '{word}' to the vocabulary", ctypes.get_errno())
         return i
 
     def word(self, i):
@@ -784,7 +784,11 @@ def load(path, threads=1):
         dims = (ctypes.c_long * C.MAX_DIMS)()
         if lib.cavs_ckpt_dims(k, spec.desc, dims, err, len(err)):
             raise Error(f"{path}: {_s(err.value)}")
-        vocab = Vocab(lib.cavs_ckpt_vocab(k))
+        v = lib.cavs_ckpt_vocab(k)
+        if not v:
+            e = ctypes.get_errno()
+            raise _failed(f"{path}: " + ("out of memory" if e == errno.ENOMEM else "damaged vocabulary"), e)
+        vocab = Vocab(v)
         model = Model(spec, dims={n: dims[i] for i, n in enumerate(spec.dims)
                                   if spec.desc.contents.dims[i].kind != C.DIM_PRODUCT},
                       vocab=vocab, threads=threads, init=False)
