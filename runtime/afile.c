@@ -280,7 +280,11 @@ int cv_afile_target(const char *path, char **target, bool *direct, char *err, si
 int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t errlen) {
   *a = (cv_afile){.fd = -1, .dfd = -1};
   a->path = strdup(path);
-  if (!a->path) return fail(a, ENOMEM, err, errlen);
+  if (!a->path) {
+    snprintf(err, errlen, "cannot write '%s': %s", path, strerror(ENOMEM));
+    errno = ENOMEM;
+    return -1;
+  }
   char *target = NULL;
   if (flags & CV_AFILE_USER) {
     if (cv_afile_target(path, &target, &a->direct, err, errlen)) {

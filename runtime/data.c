@@ -470,6 +470,13 @@ static int read_lines(FILE *f, const CvFormat *fm, CvLoad *l, void *state, Recor
       start = at, h = FNV32_START;
     }
   }
+  /* (getline's failed growth of the line is neither the end nor an error of the stream:
+     the file was read as far as a line too long to hold, not to its end) */
+  if (!rc && got < 0 && !feof(f) && !ferror(f)) {
+    snprintf(l->err, l->errlen, "out of memory reading '%s' (line %ld)", l->path, lineno + 1);
+    errno = ENOMEM;
+    rc = -1;
+  }
   free(line);
   return rc;
 }
