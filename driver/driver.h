@@ -105,6 +105,7 @@ void bptt_cut_free(BpttCut *c);
 json_t *json_num(double x);
 void json_set(json_t *obj, const char *key, json_t *v);
 void json_push(json_t *arr, json_t *v);
+char *json_text(const json_t *j, size_t flags);
 void json_write_line(json_t *obj, FILE *f, const char *what);
 
 /* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,

@@ -87,10 +87,8 @@ static char *st_header(const Tensor *t, int n, json_t *meta, size_t *len) {
     json_set(h, t[i].name, e);
     at += t[i].bytes;
   }
-  char *text = json_dumps(h, JSON_COMPACT | JSON_ENSURE_ASCII);
+  char *text = keep(json_text(h, JSON_COMPACT | JSON_ENSURE_ASCII));
   json_decref(h);
-  if (!text) die(2, "out of memory");
-  keep(text);
   *len = strlen(text);
   return text;
 }
@@ -184,9 +182,7 @@ static void write_npz(Out *o, const Tensor *t, int n, json_t *meta) {
     e[i].name = fmt("%s.npy", t[i].name);
     zip_entry(o, &e[i], head, hlen, t[i].data, t[i].bytes);
   }
-  char *text = json_dumps(meta, JSON_COMPACT | JSON_ENSURE_ASCII);
-  if (!text) die(2, "out of memory");
-  keep(text);
+  char *text = keep(json_text(meta, JSON_COMPACT | JSON_ENSURE_ASCII));
   e[n].name = "__metadata__.json";
   zip_entry(o, &e[n], "", 0, text, strlen(text));
   zip_directory(o, e, n + 1);

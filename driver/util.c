@@ -170,6 +170,21 @@ void json_push(json_t *arr, json_t *v) {
   if (json_array_append_new(arr, v)) die(2, "out of memory");
 }
 
+/* json_dumps(j, flags), checked: jansson 2.14's dump lets a key's failed write by (a
+ * malloc failing as its buffer grows), and returns the rest, a record with a hole; so
+ * the text is read back and must be j. Memory run out, on either way: status 2. */
+char *json_text(const json_t *j, size_t flags) {
+  char *text = json_dumps(j, flags); /* (jansson's malloc: freed with free) */
+  json_t *back = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+  bool same = back && json_equal(back, (json_t *)j);
+  json_decref(back);
+  if (!same) {
+    free(text);
+    die(2, "out of memory");
+  }
+  return text;
+}
+
 /* jansson writes each real with 17 significant digits, which read back to the same
    double, and escapes every string; keys come out in the order they were set. The
    record is made in memory and written with its end of line at once: json_dumpf wrote
@@ -180,10 +195,10 @@ void json_push(json_t *arr, json_t *v) {
    of is cut off again: the log stays a JSON record a line for what reads it (cavs plot,
    a resume), whatever the failure left. */
 void json_write_line(json_t *obj, FILE *f, const char *what) {
-  char *text = json_dumps(obj, 0); /* (jansson's malloc: freed with free) */
+  char *text = json_text(obj, 0);
   json_decref(obj);
-  size_t len = text ? strlen(text) : 0;
-  char *line = text ? realloc(text, len + 2) : NULL;
+  size_t len = strlen(text);
+  char *line = realloc(text, len + 2);
   if (!line) {
     free(text);
     die(2, "out of memory");
