@@ -49,6 +49,12 @@ _Noreturn void internal_error(const char *file, int line, const char *fmt, ...)
     if (!(c)) internal_error(__FILE__, __LINE__, "assertion '%s' failed", #c);        \
   } while (0)
 
+/* "cavsc: out of memory", status 2 */
+_Noreturn void out_of_memory(void);
+/* malloc, calloc and realloc, or out_of_memory: the passes' own blocks, freed by them */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
 void *arena_alloc(size_t n); /* zeroed; freed at exit */
 char *arena_strdup(const char *s);
 char *arena_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -623,8 +629,13 @@ typedef struct HeldFn {
   size_t len;
   const char *name;
 } HeldFn;
-/* open_memstream, or an internal error */
+/* A stream into memory, *text (NUL-terminated, *len bytes) as written, once flushed or
+ * closed; emit_unhold closes it, or ends the run with out_of_memory where a write failed
+ * (not open_memstream, whose failed growth glibc lets by: the bytes dropped, no error
+ * seen, and a failing fclose leaves no text at all: cavsc wrote a model with a hole, or
+ * crashed, and exited 0) */
 FILE *emit_hold(char **text, size_t *len);
+void emit_unhold(FILE *f);
 /* e->out becomes the held stage `name`; then the stage, closed, goes to the file */
 void emit_hold_fn(Emit *e, HeldFn *h, const char *name);
 void emit_release_fn(Emit *e, HeldFn *h);

@@ -40,8 +40,7 @@ static void func_classify(IrFunc *f) {
      for the slots that follow, so the routing, every slot value and the sum over slots
      take the latest class among them (and what reads them, a class at least that) */
   if (f->route < 0) return;
-  bool *in = calloc((size_t)f->n + 1, sizeof(bool)), scat = false;
-  if (!in) internal_error(__FILE__, __LINE__, "out of memory");
+  bool *in = xcalloc((size_t)f->n + 1, sizeof(bool)), scat = false;
   Class rc = CLS_EAGER;
   for (int i = f->route; i < f->n; i++) {
     IrNode *n = &f->nodes[i];

@@ -152,7 +152,30 @@ void internal_error(const char *file, int line, const char *fmt, ...) {
   exit(2);
 }
 
-/* ---- arena ---- */
+/* ---- memory ---- */
+
+_Noreturn void out_of_memory(void) {
+  fprintf(stderr, "cavsc: out of memory\n");
+  exit(2);
+}
+
+void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) out_of_memory();
+  return p;
+}
+
+void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  if (!p) out_of_memory();
+  return p;
+}
+
+void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (!q) out_of_memory();
+  return q;
+}
 
 typedef struct Chunk {
   struct Chunk *next;
@@ -166,11 +189,7 @@ void *arena_alloc(size_t n) {
   n = (n + 15) & ~(size_t)15;
   if (!arena || arena->used + n > arena->size) {
     size_t size = n > (1u << 20) ? n : (1u << 20);
-    Chunk *c = malloc(sizeof(Chunk) + size);
-    if (!c) {
-      fprintf(stderr, "cavsc: out of memory\n");
-      exit(2);
-    }
+    Chunk *c = xmalloc(sizeof(Chunk) + size);
     c->next = arena;
     c->used = 0;
     c->size = size;
@@ -206,11 +225,7 @@ void *vec_grow(void *v, int *cap, int need, size_t elem) {
   if (need <= *cap) return v;
   int c = *cap ? *cap : 8;
   while (c < need) c *= 2;
-  void *p = realloc(v, (size_t)c * elem);
-  if (!p) {
-    fprintf(stderr, "cavsc: out of memory\n");
-    exit(2);
-  }
+  void *p = xrealloc(v, (size_t)c * elem);
   memset((char *)p + (size_t)*cap * elem, 0, (size_t)(c - *cap) * elem);
   *cap = c;
   return p;

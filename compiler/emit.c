@@ -515,7 +515,7 @@ static void group_fwd_part(Emit *e, const IrFunc *f, int gi) {
                                    : "      k%d[j] = v%d;  /* kept for the backward loop */\n",
               x, x);
   }
-  fclose(o);
+  emit_unhold(o);
   e->out = saved;
   loop_around(e, &l, body);
 }
@@ -607,7 +607,7 @@ static void group_bwd_part(Emit *e, const IrFunc *f, int gi) {
     if (need[x]) fprintf(o, "      (void)v%d;\n", x);
     if (f->nodes[x].grad) fprintf(o, "      (void)g%d;\n", x);
   }
-  fclose(o);
+  emit_unhold(o);
   e->out = saved;
   loop_around(e, &l, body);
 }

@@ -8,8 +8,10 @@
  * calls. */
 #include "cavsc.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 /* An enum of named indices in the header; none for an empty list (C has no empty
  * enum: a model without dims or inputs is valid). */
@@ -52,7 +54,7 @@ void emit_c_header(Emit *e, FILE *out) {
   header_enum(h, M, "parameters", "param", names, m->nparams);
   for (int i = 0; i < m->nvertex; i++) names[i] = m->vertex[i]->name;
   header_enum(h, M, "vertex types", "vertex", names, m->nvertex);
-  fclose(h);
+  emit_unhold(h);
   unsigned long long s = 14695981039346656037ull;
   for (size_t i = 0; i < len; i++) s = (s ^ (unsigned char)text[i]) * 1099511628211ull;
   fwrite(text, 1, len, out);
@@ -81,10 +83,48 @@ void emit_c_prologue(Emit *e) {
 /* A fused group's loop is a function of its own, called through cavs_loop (which splits
  * its columns over the backend's threads): it is written to the file while the stage
  * that calls it is held in memory, so that it comes first. */
+typedef struct Held {
+  char **text;
+  size_t *len, cap;
+} Held;
+
+/* (a write it cannot take: 0, which sets the stream's error) */
+static ssize_t held_write(void *c, const char *p, size_t n) {
+  Held *h = c;
+  if (n >= h->cap - *h->len) {
+    size_t cap = h->cap;
+    while (n >= cap - *h->len) {
+      if (cap > SIZE_MAX / 2) return 0;
+      cap *= 2;
+    }
+    char *t = realloc(*h->text, cap);
+    if (!t) return 0;
+    *h->text = t, h->cap = cap;
+  }
+  memcpy(*h->text + *h->len, p, n);
+  *h->len += n;
+  (*h->text)[*h->len] = 0;
+  return (ssize_t)n;
+}
+
+static int held_close(void *c) {
+  free(c);
+  return 0;
+}
+
 FILE *emit_hold(char **text, size_t *len) {
-  FILE *f = open_memstream(text, len);
-  if (!f) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  Held *h = xmalloc(sizeof *h);
+  *h = (Held){text, len, 4096};
+  *text = xmalloc(h->cap);
+  **text = 0, *len = 0;
+  FILE *f = fopencookie(h, "w", (cookie_io_functions_t){.write = held_write, .close = held_close});
+  if (!f) out_of_memory();
   return f;
+}
+
+void emit_unhold(FILE *f) {
+  bool failed = ferror(f);
+  if (fclose(f) || failed) out_of_memory();
 }
 
 void emit_hold_fn(Emit *e, HeldFn *h, const char *name) {
@@ -94,7 +134,7 @@ void emit_hold_fn(Emit *e, HeldFn *h, const char *name) {
 
 void emit_release_fn(Emit *e, HeldFn *h) {
   fprintf(h->fn, "}\n");
-  fclose(h->fn);
+  emit_unhold(h->fn);
   fwrite(h->text, 1, h->len, h->file);
   free(h->text);
   h->fn = NULL;

@@ -123,7 +123,7 @@ static void cuda_loop_open(Emit *e, const Loop *l) {
 /* The body, indented for the kernel (in C it sits two loops deep), and the kernel's end. */
 static void cuda_loop_close(Emit *e, const Loop *l) {
   Cuda *s = e->state;
-  fclose(s->body);
+  emit_unhold(s->body);
   for (char *line = s->body_text; *line;) {
     char *end = strchr(line, '\n');
     size_t len = end ? (size_t)(end - line) + 1 : strlen(line);

@@ -28,11 +28,11 @@ static bool is_ew(const IrNode *n) {
 
 static void fuse_groups(IrFunc *f, bool no_fuse) {
   int n = f->n;
-  int *parent = malloc(sizeof(int) * (size_t)(n + 1));
+  int *parent = xmalloc(sizeof(int) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) parent[i] = i;
   bool can_fuse = n <= FUSE_MAX_NODES && !no_fuse;
   size_t words = ((size_t)n + 63) / 64;
-  uint64_t *reach = can_fuse ? calloc((size_t)n * words, sizeof(uint64_t)) : NULL;
+  uint64_t *reach = can_fuse ? xcalloc((size_t)n * words, sizeof(uint64_t)) : NULL;
   for (int i = 0; can_fuse && i < n; i++) {
     uint64_t *r = reach + (size_t)i * words;
     for (int j = 0; j < f->nodes[i].nargs; j++) {
@@ -43,7 +43,7 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
     }
   }
   /* members of each root, kept as a bitset for the legality check */
-  uint64_t *mem = can_fuse ? calloc((size_t)n * words, sizeof(uint64_t)) : NULL;
+  uint64_t *mem = can_fuse ? xcalloc((size_t)n * words, sizeof(uint64_t)) : NULL;
   for (int i = 0; can_fuse && i < n; i++) mem[(size_t)i * words + (size_t)i / 64] |= 1ull << (i % 64);
 
   for (int v = 0; can_fuse && v < n; v++) {
@@ -78,7 +78,7 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
     }
   }
   /* number the groups in order of their first member */
-  int *gid = malloc(sizeof(int) * (size_t)(n + 1));
+  int *gid = xmalloc(sizeof(int) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) gid[i] = -1;
   f->ngroups = 0;
   for (int i = 0; i < n; i++) {
@@ -153,7 +153,7 @@ static void zero_at_leaves(IrFunc *f) {
  * zeroed, a fused loop's leaves' part stores 0: emit.c, dead_stored); its gradient
  * there is then 0 * finite. One pass in reverse node order (users come after). */
 static void dead_at_leaves(IrFunc *f) {
-  bool *live = calloc((size_t)f->n + 1, sizeof(bool));
+  bool *live = xcalloc((size_t)f->n + 1, sizeof(bool));
   for (int i = f->n - 1; i >= 0; i--) {
     const IrNode *n = &f->nodes[i];
     if (op_info[n->op].kind == OK_SINK || f->kind != F_VERTEX) live[i] = true;
@@ -265,8 +265,8 @@ static void stack_products(IrFunc *f, const int *mm_uses, const int *other_uses)
 void fuse(Model *m) {
   int nf;
   IrFunc **fs = model_funcs(m, &nf);
-  int *mm_uses = calloc((size_t)m->nparams + 1, sizeof(int));
-  int *other_uses = calloc((size_t)m->nparams + 1, sizeof(int));
+  int *mm_uses = xcalloc((size_t)m->nparams + 1, sizeof(int));
+  int *other_uses = xcalloc((size_t)m->nparams + 1, sizeof(int));
   count_param_uses(m, mm_uses, other_uses);
   for (int k = 0; k < nf; k++) {
     zero_at_leaves(fs[k]);

@@ -495,7 +495,7 @@ static bool func_line(Rd *r) {
           if (!strcmp(r->f->slot_name[j], r->f->slot_name[k])) FAIL(r, "slot '%s' twice", r->f->slot_name[k]);
       }
     }
-    m->vertex = realloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
+    m->vertex = xrealloc(m->vertex, sizeof(IrFunc *) * (size_t)(m->nvertex + 1));
     m->vertex[m->nvertex++] = r->f;
   } else {
     FAIL(r, "unknown function kind '%s'", kind);

@@ -432,14 +432,14 @@ int main(int argc, char **argv) {
     goto done;
   }
 
-  out = open_memstream(&buf, &buflen);
-  hout = open_memstream(&hbuf, &hlen);
-  if (!out || !hout) internal_error(__FILE__, __LINE__, "open_memstream failed");
+  out = emit_hold(&buf, &buflen);
+  hout = emit_hold(&hbuf, &hlen);
   Model *m = NULL;
   if (!run_passes(&o, path, text, len, is_ir, decls, out, hout, &m)) goto done;
-  fclose(out);
-  fclose(hout);
+  FILE *held[2] = {out, hout};
   out = hout = NULL;
+  emit_unhold(held[0]);
+  emit_unhold(held[1]);
   if (!write_outputs(&o, m, buf, buflen, hbuf, hlen)) goto done;
   status = 0;
 done:

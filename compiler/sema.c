@@ -49,8 +49,7 @@ static Entry *tab_get(Table *t, const char *key) {
 static Entry *tab_put(Table *t, const char *key) {
   if (t->n * 2 >= t->nb) {
     int nb = t->nb ? t->nb * 2 : 64;
-    Entry **b = calloc((size_t)nb, sizeof(Entry *));
-    if (!b) internal_error(__FILE__, __LINE__, "out of memory");
+    Entry **b = xcalloc((size_t)nb, sizeof(Entry *));
     for (int i = 0; i < t->nb; i++)
       for (Entry *e = t->b[i], *next; e; e = next) {
         next = e->next;
@@ -232,8 +231,7 @@ static int add_node(Ctx *c, IrNode n) {
     n.edge = n.edge || (n.args[j] >= 0 && c->f->nodes[n.args[j]].edge);
   if (pure && c->ncse * 2 >= c->capcse) {
     int cap = c->capcse ? c->capcse * 2 : 256;
-    int *t = malloc(sizeof(int) * (size_t)cap);
-    if (!t) internal_error(__FILE__, __LINE__, "out of memory");
+    int *t = xmalloc(sizeof(int) * (size_t)cap);
     for (int i = 0; i < cap; i++) t[i] = -1;
     for (int i = 0; i < c->capcse; i++) {
       if (c->cse[i] < 0) continue;
