@@ -38,17 +38,9 @@ static inline char *model(const char *name) {
   return buf[k];
 }
 
-/* Runs cavs with up to 31 arguments, NULL-terminated; env (or NULL) holds NAME=VALUE to
- * set and NAME alone to unset, for this run only. */
-static inline RunResult cavs_env(char *const env[], const char *first, ...) {
-  char *argv[64];
-  int n = 0;
-  argv[n++] = (char *)cavs_bin;
-  va_list ap;
-  va_start(ap, first);
-  for (const char *a = first; a && n < 63; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
-  va_end(ap);
-  argv[n] = NULL;
+/* Runs argv (argv[0] a path) with a time limit; env (or NULL) holds up to 8 NAME=VALUE
+ * to set and NAME alone to unset, for this run only. */
+static inline RunResult run_env(char *const env[], char *const argv[], int limit) {
   char *saved[8][2] = {{0}};
   int ns = 0;
   for (int i = 0; env && env[i] && ns < 8; i++, ns++) {
@@ -59,7 +51,7 @@ static inline RunResult cavs_env(char *const env[], const char *first, ...) {
     if (eq) setenv(saved[ns][0], eq + 1, 1);
     else unsetenv(saved[ns][0]);
   }
-  RunResult r = tu_run(NULL, argv, 300);
+  RunResult r = tu_run(NULL, argv, limit);
   for (int i = 0; i < ns; i++) {
     if (saved[i][1]) setenv(saved[i][0], saved[i][1], 1);
     else unsetenv(saved[i][0]);
@@ -67,6 +59,19 @@ static inline RunResult cavs_env(char *const env[], const char *first, ...) {
     free(saved[i][1]);
   }
   return r;
+}
+
+/* Runs cavs with up to 31 arguments, NULL-terminated, and env as run_env's. */
+static inline RunResult cavs_env(char *const env[], const char *first, ...) {
+  char *argv[64];
+  int n = 0;
+  argv[n++] = (char *)cavs_bin;
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a && n < 63; a = va_arg(ap, const char *)) argv[n++] = (char *)a;
+  va_end(ap);
+  argv[n] = NULL;
+  return run_env(env, argv, 300);
 }
 #define cavs(...) cavs_env(NULL, __VA_ARGS__)
 
