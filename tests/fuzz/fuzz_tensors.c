@@ -122,6 +122,11 @@ void json_set(json_t *obj, const char *key, json_t *v) {
 void json_push(json_t *arr, json_t *v) {
   if (json_array_append_new(arr, v)) die(2, "out of memory");
 }
+char *json_text(const json_t *j, size_t flags) { /* (util.c's reads the text back too) */
+  char *text = json_dumps(j, flags);
+  if (!text) die(2, "out of memory");
+  return text;
+}
 /* tensors.c's open(): the descriptor noted, to be closed after the input */
 int fuzz_open(const char *path, int flags, ...) {
   va_list ap;
