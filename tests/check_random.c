@@ -217,6 +217,15 @@ out:
 }
 
 /* ---- two models on one minibatch: the loss, counts and every parameter gradient ---- */
+/* values that overflowed alike in both runs: a recurrence that grows with the depth, on
+   the minibatch's deeper graphs, gives inf and then NaN (inf - inf, 0 * inf) in the
+   state, and NaN in the gradients behind it, though the loss may not read the state at
+   all (seed 690 of a sweep: its loss is finite, every gradient into the vertex block
+   NaN, serially and batched). The same non-finite cell agrees; a largest value is
+   taken over the finite ones only (an inf there would pass every other cell). Nothing
+   here was poisoned with NaN: an unwritten cell read is gradcheck's to find. */
+static bool same_nonfinite(double x, double y) { return (isnan(x) && isnan(y)) || (isinf(x) && x == y); }
+
 static double tol_diff = 1e-9;
 static double worst_seen[8];
 
@@ -252,7 +261,8 @@ static void same_run(const char *what, cavs_model *a, cavs_model *b, const cavs_
     long rows, cols, ld;
     const double *ga = cavs_model_grad(a, i, &rows, &cols, &ld);
     for (long r = 0; r < rows; r++)
-      for (long j = 0; j < cols; j++) scale = fmax(scale, fabs(ga[r * ld + j]));
+      for (long j = 0; j < cols; j++)
+        if (isfinite(ga[r * ld + j])) scale = fmax(scale, fabs(ga[r * ld + j]));
   }
   /* a gradient that vanishes everywhere (logits that a parameter moves all alike, which
      softmax cancels) is rounding, summed in another order batched: below 1e-6 of the
@@ -268,6 +278,7 @@ static void same_run(const char *what, cavs_model *a, cavs_model *b, const cavs_
         double x = ga[r * lda + j], y = gb[r * ldb + j];
         double e = fabs(x - y) / fmax(fmax(fabs(x), 1e-2 * scale), floor);
         if (isnan(e)) e = INFINITY;
+        if (same_nonfinite(x, y)) e = 0;
         if (e > worst) worst = e;
         if (e > tol_diff && bad++ < 3) rfail("%s: gradient of %s[%ld,%ld]: %.15g vs %.15g", what, d->params[i].name, r, j, x, y);
       }
@@ -345,11 +356,15 @@ static bool cells_agree(const cavs_model *mc, const void *c, const void *u, long
                         const char *what, double tol, double scale) {
   double least = tol * 1e-3;
   for (long r = 0; r < rows; r++)
-    for (long j = 0; j < cols; j++) scale = fmax(scale, fabs(cv_test_at(mc, c, (size_t)(r * ld + j))));
+    for (long j = 0; j < cols; j++) {
+      double v = cv_test_at(mc, c, (size_t)(r * ld + j));
+      if (isfinite(v)) scale = fmax(scale, fabs(v));
+    }
   for (long r = 0; r < rows; r++)
     for (long j = 0; j < cols; j++) {
       double want = cv_test_at(mc, c, (size_t)(r * ld + j)), got = cv_test_at(mc, u, (size_t)(r * ld + j));
-      if (!agree(want, got, tol) && !(fabs(want - got) <= least * scale)) {
+      /* (poison_bufs writes -7.25, not NaN: a NaN on both sides was computed) */
+      if (!agree(want, got, tol) && !(fabs(want - got) <= least * scale) && !same_nonfinite(want, got)) {
         rfail("cuda-host vs C: %s[%ld, %ld]: C %.17g, CUDA %.17g", what, r, j, want, got);
         return false;
       }
