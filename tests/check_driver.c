@@ -3173,18 +3173,30 @@ static const char *failio(void) {
   return pre;
 }
 
-/* The number of the k-th call named `call` among those failio.out traced (k from 1); 0
-   where there is none. */
-static long traced(const char *call, int k) {
+/* The number of the k-th call named `call` after call number `after` (k from 1) whose
+   file, as failio.out traced it, ends in `suffix` (on) or does not (!on); 0 where there
+   is none. */
+static long traced_file(const char *call, const char *suffix, bool on, int k, long after) {
   char *text = tu_slurp(path_in("failio.out"), NULL);
   ck_assert_ptr_nonnull(text);
   long found = 0;
+  size_t ls = strlen(suffix);
   for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n")) {
-    char name[64];
+    char name[64], file[4096] = "";
     long n;
-    if (sscanf(line, "%*s %*d %ld %63s", &n, name) == 2 && !strcmp(name, call) && --k == 0) found = n;
+    if (sscanf(line, "%*s %*d %ld %63s %4095s", &n, name, file) < 2 || n <= after || strcmp(name, call)) continue;
+    size_t lf = strlen(file);
+    bool ends = lf >= ls && !strcmp(file + lf - ls, suffix);
+    if (ends == on && --k == 0) found = n;
   }
   free(text);
+  return found;
+}
+
+/* The number of the k-th call named `call` among those failio.out traced (k from 1); 0
+   where there is none. The trace is removed. */
+static long traced(const char *call, int k) {
+  long found = traced_file(call, "", true, k, 0);
   unlink(path_in("failio.out"));
   return found;
 }
@@ -3262,26 +3274,6 @@ START_TEST(a_full_disk_tears_nothing) {
 #undef FD_TRAIN
 }
 END_TEST
-
-/* The number of the k-th call named `call` after call number `after` (k from 1) whose
-   file, as failio.out traced it, ends in `suffix` (on) or does not (!on); 0 where there
-   is none. */
-static long traced_file(const char *call, const char *suffix, bool on, int k, long after) {
-  char *text = tu_slurp(path_in("failio.out"), NULL);
-  ck_assert_ptr_nonnull(text);
-  long found = 0;
-  size_t ls = strlen(suffix);
-  for (char *line = strtok(text, "\n"); line && !found; line = strtok(NULL, "\n")) {
-    char name[64], file[4096] = "";
-    long n;
-    if (sscanf(line, "%*s %*d %ld %63s %4095s", &n, name, file) < 2 || n <= after || strcmp(name, call)) continue;
-    size_t lf = strlen(file);
-    bool ends = lf >= ls && !strcmp(file + lf - ls, suffix);
-    if (ends == on && --k == 0) found = n;
-  }
-  free(text);
-  return found;
-}
 
 /* An epoch's --log record follows its checkpoint's save, and only a saved epoch has one:
  * a log the disk refuses (its second record) stops the run with exit 1 and that epoch in
