@@ -333,10 +333,20 @@ static bool write_pair(int dfd, const char *hp, const char *hf, const char *hbuf
   /* (a name the next write of the code sweeps, if this process dies holding it) */
   char kept[512];
   cv_afile_new_temp_name(cf, kept, sizeof kept);
-  bool has_kept = linkat(dfd, cf, dfd, kept, 0) == 0;
   struct stat h0, c0;
   bool had_h = fstatat(dfd, hf, &h0, AT_SYMLINK_NOFOLLOW) == 0;
   bool had_c = fstatat(dfd, cf, &c0, AT_SYMLINK_NOFOLLOW) == 0;
+  /* The earlier code kept, or nothing replaced: without it a header failing after the
+     code's rename would take the new code back and leave the earlier header beside no
+     code at all, the earlier code lost (a link refused, then a rename: two faults). */
+  int k = cv_afile_keep_aside(dfd, cf, dfd, kept);
+  if (k < 0) {
+    error_plain("cannot write '%s': keeping the earlier file while it is replaced: %s", cp, strerror(errno));
+    cv_afile_abort(&ca);
+    cv_afile_abort(&ha);
+    return false;
+  }
+  bool has_kept = k == 1;
   if (!write_end(&ca)) {
     /* a failure after the code's rename (its directory not flushed) leaves the new code
        in place: the earlier taken back, as the header's failure below does */

@@ -901,7 +901,9 @@ static int write_journal(int tfd, int n, const int *kept, char *const *a, char *
    `dfd`; n of them: from[i] and to[i] formatted with the directory, the model's name and
    the source's extension) as one set: each flushed to disk before any is renamed (a crash
    after a rename must find the file the compiler finished, not an empty one), the old
-   ones kept aside (hard links in tmp) and a journal of them written (write_journal) until
+   ones kept aside (hard links in tmp, or copies where a link is refused:
+   cv_afile_keep_aside; where neither can be made, nothing is renamed) and a journal of
+   them written (write_journal) until
    all are in place, so that a rename failing midway puts back the ones already replaced,
    and a build killed midway has them put back by the next (undo_puts): DIR holds the old
    set or the new, never a header of one build beside the object of another. The
@@ -915,7 +917,14 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
     a[i] = fmt(from[i], tmp, name, ext);
     b[i] = fmt(to[i], dir, name, ext);
     old[i] = fmt("%s/old-%d", tmp, i);
-    kept[i] = link(b[i], old[i]) == 0 ? 1 : errno == ENOENT ? 0 : -1;
+    kept[i] = rc ? 0 : cv_afile_keep_aside(AT_FDCWD, b[i], AT_FDCWD, old[i]);
+    /* (one that cannot be kept aside: nothing renamed, since a rename failing after its
+       own would leave the earlier set beside it, its earlier file gone) */
+    if (kept[i] < 0) {
+      snprintf(err, errlen, "cannot write '%s': keeping the earlier file aside in %s: %s", b[i], tmp,
+               strerror(errno));
+      rc = 1;
+    }
   }
   for (int i = 0; i < n && !rc; i++) {
     int e = flush(a[i], 0);
@@ -936,7 +945,7 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
       rc = 1;
       break;
     }
-  /* (one that could not be kept aside stays new: removing it would lose the old) */
+  /* (a journal of an earlier version may have K -1, one not kept aside: left new) */
   if (rc && journaled && !undo_puts(tfd, dfd)) {
     size_t at = strlen(err);
     snprintf(err + at, errlen - at, "; the earlier files could not all be put back: they are kept in %s", tmp);

@@ -401,3 +401,54 @@ void cv_afile_abort(cv_afile *a) {
   if (a->tmp && a->dfd >= 0) unlinkat(a->dfd, a->tmp, 0);
   afile_free(a);
 }
+
+/* The copy of cv_afile_keep_aside: `in` (open, regular, st its stat) into a new `kept`
+   in tdfd, with its mode and times, flushed to disk (a crash after the replacement must
+   find whole bytes to put back). 0, or -1 with errno set and nothing left under kept. */
+static int copy_aside(int in, const struct stat *st, int tdfd, const char *kept) {
+  int out = openat(tdfd, kept, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), e = 0;
+  if (out < 0) return -1;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = read(in, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) e = errno;
+      break;
+    }
+    for (ssize_t at = 0; at < n && !e;) {
+      ssize_t w = write(out, buf + at, (size_t)(n - at));
+      if (w > 0) at += w;
+      else if (w < 0 && errno != EINTR) e = errno;
+      else if (w == 0) e = EIO;
+    }
+    if (e) break;
+  }
+  struct timespec times[2] = {st->st_atim, st->st_mtim};
+  if (!e && fchmod(out, st->st_mode & 07777)) e = errno;
+  if (!e && futimens(out, times)) e = errno;
+  if (!e && fsync(out)) e = errno;
+  if (close(out) && !e) e = errno;
+  if (!e) return 0;
+  unlinkat(tdfd, kept, 0);
+  errno = e;
+  return -1;
+}
+
+int cv_afile_keep_aside(int dfd, const char *name, int tdfd, const char *kept) {
+  if (linkat(dfd, name, tdfd, kept, 0) == 0) return 1;
+  if (errno == ENOENT) return 0;
+  int e = errno;
+  int in = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (in < 0) {
+    if (errno == ENOENT) return 0; /* (gone between the two) */
+    errno = e;
+    return -1;
+  }
+  int rc = fstat(in, &st) == 0 && S_ISREG(st.st_mode) ? copy_aside(in, &st, tdfd, kept) : (errno = e, -1);
+  e = errno;
+  close(in);
+  errno = e;
+  return rc ? -1 : 1;
+}

@@ -69,4 +69,13 @@ void cv_afile_temp_name(const char *base, uint64_t bits, char *out, size_t outle
    compile cache's build directories are named so too. */
 void cv_afile_new_temp_name(const char *base, char *out, size_t outlen);
 
+/* Keeps the file `name` of directory dfd aside as `kept` in directory tdfd (both may be
+ * AT_FDCWD, the names then paths) before something replaces it, so that a failure among
+ * the replacements can put it back: a hard link, or where the link is refused (a
+ * filesystem without hard links, a file with too many, a full directory) a copy with its
+ * mode and times, flushed to disk. 1 kept, 0 where there is no such file, -1 with errno
+ * set where it cannot be kept (nothing is then left under `kept`): the caller must then
+ * replace nothing, or lose the earlier file if a later step fails. */
+int cv_afile_keep_aside(int dfd, const char *name, int tdfd, const char *kept);
+
 #endif

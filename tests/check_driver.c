@@ -3495,6 +3495,123 @@ START_TEST(memory_running_out_is_said) {
 }
 END_TEST
 
+/* dir/name, in a buffer of its own for each of four calls */
+static const char *dir_file(const char *dir, const char *name) {
+  static char buf[4][4600];
+  static int k;
+  k = (k + 1) % 4;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
+/* The files of one output directory (n of them), read whole, and their stat */
+static void read_set(const char *dir, const char *const *names, int n, char **bytes, size_t *len, struct stat *st) {
+  for (int i = 0; i < n; i++) {
+    const char *p = dir_file(dir, names[i]);
+    bytes[i] = tu_slurp(p, &len[i]);
+    ck_assert_msg(bytes[i] && stat(p, &st[i]) == 0, "%s is missing", p);
+  }
+}
+
+/* A run of `argv` (writing into dir) whose N-th counted call of `calls` fails and, with
+   `also`, a later one too (0: every one after the N-th): refused with exit 1, and dir
+   holds the n files it held, byte for byte, with their modes and modification times
+   (one put back from a copy too), and nothing else. */
+static void set_kept(char *const argv[], const char *prog, const char *calls, long nth, long also, const char *dir,
+                     const char *const *names, int n) {
+  char *was[3], *now[3];
+  size_t wl[3], nl[3];
+  struct stat ws[3], ns[3];
+  for (int i = 0; i < n; i++) chmod(dir_file(dir, names[i]), 0640); /* (not the umask's: a copy must keep it) */
+  read_set(dir, names, n, was, wl, ws);
+  char p[64], c[64], k[64], a[64], out[4500];
+  snprintf(p, sizeof p, "FAILIO_PROG=%s", prog);
+  snprintf(c, sizeof c, "FAILIO_CALLS=%s", calls);
+  snprintf(k, sizeof k, "FAILIO_N=%ld", nth);
+  snprintf(a, sizeof a, also ? "FAILIO_ALSO=%ld" : "FAILIO_STICKY=1", also);
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  char *env[] = {(char *)failio(), p, c, k, a, out, NULL};
+  RunResult r = run_env(env, argv, 120);
+  ck_assert_msg(r.status == 1 && strstr(r.err, strerror(ENOSPC)), "%s, %s %ld and %ld failed: exit %d: %s", prog,
+                calls, nth, also, r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  read_set(dir, names, n, now, nl, ns);
+  for (int i = 0; i < n; i++) {
+    ck_assert_msg(nl[i] == wl[i] && !memcmp(now[i], was[i], wl[i]), "%s, %s %ld and %ld failed: %s/%s replaced", prog,
+                  calls, nth, also, dir, names[i]);
+    ck_assert_msg(ns[i].st_mode == ws[i].st_mode && ns[i].st_mtim.tv_sec == ws[i].st_mtim.tv_sec &&
+                      ns[i].st_mtim.tv_nsec == ws[i].st_mtim.tv_nsec,
+                  "%s, %s %ld and %ld failed: %s/%s put back with mode %o, modified at %lld.%09ld, not %o, %lld.%09ld",
+                  prog, calls, nth, also, dir, names[i], (unsigned)ns[i].st_mode, (long long)ns[i].st_mtim.tv_sec,
+                  ns[i].st_mtim.tv_nsec, (unsigned)ws[i].st_mode, (long long)ws[i].st_mtim.tv_sec,
+                  ws[i].st_mtim.tv_nsec);
+    free(was[i]), free(now[i]);
+  }
+  ck_assert_int_eq(entries(dir), n);
+  unlink(path_in("failio.out"));
+}
+
+/* Two faults among an output set's replacements: the earlier file's hard link refused
+ * (a filesystem without hard links, a directory full), then the last rename. cavsc -o
+ * and cavs build -o keep the earlier file by a copy where the link is refused, and
+ * replace nothing where neither can be made (a disk full for the copy too): the
+ * directory holds the earlier set whole. cavsc's failed header took the new code back
+ * and left the earlier header beside no code (the earlier code lost), and build -o left
+ * the new code beside the earlier header and library. */
+START_TEST(a_refused_link_keeps_the_set) {
+  if (!failio()) return;
+  size_t n = 0;
+  char *src = tu_slurp(model("treelstm.vf"), &n);
+  const char *cut = "i  = sigmoid(x @ Wi";
+  char *at = src ? strstr(src, cut) : NULL;
+  ck_assert_ptr_nonnull(at);
+  /* the same model, other code */
+  char other[16384];
+  int len = snprintf(other, sizeof other, "%.*si  = sigmoid(0.5 * x @ Wi%s", (int)(at - src), src, at + strlen(cut));
+  ck_assert(len > 0 && len < (int)sizeof other);
+  tu_write(path_in("kp.vf"), other, (size_t)len);
+  free(src);
+  const char *names[] = {"treelstm.h", "treelstm.c", "treelstm.so"};
+  for (int w = 0; w < 2; w++) {
+    bool build = w == 1;
+    const char *prog = build ? "cavs" : "cavsc";
+    char dir[4500], traced_dir[4520], kp[4500], tl[4500]; /* (path_in's and model()'s buffers are reused) */
+    snprintf(kp, sizeof kp, "%s", path_in("kp.vf"));
+    snprintf(tl, sizeof tl, "%s", model("treelstm.vf"));
+    snprintf(dir, sizeof dir, "%s", path_in(build ? "kp-build" : "kp-cavsc"));
+    snprintf(traced_dir, sizeof traced_dir, "%s-traced", dir);
+    char *bin = (char *)(build ? cavs_bin : tu_env("CAVSC", "./cavsc"));
+    char *first[] = {bin, "-o", dir, tl, NULL}, *first_build[] = {bin, "build", "-o", dir, tl, NULL};
+    char *second[] = {bin, "-o", dir, kp, NULL}, *second_build[] = {bin, "build", "-o", dir, kp, NULL};
+    char *traced_run[] = {bin, "-o", traced_dir, kp, NULL};
+    char *traced_build[] = {bin, "build", "-o", traced_dir, kp, NULL};
+    RunResult r = run_env(NULL, build ? first_build : first, 300);
+    ok(&r, "the first set");
+    tu_free(&r);
+    /* the calls of a run that replaces nothing, traced: the last is the last rename */
+    char p[64], out[4500];
+    snprintf(p, sizeof p, "FAILIO_PROG=%s", prog);
+    snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+    char *count[] = {(char *)failio(), p, "FAILIO_CALLS=link,rename", "FAILIO_TRACE=1", out, NULL};
+    r = run_env(count, build ? traced_build : traced_run, 300);
+    ok(&r, "the traced set");
+    tu_free(&r);
+    long keep = traced_file("linkat", "", true, 1, 0), last = failio_calls();
+    ck_assert_msg(keep == 1 && last > 2, "%s: the first link %ld, the last call %ld", prog, keep, last);
+    /* the link refused, the copy made, the last rename refused: the set put back */
+    set_kept(build ? second_build : second, prog, "link,rename", 1, last, dir, names, build ? 3 : 2);
+    /* the link refused, and every write after it (the copy's): nothing replaced */
+    count[2] = "FAILIO_CALLS=link,write";
+    r = run_env(count, build ? traced_build : traced_run, 300);
+    ok(&r, "the traced set, again");
+    tu_free(&r);
+    keep = traced("linkat", 1);
+    ck_assert_int_gt(keep, 0);
+    set_kept(build ? second_build : second, prog, "link,write", keep, 0, dir, names, build ? 3 : 2);
+  }
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -4287,6 +4404,7 @@ int main(void) {
   tcase_add_test(tc, a_full_disk_tears_nothing);
   tcase_add_test(tc, a_log_refused_keeps_the_epoch);
   tcase_add_test(tc, memory_running_out_is_said);
+  tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);

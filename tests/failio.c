@@ -28,6 +28,8 @@
  *                           anonymous memory (ENOMEM; glibc's own calls of malloc, from
  *                           strdup or fopen, are counted too, its own mmap not)
  *   FAILIO_N      the counted call that fails (1 the first); 0 or unset, none
+ *   FAILIO_ALSO   a second counted call that fails, after FAILIO_N (two faults: the
+ *                 second in what undoes the first, or in what a fallback does)
  *   FAILIO_ERR    ENOSPC (the default) or EIO
  *   FAILIO_STICKY 1: every counted call after the N-th fails too (a disk that stays
  *                 full)
@@ -68,6 +70,7 @@ enum { C_WRITE = 1, C_SYNC = 2, C_CLOSE = 4, C_RENAME = 8, C_LINK = 16, C_OPEN =
 
 static int classes;      /* what is counted; 0 before init or in a process not counted */
 static long fail_at;     /* FAILIO_N */
+static long fail_also;   /* FAILIO_ALSO */
 static int fail_errno = ENOSPC;
 static bool sticky, shortw, trace;
 static pid_t owner; /* the process counted (a forked child is not) */
@@ -123,6 +126,8 @@ __attribute__((constructor)) static void failio_init(void) {
     }
     const char *e = getenv("FAILIO_N");
     fail_at = e ? atol(e) : 0;
+    e = getenv("FAILIO_ALSO");
+    fail_also = e ? atol(e) : 0;
     e = getenv("FAILIO_ERR");
     fail_errno = e && !strcmp(e, "EIO") ? EIO : ENOSPC;
     e = getenv("FAILIO_STICKY");
@@ -170,8 +175,8 @@ static int fault(int c, const char *what) {
     inside--;
   }
   if (fail_at <= 0 || k < fail_at) return 0;
-  if (k > fail_at && !sticky) return 0;
-  if (k == fail_at) {
+  if (k > fail_at && !sticky && k != fail_also) return 0;
+  if (k == fail_at || k == fail_also) {
     atomic_store(&failed, true);
     char line[512];
     inside++;
