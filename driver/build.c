@@ -183,7 +183,7 @@ Loaded load_model_arg(const char *path) {
   }
   size_t len;
   char *text = slurp(path, &len);
-  if (!text) die(1, "cannot open '%s': %s", path, strerror(errno));
+  if (!text) die(file_status(errno), "cannot open '%s': %s", path, strerror(errno));
   return load_vf(path, text, len, NULL);
 }
 
@@ -265,7 +265,7 @@ int cmd_build(int argc, char **argv) {
   if (!*out) die(1, "build: -o needs a directory");
   size_t len;
   char *text = slurp(model, &len);
-  if (!text) die(1, "cannot open '%s': %s", model, strerror(errno));
+  if (!text) die(file_status(errno), "cannot open '%s': %s", model, strerror(errno));
   CacheReq q = cache_req(model, text, len, NULL, target);
   q.precision = prec;
   q.input = model;

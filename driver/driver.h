@@ -42,6 +42,9 @@ _Noreturn void die(int status, const char *fmt, ...);
 _Noreturn void quit(int status);
 /* A failure reported by libcavs: status 2 when errno says memory ran out, else 1. */
 _Noreturn void lib_die(const char *msg);
+/* The exit status of a file that cannot be opened, read or written, by its errno: 2
+   where memory ran out (ENOMEM), 1 (the user's to fix) for anything else: cavs(1) */
+int file_status(int e);
 cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path);
 double now(void);
 

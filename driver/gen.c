@@ -55,7 +55,7 @@ int cmd_gen(int argc, char **argv) {
   if (!f) {
     if (fd >= 0) close(fd);
     cv_afile_abort(&a);
-    die(1, "cannot write '%s': %s", out, strerror(errno));
+    die(file_status(errno), "cannot write '%s': %s", out, strerror(errno));
   }
   int rc;
   if (!strcmp(kind, "toy")) rc = cavs_gen_toy(f, (int)graphs, (int)leaves, (int)words, (uint64_t)seed);
@@ -75,7 +75,7 @@ int cmd_gen(int argc, char **argv) {
   if (fclose(f) && !rc) rc = -1, e = errno;
   if (rc) {
     cv_afile_abort(&a);
-    die(1, "cannot write '%s': %s", out, strerror(e));
+    die(file_status(e), "cannot write '%s': %s", out, strerror(e));
   }
   if (cv_afile_commit(&a, err, sizeof err)) die(1, "%s", err);
   return 0;

@@ -40,7 +40,7 @@ typedef struct Log {
 /* The whole log, at most LOG_MAX bytes (it may be a pipe or a device). */
 static void read_log(Log *g) {
   FILE *f = fopen(g->path, "rb");
-  if (!f) die(1, "cannot read '%s': %s", g->path, strerror(errno));
+  if (!f) die(file_status(errno), "cannot read '%s': %s", g->path, strerror(errno));
   size_t cap = 1 << 16, got;
   char *text = malloc(cap + 1);
   if (!text) die(2, "out of memory");
@@ -279,7 +279,7 @@ int cmd_plot(int argc, char **argv) {
   if (!write_data(&g, fmt("%s/data", dir)) || !write_script(&g, dir)) {
     int e = errno;
     remove_all(dir, made, 3);
-    die(1, "cannot write in '%s': %s", dir, strerror(e));
+    die(file_status(e), "cannot write in '%s': %s", dir, strerror(e));
   }
   const char *failed = run_gnuplot(dir);
   char err[1024];

@@ -226,7 +226,7 @@ static void read_at(const TensorFile *f, void *buf, size_t n, uint64_t off) {
   while (got < n) {
     ssize_t r = pread(f->fd, (char *)buf + got, n - got, (off_t)(off + got));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) die(1, "%s: cannot read: %s", f->path, strerror(errno));
+    if (r < 0) die(file_status(errno), "%s: cannot read: %s", f->path, strerror(errno));
     if (r == 0) die(1, "%s: error: the file ends early (it changed while being read?)", f->path);
     got += (size_t)r;
   }
@@ -609,7 +609,7 @@ TensorFile *tensors_open(const char *path) {
   TensorFile *f = xmalloc(sizeof *f);
   /* (O_NONBLOCK: a FIFO is refused below, not waited on) */
   *f = (TensorFile){.path = path, .fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-  if (f->fd < 0) die(1, "cannot open '%s': %s", path, strerror(errno));
+  if (f->fd < 0) die(file_status(errno), "cannot open '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(f->fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MAX_TENSOR_FILE)
     die(1, "%s: error: not a regular file of at most 64 GiB", path);

@@ -549,10 +549,10 @@ static int try_save(Run *r, const char *path, const char *also, char *err, size_
   /* rank 0 writes for all: their states are the same */
   for (int k = 0; k < 2 && !dist_rank && !rc; k++) {
     const char *p = k ? also : path;
-    /* (a device that failed under the save: exit 2, as in a step) */
+    /* (a device that failed under the save, or the memory: exit 2, as in a step) */
     errno = 0;
     if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, errlen))
-      rc = errno == EIO ? 2 : 1;
+      rc = errno == EIO || errno == ENOMEM ? 2 : 1;
   }
   if (dist_size > 1) cavs_model_expert_release(r->m);
   return rc;
@@ -1376,7 +1376,7 @@ static void ready_run(Run *r, bool norm) {
     die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
   if (o->log) {
     r->log = open_log(o->log, r->resumed);
-    if (!r->log) die(1, "cannot write '%s': %s", o->log, strerror(errno));
+    if (!r->log) die(file_status(errno), "cannot write '%s': %s", o->log, strerror(errno));
   }
   if (norm) cavs_model_track_grad_norm(r->m, 1); /* for the log's grad_norm fields */
   if (!o->quiet) say_start(r);

@@ -51,6 +51,8 @@ double now(void) {
  * anything else. */
 _Noreturn void lib_die(const char *msg) { die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s", msg); }
 
+int file_status(int e) { return e == ENOMEM ? 2 : 1; }
+
 /* The checkpoint's vocabulary, kept, or the command's end: memory run out (status 2) or
  * a damaged vocabulary (1). */
 cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path) {
@@ -220,7 +222,7 @@ void json_write_line(json_t *obj, FILE *f, const char *what) {
     if (fputs(line, f) == EOF || fflush(f) || ferror(f)) e = errno ? errno : EIO;
   }
   free(line);
-  if (e) die(e == ENOMEM ? 2 : 1, "cannot write %s: %s", what, strerror(e));
+  if (e) die(file_status(e), "cannot write %s: %s", what, strerror(e));
 }
 
 /* ---- outputs ---- */
@@ -259,7 +261,8 @@ void check_output(const char *opt, const char *out, const char *const *inputs, c
     if (inputs[i] && same_file(out, inputs[i])) die(1, "%s%s %s would overwrite %s, %s", dash, opt, out, inputs[i], what[i]);
   char *target, err[1024];
   bool direct;
-  if (cv_afile_target(out, &target, &direct, err, sizeof err)) die(1, "%s%s: %s", dash, opt, err);
+  errno = 0;
+  if (cv_afile_target(out, &target, &direct, err, sizeof err)) die(file_status(errno), "%s%s: %s", dash, opt, err);
   const char *slash = strrchr(target, '/');
   /* the probe a file without a name (O_TMPFILE), which nothing can leave behind however
      this process dies; where the filesystem has none, a named one removed at once */
@@ -277,7 +280,7 @@ void check_output(const char *opt, const char *out, const char *const *inputs, c
     if (fd >= 0) unlink(probe);
     free(probe);
   }
-  if (fd == -1) die(1, "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
+  if (fd == -1) die(file_status(errno), "%s%s %s: cannot write there: %s", dash, opt, out, strerror(errno));
   if (fd >= 0) close(fd);
   free(target);
 }
