@@ -104,8 +104,13 @@ static int cpu_open(cavs_model *m, const cavs_model_opts *o) {
   m->bs = s;
   s->threads = o && o->threads > 0 ? o->threads : 1;
   if (o && o->threads > 0) openblas_set_num_threads(1);
-  if (s->threads > 1 && !(s->pool = cv_pool_new(s->threads)))
-    return cv_fail(m, "cannot start %d threads: %s", s->threads, strerror(errno));
+  if (s->threads > 1 && !(s->pool = cv_pool_new(s->threads))) {
+    /* (EAGAIN: pthread_create's "insufficient resources", a thread's stack not mapped,
+       which is memory running out, as the status the `cavs` command gives it says) */
+    int e = errno;
+    return e == EAGAIN || e == ENOMEM ? cv_fail_mem(m, "cannot start %d threads: %s", s->threads, strerror(e))
+                                      : cv_fail(m, "cannot start %d threads: %s", s->threads, strerror(e));
+  }
   return 0;
 }
 
