@@ -6,6 +6,7 @@
 
 #include "cavs.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -44,7 +45,7 @@ _Noreturn void quit(int status);
 _Noreturn void lib_die(const char *msg);
 /* The exit status of a file that cannot be opened, read or written, by its errno: 2
    where memory ran out (ENOMEM), 1 (the user's to fix) for anything else: cavs(1) */
-int file_status(int e);
+static inline int file_status(int e) { return e == ENOMEM ? 2 : 1; }
 cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path);
 double now(void);
 

@@ -51,8 +51,6 @@ double now(void) {
  * anything else. */
 _Noreturn void lib_die(const char *msg) { die(errno == ENOMEM || errno == EIO ? 2 : 1, "%s", msg); }
 
-int file_status(int e) { return e == ENOMEM ? 2 : 1; }
-
 /* The checkpoint's vocabulary, kept, or the command's end: memory run out (status 2) or
  * a damaged vocabulary (1). */
 cavs_vocab *ckpt_vocab(const cavs_ckpt *k, const char *path) {
