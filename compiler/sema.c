@@ -337,6 +337,18 @@ static bool eval_int(Ctx *c, const Node *n, long *out) {
   return false;
 }
 
+/* Whether n is an integer constant expression: integers and the enclosing loops'
+ * variables with + - * and parentheses, no dim among them (what eval_int takes). */
+static bool is_intexpr(Ctx *c, const Node *n) {
+  switch (n->kind) {
+  case N_NUM: return n->is_int;
+  case N_NAME: return loop_var(c, n->name) != NULL;
+  case N_NEG: return is_intexpr(c, n->a);
+  case N_BINARY: return (n->op == '+' || n->op == '-' || n->op == '*') && is_intexpr(c, n->a) && is_intexpr(c, n->b);
+  default: return false;
+  }
+}
+
 /* Keeps coefficients far from int32 overflow (a width of 2^24 floats is already 64 MB
  * a row). */
 static bool lin_in_range(Ctx *c, const Node *n, Lin l) {
@@ -398,14 +410,14 @@ static bool eval_lin(Ctx *c, const Node *n, Lin *out) {
       return lin_in_range(c, n, *out);
     }
     if (n->op == '*') {
-      /* one side must be an integer constant */
+      /* one side must be an integer constant expression (vf(5)'s intexpr: (k+1)*H, the
+         end of a loop's k-th slice, as well as 2*H and k*H) */
       const Node *kn = n->a, *ln = n->b;
-      if (kn->kind != N_NUM && !(kn->kind == N_NAME && loop_var(c, kn->name))) {
+      if (!is_intexpr(c, kn) && kn->kind != N_NUM) {
         kn = n->b;
         ln = n->a;
       }
-      bool silent_ok = kn->kind == N_NUM || (kn->kind == N_NAME && loop_var(c, kn->name));
-      if (!silent_ok) {
+      if (!is_intexpr(c, kn) && kn->kind != N_NUM) { /* (2.5*H: eval_int says why) */
         error_at(n->loc, "dim expression is not linear: only an integer may multiply a dim");
         return false;
       }

@@ -215,6 +215,41 @@ START_TEST(exponents_and_dim_terms) {
 }
 END_TEST
 
+/* A loop's j-th part of a row, z[j*H:(j+1)*H] (an LSTM's four gates from one product):
+ * vf(5)'s dimterm is `intexpr * dimterm` either way round, an intexpr integers and loop
+ * variables with + - * and parentheses; cavsc took only a number or a loop variable
+ * there, and refused (j+1)*H, H*(j-1), j*2*H and a shape's (1+1)*2H as "not linear". */
+START_TEST(loop_offsets) {
+  Model *m = compile_str(
+      "model o; dim H = 3; dim C = 4; input y : class[C]; input f : real[H];\n"
+      "param W[H,(1+1)*2H], U[H,C];\n"
+      "vertex v (children 1) {\n"
+      "  z = f @ W;\n"
+      "  for j in 0..3 { g_j = z[j*H:(j+1)*H]; }\n"
+      "  for j in 1..2 { a_j = z[H*(j-1):(H)*(j + 1)]; }\n"
+      "  for j in 0..1 { b_j = z[j*2*H+1:j*2H+(2-1)*(H+H)]; }\n"
+      "  scatter(sigmoid(g_0) * tanh(g_3) + g_1 * g_2 + gather(0));\n"
+      "  push(a_1[0:H] + a_2[H:2H] + b_1[0:H]);\n"
+      "}\n"
+      "push (h) { loss softmax_xent(h @ U, y); }\n");
+  int H = dim_index(m, "H");
+  ck_assert(lin_eq(param_named(m, "W")->cols, lin_dim(H, 4)));
+  /* the slices in order, lo and hi as aH + b: g_0..g_3, a_1, a_2, b_0, b_1 (then push's) */
+  static const int lo[8][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}, {0, 0}, {1, 0}, {0, 1}, {2, 1}},
+                   hi[8][2] = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {2, 0}, {3, 0}, {2, 0}, {4, 0}};
+  const IrFunc *f = m->vertex[0];
+  int k = 0;
+  for (int i = 0; i < f->n && k < 8; i++)
+    if (f->nodes[i].op == OP_SLICE) {
+      ck_assert_msg(lin_eq(f->nodes[i].lo, lin_add(lin_dim(H, lo[k][0]), lin_const(lo[k][1]))) &&
+                        lin_eq(f->nodes[i].hi, lin_add(lin_dim(H, hi[k][0]), lin_const(hi[k][1]))),
+                    "slice %d", k);
+      k++;
+    }
+  ck_assert_int_eq(k, 8);
+}
+END_TEST
+
 /* The Tree-LSTM's classes match the Cavs paper's Figure 7 and its cell fuses into one
  * loop: pull and the input projections eager (one merged product for all four gates),
  * the products with the children's states, the gates and the cell update on the path,
@@ -853,6 +888,7 @@ int main(void) {
   tcase_add_test(tc, pull_slots);
   tcase_add_test(tc, constants);
   tcase_add_test(tc, exponents_and_dim_terms);
+  tcase_add_test(tc, loop_offsets);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, activation_in_products);
