@@ -13,6 +13,8 @@
  *   - the CUDA target's MODEL.cu compiled by g++ under tests/cuda_host.h and run on the
  *     cpu backend (as check_cuda_host does) against the C target: every per-row buffer,
  *     values and gradients, the losses, predictions and parameter gradients.
+ * The graphs are engine.h's, whose vertices take as many children as their block does
+ * (up to 8) and, under a set, up to 8 (tg_set_more; other suites' up to 4).
  * Every build gets -Wall -Werror (and the sanitizers in a sanitizer build), so a
  * warning in generated code is a failure too. A program cavsc refuses is a failure:
  * the generator writes only programs vf(5) allows.
@@ -522,6 +524,9 @@ int main(int argc, char **argv) {
     free(src);
     return 0;
   }
+  /* sets of up to 8 children (the Child-Sum Tree-LSTM's): a task's edges several of one
+     vertex's */
+  tg_set_more = 4;
   const char *env = getenv("CAVS_RANDOM_SEEDS");
   if (env && *env) parse_seeds(env);
   else {

@@ -268,6 +268,10 @@ static inline void tg_dag(TGraph *t, int n, int arity, unsigned *seed, int leaf_
   t->g.type = t->type;
 }
 
+/* Children a set's vertex takes beyond what these graphs give it by default (up to 4, and
+ * 3 after its named slots in tg_typed): check_random's Child-Sum sets take up to 8. */
+static int tg_set_more;
+
 /* Whether model d's vertex blocks name their children's types (`children a: T`, or a
  * typed set `children *: T`, which a model may name alone). */
 static inline bool tg_typed_model(const cavs_desc *d) {
@@ -277,14 +281,15 @@ static inline bool tg_typed_model(const cavs_desc *d) {
 }
 
 /* A random graph of n vertices for a model whose slots are typed: vertex v takes a
- * random type; each of its slots (and 3 more for a type that takes a set), with
+ * random type; each of its slots (and 3 + tg_set_more for a type that takes a set), with
  * probability 4/5, a random earlier vertex of the slot's type (with `shared`, any; else
  * one no other slot has taken, when there is one). */
 static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, unsigned *seed) {
   memset(t, 0, sizeof *t);
   int C = 1;
   for (int u = 0; u < d->nvertex; u++)
-    if (d->vertex[u].children + (d->vertex[u].edges ? 3 : 0) > C) C = d->vertex[u].children + (d->vertex[u].edges ? 3 : 0);
+    if (d->vertex[u].children + (d->vertex[u].edges ? 3 + tg_set_more : 0) > C)
+      C = d->vertex[u].children + (d->vertex[u].edges ? 3 + tg_set_more : 0);
   t->g.n = n;
   t->g.maxc = C;
   static unsigned char taken[1024];
@@ -293,8 +298,8 @@ static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, u
     int ty = (int)(tg_rand(seed) % (unsigned)d->nvertex);
     t->type[v] = ty;
     for (int s = 0; s < C; s++) t->child[v * C + s] = -1;
-    /* the named slots, then up to 3 children of a set */
-    int slots = d->vertex[ty].children + (d->vertex[ty].edges ? 3 : 0);
+    /* the named slots, then up to 3 (+ tg_set_more) children of a set */
+    int slots = d->vertex[ty].children + (d->vertex[ty].edges ? 3 + tg_set_more : 0);
     for (int s = 0; s < slots; s++) {
       if (tg_rand(seed) % 5 == 0) continue;
       int want = s < d->vertex[ty].children ? d->vertex[ty].slot_types[s] : d->vertex[ty].edge_type, pick = -1, seen = 0;
@@ -314,7 +319,7 @@ static inline void tg_typed(TGraph *t, const cavs_desc *d, int n, bool shared, u
 static inline void tg_types(const cavs_desc *d, int *arity, int *leaf, int *inner) {
   *arity = 1, *leaf = 0, *inner = 0;
   for (int t = 0; t < d->nvertex; t++) {
-    int kids = d->vertex[t].edges ? 4 : d->vertex[t].children; /* a set: up to 4 here */
+    int kids = d->vertex[t].edges ? 4 + tg_set_more : d->vertex[t].children; /* a set: 4 (+ tg_set_more) */
     if (kids > *arity) *arity = kids;
     if (kids == 0) *leaf = t;
     else *inner = t;

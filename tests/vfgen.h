@@ -4,23 +4,28 @@
  *
  * A program: two to four shape dims (H always; E, G sometimes, G at times without a
  * default; C the classes), a pull block (a lookup, real inputs, elementwise work), one or
- * two vertex blocks (children 0..3, a set `children *` sometimes), each reading its
- * children through gather(k), per-child for loops, sums over the children (sum(k in
- * lo..hi: ...) and sum(s in children: ...)), random expression DAGs over those rows
- * (products with params, shared params, the elementwise ops, unary minus, slices,
- * concat, sums, broadcast scores, scalars, param vectors, dropout (a number or the
- * option drop), noise, repeated subexpressions), a scatter and a push, and a push block
- * with softmax_xent and/or mse; sometimes a mixture of experts (a vertex block's or the
- * push block's; its balancing weight a number or the option balance). Some models name
- * their children's types: two types in named slots (`children u0: a, u1: b`), a typed set
- * (`children *: a`, one type a set of itself, or after slots: `children v0: b, *: a`);
- * there each type scatters a width of its own (the second type's sometimes not the
- * first's), gather(SLOT) and s are their type's width, and a type that no slot names may
- * scatter nothing (it pushes). Widths are linear forms over the dims, kept exactly so
- * that every shape the program states checks, written 2H, 2*H or H*2 (one style a
- * program); params are declared one or several a declaration, with init clauses
- * (identity for square matrices and tables of per-vertex matrices, constants for
- * vectors); option clip and a comment sometimes. */
+ * two vertex blocks (children 0..3, sometimes 4..8, a set `children *` sometimes), each
+ * reading its children through gather(k), per-child for loops, sums over the children
+ * (sum(k in lo..hi: ...) and sum(s in children: ...)), loops in any block that are not
+ * over the children (for j in 0..3 { z_j = zw[j*H:(j+1)*H]; }, j as a number, a name
+ * local to an iteration, then sum(j in ..: ...) or concat), random expression DAGs over
+ * those rows (products with params, shared params, the elementwise ops, unary minus,
+ * slices, concat, sums, broadcast scores, scalars, param vectors, dropout (a number or
+ * the option drop), noise, repeated subexpressions), a scatter and a push, and a push
+ * block with softmax_xent and/or mse; sometimes a mixture of experts (a vertex block's or
+ * the push block's; its balancing weight a number or the option balance, whose default
+ * may be 0). Some models name their children's types: two types in named slots (`children
+ * u0: a, u1: b`), a typed set (`children *: a`, one type a set of itself, or after slots:
+ * `children v0: b, *: a`); there each type scatters a width of its own (the second type's
+ * sometimes not the first's), gather(SLOT) and s are their type's width, and a type that
+ * no slot names may scatter nothing (it pushes). Widths are linear forms over the dims,
+ * kept exactly so that every shape the program states checks, written 2H, 2*H or H*2 (one
+ * style a program); params are declared one or several a declaration, with init clauses
+ * (identity for square matrices and tables of per-vertex matrices, constants for vectors;
+ * zeros and constants for matrices and tables too where the program has no softmax and no
+ * mixture, whose argmax and routing a tie would leave to the rounding); option clip and a
+ * comment sometimes. The draws added after seed 1500's sweep (many children, those loops,
+ * the constants, the option balance more often) come from a second stream, P->x. */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -142,12 +147,13 @@ static inline VgW vg_wpart(VgRng *r, VgW w) {
 }
 
 /* ---- the program under construction ---- */
-enum { VG_MAXVAL = 96, VG_MAXPARAM = 400, VG_NAME = 48, VG_MAXINPUT = 8, VG_MAXSTR = 16 };
+enum { VG_MAXVAL = 96, VG_MAXPARAM = 400, VG_NAME = 48, VG_MAXINPUT = 8, VG_MAXSTR = 16, VG_MAXKIDS = 8 };
 
 typedef struct VgVal {
   char name[VG_NAME];
   VgW w;
-  bool family; /* name ends in _k: one per child, read as name_k in a loop over k */
+  bool family; /* members name_LO..name_HI (one per child, or a loop's): name_k in a loop */
+  int lo, n;   /* a family's first member and how many */
 } VgVal;
 
 typedef struct VgParam {
@@ -170,11 +176,12 @@ typedef struct VgBlock {
   int nval;
   int children;     /* a vertex block's children, numbered or in named slots */
   bool set;         /* and a set: children *, or (typed) children *: T after any slots */
-  VgW kidw[4];      /* the width each slot gathers (the state, or its type's) */
+  VgW kidw[VG_MAXKIDS]; /* the width each slot gathers (the state, or its type's) */
   bool kuni;        /* every slot the same width: gather(k) in a loop over them */
   VgW setw;         /* the row s of sum(s in children: ...) */
   bool pull, push;  /* which block */
-  const char *loopk;  /* inside sum(k in ..: ) or a for body over children: the loop var */
+  const char *loopk;  /* inside sum(k in ..: ) or a for body: the loop var */
+  int looplo, loophi; /* and its range */
   const char *setvar; /* inside sum(s in children: ): the child's row */
   bool in_moe;
   bool no_draw; /* dropout/noise not allowed here */
@@ -186,6 +193,8 @@ typedef struct VgBlock {
 
 typedef struct VgProg {
   VgRng r;
+  VgRng x; /* the draws added since seed 1500's sweep: a program that draws none of them
+              is the one it was */
   VgStr head, body;
   bool dim_on[VG_NDIM];
   VgParam param[VG_MAXPARAM];
@@ -204,9 +213,12 @@ typedef struct VgProg {
   char prod[8][VG_NAME];
   int prod_a[8], prod_b[8];
   bool typed;   /* blocks name their children's types */
-  char slot[2][4][8];
+  char slot[2][VG_MAXKIDS][8];
   bool opt_drop; /* option drop declared */
   bool opt_balance; /* option balance declared */
+  const char *balance_dflt; /* its default */
+  bool tiefree;     /* no softmax and no moe: no argmax, no routing that a tie would
+                       leave to the rounding, so matrices may be constants */
   bool balance; /* a load-balancing loss of a positive weight: batching changes it */
   bool draws;   /* dropout or noise: drawn values */
   int depth_max;
@@ -265,22 +277,23 @@ static inline const char *vg_input(VgProg *P, int kind, VgW w, const char *name)
   return in->name;
 }
 
+/* The name that reads v here: v, or a family's member: name_k in a loop over k whose
+ * range the family's members cover, else one drawn */
+static inline void vg_ref(VgProg *P, const VgBlock *b, const VgVal *v, char *out, size_t n) {
+  if (!v->family) snprintf(out, n, "%s", v->name);
+  else if (b->loopk && v->lo <= b->looplo && b->loophi < v->lo + v->n) snprintf(out, n, "%s_%s", v->name, b->loopk);
+  else snprintf(out, n, "%s_%d", v->name, v->lo + vg_int(&P->r, v->n));
+}
+
 /* a value of width w already in the block: a name, or a subexpression written before */
 static inline bool vg_leaf(VgProg *P, VgBlock *b, VgW want, VgStr *o) {
   int cand[VG_MAXVAL], nc = 0;
   for (int i = 0; i < b->nval; i++)
-    if (vg_weq(b->val[i].w, want)) {
-      if (b->val[i].family && !b->loopk && b->children <= 0) continue;
-      cand[nc++] = i;
-    }
+    if (vg_weq(b->val[i].w, want)) cand[nc++] = i;
   if (nc) {
-    VgVal *v = &b->val[cand[vg_int(&P->r, nc)]];
-    if (v->family) {
-      if (b->loopk) vg_printf(o, "%s_%s", v->name, b->loopk);
-      else vg_printf(o, "%s_%d", v->name, vg_int(&P->r, b->children));
-    } else {
-      vg_puts(o, v->name);
-    }
+    char nm[VG_NAME + 16];
+    vg_ref(P, b, &b->val[cand[vg_int(&P->r, nc)]], nm, sizeof nm);
+    vg_puts(o, nm);
     return true;
   }
   return false;
@@ -296,17 +309,10 @@ static inline void vg_any_leaf(VgProg *P, VgBlock *b, VgW want, VgStr *o) {
   }
   if (b->nval && vg_pct(&P->r, 75)) {
     VgVal *v = &b->val[vg_int(&P->r, b->nval)];
-    if (!(v->family && !b->loopk && b->children <= 0)) {
-      char nm[VG_NAME + 8];
-      if (v->family) {
-        if (b->loopk) snprintf(nm, sizeof nm, "%s_%s", v->name, b->loopk);
-        else snprintf(nm, sizeof nm, "%s_%d", v->name, vg_int(&P->r, b->children));
-      } else {
-        snprintf(nm, sizeof nm, "%s", v->name);
-      }
-      vg_printf(o, "(%s @ %s)", nm, vg_param_for(P, v->w, want, true));
-      return;
-    }
+    char nm[VG_NAME + 16];
+    vg_ref(P, b, v, nm, sizeof nm);
+    vg_printf(o, "(%s @ %s)", nm, vg_param_for(P, v->w, want, true));
+    return;
   }
   const char *f = vg_input(P, 2, want, NULL);
   if (f) {
@@ -556,17 +562,13 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
         VgW ex = vg_wsub(v->w, want);
         bool ok = !vg_wzero(ex) && ex.k >= 0;
         for (int i = 0; i < VG_NDIM; i++) ok &= ex.c[i] >= 0;
-        if (ok && !(v->family && !b->loopk && b->children <= 0)) {
+        if (ok) {
           VgW lo = vg_wpart(r, ex);
-          char l[64], h[64];
+          char l[64], h[64], nm[VG_NAME + 16];
           vg_wstr(lo, l, sizeof l);
           vg_wstr(vg_wadd(lo, want), h, sizeof h);
-          if (v->family) {
-            if (b->loopk) vg_printf(o, "%s_%s[%s:%s]", v->name, b->loopk, l, h);
-            else vg_printf(o, "%s_%d[%s:%s]", v->name, vg_int(r, b->children), l, h);
-          } else {
-            vg_printf(o, "%s[%s:%s]", v->name, l, h);
-          }
+          vg_ref(P, b, v, nm, sizeof nm);
+          vg_printf(o, "%s[%s:%s]", nm, l, h);
           return;
         }
       }
@@ -597,7 +599,7 @@ static inline void vg_expr(VgProg *P, VgBlock *b, VgW want, int depth, VgStr *o)
         int lo = 0, hi = b->children - 1;
         if (hi > 0 && vg_pct(r, 20)) lo = 1;
         vg_printf(o, "sum(k in %d..%d: ", lo, hi);
-        b->loopk = "k";
+        b->loopk = "k", b->looplo = lo, b->loophi = hi;
         int save = b->nstr; /* a subexpression of the loop's reads k: not outside it */
         if (b->kuni && vg_pct(r, 50)) {
           vg_state_row(P, o, "gather(k)", b->kidw[0], want, true); /* a child's row */
@@ -706,12 +708,116 @@ static inline void vg_assign(VgProg *P, VgBlock *b, VgStr *o, const char *indent
   b->nval++;
 }
 
+/* a value of the block; a family's members one per child */
 static inline void vg_add(VgBlock *b, const char *name, VgW w, bool family) {
   if (b->nval >= VG_MAXVAL) return;
   VgVal *v = &b->val[b->nval++];
   snprintf(v->name, sizeof v->name, "%s", name);
   v->w = w;
   v->family = family;
+  v->lo = 0, v->n = b->children;
+}
+
+/* a value named in block b; in the pull block, one that pull(NAME) reads too (and
+   pull(), the last) */
+static inline void vg_named(VgProg *P, VgBlock *b, const char *name, VgW w) {
+  vg_add(b, name, w, false);
+  if (b->pull && P->pull_nval < 16) {
+    VgVal *v = &P->pullv[P->pull_nval++];
+    snprintf(v->name, sizeof v->name, "%s", name);
+    v->w = w;
+  }
+}
+
+/* A loop that is not over the children, in any block (vf(5): `for` is a statement):
+ *   [zwN = e;]  for j in LO..HI { [lN = e;] zN_j = e'; }  [tM = sum(j in LO..HI: ...);]
+ * two to four members of one width w, each its iteration's: where a row (HI+1)w wide is
+ * made first, its j-th part of w (an LSTM's gates, z[j*H:(j+1)*H]) with the bounds
+ * written in j three ways; j as a number; a name local to the iteration. The members
+ * are then values of the block, name_j in a later loop whose range they cover; a sum
+ * over j or their concat sometimes follows. The pull block's caller leaves room in
+ * pullv for all of it (six names at most). */
+static inline void vg_loop(VgProg *P, VgBlock *b, VgStr *o, int depth) {
+  VgRng *x = &P->x;
+  int lo = vg_pct(x, 25), n = 2 + vg_int(x, 3), hi = lo + n - 1, id = b->tmp++, dd;
+  VgW w = *vg_pick_width(P), wide = {{0}, 0};
+  for (int i = 0; i <= hi; i++) wide = vg_wadd(wide, w);
+  char ws[64], src[VG_NAME] = "", nm[16];
+  vg_wstr(w, ws, sizeof ws);
+  if (vg_pct(x, 60)) {
+    snprintf(src, sizeof src, "zw%d", id);
+    vg_printf(o, "  %s = ", src);
+    vg_expr(P, b, wide, depth - 1, o);
+    vg_puts(o, ";\n");
+    vg_named(P, b, src, wide);
+  }
+  int save = b->nstr, nval = b->nval;
+  b->loopk = "j", b->looplo = lo, b->loophi = hi;
+  vg_printf(o, "  for j in %d..%d {", lo, hi);
+  if (vg_pct(x, 35)) { /* the iteration's own name: gone after it */
+    vg_printf(o, " l%d = ", id);
+    vg_expr(P, b, w, depth - 1, o);
+    vg_puts(o, ";");
+    snprintf(nm, sizeof nm, "l%d", id);
+    vg_add(b, nm, w, false);
+  }
+  vg_printf(o, " z%d_j = ", id);
+  bool scaled = vg_pct(x, 30);
+  if (scaled) vg_puts(o, "(");
+  if (src[0]) {
+    char a[80];
+    snprintf(a, sizeof a, vg_wone_dim(w, &dd) && vg_pct(x, 50) ? "%s" : "(%s)", ws);
+    static const char *const act[] = {"", "tanh(", "sigmoid(", ""};
+    int f = vg_int(x, 4);
+    vg_puts(o, act[f]);
+    switch (vg_int(x, 3)) {
+    case 0: vg_printf(o, "%s[j*%s:(j+1)*%s]", src, a, a); break;
+    case 1: vg_printf(o, "%s[%s*j:%s*(j + 1)]", src, a, a); break;
+    default: vg_printf(o, "%s[j*%s:j*%s+%s]", src, a, a, ws); break;
+    }
+    if (act[f][0]) vg_puts(o, ")");
+    if (vg_pct(x, 50)) {
+      vg_puts(o, vg_pct(x, 50) ? " + " : " * ");
+      vg_expr(P, b, w, depth - 2, o);
+    }
+  } else {
+    vg_expr(P, b, w, depth - 1, o);
+  }
+  if (scaled) vg_puts(o, lo ? ") * j" : vg_pct(x, 50) ? ") * (j + 1)" : ") / (1 + j)");
+  vg_puts(o, "; }\n");
+  b->loopk = NULL, b->nstr = save, b->nval = nval;
+  snprintf(nm, sizeof nm, "z%d", id);
+  if (b->nval < VG_MAXVAL) {
+    vg_add(b, nm, w, true);
+    b->val[b->nval - 1].lo = lo, b->val[b->nval - 1].n = n;
+  }
+  for (int i = lo; b->pull && i <= hi && P->pull_nval < 16; i++) {
+    VgVal *v = &P->pullv[P->pull_nval++];
+    snprintf(v->name, sizeof v->name, "%s_%d", nm, i);
+    v->w = w;
+  }
+  if (vg_pct(x, 50)) {
+    char t[VG_NAME];
+    snprintf(t, sizeof t, "t%d", b->tmp++);
+    VgW tw = w;
+    vg_printf(o, "  %s = ", t);
+    if (vg_pct(x, 30)) {
+      vg_puts(o, "concat(");
+      for (int i = lo; i <= hi; i++) vg_printf(o, "%s%s_%d", i > lo ? ", " : "", nm, i);
+      vg_puts(o, ")");
+      tw = wide;
+      for (int i = 0; i < lo; i++) tw = vg_wsub(tw, w);
+    } else {
+      vg_printf(o, "sum(j in %d..%d: ", lo, hi);
+      b->loopk = "j", b->looplo = lo, b->loophi = hi;
+      if (vg_pct(x, 50)) vg_printf(o, "%s_j", nm);
+      else vg_expr(P, b, w, depth - 1, o);
+      b->loopk = NULL, b->nstr = save;
+      vg_puts(o, ")");
+    }
+    vg_puts(o, ";\n");
+    vg_named(P, b, t, tw);
+  }
 }
 
 /* a mixture of experts in block b: m = moe(e in top(gate, K): ...), of width of a dim */
@@ -764,8 +870,15 @@ static inline void vg_moe(VgProg *P, VgBlock *b, VgStr *o) {
   if (vg_pct(r, 30)) top3 = ", 0";
   else if (vg_pct(r, 15)) {
     P->balance = true;
-    if (vg_pct(r, 50)) top3 = ", balance", P->opt_balance = true; /* the option, read at run time */
+    if (vg_pct(r, 50)) top3 = ", balance", P->opt_balance = true, P->balance_dflt = "0.5"; /* read at run time */
     else top3 = ", 0.5";
+  }
+  /* the option more often, its default 0 too: a weight of 0, which batching cannot
+     change, so that the serial checks run on a model that reads the option */
+  if (!P->balance && vg_pct(&P->x, 40)) {
+    static const char *const dflt[] = {"0.5", "1", "0"};
+    top3 = ", balance", P->opt_balance = true, P->balance_dflt = dflt[vg_int(&P->x, 3)];
+    P->balance = strcmp(P->balance_dflt, "0") != 0;
   }
   vg_printf(o, "  m%d = moe(e in top(%s, %d%s): ", b->tmp, gate, K, top3);
   switch (vg_int(r, 5)) {
@@ -817,6 +930,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   VgProg *P = calloc(1, sizeof *P);
   VgRng *r = &P->r;
   r->s = seed * 0x2545f4914f6cdd1dull + 17;
+  P->x.s = seed * 0x9e3779b97f4a7c15ull + 1501;
   vg_wstyle = vg_pct(r, 70) ? 0 : 1 + vg_int(r, 2);
   P->dim_on[VG_H] = true;
   P->dim_on[VG_E] = vg_pct(r, 50);
@@ -847,10 +961,13 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   /* typed: the blocks name their children's types, in slots (two types) or of a set
      (children *: T; one type, a set of itself, or two) */
   P->typed = ntypes == 2 ? vg_pct(r, set ? 60 : 35) : set && vg_pct(r, 40);
-  int kids[2] = {0, 0}, settype[2] = {-1, -1}, slottype[2][4] = {{0}};
+  int kids[2] = {0, 0}, settype[2] = {-1, -1}, slottype[2][VG_MAXKIDS] = {{0}};
   bool sets[2] = {set, false};
   kids[0] = set ? 0 : 1 + vg_int(r, 3);
   if (set && P->typed && vg_pct(r, 30)) kids[0] = 1 + vg_int(r, 2); /* slots, then the set */
+  /* many children: 4 to 8 numbered or in slots, 3 to 6 slots before a set */
+  if (!set && vg_pct(&P->x, 15)) kids[0] = 4 + vg_int(&P->x, 5);
+  if (set && kids[0] && vg_pct(&P->x, 30)) kids[0] = 3 + vg_int(&P->x, 4);
   if (ntypes == 2) {
     kids[1] = kids[0], sets[1] = sets[0];
     if (vg_pct(r, 60)) kids[0] = 0, sets[0] = false; /* a leaf type */
@@ -872,7 +989,9 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       if (!named[t] && vg_pct(r, 50)) scatters[t] = false;
   }
   int moe_at = vg_pct(r, 15) ? vg_int(r, ntypes + 1) : -1; /* ntypes: the push block */
+  if (moe_at < 0 && vg_pct(&P->x, 8)) moe_at = vg_int(&P->x, ntypes + 1);
   if (moe_at >= 0 && moe_at < ntypes && sets[moe_at]) moe_at = ntypes;
+  P->tiefree = !softmax && moe_at < 0;
   bool pull = vg_pct(r, 75);
 
   VgStr *o = &P->body;
@@ -909,6 +1028,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       vg_puts(o, ";\n");
       vg_add(b, v->name, w, false);
     }
+    if (P->pull_nval + 6 <= 16 && vg_pct(&P->x, 25)) vg_loop(P, b, o, depth);
     vg_puts(o, "}\n\n");
     P->has_pull = true;
     free(b);
@@ -932,7 +1052,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     }
     VgW own = tstate[t];
     const char *nm = P->typed ? (t ? "b" : "a") : ntypes == 2 ? (kids[t] == 0 && !sets[t] ? "leaf" : tname[t]) : "node";
-    for (int k = 0; k < 4; k++) snprintf(P->slot[t][k], sizeof P->slot[t][k], "%c%d", t ? 'v' : 'u', k);
+    for (int k = 0; k < VG_MAXKIDS; k++) snprintf(P->slot[t][k], sizeof P->slot[t][k], "%c%d", t ? 'v' : 'u', k);
     if (P->typed && (kids[t] > 0 || sets[t])) {
       vg_printf(o, "vertex %s (children ", nm);
       for (int k = 0; k < kids[t]; k++)
@@ -982,7 +1102,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       if (vg_pct(r, 40)) {
         VgW w = *vg_pick_width(P);
         vg_printf(o, "  for k in 0..%d { q_k = ", kids[t] - 1);
-        b->loopk = "k";
+        b->loopk = "k", b->looplo = 0, b->loophi = kids[t] - 1;
         int save = b->nstr;
         vg_expr(P, b, w, depth - 1, o);
         b->loopk = NULL;
@@ -992,6 +1112,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       }
     }
     int n = 1 + vg_int(r, 4);
+    if (vg_pct(&P->x, 15)) vg_loop(P, b, o, depth);
     for (int i = 0; i < n; i++) {
       VgW w = *vg_pick_width(P);
       if (vg_pct(r, 30)) w = own;
@@ -1038,6 +1159,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     vg_puts(o, "push (h) {\n");
     vg_add(b, "h", P->pushw, false);
     int n = vg_int(r, 3);
+    if (vg_pct(&P->x, 20)) vg_loop(P, b, o, depth - 1);
     for (int i = 0; i < n; i++) vg_assign(P, b, o, "  ", *vg_pick_width(P), depth - 1);
     if (moe_at == ntypes) vg_moe(P, b, o);
     if (softmax) {
@@ -1089,7 +1211,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   if (has_word) vg_puts(hd, vg_pct(r, 50) ? " dim V = vocab(word);" : " dim V = 5;");
   vg_puts(hd, "\n");
   if (P->opt_drop) vg_puts(hd, "option drop = 0.25;\n");
-  if (P->opt_balance) vg_puts(hd, "option balance = 0.5;\n");
+  if (P->opt_balance) vg_printf(hd, "option balance = %s;\n", P->balance_dflt);
   if (vg_pct(r, 10)) vg_puts(hd, "option clip = 5;\n"); /* training's clip: nothing here */
   for (int i = 0; i < P->ninput; i++) {
     char w[64];
@@ -1108,12 +1230,16 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     vg_wstr(p->rows, a, sizeof a);
     vg_wstr(p->cols, c, sizeof c);
     bool own = false; /* an item's = N, which no clause changes */
+    /* a matrix or a table as constants, where no tie can follow the rounding (the clause,
+       or the item's own = N: in an item, the whole) */
+    static const char *const ci[] = {" init zeros", " init constant(0.3)", " init constant(-0.2)", " = 0.5"};
+    int cm = P->tiefree && !p->shape[0] && (p->matrix || p->table) && vg_pct(&P->x, 30) ? vg_int(&P->x, 4) : -1;
     if (p->shape[0]) snprintf(item, sizeof item, "%s[%s]", p->name, p->shape), snprintf(init, sizeof init, "%s", p->extra);
     else if (p->table) snprintf(item, sizeof item, "%s[V,%s]", p->name, c), snprintf(init, sizeof init, "%s", p->extra);
     else if (p->matrix) {
       static const char *const mi[] = {"", "", " init uniform(-1, 1)", " init normal(0, 0.5)", " init xavier",
                                        " init uniform(-0.5, 1)", " init normal(0.1, 1)", " init identity(1, 0.1)"};
-      /* (no constant: vg_param_for) */
+      /* (a constant only where tiefree: vg_param_for) */
       int k = vg_int(r, 8);
       if (k == 7 && !vg_weq(p->rows, p->cols)) k = 4;
       snprintf(item, sizeof item, "%s[%s,%s]", p->name, a, c);
@@ -1123,7 +1249,12 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       snprintf(item, sizeof item, "%s[%s]%s", p->name, c, p->extra);
       own = p->extra[0];
       if (!own) snprintf(init, sizeof init, "%s", vi[vg_int(r, 7)]);
+      /* negative bounds and constants too */
+      if (!own && vg_pct(&P->x, 15))
+        snprintf(init, sizeof init, "%s", vg_pct(&P->x, 50) ? " init constant(-0.3)" : " init uniform(-0.5, 0.5)");
     }
+    if (cm == 3) strcat(item, ci[3]), own = true;
+    else if (cm >= 0) snprintf(init, sizeof init, "%s", ci[cm]);
     /* with the declaration open before it, where its clause is the same */
     if (init_of[1][0] && (own || !strcmp(init, init_of[0])) && vg_pct(r, 40)) {
       vg_printf(hd, ", %s", item);
