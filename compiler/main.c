@@ -308,6 +308,18 @@ static bool replaced(int dfd, const char *name, bool had, const struct stat *bef
          (!had || now.st_dev != before->st_dev || now.st_ino != before->st_ino);
 }
 
+/* The earlier code, kept aside as `kept` while the new code (`cp`, `cf` in dfd) replaced
+   it, back under its name after the pair failed. Where that rename fails too (a second
+   fault) no design keeps the pair: the new code stays beside the earlier header (which
+   it does not build against: it checks the header's stamp), and the message says where
+   the earlier code is kept. */
+static void put_back(int dfd, const char *kept, const char *cf, const char *cp) {
+  if (renameat(dfd, kept, dfd, cf) == 0) return;
+  error_plain("the earlier '%s' could not be put back (%s): it is kept as '%.*s%s', and '%s' is the new code, "
+              "beside the earlier header",
+              cp, strerror(errno), (int)(strlen(cp) - strlen(cf)), cp, kept, cp);
+}
+
 /* The header and the code into the locked directory dfd, as a pair: both written whole
    before either replaces its earlier file, and the earlier code kept under a temporary
    name until the header is in place too, so that a failure leaves the earlier pair as
@@ -352,7 +364,7 @@ static bool write_pair(int dfd, const char *hp, const char *hf, const char *hbuf
        in place: the earlier taken back, as the header's failure below does */
     cv_afile_abort(&ha);
     bool moved = replaced(dfd, cf, had_c, &c0);
-    if (moved && has_kept) renameat(dfd, kept, dfd, cf);
+    if (moved && has_kept) put_back(dfd, kept, cf, cp);
     else if (moved && !had_c) unlinkat(dfd, cf, 0);
     else if (has_kept) unlinkat(dfd, kept, 0);
     return false;
@@ -360,7 +372,7 @@ static bool write_pair(int dfd, const char *hp, const char *hf, const char *hbuf
   if (!write_end(&ha)) {
     /* the header not renamed (the old one, or none, still there): the code taken back */
     bool moved = replaced(dfd, hf, had_h, &h0);
-    if (!moved && has_kept) renameat(dfd, kept, dfd, cf);
+    if (!moved && has_kept) put_back(dfd, kept, cf, cp);
     else if (!moved) unlinkat(dfd, cf, 0);
     else if (has_kept) unlinkat(dfd, kept, 0);
     return false;

@@ -3577,6 +3577,20 @@ static void set_kept(char *const argv[], const char *prog, const char *calls, lo
   unlink(path_in("failio.out"));
 }
 
+/* The Tree-LSTM with other code (a gate's input halved), as `name` in the scratch
+   directory: the same model's outputs, other bytes */
+static void other_treelstm(const char *name) {
+  char *src = tu_slurp(model("treelstm.vf"), NULL);
+  const char *cut = "i  = sigmoid(x @ Wi";
+  char *at = src ? strstr(src, cut) : NULL;
+  ck_assert_ptr_nonnull(at);
+  char other[16384];
+  int len = snprintf(other, sizeof other, "%.*si  = sigmoid(0.5 * x @ Wi%s", (int)(at - src), src, at + strlen(cut));
+  ck_assert(len > 0 && len < (int)sizeof other);
+  tu_write(path_in(name), other, (size_t)len);
+  free(src);
+}
+
 /* Two faults among an output set's replacements: the earlier file's hard link refused
  * (a filesystem without hard links, a directory full), then the last rename. cavsc -o
  * and cavs build -o keep the earlier file by a copy where the link is refused, and
@@ -3586,17 +3600,7 @@ static void set_kept(char *const argv[], const char *prog, const char *calls, lo
  * the new code beside the earlier header and library. */
 START_TEST(a_refused_link_keeps_the_set) {
   if (!failio()) return;
-  size_t n = 0;
-  char *src = tu_slurp(model("treelstm.vf"), &n);
-  const char *cut = "i  = sigmoid(x @ Wi";
-  char *at = src ? strstr(src, cut) : NULL;
-  ck_assert_ptr_nonnull(at);
-  /* the same model, other code */
-  char other[16384];
-  int len = snprintf(other, sizeof other, "%.*si  = sigmoid(0.5 * x @ Wi%s", (int)(at - src), src, at + strlen(cut));
-  ck_assert(len > 0 && len < (int)sizeof other);
-  tu_write(path_in("kp.vf"), other, (size_t)len);
-  free(src);
+  other_treelstm("kp.vf");
   const char *names[] = {"treelstm.h", "treelstm.c", "treelstm.so"};
   for (int w = 0; w < 2; w++) {
     bool build = w == 1;
@@ -3634,6 +3638,76 @@ START_TEST(a_refused_link_keeps_the_set) {
     keep = traced("linkat", 1);
     ck_assert_int_gt(keep, 0);
     set_kept(build ? second_build : second, prog, "link,write", keep, 0, dir, names, build ? 3 : 2);
+  }
+}
+END_TEST
+
+/* Two faults in cavsc -o: the pair failed after the code's rename (its directory not
+ * flushed) or at the header's, and then the rename that puts the earlier code back. No
+ * design keeps the pair then: the new code is left beside the earlier header, and the
+ * message says so and where the earlier code is kept, byte for byte (it said only the
+ * first failure, the earlier code under a temporary name that nothing named). The next
+ * cavsc -o writes a whole pair and leaves nothing else. */
+START_TEST(a_refused_put_back_is_said) {
+  if (!failio()) return;
+  other_treelstm("pb.vf");
+  char dir[4500], pb[4500], tl[4500], out[4500];
+  snprintf(dir, sizeof dir, "%s", path_in("pb-out"));
+  snprintf(pb, sizeof pb, "%s", path_in("pb.vf"));
+  snprintf(tl, sizeof tl, "%s", model("treelstm.vf"));
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  char *bin = (char *)tu_env("CAVSC", "./cavsc");
+  char *first[] = {bin, "-o", dir, tl, NULL}, *second[] = {bin, "-o", dir, pb, NULL};
+  const char *names[] = {"treelstm.h", "treelstm.c"};
+  for (int w = 0; w < 2; w++) {
+    RunResult r = run_env(NULL, first, 300);
+    ok(&r, "the earlier pair");
+    tu_free(&r);
+    /* the calls of a run that replaces the pair: renames (and flushes) */
+    char *trace[] = {(char *)failio(), "FAILIO_PROG=cavsc", w ? "FAILIO_CALLS=sync,rename" : "FAILIO_CALLS=rename",
+                     "FAILIO_TRACE=1", out, NULL};
+    r = run_env(trace, second, 300);
+    ok(&r, "the traced pair");
+    tu_free(&r);
+    /* the header's rename, or the code's directory flush after its rename; the next
+       rename is the put-back */
+    long nth = w ? traced_file("renameat", "", true, 1, 0) + 1 : traced("renameat", 2);
+    unlink(path_in("failio.out"));
+    ck_assert_int_gt(nth, 1);
+    r = run_env(NULL, first, 300);
+    ok(&r, "the earlier pair, again");
+    tu_free(&r);
+    char *was[2], *now[2];
+    size_t wl[2], nl[2];
+    struct stat ws[2], ns[2];
+    read_set(dir, names, 2, was, wl, ws);
+    char k[64], a[64];
+    snprintf(k, sizeof k, "FAILIO_N=%ld", nth);
+    snprintf(a, sizeof a, "FAILIO_ALSO=%ld", nth + 1);
+    char *env[] = {(char *)failio(), "FAILIO_PROG=cavsc", trace[2], k, a, out, NULL};
+    r = run_env(env, second, 120);
+    const char *q = strstr(r.err, "it is kept as '");
+    ck_assert_msg(r.status == 1 && strstr(r.err, "could not be put back") && strstr(r.err, strerror(ENOSPC)) && q,
+                  "%s %ld and %ld failed: exit %d: %s", trace[2], nth, nth + 1, r.status, tu_tail(r.err, 1800));
+    q += strlen("it is kept as '");
+    char kept[4600];
+    snprintf(kept, sizeof kept, "%.*s", (int)strcspn(q, "'"), q);
+    tu_free(&r);
+    unlink(path_in("failio.out"));
+    size_t kl = 0;
+    char *kb = tu_slurp(kept, &kl);
+    ck_assert_msg(kb && kl == wl[1] && !memcmp(kb, was[1], kl), "the earlier code is not kept as %s", kept);
+    free(kb);
+    read_set(dir, names, 2, now, nl, ns);
+    ck_assert_msg(nl[0] == wl[0] && !memcmp(now[0], was[0], wl[0]), "%s: the earlier header replaced", trace[2]);
+    ck_assert_msg(nl[1] != wl[1] || memcmp(now[1], was[1], wl[1]), "%s: the new code not in place", trace[2]);
+    ck_assert_int_eq(entries(dir), 3);
+    for (int i = 0; i < 2; i++) free(was[i]), free(now[i]);
+    /* the next run: the new pair, whole, and nothing else */
+    r = run_env(NULL, second, 300);
+    ok(&r, "the pair again");
+    tu_free(&r);
+    ck_assert_int_eq(entries(dir), 2);
   }
 }
 END_TEST
@@ -4431,6 +4505,7 @@ int main(void) {
   tcase_add_test(tc, a_log_refused_keeps_the_epoch);
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
+  tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
