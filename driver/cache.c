@@ -1229,8 +1229,12 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     snprintf(err, errlen, "cannot write '%s': %s", metap, strerror(e ? e : EIO));
     goto out;
   }
-  /* publish the whole directory at once; if another process won the race, keep its */
+  /* publish the whole directory at once; if another process won the race, keep its.
+     Where the rename fails otherwise (a full disk), the reason is said if cache_load
+     has no build left to try */
   published = rename(tmp, dir) == 0;
+  if (!published && errno != EEXIST && errno != ENOTEMPTY)
+    snprintf(err, errlen, "cannot put the built cache entry in place as '%s': %s", dir, strerror(errno));
   rc = 0;
 out:
   /* err says what failed; a directory left behind is not worth more. Removed before the
@@ -1477,7 +1481,9 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
   cache_key(q, key);
   char *dir = fmt("%s/%s", root, key);
   int rc = 2;
-  for (int attempt = 0; attempt < 3; attempt++) {
+  /* three builds at most, each loaded after it (the third had been built and not
+     loaded: two failed publishes, and the run was refused with an entry in place) */
+  for (int attempt = 0; attempt < 4; attempt++) {
     int e = load_entry(dir, q->expect, desc, model, err, errlen);
     if (e == ENTRY_LOADED) {
       rc = 0;
@@ -1494,10 +1500,12 @@ int cache_load(const CacheReq *q, const cavs_desc **desc, char **model, char *er
       snprintf(err, errlen, "cannot remove the broken cache entry '%s': %s", dir, why);
       break;
     }
+    if (attempt == 3) break; /* (err says why the last build is not there) */
+    *err = 0;
     rc = build(q, root, dir, err, errlen);
     if (rc) break;
     rc = 2;
-    snprintf(err, errlen, "the cache entry '%s' was not usable after building it", dir);
+    if (!*err) snprintf(err, errlen, "the cache entry '%s' was not usable after building it", dir);
   }
   free(dir);
   free(root);

@@ -3712,6 +3712,46 @@ START_TEST(a_refused_put_back_is_said) {
 }
 END_TEST
 
+/* Two faults in the compile cache: the built entry's publishing rename refused twice.
+ * The third build is loaded (it was built and never loaded: the run was refused, exit 2,
+ * the entry "not usable after building it" though in place). Refused every time, the
+ * run says which rename failed and why, and leaves no build directory. */
+START_TEST(a_refused_publish_builds_again) {
+  const char *pre = failio();
+  if (!pre) return;
+  char out[4500];
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  RunResult r = cavs("gen", "toy", "--graphs", "20", "--leaves", "4", "--seed", "3", "-o", path_in("pub.txt"), NULL);
+  ok(&r, "the data");
+  tu_free(&r);
+  for (int w = 0; w < 2; w++) {
+    char cache[4500], cache_env[4520];
+    snprintf(cache, sizeof cache, "%s", path_in(w ? "pub-cache-1" : "pub-cache-0"));
+    snprintf(cache_env, sizeof cache_env, "CAVS_CACHE=%s", cache);
+    char *env[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_N=1",
+                   w ? "FAILIO_STICKY=1" : "FAILIO_ALSO=2", out, cache_env, NULL};
+    r = cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("pub.txt"), "--dim",
+                 "E=8", "--dim", "H=8", "--epochs", "1", "--quiet", NULL);
+    char *trace = tu_slurp(path_in("failio.out"), NULL);
+    int faults = 0;
+    for (char *at = trace ? strstr(trace, " fault=") : NULL; at; at = strstr(at + 1, " fault=")) faults++;
+    free(trace);
+    unlink(path_in("failio.out"));
+    if (!w) {
+      ok(&r, "two publishes refused");
+      ck_assert_int_eq(faults, 2);
+      ck_assert_int_eq(entries(cache), 1);
+    } else {
+      ck_assert_msg(r.status == 2 && strstr(r.err, "cannot put the built cache entry in place") &&
+                        strstr(r.err, strerror(ENOSPC)),
+                    "every publish refused: exit %d: %s", r.status, tu_tail(r.err, 1800));
+      ck_assert_int_eq(entries(cache), 0);
+    }
+    tu_free(&r);
+  }
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -4506,6 +4546,7 @@ int main(void) {
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
+  tcase_add_test(tc, a_refused_publish_builds_again);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
