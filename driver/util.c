@@ -206,7 +206,7 @@ void json_write_line(json_t *obj, FILE *f, const char *what) {
   line[len++] = '\n';
   line[len] = 0;
   struct stat st;
-  int fd = fileno(f), e = 0;
+  int fd = fileno(f), e = 0, cut = 0;
   if (f != stdout && f != stderr && fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode)) {
     /* (the stream's buffer is empty: open_log flushed what it wrote, and the lines go here) */
     for (size_t done = 0; done < len && !e;) {
@@ -214,12 +214,18 @@ void json_write_line(json_t *obj, FILE *f, const char *what) {
       if (w > 0) done += (size_t)w;
       else if (w == 0 || errno != EINTR) e = w < 0 ? errno : ENOSPC;
     }
-    if (e) (void)!ftruncate(fd, st.st_size); /* (appended to at its end: where the line began) */
+    /* (appended to at its end: where the line began) */
+    if (e && ftruncate(fd, st.st_size)) cut = errno;
   } else {
     errno = 0;
     if (fputs(line, f) == EOF || fflush(f) || ferror(f)) e = errno ? errno : EIO;
   }
   free(line);
+  /* a second fault, the part written not cut off again: the torn line said (--resume
+     cuts it off, open_log) */
+  if (e && cut)
+    die(file_status(e), "cannot write %s: %s; the line written in part could not be cut off (%s): a run resumed cuts it off",
+        what, strerror(e), strerror(cut));
   if (e) die(file_status(e), "cannot write %s: %s", what, strerror(e));
 }
 

@@ -3203,7 +3203,8 @@ static long traced(const char *call, int k) {
 
 /* A disk that fills as cavs writes: the log keeps whole records only (a line the disk
  * took half of is cut off again; jansson's json_dumpf, which wrote a record in pieces,
- * let a failed piece by, and the run went on with a record with a hole in the log), a
+ * let a failed piece by, and the run went on with a record with a hole in the log; a
+ * cut that fails too is said, where the torn line had been left unsaid), a
  * plot's data file written in part is not drawn (it was, the failure unseen, and the
  * picture replaced), and the compile cache's failed write says what file and why (it
  * said "cannot write into" its build directory). Each exits non-zero (the cache's
@@ -3236,6 +3237,16 @@ START_TEST(a_full_disk_tears_nothing) {
   json_t *recs = log_records(path_in("fd.log"));
   ck_assert_int_eq(json_array_size(recs), 1);
   json_decref(recs);
+  unlink(path_in("failio.out"));
+  /* and the part written not cut off again (the truncation fails too, a second fault):
+     the torn line said, where it had been left unsaid */
+  char *cut_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write,trunc", "FAILIO_SHORT=1", "FAILIO_N=2",
+                       "FAILIO_ALSO=3", out, NULL};
+  r = FD_TRAIN(cut_fault);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, "could not be cut off") &&
+                    strstr(r.err, strerror(ENOSPC)),
+                "the log's write and its cut failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
   unlink(path_in("failio.out"));
   /* a plot: the second line of its data file fails */
   const char *three = "{\"epoch\": 1, \"train_loss\": 1.5}\n{\"epoch\": 2, \"train_loss\": 1.25}\n"
