@@ -1343,9 +1343,15 @@ static FILE *open_log(const char *path, bool resumed) {
       }
       return f;
     }
-    if ((k > 0 || from == 0) && ftruncate(fileno(f), from + (off_t)k) == 0)
+    if (k > 0 || from == 0) {
+      /* (where the cut is refused the run stops here: its records appended after the
+         torn line had joined the first of them to it, a line that is not JSON) */
+      if (ftruncate(fileno(f), from + (off_t)k))
+        die(1, "--log %s: its last line, a record the run before did not finish, cannot be cut off: %s", path,
+            strerror(errno));
       fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
               "dropped\n", prog, path, n - k);
+    }
   }
   fseeko(f, 0, SEEK_END);
   return f;

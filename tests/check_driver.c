@@ -3290,7 +3290,8 @@ END_TEST
  * a log the disk refuses (its second record) stops the run with exit 1 and that epoch in
  * the checkpoint (the record went first, and its failure lost the epoch), and a save
  * that fails (the second epoch's checkpoint) leaves no record of its epoch, so that the
- * run resumed logs each epoch once (it logged the failed one twice). */
+ * run resumed logs each epoch once (it logged the failed one twice). A resumed run that
+ * cannot cut off its log's torn last line stops before it trains. */
 START_TEST(a_log_refused_keeps_the_epoch) {
   const char *pre = failio();
   if (!pre) return;
@@ -3349,6 +3350,23 @@ START_TEST(a_log_refused_keeps_the_epoch) {
   for (int i = 0; i < 3; i++)
     ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(recs, (size_t)i), "epoch")), i + 1);
   json_decref(recs);
+  /* a resumed run whose log ends in a torn line it cannot cut off (the truncation
+     refused) stops before it trains, the log as it was: it went on, and its first
+     record joined the torn line, a line that is not JSON */
+  FILE *torn = fopen(lg, "a");
+  ck_assert(torn && fputs("{\"epoch\": 4, \"train_lo", torn) >= 0 && fclose(torn) == 0);
+  size_t n0 = 0, n1 = 0;
+  char *was = tu_slurp(lg, &n0);
+  char *cut_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=trunc", "FAILIO_N=1", out, NULL};
+  r = LK_TRAIN(cut_fault, "1", "--resume", ck, NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot be cut off") && strstr(r.err, strerror(ENOSPC)),
+                "the torn line's cut failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  unlink(path_in("failio.out"));
+  char *now = tu_slurp(lg, &n1);
+  ck_assert_msg(was && now && n1 == n0 && !memcmp(was, now, n0), "the log changed");
+  free(was);
+  free(now);
 #undef LK_TRAIN
 }
 END_TEST
