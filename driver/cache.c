@@ -889,8 +889,13 @@ static int write_journal(int tfd, int n, const int *kept, char *const *a, char *
   }
   int fd = openat(tfd, PUT_JOURNAL, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), e = 0;
   if (fd < 0) return errno;
-  errno = 0;
-  if (write(fd, text, len) != (ssize_t)len) e = errno ? errno : EIO;
+  /* (a write the disk took part of goes on with the rest: the next says why it stops,
+     where the part's errno, none, had been said as EIO) */
+  for (size_t done = 0; done < len && !e;) {
+    ssize_t w = write(fd, text + done, len - done);
+    if (w > 0) done += (size_t)w;
+    else if (w == 0 || errno != EINTR) e = w < 0 ? errno : EIO;
+  }
   if (!e && fsync(fd)) e = errno;
   close(fd);
   if (!e && fsync(tfd) && errno != EINVAL) e = errno;

@@ -3781,6 +3781,40 @@ START_TEST(a_refused_publish_builds_again) {
 }
 END_TEST
 
+/* cavs build -o's journal written in part (a disk filling up): refused with the error
+ * the disk gave, the earlier set as it was (the part's errno, none, was said as "Input/
+ * output error"). */
+START_TEST(a_journal_written_in_part) {
+  if (!failio()) return;
+  other_treelstm("jp.vf");
+  char dir[4500], jp[4500], out[4500];
+  snprintf(dir, sizeof dir, "%s", path_in("jp-out"));
+  snprintf(jp, sizeof jp, "%s", path_in("jp.vf"));
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  RunResult r = cavs("build", "-o", dir, model("treelstm.vf"), NULL);
+  ok(&r, "the earlier set");
+  tu_free(&r);
+  const char *names[] = {"treelstm.h", "treelstm.c", "treelstm.so"};
+  char *was[3], *now[3];
+  size_t wl[3], nl[3];
+  struct stat ws[3], ns[3];
+  read_set(dir, names, 3, was, wl, ws);
+  /* (the journal is the command's first write: cavsc and cc write theirs in children) */
+  char *env[] = {(char *)failio(), "FAILIO_PROG=cavs", "FAILIO_CALLS=write", "FAILIO_SHORT=1", "FAILIO_N=1", out, NULL};
+  r = cavs_env(env, "build", "-o", dir, jp, NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "keeping a journal") && strstr(r.err, strerror(ENOSPC)),
+                "the journal written in part: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  unlink(path_in("failio.out"));
+  read_set(dir, names, 3, now, nl, ns);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_msg(nl[i] == wl[i] && !memcmp(now[i], was[i], wl[i]), "%s replaced", names[i]);
+    free(was[i]), free(now[i]);
+  }
+  ck_assert_int_eq(entries(dir), 3);
+}
+END_TEST
+
 START_TEST(build_into_a_directory) {
   char out[4400], so[4500];
   snprintf(out, sizeof out, "%s", path_in("built/sub"));
@@ -4576,6 +4610,7 @@ int main(void) {
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, a_refused_publish_builds_again);
+  tcase_add_test(tc, a_journal_written_in_part);
   tcase_add_test(tc, build_cached);
   tcase_add_test(tc, export_read_back);
   tcase_add_test(tc, init_all_round_trip);
