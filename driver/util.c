@@ -224,8 +224,9 @@ void json_write_line(json_t *obj, FILE *f, const char *what) {
   /* a second fault, the part written not cut off again: the torn line said (--resume
      cuts it off, open_log) */
   if (e && cut)
-    die(file_status(e), "cannot write %s: %s; the line written in part could not be cut off (%s): a run resumed cuts it off",
-        what, strerror(e), strerror(cut));
+    die(file_status(e),
+        "cannot write %s: %s; the line written in part could not be cut off (%s): a run resumed cuts it off", what,
+        strerror(e), strerror(cut));
   if (e) die(file_status(e), "cannot write %s: %s", what, strerror(e));
 }
 
