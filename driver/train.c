@@ -546,9 +546,13 @@ static int try_save(Run *r, const char *path, const char *also, char *err, size_
                 given back once written) */
   if (dist_size > 1 && cavs_model_expert_gather(r->m, 0)) lib_die(cavs_model_error(r->m));
   int rc = 0;
-  /* rank 0 writes for all: their states are the same */
+  /* rank 0 writes for all: their states are the same. The best first: a checkpoint that
+     records an epoch as the best before CKPT.best holds it would, its .best refused,
+     send a resumed run past it with its model nowhere once CKPT is replaced; CKPT
+     refused after its .best only makes the resumed run train that epoch again, to the
+     same bits and the same .best */
   for (int k = 0; k < 2 && !dist_rank && !rc; k++) {
-    const char *p = k ? also : path;
+    const char *p = k ? path : also;
     /* (a device that failed under the save, or the memory: exit 2, as in a step) */
     errno = 0;
     if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, errlen))

@@ -3550,6 +3550,57 @@ START_TEST(memory_running_out_is_said) {
 }
 END_TEST
 
+/* An epoch that is the best is saved to CKPT.best before CKPT: CKPT written, then its
+ * .best refused, recorded the epoch as the best where no file held it, and a resumed
+ * run that found no better epoch replaced CKPT and lost that model for good. Now CKPT
+ * refused after its .best leaves the .best ahead of it, and the run resumed trains that
+ * epoch again to the same .best, byte for byte. */
+START_TEST(the_best_saved_before_the_checkpoint) {
+  const char *pre = failio();
+  if (!pre) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "50", "--leaves", "8", "--seed", "3", "-o", path_in("bb.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char out[4500], ck[4400], best[4500], whole[4400];
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  snprintf(ck, sizeof ck, "%s", path_in("bb.ckpt"));
+  snprintf(best, sizeof best, "%s.best", ck);
+  snprintf(whole, sizeof whole, "%s", path_in("bbw.ckpt"));
+  /* (the dev set the training set: its loss falls from epoch to epoch, each the best) */
+#define BB_TRAIN(env, epochs, save, ...)                                                                          \
+  cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("bb.txt"), "--dev",      \
+           path_in("bb.txt"), "--select", "loss", "--dim", "E=8", "--dim", "H=8", "--batch", "25", "--epochs", epochs, \
+           "--threads", "1", "--save", save, "--quiet", __VA_ARGS__)
+  char *trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_TRACE=1", out, NULL};
+  r = BB_TRAIN(trace, "2", whole, NULL);
+  ok(&r, "the run whole");
+  tu_free(&r);
+  /* four saves, two an epoch, each put in place by one rename */
+  ck_assert_int_eq(failio_calls(), 4);
+  char *e = info_field(whole, "best dev");
+  ck_assert_msg(strstr(e, "epoch 2,"), "the second epoch is not the best: %s", e);
+  free(e);
+  /* the second epoch's second save refused */
+  char *fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_N=4", out, NULL};
+  r = BB_TRAIN(fault, "2", ck, NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, strerror(ENOSPC)), "the save failed: exit %d: %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  unlink(path_in("failio.out"));
+  char *in_ck = info_field(ck, "best dev"), *in_best = info_field(best, "best dev");
+  ck_assert_msg(strstr(in_ck, "epoch 1,") && strstr(in_best, "epoch 2,"),
+                "the checkpoint's best is not behind its .best: %s; .best: %s", in_ck, in_best);
+  free(in_ck);
+  free(in_best);
+  r = BB_TRAIN(NULL, "1", ck, "--resume", ck, NULL);
+  ok(&r, "resumed");
+  tu_free(&r);
+  same_bytes("bbw.ckpt.best", "bb.ckpt.best", "the resumed run's .best is not the whole run's");
+  same_bytes("bbw.ckpt", "bb.ckpt", "the resumed run is not the whole run");
+#undef BB_TRAIN
+}
+END_TEST
+
 /* dir/name, in a buffer of its own for each of four calls */
 static const char *dir_file(const char *dir, const char *name) {
   static char buf[4][4600];
@@ -4606,6 +4657,7 @@ int main(void) {
   tcase_add_test(tc, build_outputs_replaced_as_a_set);
   tcase_add_test(tc, a_full_disk_tears_nothing);
   tcase_add_test(tc, a_log_refused_keeps_the_epoch);
+  tcase_add_test(tc, the_best_saved_before_the_checkpoint);
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
