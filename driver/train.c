@@ -540,8 +540,10 @@ static void choose_schedule(Run *r) {
   if (r->ts.plateau_bad > r->ts.plateau_patience) r->ts.plateau_bad = r->ts.plateau_patience;
 }
 
-/* The checkpoint to path, and to also (when not NULL) */
-static int try_save(Run *r, const char *path, const char *also, char *err, size_t errlen) {
+/* The checkpoint to also (when not NULL: the .best) and then to path; *also_saved
+   whether also was written (the epoch's line says so) */
+static int try_save(Run *r, const char *path, const char *also, bool *also_saved, char *err, size_t errlen) {
+  *also_saved = false;
   errno = 0; /* (--expert-parallel: every expert's matrices from its rank to rank 0's,
                 given back once written) */
   if (dist_size > 1 && cavs_model_expert_gather(r->m, 0)) lib_die(cavs_model_error(r->m));
@@ -557,6 +559,7 @@ static int try_save(Run *r, const char *path, const char *also, char *err, size_
     errno = 0;
     if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, errlen))
       rc = errno == EIO || errno == ENOMEM ? 2 : 1;
+    else if (p && !k) *also_saved = true;
   }
   if (dist_size > 1) cavs_model_expert_release(r->m);
   return rc;
@@ -963,7 +966,8 @@ static void save_inside(Run *r, int done, uint64_t rng_at_start) {
      the rows of its places, the first, as it would have) */
   gather_carried(r);
   char err[1024];
-  int rc = try_save(r, r->o->save, NULL, err, sizeof err);
+  bool none;
+  int rc = try_save(r, r->o->save, NULL, &none, err, sizeof err);
   if (rc) die(rc, "%s", err);
   r->ts.rng = rng, r->ts.graphs_done = graphs_done;
   r->last_save = now();
@@ -1053,7 +1057,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
 
 /* The epoch's line on standard output. */
 static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv, bool better, const char *unfit,
-                        bool unsaved) {
+                        bool best_unsaved) {
   double tloss = unsigned_nan(t->batch_loss / (t->batches ? t->batches : 1));
   printf("epoch %d/%d  train loss %.4f", epoch, r->last_epoch, tloss);
   if (r->lm) printf(" ppl %.2f", exp(tloss));
@@ -1080,7 +1084,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
     else printf("  experts");
     printf(" %.3f-%.3f cv %.2f", t->load_min[k], t->load_max[k], t->load_cv[k]);
   }
-  if (better && r->o->save) printf(unsaved ? "  (best, not saved)" : "  (best, saved)");
+  if (better && r->o->save) printf(best_unsaved ? "  (best, not saved)" : "  (best, saved)");
   else if (unfit) printf("  (%s: not a best)", unfit);
   putchar('\n');
   fflush(stdout);
@@ -1208,13 +1212,14 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
              sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
   /* saved before the line is printed, which says whether it was */
   char err[1024];
-  int unsaved = o->save ? try_save(r, o->save, better ? r->best_path : NULL, err, sizeof err) : 0;
+  bool best_saved = false;
+  int unsaved = o->save ? try_save(r, o->save, better ? r->best_path : NULL, &best_saved, err, sizeof err) : 0;
   r->last_save = now(); /* (--save-every TIME counts from here) */
   if (!o->quiet)
     print_epoch(r, epoch, t, &dv, better,
                 unscored ? "no vertex of the dev set has a label to score"
                 : r->dev && !isfinite(metric) ? "the dev metric is not finite" : NULL,
-                unsaved);
+                !best_saved); /* ("(best, saved)": its .best, whether CKPT's save then failed) */
   if (unsaved) die(unsaved, "%s", err);
   /* the record after the save, of an epoch saved: the log holds the epochs a checkpoint
      holds (a save that failed logged an epoch that the resumed run ran and logged
