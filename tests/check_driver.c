@@ -3550,54 +3550,96 @@ START_TEST(memory_running_out_is_said) {
 }
 END_TEST
 
+/* The tests of the best epoch's saves: a toy treebank as both training and dev set (its
+   loss falls from epoch to epoch, each the best), and a run of `epochs` over it saved to
+   `save` (in the test's directory), with `resume` (or NULL) and env as cavs_env's. */
+static RunResult best_train(char *const env[], const char *data, const char *epochs, const char *save,
+                            const char *resume, bool quiet) {
+  char train[4400], ck[4400], from[4400];
+  snprintf(train, sizeof train, "%s", path_in(data));
+  snprintf(ck, sizeof ck, "%s", path_in(save));
+  snprintf(from, sizeof from, "%s", resume ? path_in(resume) : "");
+  char *argv[40] = {(char *)cavs_bin, "train", (char *)model("treelstm.vf"), "--format", "ptb-tree", "--train", train,
+                    "--dev", train, "--select", "loss", "--dim", "E=8", "--dim", "H=8", "--batch", "25", "--epochs",
+                    (char *)epochs, "--threads", "1", "--save", ck};
+  int n = 23;
+  if (quiet) argv[n++] = "--quiet";
+  if (resume) argv[n++] = "--resume", argv[n++] = from;
+  argv[n] = NULL;
+  return run_env(env, argv, 300);
+}
+
+/* The data, and the whole run of two epochs saved to `whole` */
+static void best_whole(const char *data, const char *seed, const char *whole) {
+  RunResult r = cavs("gen", "toy", "--graphs", "50", "--leaves", "8", "--seed", seed, "-o", path_in(data), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  r = best_train(NULL, data, "2", whole, NULL, false);
+  ok(&r, "the run whole");
+  ck_assert_msg(strstr(r.out, "(best, saved)"), "%s", tu_tail(r.out, 1800));
+  tu_free(&r);
+}
+
+/* The "best dev" fields of a checkpoint and its .best name epochs `at` and `best_at` */
+static void best_epochs(const char *ck, int at, int best_at) {
+  char best[4500], want[32], want_best[32];
+  snprintf(best, sizeof best, "%s.best", path_in(ck));
+  snprintf(want, sizeof want, "epoch %d,", at);
+  snprintf(want_best, sizeof want_best, "epoch %d,", best_at);
+  char *in_ck = info_field(path_in(ck), "best dev"), *in_best = info_field(best, "best dev");
+  ck_assert_msg(strstr(in_ck, want) && strstr(in_best, want_best),
+                "not %s and %s: the checkpoint's best %s; its .best's %s", want, want_best, in_ck, in_best);
+  free(in_ck);
+  free(in_best);
+}
+
 /* An epoch that is the best is saved to CKPT.best before CKPT: CKPT written, then its
  * .best refused, recorded the epoch as the best where no file held it, and a resumed
  * run that found no better epoch replaced CKPT and lost that model for good. Now CKPT
  * refused after its .best leaves the .best ahead of it, and the run resumed trains that
- * epoch again to the same .best, byte for byte. */
+ * epoch again to the same .best, byte for byte. An epoch whose .best is refused (the
+ * first of its two saves) says "(best, not saved)", names the .best in its error, and
+ * stops before its checkpoint is replaced: both files hold the epoch before, and the
+ * run resumed from there ends as the whole run does. */
 START_TEST(the_best_saved_before_the_checkpoint) {
   const char *pre = failio();
   if (!pre) return;
-  RunResult r = cavs("gen", "toy", "--graphs", "50", "--leaves", "8", "--seed", "3", "-o", path_in("bb.txt"), NULL);
-  ok(&r, "gen");
-  tu_free(&r);
-  char out[4500], ck[4400], best[4500], whole[4400];
+  char out[4500];
   snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
-  snprintf(ck, sizeof ck, "%s", path_in("bb.ckpt"));
-  snprintf(best, sizeof best, "%s.best", ck);
-  snprintf(whole, sizeof whole, "%s", path_in("bbw.ckpt"));
-  /* (the dev set the training set: its loss falls from epoch to epoch, each the best) */
-#define BB_TRAIN(env, epochs, save, ...)                                                                          \
-  cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", path_in("bb.txt"), "--dev",      \
-           path_in("bb.txt"), "--select", "loss", "--dim", "E=8", "--dim", "H=8", "--batch", "25", "--epochs", epochs, \
-           "--threads", "1", "--save", save, "--quiet", __VA_ARGS__)
   char *trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_TRACE=1", out, NULL};
-  r = BB_TRAIN(trace, "2", whole, NULL);
-  ok(&r, "the run whole");
+  best_whole("bb.txt", "3", "bbw.ckpt");
+  RunResult r = best_train(trace, "bb.txt", "2", "bbt.ckpt", NULL, true);
+  ok(&r, "the run traced");
   tu_free(&r);
   /* four saves, two an epoch, each put in place by one rename */
   ck_assert_int_eq(failio_calls(), 4);
-  char *e = info_field(whole, "best dev");
-  ck_assert_msg(strstr(e, "epoch 2,"), "the second epoch is not the best: %s", e);
-  free(e);
-  /* the second epoch's second save refused */
-  char *fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_N=4", out, NULL};
-  r = BB_TRAIN(fault, "2", ck, NULL);
-  ck_assert_msg(r.status == 1 && strstr(r.err, strerror(ENOSPC)), "the save failed: exit %d: %s", r.status,
-                tu_tail(r.err, 1800));
-  tu_free(&r);
-  unlink(path_in("failio.out"));
-  char *in_ck = info_field(ck, "best dev"), *in_best = info_field(best, "best dev");
-  ck_assert_msg(strstr(in_ck, "epoch 1,") && strstr(in_best, "epoch 2,"),
-                "the checkpoint's best is not behind its .best: %s; .best: %s", in_ck, in_best);
-  free(in_ck);
-  free(in_best);
-  r = BB_TRAIN(NULL, "1", ck, "--resume", ck, NULL);
-  ok(&r, "resumed");
-  tu_free(&r);
-  same_bytes("bbw.ckpt.best", "bb.ckpt.best", "the resumed run's .best is not the whole run's");
-  same_bytes("bbw.ckpt", "bb.ckpt", "the resumed run is not the whole run");
-#undef BB_TRAIN
+  best_epochs("bbw.ckpt", 2, 2);
+  /* (nth 4: the second epoch's checkpoint; nth 3: its .best) */
+  for (int nth = 4; nth >= 3; nth--) {
+    char n[16];
+    snprintf(n, sizeof n, "FAILIO_N=%d", nth);
+    char *fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", n, out, NULL};
+    r = best_train(fault, "bb.txt", "2", "bb.ckpt", NULL, false);
+    const char *refused = nth == 4 ? "bb.ckpt'" : "bb.ckpt.best'";
+    ck_assert_msg(r.status == 1 && strstr(r.err, strerror(ENOSPC)) && strstr(r.err, refused),
+                  "the save of %s failed: exit %d: %s", refused, r.status, tu_tail(r.err, 1800));
+    /* the epoch's line: its .best saved or not, whether the checkpoint's save then failed */
+    const char *e2 = strstr(r.out, "epoch 2/2");
+    ck_assert_msg(e2 && strstr(e2, nth == 4 ? "(best, saved)" : "(best, not saved)"), "nth %d: %s", nth,
+                  tu_tail(r.out, 1800));
+    tu_free(&r);
+    unlink(path_in("failio.out"));
+    /* the checkpoint's best behind its .best where the checkpoint's save failed; both
+       the epoch before where the .best's did */
+    best_epochs("bb.ckpt", 1, nth == 4 ? 2 : 1);
+    r = best_train(NULL, "bb.txt", "1", "bb.ckpt", "bb.ckpt", true);
+    ok(&r, "resumed");
+    tu_free(&r);
+    same_bytes("bbw.ckpt.best", "bb.ckpt.best", "the resumed run's .best is not the whole run's");
+    same_bytes("bbw.ckpt", "bb.ckpt", "the resumed run is not the whole run");
+    unlink(path_in("bb.ckpt"));
+    unlink(path_in("bb.ckpt.best"));
+  }
 }
 END_TEST
 
