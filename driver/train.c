@@ -1315,6 +1315,59 @@ static void open_run(Run *r, long *dims) {
 /* The log, new, or on a resume appended to: a last line the run before did not end (it
    was killed, or the disk was full, as it wrote it) is cut off first, so that the log
    stays a JSON record a line for what reads it (cavs plot); NULL with errno */
+/* Where the log's last line begins: the offset after its last newline before `size`
+   (0: none), read back from the end 64 KiB at a time; -1 where a read fails. */
+static off_t last_line_start(FILE *f, off_t size) {
+  char buf[65536];
+  for (off_t end = size; end > 0;) {
+    off_t from = end > (off_t)sizeof buf ? end - (off_t)sizeof buf : 0;
+    size_t want = (size_t)(end - from);
+    if (fseeko(f, from, SEEK_SET) || fread(buf, 1, want, f) != want) return -1;
+    for (size_t k = want; k > 0; k--)
+      if (buf[k - 1] == '\n') return from + (off_t)k;
+    end = from;
+  }
+  return 0;
+}
+
+/* A resumed run's log (f, of `size` bytes) whose last line has no end: the run before
+   did not finish its record. A whole record whose line's end alone is missing (the disk
+   filled, or the run was killed, between the two) is kept, its line ended; a part of
+   one is cut off, however long (a record of many experts' shares runs past 64 KiB), so
+   that the records appended next do not join it in a line that is not JSON. False where
+   the line's end cannot be written; a cut refused stops the run here. */
+static bool mend_log_end(FILE *f, const char *path, off_t size) {
+  char last;
+  if (fseeko(f, size - 1, SEEK_SET) || fread(&last, 1, 1, f) != 1 || last == '\n') return true;
+  off_t start = last_line_start(f, size);
+  if (start < 0) return true; /* (unread: left as it is, as a FIFO is) */
+  size_t n = (size_t)(size - start);
+  bool whole = false;
+  /* (a line past 64 MiB is no record of cavs's: cut without reading it) */
+  if (n <= ((size_t)64 << 20)) {
+    char *line = malloc(n);
+    if (!line) die(2, "--log %s: out of memory reading its last line (%zu bytes)", path, n);
+    bool read = fseeko(f, start, SEEK_SET) == 0 && fread(line, 1, n, f) == n;
+    json_t *rec = read ? json_loadb(line, n, 0, NULL) : NULL;
+    whole = json_is_object(rec);
+    json_decref(rec);
+    free(line);
+    if (!read) return true; /* (unread: left as it is) */
+  }
+  if (whole) {
+    fseeko(f, 0, SEEK_END);
+    return fputc('\n', f) != EOF && fflush(f) == 0;
+  }
+  /* (where the cut is refused the run stops here: its records appended after the torn
+     line had joined the first of them to it, a line that is not JSON) */
+  if (ftruncate(fileno(f), start))
+    die(1, "--log %s: its last line, a record the run before did not finish, cannot be cut off: %s", path,
+        strerror(errno));
+  fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
+          "dropped\n", prog, path, n);
+  return true;
+}
+
 static FILE *open_log(const char *path, bool resumed) {
   struct stat st;
   /* standard output or error (what the shell sent there, a file appended to perhaps):
@@ -1333,34 +1386,9 @@ static FILE *open_log(const char *path, bool resumed) {
   if (stat(path, &st) || !S_ISREG(st.st_mode)) return fopen(path, "a");
   FILE *f = fopen(path, "a+");
   if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || st.st_size == 0) return f;
-  char tail[65536];
-  off_t from = st.st_size > (off_t)sizeof tail ? st.st_size - (off_t)sizeof tail : 0;
-  size_t n = fseeko(f, from, SEEK_SET) == 0 ? fread(tail, 1, (size_t)(st.st_size - from), f) : 0;
-  if (n == (size_t)(st.st_size - from) && tail[n - 1] != '\n') {
-    size_t k = n;
-    while (k > 0 && tail[k - 1] != '\n') k--;
-    /* a whole record whose line's end alone is missing (the disk filled, or the run was
-       killed, between the two): kept, its line ended */
-    json_t *rec = k > 0 || from == 0 ? json_loadb(tail + k, n - k, 0, NULL) : NULL;
-    bool whole = json_is_object(rec);
-    json_decref(rec);
-    if (whole) {
-      fseeko(f, 0, SEEK_END);
-      if (fputc('\n', f) == EOF || fflush(f)) {
-        fclose(f);
-        return NULL;
-      }
-      return f;
-    }
-    if (k > 0 || from == 0) {
-      /* (where the cut is refused the run stops here: its records appended after the
-         torn line had joined the first of them to it, a line that is not JSON) */
-      if (ftruncate(fileno(f), from + (off_t)k))
-        die(1, "--log %s: its last line, a record the run before did not finish, cannot be cut off: %s", path,
-            strerror(errno));
-      fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
-              "dropped\n", prog, path, n - k);
-    }
+  if (!mend_log_end(f, path, st.st_size)) {
+    fclose(f);
+    return NULL;
   }
   fseeko(f, 0, SEEK_END);
   return f;

@@ -869,20 +869,24 @@ START_TEST(optimizers_resume_bit_identical) {
     ok(&r, "2 epochs");
     tu_free(&r);
 #undef A
-    /* the first run killed as it wrote a record: the resumed run drops the cut line */
+    /* the first run killed as it wrote a record: the resumed run drops the cut line,
+       a long one too (past the 64 KiB read back at first: 100 KB of a record's text) */
     const char *torn = "{\"epoch\": 3, \"train_lo";
+    size_t pad = i == 2 ? 100000 : 0;
     char said[128];
-    snprintf(said, sizeof said, "its last line was cut off (%zu bytes", strlen(torn));
-    if (i == 0) {
+    snprintf(said, sizeof said, "its last line was cut off (%zu bytes", strlen(torn) + pad);
+    if (i != 1) {
       FILE *lg = fopen(path_in(hlog), "a");
-      ck_assert(lg && fputs(torn, lg) >= 0 && fclose(lg) == 0);
+      ck_assert(lg && fputs(torn, lg) >= 0);
+      for (size_t k = 0; k < pad; k++) ck_assert(fputc('x', lg) != EOF);
+      ck_assert(fclose(lg) == 0);
     }
     /* ... or killed between a whole record and its line's end: the record is kept */
     struct stat ls;
     if (i == 1) ck_assert(stat(path_in(hlog), &ls) == 0 && truncate(path_in(hlog), ls.st_size - 1) == 0);
     r = TRAIN("--epochs", "2", "--quiet", "--resume", path_in(half), "--save", path_in(half), "--log", path_in(hlog), NULL);
     ok(&r, "resume 2 epochs");
-    ck_assert_msg((i == 0) == (strstr(r.err, said) != NULL), "%s", r.err);
+    ck_assert_msg((i != 1) == (strstr(r.err, said) != NULL), "%s", r.err);
     tu_free(&r);
     size_t na = 0, nb = 0;
     char *x = tu_slurp(path_in(full), &na), *y = tu_slurp(path_in(half), &nb);
