@@ -833,14 +833,16 @@ static bool same_id(const struct stat *st, const unsigned long long id[5]) {
    there, and nothing put there or written since), DIR's earlier file is put back (K 1)
    or the new one removed (K 0: there was none); an output not renamed yet, one replaced
    or written since by someone else, and one whose earlier file could not be kept (K -1)
-   are left as they are. Then the journal is removed. How a failed rename is undone (put_outputs), and what a build killed among
-   its renames is undone by, the next `cavs build -o DIR` (cache_build_into, before its
-   sweep). The directory is ours and was locked, but its journal is read as untrusted
-   all the same: at most 3 lines of plain names, or nothing is done. True where nothing
-   is left to undo (no journal, or one carried out); false, the journal kept, where it
-   cannot be read or a file cannot be put back: the directory, which holds the earlier
-   files, must then be kept. */
-static bool undo_puts(int tfd, int dfd) {
+   are left as they are. Then the journal is removed. How a failed rename is undone
+   (put_outputs), and what a build killed among its renames is undone by, the next
+   `cavs build -o DIR` (cache_build_into, before its sweep: undo_puts). The directory is
+   ours and was locked, but its journal is read as untrusted all the same: at most 3
+   lines of plain names, or nothing is done. True where nothing is left to undo (no
+   journal, or one carried out); false, the journal kept, where it cannot be read or a
+   file cannot be put back: the directory, which holds the earlier files, must then be
+   kept. With `left`, the journal's lines (bit i for line i) whose file could not be put
+   back or removed: DIR's file still the new one, for the message to name. */
+static bool undo_puts_left(int tfd, int dfd, unsigned *left) {
   int fd = openat(tfd, PUT_JOURNAL, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT;
   char text[3 * (2 * NAME_MAX + 112) + 1];
@@ -868,11 +870,14 @@ static bool undo_puts(int tfd, int dfd) {
       continue; /* not renamed there, or replaced or written since */
     char old[32];
     snprintf(old, sizeof old, "old-%d", i);
-    if (k[i] == 1 && renameat(tfd, old, dfd, to[i])) done = false;
-    else if (k[i] == 0 && unlinkat(dfd, to[i], 0)) done = false;
+    if ((k[i] == 1 && renameat(tfd, old, dfd, to[i])) || (k[i] == 0 && unlinkat(dfd, to[i], 0))) {
+      done = false;
+      if (left) *left |= 1u << i;
+    }
   }
   return done && unlinkat(tfd, PUT_JOURNAL, 0) == 0;
 }
+static bool undo_puts(int tfd, int dfd) { return undo_puts_left(tfd, dfd, NULL); }
 
 /* Writes put_outputs's journal into `tfd` and flushes it (and the directory) to disk: 0,
    or errno. */
@@ -951,9 +956,21 @@ static int put_outputs(int tfd, int dfd, const char *tmp, const char *dir, const
       break;
     }
   /* (a journal of an earlier version may have K -1, one not kept aside: left new) */
-  if (rc && journaled && !undo_puts(tfd, dfd)) {
+  unsigned left = 0;
+  if (rc && journaled && !undo_puts_left(tfd, dfd, &left)) {
     size_t at = strlen(err);
-    snprintf(err + at, errlen - at, "; the earlier files could not all be put back: they are kept in %s", tmp);
+    snprintf(err + at, errlen - at, "; the earlier files could not all be put back (they are kept in %s)", tmp);
+    /* which of DIR's files are the new build's: the user's to put back by hand */
+    const char *sep = ": ";
+    for (int i = 0; i < n; i++) {
+      if (!(left & 1u << i)) continue;
+      at = strlen(err);
+      if (kept[i] == 1)
+        snprintf(err + at, errlen - at, "%s'%s' is the new build's; the earlier one is kept as '%s'", sep, b[i],
+                 old[i]);
+      else snprintf(err + at, errlen - at, "%s'%s' is the new build's; there was none before", sep, b[i]);
+      sep = ", and ";
+    }
     *keep_tmp = true;
   }
   e = rc ? 0 : flush(dir, O_DIRECTORY);
