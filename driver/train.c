@@ -1312,9 +1312,6 @@ static void open_run(Run *r, long *dims) {
   make_model(r, dims);
 }
 
-/* The log, new, or on a resume appended to: a last line the run before did not end (it
-   was killed, or the disk was full, as it wrote it) is cut off first, so that the log
-   stays a JSON record a line for what reads it (cavs plot); NULL with errno */
 /* Where the log's last line begins: the offset after its last newline before `size`
    (0: none), read back from the end 64 KiB at a time; -1 where a read fails. */
 static off_t last_line_start(FILE *f, off_t size) {
@@ -1368,6 +1365,9 @@ static bool mend_log_end(FILE *f, const char *path, off_t size) {
   return true;
 }
 
+/* The log, new, or on a resume appended to: a last line the run before did not end (it
+   was killed, or the disk was full, as it wrote it) is cut off first, so that the log
+   stays a JSON record a line for what reads it (cavs plot); NULL with errno */
 static FILE *open_log(const char *path, bool resumed) {
   struct stat st;
   /* standard output or error (what the shell sent there, a file appended to perhaps):
