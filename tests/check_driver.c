@@ -3566,7 +3566,8 @@ static RunResult best_train(char *const env[], const char *data, const char *epo
   char *argv[40] = {(char *)cavs_bin, "train", (char *)model("treelstm.vf"), "--format", "ptb-tree", "--train", train,
                     "--dev", train, "--select", "loss", "--dim", "E=8", "--dim", "H=8", "--batch", "25", "--epochs",
                     (char *)epochs, "--threads", "1", "--save", ck};
-  int n = 23;
+  int n = 0;
+  while (argv[n]) n++; /* (the rest of the array is zeros) */
   if (quiet) argv[n++] = "--quiet";
   if (resume) argv[n++] = "--resume", argv[n++] = from;
   argv[n] = NULL;
