@@ -1327,30 +1327,53 @@ static off_t last_line_start(FILE *f, off_t size) {
   return 0;
 }
 
+/* Whether the log's line from `start` to `size` is a whole record: an object whose
+   first brace closes at the line's end (outside its strings, blanks after it aside),
+   read 64 KiB at a time; -1 where a read fails. A record the run before did not finish
+   is a part of one, whose first brace is still open, however long the line (a record
+   of many experts' shares runs past 64 KiB). Not jansson's parse: it allocates, and it
+   reports an allocation that failed as a syntax error ("invalid token"), so that a
+   whole record met with memory running out was taken for a torn one and cut off. */
+static int line_closed(FILE *f, off_t start, off_t size) {
+  char buf[65536];
+  long depth = -1; /* -1: before the first brace; 0: after its close */
+  bool in_string = false, escaped = false;
+  if (fseeko(f, start, SEEK_SET)) return -1;
+  for (off_t at = start; at < size;) {
+    size_t want = size - at > (off_t)sizeof buf ? sizeof buf : (size_t)(size - at);
+    if (fread(buf, 1, want, f) != want) return -1;
+    at += (off_t)want;
+    for (size_t k = 0; k < want; k++) {
+      char c = buf[k];
+      bool blank = c == ' ' || c == '\t' || c == '\r';
+      if (depth <= 0) {
+        if (blank) continue;
+        if (depth == 0 || c != '{') return 0; /* (text after the record, or none begun) */
+        depth = 1;
+      } else if (in_string) {
+        if (escaped) escaped = false;
+        else if (c == '\\') escaped = true;
+        else if (c == '"') in_string = false;
+      } else if (c == '"') in_string = true;
+      else if (c == '{' || c == '[') depth++;
+      else if (c == '}' || c == ']') depth--;
+    }
+  }
+  return depth == 0;
+}
+
 /* A resumed run's log (f, of `size` bytes) whose last line has no end: the run before
    did not finish its record. A whole record whose line's end alone is missing (the disk
    filled, or the run was killed, between the two) is kept, its line ended; a part of
-   one is cut off, however long (a record of many experts' shares runs past 64 KiB), so
-   that the records appended next do not join it in a line that is not JSON. False where
-   the line's end cannot be written; a cut refused stops the run here. */
+   one is cut off, so that the records appended next do not join it in a line that is
+   not JSON. False where the line's end cannot be written; a cut refused stops the run
+   here. */
 static bool mend_log_end(FILE *f, const char *path, off_t size) {
   char last;
   if (fseeko(f, size - 1, SEEK_SET) || fread(&last, 1, 1, f) != 1 || last == '\n') return true;
   off_t start = last_line_start(f, size);
-  if (start < 0) return true; /* (unread: left as it is, as a FIFO is) */
-  size_t n = (size_t)(size - start);
-  bool whole = false;
-  /* (a line past 64 MiB is no record of cavs's: cut without reading it) */
-  if (n <= ((size_t)64 << 20)) {
-    char *line = malloc(n);
-    if (!line) die(2, "--log %s: out of memory reading its last line (%zu bytes)", path, n);
-    bool read = fseeko(f, start, SEEK_SET) == 0 && fread(line, 1, n, f) == n;
-    json_t *rec = read ? json_loadb(line, n, 0, NULL) : NULL;
-    whole = json_is_object(rec);
-    json_decref(rec);
-    free(line);
-    if (!read) return true; /* (unread: left as it is) */
-  }
+  int whole = start < 0 ? -1 : line_closed(f, start, size);
+  if (whole < 0) return true; /* (unread: left as it is, as a FIFO is) */
   if (whole) {
     fseeko(f, 0, SEEK_END);
     return fputc('\n', f) != EOF && fflush(f) == 0;
@@ -1360,8 +1383,8 @@ static bool mend_log_end(FILE *f, const char *path, off_t size) {
   if (ftruncate(fileno(f), start))
     die(1, "--log %s: its last line, a record the run before did not finish, cannot be cut off: %s", path,
         strerror(errno));
-  fprintf(stderr, "%s: --log %s: its last line was cut off (%zu bytes, a record the run before did not finish): "
-          "dropped\n", prog, path, n);
+  fprintf(stderr, "%s: --log %s: its last line was cut off (%jd bytes, a record the run before did not finish): "
+          "dropped\n", prog, path, (intmax_t)(size - start));
   return true;
 }
 

@@ -3438,6 +3438,68 @@ static long log_whole_records(void) {
  * failed growth is not an error glibc reports; passes used blocks unchecked); a --log
  * record lost a key and the run went on (jansson 2.14's dump lets a key's failed write
  * by: the text is now read back). Each now exits 2 with "out of memory". */
+/* A resumed run whose log ends in a whole record without its line's end, each
+ * allocation from the log's opening to the line's end failed in turn: the record is kept
+ * (ended, or left as it was where the run stops), never cut off. jansson's parse, which
+ * told a whole record from a torn one, allocated, and took a failed allocation for a
+ * syntax error: the record was cut off as torn. */
+START_TEST(a_whole_record_kept_as_memory_runs_out) {
+  if (!failio()) return;
+  char data[4400], ck[4400], ck2[4400], log[4400], out[4500], tl[4400];
+  snprintf(data, sizeof data, "%s", path_in("wr.txt"));
+  snprintf(ck, sizeof ck, "%s", path_in("wr.ck"));
+  snprintf(ck2, sizeof ck2, "%s", path_in("wr2.ck"));
+  snprintf(log, sizeof log, "%s", path_in("wr.log"));
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  snprintf(tl, sizeof tl, "%s", model("treelstm.vf"));
+  RunResult r = cavs("gen", "toy", "--graphs", "100", "--leaves", "8", "--seed", "3", "-o", data, NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char *first[] = {(char *)cavs_bin, "train", tl, "--format", "ptb-tree", "--train", data, "--dim", "E=8", "--dim",
+                   "H=8", "--batch", "25", "--epochs", "2", "--threads", "1", "--save", ck, "--log", log, "--quiet", NULL};
+  r = run_env(NULL, first, 120);
+  ok(&r, "2 epochs");
+  tu_free(&r);
+  size_t n = 0;
+  char *kept = tu_slurp(log, &n);
+  ck_assert(kept && n > 2 && kept[n - 1] == '\n' && kept[n - 2] == '}');
+  kept[--n] = 0; /* (killed between the record and its line's end) */
+  char *resume[] = {(char *)cavs_bin, "train", tl, "--format", "ptb-tree", "--train", data, "--resume", ck, "--epochs",
+                    "1", "--threads", "1", "--save", ck2, "--log", log, "--quiet", NULL};
+  /* the calls numbered: allocations, the log's opening and its stream's writes */
+  char *trace[] = {(char *)failio(), "FAILIO_PROG=cavs", "FAILIO_CALLS=malloc,open,stdio", "FAILIO_TRACE=1", out,
+                   "OPENBLAS_NUM_THREADS=1", NULL};
+  tu_write(log, kept, n);
+  r = run_env(trace, resume, 120);
+  ok(&r, "the traced resume");
+  tu_free(&r);
+  long opened = traced_file("fopen", "", true, 1, 0), ended = traced_file("fputc", "", true, 1, opened);
+  unlink(path_in("failio.out"));
+  ck_assert_msg(opened > 0 && ended > opened, "the log's opening (%ld) and line's end (%ld)", opened, ended);
+  for (long k = opened; k <= ended + 1; k++) {
+    char nth[64];
+    snprintf(nth, sizeof nth, "FAILIO_N=%ld", k);
+    char *env[] = {(char *)failio(), "FAILIO_PROG=cavs", "FAILIO_CALLS=malloc,open,stdio", nth, out,
+                   "OPENBLAS_NUM_THREADS=1", NULL};
+    tu_write(log, kept, n);
+    unlink(ck2);
+    r = run_env(env, resume, 120);
+    size_t m = 0;
+    char *now = tu_slurp(log, &m);
+    ck_assert_msg(now && m >= n && !memcmp(now, kept, n), "call %ld failed (exit %d): the log's last record was cut: %s",
+                  k, r.status, tu_tail(r.err, 1800));
+    /* (a run that went on: the record's line ended, and the epoch's record after it) */
+    ck_assert_msg(r.status != 0 || (m > n + 1 && now[n] == '\n' && now[m - 1] == '\n'), "call %ld: the log: %s", k,
+                  now + n);
+    ck_assert_msg(r.status == 0 || strstr(r.err, log), "call %ld failed: exit %d: %s", k, r.status, tu_tail(r.err, 1800));
+    free(now);
+    tu_free(&r);
+    unlink(path_in("failio.out"));
+  }
+  free(kept);
+}
+END_TEST
+
 /* memory_running_out_is_said's checkpoint: none, or one cavs info reads */
 static bool ckpt_whole_or_none(void) {
   if (access(path_in("oom.ck"), F_OK)) return true;
@@ -4794,6 +4856,7 @@ int main(void) {
   tcase_add_test(tc, a_log_refused_keeps_the_epoch);
   tcase_add_test(tc, the_best_saved_before_the_checkpoint);
   tcase_add_test(tc, memory_running_out_is_said);
+  tcase_add_test(tc, a_whole_record_kept_as_memory_runs_out);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, a_refused_undo_is_said);
