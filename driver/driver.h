@@ -110,6 +110,11 @@ json_t *json_num(double x);
 void json_set(json_t *obj, const char *key, json_t *v);
 void json_push(json_t *arr, json_t *v);
 char *json_text(const json_t *j, size_t flags);
+/* json_loadb(text, n, flags, e), or die (status 2) where memory ran out as it parsed,
+ * whatever it returned: jansson's parser tells no failed allocation from bad text. Its
+ * allocations are watched from json_watch() on (main's first step). */
+json_t *json_read(const char *text, size_t n, size_t flags, json_error_t *e);
+void json_watch(void);
 void json_write_line(json_t *obj, FILE *f, const char *what);
 
 /* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,

@@ -337,6 +337,7 @@ static int cmd_help(int argc, char **argv) {
 
 int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  json_watch();
   main_argc = argc, main_argv = (const char *const *)argv;
   if (argc < 2) {
     print_help(stderr, CMD_TOP);

@@ -81,7 +81,7 @@ static json_t *next_record(const Log *g, size_t *off, long *line) {
   position(g, *off, line, &col);
   json_error_t e;
   size_t flags = JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL;
-  json_t *rec = json_loadb(g->text + *off, g->len - *off, flags, &e);
+  json_t *rec = json_read(g->text + *off, g->len - *off, flags, &e);
   if (!rec) {
     long eline, ecol;
     position(g, *off + (size_t)(e.position > 0 ? e.position - 1 : 0), &eline, &ecol);
@@ -284,9 +284,10 @@ int cmd_plot(int argc, char **argv) {
   const char *failed = run_gnuplot(dir);
   char err[1024];
   bool okay = !failed && install_png(dir, out, err, sizeof err);
+  int e = errno; /* (memory run out: status 2, as cavs(1) says) */
   remove_all(dir, made, 3);
   close(lock);
   if (failed) die(1, "%s", failed);
-  if (!okay) die(1, "%s", err);
+  if (!okay) die(file_status(e), "%s", err);
   return 0;
 }

@@ -319,7 +319,7 @@ static void open_safetensors(TensorFile *f, uint64_t size) {
   read_at(f, text, (size_t)n, 8);
   text[n] = 0;
   json_error_t je;
-  json_t *h = json_loadb(text, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+  json_t *h = json_read(text, (size_t)n, JSON_REJECT_DUPLICATES, &je);
   if (!json_is_object(h))
     die(1, "%s: error: the safetensors header is not a JSON object%s%s", f->path, h ? "" : ": ",
         h ? "" : shown(je.text, strlen(je.text))); /* (jansson's text quotes the file) */

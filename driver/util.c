@@ -170,6 +170,30 @@ void json_push(json_t *arr, json_t *v) {
   if (json_array_append_new(arr, v)) die(2, "out of memory");
 }
 
+/* jansson's allocations, watched. Its parser takes one that failed for a syntax error (a
+ * string's copy: "invalid token") or lets it by (a token's text saved short: a number or
+ * a name read wrong), so a parse during which one failed is memory run out, whatever
+ * it returned. */
+static bool json_starved;
+
+static void *json_malloc_watched(size_t n) {
+  void *p = malloc(n);
+  if (!p) json_starved = true;
+  return p;
+}
+
+void json_watch(void) { json_set_alloc_funcs(json_malloc_watched, free); }
+
+json_t *json_read(const char *text, size_t n, size_t flags, json_error_t *e) {
+  json_starved = false;
+  json_t *j = json_loadb(text, n, flags, e);
+  if (json_starved) {
+    json_decref(j);
+    die(2, "out of memory");
+  }
+  return j;
+}
+
 /* json_dumps(j, flags), checked: jansson 2.14's dump lets a key's failed write by (a
  * malloc failing as its buffer grows), and returns the rest, a record with a hole; so
  * the text is read back and must be j. Memory run out, on either way: status 2. */

@@ -3438,6 +3438,44 @@ static long log_whole_records(void) {
  * failed growth is not an error glibc reports; passes used blocks unchecked); a --log
  * record lost a key and the run went on (jansson 2.14's dump lets a key's failed write
  * by: the text is now read back). Each now exits 2 with "out of memory". */
+/* cavs plot with each of its allocations failed in turn: the picture drawn, or "out of
+ * memory" (status 2) and no picture. jansson's parser takes a failed allocation for bad
+ * text: the log was said to be "not JSON" (status 1). gnuplot is a script that draws. */
+static bool plot_drawn(void) { return file_holds(path_in("m.png"), "drawn"); }
+
+START_TEST(a_plot_out_of_memory_is_said) {
+  if (!failio()) return;
+  const char *log = "{\"epoch\": 1, \"optimizer\": \"adam\", \"lr\": 0.001, \"train_loss\": 0.69314718055994529, "
+                    "\"losses\": [0.5, 0.25], \"dev_acc\": null, \"time\": \"2026-12-07T11:51:27Z\"}\n"
+                    "{\"epoch\": 2, \"optimizer\": \"adam\", \"lr\": 0.001, \"train_loss\": 0.42, \"losses\": [0.3, "
+                    "0.12], \"dev_acc\": 0.75, \"time\": \"2026-12-07T11:51:28Z\"}\n";
+  char lg[4400], png[4400], out[4500], path[9000];
+  snprintf(lg, sizeof lg, "%s", path_in("m.log"));
+  snprintf(png, sizeof png, "%s", path_in("m.png"));
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  tu_write(lg, log, strlen(log));
+  fake_gnuplot("mdraws", "printf drawn > \"$(dirname \"$1\")/out.png\"");
+  char *old_path = strdup(getenv("PATH"));
+  snprintf(path, sizeof path, "%s:%s", path_in("mdraws"), old_path);
+  setenv("PATH", path, 1);
+  char *plot[] = {(char *)cavs_bin, "plot", lg, "-o", png, NULL};
+  char *count[] = {(char *)failio(), "FAILIO_PROG=cavs", "FAILIO_CALLS=malloc", out, NULL};
+  RunResult r = run_env(count, plot, 60);
+  ok(&r, "plot");
+  tu_free(&r);
+  ck_assert(plot_drawn());
+  long n = failio_calls();
+  ck_assert_int_gt(n, 30);
+  for (long k = 1; k <= n; k++) {
+    unlink(png);
+    out_of_memory_said(plot, k, plot_drawn);
+    ck_assert_msg(plot_drawn() || access(png, F_OK) != 0, "plot with allocation %ld failed left a picture", k);
+  }
+  setenv("PATH", old_path, 1);
+  free(old_path);
+}
+END_TEST
+
 /* A resumed run whose log ends in a whole record without its line's end, each
  * allocation from the log's opening to the line's end failed in turn: the record is kept
  * (ended, or left as it was where the run stops), never cut off. jansson's parse, which
@@ -4857,6 +4895,7 @@ int main(void) {
   tcase_add_test(tc, the_best_saved_before_the_checkpoint);
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_whole_record_kept_as_memory_runs_out);
+  tcase_add_test(tc, a_plot_out_of_memory_is_said);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, a_refused_undo_is_said);

@@ -127,6 +127,9 @@ char *json_text(const json_t *j, size_t flags) { /* (util.c's reads the text bac
   if (!text) die(2, "out of memory");
   return text;
 }
+json_t *json_read(const char *text, size_t n, size_t flags, json_error_t *e) { /* (util.c's: ft_malloc fails not) */
+  return json_loadb(text, n, flags, e);
+}
 /* tensors.c's open(): the descriptor noted, to be closed after the input */
 int fuzz_open(const char *path, int flags, ...) {
   va_list ap;
