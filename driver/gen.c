@@ -49,7 +49,7 @@ int cmd_gen(int argc, char **argv) {
   /* written whole or not at all (afile.c), through a stream of its own descriptor */
   cv_afile a;
   char err[1024];
-  if (cv_afile_open(&a, out, CV_AFILE_USER, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_open(&a, out, CV_AFILE_USER, err, sizeof err)) die(file_status(errno), "%s", err);
   int fd = dup(a.fd);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
@@ -77,6 +77,6 @@ int cmd_gen(int argc, char **argv) {
     cv_afile_abort(&a);
     die(file_status(e), "cannot write '%s': %s", out, strerror(e));
   }
-  if (cv_afile_commit(&a, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_commit(&a, err, sizeof err)) die(file_status(errno), "%s", err);
   return 0;
 }

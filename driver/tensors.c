@@ -64,7 +64,7 @@ typedef struct Out {
 
 static void out_write(Out *o, const void *p, size_t n) {
   char err[1024];
-  if (cv_afile_write(&o->a, p, n, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_write(&o->a, p, n, err, sizeof err)) die(file_status(errno), "%s", err);
   o->off += n;
 }
 
@@ -204,10 +204,10 @@ void tensors_write(const char *path, const Tensor *t, int n, json_t *meta) {
       die(1, "%s: a parameter named __metadata__ cannot be written: the formats keep that name for the metadata", path);
   Out o = {.path = path};
   char err[1024];
-  if (cv_afile_open(&o.a, path, CV_AFILE_USER, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_open(&o.a, path, CV_AFILE_USER, err, sizeof err)) die(file_status(errno), "%s", err);
   if (format == 1) write_safetensors(&o, t, n, meta);
   else write_npz(&o, t, n, meta);
-  if (cv_afile_commit(&o.a, err, sizeof err)) die(1, "%s", err);
+  if (cv_afile_commit(&o.a, err, sizeof err)) die(file_status(errno), "%s", err);
 }
 
 /* ---- reading: the index ---- */

@@ -127,6 +127,7 @@ static int open_in_dir(cv_afile *a, const char *path, bool named, char *err, siz
 static int fail(cv_afile *a, int e, char *err, size_t errlen) {
   snprintf(err, errlen, "cannot write '%s': %s", a->path ? a->path : "?", strerror(e));
   cv_afile_abort(a);
+  errno = e; /* (the caller's exit status may follow it: memory's is not a file's) */
   return -1;
 }
 
@@ -288,7 +289,9 @@ int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t er
   char *target = NULL;
   if (flags & CV_AFILE_USER) {
     if (cv_afile_target(path, &target, &a->direct, err, errlen)) {
+      int e = errno;
       cv_afile_abort(a);
+      errno = e;
       return -1;
     }
     if (a->direct) { /* nothing to replace: written to as it is */
@@ -390,7 +393,9 @@ int cv_afile_commit(cv_afile *a, char *err, size_t errlen) {
              "wrote '%s', but its directory could not be flushed to disk (%s): a crash may leave the file as it "
              "was before",
              a->path ? a->path : "?", strerror(errno));
+    int e = errno;
     afile_free(a);
+    errno = e;
     return -1;
   }
   afile_free(a);

@@ -32,7 +32,8 @@ typedef struct cv_afile {
 enum { CV_AFILE_NAMED = 1, CV_AFILE_USER = 2 };
 /* Opens a new, empty file to become `path` when committed; path's directory must exist.
  * Removes what saves to `path` that were killed left behind (only files provably ours and
- * abandoned). Returns 0, or -1 with the message in err. */
+ * abandoned). Returns 0, or -1 with the message in err and errno set (as for write and
+ * commit). */
 int cv_afile_open(cv_afile *a, const char *path, int flags, char *err, size_t errlen);
 /* Where a USER save to `path` goes: *target (malloc'd) the file it replaces or makes, its
  * final links followed, and *direct where that is a FIFO, a character device or a

@@ -3438,6 +3438,60 @@ static long log_whole_records(void) {
  * failed growth is not an error glibc reports; passes used blocks unchecked); a --log
  * record lost a key and the run went on (jansson 2.14's dump lets a key's failed write
  * by: the text is now read back). Each now exits 2 with "out of memory". */
+/* A file the cavs command writes whole or not at all (afile.c), each allocation of a
+ * `cavs gen -o` and the last 80 of a `cavs export` failed in turn: the file whole, or
+ * "out of memory" (status 2) and no file. afile.c's failures left errno as its cleanup
+ * left it, and gen and export exited 1, as for a disk's failure. */
+static char *written_path, *written_bytes; /* the file, and what the run with memory wrote there */
+static size_t written_len;
+static bool written_whole(void) {
+  size_t n = 0;
+  char *now = tu_slurp(written_path, &n);
+  bool same = now && n == written_len && !memcmp(now, written_bytes, n);
+  free(now);
+  return same;
+}
+
+/* argv's allocations from its `from_end`-th last (0: all) failed in turn; it writes out */
+static void writes_out_of_memory(char *const argv[], const char *out, long from_end) {
+  char fo[4500];
+  snprintf(fo, sizeof fo, "FAILIO_OUT=%s", path_in("failio.out"));
+  written_path = strdup(out);
+  unlink(out);
+  char *count[] = {(char *)failio(), "FAILIO_PROG=cavs", "FAILIO_CALLS=malloc", fo, NULL};
+  RunResult r = run_env(count, argv, 60);
+  ok(&r, argv[1]);
+  tu_free(&r);
+  written_bytes = tu_slurp(out, &written_len);
+  ck_assert_ptr_nonnull(written_bytes);
+  long n = failio_calls();
+  ck_assert_int_gt(n, from_end);
+  for (long k = from_end ? n - from_end : 1; k <= n; k++) {
+    unlink(out);
+    out_of_memory_said(argv, k, written_whole);
+    ck_assert_msg(written_whole() || access(out, F_OK) != 0, "%s with allocation %ld failed left a part", argv[1], k);
+  }
+  free(written_bytes);
+  free(written_path);
+}
+
+START_TEST(a_file_written_out_of_memory_is_said) {
+  if (!failio()) return;
+  char data[4400], ck[4400], npz[4400];
+  snprintf(data, sizeof data, "%s", path_in("wo.txt"));
+  snprintf(ck, sizeof ck, "%s", path_in("wo.ck"));
+  snprintf(npz, sizeof npz, "%s", path_in("wo.npz"));
+  char *gen[] = {(char *)cavs_bin, "gen", "toy", "--graphs", "20", "--leaves", "8", "--seed", "3", "-o", data, NULL};
+  writes_out_of_memory(gen, data, 0);
+  gen_data();
+  RunResult r = TRAIN("--epochs", "1", "--save", ck, "--quiet", NULL);
+  ok(&r, "train");
+  tu_free(&r);
+  char *export[] = {(char *)cavs_bin, "export", ck, "-o", npz, NULL};
+  writes_out_of_memory(export, npz, 80);
+}
+END_TEST
+
 /* cavs plot with each of its allocations failed in turn: the picture drawn, or "out of
  * memory" (status 2) and no picture. jansson's parser takes a failed allocation for bad
  * text: the log was said to be "not JSON" (status 1). gnuplot is a script that draws. */
@@ -4896,6 +4950,7 @@ int main(void) {
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_whole_record_kept_as_memory_runs_out);
   tcase_add_test(tc, a_plot_out_of_memory_is_said);
+  tcase_add_test(tc, a_file_written_out_of_memory_is_said);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, a_refused_undo_is_said);

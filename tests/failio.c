@@ -203,6 +203,16 @@ static bool std_fd(int fd) {
 }
 static bool std_stream(FILE *f) { return f == stdin || f == stdout || f == stderr; }
 
+/* f's descriptor, or -1 (a memory stream), errno kept: glibc's fileno sets EBADF for a
+   stream without one, which the shim's own look must not leave for the caller (an
+   fclose of an fmemopen stream, after a failed allocation, left errno EBADF where cavs
+   reads ENOMEM) */
+static int stream_fd(FILE *f) {
+  int e = errno, fd = fileno(f);
+  errno = e;
+  return fd;
+}
+
 /* A failing write's bytes: -1, or with FAILIO_SHORT half of them written first */
 static ssize_t failed_write(int fd, const void *p, size_t n, int e) {
   if (shortw && n > 1 && !atomic_load(&short_pending)) {
@@ -396,7 +406,7 @@ int posix_fallocate64(int fd, off_t off, off_t n) { return posix_fallocate(fd, o
 /* ---- stdio: the stream's buffer dropped and its error set, as a failed write leaves it ---- */
 
 static int stdio_fault(FILE *f, const char *what) {
-  if (!f || std_stream(f) || fileno(f) < 0) return 0; /* (a memory stream: no disk) */
+  if (!f || std_stream(f) || stream_fd(f) < 0) return 0; /* (a memory stream: no disk) */
   int e = fault(C_STDIO, what);
   if (e) {
     __fpurge(f);
@@ -410,7 +420,7 @@ size_t fwrite(const void *p, size_t size, size_t n, FILE *f) {
   REAL(size_t, fwrite, (const void *, size_t, size_t, FILE *));
   REAL(int, fflush, (FILE *));
   /* FAILIO_SHORT: what the stream holds and half of these bytes reach the file first */
-  bool half = shortw && size * n > 1 && !inside && (classes & C_STDIO) && !std_stream(f) && fileno(f) > 2 && fail_at > 0 &&
+  bool half = shortw && size * n > 1 && !inside && (classes & C_STDIO) && !std_stream(f) && stream_fd(f) > 2 && fail_at > 0 &&
               atomic_load(&calls) + 1 == fail_at;
   if (half) {
     inside++;
