@@ -653,8 +653,8 @@ out:
   return rc;
 }
 
-/* The NAME of the NAME.c that cavsc wrote into dir, or NULL. */
-/* The model's name: that of the one NAME.ext file cavsc wrote into dir. */
+/* The model's name: that of the one NAME.ext file cavsc wrote into dir; NULL where
+   there is none, or with errno set where dir cannot be read. */
 static char *find_src(const char *dir, const char *ext) {
   DIR *d = opendir(dir);
   if (!d) return NULL;
@@ -761,7 +761,12 @@ int cache_compile(const CacheReq *q, const char *dir, bool object, char **model,
   *model = NULL;
   int rc = run_cavsc(q, dir, err, errlen);
   if (rc) return rc;
+  errno = 0;
   char *name = find_src(dir, src_ext(q));
+  if (!name && errno) { /* (opendir's: memory run out, say) */
+    snprintf(err, errlen, "cannot read %s: %s", dir, strerror(errno));
+    return 2;
+  }
   if (!name || !cavs_is_identifier(name)) {
     snprintf(err, errlen, "cavsc wrote no model C file into %s", dir);
     free(name);
