@@ -4,7 +4,7 @@
  * class; each group becomes one loop (C; one kernel in the CUDA emitter to come) that keeps intermediate
  * values in registers. A union is refused when it would make the group depend on itself
  * through an outside node (a group runs as one step, so no input of it may need one of
- * its members): checked with transitive-dependency bitsets.
+ * its members), counting another group's inputs as each of its members' (depends_on).
  *
  * Product merging: products of one class that share their left operand (x @ Wi,
  * x @ Wf, ...) become one product against a parameter block whose column ranges are
@@ -26,25 +26,59 @@ static bool is_ew(const IrNode *n) {
   return op_info[n->op].kind == OK_EW && n->type == T_ROW && n->uses > 0;
 }
 
+static bool has(const uint64_t *set, int x) { return set[x / 64] >> (x % 64) & 1; }
+
+static int lowest(uint64_t b) { /* b's lowest bit set (b not 0) */
+  int i = 0;
+  while (!(b >> i & 1)) i++;
+  return i;
+}
+
+/* Whether the union of two groups (members mu and mv) would wait on itself: a walk back
+ * from its outside inputs through their operands, where a node in a group stands for all
+ * its members, which run as one step after all their inputs (mem: each root's members;
+ * seen: a bitset of n, stack: n). Each node's own operands alone missed two groups that
+ * wait on each other: x / tanh(g) joining x's group while tanh(g)'s group read a slice
+ * of x @ W (found by check_random). */
+static bool depends_on(const IrFunc *f, int *parent, const uint64_t *mem, size_t words, const uint64_t *mu,
+                       const uint64_t *mv, uint64_t *seen, int *stack) {
+  int top = 0;
+  for (size_t w = 0; w < words; w++) {
+    seen[w] = mu[w] | mv[w];
+    for (uint64_t b = seen[w]; b; b &= b - 1) stack[top++] = (int)(w * 64) + lowest(b);
+  }
+  while (top > 0) {
+    int y = stack[--top];
+    bool outside = !has(mu, y) && !has(mv, y);
+    const IrNode *ny = &f->nodes[y];
+    for (int k = 0; k < ny->nargs; k++) {
+      int a = ny->args[k];
+      if (has(seen, a)) {
+        if (outside && (has(mu, a) || has(mv, a))) return true; /* it waits on the union */
+        continue;
+      }
+      const uint64_t *ma = mem + (size_t)find(parent, a) * words; /* a's group, whole */
+      for (size_t w = 0; w < words; w++) {
+        uint64_t fresh = ma[w] & ~seen[w];
+        seen[w] |= fresh;
+        for (; fresh; fresh &= fresh - 1) stack[top++] = (int)(w * 64) + lowest(fresh);
+      }
+    }
+  }
+  return false;
+}
+
 static void fuse_groups(IrFunc *f, bool no_fuse) {
   int n = f->n;
   int *parent = xmalloc(sizeof(int) * (size_t)(n + 1));
   for (int i = 0; i < n; i++) parent[i] = i;
   bool can_fuse = n <= FUSE_MAX_NODES && !no_fuse;
   size_t words = ((size_t)n + 63) / 64;
-  uint64_t *reach = can_fuse ? xcalloc((size_t)n * words, sizeof(uint64_t)) : NULL;
-  for (int i = 0; can_fuse && i < n; i++) {
-    uint64_t *r = reach + (size_t)i * words;
-    for (int j = 0; j < f->nodes[i].nargs; j++) {
-      int a = f->nodes[i].args[j];
-      uint64_t *ra = reach + (size_t)a * words;
-      for (size_t w = 0; w < words; w++) r[w] |= ra[w];
-      r[a / 64] |= 1ull << (a % 64);
-    }
-  }
   /* members of each root, kept as a bitset for the legality check */
   uint64_t *mem = can_fuse ? xcalloc((size_t)n * words, sizeof(uint64_t)) : NULL;
   for (int i = 0; can_fuse && i < n; i++) mem[(size_t)i * words + (size_t)i / 64] |= 1ull << (i % 64);
+  uint64_t *seen = can_fuse ? xcalloc(words + 1, sizeof(uint64_t)) : NULL;
+  int *stack = can_fuse ? xcalloc((size_t)n + 1, sizeof(int)) : NULL;
 
   for (int v = 0; can_fuse && v < n; v++) {
     IrNode *nv = &f->nodes[v];
@@ -58,21 +92,7 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
       if (gu == gv) continue;
       uint64_t *mu = mem + (size_t)gu * words, *mv = mem + (size_t)gv * words;
       /* legal iff no outside input of the union depends on a member of it */
-      bool legal = true;
-      for (int x = 0; x < n && legal; x++) {
-        bool in_u = mu[x / 64] >> (x % 64) & 1, in_v = mv[x / 64] >> (x % 64) & 1;
-        if (!in_u && !in_v) continue;
-        const IrNode *nx = &f->nodes[x];
-        for (int k = 0; k < nx->nargs && legal; k++) {
-          int a = nx->args[k];
-          bool a_in = (mu[a / 64] >> (a % 64) & 1) || (mv[a / 64] >> (a % 64) & 1);
-          if (a_in) continue;
-          const uint64_t *ra = reach + (size_t)a * words;
-          for (size_t w = 0; w < words; w++)
-            if (ra[w] & (mu[w] | mv[w])) legal = false;
-        }
-      }
-      if (!legal) continue;
+      if (depends_on(f, parent, mem, words, mu, mv, seen, stack)) continue;
       parent[gu] = gv;
       for (size_t w = 0; w < words; w++) mv[w] |= mu[w];
     }
@@ -102,7 +122,8 @@ static void fuse_groups(IrFunc *f, bool no_fuse) {
     g->members[g->n++] = i;
   }
   free(parent);
-  free(reach);
+  free(seen);
+  free(stack);
   free(mem);
   free(gid);
 }

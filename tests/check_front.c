@@ -403,6 +403,37 @@ static Model *moe_body(const char *body, bool no_fuse) {
   return planned(m);
 }
 
+/* Two fused groups must not wait on each other: t1 / tanh(g) may not join t1's group
+ * where tanh(g)'s group reads a slice of t1 @ W13, a product that waits on t1. fuse.c
+ * checked each node's own operands only and made both unions, and plan failed its
+ * assertion that the units have an order (seed 405 of check_random, shrunk). */
+START_TEST(groups_wait_on_no_other) {
+  Model *m = planned(compile_str(
+      "model m1; dim H = 3; input t : real[H];\n"
+      "param W13[H,4H], W14[H,H], W5[H,H];\n"
+      "vertex node (children 1) {\n"
+      "  g = gather(0); t1 = g - g;\n"
+      "  scatter(sum(tanh(g), (t1 @ W13)[2H:3H], t1 / tanh(g)) @ W14);\n"
+      "  push(g @ W5);\n"
+      "}\n"
+      "push (h) { loss mse(h, t); }\n"));
+  const IrFunc *f = m->vertex[0];
+  int sub = -1, div = -1;
+  for (int i = 0; i < f->n; i++) {
+    if (f->nodes[i].op == OP_SUB && sub < 0) sub = i;
+    if (f->nodes[i].op == OP_DIV && div < 0) div = i;
+  }
+  ck_assert(sub >= 0 && div >= 0);
+  /* t1's unit before the product's, the product's before the division's */
+  int mm = -1;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_MATMUL && f->nodes[i].args[0] == sub) mm = i;
+  ck_assert(mm >= 0);
+  ck_assert_int_lt(f->nodes[sub].unit, f->nodes[mm].unit);
+  ck_assert_int_lt(f->nodes[mm].unit, f->nodes[div].unit);
+}
+END_TEST
+
 /* An activation applied by the expert's product it reads (plan.c's act_product): the
  * product stores act(bias + x W_e) (cavs_emm_fwd's act), the activation and the add
  * before it are views of that place, and the product reading the activation applies
@@ -891,6 +922,7 @@ int main(void) {
   tcase_add_test(tc, loop_offsets);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
+  tcase_add_test(tc, groups_wait_on_no_other);
   tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);
   tcase_add_test(tc, push_reads_state_in_place);
