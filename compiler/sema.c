@@ -474,12 +474,15 @@ static bool eval_number(Ctx *c, const Node *n, double *out) {
 /* ---- names in blocks ---- */
 
 /* Inside `for k`, every `_k` component of a name is replaced by the iteration's value:
- * `h_k` -> `h_0`. Returns NULL when no component is a loop variable. */
-static const char *loop_rename(Ctx *c, const char *name) {
+ * `h_k` -> `h_0`. Returns NULL when no component is a loop variable. *depth (where not
+ * NULL) is the number of enclosing loops whose iteration the name is local to: a name
+ * outlives the iterations of the loops it names from the innermost out, and stays local
+ * to the first it does not name (`a_j` in `for k { for j { } }` is k's iteration's). */
+static const char *loop_rename(Ctx *c, const char *name, int *depth) {
   if (!c->nloops || !strchr(name, '_')) return NULL;
   char buf[512];
   size_t len = 0;
-  bool changed = false;
+  bool changed = false, named[CV_MAX_NEST + 1] = {false};
   const char *p = name;
   const char *us = strchr(p, '_');
   len = (size_t)(us - p);
@@ -501,7 +504,12 @@ static const char *loop_rename(Ctx *c, const char *name) {
     if (w < 0 || (size_t)w >= sizeof buf - len) return NULL;
     len += (size_t)w;
     changed |= v != NULL;
+    if (v) named[v - c->loops] = true;
     p = end;
+  }
+  if (depth) {
+    *depth = c->nloops;
+    while (*depth > 0 && named[*depth - 1]) --*depth;
   }
   return changed ? arena_strdup(buf) : NULL;
 }
@@ -527,7 +535,7 @@ static int eval_name(Ctx *c, const Node *n) {
   }
   LoopVar *v = loop_var(c, n->name);
   if (v) return mk_const(c, (double)v->value, n->loc);
-  const char *renamed = loop_rename(c, n->name);
+  const char *renamed = loop_rename(c, n->name, NULL);
   Entry *e = tab_get(&c->scope, renamed ? renamed : n->name);
   if (e) return e->index;
   e = tab_get(&c->globals, n->name);
@@ -1016,7 +1024,7 @@ static int eval_dropout(Ctx *c, const Node *n) {
   Entry *oe = pn->kind == N_NAME && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name)
                   ? tab_get(&c->globals, pn->name) : NULL;
   if (pn->kind == N_NAME && !oe && !loop_var(c, pn->name) && !tab_get(&c->scope, pn->name) &&
-      !tab_get(&c->scope, loop_rename(c, pn->name) ? loop_rename(c, pn->name) : pn->name)) {
+      !tab_get(&c->scope, loop_rename(c, pn->name, NULL) ? loop_rename(c, pn->name, NULL) : pn->name)) {
     error_at(pn->loc, "unknown option '%s' (declare it at the top: option %s = P;)", pn->name, pn->name);
     return -1;
   }
@@ -1382,12 +1390,15 @@ static void stmt_for(Ctx *c, Stmt *s) {
 
 /* NAME = EXPR; (in a loop's body, a name renamed to be seen after the loop) */
 static void stmt_assign(Ctx *c, Stmt *s) {
-  const char *renamed = loop_rename(c, s->name);
+  int depth;
+  const char *renamed = loop_rename(c, s->name, &depth);
   int id = eval(c, s->expr);
   if (renamed) {
-    /* visible after the loop: defined at the block's own depth */
+    /* visible after the loops it names: defined at the depth of the first it does not
+       (the block's own where it names them all; an inner loop's `a_j` defined at the
+       block's depth was a redefinition in the outer loop's next iteration) */
     int saved = c->nloops;
-    c->nloops = 0;
+    c->nloops = depth;
     define(c, renamed, s->name_loc, id);
     c->nloops = saved;
   } else {

@@ -250,6 +250,42 @@ START_TEST(loop_offsets) {
 }
 END_TEST
 
+static int count_named(const IrFunc *f, const char *name) {
+  int n = 0;
+  for (int i = 0; i < f->n; i++) n += f->nodes[i].name && !strcmp(f->nodes[i].name, name);
+  return n;
+}
+
+/* Loops nested in loops: a name outlives the iterations of the loops it names, from the
+ * innermost out, and is local to the first it does not name. In `for k { for j { } }`
+ * a_j is k's iteration's (read after the inner loop, defined again in the next one), l_k
+ * the inner iteration's, q_k_j the block's; an inner range may read the outer variable.
+ * cavsc defined every renamed name at the block's depth, so that a_0 and l_0 were said
+ * to be redefined (found by check_random's nested loops, vfgen.h vg_nest). */
+START_TEST(nested_loops) {
+  Model *m = compile_str(
+      "model n; dim H = 3; dim C = 4; input y : class[C];\n"
+      "param W[H,H], Wc[H,C];\n"
+      "vertex v (children 2) {\n"
+      "  for k in 0..1 {\n"
+      "    s = gather(k) @ W;\n"
+      "    for j in 0..2 { a_j = s * (j + 2); l_k = tanh(a_j); q_k_j = l_k * s; }\n"
+      "    h_k = a_0 + a_1 * a_2;\n"
+      "  }\n"
+      "  for i in 0..1 { for j in i..i + 1 { t_i_j = h_i * (j + 2); } r_i = t_i_i; }\n"
+      "  scatter(tanh(h_0 + h_1 + q_1_2 + q_0_0 + t_1_2 + r_0));\n"
+      "  push(h_0);\n"
+      "}\n"
+      "push (h) { loss softmax_xent(h @ Wc, y); }\n");
+  const IrFunc *f = m->vertex[0];
+  ck_assert_int_eq(count_op(f, OP_MATMUL), 2);   /* s once an outer iteration */
+  ck_assert_int_eq(count_named(f, "a_2"), 2);    /* each outer iteration's own */
+  ck_assert_int_eq(count_named(f, "l_1"), 3);    /* each inner iteration's */
+  ck_assert_int_eq(count_named(f, "q_1_2"), 1);
+  ck_assert_int_eq(count_named(f, "t_1_2"), 1);
+}
+END_TEST
+
 /* The Tree-LSTM's classes match the Cavs paper's Figure 7 and its cell fuses into one
  * loop: pull and the input projections eager (one merged product for all four gates),
  * the products with the children's states, the gates and the cell update on the path,
@@ -920,6 +956,7 @@ int main(void) {
   tcase_add_test(tc, constants);
   tcase_add_test(tc, exponents_and_dim_terms);
   tcase_add_test(tc, loop_offsets);
+  tcase_add_test(tc, nested_loops);
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, groups_wait_on_no_other);
