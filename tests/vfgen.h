@@ -25,7 +25,8 @@
  * zeros and constants for matrices and tables too where the program has no softmax and no
  * mixture, whose argmax and routing a tie would leave to the rounding); option clip and a
  * comment sometimes. The draws added after seed 1500's sweep (many children, those loops,
- * the constants, the option balance more often) come from a second stream, P->x. */
+ * the constants, the option balance more often) come from a second stream, P->x; loops
+ * nested in loops (vg_nest), added after seed 3100's, from a third, P->y. */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -195,6 +196,7 @@ typedef struct VgProg {
   VgRng r;
   VgRng x; /* the draws added since seed 1500's sweep: a program that draws none of them
               is the one it was */
+  VgRng y; /* and since seed 3100's: loops nested in loops (vg_nest) */
   VgStr head, body;
   bool dim_on[VG_NDIM];
   VgParam param[VG_MAXPARAM];
@@ -729,6 +731,31 @@ static inline void vg_named(VgProg *P, VgBlock *b, const char *name, VgW w) {
   }
 }
 
+/* ` NAME = e;` in a loop's body (on its line), NAME then a value of block b */
+static inline void vg_let(VgProg *P, VgBlock *b, VgStr *o, const char *name, VgW w, int depth) {
+  vg_printf(o, " %s = ", name);
+  vg_expr(P, b, w, depth, o);
+  vg_puts(o, ";");
+  vg_add(b, name, w, false);
+}
+
+/* A loop's members name_LO..name_LO+n-1 of width w, a value of block b (name_k in a
+   later loop whose range they cover, else one drawn) */
+static inline void vg_family(VgBlock *b, const char *name, VgW w, int lo, int n) {
+  if (b->nval >= VG_MAXVAL) return;
+  vg_add(b, name, w, true);
+  b->val[b->nval - 1].lo = lo, b->val[b->nval - 1].n = n;
+}
+
+/* and, in the pull block, each a value that pull(NAME) reads */
+static inline void vg_pulled(VgProg *P, const VgBlock *b, const char *name, VgW w, int lo, int n) {
+  for (int i = lo; b->pull && i < lo + n && P->pull_nval < 16; i++) {
+    VgVal *v = &P->pullv[P->pull_nval++];
+    snprintf(v->name, sizeof v->name, "%s_%d", name, i);
+    v->w = w;
+  }
+}
+
 /* A loop that is not over the children, in any block (vf(5): `for` is a statement):
  *   [zwN = e;]  for j in LO..HI { [lN = e;] zN_j = e'; }  [tM = sum(j in LO..HI: ...);]
  * two to four members of one width w, each its iteration's: where a row (HI+1)w wide is
@@ -755,11 +782,8 @@ static inline void vg_loop(VgProg *P, VgBlock *b, VgStr *o, int depth) {
   b->loopk = "j", b->looplo = lo, b->loophi = hi;
   vg_printf(o, "  for j in %d..%d {", lo, hi);
   if (vg_pct(x, 35)) { /* the iteration's own name: gone after it */
-    vg_printf(o, " l%d = ", id);
-    vg_expr(P, b, w, depth - 1, o);
-    vg_puts(o, ";");
     snprintf(nm, sizeof nm, "l%d", id);
-    vg_add(b, nm, w, false);
+    vg_let(P, b, o, nm, w, depth - 1);
   }
   vg_printf(o, " z%d_j = ", id);
   bool scaled = vg_pct(x, 30);
@@ -787,15 +811,8 @@ static inline void vg_loop(VgProg *P, VgBlock *b, VgStr *o, int depth) {
   vg_puts(o, "; }\n");
   b->loopk = NULL, b->nstr = save, b->nval = nval;
   snprintf(nm, sizeof nm, "z%d", id);
-  if (b->nval < VG_MAXVAL) {
-    vg_add(b, nm, w, true);
-    b->val[b->nval - 1].lo = lo, b->val[b->nval - 1].n = n;
-  }
-  for (int i = lo; b->pull && i <= hi && P->pull_nval < 16; i++) {
-    VgVal *v = &P->pullv[P->pull_nval++];
-    snprintf(v->name, sizeof v->name, "%s_%d", nm, i);
-    v->w = w;
-  }
+  vg_family(b, nm, w, lo, n);
+  vg_pulled(P, b, nm, w, lo, n);
   if (vg_pct(x, 50)) {
     char t[VG_NAME];
     snprintf(t, sizeof t, "t%d", b->tmp++);
@@ -817,6 +834,147 @@ static inline void vg_loop(VgProg *P, VgBlock *b, VgStr *o, int depth) {
     }
     vg_puts(o, ";\n");
     vg_named(P, b, t, tw);
+  }
+}
+
+/* An integer written from the outer loop's i and the inner's j, to scale a row by:
+ * (i + 1), (1 + i * j), (j - i) ... (the value a constant of each iteration) */
+static inline const char *vg_ij(VgRng *y) {
+  static const char *const f[] = {"(i + 1)", "(j + 1)", "(1 + i * j)", "(j - i)", "(2 * i + j + 1)", "(i + j)"};
+  return f[vg_int(y, 6)];
+}
+
+/* Loops nested in a loop, in any block (vf(5): a name outlives the iterations of the
+ * loops it names, from the innermost out, and is local to the first it does not name):
+ *   for i in LO..HI {
+ *     [wN = e(i);]                          the outer iteration's own
+ *     for j in RANGE {                      LO2..HI2, LO2..i, i..HI2 or i..i + 1
+ *       [lN_i = e;]                         named by the outer loop only: the inner
+ *                                           iteration's own
+ *       aN_j = e(i) op e(j) | e(j) * (i+j); named by the inner loop: the outer
+ *                                           iteration's, read after the inner loop
+ *       [nN_i_j = e;]                       named by both: the block's
+ *     }
+ *     rN_i = sum(j in RANGE: aN_j) [op e(i)] | concat(aN_LO2, .., aN_HI2) [@ W];
+ *   }
+ *   [tM = sum(i in LO..HI: rN_i);]
+ * e(i) reads i: gather(i) where i ranges over the children, a family's member name_i,
+ * wN; e(j) likewise name_j. rN's members are then the block's (name_i in a later
+ * loop), and an nN_i_j or two. The pull block's caller leaves room in pullv (eight names
+ * at most), its last the last assignment, as pull() reads. */
+static inline void vg_nest(VgProg *P, VgBlock *b, VgStr *o, int depth) {
+  VgRng *y = &P->y;
+  int id = b->tmp++, nval = b->nval, save = b->nstr;
+  bool kids = b->children >= 2 && b->kuni && vg_pct(y, 50); /* i over the children */
+  int lo, hi; /* two to four outer iterations */
+  if (kids) {
+    int n = b->children < 4 ? b->children : 4;
+    lo = vg_int(y, b->children - n + 1), hi = lo + n - 1;
+  } else {
+    lo = vg_pct(y, 25), hi = lo + 1 + vg_int(y, 3);
+  }
+  int kind = vg_int(y, 4), lo2 = 0, hi2 = 0; /* the inner range: fixed, LO2..i, i..HI2, i..i + 1 */
+  char range[48];
+  switch (kind) {
+  case 0: lo2 = vg_int(y, 2), hi2 = lo2 + 1 + vg_int(y, 2); snprintf(range, sizeof range, "%d..%d", lo2, hi2); break;
+  case 1: lo2 = vg_int(y, lo + 1), hi2 = hi; snprintf(range, sizeof range, "%d..i", lo2); break;
+  case 2: lo2 = lo, hi2 = hi + vg_int(y, 2); snprintf(range, sizeof range, "i..%d", hi2); break;
+  default: lo2 = lo, hi2 = hi + 1; snprintf(range, sizeof range, "i..i + 1"); break;
+  }
+  VgW w = *vg_pick_width(P), wr = w;
+  char u[16] = "", nm[16], a[16], rn[16]; /* (not u0..: a typed block's slots) */
+  snprintf(a, sizeof a, "a%d", id);
+  snprintf(rn, sizeof rn, "r%d", id);
+  vg_printf(o, "  for i in %d..%d {\n", lo, hi);
+  b->loopk = "i", b->looplo = lo, b->loophi = hi;
+  if (vg_pct(y, 35)) {
+    snprintf(u, sizeof u, "w%d", id);
+    vg_printf(o, "    %s = ", u);
+    if (kids && vg_pct(y, 50)) vg_state_row(P, o, "gather(i)", b->kidw[0], w, false);
+    else vg_expr(P, b, w, depth - 1, o);
+    vg_puts(o, ";\n");
+    vg_add(b, u, w, false);
+  }
+  int isave = b->nstr, ival = b->nval;
+  vg_printf(o, "    for j in %s {", range);
+  b->loopk = "j", b->looplo = lo2, b->loophi = hi2;
+  if (vg_pct(y, 30)) {
+    snprintf(nm, sizeof nm, "l%d_i", id);
+    vg_let(P, b, o, nm, w, depth - 1);
+  }
+  vg_printf(o, " %s_j = ", a);
+  if (vg_pct(y, 55)) {
+    static const char *const op[] = {" * ", " + ", " - "};
+    vg_puts(o, "(");
+    vg_expr(P, b, w, depth - 1, o);
+    vg_puts(o, ")");
+    vg_puts(o, op[vg_int(y, 3)]);
+    b->loopk = "i", b->looplo = lo, b->loophi = hi;
+    if (kids && vg_pct(y, 50)) vg_state_row(P, o, "gather(i)", b->kidw[0], w, true);
+    else if (u[0] && vg_pct(y, 50)) vg_puts(o, u);
+    else {
+      vg_puts(o, "(");
+      vg_expr(P, b, w, depth - 2, o);
+      vg_puts(o, ")");
+    }
+    b->loopk = "j", b->looplo = lo2, b->loophi = hi2;
+  } else {
+    vg_puts(o, "(");
+    vg_expr(P, b, w, depth - 1, o);
+    vg_printf(o, ") %s %s", vg_pct(y, 70) ? "*" : "+", vg_ij(y));
+  }
+  vg_puts(o, ";");
+  bool both = vg_pct(y, 40);
+  VgW wn = *vg_pick_width(P);
+  if (both) {
+    vg_printf(o, " n%d_i_j = ", id);
+    vg_expr(P, b, wn, depth - 1, o);
+    vg_puts(o, ";");
+  }
+  vg_puts(o, " }\n");
+  b->nstr = isave, b->nval = ival; /* what the inner body wrote reads j */
+  /* the inner loop's members that every outer iteration has */
+  int flo = kind == 0 ? lo2 : kind == 1 ? lo2 : hi, fn = kind == 0 ? hi2 - lo2 + 1 : kind == 1 ? lo - lo2 + 1 : hi2 - hi + 1;
+  if (kind != 3) vg_family(b, a, w, flo, fn);
+  b->loopk = "i", b->looplo = lo, b->loophi = hi;
+  vg_printf(o, "    %s_i = ", rn);
+  if (kind == 0 && vg_pct(y, 30)) {
+    vg_puts(o, "concat(");
+    for (int j = lo2; j <= hi2; j++) vg_printf(o, "%s%s_%d", j > lo2 ? ", " : "", a, j);
+    vg_puts(o, ")");
+    VgW cw = {{0}, 0};
+    for (int j = lo2; j <= hi2; j++) cw = vg_wadd(cw, w);
+    wr = cw;
+    if (vg_pct(y, 60)) wr = *vg_pick_width(P), vg_printf(o, " @ %s", vg_param_for(P, cw, wr, true));
+  } else {
+    vg_printf(o, "sum(j in %s: %s_j)", range, a);
+    if (vg_pct(y, 50)) {
+      vg_puts(o, vg_pct(y, 50) ? " * " : " + ");
+      vg_puts(o, "(");
+      vg_expr(P, b, w, depth - 2, o);
+      vg_puts(o, ")");
+    }
+  }
+  vg_puts(o, ";\n  }\n");
+  b->loopk = NULL, b->nstr = save, b->nval = nval;
+  /* after the loops: rN's members, and nN_i_j of an (i, j) every range has */
+  vg_family(b, rn, wr, lo, hi - lo + 1);
+  if (both) {
+    for (int t = vg_int(y, 3); t > 0; t--) {
+      int i = lo + vg_int(y, hi - lo + 1);
+      int jlo = kind == 0 ? lo2 : kind == 1 ? lo2 : i, jhi = kind == 0 ? hi2 : kind == 1 ? i : kind == 2 ? hi2 : i + 1;
+      int j = jlo + vg_int(y, jhi - jlo + 1);
+      char n2[VG_NAME];
+      snprintf(n2, sizeof n2, "n%d_%d_%d", id, i, j);
+      vg_named(P, b, n2, wn);
+    }
+  }
+  vg_pulled(P, b, rn, wr, lo, hi - lo + 1); /* the pull block's last: rN_HI */
+  if (vg_pct(y, 40)) {
+    char t[VG_NAME];
+    snprintf(t, sizeof t, "t%d", b->tmp++);
+    vg_printf(o, "  %s = sum(i in %d..%d: %s_i);\n", t, lo, hi, rn);
+    vg_named(P, b, t, wr);
   }
 }
 
@@ -931,6 +1089,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   VgRng *r = &P->r;
   r->s = seed * 0x2545f4914f6cdd1dull + 17;
   P->x.s = seed * 0x9e3779b97f4a7c15ull + 1501;
+  P->y.s = seed * 0xd1b54a32d192ed03ull + 3101;
   vg_wstyle = vg_pct(r, 70) ? 0 : 1 + vg_int(r, 2);
   P->dim_on[VG_H] = true;
   P->dim_on[VG_E] = vg_pct(r, 50);
@@ -1029,6 +1188,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       vg_add(b, v->name, w, false);
     }
     if (P->pull_nval + 6 <= 16 && vg_pct(&P->x, 25)) vg_loop(P, b, o, depth);
+    if (P->pull_nval + 7 <= 16 && vg_pct(&P->y, 15)) vg_nest(P, b, o, depth);
     vg_puts(o, "}\n\n");
     P->has_pull = true;
     free(b);
@@ -1113,6 +1273,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     }
     int n = 1 + vg_int(r, 4);
     if (vg_pct(&P->x, 15)) vg_loop(P, b, o, depth);
+    if (vg_pct(&P->y, 12)) vg_nest(P, b, o, depth);
     for (int i = 0; i < n; i++) {
       VgW w = *vg_pick_width(P);
       if (vg_pct(r, 30)) w = own;
@@ -1160,6 +1321,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     vg_add(b, "h", P->pushw, false);
     int n = vg_int(r, 3);
     if (vg_pct(&P->x, 20)) vg_loop(P, b, o, depth - 1);
+    if (vg_pct(&P->y, 15)) vg_nest(P, b, o, depth - 1);
     for (int i = 0; i < n; i++) vg_assign(P, b, o, "  ", *vg_pick_width(P), depth - 1);
     if (moe_at == ntypes) vg_moe(P, b, o);
     if (softmax) {
