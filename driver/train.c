@@ -1331,9 +1331,10 @@ static off_t last_line_start(FILE *f, off_t size) {
    first brace closes at the line's end (outside its strings, blanks after it aside),
    read 64 KiB at a time; -1 where a read fails. A record the run before did not finish
    is a part of one, whose first brace is still open, however long the line (a record
-   of many experts' shares runs past 64 KiB). Not jansson's parse: it allocates, and it
-   reports an allocation that failed as a syntax error ("invalid token"), so that a
-   whole record met with memory running out was taken for a torn one and cut off. */
+   of many experts' shares runs past 64 KiB). Not a parse (json_read): that needs the
+   whole line in memory, and a line too long to hold would stop the run, where this
+   needs none. (jansson's parse alone cut a whole record off where memory ran out: it
+   reported the failed allocation as a syntax error, "invalid token".) */
 static int line_closed(FILE *f, off_t start, off_t size) {
   char buf[65536];
   long depth = -1; /* -1: before the first brace; 0: after its close */
