@@ -1256,12 +1256,27 @@ static int build(const CacheReq *q, const char *root, const char *dir, char *err
     snprintf(err, errlen, "cannot write '%s': %s", metap, strerror(e ? e : EIO));
     goto out;
   }
+  /* the object, the record and the directory that names them on the disk before the
+     rename publishes them: a crash after it finds the entry whole, not an empty object
+     that loads fail on (they would rebuild it, its hash refused, but a run should not
+     have to). A flush refused is said as a write is (the entry not published) */
+  const char *part = tso;
+  e = flush(tso, 0);
+  if (!e) part = metap, e = flush(metap, 0);
+  if (!e) part = tmp, e = flush(tmp, O_DIRECTORY);
+  if (e) {
+    snprintf(err, errlen, "cannot write '%s': %s", part, strerror(e));
+    goto out;
+  }
   /* publish the whole directory at once; if another process won the race, keep its.
      Where the rename fails otherwise (a full disk), the reason is said if cache_load
      has no build left to try */
   published = rename(tmp, dir) == 0;
   if (!published && errno != EEXIST && errno != ENOTEMPTY)
     snprintf(err, errlen, "cannot put the built cache entry in place as '%s': %s", dir, strerror(errno));
+  /* (the rename itself on the disk: the root flushed; a root that cannot be is left to
+     the entry's hash, as before, since the entry is in place for this run) */
+  if (published) (void)flush(root, O_DIRECTORY);
   rc = 0;
 out:
   /* err says what failed; a directory left behind is not worth more. Removed before the

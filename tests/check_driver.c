@@ -3492,6 +3492,54 @@ START_TEST(a_file_written_out_of_memory_is_said) {
 }
 END_TEST
 
+/* The compile cache's entry is on the disk before its rename publishes it: its object,
+ * its record and its directory flushed, in that order, before the rename (they were not:
+ * a crash after it left an entry of empty files, which a load refused by its hash and
+ * rebuilt). A flush the disk refuses publishes nothing and says which file (status 2). */
+START_TEST(a_cache_entry_flushed_before_it_is_published) {
+  const char *pre = failio();
+  if (!pre) return;
+  char data[4400], out[4500], cache1[4500], cache2[4500], nth[64];
+  snprintf(data, sizeof data, "%s", path_in("cf.txt"));
+  RunResult r = cavs("gen", "toy", "--graphs", "20", "--leaves", "8", "--seed", "3", "-o", data, NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  snprintf(out, sizeof out, "FAILIO_OUT=%s", path_in("failio.out"));
+  snprintf(cache1, sizeof cache1, "CAVS_CACHE=%s", path_in("cf-cache1"));
+  snprintf(cache2, sizeof cache2, "CAVS_CACHE=%s", path_in("cf-cache2"));
+#define CF_TRAIN(env)                                                                                           \
+  cavs_env(env, "train", model("treelstm.vf"), "--format", "ptb-tree", "--train", data, "--dim", "E=8", "--dim", \
+           "H=8", "--epochs", "1", "--quiet", NULL)
+  unlink(path_in("failio.out"));
+  char *trace[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=sync,rename", "FAILIO_TRACE=1", out, cache1, NULL};
+  r = CF_TRAIN(trace);
+  ok(&r, "the traced build");
+  tu_free(&r);
+  long so = traced_file("fsync", "/model.so", true, 1, 0), meta = traced_file("fsync", "/meta", true, 1, so);
+  long dir = meta ? traced_file("fsync", "", true, 1, meta) : 0, put = traced_file("rename", "", true, 1, meta);
+  char *trail = tu_slurp(path_in("failio.out"), NULL);
+  ck_assert_msg(so && meta && dir == meta + 1 && put == dir + 1 && strstr(trail, ".build.cavs-tmp-"),
+                "the object's flush %ld, the record's %ld, the directory's %ld, the rename %ld:\n%s", so, meta, dir,
+                put, trail);
+  free(trail);
+  /* the object's flush refused: no entry, the file named */
+  snprintf(nth, sizeof nth, "FAILIO_N=%ld", so);
+  char *fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=sync,rename", "FAILIO_ERR=EIO", nth, out, cache2,
+                   NULL};
+  r = CF_TRAIN(fault);
+  ck_assert_msg(r.status == 2 && strstr(r.err, "/model.so': ") && strstr(r.err, strerror(EIO)),
+                "the object's flush failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  DIR *d = opendir(path_in("cf-cache2"));
+  ck_assert_ptr_nonnull(d);
+  for (struct dirent *e; (e = readdir(d));)
+    ck_assert_msg(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "streams"),
+                  "left in the cache: %s", e->d_name);
+  closedir(d);
+#undef CF_TRAIN
+}
+END_TEST
+
 /* cavs plot with each of its allocations failed in turn: the picture drawn, or "out of
  * memory" (status 2) and no picture. jansson's parser takes a failed allocation for bad
  * text: the log was said to be "not JSON" (status 1). gnuplot is a script that draws. */
@@ -4951,6 +4999,7 @@ int main(void) {
   tcase_add_test(tc, a_whole_record_kept_as_memory_runs_out);
   tcase_add_test(tc, a_plot_out_of_memory_is_said);
   tcase_add_test(tc, a_file_written_out_of_memory_is_said);
+  tcase_add_test(tc, a_cache_entry_flushed_before_it_is_published);
   tcase_add_test(tc, a_refused_link_keeps_the_set);
   tcase_add_test(tc, a_refused_put_back_is_said);
   tcase_add_test(tc, a_refused_undo_is_said);
