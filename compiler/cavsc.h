@@ -713,6 +713,11 @@ typedef struct GemmCall {
   const Place *table;
   Lin table_rows;
   const char *table_if;
+  /* kids > 0: x is the gathered rows of child slots 0 .. kids-1 side by side, kid_k
+     columns each, and a child of vertex type kid_type holds the row of `table` at its
+     integer input kid_input as its state (emit.c, kid_table): cavs_gemm_kids */
+  int kids, kid_type, kid_input;
+  Lin kid_k;
 } GemmCall;
 
 /* A loss over the rows r0..r0+n-1, or its gradient (bwd: into a's gradient). */

@@ -733,6 +733,55 @@ static const Place *lookup_table(const Emit *e, const IrFunc *f, const Place *x,
   return &t->val;
 }
 
+/* The vertex type whose state is a looked-up row as it is: it scatters pull() where the
+ * pull is a lookup of a parameter table with nothing between (no dropout): Tree-FC's
+ * leaves, `scatter(x)` of `x = emb[word]`. Its index input's slot, the table and its
+ * rows; -1 where no type is (the first such type where several are). */
+static int table_type(const Emit *e, int *input, const Place **table, Lin *rows, Lin *cols) {
+  const Model *m = e->m;
+  for (int t = 0; t < m->nvertex && m->pull; t++) {
+    const IrFunc *f = m->vertex[t];
+    for (int i = 0; i < f->n; i++) {
+      const IrNode *sc = &f->nodes[i];
+      if (sc->op != OP_SCATTER) continue;
+      const IrNode *x = &f->nodes[sc->args[0]];
+      if (x->op != OP_PULL) break;
+      const IrNode *src = &m->pull->nodes[m->pulls[x->ref].node];
+      if (src->op != OP_LOOKUP) break;
+      const IrNode *tn = &m->pull->nodes[src->args[0]];
+      if (tn->op != OP_PARAM || tn->val.kind != PL_PARAM) break;
+      *input = int_slot(m, m->pull->nodes[src->args[1]].ref);
+      *table = &tn->val;
+      *rows = m->params[tn->ref].rows;
+      *cols = m->params[tn->ref].cols;
+      return t;
+    }
+  }
+  return -1;
+}
+
+/* Product p's gathered children where its left operand is child slots 0 .. S-1 side by
+ * side (concat(gather(0), gather(1)), or gather(0) alone), each as wide as a state of
+ * the table type (table_type): S, the slot's width in *k, the type and its input in
+ * *type and *input, the table and its rows; 0 otherwise, and on every target but C's
+ * (the CUDA backend multiplies every row: the one product). */
+static int kid_table(const Emit *e, const IrFunc *f, const Prod *p, Lin *k, int *type, int *input,
+                     const Place **table, Lin *rows) {
+  if (strcmp(e->t->name, "c") || f->kind != F_VERTEX || p->stack != 1) return 0;
+  const IrNode *l = &f->nodes[p->left];
+  int kids = l->op == OP_GATHER ? 1 : l->op == OP_CONCAT ? l->nargs : 0;
+  for (int s = 0; s < kids; s++) {
+    const IrNode *g = l->op == OP_GATHER ? l : &f->nodes[l->args[s]];
+    if (g->op != OP_GATHER || g->ref != s || !lin_eq(g->width, l->op == OP_GATHER ? l->width : f->nodes[l->args[0]].width))
+      return 0;
+  }
+  Lin cols;
+  if (!kids || (*type = table_type(e, input, table, rows, &cols)) < 0) return 0;
+  *k = l->op == OP_GATHER ? l->width : f->nodes[l->args[0]].width;
+  /* (the table's row is a whole state, as wide as a slot) */
+  return lin_eq(cols, *k) ? kids : 0;
+}
+
 /* The first node added into a (IrNode.accum), or -1 */
 static int first_adder(const IrFunc *f, int a) {
   for (int b = 0; b < f->n; b++)
@@ -809,6 +858,12 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   /* the first to write the left operand's gradient, in a buffer not cleared: sets it */
   if (form == 1 && first->dx_set) g.form = 5;
   if (g.index >= 0 && p.stack == 1 && g.form != 4) g.table = lookup_table(e, f, x, p.left, &g.table_rows, &g.table_if);
+  /* over gathered children some of which may be looked-up rows: each distinct one
+     multiplied once (not where the product sets dx: the rows of an index past its first
+     would be left as they were) */
+  if (g.index < 0 && g.form != 5 && (g.rows == ROWS_ALL || g.rows == ROWS_WITH_CHILDREN) &&
+      (g.kids = kid_table(e, f, &p, &g.kid_k, &g.kid_type, &g.kid_input, &g.table, &g.table_rows)))
+    g.table_if = "1";
   /* rows without a word left for the product that adds into this one to set (it reads
      the word's index for that) */
   bool opens = form == 0 && g.form == 0 && g.rows == ROWS_WITH_INDEX && p.stack == 1 && open_closer(e, f, me) >= 0;

@@ -237,6 +237,17 @@ void emit_c_gemm(Emit *e, const GemmCall *g) {
             emit_ptr(e, g->y, "0"), yl);
     return;
   }
+  if (g->kids) {
+    /* x the children's gathered rows, those of type kid_type rows of the table */
+    fprintf(e->out,
+            "  cavs_gemm_kids(c, %d, %d, %d, %s, r0, n, %s, %s, %s, %s, %s, %s,\n                 %s, %s, %s, %s, "
+            "%s, %s);\n",
+            g->kids, g->kid_type, g->kid_input, g->rows == ROWS_WITH_CHILDREN ? "c->leaf_rows" : "0",
+            prod_form[g->form], cols, emit_lin(e->m, g->kid_k), emit_ptr(e, (Ref){g->table, false}, "0"),
+            emit_ld(e, g->table), emit_ld(e, &(Place){.ld = g->table_rows}), emit_ptr(e, g->x, "0"), xl, ws, wl,
+            emit_ptr(e, g->y, "0"), yl);
+    return;
+  }
   if (g->table) {
     /* x = table[index]: each distinct row multiplied once (training), or, for y = x W,
        rows of table W looked up (inference); NULL where x's rows are not the table's */

@@ -362,7 +362,7 @@ void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int f
                             : NULL;
   if (!t) {
     /* x's rows the table's: each distinct one multiplied once, where the backend can */
-    bool once = table && form != CAVS_PROD_Y_ADD && BE(c)->gemm_distinct && !(c->model->ablate & CAVS_NO_DEDUP);
+    bool once = table && BE(c)->gemm_distinct && !(c->model->ablate & CAVS_NO_DEDUP);
     if (!once || !BE(c)->gemm_distinct(c, idx, skip, r0, n, form, cols, k, trows, x, ldx, w, ldw, y, ldy))
       BE(c)->gemm_rows(c, idx, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
     return;
@@ -377,6 +377,78 @@ void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, in
                     const void *w, long ldw, void *y, long ldy) {
   DEAD(c);
   BE(c)->gemm_skip(c, skip, r0, n, form, cols, k, x, ldx, w, ldw, y, ldy);
+}
+
+/* cavs_gemm_kids's indices for rows [r0, r0 + n): for each slot s, at kidx + 2 s rows
+   the index (`input`) of the slot's child where it is of type `type` with one (-1
+   elsewhere) and at kidx + (2 s + 1) rows 0 where the child is of another type (-1
+   elsewhere; a child of the type without an index has a zero row: neither). Bit s of
+   the result: slot s has a child of the type with an index. 0 where there is none or
+   no memory (the caller then multiplies every row). */
+static unsigned kid_indices(cavs_ctx *c, int kids, int type, int input, int skip, int r0, int n) {
+  cavs_model *m = c->model;
+  if (type < 0 || type >= c->desc->nvertex || input < 0 || input >= c->desc->nint || kids > m->maxc ||
+      kids > (int)(8 * sizeof(unsigned)) || m->rows <= 0)
+    return 0;
+  size_t need = 2 * (size_t)kids * (size_t)m->rows;
+  if (need > m->capkidx) {
+    int *p = realloc(m->kidx, need * sizeof(int));
+    if (!p) return 0;
+    m->kidx = p, m->capkidx = need;
+  }
+  int lo = m->type_r0[type], hi = lo + m->type_n[type];
+  const int *word = m->iin[input]; /* (host memory: a device's inputs are copies) */
+  unsigned has = 0;
+  for (int s = 0; s < kids; s++) {
+    int *idx = m->kidx + 2 * (size_t)s * (size_t)m->rows, *other = idx + m->rows;
+    for (int r = r0; r < r0 + n; r++) {
+      int ch = r < r0 + skip ? -1 : m->child[(size_t)r * (size_t)m->maxc + (size_t)s];
+      bool table = ch >= lo && ch < hi;
+      idx[r] = table && word[ch] >= 0 ? word[ch] : -1;
+      other[r] = ch >= 0 && !table ? 0 : -1;
+      if (idx[r] >= 0) has |= 1u << s;
+    }
+  }
+  return has;
+}
+
+void cavs_gemm_kids(cavs_ctx *c, int kids, int type, int input, int skip, int r0, int n, int form, int cols, int k,
+                    const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
+                    void *y, long ldy) {
+  DEAD(c);
+  cavs_model *m = c->model;
+  if (skip > n) skip = n;
+  if (skip < 0) skip = 0;
+  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER || form == CAVS_PROD_Y_ADD;
+  unsigned has = 0;
+  /* (a backend without distinct rows' products multiplies every row: the one product,
+     as cavs_gemm_skip) */
+  if (BE(c)->gemm_distinct && !(m->ablate & CAVS_NO_DEDUP) &&
+      (y_form || form == CAVS_PROD_DX || form == CAVS_PROD_DW) && kids > 0 && k > 0)
+    has = kid_indices(c, kids, type, input, skip, r0, n);
+  if (!has) {
+    /* no child of the type here (the upper levels): the one product over every slot */
+    BE(c)->gemm_skip(c, skip, r0, n, form, cols, kids * k, x, ldx, w, ldw, y, ldy);
+    return;
+  }
+  size_t es = m->esize;
+  for (int s = 0; s < kids; s++) {
+    /* slot s: x's columns [s k, (s + 1) k) (dx's, in CAVS_PROD_DX, where x is dy), w's
+       rows [s k, (s + 1) k) (dW's in CAVS_PROD_DW); after the first, y is added to */
+    int f = y_form && s ? CAVS_PROD_Y_ADD : form;
+    const char *xs = (const char *)x + (form == CAVS_PROD_DX ? 0 : (size_t)s * (size_t)k * es);
+    const char *ws = (const char *)w + (size_t)s * (size_t)k * (size_t)ldw * es;
+    char *ys = (char *)y + (form == CAVS_PROD_DX ? (size_t)s * (size_t)k * es : 0);
+    if (!(has >> s & 1)) {
+      BE(c)->gemm_skip(c, skip, r0, n, f, cols, k, xs, ldx, ws, ldw, ys, ldy);
+      continue;
+    }
+    const int *idx = m->kidx + 2 * (size_t)s * (size_t)m->rows, *other = idx + m->rows;
+    /* the rows whose child is a looked-up row, each distinct one multiplied once (their
+       x is that row: the child's state), then the others, added */
+    cavs_gemm_table(c, idx, skip, r0, n, f, cols, k, table, ldt, trows, xs, ldx, ws, ldw, ys, ldy);
+    BE(c)->gemm_rows(c, other, skip, r0, n, y_form ? CAVS_PROD_Y_ADD : f, cols, k, xs, ldx, ws, ldw, ys, ldy);
+  }
 }
 
 /* A type whose gathered buffers are views of the state (scheduler.c, plan_views) copies

@@ -597,7 +597,8 @@ enum { ROW_GATHER_FWD, ROW_GATHER_BWD, ROW_LOOKUP_FWD, ROW_LOOKUP_BWD, ROW_COPY,
 typedef struct RowJob {
   cavs_ctx *c;
   int op, k, r0, n, parts, add, state;
-  bool open; /* ROW_LOOKUP_FWD: the rows without an index left as they are */
+  bool open; /* ROW_LOOKUP_FWD: the rows without an index left as they are (and with
+                 `add`, the others added to) */
   void *dst;
   const void *src;
   long ld, lds, w;
@@ -623,7 +624,9 @@ static void row_part(void *arg, int i) {
     else gather_bwd_f(c, q->k, q->state, q->src, q->ld, r0, n, at, at + cnt);
     break;
   case ROW_LOOKUP_FWD: /* src: the table, lds its stride */
-    if (q->open && dbl) lookup_open_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
+    if (q->add && dbl) lookup_add_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
+    else if (q->add) lookup_add_f(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
+    else if (q->open && dbl) lookup_open_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
     else if (q->open) lookup_open_f(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
     else if (dbl) lookup_fwd_d(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
     else lookup_fwd_f(q->src, q->lds, q->idx, q->dst, q->ld, r0, n, q->w);
@@ -1032,7 +1035,7 @@ static int distinct_rows(Distinct *d, const int *idx, int a, int b, long words, 
 static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
                               long trows, const void *x, long ldx, const void *w, long ldw, void *y, long ldy) {
   Cpu *s = c->model->bs;
-  if (!s || form == CAVS_PROD_Y_ADD || form == CAVS_PROD_Y_CLOSE || form == CAVS_PROD_DX_SET || trows <= 0 ||
+  if (!s || form == CAVS_PROD_Y_CLOSE || form == CAVS_PROD_DX_SET || trows <= 0 ||
       trows > DISTINCT_MAX_WORDS || n <= 0 || cols <= 0 || k <= 0)
     return false;
   if (skip > n) skip = n;
@@ -1046,7 +1049,8 @@ static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int
      copies cost about what the products would save (a tree at batch size 1) */
   if (nu <= 0 || nw < 32 || (nw - nu) * 16 < nw) return false;
   size_t es = DBL(c) ? 8 : 4;
-  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER || form == CAVS_PROD_Y_OPEN, dx = form == CAVS_PROD_DX;
+  bool y_form = form == CAVS_PROD_Y || form == CAVS_PROD_Y_INNER || form == CAVS_PROD_Y_OPEN || form == CAVS_PROD_Y_ADD;
+  bool dx = form == CAVS_PROD_DX;
   /* xu: nu rows of k (x's distinct rows, or dx's), tu: nu rows of cols (y's, or the sums
      of dy) */
   char *xu = distinct_space(&d->xu, &d->xu_bytes, (size_t)nu * (size_t)k * es);
@@ -1060,9 +1064,11 @@ static bool cpu_gemm_distinct(cavs_ctx *c, const int *idx, int skip, int r0, int
     d->sums = false;
     c->model->stats.rows_seconds += cv_now() - t0;
     cpu_gemm(c, CAVS_NO_TRANS, CAVS_NO_TRANS, nu, cols, k, 1, xu, k, w, ldw, 0, tu, cols);
-    /* each row its index's product; a row without one zeros (or, open, nothing) */
+    /* each row its index's product; a row without one zeros (or, open, nothing; or,
+       added to, the product added and the others left) */
     rows_run(&(RowJob){.c = c, .op = ROW_LOOKUP_FWD, .src = tu, .lds = cols, .idx = d->slot, .dst = y, .ld = ldy,
-                       .r0 = a, .n = b - a, .w = cols, .open = form == CAVS_PROD_Y_OPEN});
+                       .r0 = a, .n = b - a, .w = cols, .open = form == CAVS_PROD_Y_OPEN,
+                       .add = form == CAVS_PROD_Y_ADD});
     return true;
   }
   /* the sums of dy (dx's x, the product's y otherwise) over each index's rows, unless

@@ -73,8 +73,11 @@ extern "C" {
  *    read it alone) and cavs_buf_desc.vertex -3 (the pull block's buffers).
  * 24: CAVS_PROD_Y_OPEN and CAVS_PROD_Y_CLOSE (a looked-up product's rows without a word
  *    left for the product that adds into it to set, not cleared and read back).
- * 25: cavs_noise_fwd and cavs_noise_bwd (noise(x): x times normal draws in training). */
-#define CAVS_ABI_VERSION 25
+ * 25: cavs_noise_fwd and cavs_noise_bwd (noise(x): x times normal draws in training).
+ * 26: cavs_gemm_kids (a product over gathered children, some of whose states are
+ *    looked-up rows: each distinct one multiplied once); cavs_gemm_table takes
+ *    CAVS_PROD_Y_ADD. */
+#define CAVS_ABI_VERSION 26
 enum { CAVS_MAX_DIMS = 16 };
 /* the most homes a row has (cavs_vertex_desc.homes) */
 enum { CAVS_MAX_HOMES = 2 };
@@ -549,7 +552,7 @@ void cavs_gemm(cavs_ctx *c, int ta, int tb, int m, int n, int k, double alpha, c
  * Pointers are to row 0; rows [r0, r0+n). */
 void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k, const void *x,
                     long ldx, const void *w, long ldw, void *y, long ldy);
-/* cavs_gemm_rows's product (any form but CAVS_PROD_Y_ADD and CAVS_PROD_Y_CLOSE) where x is rows of a
+/* cavs_gemm_rows's product (any form but CAVS_PROD_Y_CLOSE) where x is rows of a
  * parameter table looked up by idx (x = table[idx[r]], pulled as it is or through a
  * dropout that keeps every value: `trows` rows of k, ldt scalars apart; NULL where x's
  * rows are not the table's, and then it is cavs_gemm_rows). Rows with one index being
@@ -562,6 +565,20 @@ void cavs_gemm_rows(cavs_ctx *c, const int *idx, int skip, int r0, int n, int fo
 void cavs_gemm_table(cavs_ctx *c, const int *idx, int skip, int r0, int n, int form, int cols, int k,
                      const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
                      void *y, long ldy);
+/* cavs_gemm_skip's product (CAVS_PROD_Y, _Y_INNER, _Y_ADD, _DX or _DW) where x is the
+ * gathered rows of child slots 0 .. kids-1 side by side, k columns each (w's rows
+ * [s k, (s + 1) k) multiply slot s's columns; in CAVS_PROD_DX, y is dx, side by side
+ * as x), and where a child of vertex type `type` has for its state the row of the
+ * parameter table (`trows` rows of k, ldt scalars apart) at its integer input `input`,
+ * as it is (zero where that is -1): the runtime may multiply each distinct such row once
+ * (cavs_gemm_table's, a slot at a time), the products over the other children's rows
+ * apart. The same numbers but for the order of the sums (the slots' products added one
+ * to the other; an index's rows' dy summed first). Tree-FC's inner vertices whose
+ * children are leaves holding their word's embedding: half the vertices of a complete
+ * tree, and a minibatch's words repeat. */
+void cavs_gemm_kids(cavs_ctx *c, int kids, int type, int input, int skip, int r0, int n, int form, int cols, int k,
+                    const void *table, long ldt, long trows, const void *x, long ldx, const void *w, long ldw,
+                    void *y, long ldy);
 /* The same for a left operand built only from gathered rows (zero at a vertex without
  * children): its first `skip` rows are zero. */
 void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, int k, const void *x, long ldx,

@@ -240,6 +240,10 @@ struct cavs_model {
                       frontier), 0..nlevels-1, nondecreasing over the tasks */
   int lower_bound; /* the minibatch's longest path, in vertices */
   int *crow, capcrow; /* [chunk * T + t]: the first row of type t at the chunk's levels */
+  /* cavs_gemm_kids's indices: per child slot, [rows] of the table child's index and
+     [rows] of the others' (grown only) */
+  int *kidx;
+  size_t capkidx;
   long *tstate;           /* per type: the agenda and frontier policies' ready lists */
   int captstate;
   /* a pass as issued (scheduler.c): overlap puts the eager phase on a second stream,

@@ -55,6 +55,18 @@ CV_HOT static void CV_NAME(lookup_open)(const R *table, long ldt, const int *idx
     if (idx[r] >= 0) memcpy(dst + (size_t)r * ld, table + (size_t)idx[r] * ldt, sizeof(R) * (size_t)w);
 }
 
+/* The rows with an index added to, the others left as they are (cavs_gemm_kids's
+   product added into another's: CAVS_PROD_Y_ADD over distinct rows) */
+CV_HOT static void CV_NAME(lookup_add)(const R *table, long ldt, const int *idx, R *dst, long ld, int r0, int n,
+                                       long w) {
+  for (int r = r0; r < r0 + n; r++) {
+    if (idx[r] < 0) continue;
+    R *o = dst + (size_t)r * ld;
+    const R *t = table + (size_t)idx[r] * ldt;
+    for (long j = 0; j < w; j++) o[j] += t[j];
+  }
+}
+
 CV_HOT static void CV_NAME(lookup_bwd)(R *dtable, long ldt, const int *idx, const R *src, long ld, int r0,
                                 int n, long w) {
   for (int r = r0; r < r0 + n; r++) {

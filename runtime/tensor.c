@@ -512,7 +512,7 @@ void cavs_model_free(cavs_model *m) {
   }
   free(m->spans);
   free(m->pg_off); free(m->frozen); free(m->pg_clean); free(m->pg_rows); free(m->pg_cols); free(m->param); free(m->pgrad);
-  free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->gorder); free(m->gkey); free(m->xent_acc);
+  free(m->child); free(m->root); free(m->pushed); free(m->pred); free(m->gbase); free(m->gorder); free(m->gkey); free(m->xent_acc); free(m->kidx);
   free(m->type_r0); free(m->type_n); free(m->type_leaf);
   free(m->task_r0); free(m->task_n); free(m->task_type); free(m->task_leaf); free(m->task_level);
   free(m->task_cur); free(m->crow); free(m->tstate); free(m->vtask); free(m->urg); free(m->nkids); free(m->kid_off); free(m->kids); free(m->tcount);

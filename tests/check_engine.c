@@ -1962,6 +1962,62 @@ START_TEST(dedup_changes_nothing) {
 }
 END_TEST
 
+/* The same where the looked-up rows are children's states (cavs_gemm_kids): Tree-FC's
+ * leaves hold their word's row, and the inner vertices' product over [h_0; h_1] takes
+ * each distinct word once at each child slot, the other children's rows apart. Fewer
+ * flops, the loss and gradients to 1e-12 against every row multiplied, on trees large
+ * enough for both slots' words to be multiplied once and on DAGs (a leaf of two
+ * parents); on the small minibatch of every example's test (each slot's rows apart,
+ * too few to take the words once). And inference, where the product's rows come from a
+ * table made once, as training. */
+static void inference_like_training(const char *file);
+START_TEST(dedup_of_children_holding_words) {
+  const cavs_desc *d = load_model(TG_TREEFC_WORDS, "double");
+  long dims[CAVS_MAX_DIMS];
+  cavs_dims_default(d, dims);
+  dims[find_dim(d, "H")] = 8;
+  dims[find_dim(d, "V")] = 11;
+  static TGraph g[TG_MINIBATCH];
+  const cavs_graph *gs[TG_MINIBATCH];
+  int arity, leaf, inner;
+  tg_types(d, &arity, &leaf, &inner);
+  /* trees of 60 to 100 leaves (some level-1 vertices with one leaf: the other slot's
+     child apart), and two DAGs whose leaves have two parents: each slot's level-1 task
+     has more than the 32 rows with a word that make the words' rows multiplied once */
+  unsigned seed = 31;
+  for (int k = 0; k < TG_MINIBATCH; k++) {
+    if (k < TG_MINIBATCH - 2) tg_tree(&g[k], 121 + 16 * k, 2, false, &seed, leaf, inner);
+    else tg_dag(&g[k], 160, 2, &seed, leaf, inner);
+    tg_features(&g[k], d, dims, &seed);
+    gs[k] = &g[k].g;
+  }
+  cavs_model *m[2];
+  for (int v = 0; v < 2; v++) m[v] = new_model(d, dims, 23);
+  cavs_model_set_ablations(m[1], CAVS_NO_DEDUP);
+  cavs_optim opt = {.kind = CAVS_SGD, .lr = 0.1};
+  for (int step = 0; step < 2; step++) {
+    cavs_stats st[2];
+    cavs_backend_stats bs[2];
+    for (int v = 0; v < 2; v++) {
+      cavs_model_backend_stats(m[v], NULL, 1);
+      ck_assert_msg(cavs_model_forward(m[v], gs, TG_MINIBATCH, &st[v]) == 0, "%s", cavs_model_error(m[v]));
+      cavs_model_backward(m[v]);
+      cavs_model_backend_stats(m[v], &bs[v], 0);
+    }
+    /* the level-1 products are most of the flops: each word once takes off a third */
+    ck_assert_msg(bs[0].gemm_flops < 0.75 * bs[1].gemm_flops, "step %d: %.0f product flops, every row multiplied %.0f",
+                  step, bs[0].gemm_flops, bs[1].gemm_flops);
+    ck_assert_msg(fabs(st[0].loss - st[1].loss) <= 1e-12 * fabs(st[1].loss), "step %d: loss %.17g, against %.17g", step,
+                  st[0].loss, st[1].loss);
+    grads_agree("tfc_words", m[0], m[1], 1e-12);
+    for (int v = 0; v < 2; v++) ck_assert_msg(cavs_model_step(m[v], &opt) == 0, "%s", cavs_model_error(m[v]));
+  }
+  for (int v = 0; v < 2; v++) cavs_model_free(m[v]);
+  dedup_against_every_row(TG_TREEFC_WORDS, 0, NULL);
+  inference_like_training(TG_TREEFC_WORDS);
+}
+END_TEST
+
 /* Every example, on trees (bit for bit) and with DAGs */
 START_TEST(homes_change_nothing) {
   char file[64];
@@ -3513,6 +3569,7 @@ int main(void) {
   tcase_add_test(tc, views_read_children_in_place);
   tu_add_examples(tc, homes_change_nothing, examples, NEXAMPLES);
   tu_add_examples(tc, dedup_changes_nothing, examples, NEXAMPLES);
+  tcase_add_test(tc, dedup_of_children_holding_words);
   tcase_add_test(tc, homes_store_children_at_home);
   tcase_add_test(tc, passes_read_only_what_they_wrote);
   tcase_add_test(tc, inference_matches_training);

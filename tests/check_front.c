@@ -399,6 +399,52 @@ static Model *planned(Model *m) {
   return m;
 }
 
+/* Tree-FC's leaves hold their word's row (scatter(pull()) of a lookup): the inner
+ * vertices' product over their children is cavs_gemm_kids, forward and in both backward
+ * products, each leaf a row of the table; not where a leaf's state is anything else (a
+ * tanh of the row, a dropout's, before or after the pull), nor on the CUDA target
+ * (its backend multiplies every row). */
+START_TEST(children_holding_words) {
+  const char *fmt = "model k; dim H = 4; dim C = 3; dim V = vocab(w); option p = 0;\n"
+                    "input w : index[V]; input y : class[C];\n"
+                    "param emb[V,H], W[2H,H], b[H], Wc[H,C] init uniform(-1, 1);\n"
+                    "pull { x = %s; }\n"
+                    "vertex leaf (children 0) { scatter(%s); }\n"
+                    "vertex inner (children 2) { h = tanh(concat(gather(0), gather(1)) @ W + b); scatter(h); push(h); }\n"
+                    "push (h) { loss softmax_xent(h @ Wc, y); }\n";
+  static const struct {
+    const char *pull, *leaf;
+    int kids;
+  } cases[] = {{"emb[w]", "pull()", 3}, {"emb[w]", "tanh(pull())", 0}, {"dropout(emb[w], p)", "pull()", 0},
+               {"emb[w]", "dropout(pull(), p)", 0}};
+  char src[2048];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(src, sizeof src, fmt, cases[i].pull, cases[i].leaf);
+    char *c = emitted(planned(compile_str(src)), "k.vf");
+    ck_assert_msg(count_str(c, "cavs_gemm_kids(c, 2, 0, 0, ") == cases[i].kids, "%s / %s: %d calls", cases[i].pull,
+                  cases[i].leaf, count_str(c, "cavs_gemm_kids("));
+    if (cases[i].kids) {
+      ck_assert_int_eq(count_str(c, "CAVS_PROD_Y_INNER, D_H, D_H, P[0], D_H, D_V,"), 1);
+      ck_assert_int_eq(count_str(c, "CAVS_PROD_DX, D_H, D_H, P[0], D_H, D_V,"), 1);
+      ck_assert_int_eq(count_str(c, "CAVS_PROD_DW, D_H, D_H, P[0], D_H, D_V,"), 1);
+    }
+    free(c);
+  }
+  snprintf(src, sizeof src, fmt, "emb[w]", "pull()");
+  char *hbuf, *cbuf;
+  size_t hl, cl;
+  FILE *h = open_memstream(&hbuf, &hl), *c = open_memstream(&cbuf, &cl);
+  EmitOpts eo = {.prec = PREC_FLOAT, .cmdline = "test", .source_name = "k.vf"};
+  emit(planned(compile_str(src)), &target_cuda, &eo, h, c);
+  fclose(h);
+  fclose(c);
+  ck_assert_int_eq(count_str(cbuf, "cavs_gemm_kids("), 0);
+  ck_assert_int_eq(count_str(cbuf, "cavs_gemm_skip("), 3);
+  free(hbuf);
+  free(cbuf);
+}
+END_TEST
+
 /* The first product's node (an EMM) in f, and the activation node reading it (or its
    add) */
 static int emm_node(const IrFunc *f, int k) {
@@ -960,6 +1006,7 @@ int main(void) {
   tcase_add_test(tc, treelstm_classes);
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, groups_wait_on_no_other);
+  tcase_add_test(tc, children_holding_words);
   tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);
   tcase_add_test(tc, push_reads_state_in_place);

@@ -356,6 +356,20 @@ static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIB
   return tg_minibatch_wide(d, dims, g, gs, dags, 8);
 }
 
+/* Tree-FC as the Cavs and Fold papers run it: a leaf's state is its word's embedding row
+ * as it is, an inner vertex's h = tanh([h_0; h_1] W + b). Its product over the children
+ * takes the leaves' rows as rows of the table (cavs_gemm_kids): each distinct word
+ * multiplied once where enough repeat (check_engine), the children apart below that
+ * (check_gradcheck's small graphs). */
+#define TG_TREEFC_WORDS                                                                                    \
+  "model tfc_words; dim H = 4; dim C = 3; dim V = vocab(w);\n"                                             \
+  "input w : index[V]; input y : class[C];\n"                                                              \
+  "param emb[V,H], W[2H,H], b[H], Wc[H,C] init uniform(-1, 1);\n"                                          \
+  "pull { x = emb[w]; }\n"                                                                                 \
+  "vertex leaf (children 0) { scatter(pull()); }\n"                                                        \
+  "vertex inner (children 2) { h = tanh(concat(gather(0), gather(1)) @ W + b); scatter(h); push(h); }\n" \
+  "push (h) { loss softmax_xent(h @ Wc, y); }\n"
+
 /* The gradient check's minibatch (check_gradcheck, check_random): TG_NGRAD small graphs at
  * small dims (fixed dims 2 to 4, the others 6). */
 enum { TG_NGRAD = 3 };
