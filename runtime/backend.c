@@ -383,8 +383,14 @@ void cavs_gemm_skip(cavs_ctx *c, int skip, int r0, int n, int form, int cols, in
    the index (`input`) of the slot's child where it is of type `type` with one (-1
    elsewhere) and at kidx + (2 s + 1) rows 0 where the child is of another type (-1
    elsewhere; a child of the type without an index has a zero row: neither). Bit s of
-   the result: slot s has a child of the type with an index. 0 where there is none or
-   no memory (the caller then multiplies every row). */
+   the result: slot s is worth taking apart, its children of the type with an index
+   KIDS_MIN rows at least (fewer: gemm_distinct would multiply each row anyway), and the
+   rows of its other children in KIDS_RUNS runs at most (each run is a product of its
+   own: on SST, whose upper levels mix leaves and inner vertices row by row, the runs
+   cost more than the words multiplied once save; the rows of the type's children may
+   fall anywhere, gemm_distinct sorting them by index). 0 where no slot is, or without
+   memory: the caller then multiplies every row in one product. */
+enum { KIDS_MIN = 32, KIDS_RUNS = 2 };
 static unsigned kid_indices(cavs_ctx *c, int kids, int type, int input, int skip, int r0, int n) {
   cavs_model *m = c->model;
   if (type < 0 || type >= c->desc->nvertex || input < 0 || input >= c->desc->nint || kids > m->maxc ||
@@ -401,13 +407,16 @@ static unsigned kid_indices(cavs_ctx *c, int kids, int type, int input, int skip
   unsigned has = 0;
   for (int s = 0; s < kids; s++) {
     int *idx = m->kidx + 2 * (size_t)s * (size_t)m->rows, *other = idx + m->rows;
+    int words = 0, runs = 0;
     for (int r = r0; r < r0 + n; r++) {
       int ch = r < r0 + skip ? -1 : m->child[(size_t)r * (size_t)m->maxc + (size_t)s];
       bool table = ch >= lo && ch < hi;
       idx[r] = table && word[ch] >= 0 ? word[ch] : -1;
       other[r] = ch >= 0 && !table ? 0 : -1;
-      if (idx[r] >= 0) has |= 1u << s;
+      words += idx[r] >= 0;
+      runs += other[r] >= 0 && (r == r0 || other[r - 1] < 0);
     }
+    if (words >= KIDS_MIN && runs <= KIDS_RUNS) has |= 1u << s;
   }
   return has;
 }

@@ -294,8 +294,9 @@ static const struct {
      "vertex v (children 2) {\n  h = tanh(pull() + concat(gather(0), gather(1)) @ W);\n"
      "  scatter(tanh(h + moe(e in top(concat(h @ Wg, h @ Wg), 1): h @ E[e]))); push(h);\n}\n"
      "push (h) { loss softmax_xent(h @ Wc, y); }\n"},
-    /* the inner vertices' product over leaves that hold their word's row: a slot's
-       children apart, leaves and others (too few rows here for each word once) */
+    /* the inner vertices' product over leaves that hold their word's row (too few rows
+       here to take a slot's children apart: the one product, as every row multiplied;
+       check_engine's dedup_of_children_holding_words holds the parts to it) */
     {"leaves_hold_their_words", TG_TREEFC_WORDS},
     {"leaf_type_without_push",
      "model op_lp; dim H = 3; dim C = 3; dim V = 5; input w : index[V]; input y : class[C];\n"

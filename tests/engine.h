@@ -359,8 +359,8 @@ static inline int tg_minibatch(const cavs_desc *d, long *dims, TGraph g[TG_MINIB
 /* Tree-FC as the Cavs and Fold papers run it: a leaf's state is its word's embedding row
  * as it is, an inner vertex's h = tanh([h_0; h_1] W + b). Its product over the children
  * takes the leaves' rows as rows of the table (cavs_gemm_kids): each distinct word
- * multiplied once where enough repeat (check_engine), the children apart below that
- * (check_gradcheck's small graphs). */
+ * multiplied once where a task has enough of them (check_engine's full trees), every row
+ * in one product otherwise (check_gradcheck's small graphs, random trees). */
 #define TG_TREEFC_WORDS                                                                                    \
   "model tfc_words; dim H = 4; dim C = 3; dim V = vocab(w);\n"                                             \
   "input w : index[V]; input y : class[C];\n"                                                              \
