@@ -858,12 +858,6 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
   /* the first to write the left operand's gradient, in a buffer not cleared: sets it */
   if (form == 1 && first->dx_set) g.form = 5;
   if (g.index >= 0 && p.stack == 1 && g.form != 4) g.table = lookup_table(e, f, x, p.left, &g.table_rows, &g.table_if);
-  /* over gathered children some of which may be looked-up rows: each distinct one
-     multiplied once (not where the product sets dx: the rows of an index past its first
-     would be left as they were) */
-  if (g.index < 0 && g.form != 5 && (g.rows == ROWS_ALL || g.rows == ROWS_WITH_CHILDREN) &&
-      (g.kids = kid_table(e, f, &p, &g.kid_k, &g.kid_type, &g.kid_input, &g.table, &g.table_rows)))
-    g.table_if = "1";
   /* rows without a word left for the product that adds into this one to set (it reads
      the word's index for that) */
   bool opens = form == 0 && g.form == 0 && g.rows == ROWS_WITH_INDEX && p.stack == 1 && open_closer(e, f, me) >= 0;
@@ -873,6 +867,13 @@ static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u,
     const IrNode *a = &f->nodes[first->accum_into];
     g.form = 7, g.index = zero_rows(e, f, a->mm >= 0 ? f->merges[a->mm].left : a->args[0]);
   }
+  /* over gathered children some of which may be looked-up rows: each distinct one
+     multiplied once (not where the product sets dx: the rows of an index past its first
+     would be left as they were; nor where it closes the rows a looked-up row's product
+     left open: it sets them by that product's index, which cavs_gemm_kids does not take) */
+  if (g.index < 0 && g.form != 5 && g.form != 7 && (g.rows == ROWS_ALL || g.rows == ROWS_WITH_CHILDREN) &&
+      (g.kids = kid_table(e, f, &p, &g.kid_k, &g.kid_type, &g.kid_input, &g.table, &g.table_rows)))
+    g.table_if = "1";
   static const char *const fwd[] = {"", ", rows without children stay zero", ", rows without a word stay zero",
                                     ", rows without a word or children stay zero"};
   static const char *const input[] = {"", ", rows with children", ", rows with a word", ", rows with a word and children"};
