@@ -403,6 +403,13 @@ static void cuda_vs_c(const char *src, const cavs_desc *dc) {
   const cavs_graph *gs[TG_MINIBATCH];
   cavs_model *mc, *mu;
   int k = cuda_and_c(dc, &du, dims, g, gs, &mc, &mu);
+  /* every looked-up row multiplied on both sides: a word multiplied once leaves its
+     rows' gradient at the word's first row (cavs_gemm_table: a pulled row's; and
+     cavs_gemm_kids, which the CUDA target does not emit: a table type's state's and its
+     gathered rows', none at a row without a word), the table's the same sum
+     (runtime_ablations's no-dedup; check_cuda_host's streams) */
+  cavs_model_set_ablations(mc, CAVS_NO_DEDUP);
+  cavs_model_set_ablations(mu, CAVS_NO_DEDUP);
   cavs_stats sc, su;
   if (cavs_model_forward(mc, gs, k, &sc) != 0 || cavs_model_forward(mu, gs, k, &su) != 0) {
     rfail("cuda-host: a forward pass failed: %s / %s", cavs_model_error(mc), cavs_model_error(mu));

@@ -24,9 +24,18 @@
  * (identity for square matrices and tables of per-vertex matrices, constants for vectors;
  * zeros and constants for matrices and tables too where the program has no softmax and no
  * mixture, whose argmax and routing a tie would leave to the rounding); option clip and a
- * comment sometimes. The draws added after seed 1500's sweep (many children, those loops,
- * the constants, the option balance more often) come from a second stream, P->x; loops
- * nested in loops (vg_nest), added after seed 3100's, from a third, P->y. */
+ * comment sometimes. The draws added after seed 1500's sweep (many children, those
+ * loops, the constants, the option balance more often) come from a second stream, P->x;
+ * loops nested in loops (vg_nest), added after seed 3100's, from a third, P->y; and from
+ * a fourth, P->z, added when none of seeds 1-3500 reached cavsc's cavs_gemm_kids, a type
+ * whose state is a looked-up row (the pull block's last value `xN = embM[word]` as it
+ * is, a table of the type's width, new or one read before; the type scatters `pull()`,
+ * or `x` of `x = pull();`): a leaf type where there is one, else either; and a product
+ * over the children's rows that hold such rows, `concat(gather(0), .., gather(S-1)) @ W`
+ * (every slot, in order) or `gather(0) @ W`, in another type's scatter (tanh or sigmoid
+ * of a row plus it) or, where the type is the same or scatters nothing, in its push;
+ * inline or named first (kwN), where others may read it too. Typed models: slot 0's type
+ * is the table type. About one program in thirteen. */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -197,6 +206,8 @@ typedef struct VgProg {
   VgRng x; /* the draws added since seed 1500's sweep: a program that draws none of them
               is the one it was */
   VgRng y; /* and since seed 3100's: loops nested in loops (vg_nest) */
+  VgRng z; /* and since cavs_gemm_kids: a type whose state is a looked-up row, its
+              children's rows multiplied (tpull, tprod in vg_program_flags) */
   VgStr head, body;
   bool dim_on[VG_NDIM];
   VgParam param[VG_MAXPARAM];
@@ -1090,6 +1101,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   r->s = seed * 0x2545f4914f6cdd1dull + 17;
   P->x.s = seed * 0x9e3779b97f4a7c15ull + 1501;
   P->y.s = seed * 0xd1b54a32d192ed03ull + 3101;
+  P->z.s = seed * 0x94d049bb133111ebull + 3501;
   vg_wstyle = vg_pct(r, 70) ? 0 : 1 + vg_int(r, 2);
   P->dim_on[VG_H] = true;
   P->dim_on[VG_E] = vg_pct(r, 50);
@@ -1152,6 +1164,24 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   if (moe_at >= 0 && moe_at < ntypes && sets[moe_at]) moe_at = ntypes;
   P->tiefree = !softmax && moe_at < 0;
   bool pull = vg_pct(r, 75);
+  /* a type whose state is the pull block's last value, a lookup as it is (scatter(pull())
+     or x = pull(); scatter(x)), and a product over the children's rows of that type side
+     by side (concat(gather(0), .., gather(S-1)) @ W, or gather(0) @ W) in another's
+     scatter or in its own push (cavsc's cavs_gemm_kids): tpull, tprod, or -1 */
+  int tpull = -1, tprod = -1;
+  if (pull && vg_pct(&P->z, 14)) {
+    int leaf = -1;
+    for (int t = 0; t < ntypes; t++)
+      if (scatters[t] && (tpull < 0 || (!kids[t] && !sets[t] && leaf < 0))) {
+        tpull = t;
+        if (!kids[t] && !sets[t]) leaf = t;
+      }
+    if (tpull >= 0 && ntypes == 2 && leaf < 0 && scatters[0] && scatters[1]) tpull = vg_int(&P->z, 2);
+    /* a type whose slot 0 holds the table type's states (typed: is that type) */
+    for (int t = 0; tpull >= 0 && t < ntypes; t++)
+      if (kids[t] && (P->typed ? slottype[t][0] == tpull : true) && (tprod < 0 || t != tpull)) tprod = t;
+    if (tprod < 0) tpull = -1;
+  }
 
   VgStr *o = &P->body;
   /* the pull block */
@@ -1189,6 +1219,27 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     }
     if (P->pull_nval + 6 <= 16 && vg_pct(&P->x, 25)) vg_loop(P, b, o, depth);
     if (P->pull_nval + 7 <= 16 && vg_pct(&P->y, 15)) vg_nest(P, b, o, depth);
+    if (tpull >= 0 && P->pull_nval < 16) { /* the last value: a lookup, nothing around it */
+      VgW w = tstate[tpull];
+      int c[VG_MAXPARAM], nc = 0;
+      for (int i = 0; i < P->nparam; i++)
+        if (P->param[i].table && !P->param[i].shape[0] && vg_weq(P->param[i].cols, w)) c[nc++] = i;
+      const char *name;
+      if (nc && vg_pct(&P->z, 40)) name = P->param[c[vg_int(&P->z, nc)]].name; /* a table read twice */
+      else {
+        VgParam *p = vg_newparam(P);
+        memset(p, 0, sizeof *p);
+        snprintf(p->name, sizeof p->name, "emb%d", P->nparam - 1);
+        p->cols = w, p->matrix = true, p->table = true;
+        if (vg_pct(&P->z, 50)) snprintf(p->extra, sizeof p->extra, " init uniform(-1, 1)");
+        name = p->name;
+      }
+      vg_input(P, 0, vg_w(0, 0, 0, 0), "word");
+      VgVal *v = &P->pullv[P->pull_nval++];
+      snprintf(v->name, sizeof v->name, "x%d", n);
+      v->w = w;
+      vg_printf(o, "  %s = %s[word];\n", v->name, name);
+    } else tpull = tprod = -1;
     vg_puts(o, "}\n\n");
     P->has_pull = true;
     free(b);
@@ -1200,6 +1251,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   if (ntypes == 2 && kids[0] == 0 && !sets[0] && vg_pct(r, 40)) pushes[0] = false, pushes[1] = true;
   for (int t = 0; t < ntypes; t++)
     if (!scatters[t]) pushes[t] = true; /* a block that only pushes */
+  if (tprod >= 0 && tprod == tpull) pushes[tprod] = true; /* the product in its push */
   for (int t = 0; t < ntypes; t++) {
     VgBlock *b = calloc(1, sizeof *b);
     b->children = kids[t];
@@ -1221,9 +1273,11 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       vg_puts(o, ") {\n");
     } else if (sets[t]) vg_printf(o, "vertex %s (children *) {\n", nm);
     else vg_printf(o, "vertex %s (children %d) {\n", nm, kids[t]);
+    bool px = false; /* x = pull(); */
     if (P->has_pull && vg_pct(r, 50)) {
       vg_puts(o, "  x = pull();\n");
       vg_add(b, "x", P->pullv[P->pull_nval - 1].w, false);
+      px = true;
     }
     if (kids[t] > 0) {
       /* the children's rows: parts by a loop, or gathered one by one */
@@ -1271,6 +1325,28 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
         vg_add(b, "q", w, true);
       }
     }
+    /* the product over the children holding words (tprod), named here, inline or not,
+       and where it goes: t's scatter, or its push where t scatters pull() or nothing */
+    VgStr kp = {0};
+    bool kpush = false;
+    if (t == tprod) {
+      kpush = t == tpull || !scatters[t];
+      VgW cw = b->kidw[0], outw = kpush ? P->pushw : own;
+      if (b->kuni && kids[t] > 1 && vg_pct(&P->z, 65)) {
+        vg_puts(&kp, "concat(");
+        for (int k = 0; k < kids[t]; k++) vg_printf(&kp, "%sgather(%d)", k ? ", " : "", k);
+        vg_puts(&kp, ")");
+        for (int k = 1; k < kids[t]; k++) cw = vg_wadd(cw, b->kidw[k]);
+      } else vg_puts(&kp, "gather(0)");
+      vg_printf(&kp, " @ %s", vg_param_for(P, cw, outw, true));
+      if (vg_pct(&P->z, 40)) { /* a value of the block: others may read it too */
+        char nm2[16];
+        snprintf(nm2, sizeof nm2, "kw%d", b->tmp++);
+        vg_printf(o, "  %s = %s;\n", nm2, kp.p);
+        vg_add(b, nm2, outw, false);
+        kp.n = 0, vg_puts(&kp, nm2);
+      }
+    }
     int n = 1 + vg_int(r, 4);
     if (vg_pct(&P->x, 15)) vg_loop(P, b, o, depth);
     if (vg_pct(&P->y, 12)) vg_nest(P, b, o, depth);
@@ -1280,7 +1356,12 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       vg_assign(P, b, o, "  ", w, depth);
     }
     if (moe_at == t) vg_moe(P, b, o);
-    if (scatters[t]) {
+    if (t == tpull) vg_puts(o, px && vg_pct(&P->z, 60) ? "  scatter(x);\n" : "  scatter(pull());\n");
+    else if (t == tprod && !kpush) {
+      vg_printf(o, "  scatter(%s", vg_pct(&P->z, 50) ? "tanh(" : "sigmoid(");
+      vg_known(P, b, own, depth - 1, o); /* (the state's width told where the product's is not) */
+      vg_printf(o, " + %s));\n", kp.p);
+    } else if (scatters[t]) {
       vg_puts(o, "  scatter(");
       if ((kids[t] || sets[t]) && vg_pct(r, 50)) {
         /* the children's rows in it for sure */
@@ -1305,11 +1386,16 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       }
       vg_puts(o, ");\n");
     }
-    if (pushes[t]) {
+    if (pushes[t] && t == tprod && kpush) {
+      vg_puts(o, "  push(");
+      vg_known(P, b, P->pushw, depth - 1, o);
+      vg_printf(o, " + %s);\n", kp.p);
+    } else if (pushes[t]) {
       vg_puts(o, "  push(");
       vg_known(P, b, P->pushw, depth - 1, o);
       vg_puts(o, ");\n");
     }
+    free(kp.p);
     vg_puts(o, "}\n\n");
     free(b);
   }
