@@ -179,8 +179,11 @@ static void dead_at_leaves(IrFunc *f) {
     const IrNode *n = &f->nodes[i];
     if (op_info[n->op].kind == OK_SINK || f->kind != F_VERTEX) live[i] = true;
     /* a routing with a load-balancing loss: a loss of its gate at every routed row, the
-       leaves' too (its weight the option `balance`, or a number not 0) */
-    if (n->op == OP_TOPK && (f->nodes[n->args[1]].ref || f->nodes[n->args[1]].cval != 0)) live[i] = true;
+       leaves' too (its weight the option `balance`, or a number not 0); not one whose
+       mixture nothing reads, which autodiff's liveness left out everywhere (uses 0):
+       its gate's operands, live here, were computed at the leaves and never stored */
+    if (n->op == OP_TOPK && n->uses > 0 && (f->nodes[n->args[1]].ref || f->nodes[n->args[1]].cval != 0))
+      live[i] = true;
     if (!live[i]) continue;
     for (int j = 0; j < n->nargs; j++) {
       /* a * b where the other factor is zero at the leaves: 0 there, whatever a is; the

@@ -536,6 +536,31 @@ START_TEST(groups_wait_on_no_other) {
 }
 END_TEST
 
+/* A mixture nothing reads is left out (autodiff's liveness), its load-balancing loss
+ * with it: its gate's operand t2, read otherwise only by what is dead at the leaves
+ * (g / (1 + exp(t2)), g zero there), is dead there too. fuse.c kept every routing with
+ * a balance weight live at the leaves, and the leaves' loop computed t2 into a variable
+ * it never used (-Wall -Werror refused the model: check_random's seed 3613, shrunk). */
+START_TEST(unread_moe_keeps_no_gate) {
+  Model *m = planned(compile_str(
+      "model m1; dim H = 3; dim X = 3; dim HH = H * H; input t : real[H];\n"
+      "param W5[H,H], W13[H,X], T9[X,HH], W14[H,H];\n"
+      "vertex node (children 1) {\n"
+      "  g = gather(0); t2 = tanh(t @ W5);\n"
+      "  m5 = moe(e in top(t2 @ W13, 2, 0.5): t2 @ T9[e]);\n"
+      "  scatter((g / (1 + exp(t2))) @ W14);\n"
+      "  push(g @ W14);\n"
+      "}\n"
+      "push (h) { loss mse(h, t); }\n"));
+  const IrFunc *f = m->vertex[0];
+  int t2 = -1;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_TANH && t2 < 0) t2 = i;
+  ck_assert(t2 >= 0);
+  ck_assert(f->nodes[t2].dead_leaf);
+}
+END_TEST
+
 /* An activation applied by the expert's product it reads (plan.c's act_product): the
  * product stores act(bias + x W_e) (cavs_emm_fwd's act), the activation and the add
  * before it are views of that place, and the product reading the activation applies
@@ -1027,6 +1052,7 @@ int main(void) {
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, groups_wait_on_no_other);
   tcase_add_test(tc, children_holding_words);
+  tcase_add_test(tc, unread_moe_keeps_no_gate);
   tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);
   tcase_add_test(tc, push_reads_state_in_place);
