@@ -672,6 +672,10 @@ typedef struct Loop {
   bool may_alias; /* two gradient regions it adds to may overlap */
   LoopPtr *ptrs;  /* in the order to declare them */
   int nptrs;
+  /* a forward loop in two stages (emit.c, fwd_stages; the C target alone): the body
+     given is the first stage's, `second` the second's, each a column loop of its own
+     in training, and `unsplit` the whole, the one loop of inference; NULL otherwise */
+  char *second, *unsplit;
 } Loop;
 
 enum { LOOP_ALL, LOOP_LEAVES, LOOP_INNER };

@@ -202,12 +202,28 @@ static void c_loop_open(Emit *e, const Loop *l) {
     const LoopPtr *p = &l->ptrs[i];
     fprintf(o, "    %sR *%s%s = %s;\n", p->write ? "" : "const ", rs, p->name, emit_ptr(e, p->at, "r"));
   }
+  if (l->unsplit) {
+    /* in two stages (emit.c, fwd_stages): inference keeps nothing, and runs the one loop */
+    fprintf(o, "    if (!keep) {\n      CAVS_IVDEP\n      for (long j = j0; j < j1; j++) {\n");
+    for (const char *p = l->unsplit; *p;) {
+      const char *nl = strchr(p, '\n');
+      size_t len = nl ? (size_t)(nl - p) + 1 : strlen(p);
+      fprintf(o, "  %.*s", (int)len, p);
+      p += len;
+    }
+    fprintf(o, "      }\n      continue;\n    }\n    /* the exponentials that read no other, kept */\n");
+  }
   if (!l->may_alias) fprintf(o, "    CAVS_IVDEP\n");
   fprintf(o, "    for (long j = j0; j < j1; j++) {\n");
 }
 
 static void c_loop_close(Emit *e, const Loop *l) {
   HeldFn *s = e->state;
+  if (l->second) {
+    fprintf(e->out, "    }\n    /* the rest, from what the first loop kept */\n");
+    if (!l->may_alias) fprintf(e->out, "    CAVS_IVDEP\n");
+    fprintf(e->out, "    for (long j = j0; j < j1; j++) {\n%s", l->second);
+  }
   fprintf(e->out, "    }\n  }\n}\n");
   if (loop_keeps(l)) {
     const char *name = arena_printf("%s_g%d%s", s->name, l->group, loop_suffix(l));

@@ -135,6 +135,34 @@ CAVS_INLINE void childsum_node_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int 
     R *restrict k42 = V[15] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* o */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_tanh(v26);  /* u */
+        const R v40 = v11 * v27;
+        const R v41 = v40;  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v19 * v42;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -146,16 +174,23 @@ CAVS_INLINE void childsum_node_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int 
       const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_tanh(v26);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
       const R v40 = v11 * v27;
       const R v41 = v40;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v19 * v42;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
     }
@@ -192,6 +227,34 @@ CAVS_INLINE void childsum_node_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long
     R *restrict k42 = V[15] + (size_t)(r) * D_H;
     R *restrict o43 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* o */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_tanh(v26);  /* u */
+        const R v40 = v11 * v27;
+        const R v41 = v40 + a39[j];  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v19 * v42;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -203,16 +266,23 @@ CAVS_INLINE void childsum_node_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long
       const R v24 = a21[j];
       const R v26 = v24 + a25[j];
       const R v27 = cv_tanh(v26);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
       const R v40 = v11 * v27;
       const R v41 = v40 + a39[j];  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v19 * v42;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
     }

@@ -471,6 +471,42 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v50 = cv_exp(v11);  /* ei */
+        const R v52 = v50 * v35;
+        const R v53 = v52;
+        const R v54 = v11 * v53;
+        const R v55 = v50;
+        const R v56 = v54 / v55;
+        const R v57 = v56;  /* c */
+        const R v58 = cv_tanh(v57);
+        const R v59 = v27 * v58;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        if (keep) k50[j] = v50;  /* kept for the backward loop */
+        o57[j] = v57;
+        h57[j] = v57;  /* at home */
+        h57_2[j] = v57;  /* at home */
+        if (keep) k58[j] = v58;  /* kept for the backward loop */
+        o59[j] = v59;
+        h59[j] = v59;  /* at home */
+        h59_2[j] = v59;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -482,6 +518,16 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v50 = cv_exp(v11);  /* ei */
       const R v52 = v50 * v35;
       const R v53 = v52;
@@ -491,14 +537,11 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v57 = v56;  /* c */
       const R v58 = cv_tanh(v57);
       const R v59 = v27 * v58;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
-      if (keep) k50[j] = v50;  /* kept for the backward loop */
+      k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
       h57[j] = v57;  /* at home */
       h57_2[j] = v57;  /* at home */
-      if (keep) k58[j] = v58;  /* kept for the backward loop */
+      k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
       h59_2[j] = v59;  /* at home */
@@ -546,6 +589,47 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
     R *restrict o59 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h59 = (R *)c->home_val[0][r] + D_H;
     R *restrict h59_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* f */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v50 = cv_exp(v11);  /* ei */
+        const R v51 = v19 * a2[j];
+        const R v52 = v50 * v35;
+        const R v53 = v52 + a48[j];
+        const R v54 = v11 * v53;
+        const R v55 = v50 + a49[j];
+        const R v56 = v54 / v55;
+        const R v57 = v51 + v56;  /* c */
+        const R v58 = cv_tanh(v57);
+        const R v59 = v27 * v58;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        if (keep) k50[j] = v50;  /* kept for the backward loop */
+        o57[j] = v57;
+        h57[j] = v57;  /* at home */
+        h57_2[j] = v57;  /* at home */
+        if (keep) k58[j] = v58;  /* kept for the backward loop */
+        o59[j] = v59;
+        h59[j] = v59;  /* at home */
+        h59_2[j] = v59;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -560,6 +644,18 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v50 = cv_exp(v11);  /* ei */
       const R v51 = v19 * a2[j];
       const R v52 = v50 * v35;
@@ -570,15 +666,11 @@ CAVS_INLINE void lattice_lstm_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v57 = v51 + v56;  /* c */
       const R v58 = cv_tanh(v57);
       const R v59 = v27 * v58;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
-      if (keep) k50[j] = v50;  /* kept for the backward loop */
+      k50[j] = v50;  /* kept for the backward loop */
       o57[j] = v57;
       h57[j] = v57;  /* at home */
       h57_2[j] = v57;  /* at home */
-      if (keep) k58[j] = v58;  /* kept for the backward loop */
+      k58[j] = v58;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
       h59_2[j] = v59;  /* at home */

@@ -83,6 +83,34 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int
     R *restrict k41 = V[13] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v10 = a7[j];
+        const R v12 = v10 + a11[j];
+        const R v13 = cv_sigmoid(v12);  /* i1 */
+        const R v26 = a23[j];
+        const R v28 = v26 + a27[j];
+        const R v29 = cv_sigmoid(v28);  /* o1 */
+        const R v34 = a31[j];
+        const R v36 = v34 + a35[j];
+        const R v37 = cv_tanh(v36);  /* u1 */
+        const R v38 = v13 * v37;
+        const R v40 = v38;  /* c1 */
+        const R v41 = cv_tanh(v40);
+        const R v42 = v29 * v41;  /* h1 */
+        if (keep) k13[j] = v13;  /* kept for the backward loop */
+        if (keep) k29[j] = v29;  /* kept for the backward loop */
+        if (keep) k37[j] = v37;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        if (keep) k41[j] = v41;  /* kept for the backward loop */
+        o42[j] = v42;
+        h42[j] = v42;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a7[j];
@@ -94,16 +122,23 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int
       const R v34 = a31[j];
       const R v36 = v34 + a35[j];
       const R v37 = cv_tanh(v36);  /* u1 */
+      k13[j] = v13;  /* kept for the backward loop */
+      k29[j] = v29;  /* kept for the backward loop */
+      k37[j] = v37;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v13 = k13[j];  /* kept by the first loop */
+      const R v29 = k29[j];  /* kept by the first loop */
+      const R v37 = k37[j];  /* kept by the first loop */
       const R v38 = v13 * v37;
       const R v40 = v38;  /* c1 */
       const R v41 = cv_tanh(v40);
       const R v42 = v29 * v41;  /* h1 */
-      if (keep) k13[j] = v13;  /* kept for the backward loop */
-      if (keep) k29[j] = v29;  /* kept for the backward loop */
-      if (keep) k37[j] = v37;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
-      if (keep) k41[j] = v41;  /* kept for the backward loop */
+      k41[j] = v41;  /* kept for the backward loop */
       o42[j] = v42;
       h42[j] = v42;  /* at home */
     }
@@ -142,6 +177,39 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, lon
     R *restrict k41 = V[13] + (size_t)(r) * D_H;
     R *restrict o42 = V[0] + (size_t)(r) * (4*D_H) + D_H;
     R *restrict h42 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v10 = a7[j];
+        const R v12 = v10 + a11[j];
+        const R v13 = cv_sigmoid(v12);  /* i1 */
+        const R v18 = a15[j];
+        const R v20 = v18 + a19[j];
+        const R v21 = cv_sigmoid(v20);  /* f1 */
+        const R v26 = a23[j];
+        const R v28 = v26 + a27[j];
+        const R v29 = cv_sigmoid(v28);  /* o1 */
+        const R v34 = a31[j];
+        const R v36 = v34 + a35[j];
+        const R v37 = cv_tanh(v36);  /* u1 */
+        const R v38 = v13 * v37;
+        const R v39 = v21 * a2[j];
+        const R v40 = v38 + v39;  /* c1 */
+        const R v41 = cv_tanh(v40);
+        const R v42 = v29 * v41;  /* h1 */
+        if (keep) k13[j] = v13;  /* kept for the backward loop */
+        if (keep) k21[j] = v21;  /* kept for the backward loop */
+        if (keep) k29[j] = v29;  /* kept for the backward loop */
+        if (keep) k37[j] = v37;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        if (keep) k41[j] = v41;  /* kept for the backward loop */
+        o42[j] = v42;
+        h42[j] = v42;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a7[j];
@@ -156,18 +224,26 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, lon
       const R v34 = a31[j];
       const R v36 = v34 + a35[j];
       const R v37 = cv_tanh(v36);  /* u1 */
+      k13[j] = v13;  /* kept for the backward loop */
+      k21[j] = v21;  /* kept for the backward loop */
+      k29[j] = v29;  /* kept for the backward loop */
+      k37[j] = v37;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v13 = k13[j];  /* kept by the first loop */
+      const R v21 = k21[j];  /* kept by the first loop */
+      const R v29 = k29[j];  /* kept by the first loop */
+      const R v37 = k37[j];  /* kept by the first loop */
       const R v38 = v13 * v37;
       const R v39 = v21 * a2[j];
       const R v40 = v38 + v39;  /* c1 */
       const R v41 = cv_tanh(v40);
       const R v42 = v29 * v41;  /* h1 */
-      if (keep) k13[j] = v13;  /* kept for the backward loop */
-      if (keep) k21[j] = v21;  /* kept for the backward loop */
-      if (keep) k29[j] = v29;  /* kept for the backward loop */
-      if (keep) k37[j] = v37;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
-      if (keep) k41[j] = v41;  /* kept for the backward loop */
+      k41[j] = v41;  /* kept for the backward loop */
       o42[j] = v42;
       h42[j] = v42;  /* at home */
     }
@@ -202,6 +278,34 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int
     R *restrict k80 = V[18] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v49 = a46[j];
+        const R v51 = v49 + a50[j];
+        const R v52 = cv_sigmoid(v51);  /* i2 */
+        const R v65 = a62[j];
+        const R v67 = v65 + a66[j];
+        const R v68 = cv_sigmoid(v67);  /* o2 */
+        const R v73 = a70[j];
+        const R v75 = v73 + a74[j];
+        const R v76 = cv_tanh(v75);  /* u2 */
+        const R v77 = v52 * v76;
+        const R v79 = v77;  /* c2 */
+        const R v80 = cv_tanh(v79);
+        const R v81 = v68 * v80;  /* h2 */
+        if (keep) k52[j] = v52;  /* kept for the backward loop */
+        if (keep) k68[j] = v68;  /* kept for the backward loop */
+        if (keep) k76[j] = v76;  /* kept for the backward loop */
+        o79[j] = v79;
+        h79[j] = v79;  /* at home */
+        if (keep) k80[j] = v80;  /* kept for the backward loop */
+        o81[j] = v81;
+        h81[j] = v81;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v49 = a46[j];
@@ -213,16 +317,23 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int
       const R v73 = a70[j];
       const R v75 = v73 + a74[j];
       const R v76 = cv_tanh(v75);  /* u2 */
+      k52[j] = v52;  /* kept for the backward loop */
+      k68[j] = v68;  /* kept for the backward loop */
+      k76[j] = v76;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v52 = k52[j];  /* kept by the first loop */
+      const R v68 = k68[j];  /* kept by the first loop */
+      const R v76 = k76[j];  /* kept by the first loop */
       const R v77 = v52 * v76;
       const R v79 = v77;  /* c2 */
       const R v80 = cv_tanh(v79);
       const R v81 = v68 * v80;  /* h2 */
-      if (keep) k52[j] = v52;  /* kept for the backward loop */
-      if (keep) k68[j] = v68;  /* kept for the backward loop */
-      if (keep) k76[j] = v76;  /* kept for the backward loop */
       o79[j] = v79;
       h79[j] = v79;  /* at home */
-      if (keep) k80[j] = v80;  /* kept for the backward loop */
+      k80[j] = v80;  /* kept for the backward loop */
       o81[j] = v81;
       h81[j] = v81;  /* at home */
     }
@@ -261,6 +372,39 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g1_body(cavs_ctx *c, int r0, int n, lon
     R *restrict k80 = V[18] + (size_t)(r) * D_H;
     R *restrict o81 = V[0] + (size_t)(r) * (4*D_H) + (3*D_H);
     R *restrict h81 = (R *)c->home_val[0][r] + (3*D_H);
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v49 = a46[j];
+        const R v51 = v49 + a50[j];
+        const R v52 = cv_sigmoid(v51);  /* i2 */
+        const R v57 = a54[j];
+        const R v59 = v57 + a58[j];
+        const R v60 = cv_sigmoid(v59);  /* f2 */
+        const R v65 = a62[j];
+        const R v67 = v65 + a66[j];
+        const R v68 = cv_sigmoid(v67);  /* o2 */
+        const R v73 = a70[j];
+        const R v75 = v73 + a74[j];
+        const R v76 = cv_tanh(v75);  /* u2 */
+        const R v77 = v52 * v76;
+        const R v78 = v60 * a4[j];
+        const R v79 = v77 + v78;  /* c2 */
+        const R v80 = cv_tanh(v79);
+        const R v81 = v68 * v80;  /* h2 */
+        if (keep) k52[j] = v52;  /* kept for the backward loop */
+        if (keep) k60[j] = v60;  /* kept for the backward loop */
+        if (keep) k68[j] = v68;  /* kept for the backward loop */
+        if (keep) k76[j] = v76;  /* kept for the backward loop */
+        o79[j] = v79;
+        h79[j] = v79;  /* at home */
+        if (keep) k80[j] = v80;  /* kept for the backward loop */
+        o81[j] = v81;
+        h81[j] = v81;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v49 = a46[j];
@@ -275,18 +419,26 @@ CAVS_INLINE void lstm_lm2_token_fwd_path_g1_body(cavs_ctx *c, int r0, int n, lon
       const R v73 = a70[j];
       const R v75 = v73 + a74[j];
       const R v76 = cv_tanh(v75);  /* u2 */
+      k52[j] = v52;  /* kept for the backward loop */
+      k60[j] = v60;  /* kept for the backward loop */
+      k68[j] = v68;  /* kept for the backward loop */
+      k76[j] = v76;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v52 = k52[j];  /* kept by the first loop */
+      const R v60 = k60[j];  /* kept by the first loop */
+      const R v68 = k68[j];  /* kept by the first loop */
+      const R v76 = k76[j];  /* kept by the first loop */
       const R v77 = v52 * v76;
       const R v78 = v60 * a4[j];
       const R v79 = v77 + v78;  /* c2 */
       const R v80 = cv_tanh(v79);
       const R v81 = v68 * v80;  /* h2 */
-      if (keep) k52[j] = v52;  /* kept for the backward loop */
-      if (keep) k60[j] = v60;  /* kept for the backward loop */
-      if (keep) k68[j] = v68;  /* kept for the backward loop */
-      if (keep) k76[j] = v76;  /* kept for the backward loop */
       o79[j] = v79;
       h79[j] = v79;  /* at home */
-      if (keep) k80[j] = v80;  /* kept for the backward loop */
+      k80[j] = v80;  /* kept for the backward loop */
       o81[j] = v81;
       h81[j] = v81;  /* at home */
     }

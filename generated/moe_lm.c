@@ -99,6 +99,34 @@ CAVS_INLINE void moe_lm_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n
     R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v38 = v36;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -110,16 +138,23 @@ CAVS_INLINE void moe_lm_token_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
     }
@@ -162,6 +197,39 @@ CAVS_INLINE void moe_lm_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long 
     R *restrict k39 = V[10] + (size_t)(r) * D_H;
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* f */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v37 = v19 * a2[j];
+        const R v38 = v36 + v37;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -176,18 +244,26 @@ CAVS_INLINE void moe_lm_token_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long 
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v37 = v19 * a2[j];
       const R v38 = v36 + v37;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
     }

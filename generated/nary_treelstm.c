@@ -87,6 +87,35 @@ CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_leaves_body(cavs_ctx *c, int r0,
     R *restrict k50 = V[14] + (size_t)(r) * D_H;
     R *restrict o51 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h51 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v12 = a9[j];
+        const R v14 = v12 + a13[j];
+        const R v15 = cv_sigmoid(v14);  /* i */
+        const R v33 = a30[j];
+        const R v35 = v33 + a34[j];
+        const R v36 = cv_sigmoid(v35);  /* o */
+        const R v41 = a38[j];
+        const R v43 = v41 + a42[j];
+        const R v44 = cv_tanh(v43);  /* u */
+        const R v45 = v15 * v44;
+        const R v47 = v45;
+        const R v49 = v47;  /* c */
+        const R v50 = cv_tanh(v49);
+        const R v51 = v36 * v50;  /* h */
+        if (keep) k15[j] = v15;  /* kept for the backward loop */
+        if (keep) k36[j] = v36;  /* kept for the backward loop */
+        if (keep) k44[j] = v44;  /* kept for the backward loop */
+        o49[j] = v49;
+        h49[j] = v49;  /* at home */
+        if (keep) k50[j] = v50;  /* kept for the backward loop */
+        o51[j] = v51;
+        h51[j] = v51;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -98,17 +127,24 @@ CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_leaves_body(cavs_ctx *c, int r0,
       const R v41 = a38[j];
       const R v43 = v41 + a42[j];
       const R v44 = cv_tanh(v43);  /* u */
+      k15[j] = v15;  /* kept for the backward loop */
+      k36[j] = v36;  /* kept for the backward loop */
+      k44[j] = v44;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = k15[j];  /* kept by the first loop */
+      const R v36 = k36[j];  /* kept by the first loop */
+      const R v44 = k44[j];  /* kept by the first loop */
       const R v45 = v15 * v44;
       const R v47 = v45;
       const R v49 = v47;  /* c */
       const R v50 = cv_tanh(v49);
       const R v51 = v36 * v50;  /* h */
-      if (keep) k15[j] = v15;  /* kept for the backward loop */
-      if (keep) k36[j] = v36;  /* kept for the backward loop */
-      if (keep) k44[j] = v44;  /* kept for the backward loop */
       o49[j] = v49;
       h49[j] = v49;  /* at home */
-      if (keep) k50[j] = v50;  /* kept for the backward loop */
+      k50[j] = v50;  /* kept for the backward loop */
       o51[j] = v51;
       h51[j] = v51;  /* at home */
     }
@@ -152,6 +188,45 @@ CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_body(cavs_ctx *c, int r0, int n,
     R *restrict k50 = V[14] + (size_t)(r) * D_H;
     R *restrict o51 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h51 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v12 = a9[j];
+        const R v14 = v12 + a13[j];
+        const R v15 = cv_sigmoid(v14);  /* i */
+        const R v20 = a17[j] + a19[j];
+        const R v22 = v20 + a21[j];
+        const R v23 = cv_sigmoid(v22);  /* f_0 */
+        const R v26 = a17[j] + a25[j];
+        const R v27 = v26 + a21[j];
+        const R v28 = cv_sigmoid(v27);  /* f_1 */
+        const R v33 = a30[j];
+        const R v35 = v33 + a34[j];
+        const R v36 = cv_sigmoid(v35);  /* o */
+        const R v41 = a38[j];
+        const R v43 = v41 + a42[j];
+        const R v44 = cv_tanh(v43);  /* u */
+        const R v45 = v15 * v44;
+        const R v46 = v23 * a2[j];
+        const R v47 = v45 + v46;
+        const R v48 = v28 * a5[j];
+        const R v49 = v47 + v48;  /* c */
+        const R v50 = cv_tanh(v49);
+        const R v51 = v36 * v50;  /* h */
+        if (keep) k15[j] = v15;  /* kept for the backward loop */
+        if (keep) k23[j] = v23;  /* kept for the backward loop */
+        if (keep) k28[j] = v28;  /* kept for the backward loop */
+        if (keep) k36[j] = v36;  /* kept for the backward loop */
+        if (keep) k44[j] = v44;  /* kept for the backward loop */
+        o49[j] = v49;
+        h49[j] = v49;  /* at home */
+        if (keep) k50[j] = v50;  /* kept for the backward loop */
+        o51[j] = v51;
+        h51[j] = v51;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -169,6 +244,20 @@ CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_body(cavs_ctx *c, int r0, int n,
       const R v41 = a38[j];
       const R v43 = v41 + a42[j];
       const R v44 = cv_tanh(v43);  /* u */
+      k15[j] = v15;  /* kept for the backward loop */
+      k23[j] = v23;  /* kept for the backward loop */
+      k28[j] = v28;  /* kept for the backward loop */
+      k36[j] = v36;  /* kept for the backward loop */
+      k44[j] = v44;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = k15[j];  /* kept by the first loop */
+      const R v23 = k23[j];  /* kept by the first loop */
+      const R v28 = k28[j];  /* kept by the first loop */
+      const R v36 = k36[j];  /* kept by the first loop */
+      const R v44 = k44[j];  /* kept by the first loop */
       const R v45 = v15 * v44;
       const R v46 = v23 * a2[j];
       const R v47 = v45 + v46;
@@ -176,14 +265,9 @@ CAVS_INLINE void nary_treelstm_tree_fwd_path_g0_body(cavs_ctx *c, int r0, int n,
       const R v49 = v47 + v48;  /* c */
       const R v50 = cv_tanh(v49);
       const R v51 = v36 * v50;  /* h */
-      if (keep) k15[j] = v15;  /* kept for the backward loop */
-      if (keep) k23[j] = v23;  /* kept for the backward loop */
-      if (keep) k28[j] = v28;  /* kept for the backward loop */
-      if (keep) k36[j] = v36;  /* kept for the backward loop */
-      if (keep) k44[j] = v44;  /* kept for the backward loop */
       o49[j] = v49;
       h49[j] = v49;  /* at home */
-      if (keep) k50[j] = v50;  /* kept for the backward loop */
+      k50[j] = v50;  /* kept for the backward loop */
       o51[j] = v51;
       h51[j] = v51;  /* at home */
     }

@@ -97,6 +97,36 @@ CAVS_INLINE void seq2seq_enc_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n,
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v38 = v36;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        h38_2[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        h40_2[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -108,17 +138,24 @@ CAVS_INLINE void seq2seq_enc_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, int n,
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
       h38_2[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
       h40_2[j] = v40;  /* at home */
@@ -161,6 +198,41 @@ CAVS_INLINE void seq2seq_enc_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h40 = (R *)c->home_val[0][r] + D_H;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* f */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v37 = v19 * a2[j];
+        const R v38 = v36 + v37;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        h38_2[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        h40_2[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -175,19 +247,27 @@ CAVS_INLINE void seq2seq_enc_fwd_path_g0_body(cavs_ctx *c, int r0, int n, long j
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v37 = v19 * a2[j];
       const R v38 = v36 + v37;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
       h38_2[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
       h40_2[j] = v40;  /* at home */
@@ -621,6 +701,34 @@ CAVS_INLINE void seq2seq_dec_fwd_path_g6_leaves_body(cavs_ctx *c, int r0, int n,
     R *restrict k60 = V[36] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v29 = a26[j];
+        const R v31 = v29 + a30[j];
+        const R v32 = cv_sigmoid(v31);  /* i */
+        const R v45 = a42[j];
+        const R v47 = v45 + a46[j];
+        const R v48 = cv_sigmoid(v47);  /* o */
+        const R v53 = a50[j];
+        const R v55 = v53 + a54[j];
+        const R v56 = cv_tanh(v55);  /* u */
+        const R v57 = v32 * v56;
+        const R v59 = v57;  /* c */
+        const R v60 = cv_tanh(v59);
+        const R v61 = v48 * v60;  /* h */
+        if (keep) k32[j] = v32;  /* kept for the backward loop */
+        if (keep) k48[j] = v48;  /* kept for the backward loop */
+        if (keep) k56[j] = v56;  /* kept for the backward loop */
+        o59[j] = v59;
+        h59[j] = v59;  /* at home */
+        if (keep) k60[j] = v60;  /* kept for the backward loop */
+        o61[j] = v61;
+        h61[j] = v61;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v29 = a26[j];
@@ -632,16 +740,23 @@ CAVS_INLINE void seq2seq_dec_fwd_path_g6_leaves_body(cavs_ctx *c, int r0, int n,
       const R v53 = a50[j];
       const R v55 = v53 + a54[j];
       const R v56 = cv_tanh(v55);  /* u */
+      k32[j] = v32;  /* kept for the backward loop */
+      k48[j] = v48;  /* kept for the backward loop */
+      k56[j] = v56;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v32 = k32[j];  /* kept by the first loop */
+      const R v48 = k48[j];  /* kept by the first loop */
+      const R v56 = k56[j];  /* kept by the first loop */
       const R v57 = v32 * v56;
       const R v59 = v57;  /* c */
       const R v60 = cv_tanh(v59);
       const R v61 = v48 * v60;  /* h */
-      if (keep) k32[j] = v32;  /* kept for the backward loop */
-      if (keep) k48[j] = v48;  /* kept for the backward loop */
-      if (keep) k56[j] = v56;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
-      if (keep) k60[j] = v60;  /* kept for the backward loop */
+      k60[j] = v60;  /* kept for the backward loop */
       o61[j] = v61;
       h61[j] = v61;  /* at home */
     }
@@ -682,6 +797,39 @@ CAVS_INLINE void seq2seq_dec_fwd_path_g6_body(cavs_ctx *c, int r0, int n, long j
     R *restrict k60 = V[36] + (size_t)(r) * D_H;
     R *restrict o61 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h61 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v29 = a26[j];
+        const R v31 = v29 + a30[j];
+        const R v32 = cv_sigmoid(v31);  /* i */
+        const R v37 = a34[j] + a36[j];
+        const R v39 = v37 + a38[j];
+        const R v40 = cv_sigmoid(v39);  /* f */
+        const R v45 = a42[j];
+        const R v47 = v45 + a46[j];
+        const R v48 = cv_sigmoid(v47);  /* o */
+        const R v53 = a50[j];
+        const R v55 = v53 + a54[j];
+        const R v56 = cv_tanh(v55);  /* u */
+        const R v57 = v32 * v56;
+        const R v58 = v40 * a3[j];
+        const R v59 = v57 + v58;  /* c */
+        const R v60 = cv_tanh(v59);
+        const R v61 = v48 * v60;  /* h */
+        if (keep) k32[j] = v32;  /* kept for the backward loop */
+        if (keep) k40[j] = v40;  /* kept for the backward loop */
+        if (keep) k48[j] = v48;  /* kept for the backward loop */
+        if (keep) k56[j] = v56;  /* kept for the backward loop */
+        o59[j] = v59;
+        h59[j] = v59;  /* at home */
+        if (keep) k60[j] = v60;  /* kept for the backward loop */
+        o61[j] = v61;
+        h61[j] = v61;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v29 = a26[j];
@@ -696,18 +844,26 @@ CAVS_INLINE void seq2seq_dec_fwd_path_g6_body(cavs_ctx *c, int r0, int n, long j
       const R v53 = a50[j];
       const R v55 = v53 + a54[j];
       const R v56 = cv_tanh(v55);  /* u */
+      k32[j] = v32;  /* kept for the backward loop */
+      k40[j] = v40;  /* kept for the backward loop */
+      k48[j] = v48;  /* kept for the backward loop */
+      k56[j] = v56;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v32 = k32[j];  /* kept by the first loop */
+      const R v40 = k40[j];  /* kept by the first loop */
+      const R v48 = k48[j];  /* kept by the first loop */
+      const R v56 = k56[j];  /* kept by the first loop */
       const R v57 = v32 * v56;
       const R v58 = v40 * a3[j];
       const R v59 = v57 + v58;  /* c */
       const R v60 = cv_tanh(v59);
       const R v61 = v48 * v60;  /* h */
-      if (keep) k32[j] = v32;  /* kept for the backward loop */
-      if (keep) k40[j] = v40;  /* kept for the backward loop */
-      if (keep) k48[j] = v48;  /* kept for the backward loop */
-      if (keep) k56[j] = v56;  /* kept for the backward loop */
       o59[j] = v59;
       h59[j] = v59;  /* at home */
-      if (keep) k60[j] = v60;  /* kept for the backward loop */
+      k60[j] = v60;  /* kept for the backward loop */
       o61[j] = v61;
       h61[j] = v61;  /* at home */
     }

@@ -99,6 +99,36 @@ CAVS_INLINE void tagger_chars_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v38 = v36;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        h38_2[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        h40_2[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -110,17 +140,24 @@ CAVS_INLINE void tagger_chars_chr_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v38 = v36;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
       h38_2[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
       h40_2[j] = v40;  /* at home */
@@ -166,6 +203,41 @@ CAVS_INLINE void tagger_chars_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
     R *restrict o40 = V[0] + (size_t)(r) * (2*D_Hc) + D_Hc;
     R *restrict h40 = (R *)c->home_val[0][r] + D_Hc;
     R *restrict h40_2 = (R *)c->home_val[1][r] + D_Hc;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v8 = a5[j];
+        const R v10 = v8 + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v16 = a13[j];
+        const R v18 = v16 + a17[j];
+        const R v19 = cv_sigmoid(v18);  /* f */
+        const R v24 = a21[j];
+        const R v26 = v24 + a25[j];
+        const R v27 = cv_sigmoid(v26);  /* o */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_tanh(v34);  /* u */
+        const R v36 = v11 * v35;
+        const R v37 = v19 * a2[j];
+        const R v38 = v36 + v37;  /* c */
+        const R v39 = cv_tanh(v38);
+        const R v40 = v27 * v39;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k19[j] = v19;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+        h38_2[j] = v38;  /* at home */
+        if (keep) k39[j] = v39;  /* kept for the backward loop */
+        o40[j] = v40;
+        h40[j] = v40;  /* at home */
+        h40_2[j] = v40;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v8 = a5[j];
@@ -180,19 +252,27 @@ CAVS_INLINE void tagger_chars_chr_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v32 = a29[j];
       const R v34 = v32 + a33[j];
       const R v35 = cv_tanh(v34);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k19[j] = v19;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v19 = k19[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
       const R v36 = v11 * v35;
       const R v37 = v19 * a2[j];
       const R v38 = v36 + v37;  /* c */
       const R v39 = cv_tanh(v38);
       const R v40 = v27 * v39;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k19[j] = v19;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
       h38_2[j] = v38;  /* at home */
-      if (keep) k39[j] = v39;  /* kept for the backward loop */
+      k39[j] = v39;  /* kept for the backward loop */
       o40[j] = v40;
       h40[j] = v40;  /* at home */
       h40_2[j] = v40;  /* at home */
@@ -506,6 +586,36 @@ CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v11 = a8[j];
+        const R v13 = v11 + a12[j];
+        const R v14 = cv_sigmoid(v13);  /* i */
+        const R v27 = a24[j];
+        const R v29 = v27 + a28[j];
+        const R v30 = cv_sigmoid(v29);  /* o */
+        const R v35 = a32[j];
+        const R v37 = v35 + a36[j];
+        const R v38 = cv_tanh(v37);  /* u */
+        const R v39 = v14 * v38;
+        const R v41 = v39;  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v30 * v42;  /* h */
+        if (keep) k14[j] = v14;  /* kept for the backward loop */
+        if (keep) k30[j] = v30;  /* kept for the backward loop */
+        if (keep) k38[j] = v38;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        h41_2[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+        h43_2[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j];
@@ -517,17 +627,24 @@ CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
+      k14[j] = v14;  /* kept for the backward loop */
+      k30[j] = v30;  /* kept for the backward loop */
+      k38[j] = v38;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v14 = k14[j];  /* kept by the first loop */
+      const R v30 = k30[j];  /* kept by the first loop */
+      const R v38 = k38[j];  /* kept by the first loop */
       const R v39 = v14 * v38;
       const R v41 = v39;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
-      if (keep) k14[j] = v14;  /* kept for the backward loop */
-      if (keep) k30[j] = v30;  /* kept for the backward loop */
-      if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
       h41_2[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
       h43_2[j] = v43;  /* at home */
@@ -573,6 +690,41 @@ CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
     R *restrict o43 = V[1] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v11 = a8[j];
+        const R v13 = v11 + a12[j];
+        const R v14 = cv_sigmoid(v13);  /* i */
+        const R v19 = a16[j];
+        const R v21 = v19 + a20[j];
+        const R v22 = cv_sigmoid(v21);  /* f */
+        const R v27 = a24[j];
+        const R v29 = v27 + a28[j];
+        const R v30 = cv_sigmoid(v29);  /* o */
+        const R v35 = a32[j];
+        const R v37 = v35 + a36[j];
+        const R v38 = cv_tanh(v37);  /* u */
+        const R v39 = v14 * v38;
+        const R v40 = v22 * a5[j];
+        const R v41 = v39 + v40;  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v30 * v42;  /* h */
+        if (keep) k14[j] = v14;  /* kept for the backward loop */
+        if (keep) k22[j] = v22;  /* kept for the backward loop */
+        if (keep) k30[j] = v30;  /* kept for the backward loop */
+        if (keep) k38[j] = v38;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        h41_2[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+        h43_2[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j];
@@ -587,19 +739,27 @@ CAVS_INLINE void tagger_chars_fwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
+      k14[j] = v14;  /* kept for the backward loop */
+      k22[j] = v22;  /* kept for the backward loop */
+      k30[j] = v30;  /* kept for the backward loop */
+      k38[j] = v38;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v14 = k14[j];  /* kept by the first loop */
+      const R v22 = k22[j];  /* kept by the first loop */
+      const R v30 = k30[j];  /* kept by the first loop */
+      const R v38 = k38[j];  /* kept by the first loop */
       const R v39 = v14 * v38;
       const R v40 = v22 * a5[j];
       const R v41 = v39 + v40;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
-      if (keep) k14[j] = v14;  /* kept for the backward loop */
-      if (keep) k22[j] = v22;  /* kept for the backward loop */
-      if (keep) k30[j] = v30;  /* kept for the backward loop */
-      if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
       h41_2[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
       h43_2[j] = v43;  /* at home */
@@ -929,6 +1089,36 @@ CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v11 = a8[j];
+        const R v13 = v11 + a12[j];
+        const R v14 = cv_sigmoid(v13);  /* i */
+        const R v27 = a24[j];
+        const R v29 = v27 + a28[j];
+        const R v30 = cv_sigmoid(v29);  /* o */
+        const R v35 = a32[j];
+        const R v37 = v35 + a36[j];
+        const R v38 = cv_tanh(v37);  /* u */
+        const R v39 = v14 * v38;
+        const R v41 = v39;  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v30 * v42;  /* h */
+        if (keep) k14[j] = v14;  /* kept for the backward loop */
+        if (keep) k30[j] = v30;  /* kept for the backward loop */
+        if (keep) k38[j] = v38;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        h41_2[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+        h43_2[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j];
@@ -940,17 +1130,24 @@ CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
+      k14[j] = v14;  /* kept for the backward loop */
+      k30[j] = v30;  /* kept for the backward loop */
+      k38[j] = v38;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v14 = k14[j];  /* kept by the first loop */
+      const R v30 = k30[j];  /* kept by the first loop */
+      const R v38 = k38[j];  /* kept by the first loop */
       const R v39 = v14 * v38;
       const R v41 = v39;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
-      if (keep) k14[j] = v14;  /* kept for the backward loop */
-      if (keep) k30[j] = v30;  /* kept for the backward loop */
-      if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
       h41_2[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
       h43_2[j] = v43;  /* at home */
@@ -996,6 +1193,41 @@ CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
     R *restrict o43 = V[2] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h43 = (R *)c->home_val[0][r] + D_H;
     R *restrict h43_2 = (R *)c->home_val[1][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v11 = a8[j];
+        const R v13 = v11 + a12[j];
+        const R v14 = cv_sigmoid(v13);  /* i */
+        const R v19 = a16[j];
+        const R v21 = v19 + a20[j];
+        const R v22 = cv_sigmoid(v21);  /* f */
+        const R v27 = a24[j];
+        const R v29 = v27 + a28[j];
+        const R v30 = cv_sigmoid(v29);  /* o */
+        const R v35 = a32[j];
+        const R v37 = v35 + a36[j];
+        const R v38 = cv_tanh(v37);  /* u */
+        const R v39 = v14 * v38;
+        const R v40 = v22 * a5[j];
+        const R v41 = v39 + v40;  /* c */
+        const R v42 = cv_tanh(v41);
+        const R v43 = v30 * v42;  /* h */
+        if (keep) k14[j] = v14;  /* kept for the backward loop */
+        if (keep) k22[j] = v22;  /* kept for the backward loop */
+        if (keep) k30[j] = v30;  /* kept for the backward loop */
+        if (keep) k38[j] = v38;  /* kept for the backward loop */
+        o41[j] = v41;
+        h41[j] = v41;  /* at home */
+        h41_2[j] = v41;  /* at home */
+        if (keep) k42[j] = v42;  /* kept for the backward loop */
+        o43[j] = v43;
+        h43[j] = v43;  /* at home */
+        h43_2[j] = v43;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v11 = a8[j];
@@ -1010,19 +1242,27 @@ CAVS_INLINE void tagger_chars_bwd_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v35 = a32[j];
       const R v37 = v35 + a36[j];
       const R v38 = cv_tanh(v37);  /* u */
+      k14[j] = v14;  /* kept for the backward loop */
+      k22[j] = v22;  /* kept for the backward loop */
+      k30[j] = v30;  /* kept for the backward loop */
+      k38[j] = v38;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v14 = k14[j];  /* kept by the first loop */
+      const R v22 = k22[j];  /* kept by the first loop */
+      const R v30 = k30[j];  /* kept by the first loop */
+      const R v38 = k38[j];  /* kept by the first loop */
       const R v39 = v14 * v38;
       const R v40 = v22 * a5[j];
       const R v41 = v39 + v40;  /* c */
       const R v42 = cv_tanh(v41);
       const R v43 = v30 * v42;  /* h */
-      if (keep) k14[j] = v14;  /* kept for the backward loop */
-      if (keep) k22[j] = v22;  /* kept for the backward loop */
-      if (keep) k30[j] = v30;  /* kept for the backward loop */
-      if (keep) k38[j] = v38;  /* kept for the backward loop */
       o41[j] = v41;
       h41[j] = v41;  /* at home */
       h41_2[j] = v41;  /* at home */
-      if (keep) k42[j] = v42;  /* kept for the backward loop */
+      k42[j] = v42;  /* kept for the backward loop */
       o43[j] = v43;
       h43[j] = v43;  /* at home */
       h43_2[j] = v43;  /* at home */

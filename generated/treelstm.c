@@ -108,6 +108,35 @@ CAVS_INLINE void treelstm_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int 
     R *restrict k49 = V[13] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h50 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v12 = a9[j];
+        const R v14 = v12 + a13[j];
+        const R v15 = cv_sigmoid(v14);  /* i */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_sigmoid(v34);  /* o */
+        const R v40 = a37[j];
+        const R v42 = v40 + a41[j];
+        const R v43 = cv_tanh(v42);  /* u */
+        const R v44 = v15 * v43;
+        const R v46 = v44;
+        const R v48 = v46;  /* c */
+        const R v49 = cv_tanh(v48);
+        const R v50 = v35 * v49;  /* h */
+        if (keep) k15[j] = v15;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        if (keep) k43[j] = v43;  /* kept for the backward loop */
+        o48[j] = v48;
+        h48[j] = v48;  /* at home */
+        if (keep) k49[j] = v49;  /* kept for the backward loop */
+        o50[j] = v50;
+        h50[j] = v50;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -119,17 +148,24 @@ CAVS_INLINE void treelstm_tree_fwd_path_g1_leaves_body(cavs_ctx *c, int r0, int 
       const R v40 = a37[j];
       const R v42 = v40 + a41[j];
       const R v43 = cv_tanh(v42);  /* u */
+      k15[j] = v15;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+      k43[j] = v43;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = k15[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
+      const R v43 = k43[j];  /* kept by the first loop */
       const R v44 = v15 * v43;
       const R v46 = v44;
       const R v48 = v46;  /* c */
       const R v49 = cv_tanh(v48);
       const R v50 = v35 * v49;  /* h */
-      if (keep) k15[j] = v15;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
-      if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
       h48[j] = v48;  /* at home */
-      if (keep) k49[j] = v49;  /* kept for the backward loop */
+      k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
       h50[j] = v50;  /* at home */
     }
@@ -173,6 +209,45 @@ CAVS_INLINE void treelstm_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long
     R *restrict k49 = V[13] + (size_t)(r) * D_H;
     R *restrict o50 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h50 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v12 = a9[j];
+        const R v14 = v12 + a13[j];
+        const R v15 = cv_sigmoid(v14);  /* i */
+        const R v20 = a17[j] + a19[j];
+        const R v22 = v20 + a21[j];
+        const R v23 = cv_sigmoid(v22);  /* f_0 */
+        const R v25 = a17[j] + a24[j];
+        const R v26 = v25 + a21[j];
+        const R v27 = cv_sigmoid(v26);  /* f_1 */
+        const R v32 = a29[j];
+        const R v34 = v32 + a33[j];
+        const R v35 = cv_sigmoid(v34);  /* o */
+        const R v40 = a37[j];
+        const R v42 = v40 + a41[j];
+        const R v43 = cv_tanh(v42);  /* u */
+        const R v44 = v15 * v43;
+        const R v45 = v23 * a2[j];
+        const R v46 = v44 + v45;
+        const R v47 = v27 * a5[j];
+        const R v48 = v46 + v47;  /* c */
+        const R v49 = cv_tanh(v48);
+        const R v50 = v35 * v49;  /* h */
+        if (keep) k15[j] = v15;  /* kept for the backward loop */
+        if (keep) k23[j] = v23;  /* kept for the backward loop */
+        if (keep) k27[j] = v27;  /* kept for the backward loop */
+        if (keep) k35[j] = v35;  /* kept for the backward loop */
+        if (keep) k43[j] = v43;  /* kept for the backward loop */
+        o48[j] = v48;
+        h48[j] = v48;  /* at home */
+        if (keep) k49[j] = v49;  /* kept for the backward loop */
+        o50[j] = v50;
+        h50[j] = v50;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v12 = a9[j];
@@ -190,6 +265,20 @@ CAVS_INLINE void treelstm_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long
       const R v40 = a37[j];
       const R v42 = v40 + a41[j];
       const R v43 = cv_tanh(v42);  /* u */
+      k15[j] = v15;  /* kept for the backward loop */
+      k23[j] = v23;  /* kept for the backward loop */
+      k27[j] = v27;  /* kept for the backward loop */
+      k35[j] = v35;  /* kept for the backward loop */
+      k43[j] = v43;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v15 = k15[j];  /* kept by the first loop */
+      const R v23 = k23[j];  /* kept by the first loop */
+      const R v27 = k27[j];  /* kept by the first loop */
+      const R v35 = k35[j];  /* kept by the first loop */
+      const R v43 = k43[j];  /* kept by the first loop */
       const R v44 = v15 * v43;
       const R v45 = v23 * a2[j];
       const R v46 = v44 + v45;
@@ -197,14 +286,9 @@ CAVS_INLINE void treelstm_tree_fwd_path_g1_body(cavs_ctx *c, int r0, int n, long
       const R v48 = v46 + v47;  /* c */
       const R v49 = cv_tanh(v48);
       const R v50 = v35 * v49;  /* h */
-      if (keep) k15[j] = v15;  /* kept for the backward loop */
-      if (keep) k23[j] = v23;  /* kept for the backward loop */
-      if (keep) k27[j] = v27;  /* kept for the backward loop */
-      if (keep) k35[j] = v35;  /* kept for the backward loop */
-      if (keep) k43[j] = v43;  /* kept for the backward loop */
       o48[j] = v48;
       h48[j] = v48;  /* at home */
-      if (keep) k49[j] = v49;  /* kept for the backward loop */
+      k49[j] = v49;  /* kept for the backward loop */
       o50[j] = v50;
       h50[j] = v50;  /* at home */
     }

@@ -214,6 +214,32 @@ CAVS_INLINE void twotype_internal_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
     R *restrict k37 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h38 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v10 = a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v25 = a24[j];
+        const R v26 = cv_sigmoid(v25);  /* o */
+        const R v30 = a29[j];
+        const R v31 = cv_tanh(v30);  /* u */
+        const R v32 = v11 * v31;
+        const R v34 = v32;
+        const R v36 = v34;  /* c */
+        const R v37 = cv_tanh(v36);
+        const R v38 = v26 * v37;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k26[j] = v26;  /* kept for the backward loop */
+        if (keep) k31[j] = v31;  /* kept for the backward loop */
+        o36[j] = v36;
+        h36[j] = v36;  /* at home */
+        if (keep) k37[j] = v37;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a9[j];
@@ -222,17 +248,24 @@ CAVS_INLINE void twotype_internal_fwd_path_g0_leaves_body(cavs_ctx *c, int r0, i
       const R v26 = cv_sigmoid(v25);  /* o */
       const R v30 = a29[j];
       const R v31 = cv_tanh(v30);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k26[j] = v26;  /* kept for the backward loop */
+      k31[j] = v31;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v26 = k26[j];  /* kept by the first loop */
+      const R v31 = k31[j];  /* kept by the first loop */
       const R v32 = v11 * v31;
       const R v34 = v32;
       const R v36 = v34;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k26[j] = v26;  /* kept for the backward loop */
-      if (keep) k31[j] = v31;  /* kept for the backward loop */
       o36[j] = v36;
       h36[j] = v36;  /* at home */
-      if (keep) k37[j] = v37;  /* kept for the backward loop */
+      k37[j] = v37;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
     }
@@ -276,6 +309,40 @@ CAVS_INLINE void twotype_internal_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
     R *restrict k37 = V[15] + (size_t)(r) * D_H;
     R *restrict o38 = V[0] + (size_t)(r) * (2*D_H) + D_H;
     R *restrict h38 = (R *)c->home_val[0][r] + D_H;
+    if (!keep) {
+      CAVS_IVDEP
+      for (long j = j0; j < j1; j++) {
+        const R v10 = a8[j] + a9[j];
+        const R v11 = cv_sigmoid(v10);  /* i */
+        const R v15 = a13[j] + a14[j];
+        const R v16 = cv_sigmoid(v15);  /* f_0 */
+        const R v20 = a18[j] + a19[j];
+        const R v21 = cv_sigmoid(v20);  /* f_1 */
+        const R v25 = a23[j] + a24[j];
+        const R v26 = cv_sigmoid(v25);  /* o */
+        const R v30 = a28[j] + a29[j];
+        const R v31 = cv_tanh(v30);  /* u */
+        const R v32 = v11 * v31;
+        const R v33 = v16 * a1[j];
+        const R v34 = v32 + v33;
+        const R v35 = v21 * a4[j];
+        const R v36 = v34 + v35;  /* c */
+        const R v37 = cv_tanh(v36);
+        const R v38 = v26 * v37;  /* h */
+        if (keep) k11[j] = v11;  /* kept for the backward loop */
+        if (keep) k16[j] = v16;  /* kept for the backward loop */
+        if (keep) k21[j] = v21;  /* kept for the backward loop */
+        if (keep) k26[j] = v26;  /* kept for the backward loop */
+        if (keep) k31[j] = v31;  /* kept for the backward loop */
+        o36[j] = v36;
+        h36[j] = v36;  /* at home */
+        if (keep) k37[j] = v37;  /* kept for the backward loop */
+        o38[j] = v38;
+        h38[j] = v38;  /* at home */
+      }
+      continue;
+    }
+    /* the exponentials that read no other, kept */
     CAVS_IVDEP
     for (long j = j0; j < j1; j++) {
       const R v10 = a8[j] + a9[j];
@@ -288,6 +355,20 @@ CAVS_INLINE void twotype_internal_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v26 = cv_sigmoid(v25);  /* o */
       const R v30 = a28[j] + a29[j];
       const R v31 = cv_tanh(v30);  /* u */
+      k11[j] = v11;  /* kept for the backward loop */
+      k16[j] = v16;  /* kept for the backward loop */
+      k21[j] = v21;  /* kept for the backward loop */
+      k26[j] = v26;  /* kept for the backward loop */
+      k31[j] = v31;  /* kept for the backward loop */
+    }
+    /* the rest, from what the first loop kept */
+    CAVS_IVDEP
+    for (long j = j0; j < j1; j++) {
+      const R v11 = k11[j];  /* kept by the first loop */
+      const R v16 = k16[j];  /* kept by the first loop */
+      const R v21 = k21[j];  /* kept by the first loop */
+      const R v26 = k26[j];  /* kept by the first loop */
+      const R v31 = k31[j];  /* kept by the first loop */
       const R v32 = v11 * v31;
       const R v33 = v16 * a1[j];
       const R v34 = v32 + v33;
@@ -295,14 +376,9 @@ CAVS_INLINE void twotype_internal_fwd_path_g0_body(cavs_ctx *c, int r0, int n, l
       const R v36 = v34 + v35;  /* c */
       const R v37 = cv_tanh(v36);
       const R v38 = v26 * v37;  /* h */
-      if (keep) k11[j] = v11;  /* kept for the backward loop */
-      if (keep) k16[j] = v16;  /* kept for the backward loop */
-      if (keep) k21[j] = v21;  /* kept for the backward loop */
-      if (keep) k26[j] = v26;  /* kept for the backward loop */
-      if (keep) k31[j] = v31;  /* kept for the backward loop */
       o36[j] = v36;
       h36[j] = v36;  /* at home */
-      if (keep) k37[j] = v37;  /* kept for the backward loop */
+      k37[j] = v37;  /* kept for the backward loop */
       o38[j] = v38;
       h38[j] = v38;  /* at home */
     }

@@ -399,6 +399,38 @@ static Model *planned(Model *m) {
   return m;
 }
 
+/* A forward loop whose exponentials come two deep (an LSTM cell's gates, then tanh of
+ * the cell) runs in two column loops in training (emit.c, fwd_stages): the gates first,
+ * kept, then the rest from what the first loop kept; inference runs the one loop. Not
+ * where the second stage has no exponential, nor where it reads a value of the first
+ * that is not kept (the sum `a` below, which only sigmoid's y is kept of), nor on the
+ * CUDA target. */
+START_TEST(exponentials_in_two_loops) {
+  const char *fmt = "model k; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+                    "input w : index[V]; input y : class[C];\n"
+                    "param emb[V,H], Wi[H,H], Wf[H,H], Wo[H,H], Wu[H,H], U[H,H], b[H], Wc[H,C] init uniform(-1, 1);\n"
+                    "pull { x = emb[w]; }\n"
+                    "vertex step (children 1) { s = gather(0); c0 = s[0:H]; h0 = s[H:2H]; x = pull();\n"
+                    "  a = x @ Wi + h0 @ U + b; i = sigmoid(a); f = sigmoid(x @ Wf + h0 @ U + b);\n"
+                    "  o = sigmoid(x @ Wo + h0 @ U + b); u = tanh(x @ Wu + h0 @ U + b);\n"
+                    "  c = i * u + f * c0; h = %s; scatter(concat(c, h)); push(h); }\n"
+                    "push (h) { loss softmax_xent(h @ Wc, y); }\n";
+  static const struct {
+    const char *h;
+    int split;
+  } cases[] = {{"o * tanh(c)", 2}, {"o * c", 0}, {"o * tanh(c + a)", 0}, {"o * tanh(c) + u", 2}};
+  char src[2048];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(src, sizeof src, fmt, cases[i].h);
+    char *c = emitted(planned(compile_str(src)), "k.vf");
+    ck_assert_msg(count_str(c, "/* the rest, from what the first loop kept */") == cases[i].split, "h = %s: %d", cases[i].h,
+                  count_str(c, "/* the rest, from what the first loop kept */"));
+    ck_assert_int_eq(count_str(c, "    if (!keep) {\n"), cases[i].split);
+    free(c);
+  }
+}
+END_TEST
+
 /* Tree-FC's leaves hold their word's row (scatter(pull()) of a lookup): the inner
  * vertices' product over their children is cavs_gemm_kids, forward and in both backward
  * products, each leaf a row of the table; not where a leaf's state is anything else (a
@@ -1052,6 +1084,7 @@ int main(void) {
   tcase_add_test(tc, products_added_in_place);
   tcase_add_test(tc, groups_wait_on_no_other);
   tcase_add_test(tc, children_holding_words);
+  tcase_add_test(tc, exponentials_in_two_loops);
   tcase_add_test(tc, unread_moe_keeps_no_gate);
   tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);
