@@ -116,6 +116,9 @@ char *json_text(const json_t *j, size_t flags);
 json_t *json_read(const char *text, size_t n, size_t flags, json_error_t *e);
 void json_watch(void);
 void json_write_line(json_t *obj, FILE *f, const char *what);
+/* The same without dying: 0, or the write's errno (the line cut off again, or where that
+   failed too, *cut_error its errno); obj released either way */
+int json_put_line(json_t *obj, FILE *f, int *cut_error);
 
 /* Dies unless `out` (the value of --opt) is a file this run may write: not a directory,
  * none of the n `inputs` (what[i] names each in the message), in a directory that

@@ -605,6 +605,11 @@ int cmd_info(const char *path) {
   long cw;
   int crows = cavs_ckpt_carried(k, &cw);
   if (crows) printf("carried     the state of %d streams, %ld values each (a resume goes on from it)\n", crows, cw);
+  /* (its text is the file's: its size said, not its bytes, which may hold a terminal's
+     escapes) */
+  if (cavs_ckpt_record(k))
+    printf("log record  %zu bytes: the --log line of epoch %d, for a resumed run's log that lacks it\n",
+           strlen(cavs_ckpt_record(k)), ts->epoch);
   if (cavs_ckpt_noptions(k)) {
     printf("options    ");
     for (int i = 0; i < cavs_ckpt_noptions(k); i++) {

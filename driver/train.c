@@ -102,6 +102,11 @@ typedef struct Run {
   cavs_train_state ts;
   char *best_path;
   FILE *log;
+  bool log_existed; /* a resumed run's log was there before it */
+  /* the --log record of epoch ts.epoch that the log refused, which the checkpoint then
+     keeps (cavs_ckpt_save_record; from --resume: the checkpoint's, until log_kept_record
+     has written it); NULL otherwise */
+  char *record;
   bool tty, with_acc;
   bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
   bool carry; /* text-bptt's streams carry their state (--bptt-state): stream_order */
@@ -388,6 +393,8 @@ static void make_model(Run *r, const long *dims) {
     r->ts.plateau_best = cs->plateau_best;
     r->ts.plateau_bad = cs->plateau_bad;
     r->resumed = true, r->ck_noptions = cavs_ckpt_noptions(r->ck), r->ck_schedule = cs->schedule;
+    const char *record = cavs_ckpt_record(r->ck); /* (checked where it is used: log_kept_record) */
+    r->record = record ? xstrdup(record) : NULL;
     cavs_ckpt_free(r->ck);
     r->ck = NULL;
   } else {
@@ -557,7 +564,7 @@ static int try_save(Run *r, const char *path, const char *also, bool *also_saved
     const char *p = k ? path : also;
     /* (a device that failed under the save, or the memory: exit 2, as in a step) */
     errno = 0;
-    if (p && cavs_ckpt_save(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, err, errlen))
+    if (p && cavs_ckpt_save_record(p, r->m, r->L.source ? r->L.source : "", r->v, &r->ts, r->record, err, errlen))
       rc = errno == EIO || errno == ENOMEM ? 2 : 1;
     else if (p && !k) *also_saved = true;
   }
@@ -1092,7 +1099,7 @@ static void print_epoch(const Run *r, int epoch, const Totals *t, const Totals *
 
 /* The epoch's record in --log: a JSON object on one line (jansson), null where a value
  * does not exist (no dev set, or no classifier) or is not finite. */
-static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv) {
+static json_t *epoch_record(const Run *r, int epoch, const Totals *t, const Totals *dv) {
   json_t *o = json_object();
   json_set(o, "epoch", json_integer(epoch));
   json_set(o, "train_loss", json_num(t->batch_loss / (t->batches ? t->batches : 1)));
@@ -1150,7 +1157,7 @@ static void log_epoch(const Run *r, int epoch, const Totals *t, const Totals *dv
     json_set(o, "expert_exchange_seconds", json_num(t->ep_secs));
   }
   json_set(o, "time", json_string(when));
-  json_write_line(o, r->log, fmt("the log '%s'", r->o->log));
+  return o;
 }
 
 /* The dev set evaluated: under mpirun each rank runs its places of every minibatch (as in
@@ -1184,6 +1191,37 @@ static void evaluate_dev(Run *r, Totals *dv) {
   for (int l = 0; l < nl; l++) dv->lcount[l] = lv[5 + l], dv->lcorrect[l] = lv[5 + nl + l], dv->lsum[l] = sums[l];
 }
 
+/* The epoch's record into the log, after its checkpoint's save. A record the log refuses
+ * (a full disk, a quota) stops the run (status 1) with the epoch saved; the checkpoint
+ * is saved again with the record kept in it, which the resumed run writes into the log
+ * (log_kept_record), unless that save fails too (the same full disk), which is said.
+ * Kept only then: a checkpoint holds no record otherwise, so that it is the same bytes
+ * whatever the log (a record's seconds and time differ run to run). */
+static void log_record(Run *r, json_t *record) {
+  const char *log = r->o->log, *ck = r->o->save;
+  char *text = ck && dist_size == 1 ? json_text(record, 0) : NULL;
+  int cut, e = json_put_line(record, r->log, &cut);
+  if (!e) {
+    free(text);
+    return;
+  }
+  const char *torn = cut ? fmt("; the line written in part could not be cut off (%s): a run resumed cuts it off",
+                               strerror(cut))
+                         : "";
+  /* (under mpirun a save is every rank's: the others are past it) */
+  if (!ck || dist_size > 1) die(file_status(e), "cannot write the log '%s': %s%s", log, strerror(e), torn);
+  char err[1024];
+  bool none;
+  free(r->record);
+  r->record = text;
+  int rc = try_save(r, ck, NULL, &none, err, sizeof err);
+  if (rc)
+    die(file_status(e), "cannot write the log '%s': %s%s; epoch %d is saved, its record is lost (%s)", log,
+        strerror(e), torn, r->ts.epoch, err);
+  die(file_status(e), "cannot write the log '%s': %s%s; epoch %d is saved, its record kept in %s for a run resumed "
+      "from it to write", log, strerror(e), torn, r->ts.epoch, ck);
+}
+
 /* After an epoch: the dev set evaluated, the best so far (by dev accuracy over all
  * vertices for a classifier, else by dev loss, or what --select names), the epoch's line
  * and record, the checkpoints. True when training should stop (--patience). */
@@ -1210,6 +1248,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
   r->ts.epoch = epoch;
   bool cut = r->ts.schedule == CAVS_SCHED_PLATEAU && !unscored &&
              sched_plateau(&r->ts, metric, r->select != SELECT_LOSS);
+  json_t *record = r->log ? epoch_record(r, epoch, t, &dv) : NULL;
   /* saved before the line is printed, which says whether it was */
   char err[1024];
   bool best_saved = false;
@@ -1225,7 +1264,7 @@ static bool end_epoch(Run *r, int epoch, const Totals *t) {
      holds (a save that failed logged an epoch that the resumed run ran and logged
      again), and a log the disk refuses stops the run with its epoch kept (written
      first, its failure lost the epoch's training) */
-  if (r->log) log_epoch(r, epoch, t, &dv);
+  if (record) log_record(r, record);
   if (cut && !o->quiet)
     printf("lr cut to %g: no better dev %s in %d epoch%s\n", r->ts.lr_now, select_metric(r->select),
            r->ts.plateau_patience + 1, r->ts.plateau_patience ? "s" : "");
@@ -1392,8 +1431,9 @@ static bool mend_log_end(FILE *f, const char *path, off_t size) {
 /* The log, new, or on a resume appended to: a last line the run before did not end (it
    was killed, or the disk was full, as it wrote it) is cut off first, so that the log
    stays a JSON record a line for what reads it (cavs plot); NULL with errno */
-static FILE *open_log(const char *path, bool resumed) {
+static FILE *open_log(const char *path, bool resumed, bool *existed) {
   struct stat st;
+  *existed = false;
   /* standard output or error (what the shell sent there, a file appended to perhaps):
      written through the same stream as the epochs' lines, so that no line tears
      another, and never truncated (`--log /dev/stdout >> runs.txt` keeps the runs before) */
@@ -1409,6 +1449,7 @@ static FILE *open_log(const char *path, bool resumed) {
   /* (a FIFO, say, is appended to as it was: opened for writing alone, nothing read) */
   if (stat(path, &st) || !S_ISREG(st.st_mode)) return fopen(path, "a");
   FILE *f = fopen(path, "a+");
+  *existed = f != NULL;
   if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode) || st.st_size == 0) return f;
   if (!mend_log_end(f, path, st.st_size)) {
     fclose(f);
@@ -1416,6 +1457,62 @@ static FILE *open_log(const char *path, bool resumed) {
   }
   fseeko(f, 0, SEEK_END);
   return f;
+}
+
+/* The epoch of a log's last record, the number its line begins with (`{"epoch": N`, as
+   cavs train writes it); 0 for an empty log; -1 where the line is not such (written
+   by another hand: nothing is added to it) or cannot be read. */
+static long log_last_epoch(FILE *f) {
+  struct stat st;
+  char last, head[64];
+  if (fflush(f) || fstat(fileno(f), &st)) return -1;
+  if (st.st_size == 0) return 0;
+  /* (a line not ended is one open_log could not read: left as it is) */
+  if (fseeko(f, st.st_size - 1, SEEK_SET) || fread(&last, 1, 1, f) != 1 || last != '\n') return -1;
+  off_t start = last_line_start(f, st.st_size - 1);
+  if (start < 0 || fseeko(f, start, SEEK_SET)) return -1;
+  size_t n = fread(head, 1, sizeof head - 1, f);
+  head[n] = 0;
+  const char *p = head + strspn(head, " \t");
+  static const char key[] = "{\"epoch\":";
+  if (strncmp(p, key, sizeof key - 1)) return -1;
+  p += sizeof key - 1;
+  p += strspn(p, " \t");
+  long epoch = 0;
+  int digits = 0;
+  for (; *p >= '0' && *p <= '9' && digits < 10; p++, digits++) epoch = epoch * 10 + (*p - '0');
+  if (!digits || !(*p == ',' || *p == '}' || *p == ' ')) return -1;
+  return epoch;
+}
+
+/* A resumed run's log that lacks the epoch its checkpoint ends, whose record the log
+   refused the run before (log_record): the checkpoint's copy (cavs_ckpt_save_record)
+   written now, before this run's, so that the log holds every epoch the checkpoints
+   hold. The copy is the file's, untrusted: written only as a JSON object of that epoch,
+   through jansson. This run's checkpoints keep no record. */
+static void log_kept_record(Run *r) {
+  char *text = r->record;
+  r->record = NULL; /* (this run's checkpoints keep none) */
+  if (!text || !r->resumed || !r->log_existed || r->log == stdout || r->log == stderr) {
+    free(text);
+    return;
+  }
+  long last = log_last_epoch(r->log);
+  fseeko(r->log, 0, SEEK_END);
+  json_error_t e;
+  json_t *rec = last >= 0 && last < r->ts.epoch ? json_read(text, strlen(text), 0, &e) : NULL;
+  free(text);
+  if (last < 0 || last >= r->ts.epoch) return;
+  json_t *ep = json_is_object(rec) ? json_object_get(rec, "epoch") : NULL;
+  if (!json_is_integer(ep) || json_integer_value(ep) != r->ts.epoch) {
+    json_decref(rec);
+    fprintf(stderr, "%s: --log %s: the checkpoint's record of epoch %d is not one: not written\n", prog, r->o->log,
+            r->ts.epoch);
+    return;
+  }
+  json_write_line(rec, r->log, fmt("the log '%s'", r->o->log));
+  fprintf(stderr, "%s: --log %s: epoch %d's record, which the run before did not write, written from the "
+          "checkpoint\n", prog, r->o->log, r->ts.epoch);
 }
 
 /* What the epochs need beside the model: the state carried or not, the chunks' cut, the
@@ -1442,9 +1539,10 @@ static void ready_run(Run *r, bool norm) {
   if (o->set_momentum && o->optim.kind != CAVS_MOMENTUM && o->optim.kind != CAVS_NESTEROV)
     die(1, "--momentum goes with --optimizer momentum or nesterov, not %s", cavs_optim_name(o->optim.kind));
   if (o->log) {
-    r->log = open_log(o->log, r->resumed);
+    r->log = open_log(o->log, r->resumed, &r->log_existed);
     if (!r->log) die(file_status(errno), "cannot write '%s': %s", o->log, strerror(errno));
   }
+  log_kept_record(r);
   if (norm) cavs_model_track_grad_norm(r->m, 1); /* for the log's grad_norm fields */
   if (!o->quiet) say_start(r);
   /* under mpirun a rank's stdout is mpirun's pseudo-terminal, whatever mpirun's own is: lines */
@@ -1498,6 +1596,7 @@ static void close_run(Run *r) {
   if (r->dev) close_data(r->dev);
   cavs_vocab_free(r->v);
   cavs_ckpt_free(r->ck);
+  free(r->record);
 }
 
 int cmd_train(TrainOpts *o) {

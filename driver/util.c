@@ -218,7 +218,7 @@ char *json_text(const json_t *j, size_t flags) {
    lines share) it goes straight to the descriptor, and a line the disk took only part
    of is cut off again: the log stays a JSON record a line for what reads it (cavs plot,
    a resume), whatever the failure left. */
-void json_write_line(json_t *obj, FILE *f, const char *what) {
+int json_put_line(json_t *obj, FILE *f, int *cut_error) {
   char *text = json_text(obj, 0);
   json_decref(obj);
   size_t len = strlen(text);
@@ -245,6 +245,12 @@ void json_write_line(json_t *obj, FILE *f, const char *what) {
     if (fputs(line, f) == EOF || fflush(f) || ferror(f)) e = errno ? errno : EIO;
   }
   free(line);
+  *cut_error = cut;
+  return e;
+}
+
+void json_write_line(json_t *obj, FILE *f, const char *what) {
+  int cut, e = json_put_line(obj, f, &cut);
   /* a second fault, the part written not cut off again: the torn line said (--resume
      cuts it off, open_log) */
   if (e && cut)

@@ -703,6 +703,14 @@ int cavs_is_identifier(const char *s);
 typedef struct cavs_ckpt cavs_ckpt;
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen);
+/* cavs_ckpt_save with a record kept beside the state: the line a training log holds
+ * for the epoch the state ends (cavs train's --log record, a JSON object, where the log
+ * refused it), which a run resumed from the checkpoint writes into a log that lacks it.
+ * NULL: none. One line of at most CAVS_MAX_CKPT_RECORD bytes; saving refuses a longer
+ * one. */
+#define CAVS_MAX_CKPT_RECORD (16 << 20)
+int cavs_ckpt_save_record(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
+                          const cavs_train_state *ts, const char *record, char *err, size_t errlen);
 /* Reads a checkpoint whole into memory, checks its checksum and every field. */
 cavs_ckpt *cavs_ckpt_read(const char *path, char *err, size_t errlen);
 /* The same checks, without holding the parameters' values: the file is streamed once
@@ -724,6 +732,9 @@ int cavs_ckpt_precision(const cavs_ckpt *k);
 /* dims by name: fills dims[] in the order of d's dims; -1 on a mismatch (message in err) */
 int cavs_ckpt_dims(const cavs_ckpt *k, const cavs_desc *d, long *dims, char *err, size_t errlen);
 const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k);
+/* The record saved with it (cavs_ckpt_save_record; format 10 on), NULL when none: one
+ * line of text, whose content is the file's, unchecked. */
+const char *cavs_ckpt_record(const cavs_ckpt *k);
 /* The dims as saved: their number, and each one's name and value. */
 int cavs_ckpt_ndims(const cavs_ckpt *k);
 const char *cavs_ckpt_dim_name(const cavs_ckpt *k, int i);

@@ -22,6 +22,9 @@
  *                                rows when the model carries none)          (format 6 on)
  *   f64 bptt_vary                                                         (format 7 on)
  *   u32 bptt_state    text-bptt's chunks: 0 not said, 1 carried, 2 from zeros (format 9 on)
+ *   str record        the --log record of the epoch the state ends (a JSON object on one
+ *                     line, cavs train's), "" when none: what a resumed run writes into a
+ *                     log that lacks it (format 10 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -33,7 +36,7 @@
  * model's defaults) and 5 (no carried state: a run resumed inside an epoch started its
  * streams from zeros), 6 (no bptt_vary: chunks of one length) and 7 (u8 has_moments, 0
  * or 1 for both blocks: an optimizer of one block wrote the second as zeros) and 8 (no
- * bptt_state: not said) are still read. */
+ * bptt_state: not said) and 9 (no record) are still read. */
 #include "afile.h"
 #include "cv.h"
 #include "data.h"
@@ -48,7 +51,7 @@
 #include <unistd.h>
 
 #define CKPT_MAGIC "CAVSCKPT"
-#define CKPT_VERSION 9
+#define CKPT_VERSION 10
 
 /* ---- writing into a growing buffer ---- */
 
@@ -154,7 +157,7 @@ static void put_model(Buf *b, cavs_model *m, const char *source, const cavs_voca
 /* The training state, in the order the formats added it (the frozen parameters and the
  * options are the model's, the carried state its last minibatch's): where the carried
  * values lie in b, *at, and their count, the return. */
-static size_t put_state(Buf *b, cavs_model *m, const cavs_train_state *ts, size_t *at_out) {
+static size_t put_state(Buf *b, cavs_model *m, const cavs_train_state *ts, const char *record, size_t *at_out) {
   const cavs_desc *d = m->d;
   put_u32(b, (uint32_t)ts->epoch);
   put_i64(b, (int64_t)ts->rng);
@@ -210,6 +213,7 @@ static size_t put_state(Buf *b, cavs_model *m, const cavs_train_state *ts, size_
   if (!b->oom && !b->lost && cbytes && m->be->download(m, b->p + at, m->carry, cbytes)) b->lost = true;
   put_f64(b, ts->bptt_vary);
   put_u32(b, (uint32_t)ts->bptt_state);
+  put_str(b, record);
   *at_out = at;
   return (size_t)crows * (size_t)cw;
 }
@@ -231,10 +235,22 @@ static bool all_finite(const unsigned char *p, size_t n, size_t esize) {
 
 static const char *state_fault(const cavs_train_state *t);
 
+/* A record a checkpoint keeps: one line of text, no NUL, at most CAVS_MAX_CKPT_RECORD
+   bytes (what it says is the reader's to check: cavs train parses it as JSON) */
+static bool record_fits(const char *s, size_t n) {
+  return n <= CAVS_MAX_CKPT_RECORD && !memchr(s, '\n', n) && !memchr(s, 0, n);
+}
+
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen) {
+  return cavs_ckpt_save_record(path, m, source, v, ts, NULL, err, errlen);
+}
+
+int cavs_ckpt_save_record(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
+                          const cavs_train_state *ts, const char *record, char *err, size_t errlen) {
   if (!source) source = m->d->source_text; /* the descriptor's own: the .vf it was made from */
   const char *fault = ts ? state_fault(ts) : NULL;
+  if (!fault && record && !record_fits(record, strlen(record))) fault = "record (a line of at most 16 MiB)";
   if (fault) {
     snprintf(err, errlen, "cannot save '%s': a value of its %s is out of range (the checkpoint would not read back)",
              path, fault);
@@ -251,7 +267,7 @@ int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const ca
   cavs_train_state z = {0};
   Buf b = {0};
   put_model(&b, m, source, v);
-  size_t cat, cn = put_state(&b, m, ts ? ts : &z, &cat);
+  size_t cat, cn = put_state(&b, m, ts ? ts : &z, record, &cat);
   if (b.lost) {
     free(b.p);
     snprintf(err, errlen, "cannot save '%s': %s", path, m->err);
@@ -313,6 +329,7 @@ struct cavs_ckpt {
   int noptions; /* format 5 on: the options' values as saved */
   char *opt_name[CAVS_MAX_OPTIONS];
   double opt_value[CAVS_MAX_OPTIONS];
+  char *record;   /* format 10 on: the --log record of the state's epoch, or NULL */
   int carry_rows; /* format 6 on: the carried state, [carry_rows, carry_w] at carry_at */
   long carry_w;
   size_t carry_at;
@@ -436,6 +453,7 @@ void cavs_ckpt_free(cavs_ckpt *k) {
   free(k->model);
   free(k->hash);
   free(k->source);
+  free(k->record);
   for (int i = 0; i < k->ndims; i++) free(k->dim_name[i]);
   for (int i = 0; i < k->nwords; i++) free(k->words ? k->words[i] : NULL);
   free(k->words);
@@ -775,7 +793,8 @@ static bool read_options(cavs_ckpt *k, Rd *r, uint32_t version, const char *path
 /* Format 6's first decay of the step schedule, and its carried state: at most a
  * minibatch's graphs (2^20) of a state no wider than a model's buffer can be, every
  * value finite; whether its width is the model's is checked when applied. Then format
- * 7's deviation of the chunk lengths, and format 9's reading of the chunks. */
+ * 7's deviation of the chunk lengths, format 9's reading of the chunks and format 10's
+ * log record. */
 static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, char *err, size_t errlen) {
   if (version < 6) return true;
   k->ts.lr_decay_start = (int)get_u32(r); /* (checked with the schedule) */
@@ -801,6 +820,16 @@ static bool read_carry(cavs_ckpt *k, Rd *r, uint32_t version, const char *path, 
   k->carry_at = (size_t)(p - k->data);
   if (version >= 7) k->ts.bptt_vary = get_f64(r); /* (checked with the schedule) */
   if (version >= 9) k->ts.bptt_state = (int)get_u32(r); /* (checked with the state) */
+  if (version < 10) return true;
+  uint32_t rn = peek_u32(r);
+  char *rec = rn <= CAVS_MAX_CKPT_RECORD ? get_str(r) : NULL;
+  if (!rec && rn <= CAVS_MAX_CKPT_RECORD) return true; /* (reported as bad structure, or memory) */
+  if (!rec || !record_fits(rec, rn)) {
+    free(rec);
+    FAIL("'%s' is damaged (its log record: not one line of at most %d bytes)", path, CAVS_MAX_CKPT_RECORD);
+  }
+  if (*rec) k->record = rec;
+  else free(rec);
   return true;
 }
 
@@ -906,6 +935,7 @@ int cavs_ckpt_carried(const cavs_ckpt *k, long *width) {
   return k->carry_rows;
 }
 const char *cavs_ckpt_source(const cavs_ckpt *k) { return k->source; }
+const char *cavs_ckpt_record(const cavs_ckpt *k) { return k->record; }
 const char *cavs_ckpt_hash(const cavs_ckpt *k) { return k->hash; }
 int cavs_ckpt_precision(const cavs_ckpt *k) { return k->precision; }
 const cavs_train_state *cavs_ckpt_state(const cavs_ckpt *k) { return &k->ts; }

@@ -3292,7 +3292,9 @@ END_TEST
 
 /* An epoch's --log record follows its checkpoint's save, and only a saved epoch has one:
  * a log the disk refuses (its second record) stops the run with exit 1 and that epoch in
- * the checkpoint (the record went first, and its failure lost the epoch), and a save
+ * the checkpoint (the record went first, and its failure lost the epoch), the record
+ * kept in the checkpoint, which the resumed run writes (the log lacked it for good), its
+ * own checkpoint then the bytes of a run nothing stopped (no record kept), and a save
  * that fails (the second epoch's checkpoint) leaves no record of its epoch, so that the
  * run resumed logs each epoch once (it logged the failed one twice). A resumed run that
  * cannot cut off its log's torn last line stops before it trains. */
@@ -3317,6 +3319,10 @@ START_TEST(a_log_refused_keeps_the_epoch) {
   r = LK_TRAIN(trace, "3", NULL);
   ok(&r, "the traced run");
   tu_free(&r);
+  json_t *whole = log_records(lg); /* (the records and checkpoint of a run that nothing stopped) */
+  ck_assert_int_eq(json_array_size(whole), 3);
+  size_t nwhole = 0;
+  char *whole_ck = tu_slurp(ck, &nwhole);
   long log2 = traced_file("write", "/lk.log", true, 2, 0), log1 = traced_file("write", "/lk.log", true, 1, 0);
   long save2 = traced_file("write", "/lk.log", false, 1, log1);
   unlink(path_in("failio.out"));
@@ -3325,18 +3331,64 @@ START_TEST(a_log_refused_keeps_the_epoch) {
   /* the log's second record refused: the second epoch saved */
   char nth[64];
   snprintf(nth, sizeof nth, "FAILIO_N=%ld", log2);
+  /* the disk stays full: the checkpoint saved again with the record fails too, the
+     record said lost, the epoch saved as it was */
+  unlink(ck), unlink(lg);
+  char *full_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", nth, "FAILIO_STICKY=1", out, NULL};
+  r = LK_TRAIN(full_fault, "3", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, "its record is lost"),
+                "the log's write and the save after failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("info", ck, NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "2 epochs done") && !strstr(r.out, "log record"), "%s", tu_tail(r.out, 1200));
+  tu_free(&r);
   unlink(ck), unlink(lg);
   char *log_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", nth, out, NULL};
   r = LK_TRAIN(log_fault, "3", NULL);
-  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, strerror(ENOSPC)),
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write the log") && strstr(r.err, strerror(ENOSPC)) &&
+                    strstr(r.err, "epoch 2 is saved, its record kept in"),
                 "the log's write failed: exit %d: %s", r.status, tu_tail(r.err, 1800));
   tu_free(&r);
   r = cavs("info", ck, NULL);
   ok(&r, "info");
-  ck_assert_msg(strstr(r.out, "2 epochs done"), "the second epoch is not saved: %s", tu_tail(r.out, 1200));
+  ck_assert_msg(strstr(r.out, "2 epochs done") && strstr(r.out, "the --log line of epoch 2"),
+                "the second epoch or its record is not saved: %s", tu_tail(r.out, 1200));
   tu_free(&r);
   json_t *recs = log_records(lg);
   ck_assert_int_eq(json_array_size(recs), 1);
+  json_decref(recs);
+  /* the checkpoint kept the refused record: the resumed run writes it before its own
+     (the log lacked epoch 2 for good), the same as the run that nothing stopped wrote */
+  r = LK_TRAIN(NULL, "1", "--resume", ck, NULL);
+  ok(&r, "the run resumed after the refused record");
+  ck_assert_msg(strstr(r.err, "epoch 2's record, which the run before did not write, written from the checkpoint"),
+                "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  recs = log_records(lg);
+  ck_assert_int_eq(json_array_size(recs), 3);
+  for (size_t i = 0; i < 3; i++) {
+    json_t *got = json_array_get(recs, i), *want = json_array_get(whole, i);
+    ck_assert_int_eq(json_integer_value(json_object_get(got, "epoch")), (long)i + 1);
+    ck_assert_msg(json_equal(json_object_get(got, "train_loss"), json_object_get(want, "train_loss")) &&
+                      json_equal(json_object_get(got, "grad_norm_max"), json_object_get(want, "grad_norm_max")),
+                  "epoch %zu's record differs from the whole run's", i + 1);
+  }
+  json_decref(recs);
+  json_decref(whole);
+  /* and the checkpoint it wrote, the bytes of the run nothing stopped: no record in it */
+  size_t nres = 0;
+  char *res_ck = tu_slurp(ck, &nres);
+  ck_assert_msg(whole_ck && res_ck && nres == nwhole && !memcmp(res_ck, whole_ck, nres),
+                "the resumed run's checkpoint differs from the run nothing stopped");
+  free(whole_ck), free(res_ck);
+  /* a log that has the epoch: nothing added */
+  r = LK_TRAIN(NULL, "1", "--resume", ck, NULL);
+  ok(&r, "the run resumed after a whole log");
+  ck_assert_msg(!strstr(r.err, "from the checkpoint"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  recs = log_records(lg);
+  ck_assert_int_eq(json_array_size(recs), 4);
   json_decref(recs);
   /* the second epoch's save refused: no record of it, and the resumed run logs 2 and 3 */
   snprintf(nth, sizeof nth, "FAILIO_N=%ld", save2);

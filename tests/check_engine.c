@@ -970,7 +970,8 @@ END_TEST
 /* cavs_ckpt_save writes no checkpoint that cavs_ckpt_read would refuse: a training
  * state with a value out of range (a dev metric that overflowed as the best, an epoch
  * past any run's, a format name that is none, or not terminated in its 32 bytes, a rate
- * that is not finite), or a carried state that is not finite, is an error naming the
+ * that is not finite), a log record of two lines (cavs_ckpt_save_record), or a carried
+ * state that is not finite, is an error naming the
  * part, and the checkpoint saved before is there, byte for byte; the same state made
  * valid saves and reads back. */
 START_TEST(saved_state_reads_back) {
@@ -1017,7 +1018,24 @@ START_TEST(saved_state_reads_back) {
   ck_assert_msg(ck != NULL, "%s", err);
   const cavs_train_state *back = cavs_ckpt_state(ck);
   ck_assert(back->epoch == 4 && back->best == 0.75 && !strcmp(back->format, "ptb-tree"));
+  ck_assert_ptr_null(cavs_ckpt_record(ck)); /* (cavs_ckpt_save keeps none) */
   cavs_ckpt_free(ck);
+  free(before);
+  /* a log record (cavs_ckpt_save_record) read back as given; one that would not read
+     back (a line break; a NUL would cut it short) refused, the checkpoint as it was */
+  const char *rec = "{\"epoch\": 4, \"note\": \"\\u00e9t\u00e9\"}";
+  ck_assert_msg(cavs_ckpt_save_record(path, m, NULL, NULL, &ok, rec, err, sizeof err) == 0, "%s", err);
+  ck = cavs_ckpt_read(path, err, sizeof err);
+  ck_assert_msg(ck != NULL, "%s", err);
+  ck_assert_str_eq(cavs_ckpt_record(ck), rec);
+  cavs_ckpt_free(ck);
+  before = tu_slurp(path, &n0);
+  ck_assert_int_eq(cavs_ckpt_save_record(path, m, NULL, NULL, &ok, "{}\n{}", err, sizeof err), -1);
+  ck_assert_msg(strstr(err, "cannot save") && strstr(err, "record"), "%s", err);
+  size_t n1;
+  char *kept = tu_slurp(path, &n1);
+  ck_assert_msg(kept && n1 == n0 && !memcmp(kept, before, n1), "the checkpoint with a record was replaced");
+  free(kept);
   free(before);
   cavs_model_free(m);
   /* a carried state with a value that is not finite, which reading refuses too */

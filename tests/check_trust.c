@@ -276,8 +276,9 @@ enum { V5_TAIL = 4 + 4 + 6 + 8 };
    base.ckpt: rows 4 and width 4). */
 enum { V6_CARRY = 8, V6_TAIL = 4 + V6_CARRY };
 /* Format 7's after them: the deviation of the chunk lengths, 8. Then format 9's reading
-   of text-bptt's chunks, 4. */
-enum { V7_TAIL = 8, V9_TAIL = 4 };
+   of text-bptt's chunks, 4, and format 10's log record (base.ckpt, trained without a
+   --log, has none: its length 0, 4). */
+enum { V7_TAIL = 8, V9_TAIL = 4, V10_TAIL = 4 };
 
 static size_t steps_at(const Ckpt *k);
 /* `cavs eval` of the checkpoint `name` on data.txt: an accuracy, exit 0 (an old format
@@ -288,12 +289,14 @@ static void evaluates(const char *name) {
   tu_free(&r);
 }
 
-/* k as format `v` (below 9) has it: the version, without format 9's tail (the last field
- * before the checksum), and below 8 the moments' byte has_moments, 1 for both blocks
- * (base.ckpt's Adam holds both; format 8 writes the count, 2). The other fields that
- * format lacks are the caller's to take out (their places counted with V9_TAIL). */
+/* k as format `v` (below 10) has it: the version, without format 10's tail (the last
+ * field before the checksum), below 9 without format 9's before it, and below 8 the
+ * moments' byte has_moments, 1 for both blocks (base.ckpt's Adam holds both; format 8
+ * writes the count, 2). The other fields that format lacks are the caller's to take out
+ * (their places counted with V10_TAIL and V9_TAIL). */
 static void old_version(Ckpt *k, uint32_t v) {
-  ck_splice(k, k->n - 8 - V9_TAIL, V9_TAIL, "", 0);
+  ck_splice(k, k->n - 8 - V10_TAIL, V10_TAIL, "", 0);
+  if (v < 9) ck_splice(k, k->n - 8 - V9_TAIL, V9_TAIL, "", 0);
   size_t at = steps_at(k) + 8;
   ck_assert_uint_eq(k->p[at], 2);
   unsigned char one = 1;
@@ -306,8 +309,8 @@ static void old_version(Ckpt *k, uint32_t v) {
  * format 2 checkpoint, which ends before it, is still read (select 0: not recorded). */
 START_TEST(format_3_fields) {
   Ckpt k0 = load_base();
-  size_t tail = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  size_t tail = k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36;
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
   ck_assert_uint_eq(rd32(&k0, tail + 32), 0); /* no frozen parameter */
   struct {
     size_t at, len;
@@ -374,8 +377,8 @@ static int64_t bits(double x) {
  * read (its decay as the step schedule, no plateau best yet), and trained on. */
 START_TEST(format_4_fields) {
   Ckpt k0 = load_base();
-  size_t t4 = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  size_t t4 = k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL, kind = t4 - 36 - 8 - 48 - 4;
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
   ck_assert_uint_eq(rd32(&k0, kind), CAVS_ADAM);
   struct {
     size_t at;
@@ -453,8 +456,8 @@ END_TEST
  * the model's defaults. */
 START_TEST(format_5_options) {
   Ckpt k0 = load_base();
-  size_t t5 = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL;
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
+  size_t t5 = k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
   ck_assert_uint_eq(rd32(&k0, t5), 1);
   ck_assert(!memcmp(k0.p + t5 + 8, "p_drop", 6));
   struct {
@@ -574,15 +577,15 @@ static Ckpt with_carry(const Ckpt *k0, uint32_t rows, uint32_t w, const float *v
   memcpy(f, &rows, 4);
   memcpy(f + 4, &w, 4);
   if (nvals) memcpy(f + 8, vals, sizeof(float) * nvals);
-  ck_splice(&k, k0->n - 8 - V9_TAIL - V7_TAIL - V6_CARRY, V6_CARRY, f, n);
+  ck_splice(&k, k0->n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_CARRY, V6_CARRY, f, n);
   free(f);
   return k;
 }
 START_TEST(format_6_carried_state) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
-  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V9_TAIL - V7_TAIL - V6_CARRY), 0);
-  field_refused(&k0, k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
+  ck_assert_uint_eq(rd32(&k0, k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_CARRY), 0);
+  field_refused(&k0, k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL, 1000001, 4, "learning-rate schedule", 99); /* lr_decay_start */
   float v[6] = {0.5f, -1, 2, 0.25f, 3, -4};
   struct {
     uint32_t rows, w;
@@ -626,7 +629,7 @@ START_TEST(format_6_carried_state) {
   k = (Ckpt){malloc(k0.n), k0.n};
   memcpy(k.p, k0.p, k0.n);
   uint32_t five = 5;
-  ck_splice(&k, k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
+  ck_splice(&k, k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL, V6_TAIL + V7_TAIL, "", 0);
   old_version(&k, five);
   save(&k, "v5.ckpt");
   c = cavs_ckpt_read(path_in("v5.ckpt"), err, sizeof err);
@@ -643,8 +646,8 @@ END_TEST
  * length. */
 START_TEST(format_7_chunk_lengths) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
-  size_t at = k0.n - 8 - V9_TAIL - V7_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
+  size_t at = k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL;
   double bad[] = {-1, 1e6 * 2, NAN, INFINITY};
   char err[512];
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -749,8 +752,8 @@ END_TEST
  * checkpoint, which has none, read as not said, and still evaluated. */
 START_TEST(format_9_chunk_reading) {
   Ckpt k0 = load_base();
-  ck_assert_uint_eq(rd32(&k0, 8), 9);
-  size_t at = k0.n - 8 - V9_TAIL;
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
+  size_t at = k0.n - 8 - V10_TAIL - V9_TAIL;
   ck_assert_uint_eq(rd32(&k0, at), 0); /* (ptb-tree: not said) */
   static const int64_t bad[] = {3, 0xffffffff, 0x80000000};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) field_refused(&k0, at, bad[i], 4, "reading of the chunks", i);
@@ -781,6 +784,62 @@ START_TEST(format_9_chunk_reading) {
 }
 END_TEST
 
+/* Format 10's log record: a line of text read back as it was written; one with a line
+ * break or a NUL in it, or longer than CAVS_MAX_CKPT_RECORD (its length alone said),
+ * refused as damaged (saving refuses to write one: check_engine); a format 9
+ * checkpoint, which has none, read without one and still evaluated. */
+START_TEST(format_10_log_record) {
+  Ckpt k0 = load_base();
+  ck_assert_uint_eq(rd32(&k0, 8), 10);
+  size_t at = k0.n - 8 - V10_TAIL;
+  ck_assert_uint_eq(rd32(&k0, at), 0); /* (trained without a --log: none) */
+  char err[512];
+  cavs_ckpt *c = cavs_ckpt_read(path_in("base.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_ptr_null(cavs_ckpt_record(c));
+  cavs_ckpt_free(c);
+  static const struct {
+    const char *text;
+    size_t n;
+    bool good;
+  } recs[] = {{"{\"epoch\": 1, \"train_loss\": 0.5}", 31, true},
+              {"{\"epoch\": 1}\n{\"epoch\": 9}", 25, false},
+              {"{\"epoch\": 1\0}", 13, false}};
+  for (int i = 0; i < 3; i++) {
+    Ckpt k = {malloc(k0.n), k0.n};
+    memcpy(k.p, k0.p, k0.n);
+    unsigned char f[64];
+    uint32_t len = (uint32_t)recs[i].n;
+    memcpy(f, &len, 4);
+    memcpy(f + 4, recs[i].text, recs[i].n);
+    ck_splice(&k, at, 4, f, 4 + recs[i].n);
+    save(&k, "v10.ckpt");
+    c = cavs_ckpt_read(path_in("v10.ckpt"), err, sizeof err);
+    if (recs[i].good) {
+      ck_assert_msg(c != NULL, "%s", err);
+      ck_assert_str_eq(cavs_ckpt_record(c), recs[i].text);
+      cavs_ckpt_free(c);
+    } else
+      ck_assert_msg(c == NULL && strstr(err, "damaged (its log record"), "record %d: %s", i, c ? "read" : err);
+    free(k.p);
+  }
+  /* a length past the bound, the bytes not there: refused by its length, nothing held */
+  field_refused(&k0, at, CAVS_MAX_CKPT_RECORD + 1, 4, "its log record", 0);
+  /* format 9: the tail gone, the version 9 */
+  Ckpt k = {malloc(k0.n), k0.n};
+  memcpy(k.p, k0.p, k0.n);
+  old_version(&k, 9);
+  save(&k, "v9r.ckpt");
+  c = cavs_ckpt_read(path_in("v9r.ckpt"), err, sizeof err);
+  ck_assert_msg(c != NULL, "%s", err);
+  ck_assert_ptr_null(cavs_ckpt_record(c));
+  cavs_ckpt_free(c);
+  evaluates("v9r.ckpt");
+  free(k.p);
+  free(k0.p);
+}
+END_TEST
+
 /* Counters at the ends of their types pass no more (a resume overflowed them, UBSan
  * said, and wrote a checkpoint that `cavs info` called damaged): each is bounded on
  * read, and at the bound itself, going on is refused or fails cleanly, and the
@@ -788,7 +847,7 @@ END_TEST
 /* Where base.ckpt's epoch count is, from the end: checksum 8, format 9's, 7's, 6's and 5's tails, format
    4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
    batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
-static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
 
 /* The data format a checkpoint records (the one --resume reads data in): a known name,
  * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
@@ -821,7 +880,7 @@ END_TEST
 
 START_TEST(crafted_counters_refused) {
   Ckpt k0 = load_base();
-  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
+  size_t epoch = epoch_at(&k0), tail = k0.n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36, steps = steps_at(&k0);
   ck_assert_uint_eq(rd32(&k0, epoch), 1); /* base.ckpt: one epoch done */
   int64_t st0;
   memcpy(&st0, k0.p + steps, 8);
@@ -1974,6 +2033,7 @@ int main(void) {
   tcase_add_test(tc, format_6_carried_state);
   tcase_add_test(tc, format_7_chunk_lengths);
   tcase_add_test(tc, format_8_moment_blocks);
+  tcase_add_test(tc, format_10_log_record);
   tcase_add_test(tc, format_9_chunk_reading);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);

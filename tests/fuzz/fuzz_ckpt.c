@@ -92,6 +92,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) sink += strlen(strs[i]);
   sink += (size_t)cavs_ckpt_precision(k) + (size_t)cavs_ckpt_param_count(k);
   for (int i = 0; i < cavs_ckpt_ndims(k); i++) sink += strlen(cavs_ckpt_dim_name(k, i)) + (size_t)cavs_ckpt_dim_value(k, i);
+  /* the log record a resume writes: one line, within its bound, or none */
+  const char *rec = cavs_ckpt_record(k);
+  if (rec && (!*rec || strchr(rec, '\n') || strlen(rec) > CAVS_MAX_CKPT_RECORD)) abort();
+  sink += rec ? strlen(rec) : 0;
   cavs_vocab *v = cavs_ckpt_vocab(k);
   if (v) {
     for (int i = 0; i < cavs_vocab_size(v); i++) sink += strlen(cavs_vocab_word(v, i));
