@@ -32,6 +32,7 @@
  */
 #include "cavsc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static void liveness(IrFunc *f) {
@@ -64,6 +65,83 @@ static void gradients(const Model *m, IrFunc *f) {
   }
 }
 
+/* ---- what a loss's gradient reaches ----
+ *
+ * gradients() says which nodes depend on something trainable; a gradient also needs a
+ * way from a loss back to the node. The losses start it (and a mixture's gate whose
+ * load-balancing loss has a weight: a number other than 0, or an option's); it flows
+ * back through every operand of a node it reached; a vertex's scatter passes it on where
+ * a gather of that type's state (an edge's child, for a `children *` block) was
+ * reached, its push where the push block's argument was, and the pull block's value
+ * where a vertex's pull of it was. The state is read in any block, so the blocks are
+ * walked again until nothing changes. A node no way reaches keeps its value and loses
+ * its gradient: what it would have sent back is 0 (or NaN, where the values it
+ * multiplies overflowed: a block the loss does not read, whose parameters then had NaN
+ * gradients), and is not computed. */
+
+typedef struct Reach {
+  bool *state; /* per vertex type (the first alone where the model is untyped): a gather of it reached */
+  bool push;   /* the push block's argument reached */
+  bool *pull;  /* per pull slot: a vertex's pull of it reached */
+} Reach;
+
+static bool gradient_source(const IrFunc *f, const IrNode *n) {
+  if (op_info[n->op].kind == OK_LOSS) return true;
+  if (n->op != OP_TOPK) return false;
+  const IrNode *w = &f->nodes[n->args[1]];
+  return w->ref != 0 || w->cval != 0;
+}
+
+/* The vertex type whose state gather or echild node n of f reads (0 untyped) */
+static int state_read(const Model *m, const IrFunc *f, const IrNode *n) {
+  if (!m->typed) return 0;
+  return n->op == OP_ECHILD ? f->edge_type : f->slot_type ? f->slot_type[n->ref] : 0;
+}
+
+/* One walk of f (vertex type vi, or -1), backward, marking what is reached in mark;
+   true when it reached a state, the push or a pull slot that was not before. (IrFunc's
+   index is plan.c's, later.) */
+static bool reach_func(const Model *m, const IrFunc *f, int vi, bool *mark, Reach *r) {
+  bool grew = false;
+  for (int i = f->n - 1; i >= 0; i--) {
+    const IrNode *n = &f->nodes[i];
+    if (n->uses == 0 && n->type != T_NONE) continue; /* dead (liveness) */
+    if (!mark[i])
+      mark[i] = gradient_source(f, n) || (n->op == OP_SCATTER && r->state[m->typed ? vi : 0]) ||
+                (n->op == OP_PUSH && r->push);
+    if (f->kind == F_PULL)
+      for (int k = 0; k < m->npulls && !mark[i]; k++) mark[i] = m->pulls[k].node == i && r->pull[k];
+    if (!mark[i]) continue;
+    for (int j = 0; j < n->nargs; j++) mark[n->args[j]] = true;
+    bool *flag = n->op == OP_GATHER || n->op == OP_ECHILD ? &r->state[state_read(m, f, n)]
+                 : n->op == OP_PUSHARG                     ? &r->push
+                 : n->op == OP_PULL                        ? &r->pull[n->ref]
+                                                           : NULL;
+    if (flag && !*flag) *flag = grew = true;
+  }
+  return grew;
+}
+
+/* Every node's gradient kept only where a loss's reaches it (above) */
+static void reach_losses(Model *m) {
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  Reach r = {xcalloc((size_t)m->nvertex + 1, sizeof(bool)), false, xcalloc((size_t)m->npulls + 1, sizeof(bool))};
+  bool **mark = xcalloc((size_t)nf, sizeof(bool *));
+  for (int k = 0; k < nf; k++) mark[k] = xcalloc((size_t)fs[k]->n + 1, sizeof(bool));
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (int k = 0; k < nf; k++) grew |= reach_func(m, fs[k], fs[k]->kind == F_VERTEX ? k - (m->pull != NULL) : -1, mark[k], &r);
+  }
+  for (int k = 0; k < nf; k++) {
+    for (int i = 0; i < fs[k]->n; i++) fs[k]->nodes[i].grad &= mark[k][i];
+    free(mark[k]);
+  }
+  free(mark);
+  free(r.state);
+  free(r.pull);
+}
+
 void autodiff(Model *m) {
   if (m->pull) gradients(m, m->pull);
   for (int i = 0; i < m->nvertex; i++) {
@@ -83,6 +161,7 @@ void autodiff(Model *m) {
       }
     liveness(m->pull);
   }
+  reach_losses(m);
 }
 
 /* Substitutes g, y, a, b in a derivative rule with the given operand texts. */
@@ -139,6 +218,7 @@ static void print_node_ad(FILE *out, const Model *m, const IrFunc *f, int i) {
   if (n->nargs > 1) snprintf(b, sizeof b, "%%%d", n->args[1]);
   const IrNode *na = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
   const IrNode *nb = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  if (n->type == T_ROW && !n->grad) return; /* (no loss reaches it: it sends nothing back) */
   switch (oi->kind) {
   case OK_EW:
     if (!n->grad) break;

@@ -926,6 +926,9 @@ static const bool *zero_at_leaves(const IrFunc *f) {
 static void prod_code(Emit *e, const IrFunc *f, const bool *zero, const Unit *u, int form) {
   Prod p = product(e, f, u);
   if (form == 1 && !p.left_grad) return;
+  /* a product without a gradient (no loss reaches it: autodiff.c; a merge's members
+     have one alike, fuse.c) sends none to its operands */
+  if (form != 0 && !f->nodes[u->kind == U_MATMUL ? f->merges[u->index].members[0] : u->index].grad) return;
   const Place *x = p.x;
   GemmCall g = {.form = form, .rows = ROWS_ALL, .index = -1, .cols = p.cols, .k = p.k, .stack = p.stack};
   bool leaves = f->kind == F_VERTEX && (zero[p.left] || p.dead_leaf);
@@ -1214,6 +1217,8 @@ static void node_code(Emit *e, const IrFunc *f, int i, bool bwd) {
   const IrNode *n = &f->nodes[i];
   const IrNode *a = n->nargs > 0 ? &f->nodes[n->args[0]] : NULL;
   const IrNode *b = n->nargs > 1 ? &f->nodes[n->args[1]] : NULL;
+  /* a value without a gradient sends none back (no loss reaches it: autodiff.c) */
+  if (bwd && n->type == T_ROW && !n->grad) return;
   fprintf(e->out, "  /* %s  %s%s%s */\n", src_comment(e, n), n->name ? n->name : "",
           n->name ? " = " : "", op_info[n->op].name);
   switch (n->op) {

@@ -9,7 +9,9 @@
  * Product merging: products of one class that share their left operand (x @ Wi,
  * x @ Wf, ...) become one product against a parameter block whose column ranges are
  * those parameters, so the eager phase of the Tree-LSTM is one sgemm. A parameter joins
- * a block only if that product is its only use in the model (it can live in one place). */
+ * a block only if that product is its only use in the model (it can live in one place).
+ * Products merge only with products a loss's gradient reaches alike (autodiff.c): one
+ * without sends nothing back, and a merge runs backward whole or not at all. */
 #include "cavsc.h"
 
 #include <stdlib.h>
@@ -214,7 +216,7 @@ static void merge_products(const Model *m, IrFunc *f, const int *mm_uses, const 
       IrNode *nj = &f->nodes[j];
       /* one row set: products dead at the leaves go apart from the others */
       if (nj->op != OP_MATMUL || nj->uses == 0 || nj->mm >= 0 || nj->args[0] != mg.left ||
-          nj->cls != mg.cls || nj->dead_leaf != ni->dead_leaf)
+          nj->cls != mg.cls || nj->dead_leaf != ni->dead_leaf || nj->grad != ni->grad)
         continue;
       int q = f->nodes[nj->args[1]].ref;
       if (mm_uses[q] != 1 || other_uses[q]) continue;
@@ -271,7 +273,7 @@ static void stack_products(IrFunc *f, const int *mm_uses, const int *other_uses)
       IrNode *nj = &f->nodes[j];
       Lin lo, hi;
       if (nj->op != OP_MATMUL || nj->uses == 0 || nj->mm >= 0 || f->nodes[nj->args[1]].ref != p ||
-          nj->cls != ni->cls || nj->dead_leaf != ni->dead_leaf)
+          nj->cls != ni->cls || nj->dead_leaf != ni->dead_leaf || nj->grad != ni->grad)
         continue;
       int g = gathered(f, nj->args[0], &lo, &hi);
       for (int k = 0; k < C; k++)

@@ -839,6 +839,8 @@ static void plan_grad_set(Model *m) {
       if (!(un->kind == U_MATMUL || (un->kind == U_NODE && f->nodes[un->index].op == OP_MATMUL))) continue;
       int left[CV_MAX_CHILDREN + 1], nleft;
       bool skips;
+      /* (a product no loss reaches writes no dx: autodiff.c) */
+      if (!f->nodes[un->kind == U_MATMUL ? f->merges[un->index].members[0] : un->index].grad) continue;
       if (!product_lefts(f, un, left, &nleft, &skips)) continue;
       bool ok = true;
       for (int q = 0; q < nleft && ok; q++) ok = dx_first(m, f, u, left[q]) && !by_dx[k][left[q]];

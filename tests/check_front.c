@@ -431,6 +431,58 @@ START_TEST(exponentials_in_two_loops) {
 }
 END_TEST
 
+/* Whether a parameter named `name` gets a gradient anywhere in m (a node of it that a
+ * loss's gradient reaches) */
+static bool param_trained(const Model *m, const char *name) {
+  int nf;
+  IrFunc **fs = model_funcs(m, &nf);
+  for (int k = 0; k < nf; k++)
+    for (int i = 0; i < fs[k]->n; i++) {
+      const IrNode *n = &fs[k]->nodes[i];
+      if (n->op == OP_PARAM && n->grad && !strcmp(m->params[n->ref].name, name)) return true;
+    }
+  return false;
+}
+
+/* A gradient only where a loss's reaches (autodiff.c, reach_losses): through the push
+ * block's argument, the state the other blocks gather, the pull block's values; a block
+ * nothing of which reaches a loss has no backward code (its parameters' gradients stay
+ * 0, where they were NaN once its values overflowed: check_random, unread_block). */
+START_TEST(gradients_where_a_loss_reaches) {
+  const char *fmt = "model k; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+                    "input w : index[V]; input f : real[H]; input y : class[C];\n"
+                    "param emb[V,H], Wl[H,H], U[2H,H], Wq[H,H], Wc[H,C] init uniform(-1, 1);\n"
+                    "pull { x = emb[w]; }\n"
+                    "vertex leaf (children 0) { h = tanh(pull() @ Wl); scatter(h); push(%s); }\n"
+                    "vertex inner (children 2) { h = tanh(concat(gather(0), gather(1)) @ U); q = tanh(h @ Wq);\n"
+                    "  scatter(h); push(%s); }\n"
+                    "push (p) { loss softmax_xent(%s @ Wc, y); }\n";
+  static const struct {
+    const char *leaf, *inner, *loss;
+    bool emb, wl, u, wq;
+    int dw; /* the products' parameter gradients emitted (a lookup's is not one) */
+  } cases[] = {
+      {"h", "h", "p", true, true, true, false, 3},   /* q read by nothing */
+      {"h", "q", "f", false, false, false, false, 1}, /* the loss reads an input alone */
+      {"f", "q", "p", true, true, true, true, 4},    /* the leaves' h reach it through the state alone */
+      {"h", "f", "p", true, true, false, false, 2},  /* the inner vertices' h: gathered by nothing that reaches it */
+  };
+  char src[2048];
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    snprintf(src, sizeof src, fmt, cases[i].leaf, cases[i].inner, cases[i].loss);
+    Model *m = planned(compile_str(src));
+    ck_assert_msg(param_trained(m, "Wc"), "case %zu: Wc", i);
+    ck_assert_msg(param_trained(m, "emb") == cases[i].emb, "case %zu: emb", i);
+    ck_assert_msg(param_trained(m, "Wl") == cases[i].wl, "case %zu: Wl", i);
+    ck_assert_msg(param_trained(m, "U") == cases[i].u, "case %zu: U", i);
+    ck_assert_msg(param_trained(m, "Wq") == cases[i].wq, "case %zu: Wq", i);
+    char *c = emitted(m, "k.vf");
+    ck_assert_msg(count_str(c, "  dW += ") == cases[i].dw, "case %zu: %d parameter gradients", i, count_str(c, "  dW += "));
+    free(c);
+  }
+}
+END_TEST
+
 /* Tree-FC's leaves hold their word's row (scatter(pull()) of a lookup): the inner
  * vertices' product over their children is cavs_gemm_kids, forward and in both backward
  * products, each leaf a row of the table; not where a leaf's state is anything else (a
@@ -1085,6 +1137,7 @@ int main(void) {
   tcase_add_test(tc, groups_wait_on_no_other);
   tcase_add_test(tc, children_holding_words);
   tcase_add_test(tc, exponentials_in_two_loops);
+  tcase_add_test(tc, gradients_where_a_loss_reaches);
   tcase_add_test(tc, unread_moe_keeps_no_gate);
   tcase_add_test(tc, activation_in_products);
   tcase_add_test(tc, gradients_set_by_their_first_writer);

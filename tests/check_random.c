@@ -233,9 +233,9 @@ out:
 /* ---- two models on one minibatch: the loss, counts and every parameter gradient ---- */
 /* values that overflowed alike in both runs: a recurrence that grows with the depth, on
    the minibatch's deeper graphs, gives inf and then NaN (inf - inf, 0 * inf) in the
-   state, and NaN in the gradients behind it, though the loss may not read the state at
-   all (seed 690 of a sweep: its loss is finite, every gradient into the vertex block
-   NaN, serially and batched). The same non-finite cell agrees; a largest value is
+   state, and NaN in the gradients behind it where a loss reads it (where none does,
+   no gradient is computed: unread_block; seed 690 of a sweep, whose loss is finite,
+   had every gradient into the vertex block NaN). The same non-finite cell agrees; a largest value is
    taken over the finite ones only (an inf there would pass every other cell). Nothing
    here was poisoned with NaN: an unwritten cell read is gradcheck's to find. */
 static bool same_nonfinite(double x, double y) { return (isnan(x) && isnan(y)) || (isinf(x) && x == y); }
@@ -518,6 +518,67 @@ START_TEST(program_file) {
 }
 END_TEST
 
+/* A block no loss reads (the push block's loss reads an input alone) whose state
+ * overflows on the deeper graphs (s * s * 1e300 from the third level up): its
+ * parameters' gradients are 0, not NaN (0 times inf, where its backward pass ran:
+ * seed 690 of a sweep), and the rest's agree with finite differences. */
+START_TEST(unread_block) {
+  const char *src = "model unread; dim H = 3; dim C = 3; dim V = 5;\n"
+                    "input word : index[V]; input f : real[H]; input y : class[C];\n"
+                    "param emb[V,H], W[H,H], Wc[H,C] init uniform(-1, 1);\n"
+                    "pull { x = emb[word]; }\n"
+                    "vertex a (children 2) { x = pull(); s = gather(0) + gather(1);\n"
+                    "  h = s * s * 1e300 + x @ W + 1; scatter(h); push(h); }\n"
+                    "push (h) { loss softmax_xent(f @ Wc, y); }\n";
+  fails[0] = 0;
+  nfails = 0;
+  const cavs_desc *d = build_c(src, NULL);
+  ck_assert_msg(d != NULL, "%s", fails);
+  long dims[CAVS_MAX_DIMS];
+  tg_grad_dims(d, dims);
+  char err[256];
+  cavs_model *m = cavs_model_new(d, dims, err, sizeof err);
+  ck_assert_msg(m != NULL, "%s", err);
+  size_t np;
+  static TGraph g[TG_NGRAD];
+  const cavs_graph *gs[TG_NGRAD];
+  double *p = tg_grad_start(m, d, dims, g, gs, &np), loss;
+  ck_assert(loss_at(m, gs, &loss) && isfinite(loss));
+  int bg, bv;
+  char why[256];
+  ck_assert_msg(cavs_model_check_finite(m, &bg, &bv, why, sizeof why) != 0, "the state did not overflow");
+  cavs_model_backward(m);
+  const double *grad = cavs_model_grads_flat(m, &np);
+  for (int i = 0; i < d->nparams; i++) {
+    long rows, cols, ld;
+    const double *w = cavs_model_param(m, i, &rows, &cols, &ld), *gw = grad + (w - p);
+    bool unread = strcmp(d->params[i].name, "Wc") != 0;
+    for (long r = 0; r < rows; r++)
+      for (long j = 0; j < cols; j++)
+        ck_assert_msg(isfinite(gw[r * ld + j]) && (!unread || gw[r * ld + j] == 0), "%s[%ld, %ld]: %g",
+                      d->params[i].name, r, j, gw[r * ld + j]);
+  }
+  cavs_model_free(m);
+  gradcheck(d);
+  ck_assert_msg(nfails == 0, "%s", fails);
+}
+END_TEST
+
+/* A product no loss reaches (the state `children *` never reads) whose left operand a
+ * loss reaches another way: the product sends nothing back, so it is not the first to
+ * write that operand's gradient (CAVS_PROD_DX_SET, plan.c): the push's product is, and
+ * nothing reads the gradient unwritten (seed 26 of the sweep after the fifth stream:
+ * every gradient before it NaN, read from the poisoned buffer). */
+START_TEST(unread_product_sets_nothing) {
+  const char *src = "model unread2; dim H = 3; dim C = 3; dim V = 5;\n"
+                    "input word : index[V]; input y : class[C];\n"
+                    "param emb[V,H], W1[H,H], W2[H,H], W3[H,H], Wc[H,C] init uniform(-1, 1);\n"
+                    "vertex a (children *) { t1 = tanh(emb[word] @ W1); scatter(t1 @ W2); push((t1 + t1) @ W3); }\n"
+                    "push (h) { loss softmax_xent(h @ Wc, y); }\n";
+  check_program(src, "unread2", false);
+}
+END_TEST
+
 /* "1-5,9,20-29" */
 static void parse_seeds(const char *s) {
   size_t cap = 64;
@@ -561,6 +622,10 @@ int main(int argc, char **argv) {
   const char *file = getenv("CAVS_RANDOM_FILE");
   if (file && *file) tcase_add_test(tc, program_file);
   else tcase_add_loop_test(tc, random_program, 0, nseeds);
+  if (!(file && *file) && !(env && *env)) {
+    tcase_add_test(tc, unread_block);
+    tcase_add_test(tc, unread_product_sets_nothing);
+  }
   suite_add_tcase(s, tc);
   return tu_run_suite(s);
 }

@@ -35,7 +35,10 @@
  * (every slot, in order) or `gather(0) @ W`, in another type's scatter (tanh or sigmoid
  * of a row plus it) or, where the type is the same or scatters nothing, in its push;
  * inline or named first (kwN), where others may read it too. Typed models: slot 0's type
- * is the table type. About one program in thirteen. */
+ * is the table type. About one program in thirteen. From a fifth, P->w, added when cavsc
+ * began to leave out the backward pass of what no loss reaches (about half of seeds
+ * 1-1500 had a vertex block no loss read, whose backward then ran with zeros and now runs
+ * not at all): half the push blocks' losses read h (`h @ W + ...`). */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -208,6 +211,8 @@ typedef struct VgProg {
   VgRng y; /* and since seed 3100's: loops nested in loops (vg_nest) */
   VgRng z; /* and since cavs_gemm_kids: a type whose state is a looked-up row, its
               children's rows multiplied (tpull, tprod in vg_program_flags) */
+  VgRng w; /* and since cavsc computes gradients only where a loss reaches (autodiff.c):
+              the push block's loss reading h */
   VgStr head, body;
   bool dim_on[VG_NDIM];
   VgParam param[VG_MAXPARAM];
@@ -1102,6 +1107,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
   P->x.s = seed * 0x9e3779b97f4a7c15ull + 1501;
   P->y.s = seed * 0xd1b54a32d192ed03ull + 3101;
   P->z.s = seed * 0x94d049bb133111ebull + 3501;
+  P->w.s = seed * 0xbf58476d1ce4e5b9ull + 4001;
   vg_wstyle = vg_pct(r, 70) ? 0 : 1 + vg_int(r, 2);
   P->dim_on[VG_H] = true;
   P->dim_on[VG_E] = vg_pct(r, 50);
@@ -1413,6 +1419,9 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
     if (softmax) {
       vg_input(P, 1, vg_dimw(VG_C), "y");
       vg_puts(o, "  loss softmax_xent(");
+      /* (h read by the loss: the vertex blocks' backward passes run, which cavsc leaves
+         out where no loss reaches them; a loss of inputs alone is drawn as often) */
+      if (vg_pct(&P->w, 50)) vg_printf(o, "h @ %s + ", vg_param_for(P, P->pushw, vg_dimw(VG_C), true));
       vg_expr(P, b, vg_dimw(VG_C), depth - 1, o);
       vg_puts(o, ", y);\n");
     }
@@ -1436,6 +1445,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       if (!t) abort(); /* never: the budget always allows one of H */
       vg_puts(o, "  loss mse(");
       if (first) vg_printf(o, "%s, ", t);
+      if (vg_pct(&P->w, 50)) vg_printf(o, "h @ %s + ", vg_param_for(P, P->pushw, w, true));
       vg_expr(P, b, w, depth - 1, o);
       vg_printf(o, first ? ");\n" : ", %s);\n", t);
     }
