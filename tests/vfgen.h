@@ -38,7 +38,8 @@
  * is the table type. About one program in thirteen. From a fifth, P->w, added when cavsc
  * began to leave out the backward pass of what no loss reaches (about half of seeds
  * 1-1500 had a vertex block no loss read, whose backward then ran with zeros and now runs
- * not at all): half the push blocks' losses read h (`h @ W + ...`). */
+ * not at all): half the push blocks' losses read h (`h @ W + ...`, W a new parameter
+ * the rest of the expression cannot read: a term could cancel one read before). */
 #ifndef VFGEN_H
 #define VFGEN_H
 
@@ -268,6 +269,27 @@ static inline const char *vg_param_for(VgProg *P, VgW rows, VgW cols, bool matri
   if (!matrix && vg_pct(&P->r, 10)) snprintf(p->extra, sizeof p->extra, " = 0.%d", 1 + vg_int(&P->r, 9));
   P->nparam++;
   return p->name;
+}
+
+/* A new matrix parameter that nothing has read (vg_param_for may hand out one read
+   before, whose product a term could then cancel: h @ W + neg(h) @ W, logits that tie) */
+static inline const char *vg_param_fresh(VgProg *P, VgW rows, VgW cols) {
+  VgParam *p = vg_newparam(P);
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "W%d", P->nparam - 1);
+  p->rows = rows, p->cols = cols, p->matrix = true;
+  return p->name;
+}
+
+/* The loss's expression of width w, read into a string first; h @ W + it where the
+   fifth stream says (W new after the expression, which so cannot read it too) */
+static inline void vg_loss_expr(VgProg *P, VgBlock *b, VgW w, int depth, VgStr *o) {
+  bool h = vg_pct(&P->w, 50);
+  VgStr e = {0};
+  vg_expr(P, b, w, depth, &e);
+  if (h) vg_printf(o, "h @ %s + ", vg_param_fresh(P, P->pushw, w));
+  vg_puts(o, e.p);
+  free(e.p);
 }
 
 static inline const char *vg_input(VgProg *P, int kind, VgW w, const char *name) {
@@ -1421,8 +1443,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       vg_puts(o, "  loss softmax_xent(");
       /* (h read by the loss: the vertex blocks' backward passes run, which cavsc leaves
          out where no loss reaches them; a loss of inputs alone is drawn as often) */
-      if (vg_pct(&P->w, 50)) vg_printf(o, "h @ %s + ", vg_param_for(P, P->pushw, vg_dimw(VG_C), true));
-      vg_expr(P, b, vg_dimw(VG_C), depth - 1, o);
+      vg_loss_expr(P, b, vg_dimw(VG_C), depth - 1, o);
       vg_puts(o, ", y);\n");
     }
     if (mse && vg_pct(r, 30)) { /* two computed rows (a consistency loss: both get gradients) */
@@ -1445,8 +1466,7 @@ static inline char *vg_program_flags(uint64_t seed, bool *balance) {
       if (!t) abort(); /* never: the budget always allows one of H */
       vg_puts(o, "  loss mse(");
       if (first) vg_printf(o, "%s, ", t);
-      if (vg_pct(&P->w, 50)) vg_printf(o, "h @ %s + ", vg_param_for(P, P->pushw, w, true));
-      vg_expr(P, b, w, depth - 1, o);
+      vg_loss_expr(P, b, w, depth - 1, o);
       vg_printf(o, first ? ");\n" : ", %s);\n", t);
     }
     vg_puts(o, "}\n");
