@@ -22,9 +22,9 @@
  *                                rows when the model carries none)          (format 6 on)
  *   f64 bptt_vary                                                         (format 7 on)
  *   u32 bptt_state    text-bptt's chunks: 0 not said, 1 carried, 2 from zeros (format 9 on)
- *   str record        the --log record of the epoch the state ends (a JSON object on one
- *                     line, cavs train's), "" when none: what a resumed run writes into a
- *                     log that lacks it (format 10 on)
+ *   str record        the --log record of the epoch the state ends where the log refused
+ *                     it (a JSON object on one line, cavs train's), else "": what a resumed
+ *                     run writes into a log that lacks it (format 10 on)
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written
@@ -329,7 +329,7 @@ struct cavs_ckpt {
   int noptions; /* format 5 on: the options' values as saved */
   char *opt_name[CAVS_MAX_OPTIONS];
   double opt_value[CAVS_MAX_OPTIONS];
-  char *record;   /* format 10 on: the --log record of the state's epoch, or NULL */
+  char *record;   /* format 10 on: the --log record of the state's epoch the log refused, or NULL */
   int carry_rows; /* format 6 on: the carried state, [carry_rows, carry_w] at carry_at */
   long carry_w;
   size_t carry_at;
