@@ -607,7 +607,10 @@ int cmd_info(const char *path) {
   if (crows) printf("carried     the state of %d streams, %ld values each (a resume goes on from it)\n", crows, cw);
   /* (its text is the file's: its size said, not its bytes, which may hold a terminal's
      escapes) */
-  if (cavs_ckpt_record(k))
+  if (cavs_ckpt_record(k) && ts->graphs_done)
+    printf("totals      %zu bytes: epoch %d's so far, for the resumed run's line and --log record\n",
+           strlen(cavs_ckpt_record(k)), ts->epoch + 1);
+  else if (cavs_ckpt_record(k))
     printf("log record  %zu bytes: the --log line of epoch %d, for a resumed run's log that lacks it\n",
            strlen(cavs_ckpt_record(k)), ts->epoch);
   if (cavs_ckpt_noptions(k)) {

@@ -107,6 +107,9 @@ typedef struct Run {
      keeps (cavs_ckpt_save_record; from --resume: the checkpoint's, until log_kept_record
      has written it); NULL otherwise */
   char *record;
+  /* from --resume, a checkpoint saved inside an epoch: that epoch's totals so far (its
+     record, totals_text), until run_epoch has read them; NULL otherwise */
+  char *so_far;
   bool tty, with_acc;
   bool lm; /* a language model (text data, next-token labels): perplexity, not roots */
   bool carry; /* text-bptt's streams carry their state (--bptt-state): stream_order */
@@ -393,8 +396,10 @@ static void make_model(Run *r, const long *dims) {
     r->ts.plateau_best = cs->plateau_best;
     r->ts.plateau_bad = cs->plateau_bad;
     r->resumed = true, r->ck_noptions = cavs_ckpt_noptions(r->ck), r->ck_schedule = cs->schedule;
-    const char *record = cavs_ckpt_record(r->ck); /* (checked where it is used: log_kept_record) */
-    r->record = record ? xstrdup(record) : NULL;
+    /* (checked where it is used: log_kept_record, or inside an epoch totals_read) */
+    const char *record = cavs_ckpt_record(r->ck);
+    char **into = cs->graphs_done > 0 ? &r->so_far : &r->record;
+    *into = record ? xstrdup(record) : NULL;
     cavs_ckpt_free(r->ck);
     r->ck = NULL;
   } else {
@@ -925,26 +930,37 @@ static const cavs_graph *epoch_graph(const Run *r, int i) {
   return r->ts.bptt_vary > 0 ? &r->cut.g[i] : cavs_dataset_graph(r->tr, r->order[i]);
 }
 
+/* Routing k's loads over the epoch's training passes so far (under mpirun, every rank's
+ * added up: every rank calls it), into *load (X longs, the caller's to free); X, the
+ * experts' count, or 0 where the routing has not run (nor any after it). */
+static int route_loads(Run *r, int k, long **load) {
+  int X = cavs_model_expert_load(r->m, k, NULL, 0);
+  if (dist_size > 1) { /* (a rank that ran none of it says 0: the others' count) */
+    long x[3] = {X > 0 ? X : 0, X > 0, X > 0 ? (long)X * X : 0};
+    dist_sum_long(x, 3);
+    X = x[1] ? (int)(x[0] / x[1]) : 0;
+    if ((long)X * x[1] != x[0] || (long)X * X * x[1] != x[2])
+      die(1, "the ranks disagree on the experts of routing %d", k);
+  }
+  if (X <= 0) return 0;
+  long *l = *load = xmalloc(sizeof(long) * (size_t)X);
+  for (int e = 0; e < X; e++) l[e] = 0;
+  cavs_model_expert_load(r->m, k, l, X);
+  /* (what counted for nothing; a resumed epoch's loads before it, as negatives) */
+  for (int e = 0; e < X && e < r->nskip[k]; e++) l[e] -= r->skip[k][e];
+  if (dist_size > 1) dist_sum_long(l, X);
+  return X;
+}
+
 /* How the epoch's training passes spread the slots of each mixture of experts over its
  * experts (under mpirun, every rank's added up): the least and most loaded expert's
  * share, and the loads' coefficient of variation. */
 static void expert_loads(Run *r, Totals *t) {
   t->routes = 0;
   for (int k = 0; k < MAX_ROUTES; k++) {
-    int X = cavs_model_expert_load(r->m, k, NULL, 0);
-    if (dist_size > 1) { /* (a rank that ran none of it says 0: the others' count) */
-      long x[3] = {X > 0 ? X : 0, X > 0, X > 0 ? (long)X * X : 0};
-      dist_sum_long(x, 3);
-      X = x[1] ? (int)(x[0] / x[1]) : 0;
-      if ((long)X * x[1] != x[0] || (long)X * X * x[1] != x[2])
-        die(1, "the ranks disagree on the experts of routing %d", k);
-    }
+    long *load;
+    int X = route_loads(r, k, &load);
     if (X <= 0) break;
-    long *load = xmalloc(sizeof(long) * (size_t)X);
-    for (int e = 0; e < X; e++) load[e] = 0;
-    cavs_model_expert_load(r->m, k, load, X);
-    for (int e = 0; e < X && e < r->nskip[k]; e++) load[e] -= r->skip[k][e];
-    if (dist_size > 1) dist_sum_long(load, X);
     double sum = 0, sq = 0, lo = -1, hi = 0;
     for (int e = 0; e < X; e++) {
       sum += (double)load[e];
@@ -961,11 +977,97 @@ static void expert_loads(Run *r, Totals *t) {
   }
 }
 
+/* What the epoch's own counters add to its totals t (a resumed epoch's hold what the run
+ * before counted: saved_totals): the seconds since start, under mpirun the time summing
+ * gradients and its tables since `reduced`, the backend's launches, and with the experts
+ * placed what moved (reset: those counters start again, at the epoch's end). Every rank
+ * calls it. */
+static void epoch_counters(Run *r, Totals *t, double start, const DistStats *reduced, bool reset) {
+  t->secs += now() - start;
+  t->reduce_secs += dist_stats.seconds - reduced->seconds;
+  t->reduce_during += dist_stats.overlapped - reduced->overlapped;
+  t->tables_rows += dist_stats.sparse_tables - reduced->sparse_tables;
+  t->tables_dense += dist_stats.dense_tables - reduced->dense_tables;
+  t->reduce_bytes += dist_stats.bytes - reduced->bytes;
+  cavs_backend_stats bs;
+  cavs_model_backend_stats(r->m, &bs, 0);
+  t->launches += (long)bs.launches;
+  if (dist_expert_parallel && dist_size > 1) {
+    cavs_expert_stats es;
+    cavs_model_expert_stats(r->m, &es, reset);
+    long sent[4] = {es.rows_out, es.rounds, es.rows_replicated, es.matrices};
+    dist_sum_long(sent, 4);
+    t->ep_rows += sent[0], t->ep_rounds += sent[1] / dist_size, t->ep_replicated += sent[2], t->ep_secs += es.seconds;
+    t->ep_matrices += sent[3];
+  }
+}
+
+/* The totals of an epoch so far, which a checkpoint saved inside it keeps (in the place
+ * of a refused log record, cavs_ckpt_save_record, which only an epoch's end has) so that
+ * the resumed run's line and --log record count the whole epoch as a run never stopped
+ * would, to the bit: a JSON object on one line, its sums as jansson writes reals (17
+ * digits, which read back to the same double). u: the totals with the counters to now
+ * (epoch_counters); loads[k]: routing k's X[k] loads so far, every rank's. */
+static char *totals_text(int epoch, const Totals *u, long *const *loads, const int *X) {
+  json_t *o = json_object();
+  json_set(o, "epoch_so_far", json_integer(epoch));
+  json_set(o, "graphs", json_integer(u->graphs));
+  json_set(o, "batches", json_integer(u->batches));
+  json_set(o, "loss_sum", json_num(u->batch_loss));
+  long counts[4] = {u->count, u->correct, u->root_count, u->root_correct};
+  json_t *c = json_array(), *ls = json_array(), *n = json_array();
+  for (int i = 0; i < 4; i++) json_push(c, json_integer(counts[i]));
+  json_set(o, "counts", c);
+  for (int l = 0; l < u->nl; l++) {
+    json_t *x = json_array();
+    json_push(x, json_num(u->lsum[l]));
+    json_push(x, json_integer(u->lcount[l]));
+    json_push(x, json_integer(u->lcorrect[l]));
+    json_push(ls, x);
+  }
+  json_set(o, "losses", ls);
+  json_push(n, json_num(u->norm_sum));
+  json_push(n, json_num(u->norm_max));
+  json_push(n, json_integer(u->norms));
+  json_set(o, "grad_norms", n);
+  json_set(o, "seconds", json_num(u->secs));
+  json_set(o, "launches", json_integer(u->launches));
+  if (dist_size > 1) {
+    json_t *d = json_array();
+    double v[6] = {u->reduce_secs, u->reduce_during, (double)u->tables_rows, (double)u->tables_dense, u->reduce_bytes,
+                   u->ep_secs};
+    for (int i = 0; i < 6; i++) json_push(d, json_num(v[i]));
+    long e[4] = {u->ep_rows, u->ep_rounds, u->ep_replicated, u->ep_matrices};
+    for (int i = 0; i < 4; i++) json_push(d, json_integer(e[i]));
+    json_set(o, "ranks", d);
+  }
+  json_t *el = json_array();
+  for (int k = 0; k < MAX_ROUTES && X[k] > 0; k++) {
+    json_t *x = json_array();
+    for (int e = 0; e < X[k]; e++) json_push(x, json_integer(loads[k][e]));
+    json_push(el, x);
+  }
+  json_set(o, "expert_loads", el);
+  char *text = json_text(o, JSON_COMPACT);
+  json_decref(o);
+  return text;
+}
+
 /* The epoch so far into the checkpoint (o->save): the shuffling state the epoch began
- * with and the graphs done, and under mpirun every rank's carried state gathered into
- * rank 0's. A signal's save, after which the run stops; --save-every's, after which the
- * epoch goes on as if nothing was saved. */
-static void save_inside(Run *r, int done, uint64_t rng_at_start) {
+ * with, the graphs done and their totals (totals_text; t, counted from start and
+ * `reduced`), and under mpirun every rank's carried state gathered into rank 0's. A
+ * signal's save, after which the run stops; --save-every's, after which the epoch goes
+ * on as if nothing was saved. Every rank calls it. */
+static void save_inside(Run *r, int epoch, int done, uint64_t rng_at_start, const Totals *t, double start,
+                        const DistStats *reduced) {
+  Totals u = *t;
+  epoch_counters(r, &u, start, reduced, false);
+  long *loads[MAX_ROUTES] = {0};
+  int X[MAX_ROUTES] = {0};
+  for (int k = 0; k < MAX_ROUTES && (X[k] = route_loads(r, k, &loads[k])) > 0; k++) {
+  }
+  char *text = totals_text(epoch, &u, loads, X);
+  for (int k = 0; k < MAX_ROUTES; k++) free(loads[k]);
   uint64_t rng = r->ts.rng;
   long graphs_done = r->ts.graphs_done;
   r->ts.rng = rng_at_start, r->ts.graphs_done = done;
@@ -974,10 +1076,118 @@ static void save_inside(Run *r, int done, uint64_t rng_at_start) {
   gather_carried(r);
   char err[1024];
   bool none;
+  r->record = text; /* (inside an epoch a checkpoint keeps no log record: see log_record) */
   int rc = try_save(r, r->o->save, NULL, &none, err, sizeof err);
+  r->record = NULL;
+  free(text);
   if (rc) die(rc, "%s", err);
   r->ts.rng = rng, r->ts.graphs_done = graphs_done;
   r->last_save = now();
+}
+
+/* A long of a JSON array's element i within [0, max], or -1 */
+static long json_count_at(const json_t *a, size_t i, long max) {
+  const json_t *x = json_array_get(a, i);
+  if (!json_is_integer(x)) return -1;
+  json_int_t v = json_integer_value(x);
+  return v >= 0 && v <= max ? (long)v : -1;
+}
+
+/* A finite double of a JSON array's element i (a real or an integer) into *v; false
+   where it is not one */
+static bool json_real_at(const json_t *a, size_t i, double *v) {
+  const json_t *x = json_array_get(a, i);
+  if (json_is_integer(x)) return *v = (double)json_integer_value(x), true;
+  return json_is_real(x) && isfinite(*v = json_real_value(x));
+}
+
+/* The totals of the epoch a resumed run goes on with (`epoch`, `done` graphs of it
+ * trained) from the checkpoint's text (totals_text), into t; loads of routing k into
+ * r->skip[k] as negatives (rank 0's alone: expert_loads adds the ranks'). The text is
+ * the file's, untrusted: every count within what `done` graphs can give, every sum
+ * finite; NULL, or what is wrong with it. */
+static const char *totals_read(Run *r, const char *text, int epoch, long done, Totals *t) {
+  json_error_t je;
+  json_t *o = json_read(text, strlen(text), JSON_REJECT_DUPLICATES, &je);
+  const char *why = NULL;
+  Totals u = {0};
+  long *loads[MAX_ROUTES] = {0};
+  int X[MAX_ROUTES] = {0};
+  /* (a count, however large, leaves room for what the rest of the epoch adds) */
+  const long MAXC = 1L << 62;
+  const json_t *ep = json_object_get(o, "epoch_so_far"), *g = json_object_get(o, "graphs"),
+               *b = json_object_get(o, "batches"), *c = json_object_get(o, "counts"), *ls = json_object_get(o, "losses"),
+               *n = json_object_get(o, "grad_norms"), *d = json_object_get(o, "ranks"),
+               *el = json_object_get(o, "expert_loads");
+  double v[8];
+  if (!json_is_object(o)) why = "not a JSON object";
+  else if (!json_is_integer(ep) || json_integer_value(ep) != epoch) why = "not of this epoch";
+  else if (!json_is_integer(g) || json_integer_value(g) != done) why = "not of the graphs done";
+  else if (!json_is_integer(b) || json_integer_value(b) < 1 || json_integer_value(b) > done) why = "its minibatches";
+  else if (!json_is_array(c) || json_array_size(c) != 4 || !json_is_array(ls) || !json_is_array(n) ||
+           json_array_size(n) != 3 || !json_is_array(el) || json_array_size(el) > MAX_ROUTES ||
+           (d && (!json_is_array(d) || json_array_size(d) != 10)))
+    why = "its structure";
+  else if (json_array_size(ls) != (size_t)(r->d->nlosses < MAX_LOSSES ? r->d->nlosses : MAX_LOSSES))
+    why = "not the model's losses";
+  if (!why) {
+    u.graphs = done, u.batches = (int)json_integer_value(b);
+    long cs[4];
+    for (int i = 0; i < 4; i++) cs[i] = json_count_at(c, i, MAXC);
+    u.count = cs[0], u.correct = cs[1], u.root_count = cs[2], u.root_correct = cs[3];
+    if (cs[0] < 0 || cs[1] < 0 || cs[2] < 0 || cs[3] < 0 || cs[1] > cs[0] || cs[3] > cs[2]) why = "its counts";
+    u.nl = (int)json_array_size(ls);
+    for (int l = 0; l < u.nl && !why; l++) {
+      const json_t *x = json_array_get(ls, l);
+      u.lcount[l] = json_count_at(x, 1, MAXC), u.lcorrect[l] = json_count_at(x, 2, MAXC);
+      if (!json_is_array(x) || json_array_size(x) != 3 || !json_real_at(x, 0, &u.lsum[l]) || u.lcount[l] < 0 ||
+          u.lcorrect[l] < 0 || u.lcorrect[l] > u.lcount[l])
+        why = "its losses";
+    }
+    u.norms = json_count_at(n, 2, done);
+    if (!why && (!json_real_at(n, 0, &u.norm_sum) || !json_real_at(n, 1, &u.norm_max) || u.norms < 0 ||
+                 u.norms > u.batches || u.norm_sum < 0 || u.norm_max < 0))
+      why = "its gradient norms";
+    const json_t *sec = json_object_get(o, "seconds"), *la = json_object_get(o, "launches");
+    if (!why && (!json_is_number(sec) || !isfinite(u.secs = json_number_value(sec)) || u.secs < 0 ||
+                 !json_is_integer(la) || (u.launches = (long)json_integer_value(la)) < 0))
+      why = "its seconds or launches";
+    if (!why && (!json_is_real(json_object_get(o, "loss_sum")) ||
+                 !isfinite(u.batch_loss = json_real_value(json_object_get(o, "loss_sum")))))
+      why = "its loss";
+    for (size_t i = 0; d && !why && i < 6; i++)
+      if (!json_real_at(d, i, &v[i]) || v[i] < 0) why = "its ranks' counters";
+    for (size_t i = 6; d && !why && i < 10; i++)
+      if (json_count_at(d, i, MAXC) < 0) why = "its ranks' counters";
+    if (d && !why) {
+      u.reduce_secs = v[0], u.reduce_during = v[1], u.tables_rows = (long)v[2], u.tables_dense = (long)v[3];
+      u.reduce_bytes = v[4], u.ep_secs = v[5];
+      u.ep_rows = json_count_at(d, 6, MAXC), u.ep_rounds = json_count_at(d, 7, MAXC);
+      u.ep_replicated = json_count_at(d, 8, MAXC), u.ep_matrices = json_count_at(d, 9, MAXC);
+    }
+    for (int k = 0; !why && k < (int)json_array_size(el); k++) {
+      const json_t *x = json_array_get(el, (size_t)k);
+      X[k] = json_is_array(x) ? (int)json_array_size(x) : 0;
+      if (X[k] < 1 || X[k] > CAVS_MAX_DIM) why = "its experts' loads";
+      loads[k] = why ? NULL : xmalloc(sizeof(long) * (size_t)X[k]);
+      for (int e = 0; !why && e < X[k]; e++)
+        if ((loads[k][e] = json_count_at(x, (size_t)e, MAXC)) < 0) why = "its experts' loads";
+    }
+  }
+  json_decref(o);
+  if (!why) {
+    *t = u;
+    for (int k = 0; k < MAX_ROUTES && X[k] > 0 && !dist_rank; k++) {
+      if (X[k] > r->nskip[k]) {
+        r->skip[k] = grow_longs(r->skip[k], X[k]);
+        for (int e = r->nskip[k]; e < X[k]; e++) r->skip[k][e] = 0;
+        r->nskip[k] = X[k];
+      }
+      for (int e = 0; e < X[k]; e++) r->skip[k][e] -= loads[k][e];
+    }
+  }
+  for (int k = 0; k < MAX_ROUTES; k++) free(loads[k]);
+  return why;
 }
 
 /* --save-every: whether the checkpoint is due after minibatch `step` (counted from the
@@ -1005,6 +1215,14 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
   for (int k = 0; k < MAX_ROUTES; k++)
     for (int e = 0; e < r->nskip[k]; e++) r->skip[k][e] = 0;
   cavs_model_expert_stats(r->m, NULL, 1);
+  /* a resumed epoch's totals so far, from the checkpoint (where it has them) */
+  const char *why = going_on && r->so_far ? totals_read(r, r->so_far, epoch, b0, t) : NULL;
+  if (going_on && (why || !r->so_far) && !dist_rank)
+    fprintf(stderr, "%s: the checkpoint %s the totals of epoch %d so far%s%s%s: its line and record count the graphs "
+            "from %d on\n", prog, why ? "holds" : "keeps", epoch, why ? ", not usable (" : " (saved by an older cavs)",
+            why ? why : "", why ? ")" : "", b0 + 1);
+  free(r->so_far);
+  r->so_far = NULL;
   cavs_optim opt = o->optim;
   DistStats reduced = dist_stats;
   double start = now(), shown = 0;
@@ -1022,7 +1240,7 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
     if (dist_size > 1 && (step + 1) % SAME_EVERY == 0) same_params(r, step + 1);
     if (stop && b + k < n) {
       if (r->tty) printf("\r\033[K");
-      if (o->save) save_inside(r, b + k, rng_at_start); /* (the epoch so far) */
+      if (o->save) save_inside(r, epoch, b + k, rng_at_start, t, start, &reduced); /* (the epoch so far) */
       if (dist_rank) { /* rank 0 says it */
       } else if (o->save)
         fprintf(stderr, "%s: interrupted after %d of the %d graphs of epoch %d; saved to %s (go on with --resume %s)\n",
@@ -1032,33 +1250,17 @@ static void run_epoch(Run *r, int epoch, int first, Totals *t) {
       exit(128 + stop);
     }
     /* (the epoch's last step: end_epoch saves) */
-    if (r->save_due && b + k < n) save_inside(r, b + k, rng_at_start);
+    if (r->save_due && b + k < n) save_inside(r, epoch, b + k, rng_at_start, t, start, &reduced);
     double el = now() - start;
     if (r->tty && (el - shown > 0.1 || b + k >= n)) {
       shown = el;
-      double rate = (double)t->graphs / (el > 0 ? el : 1e-9);
-      progress(epoch, r->last_epoch, t->graphs, n, rate, t->batch_loss / t->batches,
-               (double)(n - t->graphs) / (rate > 0 ? rate : 1));
+      double rate = (double)(b + k - b0) / (el > 0 ? el : 1e-9); /* (this run's graphs) */
+      progress(epoch, r->last_epoch, b + k, n, rate, t->batch_loss / t->batches,
+               (double)(n - b - k) / (rate > 0 ? rate : 1));
     }
   }
-  t->secs = now() - start;
-  t->reduce_secs = dist_stats.seconds - reduced.seconds;
-  t->reduce_during = dist_stats.overlapped - reduced.overlapped;
-  t->tables_rows = dist_stats.sparse_tables - reduced.sparse_tables;
-  t->tables_dense = dist_stats.dense_tables - reduced.dense_tables;
-  t->reduce_bytes = dist_stats.bytes - reduced.bytes;
-  cavs_backend_stats bs;
-  cavs_model_backend_stats(r->m, &bs, 0);
-  t->launches = (long)bs.launches;
+  epoch_counters(r, t, start, &reduced, true);
   expert_loads(r, t);
-  if (dist_expert_parallel && dist_size > 1) {
-    cavs_expert_stats es;
-    cavs_model_expert_stats(r->m, &es, 1);
-    long sent[4] = {es.rows_out, es.rounds, es.rows_replicated, es.matrices};
-    dist_sum_long(sent, 4);
-    t->ep_rows = sent[0], t->ep_rounds = sent[1] / dist_size, t->ep_replicated = sent[2], t->ep_secs = es.seconds;
-    t->ep_matrices = sent[3];
-  }
   if (r->tty) printf("\r\033[K");
 }
 
@@ -1489,16 +1691,29 @@ static long log_last_epoch(FILE *f) {
    refused the run before (log_record): the checkpoint's copy (cavs_ckpt_save_record)
    written now, before this run's, so that the log holds every epoch the checkpoints
    hold. The copy is the file's, untrusted: written only as a JSON object of that epoch,
-   through jansson. This run's checkpoints keep no record. */
+   through jansson. This run's checkpoints keep no record. A log that lacks the
+   checkpoint's epoch with no record kept (a kill between the save and the log's write)
+   is said. */
 static void log_kept_record(Run *r) {
   char *text = r->record;
   r->record = NULL; /* (this run's checkpoints keep none) */
-  if (!text || !r->resumed || !r->log_existed || r->log == stdout || r->log == stderr) {
+  if (!r->resumed || !r->log_existed || r->log == stdout || r->log == stderr) {
     free(text);
     return;
   }
   long last = log_last_epoch(r->log);
   fseeko(r->log, 0, SEEK_END);
+  /* (the run before stopped between an epoch's save and its record, a moment, or was
+     logged elsewhere: said, since the log cannot have them) */
+  if (!text && last >= 0 && last < r->ts.epoch) {
+    if (last == r->ts.epoch - 1)
+      fprintf(stderr, "%s: --log %s: has no record of epoch %d, which the checkpoint holds (the run before stopped "
+              "between saving it and logging it)\n", prog, r->o->log, r->ts.epoch);
+    else
+      fprintf(stderr, "%s: --log %s: has no record of epochs %ld to %d, which the checkpoint holds\n", prog,
+              r->o->log, last + 1, r->ts.epoch);
+  }
+  if (!text) return;
   json_error_t e;
   json_t *rec = last >= 0 && last < r->ts.epoch ? json_read(text, strlen(text), 0, &e) : NULL;
   free(text);
@@ -1597,6 +1812,7 @@ static void close_run(Run *r) {
   cavs_vocab_free(r->v);
   cavs_ckpt_free(r->ck);
   free(r->record);
+  free(r->so_far);
 }
 
 int cmd_train(TrainOpts *o) {

@@ -703,11 +703,13 @@ int cavs_is_identifier(const char *s);
 typedef struct cavs_ckpt cavs_ckpt;
 int cavs_ckpt_save(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                    const cavs_train_state *ts, char *err, size_t errlen);
-/* cavs_ckpt_save with a record kept beside the state: the line a training log holds
- * for the epoch the state ends (cavs train's --log record, a JSON object, where the log
- * refused it), which a run resumed from the checkpoint writes into a log that lacks it.
- * NULL: none. One line of at most CAVS_MAX_CKPT_RECORD bytes; saving refuses a longer
- * one. */
+/* cavs_ckpt_save with a record kept beside the state, one line of text that libcavs
+ * stores and does not read. cavs train keeps there, at an epoch's end (graphs_done 0),
+ * the line a training log holds for the epoch the state ends (its --log record, a JSON
+ * object, where the log refused it), which a run resumed from the checkpoint writes into
+ * a log that lacks it; inside an epoch (graphs_done above 0), that epoch's totals so far
+ * (a JSON object), which the resumed run's line and record go on from. NULL: none. At
+ * most CAVS_MAX_CKPT_RECORD bytes; saving refuses a longer one. */
 #define CAVS_MAX_CKPT_RECORD (16 << 20)
 int cavs_ckpt_save_record(const char *path, cavs_model *m, const char *source, const cavs_vocab *v,
                           const cavs_train_state *ts, const char *record, char *err, size_t errlen);

@@ -22,9 +22,11 @@
  *                                rows when the model carries none)          (format 6 on)
  *   f64 bptt_vary                                                         (format 7 on)
  *   u32 bptt_state    text-bptt's chunks: 0 not said, 1 carried, 2 from zeros (format 9 on)
- *   str record        the --log record of the epoch the state ends where the log refused
- *                     it (a JSON object on one line, cavs train's), else "": what a resumed
- *                     run writes into a log that lacks it (format 10 on)
+ *   str record        a line cavs train keeps, else "" (format 10 on): at an epoch's end
+ *                     the --log record of the epoch the state ends where the log refused
+ *                     it (a JSON object), what a resumed run writes into a log that lacks
+ *                     it; inside an epoch (graphs_done > 0) the epoch's totals so far (a
+ *                     JSON object), what the resumed run's line and record go on from
  *   u64 FNV-1a of every byte before it
  *
  * Values are in the model's precision. A str is u32 length + bytes. The file is written

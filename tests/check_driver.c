@@ -3343,6 +3343,11 @@ START_TEST(a_log_refused_keeps_the_epoch) {
   ok(&r, "info");
   ck_assert_msg(strstr(r.out, "2 epochs done") && !strstr(r.out, "log record"), "%s", tu_tail(r.out, 1200));
   tu_free(&r);
+  /* resumed, the run says what the log lacks, which nothing can give it back */
+  r = LK_TRAIN(NULL, "1", "--resume", ck, NULL);
+  ok(&r, "the run resumed after the record lost");
+  ck_assert_msg(strstr(r.err, "has no record of epoch 2, which the checkpoint holds"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
   unlink(ck), unlink(lg);
   char *log_fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=write", nth, out, NULL};
   r = LK_TRAIN(log_fault, "3", NULL);
@@ -3851,6 +3856,63 @@ static void best_epochs(const char *ck, int at, int best_at) {
   free(in_ck);
   free(in_best);
 }
+
+/* A run stopped inside an epoch and resumed reports that epoch as a run never stopped
+ * does: its line and --log record count the whole epoch, to the bit (the checkpoint keeps
+ * the totals so far: train.c, totals_text). The stop is made deterministic: the fifth
+ * save's rename refused (--save-every 3 with minibatches of 10: the fourth, 120 graphs
+ * into the first epoch, stays on disk). A mixture of experts' model, whose record has
+ * its experts' shares, counted over the whole epoch too. */
+START_TEST(an_epoch_resumed_counts_it_whole) {
+  const char *pre = failio();
+  if (!pre) return;
+  RunResult r = cavs("gen", "toy", "--graphs", "400", "--leaves", "8", "--seed", "3", "-o", path_in("rw.txt"), NULL);
+  ok(&r, "gen");
+  tu_free(&r);
+  char ck[4500], lg[4500];
+  snprintf(ck, sizeof ck, "%s", path_in("rw.ckpt"));
+  snprintf(lg, sizeof lg, "%s", path_in("rw.log"));
+#define RW_TRAIN(env, epochs, ...)                                                                                   \
+  cavs_env(env, "train", model("moe_tree.vf"), "--format", "ptb-tree", "--train", path_in("rw.txt"), "--dim", "E=6",  \
+           "--dim", "H=8", "--dim", "F=4", "--batch", "10", "--threads", "1", "--epochs", epochs, "--save", ck,       \
+           "--log", lg, "--quiet", __VA_ARGS__)
+  r = RW_TRAIN(NULL, "2", NULL);
+  ok(&r, "the whole run");
+  tu_free(&r);
+  json_t *whole = log_records(lg);
+  ck_assert_int_eq(json_array_size(whole), 2);
+  unlink(ck), unlink(lg);
+  char *fault[] = {(char *)pre, "FAILIO_PROG=cavs", "FAILIO_CALLS=rename", "FAILIO_N=5", NULL};
+  r = RW_TRAIN(fault, "2", "--save-every", "3", NULL);
+  ck_assert_msg(r.status == 1 && strstr(r.err, "cannot write"), "the fifth save refused: exit %d: %s", r.status,
+                tu_tail(r.err, 1800));
+  tu_free(&r);
+  r = cavs("info", ck, NULL);
+  ok(&r, "info");
+  ck_assert_msg(strstr(r.out, "saved 120 graphs into epoch 1") && strstr(r.out, "epoch 1's so far"), "%s",
+                tu_tail(r.out, 1200));
+  tu_free(&r);
+  r = RW_TRAIN(NULL, "2", "--resume", ck, NULL);
+  ok(&r, "resumed inside the first epoch");
+  ck_assert_msg(!strstr(r.err, "totals"), "%s", tu_tail(r.err, 1800));
+  tu_free(&r);
+  json_t *recs = log_records(lg);
+  ck_assert_int_eq(json_array_size(recs), 2);
+  static const char *const same[] = {"train_loss", "train_acc", "grad_norm_mean", "grad_norm_max",
+                                     "expert_share_min", "expert_share_max", "expert_load_cv"};
+  for (size_t i = 0; i < 2; i++)
+    for (size_t f = 0; f < sizeof same / sizeof *same; f++) {
+      json_t *got = json_object_get(json_array_get(recs, i), same[f]);
+      json_t *want = json_object_get(json_array_get(whole, i), same[f]);
+      char *g = json_dumps(got, JSON_ENCODE_ANY), *w = json_dumps(want, JSON_ENCODE_ANY);
+      ck_assert_msg(want && json_equal(got, want), "epoch %zu's %s: %s, the whole run's %s", i + 1, same[f], g, w);
+      free(g), free(w);
+    }
+  json_decref(recs);
+  json_decref(whole);
+#undef RW_TRAIN
+}
+END_TEST
 
 /* An epoch that is the best is saved to CKPT.best before CKPT: CKPT written, then its
  * .best refused, recorded the epoch as the best where no file held it, and a resumed
@@ -5046,6 +5108,7 @@ int main(void) {
   tcase_add_test(tc, build_outputs_replaced_as_a_set);
   tcase_add_test(tc, a_full_disk_tears_nothing);
   tcase_add_test(tc, a_log_refused_keeps_the_epoch);
+  tcase_add_test(tc, an_epoch_resumed_counts_it_whole);
   tcase_add_test(tc, the_best_saved_before_the_checkpoint);
   tcase_add_test(tc, memory_running_out_is_said);
   tcase_add_test(tc, a_whole_record_kept_as_memory_runs_out);

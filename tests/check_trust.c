@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdint.h>
 #include <sys/file.h>
 #include <zlib.h>
@@ -848,6 +849,87 @@ END_TEST
    4's, format 3's 36, graphs_done 8, six rates 48, the kind 4, the format "ptb-tree" 12,
    batch 4, threads 4, seed 8, best 8, rng 8: the epoch */
 static size_t epoch_at(const Ckpt *k) { return k->n - 8 - V10_TAIL - V9_TAIL - V7_TAIL - V6_TAIL - V5_TAIL - V4_TAIL - 36 - 8 - 48 - 4 - 12 - 4 - 4 - 8 - 8 - 8 - 4; }
+
+/* A checkpoint saved inside an epoch keeps that epoch's totals so far in the record's
+ * place (cavs train's totals_text), which the resumed run's line and --log record go on
+ * from. The text is the file's: base.ckpt made a checkpoint 20 graphs into epoch 2 with
+ * a crafted text, resumed. A good one is taken (no note; its loss sum and seconds in the
+ * record); each bad one is said, not used, and the run goes on, never a crash. */
+static double resumed_with_totals(const Ckpt *k0, const char *text, const char *note) {
+  Ckpt k = {malloc(k0->n), k0->n};
+  memcpy(k.p, k0->p, k0->n);
+  int64_t done = 20;
+  ck_splice(&k, epoch_at(&k) + 4 + 8 + 8 + 8 + 4 + 4 + 12 + 4 + 48, 8, &done, 8);
+  size_t n = strlen(text);
+  unsigned char *f = malloc(4 + n);
+  uint32_t len = (uint32_t)n;
+  memcpy(f, &len, 4);
+  memcpy(f + 4, text, n);
+  ck_splice(&k, k.n - 8 - V10_TAIL, V10_TAIL, f, 4 + n);
+  free(f);
+  save(&k, "sofar.ckpt");
+  free(k.p);
+  RunResult r = cavs("info", path_in("sofar.ckpt"), NULL);
+  ck_assert_msg(r.status == 0 && strstr(r.out, "saved 20 graphs into epoch 2") && strstr(r.out, "epoch 2's so far"),
+                "%s%s", r.out, r.err);
+  tu_free(&r);
+  char vf[4400];
+  snprintf(vf, sizeof vf, "%s/dsl-examples/treelstm.vf", top);
+  unlink(path_in("sofar.log"));
+  r = cavs("train", vf, "--format", "ptb-tree", "--train", path_in("data.txt"), "--epochs", "1", "--quiet", "--threads",
+           "1", "--batch", "10", "--resume", path_in("sofar.ckpt"), "--log", path_in("sofar.log"), NULL);
+  ck_assert_msg(r.status == 0, "%s: exit %d: %s", text, r.status, tu_tail(r.err, 1800));
+  if (note) ck_assert_msg(strstr(r.err, "the totals of epoch 2 so far, not usable (") && strstr(r.err, note) &&
+                              strstr(r.err, "count the graphs from 21 on"),
+                          "%s: %s", text, tu_tail(r.err, 1800));
+  else ck_assert_msg(!strstr(r.err, "totals"), "%s: %s", text, tu_tail(r.err, 1800));
+  tu_free(&r);
+  size_t ln = 0;
+  char *log = tu_slurp(path_in("sofar.log"), &ln);
+  double loss = NAN, secs = NAN;
+  const char *at = log ? strstr(log, "\"train_loss\": ") : NULL, *sat = log ? strstr(log, "\"seconds\": ") : NULL;
+  ck_assert_msg(at && sat && sscanf(at, "\"train_loss\": %lf", &loss) == 1 && sscanf(sat, "\"seconds\": %lf", &secs) == 1,
+                "%s", log ? log : "no log");
+  free(log);
+  if (!note) ck_assert_msg(secs >= 100, "the record's seconds %g: not the 100 the text said before", secs);
+  return loss;
+}
+
+#define SO_FAR(loss, counts, tail)                                                                                    \
+  "{\"epoch_so_far\": 2, \"graphs\": 20, \"batches\": 2, \"loss_sum\": " loss ", \"counts\": " counts                 \
+  ", \"losses\": [[30.0, 20, 10]], \"grad_norms\": [1.0, 0.75, 2], \"seconds\": 100.0, \"launches\": 3" tail "}"
+
+START_TEST(totals_of_an_epoch_so_far) {
+  Ckpt k0 = load_base();
+  /* taken: the loss of 40 more graphs in 4 minibatches of 10, over 2 + 4 */
+  double a = resumed_with_totals(&k0, SO_FAR("3.0", "[20, 10, 2, 1]", ", \"expert_loads\": []"), NULL);
+  double b = resumed_with_totals(&k0, SO_FAR("15.0", "[20, 10, 2, 1]", ", \"expert_loads\": []"), NULL);
+  ck_assert_msg(fabs((b - a) - 12.0 / 6) < 1e-9, "the loss so far taken in as %g, not 12 / 6", b - a);
+  static const struct {
+    const char *text, *why;
+  } bad[] = {
+      {"{", "not a JSON object"},
+      {"[1, 2]", "not a JSON object"},
+      {"{\"epoch_so_far\": 2, \"epoch_so_far\": 2}", "not a JSON object"},
+      {"{\"epoch_so_far\": 3, \"graphs\": 20}", "not of this epoch"},
+      {"{\"epoch_so_far\": 2, \"graphs\": 19}", "not of the graphs done"},
+      {"{\"epoch_so_far\": 2, \"graphs\": 20, \"batches\": 21}", "its minibatches"},
+      {SO_FAR("3.0", "[20, 10, 2]", ", \"expert_loads\": []"), "its structure"},
+      {SO_FAR("3.0", "[20, 10, 2, 1]", ""), "its structure"},
+      {SO_FAR("3.0", "[20, 21, 2, 1]", ", \"expert_loads\": []"), "its counts"},
+      {SO_FAR("3.0", "[20, 10, -2, 1]", ", \"expert_loads\": []"), "its counts"},
+      {SO_FAR("3.0", "[9223372036854775807, 10, 2, 1]", ", \"expert_loads\": []"), "its counts"},
+      {SO_FAR("null", "[20, 10, 2, 1]", ", \"expert_loads\": []"), "its loss"},
+      {SO_FAR("1e999", "[20, 10, 2, 1]", ", \"expert_loads\": []"), "not a JSON object"},
+      {SO_FAR("3.0", "[20, 10, 2, 1]", ", \"expert_loads\": [[1, -2]]"), "its experts' loads"},
+      {SO_FAR("3.0", "[20, 10, 2, 1]", ", \"expert_loads\": [[]]"), "its experts' loads"},
+      {SO_FAR("3.0", "[20, 10, 2, 1]", ", \"expert_loads\": [], \"ranks\": [1]"), "its structure"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) resumed_with_totals(&k0, bad[i].text, bad[i].why);
+  free(k0.p);
+}
+END_TEST
+#undef SO_FAR
 
 /* The data format a checkpoint records (the one --resume reads data in): a known name,
  * text-bptt's with a chunk length from 1 to 100000; anything else is damage. */
@@ -2034,6 +2116,7 @@ int main(void) {
   tcase_add_test(tc, format_7_chunk_lengths);
   tcase_add_test(tc, format_8_moment_blocks);
   tcase_add_test(tc, format_10_log_record);
+  tcase_add_test(tc, totals_of_an_epoch_so_far);
   tcase_add_test(tc, format_9_chunk_reading);
   tcase_add_test(tc, unsafe_cache_refused);
   tcase_add_test(tc, foreign_link_above_cache_refused);
