@@ -480,6 +480,28 @@ START_TEST(gradients_where_a_loss_reaches) {
     ck_assert_msg(count_str(c, "  dW += ") == cases[i].dw, "case %zu: %d parameter gradients", i, count_str(c, "  dW += "));
     free(c);
   }
+  /* two products of one operand, x @ Wb first, only x @ Wa reaching the loss (its state
+     gathered by nothing): not merged (fuse.c), which would run backward whole or not at
+     all by the first's; Wa trained, Wb not, Wa's the one product gradient emitted */
+  const char *apart = "model k; dim H = 4; dim C = 3; dim V = vocab(w);\n"
+                      "input w : index[V]; input y : class[C];\n"
+                      "param emb[V,H], Wa[H,H], Wb[H,H], Wc[H,C] init uniform(-1, 1);\n"
+                      "pull { x = emb[w]; }\n"
+                      "vertex leaf (children 0) { b = tanh(pull() @ Wb); a = tanh(pull() @ Wa); scatter(b); push(a); }\n"
+                      "push (p) { loss softmax_xent(p @ Wc, y); }\n";
+  Model *m = planned(compile_str(apart));
+  ck_assert(param_trained(m, "Wa") && !param_trained(m, "Wb") && param_trained(m, "emb"));
+  const IrFunc *f = m->vertex[0];
+  int products = 0;
+  for (int i = 0; i < f->n; i++)
+    if (f->nodes[i].op == OP_MATMUL && f->nodes[i].uses) {
+      ck_assert_msg(f->nodes[i].mm < 0, "the product of %s merged", f->nodes[f->nodes[i].args[1]].name);
+      products++;
+    }
+  ck_assert_int_eq(products, 2);
+  char *c = emitted(m, "k.vf");
+  ck_assert_int_eq(count_str(c, "  dW += "), 2); /* (Wa's and Wc's) */
+  free(c);
 }
 END_TEST
 
