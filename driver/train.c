@@ -1101,6 +1101,63 @@ static bool json_real_at(const json_t *a, size_t i, double *v) {
   return json_is_real(x) && isfinite(*v = json_real_value(x));
 }
 
+/* (a count, however large, leaves room for what the rest of the epoch adds) */
+#define MAX_TOTAL (1L << 62)
+
+/* totals_read's sums and counts of o (its structure checked) into u: NULL, or what is
+   wrong with them */
+static const char *totals_sums(const json_t *o, Totals *u) {
+  const json_t *c = json_object_get(o, "counts"), *ls = json_object_get(o, "losses"),
+               *n = json_object_get(o, "grad_norms"), *d = json_object_get(o, "ranks"),
+               *sec = json_object_get(o, "seconds"), *la = json_object_get(o, "launches"),
+               *loss = json_object_get(o, "loss_sum");
+  long cs[4];
+  for (int i = 0; i < 4; i++) cs[i] = json_count_at(c, (size_t)i, MAX_TOTAL);
+  u->count = cs[0], u->correct = cs[1], u->root_count = cs[2], u->root_correct = cs[3];
+  if (cs[0] < 0 || cs[1] < 0 || cs[2] < 0 || cs[3] < 0 || cs[1] > cs[0] || cs[3] > cs[2]) return "its counts";
+  u->nl = (int)json_array_size(ls);
+  for (int l = 0; l < u->nl; l++) {
+    const json_t *x = json_array_get(ls, (size_t)l);
+    u->lcount[l] = json_count_at(x, 1, MAX_TOTAL), u->lcorrect[l] = json_count_at(x, 2, MAX_TOTAL);
+    if (!json_is_array(x) || json_array_size(x) != 3 || !json_real_at(x, 0, &u->lsum[l]) || u->lcount[l] < 0 ||
+        u->lcorrect[l] < 0 || u->lcorrect[l] > u->lcount[l])
+      return "its losses";
+  }
+  u->norms = json_count_at(n, 2, u->batches);
+  if (!json_real_at(n, 0, &u->norm_sum) || !json_real_at(n, 1, &u->norm_max) || u->norms < 0 || u->norm_sum < 0 ||
+      u->norm_max < 0)
+    return "its gradient norms";
+  if (!json_is_number(sec) || !isfinite(u->secs = json_number_value(sec)) || u->secs < 0 || !json_is_integer(la) ||
+      (u->launches = (long)json_integer_value(la)) < 0)
+    return "its seconds or launches";
+  if (!json_is_real(loss) || !isfinite(u->batch_loss = json_real_value(loss))) return "its loss";
+  if (!d) return NULL;
+  double v[6];
+  long e[4];
+  for (size_t i = 0; i < 6; i++)
+    if (!json_real_at(d, i, &v[i]) || v[i] < 0 || v[i] > (double)MAX_TOTAL) return "its ranks' counters";
+  for (size_t i = 0; i < 4; i++)
+    if ((e[i] = json_count_at(d, 6 + i, MAX_TOTAL)) < 0) return "its ranks' counters";
+  u->reduce_secs = v[0], u->reduce_during = v[1], u->tables_rows = (long)v[2], u->tables_dense = (long)v[3];
+  u->reduce_bytes = v[4], u->ep_secs = v[5];
+  u->ep_rows = e[0], u->ep_rounds = e[1], u->ep_replicated = e[2], u->ep_matrices = e[3];
+  return NULL;
+}
+
+/* totals_read's expert loads (el, an array of at most MAX_ROUTES) into loads[k] (X[k]
+   each, malloc'd): NULL, or what is wrong with them */
+static const char *totals_loads(const json_t *el, long **loads, int *X) {
+  for (int k = 0; k < (int)json_array_size(el); k++) {
+    const json_t *x = json_array_get(el, (size_t)k);
+    X[k] = json_is_array(x) ? (int)json_array_size(x) : 0;
+    if (X[k] < 1 || X[k] > CAVS_MAX_DIM) return "its experts' loads";
+    loads[k] = xmalloc(sizeof(long) * (size_t)X[k]);
+    for (int e = 0; e < X[k]; e++)
+      if ((loads[k][e] = json_count_at(x, (size_t)e, MAX_TOTAL)) < 0) return "its experts' loads";
+  }
+  return NULL;
+}
+
 /* The totals of the epoch a resumed run goes on with (`epoch`, `done` graphs of it
  * trained) from the checkpoint's text (totals_text), into t; loads of routing k into
  * r->skip[k] as negatives (rank 0's alone: expert_loads adds the ranks'). The text is
@@ -1113,13 +1170,10 @@ static const char *totals_read(Run *r, const char *text, int epoch, long done, T
   Totals u = {0};
   long *loads[MAX_ROUTES] = {0};
   int X[MAX_ROUTES] = {0};
-  /* (a count, however large, leaves room for what the rest of the epoch adds) */
-  const long MAXC = 1L << 62;
   const json_t *ep = json_object_get(o, "epoch_so_far"), *g = json_object_get(o, "graphs"),
                *b = json_object_get(o, "batches"), *c = json_object_get(o, "counts"), *ls = json_object_get(o, "losses"),
                *n = json_object_get(o, "grad_norms"), *d = json_object_get(o, "ranks"),
                *el = json_object_get(o, "expert_loads");
-  double v[8];
   if (!json_is_object(o)) why = "not a JSON object";
   else if (!json_is_integer(ep) || json_integer_value(ep) != epoch) why = "not of this epoch";
   else if (!json_is_integer(g) || json_integer_value(g) != done) why = "not of the graphs done";
@@ -1130,49 +1184,9 @@ static const char *totals_read(Run *r, const char *text, int epoch, long done, T
     why = "its structure";
   else if (json_array_size(ls) != (size_t)(r->d->nlosses < MAX_LOSSES ? r->d->nlosses : MAX_LOSSES))
     why = "not the model's losses";
-  if (!why) {
+  else {
     u.graphs = done, u.batches = (int)json_integer_value(b);
-    long cs[4];
-    for (int i = 0; i < 4; i++) cs[i] = json_count_at(c, i, MAXC);
-    u.count = cs[0], u.correct = cs[1], u.root_count = cs[2], u.root_correct = cs[3];
-    if (cs[0] < 0 || cs[1] < 0 || cs[2] < 0 || cs[3] < 0 || cs[1] > cs[0] || cs[3] > cs[2]) why = "its counts";
-    u.nl = (int)json_array_size(ls);
-    for (int l = 0; l < u.nl && !why; l++) {
-      const json_t *x = json_array_get(ls, l);
-      u.lcount[l] = json_count_at(x, 1, MAXC), u.lcorrect[l] = json_count_at(x, 2, MAXC);
-      if (!json_is_array(x) || json_array_size(x) != 3 || !json_real_at(x, 0, &u.lsum[l]) || u.lcount[l] < 0 ||
-          u.lcorrect[l] < 0 || u.lcorrect[l] > u.lcount[l])
-        why = "its losses";
-    }
-    u.norms = json_count_at(n, 2, done);
-    if (!why && (!json_real_at(n, 0, &u.norm_sum) || !json_real_at(n, 1, &u.norm_max) || u.norms < 0 ||
-                 u.norms > u.batches || u.norm_sum < 0 || u.norm_max < 0))
-      why = "its gradient norms";
-    const json_t *sec = json_object_get(o, "seconds"), *la = json_object_get(o, "launches");
-    if (!why && (!json_is_number(sec) || !isfinite(u.secs = json_number_value(sec)) || u.secs < 0 ||
-                 !json_is_integer(la) || (u.launches = (long)json_integer_value(la)) < 0))
-      why = "its seconds or launches";
-    if (!why && (!json_is_real(json_object_get(o, "loss_sum")) ||
-                 !isfinite(u.batch_loss = json_real_value(json_object_get(o, "loss_sum")))))
-      why = "its loss";
-    for (size_t i = 0; d && !why && i < 6; i++)
-      if (!json_real_at(d, i, &v[i]) || v[i] < 0) why = "its ranks' counters";
-    for (size_t i = 6; d && !why && i < 10; i++)
-      if (json_count_at(d, i, MAXC) < 0) why = "its ranks' counters";
-    if (d && !why) {
-      u.reduce_secs = v[0], u.reduce_during = v[1], u.tables_rows = (long)v[2], u.tables_dense = (long)v[3];
-      u.reduce_bytes = v[4], u.ep_secs = v[5];
-      u.ep_rows = json_count_at(d, 6, MAXC), u.ep_rounds = json_count_at(d, 7, MAXC);
-      u.ep_replicated = json_count_at(d, 8, MAXC), u.ep_matrices = json_count_at(d, 9, MAXC);
-    }
-    for (int k = 0; !why && k < (int)json_array_size(el); k++) {
-      const json_t *x = json_array_get(el, (size_t)k);
-      X[k] = json_is_array(x) ? (int)json_array_size(x) : 0;
-      if (X[k] < 1 || X[k] > CAVS_MAX_DIM) why = "its experts' loads";
-      loads[k] = why ? NULL : xmalloc(sizeof(long) * (size_t)X[k]);
-      for (int e = 0; !why && e < X[k]; e++)
-        if ((loads[k][e] = json_count_at(x, (size_t)e, MAXC)) < 0) why = "its experts' loads";
-    }
+    if (!(why = totals_sums(o, &u))) why = totals_loads(el, loads, X);
   }
   json_decref(o);
   if (!why) {
