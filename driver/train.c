@@ -978,7 +978,7 @@ static void expert_loads(Run *r, Totals *t) {
 }
 
 /* What the epoch's own counters add to its totals t (a resumed epoch's hold what the run
- * before counted: saved_totals): the seconds since start, under mpirun the time summing
+ * before counted: totals_read): the seconds since start, under mpirun the time summing
  * gradients and its tables since `reduced`, the backend's launches, and with the experts
  * placed what moved (reset: those counters start again, at the epoch's end). Every rank
  * calls it. */
